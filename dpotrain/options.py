@@ -755,14 +755,31 @@ def _wandb_online(recipe: Recipe) -> bool:
     return "wandb" in (recipe.training.report_to or []) and not offline
 
 
+def _wandb_host() -> str:
+    """The W&B server a run logs to, as wandb resolves it: WANDB_BASE_URL, else `wandb login --host`'s (kept in its
+    settings file), else wandb's default (api.forge.coreweave.com in the wandb of requirements.txt: the server `wandb
+    login` writes a key to ~/.netrc for, where one for api.wandb.ai alone was looked for)."""
+    if url := os.environ.get("WANDB_BASE_URL"):
+        return url
+    try:
+        from wandb.sdk.lib import settings_file, urls
+
+        stored = Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser() / "settings"
+        kept = settings_file.SettingsFiles(global_settings=stored, local_settings=stored).all().get("base_url")
+        return kept or str(urls.DEFAULT_BASE_URL)
+    except Exception:  # wandb's internals moved
+        return "https://api.wandb.ai"
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
-    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY"):
+    # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
+    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     try:
         from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
 
-        if read_netrc_auth(host=os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")):
+        if read_netrc_auth(host=_wandb_host()):
             return  # `wandb login` wrote ~/.netrc
     except Exception:  # wandb's internals moved: let wandb itself decide
         return
@@ -779,7 +796,7 @@ def check_wandb_reachable(recipe: Recipe) -> None:
         return
     from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within
 
-    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+    url = _wandb_host().rstrip("/")
     try:
         within(
             PROBE_SECONDS,

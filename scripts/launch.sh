@@ -148,6 +148,15 @@ echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
+# `sbatch scripts/dpo_train.sh --dry-run`: the plan at this job's size, checked on its node, is all the job does. Launched,
+# every process of every node set up its engine first (a rendezvous, DeepSpeed's ops: minutes) to print it again, and
+# the log ended "training exited with code 0".
+if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$@"; then
+  WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@" \
+    --accelerate_config "$ACCELERATE_CONFIG"
+  exit 0  # (set -e: a dry run that fails ends the job with its code)
+fi
+
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.

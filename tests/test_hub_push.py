@@ -965,6 +965,26 @@ def test_a_checkpoint_branch_of_a_squashed_repo_holds_the_checkpoint_alone(hub, 
     assert "step-4" not in hub.state.repos[REPO]
 
 
+def test_a_branch_another_push_made_meanwhile_keeps_its_checkpoint(hub, tmp_path, monkeypatch):
+    """Two pushes of one new step-N at once (a requeued job pushing what it left, `push_to_hub.py --checkpoints` typed
+    on the login node): the second saw no branch, then found the first's and emptied it, as if it held main's model,
+    so the branch held no model until its own upload went through; one that then failed left it empty, or deleted it,
+    while the first's record (and the card) said it was on the Hub."""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    folder = sealed_checkpoint(run / "checkpoint-2")
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    hub_push.push_checkpoint(api, REPO, folder, 2, run)  # the first push, whole
+    hub_push.new_branch(api, REPO, "step-2")  # the second, which read the branch list before the first made it
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
 def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, monkeypatch):
     """The base of a new branch is the repo's first commit, which takes listing main's whole history (pages of it in a
     repo pushed to often); a push to a branch that exists (a push again, a rerun's) needs no base."""

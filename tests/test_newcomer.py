@@ -71,6 +71,37 @@ def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_pa
     assert "warning: the run would refuse: push_to_hub is set but no Hugging Face token was found" in out, out
 
 
+def test_a_wandb_identity_token_file_is_a_login(tmp_path, capsys, no_credentials, monkeypatch):
+    """W&B's login by a workload identity (WANDB_IDENTITY_TOKEN_FILE, which wandb.init reads instead of a key) was
+    refused as "no W&B login": only a key or ~/.netrc counted."""
+    token = tmp_path / "identity-token"
+    token.write_text("a-jwt\n")
+    monkeypatch.setenv("WANDB_IDENTITY_TOKEN_FILE", str(token))
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "dry run of" in out and "no W&B login" not in out, out
+
+
+@pytest.mark.parametrize("host", [None, "https://wandb.example.com"], ids=["default", "own-server"])
+def test_wandb_login_is_a_login_wherever_it_logged_in(host, tmp_path, capsys, no_credentials, monkeypatch):
+    """`wandb login` writes its key to ~/.netrc for the server it logs in to: wandb's default, api.forge.coreweave.com
+    since the wandb of requirements.txt, or `--host`'s, which it keeps in its settings file. The run looked for a key
+    for api.wandb.ai alone, and refused either as "no W&B login", the remedy it names being `wandb login`."""
+    from wandb.sdk.lib import settings_file, urls
+    from wandb.sdk.lib.wbauth.wbnetrc import write_netrc_auth
+
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    if host:  # what `wandb login --host` keeps
+        stored = tmp_path / "wandb-config" / "settings"
+        files = settings_file.SettingsFiles(global_settings=stored, local_settings=tmp_path / "no-workspace")
+        files.set("base_url", host, globally=True)
+        files.save()
+    write_netrc_auth(host=host or urls.DEFAULT_BASE_URL, api_key="k" * 40)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "dry run of" in out and "no W&B login" not in out, out
+
+
 def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
     with pytest.raises(SystemExit) as ended:
         run_cli(

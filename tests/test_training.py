@@ -110,3 +110,16 @@ def test_cpu_demo_writes_a_complete_run(demo_run):
     assert secret not in result.stdout and wandb_secret not in result.stdout
     assert not leaked, leaked
     assert not [p for p in out.rglob("*") if p.is_file() and wandb_secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.slow
+def test_the_runs_weights_are_as_readable_as_its_other_files(demo_run):
+    """safetensors 0.8 writes through a temporary file it creates 0600, whatever the umask (safetensors#782): the
+    final model's and every checkpoint's model.safetensors were unreadable to the rest of a cluster group that reads
+    the run's config.json (0644 under umask 022), so a colleague evaluating the run could not load it."""
+    project, _, result = demo_run
+    assert result.returncode == 0, result.stdout[-3000:]
+    weights = sorted((project / "outputs" / "smoke-dpo").rglob("*.safetensors"))
+    assert len(weights) == 3, weights  # the final model and the two checkpoints save_total_limit keeps
+    for path in weights:
+        assert path.stat().st_mode & 0o777 == (path.parent / "config.json").stat().st_mode & 0o777, path

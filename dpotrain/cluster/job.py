@@ -1,7 +1,7 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
 `engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
 stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
-refuse."""
+refuse, `asks-dry-run [<train args>]` says whether the job is a dry run."""
 
 import os
 import sys
@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if verb == "summary" and not args:
         return summary(sys.stdin.read())
+    if verb == "asks-dry-run":  # exit 0 when the job's arguments ask for a dry run, however they spell it
+        return 0 if config.dry_run_asked(args) else 1
     raise ConfigError(
-        "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON>"
+        "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
+        "asks-dry-run [<train args>]"
     )
 
 

@@ -202,7 +202,14 @@ def new_branch(api, repo_id: str, branch: str) -> None:
     starts at the repo's first commit, not main; a repo whose history was squashed (`super_squash_history`) holds its
     model in that commit, deleted on the branch at once (and the branch with it, if that fails)."""
     first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
-    api.create_branch(repo_id, branch=branch, revision=first, exist_ok=True)
+    try:
+        api.create_branch(repo_id, branch=branch, revision=first)
+    except HfHubHTTPError as e:
+        if status_of(e) != 409:
+            raise
+        # Made since the branch list was read, by another push of this step (a requeued job's, push_to_hub.py's): it
+        # holds that push's checkpoint, which this upload replaces whole. Emptied here, it held no model meanwhile.
+        return
     held = [CommitOperationDelete(p) for p in api.list_repo_files(repo_id, revision=branch) if p != ".gitattributes"]
     if not held:
         return

@@ -130,6 +130,17 @@ def quiet_progress_bars():
             datasets.enable_progress_bars()
 
 
+def readable_weights(folder: str | Path) -> None:
+    """The `*.safetensors` just saved in `folder` given the mode the umask gives any other file: safetensors 0.8 writes
+    through a temporary file it creates 0600 (safetensors#782), so a run's weights were the one file of its folder
+    the rest of a cluster group, reading its config.json, could not load."""
+    umask = os.umask(0o077)  # read by setting it: 0o077 meanwhile, so a file another thread makes is never wider
+    os.umask(umask)
+    for path in Path(folder).glob("*.safetensors"):
+        with contextlib.suppress(OSError):  # another user's file (a shared folder): left as it was
+            os.chmod(path, 0o666 & ~umask)
+
+
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Whether this process can create files at `path` (or the nearest folder that exists): None, or (the folder
     probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount."""

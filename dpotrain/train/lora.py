@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import quiet_progress_bars
+from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
 MERGED_DIR = "merged"
 # ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
@@ -167,6 +167,7 @@ def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Pat
     merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
+    readable_weights(target)
     tokenizer.save_pretrained(target)
     return target
 

@@ -37,7 +37,7 @@ from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import quiet_progress_bars
+from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 from dpotrain.train import disk_full, losses, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
@@ -249,8 +249,10 @@ class RecipeDPOTrainer(DPOTrainer):
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
                     upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
-                    return
-                super().save_model(output_dir, _internal_call)
+                else:
+                    super().save_model(output_dir, _internal_call)
+            if self.args.should_save:
+                readable_weights(output_dir or self.args.output_dir)
         except Exception as e:  # the final model is written in a folder inside the run's (publish.py): named by it
             why = None if _internal_call else disk_full.why_full(e, Path(self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
