@@ -170,6 +170,26 @@ def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_fi
 
 
 @pytest.mark.slow
+def test_the_built_in_model_by_its_name_resumes_a_run_started_on_its_folder(baseline, tmp_path, tiny_model_dir, pairs):
+    """The baseline trained `builtin:tiny-olmo3` by the folder it is built in; its name on the rerun is that folder
+    (its files are compared): it was refused as `model_name_or_path: '<folder>' -> 'builtin:tiny-olmo3'`."""
+    out = unfinished(baseline, tmp_path)
+    recipe = parse_args(command(out, "builtin:tiny-olmo3", pairs)[2:])
+    assert check_output_dir(recipe, 8).resume_from == str(out / "checkpoint-4")
+
+
+def test_the_built_in_model_by_its_name_and_by_its_folder_is_one_setting(tiny_model_dir, tmp_path):
+    """Either way round (a run started as the smoke recipe names it, resumed by the folder the run printed): the same
+    model; another folder, or another name, is not."""
+    from dpotrain.resolve import _one_place
+
+    assert _one_place("builtin:tiny-olmo3", tiny_model_dir) and _one_place(tiny_model_dir, "builtin:tiny-olmo3")
+    assert _one_place("builtin:tiny-olmo3", tiny_model_dir + "/")
+    assert not _one_place("builtin:tiny-olmo3", str(tmp_path)) and not _one_place(str(tmp_path), "builtin:tiny-olmo3")
+    assert not _one_place("builtin:tiny-olmo3", "allenai/Olmo-3-7B")
+
+
+@pytest.mark.slow
 def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_to_the_same_weights(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
