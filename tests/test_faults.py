@@ -190,6 +190,25 @@ def test_the_built_in_model_by_its_name_and_by_its_folder_is_one_setting(tiny_mo
 
 
 @pytest.mark.slow
+def test_a_tr_dpo_run_is_not_resumed_against_the_base_model_as_its_reference(tmp_path, tiny_model_dir, pairs):
+    """TR-DPO's reference moves toward the policy and no checkpoint holds it: resumed from checkpoint-2, steps 3-4
+    trained against the base model (loss 0.578 for the uninterrupted run's 0.646 at step 3), exit 0 and no word."""
+    tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
+    out = tmp_path / "run"
+    assert train(out, tiny_model_dir, pairs, *tr_dpo).returncode == 0
+    for name in FINAL:
+        (out / name).unlink()
+    shutil.rmtree(out / "checkpoint-4")
+    kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock")
+    result = train(out, tiny_model_dir, pairs, *tr_dpo)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert f"checkpoint '{out / 'checkpoint-2'}' is of a TR-DPO run (sync_ref_model)" in result.stdout
+    assert "train again from the start in a new --output_dir" in result.stdout, result.stdout[-3000:]
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock") == kept
+    assert logged_steps(out) == [1, 2, 3, 4]  # nothing trained again
+
+
+@pytest.mark.slow
 def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_to_the_same_weights(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
