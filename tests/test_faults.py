@@ -192,20 +192,22 @@ def test_the_built_in_model_by_its_name_and_by_its_folder_is_one_setting(tiny_mo
 @pytest.mark.slow
 def test_a_tr_dpo_run_is_not_resumed_against_the_base_model_as_its_reference(tmp_path, tiny_model_dir, pairs):
     """TR-DPO's reference moves toward the policy and no checkpoint holds it: resumed from checkpoint-2, steps 3-4
-    trained against the base model (loss 0.578 for the uninterrupted run's 0.646 at step 3), exit 0 and no word."""
+    trained against the base model (loss 0.578 for the uninterrupted run's 0.646 at step 3), exit 0 and no word.
+    A stopped TR-DPO run said `run the same command again` and exited 75 (a job requeued): now 1, saying why not."""
     tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
-    out = tmp_path / "run"
-    assert train(out, tiny_model_dir, pairs, *tr_dpo).returncode == 0
-    for name in FINAL:
-        (out / name).unlink()
-    shutil.rmtree(out / "checkpoint-4")
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    stop_file.touch()  # there before the run starts: it stops after step 1, saving checkpoint-1
+    stopped = train(out, tiny_model_dir, pairs, *tr_dpo, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    assert stopped.returncode == 1, stopped.stdout[-3000:]
+    assert "a TR-DPO run (sync_ref_model) cannot go on from it" in stopped.stdout, stopped.stdout[-3000:]
+    assert not Path(f"{stop_file}.checkpointed").exists()  # no requeue
     kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock")
     result = train(out, tiny_model_dir, pairs, *tr_dpo)
     assert result.returncode == 2, result.stdout[-3000:]
-    assert f"checkpoint '{out / 'checkpoint-2'}' is of a TR-DPO run (sync_ref_model)" in result.stdout
+    assert f"checkpoint '{out / 'checkpoint-1'}' is of a TR-DPO run (sync_ref_model)" in result.stdout
     assert "train again from the start in a new --output_dir" in result.stdout, result.stdout[-3000:]
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock") == kept
-    assert logged_steps(out) == [1, 2, 3, 4]  # nothing trained again
+    assert logged_steps(out) == [1]  # nothing trained again
 
 
 @pytest.mark.slow

@@ -222,6 +222,12 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     )
 
 
+LIVE_REFERENCE = (
+    "a TR-DPO run (sync_ref_model) cannot go on from it: its reference model moved toward the policy and no checkpoint "
+    "holds it; train again from the start in a new --output_dir, or start a new run from the checkpoint's weights"
+)
+
+
 def check_live_reference(folder: str | None, recipe) -> None:
     """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains, and a checkpoint holds the
     policy alone: a resume scored against the base model again, another loss than the stopped run's, in silence."""
