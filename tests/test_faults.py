@@ -211,6 +211,22 @@ def test_a_tr_dpo_run_is_not_resumed_against_the_base_model_as_its_reference(tmp
 
 
 @pytest.mark.slow
+def test_a_resume_counts_the_pairs_at_accuracy_1_before_its_checkpoint(tmp_path, tiny_model_dir):
+    """The accuracy_pinned guard counts pairs at reward accuracy 1.0 in a row: the uninterrupted run stops at step 4
+    (steps 3 and 4, 16 pairs). Resumed from checkpoint-3 it counted from 0, saw 8 pairs, and trained on to exit 0."""
+    data = ROOT / "data" / "smoke_prefs.jsonl"
+    guard = ("--save_steps", "3", "--health_pinned_pairs", "16", "--health_early_fraction", "1.0")
+    stop = "health STOP [accuracy_pinned] step 4: reward accuracy has been 1.0 on the last 16 pairs"
+    out = tmp_path / "run"
+    first = train(out, tiny_model_dir, data, *guard)
+    assert first.returncode == 3 and stop in first.stdout, first.stdout[-3000:]
+    shutil.rmtree(out / "checkpoint-4")  # as a kill after checkpoint-3 left it (its step 4 record kept)
+    (out / resume.HEALTH_STOP).unlink()
+    again = train(out, tiny_model_dir, data, *guard)
+    assert again.returncode == 3 and stop in again.stdout, again.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_to_the_same_weights(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
