@@ -74,6 +74,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     # The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears.
     stop.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
+    stop.no_resume = resume.LIVE_REFERENCE if recipe.training.sync_ref_model else None
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory

@@ -10,7 +10,7 @@ import numpy as np
 
 from dpotrain import options
 from dpotrain.cluster import engine
-from dpotrain.data import chat_template, mixture, model_identity
+from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
@@ -265,9 +265,11 @@ def _one_place(old, new) -> bool:
     A recorded relative name is looked for as this run looks for its own (`config.parse_args`: here, the folder a job
     was submitted from, the project): looked for here alone, a run started in the project (`dataset_name:
     data/smoke_prefs.jsonl`) was refused its resume from another folder, whose recipe names that file by its full
-    path. The content is compared anyway (`changed_settings`)."""
+    path. A built-in model is the folder it is built in (`builtin:tiny-olmo3` once, that folder's path the next time).
+    The content is compared anyway (`changed_settings`)."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
+    old, new = ((builtin.existing_model_dir(n) if builtin.is_builtin(n) else n) or n for n in (old, new))
     was, now = config.recorded_place(old), Path(new).expanduser()
     return was is not None and now.exists() and was == str(now.resolve())
 

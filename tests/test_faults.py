@@ -170,6 +170,63 @@ def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_fi
 
 
 @pytest.mark.slow
+def test_the_built_in_model_by_its_name_resumes_a_run_started_on_its_folder(baseline, tmp_path, tiny_model_dir, pairs):
+    """The baseline trained `builtin:tiny-olmo3` by the folder it is built in; its name on the rerun is that folder
+    (its files are compared): it was refused as `model_name_or_path: '<folder>' -> 'builtin:tiny-olmo3'`."""
+    out = unfinished(baseline, tmp_path)
+    recipe = parse_args(command(out, "builtin:tiny-olmo3", pairs)[2:])
+    assert check_output_dir(recipe, 8).resume_from == str(out / "checkpoint-4")
+
+
+def test_the_built_in_model_by_its_name_and_by_its_folder_is_one_setting(tiny_model_dir, tmp_path):
+    """Either way round (a run started as the smoke recipe names it, resumed by the folder the run printed): the same
+    model; another folder, or another name, is not."""
+    from dpotrain.resolve import _one_place
+
+    assert _one_place("builtin:tiny-olmo3", tiny_model_dir) and _one_place(tiny_model_dir, "builtin:tiny-olmo3")
+    assert _one_place("builtin:tiny-olmo3", tiny_model_dir + "/")
+    assert not _one_place("builtin:tiny-olmo3", str(tmp_path)) and not _one_place(str(tmp_path), "builtin:tiny-olmo3")
+    assert not _one_place("builtin:tiny-olmo3", "allenai/Olmo-3-7B")
+
+
+@pytest.mark.slow
+def test_a_tr_dpo_run_is_not_resumed_against_the_base_model_as_its_reference(tmp_path, tiny_model_dir, pairs):
+    """TR-DPO's reference moves toward the policy and no checkpoint holds it: resumed from checkpoint-2, steps 3-4
+    trained against the base model (loss 0.578 for the uninterrupted run's 0.646 at step 3), exit 0 and no word.
+    A stopped TR-DPO run said `run the same command again` and exited 75 (a job requeued): now 1, saying why not."""
+    tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    stop_file.touch()  # there before the run starts: it stops after step 1, saving checkpoint-1
+    stopped = train(out, tiny_model_dir, pairs, *tr_dpo, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    assert stopped.returncode == 1, stopped.stdout[-3000:]
+    assert "a TR-DPO run (sync_ref_model) cannot go on from it" in stopped.stdout, stopped.stdout[-3000:]
+    assert not Path(f"{stop_file}.checkpointed").exists()  # no requeue
+    kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock")
+    result = train(out, tiny_model_dir, pairs, *tr_dpo)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert f"checkpoint '{out / 'checkpoint-1'}' is of a TR-DPO run (sync_ref_model)" in result.stdout
+    assert "train again from the start in a new --output_dir" in result.stdout, result.stdout[-3000:]
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock") == kept
+    assert logged_steps(out) == [1]  # nothing trained again
+
+
+@pytest.mark.slow
+def test_a_resume_counts_the_pairs_at_accuracy_1_before_its_checkpoint(tmp_path, tiny_model_dir):
+    """The accuracy_pinned guard counts pairs at reward accuracy 1.0 in a row: the uninterrupted run stops at step 4
+    (steps 3 and 4, 16 pairs). Resumed from checkpoint-3 it counted from 0, saw 8 pairs, and trained on to exit 0."""
+    data = ROOT / "data" / "smoke_prefs.jsonl"
+    guard = ("--save_steps", "3", "--health_pinned_pairs", "16", "--health_early_fraction", "1.0")
+    stop = "health STOP [accuracy_pinned] step 4: reward accuracy has been 1.0 on the last 16 pairs"
+    out = tmp_path / "run"
+    first = train(out, tiny_model_dir, data, *guard)
+    assert first.returncode == 3 and stop in first.stdout, first.stdout[-3000:]
+    shutil.rmtree(out / "checkpoint-4")  # as a kill after checkpoint-3 left it (its step 4 record kept)
+    (out / resume.HEALTH_STOP).unlink()
+    again = train(out, tiny_model_dir, data, *guard)
+    assert again.returncode == 3 and stop in again.stdout, again.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_to_the_same_weights(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

@@ -54,6 +54,24 @@ def test_two_processes_appending_at_once_lose_no_record(tmp_path):
     assert len(lines) == 6000 and all(sorted(r["i"] for r in lines if r["who"] == w) == list(range(3000)) for w in "ab")
 
 
+def test_a_line_another_process_is_appending_is_read_whole_not_dropped_as_torn(tmp_path, capsys):
+    """push_to_hub.py reads hub_pushes.jsonl while the run's pusher appends, a plot reads metrics.jsonl while the run
+    logs: a line half written (an append holds the file's lock until it has written it) was dropped with the
+    warning a crash earns. A second process appends here, stopped halfway through its line, as a slow disk leaves it."""
+    path = tmp_path / "hub_pushes.jsonl"
+    records.append(path, [{"step": 1}])
+    appender = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, b'{\"step\": 2, '); print('half', flush=True); time.sleep(1.5); os.write(fd, b'\"x\": 1}\\n')"
+    )
+    writer = subprocess.Popen([PYTHON, "-c", appender, str(path)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "half\n"
+    assert records.read(path) == [{"step": 1}, {"step": 2, "x": 1}]
+    assert writer.wait(timeout=30) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def strict(text: str) -> list:
     """Each line of `text` as JSON, refusing Python's NaN/Infinity tokens as every other JSON reader does."""
 

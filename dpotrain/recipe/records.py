@@ -36,9 +36,20 @@ def read(path: str | Path, step: bool = False) -> list[dict]:
     which a resume trims by and the plot draws against); a torn last line is dropped with one warning."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        file = open(path, "rb")
     except FileNotFoundError:
         return []
+    with file:
+        # Appends hold the file's lock while they write (`append`): a line another process was writing was read
+        # half written and dropped as a crash's. A file system without locks reads as before.
+        with contextlib.suppress(OSError):
+            fcntl.flock(file, fcntl.LOCK_SH)
+        raw = file.read()
+    return parse(path, raw, step)
+
+
+def parse(path: Path, raw: bytes, step: bool = False) -> list[dict]:
+    """The records of `raw`, the bytes of `path` (`read`)."""
     *whole, torn = raw.split(b"\n")  # appended whole, the file ends with a newline: nothing after it
     records = []
     for number, line in enumerate(whole, 1):
@@ -85,8 +96,9 @@ def append(path: str | Path, records: list[dict]) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            read(path)  # says what is dropped
-            size = size - len(os.pread(fd, size, 0).rsplit(b"\n", 1)[-1])
+            raw = os.pread(fd, size, 0)
+            parse(path, raw)  # says what is dropped (`read` would wait for the lock held here)
+            size = size - len(raw.rsplit(b"\n", 1)[-1])
             os.ftruncate(fd, size)
         try:
             written = 0

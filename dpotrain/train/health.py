@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train.losses import loss_floor_applies, loss_types, step1_loss
+from dpotrain.train.metrics import read_metrics
 from dpotrain.train.pair_metrics import REWARD_STATS
 from dpotrain.train.resume import remember_health_stop
 
@@ -64,6 +65,19 @@ class HealthGuard(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
         self._last_step = state.global_step
+        if not self._fresh:  # the pinned pairs counted up to the checkpoint: counted from 0, a resume missed the stop
+            self._last_step = 0
+            for record in read_metrics(args.output_dir):
+                if "loss" in record and record["step"] <= state.global_step:
+                    self._count(record["step"], record)
+            self._last_step = self._last_step or state.global_step
+
+    def _count(self, step: int, logs: dict) -> None:
+        """The pairs since the last log added to those with reward accuracy 1.0 in a row, or 0 where it fell."""
+        acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
+        pairs = (step - self._last_step) * self.pairs_per_step
+        self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
+        self._last_step = step
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._fresh and state.global_step == 1:
@@ -74,10 +88,7 @@ class HealthGuard(TrainerCallback):
         if not logs or "loss" not in logs:  # eval records and the end-of-training summary
             return control
         alarms = self.check(state.global_step, logs, args, state.max_steps)
-        acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
-        pairs = (state.global_step - self._last_step) * self.pairs_per_step
-        self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
-        self._last_step = state.global_step
+        self._count(state.global_step, logs)
         # 0 go on, 1 stop with a checkpoint, 2 stop without one: one rank's verdict stops all, at the same step
         action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
         action = max_over_ranks(action, args.device)

@@ -222,6 +222,23 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     )
 
 
+LIVE_REFERENCE = (
+    "a TR-DPO run (sync_ref_model) cannot go on from it: its reference model moved toward the policy and no checkpoint "
+    "holds it; train again from the start in a new --output_dir, or start a new run from the checkpoint's weights"
+)
+
+
+def check_live_reference(folder: str | None, recipe) -> None:
+    """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains, and a checkpoint holds the
+    policy alone: a resume scored against the base model again, another loss than the stopped run's, in silence."""
+    if folder is not None and recipe.training.sync_ref_model:
+        raise ConfigError(
+            f"checkpoint {folder!r} is of a TR-DPO run (sync_ref_model), whose reference model moved toward the policy "
+            "as it trained; checkpoints do not hold it, so a resume would train against the base model as reference: "
+            f"train again from the start in a new --output_dir, or {new_run_from(folder)} (its reference starts there)"
+        )
+
+
 # --- a health stop, remembered -------------------------------------------------------------------------------------
 
 
