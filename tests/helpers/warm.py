@@ -299,12 +299,14 @@ def _reread() -> None:
                 moved[name] = (value, new)
     # A path's old string is one object, made at import: a default argument that is it was made from it.
     paths = {id(old): new for old, new in moved.values() if isinstance(old, (str, os.PathLike))}
+    computed = {id(m) for m in modules}  # theirs were computed above
     for module in list(sys.modules.values()):
         names = getattr(module, "__dict__", {})
         for name, (old, new) in moved.items():
-            if module not in modules and names.get(name) is old:  # theirs were computed above
+            if id(module) not in computed and names.get(name) is old:
                 names[name] = new
-        for function in [f for f in names.values() if isinstance(f, types.FunctionType) and f.__defaults__]:
+        # type(), not isinstance(): that reads __class__, which warns on some of torch's deprecated names
+        for function in [f for f in names.values() if type(f) is types.FunctionType and f.__defaults__]:
             if any(id(d) in paths for d in function.__defaults__):
                 function.__defaults__ = tuple(paths.get(id(d), d) for d in function.__defaults__)
     if "huggingface_hub.hf_api" in sys.modules:  # the instance behind huggingface_hub.upload_folder and the like
