@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PYTHON, ROOT
+from conftest import ROOT, python
 from dpotrain.data import hub_revision
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -111,7 +111,7 @@ def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -
         *extra,
     ]
     result = subprocess.run(
-        [PYTHON, str(ROOT / "train_dpo.py"), *args],
+        [python(), str(ROOT / "train_dpo.py"), *args],
         cwd=ROOT,
         env=online,
         stdout=subprocess.PIPE,
@@ -230,7 +230,7 @@ def test_the_preflight_scores_the_pinned_commit_and_caches_its_lengths_under_it(
         str(tmp_path / "unused"),
     ]
     result = subprocess.run(
-        [PYTHON, str(ROOT / "scripts" / "preflight.py"), *args],
+        [python(), str(ROOT / "scripts" / "preflight.py"), *args],
         cwd=ROOT,
         env=online,
         stdout=subprocess.PIPE,

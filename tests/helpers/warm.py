@@ -56,6 +56,11 @@ RUNTIME_KEYS = {
     "LINES",
     "GPUS_PER_NODE",  # scripts/launch.sh's node size, read by the project's plan (cluster/engine.py) at run time
 }
+# What the Hub libraries read from these while being imported, a child reads again (`_reread`): a request differing in
+# them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
+REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN"}
+REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
+ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -63,6 +68,7 @@ def _runtime(key: str) -> bool:
     # W&B reads its variables when imported, and the server does not import it: a run that reports to W&B does.
     return (
         key in RUNTIME_KEYS
+        or key in REREAD_KEYS
         or key.startswith(RUNTIME_PREFIXES)
         or (key.startswith("WANDB_") and "wandb" not in sys.modules)
     )
@@ -223,6 +229,8 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # what the imports of a fresh interpreter would have set
+    if any(base.get(k) != request["env"].get(k) for k in REREAD_KEYS):
+        _reread()
     threads = request["env"].get("OMP_NUM_THREADS")
     if threads and threads != base.get("OMP_NUM_THREADS"):
         import torch
@@ -257,6 +265,52 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     sys.path[0:1] = [os.path.dirname(script), *extra]  # as a fresh interpreter lays out its sys.path
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
+
+
+def _reread() -> None:
+    """Read the environment again as huggingface_hub, datasets, transformers and accelerate did while being imported:
+    the Hub libraries' constants modules run again, the few values other modules computed from them are computed
+    again, and every module's copy of a value that moved (`from ... import HF_MODULES_CACHE`) is replaced.
+    tests/test_warm.py compares the result with a fresh interpreter's."""
+    import importlib
+    import types
+
+    modules = [sys.modules[n] for n in ("huggingface_hub.constants", "datasets.config") if n in sys.modules]
+    modules += [sys.modules[n] for n in ("transformers.utils.hub", ACCELERATE_CONFIG) if n in sys.modules]
+    before = [dict(vars(m)) for m in modules]
+    for module in modules[:2]:  # constants only; the other two define classes that must stay the ones in use
+        importlib.reload(module)
+    hub = sys.modules.get("huggingface_hub.constants")
+    if "transformers.utils.hub" in sys.modules:  # transformers/utils/hub.py's, as of transformers 5.23
+        default = os.path.join(hub.HF_HOME, "modules")
+        sys.modules["transformers.utils.hub"].HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE", default)
+    if ACCELERATE_CONFIG in sys.modules:  # accelerate/commands/config/config_args.py's, as of accelerate 1.15
+        config = sys.modules[ACCELERATE_CONFIG]
+        default = os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+        config.hf_cache_home = os.path.expanduser(os.environ.get("HF_HOME", default))
+        config.cache_dir = os.path.join(config.hf_cache_home, "accelerate")
+        config.default_json_config_file = os.path.join(config.cache_dir, "default_config.yaml")
+        config.default_yaml_config_file = config.default_config_file = config.default_json_config_file
+    moved = {}  # name -> (old value, new value)
+    for module, old in zip(modules, before, strict=True):
+        for name, value in old.items():
+            new = vars(module).get(name)
+            if isinstance(value, (str, bool, int, os.PathLike, type(None))) and new is not value and new != value:
+                moved[name] = (value, new)
+    # A path's old string is one object, made at import: a default argument that is it was made from it.
+    paths = {id(old): new for old, new in moved.values() if isinstance(old, (str, os.PathLike))}
+    computed = {id(m) for m in modules}  # theirs were computed above
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", {})
+        for name, (old, new) in moved.items():
+            if id(module) not in computed and names.get(name) is old:
+                names[name] = new
+        # type(), not isinstance(): that reads __class__, which warns on some of torch's deprecated names
+        for function in [f for f in names.values() if type(f) is types.FunctionType and f.__defaults__]:
+            if any(id(d) in paths for d in function.__defaults__):
+                function.__defaults__ = tuple(paths.get(id(d), d) for d in function.__defaults__)
+    if "huggingface_hub.hf_api" in sys.modules:  # the instance behind huggingface_hub.upload_folder and the like
+        sys.modules["huggingface_hub.hf_api"].api.endpoint = hub.ENDPOINT
 
 
 # --- the client -------------------------------------------------------------------------------------------------------

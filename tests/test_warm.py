@@ -1,0 +1,48 @@
+"""The warm server (tests/helpers/warm.py) runs a request as a fresh interpreter would."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import PYTHON, ROOT, python
+
+PROBE = ROOT / "tests" / "helpers" / "hub_constants.py"
+
+
+# Not read from the environment: a uuid drawn per process, a loop's last name over a set (in hash order), and fsspec's
+# cache of file systems (`_pid`, `_latest`), which empties itself in a process of another pid, as a forked child is.
+UNRELATED = {"transformers.utils.hub.SESSION_ID", "transformers.models.auto.tokenization_auto.model_type"}
+UNRELATED_ATTRIBUTES = ("._pid", "._latest")
+
+
+@pytest.mark.slow  # a fresh interpreter per case (~20 CPU-s of imports)
+@pytest.mark.skipif(os.environ.get("DPOTRAIN_TESTS_COLD") == "1", reason="no warm server: every launch is fresh")
+@pytest.mark.parametrize(
+    "offline",
+    [{"HF_HUB_OFFLINE": "0"}, {"HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None}],
+    ids=["models-online-data-sets-offline", "both-online"],  # test_hub_push's runs, test_hub_revision's
+)
+def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_interpreter_reads(tmp_path, offline):
+    """The Hub tests' runs differ from the server in what huggingface_hub and datasets read while being imported (their
+    own Hub address, HF_HOME, caches, offline switches): run warm, each module's constants are those a fresh
+    interpreter computes from that environment, not the server's."""
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": "http://127.0.0.1:9/",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache"),
+        "HF_TOKEN": "hf_not_a_token",
+    }
+    env = {k: v for k, v in {**env, **offline}.items() if v is not None}
+    runs = {}
+    for interpreter in (python(), PYTHON):
+        out = subprocess.run([interpreter, str(PROBE)], env=env, capture_output=True, text=True, check=True).stdout
+        runs[interpreter] = json.loads(out.splitlines()[-1])
+    warm, fresh = runs[python()], runs[PYTHON]
+    assert warm["started_warm"] and not fresh["started_warm"]  # else the comparison proves nothing
+    differ = {k: (warm["constants"].get(k), v) for k, v in fresh["constants"].items() if warm["constants"].get(k) != v}
+    differ = {k: v for k, v in differ.items() if k not in UNRELATED and not k.endswith(UNRELATED_ATTRIBUTES)}
+    assert not differ, "\n".join(f"{k}: warm {w}, fresh {f}" for k, (w, f) in differ.items())
+    assert fresh["constants"]["huggingface_hub.constants.ENDPOINT"] == repr("http://127.0.0.1:9")
