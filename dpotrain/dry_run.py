@@ -93,6 +93,9 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     if m := memory.model:
         model += f" ({m['parameters'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden size {m['hidden_size']})"
     precision = "bf16" if s.bf16 else "fp16" if s.fp16 else "fp32"
+    if precision == "fp32" and (half := {"bfloat16": "bf16", "float16": "fp16"}.get(s.dtype)):
+        # no autocast: the weights' own dtype computes, and the optimizer updates them in it
+        precision = f"{half} (the weights' dtype, without mixed precision: no fp32 copy of the weights)"
     row("model", f"{model}; weights load in {s.dtype}, training computes in {precision}")
     if s.use_peft:  # what trains: an adapter, not the weights the model line describes
         targets = s.lora_target_modules or s.lora_target_parameters

@@ -419,6 +419,20 @@ def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):
     assert given.project.sample_prompts == ["None"]
 
 
+@pytest.mark.parametrize("field", ["liger_kernel_config", "parallelism_config"])
+def test_a_field_argparse_cannot_read_is_refused_by_name_with_the_fix(field, tmp_path):
+    """Typed as a dict and as accelerate's ParallelismConfig, these fields could not be set at all: any value, in the
+    recipe or on the command line, stopped in argparse's "invalid dict value", which named no fix."""
+    for args in (
+        ["--config", write(tmp_path, f"bf16: false\n{field}:\n  rope: true\n")],
+        ["--bf16", "false", f"--{field.replace('_', '-')}={{}}"],
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_args(args)
+        assert str(refused.value).startswith(f"{field} cannot be set here: ")
+        assert str(refused.value).endswith(f": remove {field}")
+
+
 def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
     """`dataset_name: [a.jsonl, b.jsonl]` became the words `--dataset_name a.jsonl b.jsonl`, refused as "unknown
     argument 'b.jsonl'", which named neither the field nor the way to train several files.

@@ -58,6 +58,17 @@ def test_a_lora_summary_says_an_adapter_trains_and_what_the_reference_is(tmp_pat
     assert "LoRA:" not in dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
 
 
+def test_half_weights_without_mixed_precision_are_said_to_compute_in_their_dtype(tmp_path, capsys):
+    """`--dtype bfloat16` with `bf16: false` (no autocast) trains and computes in bf16, the weights' own dtype, with no
+    fp32 copy: the summary said "training computes in fp32"."""
+    for dtype, half in (("bfloat16", "bf16"), ("float16", "fp16")):
+        text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--dtype", dtype)
+        assert field(text, "model").endswith(
+            f"weights load in {dtype}, training computes in {half} (the weights' dtype, without mixed precision: no "
+            "fp32 copy of the weights)"
+        )
+
+
 def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_output_folder(tmp_path, capsys):
     out = tmp_path / "run"
     text = dry_run(capsys, *SMOKE, "--output_dir", str(out))

@@ -307,6 +307,24 @@ def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
         assert [a.guard for a in g.check(1, shifted, args, 100)] == ["step1"], flags
 
 
+@pytest.mark.slow
+def test_a_neftune_run_is_not_stopped_at_step_1(tmp_path, tiny_model_dir):
+    """NEFTune's noise reaches the policy's embeddings in training, not the reference's (scored before training, in eval
+    mode): step 1's loss is not ln 2, and the step1 guard stopped every NEFTune run at step 1, blaming a stale reference
+    cache. The noise is there (NEFTune honoured, padded), and the run goes on."""
+    neftune = ["--neftune_noise_alpha", "5", "--padding_free", "false"]
+    trainer = trainer_for(
+        tmp_path / "run", tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", *neftune, rows=16
+    )
+    trainer.train()
+    assert trainer.health.stop is None and not trainer.health.alarms, trainer.health.alarms
+    assert trainer.state.global_step == 2
+    assert abs(trainer.state.log_history[0]["loss"] - LN2) > 1e-3  # the policy's embeddings were noised at step 1
+    g, args = guard(*neftune)
+    g._fresh = True
+    assert g.check(1, {"loss": 0.63, "rewards_norm/chosen": 0.09, "rewards_norm/rejected": -0.05}, args, 100) == []
+
+
 @pytest.mark.parametrize("beta", ["1e-200", "1e300"])
 def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_traceback(beta):
     """ipo's starting loss is 1 / (4 beta^2), built for every loss type: a beta of 1e-200 (1e300) was a

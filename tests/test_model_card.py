@@ -137,6 +137,18 @@ def test_lora_run_card_and_folder(tmp_path):
     assert "library_name: peft" in card and "- lora" in card and "base_model: org/sft-7b" in card
     assert "**LoRA adapter** (PEFT) for `org/sft-7b`" in card and "r=16, alpha=32" in card
     assert "['q_proj', 'v_proj']" in card and "merge_lora: true" in card
+    assert "Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`." in card
+    # The built-in model or a local folder: adapter_config.json names the folder the base loaded from, which a pushed
+    # adapter's user on another machine lacks (the card said AutoPeftModelForCausalLM would load it)
+    folder = tmp_path / "my-sft"
+    folder.mkdir()
+    for base, built in (
+        (str(folder), ""),
+        ("builtin:tiny-olmo3", " (the built-in model, built by `dpotrain.data.builtin.materialize_model("),
+    ):
+        card = model_card({**resolved, "model_name_or_path": base}, [])
+        assert "Load it with" not in card and "names the base by the local folder it trained from" in card, base
+        assert f"load the base{built}" in card and "`peft.PeftModel.from_pretrained(base, <this repo>)`" in card
     # An adapter folder is a complete run without config.json / model.safetensors, but not without its adapter.
     for name in (
         "adapter_config.json",

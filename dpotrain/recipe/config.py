@@ -418,6 +418,22 @@ def _renamed(words: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
+# Fields typed as objects that argparse cannot build from words: any value stopped in "invalid dict value".
+UNSETTABLE = {
+    "liger_kernel_config": "use_liger_kernel runs liger-kernel's kernels with their defaults: "
+    "remove liger_kernel_config",
+    "parallelism_config": "the accelerate config (accelerate_config: ZeRO-2/3, FSDP2 or DDP) and "
+    "sequence_parallel_size split the run over the GPUs: remove parallelism_config",
+}
+
+
+def _settable(tokens: list[str]) -> list[str]:
+    """`tokens`, once no UNSETTABLE field is among them."""
+    if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
+        raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
+    return tokens
+
+
 # Said whether transformers' own check of the option (evaluation and saving on one schedule) or the run's sees it first.
 LOAD_BEST_REFUSED = (
     "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
@@ -470,7 +486,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             )
     # The recipe's words, then the command line's: the last value wins.
     words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
-    tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
+    tokens = _settable(_one_process_backend(words) + _cpu_deepspeed_backend(words))
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)

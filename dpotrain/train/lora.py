@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from dpotrain.cluster.offline import is_hub_model
+from dpotrain.data import builtin
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
@@ -181,9 +183,21 @@ def card_lines(s) -> str:
         if s.merge_lora
         else " Pass `merge_lora: true` to also save the merged model."
     )
+    load = "Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`."
+    if not is_hub_model(s.model_name_or_path):  # PEFT records the folder the base loaded from: no Hub name to fetch
+        built = (
+            f" (the built-in model, built by `dpotrain.data.builtin.materialize_model({s.model_name_or_path!r})`)"
+            if builtin.is_builtin(s.model_name_or_path)
+            else ""
+        )
+        load = (
+            "Its `adapter_config.json` names the base by the local folder it trained from, so `peft."
+            "AutoPeftModelForCausalLM.from_pretrained(<this repo>)` loads it only where that folder exists; elsewhere "
+            f"load the base{built} and pass it to `peft.PeftModel.from_pretrained(base, <this repo>)`."
+        )
     return (
         f"\nThis is a **LoRA adapter** (PEFT) for `{s.model_name_or_path}`, not a full model: r={s.lora_r}, "
         f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, target modules "
         f"{s.lora_target_modules or s.lora_target_parameters}. The DPO reference was the base with the adapter "
-        f"disabled. Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`.{merged}\n"
+        f"disabled. {load}{merged}\n"
     )
