@@ -210,7 +210,7 @@ def worker(args) -> None:
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    dtype = "bfloat16" if args.bf16 else "float32"
+    dtype = "float32"  # both sides: fp32 weights under bf16 autocast (bf16 weights alone lose a 1e-6 update)
     per_step = args.batch * args.accumulation
     if args.path == "trl":
         from trl import DPOConfig, DPOTrainer
