@@ -510,6 +510,7 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
+    engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)
     if counts is None:
         return _undecided(recipe, launch, config)

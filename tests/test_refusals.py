@@ -300,6 +300,23 @@ def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, 
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
 
+def test_a_bf16_model_loaded_as_auto_is_refused_where_its_weights_would_train_in_bf16(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """`--dtype auto` loads the weights in their own dtype: a bf16 model's then trained in bf16 alone on one process."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path / "bf16-model"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16").save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    error = refused(tmp_path, monkeypatch, capsys, "--dry-run", "--model_name_or_path", str(folder), "--dtype", "auto")
+    assert error.startswith("error: --dtype auto (this model: bfloat16) would train the weights themselves in bf16")
+    train_dpo.main(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / "fp32"), "--model_name_or_path", str(folder), "--dry-run"]
+    )
+    assert "weights load in float32" in capsys.readouterr().out  # the same model in fp32 (no --dtype): planned
+
+
 SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
 
 

@@ -464,18 +464,21 @@ def load_dtype(recipe, engine: Engine) -> str | None:
     return recipe.model.dtype
 
 
-def check_half_weights(recipe, engine: Engine) -> None:
+def check_half_weights(recipe, engine: Engine, config=None) -> None:
     """Weights that train in bf16/fp16 themselves, with no fp32 copy, lose their updates: bf16 keeps 8 significant
     bits (fp16 11), so an Adam step (about the learning rate) rounds away on any weight above about 512 (4096) times
     it (at 1e-6, 98% of 0.02-sized bf16 weights never changed in 10 steps). DeepSpeed keeps an fp32 copy in its
     optimizer under bf16 or fp16, FSDP2 upcasts the weights under mixed precision (accelerate), and PEFT keeps a LoRA
-    adapter in fp32."""
+    adapter in fp32. `--dtype auto` is the model's own dtype, judged once its `config` is read."""
     t, dtype = recipe.training, recipe.model.dtype
+    if dtype == "auto" and config is not None:
+        dtype = str(getattr(config, "dtype", None) or "auto").removeprefix("torch.")
     half, above = {"bfloat16": ("bf16", 512), "float16": ("fp16", 4096)}.get(dtype, (None, 0))
     if half is None or recipe.model.use_peft or ((t.bf16 or t.fp16) and (engine.deepspeed or engine.name == "fsdp2")):
         return
     raise ConfigError(
-        f"--dtype {dtype} would train the weights themselves in {half}, with no fp32 copy under "
+        f"--dtype {recipe.model.dtype}{f' (this model: {dtype})' * (dtype != recipe.model.dtype)} would train the "
+        f"weights themselves in {half}, with no fp32 copy under "
         f"{NAMES.get(engine.name, engine.name)}: an update near the learning rate ({t.learning_rate:g}) rounds away on "
         f"any weight above about {above * t.learning_rate:.1g}: remove --dtype (the weights train in float32, "
         f"computed in bf16 with bf16: true), train under DeepSpeed or FSDP2 with {half}: true, or train a LoRA "
