@@ -14,8 +14,8 @@ holding exactly those files, the branch moving to it and earlier commits staying
 `state.project_requests()` is `state.requests` less the libraries' own (LIBRARY_OWN, TRL's telemetry HEAD).
 
 Faults are injected per (kind, revision): `fail` answers 500 (with `Retry-After: 0`, which huggingface_hub honours
-after one second) a number of times (-1: always); `hold` runs a function before answering (to delay an upload until
-something happened on disk).
+after one second; `fail_status` another status) a number of times (-1: always); `hold` runs a function before
+answering (to delay an upload until something happened on disk).
 """
 
 import base64
@@ -153,6 +153,9 @@ class HubState:
         # repo -> the visibility its creation asked for ("public", "private"; None: the namespace's default)
         self.visibility: dict[str, str | None] = {}
         self.fail: dict[tuple[str, str], int] = {}  # (kind, revision) -> failures left (-1: always)
+        # What a fault answers. 500 is transient: huggingface_hub sleeps a second before each of its 5 retries, and the
+        # project tries once more, ~10 s a failed push. 400 neither retries: for a test of what a failed upload leaves.
+        self.fail_status = 500
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
         self.dataset_heads: dict[tuple[str, str], str] = {}  # (data set repo, branch) -> sha
@@ -238,7 +241,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if hold:
             hold()
         if left:
-            return self.reply(500, {"error": "Internal Error - We're working hard to fix this"}, {"Retry-After": "0"})
+            status = self.state.fail_status
+            error = "Internal Error - We're working hard to fix this" if status >= 500 else "Bad request"
+            return self.reply(status, {"error": error}, {"Retry-After": "0"})
         if kind == "unknown":
             return self.reply(404, {"error": f"the stand-in does not know {method} {url.path}"})
         getattr(self, kind)(params, body, parse_qs(url.query))

@@ -910,6 +910,9 @@ def test_a_checkpoint_branch_whose_upload_fails_holds_no_other_model(hub, tmp_pa
     api = HfApi(endpoint=hub.endpoint, token=SECRET)
     api.create_repo(REPO, exist_ok=True)
     api.upload_file(path_or_fileobj=b"an earlier model", path_in_repo="model.safetensors", repo_id=REPO)
+    # A failure nothing retries: what the branch holds after it is the point, not the retries (~10 s of waits under a
+    # 500; test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run retries a 500 to its end).
+    hub.state.fail_status = 400
     hub.state.fail[("commit", "step-2")] = -1
     [failed] = hub_push.push_checkpoints(api, run, REPO)
     assert (failed["status"], failed["repo"]) == ("failed", REPO)
@@ -948,6 +951,7 @@ def test_a_checkpoint_branch_of_a_squashed_repo_holds_the_checkpoint_alone(hub, 
     run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
     api = HfApi(endpoint=hub.endpoint, token=SECRET)
     squashed_repo_with_a_model(hub, api)
+    hub.state.fail_status = 400  # retried or not, a failed upload leaves the same branch: ~20 s of waits less
     hub.state.fail[("preupload", "step-2")] = -1  # the checkpoint's upload fails
     [failed] = hub_push.push_checkpoints(api, run, REPO)
     assert failed["status"] == "failed"
