@@ -139,25 +139,15 @@ def test_header_cpus_alone_never_start_on_a_small_node(slurm, tmp_path):
 
 
 @pytest.mark.slurm
-def test_a_dry_run_submitted_prints_the_jobs_plan_once_and_launches_nothing(slurm, tmp_path):
-    """`sbatch scripts/dpo_train.sh --dry-run`: the plan at the job's own size, on its own node. The job printed its
-    two summary lines, then started every process of every node, each printing the whole dry run again, and ended
-    "training exited with code 0", as if it had trained."""
-    script = [str(ROOT / a) if a == "scripts/dpo_train.sh" else a for a in README_SBATCH]
-    args = ["--max_steps", "4", "--report_to", "none", "--output_dir", "run", "--dry-run"]
-    job = slurm.sbatch([*script, *args], cwd=tmp_path, env=README_ENV)
-    state = slurm.wait(job, timeout=300)
-    log = log_path(job, tmp_path).read_text()
-    assert state == "COMPLETED", log
-    assert log.count("dry run of configs/smoke.yaml") == 1 and "processes:     1 (" in log, log
-    assert "launch: " not in log and "training exited" not in log and not (tmp_path / "run").exists(), log
-
-
-@pytest.mark.slurm
-def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in(slurm, tmp_path):
+def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_dry_run_launches_nothing(
+    slurm, tmp_path
+):
     """`RECIPE=my.yaml sbatch --chdir exp /path/to/dpotrain/scripts/dpo_train.sh --dataset_name pairs.jsonl ...` typed
     in exp's parent, on a real Slurm: the log, the recipe, the data and the output folder are exp's, as docs/slurm.md
-    says of `--chdir DIR` (a dry run: the plan names each)."""
+    says of `--chdir DIR` (a dry run: the plan names each).
+    And `sbatch scripts/dpo_train.sh --dry-run` is the plan at the job's own size, on its own node, once: a job once
+    printed its two summary lines, then started every process of every node, each printing the whole dry run again,
+    and ended "training exited with code 0", as if it had trained. (One job for both: a job is ~9 s.)"""
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "my.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
@@ -170,6 +160,8 @@ def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in(slurm,
     assert state == "COMPLETED", log
     assert f"dry run of {exp / 'my.yaml'}" in log and f"data:          {exp / 'pairs.jsonl'}" in log, log
     assert f"output:        {exp / 'run'}: the run starts there (new)" in log, log
+    assert log.count("dry run of ") == 1 and "processes:     1 (" in log, log
+    assert "launch: " not in log and "training exited" not in log and not (exp / "run").exists(), log
 
 
 @pytest.mark.slurm
