@@ -711,8 +711,9 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_unto
 @pytest.mark.slow
 def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    # 30 steps of ~0.1 s: the kill lands mid-run, well after checkpoint-2 (6 finished before it on a fast machine)
-    args = train_args(out, "--max_steps", "30", "--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "3")
+    # 12 steps of ~0.1 s, each saved: the kill lands mid-run, after checkpoint-2 (6 finished before it on a fast
+    # machine); each step more costs both runs a step and a save
+    args = train_args(out, "--max_steps", "12", "--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "3")
     # The real interpreter, so that SIGKILL hits the process that holds the lock, as a node's OOM killer would.
     env = {**os.environ, **env_for(tiny_model_dir)}
     killed = subprocess.Popen(
@@ -732,7 +733,7 @@ def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert f"pid {killed.pid}" in rerun.stdout and "its process" in rerun.stdout and "is gone" in rerun.stdout
     assert "Resuming from" in rerun.stdout
-    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, 31))  # each step once
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, 13))  # each step once
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
