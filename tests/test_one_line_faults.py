@@ -12,7 +12,7 @@ import time
 import pytest
 from test_refusals import SMOKE, refused
 
-from conftest import PYTHON, ROOT, read_only_prefix
+from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.recipe import records
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, RunError
@@ -321,7 +321,7 @@ def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_ana
     assert not (tmp_path / "run").exists()  # before anything was written, the model's weights unread
     analyzer = subprocess.run(
         [
-            PYTHON,
+            python(),  # warm: the analyzer's refusal, not its start-up, is under test
             str(ROOT / "scripts" / "analyze_dataset.py"),
             str(ROOT / "data" / "smoke_prefs.jsonl"),
             "--tokenizer",
