@@ -1272,6 +1272,22 @@ def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(wo
     ), refused_here.value
 
 
+def test_every_checkpoint_damaged_says_none_is_left_not_that_it_tries_one_before(tmp_path, capsys):
+    """With each checkpoint cut short, the oldest one's line still said "trying the checkpoint before it", just above
+    the refusal that none was left."""
+    out = unfinished_run(tmp_path, capsys)
+    sealed_checkpoint(out / "checkpoint-2")
+    for step in (2, 4):
+        (out / f"checkpoint-{step}" / "optimizer.pt").write_text("cut")
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="has no checkpoint left to resume from \\(checkpoint-4: optimizer.pt has 3"):
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    said = capsys.readouterr().out
+    assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has 3 bytes" in said, said
+    assert "bytes, 13 were written (cut short or replaced); trying the checkpoint before it\n" in said, said
+    assert said.rstrip().endswith("bytes, 13 were written (cut short or replaced); no verified checkpoint before it")
+
+
 def recipe_args(out, checkpoint) -> list[str]:
     return ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
 
