@@ -1288,6 +1288,26 @@ def test_every_checkpoint_damaged_says_none_is_left_not_that_it_tries_one_before
     assert said.rstrip().endswith("bytes, 13 were written (cut short or replaced); no verified checkpoint before it")
 
 
+@pytest.mark.parametrize("held", [[], ["notes.txt"], ["logs/"]])
+def test_resume_from_a_folder_with_no_checkpoint_nor_weights_names_a_checkpoint_to_pass(held, tmp_path):
+    """An empty or unrelated folder named: the advice was to restore its files, or to start a new run from its
+    weights (--model_name_or_path on it), which it does not hold."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    for name in held:
+        (folder / name.rstrip("/")).mkdir() if name.endswith("/") else (folder / name).write_text("mine\n")
+    recipe = parse_args(recipe_args(tmp_path / "run", folder))
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused_here.value).endswith(
+        "it holds no checkpoint, nor weights to start from: name a checkpoint-N folder (a rerun of the same command "
+        "resumes from the newest one by itself)"
+    ), refused_here.value
+    (folder / "config.json").write_text("{}")  # a model (a finished run's folder): starting from it is the way out
+    with pytest.raises(ConfigError, match=f"start a new run from its weights \\(--model_name_or_path {folder}"):
+        resolve.check_output_dir(recipe, 8)
+
+
 def recipe_args(out, checkpoint) -> list[str]:
     return ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
 

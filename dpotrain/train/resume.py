@@ -143,8 +143,17 @@ def check_explicit(folder: str) -> None:
             f"{'in' if inside else 'beside'} it"
             if instead
             else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
+            if holds_a_checkpoint_or_weights(Path(folder))
+            else "it holds no checkpoint, nor weights to start from: name a checkpoint-N folder (a rerun of the same "
+            "command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def holds_a_checkpoint_or_weights(folder: Path) -> bool:
+    """Whether `folder` holds a checkpoint's state or a model (a run's final folder): else the advice to restore its
+    files or start from its weights sent a user who named an empty or unrelated folder to train from nothing."""
+    return any((folder / name).is_file() for name in ("trainer_state.json", "config.json", "adapter_config.json"))
 
 
 def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
