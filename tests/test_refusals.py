@@ -16,7 +16,8 @@ import train_dpo
 from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
 from dpotrain.recipe.config import make_parser, parse_args
-from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.recipe.errors import ConfigError, RunError, run_cli
+from dpotrain.train import resume
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -1286,6 +1287,20 @@ def test_every_checkpoint_damaged_says_none_is_left_not_that_it_tries_one_before
     assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has 3 bytes" in said, said
     assert "bytes, 13 were written (cut short or replaced); trying the checkpoint before it\n" in said, said
     assert said.rstrip().endswith("bytes, 13 were written (cut short or replaced); no verified checkpoint before it")
+    # The same once processes have started (checksums: each file at its size, its bytes changed)
+    for step in (2, 4):
+        (out / f"checkpoint-{step}" / "optimizer.pt").write_text("optimizer.ps\n")
+    with pytest.raises(RunError, match="no checkpoint left to resume from"):
+        resume.confirm(
+            resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8).resume_from, False
+        )
+    said = capsys.readouterr().out
+    assert "checkpoint-4: optimizer.pt does not match its checksum" in said.replace(
+        f"{out / 'checkpoint-4'}: ", "checkpoint-4: "
+    ), said
+    assert said.rstrip().endswith(
+        "does not match its checksum (damaged after it was written); no verified checkpoint before it"
+    ), said
 
 
 @pytest.mark.parametrize("held", [[], ["notes.txt"], ["logs/"]])
