@@ -767,6 +767,8 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
     from dpotrain.recipe.config import dry_run_asked as asked
 
     assert asked(spelling) and not asked(["--dry_run=false"]) and not asked(["--dry_run", "no"])
+    # The last one decides, as the run's parser takes it
+    assert not asked([*spelling, "--max_steps", "4", "--dry-run", "false"]) and asked(["--dry_run=false", *spelling])
     with pytest.raises(SystemExit) as ended:
         run_cli(
             lambda: train_dpo.main(
