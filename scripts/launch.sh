@@ -148,10 +148,10 @@ echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
-# `sbatch scripts/dpo_train.sh --dry-run`: the plan at this job's size, checked on its node, is all the job does. Launched,
-# every process of every node set up its engine first (a rendezvous, DeepSpeed's ops: minutes) to print it again, and
-# the log ended "training exited with code 0".
-if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$@"; then
+# `sbatch scripts/dpo_train.sh --dry-run` (or a recipe's `dry_run: true`): the plan at this job's size, checked on its
+# node, is all the job does. Launched, every process of every node set up its engine first (a rendezvous, DeepSpeed's
+# ops: minutes) to print it again, and the log ended "training exited with code 0".
+if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$RECIPE" "$@"; then
   WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@" \
     --accelerate_config "$ACCELERATE_CONFIG"
   exit 0  # (set -e: a dry run that fails ends the job with its code)
@@ -161,8 +161,9 @@ fi
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
-  "$@" --accelerate_config "$ACCELERATE_CONFIG")
+# (--dry-run after the job's arguments: a `--dry_run false` among them, turning off a recipe's, must not turn off this one)
+resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" \
+  "$@" --accelerate_config "$ACCELERATE_CONFIG" --dry-run --json)
 # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
 # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
 # lines and exit code 2, in seconds, instead of after starting every process.

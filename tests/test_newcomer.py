@@ -767,6 +767,8 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
     from dpotrain.recipe.config import dry_run_asked as asked
 
     assert asked(spelling) and not asked(["--dry_run=false"]) and not asked(["--dry_run", "no"])
+    # The last one decides, as the run's parser takes it
+    assert not asked([*spelling, "--max_steps", "4", "--dry-run", "false"]) and asked(["--dry_run=false", *spelling])
     with pytest.raises(SystemExit) as ended:
         run_cli(
             lambda: train_dpo.main(
@@ -814,6 +816,35 @@ def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
     assert "batch: 8 pairs per step" in result.stdout  # planned, then ended
     assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
+
+
+def test_a_recipes_own_dry_run_is_all_the_job_does(tmp_path):
+    """`dry_run: true` in the job's recipe (not on its command line): launch.sh planned the job, then launched it, and
+    every process of every node set up its engine to print the plan again ("training exited with code 0")."""
+    import os
+    import subprocess
+
+    recipe = tmp_path / "planned.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "dry_run: true\n")
+    gone = ("WANDB_MODE", "WANDB_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in gone and not k.startswith("SLURM_")}
+    env |= {"RECIPE": str(recipe)}
+    for args, planned in (([], True), (["--dry_run", "false", "--report_to", "wandb"], False)):
+        result = subprocess.run(
+            ["bash", "scripts/launch.sh", "--output_dir", str(tmp_path / "run"), *args],
+            cwd=ROOT,
+            env=env | {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc")},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        said = result.stdout[-2000:] + result.stderr[-2000:]
+        if planned:
+            assert result.returncode == 0 and result.stdout.count(f"dry run of {recipe}") == 1, said
+            assert "launch: " not in result.stdout and "training" not in result.stderr, said
+        else:  # turned off on the command line: the job's plan, then what the run would refuse (no W&B login)
+            assert result.returncode == 2 and "error: report_to wandb but no W&B login" in result.stderr, said
+        assert not (tmp_path / "run").exists(), said
 
 
 def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(tmp_path, monkeypatch):

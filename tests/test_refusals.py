@@ -16,7 +16,8 @@ import train_dpo
 from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
 from dpotrain.recipe.config import make_parser, parse_args
-from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.recipe.errors import ConfigError, RunError, run_cli
+from dpotrain.train import resume
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -1270,6 +1271,56 @@ def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(wo
     assert str(refused_here.value).endswith(
         f"pass --resume_from_checkpoint {out / 'checkpoint-4'}, the newest verified checkpoint in it"
     ), refused_here.value
+
+
+def test_every_checkpoint_damaged_says_none_is_left_not_that_it_tries_one_before(tmp_path, capsys):
+    """With each checkpoint cut short, the oldest one's line still said "trying the checkpoint before it", just above
+    the refusal that none was left."""
+    out = unfinished_run(tmp_path, capsys)
+    sealed_checkpoint(out / "checkpoint-2")
+    for step in (2, 4):
+        (out / f"checkpoint-{step}" / "optimizer.pt").write_text("cut")
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="has no checkpoint left to resume from \\(checkpoint-4: optimizer.pt has 3"):
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    said = capsys.readouterr().out
+    assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has 3 bytes" in said, said
+    assert "bytes, 13 were written (cut short or replaced); trying the checkpoint before it\n" in said, said
+    assert said.rstrip().endswith("bytes, 13 were written (cut short or replaced); no verified checkpoint before it")
+    # The same once processes have started (checksums: each file at its size, its bytes changed)
+    for step in (2, 4):
+        (out / f"checkpoint-{step}" / "optimizer.pt").write_text("optimizer.ps\n")
+    with pytest.raises(RunError, match="no checkpoint left to resume from"):
+        resume.confirm(
+            resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8).resume_from, False
+        )
+    said = capsys.readouterr().out
+    assert "checkpoint-4: optimizer.pt does not match its checksum" in said.replace(
+        f"{out / 'checkpoint-4'}: ", "checkpoint-4: "
+    ), said
+    assert said.rstrip().endswith(
+        "does not match its checksum (damaged after it was written); no verified checkpoint before it"
+    ), said
+
+
+@pytest.mark.parametrize("held", [[], ["notes.txt"], ["logs/"]])
+def test_resume_from_a_folder_with_no_checkpoint_nor_weights_names_a_checkpoint_to_pass(held, tmp_path):
+    """An empty or unrelated folder named: the advice was to restore its files, or to start a new run from its
+    weights (--model_name_or_path on it), which it does not hold."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    for name in held:
+        (folder / name.rstrip("/")).mkdir() if name.endswith("/") else (folder / name).write_text("mine\n")
+    recipe = parse_args(recipe_args(tmp_path / "run", folder))
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused_here.value).endswith(
+        "it holds no checkpoint, nor weights to start from: name a checkpoint-N folder (a rerun of the same command "
+        "resumes from the newest one by itself)"
+    ), refused_here.value
+    (folder / "config.json").write_text("{}")  # a model (a finished run's folder): starting from it is the way out
+    with pytest.raises(ConfigError, match=f"start a new run from its weights \\(--model_name_or_path {folder}"):
+        resolve.check_output_dir(recipe, 8)
 
 
 def recipe_args(out, checkpoint) -> list[str]:

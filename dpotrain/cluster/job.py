@@ -1,12 +1,13 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
 `engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
 stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
-refuse, `asks-dry-run [<train args>]` says whether the job is a dry run."""
+refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run."""
 
 import os
 import sys
 
 from dpotrain.recipe import config, recipe_file, run_record
+from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -35,6 +36,17 @@ def engine(recipe: str, train_args: list[str] | None = None) -> str:
         return str(there)
     named = named if named is not None else recipe_file.load(recipe).get("accelerate_config")
     return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
+
+
+def asks_dry_run(recipe: str, train_args: list[str]) -> bool:
+    """The job's arguments ask for a dry run, however they spell it, or its recipe does (`dry_run: true`) and they do
+    not turn it off. Read from the arguments alone, a recipe's dry run was launched: every process of every node set up
+    its engine to print the plan again, and the log ended "training exited with code 0"."""
+    if config.dry_run_asked(train_args):
+        return True
+    if any(word.partition("=")[0] in ("--dry-run", "--dry_run") for word in train_args):
+        return False
+    return str(recipe_file.load(recipe).get("dry_run", False)).lower() in TRUE
 
 
 def summary(text: str) -> int:
@@ -67,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if verb == "summary" and not args:
         return summary(sys.stdin.read())
-    if verb == "asks-dry-run":  # exit 0 when the job's arguments ask for a dry run, however they spell it
-        return 0 if config.dry_run_asked(args) else 1
+    if verb == "asks-dry-run" and args:  # exit 0 when the job asks for a dry run
+        return 0 if asks_dry_run(args[0], args[1:]) else 1
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks-dry-run [<train args>]"
+        "asks-dry-run <recipe> [<train args>]"
     )
 
 

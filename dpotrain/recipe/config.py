@@ -793,16 +793,18 @@ def _check_finite(*parts) -> None:
 
 
 def dry_run_asked(argv: list[str]) -> bool:
-    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true."""
+    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true. The
+    last one given decides, as the run's parser takes it (`--dry-run ... --dry_run false` trains: the first one
+    deciding, launch.sh ran that training in its batch shell, one process outside accelerate)."""
+    asked = False
     for i, word in enumerate(argv):
         flag, _, value = word.partition("=")
         if flag not in ("--dry-run", "--dry_run"):
             continue
         if not value and i + 1 < len(argv) and argv[i + 1].lower() in TRUE + FALSE:
             value = argv[i + 1]
-        if value.lower() not in FALSE:
-            return True
-    return False
+        asked = value.lower() not in FALSE
+    return asked
 
 
 def in_submit_dir(name: str | None) -> Path | None:

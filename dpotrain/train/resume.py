@@ -75,11 +75,17 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
     damaged = any(is_complete(folder) for folder, _ in skipped)
     passed_over.update(folder.absolute() for folder, _ in skipped if is_complete(folder))
     if found is not None or damaged:
-        for folder, why in skipped:
-            _say(f"Not resuming from {folder}: {why}; trying the checkpoint before it")
+        for i, (folder, why) in enumerate(skipped):
+            _say(f"Not resuming from {folder}: {why}; {next_step(found is None and i == len(skipped) - 1)}")
     if found is None and damaged and refuse:
         raise ConfigError(no_sound_checkpoint(out, [f"{folder.name}: {why}" for folder, why in skipped]))
     return found
+
+
+def next_step(last: bool) -> str:
+    """What a skipped checkpoint's line says comes next: the oldest one skipped, with nothing verified before it, said
+    "trying the checkpoint before it" just before the refusal that none was left."""
+    return "no verified checkpoint before it" if last else "trying the checkpoint before it"
 
 
 def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
@@ -103,13 +109,14 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
         passed_over.add(folder.absolute())
-        if rank == 0:
-            print(f"Not resuming from {folder}: {found[0]}; trying the checkpoint before it", flush=True)
         if explicit:
             raise RunError(
                 f"resume_from_checkpoint {str(folder)!r} is damaged ({found[0]}): restore the file, or "
                 "name another checkpoint"
             )
+        if rank == 0:
+            last = newest_verified(folder.parent, before=folder)[0] is None
+            print(f"Not resuming from {folder}: {found[0]}; {next_step(last)}", flush=True)
         folder = latest_sound_checkpoint(folder.parent, before=folder, refuse=False)
         if folder is None:
             raise RunError(no_sound_checkpoint(Path(resume_from).parent, damaged))
@@ -136,8 +143,17 @@ def check_explicit(folder: str) -> None:
             f"{'in' if inside else 'beside'} it"
             if instead
             else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
+            if holds_a_checkpoint_or_weights(Path(folder))
+            else "it holds no checkpoint, nor weights to start from: name a checkpoint-N folder (a rerun of the same "
+            "command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def holds_a_checkpoint_or_weights(folder: Path) -> bool:
+    """Whether `folder` holds a checkpoint's state or a model (a run's final folder): else the advice to restore its
+    files or start from its weights sent a user who named an empty or unrelated folder to train from nothing."""
+    return any((folder / name).is_file() for name in ("trainer_state.json", "config.json", "adapter_config.json"))
 
 
 def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
