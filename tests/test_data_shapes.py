@@ -712,6 +712,33 @@ def test_a_tool_call_the_chat_template_cannot_write_is_refused_naming_the_fix(
     assert fix in capsys.readouterr().err
 
 
+def test_a_tool_call_the_chat_template_leaves_out_is_refused_naming_the_fix(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """A tool call with empty `content` (TRL's format) under a template that reads content but never tool_calls (the
+    built-in model's) rendered as an empty answer, `<|im_start|>assistant\n<|im_end|>`: the run and the analyzer took
+    every row, the chosen side trained saying nothing, and a pair of two calls trained identical sides. Refused as the
+    call without content is, naming the fix; the template that writes the calls reads the same rows (above)."""
+    user = {"role": "user", "content": "2+2?"}
+
+    def call(name):
+        return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name}}]}
+
+    pairs = [
+        {"chosen": [user, call("calc")], "rejected": [user, {"role": "assistant", "content": f"{i}."}]}
+        for i in range(N - 1)
+    ]
+    pairs.append({"chosen": [user, call("calc")], "rejected": [user, call("search")]})
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    fix = "the chat template does not write tool_calls, so the tool call would train as the text around it"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: chosen: chat template")
+    assert fix in line and "give a chat template that writes tool_calls (chat_template_path" in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert fix in capsys.readouterr().err
+
+
 def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer(tiny_model_dir, tmp_path):
     """Rows whose chat_template_kwargs differ in their names (`enable_thinking` here, `reasoning_effort` there) are
     read by datasets as Json, which the reading took for a column no row fills and dropped: every row's keyword
