@@ -314,9 +314,9 @@ def check_evaluation(recipe: Recipe) -> None:
             )
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
             raise ConfigError(
-                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: save "
-                f"a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has "
-                "one, or remove eval_strategy"
+                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: name "
+                "a file of held-out pairs with --dataset_mixer_eval_list FILE 1.0 (`eval_datasets:` in a recipe), "
+                f"save a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk), or remove eval_strategy"
             )
     elif "dataset_test_split" in recipe.given:
         raise ConfigError(

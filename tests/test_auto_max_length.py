@@ -79,3 +79,32 @@ def test_the_lengths_are_cached_for_the_rows_the_run_read_not_the_file_as_it_is_
     monkeypatch.setattr(stages.data, "load_preference_dataset", read_while_rows_are_added)
     with pytest.raises(ConfigError, match="changed while the run read it"):
         stages.load_data(recipe, launch, say=False)
+
+
+def test_a_folders_configurations_are_cached_apart(tmp_path, tiny_model_dir, monkeypatch, cli, capsys):
+    """A Hub-style folder whose README's `configs:` block names two configurations of the same split: the cache key was
+    the folder's files and split alone, so the analysis of one configuration (long answers) was taken for the other,
+    and `max_length: auto` on the short one chose 2,048 (refused: more than max_tokens_per_microbatch holds)."""
+    from dpotrain.data import builtin
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "prefs"
+    for name, words in (("short", 0), ("long", 700)):
+        (folder / name).mkdir(parents=True)
+        pairs = builtin.make_preference_rows(40, seed=1)
+        for pair in pairs:
+            pair["chosen"][-1]["content"] += " word" * words
+        (folder / name / "train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(
+            f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/*.jsonl\n" for c in ("short", "long")
+        )
+        + "---\n"
+    )
+    argv = [str(folder), "--tokenizer", tiny_model_dir, "--num-proc", "1", "--dataset_config", "long"]
+    assert cli.main(argv) == 0 and "Recommended max_length: 2048" in capsys.readouterr().out
+    short = dry_run(
+        capsys, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(folder), "--dataset_config", "short"
+    )
+    assert short["max_length"] == 512, short["derived"]["max_length"]

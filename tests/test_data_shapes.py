@@ -203,6 +203,44 @@ def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
     assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
 
 
+@pytest.mark.parametrize("suffix", [".ndjson", ".tsv"])
+def test_ndjson_and_tsv_read_as_their_jsonl_and_csv_kin(suffix, tokenizer, tmp_path):
+    """datasets reads `.ndjson` as JSON Lines and `.tsv` as CSV split at tabs, a folder of such shards here too; but a
+    file of them was refused, and a folder's skipped the checks its kin get: beside one number, every answer that
+    reads as JSON (`"0"`) came back a number, and every row was refused. Read as written now, bad rows located."""
+    import csv
+
+    pairs = [{"prompt": f"{i} + {i}?", "chosen": str(2 * i), "rejected": f"{2 * i + 1}.50"} for i in range(N)]
+    pairs[5]["chosen"] = 'ten,\t"ten"\nor 10'  # a TSV cell spanning two lines: row 7 is on line 10
+    pairs[7]["chosen"] = 14 if suffix == ".ndjson" else ""  # the one bad row: not text, or empty
+
+    def write_file(path, part):
+        with open(path, "w", newline="") as f:
+            if suffix == ".ndjson":
+                f.write("".join(json.dumps(p) + "\n" for p in part))
+            else:
+                writer = csv.DictWriter(f, ["prompt", "chosen", "rejected"], delimiter="\t")
+                writer.writeheader()
+                writer.writerows(part)
+
+    (tmp_path / "shards").mkdir()
+    write_file(tmp_path / f"pairs{suffix}", pairs)
+    write_file(tmp_path / "shards" / f"a{suffix}", pairs[:12])
+    write_file(tmp_path / "shards" / f"b{suffix}", pairs[12:])
+    assert (
+        data.row_location(str(tmp_path / f"pairs{suffix}"), 7)
+        == f"line {8 if suffix == '.ndjson' else 10} of pairs{suffix}"
+    )
+    for name in (str(tmp_path / f"pairs{suffix}"), str(tmp_path / "shards")):
+        derived = {}
+        raw, read = read_pairs(name, "train", "messages", skip_invalid=True, derived=derived)
+        assert read.to_list() == [p for i, p in enumerate(pairs) if i != 7], name
+        assert derived["invalid_rows"]["dropped"] == 1 and derived["invalid_rows"]["first"][0]["index"] == 7, name
+        assert [p["index"] for p in lengths.measure(raw, tokenizer, skip_invalid=True).invalid] == [7], (
+            name
+        )  # the analyzer's reading
+
+
 def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
     """datasets stores a field whose type differs between rows as JSON, and text that reads as JSON as it is: the
     answer `"0"` came back the int 0, refused (or with --skip_invalid dropped) as not text. Here a message's content
@@ -708,6 +746,33 @@ def test_a_tool_call_the_chat_template_cannot_write_is_refused_naming_the_fix(
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
     assert line.startswith("error: every row of the train split (4 of 4) fails one check: chosen: chat template error")
     assert fix in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert fix in capsys.readouterr().err
+
+
+def test_a_tool_call_the_chat_template_leaves_out_is_refused_naming_the_fix(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """A tool call with empty `content` (TRL's format) under a template that reads content but never tool_calls (the
+    built-in model's) rendered as an empty answer, `<|im_start|>assistant\n<|im_end|>`: the run and the analyzer took
+    every row, the chosen side trained saying nothing, and a pair of two calls trained identical sides. Refused as the
+    call without content is, naming the fix; the template that writes the calls reads the same rows (above)."""
+    user = {"role": "user", "content": "2+2?"}
+
+    def call(name):
+        return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name}}]}
+
+    pairs = [
+        {"chosen": [user, call("calc")], "rejected": [user, {"role": "assistant", "content": f"{i}."}]}
+        for i in range(N - 1)
+    ]
+    pairs.append({"chosen": [user, call("calc")], "rejected": [user, call("search")]})
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    fix = "the chat template does not write tool_calls, so the tool call would train as the text around it"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: chosen: chat template")
+    assert fix in line and "give a chat template that writes tool_calls (chat_template_path" in line, line
     assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
     assert fix in capsys.readouterr().err
 

@@ -771,7 +771,11 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
         # recorded and unused: the step plan draws its own seeded order
         (["--train_sampling_strategy", "sequential"], "train_sampling_strategy sequential: the step plan draws each"),
-        (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
+        # the user's own held-out file, the likeliest fix, was not named
+        (
+            ["--eval_strategy", "steps"],
+            "has one split only: name a file of held-out pairs with --dataset_mixer_eval_list",
+        ),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
         # read only by evaluation, and no evaluation: eval_on_start failed in a traceback after the reference stage
         # (the Trainer evaluated no data set), the others were recorded and ignored

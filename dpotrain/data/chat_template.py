@@ -143,7 +143,26 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
             return column, _mismatch(texts["prompt"], texts[column])
+        if _calls_unwritten(example["prompt"] + example[column], texts[column], tokenizer, kwargs):
+            return column, (
+                f"{TEMPLATE_ERROR}: the chat template does not write tool_calls, so the tool call would train as "
+                "the text around it (an empty answer where it has none): give a chat template that writes "
+                "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
+            )
     return None
+
+
+def _calls_unwritten(messages: list, text: str, tokenizer, kwargs: dict) -> bool:
+    """Whether the conversation calls a tool and renders the same with its calls left out: a template written for text
+    turns that reads content with a default (`content or ''`) drops the calls without an error, and TRL would then
+    train the empty answer, or two calls as identical sides."""
+    if not any(m.get("tool_calls") for m in messages):
+        return False
+    uncalled = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+    try:
+        return tokenizer.apply_chat_template(uncalled, tokenize=False, **kwargs) == text
+    except Exception:  # noqa: BLE001 - a template that needs the calls to render writes them
+        return False
 
 
 def _mismatch(prompt: str, whole: str) -> str:

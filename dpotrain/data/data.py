@@ -10,7 +10,18 @@ from dpotrain.data import data_identity, shapes
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.writes import unwritable
 
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+# datasets' own suffixes for these builders (its _EXTENSION_TO_MODULE): a folder of `.ndjson` or `.tsv` shards is read
+# through them, so a file of them is read as well, and checked as its `.jsonl` or `.csv` kin is
+LOCAL_SUFFIXES = {
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+}
+JSON_LINES = (".jsonl", ".ndjson")
+DELIMITERS = {".csv": ",", ".tsv": "\t"}  # datasets reads `.tsv` as CSV separated by tabs
 COMPRESSIONS = (".gz", ".bz2", ".xz")  # codecs datasets reads a text data file through, by its suffix (`x.jsonl.gz`)
 REQUIRED_COLUMNS = ("chosen", "rejected")
 # Names public preference sets give a string prompt beside string answers (Alpaca's `instruction`, Orca's `question`
@@ -109,7 +120,9 @@ def check_file_kind(path: Path) -> None:
     """A file whose name says another format than it holds: one line saying how to name it, not the reader's
     traceback."""
     kind = file_kind(path)
-    fits = {".parquet": kind == "parquet", ".csv": kind is None}.get(path.suffix, kind != "parquet")  # .jsonl, .json
+    fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None}.get(
+        path.suffix, kind != "parquet"
+    )
     if not fits:
         raise ConfigError(
             f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
@@ -129,7 +142,8 @@ def check_one_format(name: str, path: Path) -> None:
     kinds = {}
     for file, p in (data_identity.files(str(path)) or {}).items():
         if p.name not in FILES_TO_IGNORE and p.suffix.lower() in LOCAL_SUFFIXES:
-            kinds.setdefault(LOCAL_SUFFIXES[p.suffix.lower()], []).append(file)
+            kind = "tsv" if p.suffix.lower() == ".tsv" else LOCAL_SUFFIXES[p.suffix.lower()]  # read with other sep
+            kinds.setdefault(kind, []).append(file)
     if len(kinds) > 1:
         held = "; ".join(
             f"{kind}: {', '.join(files[:2])}{', ...' if len(files) > 2 else ''}" for kind, files in kinds.items()
@@ -166,8 +180,8 @@ def load_preference_dataset(
         builder = builder_of(path)
         if builder is None:
             raise ConfigError(
-                f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (or .jsonl.gz, .csv.gz, ...: "
-                f"{', '.join(COMPRESSIONS)}) (docs/data.md)"
+                f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (.ndjson, .tsv; or .jsonl.gz, .csv.gz, "
+                f"...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
             )
         if path.stat().st_size == 0:
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
@@ -176,8 +190,9 @@ def load_preference_dataset(
         # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
         text = _csv_columns_as_text(path) if builder == "csv" else None
         try:
+            sep = {"sep": "\t"} if format_suffix(path) == ".tsv" else {}
             loaded = load_as_text(
-                text, datasets.load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming
+                text, datasets.load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming, **sep
             )
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
@@ -186,7 +201,7 @@ def load_preference_dataset(
         if builder == "json" and not streaming:
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files={split: as_files(path)})
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
-        csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
+        csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
             loaded = load_as_text(
                 csv_text_features(csv), datasets.load_dataset, str(path), name=config, streaming=streaming
@@ -261,7 +276,7 @@ def csv_text_features(paths):
     traceback-like `DatasetGenerationError`), and a file of numbers trained `1.50` as the float 1.5. None (the inferred
     types) where a file is not `.csv` (a compressed one, read through its codec) or the files' headers differ."""
     paths = [Path(p) for p in paths]
-    if not paths or any(p.suffix != ".csv" for p in paths):
+    if not paths or len({p.suffix for p in paths}) > 1 or paths[0].suffix not in DELIMITERS:
         return None
     first = _csv_columns_as_text(paths[0])
     return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
@@ -286,7 +301,7 @@ def _csv_columns_as_text(path: Path):
     import datasets
 
     with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
-        header = next(csv.reader(f), None)
+        header = next(csv.reader(f, delimiter=DELIMITERS.get(format_suffix(path), ",")), None)
     # pandas' name for a column without one (the index `DataFrame.to_csv` writes first)
     header = [name or f"Unnamed: {i}" for i, name in enumerate(header or [])]
     if not header or len(set(header)) != len(header):
@@ -404,7 +419,7 @@ def _bad_line(path: Path) -> str | None:
     """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
-    if format_suffix(path) == ".jsonl":
+    if format_suffix(path) in JSON_LINES:
         with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
@@ -443,7 +458,7 @@ def row_location(name: str, index: int) -> str:
     my.parquet'."""
     path = Path(name).expanduser()
     if path.is_file() and (
-        format_suffix(path) == ".jsonl" or path.suffix == ".json" and file_kind(path) == "json lines"
+        format_suffix(path) in JSON_LINES or path.suffix == ".json" and file_kind(path) == "json lines"
     ):
         with open_data(path) as f:
             rows = -1
@@ -451,11 +466,11 @@ def row_location(name: str, index: int) -> str:
                 rows += bool(line.strip())
                 if rows == index:
                     return f"line {number} of {path.name}"
-    if path.is_file() and format_suffix(path) == ".csv":
+    if path.is_file() and format_suffix(path) in DELIMITERS:
         import csv
 
         with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
-            reader, start = csv.reader(f), 1
+            reader, start = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1
             for record, _ in enumerate(reader, -1):  # -1: the header
                 if record == index:
                     return f"line {start} of {path.name}"

@@ -39,7 +39,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 4  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 5  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -576,16 +576,18 @@ def dataset_identity(
     local_only: bool = False,
     hh_format: str = "messages",
 ) -> str:
-    """What a cached report is valid for: a local data set's files (path + `data_identity.stamp`), or a Hub data set's
-    commit (`hub_revision.commit`; the revision name where it cannot be told). `hh_format: text` reads HH-RLHF strings
-    into other tokens, so it is part of the identity."""
+    """What a cached report is valid for: a local data set's files (path + `data_identity.stamp`) and configuration (a
+    folder whose README names several reads other files for each), or a Hub data set's commit (`hub_revision.commit`;
+    the revision name where it cannot be told). `hh_format: text` reads HH-RLHF strings into other tokens, so it is
+    part of the identity."""
     reading = "" if hh_format == "messages" else f":hh-{hh_format}"
     path = Path(name).expanduser()
     if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
         stamp = hashlib.sha256()
         for relative, f in sorted((data_identity.files(name, split) or {}).items()):
             stamp.update(f"{relative if f != path else ''}:{data_identity.stamp(f)};".encode())
-        return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
+        named = f":{config}" if config else ""  # none: the key as it was before configurations were told apart
+        return f"local:{path.resolve()}{named}:{split}:{stamp.hexdigest()[:16]}{reading}"
     commit = hub_revision.commit(name, revision, local_only=local_only) or revision or "main"
     return f"hub:{name}:{config or 'default'}:{split}@{commit}{reading}"
 
