@@ -9,12 +9,14 @@ depends on a Hub data set or model is recorded as decided at start, with the com
 import copy
 import functools
 import os
+import re
 import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoConfig
 from trl.data_utils import is_conversational
 
@@ -490,6 +492,13 @@ def _model_config(recipe, model_path: str, local_only: bool):
             raise ConfigError(
                 f"{recipe.model.model_name_or_path} runs its own code (auto_map in its config.json): read it, then "
                 "give --trust_remote_code true"
+            ) from None
+        if (unknown := re.search(r"has model type `(.*?)` but Transformers does not recognize", str(e))) is not None:
+            # A model newer than the installed transformers: not a config missing from this machine (the dry run)
+            raise ConfigError(
+                f"{recipe.model.model_name_or_path}: its config.json's model_type {unknown[1]!r} is not one "
+                f"transformers {transformers.__version__} knows: install a transformers release that has it (pip "
+                "install -U transformers), or check model_type in its config.json"
             ) from None
         if not local_only:
             raise

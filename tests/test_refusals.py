@@ -393,6 +393,28 @@ def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merge
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgrade(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A model newer than the installed transformers (its config.json's model_type unknown to it): the run stopped in
+    transformers' ValueError traceback once the data had been read, and the dry run planned on, saying the config was
+    "not readable on this machine"."""
+    import transformers
+
+    model = tmp_path / "new-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config |= {"model_type": "frobnicator", "architectures": ["FrobnicatorForCausalLM"]}
+    (model / "config.json").write_text(json.dumps(config))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: its config.json's model_type 'frobnicator' is not one transformers "
+        f"{transformers.__version__} knows: install a transformers release that has it (pip install -U transformers), "
+        "or check model_type in its config.json"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
