@@ -361,6 +361,7 @@ class Lengths:
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
+    lengths.check_sentencepiece(model_path)  # on this machine: the dry run says it too
     try:
         return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
     except (ConfigError, OSError, ValueError) as e:
