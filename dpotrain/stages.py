@@ -512,6 +512,7 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
+    options.check_generates(config, recipe.model.model_name_or_path)
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
     whole_split = pair_lengths.measured is not None

@@ -414,6 +414,26 @@ def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgr
     )
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize("head", ["Olmo3ForSequenceClassification", "Olmo3Model"], ids=["reward model", "no head"])
+def test_a_model_that_does_not_generate_text_is_refused_before_it_loads(
+    head, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A reward model (or a model without its language-model head) given as the policy: TRL loads the class its
+    config.json names, and the run stopped in an AttributeError traceback ('... has no attribute generation_config')
+    once the model had loaded, its head initialized at random."""
+    model = tmp_path / "reward-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"architectures": [head]}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model} is a {head} (architectures in its config.json), a model that does not generate text: DPO "
+        "trains a causal language model (Olmo3ForCausalLM): give the model to train, e.g. your SFT model, not a "
+        "reward or base model"
+    )
+
+
 def sentencepiece_file(path) -> None:
     """A SentencePiece model file (byte fallback and a few pieces), written with transformers' copy of its protobuf."""
     from transformers.convert_slow_tokenizer import import_protobuf
