@@ -132,7 +132,7 @@ def _greedy(model, max_new_tokens: int, pad_token_id) -> GenerationConfig:
     """Greedy decoding with only the model's stop tokens: generate fills what this config leaves unset from the model's
     generation_config.json, whose repetition penalty or no_repeat_ngram_size would hide the repetition samples watch."""
     own = model.generation_config
-    greedy = GenerationConfig._get_default_generation_params()  # do_sample False, use_cache True (training's is off)
+    greedy = upstream.default_generation_params()  # do_sample False, use_cache True (training's is off)
     return GenerationConfig(
         **greedy, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=own.eos_token_id
     )
