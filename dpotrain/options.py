@@ -467,6 +467,29 @@ def check_weights(model: str) -> None:
             )
 
 
+def check_generates(config, model: str) -> None:
+    """TRL loads the class a config names (`architectures[0]`): a reward model, or a model without its language-model
+    head, loaded as such and stopped in a traceback once loaded (its head new, at random)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    named = (getattr(config, "architectures", None) or [None])[0]
+    causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    heads = (
+        auto.MODEL_MAPPING_NAMES,
+        auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+        auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    )
+    other = {n for names in heads for v in names.values() for n in ([v] if isinstance(v, str) else v)}
+    if named in other - {n for v in causal.values() for n in ([v] if isinstance(v, str) else v)}:
+        lm = causal.get(getattr(config, "model_type", None))
+        raise ConfigError(
+            f"{model} is a {named} (architectures in its config.json), a model that does not generate text: DPO "
+            f"trains a causal language model{f' ({lm})' if isinstance(lm, str) else ''}: give the model to train, "
+            "e.g. your SFT model, not a reward or base model"
+        )
+
+
 def check_logging(recipe: Recipe) -> None:
     """The health guards judge logged steps: with logging_strategy no they would see step 1 alone (a NaN loss after it
     would train on to a finished run)."""

@@ -9,12 +9,14 @@ depends on a Hub data set or model is recorded as decided at start, with the com
 import copy
 import functools
 import os
+import re
 import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoConfig
 from trl.data_utils import is_conversational
 
@@ -359,6 +361,7 @@ class Lengths:
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
+    lengths.check_sentencepiece(model_path)  # on this machine: the dry run says it too
     try:
         return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
     except (ConfigError, OSError, ValueError) as e:
@@ -491,6 +494,13 @@ def _model_config(recipe, model_path: str, local_only: bool):
                 f"{recipe.model.model_name_or_path} runs its own code (auto_map in its config.json): read it, then "
                 "give --trust_remote_code true"
             ) from None
+        if (unknown := re.search(r"has model type `(.*?)` but Transformers does not recognize", str(e))) is not None:
+            # A model newer than the installed transformers: not a config missing from this machine (the dry run)
+            raise ConfigError(
+                f"{recipe.model.model_name_or_path}: its config.json's model_type {unknown[1]!r} is not one "
+                f"transformers {transformers.__version__} knows: install a transformers release that has it (pip "
+                "install -U transformers), or check model_type in its config.json"
+            ) from None
         if not local_only:
             raise
         return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"
@@ -502,6 +512,7 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
+    options.check_generates(config, recipe.model.model_name_or_path)
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
     whole_split = pair_lengths.measured is not None

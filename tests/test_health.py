@@ -325,6 +325,34 @@ def test_a_neftune_run_is_not_stopped_at_step_1(tmp_path, tiny_model_dir):
     assert g.check(1, {"loss": 0.63, "rewards_norm/chosen": 0.09, "rewards_norm/rejected": -0.05}, args, 100) == []
 
 
+@pytest.mark.slow
+def test_a_lora_runs_live_reference_gets_no_neftune_noise(tmp_path, tiny_model_dir):
+    """LoRA with a live reference (precompute_ref_log_probs false): the reference is the policy with its adapter
+    disabled, scored in training mode, so NEFTune's noise reached the reference too, which the reference stage (the
+    default) never gives it: one recipe trained against two references. Each step's reference equals its noiseless
+    score (the embeddings in eval mode, where transformers' NEFTune hook adds nothing)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--precompute_ref_log_probs", "false"]
+    neftune = ["--neftune_noise_alpha", "5", "--padding_free", "false"]
+    trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "2", *lora, *neftune, rows=16)
+    scored, embeddings = trainer.compute_ref_log_probs, trainer.model.get_input_embeddings()
+    gaps = []
+
+    def compared(model, inputs):
+        got = scored(model, inputs)
+        was, _ = embeddings.training, embeddings.eval()
+        try:
+            clean = scored(model, inputs)
+        finally:
+            embeddings.train(was)
+        gaps.append(max((a - b).abs().max().item() for a, b in zip(got, clean, strict=True)))
+        return got
+
+    trainer.compute_ref_log_probs = compared
+    trainer.train()
+    assert len(gaps) >= 2 and max(gaps) < 1e-5, gaps  # every micro-batch of both steps
+    assert abs(trainer.state.log_history[0]["loss"] - LN2) > 1e-3  # the policy's embeddings are still noised
+
+
 @pytest.mark.parametrize("beta", ["1e-200", "1e300"])
 def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_traceback(beta):
     """ipo's starting loss is 1 / (4 beta^2), built for every loss type: a beta of 1e-200 (1e300) was a

@@ -77,3 +77,30 @@ def test_a_resume_with_no_step_left_says_so_not_a_mean_loss_of_0():
     )
     assert line(summary, 4, 4, first_step=3).endswith(" (step 4: this attempt, resumed from step 3)")
     assert line(summary, 4, 4, first_step=0) == "trained to step 4/4 in 2.5 s, mean loss 0.6100"
+
+
+def test_a_lora_run_and_its_merge_raise_no_futurewarning_a_user_cannot_act_on(tmp_path, tiny_model_dir):
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model: every LoRA run printed
+    "FutureWarning: `is_gradient_checkpointing` is deprecated" at its start and again at the merge (merge_lora)."""
+    from conftest import built
+    from dpotrain.data import data
+    from dpotrain.train import lora
+
+    recipe = parse_args(
+        [
+            "--config",
+            "configs/smoke.yaml",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+        ]
+        + ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--max_steps", "1"]
+    )
+    pairs = data.load_preference_dataset(recipe.script.dataset_name).select(range(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        trainer = built(recipe, pairs).trainer
+        trainer.model.save_pretrained(tmp_path / "run")  # the adapter, as the run saves it
+        merged = lora.save_merged(tmp_path / "run", tiny_model_dir, {}, trainer.processing_class)
+    assert (merged / "model.safetensors").is_file()

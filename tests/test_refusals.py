@@ -394,6 +394,83 @@ def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merge
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgrade(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A model newer than the installed transformers (its config.json's model_type unknown to it): the run stopped in
+    transformers' ValueError traceback once the data had been read, and the dry run planned on, saying the config was
+    "not readable on this machine"."""
+    import transformers
+
+    model = tmp_path / "new-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config |= {"model_type": "frobnicator", "architectures": ["FrobnicatorForCausalLM"]}
+    (model / "config.json").write_text(json.dumps(config))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: its config.json's model_type 'frobnicator' is not one transformers "
+        f"{transformers.__version__} knows: install a transformers release that has it (pip install -U transformers), "
+        "or check model_type in its config.json"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize("head", ["Olmo3ForSequenceClassification", "Olmo3Model"], ids=["reward model", "no head"])
+def test_a_model_that_does_not_generate_text_is_refused_before_it_loads(
+    head, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A reward model (or a model without its language-model head) given as the policy: TRL loads the class its
+    config.json names, and the run stopped in an AttributeError traceback ('... has no attribute generation_config')
+    once the model had loaded, its head initialized at random."""
+    model = tmp_path / "reward-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"architectures": [head]}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model} is a {head} (architectures in its config.json), a model that does not generate text: DPO "
+        "trains a causal language model (Olmo3ForCausalLM): give the model to train, e.g. your SFT model, not a "
+        "reward or base model"
+    )
+
+
+def sentencepiece_file(path) -> None:
+    """A SentencePiece model file (byte fallback and a few pieces), written with transformers' copy of its protobuf."""
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    model = import_protobuf().ModelProto()
+    model.trainer_spec.model_type, model.trainer_spec.byte_fallback = 1, True  # unigram
+    pieces = [("<unk>", 2), ("<s>", 3), ("</s>", 3), *((f"<0x{b:02X}>", 6) for b in range(256)), ("\u2581the", 1)]
+    for text, kind in pieces:
+        piece = model.pieces.add()
+        piece.piece, piece.score, piece.type = text, 0.0, kind
+    path.write_bytes(model.SerializeToString())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentencepiece") is not None, reason="reads SentencePiece files")
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_sentencepiece_tokenizer_without_its_package_is_refused_naming_it(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A folder whose tokenizer is a SentencePiece tokenizer.model alone (no tokenizer.json: Llama 2 / Mistral era
+    saves): transformers needs the sentencepiece package to read it, and without it fell back to reading it as a
+    tiktoken file, a traceback saying "`tiktoken` is required" once the data had been read."""
+    model = tmp_path / "spm-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "tokenizer.json").unlink()
+    sentencepiece_file(model / "tokenizer.model")
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: model folder '{model}' holds its tokenizer as a SentencePiece tokenizer.model alone (no "
+        "tokenizer.json), which transformers reads with the sentencepiece package, not installed here: pip install "
+        "sentencepiece"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

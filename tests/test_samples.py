@@ -291,3 +291,37 @@ def test_a_data_prompt_near_the_models_positions_has_its_answer_cut_there(tmp_pa
     records = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
     assert [len(r["completion"].split()) for r in records] == [8, 2]  # the prompt of 32 has no position left
     assert capsys.readouterr().err.count("samples: prompt 1 is 30 tokens, its answer cut to 2 new tokens of ") == 1
+
+
+def test_samples_are_greedy_whatever_the_models_generation_config_holds(tmp_path):
+    """A model's generation_config.json (`repetition_penalty`, `no_repeat_ngram_size`, sampling, beams, `max_length`)
+    reached the samples' `generate`: a penalty there hides the very repetition the samples watch for, so a collapse
+    went unwarned. The samples are the model's greedy answers, as docs/health.md says."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpotrain.train.samples import SampleGenerator
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=7))
+    model.eval()
+    prompt, new = list(range(1, 6)), 24
+    greedy = list(prompt)
+    with torch.no_grad():
+        while len(greedy) < len(prompt) + new and greedy[-1] != 7:
+            greedy.append(int(model(torch.tensor([greedy])).logits[0, -1].argmax()))
+    assert len(set(greedy[len(prompt) :])) < len(greedy) - len(prompt), "the greedy answer repeats no token"
+    model.generation_config.update(
+        repetition_penalty=3.0, no_repeat_ngram_size=1, do_sample=True, temperature=0.6, num_beams=2, max_length=10
+    )
+    tokenizer = SimpleNamespace(
+        pad_token_id=0,
+        decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
+    )
+    generator = SampleGenerator([prompt], tokenizer, every=1, max_new_tokens=new, warn_at=0.5)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    (record,) = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
+    assert record["completion"] == " ".join(map(str, greedy[len(prompt) :]))
+    assert model.generation_config.repetition_penalty == 3.0  # the model's own config is left as it was saved

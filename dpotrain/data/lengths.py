@@ -13,6 +13,7 @@ The markdown tables and the plot are in `lengths_report.py`.
 
 import dataclasses
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -533,6 +534,7 @@ def load_tokenizer(
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
     check_tokenizer_folder(name_or_path)
+    check_sentencepiece(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(
         name_or_path, revision=revision, local_files_only=local_files_only, trust_remote_code=trust_remote_code
     )
@@ -566,6 +568,26 @@ def check_tokenizer_folder(name_or_path: str) -> None:
             "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
             "save_pretrained wrote, with its tokenizer.json"
         )
+
+
+def check_sentencepiece(name_or_path: str) -> None:
+    """A SentencePiece tokenizer.model without tokenizer.json needs the sentencepiece package, which this project does
+    not install: without it transformers reads the file as tiktoken's and says to install tiktoken, which cannot help.
+    (Llama 3's original tokenizer.model is a tiktoken file, lines of base64 and a rank: left to transformers.)"""
+    path = Path(name_or_path).expanduser()
+    if (path / "tokenizer.json").is_file() or importlib.util.find_spec("sentencepiece") is not None:
+        return
+    for name in ("tokenizer.model", "spiece.model"):
+        if (path / name).is_file():
+            with open(path / name, "rb") as f:
+                first = f.readline(200).split()
+            if len(first) == 2 and first[1].isdigit():  # tiktoken's
+                return
+            raise ConfigError(
+                f"model folder {name_or_path!r} holds its tokenizer as a SentencePiece {name} alone (no "
+                "tokenizer.json), which transformers reads with the sentencepiece package, not installed here: pip "
+                "install sentencepiece"
+            )
 
 
 def dataset_identity(

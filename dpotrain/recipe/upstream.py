@@ -119,6 +119,10 @@ SEAMS = (
         f"{DPO}:DPOTrainer._tokenizer",
         "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
     ),
+    _call(
+        "transformers.generation.configuration_utils:GenerationConfig._get_default_generation_params",
+        "the samples' greedy decoding: each setting a model's generation_config.json may hold, at its default",
+    ),
     _read(
         "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
         "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
@@ -340,6 +344,10 @@ def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
     from trl.data_utils import _tokenize  # per row: imported, not looked up
 
     return _tokenize(processing_class, input, **apply_chat_template_kwargs)
+
+
+def default_generation_params() -> dict:
+    return _value("transformers.generation.configuration_utils:GenerationConfig._get_default_generation_params")()
 
 
 def chunked_logprob_chunk_size() -> int:

@@ -121,7 +121,8 @@ class HealthGuard(TrainerCallback):
         r = self.rewards(logs)
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
             # NEFTune's noise reaches the policy's embeddings in training, never the reference's (scored in eval
-            # mode): step 1 is not at log-ratios 0, and a stale reference would hide in the noise
+            # mode; a LoRA run's live one too): step 1 is not at log-ratios 0, and a stale reference would hide in
+            # the noise
             if args.neftune_noise_alpha is not None:
                 return []
             return self._check_step1(step, logs, r, args)  # the collapse guards judge training, not yet happened

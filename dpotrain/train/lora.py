@@ -5,7 +5,9 @@ held in memory. The run folder then holds the adapter (`adapter_model.safetensor
 full weights; `merge_lora: true` also writes the base with the adapter merged in to `<output_dir>/merged/`.
 """
 
+import contextlib
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -151,6 +153,15 @@ def _check_target_modules(targets, built, model: str) -> None:
     )
 
 
+@contextlib.contextmanager
+def without_peft_deprecation():
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model: a FutureWarning at every
+    LoRA start and merge that nothing a user sets can change."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
     The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
@@ -166,7 +177,8 @@ def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Pat
     model = AutoModelForCausalLM.from_pretrained(
         base, revision=init.get("revision"), dtype=dtype, trust_remote_code=remote
     )
-    merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
+    with without_peft_deprecation():
+        merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
     readable_weights(target)

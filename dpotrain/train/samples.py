@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, TrainerCallback
+from transformers import GenerationConfig, PreTrainedModel, TrainerCallback
 
 from dpotrain.data import positions
 from dpotrain.recipe import records as run_records
@@ -128,6 +128,16 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
+def _greedy(model, max_new_tokens: int, pad_token_id) -> GenerationConfig:
+    """Greedy decoding with only the model's stop tokens: generate fills what this config leaves unset from the model's
+    generation_config.json, whose repetition penalty or no_repeat_ngram_size would hide the repetition samples watch."""
+    own = model.generation_config
+    greedy = upstream.default_generation_params()  # do_sample False, use_cache True (training's is off)
+    return GenerationConfig(
+        **greedy, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=own.eos_token_id
+    )
+
+
 class SampleGenerator(TrainerCallback):
     def __init__(
         self,
@@ -207,10 +217,7 @@ class SampleGenerator(TrainerCallback):
                     out = model.generate(
                         inputs,
                         attention_mask=torch.ones_like(inputs),
-                        max_new_tokens=new,
-                        do_sample=False,
-                        use_cache=True,  # training runs with use_cache off; generation needs it for speed
-                        pad_token_id=self.tokenizer.pad_token_id,
+                        generation_config=_greedy(model, new, self.tokenizer.pad_token_id),
                         synced_gpus=self.every_rank,
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
-from dpotrain.train import disk_full, losses, run_files, samples
+from dpotrain.train import disk_full, lora, losses, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
@@ -64,6 +65,16 @@ def training_arguments(run: Recipe):
 def resolve_model_path(recipe: Recipe) -> str:
     name = recipe.model.model_name_or_path
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
+
+
+@contextlib.contextmanager
+def _eval_mode(module):
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)
 
 
 class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
@@ -168,7 +179,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker()
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
-        with self._no_second_model_under_fsdp(kwargs):
+        with self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
             super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
@@ -490,7 +501,11 @@ class RecipeDPOTrainer(DPOTrainer):
         stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
         if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
             ref = self.ref_model if self.ref_model is not None else self.model
-            chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
+            # The policy with its adapter off (LoRA) is scored in training mode: its embeddings' eval mode keeps
+            # NEFTune's noise off the reference, as the reference stage (and a reference model) never get it
+            policy = ref is self.model
+            with _eval_mode(self.accelerator.unwrap_model(ref).get_input_embeddings()) if policy else nullcontext():
+                chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         # For this call, TRL's `_compute_loss` reads the reference from the inputs, its gathers stay local (see
         # `_LocalGathers`), and in training it leaves out its SFT term, added below over the whole step.
