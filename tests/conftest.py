@@ -425,3 +425,27 @@ def cli():
     with mock.patch.dict(os.environ):
         spec.loader.exec_module(module)
     return module
+
+
+def spawn_ranks(fn, args: tuple, processes: int, folder: Path, timeout: int = 600) -> None:
+    """`torch.multiprocessing.spawn(fn, args, nprocs=processes)`, each rank started as `rank_python()` starts a
+    launch's: spawn starts fresh interpreters, each importing torch, transformers and DeepSpeed again (~7 CPU-seconds a
+    process) to run a few forwards. `fn(rank, *args)` as spawn calls it: a module-level function of a test module,
+    `args` literals; a rank that fails fails the test with the ranks' output."""
+    script = folder / f"spawn_{fn.__name__}.py"
+    script.write_text(
+        # Without torchrun's agent store: the ranks meet on the port `fn` gives them, as spawn's do.
+        "import os, sys\nos.environ.pop('TORCHELASTIC_USE_AGENT_STORE', None)\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+        f"from {fn.__module__} import {fn.__name__}\n{fn.__name__}(int(os.environ['LOCAL_RANK']), *{tuple(args)!r})\n"
+    )
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    result = subprocess.run(
+        [*cmd, *rank_python(), str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, accelerate_launch, python, rank_python
+from conftest import ROOT, accelerate_launch, python, rank_python, spawn_ranks
 from dpotrain.forwards import packing, sequence_parallel
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -294,7 +294,7 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
     """flex_attention under N=2, forward only (CPU has no flex backward): each process holds half of every packed row,
     the project's block masks of the WHOLE rows (shared prompts, sliding windows) pass through the all-to-all unchanged,
     and the gathered per-token log-probs equal one process's on flex and on sdpa to fp32 noise."""
-    torch.multiprocessing.spawn(score_split_on_flex, args=(tiny_model_dir, free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(score_split_on_flex, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
     got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] % 128 == 0 and got[0]["width"] >= 256  # every process held a part of a real row
     batch = shared_prompt_batch(128)
@@ -410,7 +410,7 @@ def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_o
     all-to-all, and the gathered per-token log-probs and the gradients (summed over the group and divided by its 2
     processes, as DeepSpeed averages them) are one process's with the same kernel, to fp32 noise; that kernel gives
     sdpa's on the whole row."""
-    torch.multiprocessing.spawn(score_split_on_varlen, args=(tiny_model_dir, free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(score_split_on_varlen, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
     got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] == 730  # 729 positions and a padding segment
     mask = packing.padded_view(varlen_batch())["completion_mask"][:, 1:].bool()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, spawn_ranks
 from dpotrain import dry_run, stages
 from dpotrain.cluster import engine as engines
 from dpotrain.cluster import sequence_parallel
@@ -114,38 +114,26 @@ def _groups_worker(rank: int, world: int, n: int, port: int, out) -> None:
     mine = torch.tensor([sequence_parallel.data_parallel_rank(rank, n)])
     group = [torch.zeros(1, dtype=torch.long) for _ in range(n)]
     dist.all_gather(group, mine, group=groups.get_sequence_parallel_group())
-    out.put(
-        (
-            rank,
-            [int(t) for t in group],
-            groups.get_sequence_parallel_rank(),
-            groups.get_sequence_data_parallel_world_size(),
-        )
-    )
+    found = [[int(t) for t in group], groups.get_sequence_parallel_rank()]
+    found.append(groups.get_sequence_data_parallel_world_size())
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(found, f)
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_a_data_parallel_rank_is_one_of_deepspeeds_sequence_parallel_groups():
+def test_a_data_parallel_rank_is_one_of_deepspeeds_sequence_parallel_groups(tmp_path):
     """Every process of a DeepSpeed Ulysses group has the same data-parallel rank (the group reads one micro-batch),
     its place in the group is `sequence_parallel_rank`, and ZeRO's group spans the world (model states do not change
     with N)."""
     import socket
 
-    import torch.multiprocessing as mp
-
     world, n = 4, 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_groups_worker, args=(r, world, n, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    found = dict((r, rest) for r, *rest in (out.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
+    spawn_ranks(_groups_worker, (world, n, port, str(tmp_path)), world, tmp_path)
+    found = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)}
     for rank, (group_dp_ranks, sp_rank, zero_world) in found.items():
         assert group_dp_ranks == [sequence_parallel.data_parallel_rank(rank, n)] * n, (rank, group_dp_ranks)
         assert sp_rank == sequence_parallel.sequence_parallel_rank(rank, n)
