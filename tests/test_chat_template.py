@@ -317,8 +317,10 @@ def test_rows_the_template_refuses_are_refused_before_the_model_loads_or_dropped
         stages.load_data(recipe, stages.checks(recipe), say=False)
     line = str(refused.value)
     assert "\n" not in line and line.startswith(
-        "row 3, column 'prompt': chat template error: TemplateError: System role not supported (line 4 of pairs.jsonl"
-    ), line
+        "row 3, column 'prompt': chat template error: TemplateError: System role not supported (the chat template "
+        "takes no system turn: fold the system message into the first user message, or give a chat template that "
+        "takes one, chat_template_path) (line 4 of pairs.jsonl"
+    ), line  # the fix beside --skip_invalid, which would drop every pair with a system turn
     skipped = parse_args([*args, "--skip_invalid", "true"])
     pairs = stages.load_data(skipped, stages.checks(skipped), say=False)
     assert len(pairs.train) == 10 and [r["index"] for r in pairs.checked["invalid_rows"]["first"]] == [3, 8]

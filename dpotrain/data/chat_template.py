@@ -137,7 +137,7 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
                 " (a message calls a tool and has no content: give a chat template that writes tool_calls, "
                 "chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
                 if calls
-                else ""
+                else _no_system_turn(messages, tokenizer, column == "prompt", kwargs)
             )
             return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}{fix}"
     for column in ("chosen", "rejected"):
@@ -150,6 +150,22 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
     return None
+
+
+def _no_system_turn(messages: list, tokenizer, generation: bool, kwargs: dict) -> str:
+    """The fix where the template refuses a system turn and renders the conversation without it (Gemma's and Mistral's
+    raise "System role not supported"): --skip_invalid alone would drop every pair that has one."""
+    if not any(m.get("role") == "system" for m in messages):
+        return ""
+    try:
+        rest = [m for m in messages if m.get("role") != "system"]
+        tokenizer.apply_chat_template(rest, tokenize=False, add_generation_prompt=generation, **kwargs)
+    except Exception:  # noqa: BLE001 - the system turn is not (only) what the template refuses
+        return ""
+    return (
+        " (the chat template takes no system turn: fold the system message into the first user message, or give a "
+        "chat template that takes one, chat_template_path)"
+    )
 
 
 def _calls_unwritten(messages: list, text: str, tokenizer, kwargs: dict) -> bool:
