@@ -122,6 +122,7 @@ def decide_launch(recipe) -> Launch:
     clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
     engine.check_mixed_precision(recipe.training, planned)
     engine.check_deepspeed_settings(recipe.training, world, planned)  # what DeepSpeed would run in the recipe's place
+    engine.check_offloaded_optimizer(recipe.training, planned)
     engine.check_ddp_settings(recipe.training, planned)
     engine.check_half_weights(recipe, planned)
     batch = resolve.decide_batch(recipe, sequence_parallel.data_parallel_size(world, n))

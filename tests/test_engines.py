@@ -407,6 +407,35 @@ def test_a_deepspeed_config_that_is_not_json_is_named_in_one_line(tmp_path, monk
             engine.launched()
 
 
+def test_an_optimizer_zero_offload_would_replace_is_refused_at_start(tmp_path, monkeypatch):
+    """Under ZeRO optimizer offload accelerate puts DeepSpeed's CPU Adam in place of any optimizer but AdamW and
+    Adagrad (`map_pytorch_optim_to_deepspeed`): `optim sgd` trained as Adam, recorded as sgd. Refused by the dry run
+    and the launch alike (stages.checks); AdamW, Adagrad, and a config that turns the replacement off pass."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    shipped = json.loads((ROOT / "ds_config.json").read_text())
+    offload = {**shipped["zero_optimization"], "offload_optimizer": {"device": "cpu"}}
+
+    def checks(optim, **settings):
+        (tmp_path / "ds.json").write_text(json.dumps({**shipped, "zero_optimization": offload, **settings}))
+        config = tmp_path / "accelerate.yaml"
+        config.write_text(
+            (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+        )
+        smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--optim", optim]
+        return stages.checks(parse_args([*smoke, "--dry-run", "--accelerate_config", str(config)]))
+
+    for optim in ("sgd", "adafactor", "rmsprop"):
+        with pytest.raises(ConfigError, match=f"optim {optim} under ZeRO optimizer offload .* would train as "):
+            checks(optim)
+    for optim in ("adamw_torch_fused", "adamw_torch", "adagrad"):
+        assert checks(optim).engine.offload_optimizer
+    assert checks("sgd", zero_force_ds_cpu_optimizer=False).engine.offload_optimizer  # the recipe's optimizer steps
+
+
 def test_a_deepspeed_stage_that_is_no_number_and_a_null_offload_are_read_as_deepspeed_reads_them(tmp_path):
     """`"stage": "auto"` (transformers' word for the fields it fills, not this one) and `"offload_optimizer": null`
     (DeepSpeed's "no offload") ended the dry run in a ValueError and an AttributeError traceback."""

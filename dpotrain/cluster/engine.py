@@ -256,7 +256,7 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
     saves = any(_true(save_16bit if value == "auto" else value) for value in gathers)
     fix = f'"{GATHER_ON_SAVE[0]}": true in its zero_optimization'
     refused = None if stage != 3 or saves else _unsaved_zero3(source, fix)
-    settings = {key: _setting(config, key) for key in MATCHED} | {
+    settings = {key: _setting(config, key) for key in (*MATCHED, "zero_force_ds_cpu_optimizer")} | {
         key: config[key].get("type", "?") if isinstance(config[key], dict) else config[key]
         for key in OWN_PARTS
         if config.get(key)
@@ -439,6 +439,34 @@ def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
             f'once the model has loaded: set {"it" if len(differ) == 1 else "them"} to "auto" there, filled from '
             "the run (its step plan runs each step's micro-batches; the recipe's bf16 and fp16)"
         )
+
+
+def check_offloaded_optimizer(training, run_engine: Engine) -> None:
+    """Under ZeRO optimizer offload accelerate hands DeepSpeed its CPU optimizer in place of the recipe's
+    (`map_pytorch_optim_to_deepspeed`, unless the DeepSpeed config sets "zero_force_ds_cpu_optimizer": false): CPU
+    AdamW for torch's AdamW, CPU Adagrad for Adagrad, and CPU Adam (L2 decay) for any other, keeping the parameter
+    groups' settings. An `optim sgd` (or adafactor, rmsprop, lion, ...) run trained as Adam, recorded as the optim."""
+    import torch
+    from transformers import Trainer
+
+    forced = dict(run_engine.deepspeed_settings).get("zero_force_ds_cpu_optimizer", True)
+    if not (run_engine.deepspeed and run_engine.offload_optimizer and forced):
+        return
+    try:
+        optimizer_cls = Trainer.get_optimizer_cls_and_kwargs(training)[0]
+    except Exception:  # noqa: BLE001 - options.check_optimizer names what cannot be built here
+        return
+    if isinstance(optimizer_cls, type) and issubclass(
+        optimizer_cls, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+    ):
+        return
+    optim = getattr(training.optim, "value", training.optim)
+    raise ConfigError(
+        f"optim {optim} under ZeRO optimizer offload ({run_engine.source}) would train as DeepSpeed's CPU Adam: "
+        "accelerate puts it in place of any optimizer but AdamW and Adagrad: use optim adamw_torch_fused (the "
+        'recipes\') or adagrad, train without offload_optimizer, or set "zero_force_ds_cpu_optimizer": false in '
+        "the DeepSpeed config file (the optimizer then steps on the CPU as it is)"
+    )
 
 
 DDP_SETTINGS = ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph")
