@@ -472,16 +472,18 @@ def check_generates(config, model: str) -> None:
     head, loaded as such and stopped in a traceback once loaded (its head new, at random)."""
     from transformers.models.auto import modeling_auto as auto
 
+    def classes(*mappings) -> set[str]:  # a mapping's value: a class name, or a tuple of them
+        return {n for names in mappings for v in names.values() for n in ([v] if isinstance(v, str) else v)}
+
     named = (getattr(config, "architectures", None) or [None])[0]
     causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    heads = (
+    other = classes(
         auto.MODEL_MAPPING_NAMES,
         auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
         auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
     )
-    other = {n for names in heads for v in names.values() for n in ([v] if isinstance(v, str) else v)}
-    if named in other - {n for v in causal.values() for n in ([v] if isinstance(v, str) else v)}:
+    if named in other - classes(causal):
         lm = causal.get(getattr(config, "model_type", None))
         raise ConfigError(
             f"{model} is a {named} (architectures in its config.json), a model that does not generate text: DPO "

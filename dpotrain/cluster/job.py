@@ -42,10 +42,9 @@ def asks_dry_run(recipe: str, train_args: list[str]) -> bool:
     """The job's arguments ask for a dry run, however they spell it, or its recipe does (`dry_run: true`) and they do
     not turn it off. Read from the arguments alone, a recipe's dry run was launched: every process of every node set up
     its engine to print the plan again, and the log ended "training exited with code 0"."""
-    if config.dry_run_asked(train_args):
-        return True
-    if any(word.partition("=")[0] in ("--dry-run", "--dry_run") for word in train_args):
-        return False
+    given = config.dry_run_flag(train_args)
+    if given is not None:
+        return given
     return str(recipe_file.load(recipe).get("dry_run", False)).lower() in TRUE
 
 

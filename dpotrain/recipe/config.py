@@ -793,10 +793,14 @@ def _check_finite(*parts) -> None:
 
 
 def dry_run_asked(argv: list[str]) -> bool:
-    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true. The
-    last one given decides, as the run's parser takes it (`--dry-run ... --dry_run false` trains: the first one
-    deciding, launch.sh ran that training in its batch shell, one process outside accelerate)."""
-    asked = False
+    return bool(dry_run_flag(argv))
+
+
+def dry_run_flag(argv: list[str]) -> bool | None:
+    """The command line's dry-run flag however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true; None
+    where it gives none. The last one given decides, as the run's parser takes it (`--dry-run ... --dry_run false`
+    trains: the first one deciding, launch.sh ran that training in its batch shell, one process outside accelerate)."""
+    asked = None
     for i, word in enumerate(argv):
         flag, _, value = word.partition("=")
         if flag not in ("--dry-run", "--dry_run"):
