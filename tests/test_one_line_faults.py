@@ -376,6 +376,22 @@ def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, t
 
 
 @pytest.mark.slow
+def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_path):
+    """HOME pointing at a file (a cluster's compute node, a service account): huggingface_hub's read of its saved login
+    under HOME, which it allows to be missing but nothing else, ended a dry run in a NotADirectoryError traceback."""
+    home = tmp_path / "home"
+    home.write_text("")
+    unset = ["env", "-u", "HF_HOME", "-u", "XDG_CACHE_HOME", "-u", "HF_TOKEN", "-u", "HF_TOKEN_PATH"]
+    result = run_in(unset, ["--output_dir", str(tmp_path / "run"), "--dry-run"], env={"HOME": str(home)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot read the saved Hugging Face token {home}/.cache/huggingface/token (Not a directory): set HOME "
+        "to your home folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), "
+        "or HF_TOKEN"
+    )
+
+
+@pytest.mark.slow
 def test_ctrl_c_while_the_libraries_load_is_one_line():
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
     proc = subprocess.Popen(

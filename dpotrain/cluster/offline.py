@@ -260,4 +260,10 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
 
 def hf_token() -> str | None:
     """The Hub token: HF_TOKEN (from .env or the environment), else the one `huggingface-cli login` saved."""
-    return os.environ.get("HF_TOKEN") or get_token()
+    try:
+        return os.environ.get("HF_TOKEN") or get_token()
+    except OSError as e:  # huggingface_hub allows for a missing file only: a HOME that is a file ended in a traceback
+        raise ConfigError(
+            f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "
+            "folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), or HF_TOKEN"
+        ) from None
