@@ -13,6 +13,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -71,3 +73,32 @@ def test_a_run_started_without_the_venv_activated_compiles_with_the_venvs_ninja(
     assert own.is_file(), "the venv has no ninja: DeepSpeed's requirements install one"
     assert found.stdout.strip() == str(own), found.stdout
     assert shutil.which("ninja", path=env["PATH"]) == str(system / "ninja")  # what it would have found
+
+
+def test_each_venv_builds_deepspeeds_ops_in_a_folder_of_its_own(tmp_path):
+    """torch's default build folder, ~/.cache/torch_extensions/<py>_<device>, is shared by every venv, and a build
+    records its venv's paths (`-I <venv>/.../deepspeed/ops/csrc/...`): two checkouts rebuilt each other's ops at every
+    switch (seen: one built, the other compiled again in the same folder). Two real venvs here, each with the
+    project's packages through a .pth file: each gets its own folder; a user's TORCH_EXTENSIONS_DIR is kept; a venv
+    reached through a link (another spelling of the same folder) keeps torch's default."""
+    probe = (
+        "import os, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from dpotrain.recipe import venv; venv.require(); print(os.environ.get('TORCH_EXTENSIONS_DIR'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+
+    def built_in(venv: Path, **extra) -> str:
+        python = venv / "bin" / "python"
+        found = subprocess.run([python, "-c", probe, str(ROOT)], env=env | extra, capture_output=True, text=True)
+        assert found.returncode == 0, found.stderr
+        return found.stdout.strip()
+
+    venvs = [tmp_path / "a" / ".venv", tmp_path / "b" / ".venv"]
+    for venv in venvs:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        packages = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        (packages / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert [built_in(v) for v in venvs] == [str(v / "torch_extensions") for v in venvs]
+    assert built_in(venvs[0], TORCH_EXTENSIONS_DIR="/scratch/ops") == "/scratch/ops"
+    (tmp_path / "link").symlink_to(venvs[0])
+    assert built_in(tmp_path / "link") == "None"

@@ -818,12 +818,15 @@ def test_launch_sh_run_directly_runs_its_own_project_and_reads_paths_where_it_wa
 
 
 def torch_extensions_dir() -> str:
-    """Where torch builds JIT ops for this interpreter (cpp_extension's default): the session's jobs built there."""
+    """Where the session's jobs, run by this venv, built DeepSpeed's JIT ops: in the venv (dpotrain/recipe/venv.py),
+    else in cpp_extension's default for this interpreter."""
     import torch
     from torch.utils.cpp_extension import get_default_build_root
 
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return os.environ["TORCH_EXTENSIONS_DIR"]
+    from dpotrain.recipe import venv
+
+    if folder := os.environ.get("TORCH_EXTENSIONS_DIR") or venv.torch_extensions_default():
+        return folder
     device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
     return os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_{device}")
 

@@ -97,8 +97,23 @@ def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
 def own_tools_first() -> None:
     """This Python's bin folder (its venv's) first on PATH where it holds `ninja`, as activating the venv would:
     DeepSpeed builds its JIT ops with the `ninja` on PATH, and a system ninja of another version hashes the build
-    differently, so runs with and without the venv activated rebuilt the op (~30 s on 2 cores) each time."""
+    differently, so runs with and without the venv activated rebuilt the op (~30 s on 2 cores) each time. And the
+    ops are built in the venv (`torch_extensions_default`)."""
     own = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "")
     if os.path.isfile(os.path.join(own, "ninja")) and path.split(os.pathsep)[0] != own:
         os.environ["PATH"] = own + os.pathsep + path if path else own
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and (folder := torch_extensions_default()):
+        os.environ["TORCH_EXTENSIONS_DIR"] = folder
+
+
+def torch_extensions_default() -> str | None:
+    """Where DeepSpeed's JIT ops are built unless TORCH_EXTENSIONS_DIR says: in this venv. torch's default,
+    ~/.cache/torch_extensions/<py>_<device>, is one folder for every venv, and a build records its venv's paths, so
+    two checkouts (or two projects) rebuilt each other's ops at every switch (~45 s on 2 cores, minutes on a GPU node)
+    and waited on each other's build lock. None (torch's default) for no venv, one this user cannot write in (a shared
+    install), or one reached through a link, whose folder another spelling of its paths builds in too."""
+    prefix = sys.prefix
+    if prefix == sys.base_prefix or not os.access(prefix, os.W_OK) or os.path.realpath(prefix) != prefix:
+        return None
+    return os.path.join(prefix, "torch_extensions")
