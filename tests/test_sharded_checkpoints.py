@@ -6,6 +6,7 @@ each engine: tests/test_distributed.py (ZeRO-2) and tests/test_engines.py (ZeRO-
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 from conftest import ROOT, accelerate_launch, rank_python
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import resume
 
 
 @pytest.mark.parametrize("value", ["FULL_STATE_DICT", "LOCAL_STATE_DICT"])
@@ -63,3 +65,73 @@ def test_gradients_held_between_micro_batches_are_what_the_plan_counts(config):
     assert 0 < sum(held.values()) <= 1.05 * record["planned_gradient_bytes"], record
     if "unsharded" in held:
         assert held["unsharded"] == 0, record
+
+
+def test_an_fsdp2_checkpoint_resumes_under_fsdp2_alone(tmp_path):
+    """transformers loads FSDP's shards under FSDP alone: one process, DDP or DeepSpeed loaded the model and scored the
+    reference, then raised "Checkpoint found at ... is only supported when using PyTorch FSDP" (seen for one process).
+    The layout is an FSDP2 checkpoint's of 2 processes, as tests/test_engines.py's launch writes it."""
+    checkpoint = tmp_path / "checkpoint-2"
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (checkpoint / part).mkdir(parents=True)
+        for rank in (0, 1):
+            (checkpoint / part / f"__{rank}_0.distcp").write_bytes(b"")
+    for name, world in (("single", 1), ("ddp", 2), ("zero2", 2)):
+        with pytest.raises(ConfigError) as refused:
+            resume.check_partitions(str(checkpoint), world, engine.Engine(name))
+        assert str(refused.value) == (
+            f"checkpoint {str(checkpoint)!r} holds FSDP2 shards (written by 2 processes), which only an FSDP2 launch "
+            f"loads, and this run is {name} ({world} processes): resume it under FSDP2 "
+            "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
+            "--output_dir)"
+        )
+    for world in (2, 4):  # torch.distributed.checkpoint reshards: test_an_fsdp2_run_resumes_on_more_processes...
+        resume.check_partitions(str(checkpoint), world, engine.Engine("fsdp2"))
+
+
+@pytest.mark.slow
+def test_an_fsdp2_run_resumes_on_more_processes_with_the_same_weights_and_is_refused_on_one(tmp_path):
+    """docs said to resume an FSDP2 run on the same number of GPUs, and nothing checked it. A run of 2 processes,
+    resumed from its step-2 checkpoint on 4: torch.distributed.checkpoint reshards weights and optimizer state, and
+    the run ends with the uninterrupted run's losses and weights. Resumed by one process: refused before the data
+    loads (a ValueError once the model had loaded and the reference was scored)."""
+    from safetensors.torch import load_file
+
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "4", "--save_steps", "2"]
+    args += ["--logging_steps", "1", "--report_to", "none", "--samples_every", "0"]
+
+    def run(out, processes: int | None) -> subprocess.CompletedProcess:
+        launch = [sys.executable]
+        if processes:
+            config = str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")
+            launch = [*accelerate_launch(), "--config_file", config, "--num_processes", str(processes), *rank_python()]
+        cmd = [*launch, str(ROOT / "train_dpo.py"), *args, "--output_dir", str(out)]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    def losses(out) -> dict:
+        return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in r}
+
+    whole = tmp_path / "whole"
+    assert run(whole, 2).returncode == 0
+    for out in (tmp_path / "four", tmp_path / "one"):
+        shutil.copytree(whole, out)
+        shutil.rmtree(out / "checkpoint-4")
+        (out / "run_complete.json").unlink()
+    result = run(tmp_path / "four", 4)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {tmp_path}/four/checkpoint-2" in result.stdout + result.stderr
+    assert list(losses(whole)) == [1, 2, 3, 4]
+    assert losses(tmp_path / "four") == pytest.approx(losses(whole), abs=1e-6)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(tmp_path / "four" / "model.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6  # 4e-9: another order of reduction
+
+    result = run(tmp_path / "one", None)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: checkpoint '{tmp_path}/one/checkpoint-2' holds FSDP2 shards (written by 2 processes)")
+    )
+    assert "Data (train)" not in result.stdout + result.stderr

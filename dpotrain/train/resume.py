@@ -213,7 +213,8 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: DeepSpeed cannot repartition
     its optimizer state (it raises after the weights load). Nor does one cross between DeepSpeed and the other engines
-    (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently."""
+    (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently.
+    An FSDP2 checkpoint resumes under FSDP2 alone."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
@@ -222,6 +223,17 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         raise ConfigError(
             f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {written} processes, and "
             f"this run has {world}: resume it on {written} processes, or {fix}"
+        )
+    # transformers loads FSDP's shards under FSDP alone: one process, DDP or DeepSpeed loaded the model and scored the
+    # reference, then raised. Any number of FSDP2 processes loads them: torch.distributed.checkpoint reshards (2 -> 4
+    # processes: the same weights).
+    sharded = len(list(Path(folder).glob("pytorch_model_fsdp_*/*.distcp")))
+    if sharded and run_engine is not None and run_engine.name != "fsdp2":
+        raise ConfigError(
+            f"checkpoint {folder!r} holds FSDP2 shards (written by {sharded} processes), which only an FSDP2 launch "
+            f"loads, and this run is {run_engine.name} ({world} processes): resume it under FSDP2 "
+            "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
+            "--output_dir)"
         )
     if run_engine is None or bool(written) == run_engine.deepspeed:
         return
