@@ -7,7 +7,7 @@ to spend flex's recompile limit), what its first steps cost, its speed and its m
     python benchmarks/recipe_steps.py --out /tmp/lease/think-recipe.json --model /tmp/lease/model   # one GPU
     python benchmarks/recipe_steps.py --out /tmp/think-recipe.json --tiny      # CPU: the tiny model, a minute
 
-Only what cannot run here is changed: no W&B (report_to none), no checkpoints, max_steps; --tiny also: 8 pairs per
+Only what cannot run here is changed: no W&B (report_to none), no checkpoints, max_steps; --tiny also: 4 pairs per
 step, 16 new tokens per sample, the CPU. The final model is not wanted (a 7B-width fp32 model is 6.5 GB and 20-30 s of
 writing): the run is ended as its final save begins, after training has logged every step. The JSON is rewritten as
 each step is logged (a run cut off, by the lease's limit, keeps the steps it logged: `exit_code` null) and when the run
@@ -67,7 +67,7 @@ def command(args, folder: Path, model: Path) -> list[str]:
             "--use_cpu",
             "true",
             "--pairs_per_step",
-            "8",
+            "4",
             "--sample_max_new_tokens",
             "16",
             "--dataloader_num_workers",
@@ -178,7 +178,7 @@ def main() -> None:
     shutil.rmtree(folder / "run", ignore_errors=True)  # this script's own folder: a run of it before is not resumed
     folder.mkdir(parents=True, exist_ok=True)
     model = args.model or end_to_end.write_model(folder / "model", args.layers, args.tiny)
-    per_step = 8 if args.tiny else 128
+    per_step = 4 if args.tiny else 128
     scale = 480 / end_to_end.DATA["think"][0] if args.tiny else 1
     end_to_end.write_pairs(folder / "pairs.jsonl", "think", args.steps * per_step, scale, think_tag=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DPOTRAIN_CACHE": str(folder / "cache"), "WANDB_MODE": "disabled"}
