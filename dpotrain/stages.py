@@ -687,7 +687,8 @@ def first_half(
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
-    load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
+    auto = _model_config(recipe, model_path, local_only=True)[0] if recipe.model.dtype == "auto" else None
+    load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 
 
