@@ -204,6 +204,8 @@ def test_a_tr_dpo_run_resumes_against_its_moved_reference(tmp_path, tiny_model_d
     moved = load_file(str(out / "checkpoint-2" / resume.REFERENCE_FILE))
     base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     assert max((moved[k] - base[k]).abs().max().item() for k in moved) > 1e-5  # synced at steps 1 and 2
+    mode = {name: (out / "checkpoint-2" / name).stat().st_mode for name in ("model.safetensors", resume.REFERENCE_FILE)}
+    assert len(set(mode.values())) == 1, mode  # as readable as the model (safetensors writes 0600)
     result = train(out, tiny_model_dir, pairs, *TR_DPO)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "Resuming from" in result.stdout and "checkpoint-2" in result.stdout, result.stdout[-3000:]

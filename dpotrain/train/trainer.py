@@ -289,6 +289,7 @@ class RecipeDPOTrainer(DPOTrainer):
             if self.is_world_process_zero() and self.args.sync_ref_model and self.engine.name in resume.KEEP_REFERENCE:
                 # TR-DPO's reference moved toward the policy: a resume goes on against it (`_load_from_checkpoint`)
                 safetensors.torch.save_model(self.ref_model, str(folder / resume.REFERENCE_FILE))
+                readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
             record = folder.parent / "resolved_config.json"
             if self.is_world_process_zero() and record.is_file():
                 # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
