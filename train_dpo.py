@@ -74,13 +74,14 @@ def run(argv, stop: GracefulStop) -> int | None:
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     # The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears.
     stop.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
-    stop.no_resume = resume.LIVE_REFERENCE if recipe.training.sync_ref_model else None
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
     # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
+        lost = recipe.training.sync_ref_model and not resume.keeps_reference(recipe, launch.engine)
+        stop.no_resume = resume.LIVE_REFERENCE if lost else None  # no requeue: the resume would be refused
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only

@@ -203,7 +203,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         name = recipe.script.dataset_name
         print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
-    check(resume.check_live_reference, decision.resume_from, recipe)
+    check(resume.check_live_reference, decision.resume_from, recipe, launch.engine)
     check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not only_reference and not decision.push_left:  # a person's checkpoint-N where the run would save its own
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
@@ -687,7 +687,8 @@ def first_half(
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
-    load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
+    auto = _model_config(recipe, model_path, local_only=True)[0] if recipe.model.dtype == "auto" else None
+    load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 
 

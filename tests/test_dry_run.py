@@ -4,11 +4,13 @@ memory plan was checked against and how to plan for another; the full JSON besid
 import json
 import re
 import shlex
+import shutil
 
 import pytest
 
 import train_dpo
 from conftest import ROOT
+from dpotrain.recipe import config as config_mod
 from dpotrain.recipe.errors import ConfigError
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
@@ -69,6 +71,28 @@ def test_half_weights_without_mixed_precision_are_said_to_compute_in_their_dtype
             f"weights load in {dtype}, training computes in {half} (the weights' dtype, without mixed precision: no "
             "fp32 copy of the weights)"
         )
+
+
+def test_dtype_auto_is_recorded_as_the_dtype_the_weights_load_in(tmp_path, capsys, tiny_model_dir):
+    """`--dtype auto` loads the weights in the dtype the model's config names: the summary said "weights load in auto",
+    resolved_config.json recorded "auto", and the memory plan counted 2 bytes a weight for a float32 model."""
+    from dpotrain.cluster import engine
+    from dpotrain.plan import memory
+
+    bf16_model = tmp_path / "bf16-model"
+    shutil.copytree(tiny_model_dir, bf16_model)
+    config = json.loads((bf16_model / "config.json").read_text())
+    (bf16_model / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}))
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]  # a bf16 model's weights train in fp32
+    for model, dtype, extra in ((tiny_model_dir, "float32", []), (str(bf16_model), "bfloat16", lora)):
+        out = tmp_path / dtype
+        args = [*SMOKE, "--model_name_or_path", model, "--dtype", "auto", *extra, "--output_dir", str(out)]
+        assert f"weights load in {dtype}," in field(dry_run(capsys, *args), "model")
+        assert json.loads((tmp_path / f"{dtype}.dry-run.json").read_text())["dtype"] == dtype
+        recipe = config_mod.parse_args([*args])
+        model_config = memory.load_model_config(recipe)[0]
+        assert engine.model_dtype(recipe, model_config) == dtype
+        assert memory.model_shape(recipe, model_config).load_bytes == (4 if dtype == "float32" else 2)
 
 
 def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_output_folder(tmp_path, capsys):

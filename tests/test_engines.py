@@ -191,6 +191,29 @@ def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_mod
     assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)
 
 
+@pytest.mark.slow
+def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, tiny_model_dir, splits):
+    """DDP holds TR-DPO's whole reference on each rank: the main process writes it into each checkpoint and every rank
+    loads it on a resume, which ends with the uninterrupted run's weights (resumed against the base model, it did
+    not: tests/test_faults.py, one process)."""
+    config = tmp_path / "ddp.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+    )
+    tr_dpo = ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false"]
+    run = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none", *tr_dpo]
+    out = tmp_path / "run"
+    train(out, tiny_model_dir, splits, *run, config=config)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoint-4")
+    (resumed / "run_complete.json").unlink()
+    log = train(resumed, tiny_model_dir, splits, *run, config=config)
+    assert f"Resuming from {resumed}/checkpoint-2" in log
+    assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 1e-6)
+
+
 @pytest.mark.parametrize(
     "env, message",
     [

@@ -189,25 +189,48 @@ def test_the_built_in_model_by_its_name_and_by_its_folder_is_one_setting(tiny_mo
     assert not _one_place("builtin:tiny-olmo3", "allenai/Olmo-3-7B")
 
 
+TR_DPO = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
+
+
 @pytest.mark.slow
-def test_a_tr_dpo_run_is_not_resumed_against_the_base_model_as_its_reference(tmp_path, tiny_model_dir, pairs):
-    """TR-DPO's reference moves toward the policy and no checkpoint holds it: resumed from checkpoint-2, steps 3-4
-    trained against the base model (loss 0.578 for the uninterrupted run's 0.646 at step 3), exit 0 and no word.
-    A stopped TR-DPO run said `run the same command again` and exited 75 (a job requeued): now 1, saying why not."""
-    tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
-    out, stop_file = tmp_path / "run", tmp_path / "stop"
+def test_a_tr_dpo_run_resumes_against_its_moved_reference(tmp_path, tiny_model_dir, pairs):
+    """TR-DPO's reference moves toward the policy; each checkpoint holds it (in its manifest) and a resume from
+    checkpoint-2 goes on against it, ending with the uninterrupted run's weights (against the base model instead,
+    steps 3-4 lost 0.578 for 0.646 at step 3). A stopped TR-DPO run exited 1 ("cannot go on"), its rerun refused."""
+    whole = train(tmp_path / "whole", tiny_model_dir, pairs, *TR_DPO)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    out = unfinished(tmp_path / "whole", tmp_path, drop_checkpoint_4=True)
+    assert resume.REFERENCE_FILE in checkpoint_manifest.read(out / "checkpoint-2")
+    moved = load_file(str(out / "checkpoint-2" / resume.REFERENCE_FILE))
+    base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert max((moved[k] - base[k]).abs().max().item() for k in moved) > 1e-5  # synced at steps 1 and 2
+    mode = {name: (out / "checkpoint-2" / name).stat().st_mode for name in ("model.safetensors", resume.REFERENCE_FILE)}
+    assert len(set(mode.values())) == 1, mode  # as readable as the model (safetensors writes 0600)
+    result = train(out, tiny_model_dir, pairs, *TR_DPO)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Resuming from" in result.stdout and "checkpoint-2" in result.stdout, result.stdout[-3000:]
+    assert_same_weights(out, tmp_path / "whole")
+    stop_file = tmp_path / "stop"
     stop_file.touch()  # there before the run starts: it stops after step 1, saving checkpoint-1
-    stopped = train(out, tiny_model_dir, pairs, *tr_dpo, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
-    assert stopped.returncode == 1, stopped.stdout[-3000:]
-    assert "a TR-DPO run (sync_ref_model) cannot go on from it" in stopped.stdout, stopped.stdout[-3000:]
-    assert not Path(f"{stop_file}.checkpointed").exists()  # no requeue
-    kept = sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock")
-    result = train(out, tiny_model_dir, pairs, *tr_dpo)
-    assert result.returncode == 2, result.stdout[-3000:]
-    assert f"checkpoint '{out / 'checkpoint-1'}' is of a TR-DPO run (sync_ref_model)" in result.stdout
-    assert "train again from the start in a new --output_dir" in result.stdout, result.stdout[-3000:]
-    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "run.lock") == kept
-    assert logged_steps(out) == [1]  # nothing trained again
+    stopped = train(tmp_path / "stopped", tiny_model_dir, pairs, *TR_DPO, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    assert stopped.returncode == STOPPED_EXIT, stopped.stdout[-3000:]  # a requeue goes on
+
+
+def test_a_tr_dpo_checkpoint_without_its_reference_is_refused(tmp_path):
+    """A checkpoint that does not hold the moved reference (written under DeepSpeed or FSDP2, whose reference is
+    sharded; or by an older version) would resume against the base model: refused, naming the fix."""
+    from dpotrain.cluster.engine import Engine
+
+    recipe = parse_args([*ARGS, *TR_DPO, "--output_dir", str(tmp_path / "run")])
+    folder = tmp_path / "run" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    single, zero2 = Engine("single"), Engine("zero2")
+    with pytest.raises(ConfigError, match=f"does not hold it \\({resume.REFERENCE_FILE}\\).*new --output_dir"):
+        resume.check_live_reference(str(folder), recipe, single)
+    (folder / resume.REFERENCE_FILE).write_bytes(b"")
+    resume.check_live_reference(str(folder), recipe, single)
+    with pytest.raises(ConfigError, match="TR-DPO run \\(sync_ref_model\\) under DeepSpeed ZeRO-2"):
+        resume.check_live_reference(str(folder), recipe, zero2)
 
 
 @pytest.mark.slow

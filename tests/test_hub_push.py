@@ -474,13 +474,15 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
 
     from dpotrain.hub.hub_push import CheckpointPusher, record_push
     from dpotrain.train.checkpoints import MARKER
+    from dpotrain.train.resume import REFERENCE_FILE
 
     hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
     for step, marked in [(2, True), (4, True), (6, False)]:
         folder = out / f"checkpoint-{step}"
         folder.mkdir(parents=True)
-        for name in ("model.safetensors", "config.json", "optimizer.pt", "training_args.bin"):
+        # reference_model.safetensors: TR-DPO's moved reference, for a resume; not the step's model
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "training_args.bin", REFERENCE_FILE):
             (folder / name).write_bytes(f"{name} {step}".encode())
         if marked:
             (folder / MARKER).write_text("{}")

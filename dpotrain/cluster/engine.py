@@ -483,13 +483,23 @@ def check_ddp_settings(training, run_engine: Engine) -> None:
         )
 
 
-def load_dtype(recipe, engine: Engine) -> str | None:
+def load_dtype(recipe, engine: Engine, config=None) -> str | None:
     """The dtype the weights load in when the recipe names none (TRL's default is float32). DeepSpeed keeps its own
     fp32 master copy in the optimizer, so with bf16 the weights load in bf16: half the host memory per process, as
     open-instruct does. FSDP2 keeps fp32 parameters and computes in bf16, so they load in fp32 (RAM-efficient)."""
     if engine.deepspeed and recipe.training.bf16 and "dtype" not in recipe.given:
         return "bfloat16"
-    return recipe.model.dtype
+    return model_dtype(recipe, config)
+
+
+def model_dtype(recipe, config=None) -> str | None:
+    """The recipe's dtype, `auto` as transformers resolves it from the model's `config`: resolved_config.json, the dry
+    run and the memory plan said "auto" (2 bytes a weight) for a model that loaded in float32. Still `auto` where the
+    config is not on this machine or names no dtype (transformers then reads the weights' own)."""
+    dtype = recipe.model.dtype
+    if dtype == "auto" and config is not None and getattr(config, "dtype", None) is not None:
+        return str(config.dtype).removeprefix("torch.")
+    return dtype
 
 
 def check_half_weights(recipe, engine: Engine, config=None) -> None:
@@ -498,9 +508,7 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
     it (at 1e-6, 98% of 0.02-sized bf16 weights never changed in 10 steps). DeepSpeed keeps an fp32 copy in its
     optimizer under bf16 or fp16, FSDP2 upcasts the weights under mixed precision (accelerate), and PEFT keeps a LoRA
     adapter in fp32. `--dtype auto` is the model's own dtype, judged once its `config` is read."""
-    t, dtype = recipe.training, recipe.model.dtype
-    if dtype == "auto" and config is not None:
-        dtype = str(getattr(config, "dtype", None) or "auto").removeprefix("torch.")
+    t, dtype = recipe.training, model_dtype(recipe, config)
     half, above = {"bfloat16": ("bf16", 512), "float16": ("fp16", 4096)}.get(dtype, (None, 0))
     if half is None or recipe.model.use_peft or ((t.bf16 or t.fp16) and (engine.deepspeed or engine.name == "fsdp2")):
         return

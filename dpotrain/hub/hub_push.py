@@ -31,6 +31,7 @@ from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
+from dpotrain.train.resume import REFERENCE_FILE
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -65,7 +66,9 @@ def branch_name(step: int) -> str:
 def checkpoint_files(folder: Path) -> list[str]:
     """The names in a checkpoint folder that go to its branch (top-level files matching CHECKPOINT_FILES)."""
     return sorted(
-        f.name for f in folder.iterdir() if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in CHECKPOINT_FILES)
+        f.name
+        for f in folder.iterdir()
+        if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in CHECKPOINT_FILES) and f.name != REFERENCE_FILE
     )
 
 
@@ -191,6 +194,7 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
         folder_path=str(folder),
         revision=branch,
         allow_patterns=CHECKPOINT_FILES,
+        ignore_patterns=[REFERENCE_FILE],  # TR-DPO's reference: for a resume, not the step's model
         delete_patterns=["*"],  # main's files (a card, an earlier run's model) do not belong to this step
         commit_message=f"Checkpoint at step {step}",
     )

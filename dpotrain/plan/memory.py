@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig
 
-from dpotrain.cluster.engine import NAMES, Engine, from_config
+from dpotrain.cluster.engine import NAMES, Engine, from_config, model_dtype
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data import builtin
 from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width
@@ -138,7 +138,7 @@ def model_shape(recipe, config) -> ModelShape:
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
-    load = 4 if str(recipe.model.dtype or "float32").replace("torch.", "") == "float32" else BF16
+    load = 4 if str(model_dtype(recipe, config) or "float32").replace("torch.", "") == "float32" else BF16
     _SHAPES[key] = ModelShape(
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )

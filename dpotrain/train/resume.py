@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
+from dpotrain.cluster.engine import NAMES
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError
@@ -250,21 +251,40 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     )
 
 
+REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in each checkpoint (RecipeDPOTrainer)
+KEEP_REFERENCE = ("single", "ddp")  # the engines whose TR-DPO checkpoints hold it (`keeps_reference`)
 LIVE_REFERENCE = (
-    "a TR-DPO run (sync_ref_model) cannot go on from it: its reference model moved toward the policy and no checkpoint "
-    "holds it; train again from the start in a new --output_dir, or start a new run from the checkpoint's weights"
+    "a TR-DPO run (sync_ref_model) under DeepSpeed or FSDP2 cannot go on from it: its reference model moved toward the "
+    "policy and no checkpoint holds it; train again from the start in a new --output_dir, or start a new run from the "
+    "checkpoint's weights (one process or DDP keep the reference in each checkpoint)"
 )
 
 
-def check_live_reference(folder: str | None, recipe) -> None:
-    """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains, and a checkpoint holds the
-    policy alone: a resume scored against the base model again, another loss than the stopped run's, in silence."""
-    if folder is not None and recipe.training.sync_ref_model:
-        raise ConfigError(
-            f"checkpoint {folder!r} is of a TR-DPO run (sync_ref_model), whose reference model moved toward the policy "
-            "as it trained; checkpoints do not hold it, so a resume would train against the base model as reference: "
-            f"train again from the start in a new --output_dir, or {new_run_from(folder)} (its reference starts there)"
-        )
+def keeps_reference(recipe, run_engine) -> bool:
+    """Whether a TR-DPO run's checkpoints hold its moved reference: one process and DDP hold the whole reference on
+    each rank; DeepSpeed and FSDP2 shard it, and TRL's sync writes each rank's shard."""
+    return recipe.training.sync_ref_model and run_engine.name in KEEP_REFERENCE
+
+
+def check_live_reference(folder: str | None, recipe, run_engine) -> None:
+    """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains: a resume without it scored
+    against the base model again, another loss than the stopped run's, in silence. Resumed where the checkpoint holds
+    it (`REFERENCE_FILE`, in its manifest); refused where it does not."""
+    if folder is None or not recipe.training.sync_ref_model:
+        return
+    if keeps_reference(recipe, run_engine) and (Path(folder) / REFERENCE_FILE).is_file():
+        return
+    held = "" if keeps_reference(recipe, run_engine) else f" under {NAMES.get(run_engine.name, run_engine.name)}"
+    raise ConfigError(no_reference(folder, held))
+
+
+def no_reference(folder: str, held: str = "") -> str:
+    return (
+        f"checkpoint {folder!r} is of a TR-DPO run (sync_ref_model){held}, whose reference model moved toward the "
+        f"policy as it trained; the checkpoint does not hold it ({REFERENCE_FILE}), so a resume would train against "
+        f"the base model as reference: train again from the start in a new --output_dir, or {new_run_from(folder)} "
+        "(its reference starts there)"
+    )
 
 
 # --- a health stop, remembered -------------------------------------------------------------------------------------

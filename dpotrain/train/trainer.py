@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 from torch.utils.data import DataLoader
 from transformers import GraniteMoeHybridConfig
@@ -37,9 +38,9 @@ from dpotrain.forwards.choice import ForwardChoice
 from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
-from dpotrain.train import disk_full, lora, losses, run_files, samples
+from dpotrain.train import disk_full, lora, losses, resume, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
@@ -285,6 +286,10 @@ class RecipeDPOTrainer(DPOTrainer):
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 super()._save_checkpoint(model, trial)
+            if self.is_world_process_zero() and self.args.sync_ref_model and self.engine.name in resume.KEEP_REFERENCE:
+                # TR-DPO's reference moved toward the policy: a resume goes on against it (`_load_from_checkpoint`)
+                safetensors.torch.save_model(self.ref_model, str(folder / resume.REFERENCE_FILE))
+                readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
             record = folder.parent / "resolved_config.json"
             if self.is_world_process_zero() and record.is_file():
                 # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
@@ -296,6 +301,16 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """The policy, and TR-DPO's moved reference where the checkpoint holds it (`resume.check_live_reference`
+        refused the resume before anything loaded where it does not)."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = Path(resume_from_checkpoint) / resume.REFERENCE_FILE
+        if self.args.sync_ref_model:  # an older checkpoint `resume.confirm` fell back to may lack it: never skipped
+            if not path.is_file():
+                raise RunError(resume.no_reference(resume_from_checkpoint))
+            safetensors.torch.load_model(self.ref_model, str(path), device=str(self.accelerator.device))
 
     def _set_pad_token(self, pad_token: str | None) -> None:
         """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
