@@ -329,6 +329,11 @@ def one_message_sides(n=N) -> list[dict]:
     ]
 
 
+def one_message_sides_after_messages(n=N) -> list[dict]:
+    """The same with the prompt as messages: it was blamed, `prompt: a list where the data set has plain text`."""
+    return [{**p, "chosen": p["chosen"][0], "rejected": p["rejected"][0]} for p in explicit_prompt(n)]
+
+
 def sharegpt(n=N) -> list[dict]:
     names = {"user": "human", "assistant": "gpt", "system": "system"}
     return [
@@ -341,9 +346,10 @@ def sharegpt(n=N) -> list[dict]:
     "make, expected",
     [
         (one_message_sides, "chosen: one message, not a list of messages: write it as a list ([{'role': 'assistant'"),
+        (one_message_sides_after_messages, "chosen: one message, not a list of messages: write it as a list ([{"),
         (sharegpt, "chosen: message 0 has no 'role': it is written ShareGPT's way ('from', 'value'); rename them"),
     ],
-    ids=["one message", "sharegpt"],
+    ids=["one message", "one message after a message prompt", "sharegpt"],
 )
 def test_sides_written_in_another_message_shape_are_refused_naming_the_fix(
     make, expected, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
