@@ -39,6 +39,7 @@ with venv.loading_libraries():
 
     import yaml
 
+    from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.rows import InvalidRowError
@@ -246,6 +247,7 @@ def every_row_invalid(checked, split: str, name: str) -> None:
 def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     run = read_run(args)
+    options.check_max_length(run.training)  # 0 was no length at all, -5 a candidate row of negative sizes
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
     # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
     args.skip_invalid = project.skip_invalid

@@ -892,6 +892,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--sample", "0"], "--sample must be >= 1 (got 0)"),
         (["--num-proc", "0"], "--num-proc must be >= 1 (got 0)"),
         (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
+        (["--max_length", "0"], "max_length must be >= 1 (got 0), or `auto`"),  # the run's refusal, word for word
+        (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
