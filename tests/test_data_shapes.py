@@ -364,6 +364,19 @@ def test_sides_written_in_another_message_shape_are_refused_naming_the_fix(
     assert capsys.readouterr().err.strip().splitlines()[-1] == line
 
 
+@pytest.mark.parametrize("train, held", [(dolci, text_prompt), (text_prompt, dolci)], ids=["text held out", "lists"])
+def test_held_out_pairs_of_another_kind_than_the_training_pairs_are_refused(train, held, tmp_path, monkeypatch, capsys):
+    """A run applies the chat template to all its pairs or to none, as a mixture of both is refused. Held-out plain text
+    beside training message lists was evaluated without the template the model trains with (and the reverse with
+    one): eval loss and accuracy of another input than trained, the summary's `template:` line naming the model's."""
+    train_name, _ = write(tmp_path, "train", train, "jsonl")
+    held_name, _ = write(tmp_path, "held", held, "jsonl")
+    evaluation = ["--dataset_mixer_eval_list", held_name, "1.0", "--eval_strategy", "steps", "--dry-run"]
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", train_name, *evaluation)
+    kinds = ("plain text", "message lists") if train is dolci else ("message lists", "plain text")
+    assert line.startswith(f"error: the held-out pairs are {kinds[0]} and the training pairs {kinds[1]}: "), line
+
+
 def test_an_images_column_without_images_is_left_unread(tmp_path):
     _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
     assert len(pairs) == N
