@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from dpotrain.data import mixture
+from dpotrain.data import cuts, mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
@@ -72,6 +72,16 @@ def template_text(r: Record) -> str:
     return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
 
 
+def max_length_text(r: Record) -> str:
+    """'1024 (the recipe's); 3 of 40 pairs cut (keep_start: their end), 1 dropped (...)': the pairs the run will cut
+    or drop, which the record alone said (a dry run whose max_length dropped half the rows showed only the length)."""
+    length, counted = r.lengths, r.batching.max_length_cuts
+    if not length.max_length:
+        return length.chosen_by
+    cut = f"; {cuts.counts(counted)}" if counted and counted["max_length"] else ""
+    return f"{length.max_length} ({length.chosen_by}){cut}"
+
+
 def trained_text(r: Record) -> str:
     """Which tokens of each side are trained: plain text's completion, or the turns `assistant_turns` names."""
     if r.lengths.template and r.lengths.template.plain_text:
@@ -111,8 +121,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     data = mixture.of_sources(sources) if sources else f"{s.dataset_name} (split {s.dataset_train_split})"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
-    length = r.lengths
-    row("max length", f"{length.max_length} ({length.chosen_by})" if length.max_length else length.chosen_by)
+    row("max length", max_length_text(r))
     row("template", template_text(r))
     row("trained", trained_text(r))
     row("loss", losses.loss_text(s))

@@ -56,8 +56,7 @@ def check_options(recipe: Recipe) -> None:
         if loss not in valid:
             raise ConfigError(f"unknown loss_type {loss!r}: choose from {', '.join(valid)} (OLMo 3: sigmoid_norm)")
     losses.check_options(recipe)  # losses this project cannot train as TRL defines them (aot on a token budget...)
-    if t.max_length is not None and t.max_length < 1:
-        raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
+    check_max_length(t)
     if t.max_steps == 0 or t.max_steps < -1:
         raise ConfigError(
             f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
@@ -735,6 +734,12 @@ def _built_with(t, optim_args: str | None) -> tuple | None:
 def _named(choice) -> str:
     """A choice as the recipe spells it: transformers keeps optim and lr_scheduler_type as enums."""
     return getattr(choice, "value", choice)
+
+
+def check_max_length(t) -> None:
+    """Training's and the analyzer's (its --max_length, or the recipe's) refusal of a length that holds no token."""
+    if t.max_length is not None and t.max_length < 1:
+        raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
 
 
 def check_precision(recipe: Recipe) -> None:

@@ -259,6 +259,7 @@ def load_data(
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
         checked["eval_rows"] = len(eval_dataset)
+        _check_held_out_kind(dataset, eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
@@ -267,6 +268,18 @@ def load_data(
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id)
+
+
+def _check_held_out_kind(train, held) -> None:
+    """Held-out pairs are read as the training pairs are, chat template or none (as a mixture's sources): evaluated
+    otherwise, their loss and accuracy would be of another input than the model trains on."""
+    kinds = [isinstance(d[0]["chosen"], list) if len(d) else None for d in (train, held)]
+    if None not in kinds and kinds[0] != kinds[1]:
+        name = {True: "message lists", False: "plain text"}
+        raise ConfigError(
+            f"the held-out pairs are {name[kinds[1]]} and the training pairs {name[kinds[0]]}: a run applies the chat "
+            "template to all its pairs or to none; write the held-out pairs in the training pairs' shape (docs/data.md)"
+        )
 
 
 def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None) -> str | None:

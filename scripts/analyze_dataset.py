@@ -39,6 +39,7 @@ with venv.loading_libraries():
 
     import yaml
 
+    from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.rows import InvalidRowError
@@ -95,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="max_length values to report on, "
         f"besides {', '.join(map(str, lengths.REPORT_LENGTHS))}, the recipe's and the recommended one",
     )
+    # The run's two flags, read over the recipe as training reads them: another length judged without editing it
+    p.add_argument("--max_length", help="the max_length whose cuts the report ends with, as training's [the recipe's]")
+    p.add_argument("--truncation_mode", help="keep_start or keep_end, as training's [the recipe's, else keep_start]")
     p.add_argument(
         "--coverage",
         "--auto_coverage",
@@ -154,6 +158,8 @@ def read_run(args: argparse.Namespace):
         "dataset_revision": args.revision,
         "chat_template_path": args.chat_template_path,
         "hh_format": args.hh_format,
+        "max_length": args.max_length,
+        "truncation_mode": args.truncation_mode,
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
         "skip_invalid": args.skip_invalid,
@@ -241,6 +247,7 @@ def every_row_invalid(checked, split: str, name: str) -> None:
 def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     run = read_run(args)
+    options.check_max_length(run.training)  # 0 was no length at all, -5 a candidate row of negative sizes
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
     # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
     args.skip_invalid = project.skip_invalid
@@ -264,7 +271,8 @@ def analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
     chat_template.check(template)  # before anything loads
     lengths.check_tokenizer_folder(tokenizer_name)  # configs/models/*: a shape, no tokenizer; said before anything
-    current = training.max_length if recipe_path else None  # the run's (None for `max_length: auto`)
+    # the run's (None for `max_length: auto`); without a recipe TRL's default is no one's choice, --max_length is
+    current = training.max_length if recipe_path or args.max_length else None
     target = project.auto_coverage
     if not 0 < target <= 1:
         raise ConfigError(f"--coverage must be in (0, 1] (got {target})")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON, ROOT, python, read_only_prefix
-from dpotrain.data import builtin, data, lengths
+from dpotrain.data import builtin, cuts, data, lengths
 from dpotrain.forwards import packing
 from dpotrain.recipe.errors import ConfigError
 
@@ -423,6 +423,25 @@ def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, t
     assert report["candidates"]["384"]["padding"]["batch_size"] == 2
     assert report["recommendation"]["target_coverage"] == 0.5
     assert "The recipe's max_length=384 covers" in capsys.readouterr().out
+
+
+def test_max_length_and_truncation_mode_on_the_command_line_are_measured_as_training_takes_them(
+    cli, tokenizer, tmp_path, tiny_model_dir, capsys
+):
+    """`train_dpo.py --max_length 64 --truncation_mode keep_end` over a recipe: the analyzer takes the same two flags
+    over the same recipe (it refused them as unknown, so another length could be judged only by editing the recipe)
+    and ends with the counts that run records."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\nmax_length: 384\n")
+    argv = ["--config", str(recipe), "--num-proc", "1", "--max-length", "64", "--truncation_mode", "keep_end"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    m = lengths.measure(data.load_preference_dataset(path), tokenizer)
+    expected = cuts.count(m.prompt, m.chosen, m.rejected, 64, "keep_end")
+    assert expected["truncated"] > 0 and expected["dropped"] == 0
+    assert f"Cut at {cuts.line(expected)}" in captured.err
+    assert "The recipe's max_length=64 covers" in captured.out
 
 
 def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
@@ -873,6 +892,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--sample", "0"], "--sample must be >= 1 (got 0)"),
         (["--num-proc", "0"], "--num-proc must be >= 1 (got 0)"),
         (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
+        (["--max_length", "0"], "max_length must be >= 1 (got 0), or `auto`"),  # the run's refusal, word for word
+        (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after

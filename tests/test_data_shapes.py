@@ -329,6 +329,11 @@ def one_message_sides(n=N) -> list[dict]:
     ]
 
 
+def one_message_sides_after_messages(n=N) -> list[dict]:
+    """The same with the prompt as messages: it was blamed, `prompt: a list where the data set has plain text`."""
+    return [{**p, "chosen": p["chosen"][0], "rejected": p["rejected"][0]} for p in explicit_prompt(n)]
+
+
 def sharegpt(n=N) -> list[dict]:
     names = {"user": "human", "assistant": "gpt", "system": "system"}
     return [
@@ -341,9 +346,10 @@ def sharegpt(n=N) -> list[dict]:
     "make, expected",
     [
         (one_message_sides, "chosen: one message, not a list of messages: write it as a list ([{'role': 'assistant'"),
+        (one_message_sides_after_messages, "chosen: one message, not a list of messages: write it as a list ([{"),
         (sharegpt, "chosen: message 0 has no 'role': it is written ShareGPT's way ('from', 'value'); rename them"),
     ],
-    ids=["one message", "sharegpt"],
+    ids=["one message", "one message after a message prompt", "sharegpt"],
 )
 def test_sides_written_in_another_message_shape_are_refused_naming_the_fix(
     make, expected, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
@@ -356,6 +362,19 @@ def test_sides_written_in_another_message_shape_are_refused_naming_the_fix(
     assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: {expected}"), line
     assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == line
+
+
+@pytest.mark.parametrize("train, held", [(dolci, text_prompt), (text_prompt, dolci)], ids=["text held out", "lists"])
+def test_held_out_pairs_of_another_kind_than_the_training_pairs_are_refused(train, held, tmp_path, monkeypatch, capsys):
+    """A run applies the chat template to all its pairs or to none, as a mixture of both is refused. Held-out plain text
+    beside training message lists was evaluated without the template the model trains with (and the reverse with
+    one): eval loss and accuracy of another input than trained, the summary's `template:` line naming the model's."""
+    train_name, _ = write(tmp_path, "train", train, "jsonl")
+    held_name, _ = write(tmp_path, "held", held, "jsonl")
+    evaluation = ["--dataset_mixer_eval_list", held_name, "1.0", "--eval_strategy", "steps", "--dry-run"]
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", train_name, *evaluation)
+    kinds = ("plain text", "message lists") if train is dolci else ("message lists", "plain text")
+    assert line.startswith(f"error: the held-out pairs are {kinds[0]} and the training pairs {kinds[1]}: "), line
 
 
 def test_an_images_column_without_images_is_left_unread(tmp_path):

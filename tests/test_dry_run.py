@@ -526,6 +526,9 @@ def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     argv = [*SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run")]
     text = dry_run(capsys, *argv, "--pairs_per_step", "4", "--warmup_steps", "0.3")
     assert field(text, "steps") == "3 optimizer steps (1 epoch), 1 of warmup"
+    # and says why there are 12 pairs of the 16 rows (it was in the record alone: "max length: 1024 (the recipe's)")
+    cut = "0 of 16 pairs cut (keep_start: their end), 4 dropped (prompt alone fills max_length)"
+    assert field(text, "max length") == f"1024 (the recipe's); {cut}"
     derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
     assert derived["batching"]["pairs_trained"] == {"pairs": 12, "of": 12, "steps": 3}
     assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)

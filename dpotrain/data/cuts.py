@@ -41,10 +41,15 @@ def line(cuts: dict) -> str:
     """'max_length 1,024: 3 of 384 pairs cut (keep_start: their end), 1 dropped (its prompt alone fills max_length)'."""
     if cuts["max_length"] is None:
         return f"max_length unset: none of {cuts['pairs']:,} pairs cut or dropped"
+    return f"max_length {cuts['max_length']:,}: {counts(cuts)}"
+
+
+def counts(cuts: dict) -> str:
+    """'3 of 384 pairs cut (keep_start: their end), 1 dropped (prompt alone fills max_length)'."""
     end = "their end" if cuts["truncation_mode"] == "keep_start" else "their start"
     return (
-        f"max_length {cuts['max_length']:,}: {cuts['truncated']:,} of {cuts['pairs']:,} pairs cut "
-        f"({cuts['truncation_mode']}: {end}), {cuts['dropped']:,} dropped (prompt alone fills max_length)"
+        f"{cuts['truncated']:,} of {cuts['pairs']:,} pairs cut ({cuts['truncation_mode']}: {end}), "
+        f"{cuts['dropped']:,} dropped (prompt alone fills max_length)"
     )
 
 

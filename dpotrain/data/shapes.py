@@ -39,12 +39,16 @@ class Shape:
         first_row = {c: text_parts(v) if c in ("prompt", "chosen", "rejected") else v for c, v in first_row.items()}
         side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
         prompt = first_row.get("prompt") if "prompt" in columns else None
-        if isinstance(side, list):  # any list: a malformed first message is then reported as such
+        # any list: a malformed first message is then reported as such; one message not in a list too (beside a
+        # message prompt, read as text, the prompt was blamed: "a list where the data set has plain text")
+        if isinstance(side, list) or isinstance(side, dict) and isinstance(prompt, list):
             if "prompt" not in columns:
                 return cls("messages", True, json_columns)
             if isinstance(prompt, str):
                 return cls("ultrafeedback", True, json_columns)
-            repeats = isinstance(prompt, list) and bool(prompt) and _starts_with(side, prompt)
+            repeats = (
+                isinstance(prompt, list) and bool(prompt) and isinstance(side, list) and _starts_with(side, prompt)
+            )
             return cls("prompt+messages", True, json_columns, repeats)
         if "prompt" in columns:
             return cls("prompt+text", False)
