@@ -481,6 +481,22 @@ class Forward:
         return {**self.options, **{key: value for key, value in given.items() if value}}
 
 
+def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
+    """generation_config.json's eos_token_id; None where it cannot be read here. A folder without the file generates
+    with config.json's (transformers derives it so), which `check_stops` has read already."""
+    from transformers import GenerationConfig
+
+    if Path(model_path).is_dir() and not (Path(model_path) / "generation_config.json").is_file():
+        return set()
+    try:
+        found = GenerationConfig.from_pretrained(
+            model_path, revision=recipe.model.model_revision, local_files_only=local_only
+        )
+    except Exception:  # noqa: BLE001 - not on this machine, no network: nothing refused on a guess
+        return None
+    return chat_template.eos_ids(found.eos_token_id)
+
+
 def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
     revision, trust = recipe.model.model_revision, recipe.training.trust_remote_code
@@ -521,6 +537,9 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     positions.check_vocabulary(
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
+    if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
+        stops = functools.partial(_generation_stops, recipe, model_path, launch.dry_run)
+        chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)

@@ -15,6 +15,7 @@ import pytest
 import train_dpo
 from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
+from dpotrain.data import builtin
 from dpotrain.recipe.config import make_parser, parse_args
 from dpotrain.recipe.errors import ConfigError, RunError, run_cli
 from dpotrain.train import resume
@@ -612,6 +613,46 @@ def test_plain_text_that_would_train_two_bos_or_two_eos_is_refused_before_the_mo
         "answer)"
     )
     assert not (tmp_path / "run").exists()
+
+
+ENDLESS = (  # a user's own templates: turns ended by a newline alone, or by a token the model does not stop at
+    "{% for m in messages %}{{ m['role'] + ':\\n' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:\\n' }}{% endif %}",
+    builtin.CHAT_TEMPLATE.replace("<|im_end|>", "<|endoftext|>"),
+)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize("template", ENDLESS, ids=["newline", "another token"])
+def test_a_chat_template_whose_answers_end_without_a_token_the_model_stops_at_is_refused(
+    template, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL trains what the chat template writes after an answer (it adds EOS to plain text only): a template that ends
+    the assistant turn with no token the model stops generating at (its tokenizer's EOS, config.json's and
+    generation_config.json's eos_token_id) trained every answer without an end, and the run said nothing; the model
+    learns not to stop. Listing the turn's end token in generation_config.json (as instruct models do) is the fix."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (tmp_path / "mine.jinja").write_text(template)
+    args = ["--model_name_or_path", str(model), "--chat_template_path", str(tmp_path / "mine.jinja")]
+    args += ["--max_steps", "2", *dry_run]
+    end = "'\\n'" if "<|endoftext|>" not in template else "'<|endoftext|>\\n'"
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the chat template ends each answer with {end}, and {model} stops generating at none of its tokens "
+        "(it stops at '<|im_end|>': the EOS of its tokenizer, config.json and generation_config.json), so every answer "
+        "would train without an end and the model would learn not to stop: give a chat template that ends the "
+        "assistant turn with '<|im_end|>' (chat_template_path), or add the id of the token that ends its turns to "
+        "eos_token_id in generation_config.json"
+    )
+    assert not (tmp_path / "run").exists()
+    if "<|endoftext|>" in template and dry_run:
+        generation = json.loads((model / "generation_config.json").read_text())
+        generation["eos_token_id"] = [generation["eos_token_id"], 0]  # <|endoftext|>: the built-in's id 0
+        (model / "generation_config.json").write_text(json.dumps(generation))
+        monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args]))
+        assert ended.value.code in (0, None), capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
