@@ -388,6 +388,17 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
         )
 
 
+def check_pads(pad_token: str | None, tokenizer) -> None:
+    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised its ValueError once the model had
+    loaded (padded; a packed run may fall back to padded). After the pairs' checks: plain text says more of no EOS."""
+    if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
+        raise ConfigError(
+            f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
+            "trainer pads with: give --pad_token, one of its tokens (which one does not matter: padding is masked by "
+            "length), or set pad_token in its tokenizer_config.json"
+        )
+
+
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
     the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
@@ -454,6 +465,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         f = found  # what it advises instead stays within the model's positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
+    if tokenizer is not None:
+        check_pads(t.pad_token, tokenizer)
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit)

@@ -656,6 +656,26 @@ def test_a_chat_template_whose_answers_end_without_a_token_the_model_stops_at_is
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL pads with the recipe's pad_token, else the tokenizer's, else its EOS: with none of them the dry run planned
+    and the run died once the model had loaded, in TRL's __init__ (ValueError: The specified `pad_token` ('None') is
+    not found in the vocabulary ...)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["eos_token"], config["pad_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    args = ["--model_name_or_path", str(model), "--padding_free", "false", "--max_steps", "2", *dry_run]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the tokenizer of {model} has neither a pad token nor an EOS token, one of which the trainer pads "
+        "with: give --pad_token, one of its tokens (which one does not matter: padding is masked by length), or set "
+        "pad_token in its tokenizer_config.json"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_pad_token_the_tokenizer_does_not_have_is_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
