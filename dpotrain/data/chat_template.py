@@ -182,6 +182,8 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
             return column, _mismatch(texts["prompt"], texts[column])
+        if problem := _eos_twice(example[column], texts[column], tokenizer.eos_token):
+            return column, problem
         if _calls_unwritten(example["prompt"] + example[column], texts[column], tokenizer, kwargs):
             return column, (
                 f"{TEMPLATE_ERROR}: the chat template does not write tool_calls, so the tool call would train as "
@@ -218,6 +220,20 @@ def _calls_unwritten(messages: list, text: str, tokenizer, kwargs: dict) -> bool
         return tokenizer.apply_chat_template(uncalled, tokenize=False, **kwargs) == text
     except Exception:  # noqa: BLE001 - a template that needs the calls to render writes them
         return False
+
+
+def _eos_twice(answer: list, text: str, eos: str | None) -> str | None:
+    """An answer whose content ends with the EOS token written as text (an SFT export's), where the template writes EOS
+    after it too: a special token in a message's content is tokenized as the token, so the answer ends in two."""
+    content = answer[-1].get("content") if answer else None
+    if not eos or not isinstance(content, str) or not content.rstrip().endswith(eos) or content not in text:
+        return None
+    if not text[text.rindex(content) + len(content) :].lstrip().startswith(eos):
+        return None  # the template writes no EOS of its own: the content's is the answer's one end
+    return (
+        f"the answer ends with the EOS token written as text ({eos!r}), and the chat template writes it after the "
+        "answer as well, so it would train two: remove it from the end of the answers"
+    )
 
 
 def _mismatch(prompt: str, whole: str) -> str:
