@@ -401,6 +401,17 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
         )
 
 
+def check_pads(pad_token: str | None, tokenizer) -> None:
+    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised its ValueError once the model had
+    loaded (padded; a packed run may fall back to padded). After the pairs' checks: plain text says more of no EOS."""
+    if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
+        raise ConfigError(
+            f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
+            "trainer pads with: give --pad_token, one of its tokens (which one does not matter: padding is masked by "
+            "length), or set pad_token in its tokenizer_config.json"
+        )
+
+
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
     the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
@@ -467,6 +478,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         f = found  # what it advises instead stays within the model's positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
+    if tokenizer is not None:
+        check_pads(t.pad_token, tokenizer)
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit)
@@ -492,6 +505,22 @@ class Forward:
             return self.planned.record()
         given = {"decided": self.decided, "planned_for": self.planned_for}
         return {**self.options, **{key: value for key, value in given.items() if value}}
+
+
+def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
+    """generation_config.json's eos_token_id; None where it cannot be read here. A folder without the file generates
+    with config.json's (transformers derives it so), which `check_stops` has read already."""
+    from transformers import GenerationConfig
+
+    if Path(model_path).is_dir() and not (Path(model_path) / "generation_config.json").is_file():
+        return set()
+    try:
+        found = GenerationConfig.from_pretrained(
+            model_path, revision=recipe.model.model_revision, local_files_only=local_only
+        )
+    except Exception:  # noqa: BLE001 - not on this machine, no network: nothing refused on a guess
+        return None
+    return chat_template.eos_ids(found.eos_token_id)
 
 
 def _model_config(recipe, model_path: str, local_only: bool):
@@ -534,6 +563,9 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     positions.check_vocabulary(
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
+    if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
+        stops = functools.partial(_generation_stops, recipe, model_path, launch.dry_run)
+        chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)

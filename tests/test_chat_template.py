@@ -488,3 +488,26 @@ def test_the_console_names_the_recipes_template_where_it_tokenizes_with_it(capsy
     assert capsys.readouterr().out.splitlines()[0].endswith("; the chat template templates/mine.jinja")
     rows.usable_pairs(dataset, False, {}, "invalid_rows")
     assert capsys.readouterr().out.splitlines()[0].endswith("; the model's chat template")
+
+
+def test_answers_that_write_the_eos_token_the_template_writes_after_them_are_refused(tmp_path, tiny_model_dir):
+    """Message contents are rendered into the template's text, and a special token written in them is tokenized as
+    the token: answers exported with their EOS ('...<|im_end|>', an SFT pipeline's) under a template that ends the
+    turn with EOS trained every answer as '...<|im_end|><|im_end|>', and the run and the analyzer said nothing."""
+    import datasets
+
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:12]]
+    rows[5]["chosen"][-1]["content"] += "<|im_end|>"
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)])
+    with pytest.raises(InvalidRowError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    assert str(refused.value).startswith(
+        "row 5, column 'chosen': the answer ends with the EOS token written as text ('<|im_end|>'), and the chat "
+        "template writes it after the answer as well, so it would train two: remove it from the end of the answers "
+        "(line 6 of pairs.jsonl"
+    ), str(refused.value)
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    measured = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, skip_invalid=True)
+    assert [r["index"] for r in measured.invalid] == [5]

@@ -269,3 +269,33 @@ def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_mod
     for (step, was), (_, again) in zip(first[:3], second[:3], strict=True):
         assert again["train/loss"] == was["train/loss"] and again["train/global_step"] == str(step), (was, again)
         assert json.loads(again["train/epoch"]) == json.loads(was["train/epoch"])
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "embed_tokens"], ["q_proj", "lm_head"], ["q_proj"]])
+def test_a_merged_adapter_on_tied_embeddings_computes_what_the_adapter_does(targets, tmp_path):
+    """A model whose output layer shares the input embedding's weight (tie_word_embeddings: Qwen2.5 0.5B, Llama 3.2 1B,
+    Gemma), with LoRA on either: the merge wrote the update into the one shared weight, so merged/ changed both layers
+    where the run trained one (logits off by more than the training moved them), and said so only in PEFT's warning.
+    A merge that leaves them equal (LoRA elsewhere) stays tied."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from dpotrain.data import builtin
+    from dpotrain.train import lora
+
+    tokenizer = builtin.build_tokenizer()
+    config = builtin.model_config("tiny-olmo3", len(tokenizer))
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    adapter = LoraConfig(r=4, target_modules=targets, init_lora_weights=False)  # B nonzero: an update to merge
+    with lora.without_peft_deprecation():
+        adapted = get_peft_model(base, adapter)
+    adapted.save_pretrained(tmp_path / "run")
+    merged = lora.save_merged(tmp_path / "run", str(tmp_path / "base"), {"dtype": "float32"}, tokenizer)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        want, got = adapted(tokens).logits, AutoModelForCausalLM.from_pretrained(merged)(tokens).logits
+    assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+    assert json.loads((merged / "config.json").read_text())["tie_word_embeddings"] == (targets == ["q_proj"])

@@ -15,6 +15,7 @@ import pytest
 import train_dpo
 from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
+from dpotrain.data import builtin
 from dpotrain.recipe.config import make_parser, parse_args
 from dpotrain.recipe.errors import ConfigError, RunError, run_cli
 from dpotrain.train import resume
@@ -562,6 +563,116 @@ def test_plain_text_pairs_with_a_tokenizer_without_eos_are_refused_before_the_mo
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="has no EOS token"):  # the analyzer's measure, as the run's
         lengths.measure(Dataset.from_list(rows), lengths.load_tokenizer(str(model)))
+
+
+def _adding(model_dir, tmp_path, single: str):
+    """A copy of the tiny model whose tokenizer adds special tokens itself (`single`: its post-processor's template,
+    as Llama's tokenizer.json adds BOS, or one saved with add_eos_token)."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    specials = {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in ("<|endoftext|>", "<|im_end|>") if t in single}
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [], "pair": [], "special_tokens": specials}
+    for part in single.split():
+        kind = {"id": "A", "type_id": 0} if part == "$A" else {"id": part, "type_id": 0}
+        tokenizer["post_processor"]["single"].append({"Sequence" if part == "$A" else "SpecialToken": kind})
+    tokenizer["post_processor"]["pair"] = tokenizer["post_processor"]["single"]
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return model
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_plain_text_that_would_train_two_bos_or_two_eos_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL tokenizes plain text with the tokenizer's own special tokens (`tokenizer(text)`) and ends each completion
+    with EOS: prompts written with the BOS token (a pre-rendered chat) under a tokenizer that adds BOS itself (Llama's)
+    trained every sequence as `<s><s>...`, and a tokenizer that appends EOS itself (add_eos_token) every answer as
+    `...</s></s>`; both ran and were measured so without a word."""
+    from datasets import Dataset
+
+    from dpotrain.data import lengths
+
+    rows = [{"prompt": f"<|endoftext|>{i} + 1 =", "chosen": f" {i + 1}.", "rejected": f" {i + 2}."} for i in range(20)]
+    data = write_rows(tmp_path / "text.jsonl", rows)
+    model = _adding(tiny_model_dir, tmp_path / "bos", "<|endoftext|> $A")
+    args = ["--model_name_or_path", str(model), "--dataset_name", data, "--max_steps", "2", *dry_run]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the prompts begin with the BOS token '<|endoftext|>', and the tokenizer of {model} adds it itself, "
+        "so every sequence would start with two: remove '<|endoftext|>' from the start of the prompts"
+    )
+    unwritten = [{**row, "prompt": row["prompt"].removeprefix("<|endoftext|>")} for row in rows]
+    assert lengths.measure(Dataset.from_list(unwritten), lengths.load_tokenizer(str(model))).rows == 20
+    model = _adding(tiny_model_dir, tmp_path / "eos", "$A <|im_end|>")
+    args[1], args[3] = str(model), write_rows(tmp_path / "unwritten.jsonl", unwritten)
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the tokenizer of {model} appends its EOS token '<|im_end|>' to every text, and the trainer ends each "
+        "plain-text completion with it as well, so every answer would end in two: remove '<|im_end|>' from the "
+        "post_processor in its tokenizer.json, or give the pairs as message lists (the chat template then ends each "
+        "answer)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+ENDLESS = (  # a user's own templates: turns ended by a newline alone, or by a token the model does not stop at
+    "{% for m in messages %}{{ m['role'] + ':\\n' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:\\n' }}{% endif %}",
+    builtin.CHAT_TEMPLATE.replace("<|im_end|>", "<|endoftext|>"),
+)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize("template", ENDLESS, ids=["newline", "another token"])
+def test_a_chat_template_whose_answers_end_without_a_token_the_model_stops_at_is_refused(
+    template, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL trains what the chat template writes after an answer (it adds EOS to plain text only): a template that ends
+    the assistant turn with no token the model stops generating at (its tokenizer's EOS, config.json's and
+    generation_config.json's eos_token_id) trained every answer without an end, and the run said nothing; the model
+    learns not to stop. Listing the turn's end token in generation_config.json (as instruct models do) is the fix."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (tmp_path / "mine.jinja").write_text(template)
+    args = ["--model_name_or_path", str(model), "--chat_template_path", str(tmp_path / "mine.jinja")]
+    args += ["--max_steps", "2", *dry_run]
+    end = "'\\n'" if "<|endoftext|>" not in template else "'<|endoftext|>\\n'"
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the chat template ends each answer with {end}, and {model} stops generating at none of its tokens "
+        "(it stops at '<|im_end|>': the EOS of its tokenizer, config.json and generation_config.json), so every answer "
+        "would train without an end and the model would learn not to stop: give a chat template that ends the "
+        "assistant turn with '<|im_end|>' (chat_template_path), or add the id of the token that ends its turns to "
+        "eos_token_id in generation_config.json"
+    )
+    assert not (tmp_path / "run").exists()
+    if "<|endoftext|>" in template and dry_run:
+        generation = json.loads((model / "generation_config.json").read_text())
+        generation["eos_token_id"] = [generation["eos_token_id"], 0]  # <|endoftext|>: the built-in's id 0
+        (model / "generation_config.json").write_text(json.dumps(generation))
+        monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args]))
+        assert ended.value.code in (0, None), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL pads with the recipe's pad_token, else the tokenizer's, else its EOS: with none of them the dry run planned
+    and the run died once the model had loaded, in TRL's __init__ (ValueError: The specified `pad_token` ('None') is
+    not found in the vocabulary ...)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["eos_token"], config["pad_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    args = ["--model_name_or_path", str(model), "--padding_free", "false", "--max_steps", "2", *dry_run]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the tokenizer of {model} has neither a pad token nor an EOS token, one of which the trainer pads "
+        "with: give --pad_token, one of its tokens (which one does not matter: padding is masked by length), or set "
+        "pad_token in its tokenizer_config.json"
+    )
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])

@@ -103,6 +103,45 @@ def changed(old: Template | None, path: str | None) -> str | None:
     return None
 
 
+def check_stops(tokenizer, config, model: str, generation_stops) -> None:
+    """Refuses a template that ends the assistant turn with no token the model stops generating at: TRL adds EOS to
+    plain text only (conversational pairs end as the template writes them), so every answer would train without an
+    end. The stops: the tokenizer's EOS and config.json's eos_token_id, then `generation_stops()`, generation_config's
+    (read only where these miss; None where it cannot be read here: nothing is refused on a guess)."""
+    from trl.data_utils import common_prefix_length
+
+    from dpotrain.recipe import upstream
+
+    turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    try:
+        prompt = upstream.tokenize(tokenizer, turns[:1], add_generation_prompt=True)["input_ids"]
+        whole = upstream.tokenize(tokenizer, turns)["input_ids"]
+        text = tokenizer.apply_chat_template(turns, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses this pair: the rows' checks name what it refuses
+        return
+    answer = set(whole[common_prefix_length(prompt, whole) :])
+    # A vision-language config's own eos_token_id (Gemma 3's [1, 106]) may list more than its text config's
+    configs = (config, config.get_text_config())
+    stops = {tokenizer.eos_token_id}.union(*(eos_ids(getattr(c, "eos_token_id", None)) for c in configs))
+    if answer & stops or (more := generation_stops()) is None or answer & more:
+        return
+    stops = sorted((stops | more) - {None})
+    end = text[text.rindex("Hello.") + len("Hello.") :] if "Hello." in text else ""
+    said = ", ".join(repr(t) for t in tokenizer.convert_ids_to_tokens(stops))
+    raise ConfigError(
+        f"the chat template ends each answer with {end!r}, and {model} stops generating at none of its tokens (it "
+        f"stops at {said}: the EOS of its tokenizer, config.json and generation_config.json), so every answer would "
+        f"train without an end and the model would learn not to stop: give a chat template that ends the assistant "
+        f"turn with {tokenizer.eos_token!r} (chat_template_path), or add the id of the token that ends its turns to "
+        "eos_token_id in generation_config.json"
+    )
+
+
+def eos_ids(value) -> set:
+    """eos_token_id as configs write it: one id, a list of them, or none."""
+    return set(value) if isinstance(value, list | tuple) else {value} - {None}
+
+
 # --- answers against the generation prompt ---------------------------------------------------------------------------
 
 
@@ -143,6 +182,8 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
             return column, _mismatch(texts["prompt"], texts[column])
+        if problem := _eos_twice(example[column], texts[column], tokenizer.eos_token):
+            return column, problem
         if _calls_unwritten(example["prompt"] + example[column], texts[column], tokenizer, kwargs):
             return column, (
                 f"{TEMPLATE_ERROR}: the chat template does not write tool_calls, so the tool call would train as "
@@ -179,6 +220,20 @@ def _calls_unwritten(messages: list, text: str, tokenizer, kwargs: dict) -> bool
         return tokenizer.apply_chat_template(uncalled, tokenize=False, **kwargs) == text
     except Exception:  # noqa: BLE001 - a template that needs the calls to render writes them
         return False
+
+
+def _eos_twice(answer: list, text: str, eos: str | None) -> str | None:
+    """An answer whose content ends with the EOS token written as text (an SFT export's), where the template writes EOS
+    after it too: a special token in a message's content is tokenized as the token, so the answer ends in two."""
+    content = answer[-1].get("content") if answer else None
+    if not eos or not isinstance(content, str) or not content.rstrip().endswith(eos) or content not in text:
+        return None
+    if not text[text.rindex(content) + len(content) :].lstrip().startswith(eos):
+        return None  # the template writes no EOS of its own: the content's is the answer's one end
+    return (
+        f"the answer ends with the EOS token written as text ({eos!r}), and the chat template writes it after the "
+        "answer as well, so it would train two: remove it from the end of the answers"
+    )
 
 
 def _mismatch(prompt: str, whole: str) -> str:

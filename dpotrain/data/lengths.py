@@ -191,7 +191,7 @@ def measure(
     if first is None:
         raise ConfigError("the data set has no rows")
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
-    check_tokenizer(tokenizer, fmt)
+    check_tokenizer(tokenizer, fmt, first)
     kwargs = dict(
         tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
     )
@@ -278,10 +278,10 @@ def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: 
     return concatenate_datasets(done)
 
 
-def check_tokenizer(tokenizer, fmt: RowFormat) -> None:
+def check_tokenizer(tokenizer, fmt: RowFormat, first: dict | None = None) -> None:
     """What the rows need of the tokenizer, refused in one line before the model loads (analyzer and run alike): a chat
     template for message lists, an EOS token for plain-text completions (DPOTrainer's add_eos; TRL fails on its absence
-    only after the model loaded)."""
+    only after the model loaded), and plain text that would not train two BOS or two EOS (`_doubled_specials`)."""
     if not fmt.conversational:
         if tokenizer.eos_token is None:
             raise ConfigError(
@@ -289,6 +289,7 @@ def check_tokenizer(tokenizer, fmt: RowFormat) -> None:
                 "whose completions the trainer ends with it: set eos_token in its tokenizer_config.json, or give the "
                 "pairs as message lists (the chat template then ends each answer)"
             )
+        _doubled_specials(tokenizer, first or {})
         return
     if getattr(tokenizer, "chat_template", None):
         return
@@ -298,6 +299,30 @@ def check_tokenizer(tokenizer, fmt: RowFormat) -> None:
         "which need one: give one with --chat_template_path FILE.jinja, or use a model folder whose tokenizer has one "
         f"(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it){instead}"
     )
+
+
+def _doubled_specials(tokenizer, first: dict) -> None:
+    """TRL tokenizes plain text with the tokenizer's own special tokens (`tokenizer(text)`; apply_chat_template leaves
+    them to the template), so BOS written in a pre-rendered prompt under a tokenizer that adds it (Llama's), or an EOS
+    the tokenizer appends (add_eos_token) after the one TRL's add_eos writes, trains doubled. Judged on the first row:
+    a pre-rendered data set is rendered alike throughout."""
+    bare, ids = tokenizer("a", add_special_tokens=False)["input_ids"], tokenizer("a")["input_ids"]
+    start = next((n for n in range(len(ids)) if ids[n : n + len(bare)] == bare), 0)
+    added_before, added_after = ids[:start], ids[start + len(bare) :]
+    bos, eos, name = tokenizer.bos_token, tokenizer.eos_token, tokenizer.name_or_path
+    text = first.get("prompt") if isinstance(first.get("prompt"), str) else first.get("chosen")
+    if bos and tokenizer.bos_token_id in added_before and isinstance(text, str) and text.startswith(bos):
+        raise ConfigError(
+            f"the prompts begin with the BOS token {bos!r}, and the tokenizer of {name} adds it itself, so every "
+            f"sequence would start with two: remove {bos!r} from the start of the prompts"
+        )
+    if tokenizer.eos_token_id in added_after:
+        raise ConfigError(
+            f"the tokenizer of {name} appends its EOS token {eos!r} to every text, and the trainer ends each "
+            f"plain-text completion with it as well, so every answer would end in two: remove {eos!r} from the "
+            "post_processor in its tokenizer.json, or give the pairs as message lists (the chat template then ends "
+            "each answer)"
+        )
 
 
 def _known_rows(dataset) -> int | None:

@@ -177,13 +177,35 @@ def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Pat
     model = AutoModelForCausalLM.from_pretrained(
         base, revision=init.get("revision"), dtype=dtype, trust_remote_code=remote
     )
+    tied = _untie(model)
     with without_peft_deprecation():
         merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
+    if tied and torch.equal(merged.get_input_embeddings().weight, merged.get_output_embeddings().weight):
+        _set_tied(merged, True)  # the adapter left both alone: saved once, as the base was
+        merged.get_output_embeddings().weight = merged.get_input_embeddings().weight
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
     readable_weights(target)
     tokenizer.save_pretrained(target)
     return target
+
+
+def _untie(model) -> bool:
+    """Gives a model whose output layer shares the input embedding's weight (tie_word_embeddings) a copy of its own:
+    the adapter trained one of them (LoRA on embed_tokens or lm_head), and a merge into the shared weight changed both.
+    Whether they were tied."""
+    into, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if into is None or out is None or out.weight.data_ptr() != into.weight.data_ptr():
+        return False
+    out.weight = torch.nn.Parameter(into.weight.detach().clone())
+    _set_tied(model, False)
+    return True
+
+
+def _set_tied(model, tied: bool) -> None:
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        if hasattr(config, "tie_word_embeddings"):
+            config.tie_word_embeddings = tied
 
 
 def card_lines(s) -> str:
