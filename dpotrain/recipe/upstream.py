@@ -80,6 +80,11 @@ SEAMS = (
         ("model", "trial"),
     ),
     _override(
+        f"{TRAINER}:Trainer._load_from_checkpoint",
+        "the policy as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py)",
+        ("resume_from_checkpoint", "model"),
+    ),
+    _override(
         f"{TRAINER}:Trainer._prepare_inputs",
         "the reference's float32 sums kept out of the cast of every float input to DeepSpeed's dtype (bf16)",
         ("inputs",),
