@@ -157,6 +157,28 @@ if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$RECIPE" "$@"; then
   exit 0  # (set -e: a dry run that fails ends the job with its code)
 fi
 
+# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
+# submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
+# Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
+script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+[[ -z $script || $script == /* ]] || script=${SLURM_SUBMIT_DIR:-$PWD}/$script  # relative to where it was submitted
+while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
+lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
+grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
+export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
+echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
+
+# A time limit within that warning: Slurm sends it at once, so the job would stop at its first step to checkpoint, and
+# each requeue again (a start, a step, a save, over and over). Refused, before anything is planned or launched.
+left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)  # [days-]hours:minutes:seconds, or UNLIMITED
+if [[ -n $lead && $left =~ ^(([0-9]+)-)?([0-9:]+)$ ]]; then
+  seconds=0
+  IFS=: read -ra parts <<<"${BASH_REMATCH[3]}"
+  for part in "${parts[@]}"; do seconds=$((seconds * 60 + 10#$part)); done
+  seconds=$((seconds + 86400 * 10#${BASH_REMATCH[2]:-0}))
+  ((seconds > lead)) || die "the job's time limit ($left left) is within its checkpoint warning (--signal=B:USR1@$lead), which Slurm would send at once: every requeue would stop at its first step to save; submit with --time above $((lead / 60)) minutes, or lower the @$lead in $script"
+fi
+
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
@@ -187,17 +209,6 @@ stop_request() {
 }
 trap 'stop_request USR1' USR1
 trap 'stop_request TERM' TERM
-
-# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
-# submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
-# Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
-script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
-[[ -z $script || $script == /* ]] || script=${SLURM_SUBMIT_DIR:-$PWD}/$script  # relative to where it was submitted
-while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
-lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
-grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
-export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
-echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
 
 # Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.

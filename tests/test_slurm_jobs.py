@@ -139,6 +139,26 @@ def test_header_cpus_alone_never_start_on_a_small_node(slurm, tmp_path):
 
 
 @pytest.mark.slurm
+def test_a_time_limit_within_the_checkpoint_warning_is_refused_before_the_plan(slurm, tmp_path):
+    """`sbatch --time=5:00 scripts/dpo_train.sh`: the script's --signal=B:USR1@600 would come at once, and the job
+    would stop at its first step to checkpoint, requeue, and do it again at every start. One line naming --time, the
+    job's last, before the dry run plans it; the job fails, never requeued."""
+    log = tmp_path / "short.out"
+    options = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    job = slurm.sbatch([*options, "--time=5:00", f"--output={log}", SCRIPT], cwd=tmp_path, env=README_ENV)
+    assert slurm.wait(job, timeout=120) == "FAILED", slurm.job_info(job)
+    assert slurm.job_info(job)["Restarts"] == "0"
+    lines = log.read_text().splitlines()
+    assert "checkpoints must be written within 600 s (time-limit warning)" in "\n".join(lines)
+    assert re.fullmatch(
+        r"error: the job's time limit \([0-9:-]+ left\) is within its checkpoint warning \(--signal=B:USR1@600\), "
+        r"which Slurm would send at once: every requeue would stop at its first step to save; submit with --time "
+        rf"above 10 minutes, or lower the @600 in {re.escape(SCRIPT)}",
+        lines[-1],
+    ), lines[-5:]
+
+
+@pytest.mark.slurm
 def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_dry_run_launches_nothing(
     slurm, tmp_path
 ):
