@@ -260,10 +260,10 @@ LIVE_REFERENCE = (
 )
 
 
-def keeps_reference(recipe, run_engine) -> bool:
+def keeps_reference(training, run_engine) -> bool:
     """Whether a TR-DPO run's checkpoints hold its moved reference: one process and DDP hold the whole reference on
     each rank; DeepSpeed and FSDP2 shard it, and TRL's sync writes each rank's shard."""
-    return recipe.training.sync_ref_model and run_engine.name in KEEP_REFERENCE
+    return training.sync_ref_model and run_engine.name in KEEP_REFERENCE
 
 
 def check_live_reference(folder: str | None, recipe, run_engine) -> None:
@@ -272,9 +272,10 @@ def check_live_reference(folder: str | None, recipe, run_engine) -> None:
     it (`REFERENCE_FILE`, in its manifest); refused where it does not."""
     if folder is None or not recipe.training.sync_ref_model:
         return
-    if keeps_reference(recipe, run_engine) and (Path(folder) / REFERENCE_FILE).is_file():
+    kept = keeps_reference(recipe.training, run_engine)
+    if kept and (Path(folder) / REFERENCE_FILE).is_file():
         return
-    held = "" if keeps_reference(recipe, run_engine) else f" under {NAMES.get(run_engine.name, run_engine.name)}"
+    held = "" if kept else f" under {NAMES.get(run_engine.name, run_engine.name)}"
     raise ConfigError(no_reference(folder, held))
 
 

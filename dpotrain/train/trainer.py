@@ -286,7 +286,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 super()._save_checkpoint(model, trial)
-            if self.is_world_process_zero() and self.args.sync_ref_model and self.engine.name in resume.KEEP_REFERENCE:
+            if self.is_world_process_zero() and resume.keeps_reference(self.args, self.engine):
                 # TR-DPO's reference moved toward the policy: a resume goes on against it (`_load_from_checkpoint`)
                 safetensors.torch.save_model(self.ref_model, str(folder / resume.REFERENCE_FILE))
                 readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
