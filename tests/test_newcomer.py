@@ -881,6 +881,39 @@ def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(t
     assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
 
 
+def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shell_reads_them(tmp_path, monkeypatch):
+    """`HF_DATASETS_CACHE=~/ds` or `=$SCRATCH/ds` in `.env`: python-dotenv expands only `${VAR}`, and datasets took
+    `~/ds` literally, filling a folder named `~` in the folder the command ran in; `$SCRATCH/ds`, relative, became a
+    folder named `$SCRATCH` in the project. Other values (a token) are untouched; an unset variable is refused."""
+    home, scratch, project = tmp_path / "home", tmp_path / "scratch", tmp_path / "project"
+    project.mkdir()
+    (project / ".env").write_text(
+        'HF_DATASETS_CACHE=~/ds\nDPOTRAIN_CACHE=$SCRATCH/dpo\nTRITON_CACHE_DIR="${SCRATCH}/triton"\nHF_TOKEN=hf_$x\n'
+    )
+    names = ("HF_DATASETS_CACHE", "DPOTRAIN_CACHE", "TRITON_CACHE_DIR", "HF_TOKEN")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SCRATCH", str(scratch))
+    monkeypatch.chdir(project)
+    venv.load_env(project)
+    assert {name: os.environ[name] for name in names} == {
+        "HF_DATASETS_CACHE": str(home / "ds"),
+        "DPOTRAIN_CACHE": str(scratch / "dpo"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
+        "HF_TOKEN": "hf_$x",
+    }
+    for name in names:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("SCRATCH")
+    with pytest.raises(SystemExit) as refused:
+        venv.load_env(project)
+    assert str(refused.value) == (
+        "error: .env sets DPOTRAIN_CACHE=$SCRATCH/dpo, but SCRATCH is not set: export SCRATCH before running, "
+        "or write the folder's absolute path in .env"
+    )
+
+
 def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_path_from_there(tmp_path, monkeypatch):
     """`python ~/dpotrain/train_dpo.py --config configs/think.yaml` (every example's spelling) from another folder:
     a command line's path is the folder's, and the refusal advised "pass one of configs/*.yaml", what was passed."""

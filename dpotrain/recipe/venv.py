@@ -8,6 +8,7 @@ importing them. Then `load_env` reads the project's `.env`, before the libraries
 import contextlib
 import importlib.util
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -67,10 +68,13 @@ def load_env(root: Path) -> None:
     HF_ENDPOINT once, as they are imported (read after them, `.env`'s HF_HUB_OFFLINE=1 left an offline job retrying
     every file for minutes); read again in main() for a caller that imported them (a notebook, the tests), whose
     libraries are then handed its offline switches."""
-    from dotenv import load_dotenv  # `require` checked it is installed
+    from dotenv import dotenv_values, load_dotenv  # `require` checked it is installed
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
+    taken = [name for name in dotenv_values(root / ".env") if name not in os.environ]  # the environment's win
     load_dotenv(root / ".env")
+    for name in taken:
+        _expand_folder(name)
     for name in CACHE_FOLDERS:
         _anchor_cache_folder(name, root if name not in given else None)
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
@@ -81,6 +85,24 @@ def load_env(root: Path) -> None:
 
 # The cache folders the entry points and the libraries read (huggingface_hub and datasets as they are imported).
 CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE")
+
+
+def _expand_folder(name: str) -> None:
+    """A folder `.env` gives (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) with `~` and `$VAR` read as a shell
+    reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest literally, so
+    `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. A variable that is not
+    set ends the command in one line, as a shell's empty one would have put the cache at the file system's root."""
+    value = os.environ.get(name)
+    if not name.endswith(("HOME", "CACHE", "DIR")) or not value:
+        return
+    expanded = os.path.expandvars(os.path.expanduser(value))
+    unset = re.search(r"\$\{?(\w+)", expanded)  # what expandvars left: a variable the environment lacks
+    if unset:
+        sys.exit(
+            f"error: .env sets {name}={value}, but {unset[1]} is not set: export {unset[1]} before running, "
+            f"or write the folder's absolute path in .env"
+        )
+    os.environ[name] = expanded
 
 
 def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
