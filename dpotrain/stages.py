@@ -111,6 +111,8 @@ def decide_launch(recipe) -> Launch:
     planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
     world, source = resolve.world_size(recipe, planning=dry_run, planned=planned)
     cuda, t = torch.cuda.is_available(), recipe.training
+    if cuda and not t.use_cpu:  # before the process group: two ranks on one GPU fail only at NCCL's first collective
+        engine.check_processes_per_node(run_engine.gpus_per_node, torch.cuda.device_count())
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
     if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4

@@ -231,6 +231,26 @@ def test_engines_the_project_does_not_support_are_refused(env, message, monkeypa
         engine.launched()
 
 
+def test_more_processes_on_a_node_than_it_has_gpus_are_refused(monkeypatch):
+    """`accelerate launch --num_processes 8` on a node of 4 GPUs: accelerate gives rank i GPU i % 4, two ranks share
+    each GPU, and NCCL stops the launch at its first collective ("Duplicate GPU detected"), after the model loaded.
+    `stages.decide_launch` refuses it first, with torch's GPU count (a CPU-only launch has none: not checked)."""
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(ConfigError) as refused:
+        engine.check_processes_per_node(engine.launched().gpus_per_node, 4)
+    assert str(refused.value) == (
+        "8 processes were started on this node, which has 4 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3): start one per GPU "
+        "(`accelerate launch --num_processes` counts all nodes' processes: 4 x nodes), or use scripts/launch.sh, "
+        "which starts one per GPU of the job"
+    )
+    engine.check_processes_per_node(4, 4)
+    engine.check_processes_per_node(8, 0)
+
+
 @pytest.mark.slow
 def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
     config = tmp_path / "fsdp1.yaml"

@@ -469,6 +469,20 @@ def check_offloaded_optimizer(training, run_engine: Engine) -> None:
     )
 
 
+def check_processes_per_node(per_node: int, gpus: int) -> None:
+    """More processes on a node than it has GPUs (`accelerate launch --num_processes 8` on a node of 4, or a config's
+    num_processes): accelerate gives process i GPU i % GPUs, so two share each GPU's memory and NCCL stops the launch
+    at its first collective ("Duplicate GPU detected"), minutes in. `gpus`: torch's count, 0 without CUDA."""
+    if gpus and per_node > gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise ConfigError(
+            f"{per_node} processes were started on this node, which has {gpus} GPU{'s' * (gpus > 1)}{seen}: start one "
+            f"per GPU (`accelerate launch --num_processes` counts all nodes' processes: {gpus} x nodes), or use "
+            "scripts/launch.sh, which starts one per GPU of the job"
+        )
+
+
 DDP_SETTINGS = ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph")
 
 
