@@ -157,13 +157,15 @@ if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$RECIPE" "$@"; then
   exit 0  # (set -e: a dry run that fails ends the job with its code)
 fi
 
-# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
-# submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
+# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, as sbatch resolves it:
+# its command line, SBATCH_SIGNAL, the submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
 # Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
 script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
 [[ -z $script || $script == /* ]] || script=${SLURM_SUBMIT_DIR:-$PWD}/$script  # relative to where it was submitted
 while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
-lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
+# An sbatch --signal (or SBATCH_SIGNAL) overrides the script's: the command line is read where accounting keeps it.
+submit_line=$(timeout 20 sacct -j "${SLURM_JOB_ID:-0}" -X -n -P -o SubmitLine 2>/dev/null | head -n 1 || true)
+read -r lead lead_from < <("$VENV/bin/python" -m dpotrain.cluster.job warning-lead "${script:-}" "$submit_line") || true
 grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
 export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
 echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
@@ -176,7 +178,7 @@ if [[ -n $lead && $left =~ ^(([0-9]+)-)?([0-9:]+)$ ]]; then
   IFS=: read -ra parts <<<"${BASH_REMATCH[3]}"
   for part in "${parts[@]}"; do seconds=$((seconds * 60 + 10#$part)); done
   seconds=$((seconds + 86400 * 10#${BASH_REMATCH[2]:-0}))
-  ((seconds > lead)) || die "the job's time limit ($left left) is within its checkpoint warning (--signal=B:USR1@$lead), which Slurm would send at once: every requeue would stop at its first step to save; submit with --time above $((lead / 60)) minutes, or lower the @$lead in $script"
+  ((seconds > lead)) || die "the job's time limit ($left left) is within its checkpoint warning (--signal=B:USR1@$lead), which Slurm would send at once: every requeue would stop at its first step to save; submit with --time above $((lead / 60)) minutes, or lower the @$lead in $lead_from"
 fi
 
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot

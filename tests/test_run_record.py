@@ -245,6 +245,32 @@ def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipe
         job.engine(str(recipe), args)
 
 
+def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch_signal_over_the_scripts(
+    capsys, monkeypatch
+):
+    """`sbatch --signal=B:USR1@60 scripts/dpo_train.sh`: sbatch takes its command line over SBATCH_SIGNAL over the
+    script's `#SBATCH --signal=B:USR1@600`, and launch.sh read the script alone: its time-limit check and the save-time
+    warnings counted 600 s where Slurm warns 60 s before the limit. Read from sacct's SubmitLine (where the cluster
+    keeps accounting): an option after the script is the script's own argument."""
+    script = str(ROOT / "scripts" / "dpo_train.sh")
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+    assert job.warning_lead(script) == f"600 {script}"
+    given = "sbatch --signal=B:USR1@60 --time 5:00 scripts/dpo_train.sh --max_steps 4"
+    assert job.warning_lead(script, given) == "60 sbatch's command line"
+    given = "sbatch --signal B:SIGUSR1 scripts/dpo_train.sh"  # no @: sbatch's 60 s
+    assert job.warning_lead(script, given) == "60 sbatch's command line"
+    assert job.warning_lead(script, "sbatch scripts/dpo_train.sh --signal=B:USR1@60") == (f"600 {script}")
+    monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@300")
+    assert job.warning_lead(script, "sbatch scripts/dpo_train.sh") == "300 SBATCH_SIGNAL"
+    assert job.warning_lead(script, given) == "60 sbatch's command line"
+    assert job.main(["warning-lead", script, "sbatch --signal=USR1@600 scripts/dpo_train.sh"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and err == (
+        "warning: the job's --signal=USR1@600 (sbatch's command line) does not send USR1 to the batch shell, "
+        "which checkpoints before the time limit: use --signal=B:USR1@<seconds>\n"
+    )
+
+
 @pytest.mark.parametrize(
     "config, refusal",
     [

@@ -1,9 +1,13 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
 `engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
 stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
-refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run."""
+refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run, and `warning-lead <script>
+[<submit line>]` how long before its time limit the job is warned to checkpoint."""
 
+import contextlib
 import os
+import re
+import shlex
 import sys
 
 from dpotrain.recipe import config, recipe_file, run_record
@@ -71,6 +75,45 @@ def summary(text: str) -> int:
     return 2 if r.output.would_refuse else 0
 
 
+# `--signal=[{R|B}:]<sig>[@<seconds>]` (sbatch(1); no @: 60 s); B:USR1 is the warning launch.sh checkpoints on
+SIGNAL = re.compile(r"(?P<flags>[RB]*:)?(?:SIG)?(?P<sig>\w+)(?:@(?P<lead>\d+))?")
+
+
+def warning_lead(script: str, submit_line: str = "") -> str:
+    """`<seconds> <where it was set>` of the job's time-limit warning (empty for none), as sbatch resolves --signal: its
+    command line over SBATCH_SIGNAL over the script's last `#SBATCH --signal`. Read from the script alone, `sbatch
+    --signal=B:USR1@60 scripts/dpo_train.sh` was checked and timed against the script's 600 s. `submit_line`: the
+    job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting)."""
+    found = None
+    with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
+        with open(script) as lines:
+            for line in lines:
+                if given := re.match(r"#SBATCH\s+--signal[= ]\s*(\S+)", line):  # the last one wins, as in sbatch
+                    found = (given[1], script)
+    if os.environ.get("SBATCH_SIGNAL"):
+        found = (os.environ["SBATCH_SIGNAL"], "SBATCH_SIGNAL")
+    try:
+        words = shlex.split(submit_line)
+    except ValueError:  # SubmitLine joins the words with spaces, quotes dropped: a lone quote of a script argument
+        words = submit_line.split()
+    for i, word in enumerate(words[1:], 1):  # sbatch's options, up to the script (after it: the script's arguments)
+        if os.path.basename(word) == os.path.basename(script or "\0"):
+            break
+        if word == "--signal" and i + 1 < len(words):
+            found = (words[i + 1], "sbatch's command line")
+        elif word.startswith("--signal="):
+            found = (word.removeprefix("--signal="), "sbatch's command line")
+    spec = SIGNAL.fullmatch(found[0]) if found else None
+    if found and (spec is None or "B" not in (spec["flags"] or "") or spec["sig"].upper() not in ("USR1", "10")):
+        print(
+            f"warning: the job's --signal={found[0]} ({found[1]}) does not send USR1 to the batch shell, "
+            "which checkpoints before the time limit: use --signal=B:USR1@<seconds>",
+            file=sys.stderr,
+        )
+        return ""
+    return f"{spec['lead'] or 60} {found[1]}" if spec else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or [""]
     if verb == "engine" and args:
@@ -80,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         return summary(sys.stdin.read())
     if verb == "asks-dry-run" and args:  # exit 0 when the job asks for a dry run
         return 0 if asks_dry_run(args[0], args[1:]) else 1
+    if verb == "warning-lead" and len(args) in (1, 2):
+        print(warning_lead(*args))
+        return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks-dry-run <recipe> [<train args>]"
+        "asks-dry-run <recipe> [<train args>] | warning-lead <script> [<submit line>]"
     )
 
 
