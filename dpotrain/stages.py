@@ -370,9 +370,11 @@ class Lengths:
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
     positions: int | None = None  # the model's (`lengths.model_positions`), where max_length is known or auto
+    given_by: str | None = None  # not `auto`: whose max_length (the dry run said "the recipe's" for --max_length)
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
+        named["max_length_given_by"] = self.given_by if self.auto is None and self.max_length is not None else None
         return {key: value for key, value in named.items() if value is not None}
 
 
@@ -484,7 +486,9 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         check_pads(t.pad_token, tokenizer)
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
-    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit)
+    given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
+    given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------

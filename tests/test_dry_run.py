@@ -511,6 +511,21 @@ def test_keep_end_plans_the_pairs_whose_prompt_fills_max_length_as_trl_keeps_the
     assert batching["positions_per_micro_batch"]["mean"] == 2 * 2 * 16  # two pairs of two sides, each cut to 16
 
 
+def test_the_max_length_line_says_whose_it_is(tmp_path, capsys):
+    """`--max_length 512` on the command line over the smoke recipe's 1024, or a recipe without one (TRL's default):
+    the summary said "(the recipe's)" of both."""
+
+    def whose(*args) -> str:
+        return field(dry_run(capsys, *args, "--output_dir", str(tmp_path / "run")), "max length").split(";")[0]
+
+    assert whose(*SMOKE, "--max_length", "512") == "512 (the command line's)"
+    assert whose(*SMOKE) == "1024 (the recipe's)"
+    recipe = tmp_path / "no_max_length.yaml"
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text().splitlines(keepends=True)
+    recipe.write_text("".join(line for line in smoke if not line.startswith("max_length:")))
+    assert whose("--config", str(recipe)) == "1024 (TRL's default)"
+
+
 def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     """TRL drops a pair whose prompt alone fills max_length (keep_start): 4 of 16 rows here, so the run trains 3 steps
     of 4 pairs with 1 of warm-up (0.3 of 3, rounded up), as its step plan says. The dry run said 4 steps and 2 of

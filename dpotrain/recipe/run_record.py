@@ -70,11 +70,14 @@ class RecordedLengths:
     max_length: int | None  # as trained: the recipe's, or `auto`'s choice; None: unbounded, or decided at start
     auto: dict | None  # `max_length: auto`: the analyzer's choice and coverage (lengths.py), or when it is made
     template: Template | None
+    given_by: str | None = None  # not `auto`: the recipe's, the command line's, TRL's default (None: an older record)
 
     @property
     def chosen_by(self) -> str:
         if self.auto is None:
-            return "the recipe's" if self.max_length is not None else "none: the recipe sets no max_length"
+            if self.max_length is None:
+                return "none: the recipe sets no max_length"
+            return self.given_by or "the recipe's"
         if self.max_length is None:
             return f"max_length: auto, decided {self.auto.get('resolved', 'at start')}"
         whole, target = self.auto["coverage"], self.auto["target_coverage"]
@@ -263,6 +266,7 @@ def _record(r: dict) -> Record:
             r["max_length"] if isinstance(r.get("max_length"), int) else None,
             auto if isinstance(auto, dict) else None,
             _view(Template, template) if template else None,
+            d.get("max_length_given_by"),
         ),
         d.get("forward") or {},
         batching,
