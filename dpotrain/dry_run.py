@@ -130,7 +130,8 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     if total is not None:
         epochs = "" if s.max_steps > 0 else f" ({s.num_train_epochs:g} epoch{'s' * (s.num_train_epochs != 1)})"
         if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
-            epochs = f" ({r.batching.epochs_trained:g} epochs: max_steps)"
+            trained = r.batching.epochs_trained
+            epochs = f" ({trained:g} epoch{'s' * (trained != 1)}: max_steps)"
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {r.data.warmup_steps:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
@@ -155,7 +156,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
         )
     over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
     pairs = r.batching.pairs_per_step
-    row("per step", f"{pairs} pairs, over {over}{replaced_text(r.batching.replaced, pairs)}")
+    row("per step", f"{pairs} pair{'s' * (pairs != 1)}, over {over}{replaced_text(r.batching.replaced, pairs)}")
     _batching_rows(r.batching, ranks, row)
     launcher = s.accelerate_config or "none"
     row("engine", memory.engine or ("one process" if launcher.lower() in ("", "none") else launcher))
@@ -180,11 +181,11 @@ def watching_text(s) -> str:
         health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
     if not s.samples_every:
         return f"{health}; no samples (samples_every 0)"
+    every = f"every {s.samples_every} steps" if s.samples_every != 1 else "every step"
     if s.sample_prompts:  # the first sample_count of those given; of a file's or the data's, up to that many
-        return (
-            f"{health}; samples from {min(s.sample_count, len(s.sample_prompts))} prompts every {s.samples_every} steps"
-        )
-    return f"{health}; samples from up to {s.sample_count} prompts every {s.samples_every} steps"
+        n = min(s.sample_count, len(s.sample_prompts))
+        return f"{health}; samples from {n} prompt{'s' * (n != 1)} {every}"
+    return f"{health}; samples from up to {s.sample_count} prompt{'s' * (s.sample_count != 1)} {every}"
 
 
 def learning_rate_text(s) -> str:
@@ -252,14 +253,15 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
         per, cap = b.micro_batches_per_step, f" (at most {budget:,})" if budget else ""
         row(
             "micro-batches",
-            f"{per.min}-{per.max} per step on each process (mean {per.mean}), "
+            f"{per} per step on each process{f' (mean {per.mean})' * (per.min != per.max)}, "
             f"~{b.positions_per_micro_batch.mean:,.0f} positions each{cap}",
         )
         tokens = f"~{tokens_per_step(b, ranks):,.0f}"
         row("tokens/step", f"{tokens} (from the pairs' token lengths; padding {b.padding_share:.1%})")
         row("layout", b.layout)
     else:
-        cut = f"at most {budget:,} packed tokens each" if budget else f"{b.pairs_per_micro_batch} pairs"
+        pairs = b.pairs_per_micro_batch
+        cut = f"at most {budget:,} packed tokens each" if budget else f"{pairs} pair{'s' * (str(pairs) != '1')}"
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {b.planned or 'at start'}")
 
 

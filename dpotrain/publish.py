@@ -108,6 +108,7 @@ def push_final(out: Path, push, training) -> None:
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
         kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
+        kept = " (the last checkpoint, the one still on disk)" if limit == 1 else kept
         print(
             f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
             f"with `{command}`",

@@ -526,6 +526,24 @@ def test_the_max_length_line_says_whose_it_is(tmp_path, capsys):
     assert whose("--config", str(recipe)) == "1024 (TRL's default)"
 
 
+def test_a_count_of_one_reads_in_the_singular(tmp_path, capsys):
+    """One pair per step, one sample prompt, every step, an epoch's worth of max_steps: the summary said "1 pairs",
+    "1 prompts every 1 steps", "1 epochs" and "1-1 per step ... (mean 1.0)", the model card "1 epochs trained"."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe import run_record
+
+    argv = ["--output_dir", str(tmp_path / "run"), "--pairs_per_step", "1", "--max_steps", "384"]
+    text = dry_run(capsys, *SMOKE, *argv, "--sample_count", "1", "--samples_every", "1")
+    assert field(text, "steps").startswith("384 optimizer steps (1 epoch: max_steps), "), text
+    assert field(text, "watching").endswith("; samples from up to 1 prompt every step"), text
+    assert field(text, "per step") == "1 pair, over all processes"
+    assert re.fullmatch(
+        r"1 per step on each process, ~\d+ positions each \(at most 2,048\)", field(text, "micro-batches")
+    )
+    card = hub.model_card(run_record.of(json.loads((tmp_path / "run.dry-run.json").read_text())), [])
+    assert "| `num_train_epochs` | 1.0 (max_steps 384 decides the steps: 1 epoch trained) |" in card
+
+
 def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     """TRL drops a pair whose prompt alone fills max_length (keep_start): 4 of 16 rows here, so the run trains 3 steps
     of 4 pairs with 1 of warm-up (0.3 of 3, rounded up), as its step plan says. The dry run said 4 steps and 2 of

@@ -914,6 +914,39 @@ def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shel
     )
 
 
+def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):
+    """`save_total_limit: 1`, a step of one pair, a checkpoint of one process's ZeRO state: "the last 1 checkpoints",
+    "Plan: 1 steps of 1 pairs", "micro-batches of 1 pairs", "partitioned over 1 processes ... on 1 processes"."""
+    import numpy as np
+
+    from dpotrain import publish
+    from dpotrain.hub import hub
+    from dpotrain.plan import plan
+    from dpotrain.plan.plan_stage import RunPlan
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import resume
+
+    smoke, out = str(ROOT / "configs" / "smoke.yaml"), tmp_path / "run"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["--push_to_hub", "true", "--hub_model_id", "me/x", "--push_checkpoints", "true", "--hub_token", "hf_x"]
+    recipe = parse_args(["--config", smoke, "--output_dir", str(out), "--save_total_limit", "1", *args])
+    publish.push_final(out, hub.take_push_settings(recipe), recipe.training)
+    assert "nothing was pushed: push (the last checkpoint, the one still on disk) from" in capsys.readouterr().out
+
+    summary = {"micro_batches_per_step": {"min": 1, "max": 1}, "filler_micro_batches": 0, "padding_share": 0.0}
+    one = RunPlan(None, plan.StepPlan(1, 1, 0, None, 1), [[np.zeros(1)]], {**summary, "forward": "packed"}, None)
+    assert one.line().startswith("Plan: 1 step of 1 pair per epoch (1 epoch(s) planned), ")
+
+    parse_args(["--config", smoke, "--per_device_train_batch_size", "1"])
+    assert "on the command line: micro-batches of 1 pair, 1 per step and process" in capsys.readouterr().err
+
+    (out / "checkpoint-2" / "global_step2").mkdir(parents=True)
+    (out / "checkpoint-2" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="partitioned over 1 process, and this run has 2: resume it on 1 process,"):
+        resume.check_partitions(str(out / "checkpoint-2"), 2)
+
+
 def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_path_from_there(tmp_path, monkeypatch):
     """`python ~/dpotrain/train_dpo.py --config configs/think.yaml` (every example's spelling) from another folder:
     a command line's path is the folder's, and the refusal advised "pass one of configs/*.yaml", what was passed."""

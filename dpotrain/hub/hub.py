@@ -246,13 +246,14 @@ def as_run(key: str, r: Record):
         epochs = b.epochs_trained  # what its steps make: fewer epochs, or more
         if epochs is None:  # a record from before the plan counted them
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
-        return f"{value} (max_steps {r.settings.max_steps} decides the steps: {epochs:g} epochs trained)"
+        trained = f"{epochs:g} epoch{'s' * (epochs != 1)} trained"
+        return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         pairs = b.pairs_per_micro_batch
         return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
     if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
         per = b.micro_batches_per_step
-        return f"{per} micro-batches per step (mean {per.mean})"
+        return f"{per} micro-batch{'es' * (str(per) != '1')} per step{f' (mean {per.mean})' * (per.min != per.max)}"
     return value
 
 

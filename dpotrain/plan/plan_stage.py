@@ -29,8 +29,9 @@ class RunPlan:
         per_step, s = self.summary["micro_batches_per_step"], self.summary
         counts = f"{per_step['min']}" if per_step["min"] == per_step["max"] else f"{per_step['min']}-{per_step['max']}"
         fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
+        steps, pairs = len(self.epochs[0]), self.step_plan.pairs_per_step
         return (
-            f"Plan: {len(self.epochs[0])} steps of {self.step_plan.pairs_per_step} pairs per epoch "
+            f"Plan: {steps} step{'s' * (steps != 1)} of {pairs} pair{'s' * (pairs != 1)} per epoch "
             f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )

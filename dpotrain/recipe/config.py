@@ -854,7 +854,8 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
     kept = f" ({' '.join(keep)} keeps its {replaced['pairs_per_step']} pairs per step)" if keep else ""
     print(
         f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
+        f"{training.per_device_train_batch_size} pair{'s' * (training.per_device_train_batch_size != 1)}, "
+        f"{training.gradient_accumulation_steps} per step and "
         f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
         file=sys.stderr,
     )

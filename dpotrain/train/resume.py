@@ -220,10 +220,11 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
     fix = "start afresh (a new --output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+    processes = lambda n: f"{n} process{'es' * (n != 1)}"
     if written and written != world:
         raise ConfigError(
-            f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {written} processes, and "
-            f"this run has {world}: resume it on {written} processes, or {fix}"
+            f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {processes(written)}, and "
+            f"this run has {world}: resume it on {processes(written)}, or {fix}"
         )
     # transformers loads FSDP's shards under FSDP alone: one process, DDP or DeepSpeed loaded the model and scored the
     # reference, then raised. Any number of FSDP2 processes loads them: torch.distributed.checkpoint reshards (2 -> 4
@@ -231,8 +232,8 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     sharded = len(list(Path(folder).glob("pytorch_model_fsdp_*/*.distcp")))
     if sharded and run_engine is not None and run_engine.name != "fsdp2":
         raise ConfigError(
-            f"checkpoint {folder!r} holds FSDP2 shards (written by {sharded} processes), which only an FSDP2 launch "
-            f"loads, and this run is {run_engine.name} ({world} processes): resume it under FSDP2 "
+            f"checkpoint {folder!r} holds FSDP2 shards (written by {processes(sharded)}), which only an FSDP2 launch "
+            f"loads, and this run is {run_engine.name} ({processes(world)}): resume it under FSDP2 "
             "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
             "--output_dir)"
         )
@@ -246,7 +247,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         )
     raise ConfigError(
         f"checkpoint {folder!r} was written without DeepSpeed (one process, DDP or FSDP), and this run uses DeepSpeed "
-        f"({run_engine.name}, {world} processes), which cannot load it: resume it with the launch that wrote it (one "
+        f"({run_engine.name}, {processes(world)}), which cannot load it: resume it with the launch that wrote it (one "
         f"process: `python train_dpo.py` with the same arguments, without accelerate launch), or {fix}"
     )
 
