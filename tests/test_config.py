@@ -462,6 +462,27 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
 
 
+def test_home_and_variables_in_a_folder_of_the_recipes_env_block_are_read_as_a_shell_reads_them(tmp_path, monkeypatch):
+    """`TRITON_CACHE_DIR: ~/triton` in `env:` was set as written (triton made a folder named `~` where the run ran),
+    and `DPOTRAIN_CACHE: $SCRATCH/dpo` was refused as relative. A variable that is not set is refused by name."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    for name in ("TRITON_CACHE_DIR", "DPOTRAIN_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    recipe = write(tmp_path, "bf16: false\nenv:\n  TRITON_CACHE_DIR: ~/triton\n  DPOTRAIN_CACHE: $SCRATCH/dpo\n")
+    with environment():
+        parse_args(["--config", recipe])
+        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "home" / "triton")
+        assert os.environ["DPOTRAIN_CACHE"] == str(tmp_path / "scratch" / "dpo")
+    monkeypatch.delenv("SCRATCH")
+    with pytest.raises(ConfigError) as refused, environment():
+        parse_args(["--config", recipe])
+    assert str(refused.value) == (
+        f"{recipe}: env: DPOTRAIN_CACHE '$SCRATCH/dpo' names $SCRATCH, which is not set: export SCRATCH, or give the "
+        "folder's absolute path"
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -520,7 +541,7 @@ def test_an_offline_switch_in_the_recipes_env_block_turns_the_hub_libraries_off(
 def test_a_relative_dpotrain_cache_in_the_recipes_env_block_is_refused(tmp_path, monkeypatch):
     """`DPOTRAIN_CACHE: cache` in a recipe was read from each command's folder as it was used: the analyzer's from
     where it ran, a job's from the project, so the lengths it measured were measured again by the job; a relative cache
-    folder is one folder for every command (docs/hub.md). An absolute one, or one under ~, is set as before."""
+    folder is one folder for every command (docs/hub.md). An absolute one, or one under ~, is set."""
     monkeypatch.delenv("DPOTRAIN_CACHE", raising=False)
     with pytest.raises(ConfigError, match=r"env: DPOTRAIN_CACHE 'cache' is relative, .*: give its absolute path"):
         with environment():
@@ -528,7 +549,7 @@ def test_a_relative_dpotrain_cache_in_the_recipes_env_block_is_refused(tmp_path,
     for folder in (str(tmp_path / "cache"), "~/dpotrain-cache"):
         with environment():
             parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  DPOTRAIN_CACHE: {folder}\n")])
-            assert os.environ["DPOTRAIN_CACHE"] == folder
+            assert os.environ["DPOTRAIN_CACHE"] == os.path.expanduser(folder)  # ~ as a shell reads it
 
 
 @pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE"])

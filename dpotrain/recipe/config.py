@@ -350,8 +350,16 @@ def read_recipe(path: str) -> dict:
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     for name, value in (config.get("env") or {}).items():
-        if value is not None:
-            _check_env_cache_folder(path, str(name), recipe_file.written(value))
+        if value is None or str(name) in os.environ:  # the environment wins: the block's value is not used
+            continue
+        try:
+            value = venv.expand_folder(str(name), recipe_file.written(value))
+        except KeyError as unset:
+            raise ConfigError(
+                f"{path}: env: {name} {recipe_file.written(value)!r} names ${unset.args[0]}, which is not set: export "
+                f"{unset.args[0]}, or give the folder's absolute path"
+            ) from None
+        _check_env_cache_folder(path, str(name), value)
     return config
 
 
@@ -465,8 +473,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config_path, argv = _take_config(argv)
     config = read_recipe(config_path) if config_path is not None else {}
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
-        if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
-            os.environ.setdefault(str(key), recipe_file.written(value))
+        if value is not None and str(key) not in os.environ:  # `WANDB_PROJECT:` with no value sets nothing
+            os.environ[str(key)] = venv.expand_folder(str(key), recipe_file.written(value))  # read_recipe checked it
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before the block: its HF_HUB_OFFLINE
         from dpotrain.recipe import hub_switches
 

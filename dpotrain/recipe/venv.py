@@ -74,7 +74,13 @@ def load_env(root: Path) -> None:
     taken = [name for name in dotenv_values(root / ".env") if name not in os.environ]  # the environment's win
     load_dotenv(root / ".env")
     for name in taken:
-        _expand_folder(name)
+        try:
+            os.environ[name] = expand_folder(name, os.environ[name])
+        except KeyError as unset:
+            sys.exit(
+                f"error: .env sets {name}={os.environ[name]}, but {unset.args[0]} is not set: export {unset.args[0]} "
+                "before running, or write the folder's absolute path in .env"
+            )
     for name in CACHE_FOLDERS:
         _anchor_cache_folder(name, root if name not in given else None)
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
@@ -87,22 +93,17 @@ def load_env(root: Path) -> None:
 CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE")
 
 
-def _expand_folder(name: str) -> None:
-    """A folder `.env` gives (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) with `~` and `$VAR` read as a shell
-    reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest literally, so
-    `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. A variable that is not
-    set ends the command in one line, as a shell's empty one would have put the cache at the file system's root."""
-    value = os.environ.get(name)
-    if not name.endswith(("HOME", "CACHE", "DIR")) or not value:
-        return
+def expand_folder(name: str, value: str) -> str:
+    """A folder `.env` or a recipe's `env:` gives (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) with `~` and
+    `$VAR` read as a shell reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest
+    literally, so `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. KeyError
+    names a variable that is not set (a shell's empty one would have put the cache at the file system's root)."""
+    if not name.endswith(("HOME", "CACHE", "DIR")):
+        return value
     expanded = os.path.expandvars(os.path.expanduser(value))
-    unset = re.search(r"\$\{?(\w+)", expanded)  # what expandvars left: a variable the environment lacks
-    if unset:
-        sys.exit(
-            f"error: .env sets {name}={value}, but {unset[1]} is not set: export {unset[1]} before running, "
-            f"or write the folder's absolute path in .env"
-        )
-    os.environ[name] = expanded
+    if unset := re.search(r"\$\{?(\w+)", expanded):  # what expandvars left: a variable the environment lacks
+        raise KeyError(unset[1])
+    return expanded
 
 
 def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
