@@ -903,6 +903,9 @@ def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shel
         "TRITON_CACHE_DIR": str(scratch / "triton"),
         "HF_TOKEN": "hf_$x",
     }
+    monkeypatch.setenv("HF_HUB_CACHE", "~/hub")  # the environment's, with a `~` the shell left (quoted)
+    venv.load_env(project)
+    assert os.environ["HF_HUB_CACHE"] == str(home / "hub")
     for name in names:
         monkeypatch.delenv(name)
     monkeypatch.delenv("SCRATCH")

@@ -112,6 +112,8 @@ def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
     folder for prefetch.py and the analyzer, another for the job (lengths measured again, prefetched files missed)."""
     value = os.environ.get(name)
     if not value or os.path.isabs(os.path.expanduser(value)):
+        if value:  # a `~` the shell left (quoted, or passed on by a program): datasets made a folder named `~` here
+            os.environ[name] = os.path.expanduser(value)
         return
     folder = env_file_folder or os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd()
     os.environ[name] = os.path.normpath(os.path.join(folder, value))
