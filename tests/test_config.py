@@ -462,6 +462,19 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
 
 
+@pytest.mark.parametrize("name, value", [("WORLD_SIZE", "eight"), ("GPUS_PER_NODE", "4x"), ("WORLD_SIZE", "0")])
+def test_a_process_count_that_is_not_a_number_is_refused_in_one_line(name, value, tmp_path, monkeypatch):
+    """`WORLD_SIZE=eight python train_dpo.py --dry-run` (the docs plan a launch with `WORLD_SIZE=16 GPUS_PER_NODE=8`):
+    a ValueError traceback from whichever line read it first (GPUS_PER_NODE's: after the recipe was read)."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, "bf16: false\n"), "--dry-run"])
+    assert str(refused.value) == (
+        f"{name}={value!r} is not a number of processes: give a whole number (WORLD_SIZE=16 GPUS_PER_NODE=8 plans 2 "
+        "nodes of 8 GPUs), or unset it"
+    )
+
+
 def test_home_and_variables_in_a_folder_of_the_recipes_env_block_are_read_as_a_shell_reads_them(tmp_path, monkeypatch):
     """`TRITON_CACHE_DIR: ~/triton` in `env:` was set as written (triton made a folder named `~` where the run ran),
     and `DPOTRAIN_CACHE: $SCRATCH/dpo` was refused as relative. A variable that is not set is refused by name."""

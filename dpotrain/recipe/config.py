@@ -479,6 +479,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         from dpotrain.recipe import hub_switches
 
         hub_switches.take_late_switches()
+    _check_process_counts()
     # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
     # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
     # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,
@@ -868,6 +869,18 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
         file=sys.stderr,
     )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
+
+
+def _check_process_counts() -> None:
+    """WORLD_SIZE and GPUS_PER_NODE, which a dry run plans for (`WORLD_SIZE=16 GPUS_PER_NODE=8`), as whole numbers: a
+    typo ended the command in a ValueError traceback from the first line that read one."""
+    for name in ("WORLD_SIZE", "GPUS_PER_NODE"):
+        value = os.environ.get(name)
+        if value and not (value.strip().isdigit() and int(value) > 0):
+            raise ConfigError(
+                f"{name}={value!r} is not a number of processes: give a whole number (WORLD_SIZE=16 GPUS_PER_NODE=8 "
+                "plans 2 nodes of 8 GPUs), or unset it"
+            )
 
 
 def _one_process_backend(words: list[str]) -> list[str]:
