@@ -472,13 +472,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
     config_path, argv = _take_config(argv)
     config = read_recipe(config_path) if config_path is not None else {}
-    for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
-        if value is not None and str(key) not in os.environ:  # `WANDB_PROJECT:` with no value sets nothing
-            os.environ[str(key)] = venv.expand_folder(str(key), recipe_file.written(value))  # read_recipe checked it
-    if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before the block: its HF_HUB_OFFLINE
-        from dpotrain.recipe import hub_switches
-
-        hub_switches.take_late_switches()
+    _take_env_block(config.pop("env", None) or {})
     _check_process_counts()
     # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
     # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
@@ -869,6 +863,17 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
         file=sys.stderr,
     )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
+
+
+def _take_env_block(block: dict) -> None:
+    """TRL's `env:` block of a recipe, under the environment (read_recipe checked it)."""
+    for key, value in block.items():
+        if value is not None and str(key) not in os.environ:  # `WANDB_PROJECT:` with no value sets nothing
+            os.environ[str(key)] = venv.expand_folder(str(key), recipe_file.written(value))
+    if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before the block: its HF_HUB_OFFLINE
+        from dpotrain.recipe import hub_switches
+
+        hub_switches.take_late_switches()
 
 
 def _check_process_counts() -> None:
