@@ -81,7 +81,7 @@ def test_an_fsdp2_checkpoint_resumes_under_fsdp2_alone(tmp_path):
             resume.check_partitions(str(checkpoint), world, engine.Engine(name))
         assert str(refused.value) == (
             f"checkpoint {str(checkpoint)!r} holds FSDP2 shards (written by 2 processes), which only an FSDP2 launch "
-            f"loads, and this run is {name} ({world} processes): resume it under FSDP2 "
+            f"loads, and this run is {name} ({world} process{'es' * (world != 1)}): resume it under FSDP2 "
             "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
             "--output_dir)"
         )
