@@ -1,6 +1,7 @@
 """Shared fixtures: the built-in tiny model (built once per session, offline) and the project paths."""
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -244,6 +246,18 @@ def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeo
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+@contextlib.contextmanager
+def launch_smoke_meanwhile(out: Path, processes: int, args: list[str], env: dict | None = None):
+    """`launch_smoke` in a thread, for a module fixture: the uninterrupted run a Slurm job is compared with, run while
+    that job starts, sleeps in a requeue's BeginTime or a slow checkpoint, and trains (one after the other, it added its
+    whole length to the job's). Yields a Future of `out`; leaving waits for the launch. The environment is this
+    thread's now: a test started meanwhile that changes os.environ does not reach it (PATH: launch_smoke's own)."""
+    env = {k: v for k, v in os.environ.items() if k != "PATH"} | (env or {})
+    with ThreadPoolExecutor(1) as pool:
+        future: Future = pool.submit(lambda: launch_smoke(processes, args, env=env) or out)
+        yield future
 
 
 def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 600):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, launch_smoke
+from conftest import ROOT, launch_smoke_meanwhile
 from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
@@ -79,11 +79,23 @@ def log_path(job: int, submitted_from=SUBMIT_DIR) -> Path:
 
 
 @pytest.fixture(scope="module")
-def readme_job(slurm, tmp_path_factory):
+def readme_run_uninterrupted(tmp_path_factory):
+    """What the README's job computes without a preemption: its launch, with the job's arguments, outside Slurm, run
+    while the job runs (`launch_smoke_meanwhile`: a Future of its output folder). Its reference is its own
+    (DPOTRAIN_CACHE), scored beside the job's, not read from it."""
+    out = tmp_path_factory.mktemp("plain") / "run"
+    args = [*SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :], "--output_dir", str(out)]
+    with launch_smoke_meanwhile(out, 1, args, env={"DPOTRAIN_CACHE": f"{out}-cache"}) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def readme_job(slurm, tmp_path_factory, readme_run_uninterrupted):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
     full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
     to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued, and
-    run to its end. The two tests below check this one job (a job start is ~30 s)."""
+    run to its end. The two tests below check this one job (a job start is ~30 s); the uninterrupted run it is compared
+    with runs meanwhile."""
     folder = tmp_path_factory.mktemp("slurm")
     elsewhere = folder / "submitted-here"
     out = elsewhere / "run"
@@ -98,14 +110,6 @@ def readme_job(slurm, tmp_path_factory):
         time.sleep(0.2)
     slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
     return job, slurm.wait(job, timeout=600), out, elsewhere
-
-
-@pytest.fixture(scope="module")
-def readme_run_uninterrupted(tmp_path_factory) -> Path:
-    """What the README's job computes without a preemption: its launch, with the job's arguments, outside Slurm."""
-    out = tmp_path_factory.mktemp("plain") / "run"
-    launch_smoke(1, [*SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :], "--output_dir", str(out)])
-    return out
 
 
 def real_cpus() -> int:
@@ -221,7 +225,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
     assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
     assert steps(out) == list(range(1, 11))  # every optimizer step once: none repeated, none skipped
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
-    a, b = weights(readme_run_uninterrupted), weights(out)
+    a, b = weights(readme_run_uninterrupted.result()), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
@@ -331,11 +335,13 @@ def job_log(job: int) -> str:
 
 @pytest.fixture(scope="module")
 def two_process_plain(tmp_path_factory, pairs_file):
-    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes, outside Slurm (a job
-    costs ~25 s of start-up: its dry run, the launcher's and ranks' imports)."""
+    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes, outside Slurm, run
+    while the job runs (`launch_smoke_meanwhile`: a Future of its output folder; one after the other, it added ~50 s
+    to a job that spends ~35 s of its own in a slow checkpoint's sleep)."""
     out = tmp_path_factory.mktemp("two") / "plain"
-    launch_smoke(2, two_process_args(out, pairs_file), env={"DPOTRAIN_CACHE": f"{out}-cache"})
-    return out
+    env = {"DPOTRAIN_CACHE": f"{out}-cache"}
+    with launch_smoke_meanwhile(out, 2, two_process_args(out, pairs_file), env=env) as run:
+        yield run
 
 
 def reference_scores(out: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -386,7 +392,8 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     saved = int(stopped.group(1).replace(",", ""))
     assert 0 < saved < PAIRS and "requeueing job" in runs[0]
     assert f"{saved:,} kept from an interrupted run" in runs[1]  # the requeued job scored only the rest
-    plain_chosen, plain_rejected = reference_scores(two_process_plain)
+    plain = two_process_plain.result()
+    plain_chosen, plain_rejected = reference_scores(plain)
     chosen, rejected = reference_scores(out)
     assert chosen.tobytes() == plain_chosen.tobytes() and rejected.tobytes() == plain_rejected.tobytes()  # bit for bit
 
@@ -399,7 +406,7 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     assert "checkpoints must be written within 600 s (time-limit warning) and 90 s (partition debug's" in log
     assert f"2 processes, {real_cpus()} CPUs" in log  # the job's CPUs, not one
     assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once
-    a, b = weights(two_process_plain), weights(out)
+    a, b = weights(plain), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
     assert all(slurm.wait(u, timeout=300) == "COMPLETED" for u in urgent)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, launch_smoke
+from conftest import ROOT, launch_smoke_meanwhile
 from slurm_cluster import SUBMIT_DIR, slurm_cluster
 
 pytestmark = pytest.mark.slurm
@@ -90,27 +90,29 @@ def wait_for_steps(slurm2, job: int, out: Path, n: int, timeout: float = 400) ->
 
 
 @pytest.fixture(scope="module")
-def preempted(slurm2, tmp_path_factory):
+def uninterrupted(tmp_path_factory):
+    """What the job computes without a preemption: its launch (2 processes of ZeRO-2 on the smoke recipe, the built-in
+    model built afresh) run on this machine outside Slurm, as one `accelerate launch` of 2 processes, while the job runs
+    (`launch_smoke_meanwhile`: a Future of its output folder). Two ranks' gradients add up to the same sum on one node
+    or two, and a two-node job costs ~50 s."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    env = {"DPOTRAIN_BUILTIN_DIR": str(folder / "builtin"), "DPOTRAIN_CACHE": str(folder / "cache")}
+    with launch_smoke_meanwhile(folder / "plain", 2, two_node_args(folder / "plain"), env=env) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def preempted(slurm2, tmp_path_factory, uninterrupted):
     """A two-node job preempted mid-training by the time-limit warning's USR1, requeued, and run to its end: both
-    tests below check this one job (a two-node job is ~1 min). Its DPOTRAIN_CACHE is on a node-local disk: the same
-    path is another folder on each node (cluster.sh binds STATE_DIR/node-local-<node> over STATE_DIR/node-local)."""
+    tests below check this one job (a two-node job is ~1 min); the uninterrupted run it is compared with runs
+    meanwhile. Its DPOTRAIN_CACHE is on a node-local disk: the same path is another folder on each node (cluster.sh
+    binds STATE_DIR/node-local-<node> over STATE_DIR/node-local)."""
     out = tmp_path_factory.mktemp("two-nodes") / "preempted"
     cache = f"cache-{out.parent.name}"
     job = two_node_job(slurm2, out, env={"DPOTRAIN_CACHE": str(slurm2.state_dir / "node-local" / cache)})
     wait_for_steps(slurm2, job, out, 2)  # mid-training
     slurm2.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
     return job, slurm2.wait(job, timeout=600), out, cache
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    """What the job computes without a preemption: its launch (2 processes of ZeRO-2 on the smoke recipe, the built-in
-    model built afresh) run on this machine outside Slurm, as one `accelerate launch` of 2 processes. Two ranks'
-    gradients add up to the same sum on one node or two, and a two-node job costs ~50 s."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    env = {"DPOTRAIN_BUILTIN_DIR": str(folder / "builtin"), "DPOTRAIN_CACHE": str(folder / "cache")}
-    launch_smoke(2, two_node_args(folder / "plain"), env=env, timeout=600)
-    return folder / "plain"
 
 
 def test_cluster_has_two_nodes_with_their_own_addresses(slurm2):
@@ -170,7 +172,8 @@ def test_two_node_job_preempted_checkpoints_both_ranks_and_resumes_identically_f
     assert not (slurm2.state_dir / "node-local" / cache).exists()  # outside the nodes: neither of their folders
     # the 128 pairs its 8 steps of 16 train: all the reference stage scores
     assert "reference log-probs (train): all 128 pairs reused" in log.split("restart 1", 1)[1], log[-4000:]
-    a, b = load_file(str(uninterrupted / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    plain = uninterrupted.result()
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
