@@ -467,7 +467,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
             resolve.check_token_budget(p.max_tokens_per_microbatch, max_length)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
-        every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
+        every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
     found = None
     if measured is not None:
@@ -619,7 +619,9 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     if pair_lengths.measured is not None:
         m = pair_lengths.measured[0]
     elif pairs.train is not None and pair_lengths.tokenizer is not None:
-        m = lengths.measure(pairs.train, pair_lengths.tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
+        m = lengths.measure(
+            pairs.train, pair_lengths.tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True
+        )
     else:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count

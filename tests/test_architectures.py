@@ -278,6 +278,7 @@ class TinyRemoteForCausalLM(LlamaForCausalLM):
 """
 
 
+@pytest.mark.slow
 def test_a_model_with_its_own_code_trains_with_trust_remote_code_and_is_refused_in_one_line_without(
     tmp_path, monkeypatch, capsys, tiny_model_dir, rows
 ):

@@ -511,3 +511,17 @@ def test_answers_that_write_the_eos_token_the_template_writes_after_them_are_ref
     tokenizer = lengths.load_tokenizer(tiny_model_dir)
     measured = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, skip_invalid=True)
     assert [r["index"] for r in measured.invalid] == [5]
+
+
+def test_the_builtin_tokenizer_is_trained_once_and_each_caller_gets_its_own():
+    """The BPE is trained once per process (its tokenizer.json text kept), but a tokenizer whose template a recipe's
+    chat_template_path replaces must not change the next caller's: a check and the model's build each get a new one."""
+    from dpotrain.data import builtin
+
+    first, second = builtin.build_tokenizer(), builtin.build_tokenizer()
+    first.chat_template = "{{ messages[0]['content'] }}"
+    assert (
+        second.chat_template == builtin.CHAT_TEMPLATE
+        and builtin.build_tokenizer().chat_template == second.chat_template
+    )
+    assert first.get_vocab() == second.get_vocab() and first is not second

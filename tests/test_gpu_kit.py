@@ -528,6 +528,7 @@ def test_a_profiled_steps_kernels_are_sorted_by_kind_from_their_gpu_names():
     assert {name: end_to_end.kind_of(name) for name in kinds} == kinds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", ["think", "multiturn"])
 def test_the_generated_pairs_fit_their_max_length_as_tokens(tmp_path, data):
     """The mix's lengths are tokens, written as words: at full size (a GPU lease's), every prompt leaves room under
@@ -552,6 +553,7 @@ def test_the_generated_pairs_fit_their_max_length_as_tokens(tmp_path, data):
     assert cut <= 0.15 * n, f"{cut} of {n} pairs past max_length {max_length}"
 
 
+@pytest.mark.slow
 def test_the_plan_at_the_widest_micro_batch_run_is_the_plan_made_for_that_budget(tmp_path):
     """The memory goal compares like with like: generated pairs need not fill the token budget the plan is made for
     (lease 1b: the widest think micro-batch held 56,832 of 65,536 positions, and the plan's tensors read 12% above the

@@ -66,6 +66,7 @@ def test_partial_checkpointing_holds_and_trains_the_same(tmp_path, tiny_model_di
     assert losses[0] and losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_compile_option_compiles_each_decoder_layer(tmp_path, tiny_model_dir):
     recipe = parse_args(
         [

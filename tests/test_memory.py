@@ -167,6 +167,7 @@ def test_a_single_target_module_stays_a_module_name_in_the_runs_recipe(olmo3):
 # --- activations: the fake-tensor trace against real autograd ---
 
 
+@pytest.mark.slow
 def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
     """Without activation checkpointing a layer costs the bytes autograd saves for its backward: counted on a real
     bf16 OLMo 3 layer on this CPU (distinct storages of the saved tensors; not the weights, nor the rotary cos/sin,
@@ -211,6 +212,7 @@ def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
     assert traced == sum(saved.values())
 
 
+@pytest.mark.slow
 def test_activations_scale_with_tokens_and_layers(olmo3):
     from transformers import AutoConfig
 
@@ -306,6 +308,7 @@ def test_32b_recipe_fits_two_to_four_nodes_of_b200(olmo3):
         memory.plan(r, 4)
 
 
+@pytest.mark.slow
 @no_gpu
 def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
     """`precompute_ref_log_probs: false` keeps a second model beside the policy: bf16 weights, sharded over the world
@@ -691,6 +694,7 @@ def test_mixed_checkpointing_equals_a_trace_of_the_mixed_model():
     assert peaks == sorted(peaks, reverse=True)  # more checkpointed layers, less memory
 
 
+@pytest.mark.slow
 @no_gpu
 def test_plan_checkpoints_the_fewest_layers_that_fit():
     """OLMo 3 7B, 8,192 tokens a micro-batch, ZeRO-2 on 4 GPUs: all layers checkpointed on an 80 GiB GPU, one in two

@@ -818,6 +818,7 @@ def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
 
 
+@pytest.mark.slow
 def test_a_recipes_own_dry_run_is_all_the_job_does(tmp_path):
     """`dry_run: true` in the job's recipe (not on its command line): launch.sh planned the job, then launched it, and
     every process of every node set up its engine to print the plan again ("training exited with code 0")."""

@@ -93,6 +93,7 @@ def check_recorded(worlds) -> int:
     return checked
 
 
+@pytest.mark.slow
 def test_the_plans_are_the_ones_recorded_before_planning_was_made_fast():
     assert check_recorded(worlds=(3, 64)) == 120
 
@@ -103,6 +104,7 @@ def test_every_recorded_plan_is_the_same():
     assert check_recorded(worlds=sorted({*BUDGET_WORLDS, *FIXED_WORLDS})) == len(RECORDED) == 315  # 4: fixed3 only
 
 
+@pytest.mark.slow
 def test_a_think_sized_run_is_planned_in_seconds():
     """150k Dolci-Think-like pairs, the think recipe's budget and steps, 64 ranks: the plan of one epoch in well under
     30 CPU-seconds (before: not planned after 24 minutes)."""

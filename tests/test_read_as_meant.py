@@ -428,6 +428,7 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     assert lengths.recommendation(m)["max_length"] > 4096
 
 
+@pytest.mark.slow
 def test_pairs_whose_prompts_all_fill_the_models_positions_are_refused_in_one_line(
     analyzer, tmp_path, tiny_model_dir, capsys
 ):

@@ -310,6 +310,7 @@ def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], lines
 
 
+@pytest.mark.slow
 def test_a_job_goes_on_past_its_dry_run_on_the_engines_the_project_runs(tmp_path, monkeypatch, capsys):
     """The other side of the test above (once, not once per refused config): the shipped configs, and none (plain
     `python train_dpo.py`), go on."""

@@ -767,3 +767,13 @@ def model_positions(
 
 def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# A pool of processes costs about what ~1,000 rows take to measure (fork, the tokenizer pickled to each worker): a data
+# set smaller than this is measured in the calling process, with the same counts.
+PARALLEL_ROWS = 4096
+
+
+def workers(dataset) -> int:
+    """The processes `measure` is worth spreading `dataset` over: every CPU for a large one, else this one."""
+    return available_cpus() if len(dataset) >= PARALLEL_ROWS else 1
