@@ -142,6 +142,10 @@ class _Warm:
             (cls.folder / "accelerate_cli.py").write_text(
                 "import sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n"
             )
+            # torchrun's agent, for the tests' bare gloo launches (~4 CPU-seconds of torch imports a launch).
+            (cls.folder / "torchrun.py").write_text(
+                "import sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
+            )
         return cls.folder
 
     @classmethod
@@ -220,6 +224,13 @@ def accelerate_launch() -> list[str]:
     if folder is None:
         return [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch"]
     return [str(folder / "python"), str(folder / "accelerate_cli.py"), "launch"]
+
+
+def torchrun_launch() -> list[str]:
+    """`python -m torch.distributed.run`, on the warm interpreter as `accelerate_launch` runs accelerate's CLI; only
+    for launches that run to their end."""
+    folder = _Warm.clients()
+    return [str(folder / "python"), str(folder / "torchrun.py")] if folder else [PYTHON, "-m", "torch.distributed.run"]
 
 
 def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeout: int = 900) -> None:
@@ -439,7 +450,7 @@ def spawn_ranks(fn, args: tuple, processes: int, folder: Path, timeout: int = 60
         f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
         f"from {fn.__module__} import {fn.__name__}\n{fn.__name__}(int(os.environ['LOCAL_RANK']), *{tuple(args)!r})\n"
     )
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", str(processes)]
     result = subprocess.run(
         [*cmd, *rank_python(), str(script)],
         cwd=ROOT,
