@@ -451,9 +451,13 @@ def spawn_ranks(fn, args: tuple, processes: int, folder: Path, timeout: int = 60
         f"from {fn.__module__} import {fn.__name__}\n{fn.__name__}(int(os.environ['LOCAL_RANK']), *{tuple(args)!r})\n"
     )
     cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", str(processes)]
+    # The venv's bin first, as every launch of the tests: a rank that loads DeepSpeed builds its op with the `ninja` on
+    # PATH, and a system ninja of another version found the venv's build stale and compiled it again (and the next
+    # launch, back), minutes on busy cores.
     result = subprocess.run(
         [*cmd, *rank_python(), str(script)],
         cwd=ROOT,
+        env={**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
