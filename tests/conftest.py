@@ -144,6 +144,10 @@ class _Warm:
             (cls.folder / "accelerate_cli.py").write_text(
                 "import sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n"
             )
+            # torchrun's agent, for the tests' bare gloo launches (~4 CPU-seconds of torch imports a launch).
+            (cls.folder / "torchrun.py").write_text(
+                "import sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
+            )
         return cls.folder
 
     @classmethod
@@ -222,6 +226,13 @@ def accelerate_launch() -> list[str]:
     if folder is None:
         return [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch"]
     return [str(folder / "python"), str(folder / "accelerate_cli.py"), "launch"]
+
+
+def torchrun_launch() -> list[str]:
+    """`python -m torch.distributed.run`, on the warm interpreter as `accelerate_launch` runs accelerate's CLI; only
+    for launches that run to their end."""
+    folder = _Warm.clients()
+    return [str(folder / "python"), str(folder / "torchrun.py")] if folder else [PYTHON, "-m", "torch.distributed.run"]
 
 
 def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeout: int = 900) -> None:
@@ -453,10 +464,14 @@ def spawn_ranks(fn, args: tuple, processes: int, folder: Path, timeout: int = 60
         f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
         f"from {fn.__module__} import {fn.__name__}\n{fn.__name__}(int(os.environ['LOCAL_RANK']), *{tuple(args)!r})\n"
     )
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", str(processes)]
+    # The venv's bin first, as every launch of the tests: a rank that loads DeepSpeed builds its op with the `ninja` on
+    # PATH, and a system ninja of another version found the venv's build stale and compiled it again (and the next
+    # launch, back), minutes on busy cores.
     result = subprocess.run(
         [*cmd, *rank_python(), str(script)],
         cwd=ROOT,
+        env={**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, built, rank_python
+from conftest import ROOT, accelerate_launch, built, rank_python, torchrun_launch
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -43,9 +43,7 @@ def torchrun(tmp_path, differ: bool) -> str:
     # (ranks that agree: every multi-process training test)
     env = {**os.environ, "DPOTRAIN_TEST_DIFFER": "1" if differ else ""}
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *torchrun_launch(),
         "--standalone",
         "--nproc_per_node",
         "2",

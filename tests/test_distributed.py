@@ -11,10 +11,15 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout, rank_python
+from conftest import (
+    GROUP_TIMEOUT_S,
+    REPORT_GROUPS,
+    ROOT,
+    accelerate_launch,
+    assert_every_group_has_the_recipes_timeout,
+    rank_python,
+)
 from dpotrain.recipe.config import parse_args
-
-ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
 
 
 def filled_ds_config(*overrides):
@@ -61,8 +66,7 @@ def test_accelerate_config_loads_and_points_at_ds_config():
 def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir):
     out = tmp_path / "zero2"
     cmd = [
-        ACCELERATE,
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",
@@ -124,8 +128,7 @@ def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in_and_starts_at_it
     data = tmp_path / "pairs16.jsonl"
     data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
     cmd = [
-        ACCELERATE,
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

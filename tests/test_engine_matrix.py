@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, python, rank_python, run_bounded
+from conftest import ROOT, python, rank_python, run_bounded, torchrun_launch
 
 ENGINES = {
     "zero2": "accelerate_config.yaml",
@@ -246,9 +246,7 @@ def test_padded_ranks_run_as_many_forwards_as_the_rank_that_wants_the_most(tmp_p
     script.write_text(RANKS_SCRIPT)
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
+            *torchrun_launch(),
             "--standalone",
             "--nproc_per_node",
             "2",

@@ -256,8 +256,7 @@ def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_d
     config = tmp_path / "fsdp1.yaml"
     config.write_text((ROOT / ENGINES["fsdp2"]).read_text().replace("fsdp_version: 2", "fsdp_version: 1"))
     cmd = [
-        str(ROOT / ".venv" / "bin" / "accelerate"),
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(config),
         "--num_processes",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, rank_python
+from conftest import ROOT, accelerate_launch, python, rank_python
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
@@ -103,7 +103,7 @@ def test_an_fsdp2_run_resumes_on_more_processes_with_the_same_weights_and_is_ref
     args += ["--logging_steps", "1", "--report_to", "none", "--samples_every", "0"]
 
     def run(out, processes: int | None) -> subprocess.CompletedProcess:
-        launch = [sys.executable]
+        launch = [python()]
         if processes:
             config = str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")
             launch = [*accelerate_launch(), "--config_file", config, "--num_processes", str(processes), *rank_python()]
