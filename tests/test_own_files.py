@@ -693,9 +693,17 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_unto
     try:
         wait_for(lambda: (out / run_lock.LOCK_FILE).exists(), first)
         holder = json.loads((out / run_lock.LOCK_FILE).read_text())
-        # A double sbatch: the same command again, with --overwrite_output_dir even.
-        second = run_train(train_args(out, "--max_steps", "6", "--overwrite_output_dir"), env=env_for(tiny_model_dir))
-        assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+        # The holder paused while the second runs (alive, as a busy run is), so that the first cannot end before the
+        # second is refused: 6 steps of the tiny model outlast a refusal by only a few seconds on a loaded machine.
+        os.kill(holder["pid"], signal.SIGSTOP)
+        try:
+            # A double sbatch: the same command again, with --overwrite_output_dir even.
+            second = run_train(
+                train_args(out, "--max_steps", "6", "--overwrite_output_dir"), env=env_for(tiny_model_dir)
+            )
+            assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+        finally:
+            os.kill(holder["pid"], signal.SIGCONT)
         line = refusal(second)
         assert f"is in use by another run (host {socket.gethostname()}, pid {holder['pid']}" in line, line
         stdout, _ = first.communicate(timeout=900)
