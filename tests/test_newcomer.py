@@ -918,6 +918,18 @@ def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shel
     )
 
 
+def test_a_bare_name_in_the_env_file_sets_nothing_beside_an_expanded_folder(tmp_path, monkeypatch):
+    """A `.env` line with a name and no `=` (python-dotenv reads it as no value; load_dotenv sets nothing) beside a
+    folder to expand: the expansion looked the name up in the environment and ended in a KeyError traceback."""
+    (tmp_path / ".env").write_text("WANDB_DISABLED\nHF_DATASETS_CACHE=~/ds\n")
+    for name in ("WANDB_DISABLED", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    venv.load_env(tmp_path)
+    assert "WANDB_DISABLED" not in os.environ
+    assert os.environ["HF_DATASETS_CACHE"] == str(tmp_path / "home" / "ds")
+
+
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):
     """`save_total_limit: 1`, a step of one pair, a checkpoint of one process's ZeRO state: "the last 1 checkpoints",
     "Plan: 1 steps of 1 pairs", "micro-batches of 1 pairs", "partitioned over 1 processes ... on 1 processes"."""

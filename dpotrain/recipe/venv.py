@@ -68,17 +68,19 @@ def load_env(root: Path) -> None:
     HF_ENDPOINT once, as they are imported (read after them, `.env`'s HF_HUB_OFFLINE=1 left an offline job retrying
     every file for minutes); read again in main() for a caller that imported them (a notebook, the tests), whose
     libraries are then handed its offline switches."""
-    from dotenv import dotenv_values, load_dotenv  # `require` checked it is installed
+    from dotenv import dotenv_values  # `require` checked it is installed
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
-    taken = [name for name in dotenv_values(root / ".env") if name not in os.environ]  # the environment's win
-    load_dotenv(root / ".env")
-    for name in taken:
+    # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
+    # `$VAR` may name a variable set further down the file)
+    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and k not in os.environ}
+    os.environ.update(taken)
+    for name, value in taken.items():
         try:
-            os.environ[name] = expand_folder(name, os.environ[name])
+            os.environ[name] = expand_folder(name, value)
         except KeyError as unset:
             sys.exit(
-                f"error: .env sets {name}={os.environ[name]}, but {unset.args[0]} is not set: export {unset.args[0]} "
+                f"error: .env sets {name}={value}, but {unset.args[0]} is not set: export {unset.args[0]} "
                 "before running, or write the folder's absolute path in .env"
             )
     for name in CACHE_FOLDERS:
