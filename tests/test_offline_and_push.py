@@ -769,9 +769,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
     here = ["--config", THINK, "--model_name_or_path", MODEL, "--dataset_name", DATASET]
     start = time.perf_counter()
     offline.check_job_reachable(parse_args([*here, "--dry-run"]))
-    # A request would wait PROBE_SECONDS for the silent Hub (then refuse): anything well under it asked nothing, and a
-    # loaded CI machine may take over a second to parse the recipe and read the caches
-    assert time.perf_counter() - start < offline.PROBE_SECONDS - 0.5
+    assert time.perf_counter() - start < 1
 
     with pytest.raises(ConfigError) as info:
         offline.check_job_reachable(parse_args([*here, "--dataset_name", "org/absent-prefs", "--dry-run"]))
