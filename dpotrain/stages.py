@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import AutoConfig
-from trl.data_utils import is_conversational
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
@@ -484,6 +483,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     if tokenizer is not None:
         check_pads(t.pad_token, tokenizer)
+    from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets
+
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"

@@ -16,9 +16,7 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
-import datasets.config
 import yaml
-from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
 from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
@@ -112,6 +110,9 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     Offline, datasets 5.2 takes the newest prepared copy in its cache, `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/
     <config>/<version>/<commit>/` (datasets/load.py, `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py,
     `_find_hash_in_cache`); this follows the same rules on the same files."""
+    import datasets.config  # here: importing datasets takes seconds that --help and the refusals do not need
+    from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
+
     parts = name.split("/")
     parts[-1] = camelcase_to_snakecase(parts[-1])
     root = Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)

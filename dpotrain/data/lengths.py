@@ -24,7 +24,6 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
-from trl.data_utils import common_prefix_length, is_conversational
 
 from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, positions
 from dpotrain.data.cuts import STEP, recommend
@@ -46,6 +45,10 @@ ANALYSIS_VERSION = 5  # bump when the numbers an analysis produces change, so ca
 def _inputs(example: dict) -> list[tuple[object, dict]]:
     """(input, apply_chat_template kwargs) of the three texts DPOTrainer's tokenize_fn tokenizes: prompt (with the
     generation prompt), prompt+chosen, prompt+rejected. Plain text takes no kwargs."""
+    # TRL's helpers imported where used (microseconds a row): trl.data_utils imports datasets, seconds that --help and
+    # the refusals before the data loads do not need
+    from trl.data_utils import is_conversational
+
     prompt, conversational = example["prompt"], is_conversational(example)
     kwargs = chat_template.template_kwargs(example) if conversational else {}
     first = {"add_generation_prompt": True, **kwargs} if conversational else {}
@@ -60,6 +63,8 @@ def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
     """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part."""
+    from trl.data_utils import common_prefix_length
+
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
     shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
     return n, len(chosen_ids) - n, len(rejected_ids) - n, shared
@@ -67,6 +72,8 @@ def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int,
 
 def _render(example: dict, tokenizer) -> tuple[str, str, str]:
     """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
+    from trl.data_utils import is_conversational
+
     conversational = is_conversational(example)
     return tuple(
         tokenizer.apply_chat_template(x, tokenize=False, **kw) if conversational else x for x, kw in _inputs(example)

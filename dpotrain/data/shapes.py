@@ -10,8 +10,6 @@ import dataclasses
 import json
 import re
 
-from trl.data_utils import extract_prompt
-
 KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat template, as DPOTrainer does
 HH_FORMATS = ("messages", "text")
 DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
@@ -276,6 +274,9 @@ def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
 def _common_start(chosen: str, rejected: str) -> dict:
     """TRL's `extract_prompt` on text (the shared start, less a space it ends with), but an empty prompt where the sides
     share no start: TRL's step back over the space reads index -1 there."""
+    # imported here, not at the top: trl.data_utils imports datasets (seconds), which --help and the refusals skip
+    from trl.data_utils import extract_prompt
+
     if chosen[:1] != rejected[:1]:
         return {"prompt": "", "chosen": chosen, "rejected": rejected}
     return extract_prompt({"chosen": chosen, "rejected": rejected})

@@ -5,8 +5,8 @@ once, when imported: a `.env` or a recipe's `env:` read after that is handed to 
 """
 
 import os
+import sys
 
-import datasets.config
 from huggingface_hub import constants
 
 
@@ -32,5 +32,9 @@ def take_late_switches() -> None:
     minutes of retries for every file). It only ever turns them off."""
     if is_offline():
         constants.HF_HUB_OFFLINE = True
-    if datasets_offline():
+    # Not yet imported (the parser, --help, the refusals), datasets reads the switch itself when it is: importing it
+    # here only to tell it cost seconds.
+    if "datasets" in sys.modules and datasets_offline():
+        import datasets.config
+
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
