@@ -907,8 +907,8 @@ def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shel
     monkeypatch.setenv("HF_HUB_CACHE", "~/hub")  # the environment's, with a `~` the shell left (quoted)
     venv.load_env(project)
     assert os.environ["HF_HUB_CACHE"] == str(home / "hub")
-    for name in names:
-        monkeypatch.delenv(name)
+    for name in names:  # not monkeypatch: its undo, after own_environment's, would put load_env's values back
+        del os.environ[name]
     monkeypatch.delenv("SCRATCH")
     with pytest.raises(SystemExit) as refused:
         venv.load_env(project)
