@@ -968,3 +968,22 @@ def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
 
     code, err = stopped(lambda proc: time.sleep(0.5))  # torch alone takes seconds to import
     assert code == 130 and err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err
+
+
+def test_the_report_says_one_pair_per_padded_batch_in_the_singular():
+    """`--per_device_train_batch_size 1` (the think recipes' micro-batches are one pair): the report read "Padded
+    batches of 1 pairs" and "1 pairs = 2 sequences"."""
+    from dpotrain.data import lengths_report
+
+    m = lengths.Measured(
+        index=np.arange(10),
+        prompt=np.full(10, 100),
+        chosen=np.arange(300, 310),
+        rejected=np.full(10, 200),
+        invalid=[],
+        conversational=True,
+    )
+    text = lengths_report.to_markdown(lengths.summarize(m, batch_size=1, dataset="pairs.jsonl"), 512)
+    assert "(TRL's DataCollatorForPreference, 1 pair = 2 sequences padded to the longest)" in text, text
+    assert "- Padded batches of 1 pair would add " in text, text
+    assert " 1 pairs" not in text, text

@@ -188,7 +188,7 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     monkeypatch.setattr("sys.stdin", io.StringIO(shown))
     assert job.main(["summary"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens")
+    assert out[0].startswith("batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens")
     assert out[1] == "memory plan skipped: this recipe trains in fp32"
     fixed = {**DRY_RUN, "max_tokens_per_microbatch": None, "per_device_train_batch_size": 2}
     fixed["gradient_accumulation_steps"] = 4
@@ -199,7 +199,7 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     assert job.main(["summary"]) == 2
     said = capsys.readouterr()
     assert said.out.splitlines() == [
-        f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 processes; output: {ROOT / 'outputs/smoke-dpo'}",
+        f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 process; output: {ROOT / 'outputs/smoke-dpo'}",
         "memory plan: ~61.2 GiB per GPU of 79.6 GiB under DeepSpeed ZeRO-2",
     ]
     assert said.err.splitlines() == [f"error: {refusal}" for refusal in refusals]

@@ -13,7 +13,7 @@ import sys
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
-from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.recipe.errors import ConfigError, plural, run_cli
 
 ENGINE_FLAGS = ("--accelerate_config", "--accelerate-config")  # the field's flag, as the parser takes it
 
@@ -59,10 +59,11 @@ def summary(text: str) -> int:
     r = run_record.parse(text[start:], "the dry run's output")
     b, world, memory = r.batching, r.launch.world_size, r.memory
     output = os.path.abspath(r.output.output_dir)  # where the run writes, whatever folder reads the log
-    per_step = f"= {b.pairs_per_micro_batch} per process x {b.micro_batches_per_step} accumulation x {world} processes"
+    per_step = f"= {b.pairs_per_micro_batch} per process x {b.micro_batches_per_step} accumulation x "
+    per_step += plural(world, "process")
     if tokens := b.max_tokens_per_microbatch:  # micro-batches cut by tokens: their count per step comes from the data
-        per_step = f"over {world} processes, micro-batches of at most {tokens} packed tokens per process"
-    print(f"batch: {b.pairs_per_step} pairs per step {per_step}; output: {output}")
+        per_step = f"over {plural(world, 'process')}, micro-batches of at most {tokens} packed tokens per process"
+    print(f"batch: {plural(b.pairs_per_step, 'pair')} per step {per_step}; output: {output}")
     if memory.per_gpu_gib:
         gpu = f"of {memory.gpu_memory_gib} GiB" if memory.gpu_memory_gib else f"(GPU memory {memory.gpu_memory_source})"
         print(f"memory plan: ~{memory.per_gpu_gib['total']} GiB per GPU {gpu} under {memory.engine}")
