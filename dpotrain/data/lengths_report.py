@@ -104,10 +104,12 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
             f"{raised['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
             "training refuses fewer than half"
         )
+    cut, dropped = r["truncated"], r["dropped"]
     lines += [
-        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the "
-        f"{'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); "
-        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
+        f"- {plural(cut, 'pair', ',')} ({cut / n:.1%}) {'is' if cut == 1 else 'are'} cut at max_length (the collator "
+        f"keeps the {'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); {dropped:,} "
+        f"{'is' if dropped == 1 else 'are'} dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt "
+        "alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
         f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
         f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)"
