@@ -15,7 +15,7 @@ from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import run_record
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
 from dpotrain.train import losses
@@ -128,11 +128,11 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     row("learning rate", learning_rate_text(s))
     total = r.data.total_steps
     if total is not None:
-        epochs = "" if s.max_steps > 0 else f" ({s.num_train_epochs:g} epoch{'s' * (s.num_train_epochs != 1)})"
+        epochs = "" if s.max_steps > 0 else f" ({plural(s.num_train_epochs, 'epoch', 'g')})"
         if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
             trained = r.batching.epochs_trained
-            epochs = f" ({trained:g} epoch{'s' * (trained != 1)}: max_steps)"
-        row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {r.data.warmup_steps:,} of warmup")
+            epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
+        row("steps", f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
     if (
@@ -145,18 +145,18 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     row("watching", watching_text(s))
     world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
     nodes = -(-world // per_node) if per_node else None
-    shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and world > 1 else ""
+    shape = f", {plural(nodes, 'node')} of {plural(per_node, 'GPU')}" if per_node and world > 1 else ""
     row("processes", f"{world} ({launch.world_size_source}){shape}")
     ranks = launch.data_parallel_size or world
     if n > 1:
         row(
             "sequence",
             f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
-            f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs",
+            f"{plural(ranks, 'data-parallel rank')} (processes / {n}) read the pairs",
         )
-    over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
+    over = "all processes" if n == 1 else plural(ranks, "data-parallel rank")
     pairs = r.batching.pairs_per_step
-    row("per step", f"{pairs} pair{'s' * (pairs != 1)}, over {over}{replaced_text(r.batching.replaced, pairs)}")
+    row("per step", f"{plural(pairs, 'pair')}, over {over}{replaced_text(r.batching.replaced, pairs)}")
     _batching_rows(r.batching, ranks, row)
     launcher = s.accelerate_config or "none"
     row("engine", memory.engine or ("one process" if launcher.lower() in ("", "none") else launcher))
@@ -184,8 +184,8 @@ def watching_text(s) -> str:
     every = f"every {s.samples_every} steps" if s.samples_every != 1 else "every step"
     if s.sample_prompts:  # the first sample_count of those given; of a file's or the data's, up to that many
         n = min(s.sample_count, len(s.sample_prompts))
-        return f"{health}; samples from {n} prompt{'s' * (n != 1)} {every}"
-    return f"{health}; samples from up to {s.sample_count} prompt{'s' * (s.sample_count != 1)} {every}"
+        return f"{health}; samples from {plural(n, 'prompt')} {every}"
+    return f"{health}; samples from up to {plural(s.sample_count, 'prompt')} {every}"
 
 
 def learning_rate_text(s) -> str:
@@ -193,7 +193,9 @@ def learning_rate_text(s) -> str:
     note = f" ({s.learning_rate_note})" if s.learning_rate_note else ""
     warmup = s.warmup_steps
     # transformers takes the whole steps of a number of 1 or more (get_warmup_steps): 1.5 warms up over 1 step
-    share = f"{warmup:.0%} warm-up" if 0 < warmup < 1 else f"{int(warmup)} warm-up steps" if warmup else "no warm-up"
+    share = (
+        f"{warmup:.0%} warm-up" if 0 < warmup < 1 else plural(int(warmup), "warm-up step") if warmup else "no warm-up"
+    )
     schedule = f"{s.lr_scheduler_type} schedule with {share} (warmup_steps {warmup:g})"
     return f"{s.learning_rate:g}{note}; {schedule}"
 
@@ -227,9 +229,9 @@ def duration_text(r: Record) -> str:
         timed, per_token = "no reference stage (a live reference model, in each step)", 8
     else:
         timed, per_token = f"~{_took(2 * seconds)} reference stage", 6
-    on = f"{gpus} GPU{'s' * (gpus > 1)} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
+    on = f"{plural(gpus, 'GPU')} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
     return (
-        f"est. {timed} + ~{_took(per_token * seconds)} for {steps:,} step{'s' * (steps != 1)}: ~{tokens:,.0f} tokens "
+        f"est. {timed} + ~{_took(per_token * seconds)} for {plural(steps, 'step', ',')}: ~{tokens:,.0f} tokens "
         f"x {per_token} x {params / 1e9:.2f}B parameters (the reference's forward: 2 x) / ({on} x {mfu:.0%} MFU, the "
         "lowest this project measured): an estimate, not a measurement"
     )
@@ -261,7 +263,7 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
         row("layout", b.layout)
     else:
         pairs = b.pairs_per_micro_batch
-        cut = f"at most {budget:,} packed tokens each" if budget else f"{pairs} pair{'s' * (str(pairs) != '1')}"
+        cut = f"at most {budget:,} packed tokens each" if budget else plural(pairs, "pair")
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {b.planned or 'at start'}")
 
 
@@ -277,7 +279,7 @@ def reference_text(s, trained: dict | None) -> str:
     scope = (
         f"all {of:,} pairs"
         if pairs == of
-        else f"{pairs:,} of the {of:,} pairs (those the {steps:,} planned step{'s' * (steps != 1)} train)"
+        else f"{pairs:,} of the {of:,} pairs (those the {plural(steps, 'planned step', ',')} train)"
     )
     return f"{scope} scored once before training (the reference stage, cached for later runs)"
 
@@ -350,7 +352,7 @@ def other_nodes(world: int, per_node: int) -> str:
     """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
     nodes = -(-world // per_node)
     return "; ".join(
-        f"{nodes} node{'s' * (nodes > 1)} of {size}: WORLD_SIZE={nodes * size} GPUS_PER_NODE={size}"
+        f"{plural(nodes, 'node')} of {size}: WORLD_SIZE={nodes * size} GPUS_PER_NODE={size}"
         for size in NODE_SIZES
         if size != per_node
     )

@@ -167,19 +167,15 @@ while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
 submit_line=$(timeout 20 sacct -j "${SLURM_JOB_ID:-0}" -X -n -P -o SubmitLine 2>/dev/null | head -n 1 || true)
 read -r lead lead_from < <("$VENV/bin/python" -m dpotrain.cluster.job warning-lead "${script:-}" "$submit_line") || true
 grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
-export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
-echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
+# No warning: no save-time warning against one either (0), and warning-lead has said what that means and the fix.
+export DPOTRAIN_SAVE_WARN_S=${lead:-0} DPOTRAIN_GRACE_S=${grace:-0}
 
 # A time limit within that warning: Slurm sends it at once, so the job would stop at its first step to checkpoint, and
-# each requeue again (a start, a step, a save, over and over). Refused, before anything is planned or launched.
+# each requeue again (a start, a step, a save, over and over). Refused, before anything is planned or launched; the
+# line of how long a checkpoint may take otherwise (dpotrain/cluster/job.py: time_limit).
 left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)  # [days-]hours:minutes:seconds, or UNLIMITED
-if [[ -n $lead && $left =~ ^(([0-9]+)-)?([0-9:]+)$ ]]; then
-  seconds=0
-  IFS=: read -ra parts <<<"${BASH_REMATCH[3]}"
-  for part in "${parts[@]}"; do seconds=$((seconds * 60 + 10#$part)); done
-  seconds=$((seconds + 86400 * 10#${BASH_REMATCH[2]:-0}))
-  ((seconds > lead)) || die "the job's time limit ($left left) is within its checkpoint warning (--signal=B:USR1@$lead), which Slurm would send at once: every requeue would stop at its first step to save; submit with --time above $((lead / 60)) minutes, or lower the @$lead in $lead_from"
-fi
+"$VENV/bin/python" -m dpotrain.cluster.job time-limit "${lead:-}" "${lead_from:-}" "${grace:-0}" \
+  "${SLURM_JOB_PARTITION:-}" "$left"
 
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.

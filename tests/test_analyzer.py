@@ -968,3 +968,47 @@ def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
 
     code, err = stopped(lambda proc: time.sleep(0.5))  # torch alone takes seconds to import
     assert code == 130 and err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err
+
+
+def test_the_report_says_one_pair_per_padded_batch_in_the_singular():
+    """`--per_device_train_batch_size 1` (the think recipes' micro-batches are one pair): the report read "Padded
+    batches of 1 pairs" and "1 pairs = 2 sequences"."""
+    from dpotrain.data import lengths_report
+
+    m = lengths.Measured(
+        index=np.arange(10),
+        prompt=np.full(10, 100),
+        chosen=np.arange(300, 310),
+        rejected=np.full(10, 200),
+        invalid=[],
+        conversational=True,
+    )
+    text = lengths_report.to_markdown(lengths.summarize(m, batch_size=1, dataset="pairs.jsonl"), 512)
+    assert "(TRL's DataCollatorForPreference, 1 pair = 2 sequences padded to the longest)" in text, text
+    assert "- Padded batches of 1 pair would add " in text, text
+    assert " 1 pairs" not in text, text
+
+
+def test_one_pair_cut_and_one_dropped_are_said_in_the_singular():
+    """Eight short pairs, one whose answer runs past the recommended max_length, one whose prompt alone fills it: the
+    report read "1 pairs (10.0%) are cut ...; 1 are dropped by the trainer because their prompt alone fills it"."""
+    from dpotrain.data import lengths_report
+
+    m = lengths.Measured(
+        index=np.arange(10),
+        prompt=np.array([100] * 9 + [3000]),
+        chosen=np.array([300] * 8 + [3000, 300]),
+        rejected=np.full(10, 200),
+        invalid=[],
+        conversational=True,
+    )
+    report = lengths.summarize(m, target=0.8, dataset="pairs.jsonl")
+    assert (
+        "; 1 pair (10.0%) is cut at the end and 1 dropped by the trainer because its prompt alone fills "
+        in (report["recommendation"]["reason"])
+    ), report["recommendation"]
+    text = lengths_report.to_markdown(report, 512)
+    assert (
+        "- 1 pair (10.0%) is cut at max_length (the collator keeps the start); 1 is dropped by the trainer because its "
+        "prompt alone fills it"
+    ) in text.splitlines(), text

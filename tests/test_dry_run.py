@@ -171,9 +171,10 @@ def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsy
 
 def test_a_fractional_number_of_warmup_steps_is_said_as_transformers_takes_it(tmp_path, capsys):
     """`--warmup_steps 1.5` (1 or more: steps, not a ratio) warms up over int(1.5) = 1 step (transformers'
-    get_warmup_steps, and derived.warmup_steps); the summary's learning rate line said 1.5 warm-up steps."""
+    get_warmup_steps, and derived.warmup_steps); the summary's learning rate line said 1.5 warm-up steps, then "1
+    warm-up steps"."""
     text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--warmup_steps", "1.5")
-    assert field(text, "learning rate") == "0.0001; linear schedule with 1 warm-up steps (warmup_steps 1.5)"
+    assert field(text, "learning rate") == "0.0001; linear schedule with 1 warm-up step (warmup_steps 1.5)"
     assert field(text, "steps").startswith("48 optimizer steps (1 epoch), 1 of warmup")
 
 

@@ -3,6 +3,7 @@ importing only the ground and earlier stages; no import circle, imports inside f
 modules flat in dpotrain/; no function longer than a reader holds in mind (docs/architecture.md)."""
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -168,3 +169,17 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
                 if not hasattr(modules[node.value.id], node.attr):
                     missing.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
     assert not missing, missing
+
+
+def test_a_count_and_its_noun_go_through_one_helper():
+    """`errors.plural(n, "pair")`: the hand-written plural (`'s' * (n != 1)`, `(n > 1)`, `(str(n) != '1')`, `'s' if
+    ... else ''`) was written 27 ways, and messages that had none read "1 warm-up steps" and "over 1 processes"."""
+    idiom = re.compile(r"""['"]e?s['"]\s*\*\s*\(|['"]e?s['"] if [^'"]+ else ['"]['"]""")
+    sources = [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if idiom.search(line)
+    ]
+    assert not found, "write the count with dpotrain.recipe.errors.plural:\n" + "\n".join(found)

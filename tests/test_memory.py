@@ -731,3 +731,20 @@ def test_an_explicit_checkpointing_is_honoured_or_refused():
         memory.plan(recipe(*small, "--gpu_memory_gib", "80", "--activation_checkpointing", "false"), 4)
     with pytest.raises(ConfigError, match="every_n_layers must be an integer >= 1"):
         memory.plan(recipe(*small, "--activation_checkpointing_kwargs", '{"every_n_layers": 0}'), 4)
+
+
+@pytest.mark.slow  # a memory plan of a 7B shape: ~1.5 CPU-s, 13 s wall on the loaded 2-core VM
+def test_the_analyzers_memory_line_for_one_gpu_says_gpu():
+    """scripts/analyze_dataset.py's memory line for a one-process job (`--accelerate_config none`, WORLD_SIZE=1) read
+    "DeepSpeed ZeRO-2 on 1 GPUs of 179.0 GiB"."""
+    from dpotrain.plan import long_traces
+
+    think = [
+        "--config",
+        str(ROOT / "configs" / "think.yaml"),
+        "--model_name_or_path",
+        str(ROOT / "configs/models/olmo3-7b"),
+    ]
+    recipe = parse_args([*think, "--gpu_memory_gib", "179", "--dry-run"])
+    found = long_traces.carrying_groups(recipe, 1, engines.from_config(str(ROOT / "accelerate_config.yaml")), [4096])
+    assert long_traces.line(found).startswith("Memory per GPU (DeepSpeed ZeRO-2 on 1 GPU of 179.0 GiB, "), found

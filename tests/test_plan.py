@@ -126,6 +126,9 @@ def test_a_data_set_smaller_than_the_processes_is_refused_naming_the_data():
         "a step of 5 pairs leaves 3 of the 8 processes without a pair: use a data set of at least 8 pairs, or fewer "
         "processes"
     )
+    with pytest.raises(plan.PlanError) as refused:  # one pair: it said "a step of 1 pairs"
+        plan.epoch_steps(heavy_tailed(1), StepPlan(8, 2, 0, 65536, None), 0)
+    assert str(refused.value).startswith("a step of 1 pair leaves 1 of the 2 processes without a pair: ")
 
 
 def test_a_step_the_ranks_cannot_share_equally_runs_fillers():

@@ -19,7 +19,8 @@ from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
 from dpotrain.data import builtin
 from dpotrain.recipe.config import make_parser, parse_args
-from dpotrain.recipe.errors import ConfigError, RunError, run_cli
+from dpotrain.recipe.errors import ConfigError, RunError, plural, run_cli
+from dpotrain.recipe.run_record import Spread
 from dpotrain.train import resume
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -1587,3 +1588,18 @@ def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
     other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--beta", "1", "--overwrite_output_dir"])
     assert resolve.check_output_dir(other, 8) == resolve.OutputDecision(None, True)
+
+
+def test_a_count_reads_in_the_singular_for_one_and_in_the_plural_otherwise():
+    """One helper for every message's count (it was `'s' * (n != 1)`, `(n > 1)` or `(str(n) != '1')` by the site, and
+    some sites none: "1 warm-up steps", "over 1 processes")."""
+    assert [plural(n, "pair") for n in (0, 1, 2)] == ["0 pairs", "1 pair", "2 pairs"]
+    assert [plural(n, "process") for n in (1, 4)] == ["1 process", "4 processes"]
+    assert [plural(2, "epoch"), plural(2, "micro-batch", many="micro-batches")] == ["2 epochs", "2 micro-batches"]
+    assert [plural(n, "epoch", "g") for n in (1.0, 0.5, 2.0)] == ["1 epoch", "0.5 epochs", "2 epochs"]
+    assert plural(1234, "optimizer step", ",") == "1,234 optimizer steps"
+    assert [plural(Spread(1, 1, 1), "pair"), plural(Spread(1, 1.5, 2), "pair")] == [
+        "1 pair",
+        "1-2 pairs",
+    ]
+    assert [plural(n, "step", count=False) for n in (1, 3)] == ["step", "steps"]

@@ -188,7 +188,7 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     monkeypatch.setattr("sys.stdin", io.StringIO(shown))
     assert job.main(["summary"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens")
+    assert out[0].startswith("batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens")
     assert out[1] == "memory plan skipped: this recipe trains in fp32"
     fixed = {**DRY_RUN, "max_tokens_per_microbatch": None, "per_device_train_batch_size": 2}
     fixed["gradient_accumulation_steps"] = 4
@@ -199,7 +199,7 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     assert job.main(["summary"]) == 2
     said = capsys.readouterr()
     assert said.out.splitlines() == [
-        f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 processes; output: {ROOT / 'outputs/smoke-dpo'}",
+        f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 process; output: {ROOT / 'outputs/smoke-dpo'}",
         "memory plan: ~61.2 GiB per GPU of 79.6 GiB under DeepSpeed ZeRO-2",
     ]
     assert said.err.splitlines() == [f"error: {refusal}" for refusal in refusals]
@@ -265,9 +265,62 @@ def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch
     assert job.warning_lead(script, given) == "60 sbatch's command line"
     assert job.main(["warning-lead", script, "sbatch --signal=USR1@600 scripts/dpo_train.sh"]) == 0
     out, err = capsys.readouterr()
-    assert out == "\n" and err == (
+    assert out == "\n" and err == (  # without B: Slurm signals srun's processes, and launch.sh's trap never runs
         "warning: the job's --signal=USR1@600 (sbatch's command line) does not send USR1 to the batch shell, "
-        "which checkpoints before the time limit: use --signal=B:USR1@<seconds>\n"
+        "which checkpoints before the time limit (without B:, Slurm signals the job's steps only): submit with "
+        "sbatch --signal=B:USR1@600\n"
+    )
+
+
+def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, monkeypatch):
+    """A script without `#SBATCH --signal`: launch.sh said "checkpoints must be written within 600 s (time-limit
+    warning)", a warning that never comes."""
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+    script = tmp_path / "my_job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --time=24:00:00\nbash scripts/launch.sh\n")
+    assert job.main(["warning-lead", str(script), f"sbatch {script}"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and err == (
+        "warning: no time-limit warning is set for this job (no --signal=B:USR1@<seconds>): at its time limit Slurm "
+        "sends SIGTERM and kills it KillWait later (30 s by default): a checkpoint that takes longer is cut off, and "
+        f"the steps since the last one are lost; add `#SBATCH --signal=B:USR1@600` to {script} (or submit with sbatch "
+        "--signal=B:USR1@600)\n"
+    )
+    assert job.main(["time-limit", "", "", "90", "debug", "23:59:58"]) == 0
+    assert capsys.readouterr().out == (
+        "checkpoints must be written within 90 s (partition debug's preemption GraceTime); no time-limit warning is "
+        "set\n"
+    )
+    assert job.checkpoint_window("", "0", "debug") == (
+        "checkpoints must be written within KillWait (30 s by default: scontrol show config): no time-limit warning "
+        "is set, and partition debug has no preemption GraceTime"
+    )
+
+
+@pytest.mark.parametrize(
+    "lead, left, minutes",
+    [
+        ("600", "9:58", "10 minutes"),
+        ("60", "0:58", "1 minute"),
+        ("90", "1:28", "90 seconds"),
+        ("30", "28", "30 seconds"),
+    ],
+)
+def test_a_time_limit_within_the_warning_is_refused_naming_the_time_to_submit_with(lead, left, minutes, capsys):
+    """`submit with --time above $((lead / 60)) minutes` said "1 minutes" for a warning of 60 s, "1 minutes" for 90 s
+    (a --time of 1:20 is above that, and still within the warning) and "0 minutes" for 30 s."""
+    assert job.main(["time-limit", lead, "my_job.sh", "0", "debug", "1-00:00:00"]) == 0
+    assert capsys.readouterr().out == f"checkpoints must be written within {lead} s (time-limit warning)\n"
+    assert job.checkpoint_window(lead, "90", "debug").endswith(
+        " s (time-limit warning) and 90 s (partition debug's preemption GraceTime)"
+    )
+    with pytest.raises(ConfigError) as refused:
+        job.main(["time-limit", lead, "my_job.sh", "0", "debug", left])
+    assert capsys.readouterr().out == f"checkpoints must be written within {lead} s (time-limit warning)\n"
+    assert str(refused.value) == (
+        f"the job's time limit ({left} left) is within its checkpoint warning (--signal=B:USR1@{lead}), which Slurm "
+        f"would send at once: every requeue would stop at its first step to save; submit with --time above {minutes}, "
+        f"or lower the @{lead} in my_job.sh"
     )
 
 

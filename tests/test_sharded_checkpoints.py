@@ -76,12 +76,12 @@ def test_an_fsdp2_checkpoint_resumes_under_fsdp2_alone(tmp_path):
         (checkpoint / part).mkdir(parents=True)
         for rank in (0, 1):
             (checkpoint / part / f"__{rank}_0.distcp").write_bytes(b"")
-    for name, world in (("single", 1), ("ddp", 2), ("zero2", 2)):
+    for name, world, processes in (("single", 1, "1 process"), ("ddp", 2, "2 processes"), ("zero2", 2, "2 processes")):
         with pytest.raises(ConfigError) as refused:
             resume.check_partitions(str(checkpoint), world, engine.Engine(name))
         assert str(refused.value) == (
             f"checkpoint {str(checkpoint)!r} holds FSDP2 shards (written by 2 processes), which only an FSDP2 launch "
-            f"loads, and this run is {name} ({world} process{'es' * (world != 1)}): resume it under FSDP2 "
+            f"loads, and this run is {name} ({processes}): resume it under FSDP2 "
             "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
             "--output_dir)"
         )

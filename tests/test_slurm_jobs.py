@@ -206,7 +206,7 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
     assert len(shown) == 4 and all("--hub_token REDACTED" in line for line in shown), shown
     assert not any(SECRET in line for line in text.splitlines())
-    assert "batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens" in text
+    assert "batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
     for name in RUN_FILES:
         assert (out / name).is_file(), name

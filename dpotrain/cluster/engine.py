@@ -22,7 +22,7 @@ from accelerate.utils import DistributedType
 
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
 SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_config.yaml, configs/accelerate/)"
@@ -477,9 +477,9 @@ def check_processes_per_node(per_node: int, gpus: int) -> None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
         raise ConfigError(
-            f"{per_node} processes were started on this node, which has {gpus} GPU{'s' * (gpus > 1)}{seen}: start one "
-            f"per GPU (`accelerate launch --num_processes` counts all nodes' processes: {gpus} x nodes), or use "
-            "scripts/launch.sh, which starts one per GPU of the job"
+            f"{plural(per_node, 'process')} were started on this node, which has {plural(gpus, 'GPU')}{seen}: "
+            f"start one per GPU (`accelerate launch --num_processes` counts all nodes' processes: {gpus} x nodes), or "
+            "use scripts/launch.sh, which starts one per GPU of the job"
         )
 
 

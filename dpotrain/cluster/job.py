@@ -1,8 +1,10 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
 `engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
 stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
-refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run, and `warning-lead <script>
-[<submit line>]` how long before its time limit the job is warned to checkpoint."""
+refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run, `warning-lead <script>
+[<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not, with the
+fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a checkpoint
+may take and refuses a time limit within the warning."""
 
 import contextlib
 import os
@@ -13,7 +15,7 @@ import sys
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
-from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.recipe.errors import ConfigError, plural, run_cli
 
 ENGINE_FLAGS = ("--accelerate_config", "--accelerate-config")  # the field's flag, as the parser takes it
 
@@ -59,10 +61,11 @@ def summary(text: str) -> int:
     r = run_record.parse(text[start:], "the dry run's output")
     b, world, memory = r.batching, r.launch.world_size, r.memory
     output = os.path.abspath(r.output.output_dir)  # where the run writes, whatever folder reads the log
-    per_step = f"= {b.pairs_per_micro_batch} per process x {b.micro_batches_per_step} accumulation x {world} processes"
+    per_step = f"= {b.pairs_per_micro_batch} per process x {b.micro_batches_per_step} accumulation x "
+    per_step += plural(world, "process")
     if tokens := b.max_tokens_per_microbatch:  # micro-batches cut by tokens: their count per step comes from the data
-        per_step = f"over {world} processes, micro-batches of at most {tokens} packed tokens per process"
-    print(f"batch: {b.pairs_per_step} pairs per step {per_step}; output: {output}")
+        per_step = f"over {plural(world, 'process')}, micro-batches of at most {tokens} packed tokens per process"
+    print(f"batch: {plural(b.pairs_per_step, 'pair')} per step {per_step}; output: {output}")
     if memory.per_gpu_gib:
         gpu = f"of {memory.gpu_memory_gib} GiB" if memory.gpu_memory_gib else f"(GPU memory {memory.gpu_memory_source})"
         print(f"memory plan: ~{memory.per_gpu_gib['total']} GiB per GPU {gpu} under {memory.engine}")
@@ -103,15 +106,80 @@ def warning_lead(script: str, submit_line: str = "") -> str:
             found = (words[i + 1], "sbatch's command line")
         elif word.startswith("--signal="):
             found = (word.removeprefix("--signal="), "sbatch's command line")
-    spec = SIGNAL.fullmatch(found[0]) if found else None
-    if found and (spec is None or "B" not in (spec["flags"] or "") or spec["sig"].upper() not in ("USR1", "10")):
+    if found is None:
         print(
-            f"warning: the job's --signal={found[0]} ({found[1]}) does not send USR1 to the batch shell, "
-            "which checkpoints before the time limit: use --signal=B:USR1@<seconds>",
+            "warning: no time-limit warning is set for this job (no --signal=B:USR1@<seconds>): at its time limit "
+            "Slurm sends SIGTERM and kills it KillWait later (30 s by default): a checkpoint that takes longer is cut "
+            f"off, and the steps since the last one are lost; {_signal_fix(600, None, script)}",
             file=sys.stderr,
         )
         return ""
-    return f"{spec['lead'] or 60} {found[1]}" if spec else ""
+    spec = SIGNAL.fullmatch(found[0])
+    if spec is None or "B" not in (spec["flags"] or "") or spec["sig"].upper() not in ("USR1", "10"):
+        # sbatch(1): without B:, the signal goes to the job's steps (srun's processes), not to the batch shell
+        why = " (without B:, Slurm signals the job's steps only)" if spec and "B" not in (spec["flags"] or "") else ""
+        print(
+            f"warning: the job's --signal={found[0]} ({found[1]}) does not send USR1 to the batch shell, "
+            f"which checkpoints before the time limit{why}: {_signal_fix(spec and spec['lead'] or 600, *found)}",
+            file=sys.stderr,
+        )
+        return ""
+    return f"{spec['lead'] or 60} {found[1]}"
+
+
+def _signal_fix(lead, given: str | None, where: str) -> str:
+    """The fix, where the job's --signal came from (or, with none, in its script): B:USR1 at the same lead."""
+    signal = f"--signal=B:USR1@{lead}"
+    if where == "SBATCH_SIGNAL":
+        return f"set SBATCH_SIGNAL=B:USR1@{lead}"
+    if where == "sbatch's command line":
+        return f"submit with sbatch {signal}"
+    in_script = f" {'in' if given else 'to'} {where}" if where else ""
+    return f"{'use' if given else 'add'} `#SBATCH {signal}`{in_script} (or submit with sbatch {signal})"
+
+
+def seconds_left(left: str) -> int | None:
+    """squeue's %L (`[days-][hours:]minutes:seconds`) in seconds; None for no limit (UNLIMITED, NOT_SET, none)."""
+    parts = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+)*)", left.strip())
+    if parts is None:
+        return None
+    seconds = 0
+    for part in parts[2].split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + 86400 * int(parts[1] or 0)
+
+
+def duration(seconds: int) -> str:
+    """'10 minutes', '1 minute', '90 seconds': in whole minutes where it is some, else in seconds."""
+    return plural(seconds // 60, "minute") if seconds and not seconds % 60 else plural(seconds, "second")
+
+
+def checkpoint_window(lead: str, grace: str, partition: str) -> str:
+    """The job's log line of how long a checkpoint may take (`lead`: warning_lead's seconds, empty for no warning;
+    `grace`: the partition's preemption GraceTime)."""
+    grace_text = f"{grace} s (partition {partition}'s preemption GraceTime)" if int(grace or 0) else ""
+    if lead:
+        return f"checkpoints must be written within {lead} s (time-limit warning)" + (
+            grace_text and f" and {grace_text}"
+        )
+    if grace_text:
+        return f"checkpoints must be written within {grace_text}; no time-limit warning is set"
+    return (
+        "checkpoints must be written within KillWait (30 s by default: scontrol show config): no time-limit warning is "
+        f"set, and partition {partition or '(none)'} has no preemption GraceTime"
+    )
+
+
+def check_time_left(lead: str, where: str, left: str) -> None:
+    """Refuses a time limit (`left`, squeue's %L) within the warning: Slurm would send it at once, and the job would
+    stop at its first step to save, at every requeue."""
+    seconds = seconds_left(left)
+    if lead and seconds is not None and seconds <= int(lead):
+        raise ConfigError(
+            f"the job's time limit ({left} left) is within its checkpoint warning (--signal=B:USR1@{lead}), which "
+            "Slurm would send at once: every requeue would stop at its first step to save; submit with --time above "
+            f"{duration(int(lead))}, or lower the @{lead} in {where}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,9 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "warning-lead" and len(args) in (1, 2):
         print(warning_lead(*args))
         return 0
+    if verb == "time-limit" and len(args) == 5:  # <lead> <where> <grace> <partition> <time left>
+        lead, where, grace, partition, left = args
+        print(checkpoint_window(lead, grace, partition), flush=True)  # in the log also above a refusal
+        check_time_left(lead, where, left)  # a refusal: one error: line, exit 2
+        return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks-dry-run <recipe> [<train args>] | warning-lead <script> [<submit line>]"
+        "asks-dry-run <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> <where> "
+        "<grace> <partition> <time left>"
     )
 
 

@@ -8,7 +8,7 @@ accumulation, the step plan, the sampler, evaluation, the reference stage) count
 """
 
 from dpotrain.cluster.engine import NAMES
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 ENGINES = ("zero2", "zero3")  # DeepSpeed's Ulysses runs under its own engine only
 ENGINE_NAMES = "DeepSpeed ZeRO-2 (accelerate_config.yaml) or ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
@@ -43,7 +43,7 @@ def check_launch(n: int, world: int, engine) -> None:
     if world % n:
         works = ", ".join(str(d) for d in divisors(world))
         raise ConfigError(
-            f"sequence_parallel_size {n} does not divide the {world} process{'es' * (world > 1)}: use "
+            f"sequence_parallel_size {n} does not divide the {plural(world, 'process')}: use "
             f"one of {works}, or launch a multiple of {n} processes"
         )
     if engine.name not in ENGINES:

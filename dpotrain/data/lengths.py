@@ -30,7 +30,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
@@ -537,15 +537,15 @@ def _reason(r: dict, rows: int) -> str:
         if lower["max_length"] > 0
         else f"no smaller multiple of {STEP} exists"
     )
-    more = doubled["coverage"] - r["coverage"]
+    more, cut, dropped = doubled["coverage"] - r["coverage"], r["truncated"], r["dropped"]
     return (
         f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
         f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
-        f"{r['truncated']:,} pairs ({r['truncated'] / rows:.1%}) are cut at the end and {r['dropped']:,} dropped by "
-        "the trainer because their prompt alone fills max_length. Packed, a longer max_length costs only the extra "
-        f"tokens of the longer pairs: doubling to {doubled['max_length']:,} would leave {more:.1%} more of the pairs "
-        f"whole for {doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the "
-        "prompt computed once per pair)"
+        f"{plural(cut, 'pair', ',')} ({cut / rows:.1%}) {'is' if cut == 1 else 'are'} cut at the end and {dropped:,} "
+        f"dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt alone fills max_length. Packed, a "
+        "longer max_length costs only the extra tokens of the longer pairs: doubling to "
+        f"{doubled['max_length']:,} would leave {more:.1%} more of the pairs whole for {doubled['compute']:+.1%} "
+        f"packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt computed once per pair)"
     )
 
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from dpotrain.data.lengths import STEP, Measured
+from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
 
@@ -50,8 +51,8 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
         f"max_length={best:,}. *Price*: what this row costs over the row above per 1% more pairs made whole, in packed "
         f"compute as a share of the recommended row's (+0.50% per 1%: ten more pairs in a hundred whole for 5% more "
-        f"compute; — where none is made whole). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = "
-        f"{2 * batch} sequences padded to the longest) would also run the padding shown.",
+        f"compute; — where none is made whole). Padded batches (TRL's DataCollatorForPreference, "
+        f"{plural(batch, 'pair')} = {2 * batch} sequences padded to the longest) would also run the padding shown.",
         "",
         "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
         "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
@@ -103,15 +104,17 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
             f"{raised['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
             "training refuses fewer than half"
         )
+    cut, dropped = r["truncated"], r["dropped"]
     lines += [
-        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the "
-        f"{'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); "
-        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
+        f"- {plural(cut, 'pair', ',')} ({cut / n:.1%}) {'is' if cut == 1 else 'are'} cut at max_length (the collator "
+        f"keeps the {'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); {dropped:,} "
+        f"{'is' if dropped == 1 else 'are'} dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt "
+        "alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
         f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
         f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)"
         + _per_point(doubled["compute"], doubled["coverage"] - r["coverage"]),
-        f"- Padded batches of {batch} pairs would add {chosen['padding']['padded']:.1%} padding "
+        f"- Padded batches of {plural(batch, 'pair')} would add {chosen['padding']['padded']:.1%} padding "
         f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
     ]
     if current_max_length and str(current_max_length) in report["candidates"]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from dpotrain.data import data, data_identity, hub_revision, lengths, rows
 from dpotrain.recipe import config
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = config.MIXTURE_BUILDERS
@@ -230,7 +230,7 @@ def _card_patterns(folder: str, name: str | None) -> tuple | None:
 
 def of_sources(sources: list) -> str:
     """How the dry run and the model card name a mixture: 'a mixture of 3 sources', 'a mixture of 1 source'."""
-    return f"a mixture of {len(sources)} source{'s' if len(sources) != 1 else ''}"
+    return f"a mixture of {plural(len(sources), 'source')}"
 
 
 def local_files(values: dict) -> list[str]:

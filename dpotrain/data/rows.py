@@ -13,7 +13,7 @@ from collections import Counter
 
 from dpotrain.data import chat_template, shapes
 from dpotrain.data.data import mixed_type_columns, row_location
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
 IMAGE_COLUMNS = ("image", "images")  # TRL's DPOTrainer reads a data set with either as a vision one
@@ -300,7 +300,7 @@ def usable_pairs(
         raise e.located(source) if source else e from None
     if say:
         print(
-            f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe(template_file=template_file)}",
+            f"Data ({split}): {plural(checked.rows, 'row')}, {checked.fmt.shape.describe(template_file=template_file)}",
             flush=True,
         )
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:

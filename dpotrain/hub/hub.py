@@ -16,7 +16,7 @@ from dpotrain.data import mixture
 from dpotrain.hub.hub_push import pushed_revisions, record_push, record_pushed, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
@@ -246,14 +246,16 @@ def as_run(key: str, r: Record):
         epochs = b.epochs_trained  # what its steps make: fewer epochs, or more
         if epochs is None:  # a record from before the plan counted them
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
-        trained = f"{epochs:g} epoch{'s' * (epochs != 1)} trained"
+        trained = f"{plural(epochs, 'epoch', 'g')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         pairs = b.pairs_per_micro_batch
         return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
     if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
         per = b.micro_batches_per_step
-        return f"{per} micro-batch{'es' * (str(per) != '1')} per step{f' (mean {per.mean})' * (per.min != per.max)}"
+        return (
+            f"{plural(per, 'micro-batch', many='micro-batches')} per step{f' (mean {per.mean})' * (per.min != per.max)}"
+        )
     return value
 
 

@@ -12,6 +12,7 @@ from dpotrain.forwards import choice
 from dpotrain.plan import memory
 from dpotrain.plan.memory_advice import node_size
 from dpotrain.recipe.config import replaced
+from dpotrain.recipe.errors import plural
 
 
 def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
@@ -75,7 +76,7 @@ def line(found: dict) -> str:
                 f"(~{it['gib']} GiB at the largest)"
             )
     where = (
-        f"{found['engine']} on {found['world_size']} GPUs of {found['gpu_memory_gib']} GiB, {found['attention']}, "
-        "one whole pair per micro-batch"
+        f"{found['engine']} on {plural(found['world_size'], 'GPU')} of {found['gpu_memory_gib']} GiB, "
+        f"{found['attention']}, one whole pair per micro-batch"
     )
     return f"Memory per GPU ({where}): {'; '.join(parts)}"

@@ -29,7 +29,7 @@ from dpotrain.forwards.sequence_parallel import model_problem
 from dpotrain.plan.memory_advice import advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 
 GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
@@ -662,7 +662,7 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str |
     e, world = chosen.engine, chosen.world
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
-    on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
+    on = plural(world, "GPU") + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
     return (
         f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU ({parts}), more than the "

@@ -22,7 +22,7 @@ from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
@@ -81,8 +81,9 @@ class Option:
         if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
             config, nodes = shlex.quote(self.config), self.world // self.per_node
             launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.per_node}"
-            nodes = f"{nodes} node{'s' * (nodes > 1)}"
-            parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
+            parts.append(
+                f"{NAMES[self.engine]} fits on {plural(self.world, 'GPU')} ({plural(nodes, 'node')}: {launch})"
+            )
         if self.flags:
             parts.append(("with " if parts else "add ") + f"`{' '.join(self.flags)}`")
         check = f"; its dry run: {self.dry_run_line(command_line)}" if self.moves_launch and command_line else ""

@@ -20,7 +20,7 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,8 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
         # before): the data set holds fewer pairs than the processes, whatever pairs_per_step says.
         fix = f"use a data set of at least {w} pairs" if n < p.pairs_per_step else f"use pairs_per_step >= {w}"
         raise PlanError(
-            f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: {fix}, or fewer processes"
+            f"a step of {plural(n, 'pair')} leaves {w - n} of the {w} processes without a pair: {fix}, "
+            "or fewer processes"
         )
     if p.max_tokens is None:
         shares = [[int(i) for i in pairs[r::w]] for r in range(w)]

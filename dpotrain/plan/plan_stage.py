@@ -11,6 +11,7 @@ import numpy as np
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
+from dpotrain.recipe.errors import plural
 
 # The steps planned at start at most, by whole epochs: far past any recipe's run (the OLMo 3 recipes train ~1,170-2,030)
 PLANNED_AHEAD = 20_000
@@ -31,7 +32,7 @@ class RunPlan:
         fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
         steps, pairs = len(self.epochs[0]), self.step_plan.pairs_per_step
         return (
-            f"Plan: {steps} step{'s' * (steps != 1)} of {pairs} pair{'s' * (pairs != 1)} per epoch "
+            f"Plan: {plural(steps, 'step')} of {plural(pairs, 'pair')} per epoch "
             f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )

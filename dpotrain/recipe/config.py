@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 
 def option(default, help: str, **metadata):
@@ -854,10 +854,10 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
         keep += ["--pairs_per_step", str(replaced["pairs_per_step"])]  # accumulation then follows from it
         if replaced.get("max_tokens_per_microbatch") is not None:
             keep += ["--max_tokens_per_microbatch", "none"]  # micro-batches of pairs, not of tokens
-    kept = f" ({' '.join(keep)} keeps its {replaced['pairs_per_step']} pairs per step)" if keep else ""
+    kept = f" ({' '.join(keep)} keeps its {plural(replaced['pairs_per_step'], 'pair')} per step)" if keep else ""
     print(
         f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{training.per_device_train_batch_size} pair{'s' * (training.per_device_train_batch_size != 1)}, "
+        f"{plural(training.per_device_train_batch_size, 'pair')}, "
         f"{training.gradient_accumulation_steps} per step and "
         f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
         file=sys.stderr,

@@ -18,6 +18,18 @@ def cause(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
 
 
+def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = None) -> str:
+    """`n word` as a message reads it: `plural(1, "pair")` is "1 pair", `plural(2, "process")` "2 processes",
+    `plural(1234, "step", ",")` "1,234 steps"; `count=False` gives the word alone ("steps"); `many`, a plural that is
+    not the word + s or es ("micro-batches": "epoch" takes s). The word is singular when the count as printed
+    (`format(n, spec)`) reads "1": a float 1.0 under `g`, a `Spread` of one value. Here, in the module every
+    message-writing module already imports, and which imports no library: a refusal stays light."""
+    text = format(n, spec)
+    if text != "1":
+        word = many or word + ("es" if word.endswith(("s", "sh", "x")) else "s")
+    return f"{text} {word}" if count else word
+
+
 def run_cli(main) -> None:
     """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
     Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a

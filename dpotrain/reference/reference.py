@@ -29,7 +29,7 @@ from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import replacing, unwritable, write_text
 from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
@@ -552,7 +552,7 @@ def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, nam
     if scorer.accelerator.is_main_process:
         print(
             f"reference log-probs ({name}): only the {len(pairs):,} of {n:,} pairs the "
-            f"{steps:,} planned step{'s' * (steps != 1)} train are scored",
+            f"{plural(steps, 'planned step', ',')} train are scored",
             flush=True,
         )
     part, outcome = run(scorer, dataset.select(pairs), name, None, stop, save_seconds)

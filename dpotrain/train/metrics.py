@@ -5,6 +5,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
@@ -125,7 +126,7 @@ def metrics_figure(records: list[dict], title: str = ""):
             ax.axvline(step, color="0.4", linestyle=":", linewidth=1)
     if resumes:
         steps = ", ".join(str(s) for s in resumes)
-        notes.append(f"Dotted lines: resumed from a checkpoint at step{'s' * (len(resumes) > 1)} {steps}.")
+        notes.append(f"Dotted lines: resumed from a checkpoint at {plural(len(resumes), 'step', count=False)} {steps}.")
     for ax in axes.flat[: len(panels)][-2:]:  # the lowest panel of each column
         ax.set_xlabel("optimizer step")
     fig.suptitle(title)

@@ -16,7 +16,7 @@ from dpotrain.cluster import collectives, run_lock
 from dpotrain.cluster.engine import NAMES
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.errors import ConfigError, RunError
+from dpotrain.recipe.errors import ConfigError, RunError, plural
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, passed_over, step_of
@@ -220,7 +220,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
     fix = "start afresh (a new --output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
-    processes = lambda n: f"{n} process{'es' * (n != 1)}"
+    processes = lambda n: plural(n, "process")
     if written and written != world:
         raise ConfigError(
             f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {processes(written)}, and "
