@@ -35,7 +35,7 @@ with venv.loading_libraries():
     from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args, read_recipe
     from dpotrain.recipe.errors import run_cli
-    from dpotrain.train import disk_full, resume
+    from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import GracefulStop
 
 
@@ -103,6 +103,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     explicit = output.resume_from == recipe.training.resume_from_checkpoint
     output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
+    # Every rank decided the first half alone: compared now, before the old run's files go and the model loads.
+    agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
     # The ready run: the model loaded, its pairs tokenized, every step planned, the ranks agreed.

@@ -77,8 +77,12 @@ WRAPPER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_model_dir):
+def test_two_ranks_given_different_data_are_refused_before_the_old_run_is_replaced(tmp_path, tiny_model_dir):
+    """The ranks compared the data only once the model had loaded and TRL had tokenized (minutes on a large model),
+    after --overwrite_output_dir had removed the replaced run's files: the old run was gone for a launch refused. The
+    first half's decisions are compared before either."""
     from dpotrain.data import builtin
+    from dpotrain.train import run_files
 
     rows = builtin.make_preference_rows(40, seed=3)
     same, other = tmp_path / "pairs.jsonl", tmp_path / "other.jsonl"
@@ -86,6 +90,13 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     other.write_text("".join(json.dumps(r) + "\n" for r in rows[:20] + builtin.make_preference_rows(20, seed=4)))
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
+    out = tmp_path / "run"  # a finished run, which --overwrite_output_dir replaces
+    out.mkdir()
+    old = {"run_complete.json": '{"global_step": 2}\n', "metrics.jsonl": '{"step": 1, "loss": 0.69}\n'}
+    for name, text in old.items():
+        (out / name).write_text(text)
+    run_files.write(out, [run_files.MANIFEST, *old])
+    old[run_files.MANIFEST] = (out / run_files.MANIFEST).read_text()
     cmd = [
         *accelerate_launch(),
         "--config_file",
@@ -101,7 +112,8 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
         "--dataset_name",
         str(same),
         "--output_dir",
-        str(tmp_path / "run"),
+        str(out),
+        "--overwrite_output_dir",
         "--max_steps",
         "2",
         "--warmup_steps",
@@ -120,7 +132,10 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     assert len(errors) == 1, result.stdout[-4000:]
     assert errors.pop().startswith("error: ranks disagree on the data set's lengths: rank 1 has ")
     assert "every node must read the same data" in result.stdout
-    assert "reference log-probs" not in result.stdout  # refused before the reference stage
+    # The replaced run's files, as they were: nothing of it was removed for a launch that was refused.
+    assert {p.name: p.read_text() for p in out.iterdir() if p.name in old} == old, sorted(os.listdir(out))
+    # Refused before the model loaded and TRL tokenized (the progress bars of both, on the old code's refusal)
+    assert "Loading weights" not in result.stdout and "Tokenizing train dataset" not in result.stdout, result.stdout
 
 
 def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny_model_dir):
@@ -162,3 +177,31 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
         seen.append(agreement.values(trainer, None))
     differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}
     assert differ == {"the evaluation set"}
+
+
+def test_the_first_half_compares_the_data_and_nothing_agreeing_ranks_decide_otherwise(tmp_path, tiny_model_dir):
+    """The early comparison (`first_half_values`) tells other training pairs apart, and is equal for the same pairs
+    decided twice (a value that differs between agreeing ranks, a time or a host, would refuse every launch); every
+    name it or the build's comparison uses has its own fix."""
+    import datasets
+
+    from dpotrain import stages
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train import agreement
+
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    launch = stages.checks(recipe)
+
+    def first_half(seed):
+        train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=seed))
+        spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, None))
+        return agreement.first_half_values(spec)
+
+    same, again, other = first_half(3), first_half(3), first_half(4)
+    assert same == again
+    # The first difference is the one refused: the data's, not the forward decided from it (its estimates differ too)
+    assert [name for name in same if same[name] != other[name]] == ["the data set's lengths", "the forward"]
+    named = set(same) | {"the data set's lengths", "the plan", "the resume point", "the reference's model"}
+    assert named <= set(agreement.FIXES), named - set(agreement.FIXES)

@@ -2,6 +2,8 @@
 
 Each rank reads its own data, plans its own steps and finds its own checkpoint: a node-local cache or an older copy of
 a folder gives ranks different plans or resume points, and the job hangs or trains on silently different steps.
+Checked twice: the first half's decisions (`first_half_values`) before a replaced run's files are removed and the model
+loads, then the trainer's plan (`values`) once TRL has tokenized the pairs.
 """
 
 import hashlib
@@ -19,6 +21,9 @@ FIXES = {
     "the data set's lengths": "every node must read the same data (a node-local cache, or another copy of the file?)",
     "the evaluation set": "every node must read the same evaluation split (a node-local cache, or another copy?)",
     "the plan": "every node must run the same code and recipe on the same data",
+    "max_length": "every node must see the same analyzer cache (or none) and recipe: under max_length auto it is "
+    "the analyzer's choice from the cached lengths",
+    "the pairs per step": "launch every node with the same recipe file and command line",
     "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
     "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
@@ -111,4 +116,23 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the reference's model": str(trainer.model.config.name_or_path),
         # The memory plan's, from each rank's own GPU: another count of forwards would hang ZeRO-3's gathers.
         "the reference's micro-batch": str(trainer.reference_multiple),
+    }
+
+
+def first_half_values(spec) -> dict[str, str]:
+    """What the first half decided (`stages.RunSpec`) that must be equal on every rank, for an early `check`: before
+    a replaced run's files are removed and the model loads, so ranks given different data are refused in seconds, the
+    old run kept. Cheap: digests of lengths already in memory (the analyzer's, or the seeded sample's), no data read."""
+    counts, data = spec.lengths.pairs, spec.data
+    evaluation = data.checked.get("eval_rows")  # not `data_identity`: the main process alone reads the files' hashes
+    return {
+        # Every pair's (the analyzer's) or a seeded sample's token lengths, and the rows and steps they make.
+        "the data set's lengths": digest(["none" if counts is None else lengths_digest(counts), data.steps]),
+        "the evaluation set": "none" if data.eval is None else f"{evaluation} pairs",
+        "max_length": str(spec.lengths.max_length),
+        "the pairs per step": str(spec.pairs_per_step),
+        "the engine": spec.launch.engine.name,
+        "the forward": digest(None if spec.forward.planned is None else spec.forward.planned.record()),
+        "the packages": digest(package_versions()),
+        "the reference's micro-batch": str(spec.memory.reference_multiple),
     }
