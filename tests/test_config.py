@@ -620,3 +620,16 @@ def test_a_recipe_that_never_names_checkpointing_gets_trls_default_without_a_dep
     assert recipe.training.activation_checkpointing is True and "activation_checkpointing" not in recipe.given
     off = parse_args(["--config", path, "--gradient_checkpointing", "false"])  # the old name still read, as given
     assert off.training.activation_checkpointing is False and "activation_checkpointing" in off.given
+
+
+def test_a_parse_leaves_the_next_one_its_defaults():
+    """parse_args builds its parser once per process (issue #54: a third of its time): a field given in one parse, or
+    a default list changed in the recipe it returned, is not the next parse's default (tests parse many)."""
+    cpu = ["--bf16", "false"]
+    first = parse_args([*cpu, "--beta", "0.3", "--loss_type", "sigmoid", "ipo"])
+    default = parse_args(cpu)
+    default.training.loss_type.append("sft")
+    default.training.include_for_metrics.append("inputs")
+    again = parse_args(cpu)
+    assert (first.training.beta, first.training.loss_type) == (0.3, ["sigmoid", "ipo"])
+    assert (again.training.beta, again.training.loss_type, again.training.include_for_metrics) == (0.1, ["sigmoid"], [])
