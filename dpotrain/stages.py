@@ -370,6 +370,9 @@ class Lengths:
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
     positions: int | None = None  # the model's (`lengths.model_positions`), where max_length is known or auto
     given_by: str | None = None  # not `auto`: whose max_length (the dry run said "the recipe's" for --max_length)
+    # Every pair's lengths where they were measured: `measured`'s, else the sample's when it is all the pairs or a dry
+    # run measured them all for its step plan (`plan_batching`), once: each pair is tokenized once per first half.
+    every: object | None = None  # lengths.Measured
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
@@ -469,13 +472,13 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
-    found = None
+    found, every = None, measured[0] if measured is not None else None
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
         found = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
     elif pairs.train is not None and tokenizer is not None:
-        found = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
+        found, every = sample.measured_sample(pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run)
     if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
         f = found  # what it advises instead stays within the model's positions
@@ -489,7 +492,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
-    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by)
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
@@ -614,15 +617,8 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
     pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
-    if f is None or max_length is None:
-        return pending
-    if pair_lengths.measured is not None:
-        m = pair_lengths.measured[0]
-    elif pairs.train is not None and pair_lengths.tokenizer is not None:
-        m = lengths.measure(
-            pairs.train, pair_lengths.tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True
-        )
-    else:
+    m = pair_lengths.every  # measured by the lengths stage: the analyzer's, the mixture's, or a dry run's
+    if f is None or max_length is None or m is None:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
     limit = pair_lengths.positions

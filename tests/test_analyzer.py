@@ -162,6 +162,27 @@ def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_ro
     assert "differed from TRL's in 3 chunk(s)" in capsys.readouterr().err
 
 
+def test_each_pairs_chat_template_is_rendered_once_and_measured_as_the_trainer_does(tokenizer, monkeypatch):
+    """Issue #54: `measure` rendered each pair's three texts twice, to check the answers against the template and to
+    tokenize them. The check's texts are tokenized: once a row, plus `row_lengths`' own on each batch's first row."""
+    import datasets
+
+    rows = datasets.Dataset.from_list(_messages_rows())  # in memory: nothing cached
+    reference = lengths.measure(rows, tokenizer, method="reference")
+    calls, render = [], type(tokenizer).apply_chat_template
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("tokenize", True))
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", counted)
+    m = lengths.measure(rows, tokenizer, chunk_size=16)
+    assert len(rows) == 41 and calls.count(False) == 3 * 41  # rendered as text: the three texts of each row, once
+    assert len(calls) == 3 * 41 + 3 * 3  # and tokenized by the trainer's calls on the first row of the 3 batches
+    for key in ("index", "prompt", "chosen", "rejected", "shared"):
+        np.testing.assert_array_equal(getattr(m, key), getattr(reference, key))
+
+
 def test_a_split_read_from_files_is_tokenized_once_per_tokenizer(tokenizer, tmp_path):
     """`Dataset.map`'s cache, beside the data set's own files: the same rows with the same tokenizer are read back (the
     file is not written again), another chat template is tokenized anew."""

@@ -620,3 +620,34 @@ def test_a_recipe_that_never_names_checkpointing_gets_trls_default_without_a_dep
     assert recipe.training.activation_checkpointing is True and "activation_checkpointing" not in recipe.given
     off = parse_args(["--config", path, "--gradient_checkpointing", "false"])  # the old name still read, as given
     assert off.training.activation_checkpointing is False and "activation_checkpointing" in off.given
+
+
+def test_a_parse_leaves_the_next_one_its_defaults():
+    """parse_args builds its parser once per process (issue #54: a third of its time): a field given in one parse, or
+    a default list changed in the recipe it returned, is not the next parse's default (tests parse many)."""
+    cpu = ["--bf16", "false"]
+    first = parse_args([*cpu, "--beta", "0.3", "--loss_type", "sigmoid", "ipo"])
+    default = parse_args(cpu)
+    default.training.loss_type.append("sft")
+    default.training.include_for_metrics.append("inputs")
+    again = parse_args(cpu)
+    assert (first.training.beta, first.training.loss_type) == (0.3, ["sigmoid", "ipo"])
+    assert (again.training.beta, again.training.loss_type, again.training.include_for_metrics) == (0.1, ["sigmoid"], [])
+
+
+def test_a_recipe_file_is_parsed_once_per_content_and_each_reader_gets_its_own(tmp_path, capsys, monkeypatch):
+    """Issue #54: a run parsed its recipe's YAML twice (its fields, then whether it names a resume_from_checkpoint),
+    and the tests parse the same recipes hundreds of times. Parsed once per content: a changed file is parsed anew,
+    and a reader's change to its mapping (parse_args takes the `env:` block out) is not the next reader's."""
+    from dpotrain.recipe import recipe_file
+
+    parsed, get = [], recipe_file._StrictLoader.get_single_data
+    monkeypatch.setattr(recipe_file._StrictLoader, "get_single_data", lambda self: parsed.append(1) or get(self))
+    path = write(tmp_path, (ROOT / "configs" / "smoke.yaml").read_text() + "env:\n  DPOTRAIN_TEST_PARSED: '1'\n")
+    train_dpo.main(["--config", path, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    assert len(parsed) == 1 and "dry run of" in capsys.readouterr().out
+    first = recipe_file.load(path)
+    first.pop("env")
+    assert recipe_file.load(path)["env"] == {"DPOTRAIN_TEST_PARSED": "1"} and len(parsed) == 1
+    write(tmp_path, "beta: 0.3\n")
+    assert recipe_file.load(path) == {"beta": 0.3} and len(parsed) == 2

@@ -566,3 +566,52 @@ def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
     assert derived["batching"]["pairs_trained"] == {"pairs": 12, "of": 12, "steps": 3}
     assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)
+
+
+def measured_rows(monkeypatch) -> list[int]:
+    """The rows each `lengths.measure` call of this test tokenizes (the real call, counted)."""
+    from dpotrain.data import lengths
+
+    calls, measure = [], lengths.measure
+
+    def counted(dataset, *args, **kwargs):
+        calls.append(len(dataset))
+        return measure(dataset, *args, **kwargs)
+
+    monkeypatch.setattr(lengths, "measure", counted)
+    return calls
+
+
+@pytest.mark.parametrize("rows", [40, 1030])  # the seeded sample (1,024 rows) is all of the pairs, or part of them
+def test_a_dry_run_tokenizes_each_pair_once(rows, tmp_path, capsys, monkeypatch):
+    """Issue #54: the lengths stage measured its seeded sample and the step plan then measured every pair again, so a
+    data set of at most 1,024 pairs (every test's, the demo's) was tokenized twice. The plan reads what was measured."""
+    from dpotrain.data import builtin
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(rows, seed=1)))
+    calls = measured_rows(monkeypatch)
+    text = dry_run(capsys, *SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run"))
+    assert calls == [rows]
+    assert field(text, "max length").startswith(f"1024 (the recipe's); 0 of {rows:,} pairs cut")  # every pair planned
+
+
+def test_a_sample_taken_from_every_pairs_lengths_is_the_sample_measured_alone():
+    """A dry run measures every pair once and takes the seeded sample from them (`every`): the same rows, lengths and
+    source as the sample measured alone, invalid rows left out of both, and a stream's first rows."""
+    import datasets
+
+    from dpotrain.data import builtin, chat_template
+    from dpotrain.forwards import sample
+
+    pairs = builtin.make_preference_rows(30, seed=2)
+    pairs[3]["chosen"] = []  # no answer: invalid: left out of both
+    tokenizer = chat_template.apply(builtin.build_tokenizer(), None)
+    table = datasets.Dataset.from_list(pairs)
+    for dataset in (table, table.to_iterable_dataset()):
+        alone, none = sample.measured_sample(dataset, tokenizer, seed=7, rows=10)
+        taken, every = sample.measured_sample(dataset, tokenizer, seed=7, rows=10, every=True)
+        assert none is None and every.rows == 29 and len(every.invalid) == 1
+        assert taken.source == alone.source
+        for name in ("prompt", "chosen", "rejected", "shared"):
+            assert getattr(taken, name).tolist() == getattr(alone, name).tolist(), name

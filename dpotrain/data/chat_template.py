@@ -155,12 +155,13 @@ def template_kwargs(example: dict) -> dict:
     }
 
 
-def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
+def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
     prompt + generation prompt, or whose prompt (with the generation prompt), prompt + chosen or prompt + rejected the
     template refuses (`raise_exception`: a system turn it does not take, roles that do not alternate): TRL's
     tokenization would raise on that row after the model loaded. None otherwise, and without a template at all
-    (`lengths.check_tokenizer` refuses that with its fix)."""
+    (`lengths.check_tokenizer` refuses that with its fix). `rendered`, for a pair without a problem: its three texts,
+    as `lengths.measure` tokenizes them (rendered once a row)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
     kwargs, texts = template_kwargs(example), {}
@@ -190,6 +191,8 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
                 "the text around it (an empty answer where it has none): give a chat template that writes "
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
+    if rendered is not None:
+        rendered.update(texts)
     return None
 
 

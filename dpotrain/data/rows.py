@@ -63,9 +63,10 @@ class RowFormat:
         return self.shape.conversational
 
 
-def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | None]:
+def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[dict | None, tuple[str, str] | None]:
     """`(example, None)`: the row as the trainer tokenizes it (`shapes.read`: explicit prompt, extra columns left out,
-    no EOS yet), or `(None, (column, problem))` for a row the trainer cannot use or should not see."""
+    no EOS yet), or `(None, (column, problem))` for a row the trainer cannot use or should not see. `rendered`: the
+    chat template's texts of a message row checked against it (`chat_template.answer_problem`)."""
     shape = fmt.shape
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
@@ -99,7 +100,7 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
     if fmt.template is not None:  # the answers against the template's generation prompt
-        if problem := chat_template.answer_problem(example, fmt.template):
+        if problem := chat_template.answer_problem(example, fmt.template, rendered):
             return None, problem
     return example, None
 

@@ -7,6 +7,7 @@ argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors tha
 """
 
 import contextlib
+import copy
 import difflib
 import functools
 import glob
@@ -282,6 +283,22 @@ def make_parser():
 
 
 @functools.cache
+def _built_parser():
+    """The parser, built once per process (a third of parsing a command line), and its actions' defaults as built."""
+    parser = make_parser()
+    return parser, {action: copy.deepcopy(action.default) for action in upstream.parser_actions(parser)}
+
+
+def _parser():
+    """`make_parser()`'s, each default a fresh copy: a parsed field holds its default itself (`loss_type`'s list), and
+    a change to one recipe's must not become the next parse's default (tests and notebooks parse many in a process)."""
+    parser, defaults = _built_parser()
+    for action, default in defaults.items():
+        action.default = copy.deepcopy(default)
+    return parser
+
+
+@functools.cache
 def _options() -> dict[str, object]:
     """`--name` (snake_case, or kebab-case) -> its argparse action."""
     return upstream.long_flags(make_parser())
@@ -462,7 +479,7 @@ OWN_DEFAULTS = {
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
-    parser = make_parser()
+    parser = _parser()
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
         print(usage.short_help(parser, ProjectArguments))
         raise SystemExit(0)

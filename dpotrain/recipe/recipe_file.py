@@ -9,6 +9,8 @@ argparse types as the command line, and PyYAML's YAML 1.1 rewrites a number's te
 revision "1.1", `revision: 0123` the octal 83, `save_steps: 0100` 64 steps, `1:30` the number 90).
 """
 
+import copy
+import functools
 import math
 from pathlib import Path
 
@@ -71,8 +73,16 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, y
 
 def load(path: str | Path) -> dict:
     """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
-    loader = _StrictLoader(Path(path).read_text(encoding="utf-8", errors="replace"))
-    loader.name = str(path)
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return copy.deepcopy(_parsed(str(path), text))  # the caller's own: parse_args takes its `env:` block out
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: str, text: str) -> dict:
+    """`load`'s mapping, parsed once per content: a run reads its recipe twice (its fields, then whether it names a
+    resume_from_checkpoint) and the tests parse the same recipes hundreds of times. A file changed is read anew."""
+    loader = _StrictLoader(text)
+    loader.name = path
     try:
         recipe = loader.get_single_data()
     except yaml.MarkedYAMLError as e:

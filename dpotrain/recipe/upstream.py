@@ -226,7 +226,8 @@ SEAMS = (
     _read("tqdm.std:tqdm._instances", "the open progress bars, closed before an error's line (recipe/errors.py)"),
     _read(
         "argparse:ArgumentParser._actions",
-        "the recipe's flags and their help, for unknown-flag hints and the short --help (recipe/config.py, usage.py)",
+        "the recipe's flags, their help and defaults: unknown-flag hints, the short --help, the parser built once "
+        "(recipe/config.py, usage.py)",
     ),
     _call(
         f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
@@ -541,6 +542,13 @@ def open_progress_bars() -> list:
     return list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()))
 
 
+def parser_actions(parser) -> list:
+    """An argparse parser's actions: its flags, their help and defaults."""
+    return parser._actions
+
+
 def long_flags(parser) -> dict:
     """Each `--flag` of an argparse parser (every spelling it takes) -> its action."""
-    return {flag: action for action in parser._actions for flag in action.option_strings if flag.startswith("--")}
+    return {
+        flag: action for action in parser_actions(parser) for flag in action.option_strings if flag.startswith("--")
+    }
