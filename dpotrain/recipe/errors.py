@@ -43,11 +43,17 @@ def run_command(main) -> None:
     process ends as Python's exit would, but without tearing the interpreter down (`end_process`)."""
     try:
         run_cli(main)
-    except SystemExit as e:
-        code = 0 if e.code is None else e.code
-        if not isinstance(code, int):
-            raise  # a message for the interpreter to print: its own exit
-        end_process(code)
+    except SystemExit as ended:
+        end_with(ended)
+
+
+def end_with(ended: SystemExit) -> None:
+    """The process ended with `ended`'s code (`end_process`); a message to print (`sys.exit("...")`) is left to the
+    interpreter's own exit, which prints it."""
+    code = 0 if ended.code is None else ended.code
+    if not isinstance(code, int):
+        raise ended
+    end_process(code)
 
 
 def end_process(code: int) -> None:
