@@ -58,9 +58,10 @@ def end_with(ended: SystemExit) -> None:
 
 def end_process(code: int) -> None:
     """End the process with `code` after what Python's exit does first, skipping its teardown: with the stack imported
-    (torch, transformers, TRL, datasets, DeepSpeed), freeing every module and collecting the heap cost ~1-2.5 CPU-s
-    per process (BENCHMARKS.md, "Start-up"), paid by every rank, dry run, analyzer and refusal, and freeing nothing the
-    operating system does not free at exit. Only its own code's end: a traceback still exits the usual way."""
+    (torch, transformers, TRL, datasets, DeepSpeed), freeing every module and collecting the heap cost 1.4-2.8 CPU-s
+    per process (BENCHMARKS.md, "The process's end"), paid by every rank, dry run, analyzer and refusal, and freed
+    nothing the operating system does not free at exit. Only its own code's end: a traceback still exits the usual way.
+    gc.freeze() instead would save most of it, but triton's nanobind then prints hundreds of 'leaked' lines."""
     upstream.wait_for_threads()  # as Python's exit, first: a background Hub upload, concurrent.futures' workers
     upstream.run_exit_handlers()  # then atexit's: W&B's teardown (its files), logging.shutdown, temporary folders
     try:
