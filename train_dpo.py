@@ -34,7 +34,7 @@ with venv.loading_libraries():
     from dpotrain.hub import hub
     from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args, read_recipe
-    from dpotrain.recipe.errors import run_cli
+    from dpotrain.recipe.errors import run_command
     from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import GracefulStop
 
@@ -114,4 +114,4 @@ def run(argv, stop: GracefulStop) -> int | None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_command(main)

@@ -44,7 +44,7 @@ with venv.loading_libraries():
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.rows import InvalidRowError
     from dpotrain.recipe import cli, config, writes
-    from dpotrain.recipe.errors import ConfigError, cause, run_cli
+    from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
 
@@ -505,4 +505,4 @@ def sample(dataset, n: int, seed: int):
 
 
 if __name__ == "__main__":
-    run_cli(main)  # Ctrl-C mid-analysis too: one line, nothing cached
+    run_command(main)  # Ctrl-C mid-analysis too: one line, nothing cached

@@ -30,7 +30,7 @@ from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import data, mixture  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, cause, run_cli  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, cause, run_command  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,4 +141,4 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_command(main)

@@ -26,7 +26,7 @@ if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLI
 from dpotrain import preflight, stages  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
-from dpotrain.recipe.errors import run_cli  # noqa: E402
+from dpotrain.recipe.errors import run_command  # noqa: E402
 
 
 def parse_own(argv):
@@ -62,4 +62,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_command(main)

@@ -33,7 +33,7 @@ from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli, run_record  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, RunError, cause, run_cli  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, RunError, cause, run_command  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 
@@ -140,4 +140,4 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_command(main)

@@ -109,6 +109,16 @@ BASE_ENV = dict(os.environ)  # after the defaults above: the environment the war
 WARM_HELPER = ROOT / "tests" / "helpers" / "warm.py"
 
 
+def _agent(module: str) -> str:
+    """A launcher's agent (`module`'s `main`) as a script for the warm interpreter, ended as the project's commands end
+    (dpotrain/recipe/errors.py: `end_with`): a warm child's teardown also collects the server's heap, ~2 CPU-s."""
+    return (
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom {module} import main\n"
+        "from dpotrain.recipe.errors import end_with\n"
+        "try:\n    sys.exit(main())\nexcept SystemExit as ended:\n    end_with(ended)\n"
+    )
+
+
 class _Warm:
     """The session's warm server, started on first use; DPOTRAIN_TESTS_COLD=1 runs every launch as a fresh
     interpreter instead (what the server saves: ~7 CPU-seconds of imports per process)."""
@@ -141,13 +151,9 @@ class _Warm:
                 )
                 client.chmod(0o755)
             # `accelerate launch` itself imports torch and transformers (~6 CPU-seconds a launch): run warm too.
-            (cls.folder / "accelerate_cli.py").write_text(
-                "import sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n"
-            )
+            (cls.folder / "accelerate_cli.py").write_text(_agent("accelerate.commands.accelerate_cli"))
             # torchrun's agent, for the tests' bare gloo launches (~4 CPU-seconds of torch imports a launch).
-            (cls.folder / "torchrun.py").write_text(
-                "import sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
-            )
+            (cls.folder / "torchrun.py").write_text(_agent("torch.distributed.run"))
         return cls.folder
 
     @classmethod

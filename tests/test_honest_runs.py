@@ -212,13 +212,22 @@ def wandb_history_steps(run_file) -> list[int]:
 
 
 def wandb_history(run_file) -> list[tuple[int, dict]]:
-    """Each history row of an offline W&B run file (LevelDB log blocks of protobuf records): its `_step` and its
-    values by key, as JSON text."""
+    """Each history row of an offline W&B run file: its `_step` and its values by key, as JSON text."""
+    rows = []
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            values = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            rows.append((record.history.step.num, values))
+    return rows
+
+
+def wandb_records(run_file) -> list:
+    """Every record of an offline W&B run file (LevelDB log blocks of protobuf records), in order."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    data, pos, rows, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
+    data, pos, records, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
             pos += 32768 - pos % 32768
@@ -231,10 +240,8 @@ def wandb_history(run_file) -> list[tuple[int, dict]]:
         if kind in (1, 4):  # a whole record, or the last piece of one
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                values = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-                rows.append((record.history.step.num, values))
-    return rows
+            records.append(record)
+    return records
 
 
 @pytest.mark.slow
@@ -264,7 +271,11 @@ def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_mod
     # row for each new step, instead of restarting at 0 and being dropped. The resumed run first logs again the rows
     # up to its checkpoint, from metrics.jsonl, with the first run's values: a SIGKILL loses the rows W&B still held
     # in its buffer, and without them those steps would be missing once synced.
-    first, second = [wandb_history(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
+    files = sorted(out.glob("wandb/offline-run-*/run-*.wandb"))
+    # Each run's file complete: it ends with the exit record W&B's teardown writes (an exit handler, which a command's
+    # end runs before it ends the process: tests/test_process_end.py).
+    assert [wandb_records(f)[-1].WhichOneof("record_type") for f in files] == ["exit", "exit"], files
+    first, second = [wandb_history(f) for f in files]
     assert [s for s, _ in first] == [1, 2, 3, 4, 5, 6] and [s for s, _ in second] == [1, 2, 3, 4, 5, 6]
     for (step, was), (_, again) in zip(first[:3], second[:3], strict=True):
         assert again["train/loss"] == was["train/loss"] and again["train/global_step"] == str(step), (was, again)

@@ -15,7 +15,7 @@ import sys
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
-from dpotrain.recipe.errors import ConfigError, plural, run_cli
+from dpotrain.recipe.errors import ConfigError, plural, run_command
 
 ENGINE_FLAGS = ("--accelerate_config", "--accelerate-config")  # the field's flag, as the parser takes it
 
@@ -207,4 +207,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_command(main)

@@ -1,3 +1,6 @@
+import contextlib
+import ctypes
+import os
 import sys
 
 from dpotrain.recipe import upstream
@@ -45,3 +48,41 @@ def run_cli(main) -> None:
         sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"error: {e}\n")
         sys.stderr.flush()
         sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
+
+
+def run_command(main) -> None:
+    """`run_cli` for a process's own command (train_dpo.py's and each script's `__main__`): once `main` has ended, the
+    process ends as Python's exit would, but without tearing the interpreter down (`end_process`)."""
+    try:
+        run_cli(main)
+    except SystemExit as ended:
+        end_with(ended)
+
+
+def end_with(ended: SystemExit) -> None:
+    """The process ended with `ended`'s code (`end_process`); a message to print (`sys.exit("...")`) is left to the
+    interpreter's own exit, which prints it."""
+    code = 0 if ended.code is None else ended.code
+    if not isinstance(code, int):
+        raise ended
+    end_process(code)
+
+
+def end_process(code: int) -> None:
+    """End the process with `code` after what Python's exit does first, skipping its teardown: with the stack imported
+    (torch, transformers, TRL, datasets, DeepSpeed), freeing every module and collecting the heap cost 1.4-2.8 CPU-s
+    per process (BENCHMARKS.md, "The process's end"), paid by every rank, dry run, analyzer and refusal, and freed
+    nothing the operating system does not free at exit. Only its own code's end: a traceback still exits the usual way.
+    gc.freeze() instead would save most of it, but triton's nanobind then prints hundreds of 'leaked' lines."""
+    upstream.wait_for_threads()  # as Python's exit, first: a background Hub upload, concurrent.futures' workers
+    upstream.run_exit_handlers()  # then atexit's: W&B's teardown (its files), logging.shutdown, temporary folders
+    try:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):  # a stream that cannot take its last output: the interpreter's exit reports it
+        sys.exit(code)
+    # C libraries' stdio buffers (printf to a pipe): exit() flushes them, os._exit does not.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
+    os._exit(code)

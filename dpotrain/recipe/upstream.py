@@ -1,5 +1,5 @@
-"""The seam: every private name of TRL, transformers, accelerate, datasets, torch (and argparse, tqdm) that this
-project touches, strings given to `getattr` and patch targets included.
+"""The seam: every private name of TRL, transformers, accelerate, datasets, torch (and argparse, tqdm, threading,
+atexit) that this project touches, strings given to `getattr` and patch targets included.
 
 A private name moves without a deprecation. Each one is listed here once (`SEAMS`: what it is and why the project uses
 it) and reached only through this module's functions, so an upgrade that moves one fails in tests/test_upstream.py by
@@ -232,6 +232,12 @@ SEAMS = (
     _call(
         f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
     ),
+    # --- the interpreter's own exit, its first steps taken by a command before it ends (recipe/errors.py) ---------
+    _call(
+        "threading:_shutdown",
+        "a command's end waits for the threads Python's exit waits for (a Hub upload, concurrent.futures' workers)",
+    ),
+    _call("atexit:_run_exitfuncs", "a command's end runs the exit handlers (W&B's teardown, logging.shutdown, ...)"),
     # --- module-level names replaced for one call ---------------------------------------------------------------
     _patch(
         ROTATION,
@@ -552,3 +558,15 @@ def long_flags(parser) -> dict:
     return {
         flag: action for action in parser_actions(parser) for flag in action.option_strings if flag.startswith("--")
     }
+
+
+def wait_for_threads() -> None:
+    """What Python's exit does first: the threads it waits for joined (`threading._shutdown`: the non-daemon threads
+    and what `threading._register_atexit` registered, which tells concurrent.futures' workers to end)."""
+    _value("threading:_shutdown")()
+
+
+def run_exit_handlers() -> None:
+    """What Python's exit does next: every `atexit` handler, newest first (`atexit._run_exitfuncs`); an error in one is
+    printed and the others still run, as at exit. Each runs once: the list is empty after."""
+    _value("atexit:_run_exitfuncs")()

@@ -205,8 +205,9 @@ def _start(conn, listener, project: str, base: dict, set_by_imports: dict, log: 
 
 
 def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imports: dict[str, str]) -> None:
-    """Become `python [-u] SCRIPT ARGS` as the client was started; exits through the interpreter's own exit (atexit
-    handlers, stdio flushed, exit code or signal)."""
+    """Become `python [-u] SCRIPT ARGS` as the client was started; exits as the script makes it: the interpreter's own
+    exit (atexit handlers, stdio flushed, exit code or signal), or a project command's end, which runs the same handlers
+    and skips the teardown (dpotrain/recipe/errors.py: `end_process`)."""
     import atexit
     import ctypes
     import io
@@ -219,7 +220,7 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     for sig in FORWARDED:
         default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         signal.signal(sig, signal.SIG_IGN if int(sig) in request.get("ignored", ()) else default)
-    # Last at exit: the server's frozen objects back in the collector's sight for the interpreter's finalization, as a
+    # Last at exit: the server's frozen objects back in the collector's sight for the interpreter's teardown, as a
     # fresh interpreter's are: frozen, triton's nanobind bindings (imported with transformers on a CUDA build of torch)
     # report them as leaked, in hundreds of lines after the script's own last line.
     atexit.register(gc.unfreeze)

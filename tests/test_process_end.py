@@ -1,0 +1,88 @@
+"""A command's end (`errors.run_command`): what Python's exit does first, then no interpreter teardown.
+
+With the stack imported, the teardown (every module freed, the heap collected) cost each process ~1-2.5 CPU-s
+(BENCHMARKS.md, "Start-up"): every rank, dry run, analyzer and refusal. Skipping it must lose nothing a user reads:
+the exit code, the last line under `| tee`, what threads and exit handlers still write (W&B's files: test_honest_runs).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, python
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+COMMAND = textwrap.dedent("""
+    import atexit, ctypes, os, sys, threading, time
+    sys.path.insert(0, {root!r})
+    from dpotrain.recipe.errors import {runner}
+
+    class Teardown:  # freed only by the interpreter's teardown, when it clears this module
+        def __del__(self, write=os.write):
+            write(2, b"teardown ran\\n")
+
+    KEPT = Teardown()
+
+    def upload():  # a non-daemon thread still writing, as a background Hub upload would
+        time.sleep(0.5)
+        print("thread done")
+
+    def main():
+        atexit.register(lambda: print("exit handler ran"))
+        threading.Thread(target=upload).start()
+        ctypes.CDLL(None).printf(b"from C\\n")  # C stdio, block-buffered on a pipe
+        print("last line of main")
+        return 3
+
+    {runner}(main)
+""")
+
+
+def command(tmp_path, runner: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "command.py"
+    script.write_text(COMMAND.format(root=str(ROOT), runner=runner))
+    shell = f'"{sys.executable}" "{script}" | tee "{tmp_path / "log"}"; exit ${{PIPESTATUS[0]}}'
+    # Buffered, as a plain `python` on a pipe is: Python's stdout and C's stdio both hold the last lines until flushed.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.slow
+def test_a_command_ends_after_its_threads_and_exit_handlers_with_its_code_and_no_teardown(tmp_path):
+    ended = command(tmp_path, "run_command")
+    assert ended.returncode == 3, ended.stderr
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert sorted(lines) == sorted(["from C", "last line of main", "thread done", "exit handler ran"]), lines
+    # Python's order: main's output, the threads it waits for, then the exit handlers.
+    python_lines = [line for line in lines if line != "from C"]
+    assert python_lines == ["last line of main", "thread done", "exit handler ran"], lines
+    assert "teardown ran" not in ended.stderr and "Traceback" not in ended.stderr, ended.stderr
+
+
+@pytest.mark.slow
+def test_the_dry_run_and_a_refusal_end_with_their_code_and_last_line_under_a_pipe(tmp_path):
+    """The real command, warm or fresh (conftest.python): the summary's last line through `| tee`, and a refusal's
+    `error:` line as the last of stderr; no nanobind leak report (triton's, printed at a teardown that saw its objects
+    still alive) after them."""
+    log = tmp_path / "log"
+    dry = f'"{python()}" "{ROOT / "train_dpo.py"}" --config "{SMOKE}" --output_dir "{tmp_path / "run"}" --dry-run'
+    ended = subprocess.run(
+        ["bash", "-c", f'{dry} | tee "{log}"; exit ${{PIPESTATUS[0]}}'], capture_output=True, text=True, timeout=600
+    )
+    assert ended.returncode == 0, ended.stderr[-3000:]
+    assert log.read_text().splitlines()[-1].lstrip().startswith("everything:"), log.read_text()[-2000:]
+    assert "nanobind" not in ended.stderr, ended.stderr[-3000:]
+
+    refusal = f"{dry} --beta -1 2>&1"
+    ended = subprocess.run(
+        ["bash", "-c", f'{refusal} | tee "{log}"; exit ${{PIPESTATUS[0]}}'], capture_output=True, text=True, timeout=600
+    )
+    assert ended.returncode == 2, ended.stdout[-3000:]
+    assert (
+        log.read_text().splitlines()[-1]
+        == "error: beta must be > 0 (got -1.0); OLMo 3's length-normalized DPO uses --beta 5"
+    )
