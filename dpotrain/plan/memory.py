@@ -510,13 +510,12 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
     return BF16 * local * head_dim(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
-def plan(
-    recipe, world: int, engine: Engine | None = None, attention: str | None = None, model: tuple | None = None
-) -> dict:
+def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None, model=None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
     is known and the plan does not fit it. `attention`: the forward's attention (its masks), else the recipe's, else
     sdpa. With `sequence_parallel_size` N a GPU's activations and LM head are planned for 1/N of the positions; masks
-    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world)."""
+    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world).
+    `model`: the model's (config, why not) where the caller has read it (a Hub model's config asks at each read)."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -529,7 +528,7 @@ def plan(
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
         return {"skipped": token_source, **named}
-    config, why = model or load_model_config(recipe)  # the caller's read where it has one (a Hub config: one ask)
+    config, why = model or load_model_config(recipe)
     if config is None:
         return {"skipped": why, **named}
     shape = model_shape(recipe, config)
