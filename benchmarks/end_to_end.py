@@ -415,9 +415,10 @@ def forward_and_plan(
         None,
         max_length=recipe.training.max_length,
     )
-    forward = stages.decide_forward(recipe, launch, model_path, pair_lengths)
+    model = stages.model_config(recipe, model_path, local_only=False)
+    forward = stages.decide_forward(recipe, launch, model_path, pair_lengths, model)
     pairs_held = stages.given_pairs(recipe, launch, pairs)
-    return forward.planned, stages.plan_memory(recipe, launch, pairs_held, pair_lengths, forward)
+    return forward.planned, stages.plan_memory(recipe, launch, pairs_held, pair_lengths, forward, model)
 
 
 def trl_trainer(args, pairs, clock):

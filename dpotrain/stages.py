@@ -368,7 +368,7 @@ class Lengths:
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
-    positions: int | None = None  # the model's (`lengths.model_positions`), where max_length is known or auto
+    positions: int | None = None  # the model's (`positions.model_limit`), where max_length is known or auto
     given_by: str | None = None  # not `auto`: whose max_length (the dry run said "the recipe's" for --max_length)
     # Every pair's lengths where they were measured: `measured`'s, else the sample's when it is all the pairs or a dry
     # run measured them all for its step plan (`plan_batching`), once: each pair is tokenized once per first half.
@@ -397,19 +397,16 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
-    """A recipe's `pad_token` must be a token of the tokenizer: TRL raised its ValueError only once the model had
-    loaded (padded), and packed the run saved the tokenizer with it (RecipeDPOTrainer._set_pad_token)."""
+    """The token the trainer pads with: the recipe's `pad_token`, which must be a token of the tokenizer, else the
+    tokenizer's pad or EOS token. TRL raised its ValueError for either only once the model had loaded (padded; a
+    packed run may fall back to padded), and packed the run saved the tokenizer with a pad_token it lacked
+    (RecipeDPOTrainer._set_pad_token). After the pairs' checks: plain text says more of no EOS (check_tokenizer)."""
     if pad_token and pad_token not in tokenizer.get_vocab():
         raise ConfigError(
             f"pad_token {pad_token!r} is not a token of the tokenizer of {tokenizer.name_or_path}: give one of its "
             f"tokens (e.g. its EOS token {tokenizer.eos_token!r}), or leave pad_token out (the tokenizer's own pad "
             "token, else its EOS token)"
         )
-
-
-def check_pads(pad_token: str | None, tokenizer) -> None:
-    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised its ValueError once the model had
-    loaded (padded; a packed run may fall back to padded). After the pairs' checks: plain text says more of no EOS."""
     if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise ConfigError(
             f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
@@ -446,19 +443,17 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
     return (m, report or "the training split, measured at start (not cached)"), auto
 
 
-def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
-    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`."""
+def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, state=None) -> Lengths:
+    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`.
+    `model_config`: the first half's one read (`model_config`), None where a dry run does not have it."""
     t, p = recipe.training, recipe.project
-    max_length, model = t.max_length, recipe.model
-    # The model's positions, read once (a Hub model's config asks the Hub): what max_length may be, or advise
+    max_length = t.max_length
+    # The model's positions: what max_length may be, or advise
     limit = None
-    if recipe.max_length_auto or max_length is not None:
-        limit = lengths.model_positions(
-            model.model_name_or_path, model.model_revision, launch.dry_run, recipe.training.trust_remote_code
-        )
+    if (recipe.max_length_auto or max_length is not None) and model_config is not None:
+        limit = positions.model_limit(model_config)[0]
     tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
     if tokenizer is not None:
-        check_pad_token(t.pad_token, tokenizer)
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
@@ -485,7 +480,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     if tokenizer is not None:
-        check_pads(t.pad_token, tokenizer)
+        check_pad_token(t.pad_token, tokenizer)
     from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets
 
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
@@ -533,8 +528,9 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     return chat_template.eos_ids(found.eos_token_id)
 
 
-def _model_config(recipe, model_path: str, local_only: bool):
-    """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
+def model_config(recipe, model_path: str, local_only: bool) -> tuple:
+    """The model's config (no weights), or (None, why) where a dry run does not have it on this machine: read once
+    per run (a Hub model's config asks the Hub at each read), by `first_half`, which passes it to each stage."""
     revision, trust = recipe.model.model_revision, recipe.training.trust_remote_code
     try:
         config = AutoConfig.from_pretrained(
@@ -559,9 +555,10 @@ def _model_config(recipe, model_path: str, local_only: bool):
         return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"
 
 
-def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
-    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run."""
-    config, why = _model_config(recipe, model_path, local_only=launch.dry_run)
+def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
+    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. `model`:
+    `model_config`'s (config, why not)."""
+    config, why = model
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
@@ -644,12 +641,14 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     ).summary
 
 
-def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> MemoryPlan:
+def plan_memory(
+    recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, model: tuple
+) -> MemoryPlan:
     """The memory plan, once per run, for the recipe of this run (`as_run`: its advice names changes to the recipe),
-    the forward chosen and the launch's engine: refused when it cannot fit the GPU."""
+    the forward chosen and the launch's engine: refused when it cannot fit the GPU. `model`: `model_config`'s."""
     attention = forward.planned.attention if forward.planned is not None else None
     run = as_run(recipe, launch, pairs, pair_lengths, forward)
-    return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention))
+    return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention, model=model))
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
@@ -731,13 +730,14 @@ def first_half(
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, state, output)
     model_path = model_files(recipe, launch)
-    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, state)
-    forward = decide_forward(recipe, launch, model_path, pair_lengths)
+    model = model_config(recipe, model_path, local_only=launch.dry_run)  # once: each stage is given it
+    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], state)
+    forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))
-    planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
-    auto = _model_config(recipe, model_path, local_only=True)[0] if recipe.model.dtype == "auto" else None
+    planned = plan_memory(recipe, launch, pairs, pair_lengths, forward, model)
+    auto = model[0] if recipe.model.dtype == "auto" else None
     load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 

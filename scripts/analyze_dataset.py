@@ -444,7 +444,7 @@ def hub_downloads(
     missing = []
     if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, revision, weights=False):
         missing.append(f"the tokenizer of {tokenizer!r} is not cached")
-    if offline.is_hub_dataset(dataset) and (args.streaming or not offline.cached_dataset(dataset, config, split)[0]):
+    if hub_revision.applies(dataset) and (args.streaming or not offline.cached_dataset(dataset, config, split)[0]):
         missing.append(f"data set {dataset!r} is not cached")
     return missing
 
@@ -454,7 +454,7 @@ def fetch_remedy(tokenizer: str, dataset: str, subset: str | None, recipe_path: 
     command = ["python", venv.project_file("scripts/prefetch.py"), *(["--config", recipe_path] if recipe_path else [])]
     if offline.is_hub_model(tokenizer):
         command += ["--model_name_or_path", tokenizer]
-    if offline.is_hub_dataset(dataset):
+    if hub_revision.applies(dataset):
         command += ["--dataset_name", dataset, *(["--revision", args.revision] if args.revision else [])]
         command += ["--dataset_config", subset] if subset else []
     return (

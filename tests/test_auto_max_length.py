@@ -64,7 +64,8 @@ def test_the_lengths_are_cached_for_the_rows_the_run_read_not_the_file_as_it_is_
     pairs = stages.load_data(recipe, launch, say=False)
     with open(path, "a") as f:
         f.write("".join(rows[40:80]))  # written after the rows were read
-    auto = stages.measure_lengths(recipe, launch, pairs, tiny_model_dir).auto
+    config = stages.model_config(recipe, tiny_model_dir, local_only=False)[0]
+    auto = stages.measure_lengths(recipe, launch, pairs, tiny_model_dir, config).auto
     assert auto["rows"] == 40
     tokenizer = lengths.load_tokenizer(tiny_model_dir)
     assert lengths.cached_measure(mixture.dataset_id(recipe), tokenizer) is None  # not the 80 rows' lengths

@@ -201,8 +201,9 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     machines = {"H100 without FA4": (True, None)}
     launch = stages.Launch(16, "2 nodes of 8", zero2, machines, dry_run=False, batch=resolve.decide_batch(r, 16))
     pair_lengths = stages.Lengths(None, think_mix(), None, None, max_length=r.training.max_length)
-    forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)
-    planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward)
+    model = stages.model_config(r, r.model.model_name_or_path, local_only=True)
+    forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths, model)
+    planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward, model)
     assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned.attention
     assert planned.fits is True and planned.total_gib == 72.8
     assert planned.per_gpu_gib["attention_masks"] == 0.0  # a block mask's few MiB

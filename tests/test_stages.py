@@ -4,6 +4,7 @@ then writes in resolved_config.json; each decision is made once per run; a dry r
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -113,6 +114,30 @@ def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatc
     capsys.readouterr()
     train_dpo.main(args)  # the dry run analysed the split: the run reads the analyzer's cache once
     assert calls == {"memory plan": 2, "analyzer cache read": 2, "max_length": 2, "world size": 2}
+
+
+@pytest.mark.slow
+def test_the_first_half_reads_the_models_config_once(tmp_path, monkeypatch):
+    """A Hub model's config asks the Hub at each read: the lengths stage (the model's positions), the forward's checks,
+    the load dtype (`--dtype auto`), the memory plan and each plan its refusal weighs read it apart, 15 times in this
+    refused dry run. The first half reads it once and passes it on."""
+    from transformers import AutoConfig
+
+    from dpotrain.recipe.errors import ConfigError
+
+    read, load = [], AutoConfig.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        caller = sys._getframe(1).f_globals["__name__"]  # not transformers' own (AutoTokenizer reads it to choose)
+        read.extend([caller] if caller.startswith("dpotrain") else [])
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", classmethod(counted))
+    model = str(ROOT / "configs" / "models" / "olmo3-7b")  # a 7B's config: 40 GiB is too little, the advice weighs
+    args = ["--model_name_or_path", model, "--bf16", "true", "--dtype", "auto", "--gpu_memory_gib", "40"]
+    with pytest.raises(ConfigError, match="memory plan: .* these fit"):
+        train_dpo.main([*SMOKE, *args, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    assert read == ["dpotrain.stages"]
 
 
 def test_the_recipes_env_block_sets_what_the_environment_does_not(tmp_path, capsys, monkeypatch):

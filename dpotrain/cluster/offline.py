@@ -20,7 +20,7 @@ import yaml
 from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
-from dpotrain.data import builtin, data, mixture
+from dpotrain.data import builtin, hub_revision, mixture
 from dpotrain.recipe import venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline
@@ -53,10 +53,6 @@ def is_hub_model(name: str | None) -> bool:
     return not (name.startswith((".", "/", "~")) or Path(name).expanduser().exists())
 
 
-def is_hub_dataset(name: str | None) -> bool:
-    return bool(name) and not data.is_local(name)
-
-
 def hub_datasets(recipe) -> list[mixture.Source]:
     """Each Hub data set the job reads: `dataset_name`'s training split, else every Hub source of the training and
     held-out mixtures (local sources are read where they are)."""
@@ -66,7 +62,7 @@ def hub_datasets(recipe) -> list[mixture.Source]:
     if not mixture.given(values):
         sources.append(mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config))
     # a builder (`path: json` with data_dir or several data_files) reads local files: no Hub data set named json
-    return [s for s in sources if not s.file and s.path not in mixture.BUILDERS and is_hub_dataset(s.path)]
+    return [s for s in sources if not s.file and s.path not in mixture.BUILDERS and hub_revision.applies(s.path)]
 
 
 def select_model_files(repo_files: list[str]) -> list[str]:

@@ -39,9 +39,8 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
         found["lengths"][length] = {"sequence_parallel_size": None}
         for n in groups:
             project = {"memory_check": False, "max_tokens_per_microbatch": 2 * length, "sequence_parallel_size": n}
-            planned = memory.plan(
-                replaced(recipe, training={"max_length": length}, project=project), world, engine, attention=attention
-            )
+            trial = replaced(recipe, training={"max_length": length}, project=project)
+            planned = memory.plan(trial, world, engine, attention=attention, model=(config, None))  # read once above
             if "skipped" in planned or planned["fits"] is None:
                 return {"skipped": planned.get("skipped", "the GPU memory is unknown: pass --gpu_memory_gib")}
             found["gpu_memory_gib"] = planned["gpu_memory_gib"]

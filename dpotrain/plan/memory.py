@@ -510,11 +510,12 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
     return BF16 * local * head_dim(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
-def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
+def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None, model=None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
     is known and the plan does not fit it. `attention`: the forward's attention (its masks), else the recipe's, else
     sdpa. With `sequence_parallel_size` N a GPU's activations and LM head are planned for 1/N of the positions; masks
-    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world)."""
+    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world).
+    `model`: the model's (config, why not) where the caller has read it (a Hub model's config asks at each read)."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -527,7 +528,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
         return {"skipped": token_source, **named}
-    config, why = load_model_config(recipe)
+    config, why = model or load_model_config(recipe)
     if config is None:
         return {"skipped": why, **named}
     shape = model_shape(recipe, config)
@@ -580,7 +581,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         given = chosen.activations + chosen.lm_head + chosen.masks + chosen.all_to_all
         record["reference_multiple"] = forward_only_multiple(config, tokens, width, attn, every or False, n, given)
     if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, config))
     return record
 
 
@@ -657,13 +658,15 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads) -> str:
-    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, config) -> str:
+    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each trial is
+    planned for the same model, whose config is read already)."""
     e, world = chosen.engine, chosen.world
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
     on = plural(world, "GPU") + (f" (sequence_parallel_size {n})" if n > 1 else "")
-    options = advice(recipe, world, e, attention, gpu, plan, heads)
+    planned = functools.partial(plan, model=(config, None))
+    options = advice(recipe, world, e, attention, gpu, planned, splittable_heads(config))
     return (
         f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU ({parts}), more than the "
         f"{gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: --memory_check false runs anyway)"
