@@ -397,16 +397,19 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
-    """The token the trainer pads with: the recipe's `pad_token`, which must be a token of the tokenizer, else the
-    tokenizer's pad or EOS token. TRL raised its ValueError for either only once the model had loaded (padded; a
-    packed run may fall back to padded), and packed the run saved the tokenizer with a pad_token it lacked
-    (RecipeDPOTrainer._set_pad_token). After the pairs' checks: plain text says more of no EOS (check_tokenizer)."""
+    """A recipe's `pad_token` must be a token of the tokenizer: TRL raised its ValueError only once the model had
+    loaded (padded), and packed the run saved the tokenizer with it (RecipeDPOTrainer._set_pad_token)."""
     if pad_token and pad_token not in tokenizer.get_vocab():
         raise ConfigError(
             f"pad_token {pad_token!r} is not a token of the tokenizer of {tokenizer.name_or_path}: give one of its "
             f"tokens (e.g. its EOS token {tokenizer.eos_token!r}), or leave pad_token out (the tokenizer's own pad "
             "token, else its EOS token)"
         )
+
+
+def check_pads(pad_token: str | None, tokenizer) -> None:
+    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised its ValueError once the model had
+    loaded (padded; a packed run may fall back to padded). After the pairs' checks: plain text says more of no EOS."""
     if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise ConfigError(
             f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
@@ -454,6 +457,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         limit = positions.model_limit(model_config)[0]
     tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
     if tokenizer is not None:
+        check_pad_token(t.pad_token, tokenizer)
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
@@ -480,7 +484,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     if tokenizer is not None:
-        check_pad_token(t.pad_token, tokenizer)
+        check_pads(t.pad_token, tokenizer)
     from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets
 
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
