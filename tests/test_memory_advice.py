@@ -130,3 +130,22 @@ def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_
     assert f"memory/GPU:    ~{gib:.1f} GiB" in capsys.readouterr().out
     synced = refusal(command("7b", 100, tmp_path, "--sync_ref_model", "true"))
     assert "these fit: " in synced and "--precompute_ref_log_probs" not in synced, synced
+
+
+def test_another_engine_on_fewer_gpus_than_a_node_names_a_launch_that_exists():
+    """One process refused, another engine fitting on that one GPU: the advice said "fits on 1 GPU (0 nodes: ...
+    sbatch --nodes=0 --gpus-per-node=4)" and a dry run line of WORLD_SIZE=1 GPUS_PER_NODE=4, which no launch is."""
+    from dpotrain.plan.memory_advice import Option
+
+    option = Option(("zero3",), (), "zero3", "configs/accelerate/zero3.yaml", 1, 4, 30.0, True, None)
+    text = option.text(("--config", "configs/smoke.yaml"))
+    assert (
+        "fits on 1 GPU (1 node: ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=1 --gpus-per-node=1)"
+        in text
+    )
+    assert "WORLD_SIZE=1 GPUS_PER_NODE=1 " in text
+    eight = Option(("nodes",), (), "zero3", "configs/accelerate/zero3.yaml", 8, 4, 30.0, True, None).text()
+    assert (
+        "fits on 8 GPUs (2 nodes: ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=2 --gpus-per-node=4)"
+        in eight
+    )

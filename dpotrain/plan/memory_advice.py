@@ -76,11 +76,17 @@ class Option:
         """Fewer GPUs, more tokens per micro-batch, or a smaller sequence-parallel group (less exchanged per layer)."""
         return self.world < other.world or (self.tokens or 0) > (other.tokens or 0) or self.group < other.group
 
+    @property
+    def node_gpus(self) -> int:
+        """GPUs per node of the launch: a node's, or fewer where the option needs less than one node (another engine
+        for a one-process run), which would otherwise read `--nodes=0`."""
+        return min(self.per_node, self.world)
+
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
         if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
-            config, nodes = shlex.quote(self.config), self.world // self.per_node
-            launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.per_node}"
+            config, nodes = shlex.quote(self.config), self.world // self.node_gpus
+            launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.node_gpus}"
             parts.append(
                 f"{NAMES[self.engine]} fits on {plural(self.world, 'GPU')} ({plural(nodes, 'node')}: {launch})"
             )
@@ -97,7 +103,7 @@ class Option:
         # A shipped config is the project's file (a job reads it there); this dry run reads it from where it is typed.
         config = venv.project_file(self.config) if self.config in SHIPPED.values() else self.config
         words += ["--accelerate_config", config, *self.flags]
-        return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.per_node} {shlex.join(words)}"
+        return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.node_gpus} {shlex.join(words)}"
 
 
 class Advisor:
