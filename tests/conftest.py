@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
@@ -209,6 +210,33 @@ def pytest_unconfigure(config):
     # triton's nanobind bindings (imported with transformers on a CUDA build of torch) report it as leaked, in
     # hundreds of lines after the summary.
     gc.unfreeze()
+
+
+PAUSE_AT = ROOT / "tests" / "helpers" / "pause_at.py"  # train_dpo.py, stopped by itself at one point of its run
+
+
+def pause_env(after: str, at: str, paused_file: Path) -> dict:
+    """The environment for `python PAUSE_AT ARGS` (tests/helpers/pause_at.py): stop before opening a path matching
+    `at`, once a path matching `after` was renamed into place."""
+    return {
+        "DPOTRAIN_TEST_PAUSE_AFTER": after,
+        "DPOTRAIN_TEST_PAUSE_AT": at,
+        "DPOTRAIN_TEST_PAUSED_FILE": str(paused_file),
+    }
+
+
+def paused_pid(paused_file: Path, proc: subprocess.Popen, timeout: float = 300) -> int:
+    """The id of the process that stopped itself at the point (`pause_env`), once it is stopped: signal that one (the
+    warm interpreter's child, where the test started its client)."""
+    deadline = time.time() + timeout
+    while not paused_file.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.02)
+    pid = int(paused_file.read_text())
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":  # its state: stopped
+        assert time.time() < deadline, f"process {pid} did not stop at the point"
+        time.sleep(0.01)
+    return pid
 
 
 def python() -> str:

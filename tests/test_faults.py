@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PYTHON, ROOT, python, rank_python
+from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python
 from dpotrain import stages
 from dpotrain.cluster import run_lock
 from dpotrain.recipe.config import parse_args
@@ -609,15 +609,17 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(disk)]
     if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
-    out = disk / "run"
-    proc = start(out, tiny_model_dir, pairs, prefix=prefix)
-    wait_until(proc, lambda: (out / "checkpoint-2" / "COMPLETE").exists())
-    os.kill(proc.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    out, paused = disk / "run", tmp_path / "paused"
+    # Stopped once checkpoint-2 is marked COMPLETE, before step 3's record opens metrics.jsonl (the next write): a
+    # SIGSTOP sent on seeing the mark came after step 3 was logged on a fast machine.
+    env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, prefix=prefix)
+    pid = paused_pid(paused, proc)
     try:
-        remount = ["nsenter", "-t", str(proc.pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
+        remount = ["nsenter", "-t", str(pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
         subprocess.run(remount, check=True, capture_output=True)
     finally:
-        os.kill(proc.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     log = proc.communicate(timeout=300)[0]
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]

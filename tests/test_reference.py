@@ -13,7 +13,7 @@ import time
 import datasets
 import pytest
 
-from conftest import ROOT, built, python, rank_python, ready
+from conftest import PAUSE_AT, ROOT, built, pause_env, paused_pid, python, rank_python, ready
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
@@ -311,15 +311,18 @@ def final_weights(out):
 
 
 def stop_half_way(cmd, env, cache, how):
-    """Start the run, wait for the stage's first saved part, then stop it `how` (a signal number)."""
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.time() + 300
-    while not list(cache.glob("*/part-*.npz")):
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
-        time.sleep(0.05)
-    proc.send_signal(how)
+    """Start the run, stopped by itself once the stage's first part is saved (tests/helpers/pause_at.py: polling for
+    the part raced the stage's merge on a fast machine), then stop it `how` (a signal number)."""
+    paused = cache.parent.parent / "paused"
+    # train_dpo.py, paused at the point; a part saved after each micro-batch: a fast machine scored the 64 pairs
+    # within one --reference_save_seconds and saved none
+    cmd = [cmd[0], str(PAUSE_AT), *cmd[2:], "--reference_save_seconds", "0"]
+    env = {**os.environ, **env, **pause_env(f"{cache}/*/part-*.npz", "*", paused)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = paused_pid(paused, proc)
+    os.kill(pid, how)
+    if how != signal.SIGKILL:
+        os.kill(pid, signal.SIGCONT)  # to take the signal as it comes
     return proc.wait(timeout=300), proc.stdout.read()
 
 
@@ -334,9 +337,8 @@ def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_STOP_FILE": str(tmp_path / "stop")}
     # A stop is honoured at the stage's next stop check (1, 3, 7, 15... micro-batches in: reference._StopChecks). In 7
     # micro-batches of 2,048 positions the last check came ~0.4 s after the first saved part, and a signal sent later
-    # (a loaded machine) was honoured in training instead; 13 micro-batches of 1,024 leave it ~2 s. A kill needs the
-    # longer stage too: on a quiet machine the 7 took ~0.25 s, and the stage merged its parts before the test (which
-    # looks every 0.05 s) saw one.
+    # (a loaded machine) was honoured in training instead; 13 micro-batches of 1,024 leave it ~2 s. The run stops
+    # itself once the first part is saved (stop_half_way), so the signal always comes before the parts are merged.
     smaller = ["--max_length", "512", "--max_tokens_per_microbatch", "1024"]
     whole = tmp_path / "whole"
     run(command(tiny_model_dir, many_pairs, whole, *smaller), {"DPOTRAIN_CACHE": str(tmp_path / "other-cache")})
