@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -96,6 +97,23 @@ def built(recipe, train, eval_dataset=None, callbacks=()):
     launch = stages.checks(recipe)
     spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, eval_dataset))
     return train_stage.build_run(spec, callbacks=callbacks)
+
+
+def adding_specials(model_dir, tmp_path, single: str):
+    """A copy of the tiny model whose tokenizer adds special tokens itself (`single`: its post-processor's template,
+    as Llama's tokenizer.json adds BOS, or one saved with add_eos_token)."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    specials = {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in ("<|endoftext|>", "<|im_end|>") if t in single}
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [], "pair": [], "special_tokens": specials}
+    for part in single.split():
+        kind = {"id": "A", "type_id": 0} if part == "$A" else {"id": part, "type_id": 0}
+        tokenizer["post_processor"]["single"].append({"Sequence" if part == "$A" else "SpecialToken": kind})
+    tokenizer["post_processor"]["pair"] = tokenizer["post_processor"]["single"]
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return model
 
 
 def ready(run):

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, built, run_train
+from conftest import ROOT, adding_specials, built, run_train
 from dpotrain import resolve, stages
-from dpotrain.data import chat_template, lengths
+from dpotrain.data import builtin, chat_template, lengths
 from dpotrain.data.rows import InvalidRowError
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.config import parse_args
@@ -525,3 +525,52 @@ def test_the_builtin_tokenizer_is_trained_once_and_each_caller_gets_its_own():
         and builtin.build_tokenizer().chat_template == second.chat_template
     )
     assert first.get_vocab() == second.get_vocab() and first is not second
+
+
+# (the tokenizer adds BOS itself, the template writes {{ bos_token }}): the BOS tokens each sequence starts with
+BOS_CASES = {
+    "template writes it, tokenizer adds it (Llama 3)": (True, True, 1),
+    "template does not, tokenizer adds it (ChatML on a Llama base)": (True, False, 0),
+    "neither (OLMo 3)": (False, False, 0),
+    "template writes it, tokenizer does not": (False, True, 1),
+}
+
+
+@pytest.mark.parametrize(("adds", "writes", "starts"), BOS_CASES.values(), ids=BOS_CASES)
+def test_a_message_lists_bos_is_the_templates_alone_in_the_trainers_rows_and_the_analyzers_lengths(
+    adds, writes, starts, tmp_path, tiny_model_dir
+):
+    """TRL tokenizes message lists with `apply_chat_template(tokenize=True)`, which encodes the rendered text with
+    add_special_tokens=False: a sequence starts with BOS exactly where the template writes it. A tokenizer that adds BOS
+    itself (Llama's post-processor) adds none here: no doubled BOS under a template that writes it, and none at all
+    under one that does not (docs/data.md "Chat template" says so). Each case's token ids are pinned in the trainer's
+    rows, and the analyzer's lengths (both methods) against them, so an upgrade that tokenizes otherwise is caught."""
+    import datasets
+
+    model = adding_specials(tiny_model_dir, tmp_path, "<|endoftext|> $A") if adds else tiny_model_dir
+    template = tmp_path / "template.jinja"
+    template.write_text(("{{ bos_token }}" if writes else "") + builtin.CHAT_TEMPLATE)
+    tokenizer = lengths.load_tokenizer(str(model), chat_template_path=str(template))
+    bos = tokenizer.bos_token_id
+    assert (tokenizer("a")["input_ids"][0] == bos) == adds  # the case's tokenizer
+    rows = builtin.make_preference_rows(8, seed=1)  # one has a system turn, one an earlier exchange
+    args = ["--model_name_or_path", str(model), "--chat_template_path", str(template), "--max_steps", "1"]
+    recipe = parse_args([*SMOKE, *args, "--report_to", "none", "--output_dir", str(tmp_path / "run")])
+    trained = built(recipe, datasets.Dataset.from_list(rows)).trainer.train_dataset
+    bare = lengths.load_tokenizer(tiny_model_dir)  # the same vocabulary: adds nothing, its template writes no BOS
+
+    def ids(messages, **kwargs):  # the conversation's own tokens, after the BOS the case expects
+        text = bare.apply_chat_template(messages, tokenize=False, **kwargs)
+        return [bos] * starts + bare(text, add_special_tokens=False)["input_ids"]
+
+    assert len(trained) == len(rows)
+    for row, seen in zip(rows, trained, strict=True):
+        assert seen["prompt_ids"] == ids(row["chosen"][:-1], add_generation_prompt=True)
+        for side in ("chosen", "rejected"):
+            assert seen["prompt_ids"] + seen[f"{side}_ids"] == ids(row[side])
+            assert (seen["prompt_ids"] + seen[f"{side}_ids"]).count(bos) == starts
+    for method in ("batched", "reference"):  # the analyzer's (and the dry run's) count is the trainer's
+        m = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, method=method)
+        assert m.fast_path_mismatches == 0
+        for column in ("prompt", "chosen", "rejected"):
+            assert getattr(m, column).tolist() == [len(x) for x in trained[f"{column}_ids"]], (method, column)

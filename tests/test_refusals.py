@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import train_dpo
-from conftest import ROOT, run_train, sealed_checkpoint
+from conftest import ROOT, adding_specials, run_train, sealed_checkpoint
 from dpotrain import resolve
 from dpotrain.data import builtin
 from dpotrain.recipe.config import make_parser, parse_args
@@ -589,23 +589,6 @@ def test_plain_text_pairs_with_a_tokenizer_without_eos_are_refused_before_the_mo
         lengths.measure(Dataset.from_list(rows), lengths.load_tokenizer(str(model)))
 
 
-def _adding(model_dir, tmp_path, single: str):
-    """A copy of the tiny model whose tokenizer adds special tokens itself (`single`: its post-processor's template,
-    as Llama's tokenizer.json adds BOS, or one saved with add_eos_token)."""
-    model = tmp_path / "model"
-    shutil.copytree(model_dir, model)
-    tokenizer = json.loads((model / "tokenizer.json").read_text())
-    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
-    specials = {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in ("<|endoftext|>", "<|im_end|>") if t in single}
-    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [], "pair": [], "special_tokens": specials}
-    for part in single.split():
-        kind = {"id": "A", "type_id": 0} if part == "$A" else {"id": part, "type_id": 0}
-        tokenizer["post_processor"]["single"].append({"Sequence" if part == "$A" else "SpecialToken": kind})
-    tokenizer["post_processor"]["pair"] = tokenizer["post_processor"]["single"]
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
-    return model
-
-
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_plain_text_that_would_train_two_bos_or_two_eos_is_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
@@ -620,7 +603,7 @@ def test_plain_text_that_would_train_two_bos_or_two_eos_is_refused_before_the_mo
 
     rows = [{"prompt": f"<|endoftext|>{i} + 1 =", "chosen": f" {i + 1}.", "rejected": f" {i + 2}."} for i in range(20)]
     data = write_rows(tmp_path / "text.jsonl", rows)
-    model = _adding(tiny_model_dir, tmp_path / "bos", "<|endoftext|> $A")
+    model = adding_specials(tiny_model_dir, tmp_path / "bos", "<|endoftext|> $A")
     args = ["--model_name_or_path", str(model), "--dataset_name", data, "--max_steps", "2", *dry_run]
     assert refused(tmp_path, monkeypatch, capsys, *args) == (
         f"error: the prompts begin with the BOS token '<|endoftext|>', and the tokenizer of {model} adds it itself, "
@@ -628,7 +611,7 @@ def test_plain_text_that_would_train_two_bos_or_two_eos_is_refused_before_the_mo
     )
     unwritten = [{**row, "prompt": row["prompt"].removeprefix("<|endoftext|>")} for row in rows]
     assert lengths.measure(Dataset.from_list(unwritten), lengths.load_tokenizer(str(model))).rows == 20
-    model = _adding(tiny_model_dir, tmp_path / "eos", "$A <|im_end|>")
+    model = adding_specials(tiny_model_dir, tmp_path / "eos", "$A <|im_end|>")
     args[1], args[3] = str(model), write_rows(tmp_path / "unwritten.jsonl", unwritten)
     assert refused(tmp_path, monkeypatch, capsys, *args) == (
         f"error: the tokenizer of {model} appends its EOS token '<|im_end|>' to every text, and the trainer ends each "
