@@ -556,7 +556,7 @@ def model_config(recipe, model_path: str, local_only: bool) -> tuple:
             ) from None
         if not local_only:
             raise
-        return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"
+        return None, memory.unreadable(recipe, e)  # the reason from this read's error: the config is read once
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:

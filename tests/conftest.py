@@ -233,12 +233,13 @@ def pytest_unconfigure(config):
 PAUSE_AT = ROOT / "tests" / "helpers" / "pause_at.py"  # train_dpo.py, stopped by itself at one point of its run
 
 
-def pause_env(after: str, at: str, paused_file: Path) -> dict:
+def pause_env(after: str, at: str, paused_file: Path, count: int = 1) -> dict:
     """The environment for `python PAUSE_AT ARGS` (tests/helpers/pause_at.py): stop before opening a path matching
-    `at`, once a path matching `after` was renamed into place."""
+    `at` for the `count`th time, once a path matching `after` was renamed into place."""
     return {
         "DPOTRAIN_TEST_PAUSE_AFTER": after,
         "DPOTRAIN_TEST_PAUSE_AT": at,
+        "DPOTRAIN_TEST_PAUSE_AT_COUNT": str(count),
         "DPOTRAIN_TEST_PAUSED_FILE": str(paused_file),
     }
 

@@ -615,3 +615,34 @@ def test_a_sample_taken_from_every_pairs_lengths_is_the_sample_measured_alone():
         assert taken.source == alone.source
         for name in ("prompt", "chosen", "rejected", "shared"):
             assert getattr(taken, name).tolist() == getattr(alone, name).tolist(), name
+
+
+def test_a_model_whose_config_cannot_be_read_is_planned_without_it_and_said_why(
+    tmp_path, capsys, monkeypatch, tiny_model_dir
+):
+    """A dry run plans on from the data's lengths where the model's config.json cannot be read, and says why in the
+    forward line; the project reads the config once for that (it read it a second time just for the reason's text)."""
+    from transformers import AutoConfig
+
+    from dpotrain import stages
+    from dpotrain.plan import memory
+
+    model = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_text('{"model_type": "olmo3", "hidden_size": ')  # cut off mid-write
+    reads = []
+
+    class Reads(AutoConfig):  # the project's own reads of a config (the tokenizer's are transformers' own)
+        @classmethod
+        def from_pretrained(cls, path, *args, **kwargs):
+            reads.append(str(path))
+            return AutoConfig.from_pretrained(path, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "AutoConfig", Reads)
+    monkeypatch.setattr(memory, "AutoConfig", Reads)
+    text = dry_run(capsys, *SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"))
+    assert field(text, "forward") == (
+        f"at start, from the data's lengths (the config of '{model}' is not readable on this machine (OSError: It "
+        f"looks like the config file at '{model}/config.json' is not a valid JSON file.))"
+    )
+    assert reads == [str(model)]

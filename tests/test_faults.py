@@ -304,11 +304,14 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
 ):
     data = tmp_path / "pairs.jsonl"
     shutil.copy(pairs, data)
-    out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, data)
-    wait_until(proc, lambda: len(logged_steps(out)) >= 3)  # past checkpoint-2
-    proc.kill()
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # Killed past checkpoint-2 with step 3 logged, before step 4's record (the second open of metrics.jsonl after the
+    # mark): polling for 3 logged steps could see the run past step 4, or ended, on a fast machine.
+    env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused, count=2)
+    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT)
+    os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
+    assert logged_steps(out) == [1, 2, 3] and not (out / "checkpoint-4").exists()
 
     # The same path, other content of the same size (two pairs swapped, as a re-shuffle would): refused before
     # anything loads.

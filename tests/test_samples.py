@@ -325,3 +325,39 @@ def test_samples_are_greedy_whatever_the_models_generation_config_holds(tmp_path
     (record,) = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
     assert record["completion"] == " ".join(map(str, greedy[len(prompt) :]))
     assert model.generation_config.repetition_penalty == 3.0  # the model's own config is left as it was saved
+
+
+@pytest.mark.parametrize("models_max_length", [None, 10], ids=["model sets no max_length", "model sets max_length"])
+def test_samples_generate_without_a_max_length_warning(models_max_length, tmp_path):
+    """Every sample printed transformers' 'Both `max_new_tokens` (=64) and `max_length`(=20) seem to have been set'
+    (8 lines in a 2-step smoke run with --samples_every 1): the greedy config carried the global default max_length
+    20 beside max_new_tokens. A model whose generation_config.json sets max_length warned the same way."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpotrain.train.samples import SampleGenerator
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=None)
+    model = GPT2LMHeadModel(config)
+    model.generation_config.max_length = models_max_length
+    tokenizer = SimpleNamespace(
+        pad_token_id=0,
+        decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
+    )
+    generator = SampleGenerator([list(range(1, 6))], tokenizer, every=1, max_new_tokens=24, warn_at=0.5)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    heard: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = heard.append
+    logger = logging.getLogger("transformers")  # transformers' loggers do not propagate to the root one
+    logger.addHandler(handler)
+    try:
+        (record,) = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in heard] == []
+    assert len(record["completion"].split()) == 24  # no EOS: the answer is sample_max_new_tokens long

@@ -88,16 +88,22 @@ def load_model_config(recipe):
             name, revision=recipe.model.model_revision, local_files_only=True, trust_remote_code=trust
         ), None
     except (OSError, ValueError) as e:
-        from dpotrain.cluster.offline import is_hub_model, prefetch_command
+        return None, unreadable(recipe, e)
 
-        if not is_hub_model(name):  # a local folder: nothing on the Hub would fetch it
-            return None, f"the config of {name!r} is not readable on this machine ({cause(e, 160)})"
-        # transformers' text ("couldn't connect") would suggest a download was tried; none was. The command as it
-        # runs for this recipe and model (a `<recipe>` placeholder was a shell redirection when pasted).
-        return None, (
-            f"the config of {name!r} is not in the local Hugging Face cache; a dry run loads nothing from the "
-            f"network: `{prefetch_command(recipe)}` on a machine with network fetches it"
-        )
+
+def unreadable(recipe, error: BaseException) -> str:
+    """Why the model's config is not read on this machine, from the error of reading it with local files only."""
+    from dpotrain.cluster.offline import is_hub_model, prefetch_command
+
+    name = recipe.model.model_name_or_path
+    if not is_hub_model(name):  # a local folder: nothing on the Hub would fetch it
+        return f"the config of {name!r} is not readable on this machine ({cause(error, 160)})"
+    # transformers' text ("couldn't connect") would suggest a download was tried; none was. The command as it runs
+    # for this recipe and model (a `<recipe>` placeholder was a shell redirection when pasted).
+    return (
+        f"the config of {name!r} is not in the local Hugging Face cache; a dry run loads nothing from the network: "
+        f"`{prefetch_command(recipe)}` on a machine with network fetches it"
+    )
 
 
 def model_shape(recipe, config) -> ModelShape:

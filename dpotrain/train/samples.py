@@ -128,14 +128,20 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def _greedy(model, max_new_tokens: int, pad_token_id) -> GenerationConfig:
+def _greedy(model, prompt_length: int, max_new_tokens: int, pad_token_id) -> GenerationConfig:
     """Greedy decoding with only the model's stop tokens: generate fills what this config leaves unset from the model's
     generation_config.json, whose repetition penalty or no_repeat_ngram_size would hide the repetition samples watch."""
     own = model.generation_config
-    greedy = upstream.default_generation_params()  # do_sample False, use_cache True (training's is off)
-    return GenerationConfig(
-        **greedy, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=own.eos_token_id
-    )
+    # The global defaults hold max_length 20: beside max_new_tokens, generate printed "Both `max_new_tokens` and
+    # `max_length` seem to have been set" for every sample. It warns so wherever a max_length is set, this config's
+    # or the model's: where the model's sets one, the length is given as max_length (the model's max_new_tokens,
+    # filled in where this config leaves it unset, would take precedence over it, so not where the model sets one).
+    greedy = {**upstream.default_generation_params(), "max_length": None}  # do_sample False, use_cache True
+    if own.max_length is not None and own.max_new_tokens is None:
+        greedy["max_length"] = prompt_length + max_new_tokens
+    else:
+        greedy["max_new_tokens"] = max_new_tokens
+    return GenerationConfig(**greedy, pad_token_id=pad_token_id, eos_token_id=own.eos_token_id)
 
 
 class SampleGenerator(TrainerCallback):
@@ -217,7 +223,7 @@ class SampleGenerator(TrainerCallback):
                     out = model.generate(
                         inputs,
                         attention_mask=torch.ones_like(inputs),
-                        generation_config=_greedy(model, new, self.tokenizer.pad_token_id),
+                        generation_config=_greedy(model, len(ids), new, self.tokenizer.pad_token_id),
                         synced_gpus=self.every_rank,
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)

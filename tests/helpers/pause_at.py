@@ -7,6 +7,8 @@ The point is given by the files the run writes, as Python's audit hooks see them
   to a temporary name, then renames it), e.g. `*/checkpoint-2/COMPLETE`;
 - DPOTRAIN_TEST_PAUSE_AT: a pattern of a path opened after that rename (`*` for the next file opened at all): the
   process stops before that open, with the renamed file in place;
+- DPOTRAIN_TEST_PAUSE_AT_COUNT (1 unless given): stop before the Nth such open rather than the first, where no file is
+  renamed between the opens (metrics.jsonl is appended to once per logged step: 2 stops before the second step's);
 - DPOTRAIN_TEST_PAUSED_FILE: where it writes its process id first (conftest.paused_pid waits for it and the stop).
 Under the tests' warm interpreter the process that stops is the forked child, not the client the test started: signal
 the id written (the client exits as its child did)."""
@@ -21,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 AFTER, AT = os.environ["DPOTRAIN_TEST_PAUSE_AFTER"], os.environ["DPOTRAIN_TEST_PAUSE_AT"]
 PAUSED_FILE = os.environ["DPOTRAIN_TEST_PAUSED_FILE"]
-state = {"armed": False, "done": False}
+COUNT = int(os.environ.get("DPOTRAIN_TEST_PAUSE_AT_COUNT", "1"))
+state = {"armed": False, "done": False, "seen": 0}
 
 
 def hook(event: str, args: tuple) -> None:
@@ -31,6 +34,9 @@ def hook(event: str, args: tuple) -> None:
         state["armed"] = True
     elif event == "open" and state["armed"] and isinstance(args[0], (str, bytes, os.PathLike)):
         if fnmatch.fnmatch(os.fsdecode(args[0]), AT) and os.fsdecode(args[0]) != PAUSED_FILE:
+            state["seen"] += 1
+            if state["seen"] < COUNT:
+                return
             state["done"] = True
             with open(PAUSED_FILE + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
