@@ -80,14 +80,6 @@ def _render(example: dict, tokenizer) -> tuple[str, str, str]:
     )
 
 
-def _rendered(rendered: dict, example: dict) -> tuple[str, str, str] | None:
-    """`_render`'s texts where the template's check rendered them, by the same calls (`split_row` changes plain text
-    alone, which no template renders)."""
-    if not rendered:
-        return None
-    return tuple(rendered[c] for c in ("prompt", "chosen", "rejected"))
-
-
 def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     """`tokenizer(texts)["input_ids"]`, through the Rust backend directly when there is one (no offsets: faster)."""
     backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
@@ -156,7 +148,9 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
             example = split_row(example, fmt)
             try:  # the template's refusals are read_row's (chat_template.answer_problem); the tokenizer may refuse
                 if method == "batched":
-                    texts.append(_rendered(rendered, example) or _render(example, tokenizer))
+                    # the check's texts are `_render`'s, by the same calls (`split_row` changes plain text alone)
+                    done = rendered and tuple(rendered[c] for c in ("prompt", "chosen", "rejected"))
+                    texts.append(done or _render(example, tokenizer))
                 else:
                     counts[position] = row_lengths(example, tokenizer)
                 examples[position] = example
