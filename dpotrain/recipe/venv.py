@@ -10,7 +10,6 @@ import importlib.util
 import os
 import re
 import shlex
-import signal
 import sys
 from pathlib import Path
 
@@ -22,15 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextlib.contextmanager
 def loading_libraries():
     """Around an entry point's imports of the stack (seconds): Ctrl-C there has started nothing and loses nothing, so it
-    ends in one line, exit 130 (128 + SIGINT, as a shell reports it), not in the traceback of the import it hit.
-    SIGINT is held back until the imports end: raised inside torch's C++ module set-up (pybind11), a KeyboardInterrupt
-    aborted the process ("terminate called ... KeyboardInterrupt", SIGABRT) on a fast machine."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    ends in one line, exit 130 (128 + SIGINT, as a shell reports it), not in the traceback of the import it hit."""
     try:
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held back is raised here
+        yield
     except KeyboardInterrupt:
         print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
         sys.exit(130)
