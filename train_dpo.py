@@ -92,7 +92,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))
-            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout)
+            no_bos = resolved.lengths.no_bos  # a warning for the summary, not a decision the record keeps
+            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos)
     state = engine.start_processes(recipe.training, launch.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)

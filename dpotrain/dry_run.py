@@ -46,12 +46,13 @@ def write_json(resolved: dict, output_dir: str) -> Path:
         ) from None
 
 
-def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
-    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary."""
+def report(resolved: dict, output_dir: str, as_json: bool, stdout=None, no_bos: str | None = None) -> None:
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `no_bos`:
+    the lengths stage's warning of a template that writes no BOS (`summary`); the JSON records decisions only."""
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:
-        text = summary(run_record.of(resolved), write_json(resolved, output_dir))
+        text = summary(run_record.of(resolved), write_json(resolved, output_dir), no_bos=no_bos)
     print(text, file=stdout or sys.stdout, flush=True)
 
 
@@ -91,8 +92,9 @@ def trained_text(r: Record) -> str:
     return "the final assistant turn of each side (assistant_turns final, TRL's)"
 
 
-def summary(r: Record, json_file: Path | None, heading: str | None = None) -> str:
-    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`)."""
+def summary(r: Record, json_file: Path | None, heading: str | None = None, no_bos: str | None = None) -> str:
+    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`); `no_bos`
+    (`lengths.missing_bos`, not in the record) is a warning under the template it is about."""
     s, launch, memory = r.settings, r.launch, r.memory
     lines = [heading or f"dry run of {s.config or 'the command line'}: nothing loaded, nothing trained"]
 
@@ -123,18 +125,12 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
     row("max length", max_length_text(r))
     row("template", template_text(r))
+    if no_bos:
+        row("warning", no_bos)
     row("trained", trained_text(r))
     row("loss", losses.loss_text(s))
     row("learning rate", learning_rate_text(s))
-    total = r.data.total_steps
-    if total is not None:
-        epochs = "" if s.max_steps > 0 else f" ({plural(s.num_train_epochs, 'epoch', 'g')})"
-        if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
-            trained = r.batching.epochs_trained
-            epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
-        row("steps", f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup")
-    else:
-        row("steps", "counted when the run loads the data set (a dry run reads only local files)")
+    row("steps", steps_text(r))
     if (
         clipping := launch.gradient_clipping
     ):  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
@@ -171,6 +167,18 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in r.output.would_refuse]
     return "\n".join(lines)
+
+
+def steps_text(r: Record) -> str:
+    """'40 optimizer steps (1 epoch), 4 of warmup', or when they are counted."""
+    s, total = r.settings, r.data.total_steps
+    if total is None:
+        return "counted when the run loads the data set (a dry run reads only local files)"
+    epochs = "" if s.max_steps > 0 else f" ({plural(s.num_train_epochs, 'epoch', 'g')})"
+    if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
+        trained = r.batching.epochs_trained
+        epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
+    return f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup"
 
 
 def watching_text(s) -> str:

@@ -574,3 +574,52 @@ def test_a_message_lists_bos_is_the_templates_alone_in_the_trainers_rows_and_the
         assert m.fast_path_mismatches == 0
         for column in ("prompt", "chosen", "rejected"):
             assert getattr(m, column).tolist() == [len(x) for x in trained[f"{column}_ids"]], (method, column)
+
+
+# (the tokenizer adds BOS itself, the template writes {{ bos_token }}): whether the summary warns of a missing BOS
+NO_BOS_CASES = {
+    "tokenizer adds it, template does not (ChatML on a Llama base)": (True, False, 1),
+    "both (Llama 3)": (True, True, 0),
+    "neither (OLMo 3)": (False, False, 0),
+}
+
+
+def bos_case(tmp_path, tiny_model_dir, adds: bool, writes: bool) -> list[str]:
+    """The smoke recipe's arguments on a copy of the tiny model whose tokenizer adds BOS or not, and a template that
+    writes it or not."""
+    model = adding_specials(tiny_model_dir, tmp_path, "<|endoftext|> $A") if adds else tiny_model_dir
+    template = tmp_path / "template.jinja"
+    template.write_text(("{{ bos_token }}" if writes else "") + builtin.CHAT_TEMPLATE)
+    args = ["--model_name_or_path", str(model), "--chat_template_path", str(template)]
+    return [*SMOKE, *args, "--output_dir", str(tmp_path / "run")]
+
+
+@pytest.mark.parametrize(("adds", "writes", "warned"), NO_BOS_CASES.values(), ids=NO_BOS_CASES)
+def test_a_template_without_the_bos_its_tokenizer_adds_to_plain_text_is_said_under_the_dry_runs_template_line(
+    adds, writes, warned, tmp_path, capsys, tiny_model_dir
+):
+    """A ChatML template on a Llama-style base (its tokenizer adds BOS to plain text) trained every sequence without
+    BOS and said nothing (TRL encodes the rendered template without the tokenizer's special tokens: the test above).
+    Not refused, as inference with the template starts so too; the dry run says it once, under its template line, and
+    its --json (decisions only) does not."""
+    import train_dpo
+
+    args = bos_case(tmp_path, tiny_model_dir, adds, writes)
+    train_dpo.main([*args, "--dry-run"])
+    out = capsys.readouterr().out
+    assert out.count(lengths.NO_BOS) == warned, out
+    assert ("\n  template:" in out) and ("{{ bos_token }}" in out) == bool(warned)
+    if warned:  # the line right under the template it is about
+        lines = out.splitlines()
+        at = next(n for n, line in enumerate(lines) if line.startswith("  template:"))
+        assert lines[at + 1] == f"  {'warning:':<15}{lengths.NO_BOS}"
+    train_dpo.main([*args, "--dry-run", "--json"])
+    assert "bos_token" not in capsys.readouterr().out
+
+
+@pytest.mark.slow  # trains two steps
+def test_a_run_says_once_as_it_starts_that_its_template_writes_no_bos(tmp_path, tiny_model_dir):
+    """The run's own summary (printed as it starts, by the main process) carries the dry run's warning once."""
+    result = run_train([*bos_case(tmp_path, tiny_model_dir, True, False), "--max_steps", "2", "--report_to", "none"])
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert result.stdout.count(lengths.NO_BOS) == 1, result.stdout[-3000:]

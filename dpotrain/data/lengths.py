@@ -335,6 +335,33 @@ def _doubled_specials(tokenizer, first: dict) -> None:
         )
 
 
+NO_BOS = (
+    "the chat template adds no BOS token, though the tokenizer adds one to plain text: sequences train without it (as "
+    "they will be served with this template); add {{ bos_token }} at the template's start to train with it"
+)
+
+
+def missing_bos(dataset, tokenizer, hh_format: str = "messages") -> str | None:
+    """`NO_BOS` where message pairs train without the BOS token their tokenizer adds to plain text (its post-processor,
+    Llama's): TRL encodes the rendered template without the tokenizer's special tokens, so only the template writes
+    BOS, and a ChatML template on a Llama-style base writes none. Not refused: inference with the template starts so
+    too. Judged on the first pair the trainer reads, tokenized by its calls (`_inputs`: its prompt and chosen)."""
+    bos = tokenizer.bos_token_id
+    if bos is None or tokenizer("x")["input_ids"][:1] != [bos]:
+        return None  # the tokenizer adds no BOS to plain text (OLMo 3's): nothing is missing
+    for row in itertools.islice(dataset, 100):  # the pairs are checked: the first reads, unless bad rows were kept
+        row = {c: row[c] for c in ROW_COLUMNS if c in row}
+        fmt = RowFormat.of(row, list(row), tokenizer.eos_token, hh_format)  # answers are checked elsewhere
+        example, problem = read_row(row, fmt)
+        if problem is None and not fmt.conversational:
+            return None  # plain text: the tokenizer's own special tokens apply, BOS with them
+        if problem is None:
+            prompt_and_chosen, kwargs = _inputs(split_row(example, fmt))[1]
+            ids = upstream.tokenize(tokenizer, prompt_and_chosen, **kwargs)["input_ids"]
+            return NO_BOS if ids[:1] != [bos] else None
+    return None
+
+
 def _known_rows(dataset) -> int | None:
     try:
         return dataset.info.splits[dataset.split].num_examples
