@@ -69,27 +69,25 @@ WRAPPER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
     sys.argv[0] = {train!r}
-    if os.environ.get("RANK") == "1":  # as if this node read its own, different copy of the data
-        sys.argv[sys.argv.index("--dataset_name") + 1] = {other!r}
+    if os.environ.get("RANK") == "1":  # as if this node were launched with its own, different command line
+        sys.argv[sys.argv.index({flag!r}) + 1] = {other!r}
     import runpy
     runpy.run_path({train!r}, run_name="__main__")
 """)
 
 
-@pytest.mark.slow
-def test_two_ranks_given_different_data_are_refused_before_the_old_run_is_replaced(tmp_path, tiny_model_dir):
-    """The ranks compared the data only once the model had loaded and TRL had tokenized (minutes on a large model),
-    after --overwrite_output_dir had removed the replaced run's files: the old run was gone for a launch refused. The
-    first half's decisions are compared before either."""
+def launch_with_rank1_given(tmp_path, tiny_model_dir, flag: str, other: str):
+    """Two ranks of the smoke recipe replacing a finished run (--overwrite_output_dir), rank 1 with `flag`'s value
+    `other`: the launch's output, the old run's folder and its files' texts as they were before."""
     from dpotrain.data import builtin
     from dpotrain.train import run_files
 
     rows = builtin.make_preference_rows(40, seed=3)
-    same, other = tmp_path / "pairs.jsonl", tmp_path / "other.jsonl"
+    same = tmp_path / "pairs.jsonl"
     same.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    other.write_text("".join(json.dumps(r) + "\n" for r in rows[:20] + builtin.make_preference_rows(20, seed=4)))
     wrapper = tmp_path / "wrapper.py"
-    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
+    train = str(ROOT / "train_dpo.py")
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=train, flag=flag, other=other))
     out = tmp_path / "run"  # a finished run, which --overwrite_output_dir replaces
     out.mkdir()
     old = {"run_complete.json": '{"global_step": 2}\n', "metrics.jsonl": '{"step": 1, "loss": 0.69}\n'}
@@ -118,6 +116,8 @@ def test_two_ranks_given_different_data_are_refused_before_the_old_run_is_replac
         "2",
         "--warmup_steps",
         "0",
+        "--learning_rate",  # the smoke recipe's, given here for rank 1 to be given another
+        "1e-4",
         "--report_to",
         "none",
         "--save_strategy",
@@ -127,15 +127,51 @@ def test_two_ranks_given_different_data_are_refused_before_the_old_run_is_replac
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
     )
+    return result, out, old
+
+
+def refused_before_the_old_run_is_replaced(result, out, old) -> str:
+    """The one `error:` line of a refused launch, checked to have come before the old run's files went and the model
+    loaded."""
     assert result.returncode != 0
     errors = {line for line in result.stdout.splitlines() if line.startswith("error:")}
     assert len(errors) == 1, result.stdout[-4000:]
-    assert errors.pop().startswith("error: ranks disagree on the data set's lengths: rank 1 has ")
-    assert "every node must read the same data" in result.stdout
     # The replaced run's files, as they were: nothing of it was removed for a launch that was refused.
     assert {p.name: p.read_text() for p in out.iterdir() if p.name in old} == old, sorted(os.listdir(out))
     # Refused before the model loaded and TRL tokenized (the progress bars of both, on the old code's refusal)
     assert "Loading weights" not in result.stdout and "Tokenizing train dataset" not in result.stdout, result.stdout
+    return errors.pop()
+
+
+@pytest.mark.slow
+def test_two_ranks_given_different_data_are_refused_before_the_old_run_is_replaced(tmp_path, tiny_model_dir):
+    """The ranks compared the data only once the model had loaded and TRL had tokenized (minutes on a large model),
+    after --overwrite_output_dir had removed the replaced run's files: the old run was gone for a launch refused. The
+    first half's decisions are compared before either."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(40, seed=3)
+    other = tmp_path / "other.jsonl"  # as if this node read its own, different copy of the data
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows[:20] + builtin.make_preference_rows(20, seed=4)))
+    result, out, old = launch_with_rank1_given(tmp_path, tiny_model_dir, "--dataset_name", str(other))
+    error = refused_before_the_old_run_is_replaced(result, out, old)
+    assert error.startswith("error: ranks disagree on the data set's lengths: rank 1 has "), error
+    assert "every node must read the same data" in error
+
+
+@pytest.mark.slow
+def test_two_ranks_given_different_learning_rates_are_refused_before_the_old_run_is_replaced(tmp_path, tiny_model_dir):
+    """Only max_length, pairs per step, the engine and the forward of the recipe were compared: a node launched with
+    another learning rate (another copy of the recipe, another command line) stepped its own copy with it, and the
+    ranks' weights drifted apart in silence. The recipe of the run is compared with the first half's decisions."""
+    result, out, old = launch_with_rank1_given(tmp_path, tiny_model_dir, "--learning_rate", "2e-4")
+    error = refused_before_the_old_run_is_replaced(result, out, old)
+    # The field that differs, by name: not a digest the user would have to take apart by diffing recipes by hand
+    want = "rank 1 has learning_rate=0.0002, rank 0 has learning_rate=0.0001"
+    assert (
+        error == f"error: ranks disagree on the settings: {want}: launch every node with the same recipe file and "
+        "command line"
+    ), error
 
 
 def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny_model_dir):
@@ -205,3 +241,39 @@ def test_the_first_half_compares_the_data_and_nothing_agreeing_ranks_decide_othe
     assert [name for name in same if same[name] != other[name]] == ["the data set's lengths", "the forward"]
     named = set(same) | {"the data set's lengths", "the plan", "the resume point", "the reference's model"}
     assert named <= set(agreement.FIXES), named - set(agreement.FIXES)
+
+
+def test_the_settings_leave_out_what_ranks_of_one_run_differ_in_and_nothing_else(tmp_path, tiny_model_dir):
+    """The early comparison's "the settings": a process's own `--local_rank` (torch.distributed.launch passes one each)
+    and a copy of the same recipe file at another path agree; another learning rate, beta or seed does not, and the
+    refusal names that field alone."""
+    import datasets
+
+    from dpotrain import stages
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train import agreement
+
+    copy = tmp_path / "node2" / "smoke.yaml"  # the same recipe, staged on another node's own disk
+    copy.parent.mkdir()
+    copy.write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=3))
+    common = ["--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+
+    def settings(recipe_file, *more):
+        recipe = parse_args(["--config", str(recipe_file), *common, *more])
+        launch = stages.checks(recipe)
+        spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, None))
+        return agreement.first_half_values(spec)["the settings"]  # field -> value, as the ranks send it
+
+    rank0 = settings(ROOT / "configs" / "smoke.yaml", "--local_rank", "0")
+    assert settings(copy, "--local_rank", "1") == rank0
+    others = {"--learning_rate": ("2e-4", "learning_rate=0.0002", "learning_rate=0.0001")}
+    others |= {"--beta": ("0.1", "beta=0.1", "beta=5.0"), "--seed": ("7", "seed=7", "seed=42")}
+    for flag, (value, *shown) in others.items():
+        other = settings(ROOT / "configs" / "smoke.yaml", "--local_rank", "0", flag, value)
+        assert list(agreement._shown(other, rank0)) == shown  # the refusal's words: the field that differs alone
+    several = settings(
+        ROOT / "configs" / "smoke.yaml", "--beta", "0.1", "--seed", "7", "--warmup_steps", "0", "--max_grad_norm", "2"
+    )
+    assert agreement._shown(several, rank0)[1] == "beta=5.0 max_grad_norm=1.0 seed=42 (and 1 other)"

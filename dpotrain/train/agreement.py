@@ -1,7 +1,8 @@
 """Rank agreement at start: what each rank decided alone, but all ranks must share, checked with one all-gather.
 
 Each rank reads its own data, plans its own steps and finds its own checkpoint: a node-local cache or an older copy of
-a folder gives ranks different plans or resume points, and the job hangs or trains on silently different steps.
+a folder gives ranks different plans or resume points, and the job hangs or trains on silently different steps; a node
+launched with another recipe or command line steps its own copy with its own learning rate, and the weights drift.
 Checked twice: the first half's decisions (`first_half_values`) before a replaced run's files are removed and the model
 loads, then the trainer's plan (`values`) once TRL has tokenized the pairs.
 """
@@ -14,7 +15,7 @@ import numpy as np
 
 from dpotrain.cluster.collectives import gather_objects
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 # What to do when the ranks disagree on a value, by the value's name.
 FIXES = {
@@ -32,7 +33,16 @@ FIXES = {
     "the reference's model": "every node must load the same model (the same path and revision)",
     "the reference's micro-batch": "give every node GPUs of one kind, or pass --gpu_memory_gib: the memory plan "
     "decides it from the GPU's memory",
+    "the settings": "launch every node with the same recipe file and command line",
 }
+
+# Fields of the record (resolved_config.json) that may differ between the ranks of one run. `local_rank`: the
+# deprecated `torch.distributed.launch` passes each process its own `--local_rank`. `config`: the recipe file's path,
+# not what it says: every value it sets is compared field by field, and a node may read the same file at another mount
+# point or from a copy staged beside it. Every other path is compared as given: one command line launches every node,
+# so the same run names the same model, data and output_dir everywhere (the model's path is compared again by the
+# build, "the reference's model"; the data by its lengths).
+PER_RANK = ("local_rank", "config")
 
 
 def digest(value) -> str:
@@ -84,17 +94,36 @@ def upgraded(was, now: dict) -> str | None:
     return ", ".join(changed) or None
 
 
-def check(values: dict[str, str]) -> None:
-    """Every rank's `values` (name -> short digest or value) against rank 0's, in one all-gather: the first difference
-    is refused on every rank with the fix. Every rank calls it with the same names."""
+def settings(spec) -> dict[str, str]:
+    """The recipe of the run (`RunSpec.as_run`) as resolved_config.json records it, field by field (each value's JSON),
+    without `PER_RANK`: the learning rate, beta, loss, seed, warm-up, clipping... that each rank steps its own shard or
+    copy with. Whole fields, not one digest, so that a refusal names the field that differs: about 6 KB a rank. Cheap:
+    the record is made from values in memory (no data read); `as_run` is built once, for it and TRL's arguments."""
+    resolved = spec.resolved_config({})
+    for name in (*PER_RANK, "derived"):  # `derived`: the decisions, each compared under its own name
+        resolved.pop(name)
+    return {name: json.dumps(value, sort_keys=True, default=str) for name, value in resolved.items()}
+
+
+def check(values: dict[str, str | dict]) -> None:
+    """Every rank's `values` (name -> short digest or value, or a dict of them) against rank 0's, in one all-gather: the
+    first difference is refused on every rank with the fix. Every rank calls it with the same names."""
     ranks = gather_objects(values)
     for name, mine in ranks[0].items():
         for rank, theirs in enumerate(ranks[1:], start=1):
             if theirs.get(name) != mine:
                 fix = FIXES.get(name, "every node must run the same job")
-                raise ConfigError(
-                    f"ranks disagree on {name}: rank {rank} has {theirs.get(name)}, rank 0 has {mine}: {fix}"
-                )
+                theirs, mine = _shown(theirs.get(name), mine)
+                raise ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs}, rank 0 has {mine}: {fix}")
+
+
+def _shown(theirs, mine) -> tuple[str, str]:
+    """Two differing values as a refusal writes them: a dict's differing keys alone (the first 3), `key=value`."""
+    if not (isinstance(theirs, dict) and isinstance(mine, dict)):
+        return str(theirs), str(mine)
+    keys = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+    more = f" (and {plural(len(keys) - 3, 'other')})" if len(keys) > 3 else ""
+    return tuple(" ".join(f"{k}={d.get(k, '(none)')}" for k in keys[:3]) + more for d in (theirs, mine))
 
 
 def values(trainer, resume_from: str | None) -> dict[str, str]:
@@ -119,15 +148,20 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
     }
 
 
-def first_half_values(spec) -> dict[str, str]:
+def first_half_values(spec) -> dict[str, str | dict]:
     """What the first half decided (`stages.RunSpec`) that must be equal on every rank, for an early `check`: before
     a replaced run's files are removed and the model loads, so ranks given different data are refused in seconds, the
-    old run kept. Cheap: digests of lengths already in memory (the analyzer's, or the seeded sample's), no data read."""
+    old run kept. Cheap: digests of lengths already in memory (the analyzer's, or the seeded sample's), and the recipe
+    of the run; no data read."""
     counts, data = spec.lengths.pairs, spec.data
     evaluation = data.checked.get("eval_rows")  # not `data_identity`: the main process alone reads the files' hashes
     return {
         # Every pair's (the analyzer's) or a seeded sample's token lengths, and the rows and steps they make.
         "the data set's lengths": digest(["none" if counts is None else lengths_digest(counts), data.steps]),
+        # By count alone: the first half has no lengths of the evaluation pairs (the analyzer measures, and the seeded
+        # sample draws from, the training split), and measuring them here would tokenize them on every rank before
+        # TRL does again. The build's `values` compares every evaluation pair's lengths before any step, but after
+        # the old run's files went: other evaluation pairs of the same count cost a replaced run.
         "the evaluation set": "none" if data.eval is None else f"{evaluation} pairs",
         "max_length": str(spec.lengths.max_length),
         "the pairs per step": str(spec.pairs_per_step),
@@ -135,4 +169,7 @@ def first_half_values(spec) -> dict[str, str]:
         "the forward": digest(None if spec.forward.planned is None else spec.forward.planned.record()),
         "the packages": digest(package_versions()),
         "the reference's micro-batch": str(spec.memory.reference_multiple),
+        # Last: a decision above that differs (max_length, the forward) is in the settings too, and its own name and
+        # fix say more than theirs.
+        "the settings": settings(spec),
     }
