@@ -243,6 +243,31 @@ def test_the_first_half_compares_the_data_and_nothing_agreeing_ranks_decide_othe
     assert named <= set(agreement.FIXES), named - set(agreement.FIXES)
 
 
+def test_the_first_half_compares_the_resume_point_before_the_old_run_is_replaced(tmp_path, tiny_model_dir):
+    """A node-local output_dir resumes one rank and starts another afresh: refused early, named as the resume point
+    (with its fix: a shared output_dir), not as a difference of settings."""
+    from dataclasses import replace
+
+    import datasets
+
+    from dpotrain import resolve, stages
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train import agreement
+
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    launch = stages.checks(recipe)
+    train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=3))
+    spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, None))
+    afresh = replace(spec, output=resolve.OutputDecision(resume_from=None, start_afresh=True))
+    resumed = replace(
+        spec, output=resolve.OutputDecision(resume_from=str(tmp_path / "run/checkpoint-4"), start_afresh=False)
+    )
+    a, b = agreement.first_half_values(afresh), agreement.first_half_values(resumed)
+    assert [name for name in a if a[name] != b[name]][0] == "the resume point"
+
+
 def test_the_settings_leave_out_what_ranks_of_one_run_differ_in_and_nothing_else(tmp_path, tiny_model_dir):
     """The early comparison's "the settings": a process's own `--local_rank` (torch.distributed.launch passes one each)
     and a copy of the same recipe file at another path agree; another learning rate, beta or seed does not, and the

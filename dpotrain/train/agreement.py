@@ -169,6 +169,9 @@ def first_half_values(spec) -> dict[str, str | dict]:
         "the forward": digest(None if spec.forward.planned is None else spec.forward.planned.record()),
         "the packages": digest(package_versions()),
         "the reference's micro-batch": str(spec.memory.reference_multiple),
+        # Found by each rank in its own view of output_dir: a node-local folder resumes one rank and starts another
+        # afresh. Compared before the settings, which record it too, with its own fix.
+        "the resume point": str(None if spec.output is None else spec.output.resume_from),
         # Last: a decision above that differs (max_length, the forward) is in the settings too, and its own name and
         # fix say more than theirs.
         "the settings": settings(spec),
