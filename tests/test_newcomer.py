@@ -4,6 +4,7 @@ Each case runs the real entry (`train_dpo.main` or `run_cli(train_dpo.main)`, in
 as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -950,9 +951,16 @@ def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, cap
     publish.push_final(out, hub.take_push_settings(recipe), recipe.training)
     assert "nothing was pushed: push (the last checkpoint, the one still on disk) from" in capsys.readouterr().out
 
-    summary = {"micro_batches_per_step": {"min": 1, "max": 1}, "filler_micro_batches": 0, "padding_share": 0.0}
-    one = RunPlan(None, plan.StepPlan(1, 1, 0, None, 1), [[np.zeros(1)]], {**summary, "forward": "packed"}, None)
-    assert one.line().startswith("Plan: 1 step of 1 pair per epoch (1 epoch(s) planned), ")
+    # The plan's line wrote "(1 epoch(s) planned), 1 micro-batch(es) per step per rank, 1 filler micro-batch(es)"
+    per_step, summary = {"min": 1, "mean": 1, "max": 1}, {"filler_micro_batches": 0, "padding_share": 0.0}
+    summary = {**summary, "micro_batches_per_step": per_step, "forward": "packed"}
+    one = RunPlan(None, plan.StepPlan(1, 1, 0, None, 1), [[np.zeros(1)]], summary, None)
+    assert one.line().startswith("Plan: 1 step of 1 pair per epoch (1 epoch planned), 1 micro-batch per step per rank")
+    spread = {**per_step, "mean": 1.5, "max": 2}
+    two = RunPlan(None, one.step_plan, [[np.zeros(1)]] * 2, {**summary, "micro_batches_per_step": spread}, None)
+    assert "(2 epochs planned), 1-2 micro-batches per step per rank, 0.0% padding" in two.line()
+    fillers = [dataclasses.replace(one, summary={**summary, "filler_micro_batches": n}).line() for n in (1, 2)]
+    assert ", 1 filler micro-batch, " in fillers[0] and ", 2 filler micro-batches, " in fillers[1]
 
     parse_args(["--config", smoke, "--per_device_train_batch_size", "1"])
     assert "on the command line: micro-batches of 1 pair, 1 per step and process" in capsys.readouterr().err

@@ -923,10 +923,11 @@ def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
         (
             [],
             1,
-            "this run would train nothing: 1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from 1 "
-            "rows at 8 pairs per step",
+            # it read "1 optimizer step(s)" and "from 1 rows"
+            "this run would train nothing: 1 optimizer step, 1 of warmup (learning rate 0 at step 1) from 1 row at 8 "
+            "pairs per step",
         ),
-        (["--per_device_train_batch_size", "16"], 12, "1 optimizer step(s), 1 of warmup"),
+        (["--per_device_train_batch_size", "16"], 12, "1 optimizer step, 1 of warmup"),
         # the schedule's peak after the run's last step: it never trained at the rate set
         (["--max_steps", "3", "--warmup_steps", "5"], 40, "warmup_steps makes 5 warm-up steps of the run's 3"),
     ],
@@ -948,7 +949,7 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         run_cli(lambda: train_dpo.main([*args, "--dry-run"]))
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.rstrip().splitlines()[-1].startswith("error: this run would train nothing")
-    assert "1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
+    assert "1 optimizer step, 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
 
 
 # --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
