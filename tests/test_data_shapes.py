@@ -613,6 +613,11 @@ def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, 
         f"error: every row of the train split ({N} of {N}) fails one check: chosen: identical to `rejected`: the pair "
         "expresses no preference; first: line 1 of d.jsonl"
     )
+    name, _ = write(tmp_path, "one", lambda: pairs[:1], "jsonl")  # it read "every row ... (1 of 1)"
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip) == (
+        "error: the only row of the train split fails a check: chosen: identical to `rejected`: the pair expresses no "
+        "preference; line 1 of one.jsonl"
+    )
     several = [{**p, "rejected": None} if i % 2 else p for i, p in enumerate(pairs)]  # two checks, every row
     name, _ = write(tmp_path, "e", lambda: several, "jsonl")
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip)
