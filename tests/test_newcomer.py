@@ -496,7 +496,7 @@ def test_one_process_logs_its_tokens_per_second_once(short_run):
     import json
 
     text, out = short_run
-    assert "tokens/s over 1 process(es) in " in text and "per process)" not in text, text[-3000:]  # the reference
+    assert "tokens/s over 1 process in " in text and "per process)" not in text, text[-3000:]  # the reference
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
 
@@ -964,6 +964,15 @@ def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, cap
 
     parse_args(["--config", smoke, "--per_device_train_batch_size", "1"])
     assert "on the command line: micro-batches of 1 pair, 1 per step and process" in capsys.readouterr().err
+
+    # The reference's speed line read "over 1 process(es) in 1 micro-batch(es) each"
+    from dpotrain.reference.reference import Outcome
+
+    speed = {"warmup_seconds": 2.0, "tokens_per_second": 1000.0}
+    one = Outcome("train", 4, 0, 4, False, out, world=1, micro_batches=1, **speed).speed_line()
+    assert one.endswith(": warm-up 2.0 s (first micro-batch), then 1,000 tokens/s over 1 process in 1 micro-batch each")
+    two = Outcome("train", 4, 0, 4, False, out, world=2, micro_batches=2, **speed).speed_line()
+    assert two.endswith("over 2 processes (500 per process) in 2 micro-batches each")
 
     (out / "checkpoint-2" / "global_step2").mkdir(parents=True)
     (out / "checkpoint-2" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
