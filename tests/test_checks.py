@@ -56,7 +56,9 @@ def test_dataset_without_chosen_rejected(tmp_path):
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     msg = refused(tmp_path, "--dataset_name", str(path))
-    assert "has no chosen/rejected column(s) (it has ['messages'])" in msg and "rename the columns" in msg
+    assert "has no chosen/rejected columns (it has ['messages'])" in msg and "rename the columns" in msg
+    path.write_text(json.dumps({"chosen": "Blue."}) + "\n")  # one missing: it read "no rejected column(s)"
+    assert "has no rejected column (it has ['chosen'])" in refused(tmp_path, "--dataset_name", str(path))
 
 
 def test_output_dir_with_a_finished_run(tmp_path):

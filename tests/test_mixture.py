@@ -113,7 +113,8 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train", "test", "x"], "3 splits"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
-        (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key ['weight']"),  # it read "key(s)"
+        (["--datasets", '{"path": "a.jsonl", "weight": 2, "x": 1}'], "unknown keys ['weight', 'x']"),
         # TRL's list of names: one string was read a character at a time after loading (no column(s) ['c', 'h', ...]),
         # a number was a traceback
         (["--datasets", '{"path": "a.jsonl", "columns": "chosen"}'], "columns 'chosen' is not a list of column"),

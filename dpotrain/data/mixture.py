@@ -256,7 +256,8 @@ def _entry(entry, split: str, flag: str) -> Source:
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
     if unknown := sorted(set(entry) - set(ENTRY_KEYS)):
         raise ConfigError(
-            f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes {', '.join(ENTRY_KEYS)}"
+            f"`{flag}:` entry {entry.get('path')!r}: unknown {plural(len(unknown), 'key', count=False)} {unknown}; "
+            f"an entry takes {', '.join(ENTRY_KEYS)}"
         )
     if not entry.get("path"):
         raise ConfigError(
@@ -474,7 +475,7 @@ def read_source(source: Source, say: bool = True):
     if source.columns:
         if missing := [c for c in source.columns if c not in loaded.column_names]:
             raise ConfigError(
-                f"mixture source {source.spec()}: no column(s) {missing} (it has "
+                f"mixture source {source.spec()}: no {plural(len(missing), 'column', count=False)} {missing} (it has "
                 f"{sorted(loaded.column_names)}): fix `columns`"
             )
         loaded = loaded.select_columns(list(source.columns))

@@ -310,7 +310,8 @@ def usable_pairs(
         )
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
-                f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
+                f"Data ({split}): {plural(len(unread), 'column', count=False)} not read: {', '.join(unread)} (a pair "
+                "is read from "
                 f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
                 flush=True,
             )
@@ -319,7 +320,8 @@ def usable_pairs(
         if len(checked.invalid) == checked.rows:
             raise ConfigError(every_row_invalid(checked, split, source))
         if say:
-            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
+            dropped = plural(len(checked.invalid), "invalid row")
+            print(f"Dropped {dropped} of {checked.rows}: {checked.by_reason()}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
