@@ -646,3 +646,24 @@ def test_a_model_whose_config_cannot_be_read_is_planned_without_it_and_said_why(
         f"looks like the config file at '{model}/config.json' is not a valid JSON file.))"
     )
     assert reads == [str(model)]
+
+
+def test_fsdp2_on_one_cpu_process_is_named_for_what_runs(tmp_path, capsys, monkeypatch):
+    """A CPU recipe launched with configs/accelerate/fsdp2.yaml on one process: accelerate leaves it
+    DistributedType.NO (FSDP only on GPUs, and `engine.enable_on_cpu` for 2+ processes), so it trains as one plain
+    process; the dry run said "engine: FSDP2" and "clipping: ... one norm over every rank's shards"."""
+    from dpotrain.cluster import engine
+
+    fsdp2 = [*SMOKE, "--output_dir", str(tmp_path / "run"), "--accelerate_config", "configs/accelerate/fsdp2.yaml"]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    text = dry_run(capsys, *fsdp2)
+    assert field(text, "engine") == (
+        "one process (configs/accelerate/fsdp2.yaml: FSDP2 shards over GPUs, or over 2 or more CPU processes; one "
+        "process on CPU runs unsharded)"
+    )
+    assert field(text, "clipping").endswith("by torch's clip_grad_norm_")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # enable_on_cpu makes two CPU processes FSDP2
+    assert field(dry_run(capsys, *fsdp2), "engine") == "FSDP2 (configs/accelerate/fsdp2.yaml)"
+    # On GPUs one process runs FSDP2 (accelerate launches it through torchrun: DistributedType.FSDP)
+    planned = engine.from_config("configs/accelerate/fsdp2.yaml")
+    assert engine.as_it_runs(planned, 1, on_gpus=True) is planned
