@@ -667,3 +667,11 @@ def test_fsdp2_on_one_cpu_process_is_named_for_what_runs(tmp_path, capsys, monke
     # On GPUs one process runs FSDP2 (accelerate launches it through torchrun: DistributedType.FSDP)
     planned = engine.from_config("configs/accelerate/fsdp2.yaml")
     assert engine.as_it_runs(planned, 1, on_gpus=True) is planned
+
+
+def test_a_data_set_of_one_row_is_counted_in_the_singular(tmp_path, capsys):
+    """The summary's data line read "(split train): 1 rows"."""
+    one = tmp_path / "one.jsonl"
+    one.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[0] + "\n")
+    args = [*SMOKE, "--dataset_name", str(one), "--warmup_steps", "0", "--output_dir", str(tmp_path / "run")]
+    assert field(dry_run(capsys, *args), "data") == f"{one} (split train): 1 row"

@@ -589,6 +589,13 @@ def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
     with pytest.raises(ConfigError, match=r"has 20 usable rows and amount 0.01 takes none of them \(floor\(0.01 x 20"):
         mixture.take(mixture.Source(files["hh"], "train", amount="0.01"), 20, seed=42)
     assert len(mixture.take(mixture.Source(files["hh"], "train", amount="0.05"), 20, seed=42)) == 1
+    # A source of one row: it read "has 1 usable rows ... takes none of them"
+    with pytest.raises(ConfigError, match=r"has 1 usable row and amount 0.5 takes none \(floor\(0.5 x 1\) = 0\)"):
+        mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 1, seed=42)
+    with pytest.raises(ConfigError, match="has 1 usable row and the mixture asks for 2: "):
+        mixture.take(mixture.Source(files["hh"], "train", amount="2"), 1, seed=42)
+    one = {"source": "a.jsonl [train]", "rows_read": 1, "rows_usable": 1, "taken": 1, "amount": "1.0"}
+    assert mixture.describe({**one, "upsampled": False}).startswith("a.jsonl [train]: 1 row, took 1 (1.0)")
 
 
 # --- the held-out mixture, trained --------------------------------------------------------------------------------

@@ -520,7 +520,7 @@ def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple
         # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
         layout = stage_layout(scorer, dataset)
         budget, pairs = scorer.budget()
-        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
+        size = f" of up to {budget:,} positions" if budget else f" of up to {plural(pairs, 'pair')}"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
     return [[mb for mb in mine if mb] for mine in todo], size
 
