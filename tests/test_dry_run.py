@@ -11,7 +11,7 @@ import pytest
 import train_dpo
 from conftest import ROOT
 from dpotrain.recipe import config as config_mod
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.json: a real plan on a fresh clone
@@ -193,9 +193,9 @@ def test_a_short_run_records_the_micro_batches_of_the_steps_it_trains(steps, tmp
     assert micro_batches == pytest.approx(round(micro_batches), abs=1e-6), batching["micro_batches_per_step"]
     pairs = batching["pairs_per_micro_batch"]["mean"] * round(micro_batches)
     assert pairs == pytest.approx(8 * int(steps), abs=0.05 * round(micro_batches)), batching["pairs_per_micro_batch"]
-    pairs = batching["pairs_per_micro_batch"]
+    pairs = run_record.Spread.of(batching["pairs_per_micro_batch"])  # "8 pairs" where every micro-batch holds 8
     card = hub.model_card(run_record.of(resolved), [])
-    assert f"| `per_device_train_batch_size` | {pairs['min']}-{pairs['max']} pairs per micro-batch" in card
+    assert f"| `per_device_train_batch_size` | {plural(pairs, 'pair')} per micro-batch" in card
 
 
 @pytest.mark.slow

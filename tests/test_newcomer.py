@@ -579,8 +579,8 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
         )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert ended.value.code == 2 and "another prompt" not in line, line
-    assert line.startswith(  # its only row: said as every row failing one check, without --skip_invalid
-        "error: every row of the train split (1 of 1) fails one check: chosen: message 0 has role 'bot', which chat "
+    assert line.startswith(  # its only row: said as failing a check (not "every row ... (1 of 1)"), no --skip_invalid
+        "error: the only row of the train split fails a check: chosen: message 0 has role 'bot', which chat "
         "templates do not know: use 'assistant' for the model's turns"
     ), line
     assert "skip_invalid" not in line
