@@ -121,7 +121,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None, no_bo
         )
     rows, sources = r.data.dataset_rows, r.data.data_sources or []
     data = mixture.of_sources(sources) if sources else f"{s.dataset_name} (split {s.dataset_train_split})"
-    row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
+    row("data", f"{data}: {plural(rows, 'row', ',') if rows is not None else 'rows counted when the run loads it'}")
     lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
     row("max length", max_length_text(r))
     row("template", template_text(r))

@@ -17,7 +17,7 @@ from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, RUN_COMPLETE
 from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
@@ -247,12 +247,14 @@ def replace(out: Path, names: list[str]) -> None:
         )
     own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
     removed = sorted(e for e in out.iterdir() if e.name in own)
+    folders = sum(entry.is_dir() and not entry.is_symlink() for entry in removed)
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
     left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, run_lock.LOCK_FILE)]
+    counts = [plural(n, word) for n, word in ((len(removed) - folders, "file"), (folders, "folder")) if n]
     print(
-        f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
-        + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""),
+        f"Replaced the run in {out}: removed {' and '.join(counts) or 'nothing'} of its own"
+        + (f"; kept {plural(len(left), 'other')} ({', '.join(sorted(left)[:5])})" if left else ""),
         flush=True,
     )
 

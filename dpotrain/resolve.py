@@ -16,7 +16,7 @@ from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
 from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import Recipe
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.train import resume
 from dpotrain.train.checkpoints import own_checkpoints
 
@@ -162,14 +162,14 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
         return Batch(per_step * t.gradient_accumulation_steps, t.gradient_accumulation_steps)
     if pairs % per_step:
         raise ConfigError(
-            f"pairs_per_step={pairs} is not reachable with {world} process(es) x per_device_train_batch_size="
-            f"{t.per_device_train_batch_size} ({per_step} pairs per micro-step): choose a process count or "
-            f"per-device batch that divides {pairs}, or set --pairs_per_step"
+            f"pairs_per_step={pairs} is not reachable with {plural(world, 'process')} x per_device_train_batch_size="
+            f"{t.per_device_train_batch_size} ({plural(per_step, 'pair')} per micro-step): choose a process count or"
+            f" per-device batch that divides {pairs}, or set --pairs_per_step"
         )
     if "gradient_accumulation_steps" in recipe.given and t.gradient_accumulation_steps != pairs // per_step:
         raise ConfigError(
             f"gradient_accumulation_steps={t.gradient_accumulation_steps} contradicts pairs_per_step={pairs} "
-            f"(which needs {pairs // per_step} on {world} process(es)): set one of them, not both"
+            f"(which needs {pairs // per_step} on {plural(world, 'process')}): set one of them, not both"
         )
     return Batch(pairs, pairs // per_step)
 

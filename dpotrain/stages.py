@@ -114,6 +114,8 @@ def decide_launch(recipe) -> Launch:
         engine.check_processes_per_node(run_engine.gpus_per_node, torch.cuda.device_count())
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
+    # A dry run plans the job where it runs (a GPU job's on GPUs); a run is where it is
+    planned = engine.as_it_runs(planned, world, on_gpus=(cuda and not t.use_cpu) or (dry_run and gpu_job))
     if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
         machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
     else:

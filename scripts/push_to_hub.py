@@ -33,7 +33,7 @@ from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli, run_record  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, RunError, cause, run_command  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 
@@ -124,7 +124,8 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
         failed = [r["branch"] for r in records if r["status"] == "failed"]
     elif on_disk:
         print(
-            f"{len(on_disk)} checkpoint(s) on disk are not pushed: add --checkpoints to push them to branches step-<N>",
+            f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
+            f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",
             flush=True,
         )
     main_files = hub_push.local_files(run, ignore=hub.IGNORE, allow=hub.own_files(run))  # as push_run uploads them

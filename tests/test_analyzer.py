@@ -159,7 +159,9 @@ def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_ro
     assert m.fast_path_mismatches == 3  # 41 rows: three batches, each checked on its first row
     for key in ("index", "prompt", "chosen", "rejected", "shared"):
         np.testing.assert_array_equal(getattr(m, key), getattr(reference, key))
-    assert "differed from TRL's in 3 chunk(s)" in capsys.readouterr().err
+    assert "differed from TRL's in 3 chunks; those were measured" in capsys.readouterr().err
+    assert lengths.measure(rows, tokenizer, chunk_size=64).fast_path_mismatches == 1  # it read "1 chunk(s); those"
+    assert "differed from TRL's in 1 chunk; it was measured one row at a time" in capsys.readouterr().err
 
 
 def test_each_pairs_chat_template_is_rendered_once_and_measured_as_the_trainer_does(tokenizer, monkeypatch):

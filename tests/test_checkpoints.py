@@ -127,6 +127,18 @@ def test_a_hand_edited_manifest_is_named_unreadable_and_skipped_not_a_traceback(
     assert newest_verified(tmp_path) == (tmp_path / "checkpoint-2", [(edited.parent, f"{MANIFEST} is unreadable")])
 
 
+def test_the_seal_line_counts_files_and_processes_in_the_singular_when_one(tmp_path, capsys):
+    """A run on one process printed "checksummed by 1 process(es)"."""
+    from dpotrain.train import checkpoint_manifest
+
+    sealed_checkpoint(tmp_path / "checkpoint-2")
+    assert "checkpoint-2: 4 files (0.0 MiB) checksummed by 1 process and marked COMPLETE in " in capsys.readouterr().out
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_text("weights\n")
+    checkpoint_manifest.seal(tmp_path / "checkpoint-4", MARKER, "{}\n", is_main=True)
+    assert "checkpoint-4: 1 file (0.0 MiB) checksummed by 1 process and marked" in capsys.readouterr().out
+
+
 def test_rotation_counts_a_checkpoint_the_resume_passed_over_as_damaged_not_as_one_kept(tmp_path, capsys):
     """A stop's checkpoint-3 damaged (a file cut short): the rerun resumed from checkpoint-2, and at checkpoint-4
     rotation (save_total_limit 2) kept the damaged 3 as one of its two and deleted the sound 2, the one left to go back

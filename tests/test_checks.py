@@ -56,7 +56,9 @@ def test_dataset_without_chosen_rejected(tmp_path):
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     msg = refused(tmp_path, "--dataset_name", str(path))
-    assert "has no chosen/rejected column(s) (it has ['messages'])" in msg and "rename the columns" in msg
+    assert "has no chosen/rejected columns (it has ['messages'])" in msg and "rename the columns" in msg
+    path.write_text(json.dumps({"chosen": "Blue."}) + "\n")  # one missing: it read "no rejected column(s)"
+    assert "has no rejected column (it has ['chosen'])" in refused(tmp_path, "--dataset_name", str(path))
 
 
 def test_output_dir_with_a_finished_run(tmp_path):
@@ -77,7 +79,16 @@ def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
     msg = refused(
         tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4", "--max_tokens_per_microbatch", "None"
     )
-    assert "pairs_per_step=128 is not reachable with 3 process(es)" in msg
+    assert "pairs_per_step=128 is not reachable with 3 processes x per_device_train_batch_size=4 (12 pairs per" in msg
+    # One process: it read "with 1 process(es)"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    msg = refused(
+        tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "3", "--max_tokens_per_microbatch", "None"
+    )
+    assert "pairs_per_step=128 is not reachable with 1 process x per_device_train_batch_size=3 (3 pairs per" in msg
+    args = ["--pairs_per_step", "8", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3"]
+    msg = refused(tmp_path, *args, "--max_tokens_per_microbatch", "None")
+    assert "contradicts pairs_per_step=8 (which needs 2 on 1 process): set one of them, not both" in msg
 
 
 def test_token_budget_needs_room_for_the_longest_pair(tmp_path):

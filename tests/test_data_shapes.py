@@ -394,7 +394,7 @@ def test_a_prompt_in_a_column_of_another_common_name_is_read_as_the_prompt(colum
     out = capsys.readouterr().out
     assert f"Data (train): column '{column}' read as the prompt (there is no `prompt` column" in out
     assert f"Data (train): {N} rows, plain text with a prompt column; no chat template" in out
-    assert "Data (train): column(s) not read: source (a pair is read from prompt, chosen, rejected" in out
+    assert "Data (train): column not read: source (a pair is read from prompt, chosen, rejected" in out
 
 
 def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch, capsys):
@@ -572,7 +572,7 @@ def test_pairs_with_other_prompts_are_dropped_and_counted_under_skip_invalid(
     assert dropped["by_reason"] == {
         "rejected: answers another prompt than `chosen` (a pair is two answers to one prompt)": 2
     }
-    assert resolved["derived"]["dataset_rows"] == N - 2 and f"Dropped 2 invalid row(s) of {N}" in stdout
+    assert resolved["derived"]["dataset_rows"] == N - 2 and f"Dropped 2 invalid rows of {N}" in stdout
 
 
 # --- refused before the model loads -----------------------------------------------------------------------------------
@@ -604,6 +604,27 @@ def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp
     assert "in chosen" in line and "--skip_invalid true" in line
 
 
+def test_one_dropped_row_is_counted_in_the_singular(capsys):
+    """--skip_invalid dropping one row printed "Dropped 1 invalid row(s) of 24"."""
+    pairs = dolci()
+    pairs[5] = {**pairs[5], "rejected": pairs[5]["chosen"]}
+    derived = {}
+    kept = rows.usable_pairs(datasets.Dataset.from_list(pairs), True, derived, "invalid_rows")
+    assert len(kept) == N - 1 and f"Dropped 1 invalid row of {N}: " in capsys.readouterr().out
+
+
+def test_a_prompt_that_runs_on_past_chosens_is_counted_in_messages(tmp_path, monkeypatch, capsys):
+    """rejected goes on past chosen's one-message prompt: it read "chosen's prompt has 1 message(s), this one 3"."""
+    pairs = dolci()
+    user, answer = {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}
+    more = [{"role": "assistant", "content": "Red."}, {"role": "user", "content": "Another?"}]
+    pairs[3] = {"chosen": [user, answer], "rejected": [user, *more, answer]}
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith("error: row 3, column 'rejected': answers another prompt than `chosen`"), line
+    assert "chosen's prompt has 1 message, this one 3" in line, line
+
+
 @pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])
 def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, tmp_path, monkeypatch, capsys):
     pairs = [{"chosen": r["chosen"], "rejected": r["chosen"]} for r in dolci()]  # every pair identical
@@ -612,6 +633,11 @@ def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, 
     assert line == (
         f"error: every row of the train split ({N} of {N}) fails one check: chosen: identical to `rejected`: the pair "
         "expresses no preference; first: line 1 of d.jsonl"
+    )
+    name, _ = write(tmp_path, "one", lambda: pairs[:1], "jsonl")  # it read "every row ... (1 of 1)"
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip) == (
+        "error: the only row of the train split fails a check: chosen: identical to `rejected`: the pair expresses no "
+        "preference; line 1 of one.jsonl"
     )
     several = [{**p, "rejected": None} if i % 2 else p for i, p in enumerate(pairs)]  # two checks, every row
     name, _ = write(tmp_path, "e", lambda: several, "jsonl")
@@ -641,7 +667,7 @@ def test_an_empty_split_is_one_error_line(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "saved"  # datasets itself cannot read such a split back
     datasets.DatasetDict({"train": datasets.Dataset.from_list(dolci(2)), "test": empty}).save_to_disk(str(folder))
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), "--skip_invalid", "true")
-    assert line == f"error: dataset {str(folder)!r}: split(s) ['test'] saved with no rows; remove them or save rows"
+    assert line == f"error: dataset {str(folder)!r}: split ['test'] saved with no rows; remove it or save rows"
 
 
 def test_an_unknown_hh_format_is_refused(tmp_path, monkeypatch, capsys):

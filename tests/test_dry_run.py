@@ -11,7 +11,7 @@ import pytest
 import train_dpo
 from conftest import ROOT
 from dpotrain.recipe import config as config_mod
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, plural
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.json: a real plan on a fresh clone
@@ -193,9 +193,9 @@ def test_a_short_run_records_the_micro_batches_of_the_steps_it_trains(steps, tmp
     assert micro_batches == pytest.approx(round(micro_batches), abs=1e-6), batching["micro_batches_per_step"]
     pairs = batching["pairs_per_micro_batch"]["mean"] * round(micro_batches)
     assert pairs == pytest.approx(8 * int(steps), abs=0.05 * round(micro_batches)), batching["pairs_per_micro_batch"]
-    pairs = batching["pairs_per_micro_batch"]
+    pairs = run_record.Spread.of(batching["pairs_per_micro_batch"])  # "8 pairs" where every micro-batch holds 8
     card = hub.model_card(run_record.of(resolved), [])
-    assert f"| `per_device_train_batch_size` | {pairs['min']}-{pairs['max']} pairs per micro-batch" in card
+    assert f"| `per_device_train_batch_size` | {plural(pairs, 'pair')} per micro-batch" in card
 
 
 @pytest.mark.slow
@@ -646,3 +646,32 @@ def test_a_model_whose_config_cannot_be_read_is_planned_without_it_and_said_why(
         f"looks like the config file at '{model}/config.json' is not a valid JSON file.))"
     )
     assert reads == [str(model)]
+
+
+def test_fsdp2_on_one_cpu_process_is_named_for_what_runs(tmp_path, capsys, monkeypatch):
+    """A CPU recipe launched with configs/accelerate/fsdp2.yaml on one process: accelerate leaves it
+    DistributedType.NO (FSDP only on GPUs, and `engine.enable_on_cpu` for 2+ processes), so it trains as one plain
+    process; the dry run said "engine: FSDP2" and "clipping: ... one norm over every rank's shards"."""
+    from dpotrain.cluster import engine
+
+    fsdp2 = [*SMOKE, "--output_dir", str(tmp_path / "run"), "--accelerate_config", "configs/accelerate/fsdp2.yaml"]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    text = dry_run(capsys, *fsdp2)
+    assert field(text, "engine") == (
+        "one process (configs/accelerate/fsdp2.yaml: FSDP2 shards over GPUs, or over 2 or more CPU processes; one "
+        "process on CPU runs unsharded)"
+    )
+    assert field(text, "clipping").endswith("by torch's clip_grad_norm_")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # enable_on_cpu makes two CPU processes FSDP2
+    assert field(dry_run(capsys, *fsdp2), "engine") == "FSDP2 (configs/accelerate/fsdp2.yaml)"
+    # On GPUs one process runs FSDP2 (accelerate launches it through torchrun: DistributedType.FSDP)
+    planned = engine.from_config("configs/accelerate/fsdp2.yaml")
+    assert engine.as_it_runs(planned, 1, on_gpus=True) is planned
+
+
+def test_a_data_set_of_one_row_is_counted_in_the_singular(tmp_path, capsys):
+    """The summary's data line read "(split train): 1 rows"."""
+    one = tmp_path / "one.jsonl"
+    one.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[0] + "\n")
+    args = [*SMOKE, "--dataset_name", str(one), "--warmup_steps", "0", "--output_dir", str(tmp_path / "run")]
+    assert field(dry_run(capsys, *args), "data") == f"{one} (split train): 1 row"

@@ -153,7 +153,7 @@ def test_engine_with_two_processes_computes_what_one_process_computes(
     if name == "fsdp2":
         assert_fsdp2_checkpoint_is_sharded_and_the_model_one_hf_folder(out)
     # Each rank hashed its share of every checkpoint; the manifest lists every rank's files (resume.py checks them).
-    assert log.count("checksummed by 2 process(es) and marked COMPLETE") == 2
+    assert log.count("checksummed by 2 processes and marked COMPLETE") == 2
     manifest = json.loads((out / "checkpoint-4" / "MANIFEST.json").read_text())["files"]
     on_disk = {p.relative_to(out / "checkpoint-4").as_posix() for p in (out / "checkpoint-4").rglob("*") if p.is_file()}
     assert set(manifest) == on_disk - {"MANIFEST.json", "COMPLETE"} and len(manifest) > 5

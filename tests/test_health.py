@@ -279,6 +279,18 @@ def test_accuracy_pinned_counts_consecutive_pairs_early_only():
     assert "1.0 on the last 32 pairs" in g.stop.message
 
 
+def test_accuracy_pinned_on_one_pair_reads_in_the_singular(tmp_path):
+    """--health_pinned_pairs 1 at one pair per step: the alarm read "1.0 on the last 1 pairs"."""
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path), "--health_pinned_pairs", "1"])
+    g, args = HealthGuard(recipe.project, 1), recipe.training
+    state = SimpleNamespace(global_step=0, max_steps=40, is_world_process_zero=True)
+    control = SimpleNamespace(should_training_stop=False, should_save=False)
+    g.on_train_begin(args, state, control)
+    for state.global_step, accuracy in ((1, 0.0), (2, 1.0)):  # step 2's one pair pins it
+        g.on_log(args, state, control, logs={"loss": LN2, "rewards/accuracies": accuracy})
+    assert g.stop.guard == "accuracy_pinned" and "1.0 on the last pair, within the first 25%" in g.stop.message
+
+
 def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
     """The loss at log-ratios 0 of each configured loss (dpotrain/train/losses.py: `step1_loss`), never ln 2 where it
     is not;

@@ -164,7 +164,7 @@ def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
     assert [r["index"] for r in dropped["first"]] == [5, 9, 11]
     assert dropped["by_reason"]["chosen: missing (null)"] == 1
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["dataset_rows"] == 37
-    assert "Dropped 3 invalid row(s) of 40" in stdout
+    assert "Dropped 3 invalid rows of 40" in stdout
 
 
 @pytest.mark.slow

@@ -776,6 +776,43 @@ def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_n
     assert "Pushed" not in said.out and "not pushed" not in said.err, said
 
 
+@pytest.mark.parametrize(
+    "steps, said",
+    [
+        ([2], "1 checkpoint on disk is not pushed: add --checkpoints to push it to a branch"),
+        ([2, 4], "2 checkpoints on disk are not pushed: add --checkpoints to push them to branches"),
+    ],
+)
+def test_the_checkpoints_left_unpushed_are_counted_in_their_number(
+    steps, said, hub, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """push_to_hub.py without --checkpoints of a run with one checkpoint printed "1 checkpoint(s) on disk are not
+    pushed: add --checkpoints to push them to branches step-<N>"."""
+    import importlib.util
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    for step in steps:
+        sealed_checkpoint(run / f"checkpoint-{step}")
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
+        monkeypatch.setenv(name, value)
+    hub_in_process(hub, monkeypatch)
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with mock.patch.dict(os.environ):  # main reads .env into the environment
+        script.main([str(run), "--repo-id", REPO])
+    assert f"{said} step-<N>\n" in capsys.readouterr().out
+
+
 def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     hub, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

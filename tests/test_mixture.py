@@ -113,7 +113,8 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train", "test", "x"], "3 splits"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
-        (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key ['weight']"),  # it read "key(s)"
+        (["--datasets", '{"path": "a.jsonl", "weight": 2, "x": 1}'], "unknown keys ['weight', 'x']"),
         # TRL's list of names: one string was read a character at a time after loading (no column(s) ['c', 'h', ...]),
         # a number was a traceback
         (["--datasets", '{"path": "a.jsonl", "columns": "chosen"}'], "columns 'chosen' is not a list of column"),
@@ -588,6 +589,13 @@ def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
     with pytest.raises(ConfigError, match=r"has 20 usable rows and amount 0.01 takes none of them \(floor\(0.01 x 20"):
         mixture.take(mixture.Source(files["hh"], "train", amount="0.01"), 20, seed=42)
     assert len(mixture.take(mixture.Source(files["hh"], "train", amount="0.05"), 20, seed=42)) == 1
+    # A source of one row: it read "has 1 usable rows ... takes none of them"
+    with pytest.raises(ConfigError, match=r"has 1 usable row and amount 0.5 takes none \(floor\(0.5 x 1\) = 0\)"):
+        mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 1, seed=42)
+    with pytest.raises(ConfigError, match="has 1 usable row and the mixture asks for 2: "):
+        mixture.take(mixture.Source(files["hh"], "train", amount="2"), 1, seed=42)
+    one = {"source": "a.jsonl [train]", "rows_read": 1, "rows_usable": 1, "taken": 1, "amount": "1.0"}
+    assert mixture.describe({**one, "upsampled": False}).startswith("a.jsonl [train]: 1 row, took 1 (1.0)")
 
 
 # --- the held-out mixture, trained --------------------------------------------------------------------------------

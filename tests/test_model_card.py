@@ -170,3 +170,15 @@ def test_a_run_stopped_by_max_steps_says_so_beside_its_epochs():
     card = model_card({"run_name": "r", "num_train_epochs": 1.0, "max_steps": 100}, [])
     assert "| `num_train_epochs` | 1.0 (stopped at max_steps 100) |" in card
     assert "| `num_train_epochs` | 1.0 |" in model_card({"run_name": "r", "num_train_epochs": 1.0, "max_steps": -1}, [])
+
+
+def test_a_budget_that_cut_every_micro_batch_alike_reads_one_count():
+    """max_tokens_per_microbatch cutting 4 pairs into every micro-batch: the card said "4-4 pairs per micro-batch"."""
+    batching = {"pairs_per_step": 8, "micro_batches_per_step": {"min": 2, "mean": 2, "max": 2}}
+    card = {"run_name": "r", "per_device_train_batch_size": None, "max_tokens_per_microbatch": 2048}
+    for pairs, says in [(4, "4 pairs"), (1, "1 pair"), ({"min": 1, "mean": 1.5, "max": 2}, "1-2 pairs")]:
+        batching["pairs_per_micro_batch"] = (
+            pairs if isinstance(pairs, dict) else {"min": pairs, "mean": pairs, "max": pairs}
+        )
+        text = model_card({**card, "derived": {"batching": batching}}, [])
+        assert f"| `per_device_train_batch_size` | {says} per micro-batch (max_tokens_per_microbatch) |" in text, text

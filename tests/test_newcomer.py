@@ -4,6 +4,7 @@ Each case runs the real entry (`train_dpo.main` or `run_cli(train_dpo.main)`, in
 as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -495,7 +496,7 @@ def test_one_process_logs_its_tokens_per_second_once(short_run):
     import json
 
     text, out = short_run
-    assert "tokens/s over 1 process(es) in " in text and "per process)" not in text, text[-3000:]  # the reference
+    assert "tokens/s over 1 process in " in text and "per process)" not in text, text[-3000:]  # the reference
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
 
@@ -578,8 +579,8 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
         )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert ended.value.code == 2 and "another prompt" not in line, line
-    assert line.startswith(  # its only row: said as every row failing one check, without --skip_invalid
-        "error: every row of the train split (1 of 1) fails one check: chosen: message 0 has role 'bot', which chat "
+    assert line.startswith(  # its only row: said as failing a check (not "every row ... (1 of 1)"), no --skip_invalid
+        "error: the only row of the train split fails a check: chosen: message 0 has role 'bot', which chat "
         "templates do not know: use 'assistant' for the model's turns"
     ), line
     assert "skip_invalid" not in line
@@ -950,12 +951,28 @@ def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, cap
     publish.push_final(out, hub.take_push_settings(recipe), recipe.training)
     assert "nothing was pushed: push (the last checkpoint, the one still on disk) from" in capsys.readouterr().out
 
-    summary = {"micro_batches_per_step": {"min": 1, "max": 1}, "filler_micro_batches": 0, "padding_share": 0.0}
-    one = RunPlan(None, plan.StepPlan(1, 1, 0, None, 1), [[np.zeros(1)]], {**summary, "forward": "packed"}, None)
-    assert one.line().startswith("Plan: 1 step of 1 pair per epoch (1 epoch(s) planned), ")
+    # The plan's line wrote "(1 epoch(s) planned), 1 micro-batch(es) per step per rank, 1 filler micro-batch(es)"
+    per_step, summary = {"min": 1, "mean": 1, "max": 1}, {"filler_micro_batches": 0, "padding_share": 0.0}
+    summary = {**summary, "micro_batches_per_step": per_step, "forward": "packed"}
+    one = RunPlan(None, plan.StepPlan(1, 1, 0, None, 1), [[np.zeros(1)]], summary, None)
+    assert one.line().startswith("Plan: 1 step of 1 pair per epoch (1 epoch planned), 1 micro-batch per step per rank")
+    spread = {**per_step, "mean": 1.5, "max": 2}
+    two = RunPlan(None, one.step_plan, [[np.zeros(1)]] * 2, {**summary, "micro_batches_per_step": spread}, None)
+    assert "(2 epochs planned), 1-2 micro-batches per step per rank, 0.0% padding" in two.line()
+    fillers = [dataclasses.replace(one, summary={**summary, "filler_micro_batches": n}).line() for n in (1, 2)]
+    assert ", 1 filler micro-batch, " in fillers[0] and ", 2 filler micro-batches, " in fillers[1]
 
     parse_args(["--config", smoke, "--per_device_train_batch_size", "1"])
     assert "on the command line: micro-batches of 1 pair, 1 per step and process" in capsys.readouterr().err
+
+    # The reference's speed line read "over 1 process(es) in 1 micro-batch(es) each"
+    from dpotrain.reference.reference import Outcome
+
+    speed = {"warmup_seconds": 2.0, "tokens_per_second": 1000.0}
+    one = Outcome("train", 4, 0, 4, False, out, world=1, micro_batches=1, **speed).speed_line()
+    assert one.endswith(": warm-up 2.0 s (first micro-batch), then 1,000 tokens/s over 1 process in 1 micro-batch each")
+    two = Outcome("train", 4, 0, 4, False, out, world=2, micro_batches=2, **speed).speed_line()
+    assert two.endswith("over 2 processes (500 per process) in 2 micro-batches each")
 
     (out / "checkpoint-2" / "global_step2").mkdir(parents=True)
     (out / "checkpoint-2" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")

@@ -83,6 +83,21 @@ def checkpoint_named_files(folder: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_replacement_line_counts_files_folders_and_others_each_in_its_number(tmp_path, capsys):
+    """It read "removed its 1 own file(s) and folder(s); kept 1 others (notes.md)"."""
+    (tmp_path / "checkpoint-2").mkdir()
+    for name in ("run_complete.json", "notes.md"):
+        (tmp_path / name).write_text("{}\n")
+    output_folder.replace(tmp_path, ["run_complete.json"])
+    replaced = f"Replaced the run in {tmp_path}: removed "
+    assert replaced + "1 file of its own; kept 2 others (checkpoint-2, notes.md)\n" in capsys.readouterr().out
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    output_folder.replace(tmp_path, ["checkpoint-2", "metrics.jsonl", "gone.json"])
+    assert replaced + "1 file and 1 folder of its own; kept 1 other (notes.md)\n" in capsys.readouterr().out
+    output_folder.replace(tmp_path, ["gone.json"])
+    assert replaced + "nothing of its own; kept 1 other (notes.md)\n" in capsys.readouterr().out
+
+
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     first = run_train(

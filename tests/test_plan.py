@@ -148,6 +148,18 @@ def test_a_pair_over_the_budget_is_refused_with_the_numbers():
         plan.cut_step(np.arange(130), full, StepPlan(130, 64, 0, 12000, None))
 
 
+def test_the_refusals_count_steps_and_pairs_in_the_singular_when_one():
+    """They read "1 step(s) of the run cannot be cut" and "the evaluation split has 1 pair(s)"."""
+    for n, steps in ((1, "1 step"), (2, "2 steps")):
+        full = PairLengths(np.full(n, MAX_LENGTH), np.full(n, MAX_LENGTH))
+        with pytest.raises(plan.PlanError, match=f"^{steps} of the run cannot be cut; the hardest: "):
+            plan.plan_run(full, StepPlan(1, 1, 0, 12000, None), 1)
+    with pytest.raises(plan.PlanError, match="^the evaluation split has 1 pair, fewer than the 2 processes: "):
+        plan.eval_batches(1, 2, 1)
+    with pytest.raises(plan.PlanError, match="^the evaluation split has 2 pairs, fewer than the 3 processes: "):
+        plan.eval_batches(2, 3, 1)
+
+
 def test_order_is_deterministic_per_seed_and_random_at_the_scale_of_steps():
     lengths = heavy_tailed(997)
     p = StepPlan(64, 2, 1, 65536, None)

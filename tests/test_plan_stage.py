@@ -115,7 +115,7 @@ def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
     )
     assert result.returncode == 0, result.stdout[-3000:]
     log = result.stdout
-    stage_line = "Plan: 6 steps of 8 pairs per epoch (1 epoch(s) planned), "
+    stage_line = "Plan: 6 steps of 8 pairs per epoch (1 epoch planned), "
     assert stage_line in log, log[-3000:]
     assert log.index("Tokenizing train dataset") < log.index(stage_line) < log.index("reference log-probs (train)")
     assert link.is_symlink() and not target.exists()  # made for the Trainer, then removed: nothing was written there

@@ -13,7 +13,7 @@ import time
 import datasets
 import pytest
 
-from conftest import PAUSE_AT, ROOT, built, pause_env, paused_pid, python, rank_python, ready
+from conftest import PAUSE_AT, ROOT, built, pause_env, paused_pid, python, rank_python, ready, run_train
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
@@ -626,3 +626,18 @@ def test_other_caches_lend_pairs_by_digest_only_under_the_same_settings_and_with
     own = reference.Store.for_identity(ident).folder
     assert reuse.fill_from_other_caches(reference.cache_dir(), own, ident, digests, chosen, rejected) == 1
     assert np.isnan(chosen[:2]).all() and (chosen[2], rejected[2]) == (-1.0, -11.0)
+
+
+@pytest.mark.slow
+def test_the_scoring_line_of_micro_batches_of_one_pair_counts_in_the_singular(tmp_path, tiny_model_dir):
+    """--per_device_train_batch_size 1 without a token budget, on one process: the stage said "scoring 16 of 16 pairs
+    on 1 process(es) in 16 micro-batch(es) each of up to 1 pairs"."""
+    rows = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(16, seed=5)).to_json(rows)
+    batch = ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "8"]
+    args = ["--config", SMOKE, "--dataset_name", str(rows), "--output_dir", str(tmp_path / "run"), *batch]
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])}
+    result = run_train([*args, "--max_tokens_per_microbatch", "None", "--reference_only", "true"], env=env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    line = "reference log-probs (train): scoring 16 of 16 pairs on 1 process in 16 micro-batches each of up to 1 pair;"
+    assert line in result.stdout, result.stdout[-3000:]

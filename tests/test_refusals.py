@@ -923,10 +923,11 @@ def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
         (
             [],
             1,
-            "this run would train nothing: 1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from 1 "
-            "rows at 8 pairs per step",
+            # it read "1 optimizer step(s)" and "from 1 rows"
+            "this run would train nothing: 1 optimizer step, 1 of warmup (learning rate 0 at step 1) from 1 row at 8 "
+            "pairs per step",
         ),
-        (["--per_device_train_batch_size", "16"], 12, "1 optimizer step(s), 1 of warmup"),
+        (["--per_device_train_batch_size", "16"], 12, "1 optimizer step, 1 of warmup"),
         # the schedule's peak after the run's last step: it never trained at the rate set
         (["--max_steps", "3", "--warmup_steps", "5"], 40, "warmup_steps makes 5 warm-up steps of the run's 3"),
     ],
@@ -948,7 +949,7 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         run_cli(lambda: train_dpo.main([*args, "--dry-run"]))
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.rstrip().splitlines()[-1].startswith("error: this run would train nothing")
-    assert "1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
+    assert "1 optimizer step, 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
 
 
 # --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
@@ -1440,7 +1441,7 @@ def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path)
         resolve.check_output_dir(recipe, 8)
     assert str(refused.value) == (
         f"resume_from_checkpoint {str(checkpoint)!r} cannot be verified (a save cut short, or not this project's: no "
-        "COMPLETE mark; MANIFEST.json is missing): restore the named file(s) from a copy, or start a new run from its "
+        "COMPLETE mark; MANIFEST.json is missing): restore each named file from a copy, or start a new run from its "
         f"weights (--model_name_or_path {checkpoint}, a new --output_dir)"
     )
     # Sealed as this project seals a checkpoint, but moved out of its run without the record of its settings.
@@ -1480,7 +1481,11 @@ def test_every_checkpoint_damaged_says_none_is_left_not_that_it_tries_one_before
     for step in (2, 4):
         (out / f"checkpoint-{step}" / "optimizer.pt").write_text("cut")
     capsys.readouterr()
-    with pytest.raises(ConfigError, match="has no checkpoint left to resume from \\(checkpoint-4: optimizer.pt has 3"):
+    # "restore the named file(s)", of one file or of many
+    fix = "; checkpoint-2: .*: restore each named file from a copy, or pass --overwrite_output_dir to start afresh$"
+    with pytest.raises(
+        ConfigError, match=f"has no checkpoint left to resume from \\(checkpoint-4: optimizer.pt has 3.*{fix}"
+    ):
         resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
     said = capsys.readouterr().out
     assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has 3 bytes" in said, said

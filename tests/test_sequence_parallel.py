@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, accelerate_launch, python, rank_python, spawn_ranks
 from dpotrain.forwards import packing, sequence_parallel
+from dpotrain.recipe.errors import plural
 from dpotrain.train.preemption import STOPPED_EXIT
 
 # An SFT term: its totals (the step's pairs and chosen tokens) are counted on every process of a group, as pairs are in
@@ -79,7 +80,8 @@ def assert_same_trajectory(one, split, log: str, model_dir, group=True, groups=1
     had processes (else processes of their own: its micro-batches are dealt to 2 data-parallel ranks, so the plan's
     per-rank counts differ)."""
     if group:
-        assert f"Sequence parallel: {groups} group(s) of 2 processes, each process 1/2 of every packed row" in log
+        line = f"Sequence parallel: {plural(groups, 'group')} of 2 processes, each process 1/2 of every packed row"
+        assert line in log
     else:
         assert "Sequence parallel" not in log
     want, got = records(one), records(split)
@@ -448,7 +450,7 @@ def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path,
     args = ["--bf16", "true", "--attn_implementation", attention]
     train(tmp_path / "one", model_dir, *args)
     log = train(tmp_path / "split", model_dir, *args, "--sequence_parallel_size", "2", processes=2)
-    assert f"Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row; {attention}" in log
+    assert f"Sequence parallel: 1 group of 2 processes, each process 1/2 of every packed row; {attention}" in log
     want, got = records(tmp_path / "one"), records(tmp_path / "split")
     assert list(got) == list(want)
     for key, record in want.items():

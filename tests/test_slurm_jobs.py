@@ -601,7 +601,7 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
     fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
     result = subprocess.run(["bash", "scripts/launch.sh", *fixed], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0
-    assert "pairs_per_step=128 is not reachable with 12 process(es)" in result.stderr
+    assert "pairs_per_step=128 is not reachable with 12 processes" in result.stderr
     assert "launch: srun" not in result.stdout  # refused before anything was launched
 
 

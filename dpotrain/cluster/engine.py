@@ -536,6 +536,16 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
     )
 
 
+def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
+    """The engine that runs: FSDP2 launched as one process on CPU runs as one plain process (accelerate turns FSDP on
+    for accelerator devices, `enable_on_cpu` for 2 processes or more; one CPU process stays DistributedType.NO), and is
+    named so, where it read "FSDP2" and its clipping "one norm over every rank's shards"."""
+    if found.name != "fsdp2" or world > 1 or on_gpus:
+        return found
+    why = "FSDP2 shards over GPUs, or over 2 or more CPU processes; one process on CPU runs unsharded"
+    return replace(found, name="single", source=f"{found.source}: {why}", offload_params=False)
+
+
 def enable_on_cpu(engine: Engine) -> None:
     """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed. accelerate 1.15
     turns them on for accelerator devices only (accelerate/state.py: a CPU launch without `use_cpu` comes out as

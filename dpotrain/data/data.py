@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.writes import unwritable
 
 # datasets' own suffixes for these builders (its _EXTENSION_TO_MODULE): a folder of `.ndjson` or `.tsv` shards is read
@@ -174,7 +174,8 @@ def load_preference_dataset(
     if path.is_dir() and data_identity.saved(path):
         # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
         if empty := _empty_saved_splits(path):
-            raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
+            splits, them = plural(len(empty), "split", count=False), "it" if len(empty) == 1 else "them"
+            raise ConfigError(f"dataset {name!r}: {splits} {empty} saved with no rows; remove {them} or save rows")
         loaded = datasets.load_from_disk(str(path))
     elif path.is_file():
         builder = builder_of(path)
@@ -446,7 +447,8 @@ def check_columns(dataset, name: str) -> None:
                 f"that has no chosen/rejected: write the pairs as JSON Lines, one per line{jq}, or as a JSON array"
             )
     raise ConfigError(
-        f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns)}): DPO needs "
+        f"dataset {name!r} has no {'/'.join(missing)} {plural(len(missing), 'column', count=False)} (it has "
+        f"{sorted(columns)}): DPO needs "
         "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
         "pick a preference data set"
     )

@@ -221,7 +221,8 @@ def measure(
     mismatches = int(c["mismatch"].sum())
     if mismatches:
         print(
-            f"warning: the batched tokenization differed from TRL's in {mismatches} chunk(s); those were measured "
+            f"warning: the batched tokenization differed from TRL's in {plural(mismatches, 'chunk')}; "
+            f"{'it was' if mismatches == 1 else 'those were'} measured "
             "one row at a time (exact, slower)",
             file=sys.stderr,
         )

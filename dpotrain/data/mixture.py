@@ -256,7 +256,8 @@ def _entry(entry, split: str, flag: str) -> Source:
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
     if unknown := sorted(set(entry) - set(ENTRY_KEYS)):
         raise ConfigError(
-            f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes {', '.join(ENTRY_KEYS)}"
+            f"`{flag}:` entry {entry.get('path')!r}: unknown {plural(len(unknown), 'key', count=False)} {unknown}; "
+            f"an entry takes {', '.join(ENTRY_KEYS)}"
         )
     if not entry.get("path"):
         raise ConfigError(
@@ -385,14 +386,16 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
         count = int(source.amount)
         if count > usable:
             raise ConfigError(
-                f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: ask for fewer, or "
-                f"write a fraction to upsample ({count / usable:.2f} takes every row and a seeded sample of the rest)"
+                f"source {source.spec()} has {plural(usable, 'usable row')} and the mixture asks for {count}: ask for "
+                f"fewer, or write a fraction to upsample ({count / usable:.2f} takes every row and a seeded sample of "
+                "the rest)"
             )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
     if wanted == 0 and usable:  # an amount of 0 is refused as written; one that floors to 0 took none, silently
         raise ConfigError(
-            f"source {source.spec()} has {usable} usable rows and amount {source.amount} takes none of them "
+            f"source {source.spec()} has {plural(usable, 'usable row')} and amount {source.amount} takes "
+            f"{'none of them' if usable > 1 else 'none'} "
             f"(floor({source.amount} x {usable}) = 0): give a larger amount (1 takes one pair) or remove the source"
         )
     whole, rest = divmod(wanted, usable)
@@ -419,9 +422,10 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
     if total and dropped:
         i = dropped[0]
         raise ConfigError(
-            f"source {sources[i].spec()} has {usable[i]} usable rows and fraction {sources[i].share:g} takes none of "
-            f"them (TRL's rule: round({weights[i]:.3g} x {total:.4g}) = 0): give it a larger fraction, or give each "
-            "source an `amount` instead (a fraction or count of that source alone)"
+            f"source {sources[i].spec()} has {plural(usable[i], 'usable row')} and fraction {sources[i].share:g} takes "
+            f"{'none of them' if usable[i] > 1 else 'none'} (TRL's rule: round({weights[i]:.3g} x {total:.4g}) = 0): "
+            "give it a larger fraction, or give each source an `amount` instead (a fraction or count of that source "
+            "alone)"
         )
     return rows
 
@@ -474,7 +478,7 @@ def read_source(source: Source, say: bool = True):
     if source.columns:
         if missing := [c for c in source.columns if c not in loaded.column_names]:
             raise ConfigError(
-                f"mixture source {source.spec()}: no column(s) {missing} (it has "
+                f"mixture source {source.spec()}: no {plural(len(missing), 'column', count=False)} {missing} (it has "
                 f"{sorted(loaded.column_names)}): fix `columns`"
             )
         loaded = loaded.select_columns(list(source.columns))
@@ -596,7 +600,9 @@ def _union(a, b):
 def describe(record: dict) -> str:
     """One source as the dry run, the analyzer and the model card say it: rows, taken, share of the tokens."""
     dropped = record["rows_read"] - record["rows_usable"]
-    text = f"{record['source']}: {record['rows_read']:,} rows" + (f" ({dropped:,} invalid dropped)" if dropped else "")
+    text = f"{record['source']}: {plural(record['rows_read'], 'row', ',')}" + (
+        f" ({dropped:,} invalid dropped)" if dropped else ""
+    )
     text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
     if "token_share" in record:
         text += f", {record['token_share']:.1%} of the tokens"

@@ -259,7 +259,7 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     reasons, first = checked.by_reason(), checked.invalid[0]
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
-    shown = f"; first: {where}" + (f", {detail[0]}" if detail else "")
+    shown = f"; {'first: ' * (checked.rows > 1)}{where}" + (f", {detail[0]}" if detail else "")
     # Answers off the generation prompt are one check however their reasons differ: the text expected where the
     # answer starts (a template that writes something per conversation) or the side that leaves it.
     off_template = all(p["problem"].startswith(chat_template.MISMATCH) for p in checked.invalid)
@@ -268,10 +268,14 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
         column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
         if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
             problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
-        return (
-            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {column}: "
-            f"{problem}{chat_template.misfit(problem)}{shown}"
+        # A split of one row has one reason: its row, not "every row (1 of 1)"
+        n = checked.rows
+        every = (
+            f"every row of the {split} split ({n} of {n}) fails one check"
+            if n > 1
+            else f"the only row of the {split} split fails a check"
         )
+        return f"{every}: {column}: {problem}{chat_template.misfit(problem)}{shown}"
     top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
     return (
         f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}{shown}): check that "
@@ -306,7 +310,8 @@ def usable_pairs(
         )
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
-                f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
+                f"Data ({split}): {plural(len(unread), 'column', count=False)} not read: {', '.join(unread)} (a pair "
+                "is read from "
                 f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
                 flush=True,
             )
@@ -315,7 +320,8 @@ def usable_pairs(
         if len(checked.invalid) == checked.rows:
             raise ConfigError(every_row_invalid(checked, split, source))
         if say:
-            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
+            dropped = plural(len(checked.invalid), "invalid row")
+            print(f"Dropped {dropped} of {checked.rows}: {checked.by_reason()}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import re
 
+from dpotrain.recipe.errors import plural
+
 KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat template, as DPOTrainer does
 HH_FORMATS = ("messages", "text")
 DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
@@ -295,7 +297,7 @@ def _first_difference(a: list, b: list) -> str:
         if x != y:
             what = x.get("role") if x.get("role") == y.get("role") else f"{x.get('role')} vs {y.get('role')}"
             return f"message {i} ({what}): {_short(x.get('content'))} in chosen, {_short(y.get('content'))} here"
-    return f"chosen's prompt has {len(a)} message(s), this one {len(b)}"
+    return f"chosen's prompt has {plural(len(a), 'message')}, this one {len(b)}"
 
 
 def _short(text, n: int = 40) -> str:

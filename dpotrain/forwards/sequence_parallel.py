@@ -18,6 +18,7 @@ from dpotrain.cluster import collectives
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import flops, masks, packing
 from dpotrain.recipe import upstream
+from dpotrain.recipe.errors import plural
 
 # The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_inputs`); the forward
 # choice takes no other (`choice.sequence_parallel_forwards`). Not eager: Ulysses takes boolean masks, eager's additive.
@@ -81,7 +82,8 @@ def set_up(sp_size: int, model) -> None:
     ALL_ATTENTION_FUNCTIONS[attention] = _Attention(ALL_ATTENTION_FUNCTIONS[attention], ulysses)
     if rank == 0:
         print(
-            f"Sequence parallel: {world // sp_size} group(s) of {sp_size} processes, each process 1/{sp_size} of "
+            f"Sequence parallel: {plural(world // sp_size, 'group')} of {sp_size} processes, each process "
+            f"1/{sp_size} of "
             f"every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads per process "
             "(DeepSpeed Ulysses all-to-all)",
             flush=True,

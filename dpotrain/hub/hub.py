@@ -249,8 +249,7 @@ def as_run(key: str, r: Record):
         trained = f"{plural(epochs, 'epoch', 'g')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
-        pairs = b.pairs_per_micro_batch
-        return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
+        return f"{plural(b.pairs_per_micro_batch, 'pair')} per micro-batch (max_tokens_per_microbatch)"
     if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
         per = b.micro_batches_per_step
         return (

@@ -270,7 +270,7 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
     if refused:
         worst = max(refused, key=lambda e: e.needed_budget)
         raise PlanError(
-            f"{len(refused)} step(s) of the run cannot be cut; the hardest: {worst}".replace(
+            f"{plural(len(refused), 'step')} of the run cannot be cut; the hardest: {worst}".replace(
                 f"to {worst.needed_budget:,},", f"to {worst.needed_budget:,} (enough for every step),"
             ),
             worst.needed_budget,
@@ -366,7 +366,7 @@ def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list
     at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch)."""
     if pairs < world_size:
         raise PlanError(
-            f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
+            f"the evaluation split has {plural(pairs, 'pair')}, fewer than the {world_size} processes: use a "
             "larger split, or no eval_strategy"
         )
     per_rank = math.ceil(pairs / (world_size * batch_size))
@@ -448,7 +448,7 @@ def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) ->
     total, warmup = steps.get("total_steps"), steps.get("warmup_steps") or 0
     if total is None:
         return
-    made_of = made_of or f"{steps.get('dataset_rows')} rows"
+    made_of = made_of or plural(steps.get("dataset_rows"), "row")
     if total == 1 and warmup >= 1 and max_steps == 1:  # "--max_steps N" is no advice to one who asked for one step
         raise ConfigError(
             "--max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
@@ -456,8 +456,8 @@ def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) ->
         )
     if total == 0 or (total == 1 and warmup >= 1):
         raise ConfigError(
-            f"this run would train nothing: {total} optimizer step(s), {warmup} of warmup (learning rate 0 at step 1) "
-            f"from {made_of} at {steps.get('pairs_per_step')} pairs per step: use more data, "
+            f"this run would train nothing: {plural(total, 'optimizer step')}, {warmup} of warmup (learning rate 0 at "
+            f"step 1) from {made_of} at {plural(steps.get('pairs_per_step'), 'pair')} per step: use more data, "
             "a smaller per_device_train_batch_size / pairs_per_step, more num_train_epochs, or --max_steps N (2 or "
             "more; or --warmup_steps 0 for one step at the full learning rate)"
         )

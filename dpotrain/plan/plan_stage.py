@@ -12,6 +12,7 @@ from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
 from dpotrain.recipe.errors import plural
+from dpotrain.recipe.run_record import Spread
 
 # The steps planned at start at most, by whole epochs: far past any recipe's run (the OLMo 3 recipes train ~1,170-2,030)
 PLANNED_AHEAD = 20_000
@@ -26,14 +27,14 @@ class RunPlan:
     trained: np.ndarray  # the pairs the run's steps train (`plan.pairs_trained`): what the reference stage scores
 
     def line(self) -> str:
-        """'Plan: 24 steps of 8 pairs per epoch (3 epoch(s) planned), 1-2 micro-batch(es) per step per rank, ...'."""
-        per_step, s = self.summary["micro_batches_per_step"], self.summary
-        counts = f"{per_step['min']}" if per_step["min"] == per_step["max"] else f"{per_step['min']}-{per_step['max']}"
-        fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
+        """'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step per rank, ...'."""
+        s, batches = self.summary, lambda n, kind="": plural(n, f"{kind}micro-batch", many=f"{kind}micro-batches")
+        fillers = f", {batches(s['filler_micro_batches'], 'filler ')}" if s["filler_micro_batches"] else ""
         steps, pairs = len(self.epochs[0]), self.step_plan.pairs_per_step
         return (
             f"Plan: {plural(steps, 'step')} of {plural(pairs, 'pair')} per epoch "
-            f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
+            f"({plural(len(self.epochs), 'epoch')} planned), "
+            f"{batches(Spread.of(s['micro_batches_per_step']))} per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )
 

@@ -240,10 +240,11 @@ class Outcome:
         speed, per_process = self.tokens_per_second, ""
         if speed is not None and self.world > 1:  # one process: the same number twice
             per_process = f" ({speed / self.world:,.0f} per process)"
-        steady = "" if speed is None else f", then {speed:,.0f} tokens/s over {self.world} process(es){per_process}"
+        over = f"over {plural(self.world, 'process')}{per_process}"
+        steady = "" if speed is None else f", then {speed:,.0f} tokens/s {over}"
         return (
             f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
-            f"in {self.micro_batches:,} micro-batch(es) each"
+            f"in {plural(self.micro_batches, 'micro-batch', ',', many='micro-batches')} each"
         )
 
     def record(self) -> dict:
@@ -446,8 +447,9 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
         kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
         kept += f", {shared:,} found in other runs' caches" if shared else ""
         print(
-            f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
-            f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
+            f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {plural(world, 'process')} in "
+            f"{plural(rounds, 'micro-batch', ',', many='micro-batches')} each{size}{kept}; saved to {store.folder} as "
+            "they are scored",
             flush=True,
         )
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
@@ -518,7 +520,7 @@ def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple
         # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
         layout = stage_layout(scorer, dataset)
         budget, pairs = scorer.budget()
-        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
+        size = f" of up to {budget:,} positions" if budget else f" of up to {plural(pairs, 'pair')}"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
     return [[mb for mb in mine if mb] for mine in todo], size
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
+from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import write_text
 
 MANIFEST = "MANIFEST.json"
@@ -65,8 +66,8 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     write_text(folder / mark, mark_text)
     total = sum(size for _, size in files) / 2**20
     print(
-        f"{folder.name}: {len(files)} files ({total:,.1f} MiB) checksummed by {world} process(es) and marked "
-        f"{mark} in {time.monotonic() - start:.2f} s",
+        f"{folder.name}: {plural(len(files), 'file')} ({total:,.1f} MiB) checksummed by {plural(world, 'process')} "
+        f"and marked {mark} in {time.monotonic() - start:.2f} s",
         flush=True,
     )
 

@@ -91,8 +91,8 @@ def next_step(last: bool) -> str:
 
 def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
     return (
-        f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore the "
-        "named file(s) from a copy, or pass --overwrite_output_dir to start afresh"
+        f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore "
+        "each named file from a copy, or pass --overwrite_output_dir to start afresh"
     )
 
 
@@ -143,7 +143,7 @@ def check_explicit(folder: str) -> None:
             f"pass --resume_from_checkpoint {shlex.quote(str(instead))}, the newest verified checkpoint "
             f"{'in' if inside else 'beside'} it"
             if instead
-            else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
+            else f"restore each named file from a copy, or {new_run_from(folder)}"
             if holds_a_checkpoint_or_weights(Path(folder))
             else "it holds no checkpoint, nor weights to start from: name a checkpoint-N folder (a rerun of the same "
             "command resumes from the newest one by itself)"
