@@ -63,14 +63,15 @@ def gpu_name(gib: float | None) -> str:
 
 def template_text(r: Record) -> str:
     """The chat template the pairs are tokenized with: the recipe's file, or the model's own."""
-    t = r.lengths.template or run_record.Template(None, None, None, None)
+    t = r.lengths.template or run_record.Template(None, None, None, None, None)
     if t.plain_text:
         unused = f"; chat_template_path is not used ({t.unused})" if t.unused else ""
         return f"none: the pairs are plain text, no chat template applies{unused}"
     digest = f"sha256 {t.sha256[:12]}" if t.sha256 else ""
     if r.settings.chat_template_path:
         return f"{r.settings.chat_template_path} ({digest}; chat_template_path)"
-    return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
+    unread = f"its tokenizer could not be read here: {t.unread}" if t.unread else ""
+    return f"the model's own ({digest or unread or 'its tokenizer is not on this machine'})"
 
 
 def max_length_text(r: Record) -> str:

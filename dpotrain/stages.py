@@ -227,6 +227,7 @@ class Data:
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
     dataset_id: str | None = None  # what the analyzer's cache of these pairs is keyed by (`_read_identity`)
+    tokenizer: "ModelTokenizer | None" = None  # the one the rows were checked against, for the lengths stage
 
     def record(self) -> dict:
         return {**self.checked, **self.steps}
@@ -250,7 +251,7 @@ def load_data(
         offline.check_offline_artifacts(recipe, model=False)  # the run's refusal, with the prefetch command
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
-    template = answers_template(recipe, launch)
+    template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
     if mixed:
         revision = None
     elif not launch.dry_run:
@@ -270,7 +271,7 @@ def load_data(
     plan.check_steps(steps, recipe.training.max_steps)
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
-    return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id)
+    return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)
 
 
 def _check_held_out_kind(train, held) -> None:
@@ -324,21 +325,36 @@ def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, s
     return usable, None
 
 
-def answers_template(recipe, launch: Launch):
-    """What loads, once, the tokenizer whose chat template message pairs' answers are checked against
-    (chat_template.answer_problem). A dry run checks where it is on this machine; a run asks the Hub first."""
+class ModelTokenizer:
+    """The model's tokenizer, loaded on its first use and kept: the data stage checks message pairs' answers against
+    it (chat_template.answer_problem; a dry run where it is on this machine, a run asks the Hub first), and the
+    lengths stage measures the pairs with it (`_lengths_tokenizer`) instead of loading it again, seconds on a login
+    node. Called, it gives the tokenizer, or None where a dry run cannot load it (`loaded` says why)."""
 
-    @functools.cache
-    def load():
-        name = recipe.model.model_name_or_path
-        if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads
-            builtin.check_name(name)
-            return chat_template.apply(builtin.build_tokenizer(), recipe.project.chat_template_path)
-        if not launch.dry_run:
-            offline.check_job_reachable(recipe, dataset=False)
-        return _tokenizer(recipe, name, local_only=launch.dry_run)
+    def __init__(self, recipe, launch: Launch):
+        self.recipe, self.launch = recipe, launch
 
-    return load
+    @functools.cached_property
+    def source(self) -> str | None:
+        """Where it loads from: the model's name or folder; a built-in model's folder once built, else None (its
+        tokenizer alone is built: a bad row is refused before any model is built)."""
+        name = self.recipe.model.model_name_or_path
+        if not builtin.is_builtin(name):
+            return name
+        builtin.check_name(name)
+        return builtin.existing_model_dir(name)
+
+    @functools.cached_property
+    def loaded(self) -> tuple[object | None, str | None]:
+        """`_tokenizer`'s (tokenizer, why it could not be read)."""
+        if self.source is None:
+            return chat_template.apply(builtin.build_tokenizer(), self.recipe.project.chat_template_path), None
+        if not self.launch.dry_run and not builtin.is_builtin(self.recipe.model.model_name_or_path):
+            offline.check_job_reachable(self.recipe, dataset=False)
+        return _tokenizer(self.recipe, self.source, local_only=self.launch.dry_run)
+
+    def __call__(self):
+        return self.loaded[0]
 
 
 def pin_data(recipe, revision: str | None, state) -> str | None:
@@ -385,13 +401,16 @@ class Lengths:
         return {key: value for key, value in named.items() if value is not None}
 
 
-def _tokenizer(recipe, model_path: str, local_only: bool):
+def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None, str | None]:
+    """(tokenizer, None); in a dry run (None, why) where it cannot be loaded here: why None where it is not on this
+    machine (a Hub model not fetched, a folder without one), else what went wrong reading the files that are here."""
     lengths.check_sentencepiece(model_path)  # on this machine: the dry run says it too
     try:
-        return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
+        return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only), None
     except (ConfigError, OSError, ValueError) as e:
         if local_only:  # a dry run: not on this machine, or a folder without one (configs/models/*: the checks list it)
-            return None
+            here = Path(model_path).is_dir() and not lengths.holds_no_tokenizer(model_path)
+            return None, cause(e) if here else None
         if isinstance(e, ConfigError):
             raise
         # The run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
@@ -399,6 +418,15 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
             f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
             "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
         ) from None
+
+
+def _lengths_tokenizer(recipe, launch: Launch, pairs: Data, model_path: str) -> tuple[object | None, str | None]:
+    """The tokenizer the lengths are measured with: the data stage's where it was loaded from the same place (read
+    once per first half), else loaded now (a dry run's Hub data set, a caller's own pairs, a built-in model's tokenizer
+    that was only built)."""
+    if pairs.tokenizer is not None and pairs.tokenizer.source == model_path:
+        return pairs.tokenizer.loaded
+    return _tokenizer(recipe, model_path, local_only=launch.dry_run)
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
@@ -460,7 +488,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     limit = None
     if (recipe.max_length_auto or max_length is not None) and model_config is not None:
         limit = positions.model_limit(model_config)[0]
-    tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
+    (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
         with state.main_process_first() if state is not None else nullcontext():
@@ -493,7 +521,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets
 
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
-    template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
+    template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain, unread=unread)
     no_bos = None
     if tokenizer is not None and pairs.train is not None and not plain:  # message pairs: the template writes BOS
         no_bos = lengths.missing_bos(pairs.train, tokenizer, p.hh_format)

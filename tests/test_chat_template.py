@@ -142,7 +142,7 @@ def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
         ]
     )
     text = OLMO_THINKER.read_text()
-    assert stages._tokenizer(recipe, tiny_model_dir, local_only=True).chat_template == text  # lengths, dry run
+    assert stages._tokenizer(recipe, tiny_model_dir, local_only=True)[0].chat_template == text  # lengths, dry run
     assert lengths.recipe_tokenizer(recipe).chat_template == text  # max_length: auto, run lengths, preflight's rows
     rows = [
         {"prompt": [USER], "chosen": [THINKING], "rejected": [{"role": "assistant", "content": "<think>x</think>"}]}

@@ -675,3 +675,49 @@ def test_a_data_set_of_one_row_is_counted_in_the_singular(tmp_path, capsys):
     one.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[0] + "\n")
     args = [*SMOKE, "--dataset_name", str(one), "--warmup_steps", "0", "--output_dir", str(tmp_path / "run")]
     assert field(dry_run(capsys, *args), "data") == f"{one} (split train): 1 row"
+
+
+def test_a_model_whose_tokenizer_cannot_be_read_says_why_on_the_template_line(tmp_path, capsys, tiny_model_dir):
+    """Issue #54: with tokenizer files present but a config.json cut off mid-write (transformers' tokenizer loader
+    reads it), the template line said "its tokenizer is not on this machine", which sends the user looking for files
+    that are there. It says the tokenizer could not be read, and why."""
+    model = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_text('{"model_type": "olmo3", "hidden_size": ')
+    text = dry_run(capsys, *SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"))
+    assert field(text, "template") == (
+        f"the model's own (its tokenizer could not be read here: OSError: It looks like the config file at "
+        f"'{model}/config.json' is not a valid JSON file.)"
+    )
+
+
+def tokenizer_loads(monkeypatch) -> list[str]:
+    """What each tokenizer load or build of this test read (the real calls, counted)."""
+    from dpotrain.data import builtin, lengths
+
+    loads, load, build = [], lengths.load_tokenizer, builtin.build_tokenizer
+
+    def loaded(name, *args, **kwargs):
+        loads.append(name)
+        return load(name, *args, **kwargs)
+
+    def built(*args, **kwargs):
+        loads.append("built")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(lengths, "load_tokenizer", loaded)
+    monkeypatch.setattr(builtin, "build_tokenizer", built)
+    return loads
+
+
+@pytest.mark.parametrize("model", ["folder", "builtin"])
+def test_a_dry_run_loads_the_tokenizer_once(model, tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """Issue #54: the data stage's row check loaded (or, for a built-in model, built) the tokenizer, and the lengths
+    stage loaded it again: seconds on a login node for a real model's tokenizer. The lengths stage takes the one the
+    rows were checked against where it is the model's own, loaded from the same place. A built-in model built before
+    (its folder exists) is read from its folder: it was built once and read twice."""
+    name = tiny_model_dir if model == "folder" else "builtin:tiny-olmo3"  # built by the fixture: its folder exists
+    loads = tokenizer_loads(monkeypatch)
+    text = dry_run(capsys, *SMOKE, "--model_name_or_path", name, "--output_dir", str(tmp_path / "run"))
+    assert loads == [tiny_model_dir]
+    assert re.fullmatch(r"the model's own \(sha256 [0-9a-f]{12}\)", field(text, "template"))

@@ -75,15 +75,17 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
+def record(path: str | None, tokenizer=None, plain_text: bool = False, unread: str | None = None) -> dict:
     """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256; for
-    plain-text pairs, that none applies, and whether a `chat_template_path` was given to no effect."""
+    plain-text pairs, that none applies, and whether a `chat_template_path` was given to no effect. `unread`: why the
+    model's tokenizer, whose files are here, could not be read (a dry run goes on without it)."""
     if plain_text:
         return {"path": None, "source": "none: plain text", "sha256": None, "plain_text": True, "unused": path}
     if path:
         return {"path": str(template_file(path).resolve()), "sha256": sha256(read(path))}
     own = getattr(tokenizer, "chat_template", None)
-    return {"path": None, "source": "the model's own", "sha256": sha256(own) if isinstance(own, str) else None}
+    found = {"path": None, "source": "the model's own", "sha256": sha256(own) if isinstance(own, str) else None}
+    return {**found, "unread": unread} if tokenizer is None and unread else found
 
 
 def changed(old: Template | None, path: str | None) -> str | None:

@@ -63,6 +63,7 @@ class Template:
     sha256: str | None  # of its content; None where the model's tokenizer was not at hand
     plain_text: bool | None  # plain-text pairs: no template applies
     unused: str | None  # a chat_template_path given for plain-text pairs
+    unread: str | None = None  # why the model's tokenizer, whose files are here, could not be read (a dry run)
 
 
 @dataclass(frozen=True)
