@@ -189,12 +189,21 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     )
 
 
-def guard(*overrides):
-    recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *overrides])
-    return HealthGuard(recipe.project, decide_batch(recipe, 1).pairs_per_step), recipe.training
+@pytest.fixture
+def guard(tmp_path):
+    """Makes a guard of the smoke recipe with `overrides`, each in a run folder of its own under the test's: the guard
+    reads metrics.jsonl and writes health_stop.json there (a folder shared by every test carried one's files into the
+    next)."""
+    folders = iter(tmp_path / f"run-{n}" for n in range(1000))
+
+    def make(*overrides):
+        recipe = parse_args(["--config", SMOKE, "--output_dir", str(next(folders)), *overrides])
+        return HealthGuard(recipe.project, decide_batch(recipe, 1).pairs_per_step), recipe.training
+
+    return make
 
 
-def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
+def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values(guard):
     g, args = guard()
     g._fresh, g._last_step = True, 0
     # rewards_norm/* (the lead's trainer): margins 6 > 5 trips `margin`, whatever the summed rewards say
@@ -228,7 +237,7 @@ def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
     assert [a.guard for a in floor] == ["loss_floor"] and floor[0].message.startswith("dpo_loss 0.005 <")
 
 
-def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin():
+def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin(guard):
     """hinge, ipo, sppo_hard, exo_pair are 0 at a finite margin by design, robust below 0: the floor stopped a healthy
     hinge run of the CPU demo (beta 0.1) at step 14, at a loss-scale margin of 0.02, as "separating far beyond beta's
     KL term". The other guards still judge them; a floor given for them is refused as ignored."""
@@ -246,7 +255,7 @@ def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin():
 
 
 @pytest.mark.parametrize("floor, types", [("1", ["sigmoid_norm"]), ("0.6932", ["sigmoid"]), ("1.5", ["bco_pair"])])
-def test_a_loss_floor_at_or_above_the_starting_loss_is_refused(floor, types):
+def test_a_loss_floor_at_or_above_the_starting_loss_is_refused(floor, types, guard):
     """The loss starts at its value at log-ratios 0 (ln 2 for sigmoid_norm) and the guard stops a run whose loss is
     below the floor: `--health_loss_floor 1` stopped every run at its first logged step as a collapse (exit 3)."""
     args = parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", floor])
@@ -263,7 +272,7 @@ def test_a_loss_floor_at_or_above_the_starting_loss_is_refused(floor, types):
     check_options(parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", "0.5"]))  # below: fine
 
 
-def test_accuracy_pinned_counts_consecutive_pairs_early_only():
+def test_accuracy_pinned_counts_consecutive_pairs_early_only(guard):
     g, args = guard("--health_pinned_pairs", "32")  # smoke: 8 pairs per step
     state = SimpleNamespace(global_step=0, max_steps=40, is_world_process_zero=True)
     control = SimpleNamespace(should_training_stop=False, should_save=False)
@@ -291,7 +300,7 @@ def test_accuracy_pinned_on_one_pair_reads_in_the_singular(tmp_path):
     assert g.stop.guard == "accuracy_pinned" and "1.0 on the last pair, within the first 25%" in g.stop.message
 
 
-def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
+def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards(guard):
     """The loss at log-ratios 0 of each configured loss (dpotrain/train/losses.py: `step1_loss`), never ln 2 where it
     is not;
     a loss that depends on the model (an SFT term, WPO's weights) is not judged, a wrong reference still is."""
@@ -320,7 +329,7 @@ def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
 
 
 @pytest.mark.slow
-def test_a_neftune_run_is_not_stopped_at_step_1(tmp_path, tiny_model_dir):
+def test_a_neftune_run_is_not_stopped_at_step_1(tmp_path, tiny_model_dir, guard):
     """NEFTune's noise reaches the policy's embeddings in training, not the reference's (scored before training, in eval
     mode): step 1's loss is not ln 2, and the step1 guard stopped every NEFTune run at step 1, blaming a stale reference
     cache. The noise is there (NEFTune honoured, padded), and the run goes on."""
