@@ -412,8 +412,13 @@ def test_ctrl_c_while_the_libraries_load_is_one_line():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
-    [["train_dpo.py", "--config", SMOKE, "--dry-run"], ["scripts/analyze_dataset.py", "--config", SMOKE]],
-    ids=["train_dpo", "analyzer"],
+    [
+        ["train_dpo.py", "--config", SMOKE, "--dry-run"],
+        ["scripts/analyze_dataset.py", "--config", SMOKE],
+        ["scripts/preflight.py", "--config", SMOKE],
+        ["scripts/push_to_hub.py", "outputs/smoke-dpo"],
+    ],
+    ids=["train_dpo", "analyzer", "preflight", "push_to_hub"],
 )
 def test_ctrl_c_inside_torchs_cxx_set_up_is_one_line_not_an_abort(tmp_path, command):
     """A Ctrl-C that landed while torch's C++ set-up ran Python code (`torch._C._c10d_init`, during `import torch`)
