@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent
 with venv.loading_libraries():
     if __name__ == "__main__":
         venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
     from dpotrain import dry_run, options, preflight, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub

@@ -36,6 +36,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 with venv.loading_libraries():
     if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
         venv.load_env(ROOT)
+    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
 
     import yaml
 

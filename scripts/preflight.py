@@ -20,13 +20,14 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
-if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    venv.load_env(ROOT)
-
-from dpotrain import preflight, stages  # noqa: E402
-from dpotrain.recipe import cli  # noqa: E402
-from dpotrain.recipe.config import parse_args  # noqa: E402
-from dpotrain.recipe.errors import run_command  # noqa: E402
+with venv.loading_libraries():
+    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+        venv.load_env(ROOT)
+    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
+    from dpotrain import preflight, stages
+    from dpotrain.recipe import cli
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import run_command
 
 
 def parse_own(argv):

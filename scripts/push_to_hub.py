@@ -24,17 +24,18 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
-if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    venv.load_env(ROOT)
+with venv.loading_libraries():
+    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+        venv.load_env(ROOT)
+    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
+    from transformers.hf_argparser import string_to_bool
 
-from transformers.hf_argparser import string_to_bool  # noqa: E402
-
-from dpotrain import output_folder  # noqa: E402
-from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.hub import hub, hub_push  # noqa: E402
-from dpotrain.recipe import cli, run_record  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command  # noqa: E402
-from dpotrain.train import checkpoints, run_files  # noqa: E402
+    from dpotrain import output_folder
+    from dpotrain.cluster import offline
+    from dpotrain.hub import hub, hub_push
+    from dpotrain.recipe import cli, run_record
+    from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command
+    from dpotrain.train import checkpoints, run_files
 
 
 def main(argv: list[str] | None = None) -> None:

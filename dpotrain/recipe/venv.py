@@ -10,7 +10,9 @@ import importlib.util
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 # What the entry points import first (import names, not the distributions of requirements.txt, which installs them).
@@ -27,6 +29,28 @@ def loading_libraries():
     except KeyboardInterrupt:
         print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
         sys.exit(130)
+
+
+def import_torch() -> None:
+    """`import torch`, first of the stack inside `loading_libraries` (after `load_env`: libgomp reads OMP_NUM_THREADS as
+    torch loads it), with Ctrl-C held back until it ends, then raised there. torch's C++ set-up calls Python code
+    (`torch._C._c10d_init`, ...), and a KeyboardInterrupt raised in it aborted the process ("terminate called after
+    throwing an instance of 'pybind11::error_already_set'", SIGABRT, a core dump message) instead of the one line.
+    Only torch's import: holding Ctrl-C through all of the stack's let transformers print to stdout first."""
+    previous = signal.getsignal(signal.SIGINT)
+    # Held only where Python handles Ctrl-C (not in a background job, which ignores it) and can swap its handler
+    if "torch" in sys.modules or not callable(previous) or threading.current_thread() is not threading.main_thread():
+        import torch  # noqa: F401
+
+        return
+    pressed = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        import torch  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt: `loading_libraries` says it
 
 
 def _shown(path: Path) -> str:
