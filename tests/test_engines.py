@@ -214,6 +214,34 @@ def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, ti
     assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 1e-6)
 
 
+@pytest.mark.slow
+def test_a_tr_dpo_run_under_zero2_resumes_against_its_moved_reference(tmp_path, tiny_model_dir, splits):
+    """ZeRO-2, the default engine: TRL gives the reference DeepSpeed's stage 0, whole on every rank, as DDP does. The
+    main process writes the moved reference into each checkpoint (in its manifest) and every rank loads it on a
+    resume, which ends with the uninterrupted run's weights. It was refused ("TR-DPO run (sync_ref_model) under
+    DeepSpeed ZeRO-2 ... does not hold it"), and a stopped run was never requeued."""
+    from dpotrain.train import checkpoint_manifest, resume
+
+    tr_dpo = ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--ref_model_mixup_alpha", "0.5"]
+    run = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none", *tr_dpo]
+    run += ["--precompute_ref_log_probs", "false"]
+    out = tmp_path / "run"
+    train(out, tiny_model_dir, splits, *run, config="accelerate_config.yaml")
+    held = out / "checkpoint-2" / resume.REFERENCE_FILE
+    assert resume.REFERENCE_FILE in checkpoint_manifest.read(out / "checkpoint-2")
+    moved, base = load_file(str(held)), load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert set(moved) <= set(base)  # the model's own names, not the DeepSpeed engine's ("module.")
+    assert max(float((moved[k].float() - base[k].float()).abs().max()) for k in moved) > 1e-5  # synced at steps 1, 2
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoint-4")
+    (resumed / "run_complete.json").unlink()
+    log = train(resumed, tiny_model_dir, splits, *run, config="accelerate_config.yaml")
+    assert f"Resuming from {resumed}/checkpoint-2" in log
+    # Against the base model as reference (the moved one not loaded), steps 3-4 would train to other weights.
+    assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 1e-6)
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
