@@ -6,6 +6,7 @@ Each 2-process launch is checked for all of these at once: a launch costs ~40 s 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,9 +53,10 @@ RUN = [
 LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
 
 
-def train(out, model_dir, data, *args, config=None, timeout=900):
+def train(out, model_dir, data, *args, config=None, timeout=900, env=None, returncode=0):
     """`train_dpo.py` with the smoke recipe: one process, or 2 through `accelerate launch --config_file <config>`,
-    whose ranks report their process groups as they end (tests/helpers/report_groups.py)."""
+    whose ranks report their process groups as they end (tests/helpers/report_groups.py). `env`: more variables;
+    `returncode`: the launcher's expected exit (`accelerate launch` exits 1 when a rank exits non-zero)."""
     launcher = [python()]
     if config:
         launcher = [
@@ -67,7 +69,7 @@ def train(out, model_dir, data, *args, config=None, timeout=900):
             REPORT_GROUPS,
         ]
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path}
+    env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path, **(env or {})}
     cmd = [
         *launcher,
         str(ROOT / "train_dpo.py"),
@@ -84,7 +86,7 @@ def train(out, model_dir, data, *args, config=None, timeout=900):
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
     )
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.returncode == returncode, result.stdout[-4000:]
     return result.stdout
 
 
@@ -212,6 +214,38 @@ def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, ti
     log = train(resumed, tiny_model_dir, splits, *run, config=config)
     assert f"Resuming from {resumed}/checkpoint-2" in log
     assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 1e-6)
+
+
+@pytest.mark.slow
+def test_a_tr_dpo_run_under_zero2_resumes_against_its_moved_reference(tmp_path, tiny_model_dir, splits):
+    """ZeRO-2, the default engine: TRL gives the reference DeepSpeed's stage 0, whole on every rank, as DDP does. The
+    main process writes the moved reference into each checkpoint (in its manifest); a run stopped after step 1 is
+    requeued (each rank exits 75, `.checkpointed` written), and its rerun loads the reference on every rank and ends
+    with the uninterrupted run's weights. The stop exited 1 with no requeue, and the rerun was refused ("TR-DPO run
+    (sync_ref_model) under DeepSpeed ZeRO-2 ... does not hold it")."""
+    from dpotrain.train import checkpoint_manifest, resume
+
+    tr_dpo = ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--ref_model_mixup_alpha", "0.5"]
+    run = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none", *tr_dpo]
+    run += ["--precompute_ref_log_probs", "false"]
+    out = tmp_path / "run"
+    train(out, tiny_model_dir, splits, *run, config="accelerate_config.yaml")
+    held = out / "checkpoint-2" / resume.REFERENCE_FILE
+    assert resume.REFERENCE_FILE in checkpoint_manifest.read(out / "checkpoint-2")
+    moved, base = load_file(str(held)), load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert set(moved) <= set(base)  # the model's own names, not the DeepSpeed engine's ("module.")
+    assert max(float((moved[k].float() - base[k].float()).abs().max()) for k in moved) > 1e-5  # synced at steps 1, 2
+    stop_file, stopped = tmp_path / "stop", tmp_path / "stopped"
+    stop_file.touch()  # there before the run starts: it stops after step 1, saving checkpoint-1
+    env = {"DPOTRAIN_STOP_FILE": str(stop_file)}
+    log = train(stopped, tiny_model_dir, splits, *run, config="accelerate_config.yaml", env=env, returncode=1)
+    # Requeued: the batch script's sign, and a rank's exit 75 (torchrun may end the other rank before it exits)
+    assert Path(f"{stop_file}.checkpointed").is_file() and re.search(r"exitcode\s*: 75", log), log[-3000:]
+    stop_file.unlink()  # as the batch script does before the requeued job starts
+    log = train(stopped, tiny_model_dir, splits, *run, config="accelerate_config.yaml", env=env)
+    assert f"Resuming from {stopped}/checkpoint-1" in log
+    # Against the base model as reference (the moved one not loaded), steps 2-4 would train to other weights.
+    assert_same_weights(out / "model.safetensors", stopped / "model.safetensors", 1e-6)
 
 
 @pytest.mark.parametrize(

@@ -80,9 +80,10 @@ SEAMS = (
         ("model", "trial"),
     ),
     _override(
-        f"{TRAINER}:Trainer._load_from_checkpoint",
-        "the policy as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py)",
-        ("resume_from_checkpoint", "model"),
+        f"{TRAINER}:Trainer._load_optimizer_and_scheduler",
+        "the optimizer as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py): "
+        "the resume's one hook under every engine (`_load_from_checkpoint` is skipped under DeepSpeed)",
+        ("checkpoint",),
     ),
     _override(
         f"{TRAINER}:Trainer._prepare_inputs",

@@ -253,17 +253,21 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
 
 
 REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in each checkpoint (RecipeDPOTrainer)
-KEEP_REFERENCE = ("single", "ddp")  # the engines whose TR-DPO checkpoints hold it (`keeps_reference`)
+# The engines whose TR-DPO checkpoints hold it (`keeps_reference`): each rank holds the whole reference. Under ZeRO-2
+# TRL prepares it with DeepSpeed's stage 0 (trl/models/utils.py:prepare_deepspeed: "initialized on each device with
+# ZeRO disabled"), and its sync moves every rank's copy alike; ZeRO-3 and FSDP2 shard it.
+KEEP_REFERENCE = ("single", "ddp", "zero2")
+KEPT_BY = f"{', '.join(NAMES[n] for n in KEEP_REFERENCE[:-1])} and {NAMES[KEEP_REFERENCE[-1]]}"  # in the refusals
 LIVE_REFERENCE = (
-    "a TR-DPO run (sync_ref_model) under DeepSpeed or FSDP2 cannot go on from it: its reference model moved toward the "
-    "policy and no checkpoint holds it; train again from the start in a new --output_dir, or start a new run from the "
-    "checkpoint's weights (one process or DDP keep the reference in each checkpoint)"
+    "a TR-DPO run (sync_ref_model) under DeepSpeed ZeRO-3 or FSDP2 cannot go on from it: its reference model moved "
+    "toward the policy and no checkpoint holds it (sharded over the ranks); train again from the start in a new "
+    f"--output_dir, or start a new run from the checkpoint's weights ({KEPT_BY} keep the reference in each checkpoint)"
 )
 
 
 def keeps_reference(training, run_engine) -> bool:
-    """Whether a TR-DPO run's checkpoints hold its moved reference: one process and DDP hold the whole reference on
-    each rank; DeepSpeed and FSDP2 shard it, and TRL's sync writes each rank's shard."""
+    """Whether a TR-DPO run's checkpoints hold its moved reference: one process, DDP and ZeRO-2 hold the whole
+    reference on each rank (`KEEP_REFERENCE`); ZeRO-3 and FSDP2 shard it, and TRL's sync writes each rank's shard."""
     return training.sync_ref_model and run_engine.name in KEEP_REFERENCE
 
 
@@ -276,7 +280,7 @@ def check_live_reference(folder: str | None, recipe, run_engine) -> None:
     kept = keeps_reference(recipe.training, run_engine)
     if kept and (Path(folder) / REFERENCE_FILE).is_file():
         return
-    held = "" if kept else f" under {NAMES.get(run_engine.name, run_engine.name)}"
+    held = "" if kept else f" under {NAMES.get(run_engine.name, run_engine.name)} (only {KEPT_BY} keep it)"
     raise ConfigError(no_reference(folder, held))
 
 

@@ -287,8 +287,11 @@ class RecipeDPOTrainer(DPOTrainer):
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 super()._save_checkpoint(model, trial)
             if self.is_world_process_zero() and resume.keeps_reference(self.args, self.engine):
-                # TR-DPO's reference moved toward the policy: a resume goes on against it (`_load_from_checkpoint`)
-                safetensors.torch.save_model(self.ref_model, str(folder / resume.REFERENCE_FILE))
+                # TR-DPO's reference moved toward the policy: a resume goes on against it
+                # (`_load_optimizer_and_scheduler`). Under ZeRO-2 it is a DeepSpeed engine of stage 0, whole on every
+                # rank: its module is saved, under the model's own names (the engine's are prefixed "module.").
+                reference = self.accelerator.unwrap_model(self.ref_model)
+                safetensors.torch.save_model(reference, str(folder / resume.REFERENCE_FILE))
                 readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
             record = folder.parent / "resolved_config.json"
             if self.is_world_process_zero() and record.is_file():
@@ -302,15 +305,19 @@ class RecipeDPOTrainer(DPOTrainer):
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """The policy, and TR-DPO's moved reference where the checkpoint holds it (`resume.check_live_reference`
-        refused the resume before anything loaded where it does not)."""
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = Path(resume_from_checkpoint) / resume.REFERENCE_FILE
-        if self.args.sync_ref_model:  # an older checkpoint `resume.confirm` fell back to may lack it: never skipped
-            if not path.is_file():
-                raise RunError(resume.no_reference(resume_from_checkpoint))
-            safetensors.torch.load_model(self.ref_model, str(path), device=str(self.accelerator.device))
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
+        (`resume.check_live_reference` refused the resume before anything loaded where it does not). Here, not in
+        `_load_from_checkpoint`: transformers calls that on one process and DDP only (DeepSpeed loads its own
+        checkpoint), and this on a resume under every engine, after the model is prepared and before the first step."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or not self.args.sync_ref_model:
+            return
+        path = Path(checkpoint) / resume.REFERENCE_FILE
+        if not path.is_file():  # an older checkpoint `resume.confirm` fell back to may lack it: never skipped
+            raise RunError(resume.no_reference(checkpoint))
+        reference = self.accelerator.unwrap_model(self.ref_model)  # every rank's whole copy (`_save_checkpoint`)
+        safetensors.torch.load_model(reference, str(path), device=str(self.accelerator.device))
 
     def _set_pad_token(self, pad_token: str | None) -> None:
         """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
