@@ -23,14 +23,14 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
-if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    venv.load_env(ROOT)
-
-from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import data, mixture  # noqa: E402
-from dpotrain.recipe import cli  # noqa: E402
-from dpotrain.recipe.config import parse_args  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, cause, run_command  # noqa: E402
+with venv.loading_libraries():  # Ctrl-C while they load: one line, not the traceback of the import it hit
+    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+        venv.load_env(ROOT)
+    from dpotrain.cluster import offline
+    from dpotrain.data import data, mixture
+    from dpotrain.recipe import cli
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -392,17 +392,24 @@ def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_p
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_the_libraries_load_is_one_line():
+@pytest.mark.parametrize(
+    ("command", "after"),
+    # torch alone takes seconds to import; prefetch.py's data libraries, a few tenths
+    [(["train_dpo.py", "--config", SMOKE, "--dry-run"], 0.5), (["scripts/prefetch.py", "--config", SMOKE], 0.2)],
+    ids=["train_dpo", "prefetch"],
+)
+def test_ctrl_c_while_the_libraries_load_is_one_line(command, after):
+    """prefetch.py, which loads the data libraries only (no torch), printed the traceback of the import it hit."""
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
     proc = subprocess.Popen(
-        [PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"],
+        [PYTHON, str(ROOT / command[0]), *command[1:]],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(0.5)  # torch alone takes seconds to import
+    time.sleep(after)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and out == "", err[-3000:]
