@@ -382,7 +382,7 @@ class Lengths:
     auto: dict | None  # derived.max_length under `max_length: auto`
     pairs: cost.TokenCounts | None  # the analyzer's lengths of the whole split, else a seeded sample
     measured: tuple | None  # (Measured, report path): every pair's, as the analyzer measured them
-    tokenizer: object | None
+    tokenizer: object | None  # the recipe's, as loaded: the build gives the trainer a copy (train_stage.py)
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice

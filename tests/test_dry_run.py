@@ -721,3 +721,15 @@ def test_a_dry_run_loads_the_tokenizer_once(model, tmp_path, capsys, monkeypatch
     text = dry_run(capsys, *SMOKE, "--model_name_or_path", name, "--output_dir", str(tmp_path / "run"))
     assert loads == [tiny_model_dir]
     assert re.fullmatch(r"the model's own \(sha256 [0-9a-f]{12}\)", field(text, "template"))
+
+
+@pytest.mark.slow  # trains 2 steps in this process
+def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """Issue #54: a real run loaded the tokenizer for the row check (the lengths stage reused it), then again for the
+    trainer: seconds per rank for a real model's tokenizer. The trainer takes a copy of the first half's."""
+    loads = tokenizer_loads(monkeypatch)
+    out = tmp_path / "run"
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2"]
+    assert train_dpo.main([*args, "--save_strategy", "no"]) in (0, None)
+    assert loads == [tiny_model_dir]
+    assert (out / "chat_template.jinja").is_file()  # the tokenizer the trainer saved with the model
