@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from dpotrain.data import cuts, mixture
+from dpotrain.data import chat_template, cuts, mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
@@ -70,8 +70,7 @@ def template_text(r: Record) -> str:
     digest = f"sha256 {t.sha256[:12]}" if t.sha256 else ""
     if r.settings.chat_template_path:
         return f"{r.settings.chat_template_path} ({digest}; chat_template_path)"
-    unread = f"its tokenizer could not be read here: {t.unread}" if t.unread else ""
-    return f"the model's own ({digest or unread or 'its tokenizer is not on this machine'})"
+    return f"the model's own ({digest or chat_template.unread_text(t.unread)})"
 
 
 def max_length_text(r: Record) -> str:

@@ -356,6 +356,11 @@ class ModelTokenizer:
     def __call__(self):
         return self.loaded[0]
 
+    @property
+    def unread(self) -> str:
+        """Why it is None (a dry run's: the data line says the answers were not checked, and why)."""
+        return chat_template.unread_text(self.loaded[1])
+
 
 def pin_data(recipe, revision: str | None, state) -> str | None:
     """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process."""
@@ -382,7 +387,7 @@ class Lengths:
     auto: dict | None  # derived.max_length under `max_length: auto`
     pairs: cost.TokenCounts | None  # the analyzer's lengths of the whole split, else a seeded sample
     measured: tuple | None  # (Measured, report path): every pair's, as the analyzer measured them
-    tokenizer: object | None
+    tokenizer: object | None  # the recipe's, as loaded: the build gives the trainer a copy (train_stage.py)
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
@@ -414,6 +419,12 @@ def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None
         if isinstance(e, ConfigError):
             raise
         # The run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
+        if any((Path(model_path) / name).is_file() for name in lengths.TOKENIZER_FILES):  # e.g. config.json cut off
+            raise ConfigError(
+                f"could not read the tokenizer of {model_path!r} ({cause(e, 200)}): its files are here, but one cannot "
+                "be read (cut off while it was written or copied?): copy the model's folder again, or download it "
+                "again (huggingface-cli download)"
+            ) from None
         raise ConfigError(
             f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
             "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"

@@ -2,6 +2,7 @@
 (`prepare_output`), then a ready run (`build_run`, which the run, the preflight, the tests and the benchmarks all build
 through) that scores the reference and trains."""
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +73,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     recipe, push, forward = spec.recipe, spec.push, spec.forward.planned
     p, out = recipe.project, Path(recipe.training.output_dir)
     model_path = resolve_model_path(recipe)
-    # The recipe's chat template, which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
-    tokenizer = lengths.recipe_tokenizer(recipe, model_path)
+    tokenizer = trainer_tokenizer(spec, model_path)
     pusher = None  # checkpoint branches, pushed from the main process in the background where the Hub is reachable
     if push and push.checkpoints and not offline.is_offline() and collectives.launched_main() and not p.reference_only:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
@@ -112,6 +112,18 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
     agreement.check(agreement.values(trainer, spec.output.resume_from if spec.output else None))
     return ReadyRun(spec, trainer, pusher, existed)
+
+
+def trainer_tokenizer(spec, model_path: str):
+    """The recipe's tokenizer with its chat template, which TRL tokenizes with and the Trainer saves with the model and
+    each checkpoint: a copy of the one the first half measured the pairs with (`Lengths.tokenizer`, the recipe's from
+    the same place: loaded by `lengths.recipe_tokenizer`, its template applied once), else loaded. Loading it again cost
+    each rank a read of the tokenizer's files (~0.6 CPU-s for a 150k-token tokenizer.json of 11 MB, a copy ~0.35) and,
+    for a Hub model, the Hub's answers. A copy, since TRL and `RecipeDPOTrainer._set_pad_token` set its pad token."""
+    held = spec.lengths.tokenizer
+    if held is not None and held.name_or_path == model_path:
+        return copy.deepcopy(held)
+    return lengths.recipe_tokenizer(spec.recipe, model_path)
 
 
 def record_run(spec, trainer, outcomes) -> dict:

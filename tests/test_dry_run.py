@@ -691,6 +691,41 @@ def test_a_model_whose_tokenizer_cannot_be_read_says_why_on_the_template_line(tm
     )
 
 
+def test_a_dry_run_whose_tokenizer_cannot_be_read_says_the_answers_were_not_checked(tmp_path, capsys, tiny_model_dir):
+    """Issue #54: with the tokenizer files present but config.json cut off mid-write, the data stage checked the rows
+    without the chat template (the answers against its generation prompt: not checked), and its line still said "the
+    model's chat template", as though they had been. It says they were not, and why, in the template line's words."""
+    model = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_text('{"model_type": "olmo3", "hidden_size": ')
+    train_dpo.main([*SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    said = capsys.readouterr().err  # the stages' lines: a dry run's stdout is its summary (or JSON) alone
+    data = next(line for line in said.splitlines() if line.startswith("Data (train): "))
+    assert data.endswith(
+        "; the model's chat template (answers not checked against it: its tokenizer could not be read here: OSError: "
+        f"It looks like the config file at '{model}/config.json' is not a valid JSON file.)"
+    )
+
+
+@pytest.mark.slow  # trains nothing, but starts the run's checks in this process (~3 s)
+def test_a_run_whose_model_config_cannot_be_read_is_refused_before_the_rows_are_checked(tmp_path, tiny_model_dir):
+    """Issue #54: a run with the tokenizer files present and config.json cut off is refused at the data stage's first
+    message row, before the model loads; the line said "a model folder needs its tokenizer files ... beside
+    config.json", files that are there. It names the file that cannot be read and says to copy the folder again."""
+    model = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_text('{"model_type": "olmo3", "hidden_size": ')
+    args = [*SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--max_steps", "2"]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(args)
+    assert str(refused.value) == (
+        f"could not read the tokenizer of {str(model)!r} (OSError: It looks like the config file at "
+        f"'{model}/config.json' is not a valid JSON file.): its files are here, but one cannot be read (cut off while "
+        "it was written or copied?): copy the model's folder again, or download it again (huggingface-cli download)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def tokenizer_loads(monkeypatch) -> list[str]:
     """What each tokenizer load or build of this test read (the real calls, counted)."""
     from dpotrain.data import builtin, lengths
@@ -721,3 +756,15 @@ def test_a_dry_run_loads_the_tokenizer_once(model, tmp_path, capsys, monkeypatch
     text = dry_run(capsys, *SMOKE, "--model_name_or_path", name, "--output_dir", str(tmp_path / "run"))
     assert loads == [tiny_model_dir]
     assert re.fullmatch(r"the model's own \(sha256 [0-9a-f]{12}\)", field(text, "template"))
+
+
+@pytest.mark.slow  # trains 2 steps in this process
+def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """Issue #54: a real run loaded the tokenizer for the row check (the lengths stage reused it), then again for the
+    trainer: seconds per rank for a real model's tokenizer. The trainer takes a copy of the first half's."""
+    loads = tokenizer_loads(monkeypatch)
+    out = tmp_path / "run"
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2"]
+    assert train_dpo.main([*args, "--save_strategy", "no"]) in (0, None)
+    assert loads == [tiny_model_dir]
+    assert (out / "chat_template.jinja").is_file()  # the tokenizer the trainer saved with the model

@@ -140,6 +140,26 @@ def test_the_first_half_reads_the_models_config_once(tmp_path, monkeypatch):
     assert read == ["dpotrain.stages"]
 
 
+@pytest.mark.slow  # loads the model and builds its trainer
+def test_the_trainer_takes_a_copy_of_the_first_halfs_tokenizer(tmp_path, tiny_model_dir):
+    """Issue #54: the trainer takes the tokenizer the first half measured the pairs with, not one loaded again, and as
+    a copy of its own: TRL and the packed trainer set the recipe's pad token on theirs, which the first half's keeps
+    as loaded (what it was checked with: `check_pad_token`)."""
+    import datasets
+
+    from conftest import built
+    from dpotrain.recipe.config import parse_args
+
+    args = ["--model_name_or_path", tiny_model_dir, "--pad_token", "<|im_end|>", "--max_steps", "1"]
+    recipe = parse_args([*SMOKE, *args, "--output_dir", str(tmp_path / "run")])
+    pairs = datasets.load_dataset("json", data_files=str(ROOT / "data" / "smoke_prefs.jsonl"), split="train[:16]")
+    run = built(recipe, pairs)
+    first, trained = run.spec.lengths.tokenizer, run.trainer.processing_class
+    assert trained is not first and trained.name_or_path == first.name_or_path == tiny_model_dir
+    assert (trained.pad_token, first.pad_token) == ("<|im_end|>", "<|pad|>")
+    assert trained.chat_template == first.chat_template and trained.get_vocab() == first.get_vocab()
+
+
 def test_the_recipes_env_block_sets_what_the_environment_does_not(tmp_path, capsys, monkeypatch):
     """The run's process gets the recipe's `env:` variables where the environment has none, from the parse on
     (conftest's `own_environment` removes them after the test; train_dpo.main gives an in-process caller its own

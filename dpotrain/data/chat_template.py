@@ -71,6 +71,12 @@ def apply(tokenizer, path: str | None):
     return tokenizer
 
 
+def unread_text(unread: str | None) -> str:
+    """Why a dry run has no model tokenizer, as its summary says it (the template line, the data line): `unread`, what
+    went wrong reading its files here, else that it is not on this machine."""
+    return f"its tokenizer could not be read here: {unread}" if unread else "its tokenizer is not on this machine"
+
+
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -298,16 +298,17 @@ def usable_pairs(
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
     `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
     row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
-    loader) the answers are checked against; `template_file`: the recipe's chat_template_path, named on the console."""
+    loader, `stages.ModelTokenizer`) the answers are checked against; `template_file`: the recipe's chat_template_path,
+    named on the console."""
     try:
         checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
     if say:
-        print(
-            f"Data ({split}): {plural(checked.rows, 'row')}, {checked.fmt.shape.describe(template_file=template_file)}",
-            flush=True,
-        )
+        fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
+        unchecked = template.unread if fmt.conversational and fmt.template is None and template is not None else None
+        described = fmt.shape.describe(template_file=template_file, unchecked=unchecked)
+        print(f"Data ({split}): {plural(checked.rows, 'row')}, {described}", flush=True)
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
                 f"Data ({split}): {plural(len(unread), 'column', count=False)} not read: {', '.join(unread)} (a pair "

@@ -61,11 +61,16 @@ class Shape:
         """chosen/rejected are message lists in the file (not only after reading)."""
         return self.name in ("messages", "prompt+messages", "ultrafeedback")
 
-    def describe(self, tokenizer_name: str | None = None, template_file: str | None = None) -> str:
+    def describe(
+        self, tokenizer_name: str | None = None, template_file: str | None = None, unchecked: str | None = None
+    ) -> str:
         """One line for the console and the analyzer's report: what the rows are and how they are tokenized (with the
-        model's chat template, or the recipe's `template_file`)."""
+        model's chat template, or the recipe's `template_file`). `unchecked`: why the answers were not checked against
+        the template (a dry run without the model's tokenizer)."""
         template = f"the chat template of {tokenizer_name}" if tokenizer_name else "the model's chat template"
         template = f"the chat template {template_file}" if template_file else template
+        if unchecked:
+            template += f" (answers not checked against it: {unchecked})"
         if self.json_columns:
             template += f" ({', '.join(self.json_columns)}: message lists written as JSON text, parsed)"
         return {
