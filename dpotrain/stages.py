@@ -423,7 +423,7 @@ def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None
             raise ConfigError(
                 f"could not read the tokenizer of {model_path!r} ({cause(e, 200)}): its files are here, but one cannot "
                 "be read (cut off while it was written or copied?): copy the model's folder again, or download it "
-                "again (huggingface-cli download)"
+                "again (hf download)"
             ) from None
         raise ConfigError(
             f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "

@@ -721,7 +721,7 @@ def test_a_run_whose_model_config_cannot_be_read_is_refused_before_the_rows_are_
     assert str(refused.value) == (
         f"could not read the tokenizer of {str(model)!r} (OSError: It looks like the config file at "
         f"'{model}/config.json' is not a valid JSON file.): its files are here, but one cannot be read (cut off while "
-        "it was written or copied?): copy the model's folder again, or download it again (huggingface-cli download)"
+        "it was written or copied?): copy the model's folder again, or download it again (hf download)"
     )
     assert not (tmp_path / "run").exists()
 

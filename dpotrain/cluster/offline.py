@@ -256,7 +256,7 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
 
 
 def hf_token() -> str | None:
-    """The Hub token: HF_TOKEN (from .env or the environment), else the one `huggingface-cli login` saved."""
+    """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved."""
     try:
         return os.environ.get("HF_TOKEN") or get_token()
     except OSError as e:  # huggingface_hub allows for a missing file only: a HOME that is a file ended in a traceback
