@@ -6,11 +6,13 @@ wins because argparse keeps the last value (TRL's `TrlParser.parse_args_and_conf
 argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors that name the closest known one.
 """
 
+import argparse
 import contextlib
 import copy
 import difflib
 import functools
 import glob
+import itertools
 import json
 import math
 import os
@@ -488,6 +490,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise SystemExit(0)
 
     config_path, argv = _take_config(argv)
+    _check_given_twice(argv)
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     _check_process_counts()
@@ -791,6 +794,42 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
             "sbatch scripts/dpo_train.sh, which passes it: not a --config of its own)"
         )
     return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
+
+
+# Fields a launcher puts after the user's words so that its value wins: launch.sh's --accelerate_config (the engine
+# it placed) and --dry-run --json, the analyzer's and prefetch's --dry-run, demo.sh's --overwrite_output_dir.
+LAUNCHER_FIELDS = frozenset({"accelerate_config", "dry_run", "json", "overwrite_output_dir"})
+
+
+def _check_given_twice(argv: list[str]) -> None:
+    """A field given twice on the command line with two values is refused: argparse would keep the last one without a
+    word (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6). The same value twice, however it is
+    spelled (`1e-6`, `1.0e-6`), means one thing and goes on."""
+    options, seen = _options(), {}
+    for i, word in enumerate(argv):
+        name, equals, value = word.partition("=")
+        action = options.get(name)
+        if action is None or action.dest in LAUNCHER_FIELDS:
+            continue
+        values = [value] if equals else list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1 :]))
+        values = values[:1] if action.nargs in (None, "?") else values
+        meaning = _meaning(action, values)
+        first = seen.setdefault(action.dest, (name, values, meaning))
+        if first[2] != meaning:
+            raise ConfigError(
+                f"{first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
+                f"{' '.join(values) or 'alone'}): the run would take the last one without a word; give it once"
+            )
+
+
+def _meaning(action, values: list[str]):
+    """What argparse would make of a flag's words: `1e-6` and `1.0e-6` are one learning rate, `--bf16` alone true."""
+    if not values:
+        return action.const
+    try:
+        return [action.type(v) for v in values] if callable(action.type) else values
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return values
 
 
 def _check_finite(*parts) -> None:
