@@ -1033,3 +1033,22 @@ def test_one_pair_cut_and_one_dropped_are_said_in_the_singular():
         "- 1 pair (10.0%) is cut at max_length (the collator keeps the start); 1 is dropped by the trainer because its "
         "prompt alone fills it"
     ) in text.splitlines(), text
+
+
+def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_path, tiny_model_dir, capsys):
+    """`--dataset_mixer_list a.jsonl 1.0 b.jsonl 2` (README: the run's command-line mixture) was refused by the
+    analyzer as "unknown argument '--dataset_mixer_list' (did you mean --dataset_train_split?)": the mixture a user
+    trains could only be measured by writing it into a recipe. It is read as the run reads it, each source's share
+    reported; a mixture beside a data set is refused as the run refuses it."""
+    a = write_jsonl(tmp_path / "a.jsonl", _messages_rows())
+    b = write_jsonl(tmp_path / "b.jsonl", _messages_rows()[:3])
+    out = tmp_path / "r.json"
+    mixer = ["--dataset_mixer_list", a, "1.0", b, "2", "--dataset_mixer_list_splits", "train"]
+    assert cli.main(["--tokenizer", tiny_model_dir, *mixer, "--json", str(out), "--num-proc", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == len(_messages_rows()) + 2 and report["dataset"] == "the --dataset_mixer_list mixture"
+    said = capsys.readouterr()
+    assert f"Source {a} [train]: {len(_messages_rows())} rows, took" in said.out
+    assert "Analysing the --dataset_mixer_list mixture (train) with the tokenizer of" in said.err  # "None" before
+    assert cli.main([a, "--tokenizer", tiny_model_dir, *mixer]) == 2
+    assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
