@@ -1091,3 +1091,15 @@ def test_a_mixture_run_resumes_where_its_sources_are_named_by_their_full_path(tm
     shutil.copy(pairs, tmp_path / "mine.jsonl")
     other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--datasets", "mine.jsonl"])
     assert [c.split(":")[0] for c in resolve.changed_settings(other, out, None)] == ["datasets"]
+
+
+def test_a_dry_run_into_a_file_says_the_runs_one_refusal_of_it(tmp_path, capsys):
+    """`--output_dir` naming a file: the dry run listed the run's refusal ("is a file, not a folder"), then a second,
+    misleading one from reading inside it ("afile/run_files.json is unreadable (NotADirectoryError ...): it is the
+    record of the run already in that folder"). The run stops at the first; the dry run says that one alone."""
+    target = tmp_path / "afile"
+    target.write_text("a user's file\n")
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(target))
+    refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert len(refusals) == 1 and "is a file, not a folder: pass --output_dir a folder" in refusals[0], refusals
+    assert target.read_text() == "a user's file\n"
