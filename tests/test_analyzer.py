@@ -1052,3 +1052,16 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert "Analysing the --dataset_mixer_list mixture (train) with the tokenizer of" in said.err  # "None" before
     assert cli.main([a, "--tokenizer", tiny_model_dir, *mixer]) == 2
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
+
+
+def test_a_flag_given_twice_with_two_values_is_refused(cli, tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """`--tokenizer A ... --model_name_or_path B` (two spellings of one flag) measured with B, and `--max_length 10
+    --max_length 20` reported on 20, without a word: which was meant is the user's to say, as train_dpo.py asks."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, "--tokenizer", tiny_model_dir, "--tokenizer", path])
+    assert cli.main() == 2
+    assert error_line(capsys).startswith("error: --tokenizer is given twice on the command line")
+    twice = ["--tokenizer", tiny_model_dir, "--max_length", "10", "--max-length", "20"]
+    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, *twice])
+    assert cli.main() == 2
+    assert error_line(capsys).startswith("error: --max_length is given twice on the command line (10, then 20)")

@@ -6,13 +6,11 @@ wins because argparse keeps the last value (TRL's `TrlParser.parse_args_and_conf
 argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors that name the closest known one.
 """
 
-import argparse
 import contextlib
 import copy
 import difflib
 import functools
 import glob
-import itertools
 import json
 import math
 import os
@@ -23,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
-from dpotrain.recipe.cli import FALSE, TRUE
+from dpotrain.recipe.cli import FALSE, TRUE, check_given_twice
 from dpotrain.recipe.errors import ConfigError, plural
 
 
@@ -479,6 +477,7 @@ OWN_DEFAULTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
+    typed_here = argv is None  # a person's command line; a program's words (a test, a notebook) may layer overrides
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
     parser = _parser()
@@ -490,7 +489,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise SystemExit(0)
 
     config_path, argv = _take_config(argv)
-    _check_given_twice(argv)
+    if typed_here:
+        check_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     _check_process_counts()
@@ -799,37 +799,6 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
 # Fields a launcher puts after the user's words so that its value wins: launch.sh's --accelerate_config (the engine
 # it placed) and --dry-run --json, the analyzer's and prefetch's --dry-run, demo.sh's --overwrite_output_dir.
 LAUNCHER_FIELDS = frozenset({"accelerate_config", "dry_run", "json", "overwrite_output_dir"})
-
-
-def _check_given_twice(argv: list[str]) -> None:
-    """A field given twice on the command line with two values is refused: argparse would keep the last one without a
-    word (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6). The same value twice, however it is
-    spelled (`1e-6`, `1.0e-6`), means one thing and goes on."""
-    options, seen = _options(), {}
-    for i, word in enumerate(argv):
-        name, equals, value = word.partition("=")
-        action = options.get(name)
-        if action is None or action.dest in LAUNCHER_FIELDS:
-            continue
-        values = [value] if equals else list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1 :]))
-        values = values[:1] if action.nargs in (None, "?") else values
-        meaning = _meaning(action, values)
-        first = seen.setdefault(action.dest, (name, values, meaning))
-        if first[2] != meaning:
-            raise ConfigError(
-                f"{first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
-                f"{' '.join(values) or 'alone'}): the run would take the last one without a word; give it once"
-            )
-
-
-def _meaning(action, values: list[str]):
-    """What argparse would make of a flag's words: `1e-6` and `1.0e-6` are one learning rate, `--bf16` alone true."""
-    if not values:
-        return action.const
-    try:
-        return [action.type(v) for v in values] if callable(action.type) else values
-    except (TypeError, ValueError, argparse.ArgumentTypeError):
-        return values
 
 
 def _check_finite(*parts) -> None:
