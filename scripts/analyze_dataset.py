@@ -391,7 +391,7 @@ def analyze(args: argparse.Namespace) -> int:
         chat_template=template,  # the recipe's or --chat_template_path: what the messages were tokenized with
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
-    print(lengths_report.to_markdown(report, current))
+    print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))
     at = current or report["recommended_max_length"]  # the counts training will record at this max_length
     cut = cuts.count(m.prompt, m.chosen, m.rejected, at, training.truncation_mode)
     print(f"Cut at {cuts.line(cut)}", file=sys.stderr)

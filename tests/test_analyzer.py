@@ -462,7 +462,9 @@ def test_max_length_and_truncation_mode_on_the_command_line_are_measured_as_trai
     expected = cuts.count(m.prompt, m.chosen, m.rejected, 64, "keep_end")
     assert expected["truncated"] > 0 and expected["dropped"] == 0
     assert f"Cut at {cuts.line(expected)}" in captured.err
-    assert "The recipe's max_length=64 covers" in captured.out
+    # the command line's length, not the recipe's 384: it said "The recipe's max_length=64" and marked 64 "(recipe)"
+    assert "- --max_length 64 covers" in captured.out and "| 64 (--max_length) |" in captured.out
+    assert "(recipe)" not in captured.out
 
 
 def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
