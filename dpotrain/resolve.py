@@ -232,8 +232,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
             changed["model_init_kwargs"] = (was, now)
     if old.batching.pairs_per_step != pairs_per_step:
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
+    started = _started_in(out, old.values.get("output_dir"))
     for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
-        if name in changed and _one_place(*changed[name]):
+        if name in changed and _one_place(*changed[name], started):
             del changed[name]
     for name in ("datasets", "dataset_mixer_list"):  # a mixture's sources alike
         if name in changed and config.same_sources(*changed[name], mixer=name == "dataset_mixer_list"):
@@ -260,17 +261,33 @@ def _model_kwargs(kwargs: dict | None) -> dict:
     return {k: v for k, v in (kwargs or {}).items() if k not in skip}
 
 
-def _one_place(old, new) -> bool:
+def _started_in(record: Path, recorded: str | None) -> Path | None:
+    """The folder a run was started in, told by its output folder: recorded relative to it (`run`), found now as
+    `exp/run` from the folder above. `record`: the folder holding the record, the run's or a checkpoint's in it. None
+    where the record names it absolute, or the two do not end alike."""
+    if not isinstance(recorded, str) or os.path.isabs(recorded):
+        return None
+    parts = Path(os.path.normpath(recorded)).parts
+    for folder in (Path(os.path.abspath(record)), Path(os.path.abspath(record)).parent):
+        if len(folder.parts) > len(parts) and folder.parts[-len(parts) :] == parts:
+            return Path(*folder.parts[: -len(parts)])
+    return None
+
+
+def _one_place(old, new, started: Path | None = None) -> bool:
     """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting.
     A recorded relative name is looked for as this run looks for its own (`config.parse_args`: here, the folder a job
     was submitted from, the project): looked for here alone, a run started in the project (`dataset_name:
     data/smoke_prefs.jsonl`) was refused its resume from another folder, whose recipe names that file by its full
     path. A built-in model is the folder it is built in (`builtin:tiny-olmo3` once, that folder's path the next time).
-    The content is compared anyway (`changed_settings`)."""
+    The content is compared anyway (`changed_settings`). `started`: the folder the run started in, where a relative
+    name was written (`cd exp; ... --dataset_name pairs.jsonl`, resumed from the folder above as `exp/pairs.jsonl`)."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
     old, new = ((builtin.existing_model_dir(n) if builtin.is_builtin(n) else n) or n for n in (old, new))
     was, now = config.recorded_place(old), Path(new).expanduser()
+    if was is None and started is not None and not os.path.isabs(old) and (started / old).exists():
+        was = str((started / old).resolve())
     return was is not None and now.exists() and was == str(now.resolve())
 
 

@@ -180,10 +180,15 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
                 raise
             refusals.append(str(refused))
 
+    folder_refused = False
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
+        listed = len(refusals)
         check(output_folder.check, training.output_dir, not launch.dry_run)
+        # A dry run goes on past a refusal, but not into a folder refused as such: the run stops there, and reading
+        # inside a file listed "<file>/run_files.json is unreadable (NotADirectoryError)" after "is a file".
+        folder_refused = len(refusals) > listed
     if not uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
@@ -193,7 +198,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         check(options.check_wandb, recipe)
         if not launch.dry_run and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
-        decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+        if not folder_refused:
+            decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
         if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
             check(check_histories, training.output_dir)
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
@@ -207,8 +213,10 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(resume.check_live_reference, decision.resume_from, recipe, launch.engine)
-    check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
-    if not only_reference and not decision.push_left:  # a person's checkpoint-N where the run would save its own
+    if not folder_refused:
+        check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
+    # a person's checkpoint-N where the run would save its own
+    if not only_reference and not decision.push_left and not folder_refused:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached

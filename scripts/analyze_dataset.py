@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--dataset_name", dest="dataset_flag", help="the data set, as train_dpo.py names it")
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
+    # The run's command-line mixture (README: Your data), measured as the run reads it: a source and an amount each.
+    p.add_argument("--dataset_mixer_list", nargs="+", help="a mixture, as train_dpo.py takes it: SOURCE AMOUNT ...")
+    p.add_argument("--dataset_mixer_list_splits", nargs="+", help="the mixture's split, or one per source")
     p.add_argument(
         "--tokenizer",
         "--model_name_or_path",
@@ -143,6 +146,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.dataset_flag and args.dataset and args.dataset_flag != args.dataset:
         raise ConfigError(f"two data sets named: {args.dataset!r} and --dataset_name {args.dataset_flag!r}: keep one")
     args.dataset = args.dataset or args.dataset_flag
+    if args.dataset and args.dataset_mixer_list:  # both typed: which one to measure is not for the analyzer to guess
+        raise ConfigError(
+            f"a data set ({args.dataset!r}) and --dataset_mixer_list: a mixture names every source; put that data set "
+            "in the mixture or remove it"
+        )
     return args
 
 
@@ -150,7 +158,8 @@ def read_run(args: argparse.Namespace):
     """The recipe as the run reads it (`config.parse_args`, planning as a dry run does: this machine's GPUs do not
     matter), with this command's flags over it. Without --config, the recipe in configs/ that trains on the data set;
     without one, the run's defaults (no recipe: `config_path` None)."""
-    path = args.config or recipe_for(args.dataset or DEFAULT_DATASET)
+    # A mixture names its own sources: the recipe that trains on the default data set is not the one meant.
+    path = args.config or (None if args.dataset_mixer_list else recipe_for(args.dataset or DEFAULT_DATASET))
     flags = {
         "model_name_or_path": args.tokenizer,
         "dataset_name": args.dataset,
@@ -164,8 +173,15 @@ def read_run(args: argparse.Namespace):
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
         "skip_invalid": args.skip_invalid,
+        "dataset_mixer_list": args.dataset_mixer_list,
+        "dataset_mixer_list_splits": args.dataset_mixer_list_splits,
     }
-    words = [w for name, value in flags.items() if value is not None for w in (f"--{name}", str(value))]
+    words = [
+        word
+        for name, value in flags.items()
+        if value is not None
+        for word in (f"--{name}", *(map(str, value) if isinstance(value, list) else [str(value)]))
+    ]
     return config.parse_args([*(["--config", path] if path else []), *words, "--dry-run"])
 
 
@@ -256,6 +272,8 @@ def analyze(args: argparse.Namespace) -> int:
     fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
+    # What the report calls the data: a mixture typed on the command line is that, not the recipe (or None)
+    shown = "the --dataset_mixer_list mixture" if mixed and args.dataset_mixer_list else name
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
         args.revision = project.dataset_revision
@@ -289,7 +307,7 @@ def analyze(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         writes.check_not_input(flag, path, inputs)
     print(
-        f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
+        f"Analysing {shown} ({split}) with the tokenizer of {tokenizer_name}"
         + (f" at revision {revision}" if revision not in (None, "main") else "")
         + (f" and the chat template {template}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
@@ -367,14 +385,14 @@ def analyze(args: argparse.Namespace) -> int:
         rows_seen=m.rows + len(m.invalid),
         max_positions=lengths.model_positions(tokenizer_name, revision),
         truncation_mode=training.truncation_mode,
-        dataset=name,
+        dataset=shown,
         split=split,
         revision=args.revision,
         tokenizer=tokenizer_name,
         chat_template=template,  # the recipe's or --chat_template_path: what the messages were tokenized with
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
-    print(lengths_report.to_markdown(report, current))
+    print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))
     at = current or report["recommended_max_length"]  # the counts training will record at this max_length
     cut = cuts.count(m.prompt, m.chosen, m.rejected, at, training.truncation_mode)
     print(f"Cut at {cuts.line(cut)}", file=sys.stderr)

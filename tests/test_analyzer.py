@@ -464,7 +464,9 @@ def test_max_length_and_truncation_mode_on_the_command_line_are_measured_as_trai
     expected = cuts.count(m.prompt, m.chosen, m.rejected, 64, "keep_end")
     assert expected["truncated"] > 0 and expected["dropped"] == 0
     assert f"Cut at {cuts.line(expected)}" in captured.err
-    assert "The recipe's max_length=64 covers" in captured.out
+    # the command line's length, not the recipe's 384: it said "The recipe's max_length=64" and marked 64 "(recipe)"
+    assert "- --max_length 64 covers" in captured.out and "| 64 (--max_length) |" in captured.out
+    assert "(recipe)" not in captured.out
 
 
 def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
@@ -1035,3 +1037,35 @@ def test_one_pair_cut_and_one_dropped_are_said_in_the_singular():
         "- 1 pair (10.0%) is cut at max_length (the collator keeps the start); 1 is dropped by the trainer because its "
         "prompt alone fills it"
     ) in text.splitlines(), text
+
+
+def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_path, tiny_model_dir, capsys):
+    """`--dataset_mixer_list a.jsonl 1.0 b.jsonl 2` (README: the run's command-line mixture) was refused by the
+    analyzer as "unknown argument '--dataset_mixer_list' (did you mean --dataset_train_split?)": the mixture a user
+    trains could only be measured by writing it into a recipe. It is read as the run reads it, each source's share
+    reported; a mixture beside a data set is refused as the run refuses it."""
+    a = write_jsonl(tmp_path / "a.jsonl", _messages_rows())
+    b = write_jsonl(tmp_path / "b.jsonl", _messages_rows()[:3])
+    out = tmp_path / "r.json"
+    mixer = ["--dataset_mixer_list", a, "1.0", b, "2", "--dataset_mixer_list_splits", "train"]
+    assert cli.main(["--tokenizer", tiny_model_dir, *mixer, "--json", str(out), "--num-proc", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == len(_messages_rows()) + 2 and report["dataset"] == "the --dataset_mixer_list mixture"
+    said = capsys.readouterr()
+    assert f"Source {a} [train]: {len(_messages_rows())} rows, took" in said.out
+    assert "Analysing the --dataset_mixer_list mixture (train) with the tokenizer of" in said.err  # "None" before
+    assert cli.main([a, "--tokenizer", tiny_model_dir, *mixer]) == 2
+    assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
+
+
+def test_a_flag_given_twice_with_two_values_is_refused(cli, tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """`--tokenizer A ... --model_name_or_path B` (two spellings of one flag) measured with B, and `--max_length 10
+    --max_length 20` reported on 20, without a word: which was meant is the user's to say, as train_dpo.py asks."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, "--tokenizer", tiny_model_dir, "--tokenizer", path])
+    assert cli.main() == 2
+    assert error_line(capsys).startswith("error: --tokenizer is given twice on the command line")
+    twice = ["--tokenizer", tiny_model_dir, "--max_length", "10", "--max-length", "20"]
+    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, *twice])
+    assert cli.main() == 2
+    assert error_line(capsys).startswith("error: --max_length is given twice on the command line (10, then 20)")

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import train_dpo
-from conftest import ROOT
+from conftest import ROOT, run_train
 from dpotrain.recipe import venv
 from dpotrain.recipe.errors import run_cli
 from dpotrain.train import run_files
@@ -1108,3 +1108,29 @@ def test_a_mixture_run_resumes_where_its_sources_are_named_by_their_full_path(tm
     shutil.copy(pairs, tmp_path / "mine.jsonl")
     other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--datasets", "mine.jsonl"])
     assert [c.split(":")[0] for c in resolve.changed_settings(other, out, None)] == ["datasets"]
+
+
+def test_a_dry_run_into_a_file_says_the_runs_one_refusal_of_it(tmp_path, capsys):
+    """`--output_dir` naming a file: the dry run listed the run's refusal ("is a file, not a folder"), then a second,
+    misleading one from reading inside it ("afile/run_files.json is unreadable (NotADirectoryError ...): it is the
+    record of the run already in that folder"). The run stops at the first; the dry run says that one alone."""
+    target = tmp_path / "afile"
+    target.write_text("a user's file\n")
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(target))
+    refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert len(refusals) == 1 and "is a file, not a folder: pass --output_dir a folder" in refusals[0], refusals
+    assert target.read_text() == "a user's file\n"
+
+
+@pytest.mark.slow
+def test_a_flag_typed_twice_with_two_values_stops_the_command_in_one_line(tmp_path):
+    """`python train_dpo.py ... --learning_rate 1e-6 ... --learning_rate 2e-6` as a person types it (sys.argv, which
+    the check reads): one `error:` line naming the flag and both values, exit 2, nothing loaded or written."""
+    out = tmp_path / "run"
+    result = run_train(["--config", SMOKE, "--output_dir", str(out), "--learning_rate", "1e-6", "--learning_rate=2e-6"])
+    assert result.returncode == 2 and "Traceback" not in result.stdout, result.stdout[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == (
+        "error: --learning_rate is given twice on the command line (1e-6, then 2e-6): only the last would count, "
+        "without a word; give it once"
+    )
+    assert not out.exists() and not (tmp_path / "run.dry-run.json").exists()

@@ -5,6 +5,8 @@ scripts/launch.sh reads through it (dpotrain/cluster/job.py)."""
 
 import io
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +142,30 @@ def test_a_local_data_set_or_model_named_another_way_is_not_a_changed_setting(tm
     assert resolve.changed_settings(other, out, 8) == [
         f"dataset_name: 'data/smoke_prefs.jsonl' -> '{tmp_path}/other.jsonl'"
     ]
+
+
+def test_a_run_started_where_its_data_is_resumes_from_the_folder_above(tmp_path, monkeypatch):
+    """`cd exp; python train_dpo.py --dataset_name pairs.jsonl --output_dir run`, killed, then from the folder above
+    `--dataset_name exp/pairs.jsonl --output_dir exp/run`: refused as "dataset_name: 'pairs.jsonl' ->
+    'exp/pairs.jsonl'", the same file. The recorded relative names are looked for in the folder the run started in
+    too, which its output folder, named relative to it in the record, tells. Another file is still named."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", exp / "pairs.jsonl")
+    monkeypatch.chdir(exp)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", "run", "--dataset_name", "pairs.jsonl"])
+    (exp / "run").mkdir()
+    record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
+    (exp / "run" / "resolved_config.json").write_text(json.dumps(record))
+    monkeypatch.chdir(tmp_path)
+    again = parse_args(["--config", SMOKE, "--output_dir", "exp/run", "--dataset_name", "exp/pairs.jsonl"])
+    assert resolve.changed_settings(again, Path("exp/run"), 8) == []
+    (exp / "run" / "checkpoint-2").mkdir()  # what a resume compares: the newest checkpoint's copy of the record
+    (exp / "run" / "checkpoint-2" / "resolved_config.json").write_text(json.dumps(record))
+    assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
+    (tmp_path / "other.jsonl").write_text((exp / "pairs.jsonl").read_text())  # a copy is another file
+    other = parse_args(["--config", SMOKE, "--output_dir", "exp/run", "--dataset_name", "other.jsonl"])
+    assert resolve.changed_settings(other, Path("exp/run"), 8) == ["dataset_name: 'pairs.jsonl' -> 'other.jsonl'"]
 
 
 @pytest.mark.parametrize(

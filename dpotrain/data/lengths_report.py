@@ -7,8 +7,9 @@ from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
 
-def to_markdown(report: dict, current_max_length: int | None = None) -> str:
-    """The "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
+def to_markdown(report: dict, current_max_length: int | None = None, given_by: str = "recipe") -> str:
+    """The "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale.
+    `given_by`: whose the current max_length is, the recipe's or `--max_length` (the command line's, over it)."""
     n = report["rows"]
     lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
     seen = report.get("rows_seen", n)
@@ -62,7 +63,7 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     for k, c in report["candidates"].items():
         p, compute = c["padding"], c["compute"]
         mark = " (recommended)" if int(k) == best else ""
-        mark += " (recipe)" if current_max_length == int(k) else ""
+        mark += f" ({given_by})" if current_max_length == int(k) else ""
         price = "—"
         if previous is not None and c["coverage"] > previous["coverage"]:
             extra = compute["relative"] - previous["compute"]["relative"]
@@ -74,7 +75,7 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
             f"{compute['positions_shared_prompt'] / n:,.0f} | {compute['relative_shared_prompt']:.1%} | {price} | "
             f"{p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | {p['padded_dataset_order']:.1%} |"
         )
-    lines += _rationale(report, current_max_length, batch)
+    lines += _rationale(report, current_max_length, batch, given_by)
     return "\n".join(lines) + "\n"
 
 
@@ -85,7 +86,7 @@ def _per_point(compute: float, coverage: float) -> str:
     return f", {compute / coverage / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
 
 
-def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
+def _rationale(report: dict, current_max_length: int | None, batch: int, given_by: str = "recipe") -> list[str]:
     """The markdown's last part: why the recommended max_length, the recipe's own, and the invalid rows."""
     n, r = report["rows"], report["recommendation"]
     chosen = report["candidates"][str(r["max_length"])]
@@ -119,8 +120,9 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
     ]
     if current_max_length and str(current_max_length) in report["candidates"]:
         c = report["candidates"][str(current_max_length)]
+        whose = "The recipe's max_length=" if given_by == "recipe" else f"{given_by} "
         lines.append(
-            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} ({c['truncated']:,} "
+            f"- {whose}{current_max_length:,} covers {c['coverage']:.1%} ({c['truncated']:,} "
             f"truncated, {c['dropped']:,} dropped) at {c['compute']['relative']:.1%} of the recommended packed compute"
         )
     invalid = report["invalid"]

@@ -7,6 +7,8 @@ naming the closest known one instead of argparse's usage dump.
 
 import argparse
 import difflib
+import itertools
+import sys
 
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
@@ -24,6 +26,47 @@ def flag(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
+def check_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
+    """A field given twice on a command line with two values is refused: argparse would keep the last one without a
+    word (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6; the analyzer's `--tokenizer A
+    --model_name_or_path B` measured with B). The same value twice, however it is spelled (`1e-6`, `1.0e-6`), means one
+    thing and goes on. `options`: each `--flag` -> its action; `exempt`: the fields a launcher appends to win."""
+    seen = {}
+    for i, word in enumerate(argv):
+        name, equals, value = word.partition("=")
+        action = options.get(name)
+        if action is None or action.dest in exempt:
+            continue
+        following = list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1 :]))
+        values = [value] if equals else _words(action.nargs, following)
+        meaning = _meaning(action, values)
+        first = seen.setdefault(action.dest, (name, values, meaning))
+        if first[2] != meaning:
+            raise ConfigError(
+                f"{first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
+                f"{' '.join(values) or 'alone'}): only the last would count, without a word; give it once"
+            )
+
+
+def _words(nargs, following: list[str]) -> list[str]:
+    """The words argparse would take as a flag's value (`--streaming` none, `--candidates 1 2` all up to the next)."""
+    if nargs == 0:
+        return []
+    if nargs in (None, "?"):
+        return following[:1]
+    return following[:nargs] if isinstance(nargs, int) else following
+
+
+def _meaning(action, values: list[str]):
+    """What argparse would make of a flag's words: `1e-6` and `1.0e-6` are one learning rate, `--bf16` alone true."""
+    if not values:
+        return action.const
+    try:
+        return [action.type(v) for v in values] if callable(action.type) else values
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return values
+
+
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)  # an abbreviation must not silently mean another flag
@@ -36,6 +79,11 @@ class Parser(argparse.ArgumentParser):
             if name.startswith("--"):
                 spellings += [f"--{name[2:].replace('-', '_')}", f"--{name[2:].replace('_', '-')}"]
         return super().add_argument(*dict.fromkeys(spellings), **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is None:  # a person's command line, checked as train_dpo.py's is (a program's words may layer)
+            check_given_twice(sys.argv[1:], upstream.long_flags(self))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         words = message.split(": ", 1)[-1].split()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
-from dpotrain.recipe.cli import FALSE, TRUE
+from dpotrain.recipe.cli import FALSE, TRUE, check_given_twice
 from dpotrain.recipe.errors import ConfigError, plural
 
 
@@ -477,6 +477,7 @@ OWN_DEFAULTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
+    typed_here = argv is None  # a person's command line; a program's words (a test, a notebook) may layer overrides
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
     parser = _parser()
@@ -488,6 +489,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise SystemExit(0)
 
     config_path, argv = _take_config(argv)
+    if typed_here:
+        check_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     _check_process_counts()
@@ -791,6 +794,11 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
             "sbatch scripts/dpo_train.sh, which passes it: not a --config of its own)"
         )
     return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
+
+
+# Fields a launcher puts after the user's words so that its value wins: launch.sh's --accelerate_config (the engine
+# it placed) and --dry-run --json, the analyzer's and prefetch's --dry-run, demo.sh's --overwrite_output_dir.
+LAUNCHER_FIELDS = frozenset({"accelerate_config", "dry_run", "json", "overwrite_output_dir"})
 
 
 def _check_finite(*parts) -> None:
