@@ -237,7 +237,7 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         if name in changed and _one_place(*changed[name], started):
             del changed[name]
     for name in ("datasets", "dataset_mixer_list"):  # a mixture's sources alike
-        if name in changed and config.same_sources(*changed[name], mixer=name == "dataset_mixer_list"):
+        if name in changed and config.same_sources(*changed[name], name == "dataset_mixer_list", started):
             del changed[name]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(changed) else mixture.content_changed(recipe, old.derived)
@@ -285,9 +285,7 @@ def _one_place(old, new, started: Path | None = None) -> bool:
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
     old, new = ((builtin.existing_model_dir(n) if builtin.is_builtin(n) else n) or n for n in (old, new))
-    was, now = config.recorded_place(old), Path(new).expanduser()
-    if was is None and started is not None and not os.path.isabs(old) and (started / old).exists():
-        was = str((started / old).resolve())
+    was, now = config.recorded_place(old, started=started), Path(new).expanduser()
     return was is not None and now.exists() and was == str(now.resolve())
 
 

@@ -168,6 +168,47 @@ def test_a_run_started_where_its_data_is_resumes_from_the_folder_above(tmp_path,
     assert resolve.changed_settings(other, Path("exp/run"), 8) == ["dataset_name: 'pairs.jsonl' -> 'other.jsonl'"]
 
 
+@pytest.mark.parametrize("spelling", ["dataset_mixer_list", "datasets"])
+def test_a_mixture_started_where_its_data_is_resumes_from_the_folder_above(tmp_path, monkeypatch, spelling):
+    """`cd exp; train_dpo.py --dataset_mixer_list pairs_a.jsonl 1.0 pairs_b.jsonl 1.0 --output_dir run`, stopped, then
+    from the folder above with `exp/pairs_a.jsonl 1.0 exp/pairs_b.jsonl 1.0 --output_dir exp/run`: refused as a run
+    with other settings, where the same for dataset_name resumes. The sources' content is still compared, and another
+    file is still another setting."""
+    from dpotrain.data import mixture
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    (exp / "pairs_a.jsonl").write_text("".join(lines[:100]))
+    (exp / "pairs_b.jsonl").write_text("".join(lines[100:200]))
+
+    def given(folder: str, first: str = "pairs_a.jsonl") -> list[str]:
+        names = [f"{folder}{first}", f"{folder}pairs_b.jsonl"]
+        if spelling == "datasets":  # a builder's data_files, which datasets reads from the working folder too
+            return ["--datasets", names[0], json.dumps({"path": "json", "data_files": names[1]})]
+        return ["--dataset_mixer_list", names[0], "1.0", names[1], "1.0"]
+
+    monkeypatch.chdir(exp)
+    started = parse_args(["--config", SMOKE, "--output_dir", "run", *given("")])
+    record = resolve.resolved_config(started, {"pairs_per_step": 8})
+    sources = mixture.parse(mixture.fields_of(started))
+    record["derived"]["data_sources"] = [{"source": s.spec(), "identity": mixture.identity_of(s)} for s in sources]
+    (exp / "run" / "checkpoint-2").mkdir(parents=True)
+    for folder in (exp / "run", exp / "run" / "checkpoint-2"):  # the run's record and its checkpoint's copy
+        (folder / "resolved_config.json").write_text(json.dumps(record))
+    monkeypatch.chdir(tmp_path)
+    again = parse_args(["--config", SMOKE, "--output_dir", "exp/run", *given("exp/")])
+    assert resolve.changed_settings(again, Path("exp/run"), 8) == []
+    assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
+    with open(exp / "pairs_b.jsonl", "a") as f:  # the content, compared as before
+        f.write(lines[300])
+    changed = resolve.changed_settings(again, Path("exp/run"), 8)
+    assert len(changed) == 1 and changed[0].startswith("dataset content: exp/pairs_b.jsonl"), changed
+    shutil.copy(exp / "pairs_a.jsonl", exp / "copy.jsonl")  # a copy is another file
+    other = parse_args(["--config", SMOKE, "--output_dir", "exp/run", *given("exp/", "copy.jsonl")])
+    assert [c.split(":")[0] for c in resolve.changed_settings(other, Path("exp/run"), 8)] == [spelling]
+
+
 @pytest.mark.parametrize(
     "text, why",
     [

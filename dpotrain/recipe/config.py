@@ -677,26 +677,30 @@ def _found(path: Path, pattern: bool) -> bool:
     return path.exists() or (pattern and glob.has_magic(str(path)) and bool(glob.glob(str(path))))
 
 
-def recorded_place(name: str, pattern: bool = False) -> str | None:
+def recorded_place(name: str, pattern: bool = False, started: Path | None = None) -> str | None:
     """Where a recorded path (resolved_config.json's) is found, as a run places its own: here, in a job's folder
-    submitted from, in the project; resolved (links followed), else None. A resume compares names by it: a name
-    recorded as written and the same file by its full path are one setting."""
+    submitted from, in the project, and last in `started`, the folder the recorded run was started in (`cd exp; ...
+    pairs.jsonl`, resumed from the folder above as `exp/pairs.jsonl`); resolved (links followed), else None. A resume
+    compares names by it: a name recorded as written and the same file by its full path are one setting."""
     places = (Path(name).expanduser(), in_submit_dir(name), Path(_project_file(name, pattern) or name))
+    if started is not None and not os.path.isabs(name):
+        places += (started / name,)
     return next((str(p.resolve()) for p in places if p is not None and _found(p, pattern)), None)
 
 
-def same_sources(old, new, mixer: bool) -> bool:
+def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
     """Two records of one mixture field (`mixer`: open-instruct's SOURCE AMOUNT pairs, else TRL's `datasets`) naming
-    the same sources, each path compared by `recorded_place`: a requeue names a file as written, or by its full path."""
+    the same sources, each path compared by `recorded_place`: a requeue names a file as written, or by its full path.
+    `started`: the folder the `old` record's run was started in, where its relative names were written."""
     if not (isinstance(old, list) and isinstance(new, list)):
         return False
 
-    def key(words):
-        placed = _moved_sources([str(w) for w in words], mixer, recorded_place)
+    def key(words, started=None):
+        placed = _moved_sources([str(w) for w in words], mixer, functools.partial(recorded_place, started=started))
         return [json.loads(w) if w.lstrip().startswith("{") else w for w in placed]
 
     try:
-        return key(old) == key(new)
+        return key(old, started) == key(new)
     except ValueError:  # a word that is no JSON entry: compared as written
         return False
 
