@@ -4,6 +4,7 @@ determines the numbers changes, exact at step 1, kept across a stop or a kill, a
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -106,6 +107,27 @@ def test_a_short_run_scores_only_the_pairs_its_steps_train_and_a_longer_one_only
         "32 reused from other runs' caches (the same pairs, model and settings), 16 scored" in capsys.readouterr().out
     )
     assert np.array_equal(np.asarray(ref_columns(whole)[0])[trained], chosen[trained])  # kept, not scored again
+
+
+@pytest.mark.slow
+def test_a_stage_of_one_micro_batch_says_it_had_no_steady_speed_not_0_tokens_per_second(
+    tmp_path, tiny_model_dir, cache, capsys
+):
+    """The tiny model's one step of 8 pairs is one micro-batch: the warm-up, timed apart, left no steady tokens to
+    time, and the stage's last progress line said "8/8 pairs (100.0%), 0m00s elapsed, ~0m00s left, 0 tokens/s"."""
+    rows = builtin.make_preference_rows(8, seed=5)
+    build(tmp_path, tiny_model_dir, rows, "--max_steps", "1", "--warmup_steps", "0")
+    out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reference log-probs (train):")]
+    assert "in 1 micro-batch each" in out[0], out
+    assert not any("0 tokens/s" in line or "0m00s elapsed" in line for line in out), out
+    done = next(line for line in out if "8/8 pairs (100.0%)" in line)
+    assert re.fullmatch(
+        r"reference log-probs \(train\): 8/8 pairs \(100\.0%\) in \d+\.\d s, all in the first micro-batch \(the "
+        r"warm-up, timed apart\): no steady tokens/s to measure",
+        done,
+    ), done
+    # The speed line says the warm-up's time alone, as before
+    assert re.search(r": warm-up \d+\.\d s \(first micro-batch\) in 1 micro-batch each$", out[-1]), out
 
 
 @pytest.mark.slow

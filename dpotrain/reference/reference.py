@@ -289,10 +289,17 @@ class _Progress:
         if not self.show or (now - self.last < PROGRESS_SECONDS and not force):
             return
         self.last = now
+        share = f"{self.done:,}/{self.total:,} pairs ({100 * self.done / self.total:.1f}%)"
+        if not self.tokens:  # one micro-batch (the stage's end): its warm-up, timed apart, left no steady work to time
+            print(
+                f"reference log-probs ({self.name}): {share} in {now - self.began:.1f} s, all in the first "
+                "micro-batch (the warm-up, timed apart): no steady tokens/s to measure",
+                flush=True,
+            )
+            return
         left = (self.tokens_todo - self.tokens) / max(self.speed(), 1e-9)
-        share = 100 * self.done / self.total
         print(
-            f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
+            f"reference log-probs ({self.name}): {share}, "
             f"{_duration(now - self.start)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
             flush=True,
         )
