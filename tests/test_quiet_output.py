@@ -71,11 +71,19 @@ def test_a_resume_with_no_step_left_says_so_not_a_mean_loss_of_0():
         "trained to step 4/4: no step left to train after the checkpoint resumed from"
     )
     summary = {"train_runtime": 2.5, "train_loss": 0.61}  # resumed at step 2: steps 3 and 4 trained here
-    # transformers' time and mean loss cover this attempt's steps alone: said so, not read as the whole run's
+    # transformers' time and mean loss cover this attempt's steps alone: the line names those steps, where "trained to
+    # step 4/4 in 2.5 s" read as the whole run's time, its parenthesis after the mean loss
     assert line(summary, 4, 4, first_step=2) == (
-        "trained to step 4/4 in 2.5 s, mean loss 0.6100 (steps 3-4: this attempt, resumed from step 2)"
+        "trained steps 3-4 of 4 in 2.5 s, mean loss 0.6100 (this attempt, resumed from step 2)"
     )
-    assert line(summary, 4, 4, first_step=3).endswith(" (step 4: this attempt, resumed from step 3)")
+    assert (
+        line(summary, 4, 4, first_step=3)
+        == "trained step 4 of 4 in 2.5 s, mean loss 0.6100 (this attempt, resumed from step 3)"
+    )
+    assert (
+        line({"train_runtime": 1.0}, 3, 8, first_step=1)
+        == "trained steps 2-3 of 8 in 1.0 s (this attempt, resumed from step 1)"
+    )
     assert line(summary, 4, 4, first_step=0) == "trained to step 4/4 in 2.5 s, mean loss 0.6100"
 
 

@@ -24,11 +24,15 @@ def line(logs: dict, step: int, max_steps: int, first_step: int | None = None) -
     if "train_runtime" in logs and step == first_step:  # resumed at its last step: transformers says mean loss 0
         return f"trained to step {step}/{max_steps}: no step left to train after the checkpoint resumed from"
     if "train_runtime" in logs:  # transformers' summary once training ends
-        loss = f", mean loss {logs['train_loss']:.4f}" if isinstance(logs.get("train_loss"), float) else ""
-        # transformers times and averages this attempt's steps alone: a resumed run's figures are not the run's
-        steps = f"steps {first_step + 1}-{step}" if step > (first_step or 0) + 1 else f"step {step}"
-        attempt = f" ({steps}: this attempt, resumed from step {first_step})" * bool(first_step)
-        return f"trained to step {step}/{max_steps} in {logs['train_runtime']:.1f} s{loss}{attempt}"
+        took = f"in {logs['train_runtime']:.1f} s"
+        if isinstance(logs.get("train_loss"), float):
+            took += f", mean loss {logs['train_loss']:.4f}"
+        if not first_step:
+            return f"trained to step {step}/{max_steps} {took}"
+        # transformers times and averages this attempt's steps alone: the line names them, where "trained to step 8/8
+        # in 0.1 s" read as the whole run's time (the earlier attempts' times are in no record)
+        steps = f"steps {first_step + 1}-{step}" if step > first_step + 1 else f"step {step}"
+        return f"trained {steps} of {max_steps} {took} (this attempt, resumed from step {first_step})"
     evaluation = "eval_loss" in logs
     if evaluation:
         logs = {k.removeprefix("eval_"): v for k, v in logs.items()}
