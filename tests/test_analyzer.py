@@ -1058,14 +1058,19 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
 
 
-def test_a_flag_given_twice_with_two_values_is_refused(cli, tmp_path, tiny_model_dir, capsys, monkeypatch):
+def test_a_flag_given_twice_with_two_values_is_said_and_the_last_counts(
+    cli, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
     """`--tokenizer A ... --model_name_or_path B` (two spellings of one flag) measured with B, and `--max_length 10
-    --max_length 20` reported on 20, without a word: which was meant is the user's to say, as train_dpo.py asks."""
+    --max_length 20` reported on 20, without a word: the last still counts, as train_dpo.py's, and a warning names
+    both values."""
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
-    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, "--tokenizer", tiny_model_dir, "--tokenizer", path])
-    assert cli.main() == 2
-    assert error_line(capsys).startswith("error: --tokenizer is given twice on the command line")
-    twice = ["--tokenizer", tiny_model_dir, "--max_length", "10", "--max-length", "20"]
-    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, *twice])
-    assert cli.main() == 2
-    assert error_line(capsys).startswith("error: --max_length is given twice on the command line (10, then 20)")
+    twice = ["--tokenizer", str(tmp_path), "--model_name_or_path", tiny_model_dir, "--max_length", "10"]
+    monkeypatch.setattr("sys.argv", ["analyze_dataset.py", path, *twice, "--max-length", "20", "--num-proc", "1"])
+    assert cli.main() == 0
+    err = capsys.readouterr().err
+    assert (
+        f"warning: --tokenizer is given twice on the command line ({tmp_path}, then {tiny_model_dir}): the last "
+        "counts" in err
+    )
+    assert "warning: --max_length is given twice on the command line (10, then 20): the last counts" in err

@@ -26,11 +26,12 @@ def flag(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
-def check_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
-    """A field given twice on a command line with two values is refused: argparse would keep the last one without a
-    word (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6; the analyzer's `--tokenizer A
-    --model_name_or_path B` measured with B). The same value twice, however it is spelled (`1e-6`, `1.0e-6`), means one
-    thing and goes on. `options`: each `--flag` -> its action; `exempt`: the fields a launcher appends to win."""
+def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
+    """A field given twice on a command line with two values: the last counts, as argparse and every layered command
+    line (defaults, then a user's "$@") expect, and a warning line on stderr says which, where argparse said nothing
+    (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6 in silence). The same value twice, however it is
+    spelled (`1e-6`, `1.0e-6`), means one thing and is not named. `options`: each `--flag` -> its action; `exempt`: the
+    fields a launcher appends to win."""
     seen = {}
     for i, word in enumerate(argv):
         name, equals, value = word.partition("=")
@@ -42,10 +43,13 @@ def check_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> Non
         meaning = _meaning(action, values)
         first = seen.setdefault(action.dest, (name, values, meaning))
         if first[2] != meaning:
-            raise ConfigError(
-                f"{first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
-                f"{' '.join(values) or 'alone'}): only the last would count, without a word; give it once"
+            print(
+                f"warning: {first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
+                f"{' '.join(values) or 'alone'}): the last counts",
+                file=sys.stderr,
+                flush=True,
             )
+            seen[action.dest] = (name, values, meaning)
 
 
 def _words(nargs, following: list[str]) -> list[str]:
@@ -81,8 +85,8 @@ class Parser(argparse.ArgumentParser):
         return super().add_argument(*dict.fromkeys(spellings), **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
-        if args is None:  # a person's command line, checked as train_dpo.py's is (a program's words may layer)
-            check_given_twice(sys.argv[1:], upstream.long_flags(self))
+        if args is None:  # a person's command line, as train_dpo.py's (a program's words layer on purpose)
+            warn_given_twice(sys.argv[1:], upstream.long_flags(self))
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):

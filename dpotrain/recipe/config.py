@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
-from dpotrain.recipe.cli import FALSE, TRUE, check_given_twice
+from dpotrain.recipe.cli import FALSE, TRUE, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural
 
 
@@ -490,7 +490,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
     config_path, argv = _take_config(argv)
     if typed_here:
-        check_given_twice(argv, _options(), LAUNCHER_FIELDS)
+        warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     _check_process_counts()
