@@ -263,7 +263,7 @@ def load_data(
     if mixed:
         revision = None
     elif not launch.dry_run:
-        revision = pin_data(recipe, revision, state)
+        revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision)
     dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify)
     dataset_id = _read_identity(recipe, launch, revision, before)
@@ -370,13 +370,13 @@ class ModelTokenizer:
         return chat_template.unread_text(self.loaded[1])
 
 
-def pin_data(recipe, revision: str | None, state) -> str | None:
+def pin_data(recipe, revision: str | None) -> str | None:
     """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process."""
     name = recipe.script.dataset_name
     if not hub_revision.applies(name):
         return revision
-    main = state is None or state.is_main_process
-    return collectives.broadcast_from_main(hub_revision.resolve(name, revision) if main else None)
+    # Its refusal (a data set the Hub does not have, a revision it lacks) ends every rank, not the main's alone.
+    return collectives.main_outcome(hub_revision.resolve, name, revision)
 
 
 def model_files(recipe, launch: Launch) -> str:
@@ -510,7 +510,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
-        with state.main_process_first() if state is not None else nullcontext():
+        with collectives.main_first() if state is not None else nullcontext():  # its refusal: every rank's
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")

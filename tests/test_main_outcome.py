@@ -1,0 +1,90 @@
+"""What the main process alone does (a write, a check), shared with every rank (collectives.main_outcome): two real
+gloo ranks, the main process's write refused, end on one line each instead of waiting in the next collective."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, accelerate_launch, rank_python
+
+# Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
+# past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
+WRAPPER = textwrap.dedent("""
+    import os, resource, runpy, sys
+    sys.path.insert(0, {root!r})
+    sys.argv[0] = {train!r}
+    if os.environ.get("RANK") == "0":
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+    runpy.run_path({train!r}, run_name="__main__")
+""")
+
+
+def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int):
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(8, seed=3)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), limit=limit))
+    out = tmp_path / "run"
+    # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
+    ddp = tmp_path / "ddp.yaml"
+    ddp.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n")
+    cmd = [
+        *accelerate_launch(),
+        "--config_file",
+        str(ddp),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(wrapper),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--ddp_timeout",  # the old code's other rank waited in the first training step's all-reduce for this long
+        "120",
+    ]
+    # Held in memory (datasets keeps a data set this small in memory, and maps it without cache files): rank 0's
+    # tokenized copies are not written past the limit before the record.
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    env["HF_DATASETS_IN_MEMORY_MAX_SIZE"] = str(1 << 30)
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
+    return result, out
+
+
+@pytest.mark.slow
+def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """resolved_config.json is written by the main process alone, the other ranks going on into the first training
+    step's all-reduce: a write the disk refused ended the main process, and the other waited there (under NCCL until
+    ddp_timeout, 30 min; under gloo here, a traceback of its all-gather's 'Connection closed by peer', a remote worker
+    crashing). Now every rank raises the main's error: the same one line from each."""
+    # 10,000 bytes: more than rank 0's writes before the record (its lock, run_files.json, the 8 rows' arrow file;
+    # TRL's maps write nothing of a data set held in memory), less than the record (about 12 KB).
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10_000)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
+    assert errors[0].startswith(f"error: a file size limit is reached (ulimit -f): {out / 'resolved_config.json'} ")
+    assert not (out / "resolved_config.json").exists()
