@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, rank_python
+from conftest import ROOT, accelerate_launch, rank_python, torchrun_launch
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
 # past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
@@ -88,3 +88,47 @@ def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line
     assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
     assert errors[0].startswith(f"error: a file size limit is reached (ulimit -f): {out / 'resolved_config.json'} ")
     assert not (out / "resolved_config.json").exists()
+
+
+SEAL = textwrap.dedent("""
+    import errno, os, resource, sys
+    from datetime import timedelta
+    from pathlib import Path
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain.train import checkpoint_manifest
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    if rank == 0:  # the main process's node refuses files past 64 bytes: the manifest (the other rank writes none)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+    try:
+        checkpoint_manifest.seal(Path({folder!r}), "COMPLETE", "{{}}\\n", rank == 0)
+        dist.barrier()  # the next training step's collective
+        said = "sealed"
+    except OSError as e:
+        said = f"refused: {{errno.errorcode[e.errno]}}"
+    except RuntimeError as e:  # gloo: the main process ended while this rank waited for it
+        said = "left waiting in the next collective"
+    with open(os.path.join({out!r}, f"rank{{rank}}.txt"), "w") as f:  # one file each: the pipe interleaves lines
+        f.write(said)
+""")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_manifest_the_main_process_cannot_write_ends_every_rank(tmp_path):
+    """Every rank hashes its share of a checkpoint, the main process alone writes MANIFEST.json and the mark: a write
+    the disk refused there ended the main process, and the others went on into the next step's collective and waited
+    (NCCL: ddp_timeout). Now every rank raises the main's error, as the run's one line (disk_full)."""
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    for name in "abcd":  # a manifest of 4 entries: past 64 bytes
+        (folder / name).write_text(name * 10)
+    out = tmp_path / "said"
+    out.mkdir()
+    script = tmp_path / "seal.py"
+    script.write_text(SEAL.format(root=str(ROOT), folder=str(folder), out=str(out)))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    said = {p.name: p.read_text() for p in sorted(out.iterdir())}
+    assert said == {"rank0.txt": "refused: EFBIG", "rank1.txt": "refused: EFBIG"}, result.stderr[-3000:]
+    assert not (folder / "COMPLETE").exists()
