@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from conftest import ROOT, accelerate_launch, rank_python, torchrun_launch
+from hub_server import StandInHub
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
 # past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
@@ -23,7 +24,7 @@ WRAPPER = textwrap.dedent("""
 """)
 
 
-def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int):
+def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None):
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
@@ -61,11 +62,12 @@ def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int):
         "no",
         "--ddp_timeout",  # the old code's other rank waited in the first training step's all-reduce for this long
         "120",
+        *more,
     ]
     # Held in memory (datasets keeps a data set this small in memory, and maps it without cache files): rank 0's
     # tokenized copies are not written past the limit before the record.
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    env["HF_DATASETS_IN_MEMORY_MAX_SIZE"] = str(1 << 30)
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "HF_DATASETS_IN_MEMORY_MAX_SIZE": str(1 << 30), **(env or {})}
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
     )
@@ -132,3 +134,27 @@ def test_a_checkpoint_manifest_the_main_process_cannot_write_ends_every_rank(tmp
     said = {p.name: p.read_text() for p in sorted(out.iterdir())}
     assert said == {"rank0.txt": "refused: EFBIG", "rank1.txt": "refused: EFBIG"}, result.stderr[-3000:]
     assert not (folder / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """The Hub is asked once, by the main process, whether the run may push (here: a token that may not create a repo
+    in that namespace). Asked before the process group started, its refusal ended the main process while the other
+    rank waited for it to join the group: under `accelerate launch` torchrun's agent sent it SIGTERM, which the run
+    holds while the model loads, and killed it 30 s later (on another node it waited for ddp_timeout). Now the group
+    starts first and the answer is every rank's: the same line from each, at once."""
+    hub = StandInHub()
+    hub.state.create_status["other"] = 403
+    try:
+        push = ("--push_to_hub", "true", "--hub_model_id", "other/new", "--hub_token", "hf_stand_in_token")
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf_home")}
+        result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *push, env=env)
+    finally:
+        hub.close()
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "SIGKILL" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert errors[0].startswith("error: the Hub refuses to create other/new with this Hugging Face token")
+    assert "other/new" not in hub.state.repos
