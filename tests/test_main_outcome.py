@@ -158,3 +158,23 @@ def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, t
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     assert errors[0].startswith("error: the Hub refuses to create other/new with this Hugging Face token")
     assert "other/new" not in hub.state.repos
+
+
+@pytest.mark.slow
+def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """Whether another live run holds the output folder is asked by the main process alone (another rank, slower,
+    would find the lock its own main process had just taken): its refusal ended the main process, and the other rank
+    waited for it at the lock's broadcast. Now the answer is every rank's."""
+    from dpotrain.cluster import run_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    # This test's own process, alive for the whole launch: the run that holds the folder.
+    (out / run_lock.LOCK_FILE).write_text(json.dumps(run_lock.holder_record()))
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert f"pid {os.getpid()}" in errors[0], errors[0]
