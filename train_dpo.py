@@ -88,6 +88,9 @@ def run(argv, stop: GracefulStop) -> int | None:
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, launch.engine)
+        # The process group first (every timeout set): what the main process alone asks the Hub and W&B is every
+        # rank's answer (collectives.main_outcome), a refused push too, not the main's alone while the others wait.
+        state = None if launch.dry_run else engine.start_processes(recipe.training, launch.engine)
         output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
         if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
             resolved = stages.first_half(recipe, launch, output=output, push=push)
@@ -95,7 +98,6 @@ def run(argv, stop: GracefulStop) -> int | None:
             record = push.record(resolved.resolved_config(derived))
             no_bos = resolved.lengths.no_bos  # a warning for the summary, not a decision the record keeps
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos)
-    state = engine.start_processes(recipe.training, launch.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else

@@ -102,6 +102,22 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
             )
 
 
+def _writable_and_free(out: Path) -> None:
+    """The main process's checks of the folder the run will write in: the others of a launch would find the lock
+    their main process just took."""
+    # A folder the run cannot write its lock in (a read-only mount, no permission): one still to be made is probed
+    # in the nearest one that exists. The run writes there; a dry run does not.
+    if problem := unwritable(out.resolve()):  # a link: where it points
+        raise ConfigError(
+            f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
+            "folder this job can write in"
+        )
+    # A live run first: its folder is a run's whatever it holds at this instant (a record half-written under its
+    # temporary name, before any manifest exists).
+    if out.is_dir():
+        run_lock.check_free(out)
+
+
 def check(output_dir: str, lock: bool = True) -> None:
     """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
     live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock)."""
@@ -111,21 +127,10 @@ def check(output_dir: str, lock: bool = True) -> None:
             f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
             "one of an earlier run)"
         )
-    # A folder the run cannot write its lock in (a read-only mount, no permission): one still to be made is probed
-    # in the nearest one that exists. The run writes there; a dry run does not.
-    problem = unwritable(out.resolve()) if lock and collectives.launched_main() else None  # a link: where it points
-    if problem:
-        raise ConfigError(
-            f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
-            "folder this job can write in"
-        )
+    if lock:  # the main process's (its refusal every rank's: the others would wait for it in the next collective)
+        collectives.main_outcome(_writable_and_free, out)
     if not out.is_dir():
         return
-    # A live run first: its folder is a run's whatever it holds at this instant (a record half-written under its
-    # temporary name, before any manifest exists). The main process alone: another rank of this launch, slower here,
-    # would find the lock its main process just took.
-    if lock and collectives.launched_main():
-        run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
     recorded = read_manifest(out)
     # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy

@@ -196,17 +196,17 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
-        if not launch.dry_run and collectives.launched_main():  # the process that logs to W&B
-            options.check_wandb_reachable(recipe)
+        if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
+            collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
             decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
         if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
             check(check_histories, training.output_dir)
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
         # that push started on, and nothing else (a check here would create an empty repo named after the command).
-        if push.requested and not launch.dry_run and collectives.launched_main() and not decision.push_left:
-            push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
-            hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
+        if push.requested and not launch.dry_run and not decision.push_left:  # now, not after training; user/name
+            # Asked by the main process; its answer (a refusal too) is every rank's, the repo's full name with it.
+            push.repo_id = collectives.main_outcome(claim_repo, push)
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
         name = recipe.script.dataset_name
@@ -221,6 +221,13 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept)
+
+
+def claim_repo(push) -> str:
+    """The push's repo with its namespace, once the Hub says this token may write there (a new repo: may create it)."""
+    repo_id = hub.check_write_access(push.repo_id, push.token)
+    hub.create_at_start(repo_id, push.token, push.private)
+    return repo_id
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -263,7 +270,7 @@ def load_data(
     if mixed:
         revision = None
     elif not launch.dry_run:
-        revision = pin_data(recipe, revision, state)
+        revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision)
     dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify)
     dataset_id = _read_identity(recipe, launch, revision, before)
@@ -370,13 +377,13 @@ class ModelTokenizer:
         return chat_template.unread_text(self.loaded[1])
 
 
-def pin_data(recipe, revision: str | None, state) -> str | None:
+def pin_data(recipe, revision: str | None) -> str | None:
     """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process."""
     name = recipe.script.dataset_name
     if not hub_revision.applies(name):
         return revision
-    main = state is None or state.is_main_process
-    return collectives.broadcast_from_main(hub_revision.resolve(name, revision) if main else None)
+    # Its refusal (a data set the Hub does not have, a revision it lacks) ends every rank, not the main's alone.
+    return collectives.main_outcome(hub_revision.resolve, name, revision)
 
 
 def model_files(recipe, launch: Launch) -> str:
@@ -510,7 +517,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
-        with state.main_process_first() if state is not None else nullcontext():
+        with collectives.main_first() if state is not None else nullcontext():  # its refusal: every rank's
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")

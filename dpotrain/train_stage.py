@@ -25,10 +25,13 @@ def prepare_output(spec, state) -> None:
     """Only now, once the data and the plans are checked (a refused data set must not cost the old run): the replaced
     run's own files go, this run's names are recorded before it writes, and W&B's run id is kept there."""
     recipe = spec.recipe
-    if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
-        output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
-        setup_wandb(recipe.training)
-    state.wait_for_everyone()
+
+    def start() -> None:  # the main process's; a refusal of its writes (a full disk) ends every rank, not its alone
+        if not recipe.project.reference_only:  # the run's own files only (output_folder.py)
+            output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
+            setup_wandb(recipe.training)
+
+    collectives.main_outcome(start)  # and no rank writes into the folder before it is cleared
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,9 @@ def record_run(spec, trainer, outcomes) -> dict:
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs
-    if trainer.accelerator.is_main_process:
+
+    def write() -> None:  # the main process's; the disk's refusal ends every rank, not the main alone: the others
+        # would wait in the first training step's all-reduce (NCCL: for ddp_timeout)
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
         record["derived"]["model_identity"] = model_identity.of(recipe)
         out = Path(recipe.training.output_dir)
@@ -160,4 +165,6 @@ def record_run(spec, trainer, outcomes) -> dict:
                     "checkpoint's versions to go on exactly as it started",
                     flush=True,
                 )
+
+    collectives.main_outcome(write)
     return record

@@ -2,12 +2,21 @@
 
 accelerate's `reduce` leaves a gloo (CPU) process group alone when its own state says it is not distributed, so the
 project's few collectives go through torch.distributed. Outside a process group each is the identity.
+
+What the main process alone does (a write, a question to the Hub) while the other ranks wait goes through
+`main_outcome` or `main_first`: its failure is every rank's. A refusal on the main process alone left the others in
+their next collective, under NCCL until the collective timeout (ddp_timeout, 30 min), under gloo with a traceback of a
+"remote worker crashing"; now every rank raises the main's error, and each ends on its one line.
 """
 
 import os
+import pickle
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+
+from dpotrain.recipe.errors import RunError, cause
 
 
 def launched_main() -> bool:
@@ -65,3 +74,57 @@ def gather_objects(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def main_outcome(work, *args):
+    """`work(*args)` on the main process alone, its outcome every rank's: what it returned, or what it raised, raised
+    on every rank. Every rank calls it; the others wait for the main's turn, as at a barrier."""
+    if not _distributed():
+        return work(*args)
+    if dist.get_rank() != 0:
+        return _taken(broadcast_from_main(None))
+    try:
+        value = work(*args)
+    except Exception as failed:
+        broadcast_from_main((False, _shareable(failed)))
+        raise
+    broadcast_from_main((True, value))
+    return value
+
+
+@contextmanager
+def main_first():
+    """accelerate's `main_process_first` (the main process's turn, then the others': a cache the main writes, the
+    others read), with the main's failure raised on every rank, where accelerate's left the others at its barrier."""
+    if not _distributed():
+        yield
+        return
+    if dist.get_rank() != 0:
+        _taken(broadcast_from_main(None))
+        yield
+        return
+    try:
+        yield
+    except Exception as failed:
+        broadcast_from_main((False, _shareable(failed)))
+        raise
+    broadcast_from_main((True, None))
+
+
+def _taken(outcome):
+    """The main process's outcome on another rank: its value, or its error raised here (a copy: its traceback is in
+    the main process's output)."""
+    done, value = outcome
+    if not done:
+        raise value from None
+    return value
+
+
+def _shareable(failed: Exception) -> Exception:
+    """`failed` as another rank can be given it: itself (its type and fields, an OSError's errno and file, which the
+    rank's own one-line message reads), else one line naming it."""
+    try:
+        pickle.loads(pickle.dumps(failed))
+        return failed
+    except Exception:
+        return RunError(f"the main process failed: {cause(failed)}")

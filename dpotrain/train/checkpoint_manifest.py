@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
+from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, rank_and_world
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import write_text
 
@@ -56,20 +56,24 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
         except OSError as e:  # a node that does not see the file: the manifest says so, the mark is not written
             mine[rel] = f"unreadable on rank {rank}: {e.strerror}"
     hashes = {rel: digest for part in gather_objects(mine) for rel, digest in part.items()}
-    if not is_main:
-        return
-    for rel, why in hashes.items():
-        if why.startswith("unreadable"):
-            raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
-    entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
-    write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
-    write_text(folder / mark, mark_text)
-    total = sum(size for _, size in files) / 2**20
-    print(
-        f"{folder.name}: {plural(len(files), 'file')} ({total:,.1f} MiB) checksummed by {plural(world, 'process')} "
-        f"and marked {mark} in {time.monotonic() - start:.2f} s",
-        flush=True,
-    )
+
+    def write() -> None:  # the main process's; its refusal (a file a node does not see, a full disk) ends every rank,
+        # which would otherwise go on into the next step's collective and wait there (NCCL: for ddp_timeout)
+        for rel, why in hashes.items():
+            if why.startswith("unreadable"):
+                raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
+        entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
+        write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+        write_text(folder / mark, mark_text)
+        total = sum(size for _, size in files) / 2**20
+        print(
+            f"{folder.name}: {plural(len(files), 'file')} ({total:,.1f} MiB) checksummed by "
+            f"{plural(world, 'process')} and marked {mark} in {time.monotonic() - start:.2f} s",
+            flush=True,
+        )
+
+    if is_main or rank_and_world()[1] > 1:  # every rank of a launch calls it, the main process writes
+        main_outcome(write)
 
 
 def read(folder: Path) -> dict | None:

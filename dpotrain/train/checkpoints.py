@@ -18,6 +18,7 @@ from pathlib import Path
 from accelerate import PartialState
 from transformers import TrainerCallback
 
+from dpotrain.cluster import collectives
 from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
@@ -112,11 +113,14 @@ class CompleteMarker(TrainerCallback):
         # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.
         marker = json.dumps({"global_step": state.global_step, "time": time.time()}) + "\n"
         checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero)
-        if state.is_world_process_zero:
+
+        def rotated() -> None:  # the main process's; its refusal ends every rank, not the main alone (collectives)
             if self.save_started is not None:
                 report_save(state.global_step, time.monotonic() - self.save_started)
             deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
             run_files.disown(args.output_dir, [p.name for p in deleted])  # the record names what is there
+
+        collectives.main_outcome(rotated)
         self.save_started = None
         return control
 

@@ -1,0 +1,180 @@
+"""What the main process alone does (a write, a check), shared with every rank (collectives.main_outcome): two real
+gloo ranks, the main process's write refused, end on one line each instead of waiting in the next collective."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, accelerate_launch, rank_python, torchrun_launch
+from hub_server import StandInHub
+
+# Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
+# past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
+WRAPPER = textwrap.dedent("""
+    import os, resource, runpy, sys
+    sys.path.insert(0, {root!r})
+    sys.argv[0] = {train!r}
+    if os.environ.get("RANK") == "0":
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+    runpy.run_path({train!r}, run_name="__main__")
+""")
+
+
+def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None):
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(8, seed=3)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), limit=limit))
+    out = tmp_path / "run"
+    # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
+    ddp = tmp_path / "ddp.yaml"
+    ddp.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n")
+    cmd = [
+        *accelerate_launch(),
+        "--config_file",
+        str(ddp),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(wrapper),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--ddp_timeout",  # the old code's other rank waited in the first training step's all-reduce for this long
+        "120",
+        *more,
+    ]
+    # Held in memory (datasets keeps a data set this small in memory, and maps it without cache files): rank 0's
+    # tokenized copies are not written past the limit before the record.
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "HF_DATASETS_IN_MEMORY_MAX_SIZE": str(1 << 30), **(env or {})}
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
+    return result, out
+
+
+@pytest.mark.slow
+def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """resolved_config.json is written by the main process alone, the other ranks going on into the first training
+    step's all-reduce: a write the disk refused ended the main process, and the other waited there (under NCCL until
+    ddp_timeout, 30 min; under gloo here, a traceback of its all-gather's 'Connection closed by peer', a remote worker
+    crashing). Now every rank raises the main's error: the same one line from each."""
+    # 10,000 bytes: more than rank 0's writes before the record (its lock, run_files.json, the 8 rows' arrow file;
+    # TRL's maps write nothing of a data set held in memory), less than the record (about 12 KB).
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10_000)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
+    assert errors[0].startswith(f"error: a file size limit is reached (ulimit -f): {out / 'resolved_config.json'} ")
+    assert not (out / "resolved_config.json").exists()
+
+
+SEAL = textwrap.dedent("""
+    import errno, os, resource, sys
+    from datetime import timedelta
+    from pathlib import Path
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain.train import checkpoint_manifest
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    if rank == 0:  # the main process's node refuses files past 64 bytes: the manifest (the other rank writes none)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+    try:
+        checkpoint_manifest.seal(Path({folder!r}), "COMPLETE", "{{}}\\n", rank == 0)
+        dist.barrier()  # the next training step's collective
+        said = "sealed"
+    except OSError as e:
+        said = f"refused: {{errno.errorcode[e.errno]}}"
+    except RuntimeError as e:  # gloo: the main process ended while this rank waited for it
+        said = "left waiting in the next collective"
+    with open(os.path.join({out!r}, f"rank{{rank}}.txt"), "w") as f:  # one file each: the pipe interleaves lines
+        f.write(said)
+""")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_manifest_the_main_process_cannot_write_ends_every_rank(tmp_path):
+    """Every rank hashes its share of a checkpoint, the main process alone writes MANIFEST.json and the mark: a write
+    the disk refused there ended the main process, and the others went on into the next step's collective and waited
+    (NCCL: ddp_timeout). Now every rank raises the main's error, as the run's one line (disk_full)."""
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    for name in "abcd":  # a manifest of 4 entries: past 64 bytes
+        (folder / name).write_text(name * 10)
+    out = tmp_path / "said"
+    out.mkdir()
+    script = tmp_path / "seal.py"
+    script.write_text(SEAL.format(root=str(ROOT), folder=str(folder), out=str(out)))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    said = {p.name: p.read_text() for p in sorted(out.iterdir())}
+    assert said == {"rank0.txt": "refused: EFBIG", "rank1.txt": "refused: EFBIG"}, result.stderr[-3000:]
+    assert not (folder / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """The Hub is asked once, by the main process, whether the run may push (here: a token that may not create a repo
+    in that namespace). Asked before the process group started, its refusal ended the main process while the other
+    rank waited for it to join the group: under `accelerate launch` torchrun's agent sent it SIGTERM, which the run
+    holds while the model loads, and killed it 30 s later (on another node it waited for ddp_timeout). Now the group
+    starts first and the answer is every rank's: the same line from each, at once."""
+    hub = StandInHub()
+    hub.state.create_status["other"] = 403
+    try:
+        push = ("--push_to_hub", "true", "--hub_model_id", "other/new", "--hub_token", "hf_stand_in_token")
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf_home")}
+        result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *push, env=env)
+    finally:
+        hub.close()
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "SIGKILL" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert errors[0].startswith("error: the Hub refuses to create other/new with this Hugging Face token")
+    assert "other/new" not in hub.state.repos
+
+
+@pytest.mark.slow
+def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """Whether another live run holds the output folder is asked by the main process alone (another rank, slower,
+    would find the lock its own main process had just taken): its refusal ended the main process, and the other rank
+    waited for it at the lock's broadcast. Now the answer is every rank's."""
+    from dpotrain.cluster import run_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    # This test's own process, alive for the whole launch: the run that holds the folder.
+    (out / run_lock.LOCK_FILE).write_text(json.dumps(run_lock.holder_record()))
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0
+    assert "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert f"pid {os.getpid()}" in errors[0], errors[0]
