@@ -253,21 +253,20 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
 
 
 REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in each checkpoint (RecipeDPOTrainer)
-# The engines whose TR-DPO checkpoints hold it (`keeps_reference`): each rank holds the whole reference. Under ZeRO-2
-# TRL prepares it with DeepSpeed's stage 0 (trl/models/utils.py:prepare_deepspeed: "initialized on each device with
-# ZeRO disabled"), and its sync moves every rank's copy alike; ZeRO-3 and FSDP2 shard it.
-KEEP_REFERENCE = ("single", "ddp", "zero2")
+# The engines whose TR-DPO checkpoints hold it (`keeps_reference`; train/moved_reference.py saves and loads it). One
+# process, DDP and ZeRO-2 hold the whole reference on each rank (ZeRO-2: TRL prepares it with DeepSpeed's stage 0,
+# trl/models/utils.py:prepare_deepspeed); ZeRO-3 shards it over the ranks, gathered module by module to save and load.
+KEEP_REFERENCE = ("single", "ddp", "zero2", "zero3")
 KEPT_BY = f"{', '.join(NAMES[n] for n in KEEP_REFERENCE[:-1])} and {NAMES[KEEP_REFERENCE[-1]]}"  # in the refusals
 LIVE_REFERENCE = (
-    "a TR-DPO run (sync_ref_model) under DeepSpeed ZeRO-3 or FSDP2 cannot go on from it: its reference model moved "
+    "a TR-DPO run (sync_ref_model) under FSDP2 cannot go on from it: its reference model moved "
     "toward the policy and no checkpoint holds it (sharded over the ranks); train again from the start in a new "
     f"--output_dir, or start a new run from the checkpoint's weights ({KEPT_BY} keep the reference in each checkpoint)"
 )
 
 
 def keeps_reference(training, run_engine) -> bool:
-    """Whether a TR-DPO run's checkpoints hold its moved reference: one process, DDP and ZeRO-2 hold the whole
-    reference on each rank (`KEEP_REFERENCE`); ZeRO-3 and FSDP2 shard it, and TRL's sync writes each rank's shard."""
+    """Whether a TR-DPO run's checkpoints hold its moved reference (`KEEP_REFERENCE`): every engine but FSDP2."""
     return training.sync_ref_model and run_engine.name in KEEP_REFERENCE
 
 
