@@ -217,14 +217,15 @@ def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, ti
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["zero2", "zero3"])
-def test_a_tr_dpo_run_under_deepspeed_resumes_against_its_moved_reference(name, tmp_path, tiny_model_dir, splits):
+@pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp2"])
+def test_a_tr_dpo_run_under_each_engine_resumes_against_its_moved_reference(name, tmp_path, tiny_model_dir, splits):
     """ZeRO-2, the default engine: TRL gives the reference DeepSpeed's stage 0, whole on every rank, as DDP does.
-    ZeRO-3 shards it over the ranks: gathered module by module to save, and to load (the main process's copy sent to
-    the others). The main process writes the moved reference into each checkpoint (in its manifest, the model's names
+    ZeRO-3 and FSDP2 shard it over the ranks: gathered to the main process to save, and sent from it into every rank's
+    shard to load. The main process writes the moved reference into each checkpoint (in its manifest, the model's names
     and full shapes); a run stopped after step 1 is requeued (each rank exits 75, `.checkpointed` written), and its
-    rerun loads the reference into every rank and ends with the uninterrupted run's weights. The stop exited 1 with no
-    requeue, and the rerun was refused ("TR-DPO run (sync_ref_model) under DeepSpeed ZeRO-3 ... does not hold it")."""
+    rerun loads the reference into every rank and ends with the uninterrupted run's weights. Under ZeRO-3 and FSDP2 the
+    stop exited 1 with no requeue, and the rerun was refused ("TR-DPO run (sync_ref_model) under FSDP2 ... does not
+    hold it")."""
     from dpotrain.train import checkpoint_manifest, resume
 
     config = {"zero2": "accelerate_config.yaml", **ENGINES}[name]

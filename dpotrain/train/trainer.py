@@ -285,7 +285,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 super()._save_checkpoint(model, trial)
-            if resume.keeps_reference(self.args, self.engine):
+            if self.args.sync_ref_model:
                 # TR-DPO's reference moved toward the policy: a resume goes on against it
                 # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
                 moved_reference.save(self, folder / resume.REFERENCE_FILE)
