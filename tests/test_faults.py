@@ -228,6 +228,23 @@ def test_a_tr_dpo_checkpoint_without_its_reference_is_refused(tmp_path):
     resume.check_live_reference(str(folder), recipe)
 
 
+def test_a_gathered_reference_names_a_tied_weight_as_the_whole_ones_file_does(tmp_path):
+    """ZeRO-3 and FSDP2 write the gathered reference themselves (moved_reference.save): a tied weight (embeddings and
+    LM head) once, under the name safetensors.torch.save_model keeps for one process, DDP and ZeRO-2, so a reference
+    file reads the same whichever engine wrote it."""
+    from safetensors.torch import save_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dpotrain.train import moved_reference
+
+    shape = dict(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True))
+    groups = moved_reference.tied_names(model)
+    assert ["lm_head.weight", "model.embed_tokens.weight"] in groups  # the tie, seen
+    save_model(model, str(tmp_path / "whole.safetensors"))
+    assert set(load_file(str(tmp_path / "whole.safetensors"))) == {group[0] for group in groups}
+
+
 @pytest.mark.slow
 def test_a_resume_counts_the_pairs_at_accuracy_1_before_its_checkpoint(tmp_path, tiny_model_dir):
     """The accuracy_pinned guard counts pairs at reward accuracy 1.0 in a row: the uninterrupted run stops at step 4
