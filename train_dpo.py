@@ -81,8 +81,6 @@ def run(argv, stop: GracefulStop) -> int | None:
     # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
-        lost = recipe.training.sync_ref_model and not resume.keeps_reference(recipe.training, launch.engine)
-        stop.no_resume = resume.LIVE_REFERENCE if lost else None  # no requeue: the resume would be refused
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only

@@ -35,8 +35,7 @@ def save_and_push(run, resolved: dict) -> int | None:
         # The ranks leave together (the stop was decided over all of them): torchrun ends every worker still running
         # as soon as one exits with a code other than 0, so a rank still at work would be killed at it.
         state.wait_for_everyone()
-        # checkpointed on a stop request; the requeued job resumes from it, but for a TR-DPO run's: 1, no going on
-        return 1 if trainer.graceful_stop.no_resume else STOPPED_EXIT
+        return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
     # Written beside the folder's other files, then recorded by name and moved in (output_folder.py): the run's own
     # files are the names it wrote, not whatever changed in the folder while it saved.

@@ -212,7 +212,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         name = recipe.script.dataset_name
         print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
-    check(resume.check_live_reference, decision.resume_from, recipe, launch.engine)
+    check(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     # a person's checkpoint-N where the run would save its own

@@ -217,32 +217,39 @@ def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, ti
 
 
 @pytest.mark.slow
-def test_a_tr_dpo_run_under_zero2_resumes_against_its_moved_reference(tmp_path, tiny_model_dir, splits):
-    """ZeRO-2, the default engine: TRL gives the reference DeepSpeed's stage 0, whole on every rank, as DDP does. The
-    main process writes the moved reference into each checkpoint (in its manifest); a run stopped after step 1 is
-    requeued (each rank exits 75, `.checkpointed` written), and its rerun loads the reference on every rank and ends
-    with the uninterrupted run's weights. The stop exited 1 with no requeue, and the rerun was refused ("TR-DPO run
-    (sync_ref_model) under DeepSpeed ZeRO-2 ... does not hold it")."""
+@pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp2"])
+def test_a_tr_dpo_run_under_each_engine_resumes_against_its_moved_reference(name, tmp_path, tiny_model_dir, splits):
+    """ZeRO-2, the default engine: TRL gives the reference DeepSpeed's stage 0, whole on every rank, as DDP does.
+    ZeRO-3 and FSDP2 shard it over the ranks: gathered to the main process to save, and sent from it into every rank's
+    shard to load. The main process writes the moved reference into each checkpoint (in its manifest, the model's names
+    and full shapes); a run stopped after step 1 is requeued (each rank exits 75, `.checkpointed` written), and its
+    rerun loads the reference into every rank and ends with the uninterrupted run's weights. Under ZeRO-3 and FSDP2 the
+    stop exited 1 with no requeue, and the rerun was refused ("TR-DPO run (sync_ref_model) under FSDP2 ... does not
+    hold it")."""
     from dpotrain.train import checkpoint_manifest, resume
 
+    config = {"zero2": "accelerate_config.yaml", **ENGINES}[name]
     tr_dpo = ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--ref_model_mixup_alpha", "0.5"]
     run = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none", *tr_dpo]
-    run += ["--precompute_ref_log_probs", "false"]
+    # No warm-up: step 1 trains at the full rate, so the reference synced after it has moved (at the smoke recipe's
+    # learning rate 0 the policy stays the base model, the reference too, and a resume without it ends the same)
+    run += ["--precompute_ref_log_probs", "false", "--warmup_steps", "0"]
     out = tmp_path / "run"
-    train(out, tiny_model_dir, splits, *run, config="accelerate_config.yaml")
-    held = out / "checkpoint-2" / resume.REFERENCE_FILE
-    assert resume.REFERENCE_FILE in checkpoint_manifest.read(out / "checkpoint-2")
-    moved, base = load_file(str(held)), load_file(str(Path(tiny_model_dir) / "model.safetensors"))
-    assert set(moved) <= set(base)  # the model's own names, not the DeepSpeed engine's ("module.")
-    assert max(float((moved[k].float() - base[k].float()).abs().max()) for k in moved) > 1e-5  # synced at steps 1, 2
+    train(out, tiny_model_dir, splits, *run, config=config)
     stop_file, stopped = tmp_path / "stop", tmp_path / "stopped"
     stop_file.touch()  # there before the run starts: it stops after step 1, saving checkpoint-1
     env = {"DPOTRAIN_STOP_FILE": str(stop_file)}
-    log = train(stopped, tiny_model_dir, splits, *run, config="accelerate_config.yaml", env=env, returncode=1)
+    log = train(stopped, tiny_model_dir, splits, *run, config=config, env=env, returncode=1)
     # Requeued: the batch script's sign, and a rank's exit 75 (torchrun may end the other rank before it exits)
     assert Path(f"{stop_file}.checkpointed").is_file() and re.search(r"exitcode\s*: 75", log), log[-3000:]
+    assert resume.REFERENCE_FILE in checkpoint_manifest.read(stopped / "checkpoint-1")
+    moved = load_file(str(stopped / "checkpoint-1" / resume.REFERENCE_FILE))
+    base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert set(moved) <= set(base)  # the model's own names, not the DeepSpeed engine's ("module.")
+    assert all(moved[k].shape == base[k].shape for k in moved)  # whole, not a rank's partition
+    assert max(float((moved[k].float() - base[k].float()).abs().max()) for k in moved) > 1e-5  # synced at step 1
     stop_file.unlink()  # as the batch script does before the requeued job starts
-    log = train(stopped, tiny_model_dir, splits, *run, config="accelerate_config.yaml", env=env)
+    log = train(stopped, tiny_model_dir, splits, *run, config=config, env=env)
     assert f"Resuming from {stopped}/checkpoint-1" in log
     # Against the base model as reference (the moved one not loaded), steps 2-4 would train to other weights.
     assert_same_weights(out / "model.safetensors", stopped / "model.safetensors", 1e-6)

@@ -47,7 +47,6 @@ class GracefulStop(TrainerCallback):
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
-        self.no_resume: str | None = None  # why no run goes on from its checkpoints (TR-DPO: resume.LIVE_REFERENCE)
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
         self.command: list[str] | None = None
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
@@ -131,9 +130,6 @@ class GracefulStop(TrainerCallback):
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
         without a stop file, the line names the command to type again."""
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
-        if self.no_resume:  # no requeue (no `.checkpointed`): it would be refused
-            print(f"Stop requested: {what}{after}; {self.no_resume}", flush=True)
-            return
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
         # (the shell's $PWD names it by its links, os.getcwd() by where they lead: one folder is not two)

@@ -13,7 +13,6 @@ import shlex
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
-from dpotrain.cluster.engine import NAMES
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, plural
@@ -252,41 +251,21 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     )
 
 
-REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in each checkpoint (RecipeDPOTrainer)
-# The engines whose TR-DPO checkpoints hold it (`keeps_reference`): each rank holds the whole reference. Under ZeRO-2
-# TRL prepares it with DeepSpeed's stage 0 (trl/models/utils.py:prepare_deepspeed: "initialized on each device with
-# ZeRO disabled"), and its sync moves every rank's copy alike; ZeRO-3 and FSDP2 shard it.
-KEEP_REFERENCE = ("single", "ddp", "zero2")
-KEPT_BY = f"{', '.join(NAMES[n] for n in KEEP_REFERENCE[:-1])} and {NAMES[KEEP_REFERENCE[-1]]}"  # in the refusals
-LIVE_REFERENCE = (
-    "a TR-DPO run (sync_ref_model) under DeepSpeed ZeRO-3 or FSDP2 cannot go on from it: its reference model moved "
-    "toward the policy and no checkpoint holds it (sharded over the ranks); train again from the start in a new "
-    f"--output_dir, or start a new run from the checkpoint's weights ({KEPT_BY} keep the reference in each checkpoint)"
-)
+REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in each checkpoint (moved_reference.py)
 
 
-def keeps_reference(training, run_engine) -> bool:
-    """Whether a TR-DPO run's checkpoints hold its moved reference: one process, DDP and ZeRO-2 hold the whole
-    reference on each rank (`KEEP_REFERENCE`); ZeRO-3 and FSDP2 shard it, and TRL's sync writes each rank's shard."""
-    return training.sync_ref_model and run_engine.name in KEEP_REFERENCE
-
-
-def check_live_reference(folder: str | None, recipe, run_engine) -> None:
+def check_live_reference(folder: str | None, recipe) -> None:
     """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains: a resume without it scored
-    against the base model again, another loss than the stopped run's, in silence. Resumed where the checkpoint holds
-    it (`REFERENCE_FILE`, in its manifest); refused where it does not."""
-    if folder is None or not recipe.training.sync_ref_model:
+    against the base model again, another loss than the stopped run's, in silence. Every engine's checkpoint holds it
+    (`REFERENCE_FILE`, in its manifest); one without it (written by an older version) is refused."""
+    if folder is None or not recipe.training.sync_ref_model or (Path(folder) / REFERENCE_FILE).is_file():
         return
-    kept = keeps_reference(recipe.training, run_engine)
-    if kept and (Path(folder) / REFERENCE_FILE).is_file():
-        return
-    held = "" if kept else f" under {NAMES.get(run_engine.name, run_engine.name)} (only {KEPT_BY} keep it)"
-    raise ConfigError(no_reference(folder, held))
+    raise ConfigError(no_reference(folder))
 
 
-def no_reference(folder: str, held: str = "") -> str:
+def no_reference(folder: str) -> str:
     return (
-        f"checkpoint {folder!r} is of a TR-DPO run (sync_ref_model){held}, whose reference model moved toward the "
+        f"checkpoint {folder!r} is of a TR-DPO run (sync_ref_model), whose reference model moved toward the "
         f"policy as it trained; the checkpoint does not hold it ({REFERENCE_FILE}), so a resume would train against "
         f"the base model as reference: train again from the start in a new --output_dir, or {new_run_from(folder)} "
         "(its reference starts there)"

@@ -19,7 +19,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-import safetensors.torch
 import torch
 from torch.utils.data import DataLoader
 from transformers import GraniteMoeHybridConfig
@@ -40,7 +39,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
-from dpotrain.train import disk_full, lora, losses, resume, run_files, samples
+from dpotrain.train import disk_full, lora, losses, moved_reference, resume, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
@@ -286,13 +285,12 @@ class RecipeDPOTrainer(DPOTrainer):
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 super()._save_checkpoint(model, trial)
-            if self.is_world_process_zero() and resume.keeps_reference(self.args, self.engine):
+            if self.args.sync_ref_model:
                 # TR-DPO's reference moved toward the policy: a resume goes on against it
-                # (`_load_optimizer_and_scheduler`). Under ZeRO-2 it is a DeepSpeed engine of stage 0, whole on every
-                # rank: its module is saved, under the model's own names (the engine's are prefixed "module.").
-                reference = self.accelerator.unwrap_model(self.ref_model)
-                safetensors.torch.save_model(reference, str(folder / resume.REFERENCE_FILE))
-                readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
+                # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
+                moved_reference.save(self, folder / resume.REFERENCE_FILE)
+                if self.is_world_process_zero():
+                    readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
             record = folder.parent / "resolved_config.json"
             if self.is_world_process_zero() and record.is_file():
                 # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
@@ -316,8 +314,7 @@ class RecipeDPOTrainer(DPOTrainer):
         path = Path(checkpoint) / resume.REFERENCE_FILE
         if not path.is_file():  # an older checkpoint `resume.confirm` fell back to may lack it: never skipped
             raise RunError(resume.no_reference(checkpoint))
-        reference = self.accelerator.unwrap_model(self.ref_model)  # every rank's whole copy (`_save_checkpoint`)
-        safetensors.torch.load_model(reference, str(path), device=str(self.accelerator.device))
+        moved_reference.load(self, path)  # every rank: its whole copy, or its shard under ZeRO-3 and FSDP2
 
     def _set_pad_token(self, pad_token: str | None) -> None:
         """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
