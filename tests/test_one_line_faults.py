@@ -392,28 +392,45 @@ def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("command", "after"),
-    # torch alone takes seconds to import; prefetch.py's data libraries, a few tenths
-    [(["train_dpo.py", "--config", SMOKE, "--dry-run"], 0.5), (["scripts/prefetch.py", "--config", SMOKE], 0.2)],
-    ids=["train_dpo", "prefetch"],
-)
-def test_ctrl_c_while_the_libraries_load_is_one_line(command, after):
-    """prefetch.py, which loads the data libraries only (no torch), printed the traceback of the import it hit."""
+def test_ctrl_c_while_the_libraries_load_is_one_line():
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
     proc = subprocess.Popen(
-        [PYTHON, str(ROOT / command[0]), *command[1:]],
+        [PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(after)
+    time.sleep(0.5)  # torch alone takes seconds to import
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and out == "", err[-3000:]
     assert err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_prefetch_loads_its_libraries_is_one_line(tmp_path):
+    """prefetch.py, which loads the data libraries only (no torch), printed the KeyboardInterrupt traceback of the
+    import it hit. Its imports take tenths of a second, too quick for a timed SIGINT to land in them on every machine
+    (a clean-clone CI's 0.2 s came after them): sent as `dpotrain.data.mixture`'s import starts."""
+    sent = tmp_path / "sent"
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "tests" / "helpers" / "ctrl_c_in.py"), "scripts/prefetch.py", "--config", SMOKE],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DPOTRAIN_TEST_CTRL_C_IN": "import:dpotrain.data.mixture",
+            "DPOTRAIN_TEST_CTRL_C_SENT": str(sent),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert sent.exists(), f"prefetch.py no longer imports dpotrain.data.mixture: pick another module\n{proc.stderr}"
+    assert proc.returncode == 130 and proc.stdout == "", (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", proc.stderr
 
 
 @pytest.mark.slow

@@ -6,7 +6,9 @@ that torch's C++ called, aborted the process (SIGABRT, "terminate called after t
 
 The point is found with `sys.setprofile` (the Python code torch's C++ runs there is importlib's module lock for a module
 already loaded, which raises no audit event); the profiler is off once it is reached, and nothing of the project is
-replaced. DPOTRAIN_TEST_CTRL_C_SENT: a file written just before the signal, so that a test knows the point was met."""
+replaced. `import:NAME` instead names a module: the signal is sent as its import starts (the "import" audit event), for
+a script whose imports are too quick for a timed SIGINT to land in them. DPOTRAIN_TEST_CTRL_C_SENT: a file written just
+before the signal, so that a test knows the point was met."""
 
 import os
 import runpy
@@ -33,9 +35,18 @@ def profile(frame, event, arg) -> None:
             os.kill(os.getpid(), signal.SIGINT)  # handled in `frame`, the Python code the C function called
 
 
+def at_import(event, args) -> None:
+    if event == "import" and args[0] == WHERE.removeprefix("import:") and not SENT.exists():
+        SENT.write_text(f"import {args[0]}\n")
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 if __name__ == "__main__":
     script = str(ROOT / sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` lays out its sys.path
-    sys.setprofile(profile)
+    if WHERE.startswith("import:"):
+        sys.addaudithook(at_import)
+    else:
+        sys.setprofile(profile)
     runpy.run_path(script, run_name="__main__")
