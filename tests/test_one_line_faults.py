@@ -414,23 +414,7 @@ def test_ctrl_c_while_prefetch_loads_its_libraries_is_one_line(tmp_path):
     """prefetch.py, which loads the data libraries only (no torch), printed the KeyboardInterrupt traceback of the
     import it hit. Its imports take tenths of a second, too quick for a timed SIGINT to land in them on every machine
     (a clean-clone CI's 0.2 s came after them): sent as `dpotrain.data.mixture`'s import starts."""
-    sent = tmp_path / "sent"
-    proc = subprocess.run(
-        [PYTHON, str(ROOT / "tests" / "helpers" / "ctrl_c_in.py"), "scripts/prefetch.py", "--config", SMOKE],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DPOTRAIN_TEST_CTRL_C_IN": "import:dpotrain.data.mixture",
-            "DPOTRAIN_TEST_CTRL_C_SENT": str(sent),
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    assert sent.exists(), f"prefetch.py no longer imports dpotrain.data.mixture: pick another module\n{proc.stderr}"
-    assert proc.returncode == 130 and proc.stdout == "", (proc.returncode, proc.stderr[-3000:])
-    assert proc.stderr.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", proc.stderr
+    ctrl_c_in(tmp_path, "import:dpotrain.data.mixture", ["scripts/prefetch.py", "--config", SMOKE])
 
 
 @pytest.mark.slow
@@ -449,18 +433,23 @@ def test_ctrl_c_inside_torchs_cxx_set_up_is_one_line_not_an_abort(tmp_path, comm
     aborted the process: the KeyboardInterrupt raised through C++ ended in "terminate called after throwing an instance
     of 'python_error'" (or of 'pybind11::error_already_set', a few calls later) and SIGABRT (a core dump message), not
     in the one line. Seen once in a CI's analyzer Ctrl-C test; landed there every time by tests/helpers/ctrl_c_in.py."""
+    ctrl_c_in(tmp_path, "torch._C._c10d_init", command)
+
+
+def ctrl_c_in(tmp_path, where: str, command: list[str]) -> None:
+    """`command` given a Ctrl-C at `where` (tests/helpers/ctrl_c_in.py) ends in the one line, exit 130, stdout empty."""
     sent = tmp_path / "sent"
     proc = subprocess.run(
         [PYTHON, str(ROOT / "tests" / "helpers" / "ctrl_c_in.py"), *command],
         cwd=ROOT,
-        env={**os.environ, "DPOTRAIN_TEST_CTRL_C_IN": "torch._C._c10d_init", "DPOTRAIN_TEST_CTRL_C_SENT": str(sent)},
+        env={**os.environ, "DPOTRAIN_TEST_CTRL_C_IN": where, "DPOTRAIN_TEST_CTRL_C_SENT": str(sent)},
         capture_output=True,
         text=True,
         timeout=300,
         # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    assert sent.exists(), f"torch's import no longer calls Python from _c10d_init: pick another point\n{proc.stderr}"
+    assert sent.exists(), f"{command[0]} no longer reaches {where}: pick another point\n{proc.stderr}"
     assert proc.returncode == 130 and proc.stdout == "", (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", proc.stderr
 
