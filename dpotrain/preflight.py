@@ -396,10 +396,10 @@ def run(
     if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
         recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
-        state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
+        engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         path = stages.model_files(recipe, launch)
         model_config = stages.model_config(recipe, path, local_only=launch.dry_run)[0]
-        lengths = stages.measure_lengths(recipe, launch, pairs, path, model_config, state)
+        lengths = stages.measure_lengths(recipe, launch, pairs, path, model_config)
         recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
     quality = data_quality(pairs)
     sample = sample_rows(pairs.train, sample_size, seed)

@@ -11,7 +11,6 @@ import functools
 import os
 import re
 import shlex
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -248,9 +247,7 @@ class Data:
         return {**self.checked, **self.steps}
 
 
-def load_data(
-    recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputDecision | None = None
-) -> Data:
+def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDecision | None = None) -> Data:
     """The data set (or a mixture's sources) loaded and every row checked before a model loads. A dry run leaves a
     Hub data set for the run (a mixture's Hub sources it reads: their counts are what it reports). `output`: a
     continued run loads the commit it started on."""
@@ -505,7 +502,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
     return (m, report or "the training split, measured at start (not cached)"), auto
 
 
-def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, state=None) -> Lengths:
+def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config) -> Lengths:
     """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`.
     `model_config`: the first half's one read (`model_config`), None where a dry run does not have it."""
     t, p = recipe.training, recipe.project
@@ -517,7 +514,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
-        with collectives.main_first() if state is not None else nullcontext():  # its refusal: every rank's
+        with collectives.main_first():  # its refusal: every rank's (outside a process group, nothing to share)
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")
@@ -794,10 +791,10 @@ def first_half(
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads.
     `pairs`: the data stage's value where a caller has it already (`given_pairs`)."""
     say = state is None or state.is_main_process
-    pairs = pairs if pairs is not None else load_data(recipe, launch, say, state, output)
+    pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch)
     model = model_config(recipe, model_path, local_only=launch.dry_run)  # once: each stage is given it
-    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], state)
+    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0])
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows

@@ -72,8 +72,7 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
             flush=True,
         )
 
-    if is_main or rank_and_world()[1] > 1:  # every rank of a launch calls it, the main process writes
-        main_outcome(write)
+    main_outcome(write)  # every rank of a launch calls it, the main process writes
 
 
 def read(folder: Path) -> dict | None:
