@@ -4,6 +4,7 @@ project touches is listed there and reached only through it, and an upgrade that
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,11 @@ def foreign_private_names(tree, own: set[str]) -> list[tuple[int, str]]:
             name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
             if private(name) and name not in own:
                 found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Subscript) or isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get":
+            # a private key of an upstream file or dict (datasets' state.json: "_data_files")
+            key = node.slice if isinstance(node, ast.Subscript) else (node.args or [None])[0]
+            if isinstance(key, ast.Constant) and private(key.value) and key.value not in own:
+                found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Import | ast.ImportFrom):
             modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
@@ -262,6 +268,8 @@ def foreign_private_names(tree, own: set[str]) -> list[tuple[int, str]]:
         "from trl.data_utils import _tokenize",
         "mock.patch('transformers.training_args.is_torch_bf16_gpu_available', return_value=True)",
         "inspect.getsource(module)",
+        "json.loads(text).get('_data_files')",
+        "state['_data_files']",
     ],
 )
 def test_the_private_name_walk_finds_each_kind(code):
@@ -284,6 +292,19 @@ def test_no_private_name_outside_the_project_is_reached_outside_the_seam():
         for line, text in foreign_private_names(tree, own)
     ]
     assert not found, "reach these through dpotrain/recipe/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
+
+
+def test_every_private_name_the_seam_reaches_is_a_listed_seam():
+    """The seam module's own accessors reach only names `SEAMS` lists, so that `upstream.check()` verifies each one."""
+    tree = ast.parse(SEAM_FILE.read_text())
+    listed = {name for s in upstream.SEAMS for name in re.findall(r"\w+", f"{s.symbol} {s.read_in} {s.text}")}
+    unlisted = [
+        f"dpotrain/recipe/upstream.py:{line}: {name} in {text}"
+        for line, text in foreign_private_names(tree, defined_names([(SEAM_FILE, tree)]))
+        for name in re.findall(r"\b_[A-Za-z]\w*", text)
+        if private(name) and name not in listed
+    ]
+    assert not unlisted, "list these in upstream.SEAMS, so that upstream.check() verifies them:\n" + "\n".join(unlisted)
 
 
 def test_check_reports_the_seams_checked(capsys):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.writes import unwritable
 
@@ -313,7 +314,7 @@ def _csv_columns_as_text(path: Path):
 def _empty_saved_splits(path: Path) -> list[str]:
     """Splits of a `save_to_disk` folder (a Dataset's own folder counts as one) that hold no data file."""
     states = [path / "state.json"] if (path / "state.json").exists() else sorted(path.glob("*/state.json"))
-    return [s.parent.name for s in states if not json.loads(s.read_text()).get("_data_files")]
+    return [s.parent.name for s in states if not upstream.saved_data_files(json.loads(s.read_text()))]
 
 
 def _check_utf8(dataset, path: Path) -> None:

@@ -233,6 +233,15 @@ SEAMS = (
     _call(
         f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
     ),
+    _read(f"{C10D}:ProcessGroup._device_types", "the devices a group has a backend for, to read each one's timeout"),
+    _read("torch._C._distributed_c10d:Backend.Options._timeout", "a backend's collective timeout, as it was made"),
+    *(_read(f"{C10D}:_World.{name}", "every process group (`_world`) and its name") for name in ("pg_map", "pg_names")),
+    _source(
+        "datasets.arrow_dataset:Dataset.load_from_disk",
+        "a `save_to_disk` split's data files, as `load_from_disk` reads them from its state.json: a split without "
+        "one is named before the load fails inside datasets (dpotrain/data/data.py)",
+        text='state["_data_files"]',
+    ),
     # --- the interpreter's own exit, its first steps taken by a command before it ends (recipe/errors.py) ---------
     _call(
         "threading:_shutdown",
@@ -435,6 +444,11 @@ def attributes_set(obj, **values):
     finally:
         for name, value in saved.items():
             setattr(obj, name, value)
+
+
+def saved_data_files(state: dict) -> list:
+    """The data files a `save_to_disk` split's state.json (read as a dict) lists, as `load_from_disk` reads them."""
+    return state.get("_data_files") or []
 
 
 def set_distributed_type(kind) -> None:
