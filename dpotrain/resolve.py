@@ -14,7 +14,7 @@ from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
-from dpotrain.recipe import config, run_record
+from dpotrain.recipe import config, launcher, run_record
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.train import resume
@@ -81,8 +81,8 @@ MAY_CHANGE_FIELDS = (
 def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = None) -> tuple[int, str]:
     """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch, from
     `planned` where the caller has read the recipe's accelerate config (`engine.from_config`) already."""
-    if "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
+    if (launched := launcher.world_size()) is not None:
+        return launched, "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
     if not planning or launch.lower() in ("", "none"):
         return 1, "single process (python train_dpo.py, no launcher)"

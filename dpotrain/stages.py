@@ -36,7 +36,7 @@ from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
-from dpotrain.recipe import config, records, venv
+from dpotrain.recipe import config, launcher, records, venv
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.recipe.run_record import MemoryPlan
@@ -207,7 +207,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             # Asked by the main process; its answer (a refusal too) is every rank's, the repo's full name with it.
             push.repo_id = collectives.main_outcome(claim_repo, push)
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
-    if kept and collectives.launched_main():
+    if kept and launcher.launched_main():
         name = recipe.script.dataset_name
         print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it

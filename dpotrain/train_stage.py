@@ -12,7 +12,7 @@ from dpotrain.cluster import collectives, offline
 from dpotrain.data import lengths, model_identity
 from dpotrain.forwards import flex
 from dpotrain.hub.hub_push import CheckpointPusher
-from dpotrain.recipe import run_record, writes
+from dpotrain.recipe import launcher, run_record, writes
 from dpotrain.reference import reference
 from dpotrain.train import agreement
 from dpotrain.train.health import HealthGuard
@@ -78,7 +78,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     model_path = resolve_model_path(recipe)
     tokenizer = trainer_tokenizer(spec, model_path)
     pusher = None  # checkpoint branches, pushed from the main process in the background where the Hub is reachable
-    if push and push.checkpoints and not offline.is_offline() and collectives.launched_main() and not p.reference_only:
+    if push and push.checkpoints and not offline.is_offline() and launcher.launched_main() and not p.reference_only:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     optional = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     if forward.attention == "flex_attention":
@@ -87,7 +87,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     if p.samples_every > 0:
         optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=spec.launch.engine.shards_weights))
     existed = out.exists()
-    if p.reference_only and collectives.launched_main():  # no lock made it: the Trainer's os.makedirs would fail on
+    if p.reference_only and launcher.launched_main():  # no lock made it: the Trainer's os.makedirs would fail on
         out.resolve().mkdir(parents=True, exist_ok=True)  # a link to a folder still to be made; made where it points
     trainer = (trainer_class or RecipeDPOTrainer)(
         model=model_path,

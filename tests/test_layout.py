@@ -210,3 +210,18 @@ def test_no_message_hedges_a_noun_with_s_in_parentheses():
             if hedged.search(node.value)
         ]
     assert not found, "count the noun with dpotrain.recipe.errors.plural:\n" + "\n".join(found)
+
+
+def test_the_launchers_environment_is_read_in_one_module():
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE (the launcher's) and GPUS_PER_NODE (the job's, a dry run's plan)
+    are read by dpotrain/recipe/launcher.py alone: they were read in six modules, each with its own default and its own
+    test of "under a launcher" (LOCAL_RANK set, or WORLD_SIZE over 1)."""
+    names = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GPUS_PER_NODE", "SLURM_PROCID", "SLURM_NTASKS"}
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}"
+        for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
+        if path != PACKAGE / "recipe" / "launcher.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
+    assert not found, "read the launcher's environment through dpotrain.recipe.launcher:\n" + "\n".join(found)

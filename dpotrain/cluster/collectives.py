@@ -9,7 +9,6 @@ their next collective, under NCCL until the collective timeout (ddp_timeout, 30 
 "remote worker crashing"; now every rank raises the main's error, and each ends on its one line.
 """
 
-import os
 import pickle
 from contextlib import contextmanager
 
@@ -17,12 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dpotrain.recipe.errors import RunError, cause
-
-
-def launched_main() -> bool:
-    """Whether this is the launch's first process (RANK 0, or no launcher): read from the launcher's environment, so it
-    holds before the process group starts. The one place the project reads RANK."""
-    return int(os.environ.get("RANK", "0")) == 0
+from dpotrain.recipe.launcher import launched_main  # noqa: F401 (the name options.py imports from here)
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -20,7 +20,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType
 
-from dpotrain.recipe import upstream
+from dpotrain.recipe import launcher, upstream
 from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
 from dpotrain.recipe.errors import ConfigError, cause, plural
 
@@ -90,7 +90,7 @@ def launched() -> Engine:
     """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
     config file's path); refuses the engines this project does not support."""
     env = os.environ.get
-    world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
+    world, per_node = launcher.world_size(1), launcher.processes_per_node()
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
         save_16bit = env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")  # accelerate's default: false
@@ -185,7 +185,7 @@ def from_config(accelerate_config: str) -> Engine:
 def _engine_of(config, accelerate_config: str) -> Engine:
     per_node = max(processes(config) // max(config.num_machines or 1, 1), 1)  # null: one machine, as accelerate
     # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
-    per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
+    per_node = launcher.planned_gpus_per_node() or per_node
     kind = config.distributed_type.value
     if kind == "DEEPSPEED":
         ds = config.deepspeed_config

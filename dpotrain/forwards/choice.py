@@ -12,9 +12,8 @@ import importlib
 import math
 from dataclasses import asdict, dataclass
 
-from dpotrain.cluster import collectives
 from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
-from dpotrain.recipe import upstream
+from dpotrain.recipe import launcher, upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
 
@@ -318,7 +317,7 @@ def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_len
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)
-    if collectives.launched_main():  # the same choice on every rank: one line, not one per process
+    if launcher.launched_main():  # the same choice on every rank: one line, not one per process
         print(chosen.line(), flush=True)
     return chosen
 

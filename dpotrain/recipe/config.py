@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
+from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural
 
@@ -493,7 +493,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
-    _check_process_counts()
+    launcher.check_process_counts()
     # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
     # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
     # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,
@@ -905,23 +905,11 @@ def _take_env_block(block: dict) -> None:
         hub_switches.take_late_switches()
 
 
-def _check_process_counts() -> None:
-    """WORLD_SIZE and GPUS_PER_NODE, which a dry run plans for (`WORLD_SIZE=16 GPUS_PER_NODE=8`), as whole numbers: a
-    typo ended the command in a ValueError traceback from the first line that read one."""
-    for name in ("WORLD_SIZE", "GPUS_PER_NODE"):
-        value = os.environ.get(name)
-        if value and not (value.strip().isdigit() and int(value) > 0):
-            raise ConfigError(
-                f"{name}={value!r} is not a number of processes: give a whole number (WORLD_SIZE=16 GPUS_PER_NODE=8 "
-                "plans 2 nodes of 8 GPUs), or unset it"
-            )
-
-
 def _one_process_backend(words: list[str]) -> list[str]:
     """`words` without ddp_backend where no launcher made a process group to give it to (`python train_dpo.py`, a dry
     run): accelerate made none for one process, then asked the one it was told of ("Default process group has not
     been initialized"), so a cluster recipe's `ddp_backend: nccl` ended its dry run. The launch's processes read it."""
-    if "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launcher.launched() or launcher.several_processes():
         return words
     kept, rest = [], iter(words)
     for word in rest:
@@ -938,7 +926,7 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
     reports one process ("No backend == no distributed training") while DeepSpeed or FSDP run all of them."""
     import torch
 
-    several = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun's launch
+    several = launcher.launched() and launcher.several_processes()
     launched = several or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
     if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import max_over_ranks
-from dpotrain.recipe import terminal
+from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import without_secrets
 from dpotrain.recipe.errors import ConfigError
@@ -178,7 +178,7 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
     resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: without it, the rerun
     went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
     words = command or [sys.executable, *sys.argv]
-    if "LOCAL_RANK" in os.environ:
+    if launcher.launched():
         try:
             words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
         except OSError:  # not Linux: the launcher's command line is not readable

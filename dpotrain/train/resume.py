@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
+from dpotrain.recipe import launcher
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, plural
@@ -25,7 +26,7 @@ HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpo
 
 
 def _say(line: str) -> None:
-    if collectives.launched_main():  # before the processes start: every rank runs this
+    if launcher.launched_main():  # before the processes start: every rank runs this
         print(line, flush=True)
 
 
