@@ -473,7 +473,10 @@ PARTS = (
 
 
 @dataclass
-class Plan:
+class PerGpuBytes:
+    """The memory plan's parts on one GPU, in bytes, for one checkpointing choice: what `plan` weighs and records
+    (in GiB, as `run_record.MemoryPlan.per_gpu_gib`)."""
+
     engine: Engine
     world: int
     states: int
@@ -547,15 +550,17 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     buffers, head = engine_buffer_bytes(engine, shape), lm_head_bytes(shape, local)
     exchange, reference = all_to_all_bytes(config, tokens, n), reference_model_bytes(recipe, engine, shape, world)
 
-    def plan_for(every: int | None) -> Plan:
+    def per_gpu(every: int | None) -> PerGpuBytes:
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return Plan(engine, world, states, formula, buffers, activations, method, head, masks, exchange, reference)
+        return PerGpuBytes(
+            engine, world, states, formula, buffers, activations, method, head, masks, exchange, reference
+        )
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
-    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(k).total)
-    chosen = plan_for(every)
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: per_gpu(k).total)
+    chosen = per_gpu(every)
     parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
     record = {
         **named,
@@ -664,7 +669,7 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, config) -> str:
+def _refusal(recipe, chosen: PerGpuBytes, gpu: float, gpu_source: str, attention: str | None, config) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each trial is
     planned for the same model, whose config is read already)."""
     e, world = chosen.engine, chosen.world
