@@ -34,7 +34,7 @@ with venv.loading_libraries():
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
-    from dpotrain.recipe.config import dry_run_asked, parse_args, read_recipe
+    from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_command
     from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import GracefulStop
@@ -42,9 +42,9 @@ with venv.loading_libraries():
 
 def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
-    stop = GracefulStop.from_env()
-    if argv is not None:  # called by another program (a notebook, a script): the command a stop prints is this one's
-        stop.command = [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
+    # Called by another program (a notebook, a script) with `argv`: the command a stop prints is this one's.
+    command = None if argv is None else [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
+    stop = GracefulStop.from_env(command)
     # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
     # (a notebook's) started with them, and logged into this run's W&B run and folder.
     environment = dict(os.environ)
@@ -73,8 +73,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
-    # The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears.
-    stop.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
+    stop.take_recipe(recipe)
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory

@@ -105,8 +105,9 @@ def test_no_function_longer_than_a_screen():
 
 
 def _a_trainer(node) -> bool:
-    """`trainer`, or an object's `trainer` / `_trainer` (the reference stage's scorer holds one)."""
-    return (isinstance(node, ast.Name) and node.id == "trainer") or (
+    """`trainer` or the stop it is given (`stop`, train_dpo.py's), or an object's `trainer` / `_trainer` (the reference
+    stage's scorer holds one)."""
+    return (isinstance(node, ast.Name) and node.id in ("trainer", "stop")) or (
         isinstance(node, ast.Attribute) and node.attr in ("trainer", "_trainer")
     )
 

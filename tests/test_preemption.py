@@ -308,12 +308,17 @@ def test_a_run_called_by_a_notebook_prints_its_own_command_to_go_on(tmp_path, mo
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(sys, "argv", ["/venv/lib/ipykernel_launcher.py", "-f", "/run/kernel-1.json"])
-    held = GracefulStop()
-    monkeypatch.setattr(train_dpo.GracefulStop, "from_env", classmethod(lambda cls: held))
+    made, from_env = [], GracefulStop.from_env.__func__  # the stop main makes, kept to stop it after
+
+    def kept(cls, *given):
+        made.append(from_env(cls, *given))
+        return made[-1]
+
+    monkeypatch.setattr(train_dpo.GracefulStop, "from_env", classmethod(kept))
     argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run"), "--dry-run"]
     train_dpo.main(argv)
     capsys.readouterr()
-    held.mark_saved("checkpoint run/checkpoint-2 written")
+    made[0].mark_saved("checkpoint run/checkpoint-2 written")
     said = capsys.readouterr().out
     assert said.endswith(f"{shlex.join([sys.executable, str(ROOT / 'train_dpo.py'), *argv])}\n"), said
     assert "ipykernel" not in said

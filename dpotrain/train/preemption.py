@@ -26,7 +26,7 @@ from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.config import without_secrets
+from dpotrain.recipe.config import read_recipe, without_secrets
 from dpotrain.recipe.errors import ConfigError
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
@@ -39,7 +39,7 @@ SECOND_CTRL_C_S = 1.0
 
 
 class GracefulStop(TrainerCallback):
-    def __init__(self, stop_file: str | None = None):
+    def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
@@ -48,7 +48,7 @@ class GracefulStop(TrainerCallback):
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
-        self.command: list[str] | None = None
+        self.command = command
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
@@ -62,11 +62,16 @@ class GracefulStop(TrainerCallback):
                 self.previous[sig] = signal.signal(sig, self._on_signal)
 
     @classmethod
-    def from_env(cls) -> "GracefulStop":
+    def from_env(cls, command: list[str] | None = None) -> "GracefulStop":
         stop_file = os.environ.get(STOP_FILE_ENV) or None
         if stop_file:
             check_stop_file(Path(stop_file))
-        return cls(stop_file)
+        return cls(stop_file, command)
+
+    def take_recipe(self, recipe) -> None:
+        """The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears. The
+        stop is made before the recipe is parsed (a signal while it loads is kept), so the recipe comes here after."""
+        self.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
 
     def _on_signal(self, signum, frame):
         # Nothing else: we may be in the middle of a collective. A second signal changes nothing (on a preemption srun
