@@ -38,13 +38,11 @@ with venv.loading_libraries():
         venv.load_env(ROOT)
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
 
-    import yaml
-
     from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.rows import InvalidRowError
-    from dpotrain.recipe import cli, config, writes
+    from dpotrain.recipe import cli, config, recipe_file, writes
     from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
@@ -202,10 +200,7 @@ def _read(path: Path, dataset: str) -> dict | None:
     try:
         recipe = config.read_recipe(str(path))
     except ConfigError:
-        try:  # what the draft names, as far as its YAML reads
-            loose = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            return None
+        loose = recipe_file.loosely(path)  # what the draft names, as far as its YAML reads
         if isinstance(loose, dict) and loose.get("dataset_name") == dataset:
             raise
         return None

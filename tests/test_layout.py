@@ -226,3 +226,17 @@ def test_the_launchers_environment_is_read_in_one_module():
         if isinstance(node, ast.Constant) and node.value in names
     ]
     assert not found, "read the launcher's environment through dpotrain.recipe.launcher:\n" + "\n".join(found)
+
+
+def test_a_recipe_file_is_read_by_recipe_file_alone():
+    """A recipe's YAML is read by dpotrain/recipe/recipe_file.py (strict: a key given twice refused, numbers as
+    written); the prefetch command and the analyzer's search of configs/ each read recipes with PyYAML of their own."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+        for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
+        if path != PACKAGE / "recipe" / "recipe_file.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if getattr(node.func.value, "id", None) == "yaml" and node.func.attr in ("load", "safe_load", "full_load")
+    ]
+    assert not found, "read a recipe through dpotrain.recipe.recipe_file:\n" + "\n".join(found)

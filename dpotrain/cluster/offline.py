@@ -16,12 +16,11 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
-import yaml
 from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import venv
+from dpotrain.recipe import recipe_file, venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline
 
@@ -163,7 +162,7 @@ def prefetch_command(recipe) -> str:
     in_file = {}
     if recipe.config_path:
         args += ["--config", recipe.config_path]
-        in_file = yaml.safe_load(Path(recipe.config_path).read_text()) or {}
+        in_file = recipe_file.load(recipe.config_path)  # as the run read it: numbers as written
     for part, field in ARTIFACT_FIELDS:
         value = getattr(getattr(recipe, part), field)
         default = next(f.default for f in fields(getattr(recipe, part)) if f.name == field)

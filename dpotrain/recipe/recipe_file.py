@@ -77,6 +77,15 @@ def load(path: str | Path) -> dict:
     return copy.deepcopy(_parsed(str(path), text))  # the caller's own: parse_args takes its `env:` block out
 
 
+def loosely(path) -> object:
+    """What a recipe that does not read (a draft, a misspelt key, a key given twice) names, as far as PyYAML reads it,
+    nothing checked: None where it does not read at all."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+
+
 @functools.lru_cache(maxsize=32)
 def _parsed(path: str, text: str) -> dict:
     """`load`'s mapping, parsed once per content: a run reads its recipe twice (its fields, then whether it names a
