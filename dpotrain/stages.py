@@ -531,7 +531,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
-        found = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
+        found = cost.TokenCounts.of(m, source)
     elif pairs.train is not None and tokenizer is not None:
         found, every = sample.measured_sample(pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run)
     if found is not None and max_length is not None:

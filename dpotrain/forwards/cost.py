@@ -62,6 +62,11 @@ class TokenCounts:
     source: str
     shared: np.ndarray | None = None  # tokens both completions start with (`cuts.check`); None: not measured
 
+    @classmethod
+    def of(cls, measured, source: str) -> "TokenCounts":
+        """Every pair's counts as measured (`lengths.Measured`: the analyzer's cache, a mixture's pairs at start)."""
+        return cls(measured.prompt, measured.chosen, measured.rejected, source, measured.shared)
+
     def sample(self, pairs: int = SAMPLE_PAIRS, seed: int = 0) -> "TokenCounts":
         if len(self.prompt) <= pairs:
             return self

@@ -21,7 +21,7 @@ def cached(recipe, tokenizer) -> TokenCounts | None:
     if found is None:
         return None
     m, report = found
-    return TokenCounts(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})", m.shared)
+    return TokenCounts.of(m, f"the analyzer's cached lengths ({report})")
 
 
 def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS) -> TokenCounts:
