@@ -90,7 +90,7 @@ def launched() -> Engine:
     """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
     config file's path); refuses the engines this project does not support."""
     env = os.environ.get
-    world, per_node = launcher.world_size(1), launcher.processes_per_node()
+    world, per_node = launcher.world(1), launcher.processes_per_node()
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
         save_16bit = env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")  # accelerate's default: false

@@ -909,7 +909,7 @@ def _one_process_backend(words: list[str]) -> list[str]:
     """`words` without ddp_backend where no launcher made a process group to give it to (`python train_dpo.py`, a dry
     run): accelerate made none for one process, then asked the one it was told of ("Default process group has not
     been initialized"), so a cluster recipe's `ddp_backend: nccl` ended its dry run. The launch's processes read it."""
-    if launcher.launched() or launcher.several_processes():
+    if launcher.under_launcher() or launcher.several_processes():
         return words
     kept, rest = [], iter(words)
     for word in rest:
@@ -926,7 +926,7 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
     reports one process ("No backend == no distributed training") while DeepSpeed or FSDP run all of them."""
     import torch
 
-    several = launcher.launched() and launcher.several_processes()
+    several = launcher.under_launcher() and launcher.several_processes()
     launched = several or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
     if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]

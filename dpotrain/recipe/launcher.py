@@ -10,7 +10,7 @@ import os
 from dpotrain.recipe.errors import ConfigError
 
 
-def launched() -> bool:
+def under_launcher() -> bool:
     """Whether a launcher started this process (it sets LOCAL_RANK for each process it starts)."""
     return "LOCAL_RANK" in os.environ
 
@@ -20,14 +20,14 @@ def launched_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def world_size(default: int | None = None) -> int | None:
+def world(default: int | None = None) -> int | None:
     """The launch's processes (WORLD_SIZE), `default` where no launcher says."""
     return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else default
 
 
 def several_processes() -> bool:
     """Whether the launch runs more than one process (WORLD_SIZE over 1)."""
-    return world_size(1) > 1
+    return world(1) > 1
 
 
 def processes_per_node() -> int:

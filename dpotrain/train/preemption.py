@@ -183,7 +183,7 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
     resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: without it, the rerun
     went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
     words = command or [sys.executable, *sys.argv]
-    if launcher.launched():
+    if launcher.under_launcher():
         try:
             words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
         except OSError:  # not Linux: the launcher's command line is not readable
