@@ -81,8 +81,8 @@ MAY_CHANGE_FIELDS = (
 def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = None) -> tuple[int, str]:
     """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch, from
     `planned` where the caller has read the recipe's accelerate config (`engine.from_config`) already."""
-    if (launched := launcher.world()) is not None:
-        return launched, "environment (WORLD_SIZE)"
+    if (world := launcher.world()) is not None:
+        return world, "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
     if not planning or launch.lower() in ("", "none"):
         return 1, "single process (python train_dpo.py, no launcher)"
