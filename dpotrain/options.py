@@ -14,10 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dpotrain.cluster import collectives, offline
+from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, writes
+from dpotrain.recipe import config, launcher, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, resume
@@ -348,7 +348,7 @@ def check_saving(recipe: Recipe) -> None:
             "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
         )
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
-    if strategy == "no" and preemptible and collectives.launched_main():
+    if strategy == "no" and preemptible and launcher.launched_main():
         print(
             "Note: save_strategy no: no checkpoint on the way; a stop request (preemption, time limit) still saves "
             "one, but a job killed without one (a node lost, out of memory) restarts from step 0",

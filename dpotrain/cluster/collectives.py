@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from dpotrain.recipe.errors import RunError, cause
-from dpotrain.recipe.launcher import launched_main  # noqa: F401 (the name options.py imports from here)
 
 
 def rank_and_world() -> tuple[int, int]:
