@@ -14,29 +14,22 @@ SAMPLE_ROWS = 1024
 def measured_sample(
     dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS, every: bool = False
 ) -> tuple[TokenCounts, lengths.Measured | None]:
-    """The lengths of `rows` rows of `dataset` drawn with `seed` (a streamed data set: its first rows), as the trainer
-    tokenizes them (rows it could not tokenize left out), and every pair's lengths where they were measured: the sample
-    is all of them (at most `rows` pairs), or `every` asks for them (a dry run's step plan reads every pair). Then the
-    pairs are measured once and the sample is their seeded rows: each row's lengths are its own, whatever else is
-    measured with it."""
-    total = len(dataset) if hasattr(dataset, "__len__") else None
-    indices = None if total is None else np.sort(np.random.default_rng(seed).choice(total, min(rows, total), False))
-    whole = every or (total is not None and total <= rows)
-    if whole:
+    """The lengths of `rows` rows of `dataset` drawn with `seed`, as the trainer tokenizes them (rows it could not
+    tokenize left out), and every pair's lengths where they were measured: the sample is all of them (at most `rows`
+    pairs), or `every` asks for them (a dry run's step plan reads every pair). Then the pairs are measured once and the
+    sample is their seeded rows: each row's lengths are its own, whatever else is measured with it. `dataset` is loaded
+    whole: the run never streams its pairs (options.check_options refuses dataset_streaming)."""
+    total = len(dataset)
+    indices = np.sort(np.random.default_rng(seed).choice(total, min(rows, total), False))
+    if every or total <= rows:
         m = all_pairs = lengths.measure(
-            dataset, tokenizer, num_proc=_workers(dataset), skip_invalid=True, hh_format=hh_format
+            dataset, tokenizer, num_proc=lengths.workers(dataset), skip_invalid=True, hh_format=hh_format
         )
-        keep = m.index < rows if indices is None else np.isin(m.index, indices)
+        keep = np.isin(m.index, indices)
         prompt, chosen, rejected, shared = (v[keep] for v in (m.prompt, m.chosen, m.rejected, m.shared))
-        valid = int(keep.sum())
     else:
-        picked = dataset.take(rows) if indices is None else dataset.select(indices)
+        picked = dataset.select(indices)
         m, all_pairs = lengths.measure(picked, tokenizer, skip_invalid=True, indices=indices, hh_format=hh_format), None
-        prompt, chosen, rejected, shared, valid = m.prompt, m.chosen, m.rejected, m.shared, m.rows
-    of = f"the first {valid:,}" if total is None else f"a seeded sample of {min(rows, total):,} of {total:,}"
+        prompt, chosen, rejected, shared = m.prompt, m.chosen, m.rejected, m.shared
+    of = f"a seeded sample of {min(rows, total):,} of {total:,}"
     return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs
-
-
-def _workers(dataset) -> int:
-    """A stream's length is unknown before it is read: measured in this process, as its sample was."""
-    return lengths.workers(dataset) if hasattr(dataset, "__len__") else 1
