@@ -388,13 +388,14 @@ def widest_micro_batch(args, flags: list[str], launch, plan: dict, batching: dic
 def forward_and_plan(
     recipe, pairs, world: int, run_engine, cuda: bool | None = None, varlen: str | None = "installed", lengths=None
 ):
-    """The run's forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and `varlen` as
-    detected unless given (a CPU can plan a GPU's forwards): the launch and the lengths are fabricated, the stages
-    are the run's. The memory plan refuses what does not fit."""
+    """The run's lengths, forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and
+    `varlen` as detected unless given (a CPU can plan a GPU's forwards): the launch is fabricated, the stages are the
+    run's. The memory plan refuses what does not fit. `lengths`: the lengths stage's value from an earlier call on the
+    same pairs (returned), else measured."""
     import torch
 
     from dpotrain import resolve, stages
-    from dpotrain.forwards import choice, sample
+    from dpotrain.forwards import choice
     from dpotrain.train.trainer import resolve_model_path
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
@@ -408,17 +409,12 @@ def forward_and_plan(
         batch=resolve.decide_batch(recipe, world),
     )
     model_path = resolve_model_path(recipe)
-    pair_lengths = stages.Lengths(
-        None,
-        lengths or sample.run_lengths(recipe, pairs, model_path),
-        None,
-        None,
-        max_length=recipe.training.max_length,
-    )
     model = stages.model_config(recipe, model_path, local_only=False)
-    forward = stages.decide_forward(recipe, launch, model_path, pair_lengths, model)
     pairs_held = stages.given_pairs(recipe, launch, pairs)
-    return forward.planned, stages.plan_memory(recipe, launch, pairs_held, pair_lengths, forward, model)
+    lengths = lengths or stages.measure_lengths(recipe, launch, pairs_held, model_path, model[0])
+    forward = stages.decide_forward(recipe, launch, model_path, lengths, model)
+    stages.plan_memory(recipe, launch, pairs_held, lengths, forward, model)
+    return lengths
 
 
 def trl_trainer(args, pairs, clock):
@@ -655,7 +651,7 @@ def layers_that_fit(args, folder: Path) -> int:
 
     from dpotrain.cluster import engine
     from dpotrain.data import builtin
-    from dpotrain.forwards import choice, sample
+    from dpotrain.forwards import choice
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
 
@@ -679,9 +675,8 @@ def layers_that_fit(args, folder: Path) -> int:
                 "project",
             )
         )
-        lengths = lengths or sample.run_lengths(recipe, pairs, str(folder))
         try:
-            forward_and_plan(recipe, pairs, 1, planned, cuda=True, varlen=varlen, lengths=lengths)
+            lengths = forward_and_plan(recipe, pairs, 1, planned, cuda=True, varlen=varlen, lengths=lengths)
         except ConfigError as refused:  # the plan's refusal: this many layers do not fit
             print(f"{layers} layers: {str(refused)[:200]}", flush=True)
             break

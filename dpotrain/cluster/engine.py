@@ -596,7 +596,7 @@ def start_processes(training, run_engine: Engine):
     backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     if dist.is_initialized() and dist.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
-        held = group_timeouts()[upstream.default_group_name()]
+        held = upstream.group_timeouts()[upstream.default_group_name()]
         print(f"Collective timeout: {held:.0f} s (ddp_timeout) for every process group", flush=True)
     return state
 
@@ -607,11 +607,3 @@ def end_processes() -> None:
     without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def group_timeouts() -> dict[str, float]:
-    """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
-    timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
-    if not dist.is_available() or not dist.is_initialized():
-        return {}
-    return upstream.group_timeouts()

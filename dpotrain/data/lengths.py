@@ -777,9 +777,7 @@ def _resolution(
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": report}
 
 
-def model_positions(
-    name_or_path: str, revision: str | None = None, local_only: bool = False, trust_remote_code: bool = False
-) -> int | None:
+def model_positions(name_or_path: str, revision: str | None = None) -> int | None:
     """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
     None when the config is not readable here or does not say."""
     if builtin.is_builtin(name_or_path):
@@ -788,9 +786,7 @@ def model_positions(
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(
-            name_or_path, revision=revision, local_files_only=local_only, trust_remote_code=trust_remote_code
-        )
+        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
     except Exception:  # a tokenizer-only folder, no network: nothing to cap with
         return None
     return positions.model_limit(config)[0]

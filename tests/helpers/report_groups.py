@@ -9,14 +9,18 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
+import torch.distributed as dist  # noqa: E402
+
 from dpotrain.cluster import engine  # noqa: E402  (the project, from the folder the launch runs in)
+from dpotrain.recipe import upstream  # noqa: E402
 
 end_processes = engine.end_processes
 
 
 def report_then_end() -> None:
     # One write of the whole line: print's two writes (text, then newline) from the two ranks can interleave.
-    sys.stdout.write(f"process groups of rank {os.environ.get('RANK', '0')}: {engine.group_timeouts()}\n")
+    groups = upstream.group_timeouts() if dist.is_initialized() else {}  # torch's name of each group: its timeout
+    sys.stdout.write(f"process groups of rank {os.environ.get('RANK', '0')}: {groups}\n")
     sys.stdout.flush()
     end_processes()
 
