@@ -768,3 +768,17 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
     assert train_dpo.main([*args, "--save_strategy", "no"]) in (0, None)
     assert loads == [tiny_model_dir]
     assert (out / "chat_template.jinja").is_file()  # the tokenizer the trainer saved with the model
+
+
+def test_a_built_in_models_first_dry_run_builds_its_tokenizer_once(tmp_path, capsys, monkeypatch):
+    """The built-in model's very first run built its tokenizer for the row check, built it again to save the model's
+    folder, then loaded it from that folder for the lengths: one tokenizer, made three times. The row check's is saved
+    in the folder and measures the lengths."""
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))  # nothing built yet
+    loads = tokenizer_loads(monkeypatch)
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
+    assert loads == ["built"]
+    assert [p.parent.name for p in (tmp_path / "builtin").glob("*/tokenizer.json")] == ["tiny-olmo3-v1"]
+    again = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))  # read from the folder: the same tokenizer
+    assert loads == ["built", str(tmp_path / "builtin" / "tiny-olmo3-v1")]
+    assert field(again, "template") == field(text, "template")
