@@ -418,6 +418,8 @@ def analyze(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         cache(m, report, tokenizer, dataset_id, identify(), name)
+    if caches := lengths.written_outside(dataset):  # a home quota fills: said, measured
+        print(f"Caches: {caches}", file=sys.stderr)
     return 0
 
 

@@ -30,7 +30,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.errors import ConfigError, cause, plural, size
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
@@ -693,6 +693,38 @@ def cache_root() -> Path:
     """Where this project caches what it computed (length reports, reference log-probs)."""
     root = os.environ.get("DPOTRAIN_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
+
+
+def written_outside(*read) -> str | None:
+    """What reading and measuring the pairs `read` (data sets, None for one not loaded) wrote outside the run's folder,
+    measured, for a summary's one row: datasets' Arrow copy of the pairs (the folders of their `cache_files`, which
+    hold its caches of maps beside the copy) and this project's cache; None where neither holds anything. A data set
+    saved with save_to_disk is read in place: no copy."""
+    import datasets
+
+    root = Path(datasets.config.HF_DATASETS_CACHE).resolve()
+    files = [
+        Path(f["filename"]).resolve() for d in read if d is not None for f in getattr(d, "cache_files", None) or []
+    ]
+    folders = sorted({f.parent for f in files if f.is_relative_to(root)})
+    said = []
+    if folders:
+        where = str(folders[0]) if len(folders) == 1 else f"{len(folders)} folders under {root}"
+        said.append(
+            f"{size(_bytes(*folders))} in {where} (datasets' copy of the pairs as Arrow, made at their first read, "
+            "and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
+        )
+    own = cache_root()
+    if written := _bytes(own):
+        said.append(
+            f"{size(written)} in {own} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE "
+            "places it elsewhere)"
+        )
+    return "; ".join(said) or None
+
+
+def _bytes(*folders: Path) -> int:
+    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file())
 
 
 def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:
