@@ -542,12 +542,15 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
     found, every = None, measured[0] if measured is not None else None
+    tokenized = every  # the pairs tokenized here (every one, else a sample), whose first tokens say if BOS is missing
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
         found = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
     elif pairs.train is not None and tokenizer is not None:
-        found, every = sample.measured_sample(pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run)
+        found, every, tokenized = sample.measured_sample(
+            pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run
+        )
     if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
         f = found  # what it advises instead stays within the model's positions
@@ -560,8 +563,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain, unread=unread)
     no_bos = None
-    if tokenizer is not None and pairs.train is not None and not plain:  # message pairs: the template writes BOS
-        no_bos = lengths.missing_bos(pairs.train, tokenizer, p.hh_format)
+    if tokenizer is not None and not plain:  # message pairs: the template writes BOS
+        no_bos = lengths.missing_bos(tokenized, tokenizer)
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, no_bos)

@@ -154,7 +154,7 @@ def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_ro
     rows = datasets.Dataset.from_list(_messages_rows())  # in memory: nothing cached
     reference = lengths.measure(rows, tokenizer, method="reference")
     fast = lengths._lengths_of_texts
-    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, c, r, s) for p, c, r, s in fast(*a)])
+    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, *rest) for p, *rest in fast(*a)])
     m = lengths.measure(rows, tokenizer, chunk_size=16)
     assert m.fast_path_mismatches == 3  # 41 rows: three batches, each checked on its first row
     for key in ("index", "prompt", "chosen", "rejected", "shared"):

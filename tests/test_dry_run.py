@@ -612,8 +612,8 @@ def test_a_sample_taken_from_every_pairs_lengths_is_the_sample_measured_alone():
     tokenizer = chat_template.apply(builtin.build_tokenizer(), None)
     table = datasets.Dataset.from_list(pairs)
     for dataset in (table, table.to_iterable_dataset()):
-        alone, none = sample.measured_sample(dataset, tokenizer, seed=7, rows=10)
-        taken, every = sample.measured_sample(dataset, tokenizer, seed=7, rows=10, every=True)
+        alone, none, _ = sample.measured_sample(dataset, tokenizer, seed=7, rows=10)
+        taken, every, _ = sample.measured_sample(dataset, tokenizer, seed=7, rows=10, every=True)
         assert none is None and every.rows == 29 and len(every.invalid) == 1
         assert taken.source == alone.source
         for name in ("prompt", "chosen", "rejected", "shared"):

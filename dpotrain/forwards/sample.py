@@ -32,10 +32,11 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
 
 def measured_sample(
     dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS, every: bool = False
-) -> tuple[TokenCounts, lengths.Measured | None]:
+) -> tuple[TokenCounts, lengths.Measured | None, lengths.Measured]:
     """`sampled`, and every pair's lengths where they were measured: the sample is all of them (at most `rows` pairs),
     or `every` asks for them (a dry run's step plan reads every pair). Then the pairs are measured once and the sample
-    is their seeded rows: each row's lengths are its own, whatever else is measured with it."""
+    is their seeded rows: each row's lengths are its own, whatever else is measured with it. Last, the pairs measured
+    (every pair, or the sample's): what was tokenized, which `lengths.missing_bos` judges."""
     total = len(dataset) if hasattr(dataset, "__len__") else None
     indices = None if total is None else np.sort(np.random.default_rng(seed).choice(total, min(rows, total), False))
     whole = every or (total is not None and total <= rows)
@@ -51,7 +52,7 @@ def measured_sample(
         m, all_pairs = lengths.measure(picked, tokenizer, skip_invalid=True, indices=indices, hh_format=hh_format), None
         prompt, chosen, rejected, shared, valid = m.prompt, m.chosen, m.rejected, m.shared, m.rows
     of = f"the first {valid:,}" if total is None else f"a seeded sample of {min(rows, total):,} of {total:,}"
-    return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs
+    return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs, m
 
 
 def _workers(dataset) -> int:
