@@ -808,7 +808,8 @@ def test_a_dry_run_says_where_datasets_copied_the_pairs_and_how_much_it_takes(tm
 
 
 @pytest.mark.slow  # starts a process in a mount namespace of its own
-def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_written(tmp_path):
+@pytest.mark.parametrize("given", ["dataset_name", "a mixture source's data_files"])
+def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_written(given, tmp_path):
     """datasets copies a local data file into HF_DATASETS_CACHE at its first read; on a disk without room for it the
     dry run said "could not read dataset file '...pairs.jsonl': DatasetGenerationError: An error occurred while
     generating the dataset", naming the data file, not the cache. The dry run (and the run, the analyzer: the same
@@ -823,7 +824,12 @@ def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_writ
         pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text() * 4)  # 1.7 MB of pairs
-    args = [*SMOKE, "--dataset_name", str(pairs), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    data, read = ["--dataset_name", str(pairs)], [pairs]
+    if given != "dataset_name":  # two files: read by datasets' json builder, not the one-file loader
+        read.append(tmp_path / "more.jsonl")
+        read[1].write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text())
+        data = ["--datasets", json.dumps({"path": "json", "data_files": [str(f) for f in read]})]
+    args = [*SMOKE, *data, "--output_dir", str(tmp_path / "run"), "--dry-run"]
     env = {**os.environ, "HF_DATASETS_CACHE": str(disk / "datasets")}
     result = subprocess.run(
         [*prefix, PYTHON, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True
@@ -831,6 +837,7 @@ def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_writ
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: the datasets cache {disk / 'datasets'} has 1.0 MiB free, and datasets first copies the data set's "
-        f"{size(pairs.stat().st_size)} of files into it (as Arrow, about their size): set HF_DATASETS_CACHE (or "
+        f"{size(sum(f.stat().st_size for f in read))} of files into it (as Arrow, about their size): set "
+        "HF_DATASETS_CACHE (or "
         "HF_HOME) to a folder on a disk with room, or make room there"
     )

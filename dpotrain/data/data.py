@@ -419,7 +419,8 @@ def check_cache_room(*args, **kwargs) -> None:
         return
     if Path(builder.cache_dir).exists():
         return  # copied at an earlier read: read from there
-    need = sum(Path(f).stat().st_size for files in (builder.config.data_files or {}).values() for f in files)
+    files = [Path(f) for found in (builder.config.data_files or {}).values() for f in found]
+    need = sum(f.stat().st_size for f in files if f.is_file())  # local files: a URL's size is not known here
     cache = Path(datasets.config.HF_DATASETS_CACHE)
     free = shutil.disk_usage(next(p for p in (cache, *cache.absolute().parents) if p.exists())).free
     if free < need:
