@@ -32,6 +32,7 @@ with venv.loading_libraries():
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
     from dpotrain import dry_run, options, preflight, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
+    from dpotrain.data import lengths
     from dpotrain.hub import hub
     from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args
@@ -94,7 +95,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))
             no_bos = resolved.lengths.no_bos  # a warning for the summary, not a decision the record keeps
-            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos)
+            caches = lengths.written_outside(resolved.data.train, resolved.data.eval)  # measured, not recorded
+            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else

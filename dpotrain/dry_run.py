@@ -46,13 +46,16 @@ def write_json(resolved: dict, output_dir: str) -> Path:
         ) from None
 
 
-def report(resolved: dict, output_dir: str, as_json: bool, stdout=None, no_bos: str | None = None) -> None:
+def report(
+    resolved: dict, output_dir: str, as_json: bool, stdout=None, no_bos: str | None = None, caches: str | None = None
+) -> None:
     """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `no_bos`:
-    the lengths stage's warning of a template that writes no BOS (`summary`); the JSON records decisions only."""
+    the lengths stage's warning of a template that writes no BOS, `caches`: what reading the pairs wrote outside the
+    run's folder (`summary`); the JSON records decisions only."""
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:
-        text = summary(run_record.of(resolved), write_json(resolved, output_dir), no_bos=no_bos)
+        text = summary(run_record.of(resolved), write_json(resolved, output_dir), no_bos=no_bos, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
 
@@ -92,9 +95,12 @@ def trained_text(r: Record) -> str:
     return "the final assistant turn of each side (assistant_turns final, TRL's)"
 
 
-def summary(r: Record, json_file: Path | None, heading: str | None = None, no_bos: str | None = None) -> str:
+def summary(
+    r: Record, json_file: Path | None, heading: str | None = None, no_bos: str | None = None, caches: str | None = None
+) -> str:
     """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`); `no_bos`
-    (`lengths.missing_bos`, not in the record) is a warning under the template it is about."""
+    (`lengths.missing_bos`, not in the record) is a warning under the template it is about; `caches`
+    (`lengths.written_outside`) what reading the pairs wrote outside the run's folder (a home quota fills)."""
     s, launch, memory = r.settings, r.launch, r.memory
     lines = [heading or f"dry run of {s.config or 'the command line'}: nothing loaded, nothing trained"]
 
@@ -162,6 +168,8 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None, no_bo
         row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
     if r.output.folder:  # a dry run: what the run would do with its folder
         row("output", r.output.folder)
+    if caches:
+        row("caches", caches)
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).

@@ -345,6 +345,7 @@ class ModelTokenizer:
 
     def __init__(self, recipe, launch: Launch):
         self.recipe, self.launch = recipe, launch
+        self.built = None  # a built-in model's tokenizer as built before its folder existed (`model_files` saves it)
 
     @functools.cached_property
     def source(self) -> str | None:
@@ -360,13 +361,20 @@ class ModelTokenizer:
     def loaded(self) -> tuple[object | None, str | None]:
         """`_tokenizer`'s (tokenizer, why it could not be read)."""
         if self.source is None:
-            return chat_template.apply(builtin.build_tokenizer(), self.recipe.project.chat_template_path), None
+            self.built = builtin.build_tokenizer()
+            return chat_template.apply(self.built, self.recipe.project.chat_template_path), None
         if not self.launch.dry_run and not builtin.is_builtin(self.recipe.model.model_name_or_path):
             offline.check_job_reachable(self.recipe, dataset=False)
         return _tokenizer(self.recipe, self.source, local_only=self.launch.dry_run)
 
     def __call__(self):
         return self.loaded[0]
+
+    def saved_in(self, path: str) -> None:
+        """The built-in model's folder now holds the tokenizer built for the row check: the lengths stage measures
+        with that one, named by its folder as one read from there is (the analyzer's cache is keyed by the name)."""
+        if self.built is not None:
+            self.built.name_or_path = self.source = path
 
     @property
     def unread(self) -> str:
@@ -383,12 +391,18 @@ def pin_data(recipe, revision: str | None) -> str | None:
     return collectives.main_outcome(hub_revision.resolve, name, revision)
 
 
-def model_files(recipe, launch: Launch) -> str:
-    """Where the model's files are: a built-in model materialized here, else its folder or Hub name."""
+def model_files(recipe, launch: Launch, tokenizer: ModelTokenizer | None = None) -> str:
+    """Where the model's files are: a built-in model materialized here, else its folder or Hub name. `tokenizer`: the
+    data stage's, whose built-in tokenizer (built for the row check) the model's folder is saved with."""
     if not launch.dry_run:
         offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
     name = recipe.model.model_name_or_path
-    return builtin.materialize_model(name) if builtin.is_builtin(name) else name
+    if not builtin.is_builtin(name):
+        return name
+    path = builtin.materialize_model(name, tokenizer and tokenizer.built)
+    if tokenizer is not None:
+        tokenizer.saved_in(path)
+    return path
 
 
 # --- lengths ----------------------------------------------------------------------------------------------------------
@@ -528,12 +542,15 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
     found, every = None, measured[0] if measured is not None else None
+    tokenized = every  # the pairs tokenized here (every one, else a sample), whose first tokens say if BOS is missing
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
         found = cost.TokenCounts.of(m, source)
     elif pairs.train is not None and tokenizer is not None:
-        found, every = sample.measured_sample(pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run)
+        found, every, tokenized = sample.measured_sample(
+            pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run
+        )
     if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
         f = found  # what it advises instead stays within the model's positions
@@ -546,8 +563,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain, unread=unread)
     no_bos = None
-    if tokenizer is not None and pairs.train is not None and not plain:  # message pairs: the template writes BOS
-        no_bos = lengths.missing_bos(pairs.train, tokenizer, p.hh_format)
+    if tokenizer is not None and not plain:  # message pairs: the template writes BOS
+        no_bos = lengths.missing_bos(tokenized, tokenizer)
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, no_bos)
@@ -792,7 +809,7 @@ def first_half(
     `pairs`: the data stage's value where a caller has it already (`given_pairs`)."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
-    model_path = model_files(recipe, launch)
+    model_path = model_files(recipe, launch, pairs.tokenizer)
     model = model_config(recipe, model_path, local_only=launch.dry_run)  # once: each stage is given it
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0])
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)

@@ -18,7 +18,7 @@ import pytest
 from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.data import builtin, cuts, data, lengths
 from dpotrain.forwards import packing
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, size
 
 SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
 
@@ -154,7 +154,7 @@ def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_ro
     rows = datasets.Dataset.from_list(_messages_rows())  # in memory: nothing cached
     reference = lengths.measure(rows, tokenizer, method="reference")
     fast = lengths._lengths_of_texts
-    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, c, r, s) for p, c, r, s in fast(*a)])
+    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, *rest) for p, *rest in fast(*a)])
     m = lengths.measure(rows, tokenizer, chunk_size=16)
     assert m.fast_path_mismatches == 3  # 41 rows: three batches, each checked on its first row
     for key in ("index", "prompt", "chosen", "rejected", "shared"):
@@ -807,11 +807,9 @@ def test_a_cache_that_cannot_be_written_leaves_the_analysis_done(cli, tmp_path, 
     out = tmp_path / "r.json"
     assert cli.main([path, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "1"]) == 0
     assert json.loads(out.read_text())["recommended_max_length"] == 512
-    assert (
-        capsys.readouterr()
-        .err.splitlines()[-1]
-        .startswith("warning: not cached for `max_length: auto` (NotADirectoryError: ")
-    )
+    said = capsys.readouterr().err.splitlines()  # the warning, then the caches' line (of the copy only)
+    assert said[-2].startswith("warning: not cached for `max_length: auto` (NotADirectoryError: ")
+    assert said[-1].startswith("Caches: ") and "DPOTRAIN_CACHE" not in said[-1]
 
 
 def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
@@ -1074,3 +1072,27 @@ def test_a_flag_given_twice_with_two_values_is_said_and_the_last_counts(
         "counts" in err
     )
     assert "warning: --max_length is given twice on the command line (10, then 20): the last counts" in err
+
+
+def cache_folder_bytes(dataset) -> tuple[str, int]:
+    """The folder datasets reports the pairs' Arrow copy in (`Dataset.cache_files`), and the bytes of its files."""
+    folder = os.path.dirname(dataset.cache_files[0]["filename"])
+    return folder, sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
+
+def test_the_analyzer_says_where_datasets_copied_the_pairs_and_how_much_it_takes(cli, tmp_path, tiny_model_dir, capsys):
+    """The first analysis of a data set writes datasets' Arrow copy of its pairs into HF_DATASETS_CACHE (895 MB for
+    50k thinking pairs) without a word: a home quota on a login node filled unannounced. The analyzer names the folder
+    and its measured size, and this project's own cache (the analysis it keeps for `max_length: auto`)."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows() * 20)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Caches: ")]
+    folder, written = cache_folder_bytes(data.load_preference_dataset(path, say=False))
+    own = tmp_path / "cache"
+    kept = sum(f.stat().st_size for f in own.rglob("*") if f.is_file())
+    assert said == [
+        f"Caches: {size(written)} in {folder} (datasets' copy of the pairs as Arrow, made at their first read, and "
+        f"its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere); {size(kept)} in {own} (this project's length "
+        "analyses and reference log-probs: DPOTRAIN_CACHE places it elsewhere)"
+    ]
+    assert written > 0 and kept > 0

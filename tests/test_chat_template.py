@@ -617,6 +617,44 @@ def test_a_template_without_the_bos_its_tokenizer_adds_to_plain_text_is_said_und
     assert "bos_token" not in capsys.readouterr().out
 
 
+def bos_with_a_system_turn_only(tmp_path, tiny_model_dir) -> tuple[list[str], int, int]:
+    """The smoke recipe on a tokenizer that adds BOS to plain text, a template that writes BOS only where a pair has a
+    system turn, and pairs whose first has one and most do not: (arguments, pairs, pairs without BOS)."""
+    args = bos_case(tmp_path, tiny_model_dir, adds=True, writes=False)
+    template = tmp_path / "template.jinja"
+    template.write_text("{% if messages[0]['role'] == 'system' %}{{ bos_token }}{% endif %}" + builtin.CHAT_TEMPLATE)
+    rows = sorted(builtin.make_preference_rows(40, seed=1), key=lambda row: row["chosen"][0]["role"] != "system")
+    without = sum(row["chosen"][0]["role"] != "system" for row in rows)
+    assert rows[0]["chosen"][0]["role"] == "system" and 0 < without < len(rows)  # the first pair has BOS
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [*args, "--dataset_name", str(pairs)], len(rows), without
+
+
+def test_a_template_writing_bos_for_some_pairs_only_is_judged_on_every_pair(tmp_path, capsys, tiny_model_dir):
+    """The BOS warning was judged on the first readable pair alone: a template that writes BOS only for a pair with a
+    system turn, first pair with one, said nothing of the pairs after it that train without BOS. It is judged on every
+    pair the dry run tokenizes anyway (no pass of its own), and says how many lack it."""
+    import train_dpo
+
+    args, rows, without = bos_with_a_system_turn_only(tmp_path, tiny_model_dir)
+    train_dpo.main([*args, "--dry-run"])
+    out = capsys.readouterr().out
+    warning = lengths.NO_BOS.replace("no BOS token,", f"no BOS token to {without} of {rows} pairs,")
+    assert f"\n  {'warning:':<15}{warning}\n" in out, out
+
+
+def test_the_analyzer_says_the_bos_warning_the_dry_run_says(cli, tmp_path, capsys, tiny_model_dir):
+    """The analyzer measured every pair and said nothing of a template that writes no BOS where the tokenizer adds one
+    to plain text (the dry run's warning): it says the same line, judged on the same pairs."""
+    args, rows, without = bos_with_a_system_turn_only(tmp_path, tiny_model_dir)
+    given = dict(zip(args[::2], args[1::2], strict=True))  # the dry run's flags, as the analyzer names them
+    flags = ["--tokenizer", given["--model_name_or_path"], "--chat_template_path", given["--chat_template_path"]]
+    assert cli.main([given["--dataset_name"], "--config", given["--config"], *flags, "--num-proc", "1"]) == 0
+    warning = lengths.NO_BOS.replace("no BOS token,", f"no BOS token to {without} of {rows} pairs,")
+    assert [line for line in capsys.readouterr().err.splitlines() if "BOS" in line] == [f"warning: {warning}"]
+
+
 @pytest.mark.slow  # trains two steps
 def test_a_run_says_once_as_it_starts_that_its_template_writes_no_bos(tmp_path, tiny_model_dir):
     """The run's own summary (printed as it starts, by the main process) carries the dry run's warning once."""

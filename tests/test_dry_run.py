@@ -2,14 +2,17 @@
 memory plan was checked against and how to plan for another; the full JSON beside the output folder, or with --json."""
 
 import json
+import os
 import re
 import shlex
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 import train_dpo
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 from dpotrain.recipe import config as config_mod
 from dpotrain.recipe.errors import ConfigError, plural
 
@@ -608,8 +611,8 @@ def test_a_sample_taken_from_every_pairs_lengths_is_the_sample_measured_alone():
     pairs[3]["chosen"] = []  # no answer: invalid: left out of both
     tokenizer = chat_template.apply(builtin.build_tokenizer(), None)
     table = datasets.Dataset.from_list(pairs)
-    alone, none = sample.measured_sample(table, tokenizer, seed=7, rows=10)
-    taken, every = sample.measured_sample(table, tokenizer, seed=7, rows=10, every=True)
+    alone, none, _ = sample.measured_sample(table, tokenizer, seed=7, rows=10)
+    taken, every, _ = sample.measured_sample(table, tokenizer, seed=7, rows=10, every=True)
     assert none is None and every.rows == 29 and len(every.invalid) == 1
     assert taken.source == alone.source
     for name in ("prompt", "chosen", "rejected", "shared"):
@@ -767,3 +770,73 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
     assert train_dpo.main([*args, "--save_strategy", "no"]) in (0, None)
     assert loads == [tiny_model_dir]
     assert (out / "chat_template.jinja").is_file()  # the tokenizer the trainer saved with the model
+
+
+def test_a_built_in_models_first_dry_run_builds_its_tokenizer_once(tmp_path, capsys, monkeypatch):
+    """The built-in model's very first run built its tokenizer for the row check, built it again to save the model's
+    folder, then loaded it from that folder for the lengths: one tokenizer, made three times. The row check's is saved
+    in the folder and measures the lengths."""
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))  # nothing built yet
+    loads = tokenizer_loads(monkeypatch)
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
+    assert loads == ["built"]
+    assert [p.parent.name for p in (tmp_path / "builtin").glob("*/tokenizer.json")] == ["tiny-olmo3-v1"]
+    again = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))  # read from the folder: the same tokenizer
+    assert loads == ["built", str(tmp_path / "builtin" / "tiny-olmo3-v1")]
+    assert field(again, "template") == field(text, "template")
+
+
+def test_a_dry_run_says_where_datasets_copied_the_pairs_and_how_much_it_takes(tmp_path, capsys, monkeypatch):
+    """A data set's first dry run writes datasets' Arrow copy of its pairs into HF_DATASETS_CACHE (895 MB for 50k
+    thinking pairs, ~4.7 GB for 260k) without a word: a home quota on a login node filled unannounced. The summary
+    names the folder datasets reports (`cache_files`) and the size of what is in it, measured."""
+    from dpotrain.data import data
+    from dpotrain.recipe.errors import size
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))  # nothing of this project's: not named
+    pairs = tmp_path / "pairs.jsonl"
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", pairs)  # a file no test read before: copied now
+    text = dry_run(capsys, *SMOKE, "--dataset_name", str(pairs), "--output_dir", str(tmp_path / "run"))
+    folder = Path(data.load_preference_dataset(str(pairs), say=False).cache_files[0]["filename"]).parent
+    written = sum(f.stat().st_size for f in folder.iterdir())
+    assert field(text, "caches") == (
+        f"{size(written)} in {folder} (datasets' copy of the pairs as Arrow, made at their first read, and its maps: "
+        "HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
+    )
+    assert written > (ROOT / "data" / "smoke_prefs.jsonl").stat().st_size / 2  # the copy, not a record of it
+
+
+@pytest.mark.slow  # starts a process in a mount namespace of its own
+@pytest.mark.parametrize("given", ["dataset_name", "a mixture source's data_files"])
+def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_written(given, tmp_path):
+    """datasets copies a local data file into HF_DATASETS_CACHE at its first read; on a disk without room for it the
+    dry run said "could not read dataset file '...pairs.jsonl': DatasetGenerationError: An error occurred while
+    generating the dataset", naming the data file, not the cache. The dry run (and the run, the analyzer: the same
+    load) refuses in one line that names the cache and the fix, before the copy starts."""
+    from dpotrain.recipe.errors import size
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"'  # a real 1 MiB disk under the cache
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(disk)]
+    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text() * 4)  # 1.7 MB of pairs
+    data, read = ["--dataset_name", str(pairs)], [pairs]
+    if given != "dataset_name":  # two files: read by datasets' json builder, not the one-file loader
+        read.append(tmp_path / "more.jsonl")
+        read[1].write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text())
+        data = ["--datasets", json.dumps({"path": "json", "data_files": [str(f) for f in read]})]
+    args = [*SMOKE, *data, "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(disk / "datasets")}
+    result = subprocess.run(
+        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the datasets cache {disk / 'datasets'} has 1.0 MiB free, and datasets first copies the data set's "
+        f"{size(sum(f.stat().st_size for f in read))} of files into it (as Arrow, about their size): set "
+        "HF_DATASETS_CACHE (or "
+        "HF_HOME) to a folder on a disk with room, or make room there"
+    )

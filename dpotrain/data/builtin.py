@@ -71,8 +71,10 @@ def existing_model_dir(name: str) -> str | None:
     return str(target) if (target / "model.safetensors").exists() else None
 
 
-def materialize_model(name: str) -> str:
-    """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
+def materialize_model(name: str, built=None) -> str:
+    """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use.
+    `built`: the tokenizer `build_tokenizer` made already in this process (a run's row check), saved instead of a
+    second build, unless a recipe's template replaced the built-in one on it."""
     check_name(name)
     if existing := existing_model_dir(name):
         return existing
@@ -82,7 +84,8 @@ def materialize_model(name: str) -> str:
     # a half-written model. The build is deterministic, so whichever rename wins holds the same files.
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     try:
-        tokenizer = build_tokenizer()
+        own = built is not None and built.chat_template == CHAT_TEMPLATE
+        tokenizer = built if own else build_tokenizer()
         tokenizer.save_pretrained(tmp)
         with quiet_progress_bars():  # "Writing model shards": a bar for one small file
             build_model(key, tokenizer).save_pretrained(tmp)

@@ -30,7 +30,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.errors import ConfigError, cause, plural, size
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
@@ -39,7 +39,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 5  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 6  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -55,19 +55,21 @@ def _inputs(example: dict) -> list[tuple[object, dict]]:
     return [(prompt, first), (prompt + example["chosen"], kwargs), (prompt + example["rejected"], kwargs)]
 
 
-def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
+def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int, int]:
     """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
-    tokenize_fn; `shared`: the tokens the two completions share at their start."""
+    tokenize_fn; `shared`: the tokens the two completions share at their start; last, its first token's id."""
     return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for x, kw in _inputs(example)))
 
 
-def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
-    """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part."""
+def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int, int]:
+    """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part.
+    Last, the pair's first token as trained (-1: none), which `missing_bos` judges: read here, where every pair is
+    tokenized anyway, not in a pass of its own."""
     from trl.data_utils import common_prefix_length
 
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
     shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
-    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared
+    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared, chosen_ids[0] if chosen_ids else -1
 
 
 def _render(example: dict, tokenizer) -> tuple[str, str, str]:
@@ -118,6 +120,7 @@ class Measured:
     fast_path_mismatches: int = 0  # batches whose fast tokenization disagreed with row_lengths (then measured by it)
     seconds: float = 0.0
     shared: np.ndarray | None = None  # tokens both completions start with (cuts.check); None: not measured
+    first: np.ndarray | None = None  # each pair's first token id as trained (`missing_bos`); None: not measured
 
     @property
     def total(self) -> np.ndarray:
@@ -128,7 +131,8 @@ class Measured:
         return len(self.index)
 
 
-COUNTS = ("prompt", "chosen", "rejected", "shared")  # a row's token counts, as `measure`'s map writes them
+# A row's token counts, as `measure`'s map writes them, and its first token's id (`_split_lengths`' last).
+COUNTS = ("prompt", "chosen", "rejected", "shared", "first")
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
 
 
@@ -244,7 +248,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     """`_measure_batch` over `dataset` (`measure`'s columns out), in `num_proc` processes, none without a batch."""
     import datasets
 
-    features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})
+    features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})  # first_tokens: an id
     features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
     features["mismatch"] = datasets.Value("bool")
     processes = min(num_proc, -(-len(dataset) // chunk_size))
@@ -342,25 +346,19 @@ NO_BOS = (
 )
 
 
-def missing_bos(dataset, tokenizer, hh_format: str = "messages") -> str | None:
+def missing_bos(m: Measured | None, tokenizer) -> str | None:
     """`NO_BOS` where message pairs train without the BOS token their tokenizer adds to plain text (its post-processor,
     Llama's): TRL encodes the rendered template without the tokenizer's special tokens, so only the template writes
     BOS, and a ChatML template on a Llama-style base writes none. Not refused: inference with the template starts so
-    too. Judged on the first pair the trainer reads, tokenized by its calls (`_inputs`: its prompt and chosen)."""
+    too. Judged on every pair measured (`m.first`: each one's first token as the trainer tokenizes it), not the first
+    alone: a template may write BOS for some pairs only (a system turn's); then it says how many lack it."""
     bos = tokenizer.bos_token_id
-    if bos is None or tokenizer("x")["input_ids"][:1] != [bos]:
-        return None  # the tokenizer adds no BOS to plain text (OLMo 3's): nothing is missing
-    for row in itertools.islice(dataset, 100):  # the pairs are checked: the first reads, unless bad rows were kept
-        row = {c: row[c] for c in ROW_COLUMNS if c in row}
-        fmt = RowFormat.of(row, list(row), tokenizer.eos_token, hh_format)  # answers are checked elsewhere
-        example, problem = read_row(row, fmt)
-        if problem is None and not fmt.conversational:
-            return None  # plain text: the tokenizer's own special tokens apply, BOS with them
-        if problem is None:
-            prompt_and_chosen, kwargs = _inputs(split_row(example, fmt))[1]
-            ids = upstream.tokenize(tokenizer, prompt_and_chosen, **kwargs)["input_ids"]
-            return NO_BOS if ids[:1] != [bos] else None
-    return None
+    if m is None or m.first is None or bos is None or tokenizer("x")["input_ids"][:1] != [bos]:
+        return None  # not measured, or the tokenizer adds no BOS to plain text (OLMo 3's): nothing is missing
+    without = int(np.count_nonzero(m.first != bos))  # plain text starts with the tokenizer's own BOS: none here
+    if without in (0, len(m.first)):
+        return NO_BOS if without else None
+    return NO_BOS.replace("no BOS token,", f"no BOS token to {without:,} of {plural(len(m.first), 'pair', ',')},", 1)
 
 
 def _known_rows(dataset) -> int | None:
@@ -695,6 +693,38 @@ def cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
 
 
+def written_outside(*read) -> str | None:
+    """What reading and measuring the pairs `read` (data sets, None for one not loaded) wrote outside the run's folder,
+    measured, for a summary's one row: datasets' Arrow copy of the pairs (the folders of their `cache_files`, which
+    hold its caches of maps beside the copy) and this project's cache; None where neither holds anything. A data set
+    saved with save_to_disk is read in place: no copy."""
+    import datasets
+
+    root = Path(datasets.config.HF_DATASETS_CACHE).resolve()
+    files = [
+        Path(f["filename"]).resolve() for d in read if d is not None for f in getattr(d, "cache_files", None) or []
+    ]
+    folders = sorted({f.parent for f in files if f.is_relative_to(root)})
+    said = []
+    if folders:
+        where = str(folders[0]) if len(folders) == 1 else f"{len(folders)} folders under {root}"
+        said.append(
+            f"{size(_bytes(*folders))} in {where} (datasets' copy of the pairs as Arrow, made at their first read, "
+            "and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
+        )
+    own = cache_root()
+    if written := _bytes(own):
+        said.append(
+            f"{size(written)} in {own} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE "
+            "places it elsewhere)"
+        )
+    return "; ".join(said) or None
+
+
+def _bytes(*folders: Path) -> int:
+    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file())
+
+
 def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:
     """Where the analysis of this data set with this tokenizer is cached (`.npz`, `.json` beside it), and its key."""
     identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
@@ -709,8 +739,8 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
     # file. The lengths first: a report is only ever found beside its lengths.
     with replacing(at.with_suffix(".npz"), "wb") as f:
-        shared = {} if m.shared is None else {"shared": m.shared}
-        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **shared)
+        kept = {k: getattr(m, k) for k in ("shared", "first") if getattr(m, k) is not None}
+        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
     return write_text(at.with_suffix(".json"), json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
@@ -723,8 +753,8 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
 
     def lengths(path):
         with np.load(path) as z:
-            shared = z["shared"] if "shared" in z.files else None
-            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared)
+            shared, first = (z[k] if k in z.files else None for k in ("shared", "first"))
+            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared, first=first)
 
     again = "its lengths are measured again by the next analysis (`max_length: auto`, scripts/analyze_dataset.py)"
     found = run_records.read_cache(lengths_path, lengths, "length", again)

@@ -465,6 +465,8 @@ def read_source(source: Source, say: bool = True):
         if source.path == "csv":
             text = data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
         files = dict(name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=source.split)
+        if source.path in BUILDERS or source.local:  # files datasets copies into its cache: room for them first
+            data.check_cache_room(source.path, features=text, **{k: v for k, v in files.items() if k != "split"})
         try:
             loaded = data.load_as_text(text, datasets.load_dataset, source.path, **files)
         except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what

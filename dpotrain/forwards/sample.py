@@ -13,11 +13,12 @@ SAMPLE_ROWS = 1024
 
 def measured_sample(
     dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS, every: bool = False
-) -> tuple[TokenCounts, lengths.Measured | None]:
+) -> tuple[TokenCounts, lengths.Measured | None, lengths.Measured]:
     """The lengths of `rows` rows of `dataset` drawn with `seed`, as the trainer tokenizes them (rows it could not
     tokenize left out), and every pair's lengths where they were measured: the sample is all of them (at most `rows`
     pairs), or `every` asks for them (a dry run's step plan reads every pair). Then the pairs are measured once and the
-    sample is their seeded rows: each row's lengths are its own, whatever else is measured with it. `dataset` is loaded
+    sample is their seeded rows: each row's lengths are its own, whatever else is measured with it. Last, the pairs
+    measured (every pair, or the sample's): what was tokenized, which `lengths.missing_bos` judges. `dataset` is loaded
     whole: the run never streams its pairs (options.check_options refuses dataset_streaming)."""
     total = len(dataset)
     indices = np.sort(np.random.default_rng(seed).choice(total, min(rows, total), False))
@@ -32,4 +33,4 @@ def measured_sample(
         m, all_pairs = lengths.measure(picked, tokenizer, skip_invalid=True, indices=indices, hh_format=hh_format), None
         prompt, chosen, rejected, shared = m.prompt, m.chosen, m.rejected, m.shared
     of = f"a seeded sample of {min(rows, total):,} of {total:,}"
-    return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs
+    return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs, m

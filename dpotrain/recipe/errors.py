@@ -21,6 +21,16 @@ def cause(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
 
 
+def size(n: int | None) -> str:
+    """A number of bytes as a message writes it: '2.3 MiB' ('?' where it is not known)."""
+    if n is None:
+        return "?"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
 def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = None) -> str:
     """`n word` as a message reads it: `plural(1, "pair")` is "1 pair", `plural(2, "process")` "2 processes",
     `plural(1234, "step", ",")` "1,234 steps"; `count=False` gives the word alone ("steps"); `many`, a plural that is

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dpotrain.recipe.errors import ConfigError, RunError
+from dpotrain.recipe.errors import ConfigError, RunError, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
 
@@ -65,15 +65,6 @@ def why_full(error: BaseException, folder: Path) -> str | None:
     return None
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def _after(kept: list[Path]) -> str:
     """What the same command does next, given the run's complete checkpoints."""
     if kept:
@@ -91,11 +82,11 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
     free = shutil.disk_usage(out).free
     previous = checkpoint_manifest.total_bytes(kept[-1]) if kept else None
     need = (
-        f"a checkpoint takes {_size(previous)}, as {kept[-1].name} did"
+        f"a checkpoint takes {size(previous)}, as {kept[-1].name} did"
         if previous
-        else f"a checkpoint takes more than the {_size(written)} written before it failed"
+        else f"a checkpoint takes more than the {size(written)} written before it failed"
     )
-    room = "" if why in FIX else f" ({_size(free)} free there; {need})"
+    room = "" if why in FIX else f" ({size(free)} free there; {need})"
     todo = FIX.get(why, "free space there (or lower --save_total_limit)")
     return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
 
@@ -103,7 +94,7 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
 def final_save_failed(out: Path, why: str) -> RunError:
     kept = complete_checkpoints(out)
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    free = "" if why in FIX else f" ({_size(shutil.disk_usage(out).free)} free there)"
+    free = "" if why in FIX else f" ({size(shutil.disk_usage(out).free)} free there)"
     return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
 
 
@@ -125,7 +116,7 @@ def write_failed(error: OSError, why: str) -> RunError:
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"
     folder = next((p for p in above if p.is_dir()), None)
-    free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
+    free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
     after = f"; {_after(complete_checkpoints(out))}" if out else ""
     return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")
