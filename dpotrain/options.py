@@ -70,11 +70,13 @@ def check_options(recipe: Recipe) -> None:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_logging(recipe)
     check_saving(recipe)
-    if s.dataset_streaming:
-        raise ConfigError(
-            "dataset_streaming: the step plan and the reference stage need every pair's length up front; "
-            "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
-        )
+    # TRL's two names for it (streaming is its mixture field: a mixture refuses it first, in mixture.parse)
+    for name, value in (("dataset_streaming", s.dataset_streaming), ("streaming", recipe.project.streaming)):
+        if value:
+            raise ConfigError(
+                f"{name}: the step plan and the reference stage need every pair's length up front; "
+                "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
+            )
     check_engine_switches(t)
     check_unread(recipe)
     if t.save_on_each_node:

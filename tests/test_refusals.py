@@ -164,6 +164,8 @@ def many_rows(n=40):
         ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        # TRL's mixture field, refused beside a mixture only: with dataset_name it was recorded as true, never read
+        (["--streaming", "true"], "error: streaming: the step plan and the reference stage need every pair"),
         # a local folder (here the built-in model) loads as it is: recorded as model_revision v1.0, not honoured
         (
             ["--model_revision", "v1.0"],

@@ -122,7 +122,7 @@ class ProjectArguments:
         None, "The split of each held-out source (one for all). Default: dataset_test_split."
     )
     streaming: bool = option(
-        False, "TRL's mixture field, accepted as false only: a mixture counts and samples its sources."
+        False, "TRL's mixture field, accepted as false only: the step plan needs every pair's length up front."
     )
     test_split_size: float | None = option(
         None, "TRL's mixture field, refused (TRL splits without a seed): use eval_datasets instead."
