@@ -88,7 +88,9 @@ def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line
     assert result.returncode != 0
     assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
     assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
-    assert errors[0].startswith(f"error: a file size limit is reached (ulimit -f): {out / 'resolved_config.json'} ")
+    # The limit, rank 0's alone, named on both ranks' lines: what to raise, not space to free (disk_full.SIZE_LIMIT)
+    limit = "error: a file size limit (ulimit -f) of 10,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'resolved_config.json'} could not be written: raise it"), errors[0]
     assert not (out / "resolved_config.json").exists()
 
 

@@ -9,14 +9,25 @@ their next collective, under NCCL until the collective timeout (ddp_timeout, 30 
 "remote worker crashing"; now every rank raises the main's error, and each ends on its one line.
 """
 
+import errno
 import os
 import pickle
+import resource
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from dpotrain.recipe.errors import RunError, cause
+
+# The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
+# per process, and another rank's may differ), which its one line names (train/disk_full.py).
+SIZE_LIMIT = "size_limit"
+
+
+def file_size_limit() -> int:
+    """This process's file size limit in bytes (`ulimit -f`; resource.RLIM_INFINITY where there is none)."""
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0]
 
 
 def launched_main() -> bool:
@@ -122,7 +133,9 @@ def _taken(outcome):
 
 def _shareable(failed: Exception) -> Exception:
     """`failed` as another rank can be given it: itself (its type and fields, an OSError's errno and file, which the
-    rank's own one-line message reads), else one line naming it."""
+    rank's own one-line message reads, and an EFBIG's file size limit, this process's), else one line naming it."""
+    if isinstance(failed, OSError) and failed.errno == errno.EFBIG and not hasattr(failed, SIZE_LIMIT):
+        setattr(failed, SIZE_LIMIT, file_size_limit())
     try:
         pickle.loads(pickle.dumps(failed))
         return failed
