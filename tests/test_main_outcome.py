@@ -180,3 +180,23 @@ def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, t
     assert "[rank1]: Traceback" not in said, said[-3000:]
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     assert f"pid {os.getpid()}" in errors[0], errors[0]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """Under DDP the main process alone writes a checkpoint's weights, optimizer and trainer state: a write the disk
+    refused there ended the main process on its line, and the other rank went on into the save's barrier (`on_save`)
+    and waited (gloo: 'Connection closed by peer'; NCCL: ddp_timeout). Now the save's outcome is every rank's: the
+    same line from each, the checkpoint cut short removed."""
+    # 100,000 bytes: more than any file rank 0 writes before the checkpoint (the record, about 12 KB), less than the
+    # checkpoint's weights (about 760 KB).
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, "--save_strategy", "steps")
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: checkpoint-1 could not be written in {out}: raise it"), errors[0]
+    assert not (out / "checkpoint-1").exists()

@@ -103,6 +103,24 @@ def main_outcome(work, *args):
     return value
 
 
+def every_rank_outcome(failed: Exception | None) -> None:
+    """A step every rank runs with writes of its own (a checkpoint: the main process's weights and optimizer under DDP,
+    each rank's shards under DeepSpeed), ended the same way on every rank: each rank gives what it raised, or None,
+    and the first failure by rank is raised on every rank (on its own rank as itself, with its traceback). One
+    all-gather: a rank that failed alone left the others in the next collective."""
+    if not _distributed():
+        if failed is not None:
+            raise failed
+        return
+    outcomes = gather_objects(None if failed is None else _shareable(failed))
+    first = next((rank for rank, outcome in enumerate(outcomes) if outcome is not None), None)
+    if first is None:
+        return
+    if first == dist.get_rank():
+        raise failed
+    raise outcomes[first] from None
+
+
 @contextmanager
 def main_first():
     """accelerate's `main_process_first` (the main process's turn, then the others': a cache the main writes, the
