@@ -14,24 +14,37 @@ from hub_server import StandInHub
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
 # past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
+# `from_opening`: the limit is set as rank 0 first opens a file of that name (an audit hook), not at its start: a file
+# written late in the run (metrics.jsonl) refused, and none before it.
 WRAPPER = textwrap.dedent("""
     import os, resource, runpy, sys
     sys.path.insert(0, {root!r})
     sys.argv[0] = {train!r}
+
+    def at_open(event, args):
+        if event == "open" and str(args[0]).endswith({from_opening!r}):
+            resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+
     if os.environ.get("RANK") == "0":
-        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        if {from_opening!r}:
+            sys.addaudithook(at_open)
+        else:
+            resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
     runpy.run_path({train!r}, run_name="__main__")
 """)
 
 
-def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None):
+def launch_with_main_limited(
+    tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None, from_opening: str = ""
+):
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     wrapper = tmp_path / "wrapper.py"
-    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), limit=limit))
+    train = str(ROOT / "train_dpo.py")
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=train, limit=limit, from_opening=from_opening))
     out = tmp_path / "run"
     # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
     ddp = tmp_path / "ddp.yaml"
@@ -200,3 +213,21 @@ def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
     limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: checkpoint-1 could not be written in {out}: raise it"), errors[0]
     assert not (out / "checkpoint-1").exists()
+
+
+@pytest.mark.slow
+def test_a_metrics_line_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """metrics.jsonl is written by the main process alone at each logged step: a write the disk refused there ended
+    the main process on its line, and the other rank went on into the next collective and waited (gloo: 'Connection
+    closed by peer'; NCCL: ddp_timeout). Now the write's outcome is every rank's: the same line from each."""
+    # Rank 0's limit set as it opens metrics.jsonl: 100 bytes, less than one record (about 800 bytes).
+    more = ("--max_steps", "2", "--logging_steps", "1")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="metrics.jsonl")
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'metrics.jsonl'} could not be written: raise it"), errors[0]
