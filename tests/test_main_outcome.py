@@ -14,15 +14,15 @@ from hub_server import StandInHub
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
 # past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
-# `from_opening`: the limit is set as rank 0 first opens a file of that name (an audit hook), not at its start: a file
-# written late in the run (metrics.jsonl) refused, and none before it.
+# `from_opening`: the limit is set as rank 0 first opens a path holding that name (the file, its temporary name, a file
+# in a folder so named: an audit hook), not at its start: a file written late in the run refused, and none before it.
 WRAPPER = textwrap.dedent("""
     import os, resource, runpy, sys
     sys.path.insert(0, {root!r})
     sys.argv[0] = {train!r}
 
     def at_open(event, args):
-        if event == "open" and str(args[0]).endswith({from_opening!r}):
+        if event == "open" and {from_opening!r} in str(args[0]):
             resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
 
     if os.environ.get("RANK") == "0":
@@ -231,3 +231,19 @@ def test_a_metrics_line_the_main_process_cannot_write_ends_every_rank_on_its_lin
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: {out / 'metrics.jsonl'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_samples_record_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """samples.jsonl: the main process generates and writes a round of samples (before training: the base model's)
+    while the other rank goes on into the first step's all-reduce: a write the disk refused ended the main process
+    alone. Now every rank ends on the main's line."""
+    more = ("--samples_every", "1", "--sample_count", "1")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="samples.jsonl")
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'samples.jsonl'} could not be written: raise it"), errors[0]
