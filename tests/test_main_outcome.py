@@ -247,3 +247,20 @@ def test_a_samples_record_the_main_process_cannot_write_ends_every_rank_on_its_l
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: {out / 'samples.jsonl'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_health_stop_record_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """A health guard stops every rank at the same step, and the main process alone writes health_stop.json (what
+    stopped the run, for its rerun): a write the disk refused there ended the main process, and the other rank went
+    on into the stop's checkpoint and waited for it. Now every rank ends on the main's line."""
+    guard = ("--max_steps", "3", "--logging_steps", "1", "--health_action", "stop", "--health_loss_floor", "0.69")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10, *guard, from_opening="health_stop.json")
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert "health STOP [loss_floor]" in said, said[-3000:]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'health_stop.json'} could not be written: raise it"), errors[0]
