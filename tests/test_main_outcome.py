@@ -264,3 +264,20 @@ def test_a_health_stop_record_the_main_process_cannot_write_ends_every_rank_on_i
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: {out / 'health_stop.json'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_final_model_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """The final model: under DDP the main process alone writes it, and the others wait at the last barrier; a write
+    the disk refused ended the main process on its line and left them there. Now every rank ends on the main's."""
+    from dpotrain import output_folder
+
+    staging = output_folder.FINAL_STAGING
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, from_opening=staging)
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: the final model could not be written in {out}: raise it"), errors[0]
