@@ -281,3 +281,28 @@ def test_a_final_model_the_main_process_cannot_write_ends_every_rank_on_its_line
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: the final model could not be written in {out}: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_stop_confirmation_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """A stop request (the stop file there from the start: every rank stops after step 1, with checkpoint-1): the main
+    process alone writes `<stop file>.checkpointed`, which tells the batch script to requeue, while the other rank goes
+    on to the stopped run's last barrier. A write the disk refused there ended the main process alone, and the other
+    waited. Now every rank ends on the main's line."""
+    stop = tmp_path / "stop"
+    stop.write_text("")
+    # A live reference: no reference stage, whose own stop (before training) this is not.
+    more = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--precompute_ref_log_probs", "false")
+    env = {"DPOTRAIN_STOP_FILE": str(stop)}
+    result, out = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 10, *more, env=env, from_opening="stop.checkpointed"
+    )
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert "Stop requested: checkpoint" in said, said[-3000:]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {stop}.checkpointed could not be written: raise it"), errors[0]
+    assert (out / "checkpoint-1" / "COMPLETE").is_file()  # what the rerun goes on from
