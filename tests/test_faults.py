@@ -488,7 +488,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
         assert [p.name for p in kept.glob("checkpoint-*")] == ["checkpoint-2"]
         assert checkpoint_manifest.problem(kept / "checkpoint-2") is None
     else:  # a limit per file: the first save's optimizer state is larger than it
-        assert last.startswith(f"error: {why}: checkpoint-2 could not be written in {out} ("), last
+        assert last.startswith(f"error: {why}: checkpoint-2 could not be written in {out}: raise it"), last
         assert list(kept.glob("checkpoint-*")) == []
 
     result = train(kept, tiny_model_dir, pairs)  # the same run with room again
