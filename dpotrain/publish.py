@@ -5,7 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
-from dpotrain.cluster import offline
+from dpotrain.cluster import collectives, offline
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import run_record, writes
@@ -39,10 +39,16 @@ def save_and_push(run, resolved: dict) -> int | None:
 
     # Written beside the folder's other files, then recorded by name and moved in (output_folder.py): the run's own
     # files are the names it wrote, not whatever changed in the folder while it saved.
-    trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
-    # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
-    # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
-    state.wait_for_everyone()
+    failed = None
+    try:
+        trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
+    except Exception as e:  # a full disk: its line (final_save_failed) on every rank, below
+        failed = e
+    # The last collective step, and its barrier: the main process writes the model alone under DDP, and its refusal
+    # left the others waiting here (NCCL: for ddp_timeout); each rank's outcome is every rank's. The other ranks end
+    # here rather than wait while the main process waits for uploads: a barrier longer than ddp_timeout (30 min)
+    # would fail the job after training succeeded.
+    collectives.every_rank_outcome(failed)
     if state.is_main_process:
         output_folder.move_in(out)
         finish_outputs(run, resolved)

@@ -52,9 +52,8 @@ class ReadyRun:
         A stop request during the reference stage (STOPPED_EXIT) and a reference-only run (0) train nothing."""
         recipe, trainer = self.spec.recipe, self.trainer
         main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
-        if outcomes and outcomes[-1].stopped:
-            if main:
-                trainer.graceful_stop.mark_saved(outcomes[-1].line())
+        if outcomes and outcomes[-1].stopped:  # every rank (the stop was agreed on): the main's refusal is every rank's
+            collectives.main_outcome(trainer.graceful_stop.mark_saved, outcomes[-1].line())
             return STOPPED_EXIT
         if recipe.project.reference_only:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):

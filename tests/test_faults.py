@@ -479,7 +479,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
     last = errors[0]
-    why = "the disk is full" if preexec is None else "a file size limit is reached (ulimit -f)"
+    limited = f"a file size limit (ulimit -f) of {4 << 20:,} bytes stopped the write"  # the limit to raise, named
+    why = "the disk is full" if preexec is None else limited
     if preexec is None:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
         assert last.startswith(f"error: {why}: checkpoint-4 could not be written in {out} (")
         assert "a checkpoint takes 2.3 MiB, as checkpoint-2 did" in last, last
@@ -487,7 +488,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
         assert [p.name for p in kept.glob("checkpoint-*")] == ["checkpoint-2"]
         assert checkpoint_manifest.problem(kept / "checkpoint-2") is None
     else:  # a limit per file: the first save's optimizer state is larger than it
-        assert last.startswith(f"error: {why}: checkpoint-2 could not be written in {out} ("), last
+        assert last.startswith(f"error: {why}: checkpoint-2 could not be written in {out}: raise it"), last
         assert list(kept.glob("checkpoint-*")) == []
 
     result = train(kept, tiny_model_dir, pairs)  # the same run with room again

@@ -14,24 +14,37 @@ from hub_server import StandInHub
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
 # past it fail with EFBIG (Python ignores SIGXFSZ), as a full disk's with ENOSPC; the other rank writes nothing there.
+# `from_opening`: the limit is set as rank 0 first opens a path holding that name (the file, its temporary name, a file
+# in a folder so named: an audit hook), not at its start: a file written late in the run refused, and none before it.
 WRAPPER = textwrap.dedent("""
     import os, resource, runpy, sys
     sys.path.insert(0, {root!r})
     sys.argv[0] = {train!r}
+
+    def at_open(event, args):
+        if event == "open" and {from_opening!r} in str(args[0]):
+            resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+
     if os.environ.get("RANK") == "0":
-        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        if {from_opening!r}:
+            sys.addaudithook(at_open)
+        else:
+            resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
     runpy.run_path({train!r}, run_name="__main__")
 """)
 
 
-def launch_with_main_limited(tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None):
+def launch_with_main_limited(
+    tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None, from_opening: str = ""
+):
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     wrapper = tmp_path / "wrapper.py"
-    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), limit=limit))
+    train = str(ROOT / "train_dpo.py")
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=train, limit=limit, from_opening=from_opening))
     out = tmp_path / "run"
     # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
     ddp = tmp_path / "ddp.yaml"
@@ -88,7 +101,9 @@ def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line
     assert result.returncode != 0
     assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
     assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
-    assert errors[0].startswith(f"error: a file size limit is reached (ulimit -f): {out / 'resolved_config.json'} ")
+    # The limit, rank 0's alone, named on both ranks' lines: what to raise, not space to free (disk_full.SIZE_LIMIT)
+    limit = "error: a file size limit (ulimit -f) of 10,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'resolved_config.json'} could not be written: raise it"), errors[0]
     assert not (out / "resolved_config.json").exists()
 
 
@@ -178,3 +193,116 @@ def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, t
     assert "[rank1]: Traceback" not in said, said[-3000:]
     assert len(errors) == 2 and len(set(errors)) == 1, errors
     assert f"pid {os.getpid()}" in errors[0], errors[0]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """Under DDP the main process alone writes a checkpoint's weights, optimizer and trainer state: a write the disk
+    refused there ended the main process on its line, and the other rank went on into the save's barrier (`on_save`)
+    and waited (gloo: 'Connection closed by peer'; NCCL: ddp_timeout). Now the save's outcome is every rank's: the
+    same line from each, the checkpoint cut short removed."""
+    # 100,000 bytes: more than any file rank 0 writes before the checkpoint (the record, about 12 KB), less than the
+    # checkpoint's weights (about 760 KB).
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, "--save_strategy", "steps")
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: checkpoint-1 could not be written in {out}: raise it"), errors[0]
+    assert not (out / "checkpoint-1").exists()
+
+
+@pytest.mark.slow
+def test_a_metrics_line_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """metrics.jsonl is written by the main process alone at each logged step: a write the disk refused there ended
+    the main process on its line, and the other rank went on into the next collective and waited (gloo: 'Connection
+    closed by peer'; NCCL: ddp_timeout). Now the write's outcome is every rank's: the same line from each."""
+    # Rank 0's limit set as it opens metrics.jsonl: 100 bytes, less than one record (about 800 bytes).
+    more = ("--max_steps", "2", "--logging_steps", "1")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="metrics.jsonl")
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'metrics.jsonl'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_samples_record_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """samples.jsonl: the main process generates and writes a round of samples (before training: the base model's)
+    while the other rank goes on into the first step's all-reduce: a write the disk refused ended the main process
+    alone. Now every rank ends on the main's line."""
+    more = ("--samples_every", "1", "--sample_count", "1")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="samples.jsonl")
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'samples.jsonl'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_health_stop_record_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """A health guard stops every rank at the same step, and the main process alone writes health_stop.json (what
+    stopped the run, for its rerun): a write the disk refused there ended the main process, and the other rank went
+    on into the stop's checkpoint and waited for it. Now every rank ends on the main's line."""
+    guard = ("--max_steps", "3", "--logging_steps", "1", "--health_action", "stop", "--health_loss_floor", "0.69")
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10, *guard, from_opening="health_stop.json")
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert "health STOP [loss_floor]" in said, said[-3000:]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {out / 'health_stop.json'} could not be written: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_final_model_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """The final model: under DDP the main process alone writes it, and the others wait at the last barrier; a write
+    the disk refused ended the main process on its line and left them there. Now every rank ends on the main's."""
+    from dpotrain import output_folder
+
+    staging = output_folder.FINAL_STAGING
+    result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, from_opening=staging)
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: the final model could not be written in {out}: raise it"), errors[0]
+
+
+@pytest.mark.slow
+def test_a_stop_confirmation_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
+    """A stop request (the stop file there from the start: every rank stops after step 1, with checkpoint-1): the main
+    process alone writes `<stop file>.checkpointed`, which tells the batch script to requeue, while the other rank goes
+    on to the stopped run's last barrier. A write the disk refused there ended the main process alone, and the other
+    waited. Now every rank ends on the main's line."""
+    stop = tmp_path / "stop"
+    stop.write_text("")
+    # A live reference: no reference stage, whose own stop (before training) this is not.
+    more = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--precompute_ref_log_probs", "false")
+    env = {"DPOTRAIN_STOP_FILE": str(stop)}
+    result, out = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 10, *more, env=env, from_opening="stop.checkpointed"
+    )
+    said = result.stdout
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert "Stop requested: checkpoint" in said, said[-3000:]
+    assert result.returncode != 0
+    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
+    assert errors[0].startswith(f"{limit}: {stop}.checkpointed could not be written: raise it"), errors[0]
+    assert (out / "checkpoint-1" / "COMPLETE").is_file()  # what the rerun goes on from

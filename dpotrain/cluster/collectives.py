@@ -9,13 +9,24 @@ their next collective, under NCCL until the collective timeout (ddp_timeout, 30 
 "remote worker crashing"; now every rank raises the main's error, and each ends on its one line.
 """
 
+import errno
 import pickle
+import resource
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from dpotrain.recipe.errors import RunError, cause
+
+# The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
+# per process, and another rank's may differ), which its one line names (train/disk_full.py).
+SIZE_LIMIT = "size_limit"
+
+
+def file_size_limit() -> int:
+    """This process's file size limit in bytes (`ulimit -f`; resource.RLIM_INFINITY where there is none)."""
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -85,6 +96,24 @@ def main_outcome(work, *args):
     return value
 
 
+def every_rank_outcome(failed: Exception | None) -> None:
+    """A step every rank runs with writes of its own (a checkpoint: the main process's weights and optimizer under DDP,
+    each rank's shards under DeepSpeed), ended the same way on every rank: each rank gives what it raised, or None,
+    and the first failure by rank is raised on every rank (on its own rank as itself, with its traceback). One
+    all-gather: a rank that failed alone left the others in the next collective."""
+    if not _distributed():
+        if failed is not None:
+            raise failed
+        return
+    outcomes = gather_objects(None if failed is None else _shareable(failed))
+    first = next((rank for rank, outcome in enumerate(outcomes) if outcome is not None), None)
+    if first is None:
+        return
+    if first == dist.get_rank():
+        raise failed
+    raise outcomes[first] from None
+
+
 @contextmanager
 def main_first():
     """accelerate's `main_process_first` (the main process's turn, then the others': a cache the main writes, the
@@ -115,7 +144,9 @@ def _taken(outcome):
 
 def _shareable(failed: Exception) -> Exception:
     """`failed` as another rank can be given it: itself (its type and fields, an OSError's errno and file, which the
-    rank's own one-line message reads), else one line naming it."""
+    rank's own one-line message reads, and an EFBIG's file size limit, this process's), else one line naming it."""
+    if isinstance(failed, OSError) and failed.errno == errno.EFBIG and not hasattr(failed, SIZE_LIMIT):
+        setattr(failed, SIZE_LIMIT, file_size_limit())
     try:
         pickle.loads(pickle.dumps(failed))
         return failed

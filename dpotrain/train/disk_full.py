@@ -8,28 +8,55 @@ the same way. The checkpoint cut short is removed to give the space back; the sa
 import contextlib
 import errno
 import os
+import resource
 import shutil
 from pathlib import Path
 
+from dpotrain.cluster import collectives
 from dpotrain.recipe.errors import ConfigError, RunError, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
 
+SIZE_LIMIT = "a file size limit (ulimit -f)"
 FULL = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exceeded",
-    errno.EFBIG: "a file size limit is reached (ulimit -f)",
+    errno.EFBIG: f"{SIZE_LIMIT} stopped the write",
     errno.EROFS: "the file system is read-only",
     errno.EACCES: "permission is denied",
     errno.EPERM: "permission is denied",
 }
-# What to do where the disk has room but takes no write (else: free space there).
+# What to do where the disk has room but takes no write (else: free space there), by the start of the why.
 FIX = {
     FULL[errno.EROFS]: "make it writable again (a file system remounted read-only after a disk error needs its "
     "administrator)",
     FULL[errno.EACCES]: "give this job write permission there",
+    # A limit on each file's size, not the disk's room: freeing space changes nothing (`ulimit -f` in the job script
+    # or the shell that launched it, a node's limits.conf, Slurm's PropagateResourceLimits from the submitting shell)
+    SIZE_LIMIT: "raise it (ulimit -f unlimited before the launch; on Slurm, where sbatch was run "
+    "too, as Slurm passes the submitting shell's limits on)",
 }
 PROBE_BYTES = 1 << 20
+
+
+def size_limit(error: OSError | None = None) -> int | None:
+    """The file size limit behind an EFBIG: the one of the process that met it (kept on the error where another rank
+    is given it: `collectives.SIZE_LIMIT`, as the limit is per process), else this process's own; None: unlimited."""
+    limit = getattr(error, collectives.SIZE_LIMIT, None)
+    if limit is None:
+        limit = collectives.file_size_limit()
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def _why(code: int, error: OSError | None = None) -> str:
+    """`FULL`'s line for `code`; an EFBIG's with the limit in bytes, which is the figure to raise."""
+    if code == errno.EFBIG and (limit := size_limit(error)) is not None:
+        return f"{SIZE_LIMIT} of {limit:,} bytes stopped the write"
+    return FULL[code]
+
+
+def _fix(why: str) -> str | None:
+    return next((todo for start, todo in FIX.items() if why.startswith(start)), None)
 
 
 def refused(error: BaseException) -> str | None:
@@ -40,11 +67,11 @@ def refused(error: BaseException) -> str | None:
         target = Path(error.filename) if isinstance(error.filename, str) else None
         if target is None or os.access(target if target.exists() else target.parent, os.W_OK):
             return None
-    return FULL[error.errno]
+    return _why(error.errno, error)
 
 
 def _todo(why: str) -> str:
-    return FIX.get(why, "free space there")
+    return _fix(why) or "free space there"
 
 
 def why_full(error: BaseException, folder: Path) -> str | None:
@@ -58,7 +85,7 @@ def why_full(error: BaseException, folder: Path) -> str | None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        return FULL.get(e.errno)
+        return _why(e.errno) if e.errno in FULL else None
     finally:
         with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
             probe.unlink(missing_ok=True)
@@ -86,15 +113,15 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         if previous
         else f"a checkpoint takes more than the {size(written)} written before it failed"
     )
-    room = "" if why in FIX else f" ({size(free)} free there; {need})"
-    todo = FIX.get(why, "free space there (or lower --save_total_limit)")
+    room = "" if _fix(why) else f" ({size(free)} free there; {need})"
+    todo = _fix(why) or "free space there (or lower --save_total_limit)"
     return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
     kept = complete_checkpoints(out)
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    free = "" if why in FIX else f" ({size(shutil.disk_usage(out).free)} free there)"
+    free = "" if _fix(why) else f" ({size(shutil.disk_usage(out).free)} free there)"
     return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
 
 
@@ -116,7 +143,7 @@ def write_failed(error: OSError, why: str) -> RunError:
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"
     folder = next((p for p in above if p.is_dir()), None)
-    free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
+    free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and not _fix(why) else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
     after = f"; {_after(complete_checkpoints(out))}" if out else ""
     return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")

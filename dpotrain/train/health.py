@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from dpotrain.cluster.collectives import max_over_ranks
+from dpotrain.cluster.collectives import main_outcome, max_over_ranks
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train.losses import loss_floor_applies, loss_types, step1_loss
 from dpotrain.train.metrics import read_metrics
@@ -102,8 +102,10 @@ class HealthGuard(TrainerCallback):
             self.stop.fatal = action == 2
             control.should_training_stop = True
             control.should_save = action == 1  # a finite state is worth resuming from; a NaN one is not
-            if state.is_world_process_zero:  # its rerun must not go on from the values it stopped on (resume.py)
-                remember_health_stop(args.output_dir, self.stop)
+            # Its rerun must not go on from the values it stopped on (resume.py). Every rank (each has this `action`),
+            # the main process writing: its refusal is every rank's line, not the main's alone while the others wait
+            # in the stop's checkpoint.
+            main_outcome(remember_health_stop, args.output_dir, self.stop)
             _record_in_wandb(self.stop, state)
         return control
 

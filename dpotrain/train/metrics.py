@@ -4,6 +4,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.cluster import collectives
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing, write_text
@@ -49,9 +50,14 @@ class MetricsRecorder(TrainerCallback):
             control.should_log = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or not ({"loss", "eval_loss"} & set(logs)):
+        if not logs or not ({"loss", "eval_loss"} & set(logs)):  # every rank logs these, the main process writes
             return
-        path = Path(args.output_dir) / METRICS_FILE
+        # Its refusal (a full disk) is every rank's line, not the main's alone while the others wait in the next step's
+        # all-reduce (NCCL: for ddp_timeout). A broadcast per logged record: about 1.4 ms on 2 gloo CPU ranks, where
+        # the Trainer has just gathered the loss (the ranks are together) and a step takes 100 ms or more.
+        collectives.main_outcome(self._write, Path(args.output_dir) / METRICS_FILE, state, logs)
+
+    def _write(self, path: Path, state, logs: dict) -> None:
         if not self._trimmed:
             keep_before(path, state.global_step)
             self._trimmed = True

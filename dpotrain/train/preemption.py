@@ -23,11 +23,12 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from dpotrain.cluster import run_lock
-from dpotrain.cluster.collectives import max_over_ranks
+from dpotrain.cluster.collectives import main_outcome, max_over_ranks
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import write_text
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -151,7 +152,7 @@ class GracefulStop(TrainerCallback):
         )
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
-            Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
+            write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
 
     def on_step_end(self, args, state, control, **kwargs):
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
@@ -171,8 +172,12 @@ class GracefulStop(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
-        if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
-            self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
+        if self.stopped and state.global_step < state.max_steps:
+            # Every rank (the stop was agreed on), the main process writing: its refusal is every rank's line, not the
+            # main's alone while the others wait in the end of training's collectives (NCCL: for ddp_timeout).
+            main_outcome(
+                self.mark_saved, f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written"
+            )
         return control
 
 

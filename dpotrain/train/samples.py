@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel, TrainerCallback
 
+from dpotrain.cluster import collectives
 from dpotrain.data import positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
@@ -191,7 +192,10 @@ class SampleGenerator(TrainerCallback):
 
     def _round(self, args, state, model, optimizer) -> None:
         start = time.perf_counter()
-        self.generate(args, state, model)
+        records = self.generate(args, state, model)  # the main process's; [] on the others
+        # Every rank, the main process writing: its refusal (a full disk) is every rank's line, not the main's alone
+        # while the others wait in the next step's collective. Once per round of samples, a small cost beside it.
+        collectives.main_outcome(self._write, args, state, records)
         leave_for_training(model, optimizer)
         if self.spent:
             self.spent(time.perf_counter() - start)
@@ -237,7 +241,6 @@ class SampleGenerator(TrainerCallback):
         if state.global_step == 0 or not self._base:  # the base model's answers (a resumed run reads them back)
             before = records if state.global_step == 0 else run_records.read(Path(args.output_dir) / SAMPLES_FILE, True)
             self._base = {r["prompt_index"]: r["repetition"] for r in before if r["step"] == 0}
-        self._write(args, state, records)
         for r in records:
             # A collapse is what training did: not at step 0 (an untrained model may loop already), and not an answer
             # that repeats no more than the base model's to the same prompt.
@@ -254,6 +257,8 @@ class SampleGenerator(TrainerCallback):
         return records
 
     def _write(self, args, state, records: list[dict]) -> None:
+        if not records:  # every prompt too long for the model's positions
+            return
         path = Path(args.output_dir) / SAMPLES_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again

@@ -27,7 +27,7 @@ from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
 from trl.trainer.utils import global_then_local_main_first
 
-from dpotrain.cluster import engine
+from dpotrain.cluster import collectives, engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin, turns
@@ -276,32 +276,43 @@ class RecipeDPOTrainer(DPOTrainer):
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
         folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
-        if self.is_world_process_zero():
+
+        def cleared() -> None:
             clear_for_save(folder.parent, self.state.global_step)
             # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
             run_files.claim(folder.parent, [folder.name])
-        self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
+
+        # The main process's turn, the others waiting (no rank writes into the folder before it is cleared); its
+        # refusal (run_files.json on a full disk) is every rank's, not the main's alone while the others wait.
+        collectives.main_outcome(cleared)
+        failed = None
         try:
-            # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
-            with upstream.patched(upstream.ROTATION, lambda **_: None):
-                super()._save_checkpoint(model, trial)
-            if self.args.sync_ref_model:
-                # TR-DPO's reference moved toward the policy: a resume goes on against it
-                # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
-                moved_reference.save(self, folder / resume.REFERENCE_FILE)
-                if self.is_world_process_zero():
-                    readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
-            record = folder.parent / "resolved_config.json"
-            if self.is_world_process_zero() and record.is_file():
-                # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
-                shutil.copy2(record, folder / record.name)
+            self._write_checkpoint(model, trial, folder)
         except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
-            if why is None:
-                raise
-            raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
+            failed = e if why is None else disk_full.save_failed(folder, why, remove=self.is_world_process_zero())
+        # Under DDP the main process alone writes the weights, optimizer and trainer state (under DeepSpeed each rank
+        # its shards): a rank that failed alone ended on its line while the others waited in `on_save`'s barrier
+        # (NCCL: for ddp_timeout). One all-gather per checkpoint: the first failure is every rank's line.
+        collectives.every_rank_outcome(failed)
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
+
+    def _write_checkpoint(self, model, trial, folder: Path) -> None:
+        """transformers' checkpoint, TR-DPO's moved reference and the run's record, in `folder` (cleared)."""
+        # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
+        with upstream.patched(upstream.ROTATION, lambda **_: None):
+            super()._save_checkpoint(model, trial)
+        if self.args.sync_ref_model:
+            # TR-DPO's reference moved toward the policy: a resume goes on against it
+            # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
+            moved_reference.save(self, folder / resume.REFERENCE_FILE)
+            if self.is_world_process_zero():
+                readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
+        record = folder.parent / "resolved_config.json"
+        if self.is_world_process_zero() and record.is_file():
+            # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
+            shutil.copy2(record, folder / record.name)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
