@@ -523,7 +523,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     elif auto is not None:
         max_length = auto["max_length"]
         if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
-            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length)
+            whole = f"{auto['coverage']:.1%} of the pairs whole, target {auto['target_coverage']:.0%}"
+            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length, whole)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
