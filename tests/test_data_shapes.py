@@ -408,6 +408,28 @@ def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch,
     assert "rename the one that holds the prompt to `prompt`" in line
 
 
+@pytest.mark.parametrize("column, role", [("messages", "role"), ("conversations", "from")])
+def test_string_answers_beside_an_unread_conversation_awaiting_them_are_refused(
+    column, role, tmp_path, monkeypatch, capsys
+):
+    """String answers whose prompt is a message list in another column (`messages`, ShareGPT's `conversations`): the
+    column was named among those not read and the answers trained with the characters both start with as their
+    prompt (here none): a run with no prompt at all. Refused in one line naming the fix; a whole conversation there
+    (it ends in the assistant's turn: a record of the chosen chat, not a prompt) is left unread as before."""
+    user = "user" if role == "role" else "human"
+    turn = dict(role={"role": user, "content": "Name a colour."}, **{"from": {"from": user, "value": "Name a colour."}})
+    pairs = [{column: [turn[role]], "chosen": "Blue.", "rejected": "Seven."} for _ in range(N)]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert f"no `prompt` column and, in column '{column}' (not read), a conversation waiting for its answer" in line
+    fix = "write each answer as a message list ([{'role': 'assistant', 'content': ...}]), or remove the column"
+    assert line.endswith(f"rename '{column}' to `prompt` and {fix}"), line
+    answered = [{"messages": [turn["role"], {"role": "assistant", "content": "Blue."}], **p} for p in text()]
+    name, _ = write(tmp_path, "answered", lambda: answered, "jsonl")
+    plain, _ = write(tmp_path, "plain", text, "jsonl")
+    assert read_pairs(name, "train", "messages")[1].to_list() == read_pairs(plain, "train", "messages")[1].to_list()
+
+
 def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
     name, _ = write(tmp_path, "hh", hh, "jsonl")
     _, as_messages = read_pairs(name, "train", "messages")
