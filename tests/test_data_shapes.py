@@ -302,6 +302,27 @@ def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_f
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("shape", ["text", "messages"])
+def test_pairs_written_by_column_are_refused_naming_the_fix(shape, cli, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`json.dump({"prompt": [...], "chosen": [...], "rejected": [...]})`: datasets reads it as one row whose sides
+    are every pair's, refused as "prompt: message 0 is a str, not a {'role', 'content'} mapping" (text) or another
+    row check: neither the cause nor the fix. The pairs written as the line says then read."""
+    pairs = text_prompt() if shape == "text" else dolci()
+    path = tmp_path / "columns.json"
+    path.write_text(json.dumps({key: [p[key] for p in pairs] for key in pairs[0]}))
+    expected = f"error: dataset {str(path)!r} is written by column (one JSON object whose chosen and rejected are"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith(expected) and f"lists of {N} and {N} values), which datasets reads as one row" in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+    fix = line.split("(`")[1].split("`)")[0].replace("'pairs.jsonl'", repr(str(tmp_path / "pairs.jsonl")))
+    import pandas  # noqa: F401  (the line's own command, run as written)
+
+    exec(fix)
+    _, read = read_pairs(str(tmp_path / "pairs.jsonl"), "train", "messages")
+    assert len(read) == N
+
+
 def test_a_message_prompt_with_string_answers_is_refused_naming_the_fix(
     cli, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):

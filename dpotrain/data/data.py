@@ -459,6 +459,7 @@ def _bad_line(path: Path) -> str | None:
 def check_columns(dataset, name: str) -> None:
     columns = dataset.column_names or []
     if not (missing := [c for c in REQUIRED_COLUMNS if c not in columns]):
+        _check_by_column(dataset, name)
         return
     first = next(iter(dataset), None) or {}
     for key, value in first.items():  # `{"data": [{"chosen": ...}, ...]}`: datasets reads the whole file as one row
@@ -474,6 +475,23 @@ def check_columns(dataset, name: str) -> None:
         "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
         "pick a preference data set"
     )
+
+
+def _check_by_column(dataset, name: str) -> None:
+    """`{"chosen": [...], "rejected": [...]}` (`json.dump` of a dict of columns): datasets reads it as one row whose
+    sides are lists of every pair's, refused as 'message 0 is a str, not a {'role', 'content'} mapping', which named
+    neither the cause nor the fix. A pair's side is never a list of strings or of message lists."""
+    if getattr(dataset, "num_rows", None) != 1:
+        return
+    first = next(iter(dataset), None) or {}
+    sides = [first.get(c) for c in REQUIRED_COLUMNS]
+    if all(isinstance(v, list) and len(v) > 1 and not any(isinstance(x, dict) for x in v) for v in sides):
+        raise ConfigError(
+            f"dataset {name!r} is written by column (one JSON object whose chosen and rejected are lists of "
+            f"{len(sides[0]):,} and {len(sides[1]):,} values), which datasets reads as one row: write the pairs as "
+            f"JSON Lines, one pair per line (`pandas.read_json({name!r}).to_json('pairs.jsonl', orient='records', "
+            "lines=True)`), or as a JSON array of pairs"
+        )
 
 
 def row_location(name: str, index: int) -> str:
