@@ -7,6 +7,7 @@ with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrain
 """
 
 import json
+import re
 
 import datasets
 import numpy as np
@@ -18,6 +19,7 @@ import train_dpo
 from conftest import ROOT, built, ready
 from dpotrain.data import builtin, data, lengths, rows
 from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -449,6 +451,37 @@ def test_string_answers_beside_an_unread_conversation_awaiting_them_are_refused(
     name, _ = write(tmp_path, "answered", lambda: answered, "jsonl")
     plain, _ = write(tmp_path, "plain", text, "jsonl")
     assert read_pairs(name, "train", "messages")[1].to_list() == read_pairs(plain, "train", "messages")[1].to_list()
+
+
+@pytest.mark.slow
+def test_held_out_pairs_the_trainer_would_drop_are_said_before_the_model_loads(tmp_path, tiny_model_dir, capsys):
+    """Held-out pairs whose prompts alone fill max_length are dropped by the trainer, as training pairs are. All of
+    them: the run loaded the model, scored the reference and stopped with "the evaluation split has 0 pairs" (it had
+    4), the dry run not a word. Now refused before anything loads, naming the length that keeps them; some of them:
+    said in one line."""
+    long = " ".join(f"w{i}" for i in range(700))  # ~700+ tokens: past max_length 512
+    held = [dict(r, prompt=long + r["prompt"]) for r in text_prompt(4)]
+    path = tmp_path / "d"
+    splits = {"train": text_prompt(), "test": held}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(path))
+    args = ["--dataset_name", str(path), "--eval_strategy", "steps", "--eval_steps", "1", "--max_length", "512"]
+    run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), *args]
+    with pytest.raises(SystemExit) as ended:  # a run, not a dry run: refused before its model loads
+        run_cli(lambda: train_dpo.main(run))
+    printed = capsys.readouterr()
+    line = printed.err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "Traceback" not in printed.err and not (tmp_path / "run").exists(), printed.err
+    assert line.startswith("error: max_length 512 leaves 0 of the 4 held-out pairs, where each process that"), line
+    assert re.search(r"pass a --max_length above [0-9,]+, or hold out pairs with shorter prompts$", line), line
+    splits["test"] = held[:2] + text_prompt(2)
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(path / "2"))
+    run[run.index(str(path))] = str(path / "2")
+    run.append("--dry-run")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(run))
+    out = capsys.readouterr().err  # a dry run's own lines go to stderr, its summary too
+    assert ended.value.code in (0, None)
+    assert "Held-out pairs at max_length 512: 0 of 4 pairs cut (keep_start: their end), 2 dropped" in out, out
 
 
 def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
