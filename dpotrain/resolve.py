@@ -121,12 +121,20 @@ def check_values(recipe: Recipe) -> None:
     mixture.check(recipe)  # one source (dataset_name) or a mixture of them
 
 
-def check_token_budget(budget: int, max_length: int | None) -> None:
-    """A token budget holds the longest pair there can be (under `max_length: auto`, checked once it is decided)."""
-    if max_length is None or budget < 2 * max_length:
+def check_token_budget(budget: int, max_length: int | None, auto: str = "") -> None:
+    """A token budget holds the longest pair there can be (under `max_length: auto`, checked once it is decided:
+    `auto` says the choice, which the user never typed)."""
+    if max_length is None:
         raise ConfigError(
-            f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
-            f"({'unbounded: set max_length' if max_length is None else 2 * max_length}); a pair is never split"
+            f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length (unbounded: "
+            "set max_length); a pair is never split"
+        )
+    if budget < 2 * max_length:
+        chose = f"max_length: auto chose {max_length:,} ({auto}), and " if auto else ""
+        raise ConfigError(
+            f"{chose}max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
+            f"({2 * max_length}); a pair is never split: pass --max_tokens_per_microbatch {2 * max_length} (or more), "
+            f"or --max_length {budget // 2} (or less)"
         )
 
 

@@ -537,7 +537,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     elif auto is not None:
         max_length = auto["max_length"]
         if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
-            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length)
+            whole = f"{auto['coverage']:.1%} of the pairs whole, target {auto['target_coverage']:.0%}"
+            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length, whole)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
@@ -555,6 +556,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
         f = found  # what it advises instead stays within the model's positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
+    if pairs.eval is not None and tokenizer is not None and max_length is not None:
+        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     if tokenizer is not None:
         check_pads(t.pad_token, tokenizer)
@@ -568,6 +571,32 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, no_bos)
+
+
+def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
+    """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it, as it drops a training
+    pair. Where fewer than the ranks were left, the run stopped after the model loaded and the reference was scored,
+    saying the split "has 0 pairs" (it had 8, all dropped), and the dry run said nothing; now both refuse in one line.
+    Some dropped: said, as the training pairs' cuts are."""
+    t = recipe.training
+    if t.truncation_mode != "keep_start":
+        return  # keep_end drops nothing
+    m = lengths.measure(
+        held_out, tokenizer, num_proc=lengths.workers(held_out), skip_invalid=True, hh_format=recipe.project.hh_format
+    )
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)
+    kept = m.rows - counted["dropped"]
+    if kept < ranks:
+        chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
+        fix = f"pass a --max_length above {int(sorted(m.prompt)[ranks - 1]):,}, or " if m.rows >= ranks else ""
+        raise ConfigError(
+            f"max_length {max_length:,}{chosen} leaves {kept:,} of the {m.rows:,} held-out pairs, where each process "
+            f"that evaluates ({ranks}) needs one: the trainer drops a pair whose prompt alone fills "
+            f"max_length (the shortest held-out prompt is {int(m.prompt.min()) if m.rows else 0:,} tokens); "
+            f"{fix}hold out pairs with shorter prompts"
+        )
+    if counted["dropped"]:
+        print(f"Held-out pairs at {cuts.line(counted)}", flush=True)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------

@@ -400,10 +400,8 @@ def analyze(args: argparse.Namespace) -> int:
         f"{doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute)"
     )
     if r["capped"]:
-        print(
-            f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
-            f"would need {r['capped']['uncapped']:,}, longer than the model can take"
-        )
+        line = lengths.capped_line(r)
+        print(line[0].upper() + line[1:])
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest)
 

@@ -94,6 +94,8 @@ def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
 def test_token_budget_needs_room_for_the_longest_pair(tmp_path):
     msg = refused(tmp_path, "--max_length", "1024", "--max_tokens_per_microbatch", "1500")
     assert "must hold the longest possible pair, 2 x max_length (2048)" in msg
+    # The line names both ways out (it said neither).
+    assert msg.endswith("pass --max_tokens_per_microbatch 2048 (or more), or --max_length 750 (or less)"), msg
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrain
 """
 
 import json
+import re
 
 import datasets
 import numpy as np
@@ -18,6 +19,7 @@ import train_dpo
 from conftest import ROOT, built, ready
 from dpotrain.data import builtin, data, lengths, rows
 from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -302,6 +304,27 @@ def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_f
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("shape", ["text", "messages"])
+def test_pairs_written_by_column_are_refused_naming_the_fix(shape, cli, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`json.dump({"prompt": [...], "chosen": [...], "rejected": [...]})`: datasets reads it as one row whose sides
+    are every pair's, refused as "prompt: message 0 is a str, not a {'role', 'content'} mapping" (text) or another
+    row check: neither the cause nor the fix. The pairs written as the line says then read."""
+    pairs = text_prompt() if shape == "text" else dolci()
+    path = tmp_path / "columns.json"
+    path.write_text(json.dumps({key: [p[key] for p in pairs] for key in pairs[0]}))
+    expected = f"error: dataset {str(path)!r} is written by column (one JSON object whose chosen and rejected are"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith(expected) and f"lists of {N} and {N} values), which datasets reads as one row" in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+    fix = line.split("(`")[1].split("`)")[0].replace("'pairs.jsonl'", repr(str(tmp_path / "pairs.jsonl")))
+    import pandas  # noqa: F401  (the line's own command, run as written)
+
+    exec(fix)
+    _, read = read_pairs(str(tmp_path / "pairs.jsonl"), "train", "messages")
+    assert len(read) == N
+
+
 def test_a_message_prompt_with_string_answers_is_refused_naming_the_fix(
     cli, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
@@ -406,6 +429,59 @@ def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch,
         line.startswith("error: dataset ") and "no `prompt` column and 2 that may hold it (input, instruction)" in line
     )
     assert "rename the one that holds the prompt to `prompt`" in line
+
+
+@pytest.mark.parametrize("column, role", [("messages", "role"), ("conversations", "from")])
+def test_string_answers_beside_an_unread_conversation_awaiting_them_are_refused(
+    column, role, tmp_path, monkeypatch, capsys
+):
+    """String answers whose prompt is a message list in another column (`messages`, ShareGPT's `conversations`): the
+    column was named among those not read and the answers trained with the characters both start with as their
+    prompt (here none): a run with no prompt at all. Refused in one line naming the fix; a whole conversation there
+    (it ends in the assistant's turn: a record of the chosen chat, not a prompt) is left unread as before."""
+    user = "user" if role == "role" else "human"
+    turn = dict(role={"role": user, "content": "Name a colour."}, **{"from": {"from": user, "value": "Name a colour."}})
+    pairs = [{column: [turn[role]], "chosen": "Blue.", "rejected": "Seven."} for _ in range(N)]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert f"no `prompt` column and, in column '{column}' (not read), a conversation waiting for its answer" in line
+    fix = "write each answer as a message list ([{'role': 'assistant', 'content': ...}]), or remove the column"
+    assert line.endswith(f"rename '{column}' to `prompt` and {fix}"), line
+    answered = [{"messages": [turn["role"], {"role": "assistant", "content": "Blue."}], **p} for p in text()]
+    name, _ = write(tmp_path, "answered", lambda: answered, "jsonl")
+    plain, _ = write(tmp_path, "plain", text, "jsonl")
+    assert read_pairs(name, "train", "messages")[1].to_list() == read_pairs(plain, "train", "messages")[1].to_list()
+
+
+@pytest.mark.slow
+def test_held_out_pairs_the_trainer_would_drop_are_said_before_the_model_loads(tmp_path, tiny_model_dir, capsys):
+    """Held-out pairs whose prompts alone fill max_length are dropped by the trainer, as training pairs are. All of
+    them: the run loaded the model, scored the reference and stopped with "the evaluation split has 0 pairs" (it had
+    4), the dry run not a word. Now refused before anything loads, naming the length that keeps them; some of them:
+    said in one line."""
+    long = " ".join(f"w{i}" for i in range(700))  # ~700+ tokens: past max_length 512
+    held = [dict(r, prompt=long + r["prompt"]) for r in text_prompt(4)]
+    path = tmp_path / "d"
+    splits = {"train": text_prompt(), "test": held}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(path))
+    args = ["--dataset_name", str(path), "--eval_strategy", "steps", "--eval_steps", "1", "--max_length", "512"]
+    run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), *args]
+    with pytest.raises(SystemExit) as ended:  # a run, not a dry run: refused before its model loads
+        run_cli(lambda: train_dpo.main(run))
+    printed = capsys.readouterr()
+    line = printed.err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "Traceback" not in printed.err and not (tmp_path / "run").exists(), printed.err
+    assert line.startswith("error: max_length 512 leaves 0 of the 4 held-out pairs, where each process that"), line
+    assert re.search(r"pass a --max_length above [0-9,]+, or hold out pairs with shorter prompts$", line), line
+    splits["test"] = held[:2] + text_prompt(2)
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(path / "2"))
+    run[run.index(str(path))] = str(path / "2")
+    run.append("--dry-run")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(run))
+    out = capsys.readouterr().err  # a dry run's own lines go to stderr, its summary too
+    assert ended.value.code in (0, None)
+    assert "Held-out pairs at max_length 512: 0 of 4 pairs cut (keep_start: their end), 2 dropped" in out, out
 
 
 def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):

@@ -125,6 +125,8 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl"}', "--streaming", "true"], "streaming: true"),
         (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
+        # beside dataset_name (no mixture) it was read by nothing: no held-out split, not a word said
+        (["--test_split_size", "0.1"], "test_split_size is not supported"),
     ],
 )
 def test_a_mixture_written_wrong_is_one_line(args, says):

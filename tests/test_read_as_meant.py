@@ -429,6 +429,46 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
 
 
 @pytest.mark.slow
+def test_a_cap_that_only_drops_recommends_the_length_that_trains_the_same(analyzer, tmp_path, tiny_model_dir, capsys):
+    """Three of forty prompts past the model's 4,096 positions, dropped at any length it takes: the recommendation was
+    the positions, 4,096, where 512 trains the same tokens, and under `max_length: auto` the smoke recipe's token
+    budget (2,048) then refused the run it had chosen for. Now both take the smallest multiple of 512 that keeps the
+    other pairs whole; an outlier that is cut, not dropped, keeps 4,096 (the test above)."""
+    pairs = conversations(40)
+    for pair in pairs[:3]:
+        prompt = " ".join(f"w{i}" for i in range(5000))
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = prompt
+    path = write_jsonl(tmp_path / "some_long_prompts.jsonl", pairs)
+    report = tmp_path / "r.json"
+    assert analyzer.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1", "--json", str(report)]) == 0
+    r = json.loads(report.read_text())["recommendation"]
+    assert (r["max_length"], r["coverage"], r["dropped"], r["capped"]["max_position_embeddings"]) == (
+        512,
+        0.925,
+        3,
+        4096,
+    )
+    assert "; 512 trains the same tokens: it leaves the same pairs whole (92.5%)" in capsys.readouterr().out
+    argv = ["--config", str(SMOKE), "--model_name_or_path", tiny_model_dir, "--dataset_name", path]
+    argv += ["--output_dir", str(tmp_path / "run"), "--max_length", "auto", "--dry-run"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    printed = capsys.readouterr()
+    assert ended.value.code in (0, None), printed.err  # sys.exit(None): the dry run planned
+    line = next(x for x in printed.out.splitlines() if x.strip().startswith("max length:"))
+    assert re.search(r"max length: +512 \(max_length: auto, 92\.5% of the pairs whole", line), line
+    # A budget too small for auto's choice: the line says what auto chose, which the command line does not show.
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--max_tokens_per_microbatch", "1000"]))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and line.startswith(
+        "error: max_length: auto chose 512 (92.5% of the pairs whole, target 95%), and max_tokens_per_microbatch=1000"
+    ), line
+    assert line.endswith("pass --max_tokens_per_microbatch 1024 (or more), or --max_length 500 (or less)"), line
+
+
+@pytest.mark.slow
 def test_pairs_whose_prompts_all_fill_the_models_positions_are_refused_in_one_line(
     analyzer, tmp_path, tiny_model_dir, capsys
 ):

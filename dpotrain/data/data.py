@@ -235,13 +235,23 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
     start with: that column read as the prompt (TRL would take the characters both answers share as the prompt).
     Two such columns are refused: which is the prompt is the user's to say."""
     columns = dataset.column_names or []
-    found = [c for c in PROMPT_NAMES if c in columns]
-    if "prompt" in columns or not found:
+    if "prompt" in columns:
         return dataset
     first = next(iter(dataset), None) or {}
     chosen, rejected = first.get("chosen"), first.get("rejected")
     if not isinstance(chosen, str) or not isinstance(rejected, str) or shapes.is_hh(chosen):
         return dataset  # message lists (the conversations hold the prompt), or HH-RLHF strings
+    if waiting := _conversation_column(first):
+        # Not read, the answers trained with no prompt (the characters both start with, often none): a silent loss.
+        raise ConfigError(
+            f"dataset {name!r} has string answers, no `prompt` column and, in column {waiting!r} (not read), a "
+            "conversation waiting for its answer: the answers would train without it as their prompt; rename "
+            f"{waiting!r} to `prompt` and write each answer as a "
+            "message list ([{'role': 'assistant', 'content': ...}]), or remove the column"
+        )
+    found = [c for c in PROMPT_NAMES if c in columns]
+    if not found:
+        return dataset
     if len(found) > 1:
         raise ConfigError(
             f"dataset {name!r} has string answers, no `prompt` column and {len(found)} that may hold it "
@@ -258,6 +268,18 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
             flush=True,
         )
     return dataset.rename_column(column, "prompt")
+
+
+def _conversation_column(first: dict) -> str | None:
+    """A column no pair is read from whose value in `first` is a conversation waiting for its answer: a message list
+    (TRL's `role` or ShareGPT's `from`) whose last message is the user's."""
+    for column, value in first.items():
+        if column in ("chosen", "rejected", *shapes.KEPT_COLUMNS) or not isinstance(value, list) or not value:
+            continue
+        last = value[-1]
+        if all(isinstance(m, dict) for m in value) and (last.get("role") or last.get("from")) in ("user", "human"):
+            return column
+    return None
 
 
 def _has_rows(path: Path) -> bool:
@@ -468,6 +490,7 @@ def _bad_line(path: Path) -> str | None:
 def check_columns(dataset, name: str) -> None:
     columns = dataset.column_names or []
     if not (missing := [c for c in REQUIRED_COLUMNS if c not in columns]):
+        _check_by_column(dataset, name)
         return
     first = next(iter(dataset), None) or {}
     for key, value in first.items():  # `{"data": [{"chosen": ...}, ...]}`: datasets reads the whole file as one row
@@ -483,6 +506,23 @@ def check_columns(dataset, name: str) -> None:
         "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
         "pick a preference data set"
     )
+
+
+def _check_by_column(dataset, name: str) -> None:
+    """`{"chosen": [...], "rejected": [...]}` (`json.dump` of a dict of columns): datasets reads it as one row whose
+    sides are lists of every pair's, refused as 'message 0 is a str, not a {'role', 'content'} mapping', which named
+    neither the cause nor the fix. A pair's side is never a list of strings or of message lists."""
+    if getattr(dataset, "num_rows", None) != 1:
+        return
+    first = next(iter(dataset), None) or {}
+    sides = [first.get(c) for c in REQUIRED_COLUMNS]
+    if all(isinstance(v, list) and len(v) > 1 and not any(isinstance(x, dict) for x in v) for v in sides):
+        raise ConfigError(
+            f"dataset {name!r} is written by column (one JSON object whose chosen and rejected are lists of "
+            f"{len(sides[0]):,} and {len(sides[1]):,} values), which datasets reads as one row: write the pairs as "
+            f"JSON Lines, one pair per line (`pandas.read_json({name!r}).to_json('pairs.jsonl', orient='records', "
+            "lines=True)`), or as a JSON array of pairs"
+        )
 
 
 def row_location(name: str, index: int) -> str:

@@ -455,20 +455,26 @@ def recommendation(
     # (cuts.check): the next multiple of STEP that teaches enough.
     while best < total.max() and cuts.teaching(m.prompt, m.shared, best, mode)[0] < cuts.TEACHING * m.rows:
         best += STEP
-    uncapped = best
+    uncapped = cap = best
     if max_positions and best > max_positions:
-        best = int(max_positions)
+        cap = int(max_positions)
         if mode == "keep_start" and not np.any(
-            m.prompt < best
+            m.prompt < cap
         ):  # no length the model takes keeps a pair: nothing to recommend or compare to
             raise ConfigError(
-                f"every one of the {m.rows:,} pairs measured has a prompt that alone fills the model's {best:,} "
+                f"every one of the {m.rows:,} pairs measured has a prompt that alone fills the model's {cap:,} "
                 f"positions (max_position_embeddings; the shortest prompt is {int(m.prompt.min()):,} tokens), so "
                 "the trainer would drop them all at any max_length the model takes: shorten the prompts or remove "
                 "these pairs, or train a model with more positions"
             )
         # Training refuses a length leaving fewer than half the pairs anything to learn: so does the recommendation.
-        cuts.check(m.prompt, m.chosen, m.rejected, m.shared, best, mode, "the data measured", best)
+        cuts.check(m.prompt, m.chosen, m.rejected, m.shared, cap, mode, "the data measured", cap)
+        best = cap
+        # Where every pair longer than the positions is dropped there (its prompt alone fills them), any shorter
+        # length that keeps the others whole trains the same tokens: the smallest multiple that does. A few long
+        # prompts made 4,096 the choice where 512 trained the same, and a token budget sized for 512 refused it.
+        if mode == "keep_start" and not np.any((total > cap) & (m.prompt < cap)):
+            best = min(cap, recommend(total, coverage(total, cap)))
     at_best = packed_positions(m, best, mode)
 
     def neighbour(n: int) -> dict:
@@ -503,13 +509,25 @@ def recommendation(
             f"{m.rows:,} pairs keep anything to learn (their prompts alone fill it): training refuses fewer than "
             f"{cuts.TEACHING:.0%}"
         )
-    if best != uncapped:
-        r["capped"] = {"max_position_embeddings": best, "uncapped": uncapped}
-        r["reason"] += (
-            f"; capped at the model's {best:,} positions (max_position_embeddings): "
-            f"{target:.1%} coverage would need {uncapped:,}, longer than the model can take"
-        )
+    if cap != uncapped:
+        r["capped"] = {"max_position_embeddings": cap, "uncapped": uncapped}
+        r["reason"] += f"; {capped_line(r)}"
     return r
+
+
+def capped_line(r: dict) -> str:
+    """Why a capped recommendation is the length it is (`r`: a `recommendation` with `capped`)."""
+    cap, best = r["capped"]["max_position_embeddings"], r["max_length"]
+    line = (
+        f"capped at the model's {cap:,} positions (max_position_embeddings): {r['target_coverage']:.1%} coverage "
+        f"would need {r['capped']['uncapped']:,}, longer than the model can take"
+    )
+    if best < cap:
+        line += (
+            f"; {best:,} trains the same tokens: it leaves the same pairs whole ({r['coverage']:.1%}), and the pairs "
+            "past it are dropped at any length the model takes (their prompts alone fill its positions)"
+        )
+    return line
 
 
 def summarize(

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dpotrain.data.lengths import STEP, Measured
+from dpotrain.data.lengths import STEP, Measured, capped_line
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
@@ -105,6 +105,9 @@ def _rationale(report: dict, current_max_length: int | None, batch: int, given_b
             f"{raised['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
             "training refuses fewer than half"
         )
+    if r.get("capped"):
+        line = capped_line(r)
+        lines.append(f"- {line[0].upper()}{line[1:]}")
     cut, dropped = r["truncated"], r["dropped"]
     lines += [
         f"- {plural(cut, 'pair', ',')} ({cut / n:.1%}) {'is' if cut == 1 else 'are'} cut at max_length (the collator "

@@ -105,6 +105,12 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     flag, (entries, mixer, splits) = names[0], (values.get(f) for f in names)
     kind = "test" if evaluation else "train"
     default_split = values.get(f"dataset_{kind}_split") or kind
+    if not evaluation and values.get("test_split_size") is not None:  # with dataset_name too: read by nothing else
+        raise ConfigError(
+            "test_split_size is not supported (TRL splits without a seed, so a requeued run would "
+            "evaluate on other pairs): name the held-out pairs with `eval_datasets:` (--dataset_mixer_eval_list FILE "
+            "1.0), or remove test_split_size"
+        )
     if not entries and not mixer:
         if splits:
             raise ConfigError(f"{names[2]} without a mixer list: give --{names[1]} SOURCE AMOUNT ... too")
@@ -115,11 +121,6 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         raise ConfigError(
             "streaming: true with a mixture: sources are counted and sampled, which needs their rows; "
             "remove streaming (each source is read once, before the model loads)"
-        )
-    if not evaluation and values.get("test_split_size") is not None:
-        raise ConfigError(
-            "test_split_size is not supported (TRL splits without a seed, so a requeued run would "
-            "evaluate on other pairs): name the held-out pairs with `eval_datasets:`"
         )
     if not evaluation and values.get("dataset_name"):
         raise ConfigError(
