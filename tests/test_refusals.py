@@ -898,7 +898,11 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
             {**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
             "row 3, column 'rejected': message 0 has no 'role'",
         ),
-        ({"chosen": "Blue.", "rejected": "Green."}, "row 3, column 'chosen': a str where the data set has message"),
+        (
+            {"chosen": "Blue.", "rejected": "Green."},
+            "row 3, column 'chosen': a str where the data set has message lists (its first row has messages): write "
+            "it as a list of messages",
+        ),
         (pair(chosen=""), "row 3, column 'chosen': empty completion"),
         (pair(chosen="Same.", rejected="Same."), "row 3, column 'chosen': identical to `rejected`"),
     ],
@@ -910,10 +914,18 @@ def test_invalid_row_is_named_with_the_training_flag(bad, expected, tmp_path, mo
     assert expected in message and "--skip_invalid true" in message
 
 
-def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
-    rows = [{"chosen": f"Blue {i}", "rejected": "Green"} for i in range(20)] + [pair()]
+@pytest.mark.parametrize(
+    "odd, expected",
+    [
+        (pair()["chosen"], "row 20, column 'chosen': a list where the data set has plain text"),
+        # a JSON number among text answers: it read "a int" and named no fix
+        (7, "row 20, column 'chosen': an int where the data set has plain text (its first row is text): write it "),
+    ],
+)
+def test_text_rows_then_another_type(odd, expected, tmp_path, monkeypatch, capsys):
+    rows = [{"chosen": f"Blue {i}", "rejected": "Green"} for i in range(20)] + [{"chosen": odd, "rejected": "Red"}]
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", write_rows(tmp_path / "d.jsonl", rows))
-    assert "row 20, column 'chosen': a list where the data set has plain text" in message
+    assert expected in message and "as the first row is" in message
 
 
 # --- 4: runs that would train nothing --------------------------------------------------------------------------------

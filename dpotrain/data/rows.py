@@ -105,6 +105,8 @@ def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[d
     return example, None
 
 
+AS_TEXT = "write it as text, as the first row is"  # a JSON number or list where the answers are strings
+
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
 # `environment` are other templates' names for system and tool turns).
 ROLES = {"system", "user", "assistant", "tool", "developer", "function", "ipython", "environment"}
@@ -117,13 +119,16 @@ def _check_value(value, conversational: bool) -> str | None:
         return "one message, not a list of messages: write it as a list ([{'role': 'assistant', 'content': ...}])"
     if not conversational:
         if not isinstance(value, str):
-            return f"a {type(value).__name__} where the data set has plain text (its first row is text)"
+            return f"{_a(value)} where the data set has plain text (its first row is text): {AS_TEXT}"
         return None
     if not isinstance(value, list):
-        return f"a {type(value).__name__} where the data set has message lists (its first row has messages)"
+        return (
+            f"{_a(value)} where the data set has message lists (its first row has messages): write it as a list "
+            "of messages ([{'role': 'assistant', 'content': ...}]), as the first row is"
+        )
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            return f"message {i} is a {type(message).__name__}, not a {{'role', 'content'}} mapping"
+            return f"message {i} is {_a(message)}, not a {{'role', 'content'}} mapping"
         for key in ("role", "content"):
             if key == "content" and message.get(key) is None and message.get("tool_calls"):
                 continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
@@ -149,6 +154,12 @@ def _check_value(value, conversational: bool) -> str | None:
                 "for the model's turns ('user', 'system', 'tool' for the others)"
             )
     return None
+
+
+def _a(value) -> str:
+    """'an int', 'a list': the value's type with its article (it read 'a int')."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _says_something(message: dict) -> bool:
