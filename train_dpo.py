@@ -94,9 +94,9 @@ def run(argv, stop: GracefulStop) -> int | None:
             resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))
-            no_bos = resolved.lengths.no_bos  # a warning for the summary, not a decision the record keeps
+            warnings = resolved.lengths.warnings  # for the summary, not decisions the record keeps
             caches = lengths.written_outside(resolved.data.train, resolved.data.eval)  # measured, not recorded
-            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos, caches)
+            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, warnings, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else

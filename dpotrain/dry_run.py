@@ -47,15 +47,15 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 
 
 def report(
-    resolved: dict, output_dir: str, as_json: bool, stdout=None, no_bos: str | None = None, caches: str | None = None
+    resolved: dict, output_dir: str, as_json: bool, stdout=None, warnings: tuple = (), caches: str | None = None
 ) -> None:
-    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `no_bos`:
-    the lengths stage's warning of a template that writes no BOS, `caches`: what reading the pairs wrote outside the
-    run's folder (`summary`); the JSON records decisions only."""
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `warnings`:
+    the lengths stage's of the template (no BOS, the turn's header in the answers), `caches`: what reading the pairs
+    wrote outside the run's folder (`summary`); the JSON records decisions only."""
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:
-        text = summary(run_record.of(resolved), write_json(resolved, output_dir), no_bos=no_bos, caches=caches)
+        text = summary(run_record.of(resolved), write_json(resolved, output_dir), warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
 
@@ -96,11 +96,11 @@ def trained_text(r: Record) -> str:
 
 
 def summary(
-    r: Record, json_file: Path | None, heading: str | None = None, no_bos: str | None = None, caches: str | None = None
+    r: Record, json_file: Path | None, heading: str | None = None, warnings: tuple = (), caches: str | None = None
 ) -> str:
-    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`); `no_bos`
-    (`lengths.missing_bos`, not in the record) is a warning under the template it is about; `caches`
-    (`lengths.written_outside`) what reading the pairs wrote outside the run's folder (a home quota fills)."""
+    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`); `warnings`
+    (`lengths.missing_bos`, `lengths.unopened_turn`, not in the record) are rows under the template they are about;
+    `caches` (`lengths.written_outside`) what reading the pairs wrote outside the run's folder (a home quota fills)."""
     s, launch, memory = r.settings, r.launch, r.memory
     lines = [heading or f"dry run of {s.config or 'the command line'}: nothing loaded, nothing trained"]
 
@@ -131,8 +131,8 @@ def summary(
     lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
     row("max length", max_length_text(r))
     row("template", template_text(r))
-    if no_bos:
-        row("warning", no_bos)
+    for warning in warnings:
+        row("warning", warning)
     row("trained", trained_text(r))
     row("loss", losses.loss_text(s))
     row("learning rate", learning_rate_text(s))

@@ -422,9 +422,10 @@ class Lengths:
     # Every pair's lengths where they were measured: `measured`'s, else the sample's when it is all the pairs or a dry
     # run measured them all for its step plan (`plan_batching`), once: each pair is tokenized once per first half.
     every: object | None = None  # lengths.Measured
-    # `lengths.NO_BOS` where message pairs train without the BOS their tokenizer adds to plain text: not recorded (no
+    # What the template does to the pairs as trained, not refused: `lengths.NO_BOS` (no BOS where their tokenizer adds
+    # one to plain text), `lengths.UNOPENED` (the turn's header trained as the answer's start). Not recorded (no
     # decision), said where the summary describes the template (the dry run's, the run's start: dry_run.summary)
-    no_bos: str | None = None
+    warnings: tuple[str, ...] = ()
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
@@ -565,12 +566,13 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
 
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain, unread=unread)
-    no_bos = None
-    if tokenizer is not None and not plain:  # message pairs: the template writes BOS
-        no_bos = lengths.missing_bos(tokenized, tokenizer)
+    warnings = ()
+    if tokenizer is not None and not plain:  # message pairs: the template writes BOS and opens the answer
+        found_here = (lengths.missing_bos(tokenized, tokenizer), lengths.unopened_turn(tokenized, tokenizer))
+        warnings = tuple(w for w in found_here if w)
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
-    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, no_bos)
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, warnings)
 
 
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:

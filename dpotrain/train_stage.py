@@ -151,7 +151,7 @@ def record_run(spec, trainer, outcomes) -> dict:
         writes.write_text(out / "resolved_config.json", json.dumps(record, indent=2, default=str) + "\n")
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
         heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
-        print(dry_run.summary(run_record.of(record), None, heading, spec.lengths.no_bos), flush=True)
+        print(dry_run.summary(run_record.of(record), None, heading, spec.lengths.warnings), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
             # An upgrade between attempts (a requeue after `pip install -U`) may change the loss or the optimizer's

@@ -362,8 +362,9 @@ def analyze(args: argparse.Namespace) -> int:
     if m.rows == 0:
         every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name)
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
-    if no_bos := lengths.missing_bos(m, tokenizer):  # the dry run's warning, judged on every pair measured here
-        print(f"warning: {no_bos}", file=sys.stderr, flush=True)
+    for warning in (lengths.missing_bos(m, tokenizer), lengths.unopened_turn(m, tokenizer)):  # the dry run's
+        if warning:  # judged on every pair measured here
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
         spread = (

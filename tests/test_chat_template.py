@@ -661,3 +661,89 @@ def test_a_run_says_once_as_it_starts_that_its_template_writes_no_bos(tmp_path, 
     result = run_train([*bos_case(tmp_path, tiny_model_dir, True, False), "--max_steps", "2", "--report_to", "none"])
     assert result.returncode == 0, result.stdout[-3000:]
     assert result.stdout.count(lengths.NO_BOS) == 1, result.stdout[-3000:]
+
+
+# Templates by whether their answers start with the assistant turn's header, which TRL would then train as the answer's
+# first tokens: (template, warned).
+GENERATION_PROMPT_CASES = {
+    # ChatML with its add_generation_prompt branch removed: the header moves from the prompt into every answer
+    "ChatML ignoring add_generation_prompt": (builtin.CHAT_TEMPLATE.split("{% if add_generation_prompt %}")[0], True),
+    "ChatML (the built-in)": (builtin.CHAT_TEMPLATE, False),
+    # Llama 2's: its generation prompt is rightly empty, the answer follows [/INST] after a space
+    "Llama 2 style": (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ ' ' + m['content'] + eos_token }}"
+        "{% else %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% endif %}{% endfor %}",
+        False,
+    ),
+    # Qwen3's: an empty thinking block before each answer's content, after a header the generation prompt does write
+    "Qwen3 style": (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['role'] == 'assistant' %}"
+        "{{ '<think>\n\n</think>\n\n' }}{% endif %}{{ m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(("template", "warned"), GENERATION_PROMPT_CASES.values(), ids=GENERATION_PROMPT_CASES)
+def test_answers_that_start_with_the_turns_header_are_counted_on_every_pair_measured(
+    template, warned, tmp_path, tiny_model_dir
+):
+    """A template that ignores add_generation_prompt renders the prompt the same with it or without: TRL took the
+    assistant header as every answer's first tokens (trained, and counted in sigmoid_norm's length) and nothing said
+    so. Counted where the pairs are checked against the template anyway, with no false alarm for Llama 2's empty
+    generation prompt or Qwen3's empty thinking block."""
+    import datasets
+
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(path))
+    rows = builtin.make_preference_rows(8, seed=1)  # one has a system turn, one an earlier exchange
+    for method in ("batched", "reference"):
+        m = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, method=method)
+        assert m.unopened.tolist() == [int(warned)] * len(rows), method
+    said = lengths.unopened_turn(m, tokenizer)
+    assert (said is not None) == warned
+    if warned:
+        assert said.startswith("the chat template's add_generation_prompt adds nothing, so 8 of 8 pairs start their")
+        assert "(chat_template_path)" in said and repr("<|im_start|>assistant\n") in said
+
+
+def unopened_case(tmp_path) -> tuple[list[str], int]:
+    """The smoke recipe with the ChatML template that ignores add_generation_prompt, on pairs of its own: (arguments,
+    pairs)."""
+    template = tmp_path / "template.jinja"
+    template.write_text(GENERATION_PROMPT_CASES["ChatML ignoring add_generation_prompt"][0])
+    rows = builtin.make_preference_rows(24, seed=2)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["--chat_template_path", str(template), "--dataset_name", str(pairs)]
+    return [*SMOKE, *args, "--output_dir", str(tmp_path / "run")], len(rows)
+
+
+def test_the_dry_run_says_once_that_answers_start_with_the_turns_header(tmp_path, capsys, tiny_model_dir):
+    """The dry run's summary says it once, in a warning row under the template line, with the count and the fix (the
+    run still trains, on a few tokens more); its --json (decisions only) does not."""
+    import train_dpo
+
+    args, rows = unopened_case(tmp_path)
+    train_dpo.main([*args, "--dry-run"])
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("  warning:")]
+    assert len(warnings) == 1 and f"so {rows} of {rows} pairs start their answers" in warnings[0], out
+    assert "add_generation_prompt opens the assistant turn (chat_template_path)" in warnings[0]
+    lines = out.splitlines()
+    assert lines[lines.index(warnings[0]) - 1].startswith("  template:")
+    train_dpo.main([*args, "--dry-run", "--json"])
+    assert "add_generation_prompt" not in capsys.readouterr().out
+
+
+def test_the_analyzer_says_the_header_warning_the_dry_run_says(cli, tmp_path, capsys, tiny_model_dir):
+    """The analyzer renders every pair against the template too: it says the same line."""
+    args, rows = unopened_case(tmp_path)
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    flags = ["--tokenizer", tiny_model_dir, "--chat_template_path", given["--chat_template_path"], "--num-proc", "1"]
+    assert cli.main([given["--dataset_name"], "--config", given["--config"], *flags]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "add_generation_prompt" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {lengths.UNOPENED[:40]}"), said
+    assert f"{rows} of {rows} pairs" in said[0]

@@ -200,8 +200,35 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
     if rendered is not None:
-        rendered.update(texts)
+        rendered.update(texts, unopened=_unopened(example, texts, tokenizer, kwargs))
     return None
+
+
+_OPENS: dict = {}  # (template, its arguments) -> whether its generation prompt adds text: judged once each
+
+
+def _unopened(example: dict, texts: dict, tokenizer, kwargs: dict) -> bool:
+    """Whether the chosen answer, rendered after the rendered prompt, starts with template text before its content
+    (`<|im_start|>assistant\n`) because the generation prompt adds nothing: TRL then trains that text as the answer's
+    first tokens (`lengths.unopened_turn` warns). Not where only whitespace comes first (Llama 2's ' ' after [/INST],
+    whose generation prompt is rightly empty), nor where the generation prompt does open the turn (Qwen3's empty
+    `<think></think>` before an answer's content). The prompt is rendered without the generation prompt once per
+    template and arguments, only where an answer starts otherwise: no render of its own a pair."""
+    content = example["chosen"][0].get("content") if example["chosen"] else None
+    if not isinstance(content, str) or not content.strip():
+        return False  # a tool call: its rendering starts with what the template writes for it
+    answer = texts["chosen"][len(texts["prompt"]) :]
+    start = answer.find(content.strip()[:SHOWN])
+    if start <= 0 or not answer[:start].strip():
+        return False  # the content first, or written otherwise than given (a template that trims or escapes it)
+    key = (str(tokenizer.chat_template), json.dumps(kwargs, sort_keys=True, default=str))
+    if key not in _OPENS:
+        try:
+            bare = tokenizer.apply_chat_template(example["prompt"], tokenize=False, **kwargs)
+        except Exception:  # noqa: BLE001 - a template that needs the generation prompt: it reads the flag
+            bare = None
+        _OPENS[key] = bare != texts["prompt"]
+    return not _OPENS[key]
 
 
 def _no_system_turn(messages: list, tokenizer, generation: bool, kwargs: dict) -> str:

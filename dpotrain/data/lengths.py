@@ -39,7 +39,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 6  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 7  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -121,6 +121,7 @@ class Measured:
     seconds: float = 0.0
     shared: np.ndarray | None = None  # tokens both completions start with (cuts.check); None: not measured
     first: np.ndarray | None = None  # each pair's first token id as trained (`missing_bos`); None: not measured
+    unopened: np.ndarray | None = None  # 1 where the answer starts with the turn's header (`unopened_turn`)
 
     @property
     def total(self) -> np.ndarray:
@@ -133,6 +134,7 @@ class Measured:
 
 # A row's token counts, as `measure`'s map writes them, and its first token's id (`_split_lengths`' last).
 COUNTS = ("prompt", "chosen", "rejected", "shared", "first")
+KEPT = ("shared", "first", "unopened")  # per-pair values a cached analysis keeps beside the lengths
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
 
 
@@ -144,10 +146,12 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
     """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
     back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache: an older analysis's is not reused."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
+    unopened = {}  # chat_template.answer_problem's judgement of each message pair (`unopened_turn`)
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
         rendered = {}  # the template's texts, as its check rendered them: not rendered twice
         example, problem = read_row(dict(zip(batch, values, strict=True)), fmt, rendered)  # as training reads it
+        unopened[position] = int(rendered.get("unopened", False))
         if problem is None:
             example = split_row(example, fmt)
             try:  # the template's refusals are read_row's (chat_template.answer_problem); the tokenizer may refuse
@@ -170,6 +174,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
         if counts[first] != row_lengths(example, tokenizer):
             mismatch, counts = True, {p: row_lengths(e, tokenizer) for p, e in examples.items()}
     out = {f"{k}_tokens": [counts[p][n] if p in counts else -1 for p in why] for n, k in enumerate(COUNTS)}
+    out["unopened"] = [unopened[p] for p in why]
     out["problem_column"] = [problem and problem[0] for problem in why.values()]
     out["problem"] = [problem and problem[1] for problem in why.values()]
     out["mismatch"] = [mismatch and n == 0 for n in range(len(why))]
@@ -233,6 +238,7 @@ def measure(
     return Measured(
         index=index[valid],
         **{k: c[f"{k}_tokens"][valid] for k in COUNTS},
+        unopened=c["unopened"][valid],
         invalid=[
             {"index": int(i), "column": column, "problem": problem}
             for i, column, problem in zip(index[bad], c["problem_column"][bad], c["problem"][bad], strict=True)
@@ -251,6 +257,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})  # first_tokens: an id
     features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
     features["mismatch"] = datasets.Value("bool")
+    features["unopened"] = datasets.Value("int8")
     processes = min(num_proc, -(-len(dataset) // chunk_size))
     # Cached in datasets' cache (a later run finds it), never beside the user's own saved data set (maybe read-only or
     # shared): that map stays in memory.
@@ -359,6 +366,30 @@ def missing_bos(m: Measured | None, tokenizer) -> str | None:
     if without in (0, len(m.first)):
         return NO_BOS if without else None
     return NO_BOS.replace("no BOS token,", f"no BOS token to {without:,} of {plural(len(m.first), 'pair', ',')},", 1)
+
+
+UNOPENED = (
+    "the chat template's add_generation_prompt adds nothing, so {pairs} start their answers with the template's "
+    "{header}, which trains as the answers' first tokens (and counts in their length, which sigmoid_norm divides by): "
+    "give a chat template whose add_generation_prompt opens the assistant turn (chat_template_path)"
+)
+
+
+def unopened_turn(m: Measured | None, tokenizer) -> str | None:
+    """`UNOPENED` where message pairs' answers start with the assistant turn's header (chat_template._unopened): TRL
+    takes the prompt with the generation prompt as the prompt, and a template that ignores add_generation_prompt leaves
+    the header to the answer. Not refused: the run trains, on a few tokens more. Judged on every pair measured."""
+    if m is None or m.unopened is None or not (count := int(np.count_nonzero(m.unopened == 1))):
+        return None
+    turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    try:  # the header as a pair of its own shows it (the pairs' own are not kept)
+        prompt = tokenizer.apply_chat_template(turns[:1], tokenize=False, add_generation_prompt=True)
+        whole = tokenizer.apply_chat_template(turns, tokenize=False)
+        header = repr(whole[len(prompt) : whole.index("Hello.", len(prompt))]) if whole.startswith(prompt) else ""
+    except Exception:  # noqa: BLE001 - a template that refuses this pair: the count alone
+        header = ""
+    pairs = f"{count:,} of {plural(len(m.unopened), 'pair', ',')}"
+    return UNOPENED.format(pairs=pairs, header=f"assistant header ({header})" if header else "assistant header")
 
 
 def _known_rows(dataset) -> int | None:
@@ -757,7 +788,7 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
     # file. The lengths first: a report is only ever found beside its lengths.
     with replacing(at.with_suffix(".npz"), "wb") as f:
-        kept = {k: getattr(m, k) for k in ("shared", "first") if getattr(m, k) is not None}
+        kept = {k: getattr(m, k) for k in KEPT if getattr(m, k) is not None}
         np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
     return write_text(at.with_suffix(".json"), json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
@@ -771,8 +802,8 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
 
     def lengths(path):
         with np.load(path) as z:
-            shared, first = (z[k] if k in z.files else None for k in ("shared", "first"))
-            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared, first=first)
+            kept = {k: z[k] for k in KEPT if k in z.files}
+            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, **kept)
 
     again = "its lengths are measured again by the next analysis (`max_length: auto`, scripts/analyze_dataset.py)"
     found = run_records.read_cache(lengths_path, lengths, "length", again)
