@@ -34,6 +34,14 @@ for _name in ("HF_DATASETS_CACHE", "HF_HUB_CACHE"):
     os.environ.pop(_name, None)
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
+# datasets' and transformers' loggers write through a StreamHandler bound to the sys.stderr of the moment they are first
+# imported. First imported inside a test that captures its output (capsys), they would write to that test's closed
+# stream ever after, and a later test's log line became a "--- Logging error ---" traceback in its output
+# (`pytest tests/test_refusals.py` alone failed so; the whole suite imports them while collecting). Imported here,
+# under pytest's session-long capture, after HF_HOME is set.
+import datasets  # noqa: E402
+import transformers  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
@@ -467,8 +475,6 @@ def run_bounded(cmd: list[str], limit: float, **popen):
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
     """A saved DatasetDict with a held-out split (evaluation needs one)."""
-    import datasets
-
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(60, seed=13)
