@@ -904,3 +904,24 @@ def test_a_damaged_length_cache_is_removed_and_measured_again(tmp_path, tiny_mod
     assert "it is removed and its lengths are measured again by the next analysis" in result.stdout
     with np.load(lengths) as whole:  # written again, whole, by the run's own analysis (`max_length: auto`)
         assert len(whole["chosen"]) == 48
+
+
+@pytest.mark.slow
+def test_datasets_copy_of_the_pairs_losing_its_arrow_file_after_the_dry_run_is_made_again(
+    tmp_path, tiny_model_dir, pairs
+):
+    """A cleaner of old files (/scratch or /tmp purges) removed the Arrow copy datasets made of the pairs at the dry
+    run and left its dataset_info.json beside it: datasets took the copy as made, and the run (a requeue alike) ended
+    in 'error: could not read dataset file ...: FileNotFoundError: ... json-train.arrow', naming the data file, which
+    was whole, and no fix. The copy is made again, said in one line, and the run trains."""
+    env = {"HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    out, short = tmp_path / "run", ("--save_strategy", "no")
+    dry = train(out, tiny_model_dir, pairs, *short, "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    [copy] = (tmp_path / "hf").rglob("json-train.arrow")
+    copy.unlink()
+    result = train(out, tiny_model_dir, pairs, *short, env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    said = f"warning: datasets' copy of {pairs} in {copy.parent} has lost files since it was made ({copy.name}"
+    assert result.stdout.count(said) == 1, result.stdout[-3000:]
+    assert copy.is_file()
