@@ -925,3 +925,41 @@ def test_datasets_copy_of_the_pairs_losing_its_arrow_file_after_the_dry_run_is_m
     said = f"warning: datasets' copy of {pairs} in {copy.parent} has lost files since it was made ({copy.name}"
     assert result.stdout.count(said) == 1, result.stdout[-3000:]
     assert copy.is_file()
+
+
+# Another job writing the same cache: a temporary file written and renamed into place, in a folder of its own.
+CACHE_WRITER = """
+import os, sys
+cache = sys.argv[1]
+while True:
+    for i in range(50):
+        folder = os.path.join(cache, f"part-{i}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".lengths.npz.tmp"), "wb") as f:
+            f.write(b"x" * 100)
+        os.replace(os.path.join(folder, ".lengths.npz.tmp"), os.path.join(cache, f"lengths-{i}.npz"))
+        os.rmdir(folder)
+"""
+
+
+@pytest.mark.slow
+def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, monkeypatch):
+    """The dry run's `caches:` line and the analyzer's `Caches:` line sum the files of ~/.cache/dpotrain
+    (DPOTRAIN_CACHE) and of datasets' copy of the pairs, which other jobs on the same caches write meanwhile (a run's
+    reference log-probs, datasets' maps of the same pairs): a file renamed away between its listing and its size ended
+    the dry run, its plan made, in a FileNotFoundError traceback (within 1.5 s of another process writing there)."""
+    from dpotrain.data import lengths
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "kept.npz").write_bytes(b"x" * 1000)
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(cache))
+    writer = subprocess.Popen([sys.executable, "-c", CACHE_WRITER, str(cache)])
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            said = lengths.written_outside()
+            assert said and f"in {cache} (this project's" in said, said
+    finally:
+        writer.kill()
+        writer.wait()
