@@ -963,3 +963,28 @@ def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, m
     finally:
         writer.kill()
         writer.wait()
+
+
+@pytest.mark.slow
+def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_removes_nothing(
+    tmp_path, tiny_model_dir, pairs
+):
+    """Slurm requeued a job (--requeue: its node lost, a preemption past its grace time) after its run had written
+    run_complete.json, while the process was still ending (the lock's release, W&B's last upload). The requeued start
+    was refused with exit code 2 ("already holds a finished run: ... or --overwrite_output_dir to replace it"), the job
+    FAILED and its `afterok` dependents never started; with --overwrite_output_dir in the job's command it deleted the
+    finished model and trained it again. Now it says the run is finished and ends with 0, removing nothing; another
+    job's start on the folder is refused as before."""
+    out, short = tmp_path / "run", ("--save_strategy", "no")
+    first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
+    assert first.returncode == 0, first.stdout[-3000:]
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    requeued = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
+    for flags in ((), ("--overwrite_output_dir", "true")):
+        again = train(out, tiny_model_dir, pairs, *short, *flags, env=requeued)
+        assert again.returncode == 0 and "Traceback" not in again.stdout, again.stdout[-3000:]
+        said = f"output_dir {out} holds the run this Slurm job (4242) finished before it was requeued: nothing to do"
+        assert said in again.stdout, again.stdout[-3000:]
+        assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
+    other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
+    assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
