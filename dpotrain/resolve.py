@@ -332,9 +332,10 @@ def output_named(out: Path) -> str:
 
 def finished_by_this_job(out: Path) -> str | None:
     """The Slurm job this start is a requeue of, where that job finished the run in `out` (run_complete.json names it)
-    before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending."""
+    before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
+    where its final push was started and not confirmed: the requeue completes that push (`push_left`)."""
     job = run_lock.slurm_job()
-    if not job or not run_lock.slurm_restart() or not (out / RUN_COMPLETE).is_file():
+    if not job or not run_lock.slurm_restart() or not (out / RUN_COMPLETE).is_file() or hub_push.unconfirmed_push(out):
         return None
     fix = "a finished run writes it last: check the folder's final model, then train into a new --output_dir"
     record = run_records.read_record(out / RUN_COMPLETE, fix)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python
 from dpotrain import stages
 from dpotrain.cluster import run_lock
+from dpotrain.hub import hub_push
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
@@ -967,7 +968,7 @@ def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, m
 
 @pytest.mark.slow
 def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_removes_nothing(
-    tmp_path, tiny_model_dir, pairs
+    tmp_path, tiny_model_dir, pairs, monkeypatch
 ):
     """Slurm requeued a job (--requeue: its node lost, a preemption past its grace time) after its run had written
     run_complete.json, while the process was still ending (the lock's release, W&B's last upload). The requeued start
@@ -988,3 +989,9 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
         assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
     other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
     assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
+    # Killed while pushing the finished run (run_complete.json is written before the push): the requeue pushes.
+    hub_push.record_push(out, branch="main", status="started", repo="me/run")
+    for name, value in requeued.items():
+        monkeypatch.setenv(name, value)
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
+    assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
