@@ -99,7 +99,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, no_bos, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
-    if output.finished_by:  # a requeue of the Slurm job that finished the run, after its end
+    if output.finished_by:  # a requeue of the Slurm job that finished the run, after its end: its lock, left by the
+        # killed start, taken over and released
         print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
         return None
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else

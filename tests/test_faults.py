@@ -980,6 +980,9 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
     first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
     assert first.returncode == 0, first.stdout[-3000:]
     kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    # The killed start's lock, left (its process on another node, not refreshed since): taken over, then released.
+    holder = {**run_lock.holder_record(), "host": "gpu-node-17", "slurm_job_id": "4242", "slurm_restart_count": 0}
+    (out / run_lock.LOCK_FILE).write_text(json.dumps(holder, indent=1))
     requeued = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
     for flags in ((), ("--overwrite_output_dir", "true")):
         again = train(out, tiny_model_dir, pairs, *short, *flags, env=requeued)
