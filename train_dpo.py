@@ -30,7 +30,7 @@ with venv.loading_libraries():
     if __name__ == "__main__":
         venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
-    from dpotrain import dry_run, options, preflight, publish, stages, train_stage
+    from dpotrain import dry_run, options, preflight, publish, resolve, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.data import lengths
     from dpotrain.hub import hub
@@ -99,6 +99,10 @@ def run(argv, stop: GracefulStop) -> int | None:
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, warnings, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
+    if output.finished_by:  # a requeue of the Slurm job that finished the run, after its end: its lock, left by the
+        # killed start, taken over and released
+        print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
+        return None
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
         return publish.complete_push(recipe, push, output.push_left, state)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).

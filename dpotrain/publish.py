@@ -5,7 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
-from dpotrain.cluster import collectives, offline
+from dpotrain.cluster import collectives, offline, run_lock
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import run_record, writes
@@ -73,6 +73,8 @@ def finish_outputs(run, resolved: dict) -> None:
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, run_record.of(resolved), push.repo_id)
     summary = completion(trainer.state.global_step, records)
+    if job := run_lock.slurm_job():  # a requeue of this job after its end is told from another start (resolve.py)
+        summary["slurm_job_id"] = job
     writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 
 from dpotrain import options
-from dpotrain.cluster import engine
+from dpotrain.cluster import engine, run_lock
 from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
 from dpotrain.recipe import config, launcher, run_record
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.train import resume
@@ -192,10 +193,19 @@ class OutputDecision:
     # A finished run whose final push was started and not confirmed (hub_push.unconfirmed_push): the repo it pushed to.
     # The run completes that push and trains nothing.
     push_left: str | None = None
+    # A requeue of the Slurm job that finished the run (`finished_by_this_job`): that job's id. The run trains nothing.
+    finished_by: str | None = None
+
+    @property
+    def trains(self) -> bool:
+        """Whether the run trains: not when it only completes a push, or finds its own job's run finished."""
+        return not (self.push_left or self.finished_by)
 
     def record(self, output_dir: str) -> dict:
         """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
-        if self.push_left:
+        if self.finished_by:
+            folder = f"{output_dir}: {finished_run(self.finished_by)}: the run trains nothing"
+        elif self.push_left:
             folder = (
                 f"{output_dir}: a finished run whose push to {self.push_left} was started and not confirmed: the run "
                 "pushes it, and trains nothing"
@@ -328,11 +338,34 @@ def output_named(out: Path) -> str:
     return f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
 
 
+def finished_by_this_job(out: Path) -> str | None:
+    """The Slurm job this start is a requeue of, where that job finished the run in `out` (run_complete.json names it)
+    before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
+    where its final push was started and not confirmed: the requeue completes that push (`push_left`)."""
+    job = run_lock.slurm_job()
+    if not job or not run_lock.slurm_restart() or not (out / RUN_COMPLETE).is_file() or hub_push.unconfirmed_push(out):
+        return None
+    fix = "a finished run writes it last: check the folder's final model, then train into a new --output_dir"
+    record = run_records.read_record(out / RUN_COMPLETE, fix)
+    return job if (record or {}).get("slurm_job_id") == job else None
+
+
+def finished_line(output_dir: str, job: str) -> str:
+    """What a requeue of the job that finished the run says, and ends with exit code 0 (no `afterok` left waiting)."""
+    return f"output_dir {output_dir} holds {finished_run(job)}: nothing to do"
+
+
+def finished_run(job: str) -> str:
+    return f"the run this Slurm job ({job}) finished before it was requeued"
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
+    if job := finished_by_this_job(out):  # the same command again: nothing replaced, resumed or refused
+        return OutputDecision(None, False, finished_by=job)
     named = output_named(out)
     if explicit:
         resume.check_explicit(explicit)

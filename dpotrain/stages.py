@@ -203,10 +203,10 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             check(check_histories, training.output_dir)
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
         # that push started on, and nothing else (a check here would create an empty repo named after the command).
-        if push.requested and not launch.dry_run and not decision.push_left:  # now, not after training; user/name
+        if push.requested and not launch.dry_run and decision.trains:  # now, not after training; user/name
             # Asked by the main process; its answer (a refusal too) is every rank's, the repo's full name with it.
             push.repo_id = collectives.main_outcome(claim_repo, push)
-    kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
+    kept = None if decision.start_afresh or not decision.trains else hub_revision.kept(recipe, training.output_dir)
     if kept and launcher.launched_main():
         name = recipe.script.dataset_name
         print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
@@ -215,7 +215,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     if not folder_refused:
         check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     # a person's checkpoint-N where the run would save its own
-    if not only_reference and not decision.push_left and not folder_refused:
+    if not only_reference and decision.trains and not folder_refused:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python
 from dpotrain import stages
 from dpotrain.cluster import run_lock
+from dpotrain.hub import hub_push
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
@@ -905,3 +906,96 @@ def test_a_damaged_length_cache_is_removed_and_measured_again(tmp_path, tiny_mod
     assert "it is removed and its lengths are measured again by the next analysis" in result.stdout
     with np.load(lengths) as whole:  # written again, whole, by the run's own analysis (`max_length: auto`)
         assert len(whole["chosen"]) == 48
+
+
+@pytest.mark.slow
+def test_datasets_copy_of_the_pairs_losing_its_arrow_file_after_the_dry_run_is_made_again(
+    tmp_path, tiny_model_dir, pairs
+):
+    """A cleaner of old files (/scratch or /tmp purges) removed the Arrow copy datasets made of the pairs at the dry
+    run and left its dataset_info.json beside it: datasets took the copy as made, and the run (a requeue alike) ended
+    in 'error: could not read dataset file ...: FileNotFoundError: ... json-train.arrow', naming the data file, which
+    was whole, and no fix. The copy is made again, said in one line, and the run trains."""
+    env = {"HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    out, short = tmp_path / "run", ("--save_strategy", "no")
+    dry = train(out, tiny_model_dir, pairs, *short, "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    [copy] = (tmp_path / "hf").rglob("json-train.arrow")
+    copy.unlink()
+    result = train(out, tiny_model_dir, pairs, *short, env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    said = f"warning: datasets' copy of {pairs} in {copy.parent} has lost files since it was made ({copy.name}"
+    assert result.stdout.count(said) == 1, result.stdout[-3000:]
+    assert copy.is_file()
+
+
+# Another job writing the same cache: a temporary file written and renamed into place, in a folder of its own.
+CACHE_WRITER = """
+import os, sys
+cache = sys.argv[1]
+while True:
+    for i in range(50):
+        folder = os.path.join(cache, f"part-{i}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".lengths.npz.tmp"), "wb") as f:
+            f.write(b"x" * 100)
+        os.replace(os.path.join(folder, ".lengths.npz.tmp"), os.path.join(cache, f"lengths-{i}.npz"))
+        os.rmdir(folder)
+"""
+
+
+@pytest.mark.slow
+def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, monkeypatch):
+    """The dry run's `caches:` line and the analyzer's `Caches:` line sum the files of ~/.cache/dpotrain
+    (DPOTRAIN_CACHE) and of datasets' copy of the pairs, which other jobs on the same caches write meanwhile (a run's
+    reference log-probs, datasets' maps of the same pairs): a file renamed away between its listing and its size ended
+    the dry run, its plan made, in a FileNotFoundError traceback (within 1.5 s of another process writing there)."""
+    from dpotrain.data import lengths
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "kept.npz").write_bytes(b"x" * 1000)
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(cache))
+    writer = subprocess.Popen([sys.executable, "-c", CACHE_WRITER, str(cache)])
+    try:
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            said = lengths.written_outside()
+            assert said and f"in {cache} (this project's" in said, said
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.slow
+def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_removes_nothing(
+    tmp_path, tiny_model_dir, pairs, monkeypatch
+):
+    """Slurm requeued a job (--requeue: its node lost, a preemption past its grace time) after its run had written
+    run_complete.json, while the process was still ending (the lock's release, W&B's last upload). The requeued start
+    was refused with exit code 2 ("already holds a finished run: ... or --overwrite_output_dir to replace it"), the job
+    FAILED and its `afterok` dependents never started; with --overwrite_output_dir in the job's command it deleted the
+    finished model and trained it again. Now it says the run is finished and ends with 0, removing nothing; another
+    job's start on the folder is refused as before."""
+    out, short = tmp_path / "run", ("--save_strategy", "no")
+    first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
+    assert first.returncode == 0, first.stdout[-3000:]
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    # The killed start's lock, left (its process on another node, not refreshed since): taken over, then released.
+    holder = {**run_lock.holder_record(), "host": "gpu-node-17", "slurm_job_id": "4242", "slurm_restart_count": 0}
+    (out / run_lock.LOCK_FILE).write_text(json.dumps(holder, indent=1))
+    requeued = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
+    for flags in ((), ("--overwrite_output_dir", "true")):
+        again = train(out, tiny_model_dir, pairs, *short, *flags, env=requeued)
+        assert again.returncode == 0 and "Traceback" not in again.stdout, again.stdout[-3000:]
+        said = f"output_dir {out} holds the run this Slurm job (4242) finished before it was requeued: nothing to do"
+        assert said in again.stdout, again.stdout[-3000:]
+        assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
+    other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
+    assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
+    # Killed while pushing the finished run (run_complete.json is written before the push): the requeue pushes.
+    hub_push.record_push(out, branch="main", status="started", repo="me/run")
+    for name, value in requeued.items():
+        monkeypatch.setenv(name, value)
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
+    assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")

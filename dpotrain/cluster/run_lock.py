@@ -56,6 +56,11 @@ def slurm_restart() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
+def slurm_job() -> str | None:
+    """The Slurm job this process runs in (SLURM_JOB_ID), the same at every requeue of it; None outside Slurm."""
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
 def holder_record() -> dict:
     """Who this process is, as the lock names it. No command line: it may hold a token."""
     return {
@@ -63,7 +68,7 @@ def holder_record() -> dict:
         "pid": os.getpid(),
         "process_start": _proc_start(os.getpid()),
         "boot_id": _boot_id(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_id": slurm_job(),
         "slurm_restart_count": slurm_restart(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
@@ -104,7 +109,7 @@ def free_reason(holder: dict | None, age_s: float) -> str | None:
     """Why a lock held by `holder` (refreshed `age_s` ago) may be taken over; None when its holder may be alive."""
     if holder is None:
         return "unreadable" if age_s > STALE_S else None
-    job = os.environ.get("SLURM_JOB_ID")
+    job = slurm_job()
     restart = slurm_restart()
     if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
         return f"an earlier start of this Slurm job ({job}), now requeued"

@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
@@ -197,7 +198,7 @@ def load_preference_dataset(
             check_cache_room(builder, data_files={split: as_files(path)}, features=text, **sep)
         try:
             loaded = load_as_text(
-                text, datasets.load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming, **sep
+                text, load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming, **sep
             )
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
@@ -210,16 +211,14 @@ def load_preference_dataset(
         if not streaming:
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
-            loaded = load_as_text(
-                csv_text_features(csv), datasets.load_dataset, str(path), name=config, streaming=streaming
-            )
+            loaded = load_as_text(csv_text_features(csv), load_dataset, str(path), name=config, streaming=streaming)
         except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
             raise ConfigError(_unreadable_folder(name, path, e)) from None
         if not streaming and split in loaded:
             loaded[split] = exact_mixed_fields(loaded[split], split, str(path), name=config)
     else:
         try:
-            loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+            loaded = load_dataset(name, name=config, revision=revision, streaming=streaming)
         except Exception as e:  # unknown name, no access, no network: one line, not a traceback
             raise ConfigError(f"could not load data set {name!r} from the Hub: {cause(e)}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
@@ -309,6 +308,41 @@ def csv_text_features(paths):
         return None
     first = _csv_columns_as_text(paths[0])
     return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
+
+
+def load_dataset(*args, **kwargs):
+    """`datasets.load_dataset`, with its Arrow copy made again where files of it were removed since it was made (a
+    cleaner of old files on /scratch or /tmp) and its dataset_info.json left: datasets takes such a copy as made, and
+    its load fails naming a file of the cache, which the person never wrote."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    except FileNotFoundError as e:
+        cache = Path(datasets.config.HF_DATASETS_CACHE)
+        lost = next((Path(w) for w in str(e).replace('"', "'").split("'") if _inside(Path(w), cache)), None)
+        if lost is None or kwargs.get("streaming"):
+            raise
+    named = _named(args[0], kwargs.get("data_files"))
+    print(
+        f"warning: datasets' copy of {named} in {lost.parent} has lost files since it was made ({lost.name} is "
+        "missing): it is made again from the data",
+        file=sys.stderr,
+        flush=True,
+    )
+    # The raw files a Hub data set downloaded are kept; only the Arrow copy is prepared again.
+    return datasets.load_dataset(*args, download_mode=datasets.DownloadMode.REUSE_CACHE_IF_EXISTS, **kwargs)
+
+
+def _named(name: str, data_files) -> str:
+    """What a load reads, as a person named it: a builder's (`json`) data files, else the data set or folder."""
+    if isinstance(data_files, dict):
+        data_files = [f for found in data_files.values() for f in ([found] if isinstance(found, str) else found)]
+    return ", ".join(map(str, [data_files] if isinstance(data_files, str) else data_files)) if data_files else name
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.is_absolute() and (path.is_relative_to(folder) or path.is_relative_to(folder.resolve()))
 
 
 def load_as_text(features, load, *args, **kwargs):

@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import json
 import os
+import stat
 import sys
 import time
 from contextlib import nullcontext
@@ -771,7 +772,18 @@ def written_outside(*read) -> str | None:
 
 
 def _bytes(*folders: Path) -> int:
-    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file())
+    """The bytes of the files under `folders`. Other jobs write the same caches meanwhile (a run's reference log-probs,
+    datasets' maps of the same pairs): a file or folder they rename or remove while it is counted counts nothing."""
+    total = 0
+    for folder in folders:
+        for top, _, names in os.walk(folder):  # a folder gone before it is listed is passed over (os.walk's way)
+            for name in names:
+                try:
+                    found = os.stat(os.path.join(top, name))
+                except OSError:
+                    continue
+                total += found.st_size if stat.S_ISREG(found.st_mode) else 0
+    return total
 
 
 def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:

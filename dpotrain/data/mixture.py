@@ -458,8 +458,6 @@ def read_source(source: Source, say: bool = True):
     if source.file:
         loaded = data.load_preference_dataset(source.file, source.split, say=say)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
-        import datasets
-
         data.check_datasets_cache()
         # CSV files read as text, as one file is (data.csv_text_features): a number in one file and text in another
         text = None
@@ -469,7 +467,7 @@ def read_source(source: Source, say: bool = True):
         if source.path in BUILDERS or source.local:  # files datasets copies into its cache: room for them first
             data.check_cache_room(source.path, features=text, **{k: v for k, v in files.items() if k != "split"})
         try:
-            loaded = data.load_as_text(text, datasets.load_dataset, source.path, **files)
+            loaded = data.load_as_text(text, data.load_dataset, source.path, **files)
         except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         if source.local or source.path in BUILDERS:  # a Hub repo's files are not read twice
