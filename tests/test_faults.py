@@ -5,6 +5,7 @@ uninterrupted run's weights, or is refused with one line naming the file.
 One uninterrupted run (4 steps of 8 pairs, checkpoints at steps 2 and 4) is shared: most cases start from a copy of
 its folder in the state a fault leaves, and rerun the same command."""
 
+import errno
 import json
 import os
 import shutil
@@ -962,6 +963,27 @@ def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, m
         while time.time() < deadline:
             said = lengths.written_outside()
             assert said and f"in {cache} (this project's" in said, said
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_did_not_fit_is_said_while_other_ranks_still_write_in_it(tmp_path):
+    """A save refused on one rank is said (`disk_full.save_failed`) while the other ranks may still be writing their
+    shards in the same checkpoint folder: a file renamed away between its listing and its size ended the message's
+    own making in a FileNotFoundError (rglob, then stat), in place of the one line."""
+    from dpotrain.train import disk_full
+
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 1000)
+    writer = subprocess.Popen([sys.executable, "-c", CACHE_WRITER, str(folder)])
+    try:
+        deadline = time.time() + 3
+        while time.time() < deadline:
+            said = str(disk_full.save_failed(folder, disk_full.FULL[errno.ENOSPC], remove=False))
+            assert "checkpoint-2" in said and "written before it failed" in said, said
     finally:
         writer.kill()
         writer.wait()

@@ -17,7 +17,6 @@ import importlib.util
 import itertools
 import json
 import os
-import stat
 import sys
 import time
 from contextlib import nullcontext
@@ -32,7 +31,7 @@ from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_te
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size
-from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
+from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
 # reaches (OLMo 3: 16K-32K).
@@ -759,31 +758,16 @@ def written_outside(*read) -> str | None:
     if folders:
         where = str(folders[0]) if len(folders) == 1 else f"{len(folders)} folders under {root}"
         said.append(
-            f"{size(_bytes(*folders))} in {where} (datasets' copy of the pairs as Arrow, made at their first read, "
-            "and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
+            f"{size(folder_bytes(*folders))} in {where} (datasets' copy of the pairs as Arrow, made at their first "
+            "read, and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
         )
     own = cache_root()
-    if written := _bytes(own):
+    if written := folder_bytes(own):
         said.append(
             f"{size(written)} in {own} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE "
             "places it elsewhere)"
         )
     return "; ".join(said) or None
-
-
-def _bytes(*folders: Path) -> int:
-    """The bytes of the files under `folders`. Other jobs write the same caches meanwhile (a run's reference log-probs,
-    datasets' maps of the same pairs): a file or folder they rename or remove while it is counted counts nothing."""
-    total = 0
-    for folder in folders:
-        for top, _, names in os.walk(folder):  # a folder gone before it is listed is passed over (os.walk's way)
-            for name in names:
-                try:
-                    found = os.stat(os.path.join(top, name))
-                except OSError:
-                    continue
-                total += found.st_size if stat.S_ISREG(found.st_mode) else 0
-    return total
 
 
 def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:

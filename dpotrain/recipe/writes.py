@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,3 +182,19 @@ def _limits(path: Path) -> tuple[int, int]:
         except OSError:  # not there (yet), or itself past the limits
             continue
     return 255, 4096  # Linux's
+
+
+def folder_bytes(*folders: Path) -> int:
+    """The bytes of the files under `folders`. Others write there meanwhile (other jobs in the same caches: a run's
+    reference log-probs, datasets' maps of the same pairs; other ranks in a checkpoint that failed on one): a file or
+    folder they rename or remove while it is counted counts nothing."""
+    total = 0
+    for folder in folders:
+        for top, _, names in os.walk(folder):  # a folder gone before it is listed is passed over (os.walk's way)
+            for name in names:
+                try:
+                    found = os.stat(os.path.join(top, name))
+                except OSError:
+                    continue
+                total += found.st_size if stat.S_ISREG(found.st_mode) else 0
+    return total

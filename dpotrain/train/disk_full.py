@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from dpotrain.cluster import collectives
+from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError, RunError, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
@@ -103,7 +104,7 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
     """The error for checkpoint `folder` that did not fit (`why`: from `why_full`); removes it when `remove`."""
     out = folder.parent
     kept = [p for p in complete_checkpoints(out) if p != folder]
-    written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+    written = writes.folder_bytes(folder)  # other ranks may still be writing their shards there
     if remove:
         shutil.rmtree(folder, ignore_errors=True)
     free = shutil.disk_usage(out).free
