@@ -35,7 +35,13 @@ WRAPPER = textwrap.dedent("""
 
 
 def launch_with_main_limited(
-    tmp_path, tiny_model_dir, limit: int, *more: str, env: dict | None = None, from_opening: str = ""
+    tmp_path,
+    tiny_model_dir,
+    limit: int,
+    *more: str,
+    env: dict | None = None,
+    from_opening: str = "",
+    config: str | None = None,
 ):
     from dpotrain.data import builtin
 
@@ -47,12 +53,13 @@ def launch_with_main_limited(
     wrapper.write_text(WRAPPER.format(root=str(ROOT), train=train, limit=limit, from_opening=from_opening))
     out = tmp_path / "run"
     # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
+    # `config`: an engine's (configs/accelerate/), under a limit set `from_opening` only, past the op's build.
     ddp = tmp_path / "ddp.yaml"
     ddp.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n")
     cmd = [
         *accelerate_launch(),
         "--config_file",
-        str(ddp),
+        str(ROOT / config) if config else str(ddp),
         "--num_processes",
         "2",
         *rank_python(),
@@ -306,3 +313,42 @@ def test_a_stop_confirmation_the_main_process_cannot_write_ends_every_rank_on_it
     limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: {stop}.checkpointed could not be written: raise it"), errors[0]
     assert (out / "checkpoint-1" / "COMPLETE").is_file()  # what the rerun goes on from
+
+
+ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
+# A short collective timeout: the old code's ranks waited in a collective for it (gloo), and the test with them.
+SHORT_WAIT = ("--ddp_timeout", "30")
+
+
+def one_line_each(result, limit: int, what: str) -> None:
+    """Every rank of the launch ended on the same one line, the main process's limit named (not a traceback, nor a
+    rank left waiting in a collective until the timeout)."""
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    # (the launcher's own traceback, `ChildFailedError`, follows any rank's non-zero exit)
+    assert "[rank0]: Traceback" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert "Connection closed by peer" not in said and "Timed out" not in said, said[-3000:]  # gloo's waits
+    assert len(errors) == 2 and len(set(errors)) == 1, (errors, said[-3000:])
+    assert errors[0].startswith(f"error: a file size limit (ulimit -f) of {limit:,} bytes stopped the write: {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sharded_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
+    tmp_path, tiny_model_dir, engine
+):
+    """Under ZeRO-3 the main process writes a checkpoint's gathered weights, then every rank enters DeepSpeed's save
+    (its barriers): a write refused there ended the main process's part early, and it waited in `every_rank_outcome`
+    while the other waited in DeepSpeed's barrier, both until the collective timeout. Under FSDP2 each rank writes its
+    shards (torch.distributed.checkpoint), which raises one rank's failure on every rank as a CheckpointException, a
+    BaseException: a traceback on each rank. Now every rank ends on the main's line, the checkpoint removed."""
+    more = ("--save_strategy", "steps", "--save_steps", "1", *SHORT_WAIT)
+    # 1,000 bytes from the checkpoint's first file on: less than its weights, its shards, DeepSpeed's states.
+    config = ENGINES[engine]
+    result, out = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 1000, *more, from_opening="checkpoint-1", config=config
+    )
+    one_line_each(result, 1000, f"checkpoint-1 could not be written in {out}: raise it")
+    assert not (out / "checkpoint-1").exists()

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from dpotrain.recipe.errors import RunError, cause
 
@@ -112,6 +113,34 @@ def every_rank_outcome(failed: Exception | None) -> None:
     if first == dist.get_rank():
         raise failed
     raise outcomes[first] from None
+
+
+# What a save's write may raise: torch.distributed.checkpoint's CheckpointException (FSDP2's checkpoint shards: one
+# rank's refused write, shared with every rank) is a BaseException, which `except Exception` let through as a traceback.
+REFUSED = (Exception, CheckpointException)
+
+
+class HeldWrites:
+    """A save whose collective parts every rank must run to their end (ZeRO-3's gathers and DeepSpeed's barriers in a
+    checkpoint, TR-DPO's reference gathered after it): a write refused on one rank between two of them is held, not
+    raised, and the rank goes on into the next with the others. Raised there, it left them waiting in that collective
+    (gloo: a timeout; NCCL: ddp_timeout) while it waited in `every_rank_outcome`. `raise_first` once they are done."""
+
+    def __init__(self):
+        self.failed: BaseException | None = None
+
+    def run(self, work, *args, **kwargs):
+        """`work(*args, **kwargs)`, what it raised held (the first failure kept): None then. Never skipped after a
+        failure: `work` may hold a collective (a gather before the main process writes)."""
+        try:
+            return work(*args, **kwargs)
+        except REFUSED as e:
+            self.failed = self.failed or e
+            return None
+
+    def raise_first(self) -> None:
+        if self.failed is not None:
+            raise self.failed
 
 
 @contextmanager

@@ -165,6 +165,11 @@ SEAMS = (
         "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
         read_in=f"{C10D}:_get_default_timeout",
     ),
+    _set(
+        "deepspeed.runtime.engine:DeepSpeedEngine._copy_recovery_script",
+        "through HeldWrites in a checkpoint: refused, it left the other ranks in the save's last barrier",
+        read_in="deepspeed.runtime.engine:DeepSpeedEngine._save_zero_checkpoint",
+    ),
     _set(f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"),
     _read(
         f"{C10D}:_world",
@@ -423,6 +428,18 @@ def without_zero3_init():
 
 def save_weights(trainer, output_dir, state_dict) -> None:
     trainer._save(output_dir, state_dict=state_dict)
+
+
+@contextlib.contextmanager
+def deepspeed_writes_held(engine, run):
+    """DeepSpeed's checkpoint writes on `engine` (its checkpoint engine's `save`, the copy of zero_to_fp32.py) through
+    `run` (collectives.HeldWrites.run) for the block: a refused one held, the rank going on into the save's barriers."""
+    writer = engine.checkpoint_engine
+    with (
+        attributes_set(writer, save=functools.partial(run, writer.save)),
+        attributes_set(engine, _copy_recovery_script=functools.partial(run, engine._copy_recovery_script)),
+    ):
+        yield
 
 
 @contextlib.contextmanager

@@ -285,34 +285,59 @@ class RecipeDPOTrainer(DPOTrainer):
         # The main process's turn, the others waiting (no rank writes into the folder before it is cleared); its
         # refusal (run_files.json on a full disk) is every rank's, not the main's alone while the others wait.
         collectives.main_outcome(cleared)
-        failed = None
+        failed, cut_short = None, False
         try:
             self._write_checkpoint(model, trial, folder)
-        except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
+        except (
+            collectives.REFUSED
+        ) as e:  # a full disk: one line naming the folder and its space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
-            failed = e if why is None else disk_full.save_failed(folder, why, remove=self.is_world_process_zero())
+            failed = e if why is None else disk_full.save_failed(folder, why, remove=False)
+            cut_short = why is not None and self.is_world_process_zero()
         # Under DDP the main process alone writes the weights, optimizer and trainer state (under DeepSpeed each rank
         # its shards): a rank that failed alone ended on its line while the others waited in `on_save`'s barrier
         # (NCCL: for ddp_timeout). One all-gather per checkpoint: the first failure is every rank's line.
-        collectives.every_rank_outcome(failed)
+        try:
+            collectives.every_rank_outcome(failed)
+        finally:
+            # Removed once every rank is done writing: under ZeRO-3 the other rank went on writing its own files
+            # (its RNG state) after the main process's failure, into the folder removed at once, made again.
+            if cut_short:
+                shutil.rmtree(folder, ignore_errors=True)
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
 
     def _write_checkpoint(self, model, trial, folder: Path) -> None:
-        """transformers' checkpoint, TR-DPO's moved reference and the run's record, in `folder` (cleared)."""
-        # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
-        with upstream.patched(upstream.ROTATION, lambda **_: None):
-            super()._save_checkpoint(model, trial)
+        """transformers' checkpoint, TR-DPO's moved reference and the run's record, in `folder` (cleared). Every rank
+        runs each collective part to its end, whatever was refused on it before (`HeldWrites`): under ZeRO-3 the main
+        process writes the gathered weights between the weights' gather and DeepSpeed's save, whose barriers the other
+        ranks then waited in while it waited in `every_rank_outcome` (gloo: a timeout; NCCL: ddp_timeout)."""
+        held = collectives.HeldWrites()
+        with self._writes_held(held):
+            # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
+            with upstream.patched(upstream.ROTATION, lambda **_: None):
+                held.run(super()._save_checkpoint, model, trial)
         if self.args.sync_ref_model:
             # TR-DPO's reference moved toward the policy: a resume goes on against it
             # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
-            moved_reference.save(self, folder / resume.REFERENCE_FILE)
+            held.run(moved_reference.save, self, folder / resume.REFERENCE_FILE)
             if self.is_world_process_zero():
-                readable_weights(folder)  # safetensors writes it 0600: unreadable to the group
+                held.run(readable_weights, folder)  # safetensors writes it 0600: unreadable to the group
+        held.raise_first()
         record = folder.parent / "resolved_config.json"
         if self.is_world_process_zero() and record.is_file():
             # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
             shutil.copy2(record, folder / record.name)
+
+    @contextlib.contextmanager
+    def _writes_held(self, held: collectives.HeldWrites):
+        """The checkpoint's writes that a collective follows, `held`: the weights (`save_model`: under ZeRO-3 gathered,
+        then written by the main process) and DeepSpeed's own (its barriers follow)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(upstream.attributes_set(self, save_model=functools.partial(held.run, self.save_model)))
+            if self.is_deepspeed_enabled:
+                stack.enter_context(upstream.deepspeed_writes_held(self.model_wrapped, held.run))
+            yield
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
