@@ -352,3 +352,19 @@ def test_a_sharded_checkpoint_the_main_process_cannot_write_ends_every_rank_on_i
     )
     one_line_each(result, 1000, f"checkpoint-1 could not be written in {out}: raise it")
     assert not (out / "checkpoint-1").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sharded_final_model_the_main_process_cannot_write_ends_every_rank_on_its_line(
+    tmp_path, tiny_model_dir, engine
+):
+    """The final model under ZeRO-3 and FSDP2: every rank gathers the weights (`accelerator.get_state_dict`), and the
+    main process writes them after the last gather: its refusal reaches the others in `every_rank_outcome`, where they
+    wait. Passed before this test was written (kept: a write moved between two gathers would hang here)."""
+    from dpotrain import output_folder
+
+    result, out = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 1000, *SHORT_WAIT, from_opening=output_folder.FINAL_STAGING, config=ENGINES[engine]
+    )
+    one_line_each(result, 1000, f"the final model could not be written in {out}: raise it")
