@@ -288,9 +288,7 @@ class RecipeDPOTrainer(DPOTrainer):
         failed, cut_short = None, False
         try:
             self._write_checkpoint(model, trial, folder)
-        except (
-            collectives.REFUSED
-        ) as e:  # a full disk: one line naming the folder and its space, not "basic_ios::clear"
+        except collectives.REFUSED as e:  # a full disk: one line naming the folder and space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
             failed = e if why is None else disk_full.save_failed(folder, why, remove=False)
             cut_short = why is not None and self.is_world_process_zero()
