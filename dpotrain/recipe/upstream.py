@@ -23,6 +23,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
 LOSS = f"{DPO}:DPOTrainer._compute_loss"  # where TRL reads the attributes set around it
 C10D = "torch.distributed.distributed_c10d"
+DEEPSPEED_TAG = "global_step{}"  # DeepSpeed's checkpoint tag without one given: the `latest` file names it
 MEM = "torch.distributed._tools.mem_tracker"
 
 SEAMS = (
@@ -169,6 +171,11 @@ SEAMS = (
         "deepspeed.runtime.engine:DeepSpeedEngine._copy_recovery_script",
         "through HeldWrites in a checkpoint: refused, it left the other ranks in the save's last barrier",
         read_in="deepspeed.runtime.engine:DeepSpeedEngine._save_zero_checkpoint",
+    ),
+    _source(
+        "deepspeed.runtime.engine:DeepSpeedEngine.save_checkpoint",
+        "the tag DeepSpeed names a checkpoint by, written to `latest` after its last barrier (deepspeed_writes_held)",
+        text='tag = f"global_step{self.global_steps}"',
     ),
     _set(f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"),
     _read(
@@ -432,14 +439,32 @@ def save_weights(trainer, output_dir, state_dict) -> None:
 
 @contextlib.contextmanager
 def deepspeed_writes_held(engine, run):
-    """DeepSpeed's checkpoint writes on `engine` (its checkpoint engine's `save`, the copy of zero_to_fp32.py) through
-    `run` (collectives.HeldWrites.run) for the block: a refused one held, the rank going on into the save's barriers."""
-    writer = engine.checkpoint_engine
+    """DeepSpeed's checkpoint writes on `engine` through `run` (collectives.HeldWrites.run) for the block, a refused one
+    held, the rank going on into the save's barriers: its checkpoint engine's folder and files, the copy of
+    zero_to_fp32.py, and the `latest` tag file, which DeepSpeed writes with `open` just before its last barrier and
+    is written here after it (on a full disk even its 12 bytes are refused)."""
+    writer, save_checkpoint = engine.checkpoint_engine, engine.save_checkpoint
+
+    def tagged_after(save_dir, tag=None, save_latest=True, **kwargs):
+        saved = save_checkpoint(save_dir, tag=tag, save_latest=False, **kwargs)
+        if save_latest and engine.global_rank == 0:
+            tag = str(tag) if tag is not None else DEEPSPEED_TAG.format(engine.global_steps)
+            run(_write_tag, os.path.join(save_dir, "latest"), tag)
+        return saved
+
     with (
-        attributes_set(writer, save=functools.partial(run, writer.save)),
+        attributes_set(
+            writer, save=functools.partial(run, writer.save), makedirs=functools.partial(run, writer.makedirs)
+        ),
         attributes_set(engine, _copy_recovery_script=functools.partial(run, engine._copy_recovery_script)),
+        attributes_set(engine, save_checkpoint=tagged_after),
     ):
         yield
+
+
+def _write_tag(path: str, tag: str) -> None:
+    with open(path, "w") as f:
+        f.write(tag)
 
 
 @contextlib.contextmanager
