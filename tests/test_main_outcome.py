@@ -340,21 +340,24 @@ TR_DPO = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompu
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "engine,tr_dpo", [("zero3", ()), ("fsdp2", ()), ("zero3", TR_DPO)], ids=["zero3", "fsdp2", "zero3-tr_dpo"]
+    "engine,tr_dpo",
+    [("zero2", ()), ("zero3", ()), ("fsdp2", ()), ("zero3", TR_DPO)],
+    ids=["zero2", "zero3", "fsdp2", "zero3-tr_dpo"],
 )
 def test_a_sharded_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
     tmp_path, tiny_model_dir, engine, tr_dpo
 ):
-    """Under ZeRO-3 the main process writes a checkpoint's gathered weights, then every rank enters DeepSpeed's save
-    (its barriers): a write refused there ended the main process's part early, and it waited in `every_rank_outcome`
-    while the other waited in DeepSpeed's barrier, both until the collective timeout. Under FSDP2 each rank writes its
-    shards (torch.distributed.checkpoint), which raises one rank's failure on every rank as a CheckpointException, a
-    BaseException: a traceback on each rank. Now every rank ends on the main's line, the checkpoint removed. With
-    TR-DPO the main process, its weights refused, must still join the moved reference's gathers after them."""
+    """Under ZeRO-3 (and ZeRO-2, the default engine) the main process writes a checkpoint's weights, then every rank
+    enters DeepSpeed's save (its barriers): a write refused there ended the main process's part early, and it waited
+    in `every_rank_outcome` while the other waited in DeepSpeed's barrier, both until the collective timeout. Under
+    FSDP2 each rank writes its shards (torch.distributed.checkpoint), which raises one rank's failure on every rank as
+    a CheckpointException, a BaseException: a traceback on each rank. Now every rank ends on the main's line, the
+    checkpoint removed. With TR-DPO the main process, its weights refused, must still join the moved reference's
+    gathers after them."""
     more = ("--save_strategy", "steps", "--save_steps", "1", *tr_dpo, *SHORT_WAIT)
     # 10 bytes from the checkpoint's first file on: every file refused, as on a full disk, DeepSpeed's `latest` tag
     # file (12 bytes, written just before its last barrier) too.
-    config = ENGINES[engine]
+    config = {"zero2": "accelerate_config.yaml", **ENGINES}[engine]
     result, out = launch_with_main_limited(
         tmp_path, tiny_model_dir, 10, *more, from_opening="checkpoint-1", config=config
     )
