@@ -5,6 +5,7 @@ import ast
 import importlib
 import inspect
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,19 @@ def test_every_private_name_the_seam_reaches_is_a_listed_seam():
 def test_check_reports_the_seams_checked(capsys):
     upstream.check()  # raises SystemExit naming every moved seam
     assert f"upstream: {len(upstream.SEAMS)} seams checked" in capsys.readouterr().out
+
+
+def test_an_attribute_set_for_a_block_leaves_nothing_behind():
+    """`attributes_set` on a method of the object's class (the trainer's save_model, DeepSpeed's save_checkpoint, for
+    one checkpoint): after the block the class's method answers again, not a bound copy left in the object."""
+
+    class Saver:
+        def save(self):
+            return "class"
+
+    saver, module = Saver(), types.ModuleType("m")
+    module.timeout = 1
+    with upstream.attributes_set(saver, save=lambda: "held"), upstream.attributes_set(module, timeout=2):
+        assert saver.save() == "held" and module.timeout == 2
+    assert "save" not in vars(saver) and saver.save() == "class"
+    assert module.timeout == 1

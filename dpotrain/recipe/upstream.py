@@ -477,15 +477,20 @@ def patched(symbol: str, replacement):
 
 @contextlib.contextmanager
 def attributes_set(obj, **values):
-    """`set` seams: attributes upstream reads inside one call, set for the duration of the block."""
-    saved = {name: getattr(obj, name) for name in values}
+    """`set` seams: attributes upstream reads inside one call, set for the duration of the block. One the object did
+    not hold itself (a method of its class) is removed again after, not left behind as a copy of the class's."""
+    own = getattr(obj, "__dict__", {})
+    saved = {name: (name in own, getattr(obj, name)) for name in values}
     for name, value in values.items():
         setattr(obj, name, value)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(obj, name, value)
+        for name, (held, value) in saved.items():
+            if held:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)
 
 
 def saved_data_files(state: dict) -> list:
