@@ -202,6 +202,20 @@ def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, t
     assert f"pid {os.getpid()}" in errors[0], errors[0]
 
 
+def one_line_each(result, limit: int, what: str) -> None:
+    """Every rank of the launch ended on the same one line, the main process's limit named (not a traceback, nor a
+    rank left waiting in a collective until the timeout)."""
+    said = result.stdout
+    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
+    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
+    assert result.returncode != 0
+    # (the launcher's own traceback, `ChildFailedError`, follows any rank's non-zero exit)
+    assert "[rank0]: Traceback" not in said and "[rank1]: Traceback" not in said, said[-3000:]
+    assert "Connection closed by peer" not in said and "Timed out" not in said, said[-3000:]  # gloo's waits
+    assert len(errors) == 2 and len(set(errors)) == 1, (errors, said[-3000:])
+    assert errors[0].startswith(f"error: a file size limit (ulimit -f) of {limit:,} bytes stopped the write: {what}")
+
+
 @pytest.mark.slow
 def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
     """Under DDP the main process alone writes a checkpoint's weights, optimizer and trainer state: a write the disk
@@ -211,14 +225,7 @@ def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
     # 100,000 bytes: more than any file rank 0 writes before the checkpoint (the record, about 12 KB), less than the
     # checkpoint's weights (about 760 KB).
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, "--save_strategy", "steps")
-    said = result.stdout
-    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: checkpoint-1 could not be written in {out}: raise it"), errors[0]
+    one_line_each(result, 100_000, f"checkpoint-1 could not be written in {out}: raise it")
     assert not (out / "checkpoint-1").exists()
 
 
@@ -230,14 +237,7 @@ def test_a_metrics_line_the_main_process_cannot_write_ends_every_rank_on_its_lin
     # Rank 0's limit set as it opens metrics.jsonl: 100 bytes, less than one record (about 800 bytes).
     more = ("--max_steps", "2", "--logging_steps", "1")
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="metrics.jsonl")
-    said = result.stdout
-    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: {out / 'metrics.jsonl'} could not be written: raise it"), errors[0]
+    one_line_each(result, 100, f"{out / 'metrics.jsonl'} could not be written: raise it")
 
 
 @pytest.mark.slow
@@ -247,13 +247,7 @@ def test_a_samples_record_the_main_process_cannot_write_ends_every_rank_on_its_l
     alone. Now every rank ends on the main's line."""
     more = ("--samples_every", "1", "--sample_count", "1")
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="samples.jsonl")
-    said = result.stdout
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 100 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: {out / 'samples.jsonl'} could not be written: raise it"), errors[0]
+    one_line_each(result, 100, f"{out / 'samples.jsonl'} could not be written: raise it")
 
 
 @pytest.mark.slow
@@ -263,14 +257,8 @@ def test_a_health_stop_record_the_main_process_cannot_write_ends_every_rank_on_i
     on into the stop's checkpoint and waited for it. Now every rank ends on the main's line."""
     guard = ("--max_steps", "3", "--logging_steps", "1", "--health_action", "stop", "--health_loss_floor", "0.69")
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10, *guard, from_opening="health_stop.json")
-    said = result.stdout
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert "health STOP [loss_floor]" in said, said[-3000:]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: {out / 'health_stop.json'} could not be written: raise it"), errors[0]
+    assert "health STOP [loss_floor]" in result.stdout, result.stdout[-3000:]
+    one_line_each(result, 10, f"{out / 'health_stop.json'} could not be written: raise it")
 
 
 @pytest.mark.slow
@@ -281,13 +269,7 @@ def test_a_final_model_the_main_process_cannot_write_ends_every_rank_on_its_line
 
     staging = output_folder.FINAL_STAGING
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, from_opening=staging)
-    said = result.stdout
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 100,000 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: the final model could not be written in {out}: raise it"), errors[0]
+    one_line_each(result, 100_000, f"the final model could not be written in {out}: raise it")
 
 
 @pytest.mark.slow
@@ -304,34 +286,14 @@ def test_a_stop_confirmation_the_main_process_cannot_write_ends_every_rank_on_it
     result, out = launch_with_main_limited(
         tmp_path, tiny_model_dir, 10, *more, env=env, from_opening="stop.checkpointed"
     )
-    said = result.stdout
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert "Stop requested: checkpoint" in said, said[-3000:]
-    assert result.returncode != 0
-    assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
-    limit = "error: a file size limit (ulimit -f) of 10 bytes stopped the write"
-    assert errors[0].startswith(f"{limit}: {stop}.checkpointed could not be written: raise it"), errors[0]
+    assert "Stop requested: checkpoint" in result.stdout, result.stdout[-3000:]
+    one_line_each(result, 10, f"{stop}.checkpointed could not be written: raise it")
     assert (out / "checkpoint-1" / "COMPLETE").is_file()  # what the rerun goes on from
 
 
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 # A short collective timeout: the old code's ranks waited in a collective for it (gloo), and the test with them.
 SHORT_WAIT = ("--ddp_timeout", "30")
-
-
-def one_line_each(result, limit: int, what: str) -> None:
-    """Every rank of the launch ended on the same one line, the main process's limit named (not a traceback, nor a
-    rank left waiting in a collective until the timeout)."""
-    said = result.stdout
-    # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
-    errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
-    assert result.returncode != 0
-    # (the launcher's own traceback, `ChildFailedError`, follows any rank's non-zero exit)
-    assert "[rank0]: Traceback" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert "Connection closed by peer" not in said and "Timed out" not in said, said[-3000:]  # gloo's waits
-    assert len(errors) == 2 and len(set(errors)) == 1, (errors, said[-3000:])
-    assert errors[0].startswith(f"error: a file size limit (ulimit -f) of {limit:,} bytes stopped the write: {what}")
 
 
 # TR-DPO: its moved reference is gathered after the rest of the checkpoint, on every rank (moved_reference.save).
