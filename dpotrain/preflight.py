@@ -184,10 +184,7 @@ def analyze(s: dict, sampled: int, max_length: int | None, loss_types: list[str]
         "loss_scale": loss_scale,
         "gap_summed": _stats(gap),
         "gap_per_token": _stats(gap_tok),
-        "logp_per_token": {
-            "chosen": _stats(s["logp_chosen"] / scored_c),
-            "rejected": _stats(s["logp_rejected"] / scored_r),
-        },
+        "logp_per_token": {k: _stats(s[f"logp_{k}"] / n) for k, n in (("chosen", scored_c), ("rejected", scored_r))},
         "past_thresholds": past,
         "length_ratio": _stats(ratio),
         "tokens": {k: _stats(s[k].astype(float)) for k in ("prompt", "chosen", "rejected")},
@@ -287,8 +284,7 @@ def to_markdown(r: dict) -> str:
         head,
         row("summed (nats)", r["gap_summed"]),
         row("per token (nats)", r["gap_per_token"]),
-        row("chosen per token", r["logp_per_token"]["chosen"]),
-        row("rejected per token", r["logp_per_token"]["rejected"]),
+        *(row(f"{k} per token", r["logp_per_token"][k]) for k in ("chosen", "rejected")),
         "",
         f"The loss of this recipe compares **{r['loss_scale'].replace('_', ' ')}** log-probs.",
         "",
@@ -303,9 +299,7 @@ def to_markdown(r: dict) -> str:
         "",
         head,
         row("chosen / rejected tokens", r["length_ratio"]),
-        row("prompt tokens", r["tokens"]["prompt"], "{:.0f}"),
-        row("chosen tokens", r["tokens"]["chosen"], "{:.0f}"),
-        row("rejected tokens", r["tokens"]["rejected"], "{:.0f}"),
+        *(row(f"{k} tokens", r["tokens"][k], "{:.0f}") for k in ("prompt", "chosen", "rejected")),
         "",
         f"- truncated (prompt + longer side > max_length): {r['truncated_share']:.1%} of scored pairs",
         f"- dropped (prompt alone fills max_length): {r['dropped']} of {r['sampled']} ({r['dropped_share']:.1%})",
@@ -335,17 +329,12 @@ def plot(s: dict, r: dict, path: str) -> None:
     gap, gap_tok, _, _ = gaps(s, r["max_length"])
     th = r["thresholds"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (values, title, warn, crit) in zip(
-        axes,
-        (
-            (gap, "summed gap (nats)", th["summed_warn"], th["summed_critical"]),
-            (gap_tok, "per-token gap (nats/token)", th["per_token_warn"], th["per_token_critical"]),
-        ),
-        strict=True,
-    ):
+    shown = ((gap, "summed gap (nats)", "summed"), (gap_tok, "per-token gap (nats/token)", "per_token"))
+    for ax, (values, title, scale) in zip(axes, shown, strict=True):
         ax.hist(values, bins=50, color="tab:blue", alpha=0.8)
-        for x, color in ((warn, "orange"), (-warn, "orange"), (crit, "red"), (-crit, "red")):
-            ax.axvline(x, color=color, linestyle="--", linewidth=1)
+        for level, color in (("warn", "orange"), ("critical", "red")):  # each threshold on both sides of 0
+            for x in (th[f"{scale}_{level}"], -th[f"{scale}_{level}"]):
+                ax.axvline(x, color=color, linestyle="--", linewidth=1)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("log p(chosen) − log p(rejected)")
