@@ -62,18 +62,12 @@ def line(found: dict) -> str:
     for length, it in found["lengths"].items():
         n = it.get("sequence_parallel_size")
         if "past_positions" in it:
-            parts.append(
-                f"max_length {length} reaches past the model's {it['past_positions']:,} positions (training refuses it)"
-            )
-        elif n == 1:
-            parts.append(f"max_length {length} fits (~{it['gib']} GiB)")
+            said = f"reaches past the model's {it['past_positions']:,} positions (training refuses it)"
         elif n:
-            parts.append(f"max_length {length} fits with --sequence_parallel_size {n} (~{it['gib']} GiB)")
+            said = f"fits{f' with --sequence_parallel_size {n}' * (n > 1)} (~{it['gib']} GiB)"
         else:
-            parts.append(
-                f"max_length {length} does not fit with any sequence_parallel_size within a node "
-                f"(~{it['gib']} GiB at the largest)"
-            )
+            said = f"does not fit with any sequence_parallel_size within a node (~{it['gib']} GiB at the largest)"
+        parts.append(f"max_length {length} {said}")
     where = (
         f"{found['engine']} on {plural(found['world_size'], 'GPU')} of {found['gpu_memory_gib']} GiB, "
         f"{found['attention']}, one whole pair per micro-batch"
