@@ -368,17 +368,17 @@ class CheckpointPusher(TrainerCallback):
                 self.pending.pop(step, None)
                 self.queue.task_done()
 
+    def _record(self, step: int, status: str, **entry) -> dict:
+        return record_push(self.out, step=step, branch=branch_name(step), status=status, repo=self.repo_id, **entry)
+
     def _failed(self, step: int, attempts: int, error: str) -> None:
-        branch = branch_name(step)
         try:
-            record_push(
-                self.out, step=step, branch=branch, status="failed", repo=self.repo_id, attempts=attempts, error=error
-            )
+            self._record(step, "failed", attempts=attempts, error=error)
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         print(
-            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch} ({error}); training goes on. "
+            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes on. "
             f"{recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk",
             file=sys.stderr,
             flush=True,
@@ -393,14 +393,7 @@ class CheckpointPusher(TrainerCallback):
             shutil.rmtree(self.out / STAGING, ignore_errors=True)
             return left
         for step in left:
-            record_push(
-                self.out,
-                step=step,
-                branch=branch_name(step),
-                status="unfinished",
-                repo=self.repo_id,
-                error="still uploading",
-            )
+            self._record(step, "unfinished", error="still uploading")
         print(
             f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
             f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
