@@ -8,6 +8,7 @@ activation checkpointing on every layer, another engine, sequence parallelism, m
 """
 
 import bisect
+import functools
 import itertools
 import math
 import shlex
@@ -210,17 +211,11 @@ class Advisor:
 
     def nodes(self, trial: Trial) -> bool:
         """The fewest nodes beyond this job's on which the trial fits, in whole sequence-parallel groups."""
-        group = trial.recipe.project.sequence_parallel_size
-        counts = [
-            n
-            for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
-            if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0
-        ]
-
-        def use(nodes: int):
-            trial.world = nodes * self.per_node
-
-        return self._bisect(trial, counts, use) is not None  # more processes never need more memory each
+        group, size = trial.recipe.project.sequence_parallel_size, self.per_node
+        worlds = [n * size for n in range(self.world // size + 1, MAX_NODES + 1)]
+        worlds = [w for w in worlds if w // group <= self.pairs and w % group == 0]
+        # more processes never need more memory each
+        return self._bisect(trial, worlds, functools.partial(setattr, trial, "world")) is not None
 
     def tokens(self, trial: Trial, shorten: bool = False) -> bool:
         """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length. `shorten` (the
