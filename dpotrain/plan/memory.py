@@ -477,10 +477,7 @@ class PerGpuBytes:
     """The memory plan's parts on one GPU, in bytes, for one checkpointing choice: what `plan` weighs and records
     (in GiB, as `run_record.MemoryPlan.per_gpu_gib`)."""
 
-    engine: Engine
-    world: int
     states: int
-    states_formula: str
     buffers: int
     activations: int
     activations_method: str
@@ -554,9 +551,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return PerGpuBytes(
-            engine, world, states, formula, buffers, activations, method, head, masks, exchange, reference
-        )
+        return PerGpuBytes(states, buffers, activations, method, head, masks, exchange, reference)
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: per_gpu(k).total)
@@ -576,7 +571,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
             "hidden_size": shape.hidden,
             "layers": shape.layers,
         },
-        "model_states_bytes": chosen.states_formula,
+        "model_states_bytes": formula,
         "micro_batch_tokens": tokens,
         "micro_batch_tokens_from": token_source,
         "activation_checkpointing": every is not None,
@@ -592,7 +587,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         given = chosen.activations + chosen.lm_head + chosen.masks + chosen.all_to_all
         record["reference_multiple"] = forward_only_multiple(config, tokens, width, attn, every or False, n, given)
     if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, config))
+        raise ConfigError(_refusal(recipe, engine, world, chosen, gpu, gpu_source, attention, config))
     return record
 
 
@@ -669,10 +664,9 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: PerGpuBytes, gpu: float, gpu_source: str, attention: str | None, config) -> str:
+def _refusal(recipe, e: Engine, world: int, chosen: PerGpuBytes, gpu: float, gpu_source: str, attention, config) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each trial is
     planned for the same model, whose config is read already)."""
-    e, world = chosen.engine, chosen.world
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
     on = plural(world, "GPU") + (f" (sequence_parallel_size {n})" if n > 1 else "")
