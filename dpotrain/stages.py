@@ -808,11 +808,6 @@ class RunSpec:
     def pairs_per_step(self) -> int:
         return self.launch.batch.pairs_per_step
 
-    @property
-    def reference(self) -> str:
-        """How the reference is scored: "cached" (the reference stage, once) or "live" (a model run at every step)."""
-        return "live" if uses_live_reference(self.recipe) else "cached"
-
     @functools.cached_property
     def as_run(self) -> config.Recipe:
         """The recipe of this run (`as_run` above), built once."""

