@@ -137,9 +137,8 @@ def summary(
     row("loss", losses.loss_text(s))
     row("learning rate", learning_rate_text(s))
     row("steps", steps_text(r))
-    if (
-        clipping := launch.gradient_clipping
-    ):  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
+    # The value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
+    if clipping := launch.gradient_clipping:
         norm, by = clipping["max_grad_norm"], clipping["clipped_by"]
         row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
     row("time", duration_text(r))
@@ -183,8 +182,7 @@ def steps_text(r: Record) -> str:
     if total is None:
         return "counted when the run loads the data set (a dry run reads only local files)"
     epochs = "" if s.max_steps > 0 else f" ({plural(s.num_train_epochs, 'epoch', 'g')})"
-    if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
-        trained = r.batching.epochs_trained
+    if s.max_steps > 0 and (trained := r.batching.epochs_trained) is not None:  # the epochs its steps make
         epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
     return f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup"
 
