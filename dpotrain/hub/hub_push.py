@@ -378,8 +378,8 @@ class CheckpointPusher(TrainerCallback):
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         print(
-            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes on. "
-            f"{recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk",
+            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
+            f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk",
             file=sys.stderr,
             flush=True,
         )
