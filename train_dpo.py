@@ -17,6 +17,7 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 from dpotrain.recipe import terminal, venv  # the standard library only
 
@@ -47,25 +48,22 @@ def main(argv=None) -> None:
     command = None if argv is None else [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
     stop = GracefulStop.from_env(command)
     # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
-    # (a notebook's) started with them, and logged into this run's W&B run and folder.
-    environment = dict(os.environ)
-    try:
-        result = run(argv, stop)
-        engine.end_processes()  # not after an error: a rank may still be in a collective the others left
-        return result
-    except Exception as e:  # any write of the run that did not fit: one line
-        full = disk_full.full_write(e)
-        if full is None:
-            raise
-        raise disk_full.write_failed(*full) from None
-    finally:
-        # Run as the command, the process exits next: a late SIGTERM must not kill it (a FAILED job); imported,
-        # the caller gets its own handlers back.
-        stop.release(exiting=__name__ == "__main__")
-        run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
-        if __name__ != "__main__":
-            os.environ.clear()
-            os.environ.update(environment)
+    # (a notebook's) started with them, and logged into this run's W&B run and folder. Imported, it gets its own back.
+    with nullcontext() if __name__ == "__main__" else mock.patch.dict(os.environ):
+        try:
+            result = run(argv, stop)
+            engine.end_processes()  # not after an error: a rank may still be in a collective the others left
+            return result
+        except Exception as e:  # any write of the run that did not fit: one line
+            full = disk_full.full_write(e)
+            if full is None:
+                raise
+            raise disk_full.write_failed(*full) from None
+        finally:
+            # Run as the command, the process exits next: a late SIGTERM must not kill it (a FAILED job); imported,
+            # the caller gets its own handlers back.
+            stop.release(exiting=__name__ == "__main__")
+            run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
 
 def run(argv, stop: GracefulStop) -> int | None:
