@@ -7,6 +7,7 @@ fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the
 may take and refuses a time limit within the warning."""
 
 import contextlib
+import functools
 import os
 import re
 import shlex
@@ -143,10 +144,7 @@ def seconds_left(left: str) -> int | None:
     parts = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+)*)", left.strip())
     if parts is None:
         return None
-    seconds = 0
-    for part in parts[2].split(":"):
-        seconds = seconds * 60 + int(part)
-    return seconds + 86400 * int(parts[1] or 0)
+    return functools.reduce(lambda s, part: s * 60 + int(part), parts[2].split(":"), 0) + 86400 * int(parts[1] or 0)
 
 
 def duration(seconds: int) -> str:
