@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
@@ -90,10 +91,8 @@ def warning_lead(script: str, submit_line: str = "") -> str:
     job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting)."""
     found = None
     with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
-        with open(script) as lines:
-            for line in lines:
-                if given := re.match(r"#SBATCH\s+--signal[= ]\s*(\S+)", line):  # the last one wins, as in sbatch
-                    found = (given[1], script)
+        given = re.findall(r"^#SBATCH\s+--signal[= ]\s*(\S+)", Path(script).read_text(), re.MULTILINE)
+        found = (given[-1], script) if given else None  # the last one wins, as in sbatch
     if os.environ.get("SBATCH_SIGNAL"):
         found = (os.environ["SBATCH_SIGNAL"], "SBATCH_SIGNAL")
     try:
