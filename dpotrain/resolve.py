@@ -245,7 +245,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
         del changed["lora_dropout"]
     if "model_init_kwargs" in old.values:  # the keys the run decides are recorded as loaded, compared as their fields
-        was, now = (_model_kwargs(r.settings.model_init_kwargs) for r in (old, new))
+        skip = options.DECIDED_INIT_KWARGS.keys() | LOAD_ONLY_INIT_KWARGS
+        was, now = (
+            {k: v for k, v in (r.settings.model_init_kwargs or {}).items() if k not in skip} for r in (old, new)
+        )
         if was != now:
             changed["model_init_kwargs"] = (was, now)
     if old.batching.pairs_per_step != pairs_per_step:
@@ -272,11 +275,6 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
 # model_init_kwargs keys that say how from_pretrained reads the files, not what model it builds: every other key is a
 # config override (`rope_theta`, `attention_dropout`) or a quantization, another model than the checkpoint's steps'
 LOAD_ONLY_INIT_KWARGS = {"low_cpu_mem_usage", "device_map", "max_memory", "offload_folder", "cache_dir", "token"}
-
-
-def _model_kwargs(kwargs: dict | None) -> dict:
-    skip = options.DECIDED_INIT_KWARGS.keys() | LOAD_ONLY_INIT_KWARGS
-    return {k: v for k, v in (kwargs or {}).items() if k not in skip}
 
 
 def _started_in(record: Path, recorded: str | None) -> Path | None:
@@ -332,12 +330,6 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     return OutputDecision(explicit, True)
 
 
-def output_named(out: Path) -> str:
-    """The output folder as a refusal names it. A link retargeted between two attempts (to another run's folder) was
-    refused by the link's name alone, which the person knew as the folder of the run they meant to resume."""
-    return f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
-
-
 def finished_by_this_job(out: Path) -> str | None:
     """The Slurm job this start is a requeue of, where that job finished the run in `out` (run_complete.json names it)
     before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
@@ -366,7 +358,9 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
     if job := finished_by_this_job(out):  # the same command again: nothing replaced, resumed or refused
         return OutputDecision(None, False, finished_by=job)
-    named = output_named(out)
+    # A link retargeted between two attempts (to another run's folder) was refused by the link's name alone, which the
+    # person knew as the folder of the run they meant to resume.
+    named = f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
     if explicit:
         resume.check_explicit(explicit)
         # The automatic resume's comparison, with the record the checkpoint was trained under.

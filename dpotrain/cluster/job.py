@@ -7,10 +7,12 @@ fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the
 may take and refuses a time limit within the warning."""
 
 import contextlib
+import functools
 import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
@@ -89,10 +91,8 @@ def warning_lead(script: str, submit_line: str = "") -> str:
     job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting)."""
     found = None
     with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
-        with open(script) as lines:
-            for line in lines:
-                if given := re.match(r"#SBATCH\s+--signal[= ]\s*(\S+)", line):  # the last one wins, as in sbatch
-                    found = (given[1], script)
+        given = re.findall(r"^#SBATCH\s+--signal[= ]\s*(\S+)", Path(script).read_text(), re.MULTILINE)
+        found = (given[-1], script) if given else None  # the last one wins, as in sbatch
     if os.environ.get("SBATCH_SIGNAL"):
         found = (os.environ["SBATCH_SIGNAL"], "SBATCH_SIGNAL")
     try:
@@ -143,10 +143,7 @@ def seconds_left(left: str) -> int | None:
     parts = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+)*)", left.strip())
     if parts is None:
         return None
-    seconds = 0
-    for part in parts[2].split(":"):
-        seconds = seconds * 60 + int(part)
-    return seconds + 86400 * int(parts[1] or 0)
+    return functools.reduce(lambda s, part: s * 60 + int(part), parts[2].split(":"), 0) + 86400 * int(parts[1] or 0)
 
 
 def duration(seconds: int) -> str:

@@ -207,15 +207,7 @@ _held: list[Lock] = []
 def _link(lock: Path, raw: bytes) -> bool:
     """Makes `lock` hold `raw`, atomically, unless it exists (link(2): atomic on NFS where O_EXCL may not be)."""
     own = lock.with_name(f".{lock.name}.{socket.gethostname()}.{os.getpid()}")
-    try:
-        with open(own, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:  # a full disk: said of the lock it was for (train_dpo.main), with nothing left behind
-        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
-            own.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(lock)) from e
+    _create(own, raw, exclusive=False, lock=lock)
     try:
         os.link(own, lock)
         return True
@@ -229,17 +221,22 @@ def _link(lock: Path, raw: bytes) -> bool:
         own.unlink(missing_ok=True)
 
 
-def _create(lock: Path, raw: bytes) -> bool:
-    """Makes `lock` hold `raw` unless it exists, without a hard link (O_CREAT|O_EXCL): where there are none."""
+def _create(path: Path, raw: bytes, exclusive: bool = True, lock: Path | None = None) -> bool:
+    """Makes `path` hold `raw`, on disk; `exclusive`: unless it exists (O_CREAT|O_EXCL, the lock without a hard link,
+    where there are none), else False. A failed write is said of `lock` (train_dpo.main), the lock it was for."""
+    lock = lock or path
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC), 0o644)
     except FileExistsError:
         return False
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(lock)) from e
     try:
         os.write(fd, raw)
         os.fsync(fd)
-    except OSError as e:  # a full disk: no empty lock left for the next run to wait out
-        lock.unlink(missing_ok=True)
+    except OSError as e:  # a full disk: no file left behind (no empty lock for the next run to wait out)
+        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
+            path.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(lock)) from e
     finally:
         os.close(fd)

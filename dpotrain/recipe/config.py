@@ -366,18 +366,19 @@ def read_recipe(path: str) -> dict:
             )
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
+    taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     for name, value in (config.get("env") or {}).items():
-        if value is None or str(name) in os.environ:  # the environment wins: the block's value is not used
+        if value is None or str(name) in os.environ:
             continue
         try:
-            value = venv.expand_folder(str(name), recipe_file.written(value))
+            taken[str(name)] = venv.expand_folder(str(name), recipe_file.written(value))
         except KeyError as unset:
             raise ConfigError(
                 f"{path}: env: {name} {recipe_file.written(value)!r} names ${unset.args[0]}, which is not set: export "
                 f"{unset.args[0]}, or give the folder's absolute path"
             ) from None
-        _check_env_cache_folder(path, str(name), value)
-    return config
+        _check_env_cache_folder(path, str(name), taken[str(name)])
+    return config | ({"env": taken} if "env" in config else {})
 
 
 # What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read once, as they are imported: in a
@@ -392,9 +393,7 @@ def _check_env_cache_folder(path: str, name: str, value: str) -> None:
     huggingface_hub and datasets were imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while
     the run named the recipe's; HF_ENDPOINT: the run asked huggingface.co), and a relative DPOTRAIN_CACHE would be each
     command's own folder's (docs/hub.md). One the environment (or `.env`) sets already is never taken from the block
-    (the environment wins), so it is not refused."""
-    if name in os.environ:
-        return
+    (the environment wins), so it is not refused (`read_recipe` checks only what the block sets)."""
     if name in READ_AT_IMPORT or (name.startswith(("HF_HUB_", "HF_DATASETS_")) and not name.endswith("_OFFLINE")):
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
@@ -452,13 +451,6 @@ UNSETTABLE = {
 }
 
 
-def _settable(tokens: list[str]) -> list[str]:
-    """`tokens`, once no UNSETTABLE field is among them."""
-    if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
-        raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
-    return tokens
-
-
 # Said whether transformers' own check of the option (evaluation and saving on one schedule) or the run's sees it first.
 LOAD_BEST_REFUSED = (
     "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
@@ -509,7 +501,9 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             )
     # The recipe's words, then the command line's: the last value wins.
     words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
-    tokens = _settable(_one_process_backend(words) + _cpu_deepspeed_backend(words))
+    tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
+    if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
+        raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
@@ -643,7 +637,7 @@ def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> No
             continue
         value = os.path.expanduser(value) if value.startswith("~") else value
         if name not in on_command_line:
-            value = project_path(value) if (part, name) in RECIPE_PATHS else value
+            value = (_project_file(value) or value) if (part, name) in RECIPE_PATHS else value
         elif name != "accelerate_config":
             value = _submitted_file(value) or value
         setattr(parts[part], name, value)
@@ -657,16 +651,10 @@ def _submitted_file(value: str, pattern: bool = False) -> str | None:
     return str(there) if there is not None and _found(there, pattern) else None
 
 
-def project_path(name: str) -> str:
-    """A relative path that the project's own files name (a recipe's data set, accelerate_config.yaml's
-    ds_config.json): the one in the folder the command runs in where it is there, else the project's where that is
-    there; else `name` as it is."""
-    return _project_file(name) or name
-
-
 def _project_file(value: str, pattern: bool = False) -> str | None:
-    """The project's file a recipe's relative `value` names where the folder the command runs in has none, else None.
-    `pattern`: `value` may be a glob (a mixture's `data_files`), found where it matches a file."""
+    """The project's file a relative `value` the project's own files name (a recipe's data set, accelerate_config.yaml's
+    ds_config.json) names where the folder the command runs in has none, else None. `pattern`: `value` may be a glob
+    (a mixture's `data_files`), found where it matches a file."""
     path = Path(value).expanduser()
     if not path.is_absolute() and not _found(path, pattern) and _found(venv.ROOT / path, pattern):
         return str(venv.ROOT / path)
@@ -771,7 +759,7 @@ def launch_file(name: str, accelerate_config: str | None) -> str:
     `accelerate_config` names the project's file, not one a submit folder happens to hold (another checkout's)."""
     path = Path(accelerate_config or "none").expanduser()  # a path from here, a job's from the project
     own = str(path).lower() != "none" and path.is_file() and path.resolve().is_relative_to(venv.ROOT.resolve())
-    return (None if own else _submitted_file(name)) or project_path(name)
+    return (None if own else _submitted_file(name)) or _project_file(name) or name
 
 
 def launch_file_places() -> str:
@@ -856,11 +844,11 @@ def in_submit_dir(name: str | None) -> Path | None:
 TOKEN_FLAGS = ("--hub_token", "--hub-token")
 
 
-def without_secrets(argv: list[str]) -> tuple[str, ...]:
+def without_secrets(argv: list[str], flags: tuple[str, ...] = TOKEN_FLAGS) -> tuple[str, ...]:
     """The command line without a --hub_token (either spelling, `--hub_token X` or `--hub_token=X`) and its value: a
-    printed command must not carry the token."""
-    value = {i + 1 for i, word in enumerate(argv) if word in TOKEN_FLAGS}
-    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in TOKEN_FLAGS)
+    printed command must not carry the token. `flags`: other flags dropped the same way."""
+    value = {i + 1 for i, word in enumerate(argv) if word in flags}
+    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in flags)
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
@@ -895,10 +883,8 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
 
 
 def _take_env_block(block: dict) -> None:
-    """TRL's `env:` block of a recipe, under the environment (read_recipe checked it)."""
-    for key, value in block.items():
-        if value is not None and str(key) not in os.environ:  # `WANDB_PROJECT:` with no value sets nothing
-            os.environ[str(key)] = venv.expand_folder(str(key), recipe_file.written(value))
+    """TRL's `env:` block of a recipe, what it sets as read_recipe checked and expanded it."""
+    os.environ.update(block)
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before the block: its HF_HUB_OFFLINE
         from dpotrain.recipe import hub_switches
 
@@ -911,14 +897,7 @@ def _one_process_backend(words: list[str]) -> list[str]:
     been initialized"), so a cluster recipe's `ddp_backend: nccl` ended its dry run. The launch's processes read it."""
     if launcher.under_launcher() or launcher.several_processes():
         return words
-    kept, rest = [], iter(words)
-    for word in rest:
-        name, equals, _ = word.partition("=")
-        if name not in ("--ddp_backend", "--ddp-backend"):
-            kept.append(word)
-        elif not equals:
-            next(rest, None)  # its value, the next word
-    return kept
+    return list(without_secrets(words, ("--ddp_backend", "--ddp-backend")))
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:

@@ -57,8 +57,7 @@ class _PipeWriter(io.FileIO):
 def guard_streams() -> None:
     """sys.stdout and sys.stderr, where they go to a pipe (or a socket), rebuilt on `_PipeWriter`, as they were
     (encoding, buffering). A terminal is the SIGHUP handler's to detach (train/preemption.py); a file has no reader."""
-    sys.stdout = _guarded(sys.stdout, 1)
-    sys.stderr = _guarded(sys.stderr, 2)
+    sys.stdout, sys.stderr = _guarded(sys.stdout, 1), _guarded(sys.stderr, 2)
 
 
 def _guarded(old, fd: int):
