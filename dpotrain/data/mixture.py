@@ -497,11 +497,9 @@ def load(
                 raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
             )
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
-            raise (
-                e
-                if spec in str(e) or isinstance(e, rows.InvalidRowError)
-                else ConfigError(f"mixture source {spec}: {e}")
-            ) from None
+            if spec in str(e) or isinstance(e, rows.InvalidRowError):
+                raise
+            raise ConfigError(f"mixture source {spec}: {e}") from None
         usable.append(pairs)
         record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
