@@ -307,6 +307,19 @@ def test_data_files_are_matched_as_datasets_matches_them(files, tmp_path, monkey
         resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
 
 
+def test_a_sources_identity_holds_the_files_its_pattern_reads(files, tmp_path, monkeypatch):
+    """The files a `data_files` pattern names are recorded (resume's comparison, the analyzer's cache key) as the load
+    matches them: `pairs/**/*.jsonl` reads pairs/a.jsonl too, which Python's glob left out of the record, so an edit of
+    that file was resumed on and its old lengths reused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs" / "sub").mkdir(parents=True)
+    shutil.copy(files["trl"], tmp_path / "pairs" / "a.jsonl")
+    shutil.copy(files["trl"], tmp_path / "pairs" / "sub" / "b.jsonl")
+    source = mixture.Source("json", "train", data_files="pairs/**/*.jsonl")
+    assert sorted(mixture.identity_of(source)["files"]) == ["a.jsonl", "sub/b.jsonl"]
+    assert sorted(p.name for p in mixture._files_read(source)) == ["a.jsonl", "b.jsonl"]  # what the load reads
+
+
 def test_two_configurations_of_a_cloned_hub_data_set_are_two_sources(files, tmp_path, monkeypatch):
     """A folder whose README.md names its files by configuration (a Hub data set cloned): `name: en` and `name: de`
     read en/ and de/, and were refused as both reading a file (every file of the folder taken as each one's split);

@@ -155,13 +155,9 @@ def model_config(key: str, vocab_size: int = 1024):
     vocabulary, which transformers warns about at every load."""
     from transformers import Olmo3Config
 
-    ids = {token: SPECIAL_TOKENS.index(token) for token in ("<|endoftext|>", "<|pad|>", "<|im_end|>")}
+    bos, pad, eos = (SPECIAL_TOKENS.index(token) for token in ("<|endoftext|>", "<|pad|>", "<|im_end|>"))
     return Olmo3Config(
-        vocab_size=vocab_size,
-        bos_token_id=ids["<|endoftext|>"],
-        pad_token_id=ids["<|pad|>"],
-        eos_token_id=ids["<|im_end|>"],
-        **BUILTIN_MODELS[key],
+        vocab_size=vocab_size, bos_token_id=bos, pad_token_id=pad, eos_token_id=eos, **BUILTIN_MODELS[key]
     )
 
 
@@ -229,12 +225,8 @@ def make_preference_rows(n: int = 384, seed: int = 0) -> list[dict]:
         else:
             chosen = _careful_answer(rng, a, b, topic, int(rng.expovariate(1 / 2.5)))
             rejected = _sloppy_answer(rng, a, b, 1 + int(rng.expovariate(1 / 8)))
-        rows.append(
-            {
-                "chosen": prompt + [{"role": "assistant", "content": chosen}],
-                "rejected": prompt + [{"role": "assistant", "content": rejected}],
-            }
-        )
+        answers = {"chosen": chosen, "rejected": rejected}
+        rows.append({side: prompt + [{"role": "assistant", "content": text}] for side, text in answers.items()})
     return rows
 
 

@@ -320,7 +320,10 @@ def load_dataset(*args, **kwargs):
         return datasets.load_dataset(*args, **kwargs)
     except FileNotFoundError as e:
         cache = Path(datasets.config.HF_DATASETS_CACHE)
-        lost = next((Path(w) for w in str(e).replace('"', "'").split("'") if _inside(Path(w), cache)), None)
+        words = map(Path, str(e).replace('"', "'").split("'"))
+        lost = next(
+            (p for p in words if p.is_absolute() and any(map(p.is_relative_to, (cache, cache.resolve())))), None
+        )
         if lost is None or kwargs.get("streaming"):
             raise
     named = _named(args[0], kwargs.get("data_files"))
@@ -339,10 +342,6 @@ def _named(name: str, data_files) -> str:
     if isinstance(data_files, dict):
         data_files = [f for found in data_files.values() for f in ([found] if isinstance(found, str) else found)]
     return ", ".join(map(str, [data_files] if isinstance(data_files, str) else data_files)) if data_files else name
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    return path.is_absolute() and (path.is_relative_to(folder) or path.is_relative_to(folder.resolve()))
 
 
 def load_as_text(features, load, *args, **kwargs):

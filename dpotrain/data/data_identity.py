@@ -9,7 +9,6 @@ rewrites the file while its size and first and last tensors may stay (the messag
 recorded time; docs/reliability.md).
 """
 
-import glob
 import hashlib
 import os
 import shlex
@@ -30,14 +29,19 @@ def entries(data_files, split: str) -> list:
     return entries if isinstance(entries, list) else [entries]
 
 
-def _listed(data_files, split: str, base: Path) -> list[Path]:
-    """The local files a mixture source's `data_files` names (a path, a glob, a list of them, or {split: ...}),
-    relative to `base` as datasets reads them (the source's folder, or the working folder for a builder)."""
-    found = []
-    for name in (e for e in entries(data_files, split) if isinstance(e, str)):
-        name = os.path.join(base, os.path.expanduser(name))
-        found += [Path(m) for m in (sorted(glob.glob(name)) if glob.has_magic(name) else [name]) if Path(m).is_file()]
-    return found
+def load_matches(base: str, entry: str) -> list[str]:
+    """The local files datasets' load reads for a `data_files` entry, by its own resolution from the folder it reads
+    (`base`: a builder's data_dir): `**` matches folders at any depth (`pairs/**/*.jsonl` reads pairs/a.jsonl too,
+    which Python's glob does not match: such a source was refused as matching no file, and its identity left the file
+    out), `~` is not expanded (the load fails on it); none for a remote file."""
+    from datasets.data_files import resolve_pattern
+
+    if "://" in entry:
+        return []
+    try:
+        return resolve_pattern(entry, base_path=os.path.abspath(os.path.expanduser(base)))
+    except FileNotFoundError:
+        return []
 
 
 def files(name: str, split: str = "train", data_dir: str | None = None, data_files=None) -> dict[str, Path] | None:
@@ -46,7 +50,10 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
     `data_dir`), hidden ones aside; the local files `data_files` lists. None for a data set on the Hub."""
     path = Path(name).expanduser()
     if data_files and path.is_dir():  # those files only, never the whole folder they are named from
-        listed = _listed(data_files, split, path)
+        # a path, a glob, a list of them, or {split: ...}, relative to the source's folder (a builder: the working one)
+        listed = [
+            Path(f) for e in entries(data_files, split) if isinstance(e, str) for f in sorted(load_matches(path, e))
+        ]
         root = Path(os.path.commonpath([str(p.resolve().parent) for p in listed])) if listed else path
         return {p.resolve().relative_to(root).as_posix(): p for p in listed}
     if path.is_file():

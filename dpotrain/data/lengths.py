@@ -255,9 +255,8 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     import datasets
 
     features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})  # first_tokens: an id
-    features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
-    features["mismatch"] = datasets.Value("bool")
-    features["unopened"] = datasets.Value("int8")
+    kinds = {"problem": "string", "problem_column": "string", "mismatch": "bool", "unopened": "int8"}
+    features.update({column: datasets.Value(kind) for column, kind in kinds.items()})
     processes = min(num_proc, -(-len(dataset) // chunk_size))
     # Cached in datasets' cache (a later run finds it), never beside the user's own saved data set (maybe read-only or
     # shared): that map stays in memory.
@@ -489,9 +488,8 @@ def recommendation(
     uncapped = cap = best
     if max_positions and best > max_positions:
         cap = int(max_positions)
-        if mode == "keep_start" and not np.any(
-            m.prompt < cap
-        ):  # no length the model takes keeps a pair: nothing to recommend or compare to
+        # no length the model takes keeps a pair: nothing to recommend or compare to
+        if mode == "keep_start" and not np.any(m.prompt < cap):
             raise ConfigError(
                 f"every one of the {m.rows:,} pairs measured has a prompt that alone fills the model's {cap:,} "
                 f"positions (max_position_embeddings; the shortest prompt is {int(m.prompt.min()):,} tokens), so "

@@ -79,13 +79,6 @@ def to_markdown(report: dict, current_max_length: int | None = None, given_by: s
     return "\n".join(lines) + "\n"
 
 
-def _per_point(compute: float, coverage: float) -> str:
-    """The same trade in the Price column's unit: compute per 1% more pairs whole."""
-    if coverage <= 0:
-        return ""
-    return f", {compute / coverage / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
-
-
 def _rationale(report: dict, current_max_length: int | None, batch: int, given_by: str = "recipe") -> list[str]:
     """The markdown's last part: why the recommended max_length, the recipe's own, and the invalid rows."""
     n, r = report["rows"], report["recommendation"]
@@ -108,16 +101,21 @@ def _rationale(report: dict, current_max_length: int | None, batch: int, given_b
     if r.get("capped"):
         line = capped_line(r)
         lines.append(f"- {line[0].upper()}{line[1:]}")
-    cut, dropped = r["truncated"], r["dropped"]
+    cut, dropped, more = r["truncated"], r["dropped"], doubled["coverage"] - r["coverage"]
+    # the doubling's trade in the Price column's unit too: compute per 1% more pairs whole
+    per_point = (
+        f", {doubled['compute'] / more / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
+        if more > 0
+        else ""
+    )
     lines += [
         f"- {plural(cut, 'pair', ',')} ({cut / n:.1%}) {'is' if cut == 1 else 'are'} cut at max_length (the collator "
         f"keeps the {'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); {dropped:,} "
         f"{'is' if dropped == 1 else 'are'} dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt "
         "alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
-        f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
-        f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)"
-        + _per_point(doubled["compute"], doubled["coverage"] - r["coverage"]),
+        f"{doubled['max_length']:,} would leave {more:.1%} more pairs whole for {doubled['compute']:+.1%} packed "
+        f"compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once){per_point}",
         f"- Padded batches of {plural(batch, 'pair')} would add {chosen['padding']['padded']:.1%} padding "
         f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
     ]

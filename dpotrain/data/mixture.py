@@ -194,7 +194,7 @@ def _files_read(source: Source) -> list:
     # each entry matched as the load matches it, relative to the folder and data_dir it reads, a match by its real
     # path: `*.jsonl` matching a.jsonl and a link to it reads the file twice (`data_identity.files` kept one of them)
     entries = [e for e in data_identity.entries(data_files, split) if isinstance(e, str)]
-    return [Path(f).resolve() for e in entries for f in _load_matches(folder, e)]
+    return [Path(f).resolve() for e in entries for f in data_identity.load_matches(folder, e)]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
@@ -342,33 +342,18 @@ def check(recipe) -> None:
 def _check_found(source: Source) -> None:
     """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
     ended the load in a bare `StopIteration` (a pattern) or named the file but not the source. Matched as the load
-    matches it (`_load_matches`)."""
+    matches it (`data_identity.load_matches`)."""
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
     for entry in data_identity.entries(data_files, split):
-        if isinstance(entry, str) and "://" not in entry and not _load_matches(base, entry):
+        if isinstance(entry, str) and "://" not in entry and not data_identity.load_matches(base, entry):
             where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
             home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""
             raise ConfigError(
                 f"mixture source {source.spec()}: data_files {entry!r} matches no file{where}{home}: check the path or "
                 "pattern"
             )
-
-
-def _load_matches(base: str, entry: str) -> list[str]:
-    """The local files datasets' load reads for a `data_files` entry, by its own resolution from the folder it reads
-    (`base`: a builder's data_dir): `**` matches folders at any depth (`pairs/**/*.jsonl` reads pairs/a.jsonl too,
-    which Python's glob does not match: such a source was refused as matching no file), `~` is not expanded (the load
-    fails on it); none for a remote file."""
-    from datasets.data_files import resolve_pattern
-
-    if "://" in entry:
-        return []
-    try:
-        return resolve_pattern(entry, base_path=os.path.abspath(os.path.expanduser(base)))
-    except FileNotFoundError:
-        return []
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
@@ -512,11 +497,9 @@ def load(
                 raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
             )
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
-            raise (
-                e
-                if spec in str(e) or isinstance(e, rows.InvalidRowError)
-                else ConfigError(f"mixture source {spec}: {e}")
-            ) from None
+            if spec in str(e) or isinstance(e, rows.InvalidRowError):
+                raise
+            raise ConfigError(f"mixture source {spec}: {e}") from None
         usable.append(pairs)
         record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision

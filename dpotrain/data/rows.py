@@ -172,12 +172,9 @@ def _says_something(message: dict) -> bool:
 
 def split_row(example: dict, fmt: RowFormat) -> dict:
     """A read row as the trainer tokenizes it: EOS appended to plain-text completions (DPOTrainer's add_eos)."""
-    example = dict(example)
-    if not fmt.conversational and fmt.eos_token:
-        for column in ("chosen", "rejected"):
-            if not example[column].endswith(fmt.eos_token):
-                example[column] = example[column] + fmt.eos_token
-    return example
+    if fmt.conversational or not (eos := fmt.eos_token):
+        return dict(example)
+    return example | {c: example[c] if example[c].endswith(eos) else example[c] + eos for c in ("chosen", "rejected")}
 
 
 @dataclasses.dataclass
