@@ -54,6 +54,31 @@ def _temporary_name(path: Path) -> str:
     return f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}{ours}"
 
 
+def dead_temporaries(folder: Path, names) -> list[Path]:
+    """`replacing`'s temporaries in `folder` of the files `names`, left by a writer on this host that was killed
+    mid-write (its pid gone; or this process's own, which writes nothing while it asks: a container's pids repeat).
+    Another host's, or a live process's, are never among them: that writer may be writing."""
+    stems = {f".{n}" for n in names} | {f".{hashlib.sha256(os.fsencode(n)).hexdigest()[:16]}" for n in names}
+    found = []
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        stem, _, tail = entry.name.rpartition(f".{socket.gethostname()}.")  # `_temporary_name`'s parts
+        pid = tail.removesuffix(".tmp")
+        if stem in stems and tail.endswith(".tmp") and pid.isdigit():
+            if int(pid) == os.getpid() or not _alive(int(pid)):
+                found.append(entry)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def write_text(path: str | Path, text: str) -> Path:
     with replacing(path) as f:
         f.write(text)
