@@ -25,10 +25,11 @@ STATE = {
     "scheduler.pt": ("scheduler.pt", "global_step*/*model_states.pt"),
 }
 
-# What a resume loads from a checkpoint (weights, optimizer and scheduler state, RNG states, trainer_state.json,
-# TR-DPO's moved reference, DeepSpeed's `latest` tag), by file name: one there that the manifest does not list was put
-# there after the checkpoint was sealed (another run's, a copy cut short), and would be loaded unverified.
-LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "*.json", "latest")
+# What a resume loads into the run from a checkpoint (weights, optimizer and scheduler state, RNG states,
+# trainer_state.json, TR-DPO's moved reference, DeepSpeed's `latest` tag), by file name: one there that the manifest
+# does not list was put there after the checkpoint was sealed (another run's, a copy cut short), and would be loaded
+# unverified.
+LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "trainer_state.json", "latest")
 
 
 def sha256(path: Path) -> str:
