@@ -802,6 +802,9 @@ def test_the_temporaries_of_a_write_killed_midway_are_removed_by_the_rerun_and_n
     killed = out / f".{run_files.MANIFEST}.{host}.{dead}.tmp"
     killed.write_text('{"format": 2, "na')
     output_folder.check(str(out), lock=False)  # refused before
+    killed.rename(out / f".{run_files.MANIFEST}.other-host.{dead}.tmp")  # a requeue on another node: the same
+    output_folder.check(str(out), lock=False)
+    (out / f".{run_files.MANIFEST}.other-host.{dead}.tmp").rename(killed)
     kept = [
         out / f".{run_files.MANIFEST}.other-host.{dead}.tmp",
         out / f".resolved_config.json.{host}.{live}.tmp",
