@@ -70,13 +70,7 @@ def check_options(recipe: Recipe) -> None:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_logging(recipe)
     check_saving(recipe)
-    # TRL's two names for it (streaming is its mixture field: a mixture refuses it first, in mixture.parse)
-    for name, value in (("dataset_streaming", s.dataset_streaming), ("streaming", recipe.project.streaming)):
-        if value:
-            raise ConfigError(
-                f"{name}: the step plan and the reference stage need every pair's length up front; "
-                "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
-            )
+    check_streaming(recipe)
     check_engine_switches(t)
     check_unread(recipe)
     if t.save_on_each_node:
@@ -184,6 +178,19 @@ def check_revisions(recipe: Recipe) -> None:
             f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
             f"{reads}: remove dataset_revision"
         )
+
+
+def check_streaming(recipe, where: str = "") -> None:
+    """The run refuses a streamed data set, and so does the analyzer for the recipe it reads (`where`: the recipe's
+    path): its max_length recommended for a recipe the run refuses."""
+    # TRL's two names for it (streaming is its mixture field: a mixture refuses it first, in mixture.parse)
+    given = (("dataset_streaming", recipe.script.dataset_streaming), ("streaming", recipe.project.streaming))
+    for name, value in given:
+        if value:
+            raise ConfigError(
+                f"{name}{where}: the step plan and the reference stage need every pair's length up front; "
+                "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
+            )
 
 
 def check_engine_switches(t) -> None:

@@ -17,6 +17,7 @@ from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, RUN_COMPLETE
 from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
+from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
@@ -131,7 +132,10 @@ def check(output_dir: str, lock: bool = True) -> None:
         collectives.main_outcome(_writable_and_free, out)
     if not out.is_dir():
         return
-    found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
+    # A run killed as it wrote its first record leaves that record's temporary alone, on whichever node (a requeue may
+    # run on another): no person's file, and no live run's past the lock's check. The rerun's (start removes it).
+    dead = {path.name for path, _, _ in writes.temporaries(out, [MANIFEST])}
+    found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in (*BROWSER_FILES, *dead))]
     recorded = read_manifest(out)
     # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy
     # of its run's resolved_config.json read it as a run written before records
@@ -225,6 +229,7 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     names = run_names(recipe, pushes)
     old = read_manifest(out)
+    run_files.remove_dead_temporaries(out, [*names, *(old or [])])
     if start_afresh and old is not None:
         replace(out, old)
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)

@@ -261,6 +261,8 @@ def analyze(args: argparse.Namespace) -> int:
     run = read_run(args)
     options.check_max_length(run.training)  # 0 was no length at all, -5 a candidate row of negative sizes
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
+    # The recipe's streaming, refused as the run refuses it (the analyzer's own --streaming is how it reads, no setting)
+    options.check_streaming(run, f" (in {recipe_path})" if recipe_path else "")
     # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
     args.skip_invalid = project.skip_invalid
     fields = mixture.fields_of(run)

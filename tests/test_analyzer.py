@@ -507,6 +507,26 @@ def test_a_data_set_revision_nothing_is_read_at_and_a_streamed_mixture_are_refus
     assert error_line(capsys).startswith("error: streaming: true with a mixture: sources are counted and sampled")
 
 
+@pytest.mark.parametrize("key", ["streaming", "dataset_streaming"])
+def test_a_recipe_the_run_refuses_for_streaming_is_refused_by_the_analyzer_too(
+    key, cli, tmp_path, tiny_model_dir, capsys
+):
+    """A recipe holding `streaming: true` (or TRL's `dataset_streaming: true`) with one data set was analysed and its
+    max_length recommended (exit 0), where the run refuses that recipe before it starts. The analyzer's own
+    --streaming (how it reads a data set larger than memory) is not the recipe's and still measures."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "streamed.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\n{key}: true\n")
+    assert cli.main(["--config", str(recipe), "--json", str(tmp_path / "r.json")]) == 2
+    assert error_line(capsys) == (
+        f"error: {key} (in {recipe}): the step plan and the reference stage need every pair's length up front; "
+        "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
+    )
+    assert not (tmp_path / "r.json").exists()
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\n")
+    assert cli.main(["--config", str(recipe), "--streaming", "--json", str(tmp_path / "r.json")]) == 0
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which

@@ -2,6 +2,7 @@
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
 import json
+import re
 import shutil
 
 import datasets
@@ -11,6 +12,7 @@ from transformers import TrainerCallback
 from conftest import ROOT, built, ready, sealed_checkpoint
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 from dpotrain.train.resume import newest_verified
@@ -162,3 +164,32 @@ def test_rotation_counts_a_checkpoint_the_resume_passed_over_as_damaged_not_as_o
     run_files.claim(out, ["checkpoint-3"])
     sealed_checkpoint(out / "checkpoint-3")
     assert rotate(out, 2, keep=(out / "checkpoint-3",)) == [out / "checkpoint-2"]
+
+
+def test_a_file_a_resume_loads_that_the_manifest_does_not_list_is_unverified(tmp_path, capsys):
+    """TR-DPO's moved reference (or any weights or state) put into a checkpoint after it was sealed (from another run,
+    cut, written after the manifest) was loaded unverified: `check_live_reference` asked only that the file exist, and
+    the manifest's sizes and checksums cover what it lists. Now such a checkpoint is skipped for the one before it, as
+    any damaged one, and naming it is refused; one sealed with its reference resumes."""
+    from dpotrain.train.checkpoint_manifest import MANIFEST, problem
+    from dpotrain.train.resume import REFERENCE_FILE, check_explicit, latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+    (out / "checkpoint-2" / REFERENCE_FILE).write_text("the reference as trained\n")
+    sealed_checkpoint(out / "checkpoint-2")
+    sealed_checkpoint(out / "checkpoint-4")
+    (out / "checkpoint-4" / REFERENCE_FILE).write_text("another run's reference\n")
+    why = f"{REFERENCE_FILE} is not in {MANIFEST} (written after the checkpoint was sealed, or copied in)"
+    assert problem(out / "checkpoint-2") is None
+    assert problem(out / "checkpoint-4") == why
+    assert latest_sound_checkpoint(out) == out / "checkpoint-2"
+    said = capsys.readouterr().out
+    assert f"Not resuming from {out / 'checkpoint-4'}: {why}; trying the checkpoint before it" in said
+    with pytest.raises(ConfigError, match=re.escape(f"cannot be verified ({why}): pass --resume_from_checkpoint")):
+        check_explicit(str(out / "checkpoint-4"))
+    (out / "checkpoint-4" / REFERENCE_FILE).unlink()
+    (out / "checkpoint-4" / "rng_state_1.pth").write_bytes(b"another rank's")  # any state a resume loads
+    assert problem(out / "checkpoint-4") == why.replace(REFERENCE_FILE, "rng_state_1.pth")

@@ -787,6 +787,40 @@ def test_a_live_run_caught_mid_write_of_its_first_record_is_named_as_a_live_run(
         holder.wait()
 
 
+def test_the_temporaries_of_a_write_killed_midway_are_removed_by_the_rerun_and_no_others(tmp_path, capsys):
+    """A run killed as it wrote its first record (`run_files.json`, under `writes.replacing`'s temporary name) left a
+    folder its rerun refused as "files that are not a run's (1: .run_files.json.<host>.<pid>.tmp)", with or without
+    --overwrite_output_dir; a temporary of a later record stayed forever ("kept 1 other"). The rerun now removes the
+    temporaries of its own names left by dead processes of this host, saying so; another host's (it may be writing),
+    a live process's, and a person's file of that shape stay."""
+    from dpotrain.recipe.config import parse_args
+
+    host, out = socket.gethostname(), tmp_path / "run"
+    # A pid past the kernel's largest is no process's, now or later; the test's own parent lives
+    dead, live = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1, os.getppid()
+    out.mkdir()
+    killed = out / f".{run_files.MANIFEST}.{host}.{dead}.tmp"
+    killed.write_text('{"format": 2, "na')
+    output_folder.check(str(out), lock=False)  # refused before
+    killed.rename(out / f".{run_files.MANIFEST}.other-host.{dead}.tmp")  # a requeue on another node: the same
+    output_folder.check(str(out), lock=False)
+    (out / f".{run_files.MANIFEST}.other-host.{dead}.tmp").rename(killed)
+    kept = [
+        out / f".{run_files.MANIFEST}.other-host.{dead}.tmp",
+        out / f".resolved_config.json.{host}.{live}.tmp",
+        out / f".notes.txt.{host}.{dead}.tmp",
+    ]
+    for path in kept:
+        path.write_text("{")
+    cut = out / f".resolved_config.json.{host}.{dead}.tmp"
+    cut.write_text('{"training": ')
+    output_folder.start(parse_args(train_args(out)), start_afresh=False, pushes=False)
+    assert not killed.exists() and not cut.exists() and all(path.exists() for path in kept)
+    said = capsys.readouterr().out
+    assert f"Removed {killed}: left by a write killed midway (its process is gone)" in said
+    assert run_files.read(out) is not None
+
+
 @pytest.mark.slow
 def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_model_dir):
     out = tmp_path / "run"

@@ -54,6 +54,40 @@ def _temporary_name(path: Path) -> str:
     return f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}{ours}"
 
 
+def temporaries(folder: Path, names) -> list[tuple[Path, str, int]]:
+    """`replacing`'s temporaries in `folder` of the files `names` (`_temporary_name`'s parts): (path, host, pid)."""
+    stems = {f".{n}." for n in names} | {f".{hashlib.sha256(os.fsencode(n)).hexdigest()[:16]}." for n in names}
+    found = []
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        stem = next((s for s in stems if entry.name.startswith(s) and entry.name.endswith(".tmp")), None)
+        host, _, pid = entry.name[len(stem or "") : -len(".tmp")].rpartition(".")
+        if stem and host and pid.isdigit():
+            found.append((entry, host, int(pid)))
+    return found
+
+
+def dead_temporaries(folder: Path, names) -> list[Path]:
+    """The `temporaries` of `names` left by a writer on this host that was killed mid-write (its pid gone; or this
+    process's own, which writes nothing while it asks: a container's pids repeat). Another host's, or a live
+    process's, are never among them: that writer may be writing."""
+    here = socket.gethostname()
+    return [
+        path
+        for path, host, pid in temporaries(folder, names)
+        if host == here and (pid == os.getpid() or not _alive(pid))
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def write_text(path: str | Path, text: str) -> Path:
     with replacing(path) as f:
         f.write(text)

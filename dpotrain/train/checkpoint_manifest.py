@@ -25,6 +25,12 @@ STATE = {
     "scheduler.pt": ("scheduler.pt", "global_step*/*model_states.pt"),
 }
 
+# What a resume loads into the run from a checkpoint (weights, optimizer and scheduler state, RNG states,
+# trainer_state.json, TR-DPO's moved reference, DeepSpeed's `latest` tag), by file name: one there that the manifest
+# does not list was put there after the checkpoint was sealed (another run's, a copy cut short), and would be loaded
+# unverified.
+LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "trainer_state.json", "latest")
+
 
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
@@ -114,6 +120,9 @@ def problem(folder: Path) -> str | None:
         size = path.stat().st_size
         if size != entry["bytes"]:
             return f"{rel} has {size} bytes, {entry['bytes']} were written (cut short or replaced)"
+    for rel, _ in listing(folder, leave_out=(MANIFEST,)):
+        if rel not in files and any(fnmatch.fnmatch(Path(rel).name, kind) for kind in LOADED):
+            return f"{rel} is not in {MANIFEST} (written after the checkpoint was sealed, or copied in)"
     return None
 
 

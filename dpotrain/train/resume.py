@@ -258,7 +258,8 @@ REFERENCE_FILE = "reference_model.safetensors"  # TR-DPO's moved reference, in e
 def check_live_reference(folder: str | None, recipe) -> None:
     """TR-DPO (`sync_ref_model`) moves its reference model toward the policy as it trains: a resume without it scored
     against the base model again, another loss than the stopped run's, in silence. Every engine's checkpoint holds it
-    (`REFERENCE_FILE`, in its manifest); one without it (written by an older version) is refused."""
+    (`REFERENCE_FILE`, in its manifest, which verifies it: one there unlisted fails `checkpoint_manifest.problem`);
+    one without it (written by an older version) is refused."""
     if folder is None or not recipe.training.sync_ref_model or (Path(folder) / REFERENCE_FILE).is_file():
         return
     raise ConfigError(no_reference(folder))
