@@ -576,9 +576,9 @@ def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, nam
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
     from dpotrain.recipe.writes import quiet_progress_bars
 
-    for column in ("ref_chosen_logps", "ref_rejected_logps"):
-        if column in dataset.column_names:
-            dataset = dataset.remove_columns(column)
+    dataset = dataset.remove_columns(
+        [c for c in ("ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
+    )
     with quiet_progress_bars():  # add_column rewrites a filtered data set's index: "Flattening the indices", a bar
         dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
         return dataset.add_column("ref_rejected_logps", rejected.tolist())
