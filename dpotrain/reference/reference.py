@@ -37,7 +37,6 @@ from dpotrain.reference.scorer import ReferenceScorer
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
 AGAIN = "its pairs are scored again"  # what follows a damaged cache file
-SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
 CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
@@ -425,7 +424,7 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     return micro_batches(lengths, every, scorer.world, budget, pairs, padded=not scorer.packed, seed=scorer.args.seed)
 
 
-def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
+def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
     `layout[rank]`: the micro-batches data-parallel rank `rank` scores, in order; None: the stage's own
     (`stage_layout`). `stop` is the run's `GracefulStop`."""
@@ -584,7 +583,7 @@ def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
         return dataset.add_column("ref_rejected_logps", rejected.tolist())
 
 
-def run_stage(trainer, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
+def run_stage(trainer, save_seconds: float) -> list[Outcome]:
     """The stage: the reference of the training set (and of the evaluation set), given to the trainer
     (`use_reference`). Returns one Outcome per data set; the last says `stopped` when a stop request ended it."""
     outcomes = []
