@@ -26,11 +26,12 @@ import torch
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
+from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural
-from dpotrain.recipe.writes import replacing, unwritable, write_text
+from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
 from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
@@ -568,19 +569,16 @@ def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, nam
     if part is None:  # stopped
         return None, outcome
     chosen, rejected = np.full((2, n), np.nan, dtype=np.float32)
-    chosen[pairs], rejected[pairs] = part["ref_chosen_logps"], part["ref_rejected_logps"]
+    chosen[pairs], rejected[pairs] = (part[column] for column in REFERENCE_KEYS)
     return _with_columns(dataset, chosen, rejected), outcome
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
-    from dpotrain.recipe.writes import quiet_progress_bars
-
-    dataset = dataset.remove_columns(
-        [c for c in ("ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
-    )
+    dataset = dataset.remove_columns([c for c in REFERENCE_KEYS if c in dataset.column_names])
     with quiet_progress_bars():  # add_column rewrites a filtered data set's index: "Flattening the indices", a bar
-        dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
-        return dataset.add_column("ref_rejected_logps", rejected.tolist())
+        for column, values in zip(REFERENCE_KEYS, (chosen, rejected), strict=True):
+            dataset = dataset.add_column(column, values.tolist())
+    return dataset
 
 
 def run_stage(trainer, save_seconds: float) -> list[Outcome]:
