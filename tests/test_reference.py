@@ -222,7 +222,7 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
             f(*a, **k),
         )[1]
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path / "training-layout")  # restored by the `cache` fixture
-    before, _ = reference.run(scorer, trainer.train_dataset, "train", training_layout, _never_stopped())
+    before, _ = reference.run(scorer, trainer.train_dataset, "train", training_layout, _never_stopped(), 120)
     assert not recomputed
     for layer, func in zip(layers, checkpointing, strict=True):
         layer._gradient_checkpointing_func = func

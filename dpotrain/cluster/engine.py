@@ -200,7 +200,13 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             # process as it starts: mixed_precision too, when the config names one
             beside = sorted(set(ds) & SET_IN_THE_FILE) + ["mixed_precision"] * (config.mixed_precision is not None)
             if beside and not found.refused:
-                found = replace(found, refused=_beside_the_file(accelerate_config, beside))
+                found = replace(
+                    found,
+                    refused=f"accelerate config {accelerate_config} sets {', '.join(beside)} beside its "
+                    'deepspeed_config_file, which `accelerate launch` refuses as each process starts ("the following '
+                    'accelerate config variables will be ignored"): remove them from it (the DeepSpeed file holds '
+                    'these settings; its "auto" values take the recipe\'s)',
+                )
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
             found = _with_accumulation(found, ds.get("gradient_accumulation_steps"))
@@ -313,15 +319,6 @@ SET_IN_THE_FILE = {
     "offload_optimizer_nvme_path",
     "zero3_save_16bit_model",
 }
-
-
-def _beside_the_file(accelerate_config: str, beside: list[str]) -> str:
-    return (
-        f"accelerate config {accelerate_config} sets {', '.join(beside)} beside its deepspeed_config_file, which "
-        '`accelerate launch` refuses as each process starts ("the following accelerate config variables will be '
-        'ignored"): remove them from it (the DeepSpeed file holds these settings; its "auto" values take the '
-        "recipe's)"
-    )
 
 
 INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"

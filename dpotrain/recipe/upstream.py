@@ -23,9 +23,9 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -317,8 +317,7 @@ _MISSING = object()
 
 def _value(symbol: str):
     """What a seam's symbol ("module:A.b") names: how the accessors below reach it."""
-    owner, name, _ = _lookup(symbol)
-    return getattr(owner, name)
+    return getattr(*_lookup(symbol)[:2])
 
 
 def _assigned_in_class(cls, name: str) -> bool:
@@ -449,7 +448,7 @@ def deepspeed_writes_held(engine, run):
         saved = save_checkpoint(save_dir, tag=tag, save_latest=False, **kwargs)
         if save_latest and engine.global_rank == 0:
             tag = str(tag) if tag is not None else DEEPSPEED_TAG.format(engine.global_steps)
-            run(_write_tag, os.path.join(save_dir, "latest"), tag)
+            run(Path(save_dir, "latest").write_text, tag)
         return saved
 
     with (
@@ -460,11 +459,6 @@ def deepspeed_writes_held(engine, run):
         attributes_set(engine, save_checkpoint=tagged_after),
     ):
         yield
-
-
-def _write_tag(path: str, tag: str) -> None:
-    with open(path, "w") as f:
-        f.write(tag)
 
 
 @contextlib.contextmanager

@@ -26,18 +26,18 @@ import torch
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
+from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural
-from dpotrain.recipe.writes import replacing, unwritable, write_text
+from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
 from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
 AGAIN = "its pairs are scored again"  # what follows a damaged cache file
-SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
 CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
@@ -425,7 +425,7 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     return micro_batches(lengths, every, scorer.world, budget, pairs, padded=not scorer.packed, seed=scorer.args.seed)
 
 
-def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
+def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
     `layout[rank]`: the micro-batches data-parallel rank `rank` scores, in order; None: the stage's own
     (`stage_layout`). `stop` is the run's `GracefulStop`."""
@@ -569,22 +569,19 @@ def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, nam
     if part is None:  # stopped
         return None, outcome
     chosen, rejected = np.full((2, n), np.nan, dtype=np.float32)
-    chosen[pairs], rejected[pairs] = part["ref_chosen_logps"], part["ref_rejected_logps"]
+    chosen[pairs], rejected[pairs] = (part[column] for column in REFERENCE_KEYS)
     return _with_columns(dataset, chosen, rejected), outcome
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
-    from dpotrain.recipe.writes import quiet_progress_bars
-
-    for column in ("ref_chosen_logps", "ref_rejected_logps"):
-        if column in dataset.column_names:
-            dataset = dataset.remove_columns(column)
+    dataset = dataset.remove_columns([c for c in REFERENCE_KEYS if c in dataset.column_names])
     with quiet_progress_bars():  # add_column rewrites a filtered data set's index: "Flattening the indices", a bar
-        dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
-        return dataset.add_column("ref_rejected_logps", rejected.tolist())
+        for column, values in zip(REFERENCE_KEYS, (chosen, rejected), strict=True):
+            dataset = dataset.add_column(column, values.tolist())
+    return dataset
 
 
-def run_stage(trainer, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
+def run_stage(trainer, save_seconds: float) -> list[Outcome]:
     """The stage: the reference of the training set (and of the evaluation set), given to the trainer
     (`use_reference`). Returns one Outcome per data set; the last says `stopped` when a stop request ended it."""
     outcomes = []

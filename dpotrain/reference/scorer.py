@@ -30,7 +30,6 @@ class ReferenceScorer:
         return self._trainer.model
 
     def lengths(self, dataset) -> PairLengths:
-        """The token lengths of the pairs the stage scores."""
         return PairLengths.of(dataset, self.args.max_length, self.forward.share_prompt, self.args.truncation_mode)
 
     def budget(self) -> tuple[int | None, int | None]:

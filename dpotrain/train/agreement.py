@@ -68,9 +68,7 @@ def plan_digest(planned) -> str:
     for epoch in planned:
         for step in epoch:
             for rank in step:
-                for mb in rank:
-                    h.update(np.asarray(mb, dtype=np.int64).tobytes() + b"|")
-                h.update(b"/")
+                h.update(b"".join(np.asarray(mb, dtype=np.int64).tobytes() + b"|" for mb in rank) + b"/")
             h.update(b";")
     return h.hexdigest()[:16]
 

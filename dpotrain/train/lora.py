@@ -129,24 +129,22 @@ def _check_target_modules(targets, built, model: str) -> None:
     names = [name for name, _ in built.named_modules() if name]
     if isinstance(targets, str):
         try:
-            unmatched = [] if any(re.fullmatch(targets, name) for name in names) else [targets]
+            if any(re.fullmatch(targets, name) for name in names):
+                return
         except re.error as e:
             raise ConfigError(
                 f"lora_target_modules {targets!r} is not a regular expression ({e}): give module names as a list "
                 "(q_proj v_proj), or all-linear"
             ) from None
+        what, fate = f"{targets!r}: no module of {model} has a name this regular expression matches", "stop"
     else:
-        unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
-    if not unmatched:
-        return
-    linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, torch.nn.Linear))
-    if isinstance(targets, str):
-        what = f"{targets!r}: no module of {model} has a name this regular expression matches"
-    else:
+        if not (unmatched := [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]):
+            return
         what = (
             f"{' '.join(unmatched)}: {model} has no module of {'that name' if len(unmatched) == 1 else 'those names'}"
         )
-    fate = "adapt the others alone" if len(unmatched) < len(targets) and not isinstance(targets, str) else "stop"
+        fate = "adapt the others alone" if len(unmatched) < len(targets) else "stop"
+    linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, torch.nn.Linear))
     raise ConfigError(
         f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
         f"{', '.join(linear)}; pass some of those, or --lora_target_modules all-linear"

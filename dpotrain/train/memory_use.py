@@ -17,7 +17,6 @@ GIB = 1024**3
 
 
 def peaks() -> dict[str, float]:
-    """This process's peaks in GiB."""
     # ru_maxrss is in KiB on Linux, in bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     found = {"memory/peak_rss_gib": rss / GIB}

@@ -90,11 +90,8 @@ def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], l
     """The panels the run has data for, as (title, y label, {series: [(step, value), ...]}), and why others are not."""
     panels, absent = [], []
     for title, ylabel, keys in CURVES:
-        series = {}
-        for key in keys:
-            for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
-                if points := [(r["step"], r[name]) for r in records if name in r]:
-                    series[name] = points
+        names = [name for key in keys for name in (key, f"eval_{key}")]  # eval_: the held-out split's, when evaluated
+        series = {name: points for name in names if (points := [(r["step"], r[name]) for r in records if name in r])}
         if series:
             panels.append((title, ylabel, series))
         elif title in WHY_ABSENT:

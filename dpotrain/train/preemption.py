@@ -90,18 +90,15 @@ class GracefulStop(TrainerCallback):
                 return
             self.interrupted = time.monotonic()
             # terminal.say: the `| tee` the same Ctrl-C killed may be gone already
-            if self.training_over and not self.stopped:  # the run saves its final model and outputs, and ends (0)
-                terminal.say(
-                    2,
-                    b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
-                    b"(Ctrl-C again: stop at once, without them)\n",
-                )
-            else:
-                terminal.say(
-                    2,
-                    b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                    b"at once, without it)\n",
-                )
+            # The run saves its final model and outputs, and ends (0), once training is over
+            terminal.say(
+                2,
+                b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
+                b"(Ctrl-C again: stop at once, without them)\n"
+                if self.training_over and not self.stopped
+                else b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                b"at once, without it)\n",
+            )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()

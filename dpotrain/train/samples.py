@@ -78,9 +78,8 @@ def check_positions(project, config, tokenizer, model: str) -> None:
 
 def recipe_prompts(p) -> list[str]:
     """The recipe's sample prompts (`sample_prompts`, else `sample_prompts_file`'s), `sample_count` of them at most."""
-    return (p.sample_prompts or (file_prompts(p.sample_prompts_file) if p.sample_prompts_file else []))[
-        : p.sample_count
-    ]
+    prompts = p.sample_prompts or (file_prompts(p.sample_prompts_file) if p.sample_prompts_file else [])
+    return prompts[: p.sample_count]
 
 
 def file_prompts(path: str) -> list[str]:

@@ -118,13 +118,9 @@ def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
-# The reference stage's summed log-probs, in float32 columns, collated as float32 tensors
-REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
-
-
 def _batch_columns(dataset):
     """The columns the collators read: the pair's tokens and, once the reference stage scored them, its reference's."""
-    columns = (*pair_columns(dataset), *REFERENCE_COLUMNS)
+    columns = (*pair_columns(dataset), *packing.REFERENCE_KEYS)
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
 
 
@@ -448,7 +444,7 @@ class RecipeDPOTrainer(DPOTrainer):
         """A micro-batch on the device as transformers moves it, the reference's sums kept float32: DeepSpeed casts
         inputs to the engine's dtype, and in bf16 a sum of -3,111.24 nats becomes -3,104 while the policy's sums stay
         float32: step 1's rewards would not be 0 (the step-1 guard)."""
-        kept = {key: inputs[key] for key in REFERENCE_COLUMNS if key in inputs}
+        kept = {key: inputs[key] for key in packing.REFERENCE_KEYS if key in inputs}
         prepared = super()._prepare_inputs({key: value for key, value in inputs.items() if key not in kept})
         return {**prepared, **{key: value.to(self.args.device) for key, value in kept.items()}}
 
