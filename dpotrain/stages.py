@@ -736,17 +736,13 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )
-    layout = plan.RowLayout("padded")
-    if f.packed:
-        layout = plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
     return plan_stage.make(
         every,
         t,
         pairs.steps["pairs_per_step"],
         launch.data_parallel,
         p.max_tokens_per_microbatch,
-        padded=not f.packed,
-        forward=layout,
+        forward=plan.RowLayout.of(f.packed, f.one_row, f.hidden_size, f.pad_multiple),
         reduce_per_backward=launch.engine.deepspeed,
         max_length_cuts=counted,
     ).summary

@@ -424,7 +424,7 @@ def test_data_seed_orders_the_pairs_as_in_transformers():
         args = SimpleNamespace(
             seed=seed, data_seed=data_seed, per_device_train_batch_size=8, max_steps=-1, num_train_epochs=1
         )
-        run = plan_stage.make(lengths, args, 8, 1, 2048, padded=False, max_length_cuts={})
+        run = plan_stage.make(lengths, args, 8, 1, 2048, plan.RowLayout("rows"), max_length_cuts={})
         return [i for step in run.epochs[0] for rank in step for mb in rank for i in mb]
 
     assert order(42, 7) != order(42, None)  # data_seed decides the order ...
@@ -443,7 +443,7 @@ def test_a_max_steps_of_many_epochs_plans_the_first_at_start_and_the_rest_as_the
     monkeypatch.setattr(plan_stage, "PLANNED_AHEAD", 10, raising=False)
     lengths = PairLengths(np.arange(100, 116), np.full(16, 90))
     args = SimpleNamespace(seed=3, data_seed=None, per_device_train_batch_size=4, max_steps=100, num_train_epochs=1)
-    run = plan_stage.make(lengths, args, 8, 2, 2048, padded=False, max_length_cuts={})  # 2 steps an epoch
+    run = plan_stage.make(lengths, args, 8, 2, 2048, plan.RowLayout("rows"), max_length_cuts={})  # 2 steps an epoch
     assert len(run.epochs) == 5  # the 10 steps, not 50 epochs
     assert run.summary["pairs_trained"] == {"pairs": 16, "of": 16, "steps": 100}
     assert run.summary["epochs_trained"] == 50

@@ -286,6 +286,15 @@ class RowLayout:
     hidden_size: int = 4096
     multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
 
+    @classmethod
+    def of(cls, packed: bool, one_row: bool, hidden_size: int, multiple: int | None) -> "RowLayout":
+        """The layout of a forward, from the choice (a dry run) or the collator built from it (the run): one rule."""
+        return cls("one_row" if one_row else "rows", hidden_size, multiple) if packed else cls("padded")
+
+    @property
+    def padded(self) -> bool:
+        return self.kind == "padded"
+
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions

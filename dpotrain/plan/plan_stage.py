@@ -45,20 +45,20 @@ def make(
     pairs_per_step: int,
     world_size: int,
     budget: int | None,
-    padded: bool,
-    forward: plan.RowLayout | None = None,
+    forward: plan.RowLayout,
     reduce_per_backward: bool = True,
     *,
     max_length_cuts: dict,
 ) -> RunPlan:
     """The run's plan from its pairs' lengths and the training arguments, at start and in a dry run; a
     `plan.PlanError` (with the budget that would do) when a step cannot be cut. `max_length_cuts` (`cuts.count`): the
-    pairs cut or dropped at max_length, recorded with the plan."""
+    pairs cut or dropped at max_length, recorded with the plan. `forward`: how a micro-batch is laid out (padded or
+    packed rows), which decides both how steps are cut and the positions the summary counts."""
     # The pairs' order: `data_seed` when given (transformers' seed of the data samplers, which this plan replaces),
     # else `seed`, as the Trainer's sampler would take it.
     seed = args.seed if args.data_seed is None else args.data_seed
     per_micro_batch = None if budget else args.per_device_train_batch_size
-    step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, padded=padded)
+    step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, padded=forward.padded)
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
     # Every epoch is planned now: a step that cannot be cut is refused before the model does any work. Up to the
     # epochs that hold PLANNED_AHEAD steps: a max_steps of many epochs more (--max_steps 1000000000000) planned every
@@ -97,7 +97,6 @@ def for_trainer(trainer) -> RunPlan:
         trainer.pairs_per_step,
         trainer.data_parallel_size,
         trainer.max_tokens_per_microbatch,
-        padded=not trainer.packed,
         forward=trainer.plan_forward(),
         reduce_per_backward=trainer.is_deepspeed_enabled,
         max_length_cuts=counted,

@@ -377,10 +377,10 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def plan_forward(self) -> plan.RowLayout:
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
-        c = self.data_collator
-        if not self.packed:
+        if not self.packed:  # TRL's own collator
             return plan.RowLayout("padded")
-        return plan.RowLayout("one_row" if c.one_row else "rows", c.hidden_size, multiple=c.pad_to_multiple_of)
+        c = self.data_collator
+        return plan.RowLayout.of(True, c.one_row, c.hidden_size, c.pad_to_multiple_of)
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), collated per micro-batch with the forward's collator."""
