@@ -377,6 +377,23 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
 
 
 @pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "no model: set model_name_or_path"),
+        (["--model_name_or_path", "builtin:tiny-olmo3"], "no dataset: set dataset_name"),
+        (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", "nonexist.jsonl"], "does not exist"),
+    ],
+)
+def test_prefetch_refuses_what_the_job_would_refuse_instead_of_nothing_to_fetch(args, says, capsys):
+    """Without --config (forgotten), prefetch said "Nothing to fetch: None and the mixture are local." and exited 0,
+    and a mistyped local data set was "local" too: the user went on to a job that refused both. Refused here with
+    training's own line."""
+    with pytest.raises(ConfigError, match=says):
+        load_script("prefetch").main(args)
+    assert "Nothing to fetch" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
     "script, args",
     [
         ("analyze_dataset", ["--batch-size", "0"]),
