@@ -919,6 +919,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
+        # `-` read as stdout, as other tools do: a file named '-' was written in the folder instead, found by no one
+        (["--json", "-"], "--json takes a file name, and '-' would write a file named '-'"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
         # the plot was written over the JSON report, after the analysis
         (["--json", "r.png", "--plot", "./r.png"], "--json and --plot name the same file './r.png': give each its own"),
