@@ -931,6 +931,17 @@ def test_a_bare_name_in_the_env_file_sets_nothing_beside_an_expanded_folder(tmp_
     assert os.environ["HF_DATASETS_CACHE"] == str(tmp_path / "home" / "ds")
 
 
+def test_an_empty_variable_in_the_shell_does_not_hide_the_env_files_value(tmp_path, monkeypatch):
+    """`export HF_TOKEN=` (a placeholder in a shell profile or a cluster's module) beside HF_TOKEN=hf_... in `.env`:
+    the empty value won, and push_to_hub.py said "no Hugging Face token: add HF_TOKEN=... to .env", which the user
+    had done. An empty value is no value, as for the cache folders; a set one still wins over `.env`."""
+    (tmp_path / ".env").write_text("HF_TOKEN=hf_from_env_file\nWANDB_API_KEY=from_env_file\n")
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setenv("WANDB_API_KEY", "from_shell")
+    venv.load_env(tmp_path)
+    assert (os.environ["HF_TOKEN"], os.environ["WANDB_API_KEY"]) == ("hf_from_env_file", "from_shell")
+
+
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):
     """`save_total_limit: 1`, a step of one pair, a checkpoint of one process's ZeRO state: "the last 1 checkpoints",
     "Plan: 1 steps of 1 pairs", "micro-batches of 1 pairs", "partitioned over 1 processes ... on 1 processes"."""

@@ -96,8 +96,9 @@ def load_env(root: Path) -> None:
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
     # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
-    # `$VAR` may name a variable set further down the file)
-    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and k not in os.environ}
+    # `$VAR` may name a variable set further down the file). An empty variable is not set (`export HF_TOKEN=` in a
+    # profile hid `.env`'s token, and the push said to add it to `.env`), as for the cache folders above.
+    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and not os.environ.get(k)}
     os.environ.update(taken)
     for name, value in taken.items():
         try:
