@@ -805,6 +805,13 @@ def _wandb_host() -> str:
 
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    # Older guides' switch, read by neither transformers 5 nor wandb: with a login, the run logged to W&B's server.
+    disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
+    if disabled and _wandb_online(recipe):
+        raise ConfigError(
+            f"WANDB_DISABLED={os.environ['WANDB_DISABLED']} is read by neither transformers nor wandb any more: set "
+            "WANDB_MODE=disabled, or pass --report_to none"
+        )
     # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
     if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return

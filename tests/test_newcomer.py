@@ -82,6 +82,23 @@ def test_a_wandb_identity_token_file_is_a_login(tmp_path, capsys, no_credentials
     assert "dry run of" in out and "no W&B login" not in out, out
 
 
+def test_wandb_disabled_which_nothing_reads_any_more_is_refused_not_logged_online(
+    tmp_path, capsys, no_credentials, monkeypatch
+):
+    """WANDB_DISABLED=true (older guides' switch) with a W&B login: transformers 5 and wandb no longer read it, and the
+    run logged to W&B's server, which the user had turned off. The run refuses it, naming the switches that work."""
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert (
+        "warning: the run would refuse: WANDB_DISABLED=true is read by neither transformers nor wandb any more: "
+        "set WANDB_MODE=disabled, or pass --report_to none"
+    ) in out, out
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the switch that works: nothing refused
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "WANDB_DISABLED" not in out, out
+
+
 @pytest.mark.parametrize("host", [None, "https://wandb.example.com"], ids=["default", "own-server"])
 def test_wandb_login_is_a_login_wherever_it_logged_in(host, tmp_path, capsys, no_credentials, monkeypatch):
     """`wandb login` writes its key to ~/.netrc for the server it logs in to: wandb's default, api.forge.coreweave.com
