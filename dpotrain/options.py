@@ -379,14 +379,19 @@ def check_path_limits(recipe: Recipe) -> None:
             writes.check_path_limit(flag, path, room)
 
 
+def check_model_path(model: str) -> None:
+    """A model (or the analyzer's tokenizer) written as a local path is a folder there; a Hub name is `org/name`."""
+    if data.looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
+
+
 def check_model(model: str) -> None:
     """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
     if builtin.is_builtin(model):
         builtin.check_name(model)
         return
+    check_model_path(model)
     path = Path(model).expanduser()
-    if data.looks_like_path(model) and not path.is_dir():
-        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
     if path.is_dir() and (path / "adapter_config.json").is_file():
         # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         try:

@@ -936,6 +936,16 @@ def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_
     assert "Traceback" not in out
 
 
+def test_a_tokenizer_folder_that_is_not_there_is_named_as_training_names_it(cli, tmp_path, capsys):
+    """A mistyped local model folder: the analyzer ended in transformers' "Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'", naming no fix, where training says the folder does not exist."""
+    data, missing = str(ROOT / "data" / "smoke_prefs.jsonl"), str(tmp_path / "my-sft")
+    assert cli.main([data, "--model_name_or_path", missing]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: model folder {missing!r} does not exist: check the path, or give a Hub name like org/model"
+    )
+
+
 def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_data_sets(cli, tmp_path, monkeypatch):
     """The analyzer looks in configs/ for the recipe of its data set. A draft there that does not parse (a misspelt key,
     a YAML typo) stopped every analysis, of any data set; it now stops only the analysis of the data set it names."""
