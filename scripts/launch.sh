@@ -24,7 +24,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The sbatch scripts find the project (Slurm runs a spool copy of them) and set DPOTRAIN_ROOT.
 cd "${DPOTRAIN_ROOT:-${here:-${SLURM_SUBMIT_DIR:-$PWD}}}"
 [[ -n ${DPOTRAIN_SUBMIT_DIR:-} || $typed_in == "$PWD" ]] || export DPOTRAIN_SUBMIT_DIR=$typed_in
-RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
+# Unset: one error: line (bash's own `${RECIPE:?}` printed "scripts/launch.sh: line 27: RECIPE: set RECIPE ...").
+[[ -n ${RECIPE:-} ]] || { echo "error: set RECIPE, e.g. RECIPE=configs/think.yaml bash scripts/launch.sh" >&2; exit 1; }
 # A relative RECIPE is the one in the folder submitted from where it is there, as a relative path on the job's command
 # line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,
 # `RECIPE=my.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the recipe's folder was refused as not found.

@@ -499,6 +499,9 @@ def test_processes_per_node_that_are_no_number_are_refused_by_name(gpus, cpus, s
     env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_GPUS_PER_NODE": gpus, "CPU_PROCESSES_PER_NODE": cpus}
     result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 1 and result.stderr.strip().startswith(f"error: {says}"), result.stderr
+    del env["RECIPE"]  # launch.sh run by hand, without the sbatch scripts' RECIPE: bash's own "line 27: RECIPE: ..."
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.startswith("error: set RECIPE, e.g. RECIPE=configs/think.yaml")
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
