@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     # --config or a mistyped local file was "Nothing to fetch", and the job refused it later.
     resolve.check_values(recipe)
     options.check_model_path(recipe.model.model_name_or_path)
+    options.check_revisions(recipe)  # a revision of a local model or data set: recorded by a run, never read
     model, script = recipe.model, recipe.script
 
     hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)

@@ -383,6 +383,7 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
         (["--model_name_or_path", "builtin:tiny-olmo3"], "no dataset: set dataset_name"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", "nonexist.jsonl"], "does not exist"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "./my-modl"], "model folder"),
+        (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_revision", "v2"], "names a commit of a Hub"),
     ],
 )
 def test_prefetch_refuses_what_the_job_would_refuse_instead_of_nothing_to_fetch(args, says, capsys):
