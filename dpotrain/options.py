@@ -386,14 +386,19 @@ def check_path_limits(recipe: Recipe) -> None:
             writes.check_path_limit(flag, path, room)
 
 
+def check_model_path(model: str) -> None:
+    """A model (or the analyzer's tokenizer) written as a local path is a folder there; a Hub name is `org/name`."""
+    if data.looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
+
+
 def check_model(model: str) -> None:
     """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
     if builtin.is_builtin(model):
         builtin.check_name(model)
         return
+    check_model_path(model)
     path = Path(model).expanduser()
-    if data.looks_like_path(model) and not path.is_dir():
-        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
     if path.is_dir() and (path / "adapter_config.json").is_file():
         # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         try:
@@ -812,6 +817,13 @@ def _wandb_host() -> str:
 
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    # Older guides' switch, read by neither transformers 5 nor wandb: with a login, the run logged to W&B's server.
+    disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
+    if disabled and _wandb_online(recipe):
+        raise ConfigError(
+            f"WANDB_DISABLED={os.environ['WANDB_DISABLED']} is read by neither transformers nor wandb any more: set "
+            "WANDB_MODE=disabled, or pass --report_to none"
+        )
     # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
     if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return

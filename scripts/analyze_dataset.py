@@ -312,6 +312,7 @@ def analyze(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    options.check_model_path(tokenizer_name)  # a mistyped folder: not transformers' "Repo id must be in the form"
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
     offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy)
     try:

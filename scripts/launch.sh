@@ -24,7 +24,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The sbatch scripts find the project (Slurm runs a spool copy of them) and set DPOTRAIN_ROOT.
 cd "${DPOTRAIN_ROOT:-${here:-${SLURM_SUBMIT_DIR:-$PWD}}}"
 [[ -n ${DPOTRAIN_SUBMIT_DIR:-} || $typed_in == "$PWD" ]] || export DPOTRAIN_SUBMIT_DIR=$typed_in
-RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
+# Unset: one error: line (bash's own `${RECIPE:?}` printed "scripts/launch.sh: line 27: RECIPE: set RECIPE ...").
+[[ -n ${RECIPE:-} ]] || { echo "error: set RECIPE, e.g. RECIPE=configs/think.yaml bash scripts/launch.sh" >&2; exit 1; }
 # A relative RECIPE is the one in the folder submitted from where it is there, as a relative path on the job's command
 # line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,
 # `RECIPE=my.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the recipe's folder was refused as not found.
@@ -50,10 +51,16 @@ NNODES=${SLURM_JOB_NUM_NODES:-1}
 # --gpus-per-node sets SLURM_GPUS_PER_NODE ("4" or "h100:4"); a --gres=gpu:4 job only has SLURM_GPUS_ON_NODE.
 GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}
 GPUS_PER_NODE=${GPUS_PER_NODE##*:}
+# Read as numbers below: anything else ended the job in bash's "abc: unbound variable", or planned 0 processes and was
+# refused naming WORLD_SIZE, which the user never set.
+[[ $GPUS_PER_NODE =~ ^[0-9]+$ ]] || die "cannot read the GPUs per node from Slurm's '$GPUS_PER_NODE'" \
+  "(SLURM_GPUS_PER_NODE, SLURM_GPUS_ON_NODE): submit with --gpus-per-node=N (4 or 8; 0 for a CPU-only job)"
 if [[ "$GPUS_PER_NODE" -gt 0 ]]; then
   PROCS_PER_NODE=$GPUS_PER_NODE
 else
   PROCS_PER_NODE=${CPU_PROCESSES_PER_NODE:-1}  # CPU-only cluster or CI: DeepSpeed on CPU with gloo
+  [[ $PROCS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "CPU_PROCESSES_PER_NODE=$PROCS_PER_NODE is not a number of" \
+    "processes: give a whole number of 1 or more (the processes per node of a job without GPUs), or unset it (1)"
 fi
 NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is the TOTAL over all nodes
 

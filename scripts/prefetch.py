@@ -26,6 +26,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 with venv.loading_libraries():  # Ctrl-C while they load: one line, not the traceback of the import it hit
     if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
         venv.load_env(ROOT)
+    from dpotrain import options, resolve
     from dpotrain.cluster import offline
     from dpotrain.data import data, mixture
     from dpotrain.recipe import cli
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     recipe_args += ["--dataset_train_split", args.split] if args.split else []
     # --dry-run: a login node plans a GPU job, so transformers' "bf16 needs a GPU" check must not refuse the recipe.
     recipe = parse_args(recipe_args + ["--dry-run"])
+    # Training's checks of the recipe alone (a model and data named, local files there): without them a forgotten
+    # --config or a mistyped local file was "Nothing to fetch", and the job refused it later.
+    resolve.check_values(recipe)
+    options.check_model_path(recipe.model.model_name_or_path)
+    options.check_revisions(recipe)  # a revision of a local model or data set: recorded by a run, never read
     model, script = recipe.model, recipe.script
 
     hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)

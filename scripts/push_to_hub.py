@@ -16,6 +16,7 @@ resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth logi
 access to the repo is checked before anything uploads.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +37,22 @@ with venv.loading_libraries():
     from dpotrain.recipe import cli, run_record
     from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command
     from dpotrain.train import checkpoints, run_files
+
+
+def check_is_a_run(run: Path) -> None:
+    """A checkpoint's folder, or a folder no run wrote, refused as what it is: both were "not a finished run: missing
+    run_complete.json (training has not finished: resume it with the same command)", of a run that had finished."""
+    folder = run.resolve()
+    if re.fullmatch(r"checkpoint-\d+", folder.name) and (folder.parent / "resolved_config.json").is_file():
+        raise ConfigError(
+            f"{run} is a checkpoint of the run in {folder.parent}: push that folder (`--checkpoints` also pushes each "
+            "checkpoint on disk to a branch step-<N>)"
+        )
+    if not any((folder / name).is_file() for name in ("resolved_config.json", "run_files.json")):
+        raise ConfigError(
+            f"{run} is not a run's output folder (no resolved_config.json): pass the --output_dir a run wrote, "
+            "e.g. outputs/think-dpo"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     # A damaged record of the run's files refused with this command's remedy (a run's says to pass another output_dir)
     fix = "it names the run's own files, the only ones pushed: restore it from a copy, or upload the files you choose "
     run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
+    check_is_a_run(run)
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")

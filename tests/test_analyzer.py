@@ -939,6 +939,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
+        # `-` read as stdout, as other tools do: a file named '-' was written in the folder instead, found by no one
+        (["--json", "-"], "--json takes a file name, and '-' would write a file named '-'"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
         # the plot was written over the JSON report, after the analysis
         (["--json", "r.png", "--plot", "./r.png"], "--json and --plot name the same file './r.png': give each its own"),
@@ -952,6 +954,16 @@ def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
     assert "Traceback" not in out
+
+
+def test_a_tokenizer_folder_that_is_not_there_is_named_as_training_names_it(cli, tmp_path, capsys):
+    """A mistyped local model folder: the analyzer ended in transformers' "Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'", naming no fix, where training says the folder does not exist."""
+    data, missing = str(ROOT / "data" / "smoke_prefs.jsonl"), str(tmp_path / "my-sft")
+    assert cli.main([data, "--model_name_or_path", missing]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: model folder {missing!r} does not exist: check the path, or give a Hub name like org/model"
+    )
 
 
 def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_data_sets(cli, tmp_path, monkeypatch):

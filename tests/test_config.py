@@ -475,6 +475,21 @@ def test_a_process_count_that_is_not_a_number_is_refused_in_one_line(name, value
     )
 
 
+def test_processes_that_fill_no_whole_number_of_nodes_are_refused(tmp_path, monkeypatch):
+    """`WORLD_SIZE=8 GPUS_PER_NODE=3 python train_dpo.py --dry-run` planned "3 nodes of 3 GPUs" for 8 processes, a
+    job scripts/launch.sh cannot start (one process per GPU on every node: 3 nodes make 9)."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GPUS_PER_NODE", "3")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, "bf16: false\n"), "--dry-run"])
+    assert str(refused.value) == (
+        "WORLD_SIZE=8 processes fill no whole number of nodes of GPUS_PER_NODE=3 (a job starts one process per GPU on "
+        "every node): give a multiple of 3, e.g. WORLD_SIZE=6 or 9"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")  # fewer than a node: a part of one node, planned as such
+    parse_args(["--config", write(tmp_path, "bf16: false\n"), "--dry-run"])
+
+
 def test_home_and_variables_in_a_folder_of_the_recipes_env_block_are_read_as_a_shell_reads_them(tmp_path, monkeypatch):
     """`TRITON_CACHE_DIR: ~/triton` in `env:` was set as written (triton made a folder named `~` where the run ran),
     and `DPOTRAIN_CACHE: $SCRATCH/dpo` was refused as relative. A variable that is not set is refused by name."""

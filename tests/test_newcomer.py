@@ -82,6 +82,23 @@ def test_a_wandb_identity_token_file_is_a_login(tmp_path, capsys, no_credentials
     assert "dry run of" in out and "no W&B login" not in out, out
 
 
+def test_wandb_disabled_which_nothing_reads_any_more_is_refused_not_logged_online(
+    tmp_path, capsys, no_credentials, monkeypatch
+):
+    """WANDB_DISABLED=true (older guides' switch) with a W&B login: transformers 5 and wandb no longer read it, and the
+    run logged to W&B's server, which the user had turned off. The run refuses it, naming the switches that work."""
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert (
+        "warning: the run would refuse: WANDB_DISABLED=true is read by neither transformers nor wandb any more: "
+        "set WANDB_MODE=disabled, or pass --report_to none"
+    ) in out, out
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the switch that works: nothing refused
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "WANDB_DISABLED" not in out, out
+
+
 @pytest.mark.parametrize("host", [None, "https://wandb.example.com"], ids=["default", "own-server"])
 def test_wandb_login_is_a_login_wherever_it_logged_in(host, tmp_path, capsys, no_credentials, monkeypatch):
     """`wandb login` writes its key to ~/.netrc for the server it logs in to: wandb's default, api.forge.coreweave.com
@@ -929,6 +946,31 @@ def test_a_bare_name_in_the_env_file_sets_nothing_beside_an_expanded_folder(tmp_
     venv.load_env(tmp_path)
     assert "WANDB_DISABLED" not in os.environ
     assert os.environ["HF_DATASETS_CACHE"] == str(tmp_path / "home" / "ds")
+
+
+def test_an_empty_variable_in_the_shell_does_not_hide_the_env_files_value(tmp_path, monkeypatch):
+    """`export HF_TOKEN=` (a placeholder in a shell profile or a cluster's module) beside HF_TOKEN=hf_... in `.env`:
+    the empty value won, and push_to_hub.py said "no Hugging Face token: add HF_TOKEN=... to .env", which the user
+    had done. An empty value is no value, as for the cache folders; a set one still wins over `.env`."""
+    (tmp_path / ".env").write_text("HF_TOKEN=hf_from_env_file\nWANDB_API_KEY=from_env_file\n")
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setenv("WANDB_API_KEY", "from_shell")
+    venv.load_env(tmp_path)
+    assert (os.environ["HF_TOKEN"], os.environ["WANDB_API_KEY"]) == ("hf_from_env_file", "from_shell")
+
+
+@pytest.mark.parametrize("line", ['HF_TOKEN="hf_secret', "HF_TOKEN: hf_secret"], ids=["unclosed-quote", "yaml-style"])
+def test_a_line_of_the_env_file_that_cannot_be_read_is_refused_by_its_number(line, tmp_path, monkeypatch):
+    """python-dotenv skips a line it cannot read, with a warning naming no file ("could not parse statement starting
+    at line 2", twice); the token on it was then missing, and push_to_hub.py said to add HF_TOKEN to .env, which the
+    user had. Refused in one line naming the file and the line, never its value."""
+    (tmp_path / ".env").write_text(f"WANDB_PROJECT=p\n{line}\n")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        venv.load_env(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"error: {tmp_path / '.env'} line 2 is not NAME=value"), message
+    assert "hf_secret" not in message and "HF_TOKEN" not in os.environ
 
 
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):

@@ -377,6 +377,25 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
 
 
 @pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "no model: set model_name_or_path"),
+        (["--model_name_or_path", "builtin:tiny-olmo3"], "no dataset: set dataset_name"),
+        (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", "nonexist.jsonl"], "does not exist"),
+        (["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "./my-modl"], "model folder"),
+        (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_revision", "v2"], "names a commit of a Hub"),
+    ],
+)
+def test_prefetch_refuses_what_the_job_would_refuse_instead_of_nothing_to_fetch(args, says, capsys):
+    """Without --config (forgotten), prefetch said "Nothing to fetch: None and the mixture are local." and exited 0,
+    and a mistyped local data set was "local" too: the user went on to a job that refused both. Refused here with
+    training's own line."""
+    with pytest.raises(ConfigError, match=says):
+        load_script("prefetch").main(args)
+    assert "Nothing to fetch" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
     "script, args",
     [
         ("analyze_dataset", ["--batch-size", "0"]),
@@ -508,12 +527,23 @@ def test_push_refuses_a_folder_that_is_not_a_finished_run(tmp_path):
     run = tmp_path / "outputs" / "half"
     (run / "checkpoint-100").mkdir(parents=True)
     (run / "config.json").write_text("{}")
+    (run / "resolved_config.json").write_text("{}")  # written at a run's start: a stopped run has it
     with pytest.raises(ConfigError) as info:
         load_script("push_to_hub").main([str(run)])
     assert str(info.value) == (
         f"{run} is not a finished run: missing run_complete.json (training has not finished: resume it with the same "
         "command), tokenizer_config.json, model.safetensors, tokenizer.json, README.md, training_curves.png"
     )
+
+
+def test_push_names_a_checkpoint_folder_or_a_folder_no_run_wrote_as_what_it_is(finished_run, tmp_path):
+    """`push_to_hub.py outputs/think-dpo/checkpoint-1`, or a folder of one's own: each was "not a finished run: missing
+    run_complete.json (training has not finished: resume it with the same command)", of a run that had finished."""
+    with pytest.raises(ConfigError, match=rf"checkpoint-1 is a checkpoint of the run in {finished_run}: push that"):
+        load_script("push_to_hub").main([str(finished_run / "checkpoint-1")])
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match="mine is not a run's output folder .no resolved_config.json.: pass the"):
+        load_script("push_to_hub").main([str(tmp_path / "mine")])
 
 
 @pytest.mark.parametrize("missing", ["run_complete.json", "model.safetensors", "README.md", "training_curves.png"])

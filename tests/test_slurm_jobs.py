@@ -483,6 +483,27 @@ def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None
     return result.stdout.strip()
 
 
+@pytest.mark.slow  # starts bash and the package's engine reader
+@pytest.mark.parametrize(
+    "gpus, cpus, says",
+    [
+        ("0", "abc", "CPU_PROCESSES_PER_NODE=abc is not a number of processes: give a whole number of 1 or more"),
+        ("0", "0", "CPU_PROCESSES_PER_NODE=0 is not a number of processes"),
+        ("four", "1", "cannot read the GPUs per node from Slurm's 'four' (SLURM_GPUS_PER_NODE, SLURM_GPUS_ON_NODE)"),
+    ],
+)
+def test_processes_per_node_that_are_no_number_are_refused_by_name(gpus, cpus, says):
+    """CPU_PROCESSES_PER_NODE=abc ended in bash's "abc: unbound variable"; =0 was planned as 0 processes and refused
+    naming WORLD_SIZE, which the user had not set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": "configs/smoke.yaml"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_GPUS_PER_NODE": gpus, "CPU_PROCESSES_PER_NODE": cpus}
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.strip().startswith(f"error: {says}"), result.stderr
+    del env["RECIPE"]  # launch.sh run by hand, without the sbatch scripts' RECIPE: bash's own "line 27: RECIPE: ..."
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.startswith("error: set RECIPE, e.g. RECIPE=configs/think.yaml")
+
+
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_multi_node_launch_line(nodes):
     line = print_launch(nodes, "--learning_rate", "8e-8", gpus="h100:4")

@@ -50,3 +50,10 @@ def check_process_counts() -> None:
                 f"{name}={value!r} is not a number of processes: give a whole number (WORLD_SIZE=16 GPUS_PER_NODE=8 "
                 "plans 2 nodes of 8 GPUs), or unset it"
             )
+    world, node = int(os.environ.get("WORLD_SIZE") or 0), planned_gpus_per_node()
+    if node and world > node and world % node:  # planned as "3 nodes of 3 GPUs" for 8 processes
+        raise ConfigError(
+            f"WORLD_SIZE={world} processes fill no whole number of nodes of GPUS_PER_NODE={node} (a job starts one "
+            f"process per GPU on every node): give a multiple of {node}, e.g. WORLD_SIZE={world // node * node} or "
+            f"{(world // node + 1) * node}"
+        )

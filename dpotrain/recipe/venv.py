@@ -95,9 +95,11 @@ def load_env(root: Path) -> None:
     from dotenv import dotenv_values  # `require` checked it is installed
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
+    check_env_file(root / ".env")
     # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
-    # `$VAR` may name a variable set further down the file)
-    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and k not in os.environ}
+    # `$VAR` may name a variable set further down the file). An empty variable is not set (`export HF_TOKEN=` in a
+    # profile hid `.env`'s token, and the push said to add it to `.env`), as for the cache folders above.
+    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and not os.environ.get(k)}
     os.environ.update(taken)
     for name, value in taken.items():
         try:
@@ -113,6 +115,22 @@ def load_env(root: Path) -> None:
         from dpotrain.recipe import hub_switches
 
         hub_switches.take_late_switches()
+
+
+def check_env_file(path: Path) -> None:
+    """Every line of `.env` readable: python-dotenv skips one it cannot read (an unclosed quote, `NAME: value`), with a
+    warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env")."""
+    if not path.is_file():
+        return
+    from dotenv.parser import parse_stream
+
+    with open(path, encoding="utf-8") as stream:
+        bad = next((b.original.line for b in parse_stream(stream) if b.error), None)
+    if bad is not None:  # its number, never its text: the line may hold a token
+        sys.exit(
+            f"error: {path} line {bad} is not NAME=value (python-dotenv cannot read it, so it sets nothing): write it "
+            "as NAME=value, with any quote closed"
+        )
 
 
 # The cache folders the entry points and the libraries read (huggingface_hub and datasets as they are imported).

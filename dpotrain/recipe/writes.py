@@ -102,6 +102,11 @@ def check_report_paths(paths: dict[str, str | None]) -> None:
     for flag, path in paths.items():
         if not path:
             continue
+        if path == "-":  # stdout, to other tools: this wrote a file named '-' in the folder the command ran in
+            example = "report.png" if flag == "--plot" else "report.json"
+            raise ConfigError(
+                f"{flag} takes a file name, and '-' would write a file named '-': give e.g. {flag} {example}"
+            )
         folder = Path(path).resolve().parent
         if Path(path).is_dir():
             raise ConfigError(
