@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from dpotrain.cluster import offline
-from dpotrain.data import builtin, data, hub_revision, mixture, shapes
+from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
 from dpotrain.recipe import config, launcher, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
@@ -162,8 +162,8 @@ def check_reference(recipe: Recipe) -> None:
 
 
 def check_revisions(recipe: Recipe) -> None:
-    """A revision names a commit of a Hub repo: for a local model folder or data set (or the built-in model) it would be
-    recorded and never read."""
+    """A revision names a commit of a Hub repo, a configuration one of a Hub data set's: for a local model folder or
+    data file (or the built-in model) it would be recorded and never read."""
     s = recipe.script
     model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if revision not in (None, "main") and model and not offline.is_hub_model(model):
@@ -172,12 +172,26 @@ def check_revisions(recipe: Recipe) -> None:
             f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision (a recipe "
             "file's, for a model given on the command line: --model_revision main)"
         )
+    check_dataset_config(s.dataset_name, s.dataset_config)
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
         raise ConfigError(
             f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
             f"{reads}: remove dataset_revision"
         )
+
+
+def check_dataset_config(name: str | None, config: str | None) -> None:
+    """A configuration names one of a Hub data set's (or of a folder's, in its README's `configs:`): a file or a data
+    set saved by save_to_disk has none, and datasets reads them without it (it was recorded and read by nothing)."""
+    local = Path(name).expanduser() if name else None
+    if config is None or local is None or not (local.is_file() or data_identity.saved(local)):
+        return
+    what = "a file" if local.is_file() else "a data set saved by save_to_disk"
+    raise ConfigError(
+        f"dataset_config {config!r} names a configuration of a Hub data set, and {name!r} is {what}, which has none: "
+        "remove dataset_config"
+    )
 
 
 def check_streaming(recipe, where: str = "") -> None:

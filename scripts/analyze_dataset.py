@@ -272,6 +272,7 @@ def analyze(args: argparse.Namespace) -> int:
     # What the report calls the data: a mixture typed on the command line is that, not the recipe (or None)
     shown = "the --dataset_mixer_list mixture" if mixed and args.dataset_mixer_list else name
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
+    options.check_dataset_config(None if mixed else name, subset)  # as the run: a file has no configuration
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
         args.revision = project.dataset_revision
     if args.revision is not None and not hub_revision.applies(None if mixed else name):

@@ -1128,3 +1128,33 @@ def test_the_analyzer_says_where_datasets_copied_the_pairs_and_how_much_it_takes
         "analyses and reference log-probs: DPOTRAIN_CACHE places it elsewhere)"
     ]
     assert written > 0 and kept > 0
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["file", "save_to_disk"])
+def test_a_dataset_config_for_a_file_is_refused_by_the_run_and_the_analyzer(saved, cli, tmp_path, capsys):
+    """`--dataset_config` names one of a Hub data set's configurations: for a local file (or a data set saved by
+    save_to_disk) datasets reads the file without it, and the run recorded it in resolved_config.json, read by nothing;
+    the analyzer measured the file as if it applied. Both refuse it, in one line."""
+    import datasets
+
+    from dpotrain import options
+    from dpotrain.recipe.config import parse_args
+
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    if saved:
+        datasets.load_dataset("json", data_files=str(path), split="train").save_to_disk(tmp_path / "saved")
+        path = tmp_path / "saved"
+    what = "a data set saved by save_to_disk" if saved else "a file"
+    refusal = (
+        f"dataset_config 'sub' names a configuration of a Hub data set, and '{path}' is {what}, which has none: "
+        "remove dataset_config"
+    )
+    run = parse_args(["--model_name_or_path", "builtin:tiny-olmo3", "--dataset_name", str(path), "--dry-run"])
+    options.check_options(run)  # without it: accepted
+    run.script.dataset_config = "sub"
+    with pytest.raises(ConfigError) as refused:
+        options.check_options(run)
+    assert str(refused.value) == refusal
+    assert cli.main([str(path), "--dataset_config", "sub", "--json", str(tmp_path / "r.json")]) == 2
+    assert error_line(capsys) == f"error: {refusal}"
+    assert not (tmp_path / "r.json").exists()
