@@ -275,6 +275,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
         checked["eval_rows"] = len(eval_dataset)
+        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:

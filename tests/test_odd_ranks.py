@@ -1,0 +1,75 @@
+"""Odd world sizes and data that does not divide, on real `accelerate launch`es of 3 processes (DDP on gloo): what
+must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
+
+import os
+import subprocess
+import sys
+
+import datasets
+import pytest
+
+from conftest import ROOT, accelerate_launch, rank_python
+
+DDP = (
+    "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+    "num_processes: {n}\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+)
+
+
+def launch(tmp_path, processes: int, model_dir: str, data, *args) -> subprocess.CompletedProcess:
+    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP."""
+    config = tmp_path / "ddp.yaml"
+    config.write_text(DDP.format(n=processes))
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": path}
+    cmd = [
+        *accelerate_launch(),
+        "--config_file",
+        str(config),
+        "--num_processes",
+        str(processes),
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--report_to",
+        "none",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truncation", ["keep_start", "keep_end"])
+def test_a_held_out_split_smaller_than_the_ranks_is_refused_in_one_line_before_the_model_loads(
+    truncation, tmp_path, tiny_model_dir
+):
+    """1 held-out pair on 3 processes. Under keep_end the run loaded the model, scored the reference on every pair
+    and was refused at its first evaluation; under keep_start it was refused early, but blamed max_length ("the
+    trainer drops a pair whose prompt alone fills max_length ...; hold out pairs with shorter prompts"), though no
+    pair was dropped."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(14, seed=13)
+    data = tmp_path / "pairs"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:13]), "test": datasets.Dataset.from_list(rows[13:])}
+    ).save_to_disk(data)
+    args = ["--max_steps", "2", "--pairs_per_step", "4", "--eval_strategy", "steps", "--eval_steps", "1"]
+    result = launch(tmp_path, 3, tiny_model_dir, data, *args, "--truncation_mode", truncation)
+    assert result.returncode == 1, result.stdout[-3000:]
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    want = (
+        "error: the evaluation split has 1 pair, fewer than the 3 processes that evaluate (each needs one): hold out "
+        "at least 3 pairs, launch fewer processes, or set no eval_strategy"
+    )
+    assert errors == [want] * 3, result.stdout[-3000:]
+    assert "reference log-probs" not in result.stdout
