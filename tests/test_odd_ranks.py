@@ -8,7 +8,7 @@ import sys
 import datasets
 import pytest
 
-from conftest import ROOT, accelerate_launch, rank_python
+from conftest import ROOT, accelerate_launch, python, rank_python
 
 DDP = (
     "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
@@ -16,19 +16,16 @@ DDP = (
 )
 
 
-def launch(tmp_path, processes: int, model_dir: str, data, *args) -> subprocess.CompletedProcess:
-    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP."""
-    config = tmp_path / "ddp.yaml"
+def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> subprocess.CompletedProcess:
+    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP; 1: `python
+    train_dpo.py`."""
+    config = tmp_path / f"ddp{processes}.yaml"
     config.write_text(DDP.format(n=processes))
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": path}
+    launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
     cmd = [
-        *accelerate_launch(),
-        "--config_file",
-        str(config),
-        "--num_processes",
-        str(processes),
-        *rank_python(),
+        *(launcher if processes > 1 else [python()]),
         str(ROOT / "train_dpo.py"),
         "--config",
         str(ROOT / "configs" / "smoke.yaml"),
@@ -37,7 +34,7 @@ def launch(tmp_path, processes: int, model_dir: str, data, *args) -> subprocess.
         "--dataset_name",
         str(data),
         "--output_dir",
-        str(tmp_path / "run"),
+        str(tmp_path / out),
         "--report_to",
         "none",
         *args,
@@ -73,3 +70,28 @@ def test_a_held_out_split_smaller_than_the_ranks_is_refused_in_one_line_before_t
     )
     assert errors == [want] * 3, result.stdout[-3000:]
     assert "reference log-probs" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_refused(tmp_path, tiny_model_dir):
+    """7 pairs of 3 a step: on 3 ranks the last pair joins step 2 (steps of 3 and 4 pairs), on one process it is a
+    step of its own (3 steps). Step 1's checkpoint of the 3-rank run resumed on one process was honoured in silence:
+    its step 2 trained 3 pairs, not 4, and a step 3 followed, on a 3-step learning-rate schedule."""
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(7, seed=13)).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
+    trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
+    assert resumed.returncode == 2, resumed.stdout[-3000:]
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs make 2 "
+        "steps an epoch, and on 1 they make 3 (a last step of fewer pairs than processes joins the one before it): "
+        "the steps past it would train other pairs, on another learning-rate schedule; resume it on 3 processes, or "
+        f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+    ], resumed.stdout[-3000:]
+    assert "reference log-probs" not in resumed.stdout
