@@ -1,7 +1,9 @@
 """Odd world sizes and data that does not divide, on real `accelerate launch`es of 3 processes (DDP on gloo): what
 must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -95,3 +97,35 @@ def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_re
         f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
     ], resumed.stdout[-3000:]
     assert "reference log-probs" not in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(tmp_path, tiny_model_dir):
+    """13 pairs of 4 a step on 3 ranks: epochs of 3 steps. Resumed from step 4 (one step into epoch 1), the run
+    trained epoch 0's steps 2 and 3 again: accelerate's skip_first_batches wraps the BatchSamplerShard of a launch of
+    several processes, which passes no set_epoch on to the step sampler (one process has no such wrapper). The losses
+    and weights now equal the uninterrupted run's."""
+    from safetensors.torch import load_file
+
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(13, seed=13)).to_json(data)
+    args = ["--pairs_per_step", "4", "--max_steps", "6", "--save_steps", "2", "--max_length", "512"]
+    args += ["--logging_steps", "1", "--save_total_limit", "5"]
+    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole")
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoint-6")
+    (tmp_path / "resumed" / "run_complete.json").unlink()
+    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from {tmp_path}/resumed/checkpoint-4" in resumed.stdout
+
+    def losses(out) -> dict:
+        return {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / out / "metrics.jsonl").open()) if "loss" in r}
+
+    assert list(losses("whole")) == [1, 2, 3, 4, 5, 6]
+    assert losses("resumed") == pytest.approx(losses("whole"), abs=1e-6)
+    a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("whole", "resumed"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
