@@ -275,12 +275,16 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
         checked["eval_rows"] = len(eval_dataset)
+        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
         checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
+    if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
+        pairs, total = launch.batch.pairs_per_step, steps["total_steps"]
+        resolve.check_resumed_ranks(output.resume_from, pairs, launch.data_parallel, len(dataset), total)
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)

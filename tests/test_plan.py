@@ -154,9 +154,9 @@ def test_the_refusals_count_steps_and_pairs_in_the_singular_when_one():
         full = PairLengths(np.full(n, MAX_LENGTH), np.full(n, MAX_LENGTH))
         with pytest.raises(plan.PlanError, match=f"^{steps} of the run cannot be cut; the hardest: "):
             plan.plan_run(full, StepPlan(1, 1, 0, 12000, None), 1)
-    with pytest.raises(plan.PlanError, match="^the evaluation split has 1 pair, fewer than the 2 processes: "):
+    with pytest.raises(plan.PlanError, match="^the evaluation split has 1 pair, fewer than the 2 processes that "):
         plan.eval_batches(1, 2, 1)
-    with pytest.raises(plan.PlanError, match="^the evaluation split has 2 pairs, fewer than the 3 processes: "):
+    with pytest.raises(plan.PlanError, match="^the evaluation split has 2 pairs, fewer than the 3 processes that "):
         plan.eval_batches(2, 3, 1)
 
 

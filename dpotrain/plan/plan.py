@@ -370,14 +370,21 @@ def summary(
     return out
 
 
+def check_eval_split(pairs: int, world_size: int) -> None:
+    """Every rank that evaluates needs a pair of its own (`eval_batches`). The data stage checks it as the held-out
+    pairs are read: checked only here, a split of 1 pair on 3 processes was refused after the model loaded and the
+    reference scored every pair, at the first evaluation."""
+    if pairs < world_size:
+        raise PlanError(
+            f"the evaluation split has {plural(pairs, 'pair')}, fewer than the {world_size} processes that evaluate "
+            f"(each needs one): hold out at least {world_size} pairs, launch fewer processes, or set no eval_strategy"
+        )
+
+
 def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
     """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
     at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch)."""
-    if pairs < world_size:
-        raise PlanError(
-            f"the evaluation split has {plural(pairs, 'pair')}, fewer than the {world_size} processes: use a "
-            "larger split, or no eval_strategy"
-        )
+    check_eval_split(pairs, world_size)
     per_rank = math.ceil(pairs / (world_size * batch_size))
     chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
     return [chunks[rank::world_size] for rank in range(world_size)]

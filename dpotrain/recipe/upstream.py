@@ -94,7 +94,9 @@ SEAMS = (
     ),
     _override(
         f"{TRAINER}:Trainer._run_epoch",
-        "a run resumed from its last step's checkpoint trains nothing (transformers checks max_steps after a step)",
+        "a run resumed from its last step's checkpoint trains nothing (transformers checks max_steps after a step); "
+        "the step sampler is given the epoch, which a resumed epoch's wrapped loader does not pass on",
+        ("model", "epoch", "train_dataloader"),
     ),
     # --- private methods and functions called -------------------------------------------------------------------
     _call(f"{TRAINER}:Trainer._get_output_dir", "the checkpoint folder's parent, to clear and name it", ("trial",)),

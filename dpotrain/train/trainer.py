@@ -363,6 +363,15 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.state.global_step >= self.state.max_steps > 0:
             self.control.should_training_stop = True
             return
+        # The epoch's steps (`StepSampler.set_epoch`), set here: transformers sets them through the loader, but a
+        # resumed epoch's loader is accelerate's skip_first_batches wrapper, whose SkipBatchSampler holds the
+        # BatchSamplerShard of a launch of more than one process, which has no set_epoch: a run resumed mid-epoch on 3
+        # processes trained epoch 0's steps again in place of the resumed epoch's.
+        sampler = kwargs["train_dataloader"]
+        while sampler is not None and not isinstance(sampler, plan.StepSampler):
+            sampler = getattr(sampler, "batch_sampler", None)
+        if sampler is not None:
+            sampler.set_epoch(kwargs["epoch"])
         super()._run_epoch(*args, **kwargs)
 
     @property

@@ -1,0 +1,131 @@
+"""Odd world sizes and data that does not divide, on real `accelerate launch`es of 3 processes (DDP on gloo): what
+must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import datasets
+import pytest
+
+from conftest import ROOT, accelerate_launch, python, rank_python
+
+DDP = (
+    "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+    "num_processes: {n}\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+)
+
+
+def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> subprocess.CompletedProcess:
+    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP; 1: `python
+    train_dpo.py`."""
+    config = tmp_path / f"ddp{processes}.yaml"
+    config.write_text(DDP.format(n=processes))
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": path}
+    launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
+    cmd = [
+        *(launcher if processes > 1 else [python()]),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(tmp_path / out),
+        "--report_to",
+        "none",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truncation", ["keep_start", "keep_end"])
+def test_a_held_out_split_smaller_than_the_ranks_is_refused_in_one_line_before_the_model_loads(
+    truncation, tmp_path, tiny_model_dir
+):
+    """1 held-out pair on 3 processes. Under keep_end the run loaded the model, scored the reference on every pair
+    and was refused at its first evaluation; under keep_start it was refused early, but blamed max_length ("the
+    trainer drops a pair whose prompt alone fills max_length ...; hold out pairs with shorter prompts"), though no
+    pair was dropped."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(14, seed=13)
+    data = tmp_path / "pairs"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:13]), "test": datasets.Dataset.from_list(rows[13:])}
+    ).save_to_disk(data)
+    args = ["--max_steps", "2", "--pairs_per_step", "4", "--eval_strategy", "steps", "--eval_steps", "1"]
+    result = launch(tmp_path, 3, tiny_model_dir, data, *args, "--truncation_mode", truncation)
+    assert result.returncode == 1, result.stdout[-3000:]
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    want = (
+        "error: the evaluation split has 1 pair, fewer than the 3 processes that evaluate (each needs one): hold out "
+        "at least 3 pairs, launch fewer processes, or set no eval_strategy"
+    )
+    assert errors == [want] * 3, result.stdout[-3000:]
+    assert "reference log-probs" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_refused(tmp_path, tiny_model_dir):
+    """7 pairs of 3 a step: on 3 ranks the last pair joins step 2 (steps of 3 and 4 pairs), on one process it is a
+    step of its own (3 steps). Step 1's checkpoint of the 3-rank run resumed on one process was honoured in silence:
+    its step 2 trained 3 pairs, not 4, and a step 3 followed, on a 3-step learning-rate schedule."""
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(7, seed=13)).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
+    trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
+    assert resumed.returncode == 2, resumed.stdout[-3000:]
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs make 2 "
+        "steps an epoch, and on 1 they make 3 (a last step of fewer pairs than processes joins the one before it): "
+        "the steps past it would train other pairs, on another learning-rate schedule; resume it on 3 processes, or "
+        f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+    ], resumed.stdout[-3000:]
+    assert "reference log-probs" not in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(tmp_path, tiny_model_dir):
+    """13 pairs of 4 a step on 3 ranks: epochs of 3 steps. Resumed from step 4 (one step into epoch 1), the run
+    trained epoch 0's steps 2 and 3 again: accelerate's skip_first_batches wraps the BatchSamplerShard of a launch of
+    several processes, which passes no set_epoch on to the step sampler (one process has no such wrapper). The losses
+    and weights now equal the uninterrupted run's."""
+    from safetensors.torch import load_file
+
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(13, seed=13)).to_json(data)
+    args = ["--pairs_per_step", "4", "--max_steps", "6", "--save_steps", "2", "--max_length", "512"]
+    args += ["--logging_steps", "1", "--save_total_limit", "5"]
+    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole")
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoint-6")
+    (tmp_path / "resumed" / "run_complete.json").unlink()
+    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from {tmp_path}/resumed/checkpoint-4" in resumed.stdout
+
+    def losses(out) -> dict:
+        return {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / out / "metrics.jsonl").open()) if "loss" in r}
+
+    assert list(losses("whole")) == [1, 2, 3, 4, 5, 6]
+    assert losses("resumed") == pytest.approx(losses("whole"), abs=1e-6)
+    a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("whole", "resumed"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
