@@ -624,6 +624,27 @@ def check_optimizer(t) -> None:
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
     _check_schedule(t, scheduler)
+    _check_warmup(t, scheduler)
+
+
+def _check_warmup(t, scheduler) -> None:
+    """transformers builds `constant` and `reduce_lr_on_plateau` without num_warmup_steps: `--lr_scheduler_type
+    constant` under a recipe's warmup_steps 0.1 trained at the full rate from step 1, while the dry run, the record and
+    the card counted its warm-up steps. A schedule that warms up starts below learning_rate (the walk's step 0)."""
+    if not t.warmup_steps:
+        return
+    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]
+    try:
+        if multiplier is not None and float(multiplier(0)) < 1:
+            return
+    except Exception:  # noqa: BLE001 - kwargs the walk skips (they count steps): the trainer's own schedule decides
+        return
+    raise ConfigError(
+        f"lr_scheduler_type {_named(t.lr_scheduler_type)} has no warm-up (transformers ignores warmup_steps for it), "
+        f"but warmup_steps is {t.warmup_steps:g}: the run would start at the full learning rate while the dry run and "
+        "the record counted warm-up steps: add --warmup_steps 0, or choose constant_with_warmup (a warm-up, then "
+        "a constant rate)"
+    )
 
 
 # The run the schedule is walked over (`_check_schedule`): 10% warm-up, the multiplier read at each 1,000th of it. Its

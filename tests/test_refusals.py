@@ -151,6 +151,13 @@ def many_rows(n=40):
             ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": -1}'],
             "{'min_lr': -1} keeps the learning rate at 0 from 11% of the run on (it trains nothing more)",
         ),
+        # transformers builds constant without warm-up: the full rate from step 1, the record counting warm-up steps
+        (
+            ["--lr_scheduler_type", "constant"],
+            "lr_scheduler_type constant has no warm-up (transformers ignores warmup_steps for it), but warmup_steps is "
+            "0.1: the run would start at the full learning rate while the dry run and the record counted warm-up "
+            "steps: add --warmup_steps 0, or choose constant_with_warmup",
+        ),
         (
             ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", '{"power": -1}'],
             "{'power': -1} fails at 100% of the run (ZeroDivisionError",
