@@ -510,6 +510,11 @@ def check_logging(recipe: Recipe) -> None:
             "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
             "--health_checks false"
         )
+    if "logging_first_step" in recipe.given and not t.logging_first_step and recipe.project.health_checks:
+        raise ConfigError(
+            "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
+            "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false"
+        )
     # transformers reads a value below 1 as a fraction of the run, rounded up: a negative one logged (evaluated) at
     # multiples of -max_steps, or at a ZeroDivisionError after step 1 once the model had loaded (-0.01 of 48 steps is 0)
     for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):

@@ -772,6 +772,8 @@ def as_run(
         training["gradient_accumulation_steps"] = batch.gradient_accumulation_steps
     if not uses_live_reference(recipe):
         training["precompute_ref_log_probs"] = True  # the reference stage scores once
+    if recipe.project.health_checks:  # the step1 guard logs step 1 on its own (train/health.py), as this field does
+        training["logging_first_step"] = True
     if pairs.revision is not None:
         project["dataset_revision"] = pairs.revision  # the commit every rank loaded
     if f.decided_here:

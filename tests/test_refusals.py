@@ -194,6 +194,12 @@ def many_rows(n=40):
                 any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")), reason="installed here"
             ),
         ),
+        # the step1 health guard logs step 1 whatever this says: recorded false, logged
+        (
+            ["--logging_first_step", "false"],
+            "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
+            "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false",
+        ),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
         # transformers counts `input_ids`, which the pairs' micro-batches do not hold: a warning per step, 0 recorded
         (
