@@ -345,6 +345,14 @@ def check_saving(recipe: Recipe) -> None:
             "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
+    if strategy == "best" and (not t.metric_for_best_model or t.eval_strategy == "no"):
+        # no metric: transformers' ValueError once the model had loaded; no evaluation: no metric, so no checkpoint
+        missing = "metric_for_best_model" if not t.metric_for_best_model else "evaluation (eval_strategy no)"
+        raise ConfigError(
+            f"save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            f"has no {missing}: add --metric_for_best_model eval_loss --eval_strategy steps --eval_steps N (held-out "
+            "pairs: --dataset_mixer_eval_list FILE 1.0), or --save_strategy steps (the recipes save every 100 steps)"
+        )
     if t.save_only_model:  # also under save_strategy no: a stop request still saves a checkpoint, then promises it
         raise ConfigError(
             "save_only_model writes checkpoints without the optimizer, scheduler and RNG state, which a resume "

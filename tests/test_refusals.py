@@ -194,6 +194,18 @@ def many_rows(n=40):
                 any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")), reason="installed here"
             ),
         ),
+        # transformers' ValueError as the trainer was built, once the model had loaded
+        (
+            ["--save_strategy", "best"],
+            "save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            "has no metric_for_best_model: add --metric_for_best_model eval_loss --eval_strategy steps --eval_steps N",
+        ),
+        # no evaluation, so no metric to improve: trained to the end with no checkpoint on the way
+        (
+            ["--save_strategy", "best", "--metric_for_best_model", "eval_loss"],
+            "save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            "has no evaluation (eval_strategy no)",
+        ),
         # the step1 health guard logs step 1 whatever this says: recorded false, logged
         (
             ["--logging_first_step", "false"],
