@@ -345,6 +345,15 @@ def check_saving(recipe: Recipe) -> None:
             "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
+    # transformers reads save_steps under `steps` only; a recipe file's is unused where the command line changes the
+    # strategy for one run (as `check_switched_off`), and the record's save_strategy says how it saved
+    on_command_line = config.fields_set(recipe.command_line)
+    given = on_command_line if "save_strategy" in on_command_line else recipe.given
+    if strategy != "steps" and "save_steps" in given:
+        raise ConfigError(
+            f"save_steps {t.save_steps:g} would be ignored: save_strategy {strategy} does not save by steps: remove "
+            "save_steps, or pass --save_strategy steps"
+        )
     if strategy == "best" and (not t.metric_for_best_model or t.eval_strategy == "no"):
         # no metric: transformers' ValueError once the model had loaded; no evaluation: no metric, so no checkpoint
         missing = "metric_for_best_model" if not t.metric_for_best_model else "evaluation (eval_strategy no)"

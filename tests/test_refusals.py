@@ -908,7 +908,7 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
         include_num_input_tokens_seen="no",
         report_to=[name],
     )
-    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True)))
+    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True), given=set()))
 
 
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------
@@ -1161,6 +1161,27 @@ def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
     prompts.write_text("\n\n")  # the data set's first prompts were sampled instead, without a word
     args = ["--samples_every", "1", "--sample_prompts_file", str(prompts), "--dry-run"]  # the dry run says it too
     assert f"sample_prompts_file {str(prompts)!r} holds no prompt" in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+def test_save_steps_under_another_save_strategy_is_refused_but_not_a_recipe_files(tmp_path, monkeypatch, capsys):
+    """`--save_strategy epoch --save_steps 5` was recorded as saving every 5 steps and saved at the epoch's end alone
+    (transformers reads save_steps under `steps` only). smoke.yaml's own save_steps 20 is unused, not refused, where
+    the command line changes the strategy for one run."""
+    from dpotrain.options import check_saving
+
+    args = ["--save_strategy", "epoch", "--save_steps", "5"]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        "error: save_steps 5 would be ignored: save_strategy epoch does not save by steps: remove save_steps, or pass "
+        "--save_strategy steps"
+    )
+    for strategy in ("epoch", "no"):
+        check_saving(parse_args(["--config", SMOKE, "--save_strategy", strategy]))  # the recipe file's save_steps 20
+    recipe = tmp_path / "epochs.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text().replace("save_strategy: steps", "save_strategy: epoch")
+    )
+    with pytest.raises(ConfigError, match="save_steps 20 would be ignored: save_strategy epoch"):
+        check_saving(parse_args(["--config", str(recipe)]))
 
 
 def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, capsys):
