@@ -346,10 +346,11 @@ def check_saving(recipe: Recipe) -> None:
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
     # transformers reads save_steps under `steps` only; a recipe file's is unused where the command line changes the
-    # strategy for one run (as `check_switched_off`), and the record's save_strategy says how it saved
+    # strategy for one run (as `check_switched_off`), and the record's save_strategy says how it saved. Under `no`
+    # nothing is saved by any count (a base command with `--save_strategy no` added is a usual way to turn it off).
     on_command_line = config.fields_set(recipe.command_line)
     given = on_command_line if "save_strategy" in on_command_line else recipe.given
-    if strategy != "steps" and "save_steps" in given:
+    if strategy in ("epoch", "best") and "save_steps" in given:
         raise ConfigError(
             f"save_steps {t.save_steps:g} would be ignored: save_strategy {strategy} does not save by steps: remove "
             "save_steps, or pass --save_strategy steps"

@@ -1166,7 +1166,7 @@ def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
 def test_save_steps_under_another_save_strategy_is_refused_but_not_a_recipe_files(tmp_path, monkeypatch, capsys):
     """`--save_strategy epoch --save_steps 5` was recorded as saving every 5 steps and saved at the epoch's end alone
     (transformers reads save_steps under `steps` only). smoke.yaml's own save_steps 20 is unused, not refused, where
-    the command line changes the strategy for one run."""
+    the command line changes the strategy for one run; nor is any under `no`, saving turned off."""
     from dpotrain.options import check_saving
 
     args = ["--save_strategy", "epoch", "--save_steps", "5"]
@@ -1176,6 +1176,7 @@ def test_save_steps_under_another_save_strategy_is_refused_but_not_a_recipe_file
     )
     for strategy in ("epoch", "no"):
         check_saving(parse_args(["--config", SMOKE, "--save_strategy", strategy]))  # the recipe file's save_steps 20
+    check_saving(parse_args(["--config", SMOKE, "--save_steps", "5", "--save_strategy", "no"]))  # saving turned off
     recipe = tmp_path / "epochs.yaml"
     recipe.write_text(
         (ROOT / "configs" / "smoke.yaml").read_text().replace("save_strategy: steps", "save_strategy: epoch")
