@@ -281,6 +281,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
         checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
+    plan.check_schedule_fits(steps, recipe.training)
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)

@@ -151,6 +151,14 @@ def many_rows(n=40):
             ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": -1}'],
             "{'min_lr': -1} keeps the learning rate at 0 from 11% of the run on (it trains nothing more)",
         ),
+        # the decay began inside warm-up: the rate peaked at 0.5 x learning_rate (max_steps 6, warmup 2), then fell
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", '{"num_decay_steps": 10}']
+            + ["--max_steps", "6", "--warmup_steps", "2"],
+            "lr_scheduler_kwargs num_decay_steps 10 is more than the 4 steps after warm-up of the run's 6: "
+            "warmup_stable_decay would start its decay inside the warm-up and the learning rate never reach the one "
+            "set: give num_decay_steps 4 or fewer",
+        ),
         # transformers builds constant without warm-up: the full rate from step 1, the record counting warm-up steps
         (
             ["--lr_scheduler_type", "constant"],
