@@ -359,6 +359,24 @@ def check_saving(recipe: Recipe) -> None:
             "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
+    # transformers reads save_steps under `steps` only; a recipe file's is unused where the command line changes the
+    # strategy for one run (as `check_switched_off`), and the record's save_strategy says how it saved. Under `no`
+    # nothing is saved by any count (a base command with `--save_strategy no` added is a usual way to turn it off).
+    on_command_line = config.fields_set(recipe.command_line)
+    given = on_command_line if "save_strategy" in on_command_line else recipe.given
+    if strategy in ("epoch", "best") and "save_steps" in given:
+        raise ConfigError(
+            f"save_steps {t.save_steps:g} would be ignored: save_strategy {strategy} does not save by steps: remove "
+            "save_steps, or pass --save_strategy steps"
+        )
+    if strategy == "best" and (not t.metric_for_best_model or t.eval_strategy == "no"):
+        # no metric: transformers' ValueError once the model had loaded; no evaluation: no metric, so no checkpoint
+        missing = "metric_for_best_model" if not t.metric_for_best_model else "evaluation (eval_strategy no)"
+        raise ConfigError(
+            f"save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            f"has no {missing}: add --metric_for_best_model eval_loss --eval_strategy steps --eval_steps N (held-out "
+            "pairs: --dataset_mixer_eval_list FILE 1.0), or --save_strategy steps (the recipes save every 100 steps)"
+        )
     if t.save_only_model:  # also under save_strategy no: a stop request still saves a checkpoint, then promises it
         raise ConfigError(
             "save_only_model writes checkpoints without the optimizer, scheduler and RNG state, which a resume "
@@ -529,6 +547,11 @@ def check_logging(recipe: Recipe) -> None:
             "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
             "--health_checks false"
         )
+    if "logging_first_step" in recipe.given and not t.logging_first_step and recipe.project.health_checks:
+        raise ConfigError(
+            "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
+            "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false"
+        )
     # transformers reads a value below 1 as a fraction of the run, rounded up: a negative one logged (evaluated) at
     # multiples of -max_steps, or at a ZeroDivisionError after step 1 once the model had loaded (-0.01 of 48 steps is 0)
     for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):
@@ -643,6 +666,27 @@ def check_optimizer(t) -> None:
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
     _check_schedule(t, scheduler)
+    _check_warmup(t, scheduler)
+
+
+def _check_warmup(t, scheduler) -> None:
+    """transformers builds `constant` and `reduce_lr_on_plateau` without num_warmup_steps: `--lr_scheduler_type
+    constant` under a recipe's warmup_steps 0.1 trained at the full rate from step 1, while the dry run, the record and
+    the card counted its warm-up steps. A schedule that warms up starts below learning_rate (the walk's step 0)."""
+    if not t.warmup_steps:
+        return
+    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]
+    try:
+        if multiplier is not None and float(multiplier(0)) < 1:
+            return
+    except Exception:  # noqa: BLE001 - kwargs the walk skips (they count steps): the trainer's own schedule decides
+        return
+    raise ConfigError(
+        f"lr_scheduler_type {_named(t.lr_scheduler_type)} has no warm-up (transformers ignores warmup_steps for it), "
+        f"but warmup_steps is {t.warmup_steps:g}: the run would start at the full learning rate while the dry run and "
+        "the record counted warm-up steps: add --warmup_steps 0, or choose constant_with_warmup (a warm-up, then "
+        "a constant rate)"
+    )
 
 
 # The run the schedule is walked over (`_check_schedule`): 10% warm-up, the multiplier read at each 1,000th of it. Its

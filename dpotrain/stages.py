@@ -282,6 +282,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
         checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
+    plan.check_schedule_fits(steps, recipe.training)
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
         pairs, total = launch.batch.pairs_per_step, steps["total_steps"]
         resolve.check_resumed_ranks(output.resume_from, pairs, launch.data_parallel, len(dataset), total)
@@ -776,6 +777,8 @@ def as_run(
         training["gradient_accumulation_steps"] = batch.gradient_accumulation_steps
     if not uses_live_reference(recipe):
         training["precompute_ref_log_probs"] = True  # the reference stage scores once
+    if recipe.project.health_checks:  # the step1 guard logs step 1 on its own (train/health.py), as this field does
+        training["logging_first_step"] = True
     if pairs.revision is not None:
         project["dataset_revision"] = pairs.revision  # the commit every rank loaded
     if f.decided_here:

@@ -157,6 +157,14 @@ def test_the_summary_says_whether_health_guards_and_samples_watch_the_run(tmp_pa
     )
 
 
+def test_the_record_says_step_1_is_logged_where_the_health_guards_log_it(tmp_path, capsys):
+    """The step1 guard logs step 1 on its own, and resolved_config.json said logging_first_step false (transformers'
+    default): metrics.jsonl began at step 1 under a record saying it would not."""
+    for args, logged in (([], True), (["--health_checks", "false"], False)):
+        dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), *args)
+        assert json.loads((tmp_path / "run.dry-run.json").read_text())["logging_first_step"] is logged, args
+
+
 def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsys):
     """`--max_steps 100` of the demo's 48 steps per epoch trains 2.08 epochs (the plan goes on into the next ones), and
     the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan."""

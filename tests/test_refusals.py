@@ -151,6 +151,21 @@ def many_rows(n=40):
             ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": -1}'],
             "{'min_lr': -1} keeps the learning rate at 0 from 11% of the run on (it trains nothing more)",
         ),
+        # the decay began inside warm-up: the rate peaked at 0.5 x learning_rate (max_steps 6, warmup 2), then fell
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", '{"num_decay_steps": 10}']
+            + ["--max_steps", "6", "--warmup_steps", "2"],
+            "lr_scheduler_kwargs num_decay_steps 10 is more than the 4 steps after warm-up of the run's 6: "
+            "warmup_stable_decay would start its decay inside the warm-up and the learning rate never reach the one "
+            "set: give num_decay_steps 4 or fewer",
+        ),
+        # transformers builds constant without warm-up: the full rate from step 1, the record counting warm-up steps
+        (
+            ["--lr_scheduler_type", "constant"],
+            "lr_scheduler_type constant has no warm-up (transformers ignores warmup_steps for it), but warmup_steps is "
+            "0.1: the run would start at the full learning rate while the dry run and the record counted warm-up "
+            "steps: add --warmup_steps 0, or choose constant_with_warmup",
+        ),
         (
             ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", '{"power": -1}'],
             "{'power': -1} fails at 100% of the run (ZeroDivisionError",
@@ -186,6 +201,24 @@ def many_rows(n=40):
             marks=pytest.mark.skipif(
                 any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")), reason="installed here"
             ),
+        ),
+        # transformers' ValueError as the trainer was built, once the model had loaded
+        (
+            ["--save_strategy", "best"],
+            "save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            "has no metric_for_best_model: add --metric_for_best_model eval_loss --eval_strategy steps --eval_steps N",
+        ),
+        # no evaluation, so no metric to improve: trained to the end with no checkpoint on the way
+        (
+            ["--save_strategy", "best", "--metric_for_best_model", "eval_loss"],
+            "save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
+            "has no evaluation (eval_strategy no)",
+        ),
+        # the step1 health guard logs step 1 whatever this says: recorded false, logged
+        (
+            ["--logging_first_step", "false"],
+            "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
+            "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false",
         ),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
         # transformers counts `input_ids`, which the pairs' micro-batches do not hold: a warning per step, 0 recorded
@@ -883,7 +916,7 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
         include_num_input_tokens_seen="no",
         report_to=[name],
     )
-    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True)))
+    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True), given=set()))
 
 
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------
@@ -1136,6 +1169,28 @@ def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
     prompts.write_text("\n\n")  # the data set's first prompts were sampled instead, without a word
     args = ["--samples_every", "1", "--sample_prompts_file", str(prompts), "--dry-run"]  # the dry run says it too
     assert f"sample_prompts_file {str(prompts)!r} holds no prompt" in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+def test_save_steps_under_another_save_strategy_is_refused_but_not_a_recipe_files(tmp_path, monkeypatch, capsys):
+    """`--save_strategy epoch --save_steps 5` was recorded as saving every 5 steps and saved at the epoch's end alone
+    (transformers reads save_steps under `steps` only). smoke.yaml's own save_steps 20 is unused, not refused, where
+    the command line changes the strategy for one run; nor is any under `no`, saving turned off."""
+    from dpotrain.options import check_saving
+
+    args = ["--save_strategy", "epoch", "--save_steps", "5"]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        "error: save_steps 5 would be ignored: save_strategy epoch does not save by steps: remove save_steps, or pass "
+        "--save_strategy steps"
+    )
+    for strategy in ("epoch", "no"):
+        check_saving(parse_args(["--config", SMOKE, "--save_strategy", strategy]))  # the recipe file's save_steps 20
+    check_saving(parse_args(["--config", SMOKE, "--save_steps", "5", "--save_strategy", "no"]))  # saving turned off
+    recipe = tmp_path / "epochs.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text().replace("save_strategy: steps", "save_strategy: epoch")
+    )
+    with pytest.raises(ConfigError, match="save_steps 20 would be ignored: save_strategy epoch"):
+        check_saving(parse_args(["--config", str(recipe)]))
 
 
 def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, capsys):

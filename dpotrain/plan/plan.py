@@ -457,6 +457,24 @@ class StepCollator:
         }
 
 
+def check_schedule_fits(steps: dict, training) -> None:
+    """warmup_stable_decay counts its decay in steps of its own (`num_decay_steps`), which the schedule's walk before
+    the data loads cannot weigh against the run: without `num_stable_steps` the stable phase is what is left, and a
+    decay longer than the steps after warm-up made it negative, so the rate fell from inside warm-up and never reached
+    learning_rate (10 decay steps of a 6-step run with 2 of warm-up: at most 0.5 x learning_rate)."""
+    kwargs = training.lr_scheduler_kwargs or {}
+    decay, total = kwargs.get("num_decay_steps"), steps.get("total_steps")
+    if training.lr_scheduler_type != "warmup_stable_decay" or total is None or "num_stable_steps" in kwargs:
+        return
+    after = total - (steps.get("warmup_steps") or 0)
+    if isinstance(decay, (int, float)) and decay > after:
+        raise ConfigError(
+            f"lr_scheduler_kwargs num_decay_steps {decay:g} is more than the {plural(after, 'step')} after warm-up "
+            f"of the run's {total}: warmup_stable_decay would start its decay inside the warm-up and the learning rate "
+            f"never reach the one set: give num_decay_steps {after} or fewer (the run's steps: --dry-run)"
+        )
+
+
 def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) -> None:
     """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained:
     transformers' schedules give step 1 the rate 0 whenever there is warmup. Checked on the data set's rows when it
