@@ -296,6 +296,18 @@ def torchrun_launch() -> list[str]:
     return [str(folder / "python"), str(folder / "torchrun.py")] if folder else [PYTHON, "-m", "torch.distributed.run"]
 
 
+def smoke_command(launcher: list[str], model_dir: str, *args: str) -> list[str]:
+    """`train_dpo.py` with the smoke recipe on `model_dir`, after `launcher` (`[python()]`, or an accelerate launch)."""
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    return [*launcher, str(ROOT / "train_dpo.py"), "--config", smoke, "--model_name_or_path", model_dir, *args]
+
+
+def launch_env(cache, **more: str) -> dict:
+    """A launched run's environment: its own project cache, and the venv's bin first on PATH (for `accelerate`)."""
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    return {**os.environ, "DPOTRAIN_CACHE": str(cache), "PATH": path, **more}
+
+
 def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeout: int = 900) -> None:
     """What a Slurm job of the smoke recipe launches (scripts/launch.sh: `accelerate launch` of `processes` with
     accelerate_config.yaml, ZeRO-2), run here outside Slurm, which changes nothing it computes: the uninterrupted run

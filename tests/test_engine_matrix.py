@@ -17,14 +17,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, python, rank_python, run_bounded, torchrun_launch
+from conftest import ROOT, launch_env, python, rank_python, run_bounded, smoke_command, torchrun_launch
 
 ENGINES = {
     "zero2": "accelerate_config.yaml",
@@ -84,21 +83,8 @@ def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> st
             "2",
             *rank_python(),
         ]
-    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    env = {**os.environ, "DPOTRAIN_CACHE": str(cache), "PATH": path}
-    cmd = [
-        *launcher,
-        str(ROOT / "train_dpo.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name",
-        str(data),
-        "--output_dir",
-        str(out),
-        *args,
-    ]
+    env = launch_env(cache)
+    cmd = smoke_command(launcher, model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args)
     start = time.monotonic()
     code, log, _ = run_bounded(cmd, limit, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if code is None:

@@ -21,8 +21,10 @@ from conftest import (
     ROOT,
     accelerate_launch,
     assert_every_group_has_the_recipes_timeout,
+    launch_env,
     python,
     rank_python,
+    smoke_command,
 )
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
@@ -68,21 +70,8 @@ def train(out, model_dir, data, *args, config=None, timeout=900, env=None, retur
             *rank_python(),
             REPORT_GROUPS,
         ]
-    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path, **(env or {})}
-    cmd = [
-        *launcher,
-        str(ROOT / "train_dpo.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name",
-        str(data),
-        "--output_dir",
-        str(out),
-        *args,
-    ]
+    env = launch_env(f"{out}-cache", **(env or {}))
+    cmd = smoke_command(launcher, model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args)
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
     )

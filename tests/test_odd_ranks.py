@@ -2,15 +2,13 @@
 must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 
 import datasets
 import pytest
 
-from conftest import ROOT, accelerate_launch, python, rank_python
+from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, smoke_command
 
 DDP = (
     "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
@@ -23,15 +21,11 @@ def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> 
     train_dpo.py`."""
     config = tmp_path / f"ddp{processes}.yaml"
     config.write_text(DDP.format(n=processes))
-    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": path}
+    env = launch_env(tmp_path / "cache")
     launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
-    cmd = [
-        *(launcher if processes > 1 else [python()]),
-        str(ROOT / "train_dpo.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path",
+    launcher = launcher if processes > 1 else [python()]
+    cmd = smoke_command(
+        launcher,
         model_dir,
         "--dataset_name",
         str(data),
@@ -40,7 +34,7 @@ def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> 
         "--report_to",
         "none",
         *args,
-    ]
+    )
     return subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
     )

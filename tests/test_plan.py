@@ -7,13 +7,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, accelerate_launch, python, rank_python
+from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, smoke_command
 from dpotrain.data import builtin
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.plan import plan
@@ -260,20 +259,8 @@ def launch(tmp_path, model_dir, args, processes=1, timeout=900):
             str(processes),
             *rank_python(),
         ]
-    env = {
-        **os.environ,
-        "DPOTRAIN_CACHE": str(tmp_path / "cache"),
-        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-    }
-    cmd = [
-        *launcher,
-        str(ROOT / "train_dpo.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path",
-        model_dir,
-        *args,
-    ]
+    env = launch_env(tmp_path / "cache")
+    cmd = smoke_command(launcher, model_dir, *args)
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
     )

@@ -15,14 +15,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, accelerate_launch, python, rank_python, spawn_ranks
+from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, smoke_command, spawn_ranks
 from dpotrain.forwards import packing, sequence_parallel
 from dpotrain.recipe.errors import plural
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -44,24 +43,8 @@ def train(out, model_dir, *args, processes=1, config="accelerate_config.yaml", e
             str(processes),
             *rank_python(),
         ]
-    env = {
-        **os.environ,
-        "DPOTRAIN_CACHE": f"{out}-cache",
-        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-        **dict(env),
-    }
-    cmd = [
-        *launcher,
-        str(ROOT / "train_dpo.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path",
-        model_dir,
-        "--output_dir",
-        str(out),
-        *STEPS,
-        *args,
-    ]
+    env = launch_env(f"{out}-cache", **dict(env))
+    cmd = smoke_command(launcher, model_dir, "--output_dir", str(out), *STEPS, *args)
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
     )
