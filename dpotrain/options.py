@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, launcher, writes
+from dpotrain.recipe import config, launcher, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, resume
@@ -894,7 +894,7 @@ def check_wandb(recipe: Recipe) -> None:
         return
     raise ConfigError(
         "report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
-        "WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none"
+        f"WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none{venv.hidden('WANDB_API_KEY')}"
     )
 
 

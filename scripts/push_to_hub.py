@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
 
     token = hf_token()
     if not token:
-        raise ConfigError("no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`")
+        raise ConfigError(
+            f"no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`{venv.hidden('HF_TOKEN')}"
+        )
     if offline.is_offline():
         raise ConfigError(
             f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it, where the Hub is "

@@ -12,7 +12,7 @@ import pytest
 import train_dpo
 from conftest import ROOT, run_train
 from dpotrain.recipe import venv
-from dpotrain.recipe.errors import run_cli
+from dpotrain.recipe.errors import ConfigError, run_cli
 from dpotrain.train import run_files
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -948,29 +948,30 @@ def test_a_bare_name_in_the_env_file_sets_nothing_beside_an_expanded_folder(tmp_
     assert os.environ["HF_DATASETS_CACHE"] == str(tmp_path / "home" / "ds")
 
 
-def test_an_empty_variable_in_the_shell_does_not_hide_the_env_files_value(tmp_path, monkeypatch):
+def test_an_empty_variable_in_the_shell_that_hides_the_env_files_value_is_named_where_the_value_is_asked_for(
+    tmp_path, monkeypatch
+):
     """`export HF_TOKEN=` (a placeholder in a shell profile or a cluster's module) beside HF_TOKEN=hf_... in `.env`:
-    the empty value won, and push_to_hub.py said "no Hugging Face token: add HF_TOKEN=... to .env", which the user
-    had done. An empty value is no value, as for the cache folders; a set one still wins over `.env`."""
+    push_to_hub said "no Hugging Face token: add HF_TOKEN=... to .env", which the user had done. The environment still
+    wins over `.env`, an empty value too (`HF_TOKEN= cmd` means no token; the tests mean it so), and each refusal that
+    asks for the value says what hides it."""
+    from dpotrain.hub.hub import PushSettings
+
     (tmp_path / ".env").write_text("HF_TOKEN=hf_from_env_file\nWANDB_API_KEY=from_env_file\n")
     monkeypatch.setenv("HF_TOKEN", "")
     monkeypatch.setenv("WANDB_API_KEY", "from_shell")
     venv.load_env(tmp_path)
-    assert (os.environ["HF_TOKEN"], os.environ["WANDB_API_KEY"]) == ("hf_from_env_file", "from_shell")
-
-
-@pytest.mark.parametrize("line", ['HF_TOKEN="hf_secret', "HF_TOKEN: hf_secret"], ids=["unclosed-quote", "yaml-style"])
-def test_a_line_of_the_env_file_that_cannot_be_read_is_refused_by_its_number(line, tmp_path, monkeypatch):
-    """python-dotenv skips a line it cannot read, with a warning naming no file ("could not parse statement starting
-    at line 2", twice); the token on it was then missing, and push_to_hub.py said to add HF_TOKEN to .env, which the
-    user had. Refused in one line naming the file and the line, never its value."""
-    (tmp_path / ".env").write_text(f"WANDB_PROJECT=p\n{line}\n")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    with pytest.raises(SystemExit) as refused:
-        venv.load_env(tmp_path)
-    message = str(refused.value)
-    assert message.startswith(f"error: {tmp_path / '.env'} line 2 is not NAME=value"), message
-    assert "hf_secret" not in message and "HF_TOKEN" not in os.environ
+    assert (os.environ["HF_TOKEN"], os.environ["WANDB_API_KEY"]) == ("", "from_shell")
+    hint = " (.env sets HF_TOKEN, but an empty HF_TOKEN in the environment wins over it: unset HF_TOKEN)"
+    assert venv.hidden("HF_TOKEN", tmp_path) == hint
+    assert venv.hidden("WANDB_API_KEY", tmp_path) == ""  # set: it is the value
+    monkeypatch.delenv("HF_TOKEN")
+    assert venv.hidden("HF_TOKEN", tmp_path) == ""  # unset: .env's is taken
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setattr(venv, "ROOT", tmp_path)  # the project's .env, as the run reads it
+    with pytest.raises(ConfigError) as refused:
+        PushSettings(requested=True, repo_id="me/x", private=None, checkpoints=False).check_token()
+    assert str(refused.value).endswith(f"or drop --push_to_hub{hint}")
 
 
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is
 from dpotrain.data import mixture
 from dpotrain.hub.hub_push import pushed_revisions, record_push, record_pushed, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.run_record import Record
@@ -67,7 +68,7 @@ class PushSettings:
         if self.requested and not self.token:
             raise ConfigError(
                 "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
-                "run `hf auth login`, or drop --push_to_hub"
+                f"run `hf auth login`, or drop --push_to_hub{venv.hidden('HF_TOKEN')}"
             )
 
     def record(self, resolved: dict) -> dict:
@@ -392,6 +393,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     if not token:
         raise ConfigError(
             f"pushing to {repo_id} needs a Hugging Face token: add HF_TOKEN=... to .env or run `hf auth login`"
+            f"{venv.hidden('HF_TOKEN')}"
         )
     api = HfApi(token=token)
     try:

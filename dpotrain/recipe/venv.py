@@ -97,9 +97,9 @@ def load_env(root: Path) -> None:
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
     check_env_file(root / ".env")
     # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
-    # `$VAR` may name a variable set further down the file). An empty variable is not set (`export HF_TOKEN=` in a
-    # profile hid `.env`'s token, and the push said to add it to `.env`), as for the cache folders above.
-    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and not os.environ.get(k)}
+    # `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
+    # token", and the tests mean it so): where it hides `.env`'s value, the message asking for it says so (`hidden`).
+    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and k not in os.environ}
     os.environ.update(taken)
     for name, value in taken.items():
         try:
@@ -115,6 +115,17 @@ def load_env(root: Path) -> None:
         from dpotrain.recipe import hub_switches
 
         hub_switches.take_late_switches()
+
+
+def hidden(name: str, root: Path | None = None) -> str:
+    """A message's last clause where an empty `name` in the environment hides `.env`'s value (`export HF_TOKEN=` in a
+    shell profile: the message asking to add it to `.env`, which the user had done, named no cause); else nothing."""
+    from dotenv import dotenv_values
+
+    env_file = (root or ROOT) / ".env"  # the project's, as `load_env` reads it
+    if os.environ.get(name) != "" or not env_file.is_file() or not dotenv_values(env_file).get(name):
+        return ""
+    return f" (.env sets {name}, but an empty {name} in the environment wins over it: unset {name})"
 
 
 def check_env_file(path: Path) -> None:
