@@ -14,7 +14,7 @@ from dpotrain.data import chat_template, cuts, mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
-from dpotrain.recipe import run_record
+from dpotrain.recipe import hub_switches, run_record
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
@@ -165,12 +165,7 @@ def summary(
     _memory_rows(memory, row)
     if s.compile_layers:
         row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
-    if r.output.folder:  # a dry run: what the run would do with its folder
-        row("output", r.output.folder)
-    if caches:
-        row("caches", caches)
-    if json_file is not None:
-        row("everything", f"{json_file} (or --json prints it)")
+    _written_rows(r, caches, json_file, row)
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in r.output.would_refuse]
     return "\n".join(lines)
@@ -185,6 +180,30 @@ def steps_text(r: Record) -> str:
     if s.max_steps > 0 and (trained := r.batching.epochs_trained) is not None:  # the epochs its steps make
         epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
     return f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup"
+
+
+def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) -> None:
+    """Where the run writes: its folder, the Hub, the caches outside its folder, the dry run's own record."""
+    if r.output.folder:  # a dry run: what the run would do with its folder
+        row("output", r.output.folder)
+    if r.settings.push_to_hub:
+        row("push", push_text(r.settings))
+    if caches:
+        row("caches", caches)
+    if json_file is not None:
+        row("everything", f"{json_file} (or --json prints it)")
+
+
+def push_text(s) -> str:
+    """Where the run pushes, and when: what a person checks before a job runs for hours (a mistyped repo id)."""
+    repo = s.hub_model_id + {True: " (private)", False: " (public)"}.get(s.hub_private_repo, "")
+    if hub_switches.is_offline():  # the run checks no access and pushes nothing (hub.check_push_access)
+        return (
+            f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {s.output_dir}`, where the Hub "
+            f"is reached, pushes the final model to {repo}"
+        )
+    every = "; each checkpoint's model to a branch step-<N> as it is saved" if s.push_checkpoints else ""
+    return f"the final model to {repo} on the Hub once training ends{every}"
 
 
 def watching_text(s) -> str:

@@ -848,3 +848,32 @@ def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_writ
         "HF_DATASETS_CACHE (or "
         "HF_HOME) to a folder on a disk with room, or make room there"
     )
+
+
+def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, capsys, monkeypatch):
+    """A dry run with --push_to_hub named no repo anywhere in its summary: a mistyped hub_model_id (or a public repo
+    meant private) was seen only once the job had trained for hours. The summary says where and when; offline, that
+    nothing is pushed during the run and the command that pushes it."""
+    monkeypatch.setenv("HF_TOKEN", "hf_placeholder")  # a dry run checks no access
+    from huggingface_hub import constants
+
+    # online, as a login node is: the switch huggingface_hub read at import (the suite runs with HF_HUB_OFFLINE=1)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    out = str(tmp_path / "run")
+    base = ["--config", "configs/smoke.yaml", "--output_dir", out, "--push_to_hub", "--hub_model_id", "me/olmo-dpo"]
+    assert "push" not in re.findall(
+        r"^  (\w+):", dry_run(capsys, "--config", "configs/smoke.yaml", "--output_dir", out), re.M
+    )
+    assert field(dry_run(capsys, *base, "--hub_private_repo", "true"), "push") == (
+        "the final model to me/olmo-dpo (private) on the Hub once training ends"
+    )
+    assert field(dry_run(capsys, *base, "--push_checkpoints", "true"), "push") == (
+        "the final model to me/olmo-dpo on the Hub once training ends; each checkpoint's model to a branch step-<N> "
+        "as it is saved"
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert field(dry_run(capsys, *base), "push") == (
+        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out}`, where the Hub is reached, "
+        "pushes the final model to me/olmo-dpo"
+    )
