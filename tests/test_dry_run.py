@@ -872,6 +872,9 @@ def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, 
         "the final model to me/olmo-dpo on the Hub once training ends; each checkpoint's model to a branch step-<N> "
         "as it is saved"
     )
+    assert field(dry_run(capsys, *base[:-2]), "push") == (  # no hub_model_id: the run's name, in the token's account
+        "the final model to <the token's account>/run on the Hub once training ends"
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert field(dry_run(capsys, *base), "push") == (
         f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out}`, where the Hub is reached, "
