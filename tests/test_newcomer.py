@@ -974,6 +974,20 @@ def test_an_empty_variable_in_the_shell_that_hides_the_env_files_value_is_named_
     assert str(refused.value).endswith(f"or drop --push_to_hub{hint}")
 
 
+@pytest.mark.parametrize("line", ['HF_TOKEN="hf_secret', "HF_TOKEN: hf_secret"], ids=["unclosed-quote", "yaml-style"])
+def test_a_line_of_the_env_file_that_cannot_be_read_is_refused_by_its_number(line, tmp_path, monkeypatch):
+    """python-dotenv skips a line it cannot read, with a warning naming no file ("could not parse statement starting
+    at line 2", twice); the token on it was then missing, and push_to_hub.py said to add HF_TOKEN to .env, which the
+    user had. Refused in one line naming the file and the line, never its value."""
+    (tmp_path / ".env").write_text(f"WANDB_PROJECT=p\n{line}\n")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        venv.load_env(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"error: {tmp_path / '.env'} line 2 is not NAME=value"), message
+    assert "hf_secret" not in message and "HF_TOKEN" not in os.environ
+
+
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):
     """`save_total_limit: 1`, a step of one pair, a checkpoint of one process's ZeRO state: "the last 1 checkpoints",
     "Plan: 1 steps of 1 pairs", "micro-batches of 1 pairs", "partitioned over 1 processes ... on 1 processes"."""
