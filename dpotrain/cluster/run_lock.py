@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 
 LOCK_FILE = "run.lock"
@@ -79,11 +80,8 @@ def _alive_here(holder: dict) -> bool:
     if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
         return False  # the host restarted since
     try:
-        os.kill(int(holder["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: alive
+        if not writes.pid_alive(int(holder["pid"])):
+            return False
     except (KeyError, TypeError, ValueError):
         return False
     started = _proc_start(int(holder["pid"]))

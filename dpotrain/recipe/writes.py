@@ -51,12 +51,17 @@ def _temporary_name(path: Path) -> str:
     name = f".{path.name}{ours}"
     if len(os.fsencode(name)) <= _limits(path.parent)[0]:
         return name
-    return f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}{ours}"
+    return f".{_digest(path.name)}{ours}"
+
+
+def _digest(name: str) -> str:
+    """What stands for a name too long to prefix a temporary's (`_temporary_name`, `temporaries`)."""
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
 
 
 def temporaries(folder: Path, names) -> list[tuple[Path, str, int]]:
     """`replacing`'s temporaries in `folder` of the files `names` (`_temporary_name`'s parts): (path, host, pid)."""
-    stems = {f".{n}." for n in names} | {f".{hashlib.sha256(os.fsencode(n)).hexdigest()[:16]}." for n in names}
+    stems = {f".{n}." for n in names} | {f".{_digest(n)}." for n in names}
     found = []
     for entry in folder.iterdir() if folder.is_dir() else ():
         stem = next((s for s in stems if entry.name.startswith(s) and entry.name.endswith(".tmp")), None)
@@ -74,11 +79,12 @@ def dead_temporaries(folder: Path, names) -> list[Path]:
     return [
         path
         for path, host, pid in temporaries(folder, names)
-        if host == here and (pid == os.getpid() or not _alive(pid))
+        if host == here and (pid == os.getpid() or not pid_alive(pid))
     ]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (another user's counts: it may be writing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
