@@ -396,6 +396,7 @@ def forward_and_plan(
 
     from dpotrain import resolve, stages
     from dpotrain.forwards import choice
+    from dpotrain.plan import memory
     from dpotrain.train.trainer import resolve_model_path
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
@@ -409,7 +410,7 @@ def forward_and_plan(
         batch=resolve.decide_batch(recipe, world),
     )
     model_path = resolve_model_path(recipe)
-    model = stages.model_config(recipe, model_path, local_only=False)
+    model = memory.model_config(recipe, model_path, local_only=False)
     pairs_held = stages.given_pairs(recipe, launch, pairs)
     lengths = lengths or stages.measure_lengths(recipe, launch, pairs_held, model_path, model[0])
     forward = stages.decide_forward(recipe, launch, model_path, lengths, model)

@@ -23,6 +23,7 @@ from dpotrain import output_folder, stages, train_stage
 from dpotrain.cluster import engine, offline
 from dpotrain.data import mixture
 from dpotrain.data.pair_lengths import LABELS, pair_columns
+from dpotrain.plan import memory
 from dpotrain.recipe import config, writes
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
@@ -387,7 +388,7 @@ def run(
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         path = stages.model_files(recipe, launch)
-        model_config = stages.model_config(recipe, path, local_only=launch.dry_run)[0]
+        model_config = memory.model_config(recipe, path, local_only=launch.dry_run)[0]
         lengths = stages.measure_lengths(recipe, launch, pairs, path, model_config)
         recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
     quality = data_quality(pairs)

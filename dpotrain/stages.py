@@ -9,14 +9,11 @@ depends on a Hub data set or model is recorded as decided at start, with the com
 import copy
 import functools
 import os
-import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-import transformers
-from transformers import AutoConfig
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
@@ -644,36 +641,9 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     return chat_template.eos_ids(found.eos_token_id)
 
 
-def model_config(recipe, model_path: str, local_only: bool) -> tuple:
-    """The model's config (no weights), or (None, why) where a dry run does not have it on this machine: read once
-    per run (a Hub model's config asks the Hub at each read), by `first_half`, which passes it to each stage."""
-    revision, trust = recipe.model.model_revision, recipe.training.trust_remote_code
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, revision=revision, local_files_only=local_only, trust_remote_code=trust
-        )
-        return config, None
-    except (OSError, ValueError) as e:
-        if "trust_remote_code" in str(e):  # transformers names its argument, not this project's flag
-            raise ConfigError(
-                f"{recipe.model.model_name_or_path} runs its own code (auto_map in its config.json): read it, then "
-                "give --trust_remote_code true"
-            ) from None
-        if (unknown := re.search(r"has model type `(.*?)` but Transformers does not recognize", str(e))) is not None:
-            # A model newer than the installed transformers: not a config missing from this machine (the dry run)
-            raise ConfigError(
-                f"{recipe.model.model_name_or_path}: its config.json's model_type {unknown[1]!r} is not one "
-                f"transformers {transformers.__version__} knows: install a transformers release that has it (pip "
-                "install -U transformers), or check model_type in its config.json"
-            ) from None
-        if not local_only:
-            raise
-        return None, memory.unreadable(recipe, e)  # the reason from this read's error: the config is read once
-
-
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
     """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. `model`:
-    `model_config`'s (config, why not)."""
+    `memory.model_config`'s (config, why not)."""
     config, why = model
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
@@ -839,7 +809,8 @@ def first_half(
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch, pairs.tokenizer)
-    model = model_config(recipe, model_path, local_only=launch.dry_run)  # once: each stage is given it
+    # Once per run (a Hub model's config asks the Hub at each read): each stage is given it
+    model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0])
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None

@@ -52,6 +52,7 @@ def test_the_lengths_are_cached_for_the_rows_the_run_read_not_the_file_as_it_is_
     were read refused."""
     from dpotrain import stages
     from dpotrain.data import lengths, mixture
+    from dpotrain.plan import memory
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
 
@@ -64,7 +65,7 @@ def test_the_lengths_are_cached_for_the_rows_the_run_read_not_the_file_as_it_is_
     pairs = stages.load_data(recipe, launch, say=False)
     with open(path, "a") as f:
         f.write("".join(rows[40:80]))  # written after the rows were read
-    config = stages.model_config(recipe, tiny_model_dir, local_only=False)[0]
+    config = memory.model_config(recipe, tiny_model_dir, local_only=False)[0]
     auto = stages.measure_lengths(recipe, launch, pairs, tiny_model_dir, config).auto
     assert auto["rows"] == 40
     tokenizer = lengths.load_tokenizer(tiny_model_dir)

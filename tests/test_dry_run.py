@@ -93,7 +93,7 @@ def test_dtype_auto_is_recorded_as_the_dtype_the_weights_load_in(tmp_path, capsy
         assert f"weights load in {dtype}," in field(dry_run(capsys, *args), "model")
         assert json.loads((tmp_path / f"{dtype}.dry-run.json").read_text())["dtype"] == dtype
         recipe = config_mod.parse_args([*args])
-        model_config = memory.load_model_config(recipe)[0]
+        model_config = memory.model_config(recipe)[0]
         assert engine.model_dtype(recipe, model_config) == dtype
         assert memory.model_shape(recipe, model_config).load_bytes == (4 if dtype == "float32" else 2)
 

@@ -121,7 +121,7 @@ def test_only_kernels_whose_speed_was_measured_are_weighed_the_rest_by_the_docum
                 "shared prompts on flex_attention",
                 "unshared on flex_attention",
             }
-        config = memory.load_model_config(think_recipe())[0]
+        config = memory.model_config(think_recipe())[0]
         listed, _ = choice.candidates(copy.deepcopy(config), think_recipe(), True, varlen, check_kernels=False)
         assert [c.describe() for c in listed] == [
             "shared prompts on flex_attention",
@@ -201,13 +201,13 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     machines = {"H100 without FA4": (True, None)}
     launch = stages.Launch(16, "2 nodes of 8", zero2, machines, dry_run=False, batch=resolve.decide_batch(r, 16))
     pair_lengths = stages.Lengths(None, think_mix(), None, None, max_length=r.training.max_length)
-    model = stages.model_config(r, r.model.model_name_or_path, local_only=True)
+    model = memory.model_config(r, r.model.model_name_or_path, local_only=True)
     forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths, model)
     planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward, model)
     assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned.attention
     assert planned.fits is True and planned.total_gib == 72.8
     assert planned.per_gpu_gib["attention_masks"] == 0.0  # a block mask's few MiB
-    assert choice.lightest_attention(memory.load_model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
+    assert choice.lightest_attention(memory.model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
         "flex_attention"
     )
 

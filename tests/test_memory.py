@@ -62,7 +62,7 @@ def recipe(*args):
 
 def shape_of(model_dir, *args):
     r = recipe("--model_name_or_path", model_dir, *args)
-    config, why = memory.load_model_config(r)
+    config, why = memory.model_config(r)
     assert why is None
     return memory.model_shape(r, config)
 
@@ -159,7 +159,7 @@ def test_a_single_target_module_stays_a_module_name_in_the_runs_recipe(olmo3):
     args = ("--model_name_or_path", olmo3["7b"], "--use_peft", "true", "--lora_r", "16", "--lora_target_modules")
     run = replaced(recipe(*args, "q_proj"), model={})
     assert run.model.lora_target_modules == ["q_proj"]
-    config, _ = memory.load_model_config(run)
+    config, _ = memory.model_config(run)
     assert memory.model_shape(run, config).trainable == 32 * 16 * (4096 + 4096)  # layers x r x (in + out)
     assert replaced(recipe(*args, ".*q_proj"), model={}).model.lora_target_modules == ".*q_proj"  # a pattern stays
 
@@ -239,7 +239,7 @@ def test_a_padded_run_with_a_token_budget_is_planned_on_its_rows_and_decides_the
     parts = planned["per_gpu_gib"]
     assert (parts["activations"], parts["lm_head"], parts["attention_masks"]) == (9.4, 0.6, 0.2)
     assert planned["reference_multiple"] == 2
-    config, _ = memory.load_model_config(lora)
+    config, _ = memory.model_config(lora)
     assert memory.forward_only_multiple(config, 16384, 4096, "sdpa", True) == 3  # the formulas', which overran
     # Training the whole model, the LM head's weight gradient (2.3 GiB) leaves room for 3: the two agree there.
     assert memory.plan(recipe(*padded), 8, engine(ZERO3), attention="sdpa")["reference_multiple"] == 3
@@ -748,3 +748,26 @@ def test_the_analyzers_memory_line_for_one_gpu_says_gpu():
     recipe = parse_args([*think, "--gpu_memory_gib", "179", "--dry-run"])
     found = long_traces.carrying_groups(recipe, 1, engines.from_config(str(ROOT / "accelerate_config.yaml")), [4096])
     assert long_traces.line(found).startswith("Memory per GPU (DeepSpeed ZeRO-2 on 1 GPU of 179.0 GiB, "), found
+
+
+def test_the_analyzers_memory_line_gives_the_runs_refusal_of_a_config_not_a_missing_file(tmp_path):
+    """A model newer than the installed transformers (model_type unknown to it): the run refuses it naming the fix, and
+    the analyzer's memory line said its config was "not readable on this machine" (transformers' text, cut short): it
+    reads the config through the run's reader, and skips with the run's reason."""
+    import transformers
+
+    from dpotrain.plan import long_traces
+
+    model = tmp_path / "new-model"
+    shutil.copytree(ROOT / "configs" / "models" / "olmo3-7b", model)
+    config = json.loads((model / "config.json").read_text()) | {"model_type": "frobnicator"}
+    (model / "config.json").write_text(json.dumps(config))
+    recipe = parse_args(
+        ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", str(model), "--dry-run"]
+    )
+    found = long_traces.carrying_groups(recipe, 1, engines.from_config(str(ROOT / "accelerate_config.yaml")), [4096])
+    assert long_traces.line(found) == (
+        f"Memory per GPU: not planned ({model}: its config.json's model_type 'frobnicator' is not one transformers "
+        f"{transformers.__version__} knows: install a transformers release that has it (pip install -U transformers), "
+        "or check model_type in its config.json)"
+    )

@@ -14,7 +14,7 @@ def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_p
     defaults, eos 50279, made transformers warn at every demo start) and the ids its tokenizer assigns."""
     monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path))
     recipe = parse_args(["--config", "configs/smoke.yaml"])
-    planned, _ = memory.load_model_config(recipe)  # not built yet
+    planned, _ = memory.model_config(recipe)  # not built yet
     tokenizer = builtin.build_tokenizer()
     assert (planned.bos_token_id, planned.pad_token_id, planned.eos_token_id) == (
         tokenizer.bos_token_id,
@@ -24,9 +24,7 @@ def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_p
     assert planned.eos_token_id < planned.vocab_size
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        built, _ = (
-            memory.load_model_config(recipe) if builtin.materialize_model(recipe.model.model_name_or_path) else None
-        )
+        built, _ = memory.model_config(recipe) if builtin.materialize_model(recipe.model.model_name_or_path) else None
     assert built.eos_token_id == planned.eos_token_id and built.vocab_size == len(tokenizer)
 
 

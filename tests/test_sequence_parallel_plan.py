@@ -225,7 +225,7 @@ def test_a_forward_that_cannot_split_is_refused_not_swapped():
     """N > 1 needs packed rows: padded ones (padding_free false) and eager attention are refused with what to change.
     A live reference model (precompute_ref_log_probs false, TR-DPO's sync_ref_model) packs and splits like the
     policy."""
-    config = memory.load_model_config(smoke())[0]
+    config = memory.model_config(smoke())[0]
     for args, why in (
         (["--padding_free", "false"], "padding_free is false"),
         (["--attn_implementation", "eager"], "eager has no split here"),
@@ -248,7 +248,7 @@ def test_a_group_weighs_the_forwards_one_process_weighs_varlen_kernels_included(
     """On a GPU with FlashAttention installed a group weighs what one process weighs: flex_attention (block masks of
     the whole rows), the varlen kernel (the whole row's cu_seq_lens) and sdpa where flex cannot pack; a varlen kernel
     asked for is honoured."""
-    config = memory.load_model_config(smoke())[0]
+    config = memory.model_config(smoke())[0]
     alone, _ = choice.candidates(copy.deepcopy(config), smoke(), True, "flash_attention_2", check_kernels=False)
     split, _ = choice.candidates(
         copy.deepcopy(config), smoke("--sequence_parallel_size", "2"), True, "flash_attention_2", check_kernels=False
@@ -279,7 +279,7 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
     asked = smoke("--padding_free", "true")  # a hybrid packs only when asked for (choice.hybrid_problem)
     assert choice.candidates(hybrid, asked, True, "flash_attention_2", check_kernels=False)[0][0].packed
     assert memory.splittable_heads(hybrid) is None
-    assert memory.splittable_heads(memory.load_model_config(smoke())[0]) == (4, 2)
+    assert memory.splittable_heads(memory.model_config(smoke())[0]) == (4, 2)
 
 
 # --- the memory plan per GPU ---

@@ -137,7 +137,7 @@ def test_the_first_half_reads_the_models_config_once(tmp_path, monkeypatch):
     args = ["--model_name_or_path", model, "--bf16", "true", "--dtype", "auto", "--gpu_memory_gib", "40"]
     with pytest.raises(ConfigError, match="memory plan: .* these fit"):
         train_dpo.main([*SMOKE, *args, "--output_dir", str(tmp_path / "run"), "--dry-run"])
-    assert read == ["dpotrain.stages"]
+    assert read == ["dpotrain.plan.memory"]  # memory.model_config, the one reader, once
 
 
 @pytest.mark.slow  # loads the model and builds its trainer

@@ -19,7 +19,7 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
     """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (None: no group within a node
     does) and its GiB per GPU, or the model's positions where sequences would reach past them (`longest`: the data's
     longest sequence); or why nothing was planned (`skipped`)."""
-    config, why = memory.load_model_config(recipe)
+    config, why = memory.model_config_or_reason(recipe)
     if config is None:
         return {"skipped": why}
     if engine.name == "unplanned":

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import transformers
 from transformers import AutoConfig
 
 from dpotrain.cluster.engine import NAMES, Engine, from_config, model_dtype
@@ -73,22 +74,48 @@ class ModelShape:
     load_bytes: int  # bytes per parameter as loaded (the recipe's dtype): LoRA's frozen base, one process
 
 
-def load_model_config(recipe):
-    """The model's config from files on this machine (a folder, the HF cache, a built-in), or (None, why not)."""
+def model_config(recipe, path: str | None = None, local_only: bool = True) -> tuple:
+    """The model's config (no weights), or (None, why) where `local_only` and this machine does not have it. `path`:
+    where the model's files are (`stages.model_files`, a built-in materialized); without it the recipe's model, a
+    built-in not built yet read as the shape `builtin.build_model` gives it. A config this transformers cannot read
+    as it is (remote code not allowed, a model type it does not know) raises ConfigError, which the run refuses and
+    the analyzer gives as its reason to skip (`model_config_or_reason`)."""
     name = recipe.model.model_name_or_path
-    if builtin.is_builtin(name):
+    if path is None and builtin.is_builtin(name):
         builtin.check_name(name)
-        if built := builtin.existing_model_dir(name):
-            return AutoConfig.from_pretrained(built), None
-        # Not built yet: the shape builtin.build_model gives it, with at most 1024 tokens (its tokenizer's bound).
-        return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
+        path = builtin.existing_model_dir(name)
+        if path is None:  # not built yet: its shape, with at most 1024 tokens (its tokenizer's bound)
+            return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
+    revision, trust = recipe.model.model_revision, recipe.training.trust_remote_code
     try:
-        trust = recipe.training.trust_remote_code
-        return AutoConfig.from_pretrained(
-            name, revision=recipe.model.model_revision, local_files_only=True, trust_remote_code=trust
-        ), None
+        config = AutoConfig.from_pretrained(
+            path or name, revision=revision, local_files_only=local_only, trust_remote_code=trust
+        )
+        return config, None
     except (OSError, ValueError) as e:
-        return None, unreadable(recipe, e)
+        if "trust_remote_code" in str(e):  # transformers names its argument, not this project's flag
+            raise ConfigError(
+                f"{name} runs its own code (auto_map in its config.json): read it, then give --trust_remote_code true"
+            ) from None
+        if (unknown := re.search(r"has model type `(.*?)` but Transformers does not recognize", str(e))) is not None:
+            # A model newer than the installed transformers: not a config missing from this machine (the dry run)
+            raise ConfigError(
+                f"{name}: its config.json's model_type {unknown[1]!r} is not one transformers "
+                f"{transformers.__version__} knows: install a transformers release that has it (pip install -U "
+                "transformers), or check model_type in its config.json"
+            ) from None
+        if not local_only:
+            raise
+        return None, unreadable(recipe, e)  # the reason from this read's error: the config is read once
+
+
+def model_config_or_reason(recipe) -> tuple:
+    """`model_config` where nothing is refused (the analyzer's plan of long traces, a plan on its own): a config the
+    run would refuse is the reason it is not planned."""
+    try:
+        return model_config(recipe)
+    except ConfigError as e:
+        return None, str(e)
 
 
 def unreadable(recipe, error: BaseException) -> str:
@@ -534,7 +561,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
         return {"skipped": token_source, **named}
-    config, why = model or load_model_config(recipe)
+    config, why = model or model_config_or_reason(recipe)
     if config is None:
         return {"skipped": why, **named}
     shape = model_shape(recipe, config)
