@@ -37,20 +37,29 @@ class Seam:
     read_in: str = ""  # set: the upstream function ("module:Qualified.name") whose source must use the name
     text: str = ""  # source: the phrase the symbol's source must hold
 
+    @property
+    def name(self) -> str:
+        """The name itself ("module:A._b" -> "_b"): what an accessor reads, sets or calls on an object it is given."""
+        return self.symbol.rpartition(":")[2].rpartition(".")[2]
+
+
+_LISTED: list[Seam] = []  # every seam, in the order its constructor below is called: SEAMS
+
 
 def _of_kind(kind: str):
     def seam(symbol: str, why: str, params: tuple[str, ...] = (), **where) -> Seam:
-        return Seam(symbol, kind, why, params, **where)
+        _LISTED.append(made := Seam(symbol, kind, why, params, **where))
+        return made
 
     return seam
 
 
-# One constructor per kind of seam: `_call(symbol, why, params)`, `_set(symbol, why, read_in=...)`, ...
+# One constructor per kind of seam: `_call(symbol, why, params)`, `_set(symbol, why, read_in=...)`, ... Each lists its
+# seam in SEAMS; the seams an accessor reaches are named (`TOKENIZE = _call(...)`), and the accessor reads the name from
+# the Seam (`_value(TOKENIZE)`, `_member(trainer, TRL_METRICS)`): the name `check()` verifies is the one the code uses.
 _override, _call, _read, _set, _patch, _source = map(_of_kind, ("override", "call", "read", "set", "patch", "source"))
 
 DPO = "trl.trainer.dpo_trainer"
-ROTATION = "transformers.trainer:rotate_checkpoints"  # the checkpoint rotation inside Trainer._save_checkpoint
-FINAL_ROTATION = "transformers.trainer:sort_checkpoints"  # what Trainer._finalize_training deletes from
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
@@ -58,240 +67,259 @@ LOSS = f"{DPO}:DPOTrainer._compute_loss"  # where TRL reads the attributes set a
 C10D = "torch.distributed.distributed_c10d"
 DEEPSPEED_TAG = "global_step{}"  # DeepSpeed's checkpoint tag without one given: the `latest` file names it
 MEM = "torch.distributed._tools.mem_tracker"
+PEAK_KEPT = "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)"
+DATA_FILES = "_data_files"  # a `save_to_disk` split's state.json: its data files
 
-SEAMS = (
-    # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
-    _override(
-        f"{DPO}:DPOTrainer._compute_loss",
-        "the packed forward answers TRL's model call; the reference comes from the inputs; metrics reduced once a log",
-        ("model", "inputs", "return_outputs"),
-    ),
-    _override(
-        f"{DPO}:DPOTrainer._precompute_ref_logps",
-        "deferred: the reference stage (dpotrain/reference) scores every pair after the plan stage",
-        ("dataset", "name", "batch_size"),
-    ),
-    _override(
-        f"{DPO}:DPOTrainer._prepare_dataset",
-        "TRL's tokenization, then each prompt's labeled earlier turns with assistant_turns all (data/turns.py)",
-        ("dataset", "processing_class", "args", "dataset_name"),
-    ),
-    _override(
-        f"{TRAINER}:Trainer._save_checkpoint",
-        "the folder cleared first, rotation after the COMPLETE mark, a full disk in one line",
-        ("model", "trial"),
-    ),
-    _override(
-        f"{TRAINER}:Trainer._load_optimizer_and_scheduler",
-        "the optimizer as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py): "
-        "the resume's one hook under every engine (`_load_from_checkpoint` is skipped under DeepSpeed)",
-        ("checkpoint",),
-    ),
-    _override(
-        f"{TRAINER}:Trainer._prepare_inputs",
-        "the reference's float32 sums kept out of the cast of every float input to DeepSpeed's dtype (bf16)",
-        ("inputs",),
-    ),
-    _override(
-        f"{TRAINER}:Trainer._run_epoch",
-        "a run resumed from its last step's checkpoint trains nothing (transformers checks max_steps after a step); "
-        "the step sampler is given the epoch, which a resumed epoch's wrapped loader does not pass on",
-        ("model", "epoch", "train_dataloader"),
-    ),
-    # --- private methods and functions called -------------------------------------------------------------------
-    _call(f"{TRAINER}:Trainer._get_output_dir", "the checkpoint folder's parent, to clear and name it", ("trial",)),
-    _call(
-        f"{TRAINER}:Trainer._save",
-        "FSDP2's final model: the gathered full state dict written once",
-        ("output_dir", "state_dict"),
-    ),
-    _call(
-        "accelerate.state:GradientState._set_sync_gradients",
-        "the accumulation boundary on a step's last micro-batch: one Trainer step runs all of a step's micro-batches",
-        ("sync_gradients",),
-    ),
-    _call(
-        "trl.data_utils:_tokenize",
-        "the analyzer and the length stage tokenize one row as DPOTrainer does (dpotrain/data/lengths.py)",
-        ("processing_class", "input"),
-    ),
-    _call(
-        "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
-        "counts FlexAttention's compilations (dpotrain/forwards/flex.py)",
-        ("code",),
-    ),
-    # --- private attributes and constants read ------------------------------------------------------------------
-    _read(
-        f"{DPO}:DPOTrainer._precompute_model_hash", "the reference cache's key: the weights' hash TRL takes in __init__"
-    ),
-    _read(f"{DPO}:DPOTrainer._metrics", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
-    _read(
-        f"{DPO}:DPOTrainer._tokenizer",
-        "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
-    ),
-    _call(
-        "transformers.generation.configuration_utils:GenerationConfig._get_default_generation_params",
-        "the samples' greedy decoding: each setting a model's generation_config.json may hold, at its default",
-    ),
-    _read(
-        "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
-        "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
-    ),
-    _read(
-        "transformers.configuration_utils:PretrainedConfig._attn_implementation",
-        "which attention a config (and its masks) will use: the forward choice sets it on a copy to ask if it packs",
-    ),
-    _read(f"{MEM}:_MemRefType", "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)"),
-    # --- attributes set around TRL's private methods ------------------------------------------------------------
-    _set(
-        f"{DPO}:DPOTrainer.precompute_ref_logps",
-        "True around `_compute_loss`: the reference (live or cached) comes from the inputs",
-        read_in=LOSS,
-    ),
-    _set(
-        f"{DPO}:DPOTrainer.accelerator",
-        "a local stand-in around `_compute_loss`: its per-micro-batch gathers hang ranks with unequal pair counts",
-        read_in=LOSS,
-    ),
-    _set(
-        f"{DPO}:DPOTrainer.loss_types",
-        "without `sft` around `_compute_loss`: the SFT term is added over the whole step (dpotrain/train/losses.py)",
-        read_in=LOSS,
-    ),
-    _set(f"{DPO}:DPOTrainer.loss_weights", "the weights of the loss types left without `sft`", read_in=LOSS),
-    _set(
-        "accelerate.state:PartialState._shared_state",
-        "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate sets only for accelerators (engine.py)",
-        read_in="accelerate.state:PartialState.__init__",
-    ),
-    _set(
-        f"{C10D}:default_pg_timeout",
-        "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
-        read_in=f"{C10D}:_get_default_timeout",
-    ),
-    _set(
-        "deepspeed.runtime.engine:DeepSpeedEngine._copy_recovery_script",
-        "through HeldWrites in a checkpoint: refused, it left the other ranks in the save's last barrier",
-        read_in="deepspeed.runtime.engine:DeepSpeedEngine._save_zero_checkpoint",
-    ),
-    _source(
-        "deepspeed.runtime.engine:DeepSpeedEngine.save_checkpoint",
-        "the tag DeepSpeed names a checkpoint by, written to `latest` after its last barrier (deepspeed_writes_held)",
-        text='tag = f"global_step{self.global_steps}"',
-    ),
-    _set(f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"),
-    _read(
-        f"{C10D}:_world",
-        "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
-    ),
-    _call(f"{C10D}:_get_default_group", "the default group's name"),
-    _call(
-        "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
-        "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on "
-        "the instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
-        ("activation_checkpointing_kwargs", "every_n_layers", "offload"),
-    ),
-    _read(
-        "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
-        "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
-    ),
-    _source(
-        "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
-        "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
-        "forward hands it one mask per kind (dpotrain/forwards/shared_prompt.py)",
-        text=MASK_PER_LAYER_KIND,
-    ),
-    _patch(
-        "transformers.training_args:is_torch_bf16_gpu_available",
-        "a dry run on a CPU login node plans a bf16 GPU job: transformers' 'bf16 needs a GPU' must not refuse it",
-        read_in="transformers.training_args:TrainingArguments._validate_args",
-    ),
-    _call(
-        "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
-        "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
-    ),
-    _call("torch:_check", "FlexAttention's rows are whole tiles, said to the compiler (dpotrain/forwards/flex.py)"),
-    _call(
-        "torch._dynamo:maybe_mark_dynamic",
-        "the block mask's tile tables as dynamic sizes: a new row width is no new compilation (forwards/flex.py)",
-        ("t", "index"),
-    ),
-    _read("torch._dynamo:config", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"),
-    _read(
-        "torch._dynamo.exc:FailOnRecompileLimitHit",
-        "dynamo gave the flex function up: the run stops in one line (forwards/flex.py)",
-    ),
-    _read(
-        "torch._subclasses.fake_tensor:FakeTensorMode",
-        "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
-    ),
-    _read(f"{MEM}:MemTracker", "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)"),
-    _override(
-        f"{MEM}:MemTracker._update_peak_stats",
-        "the memory plan's trace updates the global peak only, not every module's on every operator (mem_tracker)",
-        ("peak_state",),
-    ),
-    *(
-        _read(
-            f"{MEM}:{name}",
-            "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)",
-        )
-        for name in ("_TOTAL_KEY", "MemTracker._curr_mem_snap", "MemTracker._peak_mem", "MemTracker._peak_mem_snap")
-    ),
-    _read("tqdm.std:tqdm._instances", "the open progress bars, closed before an error's line (recipe/errors.py)"),
-    _read(
-        "argparse:ArgumentParser._actions",
-        "the recipe's flags, their help and defaults: unknown-flag hints, the short --help, the parser built once "
-        "(recipe/config.py, usage.py)",
-    ),
-    _call(
-        f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
-    ),
-    _read(f"{C10D}:ProcessGroup._device_types", "the devices a group has a backend for, to read each one's timeout"),
-    _read("torch._C._distributed_c10d:Backend.Options._timeout", "a backend's collective timeout, as it was made"),
-    *(_read(f"{C10D}:_World.{name}", "every process group (`_world`) and its name") for name in ("pg_map", "pg_names")),
-    _source(
-        "datasets.arrow_dataset:Dataset.load_from_disk",
-        "a `save_to_disk` split's data files, as `load_from_disk` reads them from its state.json: a split without "
-        "one is named before the load fails inside datasets (dpotrain/data/data.py)",
-        text='state["_data_files"]',
-    ),
-    # --- the interpreter's own exit, its first steps taken by a command before it ends (recipe/errors.py) ---------
-    _call(
-        "threading:_shutdown",
-        "a command's end waits for the threads Python's exit waits for (a Hub upload, concurrent.futures' workers)",
-    ),
-    _call("atexit:_run_exitfuncs", "a command's end runs the exit handlers (W&B's teardown, logging.shutdown, ...)"),
-    # --- module-level names replaced for one call ---------------------------------------------------------------
-    _patch(
-        ROTATION,
-        "a no-op inside `_save_checkpoint`: checkpoints are rotated after their COMPLETE mark (train/checkpoints.py), "
-        "never before it, and without flipping `save_total_limit` on the run's arguments",
-        read_in=f"{TRAINER}:Trainer._save_checkpoint",
-    ),
-    _patch(
-        FINAL_ROTATION,
-        "no checkpoint for `_finalize_training` to delete: with save_total_limit 1 and a best checkpoint it deleted "
-        "every `checkpoint-*` folder of output_dir but the best, a person's too; the run's rotation keeps its own",
-        read_in=f"{TRAINER}:Trainer._finalize_training",
-    ),
-    _patch(
-        f"{DPO}:create_model_from_path",
-        "under FSDP2, the reference copy TRL loads for its precompute is skipped (the sharded policy scores instead)",
-        read_in=f"{DPO}:DPOTrainer.__init__",
-    ),
-    _patch(
-        "transformers.modeling_utils:is_deepspeed_zero3_enabled",
-        "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
-        "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py)",
-        read_in="transformers.modeling_utils:PreTrainedModel._from_config",
-    ),
-    _patch(
-        f"{DPO}:disable_gradient_checkpointing",
-        "left alone in the reference stage (eval mode): TRL re-enables checkpointing on every layer each micro-batch",
-        read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
-    ),
+# --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
+_override(
+    f"{DPO}:DPOTrainer._compute_loss",
+    "the packed forward answers TRL's model call; the reference comes from the inputs; metrics reduced once a log",
+    ("model", "inputs", "return_outputs"),
 )
+_override(
+    f"{DPO}:DPOTrainer._precompute_ref_logps",
+    "deferred: the reference stage (dpotrain/reference) scores every pair after the plan stage",
+    ("dataset", "name", "batch_size"),
+)
+_override(
+    f"{DPO}:DPOTrainer._prepare_dataset",
+    "TRL's tokenization, then each prompt's labeled earlier turns with assistant_turns all (data/turns.py)",
+    ("dataset", "processing_class", "args", "dataset_name"),
+)
+_override(
+    f"{TRAINER}:Trainer._save_checkpoint",
+    "the folder cleared first, rotation after the COMPLETE mark, a full disk in one line",
+    ("model", "trial"),
+)
+_override(
+    f"{TRAINER}:Trainer._load_optimizer_and_scheduler",
+    "the optimizer as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py): "
+    "the resume's one hook under every engine (`_load_from_checkpoint` is skipped under DeepSpeed)",
+    ("checkpoint",),
+)
+_override(
+    f"{TRAINER}:Trainer._prepare_inputs",
+    "the reference's float32 sums kept out of the cast of every float input to DeepSpeed's dtype (bf16)",
+    ("inputs",),
+)
+_override(
+    f"{TRAINER}:Trainer._run_epoch",
+    "a run resumed from its last step's checkpoint trains nothing (transformers checks max_steps after a step); "
+    "the step sampler is given the epoch, which a resumed epoch's wrapped loader does not pass on",
+    ("model", "epoch", "train_dataloader"),
+)
+# --- private methods and functions called -------------------------------------------------------------------
+OUTPUT_DIR = _call(
+    f"{TRAINER}:Trainer._get_output_dir", "the checkpoint folder's parent, to clear and name it", ("trial",)
+)
+SAVE = _call(
+    f"{TRAINER}:Trainer._save",
+    "FSDP2's final model: the gathered full state dict written once",
+    ("output_dir", "state_dict"),
+)
+SYNC_GRADIENTS = _call(
+    "accelerate.state:GradientState._set_sync_gradients",
+    "the accumulation boundary on a step's last micro-batch: one Trainer step runs all of a step's micro-batches",
+    ("sync_gradients",),
+)
+TOKENIZE = _call(
+    "trl.data_utils:_tokenize",
+    "the analyzer and the length stage tokenize one row as DPOTrainer does (dpotrain/data/lengths.py)",
+    ("processing_class", "input"),
+)
+CACHE_ENTRIES = _call(
+    "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
+    "counts FlexAttention's compilations (dpotrain/forwards/flex.py)",
+    ("code",),
+)
+# --- private attributes and constants read ------------------------------------------------------------------
+WEIGHTS_HASH = _read(
+    f"{DPO}:DPOTrainer._precompute_model_hash", "the reference cache's key: the weights' hash TRL takes in __init__"
+)
+TRL_METRICS = _read(f"{DPO}:DPOTrainer._metrics", "TRL's per-micro-batch metrics, replaced by exact means at each log")
+TRL_TOKENIZER = _read(
+    f"{DPO}:DPOTrainer._tokenizer",
+    "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
+)
+GENERATION_DEFAULTS = _call(
+    "transformers.generation.configuration_utils:GenerationConfig._get_default_generation_params",
+    "the samples' greedy decoding: each setting a model's generation_config.json may hold, at its default",
+)
+LOGPROB_CHUNK = _read(
+    "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
+    "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
+)
+ATTN_IMPLEMENTATION = _read(
+    "transformers.configuration_utils:PretrainedConfig._attn_implementation",
+    "which attention a config (and its masks) will use: the forward choice sets it on a copy to ask if it packs",
+)
+MEM_REF_TYPE = _read(
+    f"{MEM}:_MemRefType", "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)"
+)
+# --- attributes set around TRL's private methods ------------------------------------------------------------
+_set(
+    f"{DPO}:DPOTrainer.precompute_ref_logps",
+    "True around `_compute_loss`: the reference (live or cached) comes from the inputs",
+    read_in=LOSS,
+)
+_set(
+    f"{DPO}:DPOTrainer.accelerator",
+    "a local stand-in around `_compute_loss`: its per-micro-batch gathers hang ranks with unequal pair counts",
+    read_in=LOSS,
+)
+_set(
+    f"{DPO}:DPOTrainer.loss_types",
+    "without `sft` around `_compute_loss`: the SFT term is added over the whole step (dpotrain/train/losses.py)",
+    read_in=LOSS,
+)
+_set(f"{DPO}:DPOTrainer.loss_weights", "the weights of the loss types left without `sft`", read_in=LOSS)
+SHARED_STATE = _set(
+    "accelerate.state:PartialState._shared_state",
+    "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate sets only for accelerators (engine.py)",
+    read_in="accelerate.state:PartialState.__init__",
+)
+PG_TIMEOUT = _set(
+    f"{C10D}:default_pg_timeout",
+    "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
+    read_in=f"{C10D}:_get_default_timeout",
+)
+RECOVERY_SCRIPT = _set(
+    "deepspeed.runtime.engine:DeepSpeedEngine._copy_recovery_script",
+    "through HeldWrites in a checkpoint: refused, it left the other ranks in the save's last barrier",
+    read_in="deepspeed.runtime.engine:DeepSpeedEngine._save_zero_checkpoint",
+)
+_source(
+    "deepspeed.runtime.engine:DeepSpeedEngine.save_checkpoint",
+    "the tag DeepSpeed names a checkpoint by, written to `latest` after its last barrier (deepspeed_writes_held)",
+    text='tag = f"global_step{self.global_steps}"',
+)
+PG_NCCL_TIMEOUT = _set(
+    f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"
+)
+C10D_WORLD = _read(
+    f"{C10D}:_world",
+    "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
+)
+DEFAULT_GROUP = _call(f"{C10D}:_get_default_group", "the default group's name")
+CHECKPOINTING_ENABLE = _call(
+    "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
+    "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on "
+    "the instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
+    ("activation_checkpointing_kwargs", "every_n_layers", "offload"),
+)
+SUPPORTS_SDPA = _read(
+    "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
+    "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
+)
+_source(
+    "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
+    "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
+    "forward hands it one mask per kind (dpotrain/forwards/shared_prompt.py)",
+    text=MASK_PER_LAYER_KIND,
+)
+BF16_GPU_AVAILABLE = _patch(
+    "transformers.training_args:is_torch_bf16_gpu_available",
+    "a dry run on a CPU login node plans a bf16 GPU job: transformers' 'bf16 needs a GPU' must not refuse it",
+    read_in="transformers.training_args:TrainingArguments._validate_args",
+)
+INVALIDATE_TRACE = _call(
+    "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
+    "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
+)
+TORCH_CHECK = _call(
+    "torch:_check", "FlexAttention's rows are whole tiles, said to the compiler (dpotrain/forwards/flex.py)"
+)
+MARK_DYNAMIC = _call(
+    "torch._dynamo:maybe_mark_dynamic",
+    "the block mask's tile tables as dynamic sizes: a new row width is no new compilation (forwards/flex.py)",
+    ("t", "index"),
+)
+DYNAMO_CONFIG = _read(
+    "torch._dynamo:config", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"
+)
+RECOMPILE_LIMIT_HIT = _read(
+    "torch._dynamo.exc:FailOnRecompileLimitHit",
+    "dynamo gave the flex function up: the run stops in one line (forwards/flex.py)",
+)
+FAKE_TENSOR_MODE = _read(
+    "torch._subclasses.fake_tensor:FakeTensorMode",
+    "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
+)
+MEM_TRACKER = _read(f"{MEM}:MemTracker", "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)")
+PEAK_STATS = _override(
+    f"{MEM}:MemTracker._update_peak_stats",
+    "the memory plan's trace updates the global peak only, not every module's on every operator (mem_tracker)",
+    ("peak_state",),
+)
+TOTAL_KEY = _read(f"{MEM}:_TOTAL_KEY", PEAK_KEPT)
+CURR_MEM_SNAP, PEAK_MEM, PEAK_MEM_SNAP = (
+    _read(f"{MEM}:MemTracker.{name}", PEAK_KEPT) for name in ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
+)
+PROGRESS_BARS = _read(
+    "tqdm.std:tqdm._instances", "the open progress bars, closed before an error's line (recipe/errors.py)"
+)
+PARSER_ACTIONS = _read(
+    "argparse:ArgumentParser._actions",
+    "the recipe's flags, their help and defaults: unknown-flag hints, the short --help, the parser built once "
+    "(recipe/config.py, usage.py)",
+)
+GROUP_BACKEND = _call(
+    f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
+)
+GROUP_DEVICES = _read(
+    f"{C10D}:ProcessGroup._device_types", "the devices a group has a backend for, to read each one's timeout"
+)
+BACKEND_TIMEOUT = _read(
+    "torch._C._distributed_c10d:Backend.Options._timeout", "a backend's collective timeout, as it was made"
+)
+PG_MAP, PG_NAMES = (
+    _read(f"{C10D}:_World.{name}", "every process group (`_world`) and its name") for name in ("pg_map", "pg_names")
+)
+LOAD_FROM_DISK = _source(
+    "datasets.arrow_dataset:Dataset.load_from_disk",
+    "a `save_to_disk` split's data files, as `load_from_disk` reads them from its state.json: a split without "
+    "one is named before the load fails inside datasets (dpotrain/data/data.py)",
+    text=f'state["{DATA_FILES}"]',
+)
+# --- the interpreter's own exit, its first steps taken by a command before it ends (recipe/errors.py) ---------
+THREADS_SHUTDOWN = _call(
+    "threading:_shutdown",
+    "a command's end waits for the threads Python's exit waits for (a Hub upload, concurrent.futures' workers)",
+)
+EXIT_HANDLERS = _call(
+    "atexit:_run_exitfuncs", "a command's end runs the exit handlers (W&B's teardown, logging.shutdown, ...)"
+)
+# --- module-level names replaced for one call ---------------------------------------------------------------
+ROTATION = _patch(  # the checkpoint rotation inside Trainer._save_checkpoint
+    "transformers.trainer:rotate_checkpoints",
+    "a no-op inside `_save_checkpoint`: checkpoints are rotated after their COMPLETE mark (train/checkpoints.py), "
+    "never before it, and without flipping `save_total_limit` on the run's arguments",
+    read_in=f"{TRAINER}:Trainer._save_checkpoint",
+)
+FINAL_ROTATION = _patch(  # what Trainer._finalize_training deletes from
+    "transformers.trainer:sort_checkpoints",
+    "no checkpoint for `_finalize_training` to delete: with save_total_limit 1 and a best checkpoint it deleted "
+    "every `checkpoint-*` folder of output_dir but the best, a person's too; the run's rotation keeps its own",
+    read_in=f"{TRAINER}:Trainer._finalize_training",
+)
+CREATE_MODEL = _patch(
+    f"{DPO}:create_model_from_path",
+    "under FSDP2, the reference copy TRL loads for its precompute is skipped (the sharded policy scores instead)",
+    read_in=f"{DPO}:DPOTrainer.__init__",
+)
+ZERO3_ENABLED = _patch(
+    "transformers.modeling_utils:is_deepspeed_zero3_enabled",
+    "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
+    "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py)",
+    read_in="transformers.modeling_utils:PreTrainedModel._from_config",
+)
+DISABLE_CHECKPOINTING = _patch(
+    f"{DPO}:disable_gradient_checkpointing",
+    "left alone in the reference stage (eval mode): TRL re-enables checkpointing on every layer each micro-batch",
+    read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
+)
+
+SEAMS = tuple(_LISTED)
 
 
 class SeamMoved(RuntimeError):
@@ -317,9 +345,14 @@ def _lookup(symbol: str):
 _MISSING = object()
 
 
-def _value(symbol: str):
-    """What a seam's symbol ("module:A.b") names: how the accessors below reach it."""
-    return getattr(*_lookup(symbol)[:2])
+def _value(seam: Seam):
+    """What a seam's symbol ("module:A.b") names: how the accessors below reach a module's name."""
+    return getattr(*_lookup(seam.symbol)[:2])
+
+
+def _member(obj, seam: Seam):
+    """The seam's name on an object the accessor is given (a trainer's `_metrics`): how they reach an instance's."""
+    return getattr(obj, seam.name)
 
 
 def _assigned_in_class(cls, name: str) -> bool:
@@ -347,7 +380,7 @@ def verify(seam: Seam) -> None:
             return  # a builtin without a signature: existing is all that can be checked
         if params[: len(seam.params)] != list(seam.params):
             raise SeamMoved(seam, f"takes ({', '.join(params)}), the project relies on ({', '.join(seam.params)})")
-    if seam.read_in and name not in inspect.getsource(_value(seam.read_in)):
+    if seam.read_in and name not in inspect.getsource(_lookup(seam.read_in)[2]):
         raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
     if seam.text and seam.text not in inspect.getsource(value):
         raise SeamMoved(seam, f"no longer holds {seam.text!r}")
@@ -375,67 +408,65 @@ def check() -> None:
 
 
 def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
-    """TRL's tokenization of one row (`trl.data_utils._tokenize`), the call DPOTrainer makes."""
-    from trl.data_utils import _tokenize  # per row: imported, not looked up
-
-    return _tokenize(processing_class, input, **apply_chat_template_kwargs)
+    """TRL's tokenization of one row, the call DPOTrainer makes (the look-up costs ~1 us of a row's tokenization)."""
+    return _value(TOKENIZE)(processing_class, input, **apply_chat_template_kwargs)
 
 
 def default_generation_params() -> dict:
-    return _value("transformers.generation.configuration_utils:GenerationConfig._get_default_generation_params")()
+    return _value(GENERATION_DEFAULTS)()
 
 
 def chunked_logprob_chunk_size() -> int:
-    return _value("trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE")
+    return _value(LOGPROB_CHUNK)
 
 
 def compilations_of(code) -> int:
-    return len(_value("torch._dynamo.eval_frame:_debug_get_cache_entry_list")(code))
+    return len(_value(CACHE_ENTRIES)(code))
 
 
 def mem_ref_types():
-    return _value(f"{MEM}:_MemRefType")
+    return _value(MEM_REF_TYPE)
 
 
 def set_attn_implementation(config, name: str) -> None:
     """Which attention a config's masks are built for, without loading a model (`from_pretrained` sets it so)."""
-    config._attn_implementation = name
+    setattr(config, ATTN_IMPLEMENTATION.name, name)
 
 
 def attn_implementation(config) -> str | None:
-    return getattr(config, "_attn_implementation", None)
+    return getattr(config, ATTN_IMPLEMENTATION.name, None)
 
 
 def set_sync_gradients(accelerator, sync: bool) -> None:
     """Whether this micro-batch ends the accumulation (a step's micro-batches run inside one Trainer step)."""
-    accelerator.gradient_state._set_sync_gradients(sync)
+    _member(accelerator.gradient_state, SYNC_GRADIENTS)(sync)
 
 
 def weights_hash(trainer) -> str:
-    return trainer._precompute_model_hash
+    return _member(trainer, WEIGHTS_HASH)
 
 
 def trl_metrics(trainer) -> dict:
     """TRL's metric lists by mode ("train", "eval"), which its `log` averages."""
-    return trainer._metrics
+    return _member(trainer, TRL_METRICS)
 
 
 def trl_tokenizer(trainer):
-    return trainer._tokenizer
+    return _member(trainer, TRL_TOKENIZER)
 
 
 def checkpoint_parent(trainer, trial) -> str:
-    return trainer._get_output_dir(trial)
+    return _member(trainer, OUTPUT_DIR)(trial)
 
 
 def without_zero3_init():
     """Models built in the block are plain ones, not built in DeepSpeed's `zero.Init` as transformers does while a
     ZeRO-3 config is alive: the memory plan's meta or fake models need none of it, and in bf16 it fails there."""
-    return patched("transformers.modeling_utils:is_deepspeed_zero3_enabled", lambda: False)
+    return patched(ZERO3_ENABLED, lambda: False)
 
 
 def save_weights(trainer, output_dir, state_dict) -> None:
-    trainer._save(output_dir, state_dict=state_dict)
+    _member(trainer, SAVE)(output_dir, state_dict=state_dict)
 
 
 @contextlib.contextmanager
@@ -457,16 +488,16 @@ def deepspeed_writes_held(engine, run):
         attributes_set(
             writer, save=functools.partial(run, writer.save), makedirs=functools.partial(run, writer.makedirs)
         ),
-        attributes_set(engine, _copy_recovery_script=functools.partial(run, engine._copy_recovery_script)),
+        attributes_set(engine, **{RECOVERY_SCRIPT.name: functools.partial(run, _member(engine, RECOVERY_SCRIPT))}),
         attributes_set(engine, save_checkpoint=tagged_after),
     ):
         yield
 
 
 @contextlib.contextmanager
-def patched(symbol: str, replacement):
+def patched(seam: Seam, replacement):
     """A `patch` seam's module-level name replaced for the duration of the block."""
-    module, name, original = _lookup(symbol)
+    module, name, original = _lookup(seam.symbol)
     with attributes_set(module, **{name: replacement}):
         yield original
 
@@ -491,39 +522,37 @@ def attributes_set(obj, **values):
 
 def saved_data_files(state: dict) -> list:
     """The data files a `save_to_disk` split's state.json (read as a dict) lists, as `load_from_disk` reads them."""
-    return state.get("_data_files") or []
+    return state.get(DATA_FILES) or []
 
 
 def set_distributed_type(kind) -> None:
     """accelerate's distributed type for every state made from now on: FSDP2 and DDP on CPU-only nodes."""
-    _value("accelerate.state:PartialState._shared_state")["distributed_type"] = kind
+    _value(SHARED_STATE)["distributed_type"] = kind
 
 
 def set_default_collective_timeout(timeout) -> None:
     """The timeout of every process group made without one (DeepSpeed's too): read at each `new_group`."""
-    import torch.distributed.distributed_c10d as c10d
-
-    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    for seam in (PG_TIMEOUT, PG_NCCL_TIMEOUT):
+        setattr(*_lookup(seam.symbol)[:2], timeout)
 
 
 def default_group_name() -> str:
-    return _value(f"{C10D}:_world").pg_names[_value(f"{C10D}:_get_default_group")()]
+    return _member(_value(C10D_WORLD), PG_NAMES)[_value(DEFAULT_GROUP)()]
 
 
 def group_timeouts() -> dict[str, float]:
     """Every process group's name -> the shortest collective timeout of its backends, in seconds."""
-    import torch.distributed.distributed_c10d as c10d
-
-    found = {}
-    for group in c10d._world.pg_map:
-        seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
-        found[c10d._world.pg_names.get(group, "?")] = min(seconds)
+    world, found = _value(C10D_WORLD), {}
+    for group in _member(world, PG_MAP):
+        backends = (_member(group, GROUP_BACKEND)(device) for device in _member(group, GROUP_DEVICES))
+        seconds = [_member(backend.options, BACKEND_TIMEOUT).total_seconds() for backend in backends]
+        found[_member(world, PG_NAMES).get(group, "?")] = min(seconds)
     return found
 
 
 def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> None:
     """transformers' checkpointing of every k-th layer, past the public method the project replaces on the instance."""
-    model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
+    _member(model, CHECKPOINTING_ENABLE)(kwargs, every_n_layers=every_n_layers, offload=offload)
 
 
 @functools.cache
@@ -545,7 +574,7 @@ def causal_lm_class(config):
 
 def supports_sdpa(model_or_class) -> bool:
     """Whether a model (class) takes sdpa; transformers' default where a class does not say."""
-    return getattr(model_or_class, "_supports_sdpa", True)
+    return getattr(model_or_class, SUPPORTS_SDPA.name, True)
 
 
 def takes_mask_per_layer_kind(model_class) -> bool:
@@ -555,60 +584,61 @@ def takes_mask_per_layer_kind(model_class) -> bool:
 
 def bf16_gpu_check_skipped():
     """transformers' "bf16 needs a GPU" check answered yes for the block (a dry run planning a GPU job on a CPU)."""
-    return patched("transformers.training_args:is_torch_bf16_gpu_available", lambda *_, **__: True)
+    return patched(BF16_GPU_AVAILABLE, lambda *_, **__: True)
 
 
 def forget_fetch_order(coordinator) -> None:
     """DeepSpeed ZeRO-3's recorded order of parameter fetches, forgotten (the next forward records its own)."""
-    coordinator._invalidate_trace()
+    _member(coordinator, INVALIDATE_TRACE)()
 
 
 def compiler_check():
     """`torch._check` itself (not a wrapper, which dynamo would not know): a fact the compiler cannot prove."""
-    return _value("torch:_check")
+    return _value(TORCH_CHECK)
 
 
 def mark_dynamic(tensor, dim: int) -> None:
-    _value("torch._dynamo:maybe_mark_dynamic")(tensor, dim)
+    _value(MARK_DYNAMIC)(tensor, dim)
 
 
 def dynamo_config():
     """torch.compile's settings module (`recompile_limit`, `disable`)."""
-    return _value("torch._dynamo:config")
+    return _value(DYNAMO_CONFIG)
 
 
 def recompile_limit_hit() -> type[Exception]:
-    return _value("torch._dynamo.exc:FailOnRecompileLimitHit")
+    return _value(RECOMPILE_LIMIT_HIT)
 
 
 def fake_tensor_mode():
-    return _value("torch._subclasses.fake_tensor:FakeTensorMode")()
+    return _value(FAKE_TENSOR_MODE)()
 
 
 def mem_tracker():
     """torch's MemTracker keeping the global peak only, as the stock one computes it: the stock one also updates every
     module's peak on every operator (a third of a trace's time), which the plan never reads."""
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    total = _value(TOTAL_KEY)
 
-    class GlobalPeakTracker(MemTracker):
-        def _update_peak_stats(self, peak_state) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot[_TOTAL_KEY]:
-                    self._peak_mem[device] = snapshot[_TOTAL_KEY]
-                    self._peak_mem_snap[device] = copy.deepcopy(snapshot)
+    def update_peak_stats(self, peak_state) -> None:
+        peaks, peak_snapshots = _member(self, PEAK_MEM), _member(self, PEAK_MEM_SNAP)
+        for device, snapshot in _member(self, CURR_MEM_SNAP).items():
+            if peaks.get(device, 0) < snapshot[total]:
+                peaks[device] = snapshot[total]
+                peak_snapshots[device] = copy.deepcopy(snapshot)
 
-    return GlobalPeakTracker()
+    # A class made with the override under the seam's name (a `def` would write the name a second time)
+    return type("GlobalPeakTracker", (_value(MEM_TRACKER),), {PEAK_STATS.name: update_peak_stats})()
 
 
 def open_progress_bars() -> list:
     """tqdm's open bars, where tqdm is imported (never imported here for it)."""
     tqdm = sys.modules.get("tqdm")
-    return list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()))
+    return list(getattr(getattr(tqdm, "tqdm", None), PROGRESS_BARS.name, ()))
 
 
 def parser_actions(parser) -> list:
     """An argparse parser's actions: its flags, their help and defaults."""
-    return parser._actions
+    return _member(parser, PARSER_ACTIONS)
 
 
 def long_flags(parser) -> dict:
@@ -621,10 +651,10 @@ def long_flags(parser) -> dict:
 def wait_for_threads() -> None:
     """What Python's exit does first: the threads it waits for joined (`threading._shutdown`: the non-daemon threads
     and what `threading._register_atexit` registered, which tells concurrent.futures' workers to end)."""
-    _value("threading:_shutdown")()
+    _value(THREADS_SHUTDOWN)()
 
 
 def run_exit_handlers() -> None:
     """What Python's exit does next: every `atexit` handler, newest first (`atexit._run_exitfuncs`); an error in one is
     printed and the others still run, as at exit. Each runs once: the list is empty after."""
-    _value("atexit:_run_exitfuncs")()
+    _value(EXIT_HANDLERS)()

@@ -76,7 +76,7 @@ class ReferenceScorer:
         TRL's `compute_ref_log_probs` would re-enable it around every micro-batch with TRL's default arguments (all
         layers, not the run's choice)."""
         leave_alone = lambda *args, **kwargs: contextlib.nullcontext()  # noqa: E731
-        with upstream.patched("trl.trainer.dpo_trainer:disable_gradient_checkpointing", leave_alone):
+        with upstream.patched(upstream.DISABLE_CHECKPOINTING, leave_alone):
             with torch.no_grad() if self.engine.shards_weights else torch.inference_mode():
                 yield
 

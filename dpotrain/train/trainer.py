@@ -246,7 +246,7 @@ class RecipeDPOTrainer(DPOTrainer):
             calls.append(args)
             return load(*args, **kw) if len(calls) == 1 else None
 
-        with upstream.patched("trl.trainer.dpo_trainer:create_model_from_path", policy_only) as load:
+        with upstream.patched(upstream.CREATE_MODEL, policy_only) as load:
             yield
 
     def save_model(self, output_dir=None, _internal_call=False):
