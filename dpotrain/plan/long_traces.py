@@ -13,6 +13,7 @@ from dpotrain.plan import memory
 from dpotrain.plan.memory_advice import node_size
 from dpotrain.recipe.config import replaced
 from dpotrain.recipe.errors import plural
+from dpotrain.recipe.run_record import MemoryPlan
 
 
 def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
@@ -40,15 +41,13 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
         for n in groups:
             project = {"memory_check": False, "max_tokens_per_microbatch": 2 * length, "sequence_parallel_size": n}
             trial = replaced(recipe, training={"max_length": length}, project=project)
-            planned = memory.plan(trial, world, engine, attention=attention, model=(config, None))  # read once above
-            if "skipped" in planned or planned["fits"] is None:
-                return {"skipped": planned.get("skipped", "the GPU memory is unknown: pass --gpu_memory_gib")}
-            found["gpu_memory_gib"] = planned["gpu_memory_gib"]
-            found["lengths"][length] = {
-                "sequence_parallel_size": n if planned["fits"] else None,
-                "gib": planned["per_gpu_gib"]["total"],
-            }
-            if planned["fits"]:
+            # The config read once above; the plan read by its fields (`MemoryPlan`), as the run reads its own
+            planned = MemoryPlan.of(memory.plan(trial, world, engine, attention=attention, model=(config, None)))
+            if planned.skipped is not None or planned.fits is None:
+                return {"skipped": planned.skipped or "the GPU memory is unknown: pass --gpu_memory_gib"}
+            found["gpu_memory_gib"] = planned.gpu_memory_gib
+            found["lengths"][length] = {"sequence_parallel_size": n if planned.fits else None, "gib": planned.total_gib}
+            if planned.fits:
                 break
     return found
 

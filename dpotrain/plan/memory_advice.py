@@ -24,6 +24,7 @@ from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.run_record import MemoryPlan
 
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
@@ -128,11 +129,11 @@ class Advisor:
             # a plan that does not fit is looked for
             unchecked = replaced(trial.recipe, project={"memory_check": False})
             try:
-                record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
+                planned = MemoryPlan.of(self._plan(unchecked, trial.world, trial.engine, attention=self.attention))
             except ConfigError:  # a trial the run would refuse (PEFT's LoRA on this model) is no option
-                record = {}
-            gib = record["per_gpu_gib"]["total"] if "per_gpu_gib" in record else math.inf
-            self._seen[key] = (bool(record.get("fits")), gib)
+                planned = MemoryPlan.of({})
+            gib = planned.total_gib if planned.total_gib is not None else math.inf
+            self._seen[key] = (bool(planned.fits), gib)
         return self._seen[key]
 
     # --- the levers: each changes a trial, or returns False where it cannot apply ---
