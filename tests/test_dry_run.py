@@ -634,7 +634,6 @@ def test_a_model_whose_config_cannot_be_read_is_planned_without_it_and_said_why(
     forward line; the project reads the config once for that (it read it a second time just for the reason's text)."""
     from transformers import AutoConfig
 
-    from dpotrain import stages
     from dpotrain.plan import memory
 
     model = tmp_path / "broken-model"
@@ -648,8 +647,7 @@ def test_a_model_whose_config_cannot_be_read_is_planned_without_it_and_said_why(
             reads.append(str(path))
             return AutoConfig.from_pretrained(path, *args, **kwargs)
 
-    monkeypatch.setattr(stages, "AutoConfig", Reads)
-    monkeypatch.setattr(memory, "AutoConfig", Reads)
+    monkeypatch.setattr(memory, "AutoConfig", Reads)  # memory.model_config: the one reader
     text = dry_run(capsys, *SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"))
     assert field(text, "forward") == (
         f"at start, from the data's lengths (the config of '{model}' is not readable on this machine (OSError: It "
