@@ -1047,3 +1047,43 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1, "the repo's history was listed for a branch that exists"
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"trained further\n"
+
+
+def test_the_runs_pusher_and_push_to_hub_push_a_checkpoint_alike(hub, tmp_path, monkeypatch, capsys):
+    """The run's pusher and push_to_hub.py --checkpoints each had their own checks and their own records: a checkpoint
+    whose weights were cut short after its save (sizes no longer those of its manifest) went up as that step's model,
+    and the records of one push held their keys in three orders. One check, one record shape, for both."""
+    from huggingface_hub import HfApi
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    runs = {"by the run": tmp_path / "a", "by push_to_hub.py": tmp_path / "b"}
+    for run in runs.values():
+        for step in (2, 4):
+            sealed_checkpoint(run / f"checkpoint-{step}")
+        (run / "checkpoint-4" / "model.safetensors").write_text("cut")  # since its save: 18 bytes were written
+        run_files.write(run, [run_files.MANIFEST, "checkpoint-2", "checkpoint-4"])
+    pusher = hub_push.CheckpointPusher(REPO, SECRET, None, runs["by the run"])
+    for step in (2, 4):
+        pusher.on_save(None, TrainerState(global_step=step, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo("me/other")
+    hub_push.push_checkpoints(api, runs["by push_to_hub.py"], "me/other")
+
+    def shape(run):  # each record's keys in order, and what it says, by step
+        records = sorted(read_pushes(run), key=lambda r: r["step"])
+        return [(list(r), r["branch"], r["status"], r.get("error")) for r in records]
+
+    assert shape(runs["by the run"]) == shape(runs["by push_to_hub.py"])
+    [(_, _, _, error)] = [s for s in shape(runs["by the run"]) if s[2] == "failed"]
+    assert error == "model.safetensors has 3 bytes, 18 were saved (cut short or replaced)"
+    for repo in (REPO, "me/other"):
+        assert "step-2" in hub.state.repos[repo] and "step-4" not in hub.state.repos[repo]
+    said = capsys.readouterr().err
+    assert f"checkpoint-4 was not pushed to {REPO}@step-4 (model.safetensors has 3 bytes" in said
+    assert "checkpoint-4 was not pushed to me/other@step-4: model.safetensors has 3 bytes" in said
