@@ -1087,3 +1087,47 @@ def test_the_runs_pusher_and_push_to_hub_push_a_checkpoint_alike(hub, tmp_path, 
     said = capsys.readouterr().err
     assert f"checkpoint-4 was not pushed to {REPO}@step-4 (model.safetensors has 3 bytes" in said
     assert "checkpoint-4 was not pushed to me/other@step-4: model.safetensors has 3 bytes" in said
+
+
+def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_finished_model(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """A run stopped for requeue (exit 75) leaves a complete checkpoint and no final model. push_to_hub.py, with or
+    without --checkpoints, refused it as "not a finished run: missing run_complete.json (...), config.json, ...,
+    README.md, training_curves.png": its checkpoint could not reach the Hub until the run had finished. --checkpoints
+    pushes it to its branch and says that the run has not finished (main stays as it was); without it, one line names
+    the flag."""
+    import importlib.util
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"  # what a stop leaves: the record, the metrics so far, the checkpoint it wrote
+    sealed_checkpoint(run / "checkpoint-4")
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
+    (run / "metrics.jsonl").write_text('{"step": 4, "loss": 0.69}\n')
+    run_files.write(run, [run_files.MANIFEST, "resolved_config.json", "metrics.jsonl", "checkpoint-4"])
+    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
+        monkeypatch.setenv(name, value)
+    hub_in_process(hub, monkeypatch)
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:  # main reads .env into the environment
+        script.main([str(run)])
+    assert str(refused.value) == (
+        f"{run} has not finished training (no run_complete.json): resume it with the same command, then push it; add "
+        "--checkpoints to push checkpoint-4 now, to branch step-4 (main gets only a finished model)"
+    )
+    assert not hub.state.commits
+    with mock.patch.dict(os.environ):
+        script.main([str(run), "--checkpoints"])
+    assert sorted(hub.state.repos[REPO]) == ["main", "step-4"]
+    assert hub.state.repos[REPO]["step-4"]["model.safetensors"] == b"model.safetensors\n"
+    assert set(hub.state.repos[REPO]["main"]) == {".gitattributes"}  # no model, no card: the run has not finished
+    assert f"{run} has not finished training (no run_complete.json): only its checkpoints are pushed" in (
+        capsys.readouterr().out
+    )
+    assert [(r["branch"], r["status"]) for r in read_pushes(run)] == [("step-4", "pushed")]
