@@ -1035,6 +1035,8 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
 
     from conftest import sealed_checkpoint
     from dpotrain.hub import hub_push
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import MARKER
 
     hub_in_process(hub, monkeypatch)
     run = tmp_path / "run"
@@ -1044,6 +1046,7 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1
     (folder / "model.safetensors").write_text("trained further\n")
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)  # saved again: a checkpoint of that content
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1, "the repo's history was listed for a branch that exists"
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"trained further\n"
@@ -1131,3 +1134,39 @@ def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_
         capsys.readouterr().out
     )
     assert [(r["branch"], r["status"]) for r in read_pushes(run)] == [("step-4", "pushed")]
+
+
+def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path, monkeypatch, capsys):
+    """A push took each checkpoint file's SHA-256 from its manifest to compare with the Hub's, but never checked the
+    file against it: weights damaged after the save (a bad disk block: the same size) went up as that step's model. The
+    push hashes each file once, refuses one that differs from its manifest before any branch is made, and hands the
+    digest to the upload (which otherwise hashes the file itself)."""
+    from huggingface_hub import HfApi
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import checkpoint_manifest, run_files
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    folder = sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    names = hub_push.checkpoint_files(folder)
+    listed = checkpoint_manifest.read(folder)
+    adds = hub_push.verified_additions(folder, names)
+    assert [(a.path_in_repo, a.upload_info.is_hashed) for a in adds] == [(n, True) for n in names]
+    assert [a.upload_info.sha256.hex() for a in adds] == [listed[n]["sha256"] for n in names]
+
+    (folder / "model.safetensors").write_text("model.safetensorZ\n")  # one byte flipped, the size kept
+    said = "model.safetensors does not match its SHA-256 in MANIFEST.json (damaged after it was saved)"
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    [record] = hub_push.push_checkpoints(api, run, REPO)
+    assert (record["status"], record["error"]) == ("failed", said)
+    pusher = hub_push.CheckpointPusher(REPO, SECRET, None, run)
+    pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    assert [(r["status"], r["error"]) for r in read_pushes(run)] == [("failed", said)] * 2
+    assert "step-2" not in hub.state.repos[REPO] and not hub.state.commits
+    assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from huggingface_hub import CommitOperationDelete, HfApi
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from huggingface_hub.utils.sha import git_hash
@@ -97,6 +97,11 @@ def pushable_files(folder: Path) -> list[str]:
         if size != listed[name]["bytes"]:
             raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
     return names
+
+
+def why(error: Exception) -> str:
+    """What a record and a warning say of a push's failure: a NotPushable's reason as it is, another error's `cause`."""
+    return str(error) if isinstance(error, NotPushable) else cause(error)
 
 
 def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) -> dict:
@@ -221,19 +226,34 @@ def with_retries(fn, what: str):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced), in
+    one commit. create_commit, not upload_folder: only it takes the files' digests (`verified_additions`)."""
     branch = branch_name(step)
+    adds = verified_additions(folder, checkpoint_files(folder))  # before the branch: a damaged checkpoint makes none
     if branch not in {b.name for b in api.list_repo_refs(repo_id).branches}:
         new_branch(api, repo_id, branch)
-    return api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        revision=branch,
-        allow_patterns=CHECKPOINT_FILES,
-        ignore_patterns=[REFERENCE_FILE],  # TR-DPO's reference: for a resume, not the step's model
-        delete_patterns=["*"],  # main's files (a card, an earlier run's model) do not belong to this step
-        commit_message=f"Checkpoint at step {step}",
-    )
+    added = {op.path_in_repo for op in adds}
+    # main's files (a card, an earlier run's model) and an earlier push's do not belong to this step
+    held = [p for p in api.list_repo_files(repo_id, revision=branch) if p != ".gitattributes" and p not in added]
+    operations = [*(CommitOperationDelete(p) for p in held), *adds]
+    return api.create_commit(repo_id, operations, commit_message=f"Checkpoint at step {step}", revision=branch)
+
+
+def verified_additions(folder: Path, names: list[str]) -> list:
+    """The upload of `names`, each file hashed once: checked against the SHA-256 its save wrote in the manifest (a
+    file damaged since is refused: NotPushable), and that SHA-256 handed to the upload, which would hash it again."""
+    listed = checkpoint_manifest.read(folder) or {}
+    adds = []
+    for name in names:
+        digest = checkpoint_manifest.sha256(folder / name)
+        if name in listed and digest != listed[name]["sha256"]:
+            raise NotPushable(
+                f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
+            )
+        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
+        add.upload_info.sha256 = bytes.fromhex(digest)
+        adds.append(add)
+    return adds
 
 
 def new_branch(api, repo_id: str, branch: str) -> None:
@@ -295,11 +315,13 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
 
 
 def stage(folder: Path, staging_root: Path) -> Path:
-    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion."""
+    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion, and of its
+    manifest, which the upload checks them against."""
     target = staging_root / folder.name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in checkpoint_files(folder):
+    manifest = [checkpoint_manifest.MANIFEST] if (folder / checkpoint_manifest.MANIFEST).is_file() else []
+    for name in [*checkpoint_files(folder), *manifest]:
         try:
             os.link(folder / name, target / name)
         except OSError:
@@ -337,8 +359,8 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
             if not hasattr(e, "attempts"):
                 raise
-            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(record("failed", attempts=e.attempts, error=cause(e)))
+            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {why(e)}", file=sys.stderr)
+            records.append(record("failed", attempts=e.attempts, error=why(e)))
     return records
 
 
@@ -399,7 +421,7 @@ class CheckpointPusher(TrainerCallback):
             except UnrecordedPush as e:
                 print(f"warning: {e}; training goes on", file=sys.stderr, flush=True)
             except Exception as e:  # a bug here must not kill the thread and leave the others waiting
-                self._failed(step, getattr(e, "attempts", 1), cause(e))
+                self._failed(step, getattr(e, "attempts", 1), why(e))
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
                 self.pending.pop(step, None)
