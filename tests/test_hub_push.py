@@ -9,7 +9,8 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
   tokenizer; a checkpoint deleted by save_total_limit while its upload runs still arrives whole; a branch whose
   commit keeps failing (500) is a warning and a record, the run finishes; a transient error is retried.
 - Offline: nothing is attempted, the run finishes and prints the push command; push_to_hub.py --checkpoints then
-  pushes the branches and main, and a second run of it skips what is there.
+  pushes the branches and main, and a second run of it skips what is there. A run stopped for requeue gets its
+  checkpoint pushed (main waits for the finished model), resumes, and the same command pushes the rest.
 """
 
 import json
@@ -243,6 +244,56 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+
+@pytest.mark.slow  # a training run stopped, push_to_hub.py, the run resumed, push_to_hub.py again
+def test_a_stopped_offline_run_pushes_its_checkpoint_then_goes_on_and_pushes_the_rest(hub, tmp_path, tiny_model_dir):
+    """A run stopped for requeue (exit 75) on nodes without network: push_to_hub.py --checkpoints refused it as "not a
+    finished run". It pushes the stop's checkpoint to its branch and leaves main; the run resumes from that checkpoint
+    (the push record in its folder is its own); once it has finished, the same command skips that branch and pushes
+    the rest and main."""
+    out, stop = tmp_path / "run", tmp_path / "stop"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "8"]
+    args += ["--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    args += ["--push_to_hub", "true", "--hub_model_id", REPO]
+    env = {**os.environ, **env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET, DPOTRAIN_STOP_FILE=str(stop))}
+    job = subprocess.Popen(
+        [python(), str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    metrics, deadline = out / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert job.poll() is None and time.time() < deadline, job.stdout.read()[-3000:]
+        time.sleep(0.2)
+    stop.touch()
+    log = job.communicate(timeout=300)[0]
+    assert job.returncode == 75, log[-3000:]
+    [stopped_at] = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
+
+    def push_to_hub():
+        return subprocess.run(
+            [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
+            cwd=tmp_path,
+            env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    pushed = push_to_hub()
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert f"{out} has not finished training (no run_complete.json): only its checkpoints are pushed" in pushed.stdout
+    assert sorted(hub.state.repos[REPO]) == ["main", f"step-{stopped_at}"]
+    assert set(hub.state.repos[REPO][f"step-{stopped_at}"]) == MODEL_FILES | {".gitattributes"}
+    assert set(hub.state.repos[REPO]["main"]) == {".gitattributes"}
+
+    stop.unlink()
+    resumed = run_train(args, env=env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET), timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-{stopped_at}" in resumed.stdout
+    again = push_to_hub()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Skipped checkpoint-{stopped_at}: {REPO}@step-{stopped_at} already holds it" in again.stdout
+    assert [c["revision"] for c in hub.state.commits] == [f"step-{stopped_at}", "step-8", "main"]
 
 
 @pytest.mark.slow
