@@ -359,7 +359,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
             if not hasattr(e, "attempts"):
                 raise
-            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {why(e)}", file=sys.stderr)
+            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {why(e)}", file=sys.stderr, flush=True)
             records.append(record("failed", attempts=e.attempts, error=why(e)))
     return records
 
@@ -393,7 +393,7 @@ class CheckpointPusher(TrainerCallback):
         if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
             return
         try:
-            pushable_files(folder)  # on the checkpoint itself: its manifest is not staged
+            pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
             self._failed(step, None, str(e))
             return
