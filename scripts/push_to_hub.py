@@ -5,15 +5,15 @@
     python scripts/push_to_hub.py outputs/think-dpo --repo-id org/name --private
 
 Uploads what the job would have pushed (dpotrain.hub.hub.push_run) to the repo's main branch: the model, tokenizer,
-model
-card (README.md), training_curves.png, metrics and resolved config. With --checkpoints, first each complete checkpoint
-still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state): save_total_limit
-has deleted the older ones, which no command can push any more. A branch or main that already holds the same files is
-skipped, so running it again after an interruption pushes only what is missing. Outcomes are appended to the run's
-hub_pushes.jsonl and the card lists the pushed revisions. A folder that is not a finished run (no run_complete.json,
-or a missing piece) is refused with what is missing. The repo defaults to `hub_model_id` in the run's
-resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is never printed; write
-access to the repo is checked before anything uploads.
+model card (README.md), training_curves.png, metrics and resolved config. With --checkpoints, first each complete
+checkpoint still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state):
+save_total_limit has deleted the older ones, which no command can push any more. A branch or main that already holds
+the same files is skipped, so running it again after an interruption pushes only what is missing. Outcomes are
+appended to the run's hub_pushes.jsonl and the card lists the pushed revisions. A run that has not finished (stopped:
+no run_complete.json, no final model) gets its complete checkpoints pushed with --checkpoints, and main nothing; any
+other folder that is not a finished run (a missing piece) is refused with what is missing. The repo defaults to
+`hub_model_id` in the run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is
+never printed; write access to the repo is checked before anything uploads.
 """
 
 import re
@@ -83,8 +83,17 @@ def main(argv: list[str] | None = None) -> None:
     run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
     check_is_a_run(run)
     problems = hub.run_folder_problems(run)
-    if problems:
+    stopped = stopped_checkpoints(run)
+    if problems and not stopped:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
+    if stopped and not args.checkpoints:
+        steps = [checkpoints.step_of(p) for p in stopped]
+        raise ConfigError(
+            f"{run} has not finished training (no {hub.RUN_COMPLETE}): resume it with the same command, then push it; "
+            f"add --checkpoints to push {', '.join(p.name for p in stopped)} now, to "
+            f"{'branch' if len(stopped) == 1 else 'branches'} {', '.join(hub_push.branch_name(s) for s in steps)} "
+            "(main gets only a finished model)"
+        )
     saved = run / "resolved_config.json"
     recorded = (run_record.read(saved) or run_record.of({})).settings  # the push it made
     repo_id = args.repo_id or recorded.hub_model_id
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     if output_folder.read_manifest(run) is not None:
         run_files.claim(run, [hub_push.PUSH_RECORD])
     try:
-        failed = push(api, run, repo_id, token, private, args.checkpoints)
+        failed = push(api, run, repo_id, token, private, args.checkpoints, finished=not stopped)
     except (ConfigError, RunError):  # one line naming the fix already (a push whose record could not be written)
         raise
     except Exception as e:  # the Hub past the retries (an outage, a network gone): one line, as a job's final push
@@ -133,15 +142,25 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool) -> list[str]:
+def stopped_checkpoints(run: Path) -> list[Path]:
+    """The run's own complete checkpoints where it has not finished (a stopped run: exit 75, or killed); [] for a
+    finished run."""
+    if (run / hub.RUN_COMPLETE).is_file():
+        return []
+    return [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]
+
+
+def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True) -> list[str]:
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the
-    checkpoint branches that failed."""
+    checkpoint branches that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
+    finished model."""
     on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
         records = hub_push.push_checkpoints(api, run, repo_id)
-        hub.update_card_revisions(run, repo_id)
+        if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
+            hub.update_card_revisions(run, repo_id)
         failed = [r["branch"] for r in records if r["status"] == "failed"]
     elif on_disk:
         print(
@@ -149,6 +168,14 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",
             flush=True,
         )
+    if not finished:
+        print(
+            f"{run} has not finished training (no {hub.RUN_COMPLETE}): only its checkpoints are pushed (to branches "
+            f"of {repo_id}), main is left as it was; resume the run with the same command, and once it has finished "
+            "run this command again to push its final model to main",
+            flush=True,
+        )
+        return failed
     main_files = hub_push.local_files(run, ignore=hub.IGNORE, allow=hub.own_files(run))  # as push_run uploads them
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)

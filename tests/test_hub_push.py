@@ -9,7 +9,8 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
   tokenizer; a checkpoint deleted by save_total_limit while its upload runs still arrives whole; a branch whose
   commit keeps failing (500) is a warning and a record, the run finishes; a transient error is retried.
 - Offline: nothing is attempted, the run finishes and prints the push command; push_to_hub.py --checkpoints then
-  pushes the branches and main, and a second run of it skips what is there.
+  pushes the branches and main, and a second run of it skips what is there. A run stopped for requeue gets its
+  checkpoint pushed (main waits for the finished model), resumes, and the same command pushes the rest.
 """
 
 import json
@@ -243,6 +244,56 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+
+@pytest.mark.slow  # a training run stopped, push_to_hub.py, the run resumed, push_to_hub.py again
+def test_a_stopped_offline_run_pushes_its_checkpoint_then_goes_on_and_pushes_the_rest(hub, tmp_path, tiny_model_dir):
+    """A run stopped for requeue (exit 75) on nodes without network: push_to_hub.py --checkpoints refused it as "not a
+    finished run". It pushes the stop's checkpoint to its branch and leaves main; the run resumes from that checkpoint
+    (the push record in its folder is its own); once it has finished, the same command skips that branch and pushes
+    the rest and main."""
+    out, stop = tmp_path / "run", tmp_path / "stop"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "8"]
+    args += ["--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    args += ["--push_to_hub", "true", "--hub_model_id", REPO]
+    env = {**os.environ, **env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET, DPOTRAIN_STOP_FILE=str(stop))}
+    job = subprocess.Popen(
+        [python(), str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    metrics, deadline = out / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert job.poll() is None and time.time() < deadline, job.stdout.read()[-3000:]
+        time.sleep(0.2)
+    stop.touch()
+    log = job.communicate(timeout=300)[0]
+    assert job.returncode == 75, log[-3000:]
+    [stopped_at] = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
+
+    def push_to_hub():
+        return subprocess.run(
+            [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
+            cwd=tmp_path,
+            env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    pushed = push_to_hub()
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert f"{out} has not finished training (no run_complete.json): only its checkpoints are pushed" in pushed.stdout
+    assert sorted(hub.state.repos[REPO]) == ["main", f"step-{stopped_at}"]
+    assert set(hub.state.repos[REPO][f"step-{stopped_at}"]) == MODEL_FILES | {".gitattributes"}
+    assert set(hub.state.repos[REPO]["main"]) == {".gitattributes"}
+
+    stop.unlink()
+    resumed = run_train(args, env=env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET), timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-{stopped_at}" in resumed.stdout
+    again = push_to_hub()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Skipped checkpoint-{stopped_at}: {REPO}@step-{stopped_at} already holds it" in again.stdout
+    assert [c["revision"] for c in hub.state.commits] == [f"step-{stopped_at}", "step-8", "main"]
 
 
 @pytest.mark.slow
@@ -1035,6 +1086,8 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
 
     from conftest import sealed_checkpoint
     from dpotrain.hub import hub_push
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import MARKER
 
     hub_in_process(hub, monkeypatch)
     run = tmp_path / "run"
@@ -1044,6 +1097,127 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1
     (folder / "model.safetensors").write_text("trained further\n")
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)  # saved again: a checkpoint of that content
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1, "the repo's history was listed for a branch that exists"
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"trained further\n"
+
+
+def test_the_runs_pusher_and_push_to_hub_push_a_checkpoint_alike(hub, tmp_path, monkeypatch, capsys):
+    """The run's pusher and push_to_hub.py --checkpoints each had their own checks and their own records: a checkpoint
+    whose weights were cut short after its save (sizes no longer those of its manifest) went up as that step's model,
+    and the records of one push held their keys in three orders. One check, one record shape, for both."""
+    from huggingface_hub import HfApi
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    runs = {"by the run": tmp_path / "a", "by push_to_hub.py": tmp_path / "b"}
+    for run in runs.values():
+        for step in (2, 4):
+            sealed_checkpoint(run / f"checkpoint-{step}")
+        (run / "checkpoint-4" / "model.safetensors").write_text("cut")  # since its save: 18 bytes were written
+        run_files.write(run, [run_files.MANIFEST, "checkpoint-2", "checkpoint-4"])
+    pusher = hub_push.CheckpointPusher(REPO, SECRET, None, runs["by the run"])
+    for step in (2, 4):
+        pusher.on_save(None, TrainerState(global_step=step, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo("me/other")
+    hub_push.push_checkpoints(api, runs["by push_to_hub.py"], "me/other")
+
+    def shape(run):  # each record's keys in order, and what it says, by step
+        records = sorted(read_pushes(run), key=lambda r: r["step"])
+        return [(list(r), r["branch"], r["status"], r.get("error")) for r in records]
+
+    assert shape(runs["by the run"]) == shape(runs["by push_to_hub.py"])
+    [(_, _, _, error)] = [s for s in shape(runs["by the run"]) if s[2] == "failed"]
+    assert error == "model.safetensors has 3 bytes, 18 were saved (cut short or replaced)"
+    for repo in (REPO, "me/other"):
+        assert "step-2" in hub.state.repos[repo] and "step-4" not in hub.state.repos[repo]
+    said = capsys.readouterr().err
+    assert f"checkpoint-4 was not pushed to {REPO}@step-4 (model.safetensors has 3 bytes" in said
+    assert "checkpoint-4 was not pushed to me/other@step-4: model.safetensors has 3 bytes" in said
+
+
+def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_finished_model(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """A run stopped for requeue (exit 75) leaves a complete checkpoint and no final model. push_to_hub.py, with or
+    without --checkpoints, refused it as "not a finished run: missing run_complete.json (...), config.json, ...,
+    README.md, training_curves.png": its checkpoint could not reach the Hub until the run had finished. --checkpoints
+    pushes it to its branch and says that the run has not finished (main stays as it was); without it, one line names
+    the flag."""
+    import importlib.util
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"  # what a stop leaves: the record, the metrics so far, the checkpoint it wrote
+    sealed_checkpoint(run / "checkpoint-4")
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
+    (run / "metrics.jsonl").write_text('{"step": 4, "loss": 0.69}\n')
+    run_files.write(run, [run_files.MANIFEST, "resolved_config.json", "metrics.jsonl", "checkpoint-4"])
+    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
+        monkeypatch.setenv(name, value)
+    hub_in_process(hub, monkeypatch)
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:  # main reads .env into the environment
+        script.main([str(run)])
+    assert str(refused.value) == (
+        f"{run} has not finished training (no run_complete.json): resume it with the same command, then push it; add "
+        "--checkpoints to push checkpoint-4 now, to branch step-4 (main gets only a finished model)"
+    )
+    assert not hub.state.commits
+    with mock.patch.dict(os.environ):
+        script.main([str(run), "--checkpoints"])
+    assert sorted(hub.state.repos[REPO]) == ["main", "step-4"]
+    assert hub.state.repos[REPO]["step-4"]["model.safetensors"] == b"model.safetensors\n"
+    assert set(hub.state.repos[REPO]["main"]) == {".gitattributes"}  # no model, no card: the run has not finished
+    assert f"{run} has not finished training (no run_complete.json): only its checkpoints are pushed" in (
+        capsys.readouterr().out
+    )
+    assert [(r["branch"], r["status"]) for r in read_pushes(run)] == [("step-4", "pushed")]
+
+
+def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path, monkeypatch, capsys):
+    """A push took each checkpoint file's SHA-256 from its manifest to compare with the Hub's, but never checked the
+    file against it: weights damaged after the save (a bad disk block: the same size) went up as that step's model. The
+    push hashes each file once, refuses one that differs from its manifest before any branch is made, and hands the
+    digest to the upload (which otherwise hashes the file itself)."""
+    from huggingface_hub import HfApi
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import checkpoint_manifest, run_files
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    folder = sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    names = hub_push.checkpoint_files(folder)
+    listed = checkpoint_manifest.read(folder)
+    adds = hub_push.verified_additions(folder, names)
+    assert [(a.path_in_repo, a.upload_info.is_hashed) for a in adds] == [(n, True) for n in names]
+    assert [a.upload_info.sha256.hex() for a in adds] == [listed[n]["sha256"] for n in names]
+
+    (folder / "model.safetensors").write_text("model.safetensorZ\n")  # one byte flipped, the size kept
+    said = "model.safetensors does not match its SHA-256 in MANIFEST.json (damaged after it was saved)"
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    [record] = hub_push.push_checkpoints(api, run, REPO)
+    assert (record["status"], record["error"]) == ("failed", said)
+    pusher = hub_push.CheckpointPusher(REPO, SECRET, None, run)
+    pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    assert [(r["status"], r["error"]) for r in read_pushes(run)] == [("failed", said)] * 2
+    assert "step-2" not in hub.state.repos[REPO] and not hub.state.commits
+    assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err

@@ -182,3 +182,20 @@ def test_a_budget_that_cut_every_micro_batch_alike_reads_one_count():
         )
         text = model_card({**card, "derived": {"batching": batching}}, [])
         assert f"| `per_device_train_batch_size` | {says} per micro-batch (max_tokens_per_microbatch) |" in text, text
+
+
+def test_the_recipe_table_names_the_optimizer_and_its_settings_as_recorded():
+    """The card named the learning rate and schedule but not the optimizer, its betas or epsilon (resolved_config.json
+    holds them): a reader reproducing the run had to guess transformers' defaults of the day."""
+    resolved = {
+        "optim": "adamw_torch_fused",
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.95,
+        "adam_epsilon": 1e-08,
+        "weight_decay": 0.01,
+        "derived": {},
+    }
+    card = model_card(resolved, [])
+    for row in ("`optim` | adamw_torch_fused", "`adam_beta1` | 0.9", "`adam_beta2` | 0.95", "`adam_epsilon` | 1e-08"):
+        assert f"| {row} |" in card, row
+    assert "| `weight_decay` | 0.01 |" in card

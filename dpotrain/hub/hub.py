@@ -29,10 +29,12 @@ CARD = "README.md"  # the model card, written by a finished run (write_model_car
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
+# The optimizer and its settings too: a recipe rarely names them, and the defaults are transformers', which change
+# between its versions; a card without them cannot be reproduced from.
 CARD_FIELDS = (
     "loss_type beta learning_rate lr_scheduler_type warmup_steps num_train_epochs max_length padding_free "
-    "max_tokens_per_microbatch per_device_train_batch_size gradient_accumulation_steps weight_decay max_grad_norm "
-    "bf16 seed"
+    "max_tokens_per_microbatch per_device_train_batch_size gradient_accumulation_steps optim adam_beta1 adam_beta2 "
+    "adam_epsilon weight_decay max_grad_norm bf16 seed"
 ).split()
 # rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
 # The speed follows them: the run's (`speed_row`), not the last step's.

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from huggingface_hub import CommitOperationDelete, HfApi
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from huggingface_hub.utils.sha import git_hash
@@ -76,6 +76,39 @@ def has_weights(names: list[str]) -> bool:
     return any(n.endswith(".safetensors") for n in names)
 
 
+class NotPushable(Exception):
+    """Why a complete checkpoint cannot go to its branch (said in the warning and the record's `error`)."""
+
+
+def pushable_files(folder: Path) -> list[str]:
+    """The files of a complete checkpoint that go to its branch, checked against the manifest its save wrote (sizes:
+    a file replaced or cut short since would go up as that step's model); NotPushable says why not. The one check of
+    the run's pusher and push_to_hub.py --checkpoints."""
+    names = checkpoint_files(folder)
+    if not has_weights(names):
+        raise NotPushable("no model weights (*.safetensors)")
+    listed = checkpoint_manifest.read(folder)  # None: saved before checkpoints had a manifest, taken as it is
+    if listed == {}:
+        raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
+    for name in names if listed is not None else ():
+        size = (folder / name).stat().st_size
+        if name not in listed:
+            raise NotPushable(f"{name} is not in its {checkpoint_manifest.MANIFEST} (put there after it was saved)")
+        if size != listed[name]["bytes"]:
+            raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
+    return names
+
+
+def why(error: Exception) -> str:
+    """What a record and a warning say of a push's failure: a NotPushable's reason as it is, another error's `cause`."""
+    return str(error) if isinstance(error, NotPushable) else cause(error)
+
+
+def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) -> dict:
+    """The record of checkpoint `step`'s push to its branch (one shape: `record_push`)."""
+    return record_push(out, step=step, branch=branch_name(step), repo=repo_id, status=status, **entry)
+
+
 def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> dict:
     """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
     branch = branch_name(step)
@@ -112,8 +145,16 @@ def record_pushed(output_dir: str | Path, what: str, repo_id: str, **entry) -> d
 _record_lock = threading.Lock()
 
 
+# The fields every record opens with, in this order (what is known of each push: "step" may be None, a run written
+# before run_complete.json named it); the rest (attempts, commit, files, error) follow as given.
+RECORD_HEAD = ("step", "branch", "repo", "status")
+
+
 def record_push(output_dir: str | Path, **entry) -> dict:
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **entry}
+    """One line of hub_pushes.jsonl, of one shape wherever it is written (the run's pusher, its final push,
+    push_to_hub.py): the time, RECORD_HEAD, then the rest."""
+    head = {key: entry.pop(key) for key in RECORD_HEAD if key in entry}
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **head, **entry}
     with _record_lock:
         run_records.append(Path(output_dir) / PUSH_RECORD, [entry])
     return entry
@@ -185,19 +226,34 @@ def with_retries(fn, what: str):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced), in
+    one commit. create_commit, not upload_folder: only it takes the files' digests (`verified_additions`)."""
     branch = branch_name(step)
+    adds = verified_additions(folder, checkpoint_files(folder))  # before the branch: a damaged checkpoint makes none
     if branch not in {b.name for b in api.list_repo_refs(repo_id).branches}:
         new_branch(api, repo_id, branch)
-    return api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        revision=branch,
-        allow_patterns=CHECKPOINT_FILES,
-        ignore_patterns=[REFERENCE_FILE],  # TR-DPO's reference: for a resume, not the step's model
-        delete_patterns=["*"],  # main's files (a card, an earlier run's model) do not belong to this step
-        commit_message=f"Checkpoint at step {step}",
-    )
+    added = {op.path_in_repo for op in adds}
+    # main's files (a card, an earlier run's model) and an earlier push's do not belong to this step
+    held = [p for p in api.list_repo_files(repo_id, revision=branch) if p != ".gitattributes" and p not in added]
+    operations = [*(CommitOperationDelete(p) for p in held), *adds]
+    return api.create_commit(repo_id, operations, commit_message=f"Checkpoint at step {step}", revision=branch)
+
+
+def verified_additions(folder: Path, names: list[str]) -> list:
+    """The upload of `names`, each file hashed once: checked against the SHA-256 its save wrote in the manifest (a
+    file damaged since is refused: NotPushable), and that SHA-256 handed to the upload, which would hash it again."""
+    listed = checkpoint_manifest.read(folder) or {}
+    adds = []
+    for name in names:
+        digest = checkpoint_manifest.sha256(folder / name)
+        if name in listed and digest != listed[name]["sha256"]:
+            raise NotPushable(
+                f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
+            )
+        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
+        add.upload_info.sha256 = bytes.fromhex(digest)
+        adds.append(add)
+    return adds
 
 
 def new_branch(api, repo_id: str, branch: str) -> None:
@@ -259,11 +315,13 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
 
 
 def stage(folder: Path, staging_root: Path) -> Path:
-    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion."""
+    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion, and of its
+    manifest, which the upload checks them against."""
     target = staging_root / folder.name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in checkpoint_files(folder):
+    manifest = [checkpoint_manifest.MANIFEST] if (folder / checkpoint_manifest.MANIFEST).is_file() else []
+    for name in [*checkpoint_files(folder), *manifest]:
         try:
             os.link(folder / name, target / name)
         except OSError:
@@ -280,18 +338,19 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     for folder in own_checkpoints(run_dir):
         step = step_of(folder)
         branch = branch_name(step)
-        record = functools.partial(record_push, run_dir, step=step, branch=branch, repo=repo_id)
+        record = functools.partial(record_checkpoint, run_dir, repo_id, step)
         if not is_complete(folder):
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
-        names = checkpoint_files(folder)
-        if not has_weights(names):
-            print(f"warning: {folder.name} has no model weights (*.safetensors): not pushed", file=sys.stderr)
-            records.append(record(status="failed", error="no model weights"))
+        try:
+            names = pushable_files(folder)
+        except NotPushable as e:
+            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {e}", file=sys.stderr, flush=True)
+            records.append(record("failed", error=str(e)))
             continue
         if branch in branches and remote_matches(api, repo_id, branch, folder, names):
             print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
-            records.append(record(status="present", files=names))
+            records.append(record("present", files=names))
             continue
         try:
             records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
@@ -300,8 +359,8 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
             if not hasattr(e, "attempts"):
                 raise
-            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(record(status="failed", attempts=e.attempts, error=cause(e)))
+            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {why(e)}", file=sys.stderr, flush=True)
+            records.append(record("failed", attempts=e.attempts, error=why(e)))
     return records
 
 
@@ -333,12 +392,12 @@ class CheckpointPusher(TrainerCallback):
         step = step_of(folder)
         if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
             return
-        staged = stage(folder, self.out / STAGING)
-        names = checkpoint_files(staged)
-        if not has_weights(names):
-            shutil.rmtree(staged, ignore_errors=True)
-            self._failed(step, 1, f"no model weights (*.safetensors) in {folder.name}")
+        try:
+            pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
+        except NotPushable as e:
+            self._failed(step, None, str(e))
             return
+        staged = stage(folder, self.out / STAGING)
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
@@ -362,18 +421,17 @@ class CheckpointPusher(TrainerCallback):
             except UnrecordedPush as e:
                 print(f"warning: {e}; training goes on", file=sys.stderr, flush=True)
             except Exception as e:  # a bug here must not kill the thread and leave the others waiting
-                self._failed(step, getattr(e, "attempts", 1), cause(e))
+                self._failed(step, getattr(e, "attempts", 1), why(e))
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
                 self.pending.pop(step, None)
                 self.queue.task_done()
 
-    def _record(self, step: int, status: str, **entry) -> dict:
-        return record_push(self.out, step=step, branch=branch_name(step), status=status, repo=self.repo_id, **entry)
-
-    def _failed(self, step: int, attempts: int, error: str) -> None:
+    def _failed(self, step: int, attempts: int | None, error: str) -> None:
+        """`attempts`: None where none was made (a checkpoint refused by `pushable_files`)."""
+        tried = {} if attempts is None else {"attempts": attempts}
         try:
-            self._record(step, "failed", attempts=attempts, error=error)
+            record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error)
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
@@ -393,7 +451,7 @@ class CheckpointPusher(TrainerCallback):
             shutil.rmtree(self.out / STAGING, ignore_errors=True)
             return left
         for step in left:
-            self._record(step, "unfinished", error="still uploading")
+            record_checkpoint(self.out, self.repo_id, step, "unfinished", error="still uploading")
         print(
             f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
             f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
