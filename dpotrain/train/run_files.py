@@ -94,6 +94,5 @@ def remove_dead_temporaries(out: Path, names) -> None:
     """Main process, before the run writes in `out`: the temporaries its own records' writers left there when killed
     mid-write (`writes.dead_temporaries`), which nothing else would ever remove, said in a line. A person's files, and
     a live writer's, stay."""
-    for path in writes.dead_temporaries(Path(out), [MANIFEST, *names]):
-        path.unlink(missing_ok=True)
+    for path in writes.remove_dead_temporaries(Path(out), [MANIFEST, *names]):
         print(f"Removed {path}: left by a write killed midway (its process is gone)", flush=True)
