@@ -843,6 +843,36 @@ def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(
         check_output_dir(recipe, 8)
 
 
+@pytest.mark.slow
+def test_a_checkpoint_linked_into_the_folder_is_refused_at_start_and_resumed_once_moved_in(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The run's checkpoint-4 moved to other storage and linked back (cut short there: a copy without its mark): the
+    rerun resumed from checkpoint-2, trained step 3 and 4, then ended in `OSError: Cannot call rmtree on a symbolic
+    link` as it cleared checkpoint-4 to save it, at every requeue. A checkpoint-N link is refused at start, run and dry
+    run, in one line with the two fixes; the first fix done, the run resumes to the uninterrupted run's weights."""
+    out, elsewhere = unfinished(baseline, tmp_path), tmp_path / "scratch"
+    elsewhere.mkdir()
+    shutil.move(out / "checkpoint-4", elsewhere / "checkpoint-4")
+    (elsewhere / "checkpoint-4" / "COMPLETE").unlink()
+    (out / "checkpoint-4").symlink_to(elsewhere / "checkpoint-4")
+    there = sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir())
+    refused = train(out, tiny_model_dir, pairs)
+    assert refused.returncode == 2 and "Traceback" not in refused.stdout, refused.stdout[-3000:]
+    fix = f"rm {out / 'checkpoint-4'} && mv {elsewhere / 'checkpoint-4'} {out / 'checkpoint-4'}"
+    assert refused.stdout.strip().splitlines()[-1] == (
+        f"error: output_dir {str(out)!r} holds checkpoint-4, a link to {elsewhere / 'checkpoint-4'}: a run resumes "
+        "from, rotates and writes only checkpoint folders it wrote there, never through a link (which it can neither "
+        f"verify as its own nor delete): put the folder itself there ({fix}), or move the link out of the output folder"
+    )
+    assert sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir()) == there and logged_steps(out) == [1, 2, 3, 4]
+    assert subprocess.run(fix, shell=True).returncode == 0
+    resumed = train(out, tiny_model_dir, pairs)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Not resuming from {out / 'checkpoint-4'}" in resumed.stdout  # no mark: the one before it
+    assert_same_weights(out, baseline)
+
+
 def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
     import datasets
 
