@@ -220,3 +220,26 @@ def test_a_checkpoint_that_became_a_link_while_the_run_trained_is_moved_aside_no
     assert rotate(out, 1, keep=(out / "checkpoint-4",)) == [out / "checkpoint-2"]
     assert (out / "checkpoint-3").is_symlink() and sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir())
     assert "checkpoint-3" in run_files.read(out)  # dropped only when the run itself deletes it
+
+
+def test_a_step_edited_into_a_sealed_trainer_state_is_named_as_damage_not_as_a_rename(tmp_path):
+    """trainer_state.json of the newest checkpoint edited after its seal (global_step 4 -> 5, the same size, so its
+    size check passes): the resume passed over it as `renamed from checkpoint-5?: give it back its name`, a fix that
+    does not apply. It is now named by its checksum, as any file changed after the seal; a folder really renamed (its
+    state the one sealed) is still told to take its name back."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.resume import unverified
+
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
+        (folder / name).write_text(f"{name}\n")
+    (folder / "trainer_state.json").write_text('{"global_step": 4}\n')
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+    assert unverified(folder) is None
+    shutil.copytree(folder, tmp_path / "checkpoint-6")
+    assert unverified(tmp_path / "checkpoint-6") == (
+        "its trainer_state.json was saved at step 4 (renamed from checkpoint-4?): give it back its name"
+    )
+    (folder / "trainer_state.json").write_text('{"global_step": 5}\n')
+    assert unverified(folder) == "trainer_state.json does not match its checksum (damaged after it was written)"
