@@ -112,8 +112,20 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
         elif folder.absolute() in passed_over:
             print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder, ignore_errors=True)
     return doomed
+
+
+def remove(folder: Path, ignore_errors: bool = False) -> None:
+    """Deletes a checkpoint folder, its COMPLETE mark first: a kill midway (rmtree goes in the folder's own order)
+    left the mark on a folder that had lost its optimizer state or weights, counted complete by rotation and pushed
+    as a checkpoint by `push_to_hub.py --checkpoints`; without the mark it is a save cut short, as it now is."""
+    try:
+        (folder / MARKER).unlink(missing_ok=True)
+    except OSError:
+        if not ignore_errors:
+            raise
+    shutil.rmtree(folder, ignore_errors=ignore_errors)
 
 
 def clear_for_save(output_dir: str | Path, global_step: int) -> None:
@@ -125,7 +137,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
-        shutil.rmtree(folder)
+        remove(folder)
 
 
 class CompleteMarker(TrainerCallback):
