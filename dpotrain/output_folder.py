@@ -133,8 +133,9 @@ def check(output_dir: str, lock: bool = True) -> None:
     if not out.is_dir():
         return
     # A run killed as it wrote its first record leaves that record's temporary alone, on whichever node (a requeue may
-    # run on another): no person's file, and no live run's past the lock's check. The rerun's (start removes it).
-    dead = {path.name for path, _, _ in writes.temporaries(out, [MANIFEST])}
+    # run on another): no person's file, and no live run's past the lock's check. The rerun's (start removes it). So
+    # does one killed while it probed the folder for writing (the next probe on that host removes it).
+    dead = {path.name for path, _, _ in writes.temporaries(out, [MANIFEST, writes.PROBE])}
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in (*BROWSER_FILES, *dead))]
     recorded = read_manifest(out)
     # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy

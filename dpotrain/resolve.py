@@ -19,7 +19,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.train import resume
-from dpotrain.train.checkpoints import own_checkpoints
+from dpotrain.train.checkpoints import own_checkpoints, refuse_links
 
 # Settings a resumed run must share with the run that wrote its checkpoint: each changes what the steps left train.
 RESUME_FIELDS = """
@@ -389,6 +389,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             f"output_dir {named} already holds a finished run: pass --output_dir for a new run, or "
             f"--overwrite_output_dir to replace it{how}"
         )
+    refuse_links(out)  # a run that keeps the folder's checkpoints keeps none through a link
     if explicit:
         # The checkpoint's settings are the recipe's (above); so must be those of a run already in output_dir, whose
         # record, metrics, final model and checkpoints (rotated by step beside the new ones) the resume writes over.

@@ -193,3 +193,53 @@ def test_a_file_a_resume_loads_that_the_manifest_does_not_list_is_unverified(tmp
     (out / "checkpoint-4" / REFERENCE_FILE).unlink()
     (out / "checkpoint-4" / "rng_state_1.pth").write_bytes(b"another rank's")  # any state a resume loads
     assert problem(out / "checkpoint-4") == why.replace(REFERENCE_FILE, "rng_state_1.pth")
+
+
+def test_a_checkpoint_that_became_a_link_while_the_run_trained_is_moved_aside_not_cleared_or_rotated(tmp_path, capsys):
+    """The run's own checkpoint-3 and checkpoint-4 moved to other storage and linked back while it trained (a quota):
+    rotation left the link and dropped it from the record (shutil.rmtree does not follow one), and a save at step 4
+    ended in `OSError: Cannot call rmtree on a symbolic link`. A link is none of the run's checkpoints, whatever the
+    record says: never rotated or resumed from, moved aside where the run saves, and what it points to untouched."""
+    from dpotrain.train.checkpoints import clear_for_save, rotate
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out, elsewhere = tmp_path / "run", tmp_path / "scratch"
+    elsewhere.mkdir()
+    for step in (2, 3, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    for step in (3, 4):
+        shutil.move(out / f"checkpoint-{step}", elsewhere / f"checkpoint-{step}")
+        (out / f"checkpoint-{step}").symlink_to(elsewhere / f"checkpoint-{step}")
+    assert latest_sound_checkpoint(out) == out / "checkpoint-2"  # no link resumed from
+    clear_for_save(out, 4)  # raised before
+    aside = [p for p in out.iterdir() if p.name.startswith("checkpoint-4.not-this-run-")]
+    assert len(aside) == 1 and aside[0].is_symlink() and not (out / "checkpoint-4").exists()
+    assert f"Moved {out / 'checkpoint-4'} to {aside[0]}: a link, which no run makes" in capsys.readouterr().out
+    sealed_checkpoint(out / "checkpoint-4")
+    assert rotate(out, 1, keep=(out / "checkpoint-4",)) == [out / "checkpoint-2"]
+    assert (out / "checkpoint-3").is_symlink() and sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir())
+    assert "checkpoint-3" in run_files.read(out)  # dropped only when the run itself deletes it
+
+
+def test_a_step_edited_into_a_sealed_trainer_state_is_named_as_damage_not_as_a_rename(tmp_path):
+    """trainer_state.json of the newest checkpoint edited after its seal (global_step 4 -> 5, the same size, so its
+    size check passes): the resume passed over it as `renamed from checkpoint-5?: give it back its name`, a fix that
+    does not apply. It is now named by its checksum, as any file changed after the seal; a folder really renamed (its
+    state the one sealed) is still told to take its name back."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.resume import unverified
+
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
+        (folder / name).write_text(f"{name}\n")
+    (folder / "trainer_state.json").write_text('{"global_step": 4}\n')
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+    assert unverified(folder) is None
+    shutil.copytree(folder, tmp_path / "checkpoint-6")
+    assert unverified(tmp_path / "checkpoint-6") == (
+        "its trainer_state.json was saved at step 4 (renamed from checkpoint-4?): give it back its name"
+    )
+    (folder / "trainer_state.json").write_text('{"global_step": 5}\n')
+    assert unverified(folder) == "trainer_state.json does not match its checksum (damaged after it was written)"

@@ -27,6 +27,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
+from dpotrain.train.checkpoints import is_complete, own_checkpoints
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
@@ -285,11 +286,11 @@ def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_t
     assert checkpoint_manifest.problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=()):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=()):
     """The run in its own interpreter: a kill reaches the process that holds the output folder's lock, as a node's
     SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer)."""
     return subprocess.Popen(
-        [*prefix, *command(out, model_dir, data, interpreter=PYTHON, script=script)],
+        [*prefix, *command(out, model_dir, data, interpreter=PYTHON, script=script), *extra],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -369,6 +370,32 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     assert result.returncode == 0, result.stdout[-3000:]
     assert "cut short (no COMPLETE mark), nothing to resume from: starting afresh" in result.stdout
     assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
+def test_a_kill_during_rotation_leaves_the_old_checkpoint_cut_short_not_complete(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """SIGKILL while rotation (save_total_limit 1) deletes checkpoint-2 after checkpoint-4's mark, one of its files
+    gone: shutil.rmtree goes in the folder's own order, and the COMPLETE mark stayed on a folder without its optimizer
+    state or weights, which rotation counted complete and `push_to_hub.py --checkpoints` (the run's own complete
+    checkpoints) pushed. The mark goes first now: a save cut short; the rerun goes on from checkpoint-4."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # Before rmtree's second file (its names come bare, relative to the folder; the mark's removal is by full path)
+    env = {
+        **pause_env("*/checkpoint-4/COMPLETE", "[!/]*", paused, count=2),
+        "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove",
+    }
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--save_total_limit", "1"))
+    os.kill(paused_pid(paused, proc), signal.SIGKILL)
+    proc.wait()
+    assert (out / "checkpoint-2").is_dir() and resume.unverified(out / "checkpoint-4") is None
+    assert not (out / "checkpoint-2" / "COMPLETE").exists()
+    assert [p for p in own_checkpoints(out) if is_complete(p)] == [out / "checkpoint-4"]  # what push_to_hub.py pushes
+    result = train(out, tiny_model_dir, pairs, "--save_total_limit", "1")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Resuming from {out / 'checkpoint-4'}" in result.stdout
     assert_same_weights(out, baseline)
 
 
@@ -841,6 +868,36 @@ def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(
     shutil.rmtree(out / "checkpoint-2")  # moved, not copied: nothing left to resume from
     with pytest.raises(ConfigError, match=f"no checkpoint left to resume from \\(checkpoint-4: {why[:30]}"):
         check_output_dir(recipe, 8)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_linked_into_the_folder_is_refused_at_start_and_resumed_once_moved_in(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The run's checkpoint-4 moved to other storage and linked back (cut short there: a copy without its mark): the
+    rerun resumed from checkpoint-2, trained step 3 and 4, then ended in `OSError: Cannot call rmtree on a symbolic
+    link` as it cleared checkpoint-4 to save it, at every requeue. A checkpoint-N link is refused at start, run and dry
+    run, in one line with the two fixes; the first fix done, the run resumes to the uninterrupted run's weights."""
+    out, elsewhere = unfinished(baseline, tmp_path), tmp_path / "scratch"
+    elsewhere.mkdir()
+    shutil.move(out / "checkpoint-4", elsewhere / "checkpoint-4")
+    (elsewhere / "checkpoint-4" / "COMPLETE").unlink()
+    (out / "checkpoint-4").symlink_to(elsewhere / "checkpoint-4")
+    there = sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir())
+    refused = train(out, tiny_model_dir, pairs)
+    assert refused.returncode == 2 and "Traceback" not in refused.stdout, refused.stdout[-3000:]
+    fix = f"rm {out / 'checkpoint-4'} && mv {elsewhere / 'checkpoint-4'} {out / 'checkpoint-4'}"
+    assert refused.stdout.strip().splitlines()[-1] == (
+        f"error: output_dir {str(out)!r} holds checkpoint-4, a link to {elsewhere / 'checkpoint-4'}: a run resumes "
+        "from, rotates and writes only checkpoint folders it wrote there, never through a link (which it can neither "
+        f"verify as its own nor delete): put the folder itself there ({fix}), or move the link out of the output folder"
+    )
+    assert sorted(p.name for p in (elsewhere / "checkpoint-4").iterdir()) == there and logged_steps(out) == [1, 2, 3, 4]
+    assert subprocess.run(fix, shell=True).returncode == 0
+    resumed = train(out, tiny_model_dir, pairs)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Not resuming from {out / 'checkpoint-4'}" in resumed.stdout  # no mark: the one before it
+    assert_same_weights(out, baseline)
 
 
 def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):

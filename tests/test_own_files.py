@@ -20,6 +20,7 @@ import pytest
 from conftest import PYTHON, ROOT, python, run_train, sealed_checkpoint
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
+from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import run_files
 from dpotrain.train.metrics import read_metrics
@@ -819,6 +820,47 @@ def test_the_temporaries_of_a_write_killed_midway_are_removed_by_the_rerun_and_n
     said = capsys.readouterr().out
     assert f"Removed {killed}: left by a write killed midway (its process is gone)" in said
     assert run_files.read(out) is not None
+
+
+# A process killed (SIGKILL) inside the write probe, between the probe file's making and its removal: the audit event
+# of the removal is the one instant it exists.
+KILLED_IN_PROBE = (
+    "import os, signal, sys\n"
+    "def kill(event, args):\n"
+    "    if event == 'os.remove' and 'write-test' in str(args[0]):\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    "sys.addaudithook(kill)\n"
+    "from dpotrain.recipe import writes\n"
+    "writes.unwritable(sys.argv[1])\n"
+)
+
+
+@pytest.mark.slow
+def test_a_write_probe_killed_midway_is_removed_by_the_next_probe_and_no_other(tmp_path):
+    """A run killed while it probed its output folder for writing left `.dpotrain-write-test-<random>`, which no later
+    run removed: in an empty folder (made by the user, or a run killed at its first probe) every rerun was refused,
+    "holds files that are not a run's (1: .dpotrain-write-test-u3nsplxd)". The probe is now named as a temporary of
+    its process on its host, and the next probe there removes a dead one; a live process's, another host's and a
+    person's file of that shape stay."""
+    out, host = tmp_path / "run", socket.gethostname()
+    out.mkdir()
+    killed = subprocess.Popen([PYTHON, "-c", KILLED_IN_PROBE, str(out)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert killed.wait(timeout=120) == -signal.SIGKILL, killed.stderr.read()[-2000:]
+    (left,) = [e.name for e in out.iterdir()]
+    assert left == f".dpotrain-write-test.{host}.{killed.pid}.tmp"
+    output_folder.check(str(out), lock=False)  # the dry run's and another rank's look: refused before
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process's, now or later
+    kept = [
+        out / f".dpotrain-write-test.{host}.{os.getppid()}.tmp",  # a live process's probe
+        out / f".dpotrain-write-test.other-host.{dead}.tmp",  # another node's, which this one cannot tell dead
+    ]
+    for path in kept:
+        path.write_text("")
+    output_folder.check(str(out))  # the main process's: it probes the folder
+    assert sorted(e.name for e in out.iterdir()) == sorted(path.name for path in kept)
+    persons = out / f".dpotrain-write-tests.{host}.{dead}.tmp"  # a name of that shape, not the probe's
+    persons.write_text("")
+    assert writes.unwritable(out) is None and persons.exists()
 
 
 @pytest.mark.slow

@@ -9,11 +9,13 @@ import hashlib
 import os
 import socket
 import stat
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
+
+# What `unwritable`'s probe file stands for: its name is a temporary's of this name (`_temporary_name`).
+PROBE = "dpotrain-write-test"
 
 
 @contextmanager
@@ -69,6 +71,17 @@ def temporaries(folder: Path, names) -> list[tuple[Path, str, int]]:
         if stem and host and pid.isdigit():
             found.append((entry, host, int(pid)))
     return found
+
+
+def remove_dead_temporaries(folder: Path, names) -> list[Path]:
+    """Removes the `dead_temporaries` of `names` in `folder`, and returns them: a writer's own leftovers, which nothing
+    else would ever remove (a folder it cannot list or write in keeps them)."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in dead_temporaries(Path(folder), names):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def dead_temporaries(folder: Path, names) -> list[Path]:
@@ -189,14 +202,21 @@ def readable_weights(folder: str | Path) -> None:
 
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Whether this process can create files at `path` (or the nearest folder that exists): None, or (the folder
-    probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount."""
+    probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount.
+    The probe is named as `replacing`'s temporaries are (`.dpotrain-write-test.<host>.<pid>.tmp`), so the one a kill
+    left between its making and its removal is told by its dead writer and removed by the next probe there (under a
+    random name it stayed, and made an empty output folder one of "files that are not a run's")."""
     path = Path(path)
     folder = next(p for p in (path, *path.absolute().parents) if p.exists())
+    remove_dead_temporaries(folder, [PROBE])
+    probe = folder / _temporary_name(folder / PROBE)
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpotrain-write-test-"):
-            return None
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as e:
         return folder, e.strerror or type(e).__name__
+    with contextlib.suppress(OSError):
+        probe.unlink()
+    return None
 
 
 def check_path_limit(flag: str, path: str, room: int = 0) -> None:

@@ -10,6 +10,7 @@ run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or 
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -19,6 +20,7 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.cluster import collectives
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
@@ -30,11 +32,36 @@ passed_over: set[Path] = set()  # absolute paths
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """`checkpoint-N` folders of `output_dir`, oldest step first, complete or not."""
+    """`checkpoint-N` folders of `output_dir`, oldest step first, complete or not. A link is none (`links`)."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)), key=step_of)
+    found = (p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and _CHECKPOINT.match(p.name))
+    return sorted(found, key=step_of)
+
+
+def links(output_dir: str | Path) -> list[Path]:
+    """`checkpoint-N` names of `output_dir` that are symbolic links. A run makes none, so none is its checkpoint,
+    whatever its record says: resumed from, it would be read as the run's without being it; rotated, its folder
+    was never deleted (shutil.rmtree does not follow a link) yet dropped from the record; written at its step, the
+    save ended in `OSError: Cannot call rmtree on a symbolic link`. Refused at a run's start (`refuse_links`)."""
+    root = Path(output_dir)
+    found = root.iterdir() if root.is_dir() else ()
+    return sorted((p for p in found if p.is_symlink() and _CHECKPOINT.match(p.name)), key=step_of)
+
+
+def refuse_links(output_dir: str | Path) -> None:
+    """One `error:` line for a `checkpoint-N` link in a run's folder (`links`), naming the two fixes."""
+    if found := links(output_dir):
+        link = found[-1]
+        target = os.path.realpath(link)
+        put = f"rm {shlex.quote(str(link))} && mv {shlex.quote(target)} {shlex.quote(str(link))}"
+        raise ConfigError(
+            f"output_dir {str(output_dir)!r} holds {link.name}, a link to {target}: a run resumes from, rotates and "
+            "writes only checkpoint folders it wrote there, never through a link (which it can neither verify as its "
+            f"own nor delete): put the folder itself there ({put}), or move the link out of "
+            "the output folder"
+        )
 
 
 def recorded_names(output_dir: str | Path) -> list[str] | None:
@@ -85,8 +112,20 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
         elif folder.absolute() in passed_over:
             print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder, ignore_errors=True)
     return doomed
+
+
+def remove(folder: Path, ignore_errors: bool = False) -> None:
+    """Deletes a checkpoint folder, its COMPLETE mark first: a kill midway (rmtree goes in the folder's own order)
+    left the mark on a folder that had lost its optimizer state or weights, counted complete by rotation and pushed
+    as a checkpoint by `push_to_hub.py --checkpoints`; without the mark it is a save cut short, as it now is."""
+    try:
+        (folder / MARKER).unlink(missing_ok=True)
+    except OSError:
+        if not ignore_errors:
+            raise
+    shutil.rmtree(folder, ignore_errors=ignore_errors)
 
 
 def clear_for_save(output_dir: str | Path, global_step: int) -> None:
@@ -98,7 +137,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
-        shutil.rmtree(folder)
+        remove(folder)
 
 
 class CompleteMarker(TrainerCallback):

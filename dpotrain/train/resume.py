@@ -22,6 +22,7 @@ from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, passed_over, step_of
 from dpotrain.train.run_files import MANIFEST
 
+STATE_FILE = "trainer_state.json"  # transformers' record of the step a checkpoint was saved at
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
 
@@ -48,7 +49,12 @@ def renamed(folder: Path) -> str | None:
         return None
     if saved is None or saved == named:
         return None
-    return f"its trainer_state.json was saved at step {saved} (renamed from checkpoint-{saved}?): give it back its name"
+    # A renamed folder's state is the one sealed in it: one that is not was edited after the seal (the step too), and
+    # the fix is the file's, not the name's. One small file hashed, where the rename is suspected.
+    listed = (checkpoint_manifest.read(folder) or {}).get(STATE_FILE)
+    if listed and checkpoint_manifest.sha256(folder / STATE_FILE) != listed["sha256"]:
+        return f"{STATE_FILE} does not match its checksum (damaged after it was written)"
+    return f"its {STATE_FILE} was saved at step {saved} (renamed from checkpoint-{saved}?): give it back its name"
 
 
 def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
@@ -175,7 +181,7 @@ def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
 def saved_step(folder: Path) -> int | None:
     """The step a checkpoint was saved at (trainer_state.json, else its name); None: unknown."""
     try:
-        return int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+        return int(json.loads((folder / STATE_FILE).read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         try:
             return step_of(folder)

@@ -79,14 +79,17 @@ def disown(out: str | Path, names) -> None:
 def set_aside_if_not_own(out: str | Path, name: str) -> bool:
     """Main process, before the run writes `name` in `out` (a checkpoint, its card, its plot): one there the run's
     record does not name (a person's, put there while the run ran) is renamed `<stem>.not-this-run-<time><suffix>`,
-    said in a line, never written over. True if one was. Without a record nothing is moved."""
+    said in a line, never written over. True if one was. Without a record nothing is moved, but a link: a run
+    makes none, so one is never its own, whatever the record names (written through or cleared, it reaches another
+    folder)."""
     path = Path(out) / name
     own = read(Path(out))
-    if own is None or name in own or not (path.exists() or path.is_symlink()):
+    if not path.is_symlink() and (own is None or name in own or not path.exists()):
         return False
     aside = path.with_name(f"{path.stem}.not-this-run-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
     path.rename(aside)
-    print(f"Moved {path} to {aside}: not this run's ({MANIFEST}), and the run writes its own {name} there", flush=True)
+    why = "a link, which no run makes" if aside.is_symlink() else f"not this run's ({MANIFEST})"
+    print(f"Moved {path} to {aside}: {why}, and the run writes its own {name} there", flush=True)
     return True
 
 
@@ -94,6 +97,5 @@ def remove_dead_temporaries(out: Path, names) -> None:
     """Main process, before the run writes in `out`: the temporaries its own records' writers left there when killed
     mid-write (`writes.dead_temporaries`), which nothing else would ever remove, said in a line. A person's files, and
     a live writer's, stay."""
-    for path in writes.dead_temporaries(Path(out), [MANIFEST, *names]):
-        path.unlink(missing_ok=True)
+    for path in writes.remove_dead_temporaries(Path(out), [MANIFEST, *names]):
         print(f"Removed {path}: left by a write killed midway (its process is gone)", flush=True)

@@ -9,6 +9,8 @@ The point is given by the files the run writes, as Python's audit hooks see them
   process stops before that open, with the renamed file in place;
 - DPOTRAIN_TEST_PAUSE_AT_COUNT (1 unless given): stop before the Nth such open rather than the first, where no file is
   renamed between the opens (metrics.jsonl is appended to once per logged step: 2 stops before the second step's);
+- DPOTRAIN_TEST_PAUSE_AT_EVENT (`open` unless given): the audit event DPOTRAIN_TEST_PAUSE_AT is matched on, e.g.
+  `os.remove` to stop before a file is deleted (shutil.rmtree gives the name alone, relative to its folder);
 - DPOTRAIN_TEST_PAUSED_FILE: where it writes its process id first (conftest.paused_pid waits for it and the stop).
 Under the tests' warm interpreter the process that stops is the forked child, not the client the test started: signal
 the id written (the client exits as its child did)."""
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AFTER, AT = os.environ["DPOTRAIN_TEST_PAUSE_AFTER"], os.environ["DPOTRAIN_TEST_PAUSE_AT"]
 PAUSED_FILE = os.environ["DPOTRAIN_TEST_PAUSED_FILE"]
 COUNT = int(os.environ.get("DPOTRAIN_TEST_PAUSE_AT_COUNT", "1"))
+EVENT = os.environ.get("DPOTRAIN_TEST_PAUSE_AT_EVENT", "open")
 state = {"armed": False, "done": False, "seen": 0}
 
 
@@ -32,7 +35,7 @@ def hook(event: str, args: tuple) -> None:
         return
     if event == "os.rename" and fnmatch.fnmatch(os.fsdecode(args[1]), AFTER):
         state["armed"] = True
-    elif event == "open" and state["armed"] and isinstance(args[0], (str, bytes, os.PathLike)):
+    elif event == EVENT and state["armed"] and isinstance(args[0], (str, bytes, os.PathLike)):
         if fnmatch.fnmatch(os.fsdecode(args[0]), AT) and os.fsdecode(args[0]) != PAUSED_FILE:
             state["seen"] += 1
             if state["seen"] < COUNT:
