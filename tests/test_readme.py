@@ -208,3 +208,34 @@ def test_the_demo_sent_to_a_folder_of_the_users_does_not_replace_the_run_there(d
     assert result.returncode == 0, result.stdout[-3000:]
     (output,) = [line for line in result.stdout.splitlines() if line.strip().startswith("output:")]
     assert "refused by the run" in output and "replace" not in output, output
+
+
+def loss_table_flags() -> list[list[str]]:
+    """Each flag set of the README's loss table, as a user would paste it: the row's flag spans of one `;`-part
+    (`--loss_type aot` ... with `--max_tokens_per_microbatch none`), a span of one word (`--loss_type`, named in a
+    sentence) left out."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| you want | flags |") :].split("\n\n", 1)[0]
+    commands = []
+    for row in table.splitlines()[2:]:
+        for part in row.split("|")[2].split(";"):
+            spans = [s.split() for s in re.findall(r"`([^`]*)`", part) if s.startswith("--")]
+            flags = [word for span in spans if len(span) > 1 for word in span]
+            if flags:
+                commands.append(flags)
+    return commands
+
+
+@pytest.mark.parametrize("recipe", ["think", "instruct"])
+def test_every_flag_set_of_the_loss_table_passes_the_loss_checks_on_a_recipe(recipe):
+    """`--use_weighting true` was refused on every recipe (assistant_turns all: WPO reads one answer per side), as
+    pasted from the table, so the table gives each flag set a run takes."""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train import losses
+
+    commands = loss_table_flags()
+    assert len(commands) >= 9, commands  # every row read: a change of the table's layout fails here, not silently
+    for flags in commands:
+        # --bf16 false: this machine has no GPU (the recipes train in bf16), which the loss checks do not read
+        args = ["--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--bf16", "false", *flags]
+        losses.check_options(parse_args(args))
