@@ -284,8 +284,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     plan.check_steps(steps, recipe.training.max_steps)
     plan.check_schedule_fits(steps, recipe.training)
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
-        pairs, total = launch.batch.pairs_per_step, steps["total_steps"]
-        resolve.check_resumed_ranks(output.resume_from, pairs, launch.data_parallel, len(dataset), total)
+        pairs = launch.batch.pairs_per_step
+        resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)

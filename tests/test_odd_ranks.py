@@ -123,3 +123,38 @@ def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(t
     assert losses("resumed") == pytest.approx(losses("whole"), abs=1e-6)
     a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("whole", "resumed"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,long_prompts", [(9, 2), (7, 1)])
+def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, long_prompts, tmp_path, tiny_model_dir):
+    """keep_start drops a pair whose prompt alone fills max_length, so the epoch is cut from the pairs kept, not the
+    rows. 9 rows, 2 dropped: 7 pairs of 3 a step are 2 steps on 3 ranks and 3 on one, and the resume on one process
+    was honoured in silence (9 rows make 3 steps either way). 7 rows, 1 dropped: 6 pairs are 2 steps on any number of
+    ranks, and the resume was refused (7 rows make 2 steps on 3 ranks, 3 on one)."""
+    from dpotrain.data import builtin
+
+    pairs = builtin.make_preference_rows(rows, seed=13)
+    for row in pairs[:long_prompts]:  # a prompt past max_length 512: TRL drops the pair
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 600
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(pairs).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
+    trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    if rows - long_prompts == 7:
+        assert resumed.returncode == 2, resumed.stdout[-3000:]
+        assert errors == [
+            f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs it "
+            "trains (of 9 rows: 2 dropped at max_length) make 2 steps an epoch, and on 1 they make 3 (a last step of "
+            "fewer pairs than processes joins the one before it): the steps past it would train other pairs, on "
+            "another learning-rate schedule; resume it on 3 processes, or start a new run from its weights "
+            f"(--model_name_or_path {checkpoint}, a new --output_dir)"
+        ], resumed.stdout[-3000:]
+    else:
+        assert resumed.returncode == 0 and not errors, resumed.stdout[-3000:]
+        assert json.loads((tmp_path / "one" / "run_complete.json").read_text())["global_step"] == 2
