@@ -579,6 +579,32 @@ def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)
 
 
+def test_the_per_step_row_says_the_pairs_the_steps_take(tmp_path, capsys):
+    """3 of 6 rows kept (keep_start drops a pair whose prompt alone fills max_length) at pairs_per_step 8: the one step
+    trains 3 pairs, and the summary said "per step: 8 pairs". The setting keeps its fields (pairs_per_step, 8); the
+    plan's count is derived.batching.pairs_per_step_trained."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(6, seed=3)
+    for row in rows[3:]:  # a prompt past the smoke recipe's max_length of 1024
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 1500
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = [*SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run"), "--warmup_steps", "0"]
+    text = dry_run(capsys, *argv, "--pairs_per_step", "8")
+    want = "3 pairs, over all processes: pairs_per_step 8, but the 3 pairs training keeps (of 6 rows) are one step"
+    assert field(text, "per step") == want
+    resolved = json.loads((tmp_path / "run.dry-run.json").read_text())
+    assert resolved["pairs_per_step"] == resolved["derived"]["pairs_per_step"] == 8
+    assert resolved["derived"]["batching"]["pairs_per_step_trained"] == {"min": 3, "mean": 3.0, "max": 3}
+    text = dry_run(capsys, *argv, "--pairs_per_step", "2")  # steps of 2, 1: the last takes what is left
+    want = "1-2 pairs, over all processes: pairs_per_step 2, but an epoch of the 3 pairs training keeps (of 6 rows) "
+    assert field(text, "per step") == want + "ends in a step of 1"
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--pairs_per_step", "8")  # 384 rows
+    assert field(text, "per step") == "8 pairs, over all processes"
+
+
 def measured_rows(monkeypatch) -> list[int]:
     """The rows each `lengths.measure` call of this test tokenizes (the real call, counted)."""
     from dpotrain.data import lengths
