@@ -593,14 +593,13 @@ def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> 
     )
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)
     kept = m.rows - counted["dropped"]
-    if kept < ranks:
+    if kept < ranks:  # the split holds a pair per rank (`plan.check_eval_split`, as it is read): max_length drops them
         chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
-        fix = f"pass a --max_length above {int(sorted(m.prompt)[ranks - 1]):,}, or " if m.rows >= ranks else ""
         raise ConfigError(
             f"max_length {max_length:,}{chosen} leaves {kept:,} of the {m.rows:,} held-out pairs, where each process "
             f"that evaluates ({ranks}) needs one: the trainer drops a pair whose prompt alone fills "
-            f"max_length (the shortest held-out prompt is {int(m.prompt.min()) if m.rows else 0:,} tokens); "
-            f"{fix}hold out pairs with shorter prompts"
+            f"max_length (the shortest held-out prompt is {int(m.prompt.min()):,} tokens); pass a --max_length "
+            f"above {int(sorted(m.prompt)[ranks - 1]):,}, or hold out pairs with shorter prompts"
         )
     if counted["dropped"]:
         print(f"Held-out pairs at {cuts.line(counted)}", flush=True)
@@ -853,5 +852,7 @@ def first_half(
 
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
+    if eval_dataset is not None:  # as `load_data` checks it: a pair per rank (`check_held_out` counts on it)
+        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)
