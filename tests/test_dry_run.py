@@ -369,6 +369,21 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert engine.from_config(config).gpus_per_node == per_node, line
 
 
+@pytest.mark.slow  # 2.4 s: a dry run of a ZeRO-3 GPU plan
+def test_fewer_processes_than_a_nodes_gpus_are_planned_as_the_one_node_that_runs_them(tmp_path, capsys, monkeypatch):
+    """`WORLD_SIZE=8 GPUS_PER_NODE=16`: 8 GPUs of a 16-GPU node, the job scripts/launch.sh submits with
+    --gpus-per-node=8. The summary said "1 node of 16 GPUs", the record 16 per node, and offered "1 node of 8:
+    WORLD_SIZE=8 GPUS_PER_NODE=8" (this same job) as another node size."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GPUS_PER_NODE", "16")
+    argv = [*SMOKE, "--output_dir", str(tmp_path / "run"), "--accelerate_config", "configs/accelerate/zero3.yaml"]
+    text = dry_run(capsys, *argv, "--bf16", "true", "--gpu_memory_gib", "80")
+    assert field(text, "processes") == "8 (environment (WORLD_SIZE)), 1 node of 8 GPUs"
+    assert "WORLD_SIZE=8 GPUS_PER_NODE=8" not in field(text, "other GPUs")
+    derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
+    assert derived["memory"]["gpus_per_node"] == 8 and derived["data_parallel_size"] == 8
+
+
 def test_the_dry_run_reads_the_accelerate_config_once(tmp_path, capsys, monkeypatch):
     """The launch's engine and its processes come from one read of the accelerate config (issue #54: `from_config`
     and `resolve.world_size` each read it), and the dry run still plans what the file says."""
