@@ -2,13 +2,27 @@
 must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
 
 import datasets
 import pytest
 
-from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, smoke_command
+from conftest import (
+    PAUSE_AT,
+    ROOT,
+    accelerate_launch,
+    launch_env,
+    pause_env,
+    paused_pid,
+    python,
+    rank_python,
+    smoke_command,
+)
 
 DDP = (
     "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
@@ -158,3 +172,61 @@ def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, lon
     else:
         assert resumed.returncode == 0 and not errors, resumed.stdout[-3000:]
         assert json.loads((tmp_path / "one" / "run_complete.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rerun_finishes(tmp_path, tiny_model_dir):
+    """Slurm signals every process of a job, but a node's own preemption or an `scancel --signal` of one task signals
+    one rank: rank 1 alone, stopped by itself after its first part of the reference stage is saved, is sent SIGTERM.
+    Every rank stops at the stage's next stop check (its request reaches the others in that collective), saves its
+    scored pairs and exits 75; the rerun reuses them and trains to the end."""
+    from dpotrain.data import builtin
+    from dpotrain.train.preemption import STOPPED_EXIT
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(400, seed=11)).to_json(data)
+    config = tmp_path / "ddp3.yaml"
+    config.write_text(DDP.format(n=3))
+    cache, paused = tmp_path / "cache", tmp_path / "paused"
+    args = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    args += ["--max_steps", "2", "--pairs_per_step", "96", "--save_strategy", "no", "--max_length", "512"]
+    args += ["--max_tokens_per_microbatch", "1024", "--reference_save_seconds", "0"]
+    venv_accelerate = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch"]  # signals: not warm
+    launcher = [*venv_accelerate, "--config_file", str(config), "--num_processes", "3", *rank_python()]
+    env = launch_env(cache, DPOTRAIN_STOP_FILE=str(tmp_path / "stop"))
+    stopped = smoke_command([*launcher, str(PAUSE_AT)], tiny_model_dir, *args)
+    stopped.pop(len(launcher) + 1)  # pause_at.py runs train_dpo.py itself
+    env_paused = {**env, **pause_env(f"{cache}/reference/*/part-*-r1.npz", "*", paused)}
+    proc = subprocess.Popen(
+        stopped, cwd=ROOT, env=env_paused, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    # Each rank exits 75 (no rank left waiting in a collective: the launch ended within the timeout); accelerate launch
+    # (torch's elastic agent) then exits 1 naming each rank's code. Once one rank has exited, the agent sends SIGTERM
+    # to those still ending (-15: the marker is written before any rank returns, `collectives.main_outcome`), and
+    # scripts/launch.sh requeues on that marker, not on the launcher's code.
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)
+    assert proc.returncode == 1 and len(codes) == 3 and set(codes) <= {str(STOPPED_EXIT), "-15"}, log[-3000:]
+    assert str(STOPPED_EXIT) in codes, log[-3000:]
+    assert "pairs saved in" in (tmp_path / "stop.checkpointed").read_text()
+    stops = [line for line in log.splitlines() if line.startswith("reference log-probs (train): stopped with")]
+    assert len(stops) == 1, log[-3000:]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    rerun = subprocess.run(
+        smoke_command([*accelerate_launch(), *launcher[2:]], tiny_model_dir, *args),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert "reused from an interrupted run" in rerun.stdout, rerun.stdout[-3000:]
+    assert (tmp_path / "run" / "model.safetensors").exists()
