@@ -30,11 +30,14 @@ DDP = (
 )
 
 
-def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> subprocess.CompletedProcess:
-    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP; 1: `python
-    train_dpo.py`."""
-    config = tmp_path / f"ddp{processes}.yaml"
-    config.write_text(DDP.format(n=processes))
+def launch(
+    tmp_path, processes: int, model_dir: str, data, *args, out="run", config=None
+) -> subprocess.CompletedProcess:
+    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP (or `config`'s engine);
+    1: `python train_dpo.py`."""
+    if config is None:
+        config = tmp_path / f"ddp{processes}.yaml"
+        config.write_text(DDP.format(n=processes))
     env = launch_env(tmp_path / "cache")
     launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
     launcher = launcher if processes > 1 else [python()]
@@ -108,11 +111,12 @@ def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_re
 
 
 @pytest.mark.slow
-def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("config", [None, ROOT / "configs" / "accelerate" / "fsdp2.yaml"], ids=["ddp", "fsdp2"])
+def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(config, tmp_path, tiny_model_dir):
     """13 pairs of 4 a step on 3 ranks: epochs of 3 steps. Resumed from step 4 (one step into epoch 1), the run
     trained epoch 0's steps 2 and 3 again: accelerate's skip_first_batches wraps the BatchSamplerShard of a launch of
     several processes, which passes no set_epoch on to the step sampler (one process has no such wrapper). The losses
-    and weights now equal the uninterrupted run's."""
+    and weights now equal the uninterrupted run's, under DDP and under FSDP2 (its sharded checkpoint)."""
     from safetensors.torch import load_file
 
     from dpotrain.data import builtin
@@ -121,12 +125,12 @@ def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(t
     datasets.Dataset.from_list(builtin.make_preference_rows(13, seed=13)).to_json(data)
     args = ["--pairs_per_step", "4", "--max_steps", "6", "--save_steps", "2", "--max_length", "512"]
     args += ["--logging_steps", "1", "--save_total_limit", "5"]
-    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole")
+    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole", config=config)
     assert whole.returncode == 0, whole.stdout[-3000:]
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoint-6")
     (tmp_path / "resumed" / "run_complete.json").unlink()
-    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed")
+    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed", config=config)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resuming from {tmp_path}/resumed/checkpoint-4" in resumed.stdout
 
