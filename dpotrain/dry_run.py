@@ -329,7 +329,7 @@ def per_step_text(b: run_record.RecordedBatching, over: str) -> str:
     of = f"the {plural(kept, 'pair')} training keeps (of {rows} rows)" if rows != kept else f"{plural(kept, 'pair')}"
     last = trained.max if trained.max > pairs else trained.min  # a last step of fewer pairs than ranks joins
     why = f"{of} are one step" if kept <= pairs else f"an epoch of {of} ends in a step of {last}"
-    return f"{trained} pairs, over {over}: pairs_per_step {pairs}{replaced}, but {why}"
+    return f"{trained} pairs, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
 
 
 def replaced_text(replaced: dict | None, pairs: int) -> str:

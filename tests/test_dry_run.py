@@ -616,8 +616,10 @@ def test_the_per_step_row_says_the_pairs_the_steps_take(tmp_path, capsys):
     text = dry_run(capsys, *argv, "--pairs_per_step", "2")  # steps of 2, 1: the last takes what is left
     want = "1-2 pairs, over all processes: pairs_per_step 2, but an epoch of the 3 pairs training keeps (of 6 rows) "
     assert field(text, "per step") == want + "ends in a step of 1"
-    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--pairs_per_step", "8")  # 384 rows
-    assert field(text, "per step") == "8 pairs, over all processes"
+    # 384 rows in steps of 8 x 5 micro-batches, the last of 24; the batch flag's note after what the steps take
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--gradient_accumulation_steps", "5")
+    want = "24-40 pairs, over all processes: pairs_per_step 40, but an epoch of 384 pairs ends in a step of 24; NOT "
+    assert field(text, "per step").startswith(want + "the recipe's 8: --gradient_accumulation_steps on the command")
 
 
 def measured_rows(monkeypatch) -> list[int]:
