@@ -453,10 +453,7 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
     was = old.launch.data_parallel_size if old is not None else None
     if was is None or was == ranks:
         return
-    # The epoch is cut from the pairs training keeps, not the rows: under keep_start TRL drops a pair whose prompt
-    # alone fills max_length. The old run's plan counted them; a resume has its max_length, truncation, data and
-    # tokenizer (RESUME_FIELDS, the content checks), so they are this run's too. A record without them: the rows.
-    kept = (old.batching.pairs_trained or {}).get("of", rows)
+    kept = kept_pairs(folder, rows)  # the epoch is cut from the pairs training keeps, not the rows
     then, now = (len(steps_of(np.arange(kept), pairs_per_step, n)) for n in (was, ranks))
     total = training.max_steps if training.max_steps > 0 else math.ceil(training.num_train_epochs * now)
     if then != now and total >= min(then, now):
@@ -469,6 +466,17 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
             f"another learning-rate schedule; resume it on {plural(was, 'process')}, or "
             f"{resume.new_run_from(folder)}"
         )
+
+
+def kept_pairs(folder: str | None, rows: int) -> int:
+    """The pairs the run of checkpoint `folder` trained on: under keep_start TRL drops a pair whose prompt alone fills
+    max_length, and its plan recorded the pairs kept (`derived.batching.pairs_trained.of`). A resume has its
+    max_length, truncation, data and tokenizer (RESUME_FIELDS, the content checks), so they are this run's too, known
+    before the data is tokenized. No checkpoint, or a record without them: the rows."""
+    if folder is None:
+        return rows
+    old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
+    return (old.batching.pairs_trained or {}).get("of", rows) if old is not None else rows
 
 
 def planned_steps(recipe: Recipe, steps: dict, batching: dict) -> dict:

@@ -287,7 +287,10 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         pairs = launch.batch.pairs_per_step
         resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
-        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
+        # on the pairs the checkpoint's run kept (the rows counted a step more where max_length drops some)
+        kept = resolve.kept_pairs(output.resume_from, len(dataset))
+        total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
+        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)
 
 

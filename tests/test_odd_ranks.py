@@ -234,3 +234,30 @@ def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rer
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert "reused from an interrupted run" in rerun.stdout, rerun.stdout[-3000:]
     assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_another_runs_last_checkpoint_is_counted_on_the_pairs_training_keeps(tmp_path, tiny_model_dir):
+    """12 rows, 3 dropped at max_length: the 9 pairs kept make 3 steps of 3. Its last checkpoint resumed into a new
+    folder was let through, the run's end counted on the 12 rows (step 4), and the run trained nothing: a "finished"
+    run with no metrics. Refused now, as it is where no pair is dropped."""
+    from dpotrain.data import builtin
+
+    pairs = builtin.make_preference_rows(12, seed=13)
+    for row in pairs[:3]:  # a prompt past max_length 512: TRL drops the pair
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 600
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(pairs).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512", "--warmup_steps", "0"]
+    trained = launch(tmp_path, 1, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="new")
+    assert resumed.returncode == 2, resumed.stdout[-3000:]
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: resume_from_checkpoint {str(checkpoint)!r} was saved at step 3, and the run ends at step 3 (max_steps "
+        "or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train "
+        f"on, start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+    ], resumed.stdout[-3000:]
