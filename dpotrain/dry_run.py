@@ -156,8 +156,7 @@ def summary(
             f"{plural(ranks, 'data-parallel rank')} (processes / {n}) read the pairs",
         )
     over = "all processes" if n == 1 else plural(ranks, "data-parallel rank")
-    pairs = r.batching.pairs_per_step
-    row("per step", f"{plural(pairs, 'pair')}, over {over}{replaced_text(r.batching.replaced, pairs)}")
+    row("per step", per_step_text(r.batching, over))
     _batching_rows(r.batching, ranks, row)
     launcher = s.accelerate_config or "none"
     row("engine", memory.engine or ("one process" if launcher.lower() in ("", "none") else launcher))
@@ -317,6 +316,20 @@ def reference_text(s, trained: dict | None) -> str:
         else f"{pairs:,} of the {of:,} pairs (those the {plural(steps, 'planned step', ',')} train)"
     )
     return f"{scope} scored once before training (the reference stage, cached for later runs)"
+
+
+def per_step_text(b: run_record.RecordedBatching, over: str) -> str:
+    """'8 pairs, over all processes', or what the trained steps take where it is not pairs_per_step: '3 pairs, over
+    all processes: pairs_per_step 8, but the 3 pairs training keeps (of 6 rows) are one step'."""
+    pairs, trained, kept = b.pairs_per_step, b.pairs_per_step_trained, (b.pairs_trained or {}).get("of")
+    replaced = replaced_text(b.replaced, pairs)
+    if trained is None or kept is None or trained.min == trained.max == pairs:
+        return f"{plural(pairs, 'pair')}, over {over}{replaced}"
+    rows = (b.max_length_cuts or {}).get("pairs", kept)
+    of = f"the {plural(kept, 'pair')} training keeps (of {rows} rows)" if rows != kept else f"{plural(kept, 'pair')}"
+    last = trained.max if trained.max > pairs else trained.min  # a last step of fewer pairs than ranks joins
+    why = f"{of} are one step" if kept <= pairs else f"an epoch of {of} ends in a step of {last}"
+    return f"{trained} pairs, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
 
 
 def replaced_text(replaced: dict | None, pairs: int) -> str:

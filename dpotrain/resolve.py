@@ -441,28 +441,43 @@ def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> d
     return plan | {"total_steps": total, "warmup_steps": t.get_warmup_steps(total)}
 
 
-def check_resumed_ranks(folder: str | None, pairs_per_step: int, ranks: int, rows: int | None, total: int) -> None:
+def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks: int, rows: int | None) -> None:
     """A checkpoint resumed on another number of data-parallel ranks: the steps are the same pairs on any number
     (`steps_of`), cut into other micro-batches, except that an epoch's last step of fewer pairs than ranks joins the one
     before it. Where that makes the epoch another number of steps, the resumed run went on, in silence, with other
     pairs at each step past that point and a learning-rate schedule over another number of steps (40 pairs of 3 a step:
     13 steps on 3 ranks, 14 on one): refused. Honoured where the epochs are cut alike, or the run ends before they
-    differ (`total`: the steps it trains)."""
+    differ. `training`: the recipe's TrainingArguments (the steps the run trains)."""
     if folder is None or rows is None:
         return
     old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
     was = old.launch.data_parallel_size if old is not None else None
     if was is None or was == ranks:
         return
-    then, now = (len(steps_of(np.arange(rows), pairs_per_step, n)) for n in (was, ranks))
+    kept = kept_pairs(folder, rows)  # the epoch is cut from the pairs training keeps, not the rows
+    then, now = (len(steps_of(np.arange(kept), pairs_per_step, n)) for n in (was, ranks))
+    total = training.max_steps if training.max_steps > 0 else math.ceil(training.num_train_epochs * now)
     if then != now and total >= min(then, now):
+        dropped = f" it trains (of {rows} rows: {rows - kept} dropped at max_length)" if kept != rows else ""
         raise ConfigError(
             f"checkpoint {folder!r} was trained on {plural(was, 'data-parallel process')}, where the "
-            f"{plural(rows, 'pair')} make {plural(then, 'step')} an epoch, and on {ranks} they make {now} (a last step "
-            f"of fewer pairs than processes joins the one before it): the steps past it would train other pairs, on "
+            f"{plural(kept, 'pair')}{dropped} make {plural(then, 'step')} an epoch, and on {ranks} they make {now} "
+            f"(a last step of fewer pairs than processes joins the one before it): the steps past it would train other "
+            f"pairs, on "
             f"another learning-rate schedule; resume it on {plural(was, 'process')}, or "
             f"{resume.new_run_from(folder)}"
         )
+
+
+def kept_pairs(folder: str | None, rows: int) -> int:
+    """The pairs the run of checkpoint `folder` trained on: under keep_start TRL drops a pair whose prompt alone fills
+    max_length, and its plan recorded the pairs kept (`derived.batching.pairs_trained.of`). A resume has its
+    max_length, truncation, data and tokenizer (RESUME_FIELDS, the content checks), so they are this run's too, known
+    before the data is tokenized. No checkpoint, or a record without them: the rows."""
+    if folder is None:
+        return rows
+    old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
+    return (old.batching.pairs_trained or {}).get("of", rows) if old is not None else rows
 
 
 def planned_steps(recipe: Recipe, steps: dict, batching: dict) -> dict:

@@ -281,10 +281,13 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     plan.check_steps(steps, recipe.training.max_steps)
     plan.check_schedule_fits(steps, recipe.training)
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
-        pairs, total = launch.batch.pairs_per_step, steps["total_steps"]
-        resolve.check_resumed_ranks(output.resume_from, pairs, launch.data_parallel, len(dataset), total)
+        pairs = launch.batch.pairs_per_step
+        resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
     if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
-        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), steps["total_steps"])
+        # on the pairs the checkpoint's run kept (the rows counted a step more where max_length drops some)
+        kept = resolve.kept_pairs(output.resume_from, len(dataset))
+        total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
+        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)
 
 
@@ -590,14 +593,13 @@ def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> 
     )
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)
     kept = m.rows - counted["dropped"]
-    if kept < ranks:
+    if kept < ranks:  # the split holds a pair per rank (`plan.check_eval_split`, as it is read): max_length drops them
         chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
-        fix = f"pass a --max_length above {int(sorted(m.prompt)[ranks - 1]):,}, or " if m.rows >= ranks else ""
         raise ConfigError(
             f"max_length {max_length:,}{chosen} leaves {kept:,} of the {m.rows:,} held-out pairs, where each process "
             f"that evaluates ({ranks}) needs one: the trainer drops a pair whose prompt alone fills "
-            f"max_length (the shortest held-out prompt is {int(m.prompt.min()) if m.rows else 0:,} tokens); "
-            f"{fix}hold out pairs with shorter prompts"
+            f"max_length (the shortest held-out prompt is {int(m.prompt.min()):,} tokens); pass a --max_length "
+            f"above {int(sorted(m.prompt)[ranks - 1]):,}, or hold out pairs with shorter prompts"
         )
     if counted["dropped"]:
         print(f"Held-out pairs at {cuts.line(counted)}", flush=True)
@@ -824,5 +826,7 @@ def first_half(
 
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
+    if eval_dataset is not None:  # as `load_data` checks it: a pair per rank (`check_held_out` counts on it)
+        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)

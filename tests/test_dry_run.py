@@ -369,6 +369,21 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert engine.from_config(config).gpus_per_node == per_node, line
 
 
+@pytest.mark.slow  # 2.4 s: a dry run of a ZeRO-3 GPU plan
+def test_fewer_processes_than_a_nodes_gpus_are_planned_as_the_one_node_that_runs_them(tmp_path, capsys, monkeypatch):
+    """`WORLD_SIZE=8 GPUS_PER_NODE=16`: 8 GPUs of a 16-GPU node, the job scripts/launch.sh submits with
+    --gpus-per-node=8. The summary said "1 node of 16 GPUs", the record 16 per node, and offered "1 node of 8:
+    WORLD_SIZE=8 GPUS_PER_NODE=8" (this same job) as another node size."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GPUS_PER_NODE", "16")
+    argv = [*SMOKE, "--output_dir", str(tmp_path / "run"), "--accelerate_config", "configs/accelerate/zero3.yaml"]
+    text = dry_run(capsys, *argv, "--bf16", "true", "--gpu_memory_gib", "80")
+    assert field(text, "processes") == "8 (environment (WORLD_SIZE)), 1 node of 8 GPUs"
+    assert "WORLD_SIZE=8 GPUS_PER_NODE=8" not in field(text, "other GPUs")
+    derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
+    assert derived["memory"]["gpus_per_node"] == 8 and derived["data_parallel_size"] == 8
+
+
 def test_the_dry_run_reads_the_accelerate_config_once(tmp_path, capsys, monkeypatch):
     """The launch's engine and its processes come from one read of the accelerate config (issue #54: `from_config`
     and `resolve.world_size` each read it), and the dry run still plans what the file says."""
@@ -577,6 +592,34 @@ def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
     derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
     assert derived["batching"]["pairs_trained"] == {"pairs": 12, "of": 12, "steps": 3}
     assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)
+
+
+def test_the_per_step_row_says_the_pairs_the_steps_take(tmp_path, capsys):
+    """3 of 6 rows kept (keep_start drops a pair whose prompt alone fills max_length) at pairs_per_step 8: the one step
+    trains 3 pairs, and the summary said "per step: 8 pairs". The setting keeps its fields (pairs_per_step, 8); the
+    plan's count is derived.batching.pairs_per_step_trained."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(6, seed=3)
+    for row in rows[3:]:  # a prompt past the smoke recipe's max_length of 1024
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 1500
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = [*SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run"), "--warmup_steps", "0"]
+    text = dry_run(capsys, *argv, "--pairs_per_step", "8")
+    want = "3 pairs, over all processes: pairs_per_step 8, but the 3 pairs training keeps (of 6 rows) are one step"
+    assert field(text, "per step") == want
+    resolved = json.loads((tmp_path / "run.dry-run.json").read_text())
+    assert resolved["pairs_per_step"] == resolved["derived"]["pairs_per_step"] == 8
+    assert resolved["derived"]["batching"]["pairs_per_step_trained"] == {"min": 3, "mean": 3.0, "max": 3}
+    text = dry_run(capsys, *argv, "--pairs_per_step", "2")  # steps of 2, 1: the last takes what is left
+    want = "1-2 pairs, over all processes: pairs_per_step 2, but an epoch of the 3 pairs training keeps (of 6 rows) "
+    assert field(text, "per step") == want + "ends in a step of 1"
+    # 384 rows in steps of 8 x 5 micro-batches, the last of 24; the batch flag's note after what the steps take
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--gradient_accumulation_steps", "5")
+    want = "24-40 pairs, over all processes: pairs_per_step 40, but an epoch of 384 pairs ends in a step of 24; NOT "
+    assert field(text, "per step").startswith(want + "the recipe's 8: --gradient_accumulation_steps on the command")
 
 
 def measured_rows(monkeypatch) -> list[int]:

@@ -2,13 +2,27 @@
 must be the same on every rank is checked before the model loads, and a refusal is one line on each rank."""
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
 
 import datasets
 import pytest
 
-from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, smoke_command
+from conftest import (
+    PAUSE_AT,
+    ROOT,
+    accelerate_launch,
+    launch_env,
+    pause_env,
+    paused_pid,
+    python,
+    rank_python,
+    smoke_command,
+)
 
 DDP = (
     "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
@@ -16,11 +30,14 @@ DDP = (
 )
 
 
-def launch(tmp_path, processes: int, model_dir: str, data, *args, out="run") -> subprocess.CompletedProcess:
-    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP; 1: `python
-    train_dpo.py`."""
-    config = tmp_path / f"ddp{processes}.yaml"
-    config.write_text(DDP.format(n=processes))
+def launch(
+    tmp_path, processes: int, model_dir: str, data, *args, out="run", config=None
+) -> subprocess.CompletedProcess:
+    """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP (or `config`'s engine);
+    1: `python train_dpo.py`."""
+    if config is None:
+        config = tmp_path / f"ddp{processes}.yaml"
+        config.write_text(DDP.format(n=processes))
     env = launch_env(tmp_path / "cache")
     launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
     launcher = launcher if processes > 1 else [python()]
@@ -94,11 +111,12 @@ def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_re
 
 
 @pytest.mark.slow
-def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("config", [None, ROOT / "configs" / "accelerate" / "fsdp2.yaml"], ids=["ddp", "fsdp2"])
+def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(config, tmp_path, tiny_model_dir):
     """13 pairs of 4 a step on 3 ranks: epochs of 3 steps. Resumed from step 4 (one step into epoch 1), the run
     trained epoch 0's steps 2 and 3 again: accelerate's skip_first_batches wraps the BatchSamplerShard of a launch of
     several processes, which passes no set_epoch on to the step sampler (one process has no such wrapper). The losses
-    and weights now equal the uninterrupted run's."""
+    and weights now equal the uninterrupted run's, under DDP and under FSDP2 (its sharded checkpoint)."""
     from safetensors.torch import load_file
 
     from dpotrain.data import builtin
@@ -107,12 +125,12 @@ def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(t
     datasets.Dataset.from_list(builtin.make_preference_rows(13, seed=13)).to_json(data)
     args = ["--pairs_per_step", "4", "--max_steps", "6", "--save_steps", "2", "--max_length", "512"]
     args += ["--logging_steps", "1", "--save_total_limit", "5"]
-    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole")
+    whole = launch(tmp_path, 3, tiny_model_dir, data, *args, out="whole", config=config)
     assert whole.returncode == 0, whole.stdout[-3000:]
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoint-6")
     (tmp_path / "resumed" / "run_complete.json").unlink()
-    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed")
+    resumed = launch(tmp_path, 3, tiny_model_dir, data, *args, out="resumed", config=config)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resuming from {tmp_path}/resumed/checkpoint-4" in resumed.stdout
 
@@ -122,4 +140,150 @@ def test_a_run_resumed_in_its_second_epoch_on_3_ranks_trains_that_epochs_steps(t
     assert list(losses("whole")) == [1, 2, 3, 4, 5, 6]
     assert losses("resumed") == pytest.approx(losses("whole"), abs=1e-6)
     a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("whole", "resumed"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,long_prompts", [(9, 2), (7, 1)])
+def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, long_prompts, tmp_path, tiny_model_dir):
+    """keep_start drops a pair whose prompt alone fills max_length, so the epoch is cut from the pairs kept, not the
+    rows. 9 rows, 2 dropped: 7 pairs of 3 a step are 2 steps on 3 ranks and 3 on one, and the resume on one process
+    was honoured in silence (9 rows make 3 steps either way). 7 rows, 1 dropped: 6 pairs are 2 steps on any number of
+    ranks, and the resume was refused (7 rows make 2 steps on 3 ranks, 3 on one)."""
+    from dpotrain.data import builtin
+
+    pairs = builtin.make_preference_rows(rows, seed=13)
+    for row in pairs[:long_prompts]:  # a prompt past max_length 512: TRL drops the pair
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 600
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(pairs).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
+    trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    if rows - long_prompts == 7:
+        assert resumed.returncode == 2, resumed.stdout[-3000:]
+        assert errors == [
+            f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs it "
+            "trains (of 9 rows: 2 dropped at max_length) make 2 steps an epoch, and on 1 they make 3 (a last step of "
+            "fewer pairs than processes joins the one before it): the steps past it would train other pairs, on "
+            "another learning-rate schedule; resume it on 3 processes, or start a new run from its weights "
+            f"(--model_name_or_path {checkpoint}, a new --output_dir)"
+        ], resumed.stdout[-3000:]
+    else:
+        assert resumed.returncode == 0 and not errors, resumed.stdout[-3000:]
+        assert json.loads((tmp_path / "one" / "run_complete.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rerun_finishes(tmp_path, tiny_model_dir):
+    """Slurm signals every process of a job, but a node's own preemption or an `scancel --signal` of one task signals
+    one rank: rank 1 alone, stopped by itself after its first part of the reference stage is saved, is sent SIGTERM.
+    Every rank stops at the stage's next stop check (its request reaches the others in that collective), saves its
+    scored pairs and exits 75; the rerun reuses them and trains to the end."""
+    from dpotrain.data import builtin
+    from dpotrain.train.preemption import STOPPED_EXIT
+
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(400, seed=11)).to_json(data)
+    config = tmp_path / "ddp3.yaml"
+    config.write_text(DDP.format(n=3))
+    cache, paused = tmp_path / "cache", tmp_path / "paused"
+    args = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    args += ["--max_steps", "2", "--pairs_per_step", "96", "--save_strategy", "no", "--max_length", "512"]
+    args += ["--max_tokens_per_microbatch", "1024", "--reference_save_seconds", "0"]
+    venv_accelerate = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch"]  # signals: not warm
+    launcher = [*venv_accelerate, "--config_file", str(config), "--num_processes", "3", *rank_python()]
+    env = launch_env(cache, DPOTRAIN_STOP_FILE=str(tmp_path / "stop"))
+    stopped = smoke_command([*launcher, str(PAUSE_AT)], tiny_model_dir, *args)
+    stopped.pop(len(launcher) + 1)  # pause_at.py runs train_dpo.py itself
+    env_paused = {**env, **pause_env(f"{cache}/reference/*/part-*-r1.npz", "*", paused)}
+    proc = subprocess.Popen(
+        stopped, cwd=ROOT, env=env_paused, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    # Each rank exits 75 (no rank left waiting in a collective: the launch ended within the timeout); accelerate launch
+    # (torch's elastic agent) then exits 1 naming each rank's code. Once one rank has exited, the agent sends SIGTERM
+    # to those still ending (-15: the marker is written before any rank returns, `collectives.main_outcome`), and
+    # scripts/launch.sh requeues on that marker, not on the launcher's code.
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)
+    assert proc.returncode == 1 and len(codes) == 3 and set(codes) <= {str(STOPPED_EXIT), "-15"}, log[-3000:]
+    assert str(STOPPED_EXIT) in codes, log[-3000:]
+    assert "pairs saved in" in (tmp_path / "stop.checkpointed").read_text()
+    stops = [line for line in log.splitlines() if line.startswith("reference log-probs (train): stopped with")]
+    assert len(stops) == 1, log[-3000:]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    rerun = subprocess.run(
+        smoke_command([*accelerate_launch(), *launcher[2:]], tiny_model_dir, *args),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert "reused from an interrupted run" in rerun.stdout, rerun.stdout[-3000:]
+    assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_another_runs_last_checkpoint_is_counted_on_the_pairs_training_keeps(tmp_path, tiny_model_dir):
+    """12 rows, 3 dropped at max_length: the 9 pairs kept make 3 steps of 3. Its last checkpoint resumed into a new
+    folder was let through, the run's end counted on the 12 rows (step 4), and the run trained nothing: a "finished"
+    run with no metrics. Refused now, as it is where no pair is dropped."""
+    from dpotrain.data import builtin
+
+    pairs = builtin.make_preference_rows(12, seed=13)
+    for row in pairs[:3]:  # a prompt past max_length 512: TRL drops the pair
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 600
+    data = tmp_path / "pairs.jsonl"
+    datasets.Dataset.from_list(pairs).to_json(data)
+    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512", "--warmup_steps", "0"]
+    trained = launch(tmp_path, 1, tiny_model_dir, data, *args)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="new")
+    assert resumed.returncode == 2, resumed.stdout[-3000:]
+    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: resume_from_checkpoint {str(checkpoint)!r} was saved at step 3, and the run ends at step 3 (max_steps "
+        "or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train "
+        f"on, start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+    ], resumed.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_reference_cache_of_3_ranks_is_reused_for_the_pairs_appended_data_shares(tmp_path, tiny_model_dir):
+    """13 pairs scored by 3 ranks (each rank its own part, merged), then 5 pairs appended: the next run on 3 ranks
+    scores the 5 alone and takes the 13 from the first run's cache, each pair's by its digest. Its weights equal a run
+    that scored all 18 afresh, to fp32 rounding of other micro-batch layouts (measured: 7.5e-9)."""
+    from safetensors.torch import load_file
+
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(18, seed=13)
+    first, appended = tmp_path / "first.jsonl", tmp_path / "appended.jsonl"
+    datasets.Dataset.from_list(rows[:13]).to_json(first)
+    datasets.Dataset.from_list(rows).to_json(appended)
+    args = ["--pairs_per_step", "4", "--max_length", "512", "--save_strategy", "no"]
+    scored = launch(tmp_path, 3, tiny_model_dir, first, *args, out="first")
+    assert scored.returncode == 0 and "13 scored, cached in" in scored.stdout, scored.stdout[-3000:]
+    reused = launch(tmp_path, 3, tiny_model_dir, appended, *args, out="appended")
+    assert reused.returncode == 0, reused.stdout[-3000:]
+    assert "13 reused from other runs' caches (the same pairs, model and settings), 5 scored" in reused.stdout
+    (tmp_path / "cache").rename(tmp_path / "first-cache")
+    fresh = launch(tmp_path, 3, tiny_model_dir, appended, *args, out="fresh")
+    assert fresh.returncode == 0 and "18 scored, cached in" in fresh.stdout, fresh.stdout[-3000:]
+    a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("appended", "fresh"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

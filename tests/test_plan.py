@@ -439,3 +439,20 @@ def test_a_max_steps_of_many_epochs_plans_the_first_at_start_and_the_rest_as_the
         sampler = plan.StepSampler(lengths, run.step_plan, rank, run.epochs)
         sampler.set_epoch(7)
         assert list(sampler) == [[tuple(tuple(mb) for mb in step[rank])] for step in whole[7]]
+
+
+def test_the_plan_line_says_the_pairs_its_steps_take():
+    """26 pairs of 12 a step on 3 ranks: steps of 12 and 14 (a last step of 2 pairs, fewer than the ranks, joins the
+    one before it). The run's line said "Plan: 2 steps of 12 pairs per epoch"; 3 pairs at 8 a step, "1 step of 8"."""
+    from types import SimpleNamespace
+
+    from dpotrain.plan import plan_stage
+
+    def line(pairs: int, per_step: int) -> str:
+        lengths = PairLengths(np.arange(100, 100 + pairs), np.full(pairs, 90))
+        args = SimpleNamespace(seed=3, data_seed=None, per_device_train_batch_size=2, max_steps=-1, num_train_epochs=1)
+        return plan_stage.make(lengths, args, per_step, 3, None, plan.RowLayout("rows"), max_length_cuts={}).line()
+
+    assert line(26, 12).startswith("Plan: 2 steps of 12-14 pairs per epoch (1 epoch planned), 2-3 micro-batches ")
+    assert line(3, 8).startswith("Plan: 1 step of 3 pairs per epoch")
+    assert line(24, 12).startswith("Plan: 2 steps of 12 pairs per epoch")

@@ -257,6 +257,17 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens")
     assert out[1] == "memory plan skipped: this recipe trains in fp32"
+    # 3 pairs kept at pairs_per_step 8 (max_length dropped the rest): the one step takes 3, the line said 8 alone
+    kept = {**DRY_RUN["derived"]["batching"], "pairs_per_step_trained": {"min": 3, "mean": 3.0, "max": 3}}
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO(json.dumps({**DRY_RUN, "derived": {**DRY_RUN["derived"], "batching": kept}}))
+    )
+    assert job.main(["summary"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(
+        "batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens per "
+    ), line
+    assert line.endswith(f"process; the steps take 3 pairs; output: {ROOT / 'outputs/smoke-dpo'}"), line
     fixed = {**DRY_RUN, "max_tokens_per_microbatch": None, "per_device_train_batch_size": 2}
     fixed["gradient_accumulation_steps"] = 4
     planned = {"engine": "DeepSpeed ZeRO-2", "gpu_memory_gib": 79.6, "per_gpu_gib": {"total": 61.2}}

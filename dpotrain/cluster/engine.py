@@ -536,7 +536,13 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
 def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
     """The engine that runs: FSDP2 launched as one process on CPU runs as one plain process (accelerate turns FSDP on
     for accelerator devices, `enable_on_cpu` for 2 processes or more; one CPU process stays DistributedType.NO), and is
-    named so, where it read "FSDP2" and its clipping "one norm over every rank's shards"."""
+    named so, where it read "FSDP2" and its clipping "one norm over every rank's shards". A launch of fewer processes
+    than a node's GPUs (`WORLD_SIZE=8 GPUS_PER_NODE=16`: 8 GPUs of a 16-GPU node) runs them all on one node, as the job
+    that asks Slurm for 8 GPUs of it does (scripts/launch.sh: --gpus-per-node=8, one process per GPU): planned as a
+    node of 16, the summary said "1 node of 16 GPUs", the record 16 per node, and offered `WORLD_SIZE=8
+    GPUS_PER_NODE=8`, this same job, as another node size."""
+    if 1 < world < found.gpus_per_node:
+        found = replace(found, gpus_per_node=world)
     if found.name != "fsdp2" or world > 1 or on_gpus:
         return found
     why = "FSDP2 shards over GPUs, or over 2 or more CPU processes; one process on CPU runs unsharded"

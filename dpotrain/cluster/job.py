@@ -67,6 +67,9 @@ def summary(text: str) -> int:
     per_step += plural(world, "process")
     if tokens := b.max_tokens_per_microbatch:  # micro-batches cut by tokens: their count per step comes from the data
         per_step = f"over {plural(world, 'process')}, micro-batches of at most {tokens} packed tokens per process"
+    taken = b.pairs_per_step_trained  # an epoch's last step takes what is left (all of an epoch under one step)
+    if taken is not None and not taken.min == taken.max == b.pairs_per_step:
+        per_step += f"; the steps take {taken} pairs"
     print(f"batch: {plural(b.pairs_per_step, 'pair')} per step {per_step}; output: {output}")
     if memory.per_gpu_gib:
         gpu = f"of {memory.gpu_memory_gib} GiB" if memory.gpu_memory_gib else f"(GPU memory {memory.gpu_memory_source})"

@@ -355,6 +355,9 @@ def summary(
         "micro_batches_per_epoch": per_epoch_micro_batches,
         "gradient_reductions_per_epoch": 0 if p.world_size == 1 else reductions,
         "pairs_per_micro_batch": _spread(pairs),
+        # The pairs each trained step takes: pairs_per_step but where an epoch's last step takes what is left (or all
+        # of an epoch smaller than one step), which the setting alone does not say.
+        "pairs_per_step_trained": _spread([sum(len(mb) for rank in step for mb in rank) for step in trained]),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
         "filler_micro_batches": len(every) - len(micro_batches),

@@ -30,9 +30,12 @@ class RunPlan:
         """'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step per rank, ...'."""
         s, batches = self.summary, lambda n, kind="": plural(n, f"{kind}micro-batch", many=f"{kind}micro-batches")
         fillers = f", {batches(s['filler_micro_batches'], 'filler ')}" if s["filler_micro_batches"] else ""
-        steps, pairs = len(self.epochs[0]), self.step_plan.pairs_per_step
+        steps = len(self.epochs[0])
+        # what the steps take (an epoch's last step: what is left), where the summary has it; else the setting
+        taken = Spread.of(s.get("pairs_per_step_trained") or self.step_plan.pairs_per_step)
+        pairs = plural(taken.min, "pair") if taken.min == taken.max else f"{taken} pairs"
         return (
-            f"Plan: {plural(steps, 'step')} of {plural(pairs, 'pair')} per epoch "
+            f"Plan: {plural(steps, 'step')} of {pairs} per epoch "
             f"({plural(len(self.epochs), 'epoch')} planned), "
             f"{batches(Spread.of(s['micro_batches_per_step']))} per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"

@@ -92,6 +92,7 @@ class RecordedBatching:
     pairs_per_step: int | None
     micro_batches_per_step: Spread | None  # per process: gradient accumulation
     pairs_per_micro_batch: Spread | None  # per_device_train_batch_size
+    pairs_per_step_trained: Spread | None  # the plan's pairs in each trained step (an epoch's last: what is left)
     max_tokens_per_microbatch: int | None  # the token budget that cuts them, where one does
     planned: str | None  # the step plan not made: when it is
     positions_per_micro_batch: Spread | None  # the plan's, as every other field below
@@ -190,7 +191,12 @@ _OBJECTS = (
 )
 _SPREADS = tuple(
     f"derived.batching.{name}"
-    for name in ("micro_batches_per_step", "pairs_per_micro_batch", "positions_per_micro_batch")
+    for name in (
+        "micro_batches_per_step",
+        "pairs_per_micro_batch",
+        "positions_per_micro_batch",
+        "pairs_per_step_trained",
+    )
 )
 
 
@@ -249,6 +255,7 @@ def _record(r: dict) -> Record:
         d.get("pairs_per_step"),
         Spread.of(plan.get("micro_batches_per_step") or r.get("gradient_accumulation_steps")),
         Spread.of(r.get("per_device_train_batch_size") or plan.get("pairs_per_micro_batch")),
+        Spread.of(plan.get("pairs_per_step_trained")),
         r.get("max_tokens_per_microbatch"),
         plan.get("planned"),
         Spread.of(plan.get("positions_per_micro_batch")),
