@@ -110,3 +110,25 @@ def test_a_lora_run_and_its_merge_raise_no_futurewarning_a_user_cannot_act_on(tm
         trainer.model.save_pretrained(tmp_path / "run")  # the adapter, as the run saves it
         merged = lora.save_merged(tmp_path / "run", tiny_model_dir, {}, trainer.processing_class)
     assert (merged / "model.safetensors").is_file()
+
+
+def test_an_evaluation_off_a_terminal_writes_no_cursor_moves_into_the_log(capfd):
+    """A Slurm log is a file: transformers' evaluation bar, drawn one row under the training bar, moved the cursor up
+    (ESC[A) at every update, and the log read `^[[A` between its lines. Off a terminal the evaluation's own line says
+    what it found; the bar is left out (the training bar, one row, stays)."""
+    from types import SimpleNamespace
+
+    from dpotrain.train.step_log import StepLog
+
+    args, state = SimpleNamespace(disable_tqdm=False), SimpleNamespace(is_world_process_zero=True, max_steps=4)
+    state.global_step = 0
+    log = StepLog()
+    log.on_train_begin(args, state, None)
+    for _ in range(2):
+        log.on_prediction_step(args, state, None, eval_dataloader=[0, 1])
+    log.on_evaluate(args, state, None)
+    log.on_log(args, state, None, logs={"eval_loss": 0.6})
+    log.on_train_end(args, state, None)
+    out, err = capfd.readouterr()
+    assert "eval at step 0/4  loss 0.6000" in out
+    assert "\x1b[A" not in out + err and "0/2" not in err

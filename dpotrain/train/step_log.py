@@ -5,6 +5,8 @@
 `acc` and `margin` are on the loss's scale (`rewards_norm/*`) where logged, else TRL's `rewards/*` (all: metrics.jsonl).
 """
 
+import sys
+
 from transformers.trainer_callback import ProgressCallback
 
 # (label, keys in order of preference, format)
@@ -61,7 +63,9 @@ class StepLog(ProgressCallback):
             super().on_step_end(args, state, control, **kwargs)
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if not args.disable_tqdm:
+        # The evaluation's bar is drawn a row under the training bar by moving the cursor up (ESC[A) at each update: in
+        # a file (a Slurm log) those land as `^[[A` between the lines. There the evaluation's own line is enough.
+        if not args.disable_tqdm and (self.training_bar is None or sys.stderr.isatty()):
             super().on_prediction_step(args, state, control, eval_dataloader, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
