@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, launcher, venv, writes
+from dpotrain.recipe import config, errors, launcher, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, resume
@@ -617,7 +617,7 @@ def check_optimizer(t) -> None:
         if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
             # bitsandbytes, torchao, galore_torch, ...: the trainer's ImportError once the model had loaded
             raise ConfigError(
-                f"optim {_named(t.optim)} needs a package that is not installed here ({str(e).splitlines()[0]}): "
+                f"optim {_named(t.optim)} needs a package that is not installed here ({errors.cause(e)}): "
                 "install it, or choose another optim (the recipes use adamw_torch_fused)"
             ) from None
         return  # one transformers builds only with the model (GaLore's target modules): the trainer decides

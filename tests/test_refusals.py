@@ -127,7 +127,8 @@ def many_rows(n=40):
         ),
         pytest.param(
             ["--optim", "paged_adamw_8bit"],
-            "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
+            "optim paged_adamw_8bit needs a package that is not installed here (ImportError: You need to install "
+            "`bitsandbytes`",
             marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="installed here"),
         ),
         (
