@@ -8,6 +8,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,27 @@ def many_rows(n=40):
             "lr_scheduler_kwargs num_decay_steps 10 is more than the 4 steps after warm-up of the run's 6: "
             "warmup_stable_decay would start its decay inside the warm-up and the learning rate never reach the one "
             "set: give num_decay_steps 4 or fewer",
+        ),
+        # with num_stable_steps transformers takes the phases as given: 2 + 2 + 2 of 8 steps trained steps 7 and 8 at
+        # learning rate 0 (metrics.jsonl), recorded as an 8-step run
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "8", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 2, "num_decay_steps": 2}'],
+            "lr_scheduler_type warmup_stable_decay with lr_scheduler_kwargs warm-up 2 + stable 2 + decay 2 = 6 steps, "
+            "and the run has 8 (2 of warm-up): it would hold the learning rate at min_lr_ratio (0) x learning_rate for "
+            "the last 2 steps, training nothing: give num_stable_steps 4 (the phases then add up to the run's steps), "
+            "or remove num_stable_steps",
+        ),
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "6", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 10, "num_decay_steps": 2}'],
+            "it would end before its decay begins (the learning rate never decays): give num_stable_steps 2",
+        ),
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "6", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 1, "num_decay_steps": 5}'],
+            "it would end before its decay does (the learning rate never comes down to the end of it): give "
+            "num_stable_steps + num_decay_steps = 4",
         ),
         # transformers builds constant without warm-up: the full rate from step 1, the record counting warm-up steps
         (
@@ -890,6 +912,39 @@ def test_the_checks_build_the_scheduler_once_for_its_kwargs_and_its_walk(monkeyp
     with pytest.raises(ConfigError, match=r"\{'min_lr_rate': 2\} takes the learning rate to 2 x learning_rate at 100%"):
         options.check_optimizer(args)
     assert len(built) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, refused",
+    [
+        ({"num_stable_steps": 4, "num_decay_steps": 2}, None),  # 2 + 4 + 2: the run's 8 steps
+        ({"num_decay_steps": 2}, None),  # the stable phase is what is left
+        # a floor above 0 trains the last steps, at it: still not the schedule the phases describe
+        (
+            {"num_stable_steps": 2, "num_decay_steps": 2, "min_lr_ratio": 0.1},
+            "at min_lr_ratio (0.1) x learning_rate for the last 2 steps: give num_stable_steps 4",
+        ),
+    ],
+)
+def test_warmup_stable_decay_phases_that_add_up_to_the_run_pass(kwargs, refused):
+    from trl import DPOConfig
+
+    from dpotrain.plan import plan
+
+    args = DPOConfig(
+        output_dir="unused",
+        lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs=kwargs,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+    )
+    steps = {"total_steps": 8, "warmup_steps": 2}
+    if refused is None:
+        plan.check_schedule_fits(steps, args)
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            plan.check_schedule_fits(steps, args)
 
 
 @pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
