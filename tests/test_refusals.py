@@ -1098,6 +1098,13 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # TRL's DPOConfig refused it with "`loss_weights` must have the same length as `loss_type`...": no fix named
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "1"],
+            "loss_weights 1 gives 1 weight for 2 loss types (sigmoid sft): give one weight per type, in loss_type's "
+            "order",
+        ),
+        (["--loss_weights", "1", "0.5"], "loss_weights 1 0.5 gives 2 weights for 1 loss type (sigmoid_norm): give"),
         # every term weighed 0: a loss and gradient of 0 at every step, accepted (TRL checks only their count)
         (
             ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],

@@ -521,6 +521,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         if "load_best_model_at_end" in str(e):
             # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
             raise ConfigError(LOAD_BEST_REFUSED) from None
+        if "`loss_weights` must have the same length" in str(e):  # TRL's line named the mismatch, not its fix
+            raise ConfigError(_weights_refused(known.loss_type, known.loss_weights)) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
             hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
@@ -548,6 +550,17 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _weights_refused(types, weights) -> str:
+    """loss_weights of another length than loss_type (TRL's DPOConfig refuses it as it is built)."""
+    types = [types] if isinstance(types, str) else list(types)
+    return (
+        f"loss_weights {' '.join(f'{w:g}' for w in weights)} gives {plural(len(weights), 'weight')} for "
+        f"{plural(len(types), 'loss type')} ({' '.join(types)}): give one weight per type, in loss_type's order "
+        "(MPO: --loss_type sigmoid bco_pair sft --loss_weights 0.8 0.2 1.0), or remove loss_weights (each term then "
+        "weighs 1)"
+    )
 
 
 def _check_blank_names(training, given: set[str]) -> None:
