@@ -318,11 +318,15 @@ def check_evaluation(recipe: Recipe) -> None:
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
             f for f in ("eval_steps", "eval_on_start", "do_eval") if f in recipe.given and getattr(t, f)
         ]
+        # the Trainer judges an evaluation's metrics by them (the best checkpoint, kept from rotation): without one,
+        # trainer_state.json's best_metric stayed null while the record said which metric picked the best
+        named += [f for f in ("metric_for_best_model", "greater_is_better") if f in recipe.given]
         if named:
             raise ConfigError(
                 f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
                 f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
             )
+    check_best_metric(recipe)
     if t.eval_strategy == "epoch" and "eval_steps" in recipe.given and t.eval_steps:  # transformers reads it no more
         raise ConfigError(
             f"eval_steps {t.eval_steps:g} would be ignored: eval_strategy epoch evaluates at each epoch's end: remove "
@@ -344,6 +348,25 @@ def check_evaluation(recipe: Recipe) -> None:
         raise ConfigError(
             f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
             "--eval_strategy steps --eval_steps N, or remove dataset_test_split"
+        )
+
+
+def check_best_metric(recipe: Recipe) -> None:
+    """With evaluation, the Trainer reads metric_for_best_model (and greater_is_better) to find the best checkpoint,
+    which the rotation keeps (checkpoints.rotate) and trainer_state.json names: without a checkpoint to pick, or without
+    the metric to judge by, they would be recorded and read by nothing."""
+    t = recipe.training
+    if "greater_is_better" in recipe.given and not t.metric_for_best_model:
+        raise ConfigError(
+            f"greater_is_better {str(t.greater_is_better).lower()} would be ignored: it says which way "
+            "metric_for_best_model improves, and the run has none: add --metric_for_best_model eval_loss, or remove "
+            "greater_is_better"
+        )
+    if "metric_for_best_model" in recipe.given and _named(t.save_strategy) == "no":
+        raise ConfigError(
+            f"metric_for_best_model {t.metric_for_best_model} picks the best of the run's checkpoints (kept from "
+            "save_total_limit's rotation, named in trainer_state.json), and save_strategy is no: add --save_strategy "
+            "steps --save_steps N, or remove metric_for_best_model"
         )
 
 

@@ -1152,6 +1152,30 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             ],
             "load_best_model_at_end would save the best checkpoint's weights as the final model",
         ),
+        # read only to judge an evaluation's metrics: without one, trainer_state.json's best_metric stayed null (a
+        # 4-step run) while resolved_config.json recorded the metric that picked the best checkpoint
+        (
+            ["--metric_for_best_model", "eval_loss", "--dry-run"],
+            "metric_for_best_model is only used for evaluation, and eval_strategy is no: add",
+        ),
+        (["--greater_is_better", "false", "--dry-run"], "greater_is_better is only used for evaluation, and eval_st"),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--greater_is_better", "true", "--dry-run"),
+            ],
+            "greater_is_better true would be ignored: it says which way metric_for_best_model improves, and the run "
+            "has none: add --metric_for_best_model eval_loss, or remove greater_is_better",
+        ),
+        # the best checkpoint is one of the run's checkpoints: with none, the metric picked nothing
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--metric_for_best_model", "eval_loss", "--save_strategy", "no", "--dry-run"),
+            ],
+            "metric_for_best_model eval_loss picks the best of the run's checkpoints (kept from save_total_limit's "
+            "rotation, named in trainer_state.json), and save_strategy is no: add --save_strategy steps",
+        ),
         # without evaluation: transformers' multi-line error, whose advice (evaluate on the save schedule) led to the
         # refusal above
         (
