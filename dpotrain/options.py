@@ -306,6 +306,21 @@ def check_unread(recipe: Recipe) -> None:
         )
 
 
+# TrainingArguments fields only an evaluation reads, at any value: the Trainer judges an evaluation's metrics by the
+# first two (the best checkpoint, kept from rotation: without one, trainer_state.json's best_metric stayed null while
+# the record said which metric picked the best); its evaluation loop reads the others.
+EVAL_ONLY = (
+    "metric_for_best_model",
+    "greater_is_better",
+    "per_device_eval_batch_size",
+    "eval_accumulation_steps",
+    "eval_delay",
+    "eval_do_concat_batches",
+    "eval_use_gather_object",
+    "prediction_loss_only",
+)
+
+
 def check_evaluation(recipe: Recipe) -> None:
     """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none).
     Without eval_strategy, what only evaluation reads is refused: it would be ignored (`eval_on_start`: a traceback
@@ -318,9 +333,7 @@ def check_evaluation(recipe: Recipe) -> None:
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
             f for f in ("eval_steps", "eval_on_start", "do_eval") if f in recipe.given and getattr(t, f)
         ]
-        # the Trainer judges an evaluation's metrics by them (the best checkpoint, kept from rotation): without one,
-        # trainer_state.json's best_metric stayed null while the record said which metric picked the best
-        named += [f for f in ("metric_for_best_model", "greater_is_better") if f in recipe.given]
+        named += [f for f in EVAL_ONLY if f in recipe.given]
         if named:
             raise ConfigError(
                 f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "

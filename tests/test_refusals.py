@@ -1159,6 +1159,10 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "metric_for_best_model is only used for evaluation, and eval_strategy is no: add",
         ),
         (["--greater_is_better", "false", "--dry-run"], "greater_is_better is only used for evaluation, and eval_st"),
+        # recorded and read by nothing without an evaluation loop
+        (["--per_device_eval_batch_size", "4"], "per_device_eval_batch_size is only used for evaluation, and eval_st"),
+        (["--eval_accumulation_steps", "2"], "eval_accumulation_steps is only used for evaluation, and eval_strategy"),
+        (["--eval_delay", "10"], "eval_delay is only used for evaluation, and eval_strategy is no"),
         (
             [
                 *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
