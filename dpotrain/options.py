@@ -138,6 +138,15 @@ def check_switched_off(recipe: Recipe) -> None:
         named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
         if not getattr(p, switch) and named:
             raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
+    # transformers' switch, either spelling (config.ALIASES): where it was false its kwargs (every_n_layers,
+    # use_reentrant) were recorded in resolved_config.json and read by nothing, no layer checkpointed
+    switch = {"activation_checkpointing", "gradient_checkpointing"} & on_command_line
+    given = {config.ALIASES.get(f, f) for f in (on_command_line if switch else recipe.given)}
+    if not recipe.training.activation_checkpointing and "activation_checkpointing_kwargs" in given:
+        raise ConfigError(
+            "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
+            "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
+        )
 
 
 def check_reference(recipe: Recipe) -> None:

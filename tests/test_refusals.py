@@ -1305,6 +1305,11 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
             "health_action is set but health_checks is false, so no health guard runs: set health_checks true or "
             "remove health_action",
         ),
+        (
+            ["--gradient_checkpointing_kwargs", '{"every_n_layers": 2}'],  # smoke.yaml: activation_checkpointing false
+            "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
+            "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs",
+        ),
     ]:
         assert refused(tmp_path, monkeypatch, capsys, *args) == f"error: {expected}", args
     recipe = tmp_path / "tuned.yaml"
@@ -1314,6 +1319,12 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
     )
     # One run of the recipe with the features off: its settings unused, and the record says the features are off.
     off = parse_args(["--config", str(recipe), "--health_checks", "false", "--samples_every", "0"])
+    check_options(off)
+    tuned = recipe.read_text()
+    checkpointed = tuned.replace("activation_checkpointing: false", "activation_checkpointing: true")
+    recipe.write_text(checkpointed + 'activation_checkpointing_kwargs: {"every_n_layers": 2}\n')
+    check_options(parse_args(["--config", str(recipe), "--gradient_checkpointing", "false"]))  # off for one run
+    recipe.write_text(tuned)
     check_options(off)
     record = resolved_config(off, {})
     assert (record["health_checks"], record["samples_every"], record["health_loss_floor"]) == (False, 0, 0.05)
