@@ -259,6 +259,8 @@ UNREAD = {
     "enable_jit_checkpoint": "the run saves a checkpoint on SIGTERM itself, at a step's end, and exits to be "
     "requeued (docs/reliability.md)",
     "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
+    "label_names": "only transformers' own prediction step and column filter read it, and TRL's DPO trainer "
+    "replaces both (a pair's labels are its completions)",
 }
 _OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
 # accelerator_config keys at other values than their defaults: dispatch_batches and split_batches ended the run in a
@@ -308,6 +310,12 @@ def check_unread(recipe: Recipe) -> None:
             raise ConfigError(
                 f"accelerator_config {key} {spelt} cannot be honoured: {why}: remove {key} from accelerator_config"
             )
+    if t.dataloader_persistent_workers and t.dataloader_num_workers == 0:  # transformers refuses prefetch_factor so
+        raise ConfigError(
+            "dataloader_persistent_workers would be ignored: it keeps the loader's worker processes between epochs, "
+            "and dataloader_num_workers is 0 (the main process reads the pairs): remove it, or pass "
+            "--dataloader_num_workers N"
+        )
     if "do_train" in recipe.given and not t.do_train:
         raise ConfigError(
             "do_train false would be ignored: the script always trains: remove it (--dry-run checks and plans the "

@@ -1159,6 +1159,13 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "metric_for_best_model is only used for evaluation, and eval_strategy is no: add",
         ),
         (["--greater_is_better", "false", "--dry-run"], "greater_is_better is only used for evaluation, and eval_st"),
+        # recorded and read by nothing: TRL's prediction step reads no label_names, and no worker persists without one
+        (["--label_names", "labels"], "label_names ['labels'] would be ignored: only transformers' own prediction"),
+        (
+            ["--dataloader_persistent_workers", "true"],
+            "dataloader_persistent_workers would be ignored: it keeps the loader's worker processes between epochs, "
+            "and dataloader_num_workers is 0",
+        ),
         # recorded and read by nothing without an evaluation loop
         (["--per_device_eval_batch_size", "4"], "per_device_eval_batch_size is only used for evaluation, and eval_st"),
         (["--eval_accumulation_steps", "2"], "eval_accumulation_steps is only used for evaluation, and eval_strategy"),
