@@ -20,7 +20,7 @@ from dpotrain.forwards import choice
 from dpotrain.recipe import config, errors, launcher, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train import losses, resume
+from dpotrain.train import losses, pair_metrics, resume
 
 # The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
 # below the project's cache take less than this many bytes.
@@ -381,6 +381,10 @@ def check_evaluation(recipe: Recipe) -> None:
         )
 
 
+# metric_for_best_model's choices, with or without transformers' eval_ prefix (its evaluation loop adds the last three)
+EVAL_METRICS = (*pair_metrics.EVAL_LOGGED, "runtime", "samples_per_second", "steps_per_second")
+
+
 def check_best_metric(recipe: Recipe) -> None:
     """With evaluation, the Trainer reads metric_for_best_model (and greater_is_better) to find the best checkpoint,
     which the rotation keeps (checkpoints.rotate) and trainer_state.json names: without a checkpoint to pick, or without
@@ -391,6 +395,14 @@ def check_best_metric(recipe: Recipe) -> None:
             f"greater_is_better {str(t.greater_is_better).lower()} would be ignored: it says which way "
             "metric_for_best_model improves, and the run has none: add --metric_for_best_model eval_loss, or remove "
             "greater_is_better"
+        )
+    metric = t.metric_for_best_model
+    if metric and metric.removeprefix("eval_") not in EVAL_METRICS:
+        # transformers looks it up in each evaluation's metrics: a KeyError at the first one, after the model had
+        # loaded, the reference was scored and the steps before it trained
+        raise ConfigError(
+            f"metric_for_best_model {metric!r} is not a metric the evaluation logs: choose one of "
+            f"{', '.join('eval_' + m for m in EVAL_METRICS)} (the recipes' choice would be eval_loss)"
         )
     if "metric_for_best_model" in recipe.given and _named(t.save_strategy) == "no":
         raise ConfigError(

@@ -947,6 +947,28 @@ def test_warmup_stable_decay_phases_that_add_up_to_the_run_pass(kwargs, refused)
             plan.check_schedule_fits(steps, args)
 
 
+def test_metric_for_best_model_takes_every_metric_an_evaluation_logs():
+    """The names check_best_metric accepts are what an evaluation's metrics hold (a 6-step run's eval records held
+    these, eval_ prefixed): every key `PairMetrics.reduce("eval")` makes, MoE's aux_loss and dpo_loss included."""
+    from dpotrain.options import check_best_metric
+    from dpotrain.train import pair_metrics
+
+    metrics = pair_metrics.PairMetrics()
+    metrics.sums["eval"] = dict.fromkeys(pair_metrics.SUMS, 1.0)
+    assert sorted(metrics.reduce("eval", "cpu")) == sorted(pair_metrics.EVAL_LOGGED)
+    held = [
+        "--dataset_mixer_eval_list",
+        "data/smoke_prefs.jsonl",
+        "20",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+    ]
+    for name in [*pair_metrics.EVAL_LOGGED, "eval_loss", "eval_rewards_norm/accuracies", "eval_runtime"]:
+        check_best_metric(parse_args(["--config", SMOKE, *held, "--metric_for_best_model", name]))
+
+
 @pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
 def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
     """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, nor comet_ml without an
@@ -1177,6 +1199,14 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             ],
             "greater_is_better true would be ignored: it says which way metric_for_best_model improves, and the run "
             "has none: add --metric_for_best_model eval_loss, or remove greater_is_better",
+        ),
+        # transformers' KeyError at the first evaluation, after the model loaded and the steps before it trained
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--metric_for_best_model", "eval_acc", "--dry-run"),
+            ],
+            "metric_for_best_model 'eval_acc' is not a metric the evaluation logs: choose one of eval_rewards/chosen, ",
         ),
         # the best checkpoint is one of the run's checkpoints: with none, the metric picked nothing
         (
