@@ -17,10 +17,10 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, launcher, venv, writes
+from dpotrain.recipe import config, errors, launcher, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train import losses, resume
+from dpotrain.train import losses, pair_metrics, resume
 
 # The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
 # below the project's cache take less than this many bytes.
@@ -138,6 +138,15 @@ def check_switched_off(recipe: Recipe) -> None:
         named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
         if not getattr(p, switch) and named:
             raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
+    # transformers' switch, either spelling (config.ALIASES): where it was false its kwargs (every_n_layers,
+    # use_reentrant) were recorded in resolved_config.json and read by nothing, no layer checkpointed
+    switch = {"activation_checkpointing", "gradient_checkpointing"} & on_command_line
+    given = {config.ALIASES.get(f, f) for f in (on_command_line if switch else recipe.given)}
+    if not recipe.training.activation_checkpointing and "activation_checkpointing_kwargs" in given:
+        raise ConfigError(
+            "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
+            "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
+        )
 
 
 def check_reference(recipe: Recipe) -> None:
@@ -250,6 +259,8 @@ UNREAD = {
     "enable_jit_checkpoint": "the run saves a checkpoint on SIGTERM itself, at a step's end, and exits to be "
     "requeued (docs/reliability.md)",
     "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
+    "label_names": "only transformers' own prediction step and column filter read it, and TRL's DPO trainer "
+    "replaces both (a pair's labels are its completions)",
 }
 _OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
 # accelerator_config keys at other values than their defaults: dispatch_batches and split_batches ended the run in a
@@ -299,11 +310,32 @@ def check_unread(recipe: Recipe) -> None:
             raise ConfigError(
                 f"accelerator_config {key} {spelt} cannot be honoured: {why}: remove {key} from accelerator_config"
             )
+    if t.dataloader_persistent_workers and t.dataloader_num_workers == 0:  # transformers refuses prefetch_factor so
+        raise ConfigError(
+            "dataloader_persistent_workers would be ignored: it keeps the loader's worker processes between epochs, "
+            "and dataloader_num_workers is 0 (the main process reads the pairs): remove it, or pass "
+            "--dataloader_num_workers N"
+        )
     if "do_train" in recipe.given and not t.do_train:
         raise ConfigError(
             "do_train false would be ignored: the script always trains: remove it (--dry-run checks and plans the "
             "run without training; --reference_only runs the reference stage alone)"
         )
+
+
+# TrainingArguments fields only an evaluation reads, at any value: the Trainer judges an evaluation's metrics by the
+# first two (the best checkpoint, kept from rotation: without one, trainer_state.json's best_metric stayed null while
+# the record said which metric picked the best); its evaluation loop reads the others.
+EVAL_ONLY = (
+    "metric_for_best_model",
+    "greater_is_better",
+    "per_device_eval_batch_size",
+    "eval_accumulation_steps",
+    "eval_delay",
+    "eval_do_concat_batches",
+    "eval_use_gather_object",
+    "prediction_loss_only",
+)
 
 
 def check_evaluation(recipe: Recipe) -> None:
@@ -318,11 +350,13 @@ def check_evaluation(recipe: Recipe) -> None:
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
             f for f in ("eval_steps", "eval_on_start", "do_eval") if f in recipe.given and getattr(t, f)
         ]
+        named += [f for f in EVAL_ONLY if f in recipe.given]
         if named:
             raise ConfigError(
                 f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
                 f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
             )
+    check_best_metric(recipe)
     if t.eval_strategy == "epoch" and "eval_steps" in recipe.given and t.eval_steps:  # transformers reads it no more
         raise ConfigError(
             f"eval_steps {t.eval_steps:g} would be ignored: eval_strategy epoch evaluates at each epoch's end: remove "
@@ -344,6 +378,37 @@ def check_evaluation(recipe: Recipe) -> None:
         raise ConfigError(
             f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
             "--eval_strategy steps --eval_steps N, or remove dataset_test_split"
+        )
+
+
+# metric_for_best_model's choices, with or without transformers' eval_ prefix (its evaluation loop adds the last three)
+EVAL_METRICS = (*pair_metrics.EVAL_LOGGED, "runtime", "samples_per_second", "steps_per_second")
+
+
+def check_best_metric(recipe: Recipe) -> None:
+    """With evaluation, the Trainer reads metric_for_best_model (and greater_is_better) to find the best checkpoint,
+    which the rotation keeps (checkpoints.rotate) and trainer_state.json names: without a checkpoint to pick, or without
+    the metric to judge by, they would be recorded and read by nothing."""
+    t = recipe.training
+    if "greater_is_better" in recipe.given and not t.metric_for_best_model:
+        raise ConfigError(
+            f"greater_is_better {str(t.greater_is_better).lower()} would be ignored: it says which way "
+            "metric_for_best_model improves, and the run has none: add --metric_for_best_model eval_loss, or remove "
+            "greater_is_better"
+        )
+    metric = t.metric_for_best_model
+    if metric and metric.removeprefix("eval_") not in EVAL_METRICS:
+        # transformers looks it up in each evaluation's metrics: a KeyError at the first one, after the model had
+        # loaded, the reference was scored and the steps before it trained
+        raise ConfigError(
+            f"metric_for_best_model {metric!r} is not a metric the evaluation logs: choose one of "
+            f"{', '.join('eval_' + m for m in EVAL_METRICS)} (the recipes' choice would be eval_loss)"
+        )
+    if "metric_for_best_model" in recipe.given and _named(t.save_strategy) == "no":
+        raise ConfigError(
+            f"metric_for_best_model {t.metric_for_best_model} picks the best of the run's checkpoints (kept from "
+            "save_total_limit's rotation, named in trainer_state.json), and save_strategy is no: add --save_strategy "
+            "steps --save_steps N, or remove metric_for_best_model"
         )
 
 
@@ -617,7 +682,7 @@ def check_optimizer(t) -> None:
         if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
             # bitsandbytes, torchao, galore_torch, ...: the trainer's ImportError once the model had loaded
             raise ConfigError(
-                f"optim {_named(t.optim)} needs a package that is not installed here ({str(e).splitlines()[0]}): "
+                f"optim {_named(t.optim)} needs a package that is not installed here ({errors.cause(e)}): "
                 "install it, or choose another optim (the recipes use adamw_torch_fused)"
             ) from None
         return  # one transformers builds only with the model (GaLore's target modules): the trainer decides

@@ -921,3 +921,18 @@ def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, 
         f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out}`, where the Hub is reached, "
         "pushes the final model to me/olmo-dpo"
     )
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without a GPU, as a login node")
+def test_tf32_is_planned_by_a_dry_run_without_a_gpu_and_refused_by_a_run_there(tmp_path):
+    """`tf32: true` in a GPU recipe: transformers' "--tf32 requires Ampere" refused the dry run on a CPU login node,
+    where it plans the GPU job (bf16's check was skipped there, tf32's not). The dry run takes it, without switching its
+    own process to TF32; a run on this machine is still refused, now naming the fix."""
+    import torch
+
+    args = [*SMOKE, "--output_dir", str(tmp_path / "run"), "--tf32", "true"]
+    before = torch.backends.fp32_precision
+    assert config_mod.parse_args([*args, "--dry-run"]).training.tf32 is True
+    assert torch.backends.fp32_precision == before
+    with pytest.raises(ConfigError, match=r"--tf32 requires Ampere .*\(here: --tf32 false, or run it on an Ampere"):
+        config_mod.parse_args(args)

@@ -8,6 +8,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -127,7 +128,8 @@ def many_rows(n=40):
         ),
         pytest.param(
             ["--optim", "paged_adamw_8bit"],
-            "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
+            "optim paged_adamw_8bit needs a package that is not installed here (ImportError: You need to install "
+            "`bitsandbytes`",
             marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="installed here"),
         ),
         (
@@ -158,6 +160,27 @@ def many_rows(n=40):
             "lr_scheduler_kwargs num_decay_steps 10 is more than the 4 steps after warm-up of the run's 6: "
             "warmup_stable_decay would start its decay inside the warm-up and the learning rate never reach the one "
             "set: give num_decay_steps 4 or fewer",
+        ),
+        # with num_stable_steps transformers takes the phases as given: 2 + 2 + 2 of 8 steps trained steps 7 and 8 at
+        # learning rate 0 (metrics.jsonl), recorded as an 8-step run
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "8", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 2, "num_decay_steps": 2}'],
+            "lr_scheduler_type warmup_stable_decay with lr_scheduler_kwargs warm-up 2 + stable 2 + decay 2 = 6 steps, "
+            "and the run has 8 (2 of warm-up): it would hold the learning rate at min_lr_ratio (0) x learning_rate for "
+            "the last 2 steps, training nothing: give num_stable_steps 4 (the phases then add up to the run's steps), "
+            "or remove num_stable_steps",
+        ),
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "6", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 10, "num_decay_steps": 2}'],
+            "it would end before its decay begins (the learning rate never decays): give num_stable_steps 2",
+        ),
+        (
+            ["--lr_scheduler_type", "warmup_stable_decay", "--max_steps", "6", "--warmup_steps", "2"]
+            + ["--lr_scheduler_kwargs", '{"num_stable_steps": 1, "num_decay_steps": 5}'],
+            "it would end before its decay does (the learning rate never comes down to the end of it): give "
+            "num_stable_steps + num_decay_steps = 4",
         ),
         # transformers builds constant without warm-up: the full rate from step 1, the record counting warm-up steps
         (
@@ -891,6 +914,61 @@ def test_the_checks_build_the_scheduler_once_for_its_kwargs_and_its_walk(monkeyp
     assert len(built) == 1
 
 
+@pytest.mark.parametrize(
+    "kwargs, refused",
+    [
+        ({"num_stable_steps": 4, "num_decay_steps": 2}, None),  # 2 + 4 + 2: the run's 8 steps
+        ({"num_decay_steps": 2}, None),  # the stable phase is what is left
+        # a floor above 0 trains the last steps, at it: still not the schedule the phases describe
+        (
+            {"num_stable_steps": 2, "num_decay_steps": 2, "min_lr_ratio": 0.1},
+            "at min_lr_ratio (0.1) x learning_rate for the last 2 steps: give num_stable_steps 4",
+        ),
+    ],
+)
+def test_warmup_stable_decay_phases_that_add_up_to_the_run_pass(kwargs, refused):
+    from trl import DPOConfig
+
+    from dpotrain.plan import plan
+
+    args = DPOConfig(
+        output_dir="unused",
+        lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs=kwargs,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+    )
+    steps = {"total_steps": 8, "warmup_steps": 2}
+    if refused is None:
+        plan.check_schedule_fits(steps, args)
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            plan.check_schedule_fits(steps, args)
+
+
+def test_metric_for_best_model_takes_every_metric_an_evaluation_logs():
+    """The names check_best_metric accepts are what an evaluation's metrics hold (a 6-step run's eval records held
+    these, eval_ prefixed): every key `PairMetrics.reduce("eval")` makes, MoE's aux_loss and dpo_loss included."""
+    from dpotrain.options import check_best_metric
+    from dpotrain.train import pair_metrics
+
+    metrics = pair_metrics.PairMetrics()
+    metrics.sums["eval"] = dict.fromkeys(pair_metrics.SUMS, 1.0)
+    assert sorted(metrics.reduce("eval", "cpu")) == sorted(pair_metrics.EVAL_LOGGED)
+    held = [
+        "--dataset_mixer_eval_list",
+        "data/smoke_prefs.jsonl",
+        "20",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+    ]
+    for name in [*pair_metrics.EVAL_LOGGED, "eval_loss", "eval_rewards_norm/accuracies", "eval_runtime"]:
+        check_best_metric(parse_args(["--config", SMOKE, *held, "--metric_for_best_model", name]))
+
+
 @pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
 def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
     """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, nor comet_ml without an
@@ -1042,6 +1120,13 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # TRL's DPOConfig refused it with "`loss_weights` must have the same length as `loss_type`...": no fix named
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "1"],
+            "loss_weights 1 gives 1 weight for 2 loss types (sigmoid sft): give one weight per type, in loss_type's "
+            "order",
+        ),
+        (["--loss_weights", "1", "0.5"], "loss_weights 1 0.5 gives 2 weights for 1 loss type (sigmoid_norm): give"),
         # every term weighed 0: a loss and gradient of 0 at every step, accepted (TRL checks only their count)
         (
             ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],
@@ -1088,6 +1173,49 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
                 *("--eval_steps", "2", "--save_steps", "2", "--load_best_model_at_end", "true", "--dry-run"),
             ],
             "load_best_model_at_end would save the best checkpoint's weights as the final model",
+        ),
+        # read only to judge an evaluation's metrics: without one, trainer_state.json's best_metric stayed null (a
+        # 4-step run) while resolved_config.json recorded the metric that picked the best checkpoint
+        (
+            ["--metric_for_best_model", "eval_loss", "--dry-run"],
+            "metric_for_best_model is only used for evaluation, and eval_strategy is no: add",
+        ),
+        (["--greater_is_better", "false", "--dry-run"], "greater_is_better is only used for evaluation, and eval_st"),
+        # recorded and read by nothing: TRL's prediction step reads no label_names, and no worker persists without one
+        (["--label_names", "labels"], "label_names ['labels'] would be ignored: only transformers' own prediction"),
+        (
+            ["--dataloader_persistent_workers", "true"],
+            "dataloader_persistent_workers would be ignored: it keeps the loader's worker processes between epochs, "
+            "and dataloader_num_workers is 0",
+        ),
+        # recorded and read by nothing without an evaluation loop
+        (["--per_device_eval_batch_size", "4"], "per_device_eval_batch_size is only used for evaluation, and eval_st"),
+        (["--eval_accumulation_steps", "2"], "eval_accumulation_steps is only used for evaluation, and eval_strategy"),
+        (["--eval_delay", "10"], "eval_delay is only used for evaluation, and eval_strategy is no"),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--greater_is_better", "true", "--dry-run"),
+            ],
+            "greater_is_better true would be ignored: it says which way metric_for_best_model improves, and the run "
+            "has none: add --metric_for_best_model eval_loss, or remove greater_is_better",
+        ),
+        # transformers' KeyError at the first evaluation, after the model loaded and the steps before it trained
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--metric_for_best_model", "eval_acc", "--dry-run"),
+            ],
+            "metric_for_best_model 'eval_acc' is not a metric the evaluation logs: choose one of eval_rewards/chosen, ",
+        ),
+        # the best checkpoint is one of the run's checkpoints: with none, the metric picked nothing
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--metric_for_best_model", "eval_loss", "--save_strategy", "no", "--dry-run"),
+            ],
+            "metric_for_best_model eval_loss picks the best of the run's checkpoints (kept from save_total_limit's "
+            "rotation, named in trainer_state.json), and save_strategy is no: add --save_strategy steps",
         ),
         # without evaluation: transformers' multi-line error, whose advice (evaluate on the save schedule) led to the
         # refusal above
@@ -1214,6 +1342,11 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
             "health_action is set but health_checks is false, so no health guard runs: set health_checks true or "
             "remove health_action",
         ),
+        (
+            ["--gradient_checkpointing_kwargs", '{"every_n_layers": 2}'],  # smoke.yaml: activation_checkpointing false
+            "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
+            "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs",
+        ),
     ]:
         assert refused(tmp_path, monkeypatch, capsys, *args) == f"error: {expected}", args
     recipe = tmp_path / "tuned.yaml"
@@ -1223,6 +1356,12 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
     )
     # One run of the recipe with the features off: its settings unused, and the record says the features are off.
     off = parse_args(["--config", str(recipe), "--health_checks", "false", "--samples_every", "0"])
+    check_options(off)
+    tuned = recipe.read_text()
+    checkpointed = tuned.replace("activation_checkpointing: false", "activation_checkpointing: true")
+    recipe.write_text(checkpointed + 'activation_checkpointing_kwargs: {"every_n_layers": 2}\n')
+    check_options(parse_args(["--config", str(recipe), "--gradient_checkpointing", "false"]))  # off for one run
+    recipe.write_text(tuned)
     check_options(off)
     record = resolved_config(off, {})
     assert (record["health_checks"], record["samples_every"], record["health_loss_floor"]) == (False, 0, 0.05)

@@ -461,21 +461,55 @@ class StepCollator:
 
 
 def check_schedule_fits(steps: dict, training) -> None:
-    """warmup_stable_decay counts its decay in steps of its own (`num_decay_steps`), which the schedule's walk before
-    the data loads cannot weigh against the run: without `num_stable_steps` the stable phase is what is left, and a
-    decay longer than the steps after warm-up made it negative, so the rate fell from inside warm-up and never reached
-    learning_rate (10 decay steps of a 6-step run with 2 of warm-up: at most 0.5 x learning_rate)."""
+    """warmup_stable_decay counts its phases in steps of its own (`num_decay_steps`, `num_stable_steps`), which the
+    schedule's walk before the data loads cannot weigh against the run. Without `num_stable_steps` the stable phase is
+    what is left, and a decay longer than the steps after warm-up made it negative, so the rate fell from inside
+    warm-up and never reached learning_rate (10 decay steps of a 6-step run with 2 of warm-up: at most 0.5 x
+    learning_rate). With it, transformers takes the phases as given: fewer than the run's steps held the rest at
+    min_lr_ratio x learning_rate (0 by default: 8 steps with 2 + 2 + 2 trained steps 7 and 8 at rate 0), more ended
+    the run before its decay did (or before it began)."""
     kwargs = training.lr_scheduler_kwargs or {}
     decay, total = kwargs.get("num_decay_steps"), steps.get("total_steps")
-    if training.lr_scheduler_type != "warmup_stable_decay" or total is None or "num_stable_steps" in kwargs:
+    if training.lr_scheduler_type != "warmup_stable_decay" or total is None or not _a_count(decay):
         return
-    after = total - (steps.get("warmup_steps") or 0)
-    if isinstance(decay, (int, float)) and decay > after:
+    warmup = steps.get("warmup_steps") or 0
+    after = total - warmup
+    if "num_stable_steps" in kwargs:
+        _check_phases(total, warmup, kwargs)
+    elif decay > after:
         raise ConfigError(
             f"lr_scheduler_kwargs num_decay_steps {decay:g} is more than the {plural(after, 'step')} after warm-up "
             f"of the run's {total}: warmup_stable_decay would start its decay inside the warm-up and the learning rate "
             f"never reach the one set: give num_decay_steps {after} or fewer (the run's steps: --dry-run)"
         )
+
+
+def _a_count(value) -> bool:
+    """A number of steps as transformers reads one (a JSON number; not true/false, which Python counts as 1 and 0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_phases(total: int, warmup: int, kwargs: dict) -> None:
+    """warmup_stable_decay's phases as given (`check_schedule_fits`): warm-up + stable + decay, the run's steps."""
+    stable, decay = kwargs["num_stable_steps"], kwargs["num_decay_steps"]
+    if not _a_count(stable) or warmup + stable + decay == total:
+        return
+    after, floor = total - warmup, kwargs.get("min_lr_ratio", 0)
+    phases = f"warm-up {warmup} + stable {stable:g} + decay {decay:g} = {warmup + stable + decay:g} steps"
+    if warmup + stable + decay < total:
+        rest = total - warmup - stable - decay
+        what = f"hold the learning rate at min_lr_ratio ({floor:g}) x learning_rate for the last {rest:g}"
+        what += " steps, training nothing" if not floor else " steps"
+    elif warmup + stable >= total:
+        what = "end before its decay begins (the learning rate never decays)"
+    else:
+        what = "end before its decay does (the learning rate never comes down to the end of it)"
+    fix = f"num_stable_steps {after - decay:g}" if after >= decay else f"num_stable_steps + num_decay_steps = {after}"
+    raise ConfigError(
+        f"lr_scheduler_type warmup_stable_decay with lr_scheduler_kwargs {phases}, and the run has {total} "
+        f"({warmup} of warm-up): it would {what}: give {fix} (the phases then add up to the run's steps), or remove "
+        "num_stable_steps (the stable phase is then what is left; the run's steps: --dry-run)"
+    )
 
 
 def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) -> None:

@@ -76,6 +76,7 @@ def make(
     if max_length_cuts.get("dropped"):
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
         plan.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
+        plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward, steps)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}

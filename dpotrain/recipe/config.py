@@ -515,16 +515,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     unnamed = "activation_checkpointing" not in fields_set(tokens)
     trl_default = ["--activation_checkpointing", str(options["--gradient_checkpointing"].default)] * unnamed
     try:
-        with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
+        with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens + trl_default)
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
-        if "load_best_model_at_end" in str(e):
-            # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
-            raise ConfigError(LOAD_BEST_REFUSED) from None
-        hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
-        if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
-            hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
-        raise ConfigError(f"{e}{hint}") from None
+        raise _refused_upstream(e, known) from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
         raise ConfigError(
@@ -548,6 +542,32 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _refused_upstream(e: ValueError, known) -> ConfigError:
+    """TRL's or transformers' refusal of the parsed fields (`known`), as one line that names the fix."""
+    if "load_best_model_at_end" in str(e):
+        # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
+        return ConfigError(LOAD_BEST_REFUSED)
+    if "`loss_weights` must have the same length" in str(e):  # TRL's line named the mismatch, not its fix
+        return ConfigError(_weights_refused(known.loss_type, known.loss_weights))
+    hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+    if "--tf32 requires" in str(e):  # a GPU job's setting, run here on a CPU or an older GPU
+        hint = " (here: --tf32 false, or run it on an Ampere or newer GPU; a --dry-run plans it from anywhere)"
+    if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
+        hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
+    return ConfigError(f"{e}{hint}")
+
+
+def _weights_refused(types, weights) -> str:
+    """loss_weights of another length than loss_type (TRL's DPOConfig refuses it as it is built)."""
+    types = [types] if isinstance(types, str) else list(types)
+    return (
+        f"loss_weights {' '.join(f'{w:g}' for w in weights)} gives {plural(len(weights), 'weight')} for "
+        f"{plural(len(types), 'loss type')} ({' '.join(types)}): give one weight per type, in loss_type's order "
+        "(MPO: --loss_type sigmoid bco_pair sft --loss_weights 0.8 0.2 1.0), or remove loss_weights (each term then "
+        "weighs 1)"
+    )
 
 
 def _check_blank_names(training, given: set[str]) -> None:
@@ -923,9 +943,10 @@ def list_single_target(model) -> None:
 def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
     replaced. Each part is built anew, so TRL's and transformers' checks run on the new values (but "bf16 needs a
-    GPU", which `parse_args` made or skipped); the parsed recipe is never written (tests/test_resolved.py checks)."""
+    GPU" and "tf32 requires Ampere", which `parse_args` made or skipped); the parsed recipe is never written
+    (tests/test_resolved.py checks)."""
     new = {}
-    with upstream.bf16_gpu_check_skipped():
+    with upstream.gpu_precision_checks_skipped():
         for part, values in parts.items():
             if unknown := set(values) - {f.name for f in fields(getattr(recipe, part))}:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")

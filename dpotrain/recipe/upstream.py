@@ -222,6 +222,16 @@ BF16_GPU_AVAILABLE = _patch(
     "a dry run on a CPU login node plans a bf16 GPU job: transformers' 'bf16 needs a GPU' must not refuse it",
     read_in="transformers.training_args:TrainingArguments._validate_args",
 )
+TF32_AVAILABLE = _patch(
+    "transformers.training_args:is_torch_tf32_available",
+    "a dry run on a CPU login node plans a GPU job with tf32: transformers' 'tf32 requires Ampere' must not refuse it",
+    read_in="transformers.training_args:TrainingArguments.__post_init__",
+)
+TF32_ENABLED = _patch(
+    "transformers.training_args:enable_tf32",
+    "the dry run's tf32 is the planned GPU job's: this process's own float32 matmuls are not switched to it",
+    read_in="transformers.training_args:TrainingArguments.__post_init__",
+)
 INVALIDATE_TRACE = _call(
     "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
     "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
@@ -582,9 +592,17 @@ def takes_mask_per_layer_kind(model_class) -> bool:
     return MASK_PER_LAYER_KIND in inspect.getsource(importlib.import_module(model_class.__module__))
 
 
-def bf16_gpu_check_skipped():
-    """transformers' "bf16 needs a GPU" check answered yes for the block (a dry run planning a GPU job on a CPU)."""
-    return patched(BF16_GPU_AVAILABLE, lambda *_, **__: True)
+@contextlib.contextmanager
+def gpu_precision_checks_skipped():
+    """transformers' "bf16 needs a GPU" and "tf32 requires Ampere" checks answered yes for the block (a dry run planning
+    a GPU job on a CPU: `--tf32 true` was refused there), and its switch of this process to TF32 left undone."""
+    yes = lambda *_, **__: True  # noqa: E731
+    with (
+        patched(BF16_GPU_AVAILABLE, yes),
+        patched(TF32_AVAILABLE, yes),
+        patched(TF32_ENABLED, lambda *_, **__: None),
+    ):
+        yield
 
 
 def forget_fetch_order(coordinator) -> None:

@@ -21,6 +21,14 @@ SUMS = PAIR_MEAN + str.split(
     "loss pairs entropy completion_tokens logits/chosen logits/rejected chosen_tokens rejected_tokens top1 tokens "
     "positions aux_loss aux_loss_pairs dpo_loss dpo_loss_pairs model_flops computed_tokens"
 )
+# What an evaluation logs (`reduce("eval")`; transformers prefixes each with eval_ and adds its runtime,
+# samples_per_second and steps_per_second): the names metric_for_best_model may choose from
+# (options.check_best_metric). aux_loss and dpo_loss on a MoE model only.
+EVAL_LOGGED = (
+    *PAIR_MEAN,
+    *("entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "padding_share", "aux_loss", "dpo_loss"),
+    "loss",
+)
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
