@@ -369,9 +369,13 @@ def check_evaluation(recipe: Recipe) -> None:
                 "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove eval_strategy"
             )
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
+            suffix = "".join(Path(s.dataset_name).suffixes)
             raise ConfigError(
-                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: name "
-                "a file of held-out pairs with --dataset_mixer_eval_list FILE 1.0 (`eval_datasets:` in a recipe), "
+                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: "
+                f"put it and the held-out pairs in one folder as {s.dataset_train_split + suffix!r} and "
+                f"{s.dataset_test_split + suffix!r} and pass the folder (datasets reads a file named for a split as "
+                "that split), name a file of held-out pairs with "
+                "--dataset_mixer_eval_list FILE 1.0 (`eval_datasets:` in a recipe), "
                 f"save a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk), or remove eval_strategy"
             )
     elif "dataset_test_split" in recipe.given:

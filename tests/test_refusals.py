@@ -1097,7 +1097,10 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         # the user's own held-out file, the likeliest fix, was not named
         (
             ["--eval_strategy", "steps"],
-            "has one split only: name a file of held-out pairs with --dataset_mixer_eval_list",
+            "has one split only: put it and the held-out pairs in one folder as 'train.jsonl' and 'test.jsonl' "
+            "and pass the folder (datasets reads a file named for a split as that split), name a file of held-out "
+            "pairs with "
+            "--dataset_mixer_eval_list",
         ),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
         # read only by evaluation, and no evaluation: eval_on_start failed in a traceback after the reference stage
