@@ -16,7 +16,7 @@ from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import hub_switches, run_record
 from dpotrain.recipe.errors import ConfigError, plural
-from dpotrain.recipe.run_record import Record
+from dpotrain.recipe.run_record import Record, per_step_text
 from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
 from dpotrain.train import losses
 
@@ -316,28 +316,6 @@ def reference_text(s, trained: dict | None) -> str:
         else f"{pairs:,} of the {of:,} pairs (those the {plural(steps, 'planned step', ',')} train)"
     )
     return f"{scope} scored once before training (the reference stage, cached for later runs)"
-
-
-def per_step_text(b: run_record.RecordedBatching, over: str) -> str:
-    """'8 pairs, over all processes', or what the trained steps take where it is not pairs_per_step: '3 pairs, over
-    all processes: pairs_per_step 8, but the 3 pairs training keeps (of 6 rows) are one step'."""
-    pairs, trained, kept = b.pairs_per_step, b.pairs_per_step_trained, (b.pairs_trained or {}).get("of")
-    replaced = replaced_text(b.replaced, pairs)
-    if trained is None or kept is None or trained.min == trained.max == pairs:
-        return f"{plural(pairs, 'pair')}, over {over}{replaced}"
-    rows = (b.max_length_cuts or {}).get("pairs", kept)
-    of = f"the {plural(kept, 'pair')} training keeps (of {rows} rows)" if rows != kept else f"{plural(kept, 'pair')}"
-    last = trained.max if trained.max > pairs else trained.min  # a last step of fewer pairs than ranks joins
-    why = f"{of} are one step" if kept <= pairs else f"an epoch of {of} ends in a step of {last}"
-    return f"{trained} pairs, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
-
-
-def replaced_text(replaced: dict | None, pairs: int) -> str:
-    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (...)'."""
-    if not replaced or replaced.get("pairs_per_step") in (None, pairs):
-        return ""
-    keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
-    return f"; NOT the recipe's {replaced['pairs_per_step']}: {replaced['by']} on the command line replaced it{keep}"
 
 
 def forward_text(forward: dict) -> str:

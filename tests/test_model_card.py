@@ -1,5 +1,11 @@
 """The model card pushed with a run names its base model, data set, recipe values and final metrics."""
 
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_train
 from dpotrain.hub import hub
 from dpotrain.recipe import run_record
 
@@ -30,7 +36,9 @@ def test_model_card_names_base_dataset_recipe_and_final_metrics():
     card = model_card(resolved, records)
     assert "base_model: org/sft-7b" in card and "- allenai/Dolci-Think-DPO-7B" in card  # Hub metadata
     assert "| `beta` | 5.0 |" in card and "| `loss_type` | ['sigmoid_norm'] |" in card
-    assert "| `learning_rate` | 1e-06 |" in card and "| pairs per optimizer step | 128 |" in card
+    assert (
+        "| `learning_rate` | 1e-06 |" in card and "| pairs per optimizer step | 128 pairs, over all processes |" in card
+    )
     assert "## Final metrics (step 1170)" in card
     assert "| `loss` | 0.4100 |" in card and "| `rewards/accuracies` | 0.7200 |" in card
     assert "![training curves](training_curves.png)" in card
@@ -199,3 +207,70 @@ def test_the_recipe_table_names_the_optimizer_and_its_settings_as_recorded():
     for row in ("`optim` | adamw_torch_fused", "`adam_beta1` | 0.9", "`adam_beta2` | 0.95", "`adam_epsilon` | 1e-08"):
         assert f"| {row} |" in card, row
     assert "| `weight_decay` | 0.01 |" in card
+
+
+def test_the_adam_rows_are_shown_only_for_an_optimizer_that_reads_them():
+    """`--optim sgd` or `adafactor`: the card listed adam_beta1/adam_beta2/adam_epsilon as if the run had used them
+    (transformers passes them to the Adam family alone; Lion takes the betas, not epsilon)."""
+    adam = {"adam_beta1": 0.9, "adam_beta2": 0.95, "adam_epsilon": 1e-08, "derived": {}}
+    shown = {
+        "sgd": [],
+        "adafactor": [],
+        "adagrad": [],
+        "lion_32bit": ["adam_beta1", "adam_beta2"],
+        "paged_adamw_8bit": ["adam_beta1", "adam_beta2", "adam_epsilon"],
+        "adamw_torch": ["adam_beta1", "adam_beta2", "adam_epsilon"],
+    }
+    for optim, rows in shown.items():
+        card = model_card({**adam, "optim": optim}, [])
+        assert [k for k in adam if f"| `{k}` |" in card] == rows, (optim, card)
+        assert f"| `optim` | {optim} |" in card and "| `weight_decay` |" in card
+
+
+def test_the_pairs_per_step_row_says_what_the_steps_took_where_fewer_pairs_were_kept():
+    """pairs_per_step 8 on 3 pairs kept (max_length dropped the rest): the card said 8 pairs per optimizer step, the
+    single step took 3 (the plan's pairs_per_step_trained), as the dry run says."""
+    batching = {
+        "pairs_per_step_trained": {"min": 3, "mean": 3, "max": 3},
+        "pairs_trained": {"pairs": 3, "of": 3, "steps": 1},
+    }
+    card = model_card({"run_name": "r", "derived": {"pairs_per_step": 8, "batching": batching}}, [])
+    assert "| pairs per optimizer step | 3 pairs, over all processes: pairs_per_step 8, but 3 pairs are one step |" in (
+        card
+    ), card
+    batching.update(pairs_per_step_trained={"min": 8, "mean": 8, "max": 8}, pairs_trained={"pairs": 8, "of": 8})
+    card = model_card({"run_name": "r", "derived": {"pairs_per_step": 8, "batching": batching}}, [])
+    assert "| pairs per optimizer step | 8 pairs, over all processes |" in card, card
+
+
+def test_the_best_evaluation_is_named_from_the_trainers_state():
+    """metric_for_best_model with evaluation and checkpoints: transformers kept the best step's checkpoint
+    (trainer_state.json's best_global_step, best_metric, best_model_checkpoint) and the card said nothing of it."""
+    from transformers import TrainerState
+
+    state = TrainerState(best_global_step=4, best_metric=0.61234, best_model_checkpoint="/runs/r/checkpoint-4")
+    card = model_card({"run_name": "r", "metric_for_best_model": "eval_loss"}, [], (), "", hub.best_of(state))
+    assert "| best evaluation (`eval_loss`) | step 4: 0.6123 (`checkpoint-4`) |" in card, card
+    # The best step saved no checkpoint: transformers still names the earlier best's folder, which is not that step's
+    state.best_global_step = 5
+    card = model_card({"run_name": "r", "metric_for_best_model": "eval_loss"}, [], (), "", hub.best_of(state))
+    assert "| best evaluation (`eval_loss`) | step 5: 0.6123 (no checkpoint saved at that step) |" in card, card
+    assert hub.best_of(TrainerState()) is None and "best evaluation" not in model_card({"run_name": "r"}, [])
+
+
+@pytest.mark.slow
+def test_a_runs_card_names_its_best_evaluation_and_leaves_out_what_sgd_never_read(tmp_path, tiny_model_dir):
+    """A real run with --metric_for_best_model eval_loss, an evaluation and a checkpoint at each step, and --optim
+    sgd: its README.md names the best step as trainer_state.json keeps it, and no adam_* row."""
+    out, held = tmp_path / "run", tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--max_steps", "3"]
+    args += ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_mixer_eval_list", str(held), "1.0"]
+    args += ["--metric_for_best_model", "eval_loss", "--save_steps", "1", "--optim", "sgd", "--report_to", "none"]
+    run = run_train(args, env={"DPOTRAIN_BUILTIN_DIR": str(Path(tiny_model_dir).parent)})
+    assert run.returncode == 0, run.stdout[-3000:]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    step, best = state["best_global_step"], state["best_metric"]
+    card = (out / "README.md").read_text()
+    assert f"| best evaluation (`eval_loss`) | step {step}: {best:.4f} (`checkpoint-{step}`) |" in card, card
+    assert "| `optim` | sgd |" in card and "adam_" not in card

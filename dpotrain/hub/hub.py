@@ -18,7 +18,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause, plural
-from dpotrain.recipe.run_record import Record
+from dpotrain.recipe.run_record import Record, per_step_text
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
 from dpotrain.train.lora import card_lines
@@ -52,6 +52,14 @@ IGNORE = (
 # adapter files would be loaded in place of the new ones (transformers takes model.safetensors before a sharded index;
 # adapter_config.json makes the repo an adapter). main's history keeps them.
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
+# The optimizers that read adam_beta1/adam_beta2/adam_epsilon, by a part of transformers' optim name (its
+# trainer_optimizer.py: "adam" also picks the bitsandbytes AdamW; Lion takes the betas alone): sgd, adafactor, adagrad,
+# rmsprop, lomo and the rest read none, and a card showing them there would say the run used values it never read.
+ADAM_FIELDS = {
+    "adam": ("adam_beta1", "adam_beta2", "adam_epsilon"),
+    "ademamix": ("adam_beta1", "adam_beta2", "adam_epsilon"),
+    "lion": ("adam_beta1", "adam_beta2"),
+}
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
 
@@ -149,7 +157,9 @@ def scrub_argv(argv: list[str]) -> None:
                 argv[i + 1] = "<HUB_TOKEN>"
 
 
-def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
+def model_card(
+    r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "", best: dict | None = None
+) -> str:
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
@@ -162,8 +172,8 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
         library_name="peft" if s.use_peft else "transformers",
         tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if s.use_peft else [])],
     )
-    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, r)} |" for k in CARD_FIELDS)
-    recipe_rows += f"\n| pairs per optimizer step | {r.batching.pairs_per_step} |"
+    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, r)} |" for k in card_fields(s.optim))
+    recipe_rows += f"\n| pairs per optimizer step | {per_step_text(r.batching, 'all processes')} |"
     recipe_rows += f"\n| chat template | {template_named(r)} |"
     if counted := r.batching.max_length_cuts:  # what the trainer saw of the data: pairs cut or dropped (cuts.py)
         recipe_rows += (
@@ -178,6 +188,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     last = last_logged(records) or {}  # training, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {number(last[k])} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
+    metric_rows += best_row(best, s.metric_for_best_model)
     content = f"""---
 {data.to_yaml()}
 ---
@@ -202,6 +213,33 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "")))
+
+
+def card_fields(optim: str | None) -> list[str]:
+    """CARD_FIELDS less the Adam settings an optimizer does not read (ADAM_FIELDS); all of them where none is named."""
+    if not optim:
+        return CARD_FIELDS
+    read = next((fields for part, fields in ADAM_FIELDS.items() if part in str(optim)), ())
+    return [k for k in CARD_FIELDS if not k.startswith("adam_") or k in read]
+
+
+def best_of(state) -> dict | None:
+    """The best evaluation as transformers' TrainerState keeps it (trainer_state.json: best_global_step, best_metric,
+    best_model_checkpoint, the folder where one was saved at that step), None where no metric_for_best_model chose."""
+    if state.best_global_step is None or state.best_metric is None:
+        return None
+    # transformers names the best step's folder only where one was saved at it, and leaves an earlier best's otherwise
+    folder = Path(state.best_model_checkpoint or "").name
+    saved = folder if folder == f"checkpoint-{state.best_global_step}" else None
+    return {"step": state.best_global_step, "metric": state.best_metric, "checkpoint": saved}
+
+
+def best_row(best: dict | None, name: str | None) -> str:
+    """The card's row for the best evaluation: its step, value and checkpoint (kept from rotation: checkpoints.py)."""
+    if not best:
+        return ""
+    where = f"`{best['checkpoint']}`" if best.get("checkpoint") else "no checkpoint saved at that step"
+    return f"\n| best evaluation (`{name}`) | step {best['step']}: {number(best['metric'])} ({where}) |"
 
 
 def number(value) -> str:
@@ -297,8 +335,8 @@ def speed_row(records: list[dict]) -> str:
     return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{first}) |"
 
 
-def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
-    card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir, repo_id), repo_id)
+def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "", best: dict | None = None) -> Path:
+    card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir, repo_id), repo_id, best)
     return write_text(Path(output_dir) / CARD, card)
 
 

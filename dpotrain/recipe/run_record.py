@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from dpotrain.recipe import records
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, cause, plural
 
 
 def _view(cls, values):
@@ -282,3 +282,26 @@ def _record(r: dict) -> Record:
         RecordedOutput(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
         d.get("model_identity"),
     )
+
+
+def per_step_text(b: RecordedBatching, over: str) -> str:
+    """The dry run's and the model card's one wording of the pairs per step: '8 pairs, over all processes', or what
+    the trained steps take where it is not pairs_per_step: '3 pairs, over all processes: pairs_per_step 8, but the 3
+    pairs training keeps (of 6 rows) are one step'."""
+    pairs, trained, kept = b.pairs_per_step, b.pairs_per_step_trained, (b.pairs_trained or {}).get("of")
+    replaced = replaced_text(b.replaced, pairs)
+    if trained is None or kept is None or trained.min == trained.max == pairs:
+        return f"{plural(pairs, 'pair')}, over {over}{replaced}"
+    rows = (b.max_length_cuts or {}).get("pairs", kept)
+    of = f"the {plural(kept, 'pair')} training keeps (of {rows} rows)" if rows != kept else f"{plural(kept, 'pair')}"
+    last = trained.max if trained.max > pairs else trained.min  # a last step of fewer pairs than ranks joins
+    why = f"{of} are one step" if kept <= pairs else f"an epoch of {of} ends in a step of {last}"
+    return f"{trained} pairs, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
+
+
+def replaced_text(replaced: dict | None, pairs: int) -> str:
+    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (...)'."""
+    if not replaced or replaced.get("pairs_per_step") in (None, pairs):
+        return ""
+    keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
+    return f"; NOT the recipe's {replaced['pairs_per_step']}: {replaced['by']} on the command line replaced it{keep}"
