@@ -213,6 +213,8 @@ def watching_text(s) -> str:
     health = "no health guard (health_checks false)"
     if s.health_checks:
         health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
+        if s.disable_dropout is False and s.health_step1_tolerance:  # the model, not loaded here, has any or none
+            health += "; step1 not judged if the model has dropout, kept on in training (disable_dropout false)"
     if not s.samples_every:
         return f"{health}; no samples (samples_every 0)"
     every = f"every {s.samples_every} steps" if s.samples_every != 1 else "every step"

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
+from dpotrain.train import health
 from dpotrain.train.health import LN2, HealthGuard
 from dpotrain.train.losses import check_options, step1_loss
 
@@ -383,3 +385,41 @@ def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_trace
     ipo = parse_args(["--config", SMOKE, "--beta", beta, "--loss_type", "ipo"])
     assert step1_loss(ipo.training) is None
     check_options(parse_args(["--config", SMOKE, "--beta", beta]))
+
+
+@pytest.mark.slow
+def test_a_model_with_attention_dropout_is_not_stopped_at_step_1(tmp_path, tiny_model_dir, capfd):
+    """A model whose config has attention_dropout 0.1 stopped at step 1 ("the reference log-probs disagree with the
+    policy's ... a stale cache"), with or without --disable_dropout false: TRL's disable_dropout zeroes Dropout modules,
+    not the rate the attention applies in training, so the policy was scored with dropout and the reference without.
+    Now disable_dropout (the default) zeroes that rate too, and step 1 is ln 2 again; where dropout is kept on purpose
+    the step1 guard says at the start that it is not judged, and the run goes on."""
+    model = tmp_path / "dropout-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    steps = ["--max_steps", "2", "--logging_steps", "1"]
+    trainer = trainer_for(tmp_path / "off", str(model), *steps, rows=16)
+    trainer.train()
+    assert trainer.health.stop is None and not trainer.health.alarms, trainer.health.alarms
+    assert abs(trainer.state.log_history[0]["loss"] - LN2) < 1e-4  # the policy is the reference at step 1
+    kept = trainer_for(tmp_path / "kept", str(model), *steps, "--disable_dropout", "false", rows=16)
+    kept.train()
+    assert kept.health.stop is None and not kept.health.alarms, kept.health.alarms
+    assert abs(kept.state.log_history[0]["loss"] - LN2) > 1e-3  # dropout is on: the noise the guard cannot judge
+    assert "health: the step1 guard is not judged: dropout stays on in training (attention_dropout 0.1" in (
+        capfd.readouterr().err
+    )
+    # judged on the dropout the trained model has: none left by disable_dropout (step 1 judged as before), or the rate
+    assert health.active_dropout(trainer.model) == [] and kept.health._dropout == ["attention_dropout 0.1"]
+
+
+def test_the_dry_run_says_step1_is_not_judged_where_dropout_is_kept():
+    """--disable_dropout false: the dry run (the model not loaded) says the step1 guard skips a model with dropout."""
+    from dpotrain import dry_run
+    from dpotrain.recipe import run_record
+
+    said = "step1 not judged if the model has dropout, kept on in training (disable_dropout false)"
+    values = {"health_checks": True, "health_action": "stop", "health_step1_tolerance": 0.02, "samples_every": 0}
+    assert said in dry_run.watching_text(run_record.of({**values, "disable_dropout": False}).settings)
+    assert said not in dry_run.watching_text(run_record.of({**values, "disable_dropout": True}).settings)

@@ -18,6 +18,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+import torch
 from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import main_outcome, max_over_ranks
@@ -59,9 +60,13 @@ class HealthGuard(TrainerCallback):
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
+        self._dropout: list[str] = []  # the dropout training keeps on (active_dropout), read at the start
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
+        self._dropout = active_dropout(model) if model is not None else []
+        if self._fresh and self._dropout and self.p.health_step1_tolerance > 0 and state.is_world_process_zero:
+            print(f"health: {step1_unjudged(self._dropout)}", file=sys.stderr, flush=True)
         self._last_step = state.global_step
         if not self._fresh:  # the pinned pairs counted up to the checkpoint: counted from 0, a resume missed the stop
             self._last_step = 0
@@ -123,7 +128,7 @@ class HealthGuard(TrainerCallback):
             # NEFTune's noise reaches the policy's embeddings in training, never the reference's (scored in eval
             # mode; a LoRA run's live one too): step 1 is not at log-ratios 0, and a stale reference would hide in
             # the noise
-            if args.neftune_noise_alpha is not None:
+            if args.neftune_noise_alpha is not None or self._dropout:  # dropout: the same, said at the start
                 return []
             return self._check_step1(step, logs, r, args)  # the collapse guards judge training, not yet happened
         name, loss = dpo_loss(logs)
@@ -187,6 +192,29 @@ class HealthGuard(TrainerCallback):
         if "rewards_norm/chosen" not in logs:
             return None
         return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS}
+
+
+def active_dropout(model) -> list[str]:
+    """The dropout left on in training, each as 'name p': a Dropout module's (a LoRA adapter's among them) and the
+    attention's own rate, which attention modules apply as a function argument (transformers' `attention_dropout`)
+    and TRL's disable_dropout, which zeroes Dropout modules alone, leaves on (trainer.zero_attention_dropout)."""
+    found = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            found.setdefault(f"{type(module).__name__} {module.p:g}", None)
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate > 0:
+            found.setdefault(f"attention_dropout {rate:g}", None)
+    return list(found)
+
+
+def step1_unjudged(dropout: list[str]) -> str:
+    """The line that says the step1 guard is not judged, and why."""
+    return (
+        f"the step1 guard is not judged: dropout stays on in training ({', '.join(dropout)}; --disable_dropout "
+        "false), so the policy's log-probs at step 1 differ from the reference's (scored without dropout) by its "
+        "noise, not by a stale reference. The other guards judge as usual"
+    )
 
 
 def dpo_loss(logs: dict) -> tuple[str, float]:

@@ -141,6 +141,15 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
+def zero_attention_dropout(model) -> None:
+    """disable_dropout's own promise for the attention: TRL zeroes Dropout modules, and the attention modules apply
+    their `attention_dropout` rate as a function argument in training, which it missed (a model whose config had 0.1
+    trained with it, and the step1 guard stopped the run at step 1 blaming the reference)."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 class RecipeDPOTrainer(DPOTrainer):
     """Built ready by `train_stage.build_run`: its plan made in `__init__` once TRL tokenized the training set."""
 
@@ -180,6 +189,8 @@ class RecipeDPOTrainer(DPOTrainer):
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
+                if training_args.disable_dropout:
+                    zero_attention_dropout(model)
         if self.packed:  # TRL sets the pad token only where it builds its own (padded) collator
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
