@@ -685,6 +685,20 @@ def test_a_data_path_holding_pattern_characters_is_read_as_named_or_refused(tmp_
         assert f"holds {found!r}, which datasets reads as a pattern" in line and "rename it" in line, line
 
 
+def test_a_glob_given_as_the_dataset_says_how_to_read_its_files(tmp_path, monkeypatch, capsys):
+    """`--dataset_name 'shards/*.jsonl'` (datasets' `data_files` takes such patterns) was refused as a path that does
+    not exist ("check the path"), while the files it names are there. The line says how to read them."""
+    for part in ("a", "b"):
+        (tmp_path / "shards" / part).mkdir(parents=True)
+        write_jsonl(tmp_path / "shards" / part / "p.jsonl", conversations(4))
+    pattern = str(tmp_path / "shards" / "*" / "p.jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", pattern, "--dry-run")
+    assert f"dataset {pattern!r} is a pattern (it matches 2 files)" in line, line
+    assert "data_files" in line and "path: json" in line, line
+    missing = str(tmp_path / "none" / "*.jsonl")  # one that matches nothing is a path that does not exist
+    assert "does not exist" in refused(tmp_path, monkeypatch, capsys, "--dataset_name", missing, "--dry-run")
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, capsys):
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", "builtin:tiny-olmo", *dry_run)

@@ -72,6 +72,13 @@ def check_dataset_name(name: str | None) -> None:
             here, submitted = str(Path.cwd()), os.environ.get("DPOTRAIN_SUBMIT_DIR")
             also = f" and {submitted} (where the job was submitted)" if submitted and submitted != here else ""
             where = f" (looked in {here}{also})"
+        if matched := _pattern_files(path):
+            source = f"{{path: {builder_of(path) or 'json'}, data_files: '{name}'}}"
+            raise ConfigError(
+                f"dataset {name!r} is a pattern (it matches {plural(matched, 'file')}), and dataset_name names one "
+                "file or folder: give the folder that holds them (every data file in it is read), or the pattern as "
+                f"a mixture source's data_files (datasets: [{source}])"
+            )
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
@@ -81,6 +88,13 @@ def check_dataset_name(name: str | None) -> None:
         check_one_format(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
+
+
+def _pattern_files(path: Path) -> int:
+    """How many files a path written as a glob (`shards/*.jsonl`, `**`) names, 0 if it is none."""
+    if not any(c in str(path) for c in "*?["):
+        return 0
+    return sum(1 for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
 
 
 def check_read_as_named(name: str, path: Path) -> None:
