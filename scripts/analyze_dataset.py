@@ -365,6 +365,9 @@ def analyze(args: argparse.Namespace) -> int:
         raise e.located(name) from None
     if m.rows == 0:
         every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name)
+    if mix:  # measured as the pairs its sources are read into (a prompt column): that is no source's own shape
+        kind = "message lists" if m.conversational else "plain text"
+        m.shape = f"{kind}, each source read in its own shape (its Data line); {m.shape.split('; ', 1)[-1]}"
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     for warning in (lengths.missing_bos(m, tokenizer), lengths.unopened_turn(m, tokenizer)):  # the dry run's
         if warning:  # judged on every pair measured here

@@ -497,6 +497,22 @@ def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
     assert as_text[7]["rejected"] == " " + row["rejected"][-1]["content"]
 
 
+def test_hh_strings_with_windows_line_ends_are_read_as_hh(tmp_path):
+    """HH-RLHF strings saved with `\r\n` line ends (a Windows editor or export) were not recognised as HH: the run
+    trained them as plain text, without the chat template and without saying so. Their turns are read as with `\n`."""
+    crlf = [{k: v.replace("\n", "\r\n") for k, v in r.items()} for r in hh()]
+    name, _ = write(tmp_path, "hh_crlf", lambda: crlf, "jsonl")
+    raw, as_messages = read_pairs(name, "train", "messages")
+    _, as_text = read_pairs(name, "train", "text")
+    _, lf = read_pairs(write(tmp_path, "hh", hh, "jsonl")[0], "train", "messages")
+    assert isinstance(as_messages[0]["chosen"], list), "read as plain text"
+    unix = [{k: [m | {"content": m["content"].replace("\r\n", "\n")} for m in r[k]] for k in r} for r in as_messages]
+    assert unix == lf.to_list()
+    # As text, the raw strings train as written: the prompt up to the last `Assistant:`, its \r\n kept.
+    assert as_text[7]["prompt"] + as_text[7]["chosen"] == raw[7]["chosen"]
+    assert as_text[7]["prompt"].endswith("\r\n\r\nAssistant:") and "\r\n" in as_text[7]["prompt"]
+
+
 def test_ultrafeedback_measures_and_tokenizes_exactly_as_without_its_prompt_column(tokenizer, tmp_path):
     with_prompt, _ = write(tmp_path, "uf", ultrafeedback, "parquet")
     without, _ = write(

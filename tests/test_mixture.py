@@ -1036,3 +1036,15 @@ def test_sources_with_tools_as_json_text_and_as_a_list_join(tmp_path):
     ]
     joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, False, "messages", {}, "x", False)
     assert [chat_template.template_kwargs(row)["tools"] for row in joined] == [tools] * 7
+
+
+def test_the_analyzer_says_each_source_is_read_in_its_own_shape(files, cli, tiny_model_dir, capsys):
+    """The analyzer's report on a mixture of HH-RLHF strings and UltraFeedback rows said `Rows read as: message lists
+    with a prompt column`, the form the sources' pairs are read into, a shape none of the files has (under the
+    sources' own `Data` lines, which said what each is)."""
+    argv = ["--dataset_mixer_list", files["hh"], "1.0", files["uf"], "1.0", "--tokenizer", tiny_model_dir]
+    assert cli.main([*argv, "--num-proc", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "HH-RLHF strings" in err and "UltraFeedback" in err
+    assert "with a prompt column" not in out + err, out
+    assert "Rows read as: message lists, each source read in its own shape (its Data line)" in out, out

@@ -257,6 +257,39 @@ def test_csv_cells_that_look_like_numbers_are_read_as_the_text_written(tokenizer
     assert [(r["prompt"], r["chosen"], r["rejected"]) for r in read(str(path))] == written
 
 
+# --- a Hub-style folder's configurations -----------------------------------------------------------------------------
+
+
+def hub_style_folder(tmp_path, configs: dict[str, str]) -> str:
+    """A cloned Hub data set: a README.md whose `configs:` name each configuration's file."""
+    folder = tmp_path / "cloned"
+    for name in configs:
+        (folder / name).mkdir(parents=True)
+        write_jsonl(folder / name / "train.jsonl", conversations(4))
+    card = "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/*.jsonl\n{extra}"
+        for c, extra in configs.items()
+    )
+    (folder / "README.md").write_text(f"---\nconfigs:\n{card}---\n")
+    return str(folder)
+
+
+def test_a_folders_configuration_left_out_or_misspelled_names_the_ones_it_has(tmp_path):
+    """A cloned Hub data set with two configurations and no dataset_config was refused as an unreadable folder ("could
+    not read the local folder ... (ValueError: Config name is missing.) ... put the pairs there as .jsonl ... files
+    of one format"): a fix that is not one. A name it lacks said the same. The line now names the configurations."""
+    folder = hub_style_folder(tmp_path, {"en": "", "de": ""})
+    for name, said in ((None, "has 2 configurations"), ("fr", "has no configuration 'fr'")):
+        with pytest.raises(ConfigError) as refused_:
+            data.load_preference_dataset(folder, config=name, say=False)
+        line = str(refused_.value)
+        assert said in line and "en, de" in line and "dataset_config" in line and "\n" not in line, line
+    assert len(data.load_preference_dataset(folder, config="de", say=False)) == 4
+    # One marked `default: true` is read without a name, as datasets reads it
+    folder = hub_style_folder(tmp_path / "2", {"en": "  default: true\n", "de": ""})
+    assert len(data.load_preference_dataset(folder, say=False)) == 4
+
+
 # --- precision --------------------------------------------------------------------------------------------------------
 
 
@@ -650,6 +683,20 @@ def test_a_data_path_holding_pattern_characters_is_read_as_named_or_refused(tmp_
         line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", path, "--dry-run")
         found = "[" if "[" in path else "::"
         assert f"holds {found!r}, which datasets reads as a pattern" in line and "rename it" in line, line
+
+
+def test_a_glob_given_as_the_dataset_says_how_to_read_its_files(tmp_path, monkeypatch, capsys):
+    """`--dataset_name 'shards/*.jsonl'` (datasets' `data_files` takes such patterns) was refused as a path that does
+    not exist ("check the path"), while the files it names are there. The line says how to read them."""
+    for part in ("a", "b"):
+        (tmp_path / "shards" / part).mkdir(parents=True)
+        write_jsonl(tmp_path / "shards" / part / "p.jsonl", conversations(4))
+    pattern = str(tmp_path / "shards" / "*" / "p.jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", pattern, "--dry-run")
+    assert f"dataset {pattern!r} is a pattern (it matches 2 files)" in line, line
+    assert "data_files" in line and "path: json" in line, line
+    missing = str(tmp_path / "none" / "*.jsonl")  # one that matches nothing is a path that does not exist
+    assert "does not exist" in refused(tmp_path, monkeypatch, capsys, "--dataset_name", missing, "--dry-run")
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])

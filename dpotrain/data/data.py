@@ -72,6 +72,13 @@ def check_dataset_name(name: str | None) -> None:
             here, submitted = str(Path.cwd()), os.environ.get("DPOTRAIN_SUBMIT_DIR")
             also = f" and {submitted} (where the job was submitted)" if submitted and submitted != here else ""
             where = f" (looked in {here}{also})"
+        if matched := _pattern_files(path):
+            source = f"{{path: {builder_of(path) or 'json'}, data_files: '{name}'}}"
+            raise ConfigError(
+                f"dataset {name!r} is a pattern (it matches {plural(matched, 'file')}), and dataset_name names one "
+                "file or folder: give the folder that holds them (every data file in it is read), or the pattern as "
+                f"a mixture source's data_files (datasets: [{source}])"
+            )
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
@@ -81,6 +88,13 @@ def check_dataset_name(name: str | None) -> None:
         check_one_format(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
+
+
+def _pattern_files(path: Path) -> int:
+    """How many files a path written as a glob (`shards/*.jsonl`, `**`) names, 0 if it is none."""
+    if not any(c in str(path) for c in "*?["):
+        return 0
+    return sum(1 for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
 
 
 def check_read_as_named(name: str, path: Path) -> None:
@@ -207,6 +221,7 @@ def load_preference_dataset(
         if builder == "json" and not streaming:
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files={split: as_files(path)})
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
+        check_folder_config(name, path, config)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
         if not streaming:
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
@@ -484,6 +499,33 @@ def check_cache_room(*args, **kwargs) -> None:
             f"the datasets cache {cache} has {size(free)} free, and datasets first copies the data set's "
             f"{size(need)} of files into it (as Arrow, about their size): set HF_DATASETS_CACHE (or HF_HOME) to a "
             "folder on a disk with room, or make room there"
+        )
+
+
+def check_folder_config(name: str, path: Path, config: str | None) -> None:
+    """A cloned Hub data set (a folder whose README.md lists `configs:`) read without a configuration where it has no
+    default, or with one it lacks: datasets' error was taken for an unreadable folder, and the line advised
+    rewriting the files. The configurations are read as datasets reads them."""
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard
+
+    if not (path / "README.md").is_file():
+        return
+    try:
+        configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(path / "README.md").data)
+        default = configs.get_default_config_name()
+    except Exception:  # a card datasets cannot read either: its own error, at the load, says why
+        return
+    names = ", ".join(configs)
+    if config is None and default is None and configs:
+        raise ConfigError(
+            f"dataset folder {name!r} has {len(configs)} configurations (its README.md's configs: {names}) and no "
+            "default: choose one with dataset_config (--dataset_config NAME; a mixture source: its `name`)"
+        )
+    if config is not None and configs and config not in configs:
+        raise ConfigError(
+            f"dataset folder {name!r} has no configuration {config!r}: choose one of {names} (its README.md's "
+            "configs) as dataset_config"
         )
 
 

@@ -16,7 +16,8 @@ KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat templa
 HH_FORMATS = ("messages", "text")
 DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
 ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to one prompt)" + DETAIL
-HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
+# `\r\n` line ends too (a file saved on Windows): not read as HH, such strings trained as plain text, no template
+HH_TURN = re.compile(r"(?:^|\r?\n\r?\n)(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
 NOT_HH = "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the data set's first row"
 
@@ -154,7 +155,7 @@ def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
 
 
 def is_hh(text: str) -> bool:
-    return text.lstrip().startswith("Human:") and "\n\nAssistant:" in text
+    return text.lstrip().startswith("Human:") and "\n\nAssistant:" in text.replace("\r\n", "\n")
 
 
 def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
