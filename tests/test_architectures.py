@@ -422,3 +422,52 @@ def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     else:  # transformers refuses the boundaries without them: the run stops, naming the fix
         with pytest.raises(ConfigError, match="packed sequences apart.*; set --padding_free false"):
             smoke_trainer(model_dir, tmp_path / "run", rows, *args)
+
+
+def test_disable_dropout_reaches_the_dropout_a_model_applies_itself():
+    """TRL's `disable_dropout` zeroes `nn.Dropout` modules only; Seed-OSS drops out functionally at the rates its config
+    gives (attention and residual, 0.1 each), so its policy trained with dropout against a reference scored without,
+    and the step-1 guard stopped the run. The trainer zeroes those rates too, leaving the config (config.json) as is."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from dpotrain.train.trainer import disable_functional_dropout
+
+    config = AutoConfig.for_model("seed_oss", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    config.update(dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_implementation="eager"))
+    assert (config.attention_dropout, config.residual_dropout) == (0.1, 0.1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    ids = torch.arange(12).view(1, 12)
+
+    def same_twice() -> bool:
+        with torch.no_grad():
+            return torch.equal(model(ids).logits, model(ids).logits)
+
+    disable_dropout_in_model(model)  # what TRL does
+    assert not same_twice()
+    disable_functional_dropout(model)
+    assert same_twice()
+    assert (model.config.attention_dropout, model.config.residual_dropout) == (0.1, 0.1)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "phimoe"])
+def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
+    """TRL's fused LM head reads `config.num_experts` for the router loss; these configs name it `num_local_experts`:
+    granitemoe's first training step was an AttributeError. The config answers to both, pickles, and saves as it was."""
+    import pickle
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpotrain.train.trainer import trl_compatible_config
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4)
+    config = AutoConfig.for_model(model_type, num_local_experts=4, num_experts_per_tok=2, **shape)
+    model = AutoModelForCausalLM.from_config(config)
+    assert not hasattr(model.config, "num_experts")
+    trl_compatible_config(model)
+    assert model.config.num_experts == 4 and isinstance(model.config, type(config))
+    assert pickle.loads(pickle.dumps(model.config)).num_experts == 4
+    model.config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "num_experts" not in saved and saved == json.loads(config.to_json_string())

@@ -13,6 +13,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import re
 import shutil
 import time
 from contextlib import nullcontext
@@ -21,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
@@ -47,6 +47,9 @@ from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop
 from dpotrain.train.step_log import StepLog
+
+# A module attribute holding a dropout probability (`attention_dropout`, `residual_dropout`, `resid_pdrop`)
+DROPOUT_NAME = re.compile(r"dropout|pdrop")
 
 
 def training_arguments(run: Recipe):
@@ -77,19 +80,37 @@ def _eval_mode(module):
         module.train(was)
 
 
-class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
-    """GraniteMoeHybridConfig that also answers to `num_experts` (see `trl_compatible_config`)."""
-
-    attribute_map = {**GraniteMoeHybridConfig.attribute_map, "num_experts": "num_local_experts"}
+@functools.cache
+def _answering_num_experts(config_class: type) -> type:
+    """`config_class` that also answers to `num_experts` (see `trl_compatible_config`), a module-level name here so
+    that the config still pickles."""
+    name = f"_{config_class.__name__}"
+    attribute_map = {**config_class.attribute_map, "num_experts": "num_local_experts"}
+    alias = type(name, (config_class,), {"attribute_map": attribute_map, "__module__": __name__, "__qualname__": name})
+    globals()[name] = alias
+    return alias
 
 
 def trl_compatible_config(model) -> None:
     """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
-    `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`: the config answers to both, its saved
-    config.json unchanged. Drop this once TRL reads `num_local_experts` as well."""
+    `_fused_forward`); GraniteMoe, GraniteMoeShared, GraniteMoeHybrid, PhiMoE and Llama 4 call it `num_local_experts`
+    (an AttributeError at the first step): the config answers to both, its saved config.json unchanged. Drop this once
+    TRL reads `num_local_experts` as well."""
     config = packing.causal_lm(model).config.get_text_config()
-    if type(config) is GraniteMoeHybridConfig:
-        config.__class__ = _GraniteMoeHybridConfig
+    if hasattr(config, "num_local_experts") and not hasattr(config, "num_experts"):
+        config.__class__ = _answering_num_experts(type(config))
+
+
+def disable_functional_dropout(model) -> None:
+    """TRL's `disable_dropout` (on by default) sets each `nn.Dropout`'s p to 0, but transformers models also drop out
+    functionally, with a probability their modules copy from the config (`self.attention_dropout`; Seed-OSS's
+    `residual_dropout`, 0.1 each in its config): the policy trained with dropout while the reference, scored in eval
+    mode, had none, step 1's loss was not ln 2 and the health guard stopped the run. Those module attributes are set to
+    0 too; the config, and so the saved config.json, is left as it was."""
+    for module in model.modules():
+        rates = [n for n, v in vars(module).items() if type(v) is float and v > 0 and DROPOUT_NAME.search(n)]
+        for name in rates:
+            setattr(module, name, 0.0)
 
 
 def sequence_lengths(batch: dict) -> torch.Tensor:
@@ -180,6 +201,8 @@ class RecipeDPOTrainer(DPOTrainer):
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
+                if training_args.disable_dropout:
+                    disable_functional_dropout(model)
         if self.packed:  # TRL sets the pad token only where it builds its own (padded) collator
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
