@@ -471,3 +471,22 @@ def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
     model.config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert "num_experts" not in saved and saved == json.loads(config.to_json_string())
+
+
+def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
+    """Gemma 4's text config gives each layer its own head_dim (full attention twice sliding's) and refuses a global
+    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError traceback."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import cost, flops
+    from dpotrain.plan import memory
+
+    kinds = ["sliding_attention", "full_attention"]
+    config = AutoConfig.for_model(
+        "gemma4_text", num_hidden_layers=2, layer_types=kinds, head_dim=16, global_head_dim=32
+    )
+    assert [layer.head_dim for layer in config.per_layer_config] == [16, 32]
+    assert flops.head_dim(config) == 32
+    heads = config.num_attention_heads
+    assert cost.model_flops(config).attention_width == heads * 32
+    assert memory.formula_activation_bytes(config, 100, False) > 0
