@@ -48,10 +48,19 @@ FAMILIES = {
     "cohere2": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
     "glm": {},
     "glm4": {},
+    "gemma": {},
+    "phi": {},  # partial rotary, biases, no RMSNorm
+    "starcoder2": WINDOW,
+    "ministral": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "smollm3": {},  # no rotary embedding in every 4th layer
+    "exaone4": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "seed_oss": {},  # attention and residual dropout 0.1 in its config, applied functionally
     # mixture of experts
     "qwen3_moe": MOE,
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),  # router_aux_loss_coef 0.01: the issue's step-1 stop
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(shared_expert_intermediate_size=32, **MOE),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),  # TRL's num_experts is its num_local_experts
     # hybrids: linear attention / Mamba layers beside attention
     "olmo_hybrid": dict(
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
@@ -135,7 +144,16 @@ def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny
     assert trainer.packed == packs and trainer.run_plan.step_plan.padded == (not packs)
     # Prompts shared wherever packing is and the mask can be given (not a mask the model builds itself, not an MoE
     # router's aux loss): then the packed = padded check below runs on the shared rows.
-    shares = packs and model_type not in ("mistral", "phi3", "qwen3_moe", "olmoe", "mixtral")
+    shares = packs and model_type not in (
+        "mistral",
+        "phi3",
+        "starcoder2",
+        "qwen3_moe",
+        "olmoe",
+        "mixtral",
+        "qwen2_moe",
+        "granitemoe",
+    )
     assert trainer.forward.share_prompt == shares
     if not packs:  # the one-line note says why
         assert "Note: padded micro-batches" in capsys.readouterr().out
@@ -317,9 +335,9 @@ def test_packing_is_denied_by_default():
     """Only the model types proven above pack: a stateful model without `layer_types` (RWKV, Mamba) does not."""
     from transformers import AutoConfig
 
-    # RWKV's config names no layer types; Mamba's names them; Qwen2-MoE is attention only, but untested here, and so
+    # RWKV's config names no layer types; Mamba's names them; DeepSeek-V3 is attention only, but untested here, and so
     # is Gemma 3's multimodal wrapper around a text model that packs.
-    for model_type in ("rwkv", "qwen2_moe", "gemma3"):
+    for model_type in ("rwkv", "deepseek_v3", "gemma3"):
         assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model(model_type))
     assert "carry state across packed sequences" in packing.packing_problem(AutoConfig.for_model("mamba2"))
     llama = AutoConfig.for_model("llama")
@@ -475,7 +493,7 @@ def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
 
 def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
     """Gemma 4's text config gives each layer its own head_dim (full attention twice sliding's) and refuses a global
-    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError traceback."""
+    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError."""
     from transformers import AutoConfig
 
     from dpotrain.forwards import cost, flops
