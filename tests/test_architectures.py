@@ -469,7 +469,7 @@ def test_disable_dropout_reaches_the_dropout_a_model_applies_itself():
     assert (model.config.attention_dropout, model.config.residual_dropout) == (0.1, 0.1)
 
 
-@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "phimoe"])
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "granitemoe_swa", "phimoe", "llama4_text"])
 def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
     """TRL's fused LM head reads `config.num_experts` for the router loss; these configs name it `num_local_experts`:
     granitemoe's first training step was an AttributeError. The config answers to both, pickles, and saves as it was."""

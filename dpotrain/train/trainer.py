@@ -93,7 +93,7 @@ def _answering_num_experts(config_class: type) -> type:
 
 def trl_compatible_config(model) -> None:
     """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
-    `_fused_forward`); GraniteMoe, GraniteMoeShared, GraniteMoeHybrid, PhiMoE and Llama 4 call it `num_local_experts`
+    `_fused_forward`); GraniteMoe (Shared, SWA, Hybrid), PhiMoE and Llama 4 call it `num_local_experts`
     (an AttributeError at the first step): the config answers to both, its saved config.json unchanged. Drop this once
     TRL reads `num_local_experts` as well."""
     config = packing.causal_lm(model).config.get_text_config()
