@@ -61,6 +61,22 @@ FAMILIES = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(shared_expert_intermediate_size=32, **MOE),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),  # TRL's num_experts is its num_local_experts
+    # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
+    "deepseek_v3": dict(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        head_dim=8,
+        v_head_dim=16,
+        n_group=1,
+        topk_group=1,
+    ),
     # hybrids: linear attention / Mamba layers beside attention
     "olmo_hybrid": dict(
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
@@ -95,8 +111,7 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = AutoConfig.for_model(
-        model_type,
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -107,8 +122,8 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **FAMILIES[model_type],
     )
+    config = AutoConfig.for_model(model_type, **(shape | FAMILIES[model_type]))  # a family may change the shape
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -335,9 +350,9 @@ def test_packing_is_denied_by_default():
     """Only the model types proven above pack: a stateful model without `layer_types` (RWKV, Mamba) does not."""
     from transformers import AutoConfig
 
-    # RWKV's config names no layer types; Mamba's names them; DeepSeek-V3 is attention only, but untested here, and so
+    # RWKV's config names no layer types; Mamba's names them; GLM-4-MoE is attention only, but untested here, and so
     # is Gemma 3's multimodal wrapper around a text model that packs.
-    for model_type in ("rwkv", "deepseek_v3", "gemma3"):
+    for model_type in ("rwkv", "glm4_moe", "gemma3"):
         assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model(model_type))
     assert "carry state across packed sequences" in packing.packing_problem(AutoConfig.for_model("mamba2"))
     llama = AutoConfig.for_model("llama")

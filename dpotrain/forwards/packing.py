@@ -26,7 +26,7 @@ DENSE_PACKING = (
     "gemma phi starcoder2 ministral smollm3 exaone4 seed_oss"
 )
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
-PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "granitemoe"}
+PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "granitemoe", "deepseek_v3"}
 # Hybrids whose stateful layers' CUDA kernels read sequence boundaries from a one-row varlen batch (transformers 5.23:
 # the gated delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv `seq_idx`): packed only on a varlen attention when
 # asked (`choice.hybrid_problem`), and only while `parity` holds at start.
