@@ -48,10 +48,35 @@ FAMILIES = {
     "cohere2": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
     "glm": {},
     "glm4": {},
+    "gemma": {},
+    "phi": {},  # partial rotary, biases, no RMSNorm
+    "starcoder2": WINDOW,
+    "ministral": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "smollm3": {},  # no rotary embedding in every 4th layer
+    "exaone4": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "seed_oss": {},  # attention and residual dropout 0.1 in its config, applied functionally
     # mixture of experts
     "qwen3_moe": MOE,
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),  # router_aux_loss_coef 0.01: the issue's step-1 stop
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(shared_expert_intermediate_size=32, **MOE),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),  # TRL's num_experts is its num_local_experts
+    # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
+    "deepseek_v3": dict(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        head_dim=8,
+        v_head_dim=16,
+        n_group=1,
+        topk_group=1,
+    ),
     # hybrids: linear attention / Mamba layers beside attention
     "olmo_hybrid": dict(
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
@@ -86,8 +111,7 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = AutoConfig.for_model(
-        model_type,
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -98,8 +122,8 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **FAMILIES[model_type],
     )
+    config = AutoConfig.for_model(model_type, **(shape | FAMILIES[model_type]))  # a family may change the shape
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -135,7 +159,16 @@ def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny
     assert trainer.packed == packs and trainer.run_plan.step_plan.padded == (not packs)
     # Prompts shared wherever packing is and the mask can be given (not a mask the model builds itself, not an MoE
     # router's aux loss): then the packed = padded check below runs on the shared rows.
-    shares = packs and model_type not in ("mistral", "phi3", "qwen3_moe", "olmoe", "mixtral")
+    shares = packs and model_type not in (
+        "mistral",
+        "phi3",
+        "starcoder2",
+        "qwen3_moe",
+        "olmoe",
+        "mixtral",
+        "qwen2_moe",
+        "granitemoe",
+    )
     assert trainer.forward.share_prompt == shares
     if not packs:  # the one-line note says why
         assert "Note: padded micro-batches" in capsys.readouterr().out
@@ -317,9 +350,9 @@ def test_packing_is_denied_by_default():
     """Only the model types proven above pack: a stateful model without `layer_types` (RWKV, Mamba) does not."""
     from transformers import AutoConfig
 
-    # RWKV's config names no layer types; Mamba's names them; Qwen2-MoE is attention only, but untested here, and so
+    # RWKV's config names no layer types; Mamba's names them; GLM-4-MoE is attention only, but untested here, and so
     # is Gemma 3's multimodal wrapper around a text model that packs.
-    for model_type in ("rwkv", "qwen2_moe", "gemma3"):
+    for model_type in ("rwkv", "glm4_moe", "gemma3"):
         assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model(model_type))
     assert "carry state across packed sequences" in packing.packing_problem(AutoConfig.for_model("mamba2"))
     llama = AutoConfig.for_model("llama")
@@ -422,3 +455,71 @@ def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     else:  # transformers refuses the boundaries without them: the run stops, naming the fix
         with pytest.raises(ConfigError, match="packed sequences apart.*; set --padding_free false"):
             smoke_trainer(model_dir, tmp_path / "run", rows, *args)
+
+
+def test_disable_dropout_reaches_the_dropout_a_model_applies_itself():
+    """TRL's `disable_dropout` zeroes `nn.Dropout` modules only; Seed-OSS drops out functionally at the rates its config
+    gives (attention and residual, 0.1 each), so its policy trained with dropout against a reference scored without,
+    and the step-1 guard stopped the run. The trainer zeroes those rates too, leaving the config (config.json) as is."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from dpotrain.train import dropout
+
+    config = AutoConfig.for_model("seed_oss", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    config.update(dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_implementation="eager"))
+    assert (config.attention_dropout, config.residual_dropout) == (0.1, 0.1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    ids = torch.arange(12).view(1, 12)
+
+    def same_twice() -> bool:
+        with torch.no_grad():
+            return torch.equal(model(ids).logits, model(ids).logits)
+
+    disable_dropout_in_model(model)  # what TRL does
+    assert not same_twice()
+    dropout.disable(model)
+    assert same_twice()
+    assert (model.config.attention_dropout, model.config.residual_dropout) == (0.1, 0.1)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "granitemoe_swa", "phimoe", "llama4_text"])
+def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
+    """TRL's fused LM head reads `config.num_experts` for the router loss; these configs name it `num_local_experts`:
+    granitemoe's first training step was an AttributeError. The config answers to both, pickles, and saves as it was."""
+    import pickle
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpotrain.train.trainer import trl_compatible_config
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4)
+    config = AutoConfig.for_model(model_type, num_local_experts=4, num_experts_per_tok=2, **shape)
+    model = AutoModelForCausalLM.from_config(config)
+    assert not hasattr(model.config, "num_experts")
+    trl_compatible_config(model)
+    assert model.config.num_experts == 4 and isinstance(model.config, type(config))
+    assert pickle.loads(pickle.dumps(model.config)).num_experts == 4
+    model.config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "num_experts" not in saved and saved == json.loads(config.to_json_string())
+
+
+def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
+    """Gemma 4's text config gives each layer its own head_dim (full attention twice sliding's) and refuses a global
+    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import cost, flops
+    from dpotrain.plan import memory
+
+    kinds = ["sliding_attention", "full_attention"]
+    config = AutoConfig.for_model(
+        "gemma4_text", num_hidden_layers=2, layer_types=kinds, head_dim=16, global_head_dim=32
+    )
+    assert [layer.head_dim for layer in config.per_layer_config] == [16, 32]
+    assert flops.head_dim(config) == 32
+    heads = config.num_attention_heads
+    assert cost.model_flops(config).attention_width == heads * 32
+    assert memory.formula_activation_bytes(config, 100, False) > 0

@@ -283,3 +283,15 @@ def test_a_dry_run_with_the_analyzers_lengths_states_both_decisions(tmp_path, ca
     assert derived["forward"]["planned_for"] == "without"  # the heavier masks: flex's block mask
     assert derived["memory"]["attention"] == "flex_attention"
     assert derived["batching"]["forward"].startswith("packed, prompts shared")  # the step plan for that forward
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma2"])
+def test_sdpa_asked_for_a_model_without_it_is_refused_in_one_line(model_type):
+    """--attn_implementation sdpa on a model class transformers gives no sdpa (GPT-OSS's attention sinks, Gemma 2's
+    soft-capping) ran the data stages, then stopped in from_pretrained with transformers' ValueError traceback."""
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--attn_implementation", "sdpa"])
+    with pytest.raises(ConfigError, match=rf"^attn_implementation sdpa cannot run here: {model_type}'s .*eager"):
+        choice.candidates(AutoConfig.for_model(model_type), recipe, False, None)
+    eager = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--attn_implementation", "eager"])
+    forwards, _ = choice.candidates(AutoConfig.for_model(model_type), eager, False, None)
+    assert {c.attention for c in forwards} == {"eager"}

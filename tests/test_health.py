@@ -14,7 +14,7 @@ from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
-from dpotrain.train import health
+from dpotrain.train import dropout
 from dpotrain.train.health import LN2, HealthGuard
 from dpotrain.train.losses import check_options, step1_loss
 
@@ -411,7 +411,7 @@ def test_a_model_with_attention_dropout_is_not_stopped_at_step_1(tmp_path, tiny_
         capfd.readouterr().err
     )
     # judged on the dropout the trained model has: none left by disable_dropout (step 1 judged as before), or the rate
-    assert health.active_dropout(trainer.model) == [] and kept.health._dropout == ["attention_dropout 0.1"]
+    assert dropout.active(trainer.model) == [] and kept.health._dropout == ["attention_dropout 0.1"]
 
 
 def test_the_dry_run_says_step1_is_not_judged_where_dropout_is_kept():

@@ -172,6 +172,12 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         kernel = kernel_problem(asked, cuda) if check_kernels or flex else None
         if kernel is not None:
             raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
+        if packing.attention_name(asked) == "sdpa" and dense_attention(config) == "eager":
+            # else transformers' ValueError traceback as the model loads, after the data was read and measured
+            raise ConfigError(
+                f"attn_implementation sdpa cannot run here: {config.model_type}'s model in transformers does not "
+                "take sdpa; use --attn_implementation eager, or leave it out (eager is then chosen)"
+            )
         attentions = [asked]
     elif cuda:
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]

@@ -21,9 +21,12 @@ from dpotrain.recipe import upstream
 # Which models may pack: a layer carrying state along a row (linear attention, Mamba, RWKV) silently mixes packed
 # sequences and a config need not say it has one, hence a list of types tests/test_architectures.py proves equal to the
 # padded path (add one only with its test).
-DENSE_PACKING = "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4"
+DENSE_PACKING = (
+    "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4 "
+    "gemma phi starcoder2 ministral smollm3 exaone4 seed_oss"
+)
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
-PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral"}
+PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "granitemoe", "deepseek_v3"}
 # Hybrids whose stateful layers' CUDA kernels read sequence boundaries from a one-row varlen batch (transformers 5.23:
 # the gated delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv `seq_idx`): packed only on a varlen attention when
 # asked (`choice.hybrid_problem`), and only while `parity` holds at start.

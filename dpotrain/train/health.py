@@ -18,11 +18,11 @@ import math
 import sys
 from dataclasses import dataclass
 
-import torch
 from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import main_outcome, max_over_ranks
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import dropout
 from dpotrain.train.losses import loss_floor_applies, loss_types, step1_loss
 from dpotrain.train.metrics import read_metrics
 from dpotrain.train.pair_metrics import REWARD_STATS
@@ -60,11 +60,11 @@ class HealthGuard(TrainerCallback):
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
-        self._dropout: list[str] = []  # the dropout training keeps on (active_dropout), read at the start
+        self._dropout: list[str] = []  # the dropout training keeps on (dropout.active), read at the start
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
-        self._dropout = active_dropout(model) if model is not None else []
+        self._dropout = dropout.active(model) if model is not None else []
         if self._fresh and self._dropout and self.p.health_step1_tolerance > 0 and state.is_world_process_zero:
             print(f"health: {step1_unjudged(self._dropout)}", file=sys.stderr, flush=True)
         self._last_step = state.global_step
@@ -194,24 +194,10 @@ class HealthGuard(TrainerCallback):
         return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS}
 
 
-def active_dropout(model) -> list[str]:
-    """The dropout left on in training, each as 'name p': a Dropout module's (a LoRA adapter's among them) and the
-    attention's own rate, which attention modules apply as a function argument (transformers' `attention_dropout`)
-    and TRL's disable_dropout, which zeroes Dropout modules alone, leaves on (trainer.zero_attention_dropout)."""
-    found = {}
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout) and module.p > 0:
-            found.setdefault(f"{type(module).__name__} {module.p:g}", None)
-        rate = getattr(module, "attention_dropout", None)
-        if isinstance(rate, float) and rate > 0:
-            found.setdefault(f"attention_dropout {rate:g}", None)
-    return list(found)
-
-
-def step1_unjudged(dropout: list[str]) -> str:
+def step1_unjudged(kept: list[str]) -> str:
     """The line that says the step1 guard is not judged, and why."""
     return (
-        f"the step1 guard is not judged: dropout stays on in training ({', '.join(dropout)}; --disable_dropout "
+        f"the step1 guard is not judged: dropout stays on in training ({', '.join(kept)}; --disable_dropout "
         "false), so the policy's log-probs at step 1 differ from the reference's (scored without dropout) by its "
         "noise, not by a stale reference. The other guards judge as usual"
     )

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
@@ -39,7 +38,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
-from dpotrain.train import disk_full, lora, losses, moved_reference, resume, run_files, samples
+from dpotrain.train import disk_full, dropout, lora, losses, moved_reference, resume, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
@@ -77,19 +76,25 @@ def _eval_mode(module):
         module.train(was)
 
 
-class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
-    """GraniteMoeHybridConfig that also answers to `num_experts` (see `trl_compatible_config`)."""
-
-    attribute_map = {**GraniteMoeHybridConfig.attribute_map, "num_experts": "num_local_experts"}
+@functools.cache
+def _answering_num_experts(config_class: type) -> type:
+    """`config_class` that also answers to `num_experts` (see `trl_compatible_config`), a module-level name here so
+    that the config still pickles."""
+    name = f"_{config_class.__name__}"
+    attribute_map = {**config_class.attribute_map, "num_experts": "num_local_experts"}
+    alias = type(name, (config_class,), {"attribute_map": attribute_map, "__module__": __name__, "__qualname__": name})
+    globals()[name] = alias
+    return alias
 
 
 def trl_compatible_config(model) -> None:
     """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
-    `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`: the config answers to both, its saved
-    config.json unchanged. Drop this once TRL reads `num_local_experts` as well."""
+    `_fused_forward`); GraniteMoe (Shared, SWA, Hybrid), PhiMoE and Llama 4 call it `num_local_experts`
+    (an AttributeError at the first step): the config answers to both, its saved config.json unchanged. Drop this once
+    TRL reads `num_local_experts` as well."""
     config = packing.causal_lm(model).config.get_text_config()
-    if type(config) is GraniteMoeHybridConfig:
-        config.__class__ = _GraniteMoeHybridConfig
+    if hasattr(config, "num_local_experts") and not hasattr(config, "num_experts"):
+        config.__class__ = _answering_num_experts(type(config))
 
 
 def sequence_lengths(batch: dict) -> torch.Tensor:
@@ -141,15 +146,6 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
-def zero_attention_dropout(model) -> None:
-    """disable_dropout's own promise for the attention: TRL zeroes Dropout modules, and the attention modules apply
-    their `attention_dropout` rate as a function argument in training, which it missed (a model whose config had 0.1
-    trained with it, and the step1 guard stopped the run at step 1 blaming the reference)."""
-    for module in model.modules():
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-
-
 class RecipeDPOTrainer(DPOTrainer):
     """Built ready by `train_stage.build_run`: its plan made in `__init__` once TRL tokenized the training set."""
 
@@ -190,7 +186,7 @@ class RecipeDPOTrainer(DPOTrainer):
             if model is not None:
                 trl_compatible_config(model)
                 if training_args.disable_dropout:
-                    zero_attention_dropout(model)
+                    dropout.disable(model)
         if self.packed:  # TRL sets the pad token only where it builds its own (padded) collator
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
