@@ -22,6 +22,7 @@ from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
+from dpotrain.train.checkpoints import remove as remove_checkpoint
 from dpotrain.train.lora import MERGED_DIR
 from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
 from dpotrain.train.resume import HEALTH_STOP, new_run_from, saved_step
@@ -257,10 +258,17 @@ def replace(out: Path, names: list[str]) -> None:
             flush=True,
         )
     own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
-    removed = sorted(e for e in out.iterdir() if e.name in own)
+    # The run's marks of being whole first, each before what it vouches for: a kill midway (SIGKILL, a node lost) left
+    # run_complete.json on a run without its card or model (refused as finished at the rerun without the flag) and a
+    # checkpoint's COMPLETE on a folder missing files (pushed by `push_to_hub.py --checkpoints`); now that folder is a
+    # run stopped before its end, resumed from its last whole checkpoint or replaced again, as the rerun asks.
+    removed = sorted((e for e in out.iterdir() if e.name in own), key=lambda e: (e.name != RUN_COMPLETE, e.name))
     folders = sum(entry.is_dir() and not entry.is_symlink() for entry in removed)
     for entry in removed:
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+        if not (entry.is_dir() and not entry.is_symlink()):
+            entry.unlink(missing_ok=True)
+        else:  # a checkpoint's mark first (`checkpoints.remove`); in any other folder of the run none is found
+            remove_checkpoint(entry)
     left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, run_lock.LOCK_FILE)]
     counts = [plural(n, word) for n, word in ((len(removed) - folders, "file"), (folders, "folder")) if n]
     print(

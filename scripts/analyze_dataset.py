@@ -41,7 +41,9 @@ with venv.loading_libraries():
     from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
+    from dpotrain.data.positions import model_limit
     from dpotrain.data.rows import InvalidRowError
+    from dpotrain.plan import memory
     from dpotrain.recipe import cli, config, recipe_file, writes
     from dpotrain.recipe.errors import ConfigError, cause, run_command
 
@@ -381,6 +383,9 @@ def analyze(args: argparse.Namespace) -> int:
         )
         print(f"Source {mixture.describe(r)}; pair lengths {spread}")
     candidates = [*args.candidates, *([current] if current else [])]
+    # The model's config, read once for the position cap and the memory line: from the Hub where this machine reaches
+    # it and has no copy (a login node), else the local cache; not readable, neither uses it (the memory line says why)
+    model = memory.model_config_or_reason(run, local_only=False)
     report = lengths.summarize(
         m,
         target=target,
@@ -388,7 +393,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
-        max_positions=lengths.model_positions(tokenizer_name, revision),
+        max_positions=model_limit(model[0])[0] if model[0] is not None else None,
         truncation_mode=training.truncation_mode,
         dataset=shown,
         split=split,
@@ -411,7 +416,7 @@ def analyze(args: argparse.Namespace) -> int:
         line = lengths.capped_line(r)
         print(line[0].upper() + line[1:])
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
-    report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest)
+    report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)
 
     if args.json:
         writes.write_text(args.json, json.dumps(report, indent=1) + "\n")
@@ -487,7 +492,7 @@ def fetch_remedy(tokenizer: str, dataset: str, subset: str | None, recipe_path: 
     )
 
 
-def memory_per_gpu(run, max_lengths: list[int], longest: int | None) -> dict:
+def memory_per_gpu(run, max_lengths: list[int], longest: int | None, model: tuple) -> dict:
     """Whether each max_length asked about (the recipe's, --candidates, the recommendation) fits the recipe's GPUs, and
     which --sequence_parallel_size carries one that does not (dpotrain/plan/long_traces.py): printed, and returned for
     the JSON report. Planned only for a recipe (its engine, processes and GPU memory)."""
@@ -503,7 +508,7 @@ def memory_per_gpu(run, max_lengths: list[int], longest: int | None) -> dict:
     except ConfigError as e:  # an accelerate config accelerate refuses (the dry run says so too): the lengths stand
         found = {"skipped": str(e)}
     else:
-        found = long_traces.carrying_groups(run, world, engine, max_lengths, longest)
+        found = long_traces.carrying_groups(run, world, engine, max_lengths, longest, model)
     print(long_traces.line(found), file=sys.stderr if "skipped" in found else sys.stdout)
     return found
 

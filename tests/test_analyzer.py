@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import time
+import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -885,6 +887,46 @@ def test_the_analysis_is_found_by_its_model_folder_however_the_folder_is_named(
         assert found is not None and found["cached"] is True, name
         assert model_identity.cache_name(name) == os.path.realpath(tiny_model_dir), name
     assert model_identity.cache_name("org/model") == "org/model"  # a Hub name as written
+
+
+def test_the_models_config_is_read_once_for_the_position_cap_and_the_memory_line(
+    cli, tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """The analyzer read the model's config twice, asking the Hub each time where it may: for the position cap, then
+    local-only for the memory plan. Once now, both from it; a folder without a config (a tokenizer's alone) caps
+    nothing and its memory line says why, as before (HF_HUB_OFFLINE=1 here: a Hub model's config not cached refuses
+    its tokenizer first)."""
+    from transformers import AutoConfig
+
+    model, tokenizer_only = tmp_path / "model", tmp_path / "tokenizer"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text()) | {"max_position_embeddings": 256}
+    (model / "config.json").write_text(json.dumps(config))
+    shutil.copytree(model, tokenizer_only)
+    (tokenizer_only / "config.json").unlink()
+    read, reads = AutoConfig.from_pretrained.__func__, []
+
+    def reading(cls, *args, **kwargs):  # the real read, its caller noted (transformers' AutoTokenizer reads it too)
+        reads.append(Path(traceback.extract_stack(limit=2)[0].filename))
+        return read(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", classmethod(reading))
+    data = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    for folder, capped, memory in (
+        (model, {"max_position_embeddings": 256, "uncapped": 512}, "max_length 256 fits"),
+        (tokenizer_only, None, f"not planned (the config of {str(tokenizer_only)!r} is not readable on this machine"),
+    ):
+        recipe.write_text(
+            f"model_name_or_path: {folder}\ndataset_name: {data}\nbf16: true\ngpu_memory_gib: 80\n"
+            f"accelerate_config: {ROOT / 'accelerate_config.yaml'}\nauto_coverage: 1.0\n"
+        )
+        reads.clear()
+        assert cli.main(["--config", str(recipe), "--json", str(tmp_path / "r.json"), "--num-proc", "1"]) == 0
+        assert json.loads((tmp_path / "r.json").read_text())["recommendation"]["capped"] == capped
+        assert memory in "".join(capsys.readouterr())  # a line not planned goes to stderr
+        ours = [f.relative_to(ROOT) for f in reads if {ROOT / "dpotrain", ROOT / "scripts"} & set(f.parents)]
+        assert ours == [Path("dpotrain/plan/memory.py")]
 
 
 # --- the command line, end to end ------------------------------------------------------------------------------------

@@ -399,6 +399,39 @@ def test_a_kill_during_rotation_leaves_the_old_checkpoint_cut_short_not_complete
     assert_same_weights(out, baseline)
 
 
+@pytest.mark.slow
+def test_a_kill_while_overwrite_removes_a_finished_run_leaves_a_run_the_next_command_resumes_or_replaces(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """SIGKILL while --overwrite_output_dir removes a finished run, inside its first checkpoint: run_complete.json was
+    removed after the card, the checkpoints and the model (in the names' order), so the folder stayed a finished run
+    with files missing (the rerun without the flag refused it as finished), and checkpoint-2 kept its COMPLETE mark
+    without one of its files. Now the run's marks go first: the rerun without the flag resumes the old run from its
+    last whole checkpoint to the same weights; the same command replaces it. The person's file stays in both.
+    (SIGTERM or a Ctrl-C there is a stop request: the removal finishes, step 1 is trained and saved.)"""
+    killed, paused = tmp_path / "killed", tmp_path / "paused"
+    shutil.copytree(baseline, killed)
+    (killed / "notes.md").write_text("compare with run b\n")
+    # Armed from the start (no rename comes before the removal): before rmtree's second file, named bare
+    env = {**pause_env("", "[!/]*", paused, count=2), "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove"}
+    proc = start(killed, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--overwrite_output_dir",))
+    os.kill(paused_pid(paused, proc), signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "run_complete.json").exists()
+    assert all(resume.unverified(p) is None for p in own_checkpoints(killed) if is_complete(p))
+    replaced = tmp_path / "replaced"
+    shutil.copytree(killed, replaced)
+    result = train(killed, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Resuming from {killed / 'checkpoint-4'}" in result.stdout
+    assert_same_weights(killed, baseline)
+    result = train(replaced, tiny_model_dir, pairs, "--overwrite_output_dir")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert logged_steps(replaced) == [1, 2, 3, 4]
+    assert_same_weights(replaced, baseline)
+    assert all((out / "notes.md").read_text() == "compare with run b\n" for out in (killed, replaced))
+
+
 # Ctrl-C's save, its stopped code and the rerun that ends like the uninterrupted run: tests/test_preemption.py
 # (test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run[Ctrl-C], the same path, which also runs the
 # command it prints).

@@ -25,7 +25,7 @@ from unittest import mock
 
 import numpy as np
 
-from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, positions
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
@@ -848,21 +848,6 @@ def _resolution(
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
     report = None if report_path is None else str(report_path)
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": report}
-
-
-def model_positions(name_or_path: str, revision: str | None = None) -> int | None:
-    """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
-    None when the config is not readable here or does not say."""
-    if builtin.is_builtin(name_or_path):
-        key = name_or_path.removeprefix(builtin.BUILTIN_PREFIX)
-        return builtin.BUILTIN_MODELS.get(key, {}).get("max_position_embeddings")
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    except Exception:  # a tokenizer-only folder, no network: nothing to cap with
-        return None
-    return positions.model_limit(config)[0]
 
 
 def available_cpus() -> int:

@@ -16,11 +16,14 @@ from dpotrain.recipe.errors import plural
 from dpotrain.recipe.run_record import MemoryPlan
 
 
-def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
+def carrying_groups(
+    recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None, model: tuple | None = None
+) -> dict:
     """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (None: no group within a node
     does) and its GiB per GPU, or the model's positions where sequences would reach past them (`longest`: the data's
-    longest sequence); or why nothing was planned (`skipped`)."""
-    config, why = memory.model_config_or_reason(recipe)
+    longest sequence); or why nothing was planned (`skipped`). `model`: the model's (config, why not) where the caller
+    has read it (`memory.model_config_or_reason`), else read here from local files."""
+    config, why = model or memory.model_config_or_reason(recipe)
     if config is None:
         return {"skipped": why}
     if engine.name == "unplanned":

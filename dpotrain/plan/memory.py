@@ -109,13 +109,16 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
         return None, unreadable(recipe, e)  # the reason from this read's error: the config is read once
 
 
-def model_config_or_reason(recipe) -> tuple:
+def model_config_or_reason(recipe, local_only: bool = True) -> tuple:
     """`model_config` where nothing is refused (the analyzer's plan of long traces, a plan on its own): a config the
-    run would refuse is the reason it is not planned."""
+    run would refuse is the reason it is not planned. `local_only=False` (the analyzer, on a login node that may reach
+    the Hub): asked of the Hub where not cached, and a config neither has is the same reason as a local-only miss."""
     try:
-        return model_config(recipe)
+        return model_config(recipe, local_only=local_only)
     except ConfigError as e:
         return None, str(e)
+    except (OSError, ValueError) as e:  # only where not local_only (`model_config` gives the reason itself there)
+        return None, unreadable(recipe, e)
 
 
 def unreadable(recipe, error: BaseException) -> str:

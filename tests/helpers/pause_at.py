@@ -4,7 +4,8 @@ machine the reference stage merged its parts, or training logged its next step, 
 
 The point is given by the files the run writes, as Python's audit hooks see them (nothing of the project is replaced):
 - DPOTRAIN_TEST_PAUSE_AFTER: an fnmatch pattern of a path renamed into place (the project writes every file it keeps
-  to a temporary name, then renames it), e.g. `*/checkpoint-2/COMPLETE`;
+  to a temporary name, then renames it), e.g. `*/checkpoint-2/COMPLETE`; empty: from the start (a run replacing
+  another removes its files before it renames any);
 - DPOTRAIN_TEST_PAUSE_AT: a pattern of a path opened after that rename (`*` for the next file opened at all): the
   process stops before that open, with the renamed file in place;
 - DPOTRAIN_TEST_PAUSE_AT_COUNT (1 unless given): stop before the Nth such open rather than the first, where no file is
@@ -27,7 +28,7 @@ AFTER, AT = os.environ["DPOTRAIN_TEST_PAUSE_AFTER"], os.environ["DPOTRAIN_TEST_P
 PAUSED_FILE = os.environ["DPOTRAIN_TEST_PAUSED_FILE"]
 COUNT = int(os.environ.get("DPOTRAIN_TEST_PAUSE_AT_COUNT", "1"))
 EVENT = os.environ.get("DPOTRAIN_TEST_PAUSE_AT_EVENT", "open")
-state = {"armed": False, "done": False, "seen": 0}
+state = {"armed": not AFTER, "done": False, "seen": 0}
 
 
 def hook(event: str, args: tuple) -> None:
