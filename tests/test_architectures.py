@@ -55,12 +55,33 @@ FAMILIES = {
     "smollm3": {},  # no rotary embedding in every 4th layer
     "exaone4": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
     "seed_oss": {},  # attention and residual dropout 0.1 in its config, applied functionally
+    "olmo": {},  # LayerNorm without weights
+    "helium": {},
+    "arcee": {},  # ReLU² MLP without a gate
+    "apertus": {},  # xIELU activation, QK norm
+    "ernie4_5": {},
+    "hunyuan_v1_dense": {},  # QK norm
+    "internlm3": {},  # a Llama in transformers
+    "stablelm": {},  # partial rotary, LayerNorm
+    "nemotron": {},  # partial rotary, LayerNorm1P, squared-ReLU MLP
+    "gpt_neox": {},  # fused QKV, parallel residual, partial rotary
+    "vaultgemma": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),  # eager only
+    "granite_swa": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),  # eager only
     # mixture of experts
     "qwen3_moe": MOE,
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),  # router_aux_loss_coef 0.01: the issue's step-1 stop
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(shared_expert_intermediate_size=32, **MOE),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),  # TRL's num_experts is its num_local_experts
+    # a DeepSeek-V3-style router (no aux loss in transformers), a dense first layer, partial rotary
+    "glm4_moe": dict(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    ),
     # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
     "deepseek_v3": dict(
         n_routed_experts=4,
@@ -148,7 +169,7 @@ def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
     return built(recipe, datasets.Dataset.from_list(rows))
 
 
-# ~25 s for all 20 on 2 quiet cores (1-3 s each): not marked slow.
+# Each builds and trains a model (1-25 s on the loaded 2-core machine): slow.
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny_model_dir, rows, model_type):
@@ -350,9 +371,9 @@ def test_packing_is_denied_by_default():
     """Only the model types proven above pack: a stateful model without `layer_types` (RWKV, Mamba) does not."""
     from transformers import AutoConfig
 
-    # RWKV's config names no layer types; Mamba's names them; GLM-4-MoE is attention only, but untested here, and so
+    # RWKV's config names no layer types; Mamba's names them; ERNIE-4.5-MoE is attention only, but untested here, and so
     # is Gemma 3's multimodal wrapper around a text model that packs.
-    for model_type in ("rwkv", "glm4_moe", "gemma3"):
+    for model_type in ("rwkv", "ernie4_5_moe", "gemma3"):
         assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model(model_type))
     assert "carry state across packed sequences" in packing.packing_problem(AutoConfig.for_model("mamba2"))
     llama = AutoConfig.for_model("llama")

@@ -23,10 +23,12 @@ from dpotrain.recipe import upstream
 # padded path (add one only with its test).
 DENSE_PACKING = (
     "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4 "
-    "gemma phi starcoder2 ministral smollm3 exaone4 seed_oss"
+    "gemma phi starcoder2 ministral smollm3 exaone4 seed_oss olmo helium arcee apertus ernie4_5 hunyuan_v1_dense "
+    "internlm3 stablelm nemotron gpt_neox vaultgemma granite_swa"
 )
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
-PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "granitemoe", "deepseek_v3"}
+MOE_PACKING = "qwen3_moe olmoe mixtral qwen2_moe granitemoe deepseek_v3 glm4_moe"
+PACKING_TESTED = {*DENSE_PACKING.split(), *MOE_PACKING.split()}
 # Hybrids whose stateful layers' CUDA kernels read sequence boundaries from a one-row varlen batch (transformers 5.23:
 # the gated delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv `seq_idx`): packed only on a varlen attention when
 # asked (`choice.hybrid_problem`), and only while `parity` holds at start.
