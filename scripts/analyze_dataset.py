@@ -456,7 +456,10 @@ def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> N
 def load(args, name: str, split: str, subset: str | None):
     """One data set, and no mixture."""
     try:
-        return data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming), None
+        loaded = data.load_preference_dataset(
+            name, split, subset, revision=args.revision, streaming=args.streaming, split_flag="--split"
+        )
+        return loaded, None
     except ConfigError:  # already one line that names the fix
         raise
     except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
