@@ -309,7 +309,7 @@ def analyze(args: argparse.Namespace) -> int:
     print(
         f"Analysing {shown} ({split}) with the tokenizer of {tokenizer_name}"
         + (f" at revision {revision}" if revision not in (None, "main") else "")
-        + (f" and the chat template {template}" if template else "")
+        + (f" and the chat template {chat_template.named(template)}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
         file=sys.stderr,
         flush=True,
@@ -399,7 +399,8 @@ def analyze(args: argparse.Namespace) -> int:
         split=split,
         revision=args.revision,
         tokenizer=tokenizer_name,
-        chat_template=template,  # the recipe's or --chat_template_path: what the messages were tokenized with
+        # the recipe's or --chat_template_path, named as the run's Data line names it (a folder's .jinja file)
+        chat_template=chat_template.named(template),
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
     print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))

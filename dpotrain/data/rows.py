@@ -330,7 +330,8 @@ def usable_pairs(
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
         unchecked = template.unread if fmt.conversational and fmt.template is None and template is not None else None
-        described = fmt.shape.describe(template_file=template_file, unchecked=unchecked)
+        shown = chat_template.named(template_file)
+        described = fmt.shape.describe(template_file=shown, unchecked=unchecked)
         print(f"Data ({split}): {plural(checked.rows, 'row')}, {described}", flush=True)
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
