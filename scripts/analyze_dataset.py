@@ -13,7 +13,8 @@ CPU only (it hides GPUs itself) and it loads a tokenizer, never model weights. E
 rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid (or the recipe's
 skip_invalid) are counted and listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid
 rows) is also cached, so that training with `max_length: auto` on the same data set revision, tokenizer and chat
-template reuses it.
+template reuses it: in $DPOTRAIN_CACHE/lengths, else ~/.cache/dpotrain/lengths (a few numbers a pair; a line on
+stderr names the file; on a cluster, set DPOTRAIN_CACHE to a shared folder the jobs read).
 """
 
 import contextlib
