@@ -771,3 +771,15 @@ def test_a_template_folder_is_named_as_the_same_file_by_the_run_and_the_analyzer
     assert f"with the chat template `{file}` and the tokenizer of" in out
     said = json.loads(report.read_text())
     assert said["chat_template"] == file and said["shape"].endswith(f"the chat template {file}")
+
+
+def test_the_dry_run_names_a_template_folder_as_its_file(tiny_model_dir, capsys):
+    """A template folder (here the built-in model's own tokenizer folder) was the folder on the dry run's `template:`
+    line while the analyzer and the run's Data line named its chat_template.jinja: the file read, on every line."""
+    import train_dpo
+
+    file = f"{tiny_model_dir}/{chat_template.FILE}"
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    train_dpo.main([*args, "--report_to", "none", "--chat_template_path", tiny_model_dir, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"  template:      {file} (sha256 " in out, out
