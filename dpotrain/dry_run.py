@@ -72,7 +72,7 @@ def template_text(r: Record) -> str:
         return f"none: the pairs are plain text, no chat template applies{unused}"
     digest = f"sha256 {t.sha256[:12]}" if t.sha256 else ""
     if r.settings.chat_template_path:
-        return f"{r.settings.chat_template_path} ({digest}; chat_template_path)"
+        return f"{chat_template.named(r.settings.chat_template_path)} ({digest}; chat_template_path)"
     return f"the model's own ({digest or chat_template.unread_text(t.unread)})"
 
 

@@ -334,7 +334,8 @@ def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, s
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
-    dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say)
+    flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
+    dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, offline.prefetch_command(recipe))
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path

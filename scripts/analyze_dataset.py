@@ -13,7 +13,8 @@ CPU only (it hides GPUs itself) and it loads a tokenizer, never model weights. E
 rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid (or the recipe's
 skip_invalid) are counted and listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid
 rows) is also cached, so that training with `max_length: auto` on the same data set revision, tokenizer and chat
-template reuses it.
+template reuses it: in $DPOTRAIN_CACHE/lengths, else ~/.cache/dpotrain/lengths (a few numbers a pair; a line on
+stderr names the file; on a cluster, set DPOTRAIN_CACHE to a shared folder the jobs read).
 """
 
 import contextlib
@@ -309,7 +310,7 @@ def analyze(args: argparse.Namespace) -> int:
     print(
         f"Analysing {shown} ({split}) with the tokenizer of {tokenizer_name}"
         + (f" at revision {revision}" if revision not in (None, "main") else "")
-        + (f" and the chat template {template}" if template else "")
+        + (f" and the chat template {chat_template.named(template)}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
         file=sys.stderr,
         flush=True,
@@ -399,7 +400,8 @@ def analyze(args: argparse.Namespace) -> int:
         split=split,
         revision=args.revision,
         tokenizer=tokenizer_name,
-        chat_template=template,  # the recipe's or --chat_template_path: what the messages were tokenized with
+        # the recipe's or --chat_template_path, named as the run's Data line names it (a folder's .jinja file)
+        chat_template=chat_template.named(template),
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
     print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))
@@ -456,7 +458,10 @@ def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> N
 def load(args, name: str, split: str, subset: str | None):
     """One data set, and no mixture."""
     try:
-        return data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming), None
+        loaded = data.load_preference_dataset(
+            name, split, subset, revision=args.revision, streaming=args.streaming, split_flag="--split"
+        )
+        return loaded, None
     except ConfigError:  # already one line that names the fix
         raise
     except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback

@@ -747,3 +747,39 @@ def test_the_analyzer_says_the_header_warning_the_dry_run_says(cli, tmp_path, ca
     said = [line for line in capsys.readouterr().err.splitlines() if "add_generation_prompt" in line]
     assert len(said) == 1 and said[0].startswith(f"warning: {lengths.UNOPENED[:40]}"), said
     assert f"{rows} of {rows} pairs" in said[0]
+
+
+def test_a_template_folder_is_named_as_the_same_file_by_the_run_and_the_analyzer(tmp_path, tiny_model_dir, capsys, cli):
+    """chat_template_path given as a folder: the run's Data line named the folder, the analyzer's report the .jinja
+    file in it (and its Analysing line the folder again). One name everywhere: the file read."""
+    import datasets
+
+    from dpotrain.data import rows
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(OLMO_THINKER, folder / chat_template.FILE)
+    file = f"{folder}/{chat_template.FILE}"
+    data, report = think_pairs(tmp_path / "pairs.jsonl", 4), tmp_path / "r.json"
+    dataset = datasets.Dataset.from_list([json.loads(line) for line in data.read_text().splitlines()])
+    rows.usable_pairs(dataset, False, {}, "invalid_rows", template_file=str(folder))
+    assert capsys.readouterr().out.splitlines()[0].endswith(f"; the chat template {file}")
+    argv = [str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(folder), "--json", str(report)]
+    assert cli.main([*argv, "--num-proc", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert f" and the chat template {file}" in err.splitlines()[0]
+    assert f"with the chat template `{file}` and the tokenizer of" in out
+    said = json.loads(report.read_text())
+    assert said["chat_template"] == file and said["shape"].endswith(f"the chat template {file}")
+
+
+def test_the_dry_run_names_a_template_folder_as_its_file(tiny_model_dir, capsys):
+    """A template folder (here the built-in model's own tokenizer folder) was the folder on the dry run's `template:`
+    line while the analyzer and the run's Data line named its chat_template.jinja: the file read, on every line."""
+    import train_dpo
+
+    file = f"{tiny_model_dir}/{chat_template.FILE}"
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    train_dpo.main([*args, "--report_to", "none", "--chat_template_path", tiny_model_dir, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"  template:      {file} (sha256 " in out, out

@@ -935,3 +935,29 @@ def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer
     assert tokenizer.decode(processed[1]["prompt_ids"]).startswith("high<|im_start|>")
     m = lengths.measure(raw, tokenizer)
     np.testing.assert_array_equal(m.prompt, [len(ids) for ids in processed["prompt_ids"]])
+
+
+@pytest.mark.parametrize("content", ["", "  \n"], ids=["empty", "whitespace"])
+def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_alike(content, tmp_path, tiny_model_dir):
+    """A conversation whose user message says nothing trained without a word: the chat template renders the user's
+    header with nothing after it, a gap in the export rather than a prompt (an empty plain-text prompt stays a pair).
+    The run refuses it in one line with --skip_invalid as the way past; the analyzer drops and counts the same row."""
+    pairs = dolci(6)
+    for side in ("chosen", "rejected"):  # the prompt the two sides share, as the messages shape repeats it
+        pairs[3][side] = [{**m, "content": content} if m["role"] == "user" else m for m in pairs[3][side]]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    raw = data.load_preference_dataset(str(path))
+    with pytest.raises(rows.InvalidRowError) as info:
+        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
+    said = str(info.value)
+    assert re.fullmatch(
+        r"row 3, column 'prompt': message \d is a user turn with empty content \(the chat template would render its "
+        r"header with nothing after it\) \(line 4 of .*pairs\.jsonl; fix or remove the row, or pass --skip_invalid "
+        r"true to drop and count such rows instead\)",
+        said,
+    ), said
+    derived = {}
+    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == 5
+    m = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
+    assert [p["index"] for p in m.invalid] == [p["index"] for p in derived["invalid_rows"]["first"]] == [3]

@@ -1804,3 +1804,26 @@ def test_a_count_reads_in_the_singular_for_one_and_in_the_plural_otherwise():
         "1-2 pairs",
     ]
     assert [plural(n, "step", count=False) for n in (1, 3)] == ["step", "steps"]
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--dataset_train_split", "training"], "--dataset_train_split"),
+        (
+            ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_test_split", "validation"],
+            "--dataset_test_split",
+        ),
+    ],
+    ids=["train", "test"],
+)
+def test_a_missing_split_names_the_flag_that_chose_it(args, flag, tmp_path, monkeypatch, capsys):
+    """A split the data set does not have said "choose one of [...]" and left the user to guess which of the run's two
+    split options to change: the line names it."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    for split in ("train", "test"):  # datasets reads a file named for a split as that split
+        shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / f"{split}.jsonl")
+    error = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), *args)
+    split = args[-1]
+    assert error == f"error: dataset {str(folder)!r} has no split {split!r}: set {flag} to one of ['test', 'train']"

@@ -41,6 +41,14 @@ def template_file(path: str) -> Path:
     return given
 
 
+def named(path: str | None) -> str | None:
+    """The name the run's Data line and the analyzer's output give the template a recipe chooses: the file read, a
+    folder's chat_template.jinja (the run named the folder where the analyzer named the file), else `path` as given."""
+    if not path:
+        return None
+    return str(Path(path) / FILE) if Path(path).expanduser().is_dir() else path
+
+
 def check(path: str | None) -> None:
     """Before anything loads: the file is there and reads as text."""
     if path:
@@ -67,7 +75,7 @@ def apply(tokenizer, path: str | None):
     """`tokenizer` with the template `path` names (unchanged without one): saved with it, as the run trained."""
     if path:
         tokenizer.chat_template = read(path)
-        tokenizer.chat_template_file = str(template_file(path))  # what the analyzer's report says it read rows with
+        tokenizer.chat_template_file = named(path)  # what the analyzer's report says it read rows with
     return tokenizer
 
 

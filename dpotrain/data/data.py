@@ -179,9 +179,10 @@ def load_preference_dataset(
     revision: str | None = None,
     streaming: bool = False,
     say: bool = True,
+    split_flag: str | None = None,
 ):
     """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs (`prompt_column`:
-    `say` says so on the console)."""
+    `say` says so on the console). `split_flag`: the caller's option that chose `split`, named where it is missing."""
     import datasets
 
     check_dataset_name(name)
@@ -238,7 +239,9 @@ def load_preference_dataset(
             raise ConfigError(f"could not load data set {name!r} from the Hub: {cause(e)}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
-            raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
+            # The caller knows which of its options chose the split (a run has two): the line names it
+            how = f"set {split_flag} to" if split_flag else "choose"
+            raise ConfigError(f"dataset {name!r} has no split {split!r}: {how} one of {sorted(loaded)}")
         loaded = loaded[split]
     check_columns(loaded, name)
     return prompt_column(loaded, name, split, say)

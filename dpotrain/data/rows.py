@@ -93,6 +93,8 @@ def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[d
         return None, problem
     if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
+    if fmt.conversational and (problem := _empty_user_turn(example["prompt"])):
+        return None, ("prompt", problem)
     for column in ("chosen", "rejected"):
         completion = example[column]
         if fmt.conversational and not any(map(_says_something, completion)):
@@ -168,6 +170,19 @@ def _says_something(message: dict) -> bool:
     an answer: TRL trains its rendered call."""
     extra = (value for key, value in message.items() if key not in ("role", "content", "name"))
     return bool((message.get("content") or "").strip()) or any(isinstance(v, str | list | dict) and v for v in extra)
+
+
+def _empty_user_turn(prompt: list[dict]) -> str | None:
+    """A user message with empty or whitespace-only content. A plain-text empty prompt is a legitimate pair (answers
+    that share no start), but the chat template renders an empty user turn as its header with nothing after it: the
+    model would learn to answer a question nobody asked, an export's gap (a lost field), not a user's intent."""
+    for i, message in enumerate(prompt):
+        if message["role"] == "user" and not _says_something(message):
+            return (
+                f"message {i} is a user turn with empty content (the chat template would render its header with "
+                "nothing after it)"
+            )
+    return None
 
 
 def split_row(example: dict, fmt: RowFormat) -> dict:
@@ -315,7 +330,8 @@ def usable_pairs(
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
         unchecked = template.unread if fmt.conversational and fmt.template is None and template is not None else None
-        described = fmt.shape.describe(template_file=template_file, unchecked=unchecked)
+        shown = chat_template.named(template_file)
+        described = fmt.shape.describe(template_file=shown, unchecked=unchecked)
         print(f"Data ({split}): {plural(checked.rows, 'row')}, {described}", flush=True)
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
