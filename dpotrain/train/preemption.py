@@ -129,6 +129,17 @@ class GracefulStop(TrainerCallback):
         self.requested_at = self.requested_at or created
         return created is not None
 
+    def stop_before_training(self, device, what: str) -> bool:
+        """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
+        it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
+        the others enter). Without it a request made while the data was read or the old run's files removed was
+        honoured only at the end of step 1, after the model loaded and step 1 trained and saved."""
+        if not max_over_ranks(int(self.asked_here()), device):
+            return False
+        self.stopped = True
+        main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
+        return True
+
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
         without a stop file, the line names the command to type again."""
