@@ -172,6 +172,8 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     log = proc.communicate(timeout=300)[0]
     assert proc.returncode == STOPPED_EXIT, log[-3000:]
     assert f"Stop requested: {stopped}" in log and "Traceback" not in log, log[-3000:]
+    # before training, Ctrl-C said "saving a checkpoint at the end of this step"
+    assert ("Ctrl-C: stopping before training" in log) == (how == "Ctrl-C"), log[-3000:]
     assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
     assert not (out / "run.lock").exists()
     rerun = start(out, tiny_model_dir, pairs)

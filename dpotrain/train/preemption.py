@@ -47,6 +47,7 @@ class GracefulStop(TrainerCallback):
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
+        self.training_begun = False  # a step to stop at: before it, the run stops at the next stage boundary
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
         self.command = command
@@ -97,7 +98,10 @@ class GracefulStop(TrainerCallback):
                 b"(Ctrl-C again: stop at once, without them)\n"
                 if self.training_over and not self.stopped
                 else b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                b"at once, without it)\n",
+                b"at once, without it)\n"
+                if self.training_begun
+                else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
+                b"again: stop at once)\n",
             )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
@@ -161,6 +165,10 @@ class GracefulStop(TrainerCallback):
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.training_begun = True
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
