@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, read_only_prefix
+from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python, read_only_prefix
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -180,6 +180,40 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_stop_one_rank_hears_before_training_stops_every_rank_before_step_1(tmp_path, tiny_model_dir, pairs):
+    """2 processes, SIGTERM to rank 0 alone as it reads the cached reference: rank 1 never heard it, and both trained
+    step 1 and wrote checkpoint-1 before. The boundary's all-reduce stops both before step 1, each exiting 75."""
+    launch = [
+        os.path.join(os.path.dirname(PYTHON), "accelerate"),
+        "launch",
+        "--num_processes",
+        "2",
+    ]  # signals: not warm
+    launch += ["--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
+    args = [*ARGS, "--output_dir", str(tmp_path / "run"), "--model_name_or_path", tiny_model_dir]
+    args += ["--dataset_name", str(pairs)]
+    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"}
+    scored = subprocess.run([*launch, str(ROOT / "train_dpo.py"), *args, "--reference_only"], env=env, cwd=ROOT)
+    assert scored.returncode == 0
+    paused = tmp_path / "paused"  # only the main process reads the cache: rank 1 waits for its answer
+    env |= pause_env("", "*/reference/*/complete.npz", paused)
+    proc = subprocess.Popen(
+        [*launch, str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)  # the agent names each rank's code, then exits 1
+    assert proc.returncode == 1 and codes == [str(STOPPED_EXIT)] * 2, log[-3000:]
+    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]
+    assert logged_steps(tmp_path / "run") == [] and not list((tmp_path / "run").glob("checkpoint-*")), log[-3000:]
 
 
 @pytest.mark.slow
