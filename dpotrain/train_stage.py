@@ -64,6 +64,10 @@ class ReadyRun:
         if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
             return STOPPED_EXIT
         record = record_run(self.spec, trainer, outcomes)
+        # And once more after the record: the main process hashed the model's files for it (model_identity), a while
+        # for large weights, which the other ranks waited out.
+        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
+            return STOPPED_EXIT
         trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
         return publish.save_and_push(self, record)
 

@@ -154,6 +154,8 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
         ("SIGTERM", ("*/run_files.json", "*"), "stopped before the model loaded"),
         # asked once the model loaded, its reference cached whole (no micro-batch left to stop at): before step 1
         ("Ctrl-C", ("", "*/reference/*/complete.npz"), "stopped before step 1"),
+        # asked once resolved_config.json was written (the model's files hashed for it): before step 1 still
+        ("SIGTERM", ("*/resolved_config.json", "*"), "stopped before step 1"),
     ],
 )
 def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, stopped, tmp_path, tiny_model_dir, pairs):
