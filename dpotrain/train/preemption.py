@@ -44,6 +44,7 @@ class GracefulStop(TrainerCallback):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
+        self.started = time.time()  # a stop file older than this: not asked as it ran (asked_since_start)
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
@@ -138,11 +139,23 @@ class GracefulStop(TrainerCallback):
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
         the others enter). Without it a request made while the data was read or the old run's files removed was
         honoured only at the end of step 1, after the model loaded and step 1 trained and saved."""
-        if not max_over_ranks(int(self.asked_here()), device):
+        if not max_over_ranks(int(self.asked_since_start()), device):
             return False
         self.stopped = True
         main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
         return True
+
+    def asked_since_start(self) -> bool:
+        """A signal, or a stop file made after this process started. One there before it (scripts/launch.sh removes
+        its own at the start, so one made by hand, or a test's) keeps its meaning: stop after step 1, with its
+        checkpoint, which the tests use for a checkpoint-1 however fast the machine is."""
+        if self.signal_received is not None:
+            return True
+        try:
+            made = self.stop_file.stat().st_mtime if self.stop_file else None
+        except FileNotFoundError:
+            return False
+        return made is not None and made >= self.started and self.asked_here()
 
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
