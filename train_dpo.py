@@ -39,7 +39,7 @@ with venv.loading_libraries():
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_command
     from dpotrain.train import agreement, disk_full, resume
-    from dpotrain.train.preemption import GracefulStop
+    from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 
 
 def main(argv=None) -> None:
@@ -112,6 +112,10 @@ def run(argv, stop: GracefulStop) -> int | None:
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
+    # A stop asked while the data was read or the old run's files removed: honoured before the model loads. Not before
+    # the removal: the command printed to go on drops --overwrite_output_dir, and would have resumed the old run.
+    if stop.stop_before_training(state.device, "stopped before the model loaded"):
+        return STOPPED_EXIT
     # The ready run: the model loaded, its pairs tokenized, every step planned, the ranks agreed.
     ready = train_stage.build_run(spec, stop)
     outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request

@@ -59,7 +59,15 @@ class ReadyRun:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):
                 out.resolve().rmdir()  # made at its start (where a link points): a reference-only run writes none
             return 0
+        # A stop asked before now (while the model loaded, or while a complete cached reference was read, which
+        # leaves no micro-batch to stop at) ends the run before step 1, with the reference's scores kept.
+        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
+            return STOPPED_EXIT
         record = record_run(self.spec, trainer, outcomes)
+        # And once more after the record: the main process hashed the model's files for it (model_identity), a while
+        # for large weights, which the other ranks waited out.
+        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
+            return STOPPED_EXIT
         trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
         return publish.save_and_push(self, record)
 

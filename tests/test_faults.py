@@ -408,7 +408,7 @@ def test_a_kill_while_overwrite_removes_a_finished_run_leaves_a_run_the_next_com
     with files missing (the rerun without the flag refused it as finished), and checkpoint-2 kept its COMPLETE mark
     without one of its files. Now the run's marks go first: the rerun without the flag resumes the old run from its
     last whole checkpoint to the same weights; the same command replaces it. The person's file stays in both.
-    (SIGTERM or a Ctrl-C there is a stop request: the removal finishes, step 1 is trained and saved.)"""
+    (SIGTERM or a Ctrl-C there is a stop request: the removal finishes, then the run stops before the model loads.)"""
     killed, paused = tmp_path / "killed", tmp_path / "paused"
     shutil.copytree(baseline, killed)
     (killed / "notes.md").write_text("compare with run b\n")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PYTHON, ROOT, python, read_only_prefix
+from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python, read_only_prefix
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -40,11 +40,11 @@ def pairs(tmp_path_factory):
     return path
 
 
-def start(out, model_dir, data, env=None):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=()):
     return subprocess.Popen(
         [
             python(),
-            str(ROOT / "train_dpo.py"),
+            str(script),
             *ARGS,
             "--output_dir",
             str(out),
@@ -52,6 +52,7 @@ def start(out, model_dir, data, env=None):
             model_dir,
             "--dataset_name",
             str(data),
+            *extra,
         ],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
@@ -143,6 +144,78 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 
     resumed = load_file(str(out / "model.safetensors"))
     assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "pause", "stopped"),
+    [
+        # asked while the old run's files were removed or the data read: before the model loads
+        ("SIGTERM", ("*/run_files.json", "*"), "stopped before the model loaded"),
+        # asked once the model loaded, its reference cached whole (no micro-batch left to stop at): before step 1
+        ("Ctrl-C", ("", "*/reference/*/complete.npz"), "stopped before step 1"),
+        # asked once resolved_config.json was written (the model's files hashed for it): before step 1 still
+        ("SIGTERM", ("*/resolved_config.json", "*"), "stopped before step 1"),
+    ],
+)
+def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, stopped, tmp_path, tiny_model_dir, pairs):
+    """A stop asked before training was honoured only at the end of step 1: the model loaded, the reference was read
+    (a complete cache, as after --overwrite_output_dir of a run on the same pairs), step 1 trained and checkpoint-1
+    written. Now the run stops at the next stage boundary, every rank alike, and the same command trains from step 1."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    scored = start(out, tiny_model_dir, pairs, extra=("--reference_only",))  # the reference cached, as a run leaves it
+    assert scored.wait(timeout=300) == 0, scored.stdout.read()[-3000:]
+    # Paused once the run renamed run_files.json into place (the old run's files gone), or as it opens the cached
+    # reference (the model loaded)
+    proc = start(out, tiny_model_dir, pairs, env=pause_env(*pause, paused), script=PAUSE_AT)
+    pid = paused_pid(paused, proc)
+    os.kill(pid, signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
+    os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT, log[-3000:]
+    assert f"Stop requested: {stopped}" in log and "Traceback" not in log, log[-3000:]
+    # before training, Ctrl-C said "saving a checkpoint at the end of this step"
+    assert ("Ctrl-C: stopping before training" in log) == (how == "Ctrl-C"), log[-3000:]
+    assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
+    assert not (out / "run.lock").exists()
+    rerun = start(out, tiny_model_dir, pairs)
+    log = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
+    assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_stop_one_rank_hears_before_training_stops_every_rank_before_step_1(tmp_path, tiny_model_dir, pairs):
+    """2 processes, SIGTERM to rank 0 alone as it reads the cached reference: rank 1 never heard it, and both trained
+    step 1 and wrote checkpoint-1 before. The boundary's all-reduce stops both before step 1, each exiting 75."""
+    launch = [
+        os.path.join(os.path.dirname(PYTHON), "accelerate"),
+        "launch",
+        "--num_processes",
+        "2",
+    ]  # signals: not warm
+    launch += ["--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
+    args = [*ARGS, "--output_dir", str(tmp_path / "run"), "--model_name_or_path", tiny_model_dir]
+    args += ["--dataset_name", str(pairs)]
+    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"}
+    scored = subprocess.run([*launch, str(ROOT / "train_dpo.py"), *args, "--reference_only"], env=env, cwd=ROOT)
+    assert scored.returncode == 0
+    paused = tmp_path / "paused"  # only the main process reads the cache: rank 1 waits for its answer
+    env |= pause_env("", "*/reference/*/complete.npz", paused)
+    proc = subprocess.Popen(
+        [*launch, str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)  # the agent names each rank's code, then exits 1
+    assert proc.returncode == 1 and codes == [str(STOPPED_EXIT)] * 2, log[-3000:]
+    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]
+    assert logged_steps(tmp_path / "run") == [] and not list((tmp_path / "run").glob("checkpoint-*")), log[-3000:]
 
 
 @pytest.mark.slow

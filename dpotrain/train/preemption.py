@@ -44,9 +44,11 @@ class GracefulStop(TrainerCallback):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
+        self.started = time.time()  # a stop file older than this: not asked as it ran (asked_since_start)
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
+        self.training_begun = False  # a step to stop at: before it, the run stops at the next stage boundary
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
         self.command = command
@@ -97,7 +99,10 @@ class GracefulStop(TrainerCallback):
                 b"(Ctrl-C again: stop at once, without them)\n"
                 if self.training_over and not self.stopped
                 else b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                b"at once, without it)\n",
+                b"at once, without it)\n"
+                if self.training_begun
+                else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
+                b"again: stop at once)\n",
             )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
@@ -129,6 +134,29 @@ class GracefulStop(TrainerCallback):
         self.requested_at = self.requested_at or created
         return created is not None
 
+    def stop_before_training(self, device, what: str) -> bool:
+        """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
+        it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
+        the others enter). Without it a request made while the data was read or the old run's files removed was
+        honoured only at the end of step 1, after the model loaded and step 1 trained and saved."""
+        if not max_over_ranks(int(self.asked_since_start()), device):
+            return False
+        self.stopped = True
+        main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
+        return True
+
+    def asked_since_start(self) -> bool:
+        """A signal, or a stop file made after this process started. One there before it (scripts/launch.sh removes
+        its own at the start, so one made by hand, or a test's) keeps its meaning: stop after step 1, with its
+        checkpoint, which the tests use for a checkpoint-1 however fast the machine is."""
+        if self.signal_received is not None:
+            return True
+        try:
+            made = self.stop_file.stat().st_mtime if self.stop_file else None
+        except FileNotFoundError:
+            return False
+        return made is not None and made >= self.started and self.asked_here()
+
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
         without a stop file, the line names the command to type again."""
@@ -150,6 +178,10 @@ class GracefulStop(TrainerCallback):
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.training_begun = True
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
