@@ -266,6 +266,18 @@ def paused_pid(paused_file: Path, proc: subprocess.Popen, timeout: float = 300) 
     return pid
 
 
+def signal_paused(paused_file: Path, proc: subprocess.Popen, signum: int, timeout: float = 300) -> str:
+    """`signum` sent to the process paused at the point (`paused_pid`), which then goes on to take it; the launch's
+    output once it has ended (killed if the test fails first, never left running)."""
+    try:
+        pid = paused_pid(paused_file, proc, timeout)
+        os.kill(pid, signum)
+        os.kill(pid, signal.SIGCONT)
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        proc.kill()
+
+
 def python() -> str:
     """The interpreter for a test's `python SCRIPT ARGS`: the session's warm one (its imports already done; a script
     of another copy of the project, or an environment that differs in what libraries read while importing, gets a

@@ -60,6 +60,18 @@ def env_for(hub, tmp_path, offline=False, **extra) -> dict:
     }
 
 
+def push_checkpoints(out, hub, tmp_path):
+    """`python scripts/push_to_hub.py OUT --checkpoints` against the stand-in Hub, the token from the environment."""
+    return subprocess.run(
+        [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
+        cwd=tmp_path,
+        env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def hub_in_process(hub, monkeypatch) -> None:
     """This process's huggingface_hub pointed at the stand-in Hub, online, with no wait between retries."""
     from huggingface_hub import constants
@@ -217,17 +229,7 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert_secret_nowhere(out, result)
     assert not (out / PUSH_RECORD).exists()
 
-    def push_to_hub():
-        return subprocess.run(
-            [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
-            cwd=tmp_path,
-            env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    pushed = push_to_hub()
+    pushed = push_checkpoints(out, hub, tmp_path)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     assert [(c["revision"], c["message"]) for c in hub.state.commits] == [
         ("step-2", "Checkpoint at step 2"),
@@ -239,7 +241,7 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert "| 2 | [`step-2`]" in card and "| 4 | [`step-4`]" in card
     assert SECRET not in pushed.stdout + pushed.stderr
 
-    again = push_to_hub()  # everything is there: nothing is uploaded twice
+    again = push_checkpoints(out, hub, tmp_path)  # everything is there: nothing is uploaded twice
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
@@ -269,17 +271,7 @@ def test_a_stopped_offline_run_pushes_its_checkpoint_then_goes_on_and_pushes_the
     assert job.returncode == 75, log[-3000:]
     [stopped_at] = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
 
-    def push_to_hub():
-        return subprocess.run(
-            [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
-            cwd=tmp_path,
-            env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    pushed = push_to_hub()
+    pushed = push_checkpoints(out, hub, tmp_path)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     assert f"{out} has not finished training (no run_complete.json): only its checkpoints are pushed" in pushed.stdout
     assert sorted(hub.state.repos[REPO]) == ["main", f"step-{stopped_at}"]
@@ -290,7 +282,7 @@ def test_a_stopped_offline_run_pushes_its_checkpoint_then_goes_on_and_pushes_the
     resumed = run_train(args, env=env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET), timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resuming from {out}/checkpoint-{stopped_at}" in resumed.stdout
-    again = push_to_hub()
+    again = push_checkpoints(out, hub, tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"Skipped checkpoint-{stopped_at}: {REPO}@step-{stopped_at} already holds it" in again.stdout
     assert [c["revision"] for c in hub.state.commits] == [f"step-{stopped_at}", "step-8", "main"]
@@ -468,7 +460,7 @@ def test_retry_waits_that_are_not_seconds_are_refused_before_training(monkeypatc
     assert hub.take_push_settings(recipe).requested and with_retries(lambda: "done", "x") == ("done", 1)
 
 
-def test_push_checkpoints_needs_push_to_hub():
+def test_push_checkpoints_needs_push_checkpoints(out, hub, tmp_path):
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError

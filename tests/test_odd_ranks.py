@@ -18,9 +18,9 @@ from conftest import (
     accelerate_launch,
     launch_env,
     pause_env,
-    paused_pid,
     python,
     rank_python,
+    signal_paused,
     smoke_command,
 )
 
@@ -204,13 +204,7 @@ def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rer
     proc = subprocess.Popen(
         stopped, cwd=ROOT, env=env_paused, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    try:
-        pid = paused_pid(paused, proc)
-        os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGCONT)
-        log = proc.communicate(timeout=300)[0]
-    finally:
-        proc.kill()
+    log = signal_paused(paused, proc, signal.SIGTERM)
     # Each rank exits 75 (no rank left waiting in a collective: the launch ended within the timeout); accelerate launch
     # (torch's elastic agent) then exits 1 naming each rank's code. Once one rank has exited, the agent sends SIGTERM
     # to those still ending (-15: the marker is written before any rank returns, `collectives.main_outcome`), and

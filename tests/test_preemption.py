@@ -13,7 +13,16 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python, read_only_prefix
+from conftest import (
+    PAUSE_AT,
+    PYTHON,
+    ROOT,
+    pause_env,
+    python,
+    rank_python,
+    read_only_prefix,
+    signal_paused,
+)
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -168,10 +177,7 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     # Paused once the run renamed run_files.json into place (the old run's files gone), or as it opens the cached
     # reference (the model loaded)
     proc = start(out, tiny_model_dir, pairs, env=pause_env(*pause, paused), script=PAUSE_AT)
-    pid = paused_pid(paused, proc)
-    os.kill(pid, signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
-    os.kill(pid, signal.SIGCONT)
-    log = proc.communicate(timeout=300)[0]
+    log = signal_paused(paused, proc, signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
     assert proc.returncode == STOPPED_EXIT, log[-3000:]
     assert f"Stop requested: {stopped}" in log and "Traceback" not in log, log[-3000:]
     # before training, Ctrl-C said "saving a checkpoint at the end of this step"
@@ -205,13 +211,7 @@ def test_a_stop_one_rank_hears_before_training_stops_every_rank_before_step_1(tm
     proc = subprocess.Popen(
         [*launch, str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    try:
-        pid = paused_pid(paused, proc)
-        os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGCONT)
-        log = proc.communicate(timeout=300)[0]
-    finally:
-        proc.kill()
+    log = signal_paused(paused, proc, signal.SIGTERM)
     codes = re.findall(r"exitcode  : (-?\d+) ", log)  # the agent names each rank's code, then exits 1
     assert proc.returncode == 1 and codes == [str(STOPPED_EXIT)] * 2, log[-3000:]
     assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]
