@@ -460,7 +460,7 @@ def test_retry_waits_that_are_not_seconds_are_refused_before_training(monkeypatc
     assert hub.take_push_settings(recipe).requested and with_retries(lambda: "done", "x") == ("done", 1)
 
 
-def test_push_checkpoints_needs_push_checkpoints(out, hub, tmp_path):
+def test_push_checkpoints_needs_push_to_hub():
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
