@@ -44,7 +44,7 @@ class GracefulStop(TrainerCallback):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
-        self.started = time.time()  # a stop file older than this: not asked as it ran (asked_since_start)
+        self.started = time.time()  # a stop file older than this: not asked as it ran (stop_before_training)
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
@@ -124,38 +124,32 @@ class GracefulStop(TrainerCallback):
         if self.signal_received is not None:
             raise KeyboardInterrupt
 
-    def asked_here(self) -> bool:
+    def asked_here(self, since: float | None = None) -> bool:
+        """A signal, or the stop file; `since`: only a stop file made since then (`stop_before_training`)."""
         if self.signal_received is not None:
             return True
         try:
             created = self.stop_file.stat().st_mtime if self.stop_file else None
         except FileNotFoundError:
             created = None
+        if created is None or (since is not None and created < since):
+            return False
         self.requested_at = self.requested_at or created
-        return created is not None
+        return True
 
     def stop_before_training(self, device, what: str) -> bool:
         """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
         the others enter). Without it a request made while the data was read or the old run's files removed was
-        honoured only at the end of step 1, after the model loaded and step 1 trained and saved."""
-        if not max_over_ranks(int(self.asked_since_start()), device):
+        honoured only at the end of step 1, after the model loaded and step 1 trained and saved. A stop file there
+        before this process started (scripts/launch.sh removes its own at the start, so one made by hand, or a test's)
+        keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a checkpoint-1 however fast
+        the machine is."""
+        if not max_over_ranks(int(self.asked_here(since=self.started)), device):
             return False
         self.stopped = True
         main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
         return True
-
-    def asked_since_start(self) -> bool:
-        """A signal, or a stop file made after this process started. One there before it (scripts/launch.sh removes
-        its own at the start, so one made by hand, or a test's) keeps its meaning: stop after step 1, with its
-        checkpoint, which the tests use for a checkpoint-1 however fast the machine is."""
-        if self.signal_received is not None:
-            return True
-        try:
-            made = self.stop_file.stat().st_mtime if self.stop_file else None
-        except FileNotFoundError:
-            return False
-        return made is not None and made >= self.started and self.asked_here()
 
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
