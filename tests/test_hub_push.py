@@ -82,6 +82,18 @@ def hub_in_process(hub, monkeypatch) -> None:
     monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
 
 
+def push_script(hub, monkeypatch):
+    """scripts/push_to_hub.py loaded in this process, its Hub the stand-in (`hub_in_process`), the token in HF_TOKEN."""
+    import importlib.util
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    hub_in_process(hub, monkeypatch)
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def train(hub, tmp_path, model_dir, *args, offline=False):
     out = tmp_path / "run"
     common = ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out), "--max_steps", "4"]
@@ -785,7 +797,6 @@ def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_n
     read-only folder). That error ends the command in one line, saying the branch went up, that its record was not
     written and how to record it. It printed "Pushed checkpoint-2" first (the record disagreeing), then "pushing ...
     failed"; before a119055 it also said "checkpoint-2 was not pushed" of a branch the Hub holds."""
-    import importlib.util
     import shutil
     from unittest import mock
 
@@ -801,12 +812,7 @@ def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_n
     sealed_checkpoint(run / "checkpoint-2")
     run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
     (run / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
-    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
-        monkeypatch.setenv(name, value)
-    hub_in_process(hub, monkeypatch)
-    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = push_script(hub, monkeypatch)
     with pytest.raises(RunError) as ended, mock.patch.dict(os.environ):  # main reads .env into the environment
         script.main([str(run), "--repo-id", REPO, "--checkpoints"])
     assert "step-2" in hub.state.repos[REPO] and "model.safetensors" not in hub.state.repos[REPO]["main"]
@@ -831,7 +837,6 @@ def test_the_checkpoints_left_unpushed_are_counted_in_their_number(
 ):
     """push_to_hub.py without --checkpoints of a run with one checkpoint printed "1 checkpoint(s) on disk are not
     pushed: add --checkpoints to push them to branches step-<N>"."""
-    import importlib.util
     import shutil
     from unittest import mock
 
@@ -845,12 +850,7 @@ def test_the_checkpoints_left_unpushed_are_counted_in_their_number(
     for step in steps:
         sealed_checkpoint(run / f"checkpoint-{step}")
     run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
-    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
-        monkeypatch.setenv(name, value)
-    hub_in_process(hub, monkeypatch)
-    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = push_script(hub, monkeypatch)
     with mock.patch.dict(os.environ):  # main reads .env into the environment
         script.main([str(run), "--repo-id", REPO])
     assert f"{said} step-<N>\n" in capsys.readouterr().out
@@ -1143,7 +1143,6 @@ def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_
     README.md, training_curves.png": its checkpoint could not reach the Hub until the run had finished. --checkpoints
     pushes it to its branch and says that the run has not finished (main stays as it was); without it, one line names
     the flag."""
-    import importlib.util
     from unittest import mock
 
     from conftest import sealed_checkpoint
@@ -1155,12 +1154,7 @@ def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_
     (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
     (run / "metrics.jsonl").write_text('{"step": 4, "loss": 0.69}\n')
     run_files.write(run, [run_files.MANIFEST, "resolved_config.json", "metrics.jsonl", "checkpoint-4"])
-    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
-        monkeypatch.setenv(name, value)
-    hub_in_process(hub, monkeypatch)
-    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = push_script(hub, monkeypatch)
     with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:  # main reads .env into the environment
         script.main([str(run)])
     assert str(refused.value) == (
