@@ -1072,7 +1072,7 @@ def test_a_checkpoint_that_did_not_fit_is_said_while_other_ranks_still_write_in_
     try:
         deadline = time.time() + 3
         while time.time() < deadline:
-            said = str(disk_full.save_failed(folder, disk_full.FULL[errno.ENOSPC], remove=False))
+            said = str(disk_full.save_failed(folder, disk_full.FULL[errno.ENOSPC]))
             assert "checkpoint-2" in said and "written before it failed" in said, said
     finally:
         writer.kill()

@@ -207,9 +207,7 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned.attention
     assert planned.fits is True and planned.total_gib == 72.8
     assert planned.per_gpu_gib["attention_masks"] == 0.0  # a block mask's few MiB
-    assert choice.lightest_attention(memory.model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
-        "flex_attention"
-    )
+    assert choice.lightest_attention(memory.model_config(recipe)[0], recipe) == "flex_attention"
 
 
 def test_a_login_node_dry_run_plans_for_what_the_gpus_will_run(tmp_path, capsys, monkeypatch):

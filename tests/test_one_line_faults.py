@@ -205,7 +205,7 @@ for name, write in [("metrics", lambda: records.append(disk / "metrics.jsonl", [
 try:
     torch.save({{"step": 4}}, str(disk / "checkpoint-4" / "optimizer.pt"))
 except Exception as e:
-    print("checkpoint", disk_full.save_failed(disk / "checkpoint-4", disk_full.why_full(e, disk), remove=True))
+    print("checkpoint", disk_full.save_failed(disk / "checkpoint-4", disk_full.why_full(e, disk)))
 print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError("file write failed"), disk)))
 """
     result = subprocess.run(

@@ -268,10 +268,10 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     )
 
 
-def lightest_attention(config, recipe, cuda: bool, varlen: str | None) -> str:
-    """The attention of the candidate forward whose masks take the least memory: what a run's memory is first checked
-    for, before anything loads."""
-    options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
+def lightest_attention(config, recipe) -> str:
+    """The attention of the candidate forward whose masks take the least memory on a GPU without FlashAttention 4: what
+    a run's memory is first checked for, before anything loads (a dry run weighs the real choice)."""
+    options, _ = candidates(copy.deepcopy(config), recipe, cuda=True, varlen=None)
     return min((c.attention for c in options), key=mask_weight)
 
 

@@ -3,8 +3,6 @@ length, for the recipe's GPUs. Each answer is the memory plan itself on a copy o
 micro-batches of one whole pair of it (so it does not depend on the recipe's budget), for the groups a refusal offers,
 smallest first. A length past the model's positions is not planned: training refuses it."""
 
-import copy
-
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import NAMES, Engine
 from dpotrain.data import positions
@@ -29,8 +27,7 @@ def carrying_groups(
     if engine.name == "unplanned":
         return {"skipped": engine.source}
     one = replaced(recipe, project={"memory_check": False, "sequence_parallel_size": 1})
-    # The forward of lightest masks a GPU run can take without FlashAttention 4 (a dry run weighs the real choice).
-    attention = choice.lightest_attention(copy.deepcopy(config), one, cuda=True, varlen=None)
+    attention = choice.lightest_attention(config, one)
     found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
     limit, _ = positions.model_limit(config)
     groups = [1]  # then the groups a refusal would offer, under DeepSpeed's engine only

@@ -100,13 +100,11 @@ def _after(kept: list[Path]) -> str:
     return "no checkpoint was complete yet: the same command starts afresh"
 
 
-def save_failed(folder: Path, why: str, remove: bool) -> RunError:
-    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`); removes it when `remove`."""
+def save_failed(folder: Path, why: str) -> RunError:
+    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`)."""
     out = folder.parent
     kept = [p for p in complete_checkpoints(out) if p != folder]
     written = writes.folder_bytes(folder)  # other ranks may still be writing their shards there
-    if remove:
-        shutil.rmtree(folder, ignore_errors=True)
     free = shutil.disk_usage(out).free
     previous = checkpoint_manifest.total_bytes(kept[-1]) if kept else None
     need = (

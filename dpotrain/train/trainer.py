@@ -293,7 +293,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self._write_checkpoint(model, trial, folder)
         except collectives.REFUSED as e:  # a full disk: one line naming the folder and space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
-            failed = e if why is None else disk_full.save_failed(folder, why, remove=False)
+            failed = e if why is None else disk_full.save_failed(folder, why)
             cut_short = why is not None and self.is_world_process_zero()
         # Under DDP the main process alone writes the weights, optimizer and trainer state (under DeepSpeed each rank
         # its shards): a rank that failed alone ended on its line while the others waited in `on_save`'s barrier
