@@ -97,6 +97,31 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return builtin.materialize_model("builtin:tiny-olmo3")
 
 
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory, tiny_model_dir):
+    """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def built(recipe, train, eval_dataset=None, callbacks=()):
     """The run's ready run (dpotrain/train_stage.py) on pairs the test holds: the run's checks, its first half on
     these pairs (`stages.given_pairs`), then the one builder, `train_stage.build_run` (the trainer with its plan)."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
+from test_shared_prompt import fused, per_token, random_pairs
 from torch.nn.attention.flex_attention import create_mask
 from transformers import AutoConfig
 
@@ -76,7 +76,7 @@ def cheap_flex(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
-def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, cheap_flex):  # noqa: F811
+def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, cheap_flex):
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir
     sdpa, on_flex = fused(model_dir, "sdpa"), fused(model_dir, "flex_attention")
     pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 128 window

@@ -26,30 +26,6 @@ def rows():
     return sorted(all_rows, key=lambda r: len(r["chosen"][-1]["content"]) + len(r["rejected"][-1]["content"]))[-6:]
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, tiny_model_dir):
-    """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def trainer_for(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(
         [

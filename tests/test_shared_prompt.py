@@ -17,29 +17,6 @@ from dpotrain.recipe.errors import ConfigError
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, tiny_model_dir):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def random_pairs(seed=0, prompts=(150, 30, 1, 400), completions=((40, 90), (200, 20), (7, 9), (5, 3))):
     """Token-id pairs of very different shapes: prompts longer than the tiny OLMo 3's 128-token sliding window, a
     one-token prompt, long shared histories with short answers."""
