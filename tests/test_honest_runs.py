@@ -206,11 +206,6 @@ def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_
     assert str(kept[0]) in stdout and not (out / "wandb").exists()
 
 
-def wandb_history_steps(run_file) -> list[int]:
-    """The `_step` of each history row of an offline W&B run file."""
-    return [step for step, _ in wandb_history(run_file)]
-
-
 def wandb_history(run_file) -> list[tuple[int, dict]]:
     """Each history row of an offline W&B run file: its `_step` and its values by key, as JSON text."""
     rows = []
