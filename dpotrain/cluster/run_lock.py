@@ -182,10 +182,8 @@ class Lock:
                     flush=True,
                 )
                 return
-            try:
+            with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
                 os.utime(self.path)
-            except OSError:  # a file system hiccup: the next beat tries again, long before the lock is stale
-                pass
 
     def release(self) -> None:
         self._stop.set()

@@ -192,8 +192,7 @@ _SLOPPY = ["idk lol", "whatever", "maybe stuff happens", "no idea tbh", "it is w
 
 def _careful_answer(rng: random.Random, a: int, b: int, topic: str, paragraphs: int) -> str:
     lines = [f"Let us work it out step by step: {a} + {b} = {a + b}.", f"The answer is {a + b}."]
-    for _ in range(paragraphs):
-        lines.append(f"About {topic}: " + " ".join(rng.sample(_FACTS, 3)))
+    lines += [f"About {topic}: " + " ".join(rng.sample(_FACTS, 3)) for _ in range(paragraphs)]
     return "\n\n".join(lines)
 
 
