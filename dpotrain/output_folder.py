@@ -7,7 +7,6 @@ and a run reads nothing from its own output folder (`check_reads_outside`): the 
 one of the files it replaces.
 """
 
-import json
 import os
 import shlex
 import shutil
@@ -158,14 +157,11 @@ def check(output_dir: str, lock: bool = True) -> None:
 
 
 def reads(recipe) -> list[tuple[str, str]]:
-    """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
-    named in its adapter_config.json), the data (a mixture's sources, held-out ones too), the chat template and the
+    """What a run reads from paths, each named as its refusal names it: the model (never a LoRA adapter's folder, which
+    `options.check_model` refuses first), the data (a mixture's sources, held-out ones too), the chat template and the
     sample prompts."""
     model = recipe.model.model_name_or_path or ""
     found = [(f"model_name_or_path {model!r}", model)]
-    adapter = Path(model).expanduser() / "adapter_config.json"
-    base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter.is_file() else None
-    found += [(f"the base model of {model!r} ({base!r}, adapter_config.json)", base)] if base else []
     found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
     found += [(f"a mixture source {path!r}", path) for path in mixture.local_files(mixture.fields_of(recipe))]
     template, prompts = recipe.project.chat_template_path, recipe.project.sample_prompts_file
