@@ -46,7 +46,7 @@ with venv.loading_libraries():
     from dpotrain.data.rows import InvalidRowError
     from dpotrain.plan import memory
     from dpotrain.recipe import cli, config, recipe_file, writes
-    from dpotrain.recipe.errors import ConfigError, cause, run_command
+    from dpotrain.recipe.errors import ConfigError, cause, run_command, warn
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
 
@@ -374,7 +374,7 @@ def analyze(args: argparse.Namespace) -> int:
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     for warning in (lengths.missing_bos(m, tokenizer), lengths.unopened_turn(m, tokenizer)):  # the dry run's
         if warning:  # judged on every pair measured here
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
+            warn(warning)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
         spread = (
@@ -437,19 +437,17 @@ def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> N
     """The complete analysis kept for `max_length: auto`, keyed by the data as it was before it was read (`dataset_id`);
     not where the data changed since (`now`): neither key would describe the rows measured."""
     if now != dataset_id:
-        print(
-            f"warning: not cached for `max_length: auto`: the data ({name}) changed during the analysis (rows written "
-            "to it meanwhile?): the report is of the rows as read; analyse again once the data set is complete",
-            file=sys.stderr,
+        warn(
+            f"not cached for `max_length: auto`: the data ({name}) changed during the analysis (rows written "
+            "to it meanwhile?): the report is of the rows as read; analyse again once the data set is complete"
         )
         return
     try:
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
     except OSError as e:  # a full disk or quota, a read-only home: the report stands, the cache is an extra
-        print(
-            f"warning: not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
-            f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
-            file=sys.stderr,
+        warn(
+            f"not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
+            f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it"
         )
     else:
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
-from dpotrain.recipe.errors import ConfigError, plural, run_command
+from dpotrain.recipe.errors import ConfigError, plural, run_command, warn
 
 ENGINE_FLAGS = ("--accelerate_config", "--accelerate-config")  # the field's flag, as the parser takes it
 
@@ -110,21 +110,19 @@ def warning_lead(script: str, submit_line: str = "") -> str:
         elif word.startswith("--signal="):
             found = (word.removeprefix("--signal="), "sbatch's command line")
     if found is None:
-        print(
-            "warning: no time-limit warning is set for this job (no --signal=B:USR1@<seconds>): at its time limit "
+        warn(
+            "no time-limit warning is set for this job (no --signal=B:USR1@<seconds>): at its time limit "
             "Slurm sends SIGTERM and kills it KillWait later (30 s by default): a checkpoint that takes longer is cut "
-            f"off, and the steps since the last one are lost; {_signal_fix(600, None, script)}",
-            file=sys.stderr,
+            f"off, and the steps since the last one are lost; {_signal_fix(600, None, script)}"
         )
         return ""
     spec = SIGNAL.fullmatch(found[0])
     if spec is None or "B" not in (spec["flags"] or "") or spec["sig"].upper() not in ("USR1", "10"):
         # sbatch(1): without B:, the signal goes to the job's steps (srun's processes), not to the batch shell
         why = " (without B:, Slurm signals the job's steps only)" if spec and "B" not in (spec["flags"] or "") else ""
-        print(
-            f"warning: the job's --signal={found[0]} ({found[1]}) does not send USR1 to the batch shell, "
-            f"which checkpoints before the time limit{why}: {_signal_fix(spec and spec['lead'] or 600, *found)}",
-            file=sys.stderr,
+        warn(
+            f"the job's --signal={found[0]} ({found[1]}) does not send USR1 to the batch shell, "
+            f"which checkpoints before the time limit{why}: {_signal_fix(spec and spec['lead'] or 600, *found)}"
         )
         return ""
     return f"{spec['lead'] or 60} {found[1]}"

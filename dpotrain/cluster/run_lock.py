@@ -13,13 +13,12 @@ import errno
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 from dpotrain.recipe import writes
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, warn
 
 LOCK_FILE = "run.lock"
 HEARTBEAT_S = 30  # how often a live run refreshes its lock's time
@@ -175,12 +174,7 @@ class Lock:
             found = _read(self.path)
             if found is None or found[0] != self.raw:
                 now = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
-                print(
-                    f"warning: the lock {self.path} is no longer this run's ({now}): another run may write into "
-                    f"{self.out}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                warn(f"the lock {self.path} is no longer this run's ({now}): another run may write into {self.out}")
                 return
             with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
                 os.utime(self.path)

@@ -5,12 +5,11 @@ import glob
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, cause, plural, size
+from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import unwritable
 
 # datasets' own suffixes for these builders (its _EXTENSION_TO_MODULE): a folder of `.ndjson` or `.tsv` shards is read
@@ -345,11 +344,9 @@ def load_dataset(*args, **kwargs):
         if lost is None or kwargs.get("streaming"):
             raise
     named = _named(args[0], kwargs.get("data_files"))
-    print(
-        f"warning: datasets' copy of {named} in {lost.parent} has lost files since it was made ({lost.name} is "
-        "missing): it is made again from the data",
-        file=sys.stderr,
-        flush=True,
+    warn(
+        f"datasets' copy of {named} in {lost.parent} has lost files since it was made ({lost.name} is "
+        "missing): it is made again from the data"
     )
     # The raw files a Hub data set downloaded are kept; only the Arrow copy is prepared again.
     return datasets.load_dataset(*args, download_mode=datasets.DownloadMode.REUSE_CACHE_IF_EXISTS, **kwargs)

@@ -17,7 +17,6 @@ import importlib.util
 import itertools
 import json
 import os
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,7 +29,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, cause, plural, size
+from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
@@ -229,11 +228,10 @@ def measure(
     bad = ~valid
     mismatches = int(c["mismatch"].sum())
     if mismatches:
-        print(
-            f"warning: the batched tokenization differed from TRL's in {plural(mismatches, 'chunk')}; "
+        warn(
+            f"the batched tokenization differed from TRL's in {plural(mismatches, 'chunk')}; "
             f"{'it was' if mismatches == 1 else 'those were'} measured "
-            "one row at a time (exact, slower)",
-            file=sys.stderr,
+            "one row at a time (exact, slower)"
         )
     return Measured(
         index=index[valid],
@@ -822,11 +820,9 @@ def analyse(
     try:
         path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
     except OSError as e:  # a full disk or quota, a read-only cache: the run has its answer; the cache is an extra
-        print(
-            f"warning: the length analysis was not cached ({cause(e)}): the next run measures the split again; make "
-            f"room in {cache_dir or cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
-            file=sys.stderr,
-            flush=True,
+        warn(
+            f"the length analysis was not cached ({cause(e)}): the next run measures the split again; make "
+            f"room in {cache_dir or cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it"
         )
         path = None
     return m, _resolution(m, coverage, path, False, max_positions, truncation_mode)

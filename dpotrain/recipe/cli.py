@@ -11,7 +11,7 @@ import itertools
 import sys
 
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, warn
 
 # The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool): the scripts take the same ones.
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
@@ -43,11 +43,9 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
         meaning = _meaning(action, values)
         first = seen.setdefault(action.dest, (name, values, meaning))
         if first[2] != meaning:
-            print(
-                f"warning: {first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
-                f"{' '.join(values) or 'alone'}): the last counts",
-                file=sys.stderr,
-                flush=True,
+            warn(
+                f"{first[0]} is given twice on the command line ({' '.join(first[1]) or 'alone'}, then "
+                f"{' '.join(values) or 'alone'}): the last counts"
             )
             seen[action.dest] = (name, values, meaning)
 

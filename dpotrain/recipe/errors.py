@@ -43,6 +43,13 @@ def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = 
     return f"{text} {word}" if count else word
 
 
+def warn(text: str) -> None:
+    """`warning: <text>` on stderr, in one write: a line written in parts runs into another process's in a launch's
+    shared log."""
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
+
+
 def run_cli(main) -> None:
     """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
     Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a

@@ -18,12 +18,11 @@ import fcntl
 import json
 import math
 import os
-import sys
 import zipfile
 import zlib
 from pathlib import Path
 
-from dpotrain.recipe.errors import ConfigError, RunError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 
 # What reading a damaged file raises: numpy and zipfile on an empty, truncated or foreign file, json on text cut short.
 UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
@@ -71,12 +70,10 @@ def parse(path: Path, raw: bytes, step: bool = False) -> list[dict]:
     seen = (str(path), len(raw))
     if torn.strip() and seen not in _warned:  # the last line, with no newline after it (whole JSON or not): cut short
         _warned.add(seen)
-        print(
-            f"warning: {path}: dropped its last line ({len(whole) + 1}: {len(torn)} bytes, cut short as a crash while "
+        warn(
+            f"{path}: dropped its last line ({len(whole) + 1}: {len(torn)} bytes, cut short as a crash while "
             "writing it leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded "
-            "again",
-            file=sys.stderr,
-            flush=True,
+            "again"
         )
     return records
 
@@ -161,10 +158,6 @@ def read_cache(path: str | Path, load, kind: str, again: str):
 
 
 def damaged_cache(path: str | Path, why: str, kind: str, again: str) -> None:
-    print(
-        f"warning: the {kind} cache file {path} is damaged ({why}); it is removed and {again}",
-        file=sys.stderr,
-        flush=True,
-    )
+    warn(f"the {kind} cache file {path} is damaged ({why}); it is removed and {again}")
     with contextlib.suppress(OSError):  # a read-only cache: computed again next time too, never a reason not to start
         Path(path).unlink(missing_ok=True)

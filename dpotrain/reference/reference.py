@@ -14,7 +14,6 @@ import hashlib
 import itertools
 import json
 import secrets
-import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, plural, warn
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
 from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
@@ -170,12 +169,10 @@ class Store:
 
     def _not_saved(self, error: OSError) -> None:
         if self.unsaved is None:  # once per process: a full disk stays full
-            print(
-                f"warning: the reference cache could not be written in {self.folder} ({error.strerror or error}): "
+            warn(
+                f"the reference cache could not be written in {self.folder} ({error.strerror or error}): "
                 "scoring and training go on with the scores in memory, and a later run (a requeue too) scores the "
-                "unsaved pairs again; free space there, or set DPOTRAIN_CACHE to a folder with room",
-                file=sys.stderr,
-                flush=True,
+                "unsaved pairs again; free space there, or set DPOTRAIN_CACHE to a folder with room"
             )
         self.unsaved = error.strerror or str(error)
 

@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.cluster import collectives
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, warn
 from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
@@ -178,8 +177,4 @@ def report_save(step: int, seconds: float) -> None:
     ):
         limit = float(os.environ.get(name) or 0)
         if limit and seconds > limit:
-            print(
-                f"warning: checkpoint-{step} took {seconds:.0f} s, longer than the {limit:.0f} s of {what}",
-                file=sys.stderr,
-                flush=True,
-            )
+            warn(f"checkpoint-{step} took {seconds:.0f} s, longer than the {limit:.0f} s of {what}")
