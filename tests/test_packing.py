@@ -7,14 +7,13 @@ The layouts themselves are proven on literal tensors (tests/test_literal_tensors
 along a packed row take the padded path (tests/test_architectures.py: the olmo_hybrid family, the parity check).
 """
 
-import datasets
 import pytest
 import torch
+from test_shared_prompt import trainer_for  # one recipe for the two forward comparisons
 
-from conftest import ROOT, built, ready
+from conftest import ROOT
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
-from dpotrain.recipe.config import parse_args
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -24,25 +23,6 @@ def rows():
     # Pairs of very different lengths (the longest over the tiny OLMo 3's 128-token sliding window) in one batch.
     all_rows = builtin.make_preference_rows(64, seed=0)
     return sorted(all_rows, key=lambda r: len(r["chosen"][-1]["content"]) + len(r["rejected"][-1]["content"]))[-6:]
-
-
-def trainer_for(tmp_path, model_dir, rows, *overrides):
-    recipe = parse_args(
-        [
-            "--config",
-            SMOKE,
-            "--model_name_or_path",
-            model_dir,
-            "--output_dir",
-            str(tmp_path),
-            "--report_to",
-            "none",
-            "--save_strategy",
-            "no",
-            *overrides,
-        ]
-    )
-    return ready(built(recipe, datasets.Dataset.from_list(rows)))
 
 
 def perturb(model, seed=1):
