@@ -359,7 +359,7 @@ def test_a_resume_under_other_package_versions_says_which_and_records_them(tmp_p
     for name in FINAL:  # as a kill after the last checkpoint leaves the folder
         (out / name).unlink()
     # The checkpoint as a run under an older transformers sealed it (its record is covered by its manifest)
-    resealed(checkpoint, lambda derived: derived["packages"].update(transformers="4.57.0"))
+    resealed(checkpoint, lambda record: record["derived"]["packages"].update(transformers="4.57.0"))
     capsys.readouterr()
     train_dpo.main(argv)
     now = agreement.package_versions()["transformers"]
@@ -370,13 +370,13 @@ def test_a_resume_under_other_package_versions_says_which_and_records_them(tmp_p
 
 
 def resealed(checkpoint: Path, edit) -> None:
-    """`checkpoint` as another version wrote and sealed it: `edit` changes its record's `derived` in place (the record
-    is covered by its manifest, sealed again)."""
+    """`checkpoint` as another version wrote and sealed it: `edit` changes its record in place (the record is covered
+    by its manifest, sealed again)."""
     from dpotrain.train import checkpoint_manifest
     from dpotrain.train.checkpoints import MARKER
 
     record = json.loads((checkpoint / "resolved_config.json").read_text())
-    edit(record["derived"])
+    edit(record)
     (checkpoint / "resolved_config.json").write_text(json.dumps(record))
     mark = (checkpoint / MARKER).read_text()
     for name in (MARKER, "MANIFEST.json"):
@@ -405,7 +405,7 @@ def test_a_resume_from_a_checkpoint_trained_with_other_dropout_says_so(tmp_path,
     assert record["derived"]["dropout"] == []  # disable_dropout (the default): none on in training
     for name in FINAL:  # as a kill after the last checkpoint leaves the folder
         (out / name).unlink()
-    resealed(checkpoint, lambda derived: derived.pop("dropout"))  # as a version before the field wrote it
+    resealed(checkpoint, lambda record: record["derived"].pop("dropout"))  # as a version before the field wrote it
     capsys.readouterr()
     train_dpo.main([*argv, "--report_to", "none", "--output_dir", str(out)])
     assert (
@@ -420,6 +420,37 @@ def test_a_resume_from_a_checkpoint_trained_with_other_dropout_says_so(tmp_path,
         "version of dropout.disable), as resolved_config.json now records (derived.dropout)"
     )
     assert resume.dropout_changed("ckpt", run_record.of(record), [], {"attention_dropout": 0.1}) is None
+
+
+@pytest.mark.slow
+def test_a_resume_under_max_length_auto_trains_at_its_checkpoints_length(tmp_path, tiny_model_dir, capsys):
+    """`max_length: auto` is decided again at each start; where it now chooses another length than the checkpoint's
+    (another version's choice, or the model's positions read otherwise after an upgrade: the model's files themselves
+    are compared), the resume trained the steps left at the new length, its record rewritten, and said nothing. It
+    goes on at the checkpoint's length now, and says so on one line."""
+    import train_dpo
+
+    out = tmp_path / "run"
+    argv = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_steps", "2"]
+    argv += ["--max_length", "auto", "--report_to", "none", "--output_dir", str(out)]
+    train_dpo.main(argv)
+    checkpoint = out / "checkpoint-2"
+    assert json.loads((checkpoint / "resolved_config.json").read_text())["max_length"] == 512
+    for name in FINAL:  # as a kill after the last checkpoint leaves the folder
+        (out / name).unlink()
+
+    def chose_1024(record):  # as a version whose auto rounded the 95% coverage up to 1,024 recorded it
+        record["max_length"] = record["derived"]["max_length"]["max_length"] = 1024
+
+    resealed(checkpoint, chose_1024)
+    capsys.readouterr()
+    train_dpo.main(argv)
+    assert (
+        f"note: max_length: auto chooses 512 now, and {checkpoint} trained at 1,024 (chosen at the run's start): the "
+        "steps after it train at 1,024, as it did" in capsys.readouterr().out
+    )
+    record = json.loads((out / "resolved_config.json").read_text())
+    assert record["max_length"] == 1024 and record["derived"]["max_length"]["max_length"] == 1024
 
 
 @pytest.mark.slow
