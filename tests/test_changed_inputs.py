@@ -143,13 +143,15 @@ def test_a_model_re_exported_with_other_weights_at_the_same_path_is_refused(stop
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer_config.json", "config.json"])
 def test_an_edited_template_or_tokenizer_file_of_the_model_folder_is_refused(stopped, name):
     out, model, shards = stopped
     path = model / name
     text = path.read_text()
     if name == "chat_template.jinja":  # the assistant's turn opened with a space: pairs tokenized another way
         path.write_text(text.replace("<|im_start|>assistant", "<|im_start|>assistant ", 1))
+    elif name == "config.json":  # fewer positions: the cap of `max_length: auto`'s choice, and another model
+        path.write_text(json.dumps(json.loads(text) | {"max_position_embeddings": 256}, indent=2))
     else:  # the same size, one character changed
         path.write_text(text.replace('"<|endoftext|>"', '"<|endoftexT|>"', 1))
     assert path.read_text() != text
