@@ -24,7 +24,8 @@ def _rates(module) -> list[str]:
 
 def config_rates(config) -> dict[str, float]:
     """The dropout rates above 0 that `config` gives (read through `ConfigWithoutDropout`: none)."""
-    rates = {n: getattr(config, n) for n in vars(config.__dict__.get("_config", config)) if RATE_NAME.search(n)}
+    fields = vars(config.config if isinstance(config, ConfigWithoutDropout) else config)
+    rates = {n: getattr(config, n) for n in fields if RATE_NAME.search(n)}
     return {n: v for n, v in rates.items() if type(v) is float and v > 0}
 
 
@@ -34,17 +35,17 @@ class ConfigWithoutDropout:
     config itself, which the model and config.json keep as they were."""
 
     def __init__(self, config):
-        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "config", config)  # in its own __dict__: read before __getattr__
 
     def __getattr__(self, name):
-        config = self.__dict__.get("_config")
-        if config is None or name.startswith("__"):  # unpickling or copying: before `_config` is set
+        config = self.__dict__.get("config")
+        if config is None or name.startswith("__"):  # unpickling or copying: before `config` is set
             raise AttributeError(name)
         value = getattr(config, name)
         return 0.0 if type(value) is float and RATE_NAME.search(name) else value
 
     def __setattr__(self, name, value):
-        setattr(self._config, name, value)
+        setattr(self.config, name, value)
 
 
 def _module_configs(model):
