@@ -534,14 +534,16 @@ def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
     kept = trained.lengths.auto if trained is not None else None
     if not isinstance(kept, dict) or not isinstance(kept.get("max_length"), int):
         return auto  # recorded without `auto` (a given max_length): the resume compares it as a setting
-    if kept["max_length"] != auto["max_length"] and launcher.launched_main():
+    if kept["max_length"] == auto["max_length"]:
+        return auto
+    if launcher.launched_main():
         print(
             f"note: max_length: auto chooses {auto['max_length']:,} now, and {output.resume_from} trained at "
             f"{kept['max_length']:,} (chosen at the run's start): the steps after it train at "
             f"{kept['max_length']:,}, as it did (a new --output_dir trains at {auto['max_length']:,})",
             flush=True,
         )
-    return kept
+    return auto | kept  # the checkpoint's choice; a field an older record lacks, as analysed now
 
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None) -> Lengths:
