@@ -411,9 +411,9 @@ def test_a_resume_from_a_checkpoint_trained_with_other_dropout_says_so(tmp_path,
     capsys.readouterr()
     train_dpo.main([*argv, "--report_to", "none", "--output_dir", str(out)])
     assert (
-        f"note: {checkpoint}'s record does not say what dropout it trained with (a version before the record kept it, "
-        "which left on the dropout its model applies itself: attention_dropout 0.1 in its config); the steps after it "
-        "train with none (disable_dropout)" in capsys.readouterr().out
+        f"note: {checkpoint}'s record does not say what dropout it trained with: written before the record kept it, "
+        "it may have trained with the dropout its model applies itself on (attention_dropout 0.1 in its config), which "
+        "disable_dropout now turns off; the steps after it train with none" in capsys.readouterr().out
     )
     # A record that says the checkpoint trained with it on; one that says what the run does now says nothing.
     on = run_record.of(record | {"derived": record["derived"] | {"dropout": ["attention_dropout 0.1"]}})

@@ -49,13 +49,20 @@ class ConfigWithoutDropout:
 
 
 def _module_configs(model):
-    """The modules below the model that hold its config (not a PreTrainedModel: its config is the one saved)."""
+    """The modules inside the model's PreTrainedModels that hold its config as their own attribute: not a
+    PreTrainedModel (its config is the one saved), nor a wrapper around one (PEFT's PeftModel and LoraModel answer with
+    the model's config, and the model card, the record and TRL read it there)."""
     from transformers import PretrainedConfig, PreTrainedModel
 
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if not isinstance(module, PreTrainedModel) and isinstance(config, (PretrainedConfig, ConfigWithoutDropout)):
-            yield module, config
+    seen = set()
+    for outer in (m for m in model.modules() if isinstance(m, PreTrainedModel)):
+        for module in outer.modules():
+            config = vars(module).get("config")
+            if id(module) in seen or isinstance(module, PreTrainedModel):
+                continue
+            seen.add(id(module))
+            if isinstance(config, (PretrainedConfig, ConfigWithoutDropout)):
+                yield module, config
 
 
 def disable(model) -> None:
