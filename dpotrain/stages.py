@@ -33,7 +33,7 @@ from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
-from dpotrain.recipe import config, launcher, records, venv
+from dpotrain.recipe import config, launcher, records, run_record, venv
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.recipe.run_record import MemoryPlan
@@ -523,9 +523,33 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
     return (m, report or "the training split, measured at start (not cached)"), auto
 
 
-def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config) -> Lengths:
-    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`.
-    `model_config`: the first half's one read (`model_config`), None where a dry run does not have it."""
+def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
+    """`max_length: auto`'s choice (`auto`) on a resume: the checkpoint's, where the analyzer now chooses another length
+    (another version's choice, or the model's positions read otherwise after an upgrade; its files themselves and
+    `auto_coverage` are compared by the resume): the steps left are cut as the checkpoint's were, and it is said. A
+    length the model or the token budget no longer takes is refused by their checks, with the fix."""
+    if output is None or not output.resume_from or not isinstance(auto.get("max_length"), int):
+        return auto
+    trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
+    kept = trained.lengths.auto if trained is not None else None
+    if not isinstance(kept, dict) or not isinstance(kept.get("max_length"), int):
+        return auto  # recorded without `auto` (a given max_length): the resume compares it as a setting
+    if kept["max_length"] == auto["max_length"]:
+        return auto
+    if launcher.launched_main():
+        print(
+            f"note: max_length: auto chooses {auto['max_length']:,} now, and {output.resume_from} trained at "
+            f"{kept['max_length']:,} (chosen at the run's start): the steps after it train at "
+            f"{kept['max_length']:,}, as it did (a new --output_dir trains at {auto['max_length']:,})",
+            flush=True,
+        )
+    return auto | kept  # the checkpoint's choice; a field an older record lacks, as analysed now
+
+
+def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None) -> Lengths:
+    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`
+    (on a resume, the checkpoint's: `kept_max_length`). `model_config`: the first half's one read (`model_config`),
+    None where a dry run does not have it."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
     # The model's positions: what max_length may be, or advise
@@ -542,6 +566,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         resolved = f"at start, by analysing the training split ({hint})"
         auto = {"max_length": "auto", "target_coverage": p.auto_coverage, "cached": False, "resolved": resolved}
     elif auto is not None:
+        auto = kept_max_length(output, auto)
         max_length = auto["max_length"]
         if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
             whole = f"{auto['coverage']:.1%} of the pairs whole, target {auto['target_coverage']:.0%}"
@@ -814,7 +839,7 @@ def first_half(
     model_path = model_files(recipe, launch, pairs.tokenizer)
     # Once per run (a Hub model's config asks the Hub at each read): each stage is given it
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
-    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0])
+    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows

@@ -14,7 +14,7 @@ from dpotrain.forwards import flex
 from dpotrain.hub.hub_push import CheckpointPusher
 from dpotrain.recipe import launcher, run_record, writes
 from dpotrain.reference import reference
-from dpotrain.train import agreement
+from dpotrain.train import agreement, dropout, resume
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 from dpotrain.train.samples import SampleGenerator
@@ -146,6 +146,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     derived["packages"] = agreement.package_versions()  # each checkpoint's copy: what its steps were trained under
+    derived["dropout"] = dropout.active(trainer.model)  # on in training ([]: none); a resume compares it
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs
@@ -172,6 +173,10 @@ def record_run(spec, trainer, outcomes) -> dict:
                     "checkpoint's versions to go on exactly as it started",
                     flush=True,
                 )
+            config = trainer.model.config
+            rates = dropout.config_rates(config) | dropout.config_rates(config.get_text_config())
+            if trained and (note := resume.dropout_changed(output.resume_from, trained, derived["dropout"], rates)):
+                print(note, flush=True)
 
     collectives.main_outcome(write)
     return record

@@ -505,6 +505,68 @@ def test_disable_dropout_reaches_the_dropout_a_model_applies_itself():
     assert (model.config.attention_dropout, model.config.residual_dropout) == (0.1, 0.1)
 
 
+@pytest.mark.parametrize("model_type", ["falcon", "persimmon"])
+def test_disable_dropout_reaches_the_dropout_a_model_reads_from_its_config(model_type):
+    """Falcon (the old decoder too), GPT-Neo, GPT-J and Persimmon read their dropout rates from the config at each
+    forward (`self.config.hidden_dropout`): no module attribute held them, so `dropout.disable` left them on, TRL's
+    `disable_dropout` too, and `dropout.active` said none was on. Their modules now read a view of the config without
+    the rates; the model's config (config.json) and what else it says (the attention kernel) are as they were."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from dpotrain.train import dropout
+
+    shape = {
+        "falcon": dict(hidden_size=32, num_attention_heads=4, new_decoder_architecture=False, hidden_dropout=0.3),
+        "persimmon": dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, hidden_dropout=0.3),
+    }[model_type]
+    config = AutoConfig.for_model(model_type, vocab_size=64, num_hidden_layers=2, **shape)
+    config.update(dict(attention_dropout=0.3))
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    ids = torch.arange(12).view(1, 12)
+
+    def same_twice() -> bool:
+        with torch.no_grad():
+            return torch.equal(model(ids).logits, model(ids).logits)
+
+    disable_dropout_in_model(model)  # what TRL does
+    assert not same_twice() and dropout.active(model)
+    dropout.disable(model)
+    assert same_twice() and dropout.active(model) == []
+    assert dropout.config_rates(model.config) == dropout.config_rates(config) != {}  # saved as it was
+    twin = copy.deepcopy(model)  # TR-DPO's reference, a copy: without the rates too
+    with torch.no_grad():
+        assert torch.equal(twin(ids).logits, twin(ids).logits)
+    if model_type == "persimmon":  # the kernel switched for samples (samples.py) reaches the modules' view
+        model.set_attn_implementation("sdpa")
+        assert model.model.layers[0].self_attn.config._attn_implementation == "sdpa" and same_twice()
+
+
+def test_disable_dropout_under_lora_leaves_the_config_the_adapter_answers_with():
+    """PEFT's PeftModel and LoraModel answer with the model's config: given the view without dropout rates, the
+    record, the model card and TRL read attention_dropout 0 there. Only the modules inside the model get the view."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from dpotrain.train import dropout
+
+    shape = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64)
+    config = AutoConfig.for_model("persimmon", attention_dropout=0.3, hidden_dropout=0.3, **shape)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, target_modules=["query_key_value"], lora_dropout=0.0)
+    model = get_peft_model(AutoModelForCausalLM.from_config(config), lora).train()
+    disable_dropout_in_model(model)  # what TRL does, then the trainer
+    dropout.disable(model)
+    ids = torch.arange(12).view(1, 12)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, model(ids).logits) and dropout.active(model) == []
+    assert (model.config.attention_dropout, model.base_model.config.hidden_dropout) == (0.3, 0.3)
+
+
 @pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "granitemoe_swa", "phimoe", "llama4_text"])
 def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
     """TRL's fused LM head reads `config.num_experts` for the router loss; these configs name it `num_local_experts`:

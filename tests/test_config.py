@@ -462,6 +462,27 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
 
 
+def test_an_empty_variable_in_the_environment_wins_over_the_recipes_env_block_and_is_named(tmp_path, capsys):
+    """One rule for `.env` and the recipe's `env:`: the environment wins, an empty variable too (set is given, as
+    python-dotenv, accelerate and Slurm read it; `FOO= cmd` clears it for one command). `export WANDB_PROJECT=` in a
+    shell profile hid the recipe's `WANDB_PROJECT: olmo3-dpo` in silence (transformers handed W&B an empty project
+    name); a warning line now names it and the fix. A variable set to a value, or unset, says nothing."""
+    path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_EMPTY: olmo3-dpo\n  DPOTRAIN_TEST_GIVEN: recipe\n")
+    with environment():
+        os.environ.update(DPOTRAIN_TEST_EMPTY="", DPOTRAIN_TEST_GIVEN="shell")
+        parse_args(["--config", path])
+        assert (os.environ["DPOTRAIN_TEST_EMPTY"], os.environ["DPOTRAIN_TEST_GIVEN"]) == ("", "shell")
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {path}: env: DPOTRAIN_TEST_EMPTY 'olmo3-dpo' is not used: DPOTRAIN_TEST_EMPTY is set empty in the "
+        "environment, which wins over the recipe (as over .env): unset DPOTRAIN_TEST_EMPTY to take the recipe's"
+    ]
+    with environment():
+        os.environ.pop("DPOTRAIN_TEST_EMPTY", None)
+        parse_args(["--config", path])
+        assert os.environ["DPOTRAIN_TEST_EMPTY"] == "olmo3-dpo"
+    assert "warning" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name, value", [("WORLD_SIZE", "eight"), ("GPUS_PER_NODE", "4x"), ("WORLD_SIZE", "0")])
 def test_a_process_count_that_is_not_a_number_is_refused_in_one_line(name, value, tmp_path, monkeypatch):
     """`WORLD_SIZE=eight python train_dpo.py --dry-run` (the docs plan a launch with `WORLD_SIZE=16 GPUS_PER_NODE=8`):

@@ -369,6 +369,7 @@ def read_recipe(path: str) -> dict:
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     for name, value in (config.get("env") or {}).items():
         if value is None or str(name) in os.environ:
+            _say_hidden(path, str(name), value)
             continue
         try:
             taken[str(name)] = venv.expand_folder(str(name), recipe_file.written(value))
@@ -379,6 +380,22 @@ def read_recipe(path: str) -> dict:
             ) from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
+
+
+def _say_hidden(path: str, name: str, value) -> None:
+    """The environment wins over the recipe's `env:` block as over `.env`, an empty variable too: set is given, as
+    python-dotenv, accelerate (`os.environ.get`) and Slurm (`getenv`) read it, and `FOO= cmd` is how one clears it for
+    a command. An empty one left from a shell profile (`export WANDB_PROJECT=`) hid the recipe's value in silence:
+    said on one line, with the fix."""
+    if value is None or os.environ.get(name) != "" or recipe_file.written(value) == "":
+        return
+    if launcher.launched_main():  # every rank reads the recipe
+        print(
+            f"warning: {path}: env: {name} {recipe_file.written(value)!r} is not used: {name} is set empty in the "
+            f"environment, which wins over the recipe (as over .env): unset {name} to take the recipe's",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read once, as they are imported: in a

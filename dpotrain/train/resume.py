@@ -280,6 +280,32 @@ def no_reference(folder: str) -> str:
     )
 
 
+def dropout_changed(checkpoint: str, trained, now: list[str], rates: dict[str, float]) -> str | None:
+    """The line a resume says where the checkpoint trained with other dropout than the steps after it will (`now`,
+    `dropout.active` as recorded in `derived.dropout`): a version between attempts that turns off more of the dropout a
+    model applies itself (dropout.py). Said, and gone on with (as a package upgrade is): the fix is the resume's, and a
+    refusal would strand the run (`--disable_dropout false` brings back TRL's Dropout modules too). A record without the
+    field was written before it was kept, by a version that left the rates a model applies itself on (of `rates`, its
+    config's: which ones, only the model's code says)."""
+    recorded = trained.derived.get("dropout")
+    if recorded is None and rates and trained.settings.disable_dropout:
+        was = ", ".join(f"{name} {rate:g}" for name, rate in rates.items())
+        # "may": a rate only a Dropout module applies (GPT-2's resid_pdrop) was off then too (TRL's disable_dropout)
+        return (
+            f"note: {checkpoint}'s record does not say what dropout it trained with: written before the record kept "
+            f"it, it may have trained with the dropout its model applies itself on ({was} in its config), which "
+            f"disable_dropout now turns off; the steps after it train with {', '.join(now) or 'none'}, as "
+            "resolved_config.json now records (derived.dropout)"
+        )
+    if recorded is None or sorted(recorded) == sorted(now):
+        return None
+    return (
+        f"note: {checkpoint} trained with dropout {', '.join(recorded) or 'off'}, and the steps after it train with "
+        f"{', '.join(now) or 'none'} (another version of dropout.disable), as resolved_config.json now records "
+        "(derived.dropout)"
+    )
+
+
 # --- a health stop, remembered -------------------------------------------------------------------------------------
 
 
