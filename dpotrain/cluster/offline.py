@@ -23,7 +23,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import recipe_file, venv
+from dpotrain.recipe import launcher, recipe_file, venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
@@ -263,12 +263,13 @@ def read_cache_if_silent() -> None:
         SILENT["why"] = why
         os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
         take_late_switches()  # this one's libraries read it at theirs
-        print(
-            f"The Hugging Face Hub does not answer here ({why}): models and data sets are read from the local cache, "
-            f"offline (set HF_HUB_OFFLINE=1 to skip this wait of up to {PROBE_SECONDS:g} s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if launcher.launched_main():  # each process asks and decides alone; one line says it for the launch
+            print(
+                f"The Hugging Face Hub does not answer here ({why}): models and data sets are read from the local "
+                f"cache, offline (set HF_HUB_OFFLINE=1 to skip this wait of up to {PROBE_SECONDS:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
