@@ -71,8 +71,10 @@ def finish_outputs(run, resolved: dict) -> None:
     records = read_metrics(out)
     output_folder.claim_for_writing(out, [PLOT_FILE, hub.CARD])
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
-    hub.write_model_card(out, run_record.of(resolved), push.repo_id, hub.best_of(trainer.state))
-    summary = completion(trainer.state.global_step, records)
+    best = hub.best_of(trainer.state)
+    hub.write_model_card(out, run_record.of(resolved), push.repo_id, best)
+    # the best evaluation kept for push_to_hub.py, which lists the checkpoint branches again after pushing them
+    summary = completion(trainer.state.global_step, records) | ({"best": best} if best else {})
     if job := run_lock.slurm_job():  # a requeue of this job after its end is told from another start (resolve.py)
         summary["slurm_job_id"] = job
     writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")

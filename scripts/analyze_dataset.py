@@ -318,7 +318,8 @@ def analyze(args: argparse.Namespace) -> int:
 
     options.check_model_path(tokenizer_name)  # a mistyped folder: not transformers' "Repo id must be in the form"
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
-    offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy)
+    reads_hub = offline.is_hub_model(tokenizer_name) or hub_revision.applies(name)  # a silent Hub: the cache, offline
+    offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy, reads_hub)
     try:
         tokenizer = lengths.recipe_tokenizer(run)
     except Exception as e:  # unknown name, offline, gated: one line

@@ -1048,3 +1048,33 @@ def test_the_analyzer_says_each_source_is_read_in_its_own_shape(files, cli, tiny
     assert "HH-RLHF strings" in err and "UltraFeedback" in err
     assert "with a prompt column" not in out + err, out
     assert "Rows read as: message lists, each source read in its own shape (its Data line)" in out, out
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--datasets", '{{"path": "{folder}", "split": "validation"}}'], "`split` in its `datasets:` entry"),
+        (
+            ["--datasets", "{folder}", "--dataset_train_split", "validation"],
+            "`split` in its `datasets:` entry (or --dataset_train_split, every entry's default)",
+        ),
+        (
+            ["--dataset_mixer_list", "{folder}", "1.0", "--dataset_mixer_list_splits", "validation"],
+            "--dataset_mixer_list_splits",
+        ),
+        (
+            ["--dataset_mixer_list", "{folder}", "1.0", "--dataset_train_split", "validation"],
+            "--dataset_mixer_list_splits (or --dataset_train_split, every source's default)",
+        ),
+    ],
+    ids=["entry", "entry-default", "mixer", "mixer-default"],
+)
+def test_a_source_without_the_split_names_the_field_that_chose_it(args, flag, tmp_path, monkeypatch, capsys):
+    """A mixture source (a Hub data set or a folder of split files, read alike) lacking the split said "choose one
+    of [...]", where the single data set's refusal names its option: the line names the field that chose the split."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    for split in ("train", "test"):  # datasets reads a file named for a split as that split
+        shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / f"{split}.jsonl")
+    error = refused(tmp_path, monkeypatch, capsys, *(a.format(folder=folder) for a in args), "--dry-run")
+    assert error == f"error: dataset {str(folder)!r} has no split 'validation': set {flag} to one of ['test', 'train']"

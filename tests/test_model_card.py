@@ -273,4 +273,39 @@ def test_a_runs_card_names_its_best_evaluation_and_leaves_out_what_sgd_never_rea
     step, best = state["best_global_step"], state["best_metric"]
     card = (out / "README.md").read_text()
     assert f"| best evaluation (`eval_loss`) | step {step}: {best:.4f} (`checkpoint-{step}`) |" in card, card
+    # kept for push_to_hub.py, which marks the best branch when it lists the checkpoint branches again
+    best_kept = json.loads((out / "run_complete.json").read_text())["best"]
+    assert best_kept == {"step": step, "metric": best, "checkpoint": f"checkpoint-{step}"}, best_kept
     assert "| `optim` | sgd |" in card and "adam_" not in card
+
+
+def test_the_checkpoint_revisions_mark_the_best_evaluations_branch(tmp_path):
+    """With metric_for_best_model, the card named the best step in its metrics and listed the checkpoint branches
+    without saying which one holds that checkpoint: its row is marked, in the run's card and in the list
+    push_to_hub.py writes again after pushing branches later (from run_complete.json's record of the best)."""
+    from transformers import TrainerState
+
+    from dpotrain.hub.hub_push import record_push
+
+    state = TrainerState(best_global_step=4, best_metric=0.5, best_model_checkpoint="/runs/r/checkpoint-4")
+    resolved = {"run_name": "r", "metric_for_best_model": "eval_loss"}
+    revisions = [(2, "step-2"), (4, "step-4"), (6, "step-6")]
+    card = model_card(resolved, [], revisions, "org/r", hub.best_of(state))
+    rows = [line for line in card.splitlines() if line.startswith("| ") and "/tree/step-" in line]
+    assert [row.endswith("(best evaluation, `eval_loss`) |") for row in rows] == [False, True, False], rows
+    # the best step saved no checkpoint (transformers names an earlier best's folder): no branch holds it
+    state.best_global_step = 6
+    assert "(best evaluation" not in model_card(resolved, [], revisions, "org/r", hub.best_of(state))
+
+    # push_to_hub.py --checkpoints after the run: the list is written anew from hub_pushes.jsonl, the mark kept
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "README.md").write_text(model_card(resolved, [], [], "org/r", None))  # no branch pushed by the job
+    (out / "resolved_config.json").write_text(json.dumps(resolved))
+    state.best_global_step = 4
+    (out / hub.RUN_COMPLETE).write_text(json.dumps({"global_step": 6, "final": None, "best": hub.best_of(state)}))
+    for step, branch in revisions:
+        record_push(out, step=step, branch=branch, status="pushed", repo="org/r")
+    hub.update_card_revisions(out, "org/r")
+    rows = [line for line in (out / "README.md").read_text().splitlines() if "/tree/step-" in line]
+    assert [row.endswith("(best evaluation, `eval_loss`) |") for row in rows] == [False, True, False], rows

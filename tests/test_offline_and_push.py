@@ -13,6 +13,7 @@ a local server that answers in the Hub's documented shapes.
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -779,9 +780,10 @@ def test_the_probe_tells_a_silent_hub_from_one_that_answers(monkeypatch, silent_
 
 
 @pytest.mark.slow
-def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home, silent_endpoint):
-    """Online, with model and data set in the cache, a silent Hub costs nothing: no request is made (a request would
-    take PROBE_SECONDS and refuse the job); with one piece not cached, the job is refused with the prefetch command."""
+def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(monkeypatch, hf_home, silent_endpoint):
+    """Online, with model and data set in the cache, a silent Hub costs one probe: the libraries would ask it of every
+    cached file they read (a cached tokenizer: minutes), so the job reads the cache offline, said in a line; with one
+    piece not cached, the job is refused with the prefetch command."""
     import datasets.config
     from huggingface_hub import constants
 
@@ -789,18 +791,31 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
 
     monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
+    for module, name in ((constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")):
+        monkeypatch.setattr(module, name, False)  # restored after the job turns them on
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(offline, "SILENT", {})
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)  # datasets follows HF_HUB_OFFLINE
     # The caches are set above, as a user's default ones are found: the printed command then names no HF_HOME (the
     # suite's own HF_HOME, tests/conftest.py, would be named in it).
     monkeypatch.delenv("HF_HOME", raising=False)
     here = ["--config", THINK, "--model_name_or_path", MODEL, "--dataset_name", DATASET]
     start = time.perf_counter()
-    offline.check_job_reachable(parse_args([*here, "--dry-run"]))
-    assert time.perf_counter() - start < 1
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        offline.check_job_reachable(parse_args([*here, "--dry-run"]))
+    assert time.perf_counter() - start < offline.PROBE_SECONDS + 1
+    assert said.getvalue().startswith(
+        f"The Hugging Face Hub does not answer here ({silent_endpoint}: "
+    ) and said.getvalue().endswith(
+        "models and data sets are read from the local cache, offline (set HF_HUB_OFFLINE=1 to skip this wait of up "
+        f"to {offline.PROBE_SECONDS:g} s)\n"
+    ), said.getvalue()
+    assert constants.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
 
+    # offline now, for the silent Hub: a piece not cached is refused as on a silent Hub, with no second probe
+    start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
         offline.check_job_reachable(parse_args([*here, "--dataset_name", "org/absent-prefs", "--dry-run"]))
     assert str(info.value).startswith(
@@ -811,6 +826,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
         f"{THINK} --model_name_or_path {MODEL} --dataset_name org/absent-prefs` and run this with HF_HUB_OFFLINE=1 "
         "(or fix HF_ENDPOINT / HTTPS_PROXY)"
     )
+    assert time.perf_counter() - start < 1
 
 
 @pytest.mark.slow
@@ -933,6 +949,87 @@ def test_a_dry_run_on_an_uncached_hub_model_plans_what_it_can_in_seconds(unreach
         " python scripts/prefetch.py --config configs/think.yaml --model_name_or_path org/not-cached-model` on a "
         "machine with network fetches it"
     ) in result["stdout"], result["stdout"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --- a cached Hub model on a machine whose Hub does not answer: read from the cache in seconds ------------------------
+
+CACHED = """
+import contextlib, importlib.util, io, json, sys, time
+from dpotrain.recipe.errors import run_cli
+
+command, model, data, out = sys.argv[1:5]
+if command == "analyzer":
+    spec = importlib.util.spec_from_file_location("analyze_dataset", "scripts/analyze_dataset.py")
+    analyzer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(analyzer)
+    main = lambda: analyzer.main([data, "--tokenizer", model])
+else:
+    import train_dpo
+    args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
+    args += ["--output_dir", out, "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
+    main = lambda: train_dpo.main([*args, *(["--dry-run"] if command == "dry_run" else [])])
+stdout, stderr, code = io.StringIO(), io.StringIO(), None
+start = time.perf_counter()
+with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+        run_cli(main)
+    except SystemExit as e:
+        code = e.code
+said = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+print("RESULTS " + json.dumps({"seconds": time.perf_counter() - start, "code": code, **said}))
+"""
+
+
+@pytest.mark.slow  # a process each (its imports), a probe of PROBE_SECONDS, one training step of the tiny model
+@pytest.mark.parametrize(
+    "command, data",
+    [("analyzer", "local"), ("analyzer", "hub"), ("dry_run", "hub"), ("training", "local"), ("training", "hub")],
+)
+def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_not_answer(
+    tmp_path, hf_home, silent_endpoint, command, data
+):
+    """A login node behind a firewall, HF_HUB_OFFLINE unset, the model (and the Hub data set) in the local cache: the
+    analyzer and the run waited on the silent Hub for the files they read from the cache (10 s a request, retried:
+    over 300 s before the tokenizer had loaded). Now the Hub is asked once, within PROBE_SECONDS, and the libraries read
+    the cache offline, said in a line. A dry run reads the cache alone (local_files_only): it asks nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    source = {"local": "data/smoke_prefs.jsonl", "hub": DATASET}[data]
+    result = results_of(CACHED, [command, MODEL, source, str(tmp_path / "run")], env)
+    assert result["code"] in (None, 0), result  # the analyzer returns 0, train_dpo.main None
+    output = result["stdout"] + result["stderr"]
+    # the libraries' own words where they wait on the Hub (the old run's: "Could not reach the Hub ([Errno 110]
+    # Connection timed out). Using cached commit hash", then "Retrying in 1s [Retry 1/5]" for the chat templates)
+    assert "Could not reach the Hub" not in output and "Retrying in" not in output, output
+    said = f"The Hugging Face Hub does not answer here ({silent_endpoint}: "
+    if command == "dry_run":
+        assert said not in output and result["seconds"] < 10, result
+        return
+    assert output.count(said) == 1 and "): models and data sets are read from the local cache, offline" in output
+    # the probe, then the cache; a training step of the tiny model on a loaded machine: seconds, not the minutes of
+    # one silent request's retries
+    assert result["seconds"] < offline.PROBE_SECONDS + (7 if command == "analyzer" else 40), result
+
+
+@pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
+def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(tmp_path, hf_home, silent_endpoint):
+    """The data set cached, the model not: the data stage finds the Hub silent and reads the cache offline; the model
+    is then refused in one line with the prefetch command, as on a silent Hub, not by transformers' offline error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    result = results_of(CACHED, ["training", "org/not-cached-model", DATASET, str(tmp_path / "run")], env)
+    assert result["code"] == 2 and result["seconds"] < 20, result
+    error = result["stderr"].strip().splitlines()[-1]
+    assert error.startswith(
+        "error: model 'org/not-cached-model' is not cached, and the Hugging Face Hub does not answer here "
+        f"({silent_endpoint}: "
+    ), error
+    fix = "--model_name_or_path org/not-cached-model --dataset_name org/Tiny-Prefs` and run this with HF_HUB_OFFLINE=1"
+    assert error.endswith(f"{fix} (or fix HF_ENDPOINT / HTTPS_PROXY)"), error
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Jobs on nodes without network run with `HF_HUB_OFFLINE=1` and read the model, to
 `scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only: no network, nothing loaded
 or written) stops a job that misses a piece in its first seconds, with the prefetch command, instead of minutes later
 from deep inside transformers or datasets. Where the Hub does not answer and HF_HUB_OFFLINE is not set,
-`check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached.
+`check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached, and
+before the first read of pieces all cached: a Hub that does not answer then turns the libraries offline for the process
+(they would ask it of every file they read from the cache, minutes of retries before a cached tokenizer loads).
 """
 
 import fnmatch
@@ -12,6 +14,7 @@ import glob
 import json
 import os
 import shlex
+import sys
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -20,9 +23,9 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import recipe_file, venv
+from dpotrain.recipe import launcher, recipe_file, venv
 from dpotrain.recipe.errors import ConfigError, cause
-from dpotrain.recipe.hub_switches import datasets_offline, is_offline
+from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
 # What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
 # files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
@@ -233,24 +236,54 @@ def hub_unreachable() -> str | None:
     return None
 
 
-def check_hub_reachable(missing: list[str], remedy: str) -> None:
+def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False) -> None:
     """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
-    that does not answer, in one line ending with `remedy`. Nothing missing: nothing asked (a cached piece is read
-    without waiting on the Hub)."""
+    that does not answer, in one line ending with `remedy`. Nothing missing, and it reads Hub pieces (all cached):
+    `read_cache_if_silent`."""
     if not missing:
+        if reads_hub:
+            read_cache_if_silent()
+    elif why := SILENT.get("why") or hub_unreachable():
+        raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
+
+
+# Why the Hub gave no answer, once `read_cache_if_silent` turned this process's libraries offline: a later piece not
+# cached is then refused as one is where the Hub does not answer (not as a job its user set offline), without asking.
+SILENT: dict[str, str] = {}
+
+
+def read_cache_if_silent() -> None:
+    """Online, transformers and datasets ask the Hub of every file they read from the cache (its newest commit, the
+    model's extra chat templates) and wait on one that never answers, retried: the analyzer on a cached tokenizer
+    waited over 300 s. So before the first read of cached Hub pieces the Hub is asked once, within PROBE_SECONDS, and
+    where it does not answer this process (and those it starts) reads the cache alone, as HF_HUB_OFFLINE=1 does."""
+    if is_offline():
         return
     if why := hub_unreachable():
-        raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
+        SILENT["why"] = why
+        os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
+        take_late_switches()  # this one's libraries read it at theirs
+        if launcher.launched_main():  # each process asks and decides alone; one line says it for the launch
+            print(
+                f"The Hugging Face Hub does not answer here ({why}): models and data sets are read from the local "
+                f"cache, offline (set HF_HUB_OFFLINE=1 to skip this wait of up to {PROBE_SECONDS:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
     """A job that would download its model or data set (asked just before each is needed): refused at once when the
-    Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries."""
-    missing = missing_artifacts(recipe, model=model and not is_offline(), dataset=dataset and not datasets_offline())
+    Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries; one that
+    reads them from the cache, offline where the Hub does not answer (`read_cache_if_silent`)."""
+    silent = bool(SILENT)  # offline for that reason: what is not cached is still refused here, with the remedy
+    model, dataset = model and (silent or not is_offline()), dataset and (silent or not datasets_offline())
+    reads = (model and is_hub_model(recipe.model.model_name_or_path)) or (dataset and bool(hub_datasets(recipe)))
     check_hub_reachable(
-        missing,
+        missing_artifacts(recipe, model=model, dataset=dataset),
         f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
         "HF_HUB_OFFLINE=1 (or fix HF_ENDPOINT / HTTPS_PROXY)",
+        reads,
     )
 
 

@@ -37,6 +37,9 @@ class Source:
     columns: tuple | None = None
     amount: str | None = None  # as written: "0.5" a fraction, "1000" a count, None every row
     share: float | None = None  # TRL's `fraction`
+    # The field that chose `split`, as a missing split's refusal names it (the single data set's names its flag); not
+    # part of what the source is.
+    split_from: str | None = dataclasses.field(default=None, compare=False)
 
     @property
     def file(self) -> str | None:
@@ -105,6 +108,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     flag, (entries, mixer, splits) = names[0], (values.get(f) for f in names)
     kind = "test" if evaluation else "train"
     default_split = values.get(f"dataset_{kind}_split") or kind
+    default_from = f"--dataset_{kind}_split"
     if not evaluation and values.get("test_split_size") is not None:  # with dataset_name too: read by nothing else
         raise ConfigError(
             "test_split_size is not supported (TRL splits without a seed, so a requeued run would "
@@ -132,7 +136,11 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
             f"dataset_config {values['dataset_config']!r} and a mixture: it names dataset_name's configuration, and "
             "a mixture's sources have their own (`name:` in a `datasets:` entry); put it there or remove dataset_config"
         )
-    sources = [_entry(e, default_split, flag) for e in entries] if entries else _mixer(mixer, splits, default_split)
+    sources = (
+        [_entry(e, default_split, flag, default_from) for e in entries]
+        if entries
+        else _mixer(mixer, splits, default_split, f"--{names[2]}", default_from)
+    )
     shares = [s.share is not None for s in sources]
     if any(shares) and not all(shares):
         raise ConfigError(
@@ -247,7 +255,7 @@ def local_files(values: dict) -> list[str]:
     return [f for f in found if f]
 
 
-def _entry(entry, split: str, flag: str) -> Source:
+def _entry(entry, split: str, flag: str, split_from: str) -> Source:
     if isinstance(entry, str):
         try:
             entry = json.loads(entry)
@@ -293,10 +301,12 @@ def _entry(entry, split: str, flag: str) -> Source:
         tuple(columns) if columns else None,
         amount,
         None if share is None else float(share),
+        f"`split` in its `{flag}:` entry"
+        + ("" if entry.get("split") else f" (or {split_from}, every entry's default)"),
     )
 
 
-def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
+def _mixer(tokens: list, splits: list | None, split: str, flag: str, split_from: str) -> list[Source]:
     tokens = [str(t) for t in tokens]
     if len(tokens) % 2:
         raise ConfigError(
@@ -304,6 +314,7 @@ def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
             "give each source its amount (1.0 for every row)"
         )
     pairs = list(zip(tokens[::2], tokens[1::2], strict=True))
+    chosen_by = flag if splits else f"{flag} (or {split_from}, every source's default)"
     splits = list(splits or [split])
     if len(splits) not in (1, len(pairs)):
         raise ConfigError(
@@ -311,7 +322,9 @@ def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
             "for all, or one per source"
         )
     splits = splits * len(pairs) if len(splits) == 1 else splits
-    return [Source(name, s, amount=_amount(a)) for (name, a), s in zip(pairs, splits, strict=True)]
+    return [
+        Source(name, s, amount=_amount(a), split_from=chosen_by) for (name, a), s in zip(pairs, splits, strict=True)
+    ]
 
 
 def _amount(text: str) -> str:
@@ -460,7 +473,9 @@ def read_source(source: Source, say: bool = True):
             loaded = data.exact_mixed_fields(loaded, source.split, source.path, **files)
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
-        loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)
+        loaded = data.load_preference_dataset(
+            source.path, source.split, source.name, say=say, split_flag=source.split_from
+        )
     if source.columns:
         if missing := [c for c in source.columns if c not in loaded.column_names]:
             raise ConfigError(

@@ -19,6 +19,8 @@ from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause, plural
 from dpotrain.recipe.run_record import Record, per_step_text
+from dpotrain.recipe.run_record import of as of_record
+from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
 from dpotrain.train.lora import card_lines
@@ -212,7 +214,8 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 
 ![training curves]({PLOT_FILE})
 """
-    return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "")))
+    marked = best_branch_step(best, s.metric_for_best_model)
+    return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "", marked)))
 
 
 def card_fields(optim: str | None) -> list[str]:
@@ -302,11 +305,21 @@ def as_run(key: str, r: Record):
 REVISIONS_HEADING = "## Checkpoint revisions"
 
 
-def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
-    """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
+def best_branch_step(best: dict | None, name: str | None) -> tuple[int, str] | None:
+    """(step, metric) of the best evaluation where a checkpoint was saved at its step (`best_of`): the branch of that
+    step holds the best model."""
+    return (best["step"], name) if best and best.get("checkpoint") else None
+
+
+def revisions_section(revisions: list[tuple[int, str]], repo_id: str, best: tuple[int, str] | None = None) -> str:
+    """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it), the branch
+    of the `best` evaluation's step marked (`best_branch_step`)."""
     if not revisions:
         return ""
-    rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
+    mark = {best[0]: f" (best evaluation, `{best[1]}`)"} if best else {}
+    rows = "\n".join(
+        f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}){mark.get(step, '')} |" for step, b in revisions
+    )
     return f"""
 {REVISIONS_HEADING}
 
@@ -345,13 +358,20 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
-    write_text(path, kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id))
+    recorded = read_record(Path(output_dir) / "resolved_config.json") or of_record({})  # the metric's name
+    best = best_branch_step(finished(output_dir).get("best"), recorded.settings.metric_for_best_model)
+    write_text(path, kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best))
+
+
+def finished(output_dir) -> dict:
+    """What a finished run recorded of its end (run_complete.json, `publish.completion`); {} where it has none."""
+    fix = "a finished run writes it last: rerun the same command to write it again"
+    return run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}
 
 
 def finished_step(output_dir) -> int | None:
     """The step a finished run ended at (run_complete.json), None where it has not finished."""
-    fix = "a finished run writes it last: rerun the same command to write it again"
-    return (run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}).get("global_step")
+    return finished(output_dir).get("global_step")
 
 
 def own_files(output_dir: str | Path) -> list[str] | None:
