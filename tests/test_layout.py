@@ -186,6 +186,21 @@ def test_a_count_and_its_noun_go_through_one_helper():
     assert not found, "write the count with dpotrain.recipe.errors.plural:\n" + "\n".join(found)
 
 
+def test_a_warning_line_goes_through_one_helper():
+    """`errors.warn(text)` writes `warning: text` in one flushed write: 20 hand-written `print("warning: ...",
+    file=sys.stderr)` lines wrote it three ways (flushed or not, in one write or two), and a line written in parts runs
+    into another rank's in a launch's shared log."""
+    idiom = re.compile(r"""print\(\s*f?['"]warning:""")
+    sources = [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]
+    found = [  # over the whole text: a print( whose string starts on the next line too
+        f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, hit.start()) + 1}"
+        for path in [*sources, *(ROOT / "scripts").glob("*.py")]
+        for text in [path.read_text()]
+        for hit in idiom.finditer(text)
+    ]
+    assert not found, "write the warning with dpotrain.recipe.errors.warn:\n" + "\n".join(found)
+
+
 def test_no_message_hedges_a_noun_with_s_in_parentheses():
     """ "3 epoch(s) planned", "checksummed by 1 process(es)", "column(s) not read": 26 strings in 14 modules wrote both
     numbers where the count was at hand (`errors.plural`), or a list's length (`plural(len(names), "column",

@@ -15,7 +15,6 @@ import os
 import queue
 import shlex
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
-from dpotrain.recipe.errors import ConfigError, RunError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 from dpotrain.train.resume import REFERENCE_FILE
@@ -221,7 +220,7 @@ def with_retries(fn, what: str):
                 e.attempts = attempt
                 raise
             wait = waits[attempt - 1]
-            print(f"warning: {what} failed ({cause(e)}); retrying in {wait:.0f} s", file=sys.stderr, flush=True)
+            warn(f"{what} failed ({cause(e)}); retrying in {wait:.0f} s")
             time.sleep(wait)
 
 
@@ -345,7 +344,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
         try:
             names = pushable_files(folder)
         except NotPushable as e:
-            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {e}", file=sys.stderr, flush=True)
+            warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {e}")
             records.append(record("failed", error=str(e)))
             continue
         if branch in branches and remote_matches(api, repo_id, branch, folder, names):
@@ -359,7 +358,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
             if not hasattr(e, "attempts"):
                 raise
-            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {why(e)}", file=sys.stderr, flush=True)
+            warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
             records.append(record("failed", attempts=e.attempts, error=why(e)))
     return records
 
@@ -419,7 +418,7 @@ class CheckpointPusher(TrainerCallback):
                     repo_ready = True
                 push_checkpoint(api, self.repo_id, staged, step, self.out)
             except UnrecordedPush as e:
-                print(f"warning: {e}; training goes on", file=sys.stderr, flush=True)
+                warn(f"{e}; training goes on")
             except Exception as e:  # a bug here must not kill the thread and leave the others waiting
                 self._failed(step, getattr(e, "attempts", 1), why(e))
             finally:
@@ -435,11 +434,9 @@ class CheckpointPusher(TrainerCallback):
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
-        print(
-            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
-            f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk",
-            file=sys.stderr,
-            flush=True,
+        warn(
+            f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
+            f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk"
         )
 
     def finish(self, timeout: float) -> list[int]:
@@ -452,11 +449,9 @@ class CheckpointPusher(TrainerCallback):
             return left
         for step in left:
             record_checkpoint(self.out, self.repo_id, step, "unfinished", error="still uploading")
-        print(
-            f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
+        warn(
+            f"checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
             f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
-            "ones still on disk",
-            file=sys.stderr,
-            flush=True,
+            "ones still on disk"
         )
         return left

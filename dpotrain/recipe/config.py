@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE, warn_given_twice
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, plural, warn
 
 
 def option(default, help: str, **metadata):
@@ -390,11 +390,9 @@ def _say_hidden(path: str, name: str, value) -> None:
     if value is None or os.environ.get(name) != "" or recipe_file.written(value) == "":
         return
     if launcher.launched_main():  # every rank reads the recipe
-        print(
-            f"warning: {path}: env: {name} {recipe_file.written(value)!r} is not used: {name} is set empty in the "
-            f"environment, which wins over the recipe (as over .env): unset {name} to take the recipe's",
-            file=sys.stderr,
-            flush=True,
+        warn(
+            f"{path}: env: {name} {recipe_file.written(value)!r} is not used: {name} is set empty in the "
+            f"environment, which wins over the recipe (as over .env): unset {name} to take the recipe's"
         )
 
 
