@@ -32,7 +32,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
-from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
+from dpotrain.reference.reuse import KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
@@ -98,6 +98,13 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     }
 
 
+def foreign_key(key: str) -> str:
+    return (
+        f"it holds the scores of cache key {key}, another model, data or settings than this folder's: a file copied "
+        "in from another cache folder"
+    )
+
+
 class Store:
     """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
     a rank's results of one attempt, rewritten atomically as they grow. A file damaged anyway is named in a warning,
@@ -159,10 +166,11 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
-        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one.
+        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one. Each file
+        # names its key (`KEY_ARRAY`): one copied into another key's folder is not read as that key's scores.
         try:
             with replacing(self.folder / name, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **{KEY_ARRAY: np.asarray(self.folder.name)}, **arrays)
             return True
         except OSError as e:  # `replacing` has removed its temporary file: nothing half-written is left
             self._not_saved(e)
@@ -186,9 +194,15 @@ class Store:
 
         def arrays(path):
             with np.load(path) as f:
-                return [np.asarray(f[name]) for name in names]
+                return key_of(f), [np.asarray(f[name]) for name in names]
 
-        return run_records.read_cache(path, arrays, "reference", AGAIN)
+        found = run_records.read_cache(path, arrays, "reference", AGAIN)
+        if found is None:
+            return None
+        key, arrays = found
+        if key is not None and key != self.folder.name:
+            return self._damaged(path, foreign_key(key))
+        return arrays
 
     def _damaged(self, path: Path, why: str) -> None:
         return run_records.damaged_cache(path, why, "reference", AGAIN)

@@ -1,0 +1,95 @@
+"""Faults in what a run trusts between its attempts, besides its output folder: the reference cache, the lock reached
+by another path, the data edited without a trace in its size and time (docs/reliability.md)."""
+
+import json
+import shutil
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, built, ready
+from dpotrain.data import builtin
+from dpotrain.recipe.config import parse_args
+from dpotrain.reference import reference
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def scored(tmp_path, model_dir, rows):
+    """The run's reference columns after its stage (what training reads), on the run's own checks and builder."""
+    args = ["--config", SMOKE, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")]
+    recipe = parse_args([*args, "--report_to", "none", "--save_strategy", "no"])
+    trainer = ready(built(recipe, datasets.Dataset.from_list(rows)))
+    return trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]
+
+
+def other_weights(tiny_model_dir, folder):
+    """A copy of the tiny model with other weights (another fine-tune saved in its place), the same tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_dir, folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_reference_cache_file_copied_in_from_another_key_is_named_and_scored_again(tmp_path, tiny_model_dir, capsys):
+    """A cache file is the scores of its key's model, data and settings; the folder's name alone said which. Another
+    model's `complete.npz` copied into this run's folder (same pair count) was read as this run's reference: training
+    went on against the other weights' log-probs, in silence."""
+    rows = builtin.make_preference_rows(16, seed=3)
+    other = other_weights(tiny_model_dir, tmp_path / "other-model")
+    foreign = scored(tmp_path / "a", other, rows)
+    own = scored(tmp_path / "b", tiny_model_dir, rows)
+    assert foreign != own
+    folders = {p.parent for p in reference.cache_dir().glob("*/complete.npz")}
+    (mine,) = (f for f in folders if json.loads((f / "identity.json").read_text())["model"] == tiny_model_dir)
+    (theirs,) = folders - {mine}
+    shutil.copy(theirs / reference.COMPLETE, mine / reference.COMPLETE)
+    capsys.readouterr()
+
+    again = scored(tmp_path / "c", tiny_model_dir, rows)
+    err = capsys.readouterr().err
+    assert f"warning: the reference cache file {mine / reference.COMPLETE} is damaged (it holds the scores of " in err
+    assert f"cache key {theirs.name}" in err and "its pairs are scored again" in err
+    assert again == own  # this model's scores, not the copied ones
+
+
+def test_a_part_copied_in_from_another_key_lends_no_pair(tmp_path, monkeypatch, capsys):
+    """The same for an interrupted attempt's part, and for the pairs other runs' finished caches lend by digest: a file
+    whose key is not its folder's is not read as that folder's scores (a file written before files named their key
+    still is)."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    mine = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
+    theirs = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "y"})
+    theirs.write_part("a", 0, [0, 1], [-1.0, -2.0], [-3.0, -4.0])
+    (part,) = theirs.folder.glob("part-*.npz")
+    mine.folder.mkdir(parents=True)
+    shutil.copy(part, mine.folder / part.name)
+    assert np.isnan(mine.parts()[0]).all()
+    assert f"(it holds the scores of cache key {theirs.folder.name}" in capsys.readouterr().err
+    assert not (mine.folder / part.name).exists() and part.exists()  # the copy removed, its original left
+
+    # A finished cache in a folder with another key's identity.json lends nothing by digest.
+    digests = np.arange(48, dtype=np.uint8).reshape(3, 16)
+    ident = {"pairs": 3, "tokens_sha256": "y", "model": "m"}
+    theirs.write_complete(ident, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
+    lender = tmp_path / "reference" / "lender"
+    lender.mkdir()
+    shutil.copy(theirs.folder / reference.COMPLETE, lender / reference.COMPLETE)
+    (lender / "identity.json").write_text(json.dumps({**ident, "tokens_sha256": "z"}))
+    shutil.rmtree(theirs.folder)
+    chosen, rejected = np.full((2, 3), np.nan, dtype=np.float32)
+    ask = {**ident, "tokens_sha256": "w"}
+    assert reference.fill_from_other_caches(reference.cache_dir(), mine.folder, ask, digests, chosen, rejected) == 0
+
+    # The file written before files named their key: read as before.
+    with np.load(lender / reference.COMPLETE) as f:
+        kept = {k: f[k] for k in f.files if k != "key"}
+    np.savez(lender / reference.COMPLETE, **kept)
+    assert reference.fill_from_other_caches(reference.cache_dir(), mine.folder, ask, digests, chosen, rejected) == 3
