@@ -2,6 +2,7 @@
 by another path, the data edited without a trace in its size and time (docs/reliability.md)."""
 
 import json
+import os
 import shutil
 
 import datasets
@@ -93,3 +94,33 @@ def test_a_part_copied_in_from_another_key_lends_no_pair(tmp_path, monkeypatch, 
         kept = {k: f[k] for k in f.files if k != "key"}
     np.savez(lender / reference.COMPLETE, **kept)
     assert reference.fill_from_other_caches(reference.cache_dir(), mine.folder, ask, digests, chosen, rejected) == 3
+
+
+@pytest.mark.slow
+def test_one_output_folder_reached_by_two_paths_is_locked_for_both(tmp_path):
+    """The lock is a file in the folder itself, not keyed on the path a job names it by: a job that reaches a live
+    run's folder through a symbolic link (or the real path, where the first came through the link) is refused."""
+    import subprocess
+    import sys
+
+    from dpotrain.cluster import run_lock
+
+    real = tmp_path / "scratch" / "run"
+    link = tmp_path / "outputs-run"
+    link.symlink_to(real, target_is_directory=True)  # the folder does not exist yet: the first run makes it
+    holder = (
+        "import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; "
+        "assert run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(link)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert (real / run_lock.LOCK_FILE).is_file()
+        for path in (real, tmp_path / "scratch" / ".." / "scratch" / "run", link):
+            refused = run_lock.acquire(path)
+            assert refused and f"is in use by another run (host {os.uname().nodename}, pid {proc.pid}" in refused
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run_lock.acquire(real) is None  # its holder gone: taken over
+    run_lock.release()
