@@ -124,3 +124,45 @@ def test_one_output_folder_reached_by_two_paths_is_locked_for_both(tmp_path):
         proc.wait()
     assert run_lock.acquire(real) is None  # its holder gone: taken over
     run_lock.release()
+
+
+@pytest.mark.slow
+def test_weights_replaced_keeping_their_size_and_time_are_refused_before_the_reference_is_scored(
+    tmp_path, tiny_model_dir
+):
+    """A weights file over 2 MiB is known by its size and time until they change (data_identity.py): one replaced by
+    another fine-tune's of the same size, its time put back, passed the model's check, and the resume scored its
+    reference anew from the other weights (another cache key) and trained the steps past its checkpoint against it,
+    exit code 0. The loaded weights' hash, recorded at the start, is compared once the model loads."""
+    import subprocess
+
+    from safetensors.torch import load_file, save_file
+    from test_faults import ARGS, FINAL
+
+    from conftest import python
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    padding = {"format": "pt", "note": "x" * (3 << 20)}  # the tiny model's 0.8 MB made a large file, known by its ends
+    save_file(load_file(weights), str(weights), metadata=padding)
+    cmd = [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", str(model)]
+    run = lambda: subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: E731
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:]
+    for name in FINAL:  # a kill after checkpoint-2: steps 3 and 4 left to train
+        (out / name).unlink()
+    shutil.rmtree(out / "checkpoint-4")
+
+    then = weights.stat()
+    other = {k: v + 0.01 * torch.randn_like(v) for k, v in load_file(weights).items()}
+    save_file(other, str(weights), metadata=padding)
+    os.utime(weights, ns=(then.st_atime_ns, then.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (then.st_size, then.st_mtime_ns)
+
+    again = run()
+    assert again.returncode == 2 and "Traceback" not in again.stdout, again.stdout[-3000:]
+    last = again.stdout.strip().splitlines()[-1]
+    checkpoint = out / "checkpoint-2"
+    assert last.startswith(f"error: model '{model}': the weights loaded are not those {checkpoint} was "), last
+    assert "reference log-probs (train)" not in again.stdout and not (out / "checkpoint-4").exists()
