@@ -166,3 +166,36 @@ def test_weights_replaced_keeping_their_size_and_time_are_refused_before_the_ref
     checkpoint = out / "checkpoint-2"
     assert last.startswith(f"error: model '{model}': the weights loaded are not those {checkpoint} was "), last
     assert "reference log-probs (train)" not in again.stdout and not (out / "checkpoint-4").exists()
+
+
+@pytest.mark.slow
+def test_what_a_kill_while_writing_the_reference_cache_leaves_is_never_read_and_is_removed(
+    tmp_path, tiny_model_dir, capsys
+):
+    """A SIGKILL while a cache file is written leaves its temporary (`.complete.npz.<host>.<pid>.tmp`, cut short), never
+    the file: the next attempt reads the whole file, or scores again. The temporaries stayed in the cache forever (up
+    to a complete file's size each, one per kill); a live writer's stays, it may be writing."""
+    import socket
+    import subprocess
+    import sys
+
+    rows = builtin.make_preference_rows(16, seed=3)
+    first = scored(tmp_path / "a", tiny_model_dir, rows)
+    (folder,) = {p.parent for p in reference.cache_dir().glob("*/complete.npz")}
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, dead = socket.gethostname(), int(gone.stdout)
+    whole = (folder / reference.COMPLETE).read_bytes()
+    left = [folder / f".complete.npz.{host}.{dead}.tmp", folder / f".part-20261130-abc123-r0.npz.{host}.{dead}.tmp"]
+    for path in left:
+        path.write_bytes(whole[: len(whole) // 2])
+    writing = folder / f".complete.npz.{host}.{os.getppid()}.tmp"  # a live process's: its write may be under way
+    writing.write_bytes(whole[:100])
+    capsys.readouterr()
+
+    again = scored(tmp_path / "b", tiny_model_dir, rows)
+    out = capsys.readouterr().out
+    assert again == first and "all 16 pairs reused" in out
+    for path in left:
+        assert f"Removed {path}: left by a write to the reference cache killed midway" in out
+        assert not path.exists()
+    assert writing.exists()

@@ -31,8 +31,8 @@ from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural
-from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
-from dpotrain.reference.reuse import KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
+from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
+from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
@@ -156,9 +156,20 @@ class Store:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
         if self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests):
             try:  # only other runs read it, to share pairs: without it they score their own
-                write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
+                write_text(self.folder / IDENTITY, json.dumps(ident, indent=1) + "\n")
             except OSError as e:
                 self._not_saved(e)
+
+    def remove_dead_temporaries(self) -> None:
+        """The temporaries (`replacing`'s) a write killed midway left in the key's folder: never read (a part is read
+        by its own name), but nothing else would ever remove them: up to a complete file's size each (24 bytes a
+        pair), one per kill. Only this host's writers that are gone (`writes.dead_temporaries`), said in a line."""
+        parts = {p.name[1:].partition(".npz.")[0] + ".npz" for p in self.folder.glob(".part-*.npz.*.tmp")}
+        for path in remove_dead_temporaries(self.folder, [COMPLETE, IDENTITY, *parts]):
+            print(
+                f"Removed {path}: left by a write to the reference cache killed midway (its process is gone)",
+                flush=True,
+            )
 
     def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
         pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
@@ -524,6 +535,7 @@ def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
 def _look_up(store: Store, ident: dict, dataset) -> tuple:
     """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared). Without a finished
     cache of its own key: what an interrupted attempt scored, then other runs' pairs by digest (`shared` of them)."""
+    store.remove_dead_temporaries()
     complete = store.complete()
     if complete is not None:
         return True, *complete, None, 0

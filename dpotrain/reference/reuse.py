@@ -16,6 +16,7 @@ from dpotrain.recipe.records import UNREADABLE
 
 DIGEST_BYTES = 16
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
+IDENTITY = "identity.json"  # a finished key's identity, beside its complete.npz: what other runs compare with theirs
 KEY_ARRAY = "key"  # the array of each cache file that names the key (its folder's name) it was scored under
 
 
@@ -80,7 +81,7 @@ def _without_data(ident: dict) -> dict:
 
 def _identity(folder: Path) -> dict | None:
     try:
-        return _without_data(json.loads((folder / "identity.json").read_text()))
+        return _without_data(json.loads((folder / IDENTITY).read_text()))
     except (OSError, ValueError, AttributeError):
         return None
 
