@@ -199,3 +199,30 @@ def test_what_a_kill_while_writing_the_reference_cache_leaves_is_never_read_and_
         assert f"Removed {path}: left by a write to the reference cache killed midway" in out
         assert not path.exists()
     assert writing.exists()
+
+
+@pytest.mark.slow
+def test_datasets_cache_filling_up_while_the_pairs_are_prepared_is_named_with_its_variable(tmp_path):
+    """datasets' cache with room for its copy of the data file (checked at start) but not for the tokenized copies its
+    `map` writes next (about twice the file, for the smoke data): pyarrow's failed write names no file, and the run
+    ended in `error: the disk is full: a file could not be written: free space there, then rerun`, naming no place.
+    The cache whose disk has no room is found, and named with the variable that moves it."""
+    import subprocess
+
+    from test_faults import small_disk
+
+    from conftest import PYTHON
+
+    cache = tmp_path / "datasets-cache"
+    prefix, preexec = small_disk(cache, 1)
+    if preexec is not None:  # a file-size limit has no disk to find
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    out = tmp_path / "run"
+    cmd = [*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--max_steps", "2", "--output_dir", str(out)]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache)}
+    result = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert result.returncode != 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"error: the disk is full: a file could not be written in datasets' cache, {cache}, "), last
+    assert last.endswith("or set HF_DATASETS_CACHE (or HF_HOME) to a folder with room, then rerun"), last
+    assert not (out / "checkpoint-2").exists()  # before training: nothing trained, nothing to resume
