@@ -226,3 +226,22 @@ def test_datasets_cache_filling_up_while_the_pairs_are_prepared_is_named_with_it
     assert last.startswith(f"error: the disk is full: a file could not be written in datasets' cache, {cache}, "), last
     assert last.endswith("or set HF_DATASETS_CACHE (or HF_HOME) to a folder with room, then rerun"), last
     assert not (out / "checkpoint-2").exists()  # before training: nothing trained, nothing to resume
+
+
+def test_a_flipped_bit_in_a_reference_cache_file_is_caught_by_its_crc(tmp_path, monkeypatch, capsys):
+    """A failing disk or a bad copy that flips one bit of the scores (the file's size and shape unchanged): np.load
+    checks each array's CRC-32 in the zip, so the file is named damaged and its pairs scored again, never read."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 64, "tokens_sha256": "x"})
+    scores = -np.arange(64, dtype=np.float32)
+    store.write_complete({"pairs": 64}, scores, scores, np.zeros((64, 16), dtype=np.uint8))
+    path = store.folder / reference.COMPLETE
+    data = bytearray(path.read_bytes())
+    at = data.find(scores.tobytes())
+    assert at > 0  # the chosen scores, stored uncompressed
+    at += 4 * 10  # pair 10's
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert store.complete() is None
+    assert f"warning: the reference cache file {path} is damaged (BadZipFile: Bad CRC-32" in capsys.readouterr().err
+    assert not path.exists()
