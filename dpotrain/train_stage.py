@@ -13,12 +13,16 @@ from dpotrain.data import lengths, model_identity
 from dpotrain.forwards import flex
 from dpotrain.hub.hub_push import CheckpointPusher
 from dpotrain.recipe import launcher, run_record, writes
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.reference import reference
 from dpotrain.train import agreement, dropout, resume
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 from dpotrain.train.samples import SampleGenerator
 from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
+
+# The loaded weights' hash (the reference cache's key), in resolved_config.json's `derived`; None with a live reference.
+WEIGHTS_KEY = "reference_weights_sha256"
 
 
 def prepare_output(spec, state) -> None:
@@ -45,6 +49,7 @@ class ReadyRun:
 
     def score_reference(self) -> list[reference.Outcome]:
         """The reference stage (dpotrain/reference/reference.py); one Outcome per data set."""
+        collectives.main_outcome(check_reference_weights, self.spec, self.trainer)  # under ZeRO-3 the main's hash
         return reference.run_stage(self.trainer, self.spec.recipe.project.reference_save_seconds)
 
     def train(self, outcomes: list) -> int | None:
@@ -70,6 +75,28 @@ class ReadyRun:
             return STOPPED_EXIT
         trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
         return publish.save_and_push(self, record)
+
+
+def check_reference_weights(spec, trainer) -> None:
+    """A resume scores its reference from the weights the run started from, or is refused. The model's files are
+    compared before anything loads (model_identity.py), but a large weights file by its size and time alone: one
+    replaced by another fine-tune's with its time put back (`touch -r`, a copy tool keeping the original's) loaded
+    other weights, whose reference the stage scored anew under its own cache key and the run trained its steps
+    past the checkpoint against, in silence. The hash of the loaded weights (the cache key's, `weights_sha256`) is
+    recorded, and compared here, after the model loads and before the stage scores anything."""
+    resume_from = spec.output.resume_from if spec.output else None
+    if not resume_from or not trainer.weights_hash:  # a live reference model: no hash taken (TRL's)
+        return
+    trained = run_record.read(resolve.trained_under(Path(resume_from)) / "resolved_config.json")
+    was = trained.derived.get(WEIGHTS_KEY) if trained else None
+    if was and was != trainer.weights_hash:
+        model = spec.recipe.model.model_name_or_path
+        raise ConfigError(
+            f"model {model!r}: the weights loaded are not those {resume_from} was trained against (SHA-256 "
+            f"{trainer.weights_hash[:12]}..., the run started from {was[:12]}...): its files were replaced since the "
+            "run started, keeping their size and times, and the reference log-probs would be scored from other "
+            "weights: put back the model the run started from, or pass --overwrite_output_dir to start afresh"
+        )
 
 
 def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_class=None) -> ReadyRun:
@@ -147,6 +174,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     derived["packages"] = agreement.package_versions()  # each checkpoint's copy: what its steps were trained under
     derived["dropout"] = dropout.active(trainer.model)  # on in training ([]: none); a resume compares it
+    derived[WEIGHTS_KEY] = trainer.weights_hash  # what a resume's reference is scored from (check_reference_weights)
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs

@@ -30,8 +30,8 @@ from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
-from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
-from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
+from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
+from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
@@ -97,6 +97,13 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     }
 
 
+def foreign_key(key: str) -> str:
+    return (
+        f"it holds the scores of cache key {key}, another model, data or settings than this folder's: a file copied "
+        "in from another cache folder"
+    )
+
+
 class Store:
     """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
     a rank's results of one attempt, rewritten atomically as they grow. A file damaged anyway is named in a warning,
@@ -148,9 +155,20 @@ class Store:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
         if self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests):
             try:  # only other runs read it, to share pairs: without it they score their own
-                write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
+                write_text(self.folder / IDENTITY, json.dumps(ident, indent=1) + "\n")
             except OSError as e:
                 self._not_saved(e)
+
+    def remove_dead_temporaries(self) -> None:
+        """The temporaries (`replacing`'s) a write killed midway left in the key's folder: never read (a part is read
+        by its own name), but nothing else would ever remove them: up to a complete file's size each (24 bytes a
+        pair), one per kill. Only this host's writers that are gone (`writes.dead_temporaries`), said in a line."""
+        parts = {p.name[1:].partition(".npz.")[0] + ".npz" for p in self.folder.glob(".part-*.npz.*.tmp")}
+        for path in remove_dead_temporaries(self.folder, [COMPLETE, IDENTITY, *parts]):
+            print(
+                f"Removed {path}: left by a write to the reference cache killed midway (its process is gone)",
+                flush=True,
+            )
 
     def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
         pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
@@ -158,10 +176,11 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
-        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one.
+        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one. Each file
+        # names its key (`KEY_ARRAY`): one copied into another key's folder is not read as that key's scores.
         try:
             with replacing(self.folder / name, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **{KEY_ARRAY: np.asarray(self.folder.name)}, **arrays)
             return True
         except OSError as e:  # `replacing` has removed its temporary file: nothing half-written is left
             self._not_saved(e)
@@ -183,9 +202,15 @@ class Store:
 
         def arrays(path):
             with np.load(path) as f:
-                return [np.asarray(f[name]) for name in names]
+                return key_of(f), [np.asarray(f[name]) for name in names]
 
-        return run_records.read_cache(path, arrays, "reference", AGAIN)
+        found = run_records.read_cache(path, arrays, "reference", AGAIN)
+        if found is None:
+            return None
+        key, arrays = found
+        if key is not None and key != self.folder.name:
+            return self._damaged(path, foreign_key(key))
+        return arrays
 
     def _damaged(self, path: Path, why: str) -> None:
         return run_records.damaged_cache(path, why, "reference", AGAIN)
@@ -507,6 +532,7 @@ def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
 def _look_up(store: Store, ident: dict, dataset) -> tuple:
     """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared). Without a finished
     cache of its own key: what an interrupted attempt scored, then other runs' pairs by digest (`shared` of them)."""
+    store.remove_dead_temporaries()
     complete = store.complete()
     if complete is not None:
         return True, *complete, None, 0

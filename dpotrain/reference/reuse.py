@@ -16,6 +16,14 @@ from dpotrain.recipe.records import UNREADABLE
 
 DIGEST_BYTES = 16
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
+IDENTITY = "identity.json"  # a finished key's identity, beside its complete.npz: what other runs compare with theirs
+KEY_ARRAY = "key"  # the array of each cache file that names the key (its folder's name) it was scored under
+
+
+def key_of(npz) -> str | None:
+    """The cache key a file of the stage was scored under (the name of the folder it was written in); None for a file
+    written before files named their key."""
+    return str(npz[KEY_ARRAY]) if KEY_ARRAY in npz.files else None
 
 
 def pair_digests(dataset) -> np.ndarray:
@@ -73,7 +81,7 @@ def _without_data(ident: dict) -> dict:
 
 def _identity(folder: Path) -> dict | None:
     try:
-        return _without_data(json.loads((folder / "identity.json").read_text()))
+        return _without_data(json.loads((folder / IDENTITY).read_text()))
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -82,8 +90,8 @@ def _complete_with_digests(folder: Path):
     """(digests, [(chosen, rejected)] per pair) of a finished cache that stored digests, else None."""
     try:
         with np.load(folder / "complete.npz") as f:
-            if "digests" not in f.files:
-                return None
+            if "digests" not in f.files or key_of(f) not in (None, folder.name):  # a copy of another key's file:
+                return None  # its folder's identity.json does not say how it was scored
             digests, chosen, rejected = (np.asarray(f[k]) for k in ("digests", "chosen", "rejected"))
     except UNREADABLE:
         return None

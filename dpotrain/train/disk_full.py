@@ -79,6 +79,11 @@ def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
     if why := refused(error):
         return why
+    return _probe(folder)
+
+
+def _probe(folder: Path) -> str | None:
+    """Why a write of PROBE_BYTES in `folder` fails, if the disk refuses it (`FULL`); else None."""
     probe = folder / f".dpotrain-space-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -91,6 +96,40 @@ def why_full(error: BaseException, folder: Path) -> str | None:
         with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
             probe.unlink(missing_ok=True)
     return None
+
+
+def _caches() -> list[tuple[str, Path, str]]:
+    """Where a run writes besides its output folder: (what, folder, the variable that moves it)."""
+    import tempfile
+
+    import datasets
+    from huggingface_hub import constants
+
+    from dpotrain.data.lengths import cache_root
+
+    return [
+        ("datasets' cache", Path(datasets.config.HF_DATASETS_CACHE), "HF_DATASETS_CACHE (or HF_HOME)"),
+        ("the Hub's download cache", Path(constants.HF_HUB_CACHE), "HF_HUB_CACHE (or HF_HOME)"),
+        ("dpotrain's cache", cache_root(), "DPOTRAIN_CACHE"),
+        ("the temporary folder", Path(tempfile.gettempdir()), "TMPDIR"),
+    ]
+
+
+def _unnamed_file(why: str) -> str:
+    """Where a failed write that names no file went (pyarrow's under datasets' `map`, which writes the data set's
+    tokenized copy into datasets' cache: it said `a file could not be written: free space there`, naming no place):
+    the cache whose disk refuses a probe too, with the variable that moves it; else every cache's free space."""
+    caches = [(what, folder, var) for what, folder, var in _caches() if folder.is_dir()]
+    for what, folder, var in caches:
+        if (found := _probe(folder)) is not None:
+            free = "" if _fix(found) else f", {size(shutil.disk_usage(folder).free)} free there"
+            where = "with room" if not _fix(found) else "where this job may write"
+            return (
+                f"{found}: a file could not be written in {what}, {folder}{free}: {_todo(found)}, or set {var} to a "
+                f"folder {where}"
+            )
+    spaces = ", ".join(f"{what} {path} ({var}): {size(shutil.disk_usage(path).free)}" for what, path, var in caches)
+    return f"{why}: a file could not be written (its writer did not name it; free space in {spaces}): {_todo(why)}"
 
 
 def _after(kept: list[Path]) -> str:
@@ -139,8 +178,10 @@ def write_failed(error: OSError, why: str) -> RunError:
     """The line for another write of the run the disk refused: the file, the space left there, and what the same
     command does next when the file is in a run's folder (one of the three above it)."""
     path = Path(error.filename) if error.filename else None
-    above = list(path.parents)[:3] if path else []
-    where = f"{path} could not be written" if path else "a file could not be written"
+    if path is None:
+        return RunError(f"{_unnamed_file(why)}, then rerun")
+    above = list(path.parents)[:3]
+    where = f"{path} could not be written"
     folder = next((p for p in above if p.is_dir()), None)
     free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and not _fix(why) else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)

@@ -1,0 +1,247 @@
+"""Faults in what a run trusts between its attempts, besides its output folder: the reference cache, the lock reached
+by another path, the data edited without a trace in its size and time (docs/reliability.md)."""
+
+import json
+import os
+import shutil
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, built, ready
+from dpotrain.data import builtin
+from dpotrain.recipe.config import parse_args
+from dpotrain.reference import reference
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def scored(tmp_path, model_dir, rows):
+    """The run's reference columns after its stage (what training reads), on the run's own checks and builder."""
+    args = ["--config", SMOKE, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")]
+    recipe = parse_args([*args, "--report_to", "none", "--save_strategy", "no"])
+    trainer = ready(built(recipe, datasets.Dataset.from_list(rows)))
+    return trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]
+
+
+def other_weights(tiny_model_dir, folder):
+    """A copy of the tiny model with other weights (another fine-tune saved in its place), the same tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_dir, folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_reference_cache_file_copied_in_from_another_key_is_named_and_scored_again(tmp_path, tiny_model_dir, capsys):
+    """A cache file is the scores of its key's model, data and settings; the folder's name alone said which. Another
+    model's `complete.npz` copied into this run's folder (same pair count) was read as this run's reference: training
+    went on against the other weights' log-probs, in silence."""
+    rows = builtin.make_preference_rows(16, seed=3)
+    other = other_weights(tiny_model_dir, tmp_path / "other-model")
+    foreign = scored(tmp_path / "a", other, rows)
+    own = scored(tmp_path / "b", tiny_model_dir, rows)
+    assert foreign != own
+    folders = {p.parent for p in reference.cache_dir().glob("*/complete.npz")}
+    (mine,) = (f for f in folders if json.loads((f / "identity.json").read_text())["model"] == tiny_model_dir)
+    (theirs,) = folders - {mine}
+    shutil.copy(theirs / reference.COMPLETE, mine / reference.COMPLETE)
+    capsys.readouterr()
+
+    again = scored(tmp_path / "c", tiny_model_dir, rows)
+    err = capsys.readouterr().err
+    assert f"warning: the reference cache file {mine / reference.COMPLETE} is damaged (it holds the scores of " in err
+    assert f"cache key {theirs.name}" in err and "its pairs are scored again" in err
+    assert again == own  # this model's scores, not the copied ones
+
+
+def test_a_part_copied_in_from_another_key_lends_no_pair(tmp_path, monkeypatch, capsys):
+    """The same for an interrupted attempt's part, and for the pairs other runs' finished caches lend by digest: a file
+    whose key is not its folder's is not read as that folder's scores (a file written before files named their key
+    still is)."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    mine = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
+    theirs = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "y"})
+    theirs.write_part("a", 0, [0, 1], [-1.0, -2.0], [-3.0, -4.0])
+    (part,) = theirs.folder.glob("part-*.npz")
+    mine.folder.mkdir(parents=True)
+    shutil.copy(part, mine.folder / part.name)
+    assert np.isnan(mine.parts()[0]).all()
+    assert f"(it holds the scores of cache key {theirs.folder.name}" in capsys.readouterr().err
+    assert not (mine.folder / part.name).exists() and part.exists()  # the copy removed, its original left
+
+    # A finished cache in a folder with another key's identity.json lends nothing by digest.
+    digests = np.arange(48, dtype=np.uint8).reshape(3, 16)
+    ident = {"pairs": 3, "tokens_sha256": "y", "model": "m"}
+    theirs.write_complete(ident, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
+    lender = tmp_path / "reference" / "lender"
+    lender.mkdir()
+    shutil.copy(theirs.folder / reference.COMPLETE, lender / reference.COMPLETE)
+    (lender / "identity.json").write_text(json.dumps({**ident, "tokens_sha256": "z"}))
+    shutil.rmtree(theirs.folder)
+    chosen, rejected = np.full((2, 3), np.nan, dtype=np.float32)
+    ask = {**ident, "tokens_sha256": "w"}
+    assert reference.fill_from_other_caches(reference.cache_dir(), mine.folder, ask, digests, chosen, rejected) == 0
+
+    # The file written before files named their key: read as before.
+    with np.load(lender / reference.COMPLETE) as f:
+        kept = {k: f[k] for k in f.files if k != "key"}
+    np.savez(lender / reference.COMPLETE, **kept)
+    assert reference.fill_from_other_caches(reference.cache_dir(), mine.folder, ask, digests, chosen, rejected) == 3
+
+
+@pytest.mark.slow
+def test_one_output_folder_reached_by_two_paths_is_locked_for_both(tmp_path):
+    """The lock is a file in the folder itself, not keyed on the path a job names it by: a job that reaches a live
+    run's folder through a symbolic link (or the real path, where the first came through the link) is refused."""
+    import subprocess
+    import sys
+
+    from dpotrain.cluster import run_lock
+
+    real = tmp_path / "scratch" / "run"
+    link = tmp_path / "outputs-run"
+    link.symlink_to(real, target_is_directory=True)  # the folder does not exist yet: the first run makes it
+    holder = (
+        "import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; "
+        "assert run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(link)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert (real / run_lock.LOCK_FILE).is_file()
+        for path in (real, tmp_path / "scratch" / ".." / "scratch" / "run", link):
+            refused = run_lock.acquire(path)
+            assert refused and f"is in use by another run (host {os.uname().nodename}, pid {proc.pid}" in refused
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run_lock.acquire(real) is None  # its holder gone: taken over
+    run_lock.release()
+
+
+@pytest.mark.slow
+def test_weights_replaced_keeping_their_size_and_time_are_refused_before_the_reference_is_scored(
+    tmp_path, tiny_model_dir
+):
+    """A weights file over 2 MiB is known by its size and time until they change (data_identity.py): one replaced by
+    another fine-tune's of the same size, its time put back, passed the model's check, and the resume scored its
+    reference anew from the other weights (another cache key) and trained the steps past its checkpoint against it,
+    exit code 0. The loaded weights' hash, recorded at the start, is compared once the model loads."""
+    import subprocess
+
+    from safetensors.torch import load_file, save_file
+    from test_faults import ARGS, FINAL
+
+    from conftest import python
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    padding = {"format": "pt", "note": "x" * (3 << 20)}  # the tiny model's 0.8 MB made a large file, known by its ends
+    save_file(load_file(weights), str(weights), metadata=padding)
+    cmd = [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", str(model)]
+    run = lambda: subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: E731
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:]
+    for name in FINAL:  # a kill after checkpoint-2: steps 3 and 4 left to train
+        (out / name).unlink()
+    shutil.rmtree(out / "checkpoint-4")
+
+    then = weights.stat()
+    other = {k: v + 0.01 * torch.randn_like(v) for k, v in load_file(weights).items()}
+    save_file(other, str(weights), metadata=padding)
+    os.utime(weights, ns=(then.st_atime_ns, then.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (then.st_size, then.st_mtime_ns)
+
+    again = run()
+    assert again.returncode == 2 and "Traceback" not in again.stdout, again.stdout[-3000:]
+    last = again.stdout.strip().splitlines()[-1]
+    checkpoint = out / "checkpoint-2"
+    assert last.startswith(f"error: model '{model}': the weights loaded are not those {checkpoint} was "), last
+    assert "reference log-probs (train)" not in again.stdout and not (out / "checkpoint-4").exists()
+
+
+@pytest.mark.slow
+def test_what_a_kill_while_writing_the_reference_cache_leaves_is_never_read_and_is_removed(
+    tmp_path, tiny_model_dir, capsys
+):
+    """A SIGKILL while a cache file is written leaves its temporary (`.complete.npz.<host>.<pid>.tmp`, cut short), never
+    the file: the next attempt reads the whole file, or scores again. The temporaries stayed in the cache forever (up
+    to a complete file's size each, one per kill); a live writer's stays, it may be writing."""
+    import socket
+    import subprocess
+    import sys
+
+    rows = builtin.make_preference_rows(16, seed=3)
+    first = scored(tmp_path / "a", tiny_model_dir, rows)
+    (folder,) = {p.parent for p in reference.cache_dir().glob("*/complete.npz")}
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, dead = socket.gethostname(), int(gone.stdout)
+    whole = (folder / reference.COMPLETE).read_bytes()
+    left = [folder / f".complete.npz.{host}.{dead}.tmp", folder / f".part-20261130-abc123-r0.npz.{host}.{dead}.tmp"]
+    for path in left:
+        path.write_bytes(whole[: len(whole) // 2])
+    writing = folder / f".complete.npz.{host}.{os.getppid()}.tmp"  # a live process's: its write may be under way
+    writing.write_bytes(whole[:100])
+    capsys.readouterr()
+
+    again = scored(tmp_path / "b", tiny_model_dir, rows)
+    out = capsys.readouterr().out
+    assert again == first and "all 16 pairs reused" in out
+    for path in left:
+        assert f"Removed {path}: left by a write to the reference cache killed midway" in out
+        assert not path.exists()
+    assert writing.exists()
+
+
+@pytest.mark.slow
+def test_datasets_cache_filling_up_while_the_pairs_are_prepared_is_named_with_its_variable(tmp_path):
+    """datasets' cache with room for its copy of the data file (checked at start) but not for the tokenized copies its
+    `map` writes next (about twice the file, for the smoke data): pyarrow's failed write names no file, and the run
+    ended in `error: the disk is full: a file could not be written: free space there, then rerun`, naming no place.
+    The cache whose disk has no room is found, and named with the variable that moves it."""
+    import subprocess
+
+    from test_faults import small_disk
+
+    from conftest import PYTHON
+
+    cache = tmp_path / "datasets-cache"
+    prefix, preexec = small_disk(cache, 1)
+    if preexec is not None:  # a file-size limit has no disk to find
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    out = tmp_path / "run"
+    cmd = [*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--max_steps", "2", "--output_dir", str(out)]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache)}
+    result = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert result.returncode != 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"error: the disk is full: a file could not be written in datasets' cache, {cache}, "), last
+    assert last.endswith("or set HF_DATASETS_CACHE (or HF_HOME) to a folder with room, then rerun"), last
+    assert not (out / "checkpoint-2").exists()  # before training: nothing trained, nothing to resume
+
+
+def test_a_flipped_bit_in_a_reference_cache_file_is_caught_by_its_crc(tmp_path, monkeypatch, capsys):
+    """A failing disk or a bad copy that flips one bit of the scores (the file's size and shape unchanged): np.load
+    checks each array's CRC-32 in the zip, so the file is named damaged and its pairs scored again, never read."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 64, "tokens_sha256": "x"})
+    scores = -np.arange(64, dtype=np.float32)
+    store.write_complete({"pairs": 64}, scores, scores, np.zeros((64, 16), dtype=np.uint8))
+    path = store.folder / reference.COMPLETE
+    data = bytearray(path.read_bytes())
+    at = data.find(scores.tobytes())
+    assert at > 0  # the chosen scores, stored uncompressed
+    at += 4 * 10  # pair 10's
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert store.complete() is None
+    assert f"warning: the reference cache file {path} is damaged (BadZipFile: Bad CRC-32" in capsys.readouterr().err
+    assert not path.exists()
