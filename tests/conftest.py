@@ -371,10 +371,12 @@ def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeo
 
 @contextlib.contextmanager
 def launch_smoke_meanwhile(out: Path, processes: int, args: list[str], env: dict | None = None):
-    """`launch_smoke` in a thread, for a module fixture: the uninterrupted run a Slurm job is compared with, run while
-    that job starts, sleeps in a requeue's BeginTime or a slow checkpoint, and trains (one after the other, it added its
-    whole length to the job's). Yields a Future of `out`; leaving waits for the launch. The environment is this
-    thread's now: a test started meanwhile that changes os.environ does not reach it (PATH: launch_smoke's own)."""
+    """`launch_smoke` in a thread: the uninterrupted run a Slurm job is compared with, started as the job stops (its
+    signal sent), so that it runs while the job saves, sleeps in a requeue's BeginTime or a slow checkpoint, and starts
+    again, the node's CPUs idle or half idle (one after the other, it added its whole length to the job's; from the
+    job's submission, it shared the CPUs with the job's first start and lengthened it). Yields a Future of `out`;
+    leaving waits for the launch. The environment is this thread's now: a test started meanwhile that changes
+    os.environ does not reach it (PATH: launch_smoke's own)."""
     env = {k: v for k, v in os.environ.items() if k != "PATH"} | (env or {})
     with ThreadPoolExecutor(1) as pool:
         future: Future = pool.submit(lambda: launch_smoke(processes, args, env=env) or out)

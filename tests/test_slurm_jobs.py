@@ -78,24 +78,23 @@ def log_path(job: int, submitted_from=SUBMIT_DIR) -> Path:
     return Path(submitted_from) / f"dpo-think-{job}.out"
 
 
-@pytest.fixture(scope="module")
-def readme_run_uninterrupted(tmp_path_factory):
-    """What the README's job computes without a preemption: its launch, with the job's arguments, outside Slurm, run
-    while the job runs (`launch_smoke_meanwhile`: a Future of its output folder). Its reference is its own
-    (DPOTRAIN_CACHE), scored beside the job's, not read from it."""
-    out = tmp_path_factory.mktemp("plain") / "run"
+def readme_run_uninterrupted(out: Path):
+    """What the README's job computes without a preemption: its launch, with the job's arguments, outside Slurm, in a
+    thread (`launch_smoke_meanwhile`: a Future of its output folder). Its reference is its own (DPOTRAIN_CACHE), scored
+    beside the job's, not read from it."""
     args = [*SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :], "--output_dir", str(out)]
-    with launch_smoke_meanwhile(out, 1, args, env={"DPOTRAIN_CACHE": f"{out}-cache"}) as run:
-        yield run
+    return launch_smoke_meanwhile(out, 1, args, env={"DPOTRAIN_CACHE": f"{out}-cache"})
 
 
 @pytest.fixture(scope="module")
-def readme_job(slurm, tmp_path_factory, readme_run_uninterrupted):
+def readme_job(slurm, tmp_path_factory):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
     full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
     to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued, and
-    run to its end. The two tests below check this one job (a job start is ~30 s); the uninterrupted run it is compared
-    with runs meanwhile."""
+    run to its end. The two tests below check this one job (a job start is ~30 s). The uninterrupted run it is compared
+    with runs from the USR1 on, while the job saves, waits for its requeue's begin time and starts again (its dry run
+    is one process of the job's two CPUs); run from the job's submission, it shared the CPUs with its first start.
+    Returns (job, its end state, its output folder, the folder submitted from, the uninterrupted run's folder)."""
     folder = tmp_path_factory.mktemp("slurm")
     elsewhere = folder / "submitted-here"
     out = elsewhere / "run"
@@ -109,7 +108,11 @@ def readme_job(slurm, tmp_path_factory, readme_run_uninterrupted):
         assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), slurm.job_info(job)
         time.sleep(0.2)
     slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
-    return job, slurm.wait(job, timeout=600), out, elsewhere
+    plain = tmp_path_factory.mktemp("plain") / "run"
+    with readme_run_uninterrupted(plain) as uninterrupted:
+        state = slurm.wait(job, timeout=600)
+        uninterrupted.result()
+    return job, state, out, elsewhere, plain
 
 
 def real_cpus() -> int:
@@ -191,7 +194,7 @@ def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
-    job, state, out, submitted_from = readme_job
+    job, state, out, submitted_from, _ = readme_job
     log = log_path(job, submitted_from)
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
     text = log.read_text()
@@ -214,10 +217,8 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
-    slurm, readme_job, readme_run_uninterrupted
-):
-    job, state, out, submitted_from = readme_job
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, readme_job):
+    job, state, out, submitted_from, uninterrupted = readme_job
     log = log_path(job, submitted_from).read_text()
     assert state == "COMPLETED", log[-3000:]
     assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
@@ -225,7 +226,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
     assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
     assert steps(out) == list(range(1, 11))  # every optimizer step once: none repeated, none skipped
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
-    a, b = weights(readme_run_uninterrupted.result()), weights(out)
+    a, b = weights(uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
@@ -333,15 +334,13 @@ def job_log(job: int) -> str:
     return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
 
 
-@pytest.fixture(scope="module")
-def two_process_plain(tmp_path_factory, pairs_file):
-    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes, outside Slurm, run
-    while the job runs (`launch_smoke_meanwhile`: a Future of its output folder; one after the other, it added ~50 s
-    to a job that spends ~35 s of its own in a slow checkpoint's sleep)."""
-    out = tmp_path_factory.mktemp("two") / "plain"
-    env = {"DPOTRAIN_CACHE": f"{out}-cache"}
-    with launch_smoke_meanwhile(out, 2, two_process_args(out, pairs_file), env=env) as run:
-        yield run
+def two_process_plain(out: Path, data: Path):
+    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes, outside Slurm, with
+    its own reference (DPOTRAIN_CACHE), in a thread (`launch_smoke_meanwhile`: a Future of its output folder). Started
+    as the job's slow checkpoint begins, it runs in that checkpoint's ~35 s of sleep and the requeue's wait, with the
+    node's CPUs idle; started with the job, it shared the 2 CPUs with the job's first two starts and lengthened both
+    (one after the other, it added ~50 s)."""
+    return launch_smoke_meanwhile(out, 2, two_process_args(out, data), env={"DPOTRAIN_CACHE": f"{out}-cache"})
 
 
 def reference_scores(out: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -363,7 +362,7 @@ def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_checkpoint_loses_nothing(
-    slurm, tmp_path, pairs_file, two_process_plain
+    slurm, tmp_path, pairs_file
 ):
     """Two processes under accelerate launch (torchrun's agent), preempted twice by a job of the higher-priority
     partition. First in the reference stage: the pairs it scored are kept, the requeued run scores only the rest, and
@@ -381,7 +380,10 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     urgent = [preempt(slurm)]
     wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)  # requeued, the reference finished, mid-training
     urgent.append(preempt(slurm))
-    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
+    with two_process_plain(tmp_path / "plain", pairs_file) as uninterrupted:  # in the slow checkpoint's sleep
+        state = slurm.wait(job, timeout=900)
+        plain = uninterrupted.result()
+    assert state == "COMPLETED", job_log(job)[-3000:]
     log = job_log(job)
     assert slurm.job_info(job)["Restarts"] == "2", log[-3000:]
     runs = re.split(r"=== DPO job \d+ \(dpo-think\) restart ", log)[1:]
@@ -392,7 +394,6 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     saved = int(stopped.group(1).replace(",", ""))
     assert 0 < saved < PAIRS and "requeueing job" in runs[0]
     assert f"{saved:,} kept from an interrupted run" in runs[1]  # the requeued job scored only the rest
-    plain = two_process_plain.result()
     plain_chosen, plain_rejected = reference_scores(plain)
     chosen, rejected = reference_scores(out)
     assert chosen.tobytes() == plain_chosen.tobytes() and rejected.tobytes() == plain_rejected.tobytes()  # bit for bit

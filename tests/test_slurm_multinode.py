@@ -89,30 +89,32 @@ def wait_for_steps(slurm2, job: int, out: Path, n: int, timeout: float = 400) ->
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(folder: Path):
     """What the job computes without a preemption: its launch (2 processes of ZeRO-2 on the smoke recipe, the built-in
-    model built afresh) run on this machine outside Slurm, as one `accelerate launch` of 2 processes, while the job runs
+    model built afresh) run on this machine outside Slurm, as one `accelerate launch` of 2 processes, in a thread
     (`launch_smoke_meanwhile`: a Future of its output folder). Two ranks' gradients add up to the same sum on one node
     or two, and a two-node job costs ~50 s."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
     env = {"DPOTRAIN_BUILTIN_DIR": str(folder / "builtin"), "DPOTRAIN_CACHE": str(folder / "cache")}
-    with launch_smoke_meanwhile(folder / "plain", 2, two_node_args(folder / "plain"), env=env) as run:
-        yield run
+    return launch_smoke_meanwhile(folder / "plain", 2, two_node_args(folder / "plain"), env=env)
 
 
 @pytest.fixture(scope="module")
-def preempted(slurm2, tmp_path_factory, uninterrupted):
+def preempted(slurm2, tmp_path_factory):
     """A two-node job preempted mid-training by the time-limit warning's USR1, requeued, and run to its end: both
-    tests below check this one job (a two-node job is ~1 min); the uninterrupted run it is compared with runs
-    meanwhile. Its DPOTRAIN_CACHE is on a node-local disk: the same path is another folder on each node (cluster.sh
-    binds STATE_DIR/node-local-<node> over STATE_DIR/node-local)."""
+    tests below check this one job (a two-node job is ~1 min). The uninterrupted run it is compared with runs from the
+    USR1 on, while the job saves, waits for its requeue's begin time and starts again (its dry run is one process);
+    run from the job's submission, it shared the CPUs with its first start. Its DPOTRAIN_CACHE is on a node-local
+    disk: the same path is another folder on each node (cluster.sh binds STATE_DIR/node-local-<node> over
+    STATE_DIR/node-local). Returns (job, its end state, its output folder, its cache's name, the uninterrupted run's
+    folder)."""
     out = tmp_path_factory.mktemp("two-nodes") / "preempted"
     cache = f"cache-{out.parent.name}"
     job = two_node_job(slurm2, out, env={"DPOTRAIN_CACHE": str(slurm2.state_dir / "node-local" / cache)})
     wait_for_steps(slurm2, job, out, 2)  # mid-training
     slurm2.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
-    return job, slurm2.wait(job, timeout=600), out, cache
+    with uninterrupted(tmp_path_factory.mktemp("uninterrupted")) as plain:
+        state = slurm2.wait(job, timeout=600)
+        return job, state, out, cache, plain.result()
 
 
 def test_cluster_has_two_nodes_with_their_own_addresses(slurm2):
@@ -130,7 +132,7 @@ def test_cluster_has_two_nodes_with_their_own_addresses(slurm2):
 
 @pytest.mark.slow
 def test_two_node_job_trains_one_process_per_node(preempted):
-    job, state, out, _ = preempted
+    job, state, out, _, _ = preempted
     log = job_log(job)
     assert state == "COMPLETED", log[-4000:]
     # Each node read its own machine rank inside srun, and both met at the first node of the allocation.
@@ -149,12 +151,12 @@ def test_two_node_job_trains_one_process_per_node(preempted):
 
 @pytest.mark.slow
 def test_two_node_job_preempted_checkpoints_both_ranks_and_resumes_identically_from_node_local_caches(
-    slurm2, preempted, uninterrupted
+    slurm2, preempted
 ):
     """Preempted mid-training, requeued, and ending like the uninterrupted run. Rank 0's node-local cache decides for
     both, so the nodes enter the same collectives, and both keep the finished reference for the requeued run, which
     reuses it."""
-    job, state, out, cache = preempted
+    job, state, out, cache, plain = preempted
     log = job_log(job)
     assert state == "COMPLETED", log[-4000:]
     assert slurm2.job_info(job)["Restarts"] == "1", log[-4000:]
@@ -172,7 +174,6 @@ def test_two_node_job_preempted_checkpoints_both_ranks_and_resumes_identically_f
     assert not (slurm2.state_dir / "node-local" / cache).exists()  # outside the nodes: neither of their folders
     # the 128 pairs its 8 steps of 16 train: all the reference stage scores
     assert "reference log-probs (train): all 128 pairs reused" in log.split("restart 1", 1)[1], log[-4000:]
-    plain = uninterrupted.result()
     a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
