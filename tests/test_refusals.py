@@ -1520,6 +1520,8 @@ def test_a_history_edited_by_hand_is_refused_before_the_resume_loads_the_model(n
         # `max_length: auto` decides again at each start: the coverage edited while the job waited chose 1024 where
         # the checkpoint trained at 512, and the run went on at 1024, its record rewritten
         (["--max_length", "auto"], ["--auto_coverage", "1.0"], "auto_coverage: 0.95 -> 1.0"),
+        # a fixed length resumed under auto: named as the user wrote it, not as the None auto stands for until chosen
+        (["--max_length", "512"], ["--max_length", "auto"], "max_length: 512 -> 'auto'"),
     ],
 )
 def test_a_resume_that_would_train_otherwise_than_its_checkpoint_is_refused_naming_the_setting(
