@@ -535,3 +535,75 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
         "sees (scripts/launch.sh uses the project's logs/)"
     )
     assert list(folder.iterdir()) == []
+
+
+def ranks_launch(processes: int) -> list[str]:
+    """`accelerate launch` of `processes` ranks under accelerate_config.yaml (DeepSpeed ZeRO-2, on CPU here): the venv's
+    own launcher, which a test signals (not the warm one), its ranks on the warm interpreter."""
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--num_processes", str(processes)]
+    return [*launch, "--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
+
+
+def launched(processes, script, out, model_dir, data, pause=None):
+    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **(pause or {})}
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data)]
+    return subprocess.Popen(
+        [*ranks_launch(processes), str(script), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def rank_codes(log: str) -> list[int]:
+    """Each rank's exit code, as torchrun's agent names them when one is not 0 (it then exits 1)."""
+    return [int(code) for code in re.findall(r"exitcode  : (-?\d+) ", log)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.extended), 2])
+def test_a_stop_asked_while_deepspeed_sets_up_stops_every_rank_before_step_1(
+    processes, tmp_path, tiny_model_dir, pairs
+):
+    """SIGTERM to rank 0 alone inside `trainer.train`'s own set-up (DeepSpeed's ZeRO-2 optimizer being made, the other
+    rank waiting for it): every rank trained step 1 and wrote checkpoint-1 before it stopped, on a large model minutes
+    after the request (the engine's start-up), past a Slurm grace time. Now every rank stops before step 1, exit 75."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # resolved_config.json is the main process's last write before `trainer.train`; DeepSpeed's ZeRO-2 optimizer reads
+    # the host's free memory (/proc/meminfo) as it is made
+    proc = launched(
+        processes, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("*/resolved_config.json", "/proc/meminfo", paused)
+    )
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == 1 and rank_codes(log) == [STOPPED_EXIT] * processes, log[-3000:]
+    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]  # the agent's traceback follows
+    assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
+    assert not (out / "run.lock").exists()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_from_it(tmp_path, tiny_model_dir, pairs):
+    """2 ranks (ZeRO-2) stopped at step N, then the same command, resuming from checkpoint-N, stopped on rank 0 alone
+    as DeepSpeed loads that checkpoint (inside `trainer.train`): it trained step N+1 and wrote its checkpoint first.
+    Now both ranks exit 75 before step N+1, checkpoint-N untouched, and the next attempt resumes from it."""
+    out = tmp_path / "run"
+    # SIGTERM as the main process writes a step's record to metrics.jsonl: every rank stops at the end of the next
+    first = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("", "*/metrics.jsonl", tmp_path / "p1", 3))
+    log = signal_paused(tmp_path / "p1", first, signal.SIGTERM)
+    steps = logged_steps(out)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2 and steps == list(range(1, len(steps) + 1)), log[-3000:]
+    kept = out / f"checkpoint-{steps[-1]}"
+    saved = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")}
+    # DeepSpeed reads the checkpoint's own partitions (global_stepN/) inside `trainer.train`, after the run's record
+    pause = pause_env("*/resolved_config.json", f"{kept}/global_step*/*", tmp_path / "p2")
+    log = signal_paused(tmp_path / "p2", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause), signal.SIGTERM)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2 and f"Resuming from {kept}" in log, log[-3000:]
+    assert log.count(f"Stop requested: stopped before step {steps[-1] + 1} ") == 1, log[-3000:]
+    assert logged_steps(out) == steps and [p.name for p in out.glob("checkpoint-*")] == [kept.name]
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")} == saved
+    rerun = launched(2, ROOT / "train_dpo.py", out, tiny_model_dir, pairs)
+    log = rerun.communicate(timeout=600)[0]
+    assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
+    assert logged_steps(out) == list(range(1, STEPS + 1))

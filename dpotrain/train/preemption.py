@@ -39,6 +39,12 @@ INTERRUPTED_EXIT = 130
 SECOND_CTRL_C_S = 1.0
 
 
+class StoppedBeforeTraining(Exception):
+    """Raised out of `trainer.train` on every rank by `GracefulStop.on_step_begin` (the stop agreed on and reported):
+    nothing is trained or saved, and the Trainer has no other way to leave before a step (`should_training_stop` is
+    read once the step is over)."""
+
+
 class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
@@ -173,8 +179,15 @@ class GracefulStop(TrainerCallback):
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.training_begun = True
+    def on_step_begin(self, args, state, control, **kwargs):
+        # The attempt's first step, once `trainer.train`'s own set-up is over: the engine started (DeepSpeed's, minutes
+        # on a large model), the optimizer made, a resumed checkpoint loaded, the first batch read (the data loader's
+        # workers started). A request made during it waited for the end of the step, trained and saved, which a
+        # Slurm grace time may not leave; here every rank (the same all-reduce) ends the run before the step.
+        if not self.training_begun:
+            if self.stop_before_training(args.device, f"stopped before step {state.global_step + 1}"):
+                raise StoppedBeforeTraining
+            self.training_begun = True
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
