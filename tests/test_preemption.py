@@ -607,3 +607,29 @@ def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_f
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize(("made", "server_clock_s"), [("before the start", 3600), ("as it runs", -3600)])
+def test_a_stop_file_is_told_new_from_the_one_found_at_start_without_clocks(made, server_clock_s, tmp_path, capsys):
+    """On NFS the file server stamps a stop file's mtime, and the boundaries before training took a stop file for a
+    request when that mtime was past the process's start by this host's clock. A server clock an hour ahead: a file
+    left from before the start read as a request, and the run stopped before step 1 (meant: after it, with
+    checkpoint-1); an hour behind: one made as the run set up read as old, and waited for the end of step 1. The
+    file found at the start is now told by what it is (inode, mtime, size), not by when."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+
+    def made_by_the_server():
+        stop_file.touch()
+        os.utime(stop_file, (time.time() + server_clock_s,) * 2)
+
+    if made == "before the start":
+        made_by_the_server()
+    stop = GracefulStop(str(stop_file))
+    if made == "as it runs":
+        made_by_the_server()
+    stopped = stop.stop_before_training("cpu", "stopped before step 1")
+    stop.release(exiting=False)
+    assert stopped == (made == "as it runs"), capsys.readouterr().out
+    assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)

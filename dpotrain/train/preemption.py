@@ -50,7 +50,11 @@ class GracefulStop(TrainerCallback):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
-        self.started = time.time()  # a stop file older than this: not asked as it ran (stop_before_training)
+        # The stop file as it was when this process started (None: not there): that one was not asked as it ran
+        # (stop_before_training). Compared by identity, not its mtime against this host's clock: on NFS the file
+        # server stamps the mtime, and a server clock behind the node's hid a request made in its lag, one ahead made
+        # a file left from before the start a new request.
+        self.found_at_start = self._stop_file_identity()
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
@@ -130,17 +134,24 @@ class GracefulStop(TrainerCallback):
         if self.signal_received is not None:
             raise KeyboardInterrupt
 
-    def asked_here(self, since: float | None = None) -> bool:
-        """A signal, or the stop file; `since`: only a stop file made since then (`stop_before_training`)."""
+    def _stop_file_identity(self) -> tuple | None:
+        """The stop file's device, inode, mtime (ns) and size; None: no stop file. Made again or touched: another."""
+        if self.stop_file is None:
+            return None
+        try:
+            found = self.stop_file.stat()
+        except FileNotFoundError:
+            return None
+        return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
+
+    def asked_here(self, new_only: bool = False) -> bool:
+        """A signal, or the stop file; `new_only`: not the one there at the start (`stop_before_training`)."""
         if self.signal_received is not None:
             return True
-        try:
-            created = self.stop_file.stat().st_mtime if self.stop_file else None
-        except FileNotFoundError:
-            created = None
-        if created is None or (since is not None and created < since):
+        found = self._stop_file_identity()
+        if found is None or (new_only and found == self.found_at_start):
             return False
-        self.requested_at = self.requested_at or created
+        self.requested_at = self.requested_at or found[2] / 1e9  # its mtime: when it was made (for the line only)
         return True
 
     def stop_before_training(self, device, what: str) -> bool:
@@ -148,10 +159,10 @@ class GracefulStop(TrainerCallback):
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
         the others enter). Without it a request made while the data was read or the old run's files removed was
         honoured only at the end of step 1, after the model loaded and step 1 trained and saved. A stop file there
-        before this process started (scripts/launch.sh removes its own at the start, so one made by hand, or a test's)
-        keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a checkpoint-1 however fast
-        the machine is."""
-        if not max_over_ranks(int(self.asked_here(since=self.started)), device):
+        before this process started, untouched since (scripts/launch.sh removes its own at the start, so one made by
+        hand, or a test's), keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a
+        checkpoint-1 however fast the machine is."""
+        if not max_over_ranks(int(self.asked_here(new_only=True)), device):
             return False
         self.stopped = True
         main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
