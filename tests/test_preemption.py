@@ -584,10 +584,21 @@ def test_a_stop_asked_while_deepspeed_sets_up_stops_every_rank_before_step_1(
 
 
 @pytest.mark.slow
-def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_from_it(tmp_path, tiny_model_dir, pairs):
+@pytest.mark.parametrize(
+    "at",
+    [
+        "global_step*/*",  # DeepSpeed reading the checkpoint's partitions, inside `trainer.train`
+        # the boundary after the run's record, before `trainer.train`: its line said "before step 1"
+        pytest.param("", marks=pytest.mark.extended),
+    ],
+)
+def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_from_it(
+    at, tmp_path, tiny_model_dir, pairs
+):
     """2 ranks (ZeRO-2) stopped at step N, then the same command, resuming from checkpoint-N, stopped on rank 0 alone
     as DeepSpeed loads that checkpoint (inside `trainer.train`): it trained step N+1 and wrote its checkpoint first.
-    Now both ranks exit 75 before step N+1, checkpoint-N untouched, and the next attempt resumes from it."""
+    Now both ranks exit 75 before step N+1, checkpoint-N untouched, and the next attempt resumes from it. Stopped at
+    the boundary before `trainer.train` instead, the line said "stopped before step 1"; it names step N+1."""
     out = tmp_path / "run"
     # SIGTERM as the main process writes a step's record to metrics.jsonl: every rank stops at the end of the next
     first = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("", "*/metrics.jsonl", tmp_path / "p1", 3))
@@ -596,8 +607,8 @@ def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_f
     assert rank_codes(log) == [STOPPED_EXIT] * 2 and steps == list(range(1, len(steps) + 1)), log[-3000:]
     kept = out / f"checkpoint-{steps[-1]}"
     saved = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")}
-    # DeepSpeed reads the checkpoint's own partitions (global_stepN/) inside `trainer.train`, after the run's record
-    pause = pause_env("*/resolved_config.json", f"{kept}/global_step*/*", tmp_path / "p2")
+    # once the run's record is written (resolved_config.json): at the next file opened, or at checkpoint-N's
+    pause = pause_env("*/resolved_config.json", f"{kept}/{at}" if at else "*", tmp_path / "p2")
     log = signal_paused(tmp_path / "p2", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause), signal.SIGTERM)
     assert rank_codes(log) == [STOPPED_EXIT] * 2 and f"Resuming from {kept}" in log, log[-3000:]
     assert log.count(f"Stop requested: stopped before step {steps[-1] + 1} ") == 1, log[-3000:]
