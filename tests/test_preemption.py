@@ -644,3 +644,24 @@ def test_a_stop_file_is_told_new_from_the_one_found_at_start_without_clocks(made
     stop.release(exiting=False)
     assert stopped == (made == "as it runs"), capsys.readouterr().out
     assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_workers(tmp_path, tiny_model_dir, pairs):
+    """Slurm's preemption and `scancel` signal every process of the job step, the data loader's workers too (the real
+    recipes read with 4; a terminal's Ctrl-C its whole foreground group): a worker died of the SIGTERM and the run
+    ended at once, `DataLoader worker (pid N) is killed by signal: Terminated`, exit code 1, no checkpoint. The workers
+    ignore stop signals; the run saves at the end of its step and exits 75."""
+    out = tmp_path / "run"
+    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path"]
+    command += [tiny_model_dir, "--dataset_name", str(pairs), "--dataloader_num_workers", "2"]
+    # a process group of its own (the warm interpreter's child would be in the server's): the run and its workers
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    wait_for_step(proc, out, 3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
+    assert len(saved) == 1 and 3 <= saved[0] < STEPS and logged_steps(out) == list(range(1, saved[0] + 1)), log[-3000:]

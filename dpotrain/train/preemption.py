@@ -228,6 +228,18 @@ class GracefulStop(TrainerCallback):
         return control
 
 
+def loader_worker(worker_id: int, then=None) -> None:
+    """A DataLoader worker's start (`worker_init_fn`), then `then`'s: it ignores the stop signals, which the training
+    process answers at a step's end. Slurm's preemption and `scancel` signal every process of the job step, a
+    terminal's Ctrl-C its whole foreground group: a worker (the real recipes read with 4) died of the SIGTERM, and the
+    training process ended at once (`DataLoader worker (pid N) is killed by signal: Terminated`), exit code 1, without
+    the checkpoint the stop was to save. The worker ends with its loader, or with the training process."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
+
+
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
     """The command that started this run, to type again: this process's (`command` where another program called the
     run), or under a launcher (LOCAL_RANK) its parent's. Without --overwrite_output_dir (it would start afresh),
