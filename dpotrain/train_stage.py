@@ -17,7 +17,7 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.reference import reference
 from dpotrain.train import agreement, dropout, resume
 from dpotrain.train.health import HealthGuard
-from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
+from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop, StoppedBeforeTraining
 from dpotrain.train.samples import SampleGenerator
 from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 
@@ -65,15 +65,20 @@ class ReadyRun:
                 out.resolve().rmdir()  # made at its start (where a link points): a reference-only run writes none
             return 0
         # A stop asked before now (while the model loaded, or while a complete cached reference was read, which
-        # leaves no micro-batch to stop at) ends the run before step 1, with the reference's scores kept.
-        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
+        # leaves no micro-batch to stop at) ends the run before its first step, with the reference's scores kept.
+        resumed = self.spec.output.resume_from
+        before = f"stopped before step {(resume.saved_step(Path(resumed)) or 0) + 1 if resumed else 1}"
+        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, before):
             return STOPPED_EXIT
         record = record_run(self.spec, trainer, outcomes)
         # And once more after the record: the main process hashed the model's files for it (model_identity), a while
         # for large weights, which the other ranks waited out.
-        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, "stopped before step 1"):
+        if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, before):
             return STOPPED_EXIT
-        trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
+        try:
+            trainer.train(resume_from_checkpoint=resumed)
+        except StoppedBeforeTraining:  # asked during train()'s own set-up: agreed on and reported (GracefulStop)
+            return STOPPED_EXIT
         return publish.save_and_push(self, record)
 
 

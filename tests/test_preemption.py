@@ -535,3 +535,133 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
         "sees (scripts/launch.sh uses the project's logs/)"
     )
     assert list(folder.iterdir()) == []
+
+
+def ranks_launch(processes: int) -> list[str]:
+    """`accelerate launch` of `processes` ranks under accelerate_config.yaml (DeepSpeed ZeRO-2, on CPU here): the venv's
+    own launcher, which a test signals (not the warm one), its ranks on the warm interpreter."""
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--num_processes", str(processes)]
+    return [*launch, "--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
+
+
+def launched(processes, script, out, model_dir, data, pause=None):
+    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **(pause or {})}
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data)]
+    return subprocess.Popen(
+        [*ranks_launch(processes), str(script), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def rank_codes(log: str) -> list[int]:
+    """Each rank's exit code, as torchrun's agent names them when one is not 0 (it then exits 1)."""
+    return [int(code) for code in re.findall(r"exitcode  : (-?\d+) ", log)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.extended), 2])
+def test_a_stop_asked_while_deepspeed_sets_up_stops_every_rank_before_step_1(
+    processes, tmp_path, tiny_model_dir, pairs
+):
+    """SIGTERM to rank 0 alone inside `trainer.train`'s own set-up (DeepSpeed's ZeRO-2 optimizer being made, the other
+    rank waiting for it): every rank trained step 1 and wrote checkpoint-1 before it stopped, on a large model minutes
+    after the request (the engine's start-up), past a Slurm grace time. Now every rank stops before step 1, exit 75."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # resolved_config.json is the main process's last write before `trainer.train`; DeepSpeed's ZeRO-2 optimizer reads
+    # the host's free memory (/proc/meminfo) as it is made
+    proc = launched(
+        processes, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("*/resolved_config.json", "/proc/meminfo", paused)
+    )
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == 1 and rank_codes(log) == [STOPPED_EXIT] * processes, log[-3000:]
+    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]  # the agent's traceback follows
+    assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
+    assert not (out / "run.lock").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "at",
+    [
+        "global_step*/*",  # DeepSpeed reading the checkpoint's partitions, inside `trainer.train`
+        # the boundary after the run's record, before `trainer.train`: its line said "before step 1"
+        pytest.param("", marks=pytest.mark.extended),
+    ],
+)
+def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_from_it(
+    at, tmp_path, tiny_model_dir, pairs
+):
+    """2 ranks (ZeRO-2) stopped at step N, then the same command, resuming from checkpoint-N, stopped on rank 0 alone
+    as DeepSpeed loads that checkpoint (inside `trainer.train`): it trained step N+1 and wrote its checkpoint first.
+    Now both ranks exit 75 before step N+1, checkpoint-N untouched, and the next attempt resumes from it. Stopped at
+    the boundary before `trainer.train` instead, the line said "stopped before step 1"; it names step N+1."""
+    out = tmp_path / "run"
+    # SIGTERM as the main process writes a step's record to metrics.jsonl: every rank stops at the end of the next
+    first = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("", "*/metrics.jsonl", tmp_path / "p1", 3))
+    log = signal_paused(tmp_path / "p1", first, signal.SIGTERM)
+    steps = logged_steps(out)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2 and steps == list(range(1, len(steps) + 1)), log[-3000:]
+    kept = out / f"checkpoint-{steps[-1]}"
+    saved = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")}
+    # once the run's record is written (resolved_config.json): at the next file opened, or at checkpoint-N's
+    pause = pause_env("*/resolved_config.json", f"{kept}/{at}" if at else "*", tmp_path / "p2")
+    log = signal_paused(tmp_path / "p2", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause), signal.SIGTERM)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2 and f"Resuming from {kept}" in log, log[-3000:]
+    assert log.count(f"Stop requested: stopped before step {steps[-1] + 1} ") == 1, log[-3000:]
+    assert logged_steps(out) == steps and [p.name for p in out.glob("checkpoint-*")] == [kept.name]
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")} == saved
+    rerun = launched(2, ROOT / "train_dpo.py", out, tiny_model_dir, pairs)
+    log = rerun.communicate(timeout=600)[0]
+    assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
+    assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize(("made", "server_clock_s"), [("before the start", 3600), ("as it runs", -3600)])
+def test_a_stop_file_is_told_new_from_the_one_found_at_start_without_clocks(made, server_clock_s, tmp_path, capsys):
+    """On NFS the file server stamps a stop file's mtime, and the boundaries before training took a stop file for a
+    request when that mtime was past the process's start by this host's clock. A server clock an hour ahead: a file
+    left from before the start read as a request, and the run stopped before step 1 (meant: after it, with
+    checkpoint-1); an hour behind: one made as the run set up read as old, and waited for the end of step 1. The
+    file found at the start is now told by what it is (inode, mtime, size), not by when."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+
+    def made_by_the_server():
+        stop_file.touch()
+        os.utime(stop_file, (time.time() + server_clock_s,) * 2)
+
+    if made == "before the start":
+        made_by_the_server()
+    stop = GracefulStop(str(stop_file))
+    if made == "as it runs":
+        made_by_the_server()
+    stopped = stop.stop_before_training("cpu", "stopped before step 1")
+    stop.release(exiting=False)
+    assert stopped == (made == "as it runs"), capsys.readouterr().out
+    assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_workers(tmp_path, tiny_model_dir, pairs):
+    """Slurm's preemption and `scancel` signal every process of the job step, the data loader's workers too (the real
+    recipes read with 4; a terminal's Ctrl-C its whole foreground group): a worker died of the SIGTERM and the run
+    ended at once, `DataLoader worker (pid N) is killed by signal: Terminated`, exit code 1, no checkpoint. The workers
+    ignore stop signals; the run saves at the end of its step and exits 75."""
+    out = tmp_path / "run"
+    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path"]
+    command += [tiny_model_dir, "--dataset_name", str(pairs), "--dataloader_num_workers", "2"]
+    # a process group of its own (the warm interpreter's child would be in the server's): the run and its workers
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    wait_for_step(proc, out, 3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
+    assert len(saved) == 1 and 3 <= saved[0] < STEPS and logged_steps(out) == list(range(1, saved[0] + 1)), log[-3000:]

@@ -39,12 +39,22 @@ INTERRUPTED_EXIT = 130
 SECOND_CTRL_C_S = 1.0
 
 
+class StoppedBeforeTraining(Exception):
+    """Raised out of `trainer.train` on every rank by `GracefulStop.on_step_begin` (the stop agreed on and reported):
+    nothing is trained or saved, and the Trainer has no other way to leave before a step (`should_training_stop` is
+    read once the step is over)."""
+
+
 class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
-        self.started = time.time()  # a stop file older than this: not asked as it ran (stop_before_training)
+        # The stop file as it was when this process started (None: not there): that one was not asked as it ran
+        # (stop_before_training). Compared by identity, not its mtime against this host's clock: on NFS the file
+        # server stamps the mtime, and a server clock behind the node's hid a request made in its lag, one ahead made
+        # a file left from before the start a new request.
+        self.found_at_start = self._stop_file_identity()
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
@@ -124,17 +134,24 @@ class GracefulStop(TrainerCallback):
         if self.signal_received is not None:
             raise KeyboardInterrupt
 
-    def asked_here(self, since: float | None = None) -> bool:
-        """A signal, or the stop file; `since`: only a stop file made since then (`stop_before_training`)."""
+    def _stop_file_identity(self) -> tuple | None:
+        """The stop file's device, inode, mtime (ns) and size; None: no stop file. Made again or touched: another."""
+        if self.stop_file is None:
+            return None
+        try:
+            found = self.stop_file.stat()
+        except FileNotFoundError:
+            return None
+        return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
+
+    def asked_here(self, new_only: bool = False) -> bool:
+        """A signal, or the stop file; `new_only`: not the one there at the start (`stop_before_training`)."""
         if self.signal_received is not None:
             return True
-        try:
-            created = self.stop_file.stat().st_mtime if self.stop_file else None
-        except FileNotFoundError:
-            created = None
-        if created is None or (since is not None and created < since):
+        found = self._stop_file_identity()
+        if found is None or (new_only and found == self.found_at_start):
             return False
-        self.requested_at = self.requested_at or created
+        self.requested_at = self.requested_at or found[2] / 1e9  # its mtime: when it was made (for the line only)
         return True
 
     def stop_before_training(self, device, what: str) -> bool:
@@ -142,10 +159,10 @@ class GracefulStop(TrainerCallback):
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
         the others enter). Without it a request made while the data was read or the old run's files removed was
         honoured only at the end of step 1, after the model loaded and step 1 trained and saved. A stop file there
-        before this process started (scripts/launch.sh removes its own at the start, so one made by hand, or a test's)
-        keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a checkpoint-1 however fast
-        the machine is."""
-        if not max_over_ranks(int(self.asked_here(since=self.started)), device):
+        before this process started, untouched since (scripts/launch.sh removes its own at the start, so one made by
+        hand, or a test's), keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a
+        checkpoint-1 however fast the machine is."""
+        if not max_over_ranks(int(self.asked_here(new_only=True)), device):
             return False
         self.stopped = True
         main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
@@ -173,8 +190,15 @@ class GracefulStop(TrainerCallback):
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.training_begun = True
+    def on_step_begin(self, args, state, control, **kwargs):
+        # The attempt's first step, once `trainer.train`'s own set-up is over: the engine started (DeepSpeed's, minutes
+        # on a large model), the optimizer made, a resumed checkpoint loaded, the first batch read (the data loader's
+        # workers started). A request made during it waited for the end of the step, trained and saved, which a
+        # Slurm grace time may not leave; here every rank (the same all-reduce) ends the run before the step.
+        if not self.training_begun:
+            if self.stop_before_training(args.device, f"stopped before step {state.global_step + 1}"):
+                raise StoppedBeforeTraining
+            self.training_begun = True
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -202,6 +226,18 @@ class GracefulStop(TrainerCallback):
                 self.mark_saved, f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written"
             )
         return control
+
+
+def loader_worker(worker_id: int, then=None) -> None:
+    """A DataLoader worker's start (`worker_init_fn`), then `then`'s: it ignores the stop signals, which the training
+    process answers at a step's end. Slurm's preemption and `scancel` signal every process of the job step, a
+    terminal's Ctrl-C its whole foreground group: a worker (the real recipes read with 4) died of the SIGTERM, and the
+    training process ended at once (`DataLoader worker (pid N) is killed by signal: Terminated`), exit code 1, without
+    the checkpoint the stop was to save. The worker ends with its loader, or with the training process."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
 
 
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:

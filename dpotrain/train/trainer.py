@@ -44,7 +44,7 @@ from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
-from dpotrain.train.preemption import GracefulStop
+from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
 
 
@@ -434,7 +434,7 @@ class RecipeDPOTrainer(DPOTrainer):
             pin_memory=args.dataloader_pin_memory and self.args.device.type == "cuda",
             persistent_workers=args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
-            worker_init_fn=seeded,
+            worker_init_fn=functools.partial(loader_worker, then=seeded),  # stop signals are the trainer's
         )
         loader = self.accelerator.prepare(loader)
         shard = getattr(loader, "batch_sampler", None)
