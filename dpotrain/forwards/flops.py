@@ -1,8 +1,9 @@
 """Model FLOPs of a micro-batch and the GPU's peak: what MFU (model FLOPs utilization) is made of.
 
-A sequence of s tokens costs 6 N s + 12 d sum_layers sum_t min(t, w) FLOPs forward + backward: N the weight matrices'
-entries (no input embedding, norms or biases; of routed experts, the share a token runs), d = heads x head dim, w a
-sliding window (linear-attention layers left out). Padding is not counted: MFU counts the useful work. MFU = model
+A sequence of s tokens costs 6 N s + 12 sum_layers d_l sum_t min(t, w_l) FLOPs forward + backward: N the weight
+matrices' entries (no embedding tables, norms or biases; of routed experts, the share a token runs), d_l = heads x
+head dim of layer l (Gemma 4: its full-attention layers' wider heads), w_l its sliding window (linear-attention layers
+left out). Padding is not counted: MFU counts the useful work. MFU = model
 FLOPs per second per GPU / the GPU's dense bf16 peak (or the recipe's `gpu_peak_tflops`); not logged on a CPU.
 """
 
@@ -45,6 +46,46 @@ def mlp_width(text) -> int:
     return getattr(text, "intermediate_size", 4 * text.hidden_size)
 
 
+def per_layer(text, name: str) -> list:
+    """Each layer's value of a config attribute: Gemma 4's `per_layer_config` gives some their own (head_dim,
+    num_key_value_heads of full-attention layers) and refuses the global one; else the global value for all."""
+    layers = len(layer_kinds(text))
+    if name in (getattr(text, "per_layer_attributes", None) or ()):
+        return [getattr(text.per_layer_config[i], name) for i in range(layers)]
+    return [head_dim(text) if name == "head_dim" else getattr(text, name)] * layers
+
+
+def attention_widths(text) -> tuple:
+    """Per layer of a text config: query heads x that layer's head dim, 0 for a linear-attention layer (no softmax
+    attention). Gemma 4's sliding layers have half the head dim of its full ones: the widest for every layer counted
+    up to 2x their attention FLOPs."""
+    heads = getattr(text, "num_attention_heads", 0) or 0
+    dims = per_layer(text, "head_dim")
+    return tuple(0 if window == 0 else heads * d for window, d in zip(layer_windows(text), dims, strict=True))
+
+
+def mlp_params(text, layer: int) -> int:
+    """The MLP weights a token runs in this layer (gated: 3 matrices of hidden x width): of an MoE layer the router,
+    `num_experts_per_tok` routed experts (their width `moe_intermediate_size`, else `intermediate_size`: Mixtral,
+    OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's `mlp_only_layers`
+    dense; Gemma 4's MoE block beside its dense MLP."""
+    h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    experts = next((n for n in counts if n), None)
+    dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
+        getattr(text, "mlp_only_layers", None) or ()
+    )
+    gemma_moe = getattr(text, "enable_moe_block", None)
+    if not experts or dense_layer or gemma_moe is False:
+        return 3 * h * dense
+    width = getattr(text, "moe_intermediate_size", None) or dense
+    active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
+    shared = getattr(text, "shared_expert_intermediate_size", None) or (
+        (getattr(text, "n_shared_experts", None) or 0) * width
+    )
+    return 3 * h * (active * width + shared + (dense if gemma_moe else 0)) + h * experts
+
+
 def head_dim(text) -> int:
     """A text config's attention head width: its `head_dim`, else hidden size / heads (0 for a model without heads).
     A config whose head width varies by layer (Gemma 4: full-attention layers' twice its sliding ones') refuses a
@@ -58,7 +99,7 @@ def head_dim(text) -> int:
 @dataclass(frozen=True)
 class ModelFlops:
     matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)
-    attention_width: int  # d: heads x head dim of a layer's queries
+    attention_widths: tuple  # per layer: d, heads x head dim of its queries (`attention_widths`; 0: linear attention)
     windows: tuple  # per layer: its sliding window, or None for full attention (linear-attention layers: 0)
 
     @classmethod
@@ -72,14 +113,16 @@ class ModelFlops:
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
         counts = (getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
         experts = next((n for n in counts if n), None)
-        active = getattr(config, "num_experts_per_tok", None)
+        active = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)  # Gemma 4
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
-        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-        tied = head is not None and embedding is not None and head.weight is embedding.weight  # the head's matmul
-        matmul = total - (count(embedding.weight) if embedding is not None and not tied else 0)
-        heads = getattr(config, "num_attention_heads", 0) or 0
-        return cls(matmul, heads * head_dim(config), layer_windows(config))
+        # Embedding tables are looked up, not multiplied: the input one and Gemma 4's per-layer ones (billions of
+        # entries, once counted as matmul weights: an MFU many times too high). A head tied to the input table is one.
+        head = model.get_output_embeddings()
+        tables = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        tables.pop(id(head.weight) if head is not None else None, None)
+        matmul = total - sum(count(w) for w in tables.values())
+        return cls(matmul, attention_widths(config), layer_windows(config))
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
         """Forward + backward FLOPs of sequences of these lengths, less `shared_prefixes` computed once for two."""
@@ -89,11 +132,11 @@ class ModelFlops:
     def forward(self, seq_lens) -> float:
         lens = torch.as_tensor(seq_lens, dtype=torch.float64)
         flops = 2.0 * self.matmul_params * float(lens.sum())
-        for window in self.windows:
+        for width, window in zip(self.attention_widths, self.windows, strict=True):
             if window == 0:
                 continue
             # sum over positions t = 1..s of min(t, w): s(s+1)/2 up to the window, then w per position
             w = lens if window is None else torch.clamp(lens, max=window)
             attended = w * (w + 1) / 2 + (lens - w) * w
-            flops += 2.0 * 2.0 * self.attention_width * float(attended.sum())
+            flops += 2.0 * 2.0 * width * float(attended.sum())
         return flops
