@@ -80,14 +80,12 @@ def tiny_gemma4(**extra):
         hidden_size=64,
         hidden_size_per_layer_input=8,
         intermediate_size=128,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         global_head_dim=32,
-        layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,
-        **extra,
+        **(dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"]) | extra),
     )
 
 
@@ -162,3 +160,25 @@ def test_the_forward_choice_counts_the_experts_a_token_runs(model_type, moe):
     # within the few biases and gates of one row the config does not describe (qwen2_moe's shared-expert gate)
     assert abs(estimated.matmul_params - built.matmul_params) / built.matmul_params < 0.01
     assert (estimated.attention_widths, estimated.windows) == (built.attention_widths, built.windows)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # the last 2 of 4 layers reuse earlier layers' keys and values (no k/v weights), their MLPs twice as wide
+        dict(num_hidden_layers=4, layer_types=KINDS * 2, num_kv_shared_layers=2, use_double_wide_mlp=True),
+        # full layers' keys double as values, with their own key/value heads: a global num_key_value_heads is refused
+        dict(attention_k_eq_v=True, num_global_key_value_heads=1),
+        dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),  # beside the dense MLP
+    ],
+)
+def test_the_forward_choice_counts_what_a_gemma4_variant_runs(variant):
+    """Gemma 4's kinds of layer, from the config as the built model counts them. A config with its own key/value
+    heads for full layers stopped the forward's estimate with transformers' AmbiguousGlobalPerLayerAttributeError."""
+    from transformers import Gemma4ForCausalLM
+
+    from dpotrain.forwards import cost
+
+    config = tiny_gemma4(**variant)
+    torch.manual_seed(0)
+    assert cost.model_flops(config) == ModelFlops.of(Gemma4ForCausalLM(config))

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import flops, packing, padded
 
@@ -79,10 +78,12 @@ def model_flops(config) -> flops.ModelFlops:
     weights load): per layer its own head width, key/value heads and sliding window, the MLP weights a token runs."""
     text = config.get_text_config()
     h, kinds = text.hidden_size, flops.layer_kinds(text)
-    heads = head_counts(config)[0]
+    heads = text.num_attention_heads  # not head_counts: Gemma 4 may refuse a global num_key_value_heads
     dims, kv = flops.per_layer(text, "head_dim"), flops.per_layer(text, "num_key_value_heads")
     params = sum(
-        2 * h * heads * dims[i] + 2 * h * (kv[i] or heads) * dims[i] + flops.mlp_params(text, i)
+        2 * h * heads * dims[i]
+        + flops.kv_matrices(text, i) * h * (kv[i] or heads) * dims[i]
+        + flops.mlp_params(text, i)
         for i in range(len(kinds))
     )
     # Gemma 4's per-layer inputs: a gate and a projection in each layer, and the model's projection into all of them

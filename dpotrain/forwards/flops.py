@@ -52,7 +52,20 @@ def per_layer(text, name: str) -> list:
     layers = len(layer_kinds(text))
     if name in (getattr(text, "per_layer_attributes", None) or ()):
         return [getattr(text.per_layer_config[i], name) for i in range(layers)]
-    return [head_dim(text) if name == "head_dim" else getattr(text, name)] * layers
+    return [head_dim(text) if name == "head_dim" else getattr(text, name, None)] * layers
+
+
+def kv_matrices(text, layer: int) -> int:
+    """The key and value projections a layer has: none where it reuses an earlier layer's keys and values (Gemma 4's
+    `num_kv_shared_layers`), one where its keys double as values (Gemma 4's `attention_k_eq_v`, full layers), else 2."""
+    if _reuses_kv(text, layer):
+        return 0
+    return 1 if getattr(text, "attention_k_eq_v", False) and layer_kinds(text)[layer] == "full_attention" else 2
+
+
+def _reuses_kv(text, layer: int) -> bool:
+    modes = getattr(text, "kv_sharing_modes", None) if getattr(text, "num_kv_shared_layers", 0) else None
+    return bool(modes) and modes[layer] == "reuse"
 
 
 def attention_widths(text) -> tuple:
@@ -70,6 +83,7 @@ def mlp_params(text, layer: int) -> int:
     OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's `mlp_only_layers`
     dense; Gemma 4's MoE block beside its dense MLP."""
     h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    dense *= 2 if getattr(text, "use_double_wide_mlp", False) and _reuses_kv(text, layer) else 1  # Gemma 4
     counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
