@@ -182,3 +182,45 @@ def test_the_forward_choice_counts_what_a_gemma4_variant_runs(variant):
     config = tiny_gemma4(**variant)
     torch.manual_seed(0)
     assert cost.model_flops(config) == ModelFlops.of(Gemma4ForCausalLM(config))
+
+
+def test_latent_attention_counts_its_score_and_value_widths():
+    """DeepSeek-V3's multi-head latent attention: scores qk_head_dim (8 + 8) wide, values v_head_dim (32); its
+    head_dim is the rotary part alone (8), which the count took for the whole head: attention FLOPs 2.5x too few at
+    DeepSeek-V3's own shape (192 and 128 against 64). Against torch's counter, as the Llama above."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from dpotrain.forwards import cost
+
+    config = DeepseekV3Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=32,
+    )
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).eval()
+    s = 20
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.randint(0, 300, (1, s)))
+    ours = ModelFlops.of(model)
+    assert ours == cost.model_flops(config)
+    assert ours.attention_widths == (4 * (16 + 32) / 2,) * 2
+    masked = (2 * 4 * 16 + 2 * 4 * 32) * (s * s - s * (s + 1) / 2) * 2  # QK^T 16 wide, AV 32 wide, 2 layers
+    counted = counter.get_total_flops()
+    assert abs(ours.forward([s]) + masked - counted) / counted < 1e-6

@@ -81,14 +81,22 @@ def model_flops(config) -> flops.ModelFlops:
     heads = text.num_attention_heads  # not head_counts: Gemma 4 may refuse a global num_key_value_heads
     dims, kv = flops.per_layer(text, "head_dim"), flops.per_layer(text, "num_key_value_heads")
     params = sum(
-        2 * h * heads * dims[i]
-        + flops.kv_matrices(text, i) * h * (kv[i] or heads) * dims[i]
-        + flops.mlp_params(text, i)
-        for i in range(len(kinds))
+        _attention_params(text, i, dims[i], kv[i] or heads) + flops.mlp_params(text, i) for i in range(len(kinds))
     )
     # Gemma 4's per-layer inputs: a gate and a projection in each layer, and the model's projection into all of them
     params += 3 * h * (getattr(text, "hidden_size_per_layer_input", None) or 0) * len(kinds)
     return flops.ModelFlops(params + text.vocab_size * h, flops.attention_widths(text), flops.layer_windows(text))
+
+
+def _attention_params(text, layer: int, d: int, kv: int) -> int:
+    """A layer's attention weights: q and o of every head, k and v of the key/value heads (`flops.kv_matrices`), or
+    multi-head latent attention's (DeepSeek V2/V3: q and kv through low-rank projections)."""
+    h, heads = text.hidden_size, text.num_attention_heads
+    if rank := getattr(text, "kv_lora_rank", None):
+        qk, v, rope, q_rank = text.qk_head_dim, text.v_head_dim, text.qk_rope_head_dim, text.q_lora_rank
+        q = h * q_rank + q_rank * heads * qk if q_rank else h * heads * qk
+        return q + h * (rank + rope) + rank * heads * (qk - rope + v) + heads * v * h
+    return 2 * h * heads * d + flops.kv_matrices(text, layer) * h * kv * d
 
 
 def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:

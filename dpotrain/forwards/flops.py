@@ -69,11 +69,13 @@ def _reuses_kv(text, layer: int) -> bool:
 
 
 def attention_widths(text) -> tuple:
-    """Per layer of a text config: query heads x that layer's head dim, 0 for a linear-attention layer (no softmax
-    attention). Gemma 4's sliding layers have half the head dim of its full ones: the widest for every layer counted
-    up to 2x their attention FLOPs."""
+    """Per layer of a text config: query heads x that layer's head dim (the mean of score and value widths where they
+    differ), 0 for a linear-attention layer (no softmax attention). Gemma 4's sliding layers have half the head dim of
+    its full ones: the widest for every layer counted up to 2x their attention FLOPs."""
     heads = getattr(text, "num_attention_heads", 0) or 0
     dims = per_layer(text, "head_dim")
+    if getattr(text, "kv_lora_rank", None):  # multi-head latent attention: scores qk_head_dim wide, values v_head_dim
+        dims = [(text.qk_head_dim + text.v_head_dim) / 2] * len(dims)  # (its head_dim is only the rotary part)
     return tuple(0 if window == 0 else heads * d for window, d in zip(layer_windows(text), dims, strict=True))
 
 
