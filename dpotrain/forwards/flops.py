@@ -79,11 +79,15 @@ def attention_widths(text) -> tuple:
     return tuple(0 if window == 0 else heads * d for window, d in zip(layer_windows(text), dims, strict=True))
 
 
+# Model types whose dense MLP is an up and a down projection (2 matrices, no gate): checked against the built models.
+UNGATED_MLP = frozenset({"phi", "starcoder2", "arcee", "nemotron", "apertus", "gpt_neox"})
+
+
 def mlp_params(text, layer: int) -> int:
-    """The MLP weights a token runs in this layer (gated: 3 matrices of hidden x width): of an MoE layer the router,
-    `num_experts_per_tok` routed experts (their width `moe_intermediate_size`, else `intermediate_size`: Mixtral,
-    OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's `mlp_only_layers`
-    dense; Gemma 4's MoE block beside its dense MLP."""
+    """The MLP weights a token runs in this layer (3 matrices of hidden x width, 2 where `UNGATED_MLP`): of an MoE
+    layer the router, `num_experts_per_tok` routed experts (`moe_intermediate_size` wide, else `intermediate_size`:
+    Mixtral, OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's
+    `mlp_only_layers` dense; Gemma 4's MoE block beside its dense MLP."""
     h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
     dense *= 2 if getattr(text, "use_double_wide_mlp", False) and _reuses_kv(text, layer) else 1  # Gemma 4
     counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
@@ -93,7 +97,7 @@ def mlp_params(text, layer: int) -> int:
     )
     gemma_moe = getattr(text, "enable_moe_block", None)
     if not experts or dense_layer or gemma_moe is False:
-        return 3 * h * dense
+        return (2 if getattr(text, "model_type", None) in UNGATED_MLP else 3) * h * dense
     width = getattr(text, "moe_intermediate_size", None) or dense
     active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
     shared = getattr(text, "shared_expert_intermediate_size", None) or (
