@@ -109,7 +109,8 @@ def mlp_params(text, layer: int) -> int:
 def head_dim(text) -> int:
     """A text config's attention head width: its `head_dim`, else hidden size / heads (0 for a model without heads).
     A config whose head width varies by layer (Gemma 4: full-attention layers' twice its sliding ones') refuses a
-    global `head_dim` with transformers' error: the widest layer's, an upper bound for the memory plan and the FLOPs."""
+    global `head_dim` with transformers' error: the widest layer's, an upper bound for the memory plan (the FLOPs take
+    each layer's own, `per_layer`)."""
     if "head_dim" in (getattr(text, "per_layer_attributes", None) or ()):
         return max(layer.head_dim for layer in text.per_layer_config)
     heads = getattr(text, "num_attention_heads", 0) or 0
