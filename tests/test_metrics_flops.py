@@ -240,3 +240,20 @@ def test_an_mlp_without_a_gate_counts_two_matrices(model_type):
     )
     torch.manual_seed(0)
     assert cost.model_flops(config) == ModelFlops.of(AutoModelForCausalLM.from_config(config))
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "mixtral", "phi3", "starcoder2"])
+def test_a_window_without_layer_types_slides_in_every_layer(model_type):
+    """These configs give `sliding_window` and no `layer_types`; their models mask every layer to the window. The count
+    took every layer as full attention: on 16 tokens with a window of 4, 136 keys a layer against 58."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpotrain.forwards import cost
+
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    config = AutoConfig.for_model(model_type, **shape, num_key_value_heads=2, sliding_window=4, pad_token_id=0)
+    work = cost.model_flops(config)
+    assert work.windows == (4, 4)
+    keys = 1 + 2 + 3 + 4 + 12 * 4  # per layer: positions 1..4 attend to 1..4 keys, the 12 after to 4
+    assert work.forward([16]) == 2 * work.matmul_params * 16 + 2 * (2 * 2 * (4 * 16) * keys)
+    assert ModelFlops.of(AutoModelForCausalLM.from_config(config)).windows == (4, 4)  # the MFU's count alike

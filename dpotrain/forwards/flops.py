@@ -33,8 +33,12 @@ def layer_kinds(text) -> list[str]:
 
 
 def layer_windows(text) -> tuple:
-    """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer."""
+    """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer. A
+    config without `layer_types` but with a `sliding_window` (Mistral, Mixtral, Phi-3, StarCoder2; not where
+    `use_sliding_window` is false) slides in every layer: its model builds one sliding mask for all."""
     window = getattr(text, "sliding_window", None)
+    if not getattr(text, "layer_types", None) and window and getattr(text, "use_sliding_window", True) is not False:
+        return (window,) * getattr(text, "num_hidden_layers", 1)
     kinds = layer_kinds(text)
     return tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
 
