@@ -591,9 +591,11 @@ def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
 
 def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
     """Gemma 4's text config gives each layer its own head_dim (full attention twice sliding's) and refuses a global
-    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError."""
+    one: the forward stage's FLOP estimate stopped with transformers' AmbiguousGlobalPerLayerAttributeError. The
+    memory plan takes the widest; the FLOPs each layer's own (tests/test_metrics_flops.py)."""
     from transformers import AutoConfig
 
+    from dpotrain.cluster import sequence_parallel
     from dpotrain.forwards import cost, flops
     from dpotrain.plan import memory
 
@@ -604,5 +606,17 @@ def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
     assert [layer.head_dim for layer in config.per_layer_config] == [16, 32]
     assert flops.head_dim(config) == 32
     heads = config.num_attention_heads
-    assert cost.model_flops(config).attention_width == heads * 32
+    assert cost.model_flops(config).attention_widths == (heads * 16, heads * 32)
+    assert memory.formula_activation_bytes(config, 100, False) > 0
+    # Full layers with key/value heads of their own: a global num_key_value_heads is refused too, which stopped the
+    # memory plan and the sequence-parallel check with AmbiguousGlobalPerLayerAttributeError.
+    config = AutoConfig.for_model(
+        "gemma4_text",
+        num_hidden_layers=2,
+        layer_types=kinds,
+        num_key_value_heads=2,
+        num_global_key_value_heads=4,
+        attention_k_eq_v=True,
+    )
+    assert sequence_parallel.head_counts(config) == (config.num_attention_heads, 4)
     assert memory.formula_activation_bytes(config, 100, False) > 0

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import flops, packing, padded
 
@@ -75,10 +74,29 @@ class TokenCounts:
 
 
 def model_flops(config) -> flops.ModelFlops:
-    text, (heads, kv) = config.get_text_config(), head_counts(config)
-    h, d = text.hidden_size, flops.head_dim(text)
-    layer = 2 * h * heads * d + 2 * h * kv * d + 3 * h * flops.mlp_width(text)
-    return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * d, flops.layer_windows(text))
+    """What `flops.ModelFlops.of` counts of the built model, from its config alone (the forward is chosen before the
+    weights load): per layer its own head width, key/value heads and sliding window, the MLP weights a token runs."""
+    text = config.get_text_config()
+    h, kinds = text.hidden_size, flops.layer_kinds(text)
+    heads = text.num_attention_heads  # not head_counts: Gemma 4 may refuse a global num_key_value_heads
+    dims, kv = flops.per_layer(text, "head_dim"), flops.per_layer(text, "num_key_value_heads")
+    params = sum(
+        _attention_params(text, i, dims[i], kv[i] or heads) + flops.mlp_params(text, i) for i in range(len(kinds))
+    )
+    # Gemma 4's per-layer inputs: a gate and a projection in each layer, and the model's projection into all of them
+    params += 3 * h * (getattr(text, "hidden_size_per_layer_input", None) or 0) * len(kinds)
+    return flops.ModelFlops(params + text.vocab_size * h, flops.attention_widths(text), flops.layer_windows(text))
+
+
+def _attention_params(text, layer: int, d: int, kv: int) -> int:
+    """A layer's attention weights: q and o of every head, k and v of the key/value heads (`flops.kv_matrices`), or
+    multi-head latent attention's (DeepSeek V2/V3: q and kv through low-rank projections)."""
+    h, heads = text.hidden_size, text.num_attention_heads
+    if rank := getattr(text, "kv_lora_rank", None):
+        qk, v, rope, q_rank = text.qk_head_dim, text.v_head_dim, text.qk_rope_head_dim, text.q_lora_rank
+        q = h * q_rank + q_rank * heads * qk if q_rank else h * heads * qk
+        return q + h * (rank + rope) + rank * heads * (qk - rope + v) + heads * v * h
+    return 2 * h * heads * d + flops.kv_matrices(text, layer) * h * kv * d
 
 
 def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:
@@ -96,8 +114,8 @@ def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[
 def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
     """Forward FLOPs of rows of these widths under a dense mask (every key of its row in every attention layer)."""
     w = np.asarray(widths, dtype=np.float64)
-    layers = sum(1 for window in work.windows if window != 0)
-    return 2.0 * work.matmul_params * float(w.sum()) + 4.0 * work.attention_width * layers * float((w * w).sum())
+    attention = sum(work.attention_widths)  # linear-attention layers are 0 wide; a sliding one's mask is dense too
+    return 2.0 * work.matmul_params * float(w.sum()) + 4.0 * attention * float((w * w).sum())
 
 
 def training_flops(

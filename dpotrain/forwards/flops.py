@@ -1,8 +1,9 @@
 """Model FLOPs of a micro-batch and the GPU's peak: what MFU (model FLOPs utilization) is made of.
 
-A sequence of s tokens costs 6 N s + 12 d sum_layers sum_t min(t, w) FLOPs forward + backward: N the weight matrices'
-entries (no input embedding, norms or biases; of routed experts, the share a token runs), d = heads x head dim, w a
-sliding window (linear-attention layers left out). Padding is not counted: MFU counts the useful work. MFU = model
+A sequence of s tokens costs 6 N s + 12 sum_layers d_l sum_t min(t, w_l) FLOPs forward + backward: N the weight
+matrices' entries (no embedding tables, norms or biases; of routed experts, the share a token runs), d_l = heads x
+head dim of layer l (Gemma 4: its full-attention layers' wider heads), w_l its sliding window (linear-attention layers
+left out). Padding is not counted: MFU counts the useful work. MFU = model
 FLOPs per second per GPU / the GPU's dense bf16 peak (or the recipe's `gpu_peak_tflops`); not logged on a CPU.
 """
 
@@ -32,8 +33,12 @@ def layer_kinds(text) -> list[str]:
 
 
 def layer_windows(text) -> tuple:
-    """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer."""
+    """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer. A
+    config without `layer_types` but with a `sliding_window` (Mistral, Mixtral, Phi-3, StarCoder2; not where
+    `use_sliding_window` is false) slides in every layer: its model builds one sliding mask for all."""
     window = getattr(text, "sliding_window", None)
+    if not getattr(text, "layer_types", None) and window and getattr(text, "use_sliding_window", True) is not False:
+        return (window,) * getattr(text, "num_hidden_layers", 1)
     kinds = layer_kinds(text)
     return tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
 
@@ -45,10 +50,71 @@ def mlp_width(text) -> int:
     return getattr(text, "intermediate_size", 4 * text.hidden_size)
 
 
+def per_layer(text, name: str) -> list:
+    """Each layer's value of a config attribute: Gemma 4's `per_layer_config` gives some their own (head_dim,
+    num_key_value_heads of full-attention layers) and refuses the global one; else the global value for all."""
+    layers = len(layer_kinds(text))
+    if name in (getattr(text, "per_layer_attributes", None) or ()):
+        return [getattr(text.per_layer_config[i], name) for i in range(layers)]
+    return [head_dim(text) if name == "head_dim" else getattr(text, name, None)] * layers
+
+
+def kv_matrices(text, layer: int) -> int:
+    """The key and value projections a layer has: none where it reuses an earlier layer's keys and values (Gemma 4's
+    `num_kv_shared_layers`), one where its keys double as values (Gemma 4's `attention_k_eq_v`, full layers), else 2."""
+    if _reuses_kv(text, layer):
+        return 0
+    return 1 if getattr(text, "attention_k_eq_v", False) and layer_kinds(text)[layer] == "full_attention" else 2
+
+
+def _reuses_kv(text, layer: int) -> bool:
+    modes = getattr(text, "kv_sharing_modes", None) if getattr(text, "num_kv_shared_layers", 0) else None
+    return bool(modes) and modes[layer] == "reuse"
+
+
+def attention_widths(text) -> tuple:
+    """Per layer of a text config: query heads x that layer's head dim (the mean of score and value widths where they
+    differ), 0 for a linear-attention layer (no softmax attention). Gemma 4's sliding layers have half the head dim of
+    its full ones: the widest for every layer counted up to 2x their attention FLOPs."""
+    heads = getattr(text, "num_attention_heads", 0) or 0
+    dims = per_layer(text, "head_dim")
+    if getattr(text, "kv_lora_rank", None):  # multi-head latent attention: scores qk_head_dim wide, values v_head_dim
+        dims = [(text.qk_head_dim + text.v_head_dim) / 2] * len(dims)  # (its head_dim is only the rotary part)
+    return tuple(0 if window == 0 else heads * d for window, d in zip(layer_windows(text), dims, strict=True))
+
+
+# Model types whose dense MLP is an up and a down projection (2 matrices, no gate): checked against the built models.
+UNGATED_MLP = frozenset({"phi", "starcoder2", "arcee", "nemotron", "apertus", "gpt_neox"})
+
+
+def mlp_params(text, layer: int) -> int:
+    """The MLP weights a token runs in this layer (3 matrices of hidden x width, 2 where `UNGATED_MLP`): of an MoE
+    layer the router, `num_experts_per_tok` routed experts (`moe_intermediate_size` wide, else `intermediate_size`:
+    Mixtral, OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's
+    `mlp_only_layers` dense; Gemma 4's MoE block beside its dense MLP."""
+    h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    dense *= 2 if getattr(text, "use_double_wide_mlp", False) and _reuses_kv(text, layer) else 1  # Gemma 4
+    counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    experts = next((n for n in counts if n), None)
+    dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
+        getattr(text, "mlp_only_layers", None) or ()
+    )
+    gemma_moe = getattr(text, "enable_moe_block", None)
+    if not experts or dense_layer or gemma_moe is False:
+        return (2 if getattr(text, "model_type", None) in UNGATED_MLP else 3) * h * dense
+    width = getattr(text, "moe_intermediate_size", None) or dense
+    active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
+    shared = getattr(text, "shared_expert_intermediate_size", None) or (
+        (getattr(text, "n_shared_experts", None) or 0) * width
+    )
+    return 3 * h * (active * width + shared + (dense if gemma_moe else 0)) + h * experts
+
+
 def head_dim(text) -> int:
     """A text config's attention head width: its `head_dim`, else hidden size / heads (0 for a model without heads).
     A config whose head width varies by layer (Gemma 4: full-attention layers' twice its sliding ones') refuses a
-    global `head_dim` with transformers' error: the widest layer's, an upper bound for the memory plan and the FLOPs."""
+    global `head_dim` with transformers' error: the widest layer's, an upper bound for the memory plan (the FLOPs take
+    each layer's own, `per_layer`)."""
     if "head_dim" in (getattr(text, "per_layer_attributes", None) or ()):
         return max(layer.head_dim for layer in text.per_layer_config)
     heads = getattr(text, "num_attention_heads", 0) or 0
@@ -58,7 +124,7 @@ def head_dim(text) -> int:
 @dataclass(frozen=True)
 class ModelFlops:
     matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)
-    attention_width: int  # d: heads x head dim of a layer's queries
+    attention_widths: tuple  # per layer: d, heads x head dim of its queries (`attention_widths`; 0: linear attention)
     windows: tuple  # per layer: its sliding window, or None for full attention (linear-attention layers: 0)
 
     @classmethod
@@ -72,14 +138,16 @@ class ModelFlops:
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
         counts = (getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
         experts = next((n for n in counts if n), None)
-        active = getattr(config, "num_experts_per_tok", None)
+        active = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)  # Gemma 4
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
-        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-        tied = head is not None and embedding is not None and head.weight is embedding.weight  # the head's matmul
-        matmul = total - (count(embedding.weight) if embedding is not None and not tied else 0)
-        heads = getattr(config, "num_attention_heads", 0) or 0
-        return cls(matmul, heads * head_dim(config), layer_windows(config))
+        # Embedding tables are looked up, not multiplied: the input one and Gemma 4's per-layer ones (billions of
+        # entries, once counted as matmul weights: an MFU many times too high). A head tied to the input table is one.
+        head = model.get_output_embeddings()
+        tables = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        tables.pop(id(head.weight) if head is not None else None, None)
+        matmul = total - sum(count(w) for w in tables.values())
+        return cls(matmul, attention_widths(config), layer_windows(config))
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
         """Forward + backward FLOPs of sequences of these lengths, less `shared_prefixes` computed once for two."""
@@ -89,11 +157,11 @@ class ModelFlops:
     def forward(self, seq_lens) -> float:
         lens = torch.as_tensor(seq_lens, dtype=torch.float64)
         flops = 2.0 * self.matmul_params * float(lens.sum())
-        for window in self.windows:
+        for width, window in zip(self.attention_widths, self.windows, strict=True):
             if window == 0:
                 continue
             # sum over positions t = 1..s of min(t, w): s(s+1)/2 up to the window, then w per position
             w = lens if window is None else torch.clamp(lens, max=window)
             attended = w * (w + 1) / 2 + (lens - w) * w
-            flops += 2.0 * 2.0 * self.attention_width * float(attended.sum())
+            flops += 2.0 * 2.0 * width * float(attended.sum())
         return flops
