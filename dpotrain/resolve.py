@@ -419,10 +419,15 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     if own_checkpoints(out):  # a person's checkpoint-N is none of the run's (check_checkpoints_of_others)
         if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
             return OutputDecision(None, True)
-        state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
-        raise ConfigError(
-            f"output_dir {named} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
+        # Only a run with auto_resume false gets here holding a sound checkpoint: said as docs/resuming.md spells the
+        # setting, with the checkpoint to name, the way that page gives to go on without the automatic resume.
+        state = (
+            "has no complete checkpoint: pass"
+            if latest is None
+            else f"has checkpoints and auto_resume is false: pass --resume_from_checkpoint {latest} to go on from the "
+            "newest,"
         )
+        raise ConfigError(f"output_dir {named} {state} --overwrite_output_dir to start afresh, or a new --output_dir")
     if (out / "resolved_config.json").is_file() and not p.overwrite_output_dir:  # written as its training started
         resume.say_afresh(out, t.save_strategy)
     return OutputDecision(None, False)

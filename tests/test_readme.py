@@ -1,5 +1,6 @@
 """The README's quickstart works as written, and no page of the README or docs/ points outside the repository."""
 
+import importlib.util
 import re
 import shlex
 import shutil
@@ -14,10 +15,51 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ELSEWHERE = {"docs/data.md", "docs/attention.md"}
 
 
-def quickstart() -> list[str]:
+def readme_block(after: str) -> list[str]:
+    """The command lines of the README's first bash block after `after`, without comments."""
     readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("## Quickstart") :].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = readme[readme.index(after) :].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def quickstart() -> list[str]:
+    return readme_block("## Quickstart")
+
+
+NEXT = "Then, on the cluster"  # the block after the quickstart: instruct, the Hub push, W&B
+
+
+def test_the_commands_after_the_quickstart_name_scripts_and_flags_that_exist(capsys):
+    """The instruct submission, the push at the end of a job, push_to_hub.py afterwards and `wandb sync`, as a user
+    pastes them: each line parses, names files of the project, and its train_dpo.py flags are taken by the recipe
+    its sbatch script runs; push_to_hub.py's flags are its own."""
+    from dpotrain.recipe.config import parse_args
+
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    push_to_hub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(push_to_hub)
+    lines = readme_block(NEXT)
+    scripts = {"scripts/dpo_train.sh": "think", "scripts/dpo_instruct_train.sh": "instruct"}
+    assert sorted(w for line in lines for w in shlex.split(line) if w in scripts) == sorted(scripts), lines
+    for line in lines:
+        assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0, line
+        words = shlex.split(line)
+        for word in words:
+            if re.match(r"^(scripts|configs|data)/", word):
+                assert (ROOT / word).exists(), (line, word)
+        if words[0] == "sbatch":
+            script = next(w for w in words if w in scripts)
+            flags = words[words.index(script) + 1 :]
+            # --bf16 false: this machine has no GPU (the recipes train in bf16), which the flags do not depend on
+            parse_args(["--config", str(ROOT / "configs" / f"{scripts[script]}.yaml"), "--bf16", "false", *flags])
+        elif "scripts/push_to_hub.py" in words:
+            with pytest.raises(SystemExit):
+                push_to_hub.main(["--help"])
+            usage = capsys.readouterr().out
+            given = [w for w in words if w.startswith("--")]
+            assert given and all(re.search(rf"{flag}(?![\w-])", usage) for flag in given), given
+        else:
+            assert words[:2] == ["wandb", "sync"], line
 
 
 def test_quickstart_shell_lines_parse_and_name_files_that_exist():

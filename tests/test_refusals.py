@@ -1455,6 +1455,22 @@ def unfinished_run(tmp_path, capsys, *args):
     return out
 
 
+def test_a_rerun_with_auto_resume_false_is_refused_in_the_words_it_was_given_naming_the_checkpoint_to_pass(
+    tmp_path, capsys
+):
+    """docs/resuming.md tells a user `--auto_resume false` (or `auto_resume: false` in the recipe); the refusal said
+    `--no_auto_resume is set`, a flag nobody typed, and left out the way on that page: name the checkpoint."""
+    out = unfinished_run(tmp_path, capsys)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--auto_resume", "false"])
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused.value) == (
+        f"output_dir {str(out)!r} has checkpoints and auto_resume is false: pass --resume_from_checkpoint "
+        f"{out / 'checkpoint-4'} to go on from the newest, --overwrite_output_dir to start afresh, or a new "
+        "--output_dir"
+    )
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
