@@ -73,6 +73,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     stop.take_recipe(recipe)
+    disk_full.take_output_dir(recipe.training.output_dir)  # a failed write that names no file: looked for there too
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
