@@ -1015,6 +1015,51 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     assert result["seconds"] < offline.PROBE_SECONDS + (7 if command == "analyzer" else 40), result
 
 
+@pytest.fixture
+def counting_silent_endpoint():
+    """A silent HF_ENDPOINT (as `silent_endpoint`) that accepts each connection, never replies, and counts them: how
+    many times a job asked the Hub."""
+    import threading
+
+    held = []
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+
+        def accept():
+            with contextlib.suppress(OSError):  # the socket closed as the test ends
+                while True:
+                    held.append(sock.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", held
+    for connection in held:
+        connection.close()
+
+
+@pytest.mark.slow  # a 2-process launch: imports, a rendezvous, one training step of the tiny model
+def test_a_launch_asks_a_silent_hub_once_for_every_rank(tmp_path, hf_home, counting_silent_endpoint):
+    """The model cached, HF_HUB_OFFLINE unset, under `accelerate launch` of 2 processes: each rank asked the Hub for
+    itself (2 connections), and a Hub answering one rank in time and another not left one offline, one online. The
+    main process asks once, every rank takes its answer: one connection, one line, both ranks offline, trained."""
+    from conftest import accelerate_launch, rank_python
+
+    endpoint, asked = counting_silent_endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    bin_dir = os.path.dirname(PYTHON)
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint, PATH=f"{bin_dir}:{env['PATH']}")
+    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
+    launch = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--max_steps", "1"]
+    args += ["--warmup_steps", "0", "--save_strategy", "no", "--output_dir", str(tmp_path / "run")]
+    cmd = [*launch, *rank_python(), str(ROOT / "train_dpo.py"), *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(asked) == 1, (len(asked), result.stdout[-3000:])
+    assert result.stdout.count(f"The Hugging Face Hub does not answer here ({endpoint}: ") == 1, result.stdout[-3000:]
+    assert "Could not reach the Hub" not in result.stdout and "Retrying in" not in result.stdout
+
+
 @pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
 def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(tmp_path, hf_home, silent_endpoint):
     """The data set cached, the model not: the data stage finds the Hub silent and reads the cache offline; the model
