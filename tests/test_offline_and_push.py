@@ -967,6 +967,11 @@ if command == "analyzer":
     analyzer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(analyzer)
     main = lambda: analyzer.main([data, "--tokenizer", model])
+elif command == "analyzer_mixture":
+    spec = importlib.util.spec_from_file_location("analyze_dataset", "scripts/analyze_dataset.py")
+    analyzer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(analyzer)
+    main = lambda: analyzer.main(["--dataset_mixer_list", data, "1.0", "--tokenizer", model])
 else:
     import train_dpo
     args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
@@ -1013,6 +1018,24 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     # the probe, then the cache; a training step of the tiny model on a loaded machine: seconds, not the minutes of
     # one silent request's retries
     assert result["seconds"] < offline.PROBE_SECONDS + (7 if command == "analyzer" else 40), result
+
+
+@pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
+def test_the_analyzer_reads_a_cached_mixture_hub_source_offline_when_the_hub_does_not_answer(
+    tmp_path, hf_home, tiny_model_dir, silent_endpoint
+):
+    """A mixture whose Hub source is cached, measured with a local tokenizer, HF_HUB_OFFLINE unset: the analyzer asked
+    nothing first (its data set was the recipe, not a Hub name), and datasets waited on the silent Hub for the cached
+    source. Now the Hub is asked once, within PROBE_SECONDS, and the source read from the cache, said in a line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
+    result = results_of(CACHED, ["analyzer_mixture", tiny_model_dir, DATASET, str(tmp_path / "run")], env)
+    output = result["stdout"] + result["stderr"]
+    assert result["code"] in (None, 0), result
+    assert output.count(f"The Hugging Face Hub does not answer here ({silent_endpoint}: ") == 1, output
+    assert "Could not reach the Hub" not in output and "Retrying in" not in output, output
+    assert result["seconds"] < offline.PROBE_SECONDS + 7, result
 
 
 @pytest.fixture
