@@ -829,6 +829,26 @@ def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(mo
     assert time.perf_counter() - start < 1
 
 
+@pytest.mark.slow  # a probe of PROBE_SECONDS
+def test_a_silent_hub_keeps_datasets_online_where_the_user_set_hf_datasets_offline_0(monkeypatch, silent_endpoint):
+    """docs/hub.md: an explicit HF_DATASETS_OFFLINE=0 is the user's choice; the silent Hub turns the models offline
+    and leaves datasets as asked."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
+    for module, name in ((constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")):
+        monkeypatch.setattr(module, name, False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(offline, "SILENT", {})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    with contextlib.redirect_stderr(io.StringIO()):
+        offline.read_cache_if_silent()
+    assert offline.SILENT and constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert not datasets.config.HF_DATASETS_OFFLINE and not offline.datasets_offline()
+
+
 @pytest.mark.slow
 def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, silent_endpoint):
     """docs/hub.md: `HF_HUB_OFFLINE=1` in `.env` does what it does in the environment. huggingface_hub and datasets
