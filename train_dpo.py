@@ -32,7 +32,7 @@ with venv.loading_libraries():
         venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
     from dpotrain import dry_run, options, preflight, publish, resolve, stages, train_stage
-    from dpotrain.cluster import engine, run_lock
+    from dpotrain.cluster import engine, offline, run_lock
     from dpotrain.data import lengths
     from dpotrain.hub import hub
     from dpotrain.plan import memory
@@ -73,6 +73,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     stop.take_recipe(recipe)
+    disk_full.take_output_dir(recipe.training.output_dir)  # a failed write that names no file: looked for there too
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
@@ -87,6 +88,8 @@ def run(argv, stop: GracefulStop) -> int | None:
         # The process group first (every timeout set): what the main process alone asks the Hub and W&B is every
         # rank's answer (collectives.main_outcome), a refused push too, not the main's alone while the others wait.
         state = None if launch.dry_run else engine.start_processes(recipe.training, launch.engine)
+        if state is not None:  # asked once for the job: a rank offline and another online read different files
+            offline.agree_on_hub(recipe)
         output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
         if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
             resolved = stages.first_half(recipe, launch, output=output, push=push)

@@ -318,8 +318,12 @@ def analyze(args: argparse.Namespace) -> int:
 
     options.check_model_path(tokenizer_name)  # a mistyped folder: not transformers' "Repo id must be in the form"
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
-    reads_hub = offline.is_hub_model(tokenizer_name) or hub_revision.applies(name)  # a silent Hub: the cache, offline
-    offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy, reads_hub)
+    # A mixture's Hub sources too (its `name` is the recipe): datasets waited on a silent Hub for a cached one, 300 s+.
+    sources = mixed and not offline.datasets_offline() and bool(offline.hub_datasets(run))
+    reads_hub = offline.is_hub_model(tokenizer_name) or hub_revision.applies(name) or sources  # silent: cache, offline
+    downloads = hub_downloads(tokenizer_name, revision, name, subset, split, args)
+    downloads += offline.missing_artifacts(run, model=False) if sources else []
+    offline.check_hub_reachable(downloads, remedy, reads_hub)
     try:
         tokenizer = lengths.recipe_tokenizer(run)
     except Exception as e:  # unknown name, offline, gated: one line

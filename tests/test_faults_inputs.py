@@ -245,3 +245,51 @@ def test_a_flipped_bit_in_a_reference_cache_file_is_caught_by_its_crc(tmp_path, 
     assert store.complete() is None
     assert f"warning: the reference cache file {path} is damaged (BadZipFile: Bad CRC-32" in capsys.readouterr().err
     assert not path.exists()
+
+
+@pytest.mark.slow
+def test_what_a_kill_while_writing_the_length_cache_leaves_is_removed_by_the_next_analysis(tmp_path, capsys):
+    """A writer of the length-analysis cache (DPOTRAIN_CACHE/lengths) SIGKILLed midway leaves its temporary
+    (`.<key>.npz.<host>.<pid>.tmp`, cut short), never the file: it stayed there forever, one per kill. The next look-up
+    of that key removes it, says so in a line, and measures again; a live writer's stays, it may be writing."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from dpotrain.data import lengths
+
+    cache, dataset_id = tmp_path / "lengths", "pairs-under-test"
+    writer = f"""
+import time
+from dpotrain.data import builtin, lengths
+from dpotrain.recipe.writes import replacing
+at, _ = lengths._cached_at({dataset_id!r}, builtin.build_tokenizer(), {str(cache)!r})
+with replacing(at.with_suffix(".npz"), "wb") as f:  # the path save_cache writes, its first MiB out
+    f.write(b"x" * (1 << 20))
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", writer], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    tokenizer = builtin.build_tokenizer()
+    at, _ = lengths._cached_at(dataset_id, tokenizer, cache)
+    (killed,) = cache.iterdir()
+    assert killed.name == f".{at.name}.npz.{socket.gethostname()}.{proc.pid}.tmp" and killed.stat().st_size == 1 << 20
+    live = cache / f".{at.name}.json.{socket.gethostname()}.{os.getppid()}.tmp"  # a live process's: may be writing
+    live.write_text("{")
+    capsys.readouterr()
+
+    assert lengths.cached_measure(dataset_id, tokenizer, cache) is None  # nothing whole was cached: measured again
+    said = capsys.readouterr().err
+    line = f"Removed {killed}: left by a write to the length-analysis cache killed midway (its process is gone)\n"
+    assert said == line, said
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(8, seed=1))
+    lengths.analyse(rows, tokenizer, 0.99, dataset_id, cache, progress=False)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, f"{at.name}.json", f"{at.name}.npz"])
+    assert lengths.cached_measure(dataset_id, tokenizer, cache) is not None

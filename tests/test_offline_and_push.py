@@ -829,6 +829,26 @@ def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(mo
     assert time.perf_counter() - start < 1
 
 
+@pytest.mark.slow  # a probe of PROBE_SECONDS
+def test_a_silent_hub_keeps_datasets_online_where_the_user_set_hf_datasets_offline_0(monkeypatch, silent_endpoint):
+    """docs/hub.md: an explicit HF_DATASETS_OFFLINE=0 is the user's choice; the silent Hub turns the models offline
+    and leaves datasets as asked."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
+    for module, name in ((constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")):
+        monkeypatch.setattr(module, name, False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(offline, "SILENT", {})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    with contextlib.redirect_stderr(io.StringIO()):
+        offline.read_cache_if_silent()
+    assert offline.SILENT and constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert not datasets.config.HF_DATASETS_OFFLINE and not offline.datasets_offline()
+
+
 @pytest.mark.slow
 def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, silent_endpoint):
     """docs/hub.md: `HF_HUB_OFFLINE=1` in `.env` does what it does in the environment. huggingface_hub and datasets
@@ -967,6 +987,11 @@ if command == "analyzer":
     analyzer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(analyzer)
     main = lambda: analyzer.main([data, "--tokenizer", model])
+elif command == "analyzer_mixture":
+    spec = importlib.util.spec_from_file_location("analyze_dataset", "scripts/analyze_dataset.py")
+    analyzer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(analyzer)
+    main = lambda: analyzer.main(["--dataset_mixer_list", data, "1.0", "--tokenizer", model])
 else:
     import train_dpo
     args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
@@ -1013,6 +1038,69 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     # the probe, then the cache; a training step of the tiny model on a loaded machine: seconds, not the minutes of
     # one silent request's retries
     assert result["seconds"] < offline.PROBE_SECONDS + (7 if command == "analyzer" else 40), result
+
+
+@pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
+def test_the_analyzer_reads_a_cached_mixture_hub_source_offline_when_the_hub_does_not_answer(
+    tmp_path, hf_home, tiny_model_dir, silent_endpoint
+):
+    """A mixture whose Hub source is cached, measured with a local tokenizer, HF_HUB_OFFLINE unset: the analyzer asked
+    nothing first (its data set was the recipe, not a Hub name), and datasets waited on the silent Hub for the cached
+    source. Now the Hub is asked once, within PROBE_SECONDS, and the source read from the cache, said in a line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
+    result = results_of(CACHED, ["analyzer_mixture", tiny_model_dir, DATASET, str(tmp_path / "run")], env)
+    output = result["stdout"] + result["stderr"]
+    assert result["code"] in (None, 0), result
+    assert output.count(f"The Hugging Face Hub does not answer here ({silent_endpoint}: ") == 1, output
+    assert "Could not reach the Hub" not in output and "Retrying in" not in output, output
+    assert result["seconds"] < offline.PROBE_SECONDS + 7, result
+
+
+@pytest.fixture
+def counting_silent_endpoint():
+    """A silent HF_ENDPOINT (as `silent_endpoint`) that accepts each connection, never replies, and counts them: how
+    many times a job asked the Hub."""
+    import threading
+
+    held = []
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+
+        def accept():
+            with contextlib.suppress(OSError):  # the socket closed as the test ends
+                while True:
+                    held.append(sock.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", held
+    for connection in held:
+        connection.close()
+
+
+@pytest.mark.slow  # a 2-process launch: imports, a rendezvous, one training step of the tiny model
+def test_a_launch_asks_a_silent_hub_once_for_every_rank(tmp_path, hf_home, counting_silent_endpoint):
+    """The model cached, HF_HUB_OFFLINE unset, under `accelerate launch` of 2 processes: each rank asked the Hub for
+    itself (2 connections), and a Hub answering one rank in time and another not left one offline, one online. The
+    main process asks once, every rank takes its answer: one connection, one line, both ranks offline, trained."""
+    from conftest import accelerate_launch, rank_python
+
+    endpoint, asked = counting_silent_endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    bin_dir = os.path.dirname(PYTHON)
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint, PATH=f"{bin_dir}:{env['PATH']}")
+    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
+    launch = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--max_steps", "1"]
+    args += ["--warmup_steps", "0", "--save_strategy", "no", "--output_dir", str(tmp_path / "run")]
+    cmd = [*launch, *rank_python(), str(ROOT / "train_dpo.py"), *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(asked) == 1, (len(asked), result.stdout[-3000:])
+    assert result.stdout.count(f"The Hugging Face Hub does not answer here ({endpoint}: ") == 1, result.stdout[-3000:]
+    assert "Could not reach the Hub" not in result.stdout and "Retrying in" not in result.stdout
 
 
 @pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS

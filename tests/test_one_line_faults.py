@@ -177,6 +177,38 @@ print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
 
 
 @pytest.mark.slow
+def test_a_full_output_folder_is_named_when_the_failed_write_names_no_file(tmp_path):
+    """A write refused for a full disk without a file name (os.write on a descriptor: OSError ENOSPC, filename None)
+    in the output folder, on a real small tmpfs: the line named the caches' free space, not the folder that is full."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    code = f"""
+import os
+from pathlib import Path
+from dpotrain.train import disk_full
+disk = Path({str(folder)!r})
+disk_full.take_output_dir(disk)  # as train_dpo.py does once the recipe is read
+fd = os.open(disk / "shard.bin", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError as e:
+    assert e.filename is None, e
+    print(disk_full.write_failed(*disk_full.full_write(e)))
+"""
+    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
+    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    result = subprocess.run([*prefix, PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == (
+        f"the disk is full: a file could not be written in the output folder, {folder}, 0 bytes free there: free "
+        "space there, or set --output_dir to a folder with room, then rerun"
+    ), result.stdout
+
+
+@pytest.mark.slow
 def test_every_write_of_a_run_on_a_read_only_file_system_is_one_line(tmp_path):
     """The records (metrics, samples and pushes append the same way), the plot, the card, a checkpoint (torch.save's
     writer loses the errno: the folder is probed) and the final model, on a real read-only mount: why and what to do,

@@ -6,7 +6,9 @@ or written) stops a job that misses a piece in its first seconds, with the prefe
 from deep inside transformers or datasets. Where the Hub does not answer and HF_HUB_OFFLINE is not set,
 `check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached, and
 before the first read of pieces all cached: a Hub that does not answer then turns the libraries offline for the process
-(they would ask it of every file they read from the cache, minutes of retries before a cached tokenizer loads).
+(they would ask it of every file they read from the cache, minutes of retries before a cached tokenizer loads). Under a
+launch the main process asks once for every rank (`agree_on_hub`), so that no rank reads online what another reads
+offline.
 """
 
 import fnmatch
@@ -243,7 +245,7 @@ def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False
     if not missing:
         if reads_hub:
             read_cache_if_silent()
-    elif why := SILENT.get("why") or hub_unreachable():
+    elif why := SILENT.get("why") or hub_answer():
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 
@@ -255,21 +257,54 @@ SILENT: dict[str, str] = {}
 def read_cache_if_silent() -> None:
     """Online, transformers and datasets ask the Hub of every file they read from the cache (its newest commit, the
     model's extra chat templates) and wait on one that never answers, retried: the analyzer on a cached tokenizer
-    waited over 300 s. So before the first read of cached Hub pieces the Hub is asked once, within PROBE_SECONDS, and
-    where it does not answer this process (and those it starts) reads the cache alone, as HF_HUB_OFFLINE=1 does."""
+    waited over 300 s. So before the first read of cached Hub pieces the Hub is asked once, within PROBE_SECONDS (once
+    for a launch: `agree_on_hub`), and where it does not answer this process (and those it starts) reads the cache
+    alone, as HF_HUB_OFFLINE=1 does. An explicit HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
     if is_offline():
         return
-    if why := hub_unreachable():
+    if why := hub_answer():
         SILENT["why"] = why
         os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
         take_late_switches()  # this one's libraries read it at theirs
-        if launcher.launched_main():  # each process asks and decides alone; one line says it for the launch
+        if launcher.launched_main():  # every rank decides the same (`agree_on_hub`); one line says it for the launch
             print(
                 f"The Hugging Face Hub does not answer here ({why}): models and data sets are read from the local "
                 f"cache, offline (set HF_HUB_OFFLINE=1 to skip this wait of up to {PROBE_SECONDS:g} s)",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+# The job's one answer from the Hub, every rank's (`agree_on_hub`): {"why": None} where it answered. Empty: each
+# process asks for itself (a single process: the analyzer, prefetch, a dry run).
+AGREED: dict[str, str | None] = {}
+
+
+def hub_answer() -> str | None:
+    """`hub_unreachable`: the job's answer where its ranks agreed on one, else this process's, asked now."""
+    return AGREED["why"] if "why" in AGREED else hub_unreachable()
+
+
+def agree_on_hub(recipe) -> None:
+    """Under a launch each rank asked the Hub for itself, within PROBE_SECONDS: a Hub that answers one rank in time and
+    another not (slowly, or a node's own firewall) turned one rank's libraries offline and left another's online, where
+    what must be equal on all ranks is decided once. Every rank calls this once the process group exists; the main
+    process asks for the job, if the job reads a Hub piece and is not offline, and every rank's later checks take its
+    answer (`hub_answer`) instead of asking."""
+    from dpotrain.cluster import collectives  # here: torch, which prefetch and the analyzer's refusals do not need
+
+    asked, why = collectives.main_outcome(_ask_for_job, recipe)  # every rank in the collective, whatever it reads
+    if asked:
+        AGREED["why"] = why
+
+
+def _ask_for_job(recipe) -> tuple[bool, str | None]:
+    """(whether the job asks the Hub at all, and `hub_unreachable`'s answer), on the main process."""
+    if is_offline() and datasets_offline():
+        return False, None
+    if not (is_hub_model(recipe.model.model_name_or_path) or hub_datasets(recipe)):
+        return False, None
+    return True, hub_unreachable()
 
 
 def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:

@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import json
 import os
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,7 +31,7 @@ from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_te
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
-from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, replacing, write_text
+from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, remove_dead_temporaries, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
 # reaches (OLMo 3: 16K-32K).
@@ -774,9 +775,22 @@ def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tupl
     return folder / key, identity
 
 
+def _remove_killed_writes(at: Path) -> None:
+    """The temporaries (`replacing`'s) a write of this key's files killed midway left: never read (a file is read by
+    its own name), but nothing else would ever remove them, up to a whole analysis each, one per kill.
+    Only this host's writers that are gone (`writes.dead_temporaries`): another rank may be writing this key now."""
+    for path in remove_dead_temporaries(at.parent, [at.with_suffix(".npz").name, at.with_suffix(".json").name]):
+        print(
+            f"Removed {path}: left by a write to the length-analysis cache killed midway (its process is gone)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:
     """Keep a full analysis (per-row lengths + report) for later runs and dry runs; returns the report path."""
     at, identity = _cached_at(dataset_id, tokenizer, cache_dir)
+    _remove_killed_writes(at)  # the analyzer saves without looking the key up first
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
     # file. The lengths first: a report is only ever found beside its lengths.
     with replacing(at.with_suffix(".npz"), "wb") as f:
@@ -788,6 +802,7 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
     """The per-row lengths cached for this data set, tokenizer and chat template, and its report's path; or None."""
     at, _ = _cached_at(dataset_id, tokenizer, cache_dir)
+    _remove_killed_writes(at)
     report_path, lengths_path = at.with_suffix(".json"), at.with_suffix(".npz")
     if not report_path.exists():
         return None

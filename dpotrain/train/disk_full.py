@@ -38,6 +38,13 @@ FIX = {
     "too, as Slurm passes the submitting shell's limits on)",
 }
 PROBE_BYTES = 1 << 20
+# The run's output folder, once its recipe is read (`take_output_dir`): a failed write that names no file is looked for
+# there first, as the caches are (a record or a library's write there said "free space in datasets' cache ...").
+OUTPUT_DIR: list[Path] = []
+
+
+def take_output_dir(path: str | os.PathLike) -> None:
+    OUTPUT_DIR[:] = [Path(path)]
 
 
 def size_limit(error: OSError | None = None) -> int | None:
@@ -99,7 +106,7 @@ def _probe(folder: Path) -> str | None:
 
 
 def _caches() -> list[tuple[str, Path, str]]:
-    """Where a run writes besides its output folder: (what, folder, the variable that moves it)."""
+    """Where a run writes: its output folder (when known) and its caches: (what, folder, how to move it)."""
     import tempfile
 
     import datasets
@@ -108,6 +115,7 @@ def _caches() -> list[tuple[str, Path, str]]:
     from dpotrain.data.lengths import cache_root
 
     return [
+        *(("the output folder", folder, "--output_dir") for folder in OUTPUT_DIR),
         ("datasets' cache", Path(datasets.config.HF_DATASETS_CACHE), "HF_DATASETS_CACHE (or HF_HOME)"),
         ("the Hub's download cache", Path(constants.HF_HUB_CACHE), "HF_HUB_CACHE (or HF_HOME)"),
         ("dpotrain's cache", cache_root(), "DPOTRAIN_CACHE"),
@@ -118,7 +126,7 @@ def _caches() -> list[tuple[str, Path, str]]:
 def _unnamed_file(why: str) -> str:
     """Where a failed write that names no file went (pyarrow's under datasets' `map`, which writes the data set's
     tokenized copy into datasets' cache: it said `a file could not be written: free space there`, naming no place):
-    the cache whose disk refuses a probe too, with the variable that moves it; else every cache's free space."""
+    the output folder or cache whose disk refuses a probe too, with what moves it; else the free space of each."""
     caches = [(what, folder, var) for what, folder, var in _caches() if folder.is_dir()]
     for what, folder, var in caches:
         if (found := _probe(folder)) is not None:
