@@ -97,29 +97,36 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return builtin.materialize_model("builtin:tiny-olmo3")
 
 
-@pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory, tiny_model_dir):
-    """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""
+def tiny_model(model_type: str, folder, tokenizer_dir: str, **config) -> str:
+    """A random 2-layer, 64-wide `model_type` (seed 0) with the built-in tokenizer, saved in `folder`; `config` changes
+    the shape or adds what the family needs (test_architectures' FAMILIES)."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **(shape | config)), dtype=torch.float32)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory, tiny_model_dir):
+    """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""
+    return tiny_model("llama", tmp_path_factory.mktemp("llama"), tiny_model_dir)
 
 
 def built(recipe, train, eval_dataset=None, callbacks=()):

@@ -21,7 +21,7 @@ from transformers import GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 import train_dpo
-from conftest import ROOT, built, ready
+from conftest import ROOT, built, ready, tiny_model
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
 from dpotrain.recipe.config import parse_args
@@ -129,26 +129,7 @@ def rows():
 
 
 def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    shape = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    config = AutoConfig.for_model(model_type, **(shape | FAMILIES[model_type]))  # a family may change the shape
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return tiny_model(model_type, folder, tokenizer_dir, **FAMILIES[model_type])  # a family may change the shape
 
 
 def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
