@@ -30,12 +30,7 @@ def save_and_push(run, resolved: dict) -> int | None:
             pusher.finish(hub_push.STOP_WAIT_S)
         return health.HEALTH_STOP_EXIT
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
-        if pusher:
-            pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
-        # The ranks leave together (the stop was decided over all of them): torchrun ends every worker still running
-        # as soon as one exits with a code other than 0, so a rank still at work would be killed at it.
-        state.wait_for_everyone()
-        return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
+        return end_stopped(run)  # checkpointed on a stop request; the requeued job resumes from it
 
     # Written beside the folder's other files, then recorded by name and moved in (output_folder.py): the run's own
     # files are the names it wrote, not whatever changed in the folder while it saved.
@@ -53,6 +48,18 @@ def save_and_push(run, resolved: dict) -> int | None:
         output_folder.move_in(out)
         finish_outputs(run, resolved)
     return None
+
+
+def end_stopped(run) -> int:
+    """Every rank of a run stopped on request inside `trainer.train`, at a step's end or before its first step (its
+    set-up: a resumed run's pusher has queued the checkpoints a stopped job left unpushed by then); STOPPED_EXIT."""
+    if run.pusher:
+        run.pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
+    # The ranks leave together (the stop was decided over all of them): torchrun ends every worker still running
+    # as soon as one exits with a code other than 0, so a rank still at work (the main waiting for uploads) would be
+    # killed at it.
+    run.trainer.accelerator.wait_for_everyone()
+    return STOPPED_EXIT
 
 
 def finish_outputs(run, resolved: dict) -> None:

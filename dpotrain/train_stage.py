@@ -78,7 +78,7 @@ class ReadyRun:
         try:
             trainer.train(resume_from_checkpoint=resumed)
         except StoppedBeforeTraining:  # asked during train()'s own set-up: agreed on and reported (GracefulStop)
-            return STOPPED_EXIT
+            return publish.end_stopped(self)  # as a stop at a step's end: the pushes queued meanwhile waited for
         return publish.save_and_push(self, record)
 
 

@@ -15,6 +15,7 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import ROOT, python, run_train
+from conftest import PAUSE_AT, ROOT, pause_env, python, run_train, signal_paused
 from dpotrain import output_folder
 from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
 from hub_server import StandInHub
@@ -215,6 +216,48 @@ def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub,
     assert "## Checkpoint revisions" in card
     assert "| 1 | [`step-1`]" in card and "| 3 | [`step-3`]" in card and "| 4 | [`step-4`]" in card
     assert "step-2" not in card
+    assert not (out / ".hub_staging").exists()
+
+
+@pytest.mark.slow  # two training runs
+def test_a_resumed_run_stopped_before_its_first_step_waits_for_the_pushes_it_queued(hub, tmp_path, tiny_model_dir):
+    """A resumed run queues the checkpoints a stopped job left unpushed as training begins (`on_train_begin`); a stop
+    asked then ends it before its first step (StoppedBeforeTraining). It exited at once, the upload thread killed with
+    the process: its checkpoint neither pushed nor recorded as unfinished, its staged links left. It now waits for the
+    uploads (STOP_WAIT_S) as a stop at a step's end does."""
+    out = tmp_path / "run"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "4"]
+    args += ["--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    args += ["--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true"]
+
+    def paused_run(env: dict, at: str, event: str = "open") -> str:
+        paused = tmp_path / "paused"
+        paused.unlink(missing_ok=True)
+        env = {**os.environ, **env, **pause_env("", at, paused), "DPOTRAIN_TEST_PAUSE_AT_EVENT": event}
+        proc = subprocess.Popen(
+            [python(), str(PAUSE_AT), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        log = signal_paused(paused, proc, signal.SIGTERM)
+        assert proc.returncode == 75, log[-3000:]
+        return log
+
+    # offline (nothing pushed), SIGTERM as the first step is logged: stopped with that step's checkpoint
+    log = paused_run(env_for(hub, tmp_path, offline=True, HF_TOKEN=SECRET), "*/metrics.jsonl")
+    [step] = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
+    assert step < 4 and not read_pushes(out), log[-3000:]
+
+    # online, resumed: stopped (SIGTERM) as checkpoint-N is staged for its push, inside `trainer.train`'s set-up; the
+    # Hub takes its time over the commit, which a process that does not wait never sees answered
+    hub.state.hold[("commit", f"step-{step}")] = lambda: time.sleep(2)
+    log = paused_run(env_for(hub, tmp_path, HF_TOKEN=SECRET), f"*/checkpoint-{step}/*", "os.link")
+    assert f"Stop requested: stopped before step {step + 1}" in log, log[-3000:]
+    assert [(r["branch"], r["status"]) for r in read_pushes(out)] == [(f"step-{step}", "pushed")], log[-3000:]
+    assert [c["revision"] for c in hub.state.commits] == [f"step-{step}"]
     assert not (out / ".hub_staging").exists()
 
 

@@ -1,12 +1,15 @@
 """A stop request (signal or stop file) checkpoints at a step boundary; a rerun resumes to the same result."""
 
+import fcntl
 import json
 import os
 import re
 import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from types import SimpleNamespace
 
@@ -665,3 +668,35 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
     assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
     assert len(saved) == 1 and 3 <= saved[0] < STEPS and logged_steps(out) == list(range(1, saved[0] + 1)), log[-3000:]
+
+
+@pytest.mark.slow  # a process that imports transformers
+def test_a_stop_line_starts_a_line_of_its_own_under_a_live_progress_bar():
+    """On a terminal the Trainer's bar (stderr) leaves the cursor at the end of its row: the stop's line (stdout) was
+    glued onto it, `0%|...| 0/12 [...]Stop requested: ...`. The bar is cleared, the line written, the bar drawn again
+    below it. A process on a pseudo-terminal, both streams on it, as a run started in a terminal."""
+    code = (
+        "from tqdm import tqdm\n"
+        "from dpotrain.train.preemption import GracefulStop\n"
+        "with tqdm(total=12, mininterval=0) as bar:\n"
+        "    bar.update(3)\n"
+        "    GracefulStop().mark_saved('stopped before step 4')\n"
+    )
+    main, follower = os.openpty()
+    # 24 rows of 100 columns: a terminal has a size, and tqdm draws nothing on a pty of 0 columns (a new one's)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([PYTHON, "-c", code], cwd=ROOT, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    seen = b""
+    try:
+        while chunk := os.read(main, 65536):
+            seen += chunk
+    except OSError:  # EIO: the process ended, the terminal's other end closed
+        pass
+    finally:
+        os.close(main)
+    assert proc.wait(timeout=120) == 0, seen
+    before, line, after = seen.decode().partition("Stop requested: stopped before step 4")
+    assert line and " 3/12 " in before, seen  # the bar was drawn, then the line written
+    assert before.split("\n")[-1].split("\r")[-1] == "", seen  # at the start of a row (the bar cleared from it)
+    assert " 3/12 " in after.split("\n", 1)[1], seen  # and the bar drawn again below it

@@ -266,7 +266,8 @@ CURR_MEM_SNAP, PEAK_MEM, PEAK_MEM_SNAP = (
     _read(f"{MEM}:MemTracker.{name}", PEAK_KEPT) for name in ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
 )
 PROGRESS_BARS = _read(
-    "tqdm.std:tqdm._instances", "the open progress bars, closed before an error's line (recipe/errors.py)"
+    "tqdm.std:tqdm._instances",
+    "the open progress bars, closed before an error's line (recipe/errors.py), cleared for a stop's (step_log.py)",
 )
 PARSER_ACTIONS = _read(
     "argparse:ArgumentParser._actions",

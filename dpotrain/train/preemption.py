@@ -29,6 +29,7 @@ from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import write_text
+from dpotrain.train import step_log
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -186,7 +187,7 @@ class GracefulStop(TrainerCallback):
                 f"{told}{rerun_command(self.recipe_resumes, self.command)}"
             )
         )
-        print(f"Stop requested: {what}{after}; {how}", flush=True)
+        step_log.write_line(f"Stop requested: {what}{after}; {how}")  # above the step's progress bar, not glued to it
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
 

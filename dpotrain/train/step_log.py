@@ -9,6 +9,8 @@ import sys
 
 from transformers.trainer_callback import ProgressCallback
 
+from dpotrain.recipe import upstream
+
 # (label, keys in order of preference, format)
 FIELDS = [
     ("loss", ("loss",), "{:.4f}"),
@@ -46,6 +48,19 @@ def line(logs: dict, step: int, max_steps: int, first_step: int | None = None) -
         if key is not None:
             parts.append(f"{label} {form.format(logs[key])}")
     return "  ".join(parts)
+
+
+def write_line(text: str) -> None:
+    """`text` as a line of stdout that starts a line of its own where a progress bar is live: a bar leaves its cursor
+    at the end of its row, and a stop's line printed there (`Stop requested: ...`) was glued onto it on a terminal,
+    `0%|...| 0/12 [...]Stop requested`. tqdm's write clears the bars, writes the line and draws them again below it,
+    as `StepLog.on_log` writes its lines; with no bar open (before training, after its bar closed), a print."""
+    bars = [bar for bar in upstream.open_progress_bars() if not bar.disable]
+    if bars:
+        type(bars[0]).write(text, file=sys.stdout)
+        sys.stdout.flush()
+    else:
+        print(text, flush=True)
 
 
 class StepLog(ProgressCallback):
