@@ -779,6 +779,39 @@ def test_a_hybrids_linear_attention_and_mamba_layers_are_planned_at_their_measur
         assert measured <= planned <= 1.03 * measured, (every, planned, measured)
 
 
+@pytest.mark.parametrize(
+    "model_type, moe, width",
+    [
+        ("llama", {}, 128),
+        ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2), 2 * 128 + 4),  # experts intermediate_size wide
+        ("qwen3_next", dict(shared_expert_intermediate_size=32, **MOE), 2 * 32 + 32 + 4),  # and a shared expert
+        (
+            "granitemoehybrid",
+            dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
+            2 * 128 + 36,
+        ),
+        # a dense first layer wider than the MoE layers after it: the widest
+        (
+            "glm4_moe",
+            dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1),
+            128,
+        ),
+    ],
+)
+def test_the_formula_counts_the_experts_a_token_runs_and_its_router(model_type, moe, width):
+    """The formula (a trace that fails; the reference stage's micro-batch) took one expert for Mixtral-style MoE
+    (`intermediate_size`, 128) and no shared expert or router logits: 2,432 bytes a layer per token for the tiny
+    Mixtral, 0.65 of the peak measured on this CPU; now its 2 of 4 experts and 4 router logits, 3,488 (0.94)."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards.flops import mlp_width
+
+    text = AutoConfig.for_model(model_type, **{**TINY, "num_hidden_layers": 2}, **moe).get_text_config()
+    assert mlp_width(text) == width
+    layer = 2 * (10 * 64 + 2 * 2 * 16 + 4 * width)  # bf16: 10 H + 2 H_kv + 4 I values a layer keeps per token
+    assert memory.formula_activation_bytes(text, 512, False) == 512 * (layer + 2 * layer)  # rest + 2 layers
+
+
 @pytest.mark.slow
 @no_gpu
 def test_plan_checkpoints_the_fewest_layers_that_fit():
