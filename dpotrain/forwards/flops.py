@@ -44,10 +44,13 @@ def layer_windows(text) -> tuple:
 
 
 def mlp_width(text) -> int:
-    """The MLP width a token runs: an MoE layer's experts per token x their width, else the dense intermediate size."""
-    if moe := getattr(text, "moe_intermediate_size", None):
-        return moe * getattr(text, "num_experts_per_tok", 1)
-    return getattr(text, "intermediate_size", 4 * text.hidden_size)
+    """The MLP width a token runs in the widest layer, for the memory plan's formula: of an MoE layer its routed
+    experts per token x their width (`moe_intermediate_size`, else `intermediate_size`: Mixtral), any shared expert,
+    and one more per expert for the router's logits (fp32); else the dense intermediate size (`mlp_params`' layers)."""
+    dense = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    beside = dense if getattr(text, "enable_moe_block", None) else 0  # Gemma 4: its dense MLP runs too
+    widths = [dense if (moe := _moe(text, i)) is None else sum(moe) + beside for i in range(len(layer_kinds(text)))]
+    return max(widths, default=dense)
 
 
 def per_layer(text, name: str) -> list:
@@ -94,20 +97,31 @@ def mlp_params(text, layer: int) -> int:
     `mlp_only_layers` dense; Gemma 4's MoE block beside its dense MLP."""
     h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
     dense *= 2 if getattr(text, "use_double_wide_mlp", False) and _reuses_kv(text, layer) else 1  # Gemma 4
+    moe = _moe(text, layer)
+    if moe is None:
+        return (2 if getattr(text, "model_type", None) in UNGATED_MLP else 3) * h * dense
+    experts, routed, shared = moe
+    return 3 * h * (routed + shared + (dense if getattr(text, "enable_moe_block", None) else 0)) + h * experts
+
+
+def _moe(text, layer: int) -> tuple[int, int, int] | None:
+    """(experts, their width a token runs, shared experts' width) of an MoE layer; None for a dense one (`mlp_params`).
+    Granite's shared MLP is `shared_intermediate_size` wide."""
     counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
         getattr(text, "mlp_only_layers", None) or ()
     )
-    gemma_moe = getattr(text, "enable_moe_block", None)
-    if not experts or dense_layer or gemma_moe is False:
-        return (2 if getattr(text, "model_type", None) in UNGATED_MLP else 3) * h * dense
-    width = getattr(text, "moe_intermediate_size", None) or dense
+    if not experts or dense_layer or getattr(text, "enable_moe_block", None) is False:
+        return None
+    width = getattr(text, "moe_intermediate_size", None) or getattr(text, "intermediate_size", None)
     active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
-    shared = getattr(text, "shared_expert_intermediate_size", None) or (
-        (getattr(text, "n_shared_experts", None) or 0) * width
+    shared = (
+        getattr(text, "shared_expert_intermediate_size", None)
+        or getattr(text, "shared_intermediate_size", None)
+        or (getattr(text, "n_shared_experts", None) or 0) * width
     )
-    return 3 * h * (active * width + shared + (dense if gemma_moe else 0)) + h * experts
+    return experts, active * width, shared
 
 
 def head_dim(text) -> int:

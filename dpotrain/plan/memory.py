@@ -9,7 +9,6 @@ the model's config alone, built on the meta device.
 
 import copy
 import functools
-import json
 import math
 import os
 import re
@@ -206,23 +205,28 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
     `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
 
-    Traces of 1 and 2 layers on fake tensors, less model states, give the rest and the slope (docs/memory.md); the
-    model costs rest + layers x slope (`_combine` for every k-th layer). Attention is traced as fused attention with
-    no mask (masks: `mask_bytes`). Other layer kinds (linear attention, Mamba: their CPU kernels are not what CUDA
-    runs) and failed traces take the formula."""
+    Traces of 1 and 2 layers of each layer kind on fake tensors, less model states, give the rest and each kind's
+    slope (docs/memory.md); the model costs the largest rest + each layer's slope (`_combine` for every k-th layer).
+    Attention is traced as fused attention with no mask (masks: `mask_bytes`); linear-attention and Mamba layers as
+    transformers runs them without their optional CUDA kernels (flash-linear-attention, mamba_ssm: not in
+    requirements-gpu.txt), the most they keep. A failed trace takes the formula."""
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
-    kinds = set(layer_kinds(text))
-    if kinds - ATTENTION_LAYER_TYPES:
-        why = f"{'/'.join(sorted(kinds - ATTENTION_LAYER_TYPES))} layers are not traced"
-        return formula_activation_bytes(text, tokens, every), f"formula ({why})"
+    kinds = [traced_kind(k) for k in layer_kinds(text)]
     try:
         modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
-        costs = {mode: layer_costs(config, tokens, mode) for mode in modes}
+        traced = {(m, k): layer_costs(config, tokens, m, k) for m in modes for k in set(kinds)}
     except Exception as e:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
         return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {cause(e, 120)})"
+    costs = {m: ([traced[m, k][0] for k in kinds], [traced[m, k][1] for k in kinds]) for m in modes}
     return _combine(costs, every, text.num_hidden_layers), "traced on fake tensors (1 and 2 layers, extrapolated)"
+
+
+def traced_kind(kind: str) -> str:
+    """The layer kind a trace builds for a layer of this kind: sliding windows and chunks only change the untraced
+    mask (full attention), a linear-attention or Mamba layer is itself."""
+    return "full_attention" if kind in ATTENTION_LAYER_TYPES else kind
 
 
 def checkpoint_every(checkpointing: bool | int | None) -> int | None:
@@ -237,43 +241,56 @@ def checkpointed_layers(every: int | None, layers: int) -> int:
     return 0 if every is None else math.ceil(layers / every)
 
 
-def _full_attention_copy(config, layers: int):
-    """`config` with `layers` layers of full attention: sliding windows and chunks only change the untraced mask."""
+def _kinds_copy(config, kinds: tuple):
+    """`config` with a layer of each of `kinds` (`traced_kind`)."""
     config = copy.deepcopy(config)
     text = config.get_text_config()
-    text.num_hidden_layers = layers
+    text.num_hidden_layers = len(kinds)
     if getattr(text, "layer_types", None):
-        text.layer_types = ["full_attention"] * layers
+        text.layer_types = list(kinds)
     return config
 
 
-def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
-    """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: each
-    checkpointing the plan weighs and each engine a refusal tries asks the same ones)."""
-    key = _full_attention_copy(config, 1)  # the traces set their own layer count
-    return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
+def layer_costs(config, tokens: int, checkpointed: bool, kind: str = "full_attention") -> tuple[int, int]:
+    """(rest, slope) of the backbone with layers of `kind`, every layer checkpointed or none: from traces of 1 and 2
+    full-attention layers, and for another kind of a full-attention layer followed by 1 and 2 of it (a hybrid may
+    refuse a model without attention: OLMo Hybrid). A slope is what each more layer keeps; the rest holds the largest
+    layer's passing peak (a checkpointed layer's recomputation) once. Kept: each checkpointing the plan weighs and
+    each engine a refusal tries asks the same."""
+    key = _kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False)  # the traces set their layers
+    if (key, tokens, checkpointed, kind) not in _COSTS:
+        one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
+        rest, slope = one - (two - one), two - one
+        if kind != "full_attention":
+            after = [_traced_peak(config, ("full_attention", *[kind] * n), tokens, checkpointed) for n in (1, 2)]
+            slope_full, slope = slope, after[1] - after[0]
+            rest = after[0] - slope_full - slope
+        _COSTS[key, tokens, checkpointed, kind] = rest, slope
+    return _COSTS[key, tokens, checkpointed, kind]
 
 
-@functools.cache  # unbounded: two ints per model, token count and checkpointing
-def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
-    config = config_class.from_dict(json.loads(config_json))
-    one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
-    return one - (two - one), two - one
+# Unbounded: two ints per model, layer kind, token count and checkpointing. Keyed by the config's text, traced from
+# the config itself: a JSON round trip fails some (Granite 4's time_step_limit holds an infinity).
+_COSTS: dict[tuple, tuple[int, int]] = {}
 
 
-def _combine(costs: dict[bool, tuple[int, int]], every: int | None, layers: int) -> int:
-    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False). Mixed: the
-    larger of the backward's start and the recomputation of the last checkpointed layer, once the plain layers after it
-    have freed theirs (equal to traces of the mixed model: tests/test_memory.py)."""
+def _combine(costs: dict[bool, tuple], every: int | None, layers: int) -> int:
+    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False), or of each
+    layer (lists, where the layers' kinds differ). Mixed: the larger of the backward's start and the recomputation of
+    each checkpointed layer, while the plain layers before it hold theirs (equal to traces of the mixed model:
+    tests/test_memory.py)."""
     kept = checkpointed_layers(every, layers)
+    each = lambda v: v if isinstance(v, list) else [v] * layers  # noqa: E731 - a layer's value from one for all
+    rests, slopes = {m: each(c[0]) for m, c in costs.items()}, {m: each(c[1]) for m, c in costs.items()}
     if kept in (0, layers):
-        rest, slope = costs[kept > 0]
-        return rest + layers * slope
-    (rest_c, slope_c), (rest_p, slope_p) = costs[True], costs[False]
-    last = every * (kept - 1)  # index of the last checkpointed layer; last + 1 - kept plain layers come before it
-    return max(
-        rest_p + kept * slope_c + (layers - kept) * slope_p, rest_c + kept * slope_c + (last + 1 - kept) * slope_p
+        return max(rests[kept > 0]) + sum(slopes[kept > 0])
+    held = sum(slopes[True][::every])  # transformers checkpoints layers 0, every, 2 x every, ...
+    plain = [i for i in range(layers) if i % every]
+    start = max(rests[False][i] for i in plain) + held + sum(slopes[False][i] for i in plain)
+    recomputed = (
+        rests[True][j] + held + sum(slopes[False][i] for i in plain if i < j) for j in range(0, layers, every)
     )
+    return max(start, *recomputed)
 
 
 TRACE_ATTENTION = "dpotrain_memory_plan"
@@ -297,12 +314,13 @@ def register_trace_attention() -> None:
     AttentionMaskInterface.register(TRACE_ATTENTION, flash_attention_mask)  # no mask without padding
 
 
-def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
-    """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
+def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool | int) -> int:
+    """The backbone's peak on fake tensors, without parameters: `layers` full-attention layers, or a layer of each
+    kind given; `checkpointing` False, True or every k-th layer."""
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
-    config = _full_attention_copy(config, layers)
+    config = _kinds_copy(config, ("full_attention",) * layers if isinstance(layers, int) else layers)
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(
