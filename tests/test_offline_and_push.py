@@ -796,6 +796,7 @@ def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(mo
         monkeypatch.setattr(module, name, False)  # restored after the job turns them on
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
     monkeypatch.setattr(offline, "SILENT", {})
+    monkeypatch.setattr(offline, "AGREED", {})  # a launch's answer left by an earlier run in this process
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)  # datasets follows HF_HUB_OFFLINE
     # The caches are set above, as a user's default ones are found: the printed command then names no HF_HOME (the
@@ -841,6 +842,7 @@ def test_a_silent_hub_keeps_datasets_online_where_the_user_set_hf_datasets_offli
         monkeypatch.setattr(module, name, False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
     monkeypatch.setattr(offline, "SILENT", {})
+    monkeypatch.setattr(offline, "AGREED", {})  # a launch's answer left by an earlier run in this process
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
     with contextlib.redirect_stderr(io.StringIO()):

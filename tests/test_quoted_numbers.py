@@ -43,12 +43,17 @@ QUOTES = [
         [("instruct", "7b", 4, 4), ("instruct", "7b", 8, 4)],
     ),
     # Long traces (sequence parallelism): a launch's further flags after its GPUs per node.
-    ("README.md", "that dry run plans ~{} GiB per GPU and is refused", [("think", "7b", 8, 8, *H100, *LONG_64K)]),
     (
         "README.md",
-        "With it: 64K traces on one node of 8 x H100, ~{} GiB per GPU",
-        [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)],
+        "64K traces, 7B, one node of 8 x H100: ~{} GiB per GPU (without the flag ~{}, refused",
+        [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4), ("think", "7b", 8, 8, *H100, *LONG_64K)],
     ),
+    (
+        "docs/sequence_parallel.md",
+        "Without the flag that dry run plans ~{} GiB per GPU and is refused",
+        [("think", "7b", 8, 8, *H100, *LONG_64K)],
+    ),
+    ("docs/sequence_parallel.md", "With it, ~{} GiB per GPU", [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)]),
     (
         "configs/think.yaml",
         "64K traces on one node of 8 x H100: --sequence_parallel_size 4 (~{} GiB per GPU",

@@ -294,6 +294,7 @@ def agree_on_hub(recipe) -> None:
     from dpotrain.cluster import collectives  # here: torch, which prefetch and the analyzer's refusals do not need
 
     asked, why = collectives.main_outcome(_ask_for_job, recipe)  # every rank in the collective, whatever it reads
+    AGREED.clear()  # a run before in this process (tests, a notebook) asked another Hub, or none
     if asked:
         AGREED["why"] = why
 
