@@ -343,16 +343,28 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
         sock.close()
         real()
     child = answer["pid"]
+
+    def forward(sig, _frame):
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass  # ended already: its status is on its way
+
     for sig in FORWARDED:
-        signal.signal(sig, lambda sig, _frame: os.kill(child, sig))
+        signal.signal(sig, forward)
     answer, _ = _recv(sock)
+    # The child has ended: a signal from now on (torchrun's agent stops the ranks left once one has ended) must not
+    # end this process otherwise than the child did. Python's teardown puts the default handlers back, so it is
+    # skipped: nothing of this process's own is left to flush.
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
     status = answer["status"] if answer else -1
     if status == -1 or os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status) if status != -1 else signal.SIGKILL
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two a process cannot handle (signal() raises EINVAL)
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
-    sys.exit(os.waitstatus_to_exitcode(status))
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":
