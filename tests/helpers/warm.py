@@ -328,12 +328,28 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
 
     if not args or args[0].startswith("-"):
         real()
+    # The signals this process started with ignored (a shell's background job: SIGINT; nohup: SIGHUP), which a
+    # fresh interpreter in its place would start with ignored too.
+    ignored = [int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]
+    # The others are forwarded from before the child exists (it may run, and be signalled by the test, before this
+    # process reads its id): one that comes first is sent on once the id is known.
+    child, pending = None, []
+
+    def forward(sig, _frame):
+        if child is None:
+            pending.append(sig)
+            return
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass  # ended already: its status is on its way
+
+    for sig in FORWARDED:
+        if int(sig) not in ignored:
+            signal.signal(sig, forward)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        # The signals this process started with ignored (a shell's background job: SIGINT; nohup: SIGHUP), which a
-        # fresh interpreter in its place would start with ignored too.
-        ignored = [int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]
         request = {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}
         _send(sock, request | {"ignored": ignored}, (0, 1, 2))
         answer, _ = _recv(sock)
@@ -341,17 +357,13 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
         answer = None
     if not answer or "pid" not in answer:
         sock.close()
-        real()
+        for sig in pending:  # as they would have ended the fresh interpreter started now
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        real()  # exec: the handlers set above go back to the defaults
     child = answer["pid"]
-
-    def forward(sig, _frame):
-        try:
-            os.kill(child, sig)
-        except ProcessLookupError:
-            pass  # ended already: its status is on its way
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    for sig in pending:
+        forward(sig, None)
     answer, _ = _recv(sock)
     # The child has ended: a signal from now on (torchrun's agent stops the ranks left once one has ended) must not
     # end this process otherwise than the child did. Python's teardown puts the default handlers back, so it is
