@@ -166,8 +166,7 @@ def check_reference(recipe: Recipe) -> None:
 
 
 def check_revisions(recipe: Recipe) -> None:
-    """A revision names a commit of a Hub repo, a configuration one of a Hub data set's: for a local model or data it
-    would be recorded and never read."""
+    """A model_revision or dataset_revision names a Hub commit: for a local model or data set, never read."""
     s = recipe.script
     model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if revision not in (None, "main") and model and not offline.is_hub_model(model):
@@ -186,8 +185,7 @@ def check_revisions(recipe: Recipe) -> None:
 
 
 def check_dataset_config(name: str | None, config: str | None) -> None:
-    """A configuration names one of a Hub data set's (or a folder's README `configs:`): a file or a data set saved by
-    save_to_disk has none, and datasets reads them without it."""
+    """A dataset_config for a file or a save_to_disk data set (which have none) would be read by nothing."""
     local = Path(name).expanduser() if name else None
     if config is None or local is None or not (local.is_file() or data_identity.saved(local)):
         return
@@ -276,8 +274,7 @@ INSTEAD = {
 
 
 def check_unread(recipe: Recipe) -> None:
-    """UNREAD fields at other values than their defaults; optim_target_modules for an optim that never reads it;
-    do_train false (the script always trains)."""
+    """UNREAD fields off their defaults, optim_target_modules for an optim that never reads it, do_train false."""
     from trl import DPOConfig
 
     t = recipe.training
@@ -378,8 +375,7 @@ EVAL_METRICS = (*pair_metrics.EVAL_LOGGED, "runtime", "samples_per_second", "ste
 
 
 def check_best_metric(recipe: Recipe) -> None:
-    """metric_for_best_model (and greater_is_better) pick the best checkpoint: without a checkpoint to pick, or a metric
-    the evaluation logs, refused."""
+    """metric_for_best_model (and greater_is_better) without a checkpoint to pick or a metric logged: refused."""
     t = recipe.training
     if "greater_is_better" in recipe.given and not t.metric_for_best_model:
         raise ConfigError(
@@ -529,7 +525,7 @@ def check_weights(model: str) -> None:
     except (OSError, ValueError):
         return  # the config's own load names what is wrong with it
     if isinstance(config, dict) and config.get("transformers_weights"):
-        return
+        return  # a config naming its own weights file: transformers checks it itself
     if isinstance(config, dict) and not config.get("architectures"):
         # TRL loads the model by the class its config names (create_model_from_path: `config.architectures[0]`, a
         # TypeError without one); a config written by `config.save_pretrained` alone names none.
@@ -903,6 +899,7 @@ def _wandb_host() -> str:
 
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):
         raise ConfigError(

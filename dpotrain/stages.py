@@ -153,8 +153,7 @@ def check_histories(output_dir: str) -> None:
 
 
 def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
-    """The run's outputs: reference cache writable, push token, W&B, output folder (resume, start afresh or refuse),
-    offline files. A dry run lists what the run would refuse instead of refusing, and goes on."""
+    """The run's outputs (reference cache, push token, W&B, output folder, offline files); a dry run lists refusals."""
     training, only_reference = recipe.training, recipe.project.reference_only
     # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run lists it
     refusals = [launch.engine.refused] if launch.dry_run and launch.engine.refused else []
@@ -288,8 +287,7 @@ def _check_held_out_kind(train, held) -> None:
 
 
 def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None) -> str | None:
-    """The training data's identity (None where it cannot be told), taken before and after the rows are read: a file
-    still being written would be trained on, and its lengths cached, as another's."""
+    """The training data's identity (None: unknown), read before and after the rows: a file being written is refused."""
     try:
         now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision)
     except (OSError, ValueError):
@@ -304,8 +302,7 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
 
 
 def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False):
-    """The training (or held-out) pairs, the invalid rows counted in `checked`: a mixture's sources, else
-    dataset_name's train (or test) split at `revision`."""
+    """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
@@ -454,7 +451,8 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
 
 
 def check_pads(pad_token: str | None, tokenizer) -> None:
-    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised only once the model had loaded."""
+    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised only once the model had loaded.
+    After the pairs' checks: plain text's says more of a missing EOS."""
     if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise ConfigError(
             f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
@@ -464,8 +462,7 @@ def check_pads(pad_token: str | None, tokenizer) -> None:
 
 
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
-    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed now
-    where the data set is loaded, capped at `positions`."""
+    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice (else analysed now, if loaded)."""
     p, dataset, truncation = recipe.project, pairs.train, recipe.training.truncation_mode
     dataset_id = pairs.dataset_id or _read_identity(recipe, launch, pairs.revision)
     if dataset_id is None:
@@ -492,7 +489,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
 
 def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
     """`max_length: auto`'s choice on a resume: the checkpoint's where the analyzer now chooses another (an upgrade),
-    said: the steps left are cut as the checkpoint's were."""
+    said: the steps left are cut as the checkpoint's were (a length no longer taken is refused by its checks)."""
     if output is None or not output.resume_from or not isinstance(auto.get("max_length"), int):
         return auto
     trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
@@ -628,8 +625,7 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
-    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. `model`:
-    `memory.model_config`'s (config, why not)."""
+    """The forward stage: from the pairs' lengths, among the forwards each machine can run; `model`: (config, why)."""
     config, why = model
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
@@ -709,8 +705,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
 def plan_memory(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, model: tuple
 ) -> MemoryPlan:
-    """The memory plan, once per run, for the recipe of this run (`as_run`), the forward and the engine: refused when
-    it cannot fit the GPU. `model`: `model_config`'s."""
+    """The memory plan, once per run, for this run's recipe, forward and engine: refused when it cannot fit the GPU."""
     attention = forward.planned.attention if forward.planned is not None else None
     run = as_run(recipe, launch, pairs, pair_lengths, forward)
     return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention, model=model))

@@ -52,14 +52,13 @@ def _inputs(example: dict) -> list[tuple[object, dict]]:
 
 
 def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int, int]:
-    """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
-    tokenize_fn; `shared`: the tokens the two completions share at their start; last, its first token's id."""
+    """`_split_lengths` of one split row, tokenized by the same calls as DPOTrainer's tokenize_fn."""
     return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for x, kw in _inputs(example)))
 
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int, int]:
-    """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part.
-    Last, the pair's first token as trained (-1: none), for `missing_bos`."""
+    """(prompt, chosen, rejected, shared, first) as TRL splits: the completion starts where the prompt and
+    prompt+completion part; `shared`: tokens both completions start with; `first`: the first token's id (-1: none)."""
     from trl.data_utils import common_prefix_length
 
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
@@ -269,8 +268,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
 
 
 def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: bool):
-    """A streaming data set, in blocks mapped as in-memory `Dataset`s: a stream larger than memory is never read far
-    ahead of the processes; a few numbers a row are kept."""
+    """A streaming data set, mapped in in-memory blocks: a stream larger than memory is never read far ahead."""
     from datasets import Dataset, concatenate_datasets
     from tqdm.auto import tqdm
 
@@ -602,8 +600,7 @@ def load_tokenizer(
     local_files_only: bool = False,
     trust_remote_code: bool = False,
 ):
-    """The tokenizer training uses (`builtin:` names built locally), with the recipe's chat template: every stage and
-    tool loads its tokenizer here, so all tokenize alike."""
+    """The tokenizer every stage and tool uses (`builtin:` built locally), with the recipe's chat template."""
     from transformers import AutoTokenizer
 
     if builtin.is_builtin(name_or_path):
@@ -737,8 +734,7 @@ def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tupl
 
 
 def _remove_killed_writes(at: Path) -> None:
-    """The temporaries a write of this key's files killed midway left (nothing else removes them); only those of this
-    host's writers that are gone: another rank may be writing this key now."""
+    """Removes what killed writes of this key left, of this host's gone writers only (another may be writing now)."""
     for path in remove_dead_temporaries(at.parent, [at.with_suffix(".npz").name, at.with_suffix(".json").name]):
         print(
             f"Removed {path}: left by a write to the length-analysis cache killed midway (its process is gone)",

@@ -430,8 +430,7 @@ ALIASES = {
 
 
 def _renamed(words: list[str]) -> tuple[list[str], bool]:
-    """`words` with each deprecated flag renamed, and whether max_length is `auto` (passed on as None: TRL's field
-    takes an int or None)."""
+    """`words` with each deprecated flag renamed, and whether max_length is `auto` (passed on to TRL as None)."""
     options, out, auto, it = _options(), [], False, iter(words)
     for w in it:
         flag, eq, value = w.partition("=")
@@ -591,8 +590,7 @@ MIXTURE_SPELLINGS = (
 
 
 def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
-    """The data the command line names replaces the recipe file's (in either spelling), not refused as two with no way
-    to remove the recipe's. Both named on the command line stay refused."""
+    """The data the command line names replaces the recipe file's, in either spelling (both on it stay refused)."""
     for trl, mixer, splits in MIXTURE_SPELLINGS:
         here = {trl, mixer} & on_command_line
         if here == {trl}:
@@ -787,7 +785,7 @@ LAUNCHER_FIELDS = frozenset({"accelerate_config", "dry_run", "json", "overwrite_
 
 
 def _check_finite(*parts) -> None:
-    """`inf` and `nan` parse as floats, which JSON records hold only as `Infinity`, refused by strict readers (jq)."""
+    """`inf` and `nan` parse as floats, which the JSON records would write as `Infinity`, refused by strict readers."""
 
     def numbers(value):  # a mapping's too (lr_scheduler_kwargs: {min_lr_rate: .nan}), and a list's
         if isinstance(value, dict):
@@ -835,8 +833,7 @@ TOKEN_FLAGS = ("--hub_token", "--hub-token")
 
 
 def without_secrets(argv: list[str], flags: tuple[str, ...] = TOKEN_FLAGS) -> tuple[str, ...]:
-    """The command line without a --hub_token and its value (a printed command must not carry the token). `flags`:
-    other flags dropped the same way."""
+    """The command line without a --hub_token (or other `flags`) and its value: a printed command shows no token."""
     value = {i + 1 for i, word in enumerate(argv) if word in flags}
     return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in flags)
 
@@ -863,8 +860,7 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
     kept = f" ({' '.join(keep)} keeps its {plural(replaced['pairs_per_step'], 'pair')} per step)" if keep else ""
     print(
         f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{plural(training.per_device_train_batch_size, 'pair')}, "
-        f"{training.gradient_accumulation_steps} per step and "
+        f"{plural(training.per_device_train_batch_size, 'pair')}, {training.gradient_accumulation_steps} per step and "
         f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
         file=sys.stderr,
     )
