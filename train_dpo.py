@@ -1,11 +1,7 @@
 """DPO post-training with OLMo 3's recipe: TRL's DPOTrainer under Accelerate + DeepSpeed ZeRO-2.
 
-    # the built-in CPU demo (tiny OLMo 3 model and bundled data, nothing downloads)
-    python train_dpo.py --config configs/smoke.yaml
-
-    # what a recipe resolves to on the launch in accelerate_config.yaml, without loading anything
-    python train_dpo.py --config configs/think.yaml --dry-run
-
+    python train_dpo.py --config configs/smoke.yaml  # the CPU demo: a tiny OLMo 3, bundled data, no download
+    python train_dpo.py --config configs/think.yaml --dry-run  # what a recipe resolves to, loading nothing
     # a real run on 4 GPUs (on Slurm: sbatch scripts/dpo_train.sh)
     accelerate launch --config_file accelerate_config.yaml train_dpo.py --config configs/think.yaml
 
@@ -43,25 +39,19 @@ with venv.loading_libraries():
 
 
 def main(argv=None) -> None:
-    # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
-    # Called by another program (a notebook, a script) with `argv`: the command a stop prints is this one's.
     command = None if argv is None else [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
-    stop = GracefulStop.from_env(command)
-    # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
-    # (a notebook's) started with them, and logged into this run's W&B run and folder. Imported, it gets its own back.
+    stop = GracefulStop.from_env(command)  # first: a stop while the model loads is kept; it prints `command`
+    # A run sets env variables (recipe env:, .env, W&B's run id): an importer gets its own back for its next run.
     with nullcontext() if __name__ == "__main__" else mock.patch.dict(os.environ):
         try:
             result = run(argv, stop)
             engine.end_processes()  # not after an error: a rank may still be in a collective the others left
             return result
         except Exception as e:  # any write of the run that did not fit: one line
-            full = disk_full.full_write(e)
-            if full is None:
+            if (full := disk_full.full_write(e)) is None:
                 raise
             raise disk_full.write_failed(*full) from None
-        finally:
-            # Run as the command, the process exits next: a late SIGTERM must not kill it (a FAILED job); imported,
-            # the caller gets its own handlers back.
+        finally:  # as the command, a late SIGTERM must not kill the exit (a FAILED job); imported: handlers back
             stop.release(exiting=__name__ == "__main__")
             run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
@@ -77,18 +67,15 @@ def run(argv, stop: GracefulStop) -> int | None:
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
-    # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
-    with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
+    with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
-        # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, launch.engine)
-        # The process group first (every timeout set): what the main process alone asks the Hub and W&B is every
-        # rank's answer (collectives.main_outcome), a refused push too, not the main's alone while the others wait.
+        # The process group first: what the main process asks the Hub and W&B becomes every rank's answer.
         state = None if launch.dry_run else engine.start_processes(recipe.training, launch.engine)
-        if state is not None:  # asked once for the job: a rank offline and another online read different files
+        if state is not None:  # once for the job: a rank offline and another online read different files
             offline.agree_on_hub(recipe)
         output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
         if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
@@ -100,26 +87,20 @@ def run(argv, stop: GracefulStop) -> int | None:
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, warnings, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
-    if output.finished_by:  # a requeue of the Slurm job that finished the run, after its end: its lock, left by the
-        # killed start, taken over and released
+    if output.finished_by:  # a requeue of the job that finished the run: its lock taken over and released
         print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
         return None
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
         return publish.complete_push(recipe, push, output.push_left, state)
-    # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
-    # The named one (--resume_from_checkpoint) is refused when damaged; a requeue's own newest falls back.
-    explicit = output.resume_from == recipe.training.resume_from_checkpoint
+    explicit = output.resume_from == recipe.training.resume_from_checkpoint  # damaged: refused, not fallen back
     output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
-    # Every rank decided the first half alone: compared now, before the old run's files go and the model loads.
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
-    # A stop asked while the data was read or the old run's files removed: honoured before the model loads. Not before
-    # the removal: the command printed to go on drops --overwrite_output_dir, and would have resumed the old run.
+    # After the removal: the command printed to go on drops --overwrite_output_dir, which would resume the old run.
     if stop.stop_before_training(state.device, "stopped before the model loaded"):
         return STOPPED_EXIT
-    # The ready run: the model loaded, its pairs tokenized, every step planned, the ranks agreed.
     ready = train_stage.build_run(spec, stop)
     outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request
     return ready.train(outcomes)  # its record, training, the final model saved and pushed (dpotrain/publish.py)

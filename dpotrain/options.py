@@ -1,6 +1,6 @@
 """Options TRL or transformers accept at parse time but fail on (or ignore) only after the model loaded: refused here.
 
-Each check was found by running the option on the built-in model; README "Refused before anything loads" lists them.
+README "Refused before anything loads" lists them.
 """
 
 import dataclasses
@@ -22,9 +22,7 @@ from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_referenc
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, pair_metrics, resume
 
-# The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
-# below the project's cache take less than this many bytes.
-ROOM_INSIDE = 256
+ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
 
 
@@ -127,10 +125,9 @@ SWITCHED_SETTINGS = (
 
 
 def check_switched_off(recipe: Recipe) -> None:
-    """A setting of a feature that is off would be recorded as the run's and never read: refused where the recipe or
-    the command line gives it, but not a recipe file's where the command line turns the feature off for one run (the
-    settings unused, the record saying the feature is off); nor `health_action` where a guard stopped the run in
-    output_dir, since the rerun reads it to go on or not whatever health_checks says (`resume.after_health_stop`)."""
+    """A setting of a feature that is off would be recorded and never read: refused, but not a recipe file's where the
+    command line turns the feature off for one run; nor `health_action` after a guard stopped the run in output_dir
+    (the rerun reads it: `resume.after_health_stop`)."""
     p, on_command_line = recipe.project, config.fields_set(recipe.command_line)
     stopped = (Path(recipe.training.output_dir) / resume.HEALTH_STOP).is_file()
     for switch, off, fix, settings in SWITCHED_SETTINGS:
@@ -138,8 +135,7 @@ def check_switched_off(recipe: Recipe) -> None:
         named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
         if not getattr(p, switch) and named:
             raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
-    # transformers' switch, either spelling (config.ALIASES): where it was false its kwargs (every_n_layers,
-    # use_reentrant) were recorded in resolved_config.json and read by nothing, no layer checkpointed
+    # transformers' switch, either spelling (config.ALIASES): off, its kwargs are read by nothing
     switch = {"activation_checkpointing", "gradient_checkpointing"} & on_command_line
     given = {config.ALIASES.get(f, f) for f in (on_command_line if switch else recipe.given)}
     if not recipe.training.activation_checkpointing and "activation_checkpointing_kwargs" in given:
@@ -150,8 +146,7 @@ def check_switched_off(recipe: Recipe) -> None:
 
 
 def check_reference(recipe: Recipe) -> None:
-    """The reference's options that cannot work together; `reference_only` with a live reference model loaded the
-    model, scored nothing and exited 0."""
+    """The reference's options that cannot work together (`reference_only` with a live reference scored nothing)."""
     t = recipe.training
     if t.sync_ref_model and recipe.model.use_peft:
         raise ConfigError(
@@ -171,8 +166,7 @@ def check_reference(recipe: Recipe) -> None:
 
 
 def check_revisions(recipe: Recipe) -> None:
-    """A revision names a commit of a Hub repo, a configuration one of a Hub data set's: for a local model folder or
-    data file (or the built-in model) it would be recorded and never read."""
+    """A model_revision or dataset_revision names a Hub commit: for a local model or data set, never read."""
     s = recipe.script
     model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if revision not in (None, "main") and model and not offline.is_hub_model(model):
@@ -191,8 +185,7 @@ def check_revisions(recipe: Recipe) -> None:
 
 
 def check_dataset_config(name: str | None, config: str | None) -> None:
-    """A configuration names one of a Hub data set's (or of a folder's, in its README's `configs:`): a file or a data
-    set saved by save_to_disk has none, and datasets reads them without it (it was recorded and read by nothing)."""
+    """A dataset_config for a file or a save_to_disk data set (which have none) would be read by nothing."""
     local = Path(name).expanduser() if name else None
     if config is None or local is None or not (local.is_file() or data_identity.saved(local)):
         return
@@ -204,8 +197,7 @@ def check_dataset_config(name: str | None, config: str | None) -> None:
 
 
 def check_streaming(recipe, where: str = "") -> None:
-    """The run refuses a streamed data set, and so does the analyzer for the recipe it reads (`where`: the recipe's
-    path): its max_length recommended for a recipe the run refuses."""
+    """The run refuses a streamed data set, and so does the analyzer for the recipe it reads (`where`: its path)."""
     # TRL's two names for it (streaming is its mixture field: a mixture refuses it first, in mixture.parse)
     given = (("dataset_streaming", recipe.script.dataset_streaming), ("streaming", recipe.project.streaming))
     for name, value in given:
@@ -218,8 +210,7 @@ def check_streaming(recipe, where: str = "") -> None:
 
 def check_engine_switches(t) -> None:
     """TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: the run
-    would run another engine than planned and recorded, without its checks (ZeRO-3 through --deepspeed ended at the
-    model load in a traceback, --fsdp on one process at the trainer's start)."""
+    would run another engine than planned and recorded, without its checks."""
     switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
     if switched:
         raise ConfigError(
@@ -238,8 +229,7 @@ _NO_METRICS = (
     "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss and the reward metrics"
 )
 # TrainingArguments fields read only by code this project replaces (Trainer.compute_loss, its data loaders, evaluation
-# outside training, its stop on SIGTERM), each with what the run does instead: a value other than the default was
-# recorded and never applied (`--label_smoothing_factor 0.1` trained without smoothing).
+# outside training, its stop on SIGTERM), each with what the run does instead.
 UNREAD = {
     "label_smoothing_factor": "transformers' label smoother runs in Trainer.compute_loss, which DPO's loss replaces",
     "average_tokens_across_devices": (
@@ -263,8 +253,7 @@ UNREAD = {
     "replaces both (a pair's labels are its completions)",
 }
 _OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
-# accelerator_config keys at other values than their defaults: dispatch_batches and split_batches ended the run in a
-# traceback after the model loaded, the sampler settings were read by nothing, and accumulation kwargs trained NaN.
+# accelerator_config keys at other values than their defaults: failed after the model loaded, or read by nothing
 ACCELERATOR_UNREAD = {
     "split_batches": (False, _OWN_LOADER + "loader does not split again"),
     "dispatch_batches": (None, _OWN_LOADER + "loader does not dispatch from the first process"),
@@ -285,8 +274,7 @@ INSTEAD = {
 
 
 def check_unread(recipe: Recipe) -> None:
-    """UNREAD fields at other values than their defaults; optim_target_modules for an optim that never reads it (only
-    GaLore's and APOLLO's do); do_train false, which the script (always training) never read."""
+    """UNREAD fields off their defaults, optim_target_modules for an optim that never reads it, do_train false."""
     from trl import DPOConfig
 
     t = recipe.training
@@ -323,9 +311,7 @@ def check_unread(recipe: Recipe) -> None:
         )
 
 
-# TrainingArguments fields only an evaluation reads, at any value: the Trainer judges an evaluation's metrics by the
-# first two (the best checkpoint, kept from rotation: without one, trainer_state.json's best_metric stayed null while
-# the record said which metric picked the best); its evaluation loop reads the others.
+# TrainingArguments fields only an evaluation reads, at any value (the first two judge the best checkpoint)
 EVAL_ONLY = (
     "metric_for_best_model",
     "greater_is_better",
@@ -340,8 +326,7 @@ EVAL_ONLY = (
 
 def check_evaluation(recipe: Recipe) -> None:
     """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none).
-    Without eval_strategy, what only evaluation reads is refused: it would be ignored (`eval_on_start`: a traceback
-    after the reference stage)."""
+    Without eval_strategy, what only evaluation reads is refused: it would be ignored."""
     t, s = recipe.training, recipe.script
     if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
         raise ConfigError(LOAD_BEST_REFUSED)
@@ -390,9 +375,7 @@ EVAL_METRICS = (*pair_metrics.EVAL_LOGGED, "runtime", "samples_per_second", "ste
 
 
 def check_best_metric(recipe: Recipe) -> None:
-    """With evaluation, the Trainer reads metric_for_best_model (and greater_is_better) to find the best checkpoint,
-    which the rotation keeps (checkpoints.rotate) and trainer_state.json names: without a checkpoint to pick, or without
-    the metric to judge by, they would be recorded and read by nothing."""
+    """metric_for_best_model (and greater_is_better) without a checkpoint to pick or a metric logged: refused."""
     t = recipe.training
     if "greater_is_better" in recipe.given and not t.metric_for_best_model:
         raise ConfigError(
@@ -402,8 +385,7 @@ def check_best_metric(recipe: Recipe) -> None:
         )
     metric = t.metric_for_best_model
     if metric and metric.removeprefix("eval_") not in EVAL_METRICS:
-        # transformers looks it up in each evaluation's metrics: a KeyError at the first one, after the model had
-        # loaded, the reference was scored and the steps before it trained
+        # transformers looks it up in each evaluation's metrics: a KeyError at the first one
         raise ConfigError(
             f"metric_for_best_model {metric!r} is not a metric the evaluation logs: choose one of "
             f"{', '.join('eval_' + m for m in EVAL_METRICS)} (the recipes' choice would be eval_loss)"
@@ -417,9 +399,8 @@ def check_best_metric(recipe: Recipe) -> None:
 
 
 def check_saving(recipe: Recipe) -> None:
-    """Checkpoints a resume can use: `save_steps 0` (a fraction of the steps, to transformers) saves none until the end,
-    `save_only_model` saves ones without the optimizer's state, `ignore_data_skip` resumes on other batches.
-    `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
+    """Checkpoints a resume can use: refused `save_steps 0`, `save_only_model`, `ignore_data_skip`. `save_strategy no`
+    is a choice, said once at start where a job may be preempted."""
     t = recipe.training
     strategy = _named(t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
@@ -428,9 +409,7 @@ def check_saving(recipe: Recipe) -> None:
             "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
-    # transformers reads save_steps under `steps` only; a recipe file's is unused where the command line changes the
-    # strategy for one run (as `check_switched_off`), and the record's save_strategy says how it saved. Under `no`
-    # nothing is saved by any count (a base command with `--save_strategy no` added is a usual way to turn it off).
+    # save_steps is read under `steps` only; a recipe file's is allowed where the command line changes the strategy
     on_command_line = config.fields_set(recipe.command_line)
     given = on_command_line if "save_strategy" in on_command_line else recipe.given
     if strategy in ("epoch", "best") and "save_steps" in given:
@@ -439,7 +418,6 @@ def check_saving(recipe: Recipe) -> None:
             "save_steps, or pass --save_strategy steps"
         )
     if strategy == "best" and (not t.metric_for_best_model or t.eval_strategy == "no"):
-        # no metric: transformers' ValueError once the model had loaded; no evaluation: no metric, so no checkpoint
         missing = "metric_for_best_model" if not t.metric_for_best_model else "evaluation (eval_strategy no)"
         raise ConfigError(
             f"save_strategy best saves a checkpoint when an evaluation's metric_for_best_model improves, and this run "
@@ -467,8 +445,7 @@ def check_saving(recipe: Recipe) -> None:
 
 
 def check_path_limits(recipe: Recipe) -> None:
-    """Paths past their file system's limits (writes.check_path_limit); the folders the run writes in need ROOM_INSIDE
-    bytes more."""
+    """Paths past their file system's limits; the folders the run writes in need ROOM_INSIDE bytes more."""
     from dpotrain.data.lengths import cache_root
 
     t, p, values = recipe.training, recipe.project, mixture.fields_of(recipe)
@@ -525,8 +502,7 @@ def check_model(model: str) -> None:
         )
 
 
-# The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils); a config may name
-# its own file (`transformers_weights`), which transformers then checks itself.
+# The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils)
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -536,10 +512,8 @@ WEIGHT_FILES = (
 
 
 def check_weights(model: str) -> None:
-    """A model folder without its weights, or with shards its index lists missing (a copy cut short), or whose config
-    names no class, fails in from_pretrained with a traceback: refused before the model loads. A run checks it after its
-    first half (train_dpo.run), so that what the first half refuses is said first, as a dry run (which plans from a
-    config alone, configs/models/) says it."""
+    """A model folder without its weights, missing shards its index lists, or whose config names no class: refused
+    before the model loads (after the first half, so that its refusals come first, as in a dry run)."""
     from dpotrain.data.lengths import check_tokenizer_folder
 
     path = Path(model).expanduser()
@@ -551,7 +525,7 @@ def check_weights(model: str) -> None:
     except (OSError, ValueError):
         return  # the config's own load names what is wrong with it
     if isinstance(config, dict) and config.get("transformers_weights"):
-        return
+        return  # a config naming its own weights file: transformers checks it itself
     if isinstance(config, dict) and not config.get("architectures"):
         # TRL loads the model by the class its config names (create_model_from_path: `config.architectures[0]`, a
         # TypeError without one); a config written by `config.save_pretrained` alone names none.
@@ -582,8 +556,7 @@ def check_weights(model: str) -> None:
 
 
 def check_generates(config, model: str) -> None:
-    """TRL loads the class a config names (`architectures[0]`): a reward model, or a model without its language-model
-    head, loaded as such and stopped in a traceback once loaded (its head new, at random)."""
+    """TRL loads the class a config names (`architectures[0]`): a reward or base model failed once loaded."""
     from transformers.models.auto import modeling_auto as auto
 
     def classes(*mappings) -> set[str]:  # a mapping's value: a class name, or a tuple of them
@@ -607,8 +580,7 @@ def check_generates(config, model: str) -> None:
 
 
 def check_logging(recipe: Recipe) -> None:
-    """The health guards judge logged steps: with logging_strategy no they would see step 1 alone (a NaN loss after it
-    would train on to a finished run)."""
+    """The health guards judge logged steps: with logging_strategy no they would see step 1 alone."""
     t = recipe.training
     if t.logging_strategy == "no" and recipe.project.health_checks:
         raise ConfigError(
@@ -621,8 +593,7 @@ def check_logging(recipe: Recipe) -> None:
             "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
             "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false"
         )
-    # transformers reads a value below 1 as a fraction of the run, rounded up: a negative one logged (evaluated) at
-    # multiples of -max_steps, or at a ZeroDivisionError after step 1 once the model had loaded (-0.01 of 48 steps is 0)
+    # transformers reads a value below 1 as a fraction of the run: a negative one misfired or divided by zero
     for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):
         value = getattr(t, name)
         if strategy == "steps" and value is not None and value < 0:
@@ -637,8 +608,7 @@ def check_logging(recipe: Recipe) -> None:
             "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
             "remove include_num_input_tokens_seen"
         )
-    # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
-    # there, one whose package is not installed (tensorboard) its callback's RuntimeError
+    # transformers builds the loggers after the model has loaded
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     for name in t.report_to or []:
@@ -655,9 +625,8 @@ def check_logging(recipe: Recipe) -> None:
 
 
 def reporting_available(name: str) -> bool:
-    """Whether the logger `name` starts, as its callback checks when the trainer builds it: transformers' list of
-    available integrations never holds flyte, nor azure_ml where mlflow is installed, nor comet_ml without an API key
-    (COMET_MODE=offline needs none), though their callbacks start."""
+    """Whether the logger `name` starts, as its callback checks: transformers' list of available integrations misses
+    flyte, azure_ml beside mlflow and comet_ml without an API key, though their callbacks start."""
     from transformers.integrations import integration_utils as loggers
 
     checked_alone = {
@@ -670,8 +639,7 @@ def reporting_available(name: str) -> bool:
 
 def check_optimizer(t) -> None:
     """The optimizer and scheduler the trainer builds once the model has loaded, built here on one parameter by
-    transformers' own calls (`--adam_beta2 1`, or cosine_with_min_lr without its kwargs, were a traceback there). A
-    negative weight_decay too: torch checks it in the constructor, not in the parameter group the trainer puts it in."""
+    transformers' own calls. weight_decay too: torch checks it in the constructor, not in a parameter group."""
     if t.weight_decay < 0:
         raise ConfigError(
             f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "
@@ -684,7 +652,6 @@ def check_optimizer(t) -> None:
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
     except (ImportError, ValueError) as e:
         if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
-            # bitsandbytes, torchao, galore_torch, ...: the trainer's ImportError once the model had loaded
             raise ConfigError(
                 f"optim {_named(t.optim)} needs a package that is not installed here ({errors.cause(e)}): "
                 "install it, or choose another optim (the recipes use adamw_torch_fused)"
@@ -694,8 +661,7 @@ def check_optimizer(t) -> None:
         return
     ignored = _ignored_optim_args(t) if t.optim_args else []
     if ignored:
-        # transformers passes optim_args to some optimizers only (sgd, adagrad, rmsprop, anyprecision, ademamix, galore,
-        # ...): `--optim_args momentum=0.9` with the default AdamW was recorded and trained without
+        # transformers passes optim_args to some optimizers only (not AdamW)
         adam = (
             " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
         )
@@ -708,7 +674,7 @@ def check_optimizer(t) -> None:
             f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
             f"optim_args{adam}, or choose an optim that reads it"
         )
-    # How it runs (fused, foreach kernels) is the device's, not the recipe's: this one parameter is on the CPU.
+    # How it runs (fused, foreach kernels) is the device's: this one parameter is on the CPU
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
     try:
         optimizer = optimizer_cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
@@ -720,8 +686,7 @@ def check_optimizer(t) -> None:
     except Exception:  # noqa: BLE001 - one that needs a GPU or the model to be built: the trainer decides
         return
     try:
-        # One build for both checks, on the run `_check_schedule` walks: a schedule refuses its kwargs as it is built,
-        # reading them and its multiplier at step 0 (in warm-up), whatever the run's length.
+        # One build for both checks, on the run `_check_schedule` walks; it refuses bad kwargs as it is built
         scheduler = get_scheduler(
             t.lr_scheduler_type,
             optimizer,
@@ -739,9 +704,8 @@ def check_optimizer(t) -> None:
 
 
 def _check_warmup(t, scheduler) -> None:
-    """transformers builds `constant` and `reduce_lr_on_plateau` without num_warmup_steps: `--lr_scheduler_type
-    constant` under a recipe's warmup_steps 0.1 trained at the full rate from step 1, while the dry run, the record and
-    the card counted its warm-up steps. A schedule that warms up starts below learning_rate (the walk's step 0)."""
+    """transformers builds `constant` and `reduce_lr_on_plateau` without warm-up, while the record counts warmup_steps.
+    A schedule that warms up starts below learning_rate (the walk's step 0)."""
     if not t.warmup_steps:
         return
     multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]
@@ -758,17 +722,14 @@ def _check_warmup(t, scheduler) -> None:
     )
 
 
-# The run the schedule is walked over (`_check_schedule`): 10% warm-up, the multiplier read at each 1,000th of it. Its
-# step counts are not the run's: kwargs that count steps themselves make another shape on it, so they are not walked.
+# The run the schedule is walked over: 10% warm-up, read at each 1,000th; kwargs that count steps are not walked
 WALKED_STEPS, WALKED_WARMUP, WALKED_POINTS = 1_000_000, 100_000, 1_000
 COUNTS_STEPS = ("num_decay_steps", "num_stable_steps", "timescale")
 
 
 def _check_schedule(t, scheduler) -> None:
-    """The schedule's multiplier of learning_rate over a whole run, as the trainer's scheduler computes it at each step:
-    `lr_scheduler_kwargs` of the wrong type or value build, then fail or mislead after warm-up (`{"num_cycles": "a"}`
-    a traceback, `{"power": -1}` a rate past learning_rate, `{"min_lr": -1}` one at 0 from early on). Every transformers
-    schedule keeps it in [0, 1] (learning_rate is the peak), at 0 for no stretch of the run before its end."""
+    """The schedule's multiplier of learning_rate over a whole run: `lr_scheduler_kwargs` of the wrong type or value
+    build, then fail or mislead after warm-up. It must stay in [0, 1], and not at 0 for a stretch before the end."""
     kwargs = t.lr_scheduler_kwargs or {}
     if not isinstance(kwargs, dict) or set(kwargs) & set(COUNTS_STEPS):
         return
@@ -801,8 +762,7 @@ def _check_schedule(t, scheduler) -> None:
         )
 
 
-# Numbers the parsers take and the run fails on, or misreads, only once the model has loaded: each field, the smallest
-# value it means something at, and what a smaller one did.
+# Numbers the run fails on or misreads once the model has loaded: each field, its smallest value, what a smaller did
 AT_LEAST = {
     "dataloader_num_workers": (
         0,
@@ -826,7 +786,6 @@ def check_ranges(recipe: Recipe) -> None:
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least} (got {value}): {why}")
     if p.gpu_peak_tflops is not None and p.gpu_peak_tflops <= 0:
-        # 0 was recorded and the GPU's own peak used (flops.peak_tflops takes 0 for unset); below 0, a negative MFU
         raise ConfigError(
             f"gpu_peak_tflops must be > 0 (got {p.gpu_peak_tflops:g}): the GPU's dense bf16 peak in TFLOP/s (an H100: "
             "989), or remove it for the peak of the GPU the run finds"
@@ -841,8 +800,8 @@ def check_ranges(recipe: Recipe) -> None:
 
 
 def _ignored_optim_args(t) -> list[str]:
-    """The keys of the recipe's optim_args that the optimizer does not read: with the key alone at other values,
-    transformers builds what it builds without it (not at the recipe's values: ademamix's alpha=5.0 is its default)."""
+    """The keys of the recipe's optim_args that the optimizer does not read: at probe values (not the recipe's, which
+    may be the default), transformers builds what it builds without the key."""
     without = _built_with(t, None)
     if without is None:  # built only with them: every key may be read
         return []
@@ -884,8 +843,7 @@ def check_max_length(t) -> None:
 
 
 def check_precision(recipe: Recipe) -> None:
-    """fp16 on a machine without a CUDA GPU: accelerate then trains in fp32 while `fp16: true` stays in the record.
-    Refused for a run (a dry run plans a GPU job, often on a login node without one)."""
+    """fp16 without a CUDA GPU trains in fp32 while the record says fp16: refused for a run (not a dry run)."""
     t = recipe.training
     if not t.fp16:
         return
@@ -898,8 +856,7 @@ def check_precision(recipe: Recipe) -> None:
         )
 
 
-# model_init_kwargs keys that the run decides from its own fields (the forward stage's attention, the load dtype, the
-# pinned revision), plans by and records: given here they would win over them at load time (`training_arguments`).
+# model_init_kwargs keys the run decides from its own fields, plans by and records: they would win at load time
 DECIDED_INIT_KWARGS = {
     "dtype": "dtype",
     "torch_dtype": "dtype",
@@ -909,8 +866,7 @@ DECIDED_INIT_KWARGS = {
 
 
 def check_init_kwargs(recipe: Recipe) -> None:
-    """`model_init_kwargs: {dtype: bfloat16}` loaded the model in bf16 while the dry run, the memory plan, the reference
-    cache's record and resolved_config.json's `dtype` said float32 (attention and revision alike): refused."""
+    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded)."""
     kwargs = recipe.training.model_init_kwargs or {}
     for key, field in DECIDED_INIT_KWARGS.items():
         if key in kwargs:
@@ -927,9 +883,8 @@ def _wandb_online(recipe: Recipe) -> bool:
 
 
 def _wandb_host() -> str:
-    """The W&B server a run logs to, as wandb resolves it: WANDB_BASE_URL, else `wandb login --host`'s (kept in its
-    settings file), else wandb's default (api.forge.coreweave.com in the wandb of requirements.txt: the server `wandb
-    login` writes a key to ~/.netrc for, where one for api.wandb.ai alone was looked for)."""
+    """The W&B server a run logs to, as wandb resolves it: WANDB_BASE_URL, else `wandb login --host`'s, else wandb's
+    default (api.forge.coreweave.com in the wandb of requirements.txt, where `wandb login` writes ~/.netrc's key)."""
     if url := os.environ.get("WANDB_BASE_URL"):
         return url
     try:
@@ -944,7 +899,7 @@ def _wandb_host() -> str:
 
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
-    # Older guides' switch, read by neither transformers 5 nor wandb: with a login, the run logged to W&B's server.
+    # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):
         raise ConfigError(
@@ -968,8 +923,8 @@ def check_wandb(recipe: Recipe) -> None:
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
-    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, then
-    fails with the model loaded). One HEAD request through wandb's proxy settings; any HTTP status is an answer."""
+    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes). One HEAD
+    request through wandb's proxy settings; any HTTP status is an answer."""
     if not _wandb_online(recipe):
         return
     from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within

@@ -1,9 +1,7 @@
-"""The run's first half, as its stages: checks -> data -> lengths -> forward -> plan -> memory. Each stage takes
-what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary format them.
+"""The run's first half: checks -> data -> lengths -> forward -> plan -> memory, each stage a value the next takes.
 
-A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the same functions, deciding
-the same way, with its launch planned from the recipe's accelerate config (`Launch`) and local files only (what
-depends on a Hub data set or model is recorded as decided at start, with the command that decides it now).
+A dry run is this first half alone, before a model weight loads, its launch planned from the recipe's accelerate
+config and local files only (what needs the Hub is recorded as decided at start, with the command that decides it now).
 """
 
 import copy
@@ -42,8 +40,7 @@ from dpotrain.train import health, lora, metrics, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
-# The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does. The
-# data set's revision too: its lengths are kept per commit, so the lengths of main would leave this run's unmeasured.
+# The analyzer's flags that change what it measures (the revision too: its lengths are cached per commit)
 ANALYZER_FIELDS = """
     model_name_or_path dataset_name dataset_train_split dataset_config dataset_revision hh_format auto_coverage
     chat_template_path
@@ -51,8 +48,7 @@ ANALYZER_FIELDS = """
 
 
 def analyze_command(recipe) -> str:
-    """The analyzer's command that measures what this run will train: the recipe (the analyzer parses it as the run
-    does), and the command line's values of the fields it measures with (the recipe's model may not be here)."""
+    """The analyzer's command that measures what this run will train: the recipe, and the command line's overrides."""
     words = ["python", venv.project_file("scripts/analyze_dataset.py")]
     words += ["--config", recipe.config_path] if recipe.config_path else []
     values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
@@ -108,9 +104,7 @@ def decide_launch(recipe) -> Launch:
     cuda, t = torch.cuda.is_available(), recipe.training
     if cuda and not t.use_cpu:  # before the process group: two ranks on one GPU fail only at NCCL's first collective
         engine.check_processes_per_node(run_engine.gpus_per_node, torch.cuda.device_count())
-    # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
-    # A dry run plans the job where it runs (a GPU job's on GPUs); a run is where it is
     planned = engine.as_it_runs(planned, world, on_gpus=(cuda and not t.use_cpu) or (dry_run and gpu_job))
     if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
         machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
@@ -140,8 +134,7 @@ def checks(recipe) -> Launch:
 
 
 def data_folders(recipe) -> list[str]:
-    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files (a
-    builder's, `path: json`, is its data_dir)."""
+    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files."""
     values = mixture.fields_of(recipe)
     whole = [s for evaluation in (False, True) for s in mixture.parse(values, evaluation) or [] if not s.data_files]
     folders = [s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "") for s in whole]
@@ -149,9 +142,8 @@ def data_folders(recipe) -> list[str]:
 
 
 def check_histories(output_dir: str) -> None:
-    """The records a resume trims at its first logged step (metrics.jsonl, samples.jsonl): a line changed by hand is
-    refused now, in its one line, not after the model has loaded. One the run's record does not name is a person's,
-    moved aside as the run starts (`output_folder.start`), never read."""
+    """The records a resume trims (metrics.jsonl, samples.jsonl), read now: a line changed by hand is refused before
+    the model loads. One the run's manifest does not name is a person's, moved aside, never read."""
     own = output_folder.read_manifest(Path(output_dir))
     for name in [n for n in (metrics.METRICS_FILE, samples.SAMPLES_FILE) if own is None or n in own]:
         try:
@@ -161,11 +153,9 @@ def check_histories(output_dir: str) -> None:
 
 
 def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
-    """The run's outputs: reference cache writable, push token, W&B, output folder (resume, start afresh or refuse),
-    offline files. The Hub's write-access check asks the network: the run makes it once, on its main process. A dry
-    run lists what the run would refuse (a missing login, its output folder) instead of refusing, and goes on."""
+    """The run's outputs (reference cache, push token, W&B, output folder, offline files); a dry run lists refusals."""
     training, only_reference = recipe.training, recipe.project.reference_only
-    # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run can only leave it unplanned, and says so.
+    # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run lists it
     refusals = [launch.engine.refused] if launch.dry_run and launch.engine.refused else []
 
     def check(step, *args):
@@ -182,8 +172,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         listed = len(refusals)
         check(output_folder.check, training.output_dir, not launch.dry_run)
-        # A dry run goes on past a refusal, but not into a folder refused as such: the run stops there, and reading
-        # inside a file listed "<file>/run_files.json is unreadable (NotADirectoryError)" after "is a file".
+        # A dry run goes on past a refusal, but reads nothing inside a folder refused (a file: NotADirectoryError)
         folder_refused = len(refusals) > listed
     if not uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
@@ -198,10 +187,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
         if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
             check(check_histories, training.output_dir)
-        # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
-        # that push started on, and nothing else (a check here would create an empty repo named after the command).
-        if push.requested and not launch.dry_run and decision.trains:  # now, not after training; user/name
-            # Asked by the main process; its answer (a refusal too) is every rank's, the repo's full name with it.
+        # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
+        if push.requested and not launch.dry_run and decision.trains:
             push.repo_id = collectives.main_outcome(claim_repo, push)
     kept = None if decision.start_afresh or not decision.trains else hub_revision.kept(recipe, training.output_dir)
     if kept and launcher.launched_main():
@@ -211,7 +198,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     check(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
-    # a person's checkpoint-N where the run would save its own
     if not only_reference and decision.trains and not folder_refused:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
@@ -246,8 +232,7 @@ class Data:
 
 def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDecision | None = None) -> Data:
     """The data set (or a mixture's sources) loaded and every row checked before a model loads. A dry run leaves a
-    Hub data set for the run (a mixture's Hub sources it reads: their counts are what it reports). `output`: a
-    continued run loads the commit it started on."""
+    Hub data set for the run, but reads a mixture's. `output`: a continued run loads the commit it started on."""
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
@@ -256,7 +241,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         return Data(None, None, steps, revision=revision)
     if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
-    if launch.dry_run and mixed:  # offline, an uncached source was "Couldn't reach ... (OfflineModeIsEnabled)"
+    if launch.dry_run and mixed:  # offline, an uncached source: the run's refusal, not datasets' OfflineModeIsEnabled
         offline.check_offline_artifacts(recipe, model=False)  # the run's refusal, with the prefetch command
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
@@ -283,8 +268,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
         pairs = launch.batch.pairs_per_step
         resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
-    if output is not None and recipe.training.max_steps <= 0:  # num_train_epochs: the run's steps, counted only now
-        # on the pairs the checkpoint's run kept (the rows counted a step more where max_length drops some)
+    if output is not None and recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
         kept = resolve.kept_pairs(output.resume_from, len(dataset))
         total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
@@ -292,8 +276,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
 
 
 def _check_held_out_kind(train, held) -> None:
-    """Held-out pairs are read as the training pairs are, chat template or none (as a mixture's sources): evaluated
-    otherwise, their loss and accuracy would be of another input than the model trains on."""
+    """Held-out pairs are read as the training pairs are, chat template or none: else their loss is of another input."""
     kinds = [isinstance(d[0]["chosen"], list) if len(d) else None for d in (train, held)]
     if None not in kinds and kinds[0] != kinds[1]:
         name = {True: "message lists", False: "plain text"}
@@ -304,9 +287,7 @@ def _check_held_out_kind(train, held) -> None:
 
 
 def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None) -> str | None:
-    """The training data's identity (`mixture.dataset_id`; None where it cannot be told), taken before and after the
-    rows are read: a file written meanwhile (a generation job not done) would be trained on as another's, and its
-    lengths cached as the file's."""
+    """The training data's identity (None: unknown), read before and after the rows: a file being written is refused."""
     try:
         now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision)
     except (OSError, ValueError):
@@ -321,8 +302,7 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
 
 
 def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False):
-    """The training (or held-out) pairs, the invalid rows counted in `checked`: a mixture's sources, each read in its
-    shape and checked, its rows taken by the seed; else dataset_name's train (or test) split at `revision`."""
+    """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
@@ -344,10 +324,8 @@ def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, s
 
 
 class ModelTokenizer:
-    """The model's tokenizer, loaded on its first use and kept: the data stage checks message pairs' answers against
-    it (chat_template.answer_problem; a dry run where it is on this machine, a run asks the Hub first), and the
-    lengths stage measures the pairs with it (`_lengths_tokenizer`) instead of loading it again, seconds on a login
-    node. Called, it gives the tokenizer, or None where a dry run cannot load it (`loaded` says why)."""
+    """The model's tokenizer, loaded once on first use: the data stage checks answers with it, the lengths stage
+    measures with it. Called, it gives the tokenizer, or None where a dry run cannot load it (`loaded` says why)."""
 
     def __init__(self, recipe, launch: Launch):
         self.recipe, self.launch = recipe, launch
@@ -355,8 +333,7 @@ class ModelTokenizer:
 
     @functools.cached_property
     def source(self) -> str | None:
-        """Where it loads from: the model's name or folder; a built-in model's folder once built, else None (its
-        tokenizer alone is built: a bad row is refused before any model is built)."""
+        """The model's name or folder; a built-in model's folder once built, else None (only its tokenizer built)."""
         name = self.recipe.model.model_name_or_path
         if not builtin.is_builtin(name):
             return name
@@ -377,8 +354,7 @@ class ModelTokenizer:
         return self.loaded[0]
 
     def saved_in(self, path: str) -> None:
-        """The built-in model's folder now holds the tokenizer built for the row check: the lengths stage measures
-        with that one, named by its folder as one read from there is (the analyzer's cache is keyed by the name)."""
+        """The built-in model's folder now holds the tokenizer built here: named by it (the analyzer's cache key)."""
         if self.built is not None:
             self.built.name_or_path = self.source = path
 
@@ -398,8 +374,7 @@ def pin_data(recipe, revision: str | None) -> str | None:
 
 
 def model_files(recipe, launch: Launch, tokenizer: ModelTokenizer | None = None) -> str:
-    """Where the model's files are: a built-in model materialized here, else its folder or Hub name. `tokenizer`: the
-    data stage's, whose built-in tokenizer (built for the row check) the model's folder is saved with."""
+    """Where the model's files are: a built-in model materialized here (with `tokenizer`'s), else its folder or name."""
     if not launch.dry_run:
         offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
     name = recipe.model.model_name_or_path
@@ -424,13 +399,9 @@ class Lengths:
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
     positions: int | None = None  # the model's (`positions.model_limit`), where max_length is known or auto
-    given_by: str | None = None  # not `auto`: whose max_length (the dry run said "the recipe's" for --max_length)
-    # Every pair's lengths where they were measured: `measured`'s, else the sample's when it is all the pairs or a dry
-    # run measured them all for its step plan (`plan_batching`), once: each pair is tokenized once per first half.
-    every: object | None = None  # lengths.Measured
-    # What the template does to the pairs as trained, not refused: `lengths.NO_BOS` (no BOS where their tokenizer adds
-    # one to plain text), `lengths.UNOPENED` (the turn's header trained as the answer's start). Not recorded (no
-    # decision), said where the summary describes the template (the dry run's, the run's start: dry_run.summary)
+    given_by: str | None = None  # not `auto`: whose max_length (the recipe's, the command line's, TRL's default)
+    every: object | None = None  # lengths.Measured of every pair, where measured: each is tokenized once per first half
+    # `lengths.NO_BOS`, `lengths.UNOPENED`: what the template does to the pairs, said by the summary, not recorded
     warnings: tuple[str, ...] = ()
 
     def record(self) -> dict:
@@ -440,8 +411,7 @@ class Lengths:
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None, str | None]:
-    """(tokenizer, None); in a dry run (None, why) where it cannot be loaded here: why None where it is not on this
-    machine (a Hub model not fetched, a folder without one), else what went wrong reading the files that are here."""
+    """(tokenizer, None); in a dry run (None, why) where it cannot be loaded here (why: None where it is not here)."""
     lengths.check_sentencepiece(model_path)  # on this machine: the dry run says it too
     try:
         return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only), None
@@ -451,7 +421,6 @@ def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None
             return None, cause(e) if here else None
         if isinstance(e, ConfigError):
             raise
-        # The run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
         if any((Path(model_path) / name).is_file() for name in lengths.TOKENIZER_FILES):  # e.g. config.json cut off
             raise ConfigError(
                 f"could not read the tokenizer of {model_path!r} ({cause(e, 200)}): its files are here, but one cannot "
@@ -465,17 +434,14 @@ def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None
 
 
 def _lengths_tokenizer(recipe, launch: Launch, pairs: Data, model_path: str) -> tuple[object | None, str | None]:
-    """The tokenizer the lengths are measured with: the data stage's where it was loaded from the same place (read
-    once per first half), else loaded now (a dry run's Hub data set, a caller's own pairs, a built-in model's tokenizer
-    that was only built)."""
+    """The tokenizer the lengths are measured with: the data stage's where loaded from the same place, else now."""
     if pairs.tokenizer is not None and pairs.tokenizer.source == model_path:
         return pairs.tokenizer.loaded
     return _tokenizer(recipe, model_path, local_only=launch.dry_run)
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
-    """A recipe's `pad_token` must be a token of the tokenizer: TRL raised its ValueError only once the model had
-    loaded (padded), and packed the run saved the tokenizer with it (RecipeDPOTrainer._set_pad_token)."""
+    """A recipe's `pad_token` must be a token of the tokenizer: TRL raised only once the model had loaded."""
     if pad_token and pad_token not in tokenizer.get_vocab():
         raise ConfigError(
             f"pad_token {pad_token!r} is not a token of the tokenizer of {tokenizer.name_or_path}: give one of its "
@@ -485,8 +451,8 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
 
 
 def check_pads(pad_token: str | None, tokenizer) -> None:
-    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised its ValueError once the model had
-    loaded (padded; a packed run may fall back to padded). After the pairs' checks: plain text says more of no EOS."""
+    """Without a recipe's `pad_token`, the tokenizer's pad or EOS token: TRL raised only once the model had loaded.
+    After the pairs' checks: plain text's says more of a missing EOS."""
     if not pad_token and tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise ConfigError(
             f"the tokenizer of {tokenizer.name_or_path} has neither a pad token nor an EOS token, one of which the "
@@ -496,10 +462,8 @@ def check_pads(pad_token: str | None, tokenizer) -> None:
 
 
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
-    """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
-    the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
+    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice (else analysed now, if loaded)."""
     p, dataset, truncation = recipe.project, pairs.train, recipe.training.truncation_mode
-    # The pairs' identity as they were read: the file may have changed since.
     dataset_id = pairs.dataset_id or _read_identity(recipe, launch, pairs.revision)
     if dataset_id is None:
         return None, None
@@ -524,10 +488,8 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
 
 
 def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
-    """`max_length: auto`'s choice (`auto`) on a resume: the checkpoint's, where the analyzer now chooses another length
-    (another version's choice, or the model's positions read otherwise after an upgrade; its files themselves and
-    `auto_coverage` are compared by the resume): the steps left are cut as the checkpoint's were, and it is said. A
-    length the model or the token budget no longer takes is refused by their checks, with the fix."""
+    """`max_length: auto`'s choice on a resume: the checkpoint's where the analyzer now chooses another (an upgrade),
+    said: the steps left are cut as the checkpoint's were (a length no longer taken is refused by its checks)."""
     if output is None or not output.resume_from or not isinstance(auto.get("max_length"), int):
         return auto
     trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
@@ -547,13 +509,10 @@ def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
 
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None) -> Lengths:
-    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`
-    (on a resume, the checkpoint's: `kept_max_length`). `model_config`: the first half's one read (`model_config`),
-    None where a dry run does not have it."""
+    """The lengths stage; decides `max_length: auto`. `model_config`: None where a dry run does not have it."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
-    # The model's positions: what max_length may be, or advise
-    limit = None
+    limit = None  # the model's positions: what max_length may be, or advise
     if (recipe.max_length_auto or max_length is not None) and model_config is not None:
         limit = positions.model_limit(model_config)[0]
     (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
@@ -585,8 +544,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
             pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run
         )
     if found is not None and max_length is not None:
-        # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
-        f = found  # what it advises instead stays within the model's positions
+        f = found  # a max_length that leaves the pairs nothing to learn: refused, advising within the positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
@@ -607,10 +565,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
 
 
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
-    """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it, as it drops a training
-    pair. Where fewer than the ranks were left, the run stopped after the model loaded and the reference was scored,
-    saying the split "has 0 pairs" (it had 8, all dropped), and the dry run said nothing; now both refuse in one line.
-    Some dropped: said, as the training pairs' cuts are."""
+    """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
+    left: refused (TRL failed after the reference was scored); some dropped: said."""
     t = recipe.training
     if t.truncation_mode != "keep_start":
         return  # keep_end drops nothing
@@ -654,8 +610,7 @@ class Forward:
 
 
 def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
-    """generation_config.json's eos_token_id; None where it cannot be read here. A folder without the file generates
-    with config.json's (transformers derives it so), which `check_stops` has read already."""
+    """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's."""
     from transformers import GenerationConfig
 
     if Path(model_path).is_dir() and not (Path(model_path) / "generation_config.json").is_file():
@@ -670,15 +625,13 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
-    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. `model`:
-    `memory.model_config`'s (config, why not)."""
+    """The forward stage: from the pairs' lengths, among the forwards each machine can run; `model`: (config, why)."""
     config, why = model
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
     options.check_generates(config, recipe.model.model_name_or_path)
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
-    # Sequences past the model's positions: refused from the longest the data or max_length lets through
     whole_split = pair_lengths.measured is not None
     positions.check(config, recipe.model.model_name_or_path, max_length, counts, whole_split=whole_split)
     positions.check_vocabulary(
@@ -704,8 +657,7 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
 
 
 def _undecided(recipe, launch: Launch, config) -> Forward:
-    """No lengths yet (a dry run of a Hub data set the analyzer has not cached): the candidates the run will weigh, and
-    the plans made for the one of heaviest masks."""
+    """No lengths yet (a dry run, uncached Hub data): the candidates the run will weigh, planned for the heaviest."""
     options, weighed = {}, []
     check = not launch.dry_run or len(launch.machines) == 1
     for name, (cuda, varlen) in launch.machines.items():
@@ -723,8 +675,7 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 
 # --- plan and memory --------------------------------------------------------------------------------------------------
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
-    """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
-    analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
+    """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's measured lengths."""
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
     pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
@@ -754,8 +705,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
 def plan_memory(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, model: tuple
 ) -> MemoryPlan:
-    """The memory plan, once per run, for the recipe of this run (`as_run`: its advice names changes to the recipe),
-    the forward chosen and the launch's engine: refused when it cannot fit the GPU. `model`: `model_config`'s."""
+    """The memory plan, once per run, for this run's recipe, forward and engine: refused when it cannot fit the GPU."""
     attention = forward.planned.attention if forward.planned is not None else None
     run = as_run(recipe, launch, pairs, pair_lengths, forward)
     return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention, model=model))
@@ -765,8 +715,8 @@ def plan_memory(
 def as_run(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, planned=None, load_dtype=None
 ) -> config.Recipe:
-    """The recipe a user would write to make this run: each decision of the first half in its own field, named here
-    and nowhere else. `planned`, `load_dtype`: the memory stage's, once made."""
+    """The recipe a user would write to make this run: each decision of the first half in its field, named here alone.
+    `planned`, `load_dtype`: the memory stage's, once made."""
     batch, f = launch.batch, forward
     training = {"max_length": pair_lengths.max_length}  # the recipe's, or under `max_length: auto` the analyzer's
     project = {"pairs_per_step": batch.pairs_per_step}
@@ -791,8 +741,8 @@ def as_run(
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
-    all the second half reads; `record()` is resolved_config.json's `derived` block (docs/architecture.md)."""
+    """Every decision of the run, made once by the first half before a model weight loads; `record()` is
+    resolved_config.json's `derived` block (docs/architecture.md)."""
 
     recipe: config.Recipe  # the user's intent as parsed (never written); `as_run` is the recipe of this run
     launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
@@ -811,7 +761,6 @@ class RunSpec:
 
     @functools.cached_property
     def as_run(self) -> config.Recipe:
-        """The recipe of this run (`as_run` above), built once."""
         return as_run(self.recipe, self.launch, self.data, self.lengths, self.forward, self.memory, self.load_dtype)
 
     def resolved_config(self, derived: dict) -> dict:
@@ -832,12 +781,10 @@ def first_half(
     push=None,
     pairs: Data | None = None,
 ) -> RunSpec:
-    """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads.
-    `pairs`: the data stage's value where a caller has it already (`given_pairs`)."""
+    """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch, pairs.tokenizer)
-    # Once per run (a Hub model's config asks the Hub at each read): each stage is given it
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)

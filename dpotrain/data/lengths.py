@@ -1,14 +1,12 @@
 """Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
 
 Rows are read as training reads them (`rows.read_row`) and tokenized as `DPOTrainer._prepare_dataset` (TRL 1.16)
-does. `row_lengths` makes the trainer's own calls one row at a time (the reference); method "batched" renders the chat
-template to text and encodes a batch in one fast-tokenizer call, ~2-3x faster, each batch checked against `row_lengths`
-on its first row (tests/test_analyzer.py proves equality with the trainer's data set).
+does: `row_lengths` by the trainer's own calls, one row at a time; method "batched" encodes a batch of rendered texts
+in one fast-tokenizer call, each batch checked against `row_lengths` on its first row.
 
-The recommendation is the smallest multiple of 512 leaving `coverage` of the pairs whole (README "Choosing max_length"
-says why not a compute knee). `max_length: auto` reads an analysis cached by the data set's and tokenizer's identity
-(not a `Dataset` fingerprint, so a dry run without the data finds it), or analyses the split and caches it (`analyse`).
-The markdown tables and the plot are in `lengths_report.py`.
+The recommendation is the smallest multiple of 512 leaving `coverage` of the pairs whole. `max_length: auto` reads an
+analysis cached by the data set's and tokenizer's identity (not a `Dataset` fingerprint: a dry run without the data
+finds it), or analyses the split and caches it (`analyse`). Tables and plot: `lengths_report.py`.
 """
 
 import dataclasses
@@ -33,8 +31,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, remove_dead_temporaries, replacing, write_text
 
-# The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
-# reaches (OLMo 3: 16K-32K).
+# The report's cumulative distribution: common max_length choices, and a thinking data set's tail (16K-32K)
 REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
@@ -45,8 +42,7 @@ ANALYSIS_VERSION = 7  # bump when the numbers an analysis produces change, so ca
 def _inputs(example: dict) -> list[tuple[object, dict]]:
     """(input, apply_chat_template kwargs) of the three texts DPOTrainer's tokenize_fn tokenizes: prompt (with the
     generation prompt), prompt+chosen, prompt+rejected. Plain text takes no kwargs."""
-    # TRL's helpers imported where used (microseconds a row): trl.data_utils imports datasets, seconds that --help and
-    # the refusals before the data loads do not need
+    # Imported here: trl.data_utils imports datasets, seconds that --help and the early refusals do not need
     from trl.data_utils import is_conversational
 
     prompt, conversational = example["prompt"], is_conversational(example)
@@ -56,15 +52,13 @@ def _inputs(example: dict) -> list[tuple[object, dict]]:
 
 
 def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int, int]:
-    """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
-    tokenize_fn; `shared`: the tokens the two completions share at their start; last, its first token's id."""
+    """`_split_lengths` of one split row, tokenized by the same calls as DPOTrainer's tokenize_fn."""
     return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for x, kw in _inputs(example)))
 
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int, int]:
-    """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part.
-    Last, the pair's first token as trained (-1: none), which `missing_bos` judges: read here, where every pair is
-    tokenized anyway, not in a pass of its own."""
+    """(prompt, chosen, rejected, shared, first) as TRL splits: the completion starts where the prompt and
+    prompt+completion part; `shared`: tokens both completions start with; `first`: the first token's id (-1: none)."""
     from trl.data_utils import common_prefix_length
 
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
@@ -97,15 +91,12 @@ def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[i
 
 
 def _lengths_of_texts(texts: list[tuple[str, str, str]], tokenizer, conversational: bool):
-    # apply_chat_template(tokenize=True) encodes with add_special_tokens=False; plain text goes through
-    # tokenizer(text=...), which adds them.
+    # apply_chat_template(tokenize=True) adds no special tokens; plain text's tokenizer(text=...) adds them
     ids = encode(tokenizer, [t for row in texts for t in row], add_special_tokens=not conversational)
     return [_split_lengths(*ids[i : i + 3]) for i in range(0, len(ids), 3)]
 
 
 # --- a whole data set ------------------------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class Measured:
     """Per-row token counts of the valid rows (in the order analysed) and the rows left out, with why."""
@@ -132,7 +123,6 @@ class Measured:
         return len(self.index)
 
 
-# A row's token counts, as `measure`'s map writes them, and its first token's id (`_split_lengths`' last).
 COUNTS = ("prompt", "chosen", "rejected", "shared", "first")
 KEPT = ("shared", "first", "unopened")  # per-pair values a cached analysis keeps beside the lengths
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
@@ -144,7 +134,7 @@ class _Refused(Exception):
 
 def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
     """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
-    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache: an older analysis's is not reused."""
+    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     unopened = {}  # chat_template.answer_problem's judgement of each message pair (`unopened_turn`)
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
@@ -156,7 +146,6 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
             example = split_row(example, fmt)
             try:  # the template's refusals are read_row's (chat_template.answer_problem); the tokenizer may refuse
                 if method == "batched":
-                    # the check's texts are `_render`'s, by the same calls (`split_row` changes plain text alone)
                     done = rendered and tuple(rendered[c] for c in ("prompt", "chosen", "rejected"))
                     texts.append(done or _render(example, tokenizer))
                 else:
@@ -201,7 +190,6 @@ def measure(
     if method not in ("batched", "reference"):
         raise ValueError(f"method must be 'batched' or 'reference', not {method!r}")
     start = time.perf_counter()
-    # A streaming data set may not declare its features: its first row's keys then
     names = dataset.column_names if dataset.column_names is not None else list(next(iter(dataset)).keys())
     check_text_only(dataset)
     columns = [c for c in ROW_COLUMNS if c in names]
@@ -231,8 +219,7 @@ def measure(
     if mismatches:
         warn(
             f"the batched tokenization differed from TRL's in {plural(mismatches, 'chunk')}; "
-            f"{'it was' if mismatches == 1 else 'those were'} measured "
-            "one row at a time (exact, slower)"
+            f"{'it was' if mismatches == 1 else 'those were'} measured one row at a time (exact, slower)"
         )
     return Measured(
         index=index[valid],
@@ -257,12 +244,10 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     kinds = {"problem": "string", "problem_column": "string", "mismatch": "bool", "unopened": "int8"}
     features.update({column: datasets.Value(kind) for column, kind in kinds.items()})
     processes = min(num_proc, -(-len(dataset) // chunk_size))
-    # Cached in datasets' cache (a later run finds it), never beside the user's own saved data set (maybe read-only or
-    # shared): that map stays in memory.
+    # Cached in datasets' cache, never beside the user's own saved data set (maybe read-only or shared)
     files, cache = dataset.cache_files, Path(datasets.config.HF_DATASETS_CACHE).resolve()
     in_cache = bool(files) and Path(files[0]["filename"]).resolve().is_relative_to(cache)
-    # A multiprocess map sets TOKENIZERS_PARALLELISM=false in a copy of os.environ it swaps in, which a patch of the
-    # original (monkeypatch) would miss: undone.
+    # A multiprocess map swaps in a copy of os.environ (TOKENIZERS_PARALLELISM=false): the original put back
     environ = os.environ
     try:
         with mock.patch.dict(os.environ):
@@ -283,8 +268,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
 
 
 def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: bool):
-    """A streaming data set: blocks of rows, each mapped as an in-memory `Dataset` (`_map`), so that a stream larger
-    than memory or disk is never read far ahead of the processes; what is kept is a few numbers a row."""
+    """A streaming data set, mapped in in-memory blocks: a stream larger than memory is never read far ahead."""
     from datasets import Dataset, concatenate_datasets
     from tqdm.auto import tqdm
 
@@ -299,9 +283,8 @@ def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: 
 
 
 def check_tokenizer(tokenizer, fmt: RowFormat, first: dict | None = None) -> None:
-    """What the rows need of the tokenizer, refused in one line before the model loads (analyzer and run alike): a chat
-    template for message lists, an EOS token for plain-text completions (DPOTrainer's add_eos; TRL fails on its absence
-    only after the model loaded), and plain text that would not train two BOS or two EOS (`_doubled_specials`)."""
+    """What the rows need of the tokenizer, refused before the model loads: a chat template for message lists, an EOS
+    token for plain-text completions (DPOTrainer's add_eos), plain text that would not train two BOS or EOS."""
     if not fmt.conversational:
         if tokenizer.eos_token is None:
             raise ConfigError(
@@ -322,10 +305,8 @@ def check_tokenizer(tokenizer, fmt: RowFormat, first: dict | None = None) -> Non
 
 
 def _doubled_specials(tokenizer, first: dict) -> None:
-    """TRL tokenizes plain text with the tokenizer's own special tokens (`tokenizer(text)`; apply_chat_template leaves
-    them to the template), so BOS written in a pre-rendered prompt under a tokenizer that adds it (Llama's), or an EOS
-    the tokenizer appends (add_eos_token) after the one TRL's add_eos writes, trains doubled. Judged on the first row:
-    a pre-rendered data set is rendered alike throughout."""
+    """TRL tokenizes plain text with the tokenizer's special tokens: a BOS written in the prompt under a tokenizer that
+    adds it, or an EOS it appends after TRL's add_eos, trains doubled. Judged on the first row."""
     bare, ids = tokenizer("a", add_special_tokens=False)["input_ids"], tokenizer("a")["input_ids"]
     start = next((n for n in range(len(ids)) if ids[n : n + len(bare)] == bare), 0)
     added_before, added_after = ids[:start], ids[start + len(bare) :]
@@ -352,11 +333,9 @@ NO_BOS = (
 
 
 def missing_bos(m: Measured | None, tokenizer) -> str | None:
-    """`NO_BOS` where message pairs train without the BOS token their tokenizer adds to plain text (its post-processor,
-    Llama's): TRL encodes the rendered template without the tokenizer's special tokens, so only the template writes
-    BOS, and a ChatML template on a Llama-style base writes none. Not refused: inference with the template starts so
-    too. Judged on every pair measured (`m.first`: each one's first token as the trainer tokenizes it), not the first
-    alone: a template may write BOS for some pairs only (a system turn's); then it says how many lack it."""
+    """`NO_BOS` where message pairs train without the BOS their tokenizer adds to plain text: TRL encodes the rendered
+    template without special tokens, so only the template writes BOS. Not refused: inference starts so too. Judged on
+    every pair's first token (`m.first`): a template may write BOS for some pairs only; then it says how many."""
     bos = tokenizer.bos_token_id
     if m is None or m.first is None or bos is None or tokenizer("x")["input_ids"][:1] != [bos]:
         return None  # not measured, or the tokenizer adds no BOS to plain text (OLMo 3's): nothing is missing
@@ -374,9 +353,8 @@ UNOPENED = (
 
 
 def unopened_turn(m: Measured | None, tokenizer) -> str | None:
-    """`UNOPENED` where message pairs' answers start with the assistant turn's header (chat_template._unopened): TRL
-    takes the prompt with the generation prompt as the prompt, and a template that ignores add_generation_prompt leaves
-    the header to the answer. Not refused: the run trains, on a few tokens more. Judged on every pair measured."""
+    """`UNOPENED` where message pairs' answers start with the assistant turn's header: a template that ignores
+    add_generation_prompt leaves it to the answer. Not refused. Judged on every pair measured."""
     if m is None or m.unopened is None or not (count := int(np.count_nonzero(m.unopened == 1))):
         return None
     turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
@@ -398,8 +376,6 @@ def _known_rows(dataset) -> int | None:
 
 
 # --- the numbers -----------------------------------------------------------------------------------------------------
-
-
 def percentiles(values: np.ndarray) -> dict:
     """p50/p90/p95/p99/max in tokens: the smallest length that at least that share of rows does not exceed."""
     if len(values) == 0:
@@ -416,9 +392,8 @@ def coverage(total: np.ndarray, max_length: int) -> float:
 def padding(
     m: Measured, max_length: int, batch_size: int, seed: int | None = None, mode: str = "keep_start"
 ) -> tuple[int, float, float]:
-    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`: the
-    pairs the trainer keeps, `batch_size` a batch of 2B sequences cut at `max_length` and padded to the longest.
-    `seed`: batches in the trainer's shuffled order; None: data set order."""
+    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`,
+    batches of 2 * `batch_size` sequences padded to the longest. `seed`: the trainer's shuffled order; None: as is."""
     a, b = _sequences(m, max_length, mode)
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(a))
@@ -433,17 +408,15 @@ def padding(
 
 
 def packed_positions(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[int, int]:
-    """Positions the packed forward runs (no padding) over the pairs the trainer keeps at `max_length`: (unshared,
-    shared prompt). Unshared: (P + C) + (P + R) per pair, each sequence cut at `max_length`; shared prompt: the same
-    less one prompt per pair whose both sequences keep the whole prompt (keep_end: a pair not cut)."""
+    """Positions the packed forward runs over the pairs the trainer keeps at `max_length`: (unshared: (P + C) + (P + R),
+    each cut at `max_length`; shared prompt: less one prompt per pair that keeps it whole)."""
     unshared = int(sum(s.sum() for s in _sequences(m, max_length, mode)))
     whole = m.prompt < max_length if mode == "keep_start" else m.total <= max_length
     return unshared, unshared - int(m.prompt[whole].sum())
 
 
 def _sequences(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[np.ndarray, np.ndarray]:
-    """Each pair's prompt + chosen and prompt + rejected cut at `max_length`, but for the pairs whose prompt fills it
-    (keep_start: the trainer drops them)."""
+    """Each kept pair's prompt + chosen and prompt + rejected, cut at `max_length` (keep_start drops full prompts)."""
     kept = m.prompt < max_length if mode == "keep_start" else np.ones(m.rows, dtype=bool)  # keep_end drops none
     return tuple(np.minimum(m.prompt[kept] + side[kept], max_length) for side in (m.chosen, m.rejected))
 
@@ -456,8 +429,7 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int, mode: st
         "coverage": coverage(m.total, max_length),
         "truncated": counted["truncated"],
         "dropped": counted["dropped"],
-        # What training costs packed (the default): positions the forward runs, padding-free. `relative` and
-        # `relative_shared_prompt` (to the recommended max_length) are filled in by `summarize`.
+        # Packed positions; `relative` and `relative_shared_prompt` are filled in by `summarize`
         "compute": {"positions": unshared, "positions_shared_prompt": shared},
         "padding": {
             "batch_size": batch_size,
@@ -474,14 +446,12 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int, mode: st
 def recommendation(
     m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None, truncation_mode: str = "keep_start"
 ) -> dict:
-    """The recommended max_length (`recommend`: a coverage; packed compute grows near flat with it, BENCHMARKS.md) with
-    the compute the next shorter multiple of 512 saves and doubling adds. Capped at `max_positions` (`capped`); raised
-    where fewer than half the pairs would keep anything to learn, which training refuses (`raised`). Under keep_end
-    nothing is dropped, and training refuses no length for it: neither is this."""
+    """The recommended max_length (`recommend`) with the compute the next shorter multiple of 512 saves and doubling
+    adds. Capped at `max_positions` (`capped`); raised where fewer than half the pairs would keep anything to learn,
+    which training refuses (`raised`)."""
     total, mode = m.total, truncation_mode
     best = covering = recommend(total, target)
-    # A low target (auto_coverage 0.3) may be met where most prompts alone fill max_length, which the run refuses
-    # (cuts.check): the next multiple of STEP that teaches enough.
+    # A low target may be met where most prompts alone fill max_length (cuts.check refuses): the next that teaches
     while best < total.max() and cuts.teaching(m.prompt, m.shared, best, mode)[0] < cuts.TEACHING * m.rows:
         best += STEP
     uncapped = cap = best
@@ -495,12 +465,10 @@ def recommendation(
                 "the trainer would drop them all at any max_length the model takes: shorten the prompts or remove "
                 "these pairs, or train a model with more positions"
             )
-        # Training refuses a length leaving fewer than half the pairs anything to learn: so does the recommendation.
         cuts.check(m.prompt, m.chosen, m.rejected, m.shared, cap, mode, "the data measured", cap)
         best = cap
-        # Where every pair longer than the positions is dropped there (its prompt alone fills them), any shorter
-        # length that keeps the others whole trains the same tokens: the smallest multiple that does. A few long
-        # prompts made 4,096 the choice where 512 trained the same, and a token budget sized for 512 refused it.
+        # Where every pair longer than the cap is dropped there, the smallest length keeping the others whole trains
+        # the same tokens
         if mode == "keep_start" and not np.any((total > cap) & (m.prompt < cap)):
             best = min(cap, recommend(total, coverage(total, cap)))
     at_best = packed_positions(m, best, mode)
@@ -625,8 +593,6 @@ def _reason(r: dict, rows: int) -> str:
 
 
 # --- max_length: auto, and its cache ---------------------------------------------------------------------------------
-
-
 def load_tokenizer(
     name_or_path: str,
     revision: str | None = None,
@@ -634,8 +600,7 @@ def load_tokenizer(
     local_files_only: bool = False,
     trust_remote_code: bool = False,
 ):
-    """The tokenizer training uses (`builtin:` names built locally), with the recipe's chat template if it names one
-    (`chat_template.py`): every stage and tool loads its tokenizer here, so all tokenize alike. No weights load."""
+    """The tokenizer every stage and tool uses (`builtin:` built locally), with the recipe's chat template."""
     from transformers import AutoTokenizer
 
     if builtin.is_builtin(name_or_path):
@@ -660,15 +625,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def holds_no_tokenizer(name_or_path: str) -> bool:
-    """A local model folder with a config.json and no tokenizer file: configs/models/* (a model's shape, which plans
-    memory), or a folder saved without its tokenizer."""
+    """A local model folder with a config.json and no tokenizer file (configs/models/*: a shape, to plan memory)."""
     path = Path(name_or_path).expanduser()
     return (path / "config.json").is_file() and not any((path / f).is_file() for f in TOKENIZER_FILES)
 
 
 def check_tokenizer_folder(name_or_path: str) -> None:
-    """Refuses a model folder without a tokenizer in one line (transformers says "Couldn't instantiate the backend
-    tokenizer from one of: ..." and names neither the folder nor the fix)."""
+    """Refuses a model folder without a tokenizer in one line (transformers' error names neither folder nor fix)."""
     if holds_no_tokenizer(name_or_path):
         raise ConfigError(
             f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
@@ -678,9 +641,8 @@ def check_tokenizer_folder(name_or_path: str) -> None:
 
 
 def check_sentencepiece(name_or_path: str) -> None:
-    """A SentencePiece tokenizer.model without tokenizer.json needs the sentencepiece package, which this project does
-    not install: without it transformers reads the file as tiktoken's and says to install tiktoken, which cannot help.
-    (Llama 3's original tokenizer.model is a tiktoken file, lines of base64 and a rank: left to transformers.)"""
+    """A SentencePiece tokenizer.model without tokenizer.json needs sentencepiece, not installed: transformers then
+    reads it as tiktoken's and says to install tiktoken. (A real tiktoken file, Llama 3's, is left to transformers.)"""
     path = Path(name_or_path).expanduser()
     if (path / "tokenizer.json").is_file() or importlib.util.find_spec("sentencepiece") is not None:
         return
@@ -705,10 +667,8 @@ def dataset_identity(
     local_only: bool = False,
     hh_format: str = "messages",
 ) -> str:
-    """What a cached report is valid for: a local data set's files (path + `data_identity.stamp`) and configuration (a
-    folder whose README names several reads other files for each), or a Hub data set's commit (`hub_revision.commit`;
-    the revision name where it cannot be told). `hh_format: text` reads HH-RLHF strings into other tokens, so it is
-    part of the identity."""
+    """What a cached report is valid for: a local data set's files and configuration, or a Hub data set's commit (else
+    the revision name), and `hh_format` (it reads HH-RLHF strings into other tokens)."""
     reading = "" if hh_format == "messages" else f":hh-{hh_format}"
     path = Path(name).expanduser()
     if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
@@ -741,9 +701,7 @@ def cache_root() -> Path:
 
 def written_outside(*read) -> str | None:
     """What reading and measuring the pairs `read` (data sets, None for one not loaded) wrote outside the run's folder,
-    measured, for a summary's one row: datasets' Arrow copy of the pairs (the folders of their `cache_files`, which
-    hold its caches of maps beside the copy) and this project's cache; None where neither holds anything. A data set
-    saved with save_to_disk is read in place: no copy."""
+    for a summary's one row: datasets' Arrow copy and maps, and this project's cache; None where neither holds any."""
     import datasets
 
     root = Path(datasets.config.HF_DATASETS_CACHE).resolve()
@@ -776,9 +734,7 @@ def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tupl
 
 
 def _remove_killed_writes(at: Path) -> None:
-    """The temporaries (`replacing`'s) a write of this key's files killed midway left: never read (a file is read by
-    its own name), but nothing else would ever remove them, up to a whole analysis each, one per kill.
-    Only this host's writers that are gone (`writes.dead_temporaries`): another rank may be writing this key now."""
+    """Removes what killed writes of this key left, of this host's gone writers only (another may be writing now)."""
     for path in remove_dead_temporaries(at.parent, [at.with_suffix(".npz").name, at.with_suffix(".json").name]):
         print(
             f"Removed {path}: left by a write to the length-analysis cache killed midway (its process is gone)",
@@ -791,8 +747,7 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     """Keep a full analysis (per-row lengths + report) for later runs and dry runs; returns the report path."""
     at, identity = _cached_at(dataset_id, tokenizer, cache_dir)
     _remove_killed_writes(at)  # the analyzer saves without looking the key up first
-    # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
-    # file. The lengths first: a report is only ever found beside its lengths.
+    # Renamed into place: ranks may race here. The lengths first: a report is only ever found beside its lengths.
     with replacing(at.with_suffix(".npz"), "wb") as f:
         kept = {k: getattr(m, k) for k in KEPT if getattr(m, k) is not None}
         np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
@@ -865,9 +820,7 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# A pool of processes costs about what ~1,000 rows take to measure (fork, the tokenizer pickled to each worker): a data
-# set smaller than this is measured in the calling process, with the same counts.
-PARALLEL_ROWS = 4096
+PARALLEL_ROWS = 4096  # below this, a pool of processes (fork, the tokenizer pickled) costs more than it saves
 
 
 def workers(dataset) -> int:

@@ -1,9 +1,8 @@
 """Parse a recipe: TRL's own dataclasses plus `ProjectArguments`, with defaults < YAML < command line.
 
-A YAML recipe is turned into command-line words placed before the real command line, so both go through the same
-argparse types and choices (YAML's `1e-6` is a string, `1.0e-6` a float: both parse as floats here) and the command line
-wins because argparse keeps the last value (TRL's `TrlParser.parse_args_and_config` would make the YAML's values
-argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors that name the closest known one.
+A YAML recipe becomes command-line words placed before the real command line: both go through the same argparse types
+and choices (TRL's `TrlParser.parse_args_and_config` makes YAML values defaults, unchecked), and the command line wins
+as argparse keeps the last value. Unknown keys are errors that name the closest known one.
 """
 
 import contextlib
@@ -269,29 +268,28 @@ class Recipe:
 def make_parser():
     from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`.
+    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`
     parser = TrlParser(
         (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py", allow_abbrev=False
     )
 
-    # argparse's own prints the whole usage (hundreds of Trainer fields): one line naming the problem instead.
     def error(message):
         raise ConfigError(message)
 
-    parser.error = error
+    parser.error = error  # argparse's prints the whole usage (hundreds of fields): one line instead
     return parser
 
 
 @functools.cache
 def _built_parser():
-    """The parser, built once per process (a third of parsing a command line), and its actions' defaults as built."""
+    """The parser, built once per process, and its actions' defaults as built."""
     parser = make_parser()
     return parser, {action: copy.deepcopy(action.default) for action in upstream.parser_actions(parser)}
 
 
 def _parser():
-    """`make_parser()`'s, each default a fresh copy: a parsed field holds its default itself (`loss_type`'s list), and
-    a change to one recipe's must not become the next parse's default (tests and notebooks parse many in a process)."""
+    """`make_parser()`'s, each default a fresh copy: a parsed field holds its default itself (`loss_type`'s list),
+    whose change must not become the next parse's default."""
     parser, defaults = _built_parser()
     for action, default in defaults.items():
         action.default = copy.deepcopy(default)
@@ -328,8 +326,7 @@ REMOVED = {
 
 
 def _suggest(name: str) -> str:
-    """' (did you mean ...?)' for a misspelled field, written as given (`--betta` -> '--beta'); a field of an older
-    transformers / TRL version gets what replaced it instead."""
+    """' (did you mean ...?)' for a misspelled field, written as given; an older version's field: what replaced it."""
     bare = name.lstrip("-").replace("-", "_")
     if bare in REMOVED:
         return f" ({REMOVED[bare]})"
@@ -342,11 +339,9 @@ def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
     if not Path(path).is_file():
-        # From outside the project, `--config configs/think.yaml` (every example's) was refused advising configs/*.yaml
-        # again: a command line's path is the folder's, so the fix is the project's file by its path from here
+        # Run from outside the project: the fix names the project's file by its path from here
         relative = not Path(path).is_absolute()
         shipped = relative and (venv.ROOT / path).is_file()
-        # quoted as a shell reads it: a project in a folder with spaces printed a fix that broke when pasted
         fix = (
             f"--config {shlex.quote(venv.project_file(path))}"
             if shipped
@@ -357,7 +352,7 @@ def read_recipe(path: str) -> dict:
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
             raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
-    for key, value in config.items():  # a list of several for a one-value field was "unknown argument 'b.jsonl'"
+    for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
             several = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
             raise ConfigError(
@@ -383,10 +378,8 @@ def read_recipe(path: str) -> dict:
 
 
 def _say_hidden(path: str, name: str, value) -> None:
-    """The environment wins over the recipe's `env:` block as over `.env`, an empty variable too: set is given, as
-    python-dotenv, accelerate (`os.environ.get`) and Slurm (`getenv`) read it, and `FOO= cmd` is how one clears it for
-    a command. An empty one left from a shell profile (`export WANDB_PROJECT=`) hid the recipe's value in silence:
-    said on one line, with the fix."""
+    """The environment wins over the recipe's `env:` block, an empty variable too (as python-dotenv, accelerate and
+    Slurm read it): one set empty (`export WANDB_PROJECT=`) hiding the recipe's value is said, with the fix."""
     if value is None or os.environ.get(name) != "" or recipe_file.written(value) == "":
         return
     if launcher.launched_main():  # every rank reads the recipe
@@ -396,19 +389,15 @@ def _say_hidden(path: str, name: str, value) -> None:
         )
 
 
-# What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read once, as they are imported: in a
-# recipe's `env:` each was set and ignored. Their *_OFFLINE switches are handed over (hub_switches.py); HF_TOKEN and
-# transformers' other TRANSFORMERS_* and HF_* switches are read when used, so the block sets them.
+# What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read as they are imported, too late for a
+# recipe's `env:`. Their *_OFFLINE switches are handed over (hub_switches.py); HF_TOKEN and others are read when used.
 READ_AT_IMPORT = ("HF_HOME", "HF_ENDPOINT", "HF_XET_CACHE", "HF_XET_HIGH_PERFORMANCE", "HF_MODULES_CACHE", "HF_DEBUG")
 READ_AT_IMPORT += ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_CO_STAGING")
 
 
 def _check_env_cache_folder(path: str, name: str, value: str) -> None:
-    """A cache folder or the Hub's address in a recipe's `env:` block is set as the recipe is read: after
-    huggingface_hub and datasets were imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while
-    the run named the recipe's; HF_ENDPOINT: the run asked huggingface.co), and a relative DPOTRAIN_CACHE would be each
-    command's own folder's (docs/hub.md). One the environment (or `.env`) sets already is never taken from the block
-    (the environment wins), so it is not refused (`read_recipe` checks only what the block sets)."""
+    """A cache folder or the Hub's address in a recipe's `env:` block is set after the libraries read theirs, and a
+    relative DPOTRAIN_CACHE would be each command's own folder's: refused (only what the block sets is checked)."""
     if name in READ_AT_IMPORT or (name.startswith(("HF_HUB_", "HF_DATASETS_")) and not name.endswith("_OFFLINE")):
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
@@ -433,8 +422,7 @@ def _as_flags(config: dict) -> list[str]:
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
 
-# transformers 5's deprecated names (open-instruct's and most tutorials'), read as the field they stand for: renamed
-# first, so the last value wins (transformers reads an old name only where the new one is unset).
+# transformers 5's deprecated names, renamed first so the last value wins (an old one is read only if the new is unset)
 ALIASES = {
     "gradient_checkpointing": "activation_checkpointing",
     "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
@@ -442,8 +430,7 @@ ALIASES = {
 
 
 def _renamed(words: list[str]) -> tuple[list[str], bool]:
-    """`words` with each deprecated flag (either spelling, `=value` or not) renamed, and whether max_length is `auto`:
-    this project's (the analyzer picks it), passed on as None, as TRL's field only takes an int or None."""
+    """`words` with each deprecated flag renamed, and whether max_length is `auto` (passed on to TRL as None)."""
     options, out, auto, it = _options(), [], False, iter(words)
     for w in it:
         flag, eq, value = w.partition("=")
@@ -466,7 +453,7 @@ UNSETTABLE = {
 }
 
 
-# Said whether transformers' own check of the option (evaluation and saving on one schedule) or the run's sees it first.
+# Said whether transformers' own check of the option or the run's sees it first
 LOAD_BEST_REFUSED = (
     "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
     "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
@@ -477,8 +464,7 @@ LOAD_BEST_REFUSED = (
 # TRL and transformers fields whose default this project sets otherwise, unless the recipe or command line gives one.
 OWN_DEFAULTS = {
     "padding_free": True,  # packed sequences (TRL's is False)
-    # transformers' True logs a NaN or inf loss as the mean of the steps before it: a diverged run read as a finite
-    # loss in its metrics and card (with health_checks false nothing else says so); it also syncs the GPU every step.
+    # transformers' True logs a NaN or inf loss as the mean of the steps before it, and syncs the GPU every step
     "logging_nan_inf_filter": False,
 }
 
@@ -501,10 +487,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config = read_recipe(config_path) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     launcher.check_process_counts()
-    # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
-    # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
-    # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,
-    # unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
+    # A recipe's `field: null` is a None default, given as no words (argparse reads "None" as text); a value's default:
+    # refused, unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
     options, on_command_line = _options(), fields_set(argv)
     unset = {k for k, v in config.items() if v is None and f"--{k}" in options}
     for key in unset:
@@ -514,7 +498,6 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
                 f"{key}: null in the recipe, but {key} needs a value: delete the line for its default ({default!r}) "
                 "or write one"
             )
-    # The recipe's words, then the command line's: the last value wins.
     words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
     tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
     if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
@@ -525,8 +508,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
-    # TRL's default for checkpointing, given under transformers 5's name where neither is set: under TRL's old name it
-    # warned "`gradient_checkpointing` is deprecated" to every recipe that never wrote it (not counted as given)
+    # TRL's default for checkpointing, given under transformers 5's name (the old one warns it is deprecated)
     unnamed = "activation_checkpointing" not in fields_set(tokens)
     trl_default = ["--activation_checkpointing", str(options["--gradient_checkpointing"].default)] * unnamed
     try:
@@ -547,7 +529,6 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _placed_paths(parts, given, on_command_line)
     _check_blank_names(training, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
-        # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     if not training.run_name:  # from the recipe's file name; output_dir from it, outputs/<run_name>
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
@@ -562,7 +543,6 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 def _refused_upstream(e: ValueError, known) -> ConfigError:
     """TRL's or transformers' refusal of the parsed fields (`known`), as one line that names the fix."""
     if "load_best_model_at_end" in str(e):
-        # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
         return ConfigError(LOAD_BEST_REFUSED)
     if "`loss_weights` must have the same length" in str(e):  # TRL's line named the mismatch, not its fix
         return ConfigError(_weights_refused(known.loss_type, known.loss_weights))
@@ -588,23 +568,19 @@ def _weights_refused(types, weights) -> str:
 def _check_blank_names(training, given: set[str]) -> None:
     """A blank run_name or output_dir, refused rather than taken for unset or made a folder of blanks."""
     if "run_name" in given and not (training.run_name or "").strip():
-        # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
         raise ConfigError(
             f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
             "recipe (or after --output_dir)"
         )
     out = training.output_dir
     if "output_dir" in given and (not out.strip() or any(not part.strip() for part in Path(out).parts)):
-        # '' (an unset shell variable: --output_dir "$OUT") was the working folder, its dry-run file written beside it;
-        # ' ' or 'runs/ ' named the run ' ' and its folder an invisible ' '
         raise ConfigError(
             f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
             "outputs/my-run), or remove output_dir for outputs/<run_name>"
         )
 
 
-# A mixture source read by datasets' builder of that name: TRL's `path: json` + `data_files: x.jsonl` (a local file,
-# read as one), or data_files and data_dir that datasets reads from the working folder
+# A mixture source read by datasets' builder of that name (`path: json` + `data_files: x.jsonl`)
 MIXTURE_BUILDERS = frozenset({"json", "csv", "parquet"})
 # A mixture's two spellings, TRL's and open-instruct's (with its splits), for the training and the held-out pairs
 MIXTURE_SPELLINGS = (
@@ -614,9 +590,7 @@ MIXTURE_SPELLINGS = (
 
 
 def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
-    """The data the command line names replaces the recipe file's, as for every field (a mixture there the recipe's
-    dataset_name or its mixture in the other spelling, a --dataset_name its training mixture), rather than refused as
-    two with no way to remove the recipe's. Both named on the command line stay refused."""
+    """The data the command line names replaces the recipe file's, in either spelling (both on it stay refused)."""
     for trl, mixer, splits in MIXTURE_SPELLINGS:
         here = {trl, mixer} & on_command_line
         if here == {trl}:
@@ -639,13 +613,11 @@ def _project_defaults(training, model, given: set[str]) -> None:
         if name not in given:
             setattr(training, name, value)
     if model.use_peft and training.disable_dropout and "lora_dropout" not in given:
-        # TRL's disable_dropout (on by default) sets every dropout to 0 once PEFT has wrapped the model, the adapter's
-        # too: the adapter trains without dropout, and the record, the card and adapter_config.json say so (not 0.05)
+        # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
         model.lora_dropout = 0.0
 
 
-# The files a recipe may name by a path relative to the project (the shipped ones do: data/smoke_prefs.jsonl,
-# configs/templates/olmo_thinker.jinja), each as (part, field).
+# The files a recipe may name by a path relative to the project, each as (part, field)
 RECIPE_PATHS = (
     ("script", "dataset_name"),
     ("model", "model_name_or_path"),
@@ -657,15 +629,10 @@ PATH_FIELDS = (*RECIPE_PATHS, ("training", "resume_from_checkpoint"))  # every f
 
 
 def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
-    """Each relative path the run reads where it is found, and the command line's data in place of the recipe file's.
-    `~` is expanded where the shell did not (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
-    libraries read these paths as written, and only some expanded it (transformers takes `~/my-sft` for a malformed
-    Hub name). A recipe's relative path not in the folder the command runs in but in the project is the project's file
-    (a job runs in the project; run from another folder, `python ~/dpotrain/train_dpo.py --config
-    ~/dpotrain/configs/smoke.yaml`, or with the default accelerate_config.yaml, those files were refused as missing).
-    A Slurm job's command line's relative path is the one in the folder submitted from where it is there (the job
-    runs in the project: `--chat_template_path my.jinja` was looked for in the project alone); accelerate_config is
-    the launch's own, which launch.sh reads. A path found where the command runs is read there."""
+    """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
+    file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
+    found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
+    the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads)."""
     for part, name in PATH_FIELDS:
         value = getattr(parts[part], name)
         if not isinstance(value, str) or not value:
@@ -687,9 +654,8 @@ def _submitted_file(value: str, pattern: bool = False) -> str | None:
 
 
 def _project_file(value: str, pattern: bool = False) -> str | None:
-    """The project's file a relative `value` the project's own files name (a recipe's data set, accelerate_config.yaml's
-    ds_config.json) names where the folder the command runs in has none, else None. `pattern`: `value` may be a glob
-    (a mixture's `data_files`), found where it matches a file."""
+    """The project's file a relative `value` names where the folder the command runs in has none, else None.
+    `pattern`: `value` may be a glob (a mixture's `data_files`), found where it matches a file."""
     path = Path(value).expanduser()
     if not path.is_absolute() and not _found(path, pattern) and _found(venv.ROOT / path, pattern):
         return str(venv.ROOT / path)
@@ -701,10 +667,8 @@ def _found(path: Path, pattern: bool) -> bool:
 
 
 def recorded_place(name: str, pattern: bool = False, started: Path | None = None) -> str | None:
-    """Where a recorded path (resolved_config.json's) is found, as a run places its own: here, in a job's folder
-    submitted from, in the project, and last in `started`, the folder the recorded run was started in (`cd exp; ...
-    pairs.jsonl`, resumed from the folder above as `exp/pairs.jsonl`); resolved (links followed), else None. A resume
-    compares names by it: a name recorded as written and the same file by its full path are one setting."""
+    """Where a recorded path is found, as a run places its own, last in `started` (the recorded run's folder); resolved,
+    else None: a resume compares names by it, so a name as written and its full path are one setting."""
     places = (Path(name).expanduser(), in_submit_dir(name), Path(_project_file(name, pattern) or name))
     if started is not None and not os.path.isabs(name):
         places += (started / name,)
@@ -712,9 +676,8 @@ def recorded_place(name: str, pattern: bool = False, started: Path | None = None
 
 
 def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
-    """Two records of one mixture field (`mixer`: open-instruct's SOURCE AMOUNT pairs, else TRL's `datasets`) naming
-    the same sources, each path compared by `recorded_place`: a requeue names a file as written, or by its full path.
-    `started`: the folder the `old` record's run was started in, where its relative names were written."""
+    """Two records of one mixture field (`mixer`: SOURCE AMOUNT pairs, else TRL's `datasets`) naming the same sources,
+    each path compared by `recorded_place`. `started`: the folder the `old` record's run was started in."""
     if not (isinstance(old, list) and isinstance(new, list)):
         return False
 
@@ -729,8 +692,7 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
 
 
 def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
-    """A mixture source's relative paths placed as the fields' are (`_placed_paths`): a recipe's in the project, a
-    Slurm job's command line's in the folder submitted from."""
+    """A mixture source's relative paths placed as the fields' are (`_placed_paths`)."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
         move = _project_file if name in from_recipe else _submitted_file
@@ -738,9 +700,8 @@ def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) ->
 
 
 def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
-    """One mixture field's words with each relative path datasets reads from the working folder passed through `move`
-    (the new path, or None to keep it): a source's file or folder, a builder's (`path: json`) data_dir, else its
-    data_files (a folder's and a Hub source's are their own). A word is left as written where nothing moves."""
+    """One mixture field's words with each path datasets reads from the working folder passed through `move` (the new
+    path, or None to keep it): a source's, a builder's data_dir, else its data_files; else left as written."""
     if mixer:  # SOURCE AMOUNT pairs
         return [(move(w) or w) if i % 2 == 0 else w for i, w in enumerate(words)]
     out = []
@@ -779,19 +740,16 @@ DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch 
 
 
 def _launch_deepspeed_file(accelerate_config: str | None) -> None:
-    """`accelerate launch` hands its config's deepspeed_config_file on as written (ACCELERATE_DEEPSPEED_CONFIG_FILE),
-    and each process reads it from the folder it runs in: launched from outside the project, the shipped ds_config.json
-    stopped every process while the dry run had planned it. Placed as the dry run places it (`launch_file`)."""
+    """`accelerate launch` hands its config's deepspeed_config_file on as written, read from each process's folder:
+    placed as the dry run places it (`launch_file`), so a launch from outside the project finds it."""
     name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
         os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name, accelerate_config)
 
 
 def launch_file(name: str, accelerate_config: str | None) -> str:
-    """An accelerate config's relative deepspeed_config_file, which `accelerate launch` reads from the folder it is
-    typed in: a Slurm job's folder submitted from (where its relative ACCELERATE_CONFIG was read; the job runs in the
-    project), else here, else the project's (the shipped configs name theirs from the project root). The project's own
-    `accelerate_config` names the project's file, not one a submit folder happens to hold (another checkout's)."""
+    """An accelerate config's relative deepspeed_config_file: in a Slurm job's folder submitted from, else here, else
+    the project's. The project's own `accelerate_config` names the project's file, not a submit folder's."""
     path = Path(accelerate_config or "none").expanduser()  # a path from here, a job's from the project
     own = str(path).lower() != "none" and path.is_file() and path.resolve().is_relative_to(venv.ROOT.resolve())
     return (None if own else _submitted_file(name)) or _project_file(name) or name
@@ -805,8 +763,7 @@ def launch_file_places() -> str:
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    """The recipe's path (`--config PATH` or `--config=PATH`, as every other flag is spelt) and the other words. Given
-    twice (an sbatch script's recipe and one on its command line), neither is chosen silently."""
+    """The recipe's path (`--config PATH` or `--config=PATH`) and the other words; given twice: refused."""
     at = [i for i, word in enumerate(argv) if word == "--config" or word.startswith("--config=")]
     if not at:
         return None, argv
@@ -823,14 +780,12 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
 
 
-# Fields a launcher puts after the user's words so that its value wins: launch.sh's --accelerate_config (the engine
-# it placed) and --dry-run --json, the analyzer's and prefetch's --dry-run, demo.sh's --overwrite_output_dir.
+# Fields a launcher puts after the user's words so that its value wins (launch.sh, the analyzer, prefetch, demo.sh)
 LAUNCHER_FIELDS = frozenset({"accelerate_config", "dry_run", "json", "overwrite_output_dir"})
 
 
 def _check_finite(*parts) -> None:
-    """`inf` and `nan` parse as floats, and JSON, the records' format (resolved_config.json, the dry run's), holds
-    neither: `--max_grad_norm inf` wrote `Infinity`, which strict readers (jq, JavaScript, W&B) refuse."""
+    """`inf` and `nan` parse as floats, which the JSON records would write as `Infinity`, refused by strict readers."""
 
     def numbers(value):  # a mapping's too (lr_scheduler_kwargs: {min_lr_rate: .nan}), and a list's
         if isinstance(value, dict):
@@ -852,9 +807,8 @@ def dry_run_asked(argv: list[str]) -> bool:
 
 
 def dry_run_flag(argv: list[str]) -> bool | None:
-    """The command line's dry-run flag however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true; None
-    where it gives none. The last one given decides, as the run's parser takes it (`--dry-run ... --dry_run false`
-    trains: the first one deciding, launch.sh ran that training in its batch shell, one process outside accelerate)."""
+    """The command line's dry-run flag however it is spelled (--dry-run, --dry_run=true, --dry-run true); None where
+    it gives none. The last one decides, as the run's parser takes it."""
     asked = None
     for i, word in enumerate(argv):
         flag, _, value = word.partition("=")
@@ -867,29 +821,26 @@ def dry_run_flag(argv: list[str]) -> bool | None:
 
 
 def in_submit_dir(name: str | None) -> Path | None:
-    """A relative path on a Slurm job's command line is in the folder the user submitted from (DPOTRAIN_SUBMIT_DIR,
-    set by scripts/dpo_train.sh), not the project folder the job runs in; None outside a job, or for an absolute one."""
+    """A relative path on a Slurm job's command line, in the folder submitted from (DPOTRAIN_SUBMIT_DIR, set by
+    scripts/dpo_train.sh), not the project the job runs in; None outside a job, or for an absolute one."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not name or not submitted or Path(name).expanduser().is_absolute():
         return None
     return Path(submitted) / name
 
 
-# The flag that carries a secret, as the parser takes it: HfArgumentParser adds the dashed spelling of every field.
 TOKEN_FLAGS = ("--hub_token", "--hub-token")
 
 
 def without_secrets(argv: list[str], flags: tuple[str, ...] = TOKEN_FLAGS) -> tuple[str, ...]:
-    """The command line without a --hub_token (either spelling, `--hub_token X` or `--hub_token=X`) and its value: a
-    printed command must not carry the token. `flags`: other flags dropped the same way."""
+    """The command line without a --hub_token (or other `flags`) and its value: a printed command shows no token."""
     value = {i + 1 for i, word in enumerate(argv) if word in flags}
     return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in flags)
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
-    """Batch flags on the command line (`--per_device_train_batch_size 4`) win over a recipe's pairs_per_step and
-    token budget, which are dropped. Returns what was replaced and the flags that would keep the recipe's pairs per
-    step (None when nothing was). A batch value below 1, the recipe's too, is refused first, alone."""
+    """Batch flags on the command line win over a recipe's pairs_per_step and token budget, which are dropped. Returns
+    what was replaced and the flags that keep its pairs per step (None: nothing). A batch value below 1: refused."""
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if getattr(training, name) < 1:
             raise ConfigError(f"{name} must be >= 1 (got {getattr(training, name)})")
@@ -909,8 +860,7 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
     kept = f" ({' '.join(keep)} keeps its {plural(replaced['pairs_per_step'], 'pair')} per step)" if keep else ""
     print(
         f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{plural(training.per_device_train_batch_size, 'pair')}, "
-        f"{training.gradient_accumulation_steps} per step and "
+        f"{plural(training.per_device_train_batch_size, 'pair')}, {training.gradient_accumulation_steps} per step and "
         f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
         file=sys.stderr,
     )
@@ -927,17 +877,16 @@ def _take_env_block(block: dict) -> None:
 
 
 def _one_process_backend(words: list[str]) -> list[str]:
-    """`words` without ddp_backend where no launcher made a process group to give it to (`python train_dpo.py`, a dry
-    run): accelerate made none for one process, then asked the one it was told of ("Default process group has not
-    been initialized"), so a cluster recipe's `ddp_backend: nccl` ended its dry run. The launch's processes read it."""
+    """`words` without ddp_backend where no launcher made a process group: accelerate then asks for the one named
+    ("Default process group has not been initialized")."""
     if launcher.under_launcher() or launcher.several_processes():
         return words
     return list(without_secrets(words, ("--ddp_backend", "--ddp-backend")))
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
-    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend: without one, accelerate
-    reports one process ("No backend == no distributed training") while DeepSpeed or FSDP run all of them."""
+    """Several processes on CPU need an explicit gloo backend: else accelerate reports one process ("No backend == no
+    distributed training") while DeepSpeed or FSDP run all of them."""
     import torch
 
     several = launcher.under_launcher() and launcher.several_processes()
@@ -957,9 +906,7 @@ def list_single_target(model) -> None:
 
 def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
-    replaced. Each part is built anew, so TRL's and transformers' checks run on the new values (but "bf16 needs a
-    GPU" and "tf32 requires Ampere", which `parse_args` made or skipped); the parsed recipe is never written
-    (tests/test_resolved.py checks)."""
+    replaced, each part built anew so TRL's checks run (the GPU precision ones skipped); `recipe` is never written."""
     new = {}
     with upstream.gpu_precision_checks_skipped():
         for part, values in parts.items():
