@@ -191,12 +191,9 @@ def meta_model(config):
 
 
 def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
-    """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens`, and how they were found.
-    `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
-
-    Traces of 1 and 2 layers of each kind, less model states, give the rest and each kind's slope (docs/memory.md).
-    Attention is traced fused and unmasked (masks: `mask_bytes`); linear-attention and Mamba layers without their
-    optional CUDA kernels (not in requirements-gpu.txt), the most they keep. A failed trace takes the formula."""
+    """Peak bytes of the backbone's forward + backward for `tokens`, and how found; `checkpointing` False, True or k.
+    Traced per layer kind (`layer_costs`, docs/memory.md), attention fused and unmasked (`mask_bytes`), linear-attention
+    and Mamba layers without their optional CUDA kernels (the most they keep); a failed trace takes the formula."""
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
