@@ -52,7 +52,7 @@ class Engine:
     # accelerate's mixed precision: TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
     mixed_precision: str = "no"
     mixed_precision_from: str = "ACCELERATE_MIXED_PRECISION"  # or the accelerate config a dry run read it from
-    # The DeepSpeed config's non-"auto" MATCHED values and its own OWN_PARTS types (`check_deepspeed_settings`)
+    # The DeepSpeed config's non-"auto" MATCHED and zero_force_ds_cpu_optimizer values, and its OWN_PARTS' types
     deepspeed_settings: tuple[tuple[str, object], ...] = ()
     # A config file's num_processes, so a dry run reads the file once; None where no file was read or it was refused
     processes: int | None = None
@@ -330,7 +330,7 @@ def _unsaved_zero3(source: str, fix: str) -> str:
     )
 
 
-# Who clips, per engine: each scales by max_norm / norm by one global norm over every rank (logged as grad_norm).
+# Who clips, per engine: each scales by max_norm / norm, one norm over every rank's gradients (logged: grad_norm).
 CLIPPED_BY = {
     "single": "torch's clip_grad_norm_",
     "ddp": "torch's clip_grad_norm_, after the all-reduce",

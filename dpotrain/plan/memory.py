@@ -405,7 +405,7 @@ def _logits_tile(tokens: int) -> int:
 
 def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
     """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md); ZeRO's
-    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`. Gradients are held whole between micro-batches."""
+    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`. FSDP2 too reduce-scatters every micro-batch."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
     if engine.name == "zero2":
