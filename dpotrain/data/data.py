@@ -197,21 +197,19 @@ def load_preference_dataset(
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
         if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
             raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
-        # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
-        text = _csv_columns_as_text(path) if builder == "csv" else None
+        text = _csv_columns_as_text(path) if builder == "csv" else None  # a CSV cell is text
         sep = {"sep": "\t"} if format_suffix(path) == ".tsv" else {}
+        files = {split: as_files(path)}
         if not streaming:
-            check_cache_room(builder, data_files={split: as_files(path)}, features=text, **sep)
+            check_cache_room(builder, data_files=files, features=text, **sep)
         try:
-            loaded = load_as_text(
-                text, load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming, **sep
-            )
+            loaded = load_as_text(text, load_dataset, builder, data_files=files, streaming=streaming, **sep)
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
         if builder == "json" and not streaming:
-            loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files={split: as_files(path)})
+            loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         check_folder_config(name, path, config)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
@@ -415,11 +413,8 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     for file in files:
         with open_data(file, "rt", encoding="utf-8-sig") as f:
             text = f.read()
-        rows += (
-            json.loads(text)
-            if text.lstrip().startswith("[")
-            else [json.loads(x) for x in text.splitlines() if x.strip()]
-        )
+        array = text.lstrip().startswith("[")
+        rows += json.loads(text) if array else [json.loads(x) for x in text.splitlines() if x.strip()]
     if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
         return dataset
     for column in mixed:  # each value JSON-encoded, so that text stays text

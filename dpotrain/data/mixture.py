@@ -582,9 +582,8 @@ def _union(a, b):
 def describe(record: dict) -> str:
     """One source as the dry run, the analyzer and the model card say it: rows, taken, share of the tokens."""
     dropped = record["rows_read"] - record["rows_usable"]
-    text = f"{record['source']}: {plural(record['rows_read'], 'row', ',')}" + (
-        f" ({dropped:,} invalid dropped)" if dropped else ""
-    )
+    text = f"{record['source']}: {plural(record['rows_read'], 'row', ',')}"
+    text += f" ({dropped:,} invalid dropped)" if dropped else ""
     text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
     if "token_share" in record:
         text += f", {record['token_share']:.1%} of the tokens"
