@@ -50,8 +50,7 @@ def cache_dir() -> Path:
 def check_writable() -> None:
     """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
     folder = cache_dir()
-    problem = unwritable(folder)
-    if problem:
+    if problem := unwritable(folder):
         raise ConfigError(
             f"the reference cache folder {folder} is not writable (cannot write in {problem[0]}: {problem[1]}): set "
             "DPOTRAIN_CACHE to a writable folder (on a cluster, one on a shared file system)"
