@@ -1,9 +1,8 @@
 """The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
 
-`accelerate launch --config_file X` names the engine in the training processes' environment; this module reads it,
-refuses what the project does not support (before anything loads), and holds the few places an engine changes: who
-runs every forward (`Engine.shards_weights`), the load dtype, the weights' hash under ZeRO-3, gradient clipping, the
-process groups, and an FSDP or DDP launch on CPU-only nodes (`enable_on_cpu`).
+Read from the environment `accelerate launch` sets (or a config file, for a dry run); unsupported ones are refused
+before anything loads. Also the few places an engine changes: who runs every forward, the load dtype, the weights' hash
+under ZeRO-3, gradient clipping, the process groups, and FSDP or DDP on CPU-only nodes.
 """
 
 import contextlib
@@ -37,8 +36,7 @@ NAMES = {  # how records and refusals name each engine
 
 @dataclass(frozen=True)
 class Engine:
-    """An engine and the settings that change what it holds per GPU, from an accelerate config file (a dry run:
-    `from_config`) or from the environment of a launch (`launched`)."""
+    """An engine and the settings that change what it holds per GPU: `from_config` (a dry run) or `launched`."""
 
     name: str  # "single", "ddp", "zero2", "zero3", "fsdp2"; "unplanned" from a config plans do not cover
     source: str = LAUNCHED  # the file(s) it was read from, or why it is unplanned
@@ -47,21 +45,16 @@ class Engine:
     offload_params: bool = False
     reduce_bucket: int | None = None  # DeepSpeed's reduce_bucket_size in elements; None: "auto" (hidden^2)
     overlap_comm: bool = False
-    # DeepSpeed's gradient_clipping as its config gives it: "auto" (transformers fills it from max_grad_norm), a number,
-    # or None when the config has no such key (DeepSpeed then does not clip, whatever max_grad_norm says)
+    # DeepSpeed's gradient_clipping: "auto" (filled from max_grad_norm), a number, or None (absent: never clips)
     gradient_clipping: str | float | None = "auto"
-    # An engine `launched` refuses (FSDP1, ZeRO-0/1, Megatron, a config accelerate refuses), read from a config file:
-    # its refusal, which a job's launch (dpotrain/cluster/job.py) makes before it starts any process
+    # Why `launched` would refuse this engine (FSDP1, ZeRO-0/1, ...): a job refuses it before starting
     refused: str | None = None
-    # accelerate's mixed precision as the launch sets it (ACCELERATE_MIXED_PRECISION, from its config's
-    # `mixed_precision`): TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
+    # accelerate's mixed precision: TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
     mixed_precision: str = "no"
     mixed_precision_from: str = "ACCELERATE_MIXED_PRECISION"  # or the accelerate config a dry run read it from
-    # What the DeepSpeed config sets in place of the recipe (`check_deepspeed_settings`): its values, other than "auto",
-    # of the settings transformers matches against the training arguments, and its own optimizer's and scheduler's types
+    # The DeepSpeed config's non-"auto" MATCHED and zero_force_ds_cpu_optimizer values, and its OWN_PARTS' types
     deepspeed_settings: tuple[tuple[str, object], ...] = ()
-    # A config file's num_processes (`processes`), read with its engine so a dry run reads the file once; None where no
-    # file was read, or accelerate refuses it (`refused` says why)
+    # A config file's num_processes, so a dry run reads the file once; None where no file was read or it was refused
     processes: int | None = None
 
     @property
@@ -76,9 +69,7 @@ class Engine:
     @property
     def defers_gradient_sync(self) -> bool:
         """Whether a step's micro-batches but the last skip the gradient reduction (`accelerator.no_sync`). DDP only:
-        its full gradients exist anyway. DeepSpeed reduces at every backward into its partitioned buffers. FSDP2
-        deferring would keep every layer's unsharded bf16 gradient until the last micro-batch (+2 bytes x parameters
-        per GPU: 64 GB for 32B), while reducing each time costs one reduce-scatter, overlapped with the backward."""
+        DeepSpeed reduces into partitioned buffers anyway, and FSDP2 deferring would hold every unsharded gradient."""
         return self.name == "ddp"
 
 
@@ -87,8 +78,8 @@ def _mixed_precision_set() -> str:
 
 
 def launched() -> Engine:
-    """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
-    config file's path); refuses the engines this project does not support."""
+    """The engine of this launch, from the environment `accelerate launch` sets (not the config's path); refuses the
+    unsupported."""
     env = os.environ.get
     world, per_node = launcher.world(1), launcher.processes_per_node()
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -137,8 +128,7 @@ def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
             "(configs/accelerate/fsdp2.yaml)"
         )
     if not (state_dict_type or "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
-        # FULL_STATE_DICT: the main process gathers and writes model and optimizer at every checkpoint (~88 GB
-        # for 7B) while every other rank waits at a barrier; sharded, each rank writes its own part.
+        # FULL_STATE_DICT: the main process gathers and writes every checkpoint while the other ranks wait.
         return (
             f"fsdp_state_dict_type {state_dict_type} is not supported: set "
             "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
@@ -161,8 +151,7 @@ def processes(config) -> int:
 
 
 def from_config(accelerate_config: str) -> Engine:
-    """The engine an accelerate config file selects (a dry run plans for it). Never raises: an engine plans do not
-    cover is named "unplanned", with the reason in `source`."""
+    """The engine an accelerate config file selects (a dry run). Never raises: "unplanned", the reason in `source`."""
     from_environment = _mixed_precision_set()  # where no config is read, TrainingArguments still reads it
     if accelerate_config.lower() in ("", "none"):
         return Engine("single", "python train_dpo.py, no launcher", mixed_precision=from_environment)
@@ -196,8 +185,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
                 why = f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found"
                 return Engine("unplanned", why, refused=f"{why} in {launch_file_places()}: {DS_FILE_FIX}")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
-            # accelerate refuses its own settings beside the file (DeepSpeedPlugin._deepspeed_config_checks), in every
-            # process as it starts: mixed_precision too, when the config names one
+            # accelerate refuses its settings beside the file as each process starts (_deepspeed_config_checks)
             beside = sorted(set(ds) & SET_IN_THE_FILE) + ["mixed_precision"] * (config.mixed_precision is not None)
             if beside and not found.refused:
                 found = replace(
@@ -229,8 +217,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
 
 
 def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
-    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file), `setting(key, default)` by the
-    config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
+    """DeepSpeed's settings inline in an accelerate config, `setting(key, default)`; DeepSpeed's defaults otherwise."""
     stage = int(setting("zero_stage", 0) or 0)
     # As `accelerate launch` passes them on: lowercased, and a null one not at all (DeepSpeed's default: none)
     devices = (str(setting(f"offload_{part}_device", "none") or "none").lower() for part in ("optimizer", "param"))
@@ -241,8 +228,8 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) -> Engine:
-    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse.
-    `save_16bit`: accelerate's zero3_save_16bit_model, which fills the file's "auto" there."""
+    """A DeepSpeed JSON config (another stage as "zero<stage>", for the caller to refuse). `save_16bit`: accelerate's
+    zero3_save_16bit_model, which fills the file's "auto" there."""
     config = _deepspeed_json(path)
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", 0)
@@ -273,8 +260,8 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
 
 
 def _deepspeed_json(path: Path) -> dict:
-    """A DeepSpeed config file's settings; one that is not a JSON object (a trailing comma, a list) refused, naming it:
-    transformers' own error named neither the file nor the fix, and a dry run ended in a traceback."""
+    """A DeepSpeed config file's settings; refused, naming the file, where not a JSON object (transformers' error names
+    neither file nor fix)."""
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -287,9 +274,8 @@ def _deepspeed_json(path: Path) -> dict:
     return config
 
 
-# DeepSpeed settings transformers matches against the training arguments, refusing a difference once the model has
-# loaded (transformers/integrations/deepspeed.py, `trainer_config_process`), and the parts of a DeepSpeed config
-# DeepSpeed then runs in place of the trainer's (`deepspeed_optim_sched`): the recipe's optim, lr_scheduler_type
+# Settings transformers matches against the training arguments once the model has loaded (`trainer_config_process`),
+# and the parts DeepSpeed runs in place of the recipe's optim and lr_scheduler_type (`deepspeed_optim_sched`)
 MATCHED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "bf16", "fp16")
 OWN_PARTS = ("optimizer", "scheduler")
 
@@ -307,8 +293,7 @@ def _with_accumulation(found: Engine, steps) -> Engine:
     return replace(found, deepspeed_settings=(("gradient_accumulation_steps", int(steps)),))
 
 
-# The settings of an accelerate config that `accelerate launch` refuses beside a deepspeed_config_file: the file holds
-# them (accelerate/utils/dataclasses.py, `_deepspeed_config_checks`)
+# What `accelerate launch` refuses beside a deepspeed_config_file (accelerate's `_deepspeed_config_checks`)
 SET_IN_THE_FILE = {
     "gradient_accumulation_steps",
     "gradient_clipping",
@@ -336,9 +321,8 @@ def _true(value) -> bool:
 
 
 def _unsaved_zero3(source: str, fix: str) -> str:
-    """ZeRO-3 without its weights gathered on save: transformers writes the final model as DeepSpeed's optimizer
-    shards (global_stepN/, zero_to_fp32.py) with no model.safetensors, says so in one warning, and the run completes:
-    the final folder, its push and its LoRA merge hold no weights."""
+    """ZeRO-3 not gathering weights on save: the final folder (its push, its LoRA merge) would hold only DeepSpeed
+    shards, no model.safetensors, after a single warning."""
     return (
         f"the DeepSpeed ZeRO-3 config ({source}) does not gather the weights when the model is saved, so the final "
         f"model would be written as DeepSpeed shards, without model.safetensors: set {fix} "
@@ -346,9 +330,7 @@ def _unsaved_zero3(source: str, fix: str) -> str:
     )
 
 
-# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, averaged
-# over all processes (a sequence-parallel group's too), and scales them all by max_norm / norm when it is larger;
-# transformers logs that norm, before clipping, as grad_norm.
+# Who clips, per engine: each scales by max_norm / norm, one norm over every rank's gradients (logged: grad_norm).
 CLIPPED_BY = {
     "single": "torch's clip_grad_norm_",
     "ddp": "torch's clip_grad_norm_, after the all-reduce",
@@ -359,9 +341,8 @@ CLIPPED_BY = {
 
 
 def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
-    """The clipping in effect (resolved_config.json: derived.gradient_clipping). A DeepSpeed config decides DeepSpeed's
-    clipping: one without "gradient_clipping" never clips, and one with a number other than max_grad_norm makes
-    transformers stop only once the model has loaded; both are refused here, before anything loads."""
+    """The clipping in effect (derived.gradient_clipping). Refused before anything loads: a DeepSpeed config that never
+    clips, or one whose number differs from max_grad_norm (transformers stops on it once the model has loaded)."""
     if max_grad_norm < 0:
         raise ConfigError(
             f"max_grad_norm must be >= 0 (got {max_grad_norm:g}): the global gradient norm to clip at, "
@@ -388,10 +369,8 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
 
 
 def check_mixed_precision(training, run_engine: Engine) -> None:
-    """accelerate's mixed precision against the recipe's. TrainingArguments takes ACCELERATE_MIXED_PRECISION (which
-    `accelerate launch` sets from its config's `mixed_precision`) where the recipe sets neither bf16 nor fp16: a run
-    would train under bf16 (fp16, fp8) autocast while its record says fp32. A run reads what its launch set, a dry run
-    what the accelerate config it plans for would set. A recipe's bf16 or fp16 wins over it: nothing to refuse."""
+    """Refuses accelerate's mixed precision where the recipe sets neither bf16 nor fp16: TrainingArguments would
+    autocast in it under a record of fp32."""
     mixed, where = run_engine.mixed_precision, run_engine.mixed_precision_from
     if training.bf16 or training.fp16 or mixed == "no":
         return
@@ -404,11 +383,9 @@ def check_mixed_precision(training, run_engine: Engine) -> None:
 
 
 def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
-    """A DeepSpeed config's settings against the run's. The step plan runs a step's micro-batches itself, so
-    transformers gives DeepSpeed an accumulation of 1 and the recipe's per_device_train_batch_size: a number there that
-    differs stopped every rank with a traceback once the model had loaded and the reference stage had run. Its own
-    optimizer or scheduler would run in place of the recipe's optim and lr_scheduler_type (a WarmupLR held the
-    learning rate constant where the record said linear decay). Both refused here, before anything loads."""
+    """A DeepSpeed config's settings against the run's, refused before anything loads: its own optimizer or scheduler
+    (run in place of the recipe's), and a MATCHED value that differs (transformers stops on it after loading). The step
+    plan runs a step's micro-batches itself: DeepSpeed gets an accumulation of 1."""
     settings = dict(run_engine.deepspeed_settings)
     replaced = {"optimizer": ("optim", training.optim), "scheduler": ("lr_scheduler_type", training.lr_scheduler_type)}
     if own := [key for key in OWN_PARTS if key in settings]:
@@ -439,11 +416,9 @@ def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
 
 
 def check_offloaded_optimizer(training, run_engine: Engine) -> None:
-    """Under ZeRO optimizer offload accelerate hands DeepSpeed its CPU optimizer in place of the recipe's
-    (`map_pytorch_optim_to_deepspeed`, unless the DeepSpeed config sets "zero_force_ds_cpu_optimizer": false): CPU
-    AdamW for torch's AdamW, CPU Adagrad for Adagrad, and CPU Adam (L2 decay) for any other, keeping the parameter
-    groups' settings. An `optim sgd` (or adafactor, rmsprop, lion, ...) run trained as Adam, recorded as the optim."""
-    import torch
+    """Under ZeRO optimizer offload accelerate replaces the optimizer with DeepSpeed's CPU one
+    (`map_pytorch_optim_to_deepspeed`, unless "zero_force_ds_cpu_optimizer": false): any but AdamW and Adagrad trains
+    as CPU Adam."""
     from transformers import Trainer
 
     forced = dict(run_engine.deepspeed_settings).get("zero_force_ds_cpu_optimizer", True)
@@ -453,9 +428,8 @@ def check_offloaded_optimizer(training, run_engine: Engine) -> None:
         optimizer_cls = Trainer.get_optimizer_cls_and_kwargs(training)[0]
     except Exception:  # noqa: BLE001 - options.check_optimizer names what cannot be built here
         return
-    if isinstance(optimizer_cls, type) and issubclass(
-        optimizer_cls, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
-    ):
+    kept = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+    if isinstance(optimizer_cls, type) and issubclass(optimizer_cls, kept):
         return
     optim = getattr(training.optim, "value", training.optim)
     raise ConfigError(
@@ -467,9 +441,8 @@ def check_offloaded_optimizer(training, run_engine: Engine) -> None:
 
 
 def check_processes_per_node(per_node: int, gpus: int) -> None:
-    """More processes on a node than it has GPUs (`accelerate launch --num_processes 8` on a node of 4, or a config's
-    num_processes): accelerate gives process i GPU i % GPUs, so two share each GPU's memory and NCCL stops the launch
-    at its first collective ("Duplicate GPU detected"), minutes in. `gpus`: torch's count, 0 without CUDA."""
+    """Refuses more processes on a node than GPUs: two would share a GPU and NCCL stops at the first collective
+    ("Duplicate GPU detected"), minutes in. `gpus`: torch's count, 0 without CUDA."""
     if gpus and per_node > gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
@@ -484,8 +457,7 @@ DDP_SETTINGS = ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcas
 
 
 def check_ddp_settings(training, run_engine: Engine) -> None:
-    """transformers hands the ddp_* settings to torch's DistributedDataParallel, which DeepSpeed and FSDP2 do not use:
-    under them a value was recorded and never applied."""
+    """Refuses ddp_* settings under DeepSpeed or FSDP2, which do not use torch's DDP: recorded, never applied."""
     named = [name for name in DDP_SETTINGS if getattr(training, name) is not None]
     if named and run_engine.name in ("zero2", "zero3", "fsdp2"):
         raise ConfigError(
@@ -495,18 +467,16 @@ def check_ddp_settings(training, run_engine: Engine) -> None:
 
 
 def load_dtype(recipe, engine: Engine, config=None) -> str | None:
-    """The dtype the weights load in when the recipe names none (TRL's default is float32). DeepSpeed keeps its own
-    fp32 master copy in the optimizer, so with bf16 the weights load in bf16: half the host memory per process, as
-    open-instruct does. FSDP2 keeps fp32 parameters and computes in bf16, so they load in fp32 (RAM-efficient)."""
+    """The dtype the weights load in when the recipe names none (TRL's default: float32): bf16 under DeepSpeed with bf16
+    (its optimizer keeps an fp32 master copy), halving host memory; FSDP2 keeps fp32 parameters."""
     if engine.deepspeed and recipe.training.bf16 and "dtype" not in recipe.given:
         return "bfloat16"
     return model_dtype(recipe, config)
 
 
 def model_dtype(recipe, config=None) -> str | None:
-    """The recipe's dtype, `auto` as transformers resolves it from the model's `config`: resolved_config.json, the dry
-    run and the memory plan said "auto" (2 bytes a weight) for a model that loaded in float32. Still `auto` where the
-    config is not on this machine or names no dtype (transformers then reads the weights' own)."""
+    """The recipe's dtype, `auto` resolved from the model's `config` as transformers does; still `auto` without a
+    config or its dtype (transformers then reads the weights')."""
     dtype = recipe.model.dtype
     if dtype == "auto" and config is not None and getattr(config, "dtype", None) is not None:
         return str(config.dtype).removeprefix("torch.")
@@ -514,11 +484,8 @@ def model_dtype(recipe, config=None) -> str | None:
 
 
 def check_half_weights(recipe, engine: Engine, config=None) -> None:
-    """Weights that train in bf16/fp16 themselves, with no fp32 copy, lose their updates: bf16 keeps 8 significant
-    bits (fp16 11), so an Adam step (about the learning rate) rounds away on any weight above about 512 (4096) times
-    it (at 1e-6, 98% of 0.02-sized bf16 weights never changed in 10 steps). DeepSpeed keeps an fp32 copy in its
-    optimizer under bf16 or fp16, FSDP2 upcasts the weights under mixed precision (accelerate), and PEFT keeps a LoRA
-    adapter in fp32. `--dtype auto` is the model's own dtype, judged once its `config` is read."""
+    """Refuses weights that train in bf16/fp16 with no fp32 copy: an Adam step (about the learning rate) rounds away on
+    any weight above ~512x (fp16: 4096x) it. DeepSpeed, FSDP2 under mixed precision and PEFT's adapter keep fp32."""
     t, dtype = recipe.training, model_dtype(recipe, config)
     half, above = {"bfloat16": ("bf16", 512), "float16": ("fp16", 4096)}.get(dtype, (None, 0))
     if half is None or recipe.model.use_peft or ((t.bf16 or t.fp16) and (engine.deepspeed or engine.name == "fsdp2")):
@@ -534,13 +501,8 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
 
 
 def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
-    """The engine that runs: FSDP2 launched as one process on CPU runs as one plain process (accelerate turns FSDP on
-    for accelerator devices, `enable_on_cpu` for 2 processes or more; one CPU process stays DistributedType.NO), and is
-    named so, where it read "FSDP2" and its clipping "one norm over every rank's shards". A launch of fewer processes
-    than a node's GPUs (`WORLD_SIZE=8 GPUS_PER_NODE=16`: 8 GPUs of a 16-GPU node) runs them all on one node, as the job
-    that asks Slurm for 8 GPUs of it does (scripts/launch.sh: --gpus-per-node=8, one process per GPU): planned as a
-    node of 16, the summary said "1 node of 16 GPUs", the record 16 per node, and offered `WORLD_SIZE=8
-    GPUS_PER_NODE=8`, this same job, as another node size."""
+    """The engine that runs: FSDP2 as one CPU process stays DistributedType.NO, so it is named "single"; fewer processes
+    than a node's GPUs all run on one node of that many (scripts/launch.sh asks Slurm for just those GPUs)."""
     if 1 < world < found.gpus_per_node:
         found = replace(found, gpus_per_node=world)
     if found.name != "fsdp2" or world > 1 or on_gpus:
@@ -550,25 +512,20 @@ def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
 
 
 def enable_on_cpu(engine: Engine) -> None:
-    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed. accelerate 1.15
-    turns them on for accelerator devices only (accelerate/state.py: a CPU launch without `use_cpu` comes out as
-    DistributedType.NO), so a CPU-only node would run independent processes that never exchange a gradient; with this
-    CPU-only clusters and the tests run the real engine. A no-op with a GPU, for one process, and for DeepSpeed (which
-    accelerate sets up on CPU with gloo)."""
+    """Makes an FSDP or DDP launch distributed on a CPU-only node: accelerate 1.15 turns them on for accelerator devices
+    only (accelerate/state.py), leaving independent processes. A no-op with a GPU, one process, or DeepSpeed (gloo)."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
     state = PartialState()
     if state.distributed_type == DistributedType.NO and state.num_processes > 1:
-        # FSDP: the branch of AcceleratorState that sets it up is taken for accelerator types only; it then becomes
-        # DistributedType.FSDP. DDP: MULTI_CPU makes accelerate wrap the model in DistributedDataParallel.
+        # FSDP: AcceleratorState sets it up for accelerator types only, then makes it FSDP; MULTI_CPU wraps DDP.
         kind = DistributedType.MULTI_GPU if engine.name == "fsdp2" else DistributedType.MULTI_CPU
         upstream.set_distributed_type(kind)
 
 
 def zero3_weights_sha256(model, is_main: bool) -> str | None:
-    """sha256 of the full weights of a ZeRO-3 model, as TRL's `hash_module` takes it of an unsharded one (so the
-    reference cache key does not depend on the engine), on the main process. Each tensor is gathered from its shards
-    first: a collective, every rank calls this. (TRL hashes the empty local partitions.)"""
+    """sha256 of a ZeRO-3 model's full weights as TRL's `hash_module` takes an unsharded one's (TRL would hash the empty
+    local partitions), on the main process. A collective: every rank calls it."""
     import deepspeed
 
     h = hashlib.sha256()
@@ -586,13 +543,9 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
 
 
 def start_processes(training, run_engine: Engine):
-    """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
-    the same timeout for every group the engines make later; printed once, as torch holds it.
-
-    The first group made decides: a bare `PartialState()` gets the default of 10 minutes, and TrainingArguments keeps
-    that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
-    (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
-    at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
+    """This launch's process group, made first with the recipe's `ddp_timeout` (a bare `PartialState()` gets 10 minutes
+    and TrainingArguments keeps it), which also becomes torch's default for later groups (DeepSpeed's), read by
+    `distributed_c10d._get_default_timeout` at each `new_group` (torch 2.13)."""
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.
@@ -605,8 +558,7 @@ def start_processes(training, run_engine: Engine):
 
 
 def end_processes() -> None:
-    """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
-    Left to the interpreter's exit, a rank that finished before the main process once died with "terminate called
-    without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
+    """Destroys every process group after the last collective (every rank): left to the interpreter's exit, a rank
+    could die with SIGABRT ("terminate called without an active exception")."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

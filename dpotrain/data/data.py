@@ -12,8 +12,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import unwritable
 
-# datasets' own suffixes for these builders (its _EXTENSION_TO_MODULE): a folder of `.ndjson` or `.tsv` shards is read
-# through them, so a file of them is read as well, and checked as its `.jsonl` or `.csv` kin is
+# datasets' own suffixes for these builders (its _EXTENSION_TO_MODULE): a file of them is read as its folder's would be
 LOCAL_SUFFIXES = {
     ".jsonl": "json",
     ".ndjson": "json",
@@ -26,8 +25,7 @@ JSON_LINES = (".jsonl", ".ndjson")
 DELIMITERS = {".csv": ",", ".tsv": "\t"}  # datasets reads `.tsv` as CSV separated by tabs
 COMPRESSIONS = (".gz", ".bz2", ".xz")  # codecs datasets reads a text data file through, by its suffix (`x.jsonl.gz`)
 REQUIRED_COLUMNS = ("chosen", "rejected")
-# Names public preference sets give a string prompt beside string answers (Alpaca's `instruction`, Orca's `question`
-# and `input`, ...): read as the `prompt` column where it is the only one (`prompt_column`).
+# Names public preference sets give a string prompt (Alpaca's `instruction`, Orca's `question`): `prompt_column`
 PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request")
 
 
@@ -50,8 +48,7 @@ def open_data(path: Path, mode: str = "rb", **text):
 
 
 def looks_like_path(name: str) -> bool:
-    """Written as a path, not as a Hub repo id (`org/name`), or starting with a folder that exists here
-    (`data/pairs.jsnl`: a mistyped local path, not an `org`)."""
+    """Written as a path, not a Hub repo id (`org/name`), or under a folder that exists here (a mistyped local path)."""
     return name.startswith((".", "/", "~")) or name.count("/") >= 2 or ("/" in name and Path(name).parent.is_dir())
 
 
@@ -97,10 +94,9 @@ def _pattern_files(path: Path) -> int:
 
 
 def check_read_as_named(name: str, path: Path) -> None:
-    """datasets reads a local file, and every file under a folder of shards, through fsspec's patterns: `[1]` in a path
-    matches `1` (`pairs-[1].jsonl` read `pairs-1.jsonl` in its place, silently), `?` and `*` match its neighbours too
-    (read beside it), `::` chains file systems (read nothing). A file's path is escaped where it is loaded (`as_files`);
-    a folder's cannot be, since datasets joins its own patterns to it, and `::` in neither: refused, naming the fix."""
+    """datasets reads local paths as fsspec patterns (`[1]` matches `1`, `?` and `*` neighbours, `::` chains file
+    systems): a file's path is escaped (`as_files`), a folder's cannot be (datasets joins its patterns to it), nor
+    `::`: refused."""
     where = os.path.abspath(path)
     folder = path.is_dir() and not data_identity.saved(path)  # load_from_disk reads a saved folder by its path
     found = "::" if "::" in where else next((c for c in "[]*?" if c in where), None) if folder else None
@@ -113,8 +109,7 @@ def check_read_as_named(name: str, path: Path) -> None:
 
 
 def as_files(path: Path) -> str:
-    """A data file as datasets' `data_files` takes it, literally: absolute (joined to the working folder, a relative
-    one would be a pattern there too) and with its pattern characters escaped (`check_read_as_named`)."""
+    """A data file as datasets' `data_files` takes it literally: absolute, its pattern characters escaped."""
     return glob.escape(os.path.abspath(path))
 
 
@@ -133,8 +128,7 @@ def file_kind(path: Path) -> str | None:
 
 
 def check_file_kind(path: Path) -> None:
-    """A file whose name says another format than it holds: one line saying how to name it, not the reader's
-    traceback."""
+    """Refuses a file whose suffix says another format than it holds, saying how to name it."""
     kind = file_kind(path)
     fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None}.get(
         path.suffix, kind != "parquet"
@@ -147,9 +141,8 @@ def check_file_kind(path: Path) -> None:
 
 
 def check_one_format(name: str, path: Path) -> None:
-    """datasets reads a folder's data files of one format (the most files', `infer_module_for_data_files_list`) and
-    leaves the others out: `a.jsonl` and `b.csv` trained a.jsonl's pairs alone, silently. Refused, unless the folder's
-    README.md names its files (a Hub data set's `configs:`), as datasets reads them then."""
+    """Refuses a folder of several formats: datasets reads only the commonest (`infer_module_for_data_files_list`),
+    silently; unless its README.md names its files (`configs:`)."""
     from datasets.data_files import FILES_TO_IGNORE
 
     readme = path / "README.md"
@@ -180,8 +173,7 @@ def load_preference_dataset(
     say: bool = True,
     split_flag: str | None = None,
 ):
-    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs (`prompt_column`:
-    `say` says so on the console). `split_flag`: the caller's option that chose `split`, named where it is missing."""
+    """The `split` of data set `name`, checked for `chosen`/`rejected`. `split_flag`: the option that chose `split`."""
     import datasets
 
     check_dataset_name(name)
@@ -205,21 +197,19 @@ def load_preference_dataset(
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
         if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
             raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
-        # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
-        text = _csv_columns_as_text(path) if builder == "csv" else None
+        text = _csv_columns_as_text(path) if builder == "csv" else None  # a CSV cell is text
         sep = {"sep": "\t"} if format_suffix(path) == ".tsv" else {}
+        files = {split: as_files(path)}
         if not streaming:
-            check_cache_room(builder, data_files={split: as_files(path)}, features=text, **sep)
+            check_cache_room(builder, data_files=files, features=text, **sep)
         try:
-            loaded = load_as_text(
-                text, load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming, **sep
-            )
+            loaded = load_as_text(text, load_dataset, builder, data_files=files, streaming=streaming, **sep)
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
         if builder == "json" and not streaming:
-            loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files={split: as_files(path)})
+            loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         check_folder_config(name, path, config)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
@@ -238,7 +228,6 @@ def load_preference_dataset(
             raise ConfigError(f"could not load data set {name!r} from the Hub: {cause(e)}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
-            # The caller knows which of its options chose the split (a run has two): the line names it
             how = f"set {split_flag} to" if split_flag else "choose"
             raise ConfigError(f"dataset {name!r} has no split {split!r}: {how} one of {sorted(loaded)}")
         loaded = loaded[split]
@@ -247,9 +236,8 @@ def load_preference_dataset(
 
 
 def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
-    """String answers without a `prompt` column but with one column of a `PROMPT_NAMES` name that the answers do not
-    start with: that column read as the prompt (TRL would take the characters both answers share as the prompt).
-    Two such columns are refused: which is the prompt is the user's to say."""
+    """String answers with no `prompt` column: the one `PROMPT_NAMES` column read as the prompt (TRL would take the
+    answers' common start); two such columns refused."""
     columns = dataset.column_names or []
     if "prompt" in columns:
         return dataset
@@ -258,7 +246,6 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
     if not isinstance(chosen, str) or not isinstance(rejected, str) or shapes.is_hh(chosen):
         return dataset  # message lists (the conversations hold the prompt), or HH-RLHF strings
     if waiting := _conversation_column(first):
-        # Not read, the answers trained with no prompt (the characters both start with, often none): a silent loss.
         raise ConfigError(
             f"dataset {name!r} has string answers, no `prompt` column and, in column {waiting!r} (not read), a "
             "conversation waiting for its answer: the answers would train without it as their prompt; rename "
@@ -287,8 +274,7 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
 
 
 def _conversation_column(first: dict) -> str | None:
-    """A column no pair is read from whose value in `first` is a conversation waiting for its answer: a message list
-    (TRL's `role` or ShareGPT's `from`) whose last message is the user's."""
+    """A column not read whose value is a message list (`role` or ShareGPT's `from`) ending with the user's turn."""
     for column, value in first.items():
         if column in ("chosen", "rejected", *shapes.KEPT_COLUMNS) or not isinstance(value, list) or not value:
             continue
@@ -299,8 +285,7 @@ def _conversation_column(first: dict) -> str | None:
 
 
 def _has_rows(path: Path) -> bool:
-    """Whether a local file holds a row, from its head only (every rank checks this at start); a file the head cannot
-    settle counts as holding rows."""
+    """Whether a local file holds a row, from its head only (every rank checks it); undecided counts as yes."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -316,10 +301,8 @@ def _has_rows(path: Path) -> bool:
 
 
 def csv_text_features(paths):
-    """`_csv_columns_as_text` for CSV files read as one data set (a folder of them, a mixture source's list or glob):
-    pandas infers each file's types on its own, so `42` in one file and `yes` in another could not be joined (a
-    traceback-like `DatasetGenerationError`), and a file of numbers trained `1.50` as the float 1.5. None (the inferred
-    types) where a file is not `.csv` (a compressed one, read through its codec) or the files' headers differ."""
+    """`_csv_columns_as_text` for CSV files read as one data set (pandas' per-file types could not be joined); None
+    where a file is not `.csv` or the headers differ."""
     paths = [Path(p) for p in paths]
     if not paths or len({p.suffix for p in paths}) > 1 or paths[0].suffix not in DELIMITERS:
         return None
@@ -328,9 +311,8 @@ def csv_text_features(paths):
 
 
 def load_dataset(*args, **kwargs):
-    """`datasets.load_dataset`, with its Arrow copy made again where files of it were removed since it was made (a
-    cleaner of old files on /scratch or /tmp) and its dataset_info.json left: datasets takes such a copy as made, and
-    its load fails naming a file of the cache, which the person never wrote."""
+    """`datasets.load_dataset`, its Arrow copy remade where a cleaner removed files of it (datasets takes it as made and
+    fails naming a cache file)."""
     import datasets
 
     try:
@@ -360,8 +342,7 @@ def _named(name: str, data_files) -> str:
 
 
 def load_as_text(features, load, *args, **kwargs):
-    """`load(*args, features=features, **kwargs)`, else with `features=None` where reading every column as text fails
-    (a header pandas reads otherwise: more fields in the rows than names): its own types, as before."""
+    """`load(*args, features=features, **kwargs)`, else with `features=None` where reading all columns as text fails."""
     try:
         return load(*args, features=features, **kwargs)
     except Exception:
@@ -371,8 +352,8 @@ def load_as_text(features, load, *args, **kwargs):
 
 
 def _csv_columns_as_text(path: Path):
-    """datasets' features reading every column of a CSV file as a string, from its header; None (pandas infers the
-    types) where the header has no names or one name twice (pandas renames the second)."""
+    """Features reading every column of a CSV file as text (pandas would infer `42` an int, `1.50` a float); None where
+    the header has no names or one twice."""
     import csv
 
     import datasets
@@ -393,8 +374,7 @@ def _empty_saved_splits(path: Path) -> list[str]:
 
 
 def _check_utf8(dataset, path: Path) -> None:
-    """pyarrow's JSON reader keeps invalid UTF-8 bytes in its strings, and reading the row fails later (a
-    UnicodeDecodeError naming neither file nor line): Arrow's full validation finds such bytes in C++."""
+    """pyarrow's JSON reader keeps invalid UTF-8, which fails later naming neither file nor line: validated here."""
     import pyarrow as pa
 
     try:
@@ -416,11 +396,8 @@ def mixed_type_columns(dataset) -> list[str]:
 
 
 def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
-    """datasets stores a field whose type differs between rows (text in one, a number or text parts in another) as
-    JSON, but keeps text that reads as JSON as it is: the answer `"42"` came back the int 42, `"null"` None, and was
-    refused or dropped as not text. The columns a pair is read from that hold such a field are read again from the
-    JSON files datasets read (`load_args`/`load_kwargs` are the load's: a folder of shards, a glob, a data_dir read
-    file after file, as the load read them), each value as written."""
+    """datasets stores a field of mixed types as JSON but keeps text that reads as JSON (`"42"` came back 42): such
+    pair columns are read again from the JSON files the load (`load_args`/`load_kwargs`) read, each value as written."""
     import datasets
 
     mixed = mixed_type_columns(dataset)
@@ -436,11 +413,8 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     for file in files:
         with open_data(file, "rt", encoding="utf-8-sig") as f:
             text = f.read()
-        rows += (
-            json.loads(text)
-            if text.lstrip().startswith("[")
-            else [json.loads(x) for x in text.splitlines() if x.strip()]
-        )
+        array = text.lstrip().startswith("[")
+        rows += json.loads(text) if array else [json.loads(x) for x in text.splitlines() if x.strip()]
     if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
         return dataset
     for column in mixed:  # each value JSON-encoded, so that text stays text
@@ -465,8 +439,7 @@ def _invalid_utf8(path: Path) -> str | None:
 
 @functools.cache
 def check_datasets_cache() -> None:
-    """datasets writes every data set it reads, local files too, into its cache, and where it cannot write it fails
-    with a message about the data file: the cache is named instead (once per process)."""
+    """Names an unwritable datasets cache (datasets' error names the data file), once per process."""
     import datasets
 
     folder = Path(datasets.config.HF_DATASETS_CACHE)
@@ -478,10 +451,8 @@ def check_datasets_cache() -> None:
 
 
 def check_cache_room(*args, **kwargs) -> None:
-    """datasets copies a local data set's files into its cache as Arrow at their first read (measured: 895 MB for 50k
-    thinking pairs), about the files' size (more for compressed ones), and on a full disk fails partway, naming neither
-    the cache nor the fix: refused in one line before the copy starts where the cache's disk has less room than the
-    files take. `args`, `kwargs`: `load_dataset`'s, whose builder says where the copy goes and whether it is made."""
+    """Refuses before the copy where the cache's disk has less room than the files: datasets copies them as Arrow at
+    their first read and fails partway on a full disk. `args`, `kwargs`: `load_dataset`'s."""
     import datasets
 
     try:
@@ -503,9 +474,8 @@ def check_cache_room(*args, **kwargs) -> None:
 
 
 def check_folder_config(name: str, path: Path, config: str | None) -> None:
-    """A cloned Hub data set (a folder whose README.md lists `configs:`) read without a configuration where it has no
-    default, or with one it lacks: datasets' error was taken for an unreadable folder, and the line advised
-    rewriting the files. The configurations are read as datasets reads them."""
+    """Refuses a cloned Hub data set (README.md `configs:`) read with no configuration where it has no default, or one
+    it lacks (datasets' error reads as an unreadable folder)."""
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard
 
@@ -530,8 +500,7 @@ def check_folder_config(name: str, path: Path, config: str | None) -> None:
 
 
 def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
-    """Why a folder of data files did not load: a file's line (`_bad_line`), else what datasets says and what it
-    reads there (its cause: the wrapper says only "An error occurred while generating the dataset")."""
+    """Why a folder of data files did not load: a file's bad line, else datasets' cause and what the folder holds."""
     found = data_identity.files(str(path)) or {}
     if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
         return line
@@ -584,9 +553,8 @@ def check_columns(dataset, name: str) -> None:
 
 
 def _check_by_column(dataset, name: str) -> None:
-    """`{"chosen": [...], "rejected": [...]}` (`json.dump` of a dict of columns): datasets reads it as one row whose
-    sides are lists of every pair's, refused as 'message 0 is a str, not a {'role', 'content'} mapping', which named
-    neither the cause nor the fix. A pair's side is never a list of strings or of message lists."""
+    """Refuses `{"chosen": [...], "rejected": [...]}` (a dict of columns), which datasets reads as one row; a pair's
+    side is never a list of strings or of message lists."""
     if getattr(dataset, "num_rows", None) != 1:
         return
     first = next(iter(dataset), None) or {}
@@ -601,9 +569,8 @@ def _check_by_column(dataset, name: str) -> None:
 
 
 def row_location(name: str, index: int) -> str:
-    """Where row `index` (from 0) of a data set is, as a person finds it in the file: 'line 8 of my.jsonl' (blank lines
-    are not rows), 'line 9 of my.csv' (where its record starts: quoted fields may span lines), else 'row 7 (from 0) of
-    my.parquet'."""
+    """Where row `index` (from 0) is, as a person finds it: 'line 8 of my.jsonl', 'line 9 of my.csv' (where its record
+    starts), else 'row 7 (from 0) of my.parquet'."""
     path = Path(name).expanduser()
     if path.is_file() and (
         format_suffix(path) in JSON_LINES or path.suffix == ".json" and file_kind(path) == "json lines"

@@ -1,7 +1,6 @@
-"""Preference data from several sources: TRL's `datasets:` list and open-instruct's `--dataset_mixer_list`, read into
-one list of `Source`s, each read in its own shape and checked row by row (`rows.usable_pairs`), its pairs taken with a
-generator seeded by the recipe's seed and the source's spelling: the same pairs on every rank, node and rerun (the
-rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/architecture.md).
+"""Preference data from several sources: TRL's `datasets:` list and open-instruct's `--dataset_mixer_list` as one list
+of `Source`s, each checked row by row, its pairs taken by a generator seeded with the recipe's seed and the source's
+spelling: the same pairs on every rank, node and rerun (docs/data.md "Several sources").
 """
 
 import collections
@@ -37,15 +36,13 @@ class Source:
     columns: tuple | None = None
     amount: str | None = None  # as written: "0.5" a fraction, "1000" a count, None every row
     share: float | None = None  # TRL's `fraction`
-    # The field that chose `split`, as a missing split's refusal names it (the single data set's names its flag); not
-    # part of what the source is.
+    # The field that chose `split`, for a missing split's refusal; not part of what the source is.
     split_from: str | None = dataclasses.field(default=None, compare=False)
 
     @property
     def file(self) -> str | None:
-        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl` (a
-        file named `pairs-[1].jsonl` too); not a pattern (`data_files: pairs/*.jsonl`, refused as a file that does not
-        exist): datasets reads its matches."""
+        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`;
+        None for a pattern (datasets reads its matches)."""
         files = self.data_files
         if isinstance(files, list) and len(files) == 1:
             files = files[0]
@@ -69,12 +66,12 @@ class Source:
         return f"{self.file or self.path}{':' + self.name if self.name else ''} [{self.split}]{extra}"
 
     def identity(self) -> str:
-        """What the source is, whatever its spelling: a local file by its real path (a file has one split, whatever it
-        is called), a local folder by its real path and what is read of it, a Hub data set by its spec."""
+        """What the source is, whatever its spelling: a local file by its real path (one split, whatever its name), a
+        local folder by its real path and what is read of it, a Hub data set by its spec."""
         if not self.local:
             return self.spec()
         where = os.path.realpath(os.path.expanduser(self.local))
-        if self.file or os.path.isfile(where):  # `~/a.jsonl` too, a recipe's (the shell expands the command line's)
+        if self.file or os.path.isfile(where):  # `~/a.jsonl` too (a recipe's is not expanded by a shell)
             return where
         return dataclasses.replace(self, path=where).spec()
 
@@ -160,11 +157,8 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
 
 
 def _check_read_once(sources: list[Source], what: str = "mixture source") -> None:
-    """A local file read twice, by two sources (a glob or a folder that matches a file another source names) or by one
-    (`data_files: [a.jsonl, ./a.jsonl]`, a pattern matching a file and a link to it: datasets reads a file as often as
-    it is matched), is refused as a source named twice is: its pairs trained twice, silently, while the mixture said
-    once. Two sources of one file are refused whatever split or columns they name: a file has one split, and `columns`
-    keeps columns without renaming them, so both train its same chosen/rejected pairs."""
+    """Refuses a local file read twice, by two sources or by one (datasets reads a file as often as it is matched): its
+    pairs would train twice, silently. Whatever split or columns: a file has one split."""
     read = [_files_read(s) for s in sources]
     counts = collections.Counter(p for files in read for p in files)
     twice = next((p for files in read for p in files if counts[p] > 1), None)
@@ -172,7 +166,7 @@ def _check_read_once(sources: list[Source], what: str = "mixture source") -> Non
         return
     by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
     if len(by) == 1:
-        # `amount: 2.0` on this source would read the file twice still (four times over): the file alone takes it
+        # `amount: 2.0` on this source would still read the file twice (four times over): the file alone takes it
         again = json.dumps({"path": str(twice), "amount": 2.0})
         raise ConfigError(
             f"{what} {by[0]} reads {twice} twice (named twice in its data_files, or matched again by a pattern, a "
@@ -188,8 +182,7 @@ def _check_read_once(sources: list[Source], what: str = "mixture source") -> Non
 
 
 def _files_read(source: Source) -> list:
-    """The local files a source reads, a file once per time datasets reads it (each `data_files` entry is read on its
-    own); none for a Hub data set, or for a builder with nothing to read."""
+    """The local files a source reads, a file once per time datasets reads it; none for a Hub data set."""
     read_from = _read_from(source)
     if read_from is None or (source.path in BUILDERS and not (source.file or source.data_files or source.data_dir)):
         return []  # a builder with nothing to read (not the working folder's files)
@@ -199,17 +192,14 @@ def _files_read(source: Source) -> list:
         return _split_files(folder, split, None if data_dir else source.name)
     if source.file or not data_files:  # one file, or a saved folder's own
         return [p.resolve() for p in (data_identity.files(where, split, data_dir) or {}).values()]
-    # each entry matched as the load matches it, relative to the folder and data_dir it reads, a match by its real
-    # path: `*.jsonl` matching a.jsonl and a link to it reads the file twice (`data_identity.files` kept one of them)
+    # each entry matched as the load matches it, by real path: a glob matching a file and a link to it reads it twice
     entries = [e for e in data_identity.entries(data_files, split) if isinstance(e, str)]
     return [Path(f).resolve() for e in entries for f in data_identity.load_matches(folder, e)]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
-    """The files of a folder of data files that datasets reads as `split`: those its README.md's `configs:` give the
-    configuration `name` (a Hub data set cloned: two of its configurations are two sources, and were refused as
-    reading each other's files), else by their names (`train.jsonl`, `test-0.csv`; every file where none is named
-    so): two splits of one folder are two sources."""
+    """The files of a data folder datasets reads as `split`: by its README.md's `configs:` for configuration `name`,
+    else by their names (`train.jsonl`; every file where none is named so)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
 
     try:
@@ -221,8 +211,8 @@ def _split_files(folder: str, split: str, name: str | None = None) -> list:
 
 
 def _card_patterns(folder: str, name: str | None) -> tuple | None:
-    """The folder and `data_files` patterns datasets reads the configuration `name` (else the default one) from, by
-    the folder's README.md `configs:`; None where it names none (a KeyError where it has no such configuration)."""
+    """The folder and `data_files` patterns of configuration `name` (else the default) by README.md's `configs:`; None
+    where it names none (KeyError: no such configuration)."""
     from datasets.data_files import get_data_patterns, sanitize_patterns
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard
@@ -279,14 +269,13 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
             "(a fraction or count of this source): keep one"
         )
     share = entry.get("fraction")
-    # YAML's .nan and .inf (and JSON's NaN, Infinity) are floats too: normalized, no share is left to size a mixture
+    # YAML's .nan and .inf are floats too: normalized, no share would be left to size a mixture
     if share is not None and not (type(share) in (int, float) and math.isfinite(share) and share >= 0):  # not bool
         raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
-    # a list of names, as TRL's: one string was read a character at a time (`no column(s) ['c', 'h', ...]`), after
-    # the source loaded, and a number was a traceback
+    # a list of names, as TRL's: one string would be read a character at a time, after the source loaded
     if columns is not None and (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns)):
         raise ConfigError(
             f"`{flag}:` entry {entry['path']!r}: columns {columns!r} is not a list of column names: write them as a "
@@ -353,9 +342,8 @@ def check(recipe) -> None:
 
 
 def _check_found(source: Source) -> None:
-    """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
-    ended the load in a bare `StopIteration` (a pattern) or named the file but not the source. Matched as the load
-    matches it (`data_identity.load_matches`)."""
+    """Refuses a builder's `data_files` entry that matches no local file: datasets ends in a bare `StopIteration` (a
+    pattern) or names the file but not the source."""
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
@@ -402,8 +390,8 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
 
 
 def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
-    """TRL's `fraction` rule (trl/scripts/utils.py:get_dataset): shares normalized to one, the largest mixture in
-    which no source gives more rows than it has, the first round(share x total) rows of each."""
+    """TRL's `fraction` rule (trl/scripts/utils.py:get_dataset): normalized shares, the largest mixture in which no
+    source gives more rows than it has, the first round(share x total) rows of each."""
     if sources[0].share is None:
         return [None] * len(sources)
     shares = [s.share for s in sources]
@@ -415,8 +403,7 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
     weights = [x / total_share for x in shares]
     total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
     rows = [round(w * total) for w in weights]
-    # TRL drops a source whose share rounds to no row, silently; a share of 0 is written so (and no row at all: the
-    # total is 0 where a source has none, which `load` refuses as a mixture that takes no pair)
+    # TRL drops a source whose share rounds to no row, silently (a total of 0: `load` refuses the empty mixture)
     dropped = [i for i, (w, r) in enumerate(zip(weights, rows, strict=True)) if w and not r]
     if total and dropped:
         i = dropped[0]
@@ -434,8 +421,7 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
 
 @dataclasses.dataclass(frozen=True)
 class Mix:
-    """The mixture as read: each source's record (for resolved_config.json's `data_sources`), and for every row of
-    the joined data set the source it came from (`source_of_row`, an index into `records`)."""
+    """Each source's record (`data_sources`), and each joined row's source (`source_of_row`: index into `records`)."""
 
     records: list
     source_of_row: np.ndarray
@@ -457,7 +443,7 @@ def read_source(source: Source, say: bool = True):
         loaded = data.load_preference_dataset(source.file, source.split, say=say)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
         data.check_datasets_cache()
-        # CSV files read as text, as one file is (data.csv_text_features): a number in one file and text in another
+        # CSV files read as text, as one file is (data.csv_text_features)
         text = None
         if source.path == "csv":
             text = data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
@@ -499,8 +485,8 @@ def load(
     template=None,
     template_file: str | None = None,
 ):
-    """The mixture's pairs joined in the order the sources are written, and its `Mix`. Bad rows are refused by source
-    and line, or with skip_invalid dropped and counted per source under `checked[key]`."""
+    """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
+    skip_invalid dropped and counted under `checked[key]`."""
     import datasets
 
     usable, records, dropped = [], [], {}
@@ -555,8 +541,7 @@ def _check_same_kind(parts, sources) -> None:
 
 
 def _aligned(parts: list) -> list:
-    """The sources' columns made equal (`tools`, `chat_template_kwargs` only where some source has them: None in the
-    others) and of one type (`_union`) so that datasets can join them."""
+    """The sources' columns made equal (None where a source lacks one) and of one type (`_union`) to join."""
     columns = {c for p in parts for c in p.column_names}
     out = []
     for p in parts:
@@ -577,10 +562,8 @@ def _aligned(parts: list) -> list:
 
 
 def _union(a, b):
-    """A type holding the values of both: a column one source lacks is null there (the other's type); messages with
-    other fields in another source (`name`, `tool_calls`: a struct with more fields, or datasets' Json where a file's
-    messages differ in their fields) take both's fields; anything else (`tools` as JSON text in one source, a list in
-    another) is held as datasets' Json, which reads either back as it was written."""
+    """A type holding the values of both: null takes the other's; structs take both's fields; anything else mixed
+    (`tools` as JSON text in one source, a list in another) is datasets' Json, which reads either back as written."""
     import datasets
 
     if a == b or getattr(b, "dtype", None) == "null":
@@ -599,9 +582,8 @@ def _union(a, b):
 def describe(record: dict) -> str:
     """One source as the dry run, the analyzer and the model card say it: rows, taken, share of the tokens."""
     dropped = record["rows_read"] - record["rows_usable"]
-    text = f"{record['source']}: {plural(record['rows_read'], 'row', ',')}" + (
-        f" ({dropped:,} invalid dropped)" if dropped else ""
-    )
+    text = f"{record['source']}: {plural(record['rows_read'], 'row', ',')}"
+    text += f" ({dropped:,} invalid dropped)" if dropped else ""
     text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
     if "token_share" in record:
         text += f", {record['token_share']:.1%} of the tokens"
@@ -612,10 +594,8 @@ def describe(record: dict) -> str:
 
 
 def _read_from(source: Source) -> tuple | None:
-    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_dir` and its
-    `data_files` (relative to the data_dir, as datasets reads them, else to the working folder): not every file of the
-    working folder (a builder's data_dir alone, recorded as the working folder's files, missed an edited pair and
-    refused a resume for a file written beside it); None for a Hub data set (its `data_files` are the repo's)."""
+    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_dir` (else the working
+    folder) and its `data_files`, not the whole folder; None for a Hub data set (its `data_files` are the repo's)."""
     if source.path in BUILDERS and not source.file:
         return source.data_dir or ".", source.split, None, source.data_files
     return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
@@ -630,8 +610,7 @@ def identity_of(source: Source) -> dict:
 
 
 def content_changed(recipe, derived: dict) -> str | None:
-    """How the training data's content differs from the run's record (`derived`: one source's `data_identity`, a
-    mixture's `data_sources` with each local source's files and each Hub source's commit), or None."""
+    """How the training data's content differs from the run's record (`derived`'s `data_identity` or `data_sources`)."""
     sources = parse(fields_of(recipe))
     if sources is None:
         s, old = recipe.script, derived.get("data_identity")
@@ -641,8 +620,7 @@ def content_changed(recipe, derived: dict) -> str | None:
     records = derived.get("data_sources") or []
     recorded = {r["source"]: r.get("identity") or {} for r in records}
     for i, source in enumerate(sources):
-        # A source recorded by another name of its place (config.same_sources: a path as written once, by its full
-        # path once) is the record's at its place: the field's sources are the same, in the same order.
+        # A source recorded under another spelling (config.same_sources) is the record's at its place
         placed = (records[i].get("identity") or {}) if len(records) == len(sources) else {}
         was, why = recorded.get(source.spec(), placed), None
         if was.get("files") and (read_from := _read_from(source)):
@@ -655,8 +633,8 @@ def content_changed(recipe, derived: dict) -> str | None:
 
 
 def dataset_id(recipe, local_only: bool = False, revision: str | None = None) -> str:
-    """What the analyzer's cache of the training data is valid for: one source's identity (`lengths.dataset_identity`)
-    or the mixture's: its sources' identities, amounts and the seed. `revision`: the commit the run loads, if known."""
+    """The analyzer's cache key for the training data: one source's identity, or its sources' identities, amounts and
+    the seed. `revision`: the commit the run loads, if known."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
     return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only)
 
@@ -673,11 +651,8 @@ def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = Fa
 
 
 def _content_id(source: Source, identity, hh_format: str) -> str:
-    """One source's part of the analyzer's cache key: `identity` (`lengths.dataset_identity`) of its file, folder or
-    Hub data set; a builder's (`path: json` with several data_files or a data_dir) the files it reads, by path and
-    `data_identity.stamp`. `identity` took the builder's name for a Hub data set, so the lengths of pairs since edited
-    were reused (an IndexError at the token shares where rows were removed, else the old pairs' lengths for max_length
-    auto)."""
+    """One source's part of the analyzer's cache key: `identity` of its file, folder or Hub data set; a builder's the
+    files it reads, by path and `data_identity.stamp` (`identity` would take the builder's name for a Hub data set)."""
     if source.path not in BUILDERS or source.file:
         return identity(source.file or source.path, source.split, source.name)
     found = data_identity.files(*_read_from(source)) or {}

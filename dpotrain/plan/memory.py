@@ -1,10 +1,8 @@
 """Memory per GPU, planned before anything loads: does this recipe fit, under this engine, on this many GPUs?
 
-A plan is the sum of parts per GPU (docs/memory.md, "Memory plan"): model states (`model_state_bytes`; ZeRO's are
-DeepSpeed's own estimates), engine buffers, one micro-batch's activations traced on fake tensors, TRL's chunked LM head,
-a live reference model's weights, the attention masks of the forward the run takes (first, before anything loads, for
-the lightest it could take) and an allowance for the CUDA context, NCCL and fragmentation. Parameter counts come from
-the model's config alone, built on the meta device.
+A plan sums parts per GPU (docs/memory.md, "Memory plan"): model states, engine buffers, one micro-batch's activations
+traced on fake tensors, TRL's chunked LM head, a live reference model's weights, attention masks, and an allowance for
+the CUDA context, NCCL and fragmentation. Parameter counts come from the config alone, built on the meta device.
 """
 
 import copy
@@ -36,16 +34,14 @@ GIB = 2**30
 CONTEXT_GIB = 3.0
 # The caching allocator rarely packs tensors perfectly: 10% of everything else, with expandable segments (EXPANDABLE).
 FRAGMENTATION = 0.10
-# Packed micro-batches change shape every step, fragmenting the allocator's fixed segments: without expandable segments
-# the think recipe on an H100 reserved 65.9 GiB for a 51.8 GiB peak of tensors (BENCHMARKS.md). TorchTitan sets it too.
+# Packed micro-batches change shape every step and fragment the allocator's fixed segments (BENCHMARKS.md).
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's name, then its older one
 BF16 = 2
 
 
 def default_allocator() -> str:
-    """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (either of torch's names), before
-    any CUDA memory is allocated (the allocator reads it once, then): the setting in force."""
+    """Sets EXPANDABLE unless the user set either allocator name; call before any CUDA allocation (read once then)."""
     if not any(os.environ.get(name) for name in ALLOCATOR_NAMES):
         os.environ[ALLOCATOR_NAMES[0]] = EXPANDABLE
     return allocator()
@@ -74,11 +70,9 @@ class ModelShape:
 
 
 def model_config(recipe, path: str | None = None, local_only: bool = True) -> tuple:
-    """The model's config (no weights), or (None, why) where `local_only` and this machine does not have it. `path`:
-    where the model's files are (`stages.model_files`, a built-in materialized); without it the recipe's model, a
-    built-in not built yet read as the shape `builtin.build_model` gives it. A config this transformers cannot read
-    as it is (remote code not allowed, a model type it does not know) raises ConfigError, which the run refuses and
-    the analyzer gives as its reason to skip (`model_config_or_reason`)."""
+    """The model's config (no weights), or (None, why) where `local_only` and this machine lacks it. `path`: the
+    model's files; without it the recipe's model (an unbuilt built-in: its shape). A config this transformers cannot
+    read (remote code not allowed, an unknown model type) raises ConfigError."""
     name = recipe.model.model_name_or_path
     if path is None and builtin.is_builtin(name):
         builtin.check_name(name)
@@ -109,9 +103,8 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
 
 
 def model_config_or_reason(recipe, local_only: bool = True) -> tuple:
-    """`model_config` where nothing is refused (the analyzer's plan of long traces, a plan on its own): a config the
-    run would refuse is the reason it is not planned. `local_only=False` (the analyzer, on a login node that may reach
-    the Hub): asked of the Hub where not cached, and a config neither has is the same reason as a local-only miss."""
+    """`model_config` that refuses nothing: a refused config is the reason not to plan. `local_only=False` asks the
+    Hub where not cached (the analyzer on a login node)."""
     try:
         return model_config(recipe, local_only=local_only)
     except ConfigError as e:
@@ -127,8 +120,7 @@ def unreadable(recipe, error: BaseException) -> str:
     name = recipe.model.model_name_or_path
     if not is_hub_model(name):  # a local folder: nothing on the Hub would fetch it
         return f"the config of {name!r} is not readable on this machine ({cause(error, 160)})"
-    # transformers' text ("couldn't connect") would suggest a download was tried; none was. The command as it runs
-    # for this recipe and model (a `<recipe>` placeholder was a shell redirection when pasted).
+    # transformers' text ("couldn't connect") would suggest a download was tried; none was.
     return (
         f"the config of {name!r} is not in the local Hugging Face cache; a dry run loads nothing from the network: "
         f"`{prefetch_command(recipe)}` on a machine with network fetches it"
@@ -136,8 +128,8 @@ def unreadable(recipe, error: BaseException) -> str:
 
 
 def model_shape(recipe, config) -> ModelShape:
-    """The model's parameter counts (with LoRA's adapter when the recipe trains one), from its config alone. Kept per
-    config and LoRA settings: a refusal plans many variants of one model, and PEFT wraps a 32B model in seconds."""
+    """The model's parameter counts (with LoRA's adapter where trained), from its config alone. Cached: a refusal
+    plans many variants of one model, and PEFT wraps a 32B model in seconds."""
     from trl import get_peft_config
 
     peft = get_peft_config(recipe.model) if recipe.model.use_peft else None
@@ -156,15 +148,13 @@ def model_shape(recipe, config) -> ModelShape:
     if peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
         from peft import get_peft_model
 
-        # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
-        # base layer's (meta) device, seconds for a 7B model and its counts are the same.
+        # On meta too: PEFT otherwise initialises each adapter on the CPU first (seconds for 7B, same counts).
         try:
             with torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = get_peft_model(model, peft)
-        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded: all-linear on a
-            # mixture of experts adapts its expert parameters, which take no lora_dropout; TypeError: a module both
-            # trained whole and adapted by its parameter. One line: a module named by its class, not its printed tree
+        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded (e.g. all-linear
+            # on experts, which take no lora_dropout). One line: a module named by its class, not its printed tree
             why = " ".join(re.sub(r"\(\n.*?\n\)", "", str(e), flags=re.S).split())
             raise ConfigError(
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
@@ -189,8 +179,7 @@ def own_code(config) -> bool:
 
 
 def meta_model(config):
-    """The model `config` describes, its modules on the meta device: no weights, no memory (outside DeepSpeed's
-    zero.Init, which a ZeRO-3 launch would otherwise wrap the build in)."""
+    """The model `config` describes on the meta device, outside DeepSpeed's zero.Init (a ZeRO-3 launch's wrap)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
@@ -202,14 +191,9 @@ def meta_model(config):
 
 
 def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
-    """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
-    `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
-
-    Traces of 1 and 2 layers of each layer kind on fake tensors, less model states, give the rest and each kind's
-    slope (docs/memory.md); the model costs the largest rest + each layer's slope (`_combine` for every k-th layer).
-    Attention is traced as fused attention with no mask (masks: `mask_bytes`); linear-attention and Mamba layers as
-    transformers runs them without their optional CUDA kernels (flash-linear-attention, mamba_ssm: not in
-    requirements-gpu.txt), the most they keep. A failed trace takes the formula."""
+    """Peak bytes of the backbone's forward + backward for `tokens`, and how found; `checkpointing` False, True or k.
+    Traced per layer kind (`layer_costs`, docs/memory.md), attention fused and unmasked (`mask_bytes`), linear-attention
+    and Mamba layers without their optional CUDA kernels (the most they keep); a failed trace takes the formula."""
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
@@ -224,8 +208,7 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
 
 
 def traced_kind(kind: str) -> str:
-    """The layer kind a trace builds for a layer of this kind: sliding windows and chunks only change the untraced
-    mask (full attention), a linear-attention or Mamba layer is itself."""
+    """Sliding windows and chunks only change the (untraced) mask: traced as full attention; other kinds as is."""
     return "full_attention" if kind in ATTENTION_LAYER_TYPES else kind
 
 
@@ -252,11 +235,9 @@ def _kinds_copy(config, kinds: tuple):
 
 
 def layer_costs(config, tokens: int, checkpointed: bool, kind: str = "full_attention") -> tuple[int, int]:
-    """(rest, slope) of the backbone with layers of `kind`, every layer checkpointed or none: from traces of 1 and 2
-    full-attention layers, and for another kind of a full-attention layer followed by 1 and 2 of it (a hybrid may
-    refuse a model without attention: OLMo Hybrid). A slope is what each more layer keeps; the rest holds the largest
-    layer's passing peak (a checkpointed layer's recomputation) once. Kept: each checkpointing the plan weighs and
-    each engine a refusal tries asks the same."""
+    """(rest, slope) of layers of `kind`, all checkpointed or none: traces of 1 and 2 full-attention layers; another
+    kind after one full-attention layer (a hybrid may refuse a model without attention: OLMo Hybrid). The slope is
+    what each more layer keeps; the rest holds the largest layer's passing peak once. Cached."""
     key = _kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False)  # the traces set their layers
     if (key, tokens, checkpointed, kind) not in _COSTS:
         one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
@@ -269,16 +250,15 @@ def layer_costs(config, tokens: int, checkpointed: bool, kind: str = "full_atten
     return _COSTS[key, tokens, checkpointed, kind]
 
 
-# Unbounded: two ints per model, layer kind, token count and checkpointing. Keyed by the config's text, traced from
-# the config itself: a JSON round trip fails some (Granite 4's time_step_limit holds an infinity).
+# Keyed by the config's text but traced from the config itself: a JSON round trip fails some (Granite 4's
+# time_step_limit holds an infinity).
 _COSTS: dict[tuple, tuple[int, int]] = {}
 
 
 def _combine(costs: dict[bool, tuple], every: int | None, layers: int) -> int:
-    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False), or of each
-    layer (lists, where the layers' kinds differ). Mixed: the larger of the backward's start and the recomputation of
-    each checkpointed layer, while the plain layers before it hold theirs (equal to traces of the mixed model:
-    tests/test_memory.py)."""
+    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and a plain one (False), or per layer
+    (lists). Mixed: the larger of the backward's start and each checkpointed layer's recomputation, with the plain
+    layers before it holding theirs."""
     kept = checkpointed_layers(every, layers)
     each = lambda v: v if isinstance(v, list) else [v] * layers  # noqa: E731 - a layer's value from one for all
     rests, slopes = {m: each(c[0]) for m, c in costs.items()}, {m: each(c[1]) for m, c in costs.items()}
@@ -297,8 +277,8 @@ TRACE_ATTENTION = "dpotrain_memory_plan"
 
 
 def _fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What FlashAttention and sdpa's fused kernels keep for backward (q, k, v, the output, its log-sum-exp), with no
-    mask: transformers builds a dense one whenever it sees fake tensors, taking them for a compiler's tracing."""
+    """What fused attention keeps for backward (q, k, v, output, log-sum-exp), unmasked: transformers builds a dense
+    mask whenever it sees fake tensors (it takes them for a compiler's tracing)."""
     import torch.nn.functional as F
 
     gqa = query.shape[1] != key.shape[1]
@@ -315,8 +295,7 @@ def register_trace_attention() -> None:
 
 
 def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool | int) -> int:
-    """The backbone's peak on fake tensors, without parameters: `layers` full-attention layers, or a layer of each
-    kind given; `checkpointing` False, True or every k-th layer."""
+    """The backbone's peak on fake tensors, less parameters: `layers` full-attention layers, or one of each kind."""
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
@@ -345,8 +324,8 @@ def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool |
 
 
 def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
-    """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
-    layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
+    """Llama-shaped layer in bf16, where no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes per layer; a
+    checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
     _, kv = head_counts(text)
     per_layer = BF16 * (10 * h + 2 * kv * head_dim(text) + 4 * mlp_width(text))
@@ -366,14 +345,10 @@ def forward_only_multiple(
     n: int = 1,
     training: int | None = None,
 ) -> int:
-    """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
-    the memory the plan gives a training micro-batch (activations, LM head, masks; the model states are the same):
-    `training`, that plan's bytes (`plan` records the multiple), else their formula where no plan is made (fp32).
-
-    A forward without gradients holds, per token, the residual stream in and out and one layer's working set at a
-    time; TRL's fused LM head its logits tile and running statistics; eager's probabilities one layer at a time.
-    Rounded down, in [1, `REFERENCE_MULTIPLE_MOST`]. `checkpointing` as `activation_bytes` takes it; `n`: the
-    sequence-parallel group."""
+    """How many training micro-batches' `tokens` a forward-only (reference stage) micro-batch may hold in the memory
+    the plan gives training's (activations, LM head, masks): `training` bytes, else their formula (fp32, no plan).
+    Without gradients a token holds the residual stream in and out and one layer's working set at a time. Rounded
+    down, in [1, `REFERENCE_MULTIPLE_MOST`]; `n`: the sequence-parallel group."""
     text = config.get_text_config()
     h = text.hidden_size
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
@@ -397,8 +372,8 @@ def forward_only_multiple(
 
 def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
     """sdpa and eager build a dense mask per row and layer kind (tokens x width: bool for sdpa, bf16 for eager); sdpa's
-    fused CUDA kernels convert it to a bf16 copy at each call (measured, tests/test_memory.py). Eager also keeps each
-    layer's probabilities (fp32 softmax and a bf16 copy), of one layer at a time under activation checkpointing."""
+    fused CUDA kernels convert it to a bf16 copy at each call. Eager also keeps each layer's probabilities (fp32
+    softmax and a bf16 copy), of one layer at a time under activation checkpointing."""
     if attn_implementation in VARLEN_ATTENTION:
         return 0
     text = config.get_text_config()
@@ -412,9 +387,8 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
 
 
 def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
-    """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (bf16, saved) and their fp32
-    gradient, one logits tile, fp32 running statistics, and a head that trains its weight gradient (fp32, cast to
-    bf16). Every token counted as scored (only completion tokens are, on CUDA)."""
+    """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the hidden rows (bf16) and their fp32 gradient, one
+    logits tile, fp32 running statistics, and a trained head's fp32 weight gradient. Every token counted as scored."""
     per_token = shape.hidden * (BF16 + 4) + 12 * 4
     weight_grad = shape.lm_head * (4 + BF16) if shape.lm_head_trains else 0
     return _logits_tile(tokens) + tokens * per_token + weight_grad
@@ -430,9 +404,8 @@ def _logits_tile(tokens: int) -> int:
 
 
 def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
-    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md): ZeRO's
-    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py). FSDP2 reduce-scatters every
-    micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its gradients as here."""
+    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md); ZeRO's
+    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`. FSDP2 too reduce-scatters every micro-batch."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
     if engine.name == "zero2":
@@ -452,9 +425,8 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
 
 
 def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int) -> int:
-    """A live reference model's weights per GPU (0 with the cached reference, and with LoRA, whose reference is the
-    policy without its adapter), as TRL's `prepare_deepspeed` / `prepare_fsdp` hold it: sharded under ZeRO-3 and FSDP2,
-    else whole; in bf16 under DeepSpeed, else as loaded."""
+    """A live reference model's weights per GPU (0 when cached, or with LoRA: the policy without its adapter), as TRL's
+    `prepare_deepspeed` / `prepare_fsdp` hold it: sharded under ZeRO-3 and FSDP2; bf16 under DeepSpeed."""
     if not uses_live_reference(recipe) or recipe.model.use_peft:
         return 0
     per_param = BF16 if engine.deepspeed else shape.load_bytes
@@ -463,8 +435,8 @@ def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int)
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
-    """Beside the model states: DeepSpeed's bf16 reduce buckets (two with overlap_comm under ZeRO-2), FSDP2's unsharded
-    bf16 working set (the LM head, the layer computing and the one prefetched, the head's and a layer's gradients)."""
+    """DeepSpeed's bf16 reduce buckets (two with overlap_comm under ZeRO-2); FSDP2's unsharded bf16 working set (the LM
+    head, the layer computing and the one prefetched, the head's and a layer's gradients)."""
     if engine.deepspeed:
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
         return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
@@ -494,8 +466,7 @@ def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     if budget is not None:
-        # Packed rows for dense-mask attention: fill_rows keeps them within row_width_bound. Padded: a row per sequence,
-        # as without a budget (a padded run's masks were planned at the packed width, twice what it builds).
+        # Packed rows for dense-mask attention stay within row_width_bound (fill_rows); padded: a row per sequence.
         bound = row_width_bound(t.max_length) if t.padding_free else t.max_length
         width = min(budget, bound) if t.max_length else budget
         return budget, width, f"max_tokens_per_microbatch ({budget})"
@@ -522,8 +493,7 @@ PARTS = (
 
 @dataclass
 class PerGpuBytes:
-    """The memory plan's parts on one GPU, in bytes, for one checkpointing choice: what `plan` weighs and records
-    (in GiB, as `run_record.MemoryPlan.per_gpu_gib`)."""
+    """The plan's parts on one GPU, in bytes, for one checkpointing choice (recorded in GiB: `per_gpu_gib`)."""
 
     states: int
     buffers: int
@@ -553,10 +523,8 @@ class PerGpuBytes:
 
 
 def all_to_all_bytes(config, tokens: int, n: int) -> int:
-    """Sequence parallelism's exchange, per GPU (0 without it): DeepSpeed's Ulysses turns each layer's q, k and v from
-    1/N of the positions x every head into every position x 1/N of the heads, and the output back. Both layouts are
-    alive around each exchange, one layer at a time: counted once, bf16, on top of the activations. Key/value heads
-    fewer than N are repeated to N."""
+    """Ulysses' exchange per GPU (0 without it): q, k, v and the output in both layouts (1/N positions x all heads, all
+    positions x 1/N heads), one layer at a time, bf16. Key/value heads fewer than N are repeated to N."""
     if n == 1:
         return 0
     heads, kv = head_counts(config)
@@ -565,11 +533,9 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
 
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None, model=None) -> dict:
-    """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
-    is known and the plan does not fit it. `attention`: the forward's attention (its masks), else the recipe's, else
-    sdpa. With `sequence_parallel_size` N a GPU's activations and LM head are planned for 1/N of the positions; masks
-    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world).
-    `model`: the model's (config, why not) where the caller has read it (a Hub model's config asks at each read)."""
+    """derived.memory for `engine`, else the recipe's accelerate config; a ConfigError where the GPU memory is known and
+    the plan does not fit. `attention`: the forward's, else the recipe's, else sdpa. Sequence parallelism (N) splits
+    activations and LM head N ways; masks stay whole. `model`: (config, why not) where the caller read it already."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -601,7 +567,6 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         masks = mask_bytes(attn, tokens, width, config, every == 1)
         return PerGpuBytes(states, buffers, activations, method, head, masks, exchange, reference)
 
-    # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: per_gpu(k).total)
     chosen = per_gpu(every)
     parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
@@ -648,8 +613,8 @@ def splittable_heads(config) -> tuple[int, int] | None:
 
 
 def checkpointing_request(recipe) -> tuple[int | None, bool]:
-    """(every, explicit) from the recipe: `activation_checkpointing: false` or a given `every_n_layers` are honoured;
-    `activation_checkpointing: true` alone allows every layer, and the plan may checkpoint fewer."""
+    """(every, explicit): `activation_checkpointing: false` or a given `every_n_layers` are honoured; `true` alone
+    allows every layer, and the plan may checkpoint fewer."""
     t = recipe.training
     if not t.activation_checkpointing:
         return None, True
@@ -676,9 +641,8 @@ def describe_checkpointing(every: int | None, layers: int) -> str:
 
 
 def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> tuple[int | None, dict]:
-    """The decoder layers to checkpoint: every k-th layer (None: none, 1: all), and its record. An explicit setting is
-    kept; a recipe that allows checkpointing gets the least recomputation whose plan, `total_for(every)`, fits the GPU
-    (every layer where the GPU memory is unknown)."""
+    """Every k-th decoder layer to checkpoint (None: none, 1: all), and its record. An explicit setting is kept; else
+    the least recomputation whose `total_for(every)` fits the GPU (every layer where its memory is unknown)."""
     request, explicit = checkpointing_request(recipe)
     chosen, why = request, "the recipe (activation_checkpointing)"
     if explicit and request is not None:
@@ -689,8 +653,7 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
         candidates = {}  # fewest checkpointed layers first; for each count the largest k
         for every in [None, *range(layers, 0, -1)]:
             candidates.setdefault(checkpointed_layers(every, layers), every)
-        # Weighed in order, none past the first that fits: where the plan fits with no layer checkpointed, a
-        # checkpointed layer is never traced.
+        # Stops at the first that fits: where none checkpointed fits, a checkpointed layer is never traced.
         fits = next((kept for kept, every in candidates.items() if total_for(every) <= gpu * GIB), None)
         chosen, why = candidates.get(fits, 1), "the memory plan: the least recomputation that fits"
         if fits is None:
@@ -713,8 +676,7 @@ def _gib(n: float) -> float:
 
 
 def _refusal(recipe, e: Engine, world: int, chosen: PerGpuBytes, gpu: float, gpu_source: str, attention, config) -> str:
-    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each trial is
-    planned for the same model, whose config is read already)."""
+    """One line: what does not fit, by how much and in which part, and what would fit (`advice`, same model config)."""
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
     on = plural(world, "GPU") + (f" (sequence_parallel_size {n})" if n > 1 else "")

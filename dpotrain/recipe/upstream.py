@@ -1,9 +1,8 @@
 """The seam: every private name of TRL, transformers, accelerate, datasets, torch (and argparse, tqdm, threading,
 atexit) that this project touches, strings given to `getattr` and patch targets included.
 
-A private name moves without a deprecation. Each one is listed here once (`SEAMS`: what it is and why the project uses
-it) and reached only through this module's functions, so an upgrade that moves one fails in tests/test_upstream.py by
-name instead of deep inside a training step; after an upgrade, in a shell:
+A private name moves without a deprecation. Each is listed once (`SEAMS`: what it is, why it is used) and reached only
+through this module's functions, so an upgrade that moves one fails by name, not inside a training step; after one:
 
     python -c "from dpotrain.recipe import upstream; upstream.check()"
 
@@ -11,8 +10,7 @@ Kinds of seam:
 - `override`: a private method `RecipeDPOTrainer` overrides; its parameters must be the ones the override takes.
 - `call`: a private function or method the project calls, with the parameters it passes.
 - `read`: a private attribute or constant the project reads.
-- `set`: an attribute an upstream private method reads from `self`, set by the project around the call; the name must
-  still occur in that method's source.
+- `set`: an attribute an upstream private method reads from `self`, set around the call (named in that method's source).
 - `patch`: a module-level name an upstream function looks up at call time, replaced for one call (`patched`).
 - `source`: a phrase of upstream source that says what an API does not (`text`, in the symbol's source).
 """
@@ -54,9 +52,8 @@ def _of_kind(kind: str):
     return seam
 
 
-# One constructor per kind of seam: `_call(symbol, why, params)`, `_set(symbol, why, read_in=...)`, ... Each lists its
-# seam in SEAMS; the seams an accessor reaches are named (`TOKENIZE = _call(...)`), and the accessor reads the name from
-# the Seam (`_value(TOKENIZE)`, `_member(trainer, TRL_METRICS)`): the name `check()` verifies is the one the code uses.
+# One constructor per kind; accessors read the name from the Seam (`_value(TOKENIZE)`, `_member(trainer, TRL_METRICS)`):
+# the name `check()` verifies is the one the code uses.
 _override, _call, _read, _set, _patch, _source = map(_of_kind, ("override", "call", "read", "set", "patch", "source"))
 
 DPO = "trl.trainer.dpo_trainer"
@@ -345,8 +342,7 @@ class SeamMoved(RuntimeError):
 
 
 def _lookup(symbol: str):
-    """(owner, name, value) for "module:A.b": the object holding the last name, the name, and its value (or a missing
-    marker for an instance attribute that only exists once __init__ ran)."""
+    """(owner, name, value) for "module:A.b"; value `_MISSING` for an instance attribute set only by __init__."""
     module_name, _, path = symbol.partition(":")
     *parents, name = path.split(".")
     owner = functools.reduce(getattr, parents, importlib.import_module(module_name))
@@ -357,12 +353,12 @@ _MISSING = object()
 
 
 def _value(seam: Seam):
-    """What a seam's symbol ("module:A.b") names: how the accessors below reach a module's name."""
+    """What a seam's symbol ("module:A.b") names."""
     return getattr(*_lookup(seam.symbol)[:2])
 
 
 def _member(obj, seam: Seam):
-    """The seam's name on an object the accessor is given (a trainer's `_metrics`): how they reach an instance's."""
+    """The seam's name on an object the accessor is given (a trainer's `_metrics`)."""
     return getattr(obj, seam.name)
 
 
@@ -419,7 +415,7 @@ def check() -> None:
 
 
 def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
-    """TRL's tokenization of one row, the call DPOTrainer makes (the look-up costs ~1 us of a row's tokenization)."""
+    """TRL's tokenization of one row, the call DPOTrainer makes."""
     return _value(TOKENIZE)(processing_class, input, **apply_chat_template_kwargs)
 
 
@@ -471,8 +467,8 @@ def checkpoint_parent(trainer, trial) -> str:
 
 
 def without_zero3_init():
-    """Models built in the block are plain ones, not built in DeepSpeed's `zero.Init` as transformers does while a
-    ZeRO-3 config is alive: the memory plan's meta or fake models need none of it, and in bf16 it fails there."""
+    """Models built in the block are plain, not in DeepSpeed's `zero.Init` (transformers' while a ZeRO-3 config lives),
+    which the memory plan's meta or fake models do not need and which fails there in bf16."""
     return patched(ZERO3_ENABLED, lambda: False)
 
 
@@ -482,10 +478,9 @@ def save_weights(trainer, output_dir, state_dict) -> None:
 
 @contextlib.contextmanager
 def deepspeed_writes_held(engine, run):
-    """DeepSpeed's checkpoint writes on `engine` through `run` (collectives.HeldWrites.run) for the block, a refused one
-    held, the rank going on into the save's barriers: its checkpoint engine's folder and files, the copy of
-    zero_to_fp32.py, and the `latest` tag file, which DeepSpeed writes with `open` just before its last barrier and
-    is written here after it (on a full disk even its 12 bytes are refused)."""
+    """DeepSpeed's checkpoint writes on `engine` through `run` (collectives.HeldWrites.run) for the block, so a refused
+    one lets the rank go on into the save's barriers; the `latest` tag file, which DeepSpeed writes with `open` just
+    before its last barrier, is written after it."""
     writer, save_checkpoint = engine.checkpoint_engine, engine.save_checkpoint
 
     def tagged_after(save_dir, tag=None, save_latest=True, **kwargs):
@@ -515,8 +510,7 @@ def patched(seam: Seam, replacement):
 
 @contextlib.contextmanager
 def attributes_set(obj, **values):
-    """`set` seams: attributes upstream reads inside one call, set for the duration of the block. One the object did
-    not hold itself (a method of its class) is removed again after, not left behind as a copy of the class's."""
+    """`set` seams, set for the duration of the block; one the object did not hold itself is removed again after."""
     own = getattr(obj, "__dict__", {})
     saved = {name: (name in own, getattr(obj, name)) for name in values}
     for name, value in values.items():
@@ -568,8 +562,7 @@ def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> N
 
 @functools.cache
 def http_transport_errors() -> tuple[type, ...]:
-    """The transport errors (refused, reset, timed out) of the HTTP library huggingface_hub sends with: httpx2 under
-    huggingface_hub 2 (requirements.txt), httpx under 1.x (the lent GPU machine's 1.33, which has no httpx2)."""
+    """The transport errors of huggingface_hub's HTTP library: httpx2 under huggingface_hub 2, httpx under 1.x."""
     return tuple(importlib.import_module(n).TransportError for n in ("httpx2", "httpx") if importlib.util.find_spec(n))
 
 
@@ -595,14 +588,10 @@ def takes_mask_per_layer_kind(model_class) -> bool:
 
 @contextlib.contextmanager
 def gpu_precision_checks_skipped():
-    """transformers' "bf16 needs a GPU" and "tf32 requires Ampere" checks answered yes for the block (a dry run planning
-    a GPU job on a CPU: `--tf32 true` was refused there), and its switch of this process to TF32 left undone."""
+    """transformers' "bf16 needs a GPU" and "tf32 requires Ampere" answered yes for the block (a dry run on a CPU plans
+    a GPU job), and its switch of this process to TF32 left undone."""
     yes = lambda *_, **__: True  # noqa: E731
-    with (
-        patched(BF16_GPU_AVAILABLE, yes),
-        patched(TF32_AVAILABLE, yes),
-        patched(TF32_ENABLED, lambda *_, **__: None),
-    ):
+    with patched(BF16_GPU_AVAILABLE, yes), patched(TF32_AVAILABLE, yes), patched(TF32_ENABLED, lambda *_, **__: None):
         yield
 
 
@@ -634,8 +623,7 @@ def fake_tensor_mode():
 
 
 def mem_tracker():
-    """torch's MemTracker keeping the global peak only, as the stock one computes it: the stock one also updates every
-    module's peak on every operator (a third of a trace's time), which the plan never reads."""
+    """torch's MemTracker keeping the global peak only: the stock one also updates every module's on every operator."""
     total = _value(TOTAL_KEY)
 
     def update_peak_stats(self, peak_state) -> None:
@@ -668,12 +656,11 @@ def long_flags(parser) -> dict:
 
 
 def wait_for_threads() -> None:
-    """What Python's exit does first: the threads it waits for joined (`threading._shutdown`: the non-daemon threads
-    and what `threading._register_atexit` registered, which tells concurrent.futures' workers to end)."""
+    """What Python's exit does first: `threading._shutdown` joins the non-daemon threads and runs what
+    `threading._register_atexit` registered (concurrent.futures' workers end)."""
     _value(THREADS_SHUTDOWN)()
 
 
 def run_exit_handlers() -> None:
-    """What Python's exit does next: every `atexit` handler, newest first (`atexit._run_exitfuncs`); an error in one is
-    printed and the others still run, as at exit. Each runs once: the list is empty after."""
+    """What Python's exit does next: every `atexit` handler, newest first, once (`atexit._run_exitfuncs`)."""
     _value(EXIT_HANDLERS)()

@@ -1,11 +1,8 @@
-"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train,
-scored once after the model loads and before training, saved as they are computed, and reused by any later run that
-would compute the same numbers.
+"""The reference stage (docs/reference.md): the reference log-probs of every pair the planned steps train, scored once
+before training, saved as they are computed, and reused by any later run that would compute the same numbers.
 
-The pieces: the cache key (`identity`: what determines each pair's numbers; not the micro-batch layout, which moves
-only the last fp32 bits of a sum), its folder (`Store`), pairs taken from other runs' caches (reuse.py), the stage's
-own forward-only micro-batches (`micro_batches`), the loop every rank runs in lockstep (`run`: rank 0 alone reads the
-cache and broadcasts what it found, so node-local caches cannot split the collectives) and what it reports (`Outcome`).
+The cache key (`identity`; not the micro-batch layout, which moves only the last fp32 bits), its folder (`Store`), the
+stage's own micro-batches (`micro_batches`), and the loop every rank runs in lockstep (`run`).
 """
 
 import dataclasses
@@ -53,8 +50,7 @@ def cache_dir() -> Path:
 def check_writable() -> None:
     """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
     folder = cache_dir()
-    problem = unwritable(folder)
-    if problem:
+    if problem := unwritable(folder):
         raise ConfigError(
             f"the reference cache folder {folder} is not writable (cannot write in {problem[0]}: {problem[1]}): set "
             "DPOTRAIN_CACHE to a writable folder (on a cluster, one on a shared file system)"
@@ -105,10 +101,9 @@ def foreign_key(key: str) -> str:
 
 
 class Store:
-    """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
-    a rank's results of one attempt, rewritten atomically as they grow. A file damaged anyway is named in a warning,
-    removed, and its pairs are scored again. A write the cache cannot take (a full disk) costs only the saving: the
-    scores are in memory, the stage and training go on (`unsaved` says why)."""
+    """One key's folder: `complete.npz` once every pair is scored, until then `part-<attempt>-r<rank>.npz` files
+    rewritten atomically. A damaged file is warned about, removed and rescored; a failed write (a full disk) loses only
+    the saving (`unsaved` says why)."""
 
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
@@ -160,9 +155,7 @@ class Store:
                 self._not_saved(e)
 
     def remove_dead_temporaries(self) -> None:
-        """The temporaries (`replacing`'s) a write killed midway left in the key's folder: never read (a part is read
-        by its own name), but nothing else would ever remove them: up to a complete file's size each (24 bytes a
-        pair), one per kill. Only this host's writers that are gone (`writes.dead_temporaries`), said in a line."""
+        """Removes the temporaries that writes killed midway left here (nothing else would), of dead writers only."""
         parts = {p.name[1:].partition(".npz.")[0] + ".npz" for p in self.folder.glob(".part-*.npz.*.tmp")}
         for path in remove_dead_temporaries(self.folder, [COMPLETE, IDENTITY, *parts]):
             print(
@@ -176,8 +169,7 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
-        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one. Each file
-        # names its key (`KEY_ARRAY`): one copied into another key's folder is not read as that key's scores.
+        # Each file names its key (`KEY_ARRAY`): one copied into another key's folder is not read as its scores.
         try:
             with replacing(self.folder / name, "wb") as f:
                 np.savez(f, **{KEY_ARRAY: np.asarray(self.folder.name)}, **arrays)
@@ -196,9 +188,8 @@ class Store:
         self.unsaved = error.strerror or str(error)
 
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
-        """The named arrays of `path`; None if it does not exist (gone since the folder was listed: a finished attempt's
-        part) or is damaged (then warned about and removed). Read by the main process only, which broadcasts what it
-        found, so every rank rescores the same pairs of a damaged file."""
+        """The named arrays of `path`; None if gone or damaged (warned about and removed). Main process only: it
+        broadcasts what it found, so every rank rescores the same pairs."""
 
         def arrays(path):
             with np.load(path) as f:
@@ -286,8 +277,7 @@ class Outcome:
 
 
 class _Progress:
-    """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw). Its clock starts
-    after the first micro-batch (`steady`): the warm-up is reported apart."""
+    """Pairs done, total and time left, in the log (not a bar: Slurm logs keep every redraw); warm-up timed apart."""
 
     def __init__(self, name: str, total: int, done: int, tokens_todo: int, show: bool):
         self.name, self.total, self.done, self.tokens_todo, self.show = name, total, done, tokens_todo, show
@@ -312,7 +302,7 @@ class _Progress:
             return
         self.last = now
         share = f"{self.done:,}/{self.total:,} pairs ({100 * self.done / self.total:.1f}%)"
-        if not self.tokens:  # one micro-batch (the stage's end): its warm-up, timed apart, left no steady work to time
+        if not self.tokens:  # one micro-batch: its warm-up, timed apart, left no steady work to time
             print(
                 f"reference log-probs ({self.name}): {share} in {now - self.began:.1f} s, all in the first "
                 "micro-batch (the warm-up, timed apart): no steady tokens/s to measure",
@@ -339,9 +329,8 @@ def _duration(seconds: float) -> str:
 
 
 class _StopChecks:
-    """When the ranks agree on a stop request: one collective every `every` micro-batches, about `STOP_CHECK_SECONDS`
-    apart, every rank setting the next check from the same reduced numbers. The first check comes before any scoring:
-    a stop asked while the model loaded is honoured at once."""
+    """The ranks agree on a stop request in one collective about every `STOP_CHECK_SECONDS`, the first before any
+    scoring; every rank sets the next check from the same reduced numbers."""
 
     def __init__(self, stop, device):
         self.stop, self.device = stop, device
@@ -360,8 +349,8 @@ class _StopChecks:
 
 
 class _Prefetch:
-    """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (CPU work the GPU
-    would otherwise wait for): each round's batch (pinned on CUDA), or None for a round this rank sits out."""
+    """Rows collated on a thread, `AHEAD` micro-batches ahead of the forward: each round's batch (pinned on CUDA), or
+    None for a round this rank sits out."""
 
     AHEAD = 2
 
@@ -387,8 +376,7 @@ class _Prefetch:
 
 
 class _Results:
-    """This rank's scores, kept on the device as they come (a copy per micro-batch would wait for the GPU each time)
-    and copied to the host once per save."""
+    """This rank's scores, kept on the device (a copy per micro-batch would wait for the GPU) until each save."""
 
     def __init__(self):
         self.index, self.chosen, self.rejected = [], [], []
@@ -416,10 +404,9 @@ def micro_batches(
     padded: bool,
     seed: int,
 ) -> Layout:
-    """The reference stage's own micro-batches of `pairs`, cut by the plan's planner (`plan.cut_step`) at the stage's
-    budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank (bin packing the whole data set at once
-    would take minutes). Packed pairs come in a seeded random order (mixed lengths pack tightly), padded ones longest
-    first (little padding). Every rank computes the same cut from the same lengths."""
+    """The stage's own micro-batches of `pairs`, cut by `plan.cut_step` at its budget, in chunks of about
+    `CHUNK_MICRO_BATCHES` per rank (packing all at once takes minutes). Packed: a seeded random order (mixed lengths
+    pack tightly); padded: longest first. Every rank computes the same cut."""
     pairs = np.asarray(pairs, dtype=np.int64)
     if len(pairs) < world:  # a resumed stage's last few pairs: one each, the other ranks sit out (or run fillers)
         return [[[int(pairs[r])]] if r < len(pairs) else [] for r in range(world)]
@@ -448,9 +435,8 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
 
 
 def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float):
-    """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
-    `layout[rank]`: the micro-batches data-parallel rank `rank` scores, in order; None: the stage's own
-    (`stage_layout`). `stop` is the run's `GracefulStop`."""
+    """`dataset` with the reference columns (None when stopped), and the Outcome. `layout[rank]`: that rank's
+    micro-batches (None: `stage_layout`). `stop`: the run's `GracefulStop`."""
     accelerator = scorer.accelerator
     rank, world, device = scorer.rank, scorer.world, accelerator.device
     n = len(dataset)
@@ -482,8 +468,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
             flush=True,
         )
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
-    # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair whose result is
-    # dropped.
+    # A rank out of pairs still joins the forward's collectives (ZeRO-3, FSDP) with a pair whose result is dropped
     mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
     feed = [ids if ids is not None else [int(np.argmin(tokens))] if scorer.every_rank else None for ids in mine]
     results, checks, last_save = _Results(), _StopChecks(stop, device), time.monotonic()
@@ -530,8 +515,8 @@ def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
 
 
 def _look_up(store: Store, ident: dict, dataset) -> tuple:
-    """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared). Without a finished
-    cache of its own key: what an interrupted attempt scored, then other runs' pairs by digest (`shared` of them)."""
+    """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared): its own, else an
+    interrupted attempt's parts and other runs' pairs by digest."""
     store.remove_dead_temporaries()
     complete = store.complete()
     if complete is not None:
@@ -546,8 +531,8 @@ def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple
     """Each rank's micro-batches of pairs still to score, and the size they were cut to (said at the start)."""
     size = ""
     if layout is None:
-        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
-        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
+        # Cut over every pair, then the scored left out: a resumed stage scores the rest in the same micro-batches
+        # an uninterrupted one would (the same numbers, bit for bit).
         layout = stage_layout(scorer, dataset)
         budget, pairs = scorer.budget()
         size = f" of up to {budget:,} positions" if budget else f" of up to {plural(pairs, 'pair')}"
@@ -576,8 +561,7 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
 
 
 def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds: float):
-    """`run` on the `pairs` of `dataset` the run trains, keyed by those pairs alone (a run that trains more later
-    reuses them by digest). The pairs left out get NaN, which training never reads."""
+    """`run` on the `pairs` of `dataset` the run trains, keyed by those alone; the others get NaN (never read)."""
     n = len(dataset)
     if len(pairs) == n:
         return run(scorer, dataset, name, None, stop, save_seconds)
@@ -605,8 +589,7 @@ def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
 
 
 def run_stage(trainer, save_seconds: float) -> list[Outcome]:
-    """The stage: the reference of the training set (and of the evaluation set), given to the trainer
-    (`use_reference`). Returns one Outcome per data set; the last says `stopped` when a stop request ended it."""
+    """The stage: the training (and evaluation) set's reference, given to the trainer; one Outcome per data set."""
     outcomes = []
     if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
         return outcomes
