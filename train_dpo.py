@@ -32,6 +32,7 @@ with venv.loading_libraries():
     from dpotrain.data import lengths
     from dpotrain.hub import hub
     from dpotrain.plan import memory
+    from dpotrain.recipe import launcher, writes
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_command
     from dpotrain.train import agreement, disk_full, resume
@@ -59,6 +60,7 @@ def main(argv=None) -> None:
 def run(argv, stop: GracefulStop) -> int | None:
     """The run, stage by stage (dpotrain/stages.py for the first half, docs/architecture.md for all of them)."""
     venv.load_env(ROOT)  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...: for an importer (a command has read it above)
+    writes.progress_bars_on_main_only()  # one copy of each bar in a launch's log, not one per rank
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
@@ -107,4 +109,4 @@ def run(argv, stop: GracefulStop) -> int | None:
 
 
 if __name__ == "__main__":
-    run_command(main)
+    run_command(main, own_line=not launcher.launched_main())  # a refusal starts its line after the main's open bar

@@ -76,9 +76,10 @@ def test_a_held_out_split_smaller_than_the_ranks_is_refused_in_one_line_before_t
     args = ["--max_steps", "2", "--pairs_per_step", "4", "--eval_strategy", "steps", "--eval_steps", "1"]
     result = launch(tmp_path, 3, tiny_model_dir, data, *args, "--truncation_mode", truncation)
     assert result.returncode == 1, result.stdout[-3000:]
-    # Each rank's line, also where it lands after another rank's progress bar, which ends its line only as it closes
-    # ("Reading test pairs: 100%|...| 1/1 [...]error: the evaluation split ...": the three ranks share one log)
-    errors = re.findall(r"error: .*", result.stdout)
+    # Each rank's line starts a line of the log the three ranks share, also where it lands after the main process's
+    # progress bar, which ends its line only as it closes ("Reading test pairs: 100%|...| 1/1 [...]error: the
+    # evaluation split ...").
+    errors = re.findall(r"^error: .*", result.stdout, re.MULTILINE)
     want = (
         "error: the evaluation split has 1 pair, fewer than the 3 processes that evaluate (each needs one): hold out "
         "at least 3 pairs, launch fewer processes, or set no eval_strategy"
@@ -99,6 +100,9 @@ def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_re
     args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
     trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
     assert trained.returncode == 0, trained.stdout[-3000:]
+    # The libraries' bars are the main process's alone (every rank loads the model and maps the data: 3 of each)
+    for bar in ("Loading weights", "Labeling every assistant turn"):
+        assert trained.stdout.count(f"{bar}: 100%") == 1, trained.stdout[-3000:]
     checkpoint = tmp_path / "run" / "checkpoint-1"
     resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
     assert resumed.returncode == 2, resumed.stdout[-3000:]
@@ -163,6 +167,9 @@ def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, lon
     args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
     trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
     assert trained.returncode == 0, trained.stdout[-3000:]
+    # The libraries' bars are the main process's alone (every rank loads the model and maps the data: 3 of each)
+    for bar in ("Loading weights", "Labeling every assistant turn"):
+        assert trained.stdout.count(f"{bar}: 100%") == 1, trained.stdout[-3000:]
     checkpoint = tmp_path / "run" / "checkpoint-1"
     resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
     errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
@@ -283,3 +290,19 @@ def test_a_reference_cache_of_3_ranks_is_reused_for_the_pairs_appended_data_shar
     assert fresh.returncode == 0 and "18 scored, cached in" in fresh.stdout, fresh.stdout[-3000:]
     a, b = (load_file(str(tmp_path / out / "model.safetensors")) for out in ("appended", "fresh"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+def test_a_refusal_on_another_rank_starts_its_own_line(tmp_path, tiny_model_dir):
+    """A launch's other processes write their error line after a line break: the log they share with the main process
+    may hold its open progress bar, whose line ends only as it closes. Ranks 0 and 1 of 2, as a launch starts them
+    but with no rendezvous address: both refused as their process group starts; rank 1's line after a blank one."""
+    ends = {}
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+        env.pop("MASTER_ADDR", None)
+        cmd = smoke_command([python()], tiny_model_dir, "--output_dir", str(tmp_path / "run"))
+        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode != 0 and result.stderr.splitlines()[-1].startswith("error: "), result.stderr[-3000:]
+        ends[rank] = re.search(r"(^|\n)\nerror: [^\n]*\n$", result.stderr) is not None  # a blank line before it
+    assert ends == {0: False, 1: True}

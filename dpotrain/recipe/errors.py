@@ -50,10 +50,11 @@ def warn(text: str) -> None:
     sys.stderr.flush()
 
 
-def run_cli(main) -> None:
+def run_cli(main, own_line: bool = False) -> None:
     """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
     Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a
-    shell reports it, preemption.INTERRUPTED_EXIT)."""
+    shell reports it, preemption.INTERRUPTED_EXIT). `own_line`: the error line starts with a line break, for a launch's
+    other processes, whose log the main process's progress bar shares with its line not ended until it closes."""
     try:
         sys.exit(main())
     except (ConfigError, RunError, KeyboardInterrupt) as e:
@@ -62,16 +63,17 @@ def run_cli(main) -> None:
             bar.close()
         # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
         stopped = isinstance(e, KeyboardInterrupt)
-        sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"error: {e}\n")
+        lead = "\n" if own_line else ""
+        sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")
         sys.stderr.flush()
         sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
 
 
-def run_command(main) -> None:
+def run_command(main, own_line: bool = False) -> None:
     """`run_cli` for a process's own command (train_dpo.py's and each script's `__main__`): once `main` has ended, the
     process ends as Python's exit would, but without tearing the interpreter down (`end_process`)."""
     try:
-        run_cli(main)
+        run_cli(main, own_line)
     except SystemExit as ended:
         end_with(ended)
 

@@ -12,6 +12,7 @@ import stat
 from contextlib import contextmanager
 from pathlib import Path
 
+from dpotrain.recipe import launcher
 from dpotrain.recipe.errors import ConfigError
 
 # What `unwritable`'s probe file stands for: its name is a temporary's of this name (`_temporary_name`).
@@ -187,6 +188,20 @@ def quiet_progress_bars():
             hf_logging.enable_progress_bar()
         if bars[1]:
             datasets.enable_progress_bars()
+
+
+def progress_bars_on_main_only() -> None:
+    """transformers' and datasets' progress bars (the weights' load, each map over a split) off in a launch's other
+    processes, as the Trainer's own bar is: every rank loads the model and reads the data, so a job's log held each
+    bar once per process, and a bar still open (a bar ends its line only as it closes) glued another process's next
+    line onto its own."""
+    if launcher.launched_main():
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def readable_weights(folder: str | Path) -> None:
