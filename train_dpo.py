@@ -99,7 +99,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
-    train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
+    train_stage.prepare_output(spec)  # the old run's files removed where it is replaced
     # After the removal: the command printed to go on drops --overwrite_output_dir, which would resume the old run.
     if stop.stop_before_training(state.device, "stopped before the model loaded"):
         return STOPPED_EXIT

@@ -25,7 +25,7 @@ from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 WEIGHTS_KEY = "reference_weights_sha256"
 
 
-def prepare_output(spec, state) -> None:
+def prepare_output(spec) -> None:
     """Only now, once the data and the plans are checked (a refused data set must not cost the old run): the replaced
     run's own files go, this run's names are recorded before it writes, and W&B's run id is kept there."""
     recipe = spec.recipe

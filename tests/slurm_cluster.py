@@ -147,9 +147,6 @@ class SlurmCluster:
     def cancel(self, job_id: int) -> None:
         self.run(["scancel", str(job_id)])
 
-    def requeue(self, job_id: int) -> None:
-        self.run(["scontrol", "requeue", str(job_id)])
-
     def stop(self) -> None:
         _cluster_sh("stop", self.state_dir)
 

@@ -53,11 +53,11 @@ def counts(cuts: dict) -> str:
     )
 
 
-def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
-    """The smallest multiple of `step` whose coverage reaches `target` (`total`: prompt + longer completion)."""
+def recommend(total: np.ndarray, target: float) -> int:
+    """The smallest multiple of `STEP` whose coverage reaches `target` (`total`: prompt + longer completion)."""
     if len(total) == 0:
         raise ConfigError("no valid rows to choose max_length from")
-    lengths = step * np.arange(1, math.ceil(int(total.max()) / step) + 1)
+    lengths = STEP * np.arange(1, math.ceil(int(total.max()) / STEP) + 1)
     covered = np.searchsorted(np.sort(total), lengths, side="right") / len(total)
     return int(lengths[np.argmax(covered >= target)])
 

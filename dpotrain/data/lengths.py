@@ -79,7 +79,7 @@ def _render(example: dict, tokenizer) -> tuple[str, str, str]:
 def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     """`tokenizer(texts)["input_ids"]`, through the Rust backend directly when there is one (no offsets: faster)."""
     backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
-    if backend is None or not hasattr(backend, "encode_batch_fast"):
+    if backend is None:
         return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False)["input_ids"]
     # What transformers' fast-tokenizer __call__ sets before its own encode_batch (no truncation or padding).
     if backend.truncation is not None:

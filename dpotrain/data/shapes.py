@@ -306,9 +306,9 @@ def _first_difference(a: list, b: list) -> str:
     return f"chosen's prompt has {plural(len(a), 'message')}, this one {len(b)}"
 
 
-def _short(text, n: int = 40) -> str:
+def _short(text) -> str:
     text = str(text)
-    return repr(text if len(text) <= n else text[: n - 3] + "...")
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def _with_string_prompt(prompt: str, chosen: list, rejected: list):

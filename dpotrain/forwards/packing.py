@@ -61,7 +61,7 @@ def one_row(attn_implementation: str | None) -> bool:
 
 def packing_problem(config) -> str | None:
     """Why a model with this config cannot be trained packed, or None when it can."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text_config = config.get_text_config()
     model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
     attn = attention_name(upstream.attn_implementation(config))
     if attn not in PACKED_ATTENTION:

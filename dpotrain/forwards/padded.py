@@ -23,11 +23,10 @@ from dpotrain.forwards.packing import PER_TOKEN_FIELDS, truncate
 MAX_GROUPS = 4  # forward calls per micro-batch: more pads a little less and launches more, smaller kernels
 
 
-def row_groups(lengths: list[int], max_groups: int = MAX_GROUPS, count: int | None = None) -> list[list[int]]:
-    """Row indices in at most `max_groups` groups of similar length whose padding is the least: the best cut of the rows
+def row_groups(lengths: list[int], count: int | None = None) -> list[list[int]]:
+    """Row indices in at most `MAX_GROUPS` groups of similar length whose padding is the least: the best cut of the rows
     sorted by length (dynamic programming). With `count`: the best cut into exactly that many (fewer rows: fewer)."""
-    if count is not None:
-        max_groups = count = min(count, len(lengths))
+    max_groups = MAX_GROUPS if count is None else (count := min(count, len(lengths)))
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     widths = np.asarray([lengths[i] for i in order], dtype=np.float64)
     n = len(order)

@@ -42,7 +42,7 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     attn = attention_name(attn_implementation)
     if attn not in SHARED_ATTENTION:
         return f"{attn} attends within each packed sequence (varlen) and cannot express a prompt shared by two"
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config()
     kinds = set(layer_kinds(text))
     if kinds - {"full_attention", "sliding_attention"}:
         return f"{text.model_type} has {'/'.join(sorted(kinds))} layers, whose masks this project does not build"

@@ -339,6 +339,5 @@ def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: f
             f"more nodes, LoRA, max_length down to {MIN_MAX_LENGTH}, and up to four of them together were "
             "planned): plan for larger GPUs with --gpu_memory_gib"
         )
-    typed = getattr(recipe, "command_line", ())
-    listed = "; ".join(f"[{i}] {o.text(typed)}" for i, o in enumerate(options, 1))
+    listed = "; ".join(f"[{i}] {o.text(recipe.command_line)}" for i, o in enumerate(options, 1))
     return f"these fit: {listed}"

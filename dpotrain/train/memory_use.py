@@ -12,8 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import max_of_ranks
-
-GIB = 1024**3
+from dpotrain.plan.memory import GIB
 
 
 def peaks() -> dict[str, float]:

@@ -11,11 +11,11 @@ Once progress is on disk the main process writes `<stop file>.checkpointed`, whi
 the job, and the process exits with STOPPED_EXIT.
 """
 
+import errno
 import os
 import shlex
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,7 +28,7 @@ from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import write_text
+from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
@@ -272,12 +272,10 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
 
 def check_stop_file(path: Path) -> None:
     """The stop file's folder must take `<stop file>.checkpointed`, or the job fails after a checkpoint, unrequeued."""
-    try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
-            pass
-    except OSError as e:
+    problem = unwritable(path.parent) if path.parent.exists() else (path.parent, os.strerror(errno.ENOENT))
+    if problem:
         raise ConfigError(
-            f"{STOP_FILE_ENV}={path}: cannot write in {path.parent} ({e.strerror}), so a stop could not be confirmed "
+            f"{STOP_FILE_ENV}={path}: cannot write in {problem[0]} ({problem[1]}), so a stop could not be confirmed "
             f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
             "(scripts/launch.sh uses the project's logs/)"
-        ) from None
+        )
