@@ -18,7 +18,7 @@ import os
 import shlex
 import sys
 import threading
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from huggingface_hub import constants, get_token, try_to_load_from_cache
@@ -245,25 +245,45 @@ def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False
     if not missing:
         if reads_hub:
             read_cache_if_silent()
-    elif why := SILENT.get("why") or hub_answer():
+    elif why := hub_answer():
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 
-# Why the Hub gave no answer, once `read_cache_if_silent` turned this process's libraries offline: a later piece not
-# cached is then refused as one is where the Hub does not answer (not as a job its user set offline), without asking.
-SILENT: dict[str, str] = {}
+@dataclass(frozen=True)
+class HubAnswer:
+    """The run's one answer from the Hub, once something rests on it: the launch's, every rank's (`agree_on_hub`), or
+    the one that turned this single process offline (`read_cache_if_silent`). Later checks take it, without asking."""
+
+    why: str | None  # `hub_unreachable`'s: why HF_ENDPOINT gave no answer; None where it answered
+
+
+# This run's HubAnswer; None: none yet, each check asks for itself. `start_run` empties it: a run before in this
+# process (tests, a notebook calling train_dpo.main) asked another Hub, or none.
+ANSWER: HubAnswer | None = None
+
+
+def start_run() -> None:
+    """A run, dry run, analysis or prefetch starts in this process: no answer from the Hub yet."""
+    global ANSWER
+    ANSWER = None
+
+
+def hub_answer() -> str | None:
+    """`hub_unreachable`: the run's answer where one was decided (`ANSWER`), else this process's, asked now."""
+    return ANSWER.why if ANSWER else hub_unreachable()
 
 
 def read_cache_if_silent() -> None:
-    """Online, transformers and datasets ask the Hub of every file they read from the cache (its newest commit, the
-    model's extra chat templates) and wait on one that never answers, retried: the analyzer on a cached tokenizer
-    waited over 300 s. So before the first read of cached Hub pieces the Hub is asked once, within PROBE_SECONDS (once
-    for a launch: `agree_on_hub`), and where it does not answer this process (and those it starts) reads the cache
-    alone, as HF_HUB_OFFLINE=1 does. An explicit HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
+    """Online, transformers and datasets ask the Hub of every file they read from the cache and wait on one that
+    never answers, retried (the analyzer on a cached tokenizer: over 300 s). So before the first read of cached Hub
+    pieces the Hub is asked once, within PROBE_SECONDS (once for a launch: `agree_on_hub`), and where it does not
+    answer this process (and those it starts) reads the cache alone, as HF_HUB_OFFLINE=1 does. An explicit
+    HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
+    global ANSWER
     if is_offline():
         return
     if why := hub_answer():
-        SILENT["why"] = why
+        ANSWER = HubAnswer(why)  # offline for it: a later piece not cached is refused as on a silent Hub, unasked
         os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
         take_late_switches()  # this one's libraries read it at theirs
         if launcher.launched_main():  # every rank decides the same (`agree_on_hub`); one line says it for the launch
@@ -275,28 +295,15 @@ def read_cache_if_silent() -> None:
             )
 
 
-# The job's one answer from the Hub, every rank's (`agree_on_hub`): {"why": None} where it answered. Empty: each
-# process asks for itself (a single process: the analyzer, prefetch, a dry run).
-AGREED: dict[str, str | None] = {}
-
-
-def hub_answer() -> str | None:
-    """`hub_unreachable`: the job's answer where its ranks agreed on one, else this process's, asked now."""
-    return AGREED["why"] if "why" in AGREED else hub_unreachable()
-
-
 def agree_on_hub(recipe) -> None:
-    """Under a launch each rank asked the Hub for itself, within PROBE_SECONDS: a Hub that answers one rank in time and
-    another not (slowly, or a node's own firewall) turned one rank's libraries offline and left another's online, where
-    what must be equal on all ranks is decided once. Every rank calls this once the process group exists; the main
-    process asks for the job, if the job reads a Hub piece and is not offline, and every rank's later checks take its
-    answer (`hub_answer`) instead of asking."""
+    """Every rank of a launch calls this once the process group exists: the main process asks the Hub for the job (if
+    it reads a Hub piece and is not offline) and its answer is every rank's `ANSWER`, since ranks that asked for
+    themselves could disagree (one answered in time, one not) and read online what another read offline."""
     from dpotrain.cluster import collectives  # here: torch, which prefetch and the analyzer's refusals do not need
 
+    global ANSWER
     asked, why = collectives.main_outcome(_ask_for_job, recipe)  # every rank in the collective, whatever it reads
-    AGREED.clear()  # a run before in this process (tests, a notebook) asked another Hub, or none
-    if asked:
-        AGREED["why"] = why
+    ANSWER = HubAnswer(why) if asked else None
 
 
 def _ask_for_job(recipe) -> tuple[bool, str | None]:
@@ -312,7 +319,7 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
     """A job that would download its model or data set (asked just before each is needed): refused at once when the
     Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries; one that
     reads them from the cache, offline where the Hub does not answer (`read_cache_if_silent`)."""
-    silent = bool(SILENT)  # offline for that reason: what is not cached is still refused here, with the remedy
+    silent = bool(ANSWER and ANSWER.why)  # offline for that reason: what is not cached is refused, with the remedy
     model, dataset = model and (silent or not is_offline()), dataset and (silent or not datasets_offline())
     reads = (model and is_hub_model(recipe.model.model_name_or_path)) or (dataset and bool(hub_datasets(recipe)))
     check_hub_reachable(
