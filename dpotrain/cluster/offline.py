@@ -1,14 +1,10 @@
 """Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
 
 Jobs on nodes without network run with `HF_HUB_OFFLINE=1` and read the model, tokenizer and data set from the cache
-`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only: no network, nothing loaded
-or written) stops a job that misses a piece in its first seconds, with the prefetch command, instead of minutes later
-from deep inside transformers or datasets. Where the Hub does not answer and HF_HUB_OFFLINE is not set,
-`check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached, and
-before the first read of pieces all cached: a Hub that does not answer then turns the libraries offline for the process
-(they would ask it of every file they read from the cache, minutes of retries before a cached tokenizer loads). Under a
-launch the main process asks once for every rank (`agree_on_hub`), so that no rank reads online what another reads
-offline.
+`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only) stops a job that misses a
+piece in its first seconds, with the prefetch command, instead of minutes later from deep inside transformers or
+datasets. Online, the Hub is asked once, within seconds (`check_hub_reachable`; a launch's main process for every rank:
+`agree_on_hub`): one that does not answer refuses a download at once and turns a read of cached pieces offline.
 """
 
 import fnmatch
@@ -197,12 +193,11 @@ def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = T
 
 # --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
 
-# A reachable Hub answers one HEAD request well within this. huggingface_hub retries a request that cannot connect 5
-# times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`), each waiting 10 s (HF_HUB_ETAG_TIMEOUT) on
-# a server that never answers: 23 s to minutes per file before its first error.
+# A reachable Hub answers one HEAD request well within this; huggingface_hub's own retries of a request that cannot
+# connect (utils/_http.py, `_http_backoff_base`) take 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
-# The request's own socket timeout, longer than the deadline so that `within` always speaks first (the two at one
-# value raced: "timed out" or "no answer within 3 s"); it only ends the abandoned daemon thread's wait.
+# The request's socket timeout, longer than the deadline so that `within` always speaks first (one message, not two
+# racing); it only ends the abandoned daemon thread's wait.
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
@@ -242,10 +237,9 @@ def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False
     """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
     that does not answer, in one line ending with `remedy`. Nothing missing, and it reads Hub pieces (all cached):
     `read_cache_if_silent`."""
-    if not missing:
-        if reads_hub:
-            read_cache_if_silent()
-    elif why := hub_answer():
+    if not missing and reads_hub:
+        read_cache_if_silent()
+    elif missing and (why := hub_answer()):
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 
@@ -308,9 +302,8 @@ def agree_on_hub(recipe) -> None:
 
 def _ask_for_job(recipe) -> tuple[bool, str | None]:
     """(whether the job asks the Hub at all, and `hub_unreachable`'s answer), on the main process."""
-    if is_offline() and datasets_offline():
-        return False, None
-    if not (is_hub_model(recipe.model.model_name_or_path) or hub_datasets(recipe)):
+    offline = is_offline() and datasets_offline()
+    if offline or not (is_hub_model(recipe.model.model_name_or_path) or hub_datasets(recipe)):
         return False, None
     return True, hub_unreachable()
 
@@ -334,7 +327,7 @@ def hf_token() -> str | None:
     """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved."""
     try:
         return os.environ.get("HF_TOKEN") or get_token()
-    except OSError as e:  # huggingface_hub allows for a missing file only: a HOME that is a file ended in a traceback
+    except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)
         raise ConfigError(
             f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "
             "folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), or HF_TOKEN"
