@@ -212,6 +212,7 @@ def _read(path: Path, dataset: str) -> dict | None:
 
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
+    offline.start_run()  # no answer from the Hub yet: one an earlier command in this process got is not this one's
     venv.load_env(ROOT)  # HF_TOKEN for gated or private data sets: for an importer (a command has read it above)
     try:
         args = parse_args(argv)

@@ -35,6 +35,7 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
 
 
 def main(argv: list[str] | None = None) -> None:
+    offline.start_run()  # no answer from the Hub yet: one an earlier command in this process got is not this one's
     venv.load_env(ROOT)  # HF_TOKEN for gated or private repos: for an importer (a command has read it above)
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")

@@ -795,8 +795,7 @@ def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(mo
     for module, name in ((constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")):
         monkeypatch.setattr(module, name, False)  # restored after the job turns them on
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
-    monkeypatch.setattr(offline, "SILENT", {})
-    monkeypatch.setattr(offline, "AGREED", {})  # a launch's answer left by an earlier run in this process
+    monkeypatch.setattr(offline, "ANSWER", None)  # an answer left by an earlier run in this process
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)  # datasets follows HF_HUB_OFFLINE
     # The caches are set above, as a user's default ones are found: the printed command then names no HF_HOME (the
@@ -841,14 +840,59 @@ def test_a_silent_hub_keeps_datasets_online_where_the_user_set_hf_datasets_offli
     for module, name in ((constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")):
         monkeypatch.setattr(module, name, False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
-    monkeypatch.setattr(offline, "SILENT", {})
-    monkeypatch.setattr(offline, "AGREED", {})  # a launch's answer left by an earlier run in this process
+    monkeypatch.setattr(offline, "ANSWER", None)  # an answer left by an earlier run in this process
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
     with contextlib.redirect_stderr(io.StringIO()):
         offline.read_cache_if_silent()
-    assert offline.SILENT and constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert offline.ANSWER.why and constants.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
     assert not datasets.config.HF_DATASETS_OFFLINE and not offline.datasets_offline()
+
+
+# Two runs in one process (a notebook's): the first one's start agreeing on a Hub that does not answer, then a dry run
+# with the Hub answering. Here, not in the test's process: huggingface_hub and datasets take HF_ENDPOINT at import.
+TWO_RUNS = r"""
+import sys
+import datasets
+from huggingface_hub import constants
+import train_dpo
+from dpotrain.cluster import offline
+from dpotrain.recipe.config import parse_args
+
+closed, args = sys.argv[1], sys.argv[2:]
+datasets.load_dataset("org/prefs", split="train")  # cached: the dry run reads the Hub only for its commit
+endpoint, constants.ENDPOINT = constants.ENDPOINT, closed
+offline.agree_on_hub(parse_args(args))  # the first run's start (train_dpo.run), its Hub silent
+assert offline.hub_answer().startswith(closed), offline.hub_answer()
+constants.ENDPOINT = endpoint
+train_dpo.main([*args, "--dry-run", "--json"])
+"""
+
+
+@pytest.mark.slow  # a process of its own
+def test_a_run_takes_no_hub_answer_from_a_run_before_it_in_this_process(tmp_path):
+    """A launch's answer from the Hub is every rank's for that run alone: a dry run started after it in the same
+    process asks for itself. The first run's Hub did not answer, the dry run's does: it stays online, where it took
+    the first run's answer, said the Hub did not answer and turned this process offline."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    server = StandInHub()
+    server.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    with socket.socket() as sock:  # a local port that nothing listens on once closed: the first run's Hub
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_ENDPOINT=server.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="")
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none", "--output_dir", str(tmp_path)]
+    args += ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0"]
+    try:
+        result = subprocess.run(
+            [PYTHON, "-c", TWO_RUNS, closed, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        server.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "does not answer" not in result.stderr, result.stderr[-3000:]
+    assert json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["dataset_rows"] == 16
 
 
 @pytest.mark.slow

@@ -1,14 +1,10 @@
 """Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
 
 Jobs on nodes without network run with `HF_HUB_OFFLINE=1` and read the model, tokenizer and data set from the cache
-`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only: no network, nothing loaded
-or written) stops a job that misses a piece in its first seconds, with the prefetch command, instead of minutes later
-from deep inside transformers or datasets. Where the Hub does not answer and HF_HUB_OFFLINE is not set,
-`check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached, and
-before the first read of pieces all cached: a Hub that does not answer then turns the libraries offline for the process
-(they would ask it of every file they read from the cache, minutes of retries before a cached tokenizer loads). Under a
-launch the main process asks once for every rank (`agree_on_hub`), so that no rank reads online what another reads
-offline.
+`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only) stops a job that misses a
+piece in its first seconds, with the prefetch command, instead of minutes later from deep inside transformers or
+datasets. Online, the Hub is asked once, within seconds (`check_hub_reachable`; a launch's main process for every rank:
+`agree_on_hub`): one that does not answer refuses a download at once and turns a read of cached pieces offline.
 """
 
 import fnmatch
@@ -18,7 +14,7 @@ import os
 import shlex
 import sys
 import threading
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from huggingface_hub import constants, get_token, try_to_load_from_cache
@@ -197,12 +193,11 @@ def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = T
 
 # --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
 
-# A reachable Hub answers one HEAD request well within this. huggingface_hub retries a request that cannot connect 5
-# times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`), each waiting 10 s (HF_HUB_ETAG_TIMEOUT) on
-# a server that never answers: 23 s to minutes per file before its first error.
+# A reachable Hub answers one HEAD request well within this; huggingface_hub's own retries of a request that cannot
+# connect (utils/_http.py, `_http_backoff_base`) take 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
-# The request's own socket timeout, longer than the deadline so that `within` always speaks first (the two at one
-# value raced: "timed out" or "no answer within 3 s"); it only ends the abandoned daemon thread's wait.
+# The request's socket timeout, longer than the deadline so that `within` always speaks first (one message, not two
+# racing); it only ends the abandoned daemon thread's wait.
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
@@ -242,28 +237,47 @@ def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False
     """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
     that does not answer, in one line ending with `remedy`. Nothing missing, and it reads Hub pieces (all cached):
     `read_cache_if_silent`."""
-    if not missing:
-        if reads_hub:
-            read_cache_if_silent()
-    elif why := SILENT.get("why") or hub_answer():
+    if not missing and reads_hub:
+        read_cache_if_silent()
+    elif missing and (why := hub_answer()):
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 
-# Why the Hub gave no answer, once `read_cache_if_silent` turned this process's libraries offline: a later piece not
-# cached is then refused as one is where the Hub does not answer (not as a job its user set offline), without asking.
-SILENT: dict[str, str] = {}
+@dataclass(frozen=True)
+class HubAnswer:
+    """The run's one answer from the Hub, once something rests on it: the launch's, every rank's (`agree_on_hub`), or
+    the one that turned this single process offline (`read_cache_if_silent`). Later checks take it, without asking."""
+
+    why: str | None  # `hub_unreachable`'s: why HF_ENDPOINT gave no answer; None where it answered
+
+
+# This run's HubAnswer; None: none yet, each check asks for itself. `start_run` empties it: a run before in this
+# process (tests, a notebook calling train_dpo.main) asked another Hub, or none.
+ANSWER: HubAnswer | None = None
+
+
+def start_run() -> None:
+    """A run, dry run, analysis or prefetch starts in this process: no answer from the Hub yet."""
+    global ANSWER
+    ANSWER = None
+
+
+def hub_answer() -> str | None:
+    """`hub_unreachable`: the run's answer where one was decided (`ANSWER`), else this process's, asked now."""
+    return ANSWER.why if ANSWER else hub_unreachable()
 
 
 def read_cache_if_silent() -> None:
-    """Online, transformers and datasets ask the Hub of every file they read from the cache (its newest commit, the
-    model's extra chat templates) and wait on one that never answers, retried: the analyzer on a cached tokenizer
-    waited over 300 s. So before the first read of cached Hub pieces the Hub is asked once, within PROBE_SECONDS (once
-    for a launch: `agree_on_hub`), and where it does not answer this process (and those it starts) reads the cache
-    alone, as HF_HUB_OFFLINE=1 does. An explicit HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
+    """Online, transformers and datasets ask the Hub of every file they read from the cache and wait on one that
+    never answers, retried (the analyzer on a cached tokenizer: over 300 s). So before the first read of cached Hub
+    pieces the Hub is asked once, within PROBE_SECONDS (once for a launch: `agree_on_hub`), and where it does not
+    answer this process (and those it starts) reads the cache alone, as HF_HUB_OFFLINE=1 does. An explicit
+    HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
+    global ANSWER
     if is_offline():
         return
     if why := hub_answer():
-        SILENT["why"] = why
+        ANSWER = HubAnswer(why)  # offline for it: a later piece not cached is refused as on a silent Hub, unasked
         os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
         take_late_switches()  # this one's libraries read it at theirs
         if launcher.launched_main():  # every rank decides the same (`agree_on_hub`); one line says it for the launch
@@ -275,35 +289,21 @@ def read_cache_if_silent() -> None:
             )
 
 
-# The job's one answer from the Hub, every rank's (`agree_on_hub`): {"why": None} where it answered. Empty: each
-# process asks for itself (a single process: the analyzer, prefetch, a dry run).
-AGREED: dict[str, str | None] = {}
-
-
-def hub_answer() -> str | None:
-    """`hub_unreachable`: the job's answer where its ranks agreed on one, else this process's, asked now."""
-    return AGREED["why"] if "why" in AGREED else hub_unreachable()
-
-
 def agree_on_hub(recipe) -> None:
-    """Under a launch each rank asked the Hub for itself, within PROBE_SECONDS: a Hub that answers one rank in time and
-    another not (slowly, or a node's own firewall) turned one rank's libraries offline and left another's online, where
-    what must be equal on all ranks is decided once. Every rank calls this once the process group exists; the main
-    process asks for the job, if the job reads a Hub piece and is not offline, and every rank's later checks take its
-    answer (`hub_answer`) instead of asking."""
+    """Every rank of a launch calls this once the process group exists: the main process asks the Hub for the job (if
+    it reads a Hub piece and is not offline) and its answer is every rank's `ANSWER`, since ranks that asked for
+    themselves could disagree (one answered in time, one not) and read online what another read offline."""
     from dpotrain.cluster import collectives  # here: torch, which prefetch and the analyzer's refusals do not need
 
+    global ANSWER
     asked, why = collectives.main_outcome(_ask_for_job, recipe)  # every rank in the collective, whatever it reads
-    AGREED.clear()  # a run before in this process (tests, a notebook) asked another Hub, or none
-    if asked:
-        AGREED["why"] = why
+    ANSWER = HubAnswer(why) if asked else None
 
 
 def _ask_for_job(recipe) -> tuple[bool, str | None]:
     """(whether the job asks the Hub at all, and `hub_unreachable`'s answer), on the main process."""
-    if is_offline() and datasets_offline():
-        return False, None
-    if not (is_hub_model(recipe.model.model_name_or_path) or hub_datasets(recipe)):
+    offline = is_offline() and datasets_offline()
+    if offline or not (is_hub_model(recipe.model.model_name_or_path) or hub_datasets(recipe)):
         return False, None
     return True, hub_unreachable()
 
@@ -312,7 +312,7 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
     """A job that would download its model or data set (asked just before each is needed): refused at once when the
     Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries; one that
     reads them from the cache, offline where the Hub does not answer (`read_cache_if_silent`)."""
-    silent = bool(SILENT)  # offline for that reason: what is not cached is still refused here, with the remedy
+    silent = bool(ANSWER and ANSWER.why)  # offline for that reason: what is not cached is refused, with the remedy
     model, dataset = model and (silent or not is_offline()), dataset and (silent or not datasets_offline())
     reads = (model and is_hub_model(recipe.model.model_name_or_path)) or (dataset and bool(hub_datasets(recipe)))
     check_hub_reachable(
@@ -327,7 +327,7 @@ def hf_token() -> str | None:
     """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved."""
     try:
         return os.environ.get("HF_TOKEN") or get_token()
-    except OSError as e:  # huggingface_hub allows for a missing file only: a HOME that is a file ended in a traceback
+    except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)
         raise ConfigError(
             f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "
             "folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), or HF_TOKEN"

@@ -529,7 +529,7 @@ def create_repo(api, repo_id: str, private: bool | None):
 
 def check_private(repo_id: str, token: str | None, private: bool | None) -> None:
     """Refuse a private push (hub_private_repo, --private) to a repo that exists and is public: the flag only sets the
-    visibility of a repo created, so the model went up in public, the push said "(private)"."""
+    visibility of a repo it creates."""
     if not private:
         return
     try:

@@ -71,10 +71,6 @@ def checkpoint_files(folder: Path) -> list[str]:
     )
 
 
-def has_weights(names: list[str]) -> bool:
-    return any(n.endswith(".safetensors") for n in names)
-
-
 class NotPushable(Exception):
     """Why a complete checkpoint cannot go to its branch (said in the warning and the record's `error`)."""
 
@@ -84,7 +80,7 @@ def pushable_files(folder: Path) -> list[str]:
     a file replaced or cut short since would go up as that step's model); NotPushable says why not. The one check of
     the run's pusher and push_to_hub.py --checkpoints."""
     names = checkpoint_files(folder)
-    if not has_weights(names):
+    if not any(n.endswith(".safetensors") for n in names):
         raise NotPushable("no model weights (*.safetensors)")
     listed = checkpoint_manifest.read(folder)  # None: saved before checkpoints had a manifest, taken as it is
     if listed == {}:
@@ -165,7 +161,7 @@ def read_pushes(output_dir: str | Path) -> list[dict]:
 
 def pushed_revisions(output_dir: str | Path, repo_id: str) -> list[tuple[int, str]]:
     """(step, branch) of the checkpoint branches of `repo_id` whose latest record says they are on the Hub, by step (a
-    record written before records named the repo counts for any: another repo's steps were listed as dead links)."""
+    record without a repo, written before records named it, counts for any)."""
     records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
     latest = {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
     return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
@@ -193,7 +189,7 @@ def is_transient(error: BaseException) -> bool:
 
 def retry_waits() -> tuple[float, ...]:
     """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS), refused in one line if not
-    seconds; checked before training (`hub.take_push_settings`): at the first upload it failed every push."""
+    seconds (`hub.take_push_settings` asks before training, not at the first upload)."""
     value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
     if not value:
         return DEFAULT_RETRY_WAITS
@@ -355,7 +351,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
         except Exception as e:
             # The upload's failure (`with_retries` gives it `.attempts`); one after it (the record of a push made) is
-            # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
+            # no checkpoint "not pushed": it ends the command
             if not hasattr(e, "attempts"):
                 raise
             warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
