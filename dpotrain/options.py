@@ -893,7 +893,7 @@ def _wandb_host() -> str:
         stored = Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser() / "settings"
         kept = settings_file.SettingsFiles(global_settings=stored, local_settings=stored).all().get("base_url")
         return kept or str(urls.DEFAULT_BASE_URL)
-    except Exception:  # wandb's internals moved
+    except (ImportError, AttributeError):  # wandb's internals moved (a bad settings file: wandb warns, reads none)
         return "https://api.wandb.ai"
 
 
@@ -910,12 +910,24 @@ def check_wandb(recipe: Recipe) -> None:
     if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     try:
-        from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
-
-        if read_netrc_auth(host=_wandb_host()):
-            return  # `wandb login` wrote ~/.netrc
-    except Exception:  # wandb's internals moved: let wandb itself decide
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib.wbauth.wbnetrc import _get_netrc_file_path, read_netrc_auth
+    except ImportError:  # wandb's internals moved: let wandb itself decide
         return
+    host = _wandb_host()
+    try:
+        if read_netrc_auth(host=host):
+            return  # `wandb login` wrote ~/.netrc
+    except AuthenticationError as e:  # a key wandb.init refuses the same way, after the model loaded
+        raise ConfigError(
+            f"report_to wandb, but wandb refuses the W&B key in {_get_netrc_file_path()} for {host} ({e}): run "
+            "`wandb login --relogin`, add WANDB_API_KEY=... to .env, or pass --report_to none"
+        ) from None
+    except ValueError as e:  # wandb.init refuses the server address too (wbauth.HostUrl)
+        raise ConfigError(
+            f"report_to wandb, but wandb refuses its server address ({e}): fix WANDB_BASE_URL (or `wandb login "
+            "--host`'s), or pass --report_to none"
+        ) from None
     raise ConfigError(
         "report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
         f"WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none{venv.hidden('WANDB_API_KEY')}"

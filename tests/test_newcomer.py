@@ -120,6 +120,29 @@ def test_wandb_login_is_a_login_wherever_it_logged_in(host, tmp_path, capsys, no
     assert "dry run of" in out and "no W&B login" not in out, out
 
 
+def test_a_malformed_wandb_key_in_netrc_is_refused_before_the_model_loads(
+    tmp_path, capsys, no_credentials, monkeypatch
+):
+    """A ~/.netrc whose W&B key wandb rejects (a key pasted short): wandb.init raises AuthenticationError for it, after
+    the model loaded, but the check took wandb's exception as "its internals moved" and let the run start. So too a
+    WANDB_BASE_URL wandb refuses."""
+    from wandb.sdk.lib import urls
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine {urls.DEFAULT_BASE_URL.split('://')[1]}\n  login user\n  password short-key\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert f"the run would refuse: report_to wandb, but wandb refuses the W&B key in {netrc}" in out, out
+    assert "API key must have 40+ characters" in out and "wandb login --relogin" in out, out
+    monkeypatch.setenv("WANDB_BASE_URL", "https://app.wandb.ai")  # W&B's web page, which wandb.init refuses too
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "the run would refuse: report_to wandb, but wandb refuses its server address" in out, out
+    assert "'https://app.wandb.ai' is not a valid server address" in out and "fix WANDB_BASE_URL" in out, out
+
+
 def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
     with pytest.raises(SystemExit) as ended:
         run_cli(
