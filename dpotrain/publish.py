@@ -37,7 +37,7 @@ def save_and_push(run, resolved: dict) -> int | None:
     failed = None
     try:
         trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
-    except Exception as e:  # a full disk: its line (final_save_failed) on every rank, below
+    except Exception as e:  # noqa: BLE001 - a full disk, any failure: every rank raises it, below
         failed = e
     # The last collective step, and its barrier: the main process writes the model alone under DDP, and its refusal
     # left the others waiting here (NCCL: for ddp_timeout); each rank's outcome is every rank's. The other ranks end
@@ -135,7 +135,7 @@ def push_final(out: Path, push, training) -> None:
             url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
         except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command
             raise SystemExit(f"error: {e}") from None
-        except Exception as e:  # the run itself is saved and complete: say how to push it
+        except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
             raise SystemExit(
                 f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "
                 f"push it with `{command}`"

@@ -327,7 +327,7 @@ def analyze(args: argparse.Namespace) -> int:
     offline.check_hub_reachable(downloads, remedy, reads_hub)
     try:
         tokenizer = lengths.recipe_tokenizer(run)
-    except Exception as e:  # unknown name, offline, gated: one line
+    except Exception as e:  # noqa: BLE001 - unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
     # What the cache is keyed by, taken before the rows are read: a file still written during the analysis has another
@@ -468,7 +468,7 @@ def load(args, name: str, split: str, subset: str | None):
         return loaded, None
     except ConfigError:  # already one line that names the fix
         raise
-    except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
+    except Exception as e:  # noqa: BLE001 - unknown Hub name, no access, offline, unreadable file: one line
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
 
 

@@ -102,7 +102,7 @@ def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:
     try:
         files = offline.select_model_files(HfApi(token=token).list_repo_files(repo_id, revision=revision))
         path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=files, token=token))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the Hub raised: hub_error names it and the fix
         raise ConfigError(hub_error(e, "model", repo_id, revision, token)) from None
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # stat follows the links into blobs/
     print(f"model   {repo_id}@{revision or 'main'}: {len(files)} files, {size / 1e9:.2f} GB -> {path}", flush=True)
@@ -118,7 +118,7 @@ def fetch_dataset(source: mixture.Source, revision: str | None, token: str | Non
             dataset = mixture.read_source(source)
     except ConfigError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the Hub raised: hub_error names it and the fix
         raise ConfigError(hub_error(e, "dataset", name, revision, token)) from None
     folder = Path(dataset.cache_files[0]["filename"]).parent if dataset.cache_files else None
     if folder:

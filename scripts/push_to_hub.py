@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         failed = push(api, run, repo_id, token, private, args.checkpoints, finished=not stopped)
     except (ConfigError, RunError):  # one line naming the fix already (a push whose record could not be written)
         raise
-    except Exception as e:  # the Hub past the retries (an outage, a network gone): one line, as a job's final push
+    except Exception as e:  # noqa: BLE001 - the Hub past the retries (an outage, a network gone): one line
         raise RunError(
             f"pushing {run} to {repo_id} failed ({cause(e)}): run the same command again (what the Hub holds already "
             "is skipped)"

@@ -179,5 +179,5 @@ def _shareable(failed: Exception) -> Exception:
     try:
         pickle.loads(pickle.dumps(failed))
         return failed
-    except Exception:
+    except Exception:  # noqa: BLE001 - pickling fails as the object's own __reduce__ does: one line instead
         return RunError(f"the main process failed: {cause(failed)}")

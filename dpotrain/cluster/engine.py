@@ -141,7 +141,7 @@ def read_accelerate_config(path: str):
     """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
     try:
         return load_config_from_file(path)
-    except Exception as e:  # a YAML error, an unknown key, no distributed_type: `accelerate launch` refuses it too
+    except Exception as e:  # noqa: BLE001 - YAML, unknown key, no distributed_type: `accelerate launch` refuses it too
         raise ConfigError(f"accelerate config {path!r} would be refused by `accelerate launch`: {cause(e)}") from None
 
 

@@ -210,7 +210,7 @@ def within(seconds: float, fn):
     def run():
         try:
             result["value"] = fn()
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the caller's thread re-raises it, whatever it is
             result["error"] = e
 
     thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call must not keep the process alive
@@ -228,7 +228,7 @@ def hub_unreachable() -> str | None:
     One HEAD request through huggingface_hub's own HTTP client: with the proxy and certificate settings it uses."""
     try:
         within(PROBE_SECONDS, lambda: get_session().head(constants.ENDPOINT + "/", timeout=SOCKET_SECONDS))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure of the probe is its answer, named by cause()
         return f"{constants.ENDPOINT}: {cause(e)}"
     return None
 

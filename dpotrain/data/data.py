@@ -204,7 +204,7 @@ def load_preference_dataset(
             check_cache_room(builder, data_files=files, features=text, **sep)
         try:
             loaded = load_as_text(text, load_dataset, builder, data_files=files, streaming=streaming, **sep)
-        except Exception as e:  # datasets names neither the file's line nor the fix
+        except Exception as e:  # noqa: BLE001 - datasets names neither the file's line nor the fix
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
@@ -217,14 +217,14 @@ def load_preference_dataset(
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
             loaded = load_as_text(csv_text_features(csv), load_dataset, str(path), name=config, streaming=streaming)
-        except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
+        except Exception as e:  # noqa: BLE001 - said to come "from the Hub", naming neither its file nor the fix
             raise ConfigError(_unreadable_folder(name, path, e)) from None
         if not streaming and split in loaded:
             loaded[split] = exact_mixed_fields(loaded[split], split, str(path), name=config)
     else:
         try:
             loaded = load_dataset(name, name=config, revision=revision, streaming=streaming)
-        except Exception as e:  # unknown name, no access, no network: one line, not a traceback
+        except Exception as e:  # noqa: BLE001 - unknown name, no access, no network: one line, not a traceback
             raise ConfigError(f"could not load data set {name!r} from the Hub: {cause(e)}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
@@ -484,7 +484,7 @@ def check_folder_config(name: str, path: Path, config: str | None) -> None:
     try:
         configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(path / "README.md").data)
         default = configs.get_default_config_name()
-    except Exception:  # a card datasets cannot read either: its own error, at the load, says why
+    except Exception:  # noqa: BLE001 - a card datasets cannot read: the load refuses it, in one line
         return
     names = ", ".join(configs)
     if config is None and default is None and configs:

@@ -34,7 +34,7 @@ def commit(name: str, revision: str | None, kind: str = "dataset", local_only: b
         info = HfApi().dataset_info if kind == "dataset" else HfApi().model_info
         try:
             return info(name, revision=revision, timeout=10).sha
-        except Exception:  # offline, or no access: the local cache's refs, below
+        except Exception:  # noqa: BLE001 - offline, no access: the cache's refs, else the load says
             pass
     ref = Path(HF_HUB_CACHE) / f"{kind}s--{name.replace('/', '--')}" / "refs" / (revision or "main")
     return ref.read_text().strip() if ref.is_file() else None

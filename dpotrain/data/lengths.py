@@ -151,7 +151,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
                 else:
                     counts[position] = row_lengths(example, tokenizer)
                 examples[position] = example
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the tokenizer's refusal, any kind, is the row's named problem
                 problem = ("chosen", f"{type(e).__name__}: {e}")
         if problem and not skip_invalid:
             raise _Refused(position, *problem)

@@ -205,7 +205,7 @@ def _split_files(folder: str, split: str, name: str | None = None) -> list:
     try:
         base, patterns = _card_patterns(folder, name) or (folder, get_data_patterns(folder))
         found = DataFilesDict.from_patterns(patterns, base_path=base).get(split, [])
-    except Exception:  # no data file, or no such configuration: the load says so
+    except Exception:  # noqa: BLE001 - no data file or configuration: the load says so
         return []
     return [Path(f).resolve() for f in found]
 
@@ -452,7 +452,7 @@ def read_source(source: Source, say: bool = True):
             data.check_cache_room(source.path, features=text, **{k: v for k, v in files.items() if k != "split"})
         try:
             loaded = data.load_as_text(text, data.load_dataset, source.path, **files)
-        except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
+        except Exception as e:  # noqa: BLE001 - DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         if source.local or source.path in BUILDERS:  # a Hub repo's files are not read twice
             del files["split"]

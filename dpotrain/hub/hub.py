@@ -467,7 +467,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
                 "and set HF_TOKEN in .env"
             ) from None
         raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
-    except Exception as e:  # no route, DNS, proxy, timeout: the node cannot reach the Hub
+    except Exception as e:  # noqa: BLE001 - no route, DNS, proxy, timeout, a bad HF_ENDPOINT: named by cause()
         unreachable = (
             "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
             if where == "job"

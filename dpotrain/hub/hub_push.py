@@ -415,7 +415,7 @@ class CheckpointPusher(TrainerCallback):
                 push_checkpoint(api, self.repo_id, staged, step, self.out)
             except UnrecordedPush as e:
                 warn(f"{e}; training goes on")
-            except Exception as e:  # a bug here must not kill the thread and leave the others waiting
+            except Exception as e:  # noqa: BLE001 - a bug must not kill the worker thread: _failed records it
                 self._failed(step, getattr(e, "attempts", 1), why(e))
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
