@@ -911,7 +911,7 @@ def check_wandb(recipe: Recipe) -> None:
         return
     try:
         from wandb.errors import AuthenticationError
-        from wandb.sdk.lib.wbauth.wbnetrc import _get_netrc_file_path, read_netrc_auth
+        from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
     except ImportError:  # wandb's internals moved: let wandb itself decide
         return
     host = _wandb_host()
@@ -920,7 +920,7 @@ def check_wandb(recipe: Recipe) -> None:
             return  # `wandb login` wrote ~/.netrc
     except AuthenticationError as e:  # a key wandb.init refuses the same way, after the model loaded
         raise ConfigError(
-            f"report_to wandb, but wandb refuses the W&B key in {_get_netrc_file_path()} for {host} ({e}): run "
+            f"report_to wandb, but wandb refuses the W&B key in ~/.netrc (or $NETRC's file) for {host} ({e}): run "
             "`wandb login --relogin`, add WANDB_API_KEY=... to .env, or pass --report_to none"
         ) from None
     except ValueError as e:  # wandb.init refuses the server address too (wbauth.HostUrl)

@@ -135,7 +135,7 @@ def test_a_malformed_wandb_key_in_netrc_is_refused_before_the_model_loads(
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.delenv("WANDB_BASE_URL", raising=False)
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
-    assert f"the run would refuse: report_to wandb, but wandb refuses the W&B key in {netrc}" in out, out
+    assert "the run would refuse: report_to wandb, but wandb refuses the W&B key in ~/.netrc (or $NETRC" in out, out
     assert "API key must have 40+ characters" in out and "wandb login --relogin" in out, out
     monkeypatch.setenv("WANDB_BASE_URL", "https://app.wandb.ai")  # W&B's web page, which wandb.init refuses too
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
