@@ -246,16 +246,17 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
+    pins = None  # a mixture's Hub sources' commits (mixture.pin), read at them and known by them before and after
     if mixed:
-        revision = None
+        revision, pins = None, pin_sources(recipe)
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
-    before = _read_identity(recipe, launch, revision)
-    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify)
-    dataset_id = _read_identity(recipe, launch, revision, before)
+    before = _read_identity(recipe, launch, revision, pins=pins)
+    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins)
+    dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, pins=pins)
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
@@ -286,10 +287,11 @@ def _check_held_out_kind(train, held) -> None:
         )
 
 
-def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None) -> str | None:
-    """The training data's identity (None: unknown), read before and after the rows: a file being written is refused."""
+def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None, pins=None) -> str | None:
+    """The training data's identity (None: unknown), read before and after the rows: a file being written is refused.
+    A Hub data set is known by the commit it is read at (`revision`, a mixture's `pins`), the same both times."""
     try:
-        now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision)
+        now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision, pins=pins)
     except (OSError, ValueError):
         return None
     if before is not None and now != before:
@@ -301,15 +303,17 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False):
+def _load_pairs(
+    recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False, pins=None
+):
     """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
-        seed = recipe.training.seed
+        seed, template_file = recipe.training.seed, p.chat_template_path
         dataset, mix = mixture.load(
-            sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template, p.chat_template_path
+            sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template, template_file, pins
         )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
@@ -371,6 +375,14 @@ def pin_data(recipe, revision: str | None) -> str | None:
         return revision
     # Its refusal (a data set the Hub does not have, a revision it lacks) ends every rank, not the main's alone.
     return collectives.main_outcome(hub_revision.resolve, name, revision)
+
+
+def pin_sources(recipe) -> dict[str, str]:
+    """A mixture's Hub sources (training and held-out) resolved to the commits every rank reads, once, by the main
+    process (`mixture.pin`)."""
+    values, held = mixture.fields_of(recipe), recipe.training.eval_strategy != "no"
+    sources = [s for evaluation in {False, held} for s in mixture.parse(values, evaluation) or []]
+    return collectives.main_outcome(mixture.pin, sources)
 
 
 def model_files(recipe, launch: Launch, tokenizer: ModelTokenizer | None = None) -> str:

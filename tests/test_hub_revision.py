@@ -243,3 +243,15 @@ def test_the_preflight_scores_the_pinned_commit_and_caches_its_lengths_under_it(
     assert scored["quality_rows"] == 32 and scored["max_length"] != "auto", scored
     (cached,) = [json.loads(p.read_text()) for p in (cache / "lengths").glob("*.json")]
     assert first in json.dumps(cached["cache"]) and cached["rows"] == 32, cached
+
+
+@pytest.mark.slow  # a process of its own
+def test_a_first_dry_run_on_a_mixture_with_an_uncached_hub_source_passes(hub, tmp_path):
+    """A mixture's Hub source, not yet in this machine's cache: its commit, looked up in the cache before the read, was
+    its revision's name (`main`) and after the read the commit, so the first dry run was refused as data that changed
+    while the run read it (a second one passed). The run resolves the source's commit once and reads it there."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    mixed = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", "--dry-run", "--json"]
+    shown = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *mixed)
+    assert json.JSONDecoder().raw_decode(shown[shown.index("{\n") :])[0]["derived"]["dataset_rows"] == 16

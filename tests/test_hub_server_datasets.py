@@ -133,3 +133,37 @@ def test_files_answer_head_and_byte_ranges_and_unknown_revisions_are_refused(hub
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"{hub.endpoint}/datasets/{REPO}/resolve/{'0' * 40}/train.jsonl")
     assert (missing.value.code, missing.value.headers["X-Error-Code"]) == (404, "RevisionNotFound")
+
+
+@pytest.mark.slow
+def test_a_mixtures_hub_source_is_read_and_known_at_the_commit_it_was_pinned_to(hub, commits, tmp_path):
+    """mixture.pin resolves a Hub source's main once; the source is read at that commit and known by it before and
+    after the read, whatever main is by then (here it is another commit): a first read on an empty cache was refused
+    as data that changed while it was read, its commit unknown before the read and known after."""
+    first, second = commits
+    seen = run_online(
+        hub,
+        tmp_path,
+        f"""
+import json
+from dpotrain.data import mixture
+from dpotrain.recipe.config import parse_args
+recipe = parse_args(["--config", "{ROOT / "configs" / "smoke.yaml"}", "--output_dir", "{tmp_path / "out"}",
+                     "--dataset_name", "", "--dataset_mixer_list", "{REPO}", "1.0"])
+plain = mixture.Source("{REPO}", "train")
+files = mixture.Source("{REPO}", "train", data_files="train.jsonl")
+pins = {{"{REPO}": "{first}"}}
+before = mixture.dataset_id(recipe, local_only=True, pins=pins)  # a dry run's: the cache holds nothing yet
+print(json.dumps({{
+    "pin": mixture.pin([plain, files, mixture.Source("data/smoke_prefs.jsonl", "train")]),
+    "plain": mixture.read_source(plain, say=False, revision="{first}")[:],
+    "files": mixture.read_source(files, say=False, revision="{first}")[:],
+    "same_key": mixture.dataset_id(recipe, local_only=True, pins=pins) == before,
+    "identity": mixture.identity_of(plain, "{first}"),
+}}))
+""",
+    )
+    assert seen["pin"] == {REPO: second}  # main now; a local source has no commit
+    assert pairs(seen["plain"]) == pairs(seen["files"]) == FIRST  # the pinned commit's rows, not main's
+    assert seen["same_key"]
+    assert seen["identity"] == {"revision": f"hub:{REPO}:default:train@{first}"}

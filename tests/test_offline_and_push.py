@@ -860,7 +860,6 @@ from dpotrain.cluster import offline
 from dpotrain.recipe.config import parse_args
 
 closed, args = sys.argv[1], sys.argv[2:]
-datasets.load_dataset("org/prefs", split="train")  # cached: the dry run reads the Hub only for its commit
 endpoint, constants.ENDPOINT = constants.ENDPOINT, closed
 offline.agree_on_hub(parse_args(args))  # the first run's start (train_dpo.run), its Hub silent
 assert offline.hub_answer().startswith(closed), offline.hub_answer()

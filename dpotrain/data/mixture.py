@@ -437,8 +437,8 @@ class Mix:
         ]
 
 
-def read_source(source: Source, say: bool = True):
-    """One source's rows, as the one-source loader reads them."""
+def read_source(source: Source, say: bool = True, revision: str | None = None):
+    """One source's rows, as the one-source loader reads them; a Hub source's at `revision` (`pin`), else its main."""
     if source.file:
         loaded = data.load_preference_dataset(source.file, source.split, say=say)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
@@ -448,10 +448,11 @@ def read_source(source: Source, say: bool = True):
         if source.path == "csv":
             text = data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
         files = dict(name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=source.split)
+        hub = {"revision": revision} if revision else {}  # a builder or local folder has no revision to read at
         if source.path in BUILDERS or source.local:  # files datasets copies into its cache: room for them first
             data.check_cache_room(source.path, features=text, **{k: v for k, v in files.items() if k != "split"})
         try:
-            loaded = data.load_as_text(text, data.load_dataset, source.path, **files)
+            loaded = data.load_as_text(text, data.load_dataset, source.path, **files, **hub)
         except Exception as e:  # noqa: BLE001 - DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         if source.local or source.path in BUILDERS:  # a Hub repo's files are not read twice
@@ -460,7 +461,7 @@ def read_source(source: Source, say: bool = True):
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
         loaded = data.load_preference_dataset(
-            source.path, source.split, source.name, say=say, split_flag=source.split_from
+            source.path, source.split, source.name, revision, say=say, split_flag=source.split_from
         )
     if source.columns:
         if missing := [c for c in source.columns if c not in loaded.column_names]:
@@ -484,14 +485,16 @@ def load(
     identify: bool = False,
     template=None,
     template_file: str | None = None,
+    pins: dict | None = None,
 ):
     """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
-    skip_invalid dropped and counted under `checked[key]`."""
+    skip_invalid dropped and counted under `checked[key]`. `pins`: the commit each Hub source is read at (`pin`)."""
     import datasets
 
     usable, records, dropped = [], [], {}
     for source in sources:
-        raw = read_source(source, say)
+        revision = pinned(source, pins)
+        raw = read_source(source, say, revision)
         spec = source.spec()  # its rows dropped are counted under it
         try:
             pairs = rows.usable_pairs(
@@ -504,7 +507,7 @@ def load(
         usable.append(pairs)
         record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
-            record["identity"] = identity_of(source)
+            record["identity"] = identity_of(source, revision)
         records.append(record)
     shares = share_rows(sources, [len(p) for p in usable])
     taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, shares, strict=True)]
@@ -601,12 +604,30 @@ def _read_from(source: Source) -> tuple | None:
     return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
 
 
-def identity_of(source: Source) -> dict:
-    """A local source's files (`data_identity.of`), or a Hub source's revision."""
+def pin(sources: list[Source]) -> dict[str, str]:
+    """The commit each Hub source's main points to now, by its repo, asked of the Hub once (else read from its cache):
+    the run reads a source at it and knows the rows by it before and after the read. Unpinned, the identity taken
+    before a first read was the revision's name (the cache had no commit yet), after it the commit: the first run on
+    an uncached source was refused as data that changed while it was read; and a push between the two looks would be
+    read unseen. A source whose commit cannot be told is not pinned (read at main, as before)."""
+    repos = {s.path for s in sources if not s.local and s.path not in BUILDERS}
+    found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos)}
+    return {repo: sha for repo, sha in found.items() if sha and hub_revision.COMMIT.fullmatch(sha)}
+
+
+def pinned(source: Source, pins: dict | None) -> str | None:
+    """The commit `pin` resolved a Hub source to, or None (a local source or builder, or none pinned)."""
+    return (pins or {}).get(source.path) if not source.local and source.path not in BUILDERS else None
+
+
+def identity_of(source: Source, revision: str | None = None) -> dict:
+    """A local source's files (`data_identity.of`), or a Hub source's revision (`revision`: the commit it was read
+    at; else its main's now)."""
     files = data_identity.of(*read_from) if (read_from := _read_from(source)) else None
     if files is not None:
         return {"files": files}
-    return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
+    identity = lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)
+    return {"revision": identity}
 
 
 def content_changed(recipe, derived: dict) -> str | None:
@@ -632,29 +653,29 @@ def content_changed(recipe, derived: dict) -> str | None:
     return None
 
 
-def dataset_id(recipe, local_only: bool = False, revision: str | None = None) -> str:
+def dataset_id(recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None) -> str:
     """The analyzer's cache key for the training data: one source's identity, or its sources' identities, amounts and
-    the seed. `revision`: the commit the run loads, if known."""
+    the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`)."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
-    return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only)
+    return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only, pins)
 
 
-def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False) -> str:
+def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False, pins: dict | None = None) -> str:
     identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
     sources = parse(values)
     if sources is None:
         name, split = values["dataset_name"], values["dataset_train_split"]
         return identity(name, split, values.get("dataset_config"), values.get("dataset_revision"))
-    parts = [[_content_id(s, identity, hh_format), s.spec(), s.written(), s.columns] for s in sources]
+    parts = [[_content_id(s, identity, hh_format, pinned(s, pins)), s.spec(), s.written(), s.columns] for s in sources]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"
 
 
-def _content_id(source: Source, identity, hh_format: str) -> str:
+def _content_id(source: Source, identity, hh_format: str, revision: str | None = None) -> str:
     """One source's part of the analyzer's cache key: `identity` of its file, folder or Hub data set; a builder's the
     files it reads, by path and `data_identity.stamp` (`identity` would take the builder's name for a Hub data set)."""
     if source.path not in BUILDERS or source.file:
-        return identity(source.file or source.path, source.split, source.name)
+        return identity(source.file or source.path, source.split, source.name, revision)
     found = data_identity.files(*_read_from(source)) or {}
     stamp = [[str(p.resolve()), data_identity.stamp(p)] for _, p in sorted(found.items())]
     return f"local:{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}:{hh_format}"
