@@ -137,6 +137,7 @@ def test_a_malformed_wandb_key_in_netrc_is_refused_before_the_model_loads(
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
     assert "the run would refuse: report_to wandb, but wandb refuses the W&B key in ~/.netrc (or $NETRC" in out, out
     assert "API key must have 40+ characters" in out and "wandb login --relogin" in out, out
+    assert "short-key" not in out  # the key itself never reaches the output
     monkeypatch.setenv("WANDB_BASE_URL", "https://app.wandb.ai")  # W&B's web page, which wandb.init refuses too
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
     assert "the run would refuse: report_to wandb, but wandb refuses its server address" in out, out
