@@ -286,11 +286,13 @@ def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_t
     assert checkpoint_manifest.problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=()):
-    """The run in its own interpreter: a kill reaches the process that holds the output folder's lock, as a node's
-    SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer)."""
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=(), interpreter=PYTHON):
+    """The run in its own interpreter: a kill of `proc` reaches the process that holds the output folder's lock, as a
+    node's SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer). A test that
+    kills the process paused at a point (`paused_pid`: the warm interpreter's child) kills the lock's holder itself,
+    and may start it warm (`python()`: its imports paid once)."""
     return subprocess.Popen(
-        [*prefix, *command(out, model_dir, data, interpreter=PYTHON, script=script), *extra],
+        [*prefix, *command(out, model_dir, data, interpreter=interpreter, script=script), *extra],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -323,7 +325,7 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
     # Killed past checkpoint-2 with step 3 logged, before step 4's record (the second open of metrics.jsonl after the
     # mark): polling for 3 logged steps could see the run past step 4, or ended, on a fast machine.
     env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused, count=2)
-    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT)
+    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT, interpreter=python())
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert logged_steps(out) == [1, 2, 3] and not (out / "checkpoint-4").exists()
@@ -387,7 +389,9 @@ def test_a_kill_during_rotation_leaves_the_old_checkpoint_cut_short_not_complete
         **pause_env("*/checkpoint-4/COMPLETE", "[!/]*", paused, count=2),
         "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove",
     }
-    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--save_total_limit", "1"))
+    proc = start(
+        out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, interpreter=python(), extra=("--save_total_limit", "1")
+    )
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert (out / "checkpoint-2").is_dir() and resume.unverified(out / "checkpoint-4") is None
@@ -414,7 +418,9 @@ def test_a_kill_while_overwrite_removes_a_finished_run_leaves_a_run_the_next_com
     (killed / "notes.md").write_text("compare with run b\n")
     # Armed from the start (no rename comes before the removal): before rmtree's second file, named bare
     env = {**pause_env("", "[!/]*", paused, count=2), "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove"}
-    proc = start(killed, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--overwrite_output_dir",))
+    proc = start(
+        killed, tiny_model_dir, pairs, env=env, script=PAUSE_AT, interpreter=python(), extra=("--overwrite_output_dir",)
+    )
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert not (killed / "run_complete.json").exists()
@@ -476,7 +482,8 @@ def test_a_ctrl_c_checkpoint_beside_a_scheduled_one_is_rotated_with_it_and_resum
 def test_a_second_ctrl_c_stops_at_once_and_releases_the_runs_lock(tmp_path):
     """The second Ctrl-C's os._exit skipped the release every other end of a run makes: run.lock stayed, and a rerun
     from another host (a login node's run rerun as a job) was refused as "in use" until the lock was 300 s stale.
-    (One interpreter for both: each is ~7 s of imports, and the lock changes nothing of the stop.)"""
+    (One interpreter for both, the warm one: each fresh one is ~7 s of imports, and the lock changes nothing of the
+    stop.)"""
     code = f"""
 import os, signal, time
 from pathlib import Path
@@ -492,8 +499,10 @@ os.kill(os.getpid(), signal.SIGINT)
 time.sleep(5)
 print("still running", flush=True)
 """
+    script = tmp_path / "ctrl_c.py"  # a script: the warm interpreter's (imports paid once) runs scripts
+    script.write_text(code)
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, preexec_fn=default_sigint
+        [python(), str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60, preexec_fn=default_sigint
     )
     assert result.returncode == INTERRUPTED_EXIT, result.stderr
     assert result.stdout == "asked: True\n" and "Second Ctrl-C: stopping at once" in result.stderr

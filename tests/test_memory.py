@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 import torch
+from test_architectures import FAMILIES, MOE
 
 from conftest import ROOT, python, run_train
 from dpotrain.cluster import engine as engines
@@ -694,8 +695,9 @@ def test_mixed_checkpointing_equals_a_trace_of_the_mixed_model():
     assert peaks == sorted(peaks, reverse=True)  # more checkpointed layers, less memory
 
 
-# Tiny hybrids shaped as tests/test_architectures.py builds them: 4 layers, linear-attention (Gated DeltaNet, Mamba-2)
-# and full-attention layers alternating (OLMo Hybrid's own default order), MoE MLPs where the family has them.
+# Tiny hybrids shaped as tests/test_architectures.py builds them (its FAMILIES: one source of the shapes), on 4 layers:
+# linear-attention (Gated DeltaNet, Mamba-2) and full-attention layers alternating (OLMo Hybrid's own default order),
+# MoE MLPs where the family has them.
 TINY = dict(
     vocab_size=1000,
     hidden_size=64,
@@ -708,30 +710,15 @@ TINY = dict(
     eos_token_id=1,
     bos_token_id=1,
 )
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-HYBRIDS = {
-    "olmo_hybrid": dict(
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
-    ),
-    "qwen3_next": dict(
-        layer_types=["linear_attention", "full_attention"] * 2,
-        linear_num_key_heads=2,
-        linear_num_value_heads=2,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        shared_expert_intermediate_size=32,
-        **MOE,
-    ),
-    "granitemoehybrid": dict(
-        layer_types=["linear_attention", "full_attention"] * 2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        mamba_n_heads=4,
-        mamba_d_head=32,
-        mamba_d_state=16,
-        mamba_chunk_size=64,
-    ),
-}
+
+
+def four_layers(shape: dict) -> dict:
+    """A family's shape (test_architectures' FAMILIES: 2 layers) on TINY's 4 layers: its layer kinds repeated."""
+    kinds = shape.get("layer_types")
+    return {**shape, "layer_types": kinds * (TINY["num_hidden_layers"] // len(kinds))} if kinds else shape
+
+
+HYBRIDS = {name: four_layers(FAMILIES[name]) for name in ("olmo_hybrid", "qwen3_next", "granitemoehybrid")}
 
 
 def measured_peak(config, tokens: int, every: int | None) -> int:

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,11 +95,18 @@ def run_script(script: str, args: list[str], env: dict, cwd: Path = ROOT) -> sub
     )
 
 
-def results_of(program: str, args: list[str], env: dict) -> dict:
-    """Run `program` (Python source) in a fresh process; the dict it prints on its `RESULTS ` line."""
-    result = subprocess.run(
-        [PYTHON, "-c", program, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+def results_of(program: str, args: list[str], env: dict, fresh: bool = False) -> dict:
+    """Run `program` (Python source) as a script in a process of its own; the dict it prints on its `RESULTS ` line.
+    On the session's warm interpreter (`python()`: its imports paid once, ~7 CPU-s a process; the Hub libraries read
+    this HF_HOME, HF_ENDPOINT and offline switches again, as a fresh one reads them at import: tests/helpers/warm.py),
+    unless `fresh`: a fresh interpreter, for a claim about what the libraries read while being imported."""
+    with tempfile.TemporaryDirectory(prefix="dpotrain-program-") as folder:
+        script = Path(folder) / "program.py"  # a script, not `-c`: the warm client runs scripts
+        script.write_text(program)
+        interpreter = PYTHON if fresh else python()
+        result = subprocess.run(
+            [interpreter, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
     assert line, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads(line.removeprefix("RESULTS "))
@@ -183,7 +191,8 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def offline_job(hf_home) -> dict:
-    return results_of(JOB, [THINK], {**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)})
+    # fresh: HF_HOME and HF_HUB_OFFLINE set before anything imports, as on a compute node
+    return results_of(JOB, [THINK], {**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)}, fresh=True)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import termios
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ from conftest import (
     PAUSE_AT,
     PYTHON,
     ROOT,
+    accelerate_launch,
     pause_env,
     python,
     rank_python,
@@ -191,34 +193,6 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
     assert logged_steps(out) == list(range(1, STEPS + 1))
-
-
-@pytest.mark.slow
-def test_a_stop_one_rank_hears_before_training_stops_every_rank_before_step_1(tmp_path, tiny_model_dir, pairs):
-    """2 processes, SIGTERM to rank 0 alone as it reads the cached reference: rank 1 never heard it, and both trained
-    step 1 and wrote checkpoint-1 before. The boundary's all-reduce stops both before step 1, each exiting 75."""
-    launch = [
-        os.path.join(os.path.dirname(PYTHON), "accelerate"),
-        "launch",
-        "--num_processes",
-        "2",
-    ]  # signals: not warm
-    launch += ["--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
-    args = [*ARGS, "--output_dir", str(tmp_path / "run"), "--model_name_or_path", tiny_model_dir]
-    args += ["--dataset_name", str(pairs)]
-    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"}
-    scored = subprocess.run([*launch, str(ROOT / "train_dpo.py"), *args, "--reference_only"], env=env, cwd=ROOT)
-    assert scored.returncode == 0
-    paused = tmp_path / "paused"  # only the main process reads the cache: rank 1 waits for its answer
-    env |= pause_env("", "*/reference/*/complete.npz", paused)
-    proc = subprocess.Popen(
-        [*launch, str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    log = signal_paused(paused, proc, signal.SIGTERM)
-    codes = re.findall(r"exitcode  : (-?\d+) ", log)  # the agent names each rank's code, then exits 1
-    assert proc.returncode == 1 and codes == [str(STOPPED_EXIT)] * 2, log[-3000:]
-    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]
-    assert logged_steps(tmp_path / "run") == [] and not list((tmp_path / "run").glob("checkpoint-*")), log[-3000:]
 
 
 @pytest.mark.slow
@@ -500,7 +474,7 @@ def test_ctrl_c_during_the_last_steps_checkpoint_says_the_run_finishes(capfd):
 
 
 @pytest.mark.slow
-def test_a_second_signal_does_not_end_the_process():
+def test_a_second_signal_does_not_end_the_process(tmp_path):
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a
     # second signal must not kill a worker that is writing its checkpoint (Slurm's SIGKILL ends it after GraceTime).
     code = """
@@ -513,7 +487,9 @@ os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.1)
 print("still alive, asked:", stop.asked_here(), stop.signal_received, flush=True)
 """
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    script = tmp_path / "second_signal.py"  # a script: the warm interpreter's (imports paid once) runs scripts
+    script.write_text(code)
+    result = subprocess.run([python(), str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == f"still alive, asked: True {int(signal.SIGTERM)}"
 
 
@@ -541,9 +517,10 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
 
 
 def ranks_launch(processes: int) -> list[str]:
-    """`accelerate launch` of `processes` ranks under accelerate_config.yaml (DeepSpeed ZeRO-2, on CPU here): the venv's
-    own launcher, which a test signals (not the warm one), its ranks on the warm interpreter."""
-    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--num_processes", str(processes)]
+    """`accelerate launch` of `processes` ranks under accelerate_config.yaml (DeepSpeed ZeRO-2, on CPU here), the
+    launcher and its ranks on the warm interpreter: the tests signal a rank (the paused one), never the launcher, and
+    the launcher ends as its agent ends it (~6 CPU-s of imports a launch, paid once)."""
+    launch = [*accelerate_launch(), "--num_processes", str(processes)]
     return [*launch, "--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
 
 
@@ -567,12 +544,16 @@ def rank_codes(log: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.extended), 2])
-def test_a_stop_asked_while_deepspeed_sets_up_stops_every_rank_before_step_1(
+def test_a_stop_one_rank_hears_as_deepspeed_sets_up_or_as_it_reads_the_cached_reference_stops_every_rank_before_step_1(
     processes, tmp_path, tiny_model_dir, pairs
 ):
     """SIGTERM to rank 0 alone inside `trainer.train`'s own set-up (DeepSpeed's ZeRO-2 optimizer being made, the other
     rank waiting for it): every rank trained step 1 and wrote checkpoint-1 before it stopped, on a large model minutes
-    after the request (the engine's start-up), past a Slurm grace time. Now every rank stops before step 1, exit 75."""
+    after the request (the engine's start-up), past a Slurm grace time. Now every rank stops before step 1, exit 75.
+    Then the same command, its reference now cached whole by the first, SIGTERM to rank 0 alone as it reads that cache:
+    rank 1 never heard it, and both trained step 1 and wrote checkpoint-1 before. The boundary's all-reduce stops both
+    before step 1, each exiting 75. (One test: the first launch scores the reference the second reads, which a launch
+    with --reference_only scored for the second alone.)"""
     out, paused = tmp_path / "run", tmp_path / "paused"
     # resolved_config.json is the main process's last write before `trainer.train`; DeepSpeed's ZeRO-2 optimizer reads
     # the host's free memory (/proc/meminfo) as it is made
@@ -584,6 +565,18 @@ def test_a_stop_asked_while_deepspeed_sets_up_stops_every_rank_before_step_1(
     assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]  # the agent's traceback follows
     assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
     assert not (out / "run.lock").exists()
+
+    assert list(Path(os.environ["DPOTRAIN_CACHE"]).glob("reference/*/complete.npz")), log[-3000:]  # scored whole
+    paused = tmp_path / "paused-reading"  # only the main process reads the cache: rank 1 waits for its answer
+    proc = launched(
+        processes, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("", "*/reference/*/complete.npz", paused)
+    )
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)  # the agent names each rank's code, then exits 1
+    assert proc.returncode == 1 and codes == [str(STOPPED_EXIT)] * processes, log[-3000:]
+    assert "scoring" not in log, log[-3000:]  # stopped as it read the reference, not scoring it again
+    assert log.count("Stop requested: stopped before step 1") == 1, log[-3000:]
+    assert logged_steps(out) == [] and not list(out.glob("checkpoint-*")), log[-3000:]
 
 
 @pytest.mark.slow
@@ -671,7 +664,7 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
 
 
 @pytest.mark.slow  # a process that imports transformers
-def test_a_stop_line_starts_a_line_of_its_own_under_a_live_progress_bar():
+def test_a_stop_line_starts_a_line_of_its_own_under_a_live_progress_bar(tmp_path):
     """On a terminal the Trainer's bar (stderr) leaves the cursor at the end of its row: the stop's line (stdout) was
     glued onto it, `0%|...| 0/12 [...]Stop requested: ...`. The bar is cleared, the line written, the bar drawn again
     below it. A process on a pseudo-terminal, both streams on it, as a run started in a terminal."""
@@ -685,7 +678,9 @@ def test_a_stop_line_starts_a_line_of_its_own_under_a_live_progress_bar():
     main, follower = os.openpty()
     # 24 rows of 100 columns: a terminal has a size, and tqdm draws nothing on a pty of 0 columns (a new one's)
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    proc = subprocess.Popen([PYTHON, "-c", code], cwd=ROOT, stdin=follower, stdout=follower, stderr=follower)
+    script = tmp_path / "bar.py"  # a script: the warm interpreter's (imports paid once) runs scripts, on these streams
+    script.write_text(code)
+    proc = subprocess.Popen([python(), str(script)], cwd=ROOT, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     seen = b""
     try:
