@@ -131,10 +131,14 @@ def test_a_metrics_line_edited_into_json_that_is_no_record_is_the_same_one_line_
 
 
 @pytest.mark.slow
-def test_a_record_that_does_not_fit_leaves_no_part_of_its_line(tmp_path):
-    """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was."""
-    folder = tmp_path / "disk"
+def test_a_record_that_does_not_fit_leaves_no_part_of_its_line_and_a_full_output_folder_is_named(tmp_path):
+    """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was. And a write
+    refused for a full disk without a file name (os.write on a descriptor: OSError ENOSPC, filename None) in the output
+    folder, on a second small tmpfs: the line named the caches' free space, not the folder that is full. One process
+    for both (an interpreter's imports are most of either's cost)."""
+    folder, run = tmp_path / "disk", tmp_path / "run"
     folder.mkdir()
+    run.mkdir()
     code = f"""
 import json, os
 from pathlib import Path
@@ -162,9 +166,19 @@ for name, write in [("metrics", lambda: records.append(path, [{{"step": s, "loss
     except Exception as e:
         print(name, disk_full.write_failed(*disk_full.full_write(e)))
 print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
+
+run = Path({str(run)!r})
+disk_full.take_output_dir(run)  # as train_dpo.py does once the recipe is read
+fd = os.open(run / "shard.bin", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError as e:
+    assert e.filename is None, e
+    print(disk_full.write_failed(*disk_full.full_write(e)))
 """
-    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
+    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && mount -t tmpfs -o size=64k tmpfs "$1" && shift && exec "$@"'
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder), str(run)]
     if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
     result = subprocess.run([*prefix, PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -173,39 +187,11 @@ print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
     for name, file in [("metrics", "metrics.jsonl"), ("plot", "training_curves.png"), ("card", "README.md")]:
         assert f"{name} the disk is full: {folder / file} could not be written (" in result.stdout, result.stdout
     assert all("free there): free space there, then rerun" in line for line in lines[:3]), lines
-    assert lines[-1] == "unchanged True ['filler', 'metrics.jsonl']"  # no half-written file, no temporary one
-
-
-@pytest.mark.slow
-def test_a_full_output_folder_is_named_when_the_failed_write_names_no_file(tmp_path):
-    """A write refused for a full disk without a file name (os.write on a descriptor: OSError ENOSPC, filename None)
-    in the output folder, on a real small tmpfs: the line named the caches' free space, not the folder that is full."""
-    folder = tmp_path / "run"
-    folder.mkdir()
-    code = f"""
-import os
-from pathlib import Path
-from dpotrain.train import disk_full
-disk = Path({str(folder)!r})
-disk_full.take_output_dir(disk)  # as train_dpo.py does once the recipe is read
-fd = os.open(disk / "shard.bin", os.O_WRONLY | os.O_CREAT)
-try:
-    while True:
-        os.write(fd, b"x" * 4096)
-except OSError as e:
-    assert e.filename is None, e
-    print(disk_full.write_failed(*disk_full.full_write(e)))
-"""
-    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
-    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
-    result = subprocess.run([*prefix, PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == (
-        f"the disk is full: a file could not be written in the output folder, {folder}, 0 bytes free there: free "
+    assert lines[3] == "unchanged True ['filler', 'metrics.jsonl']"  # no half-written file, no temporary one
+    assert lines[4:] == [
+        f"the disk is full: a file could not be written in the output folder, {run}, 0 bytes free there: free "
         "space there, or set --output_dir to a folder with room, then rerun"
-    ), result.stdout
+    ], result.stdout
 
 
 @pytest.mark.slow
