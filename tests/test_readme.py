@@ -281,3 +281,19 @@ def test_every_flag_set_of_the_loss_table_passes_the_loss_checks_on_a_recipe(rec
         # --bf16 false: this machine has no GPU (the recipes train in bf16), which the loss checks do not read
         args = ["--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--bf16", "false", *flags]
         losses.check_options(parse_args(args))
+
+
+def test_every_test_the_docs_and_code_name_exists():
+    """A test named as a claim's proof (docs/losses.md: "tests/test_loss_variants.py::test_...") is one a reader can
+    run: a test merged or renamed since left the docs naming one that no longer existed."""
+    defined = {path.stem for path in (ROOT / "tests").rglob("test_*.py")}  # a file named without its .py
+    for path in (ROOT / "tests").rglob("*.py"):
+        defined |= set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE))
+    sources = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").glob("*.md")]
+    sources += [*(ROOT / "dpotrain").rglob("*.py"), *(ROOT / "scripts").glob("*"), *(ROOT / "benchmarks").glob("*")]
+    missing = []
+    for path in (p for p in sources if p.is_file()):
+        for name in set(re.findall(r"\b(test_[a-z0-9_]{16,})\b(?!\.py)", path.read_text(errors="replace"))):
+            if name not in defined:
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, missing
