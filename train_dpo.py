@@ -10,7 +10,7 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 
 import os
 import sys
-from contextlib import nullcontext, redirect_stdout
+from contextlib import ExitStack, nullcontext, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 from unittest import mock
@@ -32,7 +32,7 @@ with venv.loading_libraries():
     from dpotrain.data import lengths
     from dpotrain.hub import hub
     from dpotrain.plan import memory
-    from dpotrain.recipe import launcher, writes
+    from dpotrain.recipe import hub_switches, launcher, writes
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_command
     from dpotrain.train import agreement, disk_full, resume
@@ -42,8 +42,9 @@ with venv.loading_libraries():
 def main(argv=None) -> None:
     command = None if argv is None else [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
     stop = GracefulStop.from_env(command)  # first: a stop while the model loads is kept; it prints `command`
-    # A run sets env variables (recipe env:, .env, W&B's run id): an importer gets its own back for its next run.
-    with nullcontext() if __name__ == "__main__" else mock.patch.dict(os.environ):
+    # A run sets env variables (recipe env:, .env, W&B's run id) and may turn the Hub libraries offline: an importer
+    # gets its own back for its next run.
+    with nullcontext() if __name__ == "__main__" else importers_own():
         try:
             result = run(argv, stop)
             engine.end_processes()  # not after an error: a rank may still be in a collective the others left
@@ -55,6 +56,15 @@ def main(argv=None) -> None:
         finally:  # as the command, a late SIGTERM must not kill the exit (a FAILED job); imported: handlers back
             stop.release(exiting=__name__ == "__main__")
             run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
+
+
+def importers_own() -> ExitStack:
+    """What a run changes in the process handed back as it was when it ends: the environment, and the Hub libraries'
+    offline switches (read from it at import, so not restored with it)."""
+    own = ExitStack()
+    own.enter_context(mock.patch.dict(os.environ))
+    own.enter_context(hub_switches.restored())
+    return own
 
 
 def run(argv, stop: GracefulStop) -> int | None:

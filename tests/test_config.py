@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import subprocess
 from pathlib import Path
 from unittest import mock
 
@@ -722,3 +723,27 @@ def test_a_field_given_twice_with_two_values_is_said_and_the_last_counts(tmp_pat
     launcher = ["--dry_run", "false", "--overwrite_output_dir", "false", "--overwrite_output_dir", "--dry-run"]
     assert typed(*launcher).project.dry_run
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow  # a process of its own: the Hub libraries' switches are this process's too
+def test_a_recipes_offline_switch_does_not_outlive_its_run_in_the_process(tmp_path):
+    """A recipe's `env: {HF_HUB_OFFLINE: "1"}` (or a silent Hub) turns the Hub libraries offline for its run. Called
+    from a notebook (`train_dpo.main(argv)`), the run gives its environment back, but the libraries' switches stayed
+    off: the notebook's next run, of a recipe without that block, read the cache alone, in silence."""
+    from conftest import python
+
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text()
+    recipe = tmp_path / "offline.yaml"
+    recipe.write_text(smoke + '\nenv:\n  HF_HUB_OFFLINE: "1"\n')
+    program = tmp_path / "notebook.py"
+    program.write_text(
+        "import datasets.config, train_dpo\nfrom huggingface_hub import constants\n"
+        f"train_dpo.main(['--config', {str(recipe)!r}, '--output_dir', {str(tmp_path / 'run')!r}, '--dry-run'])\n"
+        "print('switches', constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE, "
+        "datasets.config.HF_DATASETS_OFFLINE, 'HF_HUB_OFFLINE' in __import__('os').environ)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([python(), str(program)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "switches False False False False", result.stdout[-3000:]

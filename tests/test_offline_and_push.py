@@ -437,9 +437,17 @@ def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monk
     (tmp_path / ".env").write_text("HF_HUB_OFFLINE=1\n")  # the project's .env, read where main() reads it
     read = venv.load_env
     monkeypatch.setattr(venv, "load_env", lambda root: read(tmp_path))
+    seen = []  # train_dpo: as its run reads the recipe, after the .env
+    if script == "train_dpo":
+        parse = module.parse_args
+        offline_now = lambda: constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE
+        monkeypatch.setattr(module, "parse_args", lambda argv: seen.append(offline_now()) or parse(argv))
     with contextlib.suppress(ConfigError):
         module.main(args)
-    assert constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE
+    if script == "train_dpo":  # imported, its run hands the switches back as they were (a notebook's next run)
+        assert seen == [True] and not constants.is_offline_mode() and not datasets.config.HF_HUB_OFFLINE
+    else:
+        assert constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE
 
 
 def test_prefetch_fetches_dataset_revision_for_dataset_name_alone(monkeypatch, capsys):

@@ -6,6 +6,7 @@ once, when imported: a `.env` or a recipe's `env:` read after that is handed to 
 
 import os
 import sys
+from contextlib import contextmanager
 
 from huggingface_hub import constants
 
@@ -38,3 +39,19 @@ def take_late_switches() -> None:
         import datasets.config
 
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+
+@contextmanager
+def restored():
+    """The libraries' offline switches put back as they were once the block ends: a run that turned them off (its
+    `.env`, its recipe's `env:` block, a Hub that did not answer) gives its caller (a notebook calling
+    `train_dpo.main`) its environment back, and the caller's next run read the cache alone, in silence, without them."""
+    datasets_config = sys.modules.get("datasets.config")
+    switches = (datasets_config.HF_HUB_OFFLINE, datasets_config.HF_DATASETS_OFFLINE) if datasets_config else None
+    hub = constants.HF_HUB_OFFLINE
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = hub
+        if switches:
+            datasets_config.HF_HUB_OFFLINE, datasets_config.HF_DATASETS_OFFLINE = switches
