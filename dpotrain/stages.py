@@ -380,8 +380,9 @@ def pin_data(recipe, revision: str | None) -> str | None:
 def pin_sources(recipe) -> dict[str, str]:
     """A mixture's Hub sources (training and held-out) resolved to the commits every rank reads, once, by the main
     process (`mixture.pin`)."""
-    values, held = mixture.fields_of(recipe), recipe.training.eval_strategy != "no"
-    sources = [s for evaluation in {False, held} for s in mixture.parse(values, evaluation) or []]
+    values = mixture.fields_of(recipe)
+    splits = (False, True) if recipe.training.eval_strategy != "no" else (False,)  # training's, and held-out's
+    sources = [s for evaluation in splits for s in mixture.parse(values, evaluation) or []]
     return collectives.main_outcome(mixture.pin, sources)
 
 

@@ -55,6 +55,11 @@ class Source:
         return self.file or (self.path if data.is_local(self.path) else None)
 
     @property
+    def hub(self) -> bool:
+        """Whether the source is a Hub data set repo (read at a revision), not a local file or folder or a builder."""
+        return not self.local and self.path not in BUILDERS
+
+    @property
     def where(self) -> str:
         """The name rows are located in (`data.row_location`): a builder's glob or data_dir by its spec, not `json`."""
         return self.file or (self.spec() if self.path in BUILDERS else self.path)
@@ -449,13 +454,13 @@ def read_source(source: Source, say: bool = True, revision: str | None = None):
             text = data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
         files = dict(name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=source.split)
         hub = {"revision": revision} if revision else {}  # a builder or local folder has no revision to read at
-        if source.path in BUILDERS or source.local:  # files datasets copies into its cache: room for them first
+        if not source.hub:  # files datasets copies into its cache: room for them first
             data.check_cache_room(source.path, features=text, **{k: v for k, v in files.items() if k != "split"})
         try:
             loaded = data.load_as_text(text, data.load_dataset, source.path, **files, **hub)
         except Exception as e:  # noqa: BLE001 - DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
-        if source.local or source.path in BUILDERS:  # a Hub repo's files are not read twice
+        if not source.hub:  # a Hub repo's files are not read twice
             del files["split"]
             loaded = data.exact_mixed_fields(loaded, source.split, source.path, **files)
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
@@ -610,14 +615,14 @@ def pin(sources: list[Source]) -> dict[str, str]:
     before a first read was the revision's name (the cache had no commit yet), after it the commit: the first run on
     an uncached source was refused as data that changed while it was read; and a push between the two looks would be
     read unseen. A source whose commit cannot be told is not pinned (read at main, as before)."""
-    repos = {s.path for s in sources if not s.local and s.path not in BUILDERS}
+    repos = {s.path for s in sources if s.hub}
     found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos)}
     return {repo: sha for repo, sha in found.items() if sha and hub_revision.COMMIT.fullmatch(sha)}
 
 
 def pinned(source: Source, pins: dict | None) -> str | None:
     """The commit `pin` resolved a Hub source to, or None (a local source or builder, or none pinned)."""
-    return (pins or {}).get(source.path) if not source.local and source.path not in BUILDERS else None
+    return (pins or {}).get(source.path) if source.hub else None
 
 
 def identity_of(source: Source, revision: str | None = None) -> dict:
