@@ -17,6 +17,7 @@ not imported), the client `exec`s the real interpreter.
 Each request is logged to the file named by the server's DPOTRAIN_WARM_LOG: run warm, or fresh and why.
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -366,15 +367,17 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
         forward(sig, None)
     answer, _ = _recv(sock)
     # The child has ended: a signal from now on (torchrun's agent stops the ranks left once one has ended) must not
-    # end this process otherwise than the child did. Python's teardown puts the default handlers back, so it is
-    # skipped: nothing of this process's own is left to flush.
-    for sig in FORWARDED:
-        signal.signal(sig, signal.SIG_IGN)
+    # end this process otherwise than the child did. Blocked, not ignored: Python 3.11 raises "Signal 15 ignored due
+    # to race condition" out of signal.signal() when one is pending, and its teardown (skipped: nothing of this
+    # process's own is left to flush) puts the default handlers back.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     status = answer["status"] if answer else -1
     if status == -1 or os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status) if status != -1 else signal.SIGKILL
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two a process cannot handle (signal() raises EINVAL)
-            signal.signal(sig, signal.SIG_DFL)
+            with contextlib.suppress(OSError):  # the race above: this process ends of `sig` all the same
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status))
 
