@@ -33,4 +33,7 @@ bash scripts/setup_env.sh --dev
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist): on 2 cores half the CPU sat idle while a test waited on its launch, its ranks or its
+# Slurm job. Each worker takes one module at a time, and every test that submits to the session's Slurm cluster runs
+# on the same worker (tests/conftest.py). `-n 0` after it runs everything in this one process.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

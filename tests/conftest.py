@@ -242,6 +242,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(item.get_closest_marker(name) for name in ("extended", "slurm", "gpu")):
             item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item) -> str:
+    """Under scripts/test.sh's two workers (pytest-xdist, `--dist loadgroup`), the tests one worker runs in turn: a
+    module's tests together, so that its module-scoped fixtures (a Slurm job, a trained run) are made once; and every
+    test that submits to the session's Slurm cluster on one worker, since jobs of two workers would wait for each
+    other's CPUs, and one test's higher-priority job would preempt another's."""
+    return "slurm" if {"slurm", "slurm2"} & set(item.fixturenames) else item.module.__name__
 
 
 def pytest_collection_finish(session):

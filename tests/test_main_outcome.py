@@ -63,7 +63,10 @@ def launch_with_main_limited(
     # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
     # `config`: an engine's (configs/accelerate/), under a limit set `from_opening` only, past the op's build.
     ddp = tmp_path / "ddp.yaml"
-    ddp.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n")
+    # Port 0: a free one, not 29500, which a launch of the other test worker may hold (scripts/test.sh).
+    ddp.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nmain_process_port: 0\n"
+    )
     cmd = [
         *accelerate_launch(),
         "--config_file",
