@@ -20,6 +20,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
+# Under scripts/test.sh's two workers, one thread per torch process: torch's two OpenMP threads per process (one per
+# core) wait for each other at every parallel region, and with the other worker's processes on the cores an in-process
+# training test ran 4-8x slower than alone (test_architectures 39 s -> 298 s), so two workers were no faster than one.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Nothing in the tests may reach the Hub; W&B only ever runs offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
