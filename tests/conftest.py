@@ -20,12 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-# Under scripts/test.sh's two workers, one thread per torch process: torch's two OpenMP threads per process (one per
-# core) wait for each other at every parallel region, and with the other worker's processes on the cores an in-process
-# training test ran 4-8x slower than alone (test_architectures 39 s -> 298 s), so two workers were no faster than one.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 # Nothing in the tests may reach the Hub; W&B only ever runs offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -47,6 +41,17 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 # under pytest's session-long capture, after HF_HOME is set.
 import datasets  # noqa: E402
 import transformers  # noqa: E402, F401
+
+# Under scripts/test.sh's two workers, torch computes on one thread in each worker and in its warm interpreter's
+# children (launched ranks get one from torchrun already): torch's two OpenMP threads per process wait for each other
+# at every parallel region, and beside the other worker's processes an in-process training test ran 4-8x slower than
+# alone (test_architectures 39 s -> 298 s), so two workers were no faster than one. Not OMP_NUM_THREADS, which jobs
+# and launches inherit and `nproc` reports as the CPU count (scripts/launch.sh's "N CPUs" line).
+TORCH_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else ""
+if TORCH_THREADS:
+    import torch
+
+    torch.set_num_threads(int(TORCH_THREADS))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -199,7 +204,11 @@ class _Warm:
             import tempfile
 
             cls.folder = Path(tempfile.mkdtemp(prefix="dpotrain-warm-"))
-            env = {**BASE_ENV, "DPOTRAIN_WARM_LOG": str(cls.folder / "requests.log")}
+            env = {
+                **BASE_ENV,
+                "DPOTRAIN_WARM_LOG": str(cls.folder / "requests.log"),
+                "DPOTRAIN_WARM_THREADS": TORCH_THREADS,
+            }
             serve = [PYTHON, str(WARM_HELPER), "serve", str(cls.folder / "socket"), str(ROOT)]
             with open(cls.folder / "server.log", "w") as log:
                 cls.server = subprocess.Popen(

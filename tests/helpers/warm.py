@@ -128,11 +128,14 @@ def serve(path: str, project: str) -> None:
     import deepspeed  # noqa: F401
     import matplotlib.pyplot  # noqa: F401  (training_curves.png)
     import peft  # noqa: F401
-    import torch  # noqa: F401
+    import torch
     import transformers.models.olmo3.modeling_olmo3  # noqa: F401  (the built-in model's)
     import trl  # noqa: F401
 
     import train_dpo  # noqa: F401  (and with it the project's modules)
+
+    if os.environ.get("DPOTRAIN_WARM_THREADS"):  # tests/conftest.py's TORCH_THREADS: every child computes on these
+        torch.set_num_threads(int(os.environ["DPOTRAIN_WARM_THREADS"]))
 
     # What the imports made lives as long as any child: out of the collector's sight (gc.freeze), so that a child's
     # full collections (Python's own, and accelerate's gc.collect() as each training starts) do not walk it each time.
