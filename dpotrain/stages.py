@@ -311,9 +311,20 @@ def _load_pairs(
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
-        seed, template_file = recipe.training.seed, p.chat_template_path
+        seed, fetch = recipe.training.seed, offline.prefetch_command(recipe)  # fetch: names the fix for a wrong copy
         dataset, mix = mixture.load(
-            sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template, template_file, pins
+            sources,
+            seed,
+            p.skip_invalid,
+            p.hh_format,
+            checked,
+            key,
+            say,
+            identify,
+            template,
+            p.chat_template_path,
+            pins,
+            fetch,
         )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix

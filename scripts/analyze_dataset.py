@@ -330,10 +330,14 @@ def analyze(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
+    # A mixture's Hub sources at one commit each, decided once as the run decides them (mixture.pin): the keys before
+    # and after the read and the read itself each asked for main (a push between them: a refusal to cache, as of data
+    # still being written), and offline the copy datasets prepared last was measured and cached under refs/main's key.
+    pins = mixture.pin(mixture.parse(fields)) if mixed else None
     # What the cache is keyed by, taken before the rows are read: a file still written during the analysis has another
     # identity by its end, under which the rows measured would stand for rows they never were.
     identify = (
-        functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format)
+        functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format, pins=pins)
         if mixed
         else functools.partial(lengths.dataset_identity, name, split, subset, args.revision, hh_format=hh_format)
     )
@@ -350,6 +354,8 @@ def analyze(args: argparse.Namespace) -> int:
                 {},
                 "invalid_rows",
                 template=tokenizer,
+                pins=pins,
+                prefetch=offline.prefetch_command(run),
             )
         )
 

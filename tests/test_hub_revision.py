@@ -84,8 +84,9 @@ def hub():
     server.close()
 
 
-def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -> str:
-    """The smoke recipe on the stand-in's `org/prefs`, as a user runs it where the Hub is reachable."""
+def hub_script(hub, tmp_path, script: str, *args, env=None, exit_code=0) -> str:
+    """`python SCRIPT ARGS` in the project against the stand-in, as a user runs it where the Hub is reachable (`env`
+    over it: the offline switches), with the test's own caches; its output."""
     online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     online.update(
         HF_ENDPOINT=hub.endpoint,
@@ -94,6 +95,21 @@ def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -
         HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
         **(env or {}),
     )
+    result = subprocess.run(
+        [python(), str(ROOT / script), *args],
+        cwd=ROOT,
+        env=online,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == exit_code, result.stdout[-3000:]
+    return result.stdout
+
+
+def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -> str:
+    """The smoke recipe on the stand-in's `org/prefs`, as a user runs it where the Hub is reachable."""
     args = [
         *SMOKE,
         "--dataset_name",
@@ -110,17 +126,7 @@ def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -
         "none",
         *extra,
     ]
-    result = subprocess.run(
-        [python(), str(ROOT / "train_dpo.py"), *args],
-        cwd=ROOT,
-        env=online,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == exit_code, result.stdout[-3000:]
-    return result.stdout
+    return hub_script(hub, tmp_path, "train_dpo.py", *args, env=env, exit_code=exit_code)
 
 
 def recorded_commit(out) -> str:
@@ -255,3 +261,42 @@ def test_a_first_dry_run_on_a_mixture_with_an_uncached_hub_source_passes(hub, tm
     mixed = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", "--dry-run", "--json"]
     shown = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *mixed)
     assert json.JSONDecoder().raw_decode(shown[shown.index("{\n") :])[0]["derived"]["dataset_rows"] == 16
+
+
+def dry_run_rows(shown: str) -> int:
+    return json.JSONDecoder().raw_decode(shown[shown.index("{\n") :])[0]["derived"]["dataset_rows"]
+
+
+@pytest.mark.slow  # processes of their own
+def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_refused(hub, tmp_path):
+    """Offline, datasets reads the copy of a data set it prepared last, whatever commit is asked (huggingface/datasets
+    issue 7928). A mixture's Hub source is pinned offline to the commit the cache's refs/main names (prefetch.py
+    fetched main), but a dry run on the login node since read main's next commit by its sha, which moves no ref: the
+    offline job read that commit's 32 pairs as the pinned commit's 16, silently, and the analyzer cached their lengths
+    under the pinned commit's key. Both are refused with one line naming the prefetch command, which, run as printed,
+    makes main the copy read and pinned again."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    mixed = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0"]
+    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, *mixed)  # refs/main: the first commit
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})
+    dry = [*mixed, "--dry-run", "--json"]
+    assert dry_run_rows(train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry)) == 32
+
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    log = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
+    fetch = error.split("fetch the mixture's sources again where the Hub is reachable (")[1].split("), which")[0]
+    words = shlex.split(fetch)
+    assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
+    assert words[2:] == ["python", "scripts/prefetch.py", *SMOKE, *mixed], fetch
+
+    analyze = [*SMOKE, "--dataset_mixer_list", "org/prefs", "1.0"]  # the analyzer, reading the same source offline
+    log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
+    assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in log, log
+    assert not (tmp_path / "cache" / "lengths").exists()
+
+    hub_script(hub, tmp_path, words[3], *words[4:])  # the command as printed (its caches are this test's)
+    shown = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry, env=offline)
+    assert dry_run_rows(shown) == 32  # main's commit, pinned and read

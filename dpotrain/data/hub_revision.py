@@ -3,8 +3,9 @@
 A Hub data set's `main` moves whenever its owners push: a run requeued after such a push would go on with other pairs
 than its step plan and reference log-probs were made for. So the run resolves `dataset_revision` to a commit once,
 loads the data set at that commit and records it (`derived.data_identity`); a resume loads the recorded commit again,
-and a `dataset_revision` naming another commit is refused as changed data are. The Hub sources of a mixture are
-recorded by commit, not pinned: a resume after one moved is refused (`moved`)."""
+and a `dataset_revision` naming another commit is refused as changed data are. Each Hub source of a mixture is read
+at the commit its main has when the run starts (`mixture.pin`) and recorded by it, but not kept by a resume: a resume
+after one moved is refused (`moved`)."""
 
 import re
 from pathlib import Path
@@ -75,18 +76,24 @@ def changed(recorded: str, name: str, given: str | None) -> str | None:
     return f"{name} at {given} is commit {now[:12]}, the run trained on commit {recorded[:12]}"
 
 
-def check_loaded(dataset, name: str, revision: str | None, prefetch: str) -> None:
+def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source: bool = False) -> None:
     """The data set read is the commit asked for. Offline, `datasets` reads the copy it prepared last, whatever the
     revision (huggingface/datasets issue 7928); the prepared files sit in a folder named for their commit, so another
     commit's copy is refused rather than trained on, naming the command (`prefetch`, the run's
-    `python scripts/prefetch.py ...`) that fetches this one."""
+    `python scripts/prefetch.py ...`) that fetches this one. A mixture's Hub `source` is pinned to its main's commit,
+    and prefetch.py takes no `--revision` for one: it fetches each source at main and makes that the copy read last."""
     files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
     if not (revision and COMMIT.fullmatch(revision) and files) or any(f"/{revision}/" in f for f in files):
         return
+    fix = (
+        f"fetch the mixture's sources again where the Hub is reachable ({prefetch}), which makes each one's main the "
+        "copy read"
+        if source
+        else f"fetch that commit where the Hub is reachable ({prefetch} --revision {revision}), or start a new run"
+    )
     raise ConfigError(
         f"{name}: the copy read is not commit {revision[:12]}, which this run trains on ({Path(files[0]).parent}), "
-        "as datasets reads the copy cached last when HF_HUB_OFFLINE is set: fetch that commit where the Hub is "
-        f"reachable ({prefetch} --revision {revision}), or start a new run"
+        f"as datasets reads the copy cached last when HF_HUB_OFFLINE is set: {fix}"
     )
 
 
