@@ -266,6 +266,21 @@ def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
     assert read[0] == {"prompt": "0 + 0?", "chosen": "0", "rejected": "1"}
 
 
+def test_a_line_separator_inside_text_is_kept_where_a_field_mixes_types(tmp_path):
+    """JSON keeps U+2028 and \\x85 unescaped inside a string (`json.dumps(ensure_ascii=False)` writes them so); the
+    second reading of a field that mixes types split the file's lines there too, and ended in a JSONDecodeError
+    traceback (the run, the dry run and the analyzer)."""
+    pairs = dolci()
+    for i, pair in enumerate(pairs):
+        pair["chosen"][-1]["content"] = f"Line one\u2028line two\x85three {i}\x0c."
+    pairs[5]["rejected"][-1]["content"] = [{"type": "text", "text": "parts"}]
+    path = tmp_path / "separators.jsonl"
+    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\r\n" for p in pairs), encoding="utf-8")
+    _, read = read_pairs(str(path), "train", "messages")
+    assert [p["chosen"][-1]["content"] for p in read] == [f"Line one\u2028line two\x85three {i}\x0c." for i in range(N)]
+    assert read[5]["rejected"][-1]["content"] == "parts"
+
+
 def with_images(tmp_path, images) -> str:
     """TRL's vision shape (its `images` column), saved with save_to_disk: the analyzer and the run read it alike."""
     import PIL.Image

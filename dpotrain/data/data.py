@@ -411,10 +411,12 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
         return dataset
     rows = []
     for file in files:
-        with open_data(file, "rt", encoding="utf-8-sig") as f:
+        with open_data(file, "rt", encoding="utf-8-sig", newline="") as f:
             text = f.read()
         array = text.lstrip().startswith("[")
-        rows += json.loads(text) if array else [json.loads(x) for x in text.splitlines() if x.strip()]
+        # lines end at "\n" alone, as datasets reads them: `splitlines` also splits at U+2028, \x85 and \x0c, which
+        # JSON keeps unescaped inside a string (a scraped text's line separator), cutting a row in two
+        rows += json.loads(text) if array else [json.loads(x) for x in text.split("\n") if x.strip()]
     if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
         return dataset
     for column in mixed:  # each value JSON-encoded, so that text stays text
