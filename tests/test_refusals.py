@@ -55,6 +55,9 @@ def refused(tmp_path, monkeypatch, capsys, *args) -> str:
     return errors[0]
 
 
+LINE = json.dumps(pair()) + "\n"
+
+
 def many_rows(n=40):
     return [pair(chosen=f"Blue {i}.") for i in range(n)]
 
@@ -1270,6 +1273,41 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
     broken.write_text(json.dumps(pair()) + "\n" + json.dumps(pair())[:-9] + "\n" + json.dumps(pair()) + "\n")
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(broken))
     assert f"{broken}:2: not valid JSON" in message and "fix or remove that line" in message
+
+
+BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out-File) write it first
+
+
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        # the mark was blamed: ":1: not valid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1)"
+        (
+            "bom.jsonl",
+            BOM + LINE * 2 + LINE[:-10] + "\n",
+            ":3: not valid JSON (Unterminated string starting at column",
+        ),
+        # these two said "could not read dataset file ...: DatasetGenerationError: An error occurred while generating
+        # the dataset", naming neither the line nor the fix
+        (
+            "array.json",
+            "[\n" + ",\n".join([json.dumps(pair())] * 2) + ",\n]\n",
+            ":4: not valid JSON (Expecting value at column 1)",
+        ),
+        ("lines.json", LINE * 2 + "{oops\n", ":3: not valid JSON (Expecting property name enclosed in double quotes"),
+        # "could not read ...: ValueError: Instruction \"train\" corresponds to no data!" and DatasetGenerationError
+        ("mark.jsonl", BOM + "\n", " has no rows: it needs one JSON object per line with chosen/rejected"),
+        ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
+    ],
+)
+def test_a_json_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert message.startswith(
+        f"error: {path}{expected}" if expected[0] == ":" else f"error: dataset file {str(path)!r}"
+    )
+    assert expected in message
 
 
 @pytest.mark.parametrize(

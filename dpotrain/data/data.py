@@ -193,10 +193,9 @@ def load_preference_dataset(
                 f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (.ndjson, .tsv; or .jsonl.gz, .csv.gz, "
                 f"...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
             )
-        if path.stat().st_size == 0:
-            raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
-        if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
-            raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
+        if path.stat().st_size == 0 or not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
+            empty = "is empty" if path.stat().st_size == 0 else "has no rows"
+            raise ConfigError(f"dataset file {name!r} {empty}: it needs {_row_form(path)}")
         text = _csv_columns_as_text(path) if builder == "csv" else None  # a CSV cell is text
         sep = {"sep": "\t"} if format_suffix(path) == ".tsv" else {}
         files = {split: as_files(path)}
@@ -284,6 +283,17 @@ def _conversation_column(first: dict) -> str | None:
     return None
 
 
+def _row_form(path: Path) -> str:
+    """What a pair is in a file of this format."""
+    if builder_of(path) == "csv":
+        return "a header line naming chosen and rejected (optionally prompt), then one pair per line"
+    if format_suffix(path) in JSON_LINES:
+        return "one JSON object per line with chosen/rejected"
+    if format_suffix(path) == ".json":
+        return "a JSON array of objects with chosen/rejected, or one such object per line"
+    return "one pair per row, with chosen/rejected"
+
+
 def _has_rows(path: Path) -> bool:
     """Whether a local file holds a row, from its head only (every rank checks it); undecided counts as yes."""
     if path.suffix == ".parquet":
@@ -292,7 +302,7 @@ def _has_rows(path: Path) -> bool:
         return pq.ParquetFile(path).metadata.num_rows > 0
     if builder_of(path) != "json":
         return True
-    with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a byte-order mark is no row
         for line in f:  # up to the first non-blank line
             if line.strip():
                 head = line.strip() + f.read(4096)
@@ -516,21 +526,54 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
 
 
 def _bad_line(path: Path) -> str | None:
-    """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
+    """A data file's first line that is not UTF-8 or, JSON, where it stops being JSON (a JSON Lines line: not a JSON
+    object), or None."""
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
-    if format_suffix(path) in JSON_LINES:
-        with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line.rstrip("\n"))
-                except json.JSONDecodeError as e:
-                    return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
-                if not isinstance(row, dict):
-                    return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    if builder_of(path) != "json":
+        return None
+    # utf-8-sig, as datasets reads it: a byte-order mark (Windows tools write one) is not line 1's error
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+        if format_suffix(path) not in JSON_LINES and (array := _json_document_error(path, f)) is not False:
+            return array
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip("\n"))
+            except json.JSONDecodeError as e:
+                return f"{_not_json(path, number, e)}: fix or remove that line"
+            if not isinstance(row, dict):
+                return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
     return None
+
+
+def _json_document_error(path: Path, f) -> str | None | bool:
+    """A `.json` file read as one document (an array of pairs): where it stops being JSON, None where it is JSON;
+    False where it is JSON Lines under that suffix (datasets reads it so; checked line by line)."""
+    text = f.read()
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        first = text.lstrip().split("\n", 1)[0]
+        if not text.lstrip().startswith("[") and _is_json(first):  # one object per line
+            return False
+        return f"{_not_json(path, e.lineno, e)}: fix the file there"
+    return None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _not_json(path: Path, line: int, e: json.JSONDecodeError) -> str:
+    # json's "Unterminated string starting at" (and "Invalid control character at") end in the "at" written here
+    return f"{path}:{line}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
 
 
 def check_columns(dataset, name: str) -> None:
