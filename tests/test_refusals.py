@@ -1310,6 +1310,25 @@ def test_a_json_file_that_does_not_read_names_its_line(name, text, expected, tmp
     assert expected in message
 
 
+@pytest.mark.parametrize("named, other", [("train.jsonl", "more_pairs.jsonl"), ("test.jsonl", "pairs.jsonl")])
+def test_a_folder_named_by_split_with_another_data_file_is_refused(named, other, tmp_path, monkeypatch, capsys):
+    """datasets reads only the files named by split once one is: `more_pairs.jsonl` beside `train.jsonl` trained the
+    train file's pairs alone, in silence, and `pairs.jsonl` beside `test.jsonl` was refused as `has no split 'train':
+    set --dataset_train_split to one of ['test']`, offering the held-out pairs to train on."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    write_rows(folder / named, [pair()])
+    write_rows(folder / other, [pair(chosen="Red.")])
+    (folder / "README.md").write_text("Pairs.\n")  # not a data file
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), "--dry-run")
+    split = named.removesuffix(".jsonl")
+    assert message == (
+        f"error: dataset folder {str(folder)!r} names its files by split ({split}: {named}), and datasets then reads "
+        f"those alone: {other} would be left out: name each data file by its split (train.jsonl, train-2.jsonl, "
+        "test.jsonl), or move it out of the folder"
+    )
+
+
 @pytest.mark.parametrize(
     "text, line",
     [

@@ -164,6 +164,36 @@ def check_one_format(name: str, path: Path) -> None:
         )
 
 
+def check_split_files(name: str, path: Path) -> None:
+    """Refuses a folder whose files are named by split (`train.jsonl`, `test.jsonl`) beside data files no split's name
+    matches (`more_pairs.jsonl`): datasets reads the named splits' files alone (`get_data_patterns`), so those pairs
+    would be left out in silence, and a folder with `test.jsonl` and `pairs.jsonl` would offer `test` to train on;
+    unless its README.md names its files (`configs:`)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    readme = path / "README.md"
+    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+        return
+    try:
+        splits = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+    except Exception:  # noqa: BLE001 - no data file at all: the load says what the folder holds
+        return
+    read = {Path(f).resolve() for found in splits.values() for f in found}
+    left = [
+        file
+        for file, p in (data_identity.files(str(path)) or {}).items()
+        if builder_of(p) and p.resolve() not in read and not any(part.startswith("__") for part in Path(file).parts)
+    ]
+    if left:
+        named = "; ".join(f"{split}: {', '.join(Path(f).name for f in found[:2])}" for split, found in splits.items())
+        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+        raise ConfigError(
+            f"dataset folder {name!r} names its files by split ({named}), and datasets then reads those alone: "
+            f"{', '.join(left[:3])}{more} would be left out: name each data file by its split (train.jsonl, "
+            "train-2.jsonl, test.jsonl), or move it out of the folder"
+        )
+
+
 def load_preference_dataset(
     name: str,
     split: str = "train",
@@ -211,6 +241,7 @@ def load_preference_dataset(
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         check_folder_config(name, path, config)
+        check_split_files(name, path)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
         if not streaming:
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
