@@ -620,6 +620,13 @@ def test_the_per_step_row_says_the_pairs_the_steps_take(tmp_path, capsys):
     text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--gradient_accumulation_steps", "5")
     want = "24-40 pairs, over all processes: pairs_per_step 40, but an epoch of 384 pairs ends in a step of 24; NOT "
     assert field(text, "per step").startswith(want + "the recipe's 8: --gradient_accumulation_steps on the command")
+    # one pair (said "1 pairs, ...: but 1 pair are one step")
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(rows[0]) + "\n")
+    text = dry_run(
+        capsys, *SMOKE, "--dataset_name", str(one), "--output_dir", str(tmp_path / "one"), "--max_steps", "2"
+    )
+    assert field(text, "per step") == "1 pair, over all processes: pairs_per_step 8, but 1 pair is one step"
 
 
 def measured_rows(monkeypatch) -> list[int]:
