@@ -1007,7 +1007,11 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
     "bad, expected",
     [
         ({"chosen": None, "rejected": pair()["rejected"]}, "row 3, column 'chosen': missing (null)"),
-        (pair(chosen=5), "row 3, column 'chosen': message 1 has a non-string 'content' (int)"),
+        (  # said no fix
+            pair(chosen=5),
+            "row 3, column 'chosen': message 1 has a non-string 'content' (int): write it as a string or a list of "
+            "text parts ([{'type': 'text', 'text': ...}]), which the chat template reads",
+        ),
         (
             {**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
             "row 3, column 'rejected': message 0 has no 'role'",
