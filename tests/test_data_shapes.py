@@ -19,7 +19,7 @@ import train_dpo
 from conftest import ROOT, built, ready
 from dpotrain.data import builtin, data, lengths, rows
 from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import run_cli
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -203,6 +203,26 @@ def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
     raw, pairs = read_pairs(f"{name}.gz", split, "messages")
     assert pairs.to_list() == read_pairs(name, split, "messages")[1].to_list() and len(pairs) == N
     assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
+
+
+def test_an_arrow_file_is_read_as_the_folder_it_was_saved_in(tmp_path):
+    """A split's `data-00000-of-00001.arrow` (what save_to_disk writes), or an Arrow IPC file, given as the data set was
+    refused ("use .jsonl, .json, .parquet or .csv"), while a folder of such files was read: read now as that folder
+    is (datasets' arrow builder); one without rows is refused as any empty file is."""
+    import pyarrow as pa
+
+    name, split = write(tmp_path, "saved", dolci, "saved")
+    _, pairs = read_pairs(name, split, "messages")
+    saved = next((tmp_path / "saved").glob("data-*.arrow"))
+    assert read_pairs(str(saved), "train", "messages")[1].to_list() == pairs.to_list() and len(pairs) == N
+    table = datasets.Dataset.from_list(dolci()).data.table
+    with pa.ipc.new_file(str(tmp_path / "pairs.arrow"), table.schema) as ipc:  # the IPC file format (Feather v2)
+        ipc.write_table(table)
+    assert read_pairs(str(tmp_path / "pairs.arrow"), "train", "messages")[1].to_list() == pairs.to_list()
+    with pa.ipc.new_stream(str(tmp_path / "empty.arrow"), table.schema) as ipc:
+        ipc.write_table(table.slice(0, 0))
+    with pytest.raises(ConfigError, match="empty.arrow' has no rows: it needs one pair per row"):
+        data.load_preference_dataset(str(tmp_path / "empty.arrow"))
 
 
 @pytest.mark.parametrize("suffix", [".ndjson", ".tsv"])

@@ -20,6 +20,7 @@ LOCAL_SUFFIXES = {
     ".parquet": "parquet",
     ".csv": "csv",
     ".tsv": "csv",
+    ".arrow": "arrow",  # an Arrow file (IPC stream or file), as save_to_disk writes a split's `data-*.arrow`
 }
 JSON_LINES = (".jsonl", ".ndjson")
 DELIMITERS = {".csv": ",", ".tsv": "\t"}  # datasets reads `.tsv` as CSV separated by tabs
@@ -35,9 +36,10 @@ def format_suffix(path: Path) -> str:
 
 
 def builder_of(path: Path) -> str | None:
-    """datasets' builder for a data file, or None (Parquet compresses inside the file: `x.parquet.gz` is not read)."""
+    """datasets' builder for a data file, or None (Parquet and Arrow compress inside the file: `x.parquet.gz` is not
+    read)."""
     builder = LOCAL_SUFFIXES.get(format_suffix(path))
-    return None if builder == "parquet" and path.suffix in COMPRESSIONS else builder
+    return None if builder in ("parquet", "arrow") and path.suffix in COMPRESSIONS else builder
 
 
 def open_data(path: Path, mode: str = "rb", **text):
@@ -130,7 +132,7 @@ def file_kind(path: Path) -> str | None:
 def check_file_kind(path: Path) -> None:
     """Refuses a file whose suffix says another format than it holds, saying how to name it."""
     kind = file_kind(path)
-    fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None}.get(
+    fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None, ".arrow": kind is None}.get(
         path.suffix, kind != "parquet"
     )
     if not fits:
@@ -220,8 +222,8 @@ def load_preference_dataset(
         builder = builder_of(path)
         if builder is None:
             raise ConfigError(
-                f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (.ndjson, .tsv; or .jsonl.gz, .csv.gz, "
-                f"...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
+                f"dataset file {name!r}: use .jsonl, .json, .parquet, .arrow or .csv (.ndjson, .tsv; or .jsonl.gz, "
+                f".csv.gz, ...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
             )
         if path.stat().st_size == 0 or not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
             empty = "is empty" if path.stat().st_size == 0 else "has no rows"
@@ -331,6 +333,8 @@ def _has_rows(path: Path) -> bool:
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows > 0
+    if builder_of(path) == "arrow":
+        return _arrow_has_rows(path)
     if builder_of(path) != "json":
         return True
     with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a byte-order mark is no row
@@ -339,6 +343,22 @@ def _has_rows(path: Path) -> bool:
                 head = line.strip() + f.read(4096)
                 return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
     return False
+
+
+def _arrow_has_rows(path: Path) -> bool:
+    """Whether an Arrow file (an IPC stream, as save_to_disk writes, or an IPC file) holds a row, read as datasets'
+    arrow builder reads it, mapped, not copied; undecided (not Arrow) counts as yes: the load says why."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            try:
+                return any(batch.num_rows for batch in pa.ipc.open_stream(source))
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                return any(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    except (pa.ArrowInvalid, OSError):
+        return True
 
 
 def csv_text_features(paths):
