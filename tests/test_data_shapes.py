@@ -17,7 +17,7 @@ from test_refusals import refused
 
 import train_dpo
 from conftest import ROOT, built, ready
-from dpotrain.data import builtin, data, lengths, rows
+from dpotrain.data import builtin, data, lengths, rows, shapes
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -203,6 +203,22 @@ def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
     raw, pairs = read_pairs(f"{name}.gz", split, "messages")
     assert pairs.to_list() == read_pairs(name, split, "messages")[1].to_list() and len(pairs) == N
     assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
+
+
+def test_a_string_prompt_beside_answers_alone_is_said_to_be_their_user_turn():
+    """`{"prompt": "Hi?", "chosen": [assistant], "rejected": [assistant]}` is read with the string as the user turn, and
+    the data line said the opposite: "a string prompt that repeats the first user turn (UltraFeedback-binarized): read
+    without it"."""
+    answer = [{"role": "assistant", "content": "Hello."}]
+    columns = ("prompt", "chosen", "rejected")
+    described = shapes.Shape.of({"prompt": "Hi?", "chosen": answer, "rejected": answer}, columns).describe()
+    want = (
+        "answers as message lists, with a string prompt: read as the user turn before them; the model's chat template"
+    )
+    assert described == want
+    whole = [{"role": "user", "content": "Hi?"}, *answer]
+    described = shapes.Shape.of({"prompt": "Hi?", "chosen": whole, "rejected": whole}, columns).describe()
+    assert described.startswith("message lists with a string prompt that repeats the first user turn")
 
 
 def test_an_arrow_file_is_read_as_the_folder_it_was_saved_in(tmp_path):
