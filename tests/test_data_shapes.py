@@ -221,6 +221,20 @@ def test_a_string_prompt_beside_answers_alone_is_said_to_be_their_user_turn():
     assert described.startswith("message lists with a string prompt that repeats the first user turn")
 
 
+def test_a_folder_of_data_files_beside_a_dataset_info_json_is_read_as_its_files(tmp_path):
+    """A folder of data files with a dataset_info.json (a cloned Hub data set's, or one copied from a save_to_disk
+    folder) was taken for a save_to_disk folder, and ended in load_from_disk's traceback ("FileNotFoundError: Directory
+    ... is neither a `Dataset` directory nor a `DatasetDict` directory"); datasets' load reads the files and leaves
+    that file out, as it leaves out a config.json, which is then no data file left out of the `train` split either."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dolci()))
+    (folder / "dataset_info.json").write_text(json.dumps({"description": "", "features": {}}))
+    (folder / "config.json").write_text(json.dumps({"chosen": "not a pair"}))
+    _, pairs = read_pairs(str(folder), "train", "messages")
+    assert len(pairs) == N and pairs[0]["chosen"] == dolci()[0]["chosen"][-1:]
+
+
 def test_an_arrow_file_is_read_as_the_folder_it_was_saved_in(tmp_path):
     """A split's `data-00000-of-00001.arrow` (what save_to_disk writes), or an Arrow IPC file, given as the data set was
     refused ("use .jsonl, .json, .parquet or .csv"), while a folder of such files was read: read now as that folder

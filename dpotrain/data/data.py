@@ -171,7 +171,7 @@ def check_split_files(name: str, path: Path) -> None:
     matches (`more_pairs.jsonl`): datasets reads the named splits' files alone (`get_data_patterns`), so those pairs
     would be left out in silence, and a folder with `test.jsonl` and `pairs.jsonl` would offer `test` to train on;
     unless its README.md names its files (`configs:`)."""
-    from datasets.data_files import DataFilesDict, get_data_patterns
+    from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
 
     readme = path / "README.md"
     if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
@@ -184,7 +184,10 @@ def check_split_files(name: str, path: Path) -> None:
     left = [
         file
         for file, p in (data_identity.files(str(path)) or {}).items()
-        if builder_of(p) and p.resolve() not in read and not any(part.startswith("__") for part in Path(file).parts)
+        if builder_of(p)
+        and p.name not in FILES_TO_IGNORE  # dataset_info.json, config.json: never data
+        and p.resolve() not in read
+        and not any(part.startswith("__") for part in Path(file).parts)
     ]
     if left:
         named = "; ".join(f"{split}: {', '.join(Path(f).name for f in found[:2])}" for split, found in splits.items())
