@@ -1302,9 +1302,11 @@ BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out
         # "could not read ...: ValueError: Instruction \"train\" corresponds to no data!" and DatasetGenerationError
         ("mark.jsonl", BOM + "\n", " has no rows: it needs one JSON object per line with chosen/rejected"),
         ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
+        # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
+        ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
     ],
 )
-def test_a_json_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):
+def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))

@@ -584,6 +584,8 @@ def _bad_line(path: Path) -> str | None:
     object), or None."""
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
+    if builder_of(path) == "csv":
+        return _long_csv_record(path)
     if builder_of(path) != "json":
         return None
     # utf-8-sig, as datasets reads it: a byte-order mark (Windows tools write one) is not line 1's error
@@ -600,6 +602,25 @@ def _bad_line(path: Path) -> str | None:
                 return f"{_not_json(path, number, e)}: fix or remove that line"
             if not isinstance(row, dict):
                 return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    return None
+
+
+def _long_csv_record(path: Path) -> str | None:
+    """The first CSV record with more cells than the header, which pandas refuses ("Expected 3 fields in line 3, saw
+    4"; fewer are read as null, and said so with their row), or None."""
+    import csv
+
+    separator = DELIMITERS.get(format_suffix(path), ",")
+    with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
+        reader = csv.reader(f, delimiter=separator)
+        header, start = next(reader, None) or [], reader.line_num + 1
+        for record in reader:
+            if header and len(record) > len(header):
+                return (
+                    f"{path}:{start}: {len(record)} cells where the header names {len(header)}: quote the cell that "
+                    f'holds a {separator!r} ("..."), or fix that line'
+                )
+            start = reader.line_num + 1
     return None
 
 
