@@ -17,9 +17,9 @@ from test_refusals import refused
 
 import train_dpo
 from conftest import ROOT, built, ready
-from dpotrain.data import builtin, data, lengths, rows
+from dpotrain.data import builtin, data, lengths, rows, shapes
 from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import run_cli
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -205,6 +205,56 @@ def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
     assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
 
 
+def test_a_string_prompt_beside_answers_alone_is_said_to_be_their_user_turn():
+    """`{"prompt": "Hi?", "chosen": [assistant], "rejected": [assistant]}` is read with the string as the user turn, and
+    the data line said the opposite: "a string prompt that repeats the first user turn (UltraFeedback-binarized): read
+    without it"."""
+    answer = [{"role": "assistant", "content": "Hello."}]
+    columns = ("prompt", "chosen", "rejected")
+    described = shapes.Shape.of({"prompt": "Hi?", "chosen": answer, "rejected": answer}, columns).describe()
+    want = (
+        "answers as message lists, with a string prompt: read as the user turn before them; the model's chat template"
+    )
+    assert described == want
+    whole = [{"role": "user", "content": "Hi?"}, *answer]
+    described = shapes.Shape.of({"prompt": "Hi?", "chosen": whole, "rejected": whole}, columns).describe()
+    assert described.startswith("message lists with a string prompt that repeats the first user turn")
+
+
+def test_a_folder_of_data_files_beside_a_dataset_info_json_is_read_as_its_files(tmp_path):
+    """A folder of data files with a dataset_info.json (a cloned Hub data set's, or one copied from a save_to_disk
+    folder) was taken for a save_to_disk folder, and ended in load_from_disk's traceback ("FileNotFoundError: Directory
+    ... is neither a `Dataset` directory nor a `DatasetDict` directory"); datasets' load reads the files and leaves
+    that file out, as it leaves out a config.json, which is then no data file left out of the `train` split either."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dolci()))
+    (folder / "dataset_info.json").write_text(json.dumps({"description": "", "features": {}}))
+    (folder / "config.json").write_text(json.dumps({"chosen": "not a pair"}))
+    _, pairs = read_pairs(str(folder), "train", "messages")
+    assert len(pairs) == N and pairs[0]["chosen"] == dolci()[0]["chosen"][-1:]
+
+
+def test_an_arrow_file_is_read_as_the_folder_it_was_saved_in(tmp_path):
+    """A split's `data-00000-of-00001.arrow` (what save_to_disk writes), or an Arrow IPC file, given as the data set was
+    refused ("use .jsonl, .json, .parquet or .csv"), while a folder of such files was read: read now as that folder
+    is (datasets' arrow builder); one without rows is refused as any empty file is."""
+    import pyarrow as pa
+
+    name, split = write(tmp_path, "saved", dolci, "saved")
+    _, pairs = read_pairs(name, split, "messages")
+    saved = next((tmp_path / "saved").glob("data-*.arrow"))
+    assert read_pairs(str(saved), "train", "messages")[1].to_list() == pairs.to_list() and len(pairs) == N
+    table = datasets.Dataset.from_list(dolci()).data.table
+    with pa.ipc.new_file(str(tmp_path / "pairs.arrow"), table.schema) as ipc:  # the IPC file format (Feather v2)
+        ipc.write_table(table)
+    assert read_pairs(str(tmp_path / "pairs.arrow"), "train", "messages")[1].to_list() == pairs.to_list()
+    with pa.ipc.new_stream(str(tmp_path / "empty.arrow"), table.schema) as ipc:
+        ipc.write_table(table.slice(0, 0))
+    with pytest.raises(ConfigError, match="empty.arrow' has no rows: it needs one pair per row"):
+        data.load_preference_dataset(str(tmp_path / "empty.arrow"))
+
+
 @pytest.mark.parametrize("suffix", [".ndjson", ".tsv"])
 def test_ndjson_and_tsv_read_as_their_jsonl_and_csv_kin(suffix, tokenizer, tmp_path):
     """datasets reads `.ndjson` as JSON Lines and `.tsv` as CSV split at tabs, a folder of such shards here too; but a
@@ -264,6 +314,21 @@ def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
     _, read = read_pairs(str(path), "train", "messages", skip_invalid=True, derived=derived)
     assert len(read) == N - 1 and derived["invalid_rows"]["first"][0]["index"] == 7
     assert read[0] == {"prompt": "0 + 0?", "chosen": "0", "rejected": "1"}
+
+
+def test_a_line_separator_inside_text_is_kept_where_a_field_mixes_types(tmp_path):
+    """JSON keeps U+2028 and \\x85 unescaped inside a string (`json.dumps(ensure_ascii=False)` writes them so); the
+    second reading of a field that mixes types split the file's lines there too, and ended in a JSONDecodeError
+    traceback (the run, the dry run and the analyzer)."""
+    pairs = dolci()
+    for i, pair in enumerate(pairs):
+        pair["chosen"][-1]["content"] = f"Line one\u2028line two\x85three {i}\x0c."
+    pairs[5]["rejected"][-1]["content"] = [{"type": "text", "text": "parts"}]
+    path = tmp_path / "separators.jsonl"
+    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\r\n" for p in pairs), encoding="utf-8")
+    _, read = read_pairs(str(path), "train", "messages")
+    assert [p["chosen"][-1]["content"] for p in read] == [f"Line one\u2028line two\x85three {i}\x0c." for i in range(N)]
+    assert read[5]["rejected"][-1]["content"] == "parts"
 
 
 def with_images(tmp_path, images) -> str:

@@ -294,7 +294,7 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
     assert len(data.load_preference_dataset(str(tmp_path / "splits"), "test")) == 7
     broken = tmp_path / "broken.json"  # the loader's one-line error, not a traceback
     broken.write_text('[{"chosen": "a",')
-    with pytest.raises(ConfigError, match="could not read dataset file"):
+    with pytest.raises(ConfigError, match=r"broken.json:1: not valid JSON \(Expecting property name enclosed in"):
         data.load_preference_dataset(str(broken))
     assert len((tmp_path / "pairs.csv").read_text().splitlines()) > 41  # lines are not rows there
     text = dry_run(capsys, *SMOKE, "--dataset_name", str(tmp_path / "pairs.csv"), "--output_dir", str(tmp_path / "o"))
@@ -620,6 +620,13 @@ def test_the_per_step_row_says_the_pairs_the_steps_take(tmp_path, capsys):
     text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "whole"), "--gradient_accumulation_steps", "5")
     want = "24-40 pairs, over all processes: pairs_per_step 40, but an epoch of 384 pairs ends in a step of 24; NOT "
     assert field(text, "per step").startswith(want + "the recipe's 8: --gradient_accumulation_steps on the command")
+    # one pair (said "1 pairs, ...: but 1 pair are one step")
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(rows[0]) + "\n")
+    text = dry_run(
+        capsys, *SMOKE, "--dataset_name", str(one), "--output_dir", str(tmp_path / "one"), "--max_steps", "2"
+    )
+    assert field(text, "per step") == "1 pair, over all processes: pairs_per_step 8, but 1 pair is one step"
 
 
 def measured_rows(monkeypatch) -> list[int]:

@@ -55,6 +55,9 @@ def refused(tmp_path, monkeypatch, capsys, *args) -> str:
     return errors[0]
 
 
+LINE = json.dumps(pair()) + "\n"
+
+
 def many_rows(n=40):
     return [pair(chosen=f"Blue {i}.") for i in range(n)]
 
@@ -1004,7 +1007,11 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
     "bad, expected",
     [
         ({"chosen": None, "rejected": pair()["rejected"]}, "row 3, column 'chosen': missing (null)"),
-        (pair(chosen=5), "row 3, column 'chosen': message 1 has a non-string 'content' (int)"),
+        (  # said no fix
+            pair(chosen=5),
+            "row 3, column 'chosen': message 1 has a non-string 'content' (int): write it as a string or a list of "
+            "text parts ([{'type': 'text', 'text': ...}]), which the chat template reads",
+        ),
         (
             {**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
             "row 3, column 'rejected': message 0 has no 'role'",
@@ -1270,6 +1277,62 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
     broken.write_text(json.dumps(pair()) + "\n" + json.dumps(pair())[:-9] + "\n" + json.dumps(pair()) + "\n")
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(broken))
     assert f"{broken}:2: not valid JSON" in message and "fix or remove that line" in message
+
+
+BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out-File) write it first
+
+
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        # the mark was blamed: ":1: not valid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig) at column 1)"
+        (
+            "bom.jsonl",
+            BOM + LINE * 2 + LINE[:-10] + "\n",
+            ":3: not valid JSON (Unterminated string starting at column",
+        ),
+        # these two said "could not read dataset file ...: DatasetGenerationError: An error occurred while generating
+        # the dataset", naming neither the line nor the fix
+        (
+            "array.json",
+            "[\n" + ",\n".join([json.dumps(pair())] * 2) + ",\n]\n",
+            ":4: not valid JSON (Expecting value at column 1)",
+        ),
+        ("lines.json", LINE * 2 + "{oops\n", ":3: not valid JSON (Expecting property name enclosed in double quotes"),
+        # "could not read ...: ValueError: Instruction \"train\" corresponds to no data!" and DatasetGenerationError
+        ("mark.jsonl", BOM + "\n", " has no rows: it needs one JSON object per line with chosen/rejected"),
+        ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
+        # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
+        ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
+    ],
+)
+def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert message.startswith(
+        f"error: {path}{expected}" if expected[0] == ":" else f"error: dataset file {str(path)!r}"
+    )
+    assert expected in message
+
+
+@pytest.mark.parametrize("named, other", [("train.jsonl", "more_pairs.jsonl"), ("test.jsonl", "pairs.jsonl")])
+def test_a_folder_named_by_split_with_another_data_file_is_refused(named, other, tmp_path, monkeypatch, capsys):
+    """datasets reads only the files named by split once one is: `more_pairs.jsonl` beside `train.jsonl` trained the
+    train file's pairs alone, in silence, and `pairs.jsonl` beside `test.jsonl` was refused as `has no split 'train':
+    set --dataset_train_split to one of ['test']`, offering the held-out pairs to train on."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    write_rows(folder / named, [pair()])
+    write_rows(folder / other, [pair(chosen="Red.")])
+    (folder / "README.md").write_text("Pairs.\n")  # not a data file
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), "--dry-run")
+    split = named.removesuffix(".jsonl")
+    assert message == (
+        f"error: dataset folder {str(folder)!r} names its files by split ({split}: {named}), and datasets then reads "
+        f"those alone: {other} would be left out: name each data file by its split (train.jsonl, train-2.jsonl, "
+        "test.jsonl), or move it out of the folder"
+    )
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ LOCAL_SUFFIXES = {
     ".parquet": "parquet",
     ".csv": "csv",
     ".tsv": "csv",
+    ".arrow": "arrow",  # an Arrow file (IPC stream or file), as save_to_disk writes a split's `data-*.arrow`
 }
 JSON_LINES = (".jsonl", ".ndjson")
 DELIMITERS = {".csv": ",", ".tsv": "\t"}  # datasets reads `.tsv` as CSV separated by tabs
@@ -35,9 +36,10 @@ def format_suffix(path: Path) -> str:
 
 
 def builder_of(path: Path) -> str | None:
-    """datasets' builder for a data file, or None (Parquet compresses inside the file: `x.parquet.gz` is not read)."""
+    """datasets' builder for a data file, or None (Parquet and Arrow compress inside the file: `x.parquet.gz` is not
+    read)."""
     builder = LOCAL_SUFFIXES.get(format_suffix(path))
-    return None if builder == "parquet" and path.suffix in COMPRESSIONS else builder
+    return None if builder in ("parquet", "arrow") and path.suffix in COMPRESSIONS else builder
 
 
 def open_data(path: Path, mode: str = "rb", **text):
@@ -130,7 +132,7 @@ def file_kind(path: Path) -> str | None:
 def check_file_kind(path: Path) -> None:
     """Refuses a file whose suffix says another format than it holds, saying how to name it."""
     kind = file_kind(path)
-    fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None}.get(
+    fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None, ".arrow": kind is None}.get(
         path.suffix, kind != "parquet"
     )
     if not fits:
@@ -164,6 +166,39 @@ def check_one_format(name: str, path: Path) -> None:
         )
 
 
+def check_split_files(name: str, path: Path) -> None:
+    """Refuses a folder whose files are named by split (`train.jsonl`, `test.jsonl`) beside data files no split's name
+    matches (`more_pairs.jsonl`): datasets reads the named splits' files alone (`get_data_patterns`), so those pairs
+    would be left out in silence, and a folder with `test.jsonl` and `pairs.jsonl` would offer `test` to train on;
+    unless its README.md names its files (`configs:`)."""
+    from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
+
+    readme = path / "README.md"
+    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+        return
+    try:
+        splits = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+    except Exception:  # noqa: BLE001 - no data file at all: the load says what the folder holds
+        return
+    read = {Path(f).resolve() for found in splits.values() for f in found}
+    left = [
+        file
+        for file, p in (data_identity.files(str(path)) or {}).items()
+        if builder_of(p)
+        and p.name not in FILES_TO_IGNORE  # dataset_info.json, config.json: never data
+        and p.resolve() not in read
+        and not any(part.startswith("__") for part in Path(file).parts)
+    ]
+    if left:
+        named = "; ".join(f"{split}: {', '.join(Path(f).name for f in found[:2])}" for split, found in splits.items())
+        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+        raise ConfigError(
+            f"dataset folder {name!r} names its files by split ({named}), and datasets then reads those alone: "
+            f"{', '.join(left[:3])}{more} would be left out: name each data file by its split (train.jsonl, "
+            "train-2.jsonl, test.jsonl), or move it out of the folder"
+        )
+
+
 def load_preference_dataset(
     name: str,
     split: str = "train",
@@ -190,13 +225,12 @@ def load_preference_dataset(
         builder = builder_of(path)
         if builder is None:
             raise ConfigError(
-                f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (.ndjson, .tsv; or .jsonl.gz, .csv.gz, "
-                f"...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
+                f"dataset file {name!r}: use .jsonl, .json, .parquet, .arrow or .csv (.ndjson, .tsv; or .jsonl.gz, "
+                f".csv.gz, ...: {', '.join(COMPRESSIONS)}) (docs/data.md)"
             )
-        if path.stat().st_size == 0:
-            raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
-        if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
-            raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
+        if path.stat().st_size == 0 or not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
+            empty = "is empty" if path.stat().st_size == 0 else "has no rows"
+            raise ConfigError(f"dataset file {name!r} {empty}: it needs {_row_form(path)}")
         text = _csv_columns_as_text(path) if builder == "csv" else None  # a CSV cell is text
         sep = {"sep": "\t"} if format_suffix(path) == ".tsv" else {}
         files = {split: as_files(path)}
@@ -212,6 +246,7 @@ def load_preference_dataset(
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         check_folder_config(name, path, config)
+        check_split_files(name, path)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
         if not streaming:
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
@@ -284,20 +319,49 @@ def _conversation_column(first: dict) -> str | None:
     return None
 
 
+def _row_form(path: Path) -> str:
+    """What a pair is in a file of this format."""
+    if builder_of(path) == "csv":
+        return "a header line naming chosen and rejected (optionally prompt), then one pair per line"
+    if format_suffix(path) in JSON_LINES:
+        return "one JSON object per line with chosen/rejected"
+    if format_suffix(path) == ".json":
+        return "a JSON array of objects with chosen/rejected, or one such object per line"
+    return "one pair per row, with chosen/rejected"
+
+
 def _has_rows(path: Path) -> bool:
     """Whether a local file holds a row, from its head only (every rank checks it); undecided counts as yes."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows > 0
+    if builder_of(path) == "arrow":
+        return _arrow_has_rows(path)
     if builder_of(path) != "json":
         return True
-    with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a byte-order mark is no row
         for line in f:  # up to the first non-blank line
             if line.strip():
                 head = line.strip() + f.read(4096)
                 return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
     return False
+
+
+def _arrow_has_rows(path: Path) -> bool:
+    """Whether an Arrow file (an IPC stream, as save_to_disk writes, or an IPC file) holds a row, read as datasets'
+    arrow builder reads it, mapped, not copied; undecided (not Arrow) counts as yes: the load says why."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            try:
+                return any(batch.num_rows for batch in pa.ipc.open_stream(source))
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                return any(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    except (pa.ArrowInvalid, OSError):
+        return True
 
 
 def csv_text_features(paths):
@@ -411,10 +475,12 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
         return dataset
     rows = []
     for file in files:
-        with open_data(file, "rt", encoding="utf-8-sig") as f:
+        with open_data(file, "rt", encoding="utf-8-sig", newline="") as f:
             text = f.read()
         array = text.lstrip().startswith("[")
-        rows += json.loads(text) if array else [json.loads(x) for x in text.splitlines() if x.strip()]
+        # lines end at "\n" alone, as datasets reads them: `splitlines` also splits at U+2028, \x85 and \x0c, which
+        # JSON keeps unescaped inside a string (a scraped text's line separator), cutting a row in two
+        rows += json.loads(text) if array else [json.loads(x) for x in text.split("\n") if x.strip()]
     if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
         return dataset
     for column in mixed:  # each value JSON-encoded, so that text stays text
@@ -514,21 +580,75 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
 
 
 def _bad_line(path: Path) -> str | None:
-    """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
+    """A data file's first line that is not UTF-8 or, JSON, where it stops being JSON (a JSON Lines line: not a JSON
+    object), or None."""
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
-    if format_suffix(path) in JSON_LINES:
-        with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line.rstrip("\n"))
-                except json.JSONDecodeError as e:
-                    return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
-                if not isinstance(row, dict):
-                    return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    if builder_of(path) == "csv":
+        return _long_csv_record(path)
+    if builder_of(path) != "json":
+        return None
+    # utf-8-sig, as datasets reads it: a byte-order mark (Windows tools write one) is not line 1's error
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+        if format_suffix(path) not in JSON_LINES and (array := _json_document_error(path, f)) is not False:
+            return array
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip("\n"))
+            except json.JSONDecodeError as e:
+                return f"{_not_json(path, number, e)}: fix or remove that line"
+            if not isinstance(row, dict):
+                return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
     return None
+
+
+def _long_csv_record(path: Path) -> str | None:
+    """The first CSV record with more cells than the header, which pandas refuses ("Expected 3 fields in line 3, saw
+    4"; fewer are read as null, and said so with their row), or None."""
+    import csv
+
+    separator = DELIMITERS.get(format_suffix(path), ",")
+    with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
+        reader = csv.reader(f, delimiter=separator)
+        header, start = next(reader, None) or [], reader.line_num + 1
+        for record in reader:
+            if header and len(record) > len(header):
+                return (
+                    f"{path}:{start}: {len(record)} cells where the header names {len(header)}: quote the cell that "
+                    f'holds a {separator!r} ("..."), or fix that line'
+                )
+            start = reader.line_num + 1
+    return None
+
+
+def _json_document_error(path: Path, f) -> str | None | bool:
+    """A `.json` file read as one document (an array of pairs): where it stops being JSON, None where it is JSON;
+    False where it is JSON Lines under that suffix (datasets reads it so; checked line by line)."""
+    text = f.read()
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        first = text.lstrip().split("\n", 1)[0]
+        if not text.lstrip().startswith("[") and _is_json(first):  # one object per line
+            return False
+        return f"{_not_json(path, e.lineno, e)}: fix the file there"
+    return None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _not_json(path: Path, line: int, e: json.JSONDecodeError) -> str:
+    # json's "Unterminated string starting at" (and "Invalid control character at") end in the "at" written here
+    return f"{path}:{line}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
 
 
 def check_columns(dataset, name: str) -> None:

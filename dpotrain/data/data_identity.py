@@ -19,8 +19,12 @@ ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file u
 
 def saved(path: Path) -> bool:
     """A folder written by `save_to_disk` (read in place, its split's Arrow files alone), not a folder of data files
-    (which datasets reads whole, every file under it)."""
-    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    (which datasets reads whole, every file under it): load_from_disk's own test, a `Dataset`'s dataset_info.json with
+    its state.json, or a `DatasetDict`'s dataset_dict.json (a folder of data files may hold a dataset_info.json too,
+    which load_dataset leaves out)."""
+    if (path / "dataset_dict.json").is_file():
+        return True
+    return (path / "dataset_info.json").is_file() and (path / "state.json").is_file()
 
 
 def entries(data_files, split: str) -> list:

@@ -149,7 +149,11 @@ def _check_value(value, conversational: bool) -> str | None:
                     "images with a vision-language model): keep only its text parts ({'type': 'text', 'text': ...})"
                 )
             if not isinstance(message[key], str):
-                return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
+                parts = " or a list of text parts ([{'type': 'text', 'text': ...}])" if key == "content" else ""
+                return (
+                    f"message {i} has a non-string {key!r} ({type(message[key]).__name__}): write it as a "
+                    f"string{parts}, which the chat template reads"
+                )
         if message["role"] not in ROLES:  # read as something else further on ("a prompt followed by another prompt")
             return (
                 f"message {i} has role {message['role']!r}, which chat templates do not know: use 'assistant' "

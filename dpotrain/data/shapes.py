@@ -28,6 +28,7 @@ class Shape:
     conversational: bool  # read into message lists (the chat template applies) or plain text
     json_columns: tuple = ()  # columns whose cells hold message lists as JSON text (CSV, Parquet strings): parsed
     repeats_prompt: bool = False  # prompt+messages whose first row's conversations start with the prompt
+    answers_only: bool = False  # ultrafeedback whose first row's sides hold no user turn: the string prompt is it
 
     @classmethod
     def of(cls, first_row: dict, columns, hh_format: str = "messages") -> "Shape":
@@ -46,7 +47,8 @@ class Shape:
             if "prompt" not in columns:
                 return cls("messages", True, json_columns)
             if isinstance(prompt, str):
-                return cls("ultrafeedback", True, json_columns)
+                asked = isinstance(side, list) and any(isinstance(m, dict) and m.get("role") == "user" for m in side)
+                return cls("ultrafeedback", True, json_columns, answers_only=not asked)
             repeats = (
                 isinstance(prompt, list) and bool(prompt) and isinstance(side, list) and _starts_with(side, prompt)
             )
@@ -79,8 +81,12 @@ class Shape:
             "prompt+messages": "message lists with a prompt column"
             + (" whose messages the conversations repeat: read without the repetition" if self.repeats_prompt else "")
             + f"; {template}",
-            "ultrafeedback": "message lists with a string prompt that repeats the first user turn (UltraFeedback-"
-            f"binarized): read without it; {template}",
+            "ultrafeedback": (
+                f"answers as message lists, with a string prompt: read as the user turn before them; {template}"
+                if self.answers_only
+                else "message lists with a string prompt that repeats the first user turn (UltraFeedback-"
+                f"binarized): read without it; {template}"
+            ),
             "hh": "HH-RLHF strings (\\n\\nHuman: ... \\n\\nAssistant: ...) "
             + (
                 f"turned into message lists; {template} (hh_format: text trains the raw strings)"

@@ -295,8 +295,13 @@ def per_step_text(b: RecordedBatching, over: str) -> str:
     rows = (b.max_length_cuts or {}).get("pairs", kept)
     of = f"the {plural(kept, 'pair')} training keeps (of {rows} rows)" if rows != kept else f"{plural(kept, 'pair')}"
     last = trained.max if trained.max > pairs else trained.min  # a last step of fewer pairs than ranks joins
-    why = f"{of} are one step" if kept <= pairs else f"an epoch of {of} ends in a step of {last}"
-    return f"{trained} pairs, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
+    why = (
+        f"{of} {'is' if kept == 1 else 'are'} one step"
+        if kept <= pairs
+        else f"an epoch of {of} ends in a step of {last}"
+    )
+    count = f"{trained} pairs" if trained.min != trained.max else plural(trained.min, "pair")
+    return f"{count}, over {over}: pairs_per_step {pairs}, but {why}{replaced}"
 
 
 def replaced_text(replaced: dict | None, pairs: int) -> str:
