@@ -479,6 +479,25 @@ def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merge
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_model_folder_with_an_adapter_beside_its_weights_is_refused_naming_the_adapters_files(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A full model with a LoRA adapter saved beside it (a repo that ships both): transformers loads the adapter onto
+    the model from the folder's adapter_config.json. The refusal said the folder held no model a run can start from
+    and to start from its base, the very folder given."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(model)}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: model folder '{model}' holds a model and, beside it, a LoRA adapter (adapter_config.json), which "
+        "transformers would load onto the model: move the adapter's files (adapter_config.json, adapter_model.*) to "
+        "a folder of their own, or merge the adapter into the weights first (PEFT's merge_and_unload, then "
+        "save_pretrained)"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgrade(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
