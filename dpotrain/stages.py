@@ -6,12 +6,14 @@ config and local files only (what needs the Hub is recorded as decided at start,
 
 import copy
 import functools
+import json
 import os
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import transformers
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
@@ -623,15 +625,36 @@ class Forward:
 
 
 def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
-    """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's."""
+    """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's.
+    A file transformers refuses is refused here: the model's load raised its ValueError once the first half was done
+    (`num_return_sequences` 2 without sampling, a `cache_implementation` of a newer transformers), and a file that is
+    not JSON was dropped without a word, the model saved with generation settings made from config.json."""
+    from huggingface_hub.errors import HFValidationError
     from transformers import GenerationConfig
 
-    if Path(model_path).is_dir() and not (Path(model_path) / "generation_config.json").is_file():
+    file = Path(model_path) / "generation_config.json"
+    if Path(model_path).is_dir() and not file.is_file():
         return set()
+    try:
+        if file.is_file():
+            json.loads(file.read_text())  # transformers reads a file that is not JSON as one that is not there
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{file} is not a JSON file ({cause(e, 120)}), which transformers would leave unread (the model saved "
+            "with generation settings made from its config.json): correct it, or remove it"
+        ) from None
     try:
         found = GenerationConfig.from_pretrained(
             model_path, revision=recipe.model.model_revision, local_files_only=local_only
         )
+    except (ValueError, TypeError) as e:  # its values, as transformers validates them (not a Hub repo's name)
+        if isinstance(e, HFValidationError):
+            return None
+        raise ConfigError(
+            f"the generation_config.json of {recipe.model.model_name_or_path} is one transformers "
+            f"{transformers.__version__} refuses to load ({cause(e, 200).rstrip('.')}): correct or remove that "
+            "setting in it"
+        ) from None
     except Exception:  # noqa: BLE001 - not on this machine, no network: nothing refused on a guess
         return None
     return chat_template.eos_ids(found.eos_token_id)
@@ -650,8 +673,8 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     positions.check_vocabulary(
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
+    stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
     if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
-        stops = functools.partial(_generation_stops, recipe, model_path, launch.dry_run)
         chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype

@@ -742,6 +742,47 @@ def test_a_chat_template_whose_answers_end_without_a_token_the_model_stops_at_is
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (
+            {"num_return_sequences": 2},  # written for sampling, without do_sample
+            "error: the generation_config.json of {model} is one transformers {version} refuses to load (ValueError: "
+            "Greedy methods (do_sample != True) without beam search do not support `num_return_sequences` different "
+            "than 1 (got 2)): correct or remove that setting in it",
+        ),
+        (
+            None,  # cut short by a copy
+            "error: {model}/generation_config.json is not a JSON file (JSONDecodeError: Expecting property name "
+            "enclosed in double quotes: line 2 column 1 (char 20)), which transformers would leave unread (the model "
+            "saved with generation settings made from its config.json): correct it, or remove it",
+        ),
+    ],
+    ids=["refused by transformers", "not JSON"],
+)
+def test_a_generation_config_transformers_cannot_read_is_refused_before_the_model_loads(
+    setting, expected, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A model's generation_config.json is loaded with its weights: one transformers refuses (`num_return_sequences`
+    without sampling, as a sampling recipe saved it) passed the dry run, and the run ended in a ValueError traceback
+    once its first half was done; one that is not JSON was dropped without a word (the model trained and was saved
+    with generation settings made from config.json, its own eos_token_id list lost)."""
+    import transformers
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    generation = model / "generation_config.json"
+    if setting is None:
+        generation.write_text('{"bos_token_id": 0,\n')
+    else:
+        generation.write_text(json.dumps(json.loads(generation.read_text()) | setting))
+    args = ["--model_name_or_path", str(model), "--max_steps", "2", *dry_run]
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert line == expected.format(model=model, version=transformers.__version__)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
