@@ -782,6 +782,44 @@ def test_a_generation_config_transformers_cannot_read_is_refused_before_the_mode
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("saved", ["from DDP", "index short of one"])
+def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loads(
+    saved, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """transformers starts a tensor the weights lack at random, prints a table and goes on: a state dict saved from a
+    DDP-wrapped model (every name `module.`-prefixed) scored the reference and trained a random model, and an index
+    whose weight_map left a tensor out trained that tensor from random, without a refusal. Refused as the model loads,
+    before the reference stage."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    total = len(weights)
+    if saved == "from DDP":
+        torch.save({f"module.{name}": tensor for name, tensor in weights.items()}, model / "pytorch_model.bin")
+        first = sorted(weights)[0]
+        lacked = f"{total} of the model's {total} tensors ({first}, ...)"
+        held = f"; they hold {total} the model has no place for (module.{first}, ...)"
+    else:
+        left_out = "model.layers.1.mlp.down_proj.weight"
+        save_file({k: v for k, v in weights.items() if k != left_out}, model / "model-00001-of-00002.safetensors")
+        save_file({left_out: weights[left_out]}, model / "model-00002-of-00002.safetensors")
+        weight_map = {name: "model-00001-of-00002.safetensors" for name in weights if name != left_out}
+        index = {"metadata": {}, "weight_map": weight_map}  # the second shard left out of it
+        (model / "model.safetensors.index.json").write_text(json.dumps(index))
+        lacked, held = f"1 of the model's {total} tensors ({left_out})", ""
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2")
+    assert line == (
+        f"error: the weights of {model} lack {lacked}, which transformers would start at random{held}: save the "
+        "model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with "
+        "a prefix such as 'module.'), or copy in the missing weights"
+    )
+    assert not list((tmp_path / "run").glob("*.safetensors"))
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
