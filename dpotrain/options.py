@@ -477,6 +477,15 @@ def check_model(model: str) -> None:
         return
     check_model_path(model)
     path = Path(model).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file() and any((path / n).is_file() for n in WEIGHT_FILES):
+        # A model with an adapter saved beside it (a repo that ships both): transformers' from_pretrained finds the
+        # adapter_config.json and loads the adapter onto the model, which the run would then train with it
+        raise ConfigError(
+            f"model folder {model!r} holds a model and, beside it, a LoRA adapter (adapter_config.json), which "
+            "transformers would load onto the model: move the adapter's files (adapter_config.json, adapter_model.*) "
+            "to a folder of their own, or merge the adapter into the weights first (PEFT's merge_and_unload, then "
+            "save_pretrained)"
+        )
     if path.is_dir() and (path / "adapter_config.json").is_file():
         # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         try:

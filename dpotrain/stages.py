@@ -6,12 +6,15 @@ config and local files only (what needs the Hub is recorded as decided at start,
 
 import copy
 import functools
+import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+import transformers
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
@@ -634,18 +637,58 @@ class Forward:
 
 
 def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
-    """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's."""
+    """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's.
+    A file transformers refuses is refused here: the model's load raised its ValueError once the first half was done
+    (`num_return_sequences` 2 without sampling, a `cache_implementation` of a newer transformers), and a file that is
+    not JSON was dropped without a word, the model saved with generation settings made from config.json."""
+    from huggingface_hub.errors import HFValidationError
     from transformers import GenerationConfig
 
-    if Path(model_path).is_dir() and not (Path(model_path) / "generation_config.json").is_file():
+    file = Path(model_path) / "generation_config.json"
+    if Path(model_path).is_dir() and not file.is_file():
         return set()
+    try:
+        if file.is_file():
+            json.loads(file.read_text())  # transformers reads a file that is not JSON as one that is not there
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{file} is not a JSON file ({cause(e, 120)}), which transformers would leave unread (the model saved "
+            "with generation settings made from its config.json): correct it, or remove it"
+        ) from None
     try:
         found = GenerationConfig.from_pretrained(
             model_path, revision=recipe.model.model_revision, local_files_only=local_only
         )
+    except (ValueError, TypeError) as e:  # its values, as transformers validates them (not a Hub repo's name)
+        if isinstance(e, HFValidationError):
+            return None
+        raise ConfigError(
+            f"the generation_config.json of {recipe.model.model_name_or_path} is one transformers "
+            f"{transformers.__version__} refuses to load ({cause(e, 200).rstrip('.')}): correct or remove that "
+            "setting in it"
+        ) from None
     except Exception:  # noqa: BLE001 - not on this machine, no network: nothing refused on a guess
         return None
+    _check_saveable(found, recipe.model.model_name_or_path)
     return chat_template.eos_ids(found.eos_token_id)
+
+
+def _check_saveable(found, model: str) -> None:
+    """transformers saves a generation config changed since it loaded only where it passes its strict check, and the
+    trainer changes it (the pad, BOS, EOS ids aligned with the tokenizer's): a setting its mode does not read
+    (`temperature` with `do_sample` false) trained the run to its first checkpoint, whose save raised a ValueError."""
+    try:
+        found.validate(strict=True)
+    except ValueError as e:
+        names = ", ".join(re.findall(r"^- `(\w+)`", str(e), flags=re.MULTILINE)) or cause(e, 160)
+        raise ConfigError(
+            f"the generation_config.json of {model} sets {names}, which its mode does not read (do_sample "
+            f"{str(bool(found.do_sample)).lower()}, num_beams {found.num_beams or 1}): transformers refuses to save "
+            "such a file once the run "
+            "has changed it (the pad, BOS and EOS ids the trainer aligns with the tokenizer's), so the first "
+            'checkpoint would fail after its steps: remove them from it, or set the mode that reads them ("do_sample": '
+            "true)"
+        ) from None
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
@@ -661,8 +704,8 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     positions.check_vocabulary(
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
+    stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
     if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
-        stops = functools.partial(_generation_stops, recipe, model_path, launch.dry_run)
         chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype

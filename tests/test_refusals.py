@@ -482,6 +482,25 @@ def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merge
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_model_folder_with_an_adapter_beside_its_weights_is_refused_naming_the_adapters_files(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A full model with a LoRA adapter saved beside it (a repo that ships both): transformers loads the adapter onto
+    the model from the folder's adapter_config.json. The refusal said the folder held no model a run can start from
+    and to start from its base, the very folder given."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(model)}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: model folder '{model}' holds a model and, beside it, a LoRA adapter (adapter_config.json), which "
+        "transformers would load onto the model: move the adapter's files (adapter_config.json, adapter_model.*) to "
+        "a folder of their own, or merge the adapter into the weights first (PEFT's merge_and_unload, then "
+        "save_pretrained)"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgrade(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
@@ -723,6 +742,106 @@ def test_a_chat_template_whose_answers_end_without_a_token_the_model_stops_at_is
         with pytest.raises(SystemExit) as ended:
             run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args]))
         assert ended.value.code in (0, None), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (
+            {"num_return_sequences": 2},  # written for sampling, without do_sample
+            "error: the generation_config.json of {model} is one transformers {version} refuses to load (ValueError: "
+            "Greedy methods (do_sample != True) without beam search do not support `num_return_sequences` different "
+            "than 1 (got 2)): correct or remove that setting in it",
+        ),
+        (
+            None,  # cut short by a copy
+            "error: {model}/generation_config.json is not a JSON file (JSONDecodeError: Expecting property name "
+            "enclosed in double quotes: line 2 column 1 (char 20)), which transformers would leave unread (the model "
+            "saved with generation settings made from its config.json): correct it, or remove it",
+        ),
+    ],
+    ids=["refused by transformers", "not JSON"],
+)
+def test_a_generation_config_transformers_cannot_read_is_refused_before_the_model_loads(
+    setting, expected, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A model's generation_config.json is loaded with its weights: one transformers refuses (`num_return_sequences`
+    without sampling, as a sampling recipe saved it) passed the dry run, and the run ended in a ValueError traceback
+    once its first half was done; one that is not JSON was dropped without a word (the model trained and was saved
+    with generation settings made from config.json, its own eos_token_id list lost)."""
+    import transformers
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    generation = model / "generation_config.json"
+    if setting is None:
+        generation.write_text('{"bos_token_id": 0,\n')
+    else:
+        generation.write_text(json.dumps(json.loads(generation.read_text()) | setting))
+    args = ["--model_name_or_path", str(model), "--max_steps", "2", *dry_run]
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert line == expected.format(model=model, version=transformers.__version__)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_generation_config_transformers_would_not_save_once_changed_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Sampling settings with do_sample false (an SFT export's "temperature": 0.6, "top_p": 0.9) load with a warning,
+    but transformers saves a generation config changed since it loaded only where it passes its strict check, and TRL
+    sets its pad_token_id: the run trained its steps and ended in a ValueError traceback at its first checkpoint."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    del generation["pad_token_id"]  # TRL sets it from the tokenizer: the config then changed
+    (model / "generation_config.json").write_text(json.dumps(generation | {"temperature": 0.6, "top_p": 0.9}))
+    args = ["--model_name_or_path", str(model), "--max_steps", "2", *dry_run]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        f"error: the generation_config.json of {model} sets temperature, top_p, which its mode does not read "
+        "(do_sample false, num_beams 1): transformers refuses to save such a file once the run has changed it (the "
+        "pad, BOS and EOS ids the trainer aligns with the tokenizer's), so the first checkpoint would fail after its "
+        'steps: remove them from it, or set the mode that reads them ("do_sample": true)'
+    )
+
+
+@pytest.mark.parametrize("saved", ["from DDP", "index short of one"])
+def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loads(
+    saved, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """transformers starts a tensor the weights lack at random, prints a table and goes on: a state dict saved from a
+    DDP-wrapped model (every name `module.`-prefixed) scored the reference and trained a random model, and an index
+    whose weight_map left a tensor out trained that tensor from random, without a refusal. Refused as the model loads,
+    before the reference stage."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    total = len(weights)
+    if saved == "from DDP":
+        torch.save({f"module.{name}": tensor for name, tensor in weights.items()}, model / "pytorch_model.bin")
+        first = sorted(weights)[0]
+        lacked = f"{total} of the model's {total} tensors ({first}, ...)"
+        held = f"; they hold {total} the model has no place for (module.{first}, ...)"
+    else:
+        left_out = "model.layers.1.mlp.down_proj.weight"
+        save_file({k: v for k, v in weights.items() if k != left_out}, model / "model-00001-of-00002.safetensors")
+        save_file({left_out: weights[left_out]}, model / "model-00002-of-00002.safetensors")
+        weight_map = {name: "model-00001-of-00002.safetensors" for name in weights if name != left_out}
+        index = {"metadata": {}, "weight_map": weight_map}  # the second shard left out of it
+        (model / "model.safetensors.index.json").write_text(json.dumps(index))
+        lacked, held = f"1 of the model's {total} tensors ({left_out})", ""
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2")
+    assert line == (
+        f"error: the weights of {model} lack {lacked}, which transformers would start at random{held}: save the "
+        "model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with "
+        "a prefix such as 'module.'), or copy in the missing weights"
+    )
+    assert not list((tmp_path / "run").glob("*.safetensors"))
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])

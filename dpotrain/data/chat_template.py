@@ -119,11 +119,11 @@ def changed(old: Template | None, path: str | None) -> str | None:
     return None
 
 
-def check_stops(tokenizer, config, model: str, generation_stops) -> None:
+def check_stops(tokenizer, config, model: str, generation_stops: set | None) -> None:
     """Refuses a template that ends the assistant turn with no token the model stops generating at: TRL adds EOS to
     plain text only (conversational pairs end as the template writes them), so every answer would train without an
-    end. The stops: the tokenizer's EOS and config.json's eos_token_id, then `generation_stops()`, generation_config's
-    (read only where these miss; None where it cannot be read here: nothing is refused on a guess)."""
+    end. The stops: the tokenizer's EOS and config.json's eos_token_id, then `generation_stops`, generation_config's
+    (None where it cannot be read here: nothing is refused on a guess)."""
     from trl.data_utils import common_prefix_length
 
     from dpotrain.recipe import upstream
@@ -139,7 +139,7 @@ def check_stops(tokenizer, config, model: str, generation_stops) -> None:
     # A vision-language config's own eos_token_id (Gemma 3's [1, 106]) may list more than its text config's
     configs = (config, config.get_text_config())
     stops = {tokenizer.eos_token_id}.union(*(eos_ids(getattr(c, "eos_token_id", None)) for c in configs))
-    if answer & stops or (more := generation_stops()) is None or answer & more:
+    if answer & stops or (more := generation_stops) is None or answer & more:
         return
     stops = sorted((stops | more) - {None})
     end = text[text.rindex("Hello.") + len("Hello.") :] if "Hello." in text else ""

@@ -312,7 +312,8 @@ FINAL_ROTATION = _patch(  # what Trainer._finalize_training deletes from
 )
 CREATE_MODEL = _patch(
     f"{DPO}:create_model_from_path",
-    "under FSDP2, the reference copy TRL loads for its precompute is skipped (the sharded policy scores instead)",
+    "under FSDP2, the reference copy TRL loads for its precompute is skipped (the sharded policy scores instead); "
+    "every load asks for transformers' loading info, and weights lacking some of the model's tensors are refused",
     read_in=f"{DPO}:DPOTrainer.__init__",
 )
 ZERO3_ENABLED = _patch(

@@ -67,6 +67,32 @@ def resolve_model_path(recipe: Recipe) -> str:
 
 
 @contextlib.contextmanager
+def whole_weights_only():
+    """TRL's model loads refused where the weights lack some of the model's tensors: transformers starts those at random
+    and goes on after a table in the log (a DDP state dict's `module.` names: every tensor), so the run scored the
+    reference and trained a model partly or wholly random. Before the wrapping (PEFT) and the reference stage; each
+    rank's load judged and the first refusal raised on every rank, which all load here."""
+
+    def checked(model_id, *args, **kwargs):
+        model, info = load(model_id, *args, **kwargs, output_loading_info=True)
+        missing, unused = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        refusal = None
+        if missing:
+            held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
+            refusal = ConfigError(
+                f"the weights of {model_id} lack {len(missing):,} of the model's {len(model.state_dict()):,} tensors "
+                f"({missing[0]}{', ...' if len(missing) > 1 else ''}), which transformers would start at random{held}: "
+                "save the model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names "
+                "its tensors with a prefix such as 'module.'), or copy in the missing weights"
+            )
+        collectives.every_rank_outcome(refusal)
+        return model
+
+    with upstream.patched(upstream.CREATE_MODEL, checked) as load:
+        yield
+
+
+@contextlib.contextmanager
 def _eval_mode(module):
     was = module.training
     module.eval()
@@ -180,7 +206,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker()
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
-        with self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
+        with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
             super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
