@@ -38,6 +38,24 @@ def test_a_resumed_run_keeps_the_commit_it_started_on(tmp_path):
     assert hub_revision.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
 
 
+def test_a_resumed_mixture_keeps_the_commit_its_record_holds_for_each_hub_source(tmp_path):
+    from dpotrain.data import mixture
+
+    def read_at(commit):
+        return {"identity": {"revision": f"hub:org/prefs:default:train@{commit}"}}
+
+    mixed = recipe("--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", "data/smoke_prefs.jsonl", "1.0")
+    record = tmp_path / "resolved_config.json"
+    # Recorded under another spelling (`org/prefs` then `{"path": ...}`): the source at its place
+    sources = [{"source": "org/prefs:default [train]", **read_at(FIRST)}, {"source": "data/smoke_prefs.jsonl [train]"}]
+    record.write_text(json.dumps({"derived": {"data_sources": sources}}))
+    assert mixture.kept(mixed, str(tmp_path)) == {"org/prefs": FIRST}
+    # Read where no commit could be told (`...@main`): nothing kept, the source pinned as a new run's
+    record.write_text(json.dumps({"derived": {"data_sources": [{"source": "org/prefs [train]", **read_at("main")}]}}))
+    assert mixture.kept(mixed, str(tmp_path)) == {}
+    assert mixture.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) == {}  # no mixture
+
+
 def test_a_revision_given_on_a_resume_that_names_another_commit_is_changed_data():
     assert hub_revision.changed(FIRST, "org/prefs", None) is None  # none given: the run keeps its commit
     assert hub_revision.changed(FIRST, "org/prefs", FIRST) is None
@@ -201,6 +219,19 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
         f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
         f"{first[:12]} (a mixture's sources are not pinned)"
     ) in log, log
+
+    # Offline, with a cache that has no refs/main for the source (copied without refs, or fetched at a --revision
+    # alone) and main's commit the copy datasets prepared last: main's commit cannot be told, so the move above is not
+    # seen, and the resume read that copy unpinned (exit 0, other pairs than its step plan's). It reads the commit its
+    # record holds, and that copy is refused.
+    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs")  # main's copy, last
+    for ref in (tmp_path / "hf_home" / "hub" / "datasets--org--prefs" / "refs").iterdir():
+        ref.unlink()
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, "--dry-run", env=offline, exit_code=2)
+    assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
 
 
 @pytest.mark.slow
