@@ -304,8 +304,8 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     issue 7928). A mixture's Hub source is pinned offline to the commit the cache's refs/main names (prefetch.py
     fetched main), but a dry run on the login node since read main's next commit by its sha, which moves no ref: the
     offline job read that commit's 32 pairs as the pinned commit's 16, silently, and the analyzer cached their lengths
-    under the pinned commit's key. Both are refused with one line naming the prefetch command, which, run as printed,
-    makes main the copy read and pinned again."""
+    under the pinned commit's key (given the data set alone at that commit, by --revision, too). All are refused with
+    one line naming the prefetch command, which, run as printed, makes main the copy read and pinned again."""
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     mixed = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0"]
@@ -326,6 +326,12 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     analyze = [*SMOKE, "--dataset_mixer_list", "org/prefs", "1.0"]  # the analyzer, reading the same source offline
     log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in log, log
+    # The data set alone at that commit (--revision): it measured main's copy and cached it under the commit's key
+    analyze = [*SMOKE, "--dataset_name", "org/prefs", "--revision", first]
+    log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
+    assert error.endswith(f" --revision {first}), or start a new run"), error
     assert not (tmp_path / "cache" / "lengths").exists()
 
     hub_script(hub, tmp_path, words[3], *words[4:])  # the command as printed (its caches are this test's)
