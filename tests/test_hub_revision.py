@@ -50,6 +50,8 @@ def test_a_resumed_mixture_keeps_the_commit_its_record_holds_for_each_hub_source
     sources = [{"source": "org/prefs:default [train]", **read_at(FIRST)}, {"source": "data/smoke_prefs.jsonl [train]"}]
     record.write_text(json.dumps({"derived": {"data_sources": sources}}))
     assert mixture.kept(mixed, str(tmp_path)) == {"org/prefs": FIRST}
+    other = recipe("--dataset_name", "", "--dataset_mixer_list", "org/other", "1.0", "data/smoke_prefs.jsonl", "1.0")
+    assert mixture.kept(other, str(tmp_path)) == {}  # another repo at that place: not its commit
     # Read where no commit could be told (`...@main`): nothing kept, the source pinned as a new run's
     record.write_text(json.dumps({"derived": {"data_sources": [{"source": "org/prefs [train]", **read_at("main")}]}}))
     assert mixture.kept(mixed, str(tmp_path)) == {}

@@ -641,8 +641,9 @@ def kept(recipe, output_dir: str) -> dict[str, str]:
     for i, source in enumerate(sources or []):
         # A source recorded under another spelling (config.same_sources) is the record's at its place
         placed = records[i] if len(records) == len(sources) else {}
-        identity = (by_spec.get(source.spec(), placed).get("identity") or {}).get("revision")
-        if source.hub and identity and (commit := hub_revision.commit_of(identity)):
+        identity = (by_spec.get(source.spec(), placed).get("identity") or {}).get("revision") or ""
+        # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
+        if source.hub and identity.startswith(f"hub:{source.path}:") and (commit := hub_revision.commit_of(identity)):
             found[source.path] = commit
     return found
 
