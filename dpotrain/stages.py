@@ -193,10 +193,14 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
         if push.requested and not launch.dry_run and decision.trains:
             push.repo_id = collectives.main_outcome(claim_repo, push)
-    kept = None if decision.start_afresh or not decision.trains else hub_revision.kept(recipe, training.output_dir)
-    if kept and launcher.launched_main():
-        name = recipe.script.dataset_name
-        print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
+    continued = decision.trains and not decision.start_afresh
+    kept = hub_revision.kept(recipe, training.output_dir) if continued else None
+    # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
+    sources = mixture.kept(recipe, training.output_dir) if continued else {}
+    said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
+    said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
+    for name, why, commit in said if launcher.launched_main() else []:
+        print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
@@ -205,7 +209,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return replace(decision, would_refuse=tuple(refusals), data_commit=kept)
+    return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources)
 
 
 def claim_repo(push) -> str:
@@ -250,8 +254,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
     pins = None  # a mixture's Hub sources' commits (mixture.pin), read at them and known by them before and after
-    if mixed:
-        revision, pins = None, pin_sources(recipe)
+    if mixed:  # a continued run's: the commits its record holds (output_checks)
+        revision, pins = None, pin_sources(recipe, output.source_commits if output is not None else None)
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
@@ -391,13 +395,13 @@ def pin_data(recipe, revision: str | None) -> str | None:
     return collectives.main_outcome(hub_revision.resolve, name, revision)
 
 
-def pin_sources(recipe) -> dict[str, str]:
+def pin_sources(recipe, kept: dict | None = None) -> dict[str, str]:
     """A mixture's Hub sources (training and held-out) resolved to the commits every rank reads, once, by the main
-    process (`mixture.pin`)."""
+    process (`mixture.pin`); `kept`: a continued run's, from its record (`mixture.kept`), the main's taken."""
     values = mixture.fields_of(recipe)
     splits = (False, True) if recipe.training.eval_strategy != "no" else (False,)  # training's, and held-out's
     sources = [s for evaluation in splits for s in mixture.parse(values, evaluation) or []]
-    return collectives.main_outcome(mixture.pin, sources)
+    return collectives.main_outcome(mixture.pin, sources, kept)
 
 
 def model_files(recipe, launch: Launch, tokenizer: ModelTokenizer | None = None) -> str:

@@ -344,7 +344,7 @@ def analyze(args: argparse.Namespace) -> int:
     dataset_id = identify()
     with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
         dataset, mix = (
-            load(args, name, split, subset)
+            load(args, name, split, subset, offline.prefetch_command(run))
             if not mixed
             else mixture.load(
                 mixture.parse(fields),
@@ -465,17 +465,20 @@ def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> N
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
 
 
-def load(args, name: str, split: str, subset: str | None):
-    """One data set, and no mixture."""
+def load(args, name: str, split: str, subset: str | None, prefetch: str):
+    """One data set, and no mixture. `prefetch`: the command that fetches it (`offline.prefetch_command`)."""
     try:
         loaded = data.load_preference_dataset(
             name, split, subset, revision=args.revision, streaming=args.streaming, split_flag="--split"
         )
-        return loaded, None
     except ConfigError:  # already one line that names the fix
         raise
     except Exception as e:  # noqa: BLE001 - unknown Hub name, no access, offline, unreadable file: one line
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
+    # Offline, datasets reads the copy it prepared last, whatever the commit: refused as the run refuses it, before
+    # another commit's lengths are measured and cached for `max_length: auto` under this one's key
+    hub_revision.check_loaded(loaded, name, args.revision, prefetch)
+    return loaded, None
 
 
 def hub_downloads(

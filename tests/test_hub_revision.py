@@ -38,6 +38,26 @@ def test_a_resumed_run_keeps_the_commit_it_started_on(tmp_path):
     assert hub_revision.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
 
 
+def test_a_resumed_mixture_keeps_the_commit_its_record_holds_for_each_hub_source(tmp_path):
+    from dpotrain.data import mixture
+
+    def read_at(commit):
+        return {"identity": {"revision": f"hub:org/prefs:default:train@{commit}"}}
+
+    mixed = recipe("--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", "data/smoke_prefs.jsonl", "1.0")
+    record = tmp_path / "resolved_config.json"
+    # Recorded under another spelling (`org/prefs` then `{"path": ...}`): the source at its place
+    sources = [{"source": "org/prefs:default [train]", **read_at(FIRST)}, {"source": "data/smoke_prefs.jsonl [train]"}]
+    record.write_text(json.dumps({"derived": {"data_sources": sources}}))
+    assert mixture.kept(mixed, str(tmp_path)) == {"org/prefs": FIRST}
+    other = recipe("--dataset_name", "", "--dataset_mixer_list", "org/other", "1.0", "data/smoke_prefs.jsonl", "1.0")
+    assert mixture.kept(other, str(tmp_path)) == {}  # another repo at that place: not its commit
+    # Read where no commit could be told (`...@main`): nothing kept, the source pinned as a new run's
+    record.write_text(json.dumps({"derived": {"data_sources": [{"source": "org/prefs [train]", **read_at("main")}]}}))
+    assert mixture.kept(mixed, str(tmp_path)) == {}
+    assert mixture.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) == {}  # no mixture
+
+
 def test_a_revision_given_on_a_resume_that_names_another_commit_is_changed_data():
     assert hub_revision.changed(FIRST, "org/prefs", None) is None  # none given: the run keeps its commit
     assert hub_revision.changed(FIRST, "org/prefs", FIRST) is None
@@ -202,6 +222,19 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
         f"{first[:12]} (a mixture's sources are not pinned)"
     ) in log, log
 
+    # Offline, with a cache that has no refs/main for the source (copied without refs, or fetched at a --revision
+    # alone) and main's commit the copy datasets prepared last: main's commit cannot be told, so the move above is not
+    # seen, and the resume read that copy unpinned (exit 0, other pairs than its step plan's). It reads the commit its
+    # record holds, and that copy is refused.
+    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs")  # main's copy, last
+    for ref in (tmp_path / "hf_home" / "hub" / "datasets--org--prefs" / "refs").iterdir():
+        ref.unlink()
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, "--dry-run", env=offline, exit_code=2)
+    assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
+
 
 @pytest.mark.slow
 def test_the_preflight_scores_the_pinned_commit_and_caches_its_lengths_under_it(hub, tmp_path, tiny_model_dir):
@@ -273,8 +306,8 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     issue 7928). A mixture's Hub source is pinned offline to the commit the cache's refs/main names (prefetch.py
     fetched main), but a dry run on the login node since read main's next commit by its sha, which moves no ref: the
     offline job read that commit's 32 pairs as the pinned commit's 16, silently, and the analyzer cached their lengths
-    under the pinned commit's key. Both are refused with one line naming the prefetch command, which, run as printed,
-    makes main the copy read and pinned again."""
+    under the pinned commit's key (given the data set alone at that commit, by --revision, too). All are refused with
+    one line naming the prefetch command, which, run as printed, makes main the copy read and pinned again."""
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     mixed = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0"]
@@ -295,6 +328,12 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     analyze = [*SMOKE, "--dataset_mixer_list", "org/prefs", "1.0"]  # the analyzer, reading the same source offline
     log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in log, log
+    # The data set alone at that commit (--revision): it measured main's copy and cached it under the commit's key
+    analyze = [*SMOKE, "--dataset_name", "org/prefs", "--revision", first]
+    log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
+    assert error.endswith(f" --revision {first}), or start a new run"), error
     assert not (tmp_path / "cache" / "lengths").exists()
 
     hub_script(hub, tmp_path, words[3], *words[4:])  # the command as printed (its caches are this test's)

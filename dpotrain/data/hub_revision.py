@@ -4,8 +4,8 @@ A Hub data set's `main` moves whenever its owners push: a run requeued after suc
 than its step plan and reference log-probs were made for. So the run resolves `dataset_revision` to a commit once,
 loads the data set at that commit and records it (`derived.data_identity`); a resume loads the recorded commit again,
 and a `dataset_revision` naming another commit is refused as changed data are. Each Hub source of a mixture is read
-at the commit its main has when the run starts (`mixture.pin`) and recorded by it, but not kept by a resume: a resume
-after one moved is refused (`moved`)."""
+at the commit its main has when the run starts (`mixture.pin`) and recorded by it; a resume reads the recorded commit
+again (`mixture.kept`), and one after a source's main moved is refused (`moved`)."""
 
 import re
 from pathlib import Path
@@ -59,11 +59,24 @@ def kept(recipe, output_dir: str) -> str | None:
     name, given = recipe.script.dataset_name, recipe.project.dataset_revision
     if given is not None or not applies(name):
         return None
-    try:
-        recorded = run_record.read(Path(output_dir) / "resolved_config.json")
-    except ConfigError:  # refused by the output checks already (a dry run lists it)
-        return None
+    recorded = record(output_dir)
     return ((recorded.data.data_identity if recorded else None) or {}).get(KEY) or None
+
+
+def record(output_dir: str):
+    """The run record (resolved_config.json) in `output_dir`, or None: none, or one refused by the output checks
+    already (a dry run lists it)."""
+    try:
+        return run_record.read(Path(output_dir) / "resolved_config.json")
+    except ConfigError:
+        return None
+
+
+def commit_of(identity: str) -> str | None:
+    """The commit a Hub data set's `lengths.dataset_identity` (`hub:...@<commit>`) names; None where it names a
+    revision's name (`...@main`: the commit could not be told when it was taken)."""
+    found = identity.rsplit("@", 1)[-1][:40]
+    return found if COMMIT.fullmatch(found) else None
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:
@@ -100,8 +113,8 @@ def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source
 def moved(recorded: str, now: str) -> str | None:
     """How a mixture's Hub source moved since the run read it (`lengths.dataset_identity` strings, `...@<commit>`);
     None where it did not, or where the commit cannot be told here."""
-    old, new = recorded.rsplit("@", 1)[-1][:40], now.rsplit("@", 1)[-1][:40]
-    if old == new or not (COMMIT.fullmatch(old) and COMMIT.fullmatch(new)):
+    old, new = commit_of(recorded), commit_of(now)
+    if old == new or not (old and new):
         return None
     return (
         f"its main moved to commit {new[:12]} since the run read commit {old[:12]} (a mixture's sources are not "

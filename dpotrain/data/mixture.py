@@ -613,15 +613,39 @@ def _read_from(source: Source) -> tuple | None:
     return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
 
 
-def pin(sources: list[Source]) -> dict[str, str]:
+def pin(sources: list[Source], kept: dict | None = None) -> dict[str, str]:
     """The commit each Hub source's main points to now, by its repo, asked of the Hub once (else read from its cache):
     the run reads a source at it and knows the rows by it before and after the read. Unpinned, the identity taken
     before a first read was the revision's name (the cache had no commit yet), after it the commit: the first run on
     an uncached source was refused as data that changed while it was read; and a push between the two looks would be
-    read unseen. A source whose commit cannot be told is not pinned (read at main, as before)."""
+    read unseen. A source whose commit cannot be told is not pinned (read at main, as before). `kept`: the commits a
+    continued run's record holds (`kept`), taken as they are."""
     repos = {s.path for s in sources if s.hub}
-    found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos)}
-    return {repo: sha for repo, sha in found.items() if sha and hub_revision.COMMIT.fullmatch(sha)}
+    taken = {repo: sha for repo, sha in (kept or {}).items() if repo in repos}
+    found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos - set(taken))}
+    return taken | {repo: sha for repo, sha in found.items() if sha and hub_revision.COMMIT.fullmatch(sha)}
+
+
+def kept(recipe, output_dir: str) -> dict[str, str]:
+    """The commit each Hub source of a continued run's mixture was read at, by repo, as its record holds it
+    (`data_sources`' identities): the resume reads it again, as a Hub data set's resume loads its commit
+    (`hub_revision.kept`). Offline, main's commit is the cache's refs/main; where it has none (prefetched at a
+    --revision, or copied without refs) the source was read unpinned, the copy datasets prepared last, whatever its
+    commit, and recorded as `...@main`, which `content_changed` cannot compare. A source the record holds no commit
+    for is pinned as a new run's."""
+    sources = parse(fields_of(recipe))
+    recorded = hub_revision.record(output_dir) if sources else None
+    records = (recorded.data.data_sources if recorded else None) or []
+    by_spec = {r.get("source"): r for r in records}
+    found = {}
+    for i, source in enumerate(sources or []):
+        # A source recorded under another spelling (config.same_sources) is the record's at its place
+        placed = records[i] if len(records) == len(sources) else {}
+        identity = (by_spec.get(source.spec(), placed).get("identity") or {}).get("revision") or ""
+        # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
+        if source.hub and identity.startswith(f"hub:{source.path}:") and (commit := hub_revision.commit_of(identity)):
+            found[source.path] = commit
+    return found
 
 
 def pinned(source: Source, pins: dict | None) -> str | None:
