@@ -67,6 +67,23 @@ def test_unknown_yaml_key_is_named_with_a_suggestion(tmp_path):
         parse_args(["--config", path])
 
 
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        # it said "unknown key '--beta' (did you mean '--beta'?)": the fix it named was the key written
+        ("--beta: 5.0", "key '--beta': a recipe's keys are field names without dashes: write `beta:`"),
+        ("--learning-rate: 1.0e-6", "key '--learning-rate': a recipe's keys are field names without dashes: write "),
+        # a recipe meant to build on another: "unknown key '--config' (did you mean '--fsdp_config'?)"
+        ("config: configs/smoke.yaml", "unknown key 'config': a recipe includes no other recipe: copy the lines"),
+        ("--config: configs/smoke.yaml", "unknown key '--config': a recipe includes no other recipe: copy the lines"),
+        ("include: configs/smoke.yaml", "unknown key 'include': a recipe includes no other recipe: copy the lines"),
+    ],
+)
+def test_a_key_written_as_a_flag_or_naming_another_recipe_says_what_to_write(line, says, tmp_path):
+    with pytest.raises(ConfigError, match=r"^.*recipe\.yaml: " + re.escape(says)):
+        parse_args(["--config", write(tmp_path, f"bf16: false\n{line}\n")])
+
+
 def test_unknown_cli_argument_is_named_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"unknown argument '--learning_rat' \(did you mean '--learning_rate'\?\)"):
         parse_args(["--learning_rat", "1e-6"])
@@ -633,6 +650,26 @@ def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):
     assert recipe.training.learning_rate == 5e-7
     assert recipe.training.lr_scheduler_kwargs == {"min_lr_rate": 0.1}  # inside a mapping, still a number
     assert os.environ["DPOTRAIN_TEST_VERSION"] == "1.10"
+
+
+def test_a_number_with_an_exponent_and_no_decimal_point_is_a_number_inside_a_mapping_too(tmp_path):
+    """PyYAML (YAML 1.1) reads `1e-7`, without a decimal point, as text. A field's own value still became its float
+    (argparse types the word), but inside a mapping it stayed text: `lr_scheduler_kwargs: {min_lr: 1e-7}` was refused
+    as "cannot be built with {'min_lr': '1e-7'} (unsupported operand type(s) for /: 'str' and 'float')", naming no fix
+    a user could see. A mixture's `amount: 1e3` is still refused: its decimal point says fraction or count."""
+    path = write(
+        tmp_path,
+        "bf16: false\nlearning_rate: 1e-6\nlr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1e-7}\n"
+        "model_revision: 1e5\nenv:\n  DPOTRAIN_TEST_RATE: 1e-6\n",
+    )
+    with environment():
+        recipe = parse_args(["--config", path])
+        assert os.environ["DPOTRAIN_TEST_RATE"] == "1e-6"  # a word, as written
+    assert recipe.training.lr_scheduler_kwargs == {"min_lr": 1e-7}
+    assert recipe.training.learning_rate == 1e-6 and recipe.model.model_revision == "1e5"
+    path = write(tmp_path, "bf16: false\ndatasets:\n  - path: data/smoke_prefs.jsonl\n    amount: 1e3\n")
+    with pytest.raises(ConfigError, match=r"amount '1e3': write a fraction of the source with a decimal point"):
+        mixture.parse(mixture.fields_of(parse_args(["--config", path])))
 
 
 @pytest.mark.parametrize("value", ["-5", "0"])

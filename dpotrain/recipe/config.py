@@ -351,7 +351,7 @@ def read_recipe(path: str) -> dict:
     config = recipe_file.load(path)
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
-            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
+            raise _unknown_key(path, key)
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
             several = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
@@ -375,6 +375,27 @@ def read_recipe(path: str) -> dict:
             ) from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
+
+
+# Keys other tools take for a base file: a recipe has no include, and `config: ...` was refused as a misspelling
+INCLUDE_KEYS = ("config", "include", "includes", "base", "extends", "inherit", "defaults", "import", "imports")
+
+
+def _unknown_key(path: str, key) -> ConfigError:
+    """A recipe's key that names no field, with what to write instead."""
+    name = str(key)
+    bare = name.lstrip("-")
+    if bare.lower() in INCLUDE_KEYS:
+        return ConfigError(
+            f"{path}: unknown key {key!r}: a recipe includes no other recipe: copy the lines you need from the other "
+            "one into this one, or pass that one as --config and this one's changes as flags (--beta 0.1)"
+        )
+    field = bare.replace("-", "_")
+    if name.startswith("-") and f"--{field}" in _options():  # `--beta: 5` was "did you mean '--beta'?"
+        return ConfigError(f"{path}: key {key!r}: a recipe's keys are field names without dashes: write `{field}:`")
+    return ConfigError(
+        f"{path}: unknown key {key!r}{_suggest(bare if name.startswith('-') else name)}. Remove it or fix its spelling."
+    )
 
 
 def _say_hidden(path: str, name: str, value) -> None:
@@ -417,9 +438,18 @@ def _as_flags(config: dict) -> list[str]:
     def word(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
-        return json.dumps(value) if isinstance(value, dict) else recipe_file.written(value)  # as the recipe wrote it
+        if isinstance(value, dict):  # a mixture entry's `amount: 1e3` kept as written: the decimal point it lacks says
+            # count or fraction (mixture.py refuses it), where the number 1000.0 would upsample the source 1000 times
+            return json.dumps({k: _amount_text(v) if k == "amount" else v for k, v in value.items()})
+        return recipe_file.written(value)  # as the recipe wrote it
 
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
+
+
+def _amount_text(value):
+    """A recipe's amount: its text where the number was written without a decimal point in an exponent (`1e3`)."""
+    text = recipe_file.written(value)
+    return text if isinstance(value, float) and "." not in text else value
 
 
 # transformers 5's deprecated names, renamed first so the last value wins (an old one is read only if the new is unset)
