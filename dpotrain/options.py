@@ -865,9 +865,21 @@ DECIDED_INIT_KWARGS = {
 }
 
 
+# model_init_kwargs keys that hold a secret: the run records model_init_kwargs as given (resolved_config.json, the
+# checkpoints' training_args.bin), where transformers hides only the `*_token` fields of its own arguments
+SECRET_INIT_KWARGS = ("token", "use_auth_token")
+
+
 def check_init_kwargs(recipe: Recipe) -> None:
-    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded)."""
+    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded); a
+    token there too (it would be recorded), its value never printed."""
     kwargs = recipe.training.model_init_kwargs or {}
+    for key in [k for k in SECRET_INIT_KWARGS if k in kwargs]:
+        raise ConfigError(
+            f"model_init_kwargs {key!r} would be recorded with the run (resolved_config.json, each checkpoint's "
+            f"training_args.bin): give the token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove "
+            f"{key!r} from model_init_kwargs"
+        )
     for key, field in DECIDED_INIT_KWARGS.items():
         if key in kwargs:
             raise ConfigError(

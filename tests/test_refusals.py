@@ -1237,6 +1237,13 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "give --attn_implementation eager instead",
         ),
         (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
+        # a token there was written, as given, into resolved_config.json and every checkpoint's
+        (
+            ["--model_init_kwargs", '{"token": "hf_secret"}', "--dry-run"],
+            "model_init_kwargs 'token' would be recorded with the run (resolved_config.json, each checkpoint's "
+            "training_args.bin): give the token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove "
+            "'token' from model_init_kwargs",
+        ),
         # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
         (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
         (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
