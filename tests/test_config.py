@@ -471,6 +471,43 @@ def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--dataset_name", "a.jsonl", "b.jsonl"],
+            "unknown argument 'b.jsonl': it follows the value of --dataset_name, which takes one: give one (several "
+            "files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)",
+        ),
+        (
+            ["--report_to", "wandb", "tensorboard"],
+            "unknown argument 'tensorboard': it follows the value of --report_to, which takes one: give one",
+        ),
+        (
+            ["--output_dir=runs/a", "b"],
+            "unknown argument 'b': it follows the value of --output_dir, which takes one: give one",
+        ),
+        # the value itself is not printed: it may be a token
+        (
+            ["--hub_token", "hf_secret", "x"],
+            "unknown argument 'x': it follows the value of --hub_token, which takes one",
+        ),
+        (
+            ["--loss_type=sigmoid", "sft"],
+            "unknown argument 'sft': --loss_type= takes the one word after `=`: give several after a space "
+            "(--loss_type a b)",
+        ),
+        (["--bf16", "false", "--beta", "5", "--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
+    ],
+)
+def test_a_word_past_a_flags_value_on_the_command_line_is_refused_naming_the_flag(args, says):
+    """`--dataset_name a.jsonl b.jsonl` and `--report_to wandb tensorboard` were refused as "unknown argument
+    'b.jsonl'; see --help", which named neither the field nor what to do (the recipe's list of two said both)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--bf16", "false", *args])
+    assert str(refused.value).startswith(says) and "hf_secret" not in str(refused.value)
+
+
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
     """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
     path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")

@@ -354,10 +354,9 @@ def read_recipe(path: str) -> dict:
             raise _unknown_key(path, key)
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
-            several = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
             raise ConfigError(
                 f"{path}: {key} takes one value and the recipe gives {len(value)}: give one"
-                f"{several if key == 'dataset_name' else ''}"
+                f"{SEVERAL_FILES if key == 'dataset_name' else ''}"
             )
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
@@ -534,9 +533,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
-        # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
-        flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+        raise _unknown_words(tokens, remaining)
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
     # TRL's default for checkpointing, given under transformers 5's name (the old one warns it is deprecated)
     unnamed = "activation_checkpointing" not in fields_set(tokens)
@@ -568,6 +565,36 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
+
+
+def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
+    """What argparse left over: an unknown flag, by its name alone (`--hub_tokn=hf_...` must not print the token; the
+    cli.Parser alike), else a word after a one-value flag's value (`--dataset_name a.jsonl b.jsonl` was "unknown
+    argument 'b.jsonl'"), named with that flag; the value itself is not printed (it may be a token)."""
+    flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
+    if flag is not None:
+        return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+    options = _options()
+    for i, word in enumerate(tokens):
+        name, eq, _ = word.partition("=")
+        action = options.get(name)
+        if eq and action is not None and action.nargs in ("+", "*") and tokens[i + 1 : i + 2] == remaining[:1]:
+            return ConfigError(  # `--loss_type=sigmoid sft`: argparse takes one word after `=`
+                f"unknown argument {remaining[0]!r}: {name}= takes the one word after `=`: give several after a space "
+                f"({name} a b)"
+            )
+        if action is None or action.nargs not in (None, "?"):
+            continue
+        after = [w for w in tokens[i + 1 : i + 3 - bool(eq)] if not w.startswith("--") and w not in options]
+        if len(after) == 2 - bool(eq) and after[-1] == remaining[0]:  # the word past its one value
+            several = SEVERAL_FILES if action.dest == "dataset_name" else ""
+            return ConfigError(
+                f"unknown argument {remaining[0]!r}: it follows the value of {name}, which takes one: give one{several}"
+            )
+    return ConfigError(f"unknown argument {remaining[0]!r}; see --help")
 
 
 def _refused_upstream(e: ValueError, known) -> ConfigError:
