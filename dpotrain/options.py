@@ -66,6 +66,7 @@ def check_options(recipe: Recipe) -> None:
             raise ConfigError(f"{name} {value} is out of range: give one from 0 to 2**32 - 1 (the recipes use 42)")
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    check_epochs_read(recipe)
     check_logging(recipe)
     check_saving(recipe)
     check_streaming(recipe)
@@ -104,6 +105,18 @@ def check_options(recipe: Recipe) -> None:
     check_reference(recipe)
     check_evaluation(recipe)
     check_revisions(recipe)
+
+
+def check_epochs_read(recipe: Recipe) -> None:
+    """`--num_train_epochs 2` typed under a recipe's `max_steps: 100`: max_steps wins (as in transformers), and the run
+    trained 100 steps while the command line said 2 epochs. Both in the recipe, or both typed, is max_steps' rule."""
+    t, typed = recipe.training, config.fields_set(recipe.command_line)
+    if t.max_steps > 0 and "num_train_epochs" in typed and "max_steps" not in typed:
+        raise ConfigError(
+            f"--num_train_epochs {t.num_train_epochs:g} would be ignored: the recipe's max_steps {t.max_steps} wins "
+            f"over it (as in transformers): add --max_steps -1 to train {t.num_train_epochs:g} epochs, or remove "
+            "--num_train_epochs"
+        )
 
 
 # A feature's switch, what its being off means, how to turn it on, and the settings read only while it is on.

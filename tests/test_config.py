@@ -508,6 +508,24 @@ def test_a_word_past_a_flags_value_on_the_command_line_is_refused_naming_the_fla
     assert str(refused.value).startswith(says) and "hf_secret" not in str(refused.value)
 
 
+def test_epochs_typed_under_a_recipes_max_steps_are_refused_not_ignored(tmp_path, dry_run):
+    """`--num_train_epochs 2` on the command line of a recipe with `max_steps: 10` trained 10 steps (0.208 epochs of
+    the demo's data): max_steps wins, as in transformers, and the typed epochs were accepted and read by nothing."""
+    recipe = tmp_path / "steps.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "max_steps: 10\n")
+    args = ["--config", str(recipe), "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(ConfigError) as refused:
+        dry_run(*args, "--num_train_epochs", "2")
+    assert str(refused.value) == (
+        "--num_train_epochs 2 would be ignored: the recipe's max_steps 10 wins over it (as in transformers): add "
+        "--max_steps -1 to train 2 epochs, or remove --num_train_epochs"
+    )
+    assert dry_run(*args, "--num_train_epochs", "2", "--max_steps", "-1")["derived"]["total_steps"] == 96
+    assert (
+        dry_run(*args, "--max_steps", "4")["derived"]["total_steps"] == 4
+    )  # the recipe's epochs, typed steps: as told
+
+
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
     """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
     path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")
