@@ -156,6 +156,14 @@ def check_switched_off(recipe: Recipe) -> None:
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
             "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
         )
+    # What max_length: auto aims at: typed for a run with a max_length of its own, read by nothing (a recipe file's is
+    # left alone: the analyzer's recommendation for that recipe reads it)
+    if "auto_coverage" in on_command_line and not recipe.max_length_auto:
+        raise ConfigError(
+            f"auto_coverage {p.auto_coverage:g} is set but max_length is {recipe.training.max_length}, not auto, so "
+            "nothing reads it: add --max_length auto (the smallest length leaving that share of pairs whole), or "
+            "remove auto_coverage"
+        )
 
 
 def check_reference(recipe: Recipe) -> None:

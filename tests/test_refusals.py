@@ -1357,12 +1357,19 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
             "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs",
         ),
+        # what max_length: auto aims at, typed for smoke.yaml's max_length 1024: recorded, read by nothing
+        (
+            ["--auto_coverage", "0.9"],
+            "auto_coverage 0.9 is set but max_length is 1024, not auto, so nothing reads it: add --max_length auto "
+            "(the smallest length leaving that share of pairs whole), or remove auto_coverage",
+        ),
     ]:
         assert refused(tmp_path, monkeypatch, capsys, *args) == f"error: {expected}", args
+    check_options(parse_args(["--config", SMOKE, "--max_length", "auto", "--auto_coverage", "0.9"]))
     recipe = tmp_path / "tuned.yaml"
     recipe.write_text(
         (ROOT / "configs" / "smoke.yaml").read_text().replace("samples_every: 0", "samples_every: 8")
-        + "sample_count: 2\nhealth_loss_floor: 0.05\n"
+        + "sample_count: 2\nhealth_loss_floor: 0.05\nauto_coverage: 0.9\n"  # the analyzer's target for this recipe
     )
     # One run of the recipe with the features off: its settings unused, and the record says the features are off.
     off = parse_args(["--config", str(recipe), "--health_checks", "false", "--samples_every", "0"])
