@@ -121,6 +121,10 @@ def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):
     assert parse_args(["--config", path]).max_length_auto
     recipe = parse_args(["--config", path, "--max_length", "2048"])
     assert not recipe.max_length_auto and recipe.training.max_length == 2048
+    # `Auto` was "invalid int value: 'Auto'", which did not name the word it meant
+    for spelt in (["--max_length", "Auto"], ["--max-length=AUTO"]):
+        recipe = parse_args(["--config", path, "--max_length", "2048", *spelt])
+        assert recipe.max_length_auto and recipe.training.max_length is None
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])

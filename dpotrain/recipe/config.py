@@ -465,7 +465,7 @@ def _renamed(words: list[str]) -> tuple[list[str], bool]:
         flag, eq, value = w.partition("=")
         if flag in ("--max_length", "--max-length"):
             value = value if eq else next(it, "")
-            auto = value == "auto"
+            auto = value.lower() == "auto"  # `Auto`, `AUTO`: no other word is a length
             out += [flag, "None" if auto else value]
             continue
         new = ALIASES.get(options[flag].dest) if w.startswith("--") and flag in options else None
