@@ -43,6 +43,7 @@ def check_options(recipe: Recipe) -> None:
             "<output_dir>/resolved_config.json)"
         )
     check_precision(recipe)
+    check_offloading(recipe)
     check_init_kwargs(recipe)
     check_optimizer(t)
     check_ranges(recipe)
@@ -874,6 +875,20 @@ def check_precision(recipe: Recipe) -> None:
         raise ConfigError(
             "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
             "fp32): pass --fp16 false, or run on a GPU"
+        )
+
+
+def check_offloading(recipe: Recipe) -> None:
+    """TRL's activation offloading moves activations on CUDA streams: without a CUDA GPU the trainer stopped in a
+    traceback ("CUDA driver version is insufficient") after the model had loaded. Refused for a run (not a dry run,
+    which plans a GPU job from a login node)."""
+    import torch
+
+    t = recipe.training
+    if t.activation_offloading and (t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available())):
+        raise ConfigError(
+            "activation_offloading needs a CUDA GPU (TRL moves the activations to CPU memory on CUDA streams) and "
+            "this run has none: pass --activation_offloading false, or run on a GPU"
         )
 
 
