@@ -797,6 +797,11 @@ AT_LEAST = {
         1,
         "TRL syncs the reference at the steps divisible by it (0: ZeroDivisionError at step 1)",
     ),
+    "ddp_timeout": (
+        1,
+        "the seconds each process waits for the others at the start and in every collective (0: a launch of several "
+        "failed as its processes met, 'The client socket has timed out after 0ms'); the default is 1800",
+    ),
 }
 
 

@@ -1237,6 +1237,8 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "give --attn_implementation eager instead",
         ),
         (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
+        # accepted, and a launch of several processes could not form its group ("timed out after 0ms")
+        (["--ddp_timeout", "0"], "ddp_timeout must be >= 1 (got 0): the seconds each process waits for the others"),
         # a token there was written, as given, into resolved_config.json and every checkpoint's
         (
             ["--model_init_kwargs", '{"token": "hf_secret"}', "--dry-run"],
