@@ -634,6 +634,11 @@ def check_logging(recipe: Recipe) -> None:
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     for name in t.report_to or []:
+        if "," in name and all(n.strip() in (*INTEGRATION_TO_CALLBACK, "none") for n in name.split(",")):
+            raise ConfigError(  # transformers does not split it: "unknown report_to" listed names it already held
+                f"report_to {name!r} names several in one word, and a run logs to one: give one of them "
+                f"(--report_to {name.split(',')[0].strip()}; none turns logging off)"
+            )
         if name not in INTEGRATION_TO_CALLBACK:
             raise ConfigError(
                 f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "

@@ -1237,6 +1237,12 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "give --attn_implementation eager instead",
         ),
         (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
+        # "unknown report_to 'wandb,none': choose from ..., wandb, or none", which listed the names it held
+        (
+            ["--report_to", "wandb,none"],
+            "report_to 'wandb,none' names several in one word, and a run logs to one: give one of them (--report_to "
+            "wandb; none turns logging off)",
+        ),
         # accepted, and a launch of several processes could not form its group ("timed out after 0ms")
         (["--ddp_timeout", "0"], "ddp_timeout must be >= 1 (got 0): the seconds each process waits for the others"),
         # a token there was written, as given, into resolved_config.json and every checkpoint's
