@@ -43,6 +43,7 @@ def check_options(recipe: Recipe) -> None:
             "<output_dir>/resolved_config.json)"
         )
     check_precision(recipe)
+    check_offloading(recipe)
     check_init_kwargs(recipe)
     check_optimizer(t)
     check_ranges(recipe)
@@ -66,6 +67,7 @@ def check_options(recipe: Recipe) -> None:
             raise ConfigError(f"{name} {value} is out of range: give one from 0 to 2**32 - 1 (the recipes use 42)")
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    check_epochs_read(recipe)
     check_logging(recipe)
     check_saving(recipe)
     check_streaming(recipe)
@@ -106,6 +108,18 @@ def check_options(recipe: Recipe) -> None:
     check_revisions(recipe)
 
 
+def check_epochs_read(recipe: Recipe) -> None:
+    """`--num_train_epochs 2` typed under a recipe's `max_steps: 100`: max_steps wins (as in transformers), and the run
+    trained 100 steps while the command line said 2 epochs. Both in the recipe, or both typed, is max_steps' rule."""
+    t, typed = recipe.training, config.fields_set(recipe.command_line)
+    if t.max_steps > 0 and "num_train_epochs" in typed and "max_steps" not in typed:
+        raise ConfigError(
+            f"--num_train_epochs {t.num_train_epochs:g} would be ignored: the recipe's max_steps {t.max_steps} wins "
+            f"over it (as in transformers): add --max_steps -1 to train {t.num_train_epochs:g} epochs, or remove "
+            "--num_train_epochs"
+        )
+
+
 # A feature's switch, what its being off means, how to turn it on, and the settings read only while it is on.
 SWITCHED_SETTINGS = (
     (
@@ -142,6 +156,14 @@ def check_switched_off(recipe: Recipe) -> None:
         raise ConfigError(
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
             "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
+        )
+    # What max_length: auto aims at: typed for a run with a max_length of its own, read by nothing (a recipe file's is
+    # left alone: the analyzer's recommendation for that recipe reads it)
+    if "auto_coverage" in on_command_line and not recipe.max_length_auto:
+        raise ConfigError(
+            f"auto_coverage {p.auto_coverage:g} is set but max_length is {recipe.training.max_length}, not auto, so "
+            "nothing reads it: add --max_length auto (the smallest length leaving that share of pairs whole), or "
+            "remove auto_coverage"
         )
 
 
@@ -621,6 +643,11 @@ def check_logging(recipe: Recipe) -> None:
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     for name in t.report_to or []:
+        if "," in name and all(n.strip() in (*INTEGRATION_TO_CALLBACK, "none") for n in name.split(",")):
+            raise ConfigError(  # transformers does not split it: "unknown report_to" listed names it already held
+                f"report_to {name!r} names several in one word, and a run logs to one: give one of them "
+                f"(--report_to {name.split(',')[0].strip()}; none turns logging off)"
+            )
         if name not in INTEGRATION_TO_CALLBACK:
             raise ConfigError(
                 f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "
@@ -784,6 +811,11 @@ AT_LEAST = {
         1,
         "TRL syncs the reference at the steps divisible by it (0: ZeroDivisionError at step 1)",
     ),
+    "ddp_timeout": (
+        1,
+        "the seconds each process waits for the others at the start and in every collective (0: a launch of several "
+        "failed as its processes met, 'The client socket has timed out after 0ms'); the default is 1800",
+    ),
 }
 
 
@@ -865,6 +897,20 @@ def check_precision(recipe: Recipe) -> None:
         )
 
 
+def check_offloading(recipe: Recipe) -> None:
+    """TRL's activation offloading moves activations on CUDA streams: without a CUDA GPU the trainer stopped in a
+    traceback ("CUDA driver version is insufficient") after the model had loaded. Refused for a run (not a dry run,
+    which plans a GPU job from a login node)."""
+    import torch
+
+    t = recipe.training
+    if t.activation_offloading and (t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available())):
+        raise ConfigError(
+            "activation_offloading needs a CUDA GPU (TRL moves the activations to CPU memory on CUDA streams) and "
+            "this run has none: pass --activation_offloading false, or run on a GPU"
+        )
+
+
 # model_init_kwargs keys the run decides from its own fields, plans by and records: they would win at load time
 DECIDED_INIT_KWARGS = {
     "dtype": "dtype",
@@ -874,9 +920,21 @@ DECIDED_INIT_KWARGS = {
 }
 
 
+# model_init_kwargs keys that hold a secret: the run records model_init_kwargs as given (resolved_config.json, the
+# checkpoints' training_args.bin), where transformers hides only the `*_token` fields of its own arguments
+SECRET_INIT_KWARGS = ("token", "use_auth_token")
+
+
 def check_init_kwargs(recipe: Recipe) -> None:
-    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded)."""
+    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded); a
+    token there too (it would be recorded), its value never printed."""
     kwargs = recipe.training.model_init_kwargs or {}
+    for key in [k for k in SECRET_INIT_KWARGS if k in kwargs]:
+        raise ConfigError(
+            f"model_init_kwargs {key!r} would be recorded with the run (resolved_config.json, each checkpoint's "
+            f"training_args.bin): give the token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove "
+            f"{key!r} from model_init_kwargs"
+        )
     for key, field in DECIDED_INIT_KWARGS.items():
         if key in kwargs:
             raise ConfigError(

@@ -132,10 +132,11 @@ def check_token_budget(budget: int, max_length: int | None, auto: str = "") -> N
         )
     if budget < 2 * max_length:
         chose = f"max_length: auto chose {max_length:,} ({auto}), and " if auto else ""
+        shorter = f", or --max_length {budget // 2} (or less)" if budget >= 2 else ""  # a max_length of 0 is refused
         raise ConfigError(
             f"{chose}max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
-            f"({2 * max_length}); a pair is never split: pass --max_tokens_per_microbatch {2 * max_length} (or more), "
-            f"or --max_length {budget // 2} (or less)"
+            f"({2 * max_length}); a pair is never split: pass --max_tokens_per_microbatch {2 * max_length} (or more)"
+            + shorter
         )
 
 

@@ -96,6 +96,13 @@ def test_token_budget_needs_room_for_the_longest_pair(tmp_path):
     assert "must hold the longest possible pair, 2 x max_length (2048)" in msg
     # The line names both ways out (it said neither).
     assert msg.endswith("pass --max_tokens_per_microbatch 2048 (or more), or --max_length 750 (or less)"), msg
+    # A budget of no tokens named `--max_length 0 (or less)` as a way out, a length refused as below 1
+    for budget in ("0", "-1", "1"):
+        msg = refused(tmp_path, "--max_length", "1024", "--max_tokens_per_microbatch", budget)
+        assert msg.endswith(
+            f"microbatch={budget} must hold the longest possible pair, 2 x max_length (2048); a pair is "
+            "never split: pass --max_tokens_per_microbatch 2048 (or more)"
+        ), msg
 
 
 @pytest.mark.slow

@@ -67,6 +67,23 @@ def test_unknown_yaml_key_is_named_with_a_suggestion(tmp_path):
         parse_args(["--config", path])
 
 
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        # it said "unknown key '--beta' (did you mean '--beta'?)": the fix it named was the key written
+        ("--beta: 5.0", "key '--beta': a recipe's keys are field names without dashes: write `beta:`"),
+        ("--learning-rate: 1.0e-6", "key '--learning-rate': a recipe's keys are field names without dashes: write "),
+        # a recipe meant to build on another: "unknown key '--config' (did you mean '--fsdp_config'?)"
+        ("config: configs/smoke.yaml", "unknown key 'config': a recipe includes no other recipe: copy the lines"),
+        ("--config: configs/smoke.yaml", "unknown key '--config': a recipe includes no other recipe: copy the lines"),
+        ("include: configs/smoke.yaml", "unknown key 'include': a recipe includes no other recipe: copy the lines"),
+    ],
+)
+def test_a_key_written_as_a_flag_or_naming_another_recipe_says_what_to_write(line, says, tmp_path):
+    with pytest.raises(ConfigError, match=r"^.*recipe\.yaml: " + re.escape(says)):
+        parse_args(["--config", write(tmp_path, f"bf16: false\n{line}\n")])
+
+
 def test_unknown_cli_argument_is_named_with_a_suggestion():
     with pytest.raises(ConfigError, match=r"unknown argument '--learning_rat' \(did you mean '--learning_rate'\?\)"):
         parse_args(["--learning_rat", "1e-6"])
@@ -104,6 +121,10 @@ def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):
     assert parse_args(["--config", path]).max_length_auto
     recipe = parse_args(["--config", path, "--max_length", "2048"])
     assert not recipe.max_length_auto and recipe.training.max_length == 2048
+    # `Auto` was "invalid int value: 'Auto'", which did not name the word it meant
+    for spelt in (["--max_length", "Auto"], ["--max-length=AUTO"]):
+        recipe = parse_args(["--config", path, "--max_length", "2048", *spelt])
+        assert recipe.max_length_auto and recipe.training.max_length is None
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])
@@ -454,6 +475,61 @@ def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--dataset_name", "a.jsonl", "b.jsonl"],
+            "unknown argument 'b.jsonl': it follows the value of --dataset_name, which takes one: give one (several "
+            "files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)",
+        ),
+        (
+            ["--report_to", "wandb", "tensorboard"],
+            "unknown argument 'tensorboard': it follows the value of --report_to, which takes one: give one",
+        ),
+        (
+            ["--output_dir=runs/a", "b"],
+            "unknown argument 'b': it follows the value of --output_dir, which takes one: give one",
+        ),
+        # the value itself is not printed: it may be a token
+        (
+            ["--hub_token", "hf_secret", "x"],
+            "unknown argument 'x': it follows the value of --hub_token, which takes one",
+        ),
+        (
+            ["--loss_type=sigmoid", "sft"],
+            "unknown argument 'sft': --loss_type= takes the one word after `=`: give several after a space "
+            "(--loss_type a b)",
+        ),
+        (["--bf16", "false", "--beta", "5", "--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
+    ],
+)
+def test_a_word_past_a_flags_value_on_the_command_line_is_refused_naming_the_flag(args, says):
+    """`--dataset_name a.jsonl b.jsonl` and `--report_to wandb tensorboard` were refused as "unknown argument
+    'b.jsonl'; see --help", which named neither the field nor what to do (the recipe's list of two said both)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--bf16", "false", *args])
+    assert str(refused.value).startswith(says) and "hf_secret" not in str(refused.value)
+
+
+def test_epochs_typed_under_a_recipes_max_steps_are_refused_not_ignored(tmp_path, dry_run):
+    """`--num_train_epochs 2` on the command line of a recipe with `max_steps: 10` trained 10 steps (0.208 epochs of
+    the demo's data): max_steps wins, as in transformers, and the typed epochs were accepted and read by nothing."""
+    recipe = tmp_path / "steps.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "max_steps: 10\n")
+    args = ["--config", str(recipe), "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(ConfigError) as refused:
+        dry_run(*args, "--num_train_epochs", "2")
+    assert str(refused.value) == (
+        "--num_train_epochs 2 would be ignored: the recipe's max_steps 10 wins over it (as in transformers): add "
+        "--max_steps -1 to train 2 epochs, or remove --num_train_epochs"
+    )
+    assert dry_run(*args, "--num_train_epochs", "2", "--max_steps", "-1")["derived"]["total_steps"] == 96
+    assert (
+        dry_run(*args, "--max_steps", "4")["derived"]["total_steps"] == 4
+    )  # the recipe's epochs, typed steps: as told
+
+
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
     """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
     path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")
@@ -633,6 +709,26 @@ def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):
     assert recipe.training.learning_rate == 5e-7
     assert recipe.training.lr_scheduler_kwargs == {"min_lr_rate": 0.1}  # inside a mapping, still a number
     assert os.environ["DPOTRAIN_TEST_VERSION"] == "1.10"
+
+
+def test_a_number_with_an_exponent_and_no_decimal_point_is_a_number_inside_a_mapping_too(tmp_path):
+    """PyYAML (YAML 1.1) reads `1e-7`, without a decimal point, as text. A field's own value still became its float
+    (argparse types the word), but inside a mapping it stayed text: `lr_scheduler_kwargs: {min_lr: 1e-7}` was refused
+    as "cannot be built with {'min_lr': '1e-7'} (unsupported operand type(s) for /: 'str' and 'float')", naming no fix
+    a user could see. A mixture's `amount: 1e3` is still refused: its decimal point says fraction or count."""
+    path = write(
+        tmp_path,
+        "bf16: false\nlearning_rate: 1e-6\nlr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1e-7}\n"
+        "model_revision: 1e5\nenv:\n  DPOTRAIN_TEST_RATE: 1e-6\n",
+    )
+    with environment():
+        recipe = parse_args(["--config", path])
+        assert os.environ["DPOTRAIN_TEST_RATE"] == "1e-6"  # a word, as written
+    assert recipe.training.lr_scheduler_kwargs == {"min_lr": 1e-7}
+    assert recipe.training.learning_rate == 1e-6 and recipe.model.model_revision == "1e5"
+    path = write(tmp_path, "bf16: false\ndatasets:\n  - path: data/smoke_prefs.jsonl\n    amount: 1e3\n")
+    with pytest.raises(ConfigError, match=r"amount '1e3': write a fraction of the source with a decimal point"):
+        mixture.parse(mixture.fields_of(parse_args(["--config", path])))
 
 
 @pytest.mark.parametrize("value", ["-5", "0"])

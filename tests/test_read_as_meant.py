@@ -300,6 +300,16 @@ def test_fp16_without_a_gpu_is_refused_not_recorded(tmp_path, monkeypatch, capsy
     assert "fp16 needs a CUDA GPU" in refused(tmp_path, monkeypatch, capsys, "--fp16", "true", "--use_cpu", "true")
 
 
+def test_activation_offloading_without_a_gpu_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """It stopped in a traceback once the model had loaded (torch.cuda.Stream: "CUDA driver version is insufficient
+    for CUDA runtime version"); a dry run, which plans a GPU job from a login node, still plans it."""
+    says = "activation_offloading needs a CUDA GPU (TRL moves the activations to CPU memory on CUDA streams) and this "
+    assert says in refused(tmp_path, monkeypatch, capsys, "--activation_offloading", "true", "--use_cpu", "true")
+    if not torch.cuda.is_available():
+        assert says in refused(tmp_path, monkeypatch, capsys, "--activation_offloading", "true")
+    options.check_options(parse_args(["--config", str(SMOKE), "--activation_offloading", "true", "--dry-run"]))
+
+
 # --- pairs cut and dropped at max_length ------------------------------------------------------------------------------
 
 

@@ -1363,6 +1363,21 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             "give --attn_implementation eager instead",
         ),
         (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
+        # "unknown report_to 'wandb,none': choose from ..., wandb, or none", which listed the names it held
+        (
+            ["--report_to", "wandb,none"],
+            "report_to 'wandb,none' names several in one word, and a run logs to one: give one of them (--report_to "
+            "wandb; none turns logging off)",
+        ),
+        # accepted, and a launch of several processes could not form its group ("timed out after 0ms")
+        (["--ddp_timeout", "0"], "ddp_timeout must be >= 1 (got 0): the seconds each process waits for the others"),
+        # a token there was written, as given, into resolved_config.json and every checkpoint's
+        (
+            ["--model_init_kwargs", '{"token": "hf_secret"}', "--dry-run"],
+            "model_init_kwargs 'token' would be recorded with the run (resolved_config.json, each checkpoint's "
+            "training_args.bin): give the token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove "
+            "'token' from model_init_kwargs",
+        ),
         # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
         (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
         (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
@@ -1532,12 +1547,19 @@ def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, ca
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
             "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs",
         ),
+        # what max_length: auto aims at, typed for smoke.yaml's max_length 1024: recorded, read by nothing
+        (
+            ["--auto_coverage", "0.9"],
+            "auto_coverage 0.9 is set but max_length is 1024, not auto, so nothing reads it: add --max_length auto "
+            "(the smallest length leaving that share of pairs whole), or remove auto_coverage",
+        ),
     ]:
         assert refused(tmp_path, monkeypatch, capsys, *args) == f"error: {expected}", args
+    check_options(parse_args(["--config", SMOKE, "--max_length", "auto", "--auto_coverage", "0.9"]))
     recipe = tmp_path / "tuned.yaml"
     recipe.write_text(
         (ROOT / "configs" / "smoke.yaml").read_text().replace("samples_every: 0", "samples_every: 8")
-        + "sample_count: 2\nhealth_loss_floor: 0.05\n"
+        + "sample_count: 2\nhealth_loss_floor: 0.05\nauto_coverage: 0.9\n"  # the analyzer's target for this recipe
     )
     # One run of the recipe with the features off: its settings unused, and the record says the features are off.
     off = parse_args(["--config", str(recipe), "--health_checks", "false", "--samples_every", "0"])

@@ -289,6 +289,8 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
         ("accelerate_config: configs/accelerate/zero3.yaml  # ZeRO-3", "configs/accelerate/zero3.yaml"),
         ("accelerate_config: none  # plans `python train_dpo.py`; a job still launches", "accelerate_config.yaml"),
         ("beta: 5", "accelerate_config.yaml"),
+        # a number-like name as written, as the run reads it: launch.sh launched `1.1` while the run planned `1.10`
+        ("accelerate_config: 1.10", "1.10"),
     ],
 )
 def test_the_engine_launch_sh_launches_is_the_recipes_own(tmp_path, capsys, line, engine):

@@ -42,8 +42,9 @@ def engine(recipe: str, train_args: list[str] | None = None) -> str:
         # The job's own (ACCELERATE_CONFIG=my_accel.yaml or an argument): the folder submitted from's where it is
         # there, as the command line's other paths (the job runs in the project, where it was refused as not found)
         return str(there)
-    named = named if named is not None else recipe_file.load(recipe).get("accelerate_config")
-    return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
+    if named is None and (own := recipe_file.load(recipe).get("accelerate_config")) is not None:
+        named = recipe_file.written(own)  # as written, as the run reads it (`1.10` is no float 1.1)
+    return named if named and named.lower() != "none" else ProjectArguments.accelerate_config
 
 
 def asks_dry_run(recipe: str, train_args: list[str]) -> bool:

@@ -351,13 +351,12 @@ def read_recipe(path: str) -> dict:
     config = recipe_file.load(path)
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
-            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
+            raise _unknown_key(path, key)
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
-            several = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
             raise ConfigError(
                 f"{path}: {key} takes one value and the recipe gives {len(value)}: give one"
-                f"{several if key == 'dataset_name' else ''}"
+                f"{SEVERAL_FILES if key == 'dataset_name' else ''}"
             )
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
@@ -375,6 +374,27 @@ def read_recipe(path: str) -> dict:
             ) from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
+
+
+# Keys other tools take for a base file: a recipe has no include, and `config: ...` was refused as a misspelling
+INCLUDE_KEYS = ("config", "include", "includes", "base", "extends", "inherit", "defaults", "import", "imports")
+
+
+def _unknown_key(path: str, key) -> ConfigError:
+    """A recipe's key that names no field, with what to write instead."""
+    name = str(key)
+    bare = name.lstrip("-")
+    if bare.lower() in INCLUDE_KEYS:
+        return ConfigError(
+            f"{path}: unknown key {key!r}: a recipe includes no other recipe: copy the lines you need from the other "
+            "one into this one, or pass that one as --config and this one's changes as flags (--beta 0.1)"
+        )
+    field = bare.replace("-", "_")
+    if name.startswith("-") and f"--{field}" in _options():  # `--beta: 5` was "did you mean '--beta'?"
+        return ConfigError(f"{path}: key {key!r}: a recipe's keys are field names without dashes: write `{field}:`")
+    return ConfigError(
+        f"{path}: unknown key {key!r}{_suggest(bare if name.startswith('-') else name)}. Remove it or fix its spelling."
+    )
 
 
 def _say_hidden(path: str, name: str, value) -> None:
@@ -417,9 +437,18 @@ def _as_flags(config: dict) -> list[str]:
     def word(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
-        return json.dumps(value) if isinstance(value, dict) else recipe_file.written(value)  # as the recipe wrote it
+        if isinstance(value, dict):  # a mixture entry's `amount: 1e3` kept as written: the decimal point it lacks says
+            # count or fraction (mixture.py refuses it), where the number 1000.0 would upsample the source 1000 times
+            return json.dumps({k: _amount_text(v) if k == "amount" else v for k, v in value.items()})
+        return recipe_file.written(value)  # as the recipe wrote it
 
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
+
+
+def _amount_text(value):
+    """A recipe's amount: its text where the number was written without a decimal point in an exponent (`1e3`)."""
+    text = recipe_file.written(value)
+    return text if isinstance(value, float) and "." not in text else value
 
 
 # transformers 5's deprecated names, renamed first so the last value wins (an old one is read only if the new is unset)
@@ -436,7 +465,7 @@ def _renamed(words: list[str]) -> tuple[list[str], bool]:
         flag, eq, value = w.partition("=")
         if flag in ("--max_length", "--max-length"):
             value = value if eq else next(it, "")
-            auto = value == "auto"
+            auto = value.lower() == "auto"  # `Auto`, `AUTO`: no other word is a length
             out += [flag, "None" if auto else value]
             continue
         new = ALIASES.get(options[flag].dest) if w.startswith("--") and flag in options else None
@@ -504,9 +533,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
-        # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
-        flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+        raise _unknown_words(tokens, remaining)
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
     # TRL's default for checkpointing, given under transformers 5's name (the old one warns it is deprecated)
     unnamed = "activation_checkpointing" not in fields_set(tokens)
@@ -538,6 +565,36 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
+
+
+def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
+    """What argparse left over: an unknown flag, by its name alone (`--hub_tokn=hf_...` must not print the token; the
+    cli.Parser alike), else a word after a one-value flag's value (`--dataset_name a.jsonl b.jsonl` was "unknown
+    argument 'b.jsonl'"), named with that flag; the value itself is not printed (it may be a token)."""
+    flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
+    if flag is not None:
+        return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+    options = _options()
+    for i, word in enumerate(tokens):
+        name, eq, _ = word.partition("=")
+        action = options.get(name)
+        if eq and action is not None and action.nargs in ("+", "*") and tokens[i + 1 : i + 2] == remaining[:1]:
+            return ConfigError(  # `--loss_type=sigmoid sft`: argparse takes one word after `=`
+                f"unknown argument {remaining[0]!r}: {name}= takes the one word after `=`: give several after a space "
+                f"({name} a b)"
+            )
+        if action is None or action.nargs not in (None, "?"):
+            continue
+        after = [w for w in tokens[i + 1 : i + 3 - bool(eq)] if not w.startswith("--") and w not in options]
+        if len(after) == 2 - bool(eq) and after[-1] == remaining[0]:  # the word past its one value
+            several = SEVERAL_FILES if action.dest == "dataset_name" else ""
+            return ConfigError(
+                f"unknown argument {remaining[0]!r}: it follows the value of {name}, which takes one: give one{several}"
+            )
+    return ConfigError(f"unknown argument {remaining[0]!r}; see --help")
 
 
 def _refused_upstream(e: ValueError, known) -> ConfigError:
