@@ -278,10 +278,28 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-def pytest_terminal_summary(terminalreporter):
-    summary = _Warm.stop()
+WORKER_SUMMARIES = []  # under workers (scripts/test.sh), each worker's warm interpreter summary, for the controller's
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which sends the worker's output to the controller
+def pytest_sessionfinish(session):
+    """A worker's warm interpreter ends with its session, and its summary goes to the controller (xdist's
+    `workeroutput`), which prints each in its own summary: a worker prints none."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["warm"] = _Warm.stop() or ""
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist has none
+def pytest_testnodedown(node, error):
+    summary = getattr(node, "workeroutput", {}).get("warm")
     if summary:
-        terminalreporter.write_line(summary)
+        WORKER_SUMMARIES.append(f"{node.gateway.id}: {summary}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for summary in [_Warm.stop(), *WORKER_SUMMARIES]:
+        if summary:
+            terminalreporter.write_line(summary)
 
 
 def pytest_unconfigure(config):
