@@ -157,6 +157,14 @@ def wait_for_line(path, text, job, slurm, timeout=60):
         time.sleep(0.2)
 
 
+def what_slurm_saw(slurm, out) -> str:
+    """A failure's message: the job's log and the end of each daemon's, to tell a missed signal from a lost write."""
+    parts = [f"job log:\n{out.read_text() if out.exists() else '(none)'}"]
+    for log in sorted((slurm.state_dir / "log").glob("*")):
+        parts.append(f"{log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(parts)
+
+
 @pytest.mark.slow
 def test_preemption_signals_the_steps_and_a_job_that_ends_within_its_grace_time_is_not_requeued(slurm, tmp_path):
     """What scripts/launch.sh builds on: a job preempted by one in the higher-priority partition gets SIGTERM in its
@@ -170,9 +178,11 @@ def test_preemption_signals_the_steps_and_a_job_that_ends_within_its_grace_time_
     urgent = slurm.sbatch(
         ["--partition=urgent", f"--cpus-per-task={cpus}", "--output=/dev/null", "--wrap", "true"], cwd=tmp_path
     )
-    assert slurm.wait(job, timeout=60) == "COMPLETED"
+    assert slurm.wait(job, timeout=60) == "COMPLETED", what_slurm_saw(slurm, out)
     assert slurm.job_info(job)["Restarts"] == "0"
-    assert (tmp_path / f"step-{job}.log").read_text() == "step got TERM\n"
+    step_log = tmp_path / f"step-{job}.log"
+    # Seen once in CI (two workers, busy machine): COMPLETED without a step log; the message keeps what Slurm saw.
+    assert step_log.exists() and step_log.read_text() == "step got TERM\n", what_slurm_saw(slurm, out)
     lines = [line for line in out.read_text().splitlines() if not line.startswith("slurmstepd")]
     assert lines[0] == "ready" and "batch got TERM" not in lines, lines
     assert "JobState=RUNNING" in lines and not any(line == "PreemptTime=None" for line in lines), lines
