@@ -242,7 +242,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     Hub data set for the run, but reads a mixture's. `output`: a continued run loads the commit it started on."""
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
-    mixed = mixture.given(mixture.fields_of(recipe))
+    values = mixture.fields_of(recipe)
+    mixed = mixture.given(values)
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
         return Data(None, None, steps, revision=revision)
@@ -253,9 +254,13 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
-    pins = None  # a mixture's Hub sources' commits (mixture.pin), read at them and known by them before and after
-    if mixed:  # a continued run's: the commits its record holds (output_checks)
-        revision, pins = None, pin_sources(recipe, output.source_commits if output is not None else None)
+    # A mixture's Hub sources' commits (mixture.pin), training and held-out, read at them and known by them before and
+    # after; a continued run's: the commits its record holds (output_checks)
+    pins = None
+    if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
+        pins = pin_sources(recipe, output.source_commits if output is not None else None)
+    if mixed:
+        revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
@@ -263,7 +268,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, pins=pins)
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins)
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)

@@ -56,6 +56,11 @@ def test_a_resumed_mixture_keeps_the_commit_its_record_holds_for_each_hub_source
     record.write_text(json.dumps({"derived": {"data_sources": [{"source": "org/prefs [train]", **read_at("main")}]}}))
     assert mixture.kept(mixed, str(tmp_path)) == {}
     assert mixture.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) == {}  # no mixture
+    # A held-out mixture's source, beside dataset_name too, is kept as a training source is (`eval_sources`)
+    held = recipe("--dataset_name", "org/prefs", "--dataset_mixer_eval_list", "org/held", "1.0")
+    eval_sources = [{"source": "org/held [test]", "identity": {"revision": f"hub:org/held:default:test@{SECOND}"}}]
+    record.write_text(json.dumps({"derived": {"eval_sources": eval_sources}}))
+    assert mixture.kept(held, str(tmp_path)) == {"org/held": SECOND}
 
 
 def test_a_revision_given_on_a_resume_that_names_another_commit_is_changed_data():
@@ -234,6 +239,29 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
     assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
+
+
+@pytest.mark.slow
+def test_a_resumed_run_evaluates_its_held_out_hub_source_at_the_commit_it_started_on(hub, tmp_path, tiny_model_dir):
+    """A held-out mixture's Hub source is recorded and kept as a training source is: a resume after its main moved
+    evaluates the pairs the run started with (it read main's new pairs, and the record held no commit for them)."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})  # 2 steps of 8
+    first = hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[16:32]).encode()})
+    held = ["--dataset_mixer_eval_list", "org/held", "1.0", "--eval_strategy", "steps", "--eval_steps", "2"]
+    run, stop = tmp_path / "run", tmp_path / "stop"
+    train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *held, "--reference_only", "true")  # its reference
+    stop.touch()  # preempted at step 1, after its checkpoint
+    train_online(
+        hub, tmp_path, run, tiny_model_dir, *held, env={"DPOTRAIN_STOP_FILE": str(stop)}, exit_code=STOPPED_EXIT
+    )
+    stop.unlink()
+    hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[32:56]).encode()})  # main: 24 other pairs
+    log = train_online(hub, tmp_path, run, tiny_model_dir, *held)
+    assert f"Resuming on mixture source org/held: commit {first[:12]}, the one this run started on\n" in log, log
+    derived = json.loads((run / "resolved_config.json").read_text())["derived"]
+    assert derived["eval_rows"] == 16, derived["eval_rows"]
+    assert derived["eval_sources"][0]["identity"] == {"revision": f"hub:org/held:default:test@{first}"}
 
 
 @pytest.mark.slow

@@ -627,25 +627,33 @@ def pin(sources: list[Source], kept: dict | None = None) -> dict[str, str]:
 
 
 def kept(recipe, output_dir: str) -> dict[str, str]:
-    """The commit each Hub source of a continued run's mixture was read at, by repo, as its record holds it
-    (`data_sources`' identities): the resume reads it again, as a Hub data set's resume loads its commit
-    (`hub_revision.kept`). Offline, main's commit is the cache's refs/main; where it has none (prefetched at a
-    --revision, or copied without refs) the source was read unpinned, the copy datasets prepared last, whatever its
-    commit, and recorded as `...@main`, which `content_changed` cannot compare. A source the record holds no commit
-    for is pinned as a new run's."""
-    sources = parse(fields_of(recipe))
-    recorded = hub_revision.record(output_dir) if sources else None
-    records = (recorded.data.data_sources if recorded else None) or []
-    by_spec = {r.get("source"): r for r in records}
+    """The commit each Hub source of a continued run's mixtures (training and held-out) was read at, by repo, as its
+    record holds it (`data_sources`' and `eval_sources`' identities): the resume reads it again, as a Hub data set's
+    resume loads its commit (`hub_revision.kept`). Offline, main's commit is the cache's refs/main; where it has none
+    (prefetched at a --revision, or copied without refs) the source was read unpinned, the copy datasets prepared
+    last, whatever its commit, and recorded as `...@main`. A source the record holds no commit for is pinned as a new
+    run's."""
+    values = fields_of(recipe)
+    recorded = hub_revision.record(output_dir) if given(values) or given(values, evaluation=True) else None
     found = {}
-    for i, source in enumerate(sources or []):
-        # A source recorded under another spelling (config.same_sources) is the record's at its place
-        placed = records[i] if len(records) == len(sources) else {}
-        identity = (by_spec.get(source.spec(), placed).get("identity") or {}).get("revision") or ""
-        # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
-        if source.hub and identity.startswith(f"hub:{source.path}:") and (commit := hub_revision.commit_of(identity)):
-            found[source.path] = commit
+    for evaluation, field in ((False, "data_sources"), (True, "eval_sources")):
+        sources = parse(values, evaluation) or []
+        identities = _recorded(sources, getattr(recorded.data, field) if recorded else None)
+        for source, was in zip(sources, identities, strict=True):
+            commit = hub_revision.commit_of(was.get("revision") or "")
+            # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
+            if source.hub and commit and was["revision"].startswith(f"hub:{source.path}:"):
+                found[source.path] = commit
     return found
+
+
+def _recorded(sources: list[Source], records: list | None) -> list[dict]:
+    """Each source's identity as `records` (a record's `data_sources` or `eval_sources`) hold it, {} for none: by its
+    spec, else at its place (a source recorded under another spelling, config.same_sources)."""
+    records = records or []
+    by_spec = {r.get("source"): r for r in records}
+    placed = records if len(records) == len(sources) else [{}] * len(sources)
+    return [by_spec.get(s.spec(), p).get("identity") or {} for s, p in zip(sources, placed, strict=True)]
 
 
 def pinned(source: Source, pins: dict | None) -> str | None:
@@ -671,12 +679,8 @@ def content_changed(recipe, derived: dict) -> str | None:
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
-    records = derived.get("data_sources") or []
-    recorded = {r["source"]: r.get("identity") or {} for r in records}
-    for i, source in enumerate(sources):
-        # A source recorded under another spelling (config.same_sources) is the record's at its place
-        placed = (records[i].get("identity") or {}) if len(records) == len(sources) else {}
-        was, why = recorded.get(source.spec(), placed), None
+    for source, was in zip(sources, _recorded(sources, derived.get("data_sources")), strict=True):
+        why = None
         if was.get("files") and (read_from := _read_from(source)):
             why = data_identity.changed(was["files"], *read_from)
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved

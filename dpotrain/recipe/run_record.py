@@ -52,6 +52,7 @@ class RecordedData:
     total_steps: int | None
     warmup_steps: int | None
     data_sources: list | None  # a mixture's sources (data/mixture.py)
+    eval_sources: list | None  # the held-out mixture's sources
     data_identity: dict | None  # the data set's content, or a Hub data set's commit (hub_revision.KEY)
 
 
