@@ -202,9 +202,11 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
 
 
 @pytest.mark.slow
-def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, tmp_path, tiny_model_dir):
-    """A mixture's sources are not pinned: a resume after one of them moved would train other pairs, so it is refused
-    with the source and both commits (a local source beside it, unchanged)."""
+def test_a_resumed_mixture_reads_its_hub_source_at_the_commit_it_started_on_wherever_main_moved(
+    hub, tmp_path, tiny_model_dir
+):
+    """A mixture's Hub source is read at the commit the run recorded, by every resume, as one Hub data set is: a push
+    to its main after the run started changes nothing the run reads (it was refused, the run lost)."""
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     local = tmp_path / "local.jsonl"
@@ -220,22 +222,19 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
     )
     assert (run / "checkpoint-1").is_dir()
     stop.unlink()
-    second = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:48]).encode()})
-    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, exit_code=2)
-    assert (
-        f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
-        f"{first[:12]} (a mixture's sources are not pinned)"
-    ) in log, log
+    shutil.copytree(run, tmp_path / "offline")  # the same stopped run, resumed below on a node without the Hub
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:56]).encode()})  # main: 24 other pairs
+    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix)
+    assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
+    derived = json.loads((run / "resolved_config.json").read_text())["derived"]
+    assert derived["dataset_rows"] == 32, derived["dataset_rows"]
+    assert derived["data_sources"][0]["identity"] == {"revision": f"hub:org/prefs:default:train@{first}"}
 
-    # Offline, with a cache that has no refs/main for the source (copied without refs, or fetched at a --revision
-    # alone) and main's commit the copy datasets prepared last: main's commit cannot be told, so the move above is not
-    # seen, and the resume read that copy unpinned (exit 0, other pairs than its step plan's). It reads the commit its
-    # record holds, and that copy is refused.
+    # Offline, with main's commit the copy datasets prepared last (and the cache's refs/main): the resume reads the
+    # commit its record holds, and that copy is refused, not read as the newest copy cached
     hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs")  # main's copy, last
-    for ref in (tmp_path / "hf_home" / "hub" / "datasets--org--prefs" / "refs").iterdir():
-        ref.unlink()
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, "--dry-run", env=offline, exit_code=2)
+    log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, *mix, "--dry-run", env=offline, exit_code=2)
     assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log

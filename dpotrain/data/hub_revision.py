@@ -5,7 +5,7 @@ than its step plan and reference log-probs were made for. So the run resolves `d
 loads the data set at that commit and records it (`derived.data_identity`); a resume loads the recorded commit again,
 and a `dataset_revision` naming another commit is refused as changed data are. Each Hub source of a mixture is read
 at the commit its main has when the run starts (`mixture.pin`) and recorded by it; a resume reads the recorded commit
-again (`mixture.kept`), and one after a source's main moved is refused (`moved`)."""
+again (`mixture.kept`), wherever main is by then."""
 
 import re
 from pathlib import Path
@@ -107,16 +107,4 @@ def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source
     raise ConfigError(
         f"{name}: the copy read is not commit {revision[:12]}, which this run trains on ({Path(files[0]).parent}), "
         f"as datasets reads the copy cached last when HF_HUB_OFFLINE is set: {fix}"
-    )
-
-
-def moved(recorded: str, now: str) -> str | None:
-    """How a mixture's Hub source moved since the run read it (`lengths.dataset_identity` strings, `...@<commit>`);
-    None where it did not, or where the commit cannot be told here."""
-    old, new = commit_of(recorded), commit_of(now)
-    if old == new or not (old and new):
-        return None
-    return (
-        f"its main moved to commit {new[:12]} since the run read commit {old[:12]} (a mixture's sources are not "
-        "pinned): start a new run (--overwrite_output_dir, or another --output_dir)"
     )

@@ -614,12 +614,11 @@ def _read_from(source: Source) -> tuple | None:
 
 
 def pin(sources: list[Source], kept: dict | None = None) -> dict[str, str]:
-    """The commit each Hub source's main points to now, by its repo, asked of the Hub once (else read from its cache):
-    the run reads a source at it and knows the rows by it before and after the read. Unpinned, the identity taken
-    before a first read was the revision's name (the cache had no commit yet), after it the commit: the first run on
-    an uncached source was refused as data that changed while it was read; and a push between the two looks would be
-    read unseen. A source whose commit cannot be told is not pinned (read at main, as before). `kept`: the commits a
-    continued run's record holds (`kept`), taken as they are."""
+    """The commit each Hub source is read at, by its repo: `kept`, the commits a continued run's record holds
+    (`kept`), taken as they are; else its main's now, asked of the Hub once (else read from its cache). The run knows
+    the rows by it before and after the read, so neither a push between the two looks nor a first read that fills
+    the cache (a name, then a commit) is taken for changed data. A source whose commit cannot be told (offline, no
+    refs/main in the cache) is read at main, the copy datasets prepared last, and recorded as `...@main`."""
     repos = {s.path for s in sources if s.hub}
     taken = {repo: sha for repo, sha in (kept or {}).items() if repo in repos}
     found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos - set(taken))}
@@ -672,7 +671,8 @@ def identity_of(source: Source, revision: str | None = None) -> dict:
 
 
 def content_changed(recipe, derived: dict) -> str | None:
-    """How the training data's content differs from the run's record (`derived`'s `data_identity` or `data_sources`)."""
+    """How the training data's content differs from the run's record (`derived`'s `data_identity` or `data_sources`).
+    A mixture's Hub sources are not compared: a resume reads each at the commit its record holds (`kept`)."""
     sources = parse(fields_of(recipe))
     if sources is None:
         s, old = recipe.script, derived.get("data_identity")
@@ -680,12 +680,8 @@ def content_changed(recipe, derived: dict) -> str | None:
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
     for source, was in zip(sources, _recorded(sources, derived.get("data_sources")), strict=True):
-        why = None
-        if was.get("files") and (read_from := _read_from(source)):
-            why = data_identity.changed(was["files"], *read_from)
-        elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
-            why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
-        if why:
+        read_from = _read_from(source)
+        if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from)):
             return f"{source.spec()}: {why}"
     return None
 
