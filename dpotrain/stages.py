@@ -256,19 +256,22 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
     # A mixture's Hub sources' commits (mixture.pin), training and held-out, read at them and known by them before and
     # after; a continued run's: the commits its record holds (output_checks)
-    pins = None
+    pins, kept = None, output.source_commits if output is not None else None
     if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
-        pins = pin_sources(recipe, output.source_commits if output is not None else None)
+        pins = pin_sources(recipe, kept)
+    # The command that fetches what the run reads, named where the copy read is not: a resumed mixture's recorded
+    # commits by the run's folder (prefetch.py --output_dir)
+    fetch = offline.prefetch_command(recipe, recipe.training.output_dir if kept else None)
     if mixed:
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
-    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins)
+    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins)
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch)
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
@@ -315,18 +318,16 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(
-    recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False, pins=None
-):
-    """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split."""
+def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str):
+    """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split.
+    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
-        seed, fetch = recipe.training.seed, offline.prefetch_command(recipe)  # fetch: names the fix for a wrong copy
         dataset, mix = mixture.load(
             sources,
-            seed,
+            recipe.training.seed,
             p.skip_invalid,
             p.hh_format,
             checked,
@@ -343,7 +344,7 @@ def _load_pairs(
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
-    hub_revision.check_loaded(dataset, name, revision, offline.prefetch_command(recipe))
+    hub_revision.check_loaded(dataset, name, revision, fetch)
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
     )

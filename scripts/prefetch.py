@@ -10,7 +10,8 @@ does (datasets.load_dataset, so the prepared Arrow cache is the one the job read
 offline job will, and says so. Any train_dpo.py override works here (--model_name_or_path, --model_revision,
 --dataset_name, --dataset_config, --dataset_train_split, a mixture's --dataset_mixer_list, --dataset_mixer_eval_list
 and their splits), plus --split and --revision (dataset_name's revision). Each Hub source of a mixture (the recipe's
-`datasets:` and `eval_datasets:` too) is loaded as training reads it; its local sources are left where they are.
+`datasets:` and `eval_datasets:` too) is loaded as training reads it: at main, or, given a stopped run's --output_dir,
+at the commit its record holds, as its resume reads it; its local sources are left where they are.
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
@@ -28,9 +29,9 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
         venv.load_env(ROOT)
     from dpotrain import options, resolve
     from dpotrain.cluster import offline
-    from dpotrain.data import data, mixture
+    from dpotrain.data import mixture
     from dpotrain.recipe import cli
-    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.config import fields_set, parse_args
     from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.revision and mixture.given(mixture.fields_of(recipe)):
         raise ConfigError(
-            "--revision names dataset_name's revision, and this recipe has a mixture (each source is "
-            "fetched at main): remove --revision"
+            "--revision names dataset_name's revision, and this recipe has a mixture (each source is fetched at "
+            "main, or at the commit a stopped run's record holds, given its --output_dir): remove --revision"
         )
     if offline.is_offline():  # nothing can download; say whether the cache already holds everything
         missing = offline.missing_artifacts(recipe)
@@ -87,10 +88,17 @@ def main(argv: list[str] | None = None) -> None:
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
     # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
-    # main (stages._load_pairs), so they are fetched there.
+    # main, and a resumed run at the commits its record holds (stages.load_data), so they are fetched there: a stopped
+    # run's, given its folder (the job's --output_dir), unless the job starts afresh.
+    resumed = "output_dir" in fields_set(overrides) and not recipe.project.overwrite_output_dir
+    kept = mixture.kept(recipe, recipe.training.output_dir) if resumed else {}
+    if kept:
+        out = recipe.training.output_dir
+        print(f"Mixture sources at the commits the run in {out} recorded, which its resume reads", flush=True)
     named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:
-        fetch_dataset(source, (args.revision or recipe.project.dataset_revision) if source == named else None, token)
+        named_at = args.revision or recipe.project.dataset_revision
+        fetch_dataset(source, named_at if source == named else mixture.pinned(source, kept), token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")
@@ -109,13 +117,10 @@ def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:
 
 
 def fetch_dataset(source: mixture.Source, revision: str | None, token: str | None) -> None:
-    """One data set (dataset_name, or a mixture's Hub source) loaded as training loads it."""
+    """One data set (dataset_name, or a mixture's Hub source) loaded at `revision` (None: main) as training loads it."""
     name, config, split = source.path, source.name, source.split
     try:
-        if revision:
-            dataset = data.load_preference_dataset(name, split, config, revision=revision)
-        else:
-            dataset = mixture.read_source(source)
+        dataset = mixture.read_source(source, revision=revision)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the Hub raised: hub_error names it and the fix

@@ -230,14 +230,28 @@ def test_a_resumed_mixture_reads_its_hub_source_at_the_commit_it_started_on_wher
     assert derived["dataset_rows"] == 32, derived["dataset_rows"]
     assert derived["data_sources"][0]["identity"] == {"revision": f"hub:org/prefs:default:train@{first}"}
 
-    # Offline, with main's commit the copy datasets prepared last (and the cache's refs/main): the resume reads the
-    # commit its record holds, and that copy is refused, not read as the newest copy cached
-    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs")  # main's copy, last
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, *mix, "--dry-run", env=offline, exit_code=2)
+    # Offline, with main's new commit the copy datasets prepared last and the cache's refs/main (prefetch.py at main,
+    # as the refusal below once said to run): the resume reads the commit its record holds, and that copy is refused,
+    # not read as the newest copy cached, naming the command that fetches the recorded commit (it named prefetch.py at
+    # main, which fetched this same copy again)
+    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, *mix)
+    offline, stopped = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, tmp_path / "offline"
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, *mix, env=offline, exit_code=2)
     assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
+    fetch = error.split("fetch the mixture's sources where the Hub is reachable (")[1].split(": each at main, ")[0]
+    words = shlex.split(fetch)
+    assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
+    assert words[2:4] == ["python", "scripts/prefetch.py"] and words[-2:] == ["--output_dir", str(stopped)], fetch
+    # That command, where the Hub is reachable (its cache variables are the test's own), then the same offline job
+    fetched = hub_script(hub, tmp_path, *words[3:])
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, *mix, env=offline)
+    assert f"Resuming from {stopped}/checkpoint-1" in log, log
+    derived = json.loads((stopped / "resolved_config.json").read_text())["derived"]
+    assert derived["dataset_rows"] == 32, derived["dataset_rows"]
+    assert derived["data_sources"][0]["identity"] == {"revision": f"hub:org/prefs:default:train@{first}"}
 
 
 @pytest.mark.slow
@@ -347,7 +361,7 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     log = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry, env=offline, exit_code=2)
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: mixture source org/prefs [train]: the copy read is not commit {first[:12]}, " in error, log
-    fetch = error.split("fetch the mixture's sources again where the Hub is reachable (")[1].split("), which")[0]
+    fetch = error.split("fetch the mixture's sources where the Hub is reachable (")[1].split(": each at main, ")[0]
     words = shlex.split(fetch)
     assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
     assert words[2:] == ["python", "scripts/prefetch.py", *SMOKE, *mixed], fetch

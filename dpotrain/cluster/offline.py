@@ -157,8 +157,9 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[
     return missing
 
 
-def prefetch_command(recipe) -> str:
-    """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has."""
+def prefetch_command(recipe, output_dir: str | None = None) -> str:
+    """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has;
+    `output_dir`: a resumed run's folder, whose record holds the commits its mixture's Hub sources are fetched at."""
     args = ["python", venv.project_file("scripts/prefetch.py")]
     in_file = {}
     if recipe.config_path:
@@ -170,6 +171,7 @@ def prefetch_command(recipe) -> str:
         if value is not None and value != in_file.get(field, default):
             values = value if isinstance(value, list) else [value]  # a mixture's list, one word each
             args += [f"--{field}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
+    args += ["--output_dir", output_dir] if output_dir else []
     env = [
         f"{k}={shlex.quote(v)}" for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE") if (v := os.environ.get(k))
     ]

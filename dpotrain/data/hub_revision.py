@@ -93,14 +93,15 @@ def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source
     """The data set read is the commit asked for. Offline, `datasets` reads the copy it prepared last, whatever the
     revision (huggingface/datasets issue 7928); the prepared files sit in a folder named for their commit, so another
     commit's copy is refused rather than trained on, naming the command (`prefetch`, the run's
-    `python scripts/prefetch.py ...`) that fetches this one. A mixture's Hub `source` is pinned to its main's commit,
-    and prefetch.py takes no `--revision` for one: it fetches each source at main and makes that the copy read last."""
+    `python scripts/prefetch.py ...`) that fetches this one. A mixture's Hub `source` is read at its main's commit, or
+    a resumed run's at the one its record holds, and prefetch.py takes no `--revision` for one: it fetches each source
+    at main, or with the run's `--output_dir` at its recorded commit, and makes that the copy read last."""
     files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
     if not (revision and COMMIT.fullmatch(revision) and files) or any(f"/{revision}/" in f for f in files):
         return
     fix = (
-        f"fetch the mixture's sources again where the Hub is reachable ({prefetch}), which makes each one's main the "
-        "copy read"
+        f"fetch the mixture's sources where the Hub is reachable ({prefetch}: each at main, or a resumed run's at the "
+        "commit its record holds), which makes each the copy read"
         if source
         else f"fetch that commit where the Hub is reachable ({prefetch} --revision {revision}), or start a new run"
     )
