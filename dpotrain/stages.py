@@ -8,7 +8,6 @@ import copy
 import functools
 import json
 import os
-import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -679,26 +678,7 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
         ) from None
     except Exception:  # noqa: BLE001 - not on this machine, no network: nothing refused on a guess
         return None
-    _check_saveable(found, recipe.model.model_name_or_path)
     return chat_template.eos_ids(found.eos_token_id)
-
-
-def _check_saveable(found, model: str) -> None:
-    """transformers saves a generation config changed since it loaded only where it passes its strict check, and the
-    trainer changes it (the pad, BOS, EOS ids aligned with the tokenizer's): a setting its mode does not read
-    (`temperature` with `do_sample` false) trained the run to its first checkpoint, whose save raised a ValueError."""
-    try:
-        found.validate(strict=True)
-    except ValueError as e:
-        names = ", ".join(re.findall(r"^- `(\w+)`", str(e), flags=re.MULTILINE)) or cause(e, 160)
-        raise ConfigError(
-            f"the generation_config.json of {model} sets {names}, which its mode does not read (do_sample "
-            f"{str(bool(found.do_sample)).lower()}, num_beams {found.num_beams or 1}): transformers refuses to save "
-            "such a file once the run "
-            "has changed it (the pad, BOS and EOS ids the trainer aligns with the tokenizer's), so the first "
-            'checkpoint would fail after its steps: remove them from it, or set the mode that reads them ("do_sample": '
-            "true)"
-        ) from None
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:

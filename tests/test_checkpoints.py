@@ -4,12 +4,23 @@ kept one, and a step written again starts from an empty folder: real training ru
 import json
 import re
 import shutil
+import subprocess
 
 import datasets
 import pytest
 from transformers import TrainerCallback
 
-from conftest import ROOT, built, ready, sealed_checkpoint
+from conftest import (
+    ROOT,
+    accelerate_launch,
+    built,
+    launch_env,
+    python,
+    rank_python,
+    ready,
+    sealed_checkpoint,
+    smoke_command,
+)
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -243,3 +254,48 @@ def test_a_step_edited_into_a_sealed_trainer_state_is_named_as_damage_not_as_a_r
     )
     (folder / "trainer_state.json").write_text('{"global_step": 5}\n')
     assert unverified(folder) == "trainer_state.json does not match its checksum (damaged after it was written)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["one process", "ZeRO-2, 2 processes"])
+def test_a_generation_config_with_settings_its_mode_does_not_read_checkpoints_resumes_and_is_saved_as_given(
+    launch, tmp_path, tiny_model_dir
+):
+    """Sampling settings with do_sample false ("temperature": 0.6, "top_p": 0.9, as SFT exports write them) change
+    nothing a run does, but transformers saves a generation config changed since it loaded only where it passes its
+    strict check, and TRL set the pad_token_id this file lacks: the first checkpoint ended in a ValueError after its
+    steps, and the run then refused such a model before it loaded. It trains, checkpoints, resumes and saves its final
+    model, the file's settings kept and the pad id aligned with the tokenizer's (as transformers and TRL align it)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    given = json.loads((model / "generation_config.json").read_text())
+    del given["pad_token_id"]  # TRL sets it from the tokenizer's: the config then changed since it loaded
+    given |= {"temperature": 0.6, "top_p": 0.9}
+    (model / "generation_config.json").write_text(json.dumps(given))
+    pairs = tmp_path / "pairs.jsonl"  # the 2 steps' 16 pairs: the reference stage scores every pair it is given
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    out = tmp_path / "run"
+    args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1"]
+    args += ["--report_to", "none"]
+    launcher = [python()]
+    if launch != "one process":
+        launcher = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml")]
+        launcher += ["--num_processes", "2", *rank_python()]
+    env = launch_env(f"{out}-cache")
+
+    def train() -> str:
+        cmd = smoke_command(launcher, str(model), *args)
+        result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert result.returncode == 0, result.stdout[-4000:]
+        return result.stdout
+
+    def saved(folder) -> dict:
+        return json.loads((folder / "generation_config.json").read_text())
+
+    train()
+    want = given | {"pad_token_id": 1}  # the tokenizer's <|pad|>
+    assert saved(out) == saved(out / "checkpoint-1") == saved(out / "checkpoint-2") == want
+    shutil.rmtree(out / "checkpoint-2")
+    (out / "run_complete.json").unlink()
+    assert f"Resuming from {out}/checkpoint-1" in train()
+    assert saved(out) == saved(out / "checkpoint-2") == want

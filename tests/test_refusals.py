@@ -785,27 +785,6 @@ def test_a_generation_config_transformers_cannot_read_is_refused_before_the_mode
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
-def test_a_generation_config_transformers_would_not_save_once_changed_is_refused_before_the_model_loads(
-    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
-):
-    """Sampling settings with do_sample false (an SFT export's "temperature": 0.6, "top_p": 0.9) load with a warning,
-    but transformers saves a generation config changed since it loaded only where it passes its strict check, and TRL
-    sets its pad_token_id: the run trained its steps and ended in a ValueError traceback at its first checkpoint."""
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    generation = json.loads((model / "generation_config.json").read_text())
-    del generation["pad_token_id"]  # TRL sets it from the tokenizer: the config then changed
-    (model / "generation_config.json").write_text(json.dumps(generation | {"temperature": 0.6, "top_p": 0.9}))
-    args = ["--model_name_or_path", str(model), "--max_steps", "2", *dry_run]
-    assert refused(tmp_path, monkeypatch, capsys, *args) == (
-        f"error: the generation_config.json of {model} sets temperature, top_p, which its mode does not read "
-        "(do_sample false, num_beams 1): transformers refuses to save such a file once the run has changed it (the "
-        "pad, BOS and EOS ids the trainer aligns with the tokenizer's), so the first checkpoint would fail after its "
-        'steps: remove them from it, or set the mode that reads them ("do_sample": true)'
-    )
-
-
 @pytest.mark.parametrize("saved", ["from DDP", "index short of one"])
 def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loads(
     saved, tmp_path, monkeypatch, capsys, tiny_model_dir

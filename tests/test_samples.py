@@ -283,6 +283,7 @@ def test_a_data_prompt_near_the_models_positions_has_its_answer_cut_there(tmp_pa
     model = GPT2LMHeadModel(config)
     tokenizer = SimpleNamespace(
         pad_token_id=0,
+        eos_token_id=None,
         decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
     )
     prompts = [list(range(1, 6)), list(range(1, 31)), list(range(1, 33))]  # 5, 30 and 32 tokens of 32 positions
@@ -318,6 +319,7 @@ def test_samples_are_greedy_whatever_the_models_generation_config_holds(tmp_path
     )
     tokenizer = SimpleNamespace(
         pad_token_id=0,
+        eos_token_id=None,
         decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
     )
     generator = SampleGenerator([prompt], tokenizer, every=1, max_new_tokens=new, warn_at=0.5)
@@ -346,6 +348,7 @@ def test_samples_generate_without_a_max_length_warning(models_max_length, tmp_pa
     model.generation_config.max_length = models_max_length
     tokenizer = SimpleNamespace(
         pad_token_id=0,
+        eos_token_id=None,
         decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
     )
     generator = SampleGenerator([list(range(1, 6))], tokenizer, every=1, max_new_tokens=24, warn_at=0.5)
@@ -361,3 +364,43 @@ def test_samples_generate_without_a_max_length_warning(models_max_length, tmp_pa
         logger.removeHandler(handler)
     assert [r.getMessage() for r in heard] == []
     assert len(record["completion"].split()) == 24  # no EOS: the answer is sample_max_new_tokens long
+
+
+@pytest.mark.parametrize("named_by", ["tokenizer", "config.json"])
+def test_samples_stop_at_every_token_the_end_of_answer_check_accepts(named_by, tmp_path):
+    """A chat template that ends the assistant turn with a token the tokenizer's EOS or config.json's eos_token_id
+    names passes the end-of-answer check (`chat_template.check_stops`), but generate was given generation_config's
+    eos_token_id alone: where that file names another token, every sample ran on to sample_max_new_tokens past the
+    turn's end. The samples stop at each of the model's stops (`chat_template.model_stops`)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpotrain.train.samples import SampleGenerator
+
+    torch.manual_seed(2)  # its greedy answer: 15 tokens of one kind, then another (seed 0's: one kind only)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=None)
+    )
+    model.eval()
+    prompt, new = list(range(1, 6)), 24
+    greedy = list(prompt)
+    with torch.no_grad():
+        while len(greedy) < len(prompt) + new:
+            greedy.append(int(model(torch.tensor([greedy])).logits[0, -1].argmax()))
+    answer = greedy[len(prompt) :]
+    end = max(set(answer), key=answer.index)  # the turn's end: the token the greedy answer reaches last
+    assert answer.index(end) > 0
+    model.generation_config.eos_token_id = next(i for i in range(1, 50) if i not in answer)  # another token
+    eos = end if named_by == "tokenizer" else None
+    model.config.eos_token_id = end if named_by == "config.json" else None
+    tokenizer = SimpleNamespace(
+        pad_token_id=0,
+        eos_token_id=eos,
+        decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
+    )
+    generator = SampleGenerator([prompt], tokenizer, every=1, max_new_tokens=new, warn_at=0.5)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    (record,) = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
+    assert record["completion"] == " ".join(map(str, answer[: answer.index(end) + 1]))  # not all 24 tokens

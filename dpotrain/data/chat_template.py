@@ -122,12 +122,14 @@ def changed(old: Template | None, path: str | None) -> str | None:
 def check_stops(tokenizer, config, model: str, generation_stops: set | None) -> None:
     """Refuses a template that ends the assistant turn with no token the model stops generating at: TRL adds EOS to
     plain text only (conversational pairs end as the template writes them), so every answer would train without an
-    end. The stops: the tokenizer's EOS and config.json's eos_token_id, then `generation_stops`, generation_config's
-    (None where it cannot be read here: nothing is refused on a guess)."""
+    end. The stops: `model_stops`, with `generation_stops`, generation_config's eos_token_id (None where it cannot be
+    read here: nothing is refused on a guess)."""
     from trl.data_utils import common_prefix_length
 
     from dpotrain.recipe import upstream
 
+    if generation_stops is None:
+        return
     turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
     try:
         prompt = upstream.tokenize(tokenizer, turns[:1], add_generation_prompt=True)["input_ids"]
@@ -136,12 +138,10 @@ def check_stops(tokenizer, config, model: str, generation_stops: set | None) -> 
     except Exception:  # noqa: BLE001 - a template that refuses this pair: the rows' checks name what it refuses
         return
     answer = set(whole[common_prefix_length(prompt, whole) :])
-    # A vision-language config's own eos_token_id (Gemma 3's [1, 106]) may list more than its text config's
-    configs = (config, config.get_text_config())
-    stops = {tokenizer.eos_token_id}.union(*(eos_ids(getattr(c, "eos_token_id", None)) for c in configs))
-    if answer & stops or (more := generation_stops) is None or answer & more:
+    stops = model_stops(tokenizer, config, generation_stops)
+    if answer & stops:
         return
-    stops = sorted((stops | more) - {None})
+    stops = sorted(stops)
     end = text[text.rindex("Hello.") + len("Hello.") :] if "Hello." in text else ""
     said = ", ".join(repr(t) for t in tokenizer.convert_ids_to_tokens(stops))
     raise ConfigError(
@@ -151,6 +151,15 @@ def check_stops(tokenizer, config, model: str, generation_stops: set | None) -> 
         f"turn with {tokenizer.eos_token!r} (chat_template_path), or add the id of the token that ends its turns to "
         "eos_token_id in generation_config.json"
     )
+
+
+def model_stops(tokenizer, config, generation_stops: set) -> set:
+    """The ids the model stops generating at: its tokenizer's EOS, config.json's eos_token_id and generation_config's
+    (`generation_stops`). What the end-of-answer check accepts (`check_stops`), and what the samples stop at."""
+    # A vision-language config's own eos_token_id (Gemma 3's [1, 106]) may list more than its text config's
+    configs = (config, config.get_text_config())
+    found = {tokenizer.eos_token_id} | generation_stops
+    return found.union(*(eos_ids(getattr(c, "eos_token_id", None)) for c in configs)) - {None}
 
 
 def eos_ids(value) -> set:

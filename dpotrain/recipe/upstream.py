@@ -66,6 +66,7 @@ DEEPSPEED_TAG = "global_step{}"  # DeepSpeed's checkpoint tag without one given:
 MEM = "torch.distributed._tools.mem_tracker"
 PEAK_KEPT = "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)"
 DATA_FILES = "_data_files"  # a `save_to_disk` split's state.json: its data files
+LOADED_HASH = "_original_object_hash"  # a GenerationConfig's hash as loaded: changed since, it is saved strictly
 
 # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
 _override(
@@ -283,6 +284,14 @@ BACKEND_TIMEOUT = _read(
 PG_MAP, PG_NAMES = (
     _read(f"{C10D}:_World.{name}", "every process group (`_world`) and its name") for name in ("pg_map", "pg_names")
 )
+SAVED_AS_LOADED = _source(
+    "transformers.generation.configuration_utils:GenerationConfig.save_pretrained",
+    "the model's generation_config.json saved as transformers saves one it loaded, its settings kept (warned about, "
+    "not refused): the run's alignment of the pad, BOS and EOS ids made it one changed since it loaded, held to the "
+    "strict check, and a setting its mode does not read (`temperature` with do_sample false) failed the first "
+    "checkpoint (dpotrain/train/trainer.py)",
+    text=f'getattr(self, "{LOADED_HASH}", None) != hash(self)',
+)
 LOAD_FROM_DISK = _source(
     "datasets.arrow_dataset:Dataset.load_from_disk",
     "a `save_to_disk` split's data files, as `load_from_disk` reads them from its state.json: a split without "
@@ -422,6 +431,11 @@ def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
 
 def default_generation_params() -> dict:
     return _value(GENERATION_DEFAULTS)()
+
+
+def saved_as_loaded(generation_config) -> None:
+    """`generation_config` saved as transformers saves one unchanged since it loaded (`SAVED_AS_LOADED`)."""
+    setattr(generation_config, LOADED_HASH, hash(generation_config))
 
 
 def chunked_logprob_chunk_size() -> int:

@@ -22,7 +22,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, TrainerCallback
 
 from dpotrain.cluster import collectives
-from dpotrain.data import positions
+from dpotrain.data import chat_template, positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
@@ -128,9 +128,11 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def _greedy(model, prompt_length: int, max_new_tokens: int, pad_token_id) -> GenerationConfig:
+def _greedy(model, prompt_length: int, max_new_tokens: int, tokenizer) -> GenerationConfig:
     """Greedy decoding with only the model's stop tokens: generate fills what this config leaves unset from the model's
-    generation_config.json, whose repetition penalty or no_repeat_ngram_size would hide the repetition samples watch."""
+    generation_config.json, whose repetition penalty or no_repeat_ngram_size would hide the repetition samples watch.
+    The stops: every one the end-of-answer check accepts (`chat_template.model_stops`), not generation_config's alone:
+    a template that ends turns with the tokenizer's EOS, which that file does not list, gave samples without an end."""
     own = model.generation_config
     # The global defaults hold max_length 20: beside max_new_tokens, generate printed "Both `max_new_tokens` and
     # `max_length` seem to have been set" for every sample. It warns so wherever a max_length is set, this config's
@@ -141,7 +143,8 @@ def _greedy(model, prompt_length: int, max_new_tokens: int, pad_token_id) -> Gen
         greedy["max_length"] = prompt_length + max_new_tokens
     else:
         greedy["max_new_tokens"] = max_new_tokens
-    return GenerationConfig(**greedy, pad_token_id=pad_token_id, eos_token_id=own.eos_token_id)
+    stops = sorted(chat_template.model_stops(tokenizer, model.config, chat_template.eos_ids(own.eos_token_id)))
+    return GenerationConfig(**greedy, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops or None)
 
 
 class SampleGenerator(TrainerCallback):
@@ -226,7 +229,7 @@ class SampleGenerator(TrainerCallback):
                     out = model.generate(
                         inputs,
                         attention_mask=torch.ones_like(inputs),
-                        generation_config=_greedy(model, len(ids), new, self.tokenizer.pad_token_id),
+                        generation_config=_greedy(model, len(ids), new, self.tokenizer),
                         synced_gpus=self.every_rank,
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)

@@ -285,6 +285,11 @@ class RecipeDPOTrainer(DPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict, the main process
         writes it (transformers writes no weights with SHARDED_STATE_DICT, kept by checkpoints: `_internal_call`)."""
+        # The model's generation_config.json saved with its settings, as transformers saves one it loaded: the run
+        # changes only the pad, BOS and EOS ids that TRL and transformers align with the tokenizer's, and a config
+        # changed since it loaded must pass transformers' strict check, which a setting its mode does not read
+        # (`temperature` with do_sample false, as SFT exports write it) failed at the first checkpoint.
+        upstream.saved_as_loaded(self.model.generation_config)
         try:
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
