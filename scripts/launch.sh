@@ -155,10 +155,17 @@ echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
+# `sbatch scripts/dpo_train.sh --preflight` (or a recipe's `preflight: true`): train_dpo.py's preflight instead of
+# training, on this node as PREFLIGHT=1 runs it, is all the job does; exit 3 for a doomed run. It ran inside the dry run
+# below, in place of the plan, and the job failed with "the dry run's output: not a run's record" whatever it found.
+if "$VENV/bin/python" -m dpotrain.cluster.job asks preflight "$RECIPE" "$@"; then
+  "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@"
+  exit 0  # (set -e: a preflight that fails ends the job with its code)
+fi
 # `sbatch scripts/dpo_train.sh --dry-run` (or a recipe's `dry_run: true`): the plan at this job's size, checked on its
 # node, is all the job does. Launched, every process of every node set up its engine first (a rendezvous, DeepSpeed's
 # ops: minutes) to print it again, and the log ended "training exited with code 0".
-if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$RECIPE" "$@"; then
+if "$VENV/bin/python" -m dpotrain.cluster.job asks dry_run "$RECIPE" "$@"; then
   WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@" \
     --accelerate_config "$ACCELERATE_CONFIG"
   exit 0  # (set -e: a dry run that fails ends the job with its code)
