@@ -152,7 +152,11 @@ echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_R
 log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *StdOut=//p' || true)
 echo "project: $PWD  log: ${log:-this terminal}"
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
-echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+# The code the job runs: its commit, "(dirty)" where tracked files changed. Outside a git checkout (a release's tarball)
+# `git diff` fails with 129, not a change's 1: every job there was logged "git: unknown (dirty)".
+commit=$(git rev-parse --short HEAD 2>/dev/null) || commit=unknown
+git diff --quiet 2>/dev/null || [[ $? != 1 ]] || commit+=" (dirty)"
+echo "gpus per node: $GPUS_PER_NODE  git: $commit"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
 # `sbatch scripts/dpo_train.sh --preflight` (or a recipe's `preflight: true`): train_dpo.py's preflight instead of

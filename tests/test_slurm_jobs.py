@@ -614,6 +614,23 @@ def test_launch_line_masks_secrets_given_on_the_command_line():
     assert "--max_tokens_per_microbatch 4096 --learning_rate 8e-8" in line  # not secrets: shown as given
 
 
+def test_the_banner_of_a_project_outside_git_names_no_commit_and_no_change(tmp_path):
+    """A project that is no git checkout (a release's tarball, or one git will not read: another user's folder):
+    `git diff` fails there with 129, not the 1 of a change, and every job's banner said `git: unknown (dirty)`."""
+    project = tmp_path / "dpotrain"  # the project's files, without its .git
+    project.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", "logs", "outputs"):
+            (project / entry.name).symlink_to(entry)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_", "GIT_"))}
+    result = subprocess.run(
+        ["bash", str(project / "scripts" / "launch.sh"), "--betta", "5"],  # refused by its dry run, after the banner
+        cwd=project, env={**env, "RECIPE": "configs/smoke.yaml"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2 and "unknown argument '--betta'" in result.stderr, result.stderr[-2000:]
+    assert "gpus per node: 0  git: unknown\n" in result.stdout, result.stdout
+
+
 @pytest.mark.slow
 def test_job_refuses_a_batch_its_size_cannot_reach():
     # Micro-batches of 4 pairs instead of the recipe's token budget, on 3 nodes x 4 GPUs = 12 processes: 128 pairs
