@@ -254,7 +254,8 @@ fi
 # only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
 # job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
 # warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
-# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime (Slurm has requeued it).
+# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
+# requeued it).
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
@@ -269,7 +270,8 @@ if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
       die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
     fi
   elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
-    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (preempted, past its GraceTime) ==="
+    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (scontrol requeue, or a preemption" \
+      "past its GraceTime) ==="
   else
     echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
       "command again to go on ==="

@@ -419,6 +419,27 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_requeued_by_scontrol_while_it_trains_saves_resumes_and_says_why(slurm, tmp_path):
+    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
+    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
+    checkpoint, every step once. The log said the job had been "preempted, past its GraceTime", which it never was."""
+    out = tmp_path / "run"
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, "--output_dir", str(out)]
+    args += ["--max_steps", "12", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
+    slurm.run(["scontrol", "requeue", str(job)])
+    state = slurm.wait(job, timeout=600)
+    log = job_log(job)
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", log)
+    assert saved and saved[2] == str(job) and f"Resuming from {saved[1]}" in log, log[-3000:]
+    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
+    assert steps(out) == list(range(1, 13))  # every optimizer step once
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled_and_a_refused_requeue_fails(
     slurm, tmp_path
 ):
