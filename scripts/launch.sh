@@ -14,6 +14,10 @@
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
+# All of it read before it runs (one { } block, to its last line): the job's batch shell runs this file for the whole
+# training, and bash reads a script as it goes, so one written over in place meanwhile (an editor saving over it, `cp`
+# of a newer checkout) was read on at the old offset once training ended: a finished job failed on half a line.
+{
 
 # Run directly (`bash scripts/launch.sh`, in an allocation too), the folder it was typed in is the one relative paths
 # are read in, as a job's folder submitted from is (dpotrain/recipe/config.py), and the project is the one this file
@@ -291,3 +295,4 @@ else
     "line above names the node that failed, and its traceback is above that ===" >&2
 fi
 exit "$rc"
+}

@@ -440,6 +440,37 @@ def test_a_job_requeued_by_scontrol_while_it_trains_saves_resumes_and_says_why(s
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_whose_launch_sh_is_written_over_in_place_while_it_trains_ends_as_it_started(slurm, tmp_path):
+    """launch.sh waits in the job's batch shell for the whole training (days), and bash reads a script as it runs it:
+    a launch.sh written over in place meanwhile (an editor saving over it, `cp` of a newer checkout onto this one) was
+    read on at the old offset in the new text once the training ended, and a job that had trained to its end failed
+    (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now reads it whole before it runs."""
+    project = tmp_path / "project"  # the project, its scripts/launch.sh a copy of its own
+    (project / "scripts").mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if entry.name not in ("scripts", "logs"):
+            (project / entry.name).symlink_to(entry)
+    for entry in (ROOT / "scripts").iterdir():
+        if entry.name != "launch.sh":
+            (project / "scripts" / entry.name).symlink_to(entry)
+    launch = project / "scripts" / "launch.sh"
+    shutil.copy(ROOT / "scripts" / "launch.sh", launch)
+    out = tmp_path / "run"
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", str(project / "scripts" / "dpo_train.sh")]
+    args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--report_to", "none"]
+    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 1)  # training: launch.sh waits for srun
+    inode = launch.stat().st_ino
+    launch.write_text(launch.read_text().replace("\n", "\n# a line added while the job ran\n", 1))
+    assert launch.stat().st_ino == inode  # written over in place, not replaced by a new file
+    state = slurm.wait(job, timeout=600)
+    log = job_log(job)
+    assert state == "COMPLETED" and "training exited with code 0" in log, log[-3000:]
+    assert steps(out) == list(range(1, 7)) and (out / "run_complete.json").is_file()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled_and_a_refused_requeue_fails(
     slurm, tmp_path
 ):
