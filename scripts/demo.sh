@@ -22,6 +22,7 @@ placed() {
 }
 # A demo is repeatable: it replaces the previous demo run (outputs/smoke-dpo) instead of refusing to write over it.
 # Sent to a folder of the user's choosing it does not: a finished run there (a real one, say) is refused, not replaced.
+# A run name chooses one too (outputs/<run_name>): `--run_name think-dpo` replaced configs/think.yaml's finished run.
 replace=(--overwrite_output_dir) args=() engine=
 for arg in "$@"; do
     if [[ -n $engine ]]; then
@@ -29,6 +30,7 @@ for arg in "$@"; do
     else
         case "$arg" in
             --output_dir | --output_dir=* | --output-dir | --output-dir=*) replace=() ;;
+            --run_name | --run_name=* | --run-name | --run-name=*) replace=() ;;
             --accelerate_config | --accelerate-config) engine=1 ;;
             --accelerate_config=* | --accelerate-config=*) arg=${arg%%=*}=$(placed "${arg#*=}") ;;
         esac

@@ -14,6 +14,10 @@
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
+# All of it read before it runs (one { } block, to its last line): the job's batch shell runs this file for the whole
+# training, and bash reads a script as it goes, so one written over in place meanwhile (an editor saving over it, `cp`
+# of a newer checkout) was read on at the old offset once training ended: a finished job failed on half a line.
+{
 
 # Run directly (`bash scripts/launch.sh`, in an allocation too), the folder it was typed in is the one relative paths
 # are read in, as a job's folder submitted from is (dpotrain/recipe/config.py), and the project is the one this file
@@ -152,13 +156,24 @@ echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_R
 log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *StdOut=//p' || true)
 echo "project: $PWD  log: ${log:-this terminal}"
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
-echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+# The code the job runs: its commit, "(dirty)" where tracked files changed. Outside a git checkout (a release's tarball)
+# `git diff` fails with 129, not a change's 1: every job there was logged "git: unknown (dirty)".
+commit=$(git rev-parse --short HEAD 2>/dev/null) || commit=unknown
+git diff --quiet 2>/dev/null || [[ $? != 1 ]] || commit+=" (dirty)"
+echo "gpus per node: $GPUS_PER_NODE  git: $commit"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
+# `sbatch scripts/dpo_train.sh --preflight` (or a recipe's `preflight: true`): train_dpo.py's preflight instead of
+# training, on this node as PREFLIGHT=1 runs it, is all the job does; exit 3 for a doomed run. It ran inside the dry run
+# below, in place of the plan, and the job failed with "the dry run's output: not a run's record" whatever it found.
+if "$VENV/bin/python" -m dpotrain.cluster.job asks preflight "$RECIPE" "$@"; then
+  "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@"
+  exit 0  # (set -e: a preflight that fails ends the job with its code)
+fi
 # `sbatch scripts/dpo_train.sh --dry-run` (or a recipe's `dry_run: true`): the plan at this job's size, checked on its
 # node, is all the job does. Launched, every process of every node set up its engine first (a rendezvous, DeepSpeed's
 # ops: minutes) to print it again, and the log ended "training exited with code 0".
-if "$VENV/bin/python" -m dpotrain.cluster.job asks-dry-run "$RECIPE" "$@"; then
+if "$VENV/bin/python" -m dpotrain.cluster.job asks dry_run "$RECIPE" "$@"; then
   WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@" \
     --accelerate_config "$ACCELERATE_CONFIG"
   exit 0  # (set -e: a dry run that fails ends the job with its code)
@@ -243,7 +258,8 @@ fi
 # only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
 # job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
 # warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
-# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime (Slurm has requeued it).
+# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
+# requeued it).
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
@@ -258,7 +274,8 @@ if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
       die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
     fi
   elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
-    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (preempted, past its GraceTime) ==="
+    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (scontrol requeue, or a preemption" \
+      "past its GraceTime) ==="
   else
     echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
       "command again to go on ==="
@@ -278,3 +295,4 @@ else
     "line above names the node that failed, and its traceback is above that ===" >&2
 fi
 exit "$rc"
+}

@@ -227,3 +227,25 @@ def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "## Verdict: FAIL" in result.stdout and "error: preflight exited 3" in result.stderr
     assert "launch: srun" not in result.stdout  # the training launch never started
+
+
+@pytest.mark.slow
+def test_a_job_given_preflight_runs_the_preflight_alone_and_ends_with_its_code(tmp_path, tiny_model_dir):
+    """`sbatch scripts/dpo_train.sh --preflight` (train_dpo.py's flag: the preflight instead of training): launch.sh
+    ran it inside the job's dry run, where it printed its report in place of the plan, and the job failed with exit 2
+    on "the dry run's output: not a run's record (JSONDecodeError ...)" whatever the verdict. It runs as PREFLIGHT=1
+    runs it, on the batch node, and that is the whole job: the report in the log, the preflight's code, no launch."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PREFLIGHT"))}
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "launch.sh"), "--model_name_or_path", tiny_model_dir, "--preflight"],
+        cwd=tmp_path,
+        env={**env, "RECIPE": "configs/smoke.yaml"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "## Verdict: " in result.stdout and "not a run's record" not in result.stderr, result.stderr[-2000:]
+    assert "launch: srun" not in result.stdout

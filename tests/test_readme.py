@@ -227,6 +227,16 @@ def test_the_demos_relative_accelerate_config_is_the_users_file(tmp_path, monkey
     assert parse_args(["--config", "configs/smoke.yaml", "--accelerate_config", mine]).project.accelerate_config == mine
 
 
+@pytest.mark.parametrize("words", [["--run_name", "think-dpo"], ["--run_name=think-dpo"], ["--run-name", "think-dpo"]])
+def test_the_demo_given_a_run_name_does_not_replace_the_run_in_that_folder(tmp_path, words):
+    """`bash scripts/demo.sh --run_name think-dpo`: a run name chooses the output folder (outputs/<run_name>) as
+    --output_dir does, but the demo still passed --overwrite_output_dir, so the finished run in outputs/think-dpo
+    (configs/think.yaml's own folder) was replaced. Only the demo's own folder, outputs/smoke-dpo, is replaced."""
+    _, _, run = stand_in_demo(tmp_path)
+    assert "--overwrite_output_dir" in run()[2]  # its own outputs/smoke-dpo: repeatable
+    assert "--overwrite_output_dir" not in run(*words)[2]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["--output_dir", "--output_dir="])
 def test_the_demo_sent_to_a_folder_of_the_users_does_not_replace_the_run_there(demo_run, tmp_path, spelling):

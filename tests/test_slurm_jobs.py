@@ -419,6 +419,58 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_requeued_by_scontrol_while_it_trains_saves_resumes_and_says_why(slurm, tmp_path):
+    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
+    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
+    checkpoint, every step once. The log said the job had been "preempted, past its GraceTime", which it never was."""
+    out = tmp_path / "run"
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, "--output_dir", str(out)]
+    args += ["--max_steps", "12", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
+    slurm.run(["scontrol", "requeue", str(job)])
+    state = slurm.wait(job, timeout=600)
+    log = job_log(job)
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", log)
+    assert saved and saved[2] == str(job) and f"Resuming from {saved[1]}" in log, log[-3000:]
+    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
+    assert steps(out) == list(range(1, 13))  # every optimizer step once
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_whose_launch_sh_is_written_over_in_place_while_it_trains_ends_as_it_started(slurm, tmp_path):
+    """launch.sh waits in the job's batch shell for the whole training (days), and bash reads a script as it runs it:
+    a launch.sh written over in place meanwhile (an editor saving over it, `cp` of a newer checkout onto this one) was
+    read on at the old offset in the new text once the training ended, and a job that had trained to its end failed
+    (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now reads it whole before it runs."""
+    project = tmp_path / "project"  # the project, its scripts/launch.sh a copy of its own
+    (project / "scripts").mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if entry.name not in ("scripts", "logs"):
+            (project / entry.name).symlink_to(entry)
+    for entry in (ROOT / "scripts").iterdir():
+        if entry.name != "launch.sh":
+            (project / "scripts" / entry.name).symlink_to(entry)
+    launch = project / "scripts" / "launch.sh"
+    shutil.copy(ROOT / "scripts" / "launch.sh", launch)
+    out = tmp_path / "run"
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", str(project / "scripts" / "dpo_train.sh")]
+    args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--report_to", "none"]
+    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 1)  # training: launch.sh waits for srun
+    inode = launch.stat().st_ino
+    launch.write_text(launch.read_text().replace("\n", "\n# a line added while the job ran\n", 1))
+    assert launch.stat().st_ino == inode  # written over in place, not replaced by a new file
+    state = slurm.wait(job, timeout=600)
+    log = job_log(job)
+    assert state == "COMPLETED" and "training exited with code 0" in log, log[-3000:]
+    assert steps(out) == list(range(1, 7)) and (out / "run_complete.json").is_file()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled_and_a_refused_requeue_fails(
     slurm, tmp_path
 ):
@@ -612,6 +664,23 @@ def test_launch_line_masks_secrets_given_on_the_command_line():
     assert SECRET not in line
     assert "--hub_token REDACTED --wandb_api_key=REDACTED" in line
     assert "--max_tokens_per_microbatch 4096 --learning_rate 8e-8" in line  # not secrets: shown as given
+
+
+def test_the_banner_of_a_project_outside_git_names_no_commit_and_no_change(tmp_path):
+    """A project that is no git checkout (a release's tarball, or one git will not read: another user's folder):
+    `git diff` fails there with 129, not the 1 of a change, and every job's banner said `git: unknown (dirty)`."""
+    project = tmp_path / "dpotrain"  # the project's files, without its .git
+    project.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", "logs", "outputs"):
+            (project / entry.name).symlink_to(entry)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_", "GIT_"))}
+    result = subprocess.run(
+        ["bash", str(project / "scripts" / "launch.sh"), "--betta", "5"],  # refused by its dry run, after the banner
+        cwd=project, env={**env, "RECIPE": "configs/smoke.yaml"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2 and "unknown argument '--betta'" in result.stderr, result.stderr[-2000:]
+    assert "gpus per node: 0  git: unknown\n" in result.stdout, result.stdout
 
 
 @pytest.mark.slow

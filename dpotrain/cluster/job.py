@@ -1,10 +1,10 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
 `engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
 stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
-refuse, `asks-dry-run <recipe> [<train args>]` says whether the job is a dry run, `warning-lead <script>
-[<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not, with the
-fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a checkpoint
-may take and refuses a time limit within the warning."""
+refuse, `asks dry_run|preflight <recipe> [<train args>]` whether the job is a dry run or a preflight, `warning-lead
+<script> [<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not,
+with the fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a
+checkpoint may take and refuses a time limit within the warning."""
 
 import contextlib
 import functools
@@ -47,14 +47,15 @@ def engine(recipe: str, train_args: list[str] | None = None) -> str:
     return named if named and named.lower() != "none" else ProjectArguments.accelerate_config
 
 
-def asks_dry_run(recipe: str, train_args: list[str]) -> bool:
-    """The job's arguments ask for a dry run, however they spell it, or its recipe does (`dry_run: true`) and they do
-    not turn it off. Read from the arguments alone, a recipe's dry run was launched: every process of every node set up
-    its engine to print the plan again, and the log ended "training exited with code 0"."""
-    given = config.dry_run_flag(train_args)
+def asks(field: str, recipe: str, train_args: list[str]) -> bool:
+    """The job's arguments ask for a dry run (`field` dry_run) or a preflight (`preflight`), however they spell it, or
+    its recipe does (`dry_run: true`) and they do not turn it off. Read from the arguments alone, a recipe's dry run was
+    launched: every process of every node set up its engine to print the plan again, and the log ended "training exited
+    with code 0"."""
+    given = config.dry_run_flag(train_args, field)
     if given is not None:
         return given
-    return str(recipe_file.load(recipe).get("dry_run", False)).lower() in TRUE
+    return str(recipe_file.load(recipe).get(field, False)).lower() in TRUE
 
 
 def summary(text: str) -> int:
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if verb == "summary" and not args:
         return summary(sys.stdin.read())
-    if verb == "asks-dry-run" and args:  # exit 0 when the job asks for a dry run
-        return 0 if asks_dry_run(args[0], args[1:]) else 1
+    if verb == "asks" and len(args) > 1 and args[0] in ("dry_run", "preflight"):  # exit 0 when the job asks for it
+        return 0 if asks(*args[:2], args[2:]) else 1
     if verb == "warning-lead" and len(args) in (1, 2):
         print(warning_lead(*args))
         return 0
@@ -200,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks-dry-run <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> <where> "
-        "<grace> <partition> <time left>"
+        "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> "
+        "<where> <grace> <partition> <time left>"
     )
 
 

@@ -863,13 +863,13 @@ def dry_run_asked(argv: list[str]) -> bool:
     return bool(dry_run_flag(argv))
 
 
-def dry_run_flag(argv: list[str]) -> bool | None:
-    """The command line's dry-run flag however it is spelled (--dry-run, --dry_run=true, --dry-run true); None where
-    it gives none. The last one decides, as the run's parser takes it."""
+def dry_run_flag(argv: list[str], field: str = "dry_run") -> bool | None:
+    """The command line's dry-run flag (or another yes/no `field`'s, `preflight`) however it is spelled (--dry-run,
+    --dry_run=true, --dry-run true); None where it gives none. The last one decides, as the run's parser takes it."""
     asked = None
     for i, word in enumerate(argv):
         flag, _, value = word.partition("=")
-        if flag not in ("--dry-run", "--dry_run"):
+        if flag not in (f"--{field}", f"--{field.replace('_', '-')}"):
             continue
         if not value and i + 1 < len(argv) and argv[i + 1].lower() in TRUE + FALSE:
             value = argv[i + 1]
