@@ -29,6 +29,7 @@ from dpotrain.data import (
     mixture,
     positions,
     rows,
+    turns,
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
@@ -711,6 +712,8 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
     if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
         chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
+        if recipe.project.assistant_turns == "all":
+            turns.check_template(pair_lengths.tokenizer)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)
