@@ -862,6 +862,8 @@ def first_half(
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
+    splits = {"train": pairs.train, "held-out": pairs.eval}
+    positions.check_data_tokens(model[0], pair_lengths.tokenizer, recipe.model.model_name_or_path, splits)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))
