@@ -28,6 +28,7 @@ from dpotrain.data import (
     mixture,
     positions,
     rows,
+    turns,
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
@@ -697,6 +698,8 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
     if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
         chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
+        if recipe.project.assistant_turns == "all":
+            turns.check_template(pair_lengths.tokenizer)
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)
@@ -845,6 +848,8 @@ def first_half(
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
+    splits = {"train": pairs.train, "held-out": pairs.eval}
+    positions.check_data_tokens(model[0], pair_lengths.tokenizer, recipe.model.model_name_or_path, splits)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))

@@ -340,6 +340,55 @@ def test_a_generation_prompt_whose_last_token_merges_with_the_answer_labels_the_
     assert labels[1:] == [int(x != -100) for x in want[1:p]] and sum(labels) > 0  # the earlier turn is labeled
 
 
+# Qwen3's way with earlier answers: their thinking block is dropped once a later user turn follows
+DROPS_EARLIER_THINKING = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}{%- set c = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in c -%}"
+    "{%- set c = c.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_a_template_that_drops_earlier_thinking_is_refused_under_all_before_the_model_loads(tmp_path, tiny_model_dir):
+    """A template that writes an earlier answer without its thinking block once a later user turn follows (Qwen3's):
+    open-instruct's rule masks each turn from the length of the conversation rendered up to it, where that answer
+    still has its block, so the masks started late and the next user turn (its header, its text, the generation
+    prompt) was trained as the assistant's, with no word said. The dry run refuses it in one line; `final` takes it
+    (TRL's split renders every earlier turn alike); a pair labeled anyway raises."""
+    from trl.data_utils import _tokenize
+
+    import train_dpo
+
+    template = tmp_path / "drops.jinja"
+    template.write_text(DROPS_EARLIER_THINKING)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = DROPS_EARLIER_THINKING
+    history = [
+        {"role": "user", "content": "river"},
+        {"role": "assistant", "content": "<think>\nquiet\n</think>\n\nstone"},
+        {"role": "user", "content": "north"},
+    ]
+    assert "<think>" not in tokenizer.apply_chat_template(history, tokenize=False)  # the template's way
+    answers = {
+        "chosen": [{"role": "assistant", "content": "light"}],
+        "rejected": [{"role": "assistant", "content": "no"}],
+    }
+    prompt = _tokenize(tokenizer, history, add_generation_prompt=True)["input_ids"]
+    example = {"prompt": history, **answers, "prompt_ids": prompt, "chosen_ids": [1], "rejected_ids": [2]}
+    says = "assistant_turns all: the chat template writes an earlier assistant turn otherwise once a later turn follows"
+    with pytest.raises(ValueError, match=says):
+        turns.prompt_labels(example, tokenizer)
+    args = [SMOKE, "--chat_template_path", str(template), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    with pytest.raises(ConfigError, match=says) as refused:
+        train_dpo.main(["--config", *args])
+    assert "\n" not in str(refused.value) and "--assistant_turns final" in str(refused.value)
+    train_dpo.main(["--config", *args, "--assistant_turns", "final"])
+
+
 @pytest.mark.parametrize("option", [["--use_weighting", "true"], ["--ld_alpha", "0.5"]], ids=["wpo", "ld_dpo"])
 def test_losses_that_read_one_completion_refuse_all(option):
     from dpotrain import options

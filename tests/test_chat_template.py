@@ -783,3 +783,27 @@ def test_the_dry_run_names_a_template_folder_as_its_file(tiny_model_dir, capsys)
     train_dpo.main([*args, "--report_to", "none", "--chat_template_path", tiny_model_dir, "--dry-run"])
     out = capsys.readouterr().out
     assert f"  template:      {file} (sha256 " in out, out
+
+
+def test_a_model_with_several_templates_is_recorded_by_their_content(tiny_model_dir, tmp_path, capsys):
+    """A tokenizer saved with several templates (additional_chat_templates/, Command R's `tool_use` beside its
+    default) holds them as a dict by name: the record took no digest of it, and the dry run said of a tokenizer in the
+    model's folder that it was not on this machine. Recorded by their content, as one template is."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    import train_dpo
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = {"default": builtin.CHAT_TEMPLATE, "tool_use": "{{ bos_token }}" + builtin.CHAT_TEMPLATE}
+    tokenizer.save_pretrained(model)
+    assert (model / "additional_chat_templates" / "tool_use.jinja").is_file()
+    digest = hashlib.sha256(json.dumps(tokenizer.chat_template, sort_keys=True).encode()).hexdigest()
+    args = [*SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    train_dpo.main(args)
+    assert f"  template:      the model's own (sha256 {digest[:12]})\n" in capsys.readouterr().out
+    train_dpo.main([*args, "--json"])
+    assert json.loads(capsys.readouterr().out)["derived"]["chat_template"]["sha256"] == digest

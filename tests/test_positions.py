@@ -159,3 +159,38 @@ def test_a_recipes_pad_token_past_the_models_embedding_is_refused_before_the_mod
         "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
     )
     positions.check_vocabulary(LlamaConfig(vocab_size=rows), tokenizer, "m", "<|im_end|>")  # one it has: fine
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_pairs_holding_an_added_token_past_the_models_embedding_are_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """An added token past the model's embedding rows that nothing the run writes itself passes the tokenizer's check,
+    but a pair whose text holds it (a special token in a message is tokenized as the token) fed its id: the dry run
+    said nothing, and the run stopped at the first micro-batch holding it, `IndexError: index out of range in self`
+    once the model had loaded (a device-side assert on a GPU)."""
+    from dpotrain.data import builtin
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    tokenizer = lengths.load_tokenizer(str(folder))
+    rows = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})  # id `rows`, no embedding row
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    pairs = builtin.make_preference_rows(40, seed=3)
+    for n in (5, 9):
+        pairs[n]["chosen"][-1]["content"] += " <|extra|>"
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    args = ["--model_name_or_path", str(folder), "--dataset_name", str(data), "--max_steps", "2"]
+    line = refused(tmp_path, monkeypatch, capsys, *args, *dry_run)
+    first = pairs[5]["chosen"][0]["content"][:60]
+    assert line == (
+        f"error: 2 of 40 pairs of the train split hold '<|extra|>' (id {rows:,}; the first: the pair whose prompt "
+        f"starts {first!r}), an added token of the tokenizer of {folder} past the {rows:,} rows of the model's "
+        "embedding (vocab_size in its config.json): the first micro-batch holding it would stop the run (an IndexError "
+        "on a CPU, a device-side assert on a GPU): remove it from those pairs, or resize its embeddings to the "
+        "tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    )

@@ -577,6 +577,46 @@ def test_a_sentencepiece_tokenizer_without_its_package_is_refused_naming_it(
     )
 
 
+def test_a_bpe_tokenizer_saved_as_vocab_and_merges_alone_is_refused_with_the_command_that_writes_its_json(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A folder whose tokenizer is vocab.json and merges.txt alone (no tokenizer.json: GPT-2 era saves), for a model
+    type whose tokenizer transformers builds from tokenizer.json only (OLMo's): transformers' ValueError said to install
+    sentencepiece or tiktoken, and the run took the files for damaged ("cut off while it was written or copied?: copy
+    the model's folder again"). The line gives the command that writes tokenizer.json, after which the run reads the
+    same token ids."""
+    import shlex
+
+    import transformers
+
+    from dpotrain.data import lengths
+
+    model = tmp_path / "bpe-model"
+    shutil.copytree(tiny_model_dir, model)
+    saved = json.loads((model / "tokenizer.json").read_text())
+    (model / "vocab.json").write_text(json.dumps(saved["model"]["vocab"]))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in saved["model"]["merges"]]
+    (model / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    special = {"special": True, "lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
+    added = {str(t["id"]): {"content": t["content"], **special} for t in saved["added_tokens"]}
+    config = {**config, "tokenizer_class": "GPT2Tokenizer", "added_tokens_decoder": added, "add_prefix_space": False}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "tokenizer.json").unlink()
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2")
+    assert line == (
+        f"error: model folder '{model}' holds its tokenizer as vocab.json and merges.txt alone (no tokenizer.json), "
+        f"from which transformers {transformers.__version__} builds no tokenizer for this model's type (it needs a "
+        "tokenizer.json): write one with the tokenizer's own class: python -c \"import sys; from transformers import "
+        f'GPT2Tokenizer as T; T.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[1])" {model}'
+    )
+    command = shlex.split(line.split(": python ", 1)[1])
+    subprocess.run([sys.executable, *command], check=True, capture_output=True)
+    text = "<|im_start|>user\nWhat is 2 plus 2? Then tell me about tides.<|im_end|>\n"
+    ids = [lengths.load_tokenizer(str(m))(text)["input_ids"] for m in (tiny_model_dir, model)]
+    assert ids[0] == ids[1]
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir

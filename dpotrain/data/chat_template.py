@@ -89,6 +89,13 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def text_of(template: str | dict | None) -> str | None:
+    """A tokenizer's template as one text: a tokenizer saved with several (additional_chat_templates/, a list in its
+    tokenizer_config.json: Command R's `tool_use`) holds them as a dict by name, and `apply_chat_template` picks one
+    per conversation (`tool_use` for a row with `tools`)."""
+    return json.dumps(template, sort_keys=True) if isinstance(template, dict) else template
+
+
 def record(path: str | None, tokenizer=None, plain_text: bool = False, unread: str | None = None) -> dict:
     """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256; for
     plain-text pairs, that none applies, and whether a `chat_template_path` was given to no effect. `unread`: why the
@@ -97,7 +104,7 @@ def record(path: str | None, tokenizer=None, plain_text: bool = False, unread: s
         return {"path": None, "source": "none: plain text", "sha256": None, "plain_text": True, "unused": path}
     if path:
         return {"path": str(template_file(path).resolve()), "sha256": sha256(read(path))}
-    own = getattr(tokenizer, "chat_template", None)
+    own = text_of(getattr(tokenizer, "chat_template", None))
     found = {"path": None, "source": "the model's own", "sha256": sha256(own) if isinstance(own, str) else None}
     return {**found, "unread": unread} if tokenizer is None and unread else found
 

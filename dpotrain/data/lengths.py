@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shlex
 import sys
 import time
 from contextlib import nullcontext
@@ -607,9 +608,13 @@ def load_tokenizer(
         name_or_path = builtin.materialize_model(name_or_path)
     check_tokenizer_folder(name_or_path)
     check_sentencepiece(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(
-        name_or_path, revision=revision, local_files_only=local_files_only, trust_remote_code=trust_remote_code
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name_or_path, revision=revision, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+        )
+    except ValueError:
+        check_bpe_files(name_or_path)
+        raise
     return chat_template.apply(tokenizer, chat_template_path)
 
 
@@ -657,6 +662,28 @@ def check_sentencepiece(name_or_path: str) -> None:
                 "tokenizer.json), which transformers reads with the sentencepiece package, not installed here: pip "
                 "install sentencepiece"
             )
+
+
+def check_bpe_files(name_or_path: str) -> None:
+    """A folder whose tokenizer is vocab.json and merges.txt alone (no tokenizer.json, as older tokenizers were saved):
+    transformers builds it only where its tokenizer class is the model type's own, else raises a ValueError that says
+    to install sentencepiece or tiktoken (and the run took the files for damaged). Its class writes tokenizer.json."""
+    import transformers
+
+    path = Path(name_or_path).expanduser()
+    if (path / "tokenizer.json").is_file() or not all((path / f).is_file() for f in ("vocab.json", "merges.txt")):
+        return
+    try:
+        kind = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class") or "GPT2Tokenizer"
+    except (OSError, ValueError):
+        kind = "GPT2Tokenizer"
+    folder = shlex.quote(str(path))
+    raise ConfigError(
+        f"model folder {name_or_path!r} holds its tokenizer as vocab.json and merges.txt alone (no tokenizer.json), "
+        f"from which transformers {transformers.__version__} builds no tokenizer for this model's type (it needs a "
+        "tokenizer.json): write one with the tokenizer's own class: python -c \"import sys; from transformers import "
+        f'{kind} as T; T.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[1])" {folder}'
+    )
 
 
 def dataset_identity(

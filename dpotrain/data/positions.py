@@ -15,6 +15,7 @@ import numpy as np
 from dpotrain.recipe.errors import ConfigError
 
 SCALED_ROPE = ("yarn", "llama3", "linear", "dynamic", "longrope")
+RESIZE = "resize its embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
 
 
 def model_limit(config) -> tuple[int | None, str]:
@@ -76,10 +77,7 @@ def check_vocabulary(config, tokenizer, model: str, pad_token: str | None = None
     past = {i: token for token, i in tokenizer.get_added_vocab().items() if i >= rows}
     if base <= rows and not past:
         return
-    resize = (
-        "resize its embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
-    )
-    fix = f"give the model folder the tokenizer the model was trained with, or {resize}"
+    fix = f"give the model folder the tokenizer the model was trained with, or {RESIZE}"
     if base > rows:
         raise ConfigError(
             f"the tokenizer of {model} has {base:,} token ids, past the {rows:,} rows of the model's embedding "
@@ -92,7 +90,7 @@ def check_vocabulary(config, tokenizer, model: str, pad_token: str | None = None
         raise ConfigError(
             f"pad_token {pad_token!r} (id {pad_id:,}) is an added token past the {rows:,} rows of the model's "
             f"embedding (vocab_size in the config.json of {model}): the trainer would pad with it, so give a pad_token "
-            f"the model has (e.g. its EOS token {tokenizer.eos_token!r}), leave pad_token out, or {resize}"
+            f"the model has (e.g. its EOS token {tokenizer.eos_token!r}), leave pad_token out, or {RESIZE}"
         )
     if fed:
         raise ConfigError(
@@ -115,3 +113,42 @@ def _template_ids(tokenizer) -> set:
         except Exception:  # noqa: BLE001 - a template that takes no system turn (the next render has none)
             continue
     return ids
+
+
+def check_data_tokens(config, tokenizer, model: str, splits: dict) -> None:
+    """Refuses pairs whose text holds an added token past the model's embedding rows: `check_vocabulary` passes one
+    that nothing the run writes itself, but a special token in a message is tokenized as the token, and the first
+    micro-batch holding it stopped the run once the model had loaded. `splits`: name -> the pairs as read (None: not
+    loaded); searched only where the tokenizer has such a token."""
+    rows = getattr(config.get_text_config(), "vocab_size", None) if config is not None else None
+    if tokenizer is None or not isinstance(rows, int):
+        return
+    if not (past := {token: i for token, i in tokenizer.get_added_vocab().items() if i >= rows}):
+        return
+    for name, pairs in splits.items():
+        held = [(token, pair) for pair in pairs or () if (token := _held(pair, past))]
+        if held:
+            token, pair = held[0]
+            prompt = pair["prompt"]  # a message list, or plain text
+            start = str(prompt[0].get("content") if isinstance(prompt, list) and prompt else prompt)[:60]
+            raise ConfigError(
+                f"{len(held):,} of {len(pairs):,} pairs of the {name} split hold {token!r} (id {past[token]:,}; the "
+                f"first: the pair whose prompt starts {start!r}), an added token of the tokenizer of {model} past the "
+                f"{rows:,} rows of the model's embedding (vocab_size in its config.json): the first micro-batch "
+                "holding it would stop the run (an IndexError on a CPU, a device-side assert on a GPU): remove it from "
+                f"those pairs, or {RESIZE}"
+            )
+
+
+def _held(pair: dict, tokens) -> str | None:
+    """The first of `tokens` a pair's text holds."""
+    return next((token for text in _strings(pair) for token in tokens if token in text), None)
+
+
+def _strings(value):
+    """Every string in a pair as read (message contents, tools, plain text), depth first."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict | list | tuple):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _strings(item)

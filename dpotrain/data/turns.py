@@ -11,26 +11,66 @@ completion open-instruct would label otherwise than TRL's split is refused, nami
 from dpotrain.data import chat_template
 from dpotrain.data.pair_lengths import LABELS
 from dpotrain.recipe import upstream
+from dpotrain.recipe.errors import ConfigError
+
+
+class Rewritten(ValueError):
+    """The template writes an earlier turn otherwise once the conversation goes on (`masked_spans`)."""
+
+
+REWRITTEN = (
+    "assistant_turns all: the chat template writes an earlier assistant turn otherwise once a later turn follows "
+    "(e.g. it drops the thinking block of earlier answers, as Qwen3's does), so open-instruct's rule, which masks each "
+    "turn from the length of the conversation rendered up to it, would train tokens of the turn after it: use "
+    "--assistant_turns final (the final answer alone, as TRL trains it), or a chat template that writes earlier "
+    "assistant turns as it writes the last"
+)
+PROBE = [  # an earlier answer with a thinking block, then the next user turn
+    {"role": "user", "content": "Hi."},
+    {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHello."},
+    {"role": "user", "content": "Bye."},
+]
 
 
 def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple[int, int]]:
     """The positions open-instruct masks in a conversation that starts with `prompt` and goes on with assistant
     messages only: one (start, end) per non-assistant message of the prompt (rendering the prompt's own prefixes gives
-    the same lengths as the whole conversation's, at a fraction of the cost on long answers)."""
+    the same lengths as the whole conversation's, at a fraction of the cost on long answers). Raises `Rewritten` where
+    the prefix before a message is not the start of the prefix that ends with it: the start would then lie inside that
+    message, whose first tokens would be trained."""
 
-    def length(upto: int, generation: bool) -> int:
-        rendered = upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)
-        return len(rendered["input_ids"])
+    def ids(upto: int, generation: bool) -> list[int]:
+        return upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)[
+            "input_ids"
+        ]
+
+    from trl.data_utils import common_prefix_length
 
     spans = []
     for i, message in enumerate(prompt):
         if message["role"] == "assistant":
             continue
-        start = 0 if i == 0 else length(i, False)
         # the generation prompt (the assistant header) when an assistant message follows: always after the last
         header = i == len(prompt) - 1 or prompt[i + 1]["role"] == "assistant"
-        spans.append((start, length(i + 1, header)))
+        upto = ids(i + 1, header)
+        before = ids(i, False) if i else []
+        # One token may differ: the conversation's last turn may end with another token than an earlier one
+        # (olmo_thinker: EOS, where an earlier turn ends with <|im_end|> and a newline), as open-instruct labels it.
+        if len(before) - common_prefix_length(before, upto) > 1:
+            raise Rewritten(REWRITTEN)
+        spans.append((len(before), len(upto)))
     return spans
+
+
+def check_template(tokenizer) -> None:
+    """Before the model loads, with `assistant_turns: all`: a template that writes an earlier answer otherwise once the
+    conversation goes on is refused (`masked_spans`), judged on `PROBE` (each pair is judged again as it is labeled)."""
+    try:
+        masked_spans(PROBE, tokenizer)
+    except Rewritten as e:
+        raise ConfigError(str(e)) from None
+    except Exception:  # noqa: BLE001 - a template that refuses this conversation: the rows' checks name what it refuses
+        return
 
 
 def prompt_labels(example: dict, tokenizer) -> list[int]:
