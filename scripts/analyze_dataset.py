@@ -375,7 +375,7 @@ def analyze(args: argparse.Namespace) -> int:
             hh_format=hh_format,
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
-        if e.index == 0 and indices is None:
+        if e.index == 0 and indices is None and not args.streaming:  # a stream is not read twice: its row's line
             every_row_invalid(rows.check_dataset(dataset, True, hh_format, tokenizer), split, name)
         raise e.located(name) from None
     if m.rows == 0:
