@@ -334,17 +334,20 @@ def analyze(args: argparse.Namespace) -> int:
     # and after the read and the read itself each asked for main (a push between them: a refusal to cache, as of data
     # still being written), and offline the copy datasets prepared last was measured and cached under refs/main's key.
     pins = mixture.pin(mixture.parse(fields)) if mixed else None
+    # One Hub data set at the commit the run trains on (stages.pin_data), offline refs/main's: read unpinned, the copy
+    # datasets prepared last was measured, whatever commit it holds, and cached under main's commit
+    pinned = hub_revision.resolve(name, args.revision) if not mixed and hub_revision.applies(name) else args.revision
     # What the cache is keyed by, taken before the rows are read: a file still written during the analysis has another
     # identity by its end, under which the rows measured would stand for rows they never were.
     identify = (
         functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format, pins=pins)
         if mixed
-        else functools.partial(lengths.dataset_identity, name, split, subset, args.revision, hh_format=hh_format)
+        else functools.partial(lengths.dataset_identity, name, split, subset, pinned, hh_format=hh_format)
     )
     dataset_id = identify()
     with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
         dataset, mix = (
-            load(args, name, split, subset, offline.prefetch_command(run))
+            load(args, name, split, subset, pinned, offline.prefetch_command(run))
             if not mixed
             else mixture.load(
                 mixture.parse(fields),
@@ -375,7 +378,7 @@ def analyze(args: argparse.Namespace) -> int:
             hh_format=hh_format,
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
-        if e.index == 0 and indices is None:
+        if e.index == 0 and indices is None and not args.streaming:  # a stream is not read twice: its row's line
             every_row_invalid(rows.check_dataset(dataset, True, hh_format, tokenizer), split, name)
         raise e.located(name) from None
     if m.rows == 0:
@@ -465,11 +468,12 @@ def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> N
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
 
 
-def load(args, name: str, split: str, subset: str | None, prefetch: str):
-    """One data set, and no mixture. `prefetch`: the command that fetches it (`offline.prefetch_command`)."""
+def load(args, name: str, split: str, subset: str | None, revision: str | None, prefetch: str):
+    """One data set, and no mixture, at `revision` (a Hub data set's pinned commit). `prefetch`: the command that
+    fetches it (`offline.prefetch_command`)."""
     try:
         loaded = data.load_preference_dataset(
-            name, split, subset, revision=args.revision, streaming=args.streaming, split_flag="--split"
+            name, split, subset, revision=revision, streaming=args.streaming, split_flag="--split"
         )
     except ConfigError:  # already one line that names the fix
         raise
@@ -477,7 +481,7 @@ def load(args, name: str, split: str, subset: str | None, prefetch: str):
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
     # Offline, datasets reads the copy it prepared last, whatever the commit: refused as the run refuses it, before
     # another commit's lengths are measured and cached for `max_length: auto` under this one's key
-    hub_revision.check_loaded(loaded, name, args.revision, prefetch)
+    hub_revision.check_loaded(loaded, name, revision, prefetch)
     return loaded, None
 
 

@@ -704,6 +704,19 @@ def test_every_row_invalid_is_refused_as_the_run_refuses_it(skip, cli, tmp_path,
     assert error_line(capsys) == line
 
 
+def test_a_streamed_data_set_whose_first_row_is_bad_names_the_row(cli, tmp_path, tiny_model_dir, capsys):
+    """--streaming with a bad first row: the check of whether every row is bad took len() of the stream, and the
+    analyzer ended in `TypeError: object of type 'IterableDataset' has no len()` (exit 1, a traceback) instead of the
+    row's line that the same file read whole gets."""
+    path = write_jsonl(tmp_path / "first.jsonl", [{"chosen": GOOD["chosen"], "rejected": GOOD["chosen"]}, GOOD])
+    argv = [path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main(argv) == 2
+    whole = error_line(capsys)
+    assert whole.startswith("error: row 0, column 'chosen': identical to `rejected`"), whole
+    assert cli.main([*argv, "--streaming"]) == 2
+    assert error_line(capsys) == whole
+
+
 @pytest.mark.parametrize("mixed", [False, True], ids=["dataset_name", "mixture"])
 def test_the_recipes_skip_invalid_skips_the_rows_the_run_skips(mixed, cli, tmp_path, tiny_model_dir, capsys):
     """A recipe with `skip_invalid: true` (the run drops and counts its bad rows): the analyzer stopped at the first

@@ -375,6 +375,12 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
     assert error.endswith(f" --revision {first}), or start a new run"), error
+    # The data set alone, no --revision: the run pins it to refs/main's commit and refuses this copy; the analyzer read
+    # it unpinned, measured the 32 pairs and cached them under that commit's key (a dry run then showed 32 pairs)
+    analyze = [*SMOKE, "--dataset_name", "org/prefs"]
+    log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
     assert not (tmp_path / "cache" / "lengths").exists()
 
     hub_script(hub, tmp_path, words[3], *words[4:])  # the command as printed (its caches are this test's)
