@@ -70,3 +70,31 @@ def test_a_client_signalled_as_its_child_ends_exits_as_the_child_did(tmp_path):
                 break
         codes.append(client.wait())
     assert codes == [75] * 20
+
+
+def test_two_messages_that_reach_the_client_together_are_read_one_at_a_time():
+    """The server answers a request with the child's pid, then, once it has reaped the child, with its status. A child
+    that ends at once (a rank whose run had ended) lets both arrive before the client reads: one read took both, its
+    JSON failed ("Extra data"), and the client died in its teardown (default handlers back) of the next SIGTERM,
+    -15 for a child that ended 75 (seen in a busy fast tier, 1 of 20 tries)."""
+    import socket
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    import warm
+
+    server, client = socket.socketpair()
+    with server, client:
+        warm._send(server, {"pid": 1})
+        warm._send(server, {"status": 75 << 8})
+        assert warm._recv(client) == ({"pid": 1}, [])
+        assert warm._recv(client) == ({"status": 75 << 8}, [])
+        # A request's file descriptors come with its first bytes, whatever follows them
+        read, write = os.pipe()
+        warm._send(server, {"argv": ["x.py"]}, (read, write))
+        warm._send(server, {"status": 0})
+        request, fds = warm._recv(client)
+        assert request == {"argv": ["x.py"]} and len(fds) == 2
+        assert warm._recv(client) == ({"status": 0}, [])
+        for fd in (read, write, *fds):
+            os.close(fd)

@@ -101,12 +101,18 @@ def _send(sock, payload: dict, fds=()) -> None:
 
 
 def _recv(sock) -> tuple[dict | None, list[int]]:
-    """One message and the file descriptors sent with it; None for the message when the peer has gone."""
-    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+    """One message and the file descriptors sent with it; None for the message when the peer has gone. Its length
+    first, then no byte past it: the server's two answers (the pid, the status of a child that ended at once) may
+    arrive together, and one read of both left JSON with extra data."""
+    data, fds, _, _ = socket.recv_fds(sock, 4, 3)
+    while data and len(data) < 4:
+        more = sock.recv(4 - len(data))
+        if not more:
+            return None, fds
+        data += more
     if len(data) < 4:
         return None, fds
-    size = struct.unpack("!I", data[:4])[0]
-    data = data[4:]
+    size, data = struct.unpack("!I", data)[0], b""
     while len(data) < size:
         more = sock.recv(size - len(data))
         if not more:
@@ -338,15 +344,22 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     # The others are forwarded from before the child exists (it may run, and be signalled by the test, before this
     # process reads its id): one that comes first is sent on once the id is known.
     child, pending = None, []
+    # Python runs a handler again inside itself when the next signal comes: a flood (the test's SIGTERM as often as it
+    # can land) nested it until a RecursionError ended the client, -15 in its teardown. One call sends them all.
+    sending = False
 
     def forward(sig, _frame):
-        if child is None:
+        nonlocal sending
+        if sig not in pending:
             pending.append(sig)
-            return
-        try:
-            os.kill(child, sig)
-        except ProcessLookupError:
-            pass  # ended already: its status is on its way
+        while child is not None and pending and not sending:  # checked again once done: one may have come in between
+            sending = True
+            while pending:
+                try:
+                    os.kill(child, pending.pop(0))
+                except ProcessLookupError:
+                    pass  # ended already: its status is on its way
+            sending = False
 
     for sig in FORWARDED:
         if int(sig) not in ignored:
@@ -366,8 +379,8 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
             os.kill(os.getpid(), sig)
         real()  # exec: the handlers set above go back to the defaults
     child = answer["pid"]
-    for sig in pending:
-        forward(sig, None)
+    if pending:
+        forward(pending[0], None)
     answer, _ = _recv(sock)
     # The child has ended: a signal from now on (torchrun's agent stops the ranks left once one has ended) must not
     # end this process otherwise than the child did. Blocked, not ignored: Python 3.11 raises "Signal 15 ignored due
