@@ -278,6 +278,23 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, run by the controller as each worker's collection arrives
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under `--dist loadgroup` a worker ends each test's id with its group (`...::test@slurm`, every test has one
+    here), and the controller sends a group to one worker by that mark. pytest 9.2 keeps ids where xdist 3.8 no longer
+    writes, so the groups were lost without a word (pytest-dev/pytest-xdist#1386): a module's fixtures were made on
+    both workers, and two workers' Slurm jobs held the same nodes. A lost group now stops the run before any test."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    lost = [nodeid for nodeid in ids if nodeid.rfind("@") <= nodeid.rfind("]")]  # xdist: "@" past any params
+    if lost:
+        pytest.exit(
+            f"pytest-xdist did not group {len(lost)} tests by their xdist_group (first: {lost[0]}): install the pytest"
+            " and pytest-xdist of requirements-dev.txt (bash scripts/setup_env.sh --dev)",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
 WORKER_SUMMARIES = []  # under workers (scripts/test.sh), each worker's warm interpreter summary, for the controller's
 
 
