@@ -264,13 +264,21 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
             del changed[name]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(changed) else mixture.content_changed(recipe, old.derived)
+    # The held-out files too, where the held-out pairs are named as recorded (naming others may change): edited in
+    # place, they changed the pairs evaluated on, and the eval curves across the resume, in silence
+    held = old.changed(new, ["dataset_test_split", *mixture.EVAL_FIELDS])
+    for name in mixture.EVAL_FIELDS[:2]:
+        if name in held and config.same_sources(*held[name], name == "dataset_mixer_eval_list", started):
+            del held[name]
+    evaluates = recipe.training.eval_strategy != "no" and not held and not mixed & set(changed)
+    held_out = mixture.held_out_changed(recipe, old.derived) if evaluates else None
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
     same_model = not {"model_name_or_path", "model_revision"} & set(changed)
     model = model_identity.changed(recipe, old.model_identity) if same_model else None
     # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
     template = chat_template.changed(old.lengths.template, recipe.project.chat_template_path)
     found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
-    found |= {"dataset content": content, "model": model, "chat template": template}
+    found |= {"dataset content": content, "held-out content": held_out, "model": model, "chat template": template}
     return [f"{name}: {what}" for name, what in found.items() if what]
 
 

@@ -279,6 +279,12 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if identify and not mixed:
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
         checked["data_identity"] = found or hub_revision.identity(revision)
+        # The test split's files where the training split's leave them out (a saved DatasetDict's own folder; a folder
+        # of split files is recorded whole): a resume compares them (mixture.held_out_changed)
+        test = eval_dataset is not None and not mixture.given(values, evaluation=True)
+        held = data_identity.files(script.dataset_name, script.dataset_test_split) if test else None
+        if held and not set(held) <= set(found or {}):
+            checked["eval_identity"] = data_identity.of_files(held)
     plan.check_steps(steps, recipe.training.max_steps)
     plan.check_schedule_fits(steps, recipe.training)
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise

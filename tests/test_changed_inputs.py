@@ -471,3 +471,49 @@ def test_a_model_init_kwargs_key_changed_between_attempts_is_refused_and_one_for
     for kwargs in (None, '{"low_cpu_mem_usage": true}'):
         extra = ["--model_init_kwargs", kwargs] if kwargs else []
         assert check_output_dir(parse(*extra), 8).resume_from == str(out / "checkpoint-4")
+
+
+@pytest.mark.parametrize("given", ["test split", "held-out mixture"])
+def test_held_out_pairs_edited_between_attempts_are_refused_and_other_ones_named_resume(
+    given, tmp_path, tiny_model_dir, splits
+):
+    """The held-out pairs' files are the run's too: edited in place between attempts, the resume evaluated other pairs
+    than its first attempt in silence (eval curves across it not comparable). A saved DatasetDict's test split (its
+    own folder, which the training record leaves out) and a held-out mixture's file are refused naming the file; other
+    held-out pairs named (a setting that may change), or no evaluation, resume."""
+    import datasets
+
+    from dpotrain import resolve, stages
+
+    data, held, run = tmp_path / "pairs", tmp_path / "held.jsonl", tmp_path / "run"
+    shutil.copytree(splits, data)
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    held.write_text("".join(lines[:8]))
+    mixed = ["--dataset_mixer_eval_list", str(held), "1.0"] if given == "held-out mixture" else []
+    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(run)]
+    args += ["--eval_strategy", "steps", "--eval_steps", "2", "--report_to", "none", *mixed]
+    recipe = parse_args(args)
+    record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
+    record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps(record))
+    assert resolve.changed_settings(recipe, run, 8) == []
+    if mixed:
+        held.write_text("".join(lines[8:16]))  # 8 other pairs in place of the 8 evaluated on
+        name = f"{held} [test]: held.jsonl"
+    else:  # another test split's Arrow file copied over the recorded one
+        other = datasets.Dataset.from_list([json.loads(line) for line in lines[:12]])
+        datasets.DatasetDict({"train": other, "test": other}).save_to_disk(tmp_path / "other")
+        name = "test/data-00000-of-00001.arrow"
+        shutil.copy(tmp_path / "other" / name, data / name)
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert changed.startswith(f"held-out content: {name} has ") and "the run evaluated on" in changed, changed
+    assert resolve.changed_settings(parse_args([*args, "--eval_strategy", "no"]), run, 8) == []
+    if mixed:  # another file named for the held-out pairs: a setting that may change
+        shutil.copy(held, tmp_path / "held_2.jsonl")
+        assert (
+            resolve.changed_settings(
+                parse_args([*args[:-3], *mixed[:1], str(tmp_path / "held_2.jsonl"), "1.0"]), run, 8
+            )
+            == []
+        )

@@ -105,15 +105,16 @@ def of_files(found: dict[str, Path], ends: bool = False) -> dict:
     return record
 
 
-def changed_files(old: dict, found: dict[str, Path]) -> str | None:
-    """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same."""
+def changed_files(old: dict, found: dict[str, Path], read: str = "trained on") -> str | None:
+    """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same. `read`: what
+    the run did with them (held-out files: "evaluated on")."""
     if set(found) != set(old):
         added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
         return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"
     for name, path in found.items():
         stat, was = path.stat(), old[name]
         if stat.st_size != was["bytes"]:
-            return f"{name} has {stat.st_size} bytes, the run trained on {was['bytes']}"
+            return f"{name} has {stat.st_size} bytes, the run {read} {was['bytes']}"
         # A file hashed whole is trusted while its change time agrees too: `cp -p` of another file of the same size
         # keeps the modification time, never the change time (a chmod or a move changes it too: hashed again).
         # A file known by its ends is trusted on its modification time: hashed again, its ends prove nothing.
@@ -123,7 +124,7 @@ def changed_files(old: dict, found: dict[str, Path]) -> str | None:
         if "sha256" in was:
             digest, then = _sha256(path), was["sha256"]
             if digest != then:
-                return f"{name} has other content (SHA-256 {digest[:12]}..., the run trained on {then[:12]}...)"
+                return f"{name} has other content (SHA-256 {digest[:12]}..., the run {read} {then[:12]}...)"
             continue
         if _sha256(path, ends=True) != was["sha256_ends"]:
             return f"{name} has other content (its first and last MiB differ from those the run trained on)"
@@ -143,8 +144,8 @@ def of(name: str, split: str = "train", data_dir: str | None = None, data_files=
 
 
 def changed(
-    old: dict | None, name: str, split: str = "train", data_dir: str | None = None, data_files=None
+    old: dict | None, name: str, split: str = "train", data_dir=None, data_files=None, read: str = "trained on"
 ) -> str | None:
     """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None."""
     found = files(name, split, data_dir, data_files)
-    return changed_files(old, found) if old and found is not None else None
+    return changed_files(old, found, read) if old and found is not None else None

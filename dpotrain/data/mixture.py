@@ -679,9 +679,26 @@ def content_changed(recipe, derived: dict) -> str | None:
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
-    for source, was in zip(sources, _recorded(sources, derived.get("data_sources")), strict=True):
+    return _sources_changed(sources, derived.get("data_sources"))
+
+
+def held_out_changed(recipe, derived: dict) -> str | None:
+    """How the held-out pairs' local files differ from the run's record: a held-out mixture's (`eval_sources`), else
+    dataset_name's test split's where the training record leaves them out (`eval_identity`). A record of neither
+    (written before they were compared) is not compared; Hub sources are read at their recorded commits (`kept`)."""
+    sources, s = parse(fields_of(recipe), evaluation=True), recipe.script
+    if sources is None:
+        return data_identity.changed(derived.get("eval_identity"), s.dataset_name, s.dataset_test_split, read=EVALUATED)
+    return _sources_changed(sources, derived.get("eval_sources"), EVALUATED)
+
+
+EVALUATED = "evaluated on"  # what a run does with its held-out files, said where they changed
+
+
+def _sources_changed(sources: list[Source], records: list | None, read: str = "trained on") -> str | None:
+    for source, was in zip(sources, _recorded(sources, records), strict=True):
         read_from = _read_from(source)
-        if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from)):
+        if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from, read=read)):
             return f"{source.spec()}: {why}"
     return None
 

@@ -187,7 +187,8 @@ _OBJECTS = (
     *(
         f"derived.{name}"
         for name in """gradient_clipping chat_template max_length forward memory memory.per_gpu_gib batching
-    batching.pairs_trained batching.max_length_cuts recipe_batching_replaced model_identity data_identity""".split()
+    batching.pairs_trained batching.max_length_cuts recipe_batching_replaced model_identity data_identity
+    eval_identity""".split()
     ),
 )
 _SPREADS = tuple(
