@@ -344,13 +344,14 @@ def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, te
             p.chat_template_path,
             pins,
             fetch,
+            evaluation,
         )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
-    hub_revision.check_loaded(dataset, name, revision, fetch)
+    hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation)
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
     )

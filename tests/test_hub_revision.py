@@ -386,3 +386,21 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     hub_script(hub, tmp_path, words[3], *words[4:])  # the command as printed (its caches are this test's)
     shown = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry, env=offline)
     assert dry_run_rows(shown) == 32  # main's commit, pinned and read
+
+
+@pytest.mark.slow  # processes of their own
+def test_an_offline_held_out_source_whose_cache_last_prepared_another_commit_is_refused_as_evaluated_on(hub, tmp_path):
+    """A held-out mixture's Hub source read offline from another commit's copy is refused as a training source is, and
+    said of what the run does with it: it evaluates on those pairs (the refusal said "trains on")."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[:16]).encode()})
+    held = ["--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--dataset_mixer_eval_list", "org/held", "1.0"]
+    hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, *held)  # refs/main: the first commit
+    hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[16:48]).encode()})
+    dry = [*held, "--eval_strategy", "steps", "--eval_steps", "2", "--dry-run", "--json"]
+    train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry)  # main's next commit, read by its sha
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    log = train_online(hub, tmp_path, tmp_path / "out", "builtin:tiny-olmo3", *dry, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    read = f"error: mixture source org/held [test]: the copy read is not commit {first[:12]}, "
+    assert error.startswith(f"{read}which this run evaluates on ("), log

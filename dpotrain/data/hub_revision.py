@@ -89,13 +89,16 @@ def changed(recorded: str, name: str, given: str | None) -> str | None:
     return f"{name} at {given} is commit {now[:12]}, the run trained on commit {recorded[:12]}"
 
 
-def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source: bool = False) -> None:
+def check_loaded(
+    dataset, name: str, revision: str | None, prefetch: str, source: bool = False, evaluation: bool = False
+) -> None:
     """The data set read is the commit asked for. Offline, `datasets` reads the copy it prepared last, whatever the
     revision (huggingface/datasets issue 7928); the prepared files sit in a folder named for their commit, so another
     commit's copy is refused rather than trained on, naming the command (`prefetch`, the run's
     `python scripts/prefetch.py ...`) that fetches this one. A mixture's Hub `source` is read at its main's commit, or
     a resumed run's at the one its record holds, and prefetch.py takes no `--revision` for one: it fetches each source
-    at main, or with the run's `--output_dir` at its recorded commit, and makes that the copy read last."""
+    at main, or with the run's `--output_dir` at its recorded commit, and makes that the copy read last. `evaluation`:
+    held-out pairs, which the run evaluates on."""
     files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
     if not (revision and COMMIT.fullmatch(revision) and files) or any(f"/{revision}/" in f for f in files):
         return
@@ -105,7 +108,8 @@ def check_loaded(dataset, name: str, revision: str | None, prefetch: str, source
         if source
         else f"fetch that commit where the Hub is reachable ({prefetch} --revision {revision}), or start a new run"
     )
+    use = "evaluates on" if evaluation else "trains on"
     raise ConfigError(
-        f"{name}: the copy read is not commit {revision[:12]}, which this run trains on ({Path(files[0]).parent}), "
+        f"{name}: the copy read is not commit {revision[:12]}, which this run {use} ({Path(files[0]).parent}), "
         f"as datasets reads the copy cached last when HF_HUB_OFFLINE is set: {fix}"
     )

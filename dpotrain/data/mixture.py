@@ -492,10 +492,12 @@ def load(
     template_file: str | None = None,
     pins: dict | None = None,
     prefetch: str | None = None,
+    evaluation: bool = False,
 ):
     """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
     skip_invalid dropped and counted under `checked[key]`. `pins`: the commit each Hub source is read at (`pin`);
-    `prefetch`: the command that fetches the sources (`offline.prefetch_command`), named where a copy read is not."""
+    `prefetch`: the command that fetches the sources (`offline.prefetch_command`), named where a copy read is not;
+    `evaluation`: the held-out mixture's."""
     import datasets
 
     usable, records, dropped = [], [], {}
@@ -504,7 +506,7 @@ def load(
         raw = read_source(source, say, revision)
         spec = source.spec()  # its rows dropped are counted under it
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
-        hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, source=True)
+        hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
             pairs = rows.usable_pairs(
                 raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
