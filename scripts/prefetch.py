@@ -10,8 +10,9 @@ does (datasets.load_dataset, so the prepared Arrow cache is the one the job read
 offline job will, and says so. Any train_dpo.py override works here (--model_name_or_path, --model_revision,
 --dataset_name, --dataset_config, --dataset_train_split, a mixture's --dataset_mixer_list, --dataset_mixer_eval_list
 and their splits), plus --split and --revision (dataset_name's revision). Each Hub source of a mixture (the recipe's
-`datasets:` and `eval_datasets:` too) is loaded as training reads it: at main, or, given a stopped run's --output_dir,
-at the commit its record holds, as its resume reads it; its local sources are left where they are.
+`datasets:` and `eval_datasets:` too), and a Hub dataset_name without --revision, is loaded as training reads it: at
+main, or, given a stopped run's --output_dir, at the commit its record holds, as its resume reads it; its local sources
+are left where they are.
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
@@ -29,7 +30,7 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
         venv.load_env(ROOT)
     from dpotrain import options, resolve
     from dpotrain.cluster import offline
-    from dpotrain.data import mixture
+    from dpotrain.data import hub_revision, mixture
     from dpotrain.recipe import cli
     from dpotrain.recipe.config import fields_set, parse_args
     from dpotrain.recipe.errors import ConfigError, cause, run_command
@@ -91,13 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     # main, and a resumed run at the commits its record holds (stages.load_data), so they are fetched there: a stopped
     # run's, given its folder (the job's --output_dir), unless the job starts afresh.
     resumed = "output_dir" in fields_set(overrides) and not recipe.project.overwrite_output_dir
-    kept = mixture.kept(recipe, recipe.training.output_dir) if resumed else {}
+    out = recipe.training.output_dir
+    kept = mixture.kept(recipe, out) if resumed else {}
     if kept:
-        out = recipe.training.output_dir
         print(f"Mixture sources at the commits the run in {out} recorded, which its resume reads", flush=True)
+    # dataset_name's, the commit its resume loads (hub_revision.kept), unless a revision is given
+    named_at = args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, out) if resumed else None)
     named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:
-        named_at = args.revision or recipe.project.dataset_revision
         fetch_dataset(source, named_at if source == named else mixture.pinned(source, kept), token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""

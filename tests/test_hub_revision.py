@@ -404,3 +404,20 @@ def test_an_offline_held_out_source_whose_cache_last_prepared_another_commit_is_
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     read = f"error: mixture source org/held [test]: the copy read is not commit {first[:12]}, "
     assert error.startswith(f"{read}which this run evaluates on ("), log
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_given_a_stopped_runs_folder_fetches_the_commit_its_record_holds_for_dataset_name(hub, tmp_path):
+    """`prefetch.py --output_dir RUN` fetches what the resume reads: a mixture's recorded commits, and a single Hub
+    data set's too (it fetched main, the copy an offline resume then refused, naming `--revision <commit>`)."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps({"derived": {"data_identity": {"hub_commit": first}}}))
+    fetched = hub_script(
+        hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run)
+    )
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+    assert "Ready: a job with HF_HUB_OFFLINE=1" in fetched, fetched
