@@ -204,10 +204,19 @@ def _read(path: Path, dataset: str) -> dict | None:
         recipe = config.read_recipe(str(path))
     except ConfigError:
         loose = recipe_file.loosely(path)  # what the draft names, as far as its YAML reads
-        if isinstance(loose, dict) and loose.get("dataset_name") == dataset:
+        if isinstance(loose, dict) and _same_data(loose.get("dataset_name"), dataset):
             raise
         return None
-    return recipe if recipe.get("dataset_name") == dataset else None
+    return recipe if _same_data(recipe.get("dataset_name"), dataset) else None
+
+
+def _same_data(named, dataset: str) -> bool:
+    """Whether a recipe's `dataset_name` is `dataset`: a local one by where the run finds each (`./data/x.jsonl`,
+    `data/x.jsonl` and its full path are one file), a Hub name as written."""
+    if named == dataset:
+        return True
+    place = config.recorded_place(dataset)
+    return isinstance(named, str) and place is not None and config.recorded_place(named) == place
 
 
 def main(argv=None) -> int:

@@ -1037,6 +1037,18 @@ def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_da
         cli.recipe_for("my/data")
 
 
+def test_the_recipe_of_a_local_data_set_is_found_however_its_path_is_written(cli, monkeypatch):
+    """`./data/smoke_prefs.jsonl`, or its full path, is the file configs/smoke.yaml trains on
+    (`data/smoke_prefs.jsonl`): compared as written, neither found the recipe (the analysis asked for a tokenizer)."""
+    monkeypatch.chdir(ROOT)
+    assert cli.recipe_for("data/smoke_prefs.jsonl") == "configs/smoke.yaml"
+    for written in ("./data/smoke_prefs.jsonl", str(ROOT / "data" / "smoke_prefs.jsonl")):
+        assert cli.recipe_for(written) == "configs/smoke.yaml", written
+    monkeypatch.chdir(ROOT / "data")  # from the data's folder, as that folder names it
+    assert cli.recipe_for("smoke_prefs.jsonl") == str(ROOT / "configs" / "smoke.yaml")
+    assert cli.recipe_for("other_prefs.jsonl") is None
+
+
 @pytest.mark.slow
 def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
     """The login node's tool ended Ctrl-C in the traceback of whatever it was doing (an import of pandas or torch, a
