@@ -1112,6 +1112,18 @@ def test_the_report_says_one_pair_per_padded_batch_in_the_singular():
     assert " 1 pairs" not in text, text
 
 
+def test_a_data_set_of_one_pair_is_said_in_the_singular():
+    """A file of one usable pair: the report opened with "1 pairs tokenized as TRL's DPOTrainer tokenizes them"."""
+    from dpotrain.data import lengths_report
+
+    one = dict(prompt=np.array([100]), chosen=np.array([300]), rejected=np.array([200]), invalid=[])
+    m = lengths.Measured(index=np.arange(1), conversational=True, **one)
+    report = lengths.summarize(m, dataset="pair.jsonl") | {"tokenizer": "org/model"}
+    text = lengths_report.to_markdown(report, 512)
+    assert "\n1 pair tokenized as TRL's DPOTrainer tokenizes them, " in text and " 1 pairs" not in text, text
+    assert "\n1 pair of synthetic token counts " in lengths_report.to_markdown(report | {"synthetic": True}, 512)
+
+
 def test_one_pair_cut_and_one_dropped_are_said_in_the_singular():
     """Eight short pairs, one whose answer runs past the recommended max_length, one whose prompt alone fills it: the
     report read "1 pairs (10.0%) are cut ...; 1 are dropped by the trainer because their prompt alone fills it"."""

@@ -13,9 +13,9 @@ def to_markdown(report: dict, current_max_length: int | None = None, given_by: s
     n = report["rows"]
     lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
     seen = report.get("rows_seen", n)
-    sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
+    sample = f" (a seeded sample of {plural(seen, 'row', ',')})" if report.get("sample") else ""
     if report.get("synthetic"):
-        lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
+        lines += [f"{plural(n, 'pair', ',')} of synthetic token counts (nothing tokenized).", ""]
     else:
         tokenizer = report.get("tokenizer", "?")
         how = f"with the chat template of `{tokenizer}`"
@@ -24,7 +24,7 @@ def to_markdown(report: dict, current_max_length: int | None = None, given_by: s
         if report["format"] != "messages":
             how = f"as plain text with the tokenizer of `{tokenizer}` (no chat template)"
         read = f" Rows read as: {report['shape']}." if report.get("shape") else ""
-        lines += [f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, {how}.{read}", ""]
+        lines += [f"{plural(n, 'pair', ',')}{sample} tokenized as TRL's DPOTrainer tokenizes them, {how}.{read}", ""]
     lines += [
         "**Total Length (prompt + max(chosen, rejected)):**",
         "",
