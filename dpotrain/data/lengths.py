@@ -141,7 +141,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
         rendered = {}  # the template's texts, as its check rendered them: not rendered twice
-        example, problem = read_row(dict(zip(batch, values, strict=True)), fmt, rendered)  # as training reads it
+        example, problem = read_row(dict(zip(batch, values, strict=True)), fmt, rendered, position == 0)  # as training
         unopened[position] = int(rendered.get("unopened", False))
         if problem is None:
             example = split_row(example, fmt)

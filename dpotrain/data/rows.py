@@ -63,16 +63,19 @@ class RowFormat:
         return self.shape.conversational
 
 
-def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[dict | None, tuple[str, str] | None]:
+def read_row(
+    row: dict, fmt: RowFormat, rendered: dict | None = None, first: bool = False
+) -> tuple[dict | None, tuple[str, str] | None]:
     """`(example, None)`: the row as the trainer tokenizes it (`shapes.read`: explicit prompt, extra columns left out,
     no EOS yet), or `(None, (column, problem))` for a row the trainer cannot use or should not see. `rendered`: the
-    chat template's texts of a message row checked against it (`chat_template.answer_problem`)."""
+    chat template's texts of a message row checked against it (`chat_template.answer_problem`); `first`: the data
+    set's first row, whose kind is the data set's."""
     shape = fmt.shape
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
-        if problem := _check_value(row.get(column), shape.raw_lists):
+        if problem := _check_value(row.get(column), shape.raw_lists, first):
             if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
                 problem = (  # TRL would join the prompt's messages to the string answers, and fail on every row
                     "a message list, where chosen and rejected are plain text: write each answer as a message list "
@@ -81,7 +84,7 @@ def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[d
             return None, (column, problem)
         if shape.raw_lists and not row[column]:
             return None, (column, "empty message list" if column == "prompt" else "empty completion (no message)")
-    if shape.name == "ultrafeedback" and (problem := _check_value(row.get("prompt"), False)):  # a string prompt
+    if shape.name == "ultrafeedback" and (problem := _check_value(row.get("prompt"), False, first)):  # a string prompt
         return None, (
             "prompt",
             problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
@@ -107,26 +110,27 @@ def read_row(row: dict, fmt: RowFormat, rendered: dict | None = None) -> tuple[d
     return example, None
 
 
-AS_TEXT = "write it as text, as the first row is"  # a JSON number or list where the answers are strings
-
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
 # `environment` are other templates' names for system and tool turns).
 ROLES = {"system", "user", "assistant", "tool", "developer", "function", "ipython", "environment"}
 
 
-def _check_value(value, conversational: bool) -> str | None:
+def _check_value(value, conversational: bool, first: bool = False) -> str | None:
     if value is None:
         return "missing (null)"
     if isinstance(value, dict) and ("role" in value or "from" in value):  # TRL reads neither shape: a list is needed
         return "one message, not a list of messages: write it as a list ([{'role': 'assistant', 'content': ...}])"
+    # The data set's kind is read from its first row (shapes.Shape.of): of that row itself, no other row to follow
+    why, like = ("read from its first row, this one", "") if first else (None, ", as the first row is")
     if not conversational:
         if not isinstance(value, str):
-            return f"{_a(value)} where the data set has plain text (its first row is text): {AS_TEXT}"
+            kind = why or "its first row is text"
+            return f"{_a(value)} where the data set has plain text ({kind}): write it as text{like}"
         return None
     if not isinstance(value, list):
         return (
-            f"{_a(value)} where the data set has message lists (its first row has messages): write it as a list "
-            "of messages ([{'role': 'assistant', 'content': ...}]), as the first row is"
+            f"{_a(value)} where the data set has message lists ({why or 'its first row has messages'}): write it as a "
+            f"list of messages ([{{'role': 'assistant', 'content': ...}}]){like}"
         )
     for i, message in enumerate(value):
         if not isinstance(message, dict):
@@ -264,7 +268,7 @@ def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "message
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
         for values in zip(*batch.values(), strict=True):
-            _, problem = read_row(dict(zip(columns, values, strict=True)), fmt)
+            _, problem = read_row(dict(zip(columns, values, strict=True)), fmt, first=index == 0)
             if problem:
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
