@@ -1307,3 +1307,17 @@ def test_a_checkpoint_whose_manifest_names_no_model_files_is_not_pushed(hub, tmp
     assert (record["status"], record["error"]) == ("failed", said)
     assert "step-2" not in hub.state.repos[REPO]
     assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_branch_holds_the_adapter_and_tokenizer_and_no_card(hub, tmp_path, tiny_model_dir):
+    """A LoRA checkpoint's save writes PEFT's own model card (README.md) beside the adapter, its `base_model` the base's
+    local path, which the Hub refuses in a card's metadata (transformers#33922): the branch holds the adapter and the
+    tokenizer, the card stays (the run's own card goes to main)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]
+    out, result = train(hub, tmp_path, tiny_model_dir, *lora, "--push_checkpoints", "true", "--save_steps", "4")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (out / "checkpoint-4" / "README.md").is_file()  # PEFT's, in the checkpoint
+    adapter = MODEL_FILES - {"config.json", "generation_config.json", "model.safetensors"}
+    adapter |= {"adapter_config.json", "adapter_model.safetensors", ".gitattributes"}
+    assert set(hub.state.repos[REPO]["step-4"]) == adapter

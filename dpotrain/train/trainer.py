@@ -35,6 +35,7 @@ from dpotrain.data import builtin, turns
 from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
+from dpotrain.hub.hub import CARD
 from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
@@ -177,14 +178,15 @@ class _LocalGathers:
 
 
 def moved_up(folder: Path) -> tuple[str, ...]:
-    """What a save wrote in `folder`, moved into the folder above it; the names of the model's files (all but the
-    Trainer's pickle of its arguments, training_args.bin, which no branch holds)."""
+    """What a save wrote in `folder`, moved into the folder above it; the names of the model's files: all but the
+    Trainer's pickle of its arguments (training_args.bin) and PEFT's model card of an adapter, whose `base_model` (a
+    local base's path) the Hub refuses in a branch's commit (transformers#33922; the run's own card goes to main)."""
     names = sorted(e.name for e in folder.iterdir()) if folder.is_dir() else []
     for name in names:
         os.replace(folder / name, folder.parent / name)
     if folder.is_dir():
         folder.rmdir()
-    return tuple(n for n in names if n != TRAINING_ARGS_NAME)
+    return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, CARD))
 
 
 class RecipeDPOTrainer(DPOTrainer):
