@@ -71,7 +71,7 @@ def finish_outputs(run, resolved: dict) -> None:
         output_folder.claim_for_writing(out, [lora.MERGED_DIR])
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
         init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
-        merged = lora.save_merged(out, base, init, trainer.processing_class)
+        merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     if pusher:
         pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions

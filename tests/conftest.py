@@ -471,7 +471,7 @@ def sealed_checkpoint(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
         (folder / name).write_text(f"{name}\n")
-    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True, model=["model.safetensors"])
     return folder
 
 

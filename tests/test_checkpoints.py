@@ -8,6 +8,7 @@ import subprocess
 
 import datasets
 import pytest
+import torch
 from transformers import TrainerCallback
 
 from conftest import (
@@ -256,6 +257,20 @@ def test_a_step_edited_into_a_sealed_trainer_state_is_named_as_damage_not_as_a_r
     assert unverified(folder) == "trainer_state.json does not match its checksum (damaged after it was written)"
 
 
+def model_with_unread_sampling(tmp_path, tiny_model_dir):
+    """A copy of the tiny model whose generation_config.json holds sampling settings its mode does not read and no
+    pad_token_id (as SFT exports write it): (its folder, that file's content, the 16 pairs of 2 steps)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    given = json.loads((model / "generation_config.json").read_text())
+    del given["pad_token_id"]  # TRL sets it from the tokenizer's: the config then changed since it loaded
+    given |= {"temperature": 0.6, "top_p": 0.9}
+    (model / "generation_config.json").write_text(json.dumps(given))
+    pairs = tmp_path / "pairs.jsonl"  # the 2 steps' 16 pairs: the reference stage scores every pair it is given
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    return model, given, pairs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["one process", "ZeRO-2, 2 processes"])
 def test_a_generation_config_with_settings_its_mode_does_not_read_checkpoints_resumes_and_is_saved_as_given(
@@ -266,14 +281,7 @@ def test_a_generation_config_with_settings_its_mode_does_not_read_checkpoints_re
     strict check, and TRL set the pad_token_id this file lacks: the first checkpoint ended in a ValueError after its
     steps, and the run then refused such a model before it loaded. It trains, checkpoints, resumes and saves its final
     model, the file's settings kept and the pad id aligned with the tokenizer's (as transformers and TRL align it)."""
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    given = json.loads((model / "generation_config.json").read_text())
-    del given["pad_token_id"]  # TRL sets it from the tokenizer's: the config then changed since it loaded
-    given |= {"temperature": 0.6, "top_p": 0.9}
-    (model / "generation_config.json").write_text(json.dumps(given))
-    pairs = tmp_path / "pairs.jsonl"  # the 2 steps' 16 pairs: the reference stage scores every pair it is given
-    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    model, given, pairs = model_with_unread_sampling(tmp_path, tiny_model_dir)
     out = tmp_path / "run"
     args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1"]
     args += ["--report_to", "none"]
@@ -299,3 +307,40 @@ def test_a_generation_config_with_settings_its_mode_does_not_read_checkpoints_re
     (out / "run_complete.json").unlink()
     assert f"Resuming from {out}/checkpoint-1" in train()
     assert saved(out) == saved(out / "checkpoint-2") == want
+
+
+@pytest.mark.slow
+def test_a_lora_runs_merged_model_is_saved_with_the_ids_the_run_aligned(tmp_path, tiny_model_dir):
+    """merge_lora loads the base afresh and saved its generation_config.json and config.json as the base's files had
+    them: without the pad id TRL and the Trainer aligned with the tokenizer (the run's own save holds it), so the merged
+    model generated with no pad id. merged/ now holds the trained model's generation config (the file's settings kept,
+    as the run saves them) and its pad, BOS and EOS ids."""
+    from transformers import AutoModelForCausalLM
+
+    model, given, pairs = model_with_unread_sampling(tmp_path, tiny_model_dir)
+    config = json.loads((model / "config.json").read_text())
+    del config["pad_token_id"]  # the Trainer aligns it with the tokenizer's
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "run"
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
+    args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"]
+    cmd = smoke_command([python()], str(model), *args, *lora, "--report_to", "none")
+    env = launch_env(f"{out}-cache")
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout[-4000:]
+    merged = out / "merged"
+    # what the same run without LoRA saves (test_a_generation_config_with_settings_its_mode_does_not_read_...)
+    assert json.loads((merged / "generation_config.json").read_text()) == given | {"pad_token_id": 1}
+    loaded = AutoModelForCausalLM.from_pretrained(merged)
+    ids = ("pad_token_id", "bos_token_id", "eos_token_id")
+    assert [getattr(loaded.config, i) for i in ids] == [getattr(loaded.generation_config, i) for i in ids] == [1, 0, 3]
+    # Generation pads a row that has stopped with the pad id: here the first row stops at its first token (made its
+    # stop) while the second goes on; without a pad id transformers pads with the stop token instead
+    prompts, mask = torch.tensor([[1, 1, 5, 6], [0, 7, 8, 9]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    with torch.no_grad():
+        first = loaded.generate(prompts, attention_mask=mask, max_new_tokens=1, do_sample=False)[:, -1].tolist()
+        assert first[0] != first[1], first  # else both rows stop at once and nothing is padded
+        generated = loaded.generate(
+            prompts, attention_mask=mask, max_new_tokens=3, do_sample=False, eos_token_id=first[0]
+        )
+    assert generated[0, 4:].tolist() == [first[0], 1, 1]

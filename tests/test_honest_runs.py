@@ -299,7 +299,7 @@ def test_a_merged_adapter_on_tied_embeddings_computes_what_the_adapter_does(targ
     with lora.without_peft_deprecation():
         adapted = get_peft_model(base, adapter)
     adapted.save_pretrained(tmp_path / "run")
-    merged = lora.save_merged(tmp_path / "run", str(tmp_path / "base"), {"dtype": "float32"}, tokenizer)
+    merged = lora.save_merged(tmp_path / "run", str(tmp_path / "base"), {"dtype": "float32"}, adapted, tokenizer)
     tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     with torch.no_grad():
         want, got = adapted(tokens).logits, AutoModelForCausalLM.from_pretrained(merged)(tokens).logits

@@ -571,6 +571,7 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     from transformers import TrainerState
 
     from dpotrain.hub.hub_push import CheckpointPusher, record_push
+    from dpotrain.train import checkpoint_manifest
     from dpotrain.train.checkpoints import MARKER
     from dpotrain.train.resume import REFERENCE_FILE
 
@@ -582,8 +583,8 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
         # reference_model.safetensors: TR-DPO's moved reference, for a resume; not the step's model
         for name in ("model.safetensors", "config.json", "optimizer.pt", "training_args.bin", REFERENCE_FILE):
             (folder / name).write_bytes(f"{name} {step}".encode())
-        if marked:
-            (folder / MARKER).write_text("{}")
+        if marked:  # the model's save wrote two of them
+            checkpoint_manifest.seal(folder, MARKER, "{}", is_main=True, model=["model.safetensors", "config.json"])
     record_push(out, step=4, branch="step-4", status="pushed")
 
     pusher = CheckpointPusher(REPO, SECRET, None, out)
@@ -998,7 +999,7 @@ def test_another_runs_checkpoint_on_a_branch_is_not_taken_for_this_runs(hub, tmp
         folder.mkdir(parents=True)
         for file, content in {"model.safetensors": weights, "config.json": b"{}", "optimizer.pt": b"o"}.items():
             (folder / file).write_bytes(content)
-        checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+        checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True, model=["model.safetensors", "config.json"])
         run_files.write(folder.parent, [run_files.MANIFEST, folder.name])
         return folder.parent
 
@@ -1132,7 +1133,7 @@ def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, mon
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1
     (folder / "model.safetensors").write_text("trained further\n")
-    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)  # saved again: a checkpoint of that content
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True, model=["model.safetensors"])  # saved again
     hub_push.push_checkpoint(api, REPO, folder, 2, run)
     assert len(hub.state.of("commits")) == 1, "the repo's history was listed for a branch that exists"
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"trained further\n"
@@ -1250,3 +1251,73 @@ def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path
     assert [(r["status"], r["error"]) for r in read_pushes(run)] == [("failed", said)] * 2
     assert "step-2" not in hub.state.repos[REPO] and not hub.state.commits
     assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_checkpoint_branch_holds_the_tokenizer_whole_with_its_named_templates(hub, tmp_path, tiny_model_dir):
+    """A tokenizer with several chat templates saves the named ones in additional_chat_templates/; a checkpoint's branch
+    took the top-level files of a hand list alone, so `AutoTokenizer.from_pretrained(repo, revision="step-N")` loaded
+    it without them. A branch holds what the checkpoint's model save wrote, that folder too, and still no optimizer,
+    RNG or trainer state; the final push to main holds it as well."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from dpotrain.data import builtin
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = {"default": builtin.CHAT_TEMPLATE, "tool_use": "{{ bos_token }}" + builtin.CHAT_TEMPLATE}
+    tokenizer.save_pretrained(model)
+    out, result = train(hub, tmp_path, str(model), "--push_checkpoints", "true", "--save_steps", "4")
+    assert result.returncode == 0, result.stdout[-3000:]
+    templates = {"additional_chat_templates/tool_use.jinja"}
+    for branch in ("step-4", "main"):
+        files = hub.state.repos[REPO][branch]
+        assert templates <= set(files), sorted(files)
+        loaded = tmp_path / branch  # what from_pretrained(REPO, revision=branch) downloads: the branch's files
+        for path, content in files.items():
+            (loaded / path).parent.mkdir(parents=True, exist_ok=True)
+            (loaded / path).write_bytes(content)
+        assert AutoTokenizer.from_pretrained(loaded).chat_template == tokenizer.chat_template, branch
+    assert set(hub.state.repos[REPO]["step-4"]) == MODEL_FILES | templates | {".gitattributes"}
+
+
+def test_a_checkpoint_whose_manifest_names_no_model_files_is_not_pushed(hub, tmp_path, monkeypatch, capsys):
+    """A checkpoint saved before manifests named its model's files: nothing says which of its files the model's save
+    wrote, so it is not pushed (a warning and a `failed` record), never pushed by a guess at its names."""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    folder = sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    del manifest["model"]
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    [record] = hub_push.push_checkpoints(api, run, REPO)
+    said = "its MANIFEST.json does not say which files are its model's"
+    assert (record["status"], record["error"]) == ("failed", said)
+    assert "step-2" not in hub.state.repos[REPO]
+    assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_branch_holds_the_adapter_and_tokenizer_and_no_card(hub, tmp_path, tiny_model_dir):
+    """A LoRA checkpoint's save writes PEFT's own model card (README.md) beside the adapter, its `base_model` the base's
+    local path, which the Hub refuses in a card's metadata (transformers#33922): the branch holds the adapter and the
+    tokenizer, the card stays (the run's own card goes to main)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]
+    out, result = train(hub, tmp_path, tiny_model_dir, *lora, "--push_checkpoints", "true", "--save_steps", "4")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (out / "checkpoint-4" / "README.md").is_file()  # PEFT's, in the checkpoint
+    adapter = MODEL_FILES - {"config.json", "generation_config.json", "model.safetensors"}
+    adapter |= {"adapter_config.json", "adapter_model.safetensors", ".gitattributes"}
+    assert set(hub.state.repos[REPO]["step-4"]) == adapter

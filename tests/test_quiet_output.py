@@ -108,7 +108,7 @@ def test_a_lora_run_and_its_merge_raise_no_futurewarning_a_user_cannot_act_on(tm
         warnings.simplefilter("error", FutureWarning)
         trainer = built(recipe, pairs).trainer
         trainer.model.save_pretrained(tmp_path / "run")  # the adapter, as the run saves it
-        merged = lora.save_merged(tmp_path / "run", tiny_model_dir, {}, trainer.processing_class)
+        merged = lora.save_merged(tmp_path / "run", tiny_model_dir, {}, trainer.model, trainer.processing_class)
     assert (merged / "model.safetensors").is_file()
 
 

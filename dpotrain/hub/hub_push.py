@@ -8,7 +8,6 @@ never a failed run.
 """
 
 import contextlib
-import fnmatch
 import functools
 import math
 import os
@@ -30,17 +29,9 @@ from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
-from dpotrain.train.resume import REFERENCE_FILE
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
-# What a checkpoint branch holds: a loadable model (or LoRA adapter) and its tokenizer. An allowlist, so that whatever
-# else a checkpoint holds (optimizer.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
-CHECKPOINT_FILES = (
-    "*.safetensors model.safetensors.index.json config.json generation_config.json adapter_config.json tokenizer.json "
-    "tokenizer_config.json special_tokens_map.json added_tokens.json tokenizer.model vocab.json vocab.txt merges.txt "
-    "spiece.model *.tiktoken chat_template.jinja chat_template.json"
-).split()
 # Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
 ON_THE_HUB = ("pushed", "present")
 # Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
@@ -63,12 +54,10 @@ def branch_name(step: int) -> str:
 
 
 def checkpoint_files(folder: Path) -> list[str]:
-    """The names in a checkpoint folder that go to its branch (top-level files matching CHECKPOINT_FILES)."""
-    return sorted(
-        f.name
-        for f in folder.iterdir()
-        if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in CHECKPOINT_FILES) and f.name != REFERENCE_FILE
-    )
+    """The files of a checkpoint that go to its branch: its model's, as its save wrote them and its manifest names them
+    (weights, configs, tokenizer, chat templates in their folder), so that whatever else it holds (optimizer.pt,
+    rng_state*.pth, training_args.bin, DeepSpeed's global_step*/, TR-DPO's reference) stays."""
+    return checkpoint_manifest.model_files(folder) or []
 
 
 class NotPushable(Exception):
@@ -79,16 +68,17 @@ def pushable_files(folder: Path) -> list[str]:
     """The files of a complete checkpoint that go to its branch, checked against the manifest its save wrote (sizes:
     a file replaced or cut short since would go up as that step's model); NotPushable says why not. The one check of
     the run's pusher and push_to_hub.py --checkpoints."""
-    names = checkpoint_files(folder)
-    if not any(n.endswith(".safetensors") for n in names):
-        raise NotPushable("no model weights (*.safetensors)")
-    listed = checkpoint_manifest.read(folder)  # None: saved before checkpoints had a manifest, taken as it is
+    listed, names = checkpoint_manifest.read(folder), checkpoint_manifest.model_files(folder)
     if listed == {}:
         raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
-    for name in names if listed is not None else ():
+    if listed is None or names is None:  # written before manifests named the model's files
+        raise NotPushable(f"its {checkpoint_manifest.MANIFEST} does not say which files are its model's")
+    if not any(n.endswith(".safetensors") for n in names):
+        raise NotPushable("no model weights (*.safetensors)")
+    for name in names:
+        if name not in listed or not (folder / name).is_file():
+            raise NotPushable(f"{name} is missing (deleted after it was saved)")
         size = (folder / name).stat().st_size
-        if name not in listed:
-            raise NotPushable(f"{name} is not in its {checkpoint_manifest.MANIFEST} (put there after it was saved)")
         if size != listed[name]["bytes"]:
             raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
     return names
@@ -317,6 +307,7 @@ def stage(folder: Path, staging_root: Path) -> Path:
     target.mkdir(parents=True)
     manifest = [checkpoint_manifest.MANIFEST] if (folder / checkpoint_manifest.MANIFEST).is_file() else []
     for name in [*checkpoint_files(folder), *manifest]:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)  # additional_chat_templates/
         try:
             os.link(folder / name, target / name)
         except OSError:

@@ -47,9 +47,10 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
-def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
+def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str] | tuple = ()) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share); the main process writes
-    MANIFEST.json, then the mark, each flushed to disk."""
+    MANIFEST.json, then the mark, each flushed to disk. `model`: the top-level names the model's save wrote (its
+    weights, configs, tokenizer and the folders they hold), whose files the manifest names as the model's."""
     start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
     if files is None:
@@ -69,7 +70,8 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
             if why.startswith("unreadable"):
                 raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
         entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
-        write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+        saved = sorted(rel for rel in entries if rel.split("/")[0] in model)
+        write_text(folder / MANIFEST, json.dumps({"files": entries, "model": saved}, indent=1) + "\n")
         write_text(folder / mark, mark_text)
         total = sum(size for _, size in files) / 2**20
         print(
@@ -94,6 +96,16 @@ def read(folder: Path) -> dict | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return {}  # a damaged manifest lists nothing: `problem` names it
+
+
+def model_files(folder: Path) -> list[str] | None:
+    """The files of the checkpoint's model (weights, configs, tokenizer, chat templates: what its save wrote), as its
+    manifest names them; None for a manifest that names none (written before manifests did) or none at all."""
+    try:
+        names = json.loads((folder / MANIFEST).read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
 
 
 def missing(folder: Path) -> list[str]:

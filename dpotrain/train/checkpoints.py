@@ -144,13 +144,14 @@ class CompleteMarker(TrainerCallback):
     and reports how long the save took from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`)."""
 
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
+    model: tuple[str, ...] = ()  # the names its model's save wrote (main process: `RecipeDPOTrainer.save_model`)
 
     def on_save(self, args, state, control, **kwargs):
         PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.
         marker = json.dumps({"global_step": state.global_step, "time": time.time()}) + "\n"
-        checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero)
+        checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero, self.model)
 
         def rotated() -> None:  # the main process's; its refusal ends every rank, not the main alone (collectives)
             if self.save_started is not None:
@@ -159,7 +160,7 @@ class CompleteMarker(TrainerCallback):
             run_files.disown(args.output_dir, [p.name for p in deleted])  # the record names what is there
 
         collectives.main_outcome(rotated)
-        self.save_started = None
+        self.save_started, self.model = None, ()
         return control
 
 

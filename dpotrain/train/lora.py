@@ -6,6 +6,7 @@ full weights; `merge_lora: true` also writes the base with the adapter merged in
 """
 
 import contextlib
+import copy
 import re
 import warnings
 from pathlib import Path
@@ -14,10 +15,12 @@ import torch
 
 from dpotrain.cluster.offline import is_hub_model
 from dpotrain.data import builtin
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
 MERGED_DIR = "merged"
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # what transformers' Trainer aligns with the tokenizer
 # ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
 LORA_FIELDS = (
     "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type "
@@ -160,9 +163,10 @@ def without_peft_deprecation():
         yield
 
 
-def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Path:
+def save_merged(output_dir: str | Path, base: str, init: dict, trained, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
-    The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
+    The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights. Its
+    special token ids and generation config are the `trained` model's, as the run's own save holds them."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
@@ -181,6 +185,13 @@ def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Pat
     if tied and torch.equal(merged.get_input_embeddings().weight, merged.get_output_embeddings().weight):
         _set_tied(merged, True)  # the adapter left both alone: saved once, as the base was
         merged.get_output_embeddings().weight = merged.get_input_embeddings().weight
+    # The base loaded afresh holds its files' ids: TRL and the Trainer aligned the trained model's pad, BOS and EOS
+    # with the tokenizer's (a pad id the base lacked: generation padded with the stop token)
+    for config in {id(c): c for c in (merged.config, merged.config.get_text_config())}.values():
+        for key in TOKEN_IDS:
+            setattr(config, key, getattr(trained.config.get_text_config(), key))
+    merged.generation_config = copy.deepcopy(trained.generation_config)
+    upstream.saved_as_loaded(merged.generation_config)  # saved as the trainer saves it: the user's settings kept
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
     readable_weights(target)

@@ -13,6 +13,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
@@ -33,6 +35,7 @@ from dpotrain.data import builtin, turns
 from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
+from dpotrain.hub.hub import CARD
 from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
@@ -46,6 +49,8 @@ from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
+
+MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
 
 def training_arguments(run: Recipe):
@@ -172,6 +177,18 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
+def moved_up(folder: Path) -> tuple[str, ...]:
+    """What a save wrote in `folder`, moved into the folder above it; the names of the model's files: all but the
+    Trainer's pickle of its arguments (training_args.bin) and PEFT's model card of an adapter, whose `base_model` (a
+    local base's path) the Hub refuses in a branch's commit (transformers#33922; the run's own card goes to main)."""
+    names = sorted(e.name for e in folder.iterdir()) if folder.is_dir() else []
+    for name in names:
+        os.replace(folder / name, folder.parent / name)
+    if folder.is_dir():
+        folder.rmdir()
+    return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, CARD))
+
+
 class RecipeDPOTrainer(DPOTrainer):
     """Built ready by `train_stage.build_run`: its plan made in `__init__` once TRL tokenized the training set."""
 
@@ -290,14 +307,21 @@ class RecipeDPOTrainer(DPOTrainer):
         # changed since it loaded must pass transformers' strict check, which a setting its mode does not read
         # (`temperature` with do_sample false, as SFT exports write it) failed at the first checkpoint.
         upstream.saved_as_loaded(self.model.generation_config)
+        # A checkpoint's model is written in a folder of its own, then moved in: the names it wrote are its model's
+        # (its Hub branch holds them: weights, configs, tokenizer, additional_chat_templates/), and no other rank's
+        # file written meanwhile (its RNG state) is taken for one of them.
+        target = Path(output_dir or self.args.output_dir)
+        written = target / MODEL_SAVE if _internal_call else target
         try:
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
                     upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
                 else:
-                    super().save_model(output_dir, _internal_call)
+                    super().save_model(str(written), _internal_call)
             if self.args.should_save:
-                readable_weights(output_dir or self.args.output_dir)
+                if _internal_call:
+                    self.complete_marker.model = moved_up(written)
+                readable_weights(target)
         except Exception as e:  # the final model is written in a folder inside the run's (publish.py): named by it
             why = None if _internal_call else disk_full.why_full(e, Path(self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
