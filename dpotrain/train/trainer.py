@@ -35,7 +35,6 @@ from dpotrain.data import builtin, turns
 from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
-from dpotrain.hub.hub import CARD
 from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
@@ -177,6 +176,9 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
+ADAPTER_CARD = "README.md"  # PEFT's save_pretrained writes an adapter's model card under this name
+
+
 def moved_up(folder: Path) -> tuple[str, ...]:
     """What a save wrote in `folder`, moved into the folder above it; the names of the model's files: all but the
     Trainer's pickle of its arguments (training_args.bin) and PEFT's model card of an adapter, whose `base_model` (a
@@ -186,7 +188,7 @@ def moved_up(folder: Path) -> tuple[str, ...]:
         os.replace(folder / name, folder.parent / name)
     if folder.is_dir():
         folder.rmdir()
-    return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, CARD))
+    return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, ADAPTER_CARD))
 
 
 class RecipeDPOTrainer(DPOTrainer):
