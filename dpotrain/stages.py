@@ -39,7 +39,7 @@ from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
-from dpotrain.train import health, lora, metrics, resume, samples
+from dpotrain.train import health, lora, metrics, resume, samples, weight_names
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -863,6 +863,8 @@ def first_half(
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward, model)
     auto = model[0] if recipe.model.dtype == "auto" else None
     load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
+    if launch.dry_run and model[0] is not None:  # last, as the run refuses them: as they load, after its first half
+        weight_names.check(recipe, model_path, model[0])
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 
 

@@ -825,14 +825,23 @@ def test_a_generation_config_transformers_cannot_read_is_refused_before_the_mode
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("saved", ["from DDP", "index short of one"])
-def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loads(
-    saved, tmp_path, monkeypatch, capsys, tiny_model_dir
+# The dry run reads the names of safetensors weights alone (a .bin's are in its pickle: reading them is loading them)
+IN_SAFETENSORS = ("from DDP, in safetensors", "index short of one", "without lm_head")
+LACKING = [(saved, []) for saved in ("from DDP", *IN_SAFETENSORS)]
+LACKING += [(saved, ["--dry-run"]) for saved in IN_SAFETENSORS]
+LORA = ["--use_peft", "true", "--lora_target_modules", "all-linear"]  # the base model's weights load as a full run's
+LACKING.append(("from DDP, in safetensors", ["--dry-run", *LORA]))
+
+
+@pytest.mark.parametrize("saved, args", LACKING, ids=[f"{saved}: {' '.join(args) or 'run'}" for saved, args in LACKING])
+def test_weights_lacking_some_of_the_models_tensors_are_refused_by_the_dry_run_and_as_the_model_loads(
+    saved, args, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
     """transformers starts a tensor the weights lack at random, prints a table and goes on: a state dict saved from a
     DDP-wrapped model (every name `module.`-prefixed) scored the reference and trained a random model, and an index
     whose weight_map left a tensor out trained that tensor from random, without a refusal. Refused as the model loads,
-    before the reference stage."""
+    before the reference stage; and by the dry run, from the names in the safetensors files' headers, with the same
+    line: it planned them, and a Slurm job found them once its ranks had started and loaded the weights."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -841,12 +850,16 @@ def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loa
     weights = load_file(model / "model.safetensors")
     (model / "model.safetensors").unlink()
     total = len(weights)
-    if saved == "from DDP":
-        torch.save({f"module.{name}": tensor for name, tensor in weights.items()}, model / "pytorch_model.bin")
+    if saved.startswith("from DDP"):
+        wrapped = {f"module.{name}": tensor for name, tensor in weights.items()}
+        if saved == "from DDP":
+            torch.save(wrapped, model / "pytorch_model.bin")
+        else:
+            save_file(wrapped, model / "model.safetensors")
         first = sorted(weights)[0]
         lacked = f"{total} of the model's {total} tensors ({first}, ...)"
         held = f"; they hold {total} the model has no place for (module.{first}, ...)"
-    else:
+    elif saved == "index short of one":
         left_out = "model.layers.1.mlp.down_proj.weight"
         save_file({k: v for k, v in weights.items() if k != left_out}, model / "model-00001-of-00002.safetensors")
         save_file({left_out: weights[left_out]}, model / "model-00002-of-00002.safetensors")
@@ -854,7 +867,10 @@ def test_weights_lacking_some_of_the_models_tensors_are_refused_as_the_model_loa
         index = {"metadata": {}, "weight_map": weight_map}  # the second shard left out of it
         (model / "model.safetensors.index.json").write_text(json.dumps(index))
         lacked, held = f"1 of the model's {total} tensors ({left_out})", ""
-    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2")
+    else:  # the built-in model's embeddings are untied: its own lm_head, which the weights lack
+        save_file({k: v for k, v in weights.items() if k != "lm_head.weight"}, model / "model.safetensors")
+        lacked, held = f"1 of the model's {total} tensors (lm_head.weight)", ""
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *args)
     assert line == (
         f"error: the weights of {model} lack {lacked}, which transformers would start at random{held}: save the "
         "model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with "

@@ -298,6 +298,13 @@ LOAD_FROM_DISK = _source(
     "one is named before the load fails inside datasets (dpotrain/data/data.py)",
     text=f'state["{DATA_FILES}"]',
 )
+STATE_DICT_AS_FILES = _source(
+    "transformers.modeling_utils:PreTrainedModel._load_pretrained_model",
+    "a state_dict given to from_pretrained is renamed, converted and judged as the files' tensors are: the dry run "
+    "gives it the names and shapes of the weights' files as meta tensors, and reads which of the model's tensors "
+    "they lack from the loading info (dpotrain/train/weight_names.py)",
+    text="merged_state_dict = state_dict",
+)
 # --- the interpreter's own exit, its first steps taken by a command before it ends (recipe/errors.py) ---------
 THREADS_SHUTDOWN = _call(
     "threading:_shutdown",
@@ -328,7 +335,8 @@ CREATE_MODEL = _patch(
 ZERO3_ENABLED = _patch(
     "transformers.modeling_utils:is_deepspeed_zero3_enabled",
     "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
-    "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py)",
+    "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py); the dry run's meta load of the weights' names "
+    "takes the load of a single process (dpotrain/train/weight_names.py)",
     read_in="transformers.modeling_utils:PreTrainedModel._from_config",
 )
 DISABLE_CHECKPOINTING = _patch(

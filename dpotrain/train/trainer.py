@@ -48,6 +48,7 @@ from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
+from dpotrain.train.weight_names import refusal
 
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
@@ -75,21 +76,13 @@ def whole_weights_only():
     """TRL's model loads refused where the weights lack some of the model's tensors: transformers starts those at random
     and goes on after a table in the log (a DDP state dict's `module.` names: every tensor), so the run scored the
     reference and trained a model partly or wholly random. Before the wrapping (PEFT) and the reference stage; each
-    rank's load judged and the first refusal raised on every rank, which all load here."""
+    rank's load judged and the first refusal raised on every rank, which all load here. The dry run refuses the same
+    weights from their files' names (`weight_names.check`); this load judges the weights the run reads."""
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
-        missing, unused = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-        refusal = None
-        if missing:
-            held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
-            refusal = ConfigError(
-                f"the weights of {model_id} lack {len(missing):,} of the model's {len(model.state_dict()):,} tensors "
-                f"({missing[0]}{', ...' if len(missing) > 1 else ''}), which transformers would start at random{held}: "
-                "save the model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names "
-                "its tensors with a prefix such as 'module.'), or copy in the missing weights"
-            )
-        collectives.every_rank_outcome(refusal)
+        total = len(model.state_dict())
+        collectives.every_rank_outcome(refusal(model_id, info["missing_keys"], info["unexpected_keys"], total))
         return model
 
     with upstream.patched(upstream.CREATE_MODEL, checked) as load:

@@ -1,0 +1,102 @@
+"""Weights that lack some of the model's tensors, which transformers starts at random and goes on: refused as the model
+loads (`trainer.whole_weights_only`) and, from the names in the weights' files alone, by the dry run (`check`)."""
+
+import json
+import os
+
+import torch
+import transformers
+from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError, safe_open
+from transformers.utils import logging as hf_logging
+
+from dpotrain.cluster.offline import is_hub_model
+from dpotrain.recipe import upstream
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import quiet_progress_bars
+
+# The safetensors weights from_pretrained reads, in its order; `.bin` weights are not read here (their names are in the
+# pickle: reading them is loading them)
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def refusal(model_id: str, missing, unused, total: int) -> ConfigError | None:
+    """The refusal of weights that lack `missing` of the model's `total` tensors (`unused`: theirs the model has no
+    place for), as transformers' loading info names them; None where they lack none."""
+    missing, unused = sorted(missing), sorted(unused)
+    if not missing:
+        return None
+    held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
+    return ConfigError(
+        f"the weights of {model_id} lack {len(missing):,} of the model's {total:,} tensors "
+        f"({missing[0]}{', ...' if len(missing) > 1 else ''}), which transformers would start at random{held}: "
+        "save the model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names "
+        "its tensors with a prefix such as 'module.'), or copy in the missing weights"
+    )
+
+
+def check(recipe, model_path: str, config) -> None:
+    """The dry run's `refusal`, without loading a weight: transformers' own `from_pretrained` of the class TRL loads
+    (`config.architectures[0]`), given the weights' names and shapes from their safetensors headers as meta tensors,
+    so that its renames (a checkpoint's older layout, the base model's prefix), tied weights and keys it ignores apply
+    as when the run loads the files. Skipped where the names are not read cheaply or the load is not the run's:
+    `.bin` weights, a Hub model not in the cache (nothing is downloaded), no config here, a class outside
+    transformers (remote code), a pre-quantized checkpoint, a config naming its own weight files, model_init_kwargs
+    (they may change the model), a load that fails (a tensor of another shape: the run's load says it)."""
+    named = (getattr(config, "architectures", None) or [""])[0]
+    architecture = getattr(transformers, named or "", None)
+    own_files = getattr(config, "transformers_weights", None) or getattr(type(config), "extra_files", ())
+    if architecture is None or own_files or recipe.training.model_init_kwargs or hasattr(config, "quantization_config"):
+        return
+    shapes = _shapes(model_path, recipe.model.model_revision)
+    if shapes is None:
+        return
+    state_dict = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its table of the keys missing: the refusal names them
+    try:
+        # a given state_dict is loaded as the files' tensors are (upstream.STATE_DICT_AS_FILES)
+        with upstream.without_zero3_init(), quiet_progress_bars():
+            model, info = architecture.from_pretrained(
+                None, config=config, state_dict=state_dict, device_map="meta", output_loading_info=True
+            )
+    except Exception:  # noqa: BLE001 - a load the names alone do not mirror is left to the run's, which says why
+        return
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    refused = refusal(model_path, info["missing_keys"], info["unexpected_keys"], len(model.state_dict()))
+    if refused is not None:
+        raise refused
+
+
+def _shapes(model: str, revision: str | None) -> dict | None:
+    """Each tensor's name and shape in the safetensors weights from_pretrained reads (a local folder's, or a Hub
+    model's where its files are all cached), from the files' headers; None where they cannot be read so."""
+
+    def found(filename: str) -> str | None:
+        if os.path.isdir(model):
+            path = os.path.join(model, filename)
+            return path if os.path.isfile(path) else None
+        try:
+            path = try_to_load_from_cache(model, filename, revision=revision) if is_hub_model(model) else None
+        except ValueError:  # not a repo id the Hub takes: the run's load says so
+            return None
+        return path if isinstance(path, str) else None
+
+    files = [found(SAFETENSORS[0])]
+    if files[0] is None and (index := found(SAFETENSORS[1])) is not None:
+        try:
+            with open(index) as f:
+                files = [found(shard) for shard in sorted(set(json.load(f)["weight_map"].values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # an index transformers cannot read either: its load says what is wrong
+    if not files or None in files:
+        return None
+    shapes = {}
+    try:
+        for path in files:
+            with safe_open(path, framework="pt") as weights:
+                shapes |= {name: weights.get_slice(name).get_shape() for name in weights.keys()}
+    except (OSError, SafetensorError):
+        return None
+    return shapes
