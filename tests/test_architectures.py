@@ -601,3 +601,51 @@ def test_a_head_width_that_varies_by_layer_is_planned_with_the_widest():
     )
     assert sequence_parallel.head_counts(config) == (config.num_attention_heads, 4)
     assert memory.formula_activation_bytes(config, 100, False) > 0
+
+
+# Each builds a model and loads its weights 4 times (~1 s on the loaded 2-core machine): slow, as the family's training.
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_the_dry_run_refuses_a_familys_weights_as_their_load_does(tmp_path, tiny_model_dir, model_type):
+    """The dry run refuses weights that lack some of the model's tensors from the names in their files alone
+    (`weight_names.check`: transformers' load on the meta device): for every family, tied and untied, mixture of
+    experts (its checkpoint's per-expert layout converted as it loads) and hybrid, it refuses what the model's load
+    refuses (`trainer.whole_weights_only`), with the same line, and nothing else. The weights as saved, without the
+    base model's prefix (transformers adds it) and without the output head where it is tied pass; DDP's `module.`
+    names and an untied head left out are refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+    from trl.trainer import dpo_trainer
+
+    from dpotrain.train import trainer, weight_names
+
+    model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
+    saved = load_file(f"{model_dir}/model.safetensors")
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run")])
+    config = AutoConfig.from_pretrained(model_dir)
+    head = [name for name in saved if name.startswith(("lm_head.", "embed_out."))]  # gpt_neox's: embed_out
+    variants = {
+        "as saved": saved,
+        "without the base model's prefix": {name.removeprefix("model."): t for name, t in saved.items()},
+        "without the output head": {name: t for name, t in saved.items() if name not in head},
+        "from DDP": {f"module.{name}": t for name, t in saved.items()},
+    }
+
+    def loaded():
+        with trainer.whole_weights_only():
+            dpo_trainer.create_model_from_path(model_dir)
+
+    refused = {}
+    for variant, weights in variants.items():
+        save_file(weights, f"{model_dir}/model.safetensors")
+        lines = []
+        for judge in (lambda: weight_names.check(recipe, model_dir, config), loaded):
+            try:
+                judge()
+                lines.append(None)
+            except ConfigError as e:
+                lines.append(str(e))
+        assert lines[0] == lines[1], variant
+        refused[variant] = lines[1] is not None
+    expected = {"as saved": False, "without the base model's prefix": False}
+    assert refused == expected | {"without the output head": bool(head), "from DDP": True}
