@@ -73,6 +73,12 @@ def hf_home(tmp_path_factory, tiny_model_dir) -> Path:
     home = tmp_path_factory.mktemp("hf_home")
     hub_cache_model(home, MODEL, Path(tiny_model_dir))
     hub_cache_model(home, "org/tiny-no-weights", Path(tiny_model_dir), skip=("model.safetensors",))
+    from safetensors.torch import load_file, save_file
+
+    ddp = tmp_path_factory.mktemp("from-ddp")  # a state dict saved from a DDP-wrapped model: every name `module.`
+    save_file({f"module.{k}": v for k, v in load_file(Path(tiny_model_dir, "model.safetensors")).items()}, ddp / "w")
+    hub_cache_model(home, "org/tiny-from-ddp", Path(tiny_model_dir), skip=("model.safetensors",))
+    shutil.copy(ddp / "w", home / "hub" / "models--org--tiny-from-ddp" / "snapshots" / COMMIT / "model.safetensors")
     datasets_cache_dataset(home, DATASET)
     return home
 
@@ -1100,6 +1106,26 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     # the probe, then the cache; a training step of the tiny model on a loaded machine: seconds, not the minutes of
     # one silent request's retries
     assert result["seconds"] < offline.PROBE_SECONDS + (7 if command == "analyzer" else 40), result
+
+
+@pytest.mark.slow  # a process each (its imports)
+def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors(tmp_path, hf_home, silent_endpoint):
+    """A Hub model's weights that lack some of its tensors (DDP's `module.` names) are refused by the dry run from the
+    names in the cached files, with the line the run's load gives, and nothing asked of the Hub (its endpoint silent);
+    a model whose weights are not cached is planned without them, as before."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    model = "org/tiny-from-ddp"
+    result = results_of(CACHED, ["dry_run", model, "data/smoke_prefs.jsonl", str(tmp_path / "run")], env)
+    assert result["code"] == 2 and result["seconds"] < 10, result
+    assert [line for line in result["stderr"].splitlines() if line.startswith("error: ")] == [
+        f"error: the weights of {model} lack 25 of the model's 25 tensors (lm_head.weight, ...), which transformers "
+        "would start at random; they hold 25 the model has no place for (module.lm_head.weight, ...): save the model "
+        "with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with a "
+        "prefix such as 'module.'), or copy in the missing weights"
+    ]
+    result = results_of(CACHED, ["dry_run", "org/tiny-no-weights", "data/smoke_prefs.jsonl", str(tmp_path / "r")], env)
+    assert result["code"] is None and result["seconds"] < 10, result
 
 
 @pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
