@@ -43,8 +43,7 @@ def check(recipe, model_path: str, config) -> None:
     `.bin` weights, a Hub model not in the cache (nothing is downloaded), no config here, a class outside
     transformers (remote code), a pre-quantized checkpoint, a config naming its own weight files, model_init_kwargs
     (they may change the model), a load that fails (a tensor of another shape: the run's load says it)."""
-    named = (getattr(config, "architectures", None) or [""])[0]
-    architecture = getattr(transformers, named or "", None)
+    architecture = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "", None)  # TRL's
     own_files = getattr(config, "transformers_weights", None) or getattr(type(config), "extra_files", ())
     if architecture is None or own_files or recipe.training.model_init_kwargs or hasattr(config, "quantization_config"):
         return
