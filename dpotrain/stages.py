@@ -259,19 +259,20 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     pins, kept = None, output.source_commits if output is not None else None
     if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
         pins = pin_sources(recipe, kept)
-    # The command that fetches what the run reads, named where the copy read is not: a resumed mixture's recorded
-    # commits by the run's folder (prefetch.py --output_dir)
-    fetch = offline.prefetch_command(recipe, recipe.training.output_dir if kept else None)
+    # The command that fetches what the run reads, named where the copy read is not: a resumed run's recorded commits
+    # (a mixture's, dataset_name's) by the run's folder (prefetch.py --output_dir)
+    recorded = output is not None and output.data_commit is not None
+    fetch = offline.prefetch_command(recipe, recipe.training.output_dir if kept or recorded else None)
     if mixed:
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
-    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch)
+    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch, recorded)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch)
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch, recorded)
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
@@ -324,9 +325,12 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str):
+def _load_pairs(
+    recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str, recorded=False
+):
     """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split.
-    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads."""
+    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads; `recorded`:
+    `revision` is the commit the run's record holds (`fetch` names the run's folder)."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
@@ -351,7 +355,7 @@ def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, te
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
-    hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation)
+    hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
     )

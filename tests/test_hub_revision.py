@@ -189,16 +189,23 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     assert recorded_commit(tmp_path / "new") == second
     # Offline, datasets reads the copy it prepared last (the new commit's) whatever the revision: refused, not trained
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, env=offline, exit_code=2)
-    assert f"org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in log, log
-    # The command that fetches it, as it runs (it was `--config <recipe>`, a shell redirection when pasted)
-    fetch = log.split("fetch that commit where the Hub is reachable (")[1].split("), or start a new run")[0]
-    assert shlex.split(fetch)[:2] == [
-        f"HF_HOME={tmp_path / 'hf_home'}",
-        f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}",
-    ]
-    assert shlex.split(fetch)[2:6] == ["python", "scripts/prefetch.py", "--config", SMOKE[1]], fetch
-    assert "--dataset_name org/prefs " in fetch and fetch.endswith(f" --revision {first}"), fetch
+    stopped = tmp_path / "offline"
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in error, log
+    # The command that fetches it, as it runs (it was `--config <recipe>`, a shell redirection when pasted): the run's
+    # folder, whose record holds the commit, as a resumed mixture's refusal names it (it named `--revision <commit>`)
+    fetch = error.split("fetch it where the Hub is reachable (")[1].split(": the commit the run's record holds)")[0]
+    words = shlex.split(fetch)
+    assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
+    assert words[2:6] == ["python", "scripts/prefetch.py", "--config", SMOKE[1]], fetch
+    assert "--dataset_name org/prefs " in fetch and words[-2:] == ["--output_dir", str(stopped)], fetch
+    # That command, where the Hub is reachable (its cache variables are the test's own), then the same offline job
+    fetched = hub_script(hub, tmp_path, *words[3:])
+    assert f"dataset org/prefs@{first} split train: 32 rows -> " in fetched, fetched
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=offline)
+    assert f"Resuming from {stopped}/checkpoint-1" in log, log
+    assert recorded_commit(stopped) == first
 
 
 @pytest.mark.slow
@@ -374,7 +381,7 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
-    assert error.endswith(f" --revision {first}), or start a new run"), error
+    assert error.endswith(f" --revision {first})"), error  # no run to start anew
     # The data set alone, no --revision: the run pins it to refs/main's commit and refuses this copy; the analyzer read
     # it unpinned, measured the 32 pairs and cached them under that commit's key (a dry run then showed 32 pairs)
     analyze = [*SMOKE, "--dataset_name", "org/prefs"]
