@@ -413,6 +413,72 @@ def test_an_offline_held_out_source_whose_cache_last_prepared_another_commit_is_
     assert error.startswith(f"{read}which this run evaluates on ("), log
 
 
+# The data stage of an offline job on a shared cache, into which a login node's prefetch.py of another commit finishes
+# while the job checks the training pairs: its last act (os.utime) makes that commit's copy the one datasets reads
+# next, the test split's (argv: that copy, then the job's arguments). Before the check's end, the check's own writes
+# (datasets' cache files beside the copy read) would make the job's copy the newest again.
+RACED_JOB = """
+import os, sys
+sys.path.insert(0, os.getcwd())  # the project's folder (hub_script's cwd), not this file's
+from dpotrain import stages
+from dpotrain.data import rows
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_command
+check = rows.usable_pairs
+
+def check_while_prefetch_ends(dataset, *args, **kwargs):
+    usable = check(dataset, *args, **kwargs)
+    if len(dataset) == 16:  # the training pairs'
+        os.utime(sys.argv[1])
+    return usable
+
+def main():
+    rows.usable_pairs = check_while_prefetch_ends
+    recipe = parse_args(sys.argv[2:])
+    print("eval rows:", stages.load_data(recipe, stages.checks(recipe), say=False).checked["eval_rows"])
+
+run_command(main)
+"""
+
+
+@pytest.mark.slow  # processes of their own
+def test_an_offline_test_split_read_from_another_commits_copy_is_refused_as_evaluated_on(hub, tmp_path, tiny_model_dir):
+    """dataset_name's test split is checked as its training split is: offline, datasets reads whichever copy it
+    prepared last, and the training split's check cannot vouch for the test split's read, which may find another copy
+    (one prepared in between). Refused as evaluated on, naming the command that fetches the commit; without that check
+    the run evaluated on the other commit's 12 held-out pairs as the pinned commit's 8."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    train = "".join(pairs[:16]).encode()
+    first = hub.state.add_dataset_commit(
+        "org/prefs", {"train.jsonl": train, "test.jsonl": "".join(pairs[16:24]).encode()}
+    )
+    second = hub.state.add_dataset_commit(
+        "org/prefs", {"train.jsonl": train, "test.jsonl": "".join(pairs[24:36]).encode()}
+    )
+    fetch = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", tiny_model_dir, "--revision"]
+    for commit in (second, first):  # each copy prepared, the pinned commit's last: the one an offline job reads
+        fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *fetch, commit)
+        assert f"dataset org/prefs@{commit} split train: 16 rows -> " in fetched, fetched
+    copies = tmp_path / "datasets_cache" / "org___prefs" / "default" / "0.0.0"
+    job = [*fetch[:-1], "--dataset_revision", first, "--output_dir", str(tmp_path / "out"), "--eval_strategy", "steps"]
+    (tmp_path / "job.py").write_text(RACED_JOB)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    log = hub_script(hub, tmp_path, str(tmp_path / "job.py"), str(copies / second), *job, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    read = (
+        f"error: org/prefs: the copy read is not commit {first[:12]}, which this run evaluates on ({copies / second})"
+    )
+    assert error.startswith(read), log
+    assert error.endswith(f" --dataset_revision {first} --revision {first})"), error
+    # That command, as printed, where the Hub is reachable (its cache variables are the test's own); then the job,
+    # with no other copy prepared during it, evaluates on the pinned commit's 8 held-out pairs
+    words = shlex.split(error.split("fetch that commit where the Hub is reachable (")[1][:-1])
+    assert words[2:4] == ["python", "scripts/prefetch.py"], words
+    hub_script(hub, tmp_path, *words[3:])
+    log = hub_script(hub, tmp_path, str(tmp_path / "job.py"), str(copies / first), *job, env=offline)
+    assert "eval rows: 8\n" in log, log
+
+
 @pytest.mark.slow  # a process of its own
 def test_prefetch_given_a_stopped_runs_folder_fetches_the_commit_its_record_holds_for_dataset_name(hub, tmp_path):
     """`prefetch.py --output_dir RUN` fetches what the resume reads: a mixture's recorded commits, and a single Hub
