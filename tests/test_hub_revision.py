@@ -118,8 +118,8 @@ def hub_script(hub, tmp_path, script: str, *args, env=None, exit_code=0) -> str:
         HF_HOME=str(tmp_path / "hf_home"),
         HF_TOKEN="",
         HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
-        **(env or {}),
     )
+    online.update(env or {})  # the offline switches, another cache
     result = subprocess.run(
         [python(), str(ROOT / script), *args],
         cwd=ROOT,
@@ -187,9 +187,17 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     # A new run takes main's new commit
     train_online(hub, tmp_path, tmp_path / "new", tiny_model_dir, "--max_steps", "2", "--save_strategy", "no")
     assert recorded_commit(tmp_path / "new") == second
+    # Offline on a node whose data set cache lacks it: the refusal names prefetch.py with the run's folder, which, run
+    # as printed, fetches the recorded commit into that cache (it named prefetch.py at main, which fetched main's)
+    offline, stopped = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, tmp_path / "offline"
+    fresh = {**offline, "HF_DATASETS_CACHE": str(tmp_path / "fresh")}
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=fresh, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    words = shlex.split(error.split("On a login node with network, run: ")[1])
+    assert words[1] == f"HF_DATASETS_CACHE={tmp_path / 'fresh'}" and words[-2:] == ["--output_dir", str(stopped)], error
+    fetched = hub_script(hub, tmp_path, *words[3:], env=dict(w.split("=", 1) for w in words[:2]))
+    assert f"dataset org/prefs@{first} split train: 32 rows -> {tmp_path / 'fresh'}" in fetched, fetched
     # Offline, datasets reads the copy it prepared last (the new commit's) whatever the revision: refused, not trained
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    stopped = tmp_path / "offline"
     log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=offline, exit_code=2)
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in error, log
