@@ -208,7 +208,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     if not only_reference and decision.trains and not folder_refused:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
-        offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
+        # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached; a resumed run's at its recorded commits
+        offline.check_offline_artifacts(recipe, output_dir=training.output_dir if kept or sources else None)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources)
 
 
@@ -247,31 +248,34 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
         return Data(None, None, steps, revision=revision)
+    # A continued run's commits, from its record (output_checks): a mixture's Hub sources', dataset_name's. The command
+    # named to fetch what the run reads gives the run's folder (prefetch.py --output_dir), which fetches them there
+    kept = output.source_commits if output is not None else None
+    recorded = output is not None and output.data_commit is not None
+    resumed_in = recipe.training.output_dir if kept or recorded else None
     if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
-        offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
+        offline.check_job_reachable(recipe, model=False, output_dir=resumed_in)  # the Hub must answer, within seconds
     if launch.dry_run and mixed:  # offline, an uncached source: the run's refusal, not datasets' OfflineModeIsEnabled
-        offline.check_offline_artifacts(recipe, model=False)  # the run's refusal, with the prefetch command
+        offline.check_offline_artifacts(recipe, model=False, output_dir=resumed_in)  # with the prefetch command
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
     # A mixture's Hub sources' commits (mixture.pin), training and held-out, read at them and known by them before and
-    # after; a continued run's: the commits its record holds (output_checks)
-    pins, kept = None, output.source_commits if output is not None else None
+    # after; a continued run's: the commits its record holds
+    pins = None
     if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
         pins = pin_sources(recipe, kept)
-    # The command that fetches what the run reads, named where the copy read is not: a resumed mixture's recorded
-    # commits by the run's folder (prefetch.py --output_dir)
-    fetch = offline.prefetch_command(recipe, recipe.training.output_dir if kept else None)
+    fetch = offline.prefetch_command(recipe, resumed_in)  # named where the copy read is not the commit the run reads
     if mixed:
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
-    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch)
+    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch, recorded)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch)
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch, recorded)
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
@@ -324,9 +328,12 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str):
+def _load_pairs(
+    recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str, recorded=False
+):
     """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split.
-    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads."""
+    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads; `recorded`:
+    `revision` is the commit the run's record holds (`fetch` names the run's folder)."""
     s, p = recipe.script, recipe.project
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
@@ -351,7 +358,7 @@ def _load_pairs(recipe, evaluation: bool, revision, checked: dict, say: bool, te
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
-    hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation)
+    hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
     )

@@ -517,3 +517,30 @@ def test_held_out_pairs_edited_between_attempts_are_refused_and_other_ones_named
             )
             == []
         )
+
+
+def test_a_split_files_folders_test_file_edited_between_attempts_is_said_to_be_evaluated_on(tmp_path, tiny_model_dir):
+    """A folder of split files (train.jsonl, test.jsonl) is recorded whole, as datasets reads it: its test.jsonl edited
+    between attempts refused the resume saying "the run trained on" that file, whose pairs the run only evaluates on
+    (a held-out mixture's file and a saved data set's test split said "evaluated on"). Its train.jsonl is trained on."""
+    from dpotrain import resolve, stages
+
+    data, run = tmp_path / "pairs", tmp_path / "run"
+    data.mkdir()
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    (data / "train.jsonl").write_text("".join(lines[:48]))
+    (data / "test.jsonl").write_text("".join(lines[48:56]))
+    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(run)]
+    recipe = parse_args([*args, "--eval_strategy", "steps", "--eval_steps", "2", "--report_to", "none"])
+    record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
+    record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps(record))
+    assert resolve.changed_settings(recipe, run, 8) == []
+    (data / "test.jsonl").write_text("".join(lines[56:60]))  # 4 other pairs in place of the 8 evaluated on
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert changed.startswith("dataset content: test.jsonl has ") and "the run evaluated on " in changed, changed
+    (data / "test.jsonl").write_text("".join(lines[48:56]))  # as recorded again (hashed: the same content)
+    (data / "train.jsonl").write_text("".join(lines[:40]))
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert changed.startswith("dataset content: train.jsonl has ") and "the run trained on " in changed, changed

@@ -118,8 +118,8 @@ def hub_script(hub, tmp_path, script: str, *args, env=None, exit_code=0) -> str:
         HF_HOME=str(tmp_path / "hf_home"),
         HF_TOKEN="",
         HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
-        **(env or {}),
     )
+    online.update(env or {})  # the offline switches, another cache
     result = subprocess.run(
         [python(), str(ROOT / script), *args],
         cwd=ROOT,
@@ -187,18 +187,33 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     # A new run takes main's new commit
     train_online(hub, tmp_path, tmp_path / "new", tiny_model_dir, "--max_steps", "2", "--save_strategy", "no")
     assert recorded_commit(tmp_path / "new") == second
+    # Offline on a node whose data set cache lacks it: the refusal names prefetch.py with the run's folder, which, run
+    # as printed, fetches the recorded commit into that cache (it named prefetch.py at main, which fetched main's)
+    offline, stopped = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, tmp_path / "offline"
+    fresh = {**offline, "HF_DATASETS_CACHE": str(tmp_path / "fresh")}
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=fresh, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    words = shlex.split(error.split("On a login node with network, run: ")[1])
+    assert words[1] == f"HF_DATASETS_CACHE={tmp_path / 'fresh'}" and words[-2:] == ["--output_dir", str(stopped)], error
+    fetched = hub_script(hub, tmp_path, *words[3:], env=dict(w.split("=", 1) for w in words[:2]))
+    assert f"dataset org/prefs@{first} split train: 32 rows -> {tmp_path / 'fresh'}" in fetched, fetched
     # Offline, datasets reads the copy it prepared last (the new commit's) whatever the revision: refused, not trained
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, env=offline, exit_code=2)
-    assert f"org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in log, log
-    # The command that fetches it, as it runs (it was `--config <recipe>`, a shell redirection when pasted)
-    fetch = log.split("fetch that commit where the Hub is reachable (")[1].split("), or start a new run")[0]
-    assert shlex.split(fetch)[:2] == [
-        f"HF_HOME={tmp_path / 'hf_home'}",
-        f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}",
-    ]
-    assert shlex.split(fetch)[2:6] == ["python", "scripts/prefetch.py", "--config", SMOKE[1]], fetch
-    assert "--dataset_name org/prefs " in fetch and fetch.endswith(f" --revision {first}"), fetch
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    assert f"error: org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in error, log
+    # The command that fetches it, as it runs (it was `--config <recipe>`, a shell redirection when pasted): the run's
+    # folder, whose record holds the commit, as a resumed mixture's refusal names it (it named `--revision <commit>`)
+    fetch = error.split("fetch it where the Hub is reachable (")[1].split(": the commit the run's record holds)")[0]
+    words = shlex.split(fetch)
+    assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
+    assert words[2:6] == ["python", "scripts/prefetch.py", "--config", SMOKE[1]], fetch
+    assert "--dataset_name org/prefs " in fetch and words[-2:] == ["--output_dir", str(stopped)], fetch
+    # That command, where the Hub is reachable (its cache variables are the test's own), then the same offline job
+    fetched = hub_script(hub, tmp_path, *words[3:])
+    assert f"dataset org/prefs@{first} split train: 32 rows -> " in fetched, fetched
+    log = train_online(hub, tmp_path, stopped, tiny_model_dir, env=offline)
+    assert f"Resuming from {stopped}/checkpoint-1" in log, log
+    assert recorded_commit(stopped) == first
 
 
 @pytest.mark.slow
@@ -374,7 +389,7 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     assert f"error: org/prefs: the copy read is not commit {first[:12]}, " in error, log
-    assert error.endswith(f" --revision {first}), or start a new run"), error
+    assert error.endswith(f" --revision {first})"), error  # no run to start anew
     # The data set alone, no --revision: the run pins it to refs/main's commit and refuses this copy; the analyzer read
     # it unpinned, measured the 32 pairs and cached them under that commit's key (a dry run then showed 32 pairs)
     analyze = [*SMOKE, "--dataset_name", "org/prefs"]
@@ -404,6 +419,72 @@ def test_an_offline_held_out_source_whose_cache_last_prepared_another_commit_is_
     (error,) = [line for line in log.splitlines() if line.startswith("error:")]
     read = f"error: mixture source org/held [test]: the copy read is not commit {first[:12]}, "
     assert error.startswith(f"{read}which this run evaluates on ("), log
+
+
+# The data stage of an offline job on a shared cache, into which a login node's prefetch.py of another commit finishes
+# while the job checks the training pairs: its last act (os.utime) makes that commit's copy the one datasets reads
+# next, the test split's (argv: that copy, then the job's arguments). Before the check's end, the check's own writes
+# (datasets' cache files beside the copy read) would make the job's copy the newest again.
+RACED_JOB = """
+import os, sys
+sys.path.insert(0, os.getcwd())  # the project's folder (hub_script's cwd), not this file's
+from dpotrain import stages
+from dpotrain.data import rows
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_command
+check = rows.usable_pairs
+
+def check_while_prefetch_ends(dataset, *args, **kwargs):
+    usable = check(dataset, *args, **kwargs)
+    if len(dataset) == 16:  # the training pairs'
+        os.utime(sys.argv[1])
+    return usable
+
+def main():
+    rows.usable_pairs = check_while_prefetch_ends
+    recipe = parse_args(sys.argv[2:])
+    print("eval rows:", stages.load_data(recipe, stages.checks(recipe), say=False).checked["eval_rows"])
+
+run_command(main)
+"""
+
+
+@pytest.mark.slow  # processes of their own
+def test_an_offline_test_split_read_from_another_commits_copy_is_refused_as_evaluated_on(hub, tmp_path, tiny_model_dir):
+    """dataset_name's test split is checked as its training split is: offline, datasets reads whichever copy it
+    prepared last, and the training split's check cannot vouch for the test split's read, which may find another copy
+    (one prepared in between). Refused as evaluated on, naming the command that fetches the commit; without that check
+    the run evaluated on the other commit's 12 held-out pairs as the pinned commit's 8."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    train = "".join(pairs[:16]).encode()
+    first = hub.state.add_dataset_commit(
+        "org/prefs", {"train.jsonl": train, "test.jsonl": "".join(pairs[16:24]).encode()}
+    )
+    second = hub.state.add_dataset_commit(
+        "org/prefs", {"train.jsonl": train, "test.jsonl": "".join(pairs[24:36]).encode()}
+    )
+    fetch = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", tiny_model_dir, "--revision"]
+    for commit in (second, first):  # each copy prepared, the pinned commit's last: the one an offline job reads
+        fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *fetch, commit)
+        assert f"dataset org/prefs@{commit} split train: 16 rows -> " in fetched, fetched
+    copies = tmp_path / "datasets_cache" / "org___prefs" / "default" / "0.0.0"
+    job = [*fetch[:-1], "--dataset_revision", first, "--output_dir", str(tmp_path / "out"), "--eval_strategy", "steps"]
+    (tmp_path / "job.py").write_text(RACED_JOB)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    log = hub_script(hub, tmp_path, str(tmp_path / "job.py"), str(copies / second), *job, env=offline, exit_code=2)
+    (error,) = [line for line in log.splitlines() if line.startswith("error:")]
+    read = (
+        f"error: org/prefs: the copy read is not commit {first[:12]}, which this run evaluates on ({copies / second})"
+    )
+    assert error.startswith(read), log
+    assert error.endswith(f" --dataset_revision {first} --revision {first})"), error
+    # That command, as printed, where the Hub is reachable (its cache variables are the test's own); then the job,
+    # with no other copy prepared during it, evaluates on the pinned commit's 8 held-out pairs
+    words = shlex.split(error.split("fetch that commit where the Hub is reachable (")[1][:-1])
+    assert words[2:4] == ["python", "scripts/prefetch.py"], words
+    hub_script(hub, tmp_path, *words[3:])
+    log = hub_script(hub, tmp_path, str(tmp_path / "job.py"), str(copies / first), *job, env=offline)
+    assert "eval rows: 8\n" in log, log
 
 
 @pytest.mark.slow  # a process of its own

@@ -178,10 +178,11 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
     return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
 
 
-def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = True) -> None:
+def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = True, output_dir=None) -> None:
     """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
     `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything);
-    `model=False` the data alone (a dry run reads a mixture's sources, not the model)."""
+    `model=False` the data alone (a dry run reads a mixture's sources, not the model); `output_dir`: a resumed run's
+    folder, named to prefetch.py (`prefetch_command`)."""
     model = model and (is_offline() if offline is None else offline)
     dataset = datasets_offline() if offline is None else offline
     if not (model or dataset):
@@ -189,7 +190,7 @@ def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = T
     if missing := missing_artifacts(recipe, model=model, dataset=dataset):
         raise ConfigError(
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
-            f"On a login node with network, run: {prefetch_command(recipe)}"
+            f"On a login node with network, run: {prefetch_command(recipe, output_dir)}"
         )
 
 
@@ -310,16 +311,17 @@ def _ask_for_job(recipe) -> tuple[bool, str | None]:
     return True, hub_unreachable()
 
 
-def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
+def check_job_reachable(recipe, model: bool = True, dataset: bool = True, output_dir=None) -> None:
     """A job that would download its model or data set (asked just before each is needed): refused at once when the
-    Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries; one that
-    reads them from the cache, offline where the Hub does not answer (`read_cache_if_silent`)."""
+    Hub does not answer, with the prefetch command (`output_dir`: a resumed run's folder, `prefetch_command`), instead
+    of a minute of retries from inside the libraries; one that reads them from the cache, offline where the Hub does
+    not answer (`read_cache_if_silent`)."""
     silent = bool(ANSWER and ANSWER.why)  # offline for that reason: what is not cached is refused, with the remedy
     model, dataset = model and (silent or not is_offline()), dataset and (silent or not datasets_offline())
     reads = (model and is_hub_model(recipe.model.model_name_or_path)) or (dataset and bool(hub_datasets(recipe)))
     check_hub_reachable(
         missing_artifacts(recipe, model=model, dataset=dataset),
-        f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
+        f"on a machine with network, fill the cache with `{prefetch_command(recipe, output_dir)}` and run this with "
         "HF_HUB_OFFLINE=1 (or fix HF_ENDPOINT / HTTPS_PROXY)",
         reads,
     )

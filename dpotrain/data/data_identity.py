@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 
 ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file up to 2 x ENDS is hashed whole)
+EVALUATED = "evaluated on"  # what a run does with its held-out files, said where they changed
 
 
 def saved(path: Path) -> bool:
@@ -105,16 +106,17 @@ def of_files(found: dict[str, Path], ends: bool = False) -> dict:
     return record
 
 
-def changed_files(old: dict, found: dict[str, Path], read: str = "trained on") -> str | None:
+def changed_files(old: dict, found: dict[str, Path], read: str = "trained on", evaluated=()) -> str | None:
     """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same. `read`: what
-    the run did with them (held-out files: "evaluated on")."""
+    the run did with them (held-out files: EVALUATED); `evaluated`: the names among them it evaluated on (a folder of
+    split files' test split, recorded with the training files as datasets reads the folder whole)."""
     if set(found) != set(old):
         added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
         return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"
     for name, path in found.items():
-        stat, was = path.stat(), old[name]
+        stat, was, did = path.stat(), old[name], EVALUATED if name in evaluated else read
         if stat.st_size != was["bytes"]:
-            return f"{name} has {stat.st_size} bytes, the run {read} {was['bytes']}"
+            return f"{name} has {stat.st_size} bytes, the run {did} {was['bytes']}"
         # A file hashed whole is trusted while its change time agrees too: `cp -p` of another file of the same size
         # keeps the modification time, never the change time (a chmod or a move changes it too: hashed again).
         # A file known by its ends is trusted on its modification time: hashed again, its ends prove nothing.
@@ -124,10 +126,10 @@ def changed_files(old: dict, found: dict[str, Path], read: str = "trained on") -
         if "sha256" in was:
             digest, then = _sha256(path), was["sha256"]
             if digest != then:
-                return f"{name} has other content (SHA-256 {digest[:12]}..., the run {read} {then[:12]}...)"
+                return f"{name} has other content (SHA-256 {digest[:12]}..., the run {did} {then[:12]}...)"
             continue
         if _sha256(path, ends=True) != was["sha256_ends"]:
-            return f"{name} has other content (its first and last MiB differ from those the run trained on)"
+            return f"{name} has other content (its first and last MiB differ from those the run {did})"
         seconds, nanoseconds = divmod(was["mtime_ns"], 10**9)
         return (
             f"{name} was rewritten since the run started (its first and last MiB, all that is compared of a "

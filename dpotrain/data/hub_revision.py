@@ -90,24 +90,37 @@ def changed(recorded: str, name: str, given: str | None) -> str | None:
 
 
 def check_loaded(
-    dataset, name: str, revision: str | None, prefetch: str, source: bool = False, evaluation: bool = False
+    dataset,
+    name: str,
+    revision: str | None,
+    prefetch: str,
+    source: bool = False,
+    evaluation: bool = False,
+    recorded: bool = False,
 ) -> None:
     """The data set read is the commit asked for. Offline, `datasets` reads the copy it prepared last, whatever the
     revision (huggingface/datasets issue 7928); the prepared files sit in a folder named for their commit, so another
     commit's copy is refused rather than trained on, naming the command (`prefetch`, the run's
-    `python scripts/prefetch.py ...`) that fetches this one. A mixture's Hub `source` is read at its main's commit, or
-    a resumed run's at the one its record holds, and prefetch.py takes no `--revision` for one: it fetches each source
-    at main, or with the run's `--output_dir` at its recorded commit, and makes that the copy read last. `evaluation`:
-    held-out pairs, which the run evaluates on."""
+    `python scripts/prefetch.py ...`) that fetches this one and makes it the copy read last. A mixture's Hub `source`
+    is read at its main's commit, or a resumed run's at the one its record holds, and prefetch.py takes no `--revision`
+    for one: it fetches each source at main, or with the run's `--output_dir` at its recorded commit. `recorded`: the
+    commit a resumed run's record holds, which `prefetch` (given the run's `--output_dir`) fetches; else prefetch.py
+    is told the commit (`--revision`). `evaluation`: held-out pairs, which the run evaluates on."""
     files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
     if not (revision and COMMIT.fullmatch(revision) and files) or any(f"/{revision}/" in f for f in files):
         return
-    fix = (
-        f"fetch the mixture's sources where the Hub is reachable ({prefetch}: each at main, or a resumed run's at the "
-        "commit its record holds), which makes each the copy read"
-        if source
-        else f"fetch that commit where the Hub is reachable ({prefetch} --revision {revision}), or start a new run"
-    )
+    if source:
+        fix = (
+            f"fetch the mixture's sources where the Hub is reachable ({prefetch}: each at main, or a resumed run's at "
+            "the commit its record holds), which makes each the copy read"
+        )
+    elif recorded:
+        fix = (
+            f"fetch it where the Hub is reachable ({prefetch}: the commit the run's record holds), which makes it the "
+            "copy read, or start a new run"
+        )
+    else:
+        fix = f"fetch that commit where the Hub is reachable ({prefetch} --revision {revision})"
     use = "evaluates on" if evaluation else "trains on"
     raise ConfigError(
         f"{name}: the copy read is not commit {revision[:12]}, which this run {use} ({Path(files[0]).parent}), "

@@ -680,7 +680,14 @@ def content_changed(recipe, derived: dict) -> str | None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
-        return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
+        found = data_identity.files(s.dataset_name, s.dataset_train_split)
+        if not old or found is None:
+            return None
+        # A folder of split files is recorded whole: its test split's files are the pairs the run evaluates on
+        folder = Path(s.dataset_name).expanduser()
+        evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
+        held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
+        return data_identity.changed_files(old, found, evaluated={n for n, p in found.items() if p.resolve() in held})
     return _sources_changed(sources, derived.get("data_sources"))
 
 
@@ -690,11 +697,9 @@ def held_out_changed(recipe, derived: dict) -> str | None:
     (written before they were compared) is not compared; Hub sources are read at their recorded commits (`kept`)."""
     sources, s = parse(fields_of(recipe), evaluation=True), recipe.script
     if sources is None:
-        return data_identity.changed(derived.get("eval_identity"), s.dataset_name, s.dataset_test_split, read=EVALUATED)
-    return _sources_changed(sources, derived.get("eval_sources"), EVALUATED)
-
-
-EVALUATED = "evaluated on"  # what a run does with its held-out files, said where they changed
+        held = derived.get("eval_identity")
+        return data_identity.changed(held, s.dataset_name, s.dataset_test_split, read=data_identity.EVALUATED)
+    return _sources_changed(sources, derived.get("eval_sources"), data_identity.EVALUATED)
 
 
 def _sources_changed(sources: list[Source], records: list | None, read: str = "trained on") -> str | None:
