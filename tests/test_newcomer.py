@@ -1195,3 +1195,22 @@ def test_a_flag_typed_twice_with_two_values_is_said_and_the_last_counts(tmp_path
     warning = "warning: --learning_rate is given twice on the command line (1e-6, then 2e-6): the last counts"
     assert result.stdout.splitlines().count(warning) == 1, result.stdout[-2000:]
     assert '"learning_rate": 2e-06' in result.stdout
+
+
+def test_the_options_help_names_readme_sections_that_exist():
+    """`--help` pointed memory_check at "README 'Memory plan'" and auto_coverage at "README: Choosing max_length",
+    sections the README no longer has (they are docs/memory.md and docs/max_length.md): every README section an
+    option's help names begins one of the README's headings."""
+    import dataclasses
+    import re
+
+    from dpotrain.recipe.config import ProjectArguments
+
+    headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:2] == "##"]
+    named = {
+        f.name: section
+        for f in dataclasses.fields(ProjectArguments)
+        for section in re.findall(r"README(?:: |\s+')([^)']+)", f.metadata["help"])
+    }
+    assert "sequence_parallel_size" in named  # README: Long traces
+    assert {name: s for name, s in named.items() if not any(h.startswith(s) for h in headings)} == {}
