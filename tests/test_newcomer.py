@@ -627,7 +627,7 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
     assert "skip_invalid" not in line
 
 
-def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(capsys):
+def test_help_shows_each_description_whole_and_says_what_push_to_hub_and_hub_model_id_do_here(capsys):
     import re
 
     from dpotrain.recipe.config import parse_args
@@ -641,6 +641,9 @@ def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(c
     assert "--dataset_mixer_eval_list_splits" in flags and all(re.fullmatch(r"--[a-z0-9_-]+", f) for f in flags), flags
     assert "every time the model is saved" not in shown
     assert "--push_to_hub                   Push the final model to the Hub once training ends" in shown
+    # transformers' "repository to keep in sync with the local `output_dir`": this project pushes once, at the end
+    assert "keep in sync" not in shown
+    assert "--hub_model_id                  The Hub repo push_to_hub pushes to (default: the run name" in shown
     # Every option --help lists is documented in docs/ (or the README).
     docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     own = [f for f in flags if f.startswith("--") and f not in ("--dry-run", "--json", "--config")]
@@ -1192,3 +1195,22 @@ def test_a_flag_typed_twice_with_two_values_is_said_and_the_last_counts(tmp_path
     warning = "warning: --learning_rate is given twice on the command line (1e-6, then 2e-6): the last counts"
     assert result.stdout.splitlines().count(warning) == 1, result.stdout[-2000:]
     assert '"learning_rate": 2e-06' in result.stdout
+
+
+def test_the_options_help_names_readme_sections_that_exist():
+    """`--help` pointed memory_check at "README 'Memory plan'" and auto_coverage at "README: Choosing max_length",
+    sections the README no longer has (they are docs/memory.md and docs/max_length.md): every README section an
+    option's help names begins one of the README's headings."""
+    import dataclasses
+    import re
+
+    from dpotrain.recipe.config import ProjectArguments
+
+    headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:2] == "##"]
+    named = {
+        f.name: section
+        for f in dataclasses.fields(ProjectArguments)
+        for section in re.findall(r"README(?:: |\s+')([^)']+)", f.metadata["help"])
+    }
+    assert "sequence_parallel_size" in named  # README: Long traces
+    assert {name: s for name, s in named.items() if not any(h.startswith(s) for h in headings)} == {}

@@ -58,8 +58,8 @@ class ProjectArguments:
         0.95,
         "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
         "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
-        "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (README: "
-        "Choosing max_length).",
+        "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole "
+        "(docs/max_length.md).",
     )
     overwrite_output_dir: bool = option(
         False,
@@ -80,7 +80,7 @@ class ProjectArguments:
     )
     memory_check: bool = option(
         True,
-        "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+        "Refuse a run whose memory plan (an estimate, docs/memory.md) exceeds the GPU memory. false: "
         "the plan is only shown, for a setup you know fits.",
     )
     merge_lora: bool = option(

@@ -16,7 +16,11 @@ RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CP
 
 
 # Fields whose transformers help says what this project does not do: what it does instead.
-OWN_WORDS = {"push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)"}
+OWN_WORDS = {
+    "push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)",
+    # transformers': "The name of the repository to keep in sync with the local `output_dir`", which it no longer is
+    "hub_model_id": "The Hub repo push_to_hub pushes to (default: the run name, in your namespace)",
+}
 WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
 
 
