@@ -106,15 +106,15 @@ def of_files(found: dict[str, Path], ends: bool = False) -> dict:
     return record
 
 
-def changed_files(old: dict, found: dict[str, Path], read: str = "trained on", evaluated=()) -> str | None:
+def changed_files(old: dict, found: dict[str, Path], read: str = "trained on", evaluated=frozenset()) -> str | None:
     """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same. `read`: what
-    the run did with them (held-out files: EVALUATED); `evaluated`: the names among them it evaluated on (a folder of
-    split files' test split, recorded with the training files as datasets reads the folder whole)."""
+    the run did with them (held-out files: EVALUATED); `evaluated`: the resolved paths among them it evaluated on (a
+    folder of split files' test split, recorded with the training files as datasets reads the folder whole)."""
     if set(found) != set(old):
         added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
         return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"
     for name, path in found.items():
-        stat, was, did = path.stat(), old[name], EVALUATED if name in evaluated else read
+        stat, was, did = path.stat(), old[name], EVALUATED if path.resolve() in evaluated else read
         if stat.st_size != was["bytes"]:
             return f"{name} has {stat.st_size} bytes, the run {did} {was['bytes']}"
         # A file hashed whole is trusted while its change time agrees too: `cp -p` of another file of the same size
@@ -146,8 +146,14 @@ def of(name: str, split: str = "train", data_dir: str | None = None, data_files=
 
 
 def changed(
-    old: dict | None, name: str, split: str = "train", data_dir=None, data_files=None, read: str = "trained on"
+    old: dict | None,
+    name: str,
+    split: str = "train",
+    data_dir=None,
+    data_files=None,
+    read: str = "trained on",
+    evaluated=frozenset(),
 ) -> str | None:
-    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None."""
+    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None (`changed_files`)."""
     found = files(name, split, data_dir, data_files)
-    return changed_files(old, found, read) if old and found is not None else None
+    return changed_files(old, found, read, evaluated) if old and found is not None else None

@@ -680,14 +680,11 @@ def content_changed(recipe, derived: dict) -> str | None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
-        found = data_identity.files(s.dataset_name, s.dataset_train_split)
-        if not old or found is None:
-            return None
         # A folder of split files is recorded whole: its test split's files are the pairs the run evaluates on
         folder = Path(s.dataset_name).expanduser()
         evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
         held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
-        return data_identity.changed_files(old, found, evaluated={n for n, p in found.items() if p.resolve() in held})
+        return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held)
     return _sources_changed(sources, derived.get("data_sources"))
 
 

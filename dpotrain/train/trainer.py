@@ -81,8 +81,7 @@ def whole_weights_only():
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
-        total = len(model.state_dict())
-        collectives.every_rank_outcome(refusal(model_id, info["missing_keys"], info["unexpected_keys"], total))
+        collectives.every_rank_outcome(refusal(model_id, model, info))
         return model
 
     with upstream.patched(upstream.CREATE_MODEL, checked) as load:

@@ -20,12 +20,13 @@ from dpotrain.recipe.writes import quiet_progress_bars
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 
 
-def refusal(model_id: str, missing, unused, total: int) -> ConfigError | None:
-    """The refusal of weights that lack `missing` of the model's `total` tensors (`unused`: theirs the model has no
-    place for), as transformers' loading info names them; None where they lack none."""
-    missing, unused = sorted(missing), sorted(unused)
+def refusal(model_id: str, model, info: dict) -> ConfigError | None:
+    """The refusal of weights that lack some of `model`'s tensors, as transformers' loading `info` names them (its
+    unexpected keys: theirs the model has no place for); None where they lack none."""
+    missing, unused = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
     if not missing:
         return None
+    total = len(model.state_dict())  # only for the refusal: every load passes here
     held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
     return ConfigError(
         f"the weights of {model_id} lack {len(missing):,} of the model's {total:,} tensors "
@@ -63,7 +64,7 @@ def check(recipe, model_path: str, config) -> None:
         return
     finally:
         hf_logging.set_verbosity(verbosity)
-    refused = refusal(model_path, info["missing_keys"], info["unexpected_keys"], len(model.state_dict()))
+    refused = refusal(model_path, model, info)
     if refused is not None:
         raise refused
 
