@@ -99,6 +99,42 @@ def own_signals():
             signal.signal(sig, handler)
 
 
+def submitted(command: str, folder) -> dict:
+    """A printed `[NAME=value ...] sbatch --nodes=N --gpus-per-node=G SCRIPT ARGS...`, pasted in `folder`, as Slurm and
+    scripts/launch.sh take it: the script run there (sbatch reads a relative one there) in a job of N nodes of G GPUs
+    with the command's environment, printing its launch (LAUNCH_PRINT_ONLY). Returns what `accelerate launch` gets:
+    its config file, machines and processes, and train_dpo.py's arguments (`train`), read in the project (the job runs
+    there) by a job submitted from `folder`."""
+    import shlex
+
+    words = shlex.split(command)
+    at = words.index("sbatch")
+    given = dict(word.split("=", 1) for word in words[:at])
+    options = {}
+    for word in words[at + 1 :]:
+        if not word.startswith("--"):
+            break
+        name, _, value = word.removeprefix("--").partition("=")
+        options[name] = value
+    assert set(options) == {"nodes", "gpus-per-node"}, command
+    script = words[at + 1 + len(options) :]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+    env = {k: v for k, v in env.items() if k not in ("RECIPE", "ACCELERATE_CONFIG")} | given
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(folder), "SLURM_JOB_NUM_NODES": options["nodes"]}
+    env["SLURM_GPUS_PER_NODE"] = options["gpus-per-node"]
+    result = subprocess.run(["bash", *script], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (command, result.stderr)
+    node = shlex.split(result.stdout)  # srun ... bash -c "...; exec accelerate launch ..."
+    launch = shlex.split(node[node.index("-c") + 1].split("; exec ", 1)[1])
+    value = lambda flag: launch[launch.index(flag) + 1]  # noqa: E731
+    return {
+        "config": value("--config_file"),
+        "machines": int(value("--num_machines")),
+        "processes": int(value("--num_processes")),
+        "train": launch[launch.index("train_dpo.py") + 1 :],
+    }
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The built-in 2-layer OLMo 3 and its tokenizer, built in a session folder (not the user's outputs/)."""

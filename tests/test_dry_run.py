@@ -4,7 +4,6 @@ memory plan was checked against and how to plan for another; the full JSON besid
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train_dpo
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, submitted
 from dpotrain.recipe import config as config_mod
 from dpotrain.recipe.errors import ConfigError, plural
 
@@ -309,20 +308,6 @@ def test_a_mixture_of_one_source_is_said_in_the_singular(tmp_path, capsys):
     assert field(text, "data") == "a mixture of 1 source: 192 rows"  # it said "1 sources"
 
 
-def submitted(line: str) -> tuple[str, int, int]:
-    """A suggested `ACCELERATE_CONFIG=... sbatch --nodes=N [--gpus-per-node=G]` as Slurm and scripts/launch.sh take it:
-    the engine's config, and the processes (N x G: one per GPU, launch.sh's NUM_PROCESSES) on nodes of G, G being the
-    sbatch script's own `#SBATCH --gpus-per-node` when the line does not name it."""
-    words = shlex.split(line)
-    assert words[0].startswith("ACCELERATE_CONFIG=") and words[1] == "sbatch", line
-    options = dict(w.removeprefix("--").split("=", 1) for w in words[2:])
-    assert set(options) <= {"nodes", "gpus-per-node"}, line
-    script = (ROOT / "scripts" / "dpo_train.sh").read_text()
-    default = int(re.search(r"^#SBATCH --gpus-per-node=(\d+)", script, re.MULTILINE).group(1))
-    per_node = int(options.get("gpus-per-node", default))
-    return words[0].split("=", 1)[1], int(options["nodes"]) * per_node, per_node
-
-
 @pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 @pytest.mark.parametrize("per_node", [4, 8])
 def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys, monkeypatch, per_node):
@@ -360,13 +345,14 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
     monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
     with pytest.raises(ConfigError) as info:
         memory.plan(recipe, 2 * per_node)
-    offers = re.findall(r"fits on (\d+) GPUs \((\d+) nodes?: ([^)]*)\)", str(info.value))
+    offers = re.findall(r"fits on (\d+) GPUs \((\d+) nodes?\)[^`]*\(~[\d.]+ GiB\): `([^`]*)`", str(info.value))
     assert len(offers) == 3, str(info.value)  # ZeRO-2 on more nodes, ZeRO-3, FSDP2
     for gpus, nodes, line in offers:
-        config, world, gpus_per_node = submitted(line)
+        launched = submitted(line, Path.cwd())  # run as pasted in the folder the dry run ran in
+        world, gpus_per_node = launched["processes"], launched["processes"] // launched["machines"]
         assert (world, gpus_per_node) == (int(gpus), per_node) and world == int(nodes) * per_node, line
         monkeypatch.setenv("GPUS_PER_NODE", str(gpus_per_node))  # what launch.sh's own dry run then plans with
-        assert engine.from_config(config).gpus_per_node == per_node, line
+        assert engine.from_config(launched["config"]).gpus_per_node == per_node, line
 
 
 @pytest.mark.slow  # 2.4 s: a dry run of a ZeRO-3 GPU plan

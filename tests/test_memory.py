@@ -287,8 +287,9 @@ def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
     assert "more than the 179.0 GiB GPU (gpu_memory_gib)" in error
     # ZeRO-3 on this node with fewer tokens per micro-batch, each option planned for real (tests/test_memory_advice.py)
     assert re.search(
-        rf"DeepSpeed ZeRO-3 fits on 4 GPUs \(1 node: ACCELERATE_CONFIG={ZERO3} sbatch --nodes=1 "
-        r"--gpus-per-node=4\) with `--max_tokens_per_microbatch \d+`",
+        r"DeepSpeed ZeRO-3 fits on 4 GPUs \(1 node\) with `--max_tokens_per_microbatch (\d+)` \(~[\d.]+ GiB\): "
+        rf"`ACCELERATE_CONFIG={ZERO3} RECIPE=configs/think-32b.yaml sbatch --nodes=1 --gpus-per-node=4 "
+        r"scripts/dpo_train.sh --model_name_or_path \S+ --max_tokens_per_microbatch \1`",
         error,
     ), error
     assert "Traceback" not in result.stdout
@@ -533,7 +534,7 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
     assert result.returncode == 2, result.stdout[-2000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("error: memory plan: DeepSpeed ZeRO-2 on 1 GPU needs"), last
-    assert "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=2" in last
+    assert "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml RECIPE=configs/think-32b.yaml sbatch --nodes=2" in last
     assert not (tmp_path / "run").exists()  # refused before the output folder, a data set or a model
     assert engines.launched().name == "single"  # this test process: no launcher
 

@@ -3,17 +3,18 @@ gives a dry run whose plan fits; it never offers a lever that is already pulled.
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
 import train_dpo
-from conftest import ROOT
+from conftest import ROOT, submitted
 from dpotrain.recipe.errors import ConfigError
 
 MODELS = ROOT / "configs" / "models"
+SHIPPED_ZERO3 = "configs/accelerate/zero3.yaml"
 RECIPES = {"7b": ("think.yaml", "olmo3-7b"), "32b": ("think-32b.yaml", "olmo3-32b")}
-OPTION = re.compile(r"\[\d+\] (.*?) \(~([\d.]+) GiB(?:; its dry run: ([^)]*))?\)(?:;|$| \(the plan)")
-SBATCH = re.compile(r"ACCELERATE_CONFIG=(\S+) sbatch --nodes=(\d+) --gpus-per-node=(\d+)")
+OPTION = re.compile(r"\[\d+\] (.*?) \(~([\d.]+) GiB\)(?:: `([^`]*)`)?(?=; \[| \(the plan|$)")
 
 pytestmark = pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="plans for gpu_memory_gib; a GPU here would be planned instead"
@@ -42,25 +43,26 @@ def refusal(argv: list[str]) -> str:
     return str(info.value)
 
 
-def options(error: str) -> list[tuple[list[str], dict, float]]:
-    """Each printed option as (flags to add, environment of the launch it names, its GiB): an sbatch line comes with
-    the dry run that checks it, as scripts/launch.sh plans the job (WORLD_SIZE, GPUS_PER_NODE, --accelerate_config):
-    its flags after the refused command's are what it adds, the environment it names what it sets."""
+def options(error: str, argv: list[str]) -> list[tuple[list[str], dict, list[str], float]]:
+    """Each printed option of the refusal of `argv` as (flags to add, environment of the launch it names, the dry run
+    that checks it, its GiB): the refused command with the flags; or, for an sbatch command, what scripts/launch.sh
+    plans that job with (WORLD_SIZE, GPUS_PER_NODE, its train_dpo.py arguments and --dry-run), which must be the
+    refused command's arguments (its --config first), the flags and the engine's --accelerate_config."""
     assert "these fit: " in error, error
     found = []
-    for text, gib, check in OPTION.findall(error.split("these fit: ", 1)[1]):
+    for text, gib, sbatch in OPTION.findall(error.split("these fit: ", 1)[1]):
         flags = shlex.split(text.split("`")[1]) if "`" in text else []
-        env = {}
-        launch = SBATCH.search(text)
-        if launch:
-            config, nodes, per_node = launch.groups()
-            env = {"WORLD_SIZE": str(int(nodes) * int(per_node)), "GPUS_PER_NODE": per_node}
-            words = shlex.split(check)
-            assert words[:2] == [f"WORLD_SIZE={env['WORLD_SIZE']}", f"GPUS_PER_NODE={per_node}"], check
-            added = words[words.index("--accelerate_config") :]
-            assert added == ["--accelerate_config", config, *flags], check
-            flags = added
-        found.append((flags, env, float(gib)))
+        env, run = {}, [*argv, *flags]
+        if sbatch:
+            launched = submitted(sbatch, Path.cwd())
+            per_node = launched["processes"] // launched["machines"]
+            env = {"WORLD_SIZE": str(launched["processes"]), "GPUS_PER_NODE": str(per_node)}
+            run = [*launched["train"], "--dry-run"]
+            config, *kept = [word for word in argv[1:] if word != "--dry-run"]  # the job's own dry run adds it
+            recipe, *train = launched["train"][1:]  # RECIPE, or the script's own: read in the project
+            assert (ROOT / recipe).resolve() == (ROOT / config).resolve(), sbatch
+            assert train == [*kept, *flags, "--accelerate_config", launched["config"]], sbatch
+        found.append((flags, env, run, float(gib)))
     assert found, error
     return found
 
@@ -74,11 +76,11 @@ def test_every_option_of_a_refusal_gives_a_dry_run_that_fits(size, gib, tmp_path
     argv = command(size, gib, tmp_path)
     error = refusal(argv)
     assert error.startswith("memory plan: "), error
-    for flags, env, gib_printed in options(error):
+    for flags, env, run, gib_printed in options(error, argv):
         with monkeypatch.context() as m:
             for name, value in env.items():
                 m.setenv(name, value)
-            train_dpo.main([*argv, *flags])  # raises if the plan does not fit
+            train_dpo.main(run)  # raises if the plan does not fit
         summary = capsys.readouterr().out
         planned = re.search(r"^  memory/GPU:\s+(.*)$", summary, re.MULTILINE).group(1)
         verdict = re.search(r"^  GPU:\s+(.*)$", summary, re.MULTILINE).group(1)
@@ -95,8 +97,9 @@ def test_a_lever_already_pulled_is_not_offered_again(tmp_path):
     """LoRA already on (the issue's second command): the advice no longer offers it, and every option it does offer
     is another change."""
     lora = ["--use_peft", "true", "--lora_target_modules", "all-linear"]
-    error = refusal(command("7b", 24, tmp_path, *lora))
-    for flags, env, _ in options(error):  # what each option adds (its dry run repeats the command, LoRA and all)
+    argv = command("7b", 24, tmp_path, *lora)
+    error = refusal(argv)
+    for flags, env, _, _ in options(error, argv):  # what each adds (its command repeats LoRA and all)
         assert (flags or env) and "--use_peft" not in flags, error
 
 
@@ -106,11 +109,13 @@ def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whol
     error = refusal(command("7b", 80, tmp_path))
     assert "--max_tokens_per_microbatch 32768" in error and "--max_length" not in error, error
     # 24 GiB: sequence parallelism keeps the pairs whole (each GPU holds 1/N of a micro-batch's positions).
-    for flags, _, _ in options(refusal(command("7b", 24, tmp_path))):
+    argv = command("7b", 24, tmp_path)
+    for flags, _, _, _ in options(refusal(argv), argv):
         assert "--sequence_parallel_size" in flags and "--max_length" not in flags, flags
     # Padded rows cannot be split: nothing short of a shorter max_length does; each option then names both numbers (a
     # pair per budget).
-    for flags, _, _ in options(refusal(command("7b", 24, tmp_path, "--padding_free", "false"))):
+    argv = command("7b", 24, tmp_path, "--padding_free", "false")
+    for flags, _, _, _ in options(refusal(argv), argv):
         assert "--sequence_parallel_size" not in flags, flags
         length = int(flags[flags.index("--max_length") + 1])
         assert int(flags[flags.index("--max_tokens_per_microbatch") + 1]) == 2 * length
@@ -125,27 +130,71 @@ def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_
     argv = command("7b", 100, tmp_path, "--precompute_ref_log_probs", "false")
     error = refusal(argv)
     assert "live reference model" in error and "[1] add `--precompute_ref_log_probs true` (~" in error, error
-    flags, _, gib = options(error)[0]
-    train_dpo.main([*argv, *flags])  # raises if the plan does not fit
+    _, _, run, gib = options(error, argv)[0]
+    train_dpo.main(run)  # raises if the plan does not fit
     assert f"memory/GPU:    ~{gib:.1f} GiB" in capsys.readouterr().out
     synced = refusal(command("7b", 100, tmp_path, "--sync_ref_model", "true"))
     assert "these fit: " in synced and "--precompute_ref_log_probs" not in synced, synced
 
 
-def test_another_engine_on_fewer_gpus_than_a_node_names_a_launch_that_exists():
+def test_another_engine_on_fewer_gpus_than_a_node_names_a_launch_that_exists(monkeypatch):
     """One process refused, another engine fitting on that one GPU: the advice said "fits on 1 GPU (0 nodes: ...
     sbatch --nodes=0 --gpus-per-node=4)" and a dry run line of WORLD_SIZE=1 GPUS_PER_NODE=4, which no launch is."""
     from dpotrain.plan.memory_advice import Option
 
-    option = Option(("zero3",), (), "zero3", "configs/accelerate/zero3.yaml", 1, 4, 30.0, True, None)
+    monkeypatch.chdir(ROOT)
+    option = Option(("zero3",), (), "zero3", SHIPPED_ZERO3, 1, 4, 30.0, True, None)
     text = option.text(("--config", "configs/smoke.yaml"))
-    assert (
-        "fits on 1 GPU (1 node: ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=1 --gpus-per-node=1)"
-        in text
+    assert text.startswith("DeepSpeed ZeRO-3 fits on 1 GPU (1 node) (~30.0 GiB): `"), text
+    launched = submitted(text.split("`")[1], ROOT)
+    assert (launched["machines"], launched["processes"]) == (1, 1), text
+    eight = Option(("nodes",), (), "zero3", SHIPPED_ZERO3, 8, 4, 30.0, True, None)
+    assert eight.text(("--config", "configs/smoke.yaml")).startswith("DeepSpeed ZeRO-3 fits on 8 GPUs (2 nodes) (~")
+
+
+@pytest.mark.parametrize("where", ["project", "elsewhere", "job"])
+def test_a_suggested_submission_runs_the_refused_command_with_the_option(tmp_path, monkeypatch, where):
+    """An option on another engine or node count printed `ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch
+    --nodes=2 --gpus-per-node=4`: no batch script, and none of the refused command's arguments nor the option's own
+    flags, so pasted (with dpo_train.sh) it trained think.yaml's defaults. Now a whole command: pasted where the refused
+    command ran (typed in the project, typed elsewhere, or refused inside a job: the folder it was submitted from),
+    Slurm and scripts/launch.sh launch the option's engine on its GPUs, with the recipe, the arguments and the flags
+    the refusal planned, and no dry run."""
+    from dpotrain.plan.memory_advice import Option
+
+    user = ["--model_name_or_path", "org/my sft", "--learning_rate", "8e-8"]
+    option = Option(
+        ("zero3", "nodes"), ("--max_tokens_per_microbatch", "16384"), "zero3", SHIPPED_ZERO3, 8, 4, 60.0, True, 16384
     )
-    assert "WORLD_SIZE=1 GPUS_PER_NODE=1 " in text
-    eight = Option(("nodes",), (), "zero3", "configs/accelerate/zero3.yaml", 8, 4, 30.0, True, None).text()
-    assert (
-        "fits on 8 GPUs (2 nodes: ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=2 --gpus-per-node=4)"
-        in eight
-    )
+    folder, recipe = tmp_path / "submitted-from", ROOT / "configs" / "think-32b.yaml"
+    folder.mkdir()
+    if where == "project":  # the README's dry run
+        monkeypatch.chdir(ROOT)
+        folder, typed = ROOT, ["--config", "configs/think-32b.yaml", *user, "--dry-run"]
+    elif where == "elsewhere":  # a recipe of the user's own, in the folder the dry run is typed in
+        recipe = folder / "my recipe.yaml"
+        recipe.write_text((ROOT / "configs" / "instruct.yaml").read_text())
+        monkeypatch.chdir(folder)
+        typed = ["--config", "my recipe.yaml", *user, "--dry_run=true", "--accelerate_config", "my.yaml"]
+    else:  # the dry run scripts/launch.sh runs in the project, for a job submitted from `folder`
+        monkeypatch.chdir(ROOT)
+        monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(folder))
+        recipe = ROOT / "configs" / "think.yaml"  # dpo_train.sh's own: no RECIPE needed
+        typed = ["--config", "configs/think.yaml", *user, "--accelerate_config", "accelerate_config.yaml"]
+        typed += ["--dry-run", "--json"]
+    text = option.text(tuple(typed))
+    command = re.search(r"`([^`]*\bsbatch [^`]*)`", text)
+    assert command, text
+    launched = submitted(command.group(1), folder)
+    assert (launched["machines"], launched["processes"]) == (2, 8), text
+    train = launched["train"]
+    in_job = lambda path: (ROOT / path).resolve()  # noqa: E731  (the job runs in the project)
+    assert in_job(launched["config"]) == in_job(SHIPPED_ZERO3) and train[0] == "--config", text
+    assert in_job(train[1]) == recipe.resolve(), text
+    assert train[2:] == [*user, "--max_tokens_per_microbatch", "16384", "--accelerate_config", launched["config"]]
+    if where == "project":  # as short as that: relative paths, RECIPE for a recipe not the script's own
+        assert command.group(1) == (
+            "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml RECIPE=configs/think-32b.yaml sbatch --nodes=2 "
+            "--gpus-per-node=4 scripts/dpo_train.sh --model_name_or_path 'org/my sft' --learning_rate 8e-8 "
+            "--max_tokens_per_microbatch 16384"
+        ), text

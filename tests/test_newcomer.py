@@ -345,7 +345,7 @@ def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_pr
 def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_ran_in(tmp_path, monkeypatch):
     """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/think.yaml --output_dir runs/a` started in another
     folder printed `python scripts/prefetch.py --config /home/.../think.yaml` (the analyzer's, push_to_hub.py's, a
-    memory refusal's dry run alike): typed back there, python found no such script; in the project, the run's own
+    memory refusal's sbatch command alike): typed back there, python found no such script; in the project, the run's own
     relative paths were not there. Each names the script as a command typed where the run started does."""
     import argparse
     import shlex
@@ -367,7 +367,7 @@ def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_
         offline.prefetch_command(recipe),
         hub_push.push_command("runs/a", "--checkpoints"),
         analyze_dataset.fetch_remedy("org/sft", "org/pairs", None, THINK, no_revision).split("`")[1],
-        zero3.dry_run_line(("--config", THINK)),
+        zero3.submission(("--config", SMOKE)),
     ]
     for folder in (tmp_path, ROOT):  # elsewhere, and the project (a Slurm job runs there): as it was
         monkeypatch.chdir(folder)
@@ -376,8 +376,9 @@ def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_
             script = Path(words[1])
             assert script.is_file() and script.resolve().parent in (ROOT, ROOT / "scripts"), (folder, command)
             assert folder != ROOT or not script.is_absolute(), command
-            if "--accelerate_config" in words:  # a shipped engine's config, read by this dry run where it is typed
-                assert Path(words[words.index("--accelerate_config") + 1]).is_file(), command
+            for name in ("RECIPE", "ACCELERATE_CONFIG"):  # an sbatch command's, read where it is typed
+                for value in (w.split("=", 1)[1] for w in shlex.split(command) if w.startswith(f"{name}=")):
+                    assert Path(value).is_file(), (name, command)
 
 
 # --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
@@ -418,15 +419,18 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
     }, replaced
 
 
-# --- 14: memory advice that moves the launch gives the dry run that checks it -----------------------------------------
+# --- 14: memory advice that moves the launch gives the sbatch command that submits it ---------------------------------
 
 
 @pytest.mark.slow
-def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_printed(capsys, monkeypatch):
+def test_every_launch_a_memory_refusal_offers_is_an_sbatch_command_that_plans_what_it_said(capsys, monkeypatch):
     """The README's second dry run (think on an 80 GB H100): options on another engine or node count name the sbatch
-    line and the dry run that checks it; each dry run, typed as printed in the project folder, plans what it said."""
+    command that submits them. Each, pasted as printed in the project folder, is launched by scripts/launch.sh on the
+    GPUs it names, and launch.sh's own dry run of that job (its environment and train_dpo.py arguments) plans the
+    engine and the GiB the refusal said, and fits."""
     import re
-    import shlex
+
+    from conftest import submitted
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -436,18 +440,19 @@ def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_
     with pytest.raises(SystemExit):
         run_cli(lambda: train_dpo.main([*readme, "--gpu_memory_gib", "79.6"]))
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    checks = re.findall(r"sbatch --nodes=\d+ --gpus-per-node=\d+\)[^(]*\(~([\d.]+) GiB; its dry run: ([^)]*)\)", error)
-    assert len(checks) == error.count(" sbatch --nodes=") >= 2, error  # ZeRO-2 on 3 nodes, ZeRO-3 on 1
-    for gib, line in checks:
-        words = shlex.split(line)
-        env = dict(word.split("=", 1) for word in words[:2])
-        assert list(env) == ["WORLD_SIZE", "GPUS_PER_NODE"] and words[2:4] == ["python", "train_dpo.py"], line
-        with monkeypatch.context() as m:
-            for name, value in env.items():
-                m.setenv(name, value)
-            out = dry_run(capsys, *words[4:])
-        assert f"  memory/GPU:    ~{gib} GiB" in out and "  GPU:           fits one 79.6 GiB GPU" in out, (line, out)
-        assert f"  processes:     {env['WORLD_SIZE']} (environment (WORLD_SIZE))" in out, out
+    offers = re.findall(r"\] (DeepSpeed ZeRO-\d|FSDP2) fits on [^`]*(?:`[^`]*` )?\(~([\d.]+) GiB\): `([^`]*)`", error)
+    assert len(offers) == error.count(" sbatch --nodes=") >= 2, error  # ZeRO-2 on 3 nodes, ZeRO-3 on 1
+    for engine, gib, command in offers:
+        launched = submitted(command, ROOT)
+        world, per_node = launched["processes"], launched["processes"] // launched["machines"]
+        assert launched["train"][2:6] == [*readme[2:4], "--gpu_memory_gib", "79.6"], command  # the user's, no dry run
+        with monkeypatch.context() as m:  # as launch.sh runs it, in the project
+            m.setenv("WORLD_SIZE", str(world))
+            m.setenv("GPUS_PER_NODE", str(per_node))
+            out = dry_run(capsys, *launched["train"], "--dry-run")
+        assert f"  memory/GPU:    ~{gib} GiB" in out and "  GPU:           fits one 79.6 GiB GPU" in out, (command, out)
+        assert f"  processes:     {world} (environment (WORLD_SIZE))" in out, out
+        assert f"  engine:        {engine}" in out, out
 
 
 # --- 15: one readable line per logging step, no bar or warning that is not the user's business ------------------------

@@ -69,7 +69,7 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
     # The first option: the smallest group that fits, nothing else changed (the pairs stay whole).
     assert "these fit: [1] add `--sequence_parallel_size 4` (~" in error, error
-    offered = re.sub(r"; its dry run: [^)]*", "", error.split("these fit:")[1])  # which repeats the command
+    offered = re.sub(r": `[^`]*`", "", error.split("these fit:")[1])  # an sbatch command, which repeats the command
     assert "--max_length" not in offered, error
 
 

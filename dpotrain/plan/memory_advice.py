@@ -11,9 +11,11 @@ import bisect
 import functools
 import itertools
 import math
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
@@ -21,8 +23,8 @@ from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
-from dpotrain.recipe import venv
-from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
+from dpotrain.recipe.cli import FALSE, TRUE
+from dpotrain.recipe.config import replaced, uses_live_reference
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import MemoryPlan
 
@@ -31,6 +33,11 @@ SHIPPED = {
     "zero2": "accelerate_config.yaml",
     "zero3": "configs/accelerate/zero3.yaml",
     "fsdp2": "configs/accelerate/fsdp2.yaml",
+}
+# The sbatch scripts and the recipe each runs when no RECIPE is given (their `RECIPE=${RECIPE:-...}`)
+SCRIPTS = {
+    (PROJECT_ROOT / "configs" / "think.yaml").resolve(): "scripts/dpo_train.sh",
+    (PROJECT_ROOT / "configs" / "instruct.yaml").resolve(): "scripts/dpo_instruct_train.sh",
 }
 MAX_NODES = 16  # how far a refusal looks for a node count that fits
 NODE_SIZES = (4, 8)  # GPUs per node the sbatch scripts are written for (their `#SBATCH --gpus-per-node`, # EDIT)
@@ -86,26 +93,65 @@ class Option:
 
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
-        if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
-            config, nodes = shlex.quote(self.config), self.world // self.node_gpus
-            launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.node_gpus}"
-            parts.append(
-                f"{NAMES[self.engine]} fits on {plural(self.world, 'GPU')} ({plural(nodes, 'node')}: {launch})"
-            )
+        if self.moves_launch:
+            nodes = plural(self.world // self.node_gpus, "node")
+            parts.append(f"{NAMES[self.engine]} fits on {plural(self.world, 'GPU')} ({nodes})")
         if self.flags:
-            parts.append(("with " if parts else "add ") + f"`{' '.join(self.flags)}`")
-        check = f"; its dry run: {self.dry_run_line(command_line)}" if self.moves_launch and command_line else ""
-        return f"{' '.join(parts)} (~{self.gib:.1f} GiB{check})"
+            parts.append(("with " if parts else "add ") + f"`{shlex.join(self.flags)}`")
+        submission = self.submission(command_line) if self.moves_launch else None
+        return f"{' '.join(parts)} (~{self.gib:.1f} GiB)" + (f": `{submission}`" if submission else "")
 
-    def dry_run_line(self, command_line: tuple[str, ...]) -> str:
-        """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job."""
-        words = ["python", venv.project_file("train_dpo.py"), *command_line]
-        if not dry_run_asked(list(command_line)):
-            words.append("--dry-run")
-        # A shipped config is the project's file (a job reads it there); this dry run reads it from where it is typed.
-        config = venv.project_file(self.config) if self.config in SHIPPED.values() else self.config
-        words += ["--accelerate_config", config, *self.flags]
-        return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.node_gpus} {shlex.join(words)}"
+    def submission(self, command_line: tuple[str, ...]) -> str | None:
+        """The sbatch command that runs the refused command with this option, pasted in the folder it ran in (a Slurm
+        job's: the one it was submitted from), as scripts/launch.sh takes it: the engine as ACCELERATE_CONFIG, the
+        recipe as RECIPE (or the script whose default it is), the command's other arguments and the option's flags.
+        None without a recipe, which every script needs. The job plans itself before it launches (launch.sh's dry run),
+        so no dry run is printed beside it."""
+        recipe, args = _job_arguments(command_line)
+        if recipe is None:
+            return None
+        here = Path(os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd())  # where it is pasted
+        # The config as the run found it: the folder it ran in (a job's: the project), else the project's
+        config = next((p for p in (Path(self.config), PROJECT_ROOT / self.config) if p.is_file()), None)
+        env = {"ACCELERATE_CONFIG": _from(here, config) if config else self.config}
+        recipe = os.path.expanduser(recipe)  # `--config=~/my.yaml`: no shell expanded it
+        script = SCRIPTS.get(Path(recipe).resolve())
+        if script is None:
+            script, env["RECIPE"] = "scripts/dpo_train.sh", _from(here, recipe)
+        # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
+        sbatch = ["sbatch", f"--nodes={self.world // self.node_gpus}", f"--gpus-per-node={self.node_gpus}"]
+        words = [*sbatch, _from(here, PROJECT_ROOT / script), *args, *self.flags]
+        return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items()) + " " + shlex.join(words)
+
+
+def _from(here: Path, path) -> str:
+    """`path` (relative: to the folder the command ran in) as typed in `here`: relative inside it, else absolute."""
+    path = Path(os.path.abspath(path))
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+
+def _job_arguments(command_line) -> tuple[str | None, list[str]]:
+    """The command's recipe and its other arguments, less what scripts/launch.sh gives train_dpo.py itself (--config as
+    RECIPE, --accelerate_config as ACCELERATE_CONFIG) and a dry run's (--dry-run, --json: its own dry run, a job's
+    included, asked for them); a `--dry_run false` (turning off a recipe's) stays."""
+    recipe, kept, words = None, [], list(command_line)
+    i = 0
+    while i < len(words):
+        flag, eq, value = words[i].partition("=")
+        name = flag.removeprefix("--").replace("-", "_") if flag.startswith("--") else None
+        if name in ("config", "accelerate_config"):
+            value, i = (value, i) if eq else (words[i + 1] if i + 1 < len(words) else "", i + 1)
+            recipe = value if name == "config" else recipe
+        elif name in ("dry_run", "json"):
+            if not eq and i + 1 < len(words) and words[i + 1].lower() in TRUE + FALSE:
+                value, i = words[i + 1], i + 1
+                kept += [flag, value] if name == "dry_run" and value.lower() in FALSE else []
+            elif eq and name == "dry_run" and value.lower() in FALSE:
+                kept.append(words[i])
+        else:
+            kept.append(words[i])
+        i += 1
+    return recipe, kept
 
 
 class Advisor:
@@ -168,7 +214,7 @@ class Advisor:
             "--activation_checkpointing",
             "true",
             "--activation_checkpointing_kwargs",
-            "'{\"every_n_layers\": 1}'",
+            '{"every_n_layers": 1}',  # a word, quoted where printed
         ]
         return True
 
