@@ -198,3 +198,6 @@ def test_a_suggested_submission_runs_the_refused_command_with_the_option(tmp_pat
             "--gpus-per-node=4 scripts/dpo_train.sh --model_name_or_path 'org/my sft' --learning_rate 8e-8 "
             "--max_tokens_per_microbatch 16384"
         ), text
+        # A `--dry_run false` that turned off a recipe's dry run stays: dropped, the job would only plan
+        kept = option.text(("--config", "configs/think.yaml", "--dry_run", "false", "--json"))
+        assert kept.endswith(" scripts/dpo_train.sh --dry_run false --max_tokens_per_microbatch 16384`"), kept
