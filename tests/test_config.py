@@ -132,6 +132,7 @@ def test_gradient_checkpointing_is_activation_checkpointing_and_the_command_line
         (["--truncation_mode", "x"], "--truncation_mode takes one of keep_end, keep_start, not 'x'"),
         (["--loss_type"], "--loss_type takes one or more values (e.g. --loss_type sigmoid, its default): none given"),
         (["--output_dir"], "--output_dir takes a value (The run's folder"),
+        (["--loss_weights", "abc"], "--loss_weights takes one or more numbers (List of loss weights"),
     ],
 )
 def test_a_value_missing_or_of_the_wrong_type_is_one_line_naming_the_flag_and_what_it_takes(words, says):

@@ -96,11 +96,11 @@ def takes(action) -> str:
     """What a flag takes, from its argparse action: 'a number', 'one of keep_end, keep_start', 'true or false'."""
     if getattr(action.type, "__name__", "") == "string_to_bool":  # transformers' bool fields
         return "true or false" + " (alone: true)" * (action.const is True)  # `--use_peft` alone; not `--bf16` (None)
-    kind = {"int": "a whole number", "float": "a number"}.get(getattr(action.type, "__name__", ""), "a value")
+    several = action.nargs in ("+", "*")
+    kind = {"int": "whole number", "float": "number"}.get(getattr(action.type, "__name__", ""), "value")
+    kind = f"one or more {kind}s" if several else f"a {kind}"
     if action.choices:
-        kind = "one of " + ", ".join(map(str, action.choices))
-    if action.nargs in ("+", "*"):
-        kind = "one or more values" if kind == "a value" else f"one or more of {kind.removeprefix('one of ')}"
+        kind = f"one {'or more ' * several}of " + ", ".join(map(str, action.choices))
     return kind + " or auto" * (action.dest == "max_length")  # config._renamed takes `auto` before argparse
 
 
