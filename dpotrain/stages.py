@@ -36,7 +36,7 @@ from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
 from dpotrain.recipe import config, launcher, records, run_record, venv
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, RunError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
 from dpotrain.train import health, lora, metrics, resume, samples, weight_names
@@ -597,6 +597,9 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     if found is not None and max_length is not None:
         f = found  # a max_length that leaves the pairs nothing to learn: refused, advising within the positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
+        if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
+            if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, t.truncation_mode, f.source, limit):
+                warn(many)  # once, before the model loads: more pairs cut than the analyzer's rule would
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None

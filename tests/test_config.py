@@ -111,9 +111,37 @@ def test_gradient_checkpointing_is_activation_checkpointing_and_the_command_line
     ).training.activation_checkpointing
 
 
-def test_wrong_type_is_one_line():
-    with pytest.raises(ConfigError, match="invalid float value: 'abc'"):
-        parse_args(["--beta", "abc", "--bf16", "false"])
+@pytest.mark.parametrize(
+    "words, says",
+    [
+        (["--beta", "abc"], "--beta takes a number (e.g. --beta 0.1, its default), not 'abc'"),
+        (["--beta"], "--beta takes a number (e.g. --beta 0.1, its default): none given"),
+        (["--beta", "--max_steps", "3"], "--beta takes a number (e.g. --beta 0.1, its default): none given"),
+        (["--learning_rate", "1e-6x"], "--learning_rate takes a number (e.g. --learning_rate 1e-06, its default), not"),
+        (
+            ["--max_length", "abc"],
+            "--max_length takes a whole number or auto (e.g. --max_length 1024, its default), not",
+        ),
+        (
+            ["--max_length"],
+            "--max_length takes a whole number or auto (e.g. --max_length 1024, its default): none given",
+        ),
+        (["--max_length", "--beta", "1"], "--max_length takes a whole number or auto (e.g. --max_length 1024, its"),
+        (["--max-steps=1.5"], "--max_steps takes a whole number (e.g. --max_steps -1, its default), not '1.5'"),
+        (["--use_peft", "maybe"], "--use_peft takes true or false (alone: true), not 'maybe'"),
+        (["--truncation_mode", "x"], "--truncation_mode takes one of keep_end, keep_start, not 'x'"),
+        (["--loss_type"], "--loss_type takes one or more values (e.g. --loss_type sigmoid, its default): none given"),
+        (["--output_dir"], "--output_dir takes a value (The run's folder"),
+        (["--loss_weights", "abc"], "--loss_weights takes one or more numbers (List of loss weights"),
+    ],
+)
+def test_a_value_missing_or_of_the_wrong_type_is_one_line_naming_the_flag_and_what_it_takes(words, says):
+    """argparse's own words were "argument --beta: expected one argument" and "argument --max_length/--max-length:
+    invalid int value: 'abc'" (and `--max_length` alone "invalid int value: ''"), which say neither what the flag
+    takes nor, for max_length, that `auto` is a value."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args([*words, "--bf16", "false"])
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value), str(refused.value)
 
 
 def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):

@@ -539,6 +539,51 @@ def test_the_max_length_line_says_whose_it_is(tmp_path, capsys):
     assert whose("--config", str(recipe)) == "1024 (TRL's default)"
 
 
+def cut_warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning: ") and "cut or dropped" in line]
+
+
+def dry_run_warnings(capsys, *args) -> list[str]:
+    train_dpo.main([*args, "--dry-run"])
+    return cut_warnings(capsys.readouterr().err)
+
+
+def test_a_max_length_that_cuts_more_pairs_than_the_analyzers_rule_says_so_once_naming_the_length_it_would_pass(
+    tmp_path, capsys, monkeypatch
+):
+    """`--max_length 64` on the CPU demo cut 310 of its 384 pairs without a word (only fewer than half keeping a
+    difference is refused): more than 1 - auto_coverage (5%) cut or dropped is one warning line naming the analyzer's
+    length, or auto. The demo's own max_length cuts none, and `auto` is chosen to leave 95% whole: both quiet."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))  # the pairs measured here, not a cache's
+    out = ["--output_dir", str(tmp_path / "run")]
+    assert dry_run_warnings(capsys, *SMOKE, *out, "--max_length", "64") == [
+        "warning: more than 5% of the pairs are cut or dropped at max_length 64 (a seeded sample of 384 of 384 rows, "
+        "tokenized as the trainer does): 310 of 384 pairs cut (keep_start: their end), 0 dropped (prompt alone fills "
+        "max_length); pass --max_length 512 (the smallest multiple of 512 that leaves 95% of these pairs whole) or "
+        "--max_length auto (docs/max_length.md)"
+    ]
+    for quiet in ([], ["--max_length", "512"], ["--max_length", "auto"]):  # 0, 2 (0.5%) of 384 cut; auto: 512
+        assert dry_run_warnings(capsys, *SMOKE, *out, *quiet) == [], quiet
+
+
+def test_the_runs_first_half_says_it_on_the_main_process_only(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A run (not a dry run) says it at its lengths stage, before the model loads, on the launch's first process."""
+    from dpotrain import stages
+    from dpotrain.plan import memory
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    words = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--max_length", "64", "--output_dir", str(tmp_path)]
+    recipe = config_mod.parse_args(words)
+    launch = stages.checks(recipe)
+    pairs = stages.load_data(recipe, launch, say=False)
+    model = memory.model_config(recipe, tiny_model_dir, local_only=False)[0]
+    capsys.readouterr()
+    for rank, said in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        stages.measure_lengths(recipe, launch, pairs, tiny_model_dir, model)
+        assert len(cut_warnings(capsys.readouterr().err)) == said, rank
+
+
 def test_a_count_of_one_reads_in_the_singular(tmp_path, capsys):
     """One pair per step, one sample prompt, every step, an epoch's worth of max_steps: the summary said "1 pairs",
     "1 prompts every 1 steps", "1 epochs" and "1-1 per step ... (mean 1.0)", the model card "1 epochs trained"."""

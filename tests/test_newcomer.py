@@ -655,6 +655,42 @@ def test_help_shows_each_description_whole_and_says_what_push_to_hub_and_hub_mod
     assert [f for f in own if f[2:] not in docs] == []
 
 
+def test_help_says_what_the_common_fields_take_here_and_help_all_lists_all_of_it_in_the_same_words(capsys):
+    """--help showed --max_length as "Maximum length of the tokenized sequence" (TRL's), not that it takes `auto`;
+    --max_steps as "Overrides `num_train_epochs`", --output_dir without its default here and --dataset_name as
+    transformers and TRL word them. --help-all, where a user goes for the rest, did not list --config, and gave
+    push_to_hub and hub_model_id transformers' words, which --help had corrected: one help text per flag."""
+    import re
+
+    from dpotrain.recipe.config import parse_args
+
+    def shown(flag: str) -> str:
+        with pytest.raises(SystemExit):
+            parse_args([flag])
+        return capsys.readouterr().out
+
+    short, every = shown("--help"), shown("--help-all")
+    rows = {}  # --flag -> its description, wrapped lines joined
+    for line in short.splitlines():
+        if line.startswith("  --"):
+            flag, _, text = line.strip().partition(" ")
+            rows[flag] = text.strip()
+        elif line.startswith(" " * 34) and rows:
+            rows[flag] += " " + line.strip()
+    assert "auto" in rows["--max_length"] and "docs/max_length.md" in rows["--max_length"], rows["--max_length"]
+    assert (
+        "default: outputs/<run_name>" in rows["--output_dir"] and "builtin:tiny-olmo3" in rows["--model_name_or_path"]
+    )
+    assert not rows["--max_steps"].startswith("Overrides") and ".jsonl" in rows["--dataset_name"]
+    listed = {f.replace("-", "_") for f in re.findall(r"^  (?:-h, )?(--[\w-]+)", every, re.M)}
+    assert [f for f in rows if f.replace("-", "_") not in listed] == []
+    flat = re.sub(r"\s+", " ", every)
+    assert [f for f, text in rows.items() if not f.startswith("--config") and text not in flat] == []
+    assert "keep in sync" not in every
+    assert every.startswith(short[: short.index("Fields users")].rstrip())  # --help's usage, not argparse's 180 lines
+    assert "[--dataset_name DATASET_NAME]" not in every
+
+
 def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
     compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""

@@ -108,7 +108,7 @@ def many_rows(n=40):
         ),
         (["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "-16"], "lora_alpha must be > 0"),
         # the parser's choices, before anything loads (health.check_values has no check of its own)
-        (["--health_action", "halt"], "argument --health_action/--health-action: invalid choice: 'halt'"),
+        (["--health_action", "halt"], "--health_action takes one of warn, stop, not 'halt'"),
         # torch refuses these when the trainer builds the optimizer: after the model and the reference stage had loaded
         (
             ["--adam_beta2", "1"],

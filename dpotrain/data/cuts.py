@@ -91,14 +91,9 @@ def check(
     if not pairs or teach >= TEACHING * pairs:
         return
     fits = recommend(prompt + np.maximum(chosen, rejected), COVERAGE)
-    fix = (
-        f"pass --max_length {fits:,} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
-        "whole) or --max_length auto (docs/max_length.md)"
-    )
+    fix = _advice(fits, max_positions)
     if max_positions and fits > max_positions:
-        if teaching(prompt, shared, max_positions, truncation_mode)[0] >= TEACHING * pairs:
-            fix = f"pass --max_length {max_positions:,} (the model's positions: {fits:,} would reach past them)"
-        else:
+        if teaching(prompt, shared, max_positions, truncation_mode)[0] < TEACHING * pairs:
             long = int(np.count_nonzero(prompt >= max_positions))
             fix = (
                 f"no max_length within the model's {max_positions:,} positions does ({long:,} of the pairs have a "
@@ -110,4 +105,31 @@ def check(
         f"({source}): {dropped:,} dropped (the prompt alone fills max_length; the shortest prompt is "
         f"{int(prompt.min()):,} tokens), {same:,} cut until chosen and rejected are the same tokens; at least "
         f"{TEACHING:.0%} must keep a difference: {fix}"
+    )
+
+
+def _advice(fits: int, max_positions: int | None) -> str:
+    """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past."""
+    if max_positions and fits > max_positions:
+        return f"pass --max_length {max_positions:,} (the model's positions: {fits:,} would reach past them)"
+    return (
+        f"pass --max_length {fits:,} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
+        "whole) or --max_length auto (docs/max_length.md)"
+    )
+
+
+def warning(prompt, chosen, rejected, max_length: int, truncation_mode: str, source: str, max_positions=None):
+    """The line a run with a max_length of its own (not `auto`, chosen to `COVERAGE`) says when more than 1 - COVERAGE
+    of its pairs are cut or dropped there, naming the analyzer's length within the model's `max_positions`; None
+    where fewer are, or no length the model takes cuts fewer (max_length is its positions already)."""
+    counted = count(prompt, chosen, rejected, max_length, truncation_mode)
+    pairs, hit = counted["pairs"], counted["truncated"] + counted["dropped"]
+    if not pairs or (pairs - hit) / pairs >= COVERAGE:  # the pairs left whole, as `recommend` counts its coverage
+        return None
+    fits = recommend(np.asarray(prompt) + np.maximum(chosen, rejected), COVERAGE)
+    if min(fits, max_positions or fits) <= max_length:
+        return None
+    return (
+        f"more than {1 - COVERAGE:.0%} of the pairs are cut or dropped at max_length {max_length:,} ({source}): "
+        f"{counts(counted)}; {_advice(fits, max_positions)}"
     )

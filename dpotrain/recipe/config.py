@@ -5,6 +5,7 @@ and choices (TRL's `TrlParser.parse_args_and_config` makes YAML values defaults,
 as argparse keeps the last value. Unknown keys are errors that name the closest known one.
 """
 
+import argparse
 import contextlib
 import copy
 import difflib
@@ -268,13 +269,20 @@ class Recipe:
 def make_parser():
     from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`
+    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`; no usage line of its
+    # own (180 lines naming every flag): --help-all starts with --help's (usage.every_field)
     parser = TrlParser(
-        (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py", allow_abbrev=False
+        (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments),
+        prog="train_dpo.py",
+        allow_abbrev=False,
+        usage=argparse.SUPPRESS,
     )
+    for action in upstream.parser_actions(parser):  # this project's words where upstream's mislead (usage.py)
+        action.help = usage.OWN_WORDS.get(action.dest, action.help)
+    flags = upstream.long_flags(parser)
 
-    def error(message):
-        raise ConfigError(message)
+    def error(message):  # a value missing or of the wrong type: the flag and what it takes, in one line
+        raise ConfigError(usage.value_refused(message, flags) or message)
 
     parser.error = error  # argparse's prints the whole usage (hundreds of fields): one line instead
     return parser
@@ -460,16 +468,20 @@ ALIASES = {
 
 def _renamed(words: list[str]) -> tuple[list[str], bool]:
     """`words` with each deprecated flag renamed, and whether max_length is `auto` (passed on to TRL as None)."""
-    options, out, auto, it = _options(), [], False, iter(words)
-    for w in it:
-        flag, eq, value = w.partition("=")
+    options, out, auto, i = _options(), [], False, 0
+    while i < len(words):
+        flag, eq, value = words[i].partition("=")
+        i += 1
         if flag in ("--max_length", "--max-length"):
-            value = value if eq else next(it, "")
-            auto = value.lower() == "auto"  # `Auto`, `AUTO`: no other word is a length
-            out += [flag, "None" if auto else value]
+            # The next word is its value unless it is a flag: `--max_length` alone is argparse's "expected one
+            # argument" (said with what it takes: usage.value_refused), not a length of '' or '--beta'
+            if not eq and i < len(words) and not words[i].startswith("--"):
+                value, eq, i = words[i], "=", i + 1
+            auto = bool(eq) and value.lower() == "auto"  # `Auto`, `AUTO`: no other word is a length
+            out += [flag, "None" if auto else value] if eq else [flag]
             continue
-        new = ALIASES.get(options[flag].dest) if w.startswith("--") and flag in options else None
-        out.append(f"--{new}{eq}{value}" if new else w)
+        new = ALIASES.get(options[flag].dest) if flag.startswith("--") and flag in options else None
+        out.append(f"--{new}{eq}{value}" if new else words[i - 1])
     return out, auto
 
 
@@ -507,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         print(usage.short_help(parser, ProjectArguments))
         raise SystemExit(0)
     if "--help-all" in argv:
-        parser.print_help()
+        print(usage.every_field(parser))
         raise SystemExit(0)
 
     config_path, argv = _take_config(argv)

@@ -15,11 +15,22 @@ COMMON = """
 RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CPU demo)"
 
 
-# Fields whose transformers help says what this project does not do: what it does instead.
+# Fields whose TRL / transformers help says what this project does not do, or leaves out what it does: its words
+# instead, set on the parser's actions (config.make_parser), so that --help, --help-all and an error say the same.
 OWN_WORDS = {
+    "model_name_or_path": "The SFT model to train: a Hub name, a local folder, or builtin:tiny-olmo3 (the CPU demo)",
+    # TRL's: "If `datasets` is provided, this will be ignored", where both in one recipe are refused (docs/data.md)
+    "dataset_name": "The pairs to train on: a Hub data set, a local .jsonl or .parquet file, or a save_to_disk folder "
+    "(several sources: datasets, docs/data.md)",
+    "output_dir": "The run's folder: checkpoints, the final model and the run's records (default: outputs/<run_name>)",
+    # TRL's "Maximum length of the tokenized sequence" said nothing of `auto`
+    "max_length": "Tokens per sequence (prompt + completion), longer ones cut as truncation_mode says, or auto: the "
+    "length the analyzer chooses for the data (docs/max_length.md)",
+    "max_steps": "Optimizer steps to train, overriding num_train_epochs (-1: num_train_epochs decides)",
     "push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)",
     # transformers': "The name of the repository to keep in sync with the local `output_dir`", which it no longer is
     "hub_model_id": "The Hub repo push_to_hub pushes to (default: the run name, in your namespace)",
+    "help": "The short list: the recipe, the fields users set most and this project's options",
 }
 WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
 
@@ -43,15 +54,9 @@ def _row(flag: str, text: str) -> str:
     return "\n".join([first, *(" " * FLAG + line for line in rest)])
 
 
-def short_help(parser, project_fields) -> str:
-    """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
-    actions = {a.dest: a for a in upstream.long_flags(parser).values()}
-
-    def described(name: str) -> str:
-        return OWN_WORDS.get(name) or _first_sentence(actions[name].help)
-
-    own = [f.name for f in dataclasses.fields(project_fields) if f.name not in ("dry_run", "json")]
-    lines = [
+def _recipe_rows() -> list[str]:
+    """The usage and the recipe and dry-run flags: what --help and --help-all start with."""
+    return [
         "usage: python train_dpo.py --config RECIPE [--dry-run [--json]] [--FIELD VALUE ...]",
         "       accelerate launch --config_file accelerate_config.yaml train_dpo.py --config RECIPE ...",
         "       sbatch scripts/dpo_train.sh [--FIELD VALUE ...]",
@@ -60,13 +65,73 @@ def short_help(parser, project_fields) -> str:
         _row("--config RECIPE", f"a recipe: {RECIPES}"),
         _row("--dry-run", "what the run will do (data, steps, batching, forward, memory plan), loading no weights"),
         _row("--json", "with --dry-run: the whole resolved configuration as JSON on stdout, for scripts"),
+    ]
+
+
+def short_help(parser, project_fields) -> str:
+    """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
+    actions = {a.dest: a for a in upstream.long_flags(parser).values()}
+    own = [f.name for f in dataclasses.fields(project_fields) if f.name not in ("dry_run", "json")]
+    lines = [
+        *_recipe_rows(),
         "",
         "Fields users set most (TRL / transformers, by their own names):",
-        *(_row(f"--{name}", described(name)) for name in COMMON if name in actions),
+        *(_row(f"--{name}", _first_sentence(actions[name].help)) for name in COMMON if name in actions),
         "",
         "This project's options (README, docs/running.md):",
-        *(_row(f"--{name}", described(name)) for name in own if name in actions),
+        *(_row(f"--{name}", _first_sentence(actions[name].help)) for name in own if name in actions),
         "",
         "Every TRL and transformers field (over a thousand lines): python train_dpo.py --help-all",
     ]
     return "\n".join(lines)
+
+
+def every_field(parser) -> str:
+    """`--help-all`: --help's usage and recipe flags, then argparse's list of every field (its usage is suppressed:
+    180 lines naming each flag again, config.make_parser)."""
+    return "\n".join([*_recipe_rows(), "", parser.format_help().strip()])
+
+
+def takes(action) -> str:
+    """What a flag takes, from its argparse action: 'a number', 'one of keep_end, keep_start', 'true or false'."""
+    if getattr(action.type, "__name__", "") == "string_to_bool":  # transformers' bool fields
+        return "true or false" + " (alone: true)" * (action.const is True)  # `--use_peft` alone; not `--bf16` (None)
+    several = action.nargs in ("+", "*")
+    kind = {"int": "whole number", "float": "number"}.get(getattr(action.type, "__name__", ""), "value")
+    kind = f"one or more {kind}s" if several else f"a {kind}"
+    if action.choices:
+        kind = f"one {'or more ' * several}of " + ", ".join(map(str, action.choices))
+    return kind + " or auto" * (action.dest == "max_length")  # config._renamed takes `auto` before argparse
+
+
+def _example(flag: str, action) -> str:
+    """'e.g. --beta 0.1, its default', else the flag's help (a default of None shows nothing to type)."""
+    default = action.default
+    if isinstance(default, list) and default:
+        default = " ".join(map(str, default))
+    if isinstance(default, float):
+        default = f"{default:g}"
+    if isinstance(default, (int, str)) and not isinstance(default, bool) and str(default):
+        return f"e.g. {flag} {default}, its default"
+    return _first_sentence(action.help)
+
+
+def value_refused(message: str, flags: dict) -> str | None:
+    """argparse's "argument --beta: expected one argument" or "argument --max_length/--max-length: invalid int value:
+    'abc'" as one line naming the flag, what it takes and what it got; None for another message. `flags`: each
+    `--flag` -> its action."""
+    found = re.fullmatch(r"argument (--[\w-]+)\S*: (.*)", message, re.S)
+    action = flags.get(found[1]) if found else None
+    if action is None:
+        return None
+    flag, said = found[1], found[2]
+    kind = takes(action)
+    hint = "" if action.choices or kind.startswith("true") else f" ({_example(flag, action)})"
+    if re.fullmatch(r"expected (one|at least one|\d+) arguments?", said):
+        return f"{flag} takes {kind}{hint}: none given"
+    got = re.match(r"invalid (?:\w+ value|choice): ('.*?'|\".*?\")(?: \(choose from .*\))?$", said, re.S)
+    got = got or re.match(r"Truthy value expected: got (.*) but expected", said, re.S)  # transformers' string_to_bool
+    if got is None:
+        return None
+    value = got[1] if got[1][:1] in "'\"" else repr(got[1])
+    return f"{flag} takes {kind}{hint}, not {value}"
