@@ -680,11 +680,16 @@ def content_changed(recipe, derived: dict) -> str | None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
-        # A folder of split files is recorded whole: its test split's files are the pairs the run evaluates on
+        # A folder of split files is recorded whole: its training split's files are compared, its test split's where
+        # the run evaluates on them, its card too (its `configs:` say which files each split reads), no other file
         folder = Path(s.dataset_name).expanduser()
-        evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
+        if not folder.is_dir() or data_identity.saved(folder):
+            return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
+        trains = set(_split_files(str(folder), s.dataset_train_split, s.dataset_config))
+        evaluates = recipe.training.eval_strategy != "no"
         held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
-        return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held)
+        reads = trains | held | {(folder / "README.md").resolve()} if trains else None  # none: the load says why
+        return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held, reads=reads)
     return _sources_changed(sources, derived.get("data_sources"))
 
 
@@ -699,7 +704,7 @@ def held_out_changed(recipe, derived: dict) -> str | None:
     return _sources_changed(sources, derived.get("eval_sources"), data_identity.EVALUATED)
 
 
-def _sources_changed(sources: list[Source], records: list | None, read: str = "trained on") -> str | None:
+def _sources_changed(sources: list[Source], records: list | None, read: str = data_identity.TRAINED) -> str | None:
     for source, was in zip(sources, _recorded(sources, records), strict=True):
         read_from = _read_from(source)
         if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from, read=read)):
