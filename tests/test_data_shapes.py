@@ -353,6 +353,21 @@ def test_a_data_set_holding_images_is_refused_by_the_run_and_the_analyzer(
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("given", ["test split", "held-out mixture"])
+def test_held_out_pairs_holding_images_are_refused_as_evaluated_on_not_trained(given, tmp_path, monkeypatch, capsys):
+    """The refusal of held-out pairs holding images said "the text would be trained without the images": the run
+    only evaluates on them. Said as what the run does with them, a saved data set's test split or a held-out mixture's
+    source; the fix is the same."""
+    vision = with_images(tmp_path, lambda image: [image])
+    split = datasets.load_from_disk(vision)
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": split.remove_columns("images"), "test": split}).save_to_disk(str(both))
+    held = ["--dataset_name", str(both)] if given == "test split" else ["--dataset_mixer_eval_list", vision, "1.0"]
+    line = refused(tmp_path, monkeypatch, capsys, *held, "--eval_strategy", "steps", "--eval_steps", "2")
+    assert "the model would be evaluated on the text without the images it speaks of" in line, line
+    assert "trained" not in line, line
+
+
 @pytest.mark.parametrize("wrapper", [{}, {"version": 2}])
 def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_fix(
     wrapper, cli, tiny_model_dir, tmp_path, monkeypatch, capsys

@@ -508,9 +508,8 @@ def load(
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
-            pairs = rows.usable_pairs(
-                raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
-            )
+            given = (source.where, template, template_file, evaluation)
+            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise
