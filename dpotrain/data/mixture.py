@@ -24,6 +24,8 @@ from dpotrain.recipe.errors import ConfigError, cause, plural
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = config.MIXTURE_BUILDERS
 TRAIN_FIELDS, EVAL_FIELDS = config.MIXTURE_SPELLINGS  # (TRL's field, open-instruct's, its splits)
+# What a run does with a mixture's pairs, as its refusals say it: {evaluation: (would ..., it ..., to ...)}
+USES = {False: ("train", "trains", "train"), True: (f"be {data_identity.EVALUATED}", "evaluates on", "evaluate on")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
     flag, (entries, mixer, splits) = names[0], (values.get(f) for f in names)
     kind = "test" if evaluation else "train"
+    uses = USES[evaluation]
     default_split = values.get(f"dataset_{kind}_split") or kind
     default_from = f"--dataset_{kind}_split"
     if not evaluation and values.get("test_split_size") is not None:  # with dataset_name too: read by nothing else
@@ -155,33 +158,35 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
         raise ConfigError(
-            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 trains every pair twice)"
+            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 {uses[1]} every pair twice)"
         )
-    _check_read_once(sources)
+    _check_read_once(sources, evaluation=evaluation)
     return sources
 
 
-def _check_read_once(sources: list[Source], what: str = "mixture source") -> None:
+def _check_read_once(sources: list[Source], what: str = "mixture source", evaluation: bool = False) -> None:
     """Refuses a local file read twice, by two sources or by one (datasets reads a file as often as it is matched): its
-    pairs would train twice, silently. Whatever split or columns: a file has one split."""
+    pairs would train (`evaluation`: be evaluated on) twice, silently. Whatever split or columns: a file has one
+    split."""
     read = [_files_read(s) for s in sources]
     counts = collections.Counter(p for files in read for p in files)
     twice = next((p for files in read for p in files if counts[p] > 1), None)
     if twice is None:
         return
     by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
+    (did, does, do), flag = USES[evaluation], TRAIN_FIELDS[0] if not evaluation else EVAL_FIELDS[0]
     if len(by) == 1:
         # `amount: 2.0` on this source would still read the file twice (four times over): the file alone takes it
         again = json.dumps({"path": str(twice), "amount": 2.0})
         raise ConfigError(
             f"{what} {by[0]} reads {twice} twice (named twice in its data_files, or matched again by a pattern, a "
-            "folder or a link to it): its pairs would train twice; read it once (remove the duplicate name, or narrow "
-            f"the pattern or folder), and to train its pairs twice on purpose give the file alone as a mixture source "
-            f"with `amount: 2.0` (--datasets {shlex.quote(again)})"
+            f"folder or a link to it): its pairs would {did} twice; read it once (remove the duplicate name, or "
+            f"narrow the pattern or folder), and to {do} its pairs twice on purpose give the file alone as a mixture "
+            f"source with `amount: 2.0` (--{flag} {shlex.quote(again)})"
         )
     raise ConfigError(
-        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
-        "source (narrow the pattern or the folder, or remove the other source): `amount: 2.0` on one source trains "
+        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would {did} twice; give each file to one "
+        f"source (narrow the pattern or the folder, or remove the other source): `amount: 2.0` on one source {does} "
         "them twice on purpose"
     )
 
