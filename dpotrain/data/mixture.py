@@ -684,15 +684,12 @@ def content_changed(recipe, derived: dict) -> str | None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
-        # A folder of split files is recorded whole: its training split's files are compared, its test split's where
-        # the run evaluates on them, its card too (its `configs:` say which files each split reads), no other file
+        # A folder of split files is recorded whole: its test split's files are the pairs the run evaluates on
         folder = Path(s.dataset_name).expanduser()
-        if not folder.is_dir() or data_identity.saved(folder):
-            return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
-        trains = set(_split_files(str(folder), s.dataset_train_split, s.dataset_config))
-        evaluates = recipe.training.eval_strategy != "no"
+        evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
         held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
-        reads = trains | held | {(folder / "README.md").resolve()} if trains else None  # none: the load says why
+        reads = _compared(Source(s.dataset_name, s.dataset_train_split, s.dataset_config))
+        reads = reads and reads | held
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held, reads=reads)
     return _sources_changed(sources, derived.get("data_sources"))
 
@@ -711,9 +708,22 @@ def held_out_changed(recipe, derived: dict) -> str | None:
 def _sources_changed(sources: list[Source], records: list | None, read: str = data_identity.TRAINED) -> str | None:
     for source, was in zip(sources, _recorded(sources, records), strict=True):
         read_from = _read_from(source)
-        if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from, read=read)):
+        if not (was.get("files") and read_from):
+            continue
+        if why := data_identity.changed(was["files"], *read_from, read, reads=_compared(source)):
             return f"{source.spec()}: {why}"
     return None
+
+
+def _compared(source: Source) -> set | None:
+    """The files a source's record is compared on: those it reads (a folder of split files is recorded whole, and the
+    source reads its split's), and the card that chooses them (README.md's `configs:`); None where it reads none here
+    (the load says why)."""
+    found = _files_read(source)
+    if not found:
+        return None
+    where, _, data_dir, _ = _read_from(source)
+    return {*found, Path(os.path.expanduser(os.path.join(where, data_dir or "")), "README.md").resolve()}
 
 
 def dataset_id(recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None) -> str:
