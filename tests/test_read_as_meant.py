@@ -88,7 +88,7 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
         (  # TRL trained the follow-up as answer tokens, though no `assistant_turns` labels a user turn
             lambda r: {**r, "chosen": [*r["chosen"], {"role": "user", "content": "And?"}, r["chosen"][-1]]},
             "chosen",
-            "holds a user message after the `prompt` column's messages and the answer's start, which would be trained",
+            "holds a user message after the `prompt` column's messages and the answer's start, which TRL would take",
         ),
         (  # the answer alone, with a tool's result inside it
             lambda r: {
@@ -97,7 +97,7 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
                 "rejected": r["rejected"][-1:],
             },
             "chosen",
-            "holds a tool message after the `prompt` column's messages and the answer's start, which would be trained",
+            "holds a tool message after the `prompt` column's messages and the answer's start, which TRL would take",
         ),
     ],
     ids=["one side repeats it", "another prompt inside the conversation", "a follow-up turn", "a tool's result"],
