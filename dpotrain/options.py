@@ -531,6 +531,8 @@ def check_model(model: str) -> None:
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
+    if path.is_dir():
+        check_shards(model)
 
 
 # The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils)
@@ -543,8 +545,8 @@ WEIGHT_FILES = (
 
 
 def check_weights(model: str) -> None:
-    """A model folder without its weights, missing shards its index lists, or whose config names no class: refused
-    before the model loads (after the first half, so that its refusals come first, as in a dry run)."""
+    """A model folder without its weights, or whose config names no class: refused before the model loads (after the
+    first half, so that its refusals come first, as in a dry run; shards its index lists and lacks: `check_shards`)."""
     from dpotrain.data.lengths import check_tokenizer_folder
 
     path = Path(model).expanduser()
@@ -567,23 +569,36 @@ def check_weights(model: str) -> None:
             f"model folder {model!r} has a config.json that names no architectures, which TRL loads the model by: "
             f'add "architectures": ["{named}"] to it (model.save_pretrained writes it)'
         )
-    found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
-    if found is None:
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
             f"model folder {model!r} holds a config.json but no weights (model.safetensors, pytorch_model.bin or a "
             "sharded index): copy the weights save_pretrained wrote beside it, or give a Hub name like org/model"
         )
-    if found.endswith(".index.json"):
-        try:
-            shards = sorted(set(json.loads((path / found).read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return  # transformers says what is wrong with the index
-        absent = [shard for shard in shards if not (path / shard).is_file()]
-        if absent:
-            raise ConfigError(
-                f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
-                f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
-            )
+
+
+def check_shards(model: str) -> None:
+    """A model folder whose sharded index lists shards it lacks: refused among the first checks (`check_model`), the
+    dry run's too, where the run would fail only as the weights load. A folder without weights is not refused here:
+    a dry run plans from a config alone (configs/models/*), the run refuses it (`check_weights`)."""
+    path = Path(model).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the config's own load names what is wrong with it
+    if isinstance(config, dict) and config.get("transformers_weights"):
+        return  # a config naming its own weights file: transformers checks it itself
+    found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
+    if found is None or not found.endswith(".index.json"):
+        return
+    try:
+        shards = sorted(set(json.loads((path / found).read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # transformers says what is wrong with the index
+    if absent := [shard for shard in shards if not (path / shard).is_file()]:
+        raise ConfigError(
+            f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
+            f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
+        )
 
 
 def check_generates(config, model: str) -> None:

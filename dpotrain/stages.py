@@ -360,7 +360,7 @@ def _load_pairs(
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
     usable = rows.usable_pairs(
-        dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
+        dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path, evaluation
     )
     return usable, None
 

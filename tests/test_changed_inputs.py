@@ -544,3 +544,56 @@ def test_a_split_files_folders_test_file_edited_between_attempts_is_said_to_be_e
     (data / "train.jsonl").write_text("".join(lines[:40]))
     (changed,) = resolve.changed_settings(recipe, run, 8)
     assert changed.startswith("dataset content: train.jsonl has ") and "the run trained on " in changed, changed
+
+
+@pytest.mark.parametrize("recorded", ["no", "steps"])
+def test_a_split_files_folders_test_file_the_run_does_not_evaluate_on_does_not_block_its_resume(
+    recorded, tmp_path, tiny_model_dir
+):
+    """A folder of split files is recorded whole: under `--eval_strategy no` (no held-out pair read), its test.jsonl
+    edited between attempts refused the resume saying "the run trained on" it. A file the run neither trains nor
+    evaluates on resumes, whether the first attempt evaluated or not; its train.jsonl edited is still refused."""
+    from dpotrain import resolve, stages
+
+    data, run = tmp_path / "pairs", tmp_path / "run"
+    data.mkdir()
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    (data / "train.jsonl").write_text("".join(lines[:48]))
+    (data / "test.jsonl").write_text("".join(lines[48:56]))
+    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(run)]
+    evals = ["--eval_strategy", "steps", "--eval_steps", "2"] if recorded == "steps" else ["--eval_strategy", "no"]
+    first = parse_args([*args, *evals, "--report_to", "none"])
+    record = resolve.resolved_config(first, {"pairs_per_step": 8})
+    record["derived"].update(stages.load_data(first, stages.checks(first)).checked)  # as the run records them
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps(record))
+    recipe = parse_args([*args, "--eval_strategy", "no", "--report_to", "none"])
+    (data / "test.jsonl").write_text("".join(lines[56:60]))  # 4 other pairs in place of the 8 held out
+    assert resolve.changed_settings(recipe, run, 8) == []
+    (data / "train.jsonl").write_text("".join(lines[:40]))
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert changed.startswith("dataset content: train.jsonl has ") and "the run trained on " in changed, changed
+
+
+def test_a_mixture_sources_split_files_folder_is_compared_on_the_split_it_reads(tmp_path, tiny_model_dir):
+    """A mixture source that is a folder of split files is recorded whole: its test.jsonl, which the source (reading
+    train) never reads, edited between attempts refused the resume as "the run trained on" it. Its train.jsonl edited
+    is still refused."""
+    from dpotrain import resolve, stages
+
+    data, run = tmp_path / "pairs", tmp_path / "run"
+    data.mkdir()
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    (data / "train.jsonl").write_text("".join(lines[:48]))
+    (data / "test.jsonl").write_text("".join(lines[48:56]))
+    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_mixer_list", str(data), "1.0"]
+    recipe = parse_args([*args, "--output_dir", str(run), "--eval_strategy", "no", "--report_to", "none"])
+    record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
+    record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps(record))
+    (data / "test.jsonl").write_text("".join(lines[56:60]))  # 4 other pairs in place of the 8 held out
+    assert resolve.changed_settings(recipe, run, 8) == []
+    (data / "train.jsonl").write_text("".join(lines[:40]))
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert changed.startswith(f"dataset content: {data} [train]: train.jsonl has ") and "the run trained on " in changed

@@ -353,6 +353,65 @@ def test_a_data_set_holding_images_is_refused_by_the_run_and_the_analyzer(
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("given", ["test split", "held-out mixture"])
+def test_held_out_pairs_holding_images_are_refused_as_evaluated_on_not_trained(given, tmp_path, monkeypatch, capsys):
+    """The refusal of held-out pairs holding images said "the text would be trained without the images": the run
+    only evaluates on them. Said as what the run does with them, a saved data set's test split or a held-out mixture's
+    source; the fix is the same."""
+    vision = with_images(tmp_path, lambda image: [image])
+    split = datasets.load_from_disk(vision)
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": split.remove_columns("images"), "test": split}).save_to_disk(str(both))
+    held = ["--dataset_name", str(both)] if given == "test split" else ["--dataset_mixer_eval_list", vision, "1.0"]
+    line = refused(tmp_path, monkeypatch, capsys, *held, "--eval_strategy", "steps", "--eval_steps", "2")
+    assert "the model would be evaluated on the text without the images it speaks of" in line, line
+    assert "trained" not in line, line
+
+
+HELD_OUT_ROWS = {  # held-out rows refused for their shape, and what the refusal says
+    "json text": (
+        [
+            {"prompt": "Hi", "chosen": "Hello.", "rejected": "Go."},
+            {"prompt": "Hi", "chosen": json.dumps([{"role": "assistant", "content": "Hi."}]), "rejected": "Go."},
+        ],
+        "it would be tokenized as JSON text",
+    ),
+    "user turn in an answer": (
+        [
+            {
+                "prompt": [{"role": "user", "content": "Hi"}],
+                "chosen": [
+                    {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "More"},
+                    {"role": "assistant", "content": "Fine."},
+                ],
+                "rejected": [{"role": "assistant", "content": "Go."}],
+            }
+        ]
+        * 2,
+        "which TRL would take as part of the answer",
+    ),
+    "conversation waiting": (
+        [{"chosen": "Hello.", "rejected": "Go.", "messages": [{"role": "user", "content": "Hi"}]}] * 2,
+        "the answers would be read without it as their prompt",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HELD_OUT_ROWS)
+def test_held_out_rows_refused_for_their_shape_are_not_said_to_be_trained(case, tmp_path, monkeypatch, capsys):
+    """Held-out rows refused for how TRL would read them said the pairs "would be trained as JSON", "would be
+    trained as part of the answer", or "the answers would train without it": held-out pairs are evaluated on. Said
+    as what happens to the pair whichever the run does with it."""
+    rows, says = HELD_OUT_ROWS[case]
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = refused(
+        tmp_path, monkeypatch, capsys, "--dataset_mixer_eval_list", str(held), "1.0", "--eval_strategy", "steps"
+    )
+    assert says in line and " train " not in line and "trained" not in line, line
+
+
 @pytest.mark.parametrize("wrapper", [{}, {"version": 2}])
 def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_fix(
     wrapper, cli, tiny_model_dir, tmp_path, monkeypatch, capsys

@@ -252,6 +252,31 @@ def test_a_file_one_source_reads_twice_is_refused_naming_the_upsampling(files, t
         resolve.check_values(parse_args(["--config", SMOKE, "--datasets", *words]))
 
 
+def test_a_held_out_file_read_twice_is_refused_as_evaluated_on_naming_the_held_out_flag(files, tmp_path, monkeypatch):
+    """A held-out mixture's file read twice (by one source, by two, or named twice) was refused as "its pairs would
+    train twice", and the fix named --datasets, which would train the held-out pairs: said as evaluated on, naming
+    --eval_datasets."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(files["trl"], tmp_path / "a.jsonl")
+    twice = json.dumps({"path": "json", "data_files": ["a.jsonl", "./a.jsonl"]})
+    for held, says in [
+        ([twice], "its pairs would be evaluated on twice; read it once"),
+        (
+            [json.dumps({"path": "json", "data_files": "*.jsonl"}), json.dumps({"path": "a.jsonl"})],
+            "its pairs would be evaluated on twice; give each file to one source",
+        ),
+        ([json.dumps({"path": "a.jsonl"})] * 2, "an amount of 2.0 evaluates on every pair twice"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, "--eval_datasets", *held]))
+        assert says in str(e.value) and "train" not in str(e.value).replace("[train]", ""), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        resolve.check_values(parse_args(["--config", SMOKE, "--eval_datasets", twice]))
+    words = shlex.split(str(e.value).rpartition("(--eval_datasets ")[2].removesuffix(")"))
+    assert json.loads(words[0]) == {"path": str(tmp_path / "a.jsonl"), "amount": 2.0}, str(e.value)
+    resolve.check_values(parse_args(["--config", SMOKE, "--eval_datasets", *words]))  # the upsampling it names
+
+
 def test_two_sources_of_one_file_are_refused_whatever_split_or_columns_they_name(files, tmp_path, monkeypatch):
     """A file has one split whatever a source calls it, and `columns` keeps columns without renaming them: two sources
     of one file train its same chosen/rejected pairs twice (or two seeded samples of them), so they are refused as the

@@ -88,7 +88,7 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
         (  # TRL trained the follow-up as answer tokens, though no `assistant_turns` labels a user turn
             lambda r: {**r, "chosen": [*r["chosen"], {"role": "user", "content": "And?"}, r["chosen"][-1]]},
             "chosen",
-            "holds a user message after the `prompt` column's messages and the answer's start, which would be trained",
+            "holds a user message after the `prompt` column's messages and the answer's start, which TRL would take",
         ),
         (  # the answer alone, with a tool's result inside it
             lambda r: {
@@ -97,7 +97,7 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
                 "rejected": r["rejected"][-1:],
             },
             "chosen",
-            "holds a tool message after the `prompt` column's messages and the answer's start, which would be trained",
+            "holds a tool message after the `prompt` column's messages and the answer's start, which TRL would take",
         ),
     ],
     ids=["one side repeats it", "another prompt inside the conversation", "a follow-up turn", "a tool's result"],
@@ -729,7 +729,7 @@ def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_m
     """A run refuses a folder holding a config and no weights, or a sharded index whose shards are not all there
     (before: from_pretrained's OSError traceback), before the model loads, after its first half (whose refusals, the
     memory plan's, come first as in a dry run); a dry run plans from the config alone (configs/models/ holds no
-    weights)."""
+    weights), and refuses an index whose shards are not all there among its first checks, as the run does."""
     folder = tmp_path / "my sft"  # a space in the path, as a user's folder may have
     shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
@@ -752,7 +752,10 @@ def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_m
         f"error: model folder '{folder}' lacks 2 of the 3 weight shards its model.safetensors.index.json lists "
         "(model-00002-of-00003.safetensors, ...): copy the missing shards into it"
     )
+    # The dry run (launch.sh's, before a job's processes start) passed it: the run failed as the weights loaded
+    assert refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder), "--dry-run") == line
     # A config written by config.save_pretrained alone names no class: TRL's load stopped in a TypeError
+    (folder / "model.safetensors.index.json").unlink()
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))

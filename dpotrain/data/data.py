@@ -283,7 +283,7 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
     if waiting := _conversation_column(first):
         raise ConfigError(
             f"dataset {name!r} has string answers, no `prompt` column and, in column {waiting!r} (not read), a "
-            "conversation waiting for its answer: the answers would train without it as their prompt; rename "
+            "conversation waiting for its answer: the answers would be read without it as their prompt; rename "
             f"{waiting!r} to `prompt` and write each answer as a "
             "message list ([{'role': 'assistant', 'content': ...}]), or remove the column"
         )

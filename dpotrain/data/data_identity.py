@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file up to 2 x ENDS is hashed whole)
-EVALUATED = "evaluated on"  # what a run does with its held-out files, said where they changed
+TRAINED, EVALUATED = "trained on", "evaluated on"  # what a run does with its pairs (held-out ones), said in refusals
 
 
 def saved(path: Path) -> bool:
@@ -106,10 +106,17 @@ def of_files(found: dict[str, Path], ends: bool = False) -> dict:
     return record
 
 
-def changed_files(old: dict, found: dict[str, Path], read: str = "trained on", evaluated=frozenset()) -> str | None:
+def changed_files(
+    old: dict, found: dict[str, Path], read: str = TRAINED, evaluated=frozenset(), reads=None
+) -> str | None:
     """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same. `read`: what
     the run did with them (held-out files: EVALUATED); `evaluated`: the resolved paths among them it evaluated on (a
-    folder of split files' test split, recorded with the training files as datasets reads the folder whole)."""
+    folder of split files' test split, recorded with the training files as datasets reads the folder whole); `reads`:
+    the resolved paths among them the run reads (None: all), the others left out (a test split it does not evaluate
+    on). A recorded file gone is named, read or not: the record does not say which split it was."""
+    if reads is not None:
+        unread = {n for n, p in found.items() if p.resolve() not in reads}
+        found, old = ({n: v for n, v in d.items() if n not in unread} for d in (found, old))
     if set(found) != set(old):
         added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
         return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"
@@ -151,9 +158,10 @@ def changed(
     split: str = "train",
     data_dir=None,
     data_files=None,
-    read: str = "trained on",
+    read: str = TRAINED,
     evaluated=frozenset(),
+    reads=None,
 ) -> str | None:
     """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None (`changed_files`)."""
     found = files(name, split, data_dir, data_files)
-    return changed_files(old, found, read, evaluated) if old and found is not None else None
+    return changed_files(old, found, read, evaluated, reads) if old and found is not None else None

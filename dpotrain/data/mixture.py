@@ -24,6 +24,8 @@ from dpotrain.recipe.errors import ConfigError, cause, plural
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = config.MIXTURE_BUILDERS
 TRAIN_FIELDS, EVAL_FIELDS = config.MIXTURE_SPELLINGS  # (TRL's field, open-instruct's, its splits)
+# What a run does with a mixture's pairs, as its refusals say it: {evaluation: (would ..., it ..., to ...)}
+USES = {False: ("train", "trains", "train"), True: (f"be {data_identity.EVALUATED}", "evaluates on", "evaluate on")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
     flag, (entries, mixer, splits) = names[0], (values.get(f) for f in names)
     kind = "test" if evaluation else "train"
+    uses = USES[evaluation]
     default_split = values.get(f"dataset_{kind}_split") or kind
     default_from = f"--dataset_{kind}_split"
     if not evaluation and values.get("test_split_size") is not None:  # with dataset_name too: read by nothing else
@@ -155,33 +158,35 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
         raise ConfigError(
-            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 trains every pair twice)"
+            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 {uses[1]} every pair twice)"
         )
-    _check_read_once(sources)
+    _check_read_once(sources, evaluation=evaluation)
     return sources
 
 
-def _check_read_once(sources: list[Source], what: str = "mixture source") -> None:
+def _check_read_once(sources: list[Source], what: str = "mixture source", evaluation: bool = False) -> None:
     """Refuses a local file read twice, by two sources or by one (datasets reads a file as often as it is matched): its
-    pairs would train twice, silently. Whatever split or columns: a file has one split."""
+    pairs would train (`evaluation`: be evaluated on) twice, silently. Whatever split or columns: a file has one
+    split."""
     read = [_files_read(s) for s in sources]
     counts = collections.Counter(p for files in read for p in files)
     twice = next((p for files in read for p in files if counts[p] > 1), None)
     if twice is None:
         return
     by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
+    (did, does, do), flag = USES[evaluation], TRAIN_FIELDS[0] if not evaluation else EVAL_FIELDS[0]
     if len(by) == 1:
         # `amount: 2.0` on this source would still read the file twice (four times over): the file alone takes it
         again = json.dumps({"path": str(twice), "amount": 2.0})
         raise ConfigError(
             f"{what} {by[0]} reads {twice} twice (named twice in its data_files, or matched again by a pattern, a "
-            "folder or a link to it): its pairs would train twice; read it once (remove the duplicate name, or narrow "
-            f"the pattern or folder), and to train its pairs twice on purpose give the file alone as a mixture source "
-            f"with `amount: 2.0` (--datasets {shlex.quote(again)})"
+            f"folder or a link to it): its pairs would {did} twice; read it once (remove the duplicate name, or "
+            f"narrow the pattern or folder), and to {do} its pairs twice on purpose give the file alone as a mixture "
+            f"source with `amount: 2.0` (--{flag} {shlex.quote(again)})"
         )
     raise ConfigError(
-        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
-        "source (narrow the pattern or the folder, or remove the other source): `amount: 2.0` on one source trains "
+        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would {did} twice; give each file to one "
+        f"source (narrow the pattern or the folder, or remove the other source): `amount: 2.0` on one source {does} "
         "them twice on purpose"
     )
 
@@ -508,9 +513,8 @@ def load(
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
-            pairs = rows.usable_pairs(
-                raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
-            )
+            given = (source.where, template, template_file, evaluation)
+            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise
@@ -684,7 +688,9 @@ def content_changed(recipe, derived: dict) -> str | None:
         folder = Path(s.dataset_name).expanduser()
         evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
         held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
-        return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held)
+        reads = _compared(Source(s.dataset_name, s.dataset_train_split, s.dataset_config))
+        reads = reads and reads | held
+        return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held, reads=reads)
     return _sources_changed(sources, derived.get("data_sources"))
 
 
@@ -699,12 +705,25 @@ def held_out_changed(recipe, derived: dict) -> str | None:
     return _sources_changed(sources, derived.get("eval_sources"), data_identity.EVALUATED)
 
 
-def _sources_changed(sources: list[Source], records: list | None, read: str = "trained on") -> str | None:
+def _sources_changed(sources: list[Source], records: list | None, read: str = data_identity.TRAINED) -> str | None:
     for source, was in zip(sources, _recorded(sources, records), strict=True):
         read_from = _read_from(source)
-        if was.get("files") and read_from and (why := data_identity.changed(was["files"], *read_from, read=read)):
+        if not (was.get("files") and read_from):
+            continue
+        if why := data_identity.changed(was["files"], *read_from, read, reads=_compared(source)):
             return f"{source.spec()}: {why}"
     return None
+
+
+def _compared(source: Source) -> set | None:
+    """The files a source's record is compared on: those it reads (a folder of split files is recorded whole, and the
+    source reads its split's), and the card that chooses them (README.md's `configs:`); None where it reads none here
+    (the load says why)."""
+    found = _files_read(source)
+    if not found:
+        return None
+    where, _, data_dir, _ = _read_from(source)
+    return {*found, Path(os.path.expanduser(os.path.join(where, data_dir or "")), "README.md").resolve()}
 
 
 def dataset_id(recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None) -> str:

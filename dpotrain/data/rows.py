@@ -11,7 +11,7 @@ import re
 import time
 from collections import Counter
 
-from dpotrain.data import chat_template, shapes
+from dpotrain.data import chat_template, data_identity, shapes
 from dpotrain.data.data import mixed_type_columns, row_location
 from dpotrain.recipe.errors import ConfigError, plural
 
@@ -228,10 +228,10 @@ class RowCheck:
         }
 
 
-def check_text_only(dataset) -> None:
+def check_text_only(dataset, evaluation: bool = False) -> None:
     """A data set whose `image`/`images` column holds images is refused: TRL trains it only with a vision-language
-    model (it refuses a text one), and here the column would go unread, the text trained without the images it asks
-    about. Counted in Arrow (no image is decoded); a streaming data set by its first row."""
+    model (it refuses a text one), and here the column would go unread, the text trained (`evaluation`: evaluated on)
+    without the images it asks about. Counted in Arrow (no image is decoded); a streaming data set by its first row."""
     import datasets
     import pyarrow.compute as pc
 
@@ -247,23 +247,27 @@ def check_text_only(dataset) -> None:
         else:
             held, where = next(iter(dataset))[column] not in (None, []), "its first row"
         if held:
+            did = data_identity.EVALUATED if evaluation else data_identity.TRAINED
             raise ConfigError(
                 f"the data set holds images (column {column!r}, {where}), and dpotrain trains text only "
-                "(TRL trains such pairs with a vision-language model), so the text would be trained without the "
-                "images it speaks of: remove the column to train the text alone"
+                f"(TRL trains such pairs with a vision-language model), so the model would be {did} the text without "
+                "the images it speaks of: remove the column to use the text alone"
             )
 
 
-def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None) -> RowCheck:
+def check_dataset(
+    dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None, evaluation: bool = False
+) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
     row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
     first, or answers that leave the chat template's generation prompt all together (a data set that has one usually
-    has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would leave nothing."""
+    has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would leave nothing.
+    `evaluation`: held-out pairs."""
     start = time.perf_counter()
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
-    check_text_only(dataset)
+    check_text_only(dataset, evaluation)
     fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
@@ -325,14 +329,15 @@ def usable_pairs(
     source: str | None = None,
     template=None,
     template_file: str | None = None,
+    evaluation: bool = False,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
     `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
     row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
     loader, `stages.ModelTokenizer`) the answers are checked against; `template_file`: the recipe's chat_template_path,
-    named on the console."""
+    named on the console; `evaluation`: held-out pairs, which the run evaluates on."""
     try:
-        checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
+        checked = check_dataset(dataset, skip_invalid, hh_format, template, evaluation)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
     if say:

@@ -153,7 +153,7 @@ def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
                 return row, (
                     column,
                     "a message list written as JSON text, where the data set's first row holds plain text: it would be "
-                    "trained as JSON; write this column the same way in every row",
+                    "tokenized as JSON text; write this column the same way in every row",
                 )
         if column in row:
             row[column] = text_parts(row[column])
@@ -265,7 +265,7 @@ def _answers_only(prompt: list, chosen: list, rejected: list):
             return None, (
                 column,
                 f"holds a {turn.get('role')} message after the `prompt` column's messages and the answer's start, "
-                "which would be trained as part of the answer: put every turn before the final answer in `prompt` "
+                "which TRL would take as part of the answer: put every turn before the final answer in `prompt` "
                 f"(the same on both sides), or drop the `prompt` column{DETAIL}{_short(turn.get('content'))}",
             )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
