@@ -1,5 +1,6 @@
 """From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
 
+import contextlib
 import math
 import os
 import shlex
@@ -369,7 +370,10 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     if job := finished_by_this_job(out):  # the same command again: nothing replaced, resumed or refused
         # The job's recipe edited since (the next experiment's, or more steps before an `scontrol requeue`): the run is
         # still this job's, but what the command now asks is not trained, which "nothing to do" alone left unsaid.
-        if changed := changed_settings(recipe, out, pairs_per_step):
+        changed = []
+        with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
+            changed = changed_settings(recipe, out, pairs_per_step)
+        if changed:
             resume._say(
                 f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "
                 "nothing is trained with them: to train them, submit a job with a new --output_dir"
