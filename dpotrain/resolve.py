@@ -1,5 +1,6 @@
 """From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
 
+import contextlib
 import math
 import os
 import shlex
@@ -367,6 +368,16 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     t, p = recipe.training, recipe.project
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
     if job := finished_by_this_job(out):  # the same command again: nothing replaced, resumed or refused
+        # The job's recipe edited since (the next experiment's, or more steps before an `scontrol requeue`): the run is
+        # still this job's, but what the command now asks is not trained, which "nothing to do" alone left unsaid.
+        changed = []
+        with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
+            changed = changed_settings(recipe, out, pairs_per_step)
+        if changed:
+            resume._say(
+                f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "
+                "nothing is trained with them: to train them, submit a job with a new --output_dir"
+            )
         return OutputDecision(None, False, finished_by=job)
     # A link retargeted between two attempts (to another run's folder) was refused by the link's name alone, which the
     # person knew as the folder of the run they meant to resume.

@@ -1120,3 +1120,31 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
         monkeypatch.setenv(name, value)
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
+
+
+@pytest.mark.slow
+def test_a_requeue_of_the_slurm_job_that_finished_the_run_says_which_of_its_settings_it_did_not_train(
+    tmp_path, tiny_model_dir, pairs, monkeypatch, capsys
+):
+    """The job's recipe edited after its run finished (the next experiment's, or more steps before `scontrol requeue`):
+    the requeue said "nothing to do" and ended with 0, and nothing said that the steps and beta it now asks for were
+    never trained. It still trains nothing (the run is this job's), and says which settings differ."""
+    out, short = tmp_path / "run", ("--save_strategy", "no")
+    first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
+    assert first.returncode == 0, first.stdout[-3000:]
+    for name, value in {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    same = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short])
+    assert check_output_dir(same, 8) == OutputDecision(None, False, finished_by="4242")
+    assert "note:" not in capsys.readouterr().out  # the same command: nothing else to say
+    edited = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--max_steps", "6", "--beta", "0.1"])
+    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
+    said = capsys.readouterr().out
+    assert (
+        "note: the settings differ from those of the run this job finished (max_steps: 4 -> 6; beta: 5.0 -> 0.1), and "
+        "nothing is trained with them: to train them, submit a job with a new --output_dir"
+    ) in said, said
+    # Its record damaged since (a copy cut short): nothing to compare; the requeue ends as it did, not on that record
+    record = out / "resolved_config.json"
+    record.write_text(record.read_text()[:100])
+    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
