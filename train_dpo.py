@@ -101,7 +101,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.finished_by:  # a requeue of the job that finished the run: its lock taken over and released
-        print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
+        if state.is_main_process:  # every rank ends here: one line in the job's log, not one per GPU
+            print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
         return None
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
         return publish.complete_push(recipe, push, output.push_left, state)

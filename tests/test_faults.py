@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PAUSE_AT, PYTHON, ROOT, pause_env, paused_pid, python, rank_python
+from conftest import PAUSE_AT, PYTHON, ROOT, accelerate_launch, pause_env, paused_pid, python, rank_python
 from dpotrain import stages
 from dpotrain.cluster import run_lock
 from dpotrain.hub import hub_push
@@ -1120,6 +1120,24 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
         monkeypatch.setenv(name, value)
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
+
+
+@pytest.mark.slow
+def test_a_launched_requeue_of_the_job_that_finished_the_run_says_so_once(tmp_path, tiny_model_dir, pairs):
+    """The requeue of a job that finished its run, as a job launches it (`accelerate launch`, 2 processes): every rank
+    printed "holds the run this Slurm job (...) finished ...: nothing to do", one line per GPU in the job's log. The
+    main process says it; the job still ends with 0."""
+    out = tmp_path / "run"
+    env = {"SLURM_JOB_ID": "4343", "SLURM_RESTART_COUNT": "0"}
+    assert train(out, tiny_model_dir, pairs, "--save_strategy", "no", env=env).returncode == 0
+    launch = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
+    cmd = [*launch, *rank_python(), *command(out, tiny_model_dir, pairs)[1:], "--save_strategy", "no"]
+    requeued = {**os.environ, "SLURM_JOB_ID": "4343", "SLURM_RESTART_COUNT": "1"}
+    requeued["PATH"] = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
+    again = subprocess.run(cmd, cwd=ROOT, env=requeued, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert again.returncode == 0, again.stdout[-3000:]
+    said = f"output_dir {out} holds the run this Slurm job (4343) finished before it was requeued: nothing to do"
+    assert again.stdout.count(said) == 1, again.stdout[-3000:]
 
 
 @pytest.mark.slow
