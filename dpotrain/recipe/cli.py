@@ -10,20 +10,11 @@ import difflib
 import itertools
 import sys
 
-from dpotrain.recipe import upstream
+from dpotrain.recipe import upstream, usage
 from dpotrain.recipe.errors import ConfigError, warn
 
-# The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool): the scripts take the same ones.
+# The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool, which the scripts' flags take too).
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
-
-
-def flag(value: str | bool) -> bool:
-    """`--skip_invalid` alone, or `--skip_invalid true|false` as train_dpo.py takes it."""
-    if isinstance(value, bool):
-        return value
-    if value.lower() in TRUE + FALSE:
-        return value.lower() in TRUE
-    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
 def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
@@ -88,6 +79,9 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        refused = usage.value_refused(message, upstream.long_flags(self))  # a missing or mistyped value: train_dpo.py's
+        if refused:
+            raise ConfigError(refused)
         words = message.split(": ", 1)[-1].split()
         unknown = next((w.split("=")[0] for w in words if w.startswith("-")), None)
         if message.startswith("unrecognized arguments") and unknown:

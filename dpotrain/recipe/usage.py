@@ -36,12 +36,14 @@ WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start
 
 
 def _first_sentence(text: str | None) -> str:
-    """Up to the first '. ' or '; ' outside parentheses (a sentence whose parenthesis is left open reads as cut)."""
+    """Up to the first '. ' or '; ' outside parentheses (a sentence whose parenthesis is left open reads as cut), not
+    an 'e.g. ' (prefetch.py's --config: "the recipe the job runs, e.g")."""
     text = re.sub(r"\s+", " ", (text or "").replace("%%", "%")).strip()
     depth = 0
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0 and char in ".;" and text[i + 1 : i + 2] == " " and re.match(r"[a-z)`']", text[i - 1 : i]):
+        end = char in ".;" and text[i + 1 : i + 2] == " " and text[i - 3 : i] not in ("e.g", "i.e")
+        if depth == 0 and end and re.match(r"[a-z)`']", text[i - 1 : i]):
             return text[:i]
     return text.rstrip(".;")
 
