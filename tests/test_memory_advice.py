@@ -4,6 +4,7 @@ gives a dry run whose plan fits; it never offers a lever that is already pulled.
 import re
 import shlex
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -201,3 +202,19 @@ def test_a_suggested_submission_runs_the_refused_command_with_the_option(tmp_pat
         # A `--dry_run false` that turned off a recipe's dry run stays: dropped, the job would only plan
         kept = option.text(("--config", "configs/think.yaml", "--dry_run", "false", "--json"))
         assert kept.endswith(" scripts/dpo_train.sh --dry_run false --max_tokens_per_microbatch 16384`"), kept
+
+
+def test_a_flag_the_option_sets_is_given_once_in_its_sbatch_command(monkeypatch):
+    """The refused command's `--max_tokens_per_microbatch 65536` stayed in the printed sbatch command beside the
+    option's `--max_tokens_per_microbatch 49152`, and the job warned "given twice": the user's value, with its words as
+    the parser takes them (`=`, either spelling, a list flag's several), now gives way to the option's."""
+    from dpotrain.plan.memory_advice import Option
+
+    monkeypatch.chdir(ROOT)
+    flags = ("--max_tokens_per_microbatch", "49152", "--activation_checkpointing", "true", "--loss_type", "sigmoid")
+    option = Option(("zero3",), flags, "zero3", SHIPPED_ZERO3, 4, 4, 70.0, True, 49152)
+    typed = ["--config", "configs/think.yaml", "--max-tokens-per-microbatch", "65536", "--learning_rate", "8e-8"]
+    typed += ["--activation_checkpointing=false", "--loss_type", "sigmoid", "bco_pair", "--seed", "3"]
+    text = option.text(tuple(typed))
+    launched = submitted(text.split("`")[-2], ROOT)
+    assert launched["train"][2:] == ["--learning_rate", "8e-8", "--seed", "3", *flags, "--accelerate_config", ANY], text

@@ -29,8 +29,7 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
         action = options.get(name)
         if action is None or action.dest in exempt:
             continue
-        following = list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1 :]))
-        values = [value] if equals else _words(action.nargs, following)
+        values = [value] if equals else value_words(action.nargs, argv[i + 1 :])
         meaning = _meaning(action, values)
         first = seen.setdefault(action.dest, (name, values, meaning))
         if first[2] != meaning:
@@ -41,8 +40,10 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
             seen[action.dest] = (name, values, meaning)
 
 
-def _words(nargs, following: list[str]) -> list[str]:
-    """The words argparse would take as a flag's value (`--streaming` none, `--candidates 1 2` all up to the next)."""
+def value_words(nargs, after: list[str]) -> list[str]:
+    """Of the words after a flag, those argparse would take as its value (`--streaming` none, `--candidates 1 2` all up
+    to the next flag)."""
+    following = list(itertools.takewhile(lambda w: not w.startswith("--"), after))
     if nargs == 0:
         return []
     if nargs in (None, "?"):
