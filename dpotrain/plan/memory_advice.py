@@ -163,8 +163,11 @@ class Advisor:
         self.recipe, self.world, self.engine, self.attention, self._plan = recipe, world, engine, attention, plan
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
         self.per_node = node_size(engine)
-        launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
-        self.config = SHIPPED.get(engine.name, "") if launched else recipe.project.accelerate_config
+        # Launched, the engine is read from the environment: the command line's config (scripts/launch.sh passes the
+        # job's as --accelerate_config) where it names that engine, else the shipped one for it
+        own = recipe.project.accelerate_config
+        unknown = engine.source.startswith(LAUNCHED) and from_config(own).name != engine.name
+        self.config = SHIPPED.get(engine.name, "") if unknown else own
         self.pairs = recipe.project.pairs_per_step or math.inf
         self._seen: dict[tuple, tuple[bool, float]] = {}
 
