@@ -39,6 +39,8 @@ with venv.loading_libraries():
         venv.load_env(ROOT)
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
 
+    from transformers.hf_argparser import string_to_bool
+
     from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
@@ -125,7 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--skip-invalid",
         nargs="?",
         const=True,
-        type=cli.flag,
+        type=string_to_bool,  # train_dpo.py's spellings of true and false
         help="count and list bad rows instead of stopping at one (alone, or true/false) [the recipe's skip_invalid, "
         "else false]",
     )

@@ -4,6 +4,7 @@ gives a dry run whose plan fits; it never offers a lever that is already pulled.
 import re
 import shlex
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -201,3 +202,48 @@ def test_a_suggested_submission_runs_the_refused_command_with_the_option(tmp_pat
         # A `--dry_run false` that turned off a recipe's dry run stays: dropped, the job would only plan
         kept = option.text(("--config", "configs/think.yaml", "--dry_run", "false", "--json"))
         assert kept.endswith(" scripts/dpo_train.sh --dry_run false --max_tokens_per_microbatch 16384`"), kept
+
+
+def test_a_flag_the_option_sets_is_given_once_in_its_sbatch_command(monkeypatch):
+    """The refused command's `--max_tokens_per_microbatch 65536` stayed in the printed sbatch command beside the
+    option's `--max_tokens_per_microbatch 49152`, and the job warned "given twice": the user's value, with its words as
+    the parser takes them (`=`, either spelling, a list flag's several), now gives way to the option's."""
+    from dpotrain.plan.memory_advice import Option
+
+    monkeypatch.chdir(ROOT)
+    flags = ("--max_tokens_per_microbatch", "49152", "--activation_checkpointing", "true", "--loss_type", "sigmoid")
+    option = Option(("zero3",), flags, "zero3", SHIPPED_ZERO3, 4, 4, 70.0, True, 49152)
+    typed = ["--config", "configs/think.yaml", "--max-tokens-per-microbatch", "65536", "--learning_rate", "8e-8"]
+    typed += ["--activation_checkpointing=false", "--loss_type", "sigmoid", "bco_pair", "--seed", "3"]
+    text = option.text(tuple(typed))
+    launched = submitted(text.split("`")[-2], ROOT)
+    assert launched["train"][2:] == ["--learning_rate", "8e-8", "--seed", "3", *flags, "--accelerate_config", ANY], text
+
+
+def test_a_launched_runs_refusal_names_the_jobs_own_accelerate_config_for_its_engine(tmp_path, monkeypatch):
+    """Inside a job (the engine read from `accelerate launch`'s environment), an option on more nodes of the same
+    engine named the shipped accelerate_config.yaml, not the job's own `--accelerate_config my_accel.yaml` that
+    scripts/launch.sh passes train_dpo.py. Now the job's, where it names the engine that runs; another engine's option
+    still names the shipped config for that engine."""
+    from dpotrain.cluster import engine
+    from dpotrain.plan import memory
+    from dpotrain.recipe.config import parse_args
+
+    own = tmp_path / "my_accel.yaml"  # ZeRO-2, as the shipped one, under the user's own name
+    own.write_text(
+        (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(ROOT / "ds_config.json"))
+    )
+    recipe = parse_args([*command("7b", 80, tmp_path), "--accelerate_config", str(own)])
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "GPUS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "ds_config.json"))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    launched = engine.launched()
+    assert launched.name == "zero2" and launched.source.startswith(engine.LAUNCHED)
+    with pytest.raises(ConfigError) as refused:
+        memory.plan(recipe, 4, launched)
+    error = str(refused.value)
+    assert f"DeepSpeed ZeRO-2 fits on 20 GPUs (5 nodes) (~79.9 GiB): `ACCELERATE_CONFIG={own} sbatch" in error, error
+    assert f"ACCELERATE_CONFIG={SHIPPED_ZERO3} sbatch" in error, error

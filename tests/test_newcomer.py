@@ -691,6 +691,35 @@ def test_help_says_what_the_common_fields_take_here_and_help_all_lists_all_of_it
     assert "[--dataset_name DATASET_NAME]" not in every
 
 
+def test_help_all_says_what_the_data_fields_do_with_a_mixture_and_that_the_learning_rate_is_the_peak(capsys):
+    """--help-all gave dataset_config, dataset_train_split, dataset_test_split and dataset_streaming TRL's "If
+    `datasets` is provided, this will be ignored": here a mixture's sources take the split fields as their default
+    split, dataset_config with a mixture is refused, and dataset_streaming is refused with or without one (checked
+    below, so the words follow the code). --learning_rate read "The initial learning rate for AdamW", which the
+    recipes' warmup makes the peak."""
+    import re
+
+    from dpotrain import options
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help-all"])
+    every = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert "this will be ignored" not in every and "initial learning rate" not in every
+    assert "and that of each mixture source that names none (default: train)" in every
+    assert "and dataset_config with one is refused" in every
+    assert "The peak learning rate: linear warmup over warmup_steps, then linear decay to zero;" in every
+    data = str(ROOT / "data" / "smoke_prefs.jsonl")
+    mixed = ["--model_name_or_path", "m", "--dataset_mixer_list", data, "1.0", "--dry-run"]
+    sources = mixture.parse(mixture.fields_of(parse_args([*mixed, "--dataset_train_split", "dev"])))
+    assert [s.split for s in sources] == ["dev"]
+    with pytest.raises(ConfigError, match="dataset_config 'x' and a mixture"):
+        mixture.parse(mixture.fields_of(parse_args([*mixed, "--dataset_config", "x"])))
+    with pytest.raises(ConfigError, match="^dataset_streaming: the step plan"):
+        options.check_streaming(parse_args(["--model_name_or_path", "m", "--dataset_streaming", "--dry-run"]))
+
+
 def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
     compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""

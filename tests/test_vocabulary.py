@@ -56,6 +56,52 @@ def test_push_to_hub_suggests_the_flag_meant(tmp_path, capsys):
     assert "(did you mean --repo_id?)" in str(refused.value)
 
 
+def _script(name: str):
+    """scripts/<name>.py as a module (its `main(argv)`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "says"),
+    [
+        (
+            "prefetch",
+            ["--config"],
+            "--config takes a value (the recipe the job runs, e.g. configs/think.yaml): none given",
+        ),
+        ("preflight", ["--sample", "abc"], "--sample takes a whole number (e.g. --sample 512, its default), not 'abc'"),
+        (
+            "push_to_hub",
+            ["out", "--repo_id"],
+            "--repo-id takes a value (org/name to push to (default: hub_model_id of the run)): none given",
+        ),
+        ("push_to_hub", ["out", "--private", "maybe"], "--private takes true or false (alone: true), not 'maybe'"),
+    ],
+)
+def test_a_scripts_missing_or_mistyped_value_is_one_line_naming_the_flag_and_what_it_takes(name, argv, says):
+    """The scripts said argparse's "argument --sample: expected one argument; see ... --help" where train_dpo.py names
+    what the flag takes (usage.value_refused): the same words, from the same code (cli.Parser)."""
+    from dpotrain.recipe.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        _script(name).main(argv)
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
+
+
+def test_the_analyzers_missing_or_mistyped_value_is_one_line_naming_the_flag_and_what_it_takes(cli, capsys):  # noqa: F811
+    assert cli.main([DATA, "--sample"]) == 2
+    assert error_line(capsys) == (
+        "error: --sample takes a whole number (analyse N rows drawn with --seed instead of every row): none given"
+    )
+    assert cli.main([DATA, "--skip-invalid", "maybe"]) == 2
+    assert error_line(capsys) == "error: --skip-invalid takes true or false (alone: true), not 'maybe'"
+
+
 def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F811
     recipe = parse_args(
         ["--config", SMOKE, "--model_name_or_path", "org/my-sft", "--dataset_name", "org/pairs", "--dry-run"]
@@ -70,20 +116,15 @@ def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F
     assert (args.tokenizer, args.dataset, args.config) == ("org/my-sft", "org/pairs", SMOKE)
 
 
-def test_a_boolean_is_spelled_the_same_for_the_scripts_as_for_train_dpo():
+def test_a_boolean_is_spelled_the_same_for_the_scripts_as_for_train_dpo(cli):  # noqa: F811
     """The scripts' `--skip-invalid true|false` takes exactly the spellings train_dpo.py's parser takes (transformers'
-    string_to_bool), no more ("on" was the scripts' alone) and no fewer ("t", "y" were the trainer's alone)."""
-    import argparse
-
+    string_to_bool, their type too), and TRUE / FALSE, which the command-line readers match words against, name the
+    same ones ("on" was once the scripts' alone, "t" and "y" the trainer's alone)."""
     from transformers.hf_argparser import string_to_bool
 
-    from dpotrain.recipe.cli import FALSE, TRUE, flag
+    from dpotrain.recipe.cli import FALSE, TRUE
 
+    assert cli.parse_args([DATA, "--skip-invalid", "y"]).skip_invalid is True
     for word in ("true", "TRUE", "yes", "1", "t", "y", "false", "No", "0", "f", "n"):
-        assert flag(word) is string_to_bool(word), word
-    for word in ("on", "off", "2", ""):
-        with pytest.raises(argparse.ArgumentTypeError):
-            flag(word)
-        with pytest.raises(argparse.ArgumentTypeError):
-            string_to_bool(word)
+        assert string_to_bool(word) is (word.lower() in TRUE), word
     assert set(TRUE) | set(FALSE) == {"true", "yes", "1", "t", "y", "false", "no", "0", "f", "n"}

@@ -24,7 +24,7 @@ from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.config import replaced, uses_live_reference
+from dpotrain.recipe.config import fields_set, replaced, uses_live_reference, without
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import MemoryPlan
 
@@ -104,10 +104,12 @@ class Option:
     def submission(self, command_line: tuple[str, ...]) -> str | None:
         """The sbatch command that runs the refused command with this option, pasted in the folder it ran in (a Slurm
         job's: the one it was submitted from), as scripts/launch.sh takes it: the engine as ACCELERATE_CONFIG, the
-        recipe as RECIPE (or the script whose default it is), the command's other arguments and the option's flags.
+        recipe as RECIPE (or the script whose default it is), the command's other arguments less those the option's
+        flags replace, and the option's flags.
         None without a recipe, which every script needs. The job plans itself before it launches (launch.sh's dry run),
         so no dry run is printed beside it."""
         recipe, args = _job_arguments(command_line)
+        args = without(args, fields_set(self.flags))  # the option's value, not the refused one too ("given twice")
         if recipe is None:
             return None
         here = Path(os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd())  # where it is pasted
@@ -161,8 +163,11 @@ class Advisor:
         self.recipe, self.world, self.engine, self.attention, self._plan = recipe, world, engine, attention, plan
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
         self.per_node = node_size(engine)
-        launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
-        self.config = SHIPPED.get(engine.name, "") if launched else recipe.project.accelerate_config
+        # Launched, the engine is read from the environment: the command line's config (scripts/launch.sh passes the
+        # job's as --accelerate_config) where it names that engine, else the shipped one for it
+        own = recipe.project.accelerate_config
+        unknown = engine.source.startswith(LAUNCHED) and from_config(own).name != engine.name
+        self.config = SHIPPED.get(engine.name, "") if unknown else own
         self.pairs = recipe.project.pairs_per_step or math.inf
         self._seen: dict[tuple, tuple[bool, float]] = {}
 

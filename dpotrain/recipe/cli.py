@@ -10,20 +10,11 @@ import difflib
 import itertools
 import sys
 
-from dpotrain.recipe import upstream
+from dpotrain.recipe import upstream, usage
 from dpotrain.recipe.errors import ConfigError, warn
 
-# The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool): the scripts take the same ones.
+# The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool, which the scripts' flags take too).
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
-
-
-def flag(value: str | bool) -> bool:
-    """`--skip_invalid` alone, or `--skip_invalid true|false` as train_dpo.py takes it."""
-    if isinstance(value, bool):
-        return value
-    if value.lower() in TRUE + FALSE:
-        return value.lower() in TRUE
-    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
 def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
@@ -38,8 +29,7 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
         action = options.get(name)
         if action is None or action.dest in exempt:
             continue
-        following = list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1 :]))
-        values = [value] if equals else _words(action.nargs, following)
+        values = [value] if equals else value_words(action.nargs, argv[i + 1 :])
         meaning = _meaning(action, values)
         first = seen.setdefault(action.dest, (name, values, meaning))
         if first[2] != meaning:
@@ -50,8 +40,10 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
             seen[action.dest] = (name, values, meaning)
 
 
-def _words(nargs, following: list[str]) -> list[str]:
-    """The words argparse would take as a flag's value (`--streaming` none, `--candidates 1 2` all up to the next)."""
+def value_words(nargs, after: list[str]) -> list[str]:
+    """Of the words after a flag, those argparse would take as its value (`--streaming` none, `--candidates 1 2` all up
+    to the next flag)."""
+    following = list(itertools.takewhile(lambda w: not w.startswith("--"), after))
     if nargs == 0:
         return []
     if nargs in (None, "?"):
@@ -88,6 +80,9 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        refused = usage.value_refused(message, upstream.long_flags(self))  # a missing or mistyped value: train_dpo.py's
+        if refused:
+            raise ConfigError(refused)
         words = message.split(": ", 1)[-1].split()
         unknown = next((w.split("=")[0] for w in words if w.startswith("-")), None)
         if message.startswith("unrecognized arguments") and unknown:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
-from dpotrain.recipe.cli import FALSE, TRUE, warn_given_twice
+from dpotrain.recipe.cli import FALSE, TRUE, value_words, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
 
@@ -314,6 +314,21 @@ def fields_set(words) -> set[str]:
     """The fields that command-line words set (`--name value`, `--name=value`, either spelling)."""
     options = _options()
     return {options[w.split("=")[0]].dest for w in words if w.split("=")[0] in options}
+
+
+def without(words, fields: set[str]) -> list[str]:
+    """Command-line words less the fields named, each with the words the parser takes as its value (`--name value`,
+    `--name=value`, either spelling): a printed command whose own flags set those fields."""
+    options, kept, i = _options(), [], 0
+    while i < len(words):
+        name, equals, _ = words[i].partition("=")
+        action = options.get(name)
+        if action is None or action.dest not in fields:
+            kept.append(words[i])
+        else:
+            i += 0 if equals else len(value_words(action.nargs, words[i + 1 :]))
+        i += 1
+    return kept
 
 
 # Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.

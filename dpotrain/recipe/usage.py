@@ -22,6 +22,18 @@ OWN_WORDS = {
     # TRL's: "If `datasets` is provided, this will be ignored", where both in one recipe are refused (docs/data.md)
     "dataset_name": "The pairs to train on: a Hub data set, a local .jsonl or .parquet file, or a save_to_disk folder "
     "(several sources: datasets, docs/data.md)",
+    # TRL's four: "If `datasets` is provided, this will be ignored", where this project reads or refuses each with a
+    # mixture (mixture.parse, options.check_streaming)
+    "dataset_config": "dataset_name's configuration (datasets' `name`); a mixture's sources name their own (`name:`), "
+    "and dataset_config with one is refused",
+    "dataset_train_split": "The split to train on: dataset_name's, and that of each mixture source that names none",
+    "dataset_test_split": "The split to evaluate on (with eval_strategy): dataset_name's, and that of each held-out "
+    "mixture source that names none",
+    "dataset_streaming": "Accepted as false only: the step plan needs every pair's length up front (datasets "
+    "memory-maps a loaded data set, so it need not fit in RAM)",
+    # transformers': "The initial learning rate for AdamW", where warmup makes it the peak
+    "learning_rate": "The peak learning rate: linear warmup over warmup_steps, then linear decay to zero; with "
+    "lr_scheduler_type linear, the recipes'",
     "output_dir": "The run's folder: checkpoints, the final model and the run's records (default: outputs/<run_name>)",
     # TRL's "Maximum length of the tokenized sequence" said nothing of `auto`
     "max_length": "Tokens per sequence (prompt + completion), longer ones cut as truncation_mode says, or auto: the "
@@ -36,12 +48,14 @@ WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start
 
 
 def _first_sentence(text: str | None) -> str:
-    """Up to the first '. ' or '; ' outside parentheses (a sentence whose parenthesis is left open reads as cut)."""
+    """Up to the first '. ' or '; ' outside parentheses (a sentence whose parenthesis is left open reads as cut), not
+    an 'e.g. ' (prefetch.py's --config: "the recipe the job runs, e.g")."""
     text = re.sub(r"\s+", " ", (text or "").replace("%%", "%")).strip()
     depth = 0
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0 and char in ".;" and text[i + 1 : i + 2] == " " and re.match(r"[a-z)`']", text[i - 1 : i]):
+        end = char in ".;" and text[i + 1 : i + 2] == " " and text[i - 3 : i] not in ("e.g", "i.e")
+        if depth == 0 and end and re.match(r"[a-z)`']", text[i - 1 : i]):
             return text[:i]
     return text.rstrip(".;")
 
