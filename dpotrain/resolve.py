@@ -362,25 +362,29 @@ def finished_run(job: str) -> str:
     return f"the run this Slurm job ({job}) finished before it was requeued"
 
 
+def say_untrained_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> None:
+    """The job's recipe edited since it finished its run (the next experiment's, or more steps before an `scontrol
+    requeue`): the run is still this job's, but what the command now asks is not trained, which "nothing to do" alone
+    left unsaid."""
+    changed = []
+    with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
+        changed = changed_settings(recipe, out, pairs_per_step)
+    if changed:
+        resume._say(
+            f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "
+            "nothing is trained with them: to train them, submit a job with a new --output_dir"
+        )
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
     if job := finished_by_this_job(out):  # the same command again: nothing replaced, resumed or refused
-        # The job's recipe edited since (the next experiment's, or more steps before an `scontrol requeue`): the run is
-        # still this job's, but what the command now asks is not trained, which "nothing to do" alone left unsaid.
-        changed = []
-        with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
-            changed = changed_settings(recipe, out, pairs_per_step)
-        if changed:
-            resume._say(
-                f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "
-                "nothing is trained with them: to train them, submit a job with a new --output_dir"
-            )
+        say_untrained_settings(recipe, out, pairs_per_step)
         return OutputDecision(None, False, finished_by=job)
-    # A link retargeted between two attempts (to another run's folder) was refused by the link's name alone, which the
-    # person knew as the folder of the run they meant to resume.
+    # Named with its target: a link retargeted between attempts (to another run's folder) read as the user's own folder
     named = f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
     if explicit:
         resume.check_explicit(explicit)
