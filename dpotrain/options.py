@@ -544,6 +544,16 @@ WEIGHT_FILES = (
 )
 
 
+def _weights_config(path: Path) -> dict | None:
+    """The folder's config.json where this project checks the weights beside it; None where transformers says what is
+    wrong itself: a config it cannot read, or one naming its own weights file (`transformers_weights`)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if not isinstance(config, dict) or config.get("transformers_weights") else config
+
+
 def check_weights(model: str) -> None:
     """A model folder without its weights, or whose config names no class: refused before the model loads (after the
     first half, so that its refusals come first, as in a dry run; shards its index lists and lacks: `check_shards`)."""
@@ -553,13 +563,9 @@ def check_weights(model: str) -> None:
     if builtin.is_builtin(model) or not (path / "config.json").is_file():
         return
     check_tokenizer_folder(model)  # config.json alone (configs/models/*): a model's shape, said as such first
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # the config's own load names what is wrong with it
-    if isinstance(config, dict) and config.get("transformers_weights"):
-        return  # a config naming its own weights file: transformers checks it itself
-    if isinstance(config, dict) and not config.get("architectures"):
+    if (config := _weights_config(path)) is None:
+        return
+    if not config.get("architectures"):
         # TRL loads the model by the class its config names (create_model_from_path: `config.architectures[0]`, a
         # TypeError without one); a config written by `config.save_pretrained` alone names none.
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -581,12 +587,8 @@ def check_shards(model: str) -> None:
     dry run's too, where the run would fail only as the weights load. A folder without weights is not refused here:
     a dry run plans from a config alone (configs/models/*), the run refuses it (`check_weights`)."""
     path = Path(model).expanduser()
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # the config's own load names what is wrong with it
-    if isinstance(config, dict) and config.get("transformers_weights"):
-        return  # a config naming its own weights file: transformers checks it itself
+    if _weights_config(path) is None:
+        return
     found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
     if found is None or not found.endswith(".index.json"):
         return
