@@ -23,8 +23,7 @@ from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
-from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.config import fields_set, replaced, uses_live_reference, without
+from dpotrain.recipe.config import dry_run_flag, fields_set, replaced, take_config, uses_live_reference, without
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import MemoryPlan
 
@@ -116,7 +115,6 @@ class Option:
         # The config as the run found it: the folder it ran in (a job's: the project), else the project's
         config = next((p for p in (Path(self.config), PROJECT_ROOT / self.config) if p.is_file()), None)
         env = {"ACCELERATE_CONFIG": _from(here, config) if config else self.config}
-        recipe = os.path.expanduser(recipe)  # `--config=~/my.yaml`: no shell expanded it
         script = SCRIPTS.get(Path(recipe).resolve())
         if script is None:
             script, env["RECIPE"] = "scripts/dpo_train.sh", _from(here, recipe)
@@ -136,24 +134,9 @@ def _job_arguments(command_line) -> tuple[str | None, list[str]]:
     """The command's recipe and its other arguments, less what scripts/launch.sh gives train_dpo.py itself (--config as
     RECIPE, --accelerate_config as ACCELERATE_CONFIG) and a dry run's (--dry-run, --json: its own dry run, a job's
     included, asked for them); a `--dry_run false` (turning off a recipe's) stays."""
-    recipe, kept, words = None, [], list(command_line)
-    i = 0
-    while i < len(words):
-        flag, eq, value = words[i].partition("=")
-        name = flag.removeprefix("--").replace("-", "_") if flag.startswith("--") else None
-        if name in ("config", "accelerate_config"):
-            value, i = (value, i) if eq else (words[i + 1] if i + 1 < len(words) else "", i + 1)
-            recipe = value if name == "config" else recipe
-        elif name in ("dry_run", "json"):
-            if not eq and i + 1 < len(words) and words[i + 1].lower() in TRUE + FALSE:
-                value, i = words[i + 1], i + 1
-                kept += [flag, value] if name == "dry_run" and value.lower() in FALSE else []
-            elif eq and name == "dry_run" and value.lower() in FALSE:
-                kept.append(words[i])
-        else:
-            kept.append(words[i])
-        i += 1
-    return recipe, kept
+    recipe, words = take_config(list(command_line))
+    kept = without(words, {"accelerate_config", "dry_run", "json"})
+    return recipe, kept + ["--dry_run", "false"] * (dry_run_flag(words) is False)
 
 
 class Advisor:

@@ -537,7 +537,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         print(usage.every_field(parser))
         raise SystemExit(0)
 
-    config_path, argv = _take_config(argv)
+    config_path, argv = take_config(argv)
     if typed_here:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path) if config_path is not None else {}
@@ -846,7 +846,7 @@ def launch_file_places() -> str:
     return f"{os.getcwd()}{job} nor in the project"
 
 
-def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
+def take_config(argv: list[str]) -> tuple[str | None, list[str]]:
     """The recipe's path (`--config PATH` or `--config=PATH`) and the other words; given twice: refused."""
     at = [i for i, word in enumerate(argv) if word == "--config" or word.startswith("--config=")]
     if not at:
