@@ -419,32 +419,18 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_job_requeued_by_scontrol_while_it_trains_saves_resumes_and_says_why(slurm, tmp_path):
-    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
-    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
-    checkpoint, every step once. The log said the job had been "preempted, past its GraceTime", which it never was."""
-    out = tmp_path / "run"
-    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, "--output_dir", str(out)]
-    args += ["--max_steps", "12", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
-    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
-    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
-    slurm.run(["scontrol", "requeue", str(job)])
-    state = slurm.wait(job, timeout=600)
-    log = job_log(job)
-    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", log)
-    assert saved and saved[2] == str(job) and f"Resuming from {saved[1]}" in log, log[-3000:]
-    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
-    assert steps(out) == list(range(1, 13))  # every optimizer step once
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_job_whose_launch_sh_is_written_over_in_place_while_it_trains_ends_as_it_started(slurm, tmp_path):
-    """launch.sh waits in the job's batch shell for the whole training (days), and bash reads a script as it runs it:
-    a launch.sh written over in place meanwhile (an editor saving over it, `cp` of a newer checkout onto this one) was
-    read on at the old offset in the new text once the training ended, and a job that had trained to its end failed
-    (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now reads it whole before it runs."""
+def test_a_job_requeued_by_scontrol_resumes_and_a_launch_sh_written_over_while_it_trains_ends_as_it_started(
+    slurm, tmp_path
+):
+    """One job for two proofs (a job start is ~30 s):
+    `scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the SIGTERM
+    of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that checkpoint,
+    every step once. The log said the job had been "preempted, past its GraceTime", which it never was.
+    Then, while the requeued start trains: launch.sh waits in the job's batch shell for the whole training (days), and
+    bash reads a script as it runs it: a launch.sh written over in place meanwhile (an editor saving over it, `cp` of
+    a newer checkout onto this one) was read on at the old offset in the new text once the training ended, and a job
+    that had trained to its end failed (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now
+    reads it whole before it runs."""
     project = tmp_path / "project"  # the project, its scripts/launch.sh a copy of its own
     (project / "scripts").mkdir(parents=True)
     for entry in ROOT.iterdir():
@@ -457,16 +443,34 @@ def test_a_job_whose_launch_sh_is_written_over_in_place_while_it_trains_ends_as_
     shutil.copy(ROOT / "scripts" / "launch.sh", launch)
     out = tmp_path / "run"
     args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", str(project / "scripts" / "dpo_train.sh")]
-    args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--report_to", "none"]
-    job = slurm.sbatch(args, cwd=submit_dir(), env=README_ENV)
-    wait_while_running(slurm, job, lambda: len(steps(out)) >= 1)  # training: launch.sh waits for srun
+    args += ["--output_dir", str(out), "--max_steps", "12", "--logging_steps", "1", "--save_steps", "1000"]
+    job = slurm.sbatch([*args, "--report_to", "none"], cwd=submit_dir(), env=README_ENV)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
+    slurm.run(["scontrol", "requeue", str(job)])
+
+    # scontrol requeue: the checkpoint saved, the job requeued by Slurm itself and said so
+    def requeue_line():
+        return re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", job_log(job))
+
+    wait_while_running(slurm, job, requeue_line)
+    step = int(requeue_line()[1].rsplit("-", 1)[1])
+    # The requeued start trains past the checkpoint: its batch shell waits for srun in launch.sh, read before the
+    # write below
+    wait_while_running(slurm, job, lambda: "Resuming from" in job_log(job) and len(steps(out)) > step)
     inode = launch.stat().st_ino
     launch.write_text(launch.read_text().replace("\n", "\n# a line added while the job ran\n", 1))
     assert launch.stat().st_ino == inode  # written over in place, not replaced by a new file
     state = slurm.wait(job, timeout=600)
     log = job_log(job)
-    assert state == "COMPLETED" and "training exited with code 0" in log, log[-3000:]
-    assert steps(out) == list(range(1, 7)) and (out / "run_complete.json").is_file()
+    # scontrol requeue: saved, requeued once, resumed from that checkpoint, with the cause named
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    saved = requeue_line()
+    assert saved and saved[2] == str(job) and f"Resuming from {saved[1]}" in log, log[-3000:]
+    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
+    # launch.sh written over in place: the job that trained to its end ends as it started
+    assert "training exited with code 0" in log, log[-3000:]
+    assert (out / "run_complete.json").is_file()
+    assert steps(out) == list(range(1, 13))  # every optimizer step once (both proofs)
 
 
 @pytest.mark.slurm
