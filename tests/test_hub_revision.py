@@ -217,16 +217,21 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
 
 
 @pytest.mark.slow
-def test_a_resumed_mixture_reads_its_hub_source_at_the_commit_it_started_on_wherever_main_moved(
+def test_a_resumed_mixture_reads_its_hub_sources_for_training_and_held_out_at_the_commits_it_started_on(
     hub, tmp_path, tiny_model_dir
 ):
     """A mixture's Hub source is read at the commit the run recorded, by every resume, as one Hub data set is: a push
-    to its main after the run started changes nothing the run reads (it was refused, the run lost)."""
+    to its main after the run started changes nothing the run reads (it was refused, the run lost). A held-out
+    mixture's Hub source is recorded and kept as a training source is: a resume after its main moved evaluates the
+    pairs the run started with (it read main's new pairs, and the record held no commit for them). One run for both
+    (each of its starts is a process of ~10 s)."""
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    held_first = hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[16:32]).encode()})
     local = tmp_path / "local.jsonl"
-    local.write_text("".join(pairs[16:32]))
+    local.write_text("".join(pairs[32:48]))
     mix = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", str(local), "1.0"]
+    mix += ["--dataset_mixer_eval_list", "org/held", "1.0", "--eval_strategy", "steps", "--eval_steps", "2"]
     run, stop = tmp_path / "run", tmp_path / "stop"
     # Its reference log-probs, cached for `run`: the reference stage alone (a stop file there before the run starts
     # would stop the stage itself), no training
@@ -238,12 +243,17 @@ def test_a_resumed_mixture_reads_its_hub_source_at_the_commit_it_started_on_wher
     assert (run / "checkpoint-1").is_dir()
     stop.unlink()
     shutil.copytree(run, tmp_path / "offline")  # the same stopped run, resumed below on a node without the Hub
-    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:56]).encode()})  # main: 24 other pairs
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[48:72]).encode()})  # main: 24 other pairs
+    hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[72:96]).encode()})  # main: 24 other pairs
     log = train_online(hub, tmp_path, run, tiny_model_dir, *mix)
     assert f"Resuming on mixture source org/prefs: commit {first[:12]}, the one this run started on\n" in log, log
     derived = json.loads((run / "resolved_config.json").read_text())["derived"]
     assert derived["dataset_rows"] == 32, derived["dataset_rows"]
     assert derived["data_sources"][0]["identity"] == {"revision": f"hub:org/prefs:default:train@{first}"}
+    # The held-out source: the commit it started on, evaluated whole
+    assert f"Resuming on mixture source org/held: commit {held_first[:12]}, the one this run started on\n" in log, log
+    assert derived["eval_rows"] == 16, derived["eval_rows"]
+    assert derived["eval_sources"][0]["identity"] == {"revision": f"hub:org/held:default:test@{held_first}"}
 
     # Offline, with main's new commit the copy datasets prepared last and the cache's refs/main (prefetch.py at main,
     # as the refusal below once said to run): the resume reads the commit its record holds, and that copy is refused,
@@ -267,29 +277,6 @@ def test_a_resumed_mixture_reads_its_hub_source_at_the_commit_it_started_on_wher
     derived = json.loads((stopped / "resolved_config.json").read_text())["derived"]
     assert derived["dataset_rows"] == 32, derived["dataset_rows"]
     assert derived["data_sources"][0]["identity"] == {"revision": f"hub:org/prefs:default:train@{first}"}
-
-
-@pytest.mark.slow
-def test_a_resumed_run_evaluates_its_held_out_hub_source_at_the_commit_it_started_on(hub, tmp_path, tiny_model_dir):
-    """A held-out mixture's Hub source is recorded and kept as a training source is: a resume after its main moved
-    evaluates the pairs the run started with (it read main's new pairs, and the record held no commit for them)."""
-    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
-    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})  # 2 steps of 8
-    first = hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[16:32]).encode()})
-    held = ["--dataset_mixer_eval_list", "org/held", "1.0", "--eval_strategy", "steps", "--eval_steps", "2"]
-    run, stop = tmp_path / "run", tmp_path / "stop"
-    train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *held, "--reference_only", "true")  # its reference
-    stop.touch()  # preempted at step 1, after its checkpoint
-    train_online(
-        hub, tmp_path, run, tiny_model_dir, *held, env={"DPOTRAIN_STOP_FILE": str(stop)}, exit_code=STOPPED_EXIT
-    )
-    stop.unlink()
-    hub.state.add_dataset_commit("org/held", {"test.jsonl": "".join(pairs[32:56]).encode()})  # main: 24 other pairs
-    log = train_online(hub, tmp_path, run, tiny_model_dir, *held)
-    assert f"Resuming on mixture source org/held: commit {first[:12]}, the one this run started on\n" in log, log
-    derived = json.loads((run / "resolved_config.json").read_text())["derived"]
-    assert derived["eval_rows"] == 16, derived["eval_rows"]
-    assert derived["eval_sources"][0]["identity"] == {"revision": f"hub:org/held:default:test@{first}"}
 
 
 @pytest.mark.slow
