@@ -419,6 +419,30 @@ def test_a_final_model_saved_again_in_other_shards_leaves_none_of_the_earlier_at
     assert "of an earlier attempt's final model" in capsys.readouterr().out
 
 
+def test_a_merged_model_saved_again_holds_none_of_the_earlier_attempts_files(tmp_path, tiny_model_dir):
+    """A LoRA run's merged/ (merge_lora) is saved in place: a job killed after saving it (before run_complete.json) and
+    resumed in other numerics saved over it, and transformers' save removes an earlier save's shards, but not its
+    index, nor its model.safetensors beside new shards, which from_pretrained loads first. The earlier attempt's
+    merged/ is removed whole before the save: it holds what a first save writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dpotrain.train import lora
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base.save_pretrained(tmp_path / "run" / lora.MERGED_DIR, max_shard_size="300KB")  # the earlier attempt's: shards
+    with lora.without_peft_deprecation():
+        adapted = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    saved = {}
+    for run in ("first", "run"):  # a first save, and one over the earlier attempt's
+        adapted.save_pretrained(tmp_path / run)
+        saved[run] = sorted(
+            p.name for p in lora.save_merged(tmp_path / run, tiny_model_dir, {}, adapted, tokenizer).iterdir()
+        )
+    assert saved["run"] == saved["first"], saved
+
+
 def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
     """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
     written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by
