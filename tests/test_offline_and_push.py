@@ -1233,7 +1233,7 @@ def dry_run_on(hub, home: Path, model: str, out: Path, *args, offline: bool) -> 
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow  # processes of their own: prefetch, three dry runs, a run refused at its start
+@pytest.mark.slow  # processes of their own: prefetch, four dry runs, a run refused at its start
 def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_it(hub_home, tmp_path):
     """A prefetch killed halfway leaves the model's index and some of its shards in the Hub cache (or its config and
     tokenizer and no weights). Offline the run refused it at once (exit 2), but its dry run, launch.sh's preflight,
@@ -1255,9 +1255,18 @@ def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_
     assert listed.startswith(f"warning: the run would refuse: {refused}"), listed
     assert listed.endswith("scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/tiny-sharded")
     run = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", offline=True)
-    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == listed.replace(
-        "warning: the run would refuse:", "error:"
-    ), run.stderr[-3000:]
+    error = listed.replace("warning: the run would refuse:", "error:")
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == error, run.stderr[-3000:]
+    # launch.sh's preflight: the dry run's JSON read by `job summary`, which ends the job before srun
+    resolved = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", "--json", offline=True)
+    job = subprocess.run(
+        [python(), "-m", "dpotrain.cluster.job", "summary"],
+        input=resolved.stdout,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert job.returncode == 2 and error in job.stderr.splitlines(), job.stderr[-3000:]
     online = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=False)
     assert online.returncode == 0 and "would refuse" not in online.stdout, online.stdout[-3000:]
 
