@@ -1233,7 +1233,7 @@ def dry_run_on(hub, home: Path, model: str, out: Path, *args, offline: bool) -> 
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow  # processes of their own: prefetch, four dry runs, a run refused at its start
+@pytest.mark.slow  # processes of their own: prefetch twice, five dry runs, a run refused at its start
 def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_it(hub_home, tmp_path):
     """A prefetch killed halfway leaves the model's index and some of its shards in the Hub cache (or its config and
     tokenizer and no weights). Offline the run refused it at once (exit 2), but its dry run, launch.sh's preflight,
@@ -1277,6 +1277,9 @@ def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_
         "warning: the run would refuse: offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: model "
         "'org/tiny-sharded' lacks weights (model.safetensors or a sharded index). On a login node with network, run: "
     ) in dry.stdout, dry.stdout[-3000:]
+    prefetch(hub, home)  # the command it names, where the Hub is reachable: the cache whole again
+    dry = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=True)
+    assert dry.returncode == 0 and "would refuse" not in dry.stdout, dry.stdout[-3000:]
 
 
 @pytest.fixture
@@ -1284,15 +1287,21 @@ def hub_home(tmp_path, tiny_model_dir):
     """The stand-in Hub serving `org/tiny-sharded`, and a Hugging Face cache that prefetch.py filled from it."""
     hub = StandInHub()
     try:
-        model = sharded_hub_model(hub, tiny_model_dir, tmp_path / "sharded")
+        sharded_hub_model(hub, tiny_model_dir, tmp_path / "sharded")
         home = tmp_path / "hf_home"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-        env.update(HF_HOME=str(home), HF_ENDPOINT=hub.endpoint, HF_TOKEN="")
-        fetched = run_script("prefetch.py", ["--config", "configs/smoke.yaml", "--model_name_or_path", model], env)
-        assert fetched.returncode == 0 and "Ready: a job with HF_HUB_OFFLINE=1" in fetched.stdout, fetched.stdout
+        prefetch(hub, home)
         yield hub, home
     finally:
         hub.close()
+
+
+def prefetch(hub, home: Path) -> None:
+    """`scripts/prefetch.py` for the smoke recipe on `org/tiny-sharded`, from the stand-in Hub into `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=hub.endpoint, HF_TOKEN="")
+    args = ["--config", "configs/smoke.yaml", "--model_name_or_path", "org/tiny-sharded"]
+    fetched = run_script("prefetch.py", args, env)
+    assert fetched.returncode == 0 and "Ready: a job with HF_HUB_OFFLINE=1" in fetched.stdout, fetched.stdout
 
 
 if __name__ == "__main__":
