@@ -10,11 +10,12 @@ one of the files it replaces.
 import os
 import shlex
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
-from dpotrain.hub.hub import CARD, RUN_COMPLETE
+from dpotrain.hub.hub import CARD, REPLACED, RUN_COMPLETE
 from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
 from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError, plural
@@ -285,10 +286,20 @@ def claim_for_writing(out: str | Path, names: list[str]) -> None:
 
 def move_in(out: str | Path) -> None:
     """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
-    then each moved into the folder (over an earlier attempt's; a person's file of that name is moved aside first)."""
+    then each moved into the folder (over an earlier attempt's; a person's file of that name is moved aside first).
+    An earlier attempt's weights this save did not write (killed after moving its model in, then resumed in other
+    numerics: other shards) are removed first: beside the new ones, from_pretrained would load its model.safetensors
+    before a new sharded index, and the push would upload them."""
     out = Path(out)
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())
+    own = read_manifest(out) or []
+    if stale := [n for n in own if n not in names and any(fnmatch(n, p) for p in REPLACED) and (out / n).is_file()]:
+        for name in stale:
+            (out / name).unlink()
+        run_files.disown(out, stale)
+        shown = stale[0] + (", ..." if len(stale) > 1 else "")
+        print(f"Removed {plural(len(stale), 'weight file')} ({shown}) of an earlier attempt's final model", flush=True)
     claim_for_writing(out, names)
     for name in names:
         target = out / name

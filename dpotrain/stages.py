@@ -207,9 +207,11 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not only_reference and decision.trains and not folder_refused:
         check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
-    if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
-        # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached; a resumed run's at its recorded commits
-        offline.check_offline_artifacts(recipe, output_dir=training.output_dir if kept or sources else None)
+    # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
+    # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
+    # at all it plans without, naming the prefetch command; online the run downloads what is missing).
+    resumed_in = training.output_dir if kept or sources else None
+    check(offline.check_offline_artifacts, recipe, None, True, resumed_in, launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources)
 
 

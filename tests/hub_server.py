@@ -7,6 +7,10 @@ whoami, the write auth-check, a model repo's info, repo creation, branches (crea
 for model cards. Repos live in memory: {repo: {branch: {path: bytes}}}. Anything else is answered 404 and recorded,
 so a test sees a request it did not expect.
 
+Model repos are served for reading as `snapshot_download` (scripts/prefetch.py) reads them: their info and tree at a
+branch or commit, and their files (HEAD and GET); a test commits a model with `state.add_model_commit(repo, {path:
+bytes}) -> commit id`.
+
 Data set repos are served for reading, as `datasets.load_dataset(repo, revision=...)` and `HfApi().dataset_info` read
 them: the repo's info at a revision, its tree, paths-info, and its files (HEAD and GET, byte ranges). A test makes
 their history with `state.add_dataset_commit(repo, {path: bytes}, branch="main") -> sha`: each call one commit
@@ -38,7 +42,7 @@ COMMIT_DATE = "2026-01-01T00:00:00.000Z"  # every data set commit's date: nothin
 ROUTES = [
     ("GET", r"/api/whoami-v2", "whoami"),
     ("GET", rf"/api/models/{REPO}/auth-check/write", "auth_check"),
-    ("GET", rf"/api/models/{REPO}", "model_info"),
+    ("GET", rf"/api/models/{REPO}(?:/revision/(?P<rev>[^/]+))?", "model_info"),
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "create_branch"),
     ("DELETE", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "delete_branch"),
@@ -55,6 +59,8 @@ ROUTES = [
     ("POST", rf"/api/datasets/{REPO}/paths-info/(?P<rev>[^/]+)", "dataset_paths_info"),
     ("HEAD", rf"/datasets/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "dataset_file"),
     ("GET", rf"/datasets/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "dataset_file"),
+    ("HEAD", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "model_file"),
+    ("GET", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "model_file"),
 ]
 
 
@@ -183,6 +189,18 @@ class HubState:
             self.snapshots[self.heads[(repo, "main")]] = (None, "initial commit", dict(self.repos[repo]["main"]))
         return True
 
+    def add_model_commit(self, repo: str, files: dict[str, bytes]) -> str:
+        """A commit on model `repo`'s main (the repo created if new) adding `files` ({path: bytes}), as an upload makes
+        one; returns its id. snapshot_download then reads them (`model_file`)."""
+        self.add_repo(repo)
+        with self.lock:
+            main = self.repos[repo]["main"]
+            main.update(files)
+            oid = hashlib.sha1(f"{repo}main{len(self.snapshots)}".encode()).hexdigest()
+            self.snapshots[oid] = (self.heads[(repo, "main")], "Upload model", dict(main))
+            self.heads[(repo, "main")] = oid
+        return oid
+
     def dataset_commit(self, repo: str, revision: str) -> str | None:
         """The sha a branch name or a known sha of data set `repo` stands for; None if neither."""
         if revision in self.dataset_commits.get(repo, {}):
@@ -286,12 +304,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {"url": self.url(repo), "name": repo, "id": repo})
 
     def model_info(self, params, body, query):
-        """What HfApi.repo_info / repo_exists read of a model repo (its id, head, files); 404 if there is none."""
-        files = self.files_at(params["repo"], "main")
+        """What HfApi.repo_info / repo_exists read of a model repo (its id, head, files) at a branch (main unless
+        given); 404 if there is none."""
+        branch = params.get("rev", "main")
+        files = self.files_at(params["repo"], branch)
         if files is None:
             return
         repo = params["repo"]
-        sha = self.state.heads[(repo, "main")]
+        sha = self.state.heads[(repo, branch)]
         self.reply(
             200,
             {
@@ -368,9 +388,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {})
 
     def tree(self, params, body, query):
-        files = self.files_at(params["repo"], params["rev"])
-        if files is None:
+        found = self.model_at(params["repo"], params["rev"])
+        if found is None:
             return
+        files = found[1]
         prefix = params.get("path", "")
         self.reply(200, [model_entry(p, c) for p, c in sorted(files.items()) if p.startswith(prefix)])
 
@@ -475,6 +496,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(content)}"
         self.send(status, content[start:end], {"Content-Type": "application/octet-stream", **headers})
 
+    def model_file(self, params, body, query):
+        """A model repo's file at a branch or commit id, as /resolve/ serves one kept in git (hf_hub_download's
+        headers; every file in git, as the stand-in keeps uploads): what snapshot_download reads."""
+        found = self.model_at(params["repo"], params["rev"])
+        if found is None:
+            return
+        sha, files = found
+        content = files.get(params["path"])
+        if content is None:
+            headers = {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha}
+            return self.reply(404, {"error": f"Entry not found: {params['path']}"}, headers)
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_id(content)}"', "Accept-Ranges": "bytes"}
+        self.send(200, content, {"Content-Type": "application/octet-stream", **headers})
+
     # --- helpers ---
 
     def files_at(self, repo, revision):
@@ -487,6 +522,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.reply(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
             return None
         return branches[revision]
+
+    def model_at(self, repo, revision):
+        """(commit id, files) of a model repo at a branch or a commit id (snapshot_download reads the commit its
+        branch resolved to), or None after answering 404 as the Hub does."""
+        if repo in self.state.repos and revision in self.state.snapshots:
+            return revision, self.state.snapshots[revision][2]
+        files = self.files_at(repo, revision)
+        return None if files is None else (self.state.heads[(repo, revision)], files)
 
     def dataset_at(self, repo, revision):
         """(sha, files) of a data set repo at a branch or sha, or None after answering 404 as the Hub does."""

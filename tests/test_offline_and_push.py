@@ -1208,5 +1208,101 @@ def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(
     assert error.endswith(f"{fix} (or fix HF_ENDPOINT / HTTPS_PROXY)"), error
 
 
+# --- a Hub model cached in part (a prefetch killed halfway), read offline -------------------------------------------
+
+
+def sharded_hub_model(hub, tiny_model_dir, folder: Path) -> str:
+    """The tiny model saved in shards of 300 KB (3 of its 0.76 MB) with its tokenizer, committed to the stand-in Hub
+    as `org/tiny-sharded`."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(folder, max_shard_size="300KB")
+    for f in Path(tiny_model_dir).iterdir():  # the tokenizer and chat template beside the weights
+        if not (folder / f.name).exists() and not f.name.startswith("model"):
+            shutil.copy(f, folder / f.name)
+    hub.state.add_model_commit("org/tiny-sharded", {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()})
+    return "org/tiny-sharded"
+
+
+def dry_run_on(hub, home: Path, model: str, out: Path, *args, offline: bool) -> subprocess.CompletedProcess:
+    """`train_dpo.py` on the smoke recipe with `model`, against the stand-in Hub (HF_HUB_OFFLINE=1 when `offline`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=hub.endpoint, HF_TOKEN="", **({"HF_HUB_OFFLINE": "1"} if offline else {}))
+    smoke = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--output_dir", str(out)]
+    command = [python(), str(ROOT / "train_dpo.py"), *smoke, *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # processes of their own: prefetch twice, five dry runs, a run refused at its start
+def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_it(hub_home, tmp_path):
+    """A prefetch killed halfway leaves the model's index and some of its shards in the Hub cache (or its config and
+    tokenizer and no weights). Offline the run refused it at once (exit 2), but its dry run, launch.sh's preflight,
+    was silent (exit 0), so a Slurm job failed only once srun had started its ranks. Offline nothing can fill the
+    cache: the dry run lists it among what the run would refuse, in the run's own line; online it is not refused (the
+    run downloads what is missing)."""
+    hub, home = hub_home
+    snapshot = next((home / "hub" / "models--org--tiny-sharded" / "snapshots").iterdir())
+    shards = sorted(p.name for p in snapshot.glob("model-*.safetensors"))
+    assert len(shards) > 1 and all((snapshot / s).is_symlink() for s in shards), shards  # huggingface_hub's layout
+    (snapshot / shards[1]).unlink()
+    refused = (
+        "offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: model 'org/tiny-sharded' lacks 1 of "
+        f"{len(shards)} weight shards ({shards[1]}). On a login node with network, run: HF_HOME={home} python "
+    )
+    dry = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=True)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    (listed,) = [line for line in dry.stdout.splitlines() if "HF_HUB_OFFLINE" in line and "would refuse" in line]
+    assert listed.startswith(f"warning: the run would refuse: {refused}"), listed
+    assert listed.endswith("scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/tiny-sharded")
+    run = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", offline=True)
+    error = listed.replace("warning: the run would refuse:", "error:")
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == error, run.stderr[-3000:]
+    # launch.sh's preflight: the dry run's JSON read by `job summary`, which ends the job before srun
+    resolved = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", "--json", offline=True)
+    job = subprocess.run(
+        [python(), "-m", "dpotrain.cluster.job", "summary"],
+        input=resolved.stdout,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert job.returncode == 2 and error in job.stderr.splitlines(), job.stderr[-3000:]
+    online = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=False)
+    assert online.returncode == 0 and "would refuse" not in online.stdout, online.stdout[-3000:]
+
+    for weights in snapshot.glob("model*"):  # the config and tokenizer alone
+        weights.unlink()
+    dry = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=True)
+    assert (
+        "warning: the run would refuse: offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: model "
+        "'org/tiny-sharded' lacks weights (model.safetensors or a sharded index). On a login node with network, run: "
+    ) in dry.stdout, dry.stdout[-3000:]
+    prefetch(hub, home)  # the command it names, where the Hub is reachable: the cache whole again
+    dry = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", "--dry-run", offline=True)
+    assert dry.returncode == 0 and "would refuse" not in dry.stdout, dry.stdout[-3000:]
+
+
+@pytest.fixture
+def hub_home(tmp_path, tiny_model_dir):
+    """The stand-in Hub serving `org/tiny-sharded`, and a Hugging Face cache that prefetch.py filled from it."""
+    hub = StandInHub()
+    try:
+        sharded_hub_model(hub, tiny_model_dir, tmp_path / "sharded")
+        home = tmp_path / "hf_home"
+        prefetch(hub, home)
+        yield hub, home
+    finally:
+        hub.close()
+
+
+def prefetch(hub, home: Path) -> None:
+    """`scripts/prefetch.py` for the smoke recipe on `org/tiny-sharded`, from the stand-in Hub into `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=hub.endpoint, HF_TOKEN="")
+    args = ["--config", "configs/smoke.yaml", "--model_name_or_path", "org/tiny-sharded"]
+    fetched = run_script("prefetch.py", args, env)
+    assert fetched.returncode == 0 and "Ready: a job with HF_HUB_OFFLINE=1" in fetched.stdout, fetched.stdout
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

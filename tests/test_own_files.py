@@ -385,6 +385,64 @@ def test_a_resume_goes_on_only_from_the_runs_own_checkpoints(tmp_path, monkeypat
     assert resolve.check_output_dir(recipe) == resolve.OutputDecision(None, False)
 
 
+@pytest.mark.parametrize("first, then", [("300KB", "50GB"), ("50GB", "300KB")])
+def test_a_final_model_saved_again_in_other_shards_leaves_none_of_the_earlier_attempts_weights(
+    first, then, tmp_path, tiny_model_dir, capsys
+):
+    """A job killed after its final model was moved in (while it waited for checkpoint uploads, before
+    run_complete.json), resumed in other numerics: a 32B model is 2 shards of transformers' 50 GB in bf16, 3 in fp32,
+    one file under 50 GB. The new save moved in over the names it wrote, and the earlier attempt's other weights
+    stayed, recorded as the run's (pushed with it): its shards and index beside a new model.safetensors, or its
+    model.safetensors beside a new index, which from_pretrained loads first: the earlier attempt's weights. Here the
+    tiny model's two attempts differ in shard size alone, as the real ones differ in bytes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    output_folder.start(parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none"]), False, False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for attempt, shard_size in enumerate((first, then)):
+        with torch.no_grad():
+            model.lm_head.weight.fill_(attempt)  # each attempt's own weights
+        model.save_pretrained(out / output_folder.FINAL_STAGING, max_shard_size=shard_size)  # as save_model writes it
+        output_folder.move_in(out)
+    weights = sorted(p.name for p in out.iterdir() if p.name.startswith("model"))
+    model.save_pretrained(tmp_path / "again", max_shard_size=then)  # the second attempt's files, alone
+    saved = sorted(p.name for p in (tmp_path / "again").iterdir() if p.name.startswith("model"))
+    assert weights == saved, weights
+    assert set(weights) <= set(output_folder.read_manifest(out))
+    assert not [n for n in output_folder.read_manifest(out) if n.startswith("model") and n not in weights]
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.all(loaded.lm_head.weight == 1), "from_pretrained loaded the earlier attempt's weights"
+    assert "of an earlier attempt's final model" in capsys.readouterr().out
+
+
+def test_a_merged_model_saved_again_holds_none_of_the_earlier_attempts_files(tmp_path, tiny_model_dir):
+    """A LoRA run's merged/ (merge_lora) is saved in place: a job killed after saving it (before run_complete.json) and
+    resumed in other numerics saved over it, and transformers' save removes an earlier save's shards, but not its
+    index, nor its model.safetensors beside new shards, which from_pretrained loads first. The earlier attempt's
+    merged/ is removed whole before the save: it holds what a first save writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dpotrain.train import lora
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base.save_pretrained(tmp_path / "run" / lora.MERGED_DIR, max_shard_size="300KB")  # the earlier attempt's: shards
+    with lora.without_peft_deprecation():
+        adapted = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    saved = {}
+    for run in ("first", "run"):  # a first save, and one over the earlier attempt's
+        adapted.save_pretrained(tmp_path / run)
+        saved[run] = sorted(
+            p.name for p in lora.save_merged(tmp_path / run, tiny_model_dir, {}, adapted, tokenizer).iterdir()
+        )
+    assert saved["run"] == saved["first"], saved
+
+
 def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
     """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
     written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by

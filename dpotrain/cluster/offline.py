@@ -90,7 +90,7 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
     if weights and index:
         shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
         if absent := [s for s in shards if not cached(s)]:
-            missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}, ...)")
+            missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}{', ...' * (len(absent) > 1)})")
     elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
         missing.append(NEEDED[1])
     if not cached("tokenizer_config.json"):
@@ -137,15 +137,16 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     return newest, None
 
 
-def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[str]:
-    """One entry per Hub artifact of the recipe that is not fully in the local cache; [] when all are there."""
+def missing_artifacts(recipe, model: bool = True, dataset: bool = True, in_part: bool = False) -> list[str]:
+    """One entry per Hub artifact of the recipe that is not fully in the local cache; [] when all are there.
+    `in_part`: the model only where some of its files are cached."""
     missing = []
     name, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if model and is_hub_model(name):
         absent = missing_model_files(name, revision)
         at = f" at revision {revision!r}" if revision not in (None, "main") else ""
         if absent == NEEDED:  # nothing of it at all
-            missing.append(f"model {name!r}{at} is not cached")
+            missing += [] if in_part else [f"model {name!r}{at} is not cached"]
         elif absent:
             missing.append(f"model {name!r}{at} lacks {', '.join(absent)}")
     for source in hub_datasets(recipe) if dataset else []:
@@ -178,16 +179,20 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
     return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
 
 
-def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = True, output_dir=None) -> None:
+def check_offline_artifacts(
+    recipe, offline: bool | None = None, model: bool = True, output_dir=None, in_part: bool = False
+) -> None:
     """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
     `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything);
     `model=False` the data alone (a dry run reads a mixture's sources, not the model); `output_dir`: a resumed run's
-    folder, named to prefetch.py (`prefetch_command`)."""
+    folder, named to prefetch.py (`prefetch_command`). `in_part`: a dry run's, a model cached in part alone (a prefetch
+    killed halfway, which nothing completes offline); one not cached at all it plans without, naming the prefetch
+    command, and a Hub data set it leaves to the run."""
     model = model and (is_offline() if offline is None else offline)
-    dataset = datasets_offline() if offline is None else offline
+    dataset = not in_part and (datasets_offline() if offline is None else offline)
     if not (model or dataset):
         return
-    if missing := missing_artifacts(recipe, model=model, dataset=dataset):
+    if missing := missing_artifacts(recipe, model=model, dataset=dataset, in_part=in_part):
         raise ConfigError(
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
             f"On a login node with network, run: {prefetch_command(recipe, output_dir)}"

@@ -8,6 +8,7 @@ full weights; `merge_lora: true` also writes the base with the adapter merged in
 import contextlib
 import copy
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -192,6 +193,9 @@ def save_merged(output_dir: str | Path, base: str, init: dict, trained, tokenize
             setattr(config, key, getattr(trained.config.get_text_config(), key))
     merged.generation_config = copy.deepcopy(trained.generation_config)
     upstream.saved_as_loaded(merged.generation_config)  # saved as the trainer saves it: the user's settings kept
+    # An earlier attempt's (killed before run_complete.json, resumed in other numerics), whole: transformers' save
+    # removes its shards, not its index nor a model.safetensors, which from_pretrained loads before new shards
+    shutil.rmtree(target, ignore_errors=True)
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
     readable_weights(target)
