@@ -161,9 +161,9 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run lists it
     refusals = [launch.engine.refused] if launch.dry_run and launch.engine.refused else []
 
-    def check(step, *args):
+    def check(step, *args, **kwargs):
         try:
-            return step(*args)
+            return step(*args, **kwargs)
         except ConfigError as refused:
             if not launch.dry_run:
                 raise
@@ -211,7 +211,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
     # at all it plans without, naming the prefetch command; online the run downloads what is missing).
     resumed_in = training.output_dir if kept or sources else None
-    check(offline.check_offline_artifacts, recipe, None, True, resumed_in, launch.dry_run)
+    check(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources)
 
 
