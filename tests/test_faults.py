@@ -28,6 +28,7 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
 from dpotrain.train.checkpoints import is_complete, own_checkpoints
+from dpotrain.train.metrics import read_metrics
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
@@ -615,6 +616,31 @@ def test_a_torn_last_metrics_record_is_dropped_with_one_warning_and_the_rerun_re
     assert result.stdout.count(f"warning: {out}/metrics.jsonl: dropped its last line (3: ") == 1, result.stdout[-3000:]
     assert f"Resuming from {out}/checkpoint-2" in result.stdout
     assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["deleted", "first line removed"])
+def test_metrics_records_removed_between_attempts_are_written_again_from_the_checkpoint(
+    baseline, tmp_path, tiny_model_dir, pairs, edit
+):
+    """metrics.jsonl deleted (or a line of it removed) after the run was stopped at checkpoint-2: the rerun resumed and
+    the history, plot and card held only the steps past the checkpoint, silently. The checkpoint's trainer state holds
+    the records of its steps: they are written again, said in one line."""
+    out = unfinished(baseline, tmp_path, drop_checkpoint_4=True)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("" if edit == "deleted" else "".join(lines[1:]))
+    if edit == "deleted":
+        (out / "metrics.jsonl").unlink()
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    missing = "1, 2" if edit == "deleted" else "1"
+    line = f"warning: {out}/metrics.jsonl lacked the records of step {missing}, which the checkpoint resumed from holds"
+    assert result.stdout.count(line) == 1, result.stdout[-3000:]
+    got, expected = read_metrics(out), read_metrics(baseline)
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]
     assert_same_weights(out, baseline)
 
 
