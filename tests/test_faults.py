@@ -26,9 +26,8 @@ from dpotrain.hub import hub_push
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
-from dpotrain.train import checkpoint_manifest, resume
+from dpotrain.train import checkpoint_manifest, metrics, resume
 from dpotrain.train.checkpoints import is_complete, own_checkpoints
-from dpotrain.train.metrics import read_metrics
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
@@ -639,9 +638,28 @@ def test_metrics_records_removed_between_attempts_are_written_again_from_the_che
     missing = "1, 2" if edit == "deleted" else "1"
     line = f"warning: {out}/metrics.jsonl lacked the records of step {missing}, which the checkpoint resumed from holds"
     assert result.stdout.count(line) == 1, result.stdout[-3000:]
-    got, expected = read_metrics(out), read_metrics(baseline)
+    got, expected = metrics.read_metrics(out), metrics.read_metrics(baseline)
     assert [r["loss"] for r in got] == [r["loss"] for r in expected]
     assert_same_weights(out, baseline)
+
+
+def test_metrics_records_written_again_are_said_in_one_short_line(tmp_path, capsys):
+    """A long run's lost records (logged every step) are named by their first and last step, not listed one by one;
+    the records the file still holds stay as they are, and an evaluation's record follows its step's training one."""
+    path = tmp_path / "metrics.jsonl"
+    history = [{"loss": 0.6, "epoch": 0.1, "step": step} for step in range(1, 501)]
+    history.insert(2, {"eval_loss": 0.5, "epoch": 0.1, "step": 2})
+    path.write_text('{"step": 3, "epoch": 0.1, "loss": 0.6, "resumed_from": 2}\n')
+    metrics.restore(path, history)
+    assert capsys.readouterr().err == (
+        f"warning: {path} lacked the records of step 1 to 500 (499 logged), which the checkpoint resumed from holds: "
+        "written again from its trainer_state.json\n"
+    )
+    records = metrics.read_metrics(path)
+    assert [(r["step"], "eval_loss" in r) for r in records[:4]] == [(1, False), (2, False), (2, True), (3, False)]
+    assert len(records) == 501 and records[2].get("resumed_from") is None and records[3]["resumed_from"] == 2
+    metrics.restore(path, history)  # nothing lacking: nothing said, nothing written
+    assert capsys.readouterr().err == "" and len(metrics.read_metrics(path)) == 501
 
 
 def small_block_disk(folder, megabytes) -> list[str]:

@@ -91,7 +91,10 @@ def restore(path: Path, history: list[dict]) -> None:
     # A step's training record before its evaluation's, as they were logged
     whole = sorted(records + lost, key=lambda r: (r["step"], "eval_loss" in r))
     write_text(path, "".join(run_records.dumps(r) + "\n" for r in whole))
-    steps = ", ".join(str(s) for s in dict.fromkeys(r["step"] for r in lost))
+    numbers = list(dict.fromkeys(r["step"] for r in lost))
+    steps = (
+        ", ".join(map(str, numbers)) if len(numbers) <= 4 else f"{numbers[0]} to {numbers[-1]} ({len(numbers)} logged)"
+    )
     warn(
         f"{path} lacked the records of step {steps}, which the checkpoint resumed from holds: written again from its "
         "trainer_state.json"
