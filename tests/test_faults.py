@@ -662,6 +662,29 @@ def test_metrics_records_written_again_are_said_in_one_short_line(tmp_path, caps
     assert capsys.readouterr().err == "" and len(metrics.read_metrics(path)) == 501
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["rotation", "overwrite"])
+def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
+    baseline, tmp_path, tiny_model_dir, pairs, how
+):
+    """An evaluation of checkpoint-2 written into its folder while the run trained (`lm_eval --output_path`):
+    save_total_limit's rotation, or --overwrite_output_dir, deleted the folder whole, the person's results with it.
+    The files its MANIFEST.json lists are the run's; the others stay, said in one line."""
+    out = unfinished(baseline, tmp_path, drop_checkpoint_4=True)
+    (out / "checkpoint-2" / "eval_results.json").write_text('{"mmlu": 0.25}\n')
+    extra = ["--save_total_limit", "1"] if how == "rotation" else ["--overwrite_output_dir", "--learning_rate", "3e-4"]
+    result = train(out, tiny_model_dir, pairs, *extra)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    kept = list(out.glob("checkpoint-2*/eval_results.json"))
+    assert [p.read_text() for p in kept] == ['{"mmlu": 0.25}\n'], result.stdout[-3000:]
+    assert f"Kept eval_results.json in {out / 'checkpoint-2'}: not the run's (its MANIFEST.json does not list it)" in (
+        result.stdout
+    )
+    # Alone in its folder: under --overwrite_output_dir moved aside as the new run saved its own checkpoint-2
+    assert [p.name for p in kept[0].parent.iterdir()] == ["eval_results.json"]
+    assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
+
+
 def small_block_disk(folder, megabytes) -> list[str]:
     """A command prefix under which `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, in a
     mount namespace of its own; its files are copied to `folder`.kept when the command ends). tmpfs allocates 4 KiB
