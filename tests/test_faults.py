@@ -26,7 +26,7 @@ from dpotrain.hub import hub_push
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
-from dpotrain.train import checkpoint_manifest, resume
+from dpotrain.train import checkpoint_manifest, metrics, resume
 from dpotrain.train.checkpoints import is_complete, own_checkpoints
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
@@ -616,6 +616,73 @@ def test_a_torn_last_metrics_record_is_dropped_with_one_warning_and_the_rerun_re
     assert f"Resuming from {out}/checkpoint-2" in result.stdout
     assert logged_steps(out) == [1, 2, 3, 4]
     assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["deleted", "first line removed"])
+def test_metrics_records_removed_between_attempts_are_written_again_from_the_checkpoint(
+    baseline, tmp_path, tiny_model_dir, pairs, edit
+):
+    """metrics.jsonl deleted (or a line of it removed) after the run was stopped at checkpoint-2: the rerun resumed and
+    the history, plot and card held only the steps past the checkpoint, silently. The checkpoint's trainer state holds
+    the records of its steps: they are written again, said in one line."""
+    out = unfinished(baseline, tmp_path, drop_checkpoint_4=True)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("" if edit == "deleted" else "".join(lines[1:]))
+    if edit == "deleted":
+        (out / "metrics.jsonl").unlink()
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    missing = "1, 2" if edit == "deleted" else "1"
+    line = f"warning: {out}/metrics.jsonl lacked the records of step {missing}, which the checkpoint resumed from holds"
+    assert result.stdout.count(line) == 1, result.stdout[-3000:]
+    got, expected = metrics.read_metrics(out), metrics.read_metrics(baseline)
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]
+    assert_same_weights(out, baseline)
+
+
+def test_metrics_records_written_again_are_said_in_one_short_line(tmp_path, capsys):
+    """A long run's lost records (logged every step) are named by their first and last step, not listed one by one;
+    the records the file still holds stay as they are, and an evaluation's record follows its step's training one."""
+    path = tmp_path / "metrics.jsonl"
+    history = [{"loss": 0.6, "epoch": 0.1, "step": step} for step in range(1, 501)]
+    history.insert(2, {"eval_loss": 0.5, "epoch": 0.1, "step": 2})
+    path.write_text('{"step": 3, "epoch": 0.1, "loss": 0.6, "resumed_from": 2}\n')
+    metrics.restore(path, history)
+    assert capsys.readouterr().err == (
+        f"warning: {path} lacked the records of step 1 to 500 (499 logged), which the checkpoint resumed from holds: "
+        "written again from its trainer_state.json\n"
+    )
+    records = metrics.read_metrics(path)
+    assert [(r["step"], "eval_loss" in r) for r in records[:4]] == [(1, False), (2, False), (2, True), (3, False)]
+    assert len(records) == 501 and records[2].get("resumed_from") is None and records[3]["resumed_from"] == 2
+    metrics.restore(path, history)  # nothing lacking: nothing said, nothing written
+    assert capsys.readouterr().err == "" and len(metrics.read_metrics(path)) == 501
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["rotation", "overwrite"])
+def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
+    baseline, tmp_path, tiny_model_dir, pairs, how
+):
+    """An evaluation of checkpoint-2 written into its folder while the run trained (`lm_eval --output_path`):
+    save_total_limit's rotation, or --overwrite_output_dir, deleted the folder whole, the person's results with it.
+    The files its MANIFEST.json lists are the run's; the others stay, said in one line."""
+    out = unfinished(baseline, tmp_path, drop_checkpoint_4=True)
+    (out / "checkpoint-2" / "eval_results.json").write_text('{"mmlu": 0.25}\n')
+    extra = ["--save_total_limit", "1"] if how == "rotation" else ["--overwrite_output_dir", "--learning_rate", "3e-4"]
+    result = train(out, tiny_model_dir, pairs, *extra)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    kept = list(out.glob("checkpoint-2*/eval_results.json"))
+    assert [p.read_text() for p in kept] == ['{"mmlu": 0.25}\n'], result.stdout[-3000:]
+    assert f"Kept eval_results.json in {out / 'checkpoint-2'}: not the run's (its MANIFEST.json does not list it)" in (
+        result.stdout
+    )
+    # Alone in its folder: under --overwrite_output_dir moved aside as the new run saved its own checkpoint-2
+    assert [p.name for p in kept[0].parent.iterdir()] == ["eval_results.json"]
+    assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
 
 
 def small_block_disk(folder, megabytes) -> list[str]:

@@ -6,7 +6,7 @@ from transformers import TrainerCallback
 
 from dpotrain.cluster import collectives
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import plural
+from dpotrain.recipe.errors import plural, warn
 from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
@@ -44,6 +44,8 @@ class MetricsRecorder(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._resumed_from = state.global_step or None  # a resume: the Trainer has loaded the checkpoint's state
+        if self._resumed_from:  # before the health guard and W&B read the records back
+            collectives.main_outcome(restore, Path(args.output_dir) / METRICS_FILE, state.log_history)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the last step is always recorded, whatever logging_steps says
@@ -71,6 +73,32 @@ def keep_before(path: Path, step: int) -> None:
     """After a resume: a history's records of `step` and later dropped (trained again); a kill here keeps it whole."""
     kept = [r for r in run_records.read(path, step=True) if r["step"] < step]
     write_text(path, "".join(run_records.dumps(r) + "\n" for r in kept))
+
+
+def restore(path: Path, history: list[dict]) -> None:
+    """After a resume: the records of the checkpoint's steps that metrics.jsonl lacks (deleted or edited between
+    attempts, so the history, plot and card began at the resume), written again from the checkpoint's trainer state,
+    whose log history holds every record this callback wrote (`Trainer.log`), and said."""
+    records = run_records.read(path, step=True)
+    have = {(r["step"], "eval_loss" in r) for r in records}
+    lost = [
+        {"step": h["step"], "epoch": h.get("epoch"), **h}
+        for h in history
+        if {"loss", "eval_loss"} & set(h) and (h["step"], "eval_loss" in h) not in have
+    ]
+    if not lost:
+        return
+    # A step's training record before its evaluation's, as they were logged
+    whole = sorted(records + lost, key=lambda r: (r["step"], "eval_loss" in r))
+    write_text(path, "".join(run_records.dumps(r) + "\n" for r in whole))
+    numbers = list(dict.fromkeys(r["step"] for r in lost))
+    steps = (
+        ", ".join(map(str, numbers)) if len(numbers) <= 4 else f"{numbers[0]} to {numbers[-1]} ({len(numbers)} logged)"
+    )
+    warn(
+        f"{path} lacked the records of step {steps}, which the checkpoint resumed from holds: written again from its "
+        "trainer_state.json"
+    )
 
 
 def read_metrics(path: str | Path) -> list[dict]:
