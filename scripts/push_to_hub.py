@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     stopped = stopped_checkpoints(run)
     if problems and not stopped:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
+    if not stopped:
+        hub.check_one_model(run)  # before any upload: the checkpoints' come first
     if stopped and not args.checkpoints:
         steps = [checkpoints.step_of(p) for p in stopped]
         raise ConfigError(
