@@ -590,17 +590,21 @@ def check_shards(model: str) -> None:
     if _weights_config(path) is None:
         return
     found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
-    if found is None or not found.endswith(".index.json"):
-        return
-    try:
-        shards = sorted(set(json.loads((path / found).read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return  # transformers says what is wrong with the index
+    if found is None or not found.endswith(".index.json") or (shards := shards_of(path / found)) is None:
+        return  # transformers says what is wrong with an index it cannot read
     if absent := [shard for shard in shards if not (path / shard).is_file()]:
         raise ConfigError(
             f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
             f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
         )
+
+
+def shards_of(index: Path) -> list[str] | None:
+    """The shard files a sharded model's index names, sorted; None where it cannot be read as one."""
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def check_generates(config, model: str) -> None:

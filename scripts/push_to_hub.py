@@ -11,7 +11,9 @@ save_total_limit has deleted the older ones, which no command can push any more.
 the same files is skipped, so running it again after an interruption pushes only what is missing. Outcomes are
 appended to the run's hub_pushes.jsonl and the card lists the pushed revisions. A run that has not finished (stopped:
 no run_complete.json, no final model) gets its complete checkpoints pushed with --checkpoints, and main nothing; any
-other folder that is not a finished run (a missing piece) is refused with what is missing. The repo defaults to
+other folder that is not a finished run (a missing piece) is refused with what is missing, and a finished run whose
+weights are not one save's (model.safetensors beside a sharded index, a shard its index does not name) with those
+files, before anything uploads. The repo defaults to
 `hub_model_id` in the run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is
 never printed; write access to the repo is checked before anything uploads.
 """
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     stopped = stopped_checkpoints(run)
     if problems and not stopped:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
+    if not stopped:
+        hub.check_one_model(run)  # before any upload: the checkpoints' come first
     if stopped and not args.checkpoints:
         steps = [checkpoints.step_of(p) for p in stopped]
         raise ConfigError(

@@ -1321,3 +1321,81 @@ def test_a_lora_checkpoint_branch_holds_the_adapter_and_tokenizer_and_no_card(hu
     adapter = MODEL_FILES - {"config.json", "generation_config.json", "model.safetensors"}
     adapter |= {"adapter_config.json", "adapter_model.safetensors", ".gitattributes"}
     assert set(hub.state.repos[REPO]["step-4"]) == adapter
+
+
+def mixed_run(tmp_path, tiny_model_dir, folder: str, stale: str) -> Path:
+    """A finished run whose `folder` ("" or "merged/") holds the final model as 2 shards and an index, beside an
+    earlier save's weights (`stale`: its model.safetensors, or a third shard), all recorded as the run's own files, as
+    a job resumed before move_in removed them left them. Real weight files: the tiny model's, copied."""
+    import shutil
+
+    from dpotrain.train import run_files
+    from dpotrain.train.metrics import PLOT_FILE
+
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    for name, text in [("README.md", "# run\n"), (PLOT_FILE, "png"), ("run_complete.json", '{"global_step": 2}')]:
+        (out / name).write_text(text)
+    (out / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
+    weights, model = out / folder, (out / "model.safetensors").read_bytes()
+    weights.mkdir(exist_ok=True)
+    (weights / "config.json").write_text((out / "config.json").read_text())
+    (out / "model.safetensors").unlink()
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    for shard in shards:
+        (weights / shard).write_bytes(model)
+    (weights / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    (weights / stale).write_bytes(model)  # the earlier save's
+    if folder:  # the run's own model, whole
+        (out / "model.safetensors").write_bytes(model)
+    run_files.write(out, [run_files.MANIFEST, *(p.name for p in out.iterdir())])
+    return out
+
+
+@pytest.mark.parametrize(
+    "folder, stale, named",
+    [
+        ("", "model.safetensors", "model.safetensors (written "),
+        ("", "model-00003-of-00003.safetensors", "00003.safetensors, which model.safetensors.index.json does not"),
+        ("merged/", "model.safetensors", "merged/model.safetensors (written "),
+    ],
+)
+def test_a_run_folder_holding_an_earlier_saves_weights_is_refused_before_anything_uploads(
+    hub, tmp_path, monkeypatch, tiny_model_dir, folder, stale, named
+):
+    """A job resumed before move_in removed an earlier attempt's weights (or a person's copy) left them beside the
+    final model, recorded as the run's own: push_to_hub.py uploaded them all, and with a model.safetensors beside the
+    index from_pretrained(repo) loaded that one, the earlier model; a shard no index names went up as dead weight. Now
+    refused in one line naming the files, before the Hub is asked anything."""
+    from dpotrain.recipe.errors import ConfigError
+
+    out = mixed_run(tmp_path, tiny_model_dir, folder, stale)
+    with pytest.raises(ConfigError) as info:
+        push_script(hub, monkeypatch).main([str(out)])
+    assert str(info.value).startswith(f"{out} holds weights of more than one save") and named in str(info.value)
+    assert str(info.value).endswith("or rerun training into a new output_dir; then push again")
+    assert requests(hub) == [] and hub.state.repos == {}
+
+
+def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_weights(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """The run's own final push (here a rerun completing the push a killed job started) makes the same check, before
+    its upload: it pushed the earlier save's model.safetensors beside the final shards."""
+    from types import SimpleNamespace
+
+    from dpotrain import publish, resolve
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+
+    hub_in_process(hub, monkeypatch)
+    out = mixed_run(tmp_path, tiny_model_dir, "", "model.safetensors")
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
+    push = hub_module.take_push_settings(recipe)
+    decision = resolve.check_output_dir(recipe, 8)
+    with pytest.raises(SystemExit, match=r"holds weights of more than one save.*model\.safetensors \(written "):
+        publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
+    assert hub.state.commits == [] and hub.state.repos == {}
+    assert [r["status"] for r in read_pushes(out)] == ["started"]  # still left to push, once the folder is fixed

@@ -584,6 +584,13 @@ def test_a_sharded_model_needs_every_shard(finished_run):
     assert hub.run_folder_problems(finished_run) == ["model-00002-of-00002.safetensors"]
 
 
+def test_an_unreadable_index_is_named_not_a_traceback(finished_run):
+    """push_to_hub.py of a run whose index was cut short (a full disk): json's JSONDecodeError, a traceback."""
+    (finished_run / "model.safetensors").rename(finished_run / "model-00001-of-00001.safetensors")
+    (finished_run / "model.safetensors.index.json").write_text('{"weight_map": {"a": ')
+    assert hub.run_folder_problems(finished_run) == ["model.safetensors.index.json (unreadable)"]
+
+
 @pytest.mark.slow
 def test_push_refuses_without_a_token(tmp_path, finished_run):
     # The command line as a user without a login runs it: no HF_TOKEN, an empty HF_HOME (no cached login).

@@ -78,14 +78,21 @@ def _script(name: str):
         (
             "push_to_hub",
             ["out", "--repo_id"],
-            "--repo-id takes a value (org/name to push to (default: hub_model_id of the run)): none given",
+            "--repo_id takes a value (org/name to push to (default: hub_model_id of the run)): none given",
         ),
+        ("push_to_hub", ["out", "--repo-id"], "--repo-id takes a value"),
         ("push_to_hub", ["out", "--private", "maybe"], "--private takes true or false (alone: true), not 'maybe'"),
+        (
+            "push_to_hub",
+            ["out", "--hub_private_repo=maybe"],
+            "--hub_private_repo takes true or false (alone: true), not 'maybe'",
+        ),
     ],
 )
 def test_a_scripts_missing_or_mistyped_value_is_one_line_naming_the_flag_and_what_it_takes(name, argv, says):
     """The scripts said argparse's "argument --sample: expected one argument; see ... --help" where train_dpo.py names
-    what the flag takes (usage.value_refused): the same words, from the same code (cli.Parser)."""
+    what the flag takes (usage.value_refused): the same words, from the same code (cli.Parser). The flag as typed:
+    argparse names its first spelling, `--repo-id` for `--repo_id`, `--private` for `--hub_private_repo`."""
     from dpotrain.recipe.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:

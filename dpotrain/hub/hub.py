@@ -2,10 +2,10 @@
 write-access check at start. Checkpoint branches: hub_push.py."""
 
 import functools
-import json
 import sys
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
@@ -13,7 +13,16 @@ from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
 from dpotrain.data import mixture
-from dpotrain.hub.hub_push import pushed_revisions, record_push, record_pushed, retry_waits, status_of, with_retries
+from dpotrain.hub.hub_push import (
+    local_files,
+    pushed_revisions,
+    record_push,
+    record_pushed,
+    retry_waits,
+    status_of,
+    with_retries,
+)
+from dpotrain.options import WEIGHT_FILES, shards_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
@@ -385,6 +394,7 @@ def own_files(output_dir: str | Path) -> list[str] | None:
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
     """Upload the run in `output_dir` to main of `repo_id`, retried on transient errors; returns the repo's URL. Its
     start and outcome go to hub_pushes.jsonl: one a kill cuts short is started, never confirmed (`unconfirmed_push`)."""
+    check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
     api = HfApi(token=token)
     step = finished_step(output_dir)
 
@@ -427,14 +437,53 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
     problems += [f for f in needed if not (out / f).is_file()]
     index = out / "model.safetensors.index.json"
     if not adapter and index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        problems += [s for s in shards if not (out / s).is_file()]
+        shards = shards_of(index)
+        problems += [f"{index.name} (unreadable)"] if shards is None else [s for s in shards if not (out / s).is_file()]
     elif not adapter and not (out / "model.safetensors").is_file():
         problems.append("model.safetensors")
     if not any((out / f).is_file() for f in TOKENIZER_VOCAB):
         problems.append("tokenizer.json")
     problems += [f for f in ("README.md", PLOT_FILE) if not (out / f).is_file()]
     return problems
+
+
+def check_one_model(output_dir: str | Path) -> None:
+    """Refuse a run folder whose weights, in a folder the push uploads (the model's, merged/), are not one save's: a
+    job resumed before move_in removed an earlier attempt's weights, or a person's copy, left model.safetensors beside
+    a sharded index (from_pretrained loads it first: the repo would serve the earlier model) or shards no index names.
+    Before anything uploads; the files named are the run's own (run_files.json), which the push would take."""
+    out = Path(output_dir)
+    folders: dict[PurePosixPath, set[str]] = {}
+    for name in local_files(out, IGNORE, allow=own_files(out)):
+        path = PurePosixPath(name)
+        if path.name != "adapter_config.json" and any(path.match(p) for p in REPLACED):
+            folders.setdefault(path.parent, set()).add(path.name)
+    found = []
+    for folder, names in folders.items():
+        at = "" if folder == PurePosixPath(".") else f"{folder}/"
+        loadable = [n for n in WEIGHT_FILES if n in names]  # in from_pretrained's order
+        indexed = {n: shards_of(out / folder / n) for n in loadable if n.endswith(".index.json")}
+        if None in indexed.values():
+            continue  # an index that cannot be read: from_pretrained says what is wrong with it
+        saves = {n: {n, *indexed.get(n, [])} & names for n in loadable}  # each model, with the shards its index names
+        if len(saves) > 1:
+            shards = {n: f" and its {len(files) - 1} shards" * (len(files) > 1) for n, files in saves.items()}
+            each = [f"{at}{n}{shards[n]} (written {written(out / folder, files)})" for n, files in saves.items()]
+            found.append(f"{' beside '.join(each)} (from_pretrained loads {at}{next(iter(saves))})")
+        if stray := sorted(n for n in names - set().union(*saves.values()) if not n.startswith("adapter_model.")):
+            index = next((f"{at}{n} does" for n in saves if n.endswith(".index.json")), "no index does")
+            found.append(f"{', '.join(at + n for n in stray)}, which {index} not name")
+    if found:
+        raise ConfigError(
+            f"{out} holds weights of more than one save, which would all reach the repo: {'; '.join(found)}. Delete "
+            "the earlier save's files (from a job resumed before this version, or a copy), or rerun training into a "
+            "new output_dir; then push again"
+        )
+
+
+def written(folder: Path, names) -> str:
+    """When the newest of `names` in `folder` was written, to the minute: which of two saves is the earlier."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(max((folder / n).stat().st_mtime for n in names)))
 
 
 def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:

@@ -77,10 +77,12 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         if args is None:  # a person's command line, as train_dpo.py's (a program's words layer on purpose)
             warn_given_twice(sys.argv[1:], upstream.long_flags(self))
+        self.words = list(sys.argv[1:] if args is None else args)  # an error names the flag as spelled here
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
-        refused = usage.value_refused(message, upstream.long_flags(self))  # a missing or mistyped value: train_dpo.py's
+        # a missing or mistyped value: train_dpo.py's words
+        refused = usage.value_refused(message, upstream.long_flags(self), getattr(self, "words", ()))
         if refused:
             raise ConfigError(refused)
         words = message.split(": ", 1)[-1].split()

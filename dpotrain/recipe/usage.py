@@ -130,15 +130,17 @@ def _example(flag: str, action) -> str:
     return _first_sentence(action.help)
 
 
-def value_refused(message: str, flags: dict) -> str | None:
+def value_refused(message: str, flags: dict, words=()) -> str | None:
     """argparse's "argument --beta: expected one argument" or "argument --max_length/--max-length: invalid int value:
     'abc'" as one line naming the flag, what it takes and what it got; None for another message. `flags`: each
-    `--flag` -> its action."""
+    `--flag` -> its action; `words`: the command line, whose spelling of the flag is named (argparse names its first:
+    `--repo-id` for a typed `--repo_id`, `--private` for `--hub_private_repo`)."""
     found = re.fullmatch(r"argument (--[\w-]+)\S*: (.*)", message, re.S)
     action = flags.get(found[1]) if found else None
     if action is None:
         return None
-    flag, said = found[1], found[2]
+    typed = (w.partition("=")[0] for w in words)
+    flag, said = next((w for w in typed if w in action.option_strings), found[1]), found[2]
     kind = takes(action)
     hint = "" if action.choices or kind.startswith("true") else f" ({_example(flag, action)})"
     if re.fullmatch(r"expected (one|at least one|\d+) arguments?", said):
