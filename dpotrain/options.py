@@ -21,6 +21,7 @@ from dpotrain.recipe import config, errors, launcher, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, pair_metrics, resume
+from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 
 ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
@@ -535,15 +536,6 @@ def check_model(model: str) -> None:
         check_shards(model)
 
 
-# The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils)
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-
-
 def _weights_config(path: Path) -> dict | None:
     """The folder's config.json where this project checks the weights beside it; None where transformers says what is
     wrong itself: a config it cannot read, or one naming its own weights file (`transformers_weights`)."""
@@ -597,14 +589,6 @@ def check_shards(model: str) -> None:
             f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
             f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
         )
-
-
-def shards_of(index: Path) -> list[str] | None:
-    """The shard files a sharded model's index names, sorted; None where it cannot be read as one."""
-    try:
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def check_generates(config, model: str) -> None:

@@ -22,7 +22,6 @@ from dpotrain.hub.hub_push import (
     status_of,
     with_retries,
 )
-from dpotrain.options import WEIGHT_FILES, shards_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
@@ -35,6 +34,7 @@ from dpotrain.train import run_files
 from dpotrain.train.lora import card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
+from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run

@@ -15,9 +15,23 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
-# The safetensors weights from_pretrained reads, in its order; `.bin` weights are not read here (their names are in the
-# pickle: reading them is loading them)
-SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+# The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# The safetensors ones: `.bin` weights are not read here (their names are in the pickle: reading them is loading them)
+SAFETENSORS = WEIGHT_FILES[:2]
+
+
+def shards_of(index) -> list[str] | None:
+    """The shard files a sharded model's index (a Path) names, sorted; None where it cannot be read as one."""
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def refusal(model_id: str, model, info: dict) -> ConfigError | None:
