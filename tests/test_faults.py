@@ -262,6 +262,16 @@ def test_a_resume_counts_the_pairs_at_accuracy_1_before_its_checkpoint(tmp_path,
     (out / resume.HEALTH_STOP).unlink()
     again = train(out, tiny_model_dir, data, *guard)
     assert again.returncode == 3 and stop in again.stdout, again.stdout[-3000:]
+    # The count comes from the checkpoint's trainer state, not metrics.jsonl: with the file's step-3 record edited
+    # between attempts (accuracy 0.5), a resume read the count broken at step 3, saw 8 pairs and trained on to exit 0
+    shutil.rmtree(out / "checkpoint-4")
+    (out / resume.HEALTH_STOP).unlink()
+    records = [json.loads(line) for line in (out / metrics.METRICS_FILE).read_text().splitlines()]
+    for record in records:
+        record.update({"rewards_norm/accuracies": 0.5} if record["step"] == 3 and "loss" in record else {})
+    (out / metrics.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    edited = train(out, tiny_model_dir, data, *guard)
+    assert edited.returncode == 3 and stop in edited.stdout, edited.stdout[-3000:]
 
 
 @pytest.mark.slow
