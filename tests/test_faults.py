@@ -26,7 +26,7 @@ from dpotrain.hub import hub_push
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
-from dpotrain.train import checkpoint_manifest, metrics, resume
+from dpotrain.train import checkpoint_manifest, metrics, resume, samples
 from dpotrain.train.checkpoints import is_complete, own_checkpoints
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
@@ -262,6 +262,35 @@ def test_a_resume_counts_the_pairs_at_accuracy_1_before_its_checkpoint(tmp_path,
     (out / resume.HEALTH_STOP).unlink()
     again = train(out, tiny_model_dir, data, *guard)
     assert again.returncode == 3 and stop in again.stdout, again.stdout[-3000:]
+    # The count comes from the checkpoint's trainer state, not metrics.jsonl: with the file's step-3 record edited
+    # between attempts (accuracy 0.5), a resume read the count broken at step 3, saw 8 pairs and trained on to exit 0
+    shutil.rmtree(out / "checkpoint-4")
+    (out / resume.HEALTH_STOP).unlink()
+    records = [json.loads(line) for line in (out / metrics.METRICS_FILE).read_text().splitlines()]
+    for record in records:
+        record.update({"rewards_norm/accuracies": 0.5} if record["step"] == 3 and "loss" in record else {})
+    (out / metrics.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    edited = train(out, tiny_model_dir, data, *guard)
+    assert edited.returncode == 3 and stop in edited.stdout, edited.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_resume_says_which_sampled_steps_samples_jsonl_lost(tmp_path, tiny_model_dir, pairs):
+    """samples.jsonl cut between attempts (its rows are not in the checkpoint) lost step 2's samples without a word on
+    resume. The checkpoint's trainer state names the steps sampled: the resume says which the file lacks."""
+    sampling = ("--samples_every", "2", "--sample_count", "1", "--sample_max_new_tokens", "4")
+    first = train(tmp_path / "run", tiny_model_dir, pairs, *sampling)
+    assert first.returncode == 0, first.stdout[-3000:]
+    out = unfinished(tmp_path / "run", tmp_path / "again", drop_checkpoint_4=True)
+    path = out / samples.SAMPLES_FILE
+    path.write_text("".join(line for line in path.read_text().splitlines(True) if json.loads(line)["step"] == 0))
+    again = train(out, tiny_model_dir, pairs, *sampling)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert (
+        f"warning: {path} lacks the samples of step 2, which the checkpoint resumed from says were generated (the "
+        "file deleted or cut since): they are lost, the weights of those steps gone; the run samples on from here"
+    ) in again.stdout, again.stdout[-3000:]
+    assert sorted({json.loads(line)["step"] for line in path.read_text().splitlines()}) == [0, 4]
 
 
 @pytest.mark.slow

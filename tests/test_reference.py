@@ -272,6 +272,53 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
     assert "Loading weights" not in out + err
 
 
+def read_only(folder) -> list[str]:
+    """The prefix that runs a command with `folder` mounted read-only (a team's shared cache), in a mount namespace
+    of its own: root writes through any mode bits. A fresh interpreter follows it (the warm one is outside it)."""
+    remount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", remount, "sh", str(folder)]
+
+
+def files_of(folder) -> dict:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only cache: needs root")
+def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_it_refused(tmp_path, tiny_model_dir):
+    """A team's read-only DPOTRAIN_CACHE holding this run's complete reference was refused before anything loaded
+    ("... is not writable"), though the run would only read it. It trains, reusing it and writing nothing there; a
+    read-only cache without it is refused as before, before the model loads."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "DPOTRAIN_CACHE": str(cache)}
+
+    def train(out, prefix=(), steps="2"):
+        args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
+        command = [*prefix, sys.executable, str(ROOT / "train_dpo.py"), *args, "--output_dir", str(tmp_path / out)]
+        return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = train("first")
+    assert first.returncode == 0, first.stdout[-3000:]
+    before = files_of(cache)
+    again = train("again", prefix=read_only(cache))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert re.search(r"reference log-probs \(train\): all \S+ pairs reused from " + str(cache), again.stdout)
+    assert files_of(cache) == before  # nothing written, nothing removed
+    # Another run's reference there, not this one's (3 steps: other pairs): refused once its key is known, before
+    # the first forward of the reference stage
+    longer = train("longer", prefix=read_only(cache), steps="3")
+    assert longer.returncode == 2, longer.stdout[-3000:]
+    assert "is not writable (cannot write in" in longer.stdout and "(train): scoring" not in longer.stdout
+    assert "Traceback" not in longer.stdout
+    for complete in cache.glob(f"reference/*/{reference.COMPLETE}"):
+        complete.unlink()  # the cache without this run's reference: the run must score it, and save it as it goes
+    refused = train("refused", prefix=read_only(cache))
+    assert refused.returncode == 2, refused.stdout[-3000:]
+    assert f"error: the reference cache folder {cache / 'reference'} is not writable" in refused.stdout
+    assert "Read-only file system): set DPOTRAIN_CACHE to a writable folder" in refused.stdout
+    assert "Loading weights" not in refused.stdout
+
+
 # --- a stage that survives a stop or a kill, and runs alone -----------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
+from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, max_of_ranks
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards.packing import REFERENCE_KEYS
@@ -47,9 +47,13 @@ def cache_dir() -> Path:
     return cache_root() / "reference"
 
 
-def check_writable() -> None:
-    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
-    folder = cache_dir()
+def check_writable(folder: Path | None = None) -> None:
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads,
+    where the cache holds no complete reference this run could reuse (a team's read-only cache that holds one is
+    read; its key, known once the model and data load, is checked again then, by `run`)."""
+    if folder is None and any(cache_dir().glob(f"*/{COMPLETE}")):
+        return
+    folder = folder or cache_dir()
     if problem := unwritable(folder):
         raise ConfigError(
             f"the reference cache folder {folder} is not writable (cannot write in {problem[0]}: {problem[1]}): set "
@@ -448,6 +452,8 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
         _look_up(store, ident, dataset) if accelerator.is_main_process else None
     )
     reused = int(np.count_nonzero(~np.isnan(chosen)))
+    if reused < n:  # pairs to score, saved as they are: refused in an unwritable cache before the first forward
+        main_outcome(check_writable, store.folder)  # the main's refusal every rank's
     ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared)  # scored, stopped, ...
     if reused == n:  # a complete cache, or every pair found in other runs' caches: nothing to score
         if not is_complete:  # kept under this run's key

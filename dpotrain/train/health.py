@@ -24,7 +24,6 @@ from dpotrain.cluster.collectives import main_outcome, max_over_ranks
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import dropout
 from dpotrain.train.losses import loss_floor_applies, loss_types, step1_loss
-from dpotrain.train.metrics import read_metrics
 from dpotrain.train.pair_metrics import REWARD_STATS
 from dpotrain.train.resume import remember_health_stop
 
@@ -69,8 +68,10 @@ class HealthGuard(TrainerCallback):
             print(f"health: {step1_unjudged(self._dropout)}", file=sys.stderr, flush=True)
         self._last_step = state.global_step
         if not self._fresh:  # the pinned pairs counted up to the checkpoint: counted from 0, a resume missed the stop
+            # From the checkpoint's trainer state, which every rank holds alike (every record metrics.jsonl got), not
+            # from metrics.jsonl: that file may be deleted or edited between attempts, or seen late on another node.
             self._last_step = 0
-            for record in read_metrics(args.output_dir):
+            for record in state.log_history:
                 if "loss" in record and record["step"] <= state.global_step:
                     self._count(record["step"], record)
             self._last_step = self._last_step or state.global_step

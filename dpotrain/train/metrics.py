@@ -91,14 +91,18 @@ def restore(path: Path, history: list[dict]) -> None:
     # A step's training record before its evaluation's, as they were logged
     whole = sorted(records + lost, key=lambda r: (r["step"], "eval_loss" in r))
     write_text(path, "".join(run_records.dumps(r) + "\n" for r in whole))
-    numbers = list(dict.fromkeys(r["step"] for r in lost))
-    steps = (
-        ", ".join(map(str, numbers)) if len(numbers) <= 4 else f"{numbers[0]} to {numbers[-1]} ({len(numbers)} logged)"
-    )
+    steps = steps_text(list(dict.fromkeys(r["step"] for r in lost)), "logged")
     warn(
         f"{path} lacked the records of step {steps}, which the checkpoint resumed from holds: written again from its "
         "trainer_state.json"
     )
+
+
+def steps_text(numbers: list[int], what: str) -> str:
+    """ "1, 2, 4", or "2 to 40 (20 <what>)" where there are more than 4."""
+    if len(numbers) <= 4:
+        return ", ".join(map(str, numbers))
+    return f"{numbers[0]} to {numbers[-1]} ({len(numbers)} {what})"
 
 
 def read_metrics(path: str | Path) -> list[dict]:

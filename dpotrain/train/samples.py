@@ -25,10 +25,13 @@ from dpotrain.cluster import collectives
 from dpotrain.data import chat_template, positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.metrics import keep_before
+from dpotrain.recipe.errors import ConfigError, warn
+from dpotrain.train.metrics import keep_before, steps_text
 
 SAMPLES_FILE = "samples.jsonl"
+# The steps sampled, kept in the checkpoint's trainer_state.json (as a key of its `stateful_callbacks`, saved as it
+# stands; not this class's name, which --restore_callback_states_from_checkpoint would rebuild without its prompts)
+SAMPLED = "samples_steps"
 NGRAM = 3
 
 
@@ -187,6 +190,22 @@ class SampleGenerator(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against
             self._round(args, state, model, optimizer)
+        elif state.is_world_process_zero:
+            self._say_lost(Path(args.output_dir) / SAMPLES_FILE, state)
+
+    @staticmethod
+    def _say_lost(path: Path, state) -> None:
+        """After a resume: the steps the checkpoint says were sampled that samples.jsonl lacks (deleted or cut between
+        attempts) are said; they cannot be generated again, the weights of those steps being gone."""
+        sampled = [s for s in state.stateful_callbacks.get(SAMPLED, []) if s <= state.global_step]
+        state.stateful_callbacks[SAMPLED] = sampled  # the steps past the checkpoint are sampled again
+        have = {r["step"] for r in run_records.read(path, True)}
+        if lost := [s for s in sampled if s not in have]:
+            warn(
+                f"{path} lacks the samples of step {steps_text(lost, 'sampled')}, which the checkpoint resumed from "
+                "says were generated (the file deleted or cut since): they are lost, the weights of those steps "
+                "gone; the run samples on from here"
+            )
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step % self.every == 0:
@@ -267,6 +286,7 @@ class SampleGenerator(TrainerCallback):
             keep_before(path, state.global_step)
             self._trimmed = True
         run_records.append(path, records)
+        state.stateful_callbacks.setdefault(SAMPLED, []).append(state.global_step)
         if "wandb" in sys.modules:
             import wandb
 
