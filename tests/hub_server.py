@@ -481,34 +481,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def dataset_file(self, params, body, query):
         """A file as /resolve/ serves one kept in git (no LFS, no Xet): the headers hf_hub_download reads, and
         a byte range when asked for one."""
-        found = self.dataset_at(params["repo"], params["rev"])
+        self.send_file(self.dataset_at(params["repo"], params["rev"]), params["path"])
+
+    def model_file(self, params, body, query):
+        """A model repo's file at a branch or commit id, served as a data set's (`dataset_file`): what
+        snapshot_download reads."""
+        self.send_file(self.model_at(params["repo"], params["rev"]), params["path"])
+
+    def send_file(self, found, path):
         if found is None:
             return
         sha, files = found
-        content = files.get(params["path"])
+        content = files.get(path)
         if content is None:
             headers = {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha}
-            return self.reply(404, {"error": f"Entry not found: {params['path']}"}, headers)
+            return self.reply(404, {"error": f"Entry not found: {path}"}, headers)
         headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_id(content)}"', "Accept-Ranges": "bytes"}
         span = byte_range(self.headers.get("Range"), len(content))
         status, (start, end) = (206, span) if span else (200, (0, len(content)))
         if span:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(content)}"
         self.send(status, content[start:end], {"Content-Type": "application/octet-stream", **headers})
-
-    def model_file(self, params, body, query):
-        """A model repo's file at a branch or commit id, as /resolve/ serves one kept in git (hf_hub_download's
-        headers; every file in git, as the stand-in keeps uploads): what snapshot_download reads."""
-        found = self.model_at(params["repo"], params["rev"])
-        if found is None:
-            return
-        sha, files = found
-        content = files.get(params["path"])
-        if content is None:
-            headers = {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha}
-            return self.reply(404, {"error": f"Entry not found: {params['path']}"}, headers)
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_id(content)}"', "Accept-Ranges": "bytes"}
-        self.send(200, content, {"Content-Type": "application/octet-stream", **headers})
 
     # --- helpers ---
 
