@@ -12,7 +12,7 @@ from test_honest_runs import wandb_history
 from conftest import ROOT, accelerate_launch, built, python, rank_python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.samples import SAMPLES_FILE, repetition
+from dpotrain.train.samples import SAMPLED, SAMPLES_FILE, repetition
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -199,11 +199,13 @@ def test_samples_go_to_the_wandb_row_of_the_step_sampled(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     record = {"step": 4, "prompt_index": 0, "prompt": "Hi", "completion": "Hello.", **repetition("Hello.")}
     generator = SampleGenerator([[1]], None, every=4, max_new_tokens=4, warn_at=0.5)
-    generator._write(SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=4), [record])
+    state = SimpleNamespace(global_step=4, stateful_callbacks={})
+    generator._write(SimpleNamespace(output_dir=str(tmp_path)), state, [record])
     [(data, step, commit)] = logged
     assert step == 4 and data["train/global_step"] == 4  # the x axis the Trainer's logs are charted on
     assert not commit  # the Trainer's log of the same step joins the row
     assert json.loads((tmp_path / SAMPLES_FILE).read_text())["step"] == 4
+    assert state.stateful_callbacks[SAMPLED] == [4]  # the checkpoint's record of the steps sampled
 
 
 def test_a_sample_prompts_file_is_read_as_its_editor_wrote_it(tmp_path):
