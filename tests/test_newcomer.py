@@ -227,7 +227,9 @@ def test_a_model_folder_without_a_tokenizer_is_named_with_what_to_pass_by_the_an
     assert ended.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == expected
 
 
-def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_it_cannot_run(capsys, no_credentials):
+def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_it_cannot_run(
+    tmp_path, capsys, no_credentials
+):
     out = dry_run(
         capsys,
         "--config",
@@ -235,13 +237,13 @@ def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_i
         "--model_name_or_path",
         "configs/models/olmo3-7b",
         "--output_dir",
-        "/tmp/newcomer-think-dpo",
+        str(tmp_path / "think-dpo"),
     )
     assert "analyze_dataset.py" not in out, out
     assert "configs/models/olmo3-7b holds no tokenizer to measure them with: dry-run your own model" in out
 
 
-def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, capsys, no_credentials):
+def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, tmp_path, capsys, no_credentials):
     """A model with its tokenizer and a Hub data set not yet measured: the command the summary prints, run as printed
     in the project folder, gets to the data set (which needs the Hub: offline here, so refused naming it)."""
     import re
@@ -258,7 +260,7 @@ def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, c
         "--max_tokens_per_microbatch",
         "8192",
         "--output_dir",
-        "/tmp/newcomer-think-dpo",
+        str(tmp_path / "think-dpo"),
     )
     printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
     assert len(printed) == 1, out
@@ -270,7 +272,7 @@ def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, c
 
 
 def test_the_analyzer_command_a_dry_run_prints_measures_the_data_sets_revision_the_run_trains(
-    tiny_model_dir, capsys, no_credentials
+    tiny_model_dir, tmp_path, capsys, no_credentials
 ):
     """Lengths are kept per data set commit: the printed command left out --dataset_revision, so it measured main and
     the dry run run again still found this revision's lengths unmeasured. The analyzer also takes the run's name for
@@ -291,7 +293,7 @@ def test_the_analyzer_command_a_dry_run_prints_measures_the_data_sets_revision_t
         "--max_tokens_per_microbatch",
         "8192",
         "--output_dir",
-        "/tmp/newcomer-think-dpo",
+        str(tmp_path / "think-dpo"),
     )
     printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
     assert len(printed) == 1, out
@@ -301,7 +303,7 @@ def test_the_analyzer_command_a_dry_run_prints_measures_the_data_sets_revision_t
 
 
 def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_printed(
-    capsys, no_credentials, monkeypatch
+    tmp_path, capsys, no_credentials, monkeypatch
 ):
     """README step 4 with your own Hub model, not in the cache yet: the plan is skipped, naming the prefetch command
     that fetches its config. It printed `--config <recipe>`, which a shell reads as a redirection from a file named
@@ -317,7 +319,7 @@ def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_pr
         "--model_name_or_path",
         "org/my-sft-model",
         "--output_dir",
-        "/tmp/newcomer-think-dpo",
+        str(tmp_path / "think-dpo"),
     )
     line = next(line for line in out.splitlines() if line.startswith("  memory/GPU:"))
     assert "not planned: the config of 'org/my-sft-model' is not in the local Hugging Face cache" in line, line
@@ -384,7 +386,7 @@ def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_
 # --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
 
 
-def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_flags_that_keep_it(capsys):
+def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_flags_that_keep_it(tmp_path, capsys):
     args = [
         "--config",
         "configs/think.yaml",
@@ -393,7 +395,7 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
         "--report_to",
         "none",
         "--output_dir",
-        "/tmp/newcomer-think-dpo",
+        str(tmp_path / "think-dpo"),
         "--per_device_train_batch_size",
         "2",
     ]
@@ -877,7 +879,7 @@ def test_a_home_path_the_shell_did_not_expand_is_the_home_folders(tmp_path, monk
 
 
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
-def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
+def test_one_dry_run_flag_however_it_is_spelled(spelling, tmp_path, capsys, no_credentials):
     """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""
     from dpotrain.recipe.config import dry_run_asked as asked
 
@@ -893,7 +895,7 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
                     "--model_name_or_path",
                     "configs/models/olmo3-7b",
                     "--output_dir",
-                    "/tmp/newcomer-instruct",
+                    str(tmp_path / "instruct-dpo"),
                     *spelling,
                 ]
             )
