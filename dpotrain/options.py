@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, errors, launcher, venv, writes
+from dpotrain.recipe import config, errors, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, pair_metrics, resume
@@ -867,13 +867,11 @@ def _built_with(t, optim_args: str | None) -> tuple | None:
     """The optimizer and its arguments transformers would build with these optim_args; None where it refuses them."""
     from transformers import Trainer
 
-    given, t.optim_args = t.optim_args, optim_args
     try:
-        return Trainer.get_optimizer_cls_and_kwargs(t)
+        with upstream.gpu_precision_checks_skipped():  # checked as the recipe was parsed
+            return Trainer.get_optimizer_cls_and_kwargs(dataclasses.replace(t, optim_args=optim_args))
     except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
         return None
-    finally:
-        t.optim_args = given
 
 
 def _named(choice) -> str:
