@@ -643,10 +643,9 @@ def _decided(values: dict, given: set[str], on_command_line: set[str], config_pa
     """The parsed `values` with what this project decides from them: its defaults, batch and data flags of the command
     line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced."""
     values |= {name: value for name, value in OWN_DEFAULTS.items() if name not in given}
-    if (
-        "activation_checkpointing" not in given
-    ):  # TRL's default, under transformers 5's name (the old one is deprecated)
-        values["activation_checkpointing"] = values["gradient_checkpointing"]  # renamed where given (`_renamed`)
+    # TRL's default for checkpointing under transformers 5's name (the old one, renamed where given, is deprecated)
+    if "activation_checkpointing" not in given:
+        values["activation_checkpointing"] = values["gradient_checkpointing"]
     if values["use_peft"] and values["disable_dropout"] and "lora_dropout" not in given:
         # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
         values["lora_dropout"] = 0.0
