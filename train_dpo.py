@@ -90,7 +90,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         state = None if launch.dry_run else engine.start_processes(recipe.training, launch.engine)
         if state is not None:  # once for the job: a rank offline and another online read different files
             offline.agree_on_hub(recipe)
-        output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
+        output, push = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
         if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
             resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse

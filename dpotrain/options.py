@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import config, errors, launcher, venv, writes
+from dpotrain.recipe import config, errors, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses, pair_metrics, resume
@@ -43,8 +43,7 @@ def check_options(recipe: Recipe) -> None:
             "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
             "<output_dir>/resolved_config.json)"
         )
-    check_precision(recipe)
-    check_offloading(recipe)
+    check_cuda_settings(recipe)
     check_init_kwargs(recipe)
     check_optimizer(t)
     check_ranges(recipe)
@@ -868,13 +867,11 @@ def _built_with(t, optim_args: str | None) -> tuple | None:
     """The optimizer and its arguments transformers would build with these optim_args; None where it refuses them."""
     from transformers import Trainer
 
-    given, t.optim_args = t.optim_args, optim_args
     try:
-        return Trainer.get_optimizer_cls_and_kwargs(t)
+        with upstream.gpu_precision_checks_skipped():  # checked as the recipe was parsed
+            return Trainer.get_optimizer_cls_and_kwargs(dataclasses.replace(t, optim_args=optim_args))
     except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
         return None
-    finally:
-        t.optim_args = given
 
 
 def _named(choice) -> str:
@@ -888,28 +885,21 @@ def check_max_length(t) -> None:
         raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
 
 
-def check_precision(recipe: Recipe) -> None:
-    """fp16 without a CUDA GPU trains in fp32 while the record says fp16: refused for a run (not a dry run)."""
-    t = recipe.training
-    if not t.fp16:
-        return
+def check_cuda_settings(recipe: Recipe) -> None:
+    """Settings that need a CUDA GPU, refused for a run without one (not a dry run, which plans a GPU job from a login
+    node): fp16 would train in fp32 while the record says fp16; TRL's activation offloading moves activations on CUDA
+    streams, and the trainer stopped in a traceback ("CUDA driver version is insufficient") after the model loaded."""
     import torch
 
-    if t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available()):
+    t = recipe.training
+    if not t.use_cpu and (recipe.project.dry_run or torch.cuda.is_available()):
+        return
+    if t.fp16:
         raise ConfigError(
             "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
             "fp32): pass --fp16 false, or run on a GPU"
         )
-
-
-def check_offloading(recipe: Recipe) -> None:
-    """TRL's activation offloading moves activations on CUDA streams: without a CUDA GPU the trainer stopped in a
-    traceback ("CUDA driver version is insufficient") after the model had loaded. Refused for a run (not a dry run,
-    which plans a GPU job from a login node)."""
-    import torch
-
-    t = recipe.training
-    if t.activation_offloading and (t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available())):
+    if t.activation_offloading:
         raise ConfigError(
             "activation_offloading needs a CUDA GPU (TRL moves the activations to CPU memory on CUDA streams) and "
             "this run has none: pass --activation_offloading false, or run on a GPU"

@@ -155,8 +155,9 @@ def check_histories(output_dir: str) -> None:
             raise ConfigError(str(e)) from None
 
 
-def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
-    """The run's outputs (reference cache, push token, W&B, output folder, offline files); a dry run lists refusals."""
+def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision, object]:
+    """The run's outputs (reference cache, push token, W&B, output folder, offline files); a dry run lists refusals.
+    Returns the decision, and the push with its repo named as the Hub confirmed it (`claim_repo`), `push` unchanged."""
     training, only_reference = recipe.training, recipe.project.reference_only
     # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run lists it
     refusals = [launch.engine.refused] if launch.dry_run and launch.engine.refused else []
@@ -192,7 +193,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             check(check_histories, training.output_dir)
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
         if push.requested and not launch.dry_run and decision.trains:
-            push.repo_id = collectives.main_outcome(claim_repo, push)
+            push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
     continued = decision.trains and not decision.start_afresh
     kept = hub_revision.kept(recipe, training.output_dir) if continued else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
@@ -212,7 +213,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     # at all it plans without, naming the prefetch command; online the run downloads what is missing).
     resumed_in = training.output_dir if kept or sources else None
     check(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
-    return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources)
+    return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
 
 
 def claim_repo(push) -> str:

@@ -726,6 +726,25 @@ def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     assert [r["kind"] for r in local_hub.project_requests()][-1] == "create_repo"
 
 
+def test_the_output_stage_returns_the_push_it_claimed_and_leaves_the_one_given_as_it_was(
+    local_hub, tmp_path, monkeypatch
+):
+    """The output stage names the push's repo with its namespace once the Hub says the token may write there
+    (`stages.claim_repo`). It wrote that name into the push settings it was given (issue #54: no value patched after
+    it is made, so a caller holding them saw them change): it returns new settings instead."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run")]
+    recipe = parse_args([*argv, "--push_to_hub", "true", "--hub_model_id", "new-model"])
+    launch = stages.checks(recipe)
+    given = hub.take_push_settings(recipe, launch.engine)
+    returned = stages.output_checks(recipe, launch, given)
+    assert given.repo_id == "new-model"  # as the recipe names it
+    assert returned[1].repo_id == "me/new-model" and "me/new-model" in local_hub.repos
+
+
 def test_a_repo_created_at_start_without_hub_private_repo_takes_its_namespaces_default(local_hub):
     """hub_private_repo unset (None) is the namespace's default visibility, as transformers and huggingface_hub read
     it: an organization whose repos are private by default. It was sent as `public`."""

@@ -6,7 +6,6 @@ Two checks: the source (no assignment to, or mutation of, anything reached throu
 and scripts/), and a run's stages on the CPU demo (the recipe's every field the same after them)."""
 
 import ast
-import copy
 import dataclasses
 import functools
 import json
@@ -172,7 +171,7 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     )
     before = _fields(recipe)
     launch = stages.checks(recipe)
-    output = stages.output_checks(recipe, launch, copy.copy(_push(recipe, launch)))
+    output, _ = stages.output_checks(recipe, launch, _push(recipe, launch))
     pairs = datasets.Dataset.from_list(builtin.make_preference_rows(24, seed=3))
     resolved = stages.first_half(recipe, launch, output=output, pairs=stages.given_pairs(recipe, launch, pairs))
     trainer = train_stage.build_run(resolved).trainer
@@ -219,6 +218,6 @@ def test_every_recipe_is_resolved_the_same_by_a_dry_run_and_leaves_its_file(tmp_
         )
         before = _fields(recipe)
         launch = stages.checks(recipe)
-        stages.first_half(recipe, launch, output=stages.output_checks(recipe, launch, _push(recipe, launch)))
+        stages.first_half(recipe, launch, output=stages.output_checks(recipe, launch, _push(recipe, launch))[0])
         assert _fields(recipe) == before, name
         assert Path(ROOT / "configs" / f"{name}.yaml").is_file()

@@ -562,34 +562,24 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if remaining:
         raise _unknown_words(tokens, remaining)
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
-    # TRL's default for checkpointing, given under transformers 5's name (the old one warns it is deprecated)
-    unnamed = "activation_checkpointing" not in fields_set(tokens)
-    trl_default = ["--activation_checkpointing", str(options["--gradient_checkpointing"].default)] * unnamed
+    # Every value this project decides from the parsed ones is decided before the dataclasses are built (as
+    # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses
+    values, given = dict(vars(known)), fields_set(tokens)
+    replaced = _decided(values, given, on_command_line, config_path)
     try:
         with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
-            script, training, model, project = parser.parse_args_into_dataclasses(args=tokens + trl_default)
+            built = [
+                kind(**{f.name: values[f.name] for f in fields(kind) if f.init}) for kind in parser.dataclass_types
+            ]
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
         raise _refused_upstream(e, known) from None
-    _check_finite(script, training, model, project)
+    script, training, model, project = built
+    _check_finite(*built)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
         raise ConfigError(
             f"gpu_memory_gib must be > 0 (got {project.gpu_memory_gib:g}): one GPU's memory in GiB (an H100 80 GB: "
             "79.6), or unset it to plan for the GPU of the machine"
         )
-    given = fields_set(tokens)
-    _project_defaults(training, model, given)
-    replaced = _command_line_batch_wins(training, project, on_command_line)
-    parts = {"script": script, "model": model, "project": project, "training": training}
-    _placed_paths(parts, given, on_command_line)
-    _check_blank_names(training, given)
-    if "output_dir" in on_command_line and "run_name" not in on_command_line:
-        training.run_name = Path(training.output_dir).resolve().name
-    if not training.run_name:  # from the recipe's file name; output_dir from it, outputs/<run_name>
-        training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
-    if "output_dir" not in given:
-        training.output_dir = str(Path("outputs") / training.run_name)
-    if there := in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
-        training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
@@ -649,14 +639,38 @@ def _weights_refused(types, weights) -> str:
     )
 
 
-def _check_blank_names(training, given: set[str]) -> None:
+def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> dict | None:
+    """The parsed `values` with what this project decides from them: its defaults, batch and data flags of the command
+    line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced."""
+    values |= {name: value for name, value in OWN_DEFAULTS.items() if name not in given}
+    # TRL's default for checkpointing under transformers 5's name (the old one, renamed where given, is deprecated)
+    if "activation_checkpointing" not in given:
+        values["activation_checkpointing"] = values["gradient_checkpointing"]
+    if values["use_peft"] and values["disable_dropout"] and "lora_dropout" not in given:
+        # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
+        values["lora_dropout"] = 0.0
+    replaced = _command_line_batch_wins(values, on_command_line)
+    _placed_paths(values, given, on_command_line)
+    _check_blank_names(values, given)
+    if "output_dir" in on_command_line and "run_name" not in on_command_line:
+        values["run_name"] = Path(values["output_dir"]).expanduser().resolve().name
+    if not values["run_name"]:  # from the recipe's file name; output_dir from it, outputs/<run_name>
+        values["run_name"] = Path(config_path).stem + "-dpo" if config_path else "dpo"
+    if "output_dir" not in given:
+        values["output_dir"] = str(Path("outputs") / values["run_name"])
+    if there := in_submit_dir(values["output_dir"]):  # a Slurm job's output folder, absolute
+        values["output_dir"] = os.path.abspath(there if "output_dir" in on_command_line else values["output_dir"])
+    return replaced
+
+
+def _check_blank_names(values: dict, given: set[str]) -> None:
     """A blank run_name or output_dir, refused rather than taken for unset or made a folder of blanks."""
-    if "run_name" in given and not (training.run_name or "").strip():
+    if "run_name" in given and not (values["run_name"] or "").strip():
         raise ConfigError(
-            f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
+            f"run_name {values['run_name']!r} is blank: give the run a name, or remove run_name to name it after the "
             "recipe (or after --output_dir)"
         )
-    out = training.output_dir
+    out = values["output_dir"]
     if "output_dir" in given and (not out.strip() or any(not part.strip() for part in Path(out).parts)):
         raise ConfigError(
             f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
@@ -673,62 +687,44 @@ MIXTURE_SPELLINGS = (
 )
 
 
-def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
+def _command_line_data_wins(values: dict, on_command_line: set[str]) -> None:
     """The data the command line names replaces the recipe file's, in either spelling (both on it stay refused)."""
     for trl, mixer, splits in MIXTURE_SPELLINGS:
         here = {trl, mixer} & on_command_line
         if here == {trl}:
-            for name in {mixer, splits} - on_command_line:
-                setattr(project, name, None)
+            values |= dict.fromkeys({mixer, splits} - on_command_line)
         elif here == {mixer}:
-            setattr(project, trl, None)
+            values[trl] = None
     mixed_here = {"datasets", "dataset_mixer_list"} & on_command_line
     if mixed_here and "dataset_name" not in on_command_line:
-        script.dataset_name = None  # with the recipe file's configuration and commit of it (refused beside a mixture)
-        script.dataset_config = None if "dataset_config" not in on_command_line else script.dataset_config
-        project.dataset_revision = None if "dataset_revision" not in on_command_line else project.dataset_revision
+        # with the recipe file's configuration and commit of it (refused beside a mixture)
+        values |= dict.fromkeys({"dataset_name", "dataset_config", "dataset_revision"} - on_command_line)
     elif "dataset_name" in on_command_line and not mixed_here:
-        project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
+        values |= dict.fromkeys(("datasets", "dataset_mixer_list", "dataset_mixer_list_splits"))
 
 
-def _project_defaults(training, model, given: set[str]) -> None:
-    """Where this project's default is not TRL's, for the fields the recipe and the command line leave unset."""
-    for name, value in OWN_DEFAULTS.items():
-        if name not in given:
-            setattr(training, name, value)
-    if model.use_peft and training.disable_dropout and "lora_dropout" not in given:
-        # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
-        model.lora_dropout = 0.0
+# The files a recipe may name by a path relative to the project
+RECIPE_PATHS = ("dataset_name", "model_name_or_path", "chat_template_path", "sample_prompts_file", "accelerate_config")
+PATH_FIELDS = (*RECIPE_PATHS, "resume_from_checkpoint")  # every field that names a file or folder read
 
 
-# The files a recipe may name by a path relative to the project, each as (part, field)
-RECIPE_PATHS = (
-    ("script", "dataset_name"),
-    ("model", "model_name_or_path"),
-    ("project", "chat_template_path"),
-    ("project", "sample_prompts_file"),
-    ("project", "accelerate_config"),
-)
-PATH_FIELDS = (*RECIPE_PATHS, ("training", "resume_from_checkpoint"))  # every field that names a file or folder read
-
-
-def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
+def _placed_paths(values: dict, given: set[str], on_command_line: set[str]) -> None:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
     the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads)."""
-    for part, name in PATH_FIELDS:
-        value = getattr(parts[part], name)
+    for name in PATH_FIELDS:
+        value = values[name]
         if not isinstance(value, str) or not value:
             continue
         value = os.path.expanduser(value) if value.startswith("~") else value
         if name not in on_command_line:
-            value = (_project_file(value) or value) if (part, name) in RECIPE_PATHS else value
+            value = (_project_file(value) or value) if name in RECIPE_PATHS else value
         elif name != "accelerate_config":
             value = _submitted_file(value) or value
-        setattr(parts[part], name, value)
-    _mixture_files(parts["project"], given - on_command_line, on_command_line)
-    _command_line_data_wins(parts["script"], parts["project"], on_command_line)
+        values[name] = value
+    _mixture_files(values, given - on_command_line, on_command_line)
+    _command_line_data_wins(values, on_command_line)
 
 
 def _submitted_file(value: str, pattern: bool = False) -> str | None:
@@ -775,12 +771,12 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
         return False
 
 
-def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
+def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str]) -> None:
     """A mixture source's relative paths placed as the fields' are (`_placed_paths`)."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
-    for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
+    for name in [f for f in fields if values[f] and f in from_recipe | on_command_line]:
         move = _project_file if name in from_recipe else _submitted_file
-        setattr(project, name, _moved_sources(getattr(project, name), name.startswith("dataset_mixer"), move))
+        values[name] = _moved_sources(values[name], name.startswith("dataset_mixer"), move)
 
 
 def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
@@ -922,19 +918,18 @@ def without_secrets(argv: list[str], flags: tuple[str, ...] = TOKEN_FLAGS) -> tu
     return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in flags)
 
 
-def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
+def _command_line_batch_wins(values: dict, on_command_line: set[str]) -> dict | None:
     """Batch flags on the command line win over a recipe's pairs_per_step and token budget, which are dropped. Returns
     what was replaced and the flags that keep its pairs per step (None: nothing). A batch value below 1: refused."""
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(training, name) < 1:
-            raise ConfigError(f"{name} must be >= 1 (got {getattr(training, name)})")
+        if values[name] < 1:
+            raise ConfigError(f"{name} must be >= 1 (got {values[name]})")
     batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
-    recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
+    recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if values[f] is not None]
     if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
         return None
-    replaced = {name: getattr(project, name) for name in recipe_batching}
-    for name in recipe_batching:
-        setattr(project, name, None)
+    replaced = {name: values[name] for name in recipe_batching}
+    values |= dict.fromkeys(recipe_batching)
     flags = " ".join(f"--{name}" for name in sorted(batch_flags))
     keep = []
     if replaced.get("pairs_per_step") is not None and "gradient_accumulation_steps" not in batch_flags:
@@ -944,8 +939,8 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
     kept = f" ({' '.join(keep)} keeps its {plural(replaced['pairs_per_step'], 'pair')} per step)" if keep else ""
     print(
         f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{plural(training.per_device_train_batch_size, 'pair')}, {training.gradient_accumulation_steps} per step and "
-        f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
+        f"{plural(values['per_device_train_batch_size'], 'pair')}, {values['gradient_accumulation_steps']} per step "
+        f"and process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
         file=sys.stderr,
     )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
