@@ -690,6 +690,45 @@ def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tin
     assert losses[0] == losses[1]
 
 
+def text_prompt_repeated(n=N) -> list[dict]:
+    """A `prompt` column beside string answers that each write the prompt out again (the whole text, prompt and answer,
+    in each side), as some exports of HH-style and completion data do."""
+    return [
+        {"prompt": p["prompt"], "chosen": t["chosen"], "rejected": t["rejected"]}
+        for p, t in zip(text_prompt(n), text(n), strict=True)
+    ]
+
+
+def test_string_answers_that_repeat_the_prompt_column_read_as_the_answers_alone(tokenizer, tmp_path, capsys):
+    """A newcomer's hunt: string answers that repeat the `prompt` column's text were read as given, and TRL joins prompt
+    and answer, so every pair trained the prompt twice, its repetition as part of each answer (sigmoid_norm's mean and
+    the SFT term over it), without a word. Read once, as message lists that repeat their prompt are, and said."""
+    repeated, _ = write(tmp_path, "repeated", text_prompt_repeated, "jsonl")
+    once, _ = write(tmp_path, "once", text_prompt, "jsonl")
+    (_, a), (_, b) = read_pairs(repeated, "train", "messages"), read_pairs(once, "train", "messages")
+    assert a.to_list() == b.to_list()
+    ids_a, ids_b = trainer_dataset(a, tokenizer, tmp_path), trainer_dataset(b, tokenizer, tmp_path)
+    for key in ("prompt_ids", "chosen_ids", "rejected_ids"):
+        assert ids_a[key] == ids_b[key]
+    train_dpo.main(["--config", SMOKE, "--dataset_name", repeated, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert (
+        f"Data (train): {N} rows, plain text with a prompt column that chosen and rejected repeat: read without the "
+        "repetition; no chat template"
+    ) in out, out
+
+
+def test_one_side_alone_repeating_the_prompt_column_is_refused(tmp_path, monkeypatch, capsys):
+    pairs = text_prompt_repeated()
+    pairs[3]["rejected"] = text_prompt()[3]["rejected"]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        "error: row 3, column 'rejected': does not start with the `prompt` column's text while `chosen` does: write "
+        "both sides the same way (the whole text, or the answer alone)"
+    ), line
+
+
 def test_a_string_prompt_that_is_not_the_user_turn_is_refused():
     bad = ultrafeedback(4)
     bad[2]["prompt"] = "Something else entirely"
