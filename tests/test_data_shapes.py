@@ -8,6 +8,7 @@ with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrain
 
 import json
 import re
+import shutil
 
 import datasets
 import numpy as np
@@ -619,6 +620,25 @@ def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
     assert as_text[7]["prompt"] == hh_string(row["chosen"][:-1]) + "\n\nAssistant:"
     assert as_text[7]["chosen"] == " " + row["chosen"][-1]["content"]
     assert as_text[7]["rejected"] == " " + row["rejected"][-1]["content"]
+
+
+def test_hh_strings_under_a_model_without_a_chat_template_are_refused_offering_hh_format_text(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A newcomer's hunt: HH-RLHF strings with a base model that has no chat template (the usual pair for HH) were
+    refused as "the data set's rows are message lists", which the user never wrote, naming only a template to give:
+    `--hh_format text`, which trains the strings as written, went unsaid (the pairs were judged once already read)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    name, _ = write(tmp_path, "hh", hh, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--dataset_name", name)
+    assert line.startswith(
+        f"error: the tokenizer of {model} has no chat template, and the data set's rows are HH-RLHF strings, read "
+        "as message lists (hh_format: messages), which need one: set hh_format: text (--hh_format text; the "
+        "analyzer's --hh-format text) to train the strings as plain text, give a template with --chat_template_path "
+        "FILE.jinja"
+    ), line
 
 
 def test_hh_strings_with_windows_line_ends_are_read_as_hh(tmp_path):

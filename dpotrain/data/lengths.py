@@ -295,14 +295,7 @@ def check_tokenizer(tokenizer, fmt: RowFormat, first: dict | None = None) -> Non
             )
         _doubled_specials(tokenizer, first or {})
         return
-    if getattr(tokenizer, "chat_template", None):
-        return
-    instead = ", or set hh_format: text to train the HH-RLHF strings as plain text" if fmt.shape.name == "hh" else ""
-    raise ConfigError(
-        f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are message lists, "
-        "which need one: give one with --chat_template_path FILE.jinja, or use a model folder whose tokenizer has one "
-        f"(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it){instead}"
-    )
+    chat_template.require(tokenizer, fmt.shape.name)
 
 
 def _doubled_specials(tokenizer, first: dict) -> None:

@@ -269,6 +269,8 @@ def check_dataset(
         raise ConfigError("the data set has no rows: check the file or the split")
     check_text_only(dataset, evaluation)
     fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
+    if fmt.template is not None:  # judged on the rows as written: HH strings are read as messages here
+        chat_template.require(fmt.template, fmt.shape.name)
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
         for values in zip(*batch.values(), strict=True):
