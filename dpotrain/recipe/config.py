@@ -580,7 +580,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     parts = {"script": script, "model": model, "project": project, "training": training}
-    _placed_paths(parts, given, on_command_line)
+    _placed_paths(parts, given, on_command_line, config_path)
     _check_blank_names(training, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         training.run_name = Path(training.output_dir).resolve().name
@@ -712,11 +712,12 @@ RECIPE_PATHS = (
 PATH_FIELDS = (*RECIPE_PATHS, ("training", "resume_from_checkpoint"))  # every field that names a file or folder read
 
 
-def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
+def _placed_paths(parts: dict, given: set[str], on_command_line: set[str], config_path: str | None = None) -> None:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
-    the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads)."""
+    the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
+    found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`)."""
     for part, name in PATH_FIELDS:
         value = getattr(parts[part], name)
         if not isinstance(value, str) or not value:
@@ -724,11 +725,27 @@ def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> No
         value = os.path.expanduser(value) if value.startswith("~") else value
         if name not in on_command_line:
             value = (_project_file(value) or value) if (part, name) in RECIPE_PATHS else value
+            if (part, name) in RECIPE_PATHS:
+                _beside_recipe(name, value, config_path)
         elif name != "accelerate_config":
             value = _submitted_file(value) or value
         setattr(parts[part], name, value)
     _mixture_files(parts["project"], given - on_command_line, on_command_line)
     _command_line_data_wins(parts["script"], parts["project"], on_command_line)
+
+
+def _beside_recipe(name: str, value: str, config_path: str | None) -> None:
+    """A recipe's relative path not found where it is read (the folder run in, the project) but beside the recipe file
+    (a recipe of one's own naming its data beside it): refused naming that file, not said missing with no word of it."""
+    if config_path is None or os.path.isabs(value) or Path(value).exists():
+        return
+    beside = Path(config_path).expanduser().resolve().parent / value
+    if beside.exists():
+        raise ConfigError(
+            f"{name} {value!r} in {config_path} is neither in the folder run in ({Path.cwd()}) nor in the project "
+            f"({venv.ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as {beside} in "
+            f"the recipe, or run in {beside.parent}"
+        )
 
 
 def _submitted_file(value: str, pattern: bool = False) -> str | None:
