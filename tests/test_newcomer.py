@@ -67,6 +67,22 @@ def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_r
     assert "report_to wandb but no W&B login" in refusals[1] and "WANDB_MODE=offline" in refusals[1]
 
 
+def test_a_dry_run_of_a_model_folder_without_its_weights_says_the_run_would_refuse_it(
+    tmp_path, capsys, no_credentials, tiny_model_dir
+):
+    """A newcomer's hunt: a model folder copied to the login node with its config and tokenizer but not yet its weights
+    passed the dry run without a word, and the run (a job, after its wait in the queue) refused it at start."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    out = dry_run(capsys, "--config", SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"))
+    refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert refusals == [
+        f"warning: the run would refuse: model folder {str(model)!r} holds a config.json but no weights "
+        "(model.safetensors, pytorch_model.bin or a sharded index): copy the weights save_pretrained wrote beside it, "
+        "or give a Hub name like org/model"
+    ], out
+
+
 def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_path, capsys, no_credentials):
     out = dry_run(
         capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "me/x"
