@@ -879,6 +879,25 @@ def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp
     assert "in chosen" in line and "--skip_invalid true" in line
 
 
+@pytest.mark.parametrize("make", [dolci, text_prompt], ids=["messages", "text"])
+def test_sides_that_differ_only_in_white_space_around_the_answer_are_refused(make, tmp_path, monkeypatch, capsys):
+    """A newcomer's hunt: a pair whose rejected side is chosen's with a trailing space or newline (an export that
+    strips one column and not the other) trained as a preference for white space without a word; under a template that
+    trims content (Qwen's, Llama 3's) both sides are the same tokens, a pair at ln 2 with no gradient."""
+    pairs = make()
+    answer = pairs[3]["chosen"]
+    if make is dolci:
+        pairs[3]["rejected"] = [*answer[:-1], {**answer[-1], "content": answer[-1]["content"] + "\n "}]
+    else:
+        pairs[3]["rejected"] = f"{answer}\n "
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        "error: row 3, column 'chosen': identical to `rejected` but for white space at the start or end of a message: "
+        "the pair expresses no preference"
+    ), line
+
+
 def test_one_dropped_row_is_counted_in_the_singular(capsys):
     """--skip_invalid dropping one row printed "Dropped 1 invalid row(s) of 24"."""
     pairs = dolci()

@@ -96,6 +96,13 @@ def read_row(
         return None, problem
     if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
+    if _trimmed(example["chosen"]) == _trimmed(example["rejected"]):
+        return None, (
+            "chosen",
+            "identical to `rejected` but for white space at the start or end of a message: the pair expresses no "
+            "preference (it would train a taste for that white space; under a chat template that trims content, "
+            "which many do, both sides are the same tokens)",
+        )
     if fmt.conversational and (problem := _empty_user_turn(example["prompt"])):
         return None, ("prompt", problem)
     for column in ("chosen", "rejected"):
@@ -108,6 +115,17 @@ def read_row(
         if problem := chat_template.answer_problem(example, fmt.template, rendered):
             return None, problem
     return example, None
+
+
+def _trimmed(completion):
+    """A completion with the white space around its text (each message's) left out: sides equal so differ in it alone
+    (an export that strips one column and not the other)."""
+    if isinstance(completion, str):
+        return completion.strip()
+    return [
+        {**m, "content": m["content"].strip()} if isinstance(m.get("content"), str) else m
+        for m in shapes.given(completion)
+    ]
 
 
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
