@@ -482,6 +482,27 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     assert lengths.recommendation(m)["max_length"] > 4096
 
 
+def test_a_capped_recommendation_offers_no_length_past_the_models_positions(analyzer, tmp_path, capsys):
+    """A newcomer's hunt: capped at the model's 4,096 positions, the analyzer's last line went on "8192 would cover
+    ... for +...% packed compute", and its rationale offered "doubling to 8,192": a length the run refuses, past the
+    model's positions. A longer length is offered only within them."""
+    pairs = conversations(12)
+    pairs[3]["chosen"][-1]["content"] = " ".join(f"w{i}" for i in range(9000))
+    path = write_jsonl(tmp_path / "outlier.jsonl", pairs)
+    argv = [path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1", "--json", str(tmp_path / "r.json")]
+    assert analyzer.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["recommendation"]["doubled"] is None
+    assert "doubling to" not in printed, printed
+    assert re.search(r"^Recommended max_length: 4096 \(covers [0-9.]+% of pairs; target 95\.0%\)$", printed, re.M)
+    # Below the positions, a doubling past them is offered as the positions themselves.
+    answers = np.array([2400] * 19 + [9000])
+    m = lengths.Measured(np.arange(20), np.full(20, 100), answers, answers - 50, [], True)
+    r = lengths.recommendation(m, max_positions=4096)
+    assert r["max_length"] == 2560 and r["doubled"]["max_length"] == 4096, r
+    assert "raising it to 4,096 (the model's positions) would leave" in r["reason"], r["reason"]
+
+
 @pytest.mark.slow
 def test_a_cap_that_only_drops_recommends_the_length_that_trains_the_same(analyzer, tmp_path, tiny_model_dir, capsys):
     """Three of forty prompts past the model's 4,096 positions, dropped at any length it takes: the recommendation was
