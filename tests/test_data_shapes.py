@@ -898,6 +898,24 @@ def test_sides_that_differ_only_in_white_space_around_the_answer_are_refused(mak
     ), line
 
 
+def test_conversations_that_part_at_an_earlier_answer_in_every_row_are_refused_naming_the_cut(
+    tmp_path, monkeypatch, capsys
+):
+    """A newcomer's hunt: multi-turn pairs whose sides part at an earlier answer (two sampled conversations, a common
+    export) were refused in every row as answering "another prompt", with no word of what to do (`--skip_invalid` is
+    not offered: it would drop them all)."""
+    follow = [{"role": "user", "content": "Are you sure?"}, {"role": "assistant", "content": "Yes."}]
+    pairs = [{"chosen": [*r["chosen"], *follow], "rejected": [*r["rejected"], *follow]} for r in dolci()]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        f"error: every row of the train split ({N} of {N}) fails one check: rejected: answers another prompt than "
+        "`chosen` (a pair is two answers to one prompt); where a pair is two conversations that part at an earlier "
+        "answer, cut both where they part: the messages before the first answer that differs are the prompt, that "
+        "answer each side's; first: line 1 of d.jsonl, message "
+    ), line
+
+
 def test_one_dropped_row_is_counted_in_the_singular(capsys):
     """--skip_invalid dropping one row printed "Dropped 1 invalid row(s) of 24"."""
     pairs = dolci()

@@ -323,6 +323,11 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
         column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
         if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
             problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
+        if first["problem"].startswith(shapes.ANOTHER_PROMPT) and " (assistant): " in first["problem"]:
+            problem += (  # two sampled conversations, parting at an earlier answer: what a pair is made of them
+                "; where a pair is two conversations that part at an earlier answer, cut both where they part: the "
+                "messages before the first answer that differs are the prompt, that answer each side's"
+            )
         # A split of one row has one reason: its row, not "every row (1 of 1)"
         n = checked.rows
         every = (
