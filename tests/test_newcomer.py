@@ -819,6 +819,27 @@ def test_a_recipes_path_found_only_beside_the_recipe_is_refused_naming_it(field,
     assert getattr(recipe.script if field == "dataset_name" else recipe.project, field) == value
 
 
+def test_a_recipes_mixture_source_found_only_beside_the_recipe_is_refused_naming_it(tmp_path, monkeypatch):
+    """As above, for a mixture's source: `datasets: [{path: pairs.jsonl}]` in a recipe of one's own."""
+    from dpotrain.recipe.config import parse_args
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", mine / "pairs.jsonl")
+    smoke = Path(SMOKE).read_text().replace("dataset_name: data/smoke_prefs.jsonl", "")
+    (mine / "recipe.yaml").write_text(f"{smoke}\ndatasets:\n  - path: pairs.jsonl\n    amount: 0.5\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
+    assert str(refused.value) == (
+        f"datasets 'pairs.jsonl' in {mine / 'recipe.yaml'} is neither in the folder run in ({elsewhere}) nor in the "
+        f"project ({ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as "
+        f"{mine / 'pairs.jsonl'} in the recipe, or run in {mine}"
+    )
+
+
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
     tmp_path, capsys, monkeypatch
 ):

@@ -730,7 +730,7 @@ def _placed_paths(parts: dict, given: set[str], on_command_line: set[str], confi
         elif name != "accelerate_config":
             value = _submitted_file(value) or value
         setattr(parts[part], name, value)
-    _mixture_files(parts["project"], given - on_command_line, on_command_line)
+    _mixture_files(parts["project"], given - on_command_line, on_command_line, config_path)
     _command_line_data_wins(parts["script"], parts["project"], on_command_line)
 
 
@@ -792,11 +792,19 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
         return False
 
 
-def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
-    """A mixture source's relative paths placed as the fields' are (`_placed_paths`)."""
+def _mixture_files(project, from_recipe: set[str], on_command_line: set[str], config_path: str | None = None) -> None:
+    """A mixture source's relative paths placed as the fields' are (`_placed_paths`), a recipe's found only beside the
+    recipe file refused naming it (`_beside_recipe`)."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
-        move = _project_file if name in from_recipe else _submitted_file
+
+        def from_project(value: str, pattern: bool = False, name=name) -> str | None:
+            placed = _project_file(value, pattern)
+            if placed is None and not pattern:
+                _beside_recipe(name, value, config_path)
+            return placed
+
+        move = from_project if name in from_recipe else _submitted_file
         setattr(project, name, _moved_sources(getattr(project, name), name.startswith("dataset_mixer"), move))
 
 
