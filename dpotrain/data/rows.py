@@ -96,7 +96,7 @@ def read_row(
         return None, problem
     if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
-    if _trimmed(example["chosen"]) == _trimmed(example["rejected"]):
+    if _same_but_white_space(example["chosen"], example["rejected"]):
         return None, (
             "chosen",
             "identical to `rejected` but for white space at the start or end of a message: the pair expresses no "
@@ -117,15 +117,20 @@ def read_row(
     return example, None
 
 
-def _trimmed(completion):
-    """A completion with the white space around its text (each message's) left out: sides equal so differ in it alone
-    (an export that strips one column and not the other)."""
-    if isinstance(completion, str):
-        return completion.strip()
-    return [
-        {**m, "content": m["content"].strip()} if isinstance(m.get("content"), str) else m
-        for m in shapes.given(completion)
-    ]
+def _same_but_white_space(chosen, rejected) -> bool:
+    """Whether two completions are the same but for the white space around their text (each message's): an export that
+    strips one column and not the other. Message by message, left at the first content that differs (most pairs)."""
+    if isinstance(chosen, str) or isinstance(rejected, str):
+        return isinstance(chosen, str) and isinstance(rejected, str) and chosen.strip() == rejected.strip()
+    if len(chosen) != len(rejected):
+        return False
+    for a, b in zip(chosen, rejected, strict=True):
+        x, y = a.get("content"), b.get("content")
+        if not (x == y or isinstance(x, str) and isinstance(y, str) and x.strip() == y.strip()):
+            return False
+    return shapes.given([{**m, "content": None} for m in chosen]) == shapes.given(
+        [{**m, "content": None} for m in rejected]
+    )
 
 
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
