@@ -172,17 +172,32 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
     if pairs is None:
         return Batch(per_step * t.gradient_accumulation_steps, t.gradient_accumulation_steps)
     if pairs % per_step:
-        raise ConfigError(
-            f"pairs_per_step={pairs} is not reachable with {plural(world, 'process')} x per_device_train_batch_size="
-            f"{t.per_device_train_batch_size} ({plural(per_step, 'pair')} per micro-step): choose a process count or"
-            f" per-device batch that divides {pairs}, or set --pairs_per_step"
-        )
+        raise ConfigError(_unreachable(pairs, world, t.per_device_train_batch_size))
     if "gradient_accumulation_steps" in recipe.given and t.gradient_accumulation_steps != pairs // per_step:
         raise ConfigError(
             f"gradient_accumulation_steps={t.gradient_accumulation_steps} contradicts pairs_per_step={pairs} "
             f"(which needs {pairs // per_step} on {plural(world, 'process')}): set one of them, not both"
         )
     return Batch(pairs, pairs // per_step)
+
+
+def _unreachable(pairs: int, world: int, batch: int) -> str:
+    """Why `pairs` per optimizer step is no whole number of micro-steps of `batch` pairs on each of `world` processes,
+    and the values that reach it: a per-device batch dividing each process's share, the next multiple of a micro-step,
+    or micro-batches cut by tokens."""
+    per_step = world * batch
+    fixes = [f"--pairs_per_step {-(-pairs // per_step) * per_step} (a multiple of {per_step})"]
+    if pairs % world == 0:
+        share = pairs // world
+        fit = max(d for d in range(1, min(batch, share) + 1) if share % d == 0)
+        fixes.insert(0, f"--per_device_train_batch_size {fit} (pairs per process in a micro-step)")
+    else:
+        fixes.append(f"run on a number of processes that divides {pairs}")
+    return (
+        f"pairs_per_step={pairs} is not reachable with {plural(world, 'process')} x per_device_train_batch_size="
+        f"{batch} ({plural(per_step, 'pair')} per micro-step): pass {', '.join(fixes)}, or "
+        "--max_tokens_per_microbatch N (micro-batches cut by tokens, for any pairs_per_step)"
+    )
 
 
 @dataclass(frozen=True)

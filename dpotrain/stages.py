@@ -180,7 +180,10 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         folder_refused = len(refusals) > listed
     if not uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
+    said = len(refusals)
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
+    if launch.dry_run and len(refusals) == said:  # a folder with its tokenizer, its weights not yet copied beside
+        check(options.check_weights, recipe.model.model_name_or_path or "")  # the run's refusal, before the model loads
     decision = resolve.OutputDecision(None, False)
     if not only_reference:
         check(push.check_token)

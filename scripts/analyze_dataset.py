@@ -435,10 +435,14 @@ def analyze(args: argparse.Namespace) -> int:
     cut = cuts.count(m.prompt, m.chosen, m.rejected, at, training.truncation_mode)
     print(f"Cut at {cuts.line(cut)}", file=sys.stderr)
     r = report["recommendation"]
-    doubled = r["doubled"]
+    doubled = r["doubled"]  # None at the model's positions: no longer length a run takes
+    longer = (
+        f"; {doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute"
+        if doubled
+        else ""
+    )
     print(
-        f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%}; "
-        f"{doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute)"
+        f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%}{longer})"
     )
     if r["capped"]:
         line = lengths.capped_line(r)

@@ -91,6 +91,26 @@ def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
     assert "contradicts pairs_per_step=8 (which needs 2 on 1 process): set one of them, not both" in msg
 
 
+def test_pairs_per_step_not_reachable_names_the_values_that_reach_it(tmp_path, monkeypatch):
+    """A newcomer's hunt: a recipe of one's own without a token budget and `pairs_per_step: 4` met TRL's default of 8
+    pairs per device, and was told to "choose a process count or per-device batch that divides 4, or set
+    --pairs_per_step", the pairs_per_step it had set: now the values that reach it, as flags."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    msg = refused(tmp_path, "--pairs_per_step", "4", "--max_tokens_per_microbatch", "None")
+    assert msg.endswith(
+        ": pass --per_device_train_batch_size 4 (pairs per process in a micro-step), --pairs_per_step 8 (a multiple "
+        "of 8), or --max_tokens_per_microbatch N (micro-batches cut by tokens, for any pairs_per_step)"
+    ), msg
+    monkeypatch.setenv("WORLD_SIZE", "3")  # no per-device batch reaches 128 over 3 processes
+    msg = refused(
+        tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4", "--max_tokens_per_microbatch", "None"
+    )
+    assert msg.endswith(
+        ": pass --pairs_per_step 132 (a multiple of 12), run on a number of processes that divides 128, or "
+        "--max_tokens_per_microbatch N (micro-batches cut by tokens, for any pairs_per_step)"
+    ), msg
+
+
 def test_token_budget_needs_room_for_the_longest_pair(tmp_path):
     msg = refused(tmp_path, "--max_length", "1024", "--max_tokens_per_microbatch", "1500")
     assert "must hold the longest possible pair, 2 x max_length (2048)" in msg

@@ -8,6 +8,7 @@ with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrain
 
 import json
 import re
+import shutil
 
 import datasets
 import numpy as np
@@ -621,6 +622,25 @@ def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
     assert as_text[7]["rejected"] == " " + row["rejected"][-1]["content"]
 
 
+def test_hh_strings_under_a_model_without_a_chat_template_are_refused_offering_hh_format_text(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A newcomer's hunt: HH-RLHF strings with a base model that has no chat template (the usual pair for HH) were
+    refused as "the data set's rows are message lists", which the user never wrote, naming only a template to give:
+    `--hh_format text`, which trains the strings as written, went unsaid (the pairs were judged once already read)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    name, _ = write(tmp_path, "hh", hh, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--dataset_name", name)
+    assert line.startswith(
+        f"error: the tokenizer of {model} has no chat template, and the data set's rows are HH-RLHF strings, read "
+        "as message lists (hh_format: messages), which need one: set hh_format: text (--hh_format text; the "
+        "analyzer's --hh-format text) to train the strings as plain text, give a template with --chat_template_path "
+        "FILE.jinja"
+    ), line
+
+
 def test_hh_strings_with_windows_line_ends_are_read_as_hh(tmp_path):
     """HH-RLHF strings saved with `\r\n` line ends (a Windows editor or export) were not recognised as HH: the run
     trained them as plain text, without the chat template and without saying so. Their turns are read as with `\n`."""
@@ -688,6 +708,45 @@ def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tin
         losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
     assert len(losses[0]) == 2 and losses[0][1] != losses[0][0]  # step 2 trained on what step 1 learned
     assert losses[0] == losses[1]
+
+
+def text_prompt_repeated(n=N) -> list[dict]:
+    """A `prompt` column beside string answers that each write the prompt out again (the whole text, prompt and answer,
+    in each side), as some exports of HH-style and completion data do."""
+    return [
+        {"prompt": p["prompt"], "chosen": t["chosen"], "rejected": t["rejected"]}
+        for p, t in zip(text_prompt(n), text(n), strict=True)
+    ]
+
+
+def test_string_answers_that_repeat_the_prompt_column_read_as_the_answers_alone(tokenizer, tmp_path, capsys):
+    """A newcomer's hunt: string answers that repeat the `prompt` column's text were read as given, and TRL joins prompt
+    and answer, so every pair trained the prompt twice, its repetition as part of each answer (sigmoid_norm's mean and
+    the SFT term over it), without a word. Read once, as message lists that repeat their prompt are, and said."""
+    repeated, _ = write(tmp_path, "repeated", text_prompt_repeated, "jsonl")
+    once, _ = write(tmp_path, "once", text_prompt, "jsonl")
+    (_, a), (_, b) = read_pairs(repeated, "train", "messages"), read_pairs(once, "train", "messages")
+    assert a.to_list() == b.to_list()
+    ids_a, ids_b = trainer_dataset(a, tokenizer, tmp_path), trainer_dataset(b, tokenizer, tmp_path)
+    for key in ("prompt_ids", "chosen_ids", "rejected_ids"):
+        assert ids_a[key] == ids_b[key]
+    train_dpo.main(["--config", SMOKE, "--dataset_name", repeated, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert (
+        f"Data (train): {N} rows, plain text with a prompt column that chosen and rejected repeat: read without the "
+        "repetition; no chat template"
+    ) in out, out
+
+
+def test_one_side_alone_repeating_the_prompt_column_is_refused(tmp_path, monkeypatch, capsys):
+    pairs = text_prompt_repeated()
+    pairs[3]["rejected"] = text_prompt()[3]["rejected"]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        "error: row 3, column 'rejected': does not start with the `prompt` column's text while `chosen` does: write "
+        "both sides the same way (the whole text, or the answer alone)"
+    ), line
 
 
 def test_a_string_prompt_that_is_not_the_user_turn_is_refused():
@@ -818,6 +877,43 @@ def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--hh_format", hh_format)
     assert line.startswith("error: row 3, column 'rejected': answers another prompt than `chosen`"), line
     assert "in chosen" in line and "--skip_invalid true" in line
+
+
+@pytest.mark.parametrize("make", [dolci, text_prompt], ids=["messages", "text"])
+def test_sides_that_differ_only_in_white_space_around_the_answer_are_refused(make, tmp_path, monkeypatch, capsys):
+    """A newcomer's hunt: a pair whose rejected side is chosen's with a trailing space or newline (an export that
+    strips one column and not the other) trained as a preference for white space without a word; under a template that
+    trims content (Qwen's, Llama 3's) both sides are the same tokens, a pair at ln 2 with no gradient."""
+    pairs = make()
+    answer = pairs[3]["chosen"]
+    if make is dolci:
+        pairs[3]["rejected"] = [*answer[:-1], {**answer[-1], "content": answer[-1]["content"] + "\n "}]
+    else:
+        pairs[3]["rejected"] = f"{answer}\n "
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        "error: row 3, column 'chosen': identical to `rejected` but for white space at the start or end of a message: "
+        "the pair expresses no preference"
+    ), line
+
+
+def test_conversations_that_part_at_an_earlier_answer_in_every_row_are_refused_naming_the_cut(
+    tmp_path, monkeypatch, capsys
+):
+    """A newcomer's hunt: multi-turn pairs whose sides part at an earlier answer (two sampled conversations, a common
+    export) were refused in every row as answering "another prompt", with no word of what to do (`--skip_invalid` is
+    not offered: it would drop them all)."""
+    follow = [{"role": "user", "content": "Are you sure?"}, {"role": "assistant", "content": "Yes."}]
+    pairs = [{"chosen": [*r["chosen"], *follow], "rejected": [*r["rejected"], *follow]} for r in dolci()]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        f"error: every row of the train split ({N} of {N}) fails one check: rejected: answers another prompt than "
+        "`chosen` (a pair is two answers to one prompt); where a pair is two conversations that part at an earlier "
+        "answer, cut both where they part: the messages before the first answer that differs are the prompt, that "
+        "answer each side's; first: line 1 of d.jsonl, message "
+    ), line
 
 
 def test_one_dropped_row_is_counted_in_the_singular(capsys):

@@ -6,6 +6,8 @@ as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 
 import dataclasses
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +65,22 @@ def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_r
     # The model folder is a shape with no tokenizer (README step 4), which the run would refuse too.
     assert len(refusals) == 2 and "holds no tokenizer" in refusals[0], out
     assert "report_to wandb but no W&B login" in refusals[1] and "WANDB_MODE=offline" in refusals[1]
+
+
+def test_a_dry_run_of_a_model_folder_without_its_weights_says_the_run_would_refuse_it(
+    tmp_path, capsys, no_credentials, tiny_model_dir
+):
+    """A newcomer's hunt: a model folder copied to the login node with its config and tokenizer but not yet its weights
+    passed the dry run without a word, and the run (a job, after its wait in the queue) refused it at start."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    out = dry_run(capsys, "--config", SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"))
+    refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert refusals == [
+        f"warning: the run would refuse: model folder {str(model)!r} holds a config.json but no weights "
+        "(model.safetensors, pytorch_model.bin or a sharded index): copy the weights save_pretrained wrote beside it, "
+        "or give a Hub name like org/model"
+    ], out
 
 
 def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_path, capsys, no_credentials):
@@ -767,6 +785,61 @@ def test_a_recipes_own_paths_not_in_the_folder_run_in_are_the_projects(tmp_path,
     assert parse_args(["--config", SMOKE, "--dry-run"]).script.dataset_name == "data/smoke_prefs.jsonl"
     given = ["--chat_template_path", "configs/templates/olmo_thinker.jinja", "--dry-run"]
     assert parse_args(["--config", THINK, *given]).project.chat_template_path == given[1]
+
+
+@pytest.mark.parametrize("field", ["dataset_name", "chat_template_path"])
+def test_a_recipes_path_found_only_beside_the_recipe_is_refused_naming_it(field, tmp_path, monkeypatch):
+    """A newcomer's hunt: a recipe of one's own in one's own folder, naming its data beside it (`dataset_name:
+    pairs.jsonl`), run from another folder was refused as "dataset 'pairs.jsonl' does not exist (looked in <the
+    folder run in>): check the path", the file that was meant left unnamed (a recipe's relative paths are read from
+    the folder run in, else the project's, never from the recipe's own folder)."""
+    from dpotrain.recipe.config import parse_args
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", mine / "pairs.jsonl")
+    (mine / "template.jinja").write_text((ROOT / "configs" / "templates" / "olmo_thinker.jinja").read_text())
+    value = {"dataset_name": "pairs.jsonl", "chat_template_path": "template.jinja"}[field]
+    smoke = Path(SMOKE).read_text()
+    if field == "dataset_name":
+        recipe = smoke.replace("dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {value}")
+    else:
+        recipe = f"{smoke}\n{field}: {value}\n"
+    (mine / "recipe.yaml").write_text(recipe)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
+    assert str(refused.value) == (
+        f"{field} {value!r} in {mine / 'recipe.yaml'} is neither in the folder run in ({elsewhere}) nor in the "
+        f"project ({ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as "
+        f"{mine / value} in the recipe, or run in {mine}"
+    )
+    monkeypatch.chdir(mine)  # run where the file is: read there
+    recipe = parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
+    assert getattr(recipe.script if field == "dataset_name" else recipe.project, field) == value
+
+
+def test_a_recipes_mixture_source_found_only_beside_the_recipe_is_refused_naming_it(tmp_path, monkeypatch):
+    """As above, for a mixture's source: `datasets: [{path: pairs.jsonl}]` in a recipe of one's own."""
+    from dpotrain.recipe.config import parse_args
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", mine / "pairs.jsonl")
+    smoke = Path(SMOKE).read_text().replace("dataset_name: data/smoke_prefs.jsonl", "")
+    (mine / "recipe.yaml").write_text(f"{smoke}\ndatasets:\n  - path: pairs.jsonl\n    amount: 0.5\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
+    assert str(refused.value) == (
+        f"datasets 'pairs.jsonl' in {mine / 'recipe.yaml'} is neither in the folder run in ({elsewhere}) nor in the "
+        f"project ({ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as "
+        f"{mine / 'pairs.jsonl'} in the recipe, or run in {mine}"
+    )
 
 
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(

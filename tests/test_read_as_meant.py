@@ -444,12 +444,23 @@ def test_the_length_a_refusal_advises_is_within_the_models_positions(long, tmp_p
     advice = line.split("must keep a difference: ")[1]
     assert "auto" not in advice and "the smallest multiple" not in advice, line
     if long == 3:
-        assert re.fullmatch(r"pass --max_length 4,096 \(the model's positions: [0-9,]+ would reach past them\)", advice)
+        assert re.fullmatch(r"pass --max_length 4096 \(the model's positions: [0-9,]+ would reach past them\)", advice)
     else:
         assert "no max_length within the model's 4,096 positions does (7 of the pairs have a prompt" in line, line
     # Within the positions, the advice is as before.
-    with pytest.raises(ConfigError, match=r"pass --max_length 5,120 .* or --max_length auto"):
+    with pytest.raises(ConfigError, match=r"pass --max_length 5120 .* or --max_length auto"):
         cuts.check([10, 5000, 5000], [10] * 3, [10] * 3, None, 20, "keep_start", "three pairs", max_positions=8192)
+
+
+@pytest.mark.parametrize("max_positions", [None, 4096], ids=["the analyzer's length", "the model's positions"])
+def test_the_max_length_a_warning_advises_is_taken_as_written(max_positions, tmp_path):
+    """A newcomer's hunt: the warning for pairs cut at max_length advised `pass --max_length 4,096` (or `5,120`), and
+    that flag, copied, was refused: `--max_length takes a whole number or auto ... not '4,096'`."""
+    line = cuts.warning([3000] * 10, [2000] * 10, [2000] * 10, 1024, "keep_start", "ten pairs", max_positions)
+    flag = re.search(r"pass (--max_length \S+)", line).group(1)
+    assert flag == f"--max_length {max_positions or 5120}", line
+    recipe = parse_args(["--config", str(SMOKE), "--output_dir", str(tmp_path / "run"), *flag.split()])
+    assert recipe.training.max_length == (max_positions or 5120)
 
 
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):
@@ -469,6 +480,27 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     m = lengths.measure(data.load_preference_dataset(path), lengths.load_tokenizer(tiny_model_dir))
     assert lengths.recommendation(m, max_positions=4096)["max_length"] == 4096
     assert lengths.recommendation(m)["max_length"] > 4096
+
+
+def test_a_capped_recommendation_offers_no_length_past_the_models_positions(analyzer, tmp_path, capsys):
+    """A newcomer's hunt: capped at the model's 4,096 positions, the analyzer's last line went on "8192 would cover
+    ... for +...% packed compute", and its rationale offered "doubling to 8,192": a length the run refuses, past the
+    model's positions. A longer length is offered only within them."""
+    pairs = conversations(12)
+    pairs[3]["chosen"][-1]["content"] = " ".join(f"w{i}" for i in range(9000))
+    path = write_jsonl(tmp_path / "outlier.jsonl", pairs)
+    argv = [path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1", "--json", str(tmp_path / "r.json")]
+    assert analyzer.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["recommendation"]["doubled"] is None
+    assert "doubling to" not in printed, printed
+    assert re.search(r"^Recommended max_length: 4096 \(covers [0-9.]+% of pairs; target 95\.0%\)$", printed, re.M)
+    # Below the positions, a doubling past them is offered as the positions themselves.
+    answers = np.array([2400] * 19 + [9000])
+    m = lengths.Measured(np.arange(20), np.full(20, 100), answers, answers - 50, [], True)
+    r = lengths.recommendation(m, max_positions=4096)
+    assert r["max_length"] == 2560 and r["doubled"]["max_length"] == 4096, r
+    assert "raising it to 4,096 (the model's positions) would leave" in r["reason"], r["reason"]
 
 
 @pytest.mark.slow

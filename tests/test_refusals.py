@@ -18,7 +18,7 @@ import pytest
 import train_dpo
 from conftest import ROOT, adding_specials, run_train, sealed_checkpoint
 from dpotrain import resolve
-from dpotrain.data import builtin
+from dpotrain.data import builtin, data
 from dpotrain.recipe.config import make_parser, parse_args
 from dpotrain.recipe.errors import ConfigError, RunError, plural, run_cli
 from dpotrain.recipe.run_record import Spread
@@ -1502,6 +1502,41 @@ def test_a_folder_named_by_split_with_another_data_file_is_refused(named, other,
         f"those alone: {other} would be left out: name each data file by its split (train.jsonl, train-2.jsonl, "
         "test.jsonl), or move it out of the folder"
     )
+
+
+@pytest.mark.parametrize(
+    "files, held_out",
+    [
+        (("Train.jsonl", "Test.jsonl"), "Test.jsonl"),  # capitalized: datasets' split names are lower-case
+        (("trainset.jsonl", "testset.jsonl"), "testset.jsonl"),  # not between separators
+        (("pairs.jsonl", "heldout.jsonl"), "heldout.jsonl"),  # not a name datasets knows
+        (("trn.jsonl", "tst.jsonl"), "tst.jsonl"),
+    ],
+)
+def test_a_folder_read_whole_with_a_held_out_file_is_refused(files, held_out, tmp_path, monkeypatch, capsys):
+    """A newcomer's hunt: a folder whose files are named by split in a way datasets does not read as split names was
+    read as one data set, every file of it trained, the held-out pairs too, without a word (a dry run said `(split
+    train): 2 rows`)."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    for i, name in enumerate(files):
+        write_rows(folder / name, [pair(chosen=f"Red {i}.")])
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), "--dry-run")
+    assert message == (
+        f"error: dataset folder {str(folder)!r} is read as one data set, every file of it trained, since none of its "
+        "files is named by split as datasets reads split names (train, test, validation in lower case, alone or "
+        f"between separators: prefs_test.jsonl): {held_out} would be trained on, though its name says held-out "
+        "pairs: name the files by split (train.jsonl, test.jsonl), or move it out of the folder"
+    )
+
+
+def test_a_folder_read_whole_whose_files_name_no_split_is_read(tmp_path):
+    """Shards of one data set, named anyhow, are its pairs: read whole, as datasets reads them."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i, name in enumerate(("part-a.jsonl", "latest.jsonl", "contest_pairs.jsonl")):
+        write_rows(folder / name, [pair(chosen=f"Red {i}.")])
+    assert len(data.load_preference_dataset(str(folder))) == 3
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,26 @@ def changed(old: Template | None, path: str | None) -> str | None:
     return None
 
 
+def require(tokenizer, shape_name: str) -> None:
+    """Message rows need the tokenizer's chat template: refused, before the model loads, where it has none. HH-RLHF
+    strings are message lists only as read (`hh_format: messages`), and `hh_format: text` trains them with none."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    if shape_name == "hh":
+        rows = "HH-RLHF strings, read as message lists (hh_format: messages)"
+        fix = (
+            "set hh_format: text (--hh_format text; the analyzer's --hh-format text) to train the strings as plain "
+            "text, give a template with"
+        )
+    else:
+        rows, fix = "message lists", "give one with"
+    raise ConfigError(
+        f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are {rows}, which "
+        f"need one: {fix} --chat_template_path FILE.jinja, or use a model folder whose tokenizer has one "
+        "(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it)"
+    )
+
+
 def check_stops(tokenizer, config, model: str, generation_stops: set | None) -> None:
     """Refuses a template that ends the assistant turn with no token the model stops generating at: TRL adds EOS to
     plain text only (conversational pairs end as the template writes them), so every answer would train without an

@@ -109,11 +109,12 @@ def check(
 
 
 def _advice(fits: int, max_positions: int | None) -> str:
-    """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past."""
+    """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past. The
+    flag's value without thousands separators: copied as printed, `--max_length 4,096` is refused."""
     if max_positions and fits > max_positions:
-        return f"pass --max_length {max_positions:,} (the model's positions: {fits:,} would reach past them)"
+        return f"pass --max_length {max_positions} (the model's positions: {fits:,} would reach past them)"
     return (
-        f"pass --max_length {fits:,} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
+        f"pass --max_length {fits} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
         "whole) or --max_length auto (docs/max_length.md)"
     )
 

@@ -4,6 +4,7 @@ import functools
 import glob
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -171,14 +172,18 @@ def check_split_files(name: str, path: Path) -> None:
     matches (`more_pairs.jsonl`): datasets reads the named splits' files alone (`get_data_patterns`), so those pairs
     would be left out in silence, and a folder with `test.jsonl` and `pairs.jsonl` would offer `test` to train on;
     unless its README.md names its files (`configs:`)."""
-    from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
+    from datasets.data_files import DEFAULT_PATTERNS_ALL, FILES_TO_IGNORE, DataFilesDict, get_data_patterns
 
     readme = path / "README.md"
     if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
         return
     try:
-        splits = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+        patterns = get_data_patterns(str(path))
+        splits = DataFilesDict.from_patterns(patterns, base_path=str(path))
     except Exception:  # noqa: BLE001 - no data file at all: the load says what the folder holds
+        return
+    if patterns == DEFAULT_PATTERNS_ALL:  # no file named by split: the folder is one data set, every file trained
+        _check_held_out_names(name, path)
         return
     read = {Path(f).resolve() for found in splits.values() for f in found}
     left = [
@@ -197,6 +202,30 @@ def check_split_files(name: str, path: Path) -> None:
             f"{', '.join(left[:3])}{more} would be left out: name each data file by its split (train.jsonl, "
             "train-2.jsonl, test.jsonl), or move it out of the folder"
         )
+
+
+# Words of a file name (in lower case, between non-letters) that say it holds held-out pairs where datasets reads no
+# split from it (`Test.jsonl`, `testset.jsonl`, `heldout.jsonl`: its split names are lower-case, between separators)
+HELD_OUT_WORDS = {"test", "testing", "testset", "tst", "eval", "evaluation", "evalset", "validation", "valid", "val"}
+HELD_OUT_WORDS |= {"valset", "validset", "dev", "devset", "heldout", "holdout"}
+
+
+def _check_held_out_names(name: str, path: Path) -> None:
+    """Refuses a folder read whole (no file named by split as datasets reads split names) one of whose data files is
+    named as held-out pairs: it would be trained on, in silence."""
+    from datasets.data_files import FILES_TO_IGNORE
+
+    found = (data_identity.files(str(path)) or {}).items()
+    files = [file for file, p in found if builder_of(p) and p.name not in FILES_TO_IGNORE]
+    for file in files if len(files) > 1 else ():
+        stem = str(Path(file).with_suffix("")).lower()
+        if HELD_OUT_WORDS & set(re.findall(r"[a-z]+", stem)) or re.search(r"(held|hold)[^a-z]*out", stem):
+            raise ConfigError(
+                f"dataset folder {name!r} is read as one data set, every file of it trained, since none of its files "
+                "is named by split as datasets reads split names (train, test, validation in lower case, alone or "
+                f"between separators: prefs_test.jsonl): {file} would be trained on, though its name says held-out "
+                "pairs: name the files by split (train.jsonl, test.jsonl), or move it out of the folder"
+            )
 
 
 def load_preference_dataset(

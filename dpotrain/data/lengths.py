@@ -37,7 +37,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 7  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 8  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -295,14 +295,7 @@ def check_tokenizer(tokenizer, fmt: RowFormat, first: dict | None = None) -> Non
             )
         _doubled_specials(tokenizer, first or {})
         return
-    if getattr(tokenizer, "chat_template", None):
-        return
-    instead = ", or set hh_format: text to train the HH-RLHF strings as plain text" if fmt.shape.name == "hh" else ""
-    raise ConfigError(
-        f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are message lists, "
-        "which need one: give one with --chat_template_path FILE.jinja, or use a model folder whose tokenizer has one "
-        f"(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it){instead}"
-    )
+    chat_template.require(tokenizer, fmt.shape.name)
 
 
 def _doubled_specials(tokenizer, first: dict) -> None:
@@ -492,7 +485,8 @@ def recommendation(
         "truncated": counted["truncated"],
         "dropped": counted["dropped"],
         "lower": neighbour(best - STEP),
-        "doubled": neighbour(2 * best),
+        # a longer length to compare with: doubled, within the model's positions (a run refuses one past them)
+        "doubled": neighbour(min(2 * best, max_positions or 2 * best)) if best < (max_positions or 2 * best) else None,
         "capped": None,
         "raised": None,
         "truncation_mode": mode,
@@ -546,7 +540,7 @@ def summarize(
     chosen = recommendation(m, target, max_positions, truncation_mode)
     best = chosen["max_length"]
     shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
-    lengths = sorted(set(shown) | {best, chosen["doubled"]["max_length"]})
+    lengths = sorted(set(shown) | {best} | ({chosen["doubled"]["max_length"]} if chosen["doubled"] else set()))
     report = {
         **about,
         "rows": m.rows,
@@ -581,16 +575,28 @@ def _reason(r: dict, rows: int) -> str:
         if lower["max_length"] > 0
         else f"no smaller multiple of {STEP} exists"
     )
-    more, cut, dropped = doubled["coverage"] - r["coverage"], r["truncated"], r["dropped"]
-    return (
+    cut, dropped = r["truncated"], r["dropped"]
+    reason = (
         f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
         f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
         f"{plural(cut, 'pair', ',')} ({cut / rows:.1%}) {'is' if cut == 1 else 'are'} cut at the end and {dropped:,} "
-        f"dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt alone fills max_length. Packed, a "
-        "longer max_length costs only the extra tokens of the longer pairs: doubling to "
-        f"{doubled['max_length']:,} would leave {more:.1%} more of the pairs whole for {doubled['compute']:+.1%} "
+        f"dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt alone fills max_length"
+    )
+    if doubled is None:  # at the model's positions: no longer length to offer
+        return reason
+    more = doubled["coverage"] - r["coverage"]
+    return (
+        f"{reason}. Packed, a longer max_length costs only the extra tokens of the longer pairs: "
+        f"{longer(r)} would leave {more:.1%} more of the pairs whole for {doubled['compute']:+.1%} "
         f"packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt computed once per pair)"
     )
+
+
+def longer(r: dict) -> str:
+    """The longer length a recommendation is compared with, as said: doubled, or the model's positions where the
+    doubling would reach past them."""
+    n = r["doubled"]["max_length"]
+    return f"doubling to {n:,}" if n == 2 * r["max_length"] else f"raising it to {n:,} (the model's positions)"
 
 
 # --- max_length: auto, and its cache ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dpotrain.data.lengths import STEP, Measured, capped_line
+from dpotrain.data.lengths import STEP, Measured, capped_line, longer
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
@@ -101,21 +101,27 @@ def _rationale(report: dict, current_max_length: int | None, batch: int, given_b
     if r.get("capped"):
         line = capped_line(r)
         lines.append(f"- {line[0].upper()}{line[1:]}")
-    cut, dropped, more = r["truncated"], r["dropped"], doubled["coverage"] - r["coverage"]
-    # the doubling's trade in the Price column's unit too: compute per 1% more pairs whole
-    per_point = (
-        f", {doubled['compute'] / more / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
-        if more > 0
-        else ""
-    )
-    lines += [
+    cut, dropped = r["truncated"], r["dropped"]
+    lines.append(
         f"- {plural(cut, 'pair', ',')} ({cut / n:.1%}) {'is' if cut == 1 else 'are'} cut at max_length (the collator "
         f"keeps the {'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); {dropped:,} "
         f"{'is' if dropped == 1 else 'are'} dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt "
-        "alone fills it",
-        f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
-        f"{doubled['max_length']:,} would leave {more:.1%} more pairs whole for {doubled['compute']:+.1%} packed "
-        f"compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once){per_point}",
+        "alone fills it"
+    )
+    if doubled is not None:  # None at the model's positions: no longer length a run takes
+        more = doubled["coverage"] - r["coverage"]
+        # the longer length's trade in the Price column's unit too: compute per 1% more pairs whole
+        per_point = (
+            f", {doubled['compute'] / more / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
+            if more > 0
+            else ""
+        )
+        lines.append(
+            f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: {longer(r)} would leave "
+            f"{more:.1%} more pairs whole for {doubled['compute']:+.1%} packed compute "
+            f"({doubled['compute_shared_prompt']:+.1%} with the prompt once){per_point}"
+        )
+    lines += [
         f"- Padded batches of {plural(batch, 'pair')} would add {chosen['padding']['padded']:.1%} padding "
         f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
     ]

@@ -96,6 +96,13 @@ def read_row(
         return None, problem
     if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
+    if _same_but_white_space(example["chosen"], example["rejected"]):
+        return None, (
+            "chosen",
+            "identical to `rejected` but for white space at the start or end of a message: the pair expresses no "
+            "preference (it would train a taste for that white space; under a chat template that trims content, "
+            "which many do, both sides are the same tokens)",
+        )
     if fmt.conversational and (problem := _empty_user_turn(example["prompt"])):
         return None, ("prompt", problem)
     for column in ("chosen", "rejected"):
@@ -108,6 +115,22 @@ def read_row(
         if problem := chat_template.answer_problem(example, fmt.template, rendered):
             return None, problem
     return example, None
+
+
+def _same_but_white_space(chosen, rejected) -> bool:
+    """Whether two completions are the same but for the white space around their text (each message's): an export that
+    strips one column and not the other. Message by message, left at the first content that differs (most pairs)."""
+    if isinstance(chosen, str) or isinstance(rejected, str):
+        return isinstance(chosen, str) and isinstance(rejected, str) and chosen.strip() == rejected.strip()
+    if len(chosen) != len(rejected):
+        return False
+    for a, b in zip(chosen, rejected, strict=True):
+        x, y = a.get("content"), b.get("content")
+        if not (x == y or isinstance(x, str) and isinstance(y, str) and x.strip() == y.strip()):
+            return False
+    return shapes.given([{**m, "content": None} for m in chosen]) == shapes.given(
+        [{**m, "content": None} for m in rejected]
+    )
 
 
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
@@ -269,6 +292,8 @@ def check_dataset(
         raise ConfigError("the data set has no rows: check the file or the split")
     check_text_only(dataset, evaluation)
     fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
+    if fmt.template is not None:  # judged on the rows as written: HH strings are read as messages here
+        chat_template.require(fmt.template, fmt.shape.name)
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
         for values in zip(*batch.values(), strict=True):
@@ -303,6 +328,11 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
         column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
         if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
             problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
+        if first["problem"].startswith(shapes.ANOTHER_PROMPT) and " (assistant): " in first["problem"]:
+            problem += (  # two sampled conversations, parting at an earlier answer: what a pair is made of them
+                "; where a pair is two conversations that part at an earlier answer, cut both where they part: the "
+                "messages before the first answer that differs are the prompt, that answer each side's"
+            )
         # A split of one row has one reason: its row, not "every row (1 of 1)"
         n = checked.rows
         every = (

@@ -27,7 +27,7 @@ class Shape:
     name: str  # one of the table's shapes
     conversational: bool  # read into message lists (the chat template applies) or plain text
     json_columns: tuple = ()  # columns whose cells hold message lists as JSON text (CSV, Parquet strings): parsed
-    repeats_prompt: bool = False  # prompt+messages whose first row's conversations start with the prompt
+    repeats_prompt: bool = False  # prompt+messages (+text) whose first row's sides start with the prompt (its text)
     answers_only: bool = False  # ultrafeedback whose first row's sides hold no user turn: the string prompt is it
 
     @classmethod
@@ -54,7 +54,7 @@ class Shape:
             )
             return cls("prompt+messages", True, json_columns, repeats)
         if "prompt" in columns:
-            return cls("prompt+text", False)
+            return cls("prompt+text", False, repeats_prompt=_repeats_text(prompt, first_row, columns))
         if isinstance(side, str) and is_hh(side):
             return cls("hh", hh_format == "messages")
         return cls("text", False)
@@ -94,7 +94,9 @@ class Shape:
                 else "trained as plain text, no chat template (hh_format: text; `messages` applies the template)"
             ),
             "text": "plain text, prompt = the start chosen and rejected share; no chat template",
-            "prompt+text": "plain text with a prompt column; no chat template",
+            "prompt+text": "plain text with a prompt column"
+            + (" that chosen and rejected repeat: read without the repetition" if self.repeats_prompt else "")
+            + "; no chat template",
         }[self.name]
 
 
@@ -173,7 +175,7 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     if shape.name == "prompt+messages":
         example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
     elif shape.name == "prompt+text":
-        example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
+        example, problem = _text_prompt(row["prompt"], row["chosen"], row["rejected"], shape.repeats_prompt)
     elif shape.name == "text":
         problem = _prefix_pair(row["chosen"], row["rejected"])  # then TRL's own reading
         example = None if problem else _common_start(row["chosen"], row["rejected"])
@@ -256,6 +258,36 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
                 f"the answer here{DETAIL}{_short(side[0].get('content'))}",
             )
     return _answers_only(prompt, chosen, rejected)
+
+
+def _repeats_text(prompt, first_row: dict, columns) -> bool:
+    """Whether both string sides of the first row start with its string `prompt` (the whole text in each side)."""
+    sides = [first_row.get(c) for c in ("chosen", "rejected") if c in columns]
+    return (
+        isinstance(prompt, str)
+        and bool(prompt.strip())
+        and len(sides) == 2
+        and all(isinstance(side, str) and side.startswith(prompt) for side in sides)
+    )
+
+
+def _text_prompt(prompt: str, chosen: str, rejected: str, repeats: bool):
+    """A string prompt column beside string answers. TRL (1.16) tokenizes prompt, then answer, as given, so where the
+    data set's sides write the prompt out again (`repeats`: decided by its first row, since a chit-chat answer may begin
+    with the words it was asked), a row whose sides both start with it is read without the repetition: else the prompt
+    trains twice, the second time as part of every answer. A row of such a data set where one side alone repeats it is
+    refused: it cannot be told which text is the answer."""
+    starts = {column: side.startswith(prompt) for column, side in (("chosen", chosen), ("rejected", rejected))}
+    if not repeats or not any(starts.values()):
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
+    if all(starts.values()):
+        return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
+    column, other = ("chosen", "rejected") if starts["rejected"] else ("rejected", "chosen")
+    return None, (
+        column,
+        f"does not start with the `prompt` column's text while `{other}` does: write both sides the same way (the "
+        "whole text, or the answer alone)",
+    )
 
 
 def _answers_only(prompt: list, chosen: list, rejected: list):

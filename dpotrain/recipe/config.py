@@ -650,7 +650,7 @@ def _decided(values: dict, given: set[str], on_command_line: set[str], config_pa
         # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
         values["lora_dropout"] = 0.0
     replaced = _command_line_batch_wins(values, on_command_line)
-    _placed_paths(values, given, on_command_line)
+    _placed_paths(values, given, on_command_line, config_path)
     _check_blank_names(values, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         values["run_name"] = Path(values["output_dir"]).expanduser().resolve().name
@@ -708,23 +708,40 @@ RECIPE_PATHS = ("dataset_name", "model_name_or_path", "chat_template_path", "sam
 PATH_FIELDS = (*RECIPE_PATHS, "resume_from_checkpoint")  # every field that names a file or folder read
 
 
-def _placed_paths(values: dict, given: set[str], on_command_line: set[str]) -> None:
+def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> None:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
-    the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads)."""
+    the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
+    found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`)."""
     for name in PATH_FIELDS:
         value = values[name]
         if not isinstance(value, str) or not value:
             continue
         value = os.path.expanduser(value) if value.startswith("~") else value
         if name not in on_command_line:
-            value = (_project_file(value) or value) if name in RECIPE_PATHS else value
+            if name in RECIPE_PATHS:
+                value = _project_file(value) or value
+                _beside_recipe(name, value, config_path)
         elif name != "accelerate_config":
             value = _submitted_file(value) or value
         values[name] = value
-    _mixture_files(values, given - on_command_line, on_command_line)
+    _mixture_files(values, given - on_command_line, on_command_line, config_path)
     _command_line_data_wins(values, on_command_line)
+
+
+def _beside_recipe(name: str, value: str, config_path: str | None) -> None:
+    """A recipe's relative path not found where it is read (the folder run in, the project) but beside the recipe file
+    (a recipe of one's own naming its data beside it): refused naming that file, not said missing with no word of it."""
+    if config_path is None or os.path.isabs(value) or Path(value).exists():
+        return
+    beside = Path(config_path).expanduser().resolve().parent / value
+    if beside.exists():
+        raise ConfigError(
+            f"{name} {value!r} in {config_path} is neither in the folder run in ({Path.cwd()}) nor in the project "
+            f"({venv.ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as {beside} in "
+            f"the recipe, or run in {beside.parent}"
+        )
 
 
 def _submitted_file(value: str, pattern: bool = False) -> str | None:
@@ -771,11 +788,19 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
         return False
 
 
-def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str]) -> None:
-    """A mixture source's relative paths placed as the fields' are (`_placed_paths`)."""
+def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str], config_path: str | None) -> None:
+    """A mixture source's relative paths placed as the fields' are (`_placed_paths`), a recipe's found only beside the
+    recipe file refused naming it (`_beside_recipe`)."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if values[f] and f in from_recipe | on_command_line]:
-        move = _project_file if name in from_recipe else _submitted_file
+
+        def from_project(value: str, pattern: bool = False, name=name) -> str | None:
+            placed = _project_file(value, pattern)
+            if placed is None and not pattern:
+                _beside_recipe(name, value, config_path)
+            return placed
+
+        move = from_project if name in from_recipe else _submitted_file
         values[name] = _moved_sources(values[name], name.startswith("dataset_mixer"), move)
 
 
