@@ -54,12 +54,12 @@ def pairs(tmp_path_factory):
     return path
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=()):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=(), args=ARGS):
     return subprocess.Popen(
         [
             python(),
             str(script),
-            *ARGS,
+            *args,
             "--output_dir",
             str(out),
             "--model_name_or_path",
@@ -193,6 +193,50 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("when", "pause", "extra", "saved"),
+    [
+        # asked while checkpoint-2 is written (its first file about to open): that checkpoint is the stop's
+        ("during a save", ("", "*/checkpoint-2/*", 1), ("--save_steps", "2"), 2),
+        # asked as step 2's evaluation is recorded (metrics.jsonl's fourth open: read at the start, then steps 1 and
+        # 2): saved at step 2 once the evaluation is over
+        ("during an evaluation", ("", "*/metrics.jsonl", 4), EVALUATED, 2),
+        # save_strategy best: asked in step 4 (as step 3's record, the file's fifth open, is written), whose evaluation
+        # is no new best (a higher loss is better here): the stop's checkpoint is written all the same
+        (
+            "under save_strategy best",
+            ("", "*/metrics.jsonl", 5),
+            (*EVALUATED, "--save_strategy", "best", "--metric_for_best_model", "eval_loss", "--greater_is_better", "1"),
+            4,
+        ),
+    ],
+)
+def test_a_stop_asked_between_two_steps_saves_at_the_step_it_follows(
+    when, pause, extra, saved, tmp_path, tiny_model_dir, pairs
+):
+    """A stop asked after a step's end (its agreement) was honoured at the next step's end: asked while a checkpoint
+    was written (minutes for a 7B model) or the held-out pairs evaluated, the run trained one more step and wrote
+    another checkpoint, past a Slurm grace time. Under save_strategy best a stop agreed at a step whose evaluation was
+    no new best saved nothing and exited 75 in silence, the steps since the best checkpoint lost."""
+    out, paused, held = tmp_path / "run", tmp_path / "paused", tmp_path / "held.jsonl"
+    held.write_text("".join(pairs.read_text().splitlines(keepends=True)[:8]))
+    extra = (*extra, "--dataset_mixer_eval_list", str(held), "1.0") if "--eval_strategy" in extra else extra
+    after, at, count = pause  # the count-th open of `at`: metrics.jsonl is appended to once per record
+    args = [a for i, a in enumerate(ARGS) if "--save_steps" not in ARGS[max(i - 1, 0) : i + 1]]  # extra's, or none
+    env = pause_env(after, at, paused, count)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=extra, args=args)
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT, log[-3000:]
+    assert f"Stop requested: checkpoint {out}/checkpoint-{saved} written" in log, log[-3000:]
+    assert (out / f"checkpoint-{saved}" / "COMPLETE").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) <= [f"checkpoint-{n}" for n in (2, saved)]
+    assert sorted(set(logged_steps(out))) == list(range(1, saved + 1)), log[-3000:]  # no step trained past it
 
 
 @pytest.mark.slow
