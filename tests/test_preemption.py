@@ -207,6 +207,9 @@ EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
         # asked as step 2's evaluation is recorded (metrics.jsonl's fourth open: read at the start, then steps 1 and
         # 2): saved at step 2 once the evaluation is over
         ("during an evaluation", ("", "*/metrics.jsonl", 4), EVALUATED, 2),
+        # asked as step 2's samples are written (samples.jsonl's third open: read and written at the start, the base
+        # model's samples), after that step's end: saved at step 2
+        ("while samples are generated", ("", "*/samples.jsonl", 3), ("--samples_every", "2"), 2),
         # save_strategy best: asked in step 4 (as step 3's record, the file's fifth open, is written), whose evaluation
         # is no new best (a higher loss is better here): the stop's checkpoint is written all the same
         (
@@ -221,9 +224,9 @@ def test_a_stop_asked_between_two_steps_saves_at_the_step_it_follows(
     when, pause, extra, saved, tmp_path, tiny_model_dir, pairs
 ):
     """A stop asked after a step's end (its agreement) was honoured at the next step's end: asked while a checkpoint
-    was written (minutes for a 7B model) or the held-out pairs evaluated, the run trained one more step and wrote
-    another checkpoint, past a Slurm grace time. Under save_strategy best a stop agreed at a step whose evaluation was
-    no new best saved nothing and exited 75 in silence, the steps since the best checkpoint lost."""
+    was written (minutes for a 7B model), the held-out pairs evaluated or samples generated, the run trained one more
+    step and wrote another checkpoint, past a Slurm grace time. Under save_strategy best a stop agreed at a step whose
+    evaluation was no new best saved nothing and exited 75 in silence, the steps since the best checkpoint lost."""
     out, paused, held = tmp_path / "run", tmp_path / "paused", tmp_path / "held.jsonl"
     held.write_text("".join(pairs.read_text().splitlines(keepends=True)[:8]))
     extra = (*extra, "--dataset_mixer_eval_list", str(held), "1.0") if "--eval_strategy" in extra else extra

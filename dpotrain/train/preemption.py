@@ -217,10 +217,10 @@ class GracefulStop(TrainerCallback):
         # large held-out set: minutes) waited for the next step's end, which trained a step more and wrote its own
         # checkpoint, past a Slurm grace time. Now it saves at the step just evaluated. Every rank evaluates, so every
         # rank is here for the all-reduce.
-        self._stop_between_steps(args, control, save=True)
+        self.stop_between_steps(args, control, save=True)
         return control
 
-    def _stop_between_steps(self, args, control, save: bool) -> None:
+    def stop_between_steps(self, args, control, save: bool) -> None:
         """A request agreed on (one all-reduce) after a step's end, before the next: stop, with a checkpoint of this
         step (`save`: none written yet). Not once the last step has ended (the run saves its final model) or after a
         stop already agreed."""
@@ -244,7 +244,7 @@ class GracefulStop(TrainerCallback):
         # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker). A request made
         # while the checkpoint was written (minutes for a 7B model) has that checkpoint: the run stops on it, where it
         # trained a step more and wrote another checkpoint, doubling the time the stop took.
-        self._stop_between_steps(args, control, save=False)
+        self.stop_between_steps(args, control, save=False)
         if self.stopped and state.global_step < state.max_steps:
             # Every rank (the stop was agreed on), the main process writing: its refusal is every rank's line, not the
             # main's alone while the others wait in the end of training's collectives (NCCL: for ddp_timeout).
