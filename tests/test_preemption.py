@@ -573,9 +573,9 @@ def ranks_launch(processes: int) -> list[str]:
     return [*launch, "--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
 
 
-def launched(processes, script, out, model_dir, data, pause=None):
+def launched(processes, script, out, model_dir, data, pause=None, extra=()):
     env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **(pause or {})}
-    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data), *extra]
     return subprocess.Popen(
         [*ranks_launch(processes), str(script), *args],
         cwd=ROOT,
@@ -663,6 +663,20 @@ def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_f
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_stop_rank_0_alone_hears_as_a_checkpoint_is_written_stops_every_rank_on_it(tmp_path, tiny_model_dir, pairs):
+    """2 ranks (ZeRO-2), SIGTERM to rank 0 alone as it writes checkpoint-2's weights (rank 1 writing its shards): the
+    agreement after the save (one all-reduce every rank makes) stops both on checkpoint-2. Both trained step 3 and
+    wrote checkpoint-3 before."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    pause = pause_env("", "*/checkpoint-2/model.safetensors", paused)  # the main process's file alone
+    proc = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause, extra=("--save_steps", "2"))
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2, log[-3000:]
+    assert log.count(f"Stop requested: checkpoint {out}/checkpoint-2 written") == 1, log[-3000:]
+    assert logged_steps(out) == [1, 2] and [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"], log[-3000:]
 
 
 @pytest.mark.parametrize(("made", "server_clock_s"), [("before the start", 3600), ("as it runs", -3600)])
