@@ -505,6 +505,26 @@ def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd
     assert "saving a checkpoint" not in said
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_once_training_is_over_says_the_run_finishes_its_outputs(signum, capfd):
+    """SIGTERM (a scancel, a preemption) while the final model was saved or pushed said nothing: the run went on, and
+    the Slurm log of a job then killed at the end of KillWait stopped mid-push without a word of why or what to do.
+    Said once, whatever number of signals (srun forwards a second)."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop = GracefulStop()
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    os.kill(os.getpid(), signum)
+    os.kill(os.getpid(), signum)
+    time.sleep(0.1)
+    stop.release(exiting=False)
+    said = capfd.readouterr().err
+    name = signal.Signals(signum).name
+    line = f"{name}: training is over; finishing the final model and the run's outputs, then ending (killed before"
+    assert said.count(line) == 1, said
+    assert "the same command completes them" in said and "saving a checkpoint" not in said
+
+
 def test_ctrl_c_during_the_last_steps_checkpoint_says_the_run_finishes(capfd):
     """Ctrl-C while the last step's own checkpoint was saved (after its on_step_end, before on_train_end) printed
     "saving a checkpoint at the end of this step, then stopping": no step was left to stop at, and the run went on to

@@ -115,6 +115,16 @@ class GracefulStop(TrainerCallback):
                 else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
                 b"again: stop at once)\n",
             )
+        elif self.training_over and not self.stopped and self.signal_received is None and signum != signal.SIGHUP:
+            # No step left to stop at: the run goes on to its end. It said nothing, and a job killed at the end of
+            # Slurm's KillWait stopped mid-save or mid-push in its log without a word; the rerun completes both. (Not
+            # SIGHUP: its terminal is gone, and a write to it fails with EIO.)
+            name = signal.Signals(signum).name.encode()
+            terminal.say(
+                2,
+                b"\n" + name + b": training is over; finishing the final model and the run's outputs, then ending "
+                b"(killed before they are done: the same command completes them)\n",
+            )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()
