@@ -478,19 +478,20 @@ def test_a_ctrl_c_checkpoint_beside_a_scheduled_one_is_rotated_with_it_and_resum
 ):
     """Ctrl-C at step 3, between the scheduled checkpoints 2 and 4 (save_total_limit 2): the stop's checkpoint-3 is
     written beside checkpoint-2, the rerun goes on from it (the newest verified), and checkpoint-4's rotation deletes
-    checkpoint-2, never the one resumed from. In this process, the Ctrl-C sent as checkpoint-2's save ends: the step
-    it stops at is 3 whatever the machine's speed (a signal timed from outside lands a step early or late)."""
+    checkpoint-2, never the one resumed from. In this process, the Ctrl-C sent as step 3 computes its loss: the step
+    it stops at is 3 whatever the machine's speed (a signal timed from outside lands a step early or late; one sent as
+    checkpoint-2's save ends is that checkpoint's, test_preemption.py)."""
     import train_dpo
     from dpotrain.train.trainer import RecipeDPOTrainer
 
-    save = RecipeDPOTrainer._save_checkpoint
+    loss, sent = RecipeDPOTrainer._compute_loss, []
 
-    def ctrl_c_after_checkpoint_2(self, model, trial):
-        save(self, model, trial)
-        if self.state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+    def ctrl_c_in_step_3(self, model, inputs, return_outputs):
+        if self.state.global_step == 2 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return loss(self, model, inputs, return_outputs)
 
-    monkeypatch.setattr(RecipeDPOTrainer, "_save_checkpoint", ctrl_c_after_checkpoint_2)
+    monkeypatch.setattr(RecipeDPOTrainer, "_compute_loss", ctrl_c_in_step_3)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
     out = tmp_path / "run"
     argv = [*command(out, tiny_model_dir, pairs)[2:], "--save_total_limit", "2"]

@@ -54,12 +54,12 @@ def pairs(tmp_path_factory):
     return path
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=()):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=(), args=ARGS):
     return subprocess.Popen(
         [
             python(),
             str(script),
-            *ARGS,
+            *args,
             "--output_dir",
             str(out),
             "--model_name_or_path",
@@ -193,6 +193,55 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("when", "pause", "extra", "saved"),
+    [
+        # asked while checkpoint-2 is written (its first file about to open): that checkpoint is the stop's
+        ("during a save", ("", "*/checkpoint-2/*", 1), ("--save_steps", "2"), 2),
+        # asked as step 2's evaluation is recorded (metrics.jsonl's fourth open: read at the start, then steps 1 and
+        # 2): saved at step 2 once the evaluation is over
+        ("during an evaluation", ("", "*/metrics.jsonl", 4), EVALUATED, 2),
+        # asked as step 2's samples are written (samples.jsonl's third open: read and written at the start, the base
+        # model's samples), after that step's end: saved at step 2
+        ("while samples are generated", ("", "*/samples.jsonl", 3), ("--samples_every", "2"), 2),
+        # save_strategy best: asked in step 4 (as step 3's record, the file's fifth open, is written), whose evaluation
+        # is no new best (a higher loss is better here): the stop's checkpoint is written all the same
+        (
+            "under save_strategy best",
+            ("", "*/metrics.jsonl", 5),
+            (*EVALUATED, "--save_strategy", "best", "--metric_for_best_model", "eval_loss", "--greater_is_better", "1"),
+            4,
+        ),
+    ],
+)
+def test_a_stop_asked_between_two_steps_saves_at_the_step_it_follows(
+    when, pause, extra, saved, tmp_path, tiny_model_dir, pairs
+):
+    """A stop asked after a step's end (its agreement) was honoured at the next step's end: asked while a checkpoint
+    was written (minutes for a 7B model), the held-out pairs evaluated or samples generated, the run trained one more
+    step and wrote another checkpoint, past a Slurm grace time. Under save_strategy best a stop agreed at a step whose
+    evaluation was no new best saved nothing and exited 75 in silence, the steps since the best checkpoint lost."""
+    out, paused, held = tmp_path / "run", tmp_path / "paused", tmp_path / "held.jsonl"
+    held.write_text("".join(pairs.read_text().splitlines(keepends=True)[:8]))
+    extra = (*extra, "--dataset_mixer_eval_list", str(held), "1.0") if "--eval_strategy" in extra else extra
+    after, at, count = pause  # the count-th open of `at`: metrics.jsonl is appended to once per record
+    args = [a for i, a in enumerate(ARGS) if "--save_steps" not in ARGS[max(i - 1, 0) : i + 1]]  # extra's, or none
+    env = pause_env(after, at, paused, count)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=extra, args=args)
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT, log[-3000:]
+    assert f"Stop requested: checkpoint {out}/checkpoint-{saved} written" in log, log[-3000:]
+    # once: set again after the save, the stop's flag wrote the checkpoint a second time as the epoch ended
+    assert log.count("Stop requested") == 1 and "of an earlier attempt" not in log, log[-3000:]
+    assert (out / f"checkpoint-{saved}" / "COMPLETE").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) <= [f"checkpoint-{n}" for n in (2, saved)]
+    assert sorted(set(logged_steps(out))) == list(range(1, saved + 1)), log[-3000:]  # no step trained past it
 
 
 @pytest.mark.slow
@@ -456,6 +505,26 @@ def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd
     assert "saving a checkpoint" not in said
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_once_training_is_over_says_the_run_finishes_its_outputs(signum, capfd):
+    """SIGTERM (a scancel, a preemption) while the final model was saved or pushed said nothing: the run went on, and
+    the Slurm log of a job then killed at the end of KillWait stopped mid-push without a word of why or what to do.
+    Said once, whatever number of signals (srun forwards a second)."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop = GracefulStop()
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    os.kill(os.getpid(), signum)
+    os.kill(os.getpid(), signum)
+    time.sleep(0.1)
+    stop.release(exiting=False)
+    said = capfd.readouterr().err
+    name = signal.Signals(signum).name
+    line = f"{name}: training is over; finishing the final model and the run's outputs, then ending (killed before"
+    assert said.count(line) == 1, said
+    assert "the same command completes them" in said and "saving a checkpoint" not in said
+
+
 def test_ctrl_c_during_the_last_steps_checkpoint_says_the_run_finishes(capfd):
     """Ctrl-C while the last step's own checkpoint was saved (after its on_step_end, before on_train_end) printed
     "saving a checkpoint at the end of this step, then stopping": no step was left to stop at, and the run went on to
@@ -524,9 +593,9 @@ def ranks_launch(processes: int) -> list[str]:
     return [*launch, "--config_file", str(ROOT / "accelerate_config.yaml"), *rank_python()]
 
 
-def launched(processes, script, out, model_dir, data, pause=None):
+def launched(processes, script, out, model_dir, data, pause=None, extra=()):
     env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **(pause or {})}
-    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data), *extra]
     return subprocess.Popen(
         [*ranks_launch(processes), str(script), *args],
         cwd=ROOT,
@@ -614,6 +683,20 @@ def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_f
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
     assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_stop_rank_0_alone_hears_as_a_checkpoint_is_written_stops_every_rank_on_it(tmp_path, tiny_model_dir, pairs):
+    """2 ranks (ZeRO-2), SIGTERM to rank 0 alone as it writes checkpoint-2's weights (rank 1 writing its shards): the
+    agreement after the save (one all-reduce every rank makes) stops both on checkpoint-2. Both trained step 3 and
+    wrote checkpoint-3 before."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    pause = pause_env("", "*/checkpoint-2/model.safetensors", paused)  # the main process's file alone
+    proc = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause, extra=("--save_steps", "2"))
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2, log[-3000:]
+    assert log.count(f"Stop requested: checkpoint {out}/checkpoint-2 written") == 1, log[-3000:]
+    assert logged_steps(out) == [1, 2] and [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"], log[-3000:]
 
 
 @pytest.mark.parametrize(("made", "server_clock_s"), [("before the start", 3600), ("as it runs", -3600)])

@@ -90,6 +90,11 @@ _override(
     ("model", "trial"),
 )
 _override(
+    f"{TRAINER}:Trainer._determine_best_metric",
+    "under save_strategy best, its answer is the save made at an evaluation: a stop request's save is kept",
+    ("metrics", "trial"),
+)
+_override(
     f"{TRAINER}:Trainer._load_optimizer_and_scheduler",
     "the optimizer as transformers loads it, then TR-DPO's moved reference the checkpoint holds (train/resume.py): "
     "the resume's one hook under every engine (`_load_from_checkpoint` is skipped under DeepSpeed)",

@@ -115,6 +115,16 @@ class GracefulStop(TrainerCallback):
                 else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
                 b"again: stop at once)\n",
             )
+        elif self.training_over and not self.stopped and self.signal_received is None and signum != signal.SIGHUP:
+            # No step left to stop at: the run goes on to its end. It said nothing, and a job killed at the end of
+            # Slurm's KillWait stopped mid-save or mid-push in its log without a word; the rerun completes both. (Not
+            # SIGHUP: its terminal is gone, and a write to it fails with EIO.)
+            name = signal.Signals(signum).name.encode()
+            terminal.say(
+                2,
+                b"\n" + name + b": training is over; finishing the final model and the run's outputs, then ending "
+                b"(killed before they are done: the same command completes them)\n",
+            )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()
@@ -212,6 +222,28 @@ class GracefulStop(TrainerCallback):
         self.training_over = state.global_step >= state.max_steps
         return control
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        # The evaluation that follows a step's end (its stop agreed on, in on_step_end): a request made during it (a
+        # large held-out set: minutes) waited for the next step's end, which trained a step more and wrote its own
+        # checkpoint, past a Slurm grace time. Now it saves at the step just evaluated. Every rank evaluates, so every
+        # rank is here for the all-reduce.
+        self.stop_between_steps(args, control, save=True)
+        return control
+
+    def stop_between_steps(self, args, control, save: bool) -> None:
+        """A request agreed on (one all-reduce) after a step's end, before the next: stop, with a checkpoint of this
+        step (`save`: none written yet). Not once the last step has ended (the run saves its final model) or after a
+        stop already agreed."""
+        if self.stopped or self.training_over or not self.training_begun:
+            return
+        if not max_over_ranks(int(self.asked_here()), args.device):
+            return
+        self.stopped = True
+        control.should_training_stop = True
+        # Only where no checkpoint of this step is written yet: set after its save, it was written again as the
+        # epoch ended (the Trainer's save at an epoch's end reads the same flag)
+        control.should_save = control.should_save or save
+
     def on_train_end(self, args, state, control, **kwargs):
         # Trained to the last step: a Ctrl-C from here finds no step to stop at, and the run goes on to save the final
         # model (publish.py). Not after a stop or a health guard's stop, which end the run without it.
@@ -219,7 +251,10 @@ class GracefulStop(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
+        # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker). A request made
+        # while the checkpoint was written (minutes for a 7B model) has that checkpoint: the run stops on it, where it
+        # trained a step more and wrote another checkpoint, doubling the time the stop took.
+        self.stop_between_steps(args, control, save=False)
         if self.stopped and state.global_step < state.max_steps:
             # Every rank (the stop was agreed on), the main process writing: its refusal is every rank's line, not the
             # main's alone while the others wait in the end of training's collectives (NCCL: for ddp_timeout).

@@ -169,6 +169,7 @@ class SampleGenerator(TrainerCallback):
         self._cut_said = False  # a prompt's answer cut at the model's positions, said once
         self._base: dict[int, float] = {}  # prompt index -> the repetition of the base model's answer (step 0)
         self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
+        self.stop = None  # the run's GracefulStop, agreed on again after a round (`attach`)
 
     @classmethod
     def from_recipe(cls, recipe, tokenizer, every_rank: bool = False) -> "SampleGenerator":
@@ -186,6 +187,7 @@ class SampleGenerator(TrainerCallback):
             rows = trainer.train_dataset
             self.prompt_ids = [list(x) for x in rows.select(range(min(self.count, len(rows))))["prompt_ids"]]
         self.spent = trainer.pair_metrics.exclude
+        self.stop = trainer.graceful_stop
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against
@@ -210,6 +212,10 @@ class SampleGenerator(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step % self.every == 0:
             self._round(args, state, model, optimizer)
+            # After the step's stop was agreed on (GracefulStop comes first): a request made while the samples were
+            # generated (minutes of greedy answers on a large model) waited for the next step's end and its checkpoint
+            if self.stop is not None:
+                self.stop.stop_between_steps(args, control, save=True)
 
     def _round(self, args, state, model, optimizer) -> None:
         start = time.perf_counter()

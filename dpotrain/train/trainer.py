@@ -389,6 +389,13 @@ class RecipeDPOTrainer(DPOTrainer):
                 stack.enter_context(upstream.deepspeed_writes_held(self.model_wrapped, held.run))
             yield
 
+    def _determine_best_metric(self, metrics, trial):
+        """Under save_strategy best transformers saves at an evaluation only when it is a new best, over the save a
+        stop request asked for at that step (`GracefulStop`): the run stopped with no checkpoint of its last steps and
+        exited 75 in silence, a requeue training them again. A stop's save is kept; the best metric is untouched."""
+        new_best = super()._determine_best_metric(metrics, trial)
+        return new_best or (self.graceful_stop.stopped and self.control.should_save)
+
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
         (`resume.check_live_reference` refused the resume before anything loaded where it does not). Here, not in
