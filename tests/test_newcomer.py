@@ -5,6 +5,7 @@ as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 """
 
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -787,24 +788,27 @@ def test_a_recipes_own_paths_not_in_the_folder_run_in_are_the_projects(tmp_path,
     assert parse_args(["--config", THINK, *given]).project.chat_template_path == given[1]
 
 
-@pytest.mark.parametrize("field", ["dataset_name", "chat_template_path"])
+@pytest.mark.parametrize("field", ["dataset_name", "chat_template_path", "datasets"])
 def test_a_recipes_path_found_only_beside_the_recipe_is_refused_naming_it(field, tmp_path, monkeypatch):
     """A newcomer's hunt: a recipe of one's own in one's own folder, naming its data beside it (`dataset_name:
-    pairs.jsonl`), run from another folder was refused as "dataset 'pairs.jsonl' does not exist (looked in <the
-    folder run in>): check the path", the file that was meant left unnamed (a recipe's relative paths are read from
-    the folder run in, else the project's, never from the recipe's own folder)."""
+    pairs.jsonl`, a mixture's `datasets: [{path: pairs.jsonl}]`), run from another folder was refused as "dataset
+    'pairs.jsonl' does not exist (looked in <the folder run in>): check the path", the file that was meant left unnamed
+    (a recipe's relative paths are read from the folder run in, else the project's, never from the recipe's own
+    folder)."""
     from dpotrain.recipe.config import parse_args
 
     mine = tmp_path / "mine"
     mine.mkdir()
     shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", mine / "pairs.jsonl")
     (mine / "template.jinja").write_text((ROOT / "configs" / "templates" / "olmo_thinker.jinja").read_text())
-    value = {"dataset_name": "pairs.jsonl", "chat_template_path": "template.jinja"}[field]
+    value = "template.jinja" if field == "chat_template_path" else "pairs.jsonl"
     smoke = Path(SMOKE).read_text()
-    if field == "dataset_name":
-        recipe = smoke.replace("dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {value}")
-    else:
-        recipe = f"{smoke}\n{field}: {value}\n"
+    recipe = {
+        "dataset_name": smoke.replace("dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {value}"),
+        "chat_template_path": f"{smoke}\n{field}: {value}\n",
+        "datasets": smoke.replace("dataset_name: data/smoke_prefs.jsonl", "")
+        + f"\ndatasets:\n  - path: {value}\n    amount: 0.5\n",
+    }[field]
     (mine / "recipe.yaml").write_text(recipe)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -817,29 +821,11 @@ def test_a_recipes_path_found_only_beside_the_recipe_is_refused_naming_it(field,
         f"{mine / value} in the recipe, or run in {mine}"
     )
     monkeypatch.chdir(mine)  # run where the file is: read there
-    recipe = parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
-    assert getattr(recipe.script if field == "dataset_name" else recipe.project, field) == value
-
-
-def test_a_recipes_mixture_source_found_only_beside_the_recipe_is_refused_naming_it(tmp_path, monkeypatch):
-    """As above, for a mixture's source: `datasets: [{path: pairs.jsonl}]` in a recipe of one's own."""
-    from dpotrain.recipe.config import parse_args
-
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", mine / "pairs.jsonl")
-    smoke = Path(SMOKE).read_text().replace("dataset_name: data/smoke_prefs.jsonl", "")
-    (mine / "recipe.yaml").write_text(f"{smoke}\ndatasets:\n  - path: pairs.jsonl\n    amount: 0.5\n")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    with pytest.raises(ConfigError) as refused:
-        parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
-    assert str(refused.value) == (
-        f"datasets 'pairs.jsonl' in {mine / 'recipe.yaml'} is neither in the folder run in ({elsewhere}) nor in the "
-        f"project ({ROOT}), where a recipe's relative paths are read, but beside the recipe: write it as "
-        f"{mine / 'pairs.jsonl'} in the recipe, or run in {mine}"
-    )
+    read = parse_args(["--config", str(mine / "recipe.yaml"), "--dry-run"])
+    if field == "datasets":
+        assert [json.loads(source)["path"] for source in read.project.datasets] == [value]
+    else:
+        assert getattr(read.script if field == "dataset_name" else read.project, field) == value
 
 
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
