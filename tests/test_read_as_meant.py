@@ -465,7 +465,9 @@ def test_the_max_length_a_warning_advises_is_taken_as_written(max_positions, tmp
 
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):
     """One pair far longer than the model's 4,096 positions (the built-in model's max_position_embeddings) among a few:
-    95% coverage would need its length; the analyzer recommends 4,096 and says why."""
+    95% coverage would need its length; the analyzer recommends 4,096 and says why. A newcomer's hunt: its last line
+    went on "8192 would cover ... for +...% packed compute", and its rationale offered "doubling to 8,192": a length the
+    run refuses, past the model's positions. A longer length is offered only within them."""
     pairs = conversations(12)
     pairs[3]["chosen"][-1]["content"] = " ".join(f"w{i}" for i in range(9000))
     path = write_jsonl(tmp_path / "outlier.jsonl", pairs)
@@ -476,25 +478,12 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     assert report["recommended_max_length"] == 4096
     assert report["recommendation"]["capped"]["uncapped"] > 4096
     assert "Capped at the model's 4,096 positions (max_position_embeddings)" in printed
+    assert report["recommendation"]["doubled"] is None and "doubling to" not in printed, printed
+    assert re.search(r"^Recommended max_length: 4096 \(covers [0-9.]+% of pairs; target 95\.0%\)$", printed, re.M)
     # `max_length: auto` resolves through the same rule.
     m = lengths.measure(data.load_preference_dataset(path), lengths.load_tokenizer(tiny_model_dir))
     assert lengths.recommendation(m, max_positions=4096)["max_length"] == 4096
     assert lengths.recommendation(m)["max_length"] > 4096
-
-
-def test_a_capped_recommendation_offers_no_length_past_the_models_positions(analyzer, tmp_path, capsys):
-    """A newcomer's hunt: capped at the model's 4,096 positions, the analyzer's last line went on "8192 would cover
-    ... for +...% packed compute", and its rationale offered "doubling to 8,192": a length the run refuses, past the
-    model's positions. A longer length is offered only within them."""
-    pairs = conversations(12)
-    pairs[3]["chosen"][-1]["content"] = " ".join(f"w{i}" for i in range(9000))
-    path = write_jsonl(tmp_path / "outlier.jsonl", pairs)
-    argv = [path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1", "--json", str(tmp_path / "r.json")]
-    assert analyzer.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert json.loads((tmp_path / "r.json").read_text())["recommendation"]["doubled"] is None
-    assert "doubling to" not in printed, printed
-    assert re.search(r"^Recommended max_length: 4096 \(covers [0-9.]+% of pairs; target 95\.0%\)$", printed, re.M)
     # Below the positions, a doubling past them is offered as the positions themselves.
     answers = np.array([2400] * 19 + [9000])
     m = lengths.Measured(np.arange(20), np.full(20, 100), answers, answers - 50, [], True)
