@@ -28,7 +28,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
 from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
-from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
+from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
@@ -195,11 +195,7 @@ class Store:
         """The named arrays of `path`; None if gone or damaged (warned about and removed). Main process only: it
         broadcasts what it found, so every rank rescores the same pairs."""
 
-        def arrays(path):
-            with np.load(path) as f:
-                return key_of(f), [np.asarray(f[name]) for name in names]
-
-        found = run_records.read_cache(path, arrays, "reference", AGAIN)
+        found = run_records.read_cache(path, lambda path: load_arrays(path, *names), "reference", AGAIN)
         if found is None:
             return None
         key, arrays = found
