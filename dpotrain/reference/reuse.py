@@ -27,13 +27,15 @@ def key_of(npz) -> str | None:
     return str(npz[KEY_ARRAY]) if KEY_ARRAY in npz.files else None
 
 
-def load_arrays(path: Path, *names: str) -> tuple[str | None, list[np.ndarray]]:
-    """(`key_of`, the named arrays) of a cache file. A flipped bit in the zip's directory makes zipfile raise
-    NotImplementedError (a compression method or version it lacks) or RuntimeError (the file seems encrypted) rather
-    than BadZipFile: those are the file's damage too, named and scored again, never a traceback at start."""
+def load_arrays(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> tuple[str | None, list]:
+    """(`key_of`, the `names` arrays, then the `optional` ones: None where the file has none) of a cache file. A
+    flipped bit in the zip's directory makes zipfile raise NotImplementedError (a compression method or version it
+    lacks) or RuntimeError (the file seems encrypted) rather than BadZipFile: those are the file's damage too, named
+    and scored again, never a traceback at start."""
     try:
         with np.load(path) as f:
-            return key_of(f), [np.asarray(f[name]) for name in names]
+            found = [np.asarray(f[name]) for name in names]
+            return key_of(f), found + [np.asarray(f[name]) if name in f.files else None for name in optional]
     except (NotImplementedError, RuntimeError) as e:
         raise zipfile.BadZipFile(f"{type(e).__name__}: {e}") from e
 
@@ -101,7 +103,7 @@ def _identity(folder: Path) -> dict | None:
 def _complete_with_digests(folder: Path):
     """(digests, [(chosen, rejected)] per pair) of a finished cache that stored digests, else None."""
     try:
-        key, (digests, chosen, rejected) = load_arrays(folder / "complete.npz", "digests", "chosen", "rejected")
+        key, (digests, chosen, rejected) = load_arrays(folder / "complete.npz", ("digests", "chosen", "rejected"))
     except UNREADABLE:  # no digests (KeyError: written before they were stored), or damaged
         return None
     if key not in (None, folder.name):  # a copy of another key's file: its folder's identity.json does not say how
