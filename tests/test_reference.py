@@ -749,3 +749,23 @@ def test_a_run_beside_another_of_the_same_key_takes_its_saved_pairs_and_says_so_
     want, got = final_weights(first), final_weights(second)
     assert all((got[k] - w).abs().max() == 0 for k, w in want.items())
     assert len(list(cache.glob("*/complete.npz"))) == 1 and not list(cache.glob("*/*part-*"))
+
+
+def test_a_part_of_another_host_is_the_same_slurm_jobs_earlier_attempt_or_maybe_a_run_scoring_now(
+    tmp_path, monkeypatch
+):
+    """A requeued job often lands on other nodes, and a job of several nodes saves parts on each: a part of another host
+    was said to be `another run, interrupted or scoring now` though it held the same Slurm job's id, and a job never
+    runs twice at once: its pairs are an interrupted run's. Another job's part on another host may be scoring now."""
+    import numpy as np
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
+    index, scores = np.array([0, 2]), np.array([-1.0, -2.0], dtype=np.float32)
+    store._write("part-a-r1.npz", index=index, chosen=scores, rejected=scores, writer="node9:123", job="77")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert store.parts()[0][[0, 2]].tolist() == [-1.0, -2.0] and store.beside == {}
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
+    store.parts()
+    assert store.beside == {"another run, interrupted or scoring now (pid 123 on node9)": 2}

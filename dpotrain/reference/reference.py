@@ -114,11 +114,12 @@ def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
     return said + [f"{n:,} {verb} from parts saved by {who}" for who, n in beside.items() if n]
 
 
-def _writer_beside(writer) -> str | None:
+def _writer_beside(writer, job) -> str | None:
     """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring: alive on this host, or
-    on another host (no way to tell from here); None where it is known gone (this host, its pid ended; or this
-    process, an earlier attempt of it) or the part names no writer (written before parts did)."""
-    if writer is None:
+    on another host (no way to tell from here); None where it is known gone (this host, its pid ended; this process,
+    an earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
+    (written before parts did)."""
+    if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
         return None
     host, _, pid = str(writer).rpartition(":")
     if not pid.isdigit():
@@ -168,11 +169,11 @@ class Store:
         """Every pair scored by an interrupted attempt: NaN where not scored."""
         chosen, rejected = np.full((2, self.pairs), np.nan, dtype=np.float32)
         for path in sorted(self.folder.glob("part-*.npz")):
-            arrays = self._read(path, "index", "chosen", "rejected", optional=("writer",))
+            arrays = self._read(path, "index", "chosen", "rejected", optional=("writer", "job"))
             if arrays is None:
                 continue
-            index, c, r, writer = arrays
-            who = _writer_beside(writer)
+            index, c, r, writer, job = arrays
+            who = _writer_beside(writer, job)
             if who and index.ndim == 1 and np.issubdtype(index.dtype, np.integer):
                 fresh = int(np.count_nonzero(np.isnan(chosen[index[(index >= 0) & (index < self.pairs)]])))
                 self.beside[who] = self.beside.get(who, 0) + fresh
@@ -188,7 +189,8 @@ class Store:
         as32, index = functools.partial(np.asarray, dtype=np.float32), np.asarray(index, dtype=np.int64)
         # The writer, so that a run reading this part while its writer scores on says so, not `interrupted`
         writer = np.asarray(f"{socket.gethostname()}:{os.getpid()}")
-        arrays = dict(index=index, chosen=as32(chosen), rejected=as32(rejected), writer=writer)
+        job = np.asarray(os.environ.get("SLURM_JOB_ID", ""))  # a requeue keeps it: its parts are its own earlier ones
+        arrays = dict(index=index, chosen=as32(chosen), rejected=as32(rejected), writer=writer, job=job)
         self._write(f"part-{attempt}-r{rank}.npz", **arrays)
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
