@@ -173,15 +173,15 @@ class Store:
             if arrays is None:
                 continue
             index, c, r, writer, job = arrays
-            who = _writer_beside(writer, job)
-            if who and index.ndim == 1 and np.issubdtype(index.dtype, np.integer):
-                fresh = int(np.count_nonzero(np.isnan(chosen[index[(index >= 0) & (index < self.pairs)]])))
-                self.beside[who] = self.beside.get(who, 0) + fresh
             if not (index.ndim == 1 and index.shape == c.shape == r.shape and np.issubdtype(index.dtype, np.integer)):
                 self._damaged(path, f"arrays of shapes {index.shape}, {c.shape}, {r.shape}")
             elif len(index) and (index.min() < 0 or index.max() >= self.pairs):
                 self._damaged(path, f"pair indices outside 0..{self.pairs - 1}")
             else:
+                who = _writer_beside(writer, job)
+                if who:  # the pairs this part adds, said to be that writer's
+                    fresh = int(np.count_nonzero(np.isnan(chosen[index])))
+                    self.beside[who] = self.beside.get(who, 0) + fresh
                 chosen[index], rejected[index] = c, r
         return chosen, rejected
 
@@ -494,9 +494,8 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     reused = int(np.count_nonzero(~np.isnan(chosen)))
     if reused < n:  # pairs to score, saved as they are: refused in an unwritable cache before the first forward
         main_outcome(check_writable, store.folder)  # the main's refusal every rank's
-    ended = functools.partial(
-        Outcome, name, n, reused, folder=store.folder, shared=shared, beside=beside
-    )  # scored, stopped, ...
+    # ended(scored, stopped, ...)
+    ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared, beside=beside)
     if reused == n:  # a complete cache, or every pair found in other runs' caches: nothing to score
         if not is_complete:  # kept under this run's key
             _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
