@@ -293,3 +293,55 @@ with replacing(at.with_suffix(".npz"), "wb") as f:  # the path save_cache writes
     lengths.analyse(rows, tokenizer, 0.99, dataset_id, cache, progress=False)
     assert sorted(p.name for p in cache.iterdir()) == sorted([live.name, f"{at.name}.json", f"{at.name}.npz"])
     assert lengths.cached_measure(dataset_id, tokenizer, cache) is not None
+
+
+def flipped_copies(data: bytes):
+    """`data` with one bit flipped at each byte in turn, the low bit and the high: a failing disk, a bad copy."""
+    for at in range(len(data)):
+        for bit in (0x01, 0x80):
+            flipped = bytearray(data)
+            flipped[at] ^= bit
+            yield at, bytes(flipped)
+
+
+def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged_never_a_crash(
+    tmp_path, monkeypatch, capsys
+):
+    """Every byte of `complete.npz` and of a part flipped in turn: a flip in the zip's central directory (its
+    compression method, version or flags) raised NotImplementedError or RuntimeError ("encrypted") out of np.load, and
+    the run stopped at start with a traceback instead of naming the file and scoring its pairs again. Each reader of
+    the cache (this key's complete file and parts, and other runs' complete files lending pairs by digest) returns the
+    file's scores or nothing, never others."""
+    from dpotrain.reference import reuse
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    ident = {"pairs": 3, "tokens_sha256": "x", "dtype": "float32"}
+    store = reference.Store.for_identity(ident)
+    scores, digests = np.array([-1.5, -2.5, -3.5], dtype=np.float32), np.eye(3, 16, dtype=np.uint8)
+    store.write_complete(ident, scores, scores - 1, digests)
+    complete = store.folder / reference.COMPLETE
+    intact = complete.read_bytes()
+    other = reference.Store.for_identity({**ident, "tokens_sha256": "y"})  # a run whose data changed in part
+    for at, data in flipped_copies(intact):
+        complete.write_bytes(data)
+        got = store.complete()
+        if got is None:
+            assert f"{complete} is damaged" in capsys.readouterr().err, at
+        else:
+            assert got[0].tolist() == scores.tolist() and got[1].tolist() == (scores - 1).tolist(), at
+        complete.write_bytes(data)
+        chosen, rejected = np.full((2, 3), np.nan, dtype=np.float32)
+        reuse.fill_from_other_caches(tmp_path / "reference", other.folder, ident, digests, chosen, rejected)
+        assert np.isnan(chosen).all() or chosen.tolist() == scores.tolist(), at
+
+    store.write_part("a", 0, [0, 2], [-1.0, -3.0], [-2.0, -4.0])
+    part = store.folder / "part-a-r0.npz"
+    intact = part.read_bytes()
+    for at, data in flipped_copies(intact):
+        part.write_bytes(data)
+        chosen, rejected = store.parts()
+        if np.isnan(chosen).all():
+            assert f"{part} is damaged" in capsys.readouterr().err, at
+        else:
+            assert chosen[[0, 2]].tolist() == [-1.0, -3.0] and rejected[[0, 2]].tolist() == [-2.0, -4.0], at
+            assert np.isnan(chosen[1]), at

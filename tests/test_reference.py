@@ -710,3 +710,62 @@ def test_the_scoring_line_of_micro_batches_of_one_pair_counts_in_the_singular(tm
     assert result.returncode == 0, result.stdout[-3000:]
     line = "reference log-probs (train): scoring 16 of 16 pairs on 1 process in 16 micro-batches each of up to 1 pair;"
     assert line in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_run_beside_another_of_the_same_key_takes_its_saved_pairs_and_says_so_truly(
+    tmp_path, tiny_model_dir, many_pairs
+):
+    """Two runs of the same model and data at once (two output folders, one cache): the second took the first's
+    still-growing part as `kept from an interrupted run`, of a run that was not interrupted. Each part names its
+    writer (host and pid), so a live writer's part is said to be another run's, scoring beside this one; neither
+    run's scores are hurt (parts are per attempt and rank, each written atomically: no two writers of one file, no
+    reader of a half-written one), and both end with the same weights."""
+    cache = tmp_path / "cache" / "reference"
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    smaller = ["--max_length", "512", "--max_tokens_per_microbatch", "1024"]
+    paused = tmp_path / "paused"
+    first = tmp_path / "first"
+    cmd = command(tiny_model_dir, many_pairs, first, *smaller)
+    cmd = [cmd[0], str(PAUSE_AT), *cmd[2:], "--reference_save_seconds", "0"]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **env, **pause_env(f"{cache}/*/part-*.npz", "*", paused)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pid = paused_pid(paused, proc)  # alive, half-way through its stage, one part saved
+        second = tmp_path / "second"
+        log = run(command(tiny_model_dir, many_pairs, second, *smaller), env)
+        assert "interrupted run" not in log, log[-3000:]
+        assert re.search(rf"[\d,]+ kept from parts saved by another run scoring now \(pid {pid} on ", log), log[-3000:]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        code, first_log = proc.wait(timeout=300), proc.stdout.read()
+    assert code == 0, first_log[-3000:]
+    want, got = final_weights(first), final_weights(second)
+    assert all((got[k] - w).abs().max() == 0 for k, w in want.items())
+    assert len(list(cache.glob("*/complete.npz"))) == 1 and not list(cache.glob("*/*part-*"))
+
+
+def test_a_part_of_another_host_is_the_same_slurm_jobs_earlier_attempt_or_maybe_a_run_scoring_now(
+    tmp_path, monkeypatch
+):
+    """A requeued job often lands on other nodes, and a job of several nodes saves parts on each: a part of another host
+    was said to be `another run, interrupted or scoring now` though it held the same Slurm job's id, and a job never
+    runs twice at once: its pairs are an interrupted run's. Another job's part on another host may be scoring now."""
+    import numpy as np
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
+    index, scores = np.array([0, 2]), np.array([-1.0, -2.0], dtype=np.float32)
+    store._write("part-a-r1.npz", index=index, chosen=scores, rejected=scores, writer="node9:123", job="77")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert store.parts()[0][[0, 2]].tolist() == [-1.0, -2.0] and store.beside == {}
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
+    store.parts()
+    assert store.beside == {"another run, interrupted or scoring now (pid 123 on node9)": 2}

@@ -10,7 +10,9 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import secrets
+import socket
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +29,15 @@ from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
-from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
-from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, key_of, pair_digests
+from dpotrain.recipe.writes import (
+    pid_alive,
+    quiet_progress_bars,
+    remove_dead_temporaries,
+    replacing,
+    unwritable,
+    write_text,
+)
+from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
@@ -97,6 +106,31 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     }
 
 
+def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
+    """'5 kept from an interrupted run', '3 kept from parts saved by another run scoring now (pid 12 on node3)': the
+    pairs of this key's parts, by whether their writer is known to be gone (`_writer_beside`)."""
+    interrupted = kept - sum(beside.values())
+    said = [f"{interrupted:,} {verb} from an interrupted run"] if interrupted else []
+    return said + [f"{n:,} {verb} from parts saved by {who}" for who, n in beside.items() if n]
+
+
+def _writer_beside(writer, job) -> str | None:
+    """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring: alive on this host, or
+    on another host (no way to tell from here); None where it is known gone (this host, its pid ended; this process,
+    an earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
+    (written before parts did)."""
+    if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
+        return None
+    host, _, pid = str(writer).rpartition(":")
+    if not pid.isdigit():
+        return None
+    if host != socket.gethostname():
+        return f"another run, interrupted or scoring now (pid {pid} on {host})"
+    if int(pid) == os.getpid() or not pid_alive(int(pid)):
+        return None
+    return f"another run scoring now (pid {pid} on {host})"
+
+
 def foreign_key(key: str) -> str:
     return (
         f"it holds the scores of cache key {key}, another model, data or settings than this folder's: a file copied "
@@ -112,6 +146,7 @@ class Store:
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
         self.unsaved: str | None = None
+        self.beside: dict[str, int] = {}  # what `parts` took from writers maybe still scoring: who -> pairs
 
     @classmethod
     def for_identity(cls, ident: dict) -> "Store":
@@ -134,21 +169,29 @@ class Store:
         """Every pair scored by an interrupted attempt: NaN where not scored."""
         chosen, rejected = np.full((2, self.pairs), np.nan, dtype=np.float32)
         for path in sorted(self.folder.glob("part-*.npz")):
-            arrays = self._read(path, "index", "chosen", "rejected")
+            arrays = self._read(path, "index", "chosen", "rejected", optional=("writer", "job"))
             if arrays is None:
                 continue
-            index, c, r = arrays
+            index, c, r, writer, job = arrays
             if not (index.ndim == 1 and index.shape == c.shape == r.shape and np.issubdtype(index.dtype, np.integer)):
                 self._damaged(path, f"arrays of shapes {index.shape}, {c.shape}, {r.shape}")
             elif len(index) and (index.min() < 0 or index.max() >= self.pairs):
                 self._damaged(path, f"pair indices outside 0..{self.pairs - 1}")
             else:
+                who = _writer_beside(writer, job)
+                if who:  # the pairs this part adds, said to be that writer's
+                    fresh = int(np.count_nonzero(np.isnan(chosen[index])))
+                    self.beside[who] = self.beside.get(who, 0) + fresh
                 chosen[index], rejected[index] = c, r
         return chosen, rejected
 
     def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
         as32, index = functools.partial(np.asarray, dtype=np.float32), np.asarray(index, dtype=np.int64)
-        self._write(f"part-{attempt}-r{rank}.npz", index=index, chosen=as32(chosen), rejected=as32(rejected))
+        # The writer, so that a run reading this part while its writer scores on says so, not `interrupted`
+        writer = np.asarray(f"{socket.gethostname()}:{os.getpid()}")
+        job = np.asarray(os.environ.get("SLURM_JOB_ID", ""))  # a requeue keeps it: its parts are its own earlier ones
+        arrays = dict(index=index, chosen=as32(chosen), rejected=as32(rejected), writer=writer, job=job)
+        self._write(f"part-{attempt}-r{rank}.npz", **arrays)
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
@@ -191,15 +234,12 @@ class Store:
             )
         self.unsaved = error.strerror or str(error)
 
-    def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
+    def _read(self, path: Path, *names: str, optional: tuple[str, ...] = ()) -> list[np.ndarray] | None:
         """The named arrays of `path`; None if gone or damaged (warned about and removed). Main process only: it
         broadcasts what it found, so every rank rescores the same pairs."""
 
-        def arrays(path):
-            with np.load(path) as f:
-                return key_of(f), [np.asarray(f[name]) for name in names]
-
-        found = run_records.read_cache(path, arrays, "reference", AGAIN)
+        load = functools.partial(load_arrays, names=names, optional=optional)
+        found = run_records.read_cache(path, load, "reference", AGAIN)
         if found is None:
             return None
         key, arrays = found
@@ -226,6 +266,7 @@ class Outcome:
     tokens_per_second: float | None = None  # steady: real tokens over all processes after the first micro-batch
     unsaved: str | None = None  # why the cache could not be written (this process's), where it could not
     of: int | None = None  # the data set's pairs, where the run's steps train only `pairs` of them (`_run_on`)
+    beside: dict[str, int] = dataclasses.field(default_factory=dict)  # of `reused`: `Store.beside`
 
     def line(self) -> str:
         head, done = f"reference log-probs ({self.name}):", f"{self.reused + self.scored:,} of {self.pairs:,} pairs"
@@ -238,8 +279,7 @@ class Outcome:
             return f"{head} stopped with {done} saved in {self.folder}; the same command scores only the rest"
         if not self.scored:
             return f"{head} all {self.pairs:,} pairs reused from {self.folder}"
-        interrupted = self.reused - self.shared
-        kept = f"{interrupted:,} reused from an interrupted run, " if interrupted else ""
+        kept = "".join(f"{part}, " for part in kept_parts(self.reused - self.shared, self.beside, "reused"))
         if self.shared:
             kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
         if self.unsaved:
@@ -448,13 +488,14 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     store = Store.for_identity(ident)
 
     # Rank 0's cache decides, for everyone: node-local caches then cannot lead ranks into different collectives.
-    is_complete, chosen, rejected, digests, shared = broadcast_from_main(
+    is_complete, chosen, rejected, digests, shared, beside = broadcast_from_main(
         _look_up(store, ident, dataset) if accelerator.is_main_process else None
     )
     reused = int(np.count_nonzero(~np.isnan(chosen)))
     if reused < n:  # pairs to score, saved as they are: refused in an unwritable cache before the first forward
         main_outcome(check_writable, store.folder)  # the main's refusal every rank's
-    ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared)  # scored, stopped, ...
+    # ended(scored, stopped, ...)
+    ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared, beside=beside)
     if reused == n:  # a complete cache, or every pair found in other runs' caches: nothing to score
         if not is_complete:  # kept under this run's key
             _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
@@ -465,7 +506,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     rounds, round_tokens, round_pairs = _rounds(todo, tokens)
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
-        kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
+        kept = "".join(f", {part}" for part in kept_parts(reused - shared, beside, "kept"))
         kept += f", {shared:,} found in other runs' caches" if shared else ""
         print(
             f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {plural(world, 'process')} in "
@@ -526,11 +567,11 @@ def _look_up(store: Store, ident: dict, dataset) -> tuple:
     store.remove_dead_temporaries()
     complete = store.complete()
     if complete is not None:
-        return True, *complete, None, 0
+        return True, *complete, None, 0, {}
     chosen, rejected = store.parts()
     digests = pair_digests(dataset)
     shared = fill_from_other_caches(cache_dir(), store.folder, ident, digests, chosen, rejected)
-    return False, chosen, rejected, digests, shared
+    return False, chosen, rejected, digests, shared, store.beside
 
 
 def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple[list, str]:

@@ -7,6 +7,7 @@ stored are not reused."""
 import collections
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,19 @@ def key_of(npz) -> str | None:
     """The cache key a file of the stage was scored under (the name of the folder it was written in); None for a file
     written before files named their key."""
     return str(npz[KEY_ARRAY]) if KEY_ARRAY in npz.files else None
+
+
+def load_arrays(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> tuple[str | None, list]:
+    """(`key_of`, the `names` arrays, then the `optional` ones: None where the file has none) of a cache file. A
+    flipped bit in the zip's directory makes zipfile raise NotImplementedError (a compression method or version it
+    lacks) or RuntimeError (the file seems encrypted) rather than BadZipFile: those are the file's damage too, named
+    and scored again, never a traceback at start."""
+    try:
+        with np.load(path) as f:
+            found = [np.asarray(f[name]) for name in names]
+            return key_of(f), found + [np.asarray(f[name]) if name in f.files else None for name in optional]
+    except (NotImplementedError, RuntimeError) as e:
+        raise zipfile.BadZipFile(f"{type(e).__name__}: {e}") from e
 
 
 def pair_digests(dataset) -> np.ndarray:
@@ -89,12 +103,11 @@ def _identity(folder: Path) -> dict | None:
 def _complete_with_digests(folder: Path):
     """(digests, [(chosen, rejected)] per pair) of a finished cache that stored digests, else None."""
     try:
-        with np.load(folder / "complete.npz") as f:
-            if "digests" not in f.files or key_of(f) not in (None, folder.name):  # a copy of another key's file:
-                return None  # its folder's identity.json does not say how it was scored
-            digests, chosen, rejected = (np.asarray(f[k]) for k in ("digests", "chosen", "rejected"))
-    except UNREADABLE:
+        key, (digests, chosen, rejected) = load_arrays(folder / "complete.npz", ("digests", "chosen", "rejected"))
+    except UNREADABLE:  # no digests (KeyError: written before they were stored), or damaged
         return None
+    if key not in (None, folder.name):  # a copy of another key's file: its folder's identity.json does not say how
+        return None  # it was scored
     if not (digests.shape == (len(chosen), DIGEST_BYTES) and chosen.shape == rejected.shape == (len(chosen),)):
         return None
     if np.isnan(chosen).any() or np.isnan(rejected).any():
