@@ -361,6 +361,10 @@ def _suggest(name: str) -> str:
 def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
+    if Path(path).is_dir():  # there, but not a file: "not found" sent the user looking for it
+        inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
+        fix = f"--config {shlex.quote(str(inside[0]))}" if inside else "a .yaml recipe file"
+        raise ConfigError(f"recipe {path!r} is a folder, not a recipe file: pass one of its files ({fix})")
     if not Path(path).is_file():
         # Run from outside the project: the fix names the project's file by its path from here
         relative = not Path(path).is_absolute()
