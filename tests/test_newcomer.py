@@ -1395,6 +1395,9 @@ def test_a_recipe_that_is_a_folder_is_named_as_a_folder(tmp_path, monkeypatch):
     assert str(refused.value) == (
         "recipe 'recipes' is a folder, not a recipe file: pass one of its files (--config recipes/mine.yaml)"
     )
+    (tmp_path / "recipes" / "mine.yaml").unlink()  # a folder without a recipe: no file of it to name
+    with pytest.raises(ConfigError, match="^recipe 'recipes' is a folder, not a recipe file: pass a .yaml recipe"):
+        parse_args(["--config", "recipes", "--dry-run"])
 
 
 @pytest.mark.parametrize("word", ["--devv", "dev", "--help", "-h"])

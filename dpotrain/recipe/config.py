@@ -363,8 +363,8 @@ def read_recipe(path: str) -> dict:
     writes.check_path_limit("config", path)
     if Path(path).is_dir():  # there, but not a file: "not found" sent the user looking for it
         inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
-        fix = f"--config {shlex.quote(str(inside[0]))}" if inside else "a .yaml recipe file"
-        raise ConfigError(f"recipe {path!r} is a folder, not a recipe file: pass one of its files ({fix})")
+        fix = f"one of its files (--config {shlex.quote(str(inside[0]))})" if inside else "a .yaml recipe file"
+        raise ConfigError(f"recipe {path!r} is a folder, not a recipe file: pass {fix}")
     if not Path(path).is_file():
         # Run from outside the project: the fix names the project's file by its path from here
         relative = not Path(path).is_absolute()
