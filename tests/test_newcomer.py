@@ -1421,3 +1421,20 @@ def test_setup_env_refuses_a_word_it_does_not_take_before_it_installs_anything(w
     assert "--dev" in done.stderr and not (tmp_path / "installs").exists()
     fine = subprocess.run(["bash", "scripts/setup_env.sh", "--dev"], cwd=project, capture_output=True, text=True)
     assert fine.returncode == 0 and "requirements-dev.txt" in fine.stdout, fine.stdout + fine.stderr
+
+
+@pytest.mark.parametrize("words", [[], ["--dry-run"]], ids=["bare", "dry-run"])
+def test_a_command_without_a_recipe_or_a_model_asks_for_a_recipe(words, tmp_path, monkeypatch):
+    """`python train_dpo.py` typed bare stopped on "Your setup doesn't support bf16/gpu" (TRL's defaults, no recipe
+    read), and `--dry-run` alone on "set model_name_or_path in the recipe", though no recipe was given: it names
+    --config and the recipes."""
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(words)
+    configs = ROOT / "configs"  # named by its path from the folder run in, outside the project
+    assert str(refused.value).startswith(f"no recipe and no model: pass --config {configs}/<name>.yaml ("), refused
+    assert "smoke.yaml" in str(refused.value) and "--model_name_or_path" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"^unknown argument '--confg'"):
+        parse_args([*words, "--confg", "configs/smoke.yaml"])  # a mistyped flag is named first
