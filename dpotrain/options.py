@@ -969,7 +969,9 @@ def check_wandb(recipe: Recipe) -> None:
             "WANDB_MODE=disabled, or pass --report_to none"
         )
     # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
-    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+    # A blank key (`WANDB_API_KEY=" "`) is no login: wandb.init asks for one after the model loaded
+    key = os.environ.get("WANDB_API_KEY", "").strip()
+    if not _wandb_online(recipe) or key or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     try:
         from wandb.errors import AuthenticationError

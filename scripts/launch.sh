@@ -44,6 +44,8 @@ case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 die() { echo "error: $*" >&2; exit 1; }
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
+# A folder is there: "not found" of it sent the user looking for it
+[[ ! -d "$RECIPE" ]] || die "recipe $RECIPE is a folder, not a recipe file: set RECIPE=${RECIPE%/}/<name>.yaml"
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
 # The engine: ACCELERATE_CONFIG, else an --accelerate_config among the arguments, else the recipe's own
 # (configs/think-32b.yaml names ZeRO-3); the package reads the recipe (dpotrain/cluster/job.py), as training does. The

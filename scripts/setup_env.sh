@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 reqs=requirements.txt
+# One word or none: a mistyped `--devv` (or `--help`) installed the training requirements alone and said "venv ready"
+for word in "$@"; do
+  if [[ $word != --dev ]]; then
+    echo "error: setup_env.sh takes no '$word': run it bare for the training requirements, or with --dev for the test tools too" >&2
+    exit 2
+  fi
+done
 [[ "${1:-}" == "--dev" ]] && reqs=requirements-dev.txt
 python=${PYTHON:-python3}
 

@@ -1345,3 +1345,82 @@ def test_the_options_help_names_readme_sections_that_exist():
     }
     assert "sequence_parallel_size" in named  # README: Long traces
     assert {name: s for name, s in named.items() if not any(h.startswith(s) for h in headings)} == {}
+
+
+# --- a newcomer's commands hunt: odd credentials, a recipe that is a folder, a mistyped script flag ------------------
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t"], ids=["empty", "spaces", "tab"])
+def test_a_blank_hugging_face_token_or_wandb_key_is_no_login(blank, tmp_path, capsys, no_credentials, monkeypatch):
+    """`HF_TOKEN="  "` or `WANDB_API_KEY=" "` in .env (a value pasted as spaces, or a quoted placeholder): the dry run
+    counted it as a login and said nothing, the run started, and the push (or wandb.init, after the model loaded)
+    failed on a key that was never there. Blank is no login, as huggingface_hub and wandb read it."""
+    monkeypatch.setenv("HF_TOKEN", blank)
+    monkeypatch.setenv("WANDB_API_KEY", blank)
+    out = dry_run(
+        capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "me/x",
+        "--report_to", "wandb",
+    )  # fmt: skip
+    assert "warning: the run would refuse: push_to_hub is set but no Hugging Face token was found" in out, out
+    assert "report_to wandb but no W&B login" in out, out
+    if blank:
+        assert "(HF_TOKEN is set to white space only: give its value, or unset HF_TOKEN)" in out, out
+        assert "(WANDB_API_KEY is set to white space only: give its value, or unset WANDB_API_KEY)" in out, out
+
+
+def test_a_recipe_that_is_a_folder_is_named_as_a_folder(tmp_path, monkeypatch):
+    """`--config configs/` (a folder, or a recipe path completed to a folder by the shell) was refused as "not found",
+    though it was there: the refusal says it is a folder and which files in it are recipes."""
+    from dpotrain.recipe.config import parse_args
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "recipes", "--dry-run"])
+    assert str(refused.value) == (
+        "recipe 'recipes' is a folder, not a recipe file: pass one of its files (--config recipes/mine.yaml)"
+    )
+    (tmp_path / "recipes" / "mine.yaml").unlink()  # a folder without a recipe: no file of it to name
+    with pytest.raises(ConfigError, match="^recipe 'recipes' is a folder, not a recipe file: pass a .yaml recipe"):
+        parse_args(["--config", "recipes", "--dry-run"])
+
+
+@pytest.mark.parametrize("word", ["--devv", "dev", "--help", "-h"])
+def test_setup_env_refuses_a_word_it_does_not_take_before_it_installs_anything(word, tmp_path):
+    """`bash scripts/setup_env.sh --devv` (or `--help`) installed the training requirements without the test tools and
+    said "venv ready", exit 0: the mistyped word was never read. It now stops at once, naming the one word it takes."""
+    import subprocess
+
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "setup_env.sh", project / "scripts")
+    for name in ("requirements.txt", "requirements-dev.txt"):
+        (project / name).write_text("")
+    python = project / ".venv" / "bin" / "python"  # a stand-in venv: it records what it was asked to install
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "installs"}\n')
+    python.chmod(0o755)
+    done = subprocess.run(["bash", "scripts/setup_env.sh", word], cwd=project, capture_output=True, text=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"error: setup_env.sh takes no {word!r}: "), done.stderr
+    assert "--dev" in done.stderr and not (tmp_path / "installs").exists()
+    fine = subprocess.run(["bash", "scripts/setup_env.sh", "--dev"], cwd=project, capture_output=True, text=True)
+    assert fine.returncode == 0 and "requirements-dev.txt" in fine.stdout, fine.stdout + fine.stderr
+
+
+@pytest.mark.parametrize("words", [[], ["--dry-run"]], ids=["bare", "dry-run"])
+def test_a_command_without_a_recipe_or_a_model_asks_for_a_recipe(words, tmp_path, monkeypatch):
+    """`python train_dpo.py` typed bare stopped on "Your setup doesn't support bf16/gpu" (TRL's defaults, no recipe
+    read), and `--dry-run` alone on "set model_name_or_path in the recipe", though no recipe was given: it names
+    --config and the recipes."""
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(words)
+    configs = ROOT / "configs"  # named by its path from the folder run in, outside the project
+    assert str(refused.value).startswith(f"no recipe and no model: pass --config {configs}/<name>.yaml ("), refused
+    assert "smoke.yaml" in str(refused.value) and "--model_name_or_path" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"^unknown argument '--confg'"):
+        parse_args([*words, "--confg", "configs/smoke.yaml"])  # a mistyped flag is named first

@@ -566,6 +566,18 @@ def test_processes_per_node_that_are_no_number_are_refused_by_name(gpus, cpus, s
     assert result.returncode == 1 and result.stderr.startswith("error: set RECIPE, e.g. RECIPE=configs/think.yaml")
 
 
+def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
+    """`RECIPE=configs sbatch scripts/dpo_train.sh` (a folder: the shell completed to it) was refused as "recipe configs
+    not found", though it was there; train_dpo.py --config says the same of a folder (tests/test_newcomer.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": str(tmp_path)}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_PER_NODE": "4"}
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"error: recipe {tmp_path} is a folder, not a recipe file: set RECIPE={tmp_path}/<name>.yaml"
+    ), result.stderr
+
+
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_multi_node_launch_line(nodes):
     line = print_launch(nodes, "--learning_rate", "8e-8", gpus="h100:4")

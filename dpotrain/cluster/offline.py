@@ -333,9 +333,11 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True, output
 
 
 def hf_token() -> str | None:
-    """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved."""
+    """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved. A blank HF_TOKEN
+    (`HF_TOKEN="  "` in .env) is none, as huggingface_hub reads it: taken as a login, it passed the dry run and failed
+    the push; around a real token, white space is not part of it."""
     try:
-        return os.environ.get("HF_TOKEN") or get_token()
+        return os.environ.get("HF_TOKEN", "").strip() or get_token()
     except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)
         raise ConfigError(
             f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "

@@ -361,6 +361,10 @@ def _suggest(name: str) -> str:
 def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
+    if Path(path).is_dir():  # there, but not a file: "not found" sent the user looking for it
+        inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
+        fix = f"one of its files (--config {shlex.quote(str(inside[0]))})" if inside else "a .yaml recipe file"
+        raise ConfigError(f"recipe {path!r} is a folder, not a recipe file: pass {fix}")
     if not Path(path).is_file():
         # Run from outside the project: the fix names the project's file by its path from here
         relative = not Path(path).is_absolute()
@@ -561,6 +565,14 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         raise _unknown_words(tokens, remaining)
+    if config_path is None and not fields_set(argv) - {"dry_run", "json"}:
+        # No recipe and no field (a program's parse of fields alone is its own): TRL's defaults were checked, and
+        # `python train_dpo.py` bare stopped on "bf16/gpu". A mistyped flag is named first (above).
+        configs = shlex.quote(venv.project_file("configs"))  # its path from the folder run in
+        raise ConfigError(
+            f"no recipe and no model: pass --config {configs}/<name>.yaml (think.yaml, instruct.yaml, "
+            "think-32b.yaml; smoke.yaml: the CPU demo), or --model_name_or_path with every field the run needs"
+        )
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
     # Every value this project decides from the parsed ones is decided before the dataclasses are built (as
     # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses

@@ -122,8 +122,11 @@ def hidden(name: str, root: Path | None = None) -> str:
     shell profile: the message asking to add it to `.env`, which the user had done, named no cause); else nothing."""
     from dotenv import dotenv_values
 
+    value = os.environ.get(name)
+    if value and not value.strip():  # `HF_TOKEN="  "`: set, so the user looks no further than that it is
+        return f" ({name} is set to white space only: give its value, or unset {name})"
     env_file = (root or ROOT) / ".env"  # the project's, as `load_env` reads it
-    if os.environ.get(name) != "" or not env_file.is_file() or not dotenv_values(env_file).get(name):
+    if value != "" or not env_file.is_file() or not dotenv_values(env_file).get(name):
         return ""
     return f" (.env sets {name}, but an empty {name} in the environment wins over it: unset {name})"
 
