@@ -666,7 +666,9 @@ def test_the_speed_benchmark_measures_both_speeds_in_one_run():
     assert run["reference_micro_batches"] >= 2 and run["reference_warmup_seconds"] > 0
     assert run["training_steps_measured"] >= 2 and run["training_tokens_per_second"] > 0
     speed_ratio = run["reference_tokens_per_second"] / run["training_tokens_per_second"]
-    assert run["ratio"] == pytest.approx(speed_ratio, abs=0.006), run  # the two speeds it printed, rounded
+    # The two speeds it printed, rounded (the ratio to 0.01, the training speed to 0.1 tokens/s: at a ratio of 77, seen
+    # on a loaded machine, that speed's rounding alone moves it by 0.008)
+    assert run["ratio"] == pytest.approx(speed_ratio, rel=1e-3, abs=0.006), run
     assert "reference stage" in result.stdout and "training loop" in result.stdout
 
 
