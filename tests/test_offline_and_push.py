@@ -395,7 +395,7 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
 @pytest.mark.parametrize(
     "args, says",
     [
-        ([], "no model: set model_name_or_path"),
+        ([], "no recipe and no model: pass --config "),
         (["--model_name_or_path", "builtin:tiny-olmo3"], "no dataset: set dataset_name"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", "nonexist.jsonl"], "does not exist"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "./my-modl"], "model folder"),
