@@ -146,7 +146,8 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True, in_part:
         absent = missing_model_files(name, revision)
         at = f" at revision {revision!r}" if revision not in (None, "main") else ""
         if absent == NEEDED:  # nothing of it at all
-            missing += [] if in_part else [f"model {name!r}{at} is not cached"]
+            if not in_part:
+                missing.append(f"model {name!r}{at} is not cached")
         elif absent:
             missing.append(f"model {name!r}{at} lacks {', '.join(absent)}")
     for source in hub_datasets(recipe) if dataset else []:

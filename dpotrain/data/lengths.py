@@ -477,6 +477,8 @@ def recommendation(
         }
 
     counted = cuts.count(m.prompt, m.chosen, m.rejected, best, mode)
+    # a longer length to compare with: doubled, within the model's positions (a run refuses one past them)
+    top = min(2 * best, max_positions or 2 * best)
     r = {
         "rule": f"smallest multiple of {STEP} leaving at least target_coverage of pairs whole",
         "target_coverage": target,
@@ -485,8 +487,7 @@ def recommendation(
         "truncated": counted["truncated"],
         "dropped": counted["dropped"],
         "lower": neighbour(best - STEP),
-        # a longer length to compare with: doubled, within the model's positions (a run refuses one past them)
-        "doubled": neighbour(min(2 * best, max_positions or 2 * best)) if best < (max_positions or 2 * best) else None,
+        "doubled": neighbour(top) if top > best else None,
         "capped": None,
         "raised": None,
         "truncation_mode": mode,
