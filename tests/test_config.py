@@ -380,7 +380,7 @@ def test_a_mistyped_flag_is_named_without_its_value():
     """`--hub_tokn=hf_...` printed the token in its error line (a terminal, a Slurm log)."""
     with pytest.raises(ConfigError) as refused:
         parse_args(["--bf16", "false", "--hub_tokn=hf_secretvalue"])
-    assert str(refused.value) == "unknown argument '--hub_tokn' (did you mean '--hub_token'?); see --help"
+    assert str(refused.value) == "unknown argument '--hub_tokn' (did you mean '--hub_token'?); see train_dpo.py --help"
 
 
 def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):

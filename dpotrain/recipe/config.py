@@ -602,10 +602,11 @@ SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` 
 def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
     """What argparse left over: an unknown flag, by its name alone (`--hub_tokn=hf_...` must not print the token; the
     cli.Parser alike), else a word after a one-value flag's value (`--dataset_name a.jsonl b.jsonl` was "unknown
-    argument 'b.jsonl'"), named with that flag; the value itself is not printed (it may be a token)."""
+    argument 'b.jsonl'"), named with that flag; the value itself is not printed (it may be a token). Its help is
+    train_dpo.py's, whose fields these are, also where another script passes them on (prefetch.py, preflight.py)."""
     flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
     if flag is not None:
-        return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+        return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see train_dpo.py --help")
     options = _options()
     for i, word in enumerate(tokens):
         name, eq, _ = word.partition("=")
@@ -623,7 +624,7 @@ def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
             return ConfigError(
                 f"unknown argument {remaining[0]!r}: it follows the value of {name}, which takes one: give one{several}"
             )
-    return ConfigError(f"unknown argument {remaining[0]!r}; see --help")
+    return ConfigError(f"unknown argument {remaining[0]!r}; see train_dpo.py --help")
 
 
 def _refused_upstream(e: ValueError, known) -> ConfigError:
