@@ -1368,6 +1368,19 @@ def test_a_blank_hugging_face_token_or_wandb_key_is_no_login(blank, tmp_path, ca
         assert "(WANDB_API_KEY is set to white space only: give its value, or unset WANDB_API_KEY)" in out, out
 
 
+def test_a_blank_token_from_the_env_file_is_named_there_not_unset_in_the_shell(tmp_path, monkeypatch):
+    """`HF_TOKEN="  "` in .env (a quoted placeholder): the hint said "give its value, or unset HF_TOKEN", and an
+    `unset` in the shell does nothing to .env's line, which is read again by the next command. It names .env."""
+    (tmp_path / ".env").write_text('HF_TOKEN="  "\n')
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    venv.load_env(tmp_path)
+    assert venv.hidden("HF_TOKEN", tmp_path) == " (.env sets HF_TOKEN to white space only: give its value there)"
+    monkeypatch.setenv("HF_TOKEN", " ")  # the shell's own blank, beside .env's other one: the shell's is the cause
+    assert (
+        venv.hidden("HF_TOKEN", tmp_path) == " (HF_TOKEN is set to white space only: give its value, or unset HF_TOKEN)"
+    )
+
+
 def test_a_recipe_that_is_a_folder_is_named_as_a_folder(tmp_path, monkeypatch):
     """`--config configs/` (a folder, or a recipe path completed to a folder by the shell) was refused as "not found",
     though it was there: the refusal says it is a folder and which files in it are recipes."""

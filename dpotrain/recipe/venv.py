@@ -123,10 +123,13 @@ def hidden(name: str, root: Path | None = None) -> str:
     from dotenv import dotenv_values
 
     value = os.environ.get(name)
-    if value and not value.strip():  # `HF_TOKEN="  "`: set, so the user looks no further than that it is
-        return f" ({name} is set to white space only: give its value, or unset {name})"
     env_file = (root or ROOT) / ".env"  # the project's, as `load_env` reads it
-    if value != "" or not env_file.is_file() or not dotenv_values(env_file).get(name):
+    in_file = dotenv_values(env_file).get(name) if env_file.is_file() else None
+    if value and not value.strip():  # `HF_TOKEN="  "`: set, so the user looks no further than that it is
+        if value == in_file:  # `.env`'s line, which an `unset` in the shell would not touch
+            return f" (.env sets {name} to white space only: give its value there)"
+        return f" ({name} is set to white space only: give its value, or unset {name})"
+    if value != "" or not in_file:
         return ""
     return f" (.env sets {name}, but an empty {name} in the environment wins over it: unset {name})"
 
