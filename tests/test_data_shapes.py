@@ -1181,3 +1181,36 @@ def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_al
     assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == 5
     m = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
     assert [p["index"] for p in m.invalid] == [p["index"] for p in derived["invalid_rows"]["first"]] == [3]
+
+
+@pytest.mark.parametrize("content", ["", " "], ids=["empty", "whitespace"])
+def test_an_empty_assistant_turn_after_the_answer_is_refused_by_the_run_and_counted_by_the_analyzer(
+    content, tmp_path, tiny_model_dir
+):
+    """An export's trailing `{"role": "assistant", "content": ""}` after chosen's answer trained as a turn of its own
+    (header and end token): the model learned to follow its answer with an empty turn. Refused as the empty user turn
+    is, and counted by the analyzer alike; an answer that is a tool call (empty content) stays a pair."""
+    pairs = dolci(6)
+    pairs[2]["chosen"] = pairs[2]["chosen"] + [{"role": "assistant", "content": content}]
+    pairs[4]["rejected"] = pairs[4]["rejected"][:-1] + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    raw = data.load_preference_dataset(str(path))
+    with pytest.raises(rows.InvalidRowError) as info:
+        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
+    said = str(info.value)
+    assert re.match(
+        r"row 2, column 'chosen': message \d is an assistant turn with empty content beside the answer \(it would "
+        r"train as an empty turn of its own\): remove it \(line 3 of ",
+        said,
+    ), said
+    derived = {}
+    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == 5  # the tool call's pair kept
+    m = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
+    assert m.invalid[0] == derived["invalid_rows"]["first"][0] and m.invalid[0]["index"] == 2
+    # The built-in template does not write tool_calls: refused by that check, once the template is known, not this one
+    assert [(p["index"], p["problem"][:41]) for p in m.invalid[1:]] == [
+        (4, "chat template error: the chat template do")
+    ]

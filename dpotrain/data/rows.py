@@ -109,6 +109,8 @@ def read_row(
         completion = example[column]
         if fmt.conversational and not any(map(_says_something, completion)):
             return None, (column, "empty completion: every completion message has empty content")
+        if fmt.conversational and (problem := _empty_answer_turn(completion)):
+            return None, (column, problem)
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
     if fmt.template is not None:  # the answers against the template's generation prompt
@@ -212,6 +214,19 @@ def _empty_user_turn(prompt: list[dict]) -> str | None:
             return (
                 f"message {i} is a user turn with empty content (the chat template would render its header with "
                 "nothing after it)"
+            )
+    return None
+
+
+def _empty_answer_turn(completion: list[dict]) -> str | None:
+    """An assistant message of a completion that holds nothing, beside one that answers (an export's trailing
+    `{"role": "assistant", "content": ""}`): the chat template renders it as a turn of its own, its header and end
+    token, and the pair would train the model to follow its answer with an empty turn."""
+    for i, message in enumerate(completion):
+        if message["role"] == "assistant" and not _says_something(message):
+            return (
+                f"message {i} is an assistant turn with empty content beside the answer (it would train as an empty "
+                "turn of its own): remove it"
             )
     return None
 
