@@ -654,6 +654,10 @@ def test_bad_row_is_named_by_index_and_column(case, cli, tmp_path, tiny_model_di
             },
             "a str where the data set has message lists (read from its first row, this one): write it as a list of ",
         ),
+        (  # the kind is read from the answers: the first row's prompt, a number, is not "text, as the first row is"
+            {"prompt": 7, "chosen": "Blue.", "rejected": "Green."},
+            "an int where the data set has plain text (its answers are text): write the prompt as text",
+        ),
     ],
 )
 def test_the_first_rows_other_type_is_not_said_to_differ_from_the_first_row(
@@ -662,12 +666,15 @@ def test_the_first_rows_other_type_is_not_said_to_differ_from_the_first_row(
     """The data set's kind is read from its first row: an answer of another type in that row itself was refused as
     "an int where the data set has plain text (its first row is text): write it as text, as the first row is"."""
     second = {"chosen": first["chosen"], "rejected": "Green."}  # a good row of the first's kind
+    if "prompt" in first:
+        second = {"prompt": "Sky?", "chosen": "Blue.", "rejected": "Grey."}
     if isinstance(first["chosen"], list):
         second["rejected"] = [first["chosen"][0], {"role": "assistant", "content": "Green."}]
     path = write_jsonl(tmp_path / "bad.jsonl", [first, second])
     assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
     line = error_line(capsys)
-    assert line.startswith(f"error: row 0, column 'rejected': {expected}") and "as the first row is" not in line, line
+    column = "prompt" if "prompt" in first else "rejected"
+    assert line.startswith(f"error: row 0, column '{column}': {expected}") and "as the first row is" not in line, line
 
 
 def test_text_row_with_empty_completion(cli, tmp_path, tiny_model_dir, capsys):

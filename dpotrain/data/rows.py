@@ -75,7 +75,7 @@ def read_row(
     if problem:
         return None, problem
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
-        if problem := _check_value(row.get(column), shape.raw_lists, first):
+        if problem := _check_value(row.get(column), shape.raw_lists, first, column):
             if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
                 problem = (  # TRL would join the prompt's messages to the string answers, and fail on every row
                     "a message list, where chosen and rejected are plain text: write each answer as a message list "
@@ -140,7 +140,7 @@ def _same_but_white_space(chosen, rejected) -> bool:
 ROLES = {"system", "user", "assistant", "tool", "developer", "function", "ipython", "environment"}
 
 
-def _check_value(value, conversational: bool, first: bool = False) -> str | None:
+def _check_value(value, conversational: bool, first: bool = False, column: str | None = None) -> str | None:
     if value is None:
         return "missing (null)"
     if isinstance(value, dict) and ("role" in value or "from" in value):  # TRL reads neither shape: a list is needed
@@ -148,6 +148,8 @@ def _check_value(value, conversational: bool, first: bool = False) -> str | None
     # The data set's kind is read from its first row (shapes.Shape.of): of that row itself, no other row to follow
     why, like = ("read from its first row, this one", "") if first else (None, ", as the first row is")
     if not conversational:
+        if not isinstance(value, str) and column == "prompt":  # the kind is read from the answers, not the prompt
+            return f"{_a(value)} where the data set has plain text (its answers are text): write the prompt as text"
         if not isinstance(value, str):
             kind = why or "its first row is text"
             return f"{_a(value)} where the data set has plain text ({kind}): write it as text{like}"
