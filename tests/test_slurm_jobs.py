@@ -2,6 +2,7 @@
 
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -575,6 +576,54 @@ def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.strip() == (
         f"error: recipe {tmp_path} is a folder, not a recipe file: set RECIPE={tmp_path}/<name>.yaml"
+    ), result.stderr
+
+
+@pytest.mark.parametrize("nodes", ["0", "", "two", "-1"])
+def test_a_node_count_that_is_no_number_of_nodes_is_refused_in_one_line(nodes):
+    """Slurm sets SLURM_JOB_NUM_NODES to 1 or more, but one exported by hand is read too: 0 was launched as
+    `srun --nodes=0` with `--num_processes 0`, an empty one as a single node whatever the allocation, and a word ended
+    the job in bash's "two: unbound variable"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": "configs/think.yaml"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_NUM_NODES": nodes, "SLURM_GPUS_PER_NODE": "4"}
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and not result.stdout, result.stdout
+    assert result.stderr == (
+        f"error: SLURM_JOB_NUM_NODES='{nodes}' is not a number of nodes: Slurm sets it to the job's nodes (1 or more);"
+        " unset it (one node), or submit with sbatch --nodes=N\n"
+    ), result.stderr
+
+
+def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_path):
+    """`RECIPE="~/recipes/think.yaml" sbatch scripts/dpo_train.sh`: quoted, the ~ reaches the job as it is (bash
+    expands it only unquoted, at the start of a word), and the job looked for a folder named `~`: "recipe
+    ~/recipes/think.yaml not found". It is the home folder, as the shell would have made it; `~user/` too."""
+    home = tmp_path / "home"
+    (home / "recipes").mkdir(parents=True)
+    shutil.copy(ROOT / "configs" / "think.yaml", home / "recipes" / "think.yaml")
+    shutil.copy(ROOT / "accelerate_config.yaml", home / "my_accel.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_GPUS_PER_NODE": "4", "HOME": str(home)}
+
+    def launch(**given) -> subprocess.CompletedProcess:
+        script = str(ROOT / "scripts" / "dpo_train.sh")
+        return subprocess.run(["bash", script], cwd=tmp_path, env=env | given, capture_output=True, text=True)
+
+    result = launch(RECIPE="~/recipes/think.yaml", ACCELERATE_CONFIG="~/my_accel.yaml")
+    assert result.returncode == 0, result.stderr
+    assert f"train_dpo.py --config {home / 'recipes' / 'think.yaml'} " in result.stdout, result.stdout
+    assert f"--config_file {home / 'my_accel.yaml'} " in result.stdout, result.stdout
+    # ~user/: that user's home from the passwd database, not HOME (no such recipe there: refused naming the path)
+    user = pwd.getpwuid(os.getuid())
+    result = launch(RECIPE=f"~{user.pw_name}/no-recipe-{tmp_path.name}.yaml")
+    assert result.returncode == 1 and result.stderr == (
+        f"error: recipe {user.pw_dir.rstrip('/')}/no-recipe-{tmp_path.name}.yaml not found: set"
+        " RECIPE=configs/<name>.yaml (see configs/)\n"
+    ), result.stderr
+    result = launch(RECIPE="~no-such-user-here/think.yaml")
+    assert result.returncode == 1 and result.stderr == (
+        "error: RECIPE=~no-such-user-here/think.yaml: there is no user no-such-user-here for its ~: give the full"
+        " path\n"
     ), result.stderr
 
 
