@@ -30,6 +30,26 @@ cd "${DPOTRAIN_ROOT:-${here:-${SLURM_SUBMIT_DIR:-$PWD}}}"
 [[ -n ${DPOTRAIN_SUBMIT_DIR:-} || $typed_in == "$PWD" ]] || export DPOTRAIN_SUBMIT_DIR=$typed_in
 # Unset: one error: line (bash's own `${RECIPE:?}` printed "scripts/launch.sh: line 27: RECIPE: set RECIPE ...").
 [[ -n ${RECIPE:-} ]] || { echo "error: set RECIPE, e.g. RECIPE=configs/think.yaml bash scripts/launch.sh" >&2; exit 1; }
+die() { echo "error: $*" >&2; exit 1; }
+# A quoted ~ (`RECIPE="~/recipes/think.yaml" sbatch ...`) reaches the job as typed: bash expands one only unquoted, at
+# the start of a word. The job looked for a folder named `~` ("recipe ~/recipes/think.yaml not found"); it is the home
+# folder, as the shell would have made it (`~user/`: that user's, from the passwd database).
+home_path() {
+  local name=$1 value=$2 user home
+  [[ $value == "~"* ]] || { printf '%s\n' "$value"; return 0; }
+  user=${value%%/*}
+  user=${user#"~"}
+  if [[ -z $user ]]; then
+    home=${HOME:-}
+    [[ -n $home ]] || die "$name=$value: HOME is not set, so its ~ names no folder: give the full path"
+  else
+    home=$(getent passwd "$user" | cut -d: -f6) || home=""
+    [[ -n $home ]] || die "$name=$value: there is no user $user for its ~: give the full path"
+  fi
+  printf '%s\n' "${home%/}${value#"~$user"}"
+}
+RECIPE=$(home_path RECIPE "$RECIPE")
+[[ -z ${ACCELERATE_CONFIG:-} ]] || ACCELERATE_CONFIG=$(home_path ACCELERATE_CONFIG "$ACCELERATE_CONFIG")
 # A relative RECIPE is the one in the folder submitted from where it is there, as a relative path on the job's command
 # line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,
 # `RECIPE=my.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the recipe's folder was refused as not found.
@@ -41,8 +61,6 @@ if [[ -n $given && $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIP
 VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 
-die() { echo "error: $*" >&2; exit 1; }
-
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
 # A folder is there: "not found" of it sent the user looking for it
 [[ ! -d "$RECIPE" ]] || die "recipe $RECIPE is a folder, not a recipe file: set RECIPE=${RECIPE%/}/<name>.yaml"
@@ -53,7 +71,11 @@ die() { echo "error: $*" >&2; exit 1; }
 ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" "$@")
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
-NNODES=${SLURM_JOB_NUM_NODES:-1}
+# Slurm sets it to 1 or more; one exported by hand is read too: 0 was launched as `srun --nodes=0` of 0 processes, an
+# empty one as one node whatever the allocation, and a word ended the job in bash's "two: unbound variable".
+NNODES=${SLURM_JOB_NUM_NODES-1}
+[[ $NNODES =~ ^[1-9][0-9]*$ ]] || die "SLURM_JOB_NUM_NODES='$NNODES' is not a number of nodes: Slurm sets it to the" \
+  "job's nodes (1 or more); unset it (one node), or submit with sbatch --nodes=N"
 # --gpus-per-node sets SLURM_GPUS_PER_NODE ("4" or "h100:4"); a --gres=gpu:4 job only has SLURM_GPUS_ON_NODE.
 GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}
 GPUS_PER_NODE=${GPUS_PER_NODE##*:}

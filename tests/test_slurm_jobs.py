@@ -2,6 +2,7 @@
 
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -29,13 +30,13 @@ def readme_cpu_example() -> tuple[dict[str, str], list[str]]:
 
 
 SECRET = "hf_dpotrainTestSecret123"  # a --hub_token value the job's log must never show
-# The README's CPU-only example as written, with more steps (room to preempt mid-training), no W&B, and a token
+# The README's CPU-only example as written, with more steps (room to stop it twice mid-training), no W&B, and a token
 # given on the command line.
 README_ENV, README_SBATCH = readme_cpu_example()
 SMOKE_JOB = [
     *README_SBATCH,
     "--max_steps",
-    "10",
+    "12",
     "--logging_steps",
     "1",
     "--save_steps",
@@ -90,11 +91,14 @@ def readme_run_uninterrupted(out: Path):
 def readme_job(slurm, tmp_path_factory):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
     full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
-    to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued, and
-    run to its end. The two tests below check this one job (a job start is ~30 s). The uninterrupted run it is compared
-    with runs from the USR1 on, while the job saves, waits for its requeue's begin time and starts again (its dry run
-    is one process of the job's two CPUs); run from the job's submission, it shared the CPUs with its first start.
-    Returns (job, its end state, its output folder, the folder submitted from, the uninterrupted run's folder)."""
+    to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued by
+    launch.sh; then, while the requeued start trains past that checkpoint, requeued by `scontrol requeue` (its user's,
+    or an admin's moving it off a node: Slurm sends the SIGTERM of scancel and requeues the job itself); run to its end.
+    The tests below check this one job (a job start is ~30 s; the scontrol requeue had a job of its own until session
+    38). The uninterrupted run it is compared with runs from the USR1 on, while the job saves, waits for its requeue's
+    begin time and starts again (its dry run is one process of the job's two CPUs); run from the job's submission, it
+    shared the CPUs with its first start. Returns (job, its end state, its output folder, the folder submitted from, the
+    uninterrupted run's folder)."""
     folder = tmp_path_factory.mktemp("slurm")
     elsewhere = folder / "submitted-here"
     out = elsewhere / "run"
@@ -103,13 +107,18 @@ def readme_job(slurm, tmp_path_factory):
     args = [str(ROOT / a) if a == "scripts/dpo_train.sh" else a for a in SMOKE_JOB]
     relative = ["--output_dir", "run", "--dataset_name", "my_pairs.jsonl"]
     job = slurm.sbatch([*args, *relative], cwd=elsewhere, env=README_ENV)
-    deadline = time.time() + 400
-    while len(steps(out)) < 3:  # mid-training: a few optimizer steps done, most still to come
-        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), slurm.job_info(job)
-        time.sleep(0.2)
+    log = log_path(job, elsewhere)
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3, log=log)  # mid-training: most steps still to come
     slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
     plain = tmp_path_factory.mktemp("plain") / "run"
     with readme_run_uninterrupted(plain) as uninterrupted:
+        # The requeued start trains past the checkpoint it resumed from: then `scontrol requeue`.
+        def resumed() -> int | None:
+            found = re.search(r"Resuming from \S+/checkpoint-(\d+)", log.read_text(errors="replace"))
+            return int(found[1]) if found else None
+
+        wait_while_running(slurm, job, lambda: resumed() is not None and len(steps(out)) > resumed(), log=log)
+        slurm.run(["scontrol", "requeue", str(job)])
         state = slurm.wait(job, timeout=600)
         uninterrupted.result()
     return job, state, out, elsewhere, plain
@@ -204,10 +213,10 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     assert sorted(p.name for p in submitted_from.iterdir()) == sorted([log.name, "my_pairs.jsonl", "run"])
     assert f"; output: {out}\n" in text and f"  data:          {submitted_from / 'my_pairs.jsonl'} (split" in text
     assert not (ROOT / "run").exists()
-    # A token given on the command line is used but never shown (the banner and the launch line of each start mask
-    # it).
+    # A token given on the command line is used but never shown (the banner and the launch line of each of its three
+    # starts mask it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
-    assert len(shown) == 4 and all("--hub_token REDACTED" in line for line in shown), shown
+    assert len(shown) == 6 and all("--hub_token REDACTED" in line for line in shown), shown
     assert not any(SECRET in line for line in text.splitlines())
     assert "batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
@@ -221,13 +230,31 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     job, state, out, submitted_from, uninterrupted = readme_job
     log = log_path(job, submitted_from).read_text()
     assert state == "COMPLETED", log[-3000:]
-    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    assert "signal received: checkpointing at the next optimizer step" in log
-    assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
-    assert steps(out) == list(range(1, 11))  # every optimizer step once: none repeated, none skipped
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
+    assert slurm.job_info(job)["Restarts"] == "2", log[-3000:]  # the USR1's requeue, then scontrol's
+    first = log.split("restart 1", 1)[0]
+    assert "signal received: checkpointing at the next optimizer step" in first and "requeueing job" in first
+    assert "Resuming from" in log and "restart 1" in log
+    assert steps(out) == list(range(1, 13))  # every optimizer step once: none repeated, none skipped
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 12
     a, b = weights(uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_requeued_by_scontrol_saves_and_resumes_from_that_checkpoint(slurm, readme_job):
+    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
+    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
+    checkpoint, every step once (the test above). The log said the job had been "preempted, past its GraceTime", which
+    it never was. (The README's job, after its USR1 requeue: one job for both.)"""
+    job, state, _, submitted_from, _ = readme_job
+    log = log_path(job, submitted_from).read_text()
+    assert state == "COMPLETED", log[-3000:]
+    second = log.split("restart 1", 1)[1]
+    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", second)
+    assert saved and saved[2] == str(job), second[-3000:]
+    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
+    assert f"Resuming from {saved[1]}" in second.split("restart 2", 1)[1], second[-3000:]
 
 
 @pytest.mark.slurm
@@ -315,13 +342,18 @@ def two_process_job(slurm, out, data, env=None, script=SCRIPT) -> int:
 
 def slow_checkpoint_project(folder: Path) -> Path:
     """The project as a job finds it, on a slow file system: a checkpoint asked for by a stop takes SLOW_CHECKPOINT_S
-    seconds longer (its train_dpo.py is tests/helpers/slow_checkpoint.py). Every other entry links to this project;
-    a job submitted as `<folder>/scripts/dpo_train.sh` runs in `folder` (dpo_train.sh finds it from the script's
-    path) and keeps its stop files in its own logs/."""
-    folder.mkdir()
+    seconds longer (its train_dpo.py is tests/helpers/slow_checkpoint.py), and its scripts/launch.sh is a copy of its
+    own, for a test to write over. Every other entry links to this project; a job submitted as
+    `<folder>/scripts/dpo_train.sh` runs in `folder` (dpo_train.sh finds it from the script's path) and keeps its stop
+    files in its own logs/."""
+    (folder / "scripts").mkdir(parents=True)
     for entry in ROOT.iterdir():
-        if entry.name not in ("train_dpo.py", "logs"):
+        if entry.name not in ("train_dpo.py", "logs", "scripts"):
             (folder / entry.name).symlink_to(entry)
+    for entry in (ROOT / "scripts").iterdir():
+        if entry.name != "launch.sh":
+            (folder / "scripts" / entry.name).symlink_to(entry)
+    shutil.copy(ROOT / "scripts" / "launch.sh", folder / "scripts" / "launch.sh")
     (folder / "train_dpo.py").symlink_to(ROOT / "tests" / "helpers" / "slow_checkpoint.py")
     return folder
 
@@ -355,12 +387,14 @@ def reference_scores(out: Path) -> tuple[np.ndarray, np.ndarray]:
         return f["chosen"], f["rejected"]
 
 
-def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float = 0.2) -> None:
-    """Poll until `done()`; fail with the job's log if the job ends first (a requeue, REQUEUED then PENDING, is
-    not an end) or `timeout` passes."""
+def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float = 0.2, log: Path | None = None) -> None:
+    """Poll until `done()`; fail with the job's log (`log`: where it was submitted from, if not SUBMIT_DIR) if the job
+    ends first (a requeue, REQUEUED then PENDING, is not an end) or `timeout` passes."""
     deadline = time.time() + timeout
     while not done():
-        assert time.time() < deadline and slurm.state(job) not in TERMINAL_STATES, job_log(job)[-3000:]
+        if time.time() >= deadline or slurm.state(job) in TERMINAL_STATES:
+            text = log.read_text(errors="replace") if log and log.exists() else job_log(job)
+            raise AssertionError(f"job {job} ended or timed out ({slurm.job_info(job)}): {text[-3000:]}")
         time.sleep(poll)
 
 
@@ -374,7 +408,12 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     the reference ends bit for bit what an uninterrupted job scored. Then mid-training, the checkpoint takes 35 s
     under the partition's 90 s GraceTime (a slow file system, for a checkpoint asked for by a stop only:
     `slow_checkpoint_project`): it completes, the job requeues again, resumes from it and ends like an uninterrupted
-    run. (One job for both preemptions: each 2-process job on 2 CPUs is a minute or more.)"""
+    run. (One job for both preemptions: each 2-process job on 2 CPUs is a minute or more.)
+    And while its last start trains: launch.sh waits in the job's batch shell for the whole training (days), and bash
+    reads a script as it runs it: a launch.sh written over in place meanwhile (an editor saving over it, `cp` of a newer
+    checkout onto this one) was read on at the old offset in the new text once the training ended, and a job that had
+    trained to its end failed (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now reads it
+    whole before it runs. (This proof had a job of its own, requeued by scontrol, until session 38.)"""
     out = tmp_path / "run"
     project = slow_checkpoint_project(tmp_path / "project")
     job = two_process_job(
@@ -386,6 +425,17 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)  # requeued, the reference finished, mid-training
     urgent.append(preempt(slurm))
     with two_process_plain(tmp_path / "plain", pairs_file) as uninterrupted:  # in the slow checkpoint's sleep
+        # The last start trains past the checkpoint it resumed from, its batch shell waiting for srun in launch.sh,
+        # read before the write below.
+        def resumed() -> int | None:
+            found = re.search(r"restart 2 .*Resuming from \S+/checkpoint-(\d+)", job_log(job), re.DOTALL)
+            return int(found[1]) if found else None
+
+        wait_while_running(slurm, job, lambda: resumed() is not None and len(steps(out)) > resumed())
+        launch = project / "scripts" / "launch.sh"
+        inode = launch.stat().st_ino
+        launch.write_text(launch.read_text().replace("\n", "\n# a line added while the job ran\n", 1))
+        assert launch.stat().st_ino == inode  # written over in place, not replaced by a new file
         state = slurm.wait(job, timeout=900)
         plain = uninterrupted.result()
     assert state == "COMPLETED", job_log(job)[-3000:]
@@ -409,68 +459,13 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     assert "requeueing job" in runs[1]
     assert "Received 15 death signal" not in log  # the agent let its workers finish the checkpoint
     assert f"Resuming from {out}/checkpoint-{step}" in runs[2]
+    assert "training exited with code 0" in runs[2]  # launch.sh written over in place: the job ends as it started
     assert "checkpoints must be written within 600 s (time-limit warning) and 90 s (partition debug's" in log
     assert f"2 processes, {real_cpus()} CPUs" in log  # the job's CPUs, not one
     assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once
     a, b = weights(plain), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
     assert all(slurm.wait(u, timeout=300) == "COMPLETED" for u in urgent)
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_job_requeued_by_scontrol_resumes_and_a_launch_sh_written_over_while_it_trains_ends_as_it_started(
-    slurm, tmp_path
-):
-    """One job for two proofs (a job start is ~30 s):
-    `scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the SIGTERM
-    of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that checkpoint,
-    every step once. The log said the job had been "preempted, past its GraceTime", which it never was.
-    Then, while the requeued start trains: launch.sh waits in the job's batch shell for the whole training (days), and
-    bash reads a script as it runs it: a launch.sh written over in place meanwhile (an editor saving over it, `cp` of
-    a newer checkout onto this one) was read on at the old offset in the new text once the training ended, and a job
-    that had trained to its end failed (bash ran half a line: `launch.sh: line 282: 0: command not found`). Bash now
-    reads it whole before it runs."""
-    project = tmp_path / "project"  # the project, its scripts/launch.sh a copy of its own
-    (project / "scripts").mkdir(parents=True)
-    for entry in ROOT.iterdir():
-        if entry.name not in ("scripts", "logs"):
-            (project / entry.name).symlink_to(entry)
-    for entry in (ROOT / "scripts").iterdir():
-        if entry.name != "launch.sh":
-            (project / "scripts" / entry.name).symlink_to(entry)
-    launch = project / "scripts" / "launch.sh"
-    shutil.copy(ROOT / "scripts" / "launch.sh", launch)
-    out = tmp_path / "run"
-    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", str(project / "scripts" / "dpo_train.sh")]
-    args += ["--output_dir", str(out), "--max_steps", "12", "--logging_steps", "1", "--save_steps", "1000"]
-    job = slurm.sbatch([*args, "--report_to", "none"], cwd=submit_dir(), env=README_ENV)
-    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
-    slurm.run(["scontrol", "requeue", str(job)])
-
-    # scontrol requeue: the checkpoint saved, the job requeued by Slurm itself and said so
-    def requeue_line():
-        return re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", job_log(job))
-
-    wait_while_running(slurm, job, requeue_line)
-    step = int(requeue_line()[1].rsplit("-", 1)[1])
-    # The requeued start trains past the checkpoint: its batch shell waits for srun in launch.sh, read before the
-    # write below
-    wait_while_running(slurm, job, lambda: "Resuming from" in job_log(job) and len(steps(out)) > step)
-    inode = launch.stat().st_ino
-    launch.write_text(launch.read_text().replace("\n", "\n# a line added while the job ran\n", 1))
-    assert launch.stat().st_ino == inode  # written over in place, not replaced by a new file
-    state = slurm.wait(job, timeout=600)
-    log = job_log(job)
-    # scontrol requeue: saved, requeued once, resumed from that checkpoint, with the cause named
-    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    saved = requeue_line()
-    assert saved and saved[2] == str(job) and f"Resuming from {saved[1]}" in log, log[-3000:]
-    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
-    # launch.sh written over in place: the job that trained to its end ends as it started
-    assert "training exited with code 0" in log, log[-3000:]
-    assert (out / "run_complete.json").is_file()
-    assert steps(out) == list(range(1, 13))  # every optimizer step once (both proofs)
 
 
 @pytest.mark.slurm
@@ -575,6 +570,54 @@ def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.strip() == (
         f"error: recipe {tmp_path} is a folder, not a recipe file: set RECIPE={tmp_path}/<name>.yaml"
+    ), result.stderr
+
+
+@pytest.mark.parametrize("nodes", ["0", "", "two", "-1"])
+def test_a_node_count_that_is_no_number_of_nodes_is_refused_in_one_line(nodes):
+    """Slurm sets SLURM_JOB_NUM_NODES to 1 or more, but one exported by hand is read too: 0 was launched as
+    `srun --nodes=0` with `--num_processes 0`, an empty one as a single node whatever the allocation, and a word ended
+    the job in bash's "two: unbound variable"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": "configs/think.yaml"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_NUM_NODES": nodes, "SLURM_GPUS_PER_NODE": "4"}
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and not result.stdout, result.stdout
+    assert result.stderr == (
+        f"error: SLURM_JOB_NUM_NODES='{nodes}' is not a number of nodes: Slurm sets it to the job's nodes (1 or more);"
+        " unset it (one node), or submit with sbatch --nodes=N\n"
+    ), result.stderr
+
+
+def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_path):
+    """`RECIPE="~/recipes/think.yaml" sbatch scripts/dpo_train.sh`: quoted, the ~ reaches the job as it is (bash
+    expands it only unquoted, at the start of a word), and the job looked for a folder named `~`: "recipe
+    ~/recipes/think.yaml not found". It is the home folder, as the shell would have made it; `~user/` too."""
+    home = tmp_path / "home"
+    (home / "recipes").mkdir(parents=True)
+    shutil.copy(ROOT / "configs" / "think.yaml", home / "recipes" / "think.yaml")
+    shutil.copy(ROOT / "accelerate_config.yaml", home / "my_accel.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_GPUS_PER_NODE": "4", "HOME": str(home)}
+
+    def launch(**given) -> subprocess.CompletedProcess:
+        script = str(ROOT / "scripts" / "dpo_train.sh")
+        return subprocess.run(["bash", script], cwd=tmp_path, env=env | given, capture_output=True, text=True)
+
+    result = launch(RECIPE="~/recipes/think.yaml", ACCELERATE_CONFIG="~/my_accel.yaml")
+    assert result.returncode == 0, result.stderr
+    assert f"train_dpo.py --config {home / 'recipes' / 'think.yaml'} " in result.stdout, result.stdout
+    assert f"--config_file {home / 'my_accel.yaml'} " in result.stdout, result.stdout
+    # ~user/: that user's home from the passwd database, not HOME (no such recipe there: refused naming the path)
+    user = pwd.getpwuid(os.getuid())
+    result = launch(RECIPE=f"~{user.pw_name}/no-recipe-{tmp_path.name}.yaml")
+    assert result.returncode == 1 and result.stderr == (
+        f"error: recipe {user.pw_dir.rstrip('/')}/no-recipe-{tmp_path.name}.yaml not found: set"
+        " RECIPE=configs/<name>.yaml (see configs/)\n"
+    ), result.stderr
+    result = launch(RECIPE="~no-such-user-here/think.yaml")
+    assert result.returncode == 1 and result.stderr == (
+        "error: RECIPE=~no-such-user-here/think.yaml: there is no user no-such-user-here for its ~: give the full"
+        " path\n"
     ), result.stderr
 
 
