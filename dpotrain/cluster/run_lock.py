@@ -34,7 +34,7 @@ def is_lock_file(name: str) -> bool:
     return name in (LOCK_FILE, f"{LOCK_FILE}.break") or name.startswith(f".{LOCK_FILE}.")
 
 
-def _proc_start(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22); None when it does not exist."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -43,7 +43,7 @@ def _proc_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _boot_id() -> str | None:
+def boot_id() -> str | None:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -66,24 +66,24 @@ def holder_record() -> dict:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "process_start": _proc_start(os.getpid()),
-        "boot_id": _boot_id(),
+        "process_start": process_start(os.getpid()),
+        "boot_id": boot_id(),
         "slurm_job_id": slurm_job(),
         "slurm_restart_count": slurm_restart(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
-def _alive_here(holder: dict) -> bool:
+def alive_here(holder: dict) -> bool:
     """Whether the holder, a process of this host, still runs."""
-    if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
+    if holder.get("boot_id") and boot_id() and holder["boot_id"] != boot_id():
         return False  # the host restarted since
     try:
         if not writes.pid_alive(int(holder["pid"])):
             return False
     except (KeyError, TypeError, ValueError):
         return False
-    started = _proc_start(int(holder["pid"]))
+    started = process_start(int(holder["pid"]))
     return holder.get("process_start") is None or started is None or started == holder["process_start"]
 
 
@@ -111,7 +111,7 @@ def free_reason(holder: dict | None, age_s: float) -> str | None:
     if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
         return f"an earlier start of this Slurm job ({job}), now requeued"
     if holder.get("host") == socket.gethostname():
-        return None if _alive_here(holder) else f"its process ({holder.get('pid')}) is gone"
+        return None if alive_here(holder) else f"its process ({holder.get('pid')}) is gone"
     if age_s > STALE_S:
         return f"not refreshed for {age_s:.0f} s (> {STALE_S} s): its node is gone"
     return None
