@@ -345,3 +345,48 @@ def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged
         else:
             assert chosen[[0, 2]].tolist() == [-1.0, -3.0] and rejected[[0, 2]].tolist() == [-2.0, -4.0], at
             assert np.isnan(chosen[1]), at
+
+
+def test_a_flipped_bit_in_the_length_caches_zip_directory_is_named_damaged_never_a_crash(tmp_path, capsys):
+    """A flip in the zip's central directory of the length-analysis cache (its compression method, version or flags)
+    raised NotImplementedError or RuntimeError ("encrypted") out of np.load, and every run reading it (`max_length:
+    auto`, the analyzer) stopped with a traceback: the reference cache's reader turned them into the file's damage,
+    this one did not."""
+    from dpotrain.data import lengths
+
+    cache, dataset_id, tokenizer = tmp_path / "lengths", "pairs-under-test", builtin.build_tokenizer()
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(8, seed=1))
+    lengths.analyse(rows, tokenizer, 0.99, dataset_id, cache, progress=False)
+    (path,) = cache.glob("*.npz")
+    intact, whole = path.read_bytes(), lengths.cached_measure(dataset_id, tokenizer, cache)[0]
+    directory = intact.index(b"PK\x01\x02")  # the central directory, to the end
+    damaged = 0
+    for at, data in flipped_copies(intact):
+        if at < directory:
+            continue
+        path.write_bytes(data)
+        found = lengths.cached_measure(dataset_id, tokenizer, cache)
+        if found is None:
+            assert f"the length cache file {path} is damaged" in capsys.readouterr().err, at
+            damaged += 1
+        else:
+            assert found[0].chosen.tolist() == whole.chosen.tolist(), at
+    assert damaged
+
+
+def test_a_bug_in_a_cache_reader_raises_and_is_not_taken_for_a_damaged_file(tmp_path, capsys):
+    """`read_cache` took TypeError and AttributeError for a damaged file's: a bug in a reader (an argument missed, a
+    name misspelled) removed a whole cache file with a warning and computed it all again, at every start, in silence.
+    Only what reading a damaged file raises (every cut and flipped bit of the caches, in these tests) is damage."""
+    from dpotrain.recipe import records
+
+    path = tmp_path / "cache.npz"
+    np.savez(path, chosen=np.zeros(3, dtype=np.float32))
+
+    def buggy(p):
+        with np.load(p) as f:
+            return f["chosen"].astype()  # TypeError (its dtype missed): a bug, not the file
+
+    with pytest.raises(TypeError):
+        records.read_cache(path, buggy, "test", "it is computed again")
+    assert path.is_file() and "damaged" not in capsys.readouterr().err
