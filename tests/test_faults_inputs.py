@@ -390,3 +390,33 @@ def test_a_bug_in_a_cache_reader_raises_and_is_not_taken_for_a_damaged_file(tmp_
     with pytest.raises(TypeError):
         records.read_cache(path, buggy, "test", "it is computed again")
     assert path.is_file() and "damaged" not in capsys.readouterr().err
+
+
+def test_datasets_copy_cut_short_between_attempts_is_named_and_made_again(tmp_path, monkeypatch, capsys):
+    """datasets' Arrow copy of the pairs (`json-train.arrow`) or of a map over them (`cache-*.arrow`) cut short between
+    attempts (a node lost while it was copied, a cleaner, a full disk) was read as whole: the run stopped at `error:
+    could not read dataset file 'pairs.jsonl': OSError: Expected to be able to read 44344 bytes for message body`,
+    blaming the data file, which was whole, at every requeue, or with a traceback at the map. Each Arrow file ends with
+    the stream's end mark: one without it is named, removed and made again."""
+    import datasets
+
+    from dpotrain.data import data
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    loaded = data.load_preference_dataset(str(pairs), say=False)
+    mapped = loaded.map(lambda row: {"n": len(row["chosen"])}).to_list()  # datasets' cache of a map over the copy
+    rows = loaded.to_list()
+    del loaded  # memory-mapped: the file cut below under it would be a bus error, not the next attempt's read
+    (copy,) = (tmp_path / "hf").rglob("json-train.arrow")
+    (cached,) = copy.parent.glob("cache-*.arrow")
+    for path in (copy, cached):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    again = data.load_preference_dataset(str(pairs), say=False)
+    said = capsys.readouterr().err
+    assert f"warning: datasets' copy of {pairs} in {copy.parent} has files cut short " in said, said
+    assert f"({cached.name}, {copy.name}; " in said and "made again from the data" in said, said
+    assert again.to_list() == rows
+    assert again.map(lambda row: {"n": len(row["chosen"])}).to_list() == mapped
