@@ -165,19 +165,37 @@ class Lock:
 
     def __init__(self, out: Path, raw: bytes, created_folder: bool):
         self.out, self.path, self.raw, self.created_folder = out, out / LOCK_FILE, raw, created_folder
+        self.lost: str | None = None  # how the lock stopped being this run's: the run stops (`lost`)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
 
     def _refresh(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            found = _read(self.path)
-            if found is None or found[0] != self.raw:
-                now = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
-                warn(f"the lock {self.path} is no longer this run's ({now}): another run may write into {self.out}")
+            if not self.beat():
                 return
-            with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
-                os.utime(self.path)
+
+    def beat(self) -> bool:
+        """Refreshes the lock's time; False once it is another run's (`lost` says whose). A lock removed by hand (`rm
+        run.lock`, a folder that looked stuck) is linked again at once: a run started next took it, resumed from this
+        run's checkpoint, and the two trained on in one folder, writing over each other's checkpoints."""
+        found = _read(self.path)
+        if found is None:
+            with contextlib.suppress(OSError):  # not linked (a read-only folder): lost, below
+                if _link(self.path, self.raw):
+                    warn(
+                        f"the lock {self.path} was removed while this run held it: taken again, so that no other run "
+                        f"starts in {self.out}; remove it only once its run has ended"
+                    )
+                    return True
+            found = _read(self.path)
+        if found is None or found[0] != self.raw:
+            self.lost = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
+            warn(f"the lock {self.path} is no longer this run's ({self.lost}): it stops at the end of its step")
+            return False
+        with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
+            os.utime(self.path)
+        return True
 
     def release(self) -> None:
         self._stop.set()
@@ -282,6 +300,11 @@ def take(output_dir: str, main: bool) -> None:
     refused = acquire(Path(output_dir)) if main else None
     if refused := broadcast_from_main(refused):
         raise ConfigError(refused)
+
+
+def lost() -> str | None:
+    """How a lock this process held stopped being its own ('taken by host ...'), or None: still held, or none."""
+    return next((lock.lost for lock in _held if lock.lost), None)
 
 
 def release() -> None:
