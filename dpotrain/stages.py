@@ -287,7 +287,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         _check_held_out_kind(dataset, eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
-        found = data_identity.of(script.dataset_name, script.dataset_train_split)
+        found = mixture.data_identity_of(recipe)  # the files the run reads, not every file of their folder
         checked["data_identity"] = found or hub_revision.identity(revision)
         # The test split's files where the training split's leave them out (a saved DatasetDict's own folder; a folder
         # of split files is recorded whole): a resume compares them (mixture.held_out_changed)

@@ -597,3 +597,46 @@ def test_a_mixture_sources_split_files_folder_is_compared_on_the_split_it_reads(
     (data / "train.jsonl").write_text("".join(lines[:40]))
     (changed,) = resolve.changed_settings(recipe, run, 8)
     assert changed.startswith(f"dataset content: {data} [train]: train.jsonl has ") and "the run trained on " in changed
+
+
+@pytest.mark.parametrize("given", ["card", "plain", "card as a mixture source"])
+def test_a_data_folders_record_holds_only_the_files_the_run_reads(given, tmp_path, tiny_model_dir):
+    """A data folder was recorded whole: every file in it, also files its README.md's `configs:` do not read (an old
+    export, notes) and, in a plain folder, files no split reads. Such a file deleted (or, where the record is old, one
+    gone) refused a resume that would train on the very same pairs; each was hashed at every start too. Only the files
+    the run reads are recorded (with the card that chooses them); the pairs it trains on edited are still refused."""
+    from dpotrain import resolve, stages
+
+    data, run = tmp_path / "pairs", tmp_path / "run"
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    read = data / ("data/pairs.jsonl" if given.startswith("card") else "train.jsonl")
+    read.parent.mkdir(parents=True)
+    read.write_text("".join(lines[:48]))
+    (data / "unused").mkdir()
+    if given.startswith("card"):  # a data file of any format: the card names what is read
+        (data / "unused" / "old.csv").write_text("prompt,chosen,rejected\na,b,c\n")
+    else:  # a plain folder refuses a data file no split reads: files of no data format, and a test split
+        (data / "unused" / "export.log").write_text("done\n")
+        (data / "test.jsonl").write_text("".join(lines[48:56]))
+    (data / "notes.txt").write_text("exported from the SFT mix, 2026-11\n")
+    if given.startswith("card"):
+        card = "- config_name: default\n  data_files:\n  - split: train\n    path: data/pairs.jsonl\n"
+        (data / "README.md").write_text(f"---\nconfigs:\n{card}---\n")
+    named = ["--dataset_mixer_list", str(data), "1.0"] if "mixture" in given else ["--dataset_name", str(data)]
+    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, *named, "--output_dir", str(run)]
+    recipe = parse_args([*args, "--eval_strategy", "no", "--report_to", "none"])
+    record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
+    record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps(record))
+    files = record["derived"].get("data_identity") or record["derived"]["data_sources"][0]["identity"]["files"]
+    assert sorted(files) == sorted({read.relative_to(data).as_posix()} | ({"README.md"} if "card" in given else set()))
+    (data / "notes.txt").unlink()
+    shutil.rmtree(data / "unused")
+    assert resolve.changed_settings(recipe, run, 8) == []
+    if given == "plain":  # its test split, not recorded as the first attempt did not evaluate: eval_* may change
+        evaluating = parse_args([*args, "--eval_strategy", "steps", "--eval_steps", "2", "--report_to", "none"])
+        assert resolve.changed_settings(evaluating, run, 8) == []
+    read.write_text("".join(lines[:40]))
+    (changed,) = resolve.changed_settings(recipe, run, 8)
+    assert " has " in changed and "the run trained on " in changed, changed

@@ -345,3 +345,78 @@ def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged
         else:
             assert chosen[[0, 2]].tolist() == [-1.0, -3.0] and rejected[[0, 2]].tolist() == [-2.0, -4.0], at
             assert np.isnan(chosen[1]), at
+
+
+def test_a_flipped_bit_in_the_length_caches_zip_directory_is_named_damaged_never_a_crash(tmp_path, capsys):
+    """A flip in the zip's central directory of the length-analysis cache (its compression method, version or flags)
+    raised NotImplementedError or RuntimeError ("encrypted") out of np.load, and every run reading it (`max_length:
+    auto`, the analyzer) stopped with a traceback: the reference cache's reader turned them into the file's damage,
+    this one did not."""
+    from dpotrain.data import lengths
+
+    cache, dataset_id, tokenizer = tmp_path / "lengths", "pairs-under-test", builtin.build_tokenizer()
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(8, seed=1))
+    lengths.analyse(rows, tokenizer, 0.99, dataset_id, cache, progress=False)
+    (path,) = cache.glob("*.npz")
+    intact, whole = path.read_bytes(), lengths.cached_measure(dataset_id, tokenizer, cache)[0]
+    directory = intact.index(b"PK\x01\x02")  # the central directory, to the end
+    damaged = 0
+    for at, data in flipped_copies(intact):
+        if at < directory:
+            continue
+        path.write_bytes(data)
+        found = lengths.cached_measure(dataset_id, tokenizer, cache)
+        if found is None:
+            assert f"the length cache file {path} is damaged" in capsys.readouterr().err, at
+            damaged += 1
+        else:
+            assert found[0].chosen.tolist() == whole.chosen.tolist(), at
+    assert damaged
+
+
+def test_a_bug_in_a_cache_reader_raises_and_is_not_taken_for_a_damaged_file(tmp_path, capsys):
+    """`read_cache` took TypeError and AttributeError for a damaged file's: a bug in a reader (an argument missed, a
+    name misspelled) removed a whole cache file with a warning and computed it all again, at every start, in silence.
+    Only what reading a damaged file raises (every cut and flipped bit of the caches, in these tests) is damage."""
+    from dpotrain.recipe import records
+
+    path = tmp_path / "cache.npz"
+    np.savez(path, chosen=np.zeros(3, dtype=np.float32))
+
+    def buggy(p):
+        with np.load(p) as f:
+            return f["chosen"].astype()  # TypeError (its dtype missed): a bug, not the file
+
+    with pytest.raises(TypeError):
+        records.read_cache(path, buggy, "test", "it is computed again")
+    assert path.is_file() and "damaged" not in capsys.readouterr().err
+
+
+def test_datasets_copy_cut_short_between_attempts_is_named_and_made_again(tmp_path, monkeypatch, capsys):
+    """datasets' Arrow copy of the pairs (`json-train.arrow`) or of a map over them (`cache-*.arrow`) cut short between
+    attempts (a node lost while it was copied, a cleaner, a full disk) was read as whole: the run stopped at `error:
+    could not read dataset file 'pairs.jsonl': OSError: Expected to be able to read 44344 bytes for message body`,
+    blaming the data file, which was whole, at every requeue, or with a traceback at the map. Each Arrow file ends with
+    the stream's end mark: one without it is named, removed and made again."""
+    import datasets
+
+    from dpotrain.data import data
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    loaded = data.load_preference_dataset(str(pairs), say=False)
+    mapped = loaded.map(lambda row: {"n": len(row["chosen"])}).to_list()  # datasets' cache of a map over the copy
+    rows = loaded.to_list()
+    del loaded  # memory-mapped: the file cut below under it would be a bus error, not the next attempt's read
+    (copy,) = (tmp_path / "hf").rglob("json-train.arrow")
+    (cached,) = copy.parent.glob("cache-*.arrow")
+    for path in (copy, cached):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    again = data.load_preference_dataset(str(pairs), say=False)
+    said = capsys.readouterr().err
+    assert f"warning: datasets' copy of {pairs} in {copy.parent} has files cut short " in said, said
+    assert f"({cached.name}, {copy.name}; " in said and "made again from the data" in said, said
+    assert again.to_list() == rows
+    assert again.map(lambda row: {"n": len(row["chosen"])}).to_list() == mapped

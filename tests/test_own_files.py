@@ -1084,3 +1084,40 @@ def test_the_lock_made_without_a_hard_link_is_exclusive_and_names_its_holder(tmp
     assert run_lock._create(lock, raw) and lock.read_bytes() == raw
     assert not run_lock._create(lock, b"another run's record") and lock.read_bytes() == raw
     assert run_lock.free_reason(json.loads(raw), 0.0) is None  # its holder, this process, is alive: held
+
+
+def test_a_lock_removed_while_its_run_lives_is_taken_again_and_a_lock_lost_to_another_run_stops_it(
+    tmp_path, monkeypatch
+):
+    """`rm run.lock` from a third shell while a run trained: a run started next on the folder took the lock and resumed
+    from the live run's checkpoint, and the two trained on in one folder, writing over and rotating away each other's
+    checkpoints; the first only warned. A holder that finds its lock removed links it again at once (a run started
+    after that is refused), and one that finds it taken by another run stops at its next step, saving nothing there."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train.preemption import GracefulStop
+
+    monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.01)  # the heartbeat's pace, not a timing: it is waited for below
+    out = tmp_path / "run"
+    try:
+        assert run_lock.acquire(out) is None
+        lock = out / run_lock.LOCK_FILE
+        raw = lock.read_bytes()
+        lock.unlink()  # a third shell
+        deadline = time.monotonic() + 60
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lock.read_bytes() == raw  # its own again: a run started now is refused
+        refused = run_lock.acquire(out)
+        assert refused and "is in use by another run" in refused
+        lock.unlink()
+        fabricated_lock(out, 0, pid=1, since="a run started while the lock was gone")  # won the race
+        while run_lock.lost() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "taken by host " in run_lock.lost()
+        args = TrainingArguments(output_dir=str(out), report_to="none")
+        with pytest.raises(RunError, match="stopped: the lock .* was taken by host .*saving nothing"):
+            GracefulStop().on_step_end(args, TrainerState(global_step=3), TrainerControl())
+    finally:
+        run_lock.release()

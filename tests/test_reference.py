@@ -771,3 +771,50 @@ def test_a_part_of_another_host_is_the_same_slurm_jobs_earlier_attempt_or_maybe_
     store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
     store.parts()
     assert store.beside == {"another run, interrupted or scoring now (pid 123 on node9)": 2}
+
+
+def test_a_finishing_run_removes_only_its_own_parts_and_those_of_writers_known_gone(tmp_path, monkeypatch):
+    """A finishing run removed every part of its key: a live neighbour's too (another run of the same key, scoring
+    now), which then lost what it had saved if it was stopped before finishing. And a writer was known by its pid
+    alone: in a container whose pids repeat, a dead writer's pid taken by another process read as `scoring now`.
+    Each part names its writer's process start (and boot) too; a part of another host is kept (from here there is no
+    telling), a part of a process gone on this host removed."""
+    import numpy as np
+    from accelerate import PartialState
+
+    from dpotrain.cluster import run_lock
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    store = reference.Store.for_identity({"pairs": 4, "tokens_sha256": "x"})
+    here = reference.socket.gethostname()
+    neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        neighbour_start = run_lock.process_start(neighbour.pid)
+        scores = np.array([-1.0], dtype=np.float32)
+        boot = run_lock.boot_id() or ""
+        parts = {
+            "live": dict(writer=f"{here}:{neighbour.pid}", started=neighbour_start, boot=boot),
+            "gone": dict(writer=f"{here}:{dead.pid}"),
+            # the neighbour's pid, once a dead writer's: another process now (another start time)
+            "reused": dict(writer=f"{here}:{neighbour.pid}", started=str(int(neighbour_start) - 1), boot=boot),
+            "remote": dict(writer=f"node-elsewhere:{neighbour.pid}"),
+        }
+        for i, (name, writer) in enumerate(parts.items()):  # a pair each
+            arrays = dict(index=np.array([i]), chosen=scores, rejected=scores, job="", **writer)
+            store._write(f"part-{name}-r0.npz", **arrays)
+        store.parts()
+        chosen = np.zeros(4, dtype=np.float32)
+        digests = np.zeros((4, 16), dtype=np.uint8)
+        reference._gather_and_keep(PartialState(), store, {}, digests, "mine", ([], [], []), chosen, chosen.copy())
+        left = sorted(p.name for p in store.folder.glob("part-*"))
+        assert left == ["part-live-r0.npz", "part-remote-r0.npz"]
+        assert store.beside == {
+            f"another run scoring now (pid {neighbour.pid} on {here})": 1,
+            f"another run, interrupted or scoring now (pid {neighbour.pid} on node-elsewhere)": 1,
+        }
+    finally:
+        neighbour.kill()
+        neighbour.wait()

@@ -34,7 +34,7 @@ def is_lock_file(name: str) -> bool:
     return name in (LOCK_FILE, f"{LOCK_FILE}.break") or name.startswith(f".{LOCK_FILE}.")
 
 
-def _proc_start(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22); None when it does not exist."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -43,7 +43,7 @@ def _proc_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _boot_id() -> str | None:
+def boot_id() -> str | None:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -66,24 +66,24 @@ def holder_record() -> dict:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "process_start": _proc_start(os.getpid()),
-        "boot_id": _boot_id(),
+        "process_start": process_start(os.getpid()),
+        "boot_id": boot_id(),
         "slurm_job_id": slurm_job(),
         "slurm_restart_count": slurm_restart(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
-def _alive_here(holder: dict) -> bool:
+def alive_here(holder: dict) -> bool:
     """Whether the holder, a process of this host, still runs."""
-    if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
+    if holder.get("boot_id") and boot_id() and holder["boot_id"] != boot_id():
         return False  # the host restarted since
     try:
         if not writes.pid_alive(int(holder["pid"])):
             return False
     except (KeyError, TypeError, ValueError):
         return False
-    started = _proc_start(int(holder["pid"]))
+    started = process_start(int(holder["pid"]))
     return holder.get("process_start") is None or started is None or started == holder["process_start"]
 
 
@@ -111,7 +111,7 @@ def free_reason(holder: dict | None, age_s: float) -> str | None:
     if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
         return f"an earlier start of this Slurm job ({job}), now requeued"
     if holder.get("host") == socket.gethostname():
-        return None if _alive_here(holder) else f"its process ({holder.get('pid')}) is gone"
+        return None if alive_here(holder) else f"its process ({holder.get('pid')}) is gone"
     if age_s > STALE_S:
         return f"not refreshed for {age_s:.0f} s (> {STALE_S} s): its node is gone"
     return None
@@ -165,19 +165,37 @@ class Lock:
 
     def __init__(self, out: Path, raw: bytes, created_folder: bool):
         self.out, self.path, self.raw, self.created_folder = out, out / LOCK_FILE, raw, created_folder
+        self.lost: str | None = None  # how the lock stopped being this run's: the run stops (`lost`)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
 
     def _refresh(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            found = _read(self.path)
-            if found is None or found[0] != self.raw:
-                now = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
-                warn(f"the lock {self.path} is no longer this run's ({now}): another run may write into {self.out}")
+            if not self.beat():
                 return
-            with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
-                os.utime(self.path)
+
+    def beat(self) -> bool:
+        """Refreshes the lock's time; False once it is another run's (`lost` says whose). A lock removed by hand (`rm
+        run.lock`, a folder that looked stuck) is linked again at once: a run started next took it, resumed from this
+        run's checkpoint, and the two trained on in one folder, writing over each other's checkpoints."""
+        found = _read(self.path)
+        if found is None:
+            with contextlib.suppress(OSError):  # not linked (a read-only folder): lost, below
+                if _link(self.path, self.raw):
+                    warn(
+                        f"the lock {self.path} was removed while this run held it: taken again, so that no other run "
+                        f"starts in {self.out}; remove it only once its run has ended"
+                    )
+                    return True
+            found = _read(self.path)
+        if found is None or found[0] != self.raw:
+            self.lost = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
+            warn(f"the lock {self.path} is no longer this run's ({self.lost}): it stops at the end of its step")
+            return False
+        with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
+            os.utime(self.path)
+        return True
 
     def release(self) -> None:
         self._stop.set()
@@ -282,6 +300,11 @@ def take(output_dir: str, main: bool) -> None:
     refused = acquire(Path(output_dir)) if main else None
     if refused := broadcast_from_main(refused):
         raise ConfigError(refused)
+
+
+def lost() -> str | None:
+    """How a lock this process held stopped being its own ('taken by host ...'), or None: still held, or none."""
+    return next((lock.lost for lock in _held if lock.lost), None)
 
 
 def release() -> None:

@@ -403,13 +403,31 @@ def csv_text_features(paths):
     return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
 
 
+# The end-of-stream mark that closes every Arrow file datasets writes (its copy of the data, its caches of maps)
+ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# What of load_dataset's arguments load_dataset_builder does not take
+NOT_THE_BUILDERS = ("split", "streaming", "keep_in_memory", "verification_mode", "num_proc", "save_infos")
+
+
 def load_dataset(*args, **kwargs):
     """`datasets.load_dataset`, its Arrow copy remade where a cleaner removed files of it (datasets takes it as made and
-    fails naming a cache file)."""
+    fails naming a cache file) or a file of it was cut short (`_cut_short`)."""
     import datasets
 
+    again = {}
+    if cut := _cut_short(args, kwargs):
+        named = _named(args[0], kwargs.get("data_files"))
+        warn(
+            f"datasets' copy of {named} in {cut[0].parent} has files cut short since it was made "
+            f"({', '.join(p.name for p in cut)}; a copy or a write stopped midway): removed, and made again from the "
+            "data"
+        )
+        for path in cut:
+            path.unlink(missing_ok=True)
+        if any(not p.name.startswith("cache-") for p in cut):  # its own copy, not only a map's cache over it
+            again = {"download_mode": datasets.DownloadMode.REUSE_CACHE_IF_EXISTS}
     try:
-        return datasets.load_dataset(*args, **kwargs)
+        return datasets.load_dataset(*args, **again, **kwargs)
     except FileNotFoundError as e:
         cache = Path(datasets.config.HF_DATASETS_CACHE)
         words = map(Path, str(e).replace('"', "'").split("'"))
@@ -425,6 +443,34 @@ def load_dataset(*args, **kwargs):
     )
     # The raw files a Hub data set downloaded are kept; only the Arrow copy is prepared again.
     return datasets.load_dataset(*args, download_mode=datasets.DownloadMode.REUSE_CACHE_IF_EXISTS, **kwargs)
+
+
+def _cut_short(args, kwargs) -> list[Path]:
+    """The Arrow files of datasets' copy of a local load (its own, and its caches of maps over it: `cache-*.arrow`)
+    that lack the end mark every one is closed with: cut short (a node lost while the cache was copied, a cleaner, a
+    full disk). datasets reads them as whole and fails in pyarrow, `Expected to be able to read N bytes for message
+    body`, naming no file, at every attempt. Written under a temporary name and renamed, a whole file always ends so.
+    One read of 8 bytes a file; a Hub data set's copy is not looked at (its builder would ask the Hub once more)."""
+    import datasets
+
+    if kwargs.get("streaming") or not (kwargs.get("data_files") or Path(args[0]).expanduser().is_dir()):
+        return []
+    try:
+        builder = datasets.load_dataset_builder(*args, **{k: v for k, v in kwargs.items() if k not in NOT_THE_BUILDERS})
+        folder = Path(builder.cache_dir)
+    except Exception:  # noqa: BLE001 - the load itself says what is wrong
+        return []
+    cut = []
+    for path in sorted(folder.glob("*.arrow")):
+        try:
+            with open(path, "rb") as f:
+                f.seek(-len(ARROW_END), os.SEEK_END)  # OSError: shorter than the mark
+                whole = f.read() == ARROW_END
+        except OSError:
+            whole = False
+        if not whole:
+            cut.append(path)
+    return cut
 
 
 def _named(name: str, data_files) -> str:

@@ -113,10 +113,14 @@ def changed_files(
     the run did with them (held-out files: EVALUATED); `evaluated`: the resolved paths among them it evaluated on (a
     folder of split files' test split, recorded with the training files as datasets reads the folder whole); `reads`:
     the resolved paths among them the run reads (None: all), the others left out (a test split it does not evaluate
-    on). A recorded file gone is named, read or not: the record does not say which split it was."""
+    on). A recorded file gone is named: a record holds the files its run read (one made before then, every file of
+    the folder: it does not say which split each was)."""
     if reads is not None:
         unread = {n for n, p in found.items() if p.resolve() not in reads}
         found, old = ({n: v for n, v in d.items() if n not in unread} for d in (found, old))
+    # A file evaluated on alone that the record lacks: the first attempt did not evaluate (`eval_*` may change), and
+    # records hold only the files a run reads
+    found = {n: p for n, p in found.items() if n in old or p.resolve() not in evaluated}
     if set(found) != set(old):
         added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
         return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"

@@ -669,11 +669,39 @@ def pinned(source: Source, pins: dict | None) -> str | None:
 def identity_of(source: Source, revision: str | None = None) -> dict:
     """A local source's files (`data_identity.of`), or a Hub source's revision (`revision`: the commit it was read
     at; else its main's now)."""
-    files = data_identity.of(*read_from) if (read_from := _read_from(source)) else None
+    files = _files_record(source)
     if files is not None:
         return {"files": files}
     identity = lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)
     return {"revision": identity}
+
+
+def _files_record(source: Source, held=frozenset()) -> dict | None:
+    """`data_identity.of_files` of the files of a local source the run reads (`_compared`: those and the card that
+    chooses them; `held`: its folder's files evaluated on), not every file of its folder: a file no split reads (an old
+    export beside a card's `configs:`, notes) deleted refused a resume of the same pairs. None for a Hub data set."""
+    found = data_identity.files(*read_from) if (read_from := _read_from(source)) else None
+    if found is None:
+        return None
+    if (reads := _compared(source)) is not None:  # None: it reads none here, and the load says why
+        found = {name: path for name, path in found.items() if path.resolve() in reads | held}
+    return data_identity.of_files(found)
+
+
+def data_identity_of(recipe) -> dict | None:
+    """The record of dataset_name's local files the run reads (`_files_record`; a folder of split files' test split with
+    them, where the run evaluates on it: `_read_by`); None for a Hub data set."""
+    source, held = _read_by(recipe)
+    return _files_record(source, held)
+
+
+def _read_by(recipe) -> tuple[Source, set]:
+    """dataset_name as a source, and the files of its folder of split files the run evaluates on (its test split)."""
+    s = recipe.script
+    folder = Path(s.dataset_name).expanduser()
+    evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
+    held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
+    return Source(s.dataset_name, s.dataset_train_split, s.dataset_config), held
 
 
 def content_changed(recipe, derived: dict) -> str | None:
@@ -684,11 +712,9 @@ def content_changed(recipe, derived: dict) -> str | None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
-        # A folder of split files is recorded whole: its test split's files are the pairs the run evaluates on
-        folder = Path(s.dataset_name).expanduser()
-        evaluates = recipe.training.eval_strategy != "no" and folder.is_dir() and not data_identity.saved(folder)
-        held = set(_split_files(str(folder), s.dataset_test_split, s.dataset_config)) if evaluates else set()
-        reads = _compared(Source(s.dataset_name, s.dataset_train_split, s.dataset_config))
+        # A folder of split files' test split: the pairs the run evaluates on, recorded with the training files
+        source, held = _read_by(recipe)
+        reads = _compared(source)
         reads = reads and reads | held
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split, evaluated=held, reads=reads)
     return _sources_changed(sources, derived.get("data_sources"))

@@ -5,6 +5,7 @@ The cache key (`identity`; not the micro-batch layout, which moves only the last
 stage's own micro-batches (`micro_batches`), and the loop every rank runs in lockstep (`run`).
 """
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, max_of_ranks
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
@@ -30,7 +32,6 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
 from dpotrain.recipe.writes import (
-    pid_alive,
     quiet_progress_bars,
     remove_dead_temporaries,
     replacing,
@@ -46,6 +47,7 @@ AGAIN = "its pairs are scored again"  # what follows a damaged cache file
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
 CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
+WRITER = ("writer", "job", "started", "boot")  # the arrays of a part that name its writer (`_writer_beside`)
 Layout = list[list[list[int]]]  # every rank's micro-batches, in order: [rank][micro-batch] -> pair indices
 
 
@@ -114,10 +116,11 @@ def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
     return said + [f"{n:,} {verb} from parts saved by {who}" for who, n in beside.items() if n]
 
 
-def _writer_beside(writer, job) -> str | None:
+def _writer_beside(writer, job, started=None, boot=None) -> str | None:
     """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring: alive on this host, or
-    on another host (no way to tell from here); None where it is known gone (this host, its pid ended; this process,
-    an earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
+    on another host (no way to tell from here); None where it is known gone (this host, its process ended: its pid
+    gone, or taken by a process started at another time or boot, as a container's pids repeat; this process, an
+    earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
     (written before parts did)."""
     if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
         return None
@@ -126,7 +129,8 @@ def _writer_beside(writer, job) -> str | None:
         return None
     if host != socket.gethostname():
         return f"another run, interrupted or scoring now (pid {pid} on {host})"
-    if int(pid) == os.getpid() or not pid_alive(int(pid)):
+    started, boot = (None if a is None else str(a) or None for a in (started, boot))  # '' where /proc is not
+    if int(pid) == os.getpid() or not run_lock.alive_here({"pid": pid, "process_start": started, "boot_id": boot}):
         return None
     return f"another run scoring now (pid {pid} on {host})"
 
@@ -169,16 +173,16 @@ class Store:
         """Every pair scored by an interrupted attempt: NaN where not scored."""
         chosen, rejected = np.full((2, self.pairs), np.nan, dtype=np.float32)
         for path in sorted(self.folder.glob("part-*.npz")):
-            arrays = self._read(path, "index", "chosen", "rejected", optional=("writer", "job"))
+            arrays = self._read(path, "index", "chosen", "rejected", optional=WRITER)
             if arrays is None:
                 continue
-            index, c, r, writer, job = arrays
+            index, c, r, *writer = arrays
             if not (index.ndim == 1 and index.shape == c.shape == r.shape and np.issubdtype(index.dtype, np.integer)):
                 self._damaged(path, f"arrays of shapes {index.shape}, {c.shape}, {r.shape}")
             elif len(index) and (index.min() < 0 or index.max() >= self.pairs):
                 self._damaged(path, f"pair indices outside 0..{self.pairs - 1}")
             else:
-                who = _writer_beside(writer, job)
+                who = _writer_beside(*writer)
                 if who:  # the pairs this part adds, said to be that writer's
                     fresh = int(np.count_nonzero(np.isnan(chosen[index])))
                     self.beside[who] = self.beside.get(who, 0) + fresh
@@ -190,7 +194,10 @@ class Store:
         # The writer, so that a run reading this part while its writer scores on says so, not `interrupted`
         writer = np.asarray(f"{socket.gethostname()}:{os.getpid()}")
         job = np.asarray(os.environ.get("SLURM_JOB_ID", ""))  # a requeue keeps it: its parts are its own earlier ones
+        # Its start and boot: a pid alone, taken by another process once the writer is gone, reads as scoring now
+        started, boot = (np.asarray(v or "") for v in (run_lock.process_start(os.getpid()), run_lock.boot_id()))
         arrays = dict(index=index, chosen=as32(chosen), rejected=as32(rejected), writer=writer, job=job)
+        arrays |= dict(started=started, boot=boot)
         self._write(f"part-{attempt}-r{rank}.npz", **arrays)
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
@@ -214,6 +221,24 @@ class Store:
         pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
         for path in self.folder.glob(pattern):
             path.unlink(missing_ok=True)
+
+    def remove_gone_writers_parts(self, attempt: str | None = None) -> None:
+        """Removes the parts (in `complete.npz` now) of writers known gone (`_writer_beside`), not `attempt`'s (its
+        ranks remove their own). A live neighbour's (another run of this key, scoring now) stay: it reads them if
+        stopped before it finishes. Another host's stay too (no telling from here whether it scores): its own end,
+        or a later run of this key on its host once it is gone, removes them."""
+        for path in self.folder.glob("part-*.npz"):
+            if attempt is not None and path.name.startswith(f"part-{attempt}-r"):
+                continue
+            try:
+                _, writer = load_arrays(path, (), optional=WRITER)
+            except FileNotFoundError:
+                continue  # its writer removed it meanwhile
+            except run_records.UNREADABLE:
+                writer = [None] * len(WRITER)  # damaged: no writer's, and in complete.npz
+            if _writer_beside(*writer) is None:
+                with contextlib.suppress(OSError):  # a read-only cache keeps them: never read past complete.npz
+                    path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
         # Each file names its key (`KEY_ARRAY`): one copied into another key's folder is not read as its scores.
@@ -567,6 +592,7 @@ def _look_up(store: Store, ident: dict, dataset) -> tuple:
     store.remove_dead_temporaries()
     complete = store.complete()
     if complete is not None:
+        store.remove_gone_writers_parts()  # left by a writer of another host, or one that finished before ours
         return True, *complete, None, 0, {}
     chosen, rejected = store.parts()
     digests = pair_digests(dataset)
@@ -604,7 +630,7 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
         return
     store.remove_parts(attempt, accelerator.process_index)
     if accelerator.is_local_main_process:
-        store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
+        store.remove_gone_writers_parts(attempt)  # the interrupted attempts' parts, now in complete.npz
 
 
 def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds: float):

@@ -7,13 +7,12 @@ stored are not reused."""
 import collections
 import hashlib
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from dpotrain.data.pair_lengths import pair_columns
-from dpotrain.recipe.records import UNREADABLE
+from dpotrain.recipe.records import UNREADABLE, zip_damage
 
 DIGEST_BYTES = 16
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
@@ -29,15 +28,10 @@ def key_of(npz) -> str | None:
 
 def load_arrays(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> tuple[str | None, list]:
     """(`key_of`, the `names` arrays, then the `optional` ones: None where the file has none) of a cache file. A
-    flipped bit in the zip's directory makes zipfile raise NotImplementedError (a compression method or version it
-    lacks) or RuntimeError (the file seems encrypted) rather than BadZipFile: those are the file's damage too, named
-    and scored again, never a traceback at start."""
-    try:
-        with np.load(path) as f:
-            found = [np.asarray(f[name]) for name in names]
-            return key_of(f), found + [np.asarray(f[name]) if name in f.files else None for name in optional]
-    except (NotImplementedError, RuntimeError) as e:
-        raise zipfile.BadZipFile(f"{type(e).__name__}: {e}") from e
+    flipped bit in the zip's directory is BadZipFile too (`zip_damage`): named and scored again, never a traceback."""
+    with zip_damage(), np.load(path) as f:
+        found = [np.asarray(f[name]) for name in names]
+        return key_of(f), found + [np.asarray(f[name]) if name in f.files else None for name in optional]
 
 
 def pair_digests(dataset) -> np.ndarray:

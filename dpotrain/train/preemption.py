@@ -27,7 +27,7 @@ from dpotrain.cluster.collectives import main_outcome, max_over_ranks
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
@@ -213,6 +213,14 @@ class GracefulStop(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
+        if max_over_ranks(int(run_lock.lost() is not None), args.device):  # the main's lock: every rank stops here
+            out = Path(args.output_dir)
+            raise RunError(
+                f"stopped: the lock {out / run_lock.LOCK_FILE} was {run_lock.lost() or 'lost'} while this run trained "
+                f"(its file removed by hand, and another run started there): this run ended after step "
+                f"{state.global_step}, saving nothing in {out}, which the other run writes; it goes on from the newest "
+                "checkpoint there (let it, or stop it and rerun this command)"
+            )
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
             self.stopped = True
             control.should_save = True
