@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from dpotrain.cluster import run_lock
-from dpotrain.cluster.collectives import main_outcome, max_over_ranks
+from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ranks
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
@@ -213,7 +213,9 @@ class GracefulStop(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if max_over_ranks(int(run_lock.lost() is not None), args.device):  # the main's lock: every rank stops here
+        # One all-reduce a step for both: the main's lock lost to another run, a stop asked on any rank
+        lost, asked = max_of_ranks([run_lock.lost() is not None, self.asked_here()], args.device)
+        if lost:  # every rank stops here
             out = Path(args.output_dir)
             raise RunError(
                 f"stopped: the lock {out / run_lock.LOCK_FILE} was {run_lock.lost() or 'lost'} while this run trained "
@@ -221,7 +223,7 @@ class GracefulStop(TrainerCallback):
                 f"{state.global_step}, saving nothing in {out}, which the other run writes; it goes on from the newest "
                 "checkpoint there (let it, or stop it and rerun this command)"
             )
-        if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
+        if asked:  # every rank stops at this step
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True
