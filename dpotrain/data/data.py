@@ -422,8 +422,9 @@ def load_dataset(*args, **kwargs):
             f"({', '.join(p.name for p in cut)}; a copy or a write stopped midway): removed, and made again from the "
             "data"
         )
-        for path in cut:
-            path.unlink(missing_ok=True)
+        for path in cut:  # looked at again: another rank of the run may have made it again meanwhile
+            if not _whole(path):
+                path.unlink(missing_ok=True)
         if any(not p.name.startswith("cache-") for p in cut):  # its own copy, not only a map's cache over it
             again = {"download_mode": datasets.DownloadMode.REUSE_CACHE_IF_EXISTS}
     try:
@@ -460,17 +461,19 @@ def _cut_short(args, kwargs) -> list[Path]:
         folder = Path(builder.cache_dir)
     except Exception:  # noqa: BLE001 - the load itself says what is wrong
         return []
-    cut = []
-    for path in sorted(folder.glob("*.arrow")):
-        try:
-            with open(path, "rb") as f:
-                f.seek(-len(ARROW_END), os.SEEK_END)  # OSError: shorter than the mark
-                whole = f.read() == ARROW_END
-        except OSError:
-            whole = False
-        if not whole:
-            cut.append(path)
-    return cut
+    return [path for path in sorted(folder.glob("*.arrow")) if not _whole(path)]
+
+
+def _whole(path: Path) -> bool:
+    """Whether an Arrow file ends with the end mark (True where it is gone: nothing of it is left to remove)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-len(ARROW_END), os.SEEK_END)  # OSError: shorter than the mark
+            return f.read() == ARROW_END
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def _named(name: str, data_files) -> str:
