@@ -830,8 +830,7 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
     out = unfinished(baseline, tmp_path)
     bin_dir = os.path.dirname(PYTHON)
     launch = [
-        os.path.join(bin_dir, "accelerate"),
-        "launch",
+        *accelerate_launch(),  # warm: refused at start, nothing signals it
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

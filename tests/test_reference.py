@@ -14,7 +14,18 @@ import time
 import datasets
 import pytest
 
-from conftest import PAUSE_AT, ROOT, built, pause_env, paused_pid, python, rank_python, ready, run_train
+from conftest import (
+    PAUSE_AT,
+    ROOT,
+    accelerate_launch,
+    built,
+    pause_env,
+    paused_pid,
+    python,
+    rank_python,
+    ready,
+    run_train,
+)
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
@@ -294,7 +305,10 @@ def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_i
 
     def train(out, prefix=(), steps="2"):
         args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
-        command = [*prefix, sys.executable, str(ROOT / "train_dpo.py"), *args, "--output_dir", str(tmp_path / out)]
+        # A fresh interpreter inside the read-only mount (a warm child would run outside it); the first run, which
+        # only fills the cache, starts warm.
+        interpreter = sys.executable if prefix else python()
+        command = [*prefix, interpreter, str(ROOT / "train_dpo.py"), *args, "--output_dir", str(tmp_path / out)]
         return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     first = train("first")
@@ -441,8 +455,7 @@ def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_mod
 
     out = tmp_path / "two"
     launch = [
-        str(ROOT / ".venv" / "bin" / "accelerate"),
-        "launch",
+        *accelerate_launch(),  # warm: the launch runs to its end, nothing signals it
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

@@ -2,6 +2,7 @@
 default arguments and their classes' attributes too), and whether this interpreter had imported torch before this
 script ran (a warm child of tests/helpers/warm.py had)."""
 
+import importlib
 import inspect
 import json
 import sys
@@ -13,6 +14,12 @@ import transformers.models.olmo3.modeling_olmo3  # noqa: E402, F401
 from huggingface_hub import hf_api  # noqa: E402
 
 import train_dpo  # noqa: E402, F401  (the modules the warm server imports)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import warm  # noqa: E402
+
+for name in warm.MORE_MODULES:  # and what it imports after train_dpo (wandb with the trainer, dynamo with Muon)
+    importlib.import_module(name)
 
 SIMPLE = (str, bytes, int, float, bool, type(None), PurePath)
 PACKAGES = {"huggingface_hub", "datasets", "transformers", "accelerate", "trl", "peft", "deepspeed", "dpotrain"}

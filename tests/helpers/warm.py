@@ -19,6 +19,7 @@ Each request is logged to the file named by the server's DPOTRAIN_WARM_LOG: run 
 
 import contextlib
 import gc
+import importlib
 import json
 import os
 import select
@@ -62,6 +63,8 @@ RUNTIME_KEYS = {
 REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN"}
 REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
 ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
+# Imported by the server after train_dpo: what a run imports later (`serve`).
+MORE_MODULES = ("datasets", "dpotrain.train.trainer", "deepspeed.runtime.zero.muon.muon_optimizer")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -139,6 +142,15 @@ def serve(path: str, project: str) -> None:
     import trl  # noqa: F401
 
     import train_dpo  # noqa: F401  (and with it the project's modules)
+
+    # What each child imported again for itself (profiled in session 38): train_dpo imports datasets and the trainer
+    # only when a run gets there (~0.8 CPU-s a rank, ~930 modules; the trainer brings TRL's DPOTrainer and, with it,
+    # wandb, which transformers' is_wandb_available imports: a request whose WANDB_* differ starts fresh), and
+    # DeepSpeed's optimizer check as the engine starts imports its Muon optimizer, whose module-level torch.compile
+    # imports dynamo and inductor (~1-1.5 CPU-s a DeepSpeed rank). Their import-time settings (TORCHINDUCTOR_*, ...)
+    # are no run-time keys: a request that differs in one starts fresh.
+    for name in MORE_MODULES:  # after train_dpo, as a run imports them
+        importlib.import_module(name)
 
     if os.environ.get("DPOTRAIN_WARM_THREADS"):  # tests/conftest.py's TORCH_THREADS: every child computes on these
         torch.set_num_threads(int(os.environ["DPOTRAIN_WARM_THREADS"]))
