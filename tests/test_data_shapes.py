@@ -1157,6 +1157,20 @@ def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer
     np.testing.assert_array_equal(m.prompt, [len(ids) for ids in processed["prompt_ids"]])
 
 
+def refused_then_dropped(pairs, tmp_path, tiny_model_dir):
+    """The run's refusal of `pairs` without --skip_invalid, and with it the rows it drops (its record) beside those the
+    analyzer drops, each row's problem with its index."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    raw = data.load_preference_dataset(str(path))
+    with pytest.raises(rows.InvalidRowError) as info:
+        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
+    derived = {}
+    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == len(pairs) - 1
+    measured = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
+    return str(info.value), derived["invalid_rows"]["first"], measured.invalid
+
+
 @pytest.mark.parametrize("content", ["", "  \n"], ids=["empty", "whitespace"])
 def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_alike(content, tmp_path, tiny_model_dir):
     """A conversation whose user message says nothing trained without a word: the chat template renders the user's
@@ -1165,22 +1179,14 @@ def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_al
     pairs = dolci(6)
     for side in ("chosen", "rejected"):  # the prompt the two sides share, as the messages shape repeats it
         pairs[3][side] = [{**m, "content": content} if m["role"] == "user" else m for m in pairs[3][side]]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    raw = data.load_preference_dataset(str(path))
-    with pytest.raises(rows.InvalidRowError) as info:
-        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
-    said = str(info.value)
+    said, dropped, analyzer = refused_then_dropped(pairs, tmp_path, tiny_model_dir)
     assert re.fullmatch(
         r"row 3, column 'prompt': message \d is a user turn with empty content \(the chat template would render its "
         r"header with nothing after it\) \(line 4 of .*pairs\.jsonl; fix or remove the row, or pass --skip_invalid "
         r"true to drop and count such rows instead\)",
         said,
     ), said
-    derived = {}
-    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == 5
-    m = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
-    assert [p["index"] for p in m.invalid] == [p["index"] for p in derived["invalid_rows"]["first"]] == [3]
+    assert [p["index"] for p in analyzer] == [p["index"] for p in dropped] == [3]
 
 
 @pytest.mark.parametrize("content", ["", " "], ids=["empty", "whitespace"])
@@ -1195,22 +1201,12 @@ def test_an_empty_assistant_turn_after_the_answer_is_refused_by_the_run_and_coun
     pairs[4]["rejected"] = pairs[4]["rejected"][:-1] + [
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
     ]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    raw = data.load_preference_dataset(str(path))
-    with pytest.raises(rows.InvalidRowError) as info:
-        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
-    said = str(info.value)
+    said, dropped, analyzer = refused_then_dropped(pairs, tmp_path, tiny_model_dir)  # the tool call's pair kept
     assert re.match(
         r"row 2, column 'chosen': message \d is an assistant turn with empty content beside the answer \(it would "
         r"train as an empty turn of its own\): remove it \(line 3 of ",
         said,
     ), said
-    derived = {}
-    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == 5  # the tool call's pair kept
-    m = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
-    assert m.invalid[0] == derived["invalid_rows"]["first"][0] and m.invalid[0]["index"] == 2
+    assert analyzer[0] == dropped[0] and dropped[0]["index"] == 2
     # The built-in template does not write tool_calls: refused by that check, once the template is known, not this one
-    assert [(p["index"], p["problem"][:41]) for p in m.invalid[1:]] == [
-        (4, "chat template error: the chat template do")
-    ]
+    assert [(p["index"], p["problem"][:41]) for p in analyzer[1:]] == [(4, "chat template error: the chat template do")]

@@ -103,13 +103,13 @@ def read_row(
             "preference (it would train a taste for that white space; under a chat template that trims content, "
             "which many do, both sides are the same tokens)",
         )
-    if fmt.conversational and (problem := _empty_user_turn(example["prompt"])):
+    if fmt.conversational and (problem := _empty_turn(example["prompt"], "user")):
         return None, ("prompt", problem)
     for column in ("chosen", "rejected"):
         completion = example[column]
         if fmt.conversational and not any(map(_says_something, completion)):
             return None, (column, "empty completion: every completion message has empty content")
-        if fmt.conversational and (problem := _empty_answer_turn(completion)):
+        if fmt.conversational and (problem := _empty_turn(completion, "assistant")):
             return None, (column, problem)
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
@@ -207,29 +207,23 @@ def _says_something(message: dict) -> bool:
     return bool((message.get("content") or "").strip()) or any(isinstance(v, str | list | dict) and v for v in extra)
 
 
-def _empty_user_turn(prompt: list[dict]) -> str | None:
-    """A user message with empty or whitespace-only content. A plain-text empty prompt is a legitimate pair (answers
-    that share no start), but the chat template renders an empty user turn as its header with nothing after it: the
-    model would learn to answer a question nobody asked, an export's gap (a lost field), not a user's intent."""
-    for i, message in enumerate(prompt):
-        if message["role"] == "user" and not _says_something(message):
-            return (
-                f"message {i} is a user turn with empty content (the chat template would render its header with "
-                "nothing after it)"
-            )
-    return None
+# The empty turns refused, by role and where: a user turn of the prompt (a plain-text empty prompt is a legitimate pair,
+# answers that share no start, but the chat template renders an empty user turn as its header with nothing after it:
+# the model would learn to answer a question nobody asked, an export's gap, not a user's intent), and an assistant turn
+# of a completion beside the one that answers (an export's trailing `{"role": "assistant", "content": ""}`: rendered
+# as a turn of its own, header and end token, it would teach the model to follow its answer with an empty turn).
+EMPTY_TURN = {
+    "user": "a user turn with empty content (the chat template would render its header with nothing after it)",
+    "assistant": "an assistant turn with empty content beside the answer (it would train as an empty turn of its own): "
+    "remove it",
+}
 
 
-def _empty_answer_turn(completion: list[dict]) -> str | None:
-    """An assistant message of a completion that holds nothing, beside one that answers (an export's trailing
-    `{"role": "assistant", "content": ""}`): the chat template renders it as a turn of its own, its header and end
-    token, and the pair would train the model to follow its answer with an empty turn."""
-    for i, message in enumerate(completion):
-        if message["role"] == "assistant" and not _says_something(message):
-            return (
-                f"message {i} is an assistant turn with empty content beside the answer (it would train as an empty "
-                "turn of its own): remove it"
-            )
+def _empty_turn(messages: list[dict], role: str) -> str | None:
+    """The first message of `role` with empty or whitespace-only content (and nothing else the template writes)."""
+    for i, message in enumerate(messages):
+        if message["role"] == role and not _says_something(message):
+            return f"message {i} is {EMPTY_TURN[role]}"
     return None
 
 
