@@ -859,6 +859,28 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
     assert (out / "chat_template.jinja").is_file()  # the tokenizer the trainer saved with the model
 
 
+# What a dry run (each Slurm job start runs one) imports without using: BENCHMARKS.md, "What a dry run imports that it
+# does not use". The rest of its imports (torch._dynamo, peft, torch.distributed.checkpoint, ...) parsing any recipe
+# imports (TRL's DPOConfig), so they are not listed.
+UNUSED_BY_A_DRY_RUN = ("deepspeed", "wandb", "matplotlib", "trl.trainer.dpo_trainer", "dpotrain.train.trainer")
+
+
+def test_a_dry_run_does_not_import_what_only_the_run_uses(tmp_path, tiny_model_dir):
+    """A dry run imports what parsing the recipe and reading the data need, and not DeepSpeed (0.38 s), W&B with
+    report_to none, the plot's matplotlib or the trainer: an import at a module's top would add it to every job start.
+    A fresh interpreter (this one has imported everything); a built model's folder (building one saves it with
+    transformers, whose save imports DeepSpeed)."""
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    code = (
+        "import sys, train_dpo\n"
+        f"train_dpo.main({args!r})\n"
+        f"print('loaded:', *sorted(set({UNUSED_BY_A_DRY_RUN!r}) & set(sys.modules)))\n"
+    )
+    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "nothing loaded, nothing trained" in out  # the dry run ran to its summary
+    assert out.splitlines()[-1] == "loaded:", out
+
+
 def test_a_built_in_models_first_dry_run_builds_its_tokenizer_once(tmp_path, capsys, monkeypatch):
     """The built-in model's very first run built its tokenizer for the row check, built it again to save the model's
     folder, then loaded it from that folder for the lengths: one tokenizer, made three times. The row check's is saved
