@@ -79,8 +79,11 @@ def test_each_venv_builds_deepspeeds_ops_in_a_folder_of_its_own(tmp_path):
     """torch's default build folder, ~/.cache/torch_extensions/<py>_<device>, is shared by every venv, and a build
     records its venv's paths (`-I <venv>/.../deepspeed/ops/csrc/...`): two checkouts rebuilt each other's ops at every
     switch (seen: one built, the other compiled again in the same folder). Two real venvs here, each with the
-    project's packages through a .pth file: each gets its own folder; a user's TORCH_EXTENSIONS_DIR is kept; a venv
-    reached through a link (another spelling of the same folder) keeps torch's default."""
+    project's packages through a .pth file: each gets its own folder; a user's TORCH_EXTENSIONS_DIR is kept. A venv
+    reached through a link (a checkout sharing another's `.venv`) kept torch's default, which every such checkout
+    shared, each spelling's paths in its build: two worktrees' ZeRO-2 launches rebuilt deepspeed_shm_comm there in
+    turn (22 builds of 56-188 s in one morning), a rank waiting on the other's lock and then building. Now each link
+    gets its own folder, apart from the real venv's and from another link's."""
     probe = (
         "import os, sys; sys.path.insert(0, sys.argv[1])\n"
         "from dpotrain.recipe import venv; venv.require(); print(os.environ.get('TORCH_EXTENSIONS_DIR'))"
@@ -100,5 +103,10 @@ def test_each_venv_builds_deepspeeds_ops_in_a_folder_of_its_own(tmp_path):
         (packages / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     assert [built_in(v) for v in venvs] == [str(v / "torch_extensions") for v in venvs]
     assert built_in(venvs[0], TORCH_EXTENSIONS_DIR="/scratch/ops") == "/scratch/ops"
-    (tmp_path / "link").symlink_to(venvs[0])
-    assert built_in(tmp_path / "link") == "None"
+    links = [tmp_path / "link1", tmp_path / "link2"]
+    for link in links:
+        link.symlink_to(venvs[0])
+    linked = [built_in(link) for link in links]
+    assert "None" not in linked and len(set(linked)) == 2, linked
+    for folder in linked:
+        assert Path(folder).parent.parent == venvs[0] / "torch_extensions"  # in the venv, not in ~/.cache

@@ -6,6 +6,7 @@ importing them. Then `load_env` reads the project's `.env`, before the libraries
 """
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import re
@@ -197,9 +198,15 @@ def torch_extensions_default() -> str | None:
     """Where DeepSpeed's JIT ops are built unless TORCH_EXTENSIONS_DIR says: in this venv. torch's default,
     ~/.cache/torch_extensions/<py>_<device>, is one folder for every venv, and a build records its venv's paths, so
     two checkouts (or two projects) rebuilt each other's ops at every switch (~45 s on 2 cores, minutes on a GPU node)
-    and waited on each other's build lock. None (torch's default) for no venv, one this user cannot write in (a shared
-    install), or one reached through a link, whose folder another spelling of its paths builds in too."""
+    and waited on each other's build lock. A venv reached through a link (a checkout sharing another's `.venv`) builds
+    in a folder of its own spelling inside the real venv: each spelling records other paths, so in torch's default (or
+    in the real venv's own folder) the checkouts sharing it rebuilt in turn, a rank waiting 1-3 min on the lock and
+    the build each time. None (torch's default) for no venv, or one this user cannot write in (a shared install)."""
     prefix = sys.prefix
-    if prefix == sys.base_prefix or not os.access(prefix, os.W_OK) or os.path.realpath(prefix) != prefix:
+    real = os.path.realpath(prefix)
+    if prefix == sys.base_prefix or not os.access(real, os.W_OK):
         return None
-    return os.path.join(prefix, "torch_extensions")
+    if real == prefix:
+        return os.path.join(prefix, "torch_extensions")
+    spelling = hashlib.sha256(prefix.encode()).hexdigest()[:12]
+    return os.path.join(real, "torch_extensions", "linked", spelling)
