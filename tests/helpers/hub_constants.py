@@ -18,7 +18,7 @@ import train_dpo  # noqa: E402, F401  (the modules the warm server imports)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warm  # noqa: E402
 
-for name in warm.MORE_MODULES:  # and what it imports after train_dpo (wandb with the trainer, dynamo with Muon)
+for name in warm.MORE_MODULES:  # and what it imports after train_dpo (datasets, dynamo with Muon)
     importlib.import_module(name)
 
 SIMPLE = (str, bytes, int, float, bool, type(None), PurePath)

@@ -63,8 +63,10 @@ RUNTIME_KEYS = {
 REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN"}
 REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
 ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
-# Imported by the server after train_dpo: what a run imports later (`serve`).
-MORE_MODULES = ("datasets", "dpotrain.train.trainer", "deepspeed.runtime.zero.muon.muon_optimizer")
+# Imported by the server after train_dpo: what a run imports later (`serve`). Not the trainer module: it brings TRL's
+# DPOTrainer and with it wandb, whose import makes temporary folders (wandb-media, wandb-artifacts) that the first
+# child to exit removes, its copy of their finalizers running at its exit; a later child's wandb.Table then failed.
+MORE_MODULES = ("datasets", "deepspeed.runtime.zero.muon.muon_optimizer")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -143,9 +145,8 @@ def serve(path: str, project: str) -> None:
 
     import train_dpo  # noqa: F401  (and with it the project's modules)
 
-    # What each child imported again for itself (profiled in session 38): train_dpo imports datasets and the trainer
-    # only when a run gets there (~0.8 CPU-s a rank, ~930 modules; the trainer brings TRL's DPOTrainer and, with it,
-    # wandb, which transformers' is_wandb_available imports: a request whose WANDB_* differ starts fresh), and
+    # What each child imported again for itself (profiled in session 38): train_dpo imports datasets only when a run
+    # gets there (with the trainer, ~0.8 CPU-s a rank, ~930 modules; the trainer left to the child: MORE_MODULES), and
     # DeepSpeed's optimizer check as the engine starts imports its Muon optimizer, whose module-level torch.compile
     # imports dynamo and inductor (~1-1.5 CPU-s a DeepSpeed rank). Their import-time settings (TORCHINDUCTOR_*, ...)
     # are no run-time keys: a request that differs in one starts fresh.
