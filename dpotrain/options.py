@@ -499,7 +499,10 @@ def check_model(model: str) -> None:
         return
     check_model_path(model)
     path = Path(model).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file() and any((path / n).is_file() for n in WEIGHT_FILES):
+    if not path.is_dir():
+        return  # a Hub name
+    adapter = path / "adapter_config.json"
+    if adapter.is_file() and any((path / n).is_file() for n in WEIGHT_FILES):
         # A model with an adapter saved beside it (a repo that ships both): transformers' from_pretrained finds the
         # adapter_config.json and loads the adapter onto the model, which the run would then train with it
         raise ConfigError(
@@ -508,10 +511,10 @@ def check_model(model: str) -> None:
             "to a folder of their own, or merge the adapter into the weights first (PEFT's merge_and_unload, then "
             "save_pretrained)"
         )
-    if path.is_dir() and (path / "adapter_config.json").is_file():
+    if adapter.is_file():
         # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         try:
-            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
         except (OSError, ValueError, AttributeError):
             base = None
         start = f"its base model ({base}) with --use_peft true for a new adapter" if base else "its base model"
@@ -525,14 +528,13 @@ def check_model(model: str) -> None:
             f"model folder {model!r} holds a LoRA adapter (adapter_config.json), not a model a run can start from: "
             f"start from {start}, or from {merged}"
         )
-    if path.is_dir() and not (path / "config.json").is_file():
+    if not (path / "config.json").is_file():
         what = "is empty" if not any(path.iterdir()) else "holds no config.json"
         raise ConfigError(
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
-    if path.is_dir():
-        check_shards(model)
+    check_shards(model)
 
 
 def _weights_config(path: Path) -> dict | None:
@@ -739,16 +741,16 @@ def check_optimizer(t) -> None:
             f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
-    _check_schedule(t, scheduler)
-    _check_warmup(t, scheduler)
+    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]  # LambdaLR's; reduce_lr_on_plateau has none
+    _check_schedule(t, multiplier)
+    _check_warmup(t, multiplier)
 
 
-def _check_warmup(t, scheduler) -> None:
+def _check_warmup(t, multiplier) -> None:
     """transformers builds `constant` and `reduce_lr_on_plateau` without warm-up, while the record counts warmup_steps.
     A schedule that warms up starts below learning_rate (the walk's step 0)."""
     if not t.warmup_steps:
         return
-    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]
     try:
         if multiplier is not None and float(multiplier(0)) < 1:
             return
@@ -767,14 +769,11 @@ WALKED_STEPS, WALKED_WARMUP, WALKED_POINTS = 1_000_000, 100_000, 1_000
 COUNTS_STEPS = ("num_decay_steps", "num_stable_steps", "timescale")
 
 
-def _check_schedule(t, scheduler) -> None:
+def _check_schedule(t, multiplier) -> None:
     """The schedule's multiplier of learning_rate over a whole run: `lr_scheduler_kwargs` of the wrong type or value
     build, then fail or mislead after warm-up. It must stay in [0, 1], and not at 0 for a stretch before the end."""
     kwargs = t.lr_scheduler_kwargs or {}
-    if not isinstance(kwargs, dict) or set(kwargs) & set(COUNTS_STEPS):
-        return
-    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]  # LambdaLR's; reduce_lr_on_plateau has none
-    if multiplier is None:
+    if multiplier is None or not isinstance(kwargs, dict) or set(kwargs) & set(COUNTS_STEPS):
         return
     values, problem = [], None
     for point in range(WALKED_POINTS + 1):

@@ -490,13 +490,6 @@ def _tokenizer(recipe, model_path: str, local_only: bool) -> tuple[object | None
         ) from None
 
 
-def _lengths_tokenizer(recipe, launch: Launch, pairs: Data, model_path: str) -> tuple[object | None, str | None]:
-    """The tokenizer the lengths are measured with: the data stage's where loaded from the same place, else now."""
-    if pairs.tokenizer is not None and pairs.tokenizer.source == model_path:
-        return pairs.tokenizer.loaded
-    return _tokenizer(recipe, model_path, local_only=launch.dry_run)
-
-
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
     """A recipe's `pad_token` must be a token of the tokenizer: TRL raised only once the model had loaded."""
     if pad_token and pad_token not in tokenizer.get_vocab():
@@ -572,7 +565,10 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     limit = None  # the model's positions: what max_length may be, or advise
     if (recipe.max_length_auto or max_length is not None) and model_config is not None:
         limit = positions.model_limit(model_config)[0]
-    (tokenizer, unread), measured, auto = _lengths_tokenizer(recipe, launch, pairs, model_path), None, None
+    # The data stage's tokenizer where it was loaded from the same place, else loaded now
+    same = pairs.tokenizer is not None and pairs.tokenizer.source == model_path
+    tokenizer, unread = pairs.tokenizer.loaded if same else _tokenizer(recipe, model_path, local_only=launch.dry_run)
+    measured, auto = None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
         with collectives.main_first():  # its refusal: every rank's (outside a process group, nothing to share)
