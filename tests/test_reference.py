@@ -483,7 +483,8 @@ def test_the_stage_cache_folder_round_trips(tmp_path, monkeypatch):
     store.write_complete(
         {"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32), np.zeros((5, 16), dtype=np.uint8)
     )
-    store.remove_parts()
+    store.remove_part("a", 0)
+    store.remove_part("b", 1)
     assert store.complete()[0].tolist() == [0, 1, 2, 3, 4] and not list(store.folder.glob("part-*"))
 
 

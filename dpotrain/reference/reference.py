@@ -135,13 +135,6 @@ def _writer_beside(writer, job, started=None, boot=None) -> str | None:
     return f"another run scoring now (pid {pid} on {host})"
 
 
-def foreign_key(key: str) -> str:
-    return (
-        f"it holds the scores of cache key {key}, another model, data or settings than this folder's: a file copied "
-        "in from another cache folder"
-    )
-
-
 class Store:
     """One key's folder: `complete.npz` once every pair is scored, until then `part-<attempt>-r<rank>.npz` files
     rewritten atomically. A damaged file is warned about, removed and rescored; a failed write (a full disk) loses only
@@ -217,10 +210,8 @@ class Store:
                 flush=True,
             )
 
-    def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
-        pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
-        for path in self.folder.glob(pattern):
-            path.unlink(missing_ok=True)
+    def remove_part(self, attempt: str, rank: int) -> None:
+        (self.folder / f"part-{attempt}-r{rank}.npz").unlink(missing_ok=True)
 
     def remove_gone_writers_parts(self, attempt: str | None = None) -> None:
         """Removes the parts (in `complete.npz` now) of writers known gone (`_writer_beside`), not `attempt`'s (its
@@ -269,7 +260,8 @@ class Store:
             return None
         key, arrays = found
         if key is not None and key != self.folder.name:
-            return self._damaged(path, foreign_key(key))
+            why = f"it holds the scores of cache key {key}, another model, data or settings than this folder's"
+            return self._damaged(path, f"{why}: a file copied in from another cache folder")
         return arrays
 
     def _damaged(self, path: Path, why: str) -> None:
@@ -628,7 +620,7 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
     accelerator.wait_for_everyone()
     if not (store.folder / COMPLETE).is_file():  # not saved (a full disk): the parts keep their pairs for a later run
         return
-    store.remove_parts(attempt, accelerator.process_index)
+    store.remove_part(attempt, accelerator.process_index)
     if accelerator.is_local_main_process:
         store.remove_gone_writers_parts(attempt)  # the interrupted attempts' parts, now in complete.npz
 

@@ -39,11 +39,8 @@ def sha256(path: Path) -> str:
 
 def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     """Every file under `folder` (relative path, size), largest first; `leave_out`: top-level names left out."""
-    found = []
-    for path in folder.rglob("*"):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_file() and rel not in leave_out:
-            found.append((rel, path.stat().st_size))
+    files = [(path.relative_to(folder).as_posix(), path) for path in folder.rglob("*") if path.is_file()]
+    found = [(rel, path.stat().st_size) for rel, path in files if rel not in leave_out]
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 

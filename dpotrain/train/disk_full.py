@@ -84,9 +84,7 @@ def _todo(why: str) -> str:
 
 def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
-    if why := refused(error):
-        return why
-    return _probe(folder)
+    return refused(error) or _probe(folder)
 
 
 def _probe(folder: Path) -> str | None:
