@@ -333,7 +333,7 @@ def test_a_saved_data_set_or_a_data_file_is_known_without_the_run_folder_beside_
     file.parent.mkdir()
     file.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(True)[:8]))
     for name in (str(saved), str(file)):
-        recorded, key = data_identity.of(name), lengths.dataset_identity(name)
+        recorded, key = data_identity.of_files(data_identity.files(name)), lengths.dataset_identity(name)
         run = Path(name).parent / "run" if Path(name).is_file() else Path(name) / "run"
         (run / "checkpoint-2").mkdir(parents=True)
         (run / "metrics.jsonl").write_text('{"step": 1}\n')

@@ -150,12 +150,6 @@ def changed_files(
     return None
 
 
-def of(name: str, split: str = "train", data_dir: str | None = None, data_files=None) -> dict | None:
-    """{name: {"bytes", "mtime_ns", "sha256"}} of a local data set's `split` (`files`); None for a Hub one."""
-    found = files(name, split, data_dir, data_files)
-    return None if found is None else of_files(found)
-
-
 def changed(
     old: dict | None,
     name: str,
@@ -166,6 +160,6 @@ def changed(
     evaluated=frozenset(),
     reads=None,
 ) -> str | None:
-    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None (`changed_files`)."""
+    """How the local data set `name`'s `split` differs from the run's record `old` (`of_files`), or None."""
     found = files(name, split, data_dir, data_files)
     return changed_files(old, found, read, evaluated, reads) if old and found is not None else None

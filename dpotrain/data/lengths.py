@@ -69,11 +69,9 @@ def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int,
 
 def _render(example: dict, tokenizer) -> tuple[str, str, str]:
     """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
-    from trl.data_utils import is_conversational
-
-    conversational = is_conversational(example)
     return tuple(
-        tokenizer.apply_chat_template(x, tokenize=False, **kw) if conversational else x for x, kw in _inputs(example)
+        tokenizer.apply_chat_template(x, tokenize=False, **kw) if isinstance(x, list) else x
+        for x, kw in _inputs(example)
     )
 
 

@@ -667,7 +667,7 @@ def pinned(source: Source, pins: dict | None) -> str | None:
 
 
 def identity_of(source: Source, revision: str | None = None) -> dict:
-    """A local source's files (`data_identity.of`), or a Hub source's revision (`revision`: the commit it was read
+    """A local source's files (`data_identity.of_files`), or a Hub source's revision (`revision`: the commit it was read
     at; else its main's now)."""
     files = _files_record(source)
     if files is not None:

@@ -26,11 +26,9 @@ def measured_sample(
         m = all_pairs = lengths.measure(
             dataset, tokenizer, num_proc=lengths.workers(dataset), skip_invalid=True, hh_format=hh_format
         )
-        keep = np.isin(m.index, indices)
-        prompt, chosen, rejected, shared = (v[keep] for v in (m.prompt, m.chosen, m.rejected, m.shared))
     else:
         picked = dataset.select(indices)
         m, all_pairs = lengths.measure(picked, tokenizer, skip_invalid=True, indices=indices, hh_format=hh_format), None
-        prompt, chosen, rejected, shared = m.prompt, m.chosen, m.rejected, m.shared
-    of = f"a seeded sample of {min(rows, total):,} of {total:,}"
-    return TokenCounts(prompt, chosen, rejected, f"{of} rows, tokenized as the trainer does", shared), all_pairs, m
+    keep = np.isin(m.index, indices)  # the sample's rows of every pair measured (all of them where only they were)
+    of = f"a seeded sample of {min(rows, total):,} of {total:,} rows, tokenized as the trainer does"
+    return TokenCounts(*(v[keep] for v in (m.prompt, m.chosen, m.rejected)), of, m.shared[keep]), all_pairs, m
