@@ -344,6 +344,12 @@ def trained_under(checkpoint: Path) -> Path:
     )
 
 
+def resumed(out: Path, point: str) -> OutputDecision:
+    """Resume from `point`: a hand edit of the run's record is said not to be used (resume.say_hand_edit)."""
+    resume.say_hand_edit(out, point, trained_under(Path(point)))
+    return OutputDecision(point, False)
+
+
 def replacing(out: Path, explicit: str | None) -> OutputDecision:
     """--overwrite_output_dir replaces the run in `out` (its own files: output_folder.replace), then the run starts
     afresh, or resumes the checkpoint it names, unless that is one of the files replaced."""
@@ -442,7 +448,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
                 "replace that run"
             )
-        return OutputDecision(resume.explicit_point(explicit, out, p.auto_resume), False)
+        return resumed(out, resume.explicit_point(explicit, out, p.auto_resume))
     if resume.after_health_stop(recipe, out):
         return OutputDecision(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
@@ -455,7 +461,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"output_dir {named} holds an unfinished run with other settings ({'; '.join(changed)}): rerun "
                 "with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start afresh"
             )
-        return OutputDecision(str(latest), False)
+        return resumed(out, str(latest))
     if own_checkpoints(out):  # a person's checkpoint-N is none of the run's (check_checkpoints_of_others)
         if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
             return OutputDecision(None, True)

@@ -190,7 +190,9 @@ def record_run(spec, trainer, outcomes) -> dict:
         record["derived"]["model_identity"] = model_identity.of(recipe)
         out = Path(recipe.training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        writes.write_text(out / "resolved_config.json", json.dumps(record, indent=2, default=str) + "\n")
+        writes.write_text(
+            out / "resolved_config.json", json.dumps(run_record.sealed(record), indent=2, default=str) + "\n"
+        )
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
         heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
         print(dry_run.summary(run_record.of(record), None, heading, spec.lengths.warnings), flush=True)

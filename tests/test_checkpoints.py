@@ -12,12 +12,14 @@ import torch
 from transformers import TrainerCallback
 
 from conftest import (
+    PYTHON,
     ROOT,
     accelerate_launch,
     built,
     launch_env,
     python,
     rank_python,
+    read_only_prefix,
     ready,
     sealed_checkpoint,
     smoke_command,
@@ -344,3 +346,31 @@ def test_a_lora_runs_merged_model_is_saved_with_the_ids_the_run_aligned(tmp_path
             prompts, attention_mask=mask, max_new_tokens=3, do_sample=False, eos_token_id=first[0]
         )
     assert generated[0, 4:].tolist() == [first[0], 1, 1]
+
+
+def test_a_checkpoint_made_read_only_is_said_and_kept_the_runs_when_rotation_cannot_delete_it(tmp_path):
+    """checkpoint-2 made read-only by a person (chmod -w) before a resume with save_total_limit 1: rotation ignored
+    the errors, took the mark it could not delete for a person's file (`Kept COMPLETE in ...: not the run's`) and
+    dropped the folder, whole and marked, from the run's record. Now one line names it and how to let it go, and it
+    stays the run's."""
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    rotation = (
+        "import sys; from pathlib import Path; from dpotrain.train import run_files; "
+        "from dpotrain.train.checkpoints import rotate; out = Path(sys.argv[1]); "
+        "run_files.disown(out, [p.name for p in rotate(out, 1, keep=(out / 'checkpoint-4',))])"
+    )
+    prefix = read_only_prefix(out / "checkpoint-2")
+    done = subprocess.run(
+        [*prefix, PYTHON, "-c", rotation, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"Could not remove {out / 'checkpoint-2'}"], done.stdout
+    assert lines[0].endswith(
+        f"which save_total_limit lets go: it stays, still this run's; make it writable (chmod -R u+w "
+        f"{out / 'checkpoint-2'}) for a later save to remove it, or remove it yourself"
+    )
+    assert is_complete(out / "checkpoint-2") and "checkpoint-2" in run_files.read(out)

@@ -23,6 +23,7 @@ from conftest import PAUSE_AT, PYTHON, ROOT, accelerate_launch, pause_env, pause
 from dpotrain import stages
 from dpotrain.cluster import run_lock
 from dpotrain.hub import hub_push
+from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
@@ -120,12 +121,34 @@ def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     out = unfinished(baseline, tmp_path)
+    # A learning rate "fixed" by hand in the record before the resume (re-indented by the editor): it was written over
+    # in silence, the user believing the rest trained at it
+    record = json.loads((out / "resolved_config.json").read_text())
+    lr = record["learning_rate"]
+    (out / "resolved_config.json").write_text(json.dumps(record | {"learning_rate": lr * 2}, indent=4))
     result = train(out, tiny_model_dir, pairs)
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"Resuming from {out}/checkpoint-4" in result.stdout
+    edit = [line for line in result.stdout.splitlines() if "was edited after the run wrote it" in line]
+    assert edit == [
+        f"note: {out}/resolved_config.json was edited after the run wrote it (learning_rate: {lr!r} -> {lr * 2!r}): a "
+        f"resume takes its settings from the recipe and command line, checked against {out}/checkpoint-4's own record, "
+        "so the edit is not used and the file is written anew as training starts; to train with another value, pass "
+        "it with a new --output_dir"
+    ], result.stdout[-3000:]
+    assert json.loads((out / "resolved_config.json").read_text())["learning_rate"] == lr
     assert logged_steps(out) == [1, 2, 3, 4] and not (out / "checkpoint-5").exists()  # it trained a 5th step
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == STEPS
     assert_same_weights(out, baseline)
+
+
+def test_a_record_is_told_edited_by_its_values_not_by_its_layout():
+    record = run_record.sealed({"learning_rate": 1e-4, "output_dir": Path("run"), "derived": {"max_length": 64}})
+    written = json.loads(json.dumps(record, indent=2, default=str))
+    assert not run_record.edited(written) and not run_record.edited(json.loads(json.dumps(written, indent=8)))
+    assert run_record.edited(written | {"learning_rate": 2e-4})
+    assert run_record.edited(written | {"derived": {"max_length": 128}})
+    assert not run_record.edited({"learning_rate": 1e-4})  # a record of a version before seals: not known
 
 
 # Each file a checkpoint needs, damaged as a fault leaves it: deleted, cut short, or a byte changed in place.

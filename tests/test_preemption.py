@@ -23,6 +23,7 @@ from conftest import (
     ROOT,
     accelerate_launch,
     pause_env,
+    paused_pid,
     python,
     rank_python,
     read_only_prefix,
@@ -778,3 +779,66 @@ def test_a_stop_line_starts_a_line_of_its_own_under_a_live_progress_bar(tmp_path
     assert line and " 3/12 " in before, seen  # the bar was drawn, then the line written
     assert before.split("\n")[-1].split("\r")[-1] == "", seen  # at the start of a row (the bar cleared from it)
     assert " 3/12 " in after.split("\n", 1)[1], seen  # and the bar drawn again below it
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie left for a reaper (a process of the test's own, reparented)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_running_on_as_orphans(tmp_path, tiny_model_dir, pairs):
+    """`kill -9` of `accelerate launch` in a terminal (2 DDP ranks on CPU): its ranks trained on to the end as orphans,
+    holding the run's lock and writing checkpoints, with nothing left to stop them. Now the kernel tells each rank
+    (PR_SET_PDEATHSIG): one line says why, and they save a checkpoint at the end of the step and exit, the lock freed.
+    The venv's own accelerate and interpreter: a warm rank's parent is the warm server, not the launcher."""
+    config, out, paused = tmp_path / "ddp.yaml", tmp_path / "run", tmp_path / "paused"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+    )
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file", str(config)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    proc = subprocess.Popen(
+        [*launch, str(PAUSE_AT), *args],
+        cwd=ROOT,
+        env={**os.environ, **pause_env("", "*/metrics.jsonl", paused)},  # rank 0, as it logs step 1
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        ranks = children(proc.pid)
+        assert pid in ranks and len(ranks) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]  # to its end: the ranks hold the launcher's stdout
+    finally:
+        for rank in children(proc.pid) if proc.poll() is None else []:
+            os.kill(rank, signal.SIGKILL)
+        proc.kill()
+    deadline = time.time() + 60
+    while any(alive(rank) for rank in ranks) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(rank) for rank in ranks), log[-3000:]
+    gone = [line for line in log.splitlines() if "that started this run's processes is gone" in line]
+    assert gone == [
+        f"The launcher (pid {proc.pid}) that started this run's processes is gone (killed?), and nothing would stop "
+        "them: saving a checkpoint at the end of this step, then stopping; the same command goes on from what is saved"
+    ], log[-3000:]
+    # at the end of step 1 or 2 (the step rank 1 heard it in: rank 0 was paused as it logged step 1)
+    (saved,) = out.glob("checkpoint-*")
+    assert (saved / "COMPLETE").is_file() and saved.name in ("checkpoint-1", "checkpoint-2"), log[-3000:]
+    # the command to go on is the launcher's, read while it was there (read at the stop: init's)
+    assert f"Stop requested: checkpoint {saved} written" in log, log[-3000:]
+    assert "accelerate launch --config_file" in log.split("Stop requested")[1].splitlines()[0], log[-3000:]
+    assert not (out / "run.lock").exists()

@@ -163,6 +163,10 @@ def test_a_run_started_where_its_data_is_resumes_from_the_folder_above(tmp_path,
     (exp / "run" / "checkpoint-2").mkdir()  # what a resume compares: the newest checkpoint's copy of the record
     (exp / "run" / "checkpoint-2" / "resolved_config.json").write_text(json.dumps(record))
     assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
+    # A file of the recorded name where the resume is typed (a copy, or another data set's): the recorded name was
+    # looked for there first and refused "dataset_name: 'pairs.jsonl' -> 'exp/pairs.jsonl'", the same file
+    shutil.copy(exp / "pairs.jsonl", tmp_path / "pairs.jsonl")
+    assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
     (tmp_path / "other.jsonl").write_text((exp / "pairs.jsonl").read_text())  # a copy is another file
     other = parse_args(["--config", SMOKE, "--output_dir", "exp/run", "--dataset_name", "other.jsonl"])
     assert resolve.changed_settings(other, Path("exp/run"), 8) == ["dataset_name: 'pairs.jsonl' -> 'other.jsonl'"]
@@ -199,6 +203,8 @@ def test_a_mixture_started_where_its_data_is_resumes_from_the_folder_above(tmp_p
     monkeypatch.chdir(tmp_path)
     again = parse_args(["--config", SMOKE, "--output_dir", "exp/run", *given("exp/")])
     assert resolve.changed_settings(again, Path("exp/run"), 8) == []
+    assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
+    shutil.copy(exp / "pairs_a.jsonl", tmp_path / "pairs_a.jsonl")  # the recorded name where the resume is typed
     assert resolve.changed_settings(again, Path("exp/run/checkpoint-2"), 8) == []
     with open(exp / "pairs_b.jsonl", "a") as f:  # the content, compared as before
         f.write(lines[300])

@@ -777,11 +777,13 @@ def _found(path: Path, pattern: bool) -> bool:
 
 
 def recorded_place(name: str, pattern: bool = False, started: Path | None = None) -> str | None:
-    """Where a recorded path is found, as a run places its own, last in `started` (the recorded run's folder); resolved,
-    else None: a resume compares names by it, so a name as written and its full path are one setting."""
+    """Where a recorded path is found, as a run places its own, first in `started` (the recorded run's folder, where the
+    run read it); resolved, else None: a resume compares names by it, so a name as written and its full path are one
+    setting. Looked for here first, a file of the recorded name in the folder the resume was typed in (a copy) was
+    taken for it, and the run's own file, named from there, refused as another setting."""
     places = (Path(name).expanduser(), in_submit_dir(name), Path(_project_file(name, pattern) or name))
     if started is not None and not os.path.isabs(name):
-        places += (started / name,)
+        places = (started / name, *places)
     return next((str(p.resolve()) for p in places if p is not None and _found(p, pattern)), None)
 
 

@@ -20,6 +20,11 @@ def launched_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def first_on_node() -> bool:
+    """Whether this is the first process the launch started on this node (LOCAL_RANK 0, or no launcher)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
 def world(default: int | None = None) -> int | None:
     """The launch's processes (WORLD_SIZE), `default` where no launcher says."""
     return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else default

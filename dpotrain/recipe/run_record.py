@@ -6,6 +6,7 @@ format of its own: a field that a record of an earlier version lacks reads None.
 """
 
 import functools
+import hashlib
 import json
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
@@ -222,6 +223,27 @@ def _misshapen(r: dict) -> str | None:
         if value is not None and not whole and (isinstance(value, bool) or not isinstance(value, number)):
             return f"{path} is neither a number nor its min, mean and max"
     return None
+
+
+# The record's digest of itself, written with it: a file edited by hand (a value "fixed" before a resume) is told from
+# one the run wrote, whose settings a rerun neither reads nor keeps (resume.say_hand_edit)
+SEAL = "written_sha256"
+
+
+def _digest(values: dict) -> str:
+    """SHA-256 of the record as its file reads (through JSON), but its seal: an editor's new indentation is no edit."""
+    read = json.loads(json.dumps({k: v for k, v in values.items() if k != SEAL}, default=str))
+    return hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(values: dict) -> dict:
+    """`values` with its digest, as resolved_config.json is written."""
+    return {**values, SEAL: _digest(values)}
+
+
+def edited(values: dict) -> bool:
+    """Whether a record the run sealed was changed since (one written before seals, or unsealed: not known, False)."""
+    return isinstance(values.get(SEAL), str) and values[SEAL] != _digest(values)
 
 
 def of(values: dict) -> Record:

@@ -20,7 +20,7 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.cluster import collectives
-from dpotrain.recipe.errors import ConfigError, warn
+from dpotrain.recipe.errors import ConfigError, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
@@ -106,14 +106,26 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     mine = [p for p in found if p.name in own]
     sound = [p for p in mine if is_complete(p) and p.absolute() not in passed_over]
     kept = {p.name for p in sound[-limit:]} | {Path(k).name for k in keep if k}
-    doomed = [p for p in mine if p.name not in kept or p not in sound]
+    doomed, stayed = [p for p in mine if p.name not in kept or p not in sound], []
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
         elif folder.absolute() in passed_over:
             print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
-        remove(folder, ignore_errors=True)
-    return doomed
+        # One the run cannot delete (made read-only, chmod -w, by a person keeping it): the errors were ignored, its
+        # mark left and taken for a person's file ("Kept COMPLETE ...: not the run's"), and the folder dropped from
+        # the run's record while it stayed, whole and marked. Said, and it stays the run's.
+        try:
+            remove(folder)
+        except OSError as e:
+            stayed.append(folder)
+            print(
+                f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
+                f"make it writable (chmod -R u+w {shlex.quote(str(folder))}) for a later save to remove it, or remove "
+                "it yourself",
+                flush=True,
+            )
+    return [folder for folder in doomed if folder not in stayed]
 
 
 def remove(folder: Path, ignore_errors: bool = False) -> None:

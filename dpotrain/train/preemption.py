@@ -6,12 +6,18 @@ loop at the same step. A batch script's pre-timeout signal (`--signal=B:USR1@...
 there are two ways to ask:
 - SIGUSR1, SIGTERM (preemption, `scancel`), SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the terminal
   closed: what went to it goes to /dev/null from then on; terminal.py) delivered to a training process;
+- the launcher that started the process gone (`kill -9` of `accelerate launch` in a terminal): the ranks were left
+  running as orphans, holding the run's lock, writing checkpoints and the GPUs, with nothing left to stop them. The
+  kernel tells each rank (PR_SET_PDEATHSIG, `LAUNCHER_GONE`), which stops as on a request (under Slurm the step's
+  cgroup kills them anyway);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once progress is on disk the main process writes `<stop file>.checkpointed`, which tells the batch script to requeue
 the job, and the process exits with STOPPED_EXIT.
 """
 
+import ctypes
 import errno
+import functools
 import os
 import shlex
 import signal
@@ -38,6 +44,9 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOPPED_EXIT = 75
 INTERRUPTED_EXIT = 130
 SECOND_CTRL_C_S = 1.0
+# The signal the kernel sends a launched rank when its launcher (its parent) dies: PR_SET_PDEATHSIG, Linux's prctl
+LAUNCHER_GONE = signal.SIGUSR2
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 
 
 class StoppedBeforeTraining(Exception):
@@ -64,6 +73,7 @@ class GracefulStop(TrainerCallback):
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
         self.command = command
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
+        self.launcher_pid: int | None = None  # the launcher whose death stops this rank (`_watch_launcher`)
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
@@ -74,6 +84,45 @@ class GracefulStop(TrainerCallback):
                 if sig in (signal.SIGHUP, signal.SIGINT) and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
+            self.launcher_pid = self._watch_launcher()
+
+    def _watch_launcher(self) -> int | None:
+        """A rank a launcher started asks the kernel for `LAUNCHER_GONE` when the launcher dies; its pid, or None: no
+        launcher, not Linux, or a death signal its starter chose already (a test harness's), which is kept."""
+        if not (launcher.under_launcher() and sys.platform == "linux"):
+            return None
+        libc, held = ctypes.CDLL(None, use_errno=True), ctypes.c_int(0)
+        if libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(held)) != 0 or held.value:
+            return None
+        parent = os.getppid()
+        launcher_command()  # while it is there: the command a stop prints to go on
+        self.previous[LAUNCHER_GONE] = signal.signal(LAUNCHER_GONE, self._on_launcher_gone)
+        libc.prctl(PR_SET_PDEATHSIG, int(LAUNCHER_GONE))
+        if os.getppid() != parent:  # it died before the kernel was asked: told now, as it would have been
+            os.kill(os.getpid(), LAUNCHER_GONE)
+        return parent
+
+    def _on_launcher_gone(self, signum, frame):
+        """The launcher died (the kernel's signal: this process's parent changed): a stop request, said in one line by
+        each node's first rank. A stray SIGUSR2, with the launcher still there, changes nothing."""
+        if self.launcher_pid is None or os.getppid() == self.launcher_pid:
+            return
+        if self.signal_received is None and launcher.first_on_node():
+            now = (
+                b"finishing the final model and the run's outputs, then ending"
+                if self.training_over and not self.stopped
+                else b"saving a checkpoint at the end of this step, then stopping"
+                if self.training_begun
+                else b"stopping before training, at the next safe point"
+            )
+            pid = str(self.launcher_pid).encode()
+            terminal.say(
+                2,
+                b"\nThe launcher (pid " + pid + b") that started this run's processes is gone (killed?), and "
+                b"nothing would stop them: " + now + b"; the same command goes on from what is saved\n",
+            )
+        self.signal_received = self.signal_received or signum
+        self.requested_at = self.requested_at or time.time()
 
     @classmethod
     def from_env(cls, command: list[str] | None = None) -> "GracefulStop":
@@ -286,6 +335,17 @@ def loader_worker(worker_id: int, then=None) -> None:
         then(worker_id)
 
 
+@functools.cache
+def launcher_command() -> list[str] | None:
+    """The command line of the launcher that started this process (its parent), read once: first as the stop is made
+    (`GracefulStop`), while the launcher is there. Read at the stop, a launcher killed meanwhile (`LAUNCHER_GONE`) was
+    the parent no longer, and the command printed to go on was init's. None: not readable (not Linux)."""
+    try:
+        return os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
+    except OSError:
+        return None
+
+
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
     """The command that started this run, to type again: this process's (`command` where another program called the
     run), or under a launcher (LOCAL_RANK) its parent's. Without --overwrite_output_dir (it would start afresh),
@@ -294,9 +354,8 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
     went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
     words = command or [sys.executable, *sys.argv]
     if launcher.under_launcher():
-        try:
-            words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
-        except OSError:  # not Linux: the launcher's command line is not readable
+        words = launcher_command()
+        if words is None:  # not Linux: the launcher's command line is not readable
             return "the same `accelerate launch ...` command"
         if len(words) > 1 and Path(words[1]).name in ("accelerate", "torchrun"):
             words = words[1:]  # `python .venv/bin/accelerate launch ...` as the user typed it: `accelerate launch ...`

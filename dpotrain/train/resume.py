@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
-from dpotrain.recipe import launcher
+from dpotrain.recipe import launcher, run_record
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, plural
@@ -363,6 +363,37 @@ def say_afresh(out: Path, save_strategy) -> None:
     its steps again from the start: said, not done in silence."""
     why = " (save_strategy no)" if save_strategy == "no" else ""
     _say(f"note: output_dir {out} holds an unfinished run with no checkpoint{why}: training again from step 1")
+
+
+def say_hand_edit(out: Path, checkpoint, trained: Path) -> None:
+    """A rerun resuming `checkpoint` over a `<out>/resolved_config.json` edited by hand (a value "fixed" before the
+    resume): a run takes its settings from its recipe and command line, compared with the checkpoint's own record
+    (`trained`, the folder holding it), and writes the file anew as training starts. The edit was overwritten in
+    silence, the user believing it trained: said in one line, naming the values edited where the checkpoint's
+    record differs."""
+    path = Path(out) / "resolved_config.json"
+    try:
+        now = json.loads(path.read_bytes())
+    except (OSError, ValueError):  # none, or damaged: read (and refused) by the comparison itself
+        return
+    if not isinstance(now, dict) or not run_record.edited(now):
+        return
+    was = run_records.read_record(Path(trained) / path.name, run_records.RESOLVED_FIX) if trained != out else None
+    found = _differences(was, now) if was is not None else []
+    where = f" ({'; '.join(found[:4])}{'; ...' if len(found) > 4 else ''})" if found else ""
+    _say(
+        f"note: {path} was edited after the run wrote it{where}: a resume takes its settings from the recipe and "
+        f"command line, checked against {checkpoint}'s own record, so the edit is not used and the file is written "
+        "anew as training starts; to train with another value, pass it with a new --output_dir"
+    )
+
+
+def _differences(was: dict, now: dict) -> list[str]:
+    """`field: <checkpoint's> -> <file's>` for each value that differs (the derived ones as `derived.<name>`)."""
+    pairs = [(k, was.get(k), now.get(k)) for k in dict.fromkeys([*was, *now]) if k not in ("derived", run_record.SEAL)]
+    old, new = (r.get("derived") if isinstance(r.get("derived"), dict) else {} for r in (was, now))
+    pairs += [(f"derived.{k}", old.get(k), new.get(k)) for k in dict.fromkeys([*old, *new])]
+    return [f"{k}: {a!r} -> {b!r}" for k, a, b in pairs if a != b]
 
 
 def new_run_from(checkpoint) -> str:
