@@ -865,20 +865,35 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
 UNUSED_BY_A_DRY_RUN = ("deepspeed", "wandb", "matplotlib", "trl.trainer.dpo_trainer", "dpotrain.train.trainer")
 
 
-def test_a_dry_run_does_not_import_what_only_the_run_uses(tmp_path, tiny_model_dir):
-    """A dry run imports what parsing the recipe and reading the data need, and not DeepSpeed (0.38 s), W&B with
-    report_to none, the plot's matplotlib or the trainer: an import at a module's top would add it to every job start.
-    A fresh interpreter (this one has imported everything); a built model's folder (building one saves it with
-    transformers, whose save imports DeepSpeed)."""
+def test_a_refusal_and_a_dry_run_import_only_what_each_uses(tmp_path, tiny_model_dir):
+    """A refusal (and --help) needs the parser, not the data: `datasets` (with pandas and pyarrow, ~1.5 CPU-s) was
+    imported by train_dpo.py's own imports (trl.data_utils at the top of data/shapes.py, datasets.config in
+    cluster/offline.py and recipe/hub_switches.py) before the one line printed. A dry run imports what parsing the
+    recipe and reading the data need, and not DeepSpeed (0.38 s), W&B with report_to none, the plot's matplotlib or the
+    trainer: an import at a module's top would add it to every job start.
+    One fresh interpreter for both (this one has imported everything; each start imports the stack, ~6 CPU-s): the
+    refusal first, then the dry run, whose modules are then a superset of its own alone, so none of those it must not
+    import can hide. A built model's folder (building one saves it with transformers, whose save imports DeepSpeed)."""
+    refused = [*SMOKE, "--beta", "-1"]
     args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), "--dry-run"]
     code = (
         "import sys, train_dpo\n"
+        "from dpotrain.recipe.errors import ConfigError\n"
+        "try:\n"
+        f"    train_dpo.main({refused!r})\n"
+        "except ConfigError as e:\n"
+        "    print('refused:', e)\n"
+        "print('loaded:', *sorted({'datasets', 'pandas', 'pyarrow', 'deepspeed', 'wandb'} & set(sys.modules)))\n"
         f"train_dpo.main({args!r})\n"
         f"print('loaded:', *sorted(set({UNUSED_BY_A_DRY_RUN!r}) & set(sys.modules)))\n"
     )
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "refused: beta must be > 0" in out
+    lines = out.splitlines()
+    refused_at = next(i for i, line in enumerate(lines) if line.startswith("refused: "))
+    assert lines[refused_at + 1] == "loaded:", out  # what the refusal alone imported
     assert "nothing loaded, nothing trained" in out  # the dry run ran to its summary
-    assert out.splitlines()[-1] == "loaded:", out
+    assert lines[-1] == "loaded:", out
 
 
 def test_a_built_in_models_first_dry_run_builds_its_tokenizer_once(tmp_path, capsys, monkeypatch):

@@ -1,9 +1,11 @@
 """Faults in what a run trusts between its attempts, besides its output folder: the reference cache, the lock reached
 by another path, the data edited without a trace in its size and time (docs/reliability.md)."""
 
+import io
 import json
 import os
 import shutil
+import zipfile
 
 import datasets
 import numpy as np
@@ -295,23 +297,48 @@ with replacing(at.with_suffix(".npz"), "wb") as f:  # the path save_cache writes
     assert lengths.cached_measure(dataset_id, tokenizer, cache) is not None
 
 
-def flipped_copies(data: bytes):
-    """`data` with one bit flipped at each byte in turn, the low bit and the high: a failing disk, a bad copy."""
-    for at in range(len(data)):
+def flipped_copies(data: bytes, offsets=None):
+    """`data` with one bit flipped at each byte in turn (or at each of `offsets`), the low bit and the high: a failing
+    disk, a bad copy."""
+    for at in range(len(data)) if offsets is None else offsets:
         for bit in (0x01, 0x80):
             flipped = bytearray(data)
             flipped[at] ^= bit
             yield at, bytes(flipped)
 
 
-def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged_never_a_crash(
-    tmp_path, monkeypatch, capsys
-):
-    """Every byte of `complete.npz` and of a part flipped in turn: a flip in the zip's central directory (its
-    compression method, version or flags) raised NotImplementedError or RuntimeError ("encrypted") out of np.load, and
-    the run stopped at start with a traceback instead of naming the file and scoring its pairs again. Each reader of
-    the cache (this key's complete file and parts, and other runs' complete files lending pairs by digest) returns the
-    file's scores or nothing, never others."""
+def zip_structure_and_samples(data: bytes) -> list[int]:
+    """The offsets of an .npz file to flip a bit at: every byte of the zip's own structure (each member's local
+    header, the central directory and its end record, where the crashes were), and of each member its npy header's
+    magic, version and length, its padding's first byte and newline, and its array's first, middle and last bytes.
+    The rest of a member is its CRC-32's, as those samples are: a sweep of every byte of both files (session 39) had,
+    outside this set, only outcomes it has within it (`Bad CRC-32`; the complete file read whole where its digests,
+    which `complete()` does not read, were hit), and within it every other (each zip error, KeyError, EOFError,
+    OSError, pickled data)."""
+    keep = set(range(len(data)))
+    for info in zipfile.ZipFile(io.BytesIO(data)).infolist():
+        at = info.header_offset  # the local header: 30 bytes, then its own name and extra field
+        start = (
+            at
+            + 30
+            + int.from_bytes(data[at + 26 : at + 28], "little")
+            + int.from_bytes(data[at + 28 : at + 30], "little")
+        )
+        end = start + info.compress_size
+        newline = data.index(b"\n", start)  # the npy header ends at its newline, padded with spaces before it
+        padding = data.rindex(b"}", start, newline) + 1
+        keep -= set(range(start + 10, end))  # past the npy magic (6 bytes), version (2) and header length (2)
+        keep |= {padding, newline, newline + 1, (newline + 1 + end) // 2, end - 1}
+    return sorted(keep)
+
+
+def test_a_flipped_bit_in_a_reference_cache_file_is_the_file_or_damaged_never_a_crash(tmp_path, monkeypatch, capsys):
+    """A bit of `complete.npz` and of a part flipped in turn, at every byte of their zip structure and samples of
+    each member (`zip_structure_and_samples`): a flip in the zip's central directory (its compression method, version
+    or flags) raised NotImplementedError or RuntimeError ("encrypted") out of np.load, and the run stopped at start
+    with a traceback instead of naming the file and scoring its pairs again. Each reader of the cache (this key's
+    complete file and parts, and other runs' complete files lending pairs by digest) returns the file's scores or
+    nothing, never others."""
     from dpotrain.reference import reuse
 
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
@@ -322,7 +349,7 @@ def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged
     complete = store.folder / reference.COMPLETE
     intact = complete.read_bytes()
     other = reference.Store.for_identity({**ident, "tokens_sha256": "y"})  # a run whose data changed in part
-    for at, data in flipped_copies(intact):
+    for at, data in flipped_copies(intact, zip_structure_and_samples(intact)):
         complete.write_bytes(data)
         got = store.complete()
         if got is None:
@@ -337,7 +364,7 @@ def test_a_flipped_bit_anywhere_in_a_reference_cache_file_is_the_file_or_damaged
     store.write_part("a", 0, [0, 2], [-1.0, -3.0], [-2.0, -4.0])
     part = store.folder / "part-a-r0.npz"
     intact = part.read_bytes()
-    for at, data in flipped_copies(intact):
+    for at, data in flipped_copies(intact, zip_structure_and_samples(intact)):
         part.write_bytes(data)
         chosen, rejected = store.parts()
         if np.isnan(chosen).all():

@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, parse_once
 
 PACKAGE = ROOT / "dpotrain"
 # The stages in run order: a module may import its own stage and earlier ones. The flat modules orchestrate the run
@@ -28,7 +28,7 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
     """The package's modules `name` imports, anywhere in its file (a function's import counts)."""
     here = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_once(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -96,7 +96,7 @@ def test_no_import_circles():
 def test_no_function_longer_than_a_screen():
     long = []
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_once(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > LONGEST:
@@ -118,7 +118,7 @@ def test_nothing_is_assigned_to_a_trainer_from_outside_its_class():
     the benchmarks count what a trainer runs on with a subclass of it (benchmarks/throughput.py's `counted`)."""
     outside = []
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "benchmarks").glob("*.py")]:
-        tree = ast.parse(path.read_text())
+        tree = parse_once(path.read_text())
         inside = {
             id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in ast.walk(c) if "Trainer" in c.name
         }
@@ -137,7 +137,7 @@ def test_no_class_name_is_defined_twice():
     run's own are the specification's)."""
     where: dict[str, list[str]] = {}
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_once(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not {name: places for name, places in where.items() if len(places) > 1}
@@ -152,7 +152,7 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
 
     missing = []
     for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
-        modules, tree = {}, ast.parse(path.read_text())
+        modules, tree = {}, parse_once(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpotrain"):
                 parent = importlib.import_module(node.module)
@@ -211,7 +211,7 @@ def test_no_message_hedges_a_noun_with_s_in_parentheses():
     sources = [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
     found = []
     for path in sources:
-        tree = ast.parse(path.read_text())
+        tree = parse_once(path.read_text())
         documented = {
             id(node.body[0].value)
             for node in ast.walk(tree)
@@ -237,7 +237,7 @@ def test_the_launchers_environment_is_read_in_one_module():
         f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}"
         for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
         if path != PACKAGE / "recipe" / "launcher.py"
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parse_once(path.read_text()))
         if isinstance(node, ast.Constant) and node.value in names
     ]
     assert not found, "read the launcher's environment through dpotrain.recipe.launcher:\n" + "\n".join(found)
@@ -250,7 +250,7 @@ def test_a_recipe_file_is_read_by_recipe_file_alone():
         f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
         for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
         if path != PACKAGE / "recipe" / "recipe_file.py"
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parse_once(path.read_text()))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         if getattr(node.func.value, "id", None) == "yaml" and node.func.attr in ("load", "safe_load", "full_load")
     ]

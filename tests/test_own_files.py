@@ -99,6 +99,7 @@ def test_the_replacement_line_counts_files_folders_and_others_each_in_its_number
     assert replaced + "nothing of its own; kept 1 other (notes.md)\n" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # trains twice (two train_dpo.py runs, ~22 CPU-s): the full suite (CI) runs it
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     first = run_train(

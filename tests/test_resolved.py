@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, parse_once
 from dpotrain import stages
 from dpotrain.data import builtin
 from dpotrain.recipe import config
@@ -67,7 +67,7 @@ def _written(target, aliases: set[str]) -> bool:
 def writes_to_a_recipe(source: str) -> list[tuple[int, str]]:
     """(line, code) of every assignment to, or in-place change of, something reached through a recipe."""
     found = []
-    for function in ast.walk(ast.parse(source)):
+    for function in ast.walk(parse_once(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         aliases = _aliases(function)
@@ -102,7 +102,7 @@ def test_no_module_writes_to_a_parsed_recipe():
     writes = []
     for path in SOURCES:
         relative = str(path.relative_to(ROOT))
-        tree = ast.parse(path.read_text())
+        tree = parse_once(path.read_text())
         skip = set()
         if relative == REPLACED[0]:
             new = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == REPLACED[1])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import parse_once
 from dpotrain.recipe import upstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ CLASSES = (
 
 def project_sources():
     files = sorted((ROOT / "dpotrain").rglob("*.py")) + [ROOT / "train_dpo.py"]
-    return [(f, ast.parse(f.read_text())) for f in files if f != SEAM_FILE]
+    return [(f, parse_once(f.read_text())) for f in files if f != SEAM_FILE]
 
 
 def upstream_private_names() -> set[str]:
@@ -285,7 +286,7 @@ def test_an_environment_patch_is_no_patch_target():
 def test_no_private_name_outside_the_project_is_reached_outside_the_seam():
     """Not only the classes above: any private name the project does not define itself (transformers, DeepSpeed,
     torch, tqdm, argparse...), in any spelling, is reached through dpotrain/recipe/upstream.py."""
-    sources = project_sources() + [(f, ast.parse(f.read_text())) for f in sorted((ROOT / "scripts").glob("*.py"))]
+    sources = project_sources() + [(f, parse_once(f.read_text())) for f in sorted((ROOT / "scripts").glob("*.py"))]
     own = defined_names(sources)
     found = [
         f"{path.relative_to(ROOT)}:{line}: {text}"
@@ -303,7 +304,7 @@ def test_the_seam_writes_each_private_name_once_and_its_accessors_read_it_from_t
     """A seam's name is written once, in `SEAMS`; its accessor reads it from the Seam (`_value(TOKENIZE)`,
     `_member(trainer, TRL_METRICS)`), so `upstream.check()` verifies the very name the code uses: an accessor that
     wrote `"torch._dynamo:config"` again passed check() while reading another name, when the two differed."""
-    sources = [(SEAM_FILE, ast.parse(SEAM_FILE.read_text()))] + project_sources()
+    sources = [(SEAM_FILE, parse_once(SEAM_FILE.read_text()))] + project_sources()
     written = [
         f"{path.relative_to(ROOT)}:{line}: {text}"
         for path, tree in sources[:1]
