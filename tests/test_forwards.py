@@ -10,7 +10,7 @@ from test_shared_prompt import fused, per_token, random_pairs
 from torch.nn.attention.flex_attention import create_mask
 from transformers import AutoConfig
 
-from conftest import ROOT
+from conftest import ROOT, tiny_model
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, flex, masks, packing
 from dpotrain.forwards.shared_prompt import SharedPromptCollator
@@ -89,6 +89,22 @@ def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, 
         assert (got - want).abs().max() < 1e-5, kind
         assert masks.CACHE in batch  # built once for the micro-batch, for every layer (and a live reference)
     assert flex.compilations() == 1  # through the project's compiled function: one compilation for both layouts
+
+
+@pytest.mark.slow
+def test_flex_keeps_the_window_of_a_model_whose_every_layer_slides(tiny_model_dir, tmp_path, cheap_flex):
+    """Mistral, Phi-3 and StarCoder2 configs name a sliding window and no layer kinds: every layer slides (their models
+    build one sliding mask for all). FlexAttention's block mask, which the model takes as given, slid in none of them:
+    a packed row attended past the window, scoring other log-probs than sdpa's rows (and TRL's padded batches)."""
+    model_dir = tiny_model("mistral", tmp_path, tiny_model_dir, sliding_window=64)
+    sdpa, on_flex = fused(model_dir, "sdpa"), fused(model_dir, "flex_attention")
+    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 64 window
+    with torch.no_grad():
+        want = per_token(sdpa, packing.PackedPreferenceCollator(1024, hidden_size=64)(pairs))
+        got = per_token(
+            on_flex, packing.PackedPreferenceCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+        )
+    assert (got - want).abs().max() < 1e-5
 
 
 def flex_batches(widths: int):

@@ -11,7 +11,7 @@ whose tables come from per-tile summaries, built once per micro-batch and kept i
 
 import torch
 
-from dpotrain.forwards.flops import layer_kinds
+from dpotrain.forwards.flops import layer_kinds, layer_windows
 from dpotrain.recipe import upstream
 
 BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
@@ -31,7 +31,10 @@ def text_config(model):
 
 
 def windows(config) -> dict[str, int | None]:
-    """The sliding window of each layer kind the model has (None: full attention)."""
+    """The sliding window of each layer kind the model has (None: full attention). A config with a window and no layer
+    kinds (Mistral, Phi-3, StarCoder2) slides in every layer (`layer_windows`): its one mask slides."""
+    if not getattr(config, "layer_types", None):
+        return {"full_attention": layer_windows(config)[0]}
     window = getattr(config, "sliding_window", None)
     return {kind: window if kind == "sliding_attention" else None for kind in sorted(set(layer_kinds(config)))}
 
