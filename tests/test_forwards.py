@@ -107,6 +107,49 @@ def test_flex_keeps_the_window_of_a_model_whose_every_layer_slides(tiny_model_di
     assert (got - want).abs().max() < 1e-5
 
 
+def padded_log_probs(model, pairs, moe=False):
+    """TRL's plain padded forward of `pairs` (its collator, the model's fused head): per-token outputs and the positions
+    the loss reads."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    batch = DataCollatorForPreference(pad_token_id=0)(pairs)
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    extra = {"output_router_logits": True} if moe else {}
+    out = model(**{k: batch[k] for k in ("input_ids", "attention_mask")}, labels=labels, fused_lm_head=True, **extra)
+    return out, batch["completion_mask"][:, 1:].bool()
+
+
+@pytest.mark.slow
+def test_flex_runs_gemma2s_attention_logit_softcapping(tiny_model_dir, tmp_path, cheap_flex):
+    """Gemma 2 caps its attention logits (`attn_logit_softcapping`, 50 in its configs) and has no sdpa, so on a GPU it
+    runs flex first. The cap, a Python float in the score_mod, became a symbolic float under the dynamic compile, which
+    flex_attention refuses: every Gemma 2 run on flex stopped at its first forward. Now: the padded eager scores."""
+    caps = dict(sliding_window=64, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+    model_dir = tiny_model("gemma2", tmp_path, tiny_model_dir, **caps)
+    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 64 window
+    with torch.no_grad():
+        want, scored = padded_log_probs(fused(model_dir, "eager"), pairs)
+        batch = packing.PackedPreferenceCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+        got = per_token(fused(model_dir, "flex_attention"), batch)
+    assert (got - want.log_probs)[scored].abs().max() < 1e-5
+
+
+@pytest.mark.slow
+def test_flex_scores_an_moe_routers_loss_as_the_padded_forward(tiny_model_dir, tmp_path, cheap_flex):
+    """TRL asks an MoE model (router_aux_loss_coef set, as Mixtral's and OLMoE's configs do) for its router loss, and
+    its fused head computes it from the `attention_mask` it was given: on flex a BlockMask, which it cannot read
+    (AttributeError at the first step). The packed forward's own loss over real tokens is TRL's padded one."""
+    model_dir = tiny_model("mixtral", tmp_path, tiny_model_dir, num_local_experts=4, num_experts_per_tok=2)
+    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))
+    with torch.no_grad():
+        want, scored = padded_log_probs(fused(model_dir, "eager"), pairs, moe=True)
+        batch = packing.PackedPreferenceCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+        on_flex = packing.PackedModel(fused(model_dir, "flex_attention"), batch)
+        got = on_flex(fused_lm_head=True, output_router_logits=True)
+    assert (got.log_probs - want.log_probs)[scored].abs().max() < 1e-5
+    assert abs(float(got.aux_loss - want.aux_loss)) < 1e-6
+
+
 def flex_batches(widths: int):
     """Shared-prompt micro-batches of `widths` distinct row widths (each a multiple of 128, at least two tiles wide)."""
     batches, seen = [], set()

@@ -282,6 +282,41 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
     assert memory.splittable_heads(memory.model_config(smoke())[0]) == (4, 2)
 
 
+@pytest.mark.parametrize(
+    "model_type, rope",
+    [
+        ("phi3", dict(rope_type="longrope", short_factor=[1.0] * 8, long_factor=[4.0] * 8)),
+        ("llama", dict(rope_type="dynamic", factor=2.0)),
+    ],
+)
+def test_a_rope_that_scales_by_the_longest_position_is_refused_under_a_group_with_one_line(model_type, rope):
+    """longrope (Phi-3's 128K models) and dynamic NTK pick their frequencies from the largest position id a forward
+    sees; a process of a group sees only its columns' (measured: a row whose first half stays under the original
+    length scored 5.9e-3 (longrope) and 1.2e-3 (dynamic) off the unsplit row's log-probs, 0.0 without scaling), so no
+    group splits them. Scalings fixed at load (llama3, yarn) split as they are."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import sequence_parallel as split
+
+    shape = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    scaled = AutoConfig.for_model(
+        model_type, **shape, original_max_position_embeddings=64, rope_parameters=dict(rope_theta=1e4, **rope)
+    )
+    recipe = smoke("--sequence_parallel_size", "2")
+    with pytest.raises(
+        ConfigError,
+        match=f"^sequence_parallel_size 2: {model_type}'s rope_type '{rope['rope_type']}' picks its frequencies "
+        "from the largest position id .* use --sequence_parallel_size 1$",
+    ):
+        choice.candidates(scaled, recipe, True, "flash_attention_2", check_kernels=False)
+    assert memory.splittable_heads(scaled) is None
+    llama3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    fixed = AutoConfig.for_model(
+        "llama", **shape, original_max_position_embeddings=64, rope_parameters=dict(rope_theta=1e4, **llama3)
+    )
+    assert split.model_problem(fixed) is None
+
+
 # --- the memory plan per GPU ---
 
 

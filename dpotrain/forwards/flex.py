@@ -102,9 +102,12 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         enable_gqa = False
     score_mod = None
     if softcap is not None:
+        # A tensor, as the mask's window: a Python float becomes a symbolic float under the dynamic compile, which
+        # flex_attention refuses as a score_mod input (Gemma 2's attention logit cap stopped its first forward).
+        cap = torch.tensor(softcap, dtype=torch.float32, device=query.device)
 
         def score_mod(score, b, h, q, k):
-            return softcap * torch.tanh(score / softcap)
+            return cap * torch.tanh(score / cap)
 
     args = (query, key, value, attention_mask, scaling, enable_gqa, score_mod)
     if torch.compiler.is_compiling():  # inside a compiled region (a compiled decoder layer): traced into its graph

@@ -346,15 +346,23 @@ def token_weights(batch: dict) -> torch.Tensor:
 def router_aux_loss(model, run, batch: dict):
     """`run`'s forward of packed rows, its aux_loss the MoE load-balancing loss over the tokens TRL's padded path
     counts: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), weighed by `token_weights`,
-    on the router logits hooked on the backbone (the module TRL's fused LM head runs)."""
+    on the router logits hooked on the backbone (the module TRL's fused LM head runs). Only the backbone is asked for
+    them: the fused head, asked, computes its own loss from the `attention_mask`, which it cannot read where that is
+    FlexAttention's BlockMask or a shared prompt's 4D mask."""
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     lm, captured = causal_lm(model), []
-    hook = lm.base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
+    hooks = (
+        lm.base_model.register_forward_pre_hook(
+            lambda m, args, kwargs: (args, kwargs | {"output_router_logits": True}), with_kwargs=True
+        ),
+        lm.base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits)),
+    )
     try:
-        outputs = run(model, batch, output_router_logits=True)
+        outputs = run(model, batch)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     config = lm.config.get_text_config()
     weights = token_weights(batch)
     outputs.aux_loss = load_balancing_loss_func(captured[0], config.num_experts, config.num_experts_per_tok, weights)

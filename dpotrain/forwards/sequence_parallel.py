@@ -50,7 +50,26 @@ def model_problem(config) -> str | None:
             "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid "
             "models"
         )
+    if scaled := sorted(rope_types(config.get_text_config()) & POSITION_SCALED_ROPE):
+        return (
+            f"{config.model_type}'s rope_type {scaled[0]!r} picks its frequencies from the largest position id a "
+            "forward sees, and each process of a group sees only its own columns' (its scores would differ from the "
+            "unsplit row's); use --sequence_parallel_size 1"
+        )
     return None
+
+
+# RoPE types whose frequencies transformers picks per forward from `max(position_ids) + 1` (`dynamic_rope_update`):
+# the long or short factors of longrope, dynamic NTK's rescaling. Others (default, linear, llama3, yarn) are fixed.
+POSITION_SCALED_ROPE = {"longrope", "dynamic"}
+
+
+def rope_types(text) -> set:
+    """The rope types of a text config: its `rope_parameters`' one, or each layer kind's (Gemma 3)."""
+    params = getattr(text, "rope_parameters", None) or {}
+    if "rope_type" in params:
+        return {params["rope_type"]}
+    return {p.get("rope_type") for p in params.values() if isinstance(p, dict)}
 
 
 def set_up(sp_size: int, model) -> None:
