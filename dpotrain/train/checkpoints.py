@@ -7,7 +7,6 @@ with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotat
 run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or moved aside where the run saves.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -128,29 +127,24 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     return [folder for folder in doomed if folder not in stayed]
 
 
-def remove(folder: Path, ignore_errors: bool = False) -> None:
+def remove(folder: Path) -> None:
     """Deletes a checkpoint folder, its COMPLETE mark first: a kill midway (rmtree goes in the folder's own order)
     left the mark on a folder that had lost its optimizer state or weights, counted complete by rotation and pushed
     as a checkpoint by `push_to_hub.py --checkpoints`; without the mark it is a save cut short, as it now is.
     A file its manifest does not list is a person's (an evaluation's results written into it while the run trained,
     deleted with it before): the run's files go, its manifest last, and the folder stays with the person's."""
-    try:
-        (folder / MARKER).unlink(missing_ok=True)
-    except OSError:
-        if not ignore_errors:
-            raise
+    (folder / MARKER).unlink(missing_ok=True)
     listed = checkpoint_manifest.read(folder) if folder.is_dir() and not folder.is_symlink() else None
     theirs = [rel for rel, _ in checkpoint_manifest.listing(folder)] if listed else []  # none listed: all the run's
     if not (theirs := sorted(r for r in theirs if r not in listed and r != checkpoint_manifest.MANIFEST)):
-        shutil.rmtree(folder, ignore_errors=ignore_errors)
+        shutil.rmtree(folder)
         return
-    with contextlib.suppress(OSError) if ignore_errors else contextlib.nullcontext():
-        for rel in listed:
-            (folder / rel).unlink(missing_ok=True)
-        for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):  # global_step4/, emptied
-            if not any(sub.iterdir()):
-                sub.rmdir()
-        (folder / checkpoint_manifest.MANIFEST).unlink()
+    for rel in listed:
+        (folder / rel).unlink(missing_ok=True)
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):  # global_step4/, emptied
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    (folder / checkpoint_manifest.MANIFEST).unlink()
     them = "it" if len(theirs) == 1 else "them"
     print(f"Kept {', '.join(theirs)} in {folder}: not the run's (its MANIFEST.json does not list {them})", flush=True)
 
