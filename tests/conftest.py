@@ -310,8 +310,10 @@ def _worker_group(item) -> str:
     """Under scripts/test.sh's two workers (pytest-xdist, `--dist loadgroup`), the tests one worker runs in turn: a
     module's tests together, so that its module-scoped fixtures (a Slurm job, a trained run) are made once; and every
     test that submits to the session's Slurm cluster on one worker, since jobs of two workers would wait for each
-    other's CPUs, and one test's higher-priority job would preempt another's."""
-    return "slurm" if {"slurm", "slurm2"} & set(item.fixturenames) else item.module.__name__
+    other's CPUs, and one test's higher-priority job would preempt another's. The tests that read the README's demo
+    run (`demo_run`, a session fixture: each worker makes its own) go with them, as the README's CPU line after the
+    demo is a Slurm test: the demo then runs once in a suite, not on both workers (31 s and 35 s in CI's run)."""
+    return "slurm" if {"slurm", "slurm2", "demo_run"} & set(item.fixturenames) else item.module.__name__
 
 
 def pytest_collection_finish(session):
