@@ -35,5 +35,8 @@ bash scripts/setup_env.sh --dev
 .venv/bin/ruff format --check .
 # Two workers (pytest-xdist): on 2 cores half the CPU sat idle while a test waited on its launch, its ranks or its
 # Slurm job. Each worker takes one module at a time, and every test that submits to the session's Slurm cluster runs
-# on the same worker (tests/conftest.py). `-n 0` after it runs everything in this one process.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+# on the same worker (tests/conftest.py). The groups go out in the order the workers collected them, the most `slow`
+# tests first (`_longest_groups_first` there): `--no-loadscope-reorder` keeps xdist from sorting them by number of
+# tests, which sent groups of a few long tests last and left one worker running alone at the end. `-n 0` after it runs
+# everything in this one process.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
