@@ -121,4 +121,4 @@ def run(argv, stop: GracefulStop) -> int | None:
 
 
 if __name__ == "__main__":
-    run_command(main, own_line=not launcher.launched_main())  # a refusal starts its line after the main's open bar
+    run_command(main, launcher.rank(), launcher.first_on_node())  # which lines this rank writes, and how

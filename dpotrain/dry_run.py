@@ -7,6 +7,7 @@ with `--json`, for scripts (scripts/launch.sh reads it).
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -226,7 +227,8 @@ def watching_text(s) -> str:
 
 def learning_rate_text(s) -> str:
     """'1e-06 (the recipe's learning_rate_note); linear schedule with 10% warm-up (warmup_steps 0.1)'."""
-    note = f" ({s.learning_rate_note})" if s.learning_rate_note else ""
+    note = rate_note(s.learning_rate_note, s.learning_rate)
+    note = f" ({note})" if note else ""
     warmup = s.warmup_steps
     # transformers takes the whole steps of a number of 1 or more (get_warmup_steps): 1.5 warms up over 1 step
     share = (
@@ -234,6 +236,25 @@ def learning_rate_text(s) -> str:
     )
     schedule = f"{s.lr_scheduler_type} schedule with {share} (warmup_steps {warmup:g})"
     return f"{s.learning_rate:g}{note}; {schedule}"
+
+
+def rate_note(note: str | None, rate: float) -> str:
+    """A recipe's learning_rate_note beside the rate in effect, less a clause (cut at ': ' and '; ') that names
+    `--learning_rate X` where X is that rate: think.yaml's "--learning_rate 8e-8 reproduces it" was shown to a run
+    given --learning_rate 8e-8."""
+    clauses = re.split(r"(?<=[:;]) ", note or "")
+    kept = [c for c in clauses if not ((flag := NOTE_RATE.search(c)) and _number(flag[1]) == rate)]
+    return " ".join(kept).rstrip(":; ")
+
+
+NOTE_RATE = re.compile(r"--learning_rate[= ]([^\s,;:)]+)")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def duration_text(r: Record) -> str:

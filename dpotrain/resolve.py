@@ -248,6 +248,30 @@ def names_folder(refusal: str, output_dir: str) -> bool:
     return any(f"{q}{name}{end}" in refusal for name in spellings for q in "'\"" for end in (q, "/"))
 
 
+def written_record(out: Path) -> Path | None:
+    """The folder whose resolved_config.json holds the settings the run in `out` ran with: `out`, unless its record
+    was edited after the run wrote it (a value "fixed" by hand: `run_record.edited`); then, as a resume compares with
+    its checkpoint's own record (resume.say_hand_edit), the newest of the run's checkpoints holding its copy; None
+    where none does."""
+    if not run_record.edited_file(out / "resolved_config.json"):
+        return out
+    return next((f for f in reversed(own_checkpoints(out)) if (f / "resolved_config.json").is_file()), None)
+
+
+def changed_in_folder(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
+    """`changed_settings` against the run in `out` as it ran (`written_record`). Compared with a record edited by hand,
+    an edit alone refused its checkpoints cut short as "no complete checkpoint", where the same record as written
+    starts afresh; with no record as written left, the refusal names the edit."""
+    folder = written_record(out)
+    if folder is None:
+        raise ConfigError(
+            f"output_dir {str(out)!r} has no complete checkpoint, and its resolved_config.json was edited after the "
+            "run wrote it, so the settings it ran with are not known: pass --overwrite_output_dir to start afresh, "
+            "or a new --output_dir"
+        )
+    return changed_settings(recipe, folder, pairs_per_step)
+
+
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
     differs from the resolved_config.json in `out`; [] when there is none to compare with."""
@@ -463,7 +487,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             )
         return resumed(out, str(latest))
     if own_checkpoints(out):  # a person's checkpoint-N is none of the run's (check_checkpoints_of_others)
-        if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
+        if p.overwrite_output_dir or resume.only_cut_short(out, changed_in_folder(recipe, out, pairs_per_step)):
             return OutputDecision(None, True)
         # Only a run with auto_resume false gets here holding a sound checkpoint: said as docs/resuming.md spells the
         # setting, with the checkpoint to name, the way that page gives to go on without the automatic resume.

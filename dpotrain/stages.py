@@ -198,9 +198,11 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         if push.requested and not launch.dry_run and decision.trains:
             push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
     continued = decision.trains and not decision.start_afresh
-    kept = hub_revision.kept(recipe, training.output_dir) if continued else None
+    # The record a resume compares with (its checkpoint's own copy, resolve.trained_under), else the folder's
+    recorded = str(resolve.trained_under(Path(decision.resume_from))) if decision.resume_from else training.output_dir
+    kept = hub_revision.kept(recipe, recorded) if continued else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
-    sources = mixture.kept(recipe, training.output_dir) if continued else {}
+    sources = mixture.kept(recipe, recorded) if continued else {}
     said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:

@@ -62,6 +62,12 @@ VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
+# --help (-h, --help-all): train_dpo.py's help, which names this script's command too, and nothing else. It came after
+# the job's banner and its time-limit lines (`bash scripts/dpo_train.sh --help` outside Slurm: "no time-limit
+# warning is set for this job"), from the dry run the job plans with.
+for arg in "$@"; do
+  case $arg in -h | --help | --help-all) exec "$VENV/bin/python" train_dpo.py "$arg" ;; esac
+done
 # A folder is there: "not found" of it sent the user looking for it
 [[ ! -d "$RECIPE" ]] || die "recipe $RECIPE is a folder, not a recipe file: set RECIPE=${RECIPE%/}/<name>.yaml"
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"

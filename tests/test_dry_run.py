@@ -482,7 +482,8 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     assert int(said[1]) == round(tokens * 2 * params / (4 * 989e12 * 0.25))
 
     # think.yaml trains at the product's 1e-6, not OLMo 3 7B Think's 8e-8: said by the rate, with the flag that
-    # reproduces it, which does.
+    # reproduces it, which does; given that flag, the note no longer tells it to pass it (it did: "8e-08 (OLMo 3 7B
+    # Think used 8e-8: --learning_rate 8e-8 reproduces it)").
     think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B]
     text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"))
     assert field(text, "learning rate").startswith(
@@ -490,7 +491,7 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     )
     text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"), "--learning_rate", "8e-8")
     assert json.loads((tmp_path / "t.dry-run.json").read_text())["learning_rate"] == 8e-8
-    assert field(text, "learning rate").startswith("8e-08 (")
+    assert field(text, "learning rate").startswith("8e-08 (OLMo 3 7B Think used 8e-8); linear schedule")
 
 
 def test_an_output_dir_under_a_file_is_one_line_in_the_dry_run_too(tmp_path, capsys):

@@ -406,6 +406,32 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
 
 
 @pytest.mark.slow
+def test_a_hand_edited_record_over_checkpoints_cut_short_is_read_as_the_run_wrote_it(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """Every checkpoint cut short (no COMPLETE mark) and resolved_config.json "fixed" by hand: the same command starts
+    afresh as it does over the record as written, the run's settings read from a checkpoint's own copy, as a resume
+    reads them. The edit was compared as the run's settings, and the rerun refused: "has no complete checkpoint: pass
+    --overwrite_output_dir". With no copy left to read, the refusal names the edit."""
+    out = unfinished(baseline, tmp_path)
+    for mark in out.glob("checkpoint-*/COMPLETE"):
+        mark.unlink()
+    record = json.loads((out / "resolved_config.json").read_text())
+    (out / "resolved_config.json").write_text(json.dumps(record | {"learning_rate": record["learning_rate"] * 2}))
+    result = train(out, tiny_model_dir, pairs, "--dry-run")
+    said = result.stdout
+    assert result.returncode == 0 and "cut short (no COMPLETE mark), nothing to resume from: starting afresh" in said
+    assert "would refuse" not in said, said[-3000:]
+    for copy in out.glob("checkpoint-*/resolved_config.json"):
+        copy.unlink()
+    result = train(out, tiny_model_dir, pairs, "--dry-run")
+    assert (
+        f"the run would refuse: output_dir {str(out)!r} has no complete checkpoint, and its resolved_config.json was "
+        "edited after the run wrote it, so the settings it ran with are not known: pass --overwrite_output_dir"
+    ) in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baseline, tmp_path, tiny_model_dir, pairs):
     """A stop request at step 1 saves checkpoint-1 on a slow file system (its files written, its mark 120 s away:
     tests/helpers/slow_checkpoint.py); the job is killed there, before the COMPLETE mark, as Slurm's SIGKILL ends a

@@ -38,6 +38,22 @@ def test_a_resumed_run_keeps_the_commit_it_started_on(tmp_path):
     assert hub_revision.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
 
 
+def test_a_commit_edited_by_hand_in_the_record_is_not_the_one_a_continued_run_loads(tmp_path):
+    """resolved_config.json holds its own digest (`written_sha256`): a commit "fixed" there by hand was loaded by the
+    continued run, while its resume reads the checkpoint's own copy and says the edit is not used (the output checks
+    give the data stage that copy's folder: stages.output_checks)."""
+    from dpotrain.recipe import run_record
+
+    path = tmp_path / "resolved_config.json"
+    path.write_text(json.dumps(run_record.sealed({"derived": {"data_identity": {"hub_commit": FIRST}}})))
+    r = recipe("--dataset_name", "org/prefs")
+    assert hub_revision.kept(r, str(tmp_path)) == FIRST  # as the run wrote it
+    edited = json.loads(path.read_text())
+    edited["derived"]["data_identity"]["hub_commit"] = SECOND
+    path.write_text(json.dumps(edited, indent=4))
+    assert hub_revision.kept(r, str(tmp_path)) is None  # pinned as a new run's, not the edit
+
+
 def test_a_resumed_mixture_keeps_the_commit_its_record_holds_for_each_hub_source(tmp_path):
     from dpotrain.data import mixture
 

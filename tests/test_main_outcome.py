@@ -1,8 +1,10 @@
 """What the main process alone does (a write, a check), shared with every rank (collectives.main_outcome): two real
-gloo ranks, the main process's write refused, end on one line each instead of waiting in the next collective."""
+gloo ranks, the main process's write refused, end on its one line (written once) instead of waiting in the next
+collective."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -108,7 +110,7 @@ def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line
     """resolved_config.json is written by the main process alone, the other ranks going on into the first training
     step's all-reduce: a write the disk refused ended the main process, and the other waited there (under NCCL until
     ddp_timeout, 30 min; under gloo here, a traceback of its all-gather's 'Connection closed by peer', a remote worker
-    crashing). Now every rank raises the main's error: the same one line from each."""
+    crashing). Now every rank raises the main's error, written once: by the main process, which met it."""
     # 10,000 bytes: more than rank 0's writes before the record (its lock, run_files.json, the 8 rows' arrow file;
     # TRL's maps write nothing of a data set held in memory), less than the record (about 12 KB).
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 10_000)
@@ -116,7 +118,7 @@ def test_the_main_process_record_refused_by_the_disk_ends_every_rank_on_its_line
     errors = [line for line in said.splitlines() if line.startswith("error:")]
     assert result.returncode != 0
     assert "Connection closed by peer" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors  # rank 0's, and rank 1's the same
+    assert len(errors) == 1, errors  # rank 0's; rank 1's, the same, given it by rank 0, is not written again
     # The limit, rank 0's alone, named on both ranks' lines: what to raise, not space to free (disk_full.SIZE_LIMIT)
     limit = "error: a file size limit (ulimit -f) of 10,000 bytes stopped the write"
     assert errors[0].startswith(f"{limit}: {out / 'resolved_config.json'} could not be written: raise it"), errors[0]
@@ -173,7 +175,7 @@ def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, t
     in that namespace). Asked before the process group started, its refusal ended the main process while the other
     rank waited for it to join the group: under `accelerate launch` torchrun's agent sent it SIGTERM, which the run
     holds while the model loads, and killed it 30 s later (on another node it waited for ddp_timeout). Now the group
-    starts first and the answer is every rank's: the same line from each, at once."""
+    starts first and the answer is every rank's, at once: its line written by the main process alone."""
     hub = StandInHub()
     hub.state.create_status["other"] = 403
     try:
@@ -186,7 +188,7 @@ def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, t
     errors = [line for line in said.splitlines() if line.startswith("error:")]
     assert result.returncode != 0
     assert "SIGKILL" not in said and "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert len(errors) == 1, errors
     assert errors[0].startswith("error: the Hub refuses to create other/new with this Hugging Face token")
     assert "other/new" not in hub.state.repos
 
@@ -207,13 +209,13 @@ def test_a_folder_another_live_run_holds_ends_every_rank_on_its_line(tmp_path, t
     errors = [line for line in said.splitlines() if line.startswith("error:")]
     assert result.returncode != 0
     assert "[rank1]: Traceback" not in said, said[-3000:]
-    assert len(errors) == 2 and len(set(errors)) == 1, errors
+    assert len(errors) == 1, errors
     assert f"pid {os.getpid()}" in errors[0], errors[0]
 
 
 def one_line_each(result, limit: int, what: str) -> None:
-    """Every rank of the launch ended on the same one line, the main process's limit named (not a traceback, nor a
-    rank left waiting in a collective until the timeout)."""
+    """Every rank of the launch ended on the main process's error, its one line written once, the main process's limit
+    named (not a traceback, nor a rank left waiting in a collective until the timeout)."""
     said = result.stdout
     # A line may follow the other rank's progress bar, which ends without a newline: the two share one pipe.
     errors = [line[line.index("error: ") :] for line in said.splitlines() if "error: " in line]
@@ -221,7 +223,7 @@ def one_line_each(result, limit: int, what: str) -> None:
     # (the launcher's own traceback, `ChildFailedError`, follows any rank's non-zero exit)
     assert "[rank0]: Traceback" not in said and "[rank1]: Traceback" not in said, said[-3000:]
     assert "Connection closed by peer" not in said and "Timed out" not in said, said[-3000:]  # gloo's waits
-    assert len(errors) == 2 and len(set(errors)) == 1, (errors, said[-3000:])
+    assert len(errors) == 1, (errors, said[-3000:])  # the other rank's copy is not written again
     assert errors[0].startswith(f"error: a file size limit (ulimit -f) of {limit:,} bytes stopped the write: {what}")
 
 
@@ -230,7 +232,7 @@ def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
     """Under DDP the main process alone writes a checkpoint's weights, optimizer and trainer state: a write the disk
     refused there ended the main process on its line, and the other rank went on into the save's barrier (`on_save`)
     and waited (gloo: 'Connection closed by peer'; NCCL: ddp_timeout). Now the save's outcome is every rank's: the
-    same line from each, the checkpoint cut short removed."""
+    main process's line written once, the checkpoint cut short removed."""
     # 100,000 bytes: more than any file rank 0 writes before the checkpoint (the record, about 12 KB), less than the
     # checkpoint's weights (about 760 KB).
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100_000, "--save_strategy", "steps")
@@ -242,7 +244,7 @@ def test_a_checkpoint_the_main_process_cannot_write_ends_every_rank_on_its_line(
 def test_a_metrics_line_the_main_process_cannot_write_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
     """metrics.jsonl is written by the main process alone at each logged step: a write the disk refused there ended
     the main process on its line, and the other rank went on into the next collective and waited (gloo: 'Connection
-    closed by peer'; NCCL: ddp_timeout). Now the write's outcome is every rank's: the same line from each."""
+    closed by peer'; NCCL: ddp_timeout). Now the write's outcome is every rank's, its line written once."""
     # Rank 0's limit set as it opens metrics.jsonl: 100 bytes, less than one record (about 800 bytes).
     more = ("--max_steps", "2", "--logging_steps", "1")
     result, out = launch_with_main_limited(tmp_path, tiny_model_dir, 100, *more, from_opening="metrics.jsonl")
@@ -353,3 +355,52 @@ def test_a_sharded_final_model_the_main_process_cannot_write_ends_every_rank_on_
         tmp_path, tiny_model_dir, 1000, *SHORT_WAIT, from_opening=output_folder.FINAL_STAGING, config=ENGINES[engine]
     )
     one_line_each(result, 1000, f"the final model could not be written in {out}: raise it")
+
+
+@pytest.mark.slow
+def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
+    """A refusal of the command itself (before the ranks' first collective, from what every rank reads alike) was
+    written by every rank: twice in a 2-process launch's log, 4 times on a node of 4 GPUs. Now by the first process on
+    the node alone, and every rank still exits non-zero (the launcher's summary lists each)."""
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, "--learning_rate", "-1")
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert errors == ["error: learning_rate must be > 0 (got -1.0); the recipes use 1e-6"], result.stdout[-3000:]
+    # The launcher's summary: one entry per rank, each exited non-zero (2, the refusal's code, where it got there
+    # before the launcher ended it for the other's exit).
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
+    assert len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
+
+
+OWN = textwrap.dedent("""
+    import os, sys
+    from datetime import timedelta
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain.cluster import collectives
+    from dpotrain.recipe.errors import ConfigError, RunError, run_command
+
+    def main():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        rank = dist.get_rank()
+        if {mode!r} == "shared":  # rank 1's write failed: every rank raises it (a checkpoint's save)
+            collectives.every_rank_outcome(RunError("rank 1's write failed") if rank == 1 else None)
+        collectives.max_over_ranks(0, "cpu")  # the ranks have met: what one raises alone may be its own
+        if rank == 1:
+            raise ConfigError("rank 1's own refusal")
+        dist.barrier()  # rank 0 waits here until the launcher ends it
+
+    run_command(main, int(os.environ["RANK"]), os.environ["LOCAL_RANK"] == "0")  # as train_dpo.py's
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,line", [("shared", "rank 1's write failed"), ("own", "rank 1's own refusal")])
+def test_a_failure_one_rank_met_is_written_by_that_rank_alone(tmp_path, mode, line):
+    """Rank 1's failure, given to rank 0 (`every_rank_outcome`), was written by both; one it raises alone after the
+    ranks met must still be written (by it): one line each time, from rank 1."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN.format(root=str(ROOT), mode=mode))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
+    assert result.returncode != 0 and errors == [f"error: {line}"], result.stdout[-3000:]

@@ -1002,6 +1002,27 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
         assert not (tmp_path / "run").exists(), said
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_job_scripts_help_is_the_help_alone(flag):
+    """`bash scripts/dpo_train.sh --help` outside Slurm printed the job's banner (`=== DPO job local ...`, the project,
+    the nodes, the commit) and its time-limit lines ("no time-limit warning is set for this job") before the help."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        ["bash", "scripts/dpo_train.sh", "--max_steps", "4", flag],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]  # no time-limit lines
+    assert "usage: python train_dpo.py --config RECIPE" in result.stdout, result.stdout[:2000]
+    assert "sbatch scripts/dpo_train.sh" in result.stdout and "DPO job" not in result.stdout, result.stdout[:2000]
+
+
 def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(tmp_path, monkeypatch):
     """`DPOTRAIN_CACHE=cache` or `HF_HOME=hf` in `.env` is the project's folder (beside the `.env`), whatever folder a
     command runs in; exported in the shell it is the folder it was set in, which for a Slurm job is the folder

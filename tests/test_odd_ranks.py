@@ -296,13 +296,18 @@ def test_a_reference_cache_of_3_ranks_is_reused_for_the_pairs_appended_data_shar
 def test_a_refusal_on_another_rank_starts_its_own_line(tmp_path, tiny_model_dir):
     """A launch's other processes write their error line after a line break: the log they share with the main process
     may hold its open progress bar, whose line ends only as it closes. Ranks 0 and 1 of 2, as a launch starts them
-    but with no rendezvous address: both refused as their process group starts; rank 1's line after a blank one."""
-    ends = {}
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    but with no rendezvous address: both refused as their process group starts; rank 1's line after a blank one,
+    where rank 1 is the first process of its node (LOCAL_RANK 0: another node's log may be its own). A refusal of
+    the command, raised before the ranks first meet, is the same on every rank: the node's other processes end with
+    its code and no line (the log held it once per process)."""
+    said = {}
+    for rank, local in ((0, 0), (1, 0), (1, 1)):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
         env.pop("MASTER_ADDR", None)
         cmd = smoke_command([python()], tiny_model_dir, "--output_dir", str(tmp_path / "run"))
         result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode != 0 and result.stderr.splitlines()[-1].startswith("error: "), result.stderr[-3000:]
-        ends[rank] = re.search(r"(^|\n)\nerror: [^\n]*\n$", result.stderr) is not None  # a blank line before it
-    assert ends == {0: False, 1: True}
+        assert result.returncode == 2, result.stderr[-3000:]
+        error = re.search(r"(^|\n)(\n?)error: [^\n]*\n$", result.stderr)
+        said[rank, local] = "no line" if error is None else "after a blank line" if error[2] else "its own line"
+        assert error or "error" not in result.stderr, result.stderr[-3000:]
+    assert said == {(0, 0): "its own line", (1, 0): "after a blank line", (1, 1): "no line"}

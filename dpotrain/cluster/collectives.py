@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from dpotrain.recipe.errors import RunError, cause
+from dpotrain.recipe.errors import RunError, cause, ranks_met, said_by
 
 # The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
 # per process, and another rank's may differ), which its one line names (train/disk_full.py).
@@ -38,7 +38,11 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether a collective joins other ranks (every one of this module's asks first)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        ranks_met()  # a refusal from here on may be this rank's own: each rank writes its line (errors.writes_line)
+        return True
+    return False
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,7 +116,7 @@ def every_rank_outcome(failed: Exception | None) -> None:
         return
     if first == dist.get_rank():
         raise failed
-    raise outcomes[first] from None
+    raise said_by(outcomes[first], first) from None  # its line is the rank's that met it
 
 
 # What a save's write may raise: torch.distributed.checkpoint's CheckpointException (FSDP2's checkpoint shards: one
@@ -167,7 +171,7 @@ def _taken(outcome):
     the main process's output)."""
     done, value = outcome
     if not done:
-        raise value from None
+        raise said_by(value, 0) from None  # the main process writes its line
     return value
 
 

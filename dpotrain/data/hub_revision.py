@@ -64,10 +64,14 @@ def kept(recipe, output_dir: str) -> str | None:
 
 
 def record(output_dir: str):
-    """The run record (resolved_config.json) in `output_dir`, or None: none, or one refused by the output checks
-    already (a dry run lists it)."""
+    """The run record (resolved_config.json) in `output_dir`, or None: none, one refused by the output checks already
+    (a dry run lists it), or one edited by hand after the run wrote it (a commit "fixed" there was loaded), whose
+    values a resume does not use either (resume.say_hand_edit: it reads the checkpoint's own copy)."""
+    path = Path(output_dir) / "resolved_config.json"
+    if run_record.edited_file(path):
+        return None
     try:
-        return run_record.read(Path(output_dir) / "resolved_config.json")
+        return run_record.read(path)
     except ConfigError:
         return None
 

@@ -151,7 +151,8 @@ class ProjectArguments:
     learning_rate_note: str | None = option(
         None,
         "A recipe's word on its learning_rate, shown beside it in the dry run's summary (and the run's "
-        "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it.",
+        "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it. A clause "
+        "naming `--learning_rate X` is left out where X is the rate in effect.",
     )
     push_checkpoints: bool = option(
         False,

@@ -50,11 +50,51 @@ def warn(text: str) -> None:
     sys.stderr.flush()
 
 
-def run_cli(main, own_line: bool = False) -> None:
+# The attribute an error carries where another rank writes its line: one given by the rank that met it
+# (cluster/collectives.py) or decided alike on every rank from what they all gathered (train/agreement.py). Its value:
+# the rank whose own line it is. Not written again on the others: a 4-GPU node's log held the same line 4 times.
+SAID_BY = "said_by_rank"
+
+
+def said_by(error: BaseException, rank: int = 0) -> BaseException:
+    """`error`, marked as the line rank `rank` writes (`SAID_BY`); the others' copies of it are ended without it."""
+    setattr(error, SAID_BY, rank)
+    return error
+
+
+# Whether this process has joined the ranks in a collective yet (cluster/collectives.py sets it at its first): before
+# it, a ConfigError comes from the command, environment and files every rank reads alike. (The process group itself
+# is up earlier: transformers starts it as it parses the training arguments.)
+_ranks_met = [False]
+
+
+def ranks_met() -> None:
+    """Called at this process's first collective (`collectives._distributed`): refusals from then on may come from what
+    the ranks exchanged, or from a rank's own share."""
+    _ranks_met[0] = True
+
+
+def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True) -> bool:
+    """Whether the process of launch rank `rank` writes `error`'s one line: not where another rank writes it
+    (`SAID_BY`, on the error or one it was raised from: disk_full's line for a write the main process failed); a
+    ConfigError raised before the ranks' first collective comes from the command and files every rank reads alike: the
+    first process on each node writes it (one line in the job's log; a node whose files differ still says so). A
+    failure of one rank's own is written by that rank, as before."""
+    seen = error
+    while seen is not None:
+        if getattr(seen, SAID_BY, rank) != rank:
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return _ranks_met[0] or not isinstance(error, ConfigError) or first_on_node
+
+
+def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
     """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
     Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a
-    shell reports it, preemption.INTERRUPTED_EXIT). `own_line`: the error line starts with a line break, for a launch's
-    other processes, whose log the main process's progress bar shares with its line not ended until it closes."""
+    shell reports it, preemption.INTERRUPTED_EXIT). `rank`, `first_on_node`: the process's place in a launch
+    (train_dpo.py's, from launcher.py, which raises this module's errors): which lines it writes (`writes_line`), and
+    another rank's starts with a line break, as the log it shares with the main process may hold the main's progress
+    bar, its line not ended until it closes."""
     try:
         sys.exit(main())
     except (ConfigError, RunError, KeyboardInterrupt) as e:
@@ -63,17 +103,18 @@ def run_cli(main, own_line: bool = False) -> None:
             bar.close()
         # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
         stopped = isinstance(e, KeyboardInterrupt)
-        lead = "\n" if own_line else ""
-        sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")
-        sys.stderr.flush()
+        lead = "\n" if rank else ""
+        if stopped or writes_line(e, rank, first_on_node):  # every rank still exits with its code: the launcher's
+            sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
+            sys.stderr.flush()
         sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
 
 
-def run_command(main, own_line: bool = False) -> None:
+def run_command(main, rank: int = 0, first_on_node: bool = True) -> None:
     """`run_cli` for a process's own command (train_dpo.py's and each script's `__main__`): once `main` has ended, the
     process ends as Python's exit would, but without tearing the interpreter down (`end_process`)."""
     try:
-        run_cli(main, own_line)
+        run_cli(main, rank, first_on_node)
     except SystemExit as ended:
         end_with(ended)
 

@@ -15,9 +15,14 @@ def under_launcher() -> bool:
     return "LOCAL_RANK" in os.environ
 
 
+def rank() -> int:
+    """This process's rank in the launch (RANK; 0 without a launcher)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def launched_main() -> bool:
     """Whether this is the launch's first process (RANK 0, or no launcher)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return rank() == 0
 
 
 def first_on_node() -> bool:

@@ -246,6 +246,15 @@ def edited(values: dict) -> bool:
     return isinstance(values.get(SEAL), str) and values[SEAL] != _digest(values)
 
 
+def edited_file(path: str | Path) -> bool:
+    """Whether the record in `path` was edited after the run sealed it (none, unreadable, or unsealed: False)."""
+    try:
+        values = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):  # none, or damaged: its readers refuse it themselves
+        return False
+    return isinstance(values, dict) and edited(values)
+
+
 def of(values: dict) -> Record:
     """The record in hand (`resolve.resolved_config`'s object), read as its file reads: through JSON."""
     return _record(json.loads(json.dumps(values, default=str)))

@@ -15,7 +15,7 @@ import numpy as np
 
 from dpotrain.cluster.collectives import gather_objects
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, plural, said_by
 
 # What to do when the ranks disagree on a value, by the value's name.
 FIXES = {
@@ -112,7 +112,8 @@ def check(values: dict[str, str | dict]) -> None:
             if theirs.get(name) != mine:
                 fix = FIXES.get(name, "every node must run the same job")
                 theirs, mine = _shown(theirs.get(name), mine)
-                raise ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs}, rank 0 has {mine}: {fix}")
+                refusal = ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs}, rank 0 has {mine}: {fix}")
+                raise said_by(refusal)  # every rank's from the same gather: the main process's line says it
 
 
 def _shown(theirs, mine) -> tuple[str, str]:
