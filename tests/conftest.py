@@ -681,6 +681,60 @@ def read_only_prefix(folder) -> list[str]:
     return prefix
 
 
+def in_read_only(folder: Path, fn) -> tuple[int, str, str]:
+    """`fn()` in a forked child of this process in which `folder` is read-only as under `read_only_prefix` (root: a
+    read-only bind mount in a mount namespace of the child's own; otherwise the folder's mode): the child's exit code
+    (1 where `fn` raised, its traceback on stderr), stdout and stderr. Forked, not a fresh interpreter: the code under
+    test is imported already (checkpoint rotation's module brings transformers: ~7 CPU-s a fresh start)."""
+    import traceback
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+    with tempfile.TemporaryDirectory() as streams:
+        out, err = Path(streams) / "out", Path(streams) / "err"
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                sys.stdout, sys.stderr = open(out, "w"), open(err, "w")
+                if os.geteuid() == 0 and not _mount_read_only(folder):
+                    code = 77
+                else:
+                    fn()
+                    code = 0
+            except BaseException:  # noqa: BLE001 - whatever ends `fn`, the child exits here, never into pytest
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code == 77:
+            pytest.skip(f"cannot make a read-only bind mount here ({err.read_text().strip()}: needs CAP_SYS_ADMIN)")
+        return code, out.read_text(), err.read_text()
+
+
+def _mount_read_only(folder: Path) -> bool:
+    """This process in a mount namespace of its own (mounts private, as `unshare --mount` makes them) where `folder` is
+    a read-only bind mount of itself; False, the error on stderr, where the kernel refuses."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rdonly, ms_remount, ms_bind, ms_rec, ms_private = 0x20000, 1, 32, 4096, 16384, 1 << 18
+    path = os.fsencode(folder)
+    steps = (
+        lambda: libc.unshare(clone_newns),
+        lambda: libc.mount(b"none", b"/", None, ms_rec | ms_private, None),
+        lambda: libc.mount(path, path, None, ms_bind, None),
+        lambda: libc.mount(path, path, None, ms_remount | ms_bind | ms_rdonly, None),
+    )
+    for step in steps:
+        if step() != 0:
+            print(os.strerror(ctypes.get_errno()), file=sys.stderr)
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def cli():
     """scripts/analyze_dataset.py as a module: `cli.main(argv)` returns the exit status. It hides GPUs on import;

@@ -12,14 +12,13 @@ import torch
 from transformers import TrainerCallback
 
 from conftest import (
-    PYTHON,
     ROOT,
     accelerate_launch,
     built,
+    in_read_only,
     launch_env,
     python,
     rank_python,
-    read_only_prefix,
     ready,
     sealed_checkpoint,
     smoke_command,
@@ -28,7 +27,7 @@ from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, rotate
 from dpotrain.train.resume import newest_verified
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -357,18 +356,14 @@ def test_a_checkpoint_made_read_only_is_said_and_kept_the_runs_when_rotation_can
     for step in (2, 4):
         run_files.claim(out, [f"checkpoint-{step}"])
         sealed_checkpoint(out / f"checkpoint-{step}")
-    rotation = (
-        "import sys; from pathlib import Path; from dpotrain.train import run_files; "
-        "from dpotrain.train.checkpoints import rotate; out = Path(sys.argv[1]); "
-        "run_files.disown(out, [p.name for p in rotate(out, 1, keep=(out / 'checkpoint-4',))])"
-    )
-    prefix = read_only_prefix(out / "checkpoint-2")
-    done = subprocess.run(
-        [*prefix, PYTHON, "-c", rotation, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    assert [line.split(" (")[0] for line in lines] == [f"Could not remove {out / 'checkpoint-2'}"], done.stdout
+
+    def rotation():  # in a child of this process, checkpoint-2 read-only for it (root included)
+        run_files.disown(out, [p.name for p in rotate(out, 1, keep=(out / "checkpoint-4",))])
+
+    code, stdout, stderr = in_read_only(out / "checkpoint-2", rotation)
+    assert code == 0, stderr[-3000:]
+    lines = stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"Could not remove {out / 'checkpoint-2'}"], stdout
     assert lines[0].endswith(
         f"which save_total_limit lets go: it stays, still this run's; make it writable (chmod -R u+w "
         f"{out / 'checkpoint-2'}) for a later save to remove it, or remove it yourself"

@@ -49,6 +49,10 @@ def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_in
     assert fresh["constants"]["huggingface_hub.constants.ENDPOINT"] == repr("http://127.0.0.1:9")
 
 
+# Slow by the marker rule: the warm server it needs imports the training stack (~10 CPU-s, 15-25 s of wall time on 2
+# busy cores), which no other test of the fast tier starts; its 20 clients take ~6 s. The full suite (CI) runs it,
+# where its worker's one server also serves the launches.
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("DPOTRAIN_TESTS_COLD") == "1", reason="no warm server: every launch is fresh")
 def test_a_client_signalled_as_its_child_ends_exits_as_the_child_did(tmp_path):
     """torchrun's agent sends SIGTERM to the ranks still running once one rank has ended. A rank whose run had ended

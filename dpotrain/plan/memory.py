@@ -240,11 +240,13 @@ def layer_costs(config, tokens: int, checkpointed: bool, kind: str = "full_atten
     what each more layer keeps; the rest holds the largest layer's passing peak once. Cached."""
     key = _kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False)  # the traces set their layers
     if (key, tokens, checkpointed, kind) not in _COSTS:
-        one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
-        rest, slope = one - (two - one), two - one
-        if kind != "full_attention":
+        if kind == "full_attention":
+            one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
+            rest, slope = one - (two - one), two - one
+        else:  # the full-attention layer it follows: that kind's own costs, traced once (a hybrid plans both kinds)
+            slope_full = layer_costs(config, tokens, checkpointed)[1]
             after = [_traced_peak(config, ("full_attention", *[kind] * n), tokens, checkpointed) for n in (1, 2)]
-            slope_full, slope = slope, after[1] - after[0]
+            slope = after[1] - after[0]
             rest = after[0] - slope_full - slope
         _COSTS[key, tokens, checkpointed, kind] = rest, slope
     return _COSTS[key, tokens, checkpointed, kind]
