@@ -20,6 +20,7 @@ MISMATCH = "the answer does not begin with the chat template's generation prompt
 TEMPLATE_ERROR = "chat template error"  # the template refuses the row (lengths.py's analyzer says the same)
 FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
 SHOWN = 40  # characters of an answer shown where it leaves the generation prompt
+THINK_END = "</think>"  # where a thinking block ends, in the answers of reasoning models' data
 
 
 def template_file(path: str) -> Path:
@@ -234,7 +235,7 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
             return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}{fix}"
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
-            return column, _mismatch(texts["prompt"], texts[column])
+            return column, _off_prompt(example, column, texts)
         if problem := _eos_twice(example[column], texts[column], tokenizer.eos_token):
             return column, problem
         if _calls_unwritten(example["prompt"] + example[column], texts[column], tokenizer, kwargs):
@@ -243,6 +244,8 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
                 "the text around it (an empty answer where it has none): give a chat template that writes "
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
+    if texts["chosen"] == texts["rejected"]:  # they differ where the template does not look (`reasoning_content`)
+        return "chosen", _rendered_alike(example)
     if rendered is not None:
         rendered.update(texts, unopened=_unopened(example, texts, tokenizer, kwargs))
     return None
@@ -315,6 +318,69 @@ def _eos_twice(answer: list, text: str, eos: str | None) -> str | None:
     return (
         f"the answer ends with the EOS token written as text ({eos!r}), and the chat template writes it after the "
         "answer as well, so it would train two: remove it from the end of the answers"
+    )
+
+
+def _off_prompt(example: dict, column: str, texts: dict) -> str:
+    """Why the rendered prompt + answer does not begin with the rendered prompt (with the generation prompt): the two
+    part before the prompt's last message is written out, so the template writes the prompt's own messages otherwise
+    once an answer follows (Mistral's system message, written only into a last user turn); or the answer's thinking
+    block is nowhere in what follows (DeepSeek-R1-Distill's drops it); or else the answer does not begin with the
+    generation prompt (`_mismatch`). TRL would train the rest of the prompt, or the answer without its thinking, in
+    the first two; the fix differs in each."""
+    prompt, whole = texts["prompt"], texts[column]
+    same = len(os.path.commonprefix([prompt, whole]))
+    last = example["prompt"][-1].get("content")
+    last = last.strip() if isinstance(last, str) else ""
+    if last and last in prompt and same < prompt.rindex(last) + len(last):
+        return _prompt_otherwise(example["prompt"], prompt[same:], whole[same:])
+    content = example[column][-1].get("content") if example[column] else None
+    thinking = content.split(THINK_END, 1)[0].replace("<think>", "").strip() if isinstance(content, str) else ""
+    if THINK_END in (content or "") and thinking and thinking not in whole[same:]:
+        return (
+            f"the chat template drops the answer's thinking block (the text up to {THINK_END!r}), so the answer would "
+            "train without it: give a chat template that writes the final answer whole (chat_template_path: the "
+            f"model's template without its split at {THINK_END!r}, as TRL's deepseek_r1_distill_training.jinja is "
+            "DeepSeek-R1-Distill's)"
+        )
+    return _mismatch(prompt, whole)
+
+
+def _prompt_otherwise(prompt: list, alone: str, followed: str) -> str:
+    """The problem where the prompt's messages render otherwise once an answer follows; after `DETAIL`, this row's
+    texts from where the prompt alone (`alone`) and the prompt followed by its answer (`followed`) part."""
+    system = next((m.get("content") for m in prompt if m.get("role") == "system"), None)
+    if isinstance(system, str) and system.strip() and system in alone and system not in followed:
+        fix = (
+            "the template writes the system message only where a user turn ends the conversation (Mistral's puts it "
+            "into the last user turn): fold the system message into the first user message, or give a chat template "
+            "that writes it wherever the conversation ends (chat_template_path)"
+        )
+    else:
+        fix = "give a chat template that renders a conversation's start the same whatever follows (chat_template_path)"
+    return (
+        "the chat template renders the prompt otherwise once an answer follows it, so TRL would split where the two "
+        f"part and train the rest of the prompt as the answer: {fix}{DETAIL}the prompt alone reads "
+        f"{alone[:SHOWN]!r} there, the conversation {followed[:SHOWN]!r}"
+    )
+
+
+def _rendered_alike(example: dict) -> str:
+    """The problem where both sides render to the same text: they differ in a message field the template does not
+    write (Qwen2.5's leaves out `reasoning_content`), and the pair would train no preference."""
+    fields = sorted(
+        {
+            k
+            for a, b in zip(example["chosen"], example["rejected"], strict=False)
+            for k in a.keys() | b.keys()
+            if a.get(k) != b.get(k)
+        }
+    )
+    named = ", ".join(f"`{f}`" for f in fields) or "their messages"
+    return (
+        f"identical to `rejected` as the chat template renders them (they differ only in {named}, where the "
+        "template writes nothing of the difference), so the pair would train no preference: give a chat template "
+        "that writes what tells them apart (chat_template_path), or fix or remove the row"
     )
 
 
