@@ -209,3 +209,46 @@ def test_sides_the_template_renders_alike_are_refused_as_identical(tmp_path):
     assert line.startswith("row 1, column 'chosen': identical to `rejected` as the chat template renders them"), line
     assert "reasoning_content" in line and "chat_template_path" in line
     assert ids(trl_tokenized(read([other], tokenizer).to_list(), tokenizer, tmp_path)) == ids(theirs[:1])
+
+
+# --- text parts a template writes otherwise than joined ------------------------------------------------------------
+
+
+def parts(*texts: str) -> list[dict]:
+    return [{"type": "text", "text": text} for text in texts]
+
+
+def test_text_parts_a_template_writes_otherwise_than_joined_are_refused_naming_the_message(tmp_path):
+    """Gemma 3's template takes a message's content as a list of parts and writes each text part trimmed: TRL renders
+    `["Name a colour.", " Be brief."]` as 'Name a colour.Be brief.'. The project joined the parts into one string
+    first ('Name a colour. Be brief.'), so it trained other tokens than TRL and than the model is served with. A
+    template that does not take parts (Qwen2.5's raises on them) keeps the join; so does one that writes them joined
+    (Qwen2.5-VL's), where the tokens are TRL's."""
+    gemma3 = tokenizer_of(
+        ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+        (TRL_TEMPLATES / "gemma3.jinja").read_text(),
+        "<bos>",
+        "<eos>",
+    )
+    pair = {
+        "prompt": [user(parts("Name a colour.", " Be brief."))],
+        "chosen": [assistant(parts("Blue."))],
+        "rejected": [assistant(parts("Seven."))],
+    }
+    prompt, _, _ = decoded(gemma3, trl_tokenized([pair], gemma3, tmp_path)[0])
+    assert "Name a colour.Be brief." in prompt
+    line = refusal([pair, pair], gemma3)
+    assert line.startswith("every row of the train split (2 of 2) fails one check: prompt: message 0 holds ")
+    assert "trims each part" in line and "join" in line
+
+    one_part = dict(pair, prompt=[user(parts("Name a colour. Be brief."))])  # one part: nothing to join otherwise
+    ours = trl_tokenized(read([one_part], gemma3).to_list(), gemma3, tmp_path)
+    assert ids(ours) == ids(trl_tokenized([one_part], gemma3, tmp_path))
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
+    joins = tokenizer_of(specials, (TRL_TEMPLATES / "qwen2_5_vl.jinja").read_text(), None, "<|im_end|>")
+    ours = trl_tokenized(read([pair], joins).to_list(), joins, tmp_path)
+    assert ids(ours) == ids(trl_tokenized([pair], joins, tmp_path))
+    takes_none = tokenizer_of(specials[:3], (TRL_TEMPLATES / "qwen2_5.jinja").read_text(), None, "<|im_end|>")
+    prompt, _, _ = decoded(takes_none, trl_tokenized(read([pair], takes_none).to_list(), takes_none, tmp_path)[0])
+    assert "Name a colour. Be brief." in prompt

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from dpotrain.data.shapes import DETAIL
+from dpotrain.data.shapes import DETAIL, is_text_part
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.run_record import Template
 
@@ -249,6 +249,50 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
     if rendered is not None:
         rendered.update(texts, unopened=_unopened(example, texts, tokenizer, kwargs))
     return None
+
+
+def parts_problem(row: dict, tokenizer) -> tuple[str, str] | None:
+    """(column, problem) for a message of the row as written whose content is several text parts, where the chat
+    template takes parts and writes them otherwise than their text joined (Gemma 3's trims each part): the project
+    reads parts as their joined text (`shapes.text_parts`), TRL hands them to the template, and the two would train
+    other tokens. A template that does not take parts (it raises on them, or writes the list) keeps the join."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    for column in ("prompt", "chosen", "rejected"):
+        value = row.get(column)
+        for n, message in enumerate(value if isinstance(value, list) else []):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and len(content) > 1 and all(map(is_text_part, content)):
+                if _joins_parts(tokenizer):
+                    return None  # judged once per template: every message is read alike
+                return column, (
+                    f"message {n} holds several text parts, and the chat template writes them otherwise than their "
+                    "text joined, as they are read here (Gemma 3's trims each part), so the pair would train other "
+                    "tokens than TRL renders from them: join each message's parts into one string as the model is to "
+                    "read it, or give a chat template that writes parts as their joined text (chat_template_path)"
+                )
+    return None
+
+
+_PARTS: dict = {}  # template -> whether it writes a message's text parts as their text joined: judged once each
+
+
+def _joins_parts(tokenizer) -> bool:
+    """Whether the template writes a user message of text parts as the same message with their text joined, or does
+    not take parts at all (raises on them, or writes the list itself): then the join is this project's reading."""
+    key = str(tokenizer.chat_template)
+    if key not in _PARTS:
+        texts = ["Name a colour.", " Be brief. "]
+        as_parts = [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]
+        try:
+            written = tokenizer.apply_chat_template(as_parts, tokenize=False)
+            joined = tokenizer.apply_chat_template([{"role": "user", "content": "".join(texts)}], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that does not take parts (TRL would raise on them)
+            _PARTS[key] = True
+        else:
+            takes = texts[0] in written and "'type'" not in written and '"type"' not in written
+            _PARTS[key] = not takes or written == joined
+    return _PARTS[key]
 
 
 _OPENS: dict = {}  # (template, its arguments) -> whether its generation prompt adds text: judged once each
