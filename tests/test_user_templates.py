@@ -252,3 +252,30 @@ def test_text_parts_a_template_writes_otherwise_than_joined_are_refused_naming_t
     takes_none = tokenizer_of(specials[:3], (TRL_TEMPLATES / "qwen2_5.jinja").read_text(), None, "<|im_end|>")
     prompt, _, _ = decoded(takes_none, trl_tokenized(read([pair], takes_none).to_list(), takes_none, tmp_path)[0])
     assert "Name a colour. Be brief." in prompt
+
+
+def test_a_template_that_writes_text_parts_alone_is_refused_saying_it_writes_no_string_content(tmp_path):
+    """SmolVLM's template (Idefics3's too) loops over a message's content as parts and writes nothing of a string. The
+    project reads parts as one string (`shapes.text_parts`), so every answer rendered empty: TRL, handed those rows,
+    trains each pair as two identical sequences with no answer in them. Refused, saying what to give."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>"]
+    smolvlm = tokenizer_of(
+        specials, (TRL_TEMPLATES / "smolvlm.jinja").read_text(), "<|im_start|>", "<end_of_utterance>"
+    )
+    as_parts = {
+        "prompt": [user(parts("Name a colour.", " Be brief."))],
+        "chosen": [assistant(parts("Blue."))],
+        "rejected": [assistant(parts("Seven."))],
+    }
+    as_strings = {"prompt": [user("Name a colour.")], "chosen": [assistant("Blue.")], "rejected": [assistant("Seven.")]}
+    _, chosen, _ = decoded(smolvlm, trl_tokenized([as_parts], smolvlm, tmp_path)[0])
+    assert "Blue." in chosen  # TRL, handed the parts, writes them
+    empty = trl_tokenized([as_strings], smolvlm, tmp_path)[0]
+    assert empty["chosen_ids"] == empty["rejected_ids"] and "Blue" not in smolvlm.decode(empty["chosen_ids"])
+    for rows in ([as_parts, as_parts], [as_strings, as_strings]):
+        line = refusal(rows, smolvlm)
+        assert line.startswith(
+            "every row of the train split (2 of 2) fails one check: chosen: identical to `rejected` as the chat "
+            "template renders them: the template writes no string content"
+        ), line
+        assert "chat_template_path" in line and "trims each part" not in line

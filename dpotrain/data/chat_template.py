@@ -245,7 +245,7 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
     if texts["chosen"] == texts["rejected"]:  # they differ where the template does not look (`reasoning_content`)
-        return "chosen", _rendered_alike(example)
+        return "chosen", _rendered_alike(example, tokenizer)
     if rendered is not None:
         rendered.update(texts, unopened=_unopened(example, texts, tokenizer, kwargs))
     return None
@@ -291,8 +291,25 @@ def _joins_parts(tokenizer) -> bool:
             _PARTS[key] = True
         else:
             takes = texts[0] in written and "'type'" not in written and '"type"' not in written
-            _PARTS[key] = not takes or written == joined
+            # One that writes no string content (SmolVLM's) renders both sides alike: `_rendered_alike` says so
+            _PARTS[key] = not takes or written == joined or not writes_strings(tokenizer)
     return _PARTS[key]
+
+
+_STRINGS: dict = {}  # template -> whether it writes a message's content given as a string: judged once each
+
+
+def writes_strings(tokenizer) -> bool:
+    """Whether the template writes a user message's string content (SmolVLM's and Idefics3's read text parts only, and
+    write nothing of a string)."""
+    key = str(tokenizer.chat_template)
+    if key not in _STRINGS:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that refuses this message: the rows' checks say what it refuses
+            text = "Name a colour."
+        _STRINGS[key] = "Name a colour." in text
+    return _STRINGS[key]
 
 
 _OPENS: dict = {}  # (template, its arguments) -> whether its generation prompt adds text: judged once each
@@ -409,7 +426,7 @@ def _prompt_otherwise(prompt: list, alone: str, followed: str) -> str:
     )
 
 
-def _rendered_alike(example: dict) -> str:
+def _rendered_alike(example: dict, tokenizer) -> str:
     """The problem where both sides render to the same text: they differ in a message field the template does not
     write (Qwen2.5's leaves out `reasoning_content`), and the pair would train no preference."""
     fields = sorted(
@@ -421,6 +438,12 @@ def _rendered_alike(example: dict) -> str:
         }
     )
     named = ", ".join(f"`{f}`" for f in fields) or "their messages"
+    if not writes_strings(tokenizer):  # every pair renders alike: the template reads text parts only
+        return (
+            "identical to `rejected` as the chat template renders them: the template writes no string content (it "
+            "reads text parts only, as SmolVLM's and Idefics3's do), and a message's content is read here as one "
+            "string, its text parts joined: give a chat template that writes string content (chat_template_path)"
+        )
     return (
         f"identical to `rejected` as the chat template renders them (they differ only in {named}, where the "
         "template writes nothing of the difference), so the pair would train no preference: give a chat template "
