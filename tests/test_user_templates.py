@@ -279,3 +279,40 @@ def test_a_template_that_writes_text_parts_alone_is_refused_saying_it_writes_no_
             "template renders them: the template writes no string content"
         ), line
         assert "chat_template_path" in line and "trims each part" not in line
+
+
+# --- assistant_turns all: open-instruct's labels under templates users bring -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "specials", "eos", "user_labeled"),
+    [
+        ("phi3", ["<s>", "</s>", "<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|endoftext|>", True),
+        (
+            "llama3_1",
+            ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+            "<|eot_id|>",
+            False,
+        ),
+    ],
+)
+def test_every_assistant_turn_is_labeled_as_open_instruct_labels_it(template, specials, eos, user_labeled, tmp_path):
+    """With `assistant_turns: all`, a multi-turn pair read by the project, tokenized by TRL and labeled by
+    `turns.prompt_labels` trains the tokens open-instruct's rule labels (tests/open_instruct_dpo.py). Phi-3's template
+    ends a conversation with EOS where a later turn writes `<|user|>`, so the rule labels that `<|user|>` after the
+    earlier answer (docs/data.md "Assistant turns"); Llama 3.1's labels no token of the user's turn."""
+    from open_instruct_dpo import tokenize
+
+    from dpotrain.data import turns
+
+    tokenizer = tokenizer_of(specials, (TRL_TEMPLATES / f"{template}.jinja").read_text(), specials[0], eos)
+    history = [user("What is 2 + 2?"), assistant("It is 4."), user("Name a colour.")]
+    pair = {"chosen": [*history, assistant("Blue.")], "rejected": [*history, assistant("Seven.")]}
+    (row,) = trl_tokenized(read([pair], tokenizer).to_list(), tokenizer, tmp_path)
+    labels = turns.prompt_labels(row, tokenizer)
+    for side in ("chosen", "rejected"):
+        want_ids, want_labels = tokenize(pair[side], tokenizer, 10**6)
+        assert row["prompt_ids"] + row[f"{side}_ids"] == want_ids
+        assert labels[1:] + [1] * len(row[f"{side}_ids"]) == [int(x != -100) for x in want_labels[1:]]
+    trained = tokenizer.decode([t for t, label in zip(row["prompt_ids"], labels, strict=True) if label])
+    assert trained.startswith("It is 4.") and ("<|user|>" in trained) == user_labeled
