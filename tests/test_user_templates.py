@@ -316,3 +316,39 @@ def test_every_assistant_turn_is_labeled_as_open_instruct_labels_it(template, sp
         assert labels[1:] + [1] * len(row[f"{side}_ids"]) == [int(x != -100) for x in want_labels[1:]]
     trained = tokenizer.decode([t for t, label in zip(row["prompt_ids"], labels, strict=True) if label])
     assert trained.startswith("It is 4.") and ("<|user|>" in trained) == user_labeled
+
+
+# --- implicit prompts: answers that start with the same assistant message ----------------------------------------
+
+
+def test_assistant_messages_both_answers_start_with_are_the_prompts_as_trl_reads_them(tmp_path):
+    """Two conversations that part after a shared assistant message (`[user, 'Let me see.', 'Blue.']` against
+    `[user, 'Let me see.', 'Seven.']`): TRL's extract_prompt takes every message they share as the prompt, and
+    trains 'Blue.' against 'Seven.'. The project took each side's whole trailing run of assistant messages as its
+    answer, so both answers trained 'Let me see.' too (in the averages of sigmoid_norm, ipo, the sft term and the
+    metrics). With `assistant_turns: all` the shared message is an earlier turn, labeled as open-instruct labels it."""
+    from open_instruct_dpo import tokenize
+
+    from dpotrain.data import turns
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokenizer = tokenizer_of(specials, (TRL_TEMPLATES / "qwen2_5.jinja").read_text(), None, "<|im_end|>")
+    start = [user("Name a colour."), assistant("Let me see.")]
+    pair = {"chosen": [*start, assistant("Blue.")], "rejected": [*start, assistant("Seven."), assistant("Or eight.")]}
+    prefix = {"chosen": [*start], "rejected": [*start, assistant("Seven.")]}  # one answer the start of the other
+    theirs = trl_tokenized([pair], tokenizer, tmp_path)
+    (row,) = trl_tokenized(read([pair], tokenizer).to_list(), tokenizer, tmp_path)
+    assert ids([row]) == ids(theirs)
+    _, chosen, rejected = decoded(tokenizer, row)
+    assert chosen == "Blue.<|im_end|>\n" and rejected.startswith("Seven.")
+
+    labels = turns.prompt_labels(row, tokenizer)  # assistant_turns all: open-instruct's labels
+    for side in ("chosen", "rejected"):
+        want_ids, want_labels = tokenize(pair[side], tokenizer, 10**6)
+        assert row["prompt_ids"] + row[f"{side}_ids"] == want_ids
+        assert labels[1:] + [1] * len(row[f"{side}_ids"]) == [int(x != -100) for x in want_labels[1:]]
+
+    # Where one answer is the start of the other, no message is left to be the shorter side's answer: kept as read.
+    (kept,) = read([prefix], tokenizer).to_list()
+    assert [m["content"] for m in kept["chosen"]] == ["Let me see."]
+    assert [m["content"] for m in kept["rejected"]] == ["Let me see.", "Seven."]
