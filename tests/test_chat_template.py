@@ -231,8 +231,9 @@ def open_instruct_prompt_length(tokenizer, prompt: list[dict]) -> int:
 def test_trl_and_open_instruct_split_alike_exactly_where_the_answer_follows_the_generation_prompt(tiny_model_dir):
     tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(OLMO_THINKER))
     plain = {"role": "assistant", "content": "The answer is 150."}
+    wrong = {"role": "assistant", "content": "<think>\n51 + 99 = 149.\n</think>\n\nThe answer is 149."}
     for answer, alike in ((THINKING, True), (plain, False)):
-        example = {"prompt": [USER], "chosen": [answer], "rejected": [THINKING]}
+        example = {"prompt": [USER], "chosen": [answer], "rejected": [wrong]}  # two sides the template tells apart
         trl_prompt = lengths.row_lengths(example, tokenizer)[0]  # TRL's common-prefix split
         assert (trl_prompt == open_instruct_prompt_length(tokenizer, [USER])) == alike
         assert (chat_template.answer_problem(example, tokenizer) is None) == alike

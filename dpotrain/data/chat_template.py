@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from dpotrain.data.shapes import DETAIL
+from dpotrain.data.shapes import DETAIL, is_text_part
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.run_record import Template
 
@@ -20,6 +20,7 @@ MISMATCH = "the answer does not begin with the chat template's generation prompt
 TEMPLATE_ERROR = "chat template error"  # the template refuses the row (lengths.py's analyzer says the same)
 FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
 SHOWN = 40  # characters of an answer shown where it leaves the generation prompt
+THINK_END = "</think>"  # where a thinking block ends, in the answers of reasoning models' data
 
 
 def template_file(path: str) -> Path:
@@ -234,7 +235,7 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
             return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}{fix}"
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
-            return column, _mismatch(texts["prompt"], texts[column])
+            return column, _off_prompt(example, column, texts)
         if problem := _eos_twice(example[column], texts[column], tokenizer.eos_token):
             return column, problem
         if _calls_unwritten(example["prompt"] + example[column], texts[column], tokenizer, kwargs):
@@ -243,9 +244,72 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
                 "the text around it (an empty answer where it has none): give a chat template that writes "
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
+    if texts["chosen"] == texts["rejected"]:  # they differ where the template does not look (`reasoning_content`)
+        return "chosen", _rendered_alike(example, tokenizer)
     if rendered is not None:
         rendered.update(texts, unopened=_unopened(example, texts, tokenizer, kwargs))
     return None
+
+
+def parts_problem(row: dict, tokenizer) -> tuple[str, str] | None:
+    """(column, problem) for a message of the row as written whose content is several text parts, where the chat
+    template takes parts and writes them otherwise than their text joined (Gemma 3's trims each part): the project
+    reads parts as their joined text (`shapes.text_parts`), TRL hands them to the template, and the two would train
+    other tokens. A template that does not take parts (it raises on them, or writes the list) keeps the join."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    for column in ("prompt", "chosen", "rejected"):
+        value = row.get(column)
+        for n, message in enumerate(value if isinstance(value, list) else []):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and len(content) > 1 and all(map(is_text_part, content)):
+                if _joins_parts(tokenizer):
+                    return None  # judged once per template: every message is read alike
+                return column, (
+                    f"message {n} holds several text parts, and the chat template writes them otherwise than their "
+                    "text joined, as they are read here (Gemma 3's trims each part), so the pair would train other "
+                    "tokens than TRL renders from them: join each message's parts into one string as the model is to "
+                    "read it, or give a chat template that writes parts as their joined text (chat_template_path)"
+                )
+    return None
+
+
+_PARTS: dict = {}  # template -> whether it writes a message's text parts as their text joined: judged once each
+
+
+def _joins_parts(tokenizer) -> bool:
+    """Whether the template writes a user message of text parts as the same message with their text joined, or does
+    not take parts at all (raises on them, or writes the list itself): then the join is this project's reading."""
+    key = str(tokenizer.chat_template)
+    if key not in _PARTS:
+        texts = ["Name a colour.", " Be brief. "]
+        as_parts = [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]
+        try:
+            written = tokenizer.apply_chat_template(as_parts, tokenize=False)
+            joined = tokenizer.apply_chat_template([{"role": "user", "content": "".join(texts)}], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that does not take parts (TRL would raise on them)
+            _PARTS[key] = True
+        else:
+            takes = texts[0] in written and "'type'" not in written and '"type"' not in written
+            # One that writes no string content (SmolVLM's) renders both sides alike: `_rendered_alike` says so
+            _PARTS[key] = not takes or written == joined or not writes_strings(tokenizer)
+    return _PARTS[key]
+
+
+_STRINGS: dict = {}  # template -> whether it writes a message's content given as a string: judged once each
+
+
+def writes_strings(tokenizer) -> bool:
+    """Whether the template writes a user message's string content (SmolVLM's and Idefics3's read text parts only, and
+    write nothing of a string)."""
+    key = str(tokenizer.chat_template)
+    if key not in _STRINGS:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that refuses this message: the rows' checks say what it refuses
+            text = "Name a colour."
+        _STRINGS[key] = "Name a colour." in text
+    return _STRINGS[key]
 
 
 _OPENS: dict = {}  # (template, its arguments) -> whether its generation prompt adds text: judged once each
@@ -315,6 +379,75 @@ def _eos_twice(answer: list, text: str, eos: str | None) -> str | None:
     return (
         f"the answer ends with the EOS token written as text ({eos!r}), and the chat template writes it after the "
         "answer as well, so it would train two: remove it from the end of the answers"
+    )
+
+
+def _off_prompt(example: dict, column: str, texts: dict) -> str:
+    """Why the rendered prompt + answer does not begin with the rendered prompt (with the generation prompt): the two
+    part before the prompt's last message is written out, so the template writes the prompt's own messages otherwise
+    once an answer follows (Mistral's system message, written only into a last user turn); or the answer's thinking
+    block is nowhere in what follows (DeepSeek-R1-Distill's drops it); or else the answer does not begin with the
+    generation prompt (`_mismatch`). TRL would train the rest of the prompt, or the answer without its thinking, in
+    the first two; the fix differs in each."""
+    prompt, whole = texts["prompt"], texts[column]
+    same = len(os.path.commonprefix([prompt, whole]))
+    last = example["prompt"][-1].get("content")
+    last = last.strip() if isinstance(last, str) else ""
+    if last and last in prompt and same < prompt.rindex(last) + len(last):
+        return _prompt_otherwise(example["prompt"], prompt[same:], whole[same:])
+    content = example[column][-1].get("content") if example[column] else None
+    thinking = content.split(THINK_END, 1)[0].replace("<think>", "").strip() if isinstance(content, str) else ""
+    if THINK_END in (content or "") and thinking and thinking not in whole[same:]:
+        return (
+            f"the chat template drops the answer's thinking block (the text up to {THINK_END!r}), so the answer would "
+            "train without it: give a chat template that writes the final answer whole (chat_template_path: the "
+            f"model's template without its split at {THINK_END!r}, as TRL's deepseek_r1_distill_training.jinja is "
+            "DeepSeek-R1-Distill's)"
+        )
+    return _mismatch(prompt, whole)
+
+
+def _prompt_otherwise(prompt: list, alone: str, followed: str) -> str:
+    """The problem where the prompt's messages render otherwise once an answer follows; after `DETAIL`, this row's
+    texts from where the prompt alone (`alone`) and the prompt followed by its answer (`followed`) part."""
+    system = next((m.get("content") for m in prompt if m.get("role") == "system"), None)
+    if isinstance(system, str) and system.strip() and system in alone and system not in followed:
+        fix = (
+            "the template writes the system message only where a user turn ends the conversation (Mistral's puts it "
+            "into the last user turn): fold the system message into the first user message, or give a chat template "
+            "that writes it wherever the conversation ends (chat_template_path)"
+        )
+    else:
+        fix = "give a chat template that renders a conversation's start the same whatever follows (chat_template_path)"
+    return (
+        "the chat template renders the prompt otherwise once an answer follows it, so TRL would split where the two "
+        f"part and train the rest of the prompt as the answer: {fix}{DETAIL}the prompt alone reads "
+        f"{alone[:SHOWN]!r} there, the conversation {followed[:SHOWN]!r}"
+    )
+
+
+def _rendered_alike(example: dict, tokenizer) -> str:
+    """The problem where both sides render to the same text: they differ in a message field the template does not
+    write (Qwen2.5's leaves out `reasoning_content`), and the pair would train no preference."""
+    fields = sorted(
+        {
+            k
+            for a, b in zip(example["chosen"], example["rejected"], strict=False)
+            for k in a.keys() | b.keys()
+            if a.get(k) != b.get(k)
+        }
+    )
+    named = ", ".join(f"`{f}`" for f in fields) or "their messages"
+    if not writes_strings(tokenizer):  # every pair renders alike: the template reads text parts only
+        return (
+            "identical to `rejected` as the chat template renders them: the template writes no string content (it "
+            "reads text parts only, as SmolVLM's and Idefics3's do), and a message's content is read here as one "
+            "string, its text parts joined: give a chat template that writes string content (chat_template_path)"
+        )
+    return (
+        f"identical to `rejected` as the chat template renders them (they differ only in {named}, where the "
+        "template writes nothing of the difference), so the pair would train no preference: give a chat template "
+        "that writes what tells them apart (chat_template_path), or fix or remove the row"
     )
 
 

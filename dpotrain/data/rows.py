@@ -71,6 +71,8 @@ def read_row(
     chat template's texts of a message row checked against it (`chat_template.answer_problem`); `first`: the data
     set's first row, whose kind is the data set's."""
     shape = fmt.shape
+    if fmt.template is not None and (problem := chat_template.parts_problem(row, fmt.template)):
+        return None, problem  # text parts the template would write otherwise than joined, as decode joins them
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem

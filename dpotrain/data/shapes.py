@@ -210,7 +210,24 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
         return None, ("rejected", ANOTHER_PROMPT + _first_difference(asked_c, asked_r))
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
+    # Assistant messages both answers start with are the prompt's, as TRL's extract_prompt reads them: else both
+    # sides would train them (in sigmoid_norm's and ipo's averages, the sft term, the metrics).
+    shared = _shared_start(completion_c, completion_r)
+    prompt_c, completion_c, completion_r = (
+        prompt_c + completion_c[:shared],
+        completion_c[shared:],
+        completion_r[shared:],
+    )
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
+
+
+def _shared_start(a: list, b: list) -> int:
+    """How many messages two answers start with alike, leaving each at least its last: where one answer is the start
+    of the other, the shorter one would be left without an answer (TRL's extract_prompt leaves it none)."""
+    shared = 0
+    while shared < min(len(a), len(b)) - 1 and given(a[shared : shared + 1]) == given(b[shared : shared + 1]):
+        shared += 1
+    return shared
 
 
 def given(messages):
