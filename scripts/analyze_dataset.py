@@ -264,11 +264,12 @@ def check_args(args: argparse.Namespace) -> None:
     writes.check_report_paths({"--json": args.json, "--plot": args.plot})
 
 
-def every_row_invalid(checked, split: str, name: str) -> None:
+def every_row_invalid(checked, split: str, name: str, tokenizer=None) -> None:
     """Every row bad is refused as the run refuses it (the check they all fail, no `--skip-invalid` offered: it left
-    "no valid rows to analyse (24 invalid)", naming no reason)."""
+    "no valid rows to analyse (24 invalid)", naming no reason). `tokenizer`: the one the rows were measured with,
+    whose generation prompt tells what fits (`chat_template.misfit`)."""
     if checked.rows and len(checked.invalid) == checked.rows:
-        raise ConfigError(rows.every_row_invalid(checked, split, name))
+        raise ConfigError(rows.every_row_invalid(checked, split, name, tokenizer))
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -393,7 +394,7 @@ def analyze(args: argparse.Namespace) -> int:
             every_row_invalid(rows.check_dataset(dataset, True, hh_format, tokenizer), split, name)
         raise e.located(name) from None
     if m.rows == 0:
-        every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name)
+        every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name, tokenizer)
     if mix:  # measured as the pairs its sources are read into (a prompt column): that is no source's own shape
         kind = "message lists" if m.conversational else "plain text"
         m.shape = f"{kind}, each source read in its own shape (its Data line); {m.shape.split('; ', 1)[-1]}"

@@ -187,6 +187,33 @@ def test_deepseek_r1_distills_training_template_keeps_the_thinking_and_tokenizes
     assert prompt.endswith("<｜Assistant｜><think>\n") and chosen.startswith("Let me think step by step.\n</think>")
 
 
+@pytest.mark.parametrize("template", ["deepseek_r1_distill", "deepseek_r1_distill_training"])
+def test_answers_without_thinking_under_deepseeks_template_are_told_its_generation_prompt_not_olmos_recipe(
+    template, tmp_path
+):
+    """DeepSeek-R1-Distill's templates open the generation prompt with `<think>\\n`: answers without a thinking block
+    are served after `<think>\\n` and trained without it (TRL's prompt stops before it), every row fails. The refusal
+    said to train with configs/instruct.yaml (an OLMo recipe) or with no chat_template_path (the model's own template,
+    which is this one): neither helps. It names the generation prompt, that the answers must begin with it, or a
+    template whose generation prompt opens no block the answers lack."""
+    tokenizer = deepseek(template)
+    plain = {"prompt": [user("What is 2 + 2?")], "chosen": [assistant("It is 4.")], "rejected": [assistant("Five")]}
+    prompt, chosen, _ = decoded(tokenizer, trl_tokenized([plain], tokenizer, tmp_path)[0])
+    assert prompt.endswith("<｜Assistant｜>") and chosen.startswith("It is 4.")  # <think>\n trained nowhere
+
+    line = refusal([plain, plain], tokenizer)
+    assert line.startswith(
+        "every row of the train split (2 of 2) fails one check: chosen: the answer does not begin with the chat "
+        "template's generation prompt ('<think>\\n')"
+    ), line
+    assert "configs/instruct.yaml" not in line and "no chat_template_path" not in line, line
+    assert (
+        "its generation prompt is '<｜Assistant｜><think>\\n'" in line
+        and "each answer must begin with what follows" in line
+    ), line
+    assert "chat_template_path" in line, line
+
+
 # --- sides that differ only where the template does not look -------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ MISMATCH = "the answer does not begin with the chat template's generation prompt
 TEMPLATE_ERROR = "chat template error"  # the template refuses the row (lengths.py's analyzer says the same)
 FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
 SHOWN = 40  # characters of an answer shown where it leaves the generation prompt
+OLMO_THINK_PROMPT = "<|im_start|>assistant\n<think>"  # olmo_thinker's generation prompt (configs/templates)
 THINK_END = "</think>"  # where a thinking block ends, in the answers of reasoning models' data
 
 
@@ -461,12 +462,34 @@ def _mismatch(prompt: str, whole: str) -> str:
     )
 
 
-def misfit(problem: str) -> str:
-    """What fits instead, where every row fails `answer_problem`: the template is not this data's."""
+def misfit(problem: str, tokenizer=None) -> str:
+    """What fits instead, where every row fails `answer_problem`: the template is not this data's. Under OLMo 3 Think's
+    (`olmo_thinker`, whose generation prompt opens `<think>`), OLMo's recipe for answers without one; under another
+    (DeepSeek-R1-Distill's opens `<think>\\n`), where the OLMo recipes do not help, what its generation prompt is."""
     if not problem.startswith(MISMATCH):
         return ""
+    opened = generation_prompt(tokenizer) if tokenizer is not None else None
+    if opened == OLMO_THINK_PROMPT:
+        return (
+            "; the chat template does not fit these answers: train them with the recipe whose template does "
+            "(configs/instruct.yaml for answers without a thinking block), or with no chat_template_path (the "
+            "model's own template)"
+        )
+    said = f"its generation prompt is {opened!r}" if opened else "its generation prompt opens text the answers lack"
     return (
-        "; the chat template does not fit these answers: train them with the recipe whose template does "
-        "(configs/instruct.yaml for answers without a thinking block), or with no chat_template_path (the model's "
-        "own template)"
+        f"; the chat template does not fit these answers: {said}, so each answer must begin with what follows the "
+        "assistant turn's header there (the text above): write the answers to begin with it, or give a chat template "
+        "whose generation prompt opens no block the answers lack (chat_template_path)"
     )
+
+
+def generation_prompt(tokenizer) -> str | None:
+    """What the template's add_generation_prompt adds after a user turn; None where it cannot be told (the template
+    refuses the turn, or writes the conversation otherwise with it)."""
+    turn = [{"role": "user", "content": "Hi."}]
+    try:
+        bare = tokenizer.apply_chat_template(turn, tokenize=False)
+        opened = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that refuses this turn: the rows' own check said what it is
+        return None
+    return opened[len(bare) :] if opened.startswith(bare) else None

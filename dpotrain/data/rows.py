@@ -326,9 +326,10 @@ def check_dataset(
     raise InvalidRowError(first["index"], first["column"], problem, "--skip_invalid true")
 
 
-def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
+def every_row_invalid(checked: RowCheck, split: str, source: str | None, template=None) -> str:
     """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
-    one check every row fails and what fits instead (`chat_template.misfit`), or the three most common."""
+    one check every row fails and what fits instead (`chat_template.misfit`, told by the tokenizer the rows were
+    checked against: `checked.fmt`'s, else `template`), or the three most common."""
     reasons, first = checked.by_reason(), checked.invalid[0]
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
@@ -353,7 +354,8 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
             if n > 1
             else f"the only row of the {split} split fails a check"
         )
-        return f"{every}: {column}: {problem}{chat_template.misfit(problem)}{shown}"
+        tokenizer = checked.fmt.template if checked.fmt else template
+        return f"{every}: {column}: {problem}{chat_template.misfit(problem, tokenizer)}{shown}"
     top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
     return (
         f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}{shown}): check that "
