@@ -421,6 +421,32 @@ def say_untrained_settings(recipe: Recipe, out: Path, pairs_per_step: int | None
         )
 
 
+def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | None) -> OutputDecision:
+    """`--resume_from_checkpoint` (its own settings checked already) into `out`, not finished: the settings must be
+    those of a run already there too, whose record, metrics, final model and checkpoints (rotated by step beside the
+    new ones) the resume writes over. That run is read as it ran (`written_record`): a hand edit of its record was
+    compared, and refused a resume of its own checkpoint with the run's settings as "other settings"."""
+    explicit, replace = recipe.training.resume_from_checkpoint, recipe.project.overwrite_output_dir
+    folder = written_record(out)
+    other = changed_settings(recipe, folder, pairs_per_step) if folder else []
+    if (other or folder is None) and replace:
+        return replacing(out, explicit)
+    if folder is None:
+        raise ConfigError(
+            f"output_dir {named} holds an unfinished run whose resolved_config.json was edited after the run wrote "
+            f"it, and no checkpoint of it holds its copy, so the settings it ran with are not known, and resuming "
+            f"{explicit} there would write over it: pass a new --output_dir, or --overwrite_output_dir to replace "
+            "that run"
+        )
+    if other:
+        raise ConfigError(
+            f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which "
+            f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
+            "replace that run"
+        )
+    return resumed(out, resume.explicit_point(explicit, out, recipe.project.auto_resume))
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
@@ -461,18 +487,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         )
     refuse_links(out)  # a run that keeps the folder's checkpoints keeps none through a link
     if explicit:
-        # The checkpoint's settings are the recipe's (above); so must be those of a run already in output_dir, whose
-        # record, metrics, final model and checkpoints (rotated by step beside the new ones) the resume writes over.
-        other = changed_settings(recipe, out, pairs_per_step)
-        if other and p.overwrite_output_dir:
-            return replacing(out, explicit)
-        if other:
-            raise ConfigError(
-                f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which "
-                f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
-                "replace that run"
-            )
-        return resumed(out, resume.explicit_point(explicit, out, p.auto_resume))
+        return resumed_into(recipe, out, named, pairs_per_step)
     if resume.after_health_stop(recipe, out):
         return OutputDecision(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)

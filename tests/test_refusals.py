@@ -1911,6 +1911,42 @@ def test_resume_from_checkpoint_does_not_write_over_another_run_in_output_dir(tm
         resolve.check_output_dir(parse_args([*argv, str(tmp_path / "run"), "--overwrite_output_dir"]), 8)
 
 
+def test_resume_from_checkpoint_into_its_own_run_reads_that_run_as_written_not_as_edited_by_hand(tmp_path, capsys):
+    """`--resume_from_checkpoint run/checkpoint-4 --output_dir run` with the run's settings, its resolved_config.json
+    "fixed" by hand: the run in output_dir was compared as the edit reads, and refused as "an unfinished run with other
+    settings (learning_rate: ...)", its own checkpoint then resumable by no command. Read as the run wrote it (its
+    checkpoint's copy), as the automatic resume reads it: resumed, the edit said not to be used."""
+    from dpotrain.recipe import run_record
+
+    out = unfinished_run(tmp_path, capsys, "--max_steps", "5")
+    written = run_record.sealed(json.loads((out / "resolved_config.json").read_text()))
+    for folder in (out, out / "checkpoint-4"):  # as a run writes them: sealed, a copy in each checkpoint
+        (folder / "resolved_config.json").write_text(json.dumps(written))
+    (out / "resolved_config.json").write_text(json.dumps(written | {"learning_rate": 2e-4}))
+    checkpoint = str(out / "checkpoint-4")
+    argv = ["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, "--output_dir", str(out)]
+    assert resolve.check_output_dir(parse_args(argv), 8) == resolve.OutputDecision(checkpoint, False)
+    assert "resolved_config.json was edited after the run wrote it (learning_rate: 0.0001 -> 0.0002)" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(ConfigError) as refused_here:  # other settings than the run's as written: refused, as before
+        resolve.check_output_dir(parse_args([*argv, "--learning_rate", "2e-4"]), 8)
+    assert "other settings (learning_rate: 0.0001 -> 0.0002)" in str(refused_here.value)
+    # No copy of the run as written left: its settings are not known, said so, not compared with the edit.
+    (out / "checkpoint-4" / "resolved_config.json").unlink()
+    other = str(unfinished_run(tmp_path / "other", capsys, "--max_steps", "5") / "checkpoint-4")
+    argv[argv.index(checkpoint)] = other
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(parse_args(argv), 8)
+    assert str(refused_here.value) == (
+        f"output_dir {str(out)!r} holds an unfinished run whose resolved_config.json was edited after the run wrote "
+        f"it, and no checkpoint of it holds its copy, so the settings it ran with are not known, and resuming {other} "
+        "there would write over it: pass a new --output_dir, or --overwrite_output_dir to replace that run"
+    )
+    replaced = resolve.check_output_dir(parse_args([*argv, "--overwrite_output_dir"]), 8)
+    assert replaced == resolve.OutputDecision(other, True)
+
+
 def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path):
     """Written by TRL's own script: no COMPLETE mark, no manifest, and no record of the settings it was trained with.
     It cannot be verified, nor its settings compared: refused, naming what is missing and the way out."""
