@@ -93,11 +93,16 @@ def main(argv: list[str] | None = None) -> None:
     # run's, given its folder (the job's --output_dir), unless the job starts afresh.
     resumed = "output_dir" in fields_set(overrides) and not recipe.project.overwrite_output_dir
     out = recipe.training.output_dir
-    kept = mixture.kept(recipe, out) if resumed else {}
+    # The run as it wrote its record, as its resume reads it: a checkpoint's copy where the file was edited by hand
+    # (read as none, an edited record had main fetched, as for a new run, not the commit the resume loads)
+    recorded = str(resolve.written_record(Path(out)) or out) if resumed else out
+    kept = mixture.kept(recipe, recorded) if resumed else {}
     if kept:
         print(f"Mixture sources at the commits the run in {out} recorded, which its resume reads", flush=True)
     # dataset_name's, the commit its resume loads (hub_revision.kept), unless a revision is given
-    named_at = args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, out) if resumed else None)
+    named_at = (
+        args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, recorded) if resumed else None)
+    )
     named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:
         fetch_dataset(source, named_at if source == named else mixture.pinned(source, kept), token)

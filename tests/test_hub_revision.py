@@ -505,3 +505,28 @@ def test_prefetch_given_a_stopped_runs_folder_fetches_the_commit_its_record_hold
     )
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
     assert "Ready: a job with HF_HUB_OFFLINE=1" in fetched, fetched
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_given_a_stopped_runs_folder_whose_record_was_edited_fetches_the_commit_its_checkpoint_holds(
+    hub, tmp_path
+):
+    """The run's resolved_config.json "fixed" by hand: its resume reads the checkpoint's own copy
+    (resolve.trained_under) and loads the commit the run started on, but prefetch.py read the edited file as none
+    (hub_revision.record) and fetched main, as for a new run: the offline resume then refused its cache. It reads the
+    run as written too."""
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe import run_record
+
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    run = tmp_path / "run"
+    written = run_record.sealed({"learning_rate": 1e-4, "derived": {"data_identity": {"hub_commit": first}}})
+    for folder in (run, sealed_checkpoint(run / "checkpoint-4")):  # as a run writes them: a copy in each checkpoint
+        (folder / "resolved_config.json").write_text(json.dumps(written))
+    (run / "resolved_config.json").write_text(json.dumps(written | {"learning_rate": 2e-4}))
+    fetched = hub_script(
+        hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run)
+    )
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
