@@ -741,6 +741,37 @@ def test_every_row_invalid_is_refused_as_the_run_refuses_it(skip, cli, tmp_path,
     assert error_line(capsys) == line
 
 
+@pytest.mark.parametrize(
+    "template, fits",
+    [
+        ("olmo_thinker", "train them with the recipe whose template does (configs/instruct.yaml for answers without"),
+        ("deepseek_r1_distill", "its generation prompt is '<｜Assistant｜><think>\\n', so each answer must begin with"),
+    ],
+)
+def test_every_answer_off_the_generation_prompt_skipped_names_what_fits_the_template(
+    template, fits, cli, tmp_path, tiny_model_dir, capsys
+):
+    """--skip-invalid dropping every row, each answer without the thinking block the generation prompt opens: the line
+    names what fits the template it was measured with, as the run's does (chat_template.misfit). The analyzer gave it
+    no tokenizer there, so OLMo's advice (configs/instruct.yaml) was said under any template."""
+    import trl
+
+    folder = (
+        ROOT / "configs" / "templates" if template.startswith("olmo") else Path(trl.__file__).parent / "chat_templates"
+    )
+    pair = {
+        "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
+        "chosen": [{"role": "assistant", "content": "It is 4."}],
+        "rejected": [{"role": "assistant", "content": "Five."}],
+    }
+    path = write_jsonl(tmp_path / "plain.jsonl", [pair] * 3)
+    argv = [path, "--tokenizer", tiny_model_dir, "--chat_template_path", str(folder / f"{template}.jinja")]
+    assert cli.main([*argv, "--num-proc", "1", "--skip-invalid"]) == 2
+    line = error_line(capsys)
+    assert "fails one check: chosen: the answer does not begin with the chat template's generation prompt" in line, line
+    assert fits in line, line
+
+
 def test_a_streamed_data_set_whose_first_row_is_bad_names_the_row(cli, tmp_path, tiny_model_dir, capsys):
     """--streaming with a bad first row: the check of whether every row is bad took len() of the stream, and the
     analyzer ended in `TypeError: object of type 'IterableDataset' has no len()` (exit 1, a traceback) instead of the
