@@ -285,10 +285,9 @@ def _joins_parts(tokenizer) -> bool:
     if key not in _PARTS:
         texts = ["Name a colour.", " Be brief. "]
         as_parts = [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]
-        try:
-            written = tokenizer.apply_chat_template(as_parts, tokenize=False)
-            joined = tokenizer.apply_chat_template([{"role": "user", "content": "".join(texts)}], tokenize=False)
-        except Exception:  # noqa: BLE001 - a template that does not take parts (TRL would raise on them)
+        written = _rendered(tokenizer, as_parts)
+        joined = _rendered(tokenizer, [{"role": "user", "content": "".join(texts)}])
+        if written is None or joined is None:  # a template that does not take parts (TRL would raise on them)
             _PARTS[key] = True
         else:
             takes = texts[0] in written and "'type'" not in written and '"type"' not in written
@@ -305,11 +304,9 @@ def writes_strings(tokenizer) -> bool:
     write nothing of a string)."""
     key = str(tokenizer.chat_template)
     if key not in _STRINGS:
-        try:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False)
-        except Exception:  # noqa: BLE001 - a template that refuses this message: the rows' checks say what it refuses
-            text = "Name a colour."
-        _STRINGS[key] = "Name a colour." in text
+        text = _rendered(tokenizer, [{"role": "user", "content": "Name a colour."}])
+        # One that refuses this message: the rows' checks say what it refuses
+        _STRINGS[key] = text is None or "Name a colour." in text
     return _STRINGS[key]
 
 
@@ -332,10 +329,7 @@ def _unopened(example: dict, texts: dict, tokenizer, kwargs: dict) -> bool:
         return False  # the content first, or written otherwise than given (a template that trims or escapes it)
     key = (str(tokenizer.chat_template), json.dumps(kwargs, sort_keys=True, default=str))
     if key not in _OPENS:
-        try:
-            bare = tokenizer.apply_chat_template(example["prompt"], tokenize=False, **kwargs)
-        except Exception:  # noqa: BLE001 - a template that needs the generation prompt: it reads the flag
-            bare = None
+        bare = _rendered(tokenizer, example["prompt"], **kwargs)  # None: one that needs the generation prompt
         _OPENS[key] = bare != texts["prompt"]
     return not _OPENS[key]
 
@@ -487,9 +481,16 @@ def generation_prompt(tokenizer) -> str | None:
     """What the template's add_generation_prompt adds after a user turn; None where it cannot be told (the template
     refuses the turn, or writes the conversation otherwise with it)."""
     turn = [{"role": "user", "content": "Hi."}]
-    try:
-        bare = tokenizer.apply_chat_template(turn, tokenize=False)
-        opened = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
-    except Exception:  # noqa: BLE001 - a template that refuses this turn: the rows' own check said what it is
+    bare, opened = _rendered(tokenizer, turn), _rendered(tokenizer, turn, add_generation_prompt=True)
+    if bare is None or opened is None:  # a template that refuses this turn: the rows' own check said what it is
         return None
     return opened[len(bare) :] if opened.startswith(bare) else None
+
+
+def _rendered(tokenizer, messages: list, **kwargs) -> str | None:
+    """The template's text of `messages` (a probe of what it writes), or None where it raises on them: the template's
+    own refusal (`raise_exception`), or a shape it does not take."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception:  # noqa: BLE001 - whatever a template raises, the probe's answer is "refused"
+        return None
