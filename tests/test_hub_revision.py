@@ -427,9 +427,11 @@ def test_an_offline_held_out_source_whose_cache_last_prepared_another_commit_is_
 # The data stage of an offline job on a shared cache, into which a login node's prefetch.py of another commit finishes
 # while the job checks the training pairs: its last act (os.utime) makes that commit's copy the one datasets reads
 # next, the test split's (argv: that copy, then the job's arguments). Before the check's end, the check's own writes
-# (datasets' cache files beside the copy read) would make the job's copy the newest again.
+# (datasets' cache files beside the copy read) would make the job's copy the newest again. A bare utime is not enough:
+# the kernel stamps times from a coarse clock, so the touch and the check's last cache file can share a stamp, and then
+# the directory listing's order chose (seen in CI); the touch is repeated until its stamp is past every other copy's.
 RACED_JOB = """
-import os, sys
+import glob, os, sys, time
 sys.path.insert(0, os.getcwd())  # the project's folder (hub_script's cwd), not this file's
 from dpotrain import stages
 from dpotrain.data import rows
@@ -440,7 +442,11 @@ check = rows.usable_pairs
 def check_while_prefetch_ends(dataset, *args, **kwargs):
     usable = check(dataset, *args, **kwargs)
     if len(dataset) == 16:  # the training pairs'
+        others = [c for c in glob.glob(os.path.join(os.path.dirname(sys.argv[1]), "*")) if c != sys.argv[1]]
         os.utime(sys.argv[1])
+        while os.stat(sys.argv[1]).st_mtime_ns <= max(os.stat(c).st_mtime_ns for c in others):
+            time.sleep(0.01)
+            os.utime(sys.argv[1])
     return usable
 
 def main():
