@@ -33,6 +33,8 @@ WRAPPER = textwrap.dedent("""
         if event == "open" and {from_opening!r} in str(args[0]):
             resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
 
+    if os.environ.get("RANK") == "1":  # rank 1's own environment (`rank1_env`), as a node's may differ
+        os.environ.update({rank1_env!r})
     if os.environ.get("RANK") == "0":
         if {from_opening!r}:
             sys.addaudithook(at_open)
@@ -50,6 +52,7 @@ def launch_with_main_limited(
     env: dict | None = None,
     from_opening: str = "",
     config: str | None = None,
+    rank1_env: dict | None = None,
 ):
     from dpotrain.data import builtin
 
@@ -59,7 +62,14 @@ def launch_with_main_limited(
     wrapper = tmp_path / "wrapper.py"
     train = str(ROOT / "train_dpo.py")
     wrapper.write_text(
-        WRAPPER.format(root=str(ROOT), train=train, limit=limit, from_opening=from_opening, in_memory=1 << 30)
+        WRAPPER.format(
+            root=str(ROOT),
+            train=train,
+            limit=limit,
+            from_opening=from_opening,
+            in_memory=1 << 30,
+            rank1_env=rank1_env or {},
+        )
     )
     out = tmp_path / "run"
     # DDP, not the recipe's ZeRO-2: DeepSpeed compiles its CPU op on first use, with files past any small limit.
@@ -360,8 +370,8 @@ def test_a_sharded_final_model_the_main_process_cannot_write_ends_every_rank_on_
 @pytest.mark.slow
 def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
     """A refusal of the command itself (before the ranks' first collective, from what every rank reads alike) was
-    written by every rank: twice in a 2-process launch's log, 4 times on a node of 4 GPUs. Now by the first process on
-    the node alone, and every rank still exits non-zero (the launcher's summary lists each)."""
+    written by every rank: twice in a 2-process launch's log, 4 times on a node of 4 GPUs. Now by one process of the
+    node alone (the first to meet it), and every rank still exits non-zero (the launcher's summary lists each)."""
     result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, "--learning_rate", "-1")
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert errors == ["error: learning_rate must be > 0 (got -1.0); the recipes use 1e-6"], result.stdout[-3000:]
@@ -369,6 +379,19 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
     # before the launcher ended it for the other's exit).
     codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
     assert len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
+    """A refusal before the ranks first meet is written by the first process on the node that meets it: rank 1's
+    environment alone refused (GPUS_PER_NODE, read as the recipe is parsed), rank 0 went on to the first collective
+    and the launcher ended it, and the job's log held no error line at all (the first process on the node wrote the
+    line, and it had none to write; the launcher's summary showed exit code 2 alone)."""
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_env={"GPUS_PER_NODE": "two"})
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    want = "error: GPUS_PER_NODE='two' is not a number of processes: give a whole number (WORLD_SIZE=16"
+    assert len(errors) == 1 and errors[0].startswith(want), result.stdout[-3000:]
+    assert result.returncode != 0
 
 
 OWN = textwrap.dedent("""

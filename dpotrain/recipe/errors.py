@@ -1,5 +1,6 @@
 import contextlib
 import ctypes
+import hashlib
 import os
 import sys
 
@@ -77,15 +78,43 @@ def ranks_met() -> None:
 def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True) -> bool:
     """Whether the process of launch rank `rank` writes `error`'s one line: not where another rank writes it
     (`SAID_BY`, on the error or one it was raised from: disk_full's line for a write the main process failed); a
-    ConfigError raised before the ranks' first collective comes from the command and files every rank reads alike: the
-    first process on each node writes it (one line in the job's log; a node whose files differ still says so). A
-    failure of one rank's own is written by that rank, as before."""
+    ConfigError raised before the ranks' first collective mostly comes from the command and files every rank reads
+    alike: the first process on each node to meet it writes it (`_first_to_say`; one line in the job's log, a node
+    whose files differ still says so, and a refusal one rank meets alone, from its own environment, is still written).
+    A failure of one rank's own is written by that rank, as before."""
     seen = error
     while seen is not None:
         if getattr(seen, SAID_BY, rank) != rank:
             return False
         seen = seen.__cause__ or seen.__context__
-    return _ranks_met[0] or not isinstance(error, ConfigError) or first_on_node
+    if _ranks_met[0] or not isinstance(error, ConfigError):
+        return True
+    first = _first_to_say(str(error))
+    return first_on_node if first is None else first
+
+
+# The name of the mark `_first_to_say` leaves: the line's own hash, so that a different refusal is written too.
+SAID_MARK = "dpotrain-said-{}"
+
+
+def _first_to_say(line: str) -> bool | None:
+    """Whether this process is the first of its node's to write `line`: before the ranks meet there is no collective
+    to ask (the others may never join one), so each process that would write it creates a mark named by the line in
+    the folder torchrun (`accelerate launch` runs it) made for this attempt of the launch on this node, the parent of
+    each process's own TORCHELASTIC_ERROR_FILE folder; the kernel lets one create it. Without one (another launcher),
+    None: the first process on the node writes it, and a refusal another process meets alone goes unsaid."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    attempt = os.path.dirname(os.path.dirname(error_file)) if error_file else ""
+    if not os.path.basename(attempt).startswith("attempt_"):  # torchrun's layout: attempt_<n>/<local rank>/error.json
+        return None
+    mark = os.path.join(attempt, SAID_MARK.format(hashlib.sha256(line.encode()).hexdigest()[:16]))
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:  # a folder it cannot write: as without one
+        return None
+    return True
 
 
 def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
