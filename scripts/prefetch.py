@@ -11,8 +11,8 @@ offline job will, and says so. Any train_dpo.py override works here (--model_nam
 --dataset_name, --dataset_config, --dataset_train_split, a mixture's --dataset_mixer_list, --dataset_mixer_eval_list
 and their splits), plus --split and --revision (dataset_name's revision). Each Hub source of a mixture (the recipe's
 `datasets:` and `eval_datasets:` too), and a Hub dataset_name without --revision, is loaded as training reads it: at
-main, or, given a stopped run's --output_dir, at the commit its record holds, as its resume reads it; its local sources
-are left where they are.
+main, or, given a stopped run's --output_dir (or the checkpoint the job resumes, --resume_from_checkpoint), at the
+commit its record holds, as its resume reads it; its local sources are left where they are.
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
@@ -34,6 +34,7 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
     from dpotrain.recipe import cli
     from dpotrain.recipe.config import fields_set, parse_args
     from dpotrain.recipe.errors import ConfigError, cause, run_command
+    from dpotrain.train import resume
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,6 +58,15 @@ def main(argv: list[str] | None = None) -> None:
     options.check_model_path(recipe.model.model_name_or_path)
     options.check_revisions(recipe)  # a revision of a local model or data set: recorded by a run, never read
     model, script = recipe.model, recipe.script
+    # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
+    # main, and a resumed run at the commits its record holds (stages.load_data), so they are fetched there: a stopped
+    # run's, given its folder (the job's --output_dir) or the checkpoint it resumes, unless the job starts afresh.
+    # Read before anything downloads: a checkpoint the resume would refuse is refused here first.
+    checkpoint = recipe.training.resume_from_checkpoint
+    given = "output_dir" in fields_set(overrides) or checkpoint
+    resumed = given and not recipe.project.overwrite_output_dir
+    out = recipe.training.output_dir
+    recorded = resumed_record(checkpoint, Path(out)) if resumed else out
 
     hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)
     if not (hub_model or hub_data):
@@ -88,17 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     token = hf_token()
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
-    # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
-    # main, and a resumed run at the commits its record holds (stages.load_data), so they are fetched there: a stopped
-    # run's, given its folder (the job's --output_dir), unless the job starts afresh.
-    resumed = "output_dir" in fields_set(overrides) and not recipe.project.overwrite_output_dir
-    out = recipe.training.output_dir
-    # The run as it wrote its record, as its resume reads it: a checkpoint's copy where the file was edited by hand
-    # (read as none, an edited record had main fetched, as for a new run, not the commit the resume loads)
-    recorded = str(resolve.written_record(Path(out)) or out) if resumed else out
     kept = mixture.kept(recipe, recorded) if resumed else {}
     if kept:
-        print(f"Mixture sources at the commits the run in {out} recorded, which its resume reads", flush=True)
+        said = f"Mixture sources at the commits the run in {checkpoint or out} recorded, which its resume reads"
+        print(said, flush=True)
     # dataset_name's, the commit its resume loads (hub_revision.kept), unless a revision is given
     named_at = (
         args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, recorded) if resumed else None)
@@ -109,6 +112,18 @@ def main(argv: list[str] | None = None) -> None:
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")
+
+
+def resumed_record(checkpoint: str | None, out: Path) -> str:
+    """The folder of the record a resume reads its data's commits from, as the run's output checks find it
+    (stages.output_checks): the checkpoint's own copy (resolve.trained_under; else its run's folder's), refused as the
+    run refuses it where it is no checkpoint; without one, the run in `out` as it wrote its record (a checkpoint's copy
+    where the file was edited by hand: read as none, an edited record had main fetched, not the commit the resume
+    loads)."""
+    if checkpoint:
+        resume.check_explicit(checkpoint)
+        return str(resolve.trained_under(Path(checkpoint)))
+    return str(resolve.written_record(out) or out)
 
 
 def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:

@@ -536,3 +536,28 @@ def test_prefetch_given_a_stopped_runs_folder_whose_record_was_edited_fetches_th
         hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run)
     )
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_given_a_checkpoint_to_resume_fetches_the_commit_its_record_holds(hub, tmp_path):
+    """`--resume_from_checkpoint CKPT` (a checkpoint copied out of its run, resumed into a new folder): the resume
+    loads the commit its own record copy holds (resolve.trained_under), but prefetch.py read --output_dir alone and
+    fetched main, as for a new run: the offline resume then refused its cache."""
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe import run_record
+
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    checkpoint = sealed_checkpoint(tmp_path / "kept" / "checkpoint-4")  # its run's folder gone: its copy alone
+    written = run_record.sealed({"derived": {"data_identity": {"hub_commit": first}}})
+    (checkpoint / "resolved_config.json").write_text(json.dumps(written))
+    resume = ("--resume_from_checkpoint", str(checkpoint), "--output_dir", str(tmp_path / "new"))
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", *resume)
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+    # A word, not a checkpoint: refused as the run refuses it, naming what to pass, before anything downloads
+    refused = hub_script(
+        hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", "--resume_from_checkpoint",
+        "true", exit_code=2,
+    )  # fmt: skip
+    assert refused.startswith("error: resume_from_checkpoint 'true' is not a folder: it names a checkpoint-N"), refused

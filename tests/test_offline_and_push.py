@@ -1334,3 +1334,16 @@ def prefetch(hub, home: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_prefetch_command_of_a_job_resuming_a_checkpoint_names_it(monkeypatch):
+    """An offline job resuming `--resume_from_checkpoint` reads its data's commits from that checkpoint's record: the
+    command its refusal printed named the --output_dir alone, and prefetch.py, reading that folder's record (none for a
+    new folder), fetched main."""
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("HF_HOME", "HF_DATASETS_CACHE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    here = ["--dataset_name", "o/prefs", "--resume_from_checkpoint", "kept/checkpoint-4", "--output_dir", "new"]
+    command = offline.prefetch_command(parse_args(["--config", THINK, *here, "--dry-run"]), "new")
+    assert command.endswith(" --output_dir new --resume_from_checkpoint kept/checkpoint-4"), command

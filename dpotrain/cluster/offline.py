@@ -161,7 +161,8 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True, in_part:
 
 def prefetch_command(recipe, output_dir: str | None = None) -> str:
     """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has;
-    `output_dir`: a resumed run's folder, whose record holds the commits its mixture's Hub sources are fetched at."""
+    `output_dir`: a resumed run's folder, whose record (or the named checkpoint's) holds the commits its Hub data is
+    fetched at."""
     args = ["python", venv.project_file("scripts/prefetch.py")]
     in_file = {}
     if recipe.config_path:
@@ -174,6 +175,9 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
             values = value if isinstance(value, list) else [value]  # a mixture's list, one word each
             args += [f"--{field}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
     args += ["--output_dir", output_dir] if output_dir else []
+    # A resume of a named checkpoint reads the commits its own record holds (resolve.trained_under), as prefetch.py does
+    checkpoint = recipe.training.resume_from_checkpoint
+    args += ["--resume_from_checkpoint", checkpoint] if output_dir and checkpoint else []
     env = [
         f"{k}={shlex.quote(v)}" for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE") if (v := os.environ.get(k))
     ]
