@@ -255,3 +255,20 @@ def test_a_recipe_file_is_read_by_recipe_file_alone():
         if getattr(node.func.value, "id", None) == "yaml" and node.func.attr in ("load", "safe_load", "full_load")
     ]
     assert not found, "read a recipe through dpotrain.recipe.recipe_file:\n" + "\n".join(found)
+
+
+def test_the_suite_command_keeps_the_order_conftest_gives_the_groups():
+    """conftest's `_longest_groups_first` orders the groups each worker collects, the longest first, and xdist hands
+    them out in that order only under `--no-loadscope-reorder`: without it xdist sorts them by number of tests and a
+    worker runs on alone at the end, which nothing said (the suite passes, slower). scripts/test.sh's pytest line keeps
+    the flag with `--dist loadgroup`, conftest still orders the groups, and the xdist installed still takes the flag."""
+    import importlib.util
+    import shlex
+
+    (line,) = [line for line in (ROOT / "scripts" / "test.sh").read_text().splitlines() if " -m pytest " in line]
+    words = shlex.split(line)
+    assert words[words.index("--dist") + 1] == "loadgroup" and "--no-loadscope-reorder" in words, line
+    conftest = (ROOT / "tests" / "conftest.py").read_text()
+    assert "session.items[:] = _longest_groups_first(session.items)" in conftest
+    xdist = Path(importlib.util.find_spec("xdist").origin).parent  # found, not imported
+    assert '"--no-loadscope-reorder"' in (xdist / "plugin.py").read_text()
