@@ -808,3 +808,47 @@ def test_a_model_with_several_templates_is_recorded_by_their_content(tiny_model_
     assert f"  template:      the model's own (sha256 {digest[:12]})\n" in capsys.readouterr().out
     train_dpo.main([*args, "--json"])
     assert json.loads(capsys.readouterr().out)["derived"]["chat_template"]["sha256"] == digest
+
+
+# Llama 3.2's template's own lines for the date (the rest cut to one header per turn): `strftime_now`, which
+# transformers gives every template, unless a row's chat_template_kwargs give `date_string`.
+DATED_TEMPLATE = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: " + date_string + "\\n\\n<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
+
+
+def test_a_template_that_writes_todays_date_is_said_as_the_pairs_are_read(capsys):
+    """Llama 3.2's template writes the day the pairs are tokenized into every prompt: the same pairs are other token
+    ids the next day, and a job requeued after midnight scored its whole reference again, with nothing said before.
+    Now one warning as the training pairs are read, naming the row's `date_string`; none where the rows give it, none
+    under a template that writes no date (OLMo 3's)."""
+    import datasets
+
+    from dpotrain.data import rows
+
+    tokenizer = builtin.build_tokenizer()
+    olmo = builtin.build_tokenizer()
+    tokenizer.chat_template = DATED_TEMPLATE
+    pairs = builtin.make_preference_rows(4, seed=1)
+    rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows", template=tokenizer)
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        "warning: the chat template writes the day it renders on into the prompts (transformers' strftime_now, as "
+        "Llama 3.2's `Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after "
+        "midnight scores the whole reference again: give the date in each row's chat_template_kwargs "
+        '({"date_string": "26 Jul 2024"})'
+    ], warned
+    given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
+    for template, read in ((tokenizer, given), (olmo, pairs)):
+        rows.usable_pairs(datasets.Dataset.from_list(read), False, {}, "invalid_rows", template=template)
+        assert "warning:" not in capsys.readouterr().err

@@ -487,6 +487,45 @@ def generation_prompt(tokenizer) -> str | None:
     return opened[len(bare) :] if opened.startswith(bare) else None
 
 
+# Two days a template's `strftime_now` is given: one that writes the day it renders on renders them apart.
+DAYS = ((2024, 7, 26), (2025, 1, 2))
+DATE_STRING = {"date_string": "26 Jul 2024"}  # Llama 3.1's and 3.2's templates take the date so, and write it
+
+
+def dated(tokenizer, example: dict) -> str | None:
+    """Where the template writes the day it renders on into `example`'s prompt (Llama 3.2's `Today Date:`, from
+    transformers' `strftime_now`, unless the row's chat_template_kwargs give `date_string`), a warning naming the fix;
+    None where it writes none, or the probe cannot tell (the template refuses the probe's rendering)."""
+    messages = example.get("prompt") or example.get("chosen")
+    if not isinstance(messages, list) or not messages:
+        return None
+    if not _apart(tokenizer, messages, template_kwargs(example)):
+        return None
+    fix = (
+        f"give the date in each row's chat_template_kwargs ({json.dumps(DATE_STRING)})"
+        if not _apart(tokenizer, messages, template_kwargs(example) | DATE_STRING)
+        else "give the template the date it writes in each row's chat_template_kwargs (the name it reads it by)"
+    )
+    return (
+        "the chat template writes the day it renders on into the prompts (transformers' strftime_now, as Llama 3.2's "
+        "`Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after midnight "
+        f"scores the whole reference again: {fix}"
+    )
+
+
+def _apart(tokenizer, messages: list, kwargs: dict) -> bool:
+    """Whether `messages` (with the generation prompt) render to two texts on the two `DAYS`."""
+    from datetime import datetime
+
+    from dpotrain.recipe import upstream
+
+    texts = []
+    for day in DAYS:
+        with upstream.template_clock(datetime(*day)):
+            texts.append(_rendered(tokenizer, messages, add_generation_prompt=True, **kwargs))
+    return None not in texts and texts[0] != texts[1]
+
+
 def _rendered(tokenizer, messages: list, **kwargs) -> str | None:
     """The template's text of `messages` (a probe of what it writes), or None where it raises on them: the template's
     own refusal (`raise_exception`), or a shape it does not take."""

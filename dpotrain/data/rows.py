@@ -13,7 +13,7 @@ from collections import Counter
 
 from dpotrain.data import chat_template, data_identity, shapes
 from dpotrain.data.data import mixed_type_columns, row_location
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, plural, warn
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
 IMAGE_COLUMNS = ("image", "images")  # TRL's DPOTrainer reads a data set with either as a vision one
@@ -417,7 +417,12 @@ def usable_pairs(
         desc=f"Reading {split} pairs",
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
-    return no_null_kwargs(pairs.select_columns(order))
+    pairs = no_null_kwargs(pairs.select_columns(order))
+    # Judged on the first pair, before the model loads: a template that writes today's date (chat_template.dated)
+    if say and not evaluation and checked.fmt.template is not None and checked.fmt.conversational and len(pairs):
+        if dated := chat_template.dated(checked.fmt.template, pairs[0]):
+            warn(dated)
+    return pairs
 
 
 def _parsed_features(dataset, shape: shapes.Shape):

@@ -235,6 +235,12 @@ TF32_ENABLED = _patch(
     "the dry run's tf32 is the planned GPU job's: this process's own float32 matmuls are not switched to it",
     read_in="transformers.training_args:TrainingArguments.__post_init__",
 )
+TEMPLATE_CLOCK = _patch(
+    "transformers.utils.chat_template_utils:datetime",
+    "the clock a chat template's `strftime_now` reads, set to two fixed days: a template that writes the day it "
+    "renders on (Llama 3.2's) renders two texts, said as the pairs are read (chat_template.dated)",
+    read_in="transformers.utils.chat_template_utils:_cached_compile_jinja_template",  # its strftime_now
+)
 INVALIDATE_TRACE = _call(
     "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
     "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
@@ -534,6 +540,14 @@ def patched(seam: Seam, replacement):
     module, name, original = _lookup(seam.symbol)
     with attributes_set(module, **{name: replacement}):
         yield original
+
+
+@contextlib.contextmanager
+def template_clock(day):
+    """Chat templates' `strftime_now` reads `day` (a datetime) as now, for the block; nothing else reads that clock."""
+    clock = type("TemplateClock", (), {"now": staticmethod(lambda tz=None: day)})
+    with patched(TEMPLATE_CLOCK, clock):
+        yield
 
 
 @contextlib.contextmanager
