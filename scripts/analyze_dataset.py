@@ -91,7 +91,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Hub data set revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
     )
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
-    p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
+    # train_dpo.py's --seed, which draws a mixture's rows: as the analyzer's own sample seed, a mixture was measured on
+    # the rows the recipe's seed draws, not the run's
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="the run's seed, as train_dpo.py's: the rows a mixture takes, --sample's rows and the shuffled-batch "
+        "padding figures [the recipe's seed, else 42]",
+    )
     p.add_argument(
         "--num-proc", type=int, default=lengths.available_cpus(), help="tokenizing processes [the CPUs available]"
     )
@@ -172,6 +179,7 @@ def read_run(args: argparse.Namespace):
         "chat_template_path": args.chat_template_path,
         "hh_format": args.hh_format,
         "max_length": args.max_length,
+        "seed": args.seed,
         "truncation_mode": args.truncation_mode,
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
@@ -254,8 +262,11 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc" else "")
             )
-    if not 0 <= args.seed < 2**32:  # numpy's seeds: the padding figures' shuffle would fail after the analysis
-        raise ConfigError(f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (42)")
+    # numpy's seeds: the padding figures' shuffle would fail after the analysis
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise ConfigError(
+            f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's, else 42)"
+        )
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
@@ -281,6 +292,7 @@ def analyze(args: argparse.Namespace) -> int:
     options.check_streaming(run, f" (in {recipe_path})" if recipe_path else "")
     # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
     args.skip_invalid = project.skip_invalid
+    args.seed = training.seed  # the run's (the flag over the recipe's): a mixture's rows, --sample's, the padding's
     fields = mixture.fields_of(run)
     fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured

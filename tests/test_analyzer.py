@@ -1236,6 +1236,31 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
 
 
+def test_seed_is_the_runs_seed_so_a_mixture_is_measured_on_the_rows_the_run_takes(cli, tmp_path, tiny_model_dir):
+    """`--seed 3` is train_dpo.py's seed, which draws a mixture's rows: the analyzer took it for its own --sample seed
+    and measured the rows the recipe's seed (7) draws (a probe: 23 of 35 pairs cut at 160 where the run with --seed 3
+    cut 24), cached under that seed's key, where no run with --seed 3 looks. Now the rows measured and cached are the
+    run's."""
+    from dpotrain import stages
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    a = write_jsonl(tmp_path / "a.jsonl", _messages_rows()[:30])
+    b = write_jsonl(tmp_path / "b.jsonl", _messages_rows()[::-1])
+    recipe = tmp_path / "r.yaml"
+    sources = f"datasets:\n  - path: {a}\n    amount: 0.5\n  - path: {b}\n    amount: 20\n"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\n{sources}seed: 7\nbf16: false\nreport_to: [none]\n")
+    assert cli.main(["--config", str(recipe), "--seed", "3", "--num-proc", "1"]) == 0
+    run = parse_args(["--config", str(recipe), "--seed", "3"])
+    tokenizer = lengths.recipe_tokenizer(run)
+    found = lengths.cached_measure(mixture.dataset_id(run), tokenizer)
+    assert found is not None, "the analysis was cached under the recipe's seed, not the run's"
+    pairs = stages.load_data(run, stages.checks(run), say=False).train
+    trained = lengths.measure(pairs, tokenizer)
+    for side in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(found[0], side), getattr(trained, side), err_msg=side)
+
+
 def test_a_flag_given_twice_with_two_values_is_said_and_the_last_counts(
     cli, tmp_path, tiny_model_dir, capsys, monkeypatch
 ):
