@@ -863,6 +863,26 @@ def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_fr
     assert mixture.dataset_id(recipe, local_only=True) != mixed
 
 
+def test_a_tokenizer_that_splits_special_tokens_is_not_read_from_another_settings_cache(tiny_model_dir, tmp_path):
+    """`split_special_tokens: true` in tokenizer_config.json: the answers' "<|im_start|>" are then tokenized as text,
+    more tokens each, by the trainer too. The cache key (the backend's JSON, EOS, template) left the setting out, so the
+    lengths measured before it was set were read as this tokenizer's: a stale analysis taken for current."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    rows = _messages_rows()
+    for row in rows:
+        row["chosen"][-1]["content"] += " <|im_start|> <|pad|>."
+    dataset = data.load_preference_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
+    before = lengths.load_tokenizer(str(model))
+    lengths.save_cache(lengths.measure(dataset, before), {}, "local:d", before)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "split_special_tokens": True}))
+    after = lengths.load_tokenizer(str(model))
+    measured = lengths.measure(dataset, after)
+    assert (measured.chosen > lengths.measure(dataset, before).chosen).all()  # the setting changes the lengths
+    assert lengths.cached_measure("local:d", after) is None
+
+
 def test_a_length_cache_cut_anywhere_is_refused_with_what_happens_next_never_read(tokenizer, tmp_path, capsys):
     """A cache file cut short (a node lost mid-write where renames are not kept whole): at every length it is refused
     with one warning saying it is measured again, and removed; never read as fewer or other lengths."""
