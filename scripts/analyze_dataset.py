@@ -460,6 +460,7 @@ def analyze(args: argparse.Namespace) -> int:
     if r["capped"]:
         line = lengths.capped_line(r)
         print(line[0].upper() + line[1:])
+    over_budget(run, current, "--max_length" if args.max_length else "the recipe's max_length", r["max_length"])
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)
 
@@ -474,6 +475,23 @@ def analyze(args: argparse.Namespace) -> int:
     if caches := lengths.written_outside(dataset):  # a home quota fills: said, measured
         print(f"Caches: {caches}", file=sys.stderr)
     return 0
+
+
+def over_budget(run, current: int | None, named: str, recommended: int) -> None:
+    """A length reported on that the recipe's token budget cannot hold (`max_tokens_per_microbatch` < 2 x max_length):
+    training refuses it before it starts, and `max_length: auto`'s choice too. Said in the run's words, after the
+    report, which stands: the budget is the recipe's to raise."""
+    from dpotrain import resolve
+
+    budget = run.project.max_tokens_per_microbatch
+    said = [(current, f"{named} {current:,}")] if current else []
+    if recommended != current:
+        said.append((recommended, f"the recommended max_length {recommended:,} (and max_length: auto's choice)"))
+    for max_length, what in said if budget is not None else []:
+        try:
+            resolve.check_token_budget(budget, max_length)
+        except ConfigError as e:
+            warn(f"training refuses {what} with the recipe's max_tokens_per_microbatch: {e}")
 
 
 def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> None:

@@ -529,6 +529,37 @@ def test_a_recipe_the_run_refuses_for_streaming_is_refused_by_the_analyzer_too(
     assert cli.main(["--config", str(recipe), "--streaming", "--json", str(tmp_path / "r.json")]) == 0
 
 
+def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refuses_it(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """configs/smoke.yaml's max_tokens_per_microbatch 2048 holds pairs up to max_length 1,024. `--max_length 4096`, and
+    a recommendation of 2,048, were reported as lengths to train at with no word, and the run refused each before it
+    started (`max_tokens_per_microbatch=2048 must hold the longest possible pair`). Said after the report, in the run's
+    words, with the budget to pass."""
+    rows = _messages_rows()
+    for row in rows:
+        row["chosen"][-1]["content"] += " Tides rise and fall twice a day." * 60
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([path, *smoke, "--max_length", "4096"]) == 0
+    said = capsys.readouterr()
+    assert "Recommended max_length: 2048" in said.out
+    assert (
+        "warning: training refuses --max_length 4,096 with the recipe's max_tokens_per_microbatch: "
+        "max_tokens_per_microbatch=2048 must hold the longest possible pair, 2 x max_length (8192); a pair is never "
+        "split: pass --max_tokens_per_microbatch 8192 (or more), or --max_length 1024 (or less)"
+    ) in said.err
+    assert (
+        "warning: training refuses the recommended max_length 2,048 (and max_length: auto's choice) with the "
+        "recipe's max_tokens_per_microbatch: max_tokens_per_microbatch=2048 must hold the longest possible pair, 2 x "
+        "max_length (4096); a pair is never split: pass --max_tokens_per_microbatch 4096 (or more), or --max_length "
+        "1024 (or less)"
+    ) in said.err
+    short = write_jsonl(tmp_path / "short.jsonl", _messages_rows())
+    assert cli.main([short, *smoke, "--max_length", "1024"]) == 0
+    assert "warning: training refuses" not in capsys.readouterr().err  # lengths the budget holds: nothing said
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
