@@ -472,9 +472,24 @@ def analyze(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         cache(m, report, tokenizer, dataset_id, identify(), name)
+    if training.eval_strategy != "no":  # after the cache: a held-out split the run refuses loses no analysis
+        held_out(run, tokenizer, at, None if mixed else pinned, offline.prefetch_command(run))
     if caches := lengths.written_outside(dataset):  # a home quota fills: said, measured
         print(f"Caches: {caches}", file=sys.stderr)
     return 0
+
+
+def held_out(run, tokenizer, max_length: int, revision: str | None, prefetch: str) -> None:
+    """The held-out pairs of a recipe that evaluates, read, measured and counted at `max_length` by the run's code: the
+    run drops those whose prompt alone fills it (and refuses a length that leaves too few), and says so in this line."""
+    from dpotrain import stages
+
+    sources = mixture.parse(mixture.fields_of(run), evaluation=True)
+    pins = mixture.pin(sources) if sources else None  # a held-out mixture's Hub sources, at one commit each
+    with contextlib.redirect_stdout(sys.stderr):  # what reading says of the rows: stdout is the report's
+        pairs = stages.held_out_pairs(run, revision, tokenizer, pins, prefetch)
+    _, counted = stages.held_out_cuts(pairs, tokenizer, max_length, run)
+    print(f"Held-out pairs at {cuts.line(counted)}", file=sys.stderr)
 
 
 def over_budget(run, current: int | None, named: str, recommended: int) -> None:

@@ -560,6 +560,35 @@ def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refus
     assert "warning: training refuses" not in capsys.readouterr().err  # lengths the budget holds: nothing said
 
 
+def test_the_held_out_pairs_a_recipe_evaluates_on_are_counted_as_the_run_counts_them(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """A recipe that evaluates (`eval_strategy: steps`) on a test split with long prompts: the run drops the held-out
+    pairs whose prompt alone fills max_length (`Held-out pairs at max_length 128: ..., 4 dropped`, or refuses the
+    length where too few are left), and the analyzer measured the training split alone and said nothing of them. It
+    counts them now, read and measured by the run's code, in the run's line."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", _messages_rows()[:20])
+    held = _messages_rows()[20:28]
+    for row in held[::2]:
+        long_user = {"role": "user", "content": "Tell me about the sea. " * 40}
+        row["chosen"], row["rejected"] = [long_user, row["chosen"][-1]], [long_user, row["rejected"][-1]]
+    write_jsonl(folder / "test.jsonl", held)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: {folder}\nmax_length: 128\neval_strategy: steps\n"
+        "eval_steps: 2\nbf16: false\nreport_to: [none]\n"
+    )
+    assert cli.main(["--config", str(recipe), "--num-proc", "1"]) == 0
+    err = capsys.readouterr().err
+    line = "Held-out pairs at max_length 128: 1 of 8 pairs cut (keep_start: their end), 4 dropped (prompt alone fills"
+    assert line in err, err
+    recipe.write_text(recipe.read_text().replace("eval_strategy: steps", "eval_strategy: 'no'"))
+    assert cli.main(["--config", str(recipe), "--num-proc", "1"]) == 0
+    assert "Held-out" not in capsys.readouterr().err  # a recipe that does not evaluate reads no held-out pairs
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
