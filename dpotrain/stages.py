@@ -622,16 +622,27 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, warnings)
 
 
+def held_out_pairs(recipe, revision: str | None, template, pins: dict | None = None, fetch: str = ""):
+    """The pairs a recipe that evaluates is evaluated on, read as the run reads them (a held-out mixture, else the
+    test split at `revision`), for the analyzer: `template`, the tokenizer the answers are checked against."""
+    return _load_pairs(recipe, True, revision, {}, False, template, False, pins, fetch)[0]
+
+
+def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths.Measured, dict]:
+    """The held-out pairs' lengths and their cuts at `max_length` (`cuts.count`), as the run and the analyzer count."""
+    m = lengths.measure(
+        held_out, tokenizer, num_proc=lengths.workers(held_out), skip_invalid=True, hh_format=recipe.project.hh_format
+    )
+    return m, cuts.count(m.prompt, m.chosen, m.rejected, max_length, recipe.training.truncation_mode)
+
+
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
     """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
     left: refused (TRL failed after the reference was scored); some dropped: said."""
     t = recipe.training
     if t.truncation_mode != "keep_start":
         return  # keep_end drops nothing
-    m = lengths.measure(
-        held_out, tokenizer, num_proc=lengths.workers(held_out), skip_invalid=True, hh_format=recipe.project.hh_format
-    )
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)
+    m, counted = held_out_cuts(held_out, tokenizer, max_length, recipe)
     kept = m.rows - counted["dropped"]
     if kept < ranks:  # the split holds a pair per rank (`plan.check_eval_split`, as it is read): max_length drops them
         chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""

@@ -91,7 +91,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Hub data set revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
     )
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
-    p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
+    # train_dpo.py's --seed, which draws a mixture's rows: as the analyzer's own sample seed, a mixture was measured on
+    # the rows the recipe's seed draws, not the run's
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="the run's seed, as train_dpo.py's: the rows a mixture takes, --sample's rows and the shuffled-batch "
+        "padding figures [the recipe's seed, else 42]",
+    )
     p.add_argument(
         "--num-proc", type=int, default=lengths.available_cpus(), help="tokenizing processes [the CPUs available]"
     )
@@ -172,6 +179,7 @@ def read_run(args: argparse.Namespace):
         "chat_template_path": args.chat_template_path,
         "hh_format": args.hh_format,
         "max_length": args.max_length,
+        "seed": args.seed,
         "truncation_mode": args.truncation_mode,
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
@@ -254,8 +262,11 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc" else "")
             )
-    if not 0 <= args.seed < 2**32:  # numpy's seeds: the padding figures' shuffle would fail after the analysis
-        raise ConfigError(f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (42)")
+    # numpy's seeds: the padding figures' shuffle would fail after the analysis
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise ConfigError(
+            f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's, else 42)"
+        )
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
@@ -281,6 +292,7 @@ def analyze(args: argparse.Namespace) -> int:
     options.check_streaming(run, f" (in {recipe_path})" if recipe_path else "")
     # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
     args.skip_invalid = project.skip_invalid
+    args.seed = training.seed  # the run's (the flag over the recipe's): a mixture's rows, --sample's, the padding's
     fields = mixture.fields_of(run)
     fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
@@ -448,6 +460,7 @@ def analyze(args: argparse.Namespace) -> int:
     if r["capped"]:
         line = lengths.capped_line(r)
         print(line[0].upper() + line[1:])
+    over_budget(run, current, "--max_length" if args.max_length else "the recipe's max_length", r["max_length"])
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)
 
@@ -459,9 +472,41 @@ def analyze(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         cache(m, report, tokenizer, dataset_id, identify(), name)
+    if training.eval_strategy != "no":  # after the cache: a held-out split the run refuses loses no analysis
+        held_out(run, tokenizer, at, None if mixed else pinned, offline.prefetch_command(run))
     if caches := lengths.written_outside(dataset):  # a home quota fills: said, measured
         print(f"Caches: {caches}", file=sys.stderr)
     return 0
+
+
+def held_out(run, tokenizer, max_length: int, revision: str | None, prefetch: str) -> None:
+    """The held-out pairs of a recipe that evaluates, read, measured and counted at `max_length` by the run's code: the
+    run drops those whose prompt alone fills it (and refuses a length that leaves too few), and says so in this line."""
+    from dpotrain import stages
+
+    sources = mixture.parse(mixture.fields_of(run), evaluation=True)
+    pins = mixture.pin(sources) if sources else None  # a held-out mixture's Hub sources, at one commit each
+    with contextlib.redirect_stdout(sys.stderr):  # what reading says of the rows: stdout is the report's
+        pairs = stages.held_out_pairs(run, revision, tokenizer, pins, prefetch)
+    _, counted = stages.held_out_cuts(pairs, tokenizer, max_length, run)
+    print(f"Held-out pairs at {cuts.line(counted)}", file=sys.stderr)
+
+
+def over_budget(run, current: int | None, named: str, recommended: int) -> None:
+    """A length reported on that the recipe's token budget cannot hold (`max_tokens_per_microbatch` < 2 x max_length):
+    training refuses it before it starts, and `max_length: auto`'s choice too. Said in the run's words, after the
+    report, which stands: the budget is the recipe's to raise."""
+    from dpotrain import resolve
+
+    budget = run.project.max_tokens_per_microbatch
+    said = [(current, f"{named} {current:,}")] if current else []
+    if recommended != current:
+        said.append((recommended, f"the recommended max_length {recommended:,} (and max_length: auto's choice)"))
+    for max_length, what in said if budget is not None else []:
+        try:
+            resolve.check_token_budget(budget, max_length)
+        except ConfigError as e:
+            warn(f"training refuses {what} with the recipe's max_tokens_per_microbatch: {e}")
 
 
 def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> None:

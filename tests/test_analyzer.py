@@ -529,6 +529,66 @@ def test_a_recipe_the_run_refuses_for_streaming_is_refused_by_the_analyzer_too(
     assert cli.main(["--config", str(recipe), "--streaming", "--json", str(tmp_path / "r.json")]) == 0
 
 
+def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refuses_it(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """configs/smoke.yaml's max_tokens_per_microbatch 2048 holds pairs up to max_length 1,024. `--max_length 4096`, and
+    a recommendation of 2,048, were reported as lengths to train at with no word, and the run refused each before it
+    started (`max_tokens_per_microbatch=2048 must hold the longest possible pair`). Said after the report, in the run's
+    words, with the budget to pass."""
+    rows = _messages_rows()
+    for row in rows:
+        row["chosen"][-1]["content"] += " Tides rise and fall twice a day." * 60
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([path, *smoke, "--max_length", "4096"]) == 0
+    said = capsys.readouterr()
+    assert "Recommended max_length: 2048" in said.out
+    assert (
+        "warning: training refuses --max_length 4,096 with the recipe's max_tokens_per_microbatch: "
+        "max_tokens_per_microbatch=2048 must hold the longest possible pair, 2 x max_length (8192); a pair is never "
+        "split: pass --max_tokens_per_microbatch 8192 (or more), or --max_length 1024 (or less)"
+    ) in said.err
+    assert (
+        "warning: training refuses the recommended max_length 2,048 (and max_length: auto's choice) with the "
+        "recipe's max_tokens_per_microbatch: max_tokens_per_microbatch=2048 must hold the longest possible pair, 2 x "
+        "max_length (4096); a pair is never split: pass --max_tokens_per_microbatch 4096 (or more), or --max_length "
+        "1024 (or less)"
+    ) in said.err
+    short = write_jsonl(tmp_path / "short.jsonl", _messages_rows())
+    assert cli.main([short, *smoke, "--max_length", "1024"]) == 0
+    assert "warning: training refuses" not in capsys.readouterr().err  # lengths the budget holds: nothing said
+
+
+def test_the_held_out_pairs_a_recipe_evaluates_on_are_counted_as_the_run_counts_them(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """A recipe that evaluates (`eval_strategy: steps`) on a test split with long prompts: the run drops the held-out
+    pairs whose prompt alone fills max_length (`Held-out pairs at max_length 128: ..., 4 dropped`, or refuses the
+    length where too few are left), and the analyzer measured the training split alone and said nothing of them. It
+    counts them now, read and measured by the run's code, in the run's line."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", _messages_rows()[:20])
+    held = _messages_rows()[20:28]
+    for row in held[::2]:
+        long_user = {"role": "user", "content": "Tell me about the sea. " * 40}
+        row["chosen"], row["rejected"] = [long_user, row["chosen"][-1]], [long_user, row["rejected"][-1]]
+    write_jsonl(folder / "test.jsonl", held)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: {folder}\nmax_length: 128\neval_strategy: steps\n"
+        "eval_steps: 2\nbf16: false\nreport_to: [none]\n"
+    )
+    assert cli.main(["--config", str(recipe), "--num-proc", "1"]) == 0
+    err = capsys.readouterr().err
+    line = "Held-out pairs at max_length 128: 1 of 8 pairs cut (keep_start: their end), 4 dropped (prompt alone fills"
+    assert line in err, err
+    recipe.write_text(recipe.read_text().replace("eval_strategy: steps", "eval_strategy: 'no'"))
+    assert cli.main(["--config", str(recipe), "--num-proc", "1"]) == 0
+    assert "Held-out" not in capsys.readouterr().err  # a recipe that does not evaluate reads no held-out pairs
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
@@ -861,6 +921,26 @@ def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_fr
     assert [json.loads(line) for line in open(path)] == swapped
     assert lengths.dataset_identity(path) != dataset_id
     assert mixture.dataset_id(recipe, local_only=True) != mixed
+
+
+def test_a_tokenizer_that_splits_special_tokens_is_not_read_from_another_settings_cache(tiny_model_dir, tmp_path):
+    """`split_special_tokens: true` in tokenizer_config.json: the answers' "<|im_start|>" are then tokenized as text,
+    more tokens each, by the trainer too. The cache key (the backend's JSON, EOS, template) left the setting out, so the
+    lengths measured before it was set were read as this tokenizer's: a stale analysis taken for current."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    rows = _messages_rows()
+    for row in rows:
+        row["chosen"][-1]["content"] += " <|im_start|> <|pad|>."
+    dataset = data.load_preference_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
+    before = lengths.load_tokenizer(str(model))
+    lengths.save_cache(lengths.measure(dataset, before), {}, "local:d", before)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "split_special_tokens": True}))
+    after = lengths.load_tokenizer(str(model))
+    measured = lengths.measure(dataset, after)
+    assert (measured.chosen > lengths.measure(dataset, before).chosen).all()  # the setting changes the lengths
+    assert lengths.cached_measure("local:d", after) is None
 
 
 def test_a_length_cache_cut_anywhere_is_refused_with_what_happens_next_never_read(tokenizer, tmp_path, capsys):
@@ -1234,6 +1314,31 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert "Analysing the --dataset_mixer_list mixture (train) with the tokenizer of" in said.err  # "None" before
     assert cli.main([a, "--tokenizer", tiny_model_dir, *mixer]) == 2
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
+
+
+def test_seed_is_the_runs_seed_so_a_mixture_is_measured_on_the_rows_the_run_takes(cli, tmp_path, tiny_model_dir):
+    """`--seed 3` is train_dpo.py's seed, which draws a mixture's rows: the analyzer took it for its own --sample seed
+    and measured the rows the recipe's seed (7) draws (a probe: 23 of 35 pairs cut at 160 where the run with --seed 3
+    cut 24), cached under that seed's key, where no run with --seed 3 looks. Now the rows measured and cached are the
+    run's."""
+    from dpotrain import stages
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    a = write_jsonl(tmp_path / "a.jsonl", _messages_rows()[:30])
+    b = write_jsonl(tmp_path / "b.jsonl", _messages_rows()[::-1])
+    recipe = tmp_path / "r.yaml"
+    sources = f"datasets:\n  - path: {a}\n    amount: 0.5\n  - path: {b}\n    amount: 20\n"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\n{sources}seed: 7\nbf16: false\nreport_to: [none]\n")
+    assert cli.main(["--config", str(recipe), "--seed", "3", "--num-proc", "1"]) == 0
+    run = parse_args(["--config", str(recipe), "--seed", "3"])
+    tokenizer = lengths.recipe_tokenizer(run)
+    found = lengths.cached_measure(mixture.dataset_id(run), tokenizer)
+    assert found is not None, "the analysis was cached under the recipe's seed, not the run's"
+    pairs = stages.load_data(run, stages.checks(run), say=False).train
+    trained = lengths.measure(pairs, tokenizer)
+    for side in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(found[0], side), getattr(trained, side), err_msg=side)
 
 
 def test_a_flag_given_twice_with_two_values_is_said_and_the_last_counts(

@@ -718,11 +718,16 @@ def tokenizer_identity(tokenizer) -> dict:
     backend = getattr(tokenizer, "backend_tokenizer", None)  # its JSON: vocab, merges, normalizer, ..., added tokens
     content = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     template = tokenizer.chat_template
-    return {
+    identity = {
         "name_or_path": model_identity.cache_name(tokenizer.name_or_path),
         "sha256": hashlib.sha256((content + str(tokenizer.eos_token)).encode()).hexdigest(),
         "chat_template": template if isinstance(template, str) else json.dumps(template, sort_keys=True),
     }
+    # tokenizer_config.json's, outside the backend's JSON: special tokens written in the text are tokenized as text
+    # (more tokens), by the trainer too. Keyed only where set, so that the analyses cached before stay found.
+    if getattr(tokenizer, "split_special_tokens", False):
+        identity["split_special_tokens"] = True
+    return identity
 
 
 def cache_root() -> Path:
