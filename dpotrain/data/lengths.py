@@ -726,6 +726,9 @@ def tokenizer_identity(tokenizer) -> dict:
     }
 
 
+CACHE_FOLDERS = ("lengths", "reference")  # what this project writes in DPOTRAIN_CACHE: nothing else there is its
+
+
 def cache_root() -> Path:
     """Where this project caches what it computed (length reports, reference log-probs)."""
     root = os.environ.get("DPOTRAIN_CACHE")
@@ -750,7 +753,9 @@ def written_outside(*read) -> str | None:
             "read, and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
         )
     own = cache_root()
-    if written := folder_bytes(own):
+    # Its own folders there, not the whole: DPOTRAIN_CACHE may be a folder other projects cache in too (~/.cache),
+    # whose files were counted as this project's, all of them walked at each start.
+    if written := folder_bytes(*(own / name for name in CACHE_FOLDERS)):
         said.append(
             f"{size(written)} in {own} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE "
             "places it elsewhere)"
@@ -762,7 +767,7 @@ def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tupl
     """Where the analysis of this data set with this tokenizer is cached (`.npz`, `.json` beside it), and its key."""
     identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / CACHE_FOLDERS[0]
     return folder / key, identity
 
 
