@@ -1,6 +1,7 @@
 """Rotation (`save_total_limit`) never deletes the newest complete checkpoint, never counts a folder cut short as a
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
+import hashlib
 import json
 import re
 import shutil
@@ -398,3 +399,28 @@ def test_a_checkpoint_the_run_saved_that_is_gone_is_said_and_with_none_left_the_
         "restore each named folder or file from a copy, or pass --overwrite_output_dir to start afresh"
     )
     assert latest_sound_checkpoint(out, refuse=False) is None  # --overwrite_output_dir: afresh
+
+
+def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing_outside_is_deleted(tmp_path, capsys):
+    """A checkpoint's MANIFEST.json edited by hand (or copied in from another layout) listing a path out of its folder,
+    `../../base/model.safetensors`, with that file's size and hash: rotation or --overwrite_output_dir, deleting the
+    checkpoint's listed files one by one (a person's file kept beside them), deleted that file outside the run's
+    folder, and the resume took it for one of the checkpoint's own. A manifest lists the folder's own files only:
+    any other is a damaged manifest (the checkpoint unverified), and the folder goes whole."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import remove
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"the user's weights")
+    folder = sealed_checkpoint(tmp_path / "run" / "checkpoint-2")
+    manifest = json.loads((folder / checkpoint_manifest.MANIFEST).read_text())
+    outside = "../../base/model.safetensors"
+    sha = hashlib.sha256(b"the user's weights").hexdigest()
+    manifest["files"][outside] = {"bytes": len(b"the user's weights"), "sha256": sha}
+    (folder / checkpoint_manifest.MANIFEST).write_text(json.dumps(manifest))
+    (folder / "eval_results.json").write_text("{}\n")  # a person's, written into it: the listed files go one by one
+    assert checkpoint_manifest.read(folder) == {}  # damaged: lists nothing
+    assert "MANIFEST.json" in checkpoint_manifest.problem(folder)
+    remove(folder)
+    assert (base / "model.safetensors").read_bytes() == b"the user's weights"
