@@ -1,6 +1,7 @@
 """Rotation (`save_total_limit`) never deletes the newest complete checkpoint, never counts a folder cut short as a
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
+import hashlib
 import json
 import re
 import shutil
@@ -369,3 +370,57 @@ def test_a_checkpoint_made_read_only_is_said_and_kept_the_runs_when_rotation_can
         f"{out / 'checkpoint-2'}) for a later save to remove it, or remove it yourself"
     )
     assert is_complete(out / "checkpoint-2") and "checkpoint-2" in run_files.read(out)
+
+
+def test_a_checkpoint_the_run_saved_that_is_gone_is_said_and_with_none_left_the_rerun_is_refused(tmp_path, capsys):
+    """checkpoint-4 moved or deleted between attempts (a scratch cleaner, an `rm` to free space after a push, a move
+    to other storage), run_files.json still naming it: the rerun went on from checkpoint-2 without a word of it, and
+    with every checkpoint gone said `holds an unfinished run with no checkpoint: training again from step 1`, as if
+    the run had never saved one, and trained every step again. Now each is said as a damaged one is, and with none
+    left the rerun is refused, as with damaged ones, naming them: put back, or --overwrite_output_dir."""
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    why = "its folder is gone since the run saved it (run_files.json names it: moved or deleted)"
+    shutil.rmtree(out / "checkpoint-4")
+    capsys.readouterr()
+    assert latest_sound_checkpoint(out) == out / "checkpoint-2"
+    said = capsys.readouterr().out
+    assert said == f"Not resuming from {out / 'checkpoint-4'}: {why}; trying the checkpoint before it\n", said
+
+    shutil.rmtree(out / "checkpoint-2")
+    with pytest.raises(ConfigError) as refused:
+        latest_sound_checkpoint(out)
+    assert str(refused.value) == (
+        f"output_dir {str(out)!r} has no checkpoint left to resume from (checkpoint-4: {why}; checkpoint-2: {why}): "
+        "restore each named folder or file from a copy, or pass --overwrite_output_dir to start afresh"
+    )
+    assert latest_sound_checkpoint(out, refuse=False) is None  # --overwrite_output_dir: afresh
+
+
+def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing_outside_is_deleted(tmp_path, capsys):
+    """A checkpoint's MANIFEST.json edited by hand (or copied in from another layout) listing a path out of its folder,
+    `../../base/model.safetensors`, with that file's size and hash: rotation or --overwrite_output_dir, deleting the
+    checkpoint's listed files one by one (a person's file kept beside them), deleted that file outside the run's
+    folder, and the resume took it for one of the checkpoint's own. A manifest lists the folder's own files only:
+    any other is a damaged manifest (the checkpoint unverified), and the folder goes whole."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import remove
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"the user's weights")
+    folder = sealed_checkpoint(tmp_path / "run" / "checkpoint-2")
+    manifest = json.loads((folder / checkpoint_manifest.MANIFEST).read_text())
+    outside = "../../base/model.safetensors"
+    sha = hashlib.sha256(b"the user's weights").hexdigest()
+    manifest["files"][outside] = {"bytes": len(b"the user's weights"), "sha256": sha}
+    (folder / checkpoint_manifest.MANIFEST).write_text(json.dumps(manifest))
+    (folder / "eval_results.json").write_text("{}\n")  # a person's, written into it: the listed files go one by one
+    assert checkpoint_manifest.read(folder) == {}  # damaged: lists nothing
+    assert "MANIFEST.json" in checkpoint_manifest.problem(folder)
+    remove(folder)
+    assert (base / "model.safetensors").read_bytes() == b"the user's weights"

@@ -27,7 +27,7 @@ from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
-from dpotrain.train import checkpoint_manifest, metrics, resume, samples
+from dpotrain.train import checkpoint_manifest, metrics, resume, run_files, samples
 from dpotrain.train.checkpoints import is_complete, own_checkpoints
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
@@ -1020,6 +1020,7 @@ def test_a_rerun_over_an_unfinished_run_with_no_checkpoint_says_it_trains_again_
     out = unfinished(baseline, tmp_path)
     for name in ("checkpoint-2", "checkpoint-4"):
         shutil.rmtree(out / name)
+    run_files.disown(out, ["checkpoint-2", "checkpoint-4"])  # never saved: its record names none (else: moved away)
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--save_strategy", "no"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False)
     assert (
@@ -1180,11 +1181,11 @@ import os, sys
 cache = sys.argv[1]
 while True:
     for i in range(50):
-        folder = os.path.join(cache, f"part-{i}")
+        folder = os.path.join(cache, "reference", f"part-{i}")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, ".lengths.npz.tmp"), "wb") as f:
             f.write(b"x" * 100)
-        os.replace(os.path.join(folder, ".lengths.npz.tmp"), os.path.join(cache, f"lengths-{i}.npz"))
+        os.replace(os.path.join(folder, ".lengths.npz.tmp"), os.path.join(cache, "lengths", f"lengths-{i}.npz"))
         os.rmdir(folder)
 """
 
@@ -1198,8 +1199,8 @@ def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, m
     from dpotrain.data import lengths
 
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "kept.npz").write_bytes(b"x" * 1000)
+    (cache / "lengths").mkdir(parents=True)
+    (cache / "lengths" / "kept.npz").write_bytes(b"x" * 1000)
     monkeypatch.setenv("DPOTRAIN_CACHE", str(cache))
     writer = subprocess.Popen([sys.executable, "-c", CACHE_WRITER, str(cache)])
     try:
@@ -1210,6 +1211,32 @@ def test_the_caches_line_counts_a_cache_another_job_writes_meanwhile(tmp_path, m
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_the_caches_line_counts_only_this_projects_files_in_a_cache_folder_shared_with_other_projects(
+    tmp_path, monkeypatch
+):
+    """DPOTRAIN_CACHE set to a folder other projects cache in too (`~/.cache`, a group's /scratch/cache): the dry
+    run's and the analyzer's line counted every file under it as "this project's length analyses and reference
+    log-probs" (here another project's 3 MiB, beside this project's 1,000 bytes), walking all of it at each start.
+    The project writes only its two folders there (`lengths/`, `reference/`), and counts those."""
+    from dpotrain.data import lengths
+    from dpotrain.recipe.errors import size
+
+    shared = tmp_path / "cache"
+    (shared / "other-project").mkdir(parents=True)
+    (shared / "other-project" / "weights.bin").write_bytes(b"x" * (3 << 20))
+    (shared / "notes.txt").write_text("another tool's\n")
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(shared))
+    assert lengths.written_outside() is None  # nothing of this project's there yet
+    (shared / "lengths").mkdir()
+    (shared / "lengths" / "analysis.npz").write_bytes(b"x" * 600)
+    (shared / "reference" / "key").mkdir(parents=True)
+    (shared / "reference" / "key" / "complete.npz").write_bytes(b"x" * 400)
+    assert lengths.written_outside() == (
+        f"{size(1000)} in {shared} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE places it "
+        "elsewhere)"
+    )
 
 
 @pytest.mark.slow

@@ -447,3 +447,32 @@ def test_datasets_copy_cut_short_between_attempts_is_named_and_made_again(tmp_pa
     assert f"({cached.name}, {copy.name}; " in said and "made again from the data" in said, said
     assert again.to_list() == rows
     assert again.map(lambda row: {"n": len(row["chosen"])}).to_list() == mapped
+
+
+def test_a_length_cache_file_copied_in_from_another_key_is_named_and_measured_again(tmp_path, capsys):
+    """The analyzer's lengths (DPOTRAIN_CACHE/lengths/<key>.npz) of another data set copied over this one's name (a
+    cache restored from a backup, a copy between machines): a run under `max_length: auto` chose its length from the
+    other pairs, recording "100.0% of 24 pairs fit untruncated" for a data set of 48 rows, and the dry run planned
+    24 pairs' reference and layout, all in silence. Each file names its key, as the reference cache's do."""
+    from dpotrain.data import lengths
+
+    cache, tokenizer = tmp_path / "lengths", builtin.build_tokenizer()
+    for rows, dataset_id in ((8, "eight-pairs"), (24, "twenty-four-pairs")):
+        pairs = datasets.Dataset.from_list(builtin.make_preference_rows(rows, seed=1))
+        lengths.analyse(pairs, tokenizer, 0.99, dataset_id, cache, progress=False)
+    mine, _ = lengths._cached_at("eight-pairs", tokenizer, cache)
+    theirs, _ = lengths._cached_at("twenty-four-pairs", tokenizer, cache)
+    assert lengths.cached_measure("eight-pairs", tokenizer, cache)[0].rows == 8
+    shutil.copy(theirs.with_suffix(".npz"), mine.with_suffix(".npz"))
+    capsys.readouterr()
+
+    assert lengths.cached_measure("eight-pairs", tokenizer, cache) is None  # not the 24 other pairs' lengths
+    said = capsys.readouterr().err
+    assert said == (
+        f"warning: the length cache file {mine.with_suffix('.npz')} is damaged (it holds the lengths of cache key "
+        f"{theirs.name}, another data set, tokenizer or chat template than its name's: a file copied in from "
+        "another); it is removed and its lengths are measured again by the next analysis (`max_length: auto`, "
+        "scripts/analyze_dataset.py)\n"
+    ), said
+    assert not mine.with_suffix(".npz").exists() and theirs.with_suffix(".npz").exists()
+    assert lengths.cached_measure("twenty-four-pairs", tokenizer, cache)[0].rows == 24  # its own name: read

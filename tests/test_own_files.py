@@ -575,6 +575,32 @@ def test_a_damaged_record_of_the_run_in_the_folder_names_that_record_and_touches
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("name", ["../base/model.safetensors", "ABSOLUTE"])
+def test_a_name_in_the_runs_record_that_leads_out_of_its_folder_is_refused_not_followed(tmp_path, name):
+    """run_files.json edited by hand, or copied in from another layout, naming a path out of the folder
+    (`../base/model.safetensors`, an absolute path): the final save, removing an earlier attempt's weights the new save
+    did not write, deleted that file of the user's outside the output folder (a base model's weights). The run writes
+    only names of its folder's own entries; any other is a damaged record, refused where the record is read (at the
+    start of every run on the folder), nothing there or elsewhere touched."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"the user's weights")
+    name = str(base / "model.safetensors") if name == "ABSOLUTE" else name
+    out = tmp_path / "run"
+    out.mkdir()
+    run_files.write(out, [run_files.MANIFEST, "resolved_config.json", name])
+    staging = out / output_folder.FINAL_STAGING  # the final save, written: moved in next
+    staging.mkdir()
+    (staging / "model-00001-of-00002.safetensors").write_bytes(b"new")
+    with pytest.raises(ConfigError) as refused:
+        output_folder.move_in(out)
+    assert str(refused.value).startswith(
+        f"{out / run_files.MANIFEST} is unreadable (a name that is not one of the folder's own entries: {name!r}): it "
+        "is the record of the run already in that folder"
+    ), refused.value
+    assert (base / "model.safetensors").read_bytes() == b"the user's weights"
+
+
 # --- a run never reads from its own output folder --------------------------------------------------------------------
 
 

@@ -124,6 +124,7 @@ class Measured:
 
 COUNTS = ("prompt", "chosen", "rejected", "shared", "first")
 KEPT = ("shared", "first", "unopened")  # per-pair values a cached analysis keeps beside the lengths
+KEY_ARRAY = "key"  # the array of each cached analysis that names its key (its file's name), as the reference cache's
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
 
 
@@ -730,6 +731,9 @@ def tokenizer_identity(tokenizer) -> dict:
     return identity
 
 
+CACHE_FOLDERS = ("lengths", "reference")  # what this project writes in DPOTRAIN_CACHE: nothing else there is its
+
+
 def cache_root() -> Path:
     """Where this project caches what it computed (length reports, reference log-probs)."""
     root = os.environ.get("DPOTRAIN_CACHE")
@@ -754,7 +758,9 @@ def written_outside(*read) -> str | None:
             "read, and its maps: HF_DATASETS_CACHE or HF_HOME places it elsewhere)"
         )
     own = cache_root()
-    if written := folder_bytes(own):
+    # Its own folders there, not the whole: DPOTRAIN_CACHE may be a folder other projects cache in too (~/.cache),
+    # whose files were counted as this project's, all of them walked at each start.
+    if written := folder_bytes(*(own / name for name in CACHE_FOLDERS)):
         said.append(
             f"{size(written)} in {own} (this project's length analyses and reference log-probs: DPOTRAIN_CACHE "
             "places it elsewhere)"
@@ -766,7 +772,7 @@ def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tupl
     """Where the analysis of this data set with this tokenizer is cached (`.npz`, `.json` beside it), and its key."""
     identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / CACHE_FOLDERS[0]
     return folder / key, identity
 
 
@@ -787,7 +793,10 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     # Renamed into place: ranks may race here. The lengths first: a report is only ever found beside its lengths.
     with replacing(at.with_suffix(".npz"), "wb") as f:
         kept = {k: getattr(m, k) for k in KEPT if getattr(m, k) is not None}
-        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
+        # Its key inside: a file copied over another key's name (a cache restored from a backup) is not read as
+        # that data set's lengths (a run's `max_length: auto` chose from 24 other pairs, in silence).
+        key = {KEY_ARRAY: np.asarray(at.name)}
+        np.savez(f, **key, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
     return write_text(at.with_suffix(".json"), json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
@@ -802,11 +811,21 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
     def lengths(path):
         with run_records.zip_damage(), np.load(path) as z:  # a flipped bit in its zip directory: damage, no crash
             kept = {k: z[k] for k in KEPT if k in z.files}
-            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, **kept)
+            key = str(z[KEY_ARRAY]) if KEY_ARRAY in z.files else None  # None: written before files named their key
+            return key, Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, **kept)
 
     again = "its lengths are measured again by the next analysis (`max_length: auto`, scripts/analyze_dataset.py)"
     found = run_records.read_cache(lengths_path, lengths, "length", again)
-    return None if found is None else (found, report_path)
+    if found is None:
+        return None
+    key, measured = found
+    if key is not None and key != at.name:
+        why = (
+            f"it holds the lengths of cache key {key}, another data set, tokenizer or chat template than its name's: "
+            "a file copied in from another"
+        )
+        return run_records.damaged_cache(lengths_path, why, "length", again)
+    return measured, report_path
 
 
 def analyse(

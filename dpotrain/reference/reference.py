@@ -53,9 +53,9 @@ Layout = list[list[list[int]]]  # every rank's micro-batches, in order: [rank][m
 
 def cache_dir() -> Path:
     """`$DPOTRAIN_CACHE/reference`, else `~/.cache/dpotrain/reference` (a few bytes per pair)."""
-    from dpotrain.data.lengths import cache_root
+    from dpotrain.data.lengths import CACHE_FOLDERS, cache_root
 
-    return cache_root() / "reference"
+    return cache_root() / CACHE_FOLDERS[1]
 
 
 def check_writable(folder: Path | None = None) -> None:

@@ -87,8 +87,12 @@ def read(folder: Path) -> dict | None:
         return None
     try:
         files = json.loads(path.read_text())["files"]
-        # Each entry as `seal` writes it: an edited one (no size, a size in words) would end the check in a traceback
-        if all(type(e["bytes"]) is int and isinstance(e["sha256"], str) for e in files.values()):
+        # Each entry as `seal` writes it: an edited one (no size, a size in words) would end the check in a traceback;
+        # and of the folder's own files: a path out of it (`../../base/model.safetensors`, edited in) was verified as
+        # the checkpoint's and deleted with it by rotation
+        if all(type(e["bytes"]) is int and isinstance(e["sha256"], str) for e in files.values()) and all(
+            map(inside, files)
+        ):
             return files
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -102,7 +106,13 @@ def model_files(folder: Path) -> list[str] | None:
         names = json.loads((folder / MANIFEST).read_text())["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+    return names if isinstance(names, list) and all(isinstance(n, str) and inside(n) for n in names) else None
+
+
+def inside(relative: str) -> bool:
+    """Whether a path a manifest lists is one of its folder's files, as `seal` lists them: relative, no `..`."""
+    parts = Path(relative).parts
+    return bool(parts) and not Path(relative).is_absolute() and ".." not in parts
 
 
 def missing(folder: Path) -> list[str]:

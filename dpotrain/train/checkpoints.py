@@ -77,6 +77,14 @@ def own_checkpoints(output_dir: str | Path) -> list[Path]:
     return found if own is None else [p for p in found if p.name in own]
 
 
+def gone(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` the run's record names whose folder is no longer there (moved or deleted since the run saved
+    it: a scratch cleaner, an `rm` to free space), oldest step first. The run drops a name from its record as it
+    deletes the folder itself (rotation, a save the disk could not take)."""
+    root, names = Path(output_dir), run_files.read(Path(output_dir)) or []  # an old pattern names no folder
+    return sorted((root / n for n in names if _CHECKPOINT.match(n) and not os.path.lexists(root / n)), key=step_of)
+
+
 def step_of(folder: Path) -> int:
     """The step of a `checkpoint-N` folder."""
     return int(folder.name.rsplit("-", 1)[1])

@@ -19,9 +19,10 @@ from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, plural
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import agreement, checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, passed_over, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, gone, is_complete, own_checkpoints, passed_over, step_of
 from dpotrain.train.run_files import MANIFEST
 
+GONE = "its folder is gone since the run saved it (run_files.json names it: moved or deleted)"
 STATE_FILE = "trainer_state.json"  # transformers' record of the step a checkpoint was saved at
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -79,8 +80,12 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
     own, low, high = own_checkpoints(out), step_of(found) if found else -1, step_of(before) if before else float("inf")
     for folder in [p for p in checkpoints(out) if p not in own and low < step_of(p) < high]:
         _say(f"Not resuming from {folder}: not this run's ({MANIFEST} does not name it)")
-    damaged = any(is_complete(folder) for folder, _ in skipped)
     passed_over.update(folder.absolute() for folder, _ in skipped if is_complete(folder))
+    # One the run saved and someone moved or deleted since is passed over as a damaged one is, not in silence: with
+    # every checkpoint gone, the rerun said "no checkpoint: training again from step 1", as if none had been saved.
+    missing = [(p, GONE) for p in gone(out) if low < step_of(p) < high]
+    skipped = sorted(skipped + missing, key=lambda found: -step_of(found[0]))
+    damaged = any(is_complete(folder) for folder, _ in skipped) or bool(missing)
     if found is not None or damaged:
         for i, (folder, why) in enumerate(skipped):
             _say(f"Not resuming from {folder}: {why}; {next_step(found is None and i == len(skipped) - 1)}")
@@ -96,9 +101,10 @@ def next_step(last: bool) -> str:
 
 
 def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
+    named = "folder or file" if any(GONE in why for why in damaged) else "file"
     return (
         f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore "
-        "each named file from a copy, or pass --overwrite_output_dir to start afresh"
+        f"each named {named} from a copy, or pass --overwrite_output_dir to start afresh"
     )
 
 

@@ -36,6 +36,10 @@ def _record(out: Path, fix: str = DAMAGED_FIX) -> dict | None:
         why = "no list of names"
     elif odd := [n for n in names if not isinstance(n, str)]:  # replacing the run hashes and compares them as names
         why = f"a name that is not text: {odd[0]!r}"
+    # The run records only its folder's own entries: a path out of it (edited in by hand, `../base/model.safetensors`,
+    # an absolute one) was followed, the final save deleting that file as an earlier attempt's weights.
+    elif odd := [n for n in names if n in ("", ".", "..") or "/" in n]:
+        why = f"a name that is not one of the folder's own entries: {odd[0]!r}"
     else:
         return record
     raise ConfigError(f"{path} is unreadable ({why}): {fix}")

@@ -354,6 +354,10 @@ class RecipeDPOTrainer(DPOTrainer):
             # (its RNG state) after the main process's failure, into the folder removed at once, made again.
             if cut_short:
                 shutil.rmtree(folder, ignore_errors=True)
+                # The record names what is there (a name without its folder is one moved or deleted since: said at
+                # the rerun); on the disk that was full this write may fail too, and the save's own line goes first.
+                with contextlib.suppress(OSError):
+                    run_files.disown(folder.parent, [folder.name])
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
 
