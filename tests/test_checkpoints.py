@@ -100,6 +100,8 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
     # checkpoint stays.
     assert [p.name for p in checkpoints(out)] == ["checkpoint-1", "checkpoint-4", "checkpoint-6"]
     assert all(is_complete(p) for p in checkpoints(out))
+    # The run's record lists its own marked complete (one of them gone later was moved or deleted: checkpoints.gone)
+    assert run_files.completed(out) == ["checkpoint-4", "checkpoint-6"]
 
 
 @pytest.mark.slow
@@ -384,6 +386,7 @@ def test_a_checkpoint_the_run_saved_that_is_gone_is_said_and_with_none_left_the_
     for step in (2, 4):
         run_files.claim(out, [f"checkpoint-{step}"])
         sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, f"checkpoint-{step}")  # as CompleteMarker records it once the mark is written
     why = "its folder is gone since the run saved it (run_files.json names it: moved or deleted)"
     shutil.rmtree(out / "checkpoint-4")
     capsys.readouterr()
@@ -399,6 +402,29 @@ def test_a_checkpoint_the_run_saved_that_is_gone_is_said_and_with_none_left_the_
         "restore each named folder or file from a copy, or pass --overwrite_output_dir to start afresh"
     )
     assert latest_sound_checkpoint(out, refuse=False) is None  # --overwrite_output_dir: afresh
+
+
+def test_a_checkpoint_claimed_whose_folder_was_never_made_is_not_taken_for_one_gone(tmp_path, capsys):
+    """A save killed between the claim of its name (run_files.json, before its first file) and its folder's making
+    (transformers makes it once DeepSpeed gathered the weights: seconds) left a name without a folder, which the
+    rerun took for a checkpoint saved then moved or deleted, and, the first checkpoint's, refused the requeued job
+    until a person passed --overwrite_output_dir. Only a checkpoint listed as marked complete is gone; this one is
+    said nowhere, as a cut-short save is, and the run trains from its last sound checkpoint (here: from step 1)."""
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    run_files.claim(out, ["checkpoint-2"])
+    sealed_checkpoint(out / "checkpoint-2")
+    run_files.completed(out, "checkpoint-2")
+    run_files.claim(out, ["checkpoint-4"])  # killed here: no folder yet
+    capsys.readouterr()
+    assert latest_sound_checkpoint(out) == out / "checkpoint-2"
+    assert capsys.readouterr().out == ""
+    shutil.rmtree(out / "checkpoint-2")
+    run_files.disown(out, ["checkpoint-2"])  # rotation or a full disk's removal: the run's own deletion
+    assert latest_sound_checkpoint(out) is None
+    assert capsys.readouterr().out == ""
+    assert run_files.completed(out) == []
 
 
 def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing_outside_is_deleted(tmp_path, capsys):

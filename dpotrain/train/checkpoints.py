@@ -78,10 +78,11 @@ def own_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def gone(output_dir: str | Path) -> list[Path]:
-    """The `checkpoint-N` the run's record names whose folder is no longer there (moved or deleted since the run saved
-    it: a scratch cleaner, an `rm` to free space), oldest step first. The run drops a name from its record as it
-    deletes the folder itself (rotation, a save the disk could not take)."""
-    root, names = Path(output_dir), run_files.read(Path(output_dir)) or []  # an old pattern names no folder
+    """The `checkpoint-N` the run's record lists as marked complete whose folder is no longer there (moved or deleted
+    since the run saved it: a scratch cleaner, an `rm` to free space), oldest step first. The run drops a name from
+    its record as it deletes the folder itself (rotation, a save the disk could not take); a name only claimed is a
+    save killed before its folder was made, not one gone."""
+    root, names = Path(output_dir), run_files.completed(Path(output_dir))
     return sorted((root / n for n in names if _CHECKPOINT.match(n) and not os.path.lexists(root / n)), key=step_of)
 
 
@@ -184,6 +185,7 @@ class CompleteMarker(TrainerCallback):
         checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero, self.model)
 
         def rotated() -> None:  # the main process's; its refusal ends every rank, not the main alone (collectives)
+            run_files.completed(Path(args.output_dir), folder.name)  # gone later: moved or deleted (`gone`)
             if self.save_started is not None:
                 report_save(state.global_step, time.monotonic() - self.save_started)
             deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))

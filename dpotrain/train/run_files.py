@@ -1,6 +1,6 @@
 """The run's record of its own files in its output folder (`run_files.json`), which `--overwrite_output_dir` removes
-exactly: checkpoints are added by name before their first file (`claim`) and dropped when rotation deletes them
-(`disown`). Main process only."""
+exactly: checkpoints are added by name before their first file (`claim`), listed again once marked complete
+(`completed`) and dropped when rotation deletes them (`disown`). Main process only."""
 
 import json
 import time
@@ -56,10 +56,20 @@ def of_this_format(out: Path) -> bool:
     return (_record(out) or {}).get("format") == FORMAT
 
 
-def write(out: str | Path, names: list[str]) -> None:
+# The checkpoints marked complete: one of them whose folder is gone was moved or deleted after the run saved it
+# (`checkpoints.gone`). A name claimed alone may be a save killed before its folder was made, which a rerun passes over.
+COMPLETE = "complete"
+
+
+def write(out: str | Path, names: list[str], complete: list[str] | None = None) -> None:
+    """The record of `names`, of which `complete` (the record's own list where None) are checkpoints marked complete."""
+    names = list(dict.fromkeys(names))
+    if complete is None:
+        complete = completed(Path(out)) if (Path(out) / MANIFEST).exists() else []
     record = {
         "format": FORMAT,
-        "names": list(dict.fromkeys(names)),
+        "names": names,
+        COMPLETE: [n for n in dict.fromkeys(complete) if n in names],
         "written_by": "train_dpo.py: these are the run's own files; "
         "--overwrite_output_dir replaces these and nothing else",
     }
@@ -71,6 +81,18 @@ def claim(out: str | Path, names) -> None:
     added = [n for n in names if n not in known]
     if added or not (Path(out) / MANIFEST).exists():
         write(out, known + added)
+
+
+def completed(out: Path, name: str | None = None) -> list[str]:
+    """The checkpoints the record lists as marked complete; with `name`, that one added to the list first (the
+    main process, once its COMPLETE mark is written). An older record lists none."""
+    record = _record(Path(out)) or {"names": []}
+    listed = record.get(COMPLETE)
+    done = [n for n in listed if isinstance(n, str) and n in record["names"]] if isinstance(listed, list) else []
+    if name is not None and name in record["names"] and name not in done:
+        done.append(name)
+        write(out, record["names"], done)
+    return done
 
 
 def disown(out: str | Path, names) -> None:
