@@ -7,7 +7,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationDelete,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    constants,
+    get_token,
+)
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
@@ -31,7 +39,7 @@ from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
-from dpotrain.train.lora import card_lines
+from dpotrain.train.lora import MERGED_DIR, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
@@ -59,10 +67,13 @@ IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
     "run_files.json"
 ).split()
-# What a final push deletes on main, wherever it lies, unless uploaded again: an earlier model's weights, indexes and
-# adapter files would be loaded in place of the new ones (transformers takes model.safetensors before a sharded index;
-# adapter_config.json makes the repo an adapter). main's history keeps them.
+# What a final push deletes on main, in the folders a run writes a model to (REPLACED_IN), unless uploaded again: an
+# earlier model's weights, indexes and adapter files would be loaded in place of the new ones (transformers takes
+# model.safetensors before a sharded index; adapter_config.json makes the repo an adapter). main's history keeps them.
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
+# The repo's top folder and merged/ (merge_lora): weights in any other folder are the repo owner's (a quantized copy
+# in awq/, an ONNX export), which no run of this project wrote.
+REPLACED_IN = (PurePosixPath("."), PurePosixPath(MERGED_DIR))
 # The optimizers that read adam_beta1/adam_beta2/adam_epsilon, by a part of transformers' optim name (its
 # trainer_optimizer.py: "adam" also picks the bitsandbytes AdamW; Lion takes the betas alone): sgd, adafactor, adagrad,
 # rmsprop, lomo and the rest read none, and a card showing them there would say the run used values it never read.
@@ -400,14 +411,10 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
 
     def upload():
         create_repo(api, repo_id, private)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(output_dir),
-            allow_patterns=own_files(output_dir),
-            ignore_patterns=IGNORE,
-            delete_patterns=REPLACED,
-            commit_message="Upload DPO run",
-        )
+        # create_commit, not upload_folder: with hf_xet installed upload_folder commits in batches and splits a commit
+        # the Hub refuses into smaller ones, so main could serve part of the new model beside part of the old
+        operations = main_operations(api, repo_id, Path(output_dir))
+        return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
 
     record = functools.partial(record_push, output_dir, step=step, branch="main")
     record(status="started", repo=repo_id)
@@ -419,6 +426,22 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     pushed = {"attempts": attempts, "commit": commit.oid}
     record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
     return f"{constants.ENDPOINT}/{repo_id}"
+
+
+def main_operations(api, repo_id: str, out: Path) -> list:
+    """The one commit of a final push: the run's own files (`own_files`, less IGNORE), and the deletion of main's
+    earlier weights (REPLACED) in the folders a run writes a model to (REPLACED_IN) that this run does not upload."""
+    names = local_files(out, IGNORE, allow=own_files(out))
+    held = api.list_repo_files(repo_id, revision="main")
+    stale = [
+        p
+        for p in held
+        if p not in names
+        and PurePosixPath(p).parent in REPLACED_IN
+        and any(PurePosixPath(p).match(pattern) for pattern in REPLACED)
+    ]
+    adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(out / name)) for name in names]
+    return [*(CommitOperationDelete(p) for p in stale), *adds]
 
 
 # --- pushing later, from a login node ---------------------------------------------------------------------------------
