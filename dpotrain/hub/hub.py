@@ -20,7 +20,8 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, Repository
 from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
-from dpotrain.data import mixture
+from dpotrain.data import builtin, mixture
+from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
     local_files,
     pushed_revisions,
@@ -185,9 +186,11 @@ def model_card(
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
-    hub_names = [n for n in names if "/" in n and not Path(n).exists()]
+    # a path is no Hub data set, here or not (the card of a run whose data lay in /home/...: the Hub refuses it)
+    hub_names = [n for n in names if "/" in n and is_hub_model(n)]
+    trained_from = f"{named(base, r.model_identity)} on {named(dataset, r.data.data_identity)}"
     if sources:
-        dataset = mixture.of_sources(sources)
+        trained_from = f"{named(base, r.model_identity)} on {mixture.of_sources(sources)}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
@@ -217,8 +220,8 @@ def model_card(
 
 # {s.run_name}
 
-DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
-`DPOTrainer` (config `{s.config}`).
+DPO post-training of {trained_from} with {what}, trained with TRL's
+`DPOTrainer` (config `{Path(s.config or "-").name}`).
 {card_lines(s)}{sources_section(sources)}
 ## Recipe
 
@@ -236,6 +239,31 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 """
     marked = best_branch_step(best, s.metric_for_best_model)
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "", marked)))
+
+
+def shown(name: str) -> str:
+    """A model or data set as the card names it: a Hub name or built-in model as given, a local path by its last part
+    (the full path is of the training machine, often the user's home: it means nothing on the Hub)."""
+    if not name or builtin.is_builtin(name) or is_hub_model(name):
+        return name
+    return Path(name.rstrip("/")).name or name
+
+
+def named(name: str | None, identity: dict | None) -> str:
+    """`name` with what the run read of it (model_identity, data_identity): a Hub repo's commit, a local file's
+    SHA-256, else that it was a local folder; as the record holds it, since a branch moves and a path is reused."""
+    if not name:
+        return "`-`"
+    identity = identity or {}
+    if identity.get(KEY):
+        return f"`{name}` (commit `{identity[KEY][:12]}`)"
+    files = identity.get("files", identity)  # a model's under "files", a data set's at the top
+    hashed = {f: e["sha256"] for f, e in files.items() if isinstance(e, dict) and e.get("sha256")}
+    if is_hub_model(name) or builtin.is_builtin(name):  # a Hub name without a commit (an older record): as it was
+        return f"`{name}`"
+    if len(hashed) == 1 and "files" not in identity:  # a data set of one local file
+        return f"`{shown(name)}` (sha256 `{next(iter(hashed.values()))[:12]}`)"
+    return f"`{shown(name)}` (a local {'file' if Path(name).suffix else 'folder'})"
 
 
 def card_fields(optim: str | None) -> list[str]:
@@ -290,8 +318,10 @@ def sources_section(sources: list[dict]) -> str:
         what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items())
         what = what or ident.get("revision", "")
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
+        name = r["source"].split(" [")[0].split(":")[0]
+        source = r["source"].replace(name, shown(name), 1)  # a local source by its file's name (`shown`)
         rows.append(
-            f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
+            f"| `{source}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
             f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |"
         )
     return (
@@ -312,6 +342,8 @@ def as_run(key: str, r: Record):
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
         trained = f"{plural(epochs, 'epoch', 'g')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
+    if key == "max_length" and value is not None:
+        return f"{value} ({r.lengths.chosen_by})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         return f"{plural(b.pairs_per_micro_batch, 'pair')} per micro-batch (max_tokens_per_microbatch)"
     if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
