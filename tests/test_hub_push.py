@@ -1462,3 +1462,26 @@ def test_a_push_the_hub_refuses_part_way_never_leaves_main_with_half_a_model(hub
     states = [files for _, _, files in hub.state.snapshots.values() if "config.json" in files]
     held = [sorted(name for name in state if name.startswith("model")) for state in states]
     assert all(names in (["model.safetensors"], [*shards, "model.safetensors.index.json"]) for names in held), held
+
+
+def test_a_run_folder_written_before_runs_recorded_their_files_pushes_no_env_file(hub, tmp_path, monkeypatch):
+    """A run folder from a version before run_files.json: push_to_hub.py uploads everything in it but IGNORE, and a
+    `.env` with HF_TOKEN=... kept there (beside the notes the person wrote) went to the Hub, public where the repo is.
+    No run writes a .env: it is never uploaded, whoever's folder it is."""
+
+    from dpotrain.hub import hub as hub_module
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    (run / "merged").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "README.md", "run_complete.json", ".env", "merged/.env.local"):
+        (run / name).write_text(f"HF_TOKEN={SECRET}\n" if ".env" in name else "{}" if ".json" in name else name)
+    assert hub_module.own_files(run) is None  # no record of the run's files: the older version's folder
+    hub_module.push_run(run, REPO, token=SECRET)
+    main = hub.state.repos[REPO]["main"]
+    assert sorted(set(main) - {".gitattributes"}) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "run_complete.json",
+    ]

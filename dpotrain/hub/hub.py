@@ -63,10 +63,11 @@ FINAL_METRICS = [
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints have their own branches), local tracking and push records,
-# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local).
+# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local);
+# nor a .env, which no run writes: a person's secrets, in a folder of a run from before run_files.json, uploaded whole.
 IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
-    "run_files.json"
+    "run_files.json .env .env.* */.env */.env.*"
 ).split()
 # What a final push deletes on main, in the folders a run writes a model to (REPLACED_IN), unless uploaded again: an
 # earlier model's weights, indexes and adapter files would be loaded in place of the new ones (transformers takes
