@@ -13,6 +13,7 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
   checkpoint pushed (main waits for the finished model), resumes, and the same command pushes the rest.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -1399,3 +1400,88 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
         publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
     assert hub.state.commits == [] and hub.state.repos == {}
     assert [r["status"] for r in read_pushes(out)] == ["started"]  # still left to push, once the folder is fixed
+
+
+def test_a_push_leaves_the_users_models_in_other_folders_of_the_repo(hub, tmp_path, monkeypatch):
+    """A repo whose owner keeps other files of their own beside the run's: a quantized copy in `awq/`, an ONNX export,
+    the original checkpoint. The push replaced an earlier model's weights "wherever they lie" (`*.safetensors`
+    matches a path in any folder), so it deleted those too, leaving `awq/config.json` without its weights. It replaces
+    weights where a run writes a model, the repo's top folder and `merged/`, and nothing elsewhere."""
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    theirs = {
+        "awq/config.json": b"{}",
+        "awq/model.safetensors": b"awq weights",
+        "onnx/model.bin": b"onnx",
+        "original/pytorch_model.bin": b"original",
+        "merged/model.safetensors": b"an earlier run's merged model",
+        "model.safetensors": b"an earlier run's model",
+    }
+    hub.state.add_model_commit(REPO, theirs)
+    run = tmp_path / "run"
+    files = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    files += ["model.safetensors.index.json", "README.md"]
+    for name in files:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(name)
+    run_files.write(run, [run_files.MANIFEST, *files])
+    hub_module.push_run(run, REPO, token=SECRET)
+    main = hub.state.repos[REPO]["main"]
+    kept = ["awq/config.json", "awq/model.safetensors", "onnx/model.bin", "original/pytorch_model.bin"]
+    assert sorted(set(main) - {".gitattributes"}) == sorted([*files, *kept])
+    assert all(main[name] == theirs[name] for name in kept)
+
+
+def test_a_push_the_hub_refuses_part_way_never_leaves_main_with_half_a_model(hub, tmp_path, monkeypatch):
+    """huggingface_hub's upload_folder (with hf_xet installed) commits in batches and, where a commit fails, splits it
+    into smaller commits: a push of more than 20 files (a 32B model's shards, its tokenizer and the run's files) the
+    Hub refused a few times went up in parts, the first deleting the earlier model's weights and adding 20 files, so
+    main served 19 of 24 shards until the next part (never, were it refused). The push is one commit: every state main
+    passes through holds one whole model."""
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    hub.state.add_model_commit(REPO, {"config.json": b"earlier", "model.safetensors": b"earlier weights"})
+    run = tmp_path / "run"
+    shards = [f"model-{i:05d}-of-00024.safetensors" for i in range(1, 25)]
+    files = ["config.json", *shards, "model.safetensors.index.json", "README.md"]
+    run.mkdir()
+    index = {"metadata": {}, "weight_map": {f"layer{i}": name for i, name in enumerate(shards)}}
+    for name in files:
+        (run / name).write_text(json.dumps(index) if name.endswith("index.json") else name)
+    run_files.write(run, [run_files.MANIFEST, *files])
+    hub.state.fail_status = 400  # refused, not an outage: neither huggingface_hub nor the project tries it again
+    hub.state.fail[("commit", "main")] = 6  # upload_folder's sixth split of the failed commit is down to 20 files
+    with contextlib.suppress(Exception):  # refused: the push is told so (and the rerun completes it)
+        hub_module.push_run(run, REPO, token=SECRET)
+    states = [files for _, _, files in hub.state.snapshots.values() if "config.json" in files]
+    held = [sorted(name for name in state if name.startswith("model")) for state in states]
+    assert all(names in (["model.safetensors"], [*shards, "model.safetensors.index.json"]) for names in held), held
+
+
+def test_a_run_folder_written_before_runs_recorded_their_files_pushes_no_env_file(hub, tmp_path, monkeypatch):
+    """A run folder from a version before run_files.json: push_to_hub.py uploads everything in it but IGNORE, and a
+    `.env` with HF_TOKEN=... kept there (beside the notes the person wrote) went to the Hub, public where the repo is.
+    No run writes a .env: it is never uploaded, whoever's folder it is."""
+
+    from dpotrain.hub import hub as hub_module
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    (run / "merged").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "README.md", "run_complete.json", ".env", "merged/.env.local"):
+        (run / name).write_text(f"HF_TOKEN={SECRET}\n" if ".env" in name else "{}" if ".json" in name else name)
+    assert hub_module.own_files(run) is None  # no record of the run's files: the older version's folder
+    hub_module.push_run(run, REPO, token=SECRET)
+    main = hub.state.repos[REPO]["main"]
+    assert sorted(set(main) - {".gitattributes"}) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "run_complete.json",
+    ]

@@ -70,7 +70,9 @@ def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path, monkeypatch
     folder.mkdir()
     for given in (str(folder), f"{folder}/", "./my-sft", "my-sft", "~/no/such/folder"):
         card = model_card({"model_name_or_path": given, "dataset_name": "org/pairs"}, [], [], "me/run")
-        assert "base_model" not in card and "- org/pairs" in card and f"`{given}`" in card, given
+        # by its name alone (its path is the training machine's): tests/test_model_card.py's commits test
+        named = f"`{Path(given.rstrip('/')).name}` (a local folder)"
+        assert "base_model" not in card and "- org/pairs" in card and named in card, given
     assert "(none logged)" in card
 
 
@@ -309,3 +311,44 @@ def test_the_checkpoint_revisions_mark_the_best_evaluations_branch(tmp_path):
     hub.update_card_revisions(out, "org/r")
     rows = [line for line in (out / "README.md").read_text().splitlines() if "/tree/step-" in line]
     assert [row.endswith("(best evaluation, `eval_loss`) |") for row in rows] == [False, True, False], rows
+
+
+def test_the_card_names_the_commits_trained_from_and_no_path_of_the_training_machine():
+    """The card said `DPO post-training of org/sft-7b on org/prefs` and no commit of either, where the record holds
+    both (a branch moves: the card could not be reproduced from), said nothing of how max_length was chosen, and named
+    a local model, data file and recipe by their absolute paths (`/home/alice/...`: the user's home on a public Hub
+    page, meaning nothing there). Hub inputs now come with their commits, local ones by name and SHA-256."""
+    hub_run = {
+        "run_name": "r",
+        "config": "/home/alice/dpotrain/configs/think.yaml",
+        "model_name_or_path": "org/sft-7b",
+        "dataset_name": "org/prefs",
+        "max_length": 8192,
+        "derived": {
+            "model_identity": {"hub_commit": "a" * 40},
+            "data_identity": {"hub_commit": "b" * 40},
+            "max_length_given_by": "the command line's",
+        },
+    }
+    card = model_card(hub_run, [])
+    assert "DPO post-training of `org/sft-7b` (commit `aaaaaaaaaaaa`) on `org/prefs` (commit `bbbbbbbbbbbb`)" in card
+    assert "| `max_length` | 8192 (the command line's) |" in card
+    assert "(config `think.yaml`)" in card and "/home/alice" not in card
+    local_run = {
+        **hub_run,
+        "model_name_or_path": "/home/alice/models/my-sft",
+        "dataset_name": "/home/alice/data/prefs.jsonl",
+        "use_peft": True,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "lora_target_modules": ["q_proj"],
+        "derived": {"data_identity": {"prefs.jsonl": {"bytes": 10, "sha256": "c" * 64}}},
+    }
+    card = model_card(local_run, [])
+    assert "DPO post-training of `my-sft` (a local folder) on `prefs.jsonl` (sha256 `cccccccccccc`)" in card
+    assert "for `my-sft`, not a full model" in card  # the LoRA paragraph
+    assert "/home/alice" not in card
+    source = {"rows_read": 4, "rows_usable": 4, "amount": "1.0", "taken": 4, "upsampled": False}
+    mixture = [{"source": "/home/alice/data/a.jsonl [train]", **source}, {"source": "org/b [train]", **source}]
+    card = model_card({**hub_run, "dataset_name": None, "derived": {"data_sources": mixture}}, [])
+    assert "| `a.jsonl [train]` | 4 |" in card and "| `org/b [train]` | 4 |" in card and "/home/alice" not in card

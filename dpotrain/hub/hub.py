@@ -7,12 +7,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationDelete,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    constants,
+    get_token,
+)
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
-from dpotrain.data import mixture
+from dpotrain.data import builtin, mixture
+from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
     local_files,
     pushed_revisions,
@@ -31,7 +40,7 @@ from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
-from dpotrain.train.lora import card_lines
+from dpotrain.train.lora import MERGED_DIR, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
@@ -54,15 +63,19 @@ FINAL_METRICS = [
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints have their own branches), local tracking and push records,
-# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local).
+# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local);
+# nor a .env, which no run writes: a person's secrets, in a folder of a run from before run_files.json, uploaded whole.
 IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
-    "run_files.json"
+    "run_files.json .env .env.* */.env */.env.*"
 ).split()
-# What a final push deletes on main, wherever it lies, unless uploaded again: an earlier model's weights, indexes and
-# adapter files would be loaded in place of the new ones (transformers takes model.safetensors before a sharded index;
-# adapter_config.json makes the repo an adapter). main's history keeps them.
+# What a final push deletes on main, in the folders a run writes a model to (REPLACED_IN), unless uploaded again: an
+# earlier model's weights, indexes and adapter files would be loaded in place of the new ones (transformers takes
+# model.safetensors before a sharded index; adapter_config.json makes the repo an adapter). main's history keeps them.
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
+# The repo's top folder and merged/ (merge_lora): weights in any other folder are the repo owner's (a quantized copy
+# in awq/, an ONNX export), which no run of this project wrote.
+REPLACED_IN = (PurePosixPath("."), PurePosixPath(MERGED_DIR))
 # The optimizers that read adam_beta1/adam_beta2/adam_epsilon, by a part of transformers' optim name (its
 # trainer_optimizer.py: "adam" also picks the bitsandbytes AdamW; Lion takes the betas alone): sgd, adafactor, adagrad,
 # rmsprop, lomo and the rest read none, and a card showing them there would say the run used values it never read.
@@ -174,9 +187,11 @@ def model_card(
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
-    hub_names = [n for n in names if "/" in n and not Path(n).exists()]
+    # a path is no Hub data set, here or not (the card of a run whose data lay in /home/...: the Hub refuses it)
+    hub_names = [n for n in names if "/" in n and is_hub_model(n)]
+    trained_from = f"{named(base, r.model_identity)} on {named(dataset, r.data.data_identity)}"
     if sources:
-        dataset = mixture.of_sources(sources)
+        trained_from = f"{named(base, r.model_identity)} on {mixture.of_sources(sources)}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
@@ -206,8 +221,8 @@ def model_card(
 
 # {s.run_name}
 
-DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
-`DPOTrainer` (config `{s.config}`).
+DPO post-training of {trained_from} with {what}, trained with TRL's
+`DPOTrainer` (config `{Path(s.config or "-").name}`).
 {card_lines(s)}{sources_section(sources)}
 ## Recipe
 
@@ -225,6 +240,31 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 """
     marked = best_branch_step(best, s.metric_for_best_model)
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "", marked)))
+
+
+def shown(name: str) -> str:
+    """A model or data set as the card names it: a Hub name or built-in model as given, a local path by its last part
+    (the full path is of the training machine, often the user's home: it means nothing on the Hub)."""
+    if not name or builtin.is_builtin(name) or is_hub_model(name):
+        return name
+    return Path(name.rstrip("/")).name or name
+
+
+def named(name: str | None, identity: dict | None) -> str:
+    """`name` with what the run read of it (model_identity, data_identity): a Hub repo's commit, a local file's
+    SHA-256, else that it was a local folder; as the record holds it, since a branch moves and a path is reused."""
+    if not name:
+        return "`-`"
+    identity = identity or {}
+    if identity.get(KEY):
+        return f"`{name}` (commit `{identity[KEY][:12]}`)"
+    files = identity.get("files", identity)  # a model's under "files", a data set's at the top
+    hashed = {f: e["sha256"] for f, e in files.items() if isinstance(e, dict) and e.get("sha256")}
+    if is_hub_model(name) or builtin.is_builtin(name):  # a Hub name without a commit (an older record): as it was
+        return f"`{name}`"
+    if len(hashed) == 1 and "files" not in identity:  # a data set of one local file
+        return f"`{shown(name)}` (sha256 `{next(iter(hashed.values()))[:12]}`)"
+    return f"`{shown(name)}` (a local {'file' if Path(name).suffix else 'folder'})"
 
 
 def card_fields(optim: str | None) -> list[str]:
@@ -279,8 +319,10 @@ def sources_section(sources: list[dict]) -> str:
         what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items())
         what = what or ident.get("revision", "")
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
+        name = r["source"].split(" [")[0].split(":")[0]
+        source = r["source"].replace(name, shown(name), 1)  # a local source by its file's name (`shown`)
         rows.append(
-            f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
+            f"| `{source}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
             f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |"
         )
     return (
@@ -301,6 +343,8 @@ def as_run(key: str, r: Record):
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
         trained = f"{plural(epochs, 'epoch', 'g')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
+    if key == "max_length" and value is not None:
+        return f"{value} ({r.lengths.chosen_by})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         return f"{plural(b.pairs_per_micro_batch, 'pair')} per micro-batch (max_tokens_per_microbatch)"
     if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
@@ -400,14 +444,10 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
 
     def upload():
         create_repo(api, repo_id, private)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(output_dir),
-            allow_patterns=own_files(output_dir),
-            ignore_patterns=IGNORE,
-            delete_patterns=REPLACED,
-            commit_message="Upload DPO run",
-        )
+        # create_commit, not upload_folder: with hf_xet installed upload_folder commits in batches and splits a commit
+        # the Hub refuses into smaller ones, so main could serve part of the new model beside part of the old
+        operations = main_operations(api, repo_id, Path(output_dir))
+        return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
 
     record = functools.partial(record_push, output_dir, step=step, branch="main")
     record(status="started", repo=repo_id)
@@ -419,6 +459,22 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     pushed = {"attempts": attempts, "commit": commit.oid}
     record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
     return f"{constants.ENDPOINT}/{repo_id}"
+
+
+def main_operations(api, repo_id: str, out: Path) -> list:
+    """The one commit of a final push: the run's own files (`own_files`, less IGNORE), and the deletion of main's
+    earlier weights (REPLACED) in the folders a run writes a model to (REPLACED_IN) that this run does not upload."""
+    names = local_files(out, IGNORE, allow=own_files(out))
+    held = api.list_repo_files(repo_id, revision="main")
+    stale = [
+        p
+        for p in held
+        if p not in names
+        and PurePosixPath(p).parent in REPLACED_IN
+        and any(PurePosixPath(p).match(pattern) for pattern in REPLACED)
+    ]
+    adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(out / name)) for name in names]
+    return [*(CommitOperationDelete(p) for p in stale), *adds]
 
 
 # --- pushing later, from a login node ---------------------------------------------------------------------------------

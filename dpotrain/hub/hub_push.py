@@ -267,7 +267,8 @@ def new_branch(api, repo_id: str, branch: str) -> None:
 
 
 def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None) -> list[str]:
-    """The relative paths upload_folder sends from `folder` with `allow` and `ignore` (huggingface_hub's own filter)."""
+    """The relative paths an upload takes from `folder` with `allow` and `ignore` (huggingface_hub's own filter, as
+    its upload_folder applies it)."""
     paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
     return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=[*ignore, *DEFAULT_IGNORE_PATTERNS]))
 

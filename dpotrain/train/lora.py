@@ -231,6 +231,8 @@ def card_lines(s) -> str:
         else " Pass `merge_lora: true` to also save the merged model."
     )
     load = "Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`."
+    base = s.model_name_or_path  # a local folder by its name alone: its path is the training machine's
+    base = base if is_hub_model(base) or builtin.is_builtin(base) else Path(base.rstrip("/")).name or base
     if not is_hub_model(s.model_name_or_path):  # PEFT records the folder the base loaded from: no Hub name to fetch
         built = (
             f" (the built-in model, built by `dpotrain.data.builtin.materialize_model({s.model_name_or_path!r})`)"
@@ -243,7 +245,7 @@ def card_lines(s) -> str:
             f"load the base{built} and pass it to `peft.PeftModel.from_pretrained(base, <this repo>)`."
         )
     return (
-        f"\nThis is a **LoRA adapter** (PEFT) for `{s.model_name_or_path}`, not a full model: r={s.lora_r}, "
+        f"\nThis is a **LoRA adapter** (PEFT) for `{base}`, not a full model: r={s.lora_r}, "
         f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, target modules "
         f"{s.lora_target_modules or s.lora_target_parameters}. The DPO reference was the base with the adapter "
         f"disabled. {load}{merged}\n"
