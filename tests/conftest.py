@@ -740,6 +740,10 @@ def _run_in_child(fn, env) -> int:
     HF_DATASETS_CACHE, let a read-only one through."""
     import functools
 
+    # OpenMP's worker threads are not forked: a parallel region waits for them forever once this process used them
+    # (torch's two threads outside the workers). On one thread torch computes inline, as in a worker's processes.
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     for module in [m for name, m in list(sys.modules.items()) if name.startswith("dpotrain.") and m is not None]:
         for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
