@@ -683,25 +683,44 @@ def read_only_prefix(folder) -> list[str]:
 
 def in_read_only(folder: Path, fn) -> tuple[int, str, str]:
     """`fn()` in a forked child of this process in which `folder` is read-only as under `read_only_prefix` (root: a
-    read-only bind mount in a mount namespace of the child's own; otherwise the folder's mode): the child's exit code
-    (1 where `fn` raised, its traceback on stderr), stdout and stderr. Forked, not a fresh interpreter: the code under
-    test is imported already (checkpoint rotation's module brings transformers: ~7 CPU-s a fresh start)."""
+    read-only bind mount in a mount namespace of the child's own; otherwise the folder's mode): `in_child`'s exit code,
+    stdout and stderr."""
+    return in_child(fn, read_only=[folder])
+
+
+def in_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> tuple[int, str, str]:
+    """`fn()` in a forked child of this process, in a mount namespace of its own (root) where each folder of
+    `read_only` is a read-only bind mount of itself (otherwise the folder's mode), each `(folder, size)` of `tmpfs`
+    a tmpfs of that size (`"1m"`: a real disk that fills up) and each `(folder, at)` of `bind` that folder mounted a
+    second time at `at` (a container's `-B`, a site's two names of one file system), with `env` set (None unsets a
+    variable) and read again as the Hub libraries read it while being imported (tests/helpers/warm.py: `_reread`,
+    which test_warm.py compares with a fresh interpreter). Returns the child's exit code (a SystemExit's, as
+    `run_cli` ends a command; 1 where `fn` raised, its traceback on stderr), stdout and stderr, read at their
+    descriptors (what C code and a handler made before the fork write too). Forked, not a fresh interpreter under
+    `unshare`: the code under test is imported already (train_dpo.py's stack: ~6-7 CPU-s a fresh start, for a refusal
+    of a few milliseconds)."""
+    import io
     import traceback
 
     if os.geteuid() != 0:
-        folder.chmod(0o555)
+        if tmpfs or bind:
+            pytest.skip("needs a mount in a mount namespace of its own (root)")
+        for folder in read_only:
+            folder.chmod(0o555)
     with tempfile.TemporaryDirectory() as streams:
         out, err = Path(streams) / "out", Path(streams) / "err"
         pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
+        if pid == 0:  # the child: never returns into pytest (os._exit: not pytest's atexit, which removes HF_HOME)
             code = 1
             try:
-                sys.stdout, sys.stderr = open(out, "w"), open(err, "w")
-                if os.geteuid() == 0 and not _mount_read_only(folder):
+                for fd, path in ((1, out), (2, err)):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+                sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+                sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+                if os.geteuid() == 0 and not _mount(read_only, tmpfs, bind):
                     code = 77
                 else:
-                    fn()
-                    code = 0
+                    code = _run_in_child(fn, env)
             except BaseException:  # noqa: BLE001 - whatever ends `fn`, the child exits here, never into pytest
                 traceback.print_exc()
             finally:
@@ -710,24 +729,60 @@ def in_read_only(folder: Path, fn) -> tuple[int, str, str]:
                 os._exit(code)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code == 77:
-            pytest.skip(f"cannot make a read-only bind mount here ({err.read_text().strip()}: needs CAP_SYS_ADMIN)")
+            pytest.skip(f"cannot mount in a mount namespace here ({err.read_text().strip()}: needs CAP_SYS_ADMIN)")
         return code, out.read_text(), err.read_text()
 
 
-def _mount_read_only(folder: Path) -> bool:
-    """This process in a mount namespace of its own (mounts private, as `unshare --mount` makes them) where `folder` is
-    a read-only bind mount of itself; False, the error on stderr, where the kernel refuses."""
+def _run_in_child(fn, env) -> int:
+    """`fn()` under `env` (the forked child of `in_child`): its exit code, as a command's SystemExit gives it. The
+    project's answers kept once per process (`functools.cache`) are forgotten first, as a fresh interpreter starts
+    without them: `data.check_datasets_cache`, which an earlier test's dry run in this worker answered for another
+    HF_DATASETS_CACHE, let a read-only one through."""
+    import functools
+
+    # OpenMP's worker threads are not forked: a parallel region waits for them forever once this process used them
+    # (torch's two threads outside the workers). On one thread torch computes inline, as in a worker's processes.
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("dpotrain.") and m is not None]:
+        for value in list(vars(module).values()):
+            if isinstance(value, functools._lru_cache_wrapper):
+                value.cache_clear()
+    if env:
+        sys.path.insert(0, str(WARM_HELPER.parent))
+        import warm
+
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        warm._reread()
+    try:
+        fn()
+    except SystemExit as ended:
+        return 0 if ended.code is None else ended.code if isinstance(ended.code, int) else 1
+    return 0
+
+
+def _mount(read_only, tmpfs, bind) -> bool:
+    """This process in a mount namespace of its own (mounts private, as `unshare --mount` makes them) with `in_child`'s
+    mounts; False, the error on stderr, where the kernel refuses."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     clone_newns, ms_rdonly, ms_remount, ms_bind, ms_rec, ms_private = 0x20000, 1, 32, 4096, 16384, 1 << 18
-    path = os.fsencode(folder)
-    steps = (
-        lambda: libc.unshare(clone_newns),
-        lambda: libc.mount(b"none", b"/", None, ms_rec | ms_private, None),
-        lambda: libc.mount(path, path, None, ms_bind, None),
-        lambda: libc.mount(path, path, None, ms_remount | ms_bind | ms_rdonly, None),
-    )
+    steps = [lambda: libc.unshare(clone_newns), lambda: libc.mount(b"none", b"/", None, ms_rec | ms_private, None)]
+    for folder, at in bind:
+        path, at_path = os.fsencode(folder), os.fsencode(at)
+        steps.append(lambda path=path, at_path=at_path: libc.mount(path, at_path, None, ms_bind, None))
+    for folder, size in tmpfs:
+        path = os.fsencode(folder)
+        steps.append(lambda path=path, size=size: libc.mount(b"tmpfs", path, b"tmpfs", 0, f"size={size}".encode()))
+    for folder in read_only:
+        path = os.fsencode(folder)
+        steps.append(lambda path=path: libc.mount(path, path, None, ms_bind, None))
+        steps.append(lambda path=path: libc.mount(path, path, None, ms_remount | ms_bind | ms_rdonly, None))
     for step in steps:
         if step() != 0:
             print(os.strerror(ctypes.get_errno()), file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, python, read_only_prefix
+from conftest import PYTHON, ROOT, in_child, python
 from dpotrain.data import builtin, cuts, data, lengths
 from dpotrain.forwards import packing
 from dpotrain.recipe.errors import ConfigError, size
@@ -224,17 +224,20 @@ def test_measuring_in_processes_leaves_the_environment_as_it_found_it(tokenizer,
     assert os.environ is environ and dict(os.environ) == before
 
 
-@pytest.mark.slow
-def test_a_saved_data_set_in_a_read_only_folder_is_analysed_without_writing_there(tmp_path, tiny_model_dir):
+def test_a_saved_data_set_in_a_read_only_folder_is_analysed_without_writing_there(cli, tmp_path, tiny_model_dir):
+    """The analyzer as its process ends it (`run_cli`), in a forked child where the data set's folder is a read-only
+    mount (`in_child`), its two map processes forked from that child: a fresh interpreter imported the stack again."""
     import datasets
+
+    from dpotrain.recipe.errors import run_cli
 
     saved = tmp_path / "shared" / "pairs"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(_messages_rows())}).save_to_disk(str(saved))
     files = sorted(saved.rglob("*"))
-    argv = [PYTHON, str(SCRIPT), str(saved), "--tokenizer", tiny_model_dir, "--num-proc", "2"]  # in the mount namespace
-    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([*read_only_prefix(saved.parent), *argv], capture_output=True, text=True, env=env)
-    assert done.returncode == 0 and "Recommended max_length: 512" in done.stdout, done.stderr[-3000:]
+    argv = [str(saved), "--tokenizer", tiny_model_dir, "--num-proc", "2"]
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    code, stdout, stderr = in_child(lambda: run_cli(lambda: cli.main(argv)), read_only=[saved.parent], env=env)
+    assert code == 0 and "Recommended max_length: 512" in stdout, stderr[-3000:]
     assert sorted(saved.rglob("*")) == files
 
 

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from test_faults import FINAL, STEPS
 
-from conftest import ROOT, python
+from conftest import ROOT, in_child, python
 from dpotrain.data import data_identity, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -297,26 +296,25 @@ def test_an_output_folder_inside_a_folder_of_data_files_is_refused_at_start(dry_
     assert not out.exists() and not (shards / "run.dry-run.json").exists()
 
 
-@pytest.mark.slow
 def test_an_output_folder_inside_the_data_folder_bound_under_another_name_is_refused(tmp_path):
     """The data folder mounted a second time elsewhere (a bind mount, which no link resolves): `--dataset_name
-    /gpfs/me/shards --output_dir /scratch/me/shards/run` of one folder trained, then read its own files as data."""
+    /gpfs/me/shards --output_dir /scratch/me/shards/run` of one folder trained, then read its own files as data. The
+    dry run as its process ends it (`run_cli`), in a forked child whose own mount namespace holds the bind mount
+    (`in_child`): a fresh interpreter under `unshare` imported the stack again (~6 CPU-s) for a refusal."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     shards, bound = tmp_path / "shards", tmp_path / "bound"
     shards.mkdir()
     bound.mkdir()
     (shards / "part-0.jsonl").write_text(
         "".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(True)[:16])
     )
-    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"', str(shards), str(bound)]
-    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare)")
     out = bound / "run"
     args = [*ARGS, "--dataset_name", str(shards), "--output_dir", str(out), "--dry-run"]
-    result = subprocess.run(
-        [*prefix, sys.executable, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, capture_output=True, text=True
-    )
-    line = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    code, _, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(args)), bind=[(shards, bound)])
+    line = stderr.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
     assert line.startswith(f"error: output_dir {str(out)!r} is inside the data folder {str(shards)!r}"), line
     assert not (shards / "run").exists()
 

@@ -2,7 +2,6 @@
 memory plan was checked against and how to plan for another; the full JSON beside the output folder, or with --json."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import train_dpo
-from conftest import PYTHON, ROOT, submitted
+from conftest import PYTHON, ROOT, in_child, submitted
 from dpotrain.recipe import config as config_mod
 from dpotrain.recipe.errors import ConfigError, plural
 
@@ -931,21 +930,18 @@ def test_a_dry_run_says_where_datasets_copied_the_pairs_and_how_much_it_takes(tm
     assert written > (ROOT / "data" / "smoke_prefs.jsonl").stat().st_size / 2  # the copy, not a record of it
 
 
-@pytest.mark.slow  # starts a process in a mount namespace of its own
 @pytest.mark.parametrize("given", ["dataset_name", "a mixture source's data_files"])
 def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_written(given, tmp_path):
     """datasets copies a local data file into HF_DATASETS_CACHE at its first read; on a disk without room for it the
     dry run said "could not read dataset file '...pairs.jsonl': DatasetGenerationError: An error occurred while
     generating the dataset", naming the data file, not the cache. The dry run (and the run, the analyzer: the same
-    load) refuses in one line that names the cache and the fix, before the copy starts."""
-    from dpotrain.recipe.errors import size
+    load) refuses in one line that names the cache and the fix, before the copy starts. The command as its process
+    ends it (`run_cli`), in a forked child with a real 1 MiB disk under the cache (`in_child`), not a fresh
+    interpreter that imported the stack again for a refusal."""
+    from dpotrain.recipe.errors import run_cli, size
 
     disk = tmp_path / "disk"
     disk.mkdir()
-    mount = 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"'  # a real 1 MiB disk under the cache
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(disk)]
-    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text() * 4)  # 1.7 MB of pairs
     data, read = ["--dataset_name", str(pairs)], [pairs]
@@ -954,12 +950,10 @@ def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_writ
         read[1].write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text())
         data = ["--datasets", json.dumps({"path": "json", "data_files": [str(f) for f in read]})]
     args = [*SMOKE, *data, "--output_dir", str(tmp_path / "run"), "--dry-run"]
-    env = {**os.environ, "HF_DATASETS_CACHE": str(disk / "datasets")}
-    result = subprocess.run(
-        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    env = {"HF_DATASETS_CACHE": str(disk / "datasets")}
+    code, _, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(args)), tmpfs=[(disk, "1m")], env=env)
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
         f"error: the datasets cache {disk / 'datasets'} has 1.0 MiB free, and datasets first copies the data set's "
         f"{size(sum(f.stat().st_size for f in read))} of files into it (as Arrow, about their size): set "
         "HF_DATASETS_CACHE (or "

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, built, ready
+from conftest import ROOT, built, in_child, ready
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
@@ -208,23 +208,20 @@ def test_datasets_cache_filling_up_while_the_pairs_are_prepared_is_named_with_it
     """datasets' cache with room for its copy of the data file (checked at start) but not for the tokenized copies its
     `map` writes next (about twice the file, for the smoke data): pyarrow's failed write names no file, and the run
     ended in `error: the disk is full: a file could not be written: free space there, then rerun`, naming no place.
-    The cache whose disk has no room is found, and named with the variable that moves it."""
-    import subprocess
-
-    from test_faults import small_disk
-
-    from conftest import PYTHON
+    The cache whose disk has no room is found, and named with the variable that moves it. The command as its process
+    ends it (`run_cli`), in a forked child whose own mount namespace holds a 1 MiB tmpfs at the cache (`in_child`): a
+    fresh interpreter under `unshare` imported the stack again (~6 CPU-s) for a run that ends before its model loads."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
 
     cache = tmp_path / "datasets-cache"
-    prefix, preexec = small_disk(cache, 1)
-    if preexec is not None:  # a file-size limit has no disk to find
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    cache.mkdir()
     out = tmp_path / "run"
-    cmd = [*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--max_steps", "2", "--output_dir", str(out)]
-    env = {**os.environ, "HF_DATASETS_CACHE": str(cache)}
-    result = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    assert result.returncode != 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
-    last = result.stdout.strip().splitlines()[-1]
+    args = ["--config", SMOKE, "--max_steps", "2", "--output_dir", str(out)]
+    env = {"HF_DATASETS_CACHE": str(cache)}
+    code, stdout, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(args)), tmpfs=[(cache, "1m")], env=env)
+    assert code != 0 and "Traceback" not in stdout + stderr, (stdout + stderr)[-3000:]
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: the disk is full: a file could not be written in datasets' cache, {cache}, "), last
     assert last.endswith("or set HF_DATASETS_CACHE (or HF_HOME) to a folder with room, then rerun"), last
     assert not (out / "checkpoint-2").exists()  # before training: nothing trained, nothing to resume

@@ -12,7 +12,7 @@ import time
 import pytest
 from test_refusals import SMOKE, refused
 
-from conftest import PYTHON, ROOT, python, read_only_prefix
+from conftest import PYTHON, ROOT, in_child, python
 from dpotrain.recipe import records
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, RunError
@@ -134,8 +134,9 @@ def test_a_metrics_line_edited_into_json_that_is_no_record_is_the_same_one_line_
 def test_a_record_that_does_not_fit_leaves_no_part_of_its_line_and_a_full_output_folder_is_named(tmp_path):
     """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was. And a write
     refused for a full disk without a file name (os.write on a descriptor: OSError ENOSPC, filename None) in the output
-    folder, on a second small tmpfs: the line named the caches' free space, not the folder that is full. One process
-    for both (an interpreter's imports are most of either's cost)."""
+    folder, on a second small tmpfs: the line named the caches' free space, not the folder that is full. One forked
+    child of this process for both, its own mount namespace holding the two disks (`in_child`): a fresh interpreter
+    under `unshare` imported the stack again (~6 CPU-s), most of either's cost."""
     folder, run = tmp_path / "disk", tmp_path / "run"
     folder.mkdir()
     run.mkdir()
@@ -177,21 +178,17 @@ except OSError as e:
     assert e.filename is None, e
     print(disk_full.write_failed(*disk_full.full_write(e)))
 """
-    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && mount -t tmpfs -o size=64k tmpfs "$1" && shift && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder), str(run)]
-    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
-    result = subprocess.run([*prefix, PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+    code, stdout, stderr = in_child(lambda: exec(code, {}), tmpfs=[(folder, "64k"), (run, "64k")])
+    assert code == 0, stderr[-3000:]
+    lines = stdout.strip().splitlines()
     for name, file in [("metrics", "metrics.jsonl"), ("plot", "training_curves.png"), ("card", "README.md")]:
-        assert f"{name} the disk is full: {folder / file} could not be written (" in result.stdout, result.stdout
+        assert f"{name} the disk is full: {folder / file} could not be written (" in stdout, stdout
     assert all("free there): free space there, then rerun" in line for line in lines[:3]), lines
     assert lines[3] == "unchanged True ['filler', 'metrics.jsonl']"  # no half-written file, no temporary one
     assert lines[4:] == [
         f"the disk is full: a file could not be written in the output folder, {run}, 0 bytes free there: free "
         "space there, or set --output_dir to a folder with room, then rerun"
-    ], result.stdout
+    ], stdout
 
 
 @pytest.mark.slow
@@ -226,10 +223,8 @@ except Exception as e:
     print("checkpoint", disk_full.save_failed(disk / "checkpoint-4", disk_full.why_full(e, disk)))
 print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError("file write failed"), disk)))
 """
-    result = subprocess.run(
-        [*read_only_prefix(disk), PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, stdout, stderr = in_child(lambda: exec(code, {}), read_only=[disk])  # forked: the stack is imported
+    assert code == 0, stderr[-3000:]
     why = "the file system is read-only" if os.geteuid() == 0 else "permission is denied"
     fix = (
         "make it writable again (a file system remounted read-only after a disk error needs its administrator)"
@@ -237,14 +232,14 @@ print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError
         else "give this job write permission there"
     )
     after = "checkpoint-2 is kept, and the same command goes on from it"
-    assert result.stdout.splitlines() == [
+    assert stdout.splitlines() == [
         f"metrics {why}: {disk}/metrics.jsonl could not be written: {fix}, then rerun; {after}",
         f"plot {why}: {disk}/training_curves.png could not be written: {fix}, then rerun; {after}",
         f"card {why}: {disk}/README.md could not be written: {fix}, then rerun; {after}",
         f"checkpoint {why}: checkpoint-4 could not be written in {disk}: {fix}, then rerun; {after}",
         f"final {why}: the final model could not be written in {disk}: {fix}, then rerun; the same command goes on "
         "from checkpoint-2",
-    ], result.stdout
+    ], stdout
 
 
 # --- one line where a traceback was -----------------------------------------------------------------------------------
@@ -253,29 +248,27 @@ print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError
 READ_ONLY = "Read-only file system" if os.geteuid() == 0 else "Permission denied"  # a mount for root, else a mode
 
 
-def run_in(prefix, args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, *args],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def run_in(args, read_only=(), env=None) -> tuple[int, str, str]:
+    """`python train_dpo.py --config SMOKE ARGS` as its process ends it (`run_cli`), in a forked child of this process
+    with `read_only` folders mounted read-only and `env` read as at import (conftest's `in_child`): the exit code,
+    stdout and stderr. A fresh interpreter imported the stack again (~6 CPU-s) for a refusal at the checks."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    return in_child(lambda: run_cli(lambda: train_dpo.main(["--config", SMOKE, *args])), read_only, env=env)
 
 
-@pytest.mark.slow
 def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path, tiny_model_dir):
     shared = tmp_path / "outputs"
     shared.mkdir()
     out = shared / "run"
-    result = run_in(read_only_prefix(shared), ["--output_dir", str(out), "--model_name_or_path", tiny_model_dir])
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    code, stdout, stderr = run_in(["--output_dir", str(out), "--model_name_or_path", tiny_model_dir], [shared])
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
         f"error: output_dir {str(out)!r}: cannot write in {shared} ({READ_ONLY}): pass --output_dir a "
         "folder this job can write in"
     )
-    assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
+    assert "Data (train)" not in stdout + stderr  # refused before the data loaded, the model too
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
@@ -377,32 +370,30 @@ def test_wandb_out_of_reach_is_refused_in_seconds_and_offline_mode_asks_nothing(
     assert time.monotonic() - start < 1  # nothing asked
 
 
-@pytest.mark.slow
 def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, tiny_model_dir):
     """DPOTRAIN_CACHE moved the project's caches off a read-only home; datasets' cache is still there."""
     home, cache = tmp_path / "home", tmp_path / "cache"
     home.mkdir()
-    unset = ["env", "-u", "HF_HOME", "-u", "HF_DATASETS_CACHE", "-u", "XDG_CACHE_HOME"]  # datasets' default cache
+    unset = dict.fromkeys(["HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME"])  # datasets' default cache
     args = ["--output_dir", str(tmp_path / "run"), "--model_name_or_path", tiny_model_dir, "--report_to", "none"]
-    result = run_in([*read_only_prefix(home), *unset], args, env={"HOME": str(home), "DPOTRAIN_CACHE": str(cache)})
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    code, _, stderr = run_in(args, [home], env={**unset, "HOME": str(home), "DPOTRAIN_CACHE": str(cache)})
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
         f"error: the datasets cache {home}/.cache/huggingface/datasets is not writable ({READ_ONLY} in "
         f"{home}), and datasets caches every data set it reads there, local files too: set HF_HOME (or "
         "HF_DATASETS_CACHE) to a writable folder"
     )
 
 
-@pytest.mark.slow
 def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_path):
     """HOME pointing at a file (a cluster's compute node, a service account): huggingface_hub's read of its saved login
     under HOME, which it allows to be missing but nothing else, ended a dry run in a NotADirectoryError traceback."""
     home = tmp_path / "home"
     home.write_text("")
-    unset = ["env", "-u", "HF_HOME", "-u", "XDG_CACHE_HOME", "-u", "HF_TOKEN", "-u", "HF_TOKEN_PATH"]
-    result = run_in(unset, ["--output_dir", str(tmp_path / "run"), "--dry-run"], env={"HOME": str(home)})
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    unset = dict.fromkeys(["HF_HOME", "XDG_CACHE_HOME", "HF_TOKEN", "HF_TOKEN_PATH"])
+    code, _, stderr = run_in(["--output_dir", str(tmp_path / "run"), "--dry-run"], env={**unset, "HOME": str(home)})
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
         f"error: cannot read the saved Hugging Face token {home}/.cache/huggingface/token (Not a directory): set HOME "
         "to your home folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), "
         "or HF_TOKEN"

@@ -22,11 +22,11 @@ from conftest import (
     PYTHON,
     ROOT,
     accelerate_launch,
+    in_child,
     pause_env,
     paused_pid,
     python,
     rank_python,
-    read_only_prefix,
     signal_paused,
 )
 from dpotrain.train.metrics import metrics_figure, read_metrics
@@ -563,22 +563,20 @@ print("still alive, asked:", stop.asked_here(), stop.signal_received, flush=True
     assert result.returncode == 0 and result.stdout.strip() == f"still alive, asked: True {int(signal.SIGTERM)}"
 
 
-@pytest.mark.slow
 def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
+    """Its dry run as the process ends it (`run_cli`), in a forked child where the folder is a read-only mount
+    (`in_child`): a fresh interpreter imported the stack again (~6 CPU-s) for a refusal at the checks."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     folder = tmp_path / "logs"
     folder.mkdir()
     stop_file = folder / ".stop-123"
-    command = [sys.executable, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs/smoke.yaml"), "--dry-run"]
-    result = subprocess.run(
-        [*read_only_prefix(folder), *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)},
-    )
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    args = ["--config", str(ROOT / "configs/smoke.yaml"), "--dry-run"]
+    env = {"DPOTRAIN_STOP_FILE": str(stop_file)}
+    code, stdout, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(args)), read_only=[folder], env=env)
+    assert code == 2, stdout[-2000:] + stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
         f"error: DPOTRAIN_STOP_FILE={stop_file}: cannot write in {folder} (Read-only file system), so a stop could "
         "not be confirmed and the job would not requeue: point DPOTRAIN_STOP_FILE to a writable folder every node "
         "sees (scripts/launch.sh uses the project's logs/)"

@@ -19,6 +19,7 @@ from conftest import (
     ROOT,
     accelerate_launch,
     built,
+    in_child,
     pause_env,
     paused_pid,
     python,
@@ -299,17 +300,31 @@ def files_of(folder) -> dict:
 def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_it_refused(tmp_path, tiny_model_dir):
     """A team's read-only DPOTRAIN_CACHE holding this run's complete reference was refused before anything loaded
     ("... is not writable"), though the run would only read it. It trains, reusing it and writing nothing there; a
-    read-only cache without it is refused as before, before the model loads."""
+    read-only cache without it is refused as before, before the model loads. The two refused runs are the command as
+    its process ends it (`run_cli`) in a forked child where the cache is a read-only mount (`in_child`), not a fresh
+    interpreter that imported the stack again (~6 CPU-s each) to stop before its first forward."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     cache = tmp_path / "cache"
     env = {**os.environ, "DPOTRAIN_CACHE": str(cache)}
 
-    def train(out, prefix=(), steps="2"):
-        args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
-        # A fresh interpreter inside the read-only mount (a warm child would run outside it); the first run, which
-        # only fills the cache, starts warm.
-        interpreter = sys.executable if prefix else python()
-        command = [*prefix, interpreter, str(ROOT / "train_dpo.py"), *args, "--output_dir", str(tmp_path / out)]
+    def args(out, steps="2"):
+        run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
+        return [*run, "--output_dir", str(tmp_path / out)]
+
+    def train(out, prefix=()):
+        # A fresh interpreter inside the read-only mount (a warm child would run outside it, and this run trains);
+        # the first run, which only fills the cache, starts warm.
+        command = [*prefix, sys.executable if prefix else python(), str(ROOT / "train_dpo.py"), *args(out)]
         return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def refused(out, steps="2") -> tuple[int, str]:
+        command = args(out, steps)
+        code, stdout, stderr = in_child(
+            lambda: run_cli(lambda: train_dpo.main(command)), read_only=[cache], env={"DPOTRAIN_CACHE": str(cache)}
+        )
+        return code, stdout + stderr
 
     first = train("first")
     assert first.returncode == 0, first.stdout[-3000:]
@@ -320,17 +335,17 @@ def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_i
     assert files_of(cache) == before  # nothing written, nothing removed
     # Another run's reference there, not this one's (3 steps: other pairs): refused once its key is known, before
     # the first forward of the reference stage
-    longer = train("longer", prefix=read_only(cache), steps="3")
-    assert longer.returncode == 2, longer.stdout[-3000:]
-    assert "is not writable (cannot write in" in longer.stdout and "(train): scoring" not in longer.stdout
-    assert "Traceback" not in longer.stdout
+    code, longer = refused("longer", steps="3")
+    assert code == 2, longer[-3000:]
+    assert "is not writable (cannot write in" in longer and "(train): scoring" not in longer
+    assert "Traceback" not in longer
     for complete in cache.glob(f"reference/*/{reference.COMPLETE}"):
         complete.unlink()  # the cache without this run's reference: the run must score it, and save it as it goes
-    refused = train("refused", prefix=read_only(cache))
-    assert refused.returncode == 2, refused.stdout[-3000:]
-    assert f"error: the reference cache folder {cache / 'reference'} is not writable" in refused.stdout
-    assert "Read-only file system): set DPOTRAIN_CACHE to a writable folder" in refused.stdout
-    assert "Loading weights" not in refused.stdout
+    code, out = refused("refused")
+    assert code == 2, out[-3000:]
+    assert f"error: the reference cache folder {cache / 'reference'} is not writable" in out
+    assert "Read-only file system): set DPOTRAIN_CACHE to a writable folder" in out
+    assert "Loading weights" not in out
 
 
 # --- a stage that survives a stop or a kill, and runs alone -----------------------------------------------------------

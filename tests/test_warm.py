@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, python
+from conftest import PYTHON, ROOT, in_child, python
 
 PROBE = ROOT / "tests" / "helpers" / "hub_constants.py"
 
@@ -102,3 +102,21 @@ def test_two_messages_that_reach_the_client_together_are_read_one_at_a_time():
         assert warm._recv(client) == ({"status": 0}, [])
         for fd in (read, write, *fds):
             os.close(fd)
+
+
+def test_a_forked_child_computes_on_torch_after_this_process_used_its_threads():
+    """`in_child` forks this process, and OpenMP's worker threads are not forked: once this process had computed on
+    two threads (torch's default outside the workers, as `pytest tests/test_X.py` runs), the child's first parallel
+    region waited for them forever. The child computes on one thread, as a worker's processes do."""
+    import math
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.ones(2000, 2000).exp().sum()  # this process's second thread started
+        code, out, err = in_child(lambda: print(float(torch.ones(2000, 2000).exp().sum())))
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0 and float(out) == pytest.approx(2000 * 2000 * math.e), err
