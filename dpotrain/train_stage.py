@@ -94,7 +94,7 @@ def check_reference_weights(spec, trainer) -> None:
         return
     trained = run_record.read(resolve.trained_under(Path(resume_from)) / "resolved_config.json")
     was = trained.derived.get(WEIGHTS_KEY) if trained else None
-    if was and was != trainer.weights_hash:
+    if was and was not in {trainer.weights_hash, *trainer.weights_hashes}:  # LoRA: the hash it recorded before
         model = spec.recipe.model.model_name_or_path
         raise ConfigError(
             f"model {model!r}: the weights loaded are not those {resume_from} was trained against (SHA-256 "

@@ -165,6 +165,8 @@ def test_engine_with_two_processes_computes_what_one_process_computes(
     assert_same_weights(
         one_process / "lora" / "merged" / "model.safetensors", lora / "merged" / "model.safetensors", 1e-6
     )
+    # Its reference cache is the base's, as a full fine-tune keys it: the base's weights gathered, the adapter left out
+    assert weights_keys(lora) == weights_keys(one_process / "lora") == weights_keys(one_process / "run")
 
 
 @pytest.mark.slow

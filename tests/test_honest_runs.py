@@ -305,3 +305,40 @@ def test_a_merged_adapter_on_tied_embeddings_computes_what_the_adapter_does(targ
         want, got = adapted(tokens).logits, AutoModelForCausalLM.from_pretrained(merged)(tokens).logits
     assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
     assert json.loads((merged / "config.json").read_text())["tie_word_embeddings"] == (targets == ["q_proj"])
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        ["--lora_r", "8", "--lora_target_modules", "q_proj"],
+        ["--lora_r", "16", "--lora_target_modules", "all-linear", "--lora_modules_to_save", "lm_head"],
+        ["--lora_target_modules", "q_proj", "--use_dora", "true"],
+    ],
+    ids=["r8", "r16-all-linear-lm_head", "dora"],
+)
+def test_a_lora_runs_reference_is_keyed_by_its_base_as_a_full_run_of_it(lora, tmp_path, tiny_model_dir):
+    """A LoRA run's reference is its base with the adapter disabled: the same numbers a full fine-tune of that base
+    scores (equal to the bit on the smoke pairs). Its cache key hashed the adapter's random initial weights too, so
+    each LoRA run (another r, targets or seed) scored the whole reference again, hours on the think recipe, beside a
+    finished cache of the same base. Keyed by the base weights, runs of one base share it; a resumed LoRA run
+    recorded with the old hash (TRL's, of base and adapter) still passes the weights check."""
+    import datasets
+
+    from conftest import built
+    from dpotrain.data import builtin
+    from dpotrain.recipe import upstream
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.reference.reference import identity
+    from dpotrain.reference.scorer import ReferenceScorer
+
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(16, seed=3))
+
+    def key(*args):
+        base = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")]
+        trainer = built(parse_args([*base, *args]), rows).trainer
+        return trainer, identity(ReferenceScorer(trainer), trainer.train_dataset)
+
+    _, full = key()
+    trainer, adapter = key("--use_peft", "true", *lora)
+    assert adapter == full
+    assert upstream.weights_hash(trainer) in trainer.weights_hashes  # what a LoRA run recorded before this

@@ -523,23 +523,43 @@ def enable_on_cpu(engine: Engine) -> None:
         upstream.set_distributed_type(kind)
 
 
-def zero3_weights_sha256(model, is_main: bool) -> str | None:
-    """sha256 of a ZeRO-3 model's full weights as TRL's `hash_module` takes an unsharded one's (TRL would hash the empty
-    local partitions), on the main process. A collective: every rank calls it."""
-    import deepspeed
+PEFT_PREFIX = "base_model.model."  # a PEFT model's state-dict names start so; the base layer's weight is under:
+PEFT_BASE_PARTS = ("base_layer", "original_module")  # an adapted layer's, and a trained copy's (modules_to_save)
 
-    h = hashlib.sha256()
+
+def base_weight_name(name: str) -> str | None:
+    """A PEFT model's state-dict name as its base model names that weight; None for the adapter's own tensors
+    (lora_A/B, DoRA's magnitude, a modules_to_save copy). A plain model's names are returned as they are."""
+    parts = name.removeprefix(PEFT_PREFIX).split(".")
+    if any(part.startswith("lora_") or part == "modules_to_save" for part in parts):
+        return None
+    return ".".join(part for part in parts if part not in PEFT_BASE_PARTS)
+
+
+def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str | None:
+    """sha256 of a model's full weights as TRL's `hash_module` takes an unsharded one's, on the main process; under
+    ZeRO-3 gathered first (TRL would hash the empty local partitions), a collective: every rank calls it. `base`: a
+    PEFT model's base weights alone, named and ordered as the base's: the hash a full fine-tune of it takes."""
+    h, state = hashlib.sha256(), model.state_dict()
     params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each of their names
-    for name, tensor in sorted(model.state_dict().items()):
-        param = params.get(name)
-        with deepspeed.zero.GatheredParameters([param]) if param is not None else contextlib.nullcontext():
+    names = {name: base_weight_name(name) if base else name for name in state}
+    for name in sorted((n for n in names if names[n] is not None), key=names.get):
+        param, tensor = params.get(name), state[name]
+        gathered = zero3 and param is not None
+        with _gathered(param) if gathered else contextlib.nullcontext():
             if is_main:
-                full = (param.data if param is not None else tensor).detach().cpu()
+                full = (param.data if gathered else tensor).detach().cpu()
                 h.update(str(full.dtype).encode())
                 if full.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
                     full = full.to(torch.float32)
                 h.update(full.numpy().tobytes())
     return h.hexdigest() if is_main else None
+
+
+def _gathered(param):
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param])
 
 
 def start_processes(training, run_engine: Engine):

@@ -228,10 +228,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
-        # The reference cache's key: the full weights' hash (TRL's, under ZeRO-3, is of each rank's empty partition)
-        self.weights_hash = upstream.weights_hash(self)
-        if self.engine.name == "zero3" and self.precompute_ref_logps:
-            self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
+        self.weights_hash, self.weights_hashes = self._weights_hashes()
         self._reference_engine = None  # the DeepSpeed engine that scores the reference (`reference_model`)
         self.loss_is_scaled_for_ga = True  # compute_loss weighs each micro-batch by its share of the step's pairs
         self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
@@ -253,6 +250,19 @@ class RecipeDPOTrainer(DPOTrainer):
             self.add_callback(callback)
             if hasattr(callback, "attach"):  # one that reads the built trainer (samples.SampleGenerator)
                 callback.attach(self)
+
+    def _weights_hashes(self) -> tuple[str | None, set]:
+        """The reference cache's key: the hash of the weights the reference scores (TRL's, under ZeRO-3, is of each
+        rank's empty partition); and the hashes a run's record may hold for them (`check_reference_weights`)."""
+        trl_hash = upstream.weights_hash(self)  # None with a live reference: no cache, nothing to compare
+        zero3, main = self.engine.name == "zero3", self.accelerator.is_main_process
+        found = engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
+        if not trl_hash or not getattr(self.model, "peft_config", None):
+            return found, {found}
+        # LoRA: the reference is the base with the adapter disabled, scored as a full fine-tune of it scores it; keyed
+        # by TRL's hash, which takes the adapter's random initial weights too, another r, targets or seed scored it all
+        # again. The earlier hash stays acceptable to a resume of a run recorded with it.
+        return engine.weights_sha256(self.model, main, zero3, base=True), {found}
 
     def _set_up_layers(self, compile_layers: bool) -> dict:
         """Sequence parallelism's groups (Ulysses around the attention), the memory plan's checkpointed layers held
