@@ -1504,7 +1504,8 @@ def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_mod
 
     local = {str(tmp_path), str(Path(tiny_model_dir).parent), str(ROOT), str(Path.home())}
     uploaded = {(c["revision"], name): content for c in hub.state.commits for name, content in c["files"].items()}
-    assert {("main", "resolved_config.json"), ("step-4", "adapter_config.json")} <= uploaded.keys()
+    checked = {("main", "resolved_config.json"), ("main", "merged/config.json"), ("step-4", "adapter_config.json")}
+    assert checked <= uploaded.keys()
     leaked = {where: path for where, content in uploaded.items() for path in local if path.encode() in content}
     assert not leaked, leaked
     record = json.loads(uploaded["main", "resolved_config.json"])
