@@ -1485,3 +1485,76 @@ def test_a_run_folder_written_before_runs_recorded_their_files_pushes_no_env_fil
         "model.safetensors",
         "run_complete.json",
     ]
+
+
+@pytest.mark.slow
+def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_model_dir):
+    """A run of a local model on a local data file (LoRA, merged, its checkpoint pushed too) uploads its record and its
+    adapter's config as copies naming each local path by its last part, as the card does: the repo is often public, and
+    the training machine's paths (its user's home, a site's project folder) mean nothing there. The run's folder keeps
+    its record as written (a resume reads it), and push_to_hub.py compares the copies with the Hub's: the same run is
+    not pushed again, a changed record is."""
+    data = tmp_path / "my-data" / "prefs.jsonl"
+    data.parent.mkdir()
+    data.write_bytes((ROOT / "data" / "smoke_prefs.jsonl").read_bytes())
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
+    args = ["--dataset_name", str(data), "--push_checkpoints", "true", "--save_steps", "4", *lora]
+    out, result = train(hub, tmp_path, tiny_model_dir, *args)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+    local = {str(tmp_path), str(Path(tiny_model_dir).parent), str(ROOT), str(Path.home())}
+    uploaded = {(c["revision"], name): content for c in hub.state.commits for name, content in c["files"].items()}
+    checked = {("main", "resolved_config.json"), ("main", "merged/config.json"), ("step-4", "adapter_config.json")}
+    assert checked <= uploaded.keys()
+    leaked = {where: path for where, content in uploaded.items() for path in local if path.encode() in content}
+    assert not leaked, leaked
+    record = json.loads(uploaded["main", "resolved_config.json"])
+    assert (record["model_name_or_path"], record["dataset_name"]) == (Path(tiny_model_dir).name, "prefs.jsonl")
+    assert (record["output_dir"], record["config"]) == ("run", "smoke.yaml")
+    replaced = set(record["local_paths_replaced"]["fields"])
+    assert {"model_name_or_path", "dataset_name", "output_dir", "config"} <= replaced
+    assert json.loads(uploaded["step-4", "adapter_config.json"])["base_model_name_or_path"] == Path(tiny_model_dir).name
+    kept = json.loads((out / "resolved_config.json").read_text())
+    assert kept["output_dir"] == str(out) and "local_paths_replaced" not in kept  # the run's own, as written
+
+    commits = len(hub.state.commits)
+    again = push_checkpoints(out, hub, tmp_path)  # the same run: nothing goes up again
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Skipped main: {REPO} already holds this run" in again.stdout
+    assert f"Skipped checkpoint-4: {REPO}@step-4 already holds it" in again.stdout
+    assert len(hub.state.commits) == commits
+    kept["derived"]["dataset_rows"] += 1  # a record that differs (not in a path) is another run's: pushed
+    (out / "resolved_config.json").write_text(json.dumps(kept, indent=2))
+    changed = push_checkpoints(out, hub, tmp_path)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert [c["revision"] for c in hub.state.commits[commits:]] == ["main"]
+
+
+def test_the_uploaded_record_names_each_local_path_by_its_last_part_and_nothing_else():
+    """Paths whole (a folder with a space) and inside texts (a mixture's spec), a home's `~`: by their last part; Hub
+    names, URLs and ratios stay; the copy is sealed again, so that it does not read as edited by hand."""
+    from dpotrain.hub.public import public_record
+    from dpotrain.recipe import run_record
+
+    home = "/home/ann/my data/pairs.jsonl"
+    values = {
+        "dataset_mixer_list": [home, "0.5", "org/dolci", "1.0"],
+        "accelerate_config": "~/configs/zero2.yaml",
+        "chat_template_path": "/scratch/proj/templates/think.jinja",
+        "hub_model_id": "org/name",
+        "derived": {"data_sources": [{"source": f"{home}:0.5 [train]"}, {"source": "org/dolci:1.0"}]},
+        "note": "loss curves at https://wandb.ai/org/proj, tokens/s 1/2",
+    }
+    public = public_record(run_record.sealed(values))
+    assert public["dataset_mixer_list"] == ["pairs.jsonl", "0.5", "org/dolci", "1.0"]
+    assert (public["accelerate_config"], public["chat_template_path"]) == ("zero2.yaml", "think.jinja")
+    assert public["derived"]["data_sources"] == [{"source": "pairs.jsonl:0.5 [train]"}, {"source": "org/dolci:1.0"}]
+    assert (public["hub_model_id"], public["note"]) == (values["hub_model_id"], values["note"])
+    assert public["local_paths_replaced"]["fields"] == [
+        "dataset_mixer_list[0]",
+        "accelerate_config",
+        "chat_template_path",
+        "derived.data_sources[0].source",
+    ]
+    assert not run_record.edited(public)
+    assert public_record({"hub_model_id": "org/name"}) is None  # nothing to replace: the file goes up as it is

@@ -31,6 +31,7 @@ from dpotrain.hub.hub_push import (
     status_of,
     with_retries,
 )
+from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
@@ -473,8 +474,15 @@ def main_operations(api, repo_id: str, out: Path) -> list:
         and PurePosixPath(p).parent in REPLACED_IN
         and any(PurePosixPath(p).match(pattern) for pattern in REPLACED)
     ]
-    adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(out / name)) for name in names]
+    # the run's record and a LoRA adapter's config as their copies without the training machine's paths (public.py)
+    adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=uploaded(out, name)) for name in names]
     return [*(CommitOperationDelete(p) for p in stale), *adds]
+
+
+def uploaded(out: Path, name: str) -> bytes | str:
+    """What the final push uploads as `name`: the copy `upload_content` makes, else the file by its path."""
+    public = upload_content(out, name)
+    return str(out / name) if public is None else public
 
 
 # --- pushing later, from a login node ---------------------------------------------------------------------------------

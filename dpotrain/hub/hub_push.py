@@ -9,6 +9,7 @@ never a failed run.
 
 import contextlib
 import functools
+import hashlib
 import math
 import os
 import queue
@@ -24,6 +25,7 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from huggingface_hub.utils.sha import git_hash
 from transformers import TrainerCallback
 
+from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
@@ -235,6 +237,10 @@ def verified_additions(folder: Path, names: list[str]) -> list:
             raise NotPushable(
                 f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
             )
+        public = upload_content(folder, name)  # a LoRA adapter's config naming a local base: its copy (public.py)
+        if public is not None:
+            adds.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=public))
+            continue
         add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
         add.upload_info.sha256 = bytes.fromhex(digest)
         adds.append(add)
@@ -285,12 +291,19 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
     except (RepositoryNotFoundError, RevisionNotFoundError):
         return False
     remote.pop(".gitattributes", None)
-    if remote.keys() != set(names) or any(remote[n].size != (folder / n).stat().st_size for n in names):
+    # what a push uploads of a file: its copy without the training machine's paths where it has one (public.py)
+    public = {n: content for n in names if (content := upload_content(folder, n)) is not None}
+    sizes = {n: len(public[n]) if n in public else (folder / n).stat().st_size for n in names}
+    if remote.keys() != set(names) or any(remote[n].size != sizes[n] for n in names):
         return False
     hashed = checkpoint_manifest.read(folder) or {}  # none for a run's folder (main)
     for name in names:
         local, entry = folder / name, hashed.get(name) or {}
-        if remote[name].lfs is None:
+        if name in public and remote[name].lfs is None:
+            same = remote[name].blob_id == git_hash(public[name])
+        elif name in public:
+            same = remote[name].lfs.sha256 == hashlib.sha256(public[name]).hexdigest()
+        elif remote[name].lfs is None:
             same = remote[name].blob_id == git_hash(local.read_bytes())  # a small file (large ones are in LFS)
         else:
             known = entry.get("sha256") if entry.get("bytes") == local.stat().st_size else None

@@ -240,8 +240,9 @@ def card_lines(s) -> str:
             else ""
         )
         load = (
-            "Its `adapter_config.json` names the base by the local folder it trained from, so `peft."
-            "AutoPeftModelForCausalLM.from_pretrained(<this repo>)` loads it only where that folder exists; elsewhere "
+            "Its `adapter_config.json` names the base by the local folder it trained from, by its name alone (the "
+            "training machine's path stays off the Hub), so `peft.AutoPeftModelForCausalLM.from_pretrained(<this "
+            "repo>)` loads it only from a folder of that name in the working directory; elsewhere "
             f"load the base{built} and pass it to `peft.PeftModel.from_pretrained(base, <this repo>)`."
         )
     return (
