@@ -387,7 +387,8 @@ class CheckpointPusher(TrainerCallback):
         # Claimed as it is first made: a link there (which no run makes) or a person's folder of that name is moved
         # aside, never staged into (through a link: the hard links made, and earlier ones removed, where it points)
         run_files.set_aside_if_not_own(self.out, STAGING)
-        run_files.claim(self.out, [STAGING])
+        if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
+            run_files.claim(self.out, [STAGING])
         staged = stage(folder, self.out / STAGING)
         self.pending[step] = staged
         self.queue.put(step)
