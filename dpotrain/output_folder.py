@@ -16,7 +16,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, REPLACED, RUN_COMPLETE
-from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
+from dpotrain.hub.hub_push import PUSH_RECORD
 from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.writes import unwritable
@@ -31,6 +31,7 @@ from dpotrain.train.samples import SAMPLES_FILE
 
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
+# The run claims the name only as it saves (`stage_final`), so one there that the record does not name is a person's.
 FINAL_STAGING = ".final_model"
 # What a file browser or an editor leaves in any folder it shows (macOS Finder, Jupyter, Windows Explorer): a run never
 # writes these names, and a folder holding only them is empty to the person who made it.
@@ -39,7 +40,8 @@ BROWSER_FILES = (".DS_Store", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini")
 
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder, from the modules that write each
-    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card, plot and
+    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, its staging folders, as it
+    makes them (`stage_final`, `hub_push.CheckpointPusher.submit`), and the model card, plot and
     merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
     stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
     # tracking is imported where it is read: its import loads transformers' W&B integration, which prints "[INFO]
@@ -48,10 +50,10 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP, FINAL_STAGING]
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
-    names += [PUSH_RECORD, STAGING] if pushes else []
+    names += [PUSH_RECORD] if pushes else []
     return names
 
 
@@ -239,7 +241,28 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
     for name in [n for n in names if old is not None and n not in old and n != MANIFEST]:
         run_files.set_aside_if_not_own(out, name)
     run_files.write(out, names)
-    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # an earlier attempt's final save, cut short
+    clear_final_staging(out)
+
+
+def clear_final_staging(out: Path) -> None:
+    """Main process: an earlier attempt's final save, cut short, removed; but a link there (which no run makes:
+    removed, it was left, and the save wrote through it into the folder it points to) or a folder of that name the
+    record does not name (a person's) is moved aside, said in a line, never emptied."""
+    staging = Path(out) / FINAL_STAGING
+    if run_files.set_aside_if_not_own(out, FINAL_STAGING):
+        return
+    if staging.is_dir():
+        shutil.rmtree(staging)
+    else:
+        staging.unlink(missing_ok=True)
+
+
+def stage_final(out: str | Path) -> None:
+    """Main process, right before every rank saves the final model into `FINAL_STAGING`: what lies there cleared
+    (`clear_final_staging`: a link or a person's folder put there while the run trained is moved aside), then the
+    name recorded as the run's before its first byte."""
+    clear_final_staging(Path(out))
+    claim(out, [FINAL_STAGING])
 
 
 def replace(out: Path, names: list[str]) -> None:
@@ -307,3 +330,4 @@ def move_in(out: str | Path) -> None:
             shutil.rmtree(target)
         os.replace(staging / name, target)
     staging.rmdir()
+    run_files.disown(out, [FINAL_STAGING])  # gone: a folder of that name made later is a person's

@@ -36,6 +36,7 @@ def save_and_push(run, resolved: dict) -> int | None:
     # files are the names it wrote, not whatever changed in the folder while it saved.
     failed = None
     try:
+        collectives.main_outcome(output_folder.stage_final, out)  # never through a link, nor into a person's folder
         trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
     except Exception as e:  # noqa: BLE001 - a full disk, any failure: every rank raises it, below
         failed = e

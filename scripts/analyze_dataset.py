@@ -414,6 +414,10 @@ def analyze(args: argparse.Namespace) -> int:
     for warning in (lengths.missing_bos(m, tokenizer), lengths.unopened_turn(m, tokenizer)):  # the dry run's
         if warning:  # judged on every pair measured here
             warn(warning)
+    # The run's data stage's warning of a template that writes today's date (a mixture's load said it already):
+    # measured with it, the lengths are that day's, and the cache is keyed on the template, not on the day
+    if not mix and (first := rows.first_usable(dataset, hh_format, tokenizer)):
+        rows.say_if_dated(*first)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
         spread = (

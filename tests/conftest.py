@@ -668,23 +668,10 @@ def splits(tmp_path_factory):
     return path
 
 
-def read_only_prefix(folder) -> list[str]:
-    """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
-    root (whom file modes do not stop), the folder's mode otherwise."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        return []
-    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", remount, str(folder)]
-    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
-    return prefix
-
-
 def in_read_only(folder: Path, fn) -> tuple[int, str, str]:
-    """`fn()` in a forked child of this process in which `folder` is read-only as under `read_only_prefix` (root: a
-    read-only bind mount in a mount namespace of the child's own; otherwise the folder's mode): `in_child`'s exit code,
-    stdout and stderr."""
+    """`fn()` in a forked child of this process in which `folder` is read-only (root, whom file modes do not stop: a
+    read-only bind mount in a mount namespace of the child's own; otherwise the folder's mode): `in_child`'s exit
+    code, stdout and stderr."""
     return in_child(fn, read_only=[folder])
 
 

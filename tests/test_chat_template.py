@@ -852,3 +852,30 @@ def test_a_template_that_writes_todays_date_is_said_as_the_pairs_are_read(capsys
     for template, read in ((tokenizer, given), (olmo, pairs)):
         rows.usable_pairs(datasets.Dataset.from_list(read), False, {}, "invalid_rows", template=template)
         assert "warning:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["read", "streamed"])
+def test_the_analyzer_says_once_that_its_template_writes_todays_date(cli, tmp_path, capsys, tiny_model_dir, streaming):
+    """The analyzer measures with the run's template, and its cache is keyed on the template: one that writes the day
+    it renders on measures that day's tokens, and the run's data stage warned of it where the analyzer said nothing.
+    It now says the run's line, once (its first row invalid and skipped: judged on the first pair that reads)."""
+    template = tmp_path / "dated.jinja"
+    template.write_text(DATED_TEMPLATE)
+    pairs = builtin.make_preference_rows(4, seed=1)
+    data = tmp_path / "pairs.jsonl"
+    bad = {**pairs[0], "rejected": pairs[0]["chosen"]}  # identical answers: no preference, dropped
+    data.write_text("".join(json.dumps(p) + "\n" for p in [bad, *pairs]))
+    flags = ["--tokenizer", tiny_model_dir, "--chat_template_path", str(template), "--skip-invalid", "--num-proc", "1"]
+    flags += ["--max-length", "64", *(["--streaming"] if streaming else [])]
+    assert cli.main([str(data), *flags]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "renders on" in line]
+    assert warned == [
+        "warning: the chat template writes the day it renders on into the prompts (transformers' strftime_now, as "
+        "Llama 3.2's `Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after "
+        "midnight scores the whole reference again: give the date in each row's chat_template_kwargs "
+        '({"date_string": "26 Jul 2024"})'
+    ], warned
+    given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
+    data.write_text("".join(json.dumps(p) + "\n" for p in given))
+    assert cli.main([str(data), *flags]) == 0
+    assert "renders on" not in capsys.readouterr().err

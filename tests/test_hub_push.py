@@ -602,6 +602,42 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     assert not (out / ".hub_staging").exists()
 
 
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_checkpoints_are_staged_through_no_link_and_into_no_persons_folder(hub, tmp_path, monkeypatch, capsys, kind):
+    """A pushed checkpoint is staged in `.hub_staging/` (hard links that outlive rotation). A link there (which no run
+    makes) was followed: the staged files linked, and an earlier attempt's removed, in the folder it points to; a
+    person's folder of that name was emptied and removed at the end. Either is moved aside, said in a line, before the
+    first checkpoint is staged: the run claims the name as it makes the folder."""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, CheckpointPusher
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    run_files.write(out, [run_files.MANIFEST, "checkpoint-2"])
+    scratch = tmp_path / "scratch"  # the person's: linked in, or their own folder of that name
+    theirs = scratch if kind == "link" else out / STAGING
+    (theirs / "checkpoint-2").mkdir(parents=True)
+    (theirs / "checkpoint-2" / "notes.md").write_text("mine\n")
+    if kind == "link":
+        (out / STAGING).symlink_to(scratch, target_is_directory=True)
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    assert [c["revision"] for c in hub.state.commits] == ["step-2"]
+    (aside,) = out.glob(f"{STAGING}.not-this-run-*")
+    said = "a link, which no run makes" if kind == "link" else "not this run's"
+    assert f"Moved {out / STAGING} to {aside}: {said}" in capsys.readouterr().out
+    kept = scratch if kind == "link" else aside
+    assert sorted(p.name for p in kept.rglob("*")) == ["checkpoint-2", "notes.md"]
+    assert (kept / "checkpoint-2" / "notes.md").read_text() == "mine\n"
+    assert not (out / STAGING).exists() and STAGING not in run_files.read(out)
+
+
 def test_the_revisions_a_card_lists_are_those_of_the_repo_it_describes(tmp_path):
     """Checkpoint records named no repo: `push_to_hub.py --repo-id org/b --checkpoints` of a run whose job pushed to
     org/a listed org/a's steps (rotated away since) in org/b's card, as dead links, and a resumed run's pusher took

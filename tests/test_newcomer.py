@@ -1002,6 +1002,7 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
         assert not (tmp_path / "run").exists(), said
 
 
+@pytest.mark.slow  # the job script starts the stack fresh for train_dpo.py's --help: ~5 CPU-s, 7-8 s at load 5-6
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_the_job_scripts_help_is_the_help_alone(flag):
     """`bash scripts/dpo_train.sh --help` outside Slurm printed the job's banner (`=== DPO job local ...`, the project,

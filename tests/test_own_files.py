@@ -479,6 +479,48 @@ def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_t
     assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
 
 
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_the_final_saves_staging_folder_is_never_written_through_a_link_nor_into_a_persons_folder(
+    tmp_path, capsys, kind
+):
+    """The final model is saved into `.final_model/`, then moved in. Each attempt's start removed what lay there
+    without a look: a link (which no run makes) was left by rmtree, and the save wrote through it into the folder it
+    points to, then moved that folder's files into the run's; a person's folder of that name was deleted. Now a link or
+    a folder the record does not name is moved aside, said in a line, at the start and again right before the save
+    (the run claims the name only as it saves)."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none"])
+    output_folder.start(recipe, start_afresh=False, pushes=False)  # the first attempt, stopped and requeued
+    staging = out / output_folder.FINAL_STAGING
+    scratch = tmp_path / "scratch"  # the person's: linked in, or their own folder of that name
+    theirs = scratch if kind == "link" else staging
+    for moment in ("at the requeued attempt's start", "right before its final save"):
+        theirs.mkdir()
+        (theirs / "config.json").write_text('{"mine": true}\n')
+        if kind == "link":
+            staging.symlink_to(scratch, target_is_directory=True)
+        if moment.startswith("at"):
+            output_folder.start(recipe, start_afresh=False, pushes=False)
+        else:
+            output_folder.stage_final(out)
+        (aside,) = out.glob(".final_model.not-this-run-*")
+        said = "a link, which no run makes" if kind == "link" else "not this run's"
+        assert f"Moved {staging} to {aside}: {said}" in capsys.readouterr().out
+        assert not staging.exists() and not staging.is_symlink()
+        assert ((scratch if kind == "link" else aside) / "config.json").read_text() == '{"mine": true}\n'
+        shutil.move(aside, tmp_path / f"kept-{moment[:2]}")  # the person takes theirs back
+        if kind == "link":
+            shutil.move(scratch, tmp_path / f"scratch-{moment[:2]}")
+    staging.mkdir()  # the save, as `save_model` writes it
+    (staging / "config.json").write_text('{"model_type": "olmo3"}\n')
+    output_folder.move_in(out)
+    assert json.loads((out / "config.json").read_text()) == {"model_type": "olmo3"}
+    assert "config.json" in output_folder.read_manifest(out)
+    assert output_folder.FINAL_STAGING not in output_folder.read_manifest(out)  # gone: no longer the run's name
+
+
 def test_a_persons_file_named_as_a_record_the_resumed_run_turns_on_stays_the_persons(tmp_path):
     """samples.jsonl is the run's only where its settings sample: a run started without samples, stopped, then resumed
     with --samples_every, recorded a samples.jsonl a person had put in its folder as its own, trimmed its lines of

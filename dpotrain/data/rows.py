@@ -418,11 +418,31 @@ def usable_pairs(
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))
-    # Judged on the first pair, before the model loads: a template that writes today's date (chat_template.dated)
-    if say and not evaluation and checked.fmt.template is not None and checked.fmt.conversational and len(pairs):
-        if dated := chat_template.dated(checked.fmt.template, pairs[0]):
-            warn(dated)
+    if say and not evaluation and len(pairs):  # judged on the first pair, before the model loads
+        say_if_dated(checked.fmt, pairs[0])
     return pairs
+
+
+def say_if_dated(fmt: RowFormat, pair: dict) -> None:
+    """One warning where the chat template writes the day it renders on into `pair`'s prompt (`chat_template.dated`;
+    `pair`: a usable pair as read, its chat_template_kwargs kept). Said by the run's data stage (`usable_pairs`) and by
+    the analyzer, which measures with that template and whose cache is keyed on the template, not the day it wrote."""
+    if fmt.template is not None and fmt.conversational and (dated := chat_template.dated(fmt.template, pair)):
+        warn(dated)
+
+
+def first_usable(dataset, hh_format: str, template) -> tuple[RowFormat, dict] | None:
+    """The data set's format and its first pair that reads (`read_row`), as the trainer is to tokenize it; None where
+    no row does. A streamed data set is read only up to that row."""
+    names = dataset.column_names if dataset.column_names is not None else list(next(iter(dataset)).keys())
+    columns = [c for c in ROW_COLUMNS if c in names]
+    fmt = None
+    for index, row in enumerate(dataset.select_columns(columns)):
+        fmt = fmt or RowFormat.of(row, columns, None, hh_format, template)
+        example, _ = read_row(row, fmt, first=index == 0)
+        if example is not None:
+            return fmt, example
+    return None
 
 
 def _parsed_features(dataset, shape: shapes.Shape):

@@ -29,7 +29,7 @@ from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
-from dpotrain.train import checkpoint_manifest
+from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
@@ -397,6 +397,11 @@ class CheckpointPusher(TrainerCallback):
         except NotPushable as e:
             self._failed(step, None, str(e))
             return
+        # Claimed as it is first made: a link there (which no run makes) or a person's folder of that name is moved
+        # aside, never staged into (through a link: the hard links made, and earlier ones removed, where it points)
+        run_files.set_aside_if_not_own(self.out, STAGING)
+        if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
+            run_files.claim(self.out, [STAGING])
         staged = stage(folder, self.out / STAGING)
         self.pending[step] = staged
         self.queue.put(step)
@@ -446,7 +451,9 @@ class CheckpointPusher(TrainerCallback):
             self.queue.all_tasks_done.wait_for(lambda: not self.queue.unfinished_tasks, timeout)
         left = sorted(self.pending)
         if not left:
-            shutil.rmtree(self.out / STAGING, ignore_errors=True)
+            if (self.out / STAGING).is_dir() and not (self.out / STAGING).is_symlink():
+                shutil.rmtree(self.out / STAGING, ignore_errors=True)
+            run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
             return left
         for step in left:
             record_checkpoint(self.out, self.repo_id, step, "unfinished", error="still uploading")
