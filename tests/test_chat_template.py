@@ -827,6 +827,15 @@ DATED_TEMPLATE = """{{- bos_token }}
 {%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
 
 
+# What the run's data stage and the analyzer say of DATED_TEMPLATE (chat_template.dated)
+DATED_WARNING = (
+    "warning: the chat template writes the day it renders on into the prompts (transformers' strftime_now, as "
+    "Llama 3.2's `Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after "
+    "midnight scores the whole reference again: give the date in each row's chat_template_kwargs "
+    '({"date_string": "26 Jul 2024"})'
+)
+
+
 def test_a_template_that_writes_todays_date_is_said_as_the_pairs_are_read(capsys):
     """Llama 3.2's template writes the day the pairs are tokenized into every prompt: the same pairs are other token
     ids the next day, and a job requeued after midnight scored its whole reference again, with nothing said before.
@@ -842,12 +851,7 @@ def test_a_template_that_writes_todays_date_is_said_as_the_pairs_are_read(capsys
     pairs = builtin.make_preference_rows(4, seed=1)
     rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows", template=tokenizer)
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert warned == [
-        "warning: the chat template writes the day it renders on into the prompts (transformers' strftime_now, as "
-        "Llama 3.2's `Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after "
-        "midnight scores the whole reference again: give the date in each row's chat_template_kwargs "
-        '({"date_string": "26 Jul 2024"})'
-    ], warned
+    assert warned == [DATED_WARNING], warned
     given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
     for template, read in ((tokenizer, given), (olmo, pairs)):
         rows.usable_pairs(datasets.Dataset.from_list(read), False, {}, "invalid_rows", template=template)
@@ -869,12 +873,7 @@ def test_the_analyzer_says_once_that_its_template_writes_todays_date(cli, tmp_pa
     flags += ["--max-length", "64", *(["--streaming"] if streaming else [])]
     assert cli.main([str(data), *flags]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "renders on" in line]
-    assert warned == [
-        "warning: the chat template writes the day it renders on into the prompts (transformers' strftime_now, as "
-        "Llama 3.2's `Today Date:` does), so the same pairs are other tokens on another day, and a job requeued after "
-        "midnight scores the whole reference again: give the date in each row's chat_template_kwargs "
-        '({"date_string": "26 Jul 2024"})'
-    ], warned
+    assert warned == [DATED_WARNING], warned
     given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
     data.write_text("".join(json.dumps(p) + "\n" for p in given))
     assert cli.main([str(data), *flags]) == 0
