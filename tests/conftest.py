@@ -737,7 +737,7 @@ def _run_in_child(fn, env) -> int:
     """`fn()` under `env` (the forked child of `in_child`): its exit code, as a command's SystemExit gives it. The
     project's answers kept once per process (`functools.cache`) are forgotten first, as a fresh interpreter starts
     without them: `data.check_datasets_cache`, which an earlier test's dry run in this worker answered for another
-    HF_DATASETS_CACHE, let a read-only one through."""
+    HF_DATASETS_CACHE, let a read-only one through; so is accelerate's state, for a run that trains here."""
     import functools
 
     # OpenMP's worker threads are not forked: a parallel region waits for them forever once this process used them
@@ -748,6 +748,12 @@ def _run_in_child(fn, env) -> int:
         for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
+    # accelerate's singletons, as an earlier in-process run or dry run of this worker left them (its world, device,
+    # mixed precision, accumulation): a fresh interpreter has none, and a run trained here builds its own.
+    if "accelerate.state" in sys.modules:
+        state = sys.modules["accelerate.state"]
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
     if env:
         sys.path.insert(0, str(WARM_HELPER.parent))
         import warm
