@@ -5,6 +5,7 @@ uninterrupted run's weights, or is refused with one line naming the file.
 One uninterrupted run (4 steps of 8 pairs, checkpoints at steps 2 and 4) is shared: most cases start from a copy of
 its folder in the state a fault leaves, and rerun the same command."""
 
+import contextlib
 import errno
 import json
 import os
@@ -19,7 +20,17 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PAUSE_AT, PYTHON, ROOT, accelerate_launch, pause_env, paused_pid, python, rank_python
+from conftest import (
+    PAUSE_AT,
+    PYTHON,
+    ROOT,
+    accelerate_launch,
+    in_child,
+    pause_env,
+    paused_pid,
+    python,
+    rank_python,
+)
 from dpotrain import stages
 from dpotrain.cluster import run_lock
 from dpotrain.hub import hub_push
@@ -588,25 +599,34 @@ print("still running", flush=True)
     assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
 
 
-def small_disk(folder, megabytes) -> tuple[list[str], object]:
-    """A command prefix (and a preexec_fn) under which writing in `folder` runs out of space: a tmpfs of `megabytes`
-    mounted there in a mount namespace of its own where root may (the files are copied to `folder`.kept when the
-    command ends, as the mount ends with it); else a file-size limit (RLIMIT_FSIZE: the kernel's EFBIG)."""
+def on_small_disk(folder, megabytes, argv, before=None, env=None) -> tuple[int, str]:
+    """`python train_dpo.py ARGV` as its process ends it (`run_cli`), in a forked child of this process (`in_child`)
+    where writing in `folder` runs out of space: a tmpfs of `megabytes` mounted there in the child's own mount
+    namespace for root (its files copied to `folder`.kept as the child ends, the mount ending with it), else a
+    file-size limit (RLIMIT_FSIZE: the kernel's EFBIG). `before()` runs first in the child. Its exit code and output
+    (stdout, then stderr). Forked, not a fresh interpreter under `unshare`: that imported the stack again (~6 CPU-s)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     kept = folder.with_name(folder.name + ".kept")
-    mount = f'mount -t tmpfs -o size={megabytes}m tmpfs "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
     folder.mkdir()
-    if os.geteuid() == 0 and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
-        shutil.rmtree(kept)
-        return prefix, None
+    root = os.geteuid() == 0
 
-    def limit():
-        import resource
+    def run():
+        if not root:
+            import resource
 
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+        try:
+            if before:
+                before()
+            run_cli(lambda: train_dpo.main(argv))
+        finally:
+            shutil.copytree(folder, kept, symlinks=True)
 
-    return ["sh", "-c", f'"$@"; rc=$?; cp -a "{folder}" "{kept}"; exit $rc', "sh"], limit
+    code, stdout, stderr = in_child(run, tmpfs=[(folder, f"{megabytes}m")] if root else (), env=env)
+    return code, stdout + stderr
 
 
 @pytest.mark.slow
@@ -614,24 +634,17 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     disk = tmp_path / "disk"
-    prefix, preexec = small_disk(disk, 4)  # a checkpoint takes ~2.3 MB: checkpoint-2 fits, checkpoint-4 does not
     out = disk / "run"
-    result = subprocess.run(
-        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
-        cwd=ROOT,
-        preexec_fn=preexec,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+    # a checkpoint takes ~2.3 MB: checkpoint-2 fits in 4 MB, checkpoint-4 does not
+    code, log = on_small_disk(disk, 4, command(out, tiny_model_dir, pairs)[2:])
     kept = tmp_path / "disk.kept" / "run"
-    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
-    assert result.returncode == 1 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     last = errors[0]
     limited = f"a file size limit (ulimit -f) of {4 << 20:,} bytes stopped the write"  # the limit to raise, named
-    why = "the disk is full" if preexec is None else limited
-    if preexec is None:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
+    whole_disk = os.geteuid() == 0
+    why = "the disk is full" if whole_disk else limited
+    if whole_disk:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
         assert last.startswith(f"error: {why}: checkpoint-4 could not be written in {out} (")
         assert "a checkpoint takes 2.3 MiB, as checkpoint-2 did" in last, last
         assert "checkpoint-2 is kept, and the same command goes on from it" in last
@@ -648,31 +661,26 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
 def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path, tiny_model_dir, pairs):
     """DPOTRAIN_CACHE on a disk with no room left: the reference stage warns once and scores every pair the run's
     steps train, and training goes on with the scores in memory to the uninterrupted run's weights; nothing
-    half-written is left in the cache."""
+    half-written is left in the cache. (A file-size limit, where no tmpfs can be mounted, would fail the run's own
+    checkpoints too, not the cache alone.)"""
     cache = tmp_path / "cache"
-    prefix, preexec = small_disk(cache, 1)
-    if preexec is not None:  # a file-size limit would fail the run's own checkpoints too, not the cache alone
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
-    fill = ["sh", "-c", 'head -c 4000000 /dev/zero > "$0/filler" 2>/dev/null; exec "$@"', str(cache)]  # no room left
+
+    def fill():  # no room left
+        with contextlib.suppress(OSError), open(cache / "filler", "wb") as filler:
+            filler.write(bytes(4_000_000))
+
     out = tmp_path / "run"
-    result = train(
-        out,
-        tiny_model_dir,
-        pairs,
-        "--reference_save_seconds",
-        "0",
-        prefix=[*prefix, *fill],
-        interpreter=PYTHON,
-        env={"DPOTRAIN_CACHE": str(cache)},
-    )
-    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    argv = [*command(out, tiny_model_dir, pairs)[2:], "--reference_save_seconds", "0"]
+    code, log = on_small_disk(cache, 1, argv, before=fill, env={"DPOTRAIN_CACHE": str(cache)})
+    assert code == 0 and "Traceback" not in log, log[-3000:]
     warning = f"warning: the reference cache could not be written in {cache}/reference/"
-    assert result.stdout.count(warning) == 1, result.stdout[-3000:]  # once, though every round tried to save
-    assert "(No space left on device): scoring and training go on with the scores in memory" in result.stdout
-    assert "32 scored, not cached (No space left on device in " in result.stdout, result.stdout[-3000:]  # 4 steps of 8
+    assert log.count(warning) == 1, log[-3000:]  # once, though every round tried to save
+    assert "(No space left on device): scoring and training go on with the scores in memory" in log
+    assert "32 scored, not cached (No space left on device in " in log, log[-3000:]  # 4 steps of 8
     record = json.loads((out / "resolved_config.json").read_text())["derived"]["reference"]
     assert record["train"]["not_cached"] == "No space left on device", record
     assert_same_weights(out, baseline)
