@@ -24,12 +24,14 @@ from conftest import (
     PAUSE_AT,
     PYTHON,
     ROOT,
+    Child,
     accelerate_launch,
     in_child,
     pause_env,
     paused_pid,
     python,
     rank_python,
+    start_child,
 )
 from dpotrain import stages
 from dpotrain.cluster import run_lock
@@ -772,20 +774,32 @@ def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
     assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
 
 
-def small_block_disk(folder, megabytes) -> list[str]:
-    """A command prefix under which `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, in a
-    mount namespace of its own; its files are copied to `folder`.kept when the command ends). tmpfs allocates 4 KiB
-    pages: a metrics record (~800 bytes) appended into a page already there would not meet the full disk."""
+def on_block_disk(folder, megabytes, argv, **child) -> Child:
+    """`python train_dpo.py ARGV` as its process ends it (`run_cli`), started in a forked child of this process
+    (`start_child`) where `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, mounted in the
+    child's own mount namespace; its files are copied to `folder`.kept as the child ends). tmpfs allocates 4 KiB pages:
+    a metrics record (~800 bytes) appended into a page already there would not meet the full disk. Forked, not a fresh
+    interpreter under `unshare`: that imported the stack again (~6 CPU-s)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     kept, image = folder.with_name(folder.name + ".kept"), folder.with_name(folder.name + ".img")
     folder.mkdir()
     subprocess.run(["truncate", "-s", f"{megabytes}M", str(image)], check=True)
     made = subprocess.run(["mkfs.ext2", "-q", "-b", "1024", "-m", "0", str(image)], capture_output=True)
-    mount = f'mount -o loop "{image}" "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
-    if made.returncode != 0 or os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+    mount = ["mount", "-o", "loop", str(image), str(folder)]
+    probe = ["unshare", "--mount", *mount]
+    if made.returncode != 0 or os.geteuid() != 0 or subprocess.run(probe, capture_output=True).returncode:
         pytest.skip("needs a loop-mounted file system in a mount namespace of its own (root, mkfs.ext2, loop devices)")
-    shutil.rmtree(kept)
-    return prefix
+
+    def run():
+        subprocess.run(mount, check=True)  # in the child's mount namespace (start_child's own)
+        try:
+            run_cli(lambda: train_dpo.main(argv))
+        finally:
+            shutil.copytree(folder, kept, symlinks=True)
+
+    return start_child(run, **child)
 
 
 def fill(folder) -> None:
@@ -807,20 +821,19 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     disk = tmp_path / "disk"
-    prefix = small_block_disk(disk, 16)
     out = disk / "run"
-    proc = start(out, tiny_model_dir, pairs, prefix=prefix)
-    seen = Path(f"/proc/{proc.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
-    wait_until(proc, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
-    run = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
-    os.kill(run, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    run = on_block_disk(disk, 16, command(out, tiny_model_dir, pairs)[2:])
+    seen = Path(f"/proc/{run.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
+    wait_until(run, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
+    os.kill(run.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
     try:
         fill(seen.parent)
     finally:
-        os.kill(run, signal.SIGCONT)
-    log = proc.communicate(timeout=300)[0]
+        os.kill(run.pid, signal.SIGCONT)
+    code, stdout, stderr = run.wait()
+    log = stdout + stderr
     errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     assert errors[0] == (
         f"error: the disk is full: {out}/metrics.jsonl could not be written (0 bytes free there): free space there, "
         "then rerun; checkpoint-2 is kept, and the same command goes on from it"
@@ -845,25 +858,39 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     """The output folder's file system remounted read-only after checkpoint-2 (as the kernel does on a disk error, or
     an admin): a traceback in the metrics append, before. The run's folder is a bind mount in a mount namespace of the
     run's own, remounted there; the same folder, writable again outside, is what the rerun goes on from."""
+    import importlib.util
+
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
     disk = tmp_path / "disk"
     disk.mkdir()
-    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(disk)]
-    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
     out, paused = disk / "run", tmp_path / "paused"
     # Stopped once checkpoint-2 is marked COMPLETE, before step 3's record opens metrics.jsonl (the next write): a
     # SIGSTOP sent on seeing the mark came after step 3 was logged on a fast machine.
     env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)
-    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, prefix=prefix)
-    pid = paused_pid(paused, proc)
+
+    def run():  # python PAUSE_AT ARGS: its audit hook (reading `env`), then the command as its process ends it
+        spec = importlib.util.spec_from_file_location("pause_at", PAUSE_AT)
+        pause_at = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(pause_at)
+        sys.addaudithook(pause_at.hook)
+        run_cli(lambda: train_dpo.main(command(out, tiny_model_dir, pairs)[2:]))
+
+    # The run's folder a bind mount in the forked child's own mount namespace (`start_child`), remounted there
+    child = start_child(run, bind=[(disk, disk)], env=env)
+    pid = paused_pid(paused, child)
     try:
         remount = ["nsenter", "-t", str(pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
         subprocess.run(remount, check=True, capture_output=True)
     finally:
         os.kill(pid, signal.SIGCONT)
-    log = proc.communicate(timeout=300)[0]
+    code, stdout, stderr = child.wait()
+    log = stdout + stderr
     errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     assert errors[0] == (
         f"error: the file system is read-only: {out}/metrics.jsonl could not be written: make it writable again (a "
         "file system remounted read-only after a disk error needs its administrator), then rerun; checkpoint-2 is "
