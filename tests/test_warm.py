@@ -122,7 +122,7 @@ def test_a_forked_child_computes_on_torch_after_this_process_used_its_threads():
     assert code == 0 and float(out) == pytest.approx(2000 * 2000 * math.e), err
 
 
-@pytest.mark.slow  # accelerate's Accelerator, twice (~5 s)
+@pytest.mark.slow  # ~5 s alone (importing accelerate), 0.1 s where torch is imported already
 def test_a_forked_child_starts_without_the_accelerate_state_this_process_made():
     """A run trained in `in_child` builds its own `Accelerator`, as a fresh interpreter does: the state an earlier
     in-process run of this worker left (accelerate's singletons: here bf16 mixed precision) is not the child's, whose
