@@ -686,6 +686,40 @@ def in_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> tuple[int, str, s
     descriptors (what C code and a handler made before the fork write too). Forked, not a fresh interpreter under
     `unshare`: the code under test is imported already (train_dpo.py's stack: ~6-7 CPU-s a fresh start, for a refusal
     of a few milliseconds)."""
+    return start_child(fn, read_only, tmpfs, bind, env).wait()
+
+
+class Child:
+    """A forked child of this process (`start_child`) as a test waits on it and signals it: `pid`, `poll()`, `stdout`
+    (its output so far, for an assertion's message) and `wait()`: its exit code, stdout and stderr."""
+
+    def __init__(self, pid: int, streams: Path):
+        self.pid, self.streams, self.returncode = pid, streams, None
+
+    @property
+    def stdout(self):
+        return open(self.streams / "out")  # noqa: SIM115 - read once by an assertion's message
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> tuple[int, str, str]:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        out, err = (self.streams / "out").read_text(), (self.streams / "err").read_text()
+        shutil.rmtree(self.streams)
+        if self.returncode == 77:
+            pytest.skip(f"cannot mount in a mount namespace here ({err.strip()}: needs CAP_SYS_ADMIN)")
+        return self.returncode, out, err
+
+
+def start_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> Child:
+    """`in_child`'s forked child, started and not waited for: a test that stops it, or changes its mounts (`nsenter
+    -t PID -m`), while it runs."""
     import io
     import traceback
 
@@ -694,37 +728,36 @@ def in_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> tuple[int, str, s
             pytest.skip("needs a mount in a mount namespace of its own (root)")
         for folder in read_only:
             folder.chmod(0o555)
-    with tempfile.TemporaryDirectory() as streams:
-        out, err = Path(streams) / "out", Path(streams) / "err"
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest (os._exit: not pytest's atexit, which removes HF_HOME)
-            code = 1
-            try:
-                for fd, path in ((1, out), (2, err)):
-                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-                sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
-                sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
-                if os.geteuid() == 0 and not _mount(read_only, tmpfs, bind):
-                    code = 77
-                else:
-                    code = _run_in_child(fn, env)
-            except BaseException:  # noqa: BLE001 - whatever ends `fn`, the child exits here, never into pytest
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if code == 77:
-            pytest.skip(f"cannot mount in a mount namespace here ({err.read_text().strip()}: needs CAP_SYS_ADMIN)")
-        return code, out.read_text(), err.read_text()
+    streams = Path(tempfile.mkdtemp())
+    out, err = streams / "out", streams / "err"
+    for path in (out, err):
+        path.touch()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest (os._exit: not pytest's atexit, which removes HF_HOME)
+        code = 1
+        try:
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+            if os.geteuid() == 0 and not _mount(read_only, tmpfs, bind):
+                code = 77
+            else:
+                code = _run_in_child(fn, env)
+        except BaseException:  # noqa: BLE001 - whatever ends `fn`, the child exits here, never into pytest
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return Child(pid, streams)
 
 
 def _run_in_child(fn, env) -> int:
     """`fn()` under `env` (the forked child of `in_child`): its exit code, as a command's SystemExit gives it. The
     project's answers kept once per process (`functools.cache`) are forgotten first, as a fresh interpreter starts
     without them: `data.check_datasets_cache`, which an earlier test's dry run in this worker answered for another
-    HF_DATASETS_CACHE, let a read-only one through."""
+    HF_DATASETS_CACHE, let a read-only one through; so is accelerate's state, for a run that trains here."""
     import functools
 
     # OpenMP's worker threads are not forked: a parallel region waits for them forever once this process used them
@@ -735,6 +768,12 @@ def _run_in_child(fn, env) -> int:
         for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
+    # accelerate's singletons, as an earlier in-process run or dry run of this worker left them (its world, device,
+    # mixed precision, accumulation): a fresh interpreter has none, and a run trained here builds its own.
+    if "accelerate.state" in sys.modules:
+        state = sys.modules["accelerate.state"]
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
     if env:
         sys.path.insert(0, str(WARM_HELPER.parent))
         import warm

@@ -5,6 +5,7 @@ uninterrupted run's weights, or is refused with one line naming the file.
 One uninterrupted run (4 steps of 8 pairs, checkpoints at steps 2 and 4) is shared: most cases start from a copy of
 its folder in the state a fault leaves, and rerun the same command."""
 
+import contextlib
 import errno
 import json
 import os
@@ -19,7 +20,19 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PAUSE_AT, PYTHON, ROOT, accelerate_launch, pause_env, paused_pid, python, rank_python
+from conftest import (
+    PAUSE_AT,
+    PYTHON,
+    ROOT,
+    Child,
+    accelerate_launch,
+    in_child,
+    pause_env,
+    paused_pid,
+    python,
+    rank_python,
+    start_child,
+)
 from dpotrain import stages
 from dpotrain.cluster import run_lock
 from dpotrain.hub import hub_push
@@ -588,25 +601,34 @@ print("still running", flush=True)
     assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
 
 
-def small_disk(folder, megabytes) -> tuple[list[str], object]:
-    """A command prefix (and a preexec_fn) under which writing in `folder` runs out of space: a tmpfs of `megabytes`
-    mounted there in a mount namespace of its own where root may (the files are copied to `folder`.kept when the
-    command ends, as the mount ends with it); else a file-size limit (RLIMIT_FSIZE: the kernel's EFBIG)."""
+def on_small_disk(folder, megabytes, argv, before=None, env=None) -> tuple[int, str]:
+    """`python train_dpo.py ARGV` as its process ends it (`run_cli`), in a forked child of this process (`in_child`)
+    where writing in `folder` runs out of space: a tmpfs of `megabytes` mounted there in the child's own mount
+    namespace for root (its files copied to `folder`.kept as the child ends, the mount ending with it), else a
+    file-size limit (RLIMIT_FSIZE: the kernel's EFBIG). `before()` runs first in the child. Its exit code and output
+    (stdout, then stderr). Forked, not a fresh interpreter under `unshare`: that imported the stack again (~6 CPU-s)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     kept = folder.with_name(folder.name + ".kept")
-    mount = f'mount -t tmpfs -o size={megabytes}m tmpfs "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
     folder.mkdir()
-    if os.geteuid() == 0 and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
-        shutil.rmtree(kept)
-        return prefix, None
+    root = os.geteuid() == 0
 
-    def limit():
-        import resource
+    def run():
+        if not root:
+            import resource
 
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+        try:
+            if before:
+                before()
+            run_cli(lambda: train_dpo.main(argv))
+        finally:
+            shutil.copytree(folder, kept, symlinks=True)
 
-    return ["sh", "-c", f'"$@"; rc=$?; cp -a "{folder}" "{kept}"; exit $rc', "sh"], limit
+    code, stdout, stderr = in_child(run, tmpfs=[(folder, f"{megabytes}m")] if root else (), env=env)
+    return code, stdout + stderr
 
 
 @pytest.mark.slow
@@ -614,24 +636,17 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     disk = tmp_path / "disk"
-    prefix, preexec = small_disk(disk, 4)  # a checkpoint takes ~2.3 MB: checkpoint-2 fits, checkpoint-4 does not
     out = disk / "run"
-    result = subprocess.run(
-        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
-        cwd=ROOT,
-        preexec_fn=preexec,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+    # a checkpoint takes ~2.3 MB: checkpoint-2 fits in 4 MB, checkpoint-4 does not
+    code, log = on_small_disk(disk, 4, command(out, tiny_model_dir, pairs)[2:])
     kept = tmp_path / "disk.kept" / "run"
-    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
-    assert result.returncode == 1 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     last = errors[0]
     limited = f"a file size limit (ulimit -f) of {4 << 20:,} bytes stopped the write"  # the limit to raise, named
-    why = "the disk is full" if preexec is None else limited
-    if preexec is None:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
+    whole_disk = os.geteuid() == 0
+    why = "the disk is full" if whole_disk else limited
+    if whole_disk:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
         assert last.startswith(f"error: {why}: checkpoint-4 could not be written in {out} (")
         assert "a checkpoint takes 2.3 MiB, as checkpoint-2 did" in last, last
         assert "checkpoint-2 is kept, and the same command goes on from it" in last
@@ -648,31 +663,26 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
 def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path, tiny_model_dir, pairs):
     """DPOTRAIN_CACHE on a disk with no room left: the reference stage warns once and scores every pair the run's
     steps train, and training goes on with the scores in memory to the uninterrupted run's weights; nothing
-    half-written is left in the cache."""
+    half-written is left in the cache. (A file-size limit, where no tmpfs can be mounted, would fail the run's own
+    checkpoints too, not the cache alone.)"""
     cache = tmp_path / "cache"
-    prefix, preexec = small_disk(cache, 1)
-    if preexec is not None:  # a file-size limit would fail the run's own checkpoints too, not the cache alone
-        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
-    fill = ["sh", "-c", 'head -c 4000000 /dev/zero > "$0/filler" 2>/dev/null; exec "$@"', str(cache)]  # no room left
+
+    def fill():  # no room left
+        with contextlib.suppress(OSError), open(cache / "filler", "wb") as filler:
+            filler.write(bytes(4_000_000))
+
     out = tmp_path / "run"
-    result = train(
-        out,
-        tiny_model_dir,
-        pairs,
-        "--reference_save_seconds",
-        "0",
-        prefix=[*prefix, *fill],
-        interpreter=PYTHON,
-        env={"DPOTRAIN_CACHE": str(cache)},
-    )
-    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    argv = [*command(out, tiny_model_dir, pairs)[2:], "--reference_save_seconds", "0"]
+    code, log = on_small_disk(cache, 1, argv, before=fill, env={"DPOTRAIN_CACHE": str(cache)})
+    assert code == 0 and "Traceback" not in log, log[-3000:]
     warning = f"warning: the reference cache could not be written in {cache}/reference/"
-    assert result.stdout.count(warning) == 1, result.stdout[-3000:]  # once, though every round tried to save
-    assert "(No space left on device): scoring and training go on with the scores in memory" in result.stdout
-    assert "32 scored, not cached (No space left on device in " in result.stdout, result.stdout[-3000:]  # 4 steps of 8
+    assert log.count(warning) == 1, log[-3000:]  # once, though every round tried to save
+    assert "(No space left on device): scoring and training go on with the scores in memory" in log
+    assert "32 scored, not cached (No space left on device in " in log, log[-3000:]  # 4 steps of 8
     record = json.loads((out / "resolved_config.json").read_text())["derived"]["reference"]
     assert record["train"]["not_cached"] == "No space left on device", record
     assert_same_weights(out, baseline)
@@ -764,20 +774,32 @@ def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
     assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
 
 
-def small_block_disk(folder, megabytes) -> list[str]:
-    """A command prefix under which `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, in a
-    mount namespace of its own; its files are copied to `folder`.kept when the command ends). tmpfs allocates 4 KiB
-    pages: a metrics record (~800 bytes) appended into a page already there would not meet the full disk."""
+def on_block_disk(folder, megabytes, argv, **child) -> Child:
+    """`python train_dpo.py ARGV` as its process ends it (`run_cli`), started in a forked child of this process
+    (`start_child`) where `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, mounted in the
+    child's own mount namespace; its files are copied to `folder`.kept as the child ends). tmpfs allocates 4 KiB pages:
+    a metrics record (~800 bytes) appended into a page already there would not meet the full disk. Forked, not a fresh
+    interpreter under `unshare`: that imported the stack again (~6 CPU-s)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     kept, image = folder.with_name(folder.name + ".kept"), folder.with_name(folder.name + ".img")
     folder.mkdir()
     subprocess.run(["truncate", "-s", f"{megabytes}M", str(image)], check=True)
     made = subprocess.run(["mkfs.ext2", "-q", "-b", "1024", "-m", "0", str(image)], capture_output=True)
-    mount = f'mount -o loop "{image}" "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
-    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
-    if made.returncode != 0 or os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+    mount = ["mount", "-o", "loop", str(image), str(folder)]
+    probe = ["unshare", "--mount", *mount]
+    if made.returncode != 0 or os.geteuid() != 0 or subprocess.run(probe, capture_output=True).returncode:
         pytest.skip("needs a loop-mounted file system in a mount namespace of its own (root, mkfs.ext2, loop devices)")
-    shutil.rmtree(kept)
-    return prefix
+
+    def run():
+        subprocess.run(mount, check=True)  # in the child's mount namespace (start_child's own)
+        try:
+            run_cli(lambda: train_dpo.main(argv))
+        finally:
+            shutil.copytree(folder, kept, symlinks=True)
+
+    return start_child(run, **child)
 
 
 def fill(folder) -> None:
@@ -799,20 +821,19 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     disk = tmp_path / "disk"
-    prefix = small_block_disk(disk, 16)
     out = disk / "run"
-    proc = start(out, tiny_model_dir, pairs, prefix=prefix)
-    seen = Path(f"/proc/{proc.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
-    wait_until(proc, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
-    run = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
-    os.kill(run, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    run = on_block_disk(disk, 16, command(out, tiny_model_dir, pairs)[2:])
+    seen = Path(f"/proc/{run.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
+    wait_until(run, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
+    os.kill(run.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
     try:
         fill(seen.parent)
     finally:
-        os.kill(run, signal.SIGCONT)
-    log = proc.communicate(timeout=300)[0]
+        os.kill(run.pid, signal.SIGCONT)
+    code, stdout, stderr = run.wait()
+    log = stdout + stderr
     errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     assert errors[0] == (
         f"error: the disk is full: {out}/metrics.jsonl could not be written (0 bytes free there): free space there, "
         "then rerun; checkpoint-2 is kept, and the same command goes on from it"
@@ -837,25 +858,39 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     """The output folder's file system remounted read-only after checkpoint-2 (as the kernel does on a disk error, or
     an admin): a traceback in the metrics append, before. The run's folder is a bind mount in a mount namespace of the
     run's own, remounted there; the same folder, writable again outside, is what the rerun goes on from."""
+    import importlib.util
+
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
     disk = tmp_path / "disk"
     disk.mkdir()
-    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(disk)]
-    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
     out, paused = disk / "run", tmp_path / "paused"
     # Stopped once checkpoint-2 is marked COMPLETE, before step 3's record opens metrics.jsonl (the next write): a
     # SIGSTOP sent on seeing the mark came after step 3 was logged on a fast machine.
     env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)
-    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, prefix=prefix)
-    pid = paused_pid(paused, proc)
+
+    def run():  # python PAUSE_AT ARGS: its audit hook (reading `env`), then the command as its process ends it
+        spec = importlib.util.spec_from_file_location("pause_at", PAUSE_AT)
+        pause_at = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(pause_at)
+        sys.addaudithook(pause_at.hook)
+        run_cli(lambda: train_dpo.main(command(out, tiny_model_dir, pairs)[2:]))
+
+    # The run's folder a bind mount in the forked child's own mount namespace (`start_child`), remounted there
+    child = start_child(run, bind=[(disk, disk)], env=env)
+    pid = paused_pid(paused, child)
     try:
         remount = ["nsenter", "-t", str(pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
         subprocess.run(remount, check=True, capture_output=True)
     finally:
         os.kill(pid, signal.SIGCONT)
-    log = proc.communicate(timeout=300)[0]
+    code, stdout, stderr = child.wait()
+    log = stdout + stderr
     errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
     assert errors[0] == (
         f"error: the file system is read-only: {out}/metrics.jsonl could not be written: make it writable again (a "
         "file system remounted read-only after a disk error needs its administrator), then rerun; checkpoint-2 is "

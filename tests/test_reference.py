@@ -284,13 +284,6 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
     assert "Loading weights" not in out + err
 
 
-def read_only(folder) -> list[str]:
-    """The prefix that runs a command with `folder` mounted read-only (a team's shared cache), in a mount namespace
-    of its own: root writes through any mode bits. A fresh interpreter follows it (the warm one is outside it)."""
-    remount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
-    return ["unshare", "-m", "sh", "-c", remount, "sh", str(folder)]
-
-
 def files_of(folder) -> dict:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
 
@@ -300,48 +293,49 @@ def files_of(folder) -> dict:
 def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_it_refused(tmp_path, tiny_model_dir):
     """A team's read-only DPOTRAIN_CACHE holding this run's complete reference was refused before anything loaded
     ("... is not writable"), though the run would only read it. It trains, reusing it and writing nothing there; a
-    read-only cache without it is refused as before, before the model loads. The two refused runs are the command as
-    its process ends it (`run_cli`) in a forked child where the cache is a read-only mount (`in_child`), not a fresh
-    interpreter that imported the stack again (~6 CPU-s each) to stop before its first forward."""
+    read-only cache without it is refused as before, before the model loads. The runs on the read-only cache are the
+    command as its process ends it (`run_cli`) in a forked child where the cache is a read-only mount (`in_child`),
+    not a fresh interpreter under `unshare` that imported the stack again (~6 CPU-s each)."""
     import train_dpo
     from dpotrain.recipe.errors import run_cli
 
     cache = tmp_path / "cache"
-    env = {**os.environ, "DPOTRAIN_CACHE": str(cache)}
 
     def args(out, steps="2"):
         run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
         return [*run, "--output_dir", str(tmp_path / out)]
 
-    def train(out, prefix=()):
-        # A fresh interpreter inside the read-only mount (a warm child would run outside it, and this run trains);
-        # the first run, which only fills the cache, starts warm.
-        command = [*prefix, sys.executable if prefix else python(), str(ROOT / "train_dpo.py"), *args(out)]
-        return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def refused(out, steps="2") -> tuple[int, str]:
+    def on_read_only_cache(out, steps="2") -> tuple[int, str]:
         command = args(out, steps)
         code, stdout, stderr = in_child(
             lambda: run_cli(lambda: train_dpo.main(command)), read_only=[cache], env={"DPOTRAIN_CACHE": str(cache)}
         )
         return code, stdout + stderr
 
-    first = train("first")
+    # The first run only fills the cache: warm.
+    first = subprocess.run(
+        [python(), str(ROOT / "train_dpo.py"), *args("first")],
+        cwd=ROOT,
+        env={**os.environ, "DPOTRAIN_CACHE": str(cache)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert first.returncode == 0, first.stdout[-3000:]
     before = files_of(cache)
-    again = train("again", prefix=read_only(cache))
-    assert again.returncode == 0, again.stdout[-3000:]
-    assert re.search(r"reference log-probs \(train\): all \S+ pairs reused from " + str(cache), again.stdout)
+    code, again = on_read_only_cache("again")
+    assert code == 0, again[-3000:]
+    assert re.search(r"reference log-probs \(train\): all \S+ pairs reused from " + str(cache), again)
     assert files_of(cache) == before  # nothing written, nothing removed
     # Another run's reference there, not this one's (3 steps: other pairs): refused once its key is known, before
     # the first forward of the reference stage
-    code, longer = refused("longer", steps="3")
+    code, longer = on_read_only_cache("longer", steps="3")
     assert code == 2, longer[-3000:]
     assert "is not writable (cannot write in" in longer and "(train): scoring" not in longer
     assert "Traceback" not in longer
     for complete in cache.glob(f"reference/*/{reference.COMPLETE}"):
         complete.unlink()  # the cache without this run's reference: the run must score it, and save it as it goes
-    code, out = refused("refused")
+    code, out = on_read_only_cache("refused")
     assert code == 2, out[-3000:]
     assert f"error: the reference cache folder {cache / 'reference'} is not writable" in out
     assert "Read-only file system): set DPOTRAIN_CACHE to a writable folder" in out

@@ -120,3 +120,27 @@ def test_a_forked_child_computes_on_torch_after_this_process_used_its_threads():
     finally:
         torch.set_num_threads(threads)
     assert code == 0 and float(out) == pytest.approx(2000 * 2000 * math.e), err
+
+
+@pytest.mark.slow  # ~5 s alone (importing accelerate), 0.1 s where torch is imported already
+def test_a_forked_child_starts_without_the_accelerate_state_this_process_made():
+    """A run trained in `in_child` builds its own `Accelerator`, as a fresh interpreter does: the state an earlier
+    in-process run of this worker left (accelerate's singletons: here bf16 mixed precision) is not the child's, whose
+    `Accelerator(cpu=True)` took that bf16 silently before `in_child` reset them (seen failing)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    kept = [dict(c._shared_state) for c in (PartialState, AcceleratorState, GradientState)]
+    try:
+        Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=4)
+
+        def child():
+            made = Accelerator(cpu=True)
+            print(made.mixed_precision, made.gradient_accumulation_steps)
+
+        code, out, err = in_child(child)
+    finally:
+        for cls, state in zip((PartialState, AcceleratorState, GradientState), kept, strict=True):
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+    assert (code, out) == (0, "no 1\n"), err[-3000:]
