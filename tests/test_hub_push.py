@@ -1594,3 +1594,31 @@ def test_the_uploaded_record_names_each_local_path_by_its_last_part_and_nothing_
     ]
     assert not run_record.edited(public)
     assert public_record({"hub_model_id": "org/name"}) is None  # nothing to replace: the file goes up as it is
+
+
+def test_the_uploaded_record_keeps_texts_that_are_no_paths_as_written():
+    """A text that begins with a path (a resumed run's `derived.output_folder` sentence) went up as the last part of
+    its last path; a prompt beginning with `/` or holding `/no_think` lost its slash; a path that begins another
+    (`/scratch/run` in `/scratch/run2/...`) was cut at the shorter one. Now: a sentence's paths each by its last part,
+    the person's prompts as written, a one-part `/word` left, paths replaced whole only where they end."""
+    from dpotrain.hub.public import public_record
+
+    out = "/scratch/me/run"
+    values = {
+        "output_dir": out,
+        "sample_prompts": ["/help me plan a trip", "What does /usr/bin/env do?"],
+        "chat_template_kwargs": {"note": "Answer briefly /no_think"},
+        "derived": {
+            "output_folder": f"{out}: an unfinished run, which the run resumes from {out}/checkpoint-40",
+            "cache": f"lengths of another run ({out}2/cache/ab.npz)",
+        },
+    }
+    public = public_record(values)
+    assert public["output_dir"] == "run"
+    assert public["sample_prompts"] == values["sample_prompts"]
+    assert public["chat_template_kwargs"] == values["chat_template_kwargs"]
+    assert public["derived"] == {
+        "output_folder": "run: an unfinished run, which the run resumes from checkpoint-40",
+        "cache": "lengths of another run (ab.npz)",
+    }
+    assert public["local_paths_replaced"]["fields"] == ["output_dir", "derived.output_folder", "derived.cache"]

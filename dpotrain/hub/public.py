@@ -12,6 +12,7 @@ checkpoint's branch (hub_push.verified_additions), and push_to_hub.py's comparis
 """
 
 import json
+import os
 import re
 from pathlib import Path, PurePosixPath
 
@@ -28,7 +29,13 @@ WHY = (
 # An absolute path (`/...`, `~/...`, `~user/...`) standing alone or inside a text (a mixture's `path:0.5 [train]`, a
 # command line's `--output_dir=/...`): it starts a value or follows white space, a quote, a bracket or `=`, and ends at
 # one (a URL's `//` follows `:`, a Hub name's `/` a letter: neither is one)
-PATH = re.compile(r"""(?<![^\s"'`(\[{=,])(?:~[\w.-]*)?/[^\s"'`,;:()\[\]{}<>|]+""")
+# Two parts at least: `/no_think` or `/help` in a text is a word of it, not a path.
+PATH_CHARS = r"""[^\s"'`,;:()\[\]{}<>|/]"""
+PATH = re.compile(rf"""(?<![^\s"'`(\[{{=,])(?:~[\w.-]*)?(?:/{PATH_CHARS}+){{2,}}/?""")
+# Where a path ends inside a text: `/scratch/run` is not the start of `/scratch/run2/...` (found by PATH on its own)
+PATH_END = r"""(?![^\s"'`,;:()\[\]{}<>|])"""
+# The person's own words, uploaded as written: a prompt may name a path on purpose
+TEXT_FIELDS = ("sample_prompts",)
 
 
 def upload_content(folder: Path, name: str) -> bytes | None:
@@ -80,14 +87,17 @@ def without_paths(value, at: str = "") -> tuple:
 
     def walk(v, where: str):
         if isinstance(v, dict):
-            return {key: walk(item, f"{where}.{key}" if where else str(key)) for key, item in v.items()}
+            return {
+                key: item if key in TEXT_FIELDS else walk(item, f"{where}.{key}" if where else str(key))
+                for key, item in v.items()
+            }
         if isinstance(v, list):
             return [walk(item, f"{where}[{i}]") for i, item in enumerate(v)]
         if not isinstance(v, str):
             return v
         new = v
         for path in whole:
-            new = new.replace(path, last_part(path))
+            new = re.sub(re.escape(path) + PATH_END, lambda _, path=path: last_part(path), new)
         new = PATH.sub(lambda m: last_part(m.group(0)), new)
         if new != v:
             replaced.append(where)
@@ -109,8 +119,15 @@ def strings(value):
 
 
 def is_path(text: str) -> bool:
-    """An absolute path of this machine (or a user's home): what means nothing on the Hub."""
-    return text.startswith("/") and len(text.strip("/")) > 0 or re.match(r"~[\w.-]*/", text) is not None
+    """A whole value that is an absolute path of this machine (or a user's home), what means nothing on the Hub: of two
+    parts at least, and no sentence unless it is there (a folder may have a space in its name; a text that begins with
+    a path, a record's `derived.output_folder` sentence, is no path and has its paths found by PATH)."""
+    if not (text.startswith("/") or re.match(r"~[\w.-]*/", text)) or "\n" in text:
+        return False
+    if len([part for part in text.split("/") if part]) < 2:
+        return False
+    # a sentence's punctuation (`x: an unfinished run, ...`) is no path's; a folder's space ("my data") may be
+    return re.search(r"[:;,.!?]\s", text) is None or os.path.exists(os.path.expanduser(text))
 
 
 def last_part(path: str) -> str:
