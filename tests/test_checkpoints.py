@@ -427,6 +427,26 @@ def test_a_checkpoint_claimed_whose_folder_was_never_made_is_not_taken_for_one_g
     assert run_files.completed(out) == []
 
 
+def test_a_step_written_again_is_not_listed_complete_while_its_folder_is_replaced(tmp_path, capsys):
+    """A complete checkpoint-4 removed to write step 4 again (a resume from checkpoint-2 past a damaged or named
+    older one), the job killed before the new folder was made: the rerun said checkpoint-4 was "gone since the run
+    saved it (moved or deleted)", and with nothing older refused the requeued job. The removal drops it from the
+    complete list first."""
+    from dpotrain.train.checkpoints import clear_for_save
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    run_files.claim(out, ["checkpoint-4"])
+    sealed_checkpoint(out / "checkpoint-4")
+    run_files.completed(out, "checkpoint-4")
+    clear_for_save(out, 4)  # the save of step 4 again begins; killed before its folder is made
+    run_files.claim(out, ["checkpoint-4"])
+    capsys.readouterr()
+    assert latest_sound_checkpoint(out) is None
+    assert "gone" not in capsys.readouterr().out
+    assert run_files.completed(out) == []
+
+
 def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing_outside_is_deleted(tmp_path, capsys):
     """A checkpoint's MANIFEST.json edited by hand (or copied in from another layout) listing a path out of its folder,
     `../../base/model.safetensors`, with that file's size and hash: rotation or --overwrite_output_dir, deleting the

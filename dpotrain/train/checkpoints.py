@@ -167,6 +167,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
+        run_files.incomplete(output_dir, folder.name)  # first: killed after the removal, it is no checkpoint gone
         remove(folder)
 
 

@@ -95,6 +95,14 @@ def completed(out: Path, name: str | None = None) -> list[str]:
     return done
 
 
+def incomplete(out: str | Path, name: str) -> None:
+    """Drops `name` from the checkpoints listed as marked complete: the run removes that folder to write the step
+    again (`checkpoints.clear_for_save`), and a kill before the new one's folder is made is no checkpoint gone."""
+    record = _record(Path(out))
+    if record is not None and name in completed(Path(out)):
+        write(out, record["names"], [n for n in completed(Path(out)) if n != name])
+
+
 def disown(out: str | Path, names) -> None:
     """Drops `names` from the run's record: checkpoints rotation deleted are no longer there to be the run's."""
     known = read(Path(out))
