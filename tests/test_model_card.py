@@ -347,6 +347,12 @@ def test_the_card_names_the_commits_trained_from_and_no_path_of_the_training_mac
     card = model_card(local_run, [])
     assert "DPO post-training of `my-sft` (a local folder) on `prefs.jsonl` (sha256 `cccccccccccc`)" in card
     assert "for `my-sft`, not a full model" in card  # the LoRA paragraph
+    # A folder whose name has dots (a version) is no file; a data file whose record holds no hash is one
+    dotted = {**local_run, "model_name_or_path": "/m/Llama-3.1-8B-Instruct", "dataset_name": "/d/prefs-v1.2"}
+    card = model_card({**dotted, "derived": {}}, [])
+    assert "`Llama-3.1-8B-Instruct` (a local folder) on `prefs-v1.2` (a local folder)" in card
+    card = model_card({**dotted, "dataset_name": "/d/prefs.jsonl.gz", "derived": {}}, [])
+    assert "on `prefs.jsonl.gz` (a local file)" in card
     assert "/home/alice" not in card
     source = {"rows_read": 4, "rows_usable": 4, "amount": "1.0", "taken": 4, "upsampled": False}
     mixture = [{"source": "/home/alice/data/a.jsonl [train]", **source}, {"source": "org/b [train]", **source}]

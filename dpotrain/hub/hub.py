@@ -21,6 +21,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
 from dpotrain.data import builtin, mixture
+from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
     local_files,
@@ -265,7 +266,10 @@ def named(name: str | None, identity: dict | None) -> str:
         return f"`{name}`"
     if len(hashed) == 1 and "files" not in identity:  # a data set of one local file
         return f"`{shown(name)}` (sha256 `{next(iter(hashed.values()))[:12]}`)"
-    return f"`{shown(name)}` (a local {'file' if Path(name).suffix else 'folder'})"
+    # A file by a data file's suffix (datasets' own), never a model; a name's dots are no suffix (`Llama-3.1-8B`)
+    suffixes = [s for s in Path(name).suffixes if s not in COMPRESSIONS]
+    file = "files" not in identity and len(hashed) <= 1 and suffixes[-1:] in [[s] for s in LOCAL_SUFFIXES]
+    return f"`{shown(name)}` (a local {'file' if file else 'folder'})"
 
 
 def card_fields(optim: str | None) -> list[str]:
