@@ -18,7 +18,7 @@ from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, REPLACED, RUN_COMPLETE
 from dpotrain.hub.hub_push import PUSH_RECORD
 from dpotrain.recipe import writes
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
@@ -251,10 +251,16 @@ def clear_final_staging(out: Path) -> None:
     staging = Path(out) / FINAL_STAGING
     if run_files.set_aside_if_not_own(out, FINAL_STAGING):
         return
-    if staging.is_dir():
-        shutil.rmtree(staging)
-    else:
-        staging.unlink(missing_ok=True)
+    try:
+        if staging.is_dir():
+            shutil.rmtree(staging)
+        else:
+            staging.unlink(missing_ok=True)
+    except OSError as e:  # a busy file on NFS, a read-only part: one line, not a traceback after the whole training
+        raise RunError(
+            f"{staging}, an earlier attempt's final save cut short, could not be removed ({cause(e)}): remove it "
+            "yourself, then rerun the same command"
+        ) from None
 
 
 def stage_final(out: str | Path) -> None:

@@ -479,6 +479,33 @@ def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_t
     assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
 
 
+def test_an_earlier_final_save_that_cannot_be_removed_is_one_line(tmp_path):
+    """The run's own `.final_model` of an attempt cut short, which it cannot remove (a read-only part, a busy file on
+    NFS): the OSError escaped as a traceback at the run's start, or as a failed final save after the whole training.
+    One line now, naming the folder and what to do."""
+    from dpotrain.recipe.errors import RunError
+
+    out = tmp_path / "run"
+    staging = out / output_folder.FINAL_STAGING
+    staging.mkdir(parents=True)
+    (staging / "model.safetensors").write_bytes(b"cut short")
+    run_files.claim(out, [output_folder.FINAL_STAGING])
+
+    def clear():
+        try:
+            output_folder.clear_final_staging(out)
+        except RunError as e:
+            print(f"RunError: {e}")
+
+    code, stdout, stderr = in_child(clear, read_only=[staging])
+    assert code == 0, stderr[-3000:]
+    assert stdout.startswith(
+        f"RunError: {staging}, an earlier attempt's final save cut short, could not be removed ("
+    ), stdout
+    assert stdout.rstrip().endswith("): remove it yourself, then rerun the same command"), stdout
+    assert (staging / "model.safetensors").exists()
+
+
 @pytest.mark.parametrize("kind", ["link", "folder"])
 def test_the_final_saves_staging_folder_is_never_written_through_a_link_nor_into_a_persons_folder(
     tmp_path, capsys, kind
