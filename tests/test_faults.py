@@ -802,6 +802,14 @@ def on_block_disk(folder, megabytes, argv, **child) -> Child:
     return start_child(run, **child)
 
 
+def listed_complete(out: Path) -> list[str]:
+    """The checkpoints the run's record lists as marked complete, [] while it is being replaced or holds none."""
+    try:
+        return json.loads((out / run_files.MANIFEST).read_text()).get(run_files.COMPLETE, [])
+    except (OSError, ValueError):
+        return []
+
+
 def fill(folder) -> None:
     """Another job takes every free block of `folder`'s disk."""
     fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
@@ -824,8 +832,10 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
     out = disk / "run"
     run = on_block_disk(disk, 16, command(out, tiny_model_dir, pairs)[2:])
     seen = Path(f"/proc/{run.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
-    wait_until(run, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
-    os.kill(run.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    # The save's last write is the record listing it complete (after its COMPLETE mark): stopped after that, before
+    # step 3 is logged, whose record is the next write
+    wait_until(run, lambda: "checkpoint-2" in listed_complete(seen))
+    os.kill(run.pid, signal.SIGSTOP)
     try:
         fill(seen.parent)
     finally:
