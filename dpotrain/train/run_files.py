@@ -87,8 +87,7 @@ def completed(out: Path, name: str | None = None) -> list[str]:
     """The checkpoints the record lists as marked complete; with `name`, that one added to the list first (the
     main process, once its COMPLETE mark is written). An older record lists none."""
     record = _record(Path(out)) or {"names": []}
-    listed = record.get(COMPLETE)
-    done = [n for n in listed if isinstance(n, str) and n in record["names"]] if isinstance(listed, list) else []
+    done = _listed_complete(record)
     if name is not None and name in record["names"] and name not in done:
         done.append(name)
         write(out, record["names"], done)
@@ -99,8 +98,15 @@ def incomplete(out: str | Path, name: str) -> None:
     """Drops `name` from the checkpoints listed as marked complete: the run removes that folder to write the step
     again (`checkpoints.clear_for_save`), and a kill before the new one's folder is made is no checkpoint gone."""
     record = _record(Path(out))
-    if record is not None and name in completed(Path(out)):
-        write(out, record["names"], [n for n in completed(Path(out)) if n != name])
+    done = _listed_complete(record) if record is not None else []
+    if name in done:
+        write(out, record["names"], [n for n in done if n != name])
+
+
+def _listed_complete(record: dict) -> list[str]:
+    """A read record's checkpoints marked complete, of its names (an edited list's odd entries left out)."""
+    listed = record.get(COMPLETE)
+    return [n for n in listed if isinstance(n, str) and n in record["names"]] if isinstance(listed, list) else []
 
 
 def disown(out: str | Path, names) -> None:
