@@ -2,12 +2,15 @@
 gloo ranks, the main process's write refused, end on its one line (written once) instead of waiting in the next
 collective."""
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -53,7 +56,11 @@ def launch_with_main_limited(
     from_opening: str = "",
     config: str | None = None,
     rank1_env: dict | None = None,
+    closed_at_once: bool = False,
 ):
+    """The run of `more` on two DDP ranks, rank 0 under a file size limit of `limit`: (the CompletedProcess, stdout and
+    stderr together; the output folder). `closed_at_once`: a rank the launcher closes once another failed (its
+    SIGTERM, then SIGKILL 30 s later, torchrun's shutdown timeout) is killed as the SIGTERM is sent."""
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
@@ -109,10 +116,33 @@ def launch_with_main_limited(
     ]
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, **(env or {})}
+    if closed_at_once:
+        return launch_closing_at_once(cmd, env), out
     result = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
     )
     return result, out
+
+
+def launch_closing_at_once(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`cmd` (a launch) run as `subprocess.run` with its output read as it comes: each rank the launcher closes (its
+    line "Sending process PID closing signal SIGTERM") killed there, as the launcher kills it 30 s later. A rank still
+    in the ranks' first meeting (torch's process group made inside C++, where Python runs no signal handler) writes
+    nothing in those 30 s: they were a wait, not what the test reads. Past 600 s the launch is killed."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(600, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if closing := re.search(r"Sending process (\d+) closing signal SIGTERM", line):
+                with contextlib.suppress(ProcessLookupError):  # it ended on the SIGTERM already
+                    os.kill(int(closing.group(1)), signal.SIGKILL)
+        proc.wait()
+    finally:
+        timer.cancel()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines))
 
 
 @pytest.mark.slow
@@ -386,8 +416,10 @@ def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log
     """A refusal before the ranks first meet is written by the first process on the node that meets it: rank 1's
     environment alone refused (GPUS_PER_NODE, read as the recipe is parsed), rank 0 went on to the first collective
     and the launcher ended it, and the job's log held no error line at all (the first process on the node wrote the
-    line, and it had none to write; the launcher's summary showed exit code 2 alone)."""
-    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_env={"GPUS_PER_NODE": "two"})
+    line, and it had none to write; the launcher's summary showed exit code 2 alone). Rank 0, in the ranks' first
+    meeting, is killed as the launcher closes it (`closed_at_once`), not 30 s later by the launcher."""
+    rank1_env = {"GPUS_PER_NODE": "two"}
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_env=rank1_env, closed_at_once=True)
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     want = "error: GPUS_PER_NODE='two' is not a number of processes: give a whole number (WORLD_SIZE=16"
     assert len(errors) == 1 and errors[0].startswith(want), result.stdout[-3000:]
