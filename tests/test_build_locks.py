@@ -22,36 +22,66 @@ import pytest
 
 from conftest import PYTHON, ROOT
 
-# A real C++ extension through torch's JIT path (the one DeepSpeed's op builders use): it takes long enough to
-# compile (torch headers) to be killed mid-build.
+# A real C++ extension through torch's JIT path (`load`, the one DeepSpeed's op builders use): a Python module of a
+# few lines against Python's own header, which compiles in about a second. The torch headers of `load_inline` took
+# ~30 s of a busy core's time to compile in the second build, only to be long enough for the first to be killed
+# mid-build; the first build's compiler (COMPILER, as CXX) now holds it there instead.
+SOURCE = """#include <Python.h>
+static PyObject* probe(PyObject*, PyObject*) { return PyLong_FromLong(1); }
+static PyMethodDef methods[] = {{"probe", probe, METH_NOARGS, nullptr}, {nullptr, nullptr, 0, nullptr}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dpotrain_lock_probe", nullptr, -1, methods};
+PyMODINIT_FUNC PyInit_dpotrain_lock_probe(void) { return PyModule_Create(&module); }
+"""
 BUILD = (
-    "from torch.utils.cpp_extension import load_inline\n"
-    "m = load_inline(name='dpotrain_lock_probe', cpp_sources='int probe() { return 1; }', functions=['probe'])\n"
+    "import sys\n"
+    "from torch.utils.cpp_extension import load\n"
+    "m = load(name='dpotrain_lock_probe', sources=[sys.argv[1]])\n"
     "print('built', m.probe())\n"
 )
+# The compiler of the build that is killed: the real one (`c++` on PATH) for torch's checks of its version, and for a
+# compile (`-c`) its pid in the file `$0.compiling` and a wait for the kill. ninja starts each compile in a process
+# group of its own, which the kill of the build's group does not reach: the test kills it by that pid.
+COMPILER = """#!/bin/sh
+case " $* " in *" -c "*) echo $$ > "$0.compiling"; exec sleep infinity ;; esac
+exec c++ "$@"
+"""
 
 
 @pytest.mark.slow
 def test_a_build_killed_mid_compile_leaves_nothing_that_blocks_the_next_build(tmp_path):
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
-    folder = tmp_path / "dpotrain_lock_probe"
-    # Its own session: the kill reaches the compiler (ninja, c++) too, as a job's end does.
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    folder = tmp_path / "ext" / "dpotrain_lock_probe"
+    source, compiler = tmp_path / "probe.cpp", tmp_path / "held" / "c++"
+    source.write_text(SOURCE)
+    compiler.parent.mkdir()
+    compiler.write_text(COMPILER)
+    compiler.chmod(0o755)
+    compiling = Path(f"{compiler}.compiling")
+    # Its own session: the kill reaches ninja too, as a job's end does.
     build = subprocess.Popen(
-        [PYTHON, "-c", BUILD], env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [PYTHON, "-c", BUILD, str(source)],
+        env={**env, "CXX": str(compiler)},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 120
-        while not (folder / "build.ninja").exists():  # written under the lock, before the compiler starts
+        # ninja runs the compiler once torch wrote build.ninja under the lock: its pid, written whole (a new line)
+        while not (compiling.exists() and compiling.read_text().endswith("\n")):
             assert build.poll() is None and time.time() < deadline, "the build never started compiling"
             time.sleep(0.05)
         assert build.poll() is None, "the build ended before it was killed: nothing was killed mid-build"
     finally:
         os.killpg(build.pid, signal.SIGKILL)  # a job killed mid-build
         build.wait()
+        if compiling.exists():
+            os.kill(int(compiling.read_text()), signal.SIGKILL)
+    assert (folder / "build.ninja").exists() and not list(folder.glob("*.o"))  # killed mid-compile
     assert (folder / "lock").exists() and not list(folder.glob("*.so"))  # the lock file stays; no op was built
 
     # The next job: it builds the op and loads it, in the time a build takes (torch 2.13 waited here forever).
-    again = subprocess.run([PYTHON, "-c", BUILD], env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([PYTHON, "-c", BUILD, str(source)], env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == "built 1", again.stderr[-3000:]
 
 
