@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, python
+from conftest import PYTHON, ROOT, in_child, python
 from dpotrain.cluster import offline
 from dpotrain.hub import hub
 from dpotrain.recipe import venv
@@ -902,47 +902,44 @@ def test_a_silent_hub_keeps_datasets_online_where_the_user_set_hf_datasets_offli
 
 # Two runs in one process (a notebook's): the first one's start agreeing on a Hub that does not answer, then a dry run
 # with the Hub answering. Here, not in the test's process: huggingface_hub and datasets take HF_ENDPOINT at import.
-TWO_RUNS = r"""
-import sys
-import datasets
-from huggingface_hub import constants
-import train_dpo
-from dpotrain.cluster import offline
-from dpotrain.recipe.config import parse_args
+def two_runs(closed: str, args: list[str]) -> None:
+    """A run's start (train_dpo.run's Hub agreement) with the Hub at `closed` silent, then a dry run in the same process
+    with the Hub back."""
+    from huggingface_hub import constants
 
-closed, args = sys.argv[1], sys.argv[2:]
-endpoint, constants.ENDPOINT = constants.ENDPOINT, closed
-offline.agree_on_hub(parse_args(args))  # the first run's start (train_dpo.run), its Hub silent
-assert offline.hub_answer().startswith(closed), offline.hub_answer()
-constants.ENDPOINT = endpoint
-train_dpo.main([*args, "--dry-run", "--json"])
-"""
+    import train_dpo
+    from dpotrain.recipe.config import parse_args
+
+    endpoint, constants.ENDPOINT = constants.ENDPOINT, closed
+    offline.agree_on_hub(parse_args(args))  # the first run's start (train_dpo.run), its Hub silent
+    assert offline.hub_answer().startswith(closed), offline.hub_answer()
+    constants.ENDPOINT = endpoint
+    train_dpo.main([*args, "--dry-run", "--json"])
 
 
-@pytest.mark.slow  # a process of its own
+@pytest.mark.slow  # a process of its own: a forked child of this one (`in_child`), the Hub's variables read again
 def test_a_run_takes_no_hub_answer_from_a_run_before_it_in_this_process(tmp_path):
     """A launch's answer from the Hub is every rank's for that run alone: a dry run started after it in the same
     process asks for itself. The first run's Hub did not answer, the dry run's does: it stays online, where it took
-    the first run's answer, said the Hub did not answer and turned this process offline."""
+    the first run's answer, said the Hub did not answer and turned this process offline. In a forked child of the test
+    process (`in_child`), not a fresh interpreter (~6 CPU-s of imports for two checks of a few milliseconds)."""
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     server = StandInHub()
     server.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     with socket.socket() as sock:  # a local port that nothing listens on once closed: the first run's Hub
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env = {k: None for k in os.environ if k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_ENDPOINT=server.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="")
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none", "--output_dir", str(tmp_path)]
     args += ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0"]
     try:
-        result = subprocess.run(
-            [PYTHON, "-c", TWO_RUNS, closed, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
+        code, stdout, stderr = in_child(lambda: two_runs(closed, args), env=env)
     finally:
         server.close()
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "does not answer" not in result.stderr, result.stderr[-3000:]
-    assert json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["dataset_rows"] == 16
+    assert code == 0, stderr[-3000:]
+    assert "does not answer" not in stderr, stderr[-3000:]
+    assert json.loads(stdout[stdout.index("{\n") :])["derived"]["dataset_rows"] == 16
 
 
 @pytest.mark.slow
