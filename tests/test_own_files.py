@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from conftest import PYTHON, ROOT, in_child, python, run_train, sealed_checkpoint
+from conftest import PYTHON, ROOT, in_child, python, run_train, sealed_checkpoint, start_child
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
 from dpotrain.recipe import writes
@@ -833,7 +833,7 @@ def test_records_are_written_whole_or_not_at_all(tmp_path):
 def wait_for(predicate, process, timeout: float = 600) -> None:
     end = time.monotonic() + timeout
     while not predicate():
-        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert process.poll() is None, process.stdout.read()[-3000:]  # a Popen's (stdout=PIPE) or a Child's
         assert time.monotonic() < end, "timed out"
         time.sleep(0.2)
 
@@ -877,24 +877,21 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_unto
 
 @pytest.mark.slow
 def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path, tiny_model_dir):
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     out = tmp_path / "run"
     # 12 steps of ~0.1 s, each saved: the kill lands mid-run, after checkpoint-2 (6 finished before it on a fast
     # machine); each step more costs both runs a step and a save
     args = train_args(out, "--max_steps", "12", "--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "3")
-    # The real interpreter, so that SIGKILL hits the process that holds the lock, as a node's OOM killer would.
-    env = {**os.environ, **env_for(tiny_model_dir)}
-    killed = subprocess.Popen(
-        [PYTHON, str(ROOT / "train_dpo.py"), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    # A forked child of this process (`start_child`), not the warm interpreter's, so that SIGKILL hits the process
+    # that holds the lock, as a node's OOM killer would; not a fresh interpreter either (~6 CPU-s of imports).
+    killed = start_child(lambda: run_cli(lambda: train_dpo.main(args)), env=env_for(tiny_model_dir))
     try:
         wait_for(lambda: (out / "checkpoint-2" / "COMPLETE").exists(), killed)
     finally:
-        killed.send_signal(signal.SIGKILL)
-        killed.communicate()
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
     assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == killed.pid  # left behind
     rerun = run_train(args, env=env_for(tiny_model_dir))
     assert rerun.returncode == 0, rerun.stdout[-3000:]
