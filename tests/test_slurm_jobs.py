@@ -479,9 +479,22 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     """Two 2-process jobs on one node at once (one CPU each): each meets its processes at a port of its own (from the
     job id), so both train side by side. Then scancel sends one the SIGTERM of a preemption, but the user wants the
     job to end: it saves and is not requeued. The other is one Slurm will not requeue (--no-requeue): it ends FAILED,
-    not COMPLETED, so that an `afterok` dependency does not start on an unfinished run."""
+    not COMPLETED, so that an `afterok` dependency does not start on an unfinished run.
+    The cancelled one is submitted as `sbatch --export=RECIPE=...,... scripts/dpo_train.sh`, its variables named on the
+    sbatch line, not ALL: sbatch hands that choice to the job's steps too (SLURM_EXPORT_ENV), and the training step
+    started with none of the batch shell's environment, not even PATH, and failed at once ("execve(): bash: No such
+    file or directory"), after the dry run had passed. (`--export=NONE` alike.)"""
+    exported = {
+        **TWO_PROCESSES,
+        "DPOTRAIN_CACHE": str(tmp_path / "cache"),
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+    }
+    exported |= {
+        k: v for k, v in os.environ.items() if k.startswith(("HF_", "DPOTRAIN_BUILTIN", "WANDB_", "TOKENIZERS"))
+    }
+    export = "--export=" + ",".join(f"{k}={v}" for k, v in exported.items())  # the test's paths hold no comma
     jobs = {}
-    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
+    for name, extra in (("cancelled", [export]), ("no-requeue", ["--no-requeue"])):
         args = [
             "--gpus-per-node=0",
             "--cpus-per-task=1",
