@@ -118,12 +118,19 @@ NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is th
 node_word() {
   printf '%q' "$1" | sed 's/[\\"$`]/\\&/g'
 }
+# --export=ALL: the step gets the batch shell's environment (PATH, the stop file, DPOTRAIN_*) whatever the job was
+# submitted with. `sbatch --export=NONE` or `--export=RECIPE=...` (its variables alone, not ALL) is handed on to every
+# srun of the job (SLURM_EXPORT_ENV): the step started with no PATH, and failed at once, after the dry run had passed
+# ("execve(): bash: No such file or directory").
+# --ntasks: one launcher per node whatever tasks the job asked for. srun takes the job's count (SLURM_NTASKS) over its
+# own --ntasks-per-node=1 ("can't honor --ntasks-per-node"): `sbatch --ntasks-per-node=4` started 4 `accelerate launch`
+# on each node, machine ranks past the machines, and the job failed, then requeued itself, over and over.
 launch_line() {
   local main_addr=$1; shift
   local train_args="" arg
   for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
 --config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \

@@ -205,6 +205,24 @@ def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_submitted_with_more_tasks_per_node_starts_one_launcher_per_node(slurm, tmp_path):
+    """`sbatch --ntasks-per-node=2 scripts/dpo_train.sh` (a user's habit of one task per GPU, over the script's 1):
+    srun inherits the job's task count (SLURM_NTASKS) and ignores its own --ntasks-per-node=1 ("can't honor
+    --ntasks-per-node set to 1"), so the node started two `accelerate launch`, machine ranks 0 and 1 of one machine,
+    and the job failed. One launcher per node, whatever the job's tasks."""
+    log = tmp_path / "tasks.out"
+    args = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}", SCRIPT]
+    run = ["--max_steps", "2", "--report_to", "none", "--output_dir", "run"]
+    job = slurm.sbatch([*args, *run], cwd=tmp_path, env=README_ENV)
+    state = slurm.wait(job, timeout=300)
+    text = log.read_text(errors="replace")
+    assert state == "COMPLETED", text[-3000:]
+    assert re.findall(r"^node \S+: machine rank (\d+) of 1,", text, re.M) == ["0"], text[-3000:]
+    assert json.loads((tmp_path / "run" / "run_complete.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     job, state, out, submitted_from, _ = readme_job
     log = log_path(job, submitted_from)
@@ -479,9 +497,22 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     """Two 2-process jobs on one node at once (one CPU each): each meets its processes at a port of its own (from the
     job id), so both train side by side. Then scancel sends one the SIGTERM of a preemption, but the user wants the
     job to end: it saves and is not requeued. The other is one Slurm will not requeue (--no-requeue): it ends FAILED,
-    not COMPLETED, so that an `afterok` dependency does not start on an unfinished run."""
+    not COMPLETED, so that an `afterok` dependency does not start on an unfinished run.
+    The cancelled one is submitted as `sbatch --export=RECIPE=...,... scripts/dpo_train.sh`, its variables named on the
+    sbatch line, not ALL: sbatch hands that choice to the job's steps too (SLURM_EXPORT_ENV), and the training step
+    started with none of the batch shell's environment, not even PATH, and failed at once ("execve(): bash: No such
+    file or directory"), after the dry run had passed. (`--export=NONE` alike.)"""
+    exported = {
+        **TWO_PROCESSES,
+        "DPOTRAIN_CACHE": str(tmp_path / "cache"),
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+    }
+    exported |= {
+        k: v for k, v in os.environ.items() if k.startswith(("HF_", "DPOTRAIN_BUILTIN", "WANDB_", "TOKENIZERS"))
+    }
+    export = "--export=" + ",".join(f"{k}={v}" for k, v in exported.items())  # the test's paths hold no comma
     jobs = {}
-    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
+    for name, extra in (("cancelled", [export]), ("no-requeue", ["--no-requeue"])):
         args = [
             "--gpus-per-node=0",
             "--cpus-per-task=1",
@@ -627,7 +658,7 @@ def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_p
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_multi_node_launch_line(nodes):
     line = print_launch(nodes, "--learning_rate", "8e-8", gpus="h100:4")
-    assert line.startswith(f"srun --nodes={nodes} --ntasks-per-node=1 ")
+    assert line.startswith(f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 ")
     for part in [
         f"--num_machines {nodes}",
         f"--num_processes {4 * nodes}",
