@@ -19,7 +19,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, launch_smoke_meanwhile
-from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES
+from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES, states_once_a_second
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
 
@@ -410,10 +410,12 @@ def reference_scores(out: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float = 0.2, log: Path | None = None) -> None:
     """Poll until `done()`; fail with the job's log (`log`: where it was submitted from, if not SUBMIT_DIR) if the job
-    ends first (a requeue, REQUEUED then PENDING, is not an end) or `timeout` passes."""
+    ends first (a requeue, REQUEUED then PENDING, is not an end) or `timeout` passes. `done()` is polled every `poll`
+    seconds, the job's state once a second (`states_once_a_second`)."""
     deadline = time.time() + timeout
+    state = states_once_a_second(slurm, job)
     while not done():
-        if time.time() >= deadline or slurm.state(job) in TERMINAL_STATES:
+        if time.time() >= deadline or state()[0] in TERMINAL_STATES:
             text = log.read_text(errors="replace") if log and log.exists() else job_log(job)
             raise AssertionError(f"job {job} ended or timed out ({slurm.job_info(job)}): {text[-3000:]}")
         time.sleep(poll)
@@ -533,8 +535,9 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             args, cwd=submit_dir(), env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
         )
     deadline = time.time() + 400
+    states = states_once_a_second(slurm, *jobs.values())
     while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # both mid-training at once
-        assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
+        assert time.time() < deadline and all(s in ("PENDING", "RUNNING") for s in states()), states()
         time.sleep(0.2)
     assert all(slurm.state(job) == "RUNNING" for job in jobs.values())  # side by side, not one after the other
     ports = {re.search(r"rendezvous \S+:(\d+)", job_log(job)).group(1) for job in jobs.values()}

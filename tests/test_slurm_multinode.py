@@ -19,7 +19,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, launch_smoke_meanwhile
-from slurm_cluster import SUBMIT_DIR, slurm_cluster
+from slurm_cluster import SUBMIT_DIR, slurm_cluster, states_once_a_second
 
 pytestmark = pytest.mark.slurm
 
@@ -81,8 +81,9 @@ def steps(out: Path) -> list[int]:
 
 def wait_for_steps(slurm2, job: int, out: Path, n: int, timeout: float = 400) -> None:
     deadline = time.time() + timeout
+    state = states_once_a_second(slurm2, job)  # steps polled every 0.2 s, Slurm asked once a second
     while len(steps(out)) < n:
-        assert time.time() < deadline and slurm2.state(job) in ("PENDING", "RUNNING"), (
+        assert time.time() < deadline and state()[0] in ("PENDING", "RUNNING"), (
             slurm2.job_info(job),
             job_log(job)[-3000:],
         )
