@@ -374,6 +374,16 @@ def resumed(out: Path, point: str) -> OutputDecision:
     return OutputDecision(point, False)
 
 
+def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
+    """The folder of the record whose data commits a run that goes on (`decision`, `check_output_dir`'s) loads: the
+    resumed checkpoint's own copy (`trained_under`), else output_dir's; None where the run starts afresh or trains
+    nothing, and reads its data at main. The run's data stage and prefetch.py read it, so the job fetched for is the
+    job that runs (--overwrite_output_dir resumes a sound checkpoint of the same settings)."""
+    if not decision.trains or decision.start_afresh:
+        return None
+    return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
+
+
 def replacing(out: Path, explicit: str | None) -> OutputDecision:
     """--overwrite_output_dir replaces the run in `out` (its own files: output_folder.replace), then the run starts
     afresh, or resumes the checkpoint it names, unless that is one of the files replaced."""
