@@ -272,11 +272,16 @@ def changed_in_folder(recipe: Recipe, out: Path, pairs_per_step: int | None) -> 
     return changed_settings(recipe, folder, pairs_per_step)
 
 
+# `pairs_per_step` of prefetch.py's `check_output_dir`: given the job's data flags alone (the command a run prints
+# names no other), it takes the job's settings to be the stopped run's own, as recorded: the folder alone decides.
+AS_RECORDED = "the settings as recorded"
+
+
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
-    differs from the resolved_config.json in `out`; [] when there is none to compare with."""
+    differs from the resolved_config.json in `out`; [] when there is none to compare with, or with `AS_RECORDED`."""
     old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
-    if old is None:
+    if old is None or pairs_per_step is AS_RECORDED:
         return []
     # auto again: the analyzer's choice for the same data and tokenizer, at the same coverage (another one chose another
     # max_length, which the resumed run trained with in silence)

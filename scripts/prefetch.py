@@ -30,7 +30,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 with venv.loading_libraries():  # Ctrl-C while they load: one line, not the traceback of the import it hit
     if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
         venv.load_env(ROOT)
-    from dpotrain import options, resolve, stages
+    from dpotrain import options, resolve
     from dpotrain.cluster import offline
     from dpotrain.data import hub_revision, mixture
     from dpotrain.recipe import cli
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint, out = recipe.training.resume_from_checkpoint, recipe.training.output_dir
     recorded = None
     if "output_dir" in fields_set(overrides) or checkpoint:
-        decision = resolve.check_output_dir(recipe, stages.checks(recipe).batch.pairs_per_step)
+        decision = resolve.check_output_dir(recipe, resolve.AS_RECORDED)  # the job is the stopped run's own
         recorded = resolve.continued_record(decision, out)
     resumed = recorded is not None
 
