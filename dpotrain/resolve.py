@@ -272,11 +272,16 @@ def changed_in_folder(recipe: Recipe, out: Path, pairs_per_step: int | None) -> 
     return changed_settings(recipe, folder, pairs_per_step)
 
 
+# `pairs_per_step` of prefetch.py's `check_output_dir`: given the job's data flags alone (the command a run prints
+# names no other), it takes the job's settings to be the stopped run's own, as recorded: the folder alone decides.
+AS_RECORDED = "the settings as recorded"
+
+
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
-    differs from the resolved_config.json in `out`; [] when there is none to compare with."""
+    differs from the resolved_config.json in `out`; [] when there is none to compare with, or with `AS_RECORDED`."""
     old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
-    if old is None:
+    if old is None or pairs_per_step is AS_RECORDED:
         return []
     # auto again: the analyzer's choice for the same data and tokenizer, at the same coverage (another one chose another
     # max_length, which the resumed run trained with in silence)
@@ -372,6 +377,16 @@ def resumed(out: Path, point: str) -> OutputDecision:
     """Resume from `point`: a hand edit of the run's record is said not to be used (resume.say_hand_edit)."""
     resume.say_hand_edit(out, point, trained_under(Path(point)))
     return OutputDecision(point, False)
+
+
+def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
+    """The folder of the record whose data commits a run that goes on (`decision`, `check_output_dir`'s) loads: the
+    resumed checkpoint's own copy (`trained_under`), else output_dir's; None where the run starts afresh or trains
+    nothing, and reads its data at main. The run's data stage and prefetch.py read it, so the job fetched for is the
+    job that runs (--overwrite_output_dir resumes a sound checkpoint of the same settings)."""
+    if not decision.trains or decision.start_afresh:
+        return None
+    return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
 
 
 def replacing(out: Path, explicit: str | None) -> OutputDecision:

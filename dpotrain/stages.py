@@ -197,12 +197,10 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
         if push.requested and not launch.dry_run and decision.trains:
             push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
-    continued = decision.trains and not decision.start_afresh
-    # The record a resume compares with (its checkpoint's own copy, resolve.trained_under), else the folder's
-    recorded = str(resolve.trained_under(Path(decision.resume_from))) if decision.resume_from else training.output_dir
-    kept = hub_revision.kept(recipe, recorded) if continued else None
+    recorded = resolve.continued_record(decision, training.output_dir)  # prefetch.py fetches by it too
+    kept = hub_revision.kept(recipe, recorded) if recorded else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
-    sources = mixture.kept(recipe, recorded) if continued else {}
+    sources = mixture.kept(recipe, recorded) if recorded else {}
     said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:

@@ -49,7 +49,7 @@ class ReadyRun:
 
     def score_reference(self) -> list[reference.Outcome]:
         """The reference stage (dpotrain/reference/reference.py); one Outcome per data set."""
-        collectives.main_outcome(check_reference_weights, self.spec, self.trainer)  # under ZeRO-3 the main's hash
+        check_reference_weights(self.spec, self.trainer)
         return reference.run_stage(self.trainer, self.spec.recipe.project.reference_save_seconds)
 
     def train(self, outcomes: list) -> int | None:
@@ -88,14 +88,26 @@ def check_reference_weights(spec, trainer) -> None:
     replaced by another fine-tune's with its time put back (`touch -r`, a copy tool keeping the original's) loaded
     other weights, whose reference the stage scored anew under its own cache key and the run trained its steps
     past the checkpoint against, in silence. The hash of the loaded weights (the cache key's, `weights_sha256`) is
-    recorded, and compared here, after the model loads and before the stage scores anything."""
+    recorded, and compared here, after the model loads and before the stage scores anything. Every rank calls it:
+    under ZeRO-3 the main process holds the hash, and a LoRA run's earlier hash gathers the weights."""
+    was = collectives.main_outcome(_other_weights_recorded, spec, trainer)
+    if was:  # a LoRA run recorded before session 41 took TRL's hash of base and adapter: taken now, for it alone
+        collectives.main_outcome(_refuse_other_weights, spec, trainer, was, trainer.earlier_lora_hash())
+
+
+def _other_weights_recorded(spec, trainer) -> str | None:
+    """The weights' hash the resumed run recorded, where it is not this load's; None with nothing to compare."""
     resume_from = spec.output.resume_from if spec.output else None
     if not resume_from or not trainer.weights_hash:  # a live reference model: no hash taken (TRL's)
-        return
+        return None
     trained = run_record.read(resolve.trained_under(Path(resume_from)) / "resolved_config.json")
     was = trained.derived.get(WEIGHTS_KEY) if trained else None
-    if was and was not in {trainer.weights_hash, *trainer.weights_hashes}:  # LoRA: the hash it recorded before
-        model = spec.recipe.model.model_name_or_path
+    return was if was and was != trainer.weights_hash else None
+
+
+def _refuse_other_weights(spec, trainer, was: str, earlier: str | None) -> None:
+    if was != earlier:  # LoRA: the hash it recorded before session 41
+        model, resume_from = spec.recipe.model.model_name_or_path, spec.output.resume_from
         raise ConfigError(
             f"model {model!r}: the weights loaded are not those {resume_from} was trained against (SHA-256 "
             f"{trainer.weights_hash[:12]}..., the run started from {was[:12]}...): its files were replaced since the "

@@ -710,6 +710,8 @@ class Child:
     def wait(self) -> tuple[int, str, str]:
         if self.returncode is None:
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if self in STARTED_CHILDREN:
+            STARTED_CHILDREN.remove(self)  # reaped: nothing left for the teardown (`no_child_left`)
         out, err = (self.streams / "out").read_text(), (self.streams / "err").read_text()
         shutil.rmtree(self.streams)
         if self.returncode == 77:
@@ -717,9 +719,27 @@ class Child:
         return self.returncode, out, err
 
 
+# The children `start_child` forked and no `wait()` reaped yet: killed at the test's teardown (`no_child_left`)
+STARTED_CHILDREN: list[Child] = []
+
+
+@pytest.fixture(autouse=True)
+def no_child_left():
+    """A test's forked children end with it: one that failed before its `wait()` left a training run going into the
+    tests after it (on the 2 cores, holding its run's lock). Killed and reaped at teardown, failed test or not."""
+    yield
+    while STARTED_CHILDREN:
+        child = STARTED_CHILDREN.pop()
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)  # stopped (SIGSTOP) or not
+            os.waitpid(child.pid, 0)
+        shutil.rmtree(child.streams, ignore_errors=True)
+
+
 def start_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> Child:
     """`in_child`'s forked child, started and not waited for: a test that stops it, or changes its mounts (`nsenter
-    -t PID -m`), while it runs."""
+    -t PID -m`), while it runs. Killed at the test's teardown where no `wait()` reaped it (`no_child_left`)."""
     import io
     import traceback
 
@@ -750,7 +770,8 @@ def start_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> Child:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    return Child(pid, streams)
+    STARTED_CHILDREN.append(child := Child(pid, streams))
+    return child
 
 
 def _run_in_child(fn, env) -> int:

@@ -878,3 +878,30 @@ def test_the_analyzer_says_once_that_its_template_writes_todays_date(cli, tmp_pa
     data.write_text("".join(json.dumps(p) + "\n" for p in given))
     assert cli.main([str(data), *flags]) == 0
     assert "renders on" not in capsys.readouterr().err
+
+
+def test_a_mixture_says_once_that_its_template_writes_todays_date(tmp_path, capsys):
+    """The warning was said by each mixture source's read: a mixture of three sources with one template printed the
+    same line three times. One line a run; where some sources give the date in their rows, the others are named."""
+    import datasets
+
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    tokenizer = builtin.build_tokenizer()
+    tokenizer.chat_template = DATED_TEMPLATE
+    pairs = builtin.make_preference_rows(4, seed=1)
+    given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
+    for name, read in (("a", pairs), ("b", pairs), ("c", given)):
+        datasets.Dataset.from_list(read).to_json(tmp_path / f"{name}.jsonl")
+
+    def said(*names) -> list[str]:
+        mixer = [part for name in names for part in (str(tmp_path / f"{name}.jsonl"), "1.0")]
+        recipe = parse_args([*SMOKE, "--dataset_mixer_list", *mixer])
+        mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", template=tokenizer)
+        return [line for line in capsys.readouterr().err.splitlines() if "renders on" in line]
+
+    assert said("a", "b") == [DATED_WARNING]
+    sources = f"{tmp_path / 'a.jsonl'} [train], {tmp_path / 'b.jsonl'} [train]"
+    assert said("a", "b", "c") == [f"{DATED_WARNING} (mixture sources {sources})"]
+    assert said("c") == []

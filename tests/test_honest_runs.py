@@ -323,10 +323,10 @@ def test_a_lora_runs_reference_is_keyed_by_its_base_as_a_full_run_of_it(lora, tm
     finished cache of the same base. Keyed by the base weights, runs of one base share it; a resumed LoRA run
     recorded with the old hash (TRL's, of base and adapter) still passes the weights check."""
     import datasets
+    from trl.trainer.utils import hash_module
 
     from conftest import built
     from dpotrain.data import builtin
-    from dpotrain.recipe import upstream
     from dpotrain.recipe.config import parse_args
     from dpotrain.reference.reference import identity
     from dpotrain.reference.scorer import ReferenceScorer
@@ -341,4 +341,62 @@ def test_a_lora_runs_reference_is_keyed_by_its_base_as_a_full_run_of_it(lora, tm
     _, full = key()
     trainer, adapter = key("--use_peft", "true", *lora)
     assert adapter == full
-    assert upstream.weights_hash(trainer) in trainer.weights_hashes  # what a LoRA run recorded before this
+    # What a LoRA run recorded before session 41, TRL's hash of base and adapter, is what a resume compares with
+    assert trainer.earlier_lora_hash() == hash_module(trainer.model) != trainer.weights_hash
+
+
+def test_a_fresh_lora_start_hashes_the_weights_once(tmp_path, tiny_model_dir, monkeypatch):
+    """A LoRA start hashed the weights twice: the base's (the reference cache's key) and TRL's of base and adapter,
+    which only a resume of a run recorded before session 41 compares with; a full pass over every weight (minutes
+    for a 32B model) that a fresh start threw away. That second hash is taken by such a resume alone."""
+    import datasets
+    from trl.trainer import dpo_trainer
+
+    from conftest import built
+    from dpotrain.cluster import engine
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+
+    taken = []
+
+    def counted(hash_of):
+        return lambda *args, **kw: taken.append(hash_of.__name__) or hash_of(*args, **kw)
+
+    monkeypatch.setattr(dpo_trainer, "hash_module", counted(dpo_trainer.hash_module))
+    monkeypatch.setattr(engine, "weights_sha256", counted(engine.weights_sha256))
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(16, seed=3))
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")]
+    trainer = built(parse_args([*args, "--use_peft", "true", "--lora_target_modules", "q_proj"]), rows).trainer
+    assert taken == ["weights_sha256"] and trainer.weights_hash
+
+
+def test_a_lora_resume_recorded_with_trls_hash_passes_the_weights_check_and_other_weights_do_not(
+    tmp_path, tiny_model_dir
+):
+    """The resume of a LoRA run recorded before session 41 (its key TRL's hash of base and adapter) takes that hash
+    then, and passes; a hash of neither, other weights, is refused as before."""
+    import dataclasses
+
+    import datasets
+    from trl.trainer.utils import hash_module
+
+    from conftest import built
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.resolve import OutputDecision
+    from dpotrain.train_stage import WEIGHTS_KEY, check_reference_weights
+
+    rows = datasets.Dataset.from_list(builtin.make_preference_rows(16, seed=3))
+    out = tmp_path / "run"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out)]
+    run = built(parse_args([*args, "--use_peft", "true", "--lora_target_modules", "q_proj"]), rows)
+    (out / "checkpoint-2").mkdir(parents=True)
+    resumed = dataclasses.replace(run.spec, output=OutputDecision(str(out / "checkpoint-2"), False))
+    for was in (hash_module(run.trainer.model), "0" * 64):
+        (out / "resolved_config.json").write_text(json.dumps({"derived": {WEIGHTS_KEY: was}}))
+        if was != "0" * 64:
+            check_reference_weights(resumed, run.trainer)
+            continue
+        with pytest.raises(ConfigError, match="the weights loaded are not those .* was trained against"):
+            check_reference_weights(resumed, run.trainer)

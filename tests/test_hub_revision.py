@@ -496,6 +496,18 @@ def test_an_offline_test_split_read_from_another_commits_copy_is_refused_as_eval
     assert "eval rows: 8\n" in log, log
 
 
+def job_record(args: list[str], commit: str) -> dict:
+    """resolved_config.json as the job run with `args` writes it, its data read at `commit`: a record whose run the job
+    resumes (resolve.check_output_dir compares the settings, pairs per step included)."""
+    from dpotrain import resolve, stages
+    from dpotrain.recipe import run_record
+    from dpotrain.recipe.config import parse_args
+
+    recipe = parse_args([*args, "--dry-run"])
+    derived = {"pairs_per_step": stages.checks(recipe).batch.pairs_per_step, "data_identity": {"hub_commit": commit}}
+    return run_record.sealed(resolve.resolved_config(recipe, derived))
+
+
 @pytest.mark.slow  # a process of its own
 def test_prefetch_given_a_stopped_runs_folder_fetches_the_commit_its_record_holds_for_dataset_name(hub, tmp_path):
     """`prefetch.py --output_dir RUN` fetches what the resume reads: a mixture's recorded commits, and a single Hub
@@ -522,19 +534,40 @@ def test_prefetch_given_a_stopped_runs_folder_whose_record_was_edited_fetches_th
     (hub_revision.record) and fetched main, as for a new run: the offline resume then refused its cache. It reads the
     run as written too."""
     from conftest import sealed_checkpoint
-    from dpotrain.recipe import run_record
 
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
     run = tmp_path / "run"
-    written = run_record.sealed({"learning_rate": 1e-4, "derived": {"data_identity": {"hub_commit": first}}})
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run)]
+    written = job_record(args, first)
     for folder in (run, sealed_checkpoint(run / "checkpoint-4")):  # as a run writes them: a copy in each checkpoint
         (folder / "resolved_config.json").write_text(json.dumps(written))
     (run / "resolved_config.json").write_text(json.dumps(written | {"learning_rate": 2e-4}))
-    fetched = hub_script(
-        hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run)
-    )
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_with_overwrite_output_dir_fetches_what_the_run_resumes_on(hub, tmp_path):
+    """`--overwrite_output_dir` over an unfinished run with a complete checkpoint and the same settings: the run
+    resumes it, on the commit its record holds (resolve.check_output_dir), but prefetch.py took the flag for a fresh
+    start and fetched main, the copy the offline resume then refused. It decides as the run does (one function)."""
+    from conftest import sealed_checkpoint
+    from dpotrain import resolve, stages
+    from dpotrain.recipe.config import parse_args
+
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    run = tmp_path / "run"
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(run), "--overwrite_output_dir", "true"]
+    for folder in (run, sealed_checkpoint(run / "checkpoint-4")):
+        (folder / "resolved_config.json").write_text(json.dumps(job_record(args, first)))
+    recipe = parse_args([*args, "--dry-run"])
+    decided = resolve.check_output_dir(recipe, stages.checks(recipe).batch.pairs_per_step)
+    assert decided.resume_from == str(run / "checkpoint-4") and not decided.start_afresh  # the run resumes it
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
 
 
@@ -544,15 +577,14 @@ def test_prefetch_given_a_checkpoint_to_resume_fetches_the_commit_its_record_hol
     loads the commit its own record copy holds (resolve.trained_under), but prefetch.py read --output_dir alone and
     fetched main, as for a new run: the offline resume then refused its cache."""
     from conftest import sealed_checkpoint
-    from dpotrain.recipe import run_record
 
     pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
     hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
     checkpoint = sealed_checkpoint(tmp_path / "kept" / "checkpoint-4")  # its run's folder gone: its copy alone
-    written = run_record.sealed({"derived": {"data_identity": {"hub_commit": first}}})
-    (checkpoint / "resolved_config.json").write_text(json.dumps(written))
     resume = ("--resume_from_checkpoint", str(checkpoint), "--output_dir", str(tmp_path / "new"))
+    written = job_record([*SMOKE, "--dataset_name", "org/prefs", *resume], first)
+    (checkpoint / "resolved_config.json").write_text(json.dumps(written))
     fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *SMOKE, "--dataset_name", "org/prefs", *resume)
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
     # A word, not a checkpoint: refused as the run refuses it, naming what to pass, before anything downloads

@@ -131,6 +131,27 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     assert updated.startswith(card.split("## Checkpoint revisions")[0])  # the rest of the card is kept
 
 
+def test_a_lora_cards_adapter_names_rslora_dora_and_modules_to_save_where_set():
+    """The card named r, alpha, dropout and targets alone: an adapter trained with rank-stabilized scaling, DoRA or
+    layers trained whole (modules_to_save) could not be trained again from its card. Named where set, not otherwise."""
+    resolved = {
+        "model_name_or_path": "org/sft-7b",
+        "use_peft": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "merge_lora": False,
+    }
+    plain = model_card(resolved | {"use_rslora": False, "use_dora": False, "lora_modules_to_save": None}, [])
+    assert not any(word in plain for word in ("rslora", "dora", "modules_to_save"))
+    card = model_card(resolved | {"use_rslora": True, "use_dora": True, "lora_modules_to_save": ["lm_head"]}, [])
+    assert (
+        "target modules ['q_proj', 'v_proj'], `use_rslora: true` (the update scaled by alpha / sqrt(r)), "
+        "`use_dora: true` (DoRA), `lora_modules_to_save: ['lm_head']` (trained whole, saved with the adapter)."
+    ) in card
+
+
 def test_lora_run_card_and_folder(tmp_path):
     from dpotrain.hub.hub import run_folder_problems
 

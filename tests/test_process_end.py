@@ -5,10 +5,13 @@ With the stack imported, the teardown (every module freed, the heap collected) c
 the exit code, the last line under `| tee`, what threads and exit handlers still write (W&B's files: test_honest_runs).
 """
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,38 @@ def test_the_dry_run_and_a_refusal_end_with_their_code_and_last_line_under_a_pip
         log.read_text().splitlines()[-1]
         == "error: beta must be > 0 (got -1.0); OLMo 3's length-normalized DPO uses --beta 5"
     )
+
+
+def test_a_test_that_fails_before_waiting_on_its_forked_child_leaves_no_child_behind(tmp_path):
+    """`start_child`'s forked child (a training run a test stops or remounts under) was killed by nothing but the
+    test's own `wait()`: a test that failed before it left the child running into the tests after it, a training
+    process on the 2 cores, or holding a run's lock. The child is now killed at the test's teardown, failed or not."""
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "test_leaves.py").write_text(
+        "import time\n"
+        "from conftest import start_child\n\n"
+        "def test_fails_before_wait():\n"
+        "    child = start_child(lambda: time.sleep(600))\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    assert False, 'failed before wait()'\n"
+    )
+    inner = [python(), "-m", "pytest", str(tmp_path / "test_leaves.py"), "-p", "conftest", "-q"]
+    inner += ["-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    log = tmp_path / "inner.log"  # a file, not a pipe: a child left behind holds pytest's descriptors open
+    with open(log, "w") as written:
+        subprocess.run(inner, cwd=ROOT, stdout=written, stderr=subprocess.STDOUT, timeout=300)
+    pid = int(pid_file.read_text())
+    try:
+        assert "1 failed" in log.read_text(), log.read_text()[-3000:]
+        assert not running(pid), f"the failed test's child {pid} still runs"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # the old conftest's leftover, not the test run's next ones'
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False

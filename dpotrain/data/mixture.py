@@ -505,7 +505,7 @@ def load(
     `evaluation`: the held-out mixture's."""
     import datasets
 
-    usable, records, dropped = [], [], {}
+    usable, records, dropped, dated = [], [], {}, {}
     for source in sources:
         revision = pinned(source, pins)
         raw = read_source(source, say, revision)
@@ -514,7 +514,7 @@ def load(
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
             given = (source.where, template, template_file, evaluation)
-            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given)
+            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise
@@ -529,6 +529,7 @@ def load(
     for record, picked, pairs in zip(records, taken, usable, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
+    rows.say_dated(dated, [s.spec() for s in sources])  # one template: its warning once, not once a source
     if dropped:
         checked[key] = dropped
     _check_same_kind(usable, sources)

@@ -375,12 +375,14 @@ def usable_pairs(
     template=None,
     template_file: str | None = None,
     evaluation: bool = False,
+    dated: dict | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
     `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
     row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
     loader, `stages.ModelTokenizer`) the answers are checked against; `template_file`: the recipe's chat_template_path,
-    named on the console; `evaluation`: held-out pairs, which the run evaluates on."""
+    named on the console; `evaluation`: held-out pairs, which the run evaluates on; `dated`: where the template writes
+    the day it renders on, its warning kept there under `key`, not said (a mixture says it once, `say_dated`)."""
     try:
         checked = check_dataset(dataset, skip_invalid, hh_format, template, evaluation)
     except InvalidRowError as e:
@@ -419,16 +421,39 @@ def usable_pairs(
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))
     if say and not evaluation and len(pairs):  # judged on the first pair, before the model loads
-        say_if_dated(checked.fmt, pairs[0])
+        if dated is None:
+            say_if_dated(checked.fmt, pairs[0])
+        elif said := dated_warning(checked.fmt, pairs[0]):
+            dated[key] = said
     return pairs
 
 
+def dated_warning(fmt: RowFormat, pair: dict) -> str | None:
+    """The warning where the chat template writes the day it renders on into `pair`'s prompt (`chat_template.dated`;
+    `pair`: a usable pair as read, its chat_template_kwargs kept); None where it writes none."""
+    if fmt.template is not None and fmt.conversational:
+        return chat_template.dated(fmt.template, pair)
+    return None
+
+
 def say_if_dated(fmt: RowFormat, pair: dict) -> None:
-    """One warning where the chat template writes the day it renders on into `pair`'s prompt (`chat_template.dated`;
-    `pair`: a usable pair as read, its chat_template_kwargs kept). Said by the run's data stage (`usable_pairs`) and by
-    the analyzer, which measures with that template and whose cache is keyed on the template, not the day it wrote."""
-    if fmt.template is not None and fmt.conversational and (dated := chat_template.dated(fmt.template, pair)):
-        warn(dated)
+    """One warning where the chat template writes the day it renders on into `pair`'s prompt. Said by the run's data
+    stage (`usable_pairs`; a mixture's once, `say_dated`) and by the analyzer, which measures with that template and
+    whose cache is keyed on the template, not the day it wrote."""
+    if said := dated_warning(fmt, pair):
+        warn(said)
+
+
+def say_dated(dated: dict, sources: list[str]) -> None:
+    """A mixture's warnings of a template that writes the day (`dated`: by source, as `usable_pairs` kept them), one
+    line each, not one a source: the sources it is true of named where the others' rows give the date."""
+    for line in dict.fromkeys(dated.values()):
+        named = [s for s in sources if dated.get(s) == line]
+        warn(
+            line
+            if len(named) == len(sources)
+            else f"{line} (mixture {plural(len(named), 'source', count=False)} {', '.join(named)})"
+        )
 
 
 def first_usable(dataset, hh_format: str, template) -> tuple[RowFormat, dict] | None:

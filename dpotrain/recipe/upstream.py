@@ -343,6 +343,12 @@ CREATE_MODEL = _patch(
     "every load asks for transformers' loading info, and weights lacking some of the model's tensors are refused",
     read_in=f"{DPO}:DPOTrainer.__init__",
 )
+TRL_HASH = _patch(
+    f"{DPO}:hash_module",
+    "a LoRA start's reference key is the base weights' hash (dpotrain/train/trainer.py): TRL's of base and adapter, "
+    "a second pass over every weight, is taken only by a resume of a run recorded with it",
+    read_in=f"{DPO}:DPOTrainer.__init__",
+)
 ZERO3_ENABLED = _patch(
     "transformers.modeling_utils:is_deepspeed_zero3_enabled",
     "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
@@ -485,6 +491,11 @@ def set_sync_gradients(accelerator, sync: bool) -> None:
 
 def weights_hash(trainer) -> str:
     return _member(trainer, WEIGHTS_HASH)
+
+
+def trl_weights_hash(model) -> str:
+    """TRL's hash of a module's weights, as its __init__ takes it (`TRL_HASH`)."""
+    return _value(TRL_HASH)(model)
 
 
 def trl_metrics(trainer) -> dict:

@@ -248,6 +248,19 @@ def card_lines(s) -> str:
     return (
         f"\nThis is a **LoRA adapter** (PEFT) for `{base}`, not a full model: r={s.lora_r}, "
         f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, target modules "
-        f"{s.lora_target_modules or s.lora_target_parameters}. The DPO reference was the base with the adapter "
-        f"disabled. {load}{merged}\n"
+        f"{s.lora_target_modules or s.lora_target_parameters}{_set_options(s)}. The DPO reference was the base with "
+        f"the adapter disabled. {load}{merged}\n"
     )
+
+
+def _set_options(s) -> str:
+    """The adapter's settings past r, alpha, dropout and targets that are set (none at PEFT's defaults): without them
+    a card's reader could not train the adapter again."""
+    said = [
+        "`use_rslora: true` (the update scaled by alpha / sqrt(r))" if s.use_rslora else "",
+        "`use_dora: true` (DoRA)" if s.use_dora else "",
+        f"`lora_modules_to_save: {s.lora_modules_to_save}` (trained whole, saved with the adapter)"
+        if s.lora_modules_to_save
+        else "",
+    ]
+    return "".join(f", {part}" for part in said if part)

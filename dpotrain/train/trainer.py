@@ -50,6 +50,8 @@ from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
 from dpotrain.train.weight_names import refusal
 
+# What TRL's hash in its __init__ returns for a LoRA run (`_trl_hash_deferred`): a key is taken after, never this one
+LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weights"
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
 
@@ -218,7 +220,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self.complete_marker = CompleteMarker()
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
         with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
-            super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
+            with self._trl_hash_deferred(kwargs):
+                super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
@@ -228,7 +231,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
-        self.weights_hash, self.weights_hashes = self._weights_hashes()
+        self.weights_hash = self._weights_hash()
         self._reference_engine = None  # the DeepSpeed engine that scores the reference (`reference_model`)
         self.loss_is_scaled_for_ga = True  # compute_loss weighs each micro-batch by its share of the step's pairs
         self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
@@ -251,18 +254,39 @@ class RecipeDPOTrainer(DPOTrainer):
             if hasattr(callback, "attach"):  # one that reads the built trainer (samples.SampleGenerator)
                 callback.attach(self)
 
-    def _weights_hashes(self) -> tuple[str | None, set]:
+    def _weights_hash(self) -> str | None:
         """The reference cache's key: the hash of the weights the reference scores (TRL's, under ZeRO-3, is of each
-        rank's empty partition); and the hashes a run's record may hold for them (`check_reference_weights`)."""
+        rank's empty partition), on the main process (TRL's on every rank). None with a live reference."""
         trl_hash = upstream.weights_hash(self)  # None with a live reference: no cache, nothing to compare
         zero3, main = self.engine.name == "zero3", self.accelerator.is_main_process
-        found = engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
-        if not trl_hash or not getattr(self.model, "peft_config", None):
-            return found, {found}
-        # LoRA: the reference is the base with the adapter disabled, scored as a full fine-tune of it scores it; keyed
-        # by TRL's hash, which takes the adapter's random initial weights too, another r, targets or seed scored it all
-        # again. The earlier hash stays acceptable to a resume of a run recorded with it.
-        return engine.weights_sha256(self.model, main, zero3, base=True), {found}
+        if trl_hash and getattr(self.model, "peft_config", None):
+            # LoRA: the reference is the base with the adapter disabled, scored as a full fine-tune of it scores it;
+            # keyed by TRL's hash, which takes the adapter's random initial weights too, another r, targets or seed
+            # scored it all again.
+            return engine.weights_sha256(self.model, main, zero3, base=True)
+        return engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
+
+    @contextlib.contextmanager
+    def _trl_hash_deferred(self, kwargs):
+        """A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base
+        and adapter, was a second pass over every weight (minutes for a 32B model) that only a resume of a run
+        recorded before session 41 compares with (`earlier_lora_hash`); it is not taken here."""
+        if kwargs.get("peft_config") is None:
+            yield
+            return
+        with upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED):
+            yield
+
+    def earlier_lora_hash(self) -> str | None:
+        """LoRA: the key a run recorded before session 41 took, TRL's hash of the base and the adapter's initial
+        weights (gathered under ZeRO-3), on the main process; None for a full fine-tune. Taken on demand, by a resume
+        whose record holds another hash than this load's (`train_stage.check_reference_weights`), before training
+        has changed the adapter. Every rank calls it: under ZeRO-3 it gathers the weights."""
+        if not getattr(self.model, "peft_config", None):
+            return None
+        if self.engine.name == "zero3":
+            return engine.weights_sha256(self.model, self.accelerator.is_main_process, zero3=True)
+        return upstream.trl_weights_hash(self.model)
 
     def _set_up_layers(self, compile_layers: bool) -> dict:
         """Sequence parallelism's groups (Ulysses around the attention), the memory plan's checkpointed layers held
