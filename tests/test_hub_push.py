@@ -475,8 +475,16 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
         (["--hub_model_id", "org/team/name"], "hub_model_id 'org/team/name'"),
         (["--hub_model_id", "org/" + "n" * 97], f"hub_model_id 'org/{'n' * 97}'"),
         (["--hub_model_id", ""], "hub_model_id ''"),  # was taken for unset: pushed to the run name's repo
-        (["--output_dir", "outputs/my run"], "push_to_hub without hub_model_id pushes to the run name 'my run'"),
-        (["--run_name", "über-dpo"], "push_to_hub without hub_model_id pushes to the run name 'über-dpo'"),
+        # the run name, said as the repo's name ("pushes to the run name 'my run' is not a ..." read as one garbled
+        # clause)
+        (
+            ["--output_dir", "outputs/my run"],
+            "push_to_hub without hub_model_id pushes to a repo named after the run: 'my run'",
+        ),
+        (
+            ["--run_name", "über-dpo"],
+            "push_to_hub without hub_model_id pushes to a repo named after the run: 'über-dpo'",
+        ),
     ],
 )
 def test_a_repo_name_the_hub_refuses_is_refused_before_anything_runs(args, given):

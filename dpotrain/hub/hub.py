@@ -150,8 +150,11 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     # `--hub_model_id ''` is a name given (refused below), not unset: it must not push to the run name's repo
     repo_id = t.run_name if t.hub_model_id is None else t.hub_model_id
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
+        # the run name said as the repo's: "pushes to the run name 'my run' is not a ..." read as one garbled clause
         given = (
-            "hub_model_id" if t.hub_model_id is not None else "push_to_hub without hub_model_id pushes to the run name"
+            "hub_model_id"
+            if t.hub_model_id is not None
+            else "push_to_hub without hub_model_id pushes to a repo named after the run:"
         )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
