@@ -227,7 +227,8 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: DeepSpeed cannot repartition
     its optimizer state (it raises after the weights load). Nor does one cross between DeepSpeed and the other engines
     (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently.
-    An FSDP2 checkpoint resumes under FSDP2 alone."""
+    An FSDP2 checkpoint resumes under FSDP2 alone, and FSDP2 resumes its own alone (torch.distributed.checkpoint
+    looks for its shards' metadata in a whole checkpoint, and raises after the model loads)."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
@@ -248,6 +249,13 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
             f"loads, and this run is {run_engine.name} ({processes(world)}): resume it under FSDP2 "
             "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
             "--output_dir)"
+        )
+    if run_engine is not None and run_engine.name == "fsdp2" and not sharded and not written:
+        # An FSDP2 run saves shards alone (a launch writing whole checkpoints is refused): these are another engine's
+        raise ConfigError(
+            f"checkpoint {folder!r} was written without FSDP2 (one process or DDP: whole weights and optimizer.pt), "
+            f"and this run is FSDP2 ({processes(world)}), which loads only its own shards: resume it with the launch "
+            f"that wrote it, or {fix}"
         )
     if run_engine is None or bool(written) == run_engine.deepspeed:
         check_zero_stage(folder, run_engine)
