@@ -205,7 +205,9 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
-    resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
+    # The engine and processes that wrote it; the main process's answer, so that its line is written once (the ranks
+    # have met: each wrote its own)
+    collectives.main_outcome(resume.check_partitions, decision.resume_from, launch.world, launch.engine)
     check(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)

@@ -89,6 +89,50 @@ def test_an_fsdp2_checkpoint_resumes_under_fsdp2_alone(tmp_path):
         resume.check_partitions(str(checkpoint), world, engine.Engine("fsdp2"))
 
 
+def test_a_whole_checkpoint_is_refused_by_an_fsdp2_launch(tmp_path):
+    """A checkpoint of one process or DDP (whole weights and `optimizer.pt`) resumed under FSDP2 (a requeue switched to
+    it to fit memory) loaded the model and scored the reference, then torch.distributed.checkpoint ended every rank in
+    `AssertionError: metadata is None` for the shards it looked for. The layout is a one-process checkpoint's."""
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (checkpoint / name).write_bytes(b"")
+    for name in ("single", "ddp"):
+        resume.check_partitions(str(checkpoint), 2, engine.Engine(name))
+    with pytest.raises(ConfigError) as refused:
+        resume.check_partitions(str(checkpoint), 2, engine.Engine("fsdp2"))
+    assert str(refused.value) == (
+        f"checkpoint {str(checkpoint)!r} was written without FSDP2 (one process or DDP: whole weights and "
+        "optimizer.pt), and this run is FSDP2 (2 processes), which loads only its own shards: resume it with the "
+        "launch that wrote it, or start afresh (a new --output_dir) from its weights (--model_name_or_path on the "
+        "checkpoint folder)"
+    )
+
+
+def test_a_zero_checkpoint_resumes_under_the_zero_stage_that_wrote_it_alone(tmp_path):
+    """A requeue switched from ZeRO-2 to ZeRO-3 (the fix for a model whose Adam state does not fit a GPU) loaded the
+    model and scored the reference, then DeepSpeed ended every rank in a bare `AssertionError` (its ZeRO-3 model-state
+    files are per rank; ZeRO-2's one is not). The layouts are those 2-process launches of each stage write."""
+    written = {
+        "zero2": ["mp_rank_00_model_states.pt"],
+        "zero3": [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)],
+    }
+    for stage, other in (("zero2", "zero3"), ("zero3", "zero2")):
+        checkpoint = tmp_path / stage / "checkpoint-2"
+        (checkpoint / "global_step2").mkdir(parents=True)
+        for name in [*written[stage], *(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1))]:
+            (checkpoint / "global_step2" / name).write_bytes(b"")
+        resume.check_partitions(str(checkpoint), 2, engine.Engine(stage))
+        with pytest.raises(ConfigError) as refused:
+            resume.check_partitions(str(checkpoint), 2, engine.Engine(other))
+        assert str(refused.value) == (
+            f"checkpoint {str(checkpoint)!r} was written by {engine.NAMES[stage]}, whose optimizer and model state "
+            f"{engine.NAMES[other]} cannot load: resume it under {engine.NAMES[stage]} "
+            f"({resume.ZERO_CONFIGS[stage]}), or start afresh (a new --output_dir) from its weights "
+            "(--model_name_or_path on the checkpoint folder)"
+        )
+
+
 @pytest.mark.slow
 def test_an_fsdp2_run_resumes_on_more_processes_with_the_same_weights_and_is_refused_on_one(tmp_path):
     """docs said to resume an FSDP2 run on the same number of GPUs, and nothing checked it. A run of 2 processes,

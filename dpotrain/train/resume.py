@@ -12,7 +12,7 @@ import json
 import shlex
 from pathlib import Path
 
-from dpotrain.cluster import collectives, run_lock
+from dpotrain.cluster import collectives, engine, run_lock
 from dpotrain.recipe import launcher, run_record
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
@@ -227,7 +227,8 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: DeepSpeed cannot repartition
     its optimizer state (it raises after the weights load). Nor does one cross between DeepSpeed and the other engines
     (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently.
-    An FSDP2 checkpoint resumes under FSDP2 alone."""
+    An FSDP2 checkpoint resumes under FSDP2 alone, and FSDP2 resumes its own alone (torch.distributed.checkpoint
+    looks for its shards' metadata in a whole checkpoint, and raises after the model loads)."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
@@ -249,7 +250,15 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
             "(ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml, on any number of GPUs), or start afresh (a new "
             "--output_dir)"
         )
+    if run_engine is not None and run_engine.name == "fsdp2" and not sharded and not written:
+        # An FSDP2 run saves shards alone (a launch writing whole checkpoints is refused): these are another engine's
+        raise ConfigError(
+            f"checkpoint {folder!r} was written without FSDP2 (one process or DDP: whole weights and optimizer.pt), "
+            f"and this run is FSDP2 ({processes(world)}), which loads only its own shards: resume it with the launch "
+            f"that wrote it, or {fix}"
+        )
     if run_engine is None or bool(written) == run_engine.deepspeed:
+        check_zero_stage(folder, run_engine)
         return
     if written:
         raise ConfigError(
@@ -261,6 +270,34 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         f"checkpoint {folder!r} was written without DeepSpeed (one process, DDP or FSDP), and this run uses DeepSpeed "
         f"({run_engine.name}, {processes(world)}), which cannot load it: resume it with the launch that wrote it (one "
         f"process: `python train_dpo.py` with the same arguments, without accelerate launch), or {fix}"
+    )
+
+
+# Where each ZeRO stage's launch is configured, named in the refusal of the other's checkpoint
+ZERO_CONFIGS = {
+    "zero2": "ACCELERATE_CONFIG=accelerate_config.yaml, the default",
+    "zero3": "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml",
+}
+
+
+def check_zero_stage(folder: str, run_engine) -> None:
+    """A ZeRO-2 checkpoint resumes under ZeRO-2 alone, a ZeRO-3 one under ZeRO-3: DeepSpeed looks for the model state
+    files of the stage it runs (ZeRO-3's one per rank, `zero_pp_rank_*_mp_rank_*_model_states.pt`; ZeRO-2's one,
+    `mp_rank_*_model_states.pt`) and, finding none, ends every rank in a bare AssertionError once the model has loaded
+    and the reference has been scored."""
+    if run_engine is None or not run_engine.deepspeed:
+        return
+    states = [p.name for p in Path(folder).glob("global_step*/*mp_rank_*_model_states.pt")]
+    if not states:
+        return  # no DeepSpeed state here; check_partitions says what else the checkpoint lacks
+    stage = "zero3" if all(name.startswith("zero_pp_rank_") for name in states) else "zero2"
+    if stage == run_engine.name:
+        return
+    raise ConfigError(
+        f"checkpoint {folder!r} was written by {engine.NAMES[stage]}, whose optimizer and model state "
+        f"{engine.NAMES.get(run_engine.name, run_engine.name)} cannot load: resume it under {engine.NAMES[stage]} "
+        f"({ZERO_CONFIGS[stage]}), or start afresh (a new --output_dir) from its weights (--model_name_or_path on "
+        "the checkpoint folder)"
     )
 
 
