@@ -1029,7 +1029,11 @@ def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_mode
 def fabricated_lock(out: Path, age_s: float, **holder) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record = {**run_lock.holder_record(), **holder}
-    (out / run_lock.LOCK_FILE).write_text(json.dumps(record))
+    # Whole at once, as a run's lock is made (linked): a holder's heartbeat reading it half-written took it for an
+    # unreadable lock, not the other run's (a race the fast tier lost under load)
+    staged = out / f".{run_lock.LOCK_FILE}.fabricated"
+    staged.write_text(json.dumps(record))
+    os.replace(staged, out / run_lock.LOCK_FILE)
     then = time.time() - age_s
     os.utime(out / run_lock.LOCK_FILE, (then, then))
 
