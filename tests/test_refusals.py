@@ -1452,6 +1452,20 @@ BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out
         ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
         # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
         ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
+        # a lone surrogate escape (half an emoji, as a UTF-16 string cut mid-character is dumped): JSON Lines said
+        # "DatasetGenerationError: An error occurred while generating the dataset"; a JSON array loaded with the
+        # character dropped in silence ('It is \\ud800.' trained as 'It is .')
+        ("cut.jsonl", LINE + LINE.replace("Blue.", "Blue \\ud83d"), ":2: a lone UTF-16 surrogate (\\ud83d) at column"),
+        (
+            "cut.json",
+            "[\n" + LINE.rstrip() + ",\n" + LINE.replace("Blue.", "Blue \\udc00").rstrip() + "\n]\n",
+            ":3: a lone UTF-16 surrogate (\\udc00) at column",
+        ),
+        (
+            "indented.json",
+            json.dumps([pair(), pair("Blue \ud83d.")], indent=1),
+            ":32: a lone UTF-16 surrogate (\\ud83d) at column 22",
+        ),
     ],
 )
 def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):

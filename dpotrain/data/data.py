@@ -271,6 +271,8 @@ def load_preference_dataset(
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+        if builder == "json" and format_suffix(path) not in JSON_LINES and (found := lone_surrogate(path)):
+            raise ConfigError(found)  # datasets read the array with the half character dropped: not the text written
         if builder == "json" and not streaming:
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
@@ -669,7 +671,7 @@ def _bad_line(path: Path) -> str | None:
     # utf-8-sig, as datasets reads it: a byte-order mark (Windows tools write one) is not line 1's error
     with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
         if format_suffix(path) not in JSON_LINES and (array := _json_document_error(path, f)) is not False:
-            return array
+            return array or lone_surrogate(path)
         f.seek(0)
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -680,6 +682,27 @@ def _bad_line(path: Path) -> str | None:
                 return f"{_not_json(path, number, e)}: fix or remove that line"
             if not isinstance(row, dict):
                 return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    return lone_surrogate(path)
+
+
+# A \uXXXX escape of a UTF-16 surrogate (with the low half after a high one), after an even run of backslashes: an
+# escape, not the text `\\ud83d`
+SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\u[dD][89a-fA-F][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?)")
+
+
+def lone_surrogate(path: Path) -> str | None:
+    """`file:line: a lone UTF-16 surrogate ...` for a JSON file's first escape of half a character (a UTF-16 string
+    cut inside an emoji, as json.dumps writes it), or None: it is not text, so pyarrow refuses JSON Lines that hold
+    one (naming neither line nor fix) and a JSON array was read with the character dropped, trained as other text."""
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            for found in SURROGATE_ESCAPE.finditer(line) if "\\u" in line else ():
+                if len(found.group(1)) == 6:  # one half alone: a whole character is a high and a low escape
+                    return (
+                        f"{path}:{number}: a lone UTF-16 surrogate ({found.group(1)}) at column {found.start(1) + 1}, "
+                        "half of a character and not text (a string cut inside an emoji): remove it or write the "
+                        "whole character, on that line"
+                    )
     return None
 
 
