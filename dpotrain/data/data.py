@@ -650,6 +650,8 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     found = data_identity.files(str(path)) or {}
     if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
         return line
+    if differ := _column_types_differ(name, found):
+        return differ
     error = error.__cause__ or error
     held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
     return (
@@ -657,6 +659,46 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
         f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
         "format, or name one file as the data set"
     )
+
+
+def _column_types_differ(name: str, found: dict) -> str | None:
+    """The first column two data files of a folder give two types (a `score` a number in one file, text in another),
+    which datasets cannot join into one table, or None. Read on the failure's path alone: pyarrow parses each file."""
+    import pyarrow as pa
+    import pyarrow.json
+    import pyarrow.parquet as pq
+
+    read_columns = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)  # rows.ROW_COLUMNS (rows imports this)
+    seen = {}
+    for file, p in found.items():
+        try:
+            if format_suffix(p) == ".parquet":
+                schema = pq.read_schema(p)
+            elif builder_of(p) == "json" and format_suffix(p) in JSON_LINES:
+                with open_data(p) as f:
+                    schema = pa.json.read_json(f).schema
+            else:
+                continue
+        except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone: datasets' own cause is said instead
+            continue
+        for field in schema:
+            first = seen.setdefault(field.name, (field.type, file))
+            if pa.types.is_null(first[0]):
+                seen[field.name] = first = (field.type, file)
+            if first[0] != field.type and not pa.types.is_null(field.type):
+                read = field.name in read_columns
+                why = (
+                    "a pair is read from it"
+                    if read
+                    else f"it is not read: a pair is read from {', '.join(read_columns)}"
+                )
+                return (
+                    f"dataset folder {name!r}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
+                    f"{file}, and datasets reads a folder's files as one table, one type to a column: write it with "
+                    f"one type in every file, or remove it ({why}), or name each file as a source of a mixture, read "
+                    "on its own (docs/data.md)"
+                )
+    return None
 
 
 def _bad_line(path: Path) -> str | None:
