@@ -1491,7 +1491,7 @@ def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(tmp_path,
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder))
     assert message.startswith(
         f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.jsonl and string in b.jsonl, and "
-        "datasets reads a folder's files as one table, one type to a column: "
+        "datasets reads its files as one table, one type to a column: "
     )
     assert "write it with one type in every file, or remove it (it is not read" in message
 

@@ -650,7 +650,7 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     found = data_identity.files(str(path)) or {}
     if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
         return line
-    if differ := _column_types_differ(name, found):
+    if differ := column_types_differ(f"dataset folder {name!r}", found):
         return differ
     error = error.__cause__ or error
     held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
@@ -661,9 +661,10 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     )
 
 
-def _column_types_differ(name: str, found: dict) -> str | None:
-    """The first column two data files of a folder give two types (a `score` a number in one file, text in another),
-    which datasets cannot join into one table, or None. Read on the failure's path alone: pyarrow parses each file."""
+def column_types_differ(what: str, found: dict) -> str | None:
+    """The first column two data files of a folder or of a source's `data_files` (`found`, by name) give two types (a
+    `score` a number in one file, text in another), which datasets cannot join into one table, or None. Read on the
+    failure's path alone: pyarrow parses each file whole."""
     import pyarrow as pa
     import pyarrow.json
     import pyarrow.parquet as pq
@@ -693,8 +694,8 @@ def _column_types_differ(name: str, found: dict) -> str | None:
                     else f"it is not read: a pair is read from {', '.join(read_columns)}"
                 )
                 return (
-                    f"dataset folder {name!r}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
-                    f"{file}, and datasets reads a folder's files as one table, one type to a column: write it with "
+                    f"{what}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
+                    f"{file}, and datasets reads its files as one table, one type to a column: write it with "
                     f"one type in every file, or remove it ({why}), or name each file as a source of a mixture, read "
                     "on its own (docs/data.md)"
                 )
