@@ -1478,19 +1478,19 @@ def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp
     assert expected in message
 
 
-def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(tmp_path, monkeypatch, capsys):
-    """A `score` written as a number in one shard and as text in another (an `id` likewise), columns the run does not
-    read, made the folder unreadable with `ArrowInvalid: Failed to parse string: 'high' as a scalar of type int64`
-    and the advice to put the pairs there as files of one format, which they were."""
+@pytest.mark.parametrize("score, kind", [("high", "string"), (1.5, "double")])
+def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, kind, tmp_path, monkeypatch, capsys):
+    """A `score` written as a whole number in one shard and as text (or 1.5: datasets casts to the first file's int64)
+    in another, a column the run does not read, made the folder unreadable with `ArrowInvalid: Failed to parse
+    string: 'high' as a scalar of type int64` and the advice to put the pairs there as files of one format, which
+    they were."""
     folder = tmp_path / "shards"
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(json.dumps({**pair(f"Blue {i}."), "score": i}) + "\n" for i in range(4)))
-    (folder / "b.jsonl").write_text(
-        "".join(json.dumps({**pair(f"Red {i}."), "score": "high"}) + "\n" for i in range(4))
-    )
+    (folder / "b.jsonl").write_text("".join(json.dumps({**pair(f"Red {i}."), "score": score}) + "\n" for i in range(4)))
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder))
     assert message.startswith(
-        f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.jsonl and string in b.jsonl, and "
+        f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.jsonl and {kind} in b.jsonl, and "
         "datasets reads its files as one table, one type to a column: "
     )
     assert "write it with one type in every file, or remove it (it is not read" in message

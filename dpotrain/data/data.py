@@ -686,7 +686,8 @@ def column_types_differ(what: str, found: dict) -> str | None:
             first = seen.setdefault(field.name, (field.type, file))
             if pa.types.is_null(first[0]):
                 seen[field.name] = first = (field.type, file)
-            if first[0] != field.type and not pa.types.is_null(field.type):
+            widened = pa.types.is_floating(first[0]) and pa.types.is_integer(field.type)  # datasets casts it (1 -> 1.0)
+            if first[0] != field.type and not pa.types.is_null(field.type) and not widened:
                 read = field.name in read_columns
                 why = (
                     "a pair is read from it"
