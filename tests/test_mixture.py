@@ -467,6 +467,21 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     assert source.file == "glob/[ab].jsonl"
 
 
+def test_a_data_files_source_whose_files_give_a_column_two_types_names_it(tmp_path):
+    """`data_files: shards/*.jsonl` whose files write an unread `score` as a number in one and text in the other said
+    `could not load mixture source ...: ArrowInvalid: Failed to parse string: 'high' as a scalar of type int64`."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    line = {"chosen": "Q: 2+2? A: 4", "rejected": "Q: 2+2? A: 5"}
+    (shards / "a.jsonl").write_text(json.dumps({**line, "score": 1}) + "\n")
+    (shards / "b.jsonl").write_text(json.dumps({**line, "score": "high"}) + "\n")
+    source = mixture.Source("json", "train", data_files=str(shards / "*.jsonl"))
+    with pytest.raises(ConfigError) as e:
+        mixture.read_source(source, say=False)
+    assert "column 'score' is int64 in a.jsonl and string in b.jsonl, and datasets reads its files as" in str(e.value)
+    assert str(e.value).startswith(f"mixture source {source.spec()}: column 'score'")
+
+
 def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(files, tmp_path, monkeypatch):
     """A folder of data files was loaded by the name as written and, failing, said `could not load data set ... from
     the Hub: DatasetGenerationError: An error occurred while generating the dataset`: naming neither the folder's file

@@ -1452,6 +1452,20 @@ BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out
         ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
         # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
         ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
+        # a lone surrogate escape (half an emoji, as a UTF-16 string cut mid-character is dumped): JSON Lines said
+        # "DatasetGenerationError: An error occurred while generating the dataset"; a JSON array loaded with the
+        # character dropped in silence ('It is \\ud800.' trained as 'It is .')
+        ("cut.jsonl", LINE + LINE.replace("Blue.", "Blue \\ud83d"), ":2: a lone UTF-16 surrogate (\\ud83d) at column"),
+        (
+            "cut.json",
+            "[\n" + LINE.rstrip() + ",\n" + LINE.replace("Blue.", "Blue \\udc00").rstrip() + "\n]\n",
+            ":3: a lone UTF-16 surrogate (\\udc00) at column",
+        ),
+        (
+            "indented.json",
+            json.dumps([pair(), pair("Blue \ud83d.")], indent=1),
+            ":32: a lone UTF-16 surrogate (\\ud83d) at column 22",
+        ),
     ],
 )
 def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp_path, monkeypatch, capsys):
@@ -1462,6 +1476,24 @@ def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp
         f"error: {path}{expected}" if expected[0] == ":" else f"error: dataset file {str(path)!r}"
     )
     assert expected in message
+
+
+@pytest.mark.parametrize("score, kind", [("high", "string"), (1.5, "double")])
+def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, kind, tmp_path, monkeypatch, capsys):
+    """A `score` written as a whole number in one shard and as text (or 1.5: datasets casts to the first file's int64)
+    in another, a column the run does not read, made the folder unreadable with `ArrowInvalid: Failed to parse
+    string: 'high' as a scalar of type int64` and the advice to put the pairs there as files of one format, which
+    they were."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({**pair(f"Blue {i}."), "score": i}) + "\n" for i in range(4)))
+    (folder / "b.jsonl").write_text("".join(json.dumps({**pair(f"Red {i}."), "score": score}) + "\n" for i in range(4)))
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder))
+    assert message.startswith(
+        f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.jsonl and {kind} in b.jsonl, and "
+        "datasets reads its files as one table, one type to a column: "
+    )
+    assert "write it with one type in every file, or remove it (it is not read" in message
 
 
 @pytest.mark.parametrize("named, other", [("train.jsonl", "more_pairs.jsonl"), ("test.jsonl", "pairs.jsonl")])

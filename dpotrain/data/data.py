@@ -271,6 +271,8 @@ def load_preference_dataset(
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+        if builder == "json" and format_suffix(path) not in JSON_LINES and (found := lone_surrogate(path)):
+            raise ConfigError(found)  # datasets read the array with the half character dropped: not the text written
         if builder == "json" and not streaming:
             loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files=files)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
@@ -648,6 +650,8 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     found = data_identity.files(str(path)) or {}
     if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
         return line
+    if differ := column_types_differ(f"dataset folder {name!r}", found):
+        return differ
     error = error.__cause__ or error
     held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
     return (
@@ -655,6 +659,48 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
         f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
         "format, or name one file as the data set"
     )
+
+
+def column_types_differ(what: str, found: dict) -> str | None:
+    """The first column two data files of a folder or of a source's `data_files` (`found`, by name) give two types (a
+    `score` a number in one file, text in another), which datasets cannot join into one table, or None. Read on the
+    failure's path alone: pyarrow parses each file whole."""
+    import pyarrow as pa
+    import pyarrow.json
+    import pyarrow.parquet as pq
+
+    read_columns = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)  # rows.ROW_COLUMNS (rows imports this)
+    seen = {}
+    for file, p in found.items():
+        try:
+            if format_suffix(p) == ".parquet":
+                schema = pq.read_schema(p)
+            elif builder_of(p) == "json" and format_suffix(p) in JSON_LINES:
+                with open_data(p) as f:
+                    schema = pa.json.read_json(f).schema
+            else:
+                continue
+        except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone: datasets' own cause is said instead
+            continue
+        for field in schema:
+            first = seen.setdefault(field.name, (field.type, file))
+            if pa.types.is_null(first[0]):
+                seen[field.name] = first = (field.type, file)
+            widened = pa.types.is_floating(first[0]) and pa.types.is_integer(field.type)  # datasets casts it (1 -> 1.0)
+            if first[0] != field.type and not pa.types.is_null(field.type) and not widened:
+                read = field.name in read_columns
+                why = (
+                    "a pair is read from it"
+                    if read
+                    else f"it is not read: a pair is read from {', '.join(read_columns)}"
+                )
+                return (
+                    f"{what}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
+                    f"{file}, and datasets reads its files as one table, one type to a column: write it with "
+                    f"one type in every file, or remove it ({why}), or name each file as a source of a mixture, read "
+                    "on its own (docs/data.md)"
+                )
+    return None
 
 
 def _bad_line(path: Path) -> str | None:
@@ -669,7 +715,7 @@ def _bad_line(path: Path) -> str | None:
     # utf-8-sig, as datasets reads it: a byte-order mark (Windows tools write one) is not line 1's error
     with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
         if format_suffix(path) not in JSON_LINES and (array := _json_document_error(path, f)) is not False:
-            return array
+            return array or lone_surrogate(path)
         f.seek(0)
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -680,6 +726,27 @@ def _bad_line(path: Path) -> str | None:
                 return f"{_not_json(path, number, e)}: fix or remove that line"
             if not isinstance(row, dict):
                 return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    return lone_surrogate(path)
+
+
+# A \uXXXX escape of a UTF-16 surrogate (with the low half after a high one), after an even run of backslashes: an
+# escape, not the text `\\ud83d`
+SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\u[dD][89a-fA-F][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?)")
+
+
+def lone_surrogate(path: Path) -> str | None:
+    """`file:line: a lone UTF-16 surrogate ...` for a JSON file's first escape of half a character (a UTF-16 string
+    cut inside an emoji, as json.dumps writes it), or None: it is not text, so pyarrow refuses JSON Lines that hold
+    one (naming neither line nor fix) and a JSON array was read with the character dropped, trained as other text."""
+    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            for found in SURROGATE_ESCAPE.finditer(line) if "\\u" in line else ():
+                if len(found.group(1)) == 6:  # one half alone: a whole character is a high and a low escape
+                    return (
+                        f"{path}:{number}: a lone UTF-16 surrogate ({found.group(1)}) at column {found.start(1) + 1}, "
+                        "half of a character and not text (a string cut inside an emoji): remove it or write the "
+                        "whole character, on that line"
+                    )
     return None
 
 

@@ -464,6 +464,9 @@ def read_source(source: Source, say: bool = True, revision: str | None = None):
         try:
             loaded = data.load_as_text(text, data.load_dataset, source.path, **files, **hub)
         except Exception as e:  # noqa: BLE001 - DatasetGenerationError says only that one occurred: its cause says what
+            found = (data_identity.files(*_read_from(source)) or {}) if not source.hub else {}
+            if differ := data.column_types_differ(f"mixture source {source.spec()}", found):
+                raise ConfigError(differ) from None
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         if not source.hub:  # a Hub repo's files are not read twice
             del files["split"]
