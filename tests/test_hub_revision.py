@@ -572,6 +572,42 @@ def test_prefetch_with_overwrite_output_dir_fetches_what_the_run_resumes_on(hub,
 
 
 @pytest.mark.slow  # a process of its own
+def test_prefetch_reads_the_stopped_run_in_the_recipes_own_output_dir_untyped(hub, tmp_path):
+    """A recipe that sets output_dir (as outputs/<run_name> is the default's): the job run again resumes the stopped
+    run there, on the commit its record holds, but prefetch.py decided so only for an --output_dir typed on its command
+    line, and fetched main, the copy the offline resume then refused. It decides on the folder the job uses."""
+    from conftest import sealed_checkpoint
+
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    run = tmp_path / "run"
+    own = tmp_path / "my_recipe.yaml"
+    own.write_text((ROOT / "configs" / "smoke.yaml").read_text() + f"output_dir: {run}\n")
+    args = ["--config", str(own), "--dataset_name", "org/prefs"]
+    for folder in (run, sealed_checkpoint(run / "checkpoint-4")):
+        (folder / "resolved_config.json").write_text(json.dumps(job_record(args, first)))
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+
+
+def test_prefetch_reads_an_untyped_relative_output_dir_in_the_project_where_the_job_runs(tmp_path, monkeypatch):
+    """outputs/<run_name> (or a recipe's relative output_dir) is the project's in a Slurm job (scripts/launch.sh runs
+    it there); prefetch.py typed in another folder reads that one, and a folder typed where it is typed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    untyped = parse_args([*SMOKE, "--dry-run"])
+    assert prefetch.job_folder(untyped, SMOKE).training.output_dir == str(ROOT / "outputs" / "smoke-dpo")
+    typed = ["--output_dir", "mine"]
+    assert prefetch.job_folder(parse_args([*SMOKE, *typed, "--dry-run"]), typed).training.output_dir == "mine"
+
+
+@pytest.mark.slow  # a process of its own
 def test_prefetch_given_a_checkpoint_to_resume_fetches_the_commit_its_record_holds(hub, tmp_path):
     """`--resume_from_checkpoint CKPT` (a checkpoint copied out of its run, resumed into a new folder): the resume
     loads the commit its own record copy holds (resolve.trained_under), but prefetch.py read --output_dir alone and
