@@ -607,6 +607,33 @@ def test_prefetch_reads_an_untyped_relative_output_dir_in_the_project_where_the_
     assert prefetch.job_folder(parse_args([*SMOKE, *typed, "--dry-run"]), typed).training.output_dir == "mine"
 
 
+def test_a_checkpoint_resumed_into_a_folder_overwritten_reads_the_commits_its_record_holds(tmp_path):
+    """--overwrite_output_dir over a finished run, with --resume_from_checkpoint from elsewhere: the run resumes that
+    checkpoint's weights, optimizer and step, as any resume of it, but read its data at main (the folder is replaced,
+    start_afresh), other pairs than the steps it skips were cut from. It reads the commit the checkpoint's record holds,
+    as every other resume of it does; the flag replaces the folder, not the checkpoint's data."""
+    from conftest import sealed_checkpoint
+    from dpotrain import resolve, stages
+    from dpotrain.cluster import offline
+
+    checkpoint = sealed_checkpoint(tmp_path / "kept" / "checkpoint-4")
+    out = tmp_path / "finished"
+    out.mkdir()
+    (out / "run_complete.json").write_text(json.dumps({"global_step": 8}))
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
+    args += ["--overwrite_output_dir", "true"]
+    (checkpoint / "resolved_config.json").write_text(json.dumps(job_record(args, FIRST)))
+    r = parse_args(args)
+    launch = stages.checks(r)
+    decided = resolve.check_output_dir(r, launch.batch.pairs_per_step)
+    assert decided.resume_from == str(checkpoint) and decided.start_afresh  # the folder replaced, the checkpoint resumed
+    assert resolve.continued_record(decided, str(out)) == str(checkpoint)  # prefetch.py's folder of commits too
+    assert hub_revision.kept(r, resolve.continued_record(decided, str(out))) == FIRST
+    # The prefetch command an offline refusal names decides the same: with the flag, which the folder needs
+    command = offline.prefetch_command(r, str(out))
+    assert command.endswith(f"--output_dir {out} --resume_from_checkpoint {checkpoint} --overwrite_output_dir true")
+
+
 @pytest.mark.slow  # a process of its own
 def test_prefetch_given_a_checkpoint_to_resume_fetches_the_commit_its_record_holds(hub, tmp_path):
     """`--resume_from_checkpoint CKPT` (a checkpoint copied out of its run, resumed into a new folder): the resume

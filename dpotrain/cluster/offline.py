@@ -178,6 +178,8 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
     # A resume of a named checkpoint reads the commits its own record holds (resolve.trained_under), as prefetch.py does
     checkpoint = recipe.training.resume_from_checkpoint
     args += ["--resume_from_checkpoint", checkpoint] if output_dir and checkpoint else []
+    # The folder's run replaced (a finished one, or other settings): without the flag prefetch.py refused it
+    args += ["--overwrite_output_dir", "true"] if output_dir and recipe.project.overwrite_output_dir else []
     env = [
         f"{k}={shlex.quote(v)}" for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE") if (v := os.environ.get(k))
     ]
