@@ -620,13 +620,13 @@ def test_a_checkpoint_resumed_into_a_folder_overwritten_reads_the_commits_its_re
     out = tmp_path / "finished"
     out.mkdir()
     (out / "run_complete.json").write_text(json.dumps({"global_step": 8}))
-    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
-    args += ["--overwrite_output_dir", "true"]
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(out)]
+    args += ["--resume_from_checkpoint", str(checkpoint), "--overwrite_output_dir", "true"]
     (checkpoint / "resolved_config.json").write_text(json.dumps(job_record(args, FIRST)))
     r = parse_args(args)
     launch = stages.checks(r)
     decided = resolve.check_output_dir(r, launch.batch.pairs_per_step)
-    assert decided.resume_from == str(checkpoint) and decided.start_afresh  # the folder replaced, the checkpoint resumed
+    assert decided.resume_from == str(checkpoint) and decided.start_afresh  # folder replaced, checkpoint resumed
     assert resolve.continued_record(decided, str(out)) == str(checkpoint)  # prefetch.py's folder of commits too
     assert hub_revision.kept(r, resolve.continued_record(decided, str(out))) == FIRST
     # The prefetch command an offline refusal names decides the same: with the flag, which the folder needs
