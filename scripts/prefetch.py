@@ -67,7 +67,15 @@ def main(argv: list[str] | None = None) -> None:
     # the same settings). Read before anything downloads: a folder or checkpoint the run would refuse is refused here.
     job = job_folder(recipe, overrides)
     checkpoint, out = recipe.training.resume_from_checkpoint, job.training.output_dir
-    decision = resolve.check_output_dir(job, resolve.AS_RECORDED)  # the job is the stopped run's own
+    try:
+        decision = resolve.check_output_dir(job, resolve.AS_RECORDED)  # the job is the stopped run's own
+    except ConfigError as refused:
+        if "output_dir" in fields_set(overrides) or checkpoint:
+            raise
+        # The recipe's folder, untyped, refused (a finished run: `bash scripts/demo.sh`'s): the job that reads the
+        # data is one given another --output_dir, a new run's, as the command a job prints names it
+        print(f"note: not the job's folder without --output_dir ({refused}): fetching as for a new run", flush=True)
+        decision = resolve.OutputDecision(None, True)
     recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
     resumed = recorded is not None
 
