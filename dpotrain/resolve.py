@@ -383,8 +383,10 @@ def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
     """The folder of the record whose data commits a run that goes on (`decision`, `check_output_dir`'s) loads: the
     resumed checkpoint's own copy (`trained_under`), else output_dir's; None where the run starts afresh or trains
     nothing, and reads its data at main. The run's data stage and prefetch.py read it, so the job fetched for is the
-    job that runs (--overwrite_output_dir resumes a sound checkpoint of the same settings)."""
-    if not decision.trains or decision.start_afresh:
+    job that runs (--overwrite_output_dir resumes a sound checkpoint of the same settings). A checkpoint resumed into
+    a folder replaced (--overwrite_output_dir with --resume_from_checkpoint from elsewhere) goes on too: its steps
+    left are those of the pairs it was cut from, so it reads its record's commits, as every other resume of it."""
+    if not decision.trains or (decision.start_afresh and not decision.resume_from):
         return None
     return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
 

@@ -7,7 +7,7 @@
 #   ACCELERATE_CONFIG=<an --accelerate_config argument, else the recipe's, else accelerate_config.yaml>   the engine
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
-#                                        do not collide)
+#                                        do not collide; one in use there: the next free one. Given: checked, kept)
 #   (GPUs per node: the job's --gpus-per-node, 4 or 8: accelerate's --num_processes and the memory plan follow it)
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
@@ -75,7 +75,9 @@ done
 # (configs/think-32b.yaml names ZeRO-3); the package reads the recipe (dpotrain/cluster/job.py), as training does. The
 # dry run and every node's train_dpo.py get it last: they plan and record the engine launched.
 ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" "$@")
-# From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
+# From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port. Jobs whose
+# ids differ by a multiple of 10000, or any other process, may hold it there: `free_port` moves it to a free one.
+PORT_GIVEN=${MAIN_PROCESS_PORT:+1}
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 # Slurm sets it to 1 or more; one exported by hand is read too: 0 was launched as `srun --nodes=0` of 0 processes, an
 # empty one as one node whatever the allocation, and a word ended the job in bash's "two: unbound variable".
@@ -157,6 +159,40 @@ first_node() {
 }
 main_addr=$(first_node "${SLURM_JOB_NODELIST:-$(hostname -s)}")
 
+# The rendezvous port, free on the first node, decided once here and written into the launch line, so every node
+# meets there. Slurm runs this batch shell on the job's first node, where the port is bound as the rendezvous will
+# bind it (torch's store: every address); on another node (a setup that starts it elsewhere) it is left unchecked.
+# Past the first 100 ports from the job's, or a MAIN_PROCESS_PORT given that is in use, the job ends in one line
+# (a port taken between this check and the rendezvous is still torch's "address already in use").
+free_port() {
+  [[ $main_addr == "${SLURMD_NODENAME:-$(hostname -s)}" ]] || return 0
+  local tries=100 found
+  [[ -z $PORT_GIVEN ]] || tries=1
+  found=$("$VENV/bin/python" -c '
+import socket, sys
+start, tries = int(sys.argv[1]), int(sys.argv[2])
+for i in range(tries):
+    port = 20000 + (start - 20000 + i) % 10000 if tries > 1 else start
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+    print(port)
+    break
+' "$MAIN_PROCESS_PORT" "$tries")
+  if [[ -z $found && -n $PORT_GIVEN ]]; then
+    die "MAIN_PROCESS_PORT=$MAIN_PROCESS_PORT is in use on $main_addr (another job or process listens there):" \
+      "choose another, or unset it for a free port from the job id"
+  fi
+  [[ -n $found ]] || die "no free rendezvous port on $main_addr among the 100 from $MAIN_PROCESS_PORT (20000 + job" \
+    "id mod 10000): set MAIN_PROCESS_PORT to a free port"
+  [[ $found == "$MAIN_PROCESS_PORT" ]] || echo "rendezvous port $MAIN_PROCESS_PORT is in use on $main_addr: using" \
+    "$found" >&2
+  MAIN_PROCESS_PORT=$found
+}
+
 # The arguments as the log shows them: the value of a flag named like a secret (--hub_token hf_...,
 # --wandb_api_key=..., --client_secret ...) is masked, so a token given on the command line never reaches the
 # Slurm log. Only what is printed is masked; train_dpo.py gets the real values. (`--max_tokens_per_microbatch` is
@@ -176,6 +212,7 @@ for arg in "$@"; do
 done
 
 if [[ "${LAUNCH_PRINT_ONLY:-0}" == 1 ]]; then
+  free_port
   launch_line "$main_addr" "${SHOWN_ARGS[@]}"
   exit 0
 fi
@@ -271,6 +308,7 @@ trap 'stop_request TERM' TERM
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
 [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
+free_port  # last, right before the launch: the dry run and a preflight take minutes
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
 eval "$line" &

@@ -11,10 +11,10 @@ offline job will, and says so. Any train_dpo.py override works here (--model_nam
 --dataset_name, --dataset_config, --dataset_train_split, a mixture's --dataset_mixer_list, --dataset_mixer_eval_list
 and their splits), plus --split and --revision (dataset_name's revision). Each Hub source of a mixture (the recipe's
 `datasets:` and `eval_datasets:` too), and a Hub dataset_name without --revision, is loaded as training reads it: at
-main, or, given a stopped run's --output_dir (or the checkpoint the job resumes, --resume_from_checkpoint), at the
-commit its record holds, as its resume reads it (whether the job resumes decided as the run decides it: with
---overwrite_output_dir it resumes a complete checkpoint of the same settings); its local sources are left where they
-are.
+main, or, where the job's output folder holds a stopped run (its --output_dir, else the recipe's output_dir or
+outputs/<run_name> in the project) or the job resumes a checkpoint (--resume_from_checkpoint), at the commit its record
+holds, as its resume reads it (whether the job resumes decided as the run decides it: with --overwrite_output_dir it
+resumes a complete checkpoint of the same settings); its local sources are left where they are.
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
@@ -34,7 +34,7 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
     from dpotrain.cluster import offline
     from dpotrain.data import hub_revision, mixture
     from dpotrain.recipe import cli
-    from dpotrain.recipe.config import fields_set, parse_args
+    from dpotrain.recipe.config import fields_set, parse_args, replaced
     from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 
@@ -61,14 +61,22 @@ def main(argv: list[str] | None = None) -> None:
     model, script = recipe.model, recipe.script
     # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
     # main, and a resumed run at the commits its record holds (stages.load_data), so they are fetched there: a stopped
-    # run's, given its folder (the job's --output_dir) or the checkpoint it resumes, unless the job starts afresh,
-    # decided as the run decides it (--overwrite_output_dir resumes a sound checkpoint of the same settings).
-    # Read before anything downloads: a folder or checkpoint the run would refuse is refused here first.
-    checkpoint, out = recipe.training.resume_from_checkpoint, recipe.training.output_dir
-    recorded = None
-    if "output_dir" in fields_set(overrides) or checkpoint:
-        decision = resolve.check_output_dir(recipe, resolve.AS_RECORDED)  # the job is the stopped run's own
-        recorded = resolve.continued_record(decision, out)
+    # run's in the folder the job uses (typed or not: a stopped run in the recipe's output_dir, or outputs/<run_name>,
+    # resumes on its recorded commits as one typed does, and main was fetched for it) or the checkpoint it resumes,
+    # unless the job starts afresh, decided as the run decides it (--overwrite_output_dir resumes a sound checkpoint of
+    # the same settings). Read before anything downloads: a folder or checkpoint the run would refuse is refused here.
+    job = job_folder(recipe, overrides)
+    checkpoint, out = recipe.training.resume_from_checkpoint, job.training.output_dir
+    try:
+        decision = resolve.check_output_dir(job, resolve.AS_RECORDED)  # the job is the stopped run's own
+    except ConfigError as refused:
+        if "output_dir" in fields_set(overrides) or checkpoint:
+            raise
+        # The recipe's folder, untyped, refused (a finished run: `bash scripts/demo.sh`'s): the job that reads the
+        # data is one given another --output_dir, a new run's, as the command a job prints names it
+        print(f"note: not the job's folder without --output_dir ({refused}): fetching as for a new run", flush=True)
+        decision = resolve.OutputDecision(None, True)
+    recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
     resumed = recorded is not None
 
     hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)
@@ -115,6 +123,16 @@ def main(argv: list[str] | None = None) -> None:
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")
+
+
+def job_folder(recipe, overrides: list[str]):
+    """`recipe` with the output folder the job uses: a relative one the job's command line does not name (the
+    recipe's, or outputs/<run_name>) is the project's, where a Slurm job runs (scripts/launch.sh), wherever prefetch.py
+    is typed; one typed is read where it is typed, as the job reads it in the folder submitted from."""
+    out = recipe.training.output_dir
+    if "output_dir" in fields_set(overrides) or os.path.isabs(os.path.expanduser(out)):
+        return recipe
+    return replaced(recipe, training={"output_dir": str(ROOT / out)})
 
 
 def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:

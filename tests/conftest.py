@@ -710,8 +710,6 @@ class Child:
     def wait(self) -> tuple[int, str, str]:
         if self.returncode is None:
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        if self in STARTED_CHILDREN:
-            STARTED_CHILDREN.remove(self)  # reaped: nothing left for the teardown (`no_child_left`)
         out, err = (self.streams / "out").read_text(), (self.streams / "err").read_text()
         shutil.rmtree(self.streams)
         if self.returncode == 77:
@@ -719,20 +717,26 @@ class Child:
         return self.returncode, out, err
 
 
-# The children `start_child` forked and no `wait()` reaped yet: killed at the test's teardown (`no_child_left`)
+# The children `start_child` forked in this test: what is left of each one's process group, and the child where no
+# `wait()` reaped it, is killed at the test's teardown (`no_child_left`)
 STARTED_CHILDREN: list[Child] = []
 
 
 @pytest.fixture(autouse=True)
 def no_child_left():
     """A test's forked children end with it: one that failed before its `wait()` left a training run going into the
-    tests after it (on the 2 cores, holding its run's lock). Killed and reaped at teardown, failed test or not."""
+    tests after it (on the 2 cores, holding its run's lock). Killed and reaped at teardown, failed test or not, with
+    the processes it started (a DataLoader worker, a launched subprocess; left running by a child reaped too): each
+    child leads a process group of its own (`start_child`), killed whole."""
     yield
     while STARTED_CHILDREN:
         child = STARTED_CHILDREN.pop()
+        # Its group outlives a reaped child while a process it started runs, so the group's id is not reused by then
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # stopped (SIGSTOP) or not
         if child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)  # stopped (SIGSTOP) or not
+                os.kill(child.pid, signal.SIGKILL)  # killed before its setsid(): still in this process's group
             os.waitpid(child.pid, 0)
         shutil.rmtree(child.streams, ignore_errors=True)
 
@@ -756,6 +760,7 @@ def start_child(fn, read_only=(), tmpfs=(), bind=(), env=None) -> Child:
     if pid == 0:  # the child: never returns into pytest (os._exit: not pytest's atexit, which removes HF_HOME)
         code = 1
         try:
+            os.setsid()  # a session and process group of its own: the teardown kills what it starts with it
             for fd, path in ((1, out), (2, err)):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)

@@ -382,7 +382,7 @@ def test_an_offline_mixture_source_whose_cache_last_prepared_another_commit_is_r
     fetch = error.split("fetch the mixture's sources where the Hub is reachable (")[1].split(": each at main, ")[0]
     words = shlex.split(fetch)
     assert words[:2] == [f"HF_HOME={tmp_path / 'hf_home'}", f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}"]
-    assert words[2:] == ["python", "scripts/prefetch.py", *SMOKE, *mixed], fetch
+    assert words[2:] == ["python", "scripts/prefetch.py", *SMOKE, *mixed, "--output_dir", str(tmp_path / "out")], fetch
 
     analyze = [*SMOKE, "--dataset_mixer_list", "org/prefs", "1.0"]  # the analyzer, reading the same source offline
     log = hub_script(hub, tmp_path, "scripts/analyze_dataset.py", *analyze, env=offline, exit_code=2)
@@ -486,7 +486,7 @@ def test_an_offline_test_split_read_from_another_commits_copy_is_refused_as_eval
         f"error: org/prefs: the copy read is not commit {first[:12]}, which this run evaluates on ({copies / second})"
     )
     assert error.startswith(read), log
-    assert error.endswith(f" --dataset_revision {first} --revision {first})"), error
+    assert error.endswith(f" --dataset_revision {first} --output_dir {tmp_path / 'out'} --revision {first})"), error
     # That command, as printed, where the Hub is reachable (its cache variables are the test's own); then the job,
     # with no other copy prepared during it, evaluates on the pinned commit's 8 held-out pairs
     words = shlex.split(error.split("fetch that commit where the Hub is reachable (")[1][:-1])
@@ -569,6 +569,101 @@ def test_prefetch_with_overwrite_output_dir_fetches_what_the_run_resumes_on(hub,
     assert decided.resume_from == str(run / "checkpoint-4") and not decided.start_afresh  # the run resumes it
     fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_reads_the_stopped_run_in_the_recipes_own_output_dir_untyped(hub, tmp_path):
+    """A recipe that sets output_dir (as outputs/<run_name> is the default's): the job run again resumes the stopped
+    run there, on the commit its record holds, but prefetch.py decided so only for an --output_dir typed on its command
+    line, and fetched main, the copy the offline resume then refused. It decides on the folder the job uses."""
+    from conftest import sealed_checkpoint
+
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main moved on
+    run = tmp_path / "run"
+    own = tmp_path / "my_recipe.yaml"
+    own.write_text((ROOT / "configs" / "smoke.yaml").read_text() + f"output_dir: {run}\n")
+    args = ["--config", str(own), "--dataset_name", "org/prefs"]
+    for folder in (run, sealed_checkpoint(run / "checkpoint-4")):
+        (folder / "resolved_config.json").write_text(json.dumps(job_record(args, first)))
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
+    assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+
+
+@pytest.mark.slow  # a process of its own
+def test_prefetch_fetches_main_past_a_finished_run_in_the_recipes_untyped_folder(hub, tmp_path):
+    """The recipe's folder, untyped, holding a finished run (`bash scripts/demo.sh` leaves outputs/smoke-dpo so): a
+    job without --output_dir is refused there, so the job that reads the data names another folder, a new run's.
+    prefetch.py refused the folder, and left nothing fetched for that job; it says so in one line and fetches main."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[16:48]).encode()})  # main: 32 pairs
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "run_complete.json").write_text(json.dumps({"global_step": 8}))
+    own = tmp_path / "my_recipe.yaml"
+    own.write_text((ROOT / "configs" / "smoke.yaml").read_text() + f"output_dir: {finished}\n")
+    fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", "--config", str(own), "--dataset_name", "org/prefs")
+    assert f"note: not the job's folder without --output_dir (output_dir '{finished}' already holds a finished run" in (
+        fetched
+    ), fetched
+    assert "dataset org/prefs@main split train: 32 rows -> " in fetched, fetched
+
+
+def test_the_prefetch_command_a_job_prints_names_the_folder_it_was_given(tmp_path):
+    """prefetch.py decides on the job's folder, the recipe's where it is given none: the command an offline job
+    printed named no --output_dir for a new run's folder, so a stopped run in the recipe's folder had its commits
+    fetched, and the new job refused that copy again with the same command."""
+    from dpotrain.cluster import offline
+
+    job = parse_args([*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(tmp_path / "new")])
+    assert offline.prefetch_command(job).endswith(f"--dataset_name org/prefs --output_dir {tmp_path / 'new'}")
+    untyped = parse_args([*SMOKE, "--dataset_name", "org/prefs"])
+    assert offline.prefetch_command(untyped).endswith("--dataset_name org/prefs")  # the recipe's, where prefetch looks
+
+
+def test_prefetch_reads_an_untyped_relative_output_dir_in_the_project_where_the_job_runs(tmp_path, monkeypatch):
+    """outputs/<run_name> (or a recipe's relative output_dir) is the project's in a Slurm job (scripts/launch.sh runs
+    it there); prefetch.py typed in another folder reads that one, and a folder typed where it is typed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    untyped = parse_args([*SMOKE, "--dry-run"])
+    assert prefetch.job_folder(untyped, SMOKE).training.output_dir == str(ROOT / "outputs" / "smoke-dpo")
+    typed = ["--output_dir", "mine"]
+    assert prefetch.job_folder(parse_args([*SMOKE, *typed, "--dry-run"]), typed).training.output_dir == "mine"
+
+
+def test_a_checkpoint_resumed_into_a_folder_overwritten_reads_the_commits_its_record_holds(tmp_path):
+    """--overwrite_output_dir over a finished run, with --resume_from_checkpoint from elsewhere: the run resumes that
+    checkpoint's weights, optimizer and step, as any resume of it, but read its data at main (the folder is replaced,
+    start_afresh), other pairs than the steps it skips were cut from. It reads the commit the checkpoint's record holds,
+    as every other resume of it does; the flag replaces the folder, not the checkpoint's data."""
+    from conftest import sealed_checkpoint
+    from dpotrain import resolve, stages
+    from dpotrain.cluster import offline
+
+    checkpoint = sealed_checkpoint(tmp_path / "kept" / "checkpoint-4")
+    out = tmp_path / "finished"
+    out.mkdir()
+    (out / "run_complete.json").write_text(json.dumps({"global_step": 8}))
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--output_dir", str(out)]
+    args += ["--resume_from_checkpoint", str(checkpoint), "--overwrite_output_dir", "true"]
+    (checkpoint / "resolved_config.json").write_text(json.dumps(job_record(args, FIRST)))
+    r = parse_args(args)
+    launch = stages.checks(r)
+    decided = resolve.check_output_dir(r, launch.batch.pairs_per_step)
+    assert decided.resume_from == str(checkpoint) and decided.start_afresh  # folder replaced, checkpoint resumed
+    assert resolve.continued_record(decided, str(out)) == str(checkpoint)  # prefetch.py's folder of commits too
+    assert hub_revision.kept(r, resolve.continued_record(decided, str(out))) == FIRST
+    # The prefetch command an offline refusal names decides the same: with the flag, which the folder needs
+    command = offline.prefetch_command(r, str(out))
+    assert command.endswith(f"--output_dir {out} --resume_from_checkpoint {checkpoint} --overwrite_output_dir true")
 
 
 @pytest.mark.slow  # a process of its own

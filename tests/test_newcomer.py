@@ -352,6 +352,8 @@ def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_pr
         "configs/think.yaml",
         "--model_name_or_path",
         "org/my-sft-model",
+        "--output_dir",  # the job's folder, which prefetch.py decides on
+        str(tmp_path / "think-dpo"),
     ]
     spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
     prefetch = importlib.util.module_from_spec(spec)

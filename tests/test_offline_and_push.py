@@ -1043,10 +1043,9 @@ def test_an_unreachable_hub_is_refused_in_seconds_with_the_remedy(unreachable, s
     }[command]
     assert remedy in error, error
     if command == "training":
-        assert (
-            "python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/not-cached-model`"
-            " and run this with HF_HUB_OFFLINE=1" in error
-        )
+        # with the job's folder, which prefetch.py decides on (a stopped run's commits, else main)
+        fetch = "python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/not-cached-model"
+        assert f"{fetch} --output_dir " in error and "/run` and run this with HF_HUB_OFFLINE=1" in error, error
 
 
 @pytest.mark.slow  # shares the fixture above
@@ -1059,9 +1058,10 @@ def test_a_dry_run_on_an_uncached_hub_model_plans_what_it_can_in_seconds(unreach
         "dry run loads nothing from the network: `HF_HOME="  # the cache the dry run read, then the command as it runs
     ) in result["stdout"], result["stdout"]
     assert (
-        " python scripts/prefetch.py --config configs/think.yaml --model_name_or_path org/not-cached-model` on a "
-        "machine with network fetches it"
+        " python scripts/prefetch.py --config configs/think.yaml --model_name_or_path org/not-cached-model "
+        "--output_dir "  # the job's folder, which prefetch.py decides on
     ) in result["stdout"], result["stdout"]
+    assert "/run` on a machine with network fetches it" in result["stdout"], result["stdout"]
 
 
 if __name__ == "__main__":
@@ -1229,7 +1229,8 @@ def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(
         "error: model 'org/not-cached-model' is not cached, and the Hugging Face Hub does not answer here "
         f"({silent_endpoint}: "
     ), error
-    fix = "--model_name_or_path org/not-cached-model --dataset_name org/Tiny-Prefs` and run this with HF_HUB_OFFLINE=1"
+    fix = f"--model_name_or_path org/not-cached-model --dataset_name org/Tiny-Prefs --output_dir {tmp_path / 'run'}"
+    fix += "` and run this with HF_HUB_OFFLINE=1"
     assert error.endswith(f"{fix} (or fix HF_ENDPOINT / HTTPS_PROXY)"), error
 
 
@@ -1278,7 +1279,8 @@ def test_an_offline_dry_run_lists_a_hub_model_cached_in_part_as_the_run_refuses_
     assert dry.returncode == 0, dry.stderr[-3000:]
     (listed,) = [line for line in dry.stdout.splitlines() if "HF_HUB_OFFLINE" in line and "would refuse" in line]
     assert listed.startswith(f"warning: the run would refuse: {refused}"), listed
-    assert listed.endswith("scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/tiny-sharded")
+    fetch = "scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/tiny-sharded"
+    assert listed.endswith(f"{fetch} --output_dir {tmp_path / 'run'}"), listed  # the job's folder: prefetch reads it
     run = dry_run_on(hub, home, "org/tiny-sharded", tmp_path / "run", offline=True)
     error = listed.replace("warning: the run would refuse:", "error:")
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == error, run.stderr[-3000:]

@@ -118,6 +118,39 @@ def test_a_test_that_fails_before_waiting_on_its_forked_child_leaves_no_child_be
             os.kill(pid, signal.SIGKILL)  # the old conftest's leftover, not the test run's next ones'
 
 
+def test_the_processes_a_forked_child_started_end_with_its_test(tmp_path):
+    """`no_child_left` killed the forked child alone: what it started (a DataLoader worker, a launched subprocess)
+    ran on into the tests after it, also where the test failed before its `wait()`, or waited on a child that ended
+    and left one behind. Each child leads a process group of its own, killed whole at the teardown."""
+    files = {name: tmp_path / f"{name}.pid" for name in ("failed", "waited")}
+    (tmp_path / "test_leaves.py").write_text(
+        "import subprocess, sys, time\n"
+        "from conftest import start_child\n\n"
+        "def start(pid_file):\n"
+        "    sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "    open(pid_file, 'w').write(str(sleeper.pid))\n\n"
+        "def test_fails_before_wait():\n"
+        f"    child = start_child(lambda: (start({str(files['failed'])!r}), time.sleep(600)))\n"
+        f"    while not open({str(files['failed'])!r}, 'a+').tell(): time.sleep(0.05)\n"
+        "    assert False, 'failed before wait()'\n\n"
+        "def test_waits_on_a_child_that_left_one():\n"
+        f"    assert start_child(lambda: start({str(files['waited'])!r})).wait()[0] == 0\n"
+    )
+    inner = [python(), "-m", "pytest", str(tmp_path / "test_leaves.py"), "-p", "conftest", "-q"]
+    inner += ["-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    log = tmp_path / "inner.log"  # a file, not a pipe: a process left behind holds pytest's descriptors open
+    with open(log, "w") as written:
+        subprocess.run(inner, cwd=ROOT, stdout=written, stderr=subprocess.STDOUT, timeout=300)
+    pids = {name: int(path.read_text()) for name, path in files.items()}
+    try:
+        assert "1 failed, 1 passed" in log.read_text(), log.read_text()[-3000:]
+        assert not [name for name, pid in pids.items() if running(pid)], pids  # neither started process runs on
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the old conftest's leftovers, not the test run's next ones'
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
     try:

@@ -578,6 +578,45 @@ def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None
 
 
 @pytest.mark.slow  # starts bash and the package's engine reader
+def test_a_rendezvous_port_in_use_on_the_first_node_is_passed_over_for_a_free_one():
+    """The port is 20000 + job id mod 10000: a job whose id differs by a multiple of 10000 from one on the same node
+    (or any process) holding it met "address already in use" at the rendezvous. The batch shell, on the first node,
+    moves it to the next free port, written into the one launch line every node runs; a MAIN_PROCESS_PORT given in
+    use is refused in one line."""
+    import socket
+
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    for port in range(20000 + os.getpid() % 9000, 29999):  # a port in 20000-29998 whose next one is free too
+        held, after = socket.socket(), socket.socket()
+        try:
+            held.bind(("", port))
+            after.bind(("", port + 1))
+            break
+        except OSError:
+            held.close()
+            after.close()
+    after.close()  # free: the port the job moves to
+    with held:
+        held.listen()  # another job's rendezvous, as torch's store holds it
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        env |= {"RECIPE": "configs/think.yaml", "LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_NUM_NODES": "1"}
+        env |= {"SLURM_GPUS_PER_NODE": "4", "SLURM_JOB_NODELIST": host, "SLURM_JOB_ID": str(port - 20000 + 10000)}
+        moved = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert moved.returncode == 0, moved.stderr
+        assert f"--main_process_port {port + 1} " in moved.stdout, moved.stdout
+        assert moved.stderr == f"rendezvous port {port} is in use on {host}: using {port + 1}\n", moved.stderr
+        given = subprocess.run(
+            ["bash", "scripts/launch.sh"], cwd=ROOT, env=env | {"MAIN_PROCESS_PORT": str(port)}, capture_output=True,
+            text=True,
+        )  # fmt: skip
+        assert given.returncode == 1 and not given.stdout, given.stdout
+        assert given.stderr == (
+            f"error: MAIN_PROCESS_PORT={port} is in use on {host} (another job or process listens there): choose "
+            "another, or unset it for a free port from the job id\n"
+        ), given.stderr
+
+
+@pytest.mark.slow  # starts bash and the package's engine reader
 @pytest.mark.parametrize(
     "gpus, cpus, says",
     [

@@ -21,7 +21,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import launcher, recipe_file, venv
+from dpotrain.recipe import config, launcher, recipe_file, venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
@@ -174,10 +174,16 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
         if value is not None and value != in_file.get(field, default):
             values = value if isinstance(value, list) else [value]  # a mixture's list, one word each
             args += [f"--{field}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
-    args += ["--output_dir", output_dir] if output_dir else []
+    # prefetch.py decides on the job's folder: one the job names, else the recipe's (a stopped run there, read without
+    # it, had its commits fetched for a new job in another folder, which then refused that copy again)
+    typed = "output_dir" in config.fields_set(recipe.command_line)
+    folder = output_dir or (recipe.training.output_dir if typed else None)
+    args += ["--output_dir", folder] if folder else []
     # A resume of a named checkpoint reads the commits its own record holds (resolve.trained_under), as prefetch.py does
     checkpoint = recipe.training.resume_from_checkpoint
-    args += ["--resume_from_checkpoint", checkpoint] if output_dir and checkpoint else []
+    args += ["--resume_from_checkpoint", checkpoint] if folder and checkpoint else []
+    # The folder's run replaced (a finished one, or other settings): without the flag prefetch.py refused it
+    args += ["--overwrite_output_dir", "true"] if folder and recipe.project.overwrite_output_dir else []
     env = [
         f"{k}={shlex.quote(v)}" for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE") if (v := os.environ.get(k))
     ]
