@@ -38,6 +38,18 @@ def test_a_resumed_run_keeps_the_commit_it_started_on(tmp_path):
     assert hub_revision.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
 
 
+def test_a_record_of_another_data_set_gives_no_commit_to_keep(tmp_path):
+    """The run in the folder trained on org/a; a job there on org/b (starting afresh with --overwrite_output_dir, or
+    prefetch.py deciding as it) loaded org/b at org/a's commit, which org/b has not: `no revision` every time."""
+    from dpotrain import resolve
+
+    old = recipe("--dataset_name", "org/a")
+    written = resolve.resolved_config(old, {"data_identity": {"hub_commit": FIRST}})
+    (tmp_path / "resolved_config.json").write_text(json.dumps(written))
+    assert hub_revision.kept(old, str(tmp_path)) == FIRST
+    assert hub_revision.kept(recipe("--dataset_name", "org/b"), str(tmp_path)) is None
+
+
 def test_a_commit_edited_by_hand_in_the_record_is_not_the_one_a_continued_run_loads(tmp_path):
     """resolved_config.json holds its own digest (`written_sha256`): a commit "fixed" there by hand was loaded by the
     continued run, while its resume reads the checkpoint's own copy and says the edit is not used (the output checks

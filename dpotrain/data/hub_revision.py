@@ -60,7 +60,11 @@ def kept(recipe, output_dir: str) -> str | None:
     if given is not None or not applies(name):
         return None
     recorded = record(output_dir)
-    return ((recorded.data.data_identity if recorded else None) or {}).get(KEY) or None
+    # Of this data set (as mixture.kept checks each source's repo): another's run in the folder (a job starting afresh
+    # there on other data, or a dry run going past the changed data's refusal) holds a commit that is none of its own
+    if recorded is None or recorded.values.get("dataset_name", name) != name:
+        return None
+    return (recorded.data.data_identity or {}).get(KEY) or None
 
 
 def record(output_dir: str):
