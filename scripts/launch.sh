@@ -91,6 +91,12 @@ GPUS_PER_NODE=${GPUS_PER_NODE##*:}
 # refused naming WORLD_SIZE, which the user never set.
 [[ $GPUS_PER_NODE =~ ^[0-9]+$ ]] || die "cannot read the GPUs per node from Slurm's '$GPUS_PER_NODE'" \
   "(SLURM_GPUS_PER_NODE, SLURM_GPUS_ON_NODE): submit with --gpus-per-node=N (4 or 8; 0 for a CPU-only job)"
+# GPUs asked per task (--gpus-per-task, --tres-per-task=gres/gpu:N) are bound to tasks: the one task per node that
+# launches (launch_line) sees one task's GPUs, while it starts a process for every GPU of the node.
+if [[ -n ${SLURM_GPUS_PER_TASK:-} || ${SLURM_TRES_PER_TASK:-} == *gpu* ]]; then
+  die "the job asks for GPUs per task (--gpus-per-task): launch.sh starts one task per node, which starts a process" \
+    "per GPU: submit with --gpus-per-node=N and --ntasks-per-node=1, as scripts/dpo_train.sh does"
+fi
 if [[ "$GPUS_PER_NODE" -gt 0 ]]; then
   PROCS_PER_NODE=$GPUS_PER_NODE
 else

@@ -649,6 +649,19 @@ def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     ), result.stderr
 
 
+@pytest.mark.slow  # starts bash and the package's engine reader
+@pytest.mark.parametrize("asked", [{"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_TRES_PER_TASK": "cpu=8,gres/gpu:1"}])
+def test_a_job_asking_gpus_per_task_is_refused_in_one_line(asked):
+    """`sbatch --ntasks-per-node=4 --gpus-per-task=1` (one task per GPU, another launcher's habit): the one task per
+    node that launches got one task's GPU, and a process started for each of the node's 4 GPUs on it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": "configs/think.yaml"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "4", **asked}
+    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and not result.stdout, result.stdout
+    assert result.stderr.startswith("error: the job asks for GPUs per task (--gpus-per-task): launch.sh starts one")
+    assert "submit with --gpus-per-node=N and --ntasks-per-node=1" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("nodes", ["0", "", "two", "-1"])
 def test_a_node_count_that_is_no_number_of_nodes_is_refused_in_one_line(nodes):
     """Slurm sets SLURM_JOB_NUM_NODES to 1 or more, but one exported by hand is read too: 0 was launched as
