@@ -1496,6 +1496,30 @@ def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, ki
     assert "write it with one type in every file, or remove it (it is not read" in message
 
 
+def test_column_types_datasets_joins_are_not_blamed_for_a_folder_that_does_not_read(tmp_path):
+    """A message's keys in another order in one file (`{"content", "role"}`), string against large_string, int32
+    against int64: datasets joins each, and a folder failing for another cause (a file whose `score` changes type
+    within it, which pyarrow cannot read alone) was said to fail on the `chosen` column of two sound files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpotrain.data import data
+
+    def turns(reverse):
+        said = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+        return [dict(reversed(list(m.items()))) for m in said] if reverse else said
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"chosen": turns(False), "rejected": turns(False)}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"chosen": turns(True), "rejected": turns(True)}) + "\n")
+    rows = [{"chosen": turns(False), "rejected": turns(False), "score": s} for s in (1, "n/a")]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert data.column_types_differ("folder", {n: tmp_path / n for n in ("a.jsonl", "b.jsonl")}) is None
+    assert data.column_types_differ("folder", {n: tmp_path / n for n in ("a.jsonl", "b.jsonl", "c.jsonl")}) is None
+    for name, text, score in (("p.parquet", pa.large_string(), pa.int32()), ("q.parquet", pa.string(), pa.int64())):
+        pq.write_table(pa.table({"chosen": pa.array(["Hi."], text), "score": pa.array([1], score)}), tmp_path / name)
+    assert data.column_types_differ("folder", {n: tmp_path / n for n in ("p.parquet", "q.parquet")}) is None
+
+
 @pytest.mark.parametrize("named, other", [("train.jsonl", "more_pairs.jsonl"), ("test.jsonl", "pairs.jsonl")])
 def test_a_folder_named_by_split_with_another_data_file_is_refused(named, other, tmp_path, monkeypatch, capsys):
     """datasets reads only the files named by split once one is: `more_pairs.jsonl` beside `train.jsonl` trained the

@@ -680,14 +680,15 @@ def column_types_differ(what: str, found: dict) -> str | None:
                     schema = pa.json.read_json(f).schema
             else:
                 continue
-        except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone: datasets' own cause is said instead
-            continue
+        except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone is the cause itself: datasets' is said
+            return None
         for field in schema:
             first = seen.setdefault(field.name, (field.type, file))
             if pa.types.is_null(first[0]):
                 seen[field.name] = first = (field.type, file)
             widened = pa.types.is_floating(first[0]) and pa.types.is_integer(field.type)  # datasets casts it (1 -> 1.0)
-            if first[0] != field.type and not pa.types.is_null(field.type) and not widened:
+            differ = _type_kind(first[0]) != _type_kind(field.type)
+            if differ and not pa.types.is_null(field.type) and not widened:
                 read = field.name in read_columns
                 why = (
                     "a pair is read from it"
@@ -701,6 +702,22 @@ def column_types_differ(what: str, found: dict) -> str | None:
                     "on its own (docs/data.md)"
                 )
     return None
+
+
+def _type_kind(t):
+    """A column type as datasets joins files by it: string widths, integer widths, float widths and a struct's key
+    order (`{"role", "content"}` in one file, `{"content", "role"}` in another) are one type to it."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "int" if pa.types.is_integer(t) else "float"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return ("list", _type_kind(t.value_type))
+    if pa.types.is_struct(t):
+        return ("struct", tuple(sorted((f.name, _type_kind(f.type)) for f in t)))
+    return str(t)
 
 
 def _bad_line(path: Path) -> str | None:
