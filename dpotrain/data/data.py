@@ -755,6 +755,8 @@ def lone_surrogate(path: Path) -> str | None:
     """`file:line: a lone UTF-16 surrogate ...` for a JSON file's first escape of half a character (a UTF-16 string
     cut inside an emoji, as json.dumps writes it), or None: it is not text, so pyarrow refuses JSON Lines that hold
     one (naming neither line nor fix) and a JSON array was read with the character dropped, trained as other text."""
+    if not _holds_surrogate_escape(path):  # nearly every file: read once in chunks, not line by line into str
+        return None
     with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:
         for number, line in enumerate(f, 1):
             for found in SURROGATE_ESCAPE.finditer(line) if "\\u" in line else ():
@@ -765,6 +767,19 @@ def lone_surrogate(path: Path) -> str | None:
                         "whole character, on that line"
                     )
     return None
+
+
+def _holds_surrogate_escape(path: Path, chunk: int = 1 << 24) -> bool:
+    """Whether a `\\uD...` escape occurs in the file (escaped or not: `lone_surrogate` tells), read in bounded chunks: a
+    minified JSON array is one line, which a line scan holds whole; every rank reads the file after it loads."""
+    tail = b""
+    with open_data(path) as f:
+        while block := f.read(chunk):
+            window = tail + block
+            if b"\\ud" in window or b"\\uD" in window:
+                return True
+            tail = window[-2:]  # an escape split between two chunks
+    return False
 
 
 def _long_csv_record(path: Path) -> str | None:
