@@ -18,6 +18,8 @@ resumes a complete checkpoint of the same settings); its local sources are left 
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -68,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     job = job_folder(recipe, overrides)
     checkpoint, out = recipe.training.resume_from_checkpoint, job.training.output_dir
     try:
-        decision = resolve.check_output_dir(job, resolve.AS_RECORDED)  # the job is the stopped run's own
+        # The job is the stopped run's own. The run's lines about its folder ("training again from step 1") are the
+        # job's to say: here one line says what the job is fetched for (below)
+        with contextlib.redirect_stdout(io.StringIO()):
+            decision = resolve.check_output_dir(job, resolve.AS_RECORDED)
     except ConfigError as refused:
         if "output_dir" in fields_set(overrides) or checkpoint:
             raise
@@ -78,6 +83,16 @@ def main(argv: list[str] | None = None) -> None:
         decision = resolve.OutputDecision(None, True)
     recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
     resumed = recorded is not None
+    if resumed and hub_revision.record(recorded) is not None:  # a run recorded there (a new folder holds none)
+        # With --overwrite_output_dir the job resumes only where its settings are the record's, which this command is
+        # not given (the one a job prints names its data flags alone)
+        unless = (
+            ", where its settings are that run's (with other settings it starts afresh on main: fetch for it with a "
+            "new --output_dir)"
+            if recipe.project.overwrite_output_dir
+            else ""
+        )
+        print(f"The job resumes the run in {checkpoint or out}{unless}: its data as that run recorded it", flush=True)
 
     hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)
     if not (hub_model or hub_data):

@@ -581,6 +581,8 @@ def test_prefetch_with_overwrite_output_dir_fetches_what_the_run_resumes_on(hub,
     assert decided.resume_from == str(run / "checkpoint-4") and not decided.start_afresh  # the run resumes it
     fetched = hub_script(hub, tmp_path, "scripts/prefetch.py", *args)
     assert f"dataset org/prefs@{first} split train: 16 rows -> " in fetched, fetched
+    # What it assumed, as it cannot tell: the job's other settings may make it start afresh
+    assert f"The job resumes the run in {run}, where its settings are that run's (with other settings" in fetched
 
 
 @pytest.mark.slow  # a process of its own
