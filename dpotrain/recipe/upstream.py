@@ -493,11 +493,6 @@ def weights_hash(trainer) -> str:
     return _member(trainer, WEIGHTS_HASH)
 
 
-def trl_weights_hash(model) -> str:
-    """TRL's hash of a module's weights, as its __init__ takes it (`TRL_HASH`)."""
-    return _value(TRL_HASH)(model)
-
-
 def trl_metrics(trainer) -> dict:
     """TRL's metric lists by mode ("train", "eval"), which its `log` averages."""
     return _member(trainer, TRL_METRICS)

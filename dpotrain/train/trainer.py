@@ -281,12 +281,11 @@ class RecipeDPOTrainer(DPOTrainer):
         """LoRA: the key a run recorded before session 41 took, TRL's hash of the base and the adapter's initial
         weights (gathered under ZeRO-3), on the main process; None for a full fine-tune. Taken on demand, by a resume
         whose record holds another hash than this load's (`train_stage.check_reference_weights`), before training
-        has changed the adapter. Every rank calls it: under ZeRO-3 it gathers the weights."""
+        has changed the adapter. Every rank calls it: under ZeRO-3 it gathers the weights; the main process alone
+        hashes (`weights_sha256` takes TRL's `hash_module`'s bytes), not one full pass a rank."""
         if not getattr(self.model, "peft_config", None):
             return None
-        if self.engine.name == "zero3":
-            return engine.weights_sha256(self.model, self.accelerator.is_main_process, zero3=True)
-        return upstream.trl_weights_hash(self.model)
+        return engine.weights_sha256(self.model, self.accelerator.is_main_process, zero3=self.engine.name == "zero3")
 
     def _set_up_layers(self, compile_layers: bool) -> dict:
         """Sequence parallelism's groups (Ulysses around the attention), the memory plan's checkpointed layers held
