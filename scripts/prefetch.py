@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: not the job's folder without --output_dir ({refused}): fetching as for a new run", flush=True)
         decision = resolve.OutputDecision(None, True)
     recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
-    resumed = recorded is not None
-    if resumed and hub_revision.record(recorded) is not None:  # a run recorded there (a new folder holds none)
+    if recorded and hub_revision.record(recorded) is not None:  # a run recorded there (a new folder holds none)
         # With --overwrite_output_dir the job resumes only where its settings are the record's, which this command is
         # not given (the one a job prints names its data flags alone)
         unless = (
@@ -124,13 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     token = hf_token()
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
-    kept = mixture.kept(recipe, recorded) if resumed else {}
+    kept = mixture.kept(recipe, recorded) if recorded else {}
     if kept:
         said = f"Mixture sources at the commits the run in {checkpoint or out} recorded, which its resume reads"
         print(said, flush=True)
     # dataset_name's, the commit its resume loads (hub_revision.kept), unless a revision is given
     named_at = (
-        args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, recorded) if resumed else None)
+        args.revision or recipe.project.dataset_revision or (hub_revision.kept(recipe, recorded) if recorded else None)
     )
     named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:

@@ -271,10 +271,8 @@ class RecipeDPOTrainer(DPOTrainer):
         """A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base
         and adapter, was a second pass over every weight (minutes for a 32B model) that only a resume of a run
         recorded before session 41 compares with (`earlier_lora_hash`); it is not taken here."""
-        if kwargs.get("peft_config") is None:
-            yield
-            return
-        with upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED):
+        lora_start = kwargs.get("peft_config") is not None
+        with upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED) if lora_start else nullcontext():
             yield
 
     def earlier_lora_hash(self) -> str | None:
