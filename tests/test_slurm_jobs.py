@@ -205,24 +205,6 @@ def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_job_submitted_with_more_tasks_per_node_starts_one_launcher_per_node(slurm, tmp_path):
-    """`sbatch --ntasks-per-node=2 scripts/dpo_train.sh` (a user's habit of one task per GPU, over the script's 1):
-    srun inherits the job's task count (SLURM_NTASKS) and ignores its own --ntasks-per-node=1 ("can't honor
-    --ntasks-per-node set to 1"), so the node started two `accelerate launch`, machine ranks 0 and 1 of one machine,
-    and the job failed. One launcher per node, whatever the job's tasks."""
-    log = tmp_path / "tasks.out"
-    args = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}", SCRIPT]
-    run = ["--max_steps", "2", "--report_to", "none", "--output_dir", "run"]
-    job = slurm.sbatch([*args, *run], cwd=tmp_path, env=README_ENV)
-    state = slurm.wait(job, timeout=300)
-    text = log.read_text(errors="replace")
-    assert state == "COMPLETED", text[-3000:]
-    assert re.findall(r"^node \S+: machine rank (\d+) of 1,", text, re.M) == ["0"], text[-3000:]
-    assert json.loads((tmp_path / "run" / "run_complete.json").read_text())["global_step"] == 2
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
 def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     job, state, out, submitted_from, _ = readme_job
     log = log_path(job, submitted_from)

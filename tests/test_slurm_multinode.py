@@ -45,12 +45,14 @@ def two_node_args(out: Path) -> list[str]:
     ]
 
 
-def two_node_job(slurm2, out: Path, env: dict | None = None) -> int:
-    """`two_node_args` through scripts/dpo_train.sh on both nodes. CPUs: what a node really has (`slurmd -C`)."""
+def two_node_job(slurm2, out: Path, env: dict | None = None, tasks_per_node: int = 1) -> int:
+    """`two_node_args` through scripts/dpo_train.sh on both nodes. CPUs: what a node really has (`slurmd -C`), shared
+    among `tasks_per_node` tasks (sbatch's --ntasks-per-node)."""
     args = [
         "--nodes=2",
         "--gpus-per-node=0",
-        f"--cpus-per-task={node_cpus(slurm2)}",
+        f"--ntasks-per-node={tasks_per_node}",
+        f"--cpus-per-task={node_cpus(slurm2) // tasks_per_node}",
         str(ROOT / "scripts" / "dpo_train.sh"),
         *two_node_args(out),
     ]
@@ -203,9 +205,17 @@ def training_process(job: int, node: str) -> int:
 
 @pytest.mark.slow
 def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path):
+    """A job's training process killed on node2: srun ends the other node's at once, and the job fails, unrequeued.
+    The job is submitted with 2 tasks per node (`sbatch --ntasks-per-node=2`, a user's habit of one task per GPU, over
+    the script's 1): srun inherits the job's task count (SLURM_NTASKS) and ignores its own --ntasks-per-node=1
+    ("can't honor --ntasks-per-node set to 1"), so each node started two `accelerate launch`, machine ranks past the
+    job's nodes, and the job failed before its first step. One launcher per node, whatever the job's tasks: both
+    ranks train (a job of its own in tests/test_slurm_jobs.py until session 43: a job start is ~30 s)."""
     out = tmp_path / "killed"
-    job = two_node_job(slurm2, out)
+    job = two_node_job(slurm2, out, tasks_per_node=2)
     wait_for_steps(slurm2, job, out, 1)  # both ranks are in training, inside collectives
+    ranks = re.findall(r"^node (\S+): machine rank (\d+) of 2,", job_log(job), re.M)
+    assert sorted(ranks) == [("node1", "0"), ("node2", "1")], job_log(job)[-4000:]  # one launcher on each node
     os.kill(training_process(job, "node2"), signal.SIGKILL)
     t0 = time.monotonic()
     state = slurm2.wait(job, timeout=120)
