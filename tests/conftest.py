@@ -443,6 +443,22 @@ def python() -> str:
     return str(folder / "python") if folder else PYTHON
 
 
+def warm_venv() -> str:
+    """A `VENV` for scripts/launch.sh whose `bin/python` is `python()`: the job's dry run and preflight (`python
+    train_dpo.py`, `python scripts/preflight.py`) start warm, ~6 CPU-s of imports each, which launch.sh's own lines
+    (its checks, what it runs and refuses) do not depend on; its `python -m`/`-c` helpers the client hands to the venv's
+    own Python, and `bin/accelerate` is the venv's. The venv itself where the tests run cold."""
+    folder = _Warm.clients()
+    if folder is None:
+        return sys.prefix
+    venv = folder / "venv"
+    if not venv.exists():
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").symlink_to(folder / "python")
+        (venv / "bin" / "accelerate").symlink_to(os.path.join(os.path.dirname(PYTHON), "accelerate"))
+    return str(venv)
+
+
 def rank_python() -> list[str]:
     """`accelerate launch` options that start each rank as `python()` does: `--no_python <warm python -u>`."""
     folder = _Warm.clients()

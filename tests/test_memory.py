@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_architectures import FAMILIES, MOE
 
-from conftest import ROOT, python, run_train
+from conftest import ROOT, python, run_train, warm_venv
 from dpotrain.cluster import engine as engines
 from dpotrain.data import builtin
 from dpotrain.plan import layers, memory
@@ -467,6 +467,7 @@ def test_a_launched_job_plans_for_its_own_engine(olmo3):
         "SLURM_JOB_ID": "4242",
         "HF_HUB_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "",
+        "VENV": warm_venv(),  # its dry runs on the warm interpreter: what launch.sh gives them is under test
     }
     env.pop("WORLD_SIZE", None)
     result = subprocess.run(

@@ -28,6 +28,7 @@ from conftest import (
     python,
     rank_python,
     signal_paused,
+    start_child,
 )
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -250,35 +251,36 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
     """The run started in a terminal (a pseudo-terminal it has as its controlling terminal), which is then closed: the
     kernel sends the run SIGHUP, and every later write to the terminal fails (EIO). It saves at the end of the step,
     exits with the stopped code and releases its lock, as on the stop requests above (whose rerun ends like the
-    uninterrupted run: the same path from here on)."""
-    import fcntl
+    uninterrupted run: the same path from here on). The run is `python train_dpo.py` as its process ends it
+    (`run_cli`), in a forked child of this process that leads a session of its own (`start_child`) and takes the
+    terminal as its controlling one: a fresh interpreter imported the stack again (~6 CPU-s) for what the run does
+    once the terminal closes, and the warm interpreter's child is in the server's session, not the terminal's."""
+    import io
     import pty
     import select
-    import termios
     import threading
+
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
 
     out = tmp_path / "run"
     master, terminal = pty.openpty()
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            str(ROOT / "train_dpo.py"),
-            *ARGS,
-            "--output_dir",
-            str(out),
-            "--model_name_or_path",
-            tiny_model_dir,
-            "--dataset_name",
-            str(pairs),
-        ],
-        cwd=ROOT,
-        stdin=terminal,
-        stdout=terminal,
-        stderr=terminal,
-        start_new_session=True,
-        # a terminal's command hears SIGHUP (where this runs under nohup too)
-        preexec_fn=lambda: (signal.signal(signal.SIGHUP, signal.SIG_DFL), fcntl.ioctl(0, termios.TIOCSCTTY, 0)),
-    )
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+
+    def in_terminal():
+        os.close(master)  # the terminal closes when this process's master does, as the window that held it
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's command hears SIGHUP (where this runs under nohup)
+        fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+        for fd in (0, 1, 2):
+            os.dup2(terminal, fd)
+        os.close(terminal)
+        # the streams a fresh interpreter makes on a terminal: buffered, flushed at each line
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+            setattr(sys, name, io.TextIOWrapper(raw, line_buffering=True, errors="backslashreplace"))
+        run_cli(lambda: train_dpo.main(args))
+
+    run = start_child(in_terminal)
     os.close(terminal)
     shown, closing = [], threading.Event()
 
@@ -294,12 +296,13 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
     reader.start()
     deadline = time.time() + 300
     while len(logged_steps(out)) < 3:
-        assert proc.poll() is None and time.time() < deadline, "".join(shown)[-3000:]
+        assert run.poll() is None and time.time() < deadline, "".join(shown)[-3000:]
         time.sleep(0.1)
     closing.set()
     reader.join()
     os.close(master)  # the terminal closes: SIGHUP
-    assert proc.wait(timeout=300) == STOPPED_EXIT, "".join(shown)[-3000:]
+    code, stdout, stderr = run.wait()
+    assert code == STOPPED_EXIT, "".join(shown)[-3000:] + stdout[-2000:] + stderr[-2000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
     assert len(saved) == 1 and 3 <= saved[0] < STEPS, saved  # saved at the end of the step it was in
     assert logged_steps(out) == list(range(1, saved[0] + 1))
@@ -730,17 +733,21 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
     recipes read with 4; a terminal's Ctrl-C its whole foreground group): a worker died of the SIGTERM and the run
     ended at once, `DataLoader worker (pid N) is killed by signal: Terminated`, exit code 1, no checkpoint. The workers
     ignore stop signals; the run saves at the end of its step and exits 75."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
     out = tmp_path / "run"
-    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path"]
-    command += [tiny_model_dir, "--dataset_name", str(pairs), "--dataloader_num_workers", "2"]
-    # a process group of its own (the warm interpreter's child would be in the server's): the run and its workers
-    proc = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    wait_for_step(proc, out, 3)
-    os.killpg(proc.pid, signal.SIGTERM)
-    log = proc.communicate(timeout=300)[0]
-    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    args += ["--dataloader_num_workers", "2"]
+    # `python train_dpo.py` as its process ends it, in a forked child of this process that leads a process group of
+    # its own (`start_child`; the warm interpreter's child would be in the server's): the run and its workers. Not a
+    # fresh interpreter, which imported the stack again (~6 CPU-s).
+    run = start_child(lambda: run_cli(lambda: train_dpo.main(args)))
+    wait_for_step(run, out, 3)
+    os.killpg(run.pid, signal.SIGTERM)
+    code, stdout, stderr = run.wait()
+    log = stdout + stderr
+    assert code == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
     assert len(saved) == 1 and 3 <= saved[0] < STEPS and logged_steps(out) == list(range(1, saved[0] + 1)), log[-3000:]
 

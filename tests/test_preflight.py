@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import ROOT, python, warm_venv
 from dpotrain.data import builtin
 from dpotrain.preflight import PREFLIGHT_FAIL_EXIT
 
@@ -219,7 +219,8 @@ def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_
             str(tmp_path / "run"),
         ],
         cwd=ROOT,
-        env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1"},
+        # the dry run and the preflight on the warm interpreter: launch.sh's lines around them are under test
+        env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1", "VENV": warm_venv()},
         capture_output=True,
         text=True,
         timeout=600,
@@ -241,7 +242,7 @@ def test_a_job_given_preflight_runs_the_preflight_alone_and_ends_with_its_code(t
     result = subprocess.run(
         ["bash", str(ROOT / "scripts" / "launch.sh"), "--model_name_or_path", tiny_model_dir, "--preflight"],
         cwd=tmp_path,
-        env={**env, "RECIPE": "configs/smoke.yaml"},
+        env={**env, "RECIPE": "configs/smoke.yaml", "VENV": warm_venv()},  # the preflight warm
         capture_output=True,
         text=True,
         timeout=600,

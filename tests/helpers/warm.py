@@ -57,6 +57,9 @@ RUNTIME_KEYS = {
     "COLUMNS",
     "LINES",
     "GPUS_PER_NODE",  # scripts/launch.sh's node size, read by the project's plan (cluster/engine.py) at run time
+    "RECIPE",  # scripts/launch.sh's own switches (`warm_venv` runs its Python warm), read by no library
+    "PREFLIGHT",
+    "VENV",
 }
 # What the Hub libraries read from these while being imported, a child reads again (`_reread`): a request differing in
 # them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
