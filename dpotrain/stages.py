@@ -209,8 +209,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
     # The engine and processes that wrote it; the main process's answer, so that its line is written once (the ranks
-    # have met: each wrote its own)
-    collectives.main_outcome(resume.check_partitions, decision.resume_from, launch.world, launch.engine)
+    # have met: each wrote its own). A dry run lists it with the rest (it stopped there, the others unsaid).
+    check(collectives.main_outcome, resume.check_partitions, decision.resume_from, launch.world, launch.engine)
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         once(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
