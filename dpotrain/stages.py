@@ -170,6 +170,9 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
+    def once(step, *args, **kwargs):  # after the ranks met (check_wandb_reachable): each rank wrote its own line
+        return check(collectives.every_rank, step, *args, **kwargs)  # the first rank to meet one writes it alone
+
     folder_refused = False
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
@@ -191,9 +194,9 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
-            decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+            decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
         if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
-            check(check_histories, training.output_dir)
+            once(check_histories, training.output_dir)
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
         if push.requested and not launch.dry_run and decision.trains:
             push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
@@ -206,18 +209,18 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
     # The engine and processes that wrote it; the main process's answer, so that its line is written once (the ranks
-    # have met: each wrote its own)
-    collectives.main_outcome(resume.check_partitions, decision.resume_from, launch.world, launch.engine)
-    check(resume.check_live_reference, decision.resume_from, recipe)
+    # have met: each wrote its own). A dry run lists it with the rest (it stopped there, the others unsaid).
+    check(collectives.main_outcome, resume.check_partitions, decision.resume_from, launch.world, launch.engine)
+    once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
-        check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
+        once(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not only_reference and decision.trains and not folder_refused:
-        check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
+        once(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
     # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
     # at all it plans without, naming the prefetch command; online the run downloads what is missing).
     resumed_in = training.output_dir if kept or sources else None
-    check(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
+    once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
 
 

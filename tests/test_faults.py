@@ -952,6 +952,23 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
 
 
 @pytest.mark.slow
+def test_a_dry_run_lists_a_checkpoint_its_launch_cannot_load_with_its_other_refusals(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The dry run of the launch above (the recipe's ZeRO-2 accelerate config) stopped at the checkpoint's refusal
+    (exit 2), saying nothing of the rest (here W&B without a login): it lists it with the others, as docs/checks.md
+    says a dry run lists what the run would refuse."""
+    out = unfinished(baseline, tmp_path)
+    config = ("--accelerate_config", str(ROOT / "accelerate_config.yaml"), "--report_to", "wandb", "--dry-run")
+    result = train(out, tiny_model_dir, pairs, *config, env={"WANDB_API_KEY": "", "WANDB_MODE": ""})
+    refusals = [line for line in result.stdout.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert result.returncode == 0 and len(refusals) == 2, result.stdout[-3000:]
+    assert refusals[1].startswith(
+        f"warning: the run would refuse: checkpoint '{out}/checkpoint-4' was written without DeepSpeed"
+    ), refusals
+
+
+@pytest.mark.slow
 def test_an_explicit_resume_from_a_save_cut_short_is_refused_naming_what_is_missing(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

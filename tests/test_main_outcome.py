@@ -459,3 +459,30 @@ def test_a_failure_one_rank_met_is_written_by_that_rank_alone(tmp_path, mode, li
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
     assert result.returncode != 0 and errors == [f"error: {line}"], result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_model_dir):
+    """The output folder's resume checks run after the ranks' first collective, where each rank writes its own line:
+    an unfinished run with other settings (resolve.check_output_dir) and a TR-DPO checkpoint without its moved
+    reference (resume.check_live_reference) were written once per rank; `check_partitions` beside them once."""
+    from dpotrain.train import checkpoint_manifest, resume
+
+    tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
+    saved = ("--save_strategy", "steps", "--save_steps", "1")
+    first, out = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved)
+    assert first.returncode == 0, first.stdout[-3000:]
+    for name in ("model.safetensors", "run_complete.json"):  # a run stopped after its checkpoint
+        (out / name).unlink()
+    checkpoint = out / "checkpoint-1"
+    manifest = json.loads((checkpoint / checkpoint_manifest.MANIFEST).read_text())
+    del manifest["files"][resume.REFERENCE_FILE]  # as a version that did not save the reference wrote it
+    (checkpoint / checkpoint_manifest.MANIFEST).write_text(json.dumps(manifest))
+    (checkpoint / resume.REFERENCE_FILE).unlink()
+    for more, refusal in [
+        ((), resume.no_reference(str(checkpoint))),
+        (("--max_steps", "2"), f"output_dir '{out}' holds an unfinished run with other settings (max_steps: 1 -> 2)"),
+    ]:
+        result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved, *more)
+        errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
+        assert result.returncode != 0 and len(errors) == 1 and refusal in errors[0], result.stdout[-3000:]

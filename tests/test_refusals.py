@@ -1496,6 +1496,19 @@ def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, ki
     assert "write it with one type in every file, or remove it (it is not read" in message
 
 
+def test_a_folder_of_json_arrays_whose_files_give_a_column_two_types_names_it(tmp_path, monkeypatch, capsys):
+    """`.json` files, each an array of rows (one here, JSON Lines there, as datasets reads either): a `score` a number
+    in one and text in the other got datasets' `ArrowInvalid: Failed to parse string` and the folder's generic line."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps([{**pair(f"Blue {i}."), "score": i} for i in range(4)]))
+    (folder / "b.json").write_text("".join(json.dumps({**pair(f"Red {i}."), "score": "high"}) + "\n" for i in range(4)))
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder))
+    assert message.startswith(
+        f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.json and string in b.json, and "
+    ), message
+
+
 def test_column_types_datasets_joins_are_not_blamed_for_a_folder_that_does_not_read(tmp_path):
     """A message's keys in another order in one file (`{"content", "role"}`), string against large_string, int32
     against int64: datasets joins each, and a folder failing for another cause (a file whose `score` changes type

@@ -79,3 +79,30 @@ def test_an_empty_hh_side_is_said_to_be_empty(tmp_path):
         )
     message = str(refused.value)
     assert message.startswith("row 2, column 'chosen': empty: an HH-RLHF conversation") and "(line 3 of hh" in message
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["answer", "another turn", "plain text"],
+)
+def test_an_answer_of_zero_width_characters_alone_is_refused_as_empty(tmp_path, where):
+    """Zero-width and format characters (U+200B..U+200D, U+2060, U+FEFF), which `str.strip` keeps, beside a no-break
+    space: an answer a reader sees as empty passed the empty check and trained as one. Refused as an empty one, named
+    by its line; a NUL inside text is text (byte-level tokenizers write it as a byte: the row is kept)."""
+    invisible = "\u00a0\u200b\u200c\u200d\u2060\ufeff"
+    rows = pairs(12)
+    rows[0]["chosen"][-1]["content"] = "yes\x00 0"  # kept: the run refuses row 7 alone
+    if where == "plain text":
+        rows = [{"prompt": f"q{i}", "chosen": f"yes {i}", "rejected": f"no {i}"} for i in range(12)]
+        rows[7]["chosen"] = invisible
+    elif where == "another turn":  # a turn beside the answer, which the package would train as one of its own
+        rows[7]["chosen"].append({"role": "assistant", "content": invisible})
+    else:
+        rows[7]["chosen"][-1]["content"] = invisible
+    path = tmp_path / "my.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(tmp_path / "o")])
+    message = str(refused.value)
+    assert message.startswith("row 7, column 'chosen': ") and "(line 8 of my.jsonl; fix" in message, message
+    assert "empty" in message and "U+200B" in message, message

@@ -119,6 +119,20 @@ def every_rank_outcome(failed: Exception | None) -> None:
     raise said_by(outcomes[first], first) from None  # its line is the rank's that met it
 
 
+def every_rank(work, *args, **kwargs):
+    """`work(*args, **kwargs)` on every rank (a check of files every rank reads, whose side effects each rank keeps),
+    ended the same way on every rank (`every_rank_outcome`): a refusal met after the ranks' first collective was
+    written by each rank that met it, one line per process; now by the first rank to meet it alone. `work` must not
+    itself join the ranks (a rank refused before a collective inside it would leave the others there)."""
+    failed, value = None, None
+    try:
+        value = work(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure is every rank's: a rank raising alone left the others waiting
+        failed = e
+    every_rank_outcome(failed)
+    return value
+
+
 # What a save's write may raise: torch.distributed.checkpoint's CheckpointException (FSDP2's checkpoint shards: one
 # rank's refused write, shared with every rank) is a BaseException, which `except Exception` let through as a traceback.
 REFUSED = (Exception, CheckpointException)

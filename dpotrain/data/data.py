@@ -675,9 +675,8 @@ def column_types_differ(what: str, found: dict) -> str | None:
         try:
             if format_suffix(p) == ".parquet":
                 schema = pq.read_schema(p)
-            elif builder_of(p) == "json" and format_suffix(p) in JSON_LINES:
-                with open_data(p) as f:
-                    schema = pa.json.read_json(f).schema
+            elif builder_of(p) == "json":
+                schema = _json_schema(p)
             else:
                 continue
         except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone is the cause itself: datasets' is said
@@ -702,6 +701,23 @@ def column_types_differ(what: str, found: dict) -> str | None:
                     "on its own (docs/data.md)"
                 )
     return None
+
+
+def _json_schema(path: Path):
+    """The columns of a JSON data file as pyarrow types them: JSON Lines (also under a `.json` name, which datasets
+    reads as such first), or a `.json` array of rows, which datasets reads as a list of objects. Raises ValueError for
+    a JSON shape that is neither (an object of columns: datasets' `field`), which is not compared."""
+    import pyarrow as pa
+    import pyarrow.json
+
+    with open_data(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    if format_suffix(path) in JSON_LINES or not text.lstrip().startswith("["):
+        return pa.json.read_json(pa.BufferReader(text.encode())).schema
+    rows = json.loads(text)
+    if not all(isinstance(row, dict) for row in rows):
+        raise ValueError("not an array of rows")
+    return pa.Table.from_pylist(rows).schema
 
 
 def _type_kind(t):

@@ -9,6 +9,7 @@ runs it on every row before training and hands the trainer the rows as read.
 import dataclasses
 import re
 import time
+import unicodedata
 from collections import Counter
 
 from dpotrain.data import chat_template, data_identity, shapes
@@ -110,11 +111,12 @@ def read_row(
     for column in ("chosen", "rejected"):
         completion = example[column]
         if fmt.conversational and not any(map(_says_something, completion)):
-            return None, (column, "empty completion: every completion message has empty content")
+            said = "".join(m.get("content") or "" for m in completion)
+            return None, (column, "empty completion: every completion message has empty content" + unseen(said))
         if fmt.conversational and (problem := _empty_turn(completion, "assistant")):
             return None, (column, problem)
-        if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
-            return None, (column, "empty completion")
+        if not fmt.conversational and blank(text := completion.removesuffix(fmt.eos_token or "")):
+            return None, (column, "empty completion" + unseen(text))
     if fmt.template is not None:  # the answers against the template's generation prompt
         if problem := chat_template.answer_problem(example, fmt.template, rendered):
             return None, problem
@@ -201,12 +203,29 @@ def _a(value) -> str:
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
+# Characters a reader does not see, which `str.strip` keeps: format characters (Unicode category Cf: zero-width space,
+# joiners, word joiner, the BOM U+FEFF an editor leaves) and NUL. An answer made of nothing else (with white space) is
+# empty in all but name: it passed the empty check and trained an answer nobody wrote. A NUL inside text is kept as
+# text: byte-level tokenizers (OLMo's, Llama 3's, Qwen's) write it as a byte token and decode it back.
+def blank(text: str) -> bool:
+    """Whether `text` shows nothing: white space, format characters and NULs alone (or nothing at all)."""
+    return all(c.isspace() or c == "\0" or unicodedata.category(c) == "Cf" for c in text)
+
+
+def unseen(text: str) -> str:
+    """How an empty refusal names text `blank` alone finds empty: its characters, which an editor does not show."""
+    if not text.strip():
+        return ""
+    codes = ", ".join(f"U+{ord(c):04X}" for c in dict.fromkeys(text) if not c.isspace())
+    return f" (only characters a reader does not see: {codes})"
+
+
 def _says_something(message: dict) -> bool:
     """Whether a message holds anything for the chat template to write: text, or another field the template renders
     (an assistant's `tool_calls`, OLMo's `function_calls`, a `reasoning_content`). A completion that is a tool call is
     an answer: TRL trains its rendered call."""
     extra = (value for key, value in message.items() if key not in ("role", "content", "name"))
-    return bool((message.get("content") or "").strip()) or any(isinstance(v, str | list | dict) and v for v in extra)
+    return not blank(message.get("content") or "") or any(isinstance(v, str | list | dict) and v for v in extra)
 
 
 # The empty turns refused, by role and where: a user turn of the prompt (a plain-text empty prompt is a legitimate pair,
@@ -225,7 +244,7 @@ def _empty_turn(messages: list[dict], role: str) -> str | None:
     """The first message of `role` with empty or whitespace-only content (and nothing else the template writes)."""
     for i, message in enumerate(messages):
         if message["role"] == role and not _says_something(message):
-            return f"message {i} is {EMPTY_TURN[role]}"
+            return f"message {i} is {EMPTY_TURN[role]}" + unseen(message.get("content") or "")
     return None
 
 
