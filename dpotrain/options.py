@@ -958,8 +958,22 @@ def _wandb_host() -> str:
         return "https://api.wandb.ai"
 
 
+def check_wandb_name(recipe: Recipe) -> None:
+    """WANDB_NAME is not read: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins
+    over the variable, so the W&B run was named otherwise than asked, and nothing said so."""
+    training, name = recipe.training, os.environ.get("WANDB_NAME", "")
+    if "wandb" not in (training.report_to or []) or not name.strip() or name == training.run_name:
+        return
+    raise ConfigError(
+        f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({training.run_name!r}): pass "
+        f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
+        "WANDB_NAME"
+    )
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    check_wandb_name(recipe)
     # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):

@@ -81,3 +81,25 @@ def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_pa
     words = shlex.split(command)
     assert words[:2] == ["wandb", "sync"] and len(words) == 3, command
     assert [os.path.basename(p) for p in glob.glob(words[2])] == ["offline-run-1"], command
+
+
+@pytest.mark.parametrize("name", ["my-exp", "run"])
+def test_a_wandb_name_the_run_would_not_use_is_refused_in_one_line(name, tmp_path, monkeypatch, capsys):
+    """WANDB_NAME set by the user: transformers hands run_name to wandb.init as the name, which wins over the
+    variable, so the W&B run was named after the output folder and nothing said so. Refused, naming --run_name; a
+    WANDB_NAME that is the run's name is no conflict."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_NAME", name)
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit):
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run"), "--dry-run"]))
+    out = capsys.readouterr().out
+    refusal = (
+        "warning: the run would refuse: WANDB_NAME 'my-exp' is not used: the W&B run is named after run_name "
+        "('run'): pass --run_name my-exp (which also names the default output_dir and hub_model_id) and unset "
+        "WANDB_NAME"
+    )
+    assert (refusal in out) == (name == "my-exp") and "dry run of" in out, out

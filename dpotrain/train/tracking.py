@@ -28,7 +28,6 @@ def setup_wandb(training) -> None:
         os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
     os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
-    os.environ.setdefault("WANDB_NAME", training.run_name)
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
