@@ -103,3 +103,25 @@ def test_a_wandb_name_the_run_would_not_use_is_refused_in_one_line(name, tmp_pat
         "WANDB_NAME"
     )
     assert (refusal in out) == (name == "my-exp") and "dry run of" in out, out
+
+
+def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tmp_path, monkeypatch, capsys):
+    """`WANDB_RUN_ID=exp1 python train_dpo.py ...`, stopped, then the same command from another shell: the folder
+    kept no id, so the resume logged to a new W&B run, its curves split in two. The id given is now the folder's; one
+    given later over another recorded is taken and said."""
+    for var in ("WANDB_RESUME", "WANDB_DIR"):  # set by setup_wandb: their absence restored afterwards
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("WANDB_RUN_ID", "exp1")
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
+    setup_wandb(parse_args(args).training)
+    monkeypatch.delenv("WANDB_RUN_ID")  # the rerun, from a shell without it
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_RUN_ID"] == "exp1" and capsys.readouterr().err == ""
+    monkeypatch.setenv("WANDB_RUN_ID", "exp2")
+    setup_wandb(parse_args(args).training)
+    assert (tmp_path / RUN_ID_FILE).read_text() == "exp2"
+    assert capsys.readouterr().err == (
+        f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
+        "'exp2' from here (unset WANDB_RUN_ID to keep logging to 'exp1')\n"
+    )
