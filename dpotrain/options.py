@@ -25,6 +25,7 @@ from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 
 ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
+WANDB_RESUME_VALUES = ("allow", "must", "never", "auto")  # wandb.Settings.resume's
 
 
 def valid_loss_types() -> list[str]:
@@ -971,9 +972,22 @@ def check_wandb_name(recipe: Recipe) -> None:
     )
 
 
+def check_wandb_resume(recipe: Recipe) -> None:
+    """A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
+    error once W&B started, after the model loaded and the reference was scored: say so now."""
+    value = os.environ.get("WANDB_RESUME")
+    if "wandb" not in (recipe.training.report_to or []) or value is None or value in WANDB_RESUME_VALUES:
+        return
+    raise ConfigError(
+        f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME (the "
+        "run logs on to its output folder's W&B run by itself)"
+    )
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
     check_wandb_name(recipe)
+    check_wandb_resume(recipe)
     # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):

@@ -125,3 +125,21 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
         f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
         "'exp2' from here (unset WANDB_RUN_ID to keep logging to 'exp1')\n"
     )
+
+
+def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """WANDB_RESUME=true (older guides' value): wandb.init refused it with a pydantic traceback once W&B started, after
+    the model loaded and the reference was scored (hours on the think recipe)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_RESUME", "true")
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run")]))
+    assert ended.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err.endswith(
+        "error: WANDB_RESUME 'true' is not one wandb takes (allow, must, never, auto): unset WANDB_RESUME (the run "
+        "logs on to its output folder's W&B run by itself)\n"
+    )
