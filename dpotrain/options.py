@@ -25,6 +25,7 @@ from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 
 ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
+WANDB_RESUME_VALUES = ("allow", "must", "never", "auto")  # wandb.Settings.resume's
 
 
 def valid_loss_types() -> list[str]:
@@ -958,8 +959,35 @@ def _wandb_host() -> str:
         return "https://api.wandb.ai"
 
 
+def check_wandb_name(recipe: Recipe) -> None:
+    """WANDB_NAME is not read: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins
+    over the variable, so the W&B run was named otherwise than asked, and nothing said so."""
+    training, name = recipe.training, os.environ.get("WANDB_NAME", "")
+    if "wandb" not in (training.report_to or []) or not name.strip() or name == training.run_name:
+        return
+    raise ConfigError(
+        f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({training.run_name!r}): pass "
+        f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
+        "WANDB_NAME"
+    )
+
+
+def check_wandb_resume(recipe: Recipe) -> None:
+    """A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
+    error once W&B started, after the model loaded and the reference was scored: say so now."""
+    value = os.environ.get("WANDB_RESUME")
+    if "wandb" not in (recipe.training.report_to or []) or value is None or value in WANDB_RESUME_VALUES:
+        return
+    raise ConfigError(
+        f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME (the "
+        "run logs on to its output folder's W&B run by itself)"
+    )
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    check_wandb_name(recipe)
+    check_wandb_resume(recipe)
     # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):

@@ -81,3 +81,65 @@ def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_pa
     words = shlex.split(command)
     assert words[:2] == ["wandb", "sync"] and len(words) == 3, command
     assert [os.path.basename(p) for p in glob.glob(words[2])] == ["offline-run-1"], command
+
+
+@pytest.mark.parametrize("name", ["my-exp", "run"])
+def test_a_wandb_name_the_run_would_not_use_is_refused_in_one_line(name, tmp_path, monkeypatch, capsys):
+    """WANDB_NAME set by the user: transformers hands run_name to wandb.init as the name, which wins over the
+    variable, so the W&B run was named after the output folder and nothing said so. Refused, naming --run_name; a
+    WANDB_NAME that is the run's name is no conflict."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_NAME", name)
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit):
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run"), "--dry-run"]))
+    out = capsys.readouterr().out
+    refusal = (
+        "warning: the run would refuse: WANDB_NAME 'my-exp' is not used: the W&B run is named after run_name "
+        "('run'): pass --run_name my-exp (which also names the default output_dir and hub_model_id) and unset "
+        "WANDB_NAME"
+    )
+    assert (refusal in out) == (name == "my-exp") and "dry run of" in out, out
+
+
+def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tmp_path, monkeypatch, capsys):
+    """`WANDB_RUN_ID=exp1 python train_dpo.py ...`, stopped, then the same command from another shell: the folder
+    kept no id, so the resume logged to a new W&B run, its curves split in two. The id given is now the folder's; one
+    given later over another recorded is taken and said."""
+    for var in ("WANDB_RESUME", "WANDB_DIR"):  # set by setup_wandb: their absence restored afterwards
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("WANDB_RUN_ID", "exp1")
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
+    setup_wandb(parse_args(args).training)
+    monkeypatch.delenv("WANDB_RUN_ID")  # the rerun, from a shell without it
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_RUN_ID"] == "exp1" and capsys.readouterr().err == ""
+    monkeypatch.setenv("WANDB_RUN_ID", "exp2")
+    setup_wandb(parse_args(args).training)
+    assert (tmp_path / RUN_ID_FILE).read_text() == "exp2"
+    assert capsys.readouterr().err == (
+        f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
+        "'exp2' from here (unset WANDB_RUN_ID to keep logging to 'exp1')\n"
+    )
+
+
+def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """WANDB_RESUME=true (older guides' value): wandb.init refused it with a pydantic traceback once W&B started, after
+    the model loaded and the reference was scored (hours on the think recipe)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_RESUME", "true")
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run")]))
+    assert ended.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err.endswith(
+        "error: WANDB_RESUME 'true' is not one wandb takes (allow, must, never, auto): unset WANDB_RESUME (the run "
+        "logs on to its output folder's W&B run by itself)\n"
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
+from dpotrain.recipe.errors import warn
 from dpotrain.recipe.writes import write_text
 from dpotrain.train.metrics import METRICS_FILE, read_metrics
 
@@ -20,15 +21,20 @@ def setup_wandb(training) -> None:
     out = Path(training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     id_file = out / RUN_ID_FILE
-    if "WANDB_RUN_ID" not in os.environ:
-        run_id = id_file.read_text(errors="replace").strip() if id_file.is_file() else ""
-        if not run_id:  # none yet, or left empty by an older version killed while writing it: a new W&B run
-            run_id = uuid.uuid4().hex[:12]
-            write_text(id_file, run_id)
-        os.environ["WANDB_RUN_ID"] = run_id
+    recorded = id_file.read_text(errors="replace").strip() if id_file.is_file() else ""
+    # The user's WANDB_RUN_ID wins; else the folder's (none yet, or left empty by an older version killed while
+    # writing it: a new W&B run)
+    run_id = os.environ.get("WANDB_RUN_ID", "").strip() or recorded or uuid.uuid4().hex[:12]
+    if recorded and run_id != recorded:  # the user's WANDB_RUN_ID, taken, but the curves are now in two W&B runs
+        warn(
+            f"WANDB_RUN_ID {run_id!r} is used: {out} logged to the W&B run {recorded!r} until now, and logs on to "
+            f"{run_id!r} from here (unset WANDB_RUN_ID to keep logging to {recorded!r})"
+        )
+    if run_id != recorded:  # the folder's W&B run, also one the user named: a rerun without the variable goes on in it
+        write_text(id_file, run_id)
+    os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
     os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
-    os.environ.setdefault("WANDB_NAME", training.run_name)
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
