@@ -871,3 +871,12 @@ def test_a_recipes_offline_switch_does_not_outlive_its_run_in_the_process(tmp_pa
     result = subprocess.run([python(), str(program)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == "switches False False False False", result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("given", [["--rpo_alpha", "1.0"], "rpo_alpha: 1.0\n"], ids=["command_line", "recipe"])
+def test_rpo_alpha_names_what_replaced_it(given, tmp_path):
+    """TRL 1.x removed `rpo_alpha` (RPO: DPO plus alpha x the chosen answers' NLL) for its `sft` loss type in a weighted
+    list; the refusal said only 'removed in TRL 1.x', leaving the user to find the replacement."""
+    argv = given if isinstance(given, list) else ["--config", write(tmp_path, given)]
+    with pytest.raises(ConfigError, match=re.escape("--loss_type sigmoid sft --loss_weights 1 <rpo_alpha>")):
+        parse_args(argv)
