@@ -448,7 +448,10 @@ def analyze(args: argparse.Namespace) -> int:
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
     print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))
-    at = current or report["recommended_max_length"]  # the counts training will record at this max_length
+    # The counts training will record at its max_length: `auto`'s is the recommendation; a recipe's or command line's
+    # `null` trains unbounded (train_dpo.py --max_length null, without a token budget), cutting nothing.
+    unbounded = current is None and not run.max_length_auto and bool(recipe_path or args.max_length)
+    at = None if unbounded else current or report["recommended_max_length"]
     cut = cuts.count(m.prompt, m.chosen, m.rejected, at, training.truncation_mode)
     print(f"Cut at {cuts.line(cut)}", file=sys.stderr)
     r = report["recommendation"]
@@ -483,7 +486,7 @@ def analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def held_out(run, tokenizer, max_length: int, revision: str | None, prefetch: str) -> None:
+def held_out(run, tokenizer, max_length: int | None, revision: str | None, prefetch: str) -> None:
     """The held-out pairs of a recipe that evaluates, read, measured and counted at `max_length` by the run's code: the
     run drops those whose prompt alone fills it (and refuses a length that leaves too few), and says so in this line."""
     from dpotrain import stages

@@ -428,6 +428,20 @@ def test_think_recipe_max_length_is_what_its_table_supports():
     assert recipe["max_tokens_per_microbatch"] >= 2 * recipe["max_length"]
 
 
+def test_max_length_null_on_the_command_line_is_counted_as_the_run_trains_it_unbounded(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """`train_dpo.py --max_length null` over a recipe without a token budget trains unbounded (its dry run: `max
+    length: none`), cutting nothing; the analyzer took the same flag and ended with the cuts at its recommended length
+    (`Cut at max_length 512: ...`), as if that were the length the run trains at."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\nmax_length: 384\n")
+    assert cli.main(["--config", str(recipe), "--num-proc", "1", "--max_length", "null"]) == 0
+    err = capsys.readouterr().err
+    assert f"Cut at max_length unset: none of {len(_messages_rows())} pairs cut or dropped" in err, err
+
+
 def test_report_prints_tables_and_reasoning(cli, tmp_path, tiny_model_dir, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
