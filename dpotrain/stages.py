@@ -363,6 +363,7 @@ def _load_pairs(
             pins,
             fetch,
             evaluation,
+            p.assistant_turns,
         )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
@@ -371,7 +372,18 @@ def _load_pairs(
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
     usable = rows.usable_pairs(
-        dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path, evaluation
+        dataset,
+        p.skip_invalid,
+        checked,
+        key,
+        p.hh_format,
+        split,
+        say,
+        name,
+        template,
+        p.chat_template_path,
+        evaluation,
+        assistant_turns=p.assistant_turns,
     )
     return usable, None
 

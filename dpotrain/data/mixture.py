@@ -501,11 +501,12 @@ def load(
     pins: dict | None = None,
     prefetch: str | None = None,
     evaluation: bool = False,
+    assistant_turns: str = "final",
 ):
     """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
     skip_invalid dropped and counted under `checked[key]`. `pins`: the commit each Hub source is read at (`pin`);
     `prefetch`: the command that fetches the sources (`offline.prefetch_command`), named where a copy read is not;
-    `evaluation`: the held-out mixture's."""
+    `evaluation`: the held-out mixture's; `assistant_turns`: the recipe's (the rows check, `rows.read_row`)."""
     import datasets
 
     usable, records, dropped, dated = [], [], {}, {}
@@ -516,8 +517,10 @@ def load(
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
-            given = (source.where, template, template_file, evaluation)
-            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated)
+            given, turns = (source.where, template, template_file, evaluation), assistant_turns
+            pairs = rows.usable_pairs(
+                raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated, assistant_turns=turns
+            )
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise
