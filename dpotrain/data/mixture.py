@@ -106,6 +106,21 @@ def fields_of(recipe) -> dict:
     }
 
 
+def also_trained(values: dict) -> list[str]:
+    """The held-out sources the run also trains on (the same local file, or the same Hub data set, configuration and
+    split, however spelled: `Source.identity`), by their specs. Not refused: a smoke run evaluating on its training
+    file is a test's or a check's choice; but the eval loss then measures pairs the model trained on."""
+    name = values.get("dataset_name")
+
+    def split_of_name(kind: str) -> list[Source]:  # dataset_name's split, where no mixture names the pairs
+        return [Source(name, values.get(f"dataset_{kind}_split") or kind, values.get("dataset_config"))] if name else []
+
+    trained = parse(values) or split_of_name("train")
+    held = parse(values, evaluation=True) or split_of_name("test")
+    seen = {s.identity() for s in trained}
+    return [s.spec() for s in held if s.identity() in seen]
+
+
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
     names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
