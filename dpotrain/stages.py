@@ -290,6 +290,14 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
+        if say:  # the main process, once a job: its eval loss is not a held-out one
+            for spec in mixture.also_trained(values):
+                print(
+                    f"note: the held-out pairs of {spec} are pairs this run also trains on: their eval loss measures "
+                    "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+                    "--dataset_mixer_eval_list FILE 1.0)",
+                    flush=True,
+                )
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         found = mixture.data_identity_of(recipe)  # the files the run reads, not every file of their folder
@@ -363,6 +371,7 @@ def _load_pairs(
             pins,
             fetch,
             evaluation,
+            p.assistant_turns,
         )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
@@ -371,7 +380,18 @@ def _load_pairs(
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
     usable = rows.usable_pairs(
-        dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path, evaluation
+        dataset,
+        p.skip_invalid,
+        checked,
+        key,
+        p.hh_format,
+        split,
+        say,
+        name,
+        template,
+        p.chat_template_path,
+        evaluation,
+        assistant_turns=p.assistant_turns,
     )
     return usable, None
 

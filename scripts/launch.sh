@@ -302,6 +302,8 @@ fi
 # each optimizer step (dpotrain/train/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
 signalled=""
+# Called by the traps below, which shellcheck does not follow into a quoted command: it took the body for unreachable.
+# shellcheck disable=SC2317
 stop_request() {
   signalled=$1
   echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="

@@ -453,3 +453,34 @@ def test_a_pair_whose_prompt_fills_max_length_adds_nothing_to_open_instructs_gra
     loss.backward()
     assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
     assert max(float(p.grad.abs().max()) for p in policy.parameters() if p.grad is not None) <= 1e-6
+
+
+@pytest.mark.parametrize("content", ["", " \u200b"], ids=["empty", "unseen"])
+def test_an_empty_earlier_answer_is_refused_where_all_trains_it_and_kept_as_context_under_final(
+    content, tmp_path, tiny_model_dir
+):
+    """An empty earlier assistant turn of the shared prompt went through the rows check, which refused only an empty
+    final answer: under `all` it trained as an empty turn. Refused in one line, by file, row and message, before the
+    model loads; under `final` it is context, not trained, and the pair stays (as it did)."""
+    from dpotrain import stages
+    from dpotrain.data.builtin import make_preference_rows
+
+    pairs = make_preference_rows(10, seed=3)
+    assert pairs[7]["chosen"][1]["role"] == "assistant"  # the multi-turn row: an earlier exchange before the answer
+    for side in ("chosen", "rejected"):
+        pairs[7][side][1]["content"] = content
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(path)]
+    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run")])
+    assert recipe.project.assistant_turns == "all"  # the smoke recipe's, as OLMo 3's
+    with pytest.raises(ConfigError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(
+        "row 7, column 'prompt': message 1 is an earlier assistant turn with empty content, which assistant_turns all "
+        "trains"
+    ), said
+    assert "(line 8 of " in said and "--assistant_turns final" in said and "--skip_invalid true" in said
+    final = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--assistant_turns", "final"])
+    assert len(stages.load_data(final, stages.checks(final), say=False).train) == 10

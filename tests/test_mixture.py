@@ -1120,3 +1120,26 @@ def test_a_source_without_the_split_names_the_field_that_chose_it(args, flag, tm
         shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / f"{split}.jsonl")
     error = refused(tmp_path, monkeypatch, capsys, *(a.format(folder=folder) for a in args), "--dry-run")
     assert error == f"error: dataset {str(folder)!r} has no split 'validation': set {flag} to one of ['test', 'train']"
+
+
+@pytest.mark.parametrize("held_out", ["same file", "another file"])
+def test_held_out_pairs_the_run_also_trains_on_are_noted_once(held_out, tmp_path, files, capsys):
+    """The training file given again as held-out pairs (here spelled another way) went through without a word, its
+    eval loss measuring pairs the model trained on. Not refused (tests do it on purpose): one `note:` line naming the
+    source, from the main process; none for held-out pairs of their own."""
+    trained = str(Path(files["trl"]).parent / ".." / Path(files["trl"]).parent.name / "trl.jsonl")  # another spelling
+    given = files["trl"] if held_out == "same file" else files["uf"]
+    recipe = parse_args(
+        ["--config", SMOKE, "--dataset_name", trained, "--eval_strategy", "steps", "--output_dir", str(tmp_path)]
+        + ["--dataset_mixer_eval_list", given, "1.0"]
+    )
+    stages.load_data(recipe, stages.checks(recipe))
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    if held_out == "another file":
+        assert notes == []
+        return
+    assert notes == [
+        f"note: the held-out pairs of {files['trl']} [test] are pairs this run also trains on: their eval loss "
+        "measures pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+        "--dataset_mixer_eval_list FILE 1.0)"
+    ]

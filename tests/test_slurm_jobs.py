@@ -850,7 +850,9 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck not installed (scripts/test.sh installs it)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_shellcheck(script):
-    result = subprocess.run(["shellcheck", "--severity=error", str(script)], capture_output=True, text=True)
+    """Every finding, not errors alone: a warning or note (SC2317's unreachable code in launch.sh's signal trap) stood
+    in `shellcheck scripts/launch.sh` unseen; a finding the code is right about is silenced where it is, saying why."""
+    result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 

@@ -106,6 +106,21 @@ def fields_of(recipe) -> dict:
     }
 
 
+def also_trained(values: dict) -> list[str]:
+    """The held-out sources the run also trains on (the same local file, or the same Hub data set, configuration and
+    split, however spelled: `Source.identity`), by their specs. Not refused: a smoke run evaluating on its training
+    file is a test's or a check's choice; but the eval loss then measures pairs the model trained on."""
+    name = values.get("dataset_name")
+
+    def split_of_name(kind: str) -> list[Source]:  # dataset_name's split, where no mixture names the pairs
+        return [Source(name, values.get(f"dataset_{kind}_split") or kind, values.get("dataset_config"))] if name else []
+
+    trained = parse(values) or split_of_name("train")
+    held = parse(values, evaluation=True) or split_of_name("test")
+    seen = {s.identity() for s in trained}
+    return [s.spec() for s in held if s.identity() in seen]
+
+
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
     names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
@@ -501,11 +516,12 @@ def load(
     pins: dict | None = None,
     prefetch: str | None = None,
     evaluation: bool = False,
+    assistant_turns: str = "final",
 ):
     """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
     skip_invalid dropped and counted under `checked[key]`. `pins`: the commit each Hub source is read at (`pin`);
     `prefetch`: the command that fetches the sources (`offline.prefetch_command`), named where a copy read is not;
-    `evaluation`: the held-out mixture's."""
+    `evaluation`: the held-out mixture's; `assistant_turns`: the recipe's (the rows check, `rows.read_row`)."""
     import datasets
 
     usable, records, dropped, dated = [], [], {}, {}
@@ -516,8 +532,10 @@ def load(
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
         try:
-            given = (source.where, template, template_file, evaluation)
-            pairs = rows.usable_pairs(raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated)
+            given, turns = (source.where, template, template_file, evaluation), assistant_turns
+            pairs = rows.usable_pairs(
+                raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated, assistant_turns=turns
+            )
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise

@@ -48,16 +48,24 @@ class RowFormat:
     shape: shapes.Shape
     eos_token: str | None  # appended to plain-text completions (None: checks only)
     template: object | None = None  # the tokenizer the answers are checked against (chat_template.answer_problem)
+    assistant_turns: str = "final"  # the recipe's: under `all` the prompt's earlier assistant turns are trained too
 
     @classmethod
     def of(
-        cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages", template=None
+        cls,
+        first_row: dict,
+        columns,
+        eos_token: str | None,
+        hh_format: str = "messages",
+        template=None,
+        assistant_turns: str = "final",
     ) -> "RowFormat":
-        """`template`: a tokenizer, or a function that loads it (called only for message rows, which it reads)."""
+        """`template`: a tokenizer, or a function that loads it (called only for message rows, which it reads);
+        `assistant_turns`: the recipe's (which turns are trained)."""
         shape = shapes.Shape.of(first_row, columns, hh_format)
         if callable(template) and not hasattr(template, "apply_chat_template"):
             template = template() if shape.conversational else None
-        return cls(shape, eos_token, template if shape.conversational else None)
+        return cls(shape, eos_token, template if shape.conversational else None, assistant_turns)
 
     @property
     def conversational(self) -> bool:
@@ -107,6 +115,13 @@ def read_row(
             "which many do, both sides are the same tokens)",
         )
     if fmt.conversational and (problem := _empty_turn(example["prompt"], "user")):
+        return None, ("prompt", problem)
+    # An earlier assistant turn of the prompt is trained under `assistant_turns: all` (open-instruct labels every one):
+    # an empty one would teach the model to answer with nothing, as an empty final answer would. Under `final` (TRL's
+    # split) it is context the model reads and is not trained on: a turn the conversation had (a model that said
+    # nothing), which teaches no empty answer; such a pair stays, as it always did.
+    every_turn = fmt.conversational and fmt.assistant_turns == "all"
+    if every_turn and (problem := _empty_turn(example["prompt"], "assistant", "earlier")):
         return None, ("prompt", problem)
     for column in ("chosen", "rejected"):
         completion = example[column]
@@ -237,14 +252,18 @@ EMPTY_TURN = {
     "user": "a user turn with empty content (the chat template would render its header with nothing after it)",
     "assistant": "an assistant turn with empty content beside the answer (it would train as an empty turn of its own): "
     "remove it",
+    "earlier": "an earlier assistant turn with empty content, which assistant_turns all trains (every assistant turn "
+    "is labeled): it would train an empty answer; write the turn's text, or pass --assistant_turns final (the final "
+    "answer alone trained, earlier turns read as context)",
 }
 
 
-def _empty_turn(messages: list[dict], role: str) -> str | None:
-    """The first message of `role` with empty or whitespace-only content (and nothing else the template writes)."""
+def _empty_turn(messages: list[dict], role: str, said: str | None = None) -> str | None:
+    """The first message of `role` with empty or whitespace-only content (and nothing else the template writes), said
+    as `EMPTY_TURN[said or role]`."""
     for i, message in enumerate(messages):
         if message["role"] == role and not _says_something(message):
-            return f"message {i} is {EMPTY_TURN[role]}" + unseen(message.get("content") or "")
+            return f"message {i} is {EMPTY_TURN[said or role]}" + unseen(message.get("content") or "")
     return None
 
 
@@ -311,19 +330,24 @@ def check_text_only(dataset, evaluation: bool = False) -> None:
 
 
 def check_dataset(
-    dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None, evaluation: bool = False
+    dataset,
+    skip_invalid: bool = False,
+    hh_format: str = "messages",
+    template=None,
+    evaluation: bool = False,
+    assistant_turns: str = "final",
 ) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
     row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
     first, or answers that leave the chat template's generation prompt all together (a data set that has one usually
     has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would leave nothing.
-    `evaluation`: held-out pairs."""
+    `evaluation`: held-out pairs; `assistant_turns`: the recipe's (`RowFormat`)."""
     start = time.perf_counter()
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
     check_text_only(dataset, evaluation)
-    fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
+    fmt = RowFormat.of(dataset[0], columns, None, hh_format, template, assistant_turns)
     if fmt.template is not None:  # judged on the rows as written: HH strings are read as messages here
         chat_template.require(fmt.template, fmt.shape.name)
     invalid, index = [], 0
@@ -395,15 +419,17 @@ def usable_pairs(
     template_file: str | None = None,
     evaluation: bool = False,
     dated: dict | None = None,
+    assistant_turns: str = "final",
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
     `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
     row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
     loader, `stages.ModelTokenizer`) the answers are checked against; `template_file`: the recipe's chat_template_path,
     named on the console; `evaluation`: held-out pairs, which the run evaluates on; `dated`: where the template writes
-    the day it renders on, its warning kept there under `key`, not said (a mixture says it once, `say_dated`)."""
+    the day it renders on, its warning kept there under `key`, not said (a mixture says it once, `say_dated`);
+    `assistant_turns`: the recipe's, which decides whether the prompt's earlier answers are trained (`read_row`)."""
     try:
-        checked = check_dataset(dataset, skip_invalid, hh_format, template, evaluation)
+        checked = check_dataset(dataset, skip_invalid, hh_format, template, evaluation, assistant_turns)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
     if say:
