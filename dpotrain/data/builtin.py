@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.venv import ROOT
 from dpotrain.recipe.writes import quiet_progress_bars
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_DATASET = PROJECT_ROOT / "data" / "smoke_prefs.jsonl"
+SMOKE_DATASET = ROOT / "data" / "smoke_prefs.jsonl"
 BUILTIN_PREFIX = "builtin:"
 # Bump when the recipe for a built-in artifact changes, so stale caches are rebuilt rather than reused.
 _BUILD_VERSION = 1
@@ -61,7 +61,7 @@ def check_name(name: str) -> None:
 
 
 def _model_dir(name: str) -> Path:
-    root = Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", PROJECT_ROOT / "outputs" / ".builtin"))
+    root = Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", ROOT / "outputs" / ".builtin"))
     return root / f"{name.removeprefix(BUILTIN_PREFIX)}-v{_BUILD_VERSION}"
 
 

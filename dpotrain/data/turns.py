@@ -105,8 +105,8 @@ def prompt_labels(example: dict, tokenizer) -> list[int]:
 
 def add_prompt_labels(dataset, tokenizer, num_proc: int | None = None):
     """`dataset` (tokenized by TRL, its `prompt` / `chosen` / `rejected` still there) with a `prompt_labels` column."""
-    kwargs = {"num_proc": num_proc, "desc": "Labeling every assistant turn"} if hasattr(dataset, "num_rows") else {}
-    return dataset.map(lambda example: {LABELS: prompt_labels(example, tokenizer)}, **kwargs)
+    label = lambda example: {LABELS: prompt_labels(example, tokenizer)}
+    return dataset.map(label, num_proc=num_proc, desc="Labeling every assistant turn")
 
 
 def completion_mask(example: dict, side: str) -> list[int]:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
-from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe.config import dry_run_flag, fields_set, replaced, take_config, uses_live_reference, without
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import MemoryPlan
+from dpotrain.recipe.venv import ROOT
 
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
@@ -35,8 +35,8 @@ SHIPPED = {
 }
 # The sbatch scripts and the recipe each runs when no RECIPE is given (their `RECIPE=${RECIPE:-...}`)
 SCRIPTS = {
-    (PROJECT_ROOT / "configs" / "think.yaml").resolve(): "scripts/dpo_train.sh",
-    (PROJECT_ROOT / "configs" / "instruct.yaml").resolve(): "scripts/dpo_instruct_train.sh",
+    (ROOT / "configs" / "think.yaml").resolve(): "scripts/dpo_train.sh",
+    (ROOT / "configs" / "instruct.yaml").resolve(): "scripts/dpo_instruct_train.sh",
 }
 MAX_NODES = 16  # how far a refusal looks for a node count that fits
 NODE_SIZES = (4, 8)  # GPUs per node the sbatch scripts are written for (their `#SBATCH --gpus-per-node`, # EDIT)
@@ -113,14 +113,14 @@ class Option:
             return None
         here = Path(os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd())  # where it is pasted
         # The config as the run found it: the folder it ran in (a job's: the project), else the project's
-        config = next((p for p in (Path(self.config), PROJECT_ROOT / self.config) if p.is_file()), None)
+        config = next((p for p in (Path(self.config), ROOT / self.config) if p.is_file()), None)
         env = {"ACCELERATE_CONFIG": _from(here, config) if config else self.config}
         script = SCRIPTS.get(Path(recipe).resolve())
         if script is None:
             script, env["RECIPE"] = "scripts/dpo_train.sh", _from(here, recipe)
         # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
         sbatch = ["sbatch", f"--nodes={self.world // self.node_gpus}", f"--gpus-per-node={self.node_gpus}"]
-        words = [*sbatch, _from(here, PROJECT_ROOT / script), *args, *self.flags]
+        words = [*sbatch, _from(here, ROOT / script), *args, *self.flags]
         return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items()) + " " + shlex.join(words)
 
 
@@ -207,7 +207,7 @@ class Advisor:
         return True
 
     def engine_lever(self, kind: str, trial: Trial) -> bool:
-        trial.engine = from_config(str(PROJECT_ROOT / SHIPPED[kind]))
+        trial.engine = from_config(str(ROOT / SHIPPED[kind]))
         trial.config = SHIPPED[kind]
         trial.recipe = replaced(trial.recipe, project={"accelerate_config": SHIPPED[kind]})
         return True

@@ -373,7 +373,6 @@ class SeamMoved(RuntimeError):
             f"{seam.symbol} ({seam.kind}): {problem}. The project uses it because: {seam.why}. "
             "Adapt that use (dpotrain/recipe/upstream.py lists them all) or pin the version in requirements.txt"
         )
-        self.seam = seam
 
 
 def _lookup(symbol: str):

@@ -127,7 +127,7 @@ def repetition(text: str) -> dict:
 def _encode_prompt(tokenizer, text: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(ids["input_ids"])
     return tokenizer(text)["input_ids"]
 
 
