@@ -604,6 +604,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
             if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, t.truncation_mode, f.source, limit):
                 warn(many)  # once, before the model loads: more pairs cut than the analyzer's rule would
+    if pairs.mix is not None and measured is not None and max_length is not None:  # every pair: each source's
+        pairs.mix.check_cuts(measured[0], max_length, t.truncation_mode, limit)
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None

@@ -653,6 +653,27 @@ def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
     assert mixture.describe({**one, "upsampled": False}).startswith("a.jsonl [train]: 1 row, took 1 (1.0)")
 
 
+def test_a_source_max_length_drops_whole_is_refused_not_recorded_as_trained(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Every pair of one source dropped at max_length (its prompts alone fill it): the run trained on the other
+    source alone, exit code 0, while its record, summary and model card said the source was taken, with 79% of the
+    tokens; the only word was the mixture's count of pairs dropped."""
+    smoke = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:24]]
+    for row in smoke[16:]:
+        for side in ("chosen", "rejected"):
+            row[side][0]["content"] += " please" * 400
+    for name, part in (("short", smoke[:16]), ("long", smoke[16:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
+    sources = ["--dataset_mixer_list", str(tmp_path / "short.jsonl"), "1.0", str(tmp_path / "long.jsonl"), "1.0"]
+    sources += ["--model_name_or_path", tiny_model_dir]  # its tokenizer measures the pairs, before the model loads
+    error = refused(
+        tmp_path, monkeypatch, capsys, *sources, "--max_length", "256", "--max_tokens_per_microbatch", "512"
+    )
+    assert f"mixture source {tmp_path / 'long.jsonl'} [train]: max_length 256 leaves none of its 8 pairs" in error
+    assert "would train nothing (8 dropped: the prompt alone fills it" in error and "or remove the source" in error
+
+
 # --- the held-out mixture, trained --------------------------------------------------------------------------------
 
 
