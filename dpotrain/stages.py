@@ -608,7 +608,9 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         pairs.mix.check_cuts(measured[0], max_length, t.truncation_mode, limit)
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
-    shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
+    shares = None
+    if pairs.mix is not None and measured is not None:
+        shares = pairs.mix.with_token_shares(measured[0], max_length, t.truncation_mode)
     if tokenizer is not None:
         check_pads(t.pad_token, tokenizer)
     from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets

@@ -436,15 +436,23 @@ class Mix:
     records: list
     source_of_row: np.ndarray
 
-    def with_token_shares(self, measured) -> list:
-        """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured)."""
+    def with_token_shares(self, measured, max_length: int | None = None, truncation_mode: str = "keep_start") -> list:
+        """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured) and, at a
+        known `max_length`, its pairs the trainer drops there (`dropped_at_max_length`: the prompt alone fills it),
+        so that a source's `taken` is not read as the pairs it trained."""
+        of = self.source_of_row[measured.index]
         tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
-        per = np.bincount(self.source_of_row[measured.index], weights=tokens, minlength=len(self.records))
+        per = np.bincount(of, weights=tokens, minlength=len(self.records))
         total = float(per.sum()) or 1.0
-        return [
+        records = [
             {**r, "tokens": int(n), "token_share": round(float(n) / total, 4)}
             for r, n in zip(self.records, per, strict=True)
         ]
+        if max_length is not None and truncation_mode == "keep_start":
+            dropped = np.bincount(of[measured.prompt >= max_length], minlength=len(self.records))
+            for record, n in zip(records, dropped, strict=True):
+                record["dropped_at_max_length"] = int(n)
+        return records
 
     def check_cuts(self, measured, max_length: int, truncation_mode: str, max_positions: int | None) -> None:
         """Refuse a source none of whose pairs keeps anything to learn at `max_length` (each dropped, its prompt alone
@@ -633,6 +641,8 @@ def describe(record: dict) -> str:
     text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
     if "token_share" in record:
         text += f", {record['token_share']:.1%} of the tokens"
+    if cut := record.get("dropped_at_max_length"):
+        text += f"; {cut:,} of them dropped at max_length (the prompt alone fills it)"
     return text
 
 
