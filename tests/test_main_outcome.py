@@ -412,6 +412,17 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
+def test_a_refusal_of_the_steps_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
+    """A run that would train nothing (one step, all of it warm-up) is refused once the data set is counted, after the
+    ranks first met, from what every rank counts alike: it was written by every rank, twice in a 2-process launch's
+    log. Now by rank 0 alone, and every rank still exits non-zero."""
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, "--warmup_steps", "1")
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--max_steps 1 with warmup trains nothing" in errors[0], result.stdout[-3000:]
+    assert result.returncode != 0
+
+
+@pytest.mark.slow
 def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
     """A refusal before the ranks first meet is written by the first process on the node that meets it: rank 1's
     environment alone refused (GPUS_PER_NODE, read as the recipe is parsed), rank 0 went on to the first collective

@@ -12,6 +12,7 @@ epoch: every rank computes it alone, and a resumed job replays the same steps.
 """
 
 import bisect
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, plural, said_by
 
 
 @dataclass(frozen=True)
@@ -460,6 +461,22 @@ class StepCollator:
         }
 
 
+def said_by_rank_0(check):
+    """`check`'s refusal, written by rank 0 alone: the steps are counted from what every rank reads alike, and the
+    ranks have met by then (the data stage's collectives), after which each rank writes its own refusals
+    (`errors.writes_line`): the same line twice in a 2-process launch's log, 8 times on a node of 8 GPUs."""
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ConfigError as e:
+            raise said_by(e, 0) from None
+
+    return checked
+
+
+@said_by_rank_0
 def check_schedule_fits(steps: dict, training) -> None:
     """warmup_stable_decay counts its phases in steps of its own (`num_decay_steps`, `num_stable_steps`), which the
     schedule's walk before the data loads cannot weigh against the run. Without `num_stable_steps` the stable phase is
@@ -512,6 +529,7 @@ def _check_phases(total: int, warmup: int, kwargs: dict) -> None:
     )
 
 
+@said_by_rank_0
 def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) -> None:
     """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained:
     transformers' schedules give step 1 the rate 0 whenever there is warmup. Checked on the data set's rows when it
