@@ -412,13 +412,20 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
-def test_a_refusal_of_the_steps_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
-    """A run that would train nothing (one step, all of it warm-up) is refused once the data set is counted, after the
-    ranks first met, from what every rank counts alike: it was written by every rank, twice in a 2-process launch's
-    log. Now by rank 0 alone, and every rank still exits non-zero."""
-    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, "--warmup_steps", "1")
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--warmup_steps", "1"], "--max_steps 1 with warmup trains nothing"),
+        (["--max_length", "8", "--max_tokens_per_microbatch", "16"], "max_length 8 leaves 0 of 8 pairs"),
+    ],
+)
+def test_a_refusal_of_the_data_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, args, line):
+    """A run that would train nothing (one step, all of it warm-up; a max_length that leaves the pairs nothing to
+    learn) is refused once the data set is counted, after the ranks first met, from what every rank counts alike: it
+    was written by every rank, twice in a 2-process launch's log. Now by rank 0 alone, every rank exiting non-zero."""
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *args)
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--max_steps 1 with warmup trains nothing" in errors[0], result.stdout[-3000:]
+    assert len(errors) == 1 and line in errors[0], result.stdout[-3000:]
     assert result.returncode != 0
 
 

@@ -12,7 +12,6 @@ epoch: every rank computes it alone, and a resumed job replays the same steps.
 """
 
 import bisect
-import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError, plural, said_by
+from dpotrain.recipe.errors import ConfigError, plural, said_by_rank_0
 
 
 @dataclass(frozen=True)
@@ -459,21 +458,6 @@ class StepCollator:
         return {
             "micro_batches": [{**self.collate(rows), FILLER: True} if f else self.collate(rows) for rows, f in step]
         }
-
-
-def said_by_rank_0(check):
-    """`check`'s refusal, written by rank 0 alone: the steps are counted from what every rank reads alike, and the
-    ranks have met by then (the data stage's collectives), after which each rank writes its own refusals
-    (`errors.writes_line`): the same line twice in a 2-process launch's log, 8 times on a node of 8 GPUs."""
-
-    @functools.wraps(check)
-    def checked(*args, **kwargs):
-        try:
-            return check(*args, **kwargs)
-        except ConfigError as e:
-            raise said_by(e, 0) from None
-
-    return checked
 
 
 @said_by_rank_0
