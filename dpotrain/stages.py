@@ -650,6 +650,7 @@ def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths
     return m, cuts.count(m.prompt, m.chosen, m.rejected, max_length, recipe.training.truncation_mode)
 
 
+@said_by_rank_0  # every rank measures the same held-out pairs
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
     """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
     left: refused (TRL failed after the reference was scored); some dropped: said."""
