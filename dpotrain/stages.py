@@ -36,7 +36,7 @@ from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
 from dpotrain.recipe import config, launcher, records, run_record, venv
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
+from dpotrain.recipe.errors import ConfigError, RunError, cause, said_by_rank_0, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
 from dpotrain.train import health, lora, metrics, resume, samples, weight_names
@@ -621,15 +621,13 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         found, every, tokenized = sample.measured_sample(
             pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run
         )
-    if found is not None and max_length is not None:
-        f = found  # a max_length that leaves the pairs nothing to learn: refused, advising within the positions
-        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
-        if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
-            if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, t.truncation_mode, f.source, limit):
-                warn(many)  # once, before the model loads: more pairs cut than the analyzer's rule would
+    if max_length is not None:
+        check_cuts(recipe, pairs, found, measured, max_length, limit)
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
-    shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
+    shares = None
+    if pairs.mix is not None and measured is not None:
+        shares = pairs.mix.with_token_shares(measured[0], max_length, t.truncation_mode)
     if tokenizer is not None:
         check_pads(t.pad_token, tokenizer)
     from trl.data_utils import is_conversational  # here, as in data/shapes.py: it imports datasets
@@ -643,6 +641,22 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, warnings)
+
+
+@said_by_rank_0  # every rank measures the same pairs
+def check_cuts(recipe, pairs: Data, found, measured, max_length: int, limit: int | None) -> None:
+    """A max_length that leaves the pairs (`found`), or one mixture source's (`measured`: every pair), nothing to
+    learn: refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would:
+    warned of once, before the model loads."""
+    mode = recipe.training.truncation_mode
+    if found is not None:
+        f = found
+        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, mode, f.source, limit)
+        if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
+            if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, mode, f.source, limit):
+                warn(many)
+    if pairs.mix is not None and measured is not None:  # every pair: each source's
+        pairs.mix.check_cuts(measured[0], max_length, mode, limit)
 
 
 def held_out_pairs(recipe, revision: str | None, template, pins: dict | None = None, fetch: str = ""):
@@ -659,6 +673,7 @@ def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths
     return m, cuts.count(m.prompt, m.chosen, m.rejected, max_length, recipe.training.truncation_mode)
 
 
+@said_by_rank_0  # every rank measures the same held-out pairs
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
     """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
     left: refused (TRL failed after the reference was scored); some dropped: said."""

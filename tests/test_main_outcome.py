@@ -412,6 +412,35 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--warmup_steps", "1"], "--max_steps 1 with warmup trains nothing"),
+        (["--max_length", "8", "--max_tokens_per_microbatch", "16"], "max_length 8 leaves 0 of 8 pairs"),
+        (["--eval_strategy", "steps", "--max_length", "512"], "max_length 512 leaves 0 of the 2 held-out pairs"),
+    ],
+)
+def test_a_refusal_of_the_data_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, args, line):
+    """A run that would train nothing (one step, all of it warm-up; a max_length that leaves the pairs nothing to
+    learn, or the held-out pairs none to evaluate on) is refused once the data set is counted, after the ranks first
+    met, from what every rank counts alike: it was written by every rank, twice in a 2-process launch's log. Now by
+    rank 0 alone, every rank exiting non-zero."""
+    if "--eval_strategy" in args:  # held-out pairs whose prompts alone fill max_length
+        from dpotrain.data import builtin
+
+        held = builtin.make_preference_rows(2, seed=4)
+        for row in held:
+            for side in ("chosen", "rejected"):
+                row[side][0]["content"] += " please" * 600
+        (tmp_path / "held.jsonl").write_text("".join(json.dumps(row) + "\n" for row in held))
+        args = [*args, "--dataset_mixer_eval_list", str(tmp_path / "held.jsonl"), "1.0"]
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *args)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and line in errors[0], result.stdout[-3000:]
+    assert result.returncode != 0
+
+
+@pytest.mark.slow
 def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir):
     """A refusal before the ranks first meet is written by the first process on the node that meets it: rank 1's
     environment alone refused (GPUS_PER_NODE, read as the recipe is parsed), rank 0 went on to the first collective

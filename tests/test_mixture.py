@@ -18,11 +18,12 @@ import pytest
 from test_data_shapes import explicit_prompt, hh, ultrafeedback, with_images
 from test_refusals import refused
 
+import train_dpo
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve, stages
 from dpotrain.data import builtin, chat_template, mixture, rows
 from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 ROWS = {"trl": 40, "uf": 30, "hh": 20}
@@ -651,6 +652,38 @@ def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
         mixture.take(mixture.Source(files["hh"], "train", amount="2"), 1, seed=42)
     one = {"source": "a.jsonl [train]", "rows_read": 1, "rows_usable": 1, "taken": 1, "amount": "1.0"}
     assert mixture.describe({**one, "upsampled": False}).startswith("a.jsonl [train]: 1 row, took 1 (1.0)")
+
+
+def test_a_source_max_length_drops_is_counted_and_one_it_drops_whole_is_refused(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Pairs of one source dropped at max_length (their prompts alone fill it): the record, summary and model card
+    said the source's pairs were taken, nothing of the drop; every pair of it dropped, the run trained on the other
+    source alone, exit code 0, the only word the mixture's count of pairs dropped."""
+    from dpotrain.hub import hub
+
+    smoke = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:24]]
+    for row in smoke[16:]:
+        for side in ("chosen", "rejected"):
+            row[side][0]["content"] += " please" * 400
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    short.write_text("".join(json.dumps(row) + "\n" for row in smoke[:20]))  # 4 of them long: dropped, counted
+    long.write_text("".join(json.dumps(row) + "\n" for row in smoke[16:]))  # every one long
+    args = ["--model_name_or_path", tiny_model_dir, "--max_length", "256", "--max_tokens_per_microbatch", "512"]
+    args += ["--dataset_mixer_list", str(short), "1.0"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args, "--dry-run"]))
+    out = capsys.readouterr().out
+    assert ended.value.code in (0, None), out
+    (record,) = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]["data_sources"]
+    assert record["taken"] == 20 and record["dropped_at_max_length"] == 4
+    assert (
+        "took 20 (1.0), " in out and "of the tokens; 4 of them dropped at max_length (the prompt alone fills it)" in out
+    )
+    assert "| 20, 4 dropped at max_length |" in hub.sources_section([record])
+    error = refused(tmp_path, monkeypatch, capsys, *args, str(long), "1.0")
+    assert f"mixture source {long} [train]: max_length 256 leaves none of its 8 pairs anything to learn" in error
+    assert "would train nothing (8 dropped: the prompt alone fills it" in error and "or remove the source" in error
 
 
 # --- the held-out mixture, trained --------------------------------------------------------------------------------

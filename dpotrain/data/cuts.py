@@ -91,7 +91,7 @@ def check(
     if not pairs or teach >= TEACHING * pairs:
         return
     fits = recommend(prompt + np.maximum(chosen, rejected), COVERAGE)
-    fix = _advice(fits, max_positions)
+    fix = advice(fits, max_positions)
     if max_positions and fits > max_positions:
         if teaching(prompt, shared, max_positions, truncation_mode)[0] < TEACHING * pairs:
             long = int(np.count_nonzero(prompt >= max_positions))
@@ -108,7 +108,7 @@ def check(
     )
 
 
-def _advice(fits: int, max_positions: int | None) -> str:
+def advice(fits: int, max_positions: int | None) -> str:
     """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past. The
     flag's value without thousands separators: copied as printed, `--max_length 4,096` is refused."""
     if max_positions and fits > max_positions:
@@ -132,5 +132,5 @@ def warning(prompt, chosen, rejected, max_length: int, truncation_mode: str, sou
         return None
     return (
         f"more than {1 - COVERAGE:.0%} of the pairs are cut or dropped at max_length {max_length:,} ({source}): "
-        f"{counts(counted)}; {_advice(fits, max_positions)}"
+        f"{counts(counted)}; {advice(fits, max_positions)}"
     )

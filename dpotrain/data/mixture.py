@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpotrain.data import data, data_identity, hub_revision, lengths, rows
+from dpotrain.data import cuts, data, data_identity, hub_revision, lengths, rows
 from dpotrain.recipe import config
 from dpotrain.recipe.errors import ConfigError, cause, plural
 
@@ -451,15 +451,47 @@ class Mix:
     records: list
     source_of_row: np.ndarray
 
-    def with_token_shares(self, measured) -> list:
-        """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured)."""
+    def with_token_shares(self, measured, max_length: int | None = None, truncation_mode: str = "keep_start") -> list:
+        """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured) and, at a
+        known `max_length`, its pairs the trainer drops there (`dropped_at_max_length`: the prompt alone fills it),
+        so that a source's `taken` is not read as the pairs it trained."""
+        of = self.source_of_row[measured.index]
         tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
-        per = np.bincount(self.source_of_row[measured.index], weights=tokens, minlength=len(self.records))
+        per = np.bincount(of, weights=tokens, minlength=len(self.records))
         total = float(per.sum()) or 1.0
-        return [
+        records = [
             {**r, "tokens": int(n), "token_share": round(float(n) / total, 4)}
             for r, n in zip(self.records, per, strict=True)
         ]
+        if max_length is not None and truncation_mode == "keep_start":
+            dropped = np.bincount(of[measured.prompt >= max_length], minlength=len(self.records))
+            for record, n in zip(records, dropped, strict=True):
+                record["dropped_at_max_length"] = int(n)
+        return records
+
+    def check_cuts(self, measured, max_length: int, truncation_mode: str, max_positions: int | None) -> None:
+        """Refuse a source none of whose pairs keeps anything to learn at `max_length` (each dropped, its prompt alone
+        filling it, or cut until both answers are the same tokens): the mixture as a whole may still teach
+        (`cuts.check`), and the run trained on without that source while its record, summary and model card said
+        it was taken, with its share of the tokens. The advice is `cuts.check`'s, on that source's pairs."""
+        of = self.source_of_row[measured.index]
+        for i, record in enumerate(self.records):
+            mine = of == i
+            prompt = measured.prompt[mine]
+            shared = measured.shared[mine] if measured.shared is not None else None
+            teach, dropped, same = (
+                cuts.teaching(prompt, shared, max_length, truncation_mode) if len(prompt) else (1, 0, 0)
+            )
+            if teach:
+                continue
+            fits = cuts.recommend(prompt + np.maximum(measured.chosen[mine], measured.rejected[mine]), cuts.COVERAGE)
+            why = [f"{dropped:,} dropped: the prompt alone fills it, the shortest is {int(prompt.min()):,} tokens"]
+            why = (why if dropped else []) + ([f"{same:,} cut until both answers are the same tokens"] if same else [])
+            raise ConfigError(
+                f"mixture source {record['source']}: max_length {max_length:,} leaves none of its {len(prompt):,} "
+                f"pairs anything to learn, so it would train nothing ({'; '.join(why)}): "
+                f"{cuts.advice(fits, max_positions)}, or remove the source"
+            )
 
 
 def read_source(source: Source, say: bool = True, revision: str | None = None):
@@ -627,6 +659,8 @@ def describe(record: dict) -> str:
     text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
     if "token_share" in record:
         text += f", {record['token_share']:.1%} of the tokens"
+    if cut := record.get("dropped_at_max_length"):
+        text += f"; {cut:,} of them dropped at max_length (the prompt alone fills it)"
     return text
 
 

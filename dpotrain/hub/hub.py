@@ -327,11 +327,12 @@ def sources_section(sources: list[dict]) -> str:
         what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items())
         what = what or ident.get("revision", "")
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
+        dropped = f", {cut} dropped at max_length" if (cut := r.get("dropped_at_max_length")) else ""
         name = r["source"].split(" [")[0].split(":")[0]
         source = r["source"].replace(name, shown(name), 1)  # a local source by its file's name (`shown`)
         rows.append(
             f"| `{source}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
-            f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |"
+            f"{' (upsampled)' if r['upsampled'] else ''}{dropped} | {share} | {what} |"
         )
     return (
         "\n## Data\n\n| source | rows | usable | amount | taken | share of tokens | identity |\n"
