@@ -694,6 +694,31 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         resolve.check_output_dir(asked, 8)
 
 
+def test_a_push_left_is_not_completed_under_another_hub_model_id(tmp_path):
+    """A rerun completing a cut-short push with another --hub_model_id pushed to the repo the push started on (as the
+    docs say) and said nothing of the repo it was given, as if it were used. Refused, the run and the dry run alike,
+    naming both repos and each way on; the same repo, or its name without the namespace the run added, completes it."""
+    from dpotrain import resolve
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    common = ["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id"]
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(parse_args([*common, "org/other"]), 8)
+    assert str(refused.value) == (
+        f"hub_model_id org/other: {out} holds a finished run whose push to {REPO} was started and not confirmed, "
+        f"which a rerun completes there and nowhere else: drop --hub_model_id (or pass {REPO}) to complete it, or "
+        f"push the run to org/other with `python scripts/push_to_hub.py {out} --repo-id org/other`"
+    )
+    for same in (REPO, "dpo-test"):  # as given to the run, which named it with the token's namespace
+        assert resolve.check_output_dir(parse_args([*common, same]), 8).push_left == REPO
+
+
 def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir):
     """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
     pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
