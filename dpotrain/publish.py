@@ -146,7 +146,6 @@ def push_final(out: Path, push, training, stop=None) -> int | None:
                 f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"
                 " the run is saved and complete, and the same command pushes it, training nothing"
             )
-            stop.stopped = True
             stop.mark_saved(what)
             return STOPPED_EXIT
         except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command
