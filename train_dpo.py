@@ -105,7 +105,7 @@ def run(argv, stop: GracefulStop) -> int | None:
             print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
         return None
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
-        return publish.complete_push(recipe, push, output.push_left, state)
+        return publish.complete_push(recipe, push, output.push_left, state, stop)
     explicit = output.resume_from == recipe.training.resume_from_checkpoint  # damaged: refused, not fallen back
     output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory

@@ -47,7 +47,7 @@ def save_and_push(run, resolved: dict) -> int | None:
     collectives.every_rank_outcome(failed)
     if state.is_main_process:
         output_folder.move_in(out)
-        finish_outputs(run, resolved)
+        return finish_outputs(run, resolved)
     return None
 
 
@@ -63,8 +63,9 @@ def end_stopped(run) -> int:
     return STOPPED_EXIT
 
 
-def finish_outputs(run, resolved: dict) -> None:
-    """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push."""
+def finish_outputs(run, resolved: dict) -> int | None:
+    """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push;
+    STOPPED_EXIT where a stop request gave up the push (`push_final`)."""
     recipe, trainer, pusher, push = run.spec.recipe, run.trainer, run.pusher, run.spec.push
     training = recipe.training
     out = Path(training.output_dir)
@@ -90,7 +91,7 @@ def finish_outputs(run, resolved: dict) -> None:
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
         print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
-    push_final(out, push, training)
+    return push_final(out, push, training, trainer.graceful_stop)
 
 
 def completion(step: int, records: list[dict]) -> dict:
@@ -101,7 +102,7 @@ def completion(step: int, records: list[dict]) -> dict:
     return {"global_step": step, "final": last_logged(records)} | ({"final_eval": evaluated} if evaluated else {})
 
 
-def complete_push(recipe, push, repo: str, state) -> None:
+def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
     """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
     killed while pushing, or the push failed): that push, to `repo` (the one it started on, `OutputDecision.push_left`,
     as the dry run and the refusal name it), from the main process, and nothing else. Not the command's hub_model_id:
@@ -115,12 +116,17 @@ def complete_push(recipe, push, repo: str, state) -> None:
             f"was killed while pushing, or the push failed): {now}; nothing is trained",
             flush=True,
         )
-        push_final(out, push, recipe.training)
+        return push_final(out, push, recipe.training, stop)
+    return None
 
 
-def push_final(out: Path, push, training) -> None:
+def push_final(out: Path, push, training, stop=None) -> int | None:
     """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
-    with HF_HUB_OFFLINE the command that pushes it later."""
+    with HF_HUB_OFFLINE the command that pushes it later. A push still running when the job is asked to end (`stop`,
+    preemption.GracefulStop: the time limit's warning, a preemption) is given up, recorded `unfinished`, and the run
+    ends with STOPPED_EXIT, `.checkpointed` telling launch.sh to requeue: the requeue completes the push
+    (resolve.check_output_dir's `push_left`). Waited for, it hung until Slurm's kill, and a time limit's job is not
+    requeued."""
     command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
@@ -132,8 +138,16 @@ def push_final(out: Path, push, training) -> None:
             flush=True,
         )
     elif push.requested:
+        asked = stop.asked_to_end if stop is not None else None
         try:
-            url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
+            url = hub.push_run(out, push.repo_id, token=push.token, private=push.private, stop_asked=asked)
+        except hub_push.PushStopped:
+            what = (
+                f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"
+                " the run is saved and complete, and the same command pushes it, training nothing"
+            )
+            stop.mark_saved(what)
+            return STOPPED_EXIT
         except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command
             raise SystemExit(f"error: {e}") from None
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
@@ -142,3 +156,4 @@ def push_final(out: Path, push, training) -> None:
                 f"push it with `{command}`"
             ) from None
         print(f"Pushed to {url}", flush=True)
+    return None

@@ -403,6 +403,20 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     return OutputDecision(explicit, True)
 
 
+def check_push_left_repo(out: Path, repo: str, given: str | None) -> None:
+    """A rerun completing a cut-short final push completes it to the repo it started on (`repo`), never to another
+    hub_model_id: a commit the Hub may have taken there would be pushed twice, and the one given would be recorded
+    nowhere. So another one is refused, not passed over in silence; `given` without a namespace is the name the run
+    was given (it added the token's)."""
+    if given is None or given in (repo, repo.rpartition("/")[2]):
+        return
+    raise ConfigError(
+        f"hub_model_id {given}: {out} holds a finished run whose push to {repo} was started and not confirmed, "
+        f"which a rerun completes there and nowhere else: drop --hub_model_id (or pass {repo}) to complete it, or "
+        f"push the run to {given} with `{hub_push.push_command(out, '--repo-id', given)}`"
+    )
+
+
 def finished_by_this_job(out: Path) -> str | None:
     """The Slurm job this start is a requeue of, where that job finished the run in `out` (run_complete.json names it)
     before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
@@ -491,6 +505,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
         repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
         if left and t.push_to_hub:
+            check_push_left_repo(out, repo, t.hub_model_id)
             return OutputDecision(None, False, push_left=repo)
         how = (
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "

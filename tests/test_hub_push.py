@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -694,6 +695,31 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         resolve.check_output_dir(asked, 8)
 
 
+def test_a_push_left_is_not_completed_under_another_hub_model_id(tmp_path):
+    """A rerun completing a cut-short push with another --hub_model_id pushed to the repo the push started on (as the
+    docs say) and said nothing of the repo it was given, as if it were used. Refused, the run and the dry run alike,
+    naming both repos and each way on; the same repo, or its name without the namespace the run added, completes it."""
+    from dpotrain import resolve
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    common = ["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id"]
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(parse_args([*common, "org/other"]), 8)
+    assert str(refused.value) == (
+        f"hub_model_id org/other: {out} holds a finished run whose push to {REPO} was started and not confirmed, "
+        f"which a rerun completes there and nowhere else: drop --hub_model_id (or pass {REPO}) to complete it, or "
+        f"push the run to org/other with `python scripts/push_to_hub.py {out} --repo-id org/other`"
+    )
+    for same in (REPO, "dpo-test"):  # as given to the run, which named it with the token's namespace
+        assert resolve.check_output_dir(parse_args([*common, same]), 8).push_left == REPO
+
+
 def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir):
     """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
     pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
@@ -718,6 +744,50 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
     assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
+
+
+def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """The time limit's warning (the batch shell's stop file) or a preemption's SIGTERM while the final push hung: the
+    run went on waiting for the Hub, said nothing to the batch script, and Slurm killed it at the end of KillWait (the
+    time limit: a TIMEOUT job, not requeued). Now the push is recorded as not done, `.checkpointed` tells launch.sh to
+    requeue, and the run ends with 75; the requeued job completes the push to that repo, training nothing."""
+    import shutil
+    import threading
+
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
+
+    hub_in_process(hub, monkeypatch)
+    stalled, release = threading.Event(), threading.Event()
+    hub.state.hold[("commit", "main")] = lambda: (
+        stalled.set(),
+        release.wait(60),
+    )  # a commit that hangs (a fix undone: fails)
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    stop_file = tmp_path / "stop"
+    args = ["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO]
+    recipe = parse_args([*args, "--hub_token", SECRET])
+    push = hub_module.take_push_settings(recipe)
+    stop = GracefulStop(str(stop_file))
+    try:
+        preempt = lambda: stalled.wait(600) and os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
+        threading.Thread(target=preempt, daemon=True).start()  # as Slurm does, once the push hangs
+        assert publish.push_final(out, push, recipe.training, stop) == STOPPED_EXIT
+    finally:
+        stop.release(exiting=False)
+        release.set()
+    assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO), ("unfinished", REPO)]
+    assert "final push to me/dpo-test" in Path(f"{stop_file}.checkpointed").read_text()
+    assert unconfirmed_push(out)["status"] == "unfinished"  # the requeued job's decision (push_left): to this repo
+    hub.state.hold.clear()
+    publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    assert read_pushes(out)[-1]["status"] == "pushed" and unconfirmed_push(out) is None
 
 
 def test_a_rerun_completing_a_push_creates_no_repo_named_after_the_command(hub, tmp_path, monkeypatch, tiny_model_dir):

@@ -143,3 +143,23 @@ def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tm
         "error: WANDB_RESUME 'true' is not one wandb takes (allow, must, never, auto): unset WANDB_RESUME (the run "
         "logs on to its output folder's W&B run by itself)\n"
     )
+
+
+def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch, capsys):
+    """Without WANDB_PROJECT (none in .env, none in the recipe's env:) transformers logs to its default project,
+    "huggingface", and the run said nothing of it: its curves were then looked for in vain in the project the user
+    thought of. One line names the project and the fix; a project set, or W&B off, says nothing."""
+    for var in ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_DIR", "WANDB_PROJECT", "WANDB_MODE"):
+        monkeypatch.setenv(var, "")  # restored to its absence afterwards: setup_wandb sets some in os.environ
+        monkeypatch.delenv(var)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
+    setup_wandb(parse_args(args).training)
+    assert capsys.readouterr().out == (
+        "note: W&B logs this run to the project 'huggingface' (transformers' default: WANDB_PROJECT is not set): set "
+        "WANDB_PROJECT=... in .env, or in the recipe's env:, to log to another\n"
+    )
+    for var, value in (("WANDB_PROJECT", "olmo3-dpo"), ("WANDB_MODE", "disabled")):
+        monkeypatch.setenv(var, value)
+        setup_wandb(parse_args(args).training)
+        assert capsys.readouterr().out == ""
+        monkeypatch.delenv(var)

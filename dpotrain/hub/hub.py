@@ -24,12 +24,14 @@ from dpotrain.data import builtin, mixture
 from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
+    PushStopped,
     local_files,
     pushed_revisions,
     record_push,
     record_pushed,
     retry_waits,
     status_of,
+    until_stopped,
     with_retries,
 )
 from dpotrain.hub.public import upload_content
@@ -444,9 +446,12 @@ def own_files(output_dir: str | Path) -> list[str] | None:
     return None if names is None else [p for name in names for p in (name, f"{name}/*")]
 
 
-def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
+def push_run(
+    output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None, stop_asked=None
+) -> str:
     """Upload the run in `output_dir` to main of `repo_id`, retried on transient errors; returns the repo's URL. Its
-    start and outcome go to hub_pushes.jsonl: one a kill cuts short is started, never confirmed (`unconfirmed_push`)."""
+    start and outcome go to hub_pushes.jsonl: one a kill cuts short is started, never confirmed (`unconfirmed_push`);
+    one given up as `stop_asked()` says (`until_stopped`) is `unfinished` and raises PushStopped."""
     check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
     api = HfApi(token=token)
     step = finished_step(output_dir)
@@ -461,7 +466,10 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     record = functools.partial(record_push, output_dir, step=step, branch="main")
     record(status="started", repo=repo_id)
     try:
-        commit, attempts = with_retries(upload, f"push to {repo_id}")
+        commit, attempts = until_stopped(lambda: with_retries(upload, f"push to {repo_id}"), stop_asked)
+    except PushStopped:
+        record(status="unfinished", repo=repo_id, error="given up on a stop request while pushing")
+        raise
     except Exception as e:
         record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
         raise

@@ -212,6 +212,35 @@ def with_retries(fn, what: str):
             time.sleep(wait)
 
 
+class PushStopped(Exception):
+    """A push given up on a stop request (the time limit's warning, a preemption) before it ended: the Hub may hang a
+    commit for longer than Slurm waits, and a job killed there is not requeued (a time limit's) or says nothing."""
+
+
+def until_stopped(fn, stop_asked=None):
+    """fn(), in a daemon thread, waited for until it ends or `stop_asked()` (polled each second) says to stop: then
+    PushStopped, the thread left to the process's end (an HTTP request cannot be interrupted)."""
+    if stop_asked is None:
+        return fn()
+    done, outcome = threading.Event(), {}
+
+    def work():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the waiting thread
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="dpotrain-final-push", daemon=True).start()
+    while not done.wait(1.0):
+        if stop_asked():
+            raise PushStopped
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
     """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced), in
     one commit. create_commit, not upload_folder: only it takes the files' digests (`verified_additions`)."""

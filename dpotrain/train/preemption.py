@@ -214,6 +214,15 @@ class GracefulStop(TrainerCallback):
         self.requested_at = self.requested_at or found[2] / 1e9  # its mtime: when it was made (for the line only)
         return True
 
+    def asked_to_end(self) -> bool:
+        """Whether the job is to end (SIGTERM, SIGUSR1, the launcher gone, a stop file made since the start): what gives
+        up a final push still running. Not a person's first Ctrl-C, told that the run finishes its outputs (a second
+        one ends it at once), nor a closed terminal's SIGHUP, after which the run goes on as under nohup."""
+        if self.signal_received not in (None, signal.SIGINT, signal.SIGHUP):
+            return True
+        found = self._stop_file_identity()
+        return found is not None and found != self.found_at_start
+
     def stop_before_training(self, device, what: str) -> bool:
         """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective

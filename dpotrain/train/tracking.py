@@ -35,6 +35,14 @@ def setup_wandb(training) -> None:
     os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
     os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
+    # transformers' WandbCallback logs to "huggingface" where WANDB_PROJECT is not set, which nothing said: the curves
+    # were looked for in the project the user had in mind. Said, not changed: a resumed run must stay in its project.
+    if os.environ.get("WANDB_PROJECT") is None and os.environ.get("WANDB_MODE", "").lower() != "disabled":
+        print(
+            "note: W&B logs this run to the project 'huggingface' (transformers' default: WANDB_PROJECT is not set): "
+            "set WANDB_PROJECT=... in .env, or in the recipe's env:, to log to another",
+            flush=True,
+        )
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
