@@ -170,8 +170,13 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
-    def once(step, *args, **kwargs):  # after the ranks met (check_wandb_reachable): each rank wrote its own line
-        return check(collectives.every_rank, step, *args, **kwargs)  # the first rank to meet one writes it alone
+    # After the ranks met (the first collective: the W&B check's or the output folder's), each rank wrote its own
+    # line; the first rank to meet one writes it alone. `when`: a rank's own decision (a node that does not see the
+    # checkpoint decides otherwise) skips the work, never the gather, so that every rank joins the same collectives in
+    # the same order: one that skipped it would wait in the next one until the timeout, not reach resume.confirm's
+    # one-line refusal of ranks that disagree.
+    def once(step, *args, when=True, **kwargs):
+        return check(collectives.every_rank, _only_if, when, step, *args, **kwargs)
 
     folder_refused = False
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
@@ -195,11 +200,12 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
             decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
-        if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
-            once(check_histories, training.output_dir)
+        resuming = bool(decision.resume_from and not decision.start_afresh)
+        once(check_histories, training.output_dir, when=resuming)  # the histories it trims, read before the model loads
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
-        if push.requested and not launch.dry_run and decision.trains:
-            push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
+        if push.requested and not launch.dry_run:  # every rank joins: the main's decision is the one that counts
+            claimed = collectives.main_outcome(_only_if, decision.trains, claim_repo, push)
+            push = replace(push, repo_id=claimed or push.repo_id)  # None: a run that trains nothing claims none
     recorded = resolve.continued_record(decision, training.output_dir)  # prefetch.py fetches by it too
     kept = hub_revision.kept(recipe, recorded) if recorded else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
@@ -214,14 +220,21 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         once(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
-    if not only_reference and decision.trains and not folder_refused:
-        once(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
+    if not only_reference and not folder_refused:
+        found, steps = decision.resume_from, training.max_steps
+        once(output_folder.check_checkpoints_of_others, training.output_dir, found, steps, when=decision.trains)
     # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
     # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
     # at all it plans without, naming the prefetch command; online the run downloads what is missing).
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
+
+
+def _only_if(condition: bool, work, *args, **kwargs):
+    """`work(*args, **kwargs)` where `condition` holds, else None: a rank's own decision, inside a collective that
+    every rank joins whatever it decided."""
+    return work(*args, **kwargs) if condition else None
 
 
 def claim_repo(push) -> str:
