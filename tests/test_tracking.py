@@ -123,8 +123,15 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
     assert (tmp_path / RUN_ID_FILE).read_text() == "exp2"
     assert capsys.readouterr().err == (
         f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
-        "'exp2' from here (unset WANDB_RUN_ID to keep logging to 'exp1')\n"
+        "'exp2' from here, and a rerun without WANDB_RUN_ID too (the folder's run is now 'exp2': rerun with "
+        "WANDB_RUN_ID=exp1 to go back to 'exp1')\n"
     )
+    monkeypatch.delenv("WANDB_RUN_ID")  # what the warning says: without the variable, the folder's new run
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_RUN_ID"] == "exp2" and capsys.readouterr().err == ""
+    monkeypatch.setenv("WANDB_RUN_ID", "exp1")  # its advice: back to the first run, which the folder keeps again
+    setup_wandb(parse_args(args).training)
+    assert (tmp_path / RUN_ID_FILE).read_text() == "exp1" and "logs on to 'exp1'" in capsys.readouterr().err
 
 
 def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
