@@ -170,7 +170,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
-    # After the ranks met (the first collective: the W&B check's or the output folder's), each rank wrote its own
+    # After the ranks met (offline.agree_on_hub, train_dpo.py's first collective), each rank wrote its own
     # line; the first rank to meet one writes it alone. `when`: a rank's own decision (a node that does not see the
     # checkpoint decides otherwise) skips the work, never the gather, so that every rank joins the same collectives in
     # the same order: one that skipped it would wait in the next one until the timeout, not reach resume.confirm's

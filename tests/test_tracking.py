@@ -150,3 +150,19 @@ def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tm
         "error: WANDB_RESUME 'true' is not one wandb takes (allow, must, never, auto): unset WANDB_RESUME (the run "
         "logs on to its output folder's W&B run by itself)\n"
     )
+
+
+@pytest.mark.parametrize("variable", ["WANDB_NAME", "WANDB_RESUME"])
+def test_wandb_variables_are_refused_before_the_ranks_meet(variable, tmp_path, monkeypatch, capsys):
+    """Refused before the process group starts, where the line is written once per job: in output_checks, after the
+    ranks met, every rank wrote it. Before the output folder's checks, then (here: an output_dir that is a file)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(variable, "true")
+    (tmp_path / "file").write_text("a person's file\n")
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "file")]))
+    assert ended.value.code == 2 and f"error: {variable} 'true' is not" in capsys.readouterr().err
