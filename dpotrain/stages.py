@@ -245,6 +245,18 @@ def claim_repo(push) -> str:
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
+def _note_also_trained(values: dict, say: bool) -> None:
+    """The note that held-out pairs are also trained on, by the main process (`say`), once a job: its eval loss is
+    not a held-out one."""
+    for spec in mixture.also_trained(values) if say else []:
+        print(
+            f"note: the held-out pairs of {spec} are pairs this run also trains on: their eval loss measures "
+            "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+            "--dataset_mixer_eval_list FILE 1.0)",
+            flush=True,
+        )
+
+
 @dataclass(frozen=True)
 class Data:
     """The training (and held-out) pairs, checked row by row, and the optimizer steps they make."""
@@ -271,6 +283,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     mixed = mixture.given(values)
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
+        _note_also_trained(values, say and recipe.training.eval_strategy != "no")  # the run's note, its data unread
         return Data(None, None, steps, revision=revision)
     # A continued run's commits, from its record (output_checks): a mixture's Hub sources', dataset_name's. The command
     # named to fetch what the run reads gives the run's folder (prefetch.py --output_dir), which fetches them there
@@ -303,14 +316,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
-        if say:  # the main process, once a job: its eval loss is not a held-out one
-            for spec in mixture.also_trained(values):
-                print(
-                    f"note: the held-out pairs of {spec} are pairs this run also trains on: their eval loss measures "
-                    "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
-                    "--dataset_mixer_eval_list FILE 1.0)",
-                    flush=True,
-                )
+        _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         found = mixture.data_identity_of(recipe)  # the files the run reads, not every file of their folder
