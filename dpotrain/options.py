@@ -984,10 +984,16 @@ def check_wandb_resume(recipe: Recipe) -> None:
     )
 
 
-def check_wandb(recipe: Recipe) -> None:
-    """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+def check_wandb_variables(recipe: Recipe) -> None:
+    """The W&B variables that recipe and environment alone settle (WANDB_NAME, WANDB_RESUME): a run checks them in
+    train_dpo.py before its ranks meet, so that a refusal is written once, not by every rank."""
     check_wandb_name(recipe)
     check_wandb_resume(recipe)
+
+
+def check_wandb(recipe: Recipe) -> None:
+    """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    check_wandb_variables(recipe)  # again for a dry run, which lists them with its other refusals
     # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):

@@ -170,8 +170,13 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
-    def once(step, *args, **kwargs):  # after the ranks met (check_wandb_reachable): each rank wrote its own line
-        return check(collectives.every_rank, step, *args, **kwargs)  # the first rank to meet one writes it alone
+    # After the ranks met (offline.agree_on_hub, train_dpo.py's first collective), each rank wrote its own
+    # line; the first rank to meet one writes it alone. `when`: a rank's own decision (a node that does not see the
+    # checkpoint decides otherwise) skips the work, never the gather, so that every rank joins the same collectives in
+    # the same order: one that skipped it would wait in the next one until the timeout, not reach resume.confirm's
+    # one-line refusal of ranks that disagree.
+    def once(step, *args, when=True, **kwargs):
+        return check(collectives.every_rank, _only_if, when, step, *args, **kwargs)
 
     folder_refused = False
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
@@ -195,11 +200,12 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
             decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
-        if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
-            once(check_histories, training.output_dir)
+        resuming = bool(decision.resume_from and not decision.start_afresh)
+        once(check_histories, training.output_dir, when=resuming)  # the histories it trims, read before the model loads
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's
-        if push.requested and not launch.dry_run and decision.trains:
-            push = replace(push, repo_id=collectives.main_outcome(claim_repo, push))
+        if push.requested and not launch.dry_run:  # every rank joins: the main's decision is the one that counts
+            claimed = collectives.main_outcome(_only_if, decision.trains, claim_repo, push)
+            push = replace(push, repo_id=claimed or push.repo_id)  # None: a run that trains nothing claims none
     recorded = resolve.continued_record(decision, training.output_dir)  # prefetch.py fetches by it too
     kept = hub_revision.kept(recipe, recorded) if recorded else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
@@ -214,14 +220,21 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         once(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
-    if not only_reference and decision.trains and not folder_refused:
-        once(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
+    if not only_reference and not folder_refused:
+        found, steps = decision.resume_from, training.max_steps
+        once(output_folder.check_checkpoints_of_others, training.output_dir, found, steps, when=decision.trains)
     # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
     # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
     # at all it plans without, naming the prefetch command; online the run downloads what is missing).
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
+
+
+def _only_if(condition: bool, work, *args, **kwargs):
+    """`work(*args, **kwargs)` where `condition` holds, else None: a rank's own decision, inside a collective that
+    every rank joins whatever it decided."""
+    return work(*args, **kwargs) if condition else None
 
 
 def claim_repo(push) -> str:
@@ -232,6 +245,18 @@ def claim_repo(push) -> str:
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
+def _note_also_trained(values: dict, say: bool) -> None:
+    """The note that held-out pairs are also trained on, by the main process (`say`), once a job: its eval loss is
+    not a held-out one."""
+    for spec in mixture.also_trained(values) if say else []:
+        print(
+            f"note: the held-out pairs of {spec} are pairs this run also trains on: their eval loss measures "
+            "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+            "--dataset_mixer_eval_list FILE 1.0)",
+            flush=True,
+        )
+
+
 @dataclass(frozen=True)
 class Data:
     """The training (and held-out) pairs, checked row by row, and the optimizer steps they make."""
@@ -258,6 +283,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     mixed = mixture.given(values)
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
+        _note_also_trained(values, say and recipe.training.eval_strategy != "no")  # the run's note, its data unread
         return Data(None, None, steps, revision=revision)
     # A continued run's commits, from its record (output_checks): a mixture's Hub sources', dataset_name's. The command
     # named to fetch what the run reads gives the run's folder (prefetch.py --output_dir), which fetches them there
@@ -290,14 +316,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
-        if say:  # the main process, once a job: its eval loss is not a held-out one
-            for spec in mixture.also_trained(values):
-                print(
-                    f"note: the held-out pairs of {spec} are pairs this run also trains on: their eval loss measures "
-                    "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
-                    "--dataset_mixer_eval_list FILE 1.0)",
-                    flush=True,
-                )
+        _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         found = mixture.data_identity_of(recipe)  # the files the run reads, not every file of their folder

@@ -1176,3 +1176,20 @@ def test_held_out_pairs_the_run_also_trains_on_are_noted_once(held_out, tmp_path
         "measures pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
         "--dataset_mixer_eval_list FILE 1.0)"
     ]
+
+
+def test_a_dry_run_that_leaves_a_hub_data_set_unread_still_notes_held_out_pairs_it_trains_on(tmp_path, capsys):
+    """A Hub `dataset_name` and no training mixture: the dry run returns before reading the data, and said nothing of
+    held-out pairs the run trains on, which docs/data.md says it does, as the run does."""
+    recipe = parse_args(
+        ["--config", SMOKE, "--dataset_name", "org/prefs", "--eval_strategy", "steps", "--output_dir", str(tmp_path)]
+        + ["--dataset_mixer_eval_list", "org/prefs", "1.0", "--dataset_mixer_eval_list_splits", "train", "--dry-run"]
+    )
+    pairs = stages.load_data(recipe, stages.checks(recipe))
+    assert pairs.train is None  # not read: on the Hub
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: the held-out pairs of org/prefs [train] are pairs this run also trains on: their eval loss measures "
+        "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+        "--dataset_mixer_eval_list FILE 1.0)"
+    ]

@@ -1498,11 +1498,15 @@ def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, ki
 
 def test_a_folder_of_json_arrays_whose_files_give_a_column_two_types_names_it(tmp_path, monkeypatch, capsys):
     """`.json` files, each an array of rows (one here, JSON Lines there, as datasets reads either): a `score` a number
-    in one and text in the other got datasets' `ArrowInvalid: Failed to parse string` and the folder's generic line."""
+    in one and text in the other got datasets' `ArrowInvalid: Failed to parse string` and the folder's generic line.
+    A date string is a timestamp in both, as datasets types an array (its rows as JSON Lines), not the column named;
+    the array's byte-order mark (Windows tools write one) is skipped, as datasets does."""
     folder = tmp_path / "shards"
     folder.mkdir()
-    (folder / "a.json").write_text(json.dumps([{**pair(f"Blue {i}."), "score": i} for i in range(4)]))
-    (folder / "b.json").write_text("".join(json.dumps({**pair(f"Red {i}."), "score": "high"}) + "\n" for i in range(4)))
+    rows = [{**pair(f"Blue {i}."), "date": "2024-01-01", "score": i} for i in range(4)]
+    (folder / "a.json").write_text("\ufeff" + json.dumps(rows), encoding="utf-8")
+    rows = [{**pair(f"Red {i}."), "date": "2024-01-01", "score": "high"} for i in range(4)]
+    (folder / "b.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder))
     assert message.startswith(
         f"error: dataset folder {str(folder)!r}: column 'score' is int64 in a.json and string in b.json, and "

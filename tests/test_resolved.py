@@ -221,3 +221,37 @@ def test_every_recipe_is_resolved_the_same_by_a_dry_run_and_leaves_its_file(tmp_
         stages.first_half(recipe, launch, output=stages.output_checks(recipe, launch, _push(recipe, launch))[0])
         assert _fields(recipe) == before, name
         assert Path(ROOT / "configs" / f"{name}.yaml").is_file()
+
+
+def test_output_checks_join_the_same_collectives_whatever_a_rank_decided(tmp_path, tiny_model_dir, monkeypatch):
+    """A rank that sees a checkpoint (resume) and one that does not (a node-local output_dir: a fresh start) join the
+    same collectives in the same order; one that skipped a gather another joined waited there until the timeout."""
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import collectives
+
+    joined = []
+    for name in ("every_rank", "main_outcome"):  # the real collectives, each call recorded by name
+        real = getattr(collectives, name)
+        monkeypatch.setattr(collectives, name, functools.partial(_recorded, joined, name, real))
+
+    def collectives_of(output_dir):
+        recipe = parse_args(
+            ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+            + ["--output_dir", str(output_dir), "--report_to", "none", "--max_steps", "4"]
+        )
+        launch = stages.checks(recipe)
+        joined.clear()
+        decision, _ = stages.output_checks(recipe, launch, _push(recipe, launch))
+        return decision, list(joined)
+
+    sealed_checkpoint(tmp_path / "seen" / "checkpoint-2")
+    (tmp_path / "seen" / "resolved_config.json").write_text(json.dumps({"derived": {"pairs_per_step": 8}}))
+    resumed, seen = collectives_of(tmp_path / "seen")
+    fresh, unseen = collectives_of(tmp_path / "unseen")
+    assert resumed.resume_from and not fresh.resume_from  # the two decisions differ
+    assert seen == unseen
+
+
+def _recorded(joined, name, real, *args, **kwargs):
+    joined.append(name)
+    return real(*args, **kwargs)

@@ -123,8 +123,15 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
     assert (tmp_path / RUN_ID_FILE).read_text() == "exp2"
     assert capsys.readouterr().err == (
         f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
-        "'exp2' from here (unset WANDB_RUN_ID to keep logging to 'exp1')\n"
+        "'exp2' from here, and a rerun without WANDB_RUN_ID too (the folder's run is now 'exp2': rerun with "
+        "WANDB_RUN_ID=exp1 to go back to 'exp1')\n"
     )
+    monkeypatch.delenv("WANDB_RUN_ID")  # what the warning says: without the variable, the folder's new run
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_RUN_ID"] == "exp2" and capsys.readouterr().err == ""
+    monkeypatch.setenv("WANDB_RUN_ID", "exp1")  # its advice: back to the first run, which the folder keeps again
+    setup_wandb(parse_args(args).training)
+    assert (tmp_path / RUN_ID_FILE).read_text() == "exp1" and "logs on to 'exp1'" in capsys.readouterr().err
 
 
 def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
@@ -163,3 +170,19 @@ def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch,
         setup_wandb(parse_args(args).training)
         assert capsys.readouterr().out == ""
         monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("variable", ["WANDB_NAME", "WANDB_RESUME"])
+def test_wandb_variables_are_refused_before_the_ranks_meet(variable, tmp_path, monkeypatch, capsys):
+    """Refused before the process group starts, where the line is written once per job: in output_checks, after the
+    ranks met, every rank wrote it. Before the output folder's checks, then (here: an output_dir that is a file)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(variable, "true")
+    (tmp_path / "file").write_text("a person's file\n")
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "file")]))
+    assert ended.value.code == 2 and f"error: {variable} 'true' is not" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
+import codecs
 import functools
 import glob
 import json
@@ -704,20 +705,24 @@ def column_types_differ(what: str, found: dict) -> str | None:
 
 
 def _json_schema(path: Path):
-    """The columns of a JSON data file as pyarrow types them: JSON Lines (also under a `.json` name, which datasets
-    reads as such first), or a `.json` array of rows, which datasets reads as a list of objects. Raises ValueError for
-    a JSON shape that is neither (an object of columns: datasets' `field`), which is not compared."""
+    """The columns of a JSON data file as datasets types them: JSON Lines (also under a `.json` name, which datasets
+    reads as such first) by pyarrow's JSON reader, from a binary handle (a multi-GB file is not decoded whole); a
+    `.json` array of rows turned into JSON Lines first, as datasets does (so "2024-01-01" is a timestamp in both).
+    Raises ValueError for a JSON shape that is neither (an object of columns: datasets' `field`), not compared."""
     import pyarrow as pa
     import pyarrow.json
 
-    with open_data(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if format_suffix(path) in JSON_LINES or not text.lstrip().startswith("["):
-        return pa.json.read_json(pa.BufferReader(text.encode())).schema
-    rows = json.loads(text)
+    with open_data(path) as f:
+        start = f.read(len(codecs.BOM_UTF8) + 4096)
+        start = start.removeprefix(codecs.BOM_UTF8)  # datasets skips a byte-order mark before it looks for "["
+        if format_suffix(path) in JSON_LINES or not start.lstrip().startswith(b"["):
+            f.seek(0)
+            return pa.json.read_json(f).schema
+        rows = json.loads(start + f.read())
     if not all(isinstance(row, dict) for row in rows):
         raise ValueError("not an array of rows")
-    return pa.Table.from_pylist(rows).schema
+    lines = "\n".join(json.dumps(row) for row in rows).encode()
+    return pa.json.read_json(pa.BufferReader(lines)).schema
 
 
 def _type_kind(t):

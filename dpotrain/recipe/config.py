@@ -342,9 +342,10 @@ REMOVED = {
     "torch_dtype": "renamed dtype",
     "max_prompt_length": _MAX_LENGTH_ONLY,
     "max_completion_length": _MAX_LENGTH_ONLY,
-    # RPO's term, alpha x the chosen answers' mean NLL, is TRL 1.x's `sft` loss type beside the DPO loss
-    "rpo_alpha": "removed in TRL 1.x: its NLL term is the sft loss type, weighted: --loss_type sigmoid sft "
-    "--loss_weights 1 <rpo_alpha>",
+    # RPO's term, alpha x the chosen answers' mean NLL, is TRL 1.x's `sft` loss type beside the DPO loss: whichever
+    # loss type the recipe has (TRL 0.x added it to any; RPO's paper: sigmoid), not sigmoid in its place
+    "rpo_alpha": "removed in TRL 1.x: its NLL term is the sft loss type beside your loss, weighted: --loss_type "
+    "<your loss_type> sft --loss_weights 1 <rpo_alpha>",
     "reference_free": "removed in TRL 1.x",
     "padding_value": "removed in TRL 1.x: the tokenizer's pad token (pad_token) is used",
     "label_pad_token_id": "removed in TRL 1.x",

@@ -28,7 +28,8 @@ def setup_wandb(training) -> None:
     if recorded and run_id != recorded:  # the user's WANDB_RUN_ID, taken, but the curves are now in two W&B runs
         warn(
             f"WANDB_RUN_ID {run_id!r} is used: {out} logged to the W&B run {recorded!r} until now, and logs on to "
-            f"{run_id!r} from here (unset WANDB_RUN_ID to keep logging to {recorded!r})"
+            f"{run_id!r} from here, and a rerun without WANDB_RUN_ID too (the folder's run is now {run_id!r}: "
+            f"rerun with WANDB_RUN_ID={recorded} to go back to {recorded!r})"
         )
     if run_id != recorded:  # the folder's W&B run, also one the user named: a rerun without the variable goes on in it
         write_text(id_file, run_id)
