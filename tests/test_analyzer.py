@@ -1469,3 +1469,30 @@ def test_the_analyzer_drops_the_empty_earlier_answer_the_run_drops_under_all(cli
     planned = _dry_run(capsys, [*args, "--output_dir", str(tmp_path / "run")])
     assert planned["derived"]["max_length"]["cached"] is True and planned["derived"]["max_length"]["rows"] == 40
     assert [r["rows_usable"] for r in planned["derived"]["data_sources"]] == [len(pairs) - 1]
+
+
+def test_cached_lengths_of_rows_the_mixture_no_longer_holds_are_measured_again(tmp_path, tiny_model_dir, capsys):
+    """A cache written before the rows check dropped a pair (41 pairs' lengths, where the run reads 40) was read as
+    the mixture's: an IndexError traceback in `Mix.with_token_shares` before the model loaded. Now out of date, said,
+    and measured again; lengths that reach past the mixture are refused in one line, never indexed."""
+    from dpotrain import stages
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    pairs, args = _empty_earlier_answer(tmp_path)
+    args += ["--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")]
+    final = parse_args([*args, "--assistant_turns", "final"])
+    kept = stages.load_data(final, stages.checks(final), say=False)
+    tokenizer = lengths.recipe_tokenizer(final)
+    older = lengths.measure(kept.train, tokenizer)
+    assert older.rows == len(pairs)
+    every_turn = mixture.dataset_id(parse_args(args))
+    assert every_turn != mixture.dataset_id(final)  # `final` keeps the pair: its lengths are not `all`'s
+    lengths.save_cache(older, {}, every_turn, tokenizer)  # under `all`'s key, as an older rows check kept the pair
+    planned = _dry_run(capsys, args)
+    assert f"cached lengths ({tmp_path}" in planned["said"]
+    assert "are of 41 pairs, not the 40 of the mixture the run reads: out of date, measured again" in planned["said"]
+    assert planned["derived"]["max_length"]["rows"] == len(pairs) - 1
+    assert [r["rows_usable"] for r in planned["derived"]["data_sources"]] == [len(pairs) - 1]
+    with pytest.raises(ConfigError, match=r"^the lengths measured reach pair 40, .* holds 40 pairs: an out-of-date"):
+        mixture.Mix(kept.mix.records, kept.mix.source_of_row[:40]).with_token_shares(older)

@@ -451,8 +451,20 @@ class Mix:
     records: list
     source_of_row: np.ndarray
 
+    def measures(self, measured) -> bool:
+        """Whether `measured` (a cached analysis) holds every pair of this mix once, in its order: else the cache is
+        of other rows (read under another rows check, the data changed), whose shares and lengths are not these."""
+        return np.array_equal(measured.index, np.arange(len(self.source_of_row)))
+
     def with_token_shares(self, measured) -> list:
         """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured)."""
+        if len(measured.index) and int(measured.index.max()) >= len(self.source_of_row):
+            # Lengths of rows the mixture does not hold were an IndexError traceback before the model loaded
+            raise ConfigError(
+                f"the lengths measured reach pair {int(measured.index.max())}, and the mixture the run reads holds "
+                f"{len(self.source_of_row)} pairs: an out-of-date length cache; measure the mixture again "
+                "(python scripts/analyze_dataset.py --config RECIPE)"
+            )
         tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
         per = np.bincount(self.source_of_row[measured.index], weights=tokens, minlength=len(self.records))
         total = float(per.sum()) or 1.0
