@@ -363,10 +363,15 @@ def analyze(args: argparse.Namespace) -> int:
     pinned = hub_revision.resolve(name, args.revision) if not mixed and hub_revision.applies(name) else args.revision
     # What the cache is keyed by, taken before the rows are read: a file still written during the analysis has another
     # identity by its end, under which the rows measured would stand for rows they never were.
+    # The rows the run drops under its assistant_turns (an empty earlier answer under `all`: rows.read_row) are the
+    # ones dropped or refused here, and `all`'s lengths are keyed apart from `final`'s (lengths.turns_key)
+    turns = project.assistant_turns
     identify = (
-        functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format, pins=pins)
+        functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format, pins=pins, assistant_turns=turns)
         if mixed
-        else functools.partial(lengths.dataset_identity, name, split, subset, pinned, hh_format=hh_format)
+        else functools.partial(
+            lengths.dataset_identity, name, split, subset, pinned, hh_format=hh_format, assistant_turns=turns
+        )
     )
     dataset_id = identify()
     with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
@@ -383,6 +388,7 @@ def analyze(args: argparse.Namespace) -> int:
                 template=tokenizer,
                 pins=pins,
                 prefetch=offline.prefetch_command(run),
+                assistant_turns=turns,
             )
         )
 
@@ -400,10 +406,12 @@ def analyze(args: argparse.Namespace) -> int:
             indices=indices,
             progress=True,
             hh_format=hh_format,
+            assistant_turns=turns,
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
         if e.index == 0 and indices is None and not args.streaming:  # a stream is not read twice: its row's line
-            every_row_invalid(rows.check_dataset(dataset, True, hh_format, tokenizer), split, name)
+            checked = rows.check_dataset(dataset, True, hh_format, tokenizer, assistant_turns=turns)
+            every_row_invalid(checked, split, name)
         raise e.located(name) from None
     if m.rows == 0:
         every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name, tokenizer)

@@ -997,6 +997,11 @@ def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypat
     (refs / "main").write_text("0123abcd\n")
     assert lengths.dataset_identity("org/think") == "hub:org/think:default:train@0123abcd"  # HF_HUB_OFFLINE=1 here
     assert lengths.dataset_identity("org/think", "test", "sub", "v2") == "hub:org/think:sub:test@v2"
+    # `all` drops pairs `final` keeps: its own key, and `final`'s as it was (the caches written for it stay found)
+    assert lengths.dataset_identity("org/think", assistant_turns="final") == "hub:org/think:default:train@0123abcd"
+    assert (
+        lengths.dataset_identity("org/think", assistant_turns="all") == "hub:org/think:default:train@0123abcd:turns-all"
+    )
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_analysis_done(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
@@ -1428,3 +1433,66 @@ def test_a_dataset_config_for_a_file_is_refused_by_the_run_and_the_analyzer(save
     assert cli.main([str(path), "--dataset_config", "sub", "--json", str(tmp_path / "r.json")]) == 2
     assert error_line(capsys) == f"error: {refusal}"
     assert not (tmp_path / "r.json").exists()
+
+
+def _empty_earlier_answer(tmp_path) -> tuple[list[dict], list[str]]:
+    """41 pairs, the multi-turn one at index 7 with an empty earlier answer, and the smoke recipe's arguments that
+    read them as a mixture under `assistant_turns: all` (which drops that pair) with `max_length: auto`."""
+    pairs = _messages_rows()
+    assert pairs[7]["chosen"][1]["role"] == "assistant"  # a multi-turn pair: an earlier exchange before the answer
+    for side in ("chosen", "rejected"):
+        pairs[7][side][1]["content"] = ""
+    path = write_jsonl(tmp_path / "d.jsonl", pairs)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    return pairs, [*smoke, "--dataset_mixer_list", path, "1.0", "--skip_invalid", "true", "--max_length", "auto"]
+
+
+def _dry_run(capsys, args) -> dict:
+    import train_dpo
+
+    capsys.readouterr()
+    train_dpo.main([*args, "--dry-run", "--json"])
+    said = capsys.readouterr()
+    return json.loads(said.out[said.out.index("{\n") :]) | {"said": said.err}
+
+
+def test_the_analyzer_drops_the_empty_earlier_answer_the_run_drops_under_all(cli, tmp_path, tiny_model_dir, capsys):
+    """A mixture under `assistant_turns: all` with `skip_invalid: true` and one pair whose earlier answer is empty:
+    the analyzer read the rows as `final` does, kept that pair and cached 41 pairs' lengths where the run keeps 40,
+    and the dry run after it failed with an IndexError traceback (each cached row's source, `Mix.with_token_shares`).
+    Both now drop it, and the cache is not `final`'s."""
+    pairs, args = _empty_earlier_answer(tmp_path)
+    args += ["--model_name_or_path", tiny_model_dir]
+    out = tmp_path / "r.json"
+    assert cli.main([*args, "--json", str(out), "--num-proc", "1"]) == 0
+    assert json.loads(out.read_text())["rows"] == len(pairs) - 1
+    planned = _dry_run(capsys, [*args, "--output_dir", str(tmp_path / "run")])
+    assert planned["derived"]["max_length"]["cached"] is True and planned["derived"]["max_length"]["rows"] == 40
+    assert [r["rows_usable"] for r in planned["derived"]["data_sources"]] == [len(pairs) - 1]
+
+
+def test_cached_lengths_of_rows_the_mixture_no_longer_holds_are_measured_again(tmp_path, tiny_model_dir, capsys):
+    """A cache written before the rows check dropped a pair (41 pairs' lengths, where the run reads 40) was read as
+    the mixture's: an IndexError traceback in `Mix.with_token_shares` before the model loaded. Now out of date, said,
+    and measured again; lengths that reach past the mixture are refused in one line, never indexed."""
+    from dpotrain import stages
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    pairs, args = _empty_earlier_answer(tmp_path)
+    args += ["--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")]
+    final = parse_args([*args, "--assistant_turns", "final"])
+    kept = stages.load_data(final, stages.checks(final), say=False)
+    tokenizer = lengths.recipe_tokenizer(final)
+    older = lengths.measure(kept.train, tokenizer)
+    assert older.rows == len(pairs)
+    every_turn = mixture.dataset_id(parse_args(args))
+    assert every_turn != mixture.dataset_id(final)  # `final` keeps the pair: its lengths are not `all`'s
+    lengths.save_cache(older, {}, every_turn, tokenizer)  # under `all`'s key, as an older rows check kept the pair
+    planned = _dry_run(capsys, args)
+    assert f"cached lengths ({tmp_path}" in planned["said"]
+    assert "are of 41 pairs, not the 40 of the mixture the run reads: out of date, measured again" in planned["said"]
+    assert planned["derived"]["max_length"]["rows"] == len(pairs) - 1
+    assert [r["rows_usable"] for r in planned["derived"]["data_sources"]] == [len(pairs) - 1]
+    with pytest.raises(ConfigError, match=r"^the lengths measured reach pair 40, .* holds 40 pairs: an out-of-date"):
+        mixture.Mix(kept.mix.records, kept.mix.source_of_row[:40]).with_token_shares(older)

@@ -246,7 +246,8 @@ def test_a_dry_run_with_the_analyzers_lengths_states_both_decisions(tmp_path, ca
     shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", data)
     think = think_mix(384)
     measured = analyzer.Measured(np.arange(384), think.prompt, think.chosen, think.rejected, [], True)
-    identity = analyzer.dataset_identity(str(data), "train", None, local_only=True)
+    # keyed as the smoke recipe reads the pairs: `assistant_turns: all` (lengths.turns_key)
+    identity = analyzer.dataset_identity(str(data), "train", None, local_only=True, assistant_turns="all")
     analyzer.save_cache(measured, {}, identity, AutoTokenizer.from_pretrained(tiny_model_dir))
     train_dpo.main(
         [

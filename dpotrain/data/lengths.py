@@ -181,10 +181,12 @@ def measure(
     indices=None,
     progress: bool = False,
     hh_format: str = "messages",
+    assistant_turns: str = "final",
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
     `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
-    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
+    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
+    `assistant_turns`: the recipe's, which the rows check reads as the run's does (`rows.read_row`)."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -197,7 +199,7 @@ def measure(
     first = next(iter(dataset), None)
     if first is None:
         raise ConfigError("the data set has no rows")
-    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, tokenizer, assistant_turns)
     check_tokenizer(tokenizer, fmt, first)
     kwargs = dict(
         tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
@@ -699,10 +701,11 @@ def dataset_identity(
     revision: str | None = None,
     local_only: bool = False,
     hh_format: str = "messages",
+    assistant_turns: str = "final",
 ) -> str:
     """What a cached report is valid for: a local data set's files and configuration, or a Hub data set's commit (else
-    the revision name), and `hh_format` (it reads HH-RLHF strings into other tokens)."""
-    reading = "" if hh_format == "messages" else f":hh-{hh_format}"
+    the revision name), `hh_format` (it reads HH-RLHF strings into other tokens) and `assistant_turns` (`turns_key`)."""
+    reading = ("" if hh_format == "messages" else f":hh-{hh_format}") + turns_key(assistant_turns)
     path = Path(name).expanduser()
     if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
         stamp = hashlib.sha256()
@@ -712,6 +715,13 @@ def dataset_identity(
         return f"local:{path.resolve()}{named}:{split}:{stamp.hexdigest()[:16]}{reading}"
     commit = hub_revision.commit(name, revision, local_only=local_only) or revision or "main"
     return f"hub:{name}:{config or 'default'}:{split}@{commit}{reading}"
+
+
+def turns_key(assistant_turns: str) -> str:
+    """The cache key's part for `assistant_turns`: `all` drops a pair with an empty earlier answer that `final` keeps
+    (`rows.read_row`), so the two measure different rows and share no cache. Empty for `final`, the key as it was
+    before the rows check read it: caches written for `final` recipes keep their keys and stay found."""
+    return ":turns-all" if assistant_turns == "all" else ""
 
 
 def tokenizer_identity(tokenizer) -> dict:

@@ -451,10 +451,22 @@ class Mix:
     records: list
     source_of_row: np.ndarray
 
+    def measures(self, measured) -> bool:
+        """Whether `measured` (a cached analysis) holds every pair of this mix once, in its order: else the cache is
+        of other rows (read under another rows check, the data changed), whose shares and lengths are not these."""
+        return np.array_equal(measured.index, np.arange(len(self.source_of_row)))
+
     def with_token_shares(self, measured, max_length: int | None = None, truncation_mode: str = "keep_start") -> list:
         """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured) and, at a
         known `max_length`, its pairs the trainer drops there (`dropped_at_max_length`: the prompt alone fills it),
         so that a source's `taken` is not read as the pairs it trained."""
+        if len(measured.index) and int(measured.index.max()) >= len(self.source_of_row):
+            # Lengths of rows the mixture does not hold were an IndexError traceback before the model loaded
+            raise ConfigError(
+                f"the lengths measured reach pair {int(measured.index.max())}, and the mixture the run reads holds "
+                f"{len(self.source_of_row)} pairs: an out-of-date length cache; measure the mixture again "
+                "(python scripts/analyze_dataset.py --config RECIPE)"
+            )
         of = self.source_of_row[measured.index]
         tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
         per = np.bincount(of, weights=tokens, minlength=len(self.records))
@@ -812,17 +824,30 @@ def dataset_id(recipe, local_only: bool = False, revision: str | None = None, pi
     """The analyzer's cache key for the training data: one source's identity, or its sources' identities, amounts and
     the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`)."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
-    return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only, pins)
+    p = recipe.project
+    return dataset_id_of(values, recipe.training.seed, p.hh_format, local_only, pins, p.assistant_turns)
 
 
-def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False, pins: dict | None = None) -> str:
+def dataset_id_of(
+    values: dict,
+    seed: int,
+    hh_format: str,
+    local_only: bool = False,
+    pins: dict | None = None,
+    assistant_turns: str = "final",
+) -> str:
+    """`dataset_id`'s key from the recipe's data fields; `assistant_turns` keys it only where it is `all`
+    (`lengths.turns_key`: `final` recipes keep the keys their caches were written under)."""
     identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
     sources = parse(values)
     if sources is None:
         name, split = values["dataset_name"], values["dataset_train_split"]
-        return identity(name, split, values.get("dataset_config"), values.get("dataset_revision"))
+        config, revision = values.get("dataset_config"), values.get("dataset_revision")
+        return identity(name, split, config, revision, assistant_turns=assistant_turns)
     parts = [[_content_id(s, identity, hh_format, pinned(s, pins)), s.spec(), s.written(), s.columns] for s in sources]
-    digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
+    # `all` drops pairs `final` keeps (an empty earlier answer): another key; `final`'s, as before it was read
+    keyed = [parts, seed, *(["assistant_turns:all"] if lengths.turns_key(assistant_turns) else [])]
+    digest = hashlib.sha256(json.dumps(keyed, default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"
 
 
