@@ -26,7 +26,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import PAUSE_AT, ROOT, pause_env, python, run_train, signal_paused
+from conftest import PAUSE_AT, ROOT, in_child, pause_env, python, run_train, signal_paused
 from dpotrain import output_folder
 from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
 from hub_server import StandInHub
@@ -788,6 +788,39 @@ def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
     hub.state.hold.clear()
     publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
     assert read_pushes(out)[-1]["status"] == "pushed" and unconfirmed_push(out) is None
+
+
+def test_a_push_given_up_on_a_stop_request_does_not_hold_the_process_end(tmp_path):
+    """The given-up upload's thread is left running; Python's exit joins concurrent.futures' workers, a daemon
+    thread's pool too (huggingface_hub's LFS uploads go through one), so the process waited on the upload it gave up,
+    past the job's end: the requeue it asked for never came. The process ends with the stop's code, the upload not
+    waited for (it would have ended, and said so, 20 s on)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dpotrain.hub.hub_push import PushStopped, until_stopped
+    from dpotrain.recipe.errors import end_process
+
+    ended = tmp_path / "upload-ended"
+
+    def given_up():
+        started = threading.Event()
+
+        def hung():
+            started.set()
+            time.sleep(20)  # the Hub not answering
+            ended.write_text("the process waited for it\n")
+
+        def upload():  # an upload through a pool, as LFS's
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(hung).result()
+
+        with contextlib.suppress(PushStopped):
+            until_stopped(upload, started.is_set)
+        end_process(75)
+
+    code, _, err = in_child(given_up)
+    assert code == 75 and not ended.exists(), err
 
 
 def test_a_rerun_completing_a_push_creates_no_repo_named_after_the_command(hub, tmp_path, monkeypatch, tiny_model_dir):

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
-from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
+from dpotrain.recipe.errors import ConfigError, RunError, abandon_threads, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 
@@ -219,7 +219,8 @@ class PushStopped(Exception):
 
 def until_stopped(fn, stop_asked=None):
     """fn(), in a daemon thread, waited for until it ends or `stop_asked()` (polled each second) says to stop: then
-    PushStopped, the thread left to the process's end (an HTTP request cannot be interrupted)."""
+    PushStopped, the thread left running and the process's end told not to wait for it (an HTTP request cannot be
+    interrupted)."""
     if stop_asked is None:
         return fn()
     done, outcome = threading.Event(), {}
@@ -235,6 +236,7 @@ def until_stopped(fn, stop_asked=None):
     threading.Thread(target=work, name="dpotrain-final-push", daemon=True).start()
     while not done.wait(1.0):
         if stop_asked():
+            abandon_threads()
             raise PushStopped
     if "error" in outcome:
         raise outcome["error"]

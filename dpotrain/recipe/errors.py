@@ -173,13 +173,26 @@ def end_with(ended: SystemExit) -> None:
     end_process(code)
 
 
+# Set where the process leaves work running at its end (`abandon_threads`): a final push given up on a stop request
+# (hub_push.until_stopped), whose HTTP requests nothing interrupts. Python's exit joins concurrent.futures' workers,
+# a daemon thread's pool too (huggingface_hub's LFS uploads): the process waited on the upload it gave up, past the
+# job's end, and the job that was to requeue was killed instead.
+_THREADS_ABANDONED = []
+
+
+def abandon_threads() -> None:
+    """The process's end joins no thread (`end_process`): what runs in them was given up."""
+    _THREADS_ABANDONED.append(True)
+
+
 def end_process(code: int) -> None:
     """End the process with `code` after what Python's exit does first, skipping its teardown: with the stack imported
     (torch, transformers, TRL, datasets, DeepSpeed), freeing every module and collecting the heap cost 1.4-2.8 CPU-s
     per process (BENCHMARKS.md, "The process's end"), paid by every rank, dry run, analyzer and refusal, and freed
     nothing the operating system does not free at exit. Only its own code's end: a traceback still exits the usual way.
     gc.freeze() instead would save most of it, but triton's nanobind then prints hundreds of 'leaked' lines."""
-    upstream.wait_for_threads()  # as Python's exit, first: a background Hub upload, concurrent.futures' workers
+    if not _THREADS_ABANDONED:  # as Python's exit, first: a background Hub upload, concurrent.futures' workers
+        upstream.wait_for_threads()
     upstream.run_exit_handlers()  # then atexit's: W&B's teardown (its files), logging.shutdown, temporary folders
     try:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
