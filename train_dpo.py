@@ -86,7 +86,9 @@ def run(argv, stop: GracefulStop) -> int | None:
             options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
         push = hub.take_push_settings(recipe, launch.engine)
-        if not launch.dry_run:  # before the ranks meet: a refusal written once, not by every rank (a dry run lists it)
+        # Before the ranks meet: a refusal written once, not by every rank (a dry run lists it); a reference-only job
+        # starts no W&B run (output_checks skips its W&B checks too)
+        if not launch.dry_run and not recipe.project.reference_only:
             options.check_wandb_variables(recipe)
         # The process group first: what the main process asks the Hub and W&B becomes every rank's answer.
         state = None if launch.dry_run else engine.start_processes(recipe.training, launch.engine)

@@ -471,7 +471,8 @@ def push_run(
         record(status="unfinished", repo=repo_id, error="given up on a stop request while pushing")
         raise
     except Exception as e:
-        record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
+        # `attempts`: with_retries' count; another failure (the stop request's own check) has none
+        record(status="failed", repo=repo_id, attempts=getattr(e, "attempts", None), error=cause(e))
         raise
     pushed = {"attempts": attempts, "commit": commit.oid}
     record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
