@@ -104,6 +104,9 @@ def run(argv, stop: GracefulStop) -> int | None:
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, warnings, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
+    # Every rank decided alike on its folder (a node that does not see its files decides otherwise): else a rank that
+    # found the run finished or a push to complete ends here, the others waiting in a collective until the timeout
+    agreement.check({"the output folder's state": agreement.folder_state(output)})
     if output.finished_by:  # a requeue of the job that finished the run: its lock taken over and released
         if state.is_main_process:  # every rank ends here: one line in the job's log, not one per GPU
             print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)

@@ -26,6 +26,7 @@ FIXES = {
     "the analyzer's choice from the cached lengths",
     "the pairs per step": "launch every node with the same recipe file and command line",
     "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
+    "the output folder's state": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
     "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
     "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
@@ -114,6 +115,16 @@ def check(values: dict[str, str | dict]) -> None:
                 theirs, mine = _shown(theirs.get(name), mine)
                 refusal = ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs}, rank 0 has {mine}: {fix}")
                 raise said_by(refusal)  # every rank's from the same gather: the main process's line says it
+
+
+def folder_state(output) -> dict[str, str]:
+    """What a rank decided of its output folder (resolve.OutputDecision): the run finished by this job, a final push to
+    complete, the resume point. A rank ending on the first two while another trains left that one in a collective."""
+    return {
+        "finished by job": str(output.finished_by),
+        "push left": str(output.push_left),
+        "resume": str(output.resume_from),
+    }
 
 
 def _shown(theirs, mine) -> tuple[str, str]:
