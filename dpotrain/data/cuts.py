@@ -62,9 +62,16 @@ def recommend(total: np.ndarray, target: float) -> int:
     return int(lengths[np.argmax(covered >= target)])
 
 
+def drops(prompt, max_length: int, truncation_mode: str):
+    """Which pairs the trainer drops at `max_length`: under keep_start, those whose prompt alone fills it (keep_end
+    keeps the prompt's end, and drops none)."""
+    prompt = np.asarray(prompt)
+    return prompt >= max_length if truncation_mode == "keep_start" else np.zeros(len(prompt), dtype=bool)
+
+
 def teaching(prompt, shared, max_length: int, truncation_mode: str) -> tuple[int, int, int]:
     """(pairs that keep a difference at `max_length`, pairs dropped, pairs cut until both sides are the same)."""
-    dropped = int(np.count_nonzero(prompt >= max_length)) if truncation_mode == "keep_start" else 0
+    dropped = int(np.count_nonzero(drops(prompt, max_length, truncation_mode)))
     same = 0
     if shared is not None and truncation_mode == "keep_start":
         same = int(np.count_nonzero((prompt < max_length) & (max_length - prompt <= np.asarray(shared))))

@@ -476,7 +476,8 @@ class Mix:
             for r, n in zip(self.records, per, strict=True)
         ]
         if max_length is not None and truncation_mode == "keep_start":
-            dropped = np.bincount(of[measured.prompt >= max_length], minlength=len(self.records))
+            gone = cuts.drops(measured.prompt, max_length, truncation_mode)
+            dropped = np.bincount(of[gone], minlength=len(self.records))
             for record, n in zip(records, dropped, strict=True):
                 record["dropped_at_max_length"] = int(n)
         return records
