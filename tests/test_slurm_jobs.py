@@ -502,12 +502,15 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             "--cpus-per-task=1",
             *extra,
             SCRIPT,
+            # Far more steps than either job reaches before its stop: the two start apart (each a dry run, on the
+            # same 2 CPUs), and with 40 the one ahead was at its last step when the other reached step 3, saved its
+            # final model instead of a checkpoint and ended COMPLETED (CI, stop 87).
             "--max_steps",
-            "40",
+            "2000",
             "--logging_steps",
             "1",
             "--save_steps",
-            "1000",
+            "100000",
             "--report_to",
             "none",
             "--output_dir",
@@ -527,8 +530,8 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     slurm.signal(jobs["no-requeue"], "USR1")
     slurm.cancel(jobs["cancelled"])
 
-    assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
-    assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
+    for name, state in (("cancelled", "CANCELLED"), ("no-requeue", "FAILED")):
+        assert slurm.wait(jobs[name], timeout=120) == state, job_log(jobs[name])[-3000:]
     for name, job in jobs.items():
         log = job_log(job)
         assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
