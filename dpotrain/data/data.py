@@ -790,12 +790,12 @@ def lone_surrogate(path: Path) -> str | None:
     return None
 
 
-def _holds_surrogate_escape(path: Path, chunk: int = 1 << 24) -> bool:
+def _holds_surrogate_escape(path: Path) -> bool:
     """Whether a `\\uD...` escape occurs in the file (escaped or not: `lone_surrogate` tells), read in bounded chunks: a
     minified JSON array is one line, which a line scan holds whole; every rank reads the file after it loads."""
     tail = b""
     with open_data(path) as f:
-        while block := f.read(chunk):
+        while block := f.read(1 << 24):  # 16 MiB at a time
             window = tail + block
             if b"\\ud" in window or b"\\uD" in window:
                 return True

@@ -78,7 +78,7 @@ def public_adapter_config(values: dict) -> dict | None:
     return public if replaced else None
 
 
-def without_paths(value, at: str = "") -> tuple:
+def without_paths(value) -> tuple:
     """`value` (JSON) with every absolute path in its strings replaced by its last part, and the fields changed (dotted,
     list items by index). A whole value that is a path is replaced whole (a folder with a space in its name), and so is
     each occurrence of it elsewhere (a mixture's spec naming it), before any other path is found in a text."""
@@ -103,7 +103,7 @@ def without_paths(value, at: str = "") -> tuple:
             replaced.append(where)
         return new
 
-    return walk(value, at), replaced
+    return walk(value, ""), replaced
 
 
 def strings(value):
