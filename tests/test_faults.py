@@ -449,14 +449,19 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     """A stop request at step 1 saves checkpoint-1 on a slow file system (its files written, its mark 120 s away:
     tests/helpers/slow_checkpoint.py); the job is killed there, before the COMPLETE mark, as Slurm's SIGKILL ends a
     save past the grace time. A requeue reruns the same command."""
-    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    out, stop_file, held = tmp_path / "run", tmp_path / "stop", tmp_path / "held"
+    held.mkdir()
+    # The run waits at step 1's end for the stop (DPOTRAIN_TEST_HOLD): touched on seeing step 1 logged, the stop file
+    # could come after the run's last step (4 of them, ~1 s here) on a loaded machine, and no checkpoint was written.
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "SLOW_CHECKPOINT_S": "120"}
+    env |= {"DPOTRAIN_TEST_HOLD": "step-1@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
     proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT)
-    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
+    wait_until(proc, (held / "held-step-1").exists)
     stop_file.touch()
     wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))
     proc.kill()
     proc.wait()
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]  # the stop's, at the step it was asked in
     assert [p.name for p in out.glob("checkpoint-*/COMPLETE")] == []
 
     result = train(out, tiny_model_dir, pairs)
