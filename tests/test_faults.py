@@ -28,6 +28,7 @@ from conftest import (
     accelerate_launch,
     in_child,
     pause_env,
+    pause_here,
     paused_pid,
     python,
     rank_python,
@@ -777,16 +778,6 @@ def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
     # Alone in its folder: under --overwrite_output_dir moved aside as the new run saved its own checkpoint-2
     assert [p.name for p in kept[0].parent.iterdir()] == ["eval_results.json"]
     assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
-
-
-def pause_here() -> None:
-    """In a forked child: `python PAUSE_AT` from here on (its audit hook, which reads the child's pause_env)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pause_at", PAUSE_AT)
-    pause_at = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pause_at)
-    sys.addaudithook(pause_at.hook)
 
 
 def on_block_disk(folder, megabytes, argv, paused=False, **child) -> Child:

@@ -24,6 +24,7 @@ from conftest import (
     accelerate_launch,
     in_child,
     pause_env,
+    pause_here,
     paused_pid,
     python,
     rank_python,
@@ -316,19 +317,27 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     code 1 before the checkpoint its stop promised. The pipeline runs here in a shell of its own process group,
     signalled as a group, as a terminal's Ctrl-C signals its foreground job."""
     out, log, codes = tmp_path / "run", tmp_path / "log", tmp_path / "codes"
-    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out)]
+    # train_dpo.py stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then
+    # steps 1 to 3), and the Ctrl-C sent there: sent on seeing step 3 logged, a loaded machine's late one could find
+    # the run past its last step (9 more, ~3 s here).
+    paused = tmp_path / "paused"
+    command = [PYTHON, str(PAUSE_AT), *ARGS, "--output_dir", str(out)]
     command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
     # `trap : INT`: the shell itself waits for the pipeline and records how each part ended (tee's SIGINT: 130).
     pipeline = f'trap : INT; {shlex.join(command)} 2>&1 | tee {log} >/dev/null; echo "${{PIPESTATUS[@]}}" > {codes}'
     # SIGINT's default, as a terminal's foreground job has it (a background job, which pytest may run as, ignores it,
     # and a shell cannot trap nor its tee die of a signal ignored when it started)
     default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    shell = subprocess.Popen(["bash", "-c", pipeline], cwd=ROOT, start_new_session=True, preexec_fn=default_sigint)
-    deadline = time.time() + 300
-    while len(logged_steps(out)) < 3:
-        assert shell.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
-    os.killpg(shell.pid, signal.SIGINT)
+    env = {**os.environ, **pause_env("", "*/metrics.jsonl", paused, count=4)}
+    shell = subprocess.Popen(
+        ["bash", "-c", pipeline], cwd=ROOT, env=env, start_new_session=True, preexec_fn=default_sigint
+    )
+    try:
+        pid = paused_pid(paused, shell)
+    except (AssertionError, AttributeError):  # the pipeline ended first: the run's log (paused_pid reads a pipe's)
+        raise AssertionError(log.read_text()[-3000:]) from None
+    os.killpg(shell.pid, signal.SIGINT)  # tee dies of it at once; the run takes it as it goes on
+    os.kill(pid, signal.SIGCONT)
     assert shell.wait(timeout=300) == 0
     assert codes.read_text().split() == [str(STOPPED_EXIT), "130"], log.read_text()[-3000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
@@ -742,9 +751,19 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
     # `python train_dpo.py` as its process ends it, in a forked child of this process that leads a process group of
     # its own (`start_child`; the warm interpreter's child would be in the server's): the run and its workers. Not a
     # fresh interpreter, which imported the stack again (~6 CPU-s).
-    run = start_child(lambda: run_cli(lambda: train_dpo.main(args)))
-    wait_for_step(run, out, 3)
-    os.killpg(run.pid, signal.SIGTERM)
+    # Stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then steps 1 to 3),
+    # and signalled there: signalled on seeing step 3 logged, a loaded machine's late SIGTERM could find the run past
+    # its last step (9 more, ~3 s here).
+    paused = tmp_path / "paused"
+
+    def paused_run():
+        pause_here()
+        run_cli(lambda: train_dpo.main(args))
+
+    run = start_child(paused_run, env=pause_env("", "*/metrics.jsonl", paused, count=4))
+    assert paused_pid(paused, run) == run.pid  # the run itself, its workers started
+    os.killpg(run.pid, signal.SIGTERM)  # the run takes it as it goes on; its workers at once
+    os.kill(run.pid, signal.SIGCONT)
     code, stdout, stderr = run.wait()
     log = stdout + stderr
     assert code == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
