@@ -409,6 +409,17 @@ def pause_env(after: str, at: str, paused_file: Path, count: int = 1) -> dict:
     }
 
 
+def pause_here() -> None:
+    """In a forked child (`start_child`, given `pause_env` as its env): `python PAUSE_AT` from here on, its audit hook
+    stopping the child at the point, for a run the test starts in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pause_at", PAUSE_AT)
+    pause_at = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pause_at)
+    sys.addaudithook(pause_at.hook)
+
+
 def paused_pid(paused_file: Path, proc: subprocess.Popen, timeout: float = 300) -> int:
     """The id of the process that stopped itself at the point (`pause_env`), once it is stopped: signal that one (the
     warm interpreter's child, where the test started its client)."""

@@ -28,6 +28,7 @@ from conftest import (
     accelerate_launch,
     in_child,
     pause_env,
+    pause_here,
     paused_pid,
     python,
     rank_python,
@@ -449,14 +450,19 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     """A stop request at step 1 saves checkpoint-1 on a slow file system (its files written, its mark 120 s away:
     tests/helpers/slow_checkpoint.py); the job is killed there, before the COMPLETE mark, as Slurm's SIGKILL ends a
     save past the grace time. A requeue reruns the same command."""
-    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    out, stop_file, held = tmp_path / "run", tmp_path / "stop", tmp_path / "held"
+    held.mkdir()
+    # The run waits at step 1's end for the stop (DPOTRAIN_TEST_HOLD): touched on seeing step 1 logged, the stop file
+    # could come after the run's last step (4 of them, ~1 s here) on a loaded machine, and no checkpoint was written.
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "SLOW_CHECKPOINT_S": "120"}
+    env |= {"DPOTRAIN_TEST_HOLD": "step-1@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
     proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT)
-    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
+    wait_until(proc, (held / "held-step-1").exists)
     stop_file.touch()
     wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))
     proc.kill()
     proc.wait()
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]  # the stop's, at the step it was asked in
     assert [p.name for p in out.glob("checkpoint-*/COMPLETE")] == []
 
     result = train(out, tiny_model_dir, pairs)
@@ -774,12 +780,13 @@ def test_a_persons_file_written_into_a_checkpoint_stays_when_the_run_deletes_it(
     assert kept[0].parent.name == "checkpoint-2" if how == "rotation" else is_complete(out / "checkpoint-2")
 
 
-def on_block_disk(folder, megabytes, argv, **child) -> Child:
+def on_block_disk(folder, megabytes, argv, paused=False, **child) -> Child:
     """`python train_dpo.py ARGV` as its process ends it (`run_cli`), started in a forked child of this process
     (`start_child`) where `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, mounted in the
     child's own mount namespace; its files are copied to `folder`.kept as the child ends). tmpfs allocates 4 KiB pages:
     a metrics record (~800 bytes) appended into a page already there would not meet the full disk. Forked, not a fresh
-    interpreter under `unshare`: that imported the stack again (~6 CPU-s)."""
+    interpreter under `unshare`: that imported the stack again (~6 CPU-s). `paused`: the run stops itself at the point
+    its `env` names (`pause_env`), as under `python PAUSE_AT`."""
     import train_dpo
     from dpotrain.recipe.errors import run_cli
 
@@ -794,6 +801,8 @@ def on_block_disk(folder, megabytes, argv, **child) -> Child:
 
     def run():
         subprocess.run(mount, check=True)  # in the child's mount namespace (start_child's own)
+        if paused:
+            pause_here()
         try:
             run_cli(lambda: train_dpo.main(argv))
         finally:
@@ -830,16 +839,19 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
 ):
     disk = tmp_path / "disk"
     out = disk / "run"
-    run = on_block_disk(disk, 16, command(out, tiny_model_dir, pairs)[2:])
-    seen = Path(f"/proc/{run.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
-    # The save's last write is the record listing it complete (after its COMPLETE mark): stopped after that, before
-    # step 3 is logged, whose record is the next write
-    wait_until(run, lambda: "checkpoint-2" in listed_complete(seen))
-    os.kill(run.pid, signal.SIGSTOP)
+    # Stopped once checkpoint-2 is marked COMPLETE, before step 3's record opens metrics.jsonl (the next write; the
+    # record listing the checkpoint complete comes before it). A SIGSTOP sent on seeing that record raced the run: 2
+    # steps and the final save were left, and a loaded machine's late stop filled the disk under those instead.
+    paused = tmp_path / "paused"
+    env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)
+    run = on_block_disk(disk, 16, command(out, tiny_model_dir, pairs)[2:], paused=True, env=env)
+    pid = paused_pid(paused, run)
+    seen = Path(f"/proc/{pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
     try:
+        assert "checkpoint-2" in listed_complete(seen)
         fill(seen.parent)
     finally:
-        os.kill(run.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     code, stdout, stderr = run.wait()
     log = stdout + stderr
     errors = [line for line in log.splitlines() if line.startswith("error:")]
@@ -849,9 +861,8 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
         "then rerun; checkpoint-2 is kept, and the same command goes on from it"
     )
     kept = tmp_path / "disk.kept" / "run"
-    # Whole records: steps 1 and 2, and step 3's where the run logged it before the stop reached it (a quiet machine
-    # does: the disk then fills at step 4's record, with the same line).
-    assert (kept / "metrics.jsonl").read_text().endswith("\n") and logged_steps(kept) in ([1, 2], [1, 2, 3])
+    # Whole records: steps 1 and 2, the disk filled at step 3's
+    assert (kept / "metrics.jsonl").read_text().endswith("\n") and logged_steps(kept) == [1, 2], log[-3000:]
     assert checkpoint_manifest.problem(kept / "checkpoint-2") is None
 
     result = train(kept, tiny_model_dir, pairs)  # the same command, space freed
@@ -868,8 +879,6 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     """The output folder's file system remounted read-only after checkpoint-2 (as the kernel does on a disk error, or
     an admin): a traceback in the metrics append, before. The run's folder is a bind mount in a mount namespace of the
     run's own, remounted there; the same folder, writable again outside, is what the rerun goes on from."""
-    import importlib.util
-
     import train_dpo
     from dpotrain.recipe.errors import run_cli
 
@@ -883,10 +892,7 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)
 
     def run():  # python PAUSE_AT ARGS: its audit hook (reading `env`), then the command as its process ends it
-        spec = importlib.util.spec_from_file_location("pause_at", PAUSE_AT)
-        pause_at = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(pause_at)
-        sys.addaudithook(pause_at.hook)
+        pause_here()
         run_cli(lambda: train_dpo.main(command(out, tiny_model_dir, pairs)[2:]))
 
     # The run's folder a bind mount in the forked child's own mount namespace (`start_child`), remounted there

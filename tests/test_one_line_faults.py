@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from test_refusals import SMOKE, refused
@@ -411,10 +412,16 @@ def test_ctrl_c_while_the_libraries_load_is_one_line():
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(0.5)  # torch alone takes seconds to import
+    # Sent once the run has mapped torch's library: Python is up (its Ctrl-C handler in place) and the libraries are
+    # loading (seconds more: transformers, TRL). A fixed 0.5 s could come before the interpreter was up on a loaded
+    # machine, and the process died of the signal with nothing said.
+    deadline = time.time() + 120
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and out == "", err[-3000:]
+    assert proc.returncode == 130 and out == "", (proc.returncode, err[-3000:])
     assert err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err[-3000:]
 
 

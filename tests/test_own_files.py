@@ -17,7 +17,18 @@ from unittest import mock
 
 import pytest
 
-from conftest import PYTHON, ROOT, in_child, python, run_train, sealed_checkpoint, start_child
+from conftest import (
+    PAUSE_AT,
+    PYTHON,
+    ROOT,
+    in_child,
+    pause_env,
+    paused_pid,
+    python,
+    run_train,
+    sealed_checkpoint,
+    start_child,
+)
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
 from dpotrain.recipe import writes
@@ -183,32 +194,43 @@ def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp
     file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
     rewrites its results) writes in the folder from the run's start to its end, and a note is put there before the
     final save: run_files.json names neither, and the replacing run keeps both."""
-    out = tmp_path / "run"
+    out, paused = tmp_path / "run", tmp_path / "paused"
     args = train_args(out, "--max_steps", "2", "--save_steps", "2", "--logging_steps", "1")
     log = tmp_path / "run.log"
+    # The run stops itself as the final save opens its config.json (in FINAL_STAGING, moved in after:
+    # save_pretrained's first file, before the weights; tests/helpers/pause_at.py), and the tool writes then: inside
+    # the save however the machine runs. A tool polling on its own (every 2 ms) could sleep through the whole final
+    # save (~0.1 s) on a loaded machine, and the check that it wrote during the save failed.
+    pause = pause_env("", f"{out}/{output_folder.FINAL_STAGING}/config.json", paused)
+    env = {**os.environ, **env_for(tiny_model_dir), **pause}
     with open(log, "w") as sink:  # the warm interpreter: what is timed here is the save, not the start
-        run = subprocess.Popen(
-            [python(), str(ROOT / "train_dpo.py"), *args],
-            env={**os.environ, **env_for(tiny_model_dir)},
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+        run = subprocess.Popen([python(), str(PAUSE_AT), *args], env=env, stdout=sink, stderr=subprocess.STDOUT)
+
+    def write_until(done) -> None:  # the tool, rewriting its results every ~2 ms
+        while run.poll() is None and not done():
+            (out / "live-eval.json").write_text(json.dumps({"written": time.time_ns()}) + "\n")
+            time.sleep(0.002)
+
     try:
         end = time.monotonic() + 600
         while not (out / run_files.MANIFEST).exists():
             assert run.poll() is None and time.monotonic() < end, log.read_text()[-3000:]
             time.sleep(0.01)
         (out / "note.md").write_text("written before the final save\n")
-        writes = 0
-        while run.poll() is None and not (out / "run_complete.json").exists():
-            (out / "live-eval.json").write_text(json.dumps({"written": writes}) + "\n")  # rewritten every ~2 ms
-            writes += 1
-            time.sleep(0.002)
+        write_until(paused.exists)
+        try:
+            pid = paused_pid(paused, run)
+        except (AssertionError, AttributeError):  # the run ended first: its log (paused_pid reads a pipe's)
+            raise AssertionError(log.read_text()[-3000:]) from None
+        (out / "live-eval.json").write_text(json.dumps({"written": "during the final save"}) + "\n")
+        during = (out / "live-eval.json").stat().st_mtime_ns
+        os.kill(pid, signal.SIGCONT)
+        write_until((out / "run_complete.json").exists)
         assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
     finally:
         run.kill()
-    # Its last write came after the final model's: the file was written while the final model was being saved.
-    assert (out / "live-eval.json").stat().st_mtime_ns >= (out / "model.safetensors").stat().st_mtime_ns
+    # A write came inside the final save: before its config.json, after its start.
+    assert (out / "config.json").stat().st_mtime_ns >= during
     names = output_folder.read_manifest(out)
     assert "model.safetensors" in names and "config.json" in names, names
     assert not {"live-eval.json", "note.md"} & set(names), names

@@ -24,6 +24,7 @@ from conftest import (
     accelerate_launch,
     in_child,
     pause_env,
+    pause_here,
     paused_pid,
     python,
     rank_python,
@@ -86,13 +87,6 @@ def logged_steps(out) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def wait_for_step(proc, out, n, timeout=300):
-    deadline = time.time() + timeout
-    while len(logged_steps(out)) < n:
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted_weights(tmp_path_factory, tiny_model_dir, pairs):
     out = tmp_path_factory.mktemp("reference") / "run"
@@ -118,15 +112,20 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 ):
     """Under scripts/launch.sh (its stop file) the job is requeued; Ctrl-C in a terminal (no stop file) says which
     command goes on, and that command, run as printed, resumes; metrics.jsonl and the plot say where."""
-    stop_file = tmp_path / "stop"
-    out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, pairs, env={} if how == "Ctrl-C" else {"DPOTRAIN_STOP_FILE": str(stop_file)})
-    wait_for_step(proc, out, 3)
+    stop_file, out, paused = tmp_path / "stop", tmp_path / "run", tmp_path / "paused"
+    # Stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then steps 1 to 3),
+    # and asked to stop there: asked on seeing step 3 logged, a loaded machine's late request could find the run past
+    # its last step (9 more, ~3 s here), ended 0.
+    env = pause_env("", "*/metrics.jsonl", paused, count=4)
+    env |= {} if how == "Ctrl-C" else {"DPOTRAIN_STOP_FILE": str(stop_file)}
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
     if how == "stop file":
+        pid = paused_pid(paused, proc)
         stop_file.touch()
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]
     else:
-        proc.send_signal(signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
-    log = proc.communicate(timeout=300)[0]
+        log = signal_paused(paused, proc, signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
     assert proc.returncode == STOPPED_EXIT, log[-3000:]  # saved, not finished: the same command goes on
 
     # How long the stop took, to hold against a partition's GraceTime: the rest of a step and the save, seconds here.
@@ -268,6 +267,7 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
     args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
 
     def in_terminal():
+        pause_here()  # stopped by itself before step 3's record (`paused` below)
         os.close(master)  # the terminal closes when this process's master does, as the window that held it
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's command hears SIGHUP (where this runs under nohup)
         fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
@@ -280,7 +280,11 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
             setattr(sys, name, io.TextIOWrapper(raw, line_buffering=True, errors="backslashreplace"))
         run_cli(lambda: train_dpo.main(args))
 
-    run = start_child(in_terminal)
+    # The terminal is closed while the run is stopped by itself before step 3's record (metrics.jsonl's fourth open:
+    # read at the start, then steps 1 to 3), then let go on: closed on seeing step 3 logged, a loaded machine's late
+    # close could find the run past its last step (9 more, ~3 s here).
+    paused = tmp_path / "paused"
+    run = start_child(in_terminal, env=pause_env("", "*/metrics.jsonl", paused, count=4))
     os.close(terminal)
     shown, closing = [], threading.Event()
 
@@ -294,13 +298,14 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
 
     reader = threading.Thread(target=read_terminal, daemon=True)
     reader.start()
-    deadline = time.time() + 300
-    while len(logged_steps(out)) < 3:
-        assert run.poll() is None and time.time() < deadline, "".join(shown)[-3000:]
-        time.sleep(0.1)
+    try:
+        pid = paused_pid(paused, run)
+    except AssertionError:
+        raise AssertionError("".join(shown)[-3000:]) from None
     closing.set()
     reader.join()
     os.close(master)  # the terminal closes: SIGHUP
+    os.kill(pid, signal.SIGCONT)
     code, stdout, stderr = run.wait()
     assert code == STOPPED_EXIT, "".join(shown)[-3000:] + stdout[-2000:] + stderr[-2000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
@@ -316,19 +321,27 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     code 1 before the checkpoint its stop promised. The pipeline runs here in a shell of its own process group,
     signalled as a group, as a terminal's Ctrl-C signals its foreground job."""
     out, log, codes = tmp_path / "run", tmp_path / "log", tmp_path / "codes"
-    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out)]
+    # train_dpo.py stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then
+    # steps 1 to 3), and the Ctrl-C sent there: sent on seeing step 3 logged, a loaded machine's late one could find
+    # the run past its last step (9 more, ~3 s here).
+    paused = tmp_path / "paused"
+    command = [PYTHON, str(PAUSE_AT), *ARGS, "--output_dir", str(out)]
     command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
     # `trap : INT`: the shell itself waits for the pipeline and records how each part ended (tee's SIGINT: 130).
     pipeline = f'trap : INT; {shlex.join(command)} 2>&1 | tee {log} >/dev/null; echo "${{PIPESTATUS[@]}}" > {codes}'
     # SIGINT's default, as a terminal's foreground job has it (a background job, which pytest may run as, ignores it,
     # and a shell cannot trap nor its tee die of a signal ignored when it started)
     default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    shell = subprocess.Popen(["bash", "-c", pipeline], cwd=ROOT, start_new_session=True, preexec_fn=default_sigint)
-    deadline = time.time() + 300
-    while len(logged_steps(out)) < 3:
-        assert shell.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
-    os.killpg(shell.pid, signal.SIGINT)
+    env = {**os.environ, **pause_env("", "*/metrics.jsonl", paused, count=4)}
+    shell = subprocess.Popen(
+        ["bash", "-c", pipeline], cwd=ROOT, env=env, start_new_session=True, preexec_fn=default_sigint
+    )
+    try:
+        pid = paused_pid(paused, shell)
+    except (AssertionError, AttributeError):  # the pipeline ended first: the run's log (paused_pid reads a pipe's)
+        raise AssertionError(log.read_text()[-3000:]) from None
+    os.killpg(shell.pid, signal.SIGINT)  # tee dies of it at once; the run takes it as it goes on
+    os.kill(pid, signal.SIGCONT)
     assert shell.wait(timeout=300) == 0
     assert codes.read_text().split() == [str(STOPPED_EXIT), "130"], log.read_text()[-3000:]
     saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
@@ -742,9 +755,19 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
     # `python train_dpo.py` as its process ends it, in a forked child of this process that leads a process group of
     # its own (`start_child`; the warm interpreter's child would be in the server's): the run and its workers. Not a
     # fresh interpreter, which imported the stack again (~6 CPU-s).
-    run = start_child(lambda: run_cli(lambda: train_dpo.main(args)))
-    wait_for_step(run, out, 3)
-    os.killpg(run.pid, signal.SIGTERM)
+    # Stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then steps 1 to 3),
+    # and signalled there: signalled on seeing step 3 logged, a loaded machine's late SIGTERM could find the run past
+    # its last step (9 more, ~3 s here).
+    paused = tmp_path / "paused"
+
+    def paused_run():
+        pause_here()
+        run_cli(lambda: train_dpo.main(args))
+
+    run = start_child(paused_run, env=pause_env("", "*/metrics.jsonl", paused, count=4))
+    assert paused_pid(paused, run) == run.pid  # the run itself, its workers started
+    os.killpg(run.pid, signal.SIGTERM)  # the run takes it as it goes on; its workers at once
+    os.kill(run.pid, signal.SIGCONT)
     code, stdout, stderr = run.wait()
     log = stdout + stderr
     assert code == STOPPED_EXIT and "Traceback" not in log, log[-3000:]

@@ -27,11 +27,11 @@ STEPS = 8
 RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "run_complete.json"]
 
 
-def two_node_args(out: Path) -> list[str]:
-    """The smoke recipe, 16 pairs per step over 2 processes, cut into micro-batches by the recipe's token budget."""
+def two_node_args(out: Path, extra: tuple[str, ...] = ("--max_steps", str(STEPS))) -> list[str]:
+    """The smoke recipe, 16 pairs per step over 2 processes, cut into micro-batches by the recipe's token budget;
+    STEPS of them unless `extra` says otherwise."""
     return [
-        "--max_steps",
-        str(STEPS),
+        *extra,
         "--pairs_per_step",
         "16",
         "--logging_steps",
@@ -45,7 +45,7 @@ def two_node_args(out: Path) -> list[str]:
     ]
 
 
-def two_node_job(slurm2, out: Path, env: dict | None = None, tasks_per_node: int = 1) -> int:
+def two_node_job(slurm2, out: Path, env: dict | None = None, tasks_per_node: int = 1, extra=None) -> int:
     """`two_node_args` through scripts/dpo_train.sh on both nodes. CPUs: what a node really has (`slurmd -C`), shared
     among `tasks_per_node` tasks (sbatch's --ntasks-per-node)."""
     args = [
@@ -54,7 +54,7 @@ def two_node_job(slurm2, out: Path, env: dict | None = None, tasks_per_node: int
         f"--ntasks-per-node={tasks_per_node}",
         f"--cpus-per-task={node_cpus(slurm2) // tasks_per_node}",
         str(ROOT / "scripts" / "dpo_train.sh"),
-        *two_node_args(out),
+        *(two_node_args(out, extra) if extra else two_node_args(out)),
     ]
     # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
     # rank 0's weights; seeded, so every job gets the same model).
@@ -212,7 +212,13 @@ def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path
     job's nodes, and the job failed before its first step. One launcher per node, whatever the job's tasks: both
     ranks train (a job of its own in tests/test_slurm_jobs.py until session 43: a job start is ~30 s)."""
     out = tmp_path / "killed"
-    job = two_node_job(slurm2, out, tasks_per_node=2)
+    # Far more steps than the kill needs (a killed job costs the same): with STEPS (8) the job trained on while this
+    # test found the step, read the log and searched /proc for the process, and a loaded machine's late kill could
+    # find it past its last step, ended COMPLETED. Its pairs are STEPS' (128), scored by the reference stage as before,
+    # trained again in each epoch.
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 16 * STEPS]))
+    job = two_node_job(slurm2, out, tasks_per_node=2, extra=("--max_steps", "2000", "--dataset_name", str(pairs)))
     wait_for_steps(slurm2, job, out, 1)  # both ranks are in training, inside collectives
     ranks = re.findall(r"^node (\S+): machine rank (\d+) of 2,", job_log(job), re.M)
     assert sorted(ranks) == [("node1", "0"), ("node2", "1")], job_log(job)[-4000:]  # one launcher on each node
