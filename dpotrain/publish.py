@@ -1,6 +1,7 @@
 """The run's last stage: the final model saved (or not, for a doomed or preempted run), its metrics, plot, model card
 and run_complete.json written, and the run pushed to the Hub where asked."""
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,8 +76,13 @@ def finish_outputs(run, resolved: dict) -> int | None:
         init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
         merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
-    if pusher:
-        pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
+    if pusher:  # the card lists the pushed revisions
+        # A stop request (the time limit's warning, a preemption) gives the wait up, the uploads left recorded
+        # unfinished; the run's outputs are written all the same (the local files of seconds), and push_final gives
+        # the final push up on the same request: STOPPED_EXIT, the requeue pushing both (complete_push). Main
+        # process alone: the other ranks ended after the final model's save, none waits in a collective.
+        with contextlib.suppress(hub_push.PushStopped):
+            pusher.finish(hub_push.FINAL_WAIT_S, trainer.graceful_stop.asked_to_end)
     records = read_metrics(out)
     output_folder.claim_for_writing(out, [PLOT_FILE, hub.CARD])
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
@@ -116,8 +122,23 @@ def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
             f"was killed while pushing, or the push failed): {now}; nothing is trained",
             flush=True,
         )
+        if push.checkpoints and not offline.is_offline():  # offline, push_final names push_to_hub.py --checkpoints
+            push_checkpoints_left(out, push, stop)
         return push_final(out, push, recipe.training, stop)
     return None
+
+
+def push_checkpoints_left(out: Path, push, stop) -> None:
+    """A rerun completing the push: first the run's complete checkpoints still on disk that hub_pushes.jsonl does not
+    record on the Hub (those a stop request gave up while the end of training waited for them, recorded unfinished),
+    each to its branch of the push's repo, and the card's list of revisions made again for main. A stop request gives
+    it up as it gives the end of training's wait up; push_final then ends the run on the same request."""
+    pusher = hub_push.CheckpointPusher(push.repo_id, push.token, push.private, out)
+    pusher.submit_left()
+    with contextlib.suppress(hub_push.PushStopped):
+        pusher.finish(hub_push.FINAL_WAIT_S, stop.asked_to_end if stop is not None else None)
+    if (out / hub.CARD).is_file():
+        hub.update_card_revisions(out, push.repo_id)
 
 
 def push_final(out: Path, push, training, stop=None) -> int | None:

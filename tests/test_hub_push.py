@@ -823,6 +823,78 @@ def test_a_push_given_up_on_a_stop_request_does_not_hold_the_process_end(tmp_pat
     assert code == 75 and not ended.exists(), err
 
 
+def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """The end of training waits up to 30 min for the checkpoint uploads still running (push_checkpoints). The time
+    limit's warning (the batch shell's stop file) or a preemption's SIGTERM while the Hub hung one of them: the run
+    went on waiting, said nothing to the batch script, and Slurm killed it (the time limit: a TIMEOUT job, not
+    requeued), the checkpoint's push lost without a word. Now the wait is given up (`unfinished` in hub_pushes.jsonl),
+    the final push too, `.checkpointed` tells launch.sh to requeue, the run ends with 75, and the requeued job pushes
+    the checkpoint to its branch, then main, whose card lists it, training nothing. The pusher driven as
+    publish.finish_outputs drives it, without a training run."""
+    import shutil
+    import threading
+
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher, PushStopped
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
+
+    hub_in_process(hub, monkeypatch)
+    stalled, release = threading.Event(), threading.Event()
+    hub.state.hold[("commit", "step-2")] = lambda: (stalled.set(), release.wait(60))  # the checkpoint's commit hangs
+    hub.state.fail[("commit", "step-2")], hub.state.fail_status = 1, 400  # and then fails: the given-up thread's end
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)  # the final model, saved before the wait
+    sealed_checkpoint(out / "checkpoint-2")
+    stop_file = tmp_path / "stop"
+    flags = ["--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true"]
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), *flags, "--hub_token", SECRET])
+    push = hub_module.take_push_settings(recipe)
+    stop = GracefulStop(str(stop_file))
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    try:
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+        warned = lambda: stalled.wait(600) and stop_file.write_text("")  # noqa: E731 - as launch.sh's trap does
+        threading.Thread(target=warned, daemon=True).start()
+        with pytest.raises(PushStopped):  # a fix undone: waits FINAL_WAIT_S
+            pusher.finish(FINAL_WAIT_S, stop.asked_to_end)
+        (out / "README.md").write_text("# run\n")  # the run's outputs, written after the wait (finish_outputs)
+        (out / "run_complete.json").write_text('{"global_step": 2}')
+        assert publish.push_final(out, push, recipe.training, stop) == STOPPED_EXIT
+        pushes = [(r["branch"], r["status"], r.get("error")) for r in read_pushes(out)]
+        given_up = "given up on a stop request"
+        assert pushes == [
+            ("step-2", "unfinished", given_up),
+            ("main", "started", None),
+            ("main", "unfinished", given_up + " while pushing"),
+        ]
+        assert "final push to me/dpo-test" in Path(f"{stop_file}.checkpointed").read_text()
+        assert unconfirmed_push(out)["repo"] == REPO  # the requeued job's decision (push_left): to this repo
+    finally:
+        stop.release(exiting=False)
+        hub.state.hold.clear()
+        release.set()
+    pusher.queue.join()  # the upload given up ends (a 400 recorded `failed`), as the job's end would have cut it
+
+    # The requeued job completes the push: the checkpoint first, to its branch, then main, whose card lists it
+    stop_file.unlink()
+    publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    assert [(r["branch"], r["status"]) for r in read_pushes(out)[-3:]] == [
+        ("step-2", "pushed"),
+        ("main", "started"),
+        ("main", "pushed"),
+    ]
+    assert [c["revision"] for c in hub.state.commits][-2:] == ["step-2", "main"]
+    assert 'revision="step-2"' in hub.state.commits[-1]["files"]["README.md"].decode()
+    assert unconfirmed_push(out) is None
+
+
 def test_a_rerun_completing_a_push_creates_no_repo_named_after_the_command(hub, tmp_path, monkeypatch, tiny_model_dir):
     """The rerun the refusal advises (`--push_to_hub` alone) checked write access to, and created, a repo named after
     the run (me/run) at its start, though it pushes only to the repo the cut-short push started on: an empty stray

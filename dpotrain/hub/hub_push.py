@@ -233,6 +233,8 @@ def until_stopped(fn, stop_asked=None):
         finally:
             done.set()
 
+    if stop_asked():  # asked before it starts (while checkpoint uploads were waited for): not started at all
+        raise PushStopped
     threading.Thread(target=work, name="dpotrain-final-push", daemon=True).start()
     while not done.wait(1.0):
         if stop_asked():
@@ -407,13 +409,18 @@ class CheckpointPusher(TrainerCallback):
         self.thread: threading.Thread | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """A resumed run first pushes its own complete checkpoints a stopped job left unpushed (never a person's: a copy
-        of another run's would go up as this run's step)."""
+        """A resumed run first pushes its own complete checkpoints a stopped job left unpushed."""
         if state.is_world_process_zero:
-            done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
-            for folder in own_checkpoints(self.out):
-                if step_of(folder) not in done:
-                    self.submit(folder)
+            self.submit_left()
+
+    def submit_left(self) -> None:
+        """The run's own complete checkpoints that hub_pushes.jsonl does not record on the Hub, queued: a stopped job's
+        (a resumed run's first uploads), or those a stop request gave up at the end of training (the rerun completing
+        the push, publish.complete_push). Never a person's: a copy of another run's would go up as this run's step."""
+        done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
+        for folder in own_checkpoints(self.out):
+            if step_of(folder) not in done:
+                self.submit(folder)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -476,21 +483,41 @@ class CheckpointPusher(TrainerCallback):
             f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk"
         )
 
-    def finish(self, timeout: float) -> list[int]:
-        """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded)."""
+    def finish(self, timeout: float, stop_asked=None) -> list[int]:
+        """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded). With
+        `stop_asked` (GracefulStop.asked_to_end at the end of training, polled each second as the final push polls it)
+        a stop request gives the wait up: the steps left are recorded `unfinished` and PushStopped is raised, for the
+        run to end for its requeue, which pushes them (`submit_left`). Waited for, a hung Hub held the job until
+        Slurm killed it, unrequeued at a time limit, those checkpoints lost without a word."""
+        deadline, stopped = time.monotonic() + timeout, False
         with self.queue.all_tasks_done:  # notified by the worker's task_done
-            self.queue.all_tasks_done.wait_for(lambda: not self.queue.unfinished_tasks, timeout)
+            while self.queue.unfinished_tasks and (wait := deadline - time.monotonic()) > 0:
+                if stop_asked is not None and stop_asked():
+                    stopped = True
+                    break
+                self.queue.all_tasks_done.wait(wait if stop_asked is None else min(wait, 1.0))
         left = sorted(self.pending)
         if not left:
             if (self.out / STAGING).is_dir() and not (self.out / STAGING).is_symlink():
                 shutil.rmtree(self.out / STAGING, ignore_errors=True)
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
             return left
+        steps = ", ".join(map(str, left))
+        if stopped:
+            abandon_threads()  # the process's end must not wait on them (an LFS upload's pool): the requeue comes
+            for step in left:
+                record_checkpoint(self.out, self.repo_id, step, "unfinished", error="given up on a stop request")
+            warn(
+                f"checkpoint uploads still running were given up on a stop request (steps {steps}), recorded "
+                f"unfinished in {self.out / PUSH_RECORD}: the same command (the requeued job) pushes the ones still "
+                "on disk, training nothing"
+            )
+            raise PushStopped
         for step in left:
             record_checkpoint(self.out, self.repo_id, step, "unfinished", error="still uploading")
         warn(
             f"checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
-            f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
+            f"{steps}): `{push_command(self.out, '--checkpoints')}` pushes the "
             "ones still on disk"
         )
         return left
