@@ -316,6 +316,12 @@ trap 'stop_request TERM' TERM
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
 [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
+# srun forwards each process's stdout and stderr to this log in chunks of bytes, interleaved: a chunk that ended inside
+# a progress bar's block character (3 bytes of UTF-8) left bytes that are no UTF-8 between the step lines, and grep
+# called the log a binary file. tqdm (every library's bars) reads its defaults from TQDM_* variables: its ASCII bar,
+# unless the user chose one.
+export TQDM_ASCII="${TQDM_ASCII:- 123456789#}"
+
 free_port  # last, right before the launch: the dry run and a preflight take minutes
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")

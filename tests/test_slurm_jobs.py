@@ -36,10 +36,14 @@ SECRET = "hf_dpotrainTestSecret123"  # a --hub_token value the job's log must ne
 # The README's CPU-only example as written, with more steps (room to stop it twice mid-training), no W&B, and a token
 # given on the command line.
 README_ENV, README_SBATCH = readme_cpu_example()
+# Room for each stop to land mid-training on a loaded machine: the USR1 is sent at step 3 and the scontrol requeue once
+# the requeued start trained a step past its checkpoint; a stop arriving after the last step ends the job COMPLETED
+# unstopped (12 steps left ~9 of margin, seconds at CI's load).
+README_JOB_STEPS = 20
 SMOKE_JOB = [
     *README_SBATCH,
     "--max_steps",
-    "12",
+    str(README_JOB_STEPS),
     "--logging_steps",
     "1",
     "--save_steps",
@@ -209,7 +213,8 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     job, state, out, submitted_from, _ = readme_job
     log = log_path(job, submitted_from)
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
-    text = log.read_text()
+    text = log.read_text()  # UTF-8 throughout: srun splits the processes' output at any byte (launch.sh's TQDM_ASCII)
+    assert text.isascii(), [line for line in text.splitlines() if not line.isascii()][:3]  # no bar's block characters
     assert f"=== DPO job {job} (dpo-think) restart 0" in text
     assert f"project: {ROOT}  log: {log}" in text  # the banner says where the project and the log are
     # The relative --output_dir and --dataset_name both mean the folder submitted from, and the log says so in full.
@@ -237,8 +242,8 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     first = log.split("restart 1", 1)[0]
     assert "signal received: checkpointing at the next optimizer step" in first and "requeueing job" in first
     assert "Resuming from" in log and "restart 1" in log
-    assert steps(out) == list(range(1, 13))  # every optimizer step once: none repeated, none skipped
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 12
+    assert steps(out) == list(range(1, README_JOB_STEPS + 1))  # every optimizer step once: none repeated, none skipped
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == README_JOB_STEPS
     a, b = weights(uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
