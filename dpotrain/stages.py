@@ -507,7 +507,7 @@ class Lengths:
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
-        named["max_length_given_by"] = self.given_by if self.auto is None and self.max_length is not None else None
+        named["max_length_given_by"] = self.given_by if self.auto is None else None  # a null's too: whose it was
         return {key: value for key, value in named.items() if value is not None}
 
 

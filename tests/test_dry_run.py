@@ -539,6 +539,13 @@ def test_the_max_length_line_says_whose_it_is(tmp_path, capsys):
     assert whose("--config", str(recipe)) == "1024 (TRL's default)"
 
 
+def test_a_max_length_cleared_on_the_command_line_is_said_so(tmp_path, capsys):
+    """`--max_length null` over the smoke recipe's 1024: the summary said "none: the recipe sets no max_length", though
+    the recipe sets one and the command line cleared it."""
+    args = ["--max_length", "null", "--max_tokens_per_microbatch", "null", "--output_dir", str(tmp_path / "run")]
+    assert field(dry_run(capsys, *SMOKE, *args), "max length") == "none: the command line's --max_length null"
+
+
 def cut_warnings(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("warning: ") and "cut or dropped" in line]
 
