@@ -269,6 +269,7 @@ class Data:
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
     dataset_id: str | None = None  # what the analyzer's cache of these pairs is keyed by (`_read_identity`)
     tokenizer: "ModelTokenizer | None" = None  # the one the rows were checked against, for the lengths stage
+    eval_mix: mixture.Mix | None = None  # the held-out mixture's sources, and the source of each held-out pair
 
     def record(self) -> dict:
         return {**self.checked, **self.steps}
@@ -310,9 +311,11 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     before = _read_identity(recipe, launch, revision, pins=pins)
     dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch, recorded)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
-    eval_dataset = None
+    eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch, recorded)
+        eval_dataset, eval_mix = _load_pairs(
+            recipe, True, revision, checked, say, template, identify, pins, fetch, recorded
+        )
         checked["eval_rows"] = len(eval_dataset)
         plan.check_eval_split(len(eval_dataset), launch.data_parallel)
         _check_held_out_kind(dataset, eval_dataset)
@@ -336,7 +339,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         kept = resolve.kept_pairs(output.resume_from, len(dataset))
         total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
-    return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template)
+    return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
 
 
 def _check_held_out_kind(train, held) -> None:
@@ -507,7 +510,7 @@ class Lengths:
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
-        named["max_length_given_by"] = self.given_by if self.auto is None and self.max_length is not None else None
+        named["max_length_given_by"] = self.given_by if self.auto is None else None  # a null's too: whose it was
         return {key: value for key, value in named.items() if value is not None}
 
 
@@ -652,7 +655,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     if max_length is not None:
         check_cuts(recipe, pairs, found, measured, max_length, limit)
     if pairs.eval is not None and tokenizer is not None and max_length is not None:
-        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel)
+        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
     shares = None
     if pairs.mix is not None and measured is not None:
         shares = pairs.mix.with_token_shares(measured[0], max_length, t.truncation_mode)
@@ -702,16 +705,19 @@ def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths
 
 
 @said_by_rank_0  # every rank measures the same held-out pairs
-def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int) -> None:
+def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int, mix=None, limit=None) -> None:
     """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
-    left: refused (TRL failed after the reference was scored); some dropped: said."""
+    left, or none of a held-out mixture's source (`mix`): refused (TRL failed after the reference was scored; the
+    source went unevaluated, unsaid), advising within the model's positions (`limit`); some dropped: said."""
     t = recipe.training
     if t.truncation_mode != "keep_start":
         return  # keep_end drops nothing
     m, counted = held_out_cuts(held_out, tokenizer, max_length, recipe)
     kept = m.rows - counted["dropped"]
+    chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
+    if mix is not None and counted["dropped"]:
+        mix.check_held_out_drops(m, max_length, limit, chosen)
     if kept < ranks:  # the split holds a pair per rank (`plan.check_eval_split`, as it is read): max_length drops them
-        chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
         raise ConfigError(
             f"max_length {max_length:,}{chosen} leaves {kept:,} of the {m.rows:,} held-out pairs, where each process "
             f"that evaluates ({ranks}) needs one: the trainer drops a pair whose prompt alone fills "
@@ -931,6 +937,9 @@ class RunSpec:
         return self.launch.record() | self.data.record() | self.lengths.record() | forward | batching
 
 
+RUN_SAYS_DATA = "DPOTRAIN_RUN_SAYS_DATA"  # set by scripts/launch.sh for its dry run only
+
+
 def first_half(
     recipe,
     launch: Launch,
@@ -941,6 +950,10 @@ def first_half(
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it."""
     say = state is None or state.is_main_process
+    # launch.sh's dry run, before the job's run in the same log, leaves what the pairs read say to the run (a Slurm log
+    # held every "Data (...)" line and the held-out note twice): the run's are the ones every job has (a dry run reads
+    # no Hub data set) and the ones of the pairs it trains on
+    say = say and not (launch.dry_run and os.environ.get(RUN_SAYS_DATA) == "1")
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch, pairs.tokenizer)
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)

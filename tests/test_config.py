@@ -880,3 +880,13 @@ def test_rpo_alpha_names_what_replaced_it(given, tmp_path):
     argv = given if isinstance(given, list) else ["--config", write(tmp_path, given)]
     with pytest.raises(ConfigError, match=re.escape("--loss_type <your loss_type> sft --loss_weights 1 <rpo_alpha>")):
         parse_args(argv)
+
+
+@pytest.mark.parametrize("name", ["reference_free", "label_pad_token_id", "padding_value"])
+@pytest.mark.parametrize("form", ["command_line", "recipe"])
+def test_an_option_trl_1_removed_is_refused_with_its_fix(name, form, tmp_path):
+    """`reference_free` and `label_pad_token_id` were refused with 'removed in TRL 1.x' alone: nothing said that the
+    fix is to drop the option (TRL 1.x masks the loss's padding itself; its DPO loss always has a reference)."""
+    argv = [f"--{name}", "1"] if form == "command_line" else ["--config", write(tmp_path, f"{name}: 1\n")]
+    with pytest.raises(ConfigError, match=f"removed in TRL 1.x, .*: drop {name}"):
+        parse_args(argv)

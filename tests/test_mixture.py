@@ -686,6 +686,29 @@ def test_a_source_max_length_drops_is_counted_and_one_it_drops_whole_is_refused(
     assert "would train nothing (8 dropped: the prompt alone fills it" in error and "or remove the source" in error
 
 
+def test_a_held_out_source_max_length_drops_whole_is_refused(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """A held-out mixture source whose every pair max_length drops (the prompt alone fills it): the run evaluated on
+    the other source alone, without a word, its record naming the source as evaluated. Refused as a training source
+    is, before the model loads, naming the source, a max_length that keeps it, and removing it."""
+    smoke = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:24]]
+    for row in smoke[16:]:
+        for side in ("chosen", "rejected"):
+            row[side][0]["content"] += " please" * 400
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    short.write_text("".join(json.dumps(row) + "\n" for row in smoke[:16]))
+    long.write_text("".join(json.dumps(row) + "\n" for row in smoke[16:]))  # every one long
+    args = ["--model_name_or_path", tiny_model_dir, "--max_length", "256", "--max_tokens_per_microbatch", "512"]
+    args += ["--dataset_mixer_list", str(short), "1.0", "--eval_strategy", "steps", "--eval_steps", "2"]
+    error = refused(
+        tmp_path, monkeypatch, capsys, *args, "--dataset_mixer_eval_list", str(short), "1.0", str(long), "1.0"
+    )
+    shortest = min(len(json.dumps(row)) for row in smoke[16:])  # a bound: the prompt's tokens are fewer than its chars
+    assert f"held-out mixture source {long} [test]: max_length 256 drops all of its 8 pairs" in error, error
+    assert "the prompt alone fills it, the shortest is " in error and "or remove the source" in error, error
+    fix = int(error.split("pass --max_length ")[1].split(" or more (it keeps the shortest), or remove")[0])
+    assert 256 < fix < shortest, error
+
+
 # --- the held-out mixture, trained --------------------------------------------------------------------------------
 
 

@@ -456,3 +456,24 @@ def test_the_plan_line_says_the_pairs_its_steps_take():
     assert line(26, 12).startswith("Plan: 2 steps of 12-14 pairs per epoch (1 epoch planned), 2-3 micro-batches ")
     assert line(3, 8).startswith("Plan: 1 step of 3 pairs per epoch")
     assert line(24, 12).startswith("Plan: 2 steps of 12 pairs per epoch")
+
+
+@pytest.mark.parametrize(
+    "epochs, max_steps, said",
+    [(0.5, -1, "(0.5 epochs planned)"), (1, 3, "(1.5 epochs planned)"), (1, 100, "(50 epochs planned)")],
+    ids=["half_an_epoch", "max_steps_past_an_epoch", "past_the_epochs_planned_ahead"],
+)
+def test_the_plan_line_says_the_epochs_the_steps_make(epochs, max_steps, said, monkeypatch):
+    """`--num_train_epochs 0.5` printed "Plan: ... (1 epoch planned)" beside the dry run's "(0.5 epochs)": the line
+    counted the epochs cut into steps (whole ones), not the epochs the run's steps make (`epochs_trained`)."""
+    from types import SimpleNamespace
+
+    from dpotrain.plan import plan_stage
+
+    monkeypatch.setattr(plan_stage, "PLANNED_AHEAD", 10, raising=False)  # 5 epochs of 2 steps cut ahead, of 50
+    lengths = PairLengths(np.arange(100, 116), np.full(16, 90))
+    args = SimpleNamespace(
+        seed=3, data_seed=None, per_device_train_batch_size=4, max_steps=max_steps, num_train_epochs=epochs
+    )
+    run = plan_stage.make(lengths, args, 8, 2, 2048, plan.RowLayout("rows"), max_length_cuts={})  # 2 steps an epoch
+    assert run.line().startswith(f"Plan: 2 steps of 8 pairs per epoch {said}, "), run.line()

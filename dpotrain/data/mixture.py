@@ -506,6 +506,25 @@ class Mix:
                 f"{cuts.advice(fits, max_positions)}, or remove the source"
             )
 
+    def check_held_out_drops(self, measured, max_length: int, max_positions: int | None, chosen: str = "") -> None:
+        """Refuse a held-out source every pair of which the trainer drops at `max_length` (keep_start: the prompt alone
+        fills it): the run evaluated on the other sources alone while its record named the source as evaluated.
+        `chosen`: whose max_length it is, where the user did not give it (auto's, chosen from the training pairs)."""
+        of = self.source_of_row[measured.index]
+        for i, record in enumerate(self.records):
+            prompt = measured.prompt[of == i]
+            if not len(prompt) or not cuts.drops(prompt, max_length, "keep_start").all():
+                continue
+            shortest = int(prompt.min())
+            keeps = f"pass --max_length {shortest + 1} or more (it keeps the shortest), or remove the source"
+            if max_positions and shortest >= max_positions:  # no max_length the model takes keeps one of its pairs
+                keeps = f"remove the source (the model's {max_positions:,} positions hold none of its prompts)"
+            raise ConfigError(
+                f"held-out mixture source {record['source']}: max_length {max_length:,}{chosen} drops all of its "
+                f"{len(prompt):,} pairs (the prompt alone fills it, the shortest is {shortest:,} tokens), so the run "
+                f"would evaluate without it: {keeps}"
+            )
+
 
 def read_source(source: Source, say: bool = True, revision: str | None = None):
     """One source's rows, as the one-source loader reads them; a Hub source's at `revision` (`pin`), else its main."""

@@ -31,12 +31,14 @@ class RunPlan:
         s, batches = self.summary, lambda n, kind="": plural(n, f"{kind}micro-batch", many=f"{kind}micro-batches")
         fillers = f", {batches(s['filler_micro_batches'], 'filler ')}" if s["filler_micro_batches"] else ""
         steps = len(self.epochs[0])
+        # The epochs the run's steps make (`--num_train_epochs 0.5`: 0.5), not the whole ones cut into steps so far
+        epochs = f"{s.get('epochs_trained', len(self.epochs)):,.3f}".rstrip("0").rstrip(".")  # 0.5, 3, 20,833.333
         # what the steps take (an epoch's last step: what is left), where the summary has it; else the setting
         taken = Spread.of(s.get("pairs_per_step_trained") or self.step_plan.pairs_per_step)
         pairs = plural(taken.min, "pair") if taken.min == taken.max else f"{taken} pairs"
         return (
             f"Plan: {plural(steps, 'step')} of {pairs} per epoch "
-            f"({plural(len(self.epochs), 'epoch')} planned), "
+            f"({plural(epochs, 'epoch')} planned), "
             f"{batches(Spread.of(s['micro_batches_per_step']))} per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )

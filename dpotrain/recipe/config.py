@@ -346,9 +346,12 @@ REMOVED = {
     # loss type the recipe has (TRL 0.x added it to any; RPO's paper: sigmoid), not sigmoid in its place
     "rpo_alpha": "removed in TRL 1.x: its NLL term is the sft loss type beside your loss, weighted: --loss_type "
     "<your loss_type> sft --loss_weights 1 <rpo_alpha>",
-    "reference_free": "removed in TRL 1.x",
-    "padding_value": "removed in TRL 1.x: the tokenizer's pad token (pad_token) is used",
-    "label_pad_token_id": "removed in TRL 1.x",
+    # TRL 1.x's DPOTrainer has no reference-free mode (its losses all weigh the policy against a reference); the
+    # reference-free losses (SimPO, CPO) are trl.experimental's CPOTrainer, which this project does not run
+    "reference_free": "removed in TRL 1.x, whose DPO losses all compare with a reference model: drop reference_free",
+    "padding_value": "removed in TRL 1.x, which pads with the tokenizer's pad token (pad_token): drop padding_value",
+    "label_pad_token_id": "removed in TRL 1.x, which leaves prompt and padding out of the loss itself (its "
+    "completion mask): drop label_pad_token_id",
 }
 
 

@@ -78,8 +78,10 @@ class RecordedLengths:
     @property
     def chosen_by(self) -> str:
         if self.auto is None:
-            if self.max_length is None:
-                return "none: the recipe sets no max_length"
+            if self.max_length is None:  # only `--max_length null` clears it: a recipe's null is refused (config.py)
+                if self.given_by == "the command line's":
+                    return "none: the command line's --max_length null"
+                return "none: the recipe sets no max_length"  # an older record: whose null it was is not there
             return self.given_by or "the recipe's"
         if self.max_length is None:
             return f"max_length: auto, decided {self.auto.get('resolved', 'at start')}"
