@@ -38,6 +38,8 @@ WRAPPER = textwrap.dedent("""
 
     if os.environ.get("RANK") == "1":  # rank 1's own environment (`rank1_env`), as a node's may differ
         os.environ.update({rank1_env!r})
+        # and its own view of a path (`rank1_paths`: a node-local copy of the data, of the output folder)
+        sys.argv = [{rank1_paths!r}.get(arg, arg) for arg in sys.argv]
     if os.environ.get("RANK") == "0":
         if {from_opening!r}:
             sys.addaudithook(at_open)
@@ -57,6 +59,7 @@ def launch_with_main_limited(
     config: str | None = None,
     rank1_env: dict | None = None,
     closed_at_once: bool = False,
+    rank1_paths: dict | None = None,
 ):
     """The run of `more` on two DDP ranks, rank 0 under a file size limit of `limit`: (the CompletedProcess, stdout and
     stderr together; the output folder). `closed_at_once`: a rank the launcher closes once another failed (its
@@ -76,6 +79,7 @@ def launch_with_main_limited(
             from_opening=from_opening,
             in_memory=1 << 30,
             rank1_env=rank1_env or {},
+            rank1_paths=rank1_paths or {},
         )
     )
     out = tmp_path / "run"
@@ -453,6 +457,31 @@ def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log
     want = "error: GPUS_PER_NODE='two' is not a number of processes: give a whole number (WORLD_SIZE=16"
     assert len(errors) == 1 and errors[0].startswith(want), result.stdout[-3000:]
     assert result.returncode != 0
+
+
+@pytest.mark.slow
+def test_a_refusal_of_the_data_rank_1_alone_meets_after_the_ranks_met_is_one_line_in_a_launch_log(
+    tmp_path, tiny_model_dir
+):
+    """A refusal of the data after the ranks met (here a max_length that leaves the pairs nothing to learn) was written
+    by rank 0 alone (every rank counts the same pairs): where rank 1 alone met it (its node's own copy of the data
+    file), it wrote nothing, rank 0 went on to its next collective until the launcher ended it, and the job's log held
+    no line saying why. Now the refusing rank's line, once, every rank ending non-zero."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(8, seed=3)  # the launch's own pairs, each prompt made to fill max_length
+    for row in rows:
+        row["chosen"][0]["content"] += " please" * 600
+        row["rejected"][0]["content"] = row["chosen"][0]["content"]
+    copy = tmp_path / "node1" / "pairs.jsonl"
+    copy.parent.mkdir()
+    copy.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    paths = {str(tmp_path / "pairs.jsonl"): str(copy)}
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_paths=paths, closed_at_once=True)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "leaves 0 of 8 pairs" in errors[0], result.stdout[-3000:]
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
+    assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
 
 
 OWN = textwrap.dedent("""
