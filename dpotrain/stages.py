@@ -194,8 +194,9 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         check(options.check_weights, recipe.model.model_name_or_path or "")  # the run's refusal, before the model loads
     decision = resolve.OutputDecision(None, False)
     if not only_reference:
-        check(push.check_token)
-        check(options.check_wandb, recipe)
+        # Every rank reads the same environment and files, after the ranks met: written once, by the first rank
+        check(collectives.every_rank, push.check_token)
+        check(collectives.every_rank, options.check_wandb, recipe)
         if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:

@@ -484,6 +484,29 @@ def test_a_refusal_of_the_data_rank_1_alone_meets_after_the_ranks_met_is_one_lin
     assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["no token", "no W&B login", "foreign files"])
+def test_a_refusal_of_the_outputs_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, case):
+    """The output checks after the ranks met that every rank reads alike (a push without a token, W&B without a login,
+    an output folder holding files that are no run's) were written by every rank: twice in a 2-process launch's log.
+    Now once, every rank exiting non-zero, none left waiting in a collective."""
+    more, env, line = [], {}, "holds files that are not a run's (1: notes.txt)"
+    if case == "no token":
+        more, line = ["--push_to_hub", "true", "--hub_model_id", "org/x"], "no Hugging Face token was found"
+        env = {"HF_TOKEN": "", "HF_TOKEN_PATH": str(tmp_path / "no-token")}
+    elif case == "no W&B login":
+        more, line = ["--report_to", "wandb"], "report_to wandb but no W&B login"
+        env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "NETRC": str(tmp_path / "no-netrc")}
+    else:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "notes.txt").write_text("a person's notes\n")
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *more, env=env)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and line in errors[0], result.stdout[-3000:]
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
+    assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
+
+
 OWN = textwrap.dedent("""
     import os, sys
     from datetime import timedelta
