@@ -546,7 +546,8 @@ def test_a_failure_one_rank_met_is_written_by_that_rank_alone(tmp_path, mode, li
 def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_model_dir):
     """The output folder's resume checks run after the ranks' first collective, where each rank writes its own line:
     an unfinished run with other settings (resolve.check_output_dir) and a TR-DPO checkpoint without its moved
-    reference (resume.check_live_reference) were written once per rank; `check_partitions` beside them once."""
+    reference (resume.check_live_reference) were written once per rank; `check_partitions` beside them once. Before
+    them, the same folder resumed by rank 0 while rank 1 sees none: the ranks' disagreement, named once."""
     from dpotrain.train import checkpoint_manifest, resume
 
     tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
@@ -555,6 +556,16 @@ def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_mode
     assert first.returncode == 0, first.stdout[-3000:]
     for name in ("model.safetensors", "run_complete.json"):  # a run stopped after its checkpoint
         (out / name).unlink()
+    # Rank 1's node sees an empty output folder (a node-local one), rank 0's the checkpoint: rank 0 resumes, rank 1
+    # starts afresh. Every rank joins each output check's gather whatever it decided (`once(..., when=)`): one that
+    # skipped the check its decision skips would be a gather behind the other, which then takes the other's next
+    # values as its outcome (a traceback), or waits; they reach the folder's agreement, whose line names it.
+    apart = {str(out): str(tmp_path / "node1" / "run")}
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved, rank1_paths=apart)
+    errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
+    disagree = "error: ranks disagree on the output folder's state: rank 1 has resume=None, rank 0 has resume="
+    assert result.returncode != 0 and len(errors) == 1, result.stdout[-3000:]
+    assert errors[0].startswith(disagree) and "checkpoint-1" in errors[0], result.stdout[-3000:]
     checkpoint = out / "checkpoint-1"
     manifest = json.loads((checkpoint / checkpoint_manifest.MANIFEST).read_text())
     del manifest["files"][resume.REFERENCE_FILE]  # as a version that did not save the reference wrote it
