@@ -315,7 +315,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template, identify, pins, fetch, recorded)
         checked["eval_rows"] = len(eval_dataset)
-        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
+        collectives.every_rank(plan.check_eval_split, len(eval_dataset), launch.data_parallel)  # said once
         _check_held_out_kind(dataset, eval_dataset)
         _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
@@ -975,6 +975,6 @@ def first_half(
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
     if eval_dataset is not None:  # as `load_data` checks it: a pair per rank (`check_held_out` counts on it)
-        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
+        collectives.every_rank(plan.check_eval_split, len(eval_dataset), launch.data_parallel)  # said once
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)

@@ -422,17 +422,18 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
         (["--warmup_steps", "1"], "--max_steps 1 with warmup trains nothing"),
         (["--max_length", "8", "--max_tokens_per_microbatch", "16"], "max_length 8 leaves 0 of 8 pairs"),
         (["--eval_strategy", "steps", "--max_length", "512"], "max_length 512 leaves 0 of the 2 held-out pairs"),
+        (["--eval_strategy", "steps"], "the evaluation split has 1 pair, fewer than the 2 processes that evaluate"),
     ],
 )
 def test_a_refusal_of_the_data_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, args, line):
     """A run that would train nothing (one step, all of it warm-up; a max_length that leaves the pairs nothing to
-    learn, or the held-out pairs none to evaluate on) is refused once the data set is counted, after the ranks first
-    met, from what every rank counts alike: it was written by every rank, twice in a 2-process launch's log. Now by
-    rank 0 alone, every rank exiting non-zero."""
+    learn, or the held-out pairs none to evaluate on; fewer held-out pairs than the ranks) is refused once the data
+    set is counted, after the ranks first met, from what every rank counts alike: it was written by every rank, twice
+    in a 2-process launch's log. Now once, by the first rank to meet it, every rank exiting non-zero."""
     if "--eval_strategy" in args:  # held-out pairs whose prompts alone fill max_length
         from dpotrain.data import builtin
 
-        held = builtin.make_preference_rows(2, seed=4)
+        held = builtin.make_preference_rows(2 if "--max_length" in args else 1, seed=4)  # else: fewer than the ranks
         for row in held:
             for side in ("chosen", "rejected"):
                 row[side][0]["content"] += " please" * 600
