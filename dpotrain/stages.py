@@ -975,6 +975,6 @@ def first_half(
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
     if eval_dataset is not None:  # as `load_data` checks it: a pair per rank (`check_held_out` counts on it)
-        collectives.every_rank(plan.check_eval_split, len(eval_dataset), launch.data_parallel)  # said once
+        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)
