@@ -124,15 +124,28 @@ def _writable_and_free(out: Path) -> None:
 
 def check(output_dir: str, lock: bool = True) -> None:
     """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
-    live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock)."""
+    live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock). Every rank
+    calls it once the ranks have met: its own checks go through `collectives.every_rank` (a refusal every rank meets
+    written once, by the first; one a rank alone meets, by it), each joined by every rank whatever it found, around
+    the main process's (`main_outcome`), which `every_rank`'s work must not hold."""
+    collectives.every_rank(_not_a_file, output_dir)
+    if lock:  # the main process's (its refusal every rank's: the others would wait for it in the next collective)
+        collectives.main_outcome(_writable_and_free, Path(output_dir))
+    collectives.every_rank(_a_run_folder, output_dir)
+
+
+def _not_a_file(output_dir: str) -> None:
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(
             f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
             "one of an earlier run)"
         )
-    if lock:  # the main process's (its refusal every rank's: the others would wait for it in the next collective)
-        collectives.main_outcome(_writable_and_free, out)
+
+
+def _a_run_folder(output_dir: str) -> None:
+    """A folder that holds files but no run (`check`), or a checkpoint's folder: refused. None yet: nothing to say."""
+    out = Path(output_dir)
     if not out.is_dir():
         return
     # A run killed as it wrote its first record leaves that record's temporary alone, on whichever node (a requeue may

@@ -36,7 +36,7 @@ from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
 from dpotrain.recipe import config, launcher, records, run_record, venv
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, RunError, cause, said_by_rank_0, warn
+from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
 from dpotrain.train import health, lora, metrics, resume, samples, weight_names
@@ -194,8 +194,9 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         check(options.check_weights, recipe.model.model_name_or_path or "")  # the run's refusal, before the model loads
     decision = resolve.OutputDecision(None, False)
     if not only_reference:
-        check(push.check_token)
-        check(options.check_wandb, recipe)
+        # Every rank reads the same environment and files, after the ranks met: written once, by the first rank
+        check(collectives.every_rank, push.check_token)
+        check(collectives.every_rank, options.check_wandb, recipe)
         if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
@@ -317,7 +318,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             recipe, True, revision, checked, say, template, identify, pins, fetch, recorded
         )
         checked["eval_rows"] = len(eval_dataset)
-        plan.check_eval_split(len(eval_dataset), launch.data_parallel)
+        collectives.every_rank(plan.check_eval_split, len(eval_dataset), launch.data_parallel)  # said once
         _check_held_out_kind(dataset, eval_dataset)
         _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
@@ -330,8 +331,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         held = data_identity.files(script.dataset_name, script.dataset_test_split) if test else None
         if held and not set(held) <= set(found or {}):
             checked["eval_identity"] = data_identity.of_files(held)
-    plan.check_steps(steps, recipe.training.max_steps)
-    plan.check_schedule_fits(steps, recipe.training)
+    collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
         pairs = launch.batch.pairs_per_step
         resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
@@ -652,10 +652,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         found, every, tokenized = sample.measured_sample(
             pairs.train, tokenizer, t.seed, p.hh_format, every=launch.dry_run
         )
-    if max_length is not None:
-        check_cuts(recipe, pairs, found, measured, max_length, limit)
-    if pairs.eval is not None and tokenizer is not None and max_length is not None:
-        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
+    collectives.every_rank(check_max_length, recipe, pairs, found, measured, tokenizer, max_length, limit, launch)
     shares = None
     if pairs.mix is not None and measured is not None:
         shares = pairs.mix.with_token_shares(measured[0], max_length, t.truncation_mode)
@@ -674,7 +671,24 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, warnings)
 
 
-@said_by_rank_0  # every rank measures the same pairs
+def check_steps(steps: dict, training) -> None:
+    """The steps the data set's rows make: a run that trains nothing, or whose schedule does not fit, refused. Every
+    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs is refused alone,
+    and its line, written by it, ends every rank (rank 0's alone was written before: rank 1's was lost)."""
+    plan.check_steps(steps, training.max_steps)
+    plan.check_schedule_fits(steps, training)
+
+
+def check_max_length(recipe, pairs: Data, found, measured, tokenizer, max_length, limit, launch: Launch) -> None:
+    """The training and held-out pairs at `max_length` (`check_cuts`, `check_held_out`), in one gather on every rank
+    (`collectives.every_rank`): each rank measures its own copy of the pairs, and one refused alone ends every rank on
+    its line, written once."""
+    if max_length is not None:
+        check_cuts(recipe, pairs, found, measured, max_length, limit)
+    if pairs.eval is not None and tokenizer is not None and max_length is not None:
+        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
+
+
 def check_cuts(recipe, pairs: Data, found, measured, max_length: int, limit: int | None) -> None:
     """A max_length that leaves the pairs (`found`), or one mixture source's (`measured`: every pair), nothing to
     learn: refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would:
@@ -704,7 +718,6 @@ def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths
     return m, cuts.count(m.prompt, m.chosen, m.rejected, max_length, recipe.training.truncation_mode)
 
 
-@said_by_rank_0  # every rank measures the same held-out pairs
 def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int, mix=None, limit=None) -> None:
     """The held-out pairs at `max_length`: the trainer drops one whose prompt alone fills it. Fewer than the ranks
     left, or none of a held-out mixture's source (`mix`): refused (TRL failed after the reference was scored; the

@@ -38,6 +38,8 @@ WRAPPER = textwrap.dedent("""
 
     if os.environ.get("RANK") == "1":  # rank 1's own environment (`rank1_env`), as a node's may differ
         os.environ.update({rank1_env!r})
+        # and its own view of a path (`rank1_paths`: a node-local copy of the data, of the output folder)
+        sys.argv = [{rank1_paths!r}.get(arg, arg) for arg in sys.argv]
     if os.environ.get("RANK") == "0":
         if {from_opening!r}:
             sys.addaudithook(at_open)
@@ -57,6 +59,7 @@ def launch_with_main_limited(
     config: str | None = None,
     rank1_env: dict | None = None,
     closed_at_once: bool = False,
+    rank1_paths: dict | None = None,
 ):
     """The run of `more` on two DDP ranks, rank 0 under a file size limit of `limit`: (the CompletedProcess, stdout and
     stderr together; the output folder). `closed_at_once`: a rank the launcher closes once another failed (its
@@ -76,6 +79,7 @@ def launch_with_main_limited(
             from_opening=from_opening,
             in_memory=1 << 30,
             rank1_env=rank1_env or {},
+            rank1_paths=rank1_paths or {},
         )
     )
     out = tmp_path / "run"
@@ -418,17 +422,18 @@ def test_a_refusal_of_the_command_is_one_line_in_a_launch_log(tmp_path, tiny_mod
         (["--warmup_steps", "1"], "--max_steps 1 with warmup trains nothing"),
         (["--max_length", "8", "--max_tokens_per_microbatch", "16"], "max_length 8 leaves 0 of 8 pairs"),
         (["--eval_strategy", "steps", "--max_length", "512"], "max_length 512 leaves 0 of the 2 held-out pairs"),
+        (["--eval_strategy", "steps"], "the evaluation split has 1 pair, fewer than the 2 processes that evaluate"),
     ],
 )
 def test_a_refusal_of_the_data_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, args, line):
     """A run that would train nothing (one step, all of it warm-up; a max_length that leaves the pairs nothing to
-    learn, or the held-out pairs none to evaluate on) is refused once the data set is counted, after the ranks first
-    met, from what every rank counts alike: it was written by every rank, twice in a 2-process launch's log. Now by
-    rank 0 alone, every rank exiting non-zero."""
+    learn, or the held-out pairs none to evaluate on; fewer held-out pairs than the ranks) is refused once the data
+    set is counted, after the ranks first met, from what every rank counts alike: it was written by every rank, twice
+    in a 2-process launch's log. Now once, by the first rank to meet it, every rank exiting non-zero."""
     if "--eval_strategy" in args:  # held-out pairs whose prompts alone fill max_length
         from dpotrain.data import builtin
 
-        held = builtin.make_preference_rows(2, seed=4)
+        held = builtin.make_preference_rows(2 if "--max_length" in args else 1, seed=4)  # else: fewer than the ranks
         for row in held:
             for side in ("chosen", "rejected"):
                 row[side][0]["content"] += " please" * 600
@@ -453,6 +458,54 @@ def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log
     want = "error: GPUS_PER_NODE='two' is not a number of processes: give a whole number (WORLD_SIZE=16"
     assert len(errors) == 1 and errors[0].startswith(want), result.stdout[-3000:]
     assert result.returncode != 0
+
+
+@pytest.mark.slow
+def test_a_refusal_of_the_data_rank_1_alone_meets_after_the_ranks_met_is_one_line_in_a_launch_log(
+    tmp_path, tiny_model_dir
+):
+    """A refusal of the data after the ranks met (here a max_length that leaves the pairs nothing to learn) was written
+    by rank 0 alone (every rank counts the same pairs): where rank 1 alone met it (its node's own copy of the data
+    file), it wrote nothing, rank 0 went on to its next collective until the launcher ended it, and the job's log held
+    no line saying why. Now the refusing rank's line, once, every rank ending non-zero."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(8, seed=3)  # the launch's own pairs, each prompt made to fill max_length
+    for row in rows:
+        row["chosen"][0]["content"] += " please" * 600
+        row["rejected"][0]["content"] = row["chosen"][0]["content"]
+    copy = tmp_path / "node1" / "pairs.jsonl"
+    copy.parent.mkdir()
+    copy.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    paths = {str(tmp_path / "pairs.jsonl"): str(copy)}
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_paths=paths, closed_at_once=True)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "leaves 0 of 8 pairs" in errors[0], result.stdout[-3000:]
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
+    assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["no token", "no W&B login", "foreign files"])
+def test_a_refusal_of_the_outputs_after_the_ranks_met_is_one_line_in_a_launch_log(tmp_path, tiny_model_dir, case):
+    """The output checks after the ranks met that every rank reads alike (a push without a token, W&B without a login,
+    an output folder holding files that are no run's) were written by every rank: twice in a 2-process launch's log.
+    Now once, every rank exiting non-zero, none left waiting in a collective."""
+    more, env, line = [], {}, "holds files that are not a run's (1: notes.txt)"
+    if case == "no token":
+        more, line = ["--push_to_hub", "true", "--hub_model_id", "org/x"], "no Hugging Face token was found"
+        env = {"HF_TOKEN": "", "HF_TOKEN_PATH": str(tmp_path / "no-token")}
+    elif case == "no W&B login":
+        more, line = ["--report_to", "wandb"], "report_to wandb but no W&B login"
+        env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "NETRC": str(tmp_path / "no-netrc")}
+    else:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "notes.txt").write_text("a person's notes\n")
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *more, env=env)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and line in errors[0], result.stdout[-3000:]
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", result.stdout, re.MULTILINE)
+    assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
 
 
 OWN = textwrap.dedent("""
@@ -494,7 +547,8 @@ def test_a_failure_one_rank_met_is_written_by_that_rank_alone(tmp_path, mode, li
 def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_model_dir):
     """The output folder's resume checks run after the ranks' first collective, where each rank writes its own line:
     an unfinished run with other settings (resolve.check_output_dir) and a TR-DPO checkpoint without its moved
-    reference (resume.check_live_reference) were written once per rank; `check_partitions` beside them once."""
+    reference (resume.check_live_reference) were written once per rank; `check_partitions` beside them once. Before
+    them, the same folder resumed by rank 0 while rank 1 sees none: the ranks' disagreement, named once."""
     from dpotrain.train import checkpoint_manifest, resume
 
     tr_dpo = ("--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false")
@@ -503,6 +557,16 @@ def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_mode
     assert first.returncode == 0, first.stdout[-3000:]
     for name in ("model.safetensors", "run_complete.json"):  # a run stopped after its checkpoint
         (out / name).unlink()
+    # Rank 1's node sees an empty output folder (a node-local one), rank 0's the checkpoint: rank 0 resumes, rank 1
+    # starts afresh. Every rank joins each output check's gather whatever it decided (`once(..., when=)`): one that
+    # skipped the check its decision skips would be a gather behind the other, which then takes the other's next
+    # values as its outcome (a traceback), or waits; they reach the folder's agreement, whose line names it.
+    apart = {str(out): str(tmp_path / "node1" / "run")}
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved, rank1_paths=apart)
+    errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
+    disagree = "error: ranks disagree on the output folder's state: rank 1 has resume=None, rank 0 has resume="
+    assert result.returncode != 0 and len(errors) == 1, result.stdout[-3000:]
+    assert errors[0].startswith(disagree) and "checkpoint-1" in errors[0], result.stdout[-3000:]
     checkpoint = out / "checkpoint-1"
     manifest = json.loads((checkpoint / checkpoint_manifest.MANIFEST).read_text())
     del manifest["files"][resume.REFERENCE_FILE]  # as a version that did not save the reference wrote it

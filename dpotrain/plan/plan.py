@@ -20,7 +20,7 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError, plural, said_by_rank_0
+from dpotrain.recipe.errors import ConfigError, plural
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,6 @@ class StepCollator:
         }
 
 
-@said_by_rank_0
 def check_schedule_fits(steps: dict, training) -> None:
     """warmup_stable_decay counts its phases in steps of its own (`num_decay_steps`, `num_stable_steps`), which the
     schedule's walk before the data loads cannot weigh against the run. Without `num_stable_steps` the stable phase is
@@ -513,7 +512,6 @@ def _check_phases(total: int, warmup: int, kwargs: dict) -> None:
     )
 
 
-@said_by_rank_0
 def check_steps(steps: dict, max_steps: int = -1, made_of: str | None = None) -> None:
     """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained:
     transformers' schedules give step 1 the rate 0 whenever there is warmup. Checked on the data set's rows when it

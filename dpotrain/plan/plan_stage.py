@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpotrain.cluster import collectives
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
@@ -44,6 +45,14 @@ class RunPlan:
         )
 
 
+def _check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs_per_step: int) -> None:
+    """The steps of the pairs training keeps, checked again where max_length dropped some (`make`)."""
+    if max_length_cuts.get("dropped"):
+        kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
+        plan.check_steps(kept, args.max_steps, f"the {pairs} pairs training keeps")
+        plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
+
+
 def make(
     lengths: PairLengths,
     args,
@@ -75,10 +84,9 @@ def make(
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
     # Fewer pairs than the rows the data stage counted its steps on (keep_start drops those whose prompt fills
     # max_length): fewer steps, maybe all of them warm-up.
-    if max_length_cuts.get("dropped"):
-        kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
-        plan.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
-        plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
+    # Every rank joins the gather whatever it counted (`collectives.every_rank`): a rank refused alone (its own copy of
+    # the data) is said once, and no rank waits in a collective the others skipped.
+    collectives.every_rank(_check_kept_steps, max_length_cuts, steps, args, len(lengths), pairs_per_step)
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward, steps)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}

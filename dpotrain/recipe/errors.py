@@ -1,6 +1,5 @@
 import contextlib
 import ctypes
-import functools
 import hashlib
 import os
 import sys
@@ -62,21 +61,6 @@ def said_by(error: BaseException, rank: int = 0) -> BaseException:
     """`error`, marked as the line rank `rank` writes (`SAID_BY`); the others' copies of it are ended without it."""
     setattr(error, SAID_BY, rank)
     return error
-
-
-def said_by_rank_0(check):
-    """`check`'s refusal, written by rank 0 alone: a check of what every rank reads or counts alike (the steps, the
-    pairs' lengths) met after the ranks have met (the data stage's collectives), where each rank writes its own
-    refusals (`writes_line`): the same line twice in a 2-process launch's log, 8 times on a node of 8 GPUs."""
-
-    @functools.wraps(check)
-    def checked(*args, **kwargs):
-        try:
-            return check(*args, **kwargs)
-        except ConfigError as e:
-            raise said_by(e, 0) from None
-
-    return checked
 
 
 # Whether this process has joined the ranks in a collective yet (cluster/collectives.py sets it at its first): before
