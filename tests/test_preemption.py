@@ -581,6 +581,34 @@ def test_a_stop_signal_after_a_ctrl_c_or_a_closed_terminal_still_ends_the_job(fi
     assert given_up and int(given_up[1]) >= 0, said.out
 
 
+def test_the_launcher_gone_after_a_ctrl_c_still_ends_the_job(capfd):
+    """`accelerate launch` in a terminal, its training over: a first Ctrl-C asks the ranks to finish their outputs,
+    then the launcher is killed (`kill -9`), which nothing else would stop them after: the job is to end, a final push
+    given up as on SIGTERM. Only the first signal was kept: the launcher's death was not heard, nor said."""
+    from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    # What GracefulStop sets under a launcher (pytest runs under none): the launcher's pid, no longer the parent's
+    stop.launcher_pid = os.getppid() + 4_000_000
+    before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        asked = [stop.asked_to_end()]
+        os.kill(os.getpid(), LAUNCHER_GONE)
+        time.sleep(0.1)
+        asked.append(stop.asked_to_end())
+    finally:
+        signal.signal(LAUNCHER_GONE, before)
+        stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert asked == [False, True], said
+    assert said.count(f"The launcher (pid {stop.launcher_pid}) that started this run's processes is gone") == 1, said
+    assert "nothing would stop them: finishing the final model and the run's outputs, then ending" in said, said
+
+
 @pytest.mark.parametrize(
     "made", ["before the start", "before training", "during a step", "during a save", "during the final push"]
 )
