@@ -129,7 +129,9 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     assert proc.returncode == STOPPED_EXIT, log[-3000:]  # saved, not finished: the same command goes on
 
     # How long the stop took, to hold against a partition's GraceTime: the rest of a step and the save, seconds here.
-    said = re.search(r"Stop requested: checkpoint \S+-(\d+) written (\d+) s after the request; (.*)", log)
+    # A stop file's time is when the run first saw it (its own clock: on NFS the file server stamps the mtime)
+    after = "the stop file was seen" if how == "stop file" else "the request"
+    said = re.search(rf"Stop requested: checkpoint \S+-(\d+) written (\d+) s after {after}; (.*)", log)
     stopped_at, waited, how_to_go_on = int(said[1]), int(said[2]), said[3]
     assert 3 <= stopped_at < STEPS and waited < 30
     assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
@@ -557,6 +559,117 @@ def test_ctrl_c_during_the_last_steps_checkpoint_says_the_run_finishes(capfd):
     said = capfd.readouterr().err
     assert "Ctrl-C: training is over; finishing the final model and the run's outputs, then ending" in said
     assert "saving a checkpoint" not in said and not stop.stopped
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("then", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_after_a_ctrl_c_or_a_closed_terminal_still_ends_the_job(first, then, capfd):
+    """A run started outside launch.sh (`python train_dpo.py` in a terminal, `srun` by hand), its training over: a
+    person's first Ctrl-C asks it to finish its outputs, a closed terminal's SIGHUP to go on as under nohup. Slurm's
+    SIGTERM (its time limit, a preemption) or a `kill` after them still means "end the job": a final push still running
+    is given up (`asked_to_end`). Only the first signal was kept, so that SIGTERM was not heard, and the push was waited
+    for until Slurm's kill. The line given up says how long after the request that ended the job."""
+    from dpotrain.train.preemption import GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    os.kill(os.getpid(), first)
+    time.sleep(0.1)
+    asked = [stop.asked_to_end()]
+    os.kill(os.getpid(), then)
+    time.sleep(0.1)
+    asked.append(stop.asked_to_end())
+    stop.mark_saved("the final push to me/x was given up unfinished")  # what publish.push_final does then
+    stop.release(exiting=False)
+    said = capfd.readouterr()
+    assert asked == [False, True], said
+    name = signal.Signals(then).name
+    line = f"{name}: training is over; finishing the final model and the run's outputs, then ending (killed before"
+    assert said.err.count(line) == 1, said.err
+    given_up = re.search(
+        r"^Stop requested: the final push to me/x was given up unfinished (\d+) s after the request; ", said.out, re.M
+    )
+    assert given_up and int(given_up[1]) >= 0, said.out
+
+
+def test_the_launcher_gone_after_a_ctrl_c_still_ends_the_job(capfd):
+    """`accelerate launch` in a terminal, its training over: a first Ctrl-C asks the ranks to finish their outputs,
+    then the launcher is killed (`kill -9`), which nothing else would stop them after: the job is to end, a final push
+    given up as on SIGTERM. Only the first signal was kept: the launcher's death was not heard, nor said."""
+    from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    # What GracefulStop sets under a launcher (pytest runs under none): the launcher's pid, no longer the parent's
+    stop.launcher_pid = os.getppid() + 4_000_000
+    before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        asked = [stop.asked_to_end()]
+        os.kill(os.getpid(), LAUNCHER_GONE)
+        time.sleep(0.1)
+        asked.append(stop.asked_to_end())
+    finally:
+        signal.signal(LAUNCHER_GONE, before)
+        stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert asked == [False, True], said
+    assert said.count(f"The launcher (pid {stop.launcher_pid}) that started this run's processes is gone") == 1, said
+    assert "nothing would stop them: finishing the final model and the run's outputs, then ending" in said, said
+
+
+@pytest.mark.parametrize(
+    "made", ["before the start", "before training", "during a step", "during a save", "during the final push"]
+)
+def test_every_stop_on_a_stop_file_says_how_long_after_the_file_was_seen(made, tmp_path, capsys):
+    """How long a stop took, held against a Slurm grace time, by this host's clock: from when this process first saw
+    the stop file. It was the file's mtime, which on NFS the file server stamps: a server clock an hour behind printed
+    `3600 s after the request` for a stop of seconds (ahead: a negative number), and a final push given up on a stop
+    file printed no time at all. A file there before the start was seen at the start."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+
+    def made_by_the_server():
+        stop_file.touch()
+        os.utime(stop_file, (time.time() - 3600,) * 2)  # a file server's clock an hour behind this host's
+
+    if made == "before the start":
+        made_by_the_server()
+    stop = GracefulStop(str(stop_file))
+    args = SimpleNamespace(device="cpu", output_dir=str(tmp_path / "run"))
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    step = SimpleNamespace(global_step=2, max_steps=4)
+    try:
+        if made == "before training":
+            made_by_the_server()
+            assert stop.stop_before_training("cpu", "stopped before step 1")
+        elif made == "during the final push":
+            stop.on_step_end(args, SimpleNamespace(global_step=4, max_steps=4), control)
+            made_by_the_server()
+            assert stop.asked_to_end()
+            stop.mark_saved("the final push to me/x was given up unfinished")  # what publish.push_final does then
+        else:
+            stop.on_step_begin(args, step, control)  # a file found at the start waits for the end of the step
+            if made == "during a step":
+                made_by_the_server()
+            stop.on_step_end(args, step, control)
+            if made == "during a save":
+                made_by_the_server()
+            stop.on_save(args, step, control)
+    finally:
+        stop.release(exiting=False)
+    said = capsys.readouterr().out
+    line = re.search(
+        r"^Stop requested: .* (\S+) s after the stop file was seen; exiting so that the job can be requeued$",
+        said,
+        re.M,
+    )
+    assert line and said.count("Stop requested") == 1 and int(line[1]) >= 0, said
 
 
 @pytest.mark.slow

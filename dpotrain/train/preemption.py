@@ -47,6 +47,11 @@ SECOND_CTRL_C_S = 1.0
 # The signal the kernel sends a launched rank when its launcher (its parent) dies: PR_SET_PDEATHSIG, Linux's prctl
 LAUNCHER_GONE = signal.SIGUSR2
 PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
+# The requests that end the job: Slurm's time limit or preemption, `scancel`, a `kill`, the launcher gone, and a stop
+# file made since the start (launch.sh's trap). A person's first Ctrl-C asks for the run's outputs to be finished, a
+# closed terminal's SIGHUP for the run to go on as under nohup: neither ends the job, but one of these after them does.
+ENDS_JOB = (signal.SIGTERM, signal.SIGUSR1, LAUNCHER_GONE)
+NEW_STOP_FILE, OLD_STOP_FILE = "stop file", "stop file found at start"
 
 
 class StoppedBeforeTraining(Exception):
@@ -58,13 +63,19 @@ class StoppedBeforeTraining(Exception):
 class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
-        self.signal_received: int | None = None
-        self.requested_at: float | None = None  # when this process first heard of the request (time.time())
+        # Each request heard (a signal's number, NEW_STOP_FILE or OLD_STOP_FILE), in the order first heard, with when
+        # this process heard it (time.time()): the strongest decides (`asked_to_end`), not the first. A list: a signal
+        # handler appends while the main thread reads it. A stop file's time is when this process first saw it, by its
+        # own clock, never its mtime: on NFS the file server stamps that, and a server clock an hour behind made a stop
+        # of seconds "3600 s after the request". Seen only where it is looked for (a step's end, a stage boundary), so
+        # the stop line says "after the stop file was seen", not "after the request".
+        self.heard: list[tuple[int | str, float]] = []
         # The stop file as it was when this process started (None: not there): that one was not asked as it ran
         # (stop_before_training). Compared by identity, not its mtime against this host's clock: on NFS the file
         # server stamps the mtime, and a server clock behind the node's hid a request made in its lag, one ahead made
         # a file left from before the start a new request.
         self.found_at_start = self._stop_file_identity()
+        self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
@@ -107,7 +118,7 @@ class GracefulStop(TrainerCallback):
         each node's first rank. A stray SIGUSR2, with the launcher still there, changes nothing."""
         if self.launcher_pid is None or os.getppid() == self.launcher_pid:
             return
-        if self.signal_received is None and launcher.first_on_node():
+        if not self.heard_to_end() and launcher.first_on_node():
             now = (
                 b"finishing the final model and the run's outputs, then ending"
                 if self.training_over and not self.stopped
@@ -121,8 +132,20 @@ class GracefulStop(TrainerCallback):
                 b"\nThe launcher (pid " + pid + b") that started this run's processes is gone (killed?), and "
                 b"nothing would stop them: " + now + b"; the same command goes on from what is saved\n",
             )
-        self.signal_received = self.signal_received or signum
-        self.requested_at = self.requested_at or time.time()
+        self._hear(signum, time.time())
+
+    def _hear(self, request: int | str, at: float) -> None:
+        if request not in [heard for heard, _ in self.heard]:
+            self.heard.append((request, at))
+
+    @property
+    def signal_received(self) -> int | None:
+        """The first signal heard; None: none."""
+        return next((heard for heard, _ in self.heard if isinstance(heard, int)), None)
+
+    def heard_to_end(self) -> bool:
+        """Whether a signal that ends the job (`ENDS_JOB`) was heard, whatever came before it."""
+        return any(heard in ENDS_JOB for heard, _ in self.heard)
 
     @classmethod
     def from_env(cls, command: list[str] | None = None) -> "GracefulStop":
@@ -164,10 +187,11 @@ class GracefulStop(TrainerCallback):
                 else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
                 b"again: stop at once)\n",
             )
-        elif self.training_over and not self.stopped and self.signal_received is None and signum != signal.SIGHUP:
+        elif self.training_over and not self.stopped and signum in ENDS_JOB and not self.heard_to_end():
             # No step left to stop at: the run goes on to its end. It said nothing, and a job killed at the end of
-            # Slurm's KillWait stopped mid-save or mid-push in its log without a word; the rerun completes both. (Not
-            # SIGHUP: its terminal is gone, and a write to it fails with EIO.)
+            # Slurm's KillWait stopped mid-save or mid-push in its log without a word; the rerun completes both. Said
+            # after a first Ctrl-C or a SIGHUP too: this one ends the job (a final push is given up). (Not on SIGHUP
+            # itself: its terminal is gone, and a write to it fails with EIO.)
             name = signal.Signals(signum).name.encode()
             terminal.say(
                 2,
@@ -177,8 +201,7 @@ class GracefulStop(TrainerCallback):
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()
-        self.signal_received = self.signal_received or signum
-        self.requested_at = self.requested_at or time.time()
+        self._hear(signum, time.time())
 
     def release(self, exiting: bool) -> None:
         """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
@@ -191,7 +214,7 @@ class GracefulStop(TrainerCallback):
         """The command saves nothing a stop could wait for (a dry run, a preflight): the handlers found are given back,
         so that Ctrl-C and SIGTERM end it at once. A stop asked already (while the options were read) ends it now."""
         self.release(exiting=False)
-        if self.signal_received is not None:
+        if self.heard:
             raise KeyboardInterrupt
 
     def _stop_file_identity(self) -> tuple | None:
@@ -208,20 +231,24 @@ class GracefulStop(TrainerCallback):
         """A signal, or the stop file; `new_only`: not the one there at the start (`stop_before_training`)."""
         if self.signal_received is not None:
             return True
+        return self._stop_file_asks(new_only)
+
+    def _stop_file_asks(self, new_only: bool) -> bool:
+        """Whether the stop file is there (`new_only`: made or touched since the start), noted as heard when first seen
+        (one found at the start: seen then)."""
         found = self._stop_file_identity()
         if found is None or (new_only and found == self.found_at_start):
             return False
-        self.requested_at = self.requested_at or found[2] / 1e9  # its mtime: when it was made (for the line only)
+        new = found != self.found_at_start
+        self._hear(NEW_STOP_FILE if new else OLD_STOP_FILE, time.time() if new else self.started_at)
         return True
 
     def asked_to_end(self) -> bool:
         """Whether the job is to end (SIGTERM, SIGUSR1, the launcher gone, a stop file made since the start): what gives
         up a final push still running. Not a person's first Ctrl-C, told that the run finishes its outputs (a second
-        one ends it at once), nor a closed terminal's SIGHUP, after which the run goes on as under nohup."""
-        if self.signal_received not in (None, signal.SIGINT, signal.SIGHUP):
-            return True
-        found = self._stop_file_identity()
-        return found is not None and found != self.found_at_start
+        one ends it at once), nor a closed terminal's SIGHUP, after which the run goes on as under nohup; but one that
+        ends it, heard after them, does as alone (a run in a terminal or `srun` by hand, then Slurm's time limit)."""
+        return self.heard_to_end() or self._stop_file_asks(new_only=True)
 
     def stop_before_training(self, device, what: str) -> bool:
         """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
@@ -240,7 +267,7 @@ class GracefulStop(TrainerCallback):
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
         without a stop file, the line names the command to type again."""
-        after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
+        after = self._how_long()
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
         # (the shell's $PWD names it by its links, os.getcwd() by where they lead: one folder is not two)
@@ -258,6 +285,19 @@ class GracefulStop(TrainerCallback):
         step_log.write_line(f"Stop requested: {what}{after}; {how}")  # above the step's progress bar, not glued to it
         if self.stop_file:
             write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
+
+    def _how_long(self) -> str:
+        """How long after the request it answers this stop comes, by this process's clock ("": it heard none, another
+        rank did). Training over without a stop, the only stop left is a final push given up: it answers the first
+        request that ends the job, not a first Ctrl-C or SIGHUP heard before it; any other answers the first request."""
+        ending = self.training_over and not self.stopped
+        request = next(
+            ((heard, at) for heard, at in self.heard if not ending or heard in (*ENDS_JOB, NEW_STOP_FILE)), None
+        )
+        if request is None:
+            return ""
+        said = "the request" if isinstance(request[0], int) else "the stop file was seen"
+        return f" {time.time() - request[1]:.0f} s after {said}"
 
     def on_step_begin(self, args, state, control, **kwargs):
         # The attempt's first step, once `trainer.train`'s own set-up is over: the engine started (DeepSpeed's, minutes
