@@ -229,6 +229,11 @@ mkdir -p logs
 # The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/train/preemption.py).
 export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
+# srun forwards each process's stdout and stderr to this log in chunks of bytes, interleaved: a chunk that ended inside
+# a progress bar's block character (3 bytes of UTF-8) left bytes that are no UTF-8 between the step lines, and grep
+# called the log a binary file. tqdm (every library's bars) reads its defaults from TQDM_* variables: its ASCII bar,
+# unless the user chose one (the dry run's bars too: one kind of bar in the log).
+export TQDM_ASCII="${TQDM_ASCII:- 123456789#}"
 
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
 # The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
@@ -316,12 +321,6 @@ trap 'stop_request TERM' TERM
 # Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
 [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
-
-# srun forwards each process's stdout and stderr to this log in chunks of bytes, interleaved: a chunk that ended inside
-# a progress bar's block character (3 bytes of UTF-8) left bytes that are no UTF-8 between the step lines, and grep
-# called the log a binary file. tqdm (every library's bars) reads its defaults from TQDM_* variables: its ASCII bar,
-# unless the user chose one.
-export TQDM_ASCII="${TQDM_ASCII:- 123456789#}"
 
 free_port  # last, right before the launch: the dry run and a preflight take minutes
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
