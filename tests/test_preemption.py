@@ -672,6 +672,26 @@ def test_every_stop_on_a_stop_file_says_how_long_after_the_file_was_seen(made, t
     assert line and said.count("Stop requested") == 1 and int(line[1]) >= 0, said
 
 
+def test_a_stop_file_once_seen_still_ends_the_job_when_it_is_gone(tmp_path):
+    """The end of training's wait for checkpoint uploads gave way to a stop file (recorded unfinished, "the requeued
+    job pushes them"); the file removed before the final push asked again (by hand, a node's clean-up), the final push
+    found no request, completed and exited 0: no requeue, the given-up checkpoints left unpushed. A request seen stays
+    asked (a reviewer's finding)."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+    stop = GracefulStop(str(stop_file))
+    try:
+        asked = [stop.asked_to_end()]
+        stop_file.touch()
+        asked.append(stop.asked_to_end())
+        stop_file.unlink()
+        asked.append(stop.asked_to_end())
+    finally:
+        stop.release(exiting=False)
+    assert asked == [False, True, True]
+
+
 @pytest.mark.slow
 def test_a_second_signal_does_not_end_the_process(tmp_path):
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a

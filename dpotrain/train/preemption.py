@@ -223,7 +223,7 @@ class GracefulStop(TrainerCallback):
             return None
         try:
             found = self.stop_file.stat()
-        except FileNotFoundError:
+        except OSError:  # none, or a file system that did not answer (NFS: ESTALE): looked for again at the next check
             return None
         return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
 
@@ -248,7 +248,10 @@ class GracefulStop(TrainerCallback):
         up a final push still running. Not a person's first Ctrl-C, told that the run finishes its outputs (a second
         one ends it at once), nor a closed terminal's SIGHUP, after which the run goes on as under nohup; but one that
         ends it, heard after them, does as alone (a run in a terminal or `srun` by hand, then Slurm's time limit)."""
-        return self.heard_to_end() or self._stop_file_asks(new_only=True)
+        # A stop file seen once stays asked: removed before the final push asked again, the push completed and the run
+        # exited 0, unrequeued, while the checkpoint uploads given up on it waited for the requeue
+        seen = any(heard == NEW_STOP_FILE for heard, _ in self.heard)
+        return self.heard_to_end() or seen or self._stop_file_asks(new_only=True)
 
     def stop_before_training(self, device, what: str) -> bool:
         """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
