@@ -950,9 +950,6 @@ class RunSpec:
         return self.launch.record() | self.data.record() | self.lengths.record() | forward | batching
 
 
-RUN_SAYS_DATA = "DPOTRAIN_RUN_SAYS_DATA"  # set by scripts/launch.sh for its dry run only
-
-
 def first_half(
     recipe,
     launch: Launch,
@@ -963,10 +960,6 @@ def first_half(
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it."""
     say = state is None or state.is_main_process
-    # launch.sh's dry run, before the job's run in the same log, leaves what the pairs read say to the run (a Slurm log
-    # held every "Data (...)" line and the held-out note twice): the run's are the ones every job has (a dry run reads
-    # no Hub data set) and the ones of the pairs it trains on
-    say = say and not (launch.dry_run and os.environ.get(RUN_SAYS_DATA) == "1")
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch, pairs.tokenizer)
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)

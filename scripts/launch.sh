@@ -289,9 +289,8 @@ left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)  # [days-]ho
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
 # (--dry-run after the job's arguments: a `--dry_run false` among them, turning off a recipe's, must not turn off this one)
-# The "Data (...)" lines and the held-out note are the run's to say, once in this log (DPOTRAIN_RUN_SAYS_DATA).
-resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE DPOTRAIN_RUN_SAYS_DATA=1 "$VENV/bin/python" \
-  train_dpo.py --config "$RECIPE" "$@" --accelerate_config "$ACCELERATE_CONFIG" --dry-run --json)
+resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" \
+  "$@" --accelerate_config "$ACCELERATE_CONFIG" --dry-run --json)
 # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
 # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
 # lines and exit code 2, in seconds, instead of after starting every process.

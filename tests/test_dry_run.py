@@ -539,28 +539,6 @@ def test_the_max_length_line_says_whose_it_is(tmp_path, capsys):
     assert whose("--config", str(recipe)) == "1024 (TRL's default)"
 
 
-def test_the_dry_run_of_a_launch_leaves_the_data_lines_to_its_run(tmp_path, capsys, monkeypatch):
-    """A Slurm job's log held the "Data (...)" lines and the held-out note twice: launch.sh's dry run printed them,
-    then the run. launch.sh's dry run (DPOTRAIN_RUN_SAYS_DATA=1) leaves them to the run; a plain dry run says them."""
-    pairs = str(ROOT / "data" / "smoke_prefs.jsonl")
-    args = [*SMOKE, "--dataset_mixer_list", pairs, "1.0", "--dataset_mixer_eval_list", pairs, "16"]
-    args += ["--eval_strategy", "steps", "--eval_steps", "2", "--output_dir", str(tmp_path / "run")]
-
-    def said() -> tuple[int, int, str]:
-        train_dpo.main([*args, "--dry-run"])
-        out, err = capsys.readouterr()
-        lines = (out + err).splitlines()
-        note = sum(
-            line.startswith(f"note: the held-out pairs of {pairs} [test] are pairs this run also") for line in lines
-        )
-        return sum(line.startswith("Data (") for line in lines), note, field(out, "data")
-
-    plain = said()
-    assert plain[:2] == (2, 1), plain  # the training and the held-out pairs' lines, the note
-    monkeypatch.setenv("DPOTRAIN_RUN_SAYS_DATA", "1")
-    assert said() == (0, 0, plain[2])  # the summary's data row stays
-
-
 def test_a_max_length_cleared_on_the_command_line_is_said_so(tmp_path, capsys):
     """`--max_length null` over the smoke recipe's 1024: the summary said "none: the recipe sets no max_length", though
     the recipe sets one and the command line cleared it."""

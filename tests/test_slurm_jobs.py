@@ -632,23 +632,6 @@ def test_processes_per_node_that_are_no_number_are_refused_by_name(gpus, cpus, s
     assert result.returncode == 1 and result.stderr.startswith("error: set RECIPE, e.g. RECIPE=configs/think.yaml")
 
 
-@pytest.mark.slow  # launch.sh's dry run of the smoke recipe (seconds), then its launch
-def test_the_jobs_dry_run_leaves_the_data_lines_to_the_run(tmp_path):
-    """A job's log held the "Data (...)" lines (and a held-out note) twice: launch.sh's dry run printed them, then the
-    run. launch.sh run here outside a Slurm allocation: its dry run prints none of them before the launch line (srun
-    then fails to reach a controller, or, where one answers, the run prints each once)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
-    env |= {"RECIPE": "configs/smoke.yaml", "SLURM_GPUS_PER_NODE": "0", "CPU_PROCESSES_PER_NODE": "1"}
-    env |= {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
-    job = ["bash", "scripts/launch.sh", "--output_dir", str(tmp_path / "run")]
-    result = subprocess.run(job, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = result.stdout.splitlines()
-    launched = next(i for i, line in enumerate(log) if line.startswith("launch: srun "))
-    assert any(line.startswith("batch: 8 pairs per step over 1 process") for line in log[:launched]), result.stdout
-    assert not [line for line in log[:launched] if line.startswith("Data (")], result.stdout
-    assert sum(line.startswith("Data (train): 384 rows") for line in log) <= 1, result.stdout
-
-
 def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     """`RECIPE=configs sbatch scripts/dpo_train.sh` (a folder: the shell completed to it) was refused as "recipe configs
     not found", though it was there; train_dpo.py --config says the same of a folder (tests/test_newcomer.py)."""
