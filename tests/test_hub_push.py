@@ -823,6 +823,53 @@ def test_a_push_given_up_on_a_stop_request_does_not_hold_the_process_end(tmp_pat
     assert code == 75 and not ended.exists(), err
 
 
+def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_process_end(hub, tmp_path, monkeypatch):
+    """The end of training waits FINAL_WAIT_S for the checkpoint uploads still running, then records them
+    `unfinished` and goes on; the upload's thread is left running, and Python's exit joins concurrent.futures' workers
+    (huggingface_hub's LFS uploads, which the stand-in's "regular" files do not take: the upload is run through a pool
+    here, as LFS's is): the process then waited on the hung commit past the job's end, until Slurm killed it. The
+    child ends before the Hub answers the held commit."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import end_process
+
+    hub_in_process(hub, monkeypatch)
+    held, answered, release = tmp_path / "commit-held", tmp_path / "commit-answered", threading.Event()
+    # the stand-in's handler thread (this process): the child's commit hangs until the test ends
+    hub.state.hold[("commit", "step-2")] = lambda: (held.write_text(""), release.wait(60), answered.write_text(""))
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+
+    def abandoned():
+        upload = hub_push.upload_checkpoint
+
+        def through_a_pool(*args):  # as an LFS upload's workers
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(upload, *args).result()
+
+        hub_push.upload_checkpoint = through_a_pool
+        pusher = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+        while not held.exists():  # the commit is on the Hub's side, hung
+            time.sleep(0.05)
+        assert pusher.finish(0.1) == [2]
+        end_process(0)
+
+    try:
+        code, _, err = in_child(abandoned)
+        ended_first = not answered.exists()
+    finally:
+        release.set()
+    assert code == 0 and ended_first, err
+    recorded = [(r["step"], r["status"], r.get("error")) for r in read_pushes(out)]
+    assert recorded == [(2, "unfinished", "still uploading")]
+
+
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
     hub, tmp_path, monkeypatch, tiny_model_dir
 ):

@@ -503,8 +503,11 @@ class CheckpointPusher(TrainerCallback):
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
             return left
         steps = ", ".join(map(str, left))
+        # Given up, on a stop request or at the timeout: the process's end must not wait on them (Python's exit joins
+        # an LFS upload's pool workers, a daemon thread's too), or a hung upload holds the job past its end (Slurm's
+        # kill; for a stop, the requeue it asked for never comes)
+        abandon_threads()
         if stopped:
-            abandon_threads()  # the process's end must not wait on them (an LFS upload's pool): the requeue comes
             for step in left:
                 record_checkpoint(self.out, self.repo_id, step, "unfinished", error="given up on a stop request")
             warn(
