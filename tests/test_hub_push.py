@@ -388,7 +388,7 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
         assert rerun.returncode == 0, rerun.stdout[-3000:]
         assert (
             f"output_dir {out}: a finished run whose push to {REPO} was started and not confirmed (the job was "
-            "killed while pushing, or the push failed): pushing it now; nothing is trained"
+            "killed while pushing): pushing it now; nothing is trained"
         ) in rerun.stdout, rerun.stdout[-3000:]
         assert f"Pushed to {hub.endpoint}/{REPO}" in rerun.stdout and "Data (train)" not in rerun.stdout
         [commit] = hub.state.commits
@@ -871,7 +871,7 @@ def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_proce
 
 
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
-    hub, tmp_path, monkeypatch, tiny_model_dir
+    hub, tmp_path, monkeypatch, tiny_model_dir, capsys
 ):
     """The end of training waits up to 30 min for the checkpoint uploads still running (push_checkpoints). The time
     limit's warning (the batch shell's stop file) or a preemption's SIGTERM while the Hub hung one of them: the run
@@ -931,7 +931,13 @@ def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run
 
     # The requeued job completes the push: the checkpoint first, to its branch, then main, whose card lists it
     stop_file.unlink()
+    capsys.readouterr()
     publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    # the reason recorded, not "killed while pushing, or the push failed", which sent a reader to look for a crash
+    assert (
+        f"{REPO} was started and not confirmed (the push was left unfinished: given up on a stop request while "
+        "pushing): pushing it now; nothing is trained"
+    ) in capsys.readouterr().out
     assert [(r["branch"], r["status"]) for r in read_pushes(out)[-3:]] == [
         ("step-2", "pushed"),
         ("main", "started"),
