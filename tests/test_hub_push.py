@@ -870,6 +870,38 @@ def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_proce
     assert recorded == [(2, "unfinished", "still uploading")]
 
 
+def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(hub, tmp_path, monkeypatch):
+    """save_total_limit deletes checkpoint-2 while its upload hangs; the job is stopped (or killed), the upload left
+    `unfinished`. Its files survive only in `.hub_staging/checkpoint-2`, where neither the resumed run nor the rerun
+    completing the push looked: the step was never pushed, and nothing said so (and the next wait's end removed the
+    staged copy). Now it goes up from there, checked as a checkpoint is; a copy a kill cut short is recorded `failed`,
+    saying the step is gone."""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, CheckpointPusher, record_checkpoint, stage
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: both staged as its pusher stages them, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        stage(folder, out / STAGING)
+        shutil.rmtree(folder)
+        record_checkpoint(out, REPO, step, "unfinished", error="still uploading")
+    (out / STAGING / "checkpoint-4" / "model.safetensors").unlink()  # the kill came while it was being staged
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    pusher.submit_left()  # as the resumed run's on_train_begin, and the rerun completing the push, call it
+    assert pusher.finish(FINAL_WAIT_S) == []
+    latest = {r["step"]: (r["status"], r.get("error", "")) for r in read_pushes(out)}
+    assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
+    assert latest[4][0] == "failed" and "checkpoint-4 was deleted by save_total_limit" in latest[4][1], latest
+    assert "model.safetensors is missing" in latest[4][1], latest
+    step_2 = [c for c in hub.state.commits if c["revision"] == "step-2"]
+    assert len(step_2) == 1 and step_2[0]["files"]["model.safetensors"] == b"model.safetensors\n"
+
+
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
     hub, tmp_path, monkeypatch, tiny_model_dir, capsys
 ):
