@@ -110,22 +110,34 @@ def completion(step: int, records: list[dict]) -> dict:
 
 def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
     """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
-    killed while pushing, or the push failed): that push, to `repo` (the one it started on, `OutputDecision.push_left`,
-    as the dry run and the refusal name it), from the main process, and nothing else. Not the command's hub_model_id:
-    a rerun with --push_to_hub alone, as the refusal advises, would push to a repo named after the run instead."""
+    killed while pushing, the push failed, or a stop request gave it up; the line says which, `cut_short`): that
+    push, to `repo` (the one it started on, `OutputDecision.push_left`, as the dry run and the refusal name it), from
+    the main process, and nothing else. Not the command's hub_model_id: a rerun with --push_to_hub alone, as the
+    refusal advises, would push to a repo named after the run instead."""
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
         push = replace(push, repo_id=repo)
         now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
         print(
-            f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "
-            f"was killed while pushing, or the push failed): {now}; nothing is trained",
+            f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed "
+            f"({cut_short(hub_push.unconfirmed_push(out))}): {now}; nothing is trained",
             flush=True,
         )
         if push.checkpoints and not offline.is_offline():  # offline, push_final names push_to_hub.py --checkpoints
             push_checkpoints_left(out, push, stop)
         return push_final(out, push, recipe.training, stop)
     return None
+
+
+def cut_short(record: dict | None) -> str:
+    """Why the final push is left unconfirmed, as hub_pushes.jsonl's latest line of it says (hub.push_run): a start
+    alone is a job killed while pushing; a stop request's `unfinished` and a failure carry their reason."""
+    status, error = (record or {}).get("status"), (record or {}).get("error")
+    if status == "unfinished":
+        return f"the push was left unfinished: {error}" if error else "the push was left unfinished"
+    if status == "failed":
+        return f"the push failed: {error}" if error else "the push failed"
+    return "the job was killed while pushing"
 
 
 def push_checkpoints_left(out: Path, push, stop) -> None:

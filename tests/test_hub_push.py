@@ -388,7 +388,7 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
         assert rerun.returncode == 0, rerun.stdout[-3000:]
         assert (
             f"output_dir {out}: a finished run whose push to {REPO} was started and not confirmed (the job was "
-            "killed while pushing, or the push failed): pushing it now; nothing is trained"
+            "killed while pushing): pushing it now; nothing is trained"
         ) in rerun.stdout, rerun.stdout[-3000:]
         assert f"Pushed to {hub.endpoint}/{REPO}" in rerun.stdout and "Data (train)" not in rerun.stdout
         [commit] = hub.state.commits
@@ -823,8 +823,87 @@ def test_a_push_given_up_on_a_stop_request_does_not_hold_the_process_end(tmp_pat
     assert code == 75 and not ended.exists(), err
 
 
+def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_process_end(hub, tmp_path, monkeypatch):
+    """The end of training waits FINAL_WAIT_S for the checkpoint uploads still running, then records them
+    `unfinished` and goes on; the upload's thread is left running, and Python's exit joins concurrent.futures' workers
+    (huggingface_hub's LFS uploads, which the stand-in's "regular" files do not take: the upload is run through a pool
+    here, as LFS's is): the process then waited on the hung commit past the job's end, until Slurm killed it. The
+    child ends before the Hub answers the held commit."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import end_process
+
+    hub_in_process(hub, monkeypatch)
+    held, answered, release = tmp_path / "commit-held", tmp_path / "commit-answered", threading.Event()
+    # the stand-in's handler thread (this process): the child's commit hangs until the test ends
+    hub.state.hold[("commit", "step-2")] = lambda: (held.write_text(""), release.wait(60), answered.write_text(""))
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+
+    def abandoned():
+        upload = hub_push.upload_checkpoint
+
+        def through_a_pool(*args):  # as an LFS upload's workers
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(upload, *args).result()
+
+        hub_push.upload_checkpoint = through_a_pool
+        pusher = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+        while not held.exists():  # the commit is on the Hub's side, hung
+            time.sleep(0.05)
+        assert pusher.finish(0.1) == [2]
+        end_process(0)
+
+    try:
+        code, _, err = in_child(abandoned)
+        ended_first = not answered.exists()
+    finally:
+        release.set()
+    assert code == 0 and ended_first, err
+    recorded = [(r["step"], r["status"], r.get("error")) for r in read_pushes(out)]
+    assert recorded == [(2, "unfinished", "still uploading")]
+
+
+def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(hub, tmp_path, monkeypatch):
+    """save_total_limit deletes checkpoint-2 while its upload hangs; the job is stopped (or killed), the upload left
+    `unfinished`. Its files survive only in `.hub_staging/checkpoint-2`, where neither the resumed run nor the rerun
+    completing the push looked: the step was never pushed, and nothing said so (and the next wait's end removed the
+    staged copy). Now it goes up from there, checked as a checkpoint is; a copy a kill cut short is recorded `failed`,
+    saying the step is gone."""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, CheckpointPusher, record_checkpoint, stage
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: both staged as its pusher stages them, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        stage(folder, out / STAGING)
+        shutil.rmtree(folder)
+        record_checkpoint(out, REPO, step, "unfinished", error="still uploading")
+    (out / STAGING / "checkpoint-4" / "model.safetensors").unlink()  # the kill came while it was being staged
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    pusher.submit_left()  # as the resumed run's on_train_begin, and the rerun completing the push, call it
+    assert pusher.finish(FINAL_WAIT_S) == []
+    latest = {r["step"]: (r["status"], r.get("error", "")) for r in read_pushes(out)}
+    assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
+    assert latest[4][0] == "failed" and "checkpoint-4 was deleted by save_total_limit" in latest[4][1], latest
+    assert "model.safetensors is missing" in latest[4][1], latest
+    step_2 = [c for c in hub.state.commits if c["revision"] == "step-2"]
+    assert len(step_2) == 1 and step_2[0]["files"]["model.safetensors"] == b"model.safetensors\n"
+
+
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
-    hub, tmp_path, monkeypatch, tiny_model_dir
+    hub, tmp_path, monkeypatch, tiny_model_dir, capsys
 ):
     """The end of training waits up to 30 min for the checkpoint uploads still running (push_checkpoints). The time
     limit's warning (the batch shell's stop file) or a preemption's SIGTERM while the Hub hung one of them: the run
@@ -884,7 +963,13 @@ def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run
 
     # The requeued job completes the push: the checkpoint first, to its branch, then main, whose card lists it
     stop_file.unlink()
+    capsys.readouterr()
     publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    # the reason recorded, not "killed while pushing, or the push failed", which sent a reader to look for a crash
+    assert (
+        f"{REPO} was started and not confirmed (the push was left unfinished: given up on a stop request while "
+        "pushing): pushing it now; nothing is trained"
+    ) in capsys.readouterr().out
     assert [(r["branch"], r["status"]) for r in read_pushes(out)[-3:]] == [
         ("step-2", "pushed"),
         ("main", "started"),

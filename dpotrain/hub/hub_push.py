@@ -418,9 +418,38 @@ class CheckpointPusher(TrainerCallback):
         (a resumed run's first uploads), or those a stop request gave up at the end of training (the rerun completing
         the push, publish.complete_push). Never a person's: a copy of another run's would go up as this run's step."""
         done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
-        for folder in own_checkpoints(self.out):
+        on_disk = own_checkpoints(self.out)
+        for folder in on_disk:
             if step_of(folder) not in done:
                 self.submit(folder)
+        for staged in self.staged_only(done | {step_of(f) for f in on_disk}):
+            self.submit_staged(staged)
+
+    def staged_only(self, skip: set[int]) -> list[Path]:
+        """The staged copies (`.hub_staging/checkpoint-N`) of steps not in `skip` (pushed, or on disk): a checkpoint
+        save_total_limit deleted while its upload ran, which a killed or stopped job left unpushed. Only the run's own
+        staging folder (its record names it; a link never): a person's folder of that name is none of the run's."""
+        root, own = self.out / STAGING, run_files.read(self.out)
+        if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
+            return []
+        staged = [p for p in root.glob("checkpoint-*") if p.is_dir() and not p.is_symlink() and p.name[11:].isdigit()]
+        return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
+
+    def submit_staged(self, staged: Path) -> None:
+        """A staged copy pushed as it is (not staged again): its files are checked as a checkpoint's are, against the
+        manifest staged with them (sizes here, SHA-256 at the upload); a copy a kill cut short is recorded `failed`,
+        saying the step is gone, rather than passed over without a word."""
+        step = step_of(staged)
+        if step in self.pending:
+            return
+        gone = f"{staged.name} was deleted by save_total_limit while its upload ran"
+        try:
+            pushable_files(staged)
+        except NotPushable as e:
+            self._failed(step, None, f"{gone}, and its copy in {STAGING} is not whole: {e}")
+            return
+        print(f"{gone}: pushing its copy in {self.out / STAGING}", flush=True)
+        self._queue(step, staged)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -440,7 +469,10 @@ class CheckpointPusher(TrainerCallback):
         run_files.set_aside_if_not_own(self.out, STAGING)
         if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
             run_files.claim(self.out, [STAGING])
-        staged = stage(folder, self.out / STAGING)
+        self._queue(step, stage(folder, self.out / STAGING))
+
+    def _queue(self, step: int, staged: Path) -> None:
+        """The upload of `staged` (a staged copy, removed once its upload ends) queued for the worker thread."""
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
@@ -503,8 +535,11 @@ class CheckpointPusher(TrainerCallback):
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
             return left
         steps = ", ".join(map(str, left))
+        # Given up, on a stop request or at the timeout: the process's end must not wait on them (Python's exit joins
+        # an LFS upload's pool workers, a daemon thread's too), or a hung upload holds the job past its end (Slurm's
+        # kill; for a stop, the requeue it asked for never comes)
+        abandon_threads()
         if stopped:
-            abandon_threads()  # the process's end must not wait on them (an LFS upload's pool): the requeue comes
             for step in left:
                 record_checkpoint(self.out, self.repo_id, step, "unfinished", error="given up on a stop request")
             warn(
