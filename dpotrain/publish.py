@@ -114,6 +114,8 @@ def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
     push, to `repo` (the one it started on, `OutputDecision.push_left`, as the dry run and the refusal name it), from
     the main process, and nothing else. Not the command's hub_model_id: a rerun with --push_to_hub alone, as the
     refusal advises, would push to a repo named after the run instead."""
+    if stop is not None:
+        stop.nothing_to_train()
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
         push = replace(push, repo_id=repo)

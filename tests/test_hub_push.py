@@ -720,10 +720,11 @@ def test_a_push_left_is_not_completed_under_another_hub_model_id(tmp_path):
         assert resolve.check_output_dir(parse_args([*common, same]), 8).push_left == REPO
 
 
-def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir):
+def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir, capfd):
     """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
     pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
-    repo named after the run (me/run) instead."""
+    repo named after the run (me/run) instead. The rerun trains nothing: a Ctrl-C while it pushes is answered as after
+    training ('training is over; finishing ...'), where it said 'stopping before training' and the push went on."""
     import shutil
     from types import SimpleNamespace
 
@@ -731,6 +732,7 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub.hub_push import record_push
     from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop
 
     hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
@@ -741,9 +743,19 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     push = hub_module.take_push_settings(recipe)
     decision = resolve.check_output_dir(recipe, 8)
     assert (decision.push_left, push.repo_id) == (REPO, "run")
-    publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
+    try:
+        publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True), stop)
+        os.kill(os.getpid(), signal.SIGINT)  # as during the push: the rerun's stop is the push's throughout
+        time.sleep(0.1)
+    finally:
+        stop.release(exiting=False)
     assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
+    said = capfd.readouterr().err
+    assert "Ctrl-C: training is over; finishing" in said and "stopping before training" not in said, said
 
 
 def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(

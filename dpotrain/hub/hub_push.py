@@ -522,12 +522,15 @@ class CheckpointPusher(TrainerCallback):
         run to end for its requeue, which pushes them (`submit_left`). Waited for, a hung Hub held the job until
         Slurm killed it, unrequeued at a time limit, those checkpoints lost without a word."""
         deadline, stopped = time.monotonic() + timeout, False
-        with self.queue.all_tasks_done:  # notified by the worker's task_done
-            while self.queue.unfinished_tasks and (wait := deadline - time.monotonic()) > 0:
-                if stop_asked is not None and stop_asked():
-                    stopped = True
+        while not stopped:
+            with self.queue.all_tasks_done:  # notified by the worker's task_done
+                wait = deadline - time.monotonic()
+                if not self.queue.unfinished_tasks or wait <= 0:
                     break
                 self.queue.all_tasks_done.wait(wait if stop_asked is None else min(wait, 1.0))
+            # Asked outside the queue's lock: the stop file's stat on a hung file system must not hold the worker's
+            # task_done, and so the upload it waits for
+            stopped = stop_asked is not None and stop_asked()
         left = sorted(self.pending)
         if not left:
             if (self.out / STAGING).is_dir() and not (self.out / STAGING).is_symlink():

@@ -203,6 +203,12 @@ class GracefulStop(TrainerCallback):
             self.terminal.clear()
         self._hear(signum, time.time())
 
+    def nothing_to_train(self) -> None:
+        """A run that trains nothing (a rerun completing a finished run's push, `publish.complete_push`) hears a request
+        as after training's last step: a first Ctrl-C finishes the push (it said "stopping before training" and the push
+        went on), a SIGTERM or a stop file gives it up, and the stop line counts from the request that ended the job."""
+        self.training_over = True
+
     def release(self, exiting: bool) -> None:
         """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
         must not kill it while Python shuts down (a FAILED job). A caller that goes on (`train_dpo.main` in a notebook)
