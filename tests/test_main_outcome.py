@@ -38,6 +38,10 @@ WRAPPER = textwrap.dedent("""
 
     if os.environ.get("RANK") == "1":  # rank 1's own environment (`rank1_env`), as a node's may differ
         os.environ.update({rank1_env!r})
+        if {rank1_killed!r}:  # killed as its first training step starts, as a lost node's process is
+            import signal
+            from dpotrain.train.trainer import RecipeDPOTrainer
+            RecipeDPOTrainer.training_step = lambda *_, **__: os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("RANK") == "0":
         if {from_opening!r}:
             sys.addaudithook(at_open)
@@ -57,10 +61,12 @@ def launch_with_main_limited(
     config: str | None = None,
     rank1_env: dict | None = None,
     closed_at_once: bool = False,
+    rank1_killed: bool = False,
 ):
     """The run of `more` on two DDP ranks, rank 0 under a file size limit of `limit`: (the CompletedProcess, stdout and
     stderr together; the output folder). `closed_at_once`: a rank the launcher closes once another failed (its
-    SIGTERM, then SIGKILL 30 s later, torchrun's shutdown timeout) is killed as the SIGTERM is sent."""
+    SIGTERM, then SIGKILL 30 s later, torchrun's shutdown timeout) is killed as the SIGTERM is sent. `rank1_killed`:
+    rank 1 is SIGKILLed as its first training step starts, rank 0 going on into the step's collectives."""
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
@@ -76,6 +82,7 @@ def launch_with_main_limited(
             from_opening=from_opening,
             in_memory=1 << 30,
             rank1_env=rank1_env or {},
+            rank1_killed=rank1_killed,
         )
     )
     out = tmp_path / "run"
@@ -453,6 +460,21 @@ def test_a_refusal_of_the_command_rank_1_alone_meets_is_one_line_in_a_launch_log
     want = "error: GPUS_PER_NODE='two' is not a number of processes: give a whole number (WORLD_SIZE=16"
     assert len(errors) == 1 and errors[0].startswith(want), result.stdout[-3000:]
     assert result.returncode != 0
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_training_leaves_the_other_one_line_not_gloos_traceback(tmp_path, tiny_model_dir):
+    """Rank 1 killed in its first training step (SIGKILL: a lost node, the kernel's OOM killer) left rank 0 in the
+    step's collectives, which gloo ended with a traceback ('Connection closed by peer', pair.cc) above the launcher's
+    summary: noise where the cause is the dead rank's. Now rank 0 ends on one line saying another process ended
+    first and where to look, exit non-zero; the launcher's summary names rank 1's SIGKILL."""
+    from dpotrain.recipe.errors import PEER_GONE
+
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_killed=True)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and errors == [f"error: {PEER_GONE}"], said[-3000:]
+    assert "[rank0]: Traceback" not in said and "pair.cc" not in said and "SIGKILL" in said, said[-3000:]
 
 
 OWN = textwrap.dedent("""
