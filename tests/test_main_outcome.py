@@ -544,3 +544,37 @@ def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_mode
         result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved, *more)
         errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
         assert result.returncode != 0 and len(errors) == 1 and refusal in errors[0], result.stdout[-3000:]
+
+
+# gloo's words as a rank waiting in a collective meets its peer's end (the launches above raise it for real).
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+    "[127.0.0.1]:35728. This is typically caused by a remote worker crashing."
+)
+
+
+def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_its_traceback(capsys):
+    """The rule that turns gloo's 'Connection closed by peer' into one line must not hide this rank's own failure: a
+    RuntimeError of other words, one that merely says 'closed by peer' (a Hub connection), a ConnectionResetError, go
+    on as the traceback they were; gloo's, raised from another error too, ends on the line, exit code 1."""
+    from dpotrain.recipe.errors import PEER_GONE, run_cli
+
+    def raising(error):
+        def main():
+            raise error
+
+        return main
+
+    def wrapped():
+        try:
+            raise RuntimeError(GLOO_PEER_GONE)
+        except RuntimeError as e:
+            raise ValueError("the step's collective failed") from e
+
+    for own in (RuntimeError("CUDA out of memory"), RuntimeError("Connection closed by peer"), ConnectionResetError()):
+        with pytest.raises(type(own)):
+            run_cli(raising(own))
+    for gone in (raising(RuntimeError(GLOO_PEER_GONE)), wrapped):
+        with pytest.raises(SystemExit) as ended:
+            run_cli(gone)
+        assert ended.value.code == 1 and capsys.readouterr().err == f"error: {PEER_GONE}\n"
