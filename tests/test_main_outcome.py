@@ -40,6 +40,10 @@ WRAPPER = textwrap.dedent("""
         os.environ.update({rank1_env!r})
         # and its own view of a path (`rank1_paths`: a node-local copy of the data, of the output folder)
         sys.argv = [{rank1_paths!r}.get(arg, arg) for arg in sys.argv]
+        if {rank1_killed!r}:  # killed as its first training step starts, as a lost node's process is
+            import signal
+            from dpotrain.train.trainer import RecipeDPOTrainer
+            RecipeDPOTrainer.training_step = lambda *_, **__: os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("RANK") == "0":
         if {from_opening!r}:
             sys.addaudithook(at_open)
@@ -60,10 +64,12 @@ def launch_with_main_limited(
     rank1_env: dict | None = None,
     closed_at_once: bool = False,
     rank1_paths: dict | None = None,
+    rank1_killed: bool = False,
 ):
     """The run of `more` on two DDP ranks, rank 0 under a file size limit of `limit`: (the CompletedProcess, stdout and
     stderr together; the output folder). `closed_at_once`: a rank the launcher closes once another failed (its
-    SIGTERM, then SIGKILL 30 s later, torchrun's shutdown timeout) is killed as the SIGTERM is sent."""
+    SIGTERM, then SIGKILL 30 s later, torchrun's shutdown timeout) is killed as the SIGTERM is sent. `rank1_killed`:
+    rank 1 is SIGKILLed as its first training step starts, rank 0 going on into the step's collectives."""
     from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(8, seed=3)
@@ -80,6 +86,7 @@ def launch_with_main_limited(
             in_memory=1 << 30,
             rank1_env=rank1_env or {},
             rank1_paths=rank1_paths or {},
+            rank1_killed=rank1_killed,
         )
     )
     out = tmp_path / "run"
@@ -508,8 +515,23 @@ def test_a_refusal_of_the_outputs_after_the_ranks_met_is_one_line_in_a_launch_lo
     assert result.returncode != 0 and len(codes) == 2 and "0" not in codes, result.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_a_rank_killed_mid_training_leaves_the_other_one_line_not_gloos_traceback(tmp_path, tiny_model_dir):
+    """Rank 1 killed in its first training step (SIGKILL: a lost node, the kernel's OOM killer) left rank 0 in the
+    step's collectives, which gloo ended with a traceback ('Connection closed by peer', pair.cc) above the launcher's
+    summary: noise where the cause is the dead rank's. Now rank 0 ends on one line saying another process ended
+    first and where to look, exit non-zero; the launcher's summary names rank 1's SIGKILL."""
+    from dpotrain.recipe.errors import PEER_GONE
+
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, rank1_killed=True)
+    said = result.stdout
+    errors = [line for line in said.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and errors == [f"error: {PEER_GONE}"], said[-3000:]
+    assert "[rank0]: Traceback" not in said and "pair.cc" not in said and "SIGKILL" in said, said[-3000:]
+
+
 OWN = textwrap.dedent("""
-    import os, sys
+    import os, signal, sys
     from datetime import timedelta
     import torch.distributed as dist
     sys.path.insert(0, {root!r})
@@ -524,7 +546,8 @@ OWN = textwrap.dedent("""
         collectives.max_over_ranks(0, "cpu")  # the ranks have met: what one raises alone may be its own
         if rank == 1:
             raise ConfigError("rank 1's own refusal")
-        dist.barrier()  # rank 0 waits here until the launcher ends it
+        signal.signal(signal.SIGTERM, lambda *_: None)  # held, as train_dpo.py holds it for a checkpoint
+        dist.barrier()  # rank 0 waits here for rank 1, whose process ends
 
     run_command(main, int(os.environ["RANK"]), os.environ["LOCAL_RANK"] == "0")  # as train_dpo.py's
 """)
@@ -534,13 +557,19 @@ OWN = textwrap.dedent("""
 @pytest.mark.parametrize("mode,line", [("shared", "rank 1's write failed"), ("own", "rank 1's own refusal")])
 def test_a_failure_one_rank_met_is_written_by_that_rank_alone(tmp_path, mode, line):
     """Rank 1's failure, given to rank 0 (`every_rank_outcome`), was written by both; one it raises alone after the
-    ranks met must still be written (by it): one line each time, from rank 1."""
+    ranks met must still be written (by it): one line each time, from rank 1. Rank 0, left waiting for it in a
+    collective, printed gloo's traceback ('Connection closed by peer') below rank 1's line, hiding it: now one line
+    saying another process ended first, where the cause is, and a non-zero exit."""
+    from dpotrain.recipe.errors import PEER_GONE
+
     script = tmp_path / "own.py"
     script.write_text(OWN.format(root=str(ROOT), mode=mode))
     cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
-    assert result.returncode != 0 and errors == [f"error: {line}"], result.stdout[-3000:]
+    left = [f"error: {PEER_GONE}"] if mode == "own" else []  # rank 0's, after rank 1's: rank 1 ended first
+    assert result.returncode != 0 and errors == [f"error: {line}", *left], result.stdout[-3000:]
+    assert "[rank0]: Traceback" not in result.stdout and "pair.cc" not in result.stdout, result.stdout[-3000:]
 
 
 @pytest.mark.slow
@@ -579,3 +608,37 @@ def test_a_resume_refused_once_the_ranks_met_is_written_once(tmp_path, tiny_mode
         result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *tr_dpo, *saved, *more)
         errors = [line[line.index("error: ") :] for line in result.stdout.splitlines() if "error: " in line]
         assert result.returncode != 0 and len(errors) == 1 and refusal in errors[0], result.stdout[-3000:]
+
+
+# gloo's words as a rank waiting in a collective meets its peer's end (the launches above raise it for real).
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+    "[127.0.0.1]:35728. This is typically caused by a remote worker crashing."
+)
+
+
+def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_its_traceback(capsys):
+    """The rule that turns gloo's 'Connection closed by peer' into one line must not hide this rank's own failure: a
+    RuntimeError of other words, one that merely says 'closed by peer' (a Hub connection), a ConnectionResetError, go
+    on as the traceback they were; gloo's, raised from another error too, ends on the line, exit code 1."""
+    from dpotrain.recipe.errors import PEER_GONE, run_cli
+
+    def raising(error):
+        def main():
+            raise error
+
+        return main
+
+    def wrapped():
+        try:
+            raise RuntimeError(GLOO_PEER_GONE)
+        except RuntimeError as e:
+            raise ValueError("the step's collective failed") from e
+
+    for own in (RuntimeError("CUDA out of memory"), RuntimeError("Connection closed by peer"), ConnectionResetError()):
+        with pytest.raises(type(own)):
+            run_cli(raising(own))
+    for gone in (raising(RuntimeError(GLOO_PEER_GONE)), wrapped):
+        with pytest.raises(SystemExit) as ended:
+            run_cli(gone)
+        assert ended.value.code == 1 and capsys.readouterr().err == f"error: {PEER_GONE}\n"

@@ -137,6 +137,29 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
             sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
             sys.stderr.flush()
         sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
+    except Exception as e:
+        if not upstream.peer_gone(e):  # this process's own failure: its traceback, as Python prints it
+            raise
+        _peer_gone_line("\n" if rank else "")
+        sys.exit(1)
+
+
+# What a rank left in a collective by another process's end writes: the same words on every rank, so that a node's
+# processes write it once (`_first_to_say`), and nothing of gloo's own message (a port, a file of its source).
+PEER_GONE = (
+    "another process of this launch ended while this one waited for it in a collective (gloo: connection closed by "
+    "peer): the first failing process's own line above, or the launcher's summary (its Root Cause), says why"
+)
+
+
+def _peer_gone_line(lead: str) -> None:
+    """`error: <PEER_GONE>`, once per node where the launcher's layout allows: gloo's traceback, printed by every rank
+    the dead one left waiting, hid the line that said why above it."""
+    for bar in upstream.open_progress_bars():
+        bar.close()
+    if _first_to_say(PEER_GONE) is not False:
+        sys.stderr.write(f"{lead}error: {PEER_GONE}\n")
+        sys.stderr.flush()
 
 
 def run_command(main, rank: int = 0, first_on_node: bool = True) -> None:

@@ -324,6 +324,13 @@ THREADS_SHUTDOWN = _call(
 EXIT_HANDLERS = _call(
     "atexit:_run_exitfuncs", "a command's end runs the exit handlers (W&B's teardown, logging.shutdown, ...)"
 )
+# --- torch.distributed's words for a peer process gone (recipe/errors.py, `peer_gone`) -----------------------------
+# gloo's transport (C++, third_party/gloo/gloo/transport/tcp/pair.cc) raises a bare RuntimeError in every collective
+# a rank waits in when another rank's process ends: its socket closed ("Connection closed by peer [host]:port. This is
+# typically caused by a remote worker crashing"), or reset. Its text is all that tells it from any other RuntimeError:
+# no seam `check` can read C++ source, so an upgrade that rewords it brings back the traceback, no worse.
+GLOO_TRANSPORT = "gloo/transport"
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 # --- module-level names replaced for one call ---------------------------------------------------------------
 ROTATION = _patch(  # the checkpoint rotation inside Trainer._save_checkpoint
     "transformers.trainer:rotate_checkpoints",
@@ -711,3 +718,14 @@ def wait_for_threads() -> None:
 def run_exit_handlers() -> None:
     """What Python's exit does next: every `atexit` handler, newest first, once (`atexit._run_exitfuncs`)."""
     _value(EXIT_HANDLERS)()
+
+
+def peer_gone(error: BaseException) -> bool:
+    """Whether `error`, or one it was raised from (`raise ... from`), is gloo's word that another process of the launch
+    ended while this one waited for it in a collective: nothing this process did, so no traceback of its own."""
+    while error is not None:
+        text = str(error)
+        if isinstance(error, RuntimeError) and GLOO_TRANSPORT in text and any(p in text for p in PEER_GONE):
+            return True
+        error = error.__cause__
+    return False
