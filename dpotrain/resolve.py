@@ -507,9 +507,11 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         if left and t.push_to_hub:
             check_push_left_repo(out, repo, t.hub_model_id)
             return OutputDecision(None, False, push_left=repo)
+        # the checkpoints given up with it (a stop request at the end of training): that command's --checkpoints
+        flags = ["--repo-id", repo, *(["--checkpoints"] if hub_push.checkpoints_left(out, repo) else [])]
         how = (
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
-            f"`{hub_push.push_command(out, '--repo-id', repo)}`"
+            f"`{hub_push.push_command(out, *flags)}`"
             if left
             else ""
         )

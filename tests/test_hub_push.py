@@ -690,6 +690,11 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         f"; its push to {REPO} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
         f"`python scripts/push_to_hub.py {out} --repo-id {REPO}`"
     )
+    # A checkpoint upload given up with it (a stop request at the end of training): the command pushes it too
+    record_push(out, step=4, branch="step-4", repo=REPO, status="unfinished", error="given up on a stop request")
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    assert str(refused.value).endswith(f"`python scripts/push_to_hub.py {out} --repo-id {REPO} --checkpoints`")
     record_push(out, step=2, branch="main", status="pushed", repo=REPO)
     with pytest.raises(ConfigError, match="already holds a finished run: pass --output_dir for a new run, or "):
         resolve.check_output_dir(asked, 8)

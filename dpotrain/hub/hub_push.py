@@ -159,6 +159,14 @@ def pushed_revisions(output_dir: str | Path, repo_id: str) -> list[tuple[int, st
     return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
 
 
+def checkpoints_left(output_dir: str | Path, repo_id: str) -> list[int]:
+    """The steps whose checkpoint push to `repo_id` was recorded and whose latest record is not on the Hub (a stop
+    request or the end of training's wait gave it up, it failed): what `push_to_hub.py --checkpoints` pushes."""
+    records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
+    latest = {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
+    return sorted(r["step"] for r in latest.values() if r["status"] not in ON_THE_HUB)
+
+
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
     """The latest record of a final push to main left unconfirmed (killed while pushing, or failed), for the rerun to
     complete; None where there is none."""
