@@ -728,8 +728,6 @@ def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int, mix
     m, counted = held_out_cuts(held_out, tokenizer, max_length, recipe)
     kept = m.rows - counted["dropped"]
     chosen = " (max_length: auto's choice, from the training pairs)" if recipe.max_length_auto else ""
-    if mix is not None and counted["dropped"]:
-        mix.check_held_out_drops(m, max_length, limit, chosen)
     if kept < ranks:  # the split holds a pair per rank (`plan.check_eval_split`, as it is read): max_length drops them
         raise ConfigError(
             f"max_length {max_length:,}{chosen} leaves {kept:,} of the {m.rows:,} held-out pairs, where each process "
@@ -737,6 +735,8 @@ def check_held_out(held_out, tokenizer, max_length: int, recipe, ranks: int, mix
             f"max_length (the shortest held-out prompt is {int(m.prompt.min()):,} tokens); pass a --max_length "
             f"above {int(sorted(m.prompt)[ranks - 1]):,}, or hold out pairs with shorter prompts"
         )
+    if mix is not None and counted["dropped"]:  # after the whole set's: one source of several dropped whole
+        mix.check_held_out_drops(m, max_length, limit, chosen)
     if counted["dropped"]:
         print(f"Held-out pairs at {cuts.line(counted)}", flush=True)
 
