@@ -332,8 +332,9 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             checked["eval_identity"] = data_identity.of_files(held)
     collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
-        # Every rank reads its own view of the checkpoint's record and counts its own copy of the rows: one gather
-        # (a rank refused alone left the others in their next collective; one refused like the others wrote it again)
+        # One gather, said once (each rank wrote it): the resume point is the ranks' already (train_dpo.py's folder
+        # agreement), and so its record; the rows are each rank's own copy's only where that record lacks the pairs
+        # its run kept (`kept_pairs`), where a rank refused alone would have left the others in their next collective
         pairs = launch.batch.pairs_per_step
         resumed = output.resume_from
         collectives.every_rank(
