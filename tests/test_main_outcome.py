@@ -607,7 +607,7 @@ def _plain(rows: list) -> list:
 # met by every rank was written by each. The other checks moved into `every_rank` run on what the ranks already agree
 # on, so have no launch here: `plan.plan_run` (the trainer's plan, after `agreement.check` found the first half's
 # lengths equal) and `resolve.check_resumed_ranks` (the resume point the ranks agreed on, its record's pairs) are met
-alike by every rank; `weight_names.check` is a dry run's, which starts no process group.
+# alike by every rank; `weight_names.check` is a dry run's, which starts no process group.
 ALONE = {
     "held-out kind": (
         "held.jsonl",
