@@ -318,8 +318,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             recipe, True, revision, checked, say, template, identify, pins, fetch, recorded
         )
         checked["eval_rows"] = len(eval_dataset)
-        collectives.every_rank(plan.check_eval_split, len(eval_dataset), launch.data_parallel)  # said once
-        _check_held_out_kind(dataset, eval_dataset)
+        collectives.every_rank(check_held_out_pairs, dataset, eval_dataset, launch.data_parallel)  # said once
         _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
@@ -333,13 +332,26 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             checked["eval_identity"] = data_identity.of_files(held)
     collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
+        # One gather, said once (each rank wrote it): the resume point is the ranks' already (train_dpo.py's folder
+        # agreement), and so its record; the rows are each rank's own copy's only where that record lacks the pairs
+        # its run kept (`kept_pairs`), where a rank refused alone would have left the others in their next collective
         pairs = launch.batch.pairs_per_step
-        resolve.check_resumed_ranks(output.resume_from, recipe.training, pairs, launch.data_parallel, len(dataset))
+        resumed = output.resume_from
+        collectives.every_rank(
+            resolve.check_resumed_ranks, resumed, recipe.training, pairs, launch.data_parallel, len(dataset)
+        )
     if output is not None and recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
         kept = resolve.kept_pairs(output.resume_from, len(dataset))
         total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
         resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
+
+
+def check_held_out_pairs(train, held, data_parallel: int) -> None:
+    """The held-out pairs, one per rank at least and of the training pairs' kind; every rank checks its own copy of
+    both inside one gather (`collectives.every_rank`): a node whose copy differs is refused alone, said once."""
+    plan.check_eval_split(len(held), data_parallel)
+    _check_held_out_kind(train, held)
 
 
 def _check_held_out_kind(train, held) -> None:
@@ -636,9 +648,10 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     elif auto is not None:
         auto = kept_max_length(output, auto)
         max_length = auto["max_length"]
-        if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
-            whole = f"{auto['coverage']:.1%} of the pairs whole, target {auto['target_coverage']:.0%}"
-            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length, whole)
+    if recipe.max_length_auto and p.max_tokens_per_microbatch is not None:  # the recipe's: every rank joins alike
+        # Each rank's choice, from its own copy of the data (or its view of a checkpoint's record): one gather, whatever
+        # it chose, so that a rank refused alone does not leave the others in their next collective
+        collectives.every_rank(check_auto_budget, p.max_tokens_per_microbatch, auto)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
@@ -669,6 +682,14 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     given_by = "TRL's default" if "max_length" not in recipe.given else "the recipe's"
     given_by = "the command line's" if "max_length" in config.fields_set(recipe.command_line) else given_by
     return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit, given_by, every, warnings)
+
+
+def check_auto_budget(budget: int, auto: dict | None) -> None:
+    """The token budget against the max_length `auto` chose (none chosen yet: nothing to check)."""
+    if auto is None or not isinstance(auto.get("max_length"), int):
+        return
+    whole = f"{auto['coverage']:.1%} of the pairs whole, target {auto['target_coverage']:.0%}"
+    resolve.check_token_budget(budget, auto["max_length"], whole)
 
 
 def check_steps(steps: dict, training) -> None:
@@ -808,7 +829,9 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     options.check_generates(config, recipe.model.model_name_or_path)
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     whole_split = pair_lengths.measured is not None
-    positions.check(config, recipe.model.model_name_or_path, max_length, counts, whole_split=whole_split)
+    # Each rank's own lengths (its copy of the data) and max_length (`auto`'s choice from them): one gather, said once
+    model_name = recipe.model.model_name_or_path
+    collectives.every_rank(positions.check, config, model_name, max_length, counts, whole_split=whole_split)
     positions.check_vocabulary(
         config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
     )
@@ -973,7 +996,9 @@ def first_half(
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward, model)
     auto = model[0] if recipe.model.dtype == "auto" else None
     load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
-    if launch.dry_run and model[0] is not None:  # last, as the run refuses them: as they load, after its first half
+    # last, as the run refuses them: as they load, after its first half (there on every rank at once,
+    # trainer.whole_weights_only). A dry run starts no process group: its refusal is its process's alone.
+    if launch.dry_run and model[0] is not None:
         weight_names.check(recipe, model_path, model[0])
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 

@@ -642,3 +642,83 @@ def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_i
         with pytest.raises(SystemExit) as ended:
             run_cli(gone)
         assert ended.value.code == 1 and capsys.readouterr().err == f"error: {PEER_GONE}\n"
+
+
+def _long(rows: list, words: int) -> list:
+    """`rows` with each answer made `words` words longer: pairs past any max_length the launch's own pairs fit."""
+    for row in rows:
+        for side in ("chosen", "rejected"):
+            row[side][-1]["content"] += " volcano" * words
+    return rows
+
+
+def _plain(rows: list) -> list:
+    """`rows` as plain-text pairs (a prompt and two answers, no chat template): the same text in the other kind."""
+    return [
+        {
+            "prompt": r["chosen"][0]["content"],
+            "chosen": r["chosen"][1]["content"],
+            "rejected": "I will not say. " + r["rejected"][1]["content"],
+        }
+        for r in rows
+    ]
+
+
+# Checks after the ranks met, on what each rank reads from its own copy of the data (a node-local one): `file` is the
+# pairs rank 1 alone reads (the launch's own are made from `builtin.make_preference_rows(8, seed=3)`). Each rank
+# raised alone: one refused alone left the others in their next collective (under NCCL until ddp_timeout), and one
+# met by every rank was written by each. The other checks moved into `every_rank` run on what the ranks already agree
+# on, so have no launch here: `plan.plan_run` (the trainer's plan, after `agreement.check` found the first half's
+# lengths equal) and `resolve.check_resumed_ranks` (the resume point the ranks agreed on, its record's pairs) are met
+# alike by every rank; `weight_names.check` is a dry run's, which starts no process group.
+ALONE = {
+    "held-out kind": (
+        "held.jsonl",
+        _plain,
+        ["--eval_strategy", "steps", "--dataset_mixer_eval_list", "{held}", "1.0"],
+        "the held-out pairs are plain text and the training pairs message lists",
+    ),
+    "auto's token budget": (
+        "pairs.jsonl",
+        lambda rows: _long(rows, 300),
+        ["--max_length", "auto", "--auto_coverage", "1.0", "--max_tokens_per_microbatch", "1024"],
+        "max_length: auto chose",
+    ),
+    "positions": (
+        "pairs.jsonl",
+        lambda rows: _long(rows, 5000),
+        ["--max_length", "none", "--max_tokens_per_microbatch", "none", "--per_device_train_batch_size", "4"],
+        "reaches past the 4,096 positions",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(ALONE))
+def test_a_refusal_rank_1_alone_meets_on_its_copy_of_the_data_ends_every_rank_on_its_line(
+    tmp_path, tiny_model_dir, case
+):
+    """Held-out pairs of another kind than the training pairs, a token budget short of the max_length `auto` chose, a
+    sequence past the model's positions: each refused on rank 1 alone (its node's own copy of the pairs), after the
+    ranks met. Rank 1 raised alone and rank 0 went on to its next collective, where it waited (NCCL: ddp_timeout)
+    until the launcher ended it: SIGTERM, and a traceback of rank 0 in the log. Now every rank joins one gather
+    whatever it found (`collectives.every_rank`): the refusing rank's line, once, every rank ending on it."""
+    from dpotrain.data import builtin
+
+    file, changed, args, line = ALONE[case]
+    held = tmp_path / "held.jsonl"  # the held-out pairs every rank reads, where the case has some
+    held.write_text("".join(json.dumps(row) + "\n" for row in builtin.make_preference_rows(4, seed=4)))
+    rows = builtin.make_preference_rows(4, seed=4) if file == "held.jsonl" else builtin.make_preference_rows(8, seed=3)
+    copy = tmp_path / "node1" / file
+    copy.parent.mkdir()
+    copy.write_text("".join(json.dumps(row) + "\n" for row in changed(rows)))
+    args = [arg.format(held=held) for arg in args]
+    result, _ = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 1 << 30, *args, rank1_paths={str(tmp_path / file): str(copy)}
+    )
+    said = result.stdout
+    errors = [written for written in said.splitlines() if written.startswith("error:")]
+    assert len(errors) == 1 and line in errors[0], said[-3000:]
+    assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
+    assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's

@@ -53,6 +53,17 @@ def _check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs
         plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
 
 
+def _planned_steps(lengths: PairLengths, step_plan: plan.StepPlan, epochs: int, args, max_length_cuts: dict):
+    """The epochs' plan (`plan.plan_run`: a `PlanError` where a step cannot be cut) and the steps the Trainer runs:
+    max_steps, or num_train_epochs of the epoch's steps (as transformers counts them). Fewer pairs than the rows the
+    data stage counted its steps on (keep_start drops those whose prompt fills max_length): fewer steps, maybe all of
+    them warm-up, checked again."""
+    planned = plan.plan_run(lengths, step_plan, epochs)
+    steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
+    _check_kept_steps(max_length_cuts, steps, args, len(lengths), step_plan.pairs_per_step)
+    return planned, steps
+
+
 def make(
     lengths: PairLengths,
     args,
@@ -79,14 +90,9 @@ def make(
     # one of them, ~30 s per 100,000 steps, before the dry run answered; the sampler plans a later epoch as it starts.
     per_epoch = len(plan.steps_of(range(len(lengths)), pairs_per_step, world_size))
     epochs = min(epochs, max(1, math.ceil(PLANNED_AHEAD / per_epoch)))
-    planned = plan.plan_run(lengths, step_plan, epochs)
-    # The steps the Trainer runs: max_steps, or num_train_epochs of the epoch's steps (as transformers counts them).
-    steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
-    # Fewer pairs than the rows the data stage counted its steps on (keep_start drops those whose prompt fills
-    # max_length): fewer steps, maybe all of them warm-up.
-    # Every rank joins the gather whatever it counted (`collectives.every_rank`): a rank refused alone (its own copy of
-    # the data) is said once, and no rank waits in a collective the others skipped.
-    collectives.every_rank(_check_kept_steps, max_length_cuts, steps, args, len(lengths), pairs_per_step)
+    # Every rank plans and checks its own lengths (its copy of the data) inside one gather (`collectives.every_rank`),
+    # whatever it found: a rank refused alone is said once, and no rank waits in a collective the others skipped.
+    planned, steps = collectives.every_rank(_planned_steps, lengths, step_plan, epochs, args, max_length_cuts)
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward, steps)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
