@@ -729,7 +729,7 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
     pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
     repo named after the run (me/run) instead. The rerun trains nothing: a Ctrl-C while it pushes is answered as after
-    training ('training is over; finishing ...'), where it said 'stopping before training' and the push went on."""
+    the push ('finishing the push to the Hub'), where it said 'stopping before training' and the push went on."""
     import shutil
     from types import SimpleNamespace
 
@@ -760,7 +760,7 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
     said = capfd.readouterr().err
-    assert "Ctrl-C: training is over; finishing" in said and "stopping before training" not in said, said
+    assert "Ctrl-C: finishing the push to the Hub, then ending" in said and "before training" not in said, said
 
 
 def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(

@@ -621,7 +621,7 @@ def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_i
     """The rule that turns gloo's 'Connection closed by peer' into one line must not hide this rank's own failure: a
     RuntimeError of other words, one that merely says 'closed by peer' (a Hub connection), a ConnectionResetError, go
     on as the traceback they were; gloo's, raised from another error too, ends on the line, exit code 1."""
-    from dpotrain.recipe.errors import PEER_GONE, run_cli
+    from dpotrain.recipe.errors import PEER_GONE, ConfigError, run_cli
 
     def raising(error):
         def main():
@@ -642,6 +642,24 @@ def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_i
         with pytest.raises(SystemExit) as ended:
             run_cli(gone)
         assert ended.value.code == 1 and capsys.readouterr().err == f"error: {PEER_GONE}\n"
+
+    # Met while this rank shared its own failure with the others (collectives.main_outcome's except): that one is said,
+    # a refusal as its line and code, any other as its traceback; the peer-gone line alone hid it
+    def sharing(own):
+        def main():
+            try:
+                raise own
+            except Exception:  # noqa: BLE001 - the collective that shares it meets the dead peer
+                raise RuntimeError(GLOO_PEER_GONE)  # noqa: B904 - as gloo's raises it: `own` is its context
+
+        return main
+
+    with pytest.raises(SystemExit) as ended:
+        run_cli(sharing(ConfigError("output_dir is full: make room")))
+    assert ended.value.code == 2 and capsys.readouterr().err == "error: output_dir is full: make room\n"
+    with pytest.raises(RuntimeError, match="Connection closed by peer") as raised:
+        run_cli(sharing(ValueError("this rank's own bug")))
+    assert isinstance(raised.value.__context__, ValueError)  # Python prints both tracebacks
 
 
 def _long(rows: list, words: int) -> list:

@@ -127,21 +127,39 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
     try:
         sys.exit(main())
     except (ConfigError, RunError, KeyboardInterrupt) as e:
-        # An error met mid-step leaves the Trainer's progress bar open: closed first, the error starts a line.
-        for bar in upstream.open_progress_bars():
-            bar.close()
-        # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
-        stopped = isinstance(e, KeyboardInterrupt)
-        lead = "\n" if rank else ""
-        if stopped or writes_line(e, rank, first_on_node):  # every rank still exits with its code: the launcher's
-            sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
-            sys.stderr.flush()
-        sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
+        _end_on(e, rank, first_on_node)
     except Exception as e:
-        if not upstream.peer_gone(e):  # this process's own failure: its traceback, as Python prints it
-            raise
-        _peer_gone_line("\n" if rank else "")
-        sys.exit(1)
+        own = _behind_peer_gone(e)
+        if own is None:  # gloo's word that another process ended: nothing of this one's
+            _peer_gone_line("\n" if rank else "")
+            sys.exit(1)
+        if own is not e and isinstance(own, (ConfigError, RunError)):  # this process's refusal, met first
+            _end_on(own, rank, first_on_node)
+        raise  # this process's own failure: its traceback (and what it was handling), as Python prints it
+
+
+def _end_on(e: BaseException, rank: int, first_on_node: bool) -> None:
+    """A ConfigError or RunError in one line on stderr (exit 2, 1), a Ctrl-C in one (exit 130)."""
+    # An error met mid-step leaves the Trainer's progress bar open: closed first, the error starts a line.
+    for bar in upstream.open_progress_bars():
+        bar.close()
+    # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
+    stopped = isinstance(e, KeyboardInterrupt)
+    lead = "\n" if rank else ""
+    if stopped or writes_line(e, rank, first_on_node):  # every rank still exits with its code: the launcher's
+        sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
+        sys.stderr.flush()
+    sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
+
+
+def _behind_peer_gone(error: BaseException) -> BaseException | None:
+    """`error`, where it is not gloo's word that a peer process ended (`upstream.peer_gone`); where it is, what this
+    process was handling as the collective met the dead peer (its refusal being shared with the others, in
+    `collectives.main_outcome`'s except: `__context__`), or None: nothing of its own. The peer-gone line alone hid that
+    refusal (a reviewer's finding)."""
+    while error is not None and upstream.peer_gone(error):
+        error = None if error.__suppress_context__ else error.__context__
+    return error
 
 
 # What a rank left in a collective by another process's end writes: the same words on every rank, so that a node's

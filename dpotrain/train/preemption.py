@@ -79,6 +79,7 @@ class GracefulStop(TrainerCallback):
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
+        self.pushing_only = False  # a rerun that trains nothing, completing a push (`nothing_to_train`)
         self.training_begun = False  # a step to stop at: before it, the run stops at the next stage boundary
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
@@ -120,7 +121,9 @@ class GracefulStop(TrainerCallback):
             return
         if not self.heard_to_end() and launcher.first_on_node():
             now = (
-                b"finishing the final model and the run's outputs, then ending"
+                b"giving up the push to the Hub, then ending"
+                if self.pushing_only
+                else b"finishing the final model and the run's outputs, then ending"
                 if self.training_over and not self.stopped
                 else b"saving a checkpoint at the end of this step, then stopping"
                 if self.training_begun
@@ -178,7 +181,10 @@ class GracefulStop(TrainerCallback):
             # The run saves its final model and outputs, and ends (0), once training is over
             terminal.say(
                 2,
-                b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
+                b"\nCtrl-C: finishing the push to the Hub, then ending (Ctrl-C again: stop at once; the same command "
+                b"completes it)\n"
+                if self.pushing_only
+                else b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
                 b"(Ctrl-C again: stop at once, without them)\n"
                 if self.training_over and not self.stopped
                 else b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
@@ -187,7 +193,13 @@ class GracefulStop(TrainerCallback):
                 else b"\nCtrl-C: stopping before training, at the next safe point; what is saved is kept (Ctrl-C "
                 b"again: stop at once)\n",
             )
-        elif self.training_over and not self.stopped and signum in ENDS_JOB and not self.heard_to_end():
+        elif (
+            self.training_over
+            and not (self.stopped or self.pushing_only)
+            and signum in ENDS_JOB
+            and not self.heard_to_end()
+        ):
+            # (Pushing only, the push is given up at once, and its own line says so: "Stop requested: ...".)
             # No step left to stop at: the run goes on to its end. It said nothing, and a job killed at the end of
             # Slurm's KillWait stopped mid-save or mid-push in its log without a word; the rerun completes both. Said
             # after a first Ctrl-C or a SIGHUP too: this one ends the job (a final push is given up). (Not on SIGHUP
@@ -206,8 +218,9 @@ class GracefulStop(TrainerCallback):
     def nothing_to_train(self) -> None:
         """A run that trains nothing (a rerun completing a finished run's push, `publish.complete_push`) hears a request
         as after training's last step: a first Ctrl-C finishes the push (it said "stopping before training" and the push
-        went on), a SIGTERM or a stop file gives it up, and the stop line counts from the request that ended the job."""
-        self.training_over = True
+        went on), a SIGTERM or a stop file gives it up, and the stop line counts from the request that ended the job.
+        Its lines speak of the push, not of a final model and outputs it does not make."""
+        self.training_over = self.pushing_only = True
 
     def release(self, exiting: bool) -> None:
         """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
