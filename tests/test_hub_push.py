@@ -728,7 +728,7 @@ def test_a_push_left_is_not_completed_under_another_hub_model_id(tmp_path):
 def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir, capfd):
     """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
     pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
-    repo named after the run (me/run) instead. The rerun trains nothing: a Ctrl-C while it pushes is answered as after
+    repo named after the run (me/run) instead. The rerun trains nothing: a Ctrl-C while it pushes speaks of
     the push ('finishing the push to the Hub'), where it said 'stopping before training' and the push went on."""
     import shutil
     from types import SimpleNamespace
