@@ -888,12 +888,14 @@ def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_proce
     assert recorded == [(2, "unfinished", "still uploading")]
 
 
-def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(hub, tmp_path, monkeypatch):
+def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(
+    hub, tmp_path, monkeypatch, capsys
+):
     """save_total_limit deletes checkpoint-2 while its upload hangs; the job is stopped (or killed), the upload left
     `unfinished`. Its files survive only in `.hub_staging/checkpoint-2`, where neither the resumed run nor the rerun
     completing the push looked: the step was never pushed, and nothing said so (and the next wait's end removed the
     staged copy). Now it goes up from there, checked as a checkpoint is; a copy a kill cut short is recorded `failed`,
-    saying the step is gone."""
+    saying the step is gone (its warning named push_to_hub.py, to push it "while it is still on disk")."""
     import shutil
 
     from conftest import sealed_checkpoint
@@ -916,6 +918,8 @@ def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_
     assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
     assert latest[4][0] == "failed" and "checkpoint-4 was deleted by save_total_limit" in latest[4][1], latest
     assert "model.safetensors is missing" in latest[4][1], latest
+    [said] = [line for line in capsys.readouterr().err.splitlines() if "checkpoint-4 was not pushed" in line]
+    assert said.endswith("no command can push it: its checkpoint was deleted, and no whole copy of it is left"), said
     step_2 = [c for c in hub.state.commits if c["revision"] == "step-2"]
     assert len(step_2) == 1 and step_2[0]["files"]["model.safetensors"] == b"model.safetensors\n"
 

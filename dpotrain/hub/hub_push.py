@@ -548,14 +548,21 @@ class CheckpointPusher(TrainerCallback):
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
-        later = "while it is still on disk"
-        if kept and not is_complete(self.out / kept.name):
-            later = f"from its copy in {kept}, kept (the checkpoint was deleted)"
+        again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
+        gone = not is_complete(self.out / f"checkpoint-{step}")
+        if kept and gone:
+            later = f"{again} from its copy in {kept}, kept (the checkpoint was deleted)"
         elif kept:
-            later += f", or from its copy in {kept}, kept where save_total_limit deletes it"
+            later = (
+                f"{again} while it is still on disk, or from its copy in {kept}, kept where save_total_limit deletes it"
+            )
+        elif gone:  # a staged copy a kill cut short, or damaged: the command it named could not push it
+            later = "no command can push it: its checkpoint was deleted, and no whole copy of it is left"
+        else:
+            later = f"{again} while it is still on disk"
         warn(
             f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
-            f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later {later}"
+            f"on. {recorded}; {later}"
         )
 
     def _clear_staging(self) -> None:
