@@ -1099,6 +1099,7 @@ def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_
     '/x/my' (or was refused for the words after it): each printed command is as a shell reads it back."""
     import shlex
 
+    from conftest import sealed_checkpoint
     from dpotrain import publish, resolve
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub.hub_push import CheckpointPusher, record_push
@@ -1121,6 +1122,7 @@ def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_
     printed = capsys.readouterr().out
     assert shlex.split(printed.rsplit("`", 2)[1]) == [*script, "--repo-id", REPO, "--checkpoints"], printed
 
+    sealed_checkpoint(out / "checkpoint-2")  # still on disk: the command pushes it later
     CheckpointPusher(REPO, SECRET, None, out)._failed(2, 1, "500")  # a checkpoint's upload that failed
     warned = capsys.readouterr().err
     assert shlex.split(warned.split("`")[1]) == [*script, "--checkpoints"], warned
