@@ -6,7 +6,8 @@
 
 Uploads what the job would have pushed (dpotrain.hub.hub.push_run) to the repo's main branch: the model, tokenizer,
 model card (README.md), training_curves.png, metrics and resolved config. With --checkpoints, first each complete
-checkpoint still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state):
+checkpoint still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state), and a
+step whose upload failed or was cut short after save_total_limit deleted it, from its copy in .hub_staging/:
 save_total_limit has deleted the older ones, which no command can push any more. A branch or main that already holds
 the same files is skipped, so running it again after an interruption pushes only what is missing. Outcomes are
 appended to the run's hub_pushes.jsonl and the card lists the pushed revisions. A run that has not finished (stopped:
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         "it to the namespace's default (default: the run's hub_private_repo)",
     )
     parser.add_argument(
-        "--checkpoints", action="store_true", help="also push each complete checkpoint on disk to a branch step-<N>"
+        "--checkpoints",
+        action="store_true",
+        help="also push each complete checkpoint on disk (and one left only in .hub_staging/) to a branch step-<N>",
     )
     args = parser.parse_args(argv)
 

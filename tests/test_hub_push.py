@@ -218,7 +218,8 @@ def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub,
     assert "## Checkpoint revisions" in card
     assert "| 1 | [`step-1`]" in card and "| 3 | [`step-3`]" in card and "| 4 | [`step-4`]" in card
     assert "step-2" not in card
-    assert not (out / ".hub_staging").exists()
+    # step 2's staged copy, its last since rotation deleted checkpoint-2, is kept for push_to_hub.py --checkpoints
+    assert [p.name for p in (out / ".hub_staging").iterdir()] == ["checkpoint-2"]
 
 
 @pytest.mark.slow  # two training runs
@@ -887,12 +888,14 @@ def test_a_checkpoint_upload_abandoned_at_the_wait_s_end_does_not_hold_the_proce
     assert recorded == [(2, "unfinished", "still uploading")]
 
 
-def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(hub, tmp_path, monkeypatch):
+def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_staged_copy(
+    hub, tmp_path, monkeypatch, capsys
+):
     """save_total_limit deletes checkpoint-2 while its upload hangs; the job is stopped (or killed), the upload left
     `unfinished`. Its files survive only in `.hub_staging/checkpoint-2`, where neither the resumed run nor the rerun
     completing the push looked: the step was never pushed, and nothing said so (and the next wait's end removed the
     staged copy). Now it goes up from there, checked as a checkpoint is; a copy a kill cut short is recorded `failed`,
-    saying the step is gone."""
+    saying the step is gone (its warning named push_to_hub.py, to push it "while it is still on disk")."""
     import shutil
 
     from conftest import sealed_checkpoint
@@ -915,8 +918,83 @@ def test_a_checkpoint_rotation_deleted_while_its_upload_hung_is_pushed_from_its_
     assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
     assert latest[4][0] == "failed" and "checkpoint-4 was deleted by save_total_limit" in latest[4][1], latest
     assert "model.safetensors is missing" in latest[4][1], latest
+    [said] = [line for line in capsys.readouterr().err.splitlines() if "checkpoint-4 was not pushed" in line]
+    assert said.endswith("no command can push it: its checkpoint was deleted, and no whole copy of it is left"), said
     step_2 = [c for c in hub.state.commits if c["revision"] == "step-2"]
     assert len(step_2) == 1 and step_2[0]["files"]["model.safetensors"] == b"model.safetensors\n"
+
+
+def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_copy(hub, tmp_path, monkeypatch):
+    """save_total_limit deleted checkpoint-2 while its upload hung and the job was stopped: the step survives only in
+    `.hub_staging/checkpoint-2`. `push_to_hub.py --checkpoints`, the command the warnings name, pushed only the
+    checkpoints on disk, and left that step unpushed without a word. Now it pushes it by the rule of the resumed run
+    (`staged_only`): checked as a checkpoint is, and a copy a kill cut short is recorded `failed`, saying so."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: both staged as its pusher stages them, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        stage(folder, out / STAGING)
+        shutil.rmtree(folder)
+        record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    (out / STAGING / "checkpoint-4" / "model.safetensors").unlink()  # the kill came while it was being staged
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-6"])
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), pytest.raises(Exception) as ended:  # main reads .env into the environment
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert "step-4 failed to push" in str(ended.value)  # the copy cut short: the command says it failed
+    latest = {r["step"]: (r["status"], r.get("error", "")) for r in read_pushes(out)}
+    assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
+    assert latest[4][0] == "failed" and "checkpoint-4 was deleted by save_total_limit" in latest[4][1], latest
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert "step-4" not in hub.state.repos[REPO] or "model.safetensors" not in hub.state.repos[REPO]["step-4"]
+
+
+def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):
+    """The staged copy of a checkpoint save_total_limit deleted is its last copy. When its upload failed past the
+    retries, the worker deleted it all the same, and `finish` the staging folder: the step was gone, while the record
+    said `failed` and the warning that `push_to_hub.py --checkpoints` "pushes it later while it is still on disk". Now
+    the copy is kept (and the folder holding it, its other copies removed), the warning names it, and the command
+    pushes it."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, CheckpointPusher, record_checkpoint, stage
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung
+    record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-4")
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-4"])
+    hub.state.fail_status = 400  # a failure nothing retries
+    hub.state.fail[("commit", "step-2")] = -1
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    pusher.submit_left()  # as the resumed run's on_train_begin calls it
+    assert pusher.finish(FINAL_WAIT_S) == []
+    latest = {r["step"]: r["status"] for r in read_pushes(out)}
+    assert latest == {2: "failed", 4: "pushed"}, latest
+    kept = out / STAGING / "checkpoint-2"
+    assert (kept / "model.safetensors").read_text() == "model.safetensors\n"
+    assert sorted(p.name for p in (out / STAGING).iterdir()) == ["checkpoint-2"]  # checkpoint-4's copy removed
+    assert STAGING in run_files.read(out)  # still the run's: the next push finds it
+    assert f"pushes it later from its copy in {kept}" in capsys.readouterr().err
+    del hub.state.fail[("commit", "step-2")]
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ):  # main reads .env into the environment
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert [r["status"] for r in read_pushes(out) if r["step"] == 2][-1] == "pushed"
 
 
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(
@@ -1021,6 +1099,7 @@ def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_
     '/x/my' (or was refused for the words after it): each printed command is as a shell reads it back."""
     import shlex
 
+    from conftest import sealed_checkpoint
     from dpotrain import publish, resolve
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub.hub_push import CheckpointPusher, record_push
@@ -1043,6 +1122,7 @@ def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_
     printed = capsys.readouterr().out
     assert shlex.split(printed.rsplit("`", 2)[1]) == [*script, "--repo-id", REPO, "--checkpoints"], printed
 
+    sealed_checkpoint(out / "checkpoint-2")  # still on disk: the command pushes it later
     CheckpointPusher(REPO, SECRET, None, out)._failed(2, 1, "500")  # a checkpoint's upload that failed
     warned = capsys.readouterr().err
     assert shlex.split(warned.split("`")[1]) == [*script, "--checkpoints"], warned

@@ -370,39 +370,67 @@ def stage(folder: Path, staging_root: Path) -> Path:
     return target
 
 
+def staged_only(out: Path, skip: set[int]) -> list[Path]:
+    """The staged copies (`.hub_staging/checkpoint-N`) of steps not in `skip` (pushed, or on disk): a checkpoint
+    save_total_limit deleted while its upload ran, which a killed or stopped job left unpushed, or whose upload failed
+    for good (kept: its last copy). Only the run's own staging folder (its record names it; a link never): a person's
+    folder of that name is none of the run's. The one rule of the resumed run's pusher and push_to_hub.py."""
+    root, own = out / STAGING, run_files.read(out)
+    if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
+        return []
+    staged = [p for p in root.glob("checkpoint-*") if p.is_dir() and not p.is_symlink() and p.name[11:].isdigit()]
+    return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
+
+
+def deleted_step(staged: Path) -> str:
+    """What is said of a step pushed from its staged copy: the checkpoint itself is gone."""
+    return f"{staged.name} was deleted by save_total_limit while its upload ran"
+
+
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
-    """scripts/push_to_hub.py --checkpoints: each of the run's own complete checkpoints to its branch, but where the
-    branch holds it already; returns the records written."""
+    """scripts/push_to_hub.py --checkpoints: each of the run's own complete checkpoints to its branch, then each step
+    that survives only as its staged copy (`staged_only`), but where the branch holds it already; returns the records
+    written."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
-    for folder in own_checkpoints(run_dir):
-        step = step_of(folder)
-        branch = branch_name(step)
-        record = functools.partial(record_checkpoint, run_dir, repo_id, step)
+    on_disk = own_checkpoints(run_dir)
+    for folder in on_disk:
         if not is_complete(folder):
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
-        try:
-            names = pushable_files(folder)
-        except NotPushable as e:
-            warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {e}")
-            records.append(record("failed", error=str(e)))
-            continue
-        if branch in branches and remote_matches(api, repo_id, branch, folder, names):
-            print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
-            records.append(record("present", files=names))
-            continue
-        try:
-            records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
-        except Exception as e:
-            # The upload's failure (`with_retries` gives it `.attempts`); one after it (the record of a push made) is
-            # no checkpoint "not pushed": it ends the command
-            if not hasattr(e, "attempts"):
-                raise
-            warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
-            records.append(record("failed", attempts=e.attempts, error=why(e)))
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
+    done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in on_disk}
+    for staged in staged_only(run_dir, done):
+        print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True))
     return records
+
+
+def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False) -> list[dict]:
+    """`folder` (a complete checkpoint, or a `staged` copy of a deleted one) to its branch, checked as the run's pusher
+    checks it, skipped where the branch holds it already: the record written."""
+    step = step_of(folder)
+    branch = branch_name(step)
+    record = functools.partial(record_checkpoint, run_dir, repo_id, step)
+    try:
+        names = pushable_files(folder)
+    except NotPushable as e:
+        error = f"{deleted_step(folder)}, and its copy in {STAGING} is not whole: {e}" if staged else str(e)
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
+        return [record("failed", error=error)]
+    if branch in branches and remote_matches(api, repo_id, branch, folder, names):
+        print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
+        return [record("present", files=names)]
+    try:
+        return [push_checkpoint(api, repo_id, folder, step, run_dir)]
+    except Exception as e:
+        # The upload's failure (`with_retries` gives it `.attempts`); one after it (the record of a push made) is no
+        # checkpoint "not pushed": it ends the command
+        if not hasattr(e, "attempts"):
+            raise
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
+        return [record("failed", attempts=e.attempts, error=why(e))]
 
 
 class CheckpointPusher(TrainerCallback):
@@ -414,6 +442,10 @@ class CheckpointPusher(TrainerCallback):
         self.out = Path(output_dir)
         self.queue: queue.Queue = queue.Queue()
         self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
+        # Steps whose upload failed for good: their staged copy is kept, and at `finish` where save_total_limit has
+        # deleted their checkpoint (the copy is then the step's last) left for push_to_hub.py --checkpoints and the
+        # next job's submit_left
+        self.kept: set[int] = set()
         self.thread: threading.Thread | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -430,18 +462,8 @@ class CheckpointPusher(TrainerCallback):
         for folder in on_disk:
             if step_of(folder) not in done:
                 self.submit(folder)
-        for staged in self.staged_only(done | {step_of(f) for f in on_disk}):
+        for staged in staged_only(self.out, done | {step_of(f) for f in on_disk}):
             self.submit_staged(staged)
-
-    def staged_only(self, skip: set[int]) -> list[Path]:
-        """The staged copies (`.hub_staging/checkpoint-N`) of steps not in `skip` (pushed, or on disk): a checkpoint
-        save_total_limit deleted while its upload ran, which a killed or stopped job left unpushed. Only the run's own
-        staging folder (its record names it; a link never): a person's folder of that name is none of the run's."""
-        root, own = self.out / STAGING, run_files.read(self.out)
-        if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
-            return []
-        staged = [p for p in root.glob("checkpoint-*") if p.is_dir() and not p.is_symlink() and p.name[11:].isdigit()]
-        return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
 
     def submit_staged(self, staged: Path) -> None:
         """A staged copy pushed as it is (not staged again): its files are checked as a checkpoint's are, against the
@@ -450,7 +472,7 @@ class CheckpointPusher(TrainerCallback):
         step = step_of(staged)
         if step in self.pending:
             return
-        gone = f"{staged.name} was deleted by save_total_limit while its upload ran"
+        gone = deleted_step(staged)
         try:
             pushable_files(staged)
         except NotPushable as e:
@@ -480,7 +502,9 @@ class CheckpointPusher(TrainerCallback):
         self._queue(step, stage(folder, self.out / STAGING))
 
     def _queue(self, step: int, staged: Path) -> None:
-        """The upload of `staged` (a staged copy, removed once its upload ends) queued for the worker thread."""
+        """The upload of `staged` (a staged copy, removed once its upload ends, but where it is the step's last copy
+        and the upload failed) queued for the worker thread."""
+        self.kept.discard(step)
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
@@ -504,24 +528,62 @@ class CheckpointPusher(TrainerCallback):
             except UnrecordedPush as e:
                 warn(f"{e}; training goes on")
             except Exception as e:  # noqa: BLE001 - a bug must not kill the worker thread: _failed records it
-                self._failed(step, getattr(e, "attempts", 1), why(e))
+                # The copy may be the step's last (save_total_limit deletes the checkpoint, now or later): deleted,
+                # the step was lost while its record said `failed`. A damaged copy (NotPushable) is none to keep.
+                if not isinstance(e, NotPushable):
+                    self.kept.add(step)
+                self._failed(step, getattr(e, "attempts", 1), why(e), staged if step in self.kept else None)
             finally:
-                shutil.rmtree(staged, ignore_errors=True)
+                if step not in self.kept:
+                    shutil.rmtree(staged, ignore_errors=True)
                 self.pending.pop(step, None)
                 self.queue.task_done()
 
-    def _failed(self, step: int, attempts: int | None, error: str) -> None:
-        """`attempts`: None where none was made (a checkpoint refused by `pushable_files`)."""
+    def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None) -> None:
+        """`attempts`: None where none was made (a checkpoint refused by `pushable_files`); `kept`: the staged copy
+        kept, which the named command pushes where the checkpoint is deleted."""
         tried = {} if attempts is None else {"attempts": attempts}
         try:
             record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error)
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
+        again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
+        gone = not is_complete(self.out / f"checkpoint-{step}")
+        if kept and gone:
+            later = f"{again} from its copy in {kept}, kept (the checkpoint was deleted)"
+        elif kept:
+            later = (
+                f"{again} while it is still on disk, or from its copy in {kept}, kept where save_total_limit deletes it"
+            )
+        elif gone:  # a staged copy a kill cut short, or damaged: the command it named could not push it
+            later = "no command can push it: its checkpoint was deleted, and no whole copy of it is left"
+        else:
+            later = f"{again} while it is still on disk"
         warn(
             f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
-            f"on. {recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk"
+            f"on. {recorded}; {later}"
         )
+
+    def _clear_staging(self) -> None:
+        """Nothing pending: the staged copies removed, but a kept one (`_work`) whose checkpoint is gone, the step's
+        last copy; the folder, and the run's claim on it, with them where none is left."""
+        root = self.out / STAGING
+        if not root.is_dir() or root.is_symlink():
+            run_files.disown(self.out, [STAGING])
+            return
+        kept = {f"checkpoint-{s}" for s in self.kept if not is_complete(self.out / f"checkpoint-{s}")}
+        if not kept:
+            shutil.rmtree(root, ignore_errors=True)
+            run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
+            return
+        for entry in root.iterdir():
+            if entry.name in kept:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def finish(self, timeout: float, stop_asked=None) -> list[int]:
         """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded). With
@@ -541,9 +603,7 @@ class CheckpointPusher(TrainerCallback):
             stopped = stop_asked is not None and stop_asked()
         left = sorted(self.pending)
         if not left:
-            if (self.out / STAGING).is_dir() and not (self.out / STAGING).is_symlink():
-                shutil.rmtree(self.out / STAGING, ignore_errors=True)
-            run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
+            self._clear_staging()
             return left
         steps = ", ".join(map(str, left))
         # Given up, on a stop request or at the timeout: the process's end must not wait on them (Python's exit joins
