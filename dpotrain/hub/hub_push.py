@@ -384,7 +384,7 @@ def staged_only(out: Path, skip: set[int]) -> list[Path]:
 
 def deleted_step(staged: Path) -> str:
     """What is said of a step pushed from its staged copy: the checkpoint itself is gone."""
-    return f"{staged.name} was deleted by save_total_limit while its upload ran"
+    return f"{staged.name} was deleted while its upload ran (save_total_limit, or by hand)"
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
@@ -610,17 +610,16 @@ class CheckpointPusher(TrainerCallback):
         # an LFS upload's pool workers, a daemon thread's too), or a hung upload holds the job past its end (Slurm's
         # kill; for a stop, the requeue it asked for never comes)
         abandon_threads()
+        for step in left:
+            error = "given up on a stop request" if stopped else "still uploading"
+            record_checkpoint(self.out, self.repo_id, step, "unfinished", error=error)
         if stopped:
-            for step in left:
-                record_checkpoint(self.out, self.repo_id, step, "unfinished", error="given up on a stop request")
             warn(
                 f"checkpoint uploads still running were given up on a stop request (steps {steps}), recorded "
                 f"unfinished in {self.out / PUSH_RECORD}: the same command (the requeued job) pushes the ones still "
                 "on disk, training nothing"
             )
             raise PushStopped
-        for step in left:
-            record_checkpoint(self.out, self.repo_id, step, "unfinished", error="still uploading")
         warn(
             f"checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
             f"{steps}): `{push_command(self.out, '--checkpoints')}` pushes the "
