@@ -954,6 +954,9 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     assert latest[4][0] == "failed" and "checkpoint-4 was deleted while its upload ran" in latest[4][1], latest
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
     assert "step-4" not in hub.state.repos[REPO] or "model.safetensors" not in hub.state.repos[REPO]["step-4"]
+    # Both copies removed: step 2's is on the Hub, step 4's can never be pushed (it failed every run of the command,
+    # "run the same command again"; a reviewer's finding)
+    assert not (out / STAGING / "checkpoint-2").exists() and not (out / STAGING / "checkpoint-4").exists()
 
 
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):
@@ -995,6 +998,37 @@ def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, 
         script.main([str(out), "--repo-id", REPO, "--checkpoints"])
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
     assert [r["status"] for r in read_pushes(out) if r["step"] == 2][-1] == "pushed"
+    assert not kept.exists()  # on the Hub now: no longer kept (it stayed, a checkpoint's size, forever)
+
+
+def test_one_staged_copy_is_kept_at_a_time_while_the_hub_fails(hub, tmp_path, monkeypatch, capsys):
+    """While the Hub fails every upload (a revoked token, an outage past the retries), each failed checkpoint's staged
+    copy was kept, and once rotation deleted the checkpoint it held a whole one: the disk filled past
+    save_total_limit's bound until a save failed (a reviewer's finding). The newest copy is kept; an older one is
+    removed, said where it was its step's last."""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, CheckpointPusher, record_checkpoint, stage
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 3):  # both rotated away while their uploads hung, then the job was stopped
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        stage(folder, out / STAGING)
+        shutil.rmtree(folder)
+        record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD])
+    hub.state.fail_status = 400  # a failure nothing retries
+    hub.state.fail[("commit", "step-2")] = hub.state.fail[("commit", "step-3")] = -1
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    pusher.submit_left()
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert sorted(p.name for p in (out / STAGING).iterdir()) == ["checkpoint-3"]
+    said = capsys.readouterr().err
+    assert "the copy of checkpoint-2 kept after its failed upload is removed for checkpoint-3's" in said, said
+    assert "step 2 is on neither the disk nor the Hub" in said, said
 
 
 def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run_for_its_requeue(

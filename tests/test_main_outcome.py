@@ -660,6 +660,22 @@ def test_only_gloos_peer_gone_becomes_the_one_line_and_a_ranks_own_error_keeps_i
     with pytest.raises(RuntimeError, match="Connection closed by peer") as raised:
         run_cli(sharing(ValueError("this rank's own bug")))
     assert isinstance(raised.value.__context__, ValueError)  # Python prints both tracebacks
+    with pytest.raises(SystemExit) as ended:  # a Ctrl-C behind it: its own line and code, not two tracebacks
+        run_cli(sharing(KeyboardInterrupt()))
+    assert ended.value.code == 130 and capsys.readouterr().err == "\nCtrl-C: stopped\n"
+
+    def wrapping():  # gloo's error wrapped (`raise ... from`) as the refusal is shared: the refusal still said
+        try:
+            raise ConfigError("output_dir is full: make room")
+        except ConfigError:
+            try:
+                raise RuntimeError(GLOO_PEER_GONE)  # noqa: B904 - as gloo's raises it: the refusal is its context
+            except RuntimeError as gone:
+                raise ValueError("the broadcast failed") from gone
+
+    with pytest.raises(SystemExit) as ended:
+        run_cli(wrapping)
+    assert ended.value.code == 2 and capsys.readouterr().err == "error: output_dir is full: make room\n"
 
 
 def _long(rows: list, words: int) -> list:

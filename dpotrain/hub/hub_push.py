@@ -400,10 +400,19 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
         records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
-    done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in on_disk}
+    # Read again after the uploads above (minutes): a job running beside this command (a requeue) stages each
+    # checkpoint it saves, whose copy is no deleted step's while the checkpoint is there
+    done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in own_checkpoints(run_dir)}
     for staged in staged_only(run_dir, done):
+        if (run_dir / staged.name).exists():  # saved since: the job's own upload, not this command's
+            continue
         print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
-        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True))
+        pushed = push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True)
+        records.extend(pushed)
+        if pushed[-1]["status"] != "failed" or "is not whole" in pushed[-1].get("error", ""):
+            # On the Hub now, or no whole copy to push ever: removed, or every later run of the command found it
+            # again (a damaged one failing each time: "run the same command again")
+            shutil.rmtree(staged, ignore_errors=True)
     return records
 
 
@@ -531,13 +540,29 @@ class CheckpointPusher(TrainerCallback):
                 # The copy may be the step's last (save_total_limit deletes the checkpoint, now or later): deleted,
                 # the step was lost while its record said `failed`. A damaged copy (NotPushable) is none to keep.
                 if not isinstance(e, NotPushable):
-                    self.kept.add(step)
+                    self._keep(step)
                 self._failed(step, getattr(e, "attempts", 1), why(e), staged if step in self.kept else None)
             finally:
                 if step not in self.kept:
                     shutil.rmtree(staged, ignore_errors=True)
                 self.pending.pop(step, None)
                 self.queue.task_done()
+
+    def _keep(self, step: int) -> None:
+        """`step`'s staged copy kept after its upload failed for good, the one copy kept at a time: while the Hub fails
+        (a revoked token, an outage past the retries) every upload fails, and each copy kept held a whole checkpoint
+        once rotation deleted it, the disk filling past save_total_limit's bound until a save failed. The newest is
+        the one worth keeping; an older one is removed, said where it was its step's last copy."""
+        for older in sorted(self.kept):
+            self.kept.discard(older)
+            shutil.rmtree(self.out / STAGING / f"checkpoint-{older}", ignore_errors=True)
+            if not is_complete(self.out / f"checkpoint-{older}"):
+                warn(
+                    f"the copy of checkpoint-{older} kept after its failed upload is removed for checkpoint-{step}'s "
+                    f"(one is kept at a time): its checkpoint is deleted, so step {older} is on neither the disk nor "
+                    "the Hub"
+                )
+        self.kept.add(step)
 
     def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None) -> None:
         """`attempts`: None where none was made (a checkpoint refused by `pushable_files`); `kept`: the staged copy

@@ -133,7 +133,7 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
         if own is None:  # gloo's word that another process ended: nothing of this one's
             _peer_gone_line("\n" if rank else "")
             sys.exit(1)
-        if own is not e and isinstance(own, (ConfigError, RunError)):  # this process's refusal, met first
+        if own is not e and isinstance(own, (ConfigError, RunError, KeyboardInterrupt)):  # this process's, met first
             _end_on(own, rank, first_on_node)
         raise  # this process's own failure: its traceback (and what it was handling), as Python prints it
 
@@ -158,6 +158,8 @@ def _behind_peer_gone(error: BaseException) -> BaseException | None:
     `collectives.main_outcome`'s except: `__context__`), or None: nothing of its own. The peer-gone line alone hid that
     refusal (a reviewer's finding)."""
     while error is not None and upstream.peer_gone(error):
+        while error.__cause__ is not None and upstream.peer_gone(error.__cause__):
+            error = error.__cause__  # gloo's own error, where another was raised from it: what it was handling
         error = None if error.__suppress_context__ else error.__context__
     return error
 
