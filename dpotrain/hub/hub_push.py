@@ -152,19 +152,24 @@ def read_pushes(output_dir: str | Path) -> list[dict]:
 
 
 def pushed_revisions(output_dir: str | Path, repo_id: str) -> list[tuple[int, str]]:
-    """(step, branch) of the checkpoint branches of `repo_id` whose latest record says they are on the Hub, by step (a
-    record without a repo, written before records named it, counts for any)."""
-    records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
-    latest = {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
+    """(step, branch) of the checkpoint branches of `repo_id` whose latest record says they are on the Hub, by step."""
+    latest = latest_checkpoint_records(output_dir, repo_id)
     return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
+
+
+def latest_checkpoint_records(output_dir: str | Path, repo_id: str) -> dict[str, dict]:
+    """Each checkpoint branch of `repo_id` with its latest record (a record without a repo, written before records
+    named it, counts for any)."""
+    records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
+    return {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
 
 
 def checkpoints_left(output_dir: str | Path, repo_id: str) -> list[int]:
     """The steps whose checkpoint push to `repo_id` was recorded and whose latest record is not on the Hub (a stop
     request or the end of training's wait gave it up, it failed): what `push_to_hub.py --checkpoints` pushes."""
-    records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
-    latest = {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
-    return sorted(r["step"] for r in latest.values() if r["status"] not in ON_THE_HUB)
+    return sorted(
+        r["step"] for r in latest_checkpoint_records(output_dir, repo_id).values() if r["status"] not in ON_THE_HUB
+    )
 
 
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
@@ -382,9 +387,11 @@ def staged_only(out: Path, skip: set[int]) -> list[Path]:
     return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
 
 
-def deleted_step(staged: Path) -> str:
-    """What is said of a step pushed from its staged copy: the checkpoint itself is gone."""
-    return f"{staged.name} was deleted while its upload ran (save_total_limit, or by hand)"
+def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
+    """What is said of a step pushed from its staged copy: the checkpoint itself is gone (and the copy, where
+    `pushable_files` refused it, `not_whole`)."""
+    said = f"{staged.name} was deleted while its upload ran (save_total_limit, or by hand)"
+    return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
@@ -425,7 +432,7 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
     try:
         names = pushable_files(folder)
     except NotPushable as e:
-        error = f"{deleted_step(folder)}, and its copy in {STAGING} is not whole: {e}" if staged else str(e)
+        error = deleted_step(folder, e) if staged else str(e)
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
         return [record("failed", error=error)]
     if branch in branches and remote_matches(api, repo_id, branch, folder, names):
@@ -481,13 +488,12 @@ class CheckpointPusher(TrainerCallback):
         step = step_of(staged)
         if step in self.pending:
             return
-        gone = deleted_step(staged)
         try:
             pushable_files(staged)
         except NotPushable as e:
-            self._failed(step, None, f"{gone}, and its copy in {STAGING} is not whole: {e}")
+            self._failed(step, None, deleted_step(staged, e))
             return
-        print(f"{gone}: pushing its copy in {self.out / STAGING}", flush=True)
+        print(f"{deleted_step(staged)}: pushing its copy in {self.out / STAGING}", flush=True)
         self._queue(step, staged)
 
     def on_save(self, args, state, control, **kwargs):
