@@ -196,12 +196,7 @@ _OBJECTS = (
 )
 _SPREADS = tuple(
     f"derived.batching.{name}"
-    for name in (
-        "micro_batches_per_step",
-        "pairs_per_micro_batch",
-        "positions_per_micro_batch",
-        "pairs_per_step_trained",
-    )
+    for name in "micro_batches_per_step pairs_per_micro_batch positions_per_micro_batch pairs_per_step_trained".split()
 )
 
 
