@@ -428,9 +428,8 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
         )
     if other:
         raise ConfigError(
-            f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which "
-            f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
-            "replace that run"
+            f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which resuming "
+            f"{explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to replace that run"
         )
     return resumed(out, resume.explicit_point(explicit, out, recipe.project.auto_resume))
 
@@ -542,10 +541,9 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
         dropped = f" it trains (of {rows} rows: {rows - kept} dropped at max_length)" if kept != rows else ""
         raise ConfigError(
             f"checkpoint {folder!r} was trained on {plural(was, 'data-parallel process')}, where the "
-            f"{plural(kept, 'pair')}{dropped} make {plural(then, 'step')} an epoch, and on {ranks} they make {now} "
-            f"(a last step of fewer pairs than processes joins the one before it): the steps past it would train other "
-            f"pairs, on "
-            f"another learning-rate schedule; resume it on {plural(was, 'process')}, or "
+            f"{plural(kept, 'pair')}{dropped} make {plural(then, 'step')} an epoch, and on {ranks} they make {now} (a "
+            "last step of fewer pairs than processes joins the one before it): the steps past it would train other "
+            f"pairs, on another learning-rate schedule; resume it on {plural(was, 'process')}, or "
             f"{resume.new_run_from(folder)}"
         )
 

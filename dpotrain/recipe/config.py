@@ -57,10 +57,9 @@ class ProjectArguments:
     # argparse %-formats help texts: a literal percent sign is written %%.
     auto_coverage: float = option(
         0.95,
-        "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
-        "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
-        "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole "
-        "(docs/max_length.md).",
+        "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit without "
+        "truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length costs only "
+        "the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (docs/max_length.md).",
     )
     overwrite_output_dir: bool = option(
         False,
@@ -653,9 +652,8 @@ def _weights_refused(types, weights) -> str:
     types = [types] if isinstance(types, str) else list(types)
     return (
         f"loss_weights {' '.join(f'{w:g}' for w in weights)} gives {plural(len(weights), 'weight')} for "
-        f"{plural(len(types), 'loss type')} ({' '.join(types)}): give one weight per type, in loss_type's order "
-        "(MPO: --loss_type sigmoid bco_pair sft --loss_weights 0.8 0.2 1.0), or remove loss_weights (each term then "
-        "weighs 1)"
+        f"{plural(len(types), 'loss type')} ({' '.join(types)}): give one weight per type, in loss_type's order (MPO: "
+        "--loss_type sigmoid bco_pair sft --loss_weights 0.8 0.2 1.0), or remove loss_weights (each term then weighs 1)"
     )
 
 
