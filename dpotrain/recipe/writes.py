@@ -128,16 +128,13 @@ def check_report_paths(paths: dict[str, str | None]) -> None:
                 f"{flag} takes a file name, and '-' would write a file named '-': give e.g. {flag} {example}"
             )
         folder = Path(path).resolve().parent
-        if Path(path).is_dir():
-            raise ConfigError(
-                f"{flag} {str(path)!r} is a folder: give the path of the file to write, inside it or elsewhere"
-            )
-        if not folder.is_dir():
-            raise ConfigError(
-                f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist; create it or write elsewhere"
-            )
-        if not os.access(folder, os.W_OK):
-            raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r}")
+        for bad, why in (  # in this order: the first found is said
+            (Path(path).is_dir(), " is a folder: give the path of the file to write, inside it or elsewhere"),
+            (not folder.is_dir(), f": folder {str(folder)!r} does not exist; create it or write elsewhere"),
+            (not os.access(folder, os.W_OK), f": cannot write in {str(folder)!r}"),
+        ):
+            if bad:
+                raise ConfigError(f"{flag} {str(path)!r}{why}")
         where = Path(path).expanduser().resolve()
         if where in seen:
             raise ConfigError(f"{seen[where]} and {flag} name the same file {str(path)!r}: give each its own path")
