@@ -140,8 +140,7 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
 
 def _unreachable(pairs: int, world: int, batch: int) -> str:
     """Why `pairs` per optimizer step is no whole number of micro-steps of `batch` pairs on each of `world` processes,
-    and the values that reach it: a per-device batch dividing each process's share, the next multiple of a micro-step,
-    or micro-batches cut by tokens."""
+    and the values that reach it."""
     per_step = world * batch
     fixes = [f"--pairs_per_step {-(-pairs // per_step) * per_step} (a multiple of {per_step})"]
     if pairs % world == 0:
@@ -207,9 +206,8 @@ def names_folder(refusal: str, output_dir: str) -> bool:
 
 def written_record(out: Path) -> Path | None:
     """The folder whose resolved_config.json holds the settings the run in `out` ran with: `out`, unless its record
-    was edited after the run wrote it (a value "fixed" by hand: `run_record.edited`); then, as a resume compares with
-    its checkpoint's own record (resume.say_hand_edit), the newest of the run's checkpoints holding its copy; None
-    where none does."""
+    was edited by hand since (`run_record.edited`); then, as a resume compares with its checkpoint's own record
+    (resume.say_hand_edit), the newest checkpoint holding its copy, or None."""
     if not run_record.edited_file(out / "resolved_config.json"):
         return out
     return next((f for f in reversed(own_checkpoints(out)) if (f / "resolved_config.json").is_file()), None)
@@ -303,13 +301,11 @@ def _started_in(record: Path, recorded: str | None) -> Path | None:
 
 
 def _one_place(old, new, started: Path | None = None) -> bool:
-    """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting.
-    A recorded relative name is looked for as this run looks for its own (`config.parse_args`: here, the folder a job
-    was submitted from, the project): looked for here alone, a run started in the project (`dataset_name:
-    data/smoke_prefs.jsonl`) was refused its resume from another folder, whose recipe names that file by its full
-    path. A built-in model is the folder it is built in (`builtin:tiny-olmo3` once, that folder's path the next time).
-    The content is compared anyway (`changed_settings`). `started`: the folder the run started in, where a relative
-    name was written (`cd exp; ... --dataset_name pairs.jsonl`, resumed from the folder above as `exp/pairs.jsonl`)."""
+    """Two names of one local file or folder (relative once, absolute once, through a link; a built-in model and the
+    folder it is built in): not a changed setting, the content being compared anyway. A recorded relative name is
+    looked for as the run looks for its own (`config.recorded_place`), first in `started`, the folder the run started
+    in (`cd exp; ... --dataset_name pairs.jsonl`, resumed from above as `exp/pairs.jsonl`): looked for here alone, a
+    run started in the project was refused its resume from another folder naming that file by its full path."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
     old, new = ((builtin.existing_model_dir(n) if builtin.is_builtin(n) else n) or n for n in (old, new))
@@ -337,12 +333,11 @@ def resumed(out: Path, point: str) -> OutputDecision:
 
 
 def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
-    """The folder of the record whose data commits a run that goes on (`decision`, `check_output_dir`'s) loads: the
-    resumed checkpoint's own copy (`trained_under`), else output_dir's; None where the run starts afresh or trains
-    nothing, and reads its data at main. The run's data stage and prefetch.py read it, so the job fetched for is the
-    job that runs (--overwrite_output_dir resumes a sound checkpoint of the same settings). A checkpoint resumed into
-    a folder replaced (--overwrite_output_dir with --resume_from_checkpoint from elsewhere) goes on too: its steps
-    left are those of the pairs it was cut from, so it reads its record's commits, as every other resume of it."""
+    """The folder of the record whose data commits a run that goes on (`decision`) loads: the resumed checkpoint's own
+    copy (`trained_under`), else output_dir's; None where the run starts afresh or trains nothing (data at main). The
+    data stage and prefetch.py both read it, so the job fetched for is the job that runs. A checkpoint resumed into a
+    folder replaced (--overwrite_output_dir, --resume_from_checkpoint from elsewhere) goes on too: its steps left are
+    those of the pairs it was cut from."""
     if not decision.trains or (decision.start_afresh and not decision.resume_from):
         return None
     return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
@@ -361,10 +356,9 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
 
 
 def check_push_left_repo(out: Path, repo: str, given: str | None) -> None:
-    """A rerun completing a cut-short final push completes it to the repo it started on (`repo`), never to another
-    hub_model_id: a commit the Hub may have taken there would be pushed twice, and the one given would be recorded
-    nowhere. So another one is refused, not passed over in silence; `given` without a namespace is the name the run
-    was given (it added the token's)."""
+    """A rerun completes a cut-short final push to the repo it started on (`repo`): to another hub_model_id, a commit
+    the Hub may have taken would be pushed twice, and the one given recorded nowhere, so another is refused, not
+    passed over in silence. `given` without a namespace is the name the run was given (it added the token's)."""
     if given is None or given in (repo, repo.rpartition("/")[2]):
         return
     raise ConfigError(
@@ -410,10 +404,9 @@ def say_untrained_settings(recipe: Recipe, out: Path, pairs_per_step: int | None
 
 
 def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | None) -> OutputDecision:
-    """`--resume_from_checkpoint` (its own settings checked already) into `out`, not finished: the settings must be
-    those of a run already there too, whose record, metrics, final model and checkpoints (rotated by step beside the
-    new ones) the resume writes over. That run is read as it ran (`written_record`): a hand edit of its record was
-    compared, and refused a resume of its own checkpoint with the run's settings as "other settings"."""
+    """`--resume_from_checkpoint` into `out`, not finished: the settings must be those of the run there too, whose
+    record, metrics, final model and checkpoints the resume writes over, read as it ran (`written_record`: a hand
+    edit of its record refused a resume of its own checkpoint as "other settings")."""
     explicit, replace = recipe.training.resume_from_checkpoint, recipe.project.overwrite_output_dir
     folder = written_record(out)
     other = changed_settings(recipe, folder, pairs_per_step) if folder else []
@@ -523,11 +516,10 @@ def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> d
 
 def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks: int, rows: int | None) -> None:
     """A checkpoint resumed on another number of data-parallel ranks: the steps are the same pairs on any number
-    (`steps_of`), cut into other micro-batches, except that an epoch's last step of fewer pairs than ranks joins the one
-    before it. Where that makes the epoch another number of steps, the resumed run went on, in silence, with other
-    pairs at each step past that point and a learning-rate schedule over another number of steps (40 pairs of 3 a step:
-    13 steps on 3 ranks, 14 on one): refused. Honoured where the epochs are cut alike, or the run ends before they
-    differ. `training`: the recipe's TrainingArguments (the steps the run trains)."""
+    (`steps_of`), except that an epoch's last step of fewer pairs than ranks joins the one before it. Where that makes
+    the epoch another number of steps (40 pairs of 3 a step: 13 steps on 3 ranks, 14 on one), the resumed run went on
+    in silence with other pairs past that point and another learning-rate schedule: refused, unless the run ends
+    before they differ. `training`: the recipe's TrainingArguments."""
     if folder is None or rows is None:
         return
     old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
@@ -549,10 +541,9 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
 
 
 def kept_pairs(folder: str | None, rows: int) -> int:
-    """The pairs the run of checkpoint `folder` trained on: under keep_start TRL drops a pair whose prompt alone fills
-    max_length, and its plan recorded the pairs kept (`derived.batching.pairs_trained.of`). A resume has its
-    max_length, truncation, data and tokenizer (RESUME_FIELDS, the content checks), so they are this run's too, known
-    before the data is tokenized. No checkpoint, or a record without them: the rows."""
+    """The pairs the run of checkpoint `folder` trained on, as its plan recorded them (`pairs_trained.of`: under
+    keep_start TRL drops a pair whose prompt alone fills max_length). A resume has the same max_length, data and
+    tokenizer (RESUME_FIELDS), so they are this run's too, known before the data is tokenized; else the rows."""
     if folder is None:
         return rows
     old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
@@ -560,9 +551,8 @@ def kept_pairs(folder: str | None, rows: int) -> int:
 
 
 def planned_steps(recipe: Recipe, steps: dict, batching: dict) -> dict:
-    """`count_steps`' numbers as the step plan counts them, on the pairs training keeps: under keep_start TRL drops the
-    pairs whose prompt alone fills max_length, so a data set's rows can make more steps than the run trains (and a
-    warm-up ratio more warm-up steps than its schedule has). `batching`: the plan's summary (`plan_stage.make`)."""
+    """`count_steps`' numbers on the pairs training keeps (`batching`, the plan's summary): a data set's rows can make
+    more steps than the run trains (`kept_pairs`), and a warm-up ratio more warm-up steps than its schedule has."""
     total = batching["pairs_trained"]["steps"]
     return steps | {"total_steps": total, "warmup_steps": recipe.training.get_warmup_steps(total)}
 
