@@ -139,8 +139,7 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
 
 
 def _unreachable(pairs: int, world: int, batch: int) -> str:
-    """Why `pairs` per optimizer step is no whole number of micro-steps of `batch` pairs on each of `world` processes,
-    and the values that reach it."""
+    """Why `pairs` per step is no whole number of micro-steps of `batch` pairs on `world` processes, and the fixes."""
     per_step = world * batch
     fixes = [f"--pairs_per_step {-(-pairs // per_step) * per_step} (a multiple of {per_step})"]
     if pairs % world == 0:

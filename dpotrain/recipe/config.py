@@ -606,9 +606,8 @@ SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` 
 
 
 def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
-    """What argparse left over: an unknown flag, by its name alone (`--hub_tokn=hf_...` must not print the token; the
-    cli.Parser alike), else a word after a one-value flag's value (`--dataset_name a.jsonl b.jsonl` was "unknown
-    argument 'b.jsonl'"), named with that flag; the value itself is not printed (it may be a token). Its help is
+    """What argparse left over: an unknown flag by its name alone (`--hub_tokn=hf_...` must not print the token), else
+    a word past a one-value flag's value, named with that flag, not the value (it may be a token). The help named is
     train_dpo.py's, whose fields these are, also where another script passes them on (prefetch.py, preflight.py)."""
     flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
     if flag is not None:

@@ -33,11 +33,10 @@ def size(n: int | None) -> str:
 
 
 def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = None) -> str:
-    """`n word` as a message reads it: `plural(1, "pair")` is "1 pair", `plural(2, "process")` "2 processes",
-    `plural(1234, "step", ",")` "1,234 steps"; `count=False` gives the word alone ("steps"); `many`, a plural that is
-    not the word + s or es ("micro-batches": "epoch" takes s). The word is singular when the count as printed
-    (`format(n, spec)`) reads "1": a float 1.0 under `g`, a `Spread` of one value. Here, in the module every
-    message-writing module already imports, and which imports no library: a refusal stays light."""
+    """`n word` as a message reads it: "1 pair", "2 processes", `plural(1234, "step", ",")` "1,234 steps";
+    `count=False`: the word alone; `many`: a plural that is not the word + s or es. Singular where the count as printed
+    (`format(n, spec)`) reads "1" (1.0 under `g`, a `Spread` of one value). Here, in the module every message-writing
+    module imports and which imports no library: a refusal stays light."""
     text = format(n, spec)
     if text != "1":
         word = many or word + ("es" if word.endswith(("s", "sh", "x")) else "s")
@@ -45,8 +44,7 @@ def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = 
 
 
 def warn(text: str) -> None:
-    """`warning: <text>` on stderr, in one write: a line written in parts runs into another process's in a launch's
-    shared log."""
+    """`warning: <text>` on stderr in one write: a line in parts runs into another process's in a shared log."""
     sys.stderr.write(f"warning: {text}\n")
     sys.stderr.flush()
 
@@ -77,11 +75,10 @@ def ranks_met() -> None:
 
 def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True) -> bool:
     """Whether the process of launch rank `rank` writes `error`'s one line: not where another rank writes it
-    (`SAID_BY`, on the error or one it was raised from: disk_full's line for a write the main process failed); a
-    ConfigError raised before the ranks' first collective mostly comes from the command and files every rank reads
-    alike: the first process on each node to meet it writes it (`_first_to_say`; one line in the job's log, a node
-    whose files differ still says so, and a refusal one rank meets alone, from its own environment, is still written).
-    A failure of one rank's own is written by that rank, as before."""
+    (`SAID_BY`, on the error or one it was raised from: disk_full's line for a write the main process failed). A
+    ConfigError raised before the ranks' first collective mostly comes from what every rank reads alike: the first
+    process on each node to meet it writes it (`_first_to_say`: one line in the job's log, yet a node whose files
+    differ, or a rank alone in its own environment, still says so). A failure of one rank's own: that rank's line."""
     seen = error
     while seen is not None:
         if getattr(seen, SAID_BY, rank) != rank:
@@ -120,10 +117,8 @@ def _first_to_say(line: str) -> bool | None:
 def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
     """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
     Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a
-    shell reports it, preemption.INTERRUPTED_EXIT). `rank`, `first_on_node`: the process's place in a launch
-    (train_dpo.py's, from launcher.py, which raises this module's errors): which lines it writes (`writes_line`), and
-    another rank's starts with a line break, as the log it shares with the main process may hold the main's progress
-    bar, its line not ended until it closes."""
+    shell reports it). `rank`, `first_on_node`: the process's place in a launch, for `writes_line`; another rank's
+    line starts with a line break, as the log it shares may hold the main's progress bar, unended until it closes."""
     try:
         sys.exit(main())
     except (ConfigError, RunError, KeyboardInterrupt) as e:
@@ -183,8 +178,7 @@ def _peer_gone_line(lead: str) -> None:
 
 
 def run_command(main, rank: int = 0, first_on_node: bool = True) -> None:
-    """`run_cli` for a process's own command (train_dpo.py's and each script's `__main__`): once `main` has ended, the
-    process ends as Python's exit would, but without tearing the interpreter down (`end_process`)."""
+    """`run_cli` for a process's own command (train_dpo.py's, each script's `__main__`), ended by `end_process`."""
     try:
         run_cli(main, rank, first_on_node)
     except SystemExit as ended:
@@ -192,8 +186,7 @@ def run_command(main, rank: int = 0, first_on_node: bool = True) -> None:
 
 
 def end_with(ended: SystemExit) -> None:
-    """The process ended with `ended`'s code (`end_process`); a message to print (`sys.exit("...")`) is left to the
-    interpreter's own exit, which prints it."""
+    """The process ended with `ended`'s code (`end_process`); a message (`sys.exit("...")`) left to Python's exit."""
     code = 0 if ended.code is None else ended.code
     if not isinstance(code, int):
         raise ended

@@ -188,10 +188,9 @@ def quiet_progress_bars():
 
 
 def progress_bars_on_main_only() -> None:
-    """transformers' and datasets' progress bars (the weights' load, each map over a split) off in a launch's other
-    processes, as the Trainer's own bar is: every rank loads the model and reads the data, so a job's log held each
-    bar once per process, and a bar still open (a bar ends its line only as it closes) glued another process's next
-    line onto its own."""
+    """transformers' and datasets' progress bars off in a launch's other processes, as the Trainer's own bar is: a
+    job's log held each bar once per rank, and a bar still open (its line ends as it closes) glued another process's
+    next line onto its own."""
     if launcher.launched_main():
         return
     import datasets
@@ -215,9 +214,8 @@ def readable_weights(folder: str | Path) -> None:
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Whether this process can create files at `path` (or the nearest folder that exists): None, or (the folder
     probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount.
-    The probe is named as `replacing`'s temporaries are (`.dpotrain-write-test.<host>.<pid>.tmp`), so the one a kill
-    left between its making and its removal is told by its dead writer and removed by the next probe there (under a
-    random name it stayed, and made an empty output folder one of "files that are not a run's")."""
+    Named as `replacing`'s temporaries are, the probe a kill left is removed by the next probe there (under a random
+    name it stayed, and made an empty output folder one of "files that are not a run's")."""
     path = Path(path)
     folder = next(p for p in (path, *path.absolute().parents) if p.exists())
     remove_dead_temporaries(folder, [PROBE])
