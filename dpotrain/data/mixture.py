@@ -670,12 +670,10 @@ def _union(a, b):
     (`tools` as JSON text in one source, a list in another) is datasets' Json, which reads either back as written."""
     import datasets
 
-    if a == b or getattr(b, "dtype", None) == "null":
+    if a == b or getattr(b, "dtype", None) == "null" or isinstance(a, datasets.Json):
         return a
-    if getattr(a, "dtype", None) == "null":
+    if getattr(a, "dtype", None) == "null" or isinstance(b, datasets.Json):
         return b
-    if isinstance(a, datasets.Json) or isinstance(b, datasets.Json):
-        return a if isinstance(a, datasets.Json) else b
     if isinstance(a, dict) and isinstance(b, dict):
         return {k: _union(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
     if type(a) is type(b) and isinstance(a, datasets.List | datasets.LargeList):
