@@ -758,8 +758,7 @@ def identity_of(source: Source, revision: str | None = None) -> dict:
     files = _files_record(source)
     if files is not None:
         return {"files": files}
-    identity = lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)
-    return {"revision": identity}
+    return {"revision": lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)}
 
 
 def _files_record(source: Source, held=frozenset()) -> dict | None:
@@ -777,8 +776,7 @@ def _files_record(source: Source, held=frozenset()) -> dict | None:
 def data_identity_of(recipe) -> dict | None:
     """The record of dataset_name's local files the run reads (`_files_record`; a folder of split files' test split with
     them, where the run evaluates on it: `_read_by`); None for a Hub data set."""
-    source, held = _read_by(recipe)
-    return _files_record(source, held)
+    return _files_record(*_read_by(recipe))
 
 
 def _read_by(recipe) -> tuple[Source, set]:
