@@ -185,8 +185,7 @@ def measure(
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
     `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
-    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
-    `assistant_turns`: the recipe's, which the rows check reads as the run's does (`rows.read_row`)."""
+    A bad row raises `InvalidRowError` unless `skip_invalid` lists it. `assistant_turns`: the recipe's (`read_row`)."""
     import datasets
 
     if method not in ("batched", "reference"):
