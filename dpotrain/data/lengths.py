@@ -411,7 +411,7 @@ def packed_positions(m: Measured, max_length: int, mode: str = "keep_start") -> 
 
 def _sequences(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[np.ndarray, np.ndarray]:
     """Each kept pair's prompt + chosen and prompt + rejected, cut at `max_length` (keep_start drops full prompts)."""
-    kept = m.prompt < max_length if mode == "keep_start" else np.ones(m.rows, dtype=bool)  # keep_end drops none
+    kept = ~cuts.drops(m.prompt, max_length, mode)
     return tuple(np.minimum(m.prompt[kept] + side[kept], max_length) for side in (m.chosen, m.rejected))
 
 
