@@ -667,10 +667,10 @@ def column_types_differ(what: str, found: dict) -> str | None:
     `score` a number in one file, text in another), which datasets cannot join into one table, or None. Read on the
     failure's path alone: pyarrow parses each file whole."""
     import pyarrow as pa
-    import pyarrow.json
     import pyarrow.parquet as pq
 
     read_columns = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)  # rows.ROW_COLUMNS (rows imports this)
+    not_read = f"it is not read: a pair is read from {', '.join(read_columns)}"
     seen = {}
     for file, p in found.items():
         try:
@@ -689,12 +689,7 @@ def column_types_differ(what: str, found: dict) -> str | None:
             widened = pa.types.is_floating(first[0]) and pa.types.is_integer(field.type)  # datasets casts it (1 -> 1.0)
             differ = _type_kind(first[0]) != _type_kind(field.type)
             if differ and not pa.types.is_null(field.type) and not widened:
-                read = field.name in read_columns
-                why = (
-                    "a pair is read from it"
-                    if read
-                    else f"it is not read: a pair is read from {', '.join(read_columns)}"
-                )
+                why = "a pair is read from it" if field.name in read_columns else not_read
                 return (
                     f"{what}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
                     f"{file}, and datasets reads its files as one table, one type to a column: write it with "

@@ -185,8 +185,7 @@ def measure(
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
     `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
-    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
-    `assistant_turns`: the recipe's, which the rows check reads as the run's does (`rows.read_row`)."""
+    A bad row raises `InvalidRowError` unless `skip_invalid` lists it. `assistant_turns`: the recipe's (`read_row`)."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -412,7 +411,7 @@ def packed_positions(m: Measured, max_length: int, mode: str = "keep_start") -> 
 
 def _sequences(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[np.ndarray, np.ndarray]:
     """Each kept pair's prompt + chosen and prompt + rejected, cut at `max_length` (keep_start drops full prompts)."""
-    kept = m.prompt < max_length if mode == "keep_start" else np.ones(m.rows, dtype=bool)  # keep_end drops none
+    kept = ~cuts.drops(m.prompt, max_length, mode)
     return tuple(np.minimum(m.prompt[kept] + side[kept], max_length) for side in (m.chosen, m.rejected))
 
 

@@ -670,12 +670,10 @@ def _union(a, b):
     (`tools` as JSON text in one source, a list in another) is datasets' Json, which reads either back as written."""
     import datasets
 
-    if a == b or getattr(b, "dtype", None) == "null":
+    if a == b or getattr(b, "dtype", None) == "null" or isinstance(a, datasets.Json):
         return a
-    if getattr(a, "dtype", None) == "null":
+    if getattr(a, "dtype", None) == "null" or isinstance(b, datasets.Json):
         return b
-    if isinstance(a, datasets.Json) or isinstance(b, datasets.Json):
-        return a if isinstance(a, datasets.Json) else b
     if isinstance(a, dict) and isinstance(b, dict):
         return {k: _union(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
     if type(a) is type(b) and isinstance(a, datasets.List | datasets.LargeList):
@@ -708,11 +706,11 @@ def _read_from(source: Source) -> tuple | None:
 
 
 def pin(sources: list[Source], kept: dict | None = None) -> dict[str, str]:
-    """The commit each Hub source is read at, by its repo: `kept`, the commits a continued run's record holds
-    (`kept`), taken as they are; else its main's now, asked of the Hub once (else read from its cache). The run knows
-    the rows by it before and after the read, so neither a push between the two looks nor a first read that fills
-    the cache (a name, then a commit) is taken for changed data. A source whose commit cannot be told (offline, no
-    refs/main in the cache) is read at main, the copy datasets prepared last, and recorded as `...@main`."""
+    """The commit each Hub source is read at, by its repo: `kept` (a continued run's record's) as they are; else its
+    main's now, asked of the Hub once (else read from its cache). The run knows the rows by it before and after the
+    read, so neither a push between the two looks nor a first read that fills the cache (a name, then a commit) is
+    taken for changed data. A source whose commit cannot be told (offline, no refs/main in the cache: prefetched at a
+    --revision, or copied without refs) is read at main, the copy datasets prepared last, and recorded as `...@main`."""
     repos = {s.path for s in sources if s.hub}
     taken = {repo: sha for repo, sha in (kept or {}).items() if repo in repos}
     found = {repo: hub_revision.commit(repo, None) for repo in sorted(repos - set(taken))}
@@ -722,10 +720,8 @@ def pin(sources: list[Source], kept: dict | None = None) -> dict[str, str]:
 def kept(recipe, output_dir: str) -> dict[str, str]:
     """The commit each Hub source of a continued run's mixtures (training and held-out) was read at, by repo, as its
     record holds it (`data_sources`' and `eval_sources`' identities): the resume reads it again, as a Hub data set's
-    resume loads its commit (`hub_revision.kept`). Offline, main's commit is the cache's refs/main; where it has none
-    (prefetched at a --revision, or copied without refs) the source was read unpinned, the copy datasets prepared
-    last, whatever its commit, and recorded as `...@main`. A source the record holds no commit for is pinned as a new
-    run's."""
+    resume loads its commit (`hub_revision.kept`). One read unpinned (`pin`: recorded as `...@main`), or that the
+    record holds no commit for, is pinned as a new run's."""
     values = fields_of(recipe)
     recorded = hub_revision.record(output_dir) if given(values) or given(values, evaluation=True) else None
     found = {}
@@ -760,8 +756,7 @@ def identity_of(source: Source, revision: str | None = None) -> dict:
     files = _files_record(source)
     if files is not None:
         return {"files": files}
-    identity = lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)
-    return {"revision": identity}
+    return {"revision": lengths.dataset_identity(source.path, source.split, source.name, revision, local_only=False)}
 
 
 def _files_record(source: Source, held=frozenset()) -> dict | None:
@@ -779,8 +774,7 @@ def _files_record(source: Source, held=frozenset()) -> dict | None:
 def data_identity_of(recipe) -> dict | None:
     """The record of dataset_name's local files the run reads (`_files_record`; a folder of split files' test split with
     them, where the run evaluates on it: `_read_by`); None for a Hub data set."""
-    source, held = _read_by(recipe)
-    return _files_record(source, held)
+    return _files_record(*_read_by(recipe))
 
 
 def _read_by(recipe) -> tuple[Source, set]:
