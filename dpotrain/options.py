@@ -959,36 +959,27 @@ def _wandb_host() -> str:
         return "https://api.wandb.ai"
 
 
-def check_wandb_name(recipe: Recipe) -> None:
-    """WANDB_NAME is not read: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins
-    over the variable, so the W&B run was named otherwise than asked, and nothing said so."""
-    training, name = recipe.training, os.environ.get("WANDB_NAME", "")
-    if "wandb" not in (training.report_to or []) or not name.strip() or name == training.run_name:
-        return
-    raise ConfigError(
-        f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({training.run_name!r}): pass "
-        f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
-        "WANDB_NAME"
-    )
-
-
-def check_wandb_resume(recipe: Recipe) -> None:
-    """A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
-    error once W&B started, after the model loaded and the reference was scored: say so now."""
-    value = os.environ.get("WANDB_RESUME")
-    if "wandb" not in (recipe.training.report_to or []) or value is None or value in WANDB_RESUME_VALUES:
-        return
-    raise ConfigError(
-        f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME (the "
-        "run logs on to its output folder's W&B run by itself)"
-    )
-
-
 def check_wandb_variables(recipe: Recipe) -> None:
-    """The W&B variables that recipe and environment alone settle (WANDB_NAME, WANDB_RESUME): a run checks them in
-    train_dpo.py before its ranks meet, so that a refusal is written once, not by every rank."""
-    check_wandb_name(recipe)
-    check_wandb_resume(recipe)
+    """The W&B variables that recipe and environment alone settle: a run checks them in train_dpo.py before its ranks
+    meet, so that a refusal is written once, not by every rank."""
+    if "wandb" not in (recipe.training.report_to or []):
+        return
+    # WANDB_NAME: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins over the
+    # variable, so the W&B run was named otherwise than asked, and nothing said so
+    run_name, name = recipe.training.run_name, os.environ.get("WANDB_NAME", "")
+    if name.strip() and name != run_name:
+        raise ConfigError(
+            f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({run_name!r}): pass "
+            f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
+            "WANDB_NAME"
+        )
+    # A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
+    # error once W&B started, after the model loaded and the reference was scored
+    if (value := os.environ.get("WANDB_RESUME")) is not None and value not in WANDB_RESUME_VALUES:
+        raise ConfigError(
+            f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME "
+            "(the run logs on to its output folder's W&B run by itself)"
+        )
 
 
 def check_wandb(recipe: Recipe) -> None:
