@@ -335,16 +335,8 @@ def check_unread(recipe: Recipe) -> None:
 
 
 # TrainingArguments fields only an evaluation reads, at any value (the first two judge the best checkpoint)
-EVAL_ONLY = (
-    "metric_for_best_model",
-    "greater_is_better",
-    "per_device_eval_batch_size",
-    "eval_accumulation_steps",
-    "eval_delay",
-    "eval_do_concat_batches",
-    "eval_use_gather_object",
-    "prediction_loss_only",
-)
+EVAL_ONLY = """metric_for_best_model greater_is_better per_device_eval_batch_size eval_accumulation_steps eval_delay
+eval_do_concat_batches eval_use_gather_object prediction_loss_only""".split()
 
 
 def check_evaluation(recipe: Recipe) -> None:
@@ -1027,13 +1019,11 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     request through wandb's proxy settings; any HTTP status is an answer."""
     if not _wandb_online(recipe):
         return
-    from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within
-
     url = _wandb_host().rstrip("/")
     try:
-        within(
-            PROBE_SECONDS,
-            lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=SOCKET_SECONDS).close(),
+        head = urllib.request.Request(url, method="HEAD")  # a bad WANDB_BASE_URL: refused here, named below
+        offline.within(
+            offline.PROBE_SECONDS, lambda: urllib.request.urlopen(head, timeout=offline.SOCKET_SECONDS).close()
         )
     except urllib.error.HTTPError:
         return  # the server answered
