@@ -685,15 +685,13 @@ def check_optimizer(t) -> None:
 
     try:
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
-    except (ImportError, ValueError) as e:
-        if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
+    except Exception as e:  # noqa: BLE001 - else one transformers builds only with the model (GaLore's target modules)
+        if isinstance(e, ImportError) or (isinstance(e, ValueError) and re.search(r"install|import", str(e), re.I)):
             raise ConfigError(
                 f"optim {_named(t.optim)} needs a package that is not installed here ({errors.cause(e)}): "
                 "install it, or choose another optim (the recipes use adamw_torch_fused)"
             ) from None
-        return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
-    except Exception:  # noqa: BLE001
-        return
+        return  # the trainer decides
     ignored = _ignored_optim_args(t) if t.optim_args else []
     if ignored:
         # transformers passes optim_args to some optimizers only (not AdamW)
