@@ -50,9 +50,8 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 def report(
     resolved: dict, output_dir: str, as_json: bool, stdout=None, warnings: tuple = (), caches: str | None = None
 ) -> None:
-    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `warnings`:
-    the lengths stage's of the template (no BOS, the turn's header in the answers), `caches`: what reading the pairs
-    wrote outside the run's folder (`summary`); the JSON records decisions only."""
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary (`warnings`,
+    `caches`: `summary`'s; the JSON records decisions only)."""
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:

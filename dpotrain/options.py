@@ -414,8 +414,7 @@ def check_best_metric(recipe: Recipe) -> None:
 
 
 def check_saving(recipe: Recipe) -> None:
-    """Checkpoints a resume can use: refused `save_steps 0`, `save_only_model`, `ignore_data_skip`. `save_strategy no`
-    is a choice, said once at start where a job may be preempted."""
+    """Checkpoints a resume can use; `save_strategy no` is a choice, said once at start where a job may be preempted."""
     t = recipe.training
     strategy = _named(t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
@@ -911,8 +910,7 @@ SECRET_INIT_KWARGS = ("token", "use_auth_token")
 
 
 def check_init_kwargs(recipe: Recipe) -> None:
-    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded); a
-    token there too (it would be recorded), its value never printed."""
+    """The run would load other than it planned and recorded, or record a token (whose value is never printed)."""
     kwargs = recipe.training.model_init_kwargs or {}
     for key in [k for k in SECRET_INIT_KWARGS if k in kwargs]:
         raise ConfigError(
