@@ -50,9 +50,8 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 def report(
     resolved: dict, output_dir: str, as_json: bool, stdout=None, warnings: tuple = (), caches: str | None = None
 ) -> None:
-    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary. `warnings`:
-    the lengths stage's of the template (no BOS, the turn's header in the answers), `caches`: what reading the pairs
-    wrote outside the run's folder (`summary`); the JSON records decisions only."""
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary (`warnings`,
+    `caches`: `summary`'s; the JSON records decisions only)."""
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:
@@ -326,10 +325,9 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
 
 def reference_text(s, trained: dict | None) -> str:
     """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
-    if not s.precompute_ref_log_probs and s.use_peft:  # TRL's reference under PEFT: no second model
-        return "the model with its LoRA adapter disabled, run beside every step (no reference stage)"
-    if not s.precompute_ref_log_probs:
-        return "a live reference model, run beside every step (no reference stage)"
+    if not s.precompute_ref_log_probs:  # TRL's reference under PEFT: the model itself, no second one
+        live = "the model with its LoRA adapter disabled" if s.use_peft else "a live reference model"
+        return f"{live}, run beside every step (no reference stage)"
     if trained is None:
         return "the pairs the planned steps train, scored once before training (counted when the run plans its steps)"
     pairs, of, steps = trained["pairs"], trained["of"], trained["steps"]

@@ -335,16 +335,8 @@ def check_unread(recipe: Recipe) -> None:
 
 
 # TrainingArguments fields only an evaluation reads, at any value (the first two judge the best checkpoint)
-EVAL_ONLY = (
-    "metric_for_best_model",
-    "greater_is_better",
-    "per_device_eval_batch_size",
-    "eval_accumulation_steps",
-    "eval_delay",
-    "eval_do_concat_batches",
-    "eval_use_gather_object",
-    "prediction_loss_only",
-)
+EVAL_ONLY = """metric_for_best_model greater_is_better per_device_eval_batch_size eval_accumulation_steps eval_delay
+eval_do_concat_batches eval_use_gather_object prediction_loss_only""".split()
 
 
 def check_evaluation(recipe: Recipe) -> None:
@@ -422,8 +414,7 @@ def check_best_metric(recipe: Recipe) -> None:
 
 
 def check_saving(recipe: Recipe) -> None:
-    """Checkpoints a resume can use: refused `save_steps 0`, `save_only_model`, `ignore_data_skip`. `save_strategy no`
-    is a choice, said once at start where a job may be preempted."""
+    """Checkpoints a resume can use; `save_strategy no` is a choice, said once at start where a job may be preempted."""
     t = recipe.training
     strategy = _named(t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
@@ -693,15 +684,13 @@ def check_optimizer(t) -> None:
 
     try:
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
-    except (ImportError, ValueError) as e:
-        if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
+    except Exception as e:  # noqa: BLE001 - else one transformers builds only with the model (GaLore's target modules)
+        if isinstance(e, ImportError) or (isinstance(e, ValueError) and re.search(r"install|import", str(e), re.I)):
             raise ConfigError(
                 f"optim {_named(t.optim)} needs a package that is not installed here ({errors.cause(e)}): "
                 "install it, or choose another optim (the recipes use adamw_torch_fused)"
             ) from None
-        return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
-    except Exception:  # noqa: BLE001
-        return
+        return  # the trainer decides
     ignored = _ignored_optim_args(t) if t.optim_args else []
     if ignored:
         # transformers passes optim_args to some optimizers only (not AdamW)
@@ -921,8 +910,7 @@ SECRET_INIT_KWARGS = ("token", "use_auth_token")
 
 
 def check_init_kwargs(recipe: Recipe) -> None:
-    """DECIDED_INIT_KWARGS in model_init_kwargs: refused (the run would load other than it planned and recorded); a
-    token there too (it would be recorded), its value never printed."""
+    """The run would load other than it planned and recorded, or record a token (whose value is never printed)."""
     kwargs = recipe.training.model_init_kwargs or {}
     for key in [k for k in SECRET_INIT_KWARGS if k in kwargs]:
         raise ConfigError(
@@ -959,36 +947,27 @@ def _wandb_host() -> str:
         return "https://api.wandb.ai"
 
 
-def check_wandb_name(recipe: Recipe) -> None:
-    """WANDB_NAME is not read: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins
-    over the variable, so the W&B run was named otherwise than asked, and nothing said so."""
-    training, name = recipe.training, os.environ.get("WANDB_NAME", "")
-    if "wandb" not in (training.report_to or []) or not name.strip() or name == training.run_name:
-        return
-    raise ConfigError(
-        f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({training.run_name!r}): pass "
-        f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
-        "WANDB_NAME"
-    )
-
-
-def check_wandb_resume(recipe: Recipe) -> None:
-    """A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
-    error once W&B started, after the model loaded and the reference was scored: say so now."""
-    value = os.environ.get("WANDB_RESUME")
-    if "wandb" not in (recipe.training.report_to or []) or value is None or value in WANDB_RESUME_VALUES:
-        return
-    raise ConfigError(
-        f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME (the "
-        "run logs on to its output folder's W&B run by itself)"
-    )
-
-
 def check_wandb_variables(recipe: Recipe) -> None:
-    """The W&B variables that recipe and environment alone settle (WANDB_NAME, WANDB_RESUME): a run checks them in
-    train_dpo.py before its ranks meet, so that a refusal is written once, not by every rank."""
-    check_wandb_name(recipe)
-    check_wandb_resume(recipe)
+    """The W&B variables that recipe and environment alone settle: a run checks them in train_dpo.py before its ranks
+    meet, so that a refusal is written once, not by every rank."""
+    if "wandb" not in (recipe.training.report_to or []):
+        return
+    # WANDB_NAME: transformers' WandbCallback passes run_name to wandb.init as the run's name, which wins over the
+    # variable, so the W&B run was named otherwise than asked, and nothing said so
+    run_name, name = recipe.training.run_name, os.environ.get("WANDB_NAME", "")
+    if name.strip() and name != run_name:
+        raise ConfigError(
+            f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({run_name!r}): pass "
+            f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
+            "WANDB_NAME"
+        )
+    # A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
+    # error once W&B started, after the model loaded and the reference was scored
+    if (value := os.environ.get("WANDB_RESUME")) is not None and value not in WANDB_RESUME_VALUES:
+        raise ConfigError(
+            f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME "
+            "(the run logs on to its output folder's W&B run by itself)"
+        )
 
 
 def check_wandb(recipe: Recipe) -> None:
@@ -1036,13 +1015,11 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     request through wandb's proxy settings; any HTTP status is an answer."""
     if not _wandb_online(recipe):
         return
-    from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within
-
     url = _wandb_host().rstrip("/")
     try:
-        within(
-            PROBE_SECONDS,
-            lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=SOCKET_SECONDS).close(),
+        head = urllib.request.Request(url, method="HEAD")  # a bad WANDB_BASE_URL: refused here, named below
+        offline.within(
+            offline.PROBE_SECONDS, lambda: urllib.request.urlopen(head, timeout=offline.SOCKET_SECONDS).close()
         )
     except urllib.error.HTTPError:
         return  # the server answered

@@ -86,18 +86,14 @@ def sample_rows(dataset, n: int, seed: int):
 
 
 def data_quality(pairs) -> dict:
-    """`pair_keys` of the run's pairs (`stages.Data`), less the repeats a mixture's upsampling makes by design."""
-    records = pairs.mix.records if pairs.mix is not None else []
-    return pair_keys(pairs.train, sum(max(r["taken"] - r["rows_usable"], 0) for r in records))
-
-
-def pair_keys(dataset, repeats: int = 0) -> dict:
-    """The report's counts of duplicate rows and of rows whose chosen equals rejected, over the whole data set; less
-    `repeats`, the repeats a mixture's upsampling makes."""
+    """The report's counts of duplicate rows and of rows whose chosen equals rejected, over the whole data set of the
+    run's pairs (`stages.Data`); less the repeats a mixture's upsampling makes by design."""
     from tqdm.auto import tqdm
 
-    seen, duplicates, identical, rows = set(), 0, 0, len(dataset)
-    for row in tqdm(dataset, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
+    records = pairs.mix.records if pairs.mix is not None else []
+    repeats = sum(max(r["taken"] - r["rows_usable"], 0) for r in records)
+    seen, duplicates, identical, rows = set(), 0, 0, len(pairs.train)
+    for row in tqdm(pairs.train, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
         key = hashlib.sha1(json.dumps([row.get("prompt"), row["chosen"], row["rejected"]]).encode()).digest()
         duplicates += key in seen
         seen.add(key)
@@ -358,12 +354,6 @@ def gaps(s: dict, max_length: int | None):
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 
 
-def _name(recipe):
-    """The data set the report names: a mixture's sources, else dataset_name."""
-    sources = mixture.parse(mixture.fields_of(recipe))
-    return [source.spec() for source in sources] if sources is not None else recipe.script.dataset_name
-
-
 def run(
     recipe, launch, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
 ) -> int:
@@ -394,12 +384,13 @@ def run(
     quality = data_quality(pairs)
     sample = sample_rows(pairs.train, sample_size, seed)
     loss_types = list(recipe.training.loss_type)
+    sources = mixture.parse(mixture.fields_of(recipe))  # the data set the report names: a mixture's sources
     s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
     report["max_length"] = recipe.training.max_length
     report["setup"] = {
         "model": recipe.model.model_name_or_path,
-        "dataset": _name(recipe),
+        "dataset": [source.spec() for source in sources] if sources is not None else recipe.script.dataset_name,
         "seed": seed,
         "max_length": recipe.training.max_length,
         "loss_type": "+".join(loss_types),

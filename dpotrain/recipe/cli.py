@@ -44,8 +44,6 @@ def value_words(nargs, after: list[str]) -> list[str]:
     """Of the words after a flag, those argparse would take as its value (`--streaming` none, `--candidates 1 2` all up
     to the next flag)."""
     following = list(itertools.takewhile(lambda w: not w.startswith("--"), after))
-    if nargs == 0:
-        return []
     if nargs in (None, "?"):
         return following[:1]
     return following[:nargs] if isinstance(nargs, int) else following
