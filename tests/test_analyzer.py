@@ -931,7 +931,13 @@ def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_fr
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(builder)])
     dataset_id, mixed, then = lengths.dataset_identity(path), mixture.dataset_id(recipe, local_only=True), os.stat(path)
     os.utime(other, ns=(then.st_atime_ns, then.st_mtime_ns))
-    time.sleep(0.05)  # past the file system's clock tick: a change time a tick later
+    # The copy's change time past the data's: the kernel stamps it from a coarse clock (a tick of 1-10 ms, whole
+    # seconds on some file systems), so a fixed sleep could leave both in one stamp. Touched until its stamp is later.
+    clock = tmp_path / "clock"
+    clock.touch()
+    while os.stat(clock).st_ctime_ns <= then.st_ctime_ns:
+        time.sleep(0.01)
+        clock.touch()
     shutil.copy2(other, path)  # cp -p
     now = os.stat(path)
     assert (now.st_size, now.st_mtime_ns) == (then.st_size, then.st_mtime_ns)
