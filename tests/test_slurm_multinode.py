@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from transformers import TrainingArguments
 
 from conftest import ROOT, launch_smoke_meanwhile
 from slurm_cluster import SUBMIT_DIR, slurm_cluster, states_once_a_second
@@ -24,6 +25,7 @@ from slurm_cluster import SUBMIT_DIR, slurm_cluster, states_once_a_second
 pytestmark = pytest.mark.slurm
 
 STEPS = 8
+DDP_TIMEOUT_S = TrainingArguments.ddp_timeout  # the collective timeout of every process group (the recipes leave it)
 RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "run_complete.json"]
 
 
@@ -223,12 +225,13 @@ def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path
     ranks = re.findall(r"^node (\S+): machine rank (\d+) of 2,", job_log(job), re.M)
     assert sorted(ranks) == [("node1", "0"), ("node2", "1")], job_log(job)[-4000:]  # one launcher on each node
     os.kill(training_process(job, "node2"), signal.SIGKILL)
-    t0 = time.monotonic()
-    state = slurm2.wait(job, timeout=120)
-    elapsed = time.monotonic() - t0
+    # "Promptly" is an order, not a speed: the job ends before any collective could have timed out on node1 (every
+    # process group holds ddp_timeout, 1,800 s by default), so its end came from srun's --kill-on-bad-exit, not from
+    # node1 waiting out a collective. A wait of at most a third of that fails only there, on a hang; a clock read
+    # against 60 s could fail on CI's 2 loaded cores with nothing wrong.
+    state = slurm2.wait(job, timeout=DDP_TIMEOUT_S / 3)
     log = job_log(job)
     assert state == "FAILED", log[-4000:]
-    assert elapsed < 60, f"job took {elapsed:.0f}s to end after node2's training process was killed"
     assert slurm2.job_info(job)["Restarts"] == "0"  # a failure is not a preemption: no requeue
     assert "srun: error: node2: task 1: Exited with exit code" in log, log[-4000:]
     assert "training failed with exit code" in log
