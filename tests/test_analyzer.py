@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, in_child, python
+from conftest import PAUSE_AT, PYTHON, ROOT, in_child, pause_env, python, signal_paused
 from dpotrain.data import builtin, cuts, data, lengths
 from dpotrain.forwards import packing
 from dpotrain.recipe.errors import ConfigError, size
@@ -931,7 +931,13 @@ def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_fr
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(builder)])
     dataset_id, mixed, then = lengths.dataset_identity(path), mixture.dataset_id(recipe, local_only=True), os.stat(path)
     os.utime(other, ns=(then.st_atime_ns, then.st_mtime_ns))
-    time.sleep(0.05)  # past the file system's clock tick: a change time a tick later
+    # The copy's change time past the data's: the kernel stamps it from a coarse clock (a tick of 1-10 ms, whole
+    # seconds on some file systems), so a fixed sleep could leave both in one stamp. Touched until its stamp is later.
+    clock = tmp_path / "clock"
+    clock.touch()
+    while os.stat(clock).st_ctime_ns <= then.st_ctime_ns:
+        time.sleep(0.01)
+        clock.touch()
     shutil.copy2(other, path)  # cp -p
     now = os.stat(path)
     assert (now.st_size, now.st_mtime_ns) == (then.st_size, then.st_mtime_ns)
@@ -1224,43 +1230,39 @@ def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
     """The login node's tool ended Ctrl-C in the traceback of whatever it was doing (an import of pandas or torch, a
     tokenizer batch), exit 1; it now says it stopped, in one line, exit 130, and leaves no cache a run would trust."""
     import signal
-    import time
 
-    rows = (ROOT / "data" / "smoke_prefs.jsonl").read_text() * 40  # long enough to be tokenizing when stopped
+    rows = (ROOT / "data" / "smoke_prefs.jsonl").read_text() * 40  # 60 batches of 256 pairs to tokenize
     (tmp_path / "pairs.jsonl").write_text(rows)
-    command = [PYTHON, "scripts/analyze_dataset.py", str(tmp_path / "pairs.jsonl"), "--config", "configs/smoke.yaml"]
-    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    command = [PYTHON, str(PAUSE_AT), str(tmp_path / "pairs.jsonl"), "--config", "configs/smoke.yaml", "--num-proc=1"]
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_TEST_PAUSE_SCRIPT": str(SCRIPT)}
 
-    def stopped(after) -> tuple[int, str]:
-        # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
+    def stopped(event: str, at: str) -> tuple[int, str]:
+        """Ctrl-C to the analyzer stopped by itself at `at` (tests/helpers/pause_at.py), which takes it as it goes on:
+        it lands there however slowly it is sent (a fixed sleep, or a progress line read, raced the run)."""
+        paused = tmp_path / f"paused-{event}"
         proc = subprocess.Popen(
-            [*command, "--num-proc", "1"],
+            command,
             cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            env={**env, **pause_env("", at, paused), "DPOTRAIN_TEST_PAUSE_AT_EVENT": event},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
+            # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        after(proc)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=300)
-        return proc.returncode, err
+        out = signal_paused(paused, proc, signal.SIGINT)
+        return proc.returncode, out
 
-    def tokenizing(proc) -> None:
-        seen = ""
-        while "Tokenizing" not in seen:
-            char = proc.stderr.read(1)
-            assert char, seen[-3000:]
-            seen += char
-
-    code, err = stopped(tokenizing)
-    assert code == 130 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == "Ctrl-C: stopped", err[-3000:]
+    # Tokenizing: datasets' map opens its cache file once the first batch is measured, 59 batches still to go
+    code, out = stopped("open", "*/json/default-*/0.0.0/*/tmp*")
+    assert code == 130 and "Traceback" not in out and "Tokenizing" in out, (code, out[-3000:])
+    assert out.strip().splitlines()[-1] == "Ctrl-C: stopped", out[-3000:]
     assert not list((tmp_path / "cache").rglob("*.npz"))  # nothing measured is kept as the data set's lengths
 
-    code, err = stopped(lambda proc: time.sleep(0.5))  # torch alone takes seconds to import
-    assert code == 130 and err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err
+    # Inside torch's import, just before its C++ set-up (torch._C), where a KeyboardInterrupt aborted the process
+    code, out = stopped("import", "torch._C")
+    assert code == 130, (code, out)
+    assert out.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", out
 
 
 def test_the_report_says_one_pair_per_padded_batch_in_the_singular():

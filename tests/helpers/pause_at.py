@@ -12,7 +12,10 @@ The point is given by the files the run writes, as Python's audit hooks see them
   renamed between the opens (metrics.jsonl is appended to once per logged step: 2 stops before the second step's);
 - DPOTRAIN_TEST_PAUSE_AT_EVENT (`open` unless given): the audit event DPOTRAIN_TEST_PAUSE_AT is matched on, e.g.
   `os.remove` to stop before a file is deleted (shutil.rmtree gives the name alone, relative to its folder);
-- DPOTRAIN_TEST_PAUSED_FILE: where it writes its process id first (conftest.paused_pid waits for it and the stop).
+- DPOTRAIN_TEST_PAUSED_FILE: where it writes its process id first (conftest.paused_pid waits for it and the stop);
+- DPOTRAIN_TEST_PAUSE_SCRIPT (`train_dpo.py` unless given): the project's script to run, from its root, e.g.
+  `scripts/analyze_dataset.py`. With DPOTRAIN_TEST_PAUSE_AT_EVENT `import`, DPOTRAIN_TEST_PAUSE_AT is a module's name,
+  matched as it is first imported (before its code runs).
 Under the tests' warm interpreter the process that stops is the forked child, not the client the test started: signal
 the id written (the client exits as its child did)."""
 
@@ -28,6 +31,7 @@ AFTER, AT = os.environ["DPOTRAIN_TEST_PAUSE_AFTER"], os.environ["DPOTRAIN_TEST_P
 PAUSED_FILE = os.environ["DPOTRAIN_TEST_PAUSED_FILE"]
 COUNT = int(os.environ.get("DPOTRAIN_TEST_PAUSE_AT_COUNT", "1"))
 EVENT = os.environ.get("DPOTRAIN_TEST_PAUSE_AT_EVENT", "open")
+SCRIPT = os.environ.get("DPOTRAIN_TEST_PAUSE_SCRIPT", "train_dpo.py")
 state = {"armed": not AFTER, "done": False, "seen": 0}
 
 
@@ -50,7 +54,7 @@ def hook(event: str, args: tuple) -> None:
 
 if __name__ == "__main__":
     sys.addaudithook(hook)
-    script = str(ROOT / "train_dpo.py")
+    script = str(ROOT / SCRIPT)
     sys.argv[0] = script
-    sys.path[0] = str(ROOT)  # as `python train_dpo.py` lays out its sys.path
+    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` lays out its sys.path
     runpy.run_path(script, run_name="__main__")
