@@ -294,24 +294,17 @@ def _with_accumulation(found: Engine, steps) -> Engine:
 
 
 # What `accelerate launch` refuses beside a deepspeed_config_file (accelerate's `_deepspeed_config_checks`)
-SET_IN_THE_FILE = {
-    "gradient_accumulation_steps",
-    "gradient_clipping",
-    "zero_stage",
-    "offload_optimizer_device",
-    "offload_param_device",
-    "offload_param_nvme_path",
-    "offload_optimizer_nvme_path",
-    "zero3_save_16bit_model",
-}
+SET_IN_THE_FILE = set(
+    "gradient_accumulation_steps gradient_clipping zero_stage offload_optimizer_device offload_param_device "
+    "offload_param_nvme_path offload_optimizer_nvme_path zero3_save_16bit_model".split()
+)
 
 
 INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
 # DeepSpeed's names for "gather the ZeRO-3 weights when the model is saved" (deepspeed/runtime/zero/config.py)
-GATHER_ON_SAVE = (
-    "stage3_gather_16bit_weights_on_model_save",
-    "gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save",
+GATHER_ON_SAVE = tuple(
+    "stage3_gather_16bit_weights_on_model_save gather_16bit_weights_on_model_save "
+    "stage3_gather_fp16_weights_on_model_save".split()
 )
 
 
@@ -540,13 +533,15 @@ def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str
     """sha256 of a model's full weights as TRL's `hash_module` takes an unsharded one's, on the main process; under
     ZeRO-3 gathered first (TRL would hash the empty local partitions), a collective: every rank calls it. `base`: a
     PEFT model's base weights alone, named and ordered as the base's: the hash a full fine-tune of it takes."""
+    if zero3:
+        import deepspeed  # here: a slow import only ZeRO-3 needs
     h, state = hashlib.sha256(), model.state_dict()
     params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each of their names
     names = {name: base_weight_name(name) if base else name for name in state}
     for name in sorted((n for n in names if names[n] is not None), key=names.get):
         param, tensor = params.get(name), state[name]
         gathered = zero3 and param is not None
-        with _gathered(param) if gathered else contextlib.nullcontext():
+        with deepspeed.zero.GatheredParameters([param]) if gathered else contextlib.nullcontext():
             if is_main:
                 full = (param.data if gathered else tensor).detach().cpu()
                 h.update(str(full.dtype).encode())
@@ -554,12 +549,6 @@ def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str
                     full = full.to(torch.float32)
                 h.update(full.numpy().tobytes())
     return h.hexdigest() if is_main else None
-
-
-def _gathered(param):
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([param])
 
 
 def start_processes(training, run_engine: Engine):
