@@ -35,11 +35,8 @@ TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 NEEDED = ["config.json", "weights (model.safetensors or a sharded index)", "tokenizer_config.json", "a tokenizer file"]
 # The fields whose values decide what the job reads; prefetch takes them as train_dpo.py does.
 ARTIFACT_FIELDS = [
-    ("model", "model_name_or_path"),
-    ("model", "model_revision"),
-    ("script", "dataset_name"),
-    ("script", "dataset_config"),
-    ("script", "dataset_train_split"),
+    *(("model", name) for name in ("model_name_or_path", "model_revision")),
+    *(("script", name) for name in ("dataset_name", "dataset_config", "dataset_train_split")),
     ("project", "dataset_revision"),  # the commit, branch or tag the job trains on, not main
     *(("project", name) for name in (*mixture.TRAIN_FIELDS, *mixture.EVAL_FIELDS)),
 ]

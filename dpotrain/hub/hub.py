@@ -147,11 +147,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     repo_id = t.run_name if t.hub_model_id is None else t.hub_model_id
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
         # the run name said as the repo's: "pushes to the run name 'my run' is not a ..." read as one garbled clause
-        given = (
-            "hub_model_id"
-            if t.hub_model_id is not None
-            else "push_to_hub without hub_model_id pushes to a repo named after the run:"
-        )
+        run_named = "push_to_hub without hub_model_id pushes to a repo named after the run:"
+        given = "hub_model_id" if t.hub_model_id is not None else run_named
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)
@@ -189,9 +186,8 @@ def model_card(
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     # a path is no Hub data set, here or not (the card of a run whose data lay in /home/...: the Hub refuses it)
     hub_names = [n for n in names if "/" in n and is_hub_model(n)]
-    trained_from = f"{named(base, r.model_identity)} on {named(dataset, r.data.data_identity)}"
-    if sources:
-        trained_from = f"{named(base, r.model_identity)} on {mixture.of_sources(sources)}"
+    data_named = mixture.of_sources(sources) if sources else named(dataset, r.data.data_identity)
+    trained_from = f"{named(base, r.model_identity)} on {data_named}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
@@ -461,8 +457,7 @@ def push_run(
         # `attempts`: with_retries' count; another failure (the stop request's own check) has none
         record(status="failed", repo=repo_id, attempts=getattr(e, "attempts", None), error=cause(e))
         raise
-    pushed = {"attempts": attempts, "commit": commit.oid}
-    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
+    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", attempts=attempts, commit=commit.oid)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 

@@ -273,11 +273,9 @@ def verified_additions(folder: Path, names: list[str]) -> list:
                 f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
             )
         public = upload_content(folder, name)  # a LoRA adapter's config naming a local base: its copy (public.py)
-        if public is not None:
-            adds.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=public))
-            continue
-        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
-        add.upload_info.sha256 = bytes.fromhex(digest)
+        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name) if public is None else public)
+        if public is None:  # hashed lazily by huggingface_hub, which this digest spares
+            add.upload_info.sha256 = bytes.fromhex(digest)
         adds.append(add)
     return adds
 
