@@ -549,16 +549,14 @@ class CheckpointPusher(TrainerCallback):
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
         gone = not is_complete(self.out / f"checkpoint-{step}")
-        if kept and gone:
-            later = f"{again} from its copy in {kept}, kept (the checkpoint was deleted)"
-        elif kept:
-            later = (
-                f"{again} while it is still on disk, or from its copy in {kept}, kept where save_total_limit deletes it"
-            )
-        elif gone:  # a staged copy a kill cut short, or damaged: the command it named could not push it
-            later = "no command can push it: its checkpoint was deleted, and no whole copy of it is left"
-        else:
-            later = f"{again} while it is still on disk"
+        on_disk = f"{again} while it is still on disk"
+        later = {  # by (a copy kept, the checkpoint gone)
+            (True, True): f"{again} from its copy in {kept}, kept (the checkpoint was deleted)",
+            (True, False): f"{on_disk}, or from its copy in {kept}, kept where save_total_limit deletes it",
+            # a staged copy a kill cut short, or damaged: the command it named could not push it
+            (False, True): "no command can push it: its checkpoint was deleted, and no whole copy of it is left",
+            (False, False): on_disk,
+        }[bool(kept), gone]
         warn(
             f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
             f"on. {recorded}; {later}"
