@@ -1,10 +1,8 @@
 """The output folder holds one run, and the run owns only its own files (docs/reliability.md).
 
-A run records the top-level names it writes in `run_files.json` before anything else (dpotrain/train/run_files.py);
-`--overwrite_output_dir` removes exactly those, and what a person put in the folder stays. A folder that holds files
-but no run is refused whatever the flags; a run written before runs recorded their files is resumed, never replaced;
-and a run reads nothing from its own output folder (`check_reads_outside`): the finished model it would train from is
-one of the files it replaces.
+A run records the top-level names it writes in `run_files.json` before anything else; `--overwrite_output_dir` removes
+exactly those, and a person's files stay. A folder of files but no run is refused; a run from before records is
+resumed, never replaced; and a run reads nothing from its own folder, whose files it may remove.
 """
 
 import os
@@ -29,23 +27,18 @@ from dpotrain.train.resume import HEALTH_STOP, new_run_from, saved_step
 from dpotrain.train.run_files import MANIFEST, claim
 from dpotrain.train.samples import SAMPLES_FILE
 
-# The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
-# writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
-# The run claims the name only as it saves (`stage_final`), so one there that the record does not name is a person's.
+# The final model is written here, then its names recorded and moved in: what `save_model` writes depends on the
+# model, the engine and LoRA. Claimed only as it saves, so one there that the record does not name is a person's.
 FINAL_STAGING = ".final_model"
-# What a file browser or an editor leaves in any folder it shows (macOS Finder, Jupyter, Windows Explorer): a run never
-# writes these names, and a folder holding only them is empty to the person who made it.
+# What a file browser or an editor leaves in any folder it shows: a folder holding only them is empty to its owner.
 BROWSER_FILES = (".DS_Store", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini")
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
-    """The top-level names this run's settings make it write into its output folder, from the modules that write each
-    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, its staging folders, as it
-    makes them (`stage_final`, `hub_push.CheckpointPusher.submit`), and the model card, plot and
-    merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
-    stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
-    # tracking is imported where it is read: its import loads transformers' W&B integration, which prints "[INFO]
-    # Running in WANDB offline mode" on the stdout of scripts/push_to_hub.py, a command whose output is its answer
+    """The top-level names this run's settings make it write at its start; the final model, checkpoints, staging
+    folders, card, plot and merged model are recorded as they are written (a person's README.md in a stopped run's
+    folder is not the run's by name)."""
+    # imported here: its import prints W&B's "[INFO]" line on the stdout of scripts/push_to_hub.py, which is its answer
     from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
@@ -58,10 +51,8 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
 
 def read_manifest(out: Path) -> list[str] | None:
-    """The names the run in `out` recorded as its own; None when there is no record (`checkpoints.recorded_names`). A
-    record of an earlier format named the card, plot and merged model from the run's start: they are the run's only
-    where it finished, else what lies there under those names (a README.md of why it was stopped) may be a person's,
-    which the card of the resumed run would write over, or --overwrite_output_dir delete."""
+    """The names the run in `out` recorded as its own; None without a record. An earlier format named the card, plot
+    and merged model from the start: they are the run's only where it finished, else they may be a person's."""
     names = recorded_names(out)
     if names is not None and not run_files.of_this_format(out) and not (out / RUN_COMPLETE).exists():
         names = [n for n in names if n not in (CARD, PLOT_FILE, MERGED_DIR)]
@@ -74,9 +65,8 @@ def is_legacy_run(out: Path) -> bool:
 
 
 def same_folder_above(path: Path, folder: Path) -> Path | None:
-    """`path` or the folder above it that is `folder` itself, by device and inode, not by name: a bind mount (a
-    container's `-B`, one folder under /scratch and /gpfs) or a case-insensitive file system reaches a folder by a path
-    no link resolves to. None: outside it."""
+    """`path` or the folder above it that is `folder`, by device and inode, not by name (a bind mount or a
+    case-insensitive file system reaches a folder by a path no link resolves to); None: outside it."""
     try:
         key = folder.stat()
     except OSError:
@@ -91,8 +81,8 @@ def same_folder_above(path: Path, folder: Path) -> Path | None:
 
 
 def check_outside_data(output_dir: str, data_names: list[str]) -> None:
-    """datasets reads every file under a folder of data files (not one `save_to_disk` wrote): a run's folder inside it
-    would be read as data at the run's next start (its PNG as images), and a requeue refused for changed data."""
+    """datasets reads every file under a folder of data files: a run's folder inside one would be read as data at its
+    next start, and a requeue refused for changed data."""
     out = Path(output_dir).expanduser().resolve()
     for name in data_names:
         folder = Path(name).expanduser()
@@ -107,27 +97,22 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
 
 
 def _writable_and_free(out: Path) -> None:
-    """The main process's checks of the folder the run will write in: the others of a launch would find the lock
-    their main process just took."""
-    # A folder the run cannot write its lock in (a read-only mount, no permission): one still to be made is probed
-    # in the nearest one that exists. The run writes there; a dry run does not.
+    """The main process's checks (the others of a launch would find the lock it just took): writable, and free."""
+    # One still to be made is probed in the nearest folder that exists
     if problem := unwritable(out.resolve()):  # a link: where it points
         raise ConfigError(
             f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
             "folder this job can write in"
         )
-    # A live run first: its folder is a run's whatever it holds at this instant (a record half-written under its
-    # temporary name, before any manifest exists).
+    # A live run's folder is a run's whatever it holds at this instant (a record half-written, no manifest yet)
     if out.is_dir():
         run_lock.check_free(out)
 
 
 def check(output_dir: str, lock: bool = True) -> None:
-    """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
-    live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock). Every rank
-    calls it once the ranks have met: its own checks go through `collectives.every_rank` (a refusal every rank meets
-    written once, by the first; one a rank alone meets, by it), each joined by every rank whatever it found, around
-    the main process's (`main_outcome`), which `every_rank`'s work must not hold."""
+    """Refuses an output_dir that is a file, a folder of files but no run, or (`lock`) one another live run holds.
+    Read-only; every rank, once the ranks have met: its checks in two `every_rank`s around the main process's
+    (`main_outcome`), which `every_rank`'s work must not hold."""
     collectives.every_rank(_not_a_file, output_dir)
     if lock:  # the main process's (its refusal every rank's: the others would wait for it in the next collective)
         collectives.main_outcome(_writable_and_free, Path(output_dir))
@@ -148,14 +133,12 @@ def _a_run_folder(output_dir: str) -> None:
     out = Path(output_dir)
     if not out.is_dir():
         return
-    # A run killed as it wrote its first record leaves that record's temporary alone, on whichever node (a requeue may
-    # run on another): no person's file, and no live run's past the lock's check. The rerun's (start removes it). So
-    # does one killed while it probed the folder for writing (the next probe on that host removes it).
+    # A run killed as it wrote its first record, or probed the folder, leaves a temporary on whichever node: no
+    # person's file, and no live run's past the lock's check
     dead = {path.name for path, _, _ in writes.temporaries(out, [MANIFEST, writes.PROBE])}
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in (*BROWSER_FILES, *dead))]
     recorded = read_manifest(out)
-    # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy
-    # of its run's resolved_config.json read it as a run written before records
+    # A checkpoint's marks, never at the top of a run's folder: its resolved_config.json read it as a run from before
     marks = [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()] if recorded is None else []
     if marks:
         raise ConfigError(
@@ -173,9 +156,7 @@ def _a_run_folder(output_dir: str) -> None:
 
 
 def reads(recipe) -> list[tuple[str, str]]:
-    """What a run reads from paths, each named as its refusal names it: the model (never a LoRA adapter's folder, which
-    `options.check_model` refuses first), the data (a mixture's sources, held-out ones too), the chat template and the
-    sample prompts."""
+    """What a run reads from paths, each named as its refusal names it: model, data, chat template, sample prompts."""
     model = recipe.model.model_name_or_path or ""
     found = [(f"model_name_or_path {model!r}", model)]
     found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
@@ -187,8 +168,7 @@ def reads(recipe) -> list[tuple[str, str]]:
 
 
 def check_reads_outside(recipe) -> None:
-    """A run never reads from its own output folder, by any path into it (a link too): it removes files there
-    (checkpoints rotated, the old run's files under --overwrite_output_dir), maybe the model it would load."""
+    """A run never reads from its own output folder, by any path: it removes files there, maybe the model it loads."""
     out = recipe.training.output_dir
     root = Path(out).expanduser().resolve()
     for named, path in reads(recipe):
@@ -219,9 +199,8 @@ def check_replaceable(output_dir: str, start_afresh: bool) -> None:
 
 
 def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_steps: int) -> None:
-    """Refuses a `checkpoint-N` the run did not write (a person's, which rotation and --overwrite_output_dir keep) at a
-    step the run may still save: past the step it starts from (a stop saves at any step), up to max_steps when set.
-    The run clears that folder to write its own checkpoint there, and the person's files would be gone."""
+    """Refuses a `checkpoint-N` the run did not write at a step it may still save (past its start, up to max_steps): it
+    clears that folder to save there, and the person's files would be gone."""
     out = Path(output_dir)
     own = read_manifest(out) if out.is_dir() else None
     if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
@@ -237,8 +216,7 @@ def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_st
 
 
 def start(recipe, start_afresh: bool, pushes: bool) -> None:
-    """Main process, before the run writes anything in its folder: the replaced run's own files removed (its W&B
-    offline runs moved aside first), and this run's names recorded."""
+    """Main process, before the run writes in its folder: the replaced run's own files removed, this run's recorded."""
     out = Path(recipe.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = run_names(recipe, pushes)
@@ -248,9 +226,8 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
         replace(out, old)
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
-    # A name this run writes that the record does not hold (samples.jsonl turned on at a resume, a name the replaced
-    # run never wrote) and that is there already is a person's file: moved aside, never appended to, trimmed or
-    # later removed as the run's. Without a record (a run written before records), its files are the run's.
+    # A name this run writes that the record does not hold, there already, is a person's: moved aside, never appended
+    # to or removed as the run's. Without a record (a run from before records), its files are the run's.
     for name in [n for n in names if old is not None and n not in old and n != MANIFEST]:
         run_files.set_aside_if_not_own(out, name)
     run_files.write(out, names)
@@ -258,9 +235,8 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
 
 
 def clear_final_staging(out: Path) -> None:
-    """Main process: an earlier attempt's final save, cut short, removed; but a link there (which no run makes:
-    removed, it was left, and the save wrote through it into the folder it points to) or a folder of that name the
-    record does not name (a person's) is moved aside, said in a line, never emptied."""
+    """Main process: an earlier attempt's final save, cut short, removed; a link or a person's folder there is moved
+    aside, never emptied (the save would write through a link)."""
     staging = Path(out) / FINAL_STAGING
     if run_files.set_aside_if_not_own(out, FINAL_STAGING):
         return
@@ -277,16 +253,15 @@ def clear_final_staging(out: Path) -> None:
 
 
 def stage_final(out: str | Path) -> None:
-    """Main process, right before every rank saves the final model into `FINAL_STAGING`: what lies there cleared
-    (`clear_final_staging`: a link or a person's folder put there while the run trained is moved aside), then the
-    name recorded as the run's before its first byte."""
+    """Main process, right before every rank saves the final model into `FINAL_STAGING`: cleared, then the name
+    recorded as the run's before its first byte."""
     clear_final_staging(Path(out))
     claim(out, [FINAL_STAGING])
 
 
 def replace(out: Path, names: list[str]) -> None:
-    """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
-    in between leaves a folder that is still a run's) and its lock."""
+    """Removes what the run in `out` recorded as its own, but its record (a kill before the next run rewrites it
+    leaves a folder that is still a run's) and its lock."""
     from dpotrain.train.tracking import keep_offline_runs  # as in run_names
 
     if kept := keep_offline_runs(out):
@@ -297,10 +272,8 @@ def replace(out: Path, names: list[str]) -> None:
             flush=True,
         )
     own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
-    # The run's marks of being whole first, each before what it vouches for: a kill midway (SIGKILL, a node lost) left
-    # run_complete.json on a run without its card or model (refused as finished at the rerun without the flag) and a
-    # checkpoint's COMPLETE on a folder missing files (pushed by `push_to_hub.py --checkpoints`); now that folder is a
-    # run stopped before its end, resumed from its last whole checkpoint or replaced again, as the rerun asks.
+    # The marks of being whole first, each before what it vouches for: a kill midway left run_complete.json on a run
+    # without its model, and a checkpoint's COMPLETE on a folder missing files; now it is a run stopped before its end.
     removed = sorted((e for e in out.iterdir() if e.name in own), key=lambda e: (e.name != RUN_COMPLETE, e.name))
     folders = sum(entry.is_dir() and not entry.is_symlink() for entry in removed)
     for entry in removed:
@@ -318,20 +291,17 @@ def replace(out: Path, names: list[str]) -> None:
 
 
 def claim_for_writing(out: str | Path, names: list[str]) -> None:
-    """Main process, before the run writes `names` at its end (the final model's files, the model card, the plot, the
-    merged model): one there that the record does not name (a person's) moved aside, never written over; then each
-    recorded as the run's, before its first byte."""
+    """Main process, before the run writes `names` at its end: a person's file of a name moved aside, never written
+    over; then each recorded as the run's, before its first byte."""
     for name in names:
         run_files.set_aside_if_not_own(out, name)
     claim(out, names)
 
 
 def move_in(out: str | Path) -> None:
-    """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
-    then each moved into the folder (over an earlier attempt's; a person's file of that name is moved aside first).
-    An earlier attempt's weights this save did not write (killed after moving its model in, then resumed in other
-    numerics: other shards) are removed first: beside the new ones, from_pretrained would load its model.safetensors
-    before a new sharded index, and the push would upload them."""
+    """Main process, once every rank has saved into `FINAL_STAGING`: its names recorded, then moved into the folder.
+    An earlier attempt's weights this save did not write are removed first: from_pretrained would load its
+    model.safetensors before a new sharded index, and the push would upload them."""
     out = Path(out)
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())

@@ -78,8 +78,7 @@ def _mixed_precision_set() -> str:
 
 
 def launched() -> Engine:
-    """The engine of this launch, from the environment `accelerate launch` sets (not the config's path); refuses the
-    unsupported."""
+    """The engine of this launch, from the environment `accelerate launch` sets; refuses the unsupported."""
     env = os.environ.get
     world, per_node = launcher.world(1), launcher.processes_per_node()
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -151,7 +150,7 @@ def processes(config) -> int:
 
 
 def from_config(accelerate_config: str) -> Engine:
-    """The engine an accelerate config file selects (a dry run). Never raises: "unplanned", the reason in `source`."""
+    """The engine an accelerate config file selects (a dry run); never raises: "unplanned", the reason in `source`."""
     from_environment = _mixed_precision_set()  # where no config is read, TrainingArguments still reads it
     if accelerate_config.lower() in ("", "none"):
         return Engine("single", "python train_dpo.py, no launcher", mixed_precision=from_environment)
@@ -228,8 +227,8 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) -> Engine:
-    """A DeepSpeed JSON config (another stage as "zero<stage>", for the caller to refuse). `save_16bit`: accelerate's
-    zero3_save_16bit_model, which fills the file's "auto" there."""
+    """A DeepSpeed JSON config (another stage as "zero<stage>", for the caller to refuse); `save_16bit` fills an
+    "auto" of its gather-on-save."""
     config = _deepspeed_json(path)
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", 0)
@@ -260,8 +259,7 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
 
 
 def _deepspeed_json(path: Path) -> dict:
-    """A DeepSpeed config file's settings; refused, naming the file, where not a JSON object (transformers' error names
-    neither file nor fix)."""
+    """A DeepSpeed config file's settings, refused naming the file (transformers' error names neither file nor fix)."""
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -294,24 +292,17 @@ def _with_accumulation(found: Engine, steps) -> Engine:
 
 
 # What `accelerate launch` refuses beside a deepspeed_config_file (accelerate's `_deepspeed_config_checks`)
-SET_IN_THE_FILE = {
-    "gradient_accumulation_steps",
-    "gradient_clipping",
-    "zero_stage",
-    "offload_optimizer_device",
-    "offload_param_device",
-    "offload_param_nvme_path",
-    "offload_optimizer_nvme_path",
-    "zero3_save_16bit_model",
-}
+SET_IN_THE_FILE = set(
+    "gradient_accumulation_steps gradient_clipping zero_stage offload_optimizer_device offload_param_device "
+    "offload_param_nvme_path offload_optimizer_nvme_path zero3_save_16bit_model".split()
+)
 
 
 INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
 # DeepSpeed's names for "gather the ZeRO-3 weights when the model is saved" (deepspeed/runtime/zero/config.py)
-GATHER_ON_SAVE = (
-    "stage3_gather_16bit_weights_on_model_save",
-    "gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save",
+GATHER_ON_SAVE = tuple(
+    "stage3_gather_16bit_weights_on_model_save gather_16bit_weights_on_model_save "
+    "stage3_gather_fp16_weights_on_model_save".split()
 )
 
 
@@ -321,8 +312,7 @@ def _true(value) -> bool:
 
 
 def _unsaved_zero3(source: str, fix: str) -> str:
-    """ZeRO-3 not gathering weights on save: the final folder (its push, its LoRA merge) would hold only DeepSpeed
-    shards, no model.safetensors, after a single warning."""
+    """ZeRO-3 not gathering weights on save: the final folder would hold DeepSpeed shards, after a single warning."""
     return (
         f"the DeepSpeed ZeRO-3 config ({source}) does not gather the weights when the model is saved, so the final "
         f"model would be written as DeepSpeed shards, without model.safetensors: set {fix} "
@@ -341,8 +331,8 @@ CLIPPED_BY = {
 
 
 def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
-    """The clipping in effect (derived.gradient_clipping). Refused before anything loads: a DeepSpeed config that never
-    clips, or one whose number differs from max_grad_norm (transformers stops on it once the model has loaded)."""
+    """The clipping in effect; refused before anything loads: a DeepSpeed config that never clips, or one whose number
+    differs from max_grad_norm (transformers stops on it once the model has loaded)."""
     if max_grad_norm < 0:
         raise ConfigError(
             f"max_grad_norm must be >= 0 (got {max_grad_norm:g}): the global gradient norm to clip at, "
@@ -383,9 +373,8 @@ def check_mixed_precision(training, run_engine: Engine) -> None:
 
 
 def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
-    """A DeepSpeed config's settings against the run's, refused before anything loads: its own optimizer or scheduler
-    (run in place of the recipe's), and a MATCHED value that differs (transformers stops on it after loading). The step
-    plan runs a step's micro-batches itself: DeepSpeed gets an accumulation of 1."""
+    """A DeepSpeed config's own optimizer or scheduler, or a MATCHED value that differs (transformers stops on it after
+    loading), refused before anything loads. The step plan runs a step's micro-batches: DeepSpeed accumulates 1."""
     settings = dict(run_engine.deepspeed_settings)
     replaced = {"optimizer": ("optim", training.optim), "scheduler": ("lr_scheduler_type", training.lr_scheduler_type)}
     if own := [key for key in OWN_PARTS if key in settings]:
@@ -416,9 +405,8 @@ def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
 
 
 def check_offloaded_optimizer(training, run_engine: Engine) -> None:
-    """Under ZeRO optimizer offload accelerate replaces the optimizer with DeepSpeed's CPU one
-    (`map_pytorch_optim_to_deepspeed`, unless "zero_force_ds_cpu_optimizer": false): any but AdamW and Adagrad trains
-    as CPU Adam."""
+    """Under ZeRO optimizer offload accelerate puts DeepSpeed's CPU Adam in place of any optimizer but AdamW and
+    Adagrad (`map_pytorch_optim_to_deepspeed`)."""
     from transformers import Trainer
 
     forced = dict(run_engine.deepspeed_settings).get("zero_force_ds_cpu_optimizer", True)
@@ -441,8 +429,7 @@ def check_offloaded_optimizer(training, run_engine: Engine) -> None:
 
 
 def check_processes_per_node(per_node: int, gpus: int) -> None:
-    """Refuses more processes on a node than GPUs: two would share a GPU and NCCL stops at the first collective
-    ("Duplicate GPU detected"), minutes in. `gpus`: torch's count, 0 without CUDA."""
+    """Refuses more processes on a node than GPUs (`gpus`, 0 without CUDA): NCCL stops at the first collective."""
     if gpus and per_node > gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
@@ -467,16 +454,15 @@ def check_ddp_settings(training, run_engine: Engine) -> None:
 
 
 def load_dtype(recipe, engine: Engine, config=None) -> str | None:
-    """The dtype the weights load in when the recipe names none (TRL's default: float32): bf16 under DeepSpeed with bf16
-    (its optimizer keeps an fp32 master copy), halving host memory; FSDP2 keeps fp32 parameters."""
+    """The dtype the weights load in: bf16 under DeepSpeed with bf16 where the recipe names none (its optimizer keeps
+    an fp32 copy), halving host memory; FSDP2 keeps fp32 parameters."""
     if engine.deepspeed and recipe.training.bf16 and "dtype" not in recipe.given:
         return "bfloat16"
     return model_dtype(recipe, config)
 
 
 def model_dtype(recipe, config=None) -> str | None:
-    """The recipe's dtype, `auto` resolved from the model's `config` as transformers does; still `auto` without a
-    config or its dtype (transformers then reads the weights')."""
+    """The recipe's dtype, `auto` resolved from the model's `config` where it has one, as transformers does."""
     dtype = recipe.model.dtype
     if dtype == "auto" and config is not None and getattr(config, "dtype", None) is not None:
         return str(config.dtype).removeprefix("torch.")
@@ -484,8 +470,8 @@ def model_dtype(recipe, config=None) -> str | None:
 
 
 def check_half_weights(recipe, engine: Engine, config=None) -> None:
-    """Refuses weights that train in bf16/fp16 with no fp32 copy: an Adam step (about the learning rate) rounds away on
-    any weight above ~512x (fp16: 4096x) it. DeepSpeed, FSDP2 under mixed precision and PEFT's adapter keep fp32."""
+    """Refuses weights that train in bf16/fp16 with no fp32 copy: an Adam step rounds away on any weight above ~512x
+    (fp16: 4096x) the learning rate."""
     t, dtype = recipe.training, model_dtype(recipe, config)
     half, above = {"bfloat16": ("bf16", 512), "float16": ("fp16", 4096)}.get(dtype, (None, 0))
     if half is None or recipe.model.use_peft or ((t.bf16 or t.fp16) and (engine.deepspeed or engine.name == "fsdp2")):
@@ -501,8 +487,8 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
 
 
 def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
-    """The engine that runs: FSDP2 as one CPU process stays DistributedType.NO, so it is named "single"; fewer processes
-    than a node's GPUs all run on one node of that many (scripts/launch.sh asks Slurm for just those GPUs)."""
+    """The engine that runs: FSDP2 as one CPU process is "single"; fewer processes than a node's GPUs run on one node
+    of that many (scripts/launch.sh asks Slurm for just those GPUs)."""
     if 1 < world < found.gpus_per_node:
         found = replace(found, gpus_per_node=world)
     if found.name != "fsdp2" or world > 1 or on_gpus:
@@ -512,8 +498,8 @@ def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
 
 
 def enable_on_cpu(engine: Engine) -> None:
-    """Makes an FSDP or DDP launch distributed on a CPU-only node: accelerate 1.15 turns them on for accelerator devices
-    only (accelerate/state.py), leaving independent processes. A no-op with a GPU, one process, or DeepSpeed (gloo)."""
+    """Makes an FSDP or DDP launch distributed on a CPU-only node: accelerate 1.15 turns them on for accelerators only,
+    leaving independent processes."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
     state = PartialState()
@@ -528,8 +514,7 @@ PEFT_BASE_PARTS = ("base_layer", "original_module")  # an adapted layer's, and a
 
 
 def base_weight_name(name: str) -> str | None:
-    """A PEFT model's state-dict name as its base model names that weight; None for the adapter's own tensors
-    (lora_A/B, DoRA's magnitude, a modules_to_save copy). A plain model's names are returned as they are."""
+    """A PEFT model's state-dict name as its base model names that weight; None for the adapter's own tensors."""
     parts = name.removeprefix(PEFT_PREFIX).split(".")
     if any(part.startswith("lora_") or part == "modules_to_save" for part in parts):
         return None
@@ -537,16 +522,17 @@ def base_weight_name(name: str) -> str | None:
 
 
 def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str | None:
-    """sha256 of a model's full weights as TRL's `hash_module` takes an unsharded one's, on the main process; under
-    ZeRO-3 gathered first (TRL would hash the empty local partitions), a collective: every rank calls it. `base`: a
-    PEFT model's base weights alone, named and ordered as the base's: the hash a full fine-tune of it takes."""
+    """sha256 of a model's full weights as TRL's `hash_module` takes it, on the main process; under ZeRO-3 gathered
+    first (TRL would hash empty partitions), so every rank calls it. `base`: a PEFT model's base weights alone."""
+    if zero3:
+        import deepspeed  # here: a slow import only ZeRO-3 needs
     h, state = hashlib.sha256(), model.state_dict()
     params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each of their names
     names = {name: base_weight_name(name) if base else name for name in state}
     for name in sorted((n for n in names if names[n] is not None), key=names.get):
         param, tensor = params.get(name), state[name]
         gathered = zero3 and param is not None
-        with _gathered(param) if gathered else contextlib.nullcontext():
+        with deepspeed.zero.GatheredParameters([param]) if gathered else contextlib.nullcontext():
             if is_main:
                 full = (param.data if gathered else tensor).detach().cpu()
                 h.update(str(full.dtype).encode())
@@ -556,16 +542,9 @@ def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str
     return h.hexdigest() if is_main else None
 
 
-def _gathered(param):
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([param])
-
-
 def start_processes(training, run_engine: Engine):
     """This launch's process group, made first with the recipe's `ddp_timeout` (a bare `PartialState()` gets 10 minutes
-    and TrainingArguments keeps it), which also becomes torch's default for later groups (DeepSpeed's), read by
-    `distributed_c10d._get_default_timeout` at each `new_group` (torch 2.13)."""
+    and TrainingArguments keeps it), which is also torch's default for later groups (DeepSpeed's)."""
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.
@@ -578,7 +557,6 @@ def start_processes(training, run_engine: Engine):
 
 
 def end_processes() -> None:
-    """Destroys every process group after the last collective (every rank): left to the interpreter's exit, a rank
-    could die with SIGABRT ("terminate called without an active exception")."""
+    """Destroys every process group after the last collective: left to the exit, a rank could die with SIGABRT."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

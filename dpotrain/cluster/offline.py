@@ -1,10 +1,9 @@
 """Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
 
-Jobs on nodes without network run with `HF_HUB_OFFLINE=1` and read the model, tokenizer and data set from the cache
-`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only) stops a job that misses a
-piece in its first seconds, with the prefetch command, instead of minutes later from deep inside transformers or
-datasets. Online, the Hub is asked once, within seconds (`check_hub_reachable`; a launch's main process for every rank:
-`agree_on_hub`): one that does not answer refuses a download at once and turns a read of cached pieces offline.
+Jobs on nodes without network run with `HF_HUB_OFFLINE=1` on the cache `scripts/prefetch.py` filled on a login node:
+`check_offline_artifacts` stops a job that misses a piece in its first seconds, with the prefetch command, not minutes
+later from inside transformers or datasets. Online, the Hub is asked once, within seconds: one that does not answer
+refuses a download at once and turns a read of cached pieces offline.
 """
 
 import fnmatch
@@ -36,11 +35,8 @@ TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 NEEDED = ["config.json", "weights (model.safetensors or a sharded index)", "tokenizer_config.json", "a tokenizer file"]
 # The fields whose values decide what the job reads; prefetch takes them as train_dpo.py does.
 ARTIFACT_FIELDS = [
-    ("model", "model_name_or_path"),
-    ("model", "model_revision"),
-    ("script", "dataset_name"),
-    ("script", "dataset_config"),
-    ("script", "dataset_train_split"),
+    *(("model", name) for name in ("model_name_or_path", "model_revision")),
+    *(("script", name) for name in ("dataset_name", "dataset_config", "dataset_train_split")),
     ("project", "dataset_revision"),  # the commit, branch or tag the job trains on, not main
     *(("project", name) for name in (*mixture.TRAIN_FIELDS, *mixture.EVAL_FIELDS)),
 ]
@@ -54,8 +50,7 @@ def is_hub_model(name: str | None) -> bool:
 
 
 def hub_datasets(recipe) -> list[mixture.Source]:
-    """Each Hub data set the job reads: `dataset_name`'s training split, else every Hub source of the training and
-    held-out mixtures (local sources are read where they are)."""
+    """Each Hub data set the job reads: `dataset_name`'s training split, else the mixtures' Hub sources."""
     values = mixture.fields_of(recipe)
     sources = [s for evaluation in (False, True) for s in mixture.parse(values, evaluation=evaluation) or []]
     script = recipe.script
@@ -78,8 +73,7 @@ def select_model_files(repo_files: list[str]) -> list[str]:
 
 
 def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:
-    """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit);
-    `weights=False`: what AutoTokenizer would miss (config, tokenizer files)."""
+    """What from_pretrained (`weights=False`: AutoTokenizer) would miss in the Hub cache for `repo_id` at `revision`."""
 
     def cached(filename: str) -> str | None:
         path = try_to_load_from_cache(repo_id, filename, revision=revision)
@@ -101,11 +95,9 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
 
 
 def cached_dataset(name: str, config: str | None = None, split: str = "train") -> tuple[Path | None, str | None]:
-    """The folder an offline `datasets.load_dataset(name, config)` reads, or None and why it would fail.
-
-    Offline, datasets 5.2 takes the newest prepared copy in its cache, `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/
-    <config>/<version>/<commit>/` (datasets/load.py, `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py,
-    `_find_hash_in_cache`); this follows the same rules on the same files."""
+    """The folder an offline `datasets.load_dataset(name, config)` reads, or None and why it would fail: the newest
+    prepared copy, `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/<config>/<version>/<commit>/`, by datasets 5.2's
+    rules (packaged_modules/cache/cache.py, `_find_hash_in_cache`)."""
     import datasets.config  # here: importing datasets takes seconds that --help and the refusals do not need
     from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
 
@@ -138,8 +130,7 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
 
 
 def missing_artifacts(recipe, model: bool = True, dataset: bool = True, in_part: bool = False) -> list[str]:
-    """One entry per Hub artifact of the recipe that is not fully in the local cache; [] when all are there.
-    `in_part`: the model only where some of its files are cached."""
+    """One entry per Hub artifact of the recipe not fully cached; `in_part`: the model only where some of it is."""
     missing = []
     name, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if model and is_hub_model(name):
@@ -160,9 +151,8 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True, in_part:
 
 
 def prefetch_command(recipe, output_dir: str | None = None) -> str:
-    """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has;
-    `output_dir`: a resumed run's folder, whose record (or the named checkpoint's) holds the commits its Hub data is
-    fetched at."""
+    """`python scripts/prefetch.py ...` for this recipe, with the job's cache variables and overrides; `output_dir`: a
+    resumed run's folder, whose record holds the commits its Hub data is fetched at."""
     args = ["python", venv.project_file("scripts/prefetch.py")]
     in_file = {}
     if recipe.config_path:
@@ -193,12 +183,9 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
 def check_offline_artifacts(
     recipe, offline: bool | None = None, model: bool = True, output_dir=None, in_part: bool = False
 ) -> None:
-    """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
-    `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything);
-    `model=False` the data alone (a dry run reads a mixture's sources, not the model); `output_dir`: a resumed run's
-    folder, named to prefetch.py (`prefetch_command`). `in_part`: a dry run's, a model cached in part alone (a prefetch
-    killed halfway, which nothing completes offline); one not cached at all it plans without, naming the prefetch
-    command, and a Hub data set it leaves to the run."""
+    """Offline, refuse the job unless its Hub model and data set are cached. `offline=True`: as an offline job would
+    (prefetch's proof); `model=False`: the data alone (a dry run). `in_part`: a dry run's, a model cached in part alone
+    (a prefetch killed halfway, which nothing completes offline): one not cached at all it plans without."""
     model = model and (is_offline() if offline is None else offline)
     dataset = not in_part and (datasets_offline() if offline is None else offline)
     if not (model or dataset):
@@ -212,18 +199,16 @@ def check_offline_artifacts(
 
 # --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
 
-# A reachable Hub answers one HEAD request well within this; huggingface_hub's own retries of a request that cannot
-# connect (utils/_http.py, `_http_backoff_base`) take 23 s to minutes per file before its first error.
+# A reachable Hub answers a HEAD request well within this; huggingface_hub's own retries of a request that cannot
+# connect take 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
-# The request's socket timeout, longer than the deadline so that `within` always speaks first (one message, not two
-# racing); it only ends the abandoned daemon thread's wait.
+# Longer than the deadline, so that `within` always speaks first; it only ends the abandoned thread's wait.
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
 def within(seconds: float, fn):
-    """fn() with a deadline. huggingface_hub's HTTP client has no timeout of its own (utils/_http.py: `timeout=None`)
-    and a name lookup has none at all: on a node whose firewall drops packets a call would hang the job, GPUs
-    allocated, instead of failing it."""
+    """fn() with a deadline: huggingface_hub's HTTP client has no timeout, and a name lookup none at all, so on a node
+    whose firewall drops packets a call would hang the job, GPUs allocated."""
     result = {}
 
     def run():
@@ -243,8 +228,8 @@ def within(seconds: float, fn):
 
 
 def hub_unreachable() -> str | None:
-    """Why HF_ENDPOINT gives no answer here within PROBE_SECONDS (one line), or None when it answers, with any status.
-    One HEAD request through huggingface_hub's own HTTP client: with the proxy and certificate settings it uses."""
+    """Why HF_ENDPOINT gives no answer here within PROBE_SECONDS, or None when it answers, with any status: one HEAD
+    request through huggingface_hub's own client (its proxy and certificate settings)."""
     try:
         within(PROBE_SECONDS, lambda: get_session().head(constants.ENDPOINT + "/", timeout=SOCKET_SECONDS))
     except Exception as e:  # noqa: BLE001 - any failure of the probe is its answer, named by cause()
@@ -253,9 +238,8 @@ def hub_unreachable() -> str | None:
 
 
 def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False) -> None:
-    """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
-    that does not answer, in one line ending with `remedy`. Nothing missing, and it reads Hub pieces (all cached):
-    `read_cache_if_silent`."""
+    """Refuse work that would download the `missing` pieces from a Hub that does not answer, naming `remedy`; nothing
+    missing, cached Hub pieces are read offline if the Hub is silent."""
     if not missing and reads_hub:
         read_cache_if_silent()
     elif missing and (why := hub_answer()):
@@ -264,14 +248,14 @@ def check_hub_reachable(missing: list[str], remedy: str, reads_hub: bool = False
 
 @dataclass(frozen=True)
 class HubAnswer:
-    """The run's one answer from the Hub, once something rests on it: the launch's, every rank's (`agree_on_hub`), or
-    the one that turned this single process offline (`read_cache_if_silent`). Later checks take it, without asking."""
+    """The run's one answer from the Hub, once something rests on it (the launch's, for every rank): later checks take
+    it, without asking."""
 
     why: str | None  # `hub_unreachable`'s: why HF_ENDPOINT gave no answer; None where it answered
 
 
-# This run's HubAnswer; None: none yet, each check asks for itself. `start_run` empties it: a run before in this
-# process (tests, a notebook calling train_dpo.main) asked another Hub, or none.
+# This run's HubAnswer; None: each check asks for itself. `start_run` empties it: an earlier run in this process
+# (tests, a notebook) asked another Hub.
 ANSWER: HubAnswer | None = None
 
 
@@ -287,11 +271,9 @@ def hub_answer() -> str | None:
 
 
 def read_cache_if_silent() -> None:
-    """Online, transformers and datasets ask the Hub of every file they read from the cache and wait on one that
-    never answers, retried (the analyzer on a cached tokenizer: over 300 s). So before the first read of cached Hub
-    pieces the Hub is asked once, within PROBE_SECONDS (once for a launch: `agree_on_hub`), and where it does not
-    answer this process (and those it starts) reads the cache alone, as HF_HUB_OFFLINE=1 does. An explicit
-    HF_DATASETS_OFFLINE=0 is the user's: datasets stays online."""
+    """Online, transformers and datasets ask the Hub of every cached file they read, and wait on one that never
+    answers (a cached tokenizer: over 300 s). So the Hub is asked once, within PROBE_SECONDS, and where it does not
+    answer this process and those it starts read the cache alone, as with HF_HUB_OFFLINE=1."""
     global ANSWER
     if is_offline():
         return
@@ -309,9 +291,8 @@ def read_cache_if_silent() -> None:
 
 
 def agree_on_hub(recipe) -> None:
-    """Every rank of a launch calls this once the process group exists: the main process asks the Hub for the job (if
-    it reads a Hub piece and is not offline) and its answer is every rank's `ANSWER`, since ranks that asked for
-    themselves could disagree (one answered in time, one not) and read online what another read offline."""
+    """Every rank, once the process group exists: the main process's answer from the Hub is every rank's `ANSWER`;
+    ranks that asked for themselves could disagree, and read online what another read offline."""
     from dpotrain.cluster import collectives  # here: torch, which prefetch and the analyzer's refusals do not need
 
     global ANSWER
@@ -328,10 +309,8 @@ def _ask_for_job(recipe) -> tuple[bool, str | None]:
 
 
 def check_job_reachable(recipe, model: bool = True, dataset: bool = True, output_dir=None) -> None:
-    """A job that would download its model or data set (asked just before each is needed): refused at once when the
-    Hub does not answer, with the prefetch command (`output_dir`: a resumed run's folder, `prefetch_command`), instead
-    of a minute of retries from inside the libraries; one that reads them from the cache, offline where the Hub does
-    not answer (`read_cache_if_silent`)."""
+    """A job that would download its model or data set refused at once, with the prefetch command, where the Hub does
+    not answer, not after a minute of retries inside the libraries; one that reads them cached reads offline then."""
     silent = bool(ANSWER and ANSWER.why)  # offline for that reason: what is not cached is refused, with the remedy
     model, dataset = model and (silent or not is_offline()), dataset and (silent or not datasets_offline())
     reads = (model and is_hub_model(recipe.model.model_name_or_path)) or (dataset and bool(hub_datasets(recipe)))
@@ -344,9 +323,8 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True, output
 
 
 def hf_token() -> str | None:
-    """The Hub token: HF_TOKEN (from .env or the environment), else the one `hf auth login` saved. A blank HF_TOKEN
-    (`HF_TOKEN="  "` in .env) is none, as huggingface_hub reads it: taken as a login, it passed the dry run and failed
-    the push; around a real token, white space is not part of it."""
+    """HF_TOKEN, else the one `hf auth login` saved. A blank HF_TOKEN is none, as huggingface_hub reads it: taken as a
+    login, it passed the dry run and failed the push."""
     try:
         return os.environ.get("HF_TOKEN", "").strip() or get_token()
     except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)

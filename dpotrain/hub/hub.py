@@ -52,9 +52,8 @@ from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
-# Recipe values a reader of the card needs to reproduce or judge the run.
-# The optimizer and its settings too: a recipe rarely names them, and the defaults are transformers', which change
-# between its versions; a card without them cannot be reproduced from.
+# Recipe values a reader of the card needs to reproduce or judge the run; the optimizer's settings too: a recipe rarely
+# names them, and transformers' defaults change between its versions.
 CARD_FIELDS = (
     "loss_type beta learning_rate lr_scheduler_type warmup_steps num_train_epochs max_length padding_free "
     "max_tokens_per_microbatch per_device_train_batch_size gradient_accumulation_steps optim adam_beta1 adam_beta2 "
@@ -66,23 +65,19 @@ FINAL_METRICS = [
     "loss",
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
-# Never uploaded to main: resumable state (checkpoints have their own branches), local tracking and push records,
-# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local);
-# nor a .env, which no run writes: a person's secrets, in a folder of a run from before run_files.json, uploaded whole.
+# Never uploaded to main: resumable state (checkpoints go to branches), local records, training_args.bin (a pickle,
+# unsafe to load), run_files.json; nor a .env (a person's secrets, in the folder of a run from before run_files.json).
 IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
     "run_files.json .env .env.* */.env */.env.*"
 ).split()
-# What a final push deletes on main, in the folders a run writes a model to (REPLACED_IN), unless uploaded again: an
-# earlier model's weights, indexes and adapter files would be loaded in place of the new ones (transformers takes
-# model.safetensors before a sharded index; adapter_config.json makes the repo an adapter). main's history keeps them.
+# Deleted on main by a final push in REPLACED_IN unless uploaded again: an earlier model's weights or adapter config
+# would load in place of the new ones (model.safetensors before a sharded index). main's history keeps them.
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
-# The repo's top folder and merged/ (merge_lora): weights in any other folder are the repo owner's (a quantized copy
-# in awq/, an ONNX export), which no run of this project wrote.
+# The top folder and merged/: weights elsewhere (awq/, an ONNX export) are the repo owner's, never a run's.
 REPLACED_IN = (PurePosixPath("."), PurePosixPath(MERGED_DIR))
-# The optimizers that read adam_beta1/adam_beta2/adam_epsilon, by a part of transformers' optim name (its
-# trainer_optimizer.py: "adam" also picks the bitsandbytes AdamW; Lion takes the betas alone): sgd, adafactor, adagrad,
-# rmsprop, lomo and the rest read none, and a card showing them there would say the run used values it never read.
+# The optimizers that read the Adam settings, by a part of transformers' optim name ("adam" is bitsandbytes' AdamW too;
+# Lion reads the betas alone): a card showing them for another would name values the run never read.
 ADAM_FIELDS = {
     "adam": ("adam_beta1", "adam_beta2", "adam_epsilon"),
     "ademamix": ("adam_beta1", "adam_beta2", "adam_epsilon"),
@@ -119,10 +114,9 @@ class PushSettings:
 
 
 def take_push_settings(recipe, run_engine=None) -> PushSettings:
-    """The push this run will make under `run_engine` (`engine.Engine`), checked; the token off disk. transformers'
-    Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save (with
-    hub_strategy=checkpoint the optimizer state too) and pickles hub_token into every training_args.bin: so it runs
-    with push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
+    """The push this run will make under `run_engine`, checked. transformers' Trainer with push_to_hub creates the repo
+    at init (failing offline), pushes at every save and pickles hub_token into training_args.bin: so it runs with
+    push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
@@ -153,11 +147,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     repo_id = t.run_name if t.hub_model_id is None else t.hub_model_id
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
         # the run name said as the repo's: "pushes to the run name 'my run' is not a ..." read as one garbled clause
-        given = (
-            "hub_model_id"
-            if t.hub_model_id is not None
-            else "push_to_hub without hub_model_id pushes to a repo named after the run:"
-        )
+        run_named = "push_to_hub without hub_model_id pushes to a repo named after the run:"
+        given = "hub_model_id" if t.hub_model_id is not None else run_named
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)
@@ -165,8 +156,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
 
 
 def check_repo_id(repo_id: str, given: str, fix: str) -> None:
-    """Refuse a repo name the Hub refuses (`validate_repo_id`): at the write-access check it would read as a Hub out of
-    reach. `given`: how the name came; `fix`: the flag that names another."""
+    """Refuse a repo name the Hub refuses: at the write-access check it would read as a Hub out of reach."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
@@ -196,9 +186,8 @@ def model_card(
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     # a path is no Hub data set, here or not (the card of a run whose data lay in /home/...: the Hub refuses it)
     hub_names = [n for n in names if "/" in n and is_hub_model(n)]
-    trained_from = f"{named(base, r.model_identity)} on {named(dataset, r.data.data_identity)}"
-    if sources:
-        trained_from = f"{named(base, r.model_identity)} on {mixture.of_sources(sources)}"
+    data_named = mixture.of_sources(sources) if sources else named(dataset, r.data.data_identity)
+    trained_from = f"{named(base, r.model_identity)} on {data_named}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
@@ -250,16 +239,16 @@ DPO post-training of {trained_from} with {what}, trained with TRL's
 
 
 def shown(name: str) -> str:
-    """A model or data set as the card names it: a Hub name or built-in model as given, a local path by its last part
-    (the full path is of the training machine, often the user's home: it means nothing on the Hub)."""
+    """A model or data set as the card names it: a local path by its last part (the training machine's full path means
+    nothing on the Hub)."""
     if not name or builtin.is_builtin(name) or is_hub_model(name):
         return name
     return Path(name.rstrip("/")).name or name
 
 
 def named(name: str | None, identity: dict | None) -> str:
-    """`name` with what the run read of it (model_identity, data_identity): a Hub repo's commit, a local file's
-    SHA-256, else that it was a local folder; as the record holds it, since a branch moves and a path is reused."""
+    """`name` with the commit or SHA-256 the run read of it (a branch moves and a path is reused), else that it was a
+    local folder."""
     if not name:
         return "`-`"
     identity = identity or {}
@@ -286,8 +275,7 @@ def card_fields(optim: str | None) -> list[str]:
 
 
 def best_of(state) -> dict | None:
-    """The best evaluation as transformers' TrainerState keeps it (trainer_state.json: best_global_step, best_metric,
-    best_model_checkpoint, the folder where one was saved at that step), None where no metric_for_best_model chose."""
+    """The best evaluation as transformers' TrainerState keeps it, None where no metric_for_best_model chose."""
     if state.best_global_step is None or state.best_metric is None:
         return None
     # transformers names the best step's folder only where one was saved at it, and leaves an earlier best's otherwise
@@ -343,8 +331,7 @@ def sources_section(sources: list[dict]) -> str:
 
 
 def as_run(key: str, r: Record):
-    """A recipe field as the run used it: warm-up in steps (below 1: the recipe's ratio), the epochs max_steps made,
-    and per-device batches as the token budget cut them."""
+    """A recipe field as the run used it: warm-up in steps, the epochs max_steps made, batches as a budget cut them."""
     value, b = getattr(r.settings, key), r.batching
     if key == "warmup_steps" and r.data.warmup_steps is not None:
         return f"{r.data.warmup_steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else r.data.warmup_steps
@@ -370,14 +357,12 @@ REVISIONS_HEADING = "## Checkpoint revisions"
 
 
 def best_branch_step(best: dict | None, name: str | None) -> tuple[int, str] | None:
-    """(step, metric) of the best evaluation where a checkpoint was saved at its step (`best_of`): the branch of that
-    step holds the best model."""
+    """(step, metric) of the best evaluation where a checkpoint was saved at its step: its branch holds that model."""
     return (best["step"], name) if best and best.get("checkpoint") else None
 
 
 def revisions_section(revisions: list[tuple[int, str]], repo_id: str, best: tuple[int, str] | None = None) -> str:
-    """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it), the branch
-    of the `best` evaluation's step marked (`best_branch_step`)."""
+    """The card's checkpoint branches, the `best` one marked: the last section, which push_to_hub.py replaces."""
     if not revisions:
         return ""
     mark = {best[0]: f" (best evaluation, `{best[1]}`)"} if best else {}
@@ -439,9 +424,8 @@ def finished_step(output_dir) -> int | None:
 
 
 def own_files(output_dir: str | Path) -> list[str] | None:
-    """What an upload of the run in `output_dir` may take: the names the run recorded as its own (run_files.json) and
-    what lies under them, never a person's file (notes, an evaluation, a .env); None for a run written before runs
-    recorded their files (all but IGNORE, as then)."""
+    """The patterns an upload of the run may take: its own names (run_files.json), never a person's file (a .env);
+    None for a run from before run_files.json (all but IGNORE, as then)."""
     names = run_files.read(Path(output_dir))
     return None if names is None else [p for name in names for p in (name, f"{name}/*")]
 
@@ -449,9 +433,8 @@ def own_files(output_dir: str | Path) -> list[str] | None:
 def push_run(
     output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None, stop_asked=None
 ) -> str:
-    """Upload the run in `output_dir` to main of `repo_id`, retried on transient errors; returns the repo's URL. Its
-    start and outcome go to hub_pushes.jsonl: one a kill cuts short is started, never confirmed (`unconfirmed_push`);
-    one given up as `stop_asked()` says (`until_stopped`) is `unfinished` and raises PushStopped."""
+    """Upload the run to main of `repo_id`, retried; returns the repo's URL. Recorded as started, then its outcome (a
+    kill leaves it unconfirmed); given up as `stop_asked()` says, `unfinished`, raising PushStopped."""
     check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
     api = HfApi(token=token)
     step = finished_step(output_dir)
@@ -474,14 +457,12 @@ def push_run(
         # `attempts`: with_retries' count; another failure (the stop request's own check) has none
         record(status="failed", repo=repo_id, attempts=getattr(e, "attempts", None), error=cause(e))
         raise
-    pushed = {"attempts": attempts, "commit": commit.oid}
-    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
+    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", attempts=attempts, commit=commit.oid)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 
 def main_operations(api, repo_id: str, out: Path) -> list:
-    """The one commit of a final push: the run's own files (`own_files`, less IGNORE), and the deletion of main's
-    earlier weights (REPLACED) in the folders a run writes a model to (REPLACED_IN) that this run does not upload."""
+    """The one commit of a final push: the run's own files, and main's earlier weights it does not replace deleted."""
     names = local_files(out, IGNORE, allow=own_files(out))
     held = api.list_repo_files(repo_id, revision="main")
     stale = [
@@ -529,10 +510,9 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
 
 
 def check_one_model(output_dir: str | Path) -> None:
-    """Refuse a run folder whose weights, in a folder the push uploads (the model's, merged/), are not one save's: a
-    job resumed before move_in removed an earlier attempt's weights, or a person's copy, left model.safetensors beside
-    a sharded index (from_pretrained loads it first: the repo would serve the earlier model) or shards no index names.
-    Before anything uploads; the files named are the run's own (run_files.json), which the push would take."""
+    """Refuse, before anything uploads, weights of more than one save in a folder the push takes (a job resumed before
+    move_in removed an earlier attempt's, a person's copy): from_pretrained loads model.safetensors before a sharded
+    index, so the repo would serve the earlier model."""
     out = Path(output_dir)
     folders: dict[PurePosixPath, set[str]] = {}
     for name in local_files(out, IGNORE, allow=own_files(out)):
@@ -568,10 +548,8 @@ def written(folder: Path, names) -> str:
 
 
 def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
-    """Refuse a push the Hub would refuse; `where`: "job" (train_dpo.py at start, so that the push cannot fail after
-    training) or "push_to_hub.py". Returns the repo id with its namespace (a bare `name` is the token user's: the Hub's
-    branch and commit endpoints need both). The Hub decides, not rules of roles and scopes kept here (`_may_write`).
-    With HF_HUB_OFFLINE it says it skipped the check and returns `repo_id` as given: the push happens later."""
+    """Refuse a push the Hub would refuse, at start (`where`: "job"), not after training, or in push_to_hub.py. Returns
+    the repo id with its namespace, which the Hub's branch and commit endpoints need; offline, `repo_id` as given."""
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
@@ -628,9 +606,8 @@ def _may_write(api, repo_id: str) -> bool:
 
 
 def create_at_start(repo_id: str, token: str | None, private: bool | None) -> None:
-    """A run's repo created at start where it does not exist yet (as transformers' Trainer does), with the recipe's
-    privacy: the Hub answers now, not after training, whether this token may create a repo in that namespace. Main
-    process, after `check_write_access`; nothing with HF_HUB_OFFLINE."""
+    """The run's repo created at start, as transformers' Trainer does: the Hub answers now, not after training, whether
+    this token may create it. Main process, after `check_write_access`; nothing offline."""
     if is_offline():
         return
     api = HfApi(token=token or get_token())
@@ -642,8 +619,7 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
 
 
 def create_repo(api, repo_id: str, private: bool | None):
-    """`repo_id` created where it does not exist yet; the Hub's refusal (a read token, another's namespace: the write
-    check lets a repo that does not exist through) is a ConfigError naming the fix, not an error to retry."""
+    """`repo_id` created if absent; the Hub's refusal (a read token, another's namespace) a ConfigError, not retried."""
     try:
         # None (hub_private_repo unset) is the namespace's default, as the Trainer and push_run read it: an organization
         # that makes its repos private by default gets a private one, not a public one
@@ -658,8 +634,7 @@ def create_repo(api, repo_id: str, private: bool | None):
 
 
 def check_private(repo_id: str, token: str | None, private: bool | None) -> None:
-    """Refuse a private push (hub_private_repo, --private) to a repo that exists and is public: the flag only sets the
-    visibility of a repo it creates."""
+    """Refuse a private push to an existing public repo: the flag only sets the visibility of a repo it creates."""
     if not private:
         return
     try:

@@ -1,10 +1,9 @@
 """Checkpoints as Hub revisions: each complete checkpoint's model goes to a branch `step-<N>` of the run's repo, as
 `from_pretrained(repo, revision="step-N")` loads it (never optimizer, scheduler or RNG state, nor training_args.bin).
 
-`CheckpointPusher` (main process, after `CompleteMarker`) links the checkpoint's files into `<output_dir>/.hub_staging/`
-at once, so one `save_total_limit` deletes mid-upload is uploaded all the same, and uploads in a background thread.
-Transient errors are retried with backoff; an upload that still fails is a warning and a line in hub_pushes.jsonl,
-never a failed run.
+`CheckpointPusher` links the checkpoint's files into `<output_dir>/.hub_staging/` at once, so one `save_total_limit`
+deletes mid-upload is uploaded all the same, in a background thread, retried; one that still fails is a warning and a
+line in hub_pushes.jsonl, never a failed run.
 """
 
 import contextlib
@@ -34,15 +33,15 @@ from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, ste
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
-# Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
+# `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
 ON_THE_HUB = ("pushed", "present")
 # Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
 # outage of a few minutes must not lose a checkpoint. DPOTRAIN_HUB_RETRY_WAITS overrides (tests: "0").
 DEFAULT_RETRY_WAITS = (15.0, 60.0, 240.0)
 # How long the end of training waits for checkpoint uploads still running (a 7B checkpoint is ~15 GB).
 FINAL_WAIT_S = 30 * 60
-# How long a run stopped for requeue waits: Slurm's signal comes ~30-60 s before the kill. The requeued job pushes
-# what is left (CheckpointPusher.on_train_begin).
+# How long a run stopped for requeue waits (Slurm's signal comes ~30-60 s before the kill); the requeued job pushes
+# what is left.
 STOP_WAIT_S = 10
 
 
@@ -56,9 +55,8 @@ def branch_name(step: int) -> str:
 
 
 def checkpoint_files(folder: Path) -> list[str]:
-    """The files of a checkpoint that go to its branch: its model's, as its save wrote them and its manifest names them
-    (weights, configs, tokenizer, chat templates in their folder), so that whatever else it holds (optimizer.pt,
-    rng_state*.pth, training_args.bin, DeepSpeed's global_step*/, TR-DPO's reference) stays."""
+    """A checkpoint's model files, as its manifest names them: its optimizer and RNG state, training_args.bin,
+    DeepSpeed's global_step*/ and TR-DPO's reference stay."""
     return checkpoint_manifest.model_files(folder) or []
 
 
@@ -67,9 +65,8 @@ class NotPushable(Exception):
 
 
 def pushable_files(folder: Path) -> list[str]:
-    """The files of a complete checkpoint that go to its branch, checked against the manifest its save wrote (sizes:
-    a file replaced or cut short since would go up as that step's model); NotPushable says why not. The one check of
-    the run's pusher and push_to_hub.py --checkpoints."""
+    """The files of a complete checkpoint that go to its branch, their sizes checked against its manifest (a file cut
+    short or replaced since would go up as that step's model); NotPushable says why not."""
     listed, names = checkpoint_manifest.read(folder), checkpoint_manifest.model_files(folder)
     if listed == {}:
         raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
@@ -109,14 +106,12 @@ def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> di
 
 
 class UnrecordedPush(RunError):
-    """An upload the Hub took whose record could not be written: neither "Pushed" (the record would disagree) nor
-    "not pushed" or "failed" (the Hub holds it)."""
+    """An upload the Hub took whose record could not be written: neither "Pushed" nor "failed" is true."""
 
 
 def record_pushed(output_dir: str | Path, what: str, repo_id: str, **entry) -> dict:
-    """The record of an upload of `what` to `repo_id`@`entry["branch"]` the Hub took; one that cannot be written (a full
-    disk, a read-only folder) raises UnrecordedPush naming the push_to_hub.py command that finds it there and records
-    it."""
+    """The record of an upload the Hub took; one that cannot be written raises UnrecordedPush naming the push_to_hub.py
+    command that finds it on the Hub and records it."""
     try:
         return record_push(output_dir, status="pushed", repo=repo_id, **entry)
     except OSError as e:
@@ -132,14 +127,12 @@ def record_pushed(output_dir: str | Path, what: str, repo_id: str, **entry) -> d
 _record_lock = threading.Lock()
 
 
-# The fields every record opens with, in this order (what is known of each push: "step" may be None, a run written
-# before run_complete.json named it); the rest (attempts, commit, files, error) follow as given.
+# The fields every record opens with ("step" None for a run from before run_complete.json named it); the rest follow.
 RECORD_HEAD = ("step", "branch", "repo", "status")
 
 
 def record_push(output_dir: str | Path, **entry) -> dict:
-    """One line of hub_pushes.jsonl, of one shape wherever it is written (the run's pusher, its final push,
-    push_to_hub.py): the time, RECORD_HEAD, then the rest."""
+    """One line of hub_pushes.jsonl, of one shape wherever it is written: the time, RECORD_HEAD, then the rest."""
     head = {key: entry.pop(key) for key in RECORD_HEAD if key in entry}
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **head, **entry}
     with _record_lock:
@@ -165,16 +158,14 @@ def latest_checkpoint_records(output_dir: str | Path, repo_id: str) -> dict[str,
 
 
 def checkpoints_left(output_dir: str | Path, repo_id: str) -> list[int]:
-    """The steps whose checkpoint push to `repo_id` was recorded and whose latest record is not on the Hub (a stop
-    request or the end of training's wait gave it up, it failed): what `push_to_hub.py --checkpoints` pushes."""
+    """The steps whose latest checkpoint push record to `repo_id` is not on the Hub (given up, or failed)."""
     return sorted(
         r["step"] for r in latest_checkpoint_records(output_dir, repo_id).values() if r["status"] not in ON_THE_HUB
     )
 
 
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
-    """The latest record of a final push to main left unconfirmed (killed while pushing, or failed), for the rerun to
-    complete; None where there is none."""
+    """The latest record of a final push to main left unconfirmed (killed, or failed), for the rerun to complete."""
     main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
@@ -193,8 +184,7 @@ def is_transient(error: BaseException) -> bool:
 
 
 def retry_waits() -> tuple[float, ...]:
-    """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS), refused in one line if not
-    seconds (`hub.take_push_settings` asks before training, not at the first upload)."""
+    """The seconds between attempts, refused in one line if not seconds (asked before training, not at the upload)."""
     value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
     if not value:
         return DEFAULT_RETRY_WAITS
@@ -226,14 +216,13 @@ def with_retries(fn, what: str):
 
 
 class PushStopped(Exception):
-    """A push given up on a stop request (the time limit's warning, a preemption) before it ended: the Hub may hang a
-    commit for longer than Slurm waits, and a job killed there is not requeued (a time limit's) or says nothing."""
+    """A push given up on a stop request: the Hub may hang a commit for longer than Slurm waits, and a job killed there
+    is not requeued (a time limit's) or says nothing."""
 
 
 def until_stopped(fn, stop_asked=None):
-    """fn(), in a daemon thread, waited for until it ends or `stop_asked()` (polled each second) says to stop: then
-    PushStopped, the thread left running and the process's end told not to wait for it (an HTTP request cannot be
-    interrupted)."""
+    """fn() in a daemon thread until it ends or `stop_asked()` (each second): then PushStopped, the thread abandoned
+    (an HTTP request cannot be interrupted)."""
     if stop_asked is None:
         return fn()
     done, outcome = threading.Event(), {}
@@ -259,8 +248,8 @@ def until_stopped(fn, stop_asked=None):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced), in
-    one commit. create_commit, not upload_folder: only it takes the files' digests (`verified_additions`)."""
+    """Branch `step-N` holding exactly the checkpoint's model files, in one commit. create_commit, not upload_folder:
+    only it takes the files' digests."""
     branch = branch_name(step)
     adds = verified_additions(folder, checkpoint_files(folder))  # before the branch: a damaged checkpoint makes none
     if branch not in {b.name for b in api.list_repo_refs(repo_id).branches}:
@@ -273,8 +262,8 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
 
 
 def verified_additions(folder: Path, names: list[str]) -> list:
-    """The upload of `names`, each file hashed once: checked against the SHA-256 its save wrote in the manifest (a
-    file damaged since is refused: NotPushable), and that SHA-256 handed to the upload, which would hash it again."""
+    """The upload of `names`, each file hashed once: checked against its manifest's SHA-256 (NotPushable: damaged),
+    which the upload then takes instead of hashing it again."""
     listed = checkpoint_manifest.read(folder) or {}
     adds = []
     for name in names:
@@ -284,28 +273,23 @@ def verified_additions(folder: Path, names: list[str]) -> list:
                 f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
             )
         public = upload_content(folder, name)  # a LoRA adapter's config naming a local base: its copy (public.py)
-        if public is not None:
-            adds.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=public))
-            continue
-        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
-        add.upload_info.sha256 = bytes.fromhex(digest)
+        add = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name) if public is None else public)
+        if public is None:  # hashed lazily by huggingface_hub, which this digest spares
+            add.upload_info.sha256 = bytes.fromhex(digest)
         adds.append(add)
     return adds
 
 
 def new_branch(api, repo_id: str, branch: str) -> None:
-    """`branch` created holding no file but .gitattributes, so that an upload failing after it (the whole checkpoint
-    goes up before the commit) leaves no other model there for `from_pretrained(repo, revision=branch)` to load. It
-    starts at the repo's first commit, not main; a repo whose history was squashed (`super_squash_history`) holds its
-    model in that commit, deleted on the branch at once (and the branch with it, if that fails)."""
+    """`branch` created holding no model, so that an upload failing after it leaves none there to load: from the
+    repo's first commit, not main; a squashed history's model there deleted at once (the branch too, if that fails)."""
     first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
     try:
         api.create_branch(repo_id, branch=branch, revision=first)
     except HfHubHTTPError as e:
         if status_of(e) != 409:
             raise
-        # Made since the branch list was read, by another push of this step (a requeued job's, push_to_hub.py's): it
-        # holds that push's checkpoint, which this upload replaces whole. Emptied here, it held no model meanwhile.
+        # Made since the branch list was read, by another push of this step: this upload replaces its checkpoint whole
         return
     held = [CommitOperationDelete(p) for p in api.list_repo_files(repo_id, revision=branch) if p != ".gitattributes"]
     if not held:
@@ -319,17 +303,15 @@ def new_branch(api, repo_id: str, branch: str) -> None:
 
 
 def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None) -> list[str]:
-    """The relative paths an upload takes from `folder` with `allow` and `ignore` (huggingface_hub's own filter, as
-    its upload_folder applies it)."""
+    """The relative paths an upload takes from `folder`, by huggingface_hub's filter, as upload_folder applies it."""
     paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
     return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=[*ignore, *DEFAULT_IGNORE_PATTERNS]))
 
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
-    """Whether `revision` of the repo holds exactly `names` of `folder` (besides .gitattributes), by content: another
-    run of the same base model leaves files of the same names and sizes (its step-N branch in a reused repo). Sizes
-    first; then a file in LFS by its SHA-256 (a checkpoint's from its manifest, hashed at save), another by its git
-    blob id. Hashing happens only where every size matches, and costs what upload_folder's own hashing costs."""
+    """Whether `revision` holds exactly `names` of `folder`, by content: another run of the same base model leaves
+    files of the same names and sizes. Sizes first; then an LFS file by its SHA-256 (a checkpoint's from its manifest),
+    another by its git blob id."""
     try:
         remote = {
             f.path: f for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
@@ -360,8 +342,7 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
 
 
 def stage(folder: Path, staging_root: Path) -> Path:
-    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion, and of its
-    manifest, which the upload checks them against."""
+    """Hard links (across file systems, copies) of the checkpoint's model files and manifest: they outlive it."""
     target = staging_root / folder.name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
@@ -376,10 +357,9 @@ def stage(folder: Path, staging_root: Path) -> Path:
 
 
 def staged_only(out: Path, skip: set[int]) -> list[Path]:
-    """The staged copies (`.hub_staging/checkpoint-N`) of steps not in `skip` (pushed, or on disk): a checkpoint
-    save_total_limit deleted while its upload ran, which a killed or stopped job left unpushed, or whose upload failed
-    for good (kept: its last copy). Only the run's own staging folder (its record names it; a link never): a person's
-    folder of that name is none of the run's. The one rule of the resumed run's pusher and push_to_hub.py."""
+    """The staged copies of steps not in `skip` (pushed, or on disk): checkpoints deleted while their upload ran, left
+    unpushed by a killed or stopped job, or failed for good. Only the run's own staging folder, never a link: a
+    person's folder of that name is none of the run's."""
     root, own = out / STAGING, run_files.read(out)
     if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
         return []
@@ -388,16 +368,14 @@ def staged_only(out: Path, skip: set[int]) -> list[Path]:
 
 
 def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
-    """What is said of a step pushed from its staged copy: the checkpoint itself is gone (and the copy, where
-    `pushable_files` refused it, `not_whole`)."""
+    """What is said of a step pushed from its staged copy: the checkpoint is gone (and the copy `not_whole`)."""
     said = f"{staged.name} was deleted while its upload ran (save_total_limit, or by hand)"
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
-    """scripts/push_to_hub.py --checkpoints: each of the run's own complete checkpoints to its branch, then each step
-    that survives only as its staged copy (`staged_only`), but where the branch holds it already; returns the records
-    written."""
+    """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
+    staged copy, to its branch, but where the branch holds it already; returns the records written."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
@@ -424,8 +402,8 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
 
 
 def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False) -> list[dict]:
-    """`folder` (a complete checkpoint, or a `staged` copy of a deleted one) to its branch, checked as the run's pusher
-    checks it, skipped where the branch holds it already: the record written."""
+    """`folder` (a checkpoint, or a `staged` copy) to its branch, checked as the run's pusher checks it, skipped where
+    the branch holds it already: the record written."""
     step = step_of(folder)
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
@@ -441,8 +419,7 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
     try:
         return [push_checkpoint(api, repo_id, folder, step, run_dir)]
     except Exception as e:
-        # The upload's failure (`with_retries` gives it `.attempts`); one after it (the record of a push made) is no
-        # checkpoint "not pushed": it ends the command
+        # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
         if not hasattr(e, "attempts"):
             raise
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
@@ -450,17 +427,15 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
 
 
 class CheckpointPusher(TrainerCallback):
-    """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only). Place it after
-    `CompleteMarker` in the callback list; `finish` waits, bounded, for uploads still running."""
+    """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only), placed after
+    `CompleteMarker`; `finish` waits, bounded, for uploads still running."""
 
     def __init__(self, repo_id: str, token: str, private: bool | None, output_dir: str | Path):
         self.repo_id, self.token, self.private = repo_id, token, private
         self.out = Path(output_dir)
         self.queue: queue.Queue = queue.Queue()
         self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
-        # Steps whose upload failed for good: their staged copy is kept, and at `finish` where save_total_limit has
-        # deleted their checkpoint (the copy is then the step's last) left for push_to_hub.py --checkpoints and the
-        # next job's submit_left
+        # Steps whose upload failed for good: their staged copy is kept, the step's last where its checkpoint is gone
         self.kept: set[int] = set()
         self.thread: threading.Thread | None = None
 
@@ -470,9 +445,8 @@ class CheckpointPusher(TrainerCallback):
             self.submit_left()
 
     def submit_left(self) -> None:
-        """The run's own complete checkpoints that hub_pushes.jsonl does not record on the Hub, queued: a stopped job's
-        (a resumed run's first uploads), or those a stop request gave up at the end of training (the rerun completing
-        the push, publish.complete_push). Never a person's: a copy of another run's would go up as this run's step."""
+        """The run's own complete checkpoints (never a person's copy) and staged copies not recorded on the Hub,
+        queued: a stopped job's, or those a stop request gave up at the end of training."""
         done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
         on_disk = own_checkpoints(self.out)
         for folder in on_disk:
@@ -482,9 +456,8 @@ class CheckpointPusher(TrainerCallback):
             self.submit_staged(staged)
 
     def submit_staged(self, staged: Path) -> None:
-        """A staged copy pushed as it is (not staged again): its files are checked as a checkpoint's are, against the
-        manifest staged with them (sizes here, SHA-256 at the upload); a copy a kill cut short is recorded `failed`,
-        saying the step is gone, rather than passed over without a word."""
+        """A staged copy pushed as it is, checked as a checkpoint is; one a kill cut short is recorded `failed`,
+        saying the step is gone, not passed over without a word."""
         step = step_of(staged)
         if step in self.pending:
             return
@@ -509,22 +482,20 @@ class CheckpointPusher(TrainerCallback):
         except NotPushable as e:
             self._failed(step, None, str(e))
             return
-        # Claimed as it is first made: a link there (which no run makes) or a person's folder of that name is moved
-        # aside, never staged into (through a link: the hard links made, and earlier ones removed, where it points)
+        # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
         if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
             run_files.claim(self.out, [STAGING])
         self._queue(step, stage(folder, self.out / STAGING))
 
     def _queue(self, step: int, staged: Path) -> None:
-        """The upload of `staged` (a staged copy, removed once its upload ends, but where it is the step's last copy
-        and the upload failed) queued for the worker thread."""
+        """The upload of `staged` queued for the worker thread."""
         self.kept.discard(step)
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
-            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish` (why not
-            # HfApi's run_as_future: its thread pool's worker is joined at exit, and retries need a wrapper anyway)
+            # daemon: an upload hung on a dead network must not keep the job alive past `finish` (HfApi's
+            # run_as_future's worker is joined at exit)
             self.thread = threading.Thread(target=self._work, name="dpotrain-hub-push", daemon=True)
             self.thread.start()
 
@@ -543,8 +514,7 @@ class CheckpointPusher(TrainerCallback):
             except UnrecordedPush as e:
                 warn(f"{e}; training goes on")
             except Exception as e:  # noqa: BLE001 - a bug must not kill the worker thread: _failed records it
-                # The copy may be the step's last (save_total_limit deletes the checkpoint, now or later): deleted,
-                # the step was lost while its record said `failed`. A damaged copy (NotPushable) is none to keep.
+                # The copy may be the step's last (rotation deletes the checkpoint); a damaged one is none to keep
                 if not isinstance(e, NotPushable):
                     self._keep(step)
                 self._failed(step, getattr(e, "attempts", 1), why(e), staged if step in self.kept else None)
@@ -555,10 +525,9 @@ class CheckpointPusher(TrainerCallback):
                 self.queue.task_done()
 
     def _keep(self, step: int) -> None:
-        """`step`'s staged copy kept after its upload failed for good, the one copy kept at a time: while the Hub fails
-        (a revoked token, an outage past the retries) every upload fails, and each copy kept held a whole checkpoint
-        once rotation deleted it, the disk filling past save_total_limit's bound until a save failed. The newest is
-        the one worth keeping; an older one is removed, said where it was its step's last copy."""
+        """`step`'s staged copy kept after its upload failed for good, the newest alone: while the Hub fails every
+        upload, each copy kept held a whole checkpoint once rotation deleted it, filling the disk past
+        save_total_limit. An older one removed is said where it was its step's last copy."""
         for older in sorted(self.kept):
             self.kept.discard(older)
             shutil.rmtree(self.out / STAGING / f"checkpoint-{older}", ignore_errors=True)
@@ -571,8 +540,7 @@ class CheckpointPusher(TrainerCallback):
         self.kept.add(step)
 
     def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None) -> None:
-        """`attempts`: None where none was made (a checkpoint refused by `pushable_files`); `kept`: the staged copy
-        kept, which the named command pushes where the checkpoint is deleted."""
+        """`attempts`: None where none was made; `kept`: the staged copy kept."""
         tried = {} if attempts is None else {"attempts": attempts}
         try:
             record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error)
@@ -581,24 +549,22 @@ class CheckpointPusher(TrainerCallback):
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
         gone = not is_complete(self.out / f"checkpoint-{step}")
-        if kept and gone:
-            later = f"{again} from its copy in {kept}, kept (the checkpoint was deleted)"
-        elif kept:
-            later = (
-                f"{again} while it is still on disk, or from its copy in {kept}, kept where save_total_limit deletes it"
-            )
-        elif gone:  # a staged copy a kill cut short, or damaged: the command it named could not push it
-            later = "no command can push it: its checkpoint was deleted, and no whole copy of it is left"
-        else:
-            later = f"{again} while it is still on disk"
+        on_disk = f"{again} while it is still on disk"
+        later = {  # by (a copy kept, the checkpoint gone)
+            (True, True): f"{again} from its copy in {kept}, kept (the checkpoint was deleted)",
+            (True, False): f"{on_disk}, or from its copy in {kept}, kept where save_total_limit deletes it",
+            # a staged copy a kill cut short, or damaged: the command it named could not push it
+            (False, True): "no command can push it: its checkpoint was deleted, and no whole copy of it is left",
+            (False, False): on_disk,
+        }[bool(kept), gone]
         warn(
             f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
             f"on. {recorded}; {later}"
         )
 
     def _clear_staging(self) -> None:
-        """Nothing pending: the staged copies removed, but a kept one (`_work`) whose checkpoint is gone, the step's
-        last copy; the folder, and the run's claim on it, with them where none is left."""
+        """Nothing pending: the staged copies removed, but a kept one whose checkpoint is gone; the folder and the
+        run's claim on it too where none is left."""
         root = self.out / STAGING
         if not root.is_dir() or root.is_symlink():
             run_files.disown(self.out, [STAGING])
@@ -617,11 +583,9 @@ class CheckpointPusher(TrainerCallback):
                 entry.unlink(missing_ok=True)
 
     def finish(self, timeout: float, stop_asked=None) -> list[int]:
-        """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded). With
-        `stop_asked` (GracefulStop.asked_to_end at the end of training, polled each second as the final push polls it)
-        a stop request gives the wait up: the steps left are recorded `unfinished` and PushStopped is raised, for the
-        run to end for its requeue, which pushes them (`submit_left`). Waited for, a hung Hub held the job until
-        Slurm killed it, unrequeued at a time limit, those checkpoints lost without a word."""
+        """Wait up to `timeout` s for the uploads still running; returns the steps left (recorded). `stop_asked()`
+        gives the wait up: the steps left recorded `unfinished`, PushStopped raised for the requeue, which pushes
+        them (waited for, a hung Hub held the job until Slurm killed it, unrequeued at a time limit)."""
         deadline, stopped = time.monotonic() + timeout, False
         while not stopped:
             with self.queue.all_tasks_done:  # notified by the worker's task_done
@@ -637,9 +601,8 @@ class CheckpointPusher(TrainerCallback):
             self._clear_staging()
             return left
         steps = ", ".join(map(str, left))
-        # Given up, on a stop request or at the timeout: the process's end must not wait on them (Python's exit joins
-        # an LFS upload's pool workers, a daemon thread's too), or a hung upload holds the job past its end (Slurm's
-        # kill; for a stop, the requeue it asked for never comes)
+        # Given up: the process's end must not wait on them (Python's exit joins an LFS upload's pool workers, a
+        # daemon thread's too), or a hung upload holds the job past its end
         abandon_threads()
         for step in left:
             error = "given up on a stop request" if stopped else "still uploading"
