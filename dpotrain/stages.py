@@ -341,9 +341,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             resolve.check_resumed_ranks, resumed, recipe.training, pairs, launch.data_parallel, len(dataset)
         )
     if output is not None and recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
-        kept = resolve.kept_pairs(output.resume_from, len(dataset))
-        total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
-        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
+        resumed, ranks = output.resume_from, launch.data_parallel
+        collectives.every_rank(resolve.check_epochs_left, resumed, recipe, launch.batch, ranks, len(dataset))
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
 
 
