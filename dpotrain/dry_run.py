@@ -16,7 +16,7 @@ from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import hub_switches, run_record
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, decimal, plural
 from dpotrain.recipe.run_record import Record, per_step_text
 from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
 from dpotrain.train import losses
@@ -175,9 +175,9 @@ def steps_text(r: Record) -> str:
     s, total = r.settings, r.data.total_steps
     if total is None:
         return "counted when the run loads the data set (a dry run reads only local files)"
-    epochs = "" if s.max_steps > 0 else f" ({plural(s.num_train_epochs, 'epoch', 'g')})"
+    epochs = "" if s.max_steps > 0 else f" ({plural(decimal(s.num_train_epochs), 'epoch')})"
     if s.max_steps > 0 and (trained := r.batching.epochs_trained) is not None:  # the epochs its steps make
-        epochs = f" ({plural(trained, 'epoch', 'g')}: max_steps)"
+        epochs = f" ({plural(decimal(trained), 'epoch')}: max_steps)"  # as the steps: 2,083.396
     return f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup"
 
 

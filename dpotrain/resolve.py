@@ -539,6 +539,15 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
         )
 
 
+def check_epochs_left(folder: str | None, recipe: Recipe, batch: Batch, data_parallel: int, rows: int) -> None:
+    """Under num_train_epochs, a checkpoint of another run saved at this run's last step, counted on the pairs its run
+    kept (`resume.check_steps_left`). Every rank reads the checkpoint's record and counts its own copy of the data
+    inside one gather (`collectives.every_rank`, the data stage): each rank raised alone, the refusal said once per
+    rank, and a rank refused alone left the others in their next collective."""
+    total = count_steps(recipe, batch, data_parallel, kept_pairs(folder, rows))["total_steps"]
+    resume.check_steps_left(folder, Path(recipe.training.output_dir), total)
+
+
 def kept_pairs(folder: str | None, rows: int) -> int:
     """The pairs the run of checkpoint `folder` trained on, as its plan recorded them (`pairs_trained.of`: under
     keep_start TRL drops a pair whose prompt alone fills max_length). A resume has the same max_length, data and

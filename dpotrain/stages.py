@@ -341,9 +341,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             resolve.check_resumed_ranks, resumed, recipe.training, pairs, launch.data_parallel, len(dataset)
         )
     if output is not None and recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
-        kept = resolve.kept_pairs(output.resume_from, len(dataset))
-        total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
-        resume.check_steps_left(output.resume_from, Path(recipe.training.output_dir), total)
+        resumed, ranks = output.resume_from, launch.data_parallel
+        collectives.every_rank(resolve.check_epochs_left, resumed, recipe, launch.batch, ranks, len(dataset))
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
 
 
@@ -820,29 +819,37 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     return chat_template.eos_ids(found.eos_token_id)
 
 
+def check_model(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, config) -> None:
+    """The model's checks (its config, tokenizer, template, generation file; the pairs' positions), run by every rank
+    inside one gather (`collectives.every_rank`): each rank reads its own copy of the model's files and of the data, and
+    one refused alone raised alone, leaving the others in their next collective; one every rank met was said once per
+    rank. Now the first rank to meet it says it, once, and every rank ends on it. None: the config was not read."""
+    if config is None:
+        return
+    model_name = recipe.model.model_name_or_path
+    options.check_generates(config, model_name)
+    sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
+    whole_split = pair_lengths.measured is not None  # each rank's own lengths, and max_length (`auto`'s from them)
+    positions.check(config, model_name, pair_lengths.max_length, pair_lengths.pairs, whole_split=whole_split)
+    positions.check_vocabulary(config, pair_lengths.tokenizer, model_name, recipe.training.pad_token)
+    stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
+    if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
+        chat_template.check_stops(pair_lengths.tokenizer, config, model_name, stops)
+        if recipe.project.assistant_turns == "all":
+            turns.check_template(pair_lengths.tokenizer)
+    lora.check_targets(recipe, config, model_name)
+    engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
+    samples.check_positions(recipe.project, config, pair_lengths.tokenizer, model_name)
+
+
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
     """The forward stage: from the pairs' lengths, among the forwards each machine can run; `model`: (config, why)."""
     config, why = model
+    # Every rank joins it, its config read or not (a rank that skipped it would wait in another collective)
+    collectives.every_rank(check_model, recipe, launch, model_path, pair_lengths, config)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
-    options.check_generates(config, recipe.model.model_name_or_path)
-    sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
-    whole_split = pair_lengths.measured is not None
-    # Each rank's own lengths (its copy of the data) and max_length (`auto`'s choice from them): one gather, said once
-    model_name = recipe.model.model_name_or_path
-    collectives.every_rank(positions.check, config, model_name, max_length, counts, whole_split=whole_split)
-    positions.check_vocabulary(
-        config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
-    )
-    stops = _generation_stops(recipe, model_path, launch.dry_run)  # read by the model's load: refused before it
-    if pair_lengths.tokenizer is not None and not (pair_lengths.template or {}).get("plain_text"):
-        chat_template.check_stops(pair_lengths.tokenizer, config, recipe.model.model_name_or_path, stops)
-        if recipe.project.assistant_turns == "all":
-            turns.check_template(pair_lengths.tokenizer)
-    lora.check_targets(recipe, config, recipe.model.model_name_or_path)
-    engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
-    samples.check_positions(recipe.project, config, pair_lengths.tokenizer, recipe.model.model_name_or_path)
     if counts is None:
         return _undecided(recipe, launch, config)
     if len(launch.machines) == 1:

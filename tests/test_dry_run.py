@@ -165,17 +165,21 @@ def test_the_record_says_step_1_is_logged_where_the_health_guards_log_it(tmp_pat
 
 def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsys):
     """`--max_steps 100` of the demo's 48 steps per epoch trains 2.08 epochs (the plan goes on into the next ones), and
-    the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan."""
+    the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan. Many
+    epochs are written as the plan's line and the steps write theirs (thousands separated, 3 decimals at most): the
+    summary and the card said "2083.4 epochs" beside "100,003 optimizer steps" (format `g`: 6 digits, 1e+06 past)."""
     from dpotrain.hub import hub
     from dpotrain.recipe import run_record
 
-    for steps, epochs in (("100", "2.083"), ("6", "0.125")):
-        text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / steps), "--max_steps", steps)
+    for steps, epochs in (("100", "2.083"), ("6", "0.125"), ("100,003", "2,083.396")):
+        out = tmp_path / steps.replace(",", "")
+        text = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--max_steps", steps.replace(",", ""))
         assert field(text, "steps").startswith(f"{steps} optimizer steps ({epochs} epochs: max_steps), "), text
-        resolved = json.loads((tmp_path / f"{steps}.dry-run.json").read_text())
-        assert resolved["derived"]["batching"]["epochs_trained"] == float(epochs)
+        resolved = json.loads((out.parent / f"{out.name}.dry-run.json").read_text())
+        assert resolved["derived"]["batching"]["epochs_trained"] == float(epochs.replace(",", ""))
         card = hub.model_card(run_record.of(resolved), [])
-        assert f"| `num_train_epochs` | 1.0 (max_steps {steps} decides the steps: {epochs} epochs trained) |" in card
+        decides = f"max_steps {steps.replace(',', '')} decides the steps"
+        assert f"| `num_train_epochs` | 1.0 ({decides}: {epochs} epochs trained) |" in card
 
 
 def test_a_fractional_number_of_warmup_steps_is_said_as_transformers_takes_it(tmp_path, capsys):

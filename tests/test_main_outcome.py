@@ -756,3 +756,28 @@ def test_a_refusal_rank_1_alone_meets_on_its_copy_of_the_data_ends_every_rank_on
     assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
     codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
     assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
+def test_a_refusal_of_the_model_after_the_ranks_met_is_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
+    """The model's checks of the forward stage (here its tokenizer's ids past the embedding's rows, config.json's
+    vocab_size cut by hand) ran on each rank on its own: met by every rank, the line was written by each, twice in a
+    2-process launch's log; met by rank 1 alone (its node's own copy of the model folder), rank 1 raised alone and
+    rank 0 went on to its next collective until the launcher ended it. Now one gather (`stages.check_model`): the
+    line once, every rank ending on it."""
+    import shutil
+
+    cut = tmp_path / "cut-model"
+    shutil.copytree(tiny_model_dir, cut)
+    config = json.loads((cut / "config.json").read_text())
+    config["vocab_size"] = 64
+    (cut / "config.json").write_text(json.dumps(config))
+    model, paths = (tiny_model_dir, {tiny_model_dir: str(cut)}) if who == "rank 1 alone" else (str(cut), {})
+    result, _ = launch_with_main_limited(tmp_path, model, 1 << 30, rank1_paths=paths)
+    said = result.stdout
+    errors = [written for written in said.splitlines() if written.startswith("error:")]
+    assert len(errors) == 1 and "token ids, past the 64 rows of the model's embedding" in errors[0], said[-3000:]
+    assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
+    assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's

@@ -244,7 +244,8 @@ def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rer
 def test_another_runs_last_checkpoint_is_counted_on_the_pairs_training_keeps(tmp_path, tiny_model_dir):
     """12 rows, 3 dropped at max_length: the 9 pairs kept make 3 steps of 3. Its last checkpoint resumed into a new
     folder was let through, the run's end counted on the 12 rows (step 4), and the run trained nothing: a "finished"
-    run with no metrics. Refused now, as it is where no pair is dropped."""
+    run with no metrics. Refused now, as it is where no pair is dropped. Resumed on 2 ranks, each reads the record and
+    counts its own copy of the data inside one gather (`resolve.check_epochs_left`): the line once, not once a rank."""
     from dpotrain.data import builtin
 
     pairs = builtin.make_preference_rows(12, seed=13)
@@ -257,14 +258,15 @@ def test_another_runs_last_checkpoint_is_counted_on_the_pairs_training_keeps(tmp
     trained = launch(tmp_path, 1, tiny_model_dir, data, *args)
     assert trained.returncode == 0, trained.stdout[-3000:]
     checkpoint = tmp_path / "run" / "checkpoint-3"
-    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="new")
-    assert resumed.returncode == 2, resumed.stdout[-3000:]
+    resumed = launch(tmp_path, 2, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="new")
     errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: resume_from_checkpoint {str(checkpoint)!r} was saved at step 3, and the run ends at step 3 (max_steps "
         "or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train "
         f"on, start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
     ], resumed.stdout[-3000:]
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", resumed.stdout, re.MULTILINE)  # the launcher's summary
+    assert resumed.returncode != 0 and codes == ["2", "2"], resumed.stdout[-3000:]  # each rank ended on the refusal
 
 
 @pytest.mark.slow

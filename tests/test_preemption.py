@@ -873,6 +873,46 @@ def test_a_stop_file_is_told_new_from_the_one_found_at_start_without_clocks(made
     assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)
 
 
+@pytest.mark.parametrize("made", ["before the start", "as it runs"])
+def test_a_stop_file_the_start_could_not_look_at_is_not_a_new_request(made, tmp_path, monkeypatch, capsys):
+    """The start's look at the stop file failed (NFS: ESTALE, a file server that did not answer), where a stop file of
+    an earlier attempt lay: it was taken for none, and the next look took that old file for a request made since the
+    start, so the run stopped before step 1 (a requeue that trains nothing). The first answer is now the start's: that
+    file means what a stop file found at the start means (a stop after step 1, with its checkpoint); one made after an
+    answer that none was there is a request. The failure is one warning line. (The file system's failure is made here:
+    no NFS server on this machine.)"""
+    import errno
+    from pathlib import Path as PathType
+
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+    if made == "before the start":
+        stop_file.touch()
+    real_stat = PathType.stat
+    looks = []
+
+    def stat(path, *args, **kwargs):
+        if path == stop_file and not looks:  # the first look (GracefulStop's start) fails, as NFS's ESTALE
+            looks.append(path)
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(PathType, "stat", stat)
+    stop = GracefulStop(str(stop_file))
+    assert looks == [stop_file]
+    if made == "as it runs":
+        assert not stop.stop_before_training("cpu", "stopped before the model loads")  # none there: the start's answer
+        stop_file.touch()
+    stopped = stop.stop_before_training("cpu", "stopped before step 1")
+    stop.release(exiting=False)
+    said = capsys.readouterr()
+    assert stopped == (made == "as it runs"), said.out
+    assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)
+    warned = [line for line in said.err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and f"the stop file {stop_file} could not be looked at as the run started" in warned[0]
+
+
 @pytest.mark.slow
 def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_workers(tmp_path, tiny_model_dir, pairs):
     """Slurm's preemption and `scancel` signal every process of the job step, the data loader's workers too (the real

@@ -38,7 +38,7 @@ from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
-from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.errors import ConfigError, cause, decimal, plural
 from dpotrain.recipe.run_record import Record, per_step_text
 from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
@@ -339,7 +339,7 @@ def as_run(key: str, r: Record):
         epochs = b.epochs_trained  # what its steps make: fewer epochs, or more
         if epochs is None:  # a record from before the plan counted them
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
-        trained = f"{plural(epochs, 'epoch', 'g')} trained"
+        trained = f"{plural(decimal(epochs), 'epoch')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
     if key == "max_length" and value is not None:
         return f"{value} ({r.lengths.chosen_by})"

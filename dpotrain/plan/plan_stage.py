@@ -12,7 +12,7 @@ from dpotrain.cluster import collectives
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
-from dpotrain.recipe.errors import plural
+from dpotrain.recipe.errors import decimal, plural
 from dpotrain.recipe.run_record import Spread
 
 # The steps planned at start at most, by whole epochs: far past any recipe's run (the OLMo 3 recipes train ~1,170-2,030)
@@ -33,7 +33,7 @@ class RunPlan:
         fillers = f", {batches(s['filler_micro_batches'], 'filler ')}" if s["filler_micro_batches"] else ""
         steps = len(self.epochs[0])
         # The epochs the run's steps make (`--num_train_epochs 0.5`: 0.5), not the whole ones cut into steps so far
-        epochs = f"{s.get('epochs_trained', len(self.epochs)):,.3f}".rstrip("0").rstrip(".")  # 0.5, 3, 20,833.333
+        epochs = decimal(s.get("epochs_trained", len(self.epochs)))  # 0.5, 3, 20,833.333
         # what the steps take (an epoch's last step: what is left), where the summary has it; else the setting
         taken = Spread.of(s.get("pairs_per_step_trained") or self.step_plan.pairs_per_step)
         pairs = plural(taken.min, "pair") if taken.min == taken.max else f"{taken} pairs"

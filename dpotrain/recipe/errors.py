@@ -43,6 +43,12 @@ def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = 
     return f"{text} {word}" if count else word
 
 
+def decimal(n: float, places: int = 3) -> str:
+    """A number of parts (epochs) as a message writes it: thousands separated, at most `places` decimals, no trailing
+    zero ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06"."""
+    return f"{n:,.{places}f}".rstrip("0").rstrip(".")
+
+
 def warn(text: str) -> None:
     """`warning: <text>` on stderr in one write: a line in parts runs into another process's in a shared log."""
     sys.stderr.write(f"warning: {text}\n")

@@ -33,7 +33,7 @@ from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ra
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
-from dpotrain.recipe.errors import ConfigError, RunError
+from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
@@ -52,6 +52,9 @@ PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 # closed terminal's SIGHUP for the run to go on as under nohup: neither ends the job, but one of these after them does.
 ENDS_JOB = (signal.SIGTERM, signal.SIGUSR1, LAUNCHER_GONE)
 NEW_STOP_FILE, OLD_STOP_FILE = "stop file", "stop file found at start"
+# A look at the stop file that got no answer (NFS: ESTALE, EIO): not "none there", which a file left from an earlier
+# attempt would then be taken for at the start, and read as a new request at the next look
+UNREAD = ("unread",)
 
 
 class StoppedBeforeTraining(Exception):
@@ -63,6 +66,7 @@ class StoppedBeforeTraining(Exception):
 class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
+        self.unread = ""  # why the last look at the stop file got no answer (UNREAD)
         # Each request heard (a signal's number, NEW_STOP_FILE or OLD_STOP_FILE), in the order first heard, with when
         # this process heard it (time.time()): the strongest decides (`asked_to_end`), not the first. A list: a signal
         # handler appends while the main thread reads it. A stop file's time is when this process first saw it, by its
@@ -73,8 +77,15 @@ class GracefulStop(TrainerCallback):
         # The stop file as it was when this process started (None: not there): that one was not asked as it ran
         # (stop_before_training). Compared by identity, not its mtime against this host's clock: on NFS the file
         # server stamps the mtime, and a server clock behind the node's hid a request made in its lag, one ahead made
-        # a file left from before the start a new request.
+        # a file left from before the start a new request. UNREAD (the look got no answer): the first answer is taken
+        # as the start's (`_stop_file_asks`).
         self.found_at_start = self._stop_file_identity()
+        if self.found_at_start is UNREAD:
+            warn(
+                f"the stop file {self.stop_file} could not be looked at as the run started ({self.unread}): a stop "
+                "file seen there later is taken as there from the start (a stop after step 1, with its checkpoint), "
+                "not as a request made since"
+            )
         self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
@@ -237,13 +248,17 @@ class GracefulStop(TrainerCallback):
             raise KeyboardInterrupt
 
     def _stop_file_identity(self) -> tuple | None:
-        """The stop file's device, inode, mtime (ns) and size; None: no stop file. Made again or touched: another."""
+        """The stop file's device, inode, mtime (ns) and size; None: no stop file; UNREAD: a file system that did not
+        answer (NFS: ESTALE), looked at again at the next check. Made again or touched: another."""
         if self.stop_file is None:
             return None
         try:
             found = self.stop_file.stat()
-        except OSError:  # none, or a file system that did not answer (NFS: ESTALE): looked for again at the next check
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            self.unread = cause(e, 120)
+            return UNREAD
         return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
 
     def asked_here(self, new_only: bool = False) -> bool:
@@ -256,6 +271,10 @@ class GracefulStop(TrainerCallback):
         """Whether the stop file is there (`new_only`: made or touched since the start), noted as heard when first seen
         (one found at the start: seen then)."""
         found = self._stop_file_identity()
+        if found is UNREAD:
+            return False
+        if self.found_at_start is UNREAD:  # the first answer is the start's: an old file is never a new request
+            self.found_at_start = found
         if found is None or (new_only and found == self.found_at_start):
             return False
         new = found != self.found_at_start
