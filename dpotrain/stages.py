@@ -351,11 +351,7 @@ def check_held_out_pairs(train, held, data_parallel: int) -> None:
     """The held-out pairs, one per rank at least and of the training pairs' kind; every rank checks its own copy of
     both inside one gather (`collectives.every_rank`): a node whose copy differs is refused alone, said once."""
     plan.check_eval_split(len(held), data_parallel)
-    _check_held_out_kind(train, held)
-
-
-def _check_held_out_kind(train, held) -> None:
-    """Held-out pairs are read as the training pairs are, chat template or none: else their loss is of another input."""
+    # Read as the training pairs are, chat template or none: else their loss is of another input
     kinds = [isinstance(d[0]["chosen"], list) if len(d) else None for d in (train, held)]
     if None not in kinds and kinds[0] != kinds[1]:
         name = {True: "message lists", False: "plain text"}
@@ -700,29 +696,24 @@ def check_steps(steps: dict, training) -> None:
     plan.check_schedule_fits(steps, training)
 
 
-def check_max_length(recipe, pairs: Data, found, measured, tokenizer, max_length, limit, launch: Launch) -> None:
-    """The training and held-out pairs at `max_length` (`check_cuts`, `check_held_out`), in one gather on every rank
-    (`collectives.every_rank`): each rank measures its own copy of the pairs, and one refused alone ends every rank on
-    its line, written once."""
-    if max_length is not None:
-        check_cuts(recipe, pairs, found, measured, max_length, limit)
-    if pairs.eval is not None and tokenizer is not None and max_length is not None:
-        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
-
-
-def check_cuts(recipe, pairs: Data, found, measured, max_length: int, limit: int | None) -> None:
-    """A max_length that leaves the pairs (`found`), or one mixture source's (`measured`: every pair), nothing to
-    learn: refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would:
-    warned of once, before the model loads."""
+def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, limit, launch: Launch) -> None:
+    """The training and held-out pairs at `max_length`, in one gather on every rank (`collectives.every_rank`): each
+    rank measures its own copy of the pairs, and one refused alone ends every rank on its line, written once. A
+    max_length that leaves the pairs (`f`), or one mixture source's (`measured`: every pair), nothing to learn:
+    refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would: warned of
+    once, before the model loads."""
+    if max_length is None:
+        return
     mode = recipe.training.truncation_mode
-    if found is not None:
-        f = found
+    if f is not None:
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, mode, f.source, limit)
         if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
             if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, mode, f.source, limit):
                 warn(many)
     if pairs.mix is not None and measured is not None:  # every pair: each source's
         pairs.mix.check_cuts(measured[0], max_length, mode, limit)
+    if pairs.eval is not None and tokenizer is not None:
+        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
 
 
 def held_out_pairs(recipe, revision: str | None, template, pins: dict | None = None, fetch: str = ""):
