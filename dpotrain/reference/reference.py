@@ -31,13 +31,7 @@ from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
-from dpotrain.recipe.writes import (
-    quiet_progress_bars,
-    remove_dead_temporaries,
-    replacing,
-    unwritable,
-    write_text,
-)
+from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
 from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
