@@ -170,11 +170,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
-    # After the ranks met (offline.agree_on_hub, train_dpo.py's first collective), each rank wrote its own
-    # line; the first rank to meet one writes it alone. `when`: a rank's own decision (a node that does not see the
-    # checkpoint decides otherwise) skips the work, never the gather, so that every rank joins the same collectives in
-    # the same order: one that skipped it would wait in the next one until the timeout, not reach resume.confirm's
-    # one-line refusal of ranks that disagree.
+    # The ranks have met: the first rank to meet a refusal writes it alone. `when` (a rank's own decision) skips the
+    # work, never the gather: a rank that skipped it would wait in the next collective until the timeout.
     def once(step, *args, when=True, **kwargs):
         return check(collectives.every_rank, _only_if, when, step, *args, **kwargs)
 
@@ -215,8 +212,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
-    # The engine and processes that wrote it; the main process's answer, so that its line is written once (the ranks
-    # have met: each wrote its own). A dry run lists it with the rest (it stopped there, the others unsaid).
+    # The engine and processes that wrote it: the main process's answer, its line written once; a dry run lists it
     check(collectives.main_outcome, resume.check_partitions, decision.resume_from, launch.world, launch.engine)
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
@@ -224,9 +220,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     if not only_reference and not folder_refused:
         found, steps = decision.resume_from, training.max_steps
         once(output_folder.check_checkpoints_of_others, training.output_dir, found, steps, when=decision.trains)
-    # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
-    # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
-    # at all it plans without, naming the prefetch command; online the run downloads what is missing).
+    # With HF_HUB_OFFLINE: model, tokenizer and data set cached (a resumed run's at its recorded commits). A dry run
+    # lists a model cached in part, which nothing completes offline (one not cached at all it plans without).
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
@@ -287,8 +282,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
         _note_also_trained(values, say and recipe.training.eval_strategy != "no")  # the run's note, its data unread
         return Data(None, None, steps, revision=revision)
-    # A continued run's commits, from its record (output_checks): a mixture's Hub sources', dataset_name's. The command
-    # named to fetch what the run reads gives the run's folder (prefetch.py --output_dir), which fetches them there
+    # A continued run's commits, from its record (output_checks); the prefetch command named gives the run's folder
     kept = output.source_commits if output is not None else None
     recorded = output is not None and output.data_commit is not None
     resumed_in = recipe.training.output_dir if kept or recorded else None
@@ -299,8 +293,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
-    # A mixture's Hub sources' commits (mixture.pin), training and held-out, read at them and known by them before and
-    # after; a continued run's: the commits its record holds
+    # A mixture's Hub sources' commits (mixture.pin), training and held-out; a continued run's: its record's
     pins = None
     if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
         pins = pin_sources(recipe, kept)
@@ -332,9 +325,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             checked["eval_identity"] = data_identity.of_files(held)
     collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
-        # One gather, said once (each rank wrote it): the resume point is the ranks' already (train_dpo.py's folder
-        # agreement), and so its record; the rows are each rank's own copy's only where that record lacks the pairs
-        # its run kept (`kept_pairs`), where a rank refused alone would have left the others in their next collective
+        # One gather, said once: the rows are each rank's own copy's where the record lacks the pairs its run kept
         pairs = launch.batch.pairs_per_step
         resumed = output.resume_from
         collectives.every_rank(
@@ -574,8 +565,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if measured is not None and pairs.mix is not None and not pairs.mix.measures(measured[0]):
-        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'.
-        # Said by the main process: without `auto` no rank writes a new cache, and every rank found this one
+        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'
         if launcher.launched_main():
             warn(
                 f"the analyzer's cached lengths ({measured[1]}) are of {measured[0].rows} pairs, not the "
@@ -645,8 +635,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         auto = kept_max_length(output, auto)
         max_length = auto["max_length"]
     if recipe.max_length_auto and p.max_tokens_per_microbatch is not None:  # the recipe's: every rank joins alike
-        # Each rank's choice, from its own copy of the data (or its view of a checkpoint's record): one gather, whatever
-        # it chose, so that a rank refused alone does not leave the others in their next collective
+        # Each rank's choice, from its own copy of the data: one gather, whatever it chose (a refusal: every rank's)
         collectives.every_rank(check_auto_budget, p.max_tokens_per_microbatch, auto)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
@@ -987,8 +976,7 @@ def first_half(
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward, model)
     auto = model[0] if recipe.model.dtype == "auto" else None
     load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
-    # last, as the run refuses them: as they load, after its first half (there on every rank at once,
-    # trainer.whole_weights_only). A dry run starts no process group: its refusal is its process's alone.
+    # Last, where the run refuses them as they load (trainer.whole_weights_only); no process group: this process's
     if launch.dry_run and model[0] is not None:
         weight_names.check(recipe, model_path, model[0])
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)

@@ -260,9 +260,7 @@ class RecipeDPOTrainer(DPOTrainer):
         trl_hash = upstream.weights_hash(self)  # None with a live reference: no cache, nothing to compare
         zero3, main = self.engine.name == "zero3", self.accelerator.is_main_process
         if trl_hash and getattr(self.model, "peft_config", None):
-            # LoRA: the reference is the base with the adapter disabled, scored as a full fine-tune of it scores it;
-            # keyed by TRL's hash, which takes the adapter's random initial weights too, another r, targets or seed
-            # scored it all again.
+            # LoRA: the reference is the base with the adapter off; TRL's hash takes the adapter's random weights too
             return engine.weights_sha256(self.model, main, zero3, base=True)
         return engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
 
@@ -276,11 +274,9 @@ class RecipeDPOTrainer(DPOTrainer):
             yield
 
     def earlier_lora_hash(self) -> str | None:
-        """LoRA: the key a run recorded before session 41 took, TRL's hash of the base and the adapter's initial
-        weights (gathered under ZeRO-3), on the main process; None for a full fine-tune. Taken on demand, by a resume
-        whose record holds another hash than this load's (`train_stage.check_reference_weights`), before training
-        has changed the adapter. Every rank calls it: under ZeRO-3 it gathers the weights; the main process alone
-        hashes (`weights_sha256` takes TRL's `hash_module`'s bytes), not one full pass a rank."""
+        """LoRA: the key a run recorded before session 41 took (TRL's hash of base and initial adapter), on the main
+        process; None for a full fine-tune. Taken on demand by a resume whose record holds another hash, before
+        training changes the adapter; every rank calls it (under ZeRO-3 it gathers the weights)."""
         if not getattr(self.model, "peft_config", None):
             return None
         return engine.weights_sha256(self.model, self.accelerator.is_main_process, zero3=self.engine.name == "zero3")
@@ -327,14 +323,11 @@ class RecipeDPOTrainer(DPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict, the main process
         writes it (transformers writes no weights with SHARDED_STATE_DICT, kept by checkpoints: `_internal_call`)."""
-        # The model's generation_config.json saved with its settings, as transformers saves one it loaded: the run
-        # changes only the pad, BOS and EOS ids that TRL and transformers align with the tokenizer's, and a config
-        # changed since it loaded must pass transformers' strict check, which a setting its mode does not read
-        # (`temperature` with do_sample false, as SFT exports write it) failed at the first checkpoint.
+        # generation_config.json saved as it loaded (its pad, BOS and EOS ids aligned): a config changed since must
+        # pass transformers' strict check, which `temperature` without do_sample (SFT exports) failed at a checkpoint.
         upstream.saved_as_loaded(self.model.generation_config)
         # A checkpoint's model is written in a folder of its own, then moved in: the names it wrote are its model's
-        # (its Hub branch holds them: weights, configs, tokenizer, additional_chat_templates/), and no other rank's
-        # file written meanwhile (its RNG state) is taken for one of them.
+        # (its Hub branch holds them), not another rank's file written meanwhile (its RNG state).
         target = Path(output_dir or self.args.output_dir)
         written = target / MODEL_SAVE if _internal_call else target
         try:
@@ -365,8 +358,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
             run_files.claim(folder.parent, [folder.name])
 
-        # The main process's turn, the others waiting (no rank writes into the folder before it is cleared); its
-        # refusal (run_files.json on a full disk) is every rank's, not the main's alone while the others wait.
+        # The main process's turn, the others waiting; its refusal (a full disk) is every rank's.
         collectives.main_outcome(cleared)
         failed, cut_short = None, False
         try:
@@ -375,18 +367,15 @@ class RecipeDPOTrainer(DPOTrainer):
             why = disk_full.why_full(e, folder.parent)
             failed = e if why is None else disk_full.save_failed(folder, why)
             cut_short = why is not None and self.is_world_process_zero()
-        # Under DDP the main process alone writes the weights, optimizer and trainer state (under DeepSpeed each rank
-        # its shards): a rank that failed alone ended on its line while the others waited in `on_save`'s barrier
-        # (NCCL: for ddp_timeout). One all-gather per checkpoint: the first failure is every rank's line.
+        # A rank that failed alone (under DDP the main writes the weights) ended while the others waited in
+        # `on_save`'s barrier: one all-gather per checkpoint, the first failure every rank's line.
         try:
             collectives.every_rank_outcome(failed)
         finally:
-            # Removed once every rank is done writing: under ZeRO-3 the other rank went on writing its own files
-            # (its RNG state) after the main process's failure, into the folder removed at once, made again.
+            # Removed once every rank is done writing (under ZeRO-3 the others write their RNG states after it)
             if cut_short:
                 shutil.rmtree(folder, ignore_errors=True)
-                # The record names what is there (a name without its folder is one moved or deleted since: said at
-                # the rerun); on the disk that was full this write may fail too, and the save's own line goes first.
+                # On the disk that was full this write may fail too: the save's own line goes first
                 with contextlib.suppress(OSError):
                     run_files.disown(folder.parent, [folder.name])
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
@@ -403,8 +392,7 @@ class RecipeDPOTrainer(DPOTrainer):
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 held.run(super()._save_checkpoint, model, trial)
         if self.args.sync_ref_model:
-            # TR-DPO's reference moved toward the policy: a resume goes on against it
-            # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
+            # TR-DPO's moved reference, for a resume; every rank (gathered under ZeRO-3 and FSDP2)
             held.run(moved_reference.save, self, folder / resume.REFERENCE_FILE)
             if self.is_world_process_zero():
                 held.run(readable_weights, folder)  # safetensors writes it 0600: unreadable to the group
@@ -432,10 +420,8 @@ class RecipeDPOTrainer(DPOTrainer):
         return new_best or (self.graceful_stop.stopped and self.control.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
-        (`resume.check_live_reference` refused the resume before anything loaded where it does not). Here, not in
-        `_load_from_checkpoint`: transformers calls that on one process and DDP only (DeepSpeed loads its own
-        checkpoint), and this on a resume under every engine, after the model is prepared and before the first step."""
+        """The optimizer's state, and TR-DPO's moved reference. Here, not in `_load_from_checkpoint` (one process and
+        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or not self.args.sync_ref_model:
             return
@@ -461,10 +447,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.state.global_step >= self.state.max_steps > 0:
             self.control.should_training_stop = True
             return
-        # The epoch's steps (`StepSampler.set_epoch`), set here: transformers sets them through the loader, but a
-        # resumed epoch's loader is accelerate's skip_first_batches wrapper, whose SkipBatchSampler holds the
-        # BatchSamplerShard of a launch of more than one process, which has no set_epoch: a run resumed mid-epoch on 3
-        # processes trained epoch 0's steps again in place of the resumed epoch's.
+        # The epoch's steps set here: a resumed epoch's loader (skip_first_batches) holds a BatchSamplerShard without
+        # set_epoch on more than one process, and trained epoch 0's steps again in place of the resumed epoch's.
         sampler = kwargs["train_dataloader"]
         while sampler is not None and not isinstance(sampler, plan.StepSampler):
             sampler = getattr(sampler, "batch_sampler", None)
@@ -641,10 +625,9 @@ class RecipeDPOTrainer(DPOTrainer):
         result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
         if num_items_in_batch is None:  # evaluation: no gradient, nothing to weigh
             return result
-        # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
-        # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
-        # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
-        # their gather's backward sums S equal gradients: the S cancel.
+        # Averaged over ranks, summed over micro-batches: the step's gradient is the mean over its pairs,
+        # sum_k (mean_k x n_k x W / N) / W (a filler: n_k = 0). A sequence-parallel group's S processes count each
+        # pair (N x S) and their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
         return (result[0] * weight, result[1]) if return_outputs else result * weight
 
@@ -663,8 +646,8 @@ class RecipeDPOTrainer(DPOTrainer):
             with _eval_mode(self.accelerator.unwrap_model(ref).get_input_embeddings()) if policy else nullcontext():
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
-        # For this call, TRL's `_compute_loss` reads the reference from the inputs, its gathers stay local (see
-        # `_LocalGathers`), and in training it leaves out its SFT term, added below over the whole step.
+        # TRL's `_compute_loss` reads the reference from the inputs, gathers locally, and in training leaves out its
+        # SFT term, added below over the whole step.
         over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
         seams = dict(precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator))
         if over_step:
@@ -678,8 +661,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        # A filler is weighed 0 by compute_loss: nothing it computed is a metric. The other processes of a
-        # sequence-parallel group hold the same pairs: counted once, by the group's lead.
+        # A filler is no metric; a sequence-parallel group's pairs are counted once, by its lead.
         if inputs.get(plan.FILLER) or not sequence_parallel.leads_group():
             return result
         grouped = isinstance(stand_in, padded.GroupedModel)  # the positions the grouped padded forward ran
