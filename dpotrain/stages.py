@@ -679,18 +679,15 @@ def check_auto_budget(budget: int, auto: dict | None) -> None:
 
 def check_steps(steps: dict, training) -> None:
     """The steps the data set's rows make: a run that trains nothing, or whose schedule does not fit, refused. Every
-    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs is refused alone,
-    and its line, written by it, ends every rank (rank 0's alone was written before: rank 1's was lost)."""
+    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs ends every rank."""
     plan.check_steps(steps, training.max_steps)
     plan.check_schedule_fits(steps, training)
 
 
 def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, limit, launch: Launch) -> None:
-    """The training and held-out pairs at `max_length`, in one gather on every rank (`collectives.every_rank`): each
-    rank measures its own copy of the pairs, and one refused alone ends every rank on its line, written once. A
-    max_length that leaves the pairs (`f`), or one mixture source's (`measured`: every pair), nothing to learn:
-    refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would: warned of
-    once, before the model loads."""
+    """The training and held-out pairs at `max_length`, each rank's own copy in one gather (`collectives.every_rank`).
+    One that leaves the pairs (`f`), or a mixture source's (`measured`: every pair), nothing to learn: refused, advising
+    within the model's positions (`limit`); more pairs cut than the analyzer's rule would: warned of once."""
     if max_length is None:
         return
     mode = recipe.training.truncation_mode
@@ -766,9 +763,8 @@ class Forward:
 
 def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's.
-    A file transformers refuses is refused here: the model's load raised its ValueError once the first half was done
-    (`num_return_sequences` 2 without sampling, a `cache_implementation` of a newer transformers), and a file that is
-    not JSON was dropped without a word, the model saved with generation settings made from config.json."""
+    A file transformers refuses is refused here, not at the model's load after the first half; one that is not JSON
+    transformers drops without a word, saving generation settings made from config.json."""
     from huggingface_hub.errors import HFValidationError
     from transformers import GenerationConfig
 
