@@ -293,10 +293,9 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
-    # A mixture's Hub sources' commits (mixture.pin), training and held-out; a continued run's: its record's
-    pins = None
-    if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
-        pins = pin_sources(recipe, kept)
+    # A mixture's Hub sources' commits (mixture.pin), training and held-out (a held-out mixture beside dataset_name
+    # too); a continued run's: its record's
+    pins = pin_sources(recipe, kept) if mixed or mixture.given(values, evaluation=True) else None
     fetch = offline.prefetch_command(recipe, resumed_in)  # named where the copy read is not the commit the run reads
     if mixed:
         revision = None

@@ -111,11 +111,9 @@ def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
 
 
 def _writer_beside(writer, job, started=None, boot=None) -> str | None:
-    """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring: alive on this host, or
-    on another host (no way to tell from here); None where it is known gone (this host, its process ended: its pid
-    gone, or taken by a process started at another time or boot, as a container's pids repeat; this process, an
-    earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
-    (written before parts did)."""
+    """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring (alive on this host, or
+    on another host: no telling from here); None where it is known gone (its pid gone or taken by a process of another
+    start or boot; this process; this Slurm job, requeued) or the part names no writer (written before parts did)."""
     if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
         return None
     host, _, pid = str(writer).rpartition(":")
@@ -209,9 +207,8 @@ class Store:
 
     def remove_gone_writers_parts(self, attempt: str | None = None) -> None:
         """Removes the parts (in `complete.npz` now) of writers known gone (`_writer_beside`), not `attempt`'s (its
-        ranks remove their own). A live neighbour's (another run of this key, scoring now) stay: it reads them if
-        stopped before it finishes. Another host's stay too (no telling from here whether it scores): its own end,
-        or a later run of this key on its host once it is gone, removes them."""
+        ranks remove their own). A live neighbour's stay (it reads them if stopped before it finishes), and another
+        host's: its own end, or a later run of this key on its host once it is gone, removes them."""
         for path in self.folder.glob("part-*.npz"):
             if attempt is not None and path.name.startswith(f"part-{attempt}-r"):
                 continue
