@@ -153,23 +153,6 @@ def _batch_columns(dataset):
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
 
 
-class _LocalGathers:
-    """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank. TRL gathers
-    per-pair tensors on every micro-batch, which hangs where ranks hold different pair counts; its metrics are replaced
-    anyway (`RecipeDPOTrainer.log`)."""
-
-    def __init__(self, accelerator):
-        self._accelerator = accelerator
-
-    def __getattr__(self, name):
-        return getattr(self._accelerator, name)
-
-    def gather(self, tensor):
-        return tensor
-
-    gather_for_metrics = gather
-
-
 ADAPTER_CARD = "README.md"  # PEFT's save_pretrained writes an adapter's model card under this name
 
 
@@ -646,13 +629,15 @@ class RecipeDPOTrainer(DPOTrainer):
             with _eval_mode(self.accelerator.unwrap_model(ref).get_input_embeddings()) if policy else nullcontext():
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
-        # TRL's `_compute_loss` reads the reference from the inputs, gathers locally, and in training leaves out its
-        # SFT term, added below over the whole step.
+        # TRL's `_compute_loss` reads the reference from the inputs, and in training leaves out its SFT term, added
+        # below over the whole step. Its gathers stay on this rank: TRL gathers per-pair tensors on every micro-batch,
+        # which hangs where ranks hold different pair counts; its metrics are replaced anyway (`log`).
         over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
-        seams = dict(precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator))
+        seams = dict(precompute_ref_logps=True)
         if over_step:
             seams.update(zip(("loss_types", "loss_weights"), self.sft.others, strict=True))
-        with upstream.attributes_set(self, **seams):
+        local = dict.fromkeys(("gather", "gather_for_metrics"), lambda tensor: tensor)
+        with upstream.attributes_set(self, **seams), upstream.attributes_set(self.accelerator, **local):
             result = super()._compute_loss(stand_in, view, return_outputs)
         if over_step:
             sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
