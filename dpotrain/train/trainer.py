@@ -90,16 +90,6 @@ def whole_weights_only():
         yield
 
 
-@contextlib.contextmanager
-def _eval_mode(module):
-    was = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was)
-
-
 @functools.cache
 def _answering_num_experts(config_class: type) -> type:
     """`config_class` that also answers to `num_experts` (see `trl_compatible_config`), a module-level name here so
@@ -623,10 +613,11 @@ class RecipeDPOTrainer(DPOTrainer):
         stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
         if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
             ref = self.ref_model if self.ref_model is not None else self.model
-            # The policy with its adapter off (LoRA) is scored in training mode: its embeddings' eval mode keeps
-            # NEFTune's noise off the reference, as the reference stage (and a reference model) never get it
-            policy = ref is self.model
-            with _eval_mode(self.accelerator.unwrap_model(ref).get_input_embeddings()) if policy else nullcontext():
+            # The policy with its adapter off (LoRA) is scored in training mode: its embeddings out of it keep
+            # NEFTune's noise (transformers' hook reads their `training`) off the reference, as the reference stage
+            # (and a reference model) never get it
+            embeddings = self.accelerator.unwrap_model(ref).get_input_embeddings()
+            with upstream.attributes_set(embeddings, **({"training": False} if ref is self.model else {})):
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         # TRL's `_compute_loss` reads the reference from the inputs, and in training leaves out its SFT term, added
