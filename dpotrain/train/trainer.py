@@ -360,7 +360,11 @@ class RecipeDPOTrainer(DPOTrainer):
         process writes the gathered weights between the weights' gather and DeepSpeed's save, whose barriers the other
         ranks then waited in while it waited in `every_rank_outcome` (gloo: a timeout; NCCL: ddp_timeout)."""
         held = collectives.HeldWrites()
-        with self._writes_held(held):
+        # Held: the weights (`save_model`: under ZeRO-3 gathered, then written by the main process) and DeepSpeed's own
+        # writes, which a collective follows
+        weights = upstream.attributes_set(self, save_model=functools.partial(held.run, self.save_model))
+        deepspeeds = upstream.deepspeed_writes_held(self.model_wrapped, held.run) if self.is_deepspeed_enabled else None
+        with weights, deepspeeds or contextlib.nullcontext():
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 held.run(super()._save_checkpoint, model, trial)
@@ -374,16 +378,6 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.is_world_process_zero() and record.is_file():
             # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
             shutil.copy2(record, folder / record.name)
-
-    @contextlib.contextmanager
-    def _writes_held(self, held: collectives.HeldWrites):
-        """The checkpoint's writes that a collective follows, `held`: the weights (`save_model`: under ZeRO-3 gathered,
-        then written by the main process) and DeepSpeed's own (its barriers follow)."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(upstream.attributes_set(self, save_model=functools.partial(held.run, self.save_model)))
-            if self.is_deepspeed_enabled:
-                stack.enter_context(upstream.deepspeed_writes_held(self.model_wrapped, held.run))
-            yield
 
     def _determine_best_metric(self, metrics, trial):
         """Under save_strategy best transformers saves at an evaluation only when it is a new best, over the save a
