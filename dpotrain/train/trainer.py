@@ -75,11 +75,9 @@ def resolve_model_path(recipe: Recipe) -> str:
 
 @contextlib.contextmanager
 def whole_weights_only():
-    """TRL's model loads refused where the weights lack some of the model's tensors: transformers starts those at random
-    and goes on after a table in the log (a DDP state dict's `module.` names: every tensor), so the run scored the
-    reference and trained a model partly or wholly random. Before the wrapping (PEFT) and the reference stage; each
-    rank's load judged and the first refusal raised on every rank, which all load here. The dry run refuses the same
-    weights from their files' names (`weight_names.check`); this load judges the weights the run reads."""
+    """TRL's model loads refused where the weights lack some of the model's tensors, which transformers starts at random
+    after a table in the log (a DDP state dict's `module.` names: every tensor). Each rank's load judged, the first
+    refusal raised on every rank; the dry run refuses them from their files' names (`weight_names.check`)."""
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
@@ -356,9 +354,8 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _write_checkpoint(self, model, trial, folder: Path) -> None:
         """transformers' checkpoint, TR-DPO's moved reference and the run's record, in `folder` (cleared). Every rank
-        runs each collective part to its end, whatever was refused on it before (`HeldWrites`): under ZeRO-3 the main
-        process writes the gathered weights between the weights' gather and DeepSpeed's save, whose barriers the other
-        ranks then waited in while it waited in `every_rank_outcome` (gloo: a timeout; NCCL: ddp_timeout)."""
+        runs each collective part to its end, whatever was refused on it before (`HeldWrites`): else, under ZeRO-3, the
+        others waited in DeepSpeed's barriers while the main process waited in `every_rank_outcome`."""
         held = collectives.HeldWrites()
         # Held: the weights (`save_model`: under ZeRO-3 gathered, then written by the main process) and DeepSpeed's own
         # writes, which a collective follows
@@ -380,9 +377,8 @@ class RecipeDPOTrainer(DPOTrainer):
             shutil.copy2(record, folder / record.name)
 
     def _determine_best_metric(self, metrics, trial):
-        """Under save_strategy best transformers saves at an evaluation only when it is a new best, over the save a
-        stop request asked for at that step (`GracefulStop`): the run stopped with no checkpoint of its last steps and
-        exited 75 in silence, a requeue training them again. A stop's save is kept; the best metric is untouched."""
+        """Under save_strategy best transformers saves at an evaluation only at a new best, over the save a stop asked
+        for (`GracefulStop`): the run stopped with no checkpoint of its last steps. A stop's save is kept."""
         new_best = super()._determine_best_metric(metrics, trial)
         return new_best or (self.graceful_stop.stopped and self.control.should_save)
 
@@ -399,8 +395,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _set_pad_token(self, pad_token: str | None) -> None:
         """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
-        collator packed runs replace (without one, TRL took the tokenizer's, else EOS). stages.check_pad_token checked
-        it against the vocabulary."""
+        collator packed runs replace (stages.check_pad_token checked it against the vocabulary)."""
         if not pad_token:
             return
         tokenizer = upstream.trl_tokenizer(self)
