@@ -50,7 +50,7 @@ from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
 from dpotrain.train.weight_names import refusal
 
-# What TRL's hash in its __init__ returns for a LoRA run (`_trl_hash_deferred`): a key is taken after, never this one
+# What TRL's hash in its __init__ returns for a LoRA run (its trainer's __init__): a key is taken after, never this one
 LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weights"
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
@@ -190,8 +190,11 @@ class RecipeDPOTrainer(DPOTrainer):
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker()
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
+        # A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base and
+        # adapter, a second pass over every weight (minutes for a 32B model), is not taken (`earlier_lora_hash`)
+        deferred = upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED)
         with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
-            with self._trl_hash_deferred(kwargs):
+            with deferred if kwargs.get("peft_config") is not None else nullcontext():
                 super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
@@ -234,15 +237,6 @@ class RecipeDPOTrainer(DPOTrainer):
             # LoRA: the reference is the base with the adapter off; TRL's hash takes the adapter's random weights too
             return engine.weights_sha256(self.model, main, zero3, base=True)
         return engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
-
-    @contextlib.contextmanager
-    def _trl_hash_deferred(self, kwargs):
-        """A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base
-        and adapter, was a second pass over every weight (minutes for a 32B model) that only a resume of a run
-        recorded before session 41 compares with (`earlier_lora_hash`); it is not taken here."""
-        lora_start = kwargs.get("peft_config") is not None
-        with upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED) if lora_start else nullcontext():
-            yield
 
     def earlier_lora_hash(self) -> str | None:
         """LoRA: the key a run recorded before session 41 took (TRL's hash of base and initial adapter), on the main
