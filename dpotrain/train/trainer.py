@@ -16,7 +16,6 @@ import functools
 import os
 import shutil
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -194,7 +193,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # adapter, a second pass over every weight (minutes for a 32B model), is not taken (`earlier_lora_hash`)
         deferred = upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED)
         with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
-            with deferred if kwargs.get("peft_config") is not None else nullcontext():
+            with deferred if kwargs.get("peft_config") is not None else contextlib.nullcontext():
                 super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
