@@ -170,11 +170,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
                 raise
             refusals.append(str(refused))
 
-    # After the ranks met (offline.agree_on_hub, train_dpo.py's first collective), each rank wrote its own
-    # line; the first rank to meet one writes it alone. `when`: a rank's own decision (a node that does not see the
-    # checkpoint decides otherwise) skips the work, never the gather, so that every rank joins the same collectives in
-    # the same order: one that skipped it would wait in the next one until the timeout, not reach resume.confirm's
-    # one-line refusal of ranks that disagree.
+    # The ranks have met: the first rank to meet a refusal writes it alone. `when` (a rank's own decision) skips the
+    # work, never the gather: a rank that skipped it would wait in the next collective until the timeout.
     def once(step, *args, when=True, **kwargs):
         return check(collectives.every_rank, _only_if, when, step, *args, **kwargs)
 
@@ -215,8 +212,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
-    # The engine and processes that wrote it; the main process's answer, so that its line is written once (the ranks
-    # have met: each wrote its own). A dry run lists it with the rest (it stopped there, the others unsaid).
+    # The engine and processes that wrote it: the main process's answer, its line written once; a dry run lists it
     check(collectives.main_outcome, resume.check_partitions, decision.resume_from, launch.world, launch.engine)
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
@@ -224,9 +220,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     if not only_reference and not folder_refused:
         found, steps = decision.resume_from, training.max_steps
         once(output_folder.check_checkpoints_of_others, training.output_dir, found, steps, when=decision.trains)
-    # With HF_HUB_OFFLINE: model, tokenizer and data set must be cached (every shard an index lists); a resumed run's
-    # at its recorded commits. A dry run lists a model cached in part, which nothing completes offline (one not cached
-    # at all it plans without, naming the prefetch command; online the run downloads what is missing).
+    # With HF_HUB_OFFLINE: model, tokenizer and data set cached (a resumed run's at its recorded commits). A dry run
+    # lists a model cached in part, which nothing completes offline (one not cached at all it plans without).
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
@@ -287,8 +282,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
         _note_also_trained(values, say and recipe.training.eval_strategy != "no")  # the run's note, its data unread
         return Data(None, None, steps, revision=revision)
-    # A continued run's commits, from its record (output_checks): a mixture's Hub sources', dataset_name's. The command
-    # named to fetch what the run reads gives the run's folder (prefetch.py --output_dir), which fetches them there
+    # A continued run's commits, from its record (output_checks); the prefetch command named gives the run's folder
     kept = output.source_commits if output is not None else None
     recorded = output is not None and output.data_commit is not None
     resumed_in = recipe.training.output_dir if kept or recorded else None
@@ -299,11 +293,9 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
-    # A mixture's Hub sources' commits (mixture.pin), training and held-out, read at them and known by them before and
-    # after; a continued run's: the commits its record holds
-    pins = None
-    if mixed or mixture.given(values, evaluation=True):  # a held-out mixture beside dataset_name too
-        pins = pin_sources(recipe, kept)
+    # A mixture's Hub sources' commits (mixture.pin), training and held-out (a held-out mixture beside dataset_name
+    # too); a continued run's: its record's
+    pins = pin_sources(recipe, kept) if mixed or mixture.given(values, evaluation=True) else None
     fetch = offline.prefetch_command(recipe, resumed_in)  # named where the copy read is not the commit the run reads
     if mixed:
         revision = None
@@ -332,9 +324,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
             checked["eval_identity"] = data_identity.of_files(held)
     collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
-        # One gather, said once (each rank wrote it): the resume point is the ranks' already (train_dpo.py's folder
-        # agreement), and so its record; the rows are each rank's own copy's only where that record lacks the pairs
-        # its run kept (`kept_pairs`), where a rank refused alone would have left the others in their next collective
+        # One gather, said once: the rows are each rank's own copy's where the record lacks the pairs its run kept
         pairs = launch.batch.pairs_per_step
         resumed = output.resume_from
         collectives.every_rank(
@@ -350,11 +340,7 @@ def check_held_out_pairs(train, held, data_parallel: int) -> None:
     """The held-out pairs, one per rank at least and of the training pairs' kind; every rank checks its own copy of
     both inside one gather (`collectives.every_rank`): a node whose copy differs is refused alone, said once."""
     plan.check_eval_split(len(held), data_parallel)
-    _check_held_out_kind(train, held)
-
-
-def _check_held_out_kind(train, held) -> None:
-    """Held-out pairs are read as the training pairs are, chat template or none: else their loss is of another input."""
+    # Read as the training pairs are, chat template or none: else their loss is of another input
     kinds = [isinstance(d[0]["chosen"], list) if len(d) else None for d in (train, held)]
     if None not in kinds and kinds[0] != kinds[1]:
         name = {True: "message lists", False: "plain text"}
@@ -577,8 +563,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if measured is not None and pairs.mix is not None and not pairs.mix.measures(measured[0]):
-        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'.
-        # Said by the main process: without `auto` no rank writes a new cache, and every rank found this one
+        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'
         if launcher.launched_main():
             warn(
                 f"the analyzer's cached lengths ({measured[1]}) are of {measured[0].rows} pairs, not the "
@@ -648,8 +633,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
         auto = kept_max_length(output, auto)
         max_length = auto["max_length"]
     if recipe.max_length_auto and p.max_tokens_per_microbatch is not None:  # the recipe's: every rank joins alike
-        # Each rank's choice, from its own copy of the data (or its view of a checkpoint's record): one gather, whatever
-        # it chose, so that a rank refused alone does not leave the others in their next collective
+        # Each rank's choice, from its own copy of the data: one gather, whatever it chose (a refusal: every rank's)
         collectives.every_rank(check_auto_budget, p.max_tokens_per_microbatch, auto)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
@@ -693,35 +677,27 @@ def check_auto_budget(budget: int, auto: dict | None) -> None:
 
 def check_steps(steps: dict, training) -> None:
     """The steps the data set's rows make: a run that trains nothing, or whose schedule does not fit, refused. Every
-    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs is refused alone,
-    and its line, written by it, ends every rank (rank 0's alone was written before: rank 1's was lost)."""
+    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs ends every rank."""
     plan.check_steps(steps, training.max_steps)
     plan.check_schedule_fits(steps, training)
 
 
-def check_max_length(recipe, pairs: Data, found, measured, tokenizer, max_length, limit, launch: Launch) -> None:
-    """The training and held-out pairs at `max_length` (`check_cuts`, `check_held_out`), in one gather on every rank
-    (`collectives.every_rank`): each rank measures its own copy of the pairs, and one refused alone ends every rank on
-    its line, written once."""
-    if max_length is not None:
-        check_cuts(recipe, pairs, found, measured, max_length, limit)
-    if pairs.eval is not None and tokenizer is not None and max_length is not None:
-        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
-
-
-def check_cuts(recipe, pairs: Data, found, measured, max_length: int, limit: int | None) -> None:
-    """A max_length that leaves the pairs (`found`), or one mixture source's (`measured`: every pair), nothing to
-    learn: refused, advising within the model's positions (`limit`); more pairs cut than the analyzer's rule would:
-    warned of once, before the model loads."""
+def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, limit, launch: Launch) -> None:
+    """The training and held-out pairs at `max_length`, each rank's own copy in one gather (`collectives.every_rank`).
+    One that leaves the pairs (`f`), or a mixture source's (`measured`: every pair), nothing to learn: refused, advising
+    within the model's positions (`limit`); more pairs cut than the analyzer's rule would: warned of once."""
+    if max_length is None:
+        return
     mode = recipe.training.truncation_mode
-    if found is not None:
-        f = found
+    if f is not None:
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, mode, f.source, limit)
         if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
             if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, mode, f.source, limit):
                 warn(many)
     if pairs.mix is not None and measured is not None:  # every pair: each source's
         pairs.mix.check_cuts(measured[0], max_length, mode, limit)
+    if pairs.eval is not None and tokenizer is not None:
+        check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
 
 
 def held_out_pairs(recipe, revision: str | None, template, pins: dict | None = None, fetch: str = ""):
@@ -785,9 +761,8 @@ class Forward:
 
 def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     """generation_config.json's eos_token_id; None where it cannot be read here; a folder without it: config.json's.
-    A file transformers refuses is refused here: the model's load raised its ValueError once the first half was done
-    (`num_return_sequences` 2 without sampling, a `cache_implementation` of a newer transformers), and a file that is
-    not JSON was dropped without a word, the model saved with generation settings made from config.json."""
+    A file transformers refuses is refused here, not at the model's load after the first half; one that is not JSON
+    transformers drops without a word, saving generation settings made from config.json."""
     from huggingface_hub.errors import HFValidationError
     from transformers import GenerationConfig
 
@@ -1003,8 +978,7 @@ def first_half(
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward, model)
     auto = model[0] if recipe.model.dtype == "auto" else None
     load_dtype = engine.load_dtype(recipe, launch.engine, auto)  # bf16 under DeepSpeed, not TRL's float32 default
-    # last, as the run refuses them: as they load, after its first half (there on every rank at once,
-    # trainer.whole_weights_only). A dry run starts no process group: its refusal is its process's alone.
+    # Last, where the run refuses them as they load (trainer.whole_weights_only); no process group: this process's
     if launch.dry_run and model[0] is not None:
         weight_names.check(recipe, model_path, model[0])
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)

@@ -64,15 +64,13 @@ class ReadyRun:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):
                 out.resolve().rmdir()  # made at its start (where a link points): a reference-only run writes none
             return 0
-        # A stop asked before now (while the model loaded, or while a complete cached reference was read, which
-        # leaves no micro-batch to stop at) ends the run before its first step, with the reference's scores kept.
+        # A stop asked while the model loaded or a cached reference was read ends the run before its first step
         resumed = self.spec.output.resume_from
         before = f"stopped before step {(resume.saved_step(Path(resumed)) or 0) + 1 if resumed else 1}"
         if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, before):
             return STOPPED_EXIT
         record = record_run(self.spec, trainer, outcomes)
-        # And once more after the record: the main process hashed the model's files for it (model_identity), a while
-        # for large weights, which the other ranks waited out.
+        # And after the record: the main process hashed the model's files for it, a while for large weights
         if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, before):
             return STOPPED_EXIT
         try:
@@ -83,13 +81,11 @@ class ReadyRun:
 
 
 def check_reference_weights(spec, trainer) -> None:
-    """A resume scores its reference from the weights the run started from, or is refused. The model's files are
-    compared before anything loads (model_identity.py), but a large weights file by its size and time alone: one
-    replaced by another fine-tune's with its time put back (`touch -r`, a copy tool keeping the original's) loaded
-    other weights, whose reference the stage scored anew under its own cache key and the run trained its steps
-    past the checkpoint against, in silence. The hash of the loaded weights (the cache key's, `weights_sha256`) is
-    recorded, and compared here, after the model loads and before the stage scores anything. Every rank calls it:
-    under ZeRO-3 the main process holds the hash, and a LoRA run's earlier hash gathers the weights."""
+    """A resume scores its reference from the weights the run started from, or is refused. model_identity.py
+    compares a large weights file by its size and time alone: one replaced with its time put back (`touch -r`) was
+    trained past the checkpoint against another reference, in silence. The loaded weights' hash (the cache key's) is
+    recorded, and compared here, before the stage scores anything. Every rank calls it: under ZeRO-3 the main process
+    holds the hash, and a LoRA run's earlier hash gathers the weights."""
     was = collectives.main_outcome(_other_weights_recorded, spec, trainer)
     if was:  # a LoRA run recorded before session 41 took TRL's hash of base and adapter: taken now, for it alone
         collectives.main_outcome(_refuse_other_weights, spec, trainer, was, trainer.earlier_lora_hash())
@@ -169,11 +165,9 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
 
 
 def trainer_tokenizer(spec, model_path: str):
-    """The recipe's tokenizer with its chat template, which TRL tokenizes with and the Trainer saves with the model and
-    each checkpoint: a copy of the one the first half measured the pairs with (`Lengths.tokenizer`, the recipe's from
-    the same place: loaded by `lengths.recipe_tokenizer`, its template applied once), else loaded. Loading it again cost
-    each rank a read of the tokenizer's files (~0.6 CPU-s for a 150k-token tokenizer.json of 11 MB, a copy ~0.35) and,
-    for a Hub model, the Hub's answers. A copy, since TRL and `RecipeDPOTrainer._set_pad_token` set its pad token."""
+    """The recipe's tokenizer with its chat template (TRL tokenizes with it, the Trainer saves it): a copy of the one
+    the first half measured the pairs with, from the same place, else loaded. Loading it again cost each rank ~0.6 CPU-s
+    for an 11 MB tokenizer.json (a copy ~0.35) and, for a Hub model, the Hub's answers. A copy: its pad token is set."""
     held = spec.lengths.tokenizer
     if held is not None and held.name_or_path == model_path:
         return copy.deepcopy(held)
@@ -196,8 +190,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs
 
-    def write() -> None:  # the main process's; the disk's refusal ends every rank, not the main alone: the others
-        # would wait in the first training step's all-reduce (NCCL: for ddp_timeout)
+    def write() -> None:  # the main process's; the disk's refusal ends every rank, not the main alone
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
         record["derived"]["model_identity"] = model_identity.of(recipe)
         out = Path(recipe.training.output_dir)
@@ -210,8 +203,7 @@ def record_run(spec, trainer, outcomes) -> dict:
         print(dry_run.summary(run_record.of(record), None, heading, spec.lengths.warnings), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
-            # An upgrade between attempts (a requeue after `pip install -U`) may change the loss or the optimizer's
-            # state as loaded: the run goes on, and says so, since the record is rewritten with the new versions.
+            # An upgrade between attempts may change the loss or the optimizer's state as loaded: said, not refused
             trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
             if trained and (changed := agreement.upgraded(trained.derived.get("packages"), derived["packages"])):
                 print(

@@ -31,13 +31,7 @@ from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
-from dpotrain.recipe.writes import (
-    quiet_progress_bars,
-    remove_dead_temporaries,
-    replacing,
-    unwritable,
-    write_text,
-)
+from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
 from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
@@ -117,11 +111,9 @@ def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
 
 
 def _writer_beside(writer, job, started=None, boot=None) -> str | None:
-    """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring: alive on this host, or
-    on another host (no way to tell from here); None where it is known gone (this host, its process ended: its pid
-    gone, or taken by a process started at another time or boot, as a container's pids repeat; this process, an
-    earlier attempt of it; this Slurm job, requeued: a job never runs twice at once) or the part names no writer
-    (written before parts did)."""
+    """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring (alive on this host, or
+    on another host: no telling from here); None where it is known gone (its pid gone or taken by a process of another
+    start or boot; this process; this Slurm job, requeued) or the part names no writer (written before parts did)."""
     if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
         return None
     host, _, pid = str(writer).rpartition(":")
@@ -215,9 +207,8 @@ class Store:
 
     def remove_gone_writers_parts(self, attempt: str | None = None) -> None:
         """Removes the parts (in `complete.npz` now) of writers known gone (`_writer_beside`), not `attempt`'s (its
-        ranks remove their own). A live neighbour's (another run of this key, scoring now) stay: it reads them if
-        stopped before it finishes. Another host's stay too (no telling from here whether it scores): its own end,
-        or a later run of this key on its host once it is gone, removes them."""
+        ranks remove their own). A live neighbour's stay (it reads them if stopped before it finishes), and another
+        host's: its own end, or a later run of this key on its host once it is gone, removes them."""
         for path in self.folder.glob("part-*.npz"):
             if attempt is not None and path.name.startswith(f"part-{attempt}-r"):
                 continue

@@ -16,7 +16,6 @@ import functools
 import os
 import shutil
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +49,7 @@ from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
 from dpotrain.train.weight_names import refusal
 
-# What TRL's hash in its __init__ returns for a LoRA run (`_trl_hash_deferred`): a key is taken after, never this one
+# What TRL's hash in its __init__ returns for a LoRA run (its trainer's __init__): a key is taken after, never this one
 LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weights"
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
@@ -75,11 +74,9 @@ def resolve_model_path(recipe: Recipe) -> str:
 
 @contextlib.contextmanager
 def whole_weights_only():
-    """TRL's model loads refused where the weights lack some of the model's tensors: transformers starts those at random
-    and goes on after a table in the log (a DDP state dict's `module.` names: every tensor), so the run scored the
-    reference and trained a model partly or wholly random. Before the wrapping (PEFT) and the reference stage; each
-    rank's load judged and the first refusal raised on every rank, which all load here. The dry run refuses the same
-    weights from their files' names (`weight_names.check`); this load judges the weights the run reads."""
+    """TRL's model loads refused where the weights lack some of the model's tensors, which transformers starts at random
+    after a table in the log (a DDP state dict's `module.` names: every tensor). Each rank's load judged, the first
+    refusal raised on every rank; the dry run refuses them from their files' names (`weight_names.check`)."""
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
@@ -88,16 +85,6 @@ def whole_weights_only():
 
     with upstream.patched(upstream.CREATE_MODEL, checked) as load:
         yield
-
-
-@contextlib.contextmanager
-def _eval_mode(module):
-    was = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was)
 
 
 @functools.cache
@@ -153,23 +140,6 @@ def _batch_columns(dataset):
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
 
 
-class _LocalGathers:
-    """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank. TRL gathers
-    per-pair tensors on every micro-batch, which hangs where ranks hold different pair counts; its metrics are replaced
-    anyway (`RecipeDPOTrainer.log`)."""
-
-    def __init__(self, accelerator):
-        self._accelerator = accelerator
-
-    def __getattr__(self, name):
-        return getattr(self._accelerator, name)
-
-    def gather(self, tensor):
-        return tensor
-
-    gather_for_metrics = gather
-
-
 ADAPTER_CARD = "README.md"  # PEFT's save_pretrained writes an adapter's model card under this name
 
 
@@ -219,8 +189,11 @@ class RecipeDPOTrainer(DPOTrainer):
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker()
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
+        # A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base and
+        # adapter, a second pass over every weight (minutes for a 32B model), is not taken (`earlier_lora_hash`)
+        deferred = upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED)
         with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
-            with self._trl_hash_deferred(kwargs):
+            with deferred if kwargs.get("peft_config") is not None else contextlib.nullcontext():
                 super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
@@ -260,27 +233,14 @@ class RecipeDPOTrainer(DPOTrainer):
         trl_hash = upstream.weights_hash(self)  # None with a live reference: no cache, nothing to compare
         zero3, main = self.engine.name == "zero3", self.accelerator.is_main_process
         if trl_hash and getattr(self.model, "peft_config", None):
-            # LoRA: the reference is the base with the adapter disabled, scored as a full fine-tune of it scores it;
-            # keyed by TRL's hash, which takes the adapter's random initial weights too, another r, targets or seed
-            # scored it all again.
+            # LoRA: the reference is the base with the adapter off; TRL's hash takes the adapter's random weights too
             return engine.weights_sha256(self.model, main, zero3, base=True)
         return engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
 
-    @contextlib.contextmanager
-    def _trl_hash_deferred(self, kwargs):
-        """A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base
-        and adapter, was a second pass over every weight (minutes for a 32B model) that only a resume of a run
-        recorded before session 41 compares with (`earlier_lora_hash`); it is not taken here."""
-        lora_start = kwargs.get("peft_config") is not None
-        with upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED) if lora_start else nullcontext():
-            yield
-
     def earlier_lora_hash(self) -> str | None:
-        """LoRA: the key a run recorded before session 41 took, TRL's hash of the base and the adapter's initial
-        weights (gathered under ZeRO-3), on the main process; None for a full fine-tune. Taken on demand, by a resume
-        whose record holds another hash than this load's (`train_stage.check_reference_weights`), before training
-        has changed the adapter. Every rank calls it: under ZeRO-3 it gathers the weights; the main process alone
-        hashes (`weights_sha256` takes TRL's `hash_module`'s bytes), not one full pass a rank."""
+        """LoRA: the key a run recorded before session 41 took (TRL's hash of base and initial adapter), on the main
+        process; None for a full fine-tune. Taken on demand by a resume whose record holds another hash, before
+        training changes the adapter; every rank calls it (under ZeRO-3 it gathers the weights)."""
         if not getattr(self.model, "peft_config", None):
             return None
         return engine.weights_sha256(self.model, self.accelerator.is_main_process, zero3=self.engine.name == "zero3")
@@ -327,14 +287,11 @@ class RecipeDPOTrainer(DPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict, the main process
         writes it (transformers writes no weights with SHARDED_STATE_DICT, kept by checkpoints: `_internal_call`)."""
-        # The model's generation_config.json saved with its settings, as transformers saves one it loaded: the run
-        # changes only the pad, BOS and EOS ids that TRL and transformers align with the tokenizer's, and a config
-        # changed since it loaded must pass transformers' strict check, which a setting its mode does not read
-        # (`temperature` with do_sample false, as SFT exports write it) failed at the first checkpoint.
+        # generation_config.json saved as it loaded (its pad, BOS and EOS ids aligned): a config changed since must
+        # pass transformers' strict check, which `temperature` without do_sample (SFT exports) failed at a checkpoint.
         upstream.saved_as_loaded(self.model.generation_config)
         # A checkpoint's model is written in a folder of its own, then moved in: the names it wrote are its model's
-        # (its Hub branch holds them: weights, configs, tokenizer, additional_chat_templates/), and no other rank's
-        # file written meanwhile (its RNG state) is taken for one of them.
+        # (its Hub branch holds them), not another rank's file written meanwhile (its RNG state).
         target = Path(output_dir or self.args.output_dir)
         written = target / MODEL_SAVE if _internal_call else target
         try:
@@ -365,8 +322,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
             run_files.claim(folder.parent, [folder.name])
 
-        # The main process's turn, the others waiting (no rank writes into the folder before it is cleared); its
-        # refusal (run_files.json on a full disk) is every rank's, not the main's alone while the others wait.
+        # The main process's turn, the others waiting; its refusal (a full disk) is every rank's.
         collectives.main_outcome(cleared)
         failed, cut_short = None, False
         try:
@@ -375,18 +331,15 @@ class RecipeDPOTrainer(DPOTrainer):
             why = disk_full.why_full(e, folder.parent)
             failed = e if why is None else disk_full.save_failed(folder, why)
             cut_short = why is not None and self.is_world_process_zero()
-        # Under DDP the main process alone writes the weights, optimizer and trainer state (under DeepSpeed each rank
-        # its shards): a rank that failed alone ended on its line while the others waited in `on_save`'s barrier
-        # (NCCL: for ddp_timeout). One all-gather per checkpoint: the first failure is every rank's line.
+        # A rank that failed alone (under DDP the main writes the weights) ended while the others waited in
+        # `on_save`'s barrier: one all-gather per checkpoint, the first failure every rank's line.
         try:
             collectives.every_rank_outcome(failed)
         finally:
-            # Removed once every rank is done writing: under ZeRO-3 the other rank went on writing its own files
-            # (its RNG state) after the main process's failure, into the folder removed at once, made again.
+            # Removed once every rank is done writing (under ZeRO-3 the others write their RNG states after it)
             if cut_short:
                 shutil.rmtree(folder, ignore_errors=True)
-                # The record names what is there (a name without its folder is one moved or deleted since: said at
-                # the rerun); on the disk that was full this write may fail too, and the save's own line goes first.
+                # On the disk that was full this write may fail too: the save's own line goes first
                 with contextlib.suppress(OSError):
                     run_files.disown(folder.parent, [folder.name])
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
@@ -394,17 +347,19 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _write_checkpoint(self, model, trial, folder: Path) -> None:
         """transformers' checkpoint, TR-DPO's moved reference and the run's record, in `folder` (cleared). Every rank
-        runs each collective part to its end, whatever was refused on it before (`HeldWrites`): under ZeRO-3 the main
-        process writes the gathered weights between the weights' gather and DeepSpeed's save, whose barriers the other
-        ranks then waited in while it waited in `every_rank_outcome` (gloo: a timeout; NCCL: ddp_timeout)."""
+        runs each collective part to its end, whatever was refused on it before (`HeldWrites`): else, under ZeRO-3, the
+        others waited in DeepSpeed's barriers while the main process waited in `every_rank_outcome`."""
         held = collectives.HeldWrites()
-        with self._writes_held(held):
+        # Held: the weights (`save_model`: under ZeRO-3 gathered, then written by the main process) and DeepSpeed's own
+        # writes, which a collective follows
+        weights = upstream.attributes_set(self, save_model=functools.partial(held.run, self.save_model))
+        deepspeeds = upstream.deepspeed_writes_held(self.model_wrapped, held.run) if self.is_deepspeed_enabled else None
+        with weights, deepspeeds or contextlib.nullcontext():
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
                 held.run(super()._save_checkpoint, model, trial)
         if self.args.sync_ref_model:
-            # TR-DPO's reference moved toward the policy: a resume goes on against it
-            # (`_load_optimizer_and_scheduler`). Every rank: under ZeRO-3 and FSDP2 it is gathered from the ranks.
+            # TR-DPO's moved reference, for a resume; every rank (gathered under ZeRO-3 and FSDP2)
             held.run(moved_reference.save, self, folder / resume.REFERENCE_FILE)
             if self.is_world_process_zero():
                 held.run(readable_weights, folder)  # safetensors writes it 0600: unreadable to the group
@@ -414,28 +369,15 @@ class RecipeDPOTrainer(DPOTrainer):
             # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
             shutil.copy2(record, folder / record.name)
 
-    @contextlib.contextmanager
-    def _writes_held(self, held: collectives.HeldWrites):
-        """The checkpoint's writes that a collective follows, `held`: the weights (`save_model`: under ZeRO-3 gathered,
-        then written by the main process) and DeepSpeed's own (its barriers follow)."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(upstream.attributes_set(self, save_model=functools.partial(held.run, self.save_model)))
-            if self.is_deepspeed_enabled:
-                stack.enter_context(upstream.deepspeed_writes_held(self.model_wrapped, held.run))
-            yield
-
     def _determine_best_metric(self, metrics, trial):
-        """Under save_strategy best transformers saves at an evaluation only when it is a new best, over the save a
-        stop request asked for at that step (`GracefulStop`): the run stopped with no checkpoint of its last steps and
-        exited 75 in silence, a requeue training them again. A stop's save is kept; the best metric is untouched."""
+        """Under save_strategy best transformers saves at an evaluation only at a new best, over the save a stop asked
+        for (`GracefulStop`): the run stopped with no checkpoint of its last steps. A stop's save is kept."""
         new_best = super()._determine_best_metric(metrics, trial)
         return new_best or (self.graceful_stop.stopped and self.control.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """The optimizer's state, and TR-DPO's moved reference where the checkpoint holds it
-        (`resume.check_live_reference` refused the resume before anything loaded where it does not). Here, not in
-        `_load_from_checkpoint`: transformers calls that on one process and DDP only (DeepSpeed loads its own
-        checkpoint), and this on a resume under every engine, after the model is prepared and before the first step."""
+        """The optimizer's state, and TR-DPO's moved reference. Here, not in `_load_from_checkpoint` (one process and
+        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or not self.args.sync_ref_model:
             return
@@ -446,8 +388,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _set_pad_token(self, pad_token: str | None) -> None:
         """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
-        collator packed runs replace (without one, TRL took the tokenizer's, else EOS). stages.check_pad_token checked
-        it against the vocabulary."""
+        collator packed runs replace (stages.check_pad_token checked it against the vocabulary)."""
         if not pad_token:
             return
         tokenizer = upstream.trl_tokenizer(self)
@@ -461,10 +402,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.state.global_step >= self.state.max_steps > 0:
             self.control.should_training_stop = True
             return
-        # The epoch's steps (`StepSampler.set_epoch`), set here: transformers sets them through the loader, but a
-        # resumed epoch's loader is accelerate's skip_first_batches wrapper, whose SkipBatchSampler holds the
-        # BatchSamplerShard of a launch of more than one process, which has no set_epoch: a run resumed mid-epoch on 3
-        # processes trained epoch 0's steps again in place of the resumed epoch's.
+        # The epoch's steps set here: a resumed epoch's loader (skip_first_batches) holds a BatchSamplerShard without
+        # set_epoch on more than one process, and trained epoch 0's steps again in place of the resumed epoch's.
         sampler = kwargs["train_dataloader"]
         while sampler is not None and not isinstance(sampler, plan.StepSampler):
             sampler = getattr(sampler, "batch_sampler", None)
@@ -641,10 +580,9 @@ class RecipeDPOTrainer(DPOTrainer):
         result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
         if num_items_in_batch is None:  # evaluation: no gradient, nothing to weigh
             return result
-        # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
-        # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
-        # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
-        # their gather's backward sums S equal gradients: the S cancel.
+        # Averaged over ranks, summed over micro-batches: the step's gradient is the mean over its pairs,
+        # sum_k (mean_k x n_k x W / N) / W (a filler: n_k = 0). A sequence-parallel group's S processes count each
+        # pair (N x S) and their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
         return (result[0] * weight, result[1]) if return_outputs else result * weight
 
@@ -657,19 +595,22 @@ class RecipeDPOTrainer(DPOTrainer):
         stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
         if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
             ref = self.ref_model if self.ref_model is not None else self.model
-            # The policy with its adapter off (LoRA) is scored in training mode: its embeddings' eval mode keeps
-            # NEFTune's noise off the reference, as the reference stage (and a reference model) never get it
-            policy = ref is self.model
-            with _eval_mode(self.accelerator.unwrap_model(ref).get_input_embeddings()) if policy else nullcontext():
+            # The policy with its adapter off (LoRA) is scored in training mode: its embeddings out of it keep
+            # NEFTune's noise (transformers' hook reads their `training`) off the reference, as the reference stage
+            # (and a reference model) never get it
+            embeddings = self.accelerator.unwrap_model(ref).get_input_embeddings()
+            with upstream.attributes_set(embeddings, **({"training": False} if ref is self.model else {})):
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
-        # For this call, TRL's `_compute_loss` reads the reference from the inputs, its gathers stay local (see
-        # `_LocalGathers`), and in training it leaves out its SFT term, added below over the whole step.
+        # TRL's `_compute_loss` reads the reference from the inputs, and in training leaves out its SFT term, added
+        # below over the whole step. Its gathers stay on this rank: TRL gathers per-pair tensors on every micro-batch,
+        # which hangs where ranks hold different pair counts; its metrics are replaced anyway (`log`).
         over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
-        seams = dict(precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator))
+        seams = dict(precompute_ref_logps=True)
         if over_step:
             seams.update(zip(("loss_types", "loss_weights"), self.sft.others, strict=True))
-        with upstream.attributes_set(self, **seams):
+        local = dict.fromkeys(("gather", "gather_for_metrics"), lambda tensor: tensor)
+        with upstream.attributes_set(self, **seams), upstream.attributes_set(self.accelerator, **local):
             result = super()._compute_loss(stand_in, view, return_outputs)
         if over_step:
             sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
@@ -678,8 +619,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        # A filler is weighed 0 by compute_loss: nothing it computed is a metric. The other processes of a
-        # sequence-parallel group hold the same pairs: counted once, by the group's lead.
+        # A filler is no metric; a sequence-parallel group's pairs are counted once, by its lead.
         if inputs.get(plan.FILLER) or not sequence_parallel.leads_group():
             return result
         grouped = isinstance(stand_in, padded.GroupedModel)  # the positions the grouped padded forward ran
