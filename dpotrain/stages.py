@@ -563,7 +563,8 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if measured is not None and pairs.mix is not None and not pairs.mix.measures(measured[0]):
-        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'
+        # Not the mixture's pairs (another rows check kept other rows): its shares and `auto` would be other rows'.
+        # Said by the main process: without `auto` no rank writes a new cache, and every rank found this one
         if launcher.launched_main():
             warn(
                 f"the analyzer's cached lengths ({measured[1]}) are of {measured[0].rows} pairs, not the "

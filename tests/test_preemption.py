@@ -913,6 +913,37 @@ def test_a_stop_file_the_start_could_not_look_at_is_not_a_new_request(made, tmp_
     assert len(warned) == 1 and f"the stop file {stop_file} could not be looked at as the run started" in warned[0]
 
 
+def test_a_stop_file_first_seen_after_training_began_ends_the_job_though_the_start_could_not_look(
+    tmp_path, monkeypatch
+):
+    """The start's look failed (ESTALE) and the trouble lasted past the start: the time limit's USR1 made the stop file
+    (launch.sh's trap) after training began, and the first answer took it for the start's, so `asked_to_end` stayed
+    False: the final push was not given up, and the job could be killed at its limit unrequeued (a reviewer's finding).
+    The first answer is the start's only before training begins."""
+    import errno
+    from pathlib import Path as PathType
+
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+    real_stat, looks = PathType.stat, []
+
+    def stat(path, *args, **kwargs):
+        if path == stop_file and not looks:
+            looks.append(path)
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(PathType, "stat", stat)
+    stop = GracefulStop(str(stop_file))
+    stop.training_begun = True  # as the first step's `on_step_begin` sets it
+    stop_file.touch()
+    try:
+        assert stop.asked_to_end()
+    finally:
+        stop.release(exiting=False)
+
+
 @pytest.mark.slow
 def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_workers(tmp_path, tiny_model_dir, pairs):
     """Slurm's preemption and `scancel` signal every process of the job step, the data loader's workers too (the real

@@ -1874,7 +1874,7 @@ MAY_CHANGE_FIELDS = (
 
 def test_every_recipe_field_is_decided_for_a_resume_once():
     """Each field a recipe can set must either be kept by a resume or be free to change: one a TRL or transformers
-    upgrade adds (or this project) fails here until someone decides which (dpotrain/resolve.py, MAY_CHANGE_FIELDS)."""
+    upgrade adds (or this project) fails here until someone decides which (RESUME_FIELDS or MAY_CHANGE_FIELDS)."""
     fields = [f.name for part in make_parser().dataclass_types for f in dataclasses.fields(part)]
     kept, free = set(resolve.RESUME_FIELDS), set(MAY_CHANGE_FIELDS)
     assert len(kept) == len(resolve.RESUME_FIELDS) and len(free) == len(MAY_CHANGE_FIELDS), "listed twice"

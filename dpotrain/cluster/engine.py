@@ -471,7 +471,7 @@ def model_dtype(recipe, config=None) -> str | None:
 
 def check_half_weights(recipe, engine: Engine, config=None) -> None:
     """Refuses weights that train in bf16/fp16 with no fp32 copy: an Adam step rounds away on any weight above ~512x
-    (fp16: 4096x) the learning rate."""
+    (fp16: 4096x) the learning rate. DeepSpeed, FSDP2 under mixed precision and PEFT's adapter keep fp32."""
     t, dtype = recipe.training, model_dtype(recipe, config)
     half, above = {"bfloat16": ("bf16", 512), "float16": ("fp16", 4096)}.get(dtype, (None, 0))
     if half is None or recipe.model.use_peft or ((t.bf16 or t.fp16) and (engine.deepspeed or engine.name == "fsdp2")):

@@ -45,8 +45,10 @@ def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = 
 
 def decimal(n: float, places: int = 3) -> str:
     """A number of parts (epochs) as a message writes it: thousands separated, at most `places` decimals, no trailing
-    zero ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06"."""
-    return f"{n:,.{places}f}".rstrip("0").rstrip(".")
+    zero ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06". One
+    that rounds to 0 keeps its first digits ("0.0004"), not "0"."""
+    text = f"{n:,.{places}f}".rstrip("0").rstrip(".")
+    return f"{n:.{places}g}" if n and text in ("0", "-0") else text
 
 
 def warn(text: str) -> None:

@@ -77,14 +77,14 @@ class GracefulStop(TrainerCallback):
         # The stop file as it was when this process started (None: not there): that one was not asked as it ran
         # (stop_before_training). Compared by identity, not its mtime against this host's clock: on NFS the file
         # server stamps the mtime, and a server clock behind the node's hid a request made in its lag, one ahead made
-        # a file left from before the start a new request. UNREAD (the look got no answer): the first answer is taken
-        # as the start's (`_stop_file_asks`).
+        # a file left from before the start a new request. UNREAD (the look got no answer): the first answer before
+        # training begins is taken as the start's (`_stop_file_asks`); a file first seen after it, as a request.
         self.found_at_start = self._stop_file_identity()
-        if self.found_at_start is UNREAD:
+        if self.found_at_start is UNREAD and launcher.first_on_node():  # the node's file system: said once a node
             warn(
                 f"the stop file {self.stop_file} could not be looked at as the run started ({self.unread}): a stop "
-                "file seen there later is taken as there from the start (a stop after step 1, with its checkpoint), "
-                "not as a request made since"
+                "file seen there before training begins is taken as there from the start (a stop after step 1, with "
+                "its checkpoint), one first seen after it as a request made since"
             )
         self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
@@ -273,8 +273,10 @@ class GracefulStop(TrainerCallback):
         found = self._stop_file_identity()
         if found is UNREAD:
             return False
-        if self.found_at_start is UNREAD:  # the first answer is the start's: an old file is never a new request
-            self.found_at_start = found
+        if self.found_at_start is UNREAD:  # no answer at the start: the first one before training is the start's
+            # (an old file is not a new request); after training began, a file seen is taken as asked since, so that a
+            # time limit's request while the look failed still ends the job (`asked_to_end`) instead of passing as old
+            self.found_at_start = None if self.training_begun else found
         if found is None or (new_only and found == self.found_at_start):
             return False
         new = found != self.found_at_start

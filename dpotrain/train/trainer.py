@@ -75,8 +75,9 @@ def resolve_model_path(recipe: Recipe) -> str:
 @contextlib.contextmanager
 def whole_weights_only():
     """TRL's model loads refused where the weights lack some of the model's tensors, which transformers starts at random
-    after a table in the log (a DDP state dict's `module.` names: every tensor). Each rank's load judged, the first
-    refusal raised on every rank; the dry run refuses them from their files' names (`weight_names.check`)."""
+    after a table in the log (a DDP state dict's `module.` names: every tensor). Entered before the wrapping (PEFT) and
+    the reference stage, which would score a partly random model. Each rank's load judged, the first refusal raised on
+    every rank; the dry run refuses them from their files' names (`weight_names.check`)."""
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
@@ -598,8 +599,10 @@ class RecipeDPOTrainer(DPOTrainer):
             # The policy with its adapter off (LoRA) is scored in training mode: its embeddings out of it keep
             # NEFTune's noise (transformers' hook reads their `training`) off the reference, as the reference stage
             # (and a reference model) never get it
-            embeddings = self.accelerator.unwrap_model(ref).get_input_embeddings()
-            with upstream.attributes_set(embeddings, **({"training": False} if ref is self.model else {})):
+            # (a reference model's are never asked for: its class may not give them)
+            policy = ref is self.model
+            embeddings = self.accelerator.unwrap_model(ref).get_input_embeddings() if policy else None
+            with upstream.attributes_set(embeddings, training=False) if policy else contextlib.nullcontext():
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         # TRL's `_compute_loss` reads the reference from the inputs, and in training leaves out its SFT term, added
