@@ -972,7 +972,10 @@ def first_half(
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     splits = {"train": pairs.train, "held-out": pairs.eval}
-    positions.check_data_tokens(model[0], pair_lengths.tokenizer, recipe.model.model_name_or_path, splits)
+    # each rank's own copy of the pairs: one gather, the first refusal said once and every rank ending on it
+    collectives.every_rank(
+        positions.check_data_tokens, model[0], pair_lengths.tokenizer, recipe.model.model_name_or_path, splits
+    )
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
         pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))

@@ -781,3 +781,38 @@ def test_a_refusal_of_the_model_after_the_ranks_met_is_one_line_every_rank_ends_
     assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
     codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
     assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
+def test_pairs_holding_a_token_past_the_embedding_are_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
+    """Pairs whose text holds an added token past the model's embedding rows (`positions.check_data_tokens`) were
+    refused on each rank on its own, after the forward stage's gather: met by every rank, the line twice in a 2-process
+    launch's log; met by rank 1 alone (its node's own copy of the pairs), rank 1 raised alone and rank 0 went on to its
+    next collective (a reviewer's finding). Now one gather: the line once, every rank ending on it."""
+    import shutil
+
+    from dpotrain.data import builtin, lengths
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer = lengths.load_tokenizer(str(model))
+    rows = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})  # id `rows`, no embedding row
+    tokenizer.save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    pairs = builtin.make_preference_rows(8, seed=3)  # as launch_with_main_limited writes them
+    pairs[5]["chosen"][-1]["content"] += " <|extra|>"
+    held = tmp_path / "node1" / "pairs.jsonl"
+    held.parent.mkdir()
+    held.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    ours = str(tmp_path / "pairs.jsonl")
+    more, paths = ([], {ours: str(held)}) if who == "rank 1 alone" else (["--dataset_name", str(held)], {})
+    result, _ = launch_with_main_limited(tmp_path, str(model), 1 << 30, *more, rank1_paths=paths)
+    said = result.stdout
+    errors = [written for written in said.splitlines() if written.startswith("error:")]
+    assert len(errors) == 1 and "1 of 8 pairs of the train split hold '<|extra|>'" in errors[0], said[-3000:]
+    assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
+    assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's
