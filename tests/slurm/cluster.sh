@@ -209,7 +209,8 @@ SlurmdUser=root
 
 # munged runs with its socket under STATE_DIR. cred_expire=5 (default 120): a requeued job is
 # eligible again cred_expire+1 s after it ends (5 is the least Slurm takes), so requeue-to-rerun drops from ~2 min to
-# ~6 s (with sched_interval=1 below).
+# ~6 s (with sched_interval=1 below). Not lower: with cred_expire=2 slurmctld and slurmd log "AuthInfo=cred_expire=2
+# invalid" and fall back to the default, and a job requeued at once had not started again 18 s later (session 45).
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
