@@ -959,6 +959,92 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     assert not (out / STAGING / "checkpoint-2").exists() and not (out / STAGING / "checkpoint-4").exists()
 
 
+def test_a_damaged_staged_copy_is_recorded_failed_once_and_removed_as_a_cut_short_one_is(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` removed a staged copy it could not push only where its error said "is not whole"
+    (a file cut short, by its size). A copy of the right sizes whose bytes differ from its manifest (a bad disk block)
+    failed later, on its SHA-256, and was kept: every run of the command failed on it again, a `failed` line and
+    "run the same command again" each time. Now both go one way: recorded failed once, saying why, and removed."""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: both staged as its pusher stages them, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    (out / hub_push.STAGING / "checkpoint-2" / "model.safetensors").write_text("model.safetensorZ\n")  # same size
+    (out / hub_push.STAGING / "checkpoint-4" / "model.safetensors").write_text("cut\n")  # cut short
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    first = hub_push.push_checkpoints(api, out, REPO)
+    assert [(r["step"], r["status"]) for r in first] == [(2, "failed"), (4, "failed")], first
+    assert "checkpoint-2 was deleted while its upload ran" in first[0]["error"], first
+    assert "does not match its SHA-256" in first[0]["error"] and "has 4 bytes" in first[1]["error"], first
+    assert (
+        not (out / hub_push.STAGING / "checkpoint-2").exists()
+        and not (out / hub_push.STAGING / "checkpoint-4").exists()
+    )
+    assert hub_push.push_checkpoints(api, out, REPO) == []  # the command run again: nothing left to fail on
+    assert [r["status"] for r in read_pushes(out)].count("failed") == 2
+    assert not hub.state.commits
+
+
+def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
+    """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
+    only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote
+    the same `failed` line and warning again. Now the copy goes with its one record."""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, CheckpointPusher, record_checkpoint, stage
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)
+    record_checkpoint(out, REPO, 2, "unfinished", error="still uploading")
+    (out / STAGING / "checkpoint-2" / "model.safetensors").unlink()  # the kill came while it was being staged
+    for _job in range(2):  # two requeued jobs, the first killed before its end (no `finish`)
+        CheckpointPusher(REPO, SECRET, None, out).submit_left()
+    assert [r["status"] for r in read_pushes(out)] == ["unfinished", "failed"]
+    assert not (out / STAGING / "checkpoint-2").exists()
+
+
+def test_a_checkpoint_damaged_on_disk_is_not_promised_a_later_push(hub, tmp_path, monkeypatch, capsys):
+    """A checkpoint whose files disagree with its manifest (cut short, or a flipped byte) failed its push with
+    "`push_to_hub.py --checkpoints` pushes it later while it is still on disk": the command checks it as the run does,
+    and refuses it every time. The warning now says no command can push it as it is."""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import CheckpointPusher
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    (sealed_checkpoint(out / "checkpoint-2") / "model.safetensors").write_text("cut\n")  # by its size, at once
+    (sealed_checkpoint(out / "checkpoint-4") / "model.safetensors").write_text("model.safetensorZ\n")  # its SHA-256
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    for step in (2, 4):
+        pusher.on_save(None, TrainerState(global_step=step, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    said = [line for line in capsys.readouterr().err.splitlines() if "was not pushed" in line]
+    assert len(said) == 2 and not any("pushes it later" in line for line in said), said
+    assert all(
+        line.endswith("no command can push it as it is: push_to_hub.py --checkpoints checks it as the run does")
+        for line in said
+    ), said
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "failed")]
+
+
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):
     """The staged copy of a checkpoint save_total_limit deleted is its last copy. When its upload failed past the
     retries, the worker deleted it all the same, and `finish` the staging folder: the step was gone, while the record
