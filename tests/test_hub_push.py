@@ -1045,6 +1045,48 @@ def test_a_checkpoint_damaged_on_disk_is_not_promised_a_later_push(hub, tmp_path
     assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "failed")]
 
 
+def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` never read the run's lock: beside a requeued job of the same folder, both pushed
+    the same staged copy and each removed it once pushed, under the other's upload. Refused now, before anything is
+    written, naming the job; once the job is gone the same command pushes."""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)
+    record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-4")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-4"])
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+    try:
+        holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+        (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+        records = (out / PUSH_RECORD).read_text()
+        script = push_script(hub, monkeypatch)
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+        said = str(refused.value)
+        assert said.startswith(f"{out} is in use by a running job (host ") and f"pid {job.pid}" in said, said
+        assert said.endswith("wait for it to end (or stop it: scancel 5512), then run this command again"), said
+        assert (out / PUSH_RECORD).read_text() == records and (out / STAGING / "checkpoint-2").is_dir()
+        assert not hub.state.commits
+    finally:
+        job.kill()
+        job.wait()
+    with mock.patch.dict(os.environ):  # the job gone: its lock is a dead run's
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):
     """The staged copy of a checkpoint save_total_limit deleted is its last copy. When its upload failed past the
     retries, the worker deleted it all the same, and `finish` the staging folder: the step was gone, while the record
