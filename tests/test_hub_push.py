@@ -764,6 +764,42 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     assert "Ctrl-C: finishing the push to the Hub, then ending" in said and "before training" not in said, said
 
 
+def test_a_ctrl_c_in_an_offline_rerun_left_a_push_speaks_of_no_push(tmp_path, monkeypatch, capfd):
+    """An offline rerun of a finished run whose push was cut short trains nothing and pushes nothing (HF_HUB_OFFLINE:
+    it names push_to_hub.py); a Ctrl-C there said 'finishing the push to the Hub', a push that never began."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import constants
+
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
+    try:
+        push = hub_module.take_push_settings(recipe)
+        assert publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True), stop) is None
+        os.kill(os.getpid(), signal.SIGINT)  # as the rerun ends: its stop is still installed
+    finally:
+        stop.release(exiting=False)
+    said = capfd.readouterr()
+    assert "HF_HUB_OFFLINE is set, so nothing was pushed" in said.out, said.out
+    assert "Ctrl-C: ending; nothing is trained or pushed here (HF_HUB_OFFLINE" in said.err, said.err
+    assert "finishing the push" not in said.err and "before training" not in said.err, said.err
+    assert [r["status"] for r in read_pushes(out)] == ["started"]
+
+
 def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
     hub, tmp_path, monkeypatch, tiny_model_dir
 ):
