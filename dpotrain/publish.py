@@ -115,7 +115,7 @@ def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
     the main process, and nothing else. Not the command's hub_model_id: a rerun with --push_to_hub alone, as the
     refusal advises, would push to a repo named after the run instead."""
     if stop is not None:
-        stop.nothing_to_train()
+        stop.nothing_to_train(pushing=not offline.is_offline())
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
         push = replace(push, repo_id=repo)

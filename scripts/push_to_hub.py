@@ -35,7 +35,7 @@ with venv.loading_libraries():
     from transformers.hf_argparser import string_to_bool
 
     from dpotrain import output_folder
-    from dpotrain.cluster import offline
+    from dpotrain.cluster import offline, run_lock
     from dpotrain.hub import hub, hub_push
     from dpotrain.recipe import cli, run_record
     from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     fix = "it names the run's own files, the only ones pushed: restore it from a copy, or upload the files you choose "
     run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
     check_is_a_run(run)
+    check_no_live_run(run)
     problems = hub.run_folder_problems(run)
     stopped = stopped_checkpoints(run)
     if problems and not stopped:
@@ -147,6 +148,21 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(
             f"{', '.join(failed)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
         )
+
+
+def check_no_live_run(run: Path) -> None:
+    """A folder a live run holds (its run.lock: a requeued job) refused before anything is written: its own pusher
+    pushes the same staged copies and removes each once pushed, under an upload of this command's (and the reverse)."""
+    held = run_lock.live_holder(run)
+    if held is None:
+        return
+    holder, age = held
+    job = (holder or {}).get("slurm_job_id")
+    raise ConfigError(
+        f"{run} is in use by a running job ({run_lock.describe(holder, age)}; {run / run_lock.LOCK_FILE}), which "
+        f"pushes its own checkpoints: wait for it to end{f' (or stop it: scancel {job})' if job else ''}, then run "
+        "this command again"
+    )
 
 
 def stopped_checkpoints(run: Path) -> list[Path]:

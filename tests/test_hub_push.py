@@ -764,6 +764,42 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     assert "Ctrl-C: finishing the push to the Hub, then ending" in said and "before training" not in said, said
 
 
+def test_a_ctrl_c_in_an_offline_rerun_left_a_push_speaks_of_no_push(tmp_path, monkeypatch, capfd):
+    """An offline rerun of a finished run whose push was cut short trains nothing and pushes nothing (HF_HUB_OFFLINE:
+    it names push_to_hub.py); a Ctrl-C there said 'finishing the push to the Hub', a push that never began."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import constants
+
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
+    try:
+        push = hub_module.take_push_settings(recipe)
+        assert publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True), stop) is None
+        os.kill(os.getpid(), signal.SIGINT)  # as the rerun ends: its stop is still installed
+    finally:
+        stop.release(exiting=False)
+    said = capfd.readouterr()
+    assert "HF_HUB_OFFLINE is set, so nothing was pushed" in said.out, said.out
+    assert "Ctrl-C: ending; nothing is trained or pushed here (HF_HUB_OFFLINE" in said.err, said.err
+    assert "finishing the push" not in said.err and "before training" not in said.err, said.err
+    assert [r["status"] for r in read_pushes(out)] == ["started"]
+
+
 def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
     hub, tmp_path, monkeypatch, tiny_model_dir
 ):
@@ -957,6 +993,134 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     # Both copies removed: step 2's is on the Hub, step 4's can never be pushed (it failed every run of the command,
     # "run the same command again"; a reviewer's finding)
     assert not (out / STAGING / "checkpoint-2").exists() and not (out / STAGING / "checkpoint-4").exists()
+
+
+def test_a_damaged_staged_copy_is_recorded_failed_once_and_removed_as_a_cut_short_one_is(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` removed a staged copy it could not push only where its error said "is not whole"
+    (a file cut short, by its size). A copy of the right sizes whose bytes differ from its manifest (a bad disk block)
+    failed later, on its SHA-256, and was kept: every run of the command failed on it again, a `failed` line and
+    "run the same command again" each time. Now both go one way: recorded failed once, saying why, and removed."""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: both staged as its pusher stages them, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    (out / hub_push.STAGING / "checkpoint-2" / "model.safetensors").write_text("model.safetensorZ\n")  # same size
+    (out / hub_push.STAGING / "checkpoint-4" / "model.safetensors").write_text("cut\n")  # cut short
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    first = hub_push.push_checkpoints(api, out, REPO)
+    assert [(r["step"], r["status"]) for r in first] == [(2, "failed"), (4, "failed")], first
+    assert "checkpoint-2 was deleted while its upload ran" in first[0]["error"], first
+    assert "does not match its SHA-256" in first[0]["error"] and "has 4 bytes" in first[1]["error"], first
+    assert (
+        not (out / hub_push.STAGING / "checkpoint-2").exists()
+        and not (out / hub_push.STAGING / "checkpoint-4").exists()
+    )
+    assert hub_push.push_checkpoints(api, out, REPO) == []  # the command run again: nothing left to fail on
+    assert [r["status"] for r in read_pushes(out)].count("failed") == 2
+    assert not hub.state.commits
+
+
+def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
+    """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
+    only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote
+    the same `failed` line and warning again. Now the copy goes with its one record."""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, CheckpointPusher, record_checkpoint, stage
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)
+    record_checkpoint(out, REPO, 2, "unfinished", error="still uploading")
+    (out / STAGING / "checkpoint-2" / "model.safetensors").unlink()  # the kill came while it was being staged
+    for _job in range(2):  # two requeued jobs, the first killed before its end (no `finish`)
+        CheckpointPusher(REPO, SECRET, None, out).submit_left()
+    assert [r["status"] for r in read_pushes(out)] == ["unfinished", "failed"]
+    assert not (out / STAGING / "checkpoint-2").exists()
+
+
+def test_a_checkpoint_damaged_on_disk_is_not_promised_a_later_push(hub, tmp_path, monkeypatch, capsys):
+    """A checkpoint whose files disagree with its manifest (cut short, or a flipped byte) failed its push with
+    "`push_to_hub.py --checkpoints` pushes it later while it is still on disk": the command checks it as the run does,
+    and refuses it every time. The warning now says no command can push it as it is."""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import CheckpointPusher
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    (sealed_checkpoint(out / "checkpoint-2") / "model.safetensors").write_text("cut\n")  # by its size, at once
+    (sealed_checkpoint(out / "checkpoint-4") / "model.safetensors").write_text("model.safetensorZ\n")  # its SHA-256
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    for step in (2, 4):
+        pusher.on_save(None, TrainerState(global_step=step, is_world_process_zero=True), None)
+    assert pusher.finish(60) == []
+    said = [line for line in capsys.readouterr().err.splitlines() if "was not pushed" in line]
+    assert len(said) == 2 and not any("pushes it later" in line for line in said), said
+    assert all(
+        line.endswith("no command can push it as it is: push_to_hub.py --checkpoints checks it as the run does")
+        for line in said
+    ), said
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "failed")]
+
+
+def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` never read the run's lock: beside a requeued job of the same folder, both pushed
+    the same staged copy and each removed it once pushed, under the other's upload. Refused now, before anything is
+    written, naming the job; once the job is gone the same command pushes."""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)
+    record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-4")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-4"])
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+    try:
+        holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+        (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+        records = (out / PUSH_RECORD).read_text()
+        script = push_script(hub, monkeypatch)
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+        said = str(refused.value)
+        assert said.startswith(f"{out} is in use by a running job (host ") and f"pid {job.pid}" in said, said
+        assert said.endswith("wait for it to end (or stop it: scancel 5512), then run this command again"), said
+        assert (out / PUSH_RECORD).read_text() == records and (out / STAGING / "checkpoint-2").is_dir()
+        assert not hub.state.commits
+    finally:
+        job.kill()
+        job.wait()
+    with mock.patch.dict(os.environ):  # the job gone: its lock is a dead run's
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
 
 
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):

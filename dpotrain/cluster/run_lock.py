@@ -151,6 +151,15 @@ def refusal(out: Path, holder: dict | None, age_s: float) -> str:
     )
 
 
+def live_holder(out: Path) -> tuple[dict | None, float] | None:
+    """The holder of a live run's lock on `out` and seconds since it was refreshed; None where none is held (no lock, a
+    dead run's, or a file no run wrote)."""
+    found = _read(out / LOCK_FILE)
+    if found is None or foreign(out, found[0], found[1]) or free_reason(found[1], found[2]) is not None:
+        return None
+    return found[1], found[2]
+
+
 def check_free(out: Path) -> None:
     """Refuses a folder a live run holds (read-only: any rank, before anything loads). `take` decides for real."""
     found = _read(out / LOCK_FILE)

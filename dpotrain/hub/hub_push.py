@@ -392,12 +392,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
         if (run_dir / staged.name).exists():  # saved since: the job's own upload, not this command's
             continue
         print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
-        pushed = push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True)
-        records.extend(pushed)
-        if pushed[-1]["status"] != "failed" or "is not whole" in pushed[-1].get("error", ""):
-            # On the Hub now, or no whole copy to push ever: removed, or every later run of the command found it
-            # again (a damaged one failing each time: "run the same command again")
-            shutil.rmtree(staged, ignore_errors=True)
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True))
     return records
 
 
@@ -408,22 +403,35 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
     try:
-        names = pushable_files(folder)
+        entry = checked_push(api, run_dir, repo_id, folder, branches)
     except NotPushable as e:
+        # Cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever push it
         error = deleted_step(folder, e) if staged else str(e)
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
-        return [record("failed", error=error)]
-    if branch in branches and remote_matches(api, repo_id, branch, folder, names):
-        print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
-        return [record("present", files=names)]
-    try:
-        return [push_checkpoint(api, repo_id, folder, step, run_dir)]
+        entry = record("failed", error=error)
     except Exception as e:
         # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
         if not hasattr(e, "attempts"):
             raise
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
-        return [record("failed", attempts=e.attempts, error=why(e))]
+        return [record("failed", attempts=e.attempts, error=why(e))]  # a staged copy kept for the next run
+    if staged:
+        # On the Hub now, or no whole copy to push ever: removed, else every later run of the command found it again
+        # (a damaged one failing each time, "run the same command again")
+        shutil.rmtree(folder, ignore_errors=True)
+    return [entry]
+
+
+def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) -> dict:
+    """`folder` to its branch, skipped where the branch holds it already; NotPushable where it is not whole or damaged
+    (before any upload): the record written."""
+    step = step_of(folder)
+    branch = branch_name(step)
+    names = pushable_files(folder)
+    if branch in branches and remote_matches(api, repo_id, branch, folder, names):
+        print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
+        return record_checkpoint(run_dir, repo_id, step, "present", files=names)
+    return push_checkpoint(api, repo_id, folder, step, run_dir)
 
 
 class CheckpointPusher(TrainerCallback):
@@ -465,6 +473,8 @@ class CheckpointPusher(TrainerCallback):
             pushable_files(staged)
         except NotPushable as e:
             self._failed(step, None, deleted_step(staged, e))
+            # Recorded once: kept, each requeued job found it again and wrote its `failed` line anew
+            shutil.rmtree(staged, ignore_errors=True)
             return
         print(f"{deleted_step(staged)}: pushing its copy in {self.out / STAGING}", flush=True)
         self._queue(step, staged)
@@ -480,7 +490,7 @@ class CheckpointPusher(TrainerCallback):
         try:
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
-            self._failed(step, None, str(e))
+            self._failed(step, None, str(e), never=True)
             return
         # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
@@ -517,7 +527,8 @@ class CheckpointPusher(TrainerCallback):
                 # The copy may be the step's last (rotation deletes the checkpoint); a damaged one is none to keep
                 if not isinstance(e, NotPushable):
                     self._keep(step)
-                self._failed(step, getattr(e, "attempts", 1), why(e), staged if step in self.kept else None)
+                kept = staged if step in self.kept else None
+                self._failed(step, getattr(e, "attempts", 1), why(e), kept, never=isinstance(e, NotPushable))
             finally:
                 if step not in self.kept:
                     shutil.rmtree(staged, ignore_errors=True)
@@ -539,8 +550,9 @@ class CheckpointPusher(TrainerCallback):
                 )
         self.kept.add(step)
 
-    def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None) -> None:
-        """`attempts`: None where none was made; `kept`: the staged copy kept."""
+    def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None, never=False) -> None:
+        """`attempts`: None where none was made; `kept`: the staged copy kept; `never`: not pushable as it is
+        (NotPushable: cut short, damaged), which push_to_hub.py checks as the run does."""
         tried = {} if attempts is None else {"attempts": attempts}
         try:
             record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error)
@@ -557,6 +569,8 @@ class CheckpointPusher(TrainerCallback):
             (False, True): "no command can push it: its checkpoint was deleted, and no whole copy of it is left",
             (False, False): on_disk,
         }[bool(kept), gone]
+        if never and not gone:  # "pushes it later" was a promise the command could not keep: it refuses it too
+            later = "no command can push it as it is: push_to_hub.py --checkpoints checks it as the run does"
         warn(
             f"checkpoint-{step} was not pushed to {self.repo_id}@{branch_name(step)} ({error}); training goes "
             f"on. {recorded}; {later}"

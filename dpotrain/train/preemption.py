@@ -91,6 +91,7 @@ class GracefulStop(TrainerCallback):
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.pushing_only = False  # a rerun that trains nothing, completing a push (`nothing_to_train`)
+        self.ending_only = False  # one that pushes nothing either: offline, its push left for push_to_hub.py
         self.training_begun = False  # a step to stop at: before it, the run stops at the next stage boundary
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
@@ -132,7 +133,9 @@ class GracefulStop(TrainerCallback):
             return
         if not self.heard_to_end() and launcher.first_on_node():
             now = (
-                b"giving up the push to the Hub, then ending"
+                b"ending"
+                if self.ending_only
+                else b"giving up the push to the Hub, then ending"
                 if self.pushing_only
                 else b"finishing the final model and the run's outputs, then ending"
                 if self.training_over and not self.stopped
@@ -192,8 +195,10 @@ class GracefulStop(TrainerCallback):
             # The run saves its final model and outputs, and ends (0), once training is over
             terminal.say(
                 2,
-                b"\nCtrl-C: finishing the push to the Hub, then ending (Ctrl-C again: stop at once; the same command "
-                b"completes it)\n"
+                b"\nCtrl-C: ending; nothing is trained or pushed here (HF_HUB_OFFLINE: push_to_hub.py pushes it)\n"
+                if self.ending_only
+                else b"\nCtrl-C: finishing the push to the Hub, then ending (Ctrl-C again: stop at once; the same "
+                b"command completes it)\n"
                 if self.pushing_only
                 else b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
                 b"(Ctrl-C again: stop at once, without them)\n"
@@ -226,12 +231,15 @@ class GracefulStop(TrainerCallback):
             self.terminal.clear()
         self._hear(signum, time.time())
 
-    def nothing_to_train(self) -> None:
+    def nothing_to_train(self, pushing: bool = True) -> None:
         """A run that trains nothing (a rerun completing a finished run's push, `publish.complete_push`) hears a request
         as after training's last step: a first Ctrl-C finishes the push (it said "stopping before training" and the push
         went on), a SIGTERM or a stop file gives it up, and the stop line counts from the request that ended the job.
-        Its lines speak of the push, not of a final model and outputs it does not make."""
+        Its lines speak of the push, not of a final model and outputs it does not make; not `pushing` (HF_HUB_OFFLINE:
+        the push is left for push_to_hub.py), of neither: a Ctrl-C there said "finishing the push", which never
+        began."""
         self.training_over = self.pushing_only = True
+        self.ending_only = not pushing
 
     def release(self, exiting: bool) -> None:
         """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
