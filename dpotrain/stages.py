@@ -39,7 +39,7 @@ from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
-from dpotrain.train import health, lora, metrics, resume, samples, weight_names
+from dpotrain.train import agreement, health, lora, metrics, resume, samples, weight_names
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -748,6 +748,11 @@ class Forward:
     planned_for: str = ""
     decided: str = ""  # why it is not decided yet, and the command that decides it now
 
+    def line(self) -> str:
+        """What was planned, in words: compared across nodes (`agreement.check_nodes`)."""
+        f = self.planned
+        return "none yet" if f is None else f"{f.layout} on {f.attention}" + (f" ({self.decided})" * bool(self.decided))
+
     @property
     def decided_here(self) -> bool:
         """Decided for the one machine the run is on: the attention the model loads with, packed or padded."""
@@ -823,6 +828,16 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     config, why = model
     # Every rank joins it, its config read or not (a rank that skipped it would wait in another collective)
     collectives.every_rank(check_model, recipe, launch, model_path, pair_lengths, config)
+    # The choice reads this node's machine (its GPU, its kernels): taken in one gather, a refusal one node meets ends
+    # every rank, and the forwards chosen are compared at once, by node (each rank chooses alone, deterministically)
+    forward = collectives.every_rank(_chosen, recipe, launch, pair_lengths, model)
+    agreement.check_nodes("the forward", forward.line())
+    return forward
+
+
+def _chosen(recipe, launch: Launch, pair_lengths: Lengths, model: tuple) -> Forward:
+    """This rank's forward (`decide_forward`), from its machine's kernels and its own lengths."""
+    config, why = model
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
@@ -891,7 +906,21 @@ def plan_memory(
     """The memory plan, once per run, for this run's recipe, forward and engine: refused when it cannot fit the GPU."""
     attention = forward.planned.attention if forward.planned is not None else None
     run = as_run(recipe, launch, pairs, pair_lengths, forward)
-    return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention, model=model))
+    # Made from this node's GPU: in one gather (a node's "does not fit" ends every rank on one line), then compared
+    planned = MemoryPlan.of(
+        collectives.every_rank(memory.plan, run, launch.world, launch.engine, attention, model=model)
+    )
+    agreement.check_nodes("the memory plan", _memory_line(planned))
+    return planned
+
+
+def _memory_line(planned: MemoryPlan) -> str:
+    """What of the memory plan a rank trains by: its checkpointed layers and the reference stage's micro-batch (not the
+    GPU's size: two GPUs of one kind may tell it apart by a few MiB, and plan alike)."""
+    if planned.skipped is not None:
+        return "not planned"
+    layers_kept = (planned.checkpointing or {}).get("layers")
+    return f"checkpointing {layers_kept}, the reference's micro-batch x{planned.reference_multiple}"
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------

@@ -783,6 +783,85 @@ def test_a_refusal_of_the_model_after_the_ranks_met_is_one_line_every_rank_ends_
     assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's
 
 
+def _one_line_every_rank_ends_on(result, line: str) -> None:
+    """The launch ended on one refusal line holding `line`, written once, each rank exiting 2 (a refusal's code), rank 0
+    not closed while waiting in a collective."""
+    said = result.stdout
+    errors = [written for written in said.splitlines() if written.startswith("error:")]
+    assert len(errors) == 1 and line in errors[0], said[-3000:]
+    assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
+    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
+    assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]
+
+
+def _model_with_router_loss(tmp_path, tiny_model_dir) -> str:
+    """A copy of the tiny model whose config.json names a router's auxiliary loss: its prompts cannot be shared
+    (`shared_prompt.share_problem`), as on a node whose copy of the model differs; every other check passes."""
+    import shutil
+
+    changed = tmp_path / "router-model"
+    shutil.copytree(tiny_model_dir, changed)
+    config = json.loads((changed / "config.json").read_text())
+    config |= {"output_router_logits": False, "router_aux_loss_coef": 0.01}
+    (changed / "config.json").write_text(json.dumps(config))
+    return str(changed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
+def test_a_refusal_of_the_forward_choice_is_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
+    """The forward's choice (`choice.decide`: the kernels, share_prompt, FlashAttention of this node) ran on each rank
+    alone: refused by rank 1 alone (here share_prompt, its node's copy of the model), rank 1 raised alone and rank 0
+    went on to its next collective until the launcher ended it; refused by every rank, the line was written twice. Now
+    one gather (`stages.decide_forward`): the line once, every rank ending on it."""
+    changed = _model_with_router_loss(tmp_path, tiny_model_dir)
+    model, paths = (tiny_model_dir, {tiny_model_dir: changed}) if who == "rank 1 alone" else (changed, {})
+    result, _ = launch_with_main_limited(tmp_path, model, 1 << 30, "--share_prompt", "true", rank1_paths=paths)
+    _one_line_every_rank_ends_on(result, "share_prompt cannot be used here: olmo3's router auxiliary loss")
+
+
+@pytest.mark.slow
+def test_ranks_that_choose_different_forwards_are_refused_at_the_choice_naming_their_nodes(tmp_path, tiny_model_dir):
+    """Each rank chooses its forward alone from what its node has (its kernels, its copy of the model): rank 1's copy
+    cannot share prompts, so it chose unshared packing where rank 0 chose shared prompts. The first half's agreement
+    refused it only after the memory plan had been made for each rank's own forward, as two digests; now the forwards
+    are compared as they are chosen (`agreement.check_nodes`), in words, with each rank's node. Long prompts, which
+    rank 0 shares (the cheaper forward for them), given to both ranks (the launch's last --dataset_name)."""
+    import socket
+
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(8, seed=3)
+    for row in rows:
+        for side in ("chosen", "rejected"):
+            row[side][0]["content"] += " volcano" * 100
+    data = tmp_path / "long-prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    paths = {tiny_model_dir: _model_with_router_loss(tmp_path, tiny_model_dir)}
+    result, _ = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 1 << 30, "--dataset_name", str(data), rank1_paths=paths
+    )
+    node = socket.gethostname()
+    _one_line_every_rank_ends_on(
+        result,
+        f"ranks disagree on the forward: rank 1 (node {node}) has unshared packing, balanced rows on sdpa, rank 0 "
+        f"(node {node}) has shared prompts packing, balanced rows on sdpa: install the same attention kernels",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
+def test_a_memory_plan_one_node_cannot_fit_is_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
+    """The memory plan is made from each node's GPU (`memory.gpu_memory`; here `--gpu_memory_gib`, which rank 1 alone
+    reads as 1 GiB, as a node of smaller GPUs): refused on rank 1 alone, rank 1 raised alone and rank 0 went on to
+    the first half's agreement until the launcher ended it; refused everywhere, the line was written by each rank. Now
+    one gather (`stages.plan_memory`): the line once, every rank ending on it."""
+    gpu, paths = ("80", {"80": "1"}) if who == "rank 1 alone" else ("1", {})
+    bf16 = ["--bf16", "true", "--use_cpu", "true", "--gpu_memory_gib", gpu]  # planned: bf16 on a CPU's "GPU"
+    result, _ = launch_with_main_limited(tmp_path, tiny_model_dir, 1 << 30, *bf16, rank1_paths=paths)
+    _one_line_every_rank_ends_on(result, "more than the 1.0 GiB GPU (gpu_memory_gib)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
 def test_pairs_holding_a_token_past_the_embedding_are_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
@@ -810,9 +889,4 @@ def test_pairs_holding_a_token_past_the_embedding_are_one_line_every_rank_ends_o
     ours = str(tmp_path / "pairs.jsonl")
     more, paths = ([], {ours: str(held)}) if who == "rank 1 alone" else (["--dataset_name", str(held)], {})
     result, _ = launch_with_main_limited(tmp_path, str(model), 1 << 30, *more, rank1_paths=paths)
-    said = result.stdout
-    errors = [written for written in said.splitlines() if written.startswith("error:")]
-    assert len(errors) == 1 and "1 of 8 pairs of the train split hold '<|extra|>'" in errors[0], said[-3000:]
-    assert "[rank0]: Traceback" not in said, said[-3000:]  # rank 0 ended on rank 1's refusal, not closed waiting
-    codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", said, re.MULTILINE)
-    assert result.returncode != 0 and codes == ["2", "2"], said[-3000:]  # each rank's own exit: a refusal's
+    _one_line_every_rank_ends_on(result, "1 of 8 pairs of the train split hold '<|extra|>'")

@@ -3,8 +3,9 @@ machine can run, before the memory check and the model load (the attention is a 
 
 `candidates` lists them in the documented order with the recipe's options applied: an option given is honoured or
 refused with one line, never replaced. `choose` takes the first without lengths, else `cost.decide` ranks them; the
-`Forward:` line and `derived.forward` say which rule took the winner, against what. Every rank decides alone,
-deterministically (agreement.py checks that the forwards are equal).
+`Forward:` line and `derived.forward` say which rule took the winner, against what. Every rank decides alone, from
+its own node, inside one gather (`stages.decide_forward`: a refusal one node meets ends every rank), and the forwards
+are compared by node as they are chosen (`agreement.check_nodes`), then in full by the first half's agreement.
 """
 
 import copy

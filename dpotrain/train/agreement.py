@@ -9,6 +9,7 @@ loads, then the trainer's plan (`values`) once TRL has tokenized the pairs.
 
 import hashlib
 import json
+import socket
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
@@ -30,6 +31,7 @@ FIXES = {
     "the engine": "launch every node with the same accelerate config",
     "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
     "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
+    "the memory plan": "give every node GPUs of one kind: the memory plan is made from each node's GPU",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
     "the reference's micro-batch": "give every node GPUs of one kind, or pass --gpu_memory_gib: the memory plan "
@@ -115,6 +117,20 @@ def check(values: dict[str, str | dict]) -> None:
                 theirs, mine = _shown(theirs.get(name), mine)
                 refusal = ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs}, rank 0 has {mine}: {fix}")
                 raise said_by(refusal)  # every rank's from the same gather: the main process's line says it
+
+
+def check_nodes(name: str, value: str) -> None:
+    """Every rank's `value` (a decision read from its own machine: its GPU, its kernels) against rank 0's in one
+    all-gather, each with its node's name: the first difference is refused on every rank, naming both nodes, with the
+    fix. Called where the decision is made, before the next collective, where `check` (a digest, after the first half)
+    came only after the memory plan had been made from it. Every rank calls it with the same name."""
+    ranks = gather_objects((socket.gethostname(), value))
+    host, mine = ranks[0]
+    for rank, (other, theirs) in enumerate(ranks[1:], start=1):
+        if theirs != mine:
+            fix = FIXES.get(name, "every node must run the same job")
+            said = f"rank {rank} (node {other}) has {theirs}, rank 0 (node {host}) has {mine}"
+            raise said_by(ConfigError(f"ranks disagree on {name}: {said}: {fix}"))
 
 
 def folder_state(output) -> dict[str, str]:
