@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, python
+import conftest
+from conftest import ROOT, in_child, python
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -104,14 +105,10 @@ def test_a_test_that_fails_before_waiting_on_its_forked_child_leaves_no_child_be
         f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
         "    assert False, 'failed before wait()'\n"
     )
-    inner = [python(), "-m", "pytest", str(tmp_path / "test_leaves.py"), "-p", "conftest", "-q"]
-    inner += ["-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
-    log = tmp_path / "inner.log"  # a file, not a pipe: a child left behind holds pytest's descriptors open
-    with open(log, "w") as written:
-        subprocess.run(inner, cwd=ROOT, stdout=written, stderr=subprocess.STDOUT, timeout=300)
+    code, out, _ = inner_pytest(tmp_path / "test_leaves.py")
     pid = int(pid_file.read_text())
     try:
-        assert "1 failed" in log.read_text(), log.read_text()[-3000:]
+        assert code == 1 and "1 failed" in out, out[-3000:]
         assert not running(pid), f"the failed test's child {pid} still runs"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -136,19 +133,30 @@ def test_the_processes_a_forked_child_started_end_with_its_test(tmp_path):
         "def test_waits_on_a_child_that_left_one():\n"
         f"    assert start_child(lambda: start({str(files['waited'])!r})).wait()[0] == 0\n"
     )
-    inner = [python(), "-m", "pytest", str(tmp_path / "test_leaves.py"), "-p", "conftest", "-q"]
-    inner += ["-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
-    log = tmp_path / "inner.log"  # a file, not a pipe: a process left behind holds pytest's descriptors open
-    with open(log, "w") as written:
-        subprocess.run(inner, cwd=ROOT, stdout=written, stderr=subprocess.STDOUT, timeout=300)
+    code, out, _ = inner_pytest(tmp_path / "test_leaves.py")
     pids = {name: int(path.read_text()) for name, path in files.items()}
     try:
-        assert "1 failed, 1 passed" in log.read_text(), log.read_text()[-3000:]
+        assert code == 1 and "1 failed, 1 passed" in out, out[-3000:]
         assert not [name for name, pid in pids.items() if running(pid)], pids  # neither started process runs on
     finally:
         for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # the old conftest's leftovers, not the test run's next ones'
+
+
+def inner_pytest(test_file: Path) -> tuple[int, str, str]:
+    """A pytest session of its own on `test_file` with this suite's conftest, in a forked child of this test's process
+    (`in_child`): the conftest under test is the one imported here (no fresh interpreter importing torch, datasets and
+    transformers again, ~6 CPU-s, for a few milliseconds of test). The child's output is in files, not a pipe: a child
+    left behind would hold a pipe open. Its exit code, stdout and stderr."""
+
+    def session() -> None:
+        # The warm server this worker may hold is not the inner session's to stop (its pytest_unconfigure would).
+        conftest._Warm.server = None
+        args = [str(test_file), "-p", "conftest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
+        sys.exit(pytest.main([*args, "--rootdir", str(ROOT)]))
+
+    return in_child(session)
 
 
 def running(pid: int) -> bool:
