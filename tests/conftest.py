@@ -581,6 +581,31 @@ def silent_endpoint():
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.fixture
+def counted_silent_endpoint():
+    """A silent endpoint (as `silent_endpoint`) of one test's own, and `asked()`: how many connections were opened to
+    it so far, so that a test checks the number of requests (none, one per run) rather than the seconds they took.
+    Counted from the listening socket's queue, no thread: a client's connect() returns once the kernel has queued the
+    connection (loopback), so one a call made is counted when the call has returned. Each is held open unanswered."""
+    import socket
+
+    held = []
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        sock.setblocking(False)
+
+        def asked() -> int:
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    held.append(sock.accept()[0])
+            return len(held)
+
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", asked
+    for connection in held:
+        connection.close()
+
+
 # What a newcomer's new terminal has: no venv active, system tools only, a home of its own (empty caches).
 FRESH_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Secrets a user's environment (or .env) holds: no file the demo writes may contain them (tests/test_training.py).
