@@ -182,6 +182,18 @@ def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsy
         assert f"| `num_train_epochs` | 1.0 ({decides}: {epochs} epochs trained) |" in card
 
 
+@pytest.mark.parametrize(
+    "n, said", [(1 / 30000, "0.0000333"), (0.0004, "0.0004"), (0.5, "0.5"), (3.0, "3"), (20833.3333, "20,833.333")]
+)
+def test_an_epoch_count_is_written_without_an_exponent_and_never_rounded_to_nothing(n, said):
+    """`errors.decimal`: 3 decimals at most, thousands separated; a count those round to 0 kept its digits as format
+    `g`'s "3.33e-05" (a `--max_steps 1` smoke run of a large data set: "3.33e-05 epochs", a reviewer's finding), and
+    before that as "0"."""
+    from dpotrain.recipe.errors import decimal
+
+    assert decimal(n) == said
+
+
 def test_a_fractional_number_of_warmup_steps_is_said_as_transformers_takes_it(tmp_path, capsys):
     """`--warmup_steps 1.5` (1 or more: steps, not a ratio) warms up over int(1.5) = 1 step (transformers'
     get_warmup_steps, and derived.warmup_steps); the summary's learning rate line said 1.5 warm-up steps, then "1

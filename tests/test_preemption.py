@@ -913,8 +913,9 @@ def test_a_stop_file_the_start_could_not_look_at_is_not_a_new_request(made, tmp_
     assert len(warned) == 1 and f"the stop file {stop_file} could not be looked at as the run started" in warned[0]
 
 
+@pytest.mark.parametrize("begun", ["training", "a push-only rerun's push"])
 def test_a_stop_file_first_seen_after_training_began_ends_the_job_though_the_start_could_not_look(
-    tmp_path, monkeypatch
+    begun, tmp_path, monkeypatch
 ):
     """The start's look failed (ESTALE) and the trouble lasted past the start: the time limit's USR1 made the stop file
     (launch.sh's trap) after training began, and the first answer took it for the start's, so `asked_to_end` stayed
@@ -936,7 +937,10 @@ def test_a_stop_file_first_seen_after_training_began_ends_the_job_though_the_sta
 
     monkeypatch.setattr(PathType, "stat", stat)
     stop = GracefulStop(str(stop_file))
-    stop.training_begun = True  # as the first step's `on_step_begin` sets it
+    if begun == "training":
+        stop.training_begun = True  # as the first step's `on_step_begin` sets it
+    else:
+        stop.nothing_to_train()  # a rerun completing a push never begins training (a reviewer's finding)
     stop_file.touch()
     try:
         assert stop.asked_to_end()

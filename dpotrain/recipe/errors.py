@@ -3,6 +3,7 @@ import ctypes
 import hashlib
 import os
 import sys
+from decimal import Decimal
 
 from dpotrain.recipe import upstream
 
@@ -48,7 +49,7 @@ def decimal(n: float, places: int = 3) -> str:
     zero ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06". One
     that rounds to 0 keeps its first digits ("0.0004"), not "0"."""
     text = f"{n:,.{places}f}".rstrip("0").rstrip(".")
-    return f"{n:.{places}g}" if n and text in ("0", "-0") else text
+    return format(Decimal(f"{n:.{places}g}"), "f") if n and text in ("0", "-0") else text
 
 
 def warn(text: str) -> None:

@@ -284,7 +284,8 @@ class GracefulStop(TrainerCallback):
         if self.found_at_start is UNREAD:  # no answer at the start: the first one before training is the start's
             # (an old file is not a new request); after training began, a file seen is taken as asked since, so that a
             # time limit's request while the look failed still ends the job (`asked_to_end`) instead of passing as old
-            self.found_at_start = None if self.training_begun else found
+            # A push-only rerun (`nothing_to_train`) never begins training: its push is where it could be stopped
+            self.found_at_start = None if self.training_begun or self.pushing_only else found
         if found is None or (new_only and found == self.found_at_start):
             return False
         new = found != self.found_at_start
