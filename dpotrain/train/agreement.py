@@ -30,8 +30,10 @@ FIXES = {
     "the output folder's state": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
     "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
-    "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
-    "the memory plan": "give every node GPUs of one kind: the memory plan is made from each node's GPU",
+    "of one kind, and let every node read the same data and see the same analyzer cache (or none): the forward is "
+    "decided from the pairs' lengths",
+    "the memory plan": "give every node GPUs of one kind, and let every node read the same data and see the same "
+    "analyzer cache (or none): the memory plan is made from each node's GPU and the pairs' lengths",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
     "the reference's micro-batch": "give every node GPUs of one kind, or pass --gpu_memory_gib: the memory plan "
