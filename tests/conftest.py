@@ -172,6 +172,23 @@ def tiny_model(model_type: str, folder, tokenizer_dir: str, **config) -> str:
     return str(folder)
 
 
+def model_with_a_token_past_its_embedding(tmp_path, tiny_model_dir, token: str) -> tuple[Path, int]:
+    """A copy of the tiny model whose tokenizer holds the added `token` at id `rows`, one past its embedding's rows
+    (config.json's vocab_size): (the folder, rows). The vocabulary check passes it where nothing the run writes holds
+    it; what a pair's text or a pad token feeds is another matter."""
+    from dpotrain.data import lengths
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    tokenizer = lengths.load_tokenizer(str(folder))
+    rows = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [token]})  # id `rows`, no embedding row
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    return folder, rows
+
+
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory, tiny_model_dir):
     """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, rank_python, torchrun_launch
+from conftest import ROOT, accelerate_launch, model_with_a_token_past_its_embedding, rank_python, torchrun_launch
 from hub_server import StandInHub
 
 # Rank 0 alone runs under a file size limit (`ulimit -f`, as a node's limits may differ from the others'): its writes
@@ -859,18 +859,10 @@ def test_pairs_holding_a_token_past_the_embedding_are_one_line_every_rank_ends_o
     refused on each rank on its own, after the forward stage's gather: met by every rank, the line twice in a 2-process
     launch's log; met by rank 1 alone (its node's own copy of the pairs), rank 1 raised alone and rank 0 went on to its
     next collective (a reviewer's finding). Now one gather: the line once, every rank ending on it."""
-    import shutil
 
-    from dpotrain.data import builtin, lengths
+    from dpotrain.data import builtin
 
-    model = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, model)
-    tokenizer = lengths.load_tokenizer(str(model))
-    rows = len(tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})  # id `rows`, no embedding row
-    tokenizer.save_pretrained(model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    model, _ = model_with_a_token_past_its_embedding(tmp_path, tiny_model_dir, "<|extra|>")
     pairs = builtin.make_preference_rows(8, seed=3)  # as launch_with_main_limited writes them
     pairs[5]["chosen"][-1]["content"] += " <|extra|>"
     held = tmp_path / "node1" / "pairs.jsonl"

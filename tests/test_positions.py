@@ -11,7 +11,7 @@ import pytest
 from test_refusals import refused
 from transformers import AutoConfig, Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
 
-from conftest import ROOT, python, run_train
+from conftest import ROOT, model_with_a_token_past_its_embedding, python, run_train
 from dpotrain.data import lengths, positions
 from dpotrain.forwards import cost
 from dpotrain.recipe.errors import ConfigError
@@ -142,14 +142,7 @@ def test_a_recipes_pad_token_past_the_models_embedding_is_refused_before_the_mod
     """A `pad_token` that is a token of the tokenizer (so the vocabulary check passed) but an added one past the
     model's embedding rows: the check of what the trainer feeds took the tokenizer's own pad token, and a padded run
     stopped in its reference stage on `IndexError: index out of range in self`, after the model had loaded."""
-    folder = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, folder)
-    tokenizer = lengths.load_tokenizer(str(folder))
-    rows = len(tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|mypad|>"]})  # id `rows`, no embedding row
-    tokenizer.save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    folder, rows = model_with_a_token_past_its_embedding(tmp_path, tiny_model_dir, "<|mypad|>")
     args = ["--model_name_or_path", str(folder), "--pad_token", "<|mypad|>", "--padding_free", "false"]
     line = refused(tmp_path, monkeypatch, capsys, *args, "--max_steps", "2", *dry_run)
     assert line == (
@@ -158,7 +151,9 @@ def test_a_recipes_pad_token_past_the_models_embedding_is_refused_before_the_mod
         "has (e.g. its EOS token '<|im_end|>'), leave pad_token out, or resize its embeddings to the tokenizer "
         "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
     )
-    positions.check_vocabulary(LlamaConfig(vocab_size=rows), tokenizer, "m", "<|im_end|>")  # one it has: fine
+    positions.check_vocabulary(
+        LlamaConfig(vocab_size=rows), lengths.load_tokenizer(str(folder)), "m", "<|im_end|>"
+    )  # one it has: fine
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
@@ -171,14 +166,7 @@ def test_pairs_holding_an_added_token_past_the_models_embedding_are_refused_befo
     once the model had loaded (a device-side assert on a GPU)."""
     from dpotrain.data import builtin
 
-    folder = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, folder)
-    tokenizer = lengths.load_tokenizer(str(folder))
-    rows = len(tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})  # id `rows`, no embedding row
-    tokenizer.save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    folder, rows = model_with_a_token_past_its_embedding(tmp_path, tiny_model_dir, "<|extra|>")
     pairs = builtin.make_preference_rows(40, seed=3)
     for n in (5, 9):
         pairs[n]["chosen"][-1]["content"] += " <|extra|>"
