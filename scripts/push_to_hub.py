@@ -38,7 +38,7 @@ with venv.loading_libraries():
     from dpotrain.cluster import offline, run_lock
     from dpotrain.hub import hub, hub_push
     from dpotrain.recipe import cli, run_record
-    from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command
+    from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command, warn
     from dpotrain.train import checkpoints, run_files
 
 
@@ -144,10 +144,36 @@ def main(argv: list[str] | None = None) -> None:
             f"pushing {run} to {repo_id} failed ({cause(e)}): run the same command again (what the Hub holds already "
             "is skipped)"
         ) from None
-    if failed:
+    lost = [r for r in failed if r.get("pushable") is False]
+    again = [r["branch"] for r in failed if r not in lost]
+    if lost and again:  # said before the closing line, which names the steps a rerun can push
+        warn(never_pushed(run, lost))
+    elif lost:
+        raise ConfigError(never_pushed(run, lost))
+    if again:
         raise ConfigError(
-            f"{', '.join(failed)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
+            f"{', '.join(again)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
         )
+
+
+def never_pushed(run: Path, lost: list[dict]) -> str:
+    """The steps no command can push (a staged copy of a deleted checkpoint, cut short or damaged, removed; a
+    checkpoint on disk that fails its check): "run the same command again" pushed nothing, and then said nothing."""
+    why = []
+    lost = sorted(lost, key=lambda r: r["step"])
+    for record in lost:
+        name = f"checkpoint-{record['step']}"
+        if checkpoints.is_complete(run / name):
+            why.append(f"{record['branch']}: {name} on disk is not pushable as it is, {record.get('error')}")
+        else:
+            why.append(
+                f"{record['branch']}: {name} was deleted, and its copy in {hub_push.STAGING} was not whole (removed)"
+            )
+    one = len(lost) == 1
+    return (
+        f"no command can push {', '.join(r['branch'] for r in lost)} (see {run}/{hub_push.PUSH_RECORD}), so "
+        f"{'it is' if one else 'they are'} not on the Hub: {'; '.join(why)}"
+    )
 
 
 def check_no_live_run(run: Path) -> None:
@@ -173,9 +199,9 @@ def stopped_checkpoints(run: Path) -> list[Path]:
     return [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]
 
 
-def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True) -> list[str]:
-    """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the
-    checkpoint branches that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
+def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True) -> list[dict]:
+    """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the records
+    of the checkpoint pushes that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
     finished model."""
     on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
@@ -184,7 +210,7 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
         records = hub_push.push_checkpoints(api, run, repo_id)
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
-        failed = [r["branch"] for r in records if r["status"] == "failed"]
+        failed = [r for r in records if r["status"] == "failed"]
     elif on_disk:
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "

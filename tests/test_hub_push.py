@@ -984,7 +984,9 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     script = push_script(hub, monkeypatch)
     with mock.patch.dict(os.environ), pytest.raises(Exception) as ended:  # main reads .env into the environment
         script.main([str(out), "--repo-id", REPO, "--checkpoints"])
-    assert "step-4 failed to push" in str(ended.value)  # the copy cut short: the command says it failed
+    said = str(ended.value)  # the copy cut short: the command says no command can push it (not "run ... again")
+    assert said.startswith("no command can push step-4 (see ") and "run the same command again" not in said, said
+    assert said.endswith("checkpoint-4 was deleted, and its copy in .hub_staging was not whole (removed)"), said
     latest = {r["step"]: (r["status"], r.get("error", "")) for r in read_pushes(out)}
     assert latest[2][0] == "pushed" and latest[6][0] == "pushed", latest
     assert latest[4][0] == "failed" and "checkpoint-4 was deleted while its upload ran" in latest[4][1], latest
@@ -993,6 +995,51 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     # Both copies removed: step 2's is on the Hub, step 4's can never be pushed (it failed every run of the command,
     # "run the same command again"; a reviewer's finding)
     assert not (out / STAGING / "checkpoint-2").exists() and not (out / STAGING / "checkpoint-4").exists()
+
+
+def test_push_to_hub_tells_the_steps_no_command_can_push_from_those_it_can(hub, tmp_path, monkeypatch, capsys):
+    """Every `failed` step ended in "step-N failed to push (see ...): run the same command again", a staged copy the
+    command had just removed as cut short too: run again, it exited 0 and said nothing of that step, lost on the Hub
+    side. Now such a failure is recorded `pushable: false` and named apart, once, as no command's to push; the closing
+    line names only the steps a rerun can push (a Hub failure), and the rerun pushes them. (Failed on the old code:
+    its line named step-4 among the steps to run the command again for.)"""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-4")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung, and its copy cut short by the kill
+    record_checkpoint(out, REPO, 4, "unfinished", error="given up on a stop request")
+    (out / STAGING / "checkpoint-4" / "model.safetensors").unlink()
+    (sealed_checkpoint(out / "checkpoint-6") / "model.safetensors").write_text("cut\n")  # damaged on disk
+    sealed_checkpoint(out / "checkpoint-8")
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-6", "checkpoint-8"])
+    script = push_script(hub, monkeypatch)
+    hub.state.fail_status = 400  # a failure nothing retries: a rerun can push it
+    hub.state.fail[("commit", "step-8")] = -1
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as ended:
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert str(ended.value) == f"step-8 failed to push (see {out}/{PUSH_RECORD}): run the same command again"
+    lost = [line for line in capsys.readouterr().err.splitlines() if "no command can push step-" in line]
+    assert lost == [
+        f"warning: no command can push step-4, step-6 (see {out}/{PUSH_RECORD}), so they are not on the Hub: "
+        "step-4: checkpoint-4 was deleted, and its copy in .hub_staging was not whole (removed); "
+        "step-6: checkpoint-6 on disk is not pushable as it is, model.safetensors has 4 bytes, 18 were saved (cut "
+        "short or replaced)"
+    ], lost
+    latest = {r["step"]: r for r in read_pushes(out)}
+    assert [latest[s].get("pushable") for s in (4, 6, 8)] == [False, False, None], latest
+    del hub.state.fail[("commit", "step-8")]
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as again:  # step-6 is still on disk, as it is
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert str(again.value).startswith("no command can push step-6 (see "), str(again.value)
+    assert hub.state.repos[REPO]["step-8"]["model.safetensors"] == b"model.safetensors\n"
 
 
 def test_a_damaged_staged_copy_is_recorded_failed_once_and_removed_as_a_cut_short_one_is(hub, tmp_path, monkeypatch):
@@ -1051,7 +1098,7 @@ def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_reque
     (out / STAGING / "checkpoint-2" / "model.safetensors").unlink()  # the kill came while it was being staged
     for _job in range(2):  # two requeued jobs, the first killed before its end (no `finish`)
         CheckpointPusher(REPO, SECRET, None, out).submit_left()
-    assert [r["status"] for r in read_pushes(out)] == ["unfinished", "failed"]
+    assert [(r["status"], r.get("pushable")) for r in read_pushes(out)] == [("unfinished", None), ("failed", False)]
     assert not (out / STAGING / "checkpoint-2").exists()
 
 
@@ -1062,7 +1109,7 @@ def test_a_checkpoint_damaged_on_disk_is_not_promised_a_later_push(hub, tmp_path
     from transformers import TrainerState
 
     from conftest import sealed_checkpoint
-    from dpotrain.hub.hub_push import CheckpointPusher
+    from dpotrain.hub.hub_push import CheckpointPusher, checkpoints_left
 
     hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
@@ -1078,7 +1125,11 @@ def test_a_checkpoint_damaged_on_disk_is_not_promised_a_later_push(hub, tmp_path
         line.endswith("no command can push it as it is: push_to_hub.py --checkpoints checks it as the run does")
         for line in said
     ), said
-    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "failed")]
+    assert [(r["step"], r["status"], r["pushable"]) for r in read_pushes(out)] == [
+        (2, "failed", False),
+        (4, "failed", False),
+    ]
+    assert checkpoints_left(out, REPO) == []  # no `--checkpoints` named for them: it refuses them too
 
 
 def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeypatch):

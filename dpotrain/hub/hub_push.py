@@ -158,10 +158,10 @@ def latest_checkpoint_records(output_dir: str | Path, repo_id: str) -> dict[str,
 
 
 def checkpoints_left(output_dir: str | Path, repo_id: str) -> list[int]:
-    """The steps whose latest checkpoint push record to `repo_id` is not on the Hub (given up, or failed)."""
-    return sorted(
-        r["step"] for r in latest_checkpoint_records(output_dir, repo_id).values() if r["status"] not in ON_THE_HUB
-    )
+    """The steps whose latest checkpoint push record to `repo_id` is not on the Hub (given up, or failed), but those
+    no command can push (`pushable: false`: cut short or damaged), which `--checkpoints` would not push either."""
+    latest = latest_checkpoint_records(output_dir, repo_id).values()
+    return sorted(r["step"] for r in latest if r["status"] not in ON_THE_HUB and r.get("pushable", True))
 
 
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
@@ -408,7 +408,7 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
         # Cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever push it
         error = deleted_step(folder, e) if staged else str(e)
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
-        entry = record("failed", error=error)
+        entry = record("failed", error=error, pushable=False)  # not among the steps "run the same command again" pushes
     except Exception as e:
         # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
         if not hasattr(e, "attempts"):
@@ -472,7 +472,7 @@ class CheckpointPusher(TrainerCallback):
         try:
             pushable_files(staged)
         except NotPushable as e:
-            self._failed(step, None, deleted_step(staged, e))
+            self._failed(step, None, deleted_step(staged, e), never=True)
             # Recorded once: kept, each requeued job found it again and wrote its `failed` line anew
             shutil.rmtree(staged, ignore_errors=True)
             return
@@ -554,8 +554,9 @@ class CheckpointPusher(TrainerCallback):
         """`attempts`: None where none was made; `kept`: the staged copy kept; `never`: not pushable as it is
         (NotPushable: cut short, damaged), which push_to_hub.py checks as the run does."""
         tried = {} if attempts is None else {"attempts": attempts}
+        lost = {"pushable": False} if never else {}  # push_to_hub.py names it lost, not one to run the command for
         try:
-            record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error)
+            record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error, **lost)
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
