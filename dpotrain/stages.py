@@ -751,7 +751,9 @@ class Forward:
     def line(self) -> str:
         """What was planned, in words: compared across nodes (`agreement.check_nodes`)."""
         f = self.planned
-        return "none yet" if f is None else f"{f.layout} on {f.attention}" + (f" ({self.decided})" * bool(self.decided))
+        if f is None:
+            return "none yet"
+        return f"{f.layout} on {f.attention}" + (f" ({self.decided})" if self.decided else "")
 
     @property
     def decided_here(self) -> bool:
@@ -800,10 +802,10 @@ def _generation_stops(recipe, model_path: str, local_only: bool) -> set | None:
     return chat_template.eos_ids(found.eos_token_id)
 
 
-def check_model(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, config) -> None:
+def _model_checks(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, config) -> None:
     """The model's checks (its config, tokenizer, template, generation file; the pairs' positions), run by every rank
-    inside one gather (`collectives.every_rank`): each rank reads its own copy of the model's files and of the data, and
-    one refused alone raised alone, leaving the others in their next collective; one every rank met was said once per
+    in the forward's gather (`_chosen`): each rank reads its own copy of the model's files and of the data, and one
+    refused alone raised alone, leaving the others in their next collective; one every rank met was said once per
     rank. Now the first rank to meet it says it, once, and every rank ends on it. None: the config was not read."""
     if config is None:
         return
@@ -825,19 +827,18 @@ def check_model(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
     """The forward stage: from the pairs' lengths, among the forwards each machine can run; `model`: (config, why)."""
-    config, why = model
-    # Every rank joins it, its config read or not (a rank that skipped it would wait in another collective)
-    collectives.every_rank(check_model, recipe, launch, model_path, pair_lengths, config)
-    # The choice reads this node's machine (its GPU, its kernels): taken in one gather, a refusal one node meets ends
-    # every rank, and the forwards chosen are compared at once, by node (each rank chooses alone, deterministically)
-    forward = collectives.every_rank(_chosen, recipe, launch, pair_lengths, model)
+    # The model's checks and the choice, which reads this node's machine (its GPU, its kernels): one gather, joined by
+    # every rank, its config read or not (a rank that skipped it would wait in another collective); a refusal one node
+    # meets ends every rank, and the forwards chosen are compared at once, by node (each rank chooses alone)
+    forward = collectives.every_rank(_chosen, recipe, launch, model_path, pair_lengths, model)
     agreement.check_nodes("the forward", forward.line())
     return forward
 
 
-def _chosen(recipe, launch: Launch, pair_lengths: Lengths, model: tuple) -> Forward:
-    """This rank's forward (`decide_forward`), from its machine's kernels and its own lengths."""
+def _chosen(recipe, launch: Launch, model_path: str, pair_lengths: Lengths, model: tuple) -> Forward:
+    """This rank's forward (`decide_forward`), from its machine's kernels and own lengths, the model checked first."""
     config, why = model
+    _model_checks(recipe, launch, model_path, pair_lengths, config)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     counts, max_length = pair_lengths.pairs, pair_lengths.max_length
