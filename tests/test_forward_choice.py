@@ -294,3 +294,19 @@ def test_sdpa_asked_for_a_model_without_it_is_refused_in_one_line(model_type):
     eager = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--attn_implementation", "eager"])
     forwards, _ = choice.candidates(AutoConfig.for_model(model_type), eager, False, None)
     assert {c.attention for c in forwards} == {"eager"}
+
+
+def test_the_notes_of_the_choice_are_said_by_the_main_process_alone(capsys, monkeypatch):
+    """`choice.decide` runs on every rank (each chooses from its node's machine): its "Note:" lines were printed by
+    each, 32 times in a 4-GPU x 8-node job's log, where its `Forward:` line was printed once. Now both by the main
+    process alone (RANK 0), as the run's other notes are."""
+    recipe = think_recipe()
+    config = AutoConfig.from_pretrained(OLMO3_7B)
+    config.output_router_logits, config.router_aux_loss_coef = False, 0.01  # a router's loss: no shared prompt
+    choice.decide(recipe, copy.deepcopy(config), False, None, think_mix())
+    said = capsys.readouterr().out
+    assert "Note: each pair's prompt is computed twice (unshared packing): olmo3's router auxiliary loss" in said
+    assert "Forward:" in said
+    monkeypatch.setenv("RANK", "1")
+    chosen = choice.decide(recipe, copy.deepcopy(config), False, None, think_mix())
+    assert not chosen.share_prompt and capsys.readouterr().out == ""  # the same choice, said by rank 0 alone

@@ -320,11 +320,12 @@ def decision_rule(decision, asked: bool) -> str:
 
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
     """The run's forward stage (`stages.decide_forward`): `choose` (`varlen`: the varlen FlashAttention to weigh),
-    printing its notes and the `Forward:` line."""
+    its notes and the `Forward:` line printed by the main process (a 4-GPU x 8-node job printed each note 32 times)."""
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
-    for note in notes:
-        print(note, flush=True)
-    if launcher.launched_main():  # the same choice on every rank: one line, not one per process
+    # The same choice on every rank (compared by node right after, `agreement.check_nodes`): its lines said once
+    if launcher.launched_main():
+        for note in notes:
+            print(note, flush=True)
         print(chosen.line(), flush=True)
     return chosen
 
