@@ -853,6 +853,28 @@ def test_a_memory_plan_one_node_cannot_fit_is_one_line_every_rank_ends_on(tmp_pa
 
 
 @pytest.mark.slow
+def test_ranks_whose_memory_plans_differ_are_refused_at_the_plan_naming_their_nodes(tmp_path, tiny_model_dir):
+    """Each rank plans its memory from its node's GPU (`memory.gpu_memory`; here `--gpu_memory_gib`, which rank 1 alone
+    reads as 1 GiB, as a node of smaller GPUs), the plan not enforced (`--memory_check false`): rank 0's fits with no
+    layer checkpointed, rank 1's fits nowhere, so it checkpoints every layer. Ranks training by different plans are
+    refused as the plan is made (`agreement.check_nodes`), in one line naming both nodes; no test had made two plans
+    differ (the tiny model checkpoints nothing on one GPU size), so the refusal was never seen."""
+    import socket
+
+    planned = ["--bf16", "true", "--use_cpu", "true", "--gpu_memory_gib", "80", "--activation_checkpointing", "true"]
+    result, _ = launch_with_main_limited(
+        tmp_path, tiny_model_dir, 1 << 30, *planned, "--memory_check", "false", rank1_paths={"80": "1"}
+    )
+    node = socket.gethostname()
+    _one_line_every_rank_ends_on(
+        result, f"ranks disagree on the memory plan: rank 1 (node {node}) has checkpointing all 2 layers, the reference"
+    )
+    (line,) = [written for written in result.stdout.splitlines() if written.startswith("error:")]
+    assert f", rank 0 (node {node}) has checkpointing none, the reference's micro-batch x" in line, line
+    assert line.endswith("the memory plan is made from each node's GPU and the pairs' lengths"), line
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("who", ["rank 1 alone", "every rank"])
 def test_pairs_holding_a_token_past_the_embedding_are_one_line_every_rank_ends_on(tmp_path, tiny_model_dir, who):
     """Pairs whose text holds an added token past the model's embedding rows (`positions.check_data_tokens`) were
