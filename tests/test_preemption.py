@@ -913,6 +913,43 @@ def test_a_stop_file_the_start_could_not_look_at_is_not_a_new_request(made, tmp_
     assert len(warned) == 1 and f"the stop file {stop_file} could not be looked at as the run started" in warned[0]
 
 
+def test_a_start_look_failed_on_a_rank_whose_nodes_first_rank_had_its_answer_is_said_once_for_the_node(
+    tmp_path, monkeypatch, capsys
+):
+    """Three processes of one node start: LOCAL_RANK 0's look at the stop file is answered, LOCAL_RANK 1's and 2's
+    fail (NFS's ESTALE, a moment's trouble). Only LOCAL_RANK 0 said a failed look, so the node said nothing, while
+    ranks 1 and 2 took a stop file seen before training as the start's where rank 0 took it as a request made since.
+    Now the node's first process whose look failed says it (torchrun's attempt folder marks it, as a refusal before
+    the ranks meet is said once a node), and the others do not say it again."""
+    import errno
+    from pathlib import Path as PathType
+
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file, attempt = tmp_path / "stop", tmp_path / "torchelastic" / "attempt_0"
+    attempt.mkdir(parents=True)
+    real_stat = PathType.stat
+    failing = set()  # the local ranks whose look fails
+
+    def stat(path, *args, **kwargs):
+        if path == stop_file and os.environ["LOCAL_RANK"] in failing:
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(PathType, "stat", stat)
+    said = []
+    for local_rank, fails in (("0", False), ("1", True), ("2", True)):  # each process's own start, as torchrun's
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(attempt / local_rank / "error.json"))
+        if fails:
+            failing.add(local_rank)
+        GracefulStop(str(stop_file)).release(exiting=False)
+        said.append([line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")])
+    line = f"warning: the stop file {stop_file} could not be looked at as the run started ("
+    assert said[0] == [] and said[2] == [], said  # answered; failed after its node said so
+    assert len(said[1]) == 1 and said[1][0].startswith(line), said
+
+
 @pytest.mark.parametrize("begun", ["training", "a push-only rerun's push"])
 def test_a_stop_file_first_seen_after_training_began_ends_the_job_though_the_start_could_not_look(
     begun, tmp_path, monkeypatch

@@ -33,7 +33,7 @@ from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ra
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
-from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
+from dpotrain.recipe.errors import ConfigError, RunError, _first_to_say, cause, warn
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
@@ -80,12 +80,8 @@ class GracefulStop(TrainerCallback):
         # a file left from before the start a new request. UNREAD (the look got no answer): the first answer before
         # training begins is taken as the start's (`_stop_file_asks`); a file first seen after it, as a request.
         self.found_at_start = self._stop_file_identity()
-        if self.found_at_start is UNREAD and launcher.first_on_node():  # the node's file system: said once a node
-            warn(
-                f"the stop file {self.stop_file} could not be looked at as the run started ({self.unread}): a stop "
-                "file seen there before training begins is taken as there from the start (a stop after step 1, with "
-                "its checkpoint), one first seen after it as a request made since"
-            )
+        if self.found_at_start is UNREAD:
+            self._say_unread_at_start()
         self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
@@ -109,6 +105,20 @@ class GracefulStop(TrainerCallback):
                     continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
             self.launcher_pid = self._watch_launcher()
+
+    def _say_unread_at_start(self) -> None:
+        """The start's look at the stop file got no answer: one line per node, by the first of its processes whose look
+        failed (`errors._first_to_say`: the ranks have not met, so no collective can ask). Said by LOCAL_RANK 0 alone, a
+        node whose LOCAL_RANK 0 had its answer, and another rank none (ESTALE is a moment's), said nothing, and that
+        rank took the stop file as the start's where its node's first rank took it as a request. Without torchrun's
+        folder to mark (another launcher), each process whose look failed says it: a line twice, not none."""
+        line = (
+            f"the stop file {self.stop_file} could not be looked at as the run started ({self.unread}): a stop "
+            "file seen there before training begins is taken as there from the start (a stop after step 1, with "
+            "its checkpoint), one first seen after it as a request made since"
+        )
+        if _first_to_say(f"warning: {line}") is not False:
+            warn(line)
 
     def _watch_launcher(self) -> int | None:
         """A rank a launcher started asks the kernel for `LAUNCHER_GONE` when the launcher dies; its pid, or None: no
