@@ -890,3 +890,15 @@ def test_an_option_trl_1_removed_is_refused_with_its_fix(name, form, tmp_path):
     argv = [f"--{name}", "1"] if form == "command_line" else ["--config", write(tmp_path, f"{name}: 1\n")]
     with pytest.raises(ConfigError, match=f"removed in TRL 1.x, .*: drop {name}"):
         parse_args(argv)
+
+
+def test_batching_flags_note_is_said_by_the_main_process_alone(monkeypatch, capsys):
+    """Every rank parses the recipe: the note that the command line's micro-batch flags replace the recipe's batching
+    is the main process's line (RANK 0), not one per process (a 4-GPU x 8-node job wrote it 32 times)."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--per_device_train_batch_size", "1"]
+    monkeypatch.setenv("RANK", "1")
+    one = parse_args(smoke)
+    assert "on the command line: micro-batches of" not in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    assert parse_args(smoke) == one
+    assert "on the command line: micro-batches of 1 pair, 1 per step and process" in capsys.readouterr().err

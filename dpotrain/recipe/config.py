@@ -981,12 +981,13 @@ def _command_line_batch_wins(values: dict, on_command_line: set[str]) -> dict | 
         if replaced.get("max_tokens_per_microbatch") is not None:
             keep += ["--max_tokens_per_microbatch", "none"]  # micro-batches of pairs, not of tokens
     kept = f" ({' '.join(keep)} keeps its {plural(replaced['pairs_per_step'], 'pair')} per step)" if keep else ""
-    print(
-        f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-        f"{plural(values['per_device_train_batch_size'], 'pair')}, {values['gradient_accumulation_steps']} per step "
-        f"and process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
-        file=sys.stderr,
-    )
+    if launcher.launched_main():  # every rank parses the recipe alike: one line, not one per process
+        print(
+            f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
+            f"{plural(values['per_device_train_batch_size'], 'pair')}, {values['gradient_accumulation_steps']} per "
+            f"step and process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
+            file=sys.stderr,
+        )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
 
 

@@ -86,7 +86,7 @@ def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True)
     """Whether the process of launch rank `rank` writes `error`'s one line: not where another rank writes it
     (`SAID_BY`, on the error or one it was raised from: disk_full's line for a write the main process failed). A
     ConfigError raised before the ranks' first collective mostly comes from what every rank reads alike: the first
-    process on each node to meet it writes it (`_first_to_say`: one line in the job's log, yet a node whose files
+    process on each node to meet it writes it (`first_to_say`: one line in the job's log, yet a node whose files
     differ, or a rank alone in its own environment, still says so). A failure of one rank's own: that rank's line."""
     seen = error
     while seen is not None:
@@ -95,15 +95,15 @@ def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True)
         seen = seen.__cause__ or seen.__context__
     if _ranks_met[0] or not isinstance(error, ConfigError):
         return True
-    first = _first_to_say(str(error))
+    first = first_to_say(str(error))
     return first_on_node if first is None else first
 
 
-# The name of the mark `_first_to_say` leaves: the line's own hash, so that a different refusal is written too.
+# The name of the mark `first_to_say` leaves: the line's own hash, so that a different refusal is written too.
 SAID_MARK = "dpotrain-said-{}"
 
 
-def _first_to_say(line: str) -> bool | None:
+def first_to_say(line: str) -> bool | None:
     """Whether this process is the first of its node's to write `line`: before the ranks meet there is no collective
     to ask (the others may never join one), so each process that would write it creates a mark named by the line in
     the folder torchrun (`accelerate launch` runs it) made for this attempt of the launch on this node, the parent of
@@ -169,7 +169,7 @@ def _behind_peer_gone(error: BaseException) -> BaseException | None:
 
 
 # What a rank left in a collective by another process's end writes: the same words on every rank, so that a node's
-# processes write it once (`_first_to_say`), and nothing of gloo's own message (a port, a file of its source).
+# processes write it once (`first_to_say`), and nothing of gloo's own message (a port, a file of its source).
 PEER_GONE = (
     "another process of this launch ended while this one waited for it in a collective (gloo: connection closed by "
     "peer): the first failing process's own line above, or the launcher's summary (its Root Cause), says why"
@@ -181,7 +181,7 @@ def _peer_gone_line(lead: str) -> None:
     the dead one left waiting, hid the line that said why above it."""
     for bar in upstream.open_progress_bars():
         bar.close()
-    if _first_to_say(PEER_GONE) is not False:
+    if first_to_say(PEER_GONE) is not False:
         sys.stderr.write(f"{lead}error: {PEER_GONE}\n")
         sys.stderr.flush()
 

@@ -33,7 +33,7 @@ from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ra
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import read_recipe, without_secrets
-from dpotrain.recipe.errors import ConfigError, RunError, _first_to_say, cause, warn
+from dpotrain.recipe.errors import ConfigError, RunError, cause, first_to_say, warn
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
@@ -108,7 +108,7 @@ class GracefulStop(TrainerCallback):
 
     def _say_unread_at_start(self) -> None:
         """The start's look at the stop file got no answer: one line per node, by the first of its processes whose look
-        failed (`errors._first_to_say`: the ranks have not met, so no collective can ask). Said by LOCAL_RANK 0 alone, a
+        failed (`errors.first_to_say`: the ranks have not met, so no collective can ask). Said by LOCAL_RANK 0 alone, a
         node whose LOCAL_RANK 0 had its answer, and another rank none (ESTALE is a moment's), said nothing, and that
         rank took the stop file as the start's where its node's first rank took it as a request. Without torchrun's
         folder to mark (another launcher), each process whose look failed says it: a line twice, not none."""
@@ -117,7 +117,7 @@ class GracefulStop(TrainerCallback):
             "file seen there before training begins is taken as there from the start (a stop after step 1, with "
             "its checkpoint), one first seen after it as a request made since"
         )
-        if _first_to_say(f"warning: {line}") is not False:
+        if first_to_say(f"warning: {line}") is not False:
             warn(line)
 
     def _watch_launcher(self) -> int | None:
