@@ -189,12 +189,38 @@ class CompleteMarker(TrainerCallback):
             run_files.completed(Path(args.output_dir), folder.name)  # gone later: moved or deleted (`gone`)
             if self.save_started is not None:
                 report_save(state.global_step, time.monotonic() - self.save_started)
-            deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
-            run_files.disown(args.output_dir, [p.name for p in deleted])  # the record names what is there
+            rotate_recorded(args, state, folder)
 
         collectives.main_outcome(rotated)
         self.save_started, self.model = None, ()
         return control
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Every rank: the step is the resume point's, which the ranks agreed on, so all join the same broadcast.
+        if state.global_step > 0:
+            collectives.main_outcome(settle_resumed, args, state)
+        return control
+
+
+def rotate_recorded(args, state, folder: Path) -> None:
+    """Main process: rotation after `folder` (kept, with the best), the record then naming what is there."""
+    deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+    run_files.disown(args.output_dir, [p.name for p in deleted])
+
+
+def settle_resumed(args, state) -> None:
+    """Main process, as a resume begins: what `CompleteMarker.on_save` does after a mark, done for the run's newest
+    checkpoint it resumes from. A kill right after that mark (a lost node, Slurm's kill past its grace time) left it
+    unlisted as complete in run_files.json (so not named gone if moved or deleted later) and the rotation undone: a
+    resume from the last step saves nothing, and the finished run kept a whole checkpoint past save_total_limit. Not
+    where newer checkpoints lie past it (passed over as damaged, or named resume_from_checkpoint): a save settles
+    those, never this."""
+    folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    own = own_checkpoints(args.output_dir)
+    if not own or own[-1].name != folder.name or not is_complete(folder):
+        return
+    run_files.completed(Path(args.output_dir), folder.name)
+    rotate_recorded(args, state, folder)
 
 
 def report_save(step: int, seconds: float) -> None:
