@@ -1080,6 +1080,64 @@ def test_a_damaged_staged_copy_is_recorded_failed_once_and_removed_as_a_cut_shor
     assert not hub.state.commits
 
 
+@pytest.mark.parametrize("failing_read", [1, 2])  # the manifest's first read (its files), or its second (the model's)
+@pytest.mark.parametrize("pusher", ["push_to_hub", "requeued job"])
+def test_a_staged_copy_whose_manifest_read_fails_once_is_kept_and_pushed_later(
+    hub, tmp_path, monkeypatch, capsys, pusher, failing_read
+):
+    """A read of a staged copy's manifest that failed (EIO, ESTALE on NFS) was taken for a manifest naming no model's
+    files: NotPushable, and the copy, the step's last, removed (push_to_hub.py and the resumed run's pusher alike), or
+    an OSError out of the requeued job's start. A read that failed is no damaged copy: now it is recorded failed with
+    its cause, the copy kept, and the next job or command pushes it. (Failed on the old code: the copy removed on the
+    second read, a traceback on the first.)"""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    copy = hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung: the copy is the step's last
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    HfApi(endpoint=hub.endpoint, token=SECRET).create_repo(REPO)  # as push_to_hub.py creates it first
+    manifest, reads, read_text = copy / "MANIFEST.json", [], Path.read_text
+
+    def failing(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == failing_read:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    def push_it():
+        if pusher == "push_to_hub":
+            return hub_push.push_checkpoints(HfApi(endpoint=hub.endpoint, token=SECRET), out, REPO)
+        job = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        job.submit_left()  # as the resumed run's on_train_begin calls it
+        assert job.finish(hub_push.FINAL_WAIT_S) == []
+        return None
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", failing)
+        push_it()
+    latest = hub_push.read_pushes(out)[-1]
+    assert latest["status"] == "failed" and "pushable" not in latest, latest
+    assert latest["error"] == "it could not be read (OSError: [Errno 5] Input/output error)", latest
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept, whole
+    assert "was not pushed" in capsys.readouterr().err
+    push_it()  # the next job, or the command run again: the read answers
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote

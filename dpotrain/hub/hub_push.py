@@ -64,9 +64,23 @@ class NotPushable(Exception):
     """Why a complete checkpoint cannot go to its branch (said in the warning and the record's `error`)."""
 
 
+class ReadFailed(Exception):
+    """A checkpoint whose check could not read it (EIO, ESTALE): not damaged, so its staged copy is kept and a later
+    job or command pushes it (taken for NotPushable, the step's last copy was removed)."""
+
+
 def pushable_files(folder: Path) -> list[str]:
     """The files of a complete checkpoint that go to its branch, their sizes checked against its manifest (a file cut
-    short or replaced since would go up as that step's model); NotPushable says why not."""
+    short or replaced since would go up as that step's model); NotPushable says why not, ReadFailed that it could not
+    be read now."""
+    try:
+        return checked_files(folder)
+    except OSError as e:
+        raise ReadFailed(f"it could not be read ({cause(e)})") from e
+
+
+def checked_files(folder: Path) -> list[str]:
+    """`pushable_files`' check, its reads' OSErrors raised."""
     listed, names = checkpoint_manifest.read(folder), checkpoint_manifest.model_files(folder)
     if listed == {}:
         raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
@@ -84,8 +98,9 @@ def pushable_files(folder: Path) -> list[str]:
 
 
 def why(error: Exception) -> str:
-    """What a record and a warning say of a push's failure: a NotPushable's reason as it is, another error's `cause`."""
-    return str(error) if isinstance(error, NotPushable) else cause(error)
+    """What a record and a warning say of a push's failure: a NotPushable's or ReadFailed's reason as it is, another
+    error's `cause`."""
+    return str(error) if isinstance(error, (NotPushable, ReadFailed)) else cause(error)
 
 
 def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) -> dict:
@@ -96,8 +111,8 @@ def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) 
 def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> dict:
     """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
     branch = branch_name(step)
+    files = checkpoint_files(folder)  # before the upload: a read failing after it said "failed" of a push made
     commit, attempts = with_retries(lambda: upload_checkpoint(api, repo_id, folder, step), f"{branch} push")
-    files = checkpoint_files(folder)
     entry = record_pushed(
         out, folder.name, repo_id, step=step, branch=branch, attempts=attempts, commit=commit.oid, files=files
     )
@@ -409,6 +424,9 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
         error = deleted_step(folder, e) if staged else str(e)
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
         entry = record("failed", error=error, pushable=False)  # not among the steps "run the same command again" pushes
+    except ReadFailed as e:  # not damaged: a staged copy kept, for the command run again
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {e}")
+        return [record("failed", error=str(e))]
     except Exception as e:
         # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
         if not hasattr(e, "attempts"):
@@ -476,6 +494,10 @@ class CheckpointPusher(TrainerCallback):
             # Recorded once: kept, each requeued job found it again and wrote its `failed` line anew
             shutil.rmtree(staged, ignore_errors=True)
             return
+        except ReadFailed as e:  # not damaged: kept for the next job or push_to_hub.py (the end's clearing too)
+            self.kept.add(step)
+            self._failed(step, None, str(e), kept=staged)
+            return
         print(f"{deleted_step(staged)}: pushing its copy in {self.out / STAGING}", flush=True)
         self._queue(step, staged)
 
@@ -492,11 +514,20 @@ class CheckpointPusher(TrainerCallback):
         except NotPushable as e:
             self._failed(step, None, str(e), never=True)
             return
+        except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
+            self._failed(step, None, str(e))
+            return
         # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
         if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
             run_files.claim(self.out, [STAGING])
-        self._queue(step, stage(folder, self.out / STAGING))
+        try:
+            staged = stage(folder, self.out / STAGING)
+        except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash
+            shutil.rmtree(self.out / STAGING / folder.name, ignore_errors=True)
+            self._failed(step, None, f"it could not be staged ({cause(e)})")
+            return
+        self._queue(step, staged)
 
     def _queue(self, step: int, staged: Path) -> None:
         """The upload of `staged` queued for the worker thread."""

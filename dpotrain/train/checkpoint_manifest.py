@@ -101,10 +101,12 @@ def read(folder: Path) -> dict | None:
 
 def model_files(folder: Path) -> list[str] | None:
     """The files of the checkpoint's model (weights, configs, tokenizer, chat templates: what its save wrote), as its
-    manifest names them; None for a manifest that names none (written before manifests did) or none at all."""
+    manifest names them; None for a manifest that names none (written before manifests did) or none at all. A read
+    that failed (EIO, ESTALE) is raised: no damaged checkpoint, which a push refuses for good (and a staged copy it
+    removes, the step's last)."""
     try:
         names = json.loads((folder / MANIFEST).read_text())["model"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
     return names if isinstance(names, list) and all(isinstance(n, str) and inside(n) for n in names) else None
 
