@@ -1138,6 +1138,47 @@ def test_a_staged_copy_whose_manifest_read_fails_once_is_kept_and_pushed_later(
     assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
 
 
+@pytest.mark.parametrize("failing_read", [1, 2, 3])  # the check's two reads of the manifest, then the staging's
+def test_a_checkpoint_whose_manifest_read_fails_at_its_save_is_a_warning_and_pushed_later(
+    hub, tmp_path, monkeypatch, capsys, failing_read
+):
+    """At a save, the pusher's check reads the checkpoint's manifest in the training loop: a read that failed (EIO)
+    ended the run in an OSError, or was taken for a checkpoint no command can push. Now it is a warning and a `failed`
+    line that a later push keeps its promise of. (Failed on the old code: the OSError, or `pushable: false`.)"""
+    import errno
+    from pathlib import Path
+
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    manifest, reads, read_text = sealed_checkpoint(out / "checkpoint-2") / "MANIFEST.json", [], Path.read_text
+
+    def failing(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == failing_read:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", failing)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert pusher.finish(FINAL_WAIT_S) == []
+    [record] = read_pushes(out)
+    assert record["status"] == "failed" and "pushable" not in record, record
+    assert record["error"].endswith("(OSError: [Errno 5] Input/output error)"), record
+    assert "pushes it later while it is still on disk" in capsys.readouterr().err
+    job = CheckpointPusher(REPO, SECRET, None, out)  # the next job, as its start pushes what is left
+    job.submit_left()
+    assert job.finish(FINAL_WAIT_S) == []
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote
