@@ -207,7 +207,8 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
-        records = hub_push.push_checkpoints(api, run, repo_id)
+        # the run lock asked again at each staged copy: a job started since the check at the start is not raced
+        records = hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run))
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
         failed = [r for r in records if r["status"] == "failed"]

@@ -1273,6 +1273,59 @@ def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeyp
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
 
 
+@pytest.mark.parametrize("job_starts_at", [6, 2])  # while checkpoint-6 on disk is pushed; while step 2's copy is
+def test_push_to_hub_asks_the_run_lock_again_before_each_staged_copy(hub, tmp_path, monkeypatch, job_starts_at):
+    """`push_to_hub.py --checkpoints` read the run's lock once, at its start: a requeued job starting during its
+    uploads (minutes) pushed the same staged copies, and each removed them once pushed, under the other's upload. The
+    lock is asked again before each staged copy is pushed and before it is removed, with the same refusal: the job
+    started at checkpoint-6's upload gets every staged copy; at step 2's, that copy is kept for it and step 4 is left
+    to it. (Failed on the old code: no refusal, both copies pushed and removed under the job.)"""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: staged, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    script = push_script(hub, monkeypatch)
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+    push_checkpoint = hub_push.push_checkpoint
+
+    def pushed_as_the_job_starts(api, repo_id, folder, step, run_dir):
+        entry = push_checkpoint(api, repo_id, folder, step, run_dir)
+        if step == job_starts_at:  # the job takes the folder's lock during this upload
+            holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+            (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+        return entry
+
+    monkeypatch.setattr(hub_push, "push_checkpoint", pushed_as_the_job_starts)
+    try:
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    finally:
+        job.kill()
+        job.wait()
+    said = str(refused.value)
+    assert said.startswith(f"{out} is in use by a running job (host ") and f"pid {job.pid}" in said, said
+    assert said.endswith("wait for it to end (or stop it: scancel 5512), then run this command again"), said
+    on_the_hub = {s for s, _ in hub_push.pushed_revisions(out, REPO)}
+    assert on_the_hub == ({6} if job_starts_at == 6 else {2, 6}), on_the_hub
+    # the copies the job pushes are left to it, the one pushed here too (its removal would come under the job's upload)
+    assert all((out / hub_push.STAGING / f"checkpoint-{s}" / "model.safetensors").is_file() for s in (2, 4))
+    assert "step-4" not in hub.state.repos[REPO]
+
+
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):
     """The staged copy of a checkpoint save_total_limit deleted is its last copy. When its upload failed past the
     retries, the worker deleted it all the same, and `finish` the staging folder: the step was gone, while the record

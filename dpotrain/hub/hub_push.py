@@ -388,9 +388,11 @@ def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
-def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
+def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[dict]:
     """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
-    staged copy, to its branch, but where the branch holds it already; returns the records written."""
+    staged copy, to its branch, but where the branch holds it already; returns the records written. `check_free()`
+    (push_to_hub.py's run-lock check, raising its refusal) is asked again before each staged copy is pushed and before
+    it is removed: a job started since the command's start pushes and removes the same copies."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
@@ -406,14 +408,18 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     for staged in staged_only(run_dir, done):
         if (run_dir / staged.name).exists():  # saved since: the job's own upload, not this command's
             continue
+        if check_free is not None:
+            check_free()
         print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
-        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True))
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True, check_free=check_free))
     return records
 
 
-def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False) -> list[dict]:
+def push_one_checkpoint(
+    api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False, check_free=None
+) -> list[dict]:
     """`folder` (a checkpoint, or a `staged` copy) to its branch, checked as the run's pusher checks it, skipped where
-    the branch holds it already: the record written."""
+    the branch holds it already: the record written. `check_free()` is asked before a staged copy is removed."""
     step = step_of(folder)
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
@@ -435,7 +441,9 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
         return [record("failed", attempts=e.attempts, error=why(e))]  # a staged copy kept for the next run
     if staged:
         # On the Hub now, or no whole copy to push ever: removed, else every later run of the command found it again
-        # (a damaged one failing each time, "run the same command again")
+        # (a damaged one failing each time, "run the same command again"); never under a job started meanwhile
+        if check_free is not None:
+            check_free()
         shutil.rmtree(folder, ignore_errors=True)
     return [entry]
 
