@@ -14,12 +14,14 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
 """
 
 import contextlib
+import errno
 import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+from stat import S_ISREG
 from types import SimpleNamespace
 
 import pytest
@@ -1177,6 +1179,75 @@ def test_a_checkpoint_whose_manifest_read_fails_at_its_save_is_a_warning_and_pus
     job.submit_left()
     assert job.finish(FINAL_WAIT_S) == []
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
+def failing_stat(monkeypatch, failing: Path, error: int = errno.ESTALE) -> None:
+    """`failing`'s stat raises `error` (NFS's ESTALE), and Path.is_file() and exists() answer as Python 3.14's do
+    (cpython gh-118243): False for every OSError, not only a missing file, so a test shows on any Python what a check
+    by is_file() does there."""
+    real_stat = Path.stat
+
+    def stat(path, *args, **kwargs):
+        if path == failing:
+            raise OSError(error, os.strerror(error), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    def answers(path, **kwargs) -> os.stat_result | None:
+        try:
+            return path.stat(**kwargs)
+        except OSError:
+            return None
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(
+        Path, "is_file", lambda path, **kw: (s := answers(path, **kw)) is not None and S_ISREG(s.st_mode)
+    )
+    monkeypatch.setattr(Path, "exists", lambda path, **kw: answers(path, **kw) is not None)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "MANIFEST.json"])
+@pytest.mark.parametrize("pusher", ["push_to_hub", "requeued job"])
+def test_a_staged_copy_whose_file_stat_fails_is_kept_not_taken_for_missing(hub, tmp_path, monkeypatch, pusher, name):
+    """A reviewer's finding: the check asked Path.is_file() whether a weight file or the manifest was there, and on
+    Python 3.14 it says False for every OSError (an ESTALE, an EIO), so a file that could not be read now was taken for
+    one deleted: NotPushable, and the staged copy, the step's last, removed. A stat that fails other than for a missing
+    file is a read that failed: recorded failed, the copy kept, pushed by the next job or command. (Failed on the old
+    code: `pushable: false`, the copy removed.)"""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    copy = hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung: the copy is the step's last
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    HfApi(endpoint=hub.endpoint, token=SECRET).create_repo(REPO)
+
+    def push_it():
+        if pusher == "push_to_hub":
+            return hub_push.push_checkpoints(HfApi(endpoint=hub.endpoint, token=SECRET), out, REPO)
+        job = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        job.submit_left()
+        assert job.finish(hub_push.FINAL_WAIT_S) == []
+        return None
+
+    with monkeypatch.context() as patched:
+        failing_stat(patched, copy / name)
+        push_it()
+    latest = hub_push.read_pushes(out)[-1]
+    assert latest["status"] == "failed" and "pushable" not in latest, latest
+    assert latest["error"] == f"it could not be read (OSError: [Errno 116] Stale file handle: '{copy / name}')", latest
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept, whole
+    push_it()  # the file server answers again
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
 
 
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):

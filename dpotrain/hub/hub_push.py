@@ -7,6 +7,7 @@ line in hub_pushes.jsonl, never a failed run.
 """
 
 import contextlib
+import errno
 import functools
 import hashlib
 import math
@@ -14,6 +15,7 @@ import os
 import queue
 import shlex
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -73,14 +75,35 @@ def pushable_files(folder: Path) -> list[str]:
     """The files of a complete checkpoint that go to its branch, their sizes checked against its manifest (a file cut
     short or replaced since would go up as that step's model); NotPushable says why not, ReadFailed that it could not
     be read now."""
-    try:
+    with reading():
         return checked_files(folder)
+
+
+@contextlib.contextmanager
+def reading():
+    """A checkpoint's files read: an OSError raised as ReadFailed, which keeps the staged copy."""
+    try:
+        yield
     except OSError as e:
         raise ReadFailed(f"it could not be read ({cause(e)})") from e
 
 
+def size_of(path: Path) -> int | None:
+    """`path`'s size; None only where it is missing. Any other OSError (ESTALE, EIO) is raised, a folder there as
+    IsADirectoryError: Path.is_file() says False for every OSError on Python 3.14 (cpython gh-118243), so a file that
+    could not be read now was taken for one deleted, and the step's last copy removed."""
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    return info.st_size
+
+
 def checked_files(folder: Path) -> list[str]:
     """`pushable_files`' check, its reads' OSErrors raised."""
+    size_of(folder / checkpoint_manifest.MANIFEST)  # its read failing raised here, never taken for no manifest
     listed, names = checkpoint_manifest.read(folder), checkpoint_manifest.model_files(folder)
     if listed == {}:
         raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
@@ -89,9 +112,9 @@ def checked_files(folder: Path) -> list[str]:
     if not any(n.endswith(".safetensors") for n in names):
         raise NotPushable("no model weights (*.safetensors)")
     for name in names:
-        if name not in listed or not (folder / name).is_file():
+        size = size_of(folder / name) if name in listed else None
+        if size is None:
             raise NotPushable(f"{name} is missing (deleted after it was saved)")
-        size = (folder / name).stat().st_size
         if size != listed[name]["bytes"]:
             raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
     return names
@@ -361,7 +384,8 @@ def stage(folder: Path, staging_root: Path) -> Path:
     target = staging_root / folder.name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    manifest = [checkpoint_manifest.MANIFEST] if (folder / checkpoint_manifest.MANIFEST).is_file() else []
+    # size_of, not is_file(): a copy staged without its manifest, its read failing now, is no push's ever
+    manifest = [checkpoint_manifest.MANIFEST] if size_of(folder / checkpoint_manifest.MANIFEST) is not None else []
     for name in [*checkpoint_files(folder), *manifest]:
         (target / name).parent.mkdir(parents=True, exist_ok=True)  # additional_chat_templates/
         try:

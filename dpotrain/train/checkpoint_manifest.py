@@ -82,11 +82,13 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
 
 def read(folder: Path) -> dict | None:
     """The manifest's files ({relative path: {"bytes", "sha256"}}), or None for a checkpoint written without one."""
-    path = folder / MANIFEST
-    if not path.is_file():
+    try:
+        # not is_file(): False for every OSError on Python 3.14 (gh-118243), a read that failed (ESTALE) taken for none
+        text = (folder / MANIFEST).read_text()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     try:
-        files = json.loads(path.read_text())["files"]
+        files = json.loads(text)["files"]
         # Each entry as `seal` writes it: an edited one (no size, a size in words) would end the check in a traceback;
         # and of the folder's own files: a path out of it (`../../base/model.safetensors`, edited in) was verified as
         # the checkpoint's and deleted with it by rotation
@@ -106,7 +108,7 @@ def model_files(folder: Path) -> list[str] | None:
     removes, the step's last)."""
     try:
         names = json.loads((folder / MANIFEST).read_text())["model"]
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
         return None
     return names if isinstance(names, list) and all(isinstance(n, str) and inside(n) for n in names) else None
 
