@@ -1250,6 +1250,56 @@ def test_a_staged_copy_whose_file_stat_fails_is_kept_not_taken_for_missing(hub, 
     assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
 
 
+def test_a_failure_whose_recording_cannot_read_the_checkpoint_is_a_warning_not_an_error_out_of_on_save(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """A reviewer's finding: recording a checkpoint's failed push asks whether it is still on disk (its COMPLETE
+    mark), a read that can fail as the check's did (ESTALE): raised out of `on_save`, on rank 0 alone, while the other
+    ranks go on into the next collective and wait there. A failure while recording a failure is said in the warning,
+    never raised out of a callback. (Failed on the old code: the OSError out of on_save.)"""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher
+    from dpotrain.train.checkpoints import MARKER
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    manifest, mark, read_text, real_stat, looks = (
+        folder / "MANIFEST.json",
+        folder / MARKER,
+        Path.read_text,
+        Path.stat,
+        [],
+    )
+
+    def manifest_fails(path, *args, **kwargs):
+        if path == manifest:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    def mark_fails_after_one_look(path, *args, **kwargs):
+        if path == mark:
+            looks.append(path)
+            if len(looks) > 1:  # the save's own look answered; the one recording the failure does not
+                raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", manifest_fails)
+        patched.setattr(Path, "stat", mark_fails_after_one_look)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert len(looks) > 1  # the recording's look failed
+    assert pusher.finish(FINAL_WAIT_S) == []
+    [record] = read_pushes(out)
+    assert record["status"] == "failed" and record["error"].startswith("it could not be read (OSError: [Errno 5]")
+    said = capsys.readouterr().err
+    assert "checkpoint-2 was not pushed to me/dpo-test@step-2 (it could not be read" in said, said
+    assert "whether checkpoint-2 is still on disk could not be read" in said, said
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote

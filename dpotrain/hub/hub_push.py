@@ -120,6 +120,15 @@ def checked_files(folder: Path) -> list[str]:
     return names
 
 
+def still_on_disk(out: Path, step: int) -> bool | None:
+    """Whether checkpoint `step` is on disk, complete; None where its mark could not be read (ESTALE). The pusher asks
+    it in callbacks on rank 0 alone: an OSError raised there left the other ranks waiting in the next collective."""
+    try:
+        return is_complete(out / f"checkpoint-{step}")
+    except OSError:
+        return None
+
+
 def why(error: Exception) -> str:
     """What a record and a warning say of a push's failure: a NotPushable's or ReadFailed's reason as it is, another
     error's `cause`."""
@@ -539,9 +548,12 @@ class CheckpointPusher(TrainerCallback):
 
     def submit(self, folder: Path) -> None:
         step = step_of(folder)
-        if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
+        if step in self.pending:
             return
         try:
+            with reading():  # its mark's read failing too: a warning, never an OSError out of on_save on rank 0 alone
+                if not is_complete(folder):  # never a checkpoint without its mark
+                    return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
             self._failed(step, None, str(e), never=True)
@@ -603,9 +615,12 @@ class CheckpointPusher(TrainerCallback):
         upload, each copy kept held a whole checkpoint once rotation deleted it, filling the disk past
         save_total_limit. An older one removed is said where it was its step's last copy."""
         for older in sorted(self.kept):
+            present = still_on_disk(self.out, older)
+            if present is None:  # not known whether it is its step's last copy: kept, nothing lost
+                continue
             self.kept.discard(older)
             shutil.rmtree(self.out / STAGING / f"checkpoint-{older}", ignore_errors=True)
-            if not is_complete(self.out / f"checkpoint-{older}"):
+            if not present:
                 warn(
                     f"the copy of checkpoint-{older} kept after its failed upload is removed for checkpoint-{step}'s "
                     f"(one is kept at a time): its checkpoint is deleted, so step {older} is on neither the disk nor "
@@ -624,7 +639,10 @@ class CheckpointPusher(TrainerCallback):
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
-        gone = not is_complete(self.out / f"checkpoint-{step}")
+        present = still_on_disk(self.out, step)  # a failure while recording a failure: said below, never raised
+        gone = present is False
+        if present is None:
+            error = f"{error}; whether checkpoint-{step} is still on disk could not be read"
         on_disk = f"{again} while it is still on disk"
         later = {  # by (a copy kept, the checkpoint gone)
             (True, True): f"{again} from its copy in {kept}, kept (the checkpoint was deleted)",
@@ -647,7 +665,7 @@ class CheckpointPusher(TrainerCallback):
         if not root.is_dir() or root.is_symlink():
             run_files.disown(self.out, [STAGING])
             return
-        kept = {f"checkpoint-{s}" for s in self.kept if not is_complete(self.out / f"checkpoint-{s}")}
+        kept = {f"checkpoint-{s}" for s in self.kept if not still_on_disk(self.out, s)}  # unread (None): kept too
         if not kept:
             shutil.rmtree(root, ignore_errors=True)
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
