@@ -1300,6 +1300,51 @@ def test_a_failure_whose_recording_cannot_read_the_checkpoint_is_a_warning_not_a
     assert "whether checkpoint-2 is still on disk could not be read" in said, said
 
 
+def test_push_to_hub_records_a_step_whose_manifest_read_fails_at_the_push_and_goes_on(hub, tmp_path, monkeypatch):
+    """A reviewer's finding: push_checkpoint reads the manifest a third time (the files it records), after the check's
+    two reads; failing there (EIO), the OSError ended the whole `push_to_hub.py --checkpoints` with no record of the
+    step, and the steps after it were not tried. Every step the command tries ends recorded, pushed or failed with its
+    cause (the copy kept), and the command goes on to the next. (Failed on the old code: the OSError.)"""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # both rotated away while their uploads hung
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    copy = out / hub_push.STAGING / "checkpoint-2"
+    manifest, reads, read_text = copy / "MANIFEST.json", [], Path.read_text
+
+    def third_read_fails(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == 3:  # the check read it twice; push_checkpoint's read of the files it records
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", third_read_fails)
+        records = hub_push.push_checkpoints(api, out, REPO)
+    assert len(reads) == 3
+    assert [(r["step"], r["status"], r.get("error")) for r in records] == [
+        (2, "failed", "it could not be read (OSError: [Errno 5] Input/output error)"),
+        (4, "pushed", None),
+    ]
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept for the command run again
+    assert "step-2" not in hub.state.repos[REPO]
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote

@@ -143,7 +143,10 @@ def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) 
 def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> dict:
     """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
     branch = branch_name(step)
-    files = checkpoint_files(folder)  # before the upload: a read failing after it said "failed" of a push made
+    # before the upload: a read failing after it said "failed" of a push made; ReadFailed, not its OSError, which
+    # ended push_to_hub.py with no record of the step and the steps after it untried
+    with reading():
+        files = checkpoint_files(folder)
     commit, attempts = with_retries(lambda: upload_checkpoint(api, repo_id, folder, step), f"{branch} push")
     entry = record_pushed(
         out, folder.name, repo_id, step=step, branch=branch, attempts=attempts, commit=commit.oid, files=files
