@@ -1345,6 +1345,61 @@ def test_push_to_hub_records_a_step_whose_manifest_read_fails_at_the_push_and_go
     assert "step-2" not in hub.state.repos[REPO]
 
 
+def test_push_to_hub_names_the_fix_of_a_file_it_cannot_read_and_keeps_its_copy(hub, tmp_path, monkeypatch):
+    """A reviewer's finding: a permission refused on a staged copy's manifest, or a folder standing where its weight
+    file should be, is no failure a rerun gets past, yet the command said "run the same command again" of it, for
+    ever; and the folder was taken for a deleted file, the copy (the step's last) removed as never pushable. Each is
+    now recorded failed with its cause and its fix, the copy kept, and the closing line names both. (Failed on the old
+    code: the folder's copy removed, no fix named.) A permission refused is patched in: the tests may run as root."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: staged, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    refused, weights = (
+        out / hub_push.STAGING / "checkpoint-2" / "MANIFEST.json",
+        out / hub_push.STAGING / "checkpoint-4",
+    )
+    (weights / "model.safetensors").unlink()
+    (weights / "model.safetensors").mkdir()  # a folder where the weight file should be
+    read_text = Path.read_text
+
+    def permission_refused(path, *args, **kwargs):
+        if path == refused:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_text(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "read_text", permission_refused)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as failed:
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    folder_there = f"IsADirectoryError: [Errno 21] Is a directory: '{weights / 'model.safetensors'}'"
+    assert str(failed.value) == (
+        f"step-2, step-4 failed to push (see {out}/{PUSH_RECORD}), and they push only once mended: step-2: it could "
+        f"not be read (PermissionError: [Errno 13] Permission denied: '{refused}'): fix the file's permissions first; "
+        f"step-4: it could not be read ({folder_there}): a folder stands where the checkpoint's file should be: put "
+        "the file back in its place first; then run the same command again"
+    )
+    latest = {r["step"]: r for r in read_pushes(out)}
+    assert [(s, latest[s]["status"], latest[s].get("pushable")) for s in (2, 4, 6)] == [
+        (2, "failed", None),
+        (4, "failed", None),
+        (6, "pushed", None),
+    ]
+    assert refused.is_file() and (weights / "model.safetensors").is_dir()  # both copies kept: nothing lost
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote

@@ -79,13 +79,28 @@ def pushable_files(folder: Path) -> list[str]:
         return checked_files(folder)
 
 
+# A read's failure that no later push gets past until the user mends it, by its error, with the mending: said after its
+# cause (the record's `error`), where an EIO or ESTALE may pass and the same command run again pushes it
+FIXES = {
+    PermissionError: "fix the file's permissions first",
+    IsADirectoryError: "a folder stands where the checkpoint's file should be: put the file back in its place first",
+}
+
+
 @contextlib.contextmanager
 def reading():
-    """A checkpoint's files read: an OSError raised as ReadFailed, which keeps the staged copy."""
+    """A checkpoint's files read: an OSError raised as ReadFailed, which keeps the staged copy, naming its fix where
+    it has one (FIXES)."""
     try:
         yield
     except OSError as e:
-        raise ReadFailed(f"it could not be read ({cause(e)})") from e
+        fix = next((f": {text}" for kind, text in FIXES.items() if isinstance(e, kind)), "")
+        raise ReadFailed(f"it could not be read ({cause(e)}){fix}") from e
+
+
+def needs_fix(record: dict) -> bool:
+    """Whether a `failed` record's error names a fix (FIXES): not pushed by the same command run as it is."""
+    return str(record.get("error", "")).endswith(tuple(FIXES.values()))
 
 
 def size_of(path: Path) -> int | None:
@@ -317,7 +332,8 @@ def verified_additions(folder: Path, names: list[str]) -> list:
     listed = checkpoint_manifest.read(folder) or {}
     adds = []
     for name in names:
-        digest = checkpoint_manifest.sha256(folder / name)
+        with reading():  # a file unreadable now (a permission, a folder in its place): kept, its fix named
+            digest = checkpoint_manifest.sha256(folder / name)
         if name in listed and digest != listed[name]["sha256"]:
             raise NotPushable(
                 f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
