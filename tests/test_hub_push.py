@@ -1345,6 +1345,43 @@ def test_push_to_hub_records_a_step_whose_manifest_read_fails_at_the_push_and_go
     assert "step-2" not in hub.state.repos[REPO]
 
 
+def test_push_to_hub_records_a_step_whose_read_fails_comparing_it_with_its_branch_and_goes_on(
+    hub, tmp_path, monkeypatch
+):
+    """Run again, `push_to_hub.py --checkpoints` compares each checkpoint with the branch that holds it already, reading
+    its files; a read failing there (EIO) ended the whole command with no record of the step, and the steps after it
+    untried. It is recorded failed with its cause, and the command goes on. (Failed on the old code: the OSError.)"""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    assert [r["status"] for r in hub_push.push_checkpoints(api, out, REPO)] == ["pushed"]
+    sealed_checkpoint(out / "checkpoint-4")  # saved since
+    manifest, reads, read_text = folder / "MANIFEST.json", [], Path.read_text
+
+    def third_read_fails(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == 3:  # the check read it twice; the comparison with the branch reads its SHA-256s
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", third_read_fails)
+        records = hub_push.push_checkpoints(api, out, REPO)
+    assert [(r["step"], r["status"], r.get("error")) for r in records] == [
+        (2, "failed", "it could not be read (OSError: [Errno 5] Input/output error)"),
+        (4, "pushed", None),
+    ]
+    assert len(reads) == 3 and (folder / "model.safetensors").read_text() == "model.safetensors\n"
+
+
 def test_push_to_hub_names_the_fix_of_a_file_it_cannot_read_and_keeps_its_copy(hub, tmp_path, monkeypatch):
     """A reviewer's finding: a permission refused on a staged copy's manifest, or a folder standing where its weight
     file should be, is no failure a rerun gets past, yet the command said "run the same command again" of it, for

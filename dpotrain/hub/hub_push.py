@@ -376,15 +376,26 @@ def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None)
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
     """Whether `revision` holds exactly `names` of `folder`, by content: another run of the same base model leaves
-    files of the same names and sizes. Sizes first; then an LFS file by its SHA-256 (a checkpoint's from its manifest),
-    another by its git blob id."""
+    files of the same names and sizes."""
+    remote = remote_files(api, repo_id, revision)
+    return remote is not None and holds(remote, folder, names)
+
+
+def remote_files(api, repo_id: str, revision: str) -> dict | None:
+    """The files `revision` holds ({path: its entry}, .gitattributes left out); None where there is no such revision."""
     try:
         remote = {
             f.path: f for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
         }
     except (RepositoryNotFoundError, RevisionNotFoundError):
-        return False
+        return None
     remote.pop(".gitattributes", None)
+    return remote
+
+
+def holds(remote: dict, folder: Path, names: list[str]) -> bool:
+    """Whether `remote` (`remote_files`) is exactly `names` of `folder`, by content, reading only local files: sizes
+    first; then an LFS file by its SHA-256 (a checkpoint's from its manifest), another by its git blob id."""
     # what a push uploads of a file: its copy without the training machine's paths where it has one (public.py)
     public = {n: content for n in names if (content := upload_content(folder, n)) is not None}
     sizes = {n: len(public[n]) if n in public else (folder / n).stat().st_size for n in names}
@@ -506,7 +517,12 @@ def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) 
     step = step_of(folder)
     branch = branch_name(step)
     names = pushable_files(folder)
-    if branch in branches and remote_matches(api, repo_id, branch, folder, names):
+    remote = remote_files(api, repo_id, branch) if branch in branches else None
+    # its files' reads (ReadFailed: recorded, where the OSError ended push_to_hub.py), not the Hub's: requests' errors
+    # are OSErrors too
+    with reading():
+        held = remote is not None and holds(remote, folder, names)
+    if held:
         print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
         return record_checkpoint(run_dir, repo_id, step, "present", files=names)
     return push_checkpoint(api, repo_id, folder, step, run_dir)
