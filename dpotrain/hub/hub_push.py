@@ -67,8 +67,9 @@ class NotPushable(Exception):
 
 
 class ReadFailed(Exception):
-    """A checkpoint whose check could not read it (EIO, ESTALE): not damaged, so its staged copy is kept and a later
-    job or command pushes it (taken for NotPushable, the step's last copy was removed)."""
+    """A checkpoint whose check could not read it (EIO, ESTALE; a permission, a folder in a file's place: FIXES): not
+    damaged, so its staged copy is kept and a later job or command pushes it (taken for NotPushable, the step's last
+    copy was removed)."""
 
 
 def pushable_files(folder: Path) -> list[str]:
