@@ -145,15 +145,27 @@ def main(argv: list[str] | None = None) -> None:
             "is skipped)"
         ) from None
     lost = [r for r in failed if r.get("pushable") is False]
-    again = [r["branch"] for r in failed if r not in lost]
-    if lost and again:  # said before the closing line, which names the steps a rerun can push
-        warn(never_pushed(run, lost))
-    elif lost:
-        raise ConfigError(never_pushed(run, lost))
+    mend = [r for r in failed if r not in lost and hub_push.needs_fix(r)]  # a rerun as it is fails them again
+    again = [r["branch"] for r in failed if r not in lost and r not in mend]
+    said = [never_pushed(run, lost)] if lost else []
+    if mend:
+        said.append(to_mend(run, mend))
     if again:
-        raise ConfigError(
-            f"{', '.join(again)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
-        )
+        said.append(f"{', '.join(again)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again")
+    for line in said[:-1]:  # said before the closing line, which names the steps a rerun can push
+        warn(line)
+    if said:
+        raise ConfigError(said[-1])
+
+
+def to_mend(run: Path, mend: list[dict]) -> str:
+    """The steps whose files no push reads until the user mends them (a permission, a folder in a file's place), each
+    with its cause and fix: "run the same command again" alone failed them again, for ever. Their copies are kept."""
+    why = "; ".join(f"{r['branch']}: {r['error']}" for r in sorted(mend, key=lambda r: r["step"]))
+    return (
+        f"{', '.join(r['branch'] for r in mend)} failed to push (see {run}/{hub_push.PUSH_RECORD}), and "
+        f"{'it pushes' if len(mend) == 1 else 'they push'} only once mended: {why}; then run the same command again"
+    )
 
 
 def never_pushed(run: Path, lost: list[dict]) -> str:
@@ -207,7 +219,8 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
-        records = hub_push.push_checkpoints(api, run, repo_id)
+        # the run lock asked again at each staged copy: a job started since the check at the start is not raced
+        records = hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run))
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
         failed = [r for r in records if r["status"] == "failed"]

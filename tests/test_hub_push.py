@@ -14,12 +14,14 @@ preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the 
 """
 
 import contextlib
+import errno
 import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+from stat import S_ISREG
 from types import SimpleNamespace
 
 import pytest
@@ -1080,6 +1082,361 @@ def test_a_damaged_staged_copy_is_recorded_failed_once_and_removed_as_a_cut_shor
     assert not hub.state.commits
 
 
+@pytest.mark.parametrize("failing_read", [1, 2])  # the manifest's first read (its files), or its second (the model's)
+@pytest.mark.parametrize("pusher", ["push_to_hub", "requeued job"])
+def test_a_staged_copy_whose_manifest_read_fails_once_is_kept_and_pushed_later(
+    hub, tmp_path, monkeypatch, capsys, pusher, failing_read
+):
+    """A read of a staged copy's manifest that failed (EIO, ESTALE on NFS) was taken for a manifest naming no model's
+    files: NotPushable, and the copy, the step's last, removed (push_to_hub.py and the resumed run's pusher alike), or
+    an OSError out of the requeued job's start. A read that failed is no damaged copy: now it is recorded failed with
+    its cause, the copy kept, and the next job or command pushes it. (Failed on the old code: the copy removed on the
+    second read, a traceback on the first.)"""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    copy = hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung: the copy is the step's last
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    HfApi(endpoint=hub.endpoint, token=SECRET).create_repo(REPO)  # as push_to_hub.py creates it first
+    manifest, reads, read_text = copy / "MANIFEST.json", [], Path.read_text
+
+    def failing(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == failing_read:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    def push_it():
+        if pusher == "push_to_hub":
+            return hub_push.push_checkpoints(HfApi(endpoint=hub.endpoint, token=SECRET), out, REPO)
+        job = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        job.submit_left()  # as the resumed run's on_train_begin calls it
+        assert job.finish(hub_push.FINAL_WAIT_S) == []
+        return None
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", failing)
+        push_it()
+    latest = hub_push.read_pushes(out)[-1]
+    assert latest["status"] == "failed" and "pushable" not in latest, latest
+    assert latest["error"] == "it could not be read (OSError: [Errno 5] Input/output error)", latest
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept, whole
+    assert "was not pushed" in capsys.readouterr().err
+    push_it()  # the next job, or the command run again: the read answers
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
+
+
+@pytest.mark.parametrize("failing_read", [1, 2, 3])  # the check's two reads of the manifest, then the staging's
+def test_a_checkpoint_whose_manifest_read_fails_at_its_save_is_a_warning_and_pushed_later(
+    hub, tmp_path, monkeypatch, capsys, failing_read
+):
+    """At a save, the pusher's check reads the checkpoint's manifest in the training loop: a read that failed (EIO)
+    ended the run in an OSError, or was taken for a checkpoint no command can push. Now it is a warning and a `failed`
+    line that a later push keeps its promise of. (Failed on the old code: the OSError, or `pushable: false`.)"""
+    import errno
+    from pathlib import Path
+
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    manifest, reads, read_text = sealed_checkpoint(out / "checkpoint-2") / "MANIFEST.json", [], Path.read_text
+
+    def failing(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == failing_read:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", failing)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert pusher.finish(FINAL_WAIT_S) == []
+    [record] = read_pushes(out)
+    assert record["status"] == "failed" and "pushable" not in record, record
+    assert record["error"].endswith("(OSError: [Errno 5] Input/output error)"), record
+    assert "pushes it later while it is still on disk" in capsys.readouterr().err
+    job = CheckpointPusher(REPO, SECRET, None, out)  # the next job, as its start pushes what is left
+    job.submit_left()
+    assert job.finish(FINAL_WAIT_S) == []
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
+def failing_stat(monkeypatch, failing: Path, error: int = errno.ESTALE) -> None:
+    """`failing`'s stat raises `error` (NFS's ESTALE), and Path.is_file() and exists() answer as Python 3.14's do
+    (cpython gh-118243): False for every OSError, not only a missing file, so a test shows on any Python what a check
+    by is_file() does there."""
+    real_stat = Path.stat
+
+    def stat(path, *args, **kwargs):
+        if path == failing:
+            raise OSError(error, os.strerror(error), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    def answers(path, **kwargs) -> os.stat_result | None:
+        try:
+            return path.stat(**kwargs)
+        except OSError:
+            return None
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(
+        Path, "is_file", lambda path, **kw: (s := answers(path, **kw)) is not None and S_ISREG(s.st_mode)
+    )
+    monkeypatch.setattr(Path, "exists", lambda path, **kw: answers(path, **kw) is not None)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "MANIFEST.json"])
+@pytest.mark.parametrize("pusher", ["push_to_hub", "requeued job"])
+def test_a_staged_copy_whose_file_stat_fails_is_kept_not_taken_for_missing(hub, tmp_path, monkeypatch, pusher, name):
+    """A reviewer's finding: the check asked Path.is_file() whether a weight file or the manifest was there, and on
+    Python 3.14 it says False for every OSError (an ESTALE, an EIO), so a file that could not be read now was taken for
+    one deleted: NotPushable, and the staged copy, the step's last, removed. A stat that fails other than for a missing
+    file is a read that failed: recorded failed, the copy kept, pushed by the next job or command. (Failed on the old
+    code: `pushable: false`, the copy removed.)"""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    copy = hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload hung: the copy is the step's last
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    HfApi(endpoint=hub.endpoint, token=SECRET).create_repo(REPO)
+
+    def push_it():
+        if pusher == "push_to_hub":
+            return hub_push.push_checkpoints(HfApi(endpoint=hub.endpoint, token=SECRET), out, REPO)
+        job = hub_push.CheckpointPusher(REPO, SECRET, None, out)
+        job.submit_left()
+        assert job.finish(hub_push.FINAL_WAIT_S) == []
+        return None
+
+    with monkeypatch.context() as patched:
+        failing_stat(patched, copy / name)
+        push_it()
+    latest = hub_push.read_pushes(out)[-1]
+    assert latest["status"] == "failed" and "pushable" not in latest, latest
+    assert latest["error"] == f"it could not be read (OSError: [Errno 116] Stale file handle: '{copy / name}')", latest
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept, whole
+    push_it()  # the file server answers again
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert hub_push.read_pushes(out)[-1]["status"] == "pushed" and not copy.exists()
+
+
+def test_a_failure_whose_recording_cannot_read_the_checkpoint_is_a_warning_not_an_error_out_of_on_save(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """A reviewer's finding: recording a checkpoint's failed push asks whether it is still on disk (its COMPLETE
+    mark), a read that can fail as the check's did (ESTALE): raised out of `on_save`, on rank 0 alone, while the other
+    ranks go on into the next collective and wait there. A failure while recording a failure is said in the warning,
+    never raised out of a callback. (Failed on the old code: the OSError out of on_save.)"""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher
+    from dpotrain.train.checkpoints import MARKER
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    manifest, mark, read_text, real_stat, looks = (
+        folder / "MANIFEST.json",
+        folder / MARKER,
+        Path.read_text,
+        Path.stat,
+        [],
+    )
+
+    def manifest_fails(path, *args, **kwargs):
+        if path == manifest:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    def mark_fails_after_one_look(path, *args, **kwargs):
+        if path == mark:
+            looks.append(path)
+            if len(looks) > 1:  # the save's own look answered; the one recording the failure does not
+                raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", manifest_fails)
+        patched.setattr(Path, "stat", mark_fails_after_one_look)
+        pusher.on_save(None, TrainerState(global_step=2, is_world_process_zero=True), None)
+    assert len(looks) > 1  # the recording's look failed
+    assert pusher.finish(FINAL_WAIT_S) == []
+    [record] = read_pushes(out)
+    assert record["status"] == "failed" and record["error"].startswith("it could not be read (OSError: [Errno 5]")
+    said = capsys.readouterr().err
+    assert "checkpoint-2 was not pushed to me/dpo-test@step-2 (it could not be read" in said, said
+    assert "whether checkpoint-2 is still on disk could not be read" in said, said
+
+
+def test_push_to_hub_records_a_step_whose_manifest_read_fails_at_the_push_and_goes_on(hub, tmp_path, monkeypatch):
+    """A reviewer's finding: push_checkpoint reads the manifest a third time (the files it records), after the check's
+    two reads; failing there (EIO), the OSError ended the whole `push_to_hub.py --checkpoints` with no record of the
+    step, and the steps after it were not tried. Every step the command tries ends recorded, pushed or failed with its
+    cause (the copy kept), and the command goes on to the next. (Failed on the old code: the OSError.)"""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    for step in (2, 4):  # both rotated away while their uploads hung
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    copy = out / hub_push.STAGING / "checkpoint-2"
+    manifest, reads, read_text = copy / "MANIFEST.json", [], Path.read_text
+
+    def third_read_fails(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == 3:  # the check read it twice; push_checkpoint's read of the files it records
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", third_read_fails)
+        records = hub_push.push_checkpoints(api, out, REPO)
+    assert len(reads) == 3
+    assert [(r["step"], r["status"], r.get("error")) for r in records] == [
+        (2, "failed", "it could not be read (OSError: [Errno 5] Input/output error)"),
+        (4, "pushed", None),
+    ]
+    assert (copy / "model.safetensors").read_text() == "model.safetensors\n"  # kept for the command run again
+    assert "step-2" not in hub.state.repos[REPO]
+
+
+def test_push_to_hub_records_a_step_whose_read_fails_comparing_it_with_its_branch_and_goes_on(
+    hub, tmp_path, monkeypatch
+):
+    """Run again, `push_to_hub.py --checkpoints` compares each checkpoint with the branch that holds it already, reading
+    its files; a read failing there (EIO) ended the whole command with no record of the step, and the steps after it
+    untried. It is recorded failed with its cause, and the command goes on. (Failed on the old code: the OSError.)"""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+
+    hub_in_process(hub, monkeypatch)
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    assert [r["status"] for r in hub_push.push_checkpoints(api, out, REPO)] == ["pushed"]
+    sealed_checkpoint(out / "checkpoint-4")  # saved since
+    manifest, reads, read_text = folder / "MANIFEST.json", [], Path.read_text
+
+    def third_read_fails(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+            if len(reads) == 3:  # the check read it twice; the comparison with the branch reads its SHA-256s
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", third_read_fails)
+        records = hub_push.push_checkpoints(api, out, REPO)
+    assert [(r["step"], r["status"], r.get("error")) for r in records] == [
+        (2, "failed", "it could not be read (OSError: [Errno 5] Input/output error)"),
+        (4, "pushed", None),
+    ]
+    assert len(reads) == 3 and (folder / "model.safetensors").read_text() == "model.safetensors\n"
+
+
+def test_push_to_hub_names_the_fix_of_a_file_it_cannot_read_and_keeps_its_copy(hub, tmp_path, monkeypatch):
+    """A reviewer's finding: a permission refused on a staged copy's manifest, or a folder standing where its weight
+    file should be, is no failure a rerun gets past, yet the command said "run the same command again" of it, for
+    ever; and the folder was taken for a deleted file, the copy (the step's last) removed as never pushable. Each is
+    now recorded failed with its cause and its fix, the copy kept, and the closing line names both. (Failed on the old
+    code: the folder's copy removed, no fix named.) A permission refused is patched in: the tests may run as root."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: staged, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    refused, weights = (
+        out / hub_push.STAGING / "checkpoint-2" / "MANIFEST.json",
+        out / hub_push.STAGING / "checkpoint-4",
+    )
+    (weights / "model.safetensors").unlink()
+    (weights / "model.safetensors").mkdir()  # a folder where the weight file should be
+    read_text = Path.read_text
+
+    def permission_refused(path, *args, **kwargs):
+        if path == refused:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_text(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "read_text", permission_refused)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as failed:
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    folder_there = f"IsADirectoryError: [Errno 21] Is a directory: '{weights / 'model.safetensors'}'"
+    assert str(failed.value) == (
+        f"step-2, step-4 failed to push (see {out}/{PUSH_RECORD}), and they push only once mended: step-2: it could "
+        f"not be read (PermissionError: [Errno 13] Permission denied: '{refused}'): fix the file's permissions first; "
+        f"step-4: it could not be read ({folder_there}): a folder stands where the checkpoint's file should be: put "
+        "the file back in its place first; then run the same command again"
+    )
+    latest = {r["step"]: r for r in read_pushes(out)}
+    assert [(s, latest[s]["status"], latest[s].get("pushable")) for s in (2, 4, 6)] == [
+        (2, "failed", None),
+        (4, "failed", None),
+        (6, "pushed", None),
+    ]
+    assert refused.is_file() and (weights / "model.safetensors").is_dir()  # both copies kept: nothing lost
+
+
 def test_a_cut_short_staged_copy_is_recorded_failed_by_one_job_not_by_each_requeue(hub, tmp_path, monkeypatch):
     """The resumed run's pusher recorded a staged copy a kill cut short `failed` and left it in `.hub_staging/`, which
     only the end of training's wait cleared: a job stopped or killed again before it left it, and each requeue wrote
@@ -1172,6 +1529,59 @@ def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeyp
     with mock.patch.dict(os.environ):  # the job gone: its lock is a dead run's
         script.main([str(out), "--repo-id", REPO, "--checkpoints"])
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+
+
+@pytest.mark.parametrize("job_starts_at", [6, 2])  # while checkpoint-6 on disk is pushed; while step 2's copy is
+def test_push_to_hub_asks_the_run_lock_again_before_each_staged_copy(hub, tmp_path, monkeypatch, job_starts_at):
+    """`push_to_hub.py --checkpoints` read the run's lock once, at its start: a requeued job starting during its
+    uploads (minutes) pushed the same staged copies, and each removed them once pushed, under the other's upload. The
+    lock is asked again before each staged copy is pushed and before it is removed, with the same refusal: the job
+    started at checkpoint-6's upload gets every staged copy; at step 2's, that copy is kept for it and step 4 is left
+    to it. (Failed on the old code: no refusal, both copies pushed and removed under the job.)"""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # the stopped job's: staged, then rotated away
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        hub_push.stage(folder, out / hub_push.STAGING)
+        shutil.rmtree(folder)
+        hub_push.record_checkpoint(out, REPO, step, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    script = push_script(hub, monkeypatch)
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+    push_checkpoint = hub_push.push_checkpoint
+
+    def pushed_as_the_job_starts(api, repo_id, folder, step, run_dir):
+        entry = push_checkpoint(api, repo_id, folder, step, run_dir)
+        if step == job_starts_at:  # the job takes the folder's lock during this upload
+            holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+            (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+        return entry
+
+    monkeypatch.setattr(hub_push, "push_checkpoint", pushed_as_the_job_starts)
+    try:
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    finally:
+        job.kill()
+        job.wait()
+    said = str(refused.value)
+    assert said.startswith(f"{out} is in use by a running job (host ") and f"pid {job.pid}" in said, said
+    assert said.endswith("wait for it to end (or stop it: scancel 5512), then run this command again"), said
+    on_the_hub = {s for s, _ in hub_push.pushed_revisions(out, REPO)}
+    assert on_the_hub == ({6} if job_starts_at == 6 else {2, 6}), on_the_hub
+    # the copies the job pushes are left to it, the one pushed here too (its removal would come under the job's upload)
+    assert all((out / hub_push.STAGING / f"checkpoint-{s}" / "model.safetensors").is_file() for s in (2, 4))
+    assert "step-4" not in hub.state.repos[REPO]
 
 
 def test_a_staged_copy_whose_upload_fails_for_good_is_kept_for_push_to_hub(hub, tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ line in hub_pushes.jsonl, never a failed run.
 """
 
 import contextlib
+import errno
 import functools
 import hashlib
 import math
@@ -14,6 +15,7 @@ import os
 import queue
 import shlex
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -64,9 +66,60 @@ class NotPushable(Exception):
     """Why a complete checkpoint cannot go to its branch (said in the warning and the record's `error`)."""
 
 
+class ReadFailed(Exception):
+    """A checkpoint whose check could not read it (EIO, ESTALE; a permission, a folder in a file's place: FIXES): not
+    damaged, so its staged copy is kept and a later job or command pushes it (taken for NotPushable, the step's last
+    copy was removed)."""
+
+
 def pushable_files(folder: Path) -> list[str]:
     """The files of a complete checkpoint that go to its branch, their sizes checked against its manifest (a file cut
-    short or replaced since would go up as that step's model); NotPushable says why not."""
+    short or replaced since would go up as that step's model); NotPushable says why not, ReadFailed that it could not
+    be read now."""
+    with reading():
+        return checked_files(folder)
+
+
+# A read's failure that no later push gets past until the user mends it, by its error, with the mending: said after its
+# cause (the record's `error`), where an EIO or ESTALE may pass and the same command run again pushes it
+FIXES = {
+    PermissionError: "fix the file's permissions first",
+    IsADirectoryError: "a folder stands where the checkpoint's file should be: put the file back in its place first",
+}
+
+
+@contextlib.contextmanager
+def reading():
+    """A checkpoint's files read: an OSError raised as ReadFailed, which keeps the staged copy, naming its fix where
+    it has one (FIXES)."""
+    try:
+        yield
+    except OSError as e:
+        fix = next((f": {text}" for kind, text in FIXES.items() if isinstance(e, kind)), "")
+        raise ReadFailed(f"it could not be read ({cause(e)}){fix}") from e
+
+
+def needs_fix(record: dict) -> bool:
+    """Whether a `failed` record's error names a fix (FIXES): not pushed by the same command run as it is."""
+    return str(record.get("error", "")).endswith(tuple(FIXES.values()))
+
+
+def size_of(path: Path) -> int | None:
+    """`path`'s size; None only where it is missing. Any other OSError (ESTALE, EIO) is raised, a folder there as
+    IsADirectoryError: Path.is_file() says False for every OSError on Python 3.14 (cpython gh-118243), so a file that
+    could not be read now was taken for one deleted, and the step's last copy removed."""
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    return info.st_size
+
+
+def checked_files(folder: Path) -> list[str]:
+    """`pushable_files`' check, its reads' OSErrors raised."""
+    size_of(folder / checkpoint_manifest.MANIFEST)  # its read failing raised here, never taken for no manifest
     listed, names = checkpoint_manifest.read(folder), checkpoint_manifest.model_files(folder)
     if listed == {}:
         raise NotPushable(f"its {checkpoint_manifest.MANIFEST} is unreadable")
@@ -75,17 +128,27 @@ def pushable_files(folder: Path) -> list[str]:
     if not any(n.endswith(".safetensors") for n in names):
         raise NotPushable("no model weights (*.safetensors)")
     for name in names:
-        if name not in listed or not (folder / name).is_file():
+        size = size_of(folder / name) if name in listed else None
+        if size is None:
             raise NotPushable(f"{name} is missing (deleted after it was saved)")
-        size = (folder / name).stat().st_size
         if size != listed[name]["bytes"]:
             raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
     return names
 
 
+def still_on_disk(out: Path, step: int) -> bool | None:
+    """Whether checkpoint `step` is on disk, complete; None where its mark could not be read (ESTALE). The pusher asks
+    it in callbacks on rank 0 alone: an OSError raised there left the other ranks waiting in the next collective."""
+    try:
+        return is_complete(out / f"checkpoint-{step}")
+    except OSError:
+        return None
+
+
 def why(error: Exception) -> str:
-    """What a record and a warning say of a push's failure: a NotPushable's reason as it is, another error's `cause`."""
-    return str(error) if isinstance(error, NotPushable) else cause(error)
+    """What a record and a warning say of a push's failure: a NotPushable's or ReadFailed's reason as it is, another
+    error's `cause`."""
+    return str(error) if isinstance(error, (NotPushable, ReadFailed)) else cause(error)
 
 
 def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) -> dict:
@@ -96,8 +159,11 @@ def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) 
 def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> dict:
     """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
     branch = branch_name(step)
+    # before the upload: a read failing after it said "failed" of a push made; ReadFailed, not its OSError, which
+    # ended push_to_hub.py with no record of the step and the steps after it untried
+    with reading():
+        files = checkpoint_files(folder)
     commit, attempts = with_retries(lambda: upload_checkpoint(api, repo_id, folder, step), f"{branch} push")
-    files = checkpoint_files(folder)
     entry = record_pushed(
         out, folder.name, repo_id, step=step, branch=branch, attempts=attempts, commit=commit.oid, files=files
     )
@@ -267,7 +333,8 @@ def verified_additions(folder: Path, names: list[str]) -> list:
     listed = checkpoint_manifest.read(folder) or {}
     adds = []
     for name in names:
-        digest = checkpoint_manifest.sha256(folder / name)
+        with reading():  # a file unreadable now (a permission, a folder in its place): kept, its fix named
+            digest = checkpoint_manifest.sha256(folder / name)
         if name in listed and digest != listed[name]["sha256"]:
             raise NotPushable(
                 f"{name} does not match its SHA-256 in {checkpoint_manifest.MANIFEST} (damaged after it was saved)"
@@ -310,15 +377,26 @@ def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None)
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
     """Whether `revision` holds exactly `names` of `folder`, by content: another run of the same base model leaves
-    files of the same names and sizes. Sizes first; then an LFS file by its SHA-256 (a checkpoint's from its manifest),
-    another by its git blob id."""
+    files of the same names and sizes."""
+    remote = remote_files(api, repo_id, revision)
+    return remote is not None and holds(remote, folder, names)
+
+
+def remote_files(api, repo_id: str, revision: str) -> dict | None:
+    """The files `revision` holds ({path: its entry}, .gitattributes left out); None where there is no such revision."""
     try:
         remote = {
             f.path: f for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
         }
     except (RepositoryNotFoundError, RevisionNotFoundError):
-        return False
+        return None
     remote.pop(".gitattributes", None)
+    return remote
+
+
+def holds(remote: dict, folder: Path, names: list[str]) -> bool:
+    """Whether `remote` (`remote_files`) is exactly `names` of `folder`, by content, reading only local files: sizes
+    first; then an LFS file by its SHA-256 (a checkpoint's from its manifest), another by its git blob id."""
     # what a push uploads of a file: its copy without the training machine's paths where it has one (public.py)
     public = {n: content for n in names if (content := upload_content(folder, n)) is not None}
     sizes = {n: len(public[n]) if n in public else (folder / n).stat().st_size for n in names}
@@ -346,7 +424,8 @@ def stage(folder: Path, staging_root: Path) -> Path:
     target = staging_root / folder.name
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    manifest = [checkpoint_manifest.MANIFEST] if (folder / checkpoint_manifest.MANIFEST).is_file() else []
+    # size_of, not is_file(): a copy staged without its manifest, its read failing now, is no push's ever
+    manifest = [checkpoint_manifest.MANIFEST] if size_of(folder / checkpoint_manifest.MANIFEST) is not None else []
     for name in [*checkpoint_files(folder), *manifest]:
         (target / name).parent.mkdir(parents=True, exist_ok=True)  # additional_chat_templates/
         try:
@@ -373,9 +452,11 @@ def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
-def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
+def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[dict]:
     """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
-    staged copy, to its branch, but where the branch holds it already; returns the records written."""
+    staged copy, to its branch, but where the branch holds it already; returns the records written. `check_free()`
+    (push_to_hub.py's run-lock check, raising its refusal) is asked again before each staged copy is pushed and before
+    it is removed: a job started since the command's start pushes and removes the same copies."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
@@ -391,14 +472,18 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     for staged in staged_only(run_dir, done):
         if (run_dir / staged.name).exists():  # saved since: the job's own upload, not this command's
             continue
+        if check_free is not None:
+            check_free()
         print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
-        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True))
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True, check_free=check_free))
     return records
 
 
-def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False) -> list[dict]:
+def push_one_checkpoint(
+    api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False, check_free=None
+) -> list[dict]:
     """`folder` (a checkpoint, or a `staged` copy) to its branch, checked as the run's pusher checks it, skipped where
-    the branch holds it already: the record written."""
+    the branch holds it already: the record written. `check_free()` is asked before a staged copy is removed."""
     step = step_of(folder)
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
@@ -409,6 +494,9 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
         error = deleted_step(folder, e) if staged else str(e)
         warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
         entry = record("failed", error=error, pushable=False)  # not among the steps "run the same command again" pushes
+    except ReadFailed as e:  # not damaged: a staged copy kept, for the command run again
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {e}")
+        return [record("failed", error=str(e))]
     except Exception as e:
         # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
         if not hasattr(e, "attempts"):
@@ -417,7 +505,9 @@ def push_one_checkpoint(api, run_dir: Path, repo_id: str, folder: Path, branches
         return [record("failed", attempts=e.attempts, error=why(e))]  # a staged copy kept for the next run
     if staged:
         # On the Hub now, or no whole copy to push ever: removed, else every later run of the command found it again
-        # (a damaged one failing each time, "run the same command again")
+        # (a damaged one failing each time, "run the same command again"); never under a job started meanwhile
+        if check_free is not None:
+            check_free()
         shutil.rmtree(folder, ignore_errors=True)
     return [entry]
 
@@ -428,7 +518,12 @@ def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) 
     step = step_of(folder)
     branch = branch_name(step)
     names = pushable_files(folder)
-    if branch in branches and remote_matches(api, repo_id, branch, folder, names):
+    remote = remote_files(api, repo_id, branch) if branch in branches else None
+    # its files' reads (ReadFailed: recorded, where the OSError ended push_to_hub.py), not the Hub's: requests' errors
+    # are OSErrors too
+    with reading():
+        held = remote is not None and holds(remote, folder, names)
+    if held:
         print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
         return record_checkpoint(run_dir, repo_id, step, "present", files=names)
     return push_checkpoint(api, repo_id, folder, step, run_dir)
@@ -476,6 +571,10 @@ class CheckpointPusher(TrainerCallback):
             # Recorded once: kept, each requeued job found it again and wrote its `failed` line anew
             shutil.rmtree(staged, ignore_errors=True)
             return
+        except ReadFailed as e:  # not damaged: kept for the next job or push_to_hub.py (the end's clearing too)
+            self.kept.add(step)
+            self._failed(step, None, str(e), kept=staged)
+            return
         print(f"{deleted_step(staged)}: pushing its copy in {self.out / STAGING}", flush=True)
         self._queue(step, staged)
 
@@ -485,18 +584,30 @@ class CheckpointPusher(TrainerCallback):
 
     def submit(self, folder: Path) -> None:
         step = step_of(folder)
-        if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
+        if step in self.pending:
             return
         try:
+            with reading():  # its mark's read failing too: a warning, never an OSError out of on_save on rank 0 alone
+                if not is_complete(folder):  # never a checkpoint without its mark
+                    return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
             self._failed(step, None, str(e), never=True)
+            return
+        except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
+            self._failed(step, None, str(e))
             return
         # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
         if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
             run_files.claim(self.out, [STAGING])
-        self._queue(step, stage(folder, self.out / STAGING))
+        try:
+            staged = stage(folder, self.out / STAGING)
+        except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash
+            shutil.rmtree(self.out / STAGING / folder.name, ignore_errors=True)
+            self._failed(step, None, f"it could not be staged ({cause(e)})")
+            return
+        self._queue(step, staged)
 
     def _queue(self, step: int, staged: Path) -> None:
         """The upload of `staged` queued for the worker thread."""
@@ -540,9 +651,12 @@ class CheckpointPusher(TrainerCallback):
         upload, each copy kept held a whole checkpoint once rotation deleted it, filling the disk past
         save_total_limit. An older one removed is said where it was its step's last copy."""
         for older in sorted(self.kept):
+            present = still_on_disk(self.out, older)
+            if present is None:  # not known whether it is its step's last copy: kept, nothing lost
+                continue
             self.kept.discard(older)
             shutil.rmtree(self.out / STAGING / f"checkpoint-{older}", ignore_errors=True)
-            if not is_complete(self.out / f"checkpoint-{older}"):
+            if not present:
                 warn(
                     f"the copy of checkpoint-{older} kept after its failed upload is removed for checkpoint-{step}'s "
                     f"(one is kept at a time): its checkpoint is deleted, so step {older} is on neither the disk nor "
@@ -561,7 +675,10 @@ class CheckpointPusher(TrainerCallback):
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
-        gone = not is_complete(self.out / f"checkpoint-{step}")
+        present = still_on_disk(self.out, step)  # a failure while recording a failure: said below, never raised
+        gone = present is False
+        if present is None:
+            error = f"{error}; whether checkpoint-{step} is still on disk could not be read"
         on_disk = f"{again} while it is still on disk"
         later = {  # by (a copy kept, the checkpoint gone)
             (True, True): f"{again} from its copy in {kept}, kept (the checkpoint was deleted)",
@@ -584,7 +701,7 @@ class CheckpointPusher(TrainerCallback):
         if not root.is_dir() or root.is_symlink():
             run_files.disown(self.out, [STAGING])
             return
-        kept = {f"checkpoint-{s}" for s in self.kept if not is_complete(self.out / f"checkpoint-{s}")}
+        kept = {f"checkpoint-{s}" for s in self.kept if not still_on_disk(self.out, s)}  # unread (None): kept too
         if not kept:
             shutil.rmtree(root, ignore_errors=True)
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's

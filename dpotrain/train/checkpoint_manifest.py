@@ -82,11 +82,13 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
 
 def read(folder: Path) -> dict | None:
     """The manifest's files ({relative path: {"bytes", "sha256"}}), or None for a checkpoint written without one."""
-    path = folder / MANIFEST
-    if not path.is_file():
+    try:
+        # not is_file(): False for every OSError on Python 3.14 (gh-118243), a read that failed (ESTALE) taken for none
+        text = (folder / MANIFEST).read_text()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     try:
-        files = json.loads(path.read_text())["files"]
+        files = json.loads(text)["files"]
         # Each entry as `seal` writes it: an edited one (no size, a size in words) would end the check in a traceback;
         # and of the folder's own files: a path out of it (`../../base/model.safetensors`, edited in) was verified as
         # the checkpoint's and deleted with it by rotation
@@ -101,10 +103,12 @@ def read(folder: Path) -> dict | None:
 
 def model_files(folder: Path) -> list[str] | None:
     """The files of the checkpoint's model (weights, configs, tokenizer, chat templates: what its save wrote), as its
-    manifest names them; None for a manifest that names none (written before manifests did) or none at all."""
+    manifest names them; None for a manifest that names none (written before manifests did) or none at all. A read
+    that failed (EIO, ESTALE) is raised: no damaged checkpoint, which a push refuses for good (and a staged copy it
+    removes, the step's last)."""
     try:
         names = json.loads((folder / MANIFEST).read_text())["model"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
         return None
     return names if isinstance(names, list) and all(isinstance(n, str) and inside(n) for n in names) else None
 
