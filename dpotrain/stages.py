@@ -34,7 +34,7 @@ from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
-from dpotrain.recipe import config, launcher, records, run_record, venv
+from dpotrain.recipe import config, launcher, records, venv
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
@@ -565,7 +565,7 @@ def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
     said: the steps left are cut as the checkpoint's were (a length no longer taken is refused by its checks)."""
     if output is None or not output.resume_from or not isinstance(auto.get("max_length"), int):
         return auto
-    trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
+    trained = resolve.trained_record(output.resume_from)
     kept = trained.lengths.auto if trained is not None else None
     if not isinstance(kept, dict) or not isinstance(kept.get("max_length"), int):
         return auto  # recorded without `auto` (a given max_length): the resume compares it as a setting
