@@ -15,7 +15,7 @@ from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, REPLACED, RUN_COMPLETE
 from dpotrain.hub.hub_push import PUSH_RECORD
-from dpotrain.recipe import writes
+from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
@@ -43,7 +43,7 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
+    names = [MANIFEST, run_record.RESOLVED, METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
     names += [PUSH_RECORD] if pushes else []
@@ -61,7 +61,7 @@ def read_manifest(out: Path) -> list[str] | None:
 
 def is_legacy_run(out: Path) -> bool:
     """A run written before runs recorded their files: it has the marks only this project writes."""
-    return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
+    return (out / RUN_COMPLETE).exists() or (out / run_record.RESOLVED).exists() or bool(checkpoints(out))
 
 
 def same_folder_above(path: Path, folder: Path) -> Path | None:

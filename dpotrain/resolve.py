@@ -207,9 +207,9 @@ def written_record(out: Path) -> Path | None:
     """The folder whose resolved_config.json holds the settings the run in `out` ran with: `out`, unless its record
     was edited by hand since (`run_record.edited`); then, as a resume compares with its checkpoint's own record
     (resume.say_hand_edit), the newest checkpoint holding its copy, or None."""
-    if not run_record.edited_file(out / "resolved_config.json"):
+    if not run_record.edited_file(out / run_record.RESOLVED):
         return out
-    return next((f for f in reversed(own_checkpoints(out)) if (f / "resolved_config.json").is_file()), None)
+    return next((f for f in reversed(own_checkpoints(out)) if (f / run_record.RESOLVED).is_file()), None)
 
 
 def changed_in_folder(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
@@ -234,7 +234,7 @@ AS_RECORDED = "the settings as recorded"
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
     differs from the resolved_config.json in `out`; [] when there is none to compare with, or with `AS_RECORDED`."""
-    old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
+    old, new = run_record.read(out / run_record.RESOLVED), run_record.of(resolved_config(recipe, {}))
     if old is None or pairs_per_step is AS_RECORDED:
         return []
     # auto again: the analyzer's choice for the same data and tokenizer, at the same coverage (another one chose another
@@ -316,13 +316,18 @@ def trained_under(checkpoint: Path) -> Path:
     """The folder holding the record of the settings `checkpoint` was trained under: its own copy (a checkpoint
     copied out of its run is compared too), else its run's folder's. Neither: refused."""
     for folder in (checkpoint, checkpoint.resolve().parent):
-        if (folder / "resolved_config.json").is_file():
+        if (folder / run_record.RESOLVED).is_file():
             return folder
     raise ConfigError(
         f"checkpoint {str(checkpoint)!r} holds no record of the settings it was trained with (resolved_config.json), "
         "and neither does the folder it is in, so a resume cannot be checked against them: copy its run's "
         f"resolved_config.json into it, or {resume.new_run_from(checkpoint)}"
     )
+
+
+def trained_record(checkpoint: str | Path) -> run_record.Record | None:
+    """The record of the settings `checkpoint` was trained under, read from the folder `trained_under` finds."""
+    return run_record.read(trained_under(Path(checkpoint)) / run_record.RESOLVED)
 
 
 def resumed(out: Path, point: str) -> OutputDecision:
@@ -495,7 +500,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             "newest,"
         )
         raise ConfigError(f"output_dir {named} {state} --overwrite_output_dir to start afresh, or a new --output_dir")
-    if (out / "resolved_config.json").is_file() and not p.overwrite_output_dir:  # written as its training started
+    if (out / run_record.RESOLVED).is_file() and not p.overwrite_output_dir:  # written as its training started
         resume.say_afresh(out, t.save_strategy)
     return OutputDecision(None, False)
 
@@ -521,7 +526,7 @@ def check_resumed_ranks(folder: str | None, training, pairs_per_step: int, ranks
     before they differ. `training`: the recipe's TrainingArguments."""
     if folder is None or rows is None:
         return
-    old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
+    old = trained_record(folder)
     was = old.launch.data_parallel_size if old is not None else None
     if was is None or was == ranks:
         return
@@ -554,7 +559,7 @@ def kept_pairs(folder: str | None, rows: int) -> int:
     tokenizer (RESUME_FIELDS), so they are this run's too, known before the data is tokenized; else the rows."""
     if folder is None:
         return rows
-    old = run_record.read(trained_under(Path(folder)) / "resolved_config.json")
+    old = trained_record(folder)
     return (old.batching.pairs_trained or {}).get("of", rows) if old is not None else rows
 
 

@@ -34,7 +34,7 @@ from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
-from dpotrain.recipe import config, launcher, records, run_record, venv
+from dpotrain.recipe import config, launcher, records, venv
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
@@ -293,6 +293,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = ModelTokenizer(recipe, launch)  # loaded where message pairs' answers are checked
+    rules = rows.RowRules.of(recipe, template, say=say)  # the training pairs'; the held-out's with evaluation=True
     # A mixture's Hub sources' commits (mixture.pin), training and held-out (a held-out mixture beside dataset_name
     # too); a continued run's: its record's
     pins = pin_sources(recipe, kept) if mixed or mixture.given(values, evaluation=True) else None
@@ -302,13 +303,12 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
-    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify, pins, fetch, recorded)
+    read = (revision, checked, identify, pins, fetch, recorded)
+    dataset, mix = _load_pairs(recipe, rules, *read)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, eval_mix = _load_pairs(
-            recipe, True, revision, checked, say, template, identify, pins, fetch, recorded
-        )
+        eval_dataset, eval_mix = _load_pairs(recipe, replace(rules, evaluation=True), *read)
         checked["eval_rows"] = len(eval_dataset)
         collectives.every_rank(check_held_out_pairs, dataset, eval_dataset, launch.data_parallel)  # said once
         _note_also_trained(values, say)
@@ -366,53 +366,23 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(
-    recipe, evaluation: bool, revision, checked: dict, say: bool, template, identify, pins, fetch: str, recorded=False
-):
-    """The training (or held-out) pairs, invalid rows counted in `checked`: a mixture's, else dataset_name's split.
-    `fetch`: the prefetch command, named where the copy read offline is not the commit the run reads; `recorded`:
-    `revision` is the commit the run's record holds (`fetch` names the run's folder)."""
-    s, p = recipe.script, recipe.project
+def _load_pairs(recipe, rules: rows.RowRules, revision, checked: dict, identify, pins, fetch: str, recorded=False):
+    """The training (or, where `rules.evaluation`, held-out) pairs, invalid rows counted in `checked`: a mixture's, else
+    dataset_name's split. `fetch`: the prefetch command, named where the copy read offline is not the commit the run
+    reads; `recorded`: `revision` is the commit the run's record holds (`fetch` names the run's folder)."""
+    s, evaluation = recipe.script, rules.evaluation
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
-        dataset, mix = mixture.load(
-            sources,
-            recipe.training.seed,
-            p.skip_invalid,
-            p.hh_format,
-            checked,
-            key,
-            say,
-            identify,
-            template,
-            p.chat_template_path,
-            pins,
-            fetch,
-            evaluation,
-            p.assistant_turns,
-        )
+        given = {"identify": identify, "pins": pins, "prefetch": fetch}
+        dataset, mix = mixture.load(sources, recipe.training.seed, rules, checked, key, **given)
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
-    dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say, split_flag=flag)
+    dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=rules.say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
-    usable = rows.usable_pairs(
-        dataset,
-        p.skip_invalid,
-        checked,
-        key,
-        p.hh_format,
-        split,
-        say,
-        name,
-        template,
-        p.chat_template_path,
-        evaluation,
-        assistant_turns=p.assistant_turns,
-    )
-    return usable, None
+    return rows.usable_pairs(dataset, rules, checked, key, split=split, source=name), None
 
 
 class ModelTokenizer:
@@ -595,7 +565,7 @@ def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
     said: the steps left are cut as the checkpoint's were (a length no longer taken is refused by its checks)."""
     if output is None or not output.resume_from or not isinstance(auto.get("max_length"), int):
         return auto
-    trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
+    trained = resolve.trained_record(output.resume_from)
     kept = trained.lengths.auto if trained is not None else None
     if not isinstance(kept, dict) or not isinstance(kept.get("max_length"), int):
         return auto  # recorded without `auto` (a given max_length): the resume compares it as a setting
@@ -704,7 +674,7 @@ def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, li
 def held_out_pairs(recipe, revision: str | None, template, pins: dict | None = None, fetch: str = ""):
     """The pairs a recipe that evaluates is evaluated on, read as the run reads them (a held-out mixture, else the
     test split at `revision`), for the analyzer: `template`, the tokenizer the answers are checked against."""
-    return _load_pairs(recipe, True, revision, {}, False, template, False, pins, fetch)[0]
+    return _load_pairs(recipe, rows.RowRules.of(recipe, template, True, say=False), revision, {}, False, pins, fetch)[0]
 
 
 def held_out_cuts(held_out, tokenizer, max_length: int, recipe) -> tuple[lengths.Measured, dict]:

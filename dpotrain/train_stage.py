@@ -96,7 +96,7 @@ def _other_weights_recorded(spec, trainer) -> str | None:
     resume_from = spec.output.resume_from if spec.output else None
     if not resume_from or not trainer.weights_hash:  # a live reference model: no hash taken (TRL's)
         return None
-    trained = run_record.read(resolve.trained_under(Path(resume_from)) / "resolved_config.json")
+    trained = resolve.trained_record(resume_from)
     was = trained.derived.get(WEIGHTS_KEY) if trained else None
     return was if was and was != trainer.weights_hash else None
 
@@ -196,15 +196,15 @@ def record_run(spec, trainer, outcomes) -> dict:
         out = Path(recipe.training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         writes.write_text(
-            out / "resolved_config.json", json.dumps(run_record.sealed(record), indent=2, default=str) + "\n"
+            out / run_record.RESOLVED, json.dumps(run_record.sealed(record), indent=2, default=str) + "\n"
         )
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
-        heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
+        heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / run_record.RESOLVED}"
         print(dry_run.summary(run_record.of(record), None, heading, spec.lengths.warnings), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
             # An upgrade between attempts may change the loss or the optimizer's state as loaded: said, not refused
-            trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
+            trained = resolve.trained_record(output.resume_from)
             if trained and (changed := agreement.upgraded(trained.derived.get("packages"), derived["packages"])):
                 print(
                     f"note: {output.resume_from} was trained under other package versions ({changed}); the steps "

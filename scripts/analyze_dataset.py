@@ -381,14 +381,11 @@ def analyze(args: argparse.Namespace) -> int:
             else mixture.load(
                 mixture.parse(fields),
                 training.seed,
-                args.skip_invalid,
-                hh_format,
+                rows.RowRules(args.skip_invalid, hh_format, turns, tokenizer),
                 {},
                 "invalid_rows",
-                template=tokenizer,
                 pins=pins,
                 prefetch=offline.prefetch_command(run),
-                assistant_turns=turns,
             )
         )
 
@@ -410,7 +407,7 @@ def analyze(args: argparse.Namespace) -> int:
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
         if e.index == 0 and indices is None and not args.streaming:  # a stream is not read twice: its row's line
-            checked = rows.check_dataset(dataset, True, hh_format, tokenizer, assistant_turns=turns)
+            checked = rows.check_dataset(dataset, rows.RowRules(True, hh_format, turns, tokenizer))
             every_row_invalid(checked, split, name)
         raise e.located(name) from None
     if m.rows == 0:

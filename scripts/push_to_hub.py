@@ -46,12 +46,12 @@ def check_is_a_run(run: Path) -> None:
     """A checkpoint's folder, or a folder no run wrote, refused as what it is: both were "not a finished run: missing
     run_complete.json (training has not finished: resume it with the same command)", of a run that had finished."""
     folder = run.resolve()
-    if re.fullmatch(r"checkpoint-\d+", folder.name) and (folder.parent / "resolved_config.json").is_file():
+    if re.fullmatch(r"checkpoint-\d+", folder.name) and (folder.parent / run_record.RESOLVED).is_file():
         raise ConfigError(
             f"{run} is a checkpoint of the run in {folder.parent}: push that folder (`--checkpoints` also pushes each "
             "checkpoint on disk to a branch step-<N>)"
         )
-    if not any((folder / name).is_file() for name in ("resolved_config.json", "run_files.json")):
+    if not any((folder / name).is_file() for name in (run_record.RESOLVED, "run_files.json")):
         raise ConfigError(
             f"{run} is not a run's output folder (no resolved_config.json): pass the --output_dir a run wrote, "
             "e.g. outputs/think-dpo"
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{'branch' if len(stopped) == 1 else 'branches'} {', '.join(hub_push.branch_name(s) for s in steps)} "
             "(main gets only a finished model)"
         )
-    saved = run / "resolved_config.json"
+    saved = run / run_record.RESOLVED
     recorded = (run_record.read(saved) or run_record.of({})).settings  # the push it made
     repo_id = args.repo_id or recorded.hub_model_id
     if not repo_id:

@@ -485,9 +485,9 @@ def test_the_console_names_the_recipes_template_where_it_tokenizes_with_it(capsy
     from dpotrain.data import builtin, rows
 
     dataset = datasets.Dataset.from_list(builtin.make_preference_rows(4, seed=1))
-    rows.usable_pairs(dataset, False, {}, "invalid_rows", template_file="templates/mine.jinja")
+    rows.usable_pairs(dataset, rows.RowRules(template_file="templates/mine.jinja"), {}, "invalid_rows")
     assert capsys.readouterr().out.splitlines()[0].endswith("; the chat template templates/mine.jinja")
-    rows.usable_pairs(dataset, False, {}, "invalid_rows")
+    rows.usable_pairs(dataset, rows.RowRules(), {}, "invalid_rows")
     assert capsys.readouterr().out.splitlines()[0].endswith("; the model's chat template")
 
 
@@ -763,7 +763,7 @@ def test_a_template_folder_is_named_as_the_same_file_by_the_run_and_the_analyzer
     file = f"{folder}/{chat_template.FILE}"
     data, report = think_pairs(tmp_path / "pairs.jsonl", 4), tmp_path / "r.json"
     dataset = datasets.Dataset.from_list([json.loads(line) for line in data.read_text().splitlines()])
-    rows.usable_pairs(dataset, False, {}, "invalid_rows", template_file=str(folder))
+    rows.usable_pairs(dataset, rows.RowRules(template_file=str(folder)), {}, "invalid_rows")
     assert capsys.readouterr().out.splitlines()[0].endswith(f"; the chat template {file}")
     argv = [str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(folder), "--json", str(report)]
     assert cli.main([*argv, "--num-proc", "1"]) == 0
@@ -849,12 +849,12 @@ def test_a_template_that_writes_todays_date_is_said_as_the_pairs_are_read(capsys
     olmo = builtin.build_tokenizer()
     tokenizer.chat_template = DATED_TEMPLATE
     pairs = builtin.make_preference_rows(4, seed=1)
-    rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows", template=tokenizer)
+    rows.usable_pairs(datasets.Dataset.from_list(pairs), rows.RowRules(template=tokenizer), {}, "invalid_rows")
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert warned == [DATED_WARNING], warned
     given = [p | {"chat_template_kwargs": {"date_string": "26 Jul 2024"}} for p in pairs]
     for template, read in ((tokenizer, given), (olmo, pairs)):
-        rows.usable_pairs(datasets.Dataset.from_list(read), False, {}, "invalid_rows", template=template)
+        rows.usable_pairs(datasets.Dataset.from_list(read), rows.RowRules(template=template), {}, "invalid_rows")
         assert "warning:" not in capsys.readouterr().err
 
 
@@ -885,7 +885,7 @@ def test_a_mixture_says_once_that_its_template_writes_todays_date(tmp_path, caps
     same line three times. One line a run; where some sources give the date in their rows, the others are named."""
     import datasets
 
-    from dpotrain.data import mixture
+    from dpotrain.data import mixture, rows
     from dpotrain.recipe.config import parse_args
 
     tokenizer = builtin.build_tokenizer()
@@ -898,7 +898,7 @@ def test_a_mixture_says_once_that_its_template_writes_todays_date(tmp_path, caps
     def said(*names) -> list[str]:
         mixer = [part for name in names for part in (str(tmp_path / f"{name}.jsonl"), "1.0")]
         recipe = parse_args([*SMOKE, "--dataset_mixer_list", *mixer])
-        mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", template=tokenizer)
+        mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, rows.RowRules(template=tokenizer), {}, "x")
         return [line for line in capsys.readouterr().err.splitlines() if "renders on" in line]
 
     assert said("a", "b") == [DATED_WARNING]

@@ -150,7 +150,9 @@ def tokenizer(tiny_model_dir):
 def read_pairs(name: str, split: str, hh_format: str, skip_invalid: bool = False, derived: dict | None = None):
     """The loaded data set, and the pairs train_dpo.py hands the trainer."""
     raw = data.load_preference_dataset(name, split)
-    return raw, rows.usable_pairs(raw, skip_invalid, {} if derived is None else derived, "invalid_rows", hh_format)
+    return raw, rows.usable_pairs(
+        raw, rows.RowRules(skip_invalid, hh_format), {} if derived is None else derived, "invalid_rows"
+    )
 
 
 # --- one reading: the analyzer's lengths are the trainer's ------------------------------------------------------------
@@ -765,7 +767,7 @@ def test_sides_holding_only_the_answer_get_the_string_prompt_as_their_user_turn(
             "rejected": [{"role": "assistant", "content": "Seven."}],
         }
     ] * 2
-    read = rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows")
+    read = rows.usable_pairs(datasets.Dataset.from_list(pairs), rows.RowRules(), {}, "invalid_rows")
     assert read[0] == {
         "prompt": [{"role": "user", "content": "Name a colour."}],
         "chosen": [{"role": "assistant", "content": "Blue."}],
@@ -921,7 +923,7 @@ def test_one_dropped_row_is_counted_in_the_singular(capsys):
     pairs = dolci()
     pairs[5] = {**pairs[5], "rejected": pairs[5]["chosen"]}
     derived = {}
-    kept = rows.usable_pairs(datasets.Dataset.from_list(pairs), True, derived, "invalid_rows")
+    kept = rows.usable_pairs(datasets.Dataset.from_list(pairs), rows.RowRules(True), derived, "invalid_rows")
     assert len(kept) == N - 1 and f"Dropped 1 invalid row of {N}: " in capsys.readouterr().out
 
 
@@ -1014,7 +1016,7 @@ def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_h
         pairs[i] |= {"tools": tools, "chat_template_kwargs": {"enable_thinking": False}}
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    read = rows.usable_pairs(data.load_preference_dataset(str(path)), False, {}, "invalid_rows", say=False)
+    read = rows.usable_pairs(data.load_preference_dataset(str(path)), rows.RowRules(say=False), {}, "invalid_rows")
     assert read.column_names[:3] == ["prompt", "chosen", "rejected"]
     for i, row in enumerate(read):
         assert (row["tools"] is not None) == (i in having), i
@@ -1067,7 +1069,7 @@ def test_tool_call_answers_are_read_and_measured_as_the_trainer_tokenizes_them(t
     tokenizer = lengths.load_tokenizer(tiny_model_dir)
     tokenizer.chat_template = TOOL_TEMPLATE
     raw = data.load_preference_dataset(str(path))
-    pairs = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, template=tokenizer)
+    pairs = rows.usable_pairs(raw, rows.RowRules(template=tokenizer, say=False), {}, "invalid_rows")
     processed = trainer_dataset(pairs, tokenizer, tmp_path)
     answers = [(tokenizer.decode(r["chosen_ids"]), tokenizer.decode(r["rejected_ids"])) for r in processed]
     assert answers == [
@@ -1145,7 +1147,7 @@ def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer
     path = tmp_path / "kwargs.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     raw = data.load_preference_dataset(str(path))
-    read = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False)
+    read = rows.usable_pairs(raw, rows.RowRules(say=False), {}, "invalid_rows")
     assert read["chat_template_kwargs"] == [k or {} for k in given]
     tokenizer = lengths.load_tokenizer(tiny_model_dir)  # a template that writes them
     tokenizer.chat_template = "{{ system_note | default('') }}{{ reasoning_effort | default('') }}" + (
@@ -1164,9 +1166,9 @@ def refused_then_dropped(pairs, tmp_path, tiny_model_dir):
     path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     raw = data.load_preference_dataset(str(path))
     with pytest.raises(rows.InvalidRowError) as info:
-        rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, source=str(path))
+        rows.usable_pairs(raw, rows.RowRules(say=False), {}, "invalid_rows", source=str(path))
     derived = {}
-    assert len(rows.usable_pairs(raw, True, derived, "invalid_rows", say=False)) == len(pairs) - 1
+    assert len(rows.usable_pairs(raw, rows.RowRules(True, say=False), derived, "invalid_rows")) == len(pairs) - 1
     measured = lengths.measure(raw, lengths.load_tokenizer(tiny_model_dir), skip_invalid=True)
     return str(info.value), derived["invalid_rows"]["first"], measured.invalid
 

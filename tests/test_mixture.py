@@ -457,7 +457,9 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     # one pattern is read as datasets reads it, every file it matches (it was taken for a file, refused as missing)
     recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": "glob/*.jsonl"})])
     mixture.check(recipe)
-    joined, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", False, True)
+    joined, mix = mixture.load(
+        mixture.parse(mixture.fields_of(recipe)), 42, rows.RowRules(say=False), {}, "x", identify=True
+    )
     assert len(joined) == 2 * ROWS["trl"] and set(mix.records[0]["identity"]["files"]) == {"a.jsonl", "b.jsonl"}
     (tmp_path / "glob" / "[ab].jsonl").write_text(Path(files["trl"]).read_text().splitlines(True)[0])  # its name
     [source] = mixture.parse(
@@ -573,7 +575,7 @@ def test_json_shards_whose_field_mixes_types_are_read_as_written_as_one_file_is(
         mixture.Source("json", "train", data_dir=str(folder)),
     ):
         derived = {}
-        read = rows.usable_pairs(mixture.read_source(source, say=False), True, derived, "x", say=False)
+        read = rows.usable_pairs(mixture.read_source(source, say=False), rows.RowRules(True, say=False), derived, "x")
         assert read["chosen"] == expected and read["prompt"][1:3] == ["1 + 1?", "2 + 2?"], source
         assert derived["x"]["dropped"] == 1 and derived["x"]["first"][0]["index"] == 7, source
 
@@ -1080,7 +1082,7 @@ def test_a_source_with_chat_template_kwargs_joins_one_without_them(order, tmp_pa
         *(x for n in names for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
     ]
     sources = mixture.parse(mixture.fields_of(parse_args(argv)))
-    joined, _ = mixture.load(sources, 42, False, "messages", {}, "invalid_rows", say=False)
+    joined, _ = mixture.load(sources, 42, rows.RowRules(say=False), {}, "invalid_rows")
     kwargs = [row["chat_template_kwargs"] for row in joined]
     assert sorted(kwargs, key=str) == [{"enable_thinking": False}] * 4 + [{"enable_thinking": None}] * 6
 
@@ -1092,13 +1094,13 @@ def test_sources_whose_messages_have_other_fields_join(order, tmp_path):
     type, a TypeError traceback (Couldn't cast array of type string to {'role': ..., 'content': ...}) when the plain
     source came first. Each row is joined as written, its fields and no others."""
 
-    def rows(n, seed, **fields):
+    def written(n, seed, **fields):
         return [
             {side: [m | fields if m["role"] == "user" else m for m in pair[side]] for side in ("chosen", "rejected")}
             for pair in builtin.make_preference_rows(n, seed=seed)
         ]
 
-    files = {"plain": rows(4, 1), "named": rows(5, 2, name="bob"), "weighed": rows(3, 3, weight="1")}
+    files = {"plain": written(4, 1), "named": written(5, 2, name="bob"), "weighed": written(3, 3, weight="1")}
     for name, pairs in files.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     names = ["plain", "named", "weighed"] if order == "plain first" else ["named", "weighed", "plain"]
@@ -1108,7 +1110,7 @@ def test_sources_whose_messages_have_other_fields_join(order, tmp_path):
         "--dataset_mixer_list",
         *(x for n in names for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
     ]
-    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, False, "messages", {}, "x", False)
+    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, rows.RowRules(say=False), {}, "x")
     users = sorted((row["prompt"][-1] for row in joined), key=str)
     fields = [sorted(k for k, v in user.items() if v is not None) for user in users]
     assert sorted(map(tuple, fields)) == sorted(
@@ -1132,7 +1134,7 @@ def test_sources_with_tools_as_json_text_and_as_a_list_join(tmp_path):
         "--dataset_mixer_list",
         *(x for n in files for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
     ]
-    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, False, "messages", {}, "x", False)
+    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, rows.RowRules(say=False), {}, "x")
     assert [chat_template.template_kwargs(row)["tools"] for row in joined] == [tools] * 7
 
 

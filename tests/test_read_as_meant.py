@@ -44,7 +44,7 @@ def analyzer(cli):  # noqa: F811  (test_analyzer's fixture: the script as a modu
 
 def read(path: str):
     """The pairs train_dpo.py hands the trainer, from the file as loaded."""
-    return rows.usable_pairs(data.load_preference_dataset(path), False, {}, "invalid_rows", say=False)
+    return rows.usable_pairs(data.load_preference_dataset(path), rows.RowRules(say=False), {}, "invalid_rows")
 
 
 def analyzer_error(analyzer, capsys, *argv) -> str:

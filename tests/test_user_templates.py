@@ -58,7 +58,7 @@ def trl_tokenized(rows: list[dict], tokenizer, tmp_path) -> list[dict]:
 def read(rows: list[dict], tokenizer) -> list[dict]:
     """The rows as the run reads them, checked against the template (refused at the first bad row)."""
     return rows_module.usable_pairs(
-        datasets.Dataset.from_list(rows), False, {}, "invalid", template=tokenizer, say=False
+        datasets.Dataset.from_list(rows), rows_module.RowRules(template=tokenizer, say=False), {}, "invalid"
     )
 
 

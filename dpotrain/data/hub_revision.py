@@ -71,7 +71,7 @@ def record(output_dir: str):
     """The run record (resolved_config.json) in `output_dir`, or None: none, one refused by the output checks already
     (a dry run lists it), or one edited by hand after the run wrote it (a commit "fixed" there was loaded), whose
     values a resume does not use either (resume.say_hand_edit: it reads the checkpoint's own copy)."""
-    path = Path(output_dir) / "resolved_config.json"
+    path = Path(output_dir) / run_record.RESOLVED
     if run_record.edited_file(path):
         return None
     try:

@@ -569,37 +569,29 @@ def read_source(source: Source, say: bool = True, revision: str | None = None):
 def load(
     sources: list[Source],
     seed: int,
-    skip_invalid: bool,
-    hh_format: str,
+    rules: rows.RowRules,
     checked: dict,
     key: str,
-    say: bool = True,
+    *,
     identify: bool = False,
-    template=None,
-    template_file: str | None = None,
     pins: dict | None = None,
     prefetch: str | None = None,
-    evaluation: bool = False,
-    assistant_turns: str = "final",
 ):
-    """The mixture's pairs joined in the written order, and its `Mix`. Bad rows refused by source and line, or with
-    skip_invalid dropped and counted under `checked[key]`. `pins`: the commit each Hub source is read at (`pin`);
-    `prefetch`: the command that fetches the sources (`offline.prefetch_command`), named where a copy read is not;
-    `evaluation`: the held-out mixture's; `assistant_turns`: the recipe's (the rows check, `rows.read_row`)."""
+    """The mixture's pairs joined in the written order, and its `Mix`. Each source's rows read by `rules` (held out
+    where `rules.evaluation`): bad rows refused by source and line, or with skip_invalid dropped and counted under
+    `checked[key]`. `pins`: the commit each Hub source is read at (`pin`); `prefetch`: the command that fetches the
+    sources (`offline.prefetch_command`), named where a copy read is not."""
     import datasets
 
     usable, records, dropped, dated = [], [], {}, {}
     for source in sources:
         revision = pinned(source, pins)
-        raw = read_source(source, say, revision)
+        raw = read_source(source, rules.say, revision)
         spec = source.spec()  # its rows dropped are counted under it
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
-        hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, evaluation)
+        hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, rules.evaluation)
         try:
-            given, turns = (source.where, template, template_file, evaluation), assistant_turns
-            pairs = rows.usable_pairs(
-                raw, skip_invalid, dropped, spec, hh_format, spec, say, *given, dated=dated, assistant_turns=turns
-            )
+            pairs = rows.usable_pairs(raw, rules, dropped, spec, split=spec, source=source.where, dated=dated)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise
@@ -623,7 +615,7 @@ def load(
         raise ConfigError("the mixture takes no pair: give some source a larger amount")
     joined = rows.no_null_kwargs(datasets.concatenate_datasets(_aligned(parts)))  # a source without them: none
     source_of_row = np.concatenate([np.full(len(t), i) for i, t in enumerate(taken)])
-    if say:
+    if rules.say:
         for r in records:
             print(
                 f"Mixture: {r['source']}: {r['rows_usable']} usable of {r['rows_read']} rows, took {r['taken']} "

@@ -329,25 +329,37 @@ def check_text_only(dataset, evaluation: bool = False) -> None:
             )
 
 
-def check_dataset(
-    dataset,
-    skip_invalid: bool = False,
-    hh_format: str = "messages",
-    template=None,
-    evaluation: bool = False,
-    assistant_turns: str = "final",
-) -> RowCheck:
+@dataclasses.dataclass(frozen=True)
+class RowRules:
+    """How a split's rows are read into pairs (`check_dataset`, `usable_pairs`, each source of `mixture.load`): made
+    once from the recipe where the tokenizer is known (`of`), the same for every source of a mixture."""
+
+    skip_invalid: bool = False  # bad rows dropped and counted; else the first is refused
+    hh_format: str = "messages"  # how HH-style strings are read (`RowFormat`)
+    assistant_turns: str = "final"  # whether the prompt's earlier answers are trained (`read_row`)
+    template: object = None  # the tokenizer (or its loader, `stages.ModelTokenizer`) the answers are checked against
+    template_file: str | None = None  # the recipe's chat_template_path, named on the console
+    evaluation: bool = False  # held-out pairs, which the run evaluates on
+    say: bool = True  # what is read and dropped, on the console
+
+    @classmethod
+    def of(cls, recipe, template=None, evaluation: bool = False, say: bool = True) -> "RowRules":
+        p = recipe.project
+        return cls(p.skip_invalid, p.hh_format, p.assistant_turns, template, p.chat_template_path, evaluation, say)
+
+
+def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
-    row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
-    first, or answers that leave the chat template's generation prompt all together (a data set that has one usually
-    has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would leave nothing.
-    `evaluation`: held-out pairs; `assistant_turns`: the recipe's (`RowFormat`)."""
+    row listed in the returned `RowCheck`. Unless `rules.skip_invalid`, bad rows among good ones raise
+    `InvalidRowError`: the first, or answers that leave the chat template's generation prompt all together (a data set
+    that has one usually has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would
+    leave nothing."""
     start = time.perf_counter()
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
-    check_text_only(dataset, evaluation)
-    fmt = RowFormat.of(dataset[0], columns, None, hh_format, template, assistant_turns)
+    check_text_only(dataset, rules.evaluation)
+    fmt = RowFormat.of(dataset[0], columns, None, rules.hh_format, rules.template, rules.assistant_turns)
     if fmt.template is not None:  # judged on the rows as written: HH strings are read as messages here
         chat_template.require(fmt.template, fmt.shape.name)
     invalid, index = [], 0
@@ -358,7 +370,7 @@ def check_dataset(
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
     checked = RowCheck(index, invalid, time.perf_counter() - start, fmt)
-    if skip_invalid or not invalid or len(invalid) == index:
+    if rules.skip_invalid or not invalid or len(invalid) == index:
         return checked
     if other := [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]:
         first, problem = other[0], other[0]["problem"]
@@ -407,35 +419,22 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None, templat
 
 
 def usable_pairs(
-    dataset,
-    skip_invalid: bool,
-    derived: dict,
-    key: str,
-    hh_format: str = "messages",
-    split="train",
-    say: bool = True,
-    source: str | None = None,
-    template=None,
-    template_file: str | None = None,
-    evaluation: bool = False,
-    dated: dict | None = None,
-    assistant_turns: str = "final",
+    dataset, rules: RowRules, derived: dict, key: str, *, split="train", source: str | None = None, dated=None
 ):
-    """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
-    `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
-    row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
-    loader, `stages.ModelTokenizer`) the answers are checked against; `template_file`: the recipe's chat_template_path,
-    named on the console; `evaluation`: held-out pairs, which the run evaluates on; `dated`: where the template writes
-    the day it renders on, its warning kept there under `key`, not said (a mixture says it once, `say_dated`);
-    `assistant_turns`: the recipe's, which decides whether the prompt's earlier answers are trained (`read_row`)."""
+    """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
+    row (located in `source`, `data.row_location`), or with `rules.skip_invalid` without the bad rows, recorded as
+    `derived[key]`. No usable row left is refused too: the trainer would fail only after loading the model. `dated`:
+    where the template writes the day it renders on, its warning kept there under `key`, not said (a mixture says it
+    once, `say_dated`)."""
     try:
-        checked = check_dataset(dataset, skip_invalid, hh_format, template, evaluation, assistant_turns)
+        checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
+    say, template = rules.say, rules.template
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
         unchecked = template.unread if fmt.conversational and fmt.template is None and template is not None else None
-        shown = chat_template.named(template_file)
+        shown = chat_template.named(rules.template_file)
         described = fmt.shape.describe(template_file=shown, unchecked=unchecked)
         print(f"Data ({split}): {plural(checked.rows, 'row')}, {described}", flush=True)
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
@@ -465,7 +464,7 @@ def usable_pairs(
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))
-    if say and not evaluation and len(pairs):  # judged on the first pair, before the model loads
+    if say and not rules.evaluation and len(pairs):  # judged on the first pair, before the model loads
         if dated is None:
             say_if_dated(checked.fmt, pairs[0])
         elif said := dated_warning(checked.fmt, pairs[0]):

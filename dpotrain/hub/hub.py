@@ -39,7 +39,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause, decimal, plural
-from dpotrain.recipe.run_record import Record, per_step_text
+from dpotrain.recipe.run_record import RESOLVED, Record, per_step_text
 from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
@@ -407,7 +407,7 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
-    recorded = read_record(Path(output_dir) / "resolved_config.json") or of_record({})  # the metric's name
+    recorded = read_record(Path(output_dir) / RESOLVED) or of_record({})  # the metric's name
     best = best_branch_step(finished(output_dir).get("best"), recorded.settings.metric_for_best_model)
     write_text(path, kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best))
 

@@ -18,7 +18,6 @@ from pathlib import Path, PurePosixPath
 
 from dpotrain.recipe import records, run_record
 
-RESOLVED = "resolved_config.json"
 ADAPTER = "adapter_config.json"
 # The field of the uploaded record that names what was replaced (a reader of the Hub's copy is told it is one)
 MARK = "local_paths_replaced"
@@ -43,7 +42,7 @@ def upload_content(folder: Path, name: str) -> bytes | None:
     paths (`public_record`, `public_adapter_config`); None where the file goes up as it is (no path in it, or not one of
     the run's JSON records, or unreadable: its readers refuse that)."""
     base = PurePosixPath(name).name
-    if base not in (RESOLVED, ADAPTER):
+    if base not in (run_record.RESOLVED, ADAPTER):
         return None
     try:
         values = json.loads((folder / name).read_bytes())
@@ -51,7 +50,7 @@ def upload_content(folder: Path, name: str) -> bytes | None:
         return None
     if not isinstance(values, dict):
         return None
-    public = public_record(values) if base == RESOLVED else public_adapter_config(values)
+    public = public_record(values) if base == run_record.RESOLVED else public_adapter_config(values)
     if public is None:
         return None
     return (records.dumps(public, indent=2) + "\n").encode()

@@ -222,6 +222,9 @@ def _misshapen(r: dict) -> str | None:
     return None
 
 
+# The run's record's file name, in its folder and each checkpoint's (resolve.trained_under)
+RESOLVED = "resolved_config.json"
+
 # The record's digest of itself, written with it: a file edited by hand (a value "fixed" before a resume) is told from
 # one the run wrote, whose settings a rerun neither reads nor keeps (resume.say_hand_edit)
 SEAL = "written_sha256"

@@ -391,7 +391,7 @@ def after_health_stop(recipe, out: Path) -> bool:
 def only_cut_short(out: Path, changed: list[str]) -> bool:
     """Whether the run's own checkpoints were all cut short under the rerun's settings: a requeue then starts afresh."""
     folders = own_checkpoints(out)
-    ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
+    ran_here = (out / run_record.RESOLVED).is_file()  # written as training starts: a run of this project was here
     if not folders or any(map(is_complete, folders)) or changed or not ran_here:
         return False
     _say(
@@ -414,7 +414,7 @@ def say_hand_edit(out: Path, checkpoint, trained: Path) -> None:
     (`trained`, the folder holding it), and writes the file anew as training starts. The edit was overwritten in
     silence, the user believing it trained: said in one line, naming the values edited where the checkpoint's
     record differs."""
-    path = Path(out) / "resolved_config.json"
+    path = Path(out) / run_record.RESOLVED
     try:
         now = json.loads(path.read_bytes())
     except (OSError, ValueError):  # none, or damaged: read (and refused) by the comparison itself

@@ -35,7 +35,7 @@ from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
 from dpotrain.plan import layers, plan, plan_stage
-from dpotrain.recipe import upstream
+from dpotrain.recipe import run_record, upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
@@ -365,7 +365,7 @@ class RecipeDPOTrainer(DPOTrainer):
             if self.is_world_process_zero():
                 held.run(readable_weights, folder)  # safetensors writes it 0600: unreadable to the group
         held.raise_first()
-        record = folder.parent / "resolved_config.json"
+        record = folder.parent / run_record.RESOLVED
         if self.is_world_process_zero() and record.is_file():
             # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
             shutil.copy2(record, folder / record.name)
