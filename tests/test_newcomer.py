@@ -1029,6 +1029,32 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
         assert not (tmp_path / "run").exists(), said
 
 
+@pytest.mark.slow
+def test_the_job_scripts_dry_run_typed_outside_slurm_says_it_plans_this_machine_not_the_job(tmp_path):
+    """`bash scripts/dpo_train.sh --dry-run` on a login node, to preview the job: outside a Slurm job launch.sh counts
+    no GPUs, so the plan was one process's (`DeepSpeed ZeRO-2 on 1 GPU needs ~199.0 GiB` for OLMo 3 7B) with nothing
+    saying it was not the 4-GPU job the script asks for. A note says so, and how to plan the job."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": SMOKE}
+    result = subprocess.run(
+        ["bash", "scripts/dpo_train.sh", "--output_dir", str(tmp_path / "run"), "--dry-run"],
+        cwd=ROOT,
+        env=env | {"HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (
+        "note: not in a Slurm job: planned for this machine alone (processes: 1, GPUs per node: 0), not the job the "
+        f"script asks for; the job's plan: sbatch <the script> --dry-run, or python train_dpo.py --config {SMOKE} "
+        "--dry-run with the same arguments"
+    ) in result.stderr
+    assert result.stdout.count(f"dry run of {SMOKE}") == 1 and not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow  # the job script starts the stack fresh for train_dpo.py's --help: ~5 CPU-s, 7-8 s at load 5-6
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_the_job_scripts_help_is_the_help_alone(flag):
