@@ -718,7 +718,8 @@ def test_help_says_that_a_rerun_resumes_what_use_peft_trains_and_which_loss_the_
     """--help, a newcomer's first read, gave transformers' "Path to a folder with a valid checkpoint for your model"
     for --resume_from_checkpoint (not that the same command resumes by itself), TRL's "Whether to use PEFT for
     training" and "LoRA target modules" (not that it trains a LoRA adapter, nor that use_peft needs its targets),
-    and "Type of loss to use" (not that several combine, nor which the recipes train)."""
+    "Type of loss to use" (not that several combine, nor which the recipes train), and for --report_to "The list of
+    integrations to report the results and logs to" (not that the recipes log to W&B, nor that none turns it off)."""
     import re
 
     from dpotrain.recipe.config import parse_args
@@ -731,6 +732,7 @@ def test_help_says_that_a_rerun_resumes_what_use_peft_trains_and_which_loss_the_
         in shown
     )
     assert "--use_peft Train a LoRA adapter, not the full weights, with lora_target_modules" in shown
+    assert "--report_to Where to log: wandb (the recipes'; its key in .env), none, or an installed integration" in shown
     assert (
         "--lora_target_modules The modules LoRA adapts, which use_peft requires: q_proj v_proj, or all-linear" in shown
     )

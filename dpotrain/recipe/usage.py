@@ -45,6 +45,9 @@ OWN_WORDS = {
     "help": "The short list: the recipe, the fields users set most and this project's options",
     # TRL's "Type of loss to use" named neither the choices, nor that several combine, nor which the recipes train
     "loss_type": "Loss types, several summed by loss_weights (recipes: sigmoid_norm; README: The loss)",
+    # transformers' "The list of integrations to report the results and logs to": not what the recipes log to, nor
+    # that none turns it off (README: W&B)
+    "report_to": "Where to log: wandb (the recipes'; its key in .env), none, or an installed integration",
     # TRL's "Whether to use PEFT for training" and "LoRA target modules": not that LoRA is what it trains, nor that the
     # run refuses use_peft without targets
     "use_peft": "Train a LoRA adapter, not the full weights, with lora_target_modules (docs/lora.md)",
