@@ -259,6 +259,12 @@ fi
 # node, is all the job does. Launched, every process of every node set up its engine first (a rendezvous, DeepSpeed's
 # ops: minutes) to print it again, and the log ended "training exited with code 0".
 if "$VENV/bin/python" -m dpotrain.cluster.job asks dry_run "$RECIPE" "$@"; then
+  # Outside a Slurm job (`bash scripts/dpo_train.sh --dry-run` typed on a login node to preview the job) there is no
+  # job to count GPUs in: the plan is this machine's, one process without a GPU, and a newcomer read its refusal
+  # ("ZeRO-2 on 1 GPU needs ~199 GiB") as the 4-GPU job's. On stderr: `--dry-run --json` prints JSON alone on stdout.
+  [[ -n ${SLURM_JOB_ID:-} ]] || echo "note: not in a Slurm job: planned for this machine alone (processes:" \
+    "$NUM_PROCESSES, GPUs per node: $GPUS_PER_NODE), not the job the script asks for; the job's plan:" \
+    "sbatch <the script> --dry-run, or python train_dpo.py --config $RECIPE --dry-run with the same arguments" >&2
   WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" "$@" \
     --accelerate_config "$ACCELERATE_CONFIG"
   exit 0  # (set -e: a dry run that fails ends the job with its code)

@@ -43,7 +43,13 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
 def main(argv: list[str] | None = None) -> None:
     offline.start_run()  # no answer from the Hub yet: one an earlier command in this process got is not this one's
     venv.load_env(ROOT)  # HF_TOKEN for gated or private repos: for an importer (a command has read it above)
-    parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
+    # The overrides it passes on are train_dpo.py's (the README's step 4 gives it --model_name_or_path): its --help
+    # listed --config, --split and --revision alone, so a user reading it took the model for the recipe's only.
+    overrides = (
+        " Options not listed here (--model_name_or_path, --model_revision, --dataset_name, --dataset_config, "
+        "--dataset_mixer_list, --output_dir, ...) are train_dpo.py fields: give it the job's overrides."
+    )
+    parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0] + overrides)
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")
     parser.add_argument(

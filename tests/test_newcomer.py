@@ -714,6 +714,33 @@ def test_help_says_what_the_common_fields_take_here_and_help_all_lists_all_of_it
     assert "[--dataset_name DATASET_NAME]" not in every
 
 
+def test_help_says_that_a_rerun_resumes_what_use_peft_trains_and_which_loss_the_recipes_use(capsys):
+    """--help, a newcomer's first read, gave transformers' "Path to a folder with a valid checkpoint for your model"
+    for --resume_from_checkpoint (not that the same command resumes by itself), TRL's "Whether to use PEFT for
+    training" and "LoRA target modules" (not that it trains a LoRA adapter, nor that use_peft needs its targets),
+    "Type of loss to use" (not that several combine, nor which the recipes train), and for --report_to "The list of
+    integrations to report the results and logs to" (not that the recipes log to W&B, nor that none turns it off)."""
+    import re
+
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert (
+        "--resume_from_checkpoint A checkpoint-N folder to resume from: without it, a rerun resumes from the newest"
+        in shown
+    )
+    assert "--use_peft Train a LoRA adapter, not the full weights, with lora_target_modules" in shown
+    assert "--report_to Where to log: wandb (the recipes'; its key in .env), none, or an installed integration" in shown
+    assert (
+        "--lora_target_modules The modules LoRA adapts, which use_peft requires: q_proj v_proj, or all-linear" in shown
+    )
+    assert "--loss_type Loss types, several summed by loss_weights (recipes: sigmoid_norm;" in shown
+    with pytest.raises(ConfigError, match="use_peft needs the layers to adapt"):  # what the help says, the run does
+        train_dpo.main(["--config", SMOKE, "--use_peft", "true", "--dry-run"])
+
+
 def test_help_all_says_what_the_data_fields_do_with_a_mixture_and_that_the_learning_rate_is_the_peak(capsys):
     """--help-all gave dataset_config, dataset_train_split, dataset_test_split and dataset_streaming TRL's "If
     `datasets` is provided, this will be ignored": here a mixture's sources take the split fields as their default
@@ -1002,6 +1029,32 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
             assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), said
             assert "batch: 8 pairs per step" in result.stdout, said  # planned, then ended
         assert not (tmp_path / "run").exists(), said
+
+
+@pytest.mark.slow
+def test_the_job_scripts_dry_run_typed_outside_slurm_says_it_plans_this_machine_not_the_job(tmp_path):
+    """`bash scripts/dpo_train.sh --dry-run` on a login node, to preview the job: outside a Slurm job launch.sh counts
+    no GPUs, so the plan was one process's (`DeepSpeed ZeRO-2 on 1 GPU needs ~199.0 GiB` for OLMo 3 7B) with nothing
+    saying it was not the 4-GPU job the script asks for. A note says so, and how to plan the job."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": SMOKE}
+    result = subprocess.run(
+        ["bash", "scripts/dpo_train.sh", "--output_dir", str(tmp_path / "run"), "--dry-run"],
+        cwd=ROOT,
+        env=env | {"HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (
+        "note: not in a Slurm job: planned for this machine alone (processes: 1, GPUs per node: 0), not the job the "
+        f"script asks for; the job's plan: sbatch <the script> --dry-run, or python train_dpo.py --config {SMOKE} "
+        "--dry-run with the same arguments"
+    ) in result.stderr
+    assert result.stdout.count(f"dry run of {SMOKE}") == 1 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow  # the job script starts the stack fresh for train_dpo.py's --help: ~5 CPU-s, 7-8 s at load 5-6
@@ -1359,15 +1412,15 @@ def test_the_options_help_names_readme_sections_that_exist():
     import dataclasses
     import re
 
+    from dpotrain.recipe import usage
     from dpotrain.recipe.config import ProjectArguments
 
     headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:2] == "##"]
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(ProjectArguments)} | usage.OWN_WORDS
     named = {
-        f.name: section
-        for f in dataclasses.fields(ProjectArguments)
-        for section in re.findall(r"README(?:: |\s+')([^)']+)", f.metadata["help"])
+        name: section for name, text in helps.items() for section in re.findall(r"README(?:: |\s+')([^)']+)", text)
     }
-    assert "sequence_parallel_size" in named  # README: Long traces
+    assert "sequence_parallel_size" in named and "loss_type" in named  # README: Long traces, The loss
     assert {name: s for name, s in named.items() if not any(h.startswith(s) for h in headings)} == {}
 
 

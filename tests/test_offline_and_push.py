@@ -437,7 +437,7 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", "nonexist.jsonl"], "does not exist"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "./my-modl"], "model folder"),
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_revision", "v2"], "names a commit of a Hub"),
-        # The fields passed on are train_dpo.py's: its --help lists them, prefetch.py's does not ("see --help").
+        # The fields passed on are train_dpo.py's: its --help lists them, prefetch.py's names a few ("see --help").
         (["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_revison", "v2"], "see train_dpo.py --help$"),
     ],
 )

@@ -111,3 +111,60 @@ def test_every_quoted_memory_figure_is_the_dry_runs(monkeypatch, capsys, tmp_pat
         text = re.sub(r"\s*\n#\s*", " ", (ROOT / path).read_text())  # a YAML header's comment lines, joined
         expected = quote.format(*(f"{planned[launch]:.1f}" for launch in launches))
         assert expected in text, (path, expected)
+
+
+# The package names the pages write, as requirements.txt spells them
+PINNED = {
+    "torch": "torch",
+    "TRL": "trl",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "DeepSpeed": "deepspeed",
+}
+
+
+def test_the_versions_and_the_demos_pairs_the_pages_quote_are_the_repositorys():
+    """The README's pins (`torch 2.15.0, TRL 1.16, ...`), the torch its step 2 installs and the one docs/running.md
+    names, and the demo's 384 pairs: quoted where a newcomer reads them, and held by nothing until a version bump or a
+    new pair left the quote behind."""
+    pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    quoted = re.search(r"installs the pins of `requirements.txt` \(([^)]*)\)", readme).group(1)
+    named = dict(re.findall(r"(\w+) (\d[\d.]*)", quoted))
+    assert set(named) == set(PINNED), quoted
+    for name, version in named.items():
+        assert f"{pins[PINNED[name]]}.".startswith(f"{version}."), (name, version, pins[PINNED[name]])
+    assert f"pip install torch=={pins['torch']} " in readme and f"builds of {pins['torch']})" in readme
+    assert f"the CUDA build of torch {pins['torch']} first" in (ROOT / "docs" / "running.md").read_text()
+    pairs = len((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines())
+    assert f"trains on {pairs} bundled preference pairs" in readme
+
+
+def test_the_recipes_table_gives_each_recipes_values():
+    """docs/recipes.md's first table (max_length, beta, learning rate, pairs per step and the token budget of each
+    recipe, `same` for the first column's) against the recipes' own YAML, which a recipe's edit left behind unseen."""
+    import yaml
+
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    rows = [line.split("|")[1:-1] for line in text.split("\n\n| | `think.yaml`", 1)[1].split("\n\n")[0].splitlines()]
+    recipes = ["think", "think-32b", "instruct", "smoke"]
+    fields = {
+        "`max_length`": "max_length",
+        "`beta`": "beta",
+        "`learning_rate`": "learning_rate",
+        "pairs per step": "pairs_per_step",
+        "micro-batches": "max_tokens_per_microbatch",
+    }
+    checked = 0
+    for row in rows:
+        field = fields.get(row[0].strip())
+        if field is None:
+            continue
+        cells = [cell.strip() for cell in row[1:]]
+        cells = [cells[0] if cell == "same" else cell for cell in cells]
+        for recipe, cell in zip(recipes, cells, strict=True):
+            value = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())[field]
+            number = float(re.search(r"[\d][\d,.]*(?:e-?\d+)?", cell).group(0).replace(",", ""))
+            assert number == float(value), (field, recipe, cell, value)
+            checked += 1
+    assert checked == len(fields) * len(recipes), checked  # every row read: a change of the table fails here

@@ -62,6 +62,29 @@ def test_the_commands_after_the_quickstart_name_scripts_and_flags_that_exist(cap
             assert words[:2] == ["wandb", "sync"], line
 
 
+def script_help(name: str, capsys) -> str:
+    """`scripts/<name>.py --help`, as a user reads it."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    return capsys.readouterr().out
+
+
+def test_every_flag_the_pages_give_prefetch_is_named_by_its_help(capsys):
+    """The README's step 4 fetches a model's config with `prefetch.py --config ... --model_name_or_path ...`, and its
+    --help listed --config, --split and --revision alone: a user checking it took the model for the recipe's only.
+    Each flag a page gives it is named by its --help (its own, or among the train_dpo.py fields it passes on)."""
+    usage = script_help("prefetch", capsys)
+    given = set()
+    for page in PAGES:
+        for command in re.findall(r"\bprefetch\.py([^`\n]*)", page.read_text()):
+            given |= set(re.findall(r"--[\w-]+", command.split("  #")[0]))
+    assert {"--config", "--model_name_or_path", "--revision"} <= given, given  # the pages were read
+    assert [flag for flag in sorted(given) if not re.search(rf"{flag}(?![\w-])", usage)] == []
+
+
 def test_quickstart_shell_lines_parse_and_name_files_that_exist():
     lines = quickstart()
     assert any(line.startswith("sbatch ") for line in lines) and any("--dry-run" in line for line in lines)

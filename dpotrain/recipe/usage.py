@@ -43,6 +43,17 @@ OWN_WORDS = {
     # transformers': "The name of the repository to keep in sync with the local `output_dir`", which it no longer is
     "hub_model_id": "The Hub repo push_to_hub pushes to (default: the run name, in your namespace)",
     "help": "The short list: the recipe, the fields users set most and this project's options",
+    # TRL's "Type of loss to use" named neither the choices, nor that several combine, nor which the recipes train
+    "loss_type": "Loss types, several summed by loss_weights (recipes: sigmoid_norm; README: The loss)",
+    # transformers' "The list of integrations to report the results and logs to": not what the recipes log to, nor
+    # that none turns it off (README: W&B)
+    "report_to": "Where to log: wandb (the recipes'; its key in .env), none, or an installed integration",
+    # TRL's "Whether to use PEFT for training" and "LoRA target modules": not that LoRA is what it trains, nor that the
+    # run refuses use_peft without targets
+    "use_peft": "Train a LoRA adapter, not the full weights, with lora_target_modules (docs/lora.md)",
+    "lora_target_modules": "The modules LoRA adapts, which use_peft requires: q_proj v_proj, or all-linear",
+    # transformers' "Path to a folder with a valid checkpoint for your model" left out that a rerun resumes by itself
+    "resume_from_checkpoint": "A checkpoint-N folder to resume from: without it, a rerun resumes from the newest",
 }
 WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
 
