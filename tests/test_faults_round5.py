@@ -1,0 +1,84 @@
+"""Faults hunted in round five (attempts that differ; nothing lost, nothing silent), on the tiny model: each held by
+construction (a run stopped at one exact point by tests/helpers/pause_at.py, then killed), never by timing. What the
+hunt tried that already held is in the commits' messages, not repeated here as tests."""
+
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import PAUSE_AT, ROOT, pause_env, paused_pid, python
+from dpotrain.train import run_files
+from dpotrain.train.checkpoints import gone
+
+STEPS = 4
+
+
+def command(out, model_dir, data, *extra) -> list[str]:
+    """The smoke recipe on `data`: 4 steps, checkpoints at steps 2 and 4, save_total_limit 1."""
+    return [
+        *("--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2"),
+        *("--save_total_limit", "1", "--logging_steps", "1", "--report_to", "none"),
+        *("--output_dir", str(out), "--model_name_or_path", model_dir, "--dataset_name", str(data), *extra),
+    ]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """The smoke data's first 48 pairs: an epoch of 6 steps, of which the run trains 4."""
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:48]))
+    return path
+
+
+def killed_at(out, model_dir, data, after: str, at: str, paused, event: str = "open") -> None:
+    """The run SIGKILLed (a lost node, Slurm's kill after its grace time) at the point `after`/`at`, the audit event
+    `event` (pause_at.py)."""
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *command(out, model_dir, data)],
+        cwd=ROOT,
+        env={**os.environ, **pause_env(after, at, paused), "DPOTRAIN_TEST_PAUSE_AT_EVENT": event},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        os.kill(paused_pid(paused, proc), signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+
+
+def rerun(out, model_dir, data) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python(), str(ROOT / "train_dpo.py"), *command(out, model_dir, data)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_a_kill_inside_rotation_leaves_no_checkpoint_it_deleted_named_gone(tmp_path, tiny_model_dir, pairs):
+    """SIGKILL inside save_total_limit's rotation after checkpoint-4's mark: checkpoint-2's folder deleted (the run
+    stopped as its `shutil.rmtree` begins, which the test then finishes), the run's record not yet rewritten
+    (`run_files.disown`).
+    run_files.json still listed checkpoint-2 as marked complete, so `checkpoints.gone` named it moved or deleted by
+    someone: a rerun that then passed over a damaged checkpoint-4 said `Not resuming from .../checkpoint-2: its folder
+    is gone since the run saved it (run_files.json names it: moved or deleted)` and told the user to restore it from
+    a copy, where the run had deleted it itself. Rotation now unlists it as complete before deleting it."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    killed_at(out, tiny_model_dir, pairs, "*/checkpoint-4/COMPLETE", "*/checkpoint-2", paused, "shutil.rmtree")
+    shutil.rmtree(out / "checkpoint-2")  # what the rmtree the kill cut short was doing
+    assert "checkpoint-2" in run_files.read(out)  # the point: its folder deleted, the record still naming it
+    assert gone(out) == []
+
+    (out / "checkpoint-4" / "optimizer.pt").unlink()  # damaged since: nothing left to resume from
+    result = rerun(out, tiny_model_dir, pairs)
+    assert result.returncode != 0
+    assert "checkpoint-2" not in result.stdout, result.stdout[-3000:]
+    assert "checkpoint-4: " in result.stdout, result.stdout[-3000:]
