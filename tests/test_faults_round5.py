@@ -8,6 +8,8 @@ import signal
 import subprocess
 
 import pytest
+from test_changed_inputs import ARGS, resealed
+from test_faults import FINAL
 
 from conftest import PAUSE_AT, ROOT, pause_env, paused_pid, python
 from dpotrain.train import run_files
@@ -82,3 +84,28 @@ def test_a_kill_inside_rotation_leaves_no_checkpoint_it_deleted_named_gone(tmp_p
     assert result.returncode != 0
     assert "checkpoint-2" not in result.stdout, result.stdout[-3000:]
     assert "checkpoint-4: " in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_resume_under_another_commit_of_the_project_says_which(tmp_path, tiny_model_dir, capsys):
+    """A requeue that ran another checkout of this project (a `git pull` between attempts, a job resumed from a
+    colleague's copy) trained the steps after its checkpoint under other code, and nothing said so, where an upgraded
+    package was said. Each record now keeps the project's commit with the packages (`derived.packages.dpotrain`), and
+    a resume under another one says which, in the packages' note, and goes on."""
+    import train_dpo
+
+    now = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert len(now) == 40, "the tests run from a git checkout of the project"
+    out = tmp_path / "run"
+    argv = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_steps", "2"]
+    argv += ["--report_to", "none", "--output_dir", str(out)]
+    train_dpo.main(argv)
+    checkpoint = out / "checkpoint-2"
+    for name in FINAL:  # as a kill after the last checkpoint leaves the folder
+        (out / name).unlink()
+    old = "0" * 40  # the checkpoint as another commit of the project sealed it
+    resealed(checkpoint, lambda record: record["derived"]["packages"].update(dpotrain=old))
+    capsys.readouterr()
+    train_dpo.main(argv)
+    said = f"note: {checkpoint} was trained under other package versions (dpotrain {old} -> {now}); the steps after "
+    assert said in capsys.readouterr().out
