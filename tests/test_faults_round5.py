@@ -109,3 +109,40 @@ def test_a_resume_under_another_commit_of_the_project_says_which(tmp_path, tiny_
     train_dpo.main(argv)
     said = f"note: {checkpoint} was trained under other package versions (dpotrain {old} -> {now}); the steps after "
     assert said in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_checkpoint_in_a_folder_another_run_trains_in_now_is_refused(tmp_path, tiny_model_dir, pairs):
+    """--resume_from_checkpoint naming a checkpoint of another run that is training now (its folder's lock live): the
+    resume started, and that run's save_total_limit rotation may delete the checkpoint while this one loads it
+    (after the reference stage), transformers then going on without the optimizer state it no longer finds, in
+    silence. Refused before anything loads; the other run, stopped holding its lock once checkpoint-2 is marked, is
+    untouched."""
+    first, paused = tmp_path / "first", tmp_path / "paused"
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *command(first, tiny_model_dir, pairs)],
+        cwd=ROOT,
+        env={**os.environ, **pause_env("*/checkpoint-2/COMPLETE", "*", paused)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        second = tmp_path / "second"
+        args = command(second, tiny_model_dir, pairs, "--resume_from_checkpoint", str(first / "checkpoint-2"))
+        result = subprocess.run(
+            [python(), str(ROOT / "train_dpo.py"), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    said = result.stdout + result.stderr
+    assert result.returncode != 0, said[-3000:]
+    assert (
+        f"error: resume_from_checkpoint {str(first / 'checkpoint-2')!r} is in {str(first)!r}, where another run is "
+        "training now (host " in said
+    ), said[-3000:]
+    assert "copy the checkpoint out of its folder (cp -r) and resume from the copy" in said
+    assert not (second / "resolved_config.json").exists() and (first / "checkpoint-2" / "COMPLETE").is_file()
