@@ -146,3 +146,40 @@ def test_a_checkpoint_in_a_folder_another_run_trains_in_now_is_refused(tmp_path,
     ), said[-3000:]
     assert "copy the checkpoint out of its folder (cp -r) and resume from the copy" in said
     assert not (second / "resolved_config.json").exists() and (first / "checkpoint-2" / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
+def test_a_kill_while_overwrite_output_dir_replaces_a_run_leaves_no_checkpoint_it_deleted_named_gone(
+    tmp_path, tiny_model_dir, pairs
+):
+    """--overwrite_output_dir over a finished run, SIGKILLed as it removes the old run's config.json: its checkpoints
+    (removed before it, by name) deleted, the old run's record still listing them as marked complete. The same command
+    again (a requeue) said `Not resuming from .../checkpoint-4: its folder is gone since the run saved it
+    (run_files.json names it: moved or deleted)` for each, deleted by the run itself. The replacement now unlists them
+    as complete first."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    args = [*command(out, tiny_model_dir, pairs, "--save_total_limit", "2"), "--overwrite_output_dir", "true"]
+    train = [python(), str(ROOT / "train_dpo.py"), *args]
+    first = subprocess.run(train[:-2], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0 and (out / "checkpoint-2").is_dir(), first.stdout[-3000:]  # checkpoints 2 and 4 kept
+    # Stopped before the old run's config.json is removed: its files go in the order of their names (run_complete.json
+    # first), the checkpoints before it
+    at = {**pause_env("", str(out / "config.json"), paused), "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove"}
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *args],
+        cwd=ROOT,
+        env={**os.environ, **at},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        os.kill(paused_pid(paused, proc), signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert (out / "config.json").is_file() and not list(out.glob("checkpoint-*"))  # the point: both deleted
+    assert gone(out) == []
+
+    again = subprocess.run(train, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "gone since the run saved it" not in again.stdout, again.stdout[-3000:]
