@@ -112,7 +112,7 @@ def project_commit() -> str | None:
     return lines[1]
 
 
-def trained_under() -> dict:
+def recorded_versions() -> dict:
     """What a run's steps are trained under, as its record keeps it (`derived.packages`): the packages' versions and
     this project's commit."""
     return package_versions() | {PROJECT: project_commit()}
