@@ -272,6 +272,10 @@ def replace(out: Path, names: list[str]) -> None:
             flush=True,
         )
     own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
+    # Its checkpoints unlisted as complete first (the record stays, naming them): a kill midway left the ones deleted
+    # listed, and the rerun said each "gone since the run saved it (moved or deleted)", deleted by the run itself.
+    if run_files.completed(out):
+        run_files.write(out, run_files.read(out), complete=[])
     # The marks of being whole first, each before what it vouches for: a kill midway left run_complete.json on a run
     # without its model, and a checkpoint's COMPLETE on a folder missing files; now it is a run stopped before its end.
     removed = sorted((e for e in out.iterdir() if e.name in own), key=lambda e: (e.name != RUN_COMPLETE, e.name))

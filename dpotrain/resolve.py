@@ -442,7 +442,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     # Named with its target: a link retargeted between attempts (to another run's folder) read as the user's own folder
     named = f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
     if explicit:
-        resume.check_explicit(explicit)
+        resume.check_explicit(explicit, out)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)
         if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):

@@ -183,7 +183,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
-    derived["packages"] = agreement.package_versions()  # each checkpoint's copy: what its steps were trained under
+    derived["packages"] = agreement.recorded_versions()  # each checkpoint's copy: what its steps were trained under
     derived["dropout"] = dropout.active(trainer.model)  # on in training ([]: none); a resume compares it
     derived[WEIGHTS_KEY] = trainer.weights_hash  # what a resume's reference is scored from (check_reference_weights)
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))

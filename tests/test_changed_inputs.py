@@ -354,7 +354,7 @@ def test_a_resume_under_other_package_versions_says_which_and_records_them(tmp_p
     checkpoint = out / "checkpoint-2"
     for folder in (out, checkpoint):
         assert json.loads((folder / "resolved_config.json").read_text())["derived"]["packages"] == (
-            agreement.package_versions()
+            agreement.recorded_versions()
         )
     for name in FINAL:  # as a kill after the last checkpoint leaves the folder
         (out / name).unlink()

@@ -205,7 +205,7 @@ def test_a_file_a_resume_loads_that_the_manifest_does_not_list_is_unverified(tmp
     said = capsys.readouterr().out
     assert f"Not resuming from {out / 'checkpoint-4'}: {why}; trying the checkpoint before it" in said
     with pytest.raises(ConfigError, match=re.escape(f"cannot be verified ({why}): pass --resume_from_checkpoint")):
-        check_explicit(str(out / "checkpoint-4"))
+        check_explicit(str(out / "checkpoint-4"), out)
     (out / "checkpoint-4" / REFERENCE_FILE).unlink()
     (out / "checkpoint-4" / "rng_state_1.pth").write_bytes(b"another rank's")  # any state a resume loads
     assert problem(out / "checkpoint-4") == why.replace(REFERENCE_FILE, "rng_state_1.pth")

@@ -10,7 +10,9 @@ loads, then the trainer's plan (`values`) once TRL has tokenized the pairs.
 import hashlib
 import json
 import socket
+import subprocess
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 
@@ -88,12 +90,42 @@ def package_versions() -> dict:
     return out
 
 
+# This project's own code, recorded beside the packages by its git commit (`project_commit`): a requeue that ran
+# another checkout (a `git pull` between attempts, a job resumed from a colleague's copy) trained the steps after the
+# checkpoint under other code in silence, where an upgraded package was said.
+PROJECT = "dpotrain"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_commit() -> str | None:
+    """The commit of the checkout this code runs from; None where it is no git checkout of its own (a copy without
+    .git, one inside another repository) or git cannot say (not installed)."""
+    try:
+        said = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = said.stdout.split()
+    if said.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != ROOT:
+        return None
+    return lines[1]
+
+
+def recorded_versions() -> dict:
+    """What a run's steps are trained under, as its record keeps it (`derived.packages`): the packages' versions and
+    this project's commit."""
+    return package_versions() | {PROJECT: project_commit()}
+
+
 def upgraded(was, now: dict) -> str | None:
     """`name: old -> new` for each package whose version is not the one a checkpoint was trained under (its record's
-    `derived.packages`); None where they agree, or where that record is older than the versions it keeps."""
+    `derived.packages`); None where they agree, or where that record is older than the versions it keeps. The
+    project's commit where both records know it (a copy without git says nothing of its code)."""
     if not isinstance(was, dict):
         return None
-    changed = [f"{name} {was[name]} -> {v}" for name, v in now.items() if name in was and was[name] != v]
+    known = [(name, v) for name, v in now.items() if name in was and (name != PROJECT or None not in (v, was[name]))]
+    changed = [f"{name} {was[name]} -> {v}" for name, v in known if was[name] != v]
     return ", ".join(changed) or None
 
 

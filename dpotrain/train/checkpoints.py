@@ -123,10 +123,15 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
         # One the run cannot delete (made read-only, chmod -w, by a person keeping it): the errors were ignored, its
         # mark left and taken for a person's file ("Kept COMPLETE ...: not the run's"), and the folder dropped from
         # the run's record while it stayed, whole and marked. Said, and it stays the run's.
+        # Unlisted as complete first: a kill between the folder's deletion and the record's rewrite (`disown`) left it
+        # listed, and a rerun named it gone, moved or deleted by someone, to be restored from a copy.
+        listed = run_files.incomplete(output_dir, folder.name)
         try:
             remove(folder)
         except OSError as e:
             stayed.append(folder)
+            if listed and is_complete(folder):  # its mark stayed too: listed again, named gone if moved later
+                run_files.completed(Path(output_dir), folder.name)
             print(
                 f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
                 f"make it writable (chmod -R u+w {shlex.quote(str(folder))}) for a later save to remove it, or remove "

@@ -136,8 +136,10 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
     return None
 
 
-def check_explicit(folder: str) -> None:
-    """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
+def check_explicit(folder: str, out: Path) -> None:
+    """--resume_from_checkpoint: a checkpoint that passes `unverified`, in no other live run's folder (`out`: this
+    run's); else refused, naming the one to pass instead."""
+    check_not_live(folder, out)
     if not Path(folder).is_dir():
         # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
         fix = (
@@ -161,6 +163,22 @@ def check_explicit(folder: str) -> None:
             "command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def check_not_live(folder: str, out: Path) -> None:
+    """A checkpoint in another run's folder while that run trains there (its lock live): its rotation
+    (save_total_limit) or a save of that step deletes the checkpoint while this run loads it, minutes later, after the
+    reference stage, and transformers goes on without the optimizer state it no longer finds, in silence. Verified at
+    start, it is not this run's to keep: refused before anything loads."""
+    run = Path(folder).resolve().parent
+    if run == Path(out).resolve() or (held := run_lock.live_holder(run)) is None:
+        return
+    raise ConfigError(
+        f"resume_from_checkpoint {folder!r} is in {str(run)!r}, where another run is training now "
+        f"({run_lock.describe(*held)}; {run / run_lock.LOCK_FILE}): its save_total_limit rotation may delete that "
+        "checkpoint while this run loads it, which would then go on without its optimizer state: wait for that run "
+        "to end, or copy the checkpoint out of its folder (cp -r) and resume from the copy"
+    )
 
 
 def holds_a_checkpoint_or_weights(folder: Path) -> bool:

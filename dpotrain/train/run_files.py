@@ -94,13 +94,15 @@ def completed(out: Path, name: str | None = None) -> list[str]:
     return done
 
 
-def incomplete(out: str | Path, name: str) -> None:
-    """Drops `name` from the checkpoints listed as marked complete: the run removes that folder to write the step
-    again (`checkpoints.clear_for_save`), and a kill before the new one's folder is made is no checkpoint gone."""
+def incomplete(out: str | Path, name: str) -> bool:
+    """Drops `name` from the checkpoints listed as marked complete: the run removes that folder (to write the step
+    again, `checkpoints.clear_for_save`; rotation), and a kill before its record is rewritten is no checkpoint gone.
+    True if it was listed."""
     record = _record(Path(out))
     done = _listed_complete(record) if record is not None else []
     if name in done:
         write(out, record["names"], [n for n in done if n != name])
+    return name in done
 
 
 def _listed_complete(record: dict) -> list[str]:
