@@ -168,3 +168,20 @@ def test_the_left_checkpoints_unlisted_on_rank_0_are_a_warning_not_an_error_out_
     assert "the checkpoints an earlier job left unpushed to me/dpo-test could not be listed (OSError: " in said, said
     assert f"`{push_command(out, '--checkpoints')}` pushes them later" in said
     assert pusher.pending == {}
+
+
+def test_a_saves_model_folder_that_could_not_be_looked_at_is_not_taken_for_none(tmp_path, monkeypatch):
+    """The checkpoint's model save, written into a folder of its own and moved up into the checkpoint: that folder
+    unanswered, its files were left where no resume loads them, and the sealed checkpoint named no model files (never
+    pushed). (Old code: () returned, the weights left in the subfolder.)"""
+    from dpotrain.train.trainer import moved_up
+
+    written = tmp_path / "checkpoint-2" / "model"
+    written.mkdir(parents=True)
+    (written / "model.safetensors").write_text("weights\n")
+    with monkeypatch.context() as patched:
+        failing_stat(patched, written)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            moved_up(written)
+    assert moved_up(written) == ("model.safetensors",)  # the file server answers again
+    assert (tmp_path / "checkpoint-2" / "model.safetensors").read_text() == "weights\n"
