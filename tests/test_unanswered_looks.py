@@ -185,3 +185,18 @@ def test_a_saves_model_folder_that_could_not_be_looked_at_is_not_taken_for_none(
             moved_up(written)
     assert moved_up(written) == ("model.safetensors",)  # the file server answers again
     assert (tmp_path / "checkpoint-2" / "model.safetensors").read_text() == "weights\n"
+
+
+def test_a_report_path_that_could_not_be_looked_at_is_not_taken_for_no_input(tmp_path, monkeypatch):
+    """The analyzer's report path a link to its data file, the link unanswered: taken for no file, it was not found to
+    be the input, and the report was written over the data. (Old code: no refusal, no error.)"""
+    from dpotrain.recipe import writes
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("{}\n")
+    report = tmp_path / "report.json"
+    report.symlink_to(data)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, report)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            writes.check_not_input("--json", str(report), [data.resolve()])

@@ -160,9 +160,10 @@ def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> N
     if not path:
         return
     target = Path(path).expanduser()
-    target = target.resolve() if target.exists() or target.is_symlink() else target.absolute()
+    # `looked`: an input unanswered (ESTALE) is raised, never taken for no file and written over
+    target = target.resolve() if exists(target) or target.is_symlink() else target.absolute()
     for source in inputs:
-        if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+        if target == source or (exists(target) and exists(source) and os.path.samefile(target, source)):
             raise ConfigError(
                 f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
                 "replace it; write the report to another path"
