@@ -54,14 +54,15 @@ def read_manifest(out: Path) -> list[str] | None:
     """The names the run in `out` recorded as its own; None without a record. An earlier format named the card, plot
     and merged model from the start: they are the run's only where it finished, else they may be a person's."""
     names = recorded_names(out)
-    if names is not None and not run_files.of_this_format(out) and not (out / RUN_COMPLETE).exists():
+    if names is not None and not run_files.of_this_format(out) and not writes.exists(out / RUN_COMPLETE):
         names = [n for n in names if n not in (CARD, PLOT_FILE, MERGED_DIR)]
     return names
 
 
 def is_legacy_run(out: Path) -> bool:
     """A run written before runs recorded their files: it has the marks only this project writes."""
-    return (out / RUN_COMPLETE).exists() or (out / run_record.RESOLVED).exists() or bool(checkpoints(out))
+    # `writes.looked`: an unanswered look raised, never a run's folder taken for a person's or for empty
+    return writes.exists(out / RUN_COMPLETE) or writes.exists(out / run_record.RESOLVED) or bool(checkpoints(out))
 
 
 def same_folder_above(path: Path, folder: Path) -> Path | None:
@@ -105,7 +106,7 @@ def _writable_and_free(out: Path) -> None:
             "folder this job can write in"
         )
     # A live run's folder is a run's whatever it holds at this instant (a record half-written, no manifest yet)
-    if out.is_dir():
+    if writes.is_dir(out):  # unanswered: raised, never its lock taken for free
         run_lock.check_free(out)
 
 
@@ -131,7 +132,7 @@ def _not_a_file(output_dir: str) -> None:
 def _a_run_folder(output_dir: str) -> None:
     """A folder that holds files but no run (`check`), or a checkpoint's folder: refused. None yet: nothing to say."""
     out = Path(output_dir)
-    if not out.is_dir():
+    if not writes.is_dir(out):
         return
     # A run killed as it wrote its first record, or probed the folder, leaves a temporary on whichever node: no
     # person's file, and no live run's past the lock's check
@@ -190,7 +191,7 @@ def check_reads_outside(recipe) -> None:
 def check_replaceable(output_dir: str, start_afresh: bool) -> None:
     """Refuses to replace a run whose own files are not recorded (written before run_files.json existed)."""
     out = Path(output_dir)
-    if start_afresh and out.is_dir() and read_manifest(out) is None and is_legacy_run(out):
+    if start_afresh and writes.is_dir(out) and read_manifest(out) is None and is_legacy_run(out):
         raise ConfigError(
             f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
             f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
@@ -202,7 +203,7 @@ def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_st
     """Refuses a `checkpoint-N` the run did not write at a step it may still save (past its start, up to max_steps): it
     clears that folder to save there, and the person's files would be gone."""
     out = Path(output_dir)
-    own = read_manifest(out) if out.is_dir() else None
+    own = read_manifest(out) if writes.is_dir(out) else None
     if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
         return
     start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
@@ -310,7 +311,7 @@ def move_in(out: str | Path) -> None:
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())
     own = read_manifest(out) or []
-    if stale := [n for n in own if n not in names and any(fnmatch(n, p) for p in REPLACED) and (out / n).is_file()]:
+    if stale := [n for n in own if n not in names and any(fnmatch(n, p) for p in REPLACED) and writes.is_file(out / n)]:
         for name in stale:
             (out / name).unlink()
         run_files.disown(out, stale)

@@ -15,7 +15,7 @@ from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
-from dpotrain.recipe import config, launcher, run_record
+from dpotrain.recipe import config, launcher, run_record, writes
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
@@ -377,7 +377,12 @@ def finished_by_this_job(out: Path) -> str | None:
     before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
     where its final push was started and not confirmed: the requeue completes that push (`push_left`)."""
     job = run_lock.slurm_job()
-    if not job or not run_lock.slurm_restart() or not (out / RUN_COMPLETE).is_file() or hub_push.unconfirmed_push(out):
+    if (
+        not job
+        or not run_lock.slurm_restart()
+        or not writes.is_file(out / RUN_COMPLETE)
+        or hub_push.unconfirmed_push(out)
+    ):
         return None
     fix = "a finished run writes it last: check the folder's final model, then train into a new --output_dir"
     record = run_records.read_record(out / RUN_COMPLETE, fix)
@@ -452,7 +457,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             )
         resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
-    if (out / RUN_COMPLETE).exists():
+    if writes.exists(out / RUN_COMPLETE):  # `writes.looked`: unanswered, raised; never a finished run trained again
         if p.overwrite_output_dir:
             return replacing(out, explicit)
         left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how

@@ -215,7 +215,6 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the records
     of the checkpoint pushes that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
     finished model."""
-    on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
@@ -224,7 +223,8 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
         failed = [r for r in records if r["status"] == "failed"]
-    elif on_disk:
+    # never a person's copy; looked for only here: a mark unanswered (ESTALE) is push_checkpoints' to record failed
+    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]:
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",

@@ -3,6 +3,7 @@
 import ast
 import atexit
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -15,6 +16,7 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from unittest import mock
 
 import pytest
@@ -583,6 +585,33 @@ def sealed_checkpoint(folder: Path) -> Path:
         (folder / name).write_text(f"{name}\n")
     checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True, model=["model.safetensors"])
     return folder
+
+
+def failing_stat(monkeypatch, failing: Path, error: int = errno.ESTALE) -> None:
+    """`failing`'s stat raises `error` (NFS's ESTALE), and Path.exists(), is_file(), is_dir() and is_symlink()
+    answer as Python 3.14's do (cpython gh-118243): False for every OSError, not only a missing path, so a test shows
+    on any Python what a look by them does there (tests/test_unanswered_looks.py, tests/test_hub_push.py)."""
+    real_stat = Path.stat
+
+    def stat(path, *args, **kwargs):
+        if path == failing:
+            raise OSError(error, os.strerror(error), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    def answers(path, **kwargs) -> os.stat_result | None:
+        try:
+            return path.stat(**kwargs)
+        except OSError:
+            return None
+
+    def kind(test):
+        return lambda path, **kw: (found := answers(path, **kw)) is not None and test(found.st_mode)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(Path, "is_file", kind(S_ISREG))
+    monkeypatch.setattr(Path, "is_dir", kind(S_ISDIR))
+    monkeypatch.setattr(Path, "exists", lambda path, **kw: answers(path, **kw) is not None)
+    monkeypatch.setattr(Path, "is_symlink", lambda path: kind(S_ISLNK)(path, follow_symlinks=False))
 
 
 @pytest.fixture(scope="session")

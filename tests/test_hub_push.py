@@ -21,14 +21,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from stat import S_ISREG
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import PAUSE_AT, ROOT, in_child, pause_env, python, run_train, signal_paused
+from conftest import PAUSE_AT, ROOT, failing_stat, in_child, pause_env, python, run_train, signal_paused
 from dpotrain import output_folder
 from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
 from hub_server import StandInHub
@@ -1180,30 +1179,6 @@ def test_a_checkpoint_whose_manifest_read_fails_at_its_save_is_a_warning_and_pus
     job.submit_left()
     assert job.finish(FINAL_WAIT_S) == []
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
-
-
-def failing_stat(monkeypatch, failing: Path, error: int = errno.ESTALE) -> None:
-    """`failing`'s stat raises `error` (NFS's ESTALE), and Path.is_file() and exists() answer as Python 3.14's do
-    (cpython gh-118243): False for every OSError, not only a missing file, so a test shows on any Python what a check
-    by is_file() does there."""
-    real_stat = Path.stat
-
-    def stat(path, *args, **kwargs):
-        if path == failing:
-            raise OSError(error, os.strerror(error), str(path))
-        return real_stat(path, *args, **kwargs)
-
-    def answers(path, **kwargs) -> os.stat_result | None:
-        try:
-            return path.stat(**kwargs)
-        except OSError:
-            return None
-
-    monkeypatch.setattr(Path, "stat", stat)
-    monkeypatch.setattr(
-        Path, "is_file", lambda path, **kw: (s := answers(path, **kw)) is not None and S_ISREG(s.st_mode)
-    )
-    monkeypatch.setattr(Path, "exists", lambda path, **kw: answers(path, **kw) is not None)
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "MANIFEST.json"])

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 
 from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import upstream, venv
+from dpotrain.recipe import upstream, venv, writes
 from dpotrain.recipe.errors import ConfigError, RunError, abandon_threads, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
@@ -108,9 +108,7 @@ def size_of(path: Path) -> int | None:
     """`path`'s size; None only where it is missing. Any other OSError (ESTALE, EIO) is raised, a folder there as
     IsADirectoryError: Path.is_file() says False for every OSError on Python 3.14 (cpython gh-118243), so a file that
     could not be read now was taken for one deleted, and the step's last copy removed."""
-    try:
-        info = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
+    if (info := writes.looked(path)) is None:
         return None
     if stat.S_ISDIR(info.st_mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
@@ -462,21 +460,38 @@ def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
     on_disk = own_checkpoints(run_dir)
     for folder in on_disk:
-        if not is_complete(folder):
+        if isinstance(complete := answered(run_dir, repo_id, folder, is_complete), dict):
+            records.append(complete)
+        elif not complete:
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
-            continue
-        records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
+        else:
+            records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
     # Read again after the uploads above (minutes): a job running beside this command (a requeue) stages each
     # checkpoint it saves, whose copy is no deleted step's while the checkpoint is there
     done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in own_checkpoints(run_dir)}
     for staged in staged_only(run_dir, done):
-        if (run_dir / staged.name).exists():  # saved since: the job's own upload, not this command's
+        if isinstance(saved := answered(run_dir, repo_id, staged, lambda s: writes.exists(run_dir / s.name)), dict):
+            records.append(saved)  # the copy kept, for the command run again
+            continue
+        if saved:  # saved since: the job's own upload, not this command's
             continue
         if check_free is not None:
             check_free()
         print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
         records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True, check_free=check_free))
     return records
+
+
+def answered(run_dir: Path, repo_id: str, folder: Path, look) -> bool | dict:
+    """`look(folder)`, or where the file server did not answer it (ESTALE, EIO) the step's `failed` record, said in a
+    warning: Python 3.14's Path looks say False for any OSError, and push_to_hub.py passed over a complete checkpoint
+    without a record (or pushed and removed a staged copy whose checkpoint is there); raised, it ended the command."""
+    try:
+        with reading():
+            return look(folder)
+    except ReadFailed as e:
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch_name(step_of(folder))}: {e}")
+        return record_checkpoint(run_dir, repo_id, step_of(folder), "failed", error=str(e))
 
 
 def push_one_checkpoint(
@@ -549,7 +564,18 @@ class CheckpointPusher(TrainerCallback):
 
     def submit_left(self) -> None:
         """The run's own complete checkpoints (never a person's copy) and staged copies not recorded on the Hub,
-        queued: a stopped job's, or those a stop request gave up at the end of training."""
+        queued: a stopped job's, or those a stop request gave up at the end of training. Their records or folders
+        unread (ESTALE, EIO): a warning, the push left for push_to_hub.py. Called on rank 0 alone (on_train_begin),
+        an OSError raised ended rank 0 while the other ranks waited in their next collective."""
+        try:
+            self._submit_left()
+        except OSError as e:
+            warn(
+                f"the checkpoints an earlier job left unpushed to {self.repo_id} could not be listed ({cause(e)}); "
+                f"training goes on: `{push_command(self.out, '--checkpoints')}` pushes them later"
+            )
+
+    def _submit_left(self) -> None:
         done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
         on_disk = own_checkpoints(self.out)
         for folder in on_disk:
@@ -698,7 +724,12 @@ class CheckpointPusher(TrainerCallback):
         """Nothing pending: the staged copies removed, but a kept one whose checkpoint is gone; the folder and the
         run's claim on it too where none is left."""
         root = self.out / STAGING
-        if not root.is_dir() or root.is_symlink():
+        try:
+            there = writes.is_dir(root) and not root.is_symlink()
+        except OSError as e:  # unanswered (ESTALE): Python 3.14's is_dir() said no folder, and its kept copies disowned
+            warn(f"{root} was left as it is: it could not be looked at ({cause(e)})")
+            return
+        if not there:
             run_files.disown(self.out, [STAGING])
             return
         kept = {f"checkpoint-{s}" for s in self.kept if not still_on_disk(self.out, s)}  # unread (None): kept too

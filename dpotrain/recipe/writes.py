@@ -160,9 +160,10 @@ def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> N
     if not path:
         return
     target = Path(path).expanduser()
-    target = target.resolve() if target.exists() or target.is_symlink() else target.absolute()
+    # `looked`: an input unanswered (ESTALE) is raised, never taken for no file and written over
+    target = target.resolve() if exists(target) or target.is_symlink() else target.absolute()
     for source in inputs:
-        if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+        if target == source or (exists(target) and exists(source) and os.path.samefile(target, source)):
             raise ConfigError(
                 f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
                 "replace it; write the report to another path"
@@ -209,6 +210,33 @@ def readable_weights(folder: str | Path) -> None:
     for path in Path(folder).glob("*.safetensors"):
         with contextlib.suppress(OSError):  # another user's file (a shared folder): left as it was
             os.chmod(path, 0o666 & ~umask)
+
+
+def looked(path: str | Path) -> os.stat_result | None:
+    """`path`'s stat (links followed); None only where it is missing (FileNotFoundError, NotADirectoryError). Any other
+    OSError (NFS's ESTALE, an EIO) is raised: Path.exists(), is_file() and is_dir() say False for every OSError on
+    Python 3.14 (cpython gh-118243), so a look the file server did not answer was taken for a file gone, and a
+    checkpoint deleted, a finished run trained again, a person's file written over. For a look whose False leads to a
+    deletion, an overwrite, a fresh start or a checkpoint passed over; one that only words a message may say False."""
+    try:
+        return Path(path).stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def is_file(path: str | Path) -> bool:
+    """Path.is_file(), but an unanswered look raised (`looked`)."""
+    return (found := looked(path)) is not None and stat.S_ISREG(found.st_mode)
+
+
+def is_dir(path: str | Path) -> bool:
+    """Path.is_dir(), but an unanswered look raised (`looked`)."""
+    return (found := looked(path)) is not None and stat.S_ISDIR(found.st_mode)
+
+
+def exists(path: str | Path) -> bool:
+    """Path.exists(), but an unanswered look raised (`looked`)."""
+    return looked(path) is not None
 
 
 def unwritable(path: str | Path) -> tuple[Path, str] | None:

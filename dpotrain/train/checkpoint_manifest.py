@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, rank_and_world
 from dpotrain.recipe.errors import plural
-from dpotrain.recipe.writes import write_text
+from dpotrain.recipe.writes import is_dir, is_file, write_text
 
 MANIFEST = "MANIFEST.json"
 # The state a resume goes on with besides the weights, by the names each engine writes it under: one process, DDP and
@@ -39,7 +39,7 @@ def sha256(path: Path) -> str:
 
 def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     """Every file under `folder` (relative path, size), largest first; `leave_out`: top-level names left out."""
-    files = [(path.relative_to(folder).as_posix(), path) for path in folder.rglob("*") if path.is_file()]
+    files = [(path.relative_to(folder).as_posix(), path) for path in folder.rglob("*") if is_file(path)]
     found = [(rel, path.stat().st_size) for rel, path in files if rel not in leave_out]
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
@@ -49,7 +49,7 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
     MANIFEST.json, then the mark, each flushed to disk. `model`: the top-level names the model's save wrote (its
     weights, configs, tokenizer and the folders they hold), whose files the manifest names as the model's."""
     start = time.monotonic()
-    files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
+    files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and is_dir(folder) else None)
     if files is None:
         return
     rank, world = rank_and_world()
@@ -123,7 +123,7 @@ def missing(folder: Path) -> list[str]:
     """What `folder` lacks of a checkpoint's proof: its manifest, the optimizer's and scheduler's state (as listed, or
     found on disk without a manifest)."""
     files = read(folder)
-    names = list(files) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
+    names = list(files) if files is not None else [rel for rel, _ in listing(folder)] if is_dir(folder) else []
     lacking = [name for name, kinds in STATE.items() if not any(fnmatch.fnmatch(n, k) for n in names for k in kinds)]
     return ([MANIFEST] if files is None else []) + lacking
 
@@ -138,7 +138,7 @@ def problem(folder: Path) -> str | None:
         return f"{listed} {'is' if len(lacking) == 1 else 'are'} missing"
     for rel, entry in files.items():
         path = folder / rel
-        if not path.is_file():
+        if not is_file(path):  # `writes.looked`: unanswered, raised; never a sound checkpoint passed over
             return f"{rel} is missing"
         size = path.stat().st_size
         if size != entry["bytes"]:

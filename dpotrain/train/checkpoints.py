@@ -19,6 +19,7 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.cluster import collectives
+from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 
@@ -33,9 +34,9 @@ passed_over: set[Path] = set()  # absolute paths
 def checkpoints(output_dir: str | Path) -> list[Path]:
     """`checkpoint-N` folders of `output_dir`, oldest step first, complete or not. A link is none (`links`)."""
     root = Path(output_dir)
-    if not root.is_dir():
+    if not writes.is_dir(root):  # `writes.looked`: an unanswered look is no folder gone
         return []
-    found = (p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and _CHECKPOINT.match(p.name))
+    found = (p for p in root.iterdir() if not p.is_symlink() and writes.is_dir(p) and _CHECKPOINT.match(p.name))
     return sorted(found, key=step_of)
 
 
@@ -45,7 +46,7 @@ def links(output_dir: str | Path) -> list[Path]:
     was never deleted (shutil.rmtree does not follow a link) yet dropped from the record; written at its step, the
     save ended in `OSError: Cannot call rmtree on a symbolic link`. Refused at a run's start (`refuse_links`)."""
     root = Path(output_dir)
-    found = root.iterdir() if root.is_dir() else ()
+    found = root.iterdir() if writes.is_dir(root) else ()
     return sorted((p for p in found if p.is_symlink() and _CHECKPOINT.match(p.name)), key=step_of)
 
 
@@ -92,7 +93,8 @@ def step_of(folder: Path) -> int:
 
 
 def is_complete(folder: Path) -> bool:
-    return (folder / MARKER).is_file()
+    # `writes.looked`: an unanswered look at the mark is raised, never a complete checkpoint rotated as cut short
+    return writes.is_file(folder / MARKER)
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -148,7 +150,7 @@ def remove(folder: Path) -> None:
     A file its manifest does not list is a person's (an evaluation's results written into it while the run trained,
     deleted with it before): the run's files go, its manifest last, and the folder stays with the person's."""
     (folder / MARKER).unlink(missing_ok=True)
-    listed = checkpoint_manifest.read(folder) if folder.is_dir() and not folder.is_symlink() else None
+    listed = checkpoint_manifest.read(folder) if writes.is_dir(folder) and not folder.is_symlink() else None
     theirs = [rel for rel, _ in checkpoint_manifest.listing(folder)] if listed else []  # none listed: all the run's
     if not (theirs := sorted(r for r in theirs if r not in listed and r != checkpoint_manifest.MANIFEST)):
         shutil.rmtree(folder)
@@ -169,7 +171,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     at the run's start (`output_folder.check_checkpoints_of_others`), it was put there while the run trained."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
     passed_over.discard(folder.absolute())  # written anew: sound once marked
-    if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
+    if not run_files.set_aside_if_not_own(output_dir, folder.name) and writes.is_dir(folder):
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
         run_files.incomplete(output_dir, folder.name)  # first: killed after the removal, it is no checkpoint gone

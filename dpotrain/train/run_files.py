@@ -65,7 +65,7 @@ def write(out: str | Path, names: list[str], complete: list[str] | None = None) 
     """The record of `names`, of which `complete` (the record's own list where None) are checkpoints marked complete."""
     names = list(dict.fromkeys(names))
     if complete is None:
-        complete = completed(Path(out)) if (Path(out) / MANIFEST).exists() else []
+        complete = completed(Path(out)) if writes.exists(Path(out) / MANIFEST) else []
     record = {
         "format": FORMAT,
         "names": names,
@@ -79,7 +79,7 @@ def write(out: str | Path, names: list[str], complete: list[str] | None = None) 
 def claim(out: str | Path, names) -> None:
     known = read(Path(out)) or []
     added = [n for n in names if n not in known]
-    if added or not (Path(out) / MANIFEST).exists():
+    if added or not writes.exists(Path(out) / MANIFEST):
         write(out, known + added)
 
 
@@ -126,7 +126,7 @@ def set_aside_if_not_own(out: str | Path, name: str) -> bool:
     folder)."""
     path = Path(out) / name
     own = read(Path(out))
-    if not path.is_symlink() and (own is None or name in own or not path.exists()):
+    if not path.is_symlink() and (own is None or name in own or not writes.exists(path)):
         return False
     aside = path.with_name(f"{path.stem}.not-this-run-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
     path.rename(aside)

@@ -9,7 +9,7 @@ from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
 from dpotrain.recipe.errors import warn
-from dpotrain.recipe.writes import write_text
+from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train.metrics import METRICS_FILE, read_metrics
 
 RUN_ID_FILE = ".wandb_run_id"
@@ -21,7 +21,7 @@ def setup_wandb(training) -> None:
     out = Path(training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     id_file = out / RUN_ID_FILE
-    recorded = id_file.read_text(errors="replace").strip() if id_file.is_file() else ""
+    recorded = id_file.read_text(errors="replace").strip() if is_file(id_file) else ""
     # The user's WANDB_RUN_ID wins; else the folder's (none yet, or left empty by an older version killed while
     # writing it: a new W&B run)
     run_id = os.environ.get("WANDB_RUN_ID", "").strip() or recorded or uuid.uuid4().hex[:12]

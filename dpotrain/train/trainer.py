@@ -35,7 +35,7 @@ from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
 from dpotrain.plan import layers, plan, plan_stage
-from dpotrain.recipe import run_record, upstream
+from dpotrain.recipe import run_record, upstream, writes
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
@@ -148,10 +148,12 @@ def moved_up(folder: Path) -> tuple[str, ...]:
     """What a save wrote in `folder`, moved into the folder above it; the names of the model's files: all but the
     Trainer's pickle of its arguments (training_args.bin) and PEFT's model card of an adapter, whose `base_model` (a
     local base's path) the Hub refuses in a branch's commit (transformers#33922; the run's own card goes to main)."""
-    names = sorted(e.name for e in folder.iterdir()) if folder.is_dir() else []
+    # `writes.looked`: unanswered (ESTALE), raised; on 3.14 is_dir() said none, the weights left in the subfolder, and
+    # the sealed checkpoint named no model files (never pushed) nor held them where a resume loads them
+    names = sorted(e.name for e in folder.iterdir()) if writes.is_dir(folder) else []
     for name in names:
         os.replace(folder / name, folder.parent / name)
-    if folder.is_dir():
+    if writes.is_dir(folder):
         folder.rmdir()
     return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, ADAPTER_CARD))
 

@@ -1,0 +1,202 @@
+"""A look the file server did not answer (NFS's ESTALE, an EIO) is no file gone. On Python 3.14 Path.exists(),
+is_file() and is_dir() say False for every OSError (cpython gh-118243), not only a missing path; where that False led
+to a deletion, an overwrite, a fresh start or a checkpoint passed over, the look is `writes.looked`'s, which says
+"missing" only for FileNotFoundError/NotADirectoryError and raises any other OSError. Each test emulates Python 3.14
+(`failing_stat`) with one path's stat failing, and each failed on the code before `writes.looked` (its docstring says
+how)."""
+
+import errno
+import json
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, failing_stat, sealed_checkpoint
+from dpotrain.train import run_files
+
+ESTALE = f"[Errno {errno.ESTALE}] {os.strerror(errno.ESTALE)}"
+
+
+def own_checkpoints(out, *steps):
+    for step in steps:
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+
+
+def test_rotation_never_deletes_a_complete_checkpoint_whose_mark_it_could_not_look_at(tmp_path, monkeypatch):
+    """checkpoint-4's COMPLETE mark unanswered: `is_complete` said False, and rotation deleted the newest complete
+    checkpoint as one cut short, keeping the older. (Old code: checkpoint-4 removed, `[checkpoint-4]` returned.)"""
+    from dpotrain.train.checkpoints import MARKER, rotate
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2, 4)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / "checkpoint-4" / MARKER)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            rotate(out, 1)
+    assert (out / "checkpoint-4" / MARKER).is_file() and (out / "checkpoint-4" / "model.safetensors").is_file()
+    assert (out / "checkpoint-2" / MARKER).is_file()
+
+
+def test_a_resume_never_passes_over_a_checkpoint_whose_file_it_could_not_look_at(tmp_path, monkeypatch):
+    """checkpoint-4's weights unanswered: the manifest's check said "model.safetensors is missing", the resume went back
+    to checkpoint-2 and the rotation after its first save deleted checkpoint-4 as damaged. (Old code: checkpoint-2
+    returned.)"""
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2, 4)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / "checkpoint-4" / "model.safetensors")
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            latest_sound_checkpoint(out)
+    assert latest_sound_checkpoint(out) == out / "checkpoint-4"  # the file server answers again
+
+
+def test_a_finished_run_whose_mark_could_not_be_looked_at_is_not_trained_again(tmp_path, monkeypatch):
+    """run_complete.json unanswered: the finished run was taken for one that never trained there, and trained again
+    over its final model. (Old code: `OutputDecision(None, False)`, a fresh run in the finished run's folder.)"""
+    from dpotrain import resolve
+    from dpotrain.hub.hub import RUN_COMPLETE
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out)])
+    run_files.write(out, [run_files.MANIFEST, RUN_COMPLETE, "model.safetensors"])
+    (out / RUN_COMPLETE).write_text(json.dumps({}))
+    (out / "model.safetensors").write_text("the finished run's model\n")
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / RUN_COMPLETE)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            resolve.check_output_dir(recipe)
+
+
+def test_a_persons_file_the_file_server_did_not_answer_for_is_never_taken_for_none(tmp_path, monkeypatch):
+    """A person's samples.jsonl (not in the run's record) unanswered: taken for no file, it was not moved aside, and
+    the run wrote its own over it. (Old code: False returned, the file left where the run writes.)"""
+    out = tmp_path / "run"
+    run_files.write(out, [run_files.MANIFEST])
+    (out / "samples.jsonl").write_text("a person's notes\n")
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / "samples.jsonl")
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            run_files.set_aside_if_not_own(out, "samples.jsonl")
+    assert (out / "samples.jsonl").read_text() == "a person's notes\n"
+
+
+def test_a_run_from_before_records_whose_mark_could_not_be_looked_at_is_not_replaced_unrecorded(tmp_path, monkeypatch):
+    """A finished run from before runs recorded their files, its run_complete.json unanswered: not seen as a run, so
+    --overwrite_output_dir was not refused, and the new run wrote over its files. (Old code: no refusal, no error.)"""
+    from dpotrain import output_folder
+    from dpotrain.hub.hub import RUN_COMPLETE
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RUN_COMPLETE).write_text("{}")
+    (out / "model.safetensors").write_text("the old run's model\n")
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / RUN_COMPLETE)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            output_folder.check_replaceable(str(out), start_afresh=True)
+
+
+def test_a_run_folder_that_could_not_be_looked_at_still_has_its_others_checkpoints_refused(tmp_path, monkeypatch):
+    """The output folder unanswered: taken for no folder, so no run's, and a person's checkpoint-3 where the run saves
+    its own was not refused, then cleared at the save. (Old code: no refusal, no error.)"""
+    from dpotrain import output_folder
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2)
+    sealed_checkpoint(out / "checkpoint-3")  # not in the run's record: a person's
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            output_folder.check_checkpoints_of_others(str(out), None, 10)
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """The stand-in Hub, this process's huggingface_hub online (as tests/test_hub_push.py's `hub_in_process`)."""
+    from huggingface_hub import constants
+
+    from hub_server import StandInHub
+
+    server = StandInHub()
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    yield server
+    server.close()
+
+
+def test_push_to_hub_records_a_checkpoint_whose_mark_it_could_not_look_at(hub, tmp_path, monkeypatch, capsys):
+    """push_to_hub.py --checkpoints, checkpoint-2's COMPLETE unanswered: "Skipped checkpoint-2: no COMPLETE mark", no
+    record, the command's summary without it. Now recorded failed with its cause, and said. (Old code: no record.)"""
+    from huggingface_hub import HfApi
+
+    from dpotrain.hub import hub_push
+    from dpotrain.train.checkpoints import MARKER
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2)
+    mark = out / "checkpoint-2" / MARKER
+    with monkeypatch.context() as patched:
+        failing_stat(patched, mark)
+        hub_push.push_checkpoints(HfApi(endpoint=hub.endpoint, token="hf_x"), out, "me/dpo-test")
+    [record] = hub_push.read_pushes(out)
+    assert record["status"] == "failed" and record["step"] == 2, record
+    assert record["error"] == f"it could not be read (OSError: {ESTALE}: '{mark}')", record
+    assert "checkpoint-2 was not pushed to me/dpo-test@step-2: it could not be read" in capsys.readouterr().err
+
+
+def test_the_left_checkpoints_unlisted_on_rank_0_are_a_warning_not_an_error_out_of_on_train_begin(
+    tmp_path, monkeypatch, capsys
+):
+    """`submit_left`, run on rank 0 alone as training begins: a checkpoint folder unanswered was passed over without a
+    word on Python 3.14, and its OSError (3.10-3.13, and `writes.looked`) ended rank 0 alone while the other ranks
+    waited in their next collective. Now a warning naming the command that pushes them later. (Old code: no warning.)"""
+    from dpotrain.hub.hub_push import CheckpointPusher, push_command
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2)
+    pusher = CheckpointPusher("me/dpo-test", "hf_x", None, out)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / "checkpoint-2")
+        pusher.submit_left()
+    said = capsys.readouterr().err
+    assert "the checkpoints an earlier job left unpushed to me/dpo-test could not be listed (OSError: " in said, said
+    assert f"`{push_command(out, '--checkpoints')}` pushes them later" in said
+    assert pusher.pending == {}
+
+
+def test_a_saves_model_folder_that_could_not_be_looked_at_is_not_taken_for_none(tmp_path, monkeypatch):
+    """The checkpoint's model save, written into a folder of its own and moved up into the checkpoint: that folder
+    unanswered, its files were left where no resume loads them, and the sealed checkpoint named no model files (never
+    pushed). (Old code: () returned, the weights left in the subfolder.)"""
+    from dpotrain.train.trainer import moved_up
+
+    written = tmp_path / "checkpoint-2" / "model"
+    written.mkdir(parents=True)
+    (written / "model.safetensors").write_text("weights\n")
+    with monkeypatch.context() as patched:
+        failing_stat(patched, written)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            moved_up(written)
+    assert moved_up(written) == ("model.safetensors",)  # the file server answers again
+    assert (tmp_path / "checkpoint-2" / "model.safetensors").read_text() == "weights\n"
+
+
+def test_a_report_path_that_could_not_be_looked_at_is_not_taken_for_no_input(tmp_path, monkeypatch):
+    """The analyzer's report path a link to its data file, the link unanswered: taken for no file, it was not found to
+    be the input, and the report was written over the data. (Old code: no refusal, no error.)"""
+    from dpotrain.recipe import writes
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("{}\n")
+    report = tmp_path / "report.json"
+    report.symlink_to(data)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, report)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            writes.check_not_input("--json", str(report), [data.resolve()])
