@@ -175,7 +175,7 @@ def never_pushed(run: Path, lost: list[dict]) -> str:
     lost = sorted(lost, key=lambda r: r["step"])
     for record in lost:
         name = f"checkpoint-{record['step']}"
-        if checkpoints.is_complete(run / name):
+        if maybe_complete(run / name):
             why.append(f"{record['branch']}: {name} on disk is not pushable as it is, {record.get('error')}")
         else:
             why.append(
@@ -208,14 +208,23 @@ def stopped_checkpoints(run: Path) -> list[Path]:
     finished run."""
     if (run / hub.RUN_COMPLETE).is_file():
         return []
-    return [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]
+    return [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]
+
+
+def maybe_complete(folder: Path) -> bool:
+    """Whether checkpoint `folder` has its COMPLETE mark, or a mark that could not be read (ESTALE, a permission):
+    such a one is tried, its failure recorded with its fix by the push (hub_push.marked); its OSError raised here ended
+    the command with no record of the step, the steps after it untried."""
+    try:
+        return checkpoints.is_complete(folder)
+    except OSError:
+        return True
 
 
 def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True) -> list[dict]:
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the records
     of the checkpoint pushes that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
     finished model."""
-    on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
@@ -224,7 +233,7 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
         failed = [r for r in records if r["status"] == "failed"]
-    elif on_disk:
+    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]:  # never a person's copy
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",

@@ -2647,3 +2647,38 @@ def test_the_uploaded_record_keeps_texts_that_are_no_paths_as_written():
         "cache": "lengths of another run (ab.npz)",
     }
     assert public["local_paths_replaced"]["fields"] == ["output_dir", "derived.output_folder", "derived.cache"]
+
+
+def test_push_to_hub_records_a_checkpoint_whose_mark_cannot_be_read_and_goes_on(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` asked each checkpoint's COMPLETE mark outside the reads it records: a mark whose
+    stat failed (a permission, ESTALE) raised straight out, before the push's try (listing the stopped run's
+    checkpoints) or in it ("run the same command again", which failed for ever): no record of the step, the steps
+    after it untried. The step is now among those tried, recorded failed with its fix, and the command goes on
+    (seen failing on the old code: the PermissionError, no record, checkpoint-4 untried)."""
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # a stopped run's (no run_complete.json)
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, PUSH_RECORD, "checkpoint-2", "checkpoint-4"])
+    mark, real_stat = out / "checkpoint-2" / "COMPLETE", Path.stat
+
+    def stat(path, *args, **kwargs):
+        if path == mark:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "stat", stat)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as failed:
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert str(failed.value) == (
+        f"step-2 failed to push (see {out}/{PUSH_RECORD}), and it pushes only once mended: step-2: it could not be "
+        f"read (PermissionError: [Errno 13] Permission denied: '{mark}'): fix the file's permissions first; then run "
+        "the same command again"
+    )
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "pushed")]

@@ -461,10 +461,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
     on_disk = own_checkpoints(run_dir)
-    for folder in on_disk:
-        if not is_complete(folder):
-            print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
-            continue
+    for folder in on_disk:  # its mark asked in push_one_checkpoint, where a failed read is recorded
         records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
     # Read again after the uploads above (minutes): a job running beside this command (a requeue) stages each
     # checkpoint it saves, whose copy is no deleted step's while the checkpoint is there
@@ -488,6 +485,9 @@ def push_one_checkpoint(
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
     try:
+        if not staged and not marked(folder):
+            print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
+            return []
         entry = checked_push(api, run_dir, repo_id, folder, branches)
     except NotPushable as e:
         # Cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever push it
@@ -510,6 +510,14 @@ def push_one_checkpoint(
             check_free()
         shutil.rmtree(folder, ignore_errors=True)
     return [entry]
+
+
+def marked(folder: Path) -> bool:
+    """Whether checkpoint `folder` has its COMPLETE mark; ReadFailed where the mark could not be read (ESTALE, a
+    permission): asked outside `reading()`, its OSError ended push_to_hub.py with no record of the step, the steps
+    after it untried, and "run the same command again" failing for ever."""
+    with reading():
+        return is_complete(folder)
 
 
 def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) -> dict:
