@@ -2682,3 +2682,52 @@ def test_push_to_hub_records_a_checkpoint_whose_mark_cannot_be_read_and_goes_on(
         "the same command again"
     )
     assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "pushed")]
+
+
+def test_push_to_hub_says_the_steps_that_failed_before_the_run_locks_refusal(hub, tmp_path, monkeypatch, capsys):
+    """The run lock asked again mid-command (a requeued job started meanwhile) ended the command with its refusal
+    alone: checkpoint-6, which had failed just before with a fix to make (its manifest's permission), lost its closing
+    line and fix. They are now said, as warnings, before the refusal (seen failing on the old code: no step-6 line)."""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")  # the stopped job's: staged, then rotated away
+    hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    refused, read_text = out / "checkpoint-6" / "MANIFEST.json", Path.read_text
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+
+    def permission_refused(path, *args, **kwargs):
+        if path == refused:  # the job takes the folder's lock as checkpoint-6's read is refused
+            holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+            (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_text(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "read_text", permission_refused)
+    try:
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as stopped:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    finally:
+        job.kill()
+        job.wait()
+    assert str(stopped.value).startswith(f"{out} is in use by a running job (host "), stopped.value
+    warned = capsys.readouterr().err
+    assert (
+        f"warning: step-6 failed to push (see {out}/{PUSH_RECORD}), and it pushes only once mended: step-6: it could "
+        f"not be read (PermissionError: [Errno 13] Permission denied: '{refused}'): fix the file's permissions first; "
+        "then run the same command again\n"
+    ) in warned, warned
+    assert (out / hub_push.STAGING / "checkpoint-2" / "model.safetensors").is_file()  # left to the job

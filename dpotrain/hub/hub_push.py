@@ -452,12 +452,13 @@ def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
-def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[dict]:
+def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None, records=None) -> list[dict]:
     """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
     staged copy, to its branch, but where the branch holds it already; returns the records written. `check_free()`
     (push_to_hub.py's run-lock check, raising its refusal) is asked again before each staged copy is pushed and before
-    it is removed: a job started since the command's start pushes and removes the same copies."""
-    records, branches = [], set()
+    it is removed: a job started since the command's start pushes and removes the same copies. `records`: a list of
+    the caller's the records are added to as they are written, which keeps those written before such a refusal."""
+    records, branches = [] if records is None else records, set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
     on_disk = own_checkpoints(run_dir)
