@@ -31,7 +31,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, abandon_threads, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
-from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
+from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of, unstaged
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -549,6 +549,9 @@ class CheckpointPusher(TrainerCallback):
         self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
         # Steps whose upload failed for good: their staged copy is kept, the step's last where its checkpoint is gone
         self.kept: set[int] = set()
+        # Steps whose checkpoint could not be staged (a read failing): tried again at each save; the newest kept by
+        # rotation meanwhile (checkpoints.unstaged), an older one deleted since recorded lost (`_retry_unstaged`)
+        self.not_staged: set[int] = set()
         self.thread: threading.Thread | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -589,9 +592,34 @@ class CheckpointPusher(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
+            self._retry_unstaged()
             self.submit(self.out / f"checkpoint-{state.global_step}")
 
-    def submit(self, folder: Path) -> None:
+    def _retry_unstaged(self) -> None:
+        """After the save's rotation: each step whose staging failed tried again while its checkpoint is on disk
+        (said once, at its failure), and one rotation deleted since (an older one, which it no longer kept) recorded
+        `pushable: false`, its warning saying so, never "pushes it later"."""
+        for step in sorted(self.not_staged):
+            present = still_on_disk(self.out, step)
+            if present:
+                self.submit(self.out / f"checkpoint-{step}", retried=True)
+            elif present is False:
+                self._staged_or_not_pushable(self.out / f"checkpoint-{step}")
+                self._failed(step, None, "it could not be staged before save_total_limit deleted it", never=True)
+
+    def _unstaged(self, folder: Path, error: str, retried: bool) -> None:
+        """`folder` could not be staged: recorded failed (once), and kept by rotation until it is, the newest alone (as
+        `_keep` keeps staged copies): every checkpoint kept while reads fail would fill the disk."""
+        step = step_of(folder)
+        if not retried:
+            self._failed(step, None, error)
+        self.not_staged.add(step)
+        if step >= max(self.not_staged):
+            unstaged.clear()
+            unstaged.add(folder.absolute())
+
+    def submit(self, folder: Path, retried: bool = False) -> None:
+        """`folder` staged and queued; `retried`: its earlier staging failed, and was said."""
         step = step_of(folder)
         if step in self.pending:
             return
@@ -601,10 +629,11 @@ class CheckpointPusher(TrainerCallback):
                     return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
+            self._staged_or_not_pushable(folder)  # no command pushes it: rotation lets it go
             self._failed(step, None, str(e), never=True)
             return
         except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
-            self._failed(step, None, str(e))
+            self._unstaged(folder, str(e), retried)
             return
         # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
@@ -614,9 +643,15 @@ class CheckpointPusher(TrainerCallback):
             staged = stage(folder, self.out / STAGING)
         except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash
             shutil.rmtree(self.out / STAGING / folder.name, ignore_errors=True)
-            self._failed(step, None, f"it could not be staged ({cause(e)})")
+            self._unstaged(folder, f"it could not be staged ({cause(e)})", retried)
             return
+        self._staged_or_not_pushable(folder)  # its copy outlives it: rotation may delete it now
         self._queue(step, staged)
+
+    def _staged_or_not_pushable(self, folder: Path) -> None:
+        """`folder` no longer kept by rotation for its staging."""
+        self.not_staged.discard(step_of(folder))
+        unstaged.discard(folder.absolute())
 
     def _queue(self, step: int, staged: Path) -> None:
         """The upload of `staged` queued for the worker thread."""

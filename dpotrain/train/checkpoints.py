@@ -29,6 +29,10 @@ _told: set[str] = set()  # checkpoints not the run's that rotation has said it k
 # Complete checkpoints this process's resume found damaged and passed over: rotation counts them as cut short (kept
 # as one of `save_total_limit`, a damaged one had the older sound one deleted in its place).
 passed_over: set[Path] = set()  # absolute paths
+# The checkpoint the Hub pusher (hub_push.CheckpointPusher, same process) could not stage, its read failing: rotation
+# keeps it until staged, one at a time (the newest). Deleted first, its step was lost while the warning promised a
+# later push "while it is still on disk" (CompleteMarker rotates before the pusher's on_save).
+unstaged: set[Path] = set()  # absolute paths
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -116,6 +120,15 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     sound = [p for p in mine if is_complete(p) and p.absolute() not in passed_over]
     kept = {p.name for p in sound[-limit:]} | {Path(k).name for k in keep if k}
     doomed, stayed = [p for p in mine if p.name not in kept or p not in sound], []
+    for folder in [p for p in doomed if p.absolute() in unstaged]:
+        doomed.remove(folder)
+        if folder.name not in _told:
+            _told.add(folder.name)
+            print(
+                f"Kept {folder}, which save_total_limit lets go, for its push to the Hub: its files could not be "
+                "staged (recorded failed); it goes once staged",
+                flush=True,
+            )
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
