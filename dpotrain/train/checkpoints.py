@@ -33,6 +33,7 @@ passed_over: set[Path] = set()  # absolute paths
 # keeps it until staged, one at a time (the newest). Deleted first, its step was lost while the warning promised a
 # later push "while it is still on disk" (CompleteMarker rotates before the pusher's on_save).
 unstaged: set[Path] = set()  # absolute paths
+_held_said: set[Path] = set()  # those rotation has said it keeps (once each; by path, as _told's names are not)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -122,8 +123,8 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     doomed, stayed = [p for p in mine if p.name not in kept or p not in sound], []
     for folder in [p for p in doomed if p.absolute() in unstaged]:
         doomed.remove(folder)
-        if folder.name not in _told:
-            _told.add(folder.name)
+        if folder.absolute() not in _held_said:
+            _held_said.add(folder.absolute())
             print(
                 f"Kept {folder}, which save_total_limit lets go, for its push to the Hub: its files could not be "
                 "staged (recorded failed); it goes once staged",
