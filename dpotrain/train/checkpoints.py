@@ -108,8 +108,9 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
     """Deletes what `save_total_limit` lets go among the run's own checkpoints, and returns it. Kept: the `limit`
-    newest complete ones (by step, as resuming picks them) and the folders in `keep` (the one just written, the best);
-    deleted: the other complete ones, and every one without the mark. Nothing without a limit."""
+    newest complete ones (by step, as resuming picks them), the folders in `keep` (the one just written, the best) and
+    the one the Hub pusher could not stage (`unstaged`); deleted: the other complete ones, and every one without the
+    mark. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
     own = set(run_files.read(Path(output_dir)) or ())
