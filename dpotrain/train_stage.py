@@ -158,6 +158,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         assistant_turns=p.assistant_turns,
         compile_layers=p.compile_layers,
         callbacks=[*optional, *callbacks],
+        resume_from=spec.output.resume_from if spec.output else None,  # what a resume settles (CompleteMarker)
     )
     # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
     agreement.check(agreement.values(trainer, spec.output.resume_from if spec.output else None))

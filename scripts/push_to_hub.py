@@ -135,15 +135,32 @@ def main(argv: list[str] | None = None) -> None:
     # before runs recorded their files has no record to add it to).
     if output_folder.read_manifest(run) is not None:
         run_files.claim(run, [hub_push.PUSH_RECORD])
+    records: list[dict] = []  # the checkpoints' records as they are written: said even where the command ends early
     try:
-        failed = push(api, run, repo_id, token, private, args.checkpoints, finished=not stopped)
+        push(api, run, repo_id, token, private, args.checkpoints, finished=not stopped, records=records)
     except (ConfigError, RunError):  # one line naming the fix already (a push whose record could not be written)
+        # the run lock's refusal mid-command too: the steps that failed before it keep their lines and fixes
+        for line in closing_lines(run, records):
+            warn(line)
         raise
     except Exception as e:  # noqa: BLE001 - the Hub past the retries (an outage, a network gone): one line
+        for line in closing_lines(run, records):
+            warn(line)
         raise RunError(
             f"pushing {run} to {repo_id} failed ({cause(e)}): run the same command again (what the Hub holds already "
             "is skipped)"
         ) from None
+    said = closing_lines(run, records)
+    for line in said[:-1]:  # said before the closing line, which names the steps a rerun can push
+        warn(line)
+    if said:
+        raise ConfigError(said[-1])
+
+
+def closing_lines(run: Path, records: list[dict]) -> list[str]:
+    """What is said of the checkpoint pushes that failed among `records`: those no command can push, those to mend
+    first, then those a rerun as it is pushes."""
+    failed = failed_of(records)
     lost = [r for r in failed if r.get("pushable") is False]
     mend = [r for r in failed if r not in lost and hub_push.needs_fix(r)]  # a rerun as it is fails them again
     again = [r["branch"] for r in failed if r not in lost and r not in mend]
@@ -152,10 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         said.append(to_mend(run, mend))
     if again:
         said.append(f"{', '.join(again)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again")
-    for line in said[:-1]:  # said before the closing line, which names the steps a rerun can push
-        warn(line)
-    if said:
-        raise ConfigError(said[-1])
+    return said
 
 
 def to_mend(run: Path, mend: list[dict]) -> str:
@@ -175,7 +189,7 @@ def never_pushed(run: Path, lost: list[dict]) -> str:
     lost = sorted(lost, key=lambda r: r["step"])
     for record in lost:
         name = f"checkpoint-{record['step']}"
-        if checkpoints.is_complete(run / name):
+        if maybe_complete(run / name):
             why.append(f"{record['branch']}: {name} on disk is not pushable as it is, {record.get('error')}")
         else:
             why.append(
@@ -208,23 +222,33 @@ def stopped_checkpoints(run: Path) -> list[Path]:
     finished run."""
     if (run / hub.RUN_COMPLETE).is_file():
         return []
-    return [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]
+    return [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]
 
 
-def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True) -> list[dict]:
+def maybe_complete(folder: Path) -> bool:
+    """Whether checkpoint `folder` has its COMPLETE mark, or a mark that could not be read (ESTALE, a permission):
+    such a one is tried, its failure recorded with its fix by the push (hub_push.marked); its OSError raised here ended
+    the command with no record of the step, the steps after it untried."""
+    try:
+        return checkpoints.is_complete(folder)
+    except OSError:
+        return True
+
+
+def push(
+    api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True, records=None
+) -> list[dict]:
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the records
     of the checkpoint pushes that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
-    finished model."""
-    failed = []
+    finished model. `records`: the caller's list the checkpoints' records are added to as they are written."""
+    records = [] if records is None else records
     if with_checkpoints:
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
         # the run lock asked again at each staged copy: a job started since the check at the start is not raced
-        records = hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run))
+        hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
-        failed = [r for r in records if r["status"] == "failed"]
-    # never a person's copy; looked for only here: a mark unanswered (ESTALE) is push_checkpoints' to record failed
-    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]:
+    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]:  # never a person's copy
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",
@@ -237,7 +261,7 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
             "run this command again to push its final model to main",
             flush=True,
         )
-        return failed
+        return failed_of(records)
     main_files = hub_push.local_files(run, ignore=hub.IGNORE, allow=hub.own_files(run))  # as push_run uploads them
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)
@@ -247,7 +271,11 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
         url = hub.push_run(run, repo_id, token=token, private=private or None)
         print(f"Pushed to {url}", flush=True)
-    return failed
+    return failed_of(records)
+
+
+def failed_of(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["status"] == "failed"]
 
 
 if __name__ == "__main__":

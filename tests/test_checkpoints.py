@@ -1,11 +1,14 @@
 """Rotation (`save_total_limit`) never deletes the newest complete checkpoint, never counts a folder cut short as a
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
+import errno
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import types
 
 import datasets
 import pytest
@@ -28,7 +31,7 @@ from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, rotate
+from dpotrain.train.checkpoints import MARKER, CompleteMarker, checkpoints, is_complete, rotate
 from dpotrain.train.resume import newest_verified
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -470,3 +473,72 @@ def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing
     assert "MANIFEST.json" in checkpoint_manifest.problem(folder)
     remove(folder)
     assert (base / "model.safetensors").read_bytes() == b"the user's weights"
+
+
+def settled_run(tmp_path):
+    """A run's folder as a kill right after checkpoint-4's mark leaves it: checkpoint-2 and checkpoint-4 complete,
+    save_total_limit 1's rotation of checkpoint-2 not done yet."""
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.completed(out, "checkpoint-2")
+    args = types.SimpleNamespace(output_dir=str(out), save_total_limit=1)
+    return out, args
+
+
+def test_a_resume_from_another_folders_checkpoint_of_the_same_step_settles_nothing_in_the_run(tmp_path):
+    """--resume_from_checkpoint /elsewhere/checkpoint-4 into an output_dir whose own newest is checkpoint-4: matched
+    by its step, the run's own checkpoint-4 was listed complete and checkpoint-2 rotated away, though nothing was
+    resumed from them (seen failing on the old code, keyed on state.global_step: checkpoint-2 removed)."""
+    out, args = settled_run(tmp_path)
+    elsewhere = sealed_checkpoint(tmp_path / "elsewhere" / "checkpoint-4")
+    state = types.SimpleNamespace(global_step=4, best_model_checkpoint=None)
+    CompleteMarker(str(elsewhere)).on_train_begin(args, state, None)
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert run_files.completed(out) == ["checkpoint-2"]
+
+    CompleteMarker(str(out / "checkpoint-4")).on_train_begin(args, state, None)  # the run's own: settled
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4"]
+    assert run_files.completed(out) == ["checkpoint-4"]
+
+
+def test_a_resume_is_settled_by_the_agreed_resume_point_not_by_the_ranks_own_step(tmp_path):
+    """on_train_begin's broadcast was entered where the rank's own state.global_step was > 0, read by transformers
+    behind os.path.isfile, which says no for any OSError: a rank whose read failed (step 0) skipped the broadcast its
+    main process entered. It is keyed on the resume point every rank agreed on: a rank at step 0 still settles, and
+    one with a step but no resume point never does (seen failing on the old code: checkpoint-2 kept at step 0)."""
+    out, args = settled_run(tmp_path)
+    CompleteMarker(None).on_train_begin(args, types.SimpleNamespace(global_step=4, best_model_checkpoint=None), None)
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+
+    unread = types.SimpleNamespace(global_step=0, best_model_checkpoint=None)  # its trainer_state.json not read
+    CompleteMarker(str(out / "checkpoint-4")).on_train_begin(args, unread, None)
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4"]
+
+
+def test_a_checkpoint_rotation_cannot_remove_for_an_io_error_names_no_chmod(tmp_path, monkeypatch, capsys):
+    """Rotation's removal failing other than for a permission (its manifest's read failing EIO, a stale mount) said
+    "make it writable (chmod -R u+w ...)", which mends nothing there; the fix is now worded by the error's kind, the
+    rest word for word (seen failing on the old code: the chmod fix for EIO)."""
+    from dpotrain.train import checkpoint_manifest
+
+    out, _ = settled_run(tmp_path)
+    capsys.readouterr()
+    real_read = checkpoint_manifest.read
+
+    def read(folder):
+        if folder.name == "checkpoint-2":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(folder / checkpoint_manifest.MANIFEST))
+        return real_read(folder)
+
+    monkeypatch.setattr(checkpoint_manifest, "read", read)
+    assert rotate(out, 1, keep=(out / "checkpoint-4",)) == []
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"Could not remove {out / 'checkpoint-2'} (OSError: [Errno 5]"), line
+    assert "chmod" not in line
+    assert line.endswith(
+        "which save_total_limit lets go: it stays, still this run's; mend its file system (an I/O error or a stale "
+        "mount, not a permission: ask your admins) for a later save to remove it, or remove it yourself"
+    )
+    assert (out / "checkpoint-2").is_dir() and "checkpoint-2" in run_files.read(out)

@@ -2622,3 +2622,183 @@ def test_the_uploaded_record_keeps_texts_that_are_no_paths_as_written():
         "cache": "lengths of another run (ab.npz)",
     }
     assert public["local_paths_replaced"]["fields"] == ["output_dir", "derived.output_folder", "derived.cache"]
+
+
+def test_push_to_hub_records_a_checkpoint_whose_mark_cannot_be_read_and_goes_on(hub, tmp_path, monkeypatch):
+    """`push_to_hub.py --checkpoints` asked each checkpoint's COMPLETE mark outside the reads it records: a mark whose
+    stat failed (a permission, ESTALE) raised straight out, before the push's try (listing the stopped run's
+    checkpoints) or in it ("run the same command again", which failed for ever): no record of the step, the steps
+    after it untried. The step is now among those tried, recorded failed with its fix, and the command goes on
+    (seen failing on the old code: the PermissionError, no record, checkpoint-4 untried)."""
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # a stopped run's (no run_complete.json)
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, PUSH_RECORD, "checkpoint-2", "checkpoint-4"])
+    mark, real_stat = out / "checkpoint-2" / "COMPLETE", Path.stat
+
+    def stat(path, *args, **kwargs):
+        if path == mark:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "stat", stat)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as failed:
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    assert str(failed.value) == (
+        f"step-2 failed to push (see {out}/{PUSH_RECORD}), and it pushes only once mended: step-2: it could not be "
+        f"read (PermissionError: [Errno 13] Permission denied: '{mark}'): fix the file's permissions first; then run "
+        "the same command again"
+    )
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed"), (4, "pushed")]
+
+
+def test_push_to_hub_says_the_steps_that_failed_before_the_run_locks_refusal(hub, tmp_path, monkeypatch, capsys):
+    """The run lock asked again mid-command (a requeued job started meanwhile) ended the command with its refusal
+    alone: checkpoint-6, which had failed just before with a fix to make (its manifest's permission), lost its closing
+    line and fix. They are now said, as warnings, before the refusal (seen failing on the old code: no step-6 line)."""
+    import json
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.cluster import run_lock
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")  # the stopped job's: staged, then rotated away
+    hub_push.stage(folder, out / hub_push.STAGING)
+    shutil.rmtree(folder)
+    hub_push.record_checkpoint(out, REPO, 2, "unfinished", error="given up on a stop request")
+    sealed_checkpoint(out / "checkpoint-6")  # the one rotation kept (a stopped run: no run_complete.json)
+    run_files.write(out, [run_files.MANIFEST, hub_push.STAGING, PUSH_RECORD, "checkpoint-6"])
+    refused, read_text = out / "checkpoint-6" / "MANIFEST.json", Path.read_text
+    job = subprocess.Popen(["sleep", "600"])  # the requeued job's process: alive until killed below
+
+    def permission_refused(path, *args, **kwargs):
+        if path == refused:  # the job takes the folder's lock as checkpoint-6's read is refused
+            holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+            (out / run_lock.LOCK_FILE).write_text(json.dumps({**holder, "slurm_job_id": "5512"}, indent=1))
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_text(path, *args, **kwargs)
+
+    script = push_script(hub, monkeypatch)
+    monkeypatch.setattr(Path, "read_text", permission_refused)
+    try:
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as stopped:
+            script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    finally:
+        job.kill()
+        job.wait()
+    assert str(stopped.value).startswith(f"{out} is in use by a running job (host "), stopped.value
+    warned = capsys.readouterr().err
+    assert (
+        f"warning: step-6 failed to push (see {out}/{PUSH_RECORD}), and it pushes only once mended: step-6: it could "
+        f"not be read (PermissionError: [Errno 13] Permission denied: '{refused}'): fix the file's permissions first; "
+        "then run the same command again\n"
+    ) in warned, warned
+    assert (out / hub_push.STAGING / "checkpoint-2" / "model.safetensors").is_file()  # left to the job
+
+
+def saves_with_a_pusher(hub, monkeypatch, out):
+    """What a run's saves do on its main process, without training (save_total_limit 1): the checkpoint sealed and
+    listed complete, CompleteMarker's rotation, then the pusher's on_save (it comes after the marker)."""
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import CheckpointPusher
+    from dpotrain.train import run_files
+    from dpotrain.train.checkpoints import rotate_recorded
+
+    hub_in_process(hub, monkeypatch)
+    run_files.write(out, [run_files.MANIFEST, PUSH_RECORD])
+    pusher, args = (
+        CheckpointPusher(REPO, SECRET, None, out),
+        SimpleNamespace(output_dir=str(out), save_total_limit=1),
+    )
+
+    def save(step: int) -> None:
+        run_files.claim(out, [f"checkpoint-{step}"])
+        folder = sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, folder.name)
+        state = TrainerState(global_step=step, is_world_process_zero=True)
+        rotate_recorded(args, state, folder)
+        pusher.on_save(args, state, None)
+
+    return pusher, save
+
+
+def manifests_unread(monkeypatch, unread: set) -> None:
+    """The manifests of the checkpoints in `unread` (by step) fail their read (EIO) while they are in it."""
+    read_text = Path.read_text
+
+    def failing(path, *args, **kwargs):
+        if path.name == "MANIFEST.json" and path.parent.name in {f"checkpoint-{s}" for s in unread}:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing)
+
+
+def test_a_checkpoint_the_pusher_could_not_stage_is_kept_by_rotation_until_it_is(hub, tmp_path, monkeypatch, capsys):
+    """checkpoint-2's read failed as the pusher staged it (EIO): recorded failed with no staged copy, and the next
+    save's rotation (save_total_limit 1, before the pusher's on_save) deleted it: the step was lost while the warning
+    promised "push_to_hub.py --checkpoints pushes it later while it is still on disk". Rotation now keeps it until the
+    pusher stages it, tried again at the next save (seen failing on the old code: checkpoint-2 deleted, not pushed)."""
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, pushed_revisions
+
+    out = tmp_path / "run"
+    pusher, save = saves_with_a_pusher(hub, monkeypatch, out)
+    unread = {2}
+    manifests_unread(monkeypatch, unread)
+    save(2)
+    assert "pushes it later while it is still on disk" in capsys.readouterr().err
+    unread.clear()  # the file system answers again
+    save(4)
+    assert (
+        f"Kept {out / 'checkpoint-2'}, which save_total_limit lets go, for its push to the Hub"
+        in capsys.readouterr().out
+    )
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}
+    save(6)  # staged and pushed: rotation lets it go now
+    assert not (out / "checkpoint-2").exists()
+    assert pusher.finish(FINAL_WAIT_S) == []
+
+
+def test_a_checkpoint_never_staged_that_rotation_deletes_is_recorded_lost(hub, tmp_path, monkeypatch, capsys):
+    """Rotation keeps one checkpoint the pusher could not stage, the newest: while reads keep failing, each kept would
+    fill the disk. An older one it lets go is lost: its record says `pushable: false` and its warning that no command
+    can push it, never "pushes it later" (seen failing on the old code: no such record)."""
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, checkpoints_left
+
+    out = tmp_path / "run"
+    pusher, save = saves_with_a_pusher(hub, monkeypatch, out)
+    unread = {2, 4}
+    manifests_unread(monkeypatch, unread)
+    save(2)
+    save(4)  # checkpoint-2 tried again and failing still; checkpoint-4 is the one kept now
+    assert (out / "checkpoint-2").is_dir()
+    capsys.readouterr()
+    unread.discard(2)  # readable again after its last try: rotation's removal reads its manifest too
+    save(6)
+    assert not (out / "checkpoint-2").exists() and (out / "checkpoint-4").is_dir()
+    warned = capsys.readouterr().err
+    assert (
+        f"warning: checkpoint-2 was not pushed to {REPO}@step-2 (it could not be staged before save_total_limit "
+        "deleted it); training goes on. Recorded in "
+    ) in warned, warned
+    assert "no command can push it: its checkpoint was deleted, and no whole copy of it is left" in warned
+    latest = {r["step"]: r for r in read_pushes(out)}
+    assert latest[2]["status"] == "failed" and latest[2]["pushable"] is False
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert checkpoints_left(out, REPO) == [4]  # still on disk, for push_to_hub.py --checkpoints

@@ -31,7 +31,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv, writes
 from dpotrain.recipe.errors import ConfigError, RunError, abandon_threads, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
-from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
+from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of, unstaged
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -450,22 +450,18 @@ def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
-def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None) -> list[dict]:
+def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None, records=None) -> list[dict]:
     """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
     staged copy, to its branch, but where the branch holds it already; returns the records written. `check_free()`
     (push_to_hub.py's run-lock check, raising its refusal) is asked again before each staged copy is pushed and before
-    it is removed: a job started since the command's start pushes and removes the same copies."""
-    records, branches = [], set()
+    it is removed: a job started since the command's start pushes and removes the same copies. `records`: a list of
+    the caller's the records are added to as they are written, which keeps those written before such a refusal."""
+    records, branches = [] if records is None else records, set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
     on_disk = own_checkpoints(run_dir)
-    for folder in on_disk:
-        if isinstance(complete := answered(run_dir, repo_id, folder, is_complete), dict):
-            records.append(complete)
-        elif not complete:
-            print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
-        else:
-            records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
+    for folder in on_disk:  # its mark asked in push_one_checkpoint, where a failed read is recorded
+        records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
     # Read again after the uploads above (minutes): a job running beside this command (a requeue) stages each
     # checkpoint it saves, whose copy is no deleted step's while the checkpoint is there
     done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in own_checkpoints(run_dir)}
@@ -503,6 +499,9 @@ def push_one_checkpoint(
     branch = branch_name(step)
     record = functools.partial(record_checkpoint, run_dir, repo_id, step)
     try:
+        if not staged and not marked(folder):
+            print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
+            return []
         entry = checked_push(api, run_dir, repo_id, folder, branches)
     except NotPushable as e:
         # Cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever push it
@@ -525,6 +524,14 @@ def push_one_checkpoint(
             check_free()
         shutil.rmtree(folder, ignore_errors=True)
     return [entry]
+
+
+def marked(folder: Path) -> bool:
+    """Whether checkpoint `folder` has its COMPLETE mark; ReadFailed where the mark could not be read (ESTALE, a
+    permission): asked outside `reading()`, its OSError ended push_to_hub.py with no record of the step, the steps
+    after it untried, and "run the same command again" failing for ever."""
+    with reading():
+        return is_complete(folder)
 
 
 def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) -> dict:
@@ -555,6 +562,9 @@ class CheckpointPusher(TrainerCallback):
         self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
         # Steps whose upload failed for good: their staged copy is kept, the step's last where its checkpoint is gone
         self.kept: set[int] = set()
+        # Steps whose checkpoint could not be staged (a read failing): tried again at each save; the newest kept by
+        # rotation meanwhile (checkpoints.unstaged), an older one deleted since recorded lost (`_retry_unstaged`)
+        self.not_staged: set[int] = set()
         self.thread: threading.Thread | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -606,9 +616,34 @@ class CheckpointPusher(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
+            self._retry_unstaged()
             self.submit(self.out / f"checkpoint-{state.global_step}")
 
-    def submit(self, folder: Path) -> None:
+    def _retry_unstaged(self) -> None:
+        """After the save's rotation: each step whose staging failed tried again while its checkpoint is on disk
+        (said once, at its failure), and one rotation deleted since (an older one, which it no longer kept) recorded
+        `pushable: false`, its warning saying so, never "pushes it later"."""
+        for step in sorted(self.not_staged):
+            present = still_on_disk(self.out, step)
+            if present:
+                self.submit(self.out / f"checkpoint-{step}", retried=True)
+            elif present is False:
+                self._staged_or_not_pushable(self.out / f"checkpoint-{step}")
+                self._failed(step, None, "it could not be staged before save_total_limit deleted it", never=True)
+
+    def _unstaged(self, folder: Path, error: str, retried: bool) -> None:
+        """`folder` could not be staged: recorded failed (once), and kept by rotation until it is, the newest alone (as
+        `_keep` keeps staged copies): every checkpoint kept while reads fail would fill the disk."""
+        step = step_of(folder)
+        if not retried:
+            self._failed(step, None, error)
+        self.not_staged.add(step)
+        if step >= max(self.not_staged):
+            unstaged.clear()
+            unstaged.add(folder.absolute())
+
+    def submit(self, folder: Path, retried: bool = False) -> None:
+        """`folder` staged and queued; `retried`: its earlier staging failed, and was said."""
         step = step_of(folder)
         if step in self.pending:
             return
@@ -618,10 +653,11 @@ class CheckpointPusher(TrainerCallback):
                     return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
+            self._staged_or_not_pushable(folder)  # no command pushes it: rotation lets it go
             self._failed(step, None, str(e), never=True)
             return
         except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
-            self._failed(step, None, str(e))
+            self._unstaged(folder, str(e), retried)
             return
         # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
         run_files.set_aside_if_not_own(self.out, STAGING)
@@ -631,9 +667,15 @@ class CheckpointPusher(TrainerCallback):
             staged = stage(folder, self.out / STAGING)
         except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash
             shutil.rmtree(self.out / STAGING / folder.name, ignore_errors=True)
-            self._failed(step, None, f"it could not be staged ({cause(e)})")
+            self._unstaged(folder, f"it could not be staged ({cause(e)})", retried)
             return
+        self._staged_or_not_pushable(folder)  # its copy outlives it: rotation may delete it now
         self._queue(step, staged)
+
+    def _staged_or_not_pushable(self, folder: Path) -> None:
+        """`folder` no longer kept by rotation for its staging."""
+        self.not_staged.discard(step_of(folder))
+        unstaged.discard(folder.absolute())
 
     def _queue(self, step: int, staged: Path) -> None:
         """The upload of `staged` queued for the worker thread."""

@@ -7,6 +7,7 @@ with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotat
 run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or moved aside where the run saves.
 """
 
+import errno
 import json
 import os
 import re
@@ -29,6 +30,11 @@ _told: set[str] = set()  # checkpoints not the run's that rotation has said it k
 # Complete checkpoints this process's resume found damaged and passed over: rotation counts them as cut short (kept
 # as one of `save_total_limit`, a damaged one had the older sound one deleted in its place).
 passed_over: set[Path] = set()  # absolute paths
+# The checkpoint the Hub pusher (hub_push.CheckpointPusher, same process) could not stage, its read failing: rotation
+# keeps it until staged, one at a time (the newest). Deleted first, its step was lost while the warning promised a
+# later push "while it is still on disk" (CompleteMarker rotates before the pusher's on_save).
+unstaged: set[Path] = set()  # absolute paths
+_held_said: set[Path] = set()  # those rotation has said it keeps (once each; by path, as _told's names are not)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -104,8 +110,9 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
     """Deletes what `save_total_limit` lets go among the run's own checkpoints, and returns it. Kept: the `limit`
-    newest complete ones (by step, as resuming picks them) and the folders in `keep` (the one just written, the best);
-    deleted: the other complete ones, and every one without the mark. Nothing without a limit."""
+    newest complete ones (by step, as resuming picks them), the folders in `keep` (the one just written, the best) and
+    the one the Hub pusher could not stage (`unstaged`); deleted: the other complete ones, and every one without the
+    mark. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
     own = set(run_files.read(Path(output_dir)) or ())
@@ -117,6 +124,15 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     sound = [p for p in mine if is_complete(p) and p.absolute() not in passed_over]
     kept = {p.name for p in sound[-limit:]} | {Path(k).name for k in keep if k}
     doomed, stayed = [p for p in mine if p.name not in kept or p not in sound], []
+    for folder in [p for p in doomed if p.absolute() in unstaged]:
+        doomed.remove(folder)
+        if folder.absolute() not in _held_said:
+            _held_said.add(folder.absolute())
+            print(
+                f"Kept {folder}, which save_total_limit lets go, for its push to the Hub: its files could not be "
+                "staged (recorded failed); it goes once staged",
+                flush=True,
+            )
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
@@ -136,11 +152,19 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
                 run_files.completed(Path(output_dir), folder.name)
             print(
                 f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
-                f"make it writable (chmod -R u+w {shlex.quote(str(folder))}) for a later save to remove it, or remove "
-                "it yourself",
+                f"{removal_fix(folder, e)} for a later save to remove it, or remove it yourself",
                 flush=True,
             )
     return [folder for folder in doomed if folder not in stayed]
+
+
+def removal_fix(folder: Path, error: OSError) -> str:
+    """The mending of a checkpoint rotation could not remove, by the error's kind: "make it writable" alone was said of
+    an I/O error, a stale mount or a manifest that could not be read too, where chmod mends nothing."""
+    # EROFS too: what a folder made read-only reads as where the tests stand in for chmod -w (run as root)
+    if isinstance(error, PermissionError) or error.errno == errno.EROFS:
+        return f"make it writable (chmod -R u+w {shlex.quote(str(folder))})"
+    return "mend its file system (an I/O error or a stale mount, not a permission: ask your admins)"
 
 
 def remove(folder: Path) -> None:
@@ -185,6 +209,12 @@ class CompleteMarker(TrainerCallback):
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
     model: tuple[str, ...] = ()  # the names its model's save wrote (main process: `RecipeDPOTrainer.save_model`)
 
+    def __init__(self, resume_from: str | None = None):
+        # The run's resume point, which every rank agreed on (agreement.check): on_train_begin's broadcast is keyed on
+        # it, never on a rank's own state.global_step (transformers reads trainer_state.json behind os.path.isfile,
+        # which says no for any OSError: that rank skipped the broadcast the others entered)
+        self.resume_from = resume_from
+
     def on_save(self, args, state, control, **kwargs):
         PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -203,9 +233,9 @@ class CompleteMarker(TrainerCallback):
         return control
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Every rank: the step is the resume point's, which the ranks agreed on, so all join the same broadcast.
-        if state.global_step > 0:
-            collectives.main_outcome(settle_resumed, args, state)
+        # Every rank, on the agreed resume point alone: all join the same broadcast, or none does.
+        if self.resume_from:
+            collectives.main_outcome(settle_resumed, args, state, self.resume_from)
         return control
 
 
@@ -215,16 +245,18 @@ def rotate_recorded(args, state, folder: Path) -> None:
     run_files.disown(args.output_dir, [p.name for p in deleted])
 
 
-def settle_resumed(args, state) -> None:
+def settle_resumed(args, state, resume_from: str) -> None:
     """Main process, as a resume begins: what `CompleteMarker.on_save` does after a mark, done for the run's newest
     checkpoint it resumes from. A kill right after that mark (a lost node, Slurm's kill past its grace time) left it
     unlisted as complete in run_files.json (so not named gone if moved or deleted later) and the rotation undone: a
     resume from the last step saves nothing, and the finished run kept a whole checkpoint past save_total_limit. Not
     where newer checkpoints lie past it (passed over as damaged, or named resume_from_checkpoint): a save settles
-    those, never this."""
-    folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    those, never this. Only where `resume_from` IS that folder (by its real path): matched by its step alone, a
+    --resume_from_checkpoint /elsewhere/checkpoint-4 listed the run's own checkpoint-4 complete and rotated the
+    folder's older ones, though nothing was resumed from it."""
     own = own_checkpoints(args.output_dir)
-    if not own or own[-1].name != folder.name or not is_complete(folder):
+    folder = own[-1] if own else None
+    if folder is None or Path(resume_from).resolve() != folder.resolve() or not is_complete(folder):
         return
     run_files.completed(Path(args.output_dir), folder.name)
     rotate_recorded(args, state, folder)

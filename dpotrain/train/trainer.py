@@ -176,6 +176,7 @@ class RecipeDPOTrainer(DPOTrainer):
         assistant_turns: str = "final",
         compile_layers: bool = False,
         callbacks=(),
+        resume_from: str | None = None,
         **kwargs,
     ):
         self.engine, self.forward, self.packed = run_engine, forward, forward.packed
@@ -190,7 +191,7 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
-        self.complete_marker = CompleteMarker()
+        self.complete_marker = CompleteMarker(resume_from)  # the agreed resume point (spec.output.resume_from)
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
         # A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base and
         # adapter, a second pass over every weight (minutes for a 32B model), is not taken (`earlier_lora_hash`)
