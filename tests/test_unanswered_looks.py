@@ -200,3 +200,21 @@ def test_a_report_path_that_could_not_be_looked_at_is_not_taken_for_no_input(tmp
         failing_stat(patched, report)
         with pytest.raises(OSError, match=re.escape(ESTALE)):
             writes.check_not_input("--json", str(report), [data.resolve()])
+
+
+def test_a_health_stop_whose_record_could_not_be_looked_at_is_not_resumed_past(tmp_path, monkeypatch):
+    """health_stop.json unanswered: `after_health_stop` took the run a health guard stopped for one never stopped, and
+    the rerun resumed on the values it stopped on. (Old code: False returned, nothing raised.)"""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.resume import HEALTH_STOP, after_health_stop
+
+    out = tmp_path / "run"
+    out.mkdir()
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out)])
+    (out / HEALTH_STOP).write_text(json.dumps({"guard": "loss_floor", "step": 3, "message": "m", "fatal": False}))
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / HEALTH_STOP)
+        with pytest.raises(OSError, match=re.escape(ESTALE)):
+            after_health_stop(recipe, out)
+    with pytest.raises(Exception, match="loss_floor guard stopped it at step 3"):
+        after_health_stop(recipe, out)  # the file server answers again: refused, as the stop asks

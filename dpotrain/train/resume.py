@@ -17,7 +17,7 @@ from dpotrain.recipe import launcher, run_record
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, plural
-from dpotrain.recipe.writes import write_text
+from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, gone, is_complete, own_checkpoints, passed_over, step_of
 from dpotrain.train.run_files import MANIFEST
@@ -380,7 +380,7 @@ def after_health_stop(recipe, out: Path) -> bool:
     """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on), afresh with
     --overwrite_output_dir (True), gone on with `health_action: warn` (False). No record: False."""
     path = out / HEALTH_STOP
-    if not path.is_file():
+    if not is_file(path):  # `writes.looked`: unanswered (ESTALE) is no record gone, and the stop not resumed past
         return False
     if recipe.project.overwrite_output_dir:  # whatever the record says
         _say(f"output_dir {out}: a health guard stopped it ({path}); starting afresh (--overwrite_output_dir)")
