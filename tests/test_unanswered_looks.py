@@ -218,3 +218,27 @@ def test_a_health_stop_whose_record_could_not_be_looked_at_is_not_resumed_past(t
             after_health_stop(recipe, out)
     with pytest.raises(Exception, match="loss_floor guard stopped it at step 3"):
         after_health_stop(recipe, out)  # the file server answers again: refused, as the stop asks
+
+
+def test_a_run_whose_look_was_not_answered_ends_on_one_line_naming_the_file_and_the_fix(tmp_path, monkeypatch, capsys):
+    """A look the file server did not answer is raised rather than taken for a file gone; the command then ends on one
+    line (exit 1) naming the file, that nothing was taken for gone, and the fix, not a traceback of the run's code.
+    (Old code: the OSError's traceback.)"""
+    import train_dpo
+    from dpotrain.hub.hub import RUN_COMPLETE
+    from dpotrain.recipe.errors import run_cli
+
+    out = tmp_path / "run"
+    run_files.write(out, [run_files.MANIFEST, RUN_COMPLETE])
+    (out / RUN_COMPLETE).write_text(json.dumps({}))
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--dry-run"]
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / RUN_COMPLETE)
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main(argv))
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: {out / RUN_COMPLETE} could not be read (Stale file handle): "), line
+    assert "nothing was taken for gone" in line and "run the same command again once it answers" in line
+    assert (out / RUN_COMPLETE).is_file()

@@ -1,5 +1,6 @@
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import sys
@@ -139,7 +140,26 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
             sys.exit(1)
         if own is not e and isinstance(own, (ConfigError, RunError, KeyboardInterrupt)):  # this process's, met first
             _end_on(own, rank, first_on_node)
+        if (line := unanswered(own)) is not None:
+            _end_on(line, rank, first_on_node)
         raise  # this process's own failure: its traceback (and what it was handling), as Python prints it
+
+
+# A file server's failure to answer (NFS's ESTALE, an EIO), which the run's looks raise rather than take for a file gone
+# (`writes.looked`): no bug of the run's and nothing of the user's input, so one line, not a traceback.
+UNANSWERED = (errno.ESTALE, errno.EIO)
+
+
+def unanswered(error: BaseException | None) -> RunError | None:
+    """The one line an unanswered look at a file ends a command on: what and where, that nothing was taken for gone,
+    and the fix; None for any other error (its traceback as Python prints it)."""
+    if not isinstance(error, OSError) or error.errno not in UNANSWERED or not error.filename:
+        return None
+    return RunError(
+        f"{error.filename} could not be read ({error.strerror}): the file system did not answer, and nothing was "
+        "taken for gone, deleted or written over; run the same command again once it answers (a stale NFS handle "
+        "clears on its own or with a remount: ask your admins if it stays)"
+    )
 
 
 def _end_on(e: BaseException, rank: int, first_on_node: bool) -> None:
