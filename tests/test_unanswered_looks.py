@@ -242,3 +242,15 @@ def test_a_run_whose_look_was_not_answered_ends_on_one_line_naming_the_file_and_
     assert line.startswith(f"error: {out / RUN_COMPLETE} could not be read (Stale file handle): "), line
     assert "nothing was taken for gone" in line and "run the same command again once it answers" in line
     assert (out / RUN_COMPLETE).is_file()
+
+
+def test_a_link_to_itself_is_no_file_as_pythons_own_looks_say(tmp_path):
+    """`writes.looked` raises only what the file server left unanswered: a link looping to itself (ELOOP), which Python
+    3.10-3.13's Path.is_file() takes for no file, is none here too, not an error that ends a rotation or a run's
+    start. (Old code: `[Errno 40] Too many levels of symbolic links` raised.)"""
+    from dpotrain.recipe import writes
+
+    loop = tmp_path / "model.safetensors"
+    loop.symlink_to(loop)
+    assert not writes.is_file(loop) and not writes.exists(loop) and writes.looked(loop) is None
+    assert not writes.is_file(tmp_path / "missing") and writes.is_dir(tmp_path)

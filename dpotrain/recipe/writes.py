@@ -5,6 +5,7 @@ checked against their file system's limits first.
 """
 
 import contextlib
+import errno
 import hashlib
 import os
 import socket
@@ -212,6 +213,11 @@ def readable_weights(folder: str | Path) -> None:
             os.chmod(path, 0o666 & ~umask)
 
 
+# What Python 3.10-3.13's Path.exists()/is_file() take for no file beside ENOENT/ENOTDIR (pathlib's _IGNORED_ERRNOS):
+# a link looping to itself (ELOOP) is none, as there; it is no look the file server left unanswered.
+_NO_SUCH_PATH = (errno.ELOOP, errno.EBADF)
+
+
 def looked(path: str | Path) -> os.stat_result | None:
     """`path`'s stat (links followed); None only where it is missing (FileNotFoundError, NotADirectoryError). Any other
     OSError (NFS's ESTALE, an EIO) is raised: Path.exists(), is_file() and is_dir() say False for every OSError on
@@ -222,6 +228,10 @@ def looked(path: str | Path) -> os.stat_result | None:
         return Path(path).stat()
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as e:
+        if e.errno in _NO_SUCH_PATH:  # as Python 3.10-3.13's Path looks: a link to itself is no file
+            return None
+        raise
 
 
 def is_file(path: str | Path) -> bool:
