@@ -221,3 +221,35 @@ def test_a_kill_while_overwrite_output_dir_replaces_a_run_leaves_no_checkpoint_i
 
     again = subprocess.run(train, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "gone since the run saved it" not in again.stdout, again.stdout[-3000:]
+
+
+def test_a_checkpoint_in_a_folder_whose_lock_cannot_be_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A checkpoint shared from a colleague's folder whose run.lock is 0600: its read raised PermissionError out of
+    the live-lock check, a traceback at the run's start. Whether a run trains there cannot be told, and one that does
+    may rotate the checkpoint away while this run loads it: refused, naming the lock and the copy to resume from
+    instead (the tests run as root, whom chmod refuses nothing: the read is patched to raise as it would)."""
+    from pathlib import Path
+
+    from dpotrain.cluster import run_lock
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import resume
+
+    other = tmp_path / "colleague"
+    (other / "checkpoint-2").mkdir(parents=True)
+    lock = other / run_lock.LOCK_FILE
+    lock.write_text("{}")
+    read_bytes = Path.read_bytes
+
+    def denied(path):
+        if path == lock:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    named = str(other / "checkpoint-2")
+    with pytest.raises(ConfigError) as refused:
+        resume.check_explicit(named, tmp_path / "run")
+    said = str(refused.value)
+    assert said.startswith(f"resume_from_checkpoint {named!r} is in {str(other.resolve())!r}, whose run.lock this ")
+    assert "PermissionError: [Errno 13] Permission denied" in said and "\n" not in said
+    assert said.endswith("copy the checkpoint out of its folder (cp -r) and resume from the copy")

@@ -16,7 +16,7 @@ from dpotrain.cluster import collectives, engine, run_lock
 from dpotrain.recipe import launcher, run_record
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.errors import ConfigError, RunError, plural
+from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, gone, is_complete, own_checkpoints, passed_over, step_of
@@ -171,7 +171,18 @@ def check_not_live(folder: str, out: Path) -> None:
     reference stage, and transformers goes on without the optimizer state it no longer finds, in silence. Verified at
     start, it is not this run's to keep: refused before anything loads."""
     run = Path(folder).resolve().parent
-    if run == Path(out).resolve() or (held := run_lock.live_holder(run)) is None:
+    if run == Path(out).resolve():
+        return
+    try:
+        held = run_lock.live_holder(run)
+    except PermissionError as denied:  # a colleague's folder, its lock 0600: cannot tell whether that run trains
+        raise ConfigError(
+            f"resume_from_checkpoint {folder!r} is in {str(run)!r}, whose {run_lock.LOCK_FILE} this run cannot read "
+            f"({cause(denied)}): whether another run trains there now, whose save_total_limit rotation may delete that "
+            "checkpoint while this run loads it, cannot be told: copy the checkpoint out of its folder (cp -r) and "
+            "resume from the copy"
+        ) from None
+    if held is None:
         return
     raise ConfigError(
         f"resume_from_checkpoint {folder!r} is in {str(run)!r}, where another run is training now "
