@@ -446,7 +446,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         return OutputDecision(None, False, finished_by=job)
     # Named with its target: a link retargeted between attempts (to another run's folder) read as the user's own folder
     named = f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
-    if explicit:
+    # A requeue going on from its own checkpoint past the named one loads nothing of it: checked only where loaded
+    if explicit and not resume.requeued_past(explicit, out, p.auto_resume):
         resume.check_explicit(explicit, out)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)

@@ -184,7 +184,6 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
-    derived["packages"] = agreement.recorded_versions()  # each checkpoint's copy: what its steps were trained under
     derived["dropout"] = dropout.active(trainer.model)  # on in training ([]: none); a resume compares it
     derived[WEIGHTS_KEY] = trainer.weights_hash  # what a resume's reference is scored from (check_reference_weights)
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
@@ -194,6 +193,8 @@ def record_run(spec, trainer, outcomes) -> dict:
     def write() -> None:  # the main process's; the disk's refusal ends every rank, not the main alone
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
         record["derived"]["model_identity"] = model_identity.of(recipe)
+        # Each checkpoint's copy: what its steps were trained under. Here: git asked once, not by every rank
+        packages = record["derived"]["packages"] = agreement.recorded_versions()
         out = Path(recipe.training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         writes.write_text(
@@ -206,7 +207,7 @@ def record_run(spec, trainer, outcomes) -> dict:
             print(f"Resuming from {output.resume_from}", flush=True)
             # An upgrade between attempts may change the loss or the optimizer's state as loaded: said, not refused
             trained = resolve.trained_record(output.resume_from)
-            if trained and (changed := agreement.upgraded(trained.derived.get("packages"), derived["packages"])):
+            if trained and (changed := agreement.upgraded(trained.derived.get("packages"), packages)):
                 print(
                     f"note: {output.resume_from} was trained under other package versions ({changed}); the steps "
                     "after it are trained under this run's (resolved_config.json records them): install the "

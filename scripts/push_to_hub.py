@@ -38,7 +38,7 @@ with venv.loading_libraries():
     from dpotrain.cluster import offline, run_lock
     from dpotrain.hub import hub, hub_push
     from dpotrain.recipe import cli, run_record
-    from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command, warn
+    from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command, unanswered, warn
     from dpotrain.train import checkpoints, run_files
 
 
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - the Hub past the retries (an outage, a network gone): one line
         for line in closing_lines(run, records):
             warn(line)
+        if (line := unanswered(e)) is not None:  # a look the file server did not answer: its file and fix, not a rerun
+            raise line from None
         raise RunError(
             f"pushing {run} to {repo_id} failed ({cause(e)}): run the same command again (what the Hub holds already "
             "is skipped)"
@@ -189,7 +191,15 @@ def never_pushed(run: Path, lost: list[dict]) -> str:
     lost = sorted(lost, key=lambda r: r["step"])
     for record in lost:
         name = f"checkpoint-{record['step']}"
-        if maybe_complete(run / name):
+        try:
+            on_disk = checkpoints.is_complete(run / name)
+        except OSError as e:  # unanswered (ESTALE): on disk or deleted, not known; said so, not either
+            why.append(
+                f"{record['branch']}: {name} could not be looked at ({cause(e)}), so whether it is on disk is not "
+                f"known, {record.get('error')}"
+            )
+            continue
+        if on_disk:
             why.append(f"{record['branch']}: {name} on disk is not pushable as it is, {record.get('error')}")
         else:
             why.append(

@@ -8,6 +8,7 @@ input back as it was (bytes and time) when it ends."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -638,3 +639,40 @@ def test_a_data_folders_record_holds_only_the_files_the_run_reads(given, tmp_pat
     read.write_text("".join(lines[:40]))
     (changed,) = resolve.changed_settings(recipe, run, 8)
     assert " has " in changed and "the run trained on " in changed, changed
+
+
+def test_the_project_commit_is_read_from_a_checkout_whose_path_holds_a_space(tmp_path, monkeypatch):
+    """`git rev-parse --show-toplevel HEAD`'s answer was split on whitespace: a checkout under "my runs/dpotrain" gave
+    three words, and every record said no commit (nothing compared at a resume). Read line by line now."""
+    from dpotrain.train import agreement
+
+    root = tmp_path / "my checkout"
+    root.mkdir()
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "first"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setattr(agreement, "ROOT", root.resolve())
+    assert agreement.project_commit() == head
+
+
+@pytest.mark.slow
+def test_the_project_commit_is_asked_of_git_by_the_main_process_alone(tmp_path, tiny_model_dir):
+    """Only the main process writes the record, and every rank ran git for it (N gits at each start, each one a wait
+    on a file server that hangs). A `git` first on PATH notes the rank of each call asking the commit."""
+    from conftest import launch_smoke
+
+    shim, asked = tmp_path / "bin", tmp_path / "asked"
+    shim.mkdir()
+    (shim / "git").write_text(
+        f'#!/bin/sh\ncase "$*" in *--show-toplevel*) echo "rank ${{RANK:-?}}" >> {shlex.quote(str(asked))};; esac\n'
+        f'exec {shlex.quote(shutil.which("git"))} "$@"\n'
+    )
+    (shim / "git").chmod(0o755)
+    out = tmp_path / "run"
+    path = f"{shim}:{os.path.dirname(python())}:{os.environ['PATH']}"
+    args = ["--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_strategy", "no", "--report_to", "none"]
+    launch_smoke(2, [*args, "--output_dir", str(out)], env={"PATH": path})
+    assert asked.read_text().splitlines() == ["rank 0"]
+    now = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["packages"]["dpotrain"] == now

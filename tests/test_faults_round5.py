@@ -149,6 +149,44 @@ def test_a_checkpoint_in_a_folder_another_run_trains_in_now_is_refused(tmp_path,
 
 
 @pytest.mark.slow
+def test_a_requeue_past_a_checkpoint_of_another_run_goes_on_whatever_that_run_does_since(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Job 111 `--output_dir run --resume_from_checkpoint other/checkpoint-2` saved run/checkpoint-4 and was
+    requeued: that start goes on from run/checkpoint-4 (`resume.explicit_point`) and loads nothing of the one named.
+    The live-lock refusal and the is-a-folder check of the named one ran first, and ended the job's own requeue once
+    the other run trained in its folder again, or once its rotation had deleted the checkpoint named."""
+    from test_own_files import hold_lock
+
+    import train_dpo
+
+    other, out = tmp_path / "other", tmp_path / "run"
+    base = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--save_steps", "2"]
+    base += ["--report_to", "none"]
+    train_dpo.main([*base, "--output_dir", str(other)])
+    named = other / "checkpoint-2"
+    argv = [*base, "--output_dir", str(out), "--resume_from_checkpoint", str(named)]
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    train_dpo.main(argv)
+    for restart in ("1", "2"):
+        for name in FINAL:  # as a kill after its last checkpoint leaves the folder
+            (out / name).unlink()
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
+        if restart == "1":  # the other run's folder held by a live run of it
+            holder = hold_lock(other, SLURM_JOB_ID="222", SLURM_RESTART_COUNT="0")
+            try:
+                train_dpo.main(argv)
+            finally:
+                holder.kill()
+                holder.wait()
+        else:  # the named checkpoint deleted since (the other run's rotation)
+            shutil.rmtree(named)
+            train_dpo.main(argv)
+        assert (out / "run_complete.json").is_file()
+
+
+@pytest.mark.slow
 def test_a_kill_while_overwrite_output_dir_replaces_a_run_leaves_no_checkpoint_it_deleted_named_gone(
     tmp_path, tiny_model_dir, pairs
 ):
@@ -183,3 +221,35 @@ def test_a_kill_while_overwrite_output_dir_replaces_a_run_leaves_no_checkpoint_i
 
     again = subprocess.run(train, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "gone since the run saved it" not in again.stdout, again.stdout[-3000:]
+
+
+def test_a_checkpoint_in_a_folder_whose_lock_cannot_be_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A checkpoint shared from a colleague's folder whose run.lock is 0600: its read raised PermissionError out of
+    the live-lock check, a traceback at the run's start. Whether a run trains there cannot be told, and one that does
+    may rotate the checkpoint away while this run loads it: refused, naming the lock and the copy to resume from
+    instead (the tests run as root, whom chmod refuses nothing: the read is patched to raise as it would)."""
+    from pathlib import Path
+
+    from dpotrain.cluster import run_lock
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import resume
+
+    other = tmp_path / "colleague"
+    (other / "checkpoint-2").mkdir(parents=True)
+    lock = other / run_lock.LOCK_FILE
+    lock.write_text("{}")
+    read_bytes = Path.read_bytes
+
+    def denied(path):
+        if path == lock:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    named = str(other / "checkpoint-2")
+    with pytest.raises(ConfigError) as refused:
+        resume.check_explicit(named, tmp_path / "run")
+    said = str(refused.value)
+    assert said.startswith(f"resume_from_checkpoint {named!r} is in {str(other.resolve())!r}, whose run.lock this ")
+    assert "PermissionError: [Errno 13] Permission denied" in said and "\n" not in said
+    assert said.endswith("copy the checkpoint out of its folder (cp -r) and resume from the copy")

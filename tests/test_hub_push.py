@@ -2802,3 +2802,51 @@ def test_a_checkpoint_never_staged_that_rotation_deletes_is_recorded_lost(hub, t
     assert latest[2]["status"] == "failed" and latest[2]["pushable"] is False
     assert pusher.finish(FINAL_WAIT_S) == []
     assert checkpoints_left(out, REPO) == [4]  # still on disk, for push_to_hub.py --checkpoints
+
+
+def test_a_checkpoint_folder_the_file_server_did_not_answer_for_ends_push_to_hub_on_its_one_line(
+    hub, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """push_to_hub.py of a finished run, checkpoint-2's folder unanswered (ESTALE) as its checkpoints are counted:
+    the look raises (`writes.looked`), and inside main's try it ended in "pushing ... failed (OSError: ...): run the
+    same command again", as if the Hub had failed. Now the unanswered look's own line: its file, that nothing was
+    taken for gone, and the fix. (Old code: the 'pushing ... failed' line.)"""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), monkeypatch.context() as patched, pytest.raises(RunError) as ended:
+        failing_stat(patched, run / "checkpoint-2")
+        script.main([str(run), "--repo-id", REPO])
+    said = str(ended.value)
+    assert said.startswith(f"{run / 'checkpoint-2'} could not be read (Stale file handle): "), said
+    assert "nothing was taken for gone" in said and "\n" not in said
+
+
+def test_a_lost_step_whose_checkpoint_could_not_be_looked_at_is_not_said_to_be_on_disk(hub, tmp_path, monkeypatch):
+    """never_pushed took a checkpoint whose COMPLETE mark could not be looked at (ESTALE) for one on disk: "checkpoint-4
+    on disk is not pushable as it is", where whether it is on disk is not known. (Old code: that wording.)"""
+    from dpotrain.train.checkpoints import MARKER
+
+    out = tmp_path / "run"
+    script = push_script(hub, monkeypatch)
+    record = {"step": 4, "branch": "step-4", "pushable": False, "error": "its staged copy was not whole (removed)"}
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / "checkpoint-4" / MARKER)
+        said = script.never_pushed(out, [record])
+    assert "on disk" not in said.replace("whether it is on disk is not known", ""), said
+    assert said.endswith(
+        f"step-4: checkpoint-4 could not be looked at (OSError: [Errno {errno.ESTALE}] Stale file handle: "
+        f"'{out / 'checkpoint-4' / MARKER}'), so whether it is on disk is not known, its staged copy was not whole "
+        "(removed)"
+    ), said

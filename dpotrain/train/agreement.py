@@ -97,17 +97,28 @@ PROJECT = "dpotrain"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+GIT_WAIT_S = 30  # git answers in well under a second; past this it is stuck (an NFS server not answering)
+
+
 def project_commit() -> str | None:
     """The commit of the checkout this code runs from; None where it is no git checkout of its own (a copy without
-    .git, one inside another repository) or git cannot say (not installed)."""
+    .git, one inside another repository) or git cannot say (not installed, stuck). Asked by the main process alone,
+    where the record is written. `safe.directory`: a checkout of another user (a colleague's, shared) is read as it
+    is, where git refused it ("dubious ownership") and the record said no commit."""
+    command = ["git", "-c", f"safe.directory={ROOT}", "-C", str(ROOT), "rev-parse", "--show-toplevel", "HEAD"]
     try:
-        said = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
+        git = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
         return None
-    lines = said.stdout.split()
-    if said.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != ROOT:
+    try:
+        stdout, _ = git.communicate(timeout=GIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        # Killed, not waited for: a git stuck in NFS I/O (D state) does not die until the server answers, and
+        # subprocess.run(timeout=...) waits for it after the kill, unbounded; the run goes on, its commit unknown.
+        git.kill()
+        return None
+    lines = stdout.splitlines()  # a checkout path may hold spaces
+    if git.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != ROOT:
         return None
     return lines[1]
 

@@ -16,7 +16,7 @@ from dpotrain.cluster import collectives, engine, run_lock
 from dpotrain.recipe import launcher, run_record
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.errors import ConfigError, RunError, plural
+from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, gone, is_complete, own_checkpoints, passed_over, step_of
@@ -171,7 +171,18 @@ def check_not_live(folder: str, out: Path) -> None:
     reference stage, and transformers goes on without the optimizer state it no longer finds, in silence. Verified at
     start, it is not this run's to keep: refused before anything loads."""
     run = Path(folder).resolve().parent
-    if run == Path(out).resolve() or (held := run_lock.live_holder(run)) is None:
+    if run == Path(out).resolve():
+        return
+    try:
+        held = run_lock.live_holder(run)
+    except PermissionError as denied:  # a colleague's folder, its lock 0600: cannot tell whether that run trains
+        raise ConfigError(
+            f"resume_from_checkpoint {folder!r} is in {str(run)!r}, whose {run_lock.LOCK_FILE} this run cannot read "
+            f"({cause(denied)}): whether another run trains there now, whose save_total_limit rotation may delete that "
+            "checkpoint while this run loads it, cannot be told: copy the checkpoint out of its folder (cp -r) and "
+            "resume from the copy"
+        ) from None
+    if held is None:
         return
     raise ConfigError(
         f"resume_from_checkpoint {folder!r} is in {str(run)!r}, where another run is training now "
@@ -213,6 +224,23 @@ def saved_step(folder: Path) -> int | None:
             return None
 
 
+def past_named(named: str, out: Path, auto: bool = True) -> Path | None:
+    """The run's newest verified checkpoint in `out` saved past the named one (`explicit_point`); None: none, or
+    --auto_resume false (`auto`). The named one's step is read from its name where its folder is gone."""
+    newest, _ = newest_verified(out) if auto else (None, [])
+    if newest is None or newest.resolve() == Path(named).resolve():
+        return None
+    past, start = saved_step(newest), saved_step(Path(named))
+    return None if past is None or start is None or past <= start else newest
+
+
+def requeued_past(named: str, out: Path, auto: bool = True) -> bool:
+    """Whether this start is a Slurm requeue that goes on from the job's own checkpoint past the named one
+    (`explicit_point`), never loading the named one: its checks (another run's live lock, its folder since rotated
+    away by that run) are not this start's, and refused the job's own requeue."""
+    return bool(run_lock.slurm_restart()) and past_named(named, out, auto) is not None
+
+
 def explicit_point(named: str, out: Path, auto: bool = True) -> str:
     """Where a run given --resume_from_checkpoint goes on from. Verified checkpoints past the named one are what its
     next rerun or requeue would resume from. In a requeued Slurm job they are the job's own progress, gone on from:
@@ -220,11 +248,8 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
     than it reached its end never ended). Before a first start they are another course of the run: refused, as the
     next rerun would go on from them silently, and rotation keep them over this run's newest. With --auto_resume
     false (`auto`): the named one, always."""
-    newest, _ = newest_verified(out) if auto else (None, [])
-    if newest is None or newest.resolve() == Path(named).resolve():
-        return named
-    past, start = saved_step(newest), saved_step(Path(named))
-    if past is None or start is None or past <= start:
+    newest = past_named(named, out, auto)
+    if newest is None:
         return named
     if restart := run_lock.slurm_restart():
         _say(
@@ -232,6 +257,7 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
             "going on from that one, not back to the checkpoint named"
         )
         return str(newest)
+    start = saved_step(Path(named))
     raise ConfigError(
         f"output_dir {str(out)!r} holds {newest.name}, past resume_from_checkpoint {named!r} (step {start}), which "
         "the run's next rerun or requeue would go on from, not from this run's progress: drop "
