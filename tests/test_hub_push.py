@@ -2802,3 +2802,36 @@ def test_a_checkpoint_never_staged_that_rotation_deletes_is_recorded_lost(hub, t
     assert latest[2]["status"] == "failed" and latest[2]["pushable"] is False
     assert pusher.finish(FINAL_WAIT_S) == []
     assert checkpoints_left(out, REPO) == [4]  # still on disk, for push_to_hub.py --checkpoints
+
+
+def test_a_requeue_keeps_the_checkpoint_held_for_its_staging_through_the_resumes_rotation(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """checkpoints.unstaged is in memory only: the job holding checkpoint-2 for its staging ended (preempted), and the
+    requeue's resume from checkpoint-4 settled (listed complete, rotated: CompleteMarker's on_train_begin) before the
+    pusher's on_train_begin could stage it again, deleting it while its record stayed `failed` (not `pushable: false`)
+    for push_to_hub.py to push "later". The new job's pusher holds it again from the run's records, before the settle
+    (seen failing on the old code: checkpoint-2 deleted by the settle)."""
+    from transformers import TrainerState
+
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher, pushed_revisions
+    from dpotrain.train import checkpoints
+
+    out = tmp_path / "run"
+    first, save = saves_with_a_pusher(hub, monkeypatch, out)
+    unread = {2}
+    manifests_unread(monkeypatch, unread)
+    save(2)
+    save(4)  # checkpoint-2 held for its staging, its read failing still
+    assert first.finish(FINAL_WAIT_S) == []
+    unread.clear()
+    checkpoints.unstaged.clear()  # the job's process ends: its hold with it
+    pusher = CheckpointPusher(REPO, SECRET, None, out)  # the requeued job's, built before the trainer's callbacks run
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=1)
+    state = TrainerState(global_step=4, is_world_process_zero=True)
+    checkpoints.settle_resumed(args, state, str(out / "checkpoint-4"))
+    assert (out / "checkpoint-2" / "COMPLETE").is_file()
+    pusher.on_train_begin(args, state, None)
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}
+    assert checkpoints.unstaged == set()  # staged: a later save's rotation lets it go
