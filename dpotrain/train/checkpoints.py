@@ -162,7 +162,7 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
                 run_files.completed(Path(output_dir), folder.name)
             print(
                 f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
-                f"{removal_fix(folder, e)} for a later save to remove it, or remove it yourself",
+                f"{removal_fix(folder, e)}, or remove it yourself",
                 flush=True,
             )
     return [folder for folder in doomed if folder not in stayed]
@@ -186,11 +186,18 @@ def marked(folder: Path, say: bool = True) -> bool | None:
 
 def removal_fix(folder: Path, error: OSError) -> str:
     """The mending of a checkpoint rotation could not remove, by the error's kind: "make it writable" alone was said of
-    an I/O error, a stale mount or a manifest that could not be read too, where chmod mends nothing."""
+    an I/O error, a stale mount or a manifest that could not be read too, where chmod mends nothing; "mend its file
+    system" of a folder not empty or busy (a file held open), where nothing is broken."""
     # EROFS too: what a folder made read-only reads as where the tests stand in for chmod -w (run as root)
     if isinstance(error, PermissionError) or error.errno == errno.EROFS:
-        return f"make it writable (chmod -R u+w {shlex.quote(str(folder))})"
-    return "mend its file system (an I/O error or a stale mount, not a permission: ask your admins)"
+        return f"make it writable (chmod -R u+w {shlex.quote(str(folder))}) for a later save to remove it"
+    # NFS's .nfsXXXX of a file still open (an evaluation reading the checkpoint): nothing to mend, it passes
+    if error.errno in (errno.ENOTEMPTY, errno.EBUSY):
+        return "a file in it may be held open by another process; a later save removes it"
+    return (
+        "mend its file system (an I/O error or a stale mount, not a permission: ask your admins) for a later save to "
+        "remove it"
+    )
 
 
 def remove(folder: Path) -> None:
