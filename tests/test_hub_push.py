@@ -2835,3 +2835,28 @@ def test_a_requeue_keeps_the_checkpoint_held_for_its_staging_through_the_resumes
     assert pusher.finish(FINAL_WAIT_S) == []
     assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}
     assert checkpoints.unstaged == set()  # staged: a later save's rotation lets it go
+
+
+def test_a_staging_folder_unanswered_as_the_pusher_claims_it_is_a_warning_and_a_failed_record(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """The pusher's claim of its staging folder (run_files.set_aside_if_not_own, in on_save on rank 0 alone) raised an
+    unanswered look's OSError (ESTALE) out of the save on rank 0, the other ranks waiting in their next collective
+    (seen failing on the old code: the OSError raised). Now a warning and a failed record, as its other reads, and the
+    checkpoint kept by rotation and staged at the next save."""
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, pushed_revisions
+
+    out = tmp_path / "run"
+    pusher, save = saves_with_a_pusher(hub, monkeypatch, out)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / STAGING)
+        save(2)
+    warned = capsys.readouterr().err
+    assert (
+        f"warning: checkpoint-2 was not pushed to {REPO}@step-2 (it could not be staged (OSError: [Errno "
+        f"{errno.ESTALE}] {os.strerror(errno.ESTALE)}: '{out / STAGING}')); training goes on. Recorded in "
+    ) in warned, warned
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed")]
+    save(4)  # the file server answers again: checkpoint-2, kept meanwhile, staged and pushed
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}

@@ -689,10 +689,14 @@ class CheckpointPusher(TrainerCallback):
         except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
             self._unstaged(folder, str(e), retried)
             return
-        # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
-        run_files.set_aside_if_not_own(self.out, STAGING)
-        if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
-            run_files.claim(self.out, [STAGING])
+        try:  # rank 0 alone (on_save): its OSError (an unanswered look, ESTALE) a warning, as the reads above are
+            # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
+            run_files.set_aside_if_not_own(self.out, STAGING)
+            if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now): none
+                run_files.claim(self.out, [STAGING])
+        except OSError as e:  # nothing staged: the staging folder, perhaps a person's, is left as it is
+            self._unstaged(folder, f"it could not be staged ({cause(e)})", retried)
+            return
         try:
             staged = stage(folder, self.out / STAGING)
         except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash
