@@ -2850,3 +2850,61 @@ def test_a_lost_step_whose_checkpoint_could_not_be_looked_at_is_not_said_to_be_o
         f"'{out / 'checkpoint-4' / MARKER}'), so whether it is on disk is not known, its staged copy was not whole "
         "(removed)"
     ), said
+
+
+def test_a_requeue_keeps_the_checkpoint_held_for_its_staging_through_the_resumes_rotation(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """checkpoints.unstaged is in memory only: the job holding checkpoint-2 for its staging ended (preempted), and the
+    requeue's resume from checkpoint-4 settled (listed complete, rotated: CompleteMarker's on_train_begin) before the
+    pusher's on_train_begin could stage it again, deleting it while its record stayed `failed` (not `pushable: false`)
+    for push_to_hub.py to push "later". The new job's pusher holds it again from the run's records, before the settle
+    (seen failing on the old code: checkpoint-2 deleted by the settle)."""
+    from transformers import TrainerState
+
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, CheckpointPusher, pushed_revisions
+    from dpotrain.train import checkpoints
+
+    out = tmp_path / "run"
+    first, save = saves_with_a_pusher(hub, monkeypatch, out)
+    unread = {2}
+    manifests_unread(monkeypatch, unread)
+    save(2)
+    save(4)  # checkpoint-2 held for its staging, its read failing still
+    assert first.finish(FINAL_WAIT_S) == []
+    unread.clear()
+    checkpoints.unstaged.clear()  # the job's process ends: its hold with it
+    pusher = CheckpointPusher(REPO, SECRET, None, out)  # the requeued job's, built before the trainer's callbacks run
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=1)
+    state = TrainerState(global_step=4, is_world_process_zero=True)
+    checkpoints.settle_resumed(args, state, str(out / "checkpoint-4"))
+    assert (out / "checkpoint-2" / "COMPLETE").is_file()
+    pusher.on_train_begin(args, state, None)
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}
+    assert checkpoints.unstaged == set()  # staged: a later save's rotation lets it go
+
+
+def test_a_staging_folder_unanswered_as_the_pusher_claims_it_is_a_warning_and_a_failed_record(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """The pusher's claim of its staging folder (run_files.set_aside_if_not_own, in on_save on rank 0 alone) raised an
+    unanswered look's OSError (ESTALE) out of the save on rank 0, the other ranks waiting in their next collective
+    (seen failing on the old code: the OSError raised). Now a warning and a failed record, as its other reads, and the
+    checkpoint kept by rotation and staged at the next save."""
+    from dpotrain.hub.hub_push import FINAL_WAIT_S, STAGING, pushed_revisions
+
+    out = tmp_path / "run"
+    pusher, save = saves_with_a_pusher(hub, monkeypatch, out)
+    with monkeypatch.context() as patched:
+        failing_stat(patched, out / STAGING)
+        save(2)
+    warned = capsys.readouterr().err
+    assert (
+        f"warning: checkpoint-2 was not pushed to {REPO}@step-2 (it could not be staged (OSError: [Errno "
+        f"{errno.ESTALE}] {os.strerror(errno.ESTALE)}: '{out / STAGING}')); training goes on. Recorded in "
+    ) in warned, warned
+    assert [(r["step"], r["status"]) for r in read_pushes(out)] == [(2, "failed")]
+    save(4)  # the file server answers again: checkpoint-2, kept meanwhile, staged and pushed
+    assert pusher.finish(FINAL_WAIT_S) == []
+    assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}

@@ -220,6 +220,37 @@ def test_a_checkpoint_manifest_the_main_process_cannot_write_ends_every_rank(tmp
     assert not (folder / "COMPLETE").exists()
 
 
+# rank 0's node does not answer for the folder (ESTALE), as Path.stat raises it; the other rank's does
+SEAL_UNANSWERED = SEAL.replace(
+    "    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n",
+    "    real_stat = Path.stat\n"
+    "    def stat(path, *args, **kwargs):\n"
+    "        if path == Path({folder!r}):\n"
+    "            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))\n"
+    "        return real_stat(path, *args, **kwargs)\n"
+    "    Path.stat = stat\n",
+).replace("refuses files past 64 bytes: the manifest (the other rank writes none)", "does not answer for the folder")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_main_process_could_not_look_at_ends_every_rank(tmp_path):
+    """The main process lists the checkpoint's files for every rank to hash its share: its look at the folder
+    unanswered (ESTALE, on rank 0's node alone) was raised there while the other ranks waited in the listing's
+    broadcast (seen failing on the old code: rank 1 left waiting). Now every rank raises it."""
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    (folder / "a").write_text("a")
+    out = tmp_path / "said"
+    out.mkdir()
+    script = tmp_path / "seal.py"
+    script.write_text(SEAL_UNANSWERED.format(root=str(ROOT), folder=str(folder), out=str(out)))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    said = {p.name: p.read_text() for p in sorted(out.iterdir())}
+    assert said == {"rank0.txt": "refused: ESTALE", "rank1.txt": "refused: ESTALE"}, result.stderr[-3000:]
+    assert not (folder / "COMPLETE").exists()
+
+
 @pytest.mark.slow
 def test_a_push_the_hub_refuses_at_start_ends_every_rank_on_its_line(tmp_path, tiny_model_dir):
     """The Hub is asked once, by the main process, whether the run may push (here: a token that may not create a repo

@@ -551,6 +551,17 @@ def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) 
     return push_checkpoint(api, repo_id, folder, step, run_dir)
 
 
+def held_for_staging(out: Path, repo_id: str) -> Path | None:
+    """The run's newest own complete checkpoint whose latest record says its push failed, one a command can push (not
+    `pushable: false`), with no staged copy: the one an earlier job's rotation kept for its staging."""
+    latest = latest_checkpoint_records(out, repo_id).values()
+    failed = {r["step"] for r in latest if r["status"] == "failed" and r.get("pushable", True)}
+    for folder in reversed(own_checkpoints(out)):
+        if step_of(folder) in failed and not writes.exists(out / STAGING / folder.name) and is_complete(folder):
+            return folder
+    return None
+
+
 class CheckpointPusher(TrainerCallback):
     """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only), placed after
     `CompleteMarker`; `finish` waits, bounded, for uploads still running."""
@@ -566,6 +577,25 @@ class CheckpointPusher(TrainerCallback):
         # rotation meanwhile (checkpoints.unstaged), an older one deleted since recorded lost (`_retry_unstaged`)
         self.not_staged: set[int] = set()
         self.thread: threading.Thread | None = None
+        self.hold_again()
+
+    def hold_again(self) -> None:
+        """The hold an earlier job's pusher had (checkpoints.unstaged is in memory only), made again before a resume
+        settles: its rotation (CompleteMarker's on_train_begin) comes before `submit_left` stages the checkpoint again,
+        and a requeue deleted the one kept for its staging, its record left `failed` for a push "later" of nothing.
+        Built on the main process alone (build_run), before the trainer's callbacks run."""
+        try:
+            folder = held_for_staging(self.out, self.repo_id)
+        except OSError as e:  # rank 0 alone: a warning, never an OSError the other ranks would wait on
+            warn(
+                f"the checkpoint an earlier job could not stage for {self.repo_id} could not be looked for "
+                f"({cause(e)}); save_total_limit may delete it before it is pushed"
+            )
+            return
+        if folder is not None:
+            self.not_staged.add(step_of(folder))
+            unstaged.clear()
+            unstaged.add(folder.absolute())
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run first pushes its own complete checkpoints a stopped job left unpushed."""
@@ -659,10 +689,14 @@ class CheckpointPusher(TrainerCallback):
         except ReadFailed as e:  # in the training loop: a warning, the checkpoint left for a later push
             self._unstaged(folder, str(e), retried)
             return
-        # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
-        run_files.set_aside_if_not_own(self.out, STAGING)
-        if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now) gets none
-            run_files.claim(self.out, [STAGING])
+        try:  # rank 0 alone (on_save): its OSError (an unanswered look, ESTALE) a warning, as the reads above are
+            # Claimed as it is first made: a link or a person's folder of that name is moved aside, never staged into
+            run_files.set_aside_if_not_own(self.out, STAGING)
+            if run_files.read(self.out) is not None:  # a folder without a record (none made by a run of now): none
+                run_files.claim(self.out, [STAGING])
+        except OSError as e:  # nothing staged: the staging folder, perhaps a person's, is left as it is
+            self._unstaged(folder, f"it could not be staged ({cause(e)})", retried)
+            return
         try:
             staged = stage(folder, self.out / STAGING)
         except OSError as e:  # its manifest's read failing now (model_files raises it): no half copy left, no crash

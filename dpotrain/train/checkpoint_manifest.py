@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, rank_and_world
+from dpotrain.cluster.collectives import gather_objects, main_outcome, rank_and_world
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import is_dir, is_file, write_text
 
@@ -49,7 +49,9 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
     MANIFEST.json, then the mark, each flushed to disk. `model`: the top-level names the model's save wrote (its
     weights, configs, tokenizer and the folders they hold), whose files the manifest names as the model's."""
     start = time.monotonic()
-    files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and is_dir(folder) else None)
+    # main_outcome, not a broadcast of the listing: an unanswered look (ESTALE) raised on the main process alone, the
+    # other ranks waiting in the broadcast; now every rank raises it
+    files = main_outcome(lambda: listing(folder, leave_out=(MANIFEST, mark)) if is_main and is_dir(folder) else None)
     if files is None:
         return
     rank, world = rank_and_world()

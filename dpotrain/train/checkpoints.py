@@ -35,6 +35,7 @@ passed_over: set[Path] = set()  # absolute paths
 # later push "while it is still on disk" (CompleteMarker rotates before the pusher's on_save).
 unstaged: set[Path] = set()  # absolute paths
 _held_said: set[Path] = set()  # those rotation has said it keeps (once each; by path, as _told's names are not)
+_unsure_said: set[Path] = set()  # those rotation kept, their mark's look unanswered (said once each)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -116,14 +117,23 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     if not limit or limit <= 0:
         return []
     own = set(run_files.read(Path(output_dir)) or ())
-    found = checkpoints(output_dir)
+    try:
+        found = checkpoints(output_dir)
+    except OSError as e:  # a folder's look unanswered (ESTALE): unsure what is there, so nothing is deleted
+        print(
+            f"Rotation deleted nothing in {output_dir}: it could not be listed ({cause(e)}); "
+            "a later save lists it again",
+            flush=True,
+        )
+        return []
     if others := [p.name for p in found if p.name not in own and p.name not in _told]:
         _told.update(others)
         print(f"Kept {', '.join(others)} in {output_dir}: not this run's ({run_files.MANIFEST}), never rotated")
     mine = [p for p in found if p.name in own]
-    sound = [p for p in mine if is_complete(p) and p.absolute() not in passed_over]
+    marks = {p: marked(p) for p in mine}  # None: unanswered, kept (a complete one rotated as cut short is lost)
+    sound = [p for p in mine if marks[p] and p.absolute() not in passed_over]
     kept = {p.name for p in sound[-limit:]} | {Path(k).name for k in keep if k}
-    doomed, stayed = [p for p in mine if p.name not in kept or p not in sound], []
+    doomed, stayed = [p for p in mine if (p.name not in kept or p not in sound) and marks[p] is not None], []
     for folder in [p for p in doomed if p.absolute() in unstaged]:
         doomed.remove(folder)
         if folder.absolute() not in _held_said:
@@ -134,7 +144,7 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
                 flush=True,
             )
     for folder in doomed:
-        if not is_complete(folder):
+        if not marks[folder]:
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
         elif folder.absolute() in passed_over:
             print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
@@ -148,23 +158,46 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
             remove(folder)
         except OSError as e:
             stayed.append(folder)
-            if listed and is_complete(folder):  # its mark stayed too: listed again, named gone if moved later
+            if listed and marked(folder, say=False) is not False:  # its mark stayed too (or unanswered): listed again
                 run_files.completed(Path(output_dir), folder.name)
             print(
                 f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
-                f"{removal_fix(folder, e)} for a later save to remove it, or remove it yourself",
+                f"{removal_fix(folder, e)}, or remove it yourself",
                 flush=True,
             )
     return [folder for folder in doomed if folder not in stayed]
 
 
+def marked(folder: Path, say: bool = True) -> bool | None:
+    """Whether `folder` is marked complete; None where the look went unanswered (ESTALE, EIO), said once: rotation
+    keeps it, never raises (it ended the whole run, from the main process's save)."""
+    try:
+        return is_complete(folder)
+    except OSError as e:
+        if say and folder.absolute() not in _unsure_said:
+            _unsure_said.add(folder.absolute())
+            print(
+                f"Kept {folder}: its {MARKER} mark could not be looked at ({cause(e)}), so rotation cannot tell "
+                "whether save_total_limit lets it go; a later save looks again",
+                flush=True,
+            )
+        return None
+
+
 def removal_fix(folder: Path, error: OSError) -> str:
     """The mending of a checkpoint rotation could not remove, by the error's kind: "make it writable" alone was said of
-    an I/O error, a stale mount or a manifest that could not be read too, where chmod mends nothing."""
+    an I/O error, a stale mount or a manifest that could not be read too, where chmod mends nothing; "mend its file
+    system" of a folder not empty or busy (a file held open), where nothing is broken."""
     # EROFS too: what a folder made read-only reads as where the tests stand in for chmod -w (run as root)
     if isinstance(error, PermissionError) or error.errno == errno.EROFS:
-        return f"make it writable (chmod -R u+w {shlex.quote(str(folder))})"
-    return "mend its file system (an I/O error or a stale mount, not a permission: ask your admins)"
+        return f"make it writable (chmod -R u+w {shlex.quote(str(folder))}) for a later save to remove it"
+    # NFS's .nfsXXXX of a file still open (an evaluation reading the checkpoint): nothing to mend, it passes
+    if error.errno in (errno.ENOTEMPTY, errno.EBUSY):
+        return "a file in it may be held open by another process; a later save removes it"
+    return (
+        "mend its file system (an I/O error or a stale mount, not a permission: ask your admins) for a later save to "
+        "remove it"
+    )
 
 
 def remove(folder: Path) -> None:
