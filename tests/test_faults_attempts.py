@@ -1,7 +1,9 @@
-"""Faults hunted in round five (attempts that differ; nothing lost, nothing silent), on the tiny model: each held by
-construction (a run stopped at one exact point by tests/helpers/pause_at.py, then killed), never by timing. What the
-hunt tried that already held is in the commits' messages, not repeated here as tests."""
+"""Faults between a run's attempts (hunted in rounds four and five: a kill at a save's exact point, attempts that
+differ; nothing lost, nothing silent), on the tiny model: each held by construction (a run stopped at one exact point
+by tests/helpers/pause_at.py, then killed), never by timing. What the hunt tried that already held is in the commits'
+messages, not repeated here as tests."""
 
+import json
 import os
 import shutil
 import signal
@@ -13,7 +15,7 @@ from test_faults import FINAL
 
 from conftest import PAUSE_AT, ROOT, pause_env, paused_pid, python
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import gone
+from dpotrain.train.checkpoints import gone, is_complete, own_checkpoints
 
 STEPS = 4
 
@@ -253,3 +255,29 @@ def test_a_checkpoint_in_a_folder_whose_lock_cannot_be_read_is_refused_in_one_li
     assert said.startswith(f"resume_from_checkpoint {named!r} is in {str(other.resolve())!r}, whose run.lock this ")
     assert "PermissionError: [Errno 13] Permission denied" in said and "\n" not in said
     assert said.endswith("copy the checkpoint out of its folder (cp -r) and resume from the copy")
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_a_checkpoints_mark_is_settled_by_the_rerun_that_resumes_from_it(
+    tmp_path, tiny_model_dir, pairs
+):
+    """SIGKILL right after checkpoint-4's COMPLETE mark, before the main process listed it complete in run_files.json
+    and rotated (save_total_limit 1): the rerun resumed from checkpoint-4, the last step, so saved nothing and rotated
+    nothing. The finished run kept checkpoint-2 beyond its limit for good (a whole checkpoint's space, in silence),
+    and its record never listed checkpoint-4 as complete, so a checkpoint-4 moved or deleted later was not named gone
+    (`checkpoints.gone`). The resume now settles what the killed save left: the checkpoint it resumes from listed
+    complete, and the rotation done."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    killed_at(out, tiny_model_dir, pairs, "*/checkpoint-4/COMPLETE", f"*/{run_files.MANIFEST}", paused)
+    assert is_complete(out / "checkpoint-4") and (out / "checkpoint-2").is_dir()
+    assert run_files.completed(out) == ["checkpoint-2"]  # the state the kill left: checkpoint-4 not yet listed
+
+    result = rerun(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    log = result.stdout
+    assert f"Resuming from {out / 'checkpoint-4'}" in log
+    assert [p.name for p in own_checkpoints(out)] == ["checkpoint-4"], log[-3000:]
+    assert not (out / "checkpoint-2").exists()
+    assert run_files.completed(out) == ["checkpoint-4"]
+    assert "checkpoint-2" not in run_files.read(out)
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == STEPS
