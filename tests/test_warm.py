@@ -132,6 +132,10 @@ def test_a_forked_child_starts_without_the_accelerate_state_this_process_made():
 
     kept = [dict(c._shared_state) for c in (PartialState, AcceleratorState, GradientState)]
     try:
+        # this worker's own state first set aside (put back below): an earlier in-process test of the worker may have
+        # made one without bf16 (a dry run), and accelerate refuses to change it
+        for cls in (PartialState, AcceleratorState, GradientState):
+            cls._shared_state.clear()
         Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=4)
 
         def child():
