@@ -386,7 +386,8 @@ else
   # --kill-on-bad-exit: the first node whose process fails takes the others down at once, instead of them
   # waiting in a collective until the time limit. srun names that node in its first `srun: error:` line.
   echo "=== $(date -Is) training failed with exit code $rc: srun stopped every node; the first 'srun: error: <node>'" \
-    "line above names the node that failed, and its traceback is above that ===" >&2
+    "line above names the node that failed, and its traceback is above that; once it is fixed, the same sbatch" \
+    "command goes on from the newest complete checkpoint ===" >&2
 fi
 exit "$rc"
 }

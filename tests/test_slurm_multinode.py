@@ -259,6 +259,7 @@ def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path
     assert slurm2.job_info(job)["Restarts"] == "0"  # a failure is not a preemption: no requeue
     assert "srun: error: node2: task 1: Exited with exit code" in log, log[-4000:]
     assert "training failed with exit code" in log
+    assert "the same sbatch command goes on from the newest complete checkpoint" in log  # what to do next
     assert not (out / "run_complete.json").exists()
 
 
