@@ -104,6 +104,21 @@ def needs_fix(record: dict) -> bool:
     return str(record.get("error", "")).endswith(tuple(FIXES.values()))
 
 
+def marked(folder: Path, unread=ReadFailed) -> bool | None:
+    """Whether checkpoint `folder` is on disk, complete (its COMPLETE mark). A mark that could not be read (ESTALE, a
+    permission) is never an OSError raised, but ReadFailed naming its fix (`reading`: push_to_hub.py records the step's
+    failure; its OSError ended the command with no record of the step, the steps after it untried), or `unread` given
+    in its place: None, not known (the pusher's callbacks, on rank 0 alone: an OSError left the other ranks waiting in
+    the next collective); True, a checkpoint to try, whose push records the failure."""
+    try:
+        with reading():
+            return is_complete(folder)
+    except ReadFailed:
+        if unread is ReadFailed:
+            raise
+        return unread
+
+
 def size_of(path: Path) -> int | None:
     """`path`'s size; None only where it is missing. Any other OSError (ESTALE, EIO) is raised, a folder there as
     IsADirectoryError: Path.is_file() says False for every OSError on Python 3.14 (cpython gh-118243), so a file that
@@ -132,15 +147,6 @@ def checked_files(folder: Path) -> list[str]:
         if size != listed[name]["bytes"]:
             raise NotPushable(f"{name} has {size} bytes, {listed[name]['bytes']} were saved (cut short or replaced)")
     return names
-
-
-def still_on_disk(out: Path, step: int) -> bool | None:
-    """Whether checkpoint `step` is on disk, complete; None where its mark could not be read (ESTALE). The pusher asks
-    it in callbacks on rank 0 alone: an OSError raised there left the other ranks waiting in the next collective."""
-    try:
-        return is_complete(out / f"checkpoint-{step}")
-    except OSError:
-        return None
 
 
 def why(error: Exception) -> str:
@@ -526,14 +532,6 @@ def push_one_checkpoint(
     return [entry]
 
 
-def marked(folder: Path) -> bool:
-    """Whether checkpoint `folder` has its COMPLETE mark; ReadFailed where the mark could not be read (ESTALE, a
-    permission): asked outside `reading()`, its OSError ended push_to_hub.py with no record of the step, the steps
-    after it untried, and "run the same command again" failing for ever."""
-    with reading():
-        return is_complete(folder)
-
-
 def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) -> dict:
     """`folder` to its branch, skipped where the branch holds it already; NotPushable where it is not whole or damaged
     (before any upload): the record written."""
@@ -654,7 +652,7 @@ class CheckpointPusher(TrainerCallback):
         (said once, at its failure), and one rotation deleted since (an older one, which it no longer kept) recorded
         `pushable: false`, its warning saying so, never "pushes it later"."""
         for step in sorted(self.not_staged):
-            present = still_on_disk(self.out, step)
+            present = marked(self.out / f"checkpoint-{step}", None)
             if present:
                 self.submit(self.out / f"checkpoint-{step}", retried=True)
             elif present is False:
@@ -678,9 +676,10 @@ class CheckpointPusher(TrainerCallback):
         if step in self.pending:
             return
         try:
-            with reading():  # its mark's read failing too: a warning, never an OSError out of on_save on rank 0 alone
-                if not is_complete(folder):  # never a checkpoint without its mark
-                    return
+            # never a checkpoint without its mark; its read failing (ReadFailed) too is a warning, never an OSError out
+            # of on_save on rank 0 alone
+            if not marked(folder):
+                return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
             self._staged_or_not_pushable(folder)  # no command pushes it: rotation lets it go
@@ -753,7 +752,7 @@ class CheckpointPusher(TrainerCallback):
         upload, each copy kept held a whole checkpoint once rotation deleted it, filling the disk past
         save_total_limit. An older one removed is said where it was its step's last copy."""
         for older in sorted(self.kept):
-            present = still_on_disk(self.out, older)
+            present = marked(self.out / f"checkpoint-{older}", None)
             if present is None:  # not known whether it is its step's last copy: kept, nothing lost
                 continue
             self.kept.discard(older)
@@ -777,7 +776,8 @@ class CheckpointPusher(TrainerCallback):
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
-        present = still_on_disk(self.out, step)  # a failure while recording a failure: said below, never raised
+        # a failure while recording a failure: said below, never raised
+        present = marked(self.out / f"checkpoint-{step}", None)
         gone = present is False
         if present is None:
             error = f"{error}; whether checkpoint-{step} is still on disk could not be read"
@@ -808,7 +808,7 @@ class CheckpointPusher(TrainerCallback):
         if not there:
             run_files.disown(self.out, [STAGING])
             return
-        kept = {f"checkpoint-{s}" for s in self.kept if not still_on_disk(self.out, s)}  # unread (None): kept too
+        kept = {f"checkpoint-{s}" for s in self.kept if not marked(self.out / f"checkpoint-{s}", None)}  # None: kept
         if not kept:
             shutil.rmtree(root, ignore_errors=True)
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
