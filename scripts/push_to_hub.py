@@ -232,17 +232,7 @@ def stopped_checkpoints(run: Path) -> list[Path]:
     finished run."""
     if (run / hub.RUN_COMPLETE).is_file():
         return []
-    return [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]
-
-
-def maybe_complete(folder: Path) -> bool:
-    """Whether checkpoint `folder` has its COMPLETE mark, or a mark that could not be read (ESTALE, a permission):
-    such a one is tried, its failure recorded with its fix by the push (hub_push.marked); its OSError raised here ended
-    the command with no record of the step, the steps after it untried."""
-    try:
-        return checkpoints.is_complete(folder)
-    except OSError:
-        return True
+    return [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]
 
 
 def push(
@@ -258,7 +248,7 @@ def push(
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
-    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if maybe_complete(p)]:  # never a person's copy
+    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]:  # never a person's copy
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",

@@ -8,7 +8,6 @@ line in hub_pushes.jsonl, never a failed run.
 
 import contextlib
 import errno
-import functools
 import hashlib
 import math
 import os
@@ -104,6 +103,21 @@ def needs_fix(record: dict) -> bool:
     return str(record.get("error", "")).endswith(tuple(FIXES.values()))
 
 
+def marked(folder: Path, unread=ReadFailed) -> bool | None:
+    """Whether checkpoint `folder` is on disk, complete (its COMPLETE mark). A mark that could not be read (ESTALE, a
+    permission) is never an OSError raised, but ReadFailed naming its fix (`reading`: push_to_hub.py records the step's
+    failure; its OSError ended the command with no record of the step, the steps after it untried), or `unread` given
+    in its place: None, not known (the pusher's callbacks, on rank 0 alone: an OSError left the other ranks waiting in
+    the next collective); True, a checkpoint to try, whose push records the failure."""
+    try:
+        with reading():
+            return is_complete(folder)
+    except ReadFailed:
+        if unread is ReadFailed:
+            raise
+        return unread
+
+
 def size_of(path: Path) -> int | None:
     """`path`'s size; None only where it is missing. Any other OSError (ESTALE, EIO) is raised, a folder there as
     IsADirectoryError: Path.is_file() says False for every OSError on Python 3.14 (cpython gh-118243), so a file that
@@ -134,15 +148,6 @@ def checked_files(folder: Path) -> list[str]:
     return names
 
 
-def still_on_disk(out: Path, step: int) -> bool | None:
-    """Whether checkpoint `step` is on disk, complete; None where its mark could not be read (ESTALE). The pusher asks
-    it in callbacks on rank 0 alone: an OSError raised there left the other ranks waiting in the next collective."""
-    try:
-        return is_complete(out / f"checkpoint-{step}")
-    except OSError:
-        return None
-
-
 def why(error: Exception) -> str:
     """What a record and a warning say of a push's failure: a NotPushable's or ReadFailed's reason as it is, another
     error's `cause`."""
@@ -150,7 +155,9 @@ def why(error: Exception) -> str:
 
 
 def record_checkpoint(out: Path, repo_id: str, step: int, status: str, **entry) -> dict:
-    """The record of checkpoint `step`'s push to its branch (one shape: `record_push`)."""
+    """The record of checkpoint `step`'s push to its branch (one shape: `record_push`), a field given as None left out
+    (`attempts` where no upload was made, `pushable` but where false)."""
+    entry = {key: value for key, value in entry.items() if value is not None}
     return record_push(out, step=step, branch=branch_name(step), repo=repo_id, status=status, **entry)
 
 
@@ -433,13 +440,14 @@ def stage(folder: Path, staging_root: Path) -> Path:
     return target
 
 
-def staged_only(out: Path, skip: set[int]) -> list[Path]:
-    """The staged copies of steps not in `skip` (pushed, or on disk): checkpoints deleted while their upload ran, left
-    unpushed by a killed or stopped job, or failed for good. Only the run's own staging folder, never a link: a
-    person's folder of that name is none of the run's."""
+def staged_only(out: Path, repo_id: str) -> list[Path]:
+    """The staged copies of steps neither recorded on `repo_id` (`pushed_revisions`) nor on disk: checkpoints deleted
+    while their upload ran, left unpushed by a killed or stopped job, or failed for good. Only the run's own staging
+    folder, never a link: a person's folder of that name is none of the run's."""
     root, own = out / STAGING, run_files.read(out)
     if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
         return []
+    skip = {s for s, _ in pushed_revisions(out, repo_id)} | {step_of(f) for f in own_checkpoints(out)}
     staged = [p for p in root.glob("checkpoint-*") if p.is_dir() and not p.is_symlink() and p.name[11:].isdigit()]
     return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
 
@@ -450,7 +458,7 @@ def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
     return said if not_whole is None else f"{said}, and its copy in {STAGING} is not whole: {not_whole}"
 
 
-def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None, records=None) -> list[dict]:
+def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=lambda: None, records=None) -> list[dict]:
     """push_to_hub.py --checkpoints: each of the run's own complete checkpoints, then each step left only as its
     staged copy, to its branch, but where the branch holds it already; returns the records written. `check_free()`
     (push_to_hub.py's run-lock check, raising its refusal) is asked again before each staged copy is pushed and before
@@ -459,79 +467,58 @@ def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=None, records=
     records, branches = [] if records is None else records, set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
-    on_disk = own_checkpoints(run_dir)
-    for folder in on_disk:  # its mark asked in push_one_checkpoint, where a failed read is recorded
+    for folder in own_checkpoints(run_dir):  # its mark asked in push_one_checkpoint, where a failed read is recorded
         records.extend(push_one_checkpoint(api, run_dir, repo_id, folder, branches))
-    # Read again after the uploads above (minutes): a job running beside this command (a requeue) stages each
-    # checkpoint it saves, whose copy is no deleted step's while the checkpoint is there
-    done = {s for s, _ in pushed_revisions(run_dir, repo_id)} | {step_of(f) for f in own_checkpoints(run_dir)}
-    for staged in staged_only(run_dir, done):
-        if isinstance(saved := answered(run_dir, repo_id, staged, lambda s: writes.exists(run_dir / s.name)), dict):
-            records.append(saved)  # the copy kept, for the command run again
-            continue
-        if saved:  # saved since: the job's own upload, not this command's
-            continue
-        if check_free is not None:
-            check_free()
-        print(f"{deleted_step(staged)}: pushing its copy in {run_dir / STAGING}", flush=True)
+    # Listed after the uploads above (minutes): a job running beside this command (a requeue) stages each checkpoint
+    # it saves, whose copy is no deleted step's while the checkpoint is there
+    for staged in staged_only(run_dir, repo_id):
         records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True, check_free=check_free))
     return records
 
 
-def answered(run_dir: Path, repo_id: str, folder: Path, look) -> bool | dict:
-    """`look(folder)`, or where the file server did not answer it (ESTALE, EIO) the step's `failed` record, said in a
-    warning: Python 3.14's Path looks say False for any OSError, and push_to_hub.py passed over a complete checkpoint
-    without a record (or pushed and removed a staged copy whose checkpoint is there); raised, it ended the command."""
-    try:
-        with reading():
-            return look(folder)
-    except ReadFailed as e:
-        warn(f"{folder.name} was not pushed to {repo_id}@{branch_name(step_of(folder))}: {e}")
-        return record_checkpoint(run_dir, repo_id, step_of(folder), "failed", error=str(e))
-
-
 def push_one_checkpoint(
-    api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False, check_free=None
+    api, run_dir: Path, repo_id: str, folder: Path, branches: set, staged=False, check_free=lambda: None
 ) -> list[dict]:
     """`folder` (a checkpoint, or a `staged` copy) to its branch, checked as the run's pusher checks it, skipped where
-    the branch holds it already: the record written. `check_free()` is asked before a staged copy is removed."""
+    the branch holds it already: the record written. `check_free()` is asked before a staged copy is pushed, and
+    before it is removed."""
     step = step_of(folder)
     branch = branch_name(step)
-    record = functools.partial(record_checkpoint, run_dir, repo_id, step)
     try:
-        if not staged and not marked(folder):
+        if staged:
+            # Its checkpoint saved since: the job's own upload, not this command's. The look unanswered (ESTALE, EIO) is
+            # ReadFailed, recorded: Python 3.14's exists() said False, and the copy was pushed and removed while its
+            # checkpoint is there; raised, it ended the command
+            with reading():
+                if writes.exists(run_dir / folder.name):
+                    return []
+            check_free()
+            print(f"{deleted_step(folder)}: pushing its copy in {run_dir / STAGING}", flush=True)
+        elif not marked(folder):
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             return []
         entry = checked_push(api, run_dir, repo_id, folder, branches)
-    except NotPushable as e:
-        # Cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever push it
-        error = deleted_step(folder, e) if staged else str(e)
-        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
-        entry = record("failed", error=error, pushable=False)  # not among the steps "run the same command again" pushes
-    except ReadFailed as e:  # not damaged: a staged copy kept, for the command run again
-        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {e}")
-        return [record("failed", error=str(e))]
     except Exception as e:
         # The upload's failure has `.attempts`; one after it (the record of a push made) ends the command
-        if not hasattr(e, "attempts"):
+        if not isinstance(e, (NotPushable, ReadFailed)) and not hasattr(e, "attempts"):
             raise
-        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {why(e)}")
-        return [record("failed", attempts=e.attempts, error=why(e))]  # a staged copy kept for the next run
+        # NotPushable: cut short, or damaged (its SHA-256, as the upload hashes it): no run of the command can ever
+        # push it, so `pushable: false`, not among the steps "run the same command again" pushes
+        never = isinstance(e, NotPushable)
+        error = deleted_step(folder, e) if staged and never else why(e)
+        warn(f"{folder.name} was not pushed to {repo_id}@{branch}: {error}")
+        attempts = None if isinstance(e, (NotPushable, ReadFailed)) else e.attempts  # none made, or the Hub's failure
+        entry = record_checkpoint(
+            run_dir, repo_id, step, "failed", attempts=attempts, error=error, pushable=False if never else None
+        )
+        if not never:  # not damaged (ReadFailed), or the Hub failing: a staged copy kept, for the command run again
+            return [entry]
     if staged:
         # On the Hub now, or no whole copy to push ever: removed, else every later run of the command found it again
         # (a damaged one failing each time, "run the same command again"); never under a job started meanwhile
-        if check_free is not None:
-            check_free()
+        check_free()
         shutil.rmtree(folder, ignore_errors=True)
     return [entry]
-
-
-def marked(folder: Path) -> bool:
-    """Whether checkpoint `folder` has its COMPLETE mark; ReadFailed where the mark could not be read (ESTALE, a
-    permission): asked outside `reading()`, its OSError ended push_to_hub.py with no record of the step, the steps
-    after it untried, and "run the same command again" failing for ever."""
-    with reading():
-        return is_complete(folder)
 
 
 def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) -> dict:
@@ -617,11 +604,10 @@ class CheckpointPusher(TrainerCallback):
 
     def _submit_left(self) -> None:
         done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
-        on_disk = own_checkpoints(self.out)
-        for folder in on_disk:
+        for folder in own_checkpoints(self.out):
             if step_of(folder) not in done:
                 self.submit(folder)
-        for staged in staged_only(self.out, done | {step_of(f) for f in on_disk}):
+        for staged in staged_only(self.out, self.repo_id):
             self.submit_staged(staged)
 
     def submit_staged(self, staged: Path) -> None:
@@ -654,7 +640,7 @@ class CheckpointPusher(TrainerCallback):
         (said once, at its failure), and one rotation deleted since (an older one, which it no longer kept) recorded
         `pushable: false`, its warning saying so, never "pushes it later"."""
         for step in sorted(self.not_staged):
-            present = still_on_disk(self.out, step)
+            present = marked(self.out / f"checkpoint-{step}", None)
             if present:
                 self.submit(self.out / f"checkpoint-{step}", retried=True)
             elif present is False:
@@ -678,9 +664,10 @@ class CheckpointPusher(TrainerCallback):
         if step in self.pending:
             return
         try:
-            with reading():  # its mark's read failing too: a warning, never an OSError out of on_save on rank 0 alone
-                if not is_complete(folder):  # never a checkpoint without its mark
-                    return
+            # never a checkpoint without its mark; its read failing (ReadFailed) too is a warning, never an OSError out
+            # of on_save on rank 0 alone
+            if not marked(folder):
+                return
             pushable_files(folder)  # sizes only, in the training loop: the upload thread hashes (verified_additions)
         except NotPushable as e:
             self._staged_or_not_pushable(folder)  # no command pushes it: rotation lets it go
@@ -753,7 +740,7 @@ class CheckpointPusher(TrainerCallback):
         upload, each copy kept held a whole checkpoint once rotation deleted it, filling the disk past
         save_total_limit. An older one removed is said where it was its step's last copy."""
         for older in sorted(self.kept):
-            present = still_on_disk(self.out, older)
+            present = marked(self.out / f"checkpoint-{older}", None)
             if present is None:  # not known whether it is its step's last copy: kept, nothing lost
                 continue
             self.kept.discard(older)
@@ -769,15 +756,15 @@ class CheckpointPusher(TrainerCallback):
     def _failed(self, step: int, attempts: int | None, error: str, kept: Path | None = None, never=False) -> None:
         """`attempts`: None where none was made; `kept`: the staged copy kept; `never`: not pushable as it is
         (NotPushable: cut short, damaged), which push_to_hub.py checks as the run does."""
-        tried = {} if attempts is None else {"attempts": attempts}
-        lost = {"pushable": False} if never else {}  # push_to_hub.py names it lost, not one to run the command for
+        lost = False if never else None  # `pushable: false`: push_to_hub.py names it lost, not one to run it again for
         try:
-            record_checkpoint(self.out, self.repo_id, step, "failed", **tried, error=error, **lost)
+            record_checkpoint(self.out, self.repo_id, step, "failed", attempts=attempts, error=error, pushable=lost)
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
         again = f"`{push_command(self.out, '--checkpoints')}` pushes it later"
-        present = still_on_disk(self.out, step)  # a failure while recording a failure: said below, never raised
+        # a failure while recording a failure: said below, never raised
+        present = marked(self.out / f"checkpoint-{step}", None)
         gone = present is False
         if present is None:
             error = f"{error}; whether checkpoint-{step} is still on disk could not be read"
@@ -808,7 +795,7 @@ class CheckpointPusher(TrainerCallback):
         if not there:
             run_files.disown(self.out, [STAGING])
             return
-        kept = {f"checkpoint-{s}" for s in self.kept if not still_on_disk(self.out, s)}  # unread (None): kept too
+        kept = {f"checkpoint-{s}" for s in self.kept if not marked(self.out / f"checkpoint-{s}", None)}  # None: kept
         if not kept:
             shutil.rmtree(root, ignore_errors=True)
             run_files.disown(self.out, [STAGING])  # gone: a folder of that name made later is a person's
