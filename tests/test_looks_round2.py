@@ -68,3 +68,50 @@ def test_push_to_hub_refuses_a_run_whose_lock_it_cannot_read_in_one_line(tmp_pat
     with pytest.raises(ConfigError) as refused:
         script.check_no_live_run(tmp_path / "run")
     assert f"error: {refused.value}" == lock_line(lock)
+
+
+def rotated_run(tmp_path) -> Path:
+    """A run's folder with its own complete checkpoints 2 and 4, listed complete in its record."""
+    from conftest import sealed_checkpoint
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, f"checkpoint-{step}")
+    return out
+
+
+@pytest.mark.parametrize("fault", ["damaged", "EIO"])
+def test_rotation_whose_record_cannot_be_read_keeps_every_folder_and_says_why_once(
+    tmp_path, monkeypatch, capsys, fault
+):
+    """run_files.json unreadable at a save's rotation (a damaged record; an EIO): `run_files.read` raised its
+    ConfigError ("pass another --output_dir") out of rotation, from the main process's save, and the whole run ended
+    there (every rank, by main_outcome). Now rotation deletes nothing, every folder kept, and says why once over two
+    saves. (Old code: ConfigError raised out of rotate.)"""
+    from dpotrain.train.checkpoints import rotate
+    from dpotrain.train.run_files import MANIFEST
+
+    out = rotated_run(tmp_path)
+    record = out / MANIFEST
+    if fault == "damaged":
+        record.write_text('{"names": ["checkpoint-2", ')
+    else:
+        read_bytes = Path.read_bytes
+
+        def failing(self, *args, **kwargs):
+            if self == record:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), str(self))
+            return read_bytes(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_bytes", failing)
+    assert rotate(out, 1) == [] and rotate(out, 1) == []
+    assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
+    said = capsys.readouterr().out
+    assert said.count(f"Rotation deleted nothing in {out}: {record} is unreadable (") == 1, said
+    assert said.rstrip().endswith(
+        "so no checkpoint there can be told the run's and none is deleted: restore it from a copy, or remove the "
+        "checkpoints save_total_limit lets go yourself; a later save reads it again"
+    ), said
