@@ -115,3 +115,26 @@ def test_rotation_whose_record_cannot_be_read_keeps_every_folder_and_says_why_on
         "so no checkpoint there can be told the run's and none is deleted: restore it from a copy, or remove the "
         "checkpoints save_total_limit lets go yourself; a later save reads it again"
     ), said
+
+
+def test_the_disk_full_line_is_said_when_the_checkpoints_cannot_be_listed(tmp_path, monkeypatch):
+    """A checkpoint that did not fit, checkpoint-2's COMPLETE mark unanswered (ESTALE) as the line was made: the look's
+    OSError was raised in place of the disk-full line, and in `_save_checkpoint` before the ranks' all-gather, on that
+    rank alone (the others waited in it). Now the line is said, its list of checkpoints "could not be listed" with the
+    cause; so for the final model's and another write's. (Old code: OSError raised by save_failed.)"""
+    from conftest import failing_stat
+    from dpotrain.train import disk_full
+    from dpotrain.train.checkpoints import MARKER
+
+    out = rotated_run(tmp_path)
+    (out / "checkpoint-6").mkdir()
+    failing_stat(monkeypatch, out / "checkpoint-2" / MARKER)
+    why = disk_full.FULL[errno.ENOSPC]
+    listed = f"its checkpoints could not be listed (OSError: [Errno {errno.ESTALE}] {os.strerror(errno.ESTALE)}: "
+    said = str(disk_full.save_failed(out / "checkpoint-6", why))
+    assert said.startswith(f"{why}: checkpoint-6 could not be written in {out} (") and listed in said, said
+    said = str(disk_full.final_save_failed(out, why))
+    assert said.startswith(f"{why}: the final model could not be written in {out} (") and listed in said, said
+    error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "samples.jsonl"))
+    said = str(disk_full.write_failed(error, why))
+    assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (") and listed in said, said
