@@ -6,6 +6,7 @@ before its fix (its docstring says how)."""
 import errno
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,25 @@ def test_the_disk_full_line_is_said_when_the_checkpoints_cannot_be_listed(tmp_pa
     error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "samples.jsonl"))
     said = str(disk_full.write_failed(error, why))
     assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (") and listed in said, said
+
+
+def test_an_input_inside_the_output_folder_whose_look_was_unanswered_is_not_passed_over(tmp_path, monkeypatch):
+    """model_name_or_path a folder inside output_dir, its look unanswered (ESTALE): Python 3.14's exists() said False,
+    so the "reads its own output folder" refusal was skipped and the run went on to remove files it then loads. Now
+    the look is raised (the command's one line, `errors.unanswered`), as every look whose False would lose files;
+    the file server answering again, the refusal. (Old code: no refusal, no error.)"""
+    from conftest import failing_stat
+    from dpotrain import output_folder
+    from dpotrain.recipe.config import parse_args
+
+    out, model = tmp_path / "run", tmp_path / "run" / "model"
+    model.mkdir(parents=True)
+    recipe = parse_args(
+        ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--model_name_or_path", str(model)]
+    )
+    with monkeypatch.context() as patched:
+        failing_stat(patched, model)
+        with pytest.raises(OSError, match=re.escape(f"[Errno {errno.ESTALE}]")):
+            output_folder.check_reads_outside(recipe)
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {str(model)!r} is in output_dir")):
+        output_folder.check_reads_outside(recipe)
