@@ -58,6 +58,18 @@ def test_a_lock_another_user_left_unreadable_is_one_line_naming_it_not_a_traceba
     assert lock.exists()
 
 
+def test_a_run_whose_own_lock_was_made_unreadable_ends_on_its_own_outcome_the_lock_kept(tmp_path, monkeypatch):
+    """The run's own lock made unreadable while it ran (chmod 600 by another user's hand): `release`, in
+    train_dpo.main's finally, raised the lock's refusal (a PermissionError before), hiding how the run ended. Now the
+    lock is kept, as a folder turned read-only keeps it (the rerun takes it over: its process is gone). (Old code:
+    ConfigError raised out of release.)"""
+    out = tmp_path / "run"
+    assert run_lock.acquire(out) is None
+    unreadable_file(monkeypatch, out / run_lock.LOCK_FILE)
+    run_lock.release()
+    assert (out / run_lock.LOCK_FILE).exists() and not run_lock._held
+
+
 def test_push_to_hub_refuses_a_run_whose_lock_it_cannot_read_in_one_line(tmp_path, monkeypatch):
     """push_to_hub.py on a run folder whose run.lock it may not read: `check_no_live_run` (before the push, outside
     main's try) raised the PermissionError as a traceback. Now refused as a live run's lock is, naming the lock and

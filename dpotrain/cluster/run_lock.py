@@ -220,10 +220,10 @@ class Lock:
 
     def release(self) -> None:
         self._stop.set()
-        found = _read(self.path)
         # A folder turned read-only keeps the lock: the run's error says why, and the rerun takes it over (its process
-        # is gone).
-        with contextlib.suppress(OSError):
+        # is gone). One made unreadable (chmod) too: the refusal `_read` raises would hide the run's own end here.
+        with contextlib.suppress(OSError, ConfigError):
+            found = _read(self.path)
             if found is not None and found[0] == self.raw:
                 self.path.unlink(missing_ok=True)
             if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
