@@ -169,12 +169,19 @@ def reads(recipe) -> list[tuple[str, str]]:
 
 
 def check_reads_outside(recipe) -> None:
-    """A run never reads from its own output folder, by any path: it removes files there, maybe the model it loads."""
+    """A run never reads from its own output folder, by any path: it removes files there, maybe the model it loads.
+    Every rank's look, ended alike on every rank (`every_rank`): a look one rank's file server left unanswered, raised
+    on that rank alone, left the others in the next collective."""
+    collectives.every_rank(_reads_outside, recipe)
+
+
+def _reads_outside(recipe) -> None:
     out = recipe.training.output_dir
     root = Path(out).expanduser().resolve()
     for named, path in reads(recipe):
         where = Path(path).expanduser()
-        if not path or not (where.exists() or where.is_symlink()):
+        # `writes.exists`: an unanswered look (ESTALE) is raised, never taken for no input and the refusal skipped
+        if not path or not (writes.exists(where) or where.is_symlink()):
             continue
         real = where.resolve()
         alias = same_folder_above(real, root)  # the folder by another name

@@ -248,7 +248,7 @@ def push(
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
-    elif on_disk := [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]:  # never a person's copy
+    elif on_disk := unpushed_on_disk(run):
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",
@@ -272,6 +272,15 @@ def push(
         url = hub.push_run(run, repo_id, token=token, private=private or None)
         print(f"Pushed to {url}", flush=True)
     return failed_of(records)
+
+
+def unpushed_on_disk(run: Path) -> list[Path]:
+    """The run's own complete checkpoints on disk (never a person's copy), counted only for a note; [] where they could
+    not be listed (a look unanswered, ESTALE; the record unread): its error ended the push before main was pushed."""
+    try:
+        return [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]
+    except (OSError, ConfigError):  # a count for a note: the note is left out, never the push
+        return []
 
 
 def failed_of(records: list[dict]) -> list[dict]:

@@ -123,11 +123,23 @@ def _read(lock: Path) -> tuple[bytes, dict | None, float] | None:
         raw, age = lock.read_bytes(), time.time() - lock.stat().st_mtime
     except FileNotFoundError:
         return None
+    except PermissionError as e:  # a 0600 lock of another user's run (umask 077): its traceback ended the command
+        raise ConfigError(unreadable(lock, e)) from None
     try:
         holder = json.loads(raw)
     except ValueError:
         holder = None
     return raw, holder if isinstance(holder, dict) else None, age
+
+
+def unreadable(lock: Path, error: OSError) -> str:
+    """The refusal for a lock this process may not read: whether a live run holds its folder cannot be told, so
+    nothing is taken for free (and nothing pushed or written there)."""
+    return (
+        f"the lock {lock} could not be read ({error.strerror}), so whether a live run holds {lock.parent} cannot be "
+        f"told: it is another user's run's (ask them: they remove it once that run has ended), or fix its permissions "
+        f"(chmod a+r {lock}); then run the same command again"
+    )
 
 
 def describe(holder: dict | None, age_s: float) -> str:
@@ -208,10 +220,10 @@ class Lock:
 
     def release(self) -> None:
         self._stop.set()
-        found = _read(self.path)
         # A folder turned read-only keeps the lock: the run's error says why, and the rerun takes it over (its process
-        # is gone).
-        with contextlib.suppress(OSError):
+        # is gone). One made unreadable (chmod) too: the refusal `_read` raises would hide the run's own end here.
+        with contextlib.suppress(OSError, ConfigError):
+            found = _read(self.path)
             if found is not None and found[0] == self.raw:
                 self.path.unlink(missing_ok=True)
             if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):

@@ -36,6 +36,12 @@ passed_over: set[Path] = set()  # absolute paths
 unstaged: set[Path] = set()  # absolute paths
 _held_said: set[Path] = set()  # those rotation has said it keeps (once each; by path, as _told's names are not)
 _unsure_said: set[Path] = set()  # those rotation kept, their mark's look unanswered (said once each)
+_unread_said: set[str] = set()  # output folders whose record rotation could not read (said once each)
+# What rotation says of a record it cannot read (run_files.read's fix): no folder can be told the run's then.
+ROTATION_FIX = (
+    "so no checkpoint there can be told the run's and none is deleted: restore it from a copy, or remove the "
+    "checkpoints save_total_limit lets go yourself; a later save reads it again"
+)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -116,7 +122,13 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
     mark. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
-    own = set(run_files.read(Path(output_dir)) or ())
+    try:  # a damaged or unanswered record: its refusal ended the whole run from the main process's save
+        own = set(run_files.read(Path(output_dir), ROTATION_FIX) or ())
+    except ConfigError as e:
+        if str(output_dir) not in _unread_said:
+            _unread_said.add(str(output_dir))
+            print(f"Rotation deleted nothing in {output_dir}: {e}", flush=True)
+        return []
     try:
         found = checkpoints(output_dir)
     except OSError as e:  # a folder's look unanswered (ESTALE): unsure what is there, so nothing is deleted
@@ -153,19 +165,35 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
         # the run's record while it stayed, whole and marked. Said, and it stays the run's.
         # Unlisted as complete first: a kill between the folder's deletion and the record's rewrite (`disown`) left it
         # listed, and a rerun named it gone, moved or deleted by someone, to be restored from a copy.
-        listed = run_files.incomplete(output_dir, folder.name)
+        try:
+            listed = run_files.incomplete(output_dir, folder.name)
+        except (ConfigError, OSError) as e:  # the record unread or unwritten since: the folder kept, not unrecorded
+            stayed.append(folder)
+            print(f"Kept {folder}, which save_total_limit lets go: {cause(e)}; a later save tries again", flush=True)
+            continue
         try:
             remove(folder)
         except OSError as e:
             stayed.append(folder)
             if listed and marked(folder, say=False) is not False:  # its mark stayed too (or unanswered): listed again
-                run_files.completed(Path(output_dir), folder.name)
+                relist(Path(output_dir), folder.name)
             print(
                 f"Could not remove {folder} ({cause(e)}), which save_total_limit lets go: it stays, still this run's; "
                 f"{removal_fix(folder, e)}, or remove it yourself",
                 flush=True,
             )
     return [folder for folder in doomed if folder not in stayed]
+
+
+def relist(output_dir: Path, name: str) -> None:
+    """`name` listed complete again (a folder rotation could not remove); a record that fails then is said, not raised
+    out of rotation: the folder stays whole and marked, only unnamed "gone" should it go later."""
+    try:
+        run_files.completed(output_dir, name)
+    except (ConfigError, OSError) as e:
+        print(
+            f"{output_dir / name} stays, but is not listed complete again in the run's record: {cause(e)}", flush=True
+        )
 
 
 def marked(folder: Path, say: bool = True) -> bool | None:
@@ -275,7 +303,10 @@ class CompleteMarker(TrainerCallback):
 def rotate_recorded(args, state, folder: Path) -> None:
     """Main process: rotation after `folder` (kept, with the best), the record then naming what is there."""
     deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
-    run_files.disown(args.output_dir, [p.name for p in deleted])
+    try:
+        run_files.disown(args.output_dir, [p.name for p in deleted])
+    except (ConfigError, OSError) as e:  # deleted, but still named: as a save killed before its folder, passed over
+        print(f"The run's record still names {', '.join(p.name for p in deleted)}, deleted: {cause(e)}", flush=True)
 
 
 def settle_resumed(args, state, resume_from: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpotrain.cluster import collectives
 from dpotrain.recipe import writes
-from dpotrain.recipe.errors import ConfigError, RunError, size
+from dpotrain.recipe.errors import ConfigError, RunError, cause, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
 
@@ -138,8 +138,20 @@ def _unnamed_file(why: str) -> str:
     return f"{why}: a file could not be written (its writer did not name it; free space in {spaces}): {_todo(why)}"
 
 
-def _after(kept: list[Path]) -> str:
-    """What the same command does next, given the run's complete checkpoints."""
+def _complete(out: Path, but: Path | None = None) -> list[Path] | str:
+    """The run's complete checkpoints in `out` (but `but`), or why they could not be listed (a look unanswered, ESTALE):
+    its OSError, raised while the line was made, hid the disk-full line (and in a save, before the ranks' all-gather,
+    left the others waiting in it)."""
+    try:
+        return [p for p in complete_checkpoints(out) if p != but]
+    except OSError as e:
+        return cause(e)
+
+
+def _after(kept: list[Path] | str) -> str:
+    """What the same command does next, given the run's complete checkpoints (or why they could not be listed)."""
+    if isinstance(kept, str):
+        return f"its checkpoints could not be listed ({kept}): the same command goes on from the newest complete one"
     if kept:
         return f"{kept[-1].name} is kept, and the same command goes on from it"
     return "no checkpoint was complete yet: the same command starts afresh"
@@ -148,10 +160,10 @@ def _after(kept: list[Path]) -> str:
 def save_failed(folder: Path, why: str) -> RunError:
     """The error for checkpoint `folder` that did not fit (`why`: from `why_full`)."""
     out = folder.parent
-    kept = [p for p in complete_checkpoints(out) if p != folder]
+    kept = _complete(out, but=folder)
     written = writes.folder_bytes(folder)  # other ranks may still be writing their shards there
     free = shutil.disk_usage(out).free
-    previous = checkpoint_manifest.total_bytes(kept[-1]) if kept else None
+    previous = checkpoint_manifest.total_bytes(kept[-1]) if kept and isinstance(kept, list) else None
     need = (
         f"a checkpoint takes {size(previous)}, as {kept[-1].name} did"
         if previous
@@ -163,8 +175,11 @@ def save_failed(folder: Path, why: str) -> RunError:
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
-    kept = complete_checkpoints(out)
-    after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
+    kept = _complete(out)
+    if isinstance(kept, str):
+        after = _after(kept)
+    else:
+        after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
     free = "" if _fix(why) else f" ({size(shutil.disk_usage(out).free)} free there)"
     return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
 
@@ -190,6 +205,13 @@ def write_failed(error: OSError, why: str) -> RunError:
     where = f"{path} could not be written"
     folder = next((p for p in above if p.is_dir()), None)
     free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and not _fix(why) else ""
-    out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
-    after = f"; {_after(complete_checkpoints(out))}" if out else ""
-    return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")
+    return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{_after_write(above)}")
+
+
+def _after_write(above: list[Path]) -> str:
+    """`; ` and what the same command does next where the file is in a run's folder (one of `above`), else ''."""
+    try:
+        out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
+    except OSError as e:  # a run's folder or not, unknown: its checkpoints not listed, the line said all the same
+        return f"; {_after(cause(e))}"
+    return f"; {_after(_complete(out))}" if out else ""
