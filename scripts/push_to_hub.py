@@ -248,7 +248,9 @@ def push(
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
-    elif on_disk := unpushed_on_disk(run):
+    elif isinstance(on_disk := unpushed_on_disk(run), str):
+        print(f"The run's checkpoints could not be counted ({on_disk}): add --checkpoints to push any not pushed yet")
+    elif on_disk:
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "
             f"--checkpoints to push {'it to a branch' if len(on_disk) == 1 else 'them to branches'} step-<N>",
@@ -274,13 +276,13 @@ def push(
     return failed_of(records)
 
 
-def unpushed_on_disk(run: Path) -> list[Path]:
-    """The run's own complete checkpoints on disk (never a person's copy), counted only for a note; [] where they could
-    not be listed (a look unanswered, ESTALE; the record unread): its error ended the push before main was pushed."""
+def unpushed_on_disk(run: Path) -> list[Path] | str:
+    """The run's own complete checkpoints on disk (never a person's copy), counted only for a note; why they could not
+    be counted where a look went unanswered (ESTALE) or the record was unread: its error ended the push before main."""
     try:
         return [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]
-    except (OSError, ConfigError):  # a count for a note: the note is left out, never the push
-        return []
+    except (OSError, ConfigError) as e:  # a count for a note: the note says so, never ends the push
+        return cause(e)
 
 
 def failed_of(records: list[dict]) -> list[dict]:

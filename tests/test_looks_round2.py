@@ -178,8 +178,8 @@ def test_an_input_inside_the_output_folder_whose_look_was_unanswered_is_not_pass
 def test_push_to_hub_skips_its_note_on_checkpoints_it_cannot_count_and_pushes_on(tmp_path, monkeypatch, capsys):
     """push_to_hub.py without --checkpoints counts the run's checkpoints on disk only for a note ("1 checkpoint on disk
     is not pushed: add --checkpoints ..."); a checkpoint folder's look unanswered (ESTALE) there raised, ending the
-    push before main. Now the note is left out and the command goes on (here a stopped run: its closing line). (Old
-    code: OSError raised out of push.)"""
+    push before main. Now the note says they could not be counted and the command goes on (here a stopped run: its
+    closing line). (Old code: OSError raised out of push.)"""
     from conftest import failing_stat
 
     spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
@@ -189,4 +189,5 @@ def test_push_to_hub_skips_its_note_on_checkpoints_it_cannot_count_and_pushes_on
     failing_stat(monkeypatch, out / "checkpoint-2")
     assert script.push(None, out, "me/dpo-test", "hf_x", False, False, finished=False) == []
     said = capsys.readouterr().out
-    assert "not pushed: add --checkpoints" not in said and f"{out} has not finished training" in said, said
+    assert "The run's checkpoints could not be counted (OSError: [Errno 116] Stale file handle" in said, said
+    assert "add --checkpoints to push any not pushed yet" in said and f"{out} has not finished training" in said, said
