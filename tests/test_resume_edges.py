@@ -1,0 +1,42 @@
+"""Resume and Hub-hold edges (session 47): a requeue that replaces its folder, a checkpoint's state lost after its
+check, a half-removed checkpoint, a held checkpoint whose upload (not its staging) failed. Nothing lost, nothing
+silent."""
+
+import json
+
+import pytest
+from test_own_files import train_args
+
+from conftest import sealed_checkpoint
+from dpotrain import resolve
+from dpotrain.recipe import run_record
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import run_files
+
+
+@pytest.mark.parametrize("record", ["edited", "other settings"])
+def test_a_requeue_that_replaces_its_folder_checks_the_checkpoint_named(record, tmp_path, monkeypatch):
+    """Job `--resume_from_checkpoint other/checkpoint-2 --overwrite_output_dir` saved run/checkpoint-4 and was
+    requeued: going on from its own progress, the start skips the named one's checks (`resume.requeued_past`). Its
+    record edited by hand (no checkpoint holding a copy) or other settings than its own, the start replaces the folder
+    instead, and loaded the named checkpoint unchecked: here one trained under another learning rate."""
+    other, out = tmp_path / "other", tmp_path / "run"
+    named = sealed_checkpoint(other / "checkpoint-2")
+    (other / run_record.RESOLVED).write_text(json.dumps({"learning_rate": 1.0, "derived": {}}))
+    sealed_checkpoint(out / "checkpoint-4")  # saved with no copy of the record (none was there as it saved)
+    ours = {"derived": {}} if record == "edited" else {"learning_rate": 0.5, "derived": {}}
+    written = run_record.sealed(ours)
+    (out / run_record.RESOLVED).write_text(
+        json.dumps({**written, "learning_rate": 3.0} if record == "edited" else written)
+    )
+    run_files.write(out, [run_files.MANIFEST, run_record.RESOLVED, "checkpoint-4"])
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    argv = train_args(out, "--max_steps", "6", "--resume_from_checkpoint", str(named), "--overwrite_output_dir", "true")
+    with pytest.raises(ConfigError, match=r"was written by a run with other settings \(learning_rate: 1.0 -> "):
+        resolve.check_output_dir(parse_args(argv))
+    # Its first start refused it alike: the same line
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(ConfigError, match=r"was written by a run with other settings \(learning_rate: 1.0 -> "):
+        resolve.check_output_dir(parse_args(argv))
