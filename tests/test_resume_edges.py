@@ -40,3 +40,24 @@ def test_a_requeue_that_replaces_its_folder_checks_the_checkpoint_named(record, 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     with pytest.raises(ConfigError, match=r"was written by a run with other settings \(learning_rate: 1.0 -> "):
         resolve.check_output_dir(parse_args(argv))
+
+
+def test_a_requeue_holds_the_checkpoint_whose_staging_failed_not_one_whose_upload_failed(tmp_path):
+    """`held_for_staging` (a requeue's hold, rebuilt from hub_pushes.jsonl) holds one checkpoint: the newest recorded
+    `failed` without a staged copy. An upload that failed (its record has `attempts`) had its staged copy removed for
+    a newer failure's (`_keep`: one is kept at a time), a choice the job made; held instead, it took the hold from an
+    older checkpoint whose staging failed, which the resume's rotation then deleted: on neither the disk nor the Hub."""
+    from dpotrain.hub.hub_push import held_for_staging, record_checkpoint
+
+    out, repo = tmp_path / "run", "me/run"
+    for step in (2, 4, 6):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, *(f"checkpoint-{step}" for step in (2, 4, 6))])
+    record_checkpoint(out, repo, 2, "failed", error="it could not be staged (OSError: [Errno 5] Input/output error)")
+    record_checkpoint(out, repo, 4, "failed", attempts=3, error="HTTPError: 503")  # its copy removed for step 6's
+    record_checkpoint(out, repo, 6, "failed", attempts=3, error="HTTPError: 503")
+    (out / ".hub_staging" / "checkpoint-6").mkdir(parents=True)  # the newest failed upload's copy, kept
+    assert held_for_staging(out, repo) == out / "checkpoint-2"
+    # Staged since (a later job's retry pushed it): nothing is held
+    record_checkpoint(out, repo, 2, "pushed", commit="0" * 40)
+    assert held_for_staging(out, repo) is None
