@@ -3,8 +3,10 @@ check, a half-removed checkpoint, a held checkpoint whose upload (not its stagin
 silent."""
 
 import json
+from pathlib import Path
 
 import pytest
+from test_changed_inputs import ARGS
 from test_own_files import train_args
 
 from conftest import sealed_checkpoint
@@ -61,3 +63,35 @@ def test_a_requeue_holds_the_checkpoint_whose_staging_failed_not_one_whose_uploa
     # Staged since (a later job's retry pushed it): nothing is held
     record_checkpoint(out, repo, 2, "pushed", commit="0" * 40)
     assert held_for_staging(out, repo) is None
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_optimizer_state_goes_after_the_resume_checked_it_trains_nothing(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """The resume verifies its checkpoint at the start (`resume.confirm`); its state loads minutes later, after the
+    reference stage. optimizer.pt gone between (another run's rotation, a run started in that folder since the
+    live-lock check; a person), transformers' `_load_optimizer_and_scheduler` skips it in silence and the run trained
+    on with a fresh optimizer (seen on the old code: the run finished). Now one line where the state loads, before
+    any step."""
+    import train_dpo
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import resume
+
+    other, out = tmp_path / "other", tmp_path / "run"
+    base = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--save_steps", "2"]
+    base += ["--report_to", "none"]
+    train_dpo.main([*base, "--output_dir", str(other)])
+    named = other / "checkpoint-2"
+    confirm = resume.confirm
+
+    def confirmed_then_gone(*args, **kwargs):  # the window by construction: right after the check
+        point = confirm(*args, **kwargs)
+        (Path(point) / "optimizer.pt").unlink()
+        return point
+
+    monkeypatch.setattr(resume, "confirm", confirmed_then_gone)
+    argv = [*base, "--output_dir", str(out), "--resume_from_checkpoint", str(named)]
+    with pytest.raises(RunError, match=r"optimizer\.pt is missing"):
+        train_dpo.main(argv)
+    assert not (out / "checkpoint-4").exists() and not (out / "run_complete.json").exists()
