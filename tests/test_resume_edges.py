@@ -95,3 +95,42 @@ def test_a_checkpoint_whose_optimizer_state_goes_after_the_resume_checked_it_tra
     with pytest.raises(RunError, match=r"optimizer\.pt is missing"):
         train_dpo.main(argv)
     assert not (out / "checkpoint-4").exists() and not (out / "run_complete.json").exists()
+
+
+def test_a_checkpoint_half_removed_by_rotation_is_never_complete_and_a_later_save_removes_it(
+    tmp_path, monkeypatch, capsys
+):
+    """Rotation's removal failing after the COMPLETE mark went (an I/O error halfway): the folder stays, half removed,
+    the run's own (run_files.json) but no longer listed complete. Held already (session 47 looked): the resume goes on
+    from the checkpoint after it, no line names it gone, and the next save's rotation removes it."""
+    import errno
+    import os
+    import shutil
+
+    from dpotrain.train import checkpoints, resume
+    from dpotrain.train.checkpoints import MARKER, gone, rotate
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, "checkpoint-2", "checkpoint-4"])
+    for step in (2, 4):
+        run_files.completed(out, f"checkpoint-{step}")
+    real = shutil.rmtree
+
+    def halfway(path, *args, **kwargs):
+        (Path(path) / "optimizer.pt").unlink()
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    with monkeypatch.context() as failing:
+        failing.setattr(checkpoints.shutil, "rmtree", halfway)
+        assert rotate(out, 1, keep=(str(out / "checkpoint-4"),)) == []
+    assert f"Could not remove {out / 'checkpoint-2'} (OSError: [Errno 5]" in capsys.readouterr().out
+    assert not (out / "checkpoint-2" / MARKER).exists() and (out / "checkpoint-2").is_dir()
+    assert run_files.completed(out) == ["checkpoint-4"] and gone(out) == []
+    assert resume.latest_sound_checkpoint(out) == out / "checkpoint-4"
+    assert checkpoints.shutil.rmtree is real
+    assert rotate(out, 1, keep=(str(out / "checkpoint-4"),)) == [out / "checkpoint-2"]
+    assert not (out / "checkpoint-2").exists()
+    said = capsys.readouterr().out
+    assert f"Removed {out / 'checkpoint-2'}: a checkpoint cut short (no {MARKER} mark)" in said
