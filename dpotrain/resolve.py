@@ -347,6 +347,35 @@ def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
     return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
 
 
+def check_named(recipe: Recipe, pairs_per_step: int | None) -> None:
+    """The checks of the checkpoint --resume_from_checkpoint names, run where it is loaded: its folder (verified, in no
+    other live run's folder), the settings it was trained under (the automatic resume's comparison, with the record
+    it was trained under), and its steps left."""
+    t = recipe.training
+    out, explicit = Path(t.output_dir), t.resume_from_checkpoint
+    resume.check_explicit(explicit, out)
+    folder = Path(explicit)
+    if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):
+        raise ConfigError(
+            f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
+            f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
+        )
+    resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
+
+
+def replaced(recipe: Recipe, pairs_per_step: int | None) -> OutputDecision:
+    """`replacing` the run in output_dir. A requeue going on from its own progress past the named checkpoint skipped
+    that checkpoint's checks (`resume.requeued_past`); replaced, that progress goes and the named one is loaded after
+    all: checked here, else a requeue whose folder's record was edited or differs loaded it unchecked (another run's
+    settings, a live run's folder)."""
+    t, auto = recipe.training, recipe.project.auto_resume
+    out, explicit = Path(t.output_dir), t.resume_from_checkpoint
+    decision = replacing(out, explicit)
+    if explicit and resume.requeued_past(explicit, out, auto):
+        check_named(recipe, pairs_per_step)
+    return decision
+
+
 def replacing(out: Path, explicit: str | None) -> OutputDecision:
     """--overwrite_output_dir replaces the run in `out` (its own files: output_folder.replace), then the run starts
     afresh, or resumes the checkpoint it names, unless that is one of the files replaced."""
@@ -420,7 +449,7 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     folder = written_record(out)
     other = changed_settings(recipe, folder, pairs_per_step) if folder else []
     if (other or folder is None) and replace:
-        return replacing(out, explicit)
+        return replaced(recipe, pairs_per_step)
     if folder is None:
         raise ConfigError(
             f"output_dir {named} holds an unfinished run whose resolved_config.json was edited after the run wrote "
@@ -448,19 +477,11 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     named = f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
     # A requeue going on from its own checkpoint past the named one loads nothing of it: checked only where loaded
     if explicit and not resume.requeued_past(explicit, out, p.auto_resume):
-        resume.check_explicit(explicit, out)
-        # The automatic resume's comparison, with the record the checkpoint was trained under.
-        folder = Path(explicit)
-        if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):
-            raise ConfigError(
-                f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
-                f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
-            )
-        resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
+        check_named(recipe, pairs_per_step)
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if writes.exists(out / RUN_COMPLETE):  # `writes.looked`: unanswered, raised; never a finished run trained again
         if p.overwrite_output_dir:
-            return replacing(out, explicit)
+            return replaced(recipe, pairs_per_step)
         left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
         repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
         if left and t.push_to_hub:

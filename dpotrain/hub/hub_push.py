@@ -539,10 +539,13 @@ def checked_push(api, run_dir: Path, repo_id: str, folder: Path, branches: set) 
 
 
 def held_for_staging(out: Path, repo_id: str) -> Path | None:
-    """The run's newest own complete checkpoint whose latest record says its push failed, one a command can push (not
-    `pushable: false`), with no staged copy: the one an earlier job's rotation kept for its staging."""
+    """The run's newest own complete checkpoint whose latest record says its push failed before any upload (no
+    `attempts`: its staging, or a read, failed), one a command can push (not `pushable: false`), with no staged copy:
+    the one an earlier job's rotation kept for its staging. Not one whose upload failed: its copy was staged, and
+    kept, or removed for a newer failure's (`_keep`, one at a time), which the job chose; held, it took the one hold
+    from an older checkpoint whose staging failed, which the resume's rotation then deleted, on neither disk nor Hub."""
     latest = latest_checkpoint_records(out, repo_id).values()
-    failed = {r["step"] for r in latest if r["status"] == "failed" and r.get("pushable", True)}
+    failed = {r["step"] for r in latest if r["status"] == "failed" and r.get("pushable", True) and "attempts" not in r}
     for folder in reversed(own_checkpoints(out)):
         if step_of(folder) in failed and not writes.exists(out / STAGING / folder.name) and is_complete(folder):
             return folder

@@ -381,7 +381,10 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference. Here, not in `_load_from_checkpoint` (one process and
-        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step."""
+        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step.
+        The state checked first, on every rank: transformers skips a missing optimizer.pt in silence."""
+        if checkpoint is not None:
+            collectives.every_rank(resume.check_state_left, checkpoint)
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or not self.args.sync_ref_model:
             return

@@ -1,0 +1,136 @@
+"""Resume and Hub-hold edges (session 47): a requeue that replaces its folder, a checkpoint's state lost after its
+check, a half-removed checkpoint, a held checkpoint whose upload (not its staging) failed. Nothing lost, nothing
+silent."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_changed_inputs import ARGS
+from test_own_files import train_args
+
+from conftest import sealed_checkpoint
+from dpotrain import resolve
+from dpotrain.recipe import run_record
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import run_files
+
+
+@pytest.mark.parametrize("record", ["edited", "other settings"])
+def test_a_requeue_that_replaces_its_folder_checks_the_checkpoint_named(record, tmp_path, monkeypatch):
+    """Job `--resume_from_checkpoint other/checkpoint-2 --overwrite_output_dir` saved run/checkpoint-4 and was
+    requeued: going on from its own progress, the start skips the named one's checks (`resume.requeued_past`). Its
+    record edited by hand (no checkpoint holding a copy) or other settings than its own, the start replaces the folder
+    instead, and loaded the named checkpoint unchecked: here one trained under another learning rate."""
+    other, out = tmp_path / "other", tmp_path / "run"
+    named = sealed_checkpoint(other / "checkpoint-2")
+    (other / run_record.RESOLVED).write_text(json.dumps({"learning_rate": 1.0, "derived": {}}))
+    sealed_checkpoint(out / "checkpoint-4")  # saved with no copy of the record (none was there as it saved)
+    ours = {"derived": {}} if record == "edited" else {"learning_rate": 0.5, "derived": {}}
+    written = run_record.sealed(ours)
+    (out / run_record.RESOLVED).write_text(
+        json.dumps({**written, "learning_rate": 3.0} if record == "edited" else written)
+    )
+    run_files.write(out, [run_files.MANIFEST, run_record.RESOLVED, "checkpoint-4"])
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    argv = train_args(out, "--max_steps", "6", "--resume_from_checkpoint", str(named), "--overwrite_output_dir", "true")
+    with pytest.raises(ConfigError, match=r"was written by a run with other settings \(learning_rate: 1.0 -> "):
+        resolve.check_output_dir(parse_args(argv))
+    # Its first start refused it alike: the same line
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(ConfigError, match=r"was written by a run with other settings \(learning_rate: 1.0 -> "):
+        resolve.check_output_dir(parse_args(argv))
+
+
+def test_a_requeue_holds_the_checkpoint_whose_staging_failed_not_one_whose_upload_failed(tmp_path):
+    """`held_for_staging` (a requeue's hold, rebuilt from hub_pushes.jsonl) holds one checkpoint: the newest recorded
+    `failed` without a staged copy. An upload that failed (its record has `attempts`) had its staged copy removed for
+    a newer failure's (`_keep`: one is kept at a time), a choice the job made; held instead, it took the hold from an
+    older checkpoint whose staging failed, which the resume's rotation then deleted: on neither the disk nor the Hub."""
+    from dpotrain.hub.hub_push import held_for_staging, record_checkpoint
+
+    out, repo = tmp_path / "run", "me/run"
+    for step in (2, 4, 6):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, *(f"checkpoint-{step}" for step in (2, 4, 6))])
+    record_checkpoint(out, repo, 2, "failed", error="it could not be staged (OSError: [Errno 5] Input/output error)")
+    record_checkpoint(out, repo, 4, "failed", attempts=3, error="HTTPError: 503")  # its copy removed for step 6's
+    record_checkpoint(out, repo, 6, "failed", attempts=3, error="HTTPError: 503")
+    (out / ".hub_staging" / "checkpoint-6").mkdir(parents=True)  # the newest failed upload's copy, kept
+    assert held_for_staging(out, repo) == out / "checkpoint-2"
+    # Staged since (a later job's retry pushed it): nothing is held
+    record_checkpoint(out, repo, 2, "pushed", commit="0" * 40)
+    assert held_for_staging(out, repo) is None
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_optimizer_state_goes_after_the_resume_checked_it_trains_nothing(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """The resume verifies its checkpoint at the start (`resume.confirm`); its state loads minutes later, after the
+    reference stage. optimizer.pt gone between (another run's rotation, a run started in that folder since the
+    live-lock check; a person), transformers' `_load_optimizer_and_scheduler` skips it in silence and the run trained
+    on with a fresh optimizer (seen on the old code: the run finished). Now one line where the state loads, before
+    any step."""
+    import train_dpo
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import resume
+
+    other, out = tmp_path / "other", tmp_path / "run"
+    base = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--save_steps", "2"]
+    base += ["--report_to", "none"]
+    train_dpo.main([*base, "--output_dir", str(other)])
+    named = other / "checkpoint-2"
+    confirm = resume.confirm
+
+    def confirmed_then_gone(*args, **kwargs):  # the window by construction: right after the check
+        point = confirm(*args, **kwargs)
+        (Path(point) / "optimizer.pt").unlink()
+        return point
+
+    monkeypatch.setattr(resume, "confirm", confirmed_then_gone)
+    argv = [*base, "--output_dir", str(out), "--resume_from_checkpoint", str(named)]
+    with pytest.raises(RunError, match=r"optimizer\.pt is missing"):
+        train_dpo.main(argv)
+    assert not (out / "checkpoint-4").exists() and not (out / "run_complete.json").exists()
+
+
+def test_a_checkpoint_half_removed_by_rotation_is_never_complete_and_a_later_save_removes_it(
+    tmp_path, monkeypatch, capsys
+):
+    """Rotation's removal failing after the COMPLETE mark went (an I/O error halfway): the folder stays, half removed,
+    the run's own (run_files.json) but no longer listed complete. Held already (session 47 looked): the resume goes on
+    from the checkpoint after it, no line names it gone, and the next save's rotation removes it."""
+    import errno
+    import os
+    import shutil
+
+    from dpotrain.train import checkpoints, resume
+    from dpotrain.train.checkpoints import MARKER, gone, rotate
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, "checkpoint-2", "checkpoint-4"])
+    for step in (2, 4):
+        run_files.completed(out, f"checkpoint-{step}")
+    real = shutil.rmtree
+
+    def halfway(path, *args, **kwargs):
+        (Path(path) / "optimizer.pt").unlink()
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    with monkeypatch.context() as failing:
+        failing.setattr(checkpoints.shutil, "rmtree", halfway)
+        assert rotate(out, 1, keep=(str(out / "checkpoint-4"),)) == []
+    assert f"Could not remove {out / 'checkpoint-2'} (OSError: [Errno 5]" in capsys.readouterr().out
+    assert not (out / "checkpoint-2" / MARKER).exists() and (out / "checkpoint-2").is_dir()
+    assert run_files.completed(out) == ["checkpoint-4"] and gone(out) == []
+    assert resume.latest_sound_checkpoint(out) == out / "checkpoint-4"
+    assert checkpoints.shutil.rmtree is real
+    assert rotate(out, 1, keep=(str(out / "checkpoint-4"),)) == [out / "checkpoint-2"]
+    assert not (out / "checkpoint-2").exists()
+    said = capsys.readouterr().out
+    assert f"Removed {out / 'checkpoint-2'}: a checkpoint cut short (no {MARKER} mark)" in said
