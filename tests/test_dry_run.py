@@ -893,6 +893,7 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
 UNUSED_BY_A_DRY_RUN = ("deepspeed", "wandb", "matplotlib", "trl.trainer.dpo_trainer", "dpotrain.train.trainer")
 
 
+@pytest.mark.slow  # starts the stack in a fresh interpreter (its imports ~6 CPU-s): 12.8 s in CI's ci47
 def test_a_refusal_and_a_dry_run_import_only_what_each_uses(tmp_path, tiny_model_dir):
     """A refusal (and --help) needs the parser, not the data: `datasets` (with pandas and pyarrow, ~1.5 CPU-s) was
     imported by train_dpo.py's own imports (trl.data_utils at the top of data/shapes.py, datasets.config in
