@@ -167,13 +167,18 @@ def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsy
     """`--max_steps 100` of the demo's 48 steps per epoch trains 2.08 epochs (the plan goes on into the next ones), and
     the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan. Many
     epochs are written as the plan's line and the steps write theirs (thousands separated, 3 decimals at most): the
-    summary and the card said "2083.4 epochs" beside "100,003 optimizer steps" (format `g`: 6 digits, 1e+06 past)."""
+    summary and the card said "2083.4 epochs" beside "100,003 optimizer steps" (format `g`: 6 digits, 1e+06 past).
+    The many epochs are those of the demo's first 24 pairs, 3 steps an epoch: 3,001 steps are 1,000.333 epochs (format
+    `g`: "1000.33"), where the demo's 384 pairs needed 100,003 steps, each planned (~3 CPU-s against ~0.3)."""
     from dpotrain.hub import hub
     from dpotrain.recipe import run_record
 
-    for steps, epochs in (("100", "2.083"), ("6", "0.125"), ("100,003", "2,083.396")):
+    few = tmp_path / "24_pairs.jsonl"
+    few.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    for steps, epochs, data in (("100", "2.083", ()), ("6", "0.125", ()), ("3,001", "1,000.333", (few,))):
         out = tmp_path / steps.replace(",", "")
-        text = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--max_steps", steps.replace(",", ""))
+        data_set = [arg for path in data for arg in ("--dataset_name", str(path))]  # none: the demo's 384 pairs
+        text = dry_run(capsys, *SMOKE, *data_set, "--output_dir", str(out), "--max_steps", steps.replace(",", ""))
         assert field(text, "steps").startswith(f"{steps} optimizer steps ({epochs} epochs: max_steps), "), text
         resolved = json.loads((out.parent / f"{out.name}.dry-run.json").read_text())
         assert resolved["derived"]["batching"]["epochs_trained"] == float(epochs.replace(",", ""))
@@ -888,6 +893,7 @@ def test_a_run_loads_the_tokenizer_once(tmp_path, capsys, monkeypatch, tiny_mode
 UNUSED_BY_A_DRY_RUN = ("deepspeed", "wandb", "matplotlib", "trl.trainer.dpo_trainer", "dpotrain.train.trainer")
 
 
+@pytest.mark.slow  # starts the stack in a fresh interpreter (its imports ~6 CPU-s): 12.8 s in CI's ci47
 def test_a_refusal_and_a_dry_run_import_only_what_each_uses(tmp_path, tiny_model_dir):
     """A refusal (and --help) needs the parser, not the data: `datasets` (with pandas and pyarrow, ~1.5 CPU-s) was
     imported by train_dpo.py's own imports (trl.data_utils at the top of data/shapes.py, datasets.config in
