@@ -191,6 +191,8 @@ class GracefulStop(TrainerCallback):
 
     def _on_signal(self, signum, frame):
         if os.getpid() != self.pid:  # a forked worker: the run's process answers the request (its workers end with it)
+            if signum == signal.SIGHUP and self.terminal:
+                terminal.detach(self.terminal)  # as the run's: a write to the closed terminal must not end the worker
             return
         # Nothing else: we may be in the middle of a collective. A second signal changes nothing (on a preemption srun
         # forwards SIGTERM again; dying then would lose the checkpoint being written), but a second Ctrl-C a person
