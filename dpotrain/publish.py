@@ -92,12 +92,18 @@ def finish_outputs(run, resolved: dict) -> int | None:
     summary = completion(trainer.state.global_step, records) | ({"best": best} if best else {})
     if job := run_lock.slurm_job():  # a requeue of this job after its end is told from another start (resolve.py)
         summary["slurm_job_id"] = job
+    # The final push recorded as started before the run is marked complete: a job killed between the two (Slurm's
+    # SIGKILL after a time limit's SIGTERM, a node lost) left a finished run the rerun refused, and a requeue of the
+    # same job ended on "nothing to do", the push asked for never made nor named. The rerun completes it (push_left).
+    started = push.requested and not offline.is_offline()
+    if started:
+        hub_push.record_push(out, step=summary["global_step"], branch="main", status="started", repo=push.repo_id)
     writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
         print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
-    return push_final(out, push, training, trainer.graceful_stop)
+    return push_final(out, push, training, trainer.graceful_stop, started)
 
 
 def completion(step: int, records: list[dict]) -> dict:
@@ -155,13 +161,13 @@ def push_checkpoints_left(out: Path, push, stop) -> None:
         hub.update_card_revisions(out, push.repo_id)
 
 
-def push_final(out: Path, push, training, stop=None) -> int | None:
+def push_final(out: Path, push, training, stop=None, started: bool = False) -> int | None:
     """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
     with HF_HUB_OFFLINE the command that pushes it later. A push still running when the job is asked to end (`stop`,
     preemption.GracefulStop: the time limit's warning, a preemption) is given up, recorded `unfinished`, and the run
     ends with STOPPED_EXIT, `.checkpointed` telling launch.sh to requeue: the requeue completes the push
     (resolve.check_output_dir's `push_left`). Waited for, it hung until Slurm's kill, and a time limit's job is not
-    requeued."""
+    requeued. `started`: its start already recorded (finish_outputs)."""
     command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
@@ -175,7 +181,9 @@ def push_final(out: Path, push, training, stop=None) -> int | None:
     elif push.requested:
         asked = stop.asked_to_end if stop is not None else None
         try:
-            url = hub.push_run(out, push.repo_id, token=push.token, private=push.private, stop_asked=asked)
+            url = hub.push_run(
+                out, push.repo_id, token=push.token, private=push.private, stop_asked=asked, started=started
+            )
         except hub_push.PushStopped:
             what = (
                 f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"

@@ -431,10 +431,16 @@ def own_files(output_dir: str | Path) -> list[str] | None:
 
 
 def push_run(
-    output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None, stop_asked=None
+    output_dir: str | Path,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    stop_asked=None,
+    started: bool = False,
 ) -> str:
-    """Upload the run to main of `repo_id`, retried; returns the repo's URL. Recorded as started, then its outcome (a
-    kill leaves it unconfirmed); given up as `stop_asked()` says, `unfinished`, raising PushStopped."""
+    """Upload the run to main of `repo_id`, retried; returns the repo's URL. Recorded as started (unless `started`:
+    the run recorded it before its run_complete.json, `publish.finish_outputs`), then its outcome (a kill leaves it
+    unconfirmed); given up as `stop_asked()` says, `unfinished`, raising PushStopped."""
     check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
     api = HfApi(token=token)
     step = finished_step(output_dir)
@@ -447,7 +453,8 @@ def push_run(
         return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
 
     record = functools.partial(record_push, output_dir, step=step, branch="main")
-    record(status="started", repo=repo_id)
+    if not started:
+        record(status="started", repo=repo_id)
     try:
         commit, attempts = until_stopped(lambda: with_retries(upload, f"push to {repo_id}"), stop_asked)
     except PushStopped:

@@ -66,6 +66,9 @@ class StoppedBeforeTraining(Exception):
 class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None, command: list[str] | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
+        # The process whose stop this is: a process forked from it (datasets' `map(num_proc=N)` workers) keeps its
+        # handlers, and answered a terminal's Ctrl-C too (a line each, `os._exit` on the second): `_on_signal`.
+        self.pid = os.getpid()
         self.unread = ""  # why the last look at the stop file got no answer (UNREAD)
         # Each request heard (a signal's number, NEW_STOP_FILE or OLD_STOP_FILE), in the order first heard, with when
         # this process heard it (time.time()): the strongest decides (`asked_to_end`), not the first. A list: a signal
@@ -187,6 +190,10 @@ class GracefulStop(TrainerCallback):
         self.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
 
     def _on_signal(self, signum, frame):
+        if os.getpid() != self.pid:  # a forked worker: the run's process answers the request (its workers end with it)
+            if signum == signal.SIGHUP and self.terminal:
+                terminal.detach(self.terminal)  # as the run's: a write to the closed terminal must not end the worker
+            return
         # Nothing else: we may be in the middle of a collective. A second signal changes nothing (on a preemption srun
         # forwards SIGTERM again; dying then would lose the checkpoint being written), but a second Ctrl-C a person
         # pressed ends the process at once (terminal.say, an os.write: print is not safe inside a signal handler).
