@@ -1115,3 +1115,33 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_running_on_as_o
     assert f"Stop requested: checkpoint {saved} written" in log, log[-3000:]
     assert "accelerate launch --config_file" in log.split("Stop requested")[1].splitlines()[0], log[-3000:]
     assert not (out / "run.lock").exists()
+
+
+def test_ctrl_c_reaching_the_workers_of_a_datasets_map_is_the_runs_alone_to_answer():
+    """datasets' `map(num_proc=N)` (the lengths of a large data set, TRL's tokenization under dataset_num_proc) forks
+    its workers from the run's process, and they kept its stop's signal handler: a terminal's Ctrl-C, which reaches
+    the whole foreground group, printed `Ctrl-C: stopping before training, ...` once more from each worker (three
+    lines for one Ctrl-C on 2 CPUs, seen under `python train_dpo.py ... --max_length auto` on 4,608 pairs), and a
+    second one ended each worker in the stop's `os._exit`, releasing the run's lock from there. The workers leave the
+    signal to the process that made the stop. By construction: each worker signals itself from inside the map."""
+    import datasets
+
+    from dpotrain.train.preemption import GracefulStop
+
+    def interrupted(batch):  # in the pool's worker: the Ctrl-C a terminal sends its whole foreground group
+        os.kill(os.getpid(), signal.SIGINT)
+        return batch
+
+    def run():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job
+        stop = GracefulStop()
+        try:
+            rows = datasets.Dataset.from_dict({"x": list(range(8))})
+            done = rows.map(interrupted, batched=True, batch_size=4, num_proc=2, keep_in_memory=True)
+            print(len(done), stop.interrupted)
+        finally:
+            stop.release(exiting=False)
+
+    code, out, err = in_child(run)
+    assert code == 0 and out.split() == ["8", "None"], out + err
+    assert "Ctrl-C" not in err, err
