@@ -124,12 +124,21 @@ def _read(lock: Path) -> tuple[bytes, dict | None, float] | None:
     except FileNotFoundError:
         return None
     except PermissionError as e:  # a 0600 lock of another user's run (umask 077): its traceback ended the command
-        raise ConfigError(unreadable(lock, e)) from None
+        raise LockUnreadable(unreadable(lock, e), e) from None
     try:
         holder = json.loads(raw)
     except ValueError:
         holder = None
     return raw, holder if isinstance(holder, dict) else None, age
+
+
+class LockUnreadable(ConfigError):
+    """A run.lock this process may not read (`unreadable`'s refusal); `error` the PermissionError, for a caller whose
+    refusal says more (a resume from a checkpoint in that folder names the copy to make)."""
+
+    def __init__(self, message: str, error: OSError):
+        super().__init__(message)
+        self.error = error
 
 
 def unreadable(lock: Path, error: OSError) -> str:

@@ -188,12 +188,12 @@ def check_not_live(folder: str, out: Path) -> None:
         return
     try:
         held = run_lock.live_holder(run)
-    except PermissionError as denied:  # a colleague's folder, its lock 0600: cannot tell whether that run trains
+    except run_lock.LockUnreadable as denied:  # a colleague's folder, its lock 0600: whether that run trains, unknown
         raise ConfigError(
             f"resume_from_checkpoint {folder!r} is in {str(run)!r}, whose {run_lock.LOCK_FILE} this run cannot read "
-            f"({cause(denied)}): whether another run trains there now, whose save_total_limit rotation may delete that "
-            "checkpoint while this run loads it, cannot be told: copy the checkpoint out of its folder (cp -r) and "
-            "resume from the copy"
+            f"({cause(denied.error)}): whether another run trains there now, whose save_total_limit rotation may "
+            "delete that checkpoint while this run loads it, cannot be told: copy the checkpoint out of its folder "
+            "(cp -r) and resume from the copy"
         ) from None
     if held is None:
         return
