@@ -249,7 +249,10 @@ def push(
         if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
             hub.update_card_revisions(run, repo_id)
     elif isinstance(on_disk := unpushed_on_disk(run), str):
-        print(f"The run's checkpoints could not be counted ({on_disk}): add --checkpoints to push any not pushed yet")
+        print(
+            f"The run's checkpoints could not be counted ({on_disk}): add --checkpoints to push any not pushed yet",
+            flush=True,
+        )
     elif on_disk:
         print(
             f"{plural(len(on_disk), 'checkpoint')} on disk {'is' if len(on_disk) == 1 else 'are'} not pushed: add "

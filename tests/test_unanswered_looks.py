@@ -388,10 +388,13 @@ def test_rotation_whose_record_cannot_be_read_keeps_every_folder_and_says_why_on
     ConfigError ("pass another --output_dir") out of rotation, from the main process's save, and the whole run ended
     there (every rank, by main_outcome). Now rotation deletes nothing, every folder kept, and says why once over two
     saves. (Old code: ConfigError raised out of rotate.)"""
-    from dpotrain.train.checkpoints import rotate
+    from types import SimpleNamespace
+
+    from dpotrain.train.checkpoints import rotate_recorded
     from dpotrain.train.run_files import MANIFEST
 
     out = rotated_run(tmp_path)
+    args, state = SimpleNamespace(output_dir=str(out), save_total_limit=1), SimpleNamespace(best_model_checkpoint=None)
     record = out / MANIFEST
     if fault == "damaged":
         record.write_text('{"names": ["checkpoint-2", ')
@@ -404,7 +407,8 @@ def test_rotation_whose_record_cannot_be_read_keeps_every_folder_and_says_why_on
             return read_bytes(self, *args, **kwargs)
 
         monkeypatch.setattr(Path, "read_bytes", failing)
-    assert rotate(out, 1) == [] and rotate(out, 1) == []
+    for _ in range(2):  # two saves, each with its rotation and the record's update after it (nothing to unlist)
+        rotate_recorded(args, state, out / "checkpoint-4")
     assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
     said = capsys.readouterr().out
     assert said.count(f"Rotation deleted nothing in {out}: {record} is unreadable (") == 1, said
@@ -412,6 +416,7 @@ def test_rotation_whose_record_cannot_be_read_keeps_every_folder_and_says_why_on
         "so no checkpoint there can be told the run's and none is deleted: restore it from a copy, or remove the "
         "checkpoints save_total_limit lets go yourself; a later save reads it again"
     ), said
+    assert "still names" not in said, said  # the record's update after a rotation that deleted nothing: no line
 
 
 def test_the_disk_full_line_is_said_when_the_checkpoints_cannot_be_listed(tmp_path, monkeypatch):

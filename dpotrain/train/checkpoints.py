@@ -303,6 +303,8 @@ class CompleteMarker(TrainerCallback):
 def rotate_recorded(args, state, folder: Path) -> None:
     """Main process: rotation after `folder` (kept, with the best), the record then naming what is there."""
     deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+    if not deleted:  # nothing to unlist: its record unread, a line at every save naming nothing
+        return
     try:
         run_files.disown(args.output_dir, [p.name for p in deleted])
     except (ConfigError, OSError) as e:  # deleted, but still named: as a save killed before its folder, passed over

@@ -137,14 +137,14 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 
 def check_state_left(checkpoint: str) -> None:
-    """Where the checkpoint's state loads (the trainer's `_load_optimizer_and_scheduler`), minutes after `confirm`
-    verified it, the reference stage between: a file gone since (the rotation of a run started in its folder after
-    the live-lock check; a person) and transformers went on with a fresh optimizer, in silence. Its manifest's files
-    and sizes looked at again (no checksums: `confirm`'s), before any step."""
+    """As training resumes from the checkpoint (the trainer's `train`, before transformers reads any of it), minutes
+    after `confirm` verified it, the reference stage between: a file gone since (the rotation of a run started in its
+    folder after the live-lock check; a person) and transformers went on with a fresh optimizer, in silence. Its
+    manifest's files and sizes looked at again (no checksums: `confirm`'s), before any step."""
     if why := checkpoint_manifest.problem(Path(checkpoint)):
         raise RunError(
-            f"checkpoint {checkpoint!r} changed after the resume verified it ({why}), before its optimizer state "
-            "loaded: nothing was trained; restore it from a copy (one in another run's folder: copied out, cp -r, "
+            f"checkpoint {checkpoint!r} changed after the resume verified it ({why}), before training resumed from "
+            "it: nothing was trained; restore it from a copy (one in another run's folder: copied out, cp -r, "
             "while no run trains there), then run the same command again"
         )
 

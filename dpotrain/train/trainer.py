@@ -381,10 +381,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference. Here, not in `_load_from_checkpoint` (one process and
-        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step.
-        The state checked first, on every rank: transformers skips a missing optimizer.pt in silence."""
-        if checkpoint is not None:
-            collectives.every_rank(resume.check_state_left, checkpoint)
+        DDP only): transformers calls this on a resume under every engine, the model prepared, before the first step."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or not self.args.sync_ref_model:
             return
@@ -547,6 +544,11 @@ class RecipeDPOTrainer(DPOTrainer):
         deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
+        # The checkpoint checked again, on every rank, before transformers reads any of it (its trainer_state.json, then
+        # DeepSpeed's or FSDP's load, then the optimizer's): it skips a missing optimizer.pt in silence, DeepSpeed falls
+        # back to the weights alone with a warning, and a folder deleted whole ended in their tracebacks
+        if isinstance(checkpoint := kwargs.get("resume_from_checkpoint"), str):
+            collectives.every_rank(resume.check_state_left, checkpoint)
         # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
         # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
         with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
