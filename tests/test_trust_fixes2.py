@@ -5,10 +5,13 @@ docstring says how)."""
 
 import errno
 import os
+import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, rank_python, torchrun_launch
 from dpotrain.cluster import run_lock
 
 
@@ -54,3 +57,45 @@ def test_a_heartbeat_whose_refresh_fails_says_so_once_and_refreshes_again_once_i
         f"tried again every 0 s; should it stay so for {run_lock.STALE_S} s, another run may take {out} "
         "over while this one trains"
     ], warnings
+
+
+TAKE = textwrap.dedent("""
+    import errno, os, resource, sys
+    from datetime import timedelta
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain.cluster import run_lock
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    if rank == 0:  # the main process's node refuses every byte written: the lock's (the other rank writes none)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        run_lock.take({folder!r})
+        dist.barrier()  # the run's next collective
+        said = "taken"
+    except OSError as e:
+        said = f"refused: {{errno.errorcode[e.errno]}}"
+    except RuntimeError as e:  # gloo: the main process ended while this rank waited for it
+        said = "left waiting in the broadcast"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # what it says, written
+    with open(os.path.join({out!r}, f"rank{{rank}}.txt"), "w") as f:  # one file each: the pipe interleaves lines
+        f.write(said)
+""")
+
+
+@pytest.mark.slow
+def test_a_lock_the_main_process_cannot_write_ends_every_rank(tmp_path):
+    """The main process alone takes the run's lock, then broadcasts its outcome: a write the disk refused there
+    (`acquire` raising: a file size limit of 0 here, a read-only folder, ESTALE) ended the main process before the
+    broadcast, and the other ranks waited in it (NCCL: ddp_timeout). Now the outcome is `main_outcome`'s: every rank
+    raises the main's error. (Old code: rank 1 'left waiting in the broadcast', gloo's error once rank 0 ended.)"""
+    out = tmp_path / "said"
+    out.mkdir()
+    script = tmp_path / "take.py"
+    script.write_text(TAKE.format(root=str(ROOT), folder=str(tmp_path / "run"), out=str(out)))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    said = {p.name: p.read_text() for p in sorted(out.iterdir())}
+    assert said == {"rank0.txt": "refused: EFBIG", "rank1.txt": "refused: EFBIG"}, result.stderr[-3000:]
+    assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()

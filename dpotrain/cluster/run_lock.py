@@ -332,13 +332,14 @@ def acquire(out: Path) -> str | None:
     return refusal(out, *(found[1:] if found else (None, 0.0)))
 
 
-def take(output_dir: str, main: bool) -> None:
-    """The launch's main process takes the lock; every rank learns the outcome from it (one broadcast, after the
-    process group is made) and a refused launch ends on every rank with the same line."""
-    from dpotrain.cluster.collectives import broadcast_from_main
+def take(output_dir: str) -> None:
+    """The launch's main process takes the lock; every rank learns the outcome from it (`main_outcome`: one broadcast,
+    after the process group is made) and a refused launch ends on every rank with the same line. What `acquire` raises
+    (a folder it may not make, a lock it may not write or read, ESTALE) is every rank's too: raised before the
+    broadcast, it left the other ranks waiting there."""
+    from dpotrain.cluster.collectives import main_outcome
 
-    refused = acquire(Path(output_dir)) if main else None
-    if refused := broadcast_from_main(refused):
+    if refused := main_outcome(acquire, Path(output_dir)):
         raise ConfigError(refused)
 
 
