@@ -99,3 +99,44 @@ def test_a_lock_the_main_process_cannot_write_ends_every_rank(tmp_path):
     said = {p.name: p.read_text() for p in sorted(out.iterdir())}
     assert said == {"rank0.txt": "refused: EFBIG", "rank1.txt": "refused: EFBIG"}, result.stderr[-3000:]
     assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
+
+
+def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_cannot_be_read(tmp_path, monkeypatch):
+    """A checkpoint that did not fit, the disk's free space and the last complete checkpoint's manifest unanswered
+    (ESTALE) as the line was made: `shutil.disk_usage`'s and `total_bytes`' OSError were raised in place of the
+    disk-full line, and in `_save_checkpoint` before the ranks' all-gather, on that rank alone. Now the line is said,
+    each part that failed said as its cause; so for the final model's and another write's. (Old code: OSError raised
+    by save_failed, final_save_failed and write_failed.)"""
+    import shutil
+
+    from conftest import sealed_checkpoint
+    from dpotrain.train import checkpoint_manifest, disk_full, run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, f"checkpoint-{step}")
+    (out / "checkpoint-6").mkdir()
+    (out / "checkpoint-6" / "model.safetensors").write_bytes(b"\0" * 2048)
+    unanswered = f"OSError: [Errno {errno.ESTALE}] {os.strerror(errno.ESTALE)}"
+
+    def no_answer(path, *args, **kwargs):
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(path))
+
+    manifest, read_text = out / "checkpoint-4" / checkpoint_manifest.MANIFEST, Path.read_text
+    monkeypatch.setattr(shutil, "disk_usage", no_answer)
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: no_answer(p) if p == manifest else read_text(p, *a, **k))
+    why = disk_full.FULL[errno.ENOSPC]
+    said = str(disk_full.save_failed(out / "checkpoint-6", why))
+    assert said == (
+        f"{why}: checkpoint-6 could not be written in {out} (its free space unknown ({unanswered}: '{out}'); a "
+        f"checkpoint takes more than the 2.0 KiB written before it failed (checkpoint-4's manifest could not be read: "
+        f"{unanswered}: '{manifest}')): free space there (or lower --save_total_limit), then rerun; checkpoint-4 is "
+        "kept, and the same command goes on from it"
+    ), said
+    said = str(disk_full.final_save_failed(out, why))
+    assert said.startswith(f"{why}: the final model could not be written in {out} (its free space unknown ("), said
+    error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "samples.jsonl"))
+    said = str(disk_full.write_failed(error, why))
+    assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (its free space unknown ("), said
