@@ -140,3 +140,54 @@ def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_ca
     error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "samples.jsonl"))
     said = str(disk_full.write_failed(error, why))
     assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (its free space unknown ("), said
+
+
+# The final model's first file (its config.json, written by Python's open) refused as by NFS's root squash: EACCES in
+# a folder whose mode lets this process write (os.access says yes), which no full disk explains.
+REFUSED_FINAL = textwrap.dedent("""
+    import errno, os, runpy, sys
+    sys.path.insert(0, {root!r})
+    sys.argv[0] = {train!r}
+
+    def at_open(event, args):
+        if event == "open" and "/.final_model/" in str(args[0]):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(args[0]))
+
+    sys.addaudithook(at_open)
+    runpy.run_path({train!r}, run_name="__main__")
+""")
+
+
+@pytest.mark.slow
+def test_a_final_model_the_file_system_refuses_for_another_reason_is_one_line_and_the_rerun_goes_on(
+    tmp_path, tiny_model_dir
+):
+    """The final save refused by something no full disk explains (a PermissionError in a folder whose mode allows the
+    write: root squashed on NFS; an EIO): raised as it was, it ended a finished training in a traceback (an EIO naming
+    its file got `errors.unanswered`'s "could not be read" line, which named no rerun). Now one line naming the file,
+    the fix and what the rerun does, and the rerun does it: it goes on from checkpoint-1 and saves the final model.
+    (Old code: a traceback of the PermissionError.)"""
+    from conftest import python, smoke_command
+
+    wrapper = tmp_path / "wrapper.py"
+    train = str(ROOT / "train_dpo.py")
+    wrapper.write_text(REFUSED_FINAL.format(root=str(ROOT), train=train))
+    out = tmp_path / "run"
+    args = ["--output_dir", str(out), "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1"]
+    args += ["--warmup_steps", "0", "--report_to", "none"]
+    refused = smoke_command([python(), str(wrapper)], tiny_model_dir, *args)
+    refused.remove(train)  # the wrapper runs it
+    result = subprocess.run(refused, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    staged = out / ".final_model" / "config.json"
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"error: the final model could not be written in {out} (PermissionError: [Errno {errno.EACCES}] "
+        f"{os.strerror(errno.EACCES)}: '{staged}'): fix what refused the write (the file system's health, the "
+        "folder's permissions: ask your admins if it stays), then rerun; the same command goes on from checkpoint-1"
+    ), result.stderr[-3000:]
+    rerun = subprocess.run(
+        smoke_command([python()], tiny_model_dir, *args), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Resuming from {out / 'checkpoint-1'}" in rerun.stdout, rerun.stdout[-3000:]
+    assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()

@@ -203,13 +203,31 @@ def save_failed(folder: Path, why: str) -> RunError:
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
+    free = "" if _fix(why) else f" ({_free(out)})"
+    return RunError(
+        f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {_after_final(out)}"
+    )
+
+
+def _after_final(out: Path) -> str:
+    """What the same command does after a final save that failed: its complete checkpoints are what it goes on from."""
     kept = _complete(out)
     if isinstance(kept, str):
-        after = _after(kept)
-    else:
-        after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    free = "" if _fix(why) else f" ({_free(out)})"
-    return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
+        return _after(kept)
+    return f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
+
+
+def final_write(error: Exception, out: Path) -> Exception:
+    """What the final save's `error` ends the run on: an OSError that is no full disk's (EIO, ESTALE, a PermissionError
+    the folder's mode does not explain: root squashed on NFS, an immutable file) as one line naming the file, the fix
+    and what the rerun does; it was raised as it was, a traceback after the whole training. A full disk's is left to
+    `write_failed` (train_dpo.main), anything else as it is."""
+    if not isinstance(error, OSError) or full_write(error) is not None:
+        return error
+    return RunError(
+        f"the final model could not be written in {out} ({cause(error)}): fix what refused the write (the file "
+        f"system's health, the folder's permissions: ask your admins if it stays), then rerun; {_after_final(out)}"
+    )
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
