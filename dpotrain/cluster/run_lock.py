@@ -191,10 +191,12 @@ class Lock:
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
 
-    def _refresh(self, every_s: float = HEARTBEAT_S) -> None:
-        """The heartbeat thread: a beat every `every_s` until `release`, or until the lock is another run's. A beat that
-        raised (the lock made unreadable, ESTALE, EIO) ended the thread, the lock's time stopped, and once stale another
-        run could take the folder over while this one trained: now said once, and tried again at each beat."""
+    def _refresh(self, every_s: float | None = None) -> None:
+        """The heartbeat thread: a beat every `every_s` (HEARTBEAT_S, read as it starts) until `release`, or until the
+        lock is another run's. A beat that raised (the lock made unreadable, ESTALE, EIO) ended the thread, the lock's
+        time stopped, and once stale another run could take the folder over while this one trained: now said once, and
+        tried again at each beat."""
+        every_s = HEARTBEAT_S if every_s is None else every_s
         failing = False
         while not self._stop.wait(every_s):
             try:
