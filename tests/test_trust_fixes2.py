@@ -1,7 +1,6 @@
 """Trust fixes of session 47 (fix2): a heartbeat that died on one failed refresh, a lock taken on the main process
-alone whose failure left the other ranks waiting, a disk-full line that raised while it was made, a final save's
-failure of another kind, and a stop request waited for by polling. Each test failed on the code before its fix (its
-docstring says how)."""
+alone whose failure left the other ranks waiting, a disk-full line that raised while it was made, and a final save's
+failure of another kind. Each test failed on the code before its fix (its docstring says how)."""
 
 import errno
 import os
