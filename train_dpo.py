@@ -103,7 +103,7 @@ def run(argv, stop: GracefulStop) -> int | None:
             caches = lengths.written_outside(resolved.data.train, resolved.data.eval)  # measured, not recorded
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout, warnings, caches)
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
-        run_lock.take(recipe.training.output_dir, state.is_main_process)
+        run_lock.take(recipe.training.output_dir)  # by the main process, its outcome every rank's
     # Every rank decided alike on its folder (a node that does not see its files decides otherwise): else a rank that
     # found the run finished or a push to complete ends here, the others waiting in a collective until the timeout
     agreement.check({"the output folder's state": agreement.folder_state(output)})

@@ -11,7 +11,7 @@ from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import cause
-from dpotrain.train import health, lora
+from dpotrain.train import disk_full, health, lora
 from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -40,7 +40,7 @@ def save_and_push(run, resolved: dict) -> int | None:
         collectives.main_outcome(output_folder.stage_final, out)  # never through a link, nor into a person's folder
         trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
     except Exception as e:  # noqa: BLE001 - a full disk, any failure: every rank raises it, below
-        failed = e
+        failed = disk_full.final_write(e, out)  # an EIO, a refused permission: one line naming the rerun too
     # The last collective step, and its barrier: the main process writes the model alone under DDP, and its refusal
     # left the others waiting here (NCCL: for ddp_timeout); each rank's outcome is every rank's. The other ranks end
     # here rather than wait while the main process waits for uploads: a barrier longer than ddp_timeout (30 min)

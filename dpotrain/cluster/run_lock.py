@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from dpotrain.recipe import writes
-from dpotrain.recipe.errors import ConfigError, warn
+from dpotrain.recipe.errors import ConfigError, cause, warn
 
 LOCK_FILE = "run.lock"
 HEARTBEAT_S = 30  # how often a live run refreshes its lock's time
@@ -200,10 +200,31 @@ class Lock:
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
 
-    def _refresh(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            if not self.beat():
-                return
+    def _refresh(self, every_s: float | None = None) -> None:
+        """The heartbeat thread: a beat every `every_s` (HEARTBEAT_S, read as it starts) until `release`, or until the
+        lock is another run's. A beat that raised (the lock made unreadable, ESTALE, EIO) ended the thread, the lock's
+        time stopped, and once stale another run could take the folder over while this one trained: now said once, and
+        tried again at each beat."""
+        every_s = HEARTBEAT_S if every_s is None else every_s
+        failing = False
+        while not self._stop.wait(every_s):
+            try:
+                if not self.beat():
+                    return
+                failing = False
+            except Exception as e:  # noqa: BLE001 - any failure: a heartbeat that ends frees the folder to others
+                if not failing:
+                    warn(self._unrefreshed(e, every_s))
+                failing = True
+
+    def _unrefreshed(self, error: Exception, every_s: float) -> str:
+        # `_read`'s refusal of a lock it may not read names the lock and its fix for a run that starts: the
+        # PermissionError it was raised for is the cause here
+        seen = error.__context__ if isinstance(error, ConfigError) and error.__context__ else error
+        return (
+            f"the lock {self.path} could not be refreshed ({cause(seen)}): tried again every {every_s:g} s; should it "
+            f"stay so for {STALE_S} s, another run may take {self.out} over while this one trains"
+        )
 
     def beat(self) -> bool:
         """Refreshes the lock's time; False once it is another run's (`lost` says whose). A lock removed by hand (`rm
@@ -322,13 +343,14 @@ def acquire(out: Path) -> str | None:
     return refusal(out, *(found[1:] if found else (None, 0.0)))
 
 
-def take(output_dir: str, main: bool) -> None:
-    """The launch's main process takes the lock; every rank learns the outcome from it (one broadcast, after the
-    process group is made) and a refused launch ends on every rank with the same line."""
-    from dpotrain.cluster.collectives import broadcast_from_main
+def take(output_dir: str) -> None:
+    """The launch's main process takes the lock; every rank learns the outcome from it (`main_outcome`: one broadcast,
+    after the process group is made) and a refused launch ends on every rank with the same line. What `acquire` raises
+    (a folder it may not make, a lock it may not write or read, ESTALE) is every rank's too: raised before the
+    broadcast, it left the other ranks waiting there."""
+    from dpotrain.cluster.collectives import main_outcome
 
-    refused = acquire(Path(output_dir)) if main else None
-    if refused := broadcast_from_main(refused):
+    if refused := main_outcome(acquire, Path(output_dir)):
         raise ConfigError(refused)
 
 

@@ -309,6 +309,8 @@ def until_stopped(fn, stop_asked=None):
     if stop_asked():  # asked before it starts (while checkpoint uploads were waited for): not started at all
         raise PushStopped
     threading.Thread(target=work, name="dpotrain-final-push", daemon=True).start()
+    # A poll, not an Event the stop sets: the stop file (launch.sh's way on Slurm) is seen only when looked at, and
+    # a signal's Event would need a wait on two events, which threading has not
     while not done.wait(1.0):
         if stop_asked():
             abandon_threads()

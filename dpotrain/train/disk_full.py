@@ -73,7 +73,8 @@ def refused(error: BaseException) -> str | None:
         return None
     if error.errno in (errno.EACCES, errno.EPERM):
         target = Path(error.filename) if isinstance(error.filename, str) else None
-        if target is None or os.access(target if target.exists() else target.parent, os.W_OK):
+        # os.path.exists: False where the look is unanswered (ESTALE), which Path.exists raised while the line was made
+        if target is None or os.access(target if os.path.exists(target) else target.parent, os.W_OK):
             return None
     return _why(error.errno, error)
 
@@ -128,14 +129,18 @@ def _unnamed_file(why: str) -> str:
     caches = [(what, folder, var) for what, folder, var in _caches() if folder.is_dir()]
     for what, folder, var in caches:
         if (found := _probe(folder)) is not None:
-            free = "" if _fix(found) else f", {size(shutil.disk_usage(folder).free)} free there"
+            free = "" if _fix(found) else f", {_free(folder)}"
             where = "with room" if not _fix(found) else "where this job may write"
             return (
                 f"{found}: a file could not be written in {what}, {folder}{free}: {_todo(found)}, or set {var} to a "
                 f"folder {where}"
             )
-    spaces = ", ".join(f"{what} {path} ({var}): {size(shutil.disk_usage(path).free)}" for what, path, var in caches)
+    spaces = ", ".join(f"{what} {path} ({var}): {_size_or_why(_space(path))}" for what, path, var in caches)
     return f"{why}: a file could not be written (its writer did not name it; free space in {spaces}): {_todo(why)}"
+
+
+def _size_or_why(free: int | str) -> str:
+    return size(free) if isinstance(free, int) else f"unknown ({free})"
 
 
 def _complete(out: Path, but: Path | None = None) -> list[Path] | str:
@@ -157,31 +162,72 @@ def _after(kept: list[Path] | str) -> str:
     return "no checkpoint was complete yet: the same command starts afresh"
 
 
+def _space(folder: Path) -> int | str:
+    """The bytes free in `folder`, or why they could not be read (a look unanswered, ESTALE): raised while a line was
+    made, it hid the line (and in a save, before the ranks' all-gather, left the others waiting in it)."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError as e:
+        return cause(e)
+
+
+def _free(folder: Path) -> str:
+    """`<size> free there`, as the lines say it, or why the free space is unknown (`_space`)."""
+    free = _space(folder)
+    return f"{size(free)} free there" if isinstance(free, int) else f"its free space unknown ({free})"
+
+
+def _need(folder: Path, kept: list[Path] | str) -> str:
+    """What a checkpoint takes: the last complete one's bytes by its manifest, else more than what `folder` holds
+    (other ranks may still be writing their shards there); a manifest unanswered (ESTALE) said as that, not raised."""
+    written = f"more than the {size(writes.folder_bytes(folder))} written before it failed"
+    if not kept or isinstance(kept, str):
+        return f"a checkpoint takes {written}"
+    try:
+        previous = checkpoint_manifest.total_bytes(kept[-1])
+    except OSError as e:
+        return f"a checkpoint takes {written} ({kept[-1].name}'s manifest could not be read: {cause(e)})"
+    return (
+        f"a checkpoint takes {size(previous)}, as {kept[-1].name} did" if previous else f"a checkpoint takes {written}"
+    )
+
+
 def save_failed(folder: Path, why: str) -> RunError:
-    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`)."""
+    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`). Never raises: in
+    `_save_checkpoint` it is made before the ranks' all-gather, on one rank alone."""
     out = folder.parent
     kept = _complete(out, but=folder)
-    written = writes.folder_bytes(folder)  # other ranks may still be writing their shards there
-    free = shutil.disk_usage(out).free
-    previous = checkpoint_manifest.total_bytes(kept[-1]) if kept and isinstance(kept, list) else None
-    need = (
-        f"a checkpoint takes {size(previous)}, as {kept[-1].name} did"
-        if previous
-        else f"a checkpoint takes more than the {size(written)} written before it failed"
-    )
-    room = "" if _fix(why) else f" ({size(free)} free there; {need})"
+    room = "" if _fix(why) else f" ({_free(out)}; {_need(folder, kept)})"
     todo = _fix(why) or "free space there (or lower --save_total_limit)"
     return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
+    free = "" if _fix(why) else f" ({_free(out)})"
+    return RunError(
+        f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {_after_final(out)}"
+    )
+
+
+def _after_final(out: Path) -> str:
+    """What the same command does after a final save that failed: its complete checkpoints are what it goes on from."""
     kept = _complete(out)
     if isinstance(kept, str):
-        after = _after(kept)
-    else:
-        after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    free = "" if _fix(why) else f" ({size(shutil.disk_usage(out).free)} free there)"
-    return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
+        return _after(kept)
+    return f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
+
+
+def final_write(error: Exception, out: Path) -> Exception:
+    """What the final save's `error` ends the run on: an OSError that is no full disk's (EIO, ESTALE, a PermissionError
+    the folder's mode does not explain: root squashed on NFS, an immutable file) as one line naming the file, the fix
+    and what the rerun does; it was raised as it was, a traceback after the whole training. A full disk's is left to
+    `write_failed` (train_dpo.main), anything else as it is."""
+    if not isinstance(error, OSError) or full_write(error) is not None:
+        return error
+    return RunError(
+        f"the final model could not be written in {out} ({cause(error)}): fix what refused the write (the file "
+        f"system's health, the folder's permissions: ask your admins if it stays), then rerun; {_after_final(out)}"
+    )
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
@@ -204,7 +250,7 @@ def write_failed(error: OSError, why: str) -> RunError:
     above = list(path.parents)[:3]
     where = f"{path} could not be written"
     folder = next((p for p in above if p.is_dir()), None)
-    free = f" ({size(shutil.disk_usage(folder).free)} free there)" if folder and not _fix(why) else ""
+    free = f" ({_free(folder)})" if folder and not _fix(why) else ""
     return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{_after_write(above)}")
 
 
