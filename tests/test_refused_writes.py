@@ -1,6 +1,7 @@
-"""Trust fixes of session 47 (fix2): a heartbeat that died on one failed refresh, a lock taken on the main process
-alone whose failure left the other ranks waiting, a disk-full line that raised while it was made, and a final save's
-failure of another kind. Each test failed on the code before its fix (its docstring says how)."""
+"""Writes and reads the file system refuses while a run holds its folder: the lock's heartbeat refresh (it died on
+one failure), the lock's taking on the main process (its failure left the other ranks waiting), the disk-full line's own
+reads (it raised while it was made), and the final save refused for a reason no full disk explains. Each test failed
+on the code before its fix (its docstring says how)."""
 
 import errno
 import os
