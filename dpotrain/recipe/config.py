@@ -731,6 +731,7 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
     the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
     found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`)."""
+    _recipe_variables(values, given - on_command_line, config_path)
     for name in PATH_FIELDS:
         value = values[name]
         if not isinstance(value, str) or not value:
@@ -745,6 +746,24 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
         values[name] = value
     _mixture_files(values, given - on_command_line, on_command_line, config_path)
     _command_line_data_wins(values, on_command_line)
+
+
+def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None) -> None:
+    """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
+    as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
+    $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
+    the shell's to expand (a `$` it passed on was quoted)."""
+    for name in sorted({*PATH_FIELDS, "output_dir"} & from_recipe):
+        value = values[name]
+        if not isinstance(value, str) or "$" not in value:
+            continue
+        try:
+            values[name] = venv.shell_expanded(value)
+        except KeyError as unset:
+            raise ConfigError(
+                f"{config_path}: {name} {value!r} names ${unset.args[0]}, which is not set: export {unset.args[0]}, "
+                "or write the path out"
+            ) from None
 
 
 def _beside_recipe(name: str, value: str, config_path: str | None) -> None:
