@@ -3,9 +3,11 @@ read as the user meant them, or refused in one line naming the fix before the mo
 
 import os
 
+import datasets
 import pytest
 
 from conftest import ROOT
+from dpotrain.data import rows
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -55,3 +57,41 @@ def test_a_variable_the_command_line_passes_on_is_left_as_the_shell_left_it(tmp_
     parsed = parse_args(["--config", path, "--output_dir", "runs/$HOME"])
     assert parsed.training.output_dir == "runs/$HOME"
     assert os.environ["HOME"] == str(tmp_path / "home")
+
+
+# --- data -----------------------------------------------------------------------------------------------------------
+
+
+def pair(user: dict, other_user: dict) -> dict:
+    return {
+        "chosen": [user, {"role": "assistant", "content": "Blue."}],
+        "rejected": [other_user, {"role": "assistant", "content": "Seven."}],
+    }
+
+
+LONG = "What is 51 plus 99? Then tell me something about forests and the rivers in them."
+
+
+@pytest.mark.parametrize(
+    "other, says",
+    [
+        (
+            {"role": "user", "content": LONG.replace("rivers", "lakes")},
+            "message 0 (user): '...s and the rivers in them.' in chosen, '...s and the lakes in them.' here (they "
+            "part at character 65)",
+        ),
+        (
+            {"role": "user", "content": LONG, "name": "alice"},
+            "message 0 (user): the same content, but name none in chosen, 'alice' here",
+        ),
+    ],
+)
+def test_prompts_that_part_past_the_quoted_start_or_beside_the_text_are_shown_where_they_differ(other, says):
+    """A pair whose prompts differ was refused quoting both user turns from their start, 40 characters: two long turns
+    that part later (a word changed deep in the prompt), or the same text with a field beside it on one side (a
+    `name`), read `'What is 51 plus 99? Then tell me some...' in chosen, 'What is 51 plus 99? Then tell me some...'
+    here`, the same twice, and the user was left to find the difference."""
+    user = {"role": "user", "content": LONG}
+    with pytest.raises(rows.InvalidRowError) as refused:
+        rows.check_dataset(datasets.Dataset.from_list([pair(user, user), pair(user, other)]))
+    assert says in str(refused.value)
