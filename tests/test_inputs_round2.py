@@ -2,6 +2,7 @@
 read as the user meant them, or refused in one line naming the fix before the model loads."""
 
 import os
+from pathlib import Path
 
 import datasets
 import pytest
@@ -57,6 +58,22 @@ def test_a_variable_the_command_line_passes_on_is_left_as_the_shell_left_it(tmp_
     parsed = parse_args(["--config", path, "--output_dir", "runs/$HOME"])
     assert parsed.training.output_dir == "runs/$HOME"
     assert os.environ["HOME"] == str(tmp_path / "home")
+
+
+def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not(tmp_path, monkeypatch):
+    """A recipe saved in Latin-1 is read with U+FFFD for each byte that is not UTF-8: `run_name: café-dpo` named the
+    run and its folder `caf\ufffd-dpo` without a word. A comment so written (`# réglé`) sets nothing and still reads."""
+    monkeypatch.chdir(tmp_path)
+    path = Path(recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n"))
+    path.write_bytes(path.read_bytes() + "# réglé pour le CPU\n".encode("latin-1"))
+    assert parse_args(["--config", str(path)]).training.run_name == "recipe-dpo"
+    path.write_bytes(path.read_bytes() + "run_name: café-dpo\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(path)])
+    assert str(refused.value) == (
+        f"{path}: run_name holds bytes that are not UTF-8 text (it would read 'caf\ufffd-dpo'): save the recipe as "
+        "UTF-8"
+    )
 
 
 # --- data -----------------------------------------------------------------------------------------------------------
