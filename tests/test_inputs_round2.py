@@ -76,6 +76,25 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     )
 
 
+@pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off"])
+def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_path, monkeypatch):
+    """YAML 1.1 reads an unquoted yes, no, on or off as a boolean, which became the word 'true' or 'false': a data
+    set's configuration `no` (Norwegian) was asked for as 'false', `output_dir: yes` trained into a folder named
+    `true`, and the run said nothing of it. Quoted, the text is read as written."""
+    monkeypatch.chdir(tmp_path)
+    key, value = line.split(": ")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    boolean = "true" if value in ("yes", "on") else "false"
+    assert str(refused.value) == (
+        f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean {boolean} (yes, no, on and off "
+        f"too): quote it ({key}: 'no')"
+    )
+    quoted = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{key}: '{value}'\n")])
+    assert {**vars(quoted.script), **vars(quoted.training)}[key] == value
+
+
 # --- data -----------------------------------------------------------------------------------------------------------
 
 
