@@ -2,13 +2,14 @@
 read as the user meant them, or refused in one line naming the fix before the model loads."""
 
 import os
+import shutil
 from pathlib import Path
 
 import datasets
 import pytest
 
 from conftest import ROOT
-from dpotrain.data import rows
+from dpotrain.data import data, lengths, rows
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -131,3 +132,20 @@ def test_prompts_that_part_past_the_quoted_start_or_beside_the_text_are_shown_wh
     with pytest.raises(rows.InvalidRowError) as refused:
         rows.check_dataset(datasets.Dataset.from_list([pair(user, user), pair(user, other)]))
     assert says in str(refused.value)
+
+
+# --- model folders --------------------------------------------------------------------------------------------------
+
+
+def test_a_model_folders_blank_chat_template_is_said_to_be_none(tmp_path, tiny_model_dir):
+    """A model folder whose chat_template.jinja holds only white space (written and left blank, or cut short) rendered
+    every pair as nothing, and the run refused every row as 'identical to `rejected` as the chat template renders them:
+    the template writes no string content (it reads text parts only, as SmolVLM's and Idefics3's do)', a template of
+    text parts it never had. It is no template: refused as the model folder without one, before the model loads."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text("  \n")
+    tokenizer = lengths.load_tokenizer(str(model))
+    with pytest.raises(ConfigError) as refused:
+        rows.check_dataset(data.load_preference_dataset(str(SMOKE_DATA)), rows.RowRules(template=tokenizer))
+    assert str(refused.value).startswith(f"the tokenizer of {model} has no chat template, and the data set's rows are")
