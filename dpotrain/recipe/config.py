@@ -767,8 +767,9 @@ def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | No
     """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
     as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
     $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
-    the shell's to expand (a `$` it passed on was quoted)."""
-    for name in sorted({*PATH_FIELDS, "output_dir"} & from_recipe):
+    the shell's to expand (a `$` it passed on was quoted). accelerate_config is not: a Slurm job launches the recipe's
+    as written (dpotrain/cluster/job.py), and the dry run must plan that engine."""
+    for name in sorted(({*PATH_FIELDS, "output_dir"} - {"accelerate_config"}) & from_recipe):
         value = values[name]
         if not isinstance(value, str) or "$" not in value:
             continue
