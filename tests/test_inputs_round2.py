@@ -149,3 +149,16 @@ def test_a_model_folders_blank_chat_template_is_said_to_be_none(tmp_path, tiny_m
     with pytest.raises(ConfigError) as refused:
         rows.check_dataset(data.load_preference_dataset(str(SMOKE_DATA)), rows.RowRules(template=tokenizer))
     assert str(refused.value).startswith(f"the tokenizer of {model} has no chat template, and the data set's rows are")
+
+
+@pytest.mark.parametrize("name, renamed", [("PAIRS.JSONL", "PAIRS.jsonl"), ("Pairs.Jsonl.GZ", "Pairs.jsonl.gz")])
+def test_a_data_file_with_an_upper_case_suffix_is_refused_naming_the_name_to_give(name, renamed, tmp_path):
+    """`PAIRS.JSONL` (a Windows export) was refused as "use .jsonl, .json, .parquet, ...", which it seemed to be."""
+    path = tmp_path / name
+    shutil.copy(SMOKE_DATA, path)
+    with pytest.raises(ConfigError) as refused:
+        data.load_preference_dataset(str(path))
+    assert str(refused.value) == (
+        f"dataset file {str(path)!r}: a data file's suffix is read in lower case only (as datasets reads a folder's "
+        f"files): rename it to {renamed!r}"
+    )
