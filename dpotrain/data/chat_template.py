@@ -131,7 +131,10 @@ def changed(old: Template | None, path: str | None) -> str | None:
 def require(tokenizer, shape_name: str) -> None:
     """Message rows need the tokenizer's chat template: refused, before the model loads, where it has none. HH-RLHF
     strings are message lists only as read (`hh_format: messages`), and `hh_format: text` trains them with none."""
-    if getattr(tokenizer, "chat_template", None):
+    template = getattr(tokenizer, "chat_template", None)
+    # A blank one (a chat_template.jinja of white space) is none: it renders every pair as nothing, which was refused
+    # as a template that "writes no string content (it reads text parts only, as SmolVLM's ...)"
+    if template and not (isinstance(template, str) and not template.strip()):
         return
     if shape_name == "hh":
         rows = "HH-RLHF strings, read as message lists (hh_format: messages)"

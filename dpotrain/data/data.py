@@ -44,6 +44,12 @@ def builder_of(path: Path) -> str | None:
     return None if builder in ("parquet", "arrow") and path.suffix in COMPRESSIONS else builder
 
 
+def lower_suffix(path: Path) -> Path:
+    """`path` with its format's suffix (and a compression's after it) in lower case: `P.JSONL.GZ` is P.jsonl.gz."""
+    suffixes = "".join(path.suffixes[-2:] if path.suffix.lower() in COMPRESSIONS else path.suffixes[-1:])
+    return path.with_name(path.name.removesuffix(suffixes) + suffixes.lower())
+
+
 def open_data(path: Path, mode: str = "rb", **text):
     """A data file's content through the codec its suffix names (fsspec's, which datasets reads it with)."""
     import fsspec
@@ -253,6 +259,11 @@ def load_preference_dataset(
         loaded = datasets.load_from_disk(str(path))
     elif path.is_file():
         builder = builder_of(path)
+        if builder is None and builder_of(lower := lower_suffix(path)) is not None:
+            raise ConfigError(  # `PAIRS.JSONL` (a Windows export): "use .jsonl" did not say what was wrong with it
+                f"dataset file {name!r}: a data file's suffix is read in lower case only (as datasets reads a "
+                f"folder's files): rename it to {lower.name!r}"
+            )
         if builder is None:
             raise ConfigError(
                 f"dataset file {name!r}: use .jsonl, .json, .parquet, .arrow or .csv (.ndjson, .tsv; or .jsonl.gz, "

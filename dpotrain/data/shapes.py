@@ -357,13 +357,32 @@ def _first_difference(a: list, b: list) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             what = x.get("role") if x.get("role") == y.get("role") else f"{x.get('role')} vs {y.get('role')}"
-            return f"message {i} ({what}): {_short(x.get('content'))} in chosen, {_short(y.get('content'))} here"
+            return f"message {i} ({what}): {_differing(x, y)}"
     return f"chosen's prompt has {plural(len(a), 'message')}, this one {len(b)}"
+
+
+def _differing(x: dict, y: dict) -> str:
+    """Where two messages differ, as the reader can see it. Quoted from their start, two turns that part after it (a
+    word changed deep in a long prompt) read the same, `'What is 51 plus 99? Then tell me some...'` twice; so did two
+    whose text is the same and a field beside it is not (a `name` on one side)."""
+    texts = str(x.get("content")), str(y.get("content"))
+    if texts[0] == texts[1]:
+        key = next(k for k in sorted({*x, *y}, key=str) if x.get(k) != y.get(k))
+        shown = ("none" if m.get(key) is None else _short(m[key]) for m in (x, y))
+        return "the same content, but {} {} in chosen, {} here".format(key, *shown)
+    at = next((i for i, pair in enumerate(zip(*texts, strict=False)) if len(set(pair)) > 1), min(map(len, texts)))
+    if at < SHORT - 3:  # `_short` shows where they part
+        return f"{_short(texts[0])} in chosen, {_short(texts[1])} here"
+    a, b = (_short("..." + t[at - 10 :]) for t in texts)
+    return f"{a} in chosen, {b} here (they part at character {at})"
+
+
+SHORT = 40  # characters of a text a refusal quotes
 
 
 def _short(text) -> str:
     text = str(text)
-    return repr(text if len(text) <= 40 else text[:37] + "...")
+    return repr(text if len(text) <= SHORT else text[: SHORT - 3] + "...")
 
 
 def _with_string_prompt(prompt: str, chosen: list, rejected: list):

@@ -385,6 +385,7 @@ def read_recipe(path: str) -> dict:
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
             raise _unknown_key(path, key)
+    _refuse_boolean_text(path, config)
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
             raise ConfigError(
@@ -407,6 +408,17 @@ def read_recipe(path: str) -> dict:
             ) from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
+
+
+def _refuse_boolean_text(path: str, config: dict) -> None:
+    """YAML 1.1 reads an unquoted yes, no, on or off as a boolean: a data set's configuration `no` (Norwegian) was
+    asked for as 'false', and `output_dir: yes` trained into a folder named `true`, without a word."""
+    for key in TEXT_FIELDS:
+        if isinstance(config.get(key), bool):
+            raise ConfigError(
+                f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean "
+                f"{str(config[key]).lower()} (yes, no, on and off too): quote it ({key}: 'no')"
+            )
 
 
 # Keys other tools take for a base file: a recipe has no include, and `config: ...` was refused as a misspelling
@@ -723,6 +735,9 @@ def _command_line_data_wins(values: dict, on_command_line: set[str]) -> None:
 # The files a recipe may name by a path relative to the project
 RECIPE_PATHS = ("dataset_name", "model_name_or_path", "chat_template_path", "sample_prompts_file", "accelerate_config")
 PATH_FIELDS = (*RECIPE_PATHS, "resume_from_checkpoint")  # every field that names a file or folder read
+# Fields that take a name or a path, never a yes or no
+TEXT_FIELDS = ("run_name", "output_dir", "dataset_config", "dataset_train_split", "dataset_test_split")
+TEXT_FIELDS += ("dataset_revision", "model_revision", "hub_revision", "hub_model_id", *RECIPE_PATHS)
 
 
 def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> None:
@@ -731,6 +746,7 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
     the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
     found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`)."""
+    _recipe_variables(values, given - on_command_line, config_path)
     for name in PATH_FIELDS:
         value = values[name]
         if not isinstance(value, str) or not value:
@@ -745,6 +761,25 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
         values[name] = value
     _mixture_files(values, given - on_command_line, on_command_line, config_path)
     _command_line_data_wins(values, on_command_line)
+
+
+def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None) -> None:
+    """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
+    as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
+    $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
+    the shell's to expand (a `$` it passed on was quoted). accelerate_config is not: a Slurm job launches the recipe's
+    as written (dpotrain/cluster/job.py), and the dry run must plan that engine."""
+    for name in sorted(({*PATH_FIELDS, "output_dir"} - {"accelerate_config"}) & from_recipe):
+        value = values[name]
+        if not isinstance(value, str) or "$" not in value:
+            continue
+        try:
+            values[name] = venv.shell_expanded(value)
+        except KeyError as unset:
+            raise ConfigError(
+                f"{config_path}: {name} {value!r} names ${unset.args[0]}, which is not set: export {unset.args[0]}, "
+                "or write the path out"
+            ) from None
 
 
 def _beside_recipe(name: str, value: str, config_path: str | None) -> None:

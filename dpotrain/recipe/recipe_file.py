@@ -80,8 +80,23 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, y
 
 def load(path: str | Path) -> dict:
     """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    return copy.deepcopy(_parsed(str(path), text))  # the caller's own: parse_args takes its `env:` block out
+    raw = Path(path).read_bytes()
+    text = raw.decode("utf-8", errors="replace")  # a comment saved in Latin-1 (`# réglé`) sets nothing
+    recipe = _parsed(str(path), text)
+    if "\ufffd" in text and text.encode() != raw:
+        _refuse_undecoded(str(path), recipe)
+    return copy.deepcopy(recipe)  # the caller's own: parse_args takes its `env:` block out
+
+
+def _refuse_undecoded(path: str, recipe: dict) -> None:
+    """A key or value holding bytes that are not UTF-8 (a recipe saved in Latin-1): read with U+FFFD in their place,
+    `run_name: café-dpo` named the run and its folder `caf\ufffd-dpo` without a word."""
+    for key, value in recipe.items():
+        if "\ufffd" in f"{key}{value}":
+            raise ConfigError(
+                f"{path}: {key} holds bytes that are not UTF-8 text (it would read {str(value)!r}): save the recipe "
+                "as UTF-8"
+            )
 
 
 def loosely(path) -> object:

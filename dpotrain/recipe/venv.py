@@ -162,6 +162,11 @@ def expand_folder(name: str, value: str) -> str:
     names a variable that is not set (a shell's empty one would have put the cache at the file system's root)."""
     if not name.endswith(("HOME", "CACHE", "DIR")):
         return value
+    return shell_expanded(value)
+
+
+def shell_expanded(value: str) -> str:
+    """`value` with `~` and `$VAR` (`${VAR}`) read as a shell reads them; KeyError names a variable that is not set."""
     expanded = os.path.expandvars(os.path.expanduser(value))
     if unset := re.search(r"\$\{?(\w+)", expanded):  # what expandvars left: a variable the environment lacks
         raise KeyError(unset[1])
