@@ -2438,6 +2438,29 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
     assert [r["status"] for r in read_pushes(out)] == ["started"]  # still left to push, once the folder is fixed
 
 
+def test_a_final_push_the_run_recorded_as_started_and_then_refused_records_why(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """The run records its final push as started before run_complete.json (a kill between the two is completed by
+    the rerun); the push's own check of the folder then refused it (an earlier save's weights beside the final ones)
+    before its try, so nothing recorded the outcome, and every rerun said "(the job was killed while pushing): pushing
+    it now", which was never so. Now the refusal is recorded as the push's failure, with its cause. (Old code: the
+    records ended on "started".)"""
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.errors import ConfigError
+
+    hub_in_process(hub, monkeypatch)
+    out = mixed_run(tmp_path, tiny_model_dir, "", "model.safetensors")
+    record_push(out, step=2, branch="main", status="started", repo=REPO)  # as publish.finish_outputs records it
+    with pytest.raises(ConfigError, match="holds weights of more than one save"):
+        hub_module.push_run(out, REPO, token=SECRET, started=True)
+    records = read_pushes(out)
+    assert [r["status"] for r in records] == ["started", "failed"], records
+    assert "holds weights of more than one save" in records[-1]["error"] and hub.state.commits == []
+    assert unconfirmed_push(out)["status"] == "failed"  # the rerun says the push failed, and why
+
+
 def test_a_push_leaves_the_users_models_in_other_folders_of_the_repo(hub, tmp_path, monkeypatch):
     """A repo whose owner keeps other files of their own beside the run's: a quantized copy in `awq/`, an ONNX export,
     the original checkpoint. The push replaced an earlier model's weights "wherever they lie" (`*.safetensors`

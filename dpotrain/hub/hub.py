@@ -441,9 +441,15 @@ def push_run(
     """Upload the run to main of `repo_id`, retried; returns the repo's URL. Recorded as started (unless `started`:
     the run recorded it before its run_complete.json, `publish.finish_outputs`), then its outcome (a kill leaves it
     unconfirmed); given up as `stop_asked()` says, `unfinished`, raising PushStopped."""
-    check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
-    api = HfApi(token=token)
     step = finished_step(output_dir)
+    record = functools.partial(record_push, output_dir, step=step, branch="main")
+    try:
+        check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
+    except Exception as e:
+        if started:  # its start recorded by the run: its outcome too, else each rerun said "killed while pushing"
+            record(status="failed", repo=repo_id, error=cause(e))
+        raise
+    api = HfApi(token=token)
 
     def upload():
         create_repo(api, repo_id, private)
@@ -452,7 +458,6 @@ def push_run(
         operations = main_operations(api, repo_id, Path(output_dir))
         return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
 
-    record = functools.partial(record_push, output_dir, step=step, branch="main")
     if not started:
         record(status="started", repo=repo_id)
     try:
