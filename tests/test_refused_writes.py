@@ -59,6 +59,44 @@ def test_a_heartbeat_whose_refresh_fails_says_so_once_and_refreshes_again_once_i
     ], warnings
 
 
+def test_a_heartbeat_at_a_lock_another_user_now_holds_stops_the_run_not_retries(tmp_path, monkeypatch, capsys):
+    """The run's lock removed by hand (a folder that looked stuck) and the folder taken by a colleague's run, whose
+    lock (umask 077) this user cannot read: the heartbeat said "could not be refreshed ... tried again", and both runs
+    trained on in one folder. The lock's owner, which stat tells without reading it, is another user's: the lock is
+    lost, and the run stops at its step's end as for any lock taken. Root chowns the lock to another uid here; its
+    read refused as a 0600 file is. (Old code: the refusal raised out of `beat`, retried, `lost` never set.)"""
+    import pickle
+
+    out = tmp_path / "run"
+    assert run_lock.acquire(out) is None
+    held = run_lock._held.pop()
+    held._stop.set()
+    held._thread.join()
+    lock = out / run_lock.LOCK_FILE
+    read_bytes = Path.read_bytes
+
+    def refused(path, *args, **kwargs):
+        if path == lock:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return read_bytes(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    if os.getuid() == 0:
+        os.chown(lock, 12345, 12345)
+        assert held.beat() is False
+        assert held.lost == "taken by another user's run (uid 12345), whose lock this run cannot read"
+        os.chown(lock, 0, 0)
+        held.lost = None
+    with pytest.raises(run_lock.LockUnreadable) as unread:  # the user's own: a failed refresh, said and retried
+        held.beat()
+    assert held.lost is None
+    shared = pickle.loads(pickle.dumps(unread.value))  # as `main_outcome` shares it with every rank
+    assert type(shared) is run_lock.LockUnreadable and str(shared) == str(unread.value)
+    assert isinstance(shared.error, PermissionError)
+    monkeypatch.undo()
+    held.release()
+
+
 TAKE = textwrap.dedent("""
     import errno, os, resource, sys
     from datetime import timedelta

@@ -140,6 +140,9 @@ class LockUnreadable(ConfigError):
         super().__init__(message)
         self.error = error
 
+    def __reduce__(self):  # shared with every rank (`main_outcome` pickles it): else a RunError in its place there
+        return type(self), (str(self), self.error)
+
 
 def unreadable(lock: Path, error: OSError) -> str:
     """The refusal for a lock this process may not read: whether a live run holds its folder cannot be told, so
@@ -230,7 +233,10 @@ class Lock:
         """Refreshes the lock's time; False once it is another run's (`lost` says whose). A lock removed by hand (`rm
         run.lock`, a folder that looked stuck) is linked again at once: a run started next took it, resumed from this
         run's checkpoint, and the two trained on in one folder, writing over each other's checkpoints."""
-        found = _read(self.path)
+        try:
+            found = _read(self.path)
+        except LockUnreadable as unread:
+            return self._unreadable_beat(unread)
         if found is None:
             with contextlib.suppress(OSError):  # not linked (a read-only folder): lost, below
                 if _link(self.path, self.raw):
@@ -247,6 +253,20 @@ class Lock:
         with contextlib.suppress(OSError):  # a file system hiccup: the next beat tries again, long before stale
             os.utime(self.path)
         return True
+
+    def _unreadable_beat(self, unread: LockUnreadable) -> bool:
+        """A beat at a lock this process may not read. Another user's (its owner, which stat tells unread): the run's
+        own was removed by hand and a colleague's run (umask 077) took the folder, so it is lost, not a failed refresh
+        retried while two runs trained in one folder. The run's own made unreadable (chmod): its time still moved, and
+        the refusal raised for `_refresh` to say once."""
+        owner = self.path.stat().st_uid
+        if owner != os.getuid():
+            self.lost = f"taken by another user's run (uid {owner}), whose lock this run cannot read"
+            warn(f"the lock {self.path} is no longer this run's ({self.lost}): it stops at the end of its step")
+            return False
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+        raise unread
 
     def release(self) -> None:
         self._stop.set()
