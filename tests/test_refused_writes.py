@@ -101,6 +101,39 @@ def test_a_lock_the_main_process_cannot_write_ends_every_rank(tmp_path):
     assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
 
 
+CUT_SHORT = textwrap.dedent("""
+    import errno, resource, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from dpotrain.cluster import run_lock
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16, hard))  # the lock's first 16 bytes written, then EFBIG
+    try:
+        run_lock.acquire(Path({folder!r}))
+        said = "taken"
+    except OSError as e:
+        said = f"refused: {{errno.errorcode[e.errno]}} {{e.filename}}"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    print(said)
+""")
+
+
+def test_a_lock_written_cut_short_fails_the_take(tmp_path):
+    """A file size limit (or a disk filling as it was written) let the lock's one `os.write` write part of it and
+    return: the take succeeded with a lock of 16 bytes, and the first heartbeat found it "no longer this run's" and
+    stopped the run. Now the rest is written, the limit's EFBIG fails the take naming the lock, and no part of it is
+    left. (Old code: "taken", run.lock its first 16 bytes.)"""
+    from conftest import python
+
+    folder = tmp_path / "run"
+    script = tmp_path / "take.py"
+    script.write_text(CUT_SHORT.format(root=str(ROOT), folder=str(folder)))
+    result = subprocess.run([python(), str(script)], capture_output=True, text=True, timeout=120)
+    lock = folder / run_lock.LOCK_FILE
+    assert result.stdout.strip() == f"refused: EFBIG {lock}", result.stderr[-3000:]
+    assert not lock.exists()
+
+
 def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_cannot_be_read(tmp_path, monkeypatch):
     """A checkpoint that did not fit, the disk's free space and the last complete checkpoint's manifest unanswered
     (ESTALE) as the line was made: `shutil.disk_usage`'s and `total_bytes`' OSError were raised in place of the
