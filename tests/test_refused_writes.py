@@ -224,3 +224,57 @@ def test_a_final_model_the_file_system_refuses_for_another_reason_is_one_line_an
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resuming from {out / 'checkpoint-1'}" in rerun.stdout, rerun.stdout[-3000:]
     assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()
+
+
+SAFETENSORS_LIMIT = textwrap.dedent("""
+    import resource, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    import torch
+    from safetensors.torch import save_file
+    from dpotrain.train import disk_full
+    folder = Path({folder!r})
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, hard))  # the disk probe's 1 MiB fits, the 4 MiB weights not
+    try:
+        save_file({{"w": torch.zeros(1 << 20)}}, str(folder / "model.safetensors"))
+    except Exception as e:
+        print(type(e).__name__, "|", disk_full.why_full(e, folder))
+""")
+
+
+def test_a_final_model_safetensors_could_not_write_is_said_as_its_os_error(tmp_path):
+    """safetensors' failed write is a SafetensorError, no OSError ('Error while serializing: I/O error: File too large
+    (os error 27)'): a final save under a file size limit the disk probe's 1 MiB passes, or into a folder gone, ended
+    a finished training in a traceback. Its text names the OS's error number, which tells it from a bug: said as that
+    OSError is (the limit's line; the refused write's one line naming the rerun), and a SafetensorError of another
+    kind stays as it is. (Old code: why_full None, final_write returned the SafetensorError.)"""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load, save_file
+
+    from conftest import python
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import disk_full
+
+    script = tmp_path / "limited.py"
+    script.write_text(SAFETENSORS_LIMIT.format(root=str(ROOT), folder=str(tmp_path)))
+    result = subprocess.run([python(), str(script)], capture_output=True, text=True, timeout=120)
+    assert (
+        result.stdout.strip() == f"SafetensorError | {disk_full.SIZE_LIMIT} of {2 << 20:,} bytes stopped the write"
+    ), result.stdout + result.stderr[-3000:]
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(SafetensorError) as failed:
+        save_file({"w": torch.zeros(4)}, str(out / "gone" / "model.safetensors"))
+    said = disk_full.final_write(failed.value, out)
+    assert isinstance(said, RunError), said
+    assert str(said).startswith(
+        f"the final model could not be written in {out} (FileNotFoundError: [Errno {errno.ENOENT}] "
+        f"{os.strerror(errno.ENOENT)}: '{out / 'gone'}{os.sep}"
+    ), str(said)
+    assert str(said).endswith("then rerun; the same command trains again"), str(said)
+    with pytest.raises(SafetensorError) as bug:
+        load(b"not a safetensors file")
+    assert disk_full.final_write(bug.value, out) is bug.value
+    assert disk_full.final_write(RuntimeError("file write failed"), out).args == ("file write failed",)
