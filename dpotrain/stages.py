@@ -304,11 +304,12 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         revision = pin_data(recipe, revision)
     before = _read_identity(recipe, launch, revision, pins=pins)
     read = (revision, checked, identify, pins, fetch, recorded)
-    dataset, mix = _load_pairs(recipe, rules, *read)
+    trained: set = set()  # the training pairs' digests: held-out pairs among them are said (rows.say_repeats)
+    dataset, mix = _load_pairs(recipe, rules, *read, trained=trained)
     dataset_id = _read_identity(recipe, launch, revision, before, pins)
     eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, eval_mix = _load_pairs(recipe, replace(rules, evaluation=True), *read)
+        eval_dataset, eval_mix = _load_pairs(recipe, replace(rules, evaluation=True), *read, trained=trained)
         checked["eval_rows"] = len(eval_dataset)
         collectives.every_rank(check_held_out_pairs, dataset, eval_dataset, launch.data_parallel)  # said once
         _note_also_trained(values, say)
@@ -366,10 +367,13 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
     return now
 
 
-def _load_pairs(recipe, rules: rows.RowRules, revision, checked: dict, identify, pins, fetch: str, recorded=False):
+def _load_pairs(
+    recipe, rules: rows.RowRules, revision, checked: dict, identify, pins, fetch: str, recorded=False, trained=None
+):
     """The training (or, where `rules.evaluation`, held-out) pairs, invalid rows counted in `checked`: a mixture's, else
     dataset_name's split. `fetch`: the prefetch command, named where the copy read offline is not the commit the run
-    reads; `recorded`: `revision` is the commit the run's record holds (`fetch` names the run's folder)."""
+    reads; `recorded`: `revision` is the commit the run's record holds (`fetch` names the run's folder); `trained`:
+    the training pairs' digests (`rows.usable_pairs`; a mixture's sources say their own repeats alone)."""
     s, evaluation = recipe.script, rules.evaluation
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
@@ -382,7 +386,7 @@ def _load_pairs(recipe, rules: rows.RowRules, revision, checked: dict, identify,
     flag = "--dataset_test_split" if evaluation else "--dataset_train_split"
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=rules.say, split_flag=flag)
     hub_revision.check_loaded(dataset, name, revision, fetch, evaluation=evaluation, recorded=recorded)
-    return rows.usable_pairs(dataset, rules, checked, key, split=split, source=name), None
+    return rows.usable_pairs(dataset, rules, checked, key, split=split, source=name, trained=trained), None
 
 
 class ModelTokenizer:

@@ -13,6 +13,7 @@ import yaml
 
 import train_dpo
 from conftest import ROOT
+from dpotrain import resolve
 from dpotrain.data import mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
@@ -142,6 +143,40 @@ def test_a_value_missing_or_of_the_wrong_type_is_one_line_naming_the_flag_and_wh
     with pytest.raises(ConfigError) as refused:
         parse_args([*words, "--bf16", "false"])
     assert str(refused.value).startswith(says) and "\n" not in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "args, recipe, says",
+    [
+        (["--learning_rate", "-1e-6"], "", "learning_rate must be > 0 (got -1e-06)"),
+        ([], "learning_rate: -1e-6\n", "learning_rate must be > 0 (got -1e-06)"),
+        (["--beta", "-1E-2"], "", "beta must be > 0 (got -0.01)"),
+        (
+            ["--max_length", "-1e3"],
+            "",
+            "--max_length takes a whole number or auto (e.g. --max_length 1024, its default), not '-1e3'",
+        ),
+        (["--learning_rate", "-inf"], "", "learning_rate -inf is not a finite number"),
+    ],
+)
+def test_a_negative_value_reaches_its_check_and_is_named(args, recipe, says, tmp_path):
+    """argparse takes a word starting with `-` for a flag unless it looks like `-1` or `-0.5` to it: `--learning_rate
+    -1e-6`, or a recipe's `learning_rate: -1e-6` passed on as the same words, was refused as "--learning_rate takes a
+    number ...: none given", the value the user wrote never named."""
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_values(parse_args(["--config", write(tmp_path, f"bf16: false\n{recipe}"), *args]))
+    assert str(refused.value).startswith(says), str(refused.value)
+
+
+@pytest.mark.parametrize("field", ["max_steps", "local_rank"])  # the fields whose default is a negative number
+def test_a_negative_number_that_a_field_takes_is_still_read(field, tmp_path):
+    as_flags = parse_args(["--config", write(tmp_path, "bf16: false\n"), f"--{field}", "-1"])
+    in_recipe = parse_args(["--config", write(tmp_path, f"bf16: false\n{field}: -1\n")])
+    assert getattr(as_flags.training, field) == getattr(in_recipe.training, field) == -1
+    assert (
+        parse_args(["--config", write(tmp_path, "bf16: false\n"), "--max_steps", "-1", "--beta", "-0.5"]).training.beta
+        == -0.5
+    )
 
 
 def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):

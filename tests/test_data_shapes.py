@@ -1212,3 +1212,30 @@ def test_an_empty_assistant_turn_after_the_answer_is_refused_by_the_run_and_coun
     assert analyzer[0] == dropped[0] and dropped[0]["index"] == 2
     # The built-in template does not write tool_calls: refused by that check, once the template is known, not this one
     assert [(p["index"], p["problem"][:41]) for p in analyzer[1:]] == [(4, "chat template error: the chat template do")]
+
+
+def test_repeated_pairs_and_held_out_pairs_also_trained_are_said_not_dropped(tmp_path, capsys):
+    """A data set whose rows repeat (the same prompt, chosen and rejected) trained each repeat again without a word,
+    and held-out pairs that are training pairs too were not said: their eval loss is then no held-out one. Said in one
+    line each where the data's other counts are, in the dry run and the run; nothing dropped, nothing refused.
+    (Old code: no such line.)"""
+    pairs = text_prompt()
+    written = {"chosen": pairs[0]["chosen"], "rejected": pairs[0]["rejected"], "prompt": pairs[0]["prompt"]}
+    train = pairs + [pairs[3], pairs[5], written]  # 3 repeats of 27: the last one a repeat whose keys are reordered
+    held = [pairs[1], pairs[2], pairs[2], *text_prompt(N + 4)[N:]]  # 3 training pairs (one twice) and 4 new ones
+    path = tmp_path / "d"
+    splits = {"train": train, "test": held}
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in splits.items()}).save_to_disk(str(path))
+    args = ["--dataset_name", str(path), "--eval_strategy", "steps", "--eval_steps", "1"]
+    train_dpo.main(["--config", SMOKE, *args, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if line.startswith("Data (") and "pair" in line]
+    assert lines == [
+        "Data (train): 3 of 27 pairs repeat an earlier pair exactly (trained as often as they appear)",
+        "Data (test): 1 of 7 pairs repeat an earlier pair exactly (evaluated as often as they appear)",
+        "Data (test): 3 of the 7 evaluation pairs are also training pairs (their eval loss is on pairs the model "
+        "trains on)",
+    ], lines
+    derived: dict = {}
+    _, read = read_pairs(str(path), "train", "messages", derived=derived)
+    assert len(read) == len(train) and derived == {}  # every repeat is trained: none dropped, none counted invalid

@@ -139,6 +139,39 @@ def test_a_lock_the_main_process_cannot_write_ends_every_rank(tmp_path):
     assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
 
 
+CUT_SHORT = textwrap.dedent("""
+    import errno, resource, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from dpotrain.cluster import run_lock
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16, hard))  # the lock's first 16 bytes written, then EFBIG
+    try:
+        run_lock.acquire(Path({folder!r}))
+        said = "taken"
+    except OSError as e:
+        said = f"refused: {{errno.errorcode[e.errno]}} {{e.filename}}"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    print(said)
+""")
+
+
+def test_a_lock_written_cut_short_fails_the_take(tmp_path):
+    """A file size limit (or a disk filling as it was written) let the lock's one `os.write` write part of it and
+    return: the take succeeded with a lock of 16 bytes, and the first heartbeat found it "no longer this run's" and
+    stopped the run. Now the rest is written, the limit's EFBIG fails the take naming the lock, and no part of it is
+    left. (Old code: "taken", run.lock its first 16 bytes.)"""
+    from conftest import python
+
+    folder = tmp_path / "run"
+    script = tmp_path / "take.py"
+    script.write_text(CUT_SHORT.format(root=str(ROOT), folder=str(folder)))
+    result = subprocess.run([python(), str(script)], capture_output=True, text=True, timeout=120)
+    lock = folder / run_lock.LOCK_FILE
+    assert result.stdout.strip() == f"refused: EFBIG {lock}", result.stderr[-3000:]
+    assert not lock.exists()
+
+
 def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_cannot_be_read(tmp_path, monkeypatch):
     """A checkpoint that did not fit, the disk's free space and the last complete checkpoint's manifest unanswered
     (ESTALE) as the line was made: `shutil.disk_usage`'s and `total_bytes`' OSError were raised in place of the
@@ -229,3 +262,57 @@ def test_a_final_model_the_file_system_refuses_for_another_reason_is_one_line_an
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resuming from {out / 'checkpoint-1'}" in rerun.stdout, rerun.stdout[-3000:]
     assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()
+
+
+SAFETENSORS_LIMIT = textwrap.dedent("""
+    import resource, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    import torch
+    from safetensors.torch import save_file
+    from dpotrain.train import disk_full
+    folder = Path({folder!r})
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, hard))  # the disk probe's 1 MiB fits, the 4 MiB weights not
+    try:
+        save_file({{"w": torch.zeros(1 << 20)}}, str(folder / "model.safetensors"))
+    except Exception as e:
+        print(type(e).__name__, "|", disk_full.why_full(e, folder))
+""")
+
+
+def test_a_final_model_safetensors_could_not_write_is_said_as_its_os_error(tmp_path):
+    """safetensors' failed write is a SafetensorError, no OSError ('Error while serializing: I/O error: File too large
+    (os error 27)'): a final save under a file size limit the disk probe's 1 MiB passes, or into a folder gone, ended
+    a finished training in a traceback. Its text names the OS's error number, which tells it from a bug: said as that
+    OSError is (the limit's line; the refused write's one line naming the rerun), and a SafetensorError of another
+    kind stays as it is. (Old code: why_full None, final_write returned the SafetensorError.)"""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load, save_file
+
+    from conftest import python
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import disk_full
+
+    script = tmp_path / "limited.py"
+    script.write_text(SAFETENSORS_LIMIT.format(root=str(ROOT), folder=str(tmp_path)))
+    result = subprocess.run([python(), str(script)], capture_output=True, text=True, timeout=120)
+    assert (
+        result.stdout.strip() == f"SafetensorError | {disk_full.SIZE_LIMIT} of {2 << 20:,} bytes stopped the write"
+    ), result.stdout + result.stderr[-3000:]
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(SafetensorError) as failed:
+        save_file({"w": torch.zeros(4)}, str(out / "gone" / "model.safetensors"))
+    said = disk_full.final_write(failed.value, out)
+    assert isinstance(said, RunError), said
+    assert str(said).startswith(
+        f"the final model could not be written in {out} (FileNotFoundError: [Errno {errno.ENOENT}] "
+        f"{os.strerror(errno.ENOENT)}: '{out / 'gone'}{os.sep}"
+    ), str(said)
+    assert str(said).endswith("then rerun; the same command trains again"), str(said)
+    with pytest.raises(SafetensorError) as bug:
+        load(b"not a safetensors file")
+    assert disk_full.final_write(bug.value, out) is bug.value
+    assert disk_full.final_write(RuntimeError("file write failed"), out).args == ("file write failed",)

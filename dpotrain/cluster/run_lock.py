@@ -311,7 +311,11 @@ def _create(path: Path, raw: bytes, exclusive: bool = True, lock: Path | None = 
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(lock)) from e
     try:
-        os.write(fd, raw)
+        # A file size limit or a disk filling on the way writes part and says so only at the next write: one write
+        # left the lock cut short, the take succeeded, and the first heartbeat found the lock not this run's
+        written = 0
+        while written < len(raw):
+            written += os.write(fd, raw[written:])
         os.fsync(fd)
     except OSError as e:  # a full disk: no file left behind (no empty lock for the next run to wait out)
         with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed

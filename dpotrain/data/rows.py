@@ -7,6 +7,8 @@ runs it on every row before training and hands the trainer the rows as read.
 """
 
 import dataclasses
+import hashlib
+import json
 import re
 import time
 import unicodedata
@@ -282,6 +284,12 @@ class RowCheck:
     invalid: list[dict]
     seconds: float
     fmt: RowFormat | None = None
+    digests: list[bytes] = dataclasses.field(default_factory=list)  # each usable row's `pair_digest`, in order
+
+    @property
+    def repeats(self) -> int:
+        """Usable rows that repeat an earlier one exactly: trained (or evaluated) once per time they appear."""
+        return len(self.digests) - len(set(self.digests))
 
     def by_reason(self) -> dict[str, int]:
         """Counts per kind of problem (numbers in the message generalised: `message N has no 'role'`)."""
@@ -362,14 +370,16 @@ def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
     fmt = RowFormat.of(dataset[0], columns, None, rules.hh_format, rules.template, rules.assistant_turns)
     if fmt.template is not None:  # judged on the rows as written: HH strings are read as messages here
         chat_template.require(fmt.template, fmt.shape.name)
-    invalid, index = [], 0
+    invalid, digests, index = [], [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
         for values in zip(*batch.values(), strict=True):
-            _, problem = read_row(dict(zip(columns, values, strict=True)), fmt, first=index == 0)
+            example, problem = read_row(dict(zip(columns, values, strict=True)), fmt, first=index == 0)
             if problem:
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
+            else:  # hashed here, where every row is read once anyway: a repeat is counted without a second pass
+                digests.append(pair_digest(example))
             index += 1
-    checked = RowCheck(index, invalid, time.perf_counter() - start, fmt)
+    checked = RowCheck(index, invalid, time.perf_counter() - start, fmt, digests)
     if rules.skip_invalid or not invalid or len(invalid) == index:
         return checked
     if other := [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]:
@@ -379,6 +389,33 @@ def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
         shown = ", ".join(str(p["index"]) for p in invalid[:10]) + (", ..." if len(invalid) > 10 else "")
         problem = f"{first['problem']}; {len(invalid)} of {index} rows do so (rows {shown})"
     raise InvalidRowError(first["index"], first["column"], problem, "--skip_invalid true")
+
+
+def pair_digest(example: dict) -> bytes:
+    """A pair's prompt, chosen and rejected as read (`read_row`'s example: the prompt explicit whatever the shape),
+    hashed: two rows with the same digest are the same pair, written alike or not."""
+    parts = [example.get(c) for c in ("prompt", "chosen", "rejected")]
+    text = json.dumps(parts, sort_keys=True, default=str)  # sorted: a message's keys in any order are the same pair
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def say_repeats(checked: RowCheck, split: str, evaluation: bool, trained: set | None) -> None:
+    """Pairs that repeat an earlier one of their split, and held-out pairs the run also trains on (`trained`: the
+    training pairs' digests): said, never dropped (open-instruct keeps them too), so a data set's repeats are known."""
+    pairs = len(checked.digests)
+    if repeats := checked.repeats:
+        used = "evaluated" if evaluation else "trained"
+        print(
+            f"Data ({split}): {repeats:,} of {plural(pairs, 'pair', ',')} repeat an earlier pair exactly ({used} as "
+            "often as they appear)",
+            flush=True,
+        )
+    if evaluation and trained and (also := sum(d in trained for d in checked.digests)):
+        print(
+            f"Data ({split}): {also:,} of the {plural(pairs, 'evaluation pair', ',')} are also training pairs (their "
+            "eval loss is on pairs the model trains on)",
+            flush=True,
+        )
 
 
 def every_row_invalid(checked: RowCheck, split: str, source: str | None, template=None) -> str:
@@ -419,13 +456,22 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None, templat
 
 
 def usable_pairs(
-    dataset, rules: RowRules, derived: dict, key: str, *, split="train", source: str | None = None, dated=None
+    dataset,
+    rules: RowRules,
+    derived: dict,
+    key: str,
+    *,
+    split="train",
+    source: str | None = None,
+    dated=None,
+    trained: set | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
     row (located in `source`, `data.row_location`), or with `rules.skip_invalid` without the bad rows, recorded as
     `derived[key]`. No usable row left is refused too: the trainer would fail only after loading the model. `dated`:
     where the template writes the day it renders on, its warning kept there under `key`, not said (a mixture says it
-    once, `say_dated`)."""
+    once, `say_dated`). `trained`: the training pairs' digests, filled by the training split's read and counted
+    against by the held-out split's (`say_repeats`)."""
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
@@ -453,6 +499,10 @@ def usable_pairs(
             print(f"Dropped {dropped} of {checked.rows}: {checked.by_reason()}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
+    if say:
+        say_repeats(checked, split, rules.evaluation, trained)
+    if trained is not None and not rules.evaluation:
+        trained.update(checked.digests)
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
     pairs = dataset.select_columns(columns).map(

@@ -522,6 +522,32 @@ def _renamed(words: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
+def _negative_values_joined(words: list[str]) -> list[str]:
+    """`--flag -1e-6` as `--flag=-1e-6`, for every flag of one value: argparse reads a word starting with `-` as a flag
+    unless it looks like `-1` or `-0.5` to it (no exponent, no inf), so `--learning_rate -1e-6` (or a recipe's
+    `learning_rate: -1e-6`) was refused as "none given" before the range check could name the value. Joined, the word
+    is read as any value is (`--max_steps -1` as before)."""
+    options, out = _options(), []
+    for word in words:
+        flag = out[-1] if out else ""
+        action = options.get(flag) if flag.startswith("--") else None
+        if action is not None and action.nargs in (None, "?") and _negative_number(word):
+            out[-1] = f"{flag}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def _negative_number(word: str) -> bool:
+    if not word.startswith("-") or word.startswith("--"):
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 # Fields typed as objects that argparse cannot build from words: any value stopped in "invalid dict value".
 UNSETTABLE = {
     "liger_kernel_config": "use_liger_kernel runs liger-kernel's kernels with their defaults: "
@@ -577,6 +603,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
                 "or write one"
             )
     words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
+    words = _negative_values_joined(words)
     tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
     if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
         raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")

@@ -8,6 +8,7 @@ the same way. The checkpoint cut short is removed to give the space back; the sa
 import contextlib
 import errno
 import os
+import re
 import resource
 import shutil
 from pathlib import Path
@@ -85,7 +86,28 @@ def _todo(why: str) -> str:
 
 def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
-    return refused(error) or _probe(folder)
+    return refused(written_error(error) or error) or _probe(folder)
+
+
+# safetensors' text for a failed write (its SafetensorError carries no errno): Rust's io::Error for an OS error, the
+# file named where it knows it: 'Error while serializing: I/O error: File too large (os error 27)'
+SAFETENSORS_IO = re.compile(
+    r'I/O error: (?P<strerror>.+?) \(os error (?P<errno>[0-9]+)\)(?: at path "(?P<path>[^"]+)")?'
+)
+
+
+def written_error(error: BaseException) -> OSError | None:
+    """`error` as the OSError of the write that failed: itself, or the one a SafetensorError's text names (its type and
+    the OS's error number tell an I/O failure from a bug); else None. torch.save's failed write is left as it is: its
+    RuntimeError ('[enforce fail at inline_container.cc] ... unexpected pos 576 vs 534', or '... file write failed')
+    names no error number, and the same writer raises the same RuntimeError for what is no I/O failure."""
+    if isinstance(error, OSError):
+        return error
+    from safetensors import SafetensorError
+
+    if isinstance(error, SafetensorError) and (found := SAFETENSORS_IO.search(str(error))):
+        return OSError(int(found["errno"]), found["strerror"], found["path"])
+    return None
 
 
 def _probe(folder: Path) -> str | None:
@@ -221,11 +243,15 @@ def final_write(error: Exception, out: Path) -> Exception:
     """What the final save's `error` ends the run on: an OSError that is no full disk's (EIO, ESTALE, a PermissionError
     the folder's mode does not explain: root squashed on NFS, an immutable file) as one line naming the file, the fix
     and what the rerun does; it was raised as it was, a traceback after the whole training. A full disk's is left to
-    `write_failed` (train_dpo.main), anything else as it is."""
-    if not isinstance(error, OSError) or full_write(error) is not None:
+    `write_failed` (train_dpo.main), anything else as it is. safetensors' failed write is said as its OSError
+    (`written_error`)."""
+    failed = written_error(error)
+    if failed is None:
         return error
+    if full := full_write(failed):  # said by write_failed: here for safetensors', which train_dpo.main would not know
+        return error if failed is error else write_failed(*full)
     return RunError(
-        f"the final model could not be written in {out} ({cause(error)}): fix what refused the write (the file "
+        f"the final model could not be written in {out} ({cause(failed)}): fix what refused the write (the file "
         f"system's health, the folder's permissions: ask your admins if it stays), then rerun; {_after_final(out)}"
     )
 
