@@ -239,17 +239,24 @@ def _after_final(out: Path) -> str:
     return f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
 
 
+# What the file system or its permissions refuse a write with, whatever the space: the final save's one line names them
+WRITE_REFUSED = (errno.EIO, errno.ESTALE, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def final_write(error: Exception, out: Path) -> Exception:
     """What the final save's `error` ends the run on: an OSError that is no full disk's (EIO, ESTALE, a PermissionError
     the folder's mode does not explain: root squashed on NFS, an immutable file) as one line naming the file, the fix
     and what the rerun does; it was raised as it was, a traceback after the whole training. A full disk's is left to
-    `write_failed` (train_dpo.main), anything else as it is. safetensors' failed write is said as its OSError
+    `write_failed` (train_dpo.main), anything else as it is (a FileExistsError, a missing folder, an OSError of a
+    library's own: a bug's traceback, not "fix the file system"). safetensors' failed write is said as its OSError
     (`written_error`)."""
     failed = written_error(error)
     if failed is None:
         return error
     if full := full_write(failed):  # said by write_failed: here for safetensors', which train_dpo.main would not know
         return error if failed is error else write_failed(*full)
+    if failed.errno not in WRITE_REFUSED:  # a missing folder, a file in the way, a library's own: a bug's traceback
+        return error
     return RunError(
         f"the final model could not be written in {out} ({cause(failed)}): fix what refused the write (the file "
         f"system's health, the folder's permissions: ask your admins if it stays), then rerun; {_after_final(out)}"
