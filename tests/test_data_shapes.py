@@ -1239,3 +1239,22 @@ def test_repeated_pairs_and_held_out_pairs_also_trained_are_said_not_dropped(tmp
     derived: dict = {}
     _, read = read_pairs(str(path), "train", "messages", derived=derived)
     assert len(read) == len(train) and derived == {}  # every repeat is trained: none dropped, none counted invalid
+
+
+def test_a_pairs_digest_is_what_the_template_renders_not_how_arrow_stored_it():
+    """Two rows alike but for their chat_template_kwargs (thinking on, off) render as other tokens, and were counted a
+    repeat; the same pair in a split whose messages Arrow gave `tool_calls: null` (another message of it had tool
+    calls) was taken for another pair, so an evaluation pair also trained was not said (a reviewer's finding)."""
+    from dpotrain.data.rows import pair_digest
+
+    chat = [{"role": "user", "content": "hi"}]
+    pair = {
+        "prompt": chat,
+        "chosen": [{"role": "assistant", "content": "a"}],
+        "rejected": [{"role": "assistant", "content": "b"}],
+    }
+    thinking = {**pair, "chat_template_kwargs": {"enable_thinking": True}}
+    assert pair_digest(thinking) != pair_digest({**pair, "chat_template_kwargs": {"enable_thinking": False}})
+    assert pair_digest({**pair, "tools": [{"name": "f"}]}) != pair_digest(pair)
+    nulled = {k: [{**m, "tool_calls": None} for m in v] for k, v in pair.items()}
+    assert pair_digest(nulled) == pair_digest(pair)

@@ -62,9 +62,10 @@ def test_a_heartbeat_whose_refresh_fails_says_so_once_and_refreshes_again_once_i
 def test_a_heartbeat_at_a_lock_another_user_now_holds_stops_the_run_not_retries(tmp_path, monkeypatch, capsys):
     """The run's lock removed by hand (a folder that looked stuck) and the folder taken by a colleague's run, whose
     lock (umask 077) this user cannot read: the heartbeat said "could not be refreshed ... tried again", and both runs
-    trained on in one folder. The lock's owner, which stat tells without reading it, is another user's: the lock is
-    lost, and the run stops at its step's end as for any lock taken. Root chowns the lock to another uid here; its
-    read refused as a 0600 file is. (Old code: the refusal raised out of `beat`, retried, `lost` never set.)"""
+    trained on in one folder. Another file than the one the run made (stat tells it, unread: its inode, or its owner
+    where it took the removed one's inode) is lost, and the run stops at its step's end as for any lock taken. The
+    run's own file stays its own: a refresh that failed, said and retried. Its read refused as a 0600 file's is. (Old
+    code: the refusal raised out of `beat`, retried, `lost` never set.)"""
     import pickle
 
     out = tmp_path / "run"
@@ -81,20 +82,31 @@ def test_a_heartbeat_at_a_lock_another_user_now_holds_stops_the_run_not_retries(
         return read_bytes(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_bytes", refused)
-    if os.getuid() == 0:
-        os.chown(lock, 12345, 12345)
-        assert held.beat() is False
-        assert held.lost == "taken by another user's run (uid 12345), whose lock this run cannot read"
-        os.chown(lock, 0, 0)
-        held.lost = None
-    with pytest.raises(run_lock.LockUnreadable) as unread:  # the user's own: a failed refresh, said and retried
+    with pytest.raises(run_lock.LockUnreadable) as unread:  # the run's own: a failed refresh, said and retried
         held.beat()
     assert held.lost is None
+    lock.unlink()  # removed by hand, and a colleague's run took the folder: its own lock, another file
+    lock.write_text('{"host": "other", "pid": 1}')  # which may take the removed file's inode
+    if os.getuid() == 0:
+        os.chown(lock, 12345, 12345)  # the colleague's
+    elif (lock.stat().st_dev, lock.stat().st_ino, lock.stat().st_uid) == held.file:
+        pytest.skip("the new file took the removed one's inode, and only root can give it another owner")
+    assert held.beat() is False
+    assert held.lost.startswith("taken by another user's run (uid "), held.lost
+    assert held.lost.endswith("), whose lock this run cannot read"), held.lost
     shared = pickle.loads(pickle.dumps(unread.value))  # as `main_outcome` shares it with every rank
     assert type(shared) is run_lock.LockUnreadable and str(shared) == str(unread.value)
     assert isinstance(shared.error, PermissionError)
     monkeypatch.undo()
     held.release()
+    assert lock.read_text() == '{"host": "other", "pid": 1}'  # never another run's lock removed
+
+
+def test_a_lock_the_file_system_takes_none_of_is_no_lock(tmp_path, monkeypatch):
+    """A write that returns 0 (a file system that takes nothing and says nothing) looped for ever writing the lock."""
+    monkeypatch.setattr(os, "write", lambda fd, data: 0)
+    with pytest.raises(OSError, match="the file system wrote none of it"):
+        run_lock._create(tmp_path / "run.lock", b"{}")
 
 
 TAKE = textwrap.dedent("""

@@ -199,6 +199,7 @@ class Lock:
     def __init__(self, out: Path, raw: bytes, created_folder: bool):
         self.out, self.path, self.raw, self.created_folder = out, out / LOCK_FILE, raw, created_folder
         self.lost: str | None = None  # how the lock stopped being this run's: the run stops (`lost`)
+        self.file = _file_of(self.path)  # the file this run made: a lock it may not read is its own, or another's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
@@ -240,6 +241,7 @@ class Lock:
         if found is None:
             with contextlib.suppress(OSError):  # not linked (a read-only folder): lost, below
                 if _link(self.path, self.raw):
+                    self.file = _file_of(self.path)
                     warn(
                         f"the lock {self.path} was removed while this run held it: taken again, so that no other run "
                         f"starts in {self.out}; remove it only once its run has ended"
@@ -255,13 +257,14 @@ class Lock:
         return True
 
     def _unreadable_beat(self, unread: LockUnreadable) -> bool:
-        """A beat at a lock this process may not read. Another user's (its owner, which stat tells unread): the run's
-        own was removed by hand and a colleague's run (umask 077) took the folder, so it is lost, not a failed refresh
-        retried while two runs trained in one folder. The run's own made unreadable (chmod): its time still moved, and
-        the refusal raised for `_refresh` to say once."""
-        owner = self.path.stat().st_uid
-        if owner != os.getuid():
-            self.lost = f"taken by another user's run (uid {owner}), whose lock this run cannot read"
+        """A beat at a lock this process may not read. Another file than the one this run made (stat tells it unread):
+        the run's own was removed by hand and a colleague's run (umask 077) took the folder, so it is lost, not a failed
+        refresh retried while two runs trained in one folder. The run's own made unreadable (chmod): its time still
+        moved, and the refusal raised for `_refresh` to say once."""
+        found = self.path.stat()
+        # Its owner as shown when made, not this process's uid: NFS's root squash shows root's own file as nobody's
+        if self.file is not None and (found.st_dev, found.st_ino, found.st_uid) != self.file:
+            self.lost = f"taken by another user's run (uid {found.st_uid}), whose lock this run cannot read"
             warn(f"the lock {self.path} is no longer this run's ({self.lost}): it stops at the end of its step")
             return False
         with contextlib.suppress(OSError):
@@ -281,6 +284,16 @@ class Lock:
 
 
 _held: list[Lock] = []
+
+
+def _file_of(path: Path) -> tuple[int, int, int] | None:
+    """The file at `path` (device, inode and owner as shown: a file made after one removed may take its inode), None
+    where it cannot be looked at."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_uid
 
 
 def _link(lock: Path, raw: bytes) -> bool:
@@ -315,7 +328,9 @@ def _create(path: Path, raw: bytes, exclusive: bool = True, lock: Path | None = 
         # left the lock cut short, the take succeeded, and the first heartbeat found the lock not this run's
         written = 0
         while written < len(raw):
-            written += os.write(fd, raw[written:])
+            if not (wrote := os.write(fd, raw[written:])):  # a file system that takes nothing and says nothing
+                raise OSError(errno.EIO, "the file system wrote none of it", str(path))
+            written += wrote
         os.fsync(fd)
     except OSError as e:  # a full disk: no file left behind (no empty lock for the next run to wait out)
         with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed

@@ -591,7 +591,8 @@ def load(
         # Offline, datasets reads the copy it prepared last, whatever the commit: refused, not trained as the pinned one
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, rules.evaluation)
         try:
-            pairs = rows.usable_pairs(raw, rules, dropped, spec, split=spec, source=source.where, dated=dated)
+            where = {"split": spec, "source": source.where, "dated": dated, "mixed": True}
+            pairs = rows.usable_pairs(raw, rules, dropped, spec, **where)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):
                 raise

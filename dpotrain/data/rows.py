@@ -376,7 +376,7 @@ def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
             example, problem = read_row(dict(zip(columns, values, strict=True)), fmt, first=index == 0)
             if problem:
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
-            else:  # hashed here, where every row is read once anyway: a repeat is counted without a second pass
+            elif rules.say:  # hashed where every row is read once anyway; by the process that says the counts alone
                 digests.append(pair_digest(example))
             index += 1
     checked = RowCheck(index, invalid, time.perf_counter() - start, fmt, digests)
@@ -392,22 +392,34 @@ def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
 
 
 def pair_digest(example: dict) -> bytes:
-    """A pair's prompt, chosen and rejected as read (`read_row`'s example: the prompt explicit whatever the shape),
-    hashed: two rows with the same digest are the same pair, written alike or not."""
-    parts = [example.get(c) for c in ("prompt", "chosen", "rejected")]
+    """A pair as the trainer renders it (`read_row`'s example: the prompt explicit whatever the shape, with the tools
+    and chat_template_kwargs the template is given), hashed: two rows with the same digest are the same pair, written
+    alike or not. Null fields left out at every level: Arrow gives each message of a column every field any message
+    of it has (a split with one tool call gives all its messages `tool_calls: null`), and the same pair in another
+    split read without them was taken for another."""
+    parts = [_without_nulls(example.get(c)) for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)]
     text = json.dumps(parts, sort_keys=True, default=str)  # sorted: a message's keys in any order are the same pair
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def say_repeats(checked: RowCheck, split: str, evaluation: bool, trained: set | None) -> None:
+def _without_nulls(value):
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def say_repeats(checked: RowCheck, split: str, evaluation: bool, trained: set | None, mixed=False) -> None:
     """Pairs that repeat an earlier one of their split, and held-out pairs the run also trains on (`trained`: the
-    training pairs' digests): said, never dropped (open-instruct keeps them too), so a data set's repeats are known."""
+    training pairs' digests): said, never dropped (open-instruct keeps them too), so a data set's repeats are known.
+    `mixed`: a mixture's source, counted as read, before its share is taken (or repeated)."""
     pairs = len(checked.digests)
     if repeats := checked.repeats:
-        used = "evaluated" if evaluation else "trained"
+        used = "in the source as read, before its share is taken" if mixed else "evaluated" if evaluation else "trained"
         print(
-            f"Data ({split}): {repeats:,} of {plural(pairs, 'pair', ',')} repeat an earlier pair exactly ({used} as "
-            "often as they appear)",
+            f"Data ({split}): {repeats:,} of {plural(pairs, 'pair', ',')} repeat an earlier pair exactly "
+            f"({used}{'' if mixed else ' as often as they appear'})",
             flush=True,
         )
     if evaluation and trained and (also := sum(d in trained for d in checked.digests)):
@@ -465,13 +477,14 @@ def usable_pairs(
     source: str | None = None,
     dated=None,
     trained: set | None = None,
+    mixed: bool = False,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
     row (located in `source`, `data.row_location`), or with `rules.skip_invalid` without the bad rows, recorded as
     `derived[key]`. No usable row left is refused too: the trainer would fail only after loading the model. `dated`:
     where the template writes the day it renders on, its warning kept there under `key`, not said (a mixture says it
     once, `say_dated`). `trained`: the training pairs' digests, filled by the training split's read and counted
-    against by the held-out split's (`say_repeats`)."""
+    against by the held-out split's (`say_repeats`); `mixed`: a mixture's source."""
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
@@ -500,7 +513,7 @@ def usable_pairs(
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     if say:
-        say_repeats(checked, split, rules.evaluation, trained)
+        say_repeats(checked, split, rules.evaluation, trained, mixed)
     if trained is not None and not rules.evaluation:
         trained.update(checked.digests)
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]

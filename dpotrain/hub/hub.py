@@ -1,6 +1,7 @@
 """This project's one push path: the run's repo, the token kept off disk, the model card, the final upload, and the
 write-access check at start. Checkpoint branches: hub_push.py."""
 
+import contextlib
 import functools
 import sys
 import time
@@ -447,7 +448,8 @@ def push_run(
         check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
     except Exception as e:
         if started:  # its start recorded by the run: its outcome too, else each rerun said "killed while pushing"
-            record(status="failed", repo=repo_id, error=cause(e))
+            with contextlib.suppress(OSError):  # a record the disk refuses: the check's refusal is what to say
+                record(status="failed", repo=repo_id, error=cause(e))
         raise
     api = HfApi(token=token)
 

@@ -240,7 +240,8 @@ def _after_final(out: Path) -> str:
 
 
 # What the file system or its permissions refuse a write with, whatever the space: the final save's one line names them
-WRITE_REFUSED = (errno.EIO, errno.ESTALE, errno.EACCES, errno.EPERM, errno.EROFS)
+WRITE_REFUSED = (errno.EIO, errno.ESTALE, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTCONN, errno.ESHUTDOWN)
+WRITE_REFUSED += (errno.ETIMEDOUT, errno.EREMOTEIO, errno.EHOSTDOWN, errno.ENOLINK, errno.ECOMM)  # a mount gone
 
 
 def final_write(error: Exception, out: Path) -> Exception:
