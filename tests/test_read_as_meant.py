@@ -21,7 +21,7 @@ from test_refusals import refused
 import train_dpo
 from conftest import ROOT
 from dpotrain import options
-from dpotrain.data import builtin, cuts, data, lengths, rows
+from dpotrain.data import builtin, cuts, data, lengths, rows, shapes
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
@@ -910,6 +910,13 @@ def test_prompts_that_part_past_the_quoted_start_or_beside_the_text_are_shown_wh
     with pytest.raises(rows.InvalidRowError) as refused:
         rows.check_dataset(datasets.Dataset.from_list([pair(user, user), pair(user, other)]))
     assert says in str(refused.value)
+
+
+def test_prompts_whose_content_differs_only_in_type_are_shown_differing():
+    """Content `1` on one side and `"1"` on the other read "the same content, but content '1' in chosen, '1' here":
+    both shown as text. A value that is no text is shown as Python writes it."""
+    said = shapes._first_difference([{"role": "user", "content": 1}], [{"role": "user", "content": "1"}])
+    assert said == "message 0 (user): the same content, but content 1 in chosen, '1' here"
 
 
 # --- model folders --------------------------------------------------------------------------------------------------
