@@ -21,6 +21,7 @@ from test_refusals import refused
 import train_dpo
 from conftest import ROOT
 from dpotrain import options
+from dpotrain.cluster import job
 from dpotrain.data import builtin, cuts, data, lengths, rows, shapes
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
@@ -872,6 +873,16 @@ def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_p
     )
     quoted = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{key}: '{value}'\n")])
     assert {**vars(quoted.script), **vars(quoted.training)}[key] == value
+
+
+def test_a_slurm_jobs_engine_reads_home_in_the_recipes_accelerate_config(tmp_path, monkeypatch):
+    """docs/running.md says a Slurm job reads `~` in accelerate_config; the job's engine (what launch.sh launches and
+    checks with `-f`) took `~/zero3.yaml` as written, a file named `~` that is nowhere."""
+    monkeypatch.delenv("ACCELERATE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = recipe(tmp_path, "accelerate_config: ~/zero3.yaml\n")
+    assert job.engine(path) == str(tmp_path / "home" / "zero3.yaml")
+    assert job.engine(path, ["--accelerate_config=~/fsdp.yaml"]) == str(tmp_path / "home" / "fsdp.yaml")
 
 
 # --- data -----------------------------------------------------------------------------------------------------------
