@@ -23,9 +23,10 @@ from conftest import ROOT
 from dpotrain import options
 from dpotrain.cluster import job
 from dpotrain.data import builtin, cuts, data, lengths, rows, shapes
-from dpotrain.recipe import config
+from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.train import run_files
 
 SMOKE = ROOT / "configs" / "smoke.yaml"
 
@@ -828,6 +829,79 @@ def test_a_recipes_path_naming_a_variable_that_is_not_set_is_refused_by_name(tmp
     assert str(refused.value) == (
         f"{path}: output_dir '$SCRATCH/runs/a' names $SCRATCH, which is not set: export SCRATCH, or write the path out"
     )
+
+
+@pytest.mark.parametrize(
+    "written, read", [("outputs/run$5", "outputs/run$5"), ("cost$", "cost$"), ("a$-b/$$HOME", "a$-b/$HOME")]
+)
+def test_a_dollar_that_names_no_variable_is_read_as_written(written, read, tmp_path, monkeypatch):
+    """One rule: `$NAME` and `${NAME}` are expanded, `$$` is a `$`, a `$` before anything else is itself. `$5` was
+    refused as "names $5, which is not set", and `outputs/run$5` had trained in that folder before."""
+    monkeypatch.chdir(tmp_path)
+    parsed = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {written}\n")])
+    assert parsed.training.output_dir == read
+
+
+@pytest.mark.parametrize(
+    "written, says",
+    [
+        (
+            "${SCRATCH:-/tmp}/runs/a",
+            "holds ${SCRATCH:-/tmp}, which a recipe does not read (it reads ~, $NAME and ${NAME}; $$ is a $): write "
+            "the path out",
+        ),
+        ("$EMPTY/runs/a", "names $EMPTY, which is set empty (the path would start at the root): give EMPTY a value, "),
+        ("/scratch/$SLURM_JOB_ID", "names $SLURM_JOB_ID, which is set only inside a Slurm job: `RECIPE={path} sbatch "),
+    ],
+)
+def test_a_variable_a_recipe_cannot_read_is_refused_saying_why(written, says, tmp_path, monkeypatch):
+    """`${SCRATCH:-/tmp}` was refused as "names $SCRATCH, which is not set" with SCRATCH set; `$EMPTY/runs/a` (set
+    empty) was `/runs/a`, a folder at the root; `$SLURM_JOB_ID` on a login node said to export it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    monkeypatch.setenv("EMPTY", "")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {written}\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value).startswith(f"{path}: output_dir {written!r} {says.replace('{path}', path)}")
+
+
+@pytest.mark.parametrize("mark", [run_record.RESOLVED, run_files.MANIFEST])
+def test_a_run_in_the_folder_its_output_dir_named_as_written_is_not_left_behind(mark, tmp_path, monkeypatch):
+    """`output_dir: $HOME/runs/a` wrote in `./$HOME/runs/a` until `$` was expanded: the same recipe then named an empty
+    folder, and a requeue started again from step 0, the run's checkpoints left where they were, without a word."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    old = tmp_path / "$HOME" / "runs" / "a"
+    old.mkdir(parents=True)
+    (old / mark).write_text("{}")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: $HOME/runs/a\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value) == (
+        f"{path}: output_dir '$HOME/runs/a' is now read as a shell reads it, {tmp_path}/home/runs/a, but the folder "
+        f"named as written, {old}, holds a run ({mark}): move that folder to {tmp_path}/home/runs/a to go on there, "
+        "or pass --output_dir '$HOME/runs/a' to keep it where it is"
+    )
+    assert parse_args(["--config", path, "--output_dir", "$HOME/runs/a"]).training.output_dir == "$HOME/runs/a"
+
+
+def test_the_env_blocks_values_are_read_as_its_paths_are(tmp_path, monkeypatch):
+    """`env: {DATA: $SCRATCH/data}` kept `$SCRATCH` as written (only a name ending HOME, CACHE or DIR was expanded), and
+    `dataset_name: $DATA/x.jsonl` was then refused as "SCRATCH is not set", which it was. Each value reads as `export
+    DATA=$SCRATCH/data` would, with what the block set above it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCRATCH", str(SMOKE_DATA.parent.parent))
+    for name in ("DATA", "PAIRS"):
+        monkeypatch.delenv(name, raising=False)
+    path = recipe(
+        tmp_path,
+        f"env:\n  DATA: $SCRATCH/{SMOKE_DATA.parent.name}\n  PAIRS: ${{DATA}}/{SMOKE_DATA.name}\n"
+        "dataset_name: $PAIRS\n",
+    )
+    assert parse_args(["--config", path]).script.dataset_name == str(SMOKE_DATA)
+    assert os.environ["DATA"] == str(SMOKE_DATA.parent)
 
 
 def test_a_variable_the_command_line_passes_on_is_left_as_the_shell_left_it(tmp_path, monkeypatch):

@@ -24,6 +24,10 @@ from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE, value_words, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
+# The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
+# (run_record imports this module, run_files is a later stage); the tests hold the names equal
+RUN_MARKS = ("resolved_config.json", "run_files.json")
+
 
 def option(default, help: str, **metadata):
     """A field of `ProjectArguments`: its default, and its help (and `choices`) as HfArgumentParser reads them."""
@@ -399,13 +403,11 @@ def read_recipe(path: str) -> dict:
         if value is None or str(name) in os.environ:
             _say_hidden(path, str(name), value)
             continue
-        try:
-            taken[str(name)] = venv.expand_folder(str(name), recipe_file.written(value))
-        except KeyError as unset:
-            raise ConfigError(
-                f"{path}: env: {name} {recipe_file.written(value)!r} names ${unset.args[0]}, which is not set: export "
-                f"{unset.args[0]}, or give the folder's absolute path"
-            ) from None
+        try:  # every value read as `export DATA=$SCRATCH/data` reads it, with what the block set above it
+            taken[str(name)] = venv.shell_expanded(recipe_file.written(value), {**os.environ, **taken})
+        except venv.Unexpanded as e:
+            why = _unexpanded(e, path, "or give the folder's absolute path")
+            raise ConfigError(f"{path}: env: {name} {recipe_file.written(value)!r} {why}") from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
 
@@ -773,13 +775,46 @@ def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | No
         value = values[name]
         if not isinstance(value, str) or "$" not in value:
             continue
-        try:
-            values[name] = venv.shell_expanded(value)
-        except KeyError as unset:
-            raise ConfigError(
-                f"{config_path}: {name} {value!r} names ${unset.args[0]}, which is not set: export {unset.args[0]}, "
-                "or write the path out"
-            ) from None
+        values[name] = recipe_expanded(name, value, config_path)
+        if name == "output_dir":
+            _refuse_run_left_as_written(value, values[name], config_path)
+
+
+def recipe_expanded(name: str, value: str, config_path: str | None, fix: str = "or write the path out") -> str:
+    """A recipe's `value` of field `name` by `venv.shell_expanded`'s rule, or refused in one line with why and `fix`."""
+    try:
+        return venv.shell_expanded(value)
+    except venv.Unexpanded as e:
+        raise ConfigError(f"{config_path}: {name} {value!r} {_unexpanded(e, config_path, fix)}") from None
+
+
+def _unexpanded(e: venv.Unexpanded, config_path: str | None, fix: str) -> str:
+    """Why a recipe's `$` is not read, with `fix`. A SLURM_ variable is set by Slurm in the job, never by an export."""
+    name = e.args[0]
+    if e.why == "syntax":
+        reads = "it reads ~, $NAME and ${NAME}; $$ is a $"
+        return f"holds {name}, which a recipe does not read ({reads}): {fix.removeprefix('or ')}"
+    if e.why == "empty":
+        return f"names ${name}, which is set empty (the path would start at the root): give {name} a value, {fix}"
+    if name.startswith("SLURM_"):
+        job = f"RECIPE={shlex.quote(str(config_path))} sbatch scripts/dpo_train.sh --dry-run"
+        return f"names ${name}, which is set only inside a Slurm job: `{job}` plans it there, {fix}"
+    return f"names ${name}, which is not set: export {name}, {fix}"
+
+
+def _refuse_run_left_as_written(written: str, expanded: str, config_path: str | None) -> None:
+    """A recipe's output_dir read as written until its `$` was expanded (`$HOME/runs/a` was `./$HOME/runs/a`): where
+    that folder holds a run, the run in the expanded one (empty) would start again from step 0 after an upgrade, the
+    old checkpoints left behind without a word. Refused naming both folders."""
+    if os.path.abspath(written) == os.path.abspath(expanded):
+        return
+    held = next((Path(written) / f for f in RUN_MARKS if (Path(written) / f).is_file()), None)
+    if held is not None:
+        raise ConfigError(
+            f"{config_path}: output_dir {written!r} is now read as a shell reads it, {expanded}, but the folder named "
+            f"as written, {Path(written).resolve()}, holds a run ({held.name}): move that folder to {expanded} to go "
+            f"on there, or pass --output_dir {shlex.quote(written)} to keep it where it is"
+        )
 
 
 def _beside_recipe(name: str, value: str, config_path: str | None) -> None:
