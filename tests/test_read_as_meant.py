@@ -930,7 +930,7 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     )
 
 
-@pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off"])
+@pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off", "dataset_config: On"])
 def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_path, monkeypatch):
     """YAML 1.1 reads an unquoted yes, no, on or off as a boolean, which became the word 'true' or 'false': a data
     set's configuration `no` (Norwegian) was asked for as 'false', `output_dir: yes` trained into a folder named
@@ -940,10 +940,10 @@ def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_p
     path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{line}\n")
     with pytest.raises(ConfigError) as refused:
         parse_args(["--config", path])
-    boolean = "true" if value in ("yes", "on") else "false"
+    boolean = "true" if value.lower() in ("yes", "on") else "false"
     assert str(refused.value) == (
         f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean {boolean} (yes, no, on and off "
-        f"too): quote it ({key}: 'no')"
+        f"too): quote it ({key}: '{value}')"
     )
     quoted = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{key}: '{value}'\n")])
     assert {**vars(quoted.script), **vars(quoted.training)}[key] == value
@@ -957,6 +957,42 @@ def test_a_slurm_jobs_engine_reads_home_in_the_recipes_accelerate_config(tmp_pat
     path = recipe(tmp_path, "accelerate_config: ~/zero3.yaml\n")
     assert job.engine(path) == str(tmp_path / "home" / "zero3.yaml")
     assert job.engine(path, ["--accelerate_config=~/fsdp.yaml"]) == str(tmp_path / "home" / "fsdp.yaml")
+
+
+@pytest.mark.parametrize(
+    "lines, key",
+    [
+        ("dataset_mixer_list: [a.jsonl, '1.0']\ndataset_mixer_list_splits: [no]\n", "dataset_mixer_list_splits"),
+        ("datasets:\n  - {path: json, data_files: a.jsonl, name: no}\n", "datasets"),
+    ],
+)
+def test_a_mixtures_name_yaml_reads_as_a_boolean_is_refused_quoting_it(lines, key, tmp_path, monkeypatch):
+    """`dataset_mixer_list_splits: [no]` became the split 'false', a `datasets:` entry's `name: no` was recorded as
+    `name: false`: refused as the fields' own are, quoting the word written."""
+    monkeypatch.chdir(tmp_path)
+    path = recipe(tmp_path, lines)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value) == (
+        f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean false (yes, no, on and off too): "
+        "quote it ('no')"
+    )
+
+
+def test_a_mixtures_paths_read_variables_as_the_recipes_paths_do(tmp_path, monkeypatch):
+    """`dataset_mixer_list: [$DATA/x.jsonl, '1.0']` and a `datasets:` entry's `data_files: $DATA/x.jsonl` were kept as
+    written while `dataset_name: $DATA/x.jsonl` was expanded: docs/running.md says a recipe's paths."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATA", str(SMOKE_DATA.parent))
+    mixer = parse_args(["--config", recipe(tmp_path, f"dataset_mixer_list: [$DATA/{SMOKE_DATA.name}, '1.0']\n")])
+    assert mixer.project.dataset_mixer_list == [str(SMOKE_DATA), "1.0"]
+    entry = f"datasets:\n  - path: json\n    data_files: ${{DATA}}/{SMOKE_DATA.name}\n"
+    trl = parse_args(["--config", recipe(tmp_path, entry)])
+    assert [json.loads(e)["data_files"] for e in trl.project.datasets] == [str(SMOKE_DATA)]
+    monkeypatch.delenv("DATA")
+    path = recipe(tmp_path, entry)
+    with pytest.raises(ConfigError, match=r"datasets '\$\{DATA\}/smoke_prefs.jsonl' names \$DATA, which is not set"):
+        parse_args(["--config", path])
 
 
 # --- data -----------------------------------------------------------------------------------------------------------

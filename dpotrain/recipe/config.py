@@ -414,13 +414,25 @@ def read_recipe(path: str) -> dict:
 
 def _refuse_boolean_text(path: str, config: dict) -> None:
     """YAML 1.1 reads an unquoted yes, no, on or off as a boolean: a data set's configuration `no` (Norwegian) was
-    asked for as 'false', and `output_dir: yes` trained into a folder named `true`, without a word."""
-    for key in TEXT_FIELDS:
-        if isinstance(config.get(key), bool):
-            raise ConfigError(
-                f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean "
-                f"{str(config[key]).lower()} (yes, no, on and off too): quote it ({key}: 'no')"
-            )
+    asked for as 'false', and `output_dir: yes` trained into a folder named `true`, without a word. A mixture's list
+    elements (`dataset_mixer_list_splits: [no]` became 'false') and an entry's names and paths too."""
+    for key in (*TEXT_FIELDS, *TEXT_LISTS, *MIXTURE_ENTRIES):
+        value = config.get(key)
+        if key in TEXT_LISTS and isinstance(value, list):
+            value = next((v for v in value if isinstance(v, bool)), None)
+        elif key in MIXTURE_ENTRIES and isinstance(value, list):
+            parts = [e.get(k) for e in value if isinstance(e, dict) for k in ENTRY_TEXT]
+            value = next((v for v in parts if isinstance(v, bool)), None)
+        if not isinstance(value, bool):
+            continue
+        word = recipe_file.boolean_word(path, key)  # as written (`on`, `No`), quoted back
+        fix = "quote the value, e.g. 'no'" if word is None else f"quote it ({key}: '{word}')"
+        if word is not None and isinstance(config[key], list):
+            fix = f"quote it ('{word}')"
+        raise ConfigError(
+            f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean {str(value).lower()} "
+            f"(yes, no, on and off too): {fix}"
+        )
 
 
 # Keys other tools take for a base file: a recipe has no include, and `config: ...` was refused as a misspelling
@@ -740,6 +752,11 @@ PATH_FIELDS = (*RECIPE_PATHS, "resume_from_checkpoint")  # every field that name
 # Fields that take a name or a path, never a yes or no
 TEXT_FIELDS = ("run_name", "output_dir", "dataset_config", "dataset_train_split", "dataset_test_split")
 TEXT_FIELDS += ("dataset_revision", "model_revision", "hub_revision", "hub_model_id", *RECIPE_PATHS)
+# A mixture's lists of sources and splits, each element text; TRL's entries, whose names and paths are text
+TEXT_LISTS = ("dataset_mixer_list", "dataset_mixer_list_splits", "dataset_mixer_eval_list")
+TEXT_LISTS += ("dataset_mixer_eval_list_splits",)
+MIXTURE_ENTRIES = ("datasets", "eval_datasets")
+ENTRY_TEXT = ("path", "name", "split", "data_dir", "data_files", "revision")
 
 
 def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> None:
@@ -879,15 +896,16 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
 
 def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str], config_path: str | None) -> None:
     """A mixture source's relative paths placed as the fields' are (`_placed_paths`), a recipe's found only beside the
-    recipe file refused naming it (`_beside_recipe`)."""
+    recipe file refused naming it (`_beside_recipe`), a recipe's `~` and `$NAME` read as its fields' are."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if values[f] and f in from_recipe | on_command_line]:
 
         def from_project(value: str, pattern: bool = False, name=name) -> str | None:
+            value = recipe_expanded(name, value, config_path)  # `$DATA/x.jsonl` as dataset_name reads it
             placed = _project_file(value, pattern)
             if placed is None and not pattern:
                 _beside_recipe(name, value, config_path)
-            return placed
+            return placed or value
 
         move = from_project if name in from_recipe else _submitted_file
         values[name] = _moved_sources(values[name], name.startswith("dataset_mixer"), move)
