@@ -995,6 +995,30 @@ def test_a_mixtures_paths_read_variables_as_the_recipes_paths_do(tmp_path, monke
         parse_args(["--config", path])
 
 
+def test_the_prefetch_command_of_a_job_whose_output_dir_names_its_job_id_runs_on_the_login_node(
+    tmp_path, monkeypatch, capsys
+):
+    """`output_dir: /scratch/u/$SLURM_JOB_ID`: the prefetch command an offline job prints, run on the login node (no
+    SLURM_JOB_ID there), stopped on "SLURM_JOB_ID is not set" and fetched nothing. It names the job's own folder."""
+    import importlib.util
+    import shlex
+
+    from dpotrain.cluster import offline
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {tmp_path}/$SLURM_JOB_ID\n")
+    command = offline.prefetch_command(parse_args(["--config", path, "--dry-run"]))
+    assert command.endswith(f"prefetch.py --config {path} --output_dir {tmp_path}/4242"), command
+    monkeypatch.delenv("SLURM_JOB_ID")  # the login node
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    words = shlex.split(command)  # after the caches' variables and `python scripts/prefetch.py`
+    prefetch.main(words[words.index("--config") :])
+    assert capsys.readouterr().out.startswith("Nothing to fetch: builtin:tiny-olmo3 and ")
+
+
 # --- data -----------------------------------------------------------------------------------------------------------
 
 
