@@ -979,6 +979,19 @@ def test_a_mixtures_name_yaml_reads_as_a_boolean_is_refused_quoting_it(lines, ke
     )
 
 
+def test_a_mixture_entrys_boolean_split_is_refused_wherever_the_entry_comes_from():
+    """A `datasets` entry's `split: false` (YAML's unquoted no, or JSON's on the command line) fell back to the default
+    split without a word."""
+    from dpotrain.data import mixture
+
+    with pytest.raises(ConfigError) as refused:
+        mixture._entry(json.dumps({"path": "a.jsonl", "split": False}), "train", "--datasets", "dataset_train_split")
+    assert str(refused.value) == (
+        "`--datasets:` entry 'a.jsonl': split is the boolean false, which YAML reads from an unquoted yes, no, on or "
+        "off: quote it (split: 'no')"
+    )
+
+
 def test_a_mixtures_paths_read_variables_as_the_recipes_paths_do(tmp_path, monkeypatch):
     """`dataset_mixer_list: [$DATA/x.jsonl, '1.0']` and a `datasets:` entry's `data_files: $DATA/x.jsonl` were kept as
     written while `dataset_name: $DATA/x.jsonl` was expanded: docs/running.md says a recipe's paths."""
