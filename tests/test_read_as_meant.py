@@ -21,10 +21,12 @@ from test_refusals import refused
 import train_dpo
 from conftest import ROOT
 from dpotrain import options
-from dpotrain.data import builtin, cuts, data, lengths, rows
-from dpotrain.recipe import config
+from dpotrain.cluster import job
+from dpotrain.data import builtin, cuts, data, lengths, rows, shapes
+from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.train import run_files
 
 SMOKE = ROOT / "configs" / "smoke.yaml"
 
@@ -829,6 +831,79 @@ def test_a_recipes_path_naming_a_variable_that_is_not_set_is_refused_by_name(tmp
     )
 
 
+@pytest.mark.parametrize(
+    "written, read", [("outputs/run$5", "outputs/run$5"), ("cost$", "cost$"), ("a$-b/$$HOME", "a$-b/$HOME")]
+)
+def test_a_dollar_that_names_no_variable_is_read_as_written(written, read, tmp_path, monkeypatch):
+    """One rule: `$NAME` and `${NAME}` are expanded, `$$` is a `$`, a `$` before anything else is itself. `$5` was
+    refused as "names $5, which is not set", and `outputs/run$5` had trained in that folder before."""
+    monkeypatch.chdir(tmp_path)
+    parsed = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {written}\n")])
+    assert parsed.training.output_dir == read
+
+
+@pytest.mark.parametrize(
+    "written, says",
+    [
+        (
+            "${SCRATCH:-/tmp}/runs/a",
+            "holds ${SCRATCH:-/tmp}, which a recipe does not read (it reads ~, $NAME and ${NAME}; $$ is a $): write "
+            "the path out",
+        ),
+        ("$EMPTY/runs/a", "names $EMPTY, which is set empty (the path would start at the root): give EMPTY a value, "),
+        ("/scratch/$SLURM_JOB_ID", "names $SLURM_JOB_ID, which is set only inside a Slurm job: `RECIPE={path} sbatch "),
+    ],
+)
+def test_a_variable_a_recipe_cannot_read_is_refused_saying_why(written, says, tmp_path, monkeypatch):
+    """`${SCRATCH:-/tmp}` was refused as "names $SCRATCH, which is not set" with SCRATCH set; `$EMPTY/runs/a` (set
+    empty) was `/runs/a`, a folder at the root; `$SLURM_JOB_ID` on a login node said to export it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    monkeypatch.setenv("EMPTY", "")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {written}\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value).startswith(f"{path}: output_dir {written!r} {says.replace('{path}', path)}")
+
+
+@pytest.mark.parametrize("mark", [run_record.RESOLVED, run_files.MANIFEST])
+def test_a_run_in_the_folder_its_output_dir_named_as_written_is_not_left_behind(mark, tmp_path, monkeypatch):
+    """`output_dir: $HOME/runs/a` wrote in `./$HOME/runs/a` until `$` was expanded: the same recipe then named an empty
+    folder, and a requeue started again from step 0, the run's checkpoints left where they were, without a word."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    old = tmp_path / "$HOME" / "runs" / "a"
+    old.mkdir(parents=True)
+    (old / mark).write_text("{}")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: $HOME/runs/a\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value) == (
+        f"{path}: output_dir '$HOME/runs/a' is now read as a shell reads it, {tmp_path}/home/runs/a, but the folder "
+        f"named as written, {old}, holds a run ({mark}): move that folder to {tmp_path}/home/runs/a to go on there, "
+        "or pass --output_dir '$HOME/runs/a' to keep it where it is"
+    )
+    assert parse_args(["--config", path, "--output_dir", "$HOME/runs/a"]).training.output_dir == "$HOME/runs/a"
+
+
+def test_the_env_blocks_values_are_read_as_its_paths_are(tmp_path, monkeypatch):
+    """`env: {DATA: $SCRATCH/data}` kept `$SCRATCH` as written (only a name ending HOME, CACHE or DIR was expanded), and
+    `dataset_name: $DATA/x.jsonl` was then refused as "SCRATCH is not set", which it was. Each value reads as `export
+    DATA=$SCRATCH/data` would, with what the block set above it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCRATCH", str(SMOKE_DATA.parent.parent))
+    for name in ("DATA", "PAIRS"):
+        monkeypatch.delenv(name, raising=False)
+    path = recipe(
+        tmp_path,
+        f"env:\n  DATA: $SCRATCH/{SMOKE_DATA.parent.name}\n  PAIRS: ${{DATA}}/{SMOKE_DATA.name}\n"
+        "dataset_name: $PAIRS\n",
+    )
+    assert parse_args(["--config", path]).script.dataset_name == str(SMOKE_DATA)
+    assert os.environ["DATA"] == str(SMOKE_DATA.parent)
+
+
 def test_a_variable_the_command_line_passes_on_is_left_as_the_shell_left_it(tmp_path, monkeypatch):
     """A `$` on the command line was quoted there (the shell expands the others): the folder is the one named."""
     monkeypatch.chdir(tmp_path)
@@ -855,7 +930,7 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     )
 
 
-@pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off"])
+@pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off", "dataset_config: On"])
 def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_path, monkeypatch):
     """YAML 1.1 reads an unquoted yes, no, on or off as a boolean, which became the word 'true' or 'false': a data
     set's configuration `no` (Norwegian) was asked for as 'false', `output_dir: yes` trained into a folder named
@@ -865,13 +940,96 @@ def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_p
     path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{line}\n")
     with pytest.raises(ConfigError) as refused:
         parse_args(["--config", path])
-    boolean = "true" if value in ("yes", "on") else "false"
+    boolean = "true" if value.lower() in ("yes", "on") else "false"
     assert str(refused.value) == (
         f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean {boolean} (yes, no, on and off "
-        f"too): quote it ({key}: 'no')"
+        f"too): quote it ({key}: '{value}')"
     )
     quoted = parse_args(["--config", recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\n{key}: '{value}'\n")])
     assert {**vars(quoted.script), **vars(quoted.training)}[key] == value
+
+
+def test_a_slurm_jobs_engine_reads_home_in_the_recipes_accelerate_config(tmp_path, monkeypatch):
+    """docs/running.md says a Slurm job reads `~` in accelerate_config; the job's engine (what launch.sh launches and
+    checks with `-f`) took `~/zero3.yaml` as written, a file named `~` that is nowhere."""
+    monkeypatch.delenv("ACCELERATE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = recipe(tmp_path, "accelerate_config: ~/zero3.yaml\n")
+    assert job.engine(path) == str(tmp_path / "home" / "zero3.yaml")
+    assert job.engine(path, ["--accelerate_config=~/fsdp.yaml"]) == str(tmp_path / "home" / "fsdp.yaml")
+
+
+@pytest.mark.parametrize(
+    "lines, key",
+    [
+        ("dataset_mixer_list: [a.jsonl, '1.0']\ndataset_mixer_list_splits: [no]\n", "dataset_mixer_list_splits"),
+        ("datasets:\n  - {path: json, data_files: a.jsonl, name: no}\n", "datasets"),
+    ],
+)
+def test_a_mixtures_name_yaml_reads_as_a_boolean_is_refused_quoting_it(lines, key, tmp_path, monkeypatch):
+    """`dataset_mixer_list_splits: [no]` became the split 'false', a `datasets:` entry's `name: no` was recorded as
+    `name: false`: refused as the fields' own are, quoting the word written."""
+    monkeypatch.chdir(tmp_path)
+    path = recipe(tmp_path, lines)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value) == (
+        f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean false (yes, no, on and off too): "
+        "quote it ('no')"
+    )
+
+
+def test_a_mixture_entrys_boolean_split_is_refused_wherever_the_entry_comes_from():
+    """A `datasets` entry's `split: false` (YAML's unquoted no, or JSON's on the command line) fell back to the default
+    split without a word."""
+    from dpotrain.data import mixture
+
+    with pytest.raises(ConfigError) as refused:
+        mixture._entry(json.dumps({"path": "a.jsonl", "split": False}), "train", "--datasets", "dataset_train_split")
+    assert str(refused.value) == (
+        "`--datasets:` entry 'a.jsonl': split is the boolean false, which YAML reads from an unquoted yes, no, on or "
+        "off: quote it (split: 'no')"
+    )
+
+
+def test_a_mixtures_paths_read_variables_as_the_recipes_paths_do(tmp_path, monkeypatch):
+    """`dataset_mixer_list: [$DATA/x.jsonl, '1.0']` and a `datasets:` entry's `data_files: $DATA/x.jsonl` were kept as
+    written while `dataset_name: $DATA/x.jsonl` was expanded: docs/running.md says a recipe's paths."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATA", str(SMOKE_DATA.parent))
+    mixer = parse_args(["--config", recipe(tmp_path, f"dataset_mixer_list: [$DATA/{SMOKE_DATA.name}, '1.0']\n")])
+    assert mixer.project.dataset_mixer_list == [str(SMOKE_DATA), "1.0"]
+    entry = f"datasets:\n  - path: json\n    data_files: ${{DATA}}/{SMOKE_DATA.name}\n"
+    trl = parse_args(["--config", recipe(tmp_path, entry)])
+    assert [json.loads(e)["data_files"] for e in trl.project.datasets] == [str(SMOKE_DATA)]
+    monkeypatch.delenv("DATA")
+    path = recipe(tmp_path, entry)
+    with pytest.raises(ConfigError, match=r"datasets '\$\{DATA\}/smoke_prefs.jsonl' names \$DATA, which is not set"):
+        parse_args(["--config", path])
+
+
+def test_the_prefetch_command_of_a_job_whose_output_dir_names_its_job_id_runs_on_the_login_node(
+    tmp_path, monkeypatch, capsys
+):
+    """`output_dir: /scratch/u/$SLURM_JOB_ID`: the prefetch command an offline job prints, run on the login node (no
+    SLURM_JOB_ID there), stopped on "SLURM_JOB_ID is not set" and fetched nothing. It names the job's own folder."""
+    import importlib.util
+    import shlex
+
+    from dpotrain.cluster import offline
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {tmp_path}/$SLURM_JOB_ID\n")
+    command = offline.prefetch_command(parse_args(["--config", path, "--dry-run"]))
+    assert command.endswith(f"prefetch.py --config {path} --output_dir {tmp_path}/4242"), command
+    monkeypatch.delenv("SLURM_JOB_ID")  # the login node
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    words = shlex.split(command)  # after the caches' variables and `python scripts/prefetch.py`
+    prefetch.main(words[words.index("--config") :])
+    assert capsys.readouterr().out.startswith("Nothing to fetch: builtin:tiny-olmo3 and ")
 
 
 # --- data -----------------------------------------------------------------------------------------------------------
@@ -910,6 +1068,13 @@ def test_prompts_that_part_past_the_quoted_start_or_beside_the_text_are_shown_wh
     with pytest.raises(rows.InvalidRowError) as refused:
         rows.check_dataset(datasets.Dataset.from_list([pair(user, user), pair(user, other)]))
     assert says in str(refused.value)
+
+
+def test_prompts_whose_content_differs_only_in_type_are_shown_differing():
+    """Content `1` on one side and `"1"` on the other read "the same content, but content '1' in chosen, '1' here":
+    both shown as text. A value that is no text is shown as Python writes it."""
+    said = shapes._first_difference([{"role": "user", "content": 1}], [{"role": "user", "content": "1"}])
+    assert said == "message 0 (user): the same content, but content 1 in chosen, '1' here"
 
 
 # --- model folders --------------------------------------------------------------------------------------------------

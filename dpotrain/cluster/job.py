@@ -38,12 +38,15 @@ def engine(recipe: str, train_args: list[str] | None = None) -> str:
             f"ACCELERATE_CONFIG={env} and --accelerate_config {given} name different engines: keep one of them"
         )
     named = env or given
+    named = os.path.expanduser(named) if named else named  # `--accelerate_config=~/z.yaml`: no shell expands that `~`
     if named and (there := config.in_submit_dir(named)) is not None and there.is_file():
         # The job's own (ACCELERATE_CONFIG=my_accel.yaml or an argument): the folder submitted from's where it is
         # there, as the command line's other paths (the job runs in the project, where it was refused as not found)
         return str(there)
     if named is None and (own := recipe_file.load(recipe).get("accelerate_config")) is not None:
-        named = recipe_file.written(own)  # as written, as the run reads it (`1.10` is no float 1.1)
+        # as written, as the run reads it (`1.10` is no float 1.1), `~` its home: launch.sh's `-f` check took it as
+        # written, and a recipe's `accelerate_config: ~/zero3.yaml` was refused as not found
+        named = os.path.expanduser(recipe_file.written(own))
     return named if named and named.lower() != "none" else ProjectArguments.accelerate_config
 
 

@@ -167,7 +167,9 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
     # prefetch.py decides on the job's folder: one the job names, else the recipe's (a stopped run there, read without
     # it, had its commits fetched for a new job in another folder, which then refused that copy again)
     typed = "output_dir" in config.fields_set(recipe.command_line)
-    folder = output_dir or (recipe.training.output_dir if typed else None)
+    # A recipe's `$SLURM_JOB_ID` in output_dir is set in the job alone: the login node is given the job's own folder
+    expanded = "$" in str(in_file.get("output_dir", ""))
+    folder = output_dir or (recipe.training.output_dir if typed or expanded else None)
     args += ["--output_dir", folder] if folder else []
     # A resume of a named checkpoint reads the commits its own record holds (resolve.trained_under), as prefetch.py does
     checkpoint = recipe.training.resume_from_checkpoint

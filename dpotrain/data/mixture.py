@@ -283,6 +283,12 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
             f"`{flag}:` entry {entry.get('path')!r}: unknown {plural(len(unknown), 'key', count=False)} {unknown}; "
             f"an entry takes {', '.join(ENTRY_KEYS)}"
         )
+    # `split: no` read as YAML's false fell back to the default split, `name: no` was asked for as False
+    if texts := [k for k in ("path", "name", "split", "data_dir") if isinstance(entry.get(k), bool)]:
+        raise ConfigError(
+            f"`{flag}:` entry {entry.get('path')!r}: {texts[0]} is the boolean {json.dumps(entry[texts[0]])}, which "
+            f"YAML reads from an unquoted yes, no, on or off: quote it ({texts[0]}: 'no')"
+        )
     if not entry.get("path"):
         raise ConfigError(
             f"`{flag}:` entry {entry}: no `path` (a Hub name, a local file or folder, or "

@@ -367,8 +367,10 @@ def _differing(x: dict, y: dict) -> str:
     whose text is the same and a field beside it is not (a `name` on one side)."""
     texts = str(x.get("content")), str(y.get("content"))
     if texts[0] == texts[1]:
-        key = next(k for k in sorted({*x, *y}, key=str) if x.get(k) != y.get(k))
-        shown = ("none" if m.get(key) is None else _short(m[key]) for m in (x, y))
+        # content 1 and "1" read the same as text: then the content is the key, each shown by its repr (not as text)
+        key = next((k for k in sorted({*x, *y}, key=str) if x.get(k) != y.get(k)), "content")
+        as_text = all(isinstance(m.get(key), str) for m in (x, y))
+        shown = ("none" if m.get(key) is None else _short(m[key]) if as_text else repr(m[key]) for m in (x, y))
         return "the same content, but {} {} in chosen, {} here".format(key, *shown)
     at = next((i for i, pair in enumerate(zip(*texts, strict=False)) if len(set(pair)) > 1), min(map(len, texts)))
     if at < SHORT - 3:  # `_short` shows where they part

@@ -24,6 +24,10 @@ from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE, value_words, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
+# The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
+# (run_record imports this module, run_files is a later stage); the tests hold the names equal
+RUN_MARKS = ("resolved_config.json", "run_files.json")
+
 
 def option(default, help: str, **metadata):
     """A field of `ProjectArguments`: its default, and its help (and `choices`) as HfArgumentParser reads them."""
@@ -399,26 +403,36 @@ def read_recipe(path: str) -> dict:
         if value is None or str(name) in os.environ:
             _say_hidden(path, str(name), value)
             continue
-        try:
-            taken[str(name)] = venv.expand_folder(str(name), recipe_file.written(value))
-        except KeyError as unset:
-            raise ConfigError(
-                f"{path}: env: {name} {recipe_file.written(value)!r} names ${unset.args[0]}, which is not set: export "
-                f"{unset.args[0]}, or give the folder's absolute path"
-            ) from None
+        try:  # every value read as `export DATA=$SCRATCH/data` reads it, with what the block set above it
+            taken[str(name)] = venv.shell_expanded(recipe_file.written(value), {**os.environ, **taken})
+        except venv.Unexpanded as e:
+            why = _unexpanded(e, path, "or give the folder's absolute path")
+            raise ConfigError(f"{path}: env: {name} {recipe_file.written(value)!r} {why}") from None
         _check_env_cache_folder(path, str(name), taken[str(name)])
     return config | ({"env": taken} if "env" in config else {})
 
 
 def _refuse_boolean_text(path: str, config: dict) -> None:
     """YAML 1.1 reads an unquoted yes, no, on or off as a boolean: a data set's configuration `no` (Norwegian) was
-    asked for as 'false', and `output_dir: yes` trained into a folder named `true`, without a word."""
-    for key in TEXT_FIELDS:
-        if isinstance(config.get(key), bool):
-            raise ConfigError(
-                f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean "
-                f"{str(config[key]).lower()} (yes, no, on and off too): quote it ({key}: 'no')"
-            )
+    asked for as 'false', and `output_dir: yes` trained into a folder named `true`, without a word. A mixture's list
+    elements (`dataset_mixer_list_splits: [no]` became 'false') and an entry's names and paths too."""
+    for key in (*TEXT_FIELDS, *TEXT_LISTS, *MIXTURE_ENTRIES):
+        value = config.get(key)
+        if key in TEXT_LISTS and isinstance(value, list):
+            value = next((v for v in value if isinstance(v, bool)), None)
+        elif key in MIXTURE_ENTRIES and isinstance(value, list):
+            parts = [e.get(k) for e in value if isinstance(e, dict) for k in ENTRY_TEXT]
+            value = next((v for v in parts if isinstance(v, bool)), None)
+        if not isinstance(value, bool):
+            continue
+        word = recipe_file.boolean_word(path, key)  # as written (`on`, `No`), quoted back
+        fix = "quote the value, e.g. 'no'" if word is None else f"quote it ({key}: '{word}')"
+        if word is not None and isinstance(config[key], list):
+            fix = f"quote it ('{word}')"
+        raise ConfigError(
+            f"{path}: {key} takes text, and YAML reads its unquoted value as the boolean {str(value).lower()} "
+            f"(yes, no, on and off too): {fix}"
+        )
 
 
 # Keys other tools take for a base file: a recipe has no include, and `config: ...` was refused as a misspelling
@@ -765,6 +779,11 @@ PATH_FIELDS = (*RECIPE_PATHS, "resume_from_checkpoint")  # every field that name
 # Fields that take a name or a path, never a yes or no
 TEXT_FIELDS = ("run_name", "output_dir", "dataset_config", "dataset_train_split", "dataset_test_split")
 TEXT_FIELDS += ("dataset_revision", "model_revision", "hub_revision", "hub_model_id", *RECIPE_PATHS)
+# A mixture's lists of sources and splits, each element text; TRL's entries, whose names and paths are text
+TEXT_LISTS = ("dataset_mixer_list", "dataset_mixer_list_splits", "dataset_mixer_eval_list")
+TEXT_LISTS += ("dataset_mixer_eval_list_splits",)
+MIXTURE_ENTRIES = ("datasets", "eval_datasets")
+ENTRY_TEXT = ("path", "name", "split", "data_dir", "data_files", "revision")
 
 
 def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> None:
@@ -800,13 +819,46 @@ def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | No
         value = values[name]
         if not isinstance(value, str) or "$" not in value:
             continue
-        try:
-            values[name] = venv.shell_expanded(value)
-        except KeyError as unset:
-            raise ConfigError(
-                f"{config_path}: {name} {value!r} names ${unset.args[0]}, which is not set: export {unset.args[0]}, "
-                "or write the path out"
-            ) from None
+        values[name] = recipe_expanded(name, value, config_path)
+        if name == "output_dir":
+            _refuse_run_left_as_written(value, values[name], config_path)
+
+
+def recipe_expanded(name: str, value: str, config_path: str | None, fix: str = "or write the path out") -> str:
+    """A recipe's `value` of field `name` by `venv.shell_expanded`'s rule, or refused in one line with why and `fix`."""
+    try:
+        return venv.shell_expanded(value)
+    except venv.Unexpanded as e:
+        raise ConfigError(f"{config_path}: {name} {value!r} {_unexpanded(e, config_path, fix)}") from None
+
+
+def _unexpanded(e: venv.Unexpanded, config_path: str | None, fix: str) -> str:
+    """Why a recipe's `$` is not read, with `fix`. A SLURM_ variable is set by Slurm in the job, never by an export."""
+    name = e.args[0]
+    if e.why == "syntax":
+        reads = "it reads ~, $NAME and ${NAME}; $$ is a $"
+        return f"holds {name}, which a recipe does not read ({reads}): {fix.removeprefix('or ')}"
+    if e.why == "empty":
+        return f"names ${name}, which is set empty (the path would start at the root): give {name} a value, {fix}"
+    if name.startswith("SLURM_"):
+        job = f"RECIPE={shlex.quote(str(config_path))} sbatch scripts/dpo_train.sh --dry-run"
+        return f"names ${name}, which is set only inside a Slurm job: `{job}` plans it there, {fix}"
+    return f"names ${name}, which is not set: export {name}, {fix}"
+
+
+def _refuse_run_left_as_written(written: str, expanded: str, config_path: str | None) -> None:
+    """A recipe's output_dir read as written until its `$` was expanded (`$HOME/runs/a` was `./$HOME/runs/a`): where
+    that folder holds a run, the run in the expanded one (empty) would start again from step 0 after an upgrade, the
+    old checkpoints left behind without a word. Refused naming both folders."""
+    if os.path.abspath(written) == os.path.abspath(expanded):
+        return
+    held = next((Path(written) / f for f in RUN_MARKS if (Path(written) / f).is_file()), None)
+    if held is not None:
+        raise ConfigError(
+            f"{config_path}: output_dir {written!r} is now read as a shell reads it, {expanded}, but the folder named "
+            f"as written, {Path(written).resolve()}, holds a run ({held.name}): move that folder to {expanded} to go "
+            f"on there, or pass --output_dir {shlex.quote(written)} to keep it where it is"
+        )
 
 
 def _beside_recipe(name: str, value: str, config_path: str | None) -> None:
@@ -871,15 +923,16 @@ def same_sources(old, new, mixer: bool, started: Path | None = None) -> bool:
 
 def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str], config_path: str | None) -> None:
     """A mixture source's relative paths placed as the fields' are (`_placed_paths`), a recipe's found only beside the
-    recipe file refused naming it (`_beside_recipe`)."""
+    recipe file refused naming it (`_beside_recipe`), a recipe's `~` and `$NAME` read as its fields' are."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if values[f] and f in from_recipe | on_command_line]:
 
         def from_project(value: str, pattern: bool = False, name=name) -> str | None:
+            value = recipe_expanded(name, value, config_path)  # `$DATA/x.jsonl` as dataset_name reads it
             placed = _project_file(value, pattern)
             if placed is None and not pattern:
                 _beside_recipe(name, value, config_path)
-            return placed
+            return placed or value
 
         move = from_project if name in from_recipe else _submitted_file
         values[name] = _moved_sources(values[name], name.startswith("dataset_mixer"), move)

@@ -108,6 +108,25 @@ def loosely(path) -> object:
         return None
 
 
+def boolean_word(path, key: str) -> str | None:
+    """The word (`on`, `No`) YAML read as a boolean in the recipe's `key`, the first under it, as written: a refusal
+    quotes it back, not another word. None where the file does not read or holds none there."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    stack = [v for k, v in getattr(root, "value", []) if isinstance(root, yaml.MappingNode) and k.value == key]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:bool":
+            return node.value
+        if isinstance(node, yaml.SequenceNode):
+            stack[:0] = node.value
+        elif isinstance(node, yaml.MappingNode):
+            stack[:0] = [v for _, v in node.value]
+    return None
+
+
 @functools.lru_cache(maxsize=32)
 def _parsed(path: str, text: str) -> dict:
     """`load`'s mapping, parsed once per content: a run reads its recipe twice (its fields, then whether it names a

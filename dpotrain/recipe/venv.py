@@ -105,9 +105,12 @@ def load_env(root: Path) -> None:
     for name, value in taken.items():
         try:
             os.environ[name] = expand_folder(name, value)
-        except KeyError as unset:
+        except Unexpanded as e:
+            if e.why != "unset":  # `$EMPTY/hf` would be `/hf`; `${X:-y}` no variable read
+                said = f"{e.args[0]} is set empty" if e.why == "empty" else f"{e.args[0]} is not read there"
+                sys.exit(f"error: .env sets {name}={value}, but {said}: write the folder's absolute path in .env")
             sys.exit(
-                f"error: .env sets {name}={value}, but {unset.args[0]} is not set: export {unset.args[0]} "
+                f"error: .env sets {name}={value}, but {e.args[0]} is not set: export {e.args[0]} "
                 "before running, or write the folder's absolute path in .env"
             )
     for name in CACHE_FOLDERS:
@@ -156,21 +159,49 @@ CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE
 
 
 def expand_folder(name: str, value: str) -> str:
-    """A folder `.env` or a recipe's `env:` gives (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) with `~` and
-    `$VAR` read as a shell reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest
-    literally, so `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. KeyError
-    names a variable that is not set (a shell's empty one would have put the cache at the file system's root)."""
+    """A folder `.env` gives (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) with `~` and `$VAR` read as a shell
+    reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest literally, so
+    `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. `Unexpanded` (a KeyError)
+    names a variable that is not set or set empty (a shell's empty one would have put the cache at the root)."""
     if not name.endswith(("HOME", "CACHE", "DIR")):
         return value
     return shell_expanded(value)
 
 
-def shell_expanded(value: str) -> str:
-    """`value` with `~` and `$VAR` (`${VAR}`) read as a shell reads them; KeyError names a variable that is not set."""
-    expanded = os.path.expandvars(os.path.expanduser(value))
-    if unset := re.search(r"\$\{?(\w+)", expanded):  # what expandvars left: a variable the environment lacks
-        raise KeyError(unset[1])
-    return expanded
+class Unexpanded(KeyError):
+    """A `$` in a value `shell_expanded` does not read: args[0] the variable's name (`why` "unset" or "empty"), or the
+    text it does not read (`why` "syntax": `${NAME:-x}`, which the shell reads and a recipe does not)."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(name)
+        self.why = why
+
+
+# `$$`, `$NAME`, `${NAME}`, or `${` and what follows up to its `}` (syntax not read); any other `$` is literal
+_VARIABLE = re.compile(r"\$(?:(\$)|([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\}|(\{[^}]*\}?))")
+
+
+def shell_expanded(value: str, environ=None) -> str:
+    """`value` with a leading `~`, `$NAME` and `${NAME}` read as a shell reads them, `$$` a literal `$`, any other `$`
+    (`run$5`, `cost$`) literal. One rule for a recipe's paths and its `env:` block: os.path.expandvars left an unset
+    variable as written (then refused) and expanded an empty one to nothing, `$EMPTY/runs/a` being `/runs/a`, and
+    read `${NAME:-x}` as a variable named `NAME`. Raises `Unexpanded`. `environ`: os.environ, or what is set so far."""
+    environ = os.environ if environ is None else environ
+
+    def one(match: re.Match) -> str:
+        literal, name, braced, syntax = match.groups()
+        if literal:
+            return "$"
+        if syntax is not None:
+            raise Unexpanded(match[0], "syntax")
+        name = name or braced
+        if environ.get(name) is None:
+            raise Unexpanded(name, "unset")
+        if not environ[name]:
+            raise Unexpanded(name, "empty")
+        return environ[name]
+
+    return _VARIABLE.sub(one, os.path.expanduser(value))
 
 
 def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
