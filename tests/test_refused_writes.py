@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_unanswered_looks import unreadable_file
 
 from conftest import ROOT, rank_python, torchrun_launch
 from dpotrain.cluster import run_lock
@@ -74,14 +75,7 @@ def test_a_heartbeat_at_a_lock_another_user_now_holds_stops_the_run_not_retries(
     held._stop.set()
     held._thread.join()
     lock = out / run_lock.LOCK_FILE
-    read_bytes = Path.read_bytes
-
-    def refused(path, *args, **kwargs):
-        if path == lock:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return read_bytes(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_bytes", refused)
+    unreadable_file(monkeypatch, lock)  # read as a 0600 file of another user's is
     with pytest.raises(run_lock.LockUnreadable) as unread:  # the run's own: a failed refresh, said and retried
         held.beat()
     assert held.lost is None
