@@ -672,6 +672,42 @@ def test_home_and_variables_in_a_folder_of_the_recipes_env_block_are_read_as_a_s
     )
 
 
+def test_an_env_value_that_is_no_folder_is_refused_with_its_own_fix(tmp_path, monkeypatch):
+    """`WANDB_NOTES: cost in $USD` (a note, a token, a pattern) was refused "export USD, or give the folder's absolute
+    path": no folder is named. Its fix is `$$`, which is a `$` in every value of the block, as in a shell's export."""
+    monkeypatch.delenv("USD", raising=False)
+    with pytest.raises(ConfigError) as refused, environment():
+        parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  WANDB_NOTES: cost in $USD\n")])
+    assert str(refused.value) == (
+        f"{tmp_path / 'recipe.yaml'}: env: WANDB_NOTES 'cost in $USD' names $USD, which is not set: export USD, or "
+        "write $$ for each $ it holds"
+    )
+    with environment():
+        parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  WANDB_NOTES: cost in $$USD, p@$$w0rd\n")])
+        assert os.environ["WANDB_NOTES"] == "cost in $USD, p@$w0rd"
+
+
+def test_a_dry_run_outside_a_job_leaves_the_jobs_slurm_variables_to_the_job(tmp_path, monkeypatch):
+    """`TRITON_CACHE_DIR: /scratch/$SLURM_JOB_ID/triton` made the analyzer and prefetch.py (dry runs) refuse the recipe
+    on a login node, where Slurm sets no variable: the job sets it. A run outside a job is still refused by name, and
+    inside a job a SLURM_ variable that job does not set is not said to be "set only inside a Slurm job"."""
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    recipe = write(tmp_path, "bf16: false\nenv:\n  TRITON_CACHE_DIR: /scratch/$SLURM_ARRAY_TASK_ID/triton\n")
+    with environment():
+        parse_args(["--config", recipe, "--dry-run"])
+        assert "TRITON_CACHE_DIR" not in os.environ
+    with pytest.raises(ConfigError) as refused, environment():
+        parse_args(["--config", recipe])
+    assert "names $SLURM_ARRAY_TASK_ID, which is set only inside a Slurm job: `RECIPE=" in str(refused.value)
+    with pytest.raises(ConfigError) as refused, environment(SLURM_JOB_ID="4242"):
+        parse_args(["--config", recipe, "--dry-run"])
+    assert str(refused.value) == (
+        f"{recipe}: env: TRITON_CACHE_DIR '/scratch/$SLURM_ARRAY_TASK_ID/triton' names $SLURM_ARRAY_TASK_ID, which "
+        "this Slurm job (4242) does not set: give the folder's absolute path"
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -887,6 +887,21 @@ def test_a_run_in_the_folder_its_output_dir_named_as_written_is_not_left_behind(
     assert parse_args(["--config", path, "--output_dir", "$HOME/runs/a"]).training.output_dir == "$HOME/runs/a"
 
 
+def test_a_run_left_in_the_homes_folder_named_as_written_is_not_left_behind(tmp_path, monkeypatch):
+    """`output_dir: ~/runs/$RUN` wrote in the home's `runs/$RUN` before `$` was read (`~` was): the check of the folder
+    named as written looked for `./~/runs/$RUN`, found nothing there, and the run started again in `runs/a`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RUN", "a")
+    old = tmp_path / "home" / "runs" / "$RUN"
+    old.mkdir(parents=True)
+    (old / run_record.RESOLVED).write_text("{}")
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: ~/runs/$RUN\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert f"but the folder named as written, {old}, holds a run (resolved_config.json)" in str(refused.value)
+
+
 def test_the_env_blocks_values_are_read_as_its_paths_are(tmp_path, monkeypatch):
     """`env: {DATA: $SCRATCH/data}` kept `$SCRATCH` as written (only a name ending HOME, CACHE or DIR was expanded), and
     `dataset_name: $DATA/x.jsonl` was then refused as "SCRATCH is not set", which it was. Each value reads as `export

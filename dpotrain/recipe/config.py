@@ -368,8 +368,9 @@ def _suggest(name: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def read_recipe(path: str) -> dict:
-    """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
+def read_recipe(path: str, planning: bool = False) -> dict:
+    """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field. `planning`: a dry
+    run's (the analyzer's, prefetch.py's): outside a Slurm job it leaves unset what names the job's SLURM_ variables."""
     writes.check_path_limit("config", path)
     if Path(path).is_dir():  # there, but not a file: "not found" sent the user looking for it
         inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
@@ -403,13 +404,28 @@ def read_recipe(path: str) -> dict:
         if value is None or str(name) in os.environ:
             _say_hidden(path, str(name), value)
             continue
-        try:  # every value read as `export DATA=$SCRATCH/data` reads it, with what the block set above it
-            taken[str(name)] = venv.shell_expanded(recipe_file.written(value), {**os.environ, **taken})
-        except venv.Unexpanded as e:
-            why = _unexpanded(e, path, "or give the folder's absolute path")
-            raise ConfigError(f"{path}: env: {name} {recipe_file.written(value)!r} {why}") from None
-        _check_env_cache_folder(path, str(name), taken[str(name)])
+        read = _env_value(path, str(name), recipe_file.written(value), {**os.environ, **taken}, planning)
+        if read is not None:
+            taken[str(name)] = read
+            _check_env_cache_folder(path, str(name), read)
     return config | ({"env": taken} if "env" in config else {})
+
+
+def _env_value(path: str, name: str, written: str, environ: dict, planning: bool) -> str | None:
+    """An `env:` value as the block sets it, read as `export DATA=$SCRATCH/data` reads it (`$$` a `$`), or None to set
+    nothing: a dry run outside a Slurm job leaves what names the job's SLURM_ variables to the job (prefetch.py and
+    the analyzer on a login node refused a recipe the job runs). A variable not set is refused with the fix for the
+    value's kind: a folder's absolute path, or `$$` for a `$` in a token or a pattern (the folder's fix was given)."""
+    try:
+        return venv.shell_expanded(written, environ)
+    except venv.Unexpanded as e:
+        if planning and e.why == "unset" and e.args[0].startswith("SLURM_") and not os.environ.get("SLURM_JOB_ID"):
+            return None
+        folder = name.endswith(("HOME", "CACHE", "DIR"))
+        why = _unexpanded(
+            e, path, "or give the folder's absolute path" if folder else "or write $$ for each $ it holds"
+        )
+        raise ConfigError(f"{path}: env: {name} {written!r} {why}") from None
 
 
 def _refuse_boolean_text(path: str, config: dict) -> None:
@@ -602,7 +618,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config_path, argv = take_config(argv)
     if typed_here:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
-    config = read_recipe(config_path) if config_path is not None else {}
+    config = read_recipe(config_path, planning=dry_run_asked(argv)) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     launcher.check_process_counts()
     # A recipe's `field: null` is a None default, given as no words (argparse reads "None" as text); a value's default:
@@ -840,6 +856,9 @@ def _unexpanded(e: venv.Unexpanded, config_path: str | None, fix: str) -> str:
         return f"holds {name}, which a recipe does not read ({reads}): {fix.removeprefix('or ')}"
     if e.why == "empty":
         return f"names ${name}, which is set empty (the path would start at the root): give {name} a value, {fix}"
+    if name.startswith("SLURM_") and os.environ.get("SLURM_JOB_ID"):  # SLURM_ARRAY_TASK_ID in a job of no array
+        job = os.environ["SLURM_JOB_ID"]
+        return f"names ${name}, which this Slurm job ({job}) does not set: {fix.removeprefix('or ')}"
     if name.startswith("SLURM_"):
         job = f"RECIPE={shlex.quote(str(config_path))} sbatch scripts/dpo_train.sh --dry-run"
         return f"names ${name}, which is set only inside a Slurm job: `{job}` plans it there, {fix}"
@@ -849,14 +868,16 @@ def _unexpanded(e: venv.Unexpanded, config_path: str | None, fix: str) -> str:
 def _refuse_run_left_as_written(written: str, expanded: str, config_path: str | None) -> None:
     """A recipe's output_dir read as written until its `$` was expanded (`$HOME/runs/a` was `./$HOME/runs/a`): where
     that folder holds a run, the run in the expanded one (empty) would start again from step 0 after an upgrade, the
-    old checkpoints left behind without a word. Refused naming both folders."""
-    if os.path.abspath(written) == os.path.abspath(expanded):
+    old checkpoints left behind without a word. Refused naming both folders. `~` was read before `$` was (the old
+    folder of `~/runs/$RUN` is the home's `runs/$RUN`, not one in a folder named `~`)."""
+    old = Path(os.path.expanduser(written))
+    if os.path.abspath(old) == os.path.abspath(expanded):
         return
-    held = next((Path(written) / f for f in RUN_MARKS if (Path(written) / f).is_file()), None)
+    held = next((old / f for f in RUN_MARKS if (old / f).is_file()), None)
     if held is not None:
         raise ConfigError(
             f"{config_path}: output_dir {written!r} is now read as a shell reads it, {expanded}, but the folder named "
-            f"as written, {Path(written).resolve()}, holds a run ({held.name}): move that folder to {expanded} to go "
+            f"as written, {old.resolve()}, holds a run ({held.name}): move that folder to {expanded} to go "
             f"on there, or pass --output_dir {shlex.quote(written)} to keep it where it is"
         )
 
