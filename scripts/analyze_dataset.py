@@ -211,7 +211,7 @@ def _read(path: Path, dataset: str) -> dict | None:
     """The recipe at `path` if it trains on `dataset`. A recipe there that does not read (a person's draft, a misspelt
     key) is refused only when it names this data set: before, it stopped the analysis of every data set."""
     try:
-        recipe = config.read_recipe(str(path))
+        recipe = config.read_recipe(str(path), planning=True)  # a login node: the job sets its SLURM_ variables
     except ConfigError:
         loose = recipe_file.loosely(path)  # what the draft names, as far as its YAML reads
         if isinstance(loose, dict) and _same_data(loose.get("dataset_name"), dataset):
