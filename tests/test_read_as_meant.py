@@ -1070,7 +1070,7 @@ LONG = "What is 51 plus 99? Then tell me something about forests and the rivers 
         ),
         (
             {"role": "user", "content": LONG, "name": "alice"},
-            "message 0 (user): the same content, but name none in chosen, 'alice' here",
+            "message 0 (user): the same content, but name absent in chosen, 'alice' here",
         ),
     ],
 )
@@ -1090,6 +1090,20 @@ def test_prompts_whose_content_differs_only_in_type_are_shown_differing():
     both shown as text. A value that is no text is shown as Python writes it."""
     said = shapes._first_difference([{"role": "user", "content": 1}], [{"role": "user", "content": "1"}])
     assert said == "message 0 (user): the same content, but content 1 in chosen, '1' here"
+
+
+def test_a_field_on_one_side_alone_or_long_is_shown_as_it_differs():
+    """`name: null` in chosen and no `name` here read "the same content, but content 'Hi' in chosen, 'Hi' here" (the
+    key was looked up as None on both sides); a long value beside the text (a list of tool calls) was quoted whole."""
+    said = shapes._first_difference(
+        [{"role": "user", "content": "Hi", "name": None}], [{"role": "user", "content": "Hi"}]
+    )
+    assert said == "message 0 (user): the same content, but name none in chosen, absent here"
+    calls = [{"id": f"call-{i}", "name": "lookup"} for i in range(100)]
+    said = shapes._first_difference(
+        [{"role": "user", "content": "Hi", "tool_calls": calls}], [{"role": "user", "content": "Hi", "tool_calls": []}]
+    )
+    assert said == f"message 0 (user): the same content, but tool_calls {repr(calls)[:37]}... in chosen, [] here"
 
 
 # --- model folders --------------------------------------------------------------------------------------------------

@@ -367,10 +367,11 @@ def _differing(x: dict, y: dict) -> str:
     whose text is the same and a field beside it is not (a `name` on one side)."""
     texts = str(x.get("content")), str(y.get("content"))
     if texts[0] == texts[1]:
-        # content 1 and "1" read the same as text: then the content is the key, each shown by its repr (not as text)
-        key = next((k for k in sorted({*x, *y}, key=str) if x.get(k) != y.get(k)), "content")
+        # content 1 and "1" read the same as text: then the content is the key, each shown by its repr (not as text).
+        # A key on one side alone (`name: null` in chosen, no `name` here) is said so: both read as "none" before.
+        key = next((k for k in sorted({*x, *y}, key=str) if x.get(k, _ABSENT) != y.get(k, _ABSENT)), "content")
         as_text = all(isinstance(m.get(key), str) for m in (x, y))
-        shown = ("none" if m.get(key) is None else _short(m[key]) if as_text else repr(m[key]) for m in (x, y))
+        shown = (_shown(m, key, as_text) for m in (x, y))
         return "the same content, but {} {} in chosen, {} here".format(key, *shown)
     at = next((i for i, pair in enumerate(zip(*texts, strict=False)) if len(set(pair)) > 1), min(map(len, texts)))
     if at < SHORT - 3:  # `_short` shows where they part
@@ -380,6 +381,21 @@ def _differing(x: dict, y: dict) -> str:
 
 
 SHORT = 40  # characters of a text a refusal quotes
+_ABSENT = object()
+
+
+def _shown(message: dict, key, as_text: bool) -> str:
+    """`message`'s `key` as a refusal quotes it: absent, none, text cut to SHORT, or another value's repr cut so too
+    (a list of a thousand tool calls was quoted whole)."""
+    if key not in message:
+        return "absent"
+    value = message[key]
+    if value is None:
+        return "none"
+    if as_text:
+        return _short(value)
+    shown = repr(value)
+    return shown if len(shown) <= SHORT else shown[: SHORT - 3] + "..."
 
 
 def _short(text) -> str:
