@@ -2,6 +2,7 @@
 never in a traceback: a record cut short by a crash, a full disk in the run's other writes, a read-only output folder
 or home, a model without a chat template, W&B out of reach, Ctrl-C while the libraries load."""
 
+import errno
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from test_refusals import SMOKE, refused
 
 from conftest import PYTHON, ROOT, in_child, python
-from dpotrain.recipe import records
+from dpotrain.recipe import records, run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, RunError
 
@@ -144,7 +145,7 @@ def test_a_record_that_does_not_fit_leaves_no_part_of_its_line_and_a_full_output
     code = f"""
 import json, os
 from pathlib import Path
-from dpotrain.recipe import records
+from dpotrain.recipe import records, run_record
 from dpotrain.train import disk_full
 from dpotrain.train.metrics import plot_metrics
 from dpotrain.hub.hub import write_model_card
@@ -241,6 +242,24 @@ print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError
         f"final {why}: the final model could not be written in {disk}: {fix}, then rerun; the same command goes on "
         "from checkpoint-2",
     ], stdout
+
+
+def test_a_failed_save_of_a_run_that_does_not_resume_by_itself_names_the_checkpoint_to_pass(tmp_path):
+    """A run of `auto_resume: false` whose checkpoint or final model did not fit was told "the same command goes on
+    from checkpoint-2", and the same command then refused: "has checkpoints and auto_resume is false"."""
+    from dpotrain.train import disk_full
+
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "COMPLETE").touch()
+    full = disk_full.FULL[errno.ENOSPC]
+    assert str(disk_full.final_save_failed(out, full)).endswith("the same command goes on from checkpoint-2")
+    (out / run_record.RESOLVED).write_text(json.dumps({"auto_resume": False}))
+    after = (
+        f"checkpoint-2 is kept: add --resume_from_checkpoint {out}/checkpoint-2 to go on from it (auto_resume is false)"
+    )
+    assert str(disk_full.final_save_failed(out, full)).endswith(f"then rerun; {after}")
+    assert str(disk_full.save_failed(out / "checkpoint-4", full)).endswith(f"then rerun; {after}")
 
 
 # --- one line where a traceback was -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from dpotrain.cluster import collectives
-from dpotrain.recipe import writes
+from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
@@ -175,13 +175,29 @@ def _complete(out: Path, but: Path | None = None) -> list[Path] | str:
         return cause(e)
 
 
-def _after(kept: list[Path] | str) -> str:
-    """What the same command does next, given the run's complete checkpoints (or why they could not be listed)."""
+def _after(kept: list[Path] | str, out: Path | None = None) -> str:
+    """What the same command does next, given the run's complete checkpoints (or why they could not be listed) in
+    `out`. A run of `auto_resume: false` (its record in `out` says) does not go on from them by itself: its rerun was
+    told it would, and then refused "has checkpoints and auto_resume is false"."""
     if isinstance(kept, str):
         return f"its checkpoints could not be listed ({kept}): the same command goes on from the newest complete one"
+    if kept and out is not None and not _auto_resume(out):
+        return (
+            f"{kept[-1].name} is kept: add --resume_from_checkpoint {kept[-1]} to go on from it (auto_resume is false)"
+        )
     if kept:
         return f"{kept[-1].name} is kept, and the same command goes on from it"
     return "no checkpoint was complete yet: the same command starts afresh"
+
+
+def _auto_resume(out: Path) -> bool:
+    """The run's auto_resume, as its record in `out` holds it; True (the default) where the record does not read: in
+    an error's line, which must not raise."""
+    try:
+        record = run_record.read(out / run_record.RESOLVED)
+    except (OSError, ConfigError, ValueError):
+        return True
+    return record is None or record.settings.auto_resume is not False
 
 
 def _space(folder: Path) -> int | str:
@@ -221,7 +237,9 @@ def save_failed(folder: Path, why: str) -> RunError:
     kept = _complete(out, but=folder)
     room = "" if _fix(why) else f" ({_free(out)}; {_need(folder, kept)})"
     todo = _fix(why) or "free space there (or lower --save_total_limit)"
-    return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
+    return RunError(
+        f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept, out)}"
+    )
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
@@ -234,8 +252,8 @@ def final_save_failed(out: Path, why: str) -> RunError:
 def _after_final(out: Path) -> str:
     """What the same command does after a final save that failed: its complete checkpoints are what it goes on from."""
     kept = _complete(out)
-    if isinstance(kept, str):
-        return _after(kept)
+    if isinstance(kept, str) or (kept and not _auto_resume(out)):
+        return _after(kept, out)
     return f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
 
 
@@ -294,4 +312,4 @@ def _after_write(above: list[Path]) -> str:
         out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
     except OSError as e:  # a run's folder or not, unknown: its checkpoints not listed, the line said all the same
         return f"; {_after(cause(e))}"
-    return f"; {_after(_complete(out))}" if out else ""
+    return f"; {_after(_complete(out), out)}" if out else ""
