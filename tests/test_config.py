@@ -17,6 +17,7 @@ from dpotrain import resolve
 from dpotrain.data import mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
+from dpotrain.train import losses
 
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -166,6 +167,23 @@ def test_a_negative_value_reaches_its_check_and_is_named(args, recipe, says, tmp
     with pytest.raises(ConfigError) as refused:
         resolve.check_values(parse_args(["--config", write(tmp_path, f"bf16: false\n{recipe}"), *args]))
     assert str(refused.value).startswith(says), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "args, recipe, says",
+    [
+        (["--loss_type", "sigmoid", "sft", "--loss_weights", "1", "-1e-3", "--beta", "-2e-1"], "", "-0.001 x sft"),
+        ([], "loss_type: [sigmoid, sft]\nloss_weights: [1, -1.5e-3]\n", "-0.0015 x sft"),
+    ],
+)
+def test_a_negative_weight_in_a_list_reaches_its_check_and_is_named(args, recipe, says, tmp_path):
+    """A list flag's negative number with an exponent, `--loss_weights 1 -1e-3` (or a recipe's list passed on as the
+    same words), was refused as "unknown argument '-1e-3'": argparse took it for a flag. Read as the number it is."""
+    parsed = parse_args(["--config", write(tmp_path, f"bf16: false\n{recipe}"), *args])
+    assert parsed.training.beta == (-0.2 if args else 0.1)
+    with pytest.raises(ConfigError) as refused:
+        losses.check_options(parsed)
+    assert str(refused.value).startswith(f"loss_weights: {says} is negative"), str(refused.value)
 
 
 @pytest.mark.parametrize("field", ["max_steps", "local_rank"])  # the fields whose default is a negative number

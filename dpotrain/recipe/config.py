@@ -8,6 +8,7 @@ as argparse keeps the last value. Unknown keys are errors that name the closest 
 import argparse
 import contextlib
 import copy
+import decimal
 import difflib
 import functools
 import glob
@@ -556,13 +557,19 @@ def _negative_values_joined(words: list[str]) -> list[str]:
     """`--flag -1e-6` as `--flag=-1e-6`, for every flag of one value: argparse reads a word starting with `-` as a flag
     unless it looks like `-1` or `-0.5` to it (no exponent, no inf), so `--learning_rate -1e-6` (or a recipe's
     `learning_rate: -1e-6`) was refused as "none given" before the range check could name the value. Joined, the word
-    is read as any value is (`--max_steps -1` as before)."""
-    options, out = _options(), []
+    is read as any value is (`--max_steps -1` as before). A list flag's (`--loss_weights 1 -1e-3`: "unknown argument
+    '-1e-3'") is written out in decimals, `-0.001`, which argparse reads as a number: the same float."""
+    options, out, listing = _options(), [], None
     for word in words:
         flag = out[-1] if out else ""
         action = options.get(flag) if flag.startswith("--") else None
+        if word.startswith("--"):
+            taking = options.get(word)
+            listing = taking if taking is not None and taking.nargs in ("+", "*") else None
         if action is not None and action.nargs in (None, "?") and _negative_number(word):
             out[-1] = f"{flag}={word}"
+        elif listing is not None and _negative_number(word) and math.isfinite(float(word)):
+            out.append(format(decimal.Decimal(word), "f"))
         else:
             out.append(word)
     return out
