@@ -979,6 +979,7 @@ def test_a_slurm_jobs_engine_reads_home_in_the_recipes_accelerate_config(tmp_pat
     [
         ("dataset_mixer_list: [a.jsonl, '1.0']\ndataset_mixer_list_splits: [no]\n", "dataset_mixer_list_splits"),
         ("datasets:\n  - {path: json, data_files: a.jsonl, name: no}\n", "datasets"),
+        ("datasets:\n  - {path: json, columns: [On], data_files: a.jsonl, name: no}\n", "datasets"),  # `On`: not
     ],
 )
 def test_a_mixtures_name_yaml_reads_as_a_boolean_is_refused_quoting_it(lines, key, tmp_path, monkeypatch):

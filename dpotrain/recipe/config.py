@@ -442,7 +442,7 @@ def _refuse_boolean_text(path: str, config: dict) -> None:
             value = next((v for v in parts if isinstance(v, bool)), None)
         if not isinstance(value, bool):
             continue
-        word = recipe_file.boolean_word(path, key)  # as written (`on`, `No`), quoted back
+        word = recipe_file.boolean_word(path, key, ENTRY_TEXT * (key in MIXTURE_ENTRIES))  # as written, quoted back
         fix = "quote the value, e.g. 'no'" if word is None else f"quote it ({key}: '{word}')"
         if word is not None and isinstance(config[key], list):
             fix = f"quote it ('{word}')"

@@ -108,9 +108,10 @@ def loosely(path) -> object:
         return None
 
 
-def boolean_word(path, key: str) -> str | None:
+def boolean_word(path, key: str, within: tuple[str, ...] = ()) -> str | None:
     """The word (`on`, `No`) YAML read as a boolean in the recipe's `key`, the first under it, as written: a refusal
-    quotes it back, not another word. None where the file does not read or holds none there."""
+    quotes it back, not another word. `within`: in a mapping under it, the keys looked in (a mixture entry's names and
+    paths; a word under another of its keys was quoted). None where the file does not read or holds none there."""
     try:
         root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_StrictLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -123,7 +124,7 @@ def boolean_word(path, key: str) -> str | None:
         if isinstance(node, yaml.SequenceNode):
             stack[:0] = node.value
         elif isinstance(node, yaml.MappingNode):
-            stack[:0] = [v for _, v in node.value]
+            stack[:0] = [v for k, v in node.value if not within or getattr(k, "value", None) in within]
     return None
 
 
