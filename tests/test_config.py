@@ -184,6 +184,9 @@ def test_a_negative_weight_in_a_list_reaches_its_check_and_is_named(args, recipe
     with pytest.raises(ConfigError) as refused:
         losses.check_options(parsed)
     assert str(refused.value).startswith(f"loss_weights: {says} is negative"), str(refused.value)
+    with pytest.raises(ConfigError) as refused:  # a list of text takes no number: `-5e1` is no prompt made up here
+        parse_args(["--config", write(tmp_path, "bf16: false\n"), "--sample_prompts", "hello", "-5e1"])
+    assert "unknown argument '-5e1'" in str(refused.value)
 
 
 @pytest.mark.parametrize("field", ["max_steps", "local_rank"])  # the fields whose default is a negative number
@@ -698,7 +701,7 @@ def test_an_env_value_that_is_no_folder_is_refused_with_its_own_fix(tmp_path, mo
         parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  WANDB_NOTES: cost in $USD\n")])
     assert str(refused.value) == (
         f"{tmp_path / 'recipe.yaml'}: env: WANDB_NOTES 'cost in $USD' names $USD, which is not set: export USD, or "
-        "write $$ for each $ it holds"
+        "write $$ for a $ meant as written"
     )
     with environment():
         parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  WANDB_NOTES: cost in $$USD, p@$$w0rd\n")])
@@ -724,6 +727,20 @@ def test_a_dry_run_outside_a_job_leaves_the_jobs_slurm_variables_to_the_job(tmp_
         f"{recipe}: env: TRITON_CACHE_DIR '/scratch/$SLURM_ARRAY_TASK_ID/triton' names $SLURM_ARRAY_TASK_ID, which "
         "this Slurm job (4242) does not set: give the folder's absolute path"
     )
+    # What names a variable the block leaves to the job is the job's too; the rest of such a value is checked
+    for name in ("SCR", "MISSING", "HF_HUB_ETAG_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    leaves = "bf16: false\nenv:\n  SCR: /scratch/$SLURM_JOB_ID\n  TRITON_CACHE_DIR: ${SCR}/triton\n"
+    with environment():
+        parse_args(["--config", write(tmp_path, leaves), "--dry-run"])
+        assert "SCR" not in os.environ and "TRITON_CACHE_DIR" not in os.environ
+    for value, says in [
+        ("TRITON_CACHE_DIR: $SLURM_JOB_ID/$MISSING", "names $MISSING, which is not set: export MISSING"),
+        ("HF_HUB_ETAG_TIMEOUT: $SLURM_CPUS_ON_NODE", "HF_HUB_ETAG_TIMEOUT is read by the Hub libraries as they are"),
+    ]:
+        with pytest.raises(ConfigError) as refused, environment():
+            parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {value}\n"), "--dry-run"])
+        assert says in str(refused.value), str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -260,6 +260,11 @@ def test_a_failed_save_of_a_run_that_does_not_resume_by_itself_names_the_checkpo
     )
     assert str(disk_full.final_save_failed(out, full)).endswith(f"then rerun; {after}")
     assert str(disk_full.save_failed(out / "checkpoint-4", full)).endswith(f"then rerun; {after}")
+    # a record edited out of shape (a spread without its mean) is no KeyError in the line: its auto_resume is read alone
+    (out / run_record.RESOLVED).write_text(
+        json.dumps({"auto_resume": False, "per_device_train_batch_size": {"min": 1}})
+    )
+    assert str(disk_full.final_save_failed(out, full)).endswith(f"then rerun; {after}")
 
 
 # --- one line where a traceback was -----------------------------------------------------------------------------------

@@ -980,6 +980,7 @@ def test_a_slurm_jobs_engine_reads_home_in_the_recipes_accelerate_config(tmp_pat
         ("dataset_mixer_list: [a.jsonl, '1.0']\ndataset_mixer_list_splits: [no]\n", "dataset_mixer_list_splits"),
         ("datasets:\n  - {path: json, data_files: a.jsonl, name: no}\n", "datasets"),
         ("datasets:\n  - {path: json, columns: [On], data_files: a.jsonl, name: no}\n", "datasets"),  # `On`: not
+        ("datasets:\n  - {path: json, data_files: [a.jsonl, no], split: on}\n", "datasets"),  # the first, in order
     ],
 )
 def test_a_mixtures_name_yaml_reads_as_a_boolean_is_refused_quoting_it(lines, key, tmp_path, monkeypatch):
@@ -1105,6 +1106,16 @@ def test_a_field_on_one_side_alone_or_long_is_shown_as_it_differs():
         [{"role": "user", "content": "Hi", "tool_calls": calls}], [{"role": "user", "content": "Hi", "tool_calls": []}]
     )
     assert said == f"message 0 (user): the same content, but tool_calls {repr(calls)[:37]}... in chosen, [] here"
+    other = [*calls[:4], {"id": "call-4", "name": "search"}, *calls[5:]]
+    said = shapes._first_difference(
+        [{"role": "user", "content": "Hi", "tool_calls": calls}],
+        [{"role": "user", "content": "Hi", "tool_calls": other}],
+    )
+    at = next(i for i, (a, b) in enumerate(zip(repr(calls), repr(other), strict=False)) if a != b)
+    assert said == (
+        f"message 0 (user): the same content, but tool_calls ... 'name': 'lookup'}}, {{'id': 'call-5... in chosen, "
+        f"... 'name': 'search'}}, {{'id': 'call-5... here (they part at character {at})"
+    )
 
 
 # --- model folders --------------------------------------------------------------------------------------------------

@@ -370,13 +370,20 @@ def _differing(x: dict, y: dict) -> str:
         # content 1 and "1" read the same as text: then the content is the key, each shown by its repr (not as text).
         # A key on one side alone (`name: null` in chosen, no `name` here) is said so: both read as "none" before.
         key = next((k for k in sorted({*x, *y}, key=str) if x.get(k, _ABSENT) != y.get(k, _ABSENT)), "content")
-        as_text = all(isinstance(m.get(key), str) for m in (x, y))
-        shown = (_shown(m, key, as_text) for m in (x, y))
+        if all(m.get(key) is not None for m in (x, y)) and not all(isinstance(m[key], str) for m in (x, y)):
+            return f"the same content, but {key} {_parted(repr(x[key]), repr(y[key]), _cut)}"  # as Python writes it
+        shown = ("absent" if key not in m else "none" if m[key] is None else _short(m[key]) for m in (x, y))
         return "the same content, but {} {} in chosen, {} here".format(key, *shown)
-    at = next((i for i, pair in enumerate(zip(*texts, strict=False)) if len(set(pair)) > 1), min(map(len, texts)))
-    if at < SHORT - 3:  # `_short` shows where they part
-        return f"{_short(texts[0])} in chosen, {_short(texts[1])} here"
-    a, b = (_short("..." + t[at - 10 :]) for t in texts)
+    return _parted(*texts, _short)
+
+
+def _parted(a: str, b: str, show) -> str:
+    """Two texts (or two values' reprs) as `show` quotes them, from where they part when that is past the quoted
+    start: two lists of tool calls that part at their fourth call read the same twice."""
+    at = next((i for i, pair in enumerate(zip(a, b, strict=False)) if len(set(pair)) > 1), min(len(a), len(b)))
+    if at < SHORT - 3:  # `show` shows where they part
+        return f"{show(a)} in chosen, {show(b)} here"
+    a, b = (show("..." + t[at - 10 :]) for t in (a, b))
     return f"{a} in chosen, {b} here (they part at character {at})"
 
 
@@ -384,23 +391,13 @@ SHORT = 40  # characters of a text a refusal quotes
 _ABSENT = object()
 
 
-def _shown(message: dict, key, as_text: bool) -> str:
-    """`message`'s `key` as a refusal quotes it: absent, none, text cut to SHORT, or another value's repr cut so too
-    (a list of a thousand tool calls was quoted whole)."""
-    if key not in message:
-        return "absent"
-    value = message[key]
-    if value is None:
-        return "none"
-    if as_text:
-        return _short(value)
-    shown = repr(value)
-    return shown if len(shown) <= SHORT else shown[: SHORT - 3] + "..."
+def _cut(text: str) -> str:
+    """`text` cut to SHORT characters, as written (a value's repr)."""
+    return text if len(text) <= SHORT else text[: SHORT - 3] + "..."
 
 
 def _short(text) -> str:
-    text = str(text)
-    return repr(text if len(text) <= SHORT else text[: SHORT - 3] + "...")
+    return repr(_cut(str(text)))
 
 
 def _with_string_prompt(prompt: str, chosen: list, rejected: list):

@@ -401,32 +401,39 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
+    left_to_job = set()
     for name, value in (config.get("env") or {}).items():
         if value is None or str(name) in os.environ:
             _say_hidden(path, str(name), value)
             continue
-        read = _env_value(path, str(name), recipe_file.written(value), {**os.environ, **taken}, planning)
-        if read is not None:
+        # A dry run outside a Slurm job: what names the job's variables (SLURM_*, or one the block leaves to the job)
+        # is the job's to set, checked with a stand-in for them (another variable not set is refused all the same)
+        job = JOB_STAND_IN if planning and not os.environ.get("SLURM_JOB_ID") else None
+        named = set(re.findall(r"\$\{?(\w+)", recipe_file.written(value)))
+        stand_ins = {n: job for n in named if n.startswith("SLURM_") or n in left_to_job} if job else {}
+        read = _env_value(path, str(name), recipe_file.written(value), {**os.environ, **taken, **stand_ins})
+        _check_env_cache_folder(path, str(name), read)
+        if stand_ins:
+            left_to_job.add(str(name))
+        else:
             taken[str(name)] = read
-            _check_env_cache_folder(path, str(name), read)
     return config | ({"env": taken} if "env" in config else {})
 
 
-def _env_value(path: str, name: str, written: str, environ: dict, planning: bool) -> str | None:
-    """An `env:` value as the block sets it, read as `export DATA=$SCRATCH/data` reads it (`$$` a `$`), or None to set
-    nothing: a dry run outside a Slurm job leaves what names the job's SLURM_ variables to the job (prefetch.py and
-    the analyzer on a login node refused a recipe the job runs). A variable not set is refused with the fix for the
-    value's kind: a folder's absolute path, or `$$` for a `$` in a token or a pattern (the folder's fix was given)."""
+# What a dry run outside a Slurm job reads a job's variable as, to check the rest of a value naming it
+JOB_STAND_IN = "/slurm-job"
+
+
+def _env_value(path: str, name: str, written: str, environ: dict) -> str:
+    """An `env:` value as the block sets it, read as `export DATA=$SCRATCH/data` reads it (`$$` a `$`). A variable not
+    set is refused naming both fixes where the name is no folder's (a token, a note, a pattern: `$$` for a `$` meant
+    as written; only the folder's fix was given)."""
     try:
         return venv.shell_expanded(written, environ)
     except venv.Unexpanded as e:
-        if planning and e.why == "unset" and e.args[0].startswith("SLURM_") and not os.environ.get("SLURM_JOB_ID"):
-            return None
         folder = name.endswith(("HOME", "CACHE", "DIR"))
-        why = _unexpanded(
-            e, path, "or give the folder's absolute path" if folder else "or write $$ for each $ it holds"
-        )
-        raise ConfigError(f"{path}: env: {name} {written!r} {why}") from None
+        fix = "or give the folder's absolute path" if folder else "or write $$ for a $ meant as written"
+        raise ConfigError(f"{path}: env: {name} {written!r} {_unexpanded(e, path, fix)}") from None
 
 
 def _refuse_boolean_text(path: str, config: dict) -> None:
@@ -438,7 +445,9 @@ def _refuse_boolean_text(path: str, config: dict) -> None:
         if key in TEXT_LISTS and isinstance(value, list):
             value = next((v for v in value if isinstance(v, bool)), None)
         elif key in MIXTURE_ENTRIES and isinstance(value, list):
-            parts = [e.get(k) for e in value if isinstance(e, dict) for k in ENTRY_TEXT]
+            # in the file's order, a list's elements too, as `boolean_word` finds the word it quotes back
+            parts = [v for e in value if isinstance(e, dict) for k, v in e.items() if k in ENTRY_TEXT]
+            parts = [p for v in parts for p in (v if isinstance(v, list) else [v])]
             value = next((v for v in parts if isinstance(v, bool)), None)
         if not isinstance(value, bool):
             continue
@@ -563,9 +572,11 @@ def _negative_values_joined(words: list[str]) -> list[str]:
     for word in words:
         flag = out[-1] if out else ""
         action = options.get(flag) if flag.startswith("--") else None
-        if word.startswith("--"):
+        if word.startswith("--"):  # a list of numbers: a list of text (sample prompts, names) takes `-5e1` as given
             taking = options.get(word)
-            listing = taking if taking is not None and taking.nargs in ("+", "*") else None
+            listing = (
+                taking if taking is not None and taking.nargs in ("+", "*") and taking.type in (float, int) else None
+            )
         if action is not None and action.nargs in (None, "?") and _negative_number(word):
             out[-1] = f"{flag}={word}"
         elif listing is not None and _negative_number(word) and math.isfinite(float(word)):

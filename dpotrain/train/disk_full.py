@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from dpotrain.cluster import collectives
-from dpotrain.recipe import run_record, writes
+from dpotrain.recipe import records, run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, size
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
@@ -192,12 +192,12 @@ def _after(kept: list[Path] | str, out: Path | None = None) -> str:
 
 def _auto_resume(out: Path) -> bool:
     """The run's auto_resume, as its record in `out` holds it; True (the default) where the record does not read: in
-    an error's line, which must not raise."""
+    an error's line, which must not raise (the one field read, not the whole record's shape)."""
     try:
-        record = run_record.read(out / run_record.RESOLVED)
+        values = records.read_record(out / run_record.RESOLVED, records.RESOLVED_FIX)
     except (OSError, ConfigError, ValueError):
         return True
-    return record is None or record.settings.auto_resume is not False
+    return not isinstance(values, dict) or values.get("auto_resume") is not False
 
 
 def _space(folder: Path) -> int | str:
