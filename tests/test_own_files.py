@@ -3,6 +3,7 @@
 Each test acts out the fault as it happens (a second run started on the same folder, a run killed with SIGKILL, a
 user's files in the way) on the tiny model, and asserts that nothing that was not the run's was lost."""
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -1102,6 +1103,43 @@ def test_a_refused_launch_leaves_no_folder_behind(tmp_path):
     assert run_lock.acquire(out) is None and out.is_dir()
     run_lock.release()
     assert not out.exists()  # nothing else was written: the folder made for the lock goes with it
+
+
+LIMITED_TAKE = """
+import resource, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from dpotrain.cluster import run_lock
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # no lock fits
+try:
+    run_lock.acquire(Path(sys.argv[1]))
+except OSError as e:
+    print(type(e).__name__, e.errno)
+"""
+
+
+def test_a_take_that_fails_or_ends_removes_exactly_the_folders_it_made(tmp_path):
+    """The lock's take made `out` and every missing folder above it (mkdir -p) and knew only of `out`: a take that
+    raised (the lock not written: a file size limit, EFBIG) or was refused left them all behind, and its release
+    removed `out` alone, leaving the folders above it. Now each removes the folders it made while they are empty,
+    deepest first, and nothing else: a folder that existed before, or one that holds a file, stays. (Old code: the
+    failed take left tmp/made/deeper/run, the release left tmp/new/deeper.)"""
+    kept = tmp_path / "kept"  # the person's, empty: never the take's to remove
+    kept.mkdir()
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED_TAKE.format(root=str(ROOT)))
+    for out in (tmp_path / "made" / "deeper" / "run", kept / "deeper" / "run"):
+        result = subprocess.run([python(), str(script), str(out)], capture_output=True, text=True, timeout=120)
+        assert result.stdout.strip() == f"OSError {errno.EFBIG}", result.stdout + result.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "limited.py"] and not any(kept.iterdir())
+    out = tmp_path / "new" / "deeper" / "run"
+    assert run_lock.acquire(out) is None
+    run_lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "limited.py"]
+    assert run_lock.acquire(out) is None
+    (out.parent / "notes.txt").write_text("mine\n")  # written above the run's folder meanwhile: it and hers stay
+    run_lock.release()
+    assert not out.exists() and sorted(p.name for p in out.parent.iterdir()) == ["notes.txt"]
 
 
 def test_an_output_dir_linked_to_a_folder_still_to_be_made_is_made_there(tmp_path):

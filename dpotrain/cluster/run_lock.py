@@ -196,8 +196,8 @@ def check_free(out: Path) -> None:
 class Lock:
     """The lock this process holds on `out`, refreshed in the background until `release`."""
 
-    def __init__(self, out: Path, raw: bytes, created_folder: bool):
-        self.out, self.path, self.raw, self.created_folder = out, out / LOCK_FILE, raw, created_folder
+    def __init__(self, out: Path, raw: bytes, made: list[Path]):
+        self.out, self.path, self.raw, self.made = out, out / LOCK_FILE, raw, made  # made: `_make`'s folders
         self.lost: str | None = None  # how the lock stopped being this run's: the run stops (`lost`)
         self.file = _file_of(self.path)  # the file this run made: a lock it may not read is its own, or another's
         self._stop = threading.Event()
@@ -279,8 +279,7 @@ class Lock:
             found = _read(self.path)
             if found is not None and found[0] == self.raw:
                 self.path.unlink(missing_ok=True)
-            if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
-                self.out.resolve().rmdir()  # refused before it wrote anything: no empty folder left for it
+        _unmake(self.made)  # refused before it wrote anything: no empty folder left for it, nor above it
 
 
 _held: list[Lock] = []
@@ -358,15 +357,46 @@ def _break(lock: Path, seen: bytes, why: str) -> None:
         breaker.unlink(missing_ok=True)
 
 
+def _make(out: Path) -> list[Path]:
+    """Makes `out` (a link to a folder still to be made: that folder, as mkdir -p); the folders it made, deepest first.
+    Only `out` itself was known as made: a refused or failed take left the folders above it (and it) behind."""
+    folder = out.resolve()
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _unmake(made: list[Path]) -> None:
+    """Removes the folders `_make` made, deepest first, while each is empty: rmdir(2) refuses one that holds anything
+    (a file a run or a person wrote since), and then the folders above it stay too. Never raises: the take's own
+    refusal or error is the one to say."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def acquire(out: Path) -> str | None:
-    """Takes the lock on `out` for this process; returns None, or the refusal when a live run holds it."""
-    created = not out.exists()
-    out.resolve().mkdir(parents=True, exist_ok=True)  # a link to a folder still to be made: that folder (mkdir -p)
+    """Takes the lock on `out` for this process; returns None, or the refusal when a live run holds it. A refused or
+    failed take removes the folders it made for the lock (left behind empty before)."""
+    made = _make(out)
+    try:
+        refused = _acquire(out, made)
+    except BaseException:
+        _unmake(made)
+        raise
+    if refused:
+        _unmake(made)
+    return refused
+
+
+def _acquire(out: Path, made: list[Path]) -> str | None:
     lock = out / LOCK_FILE
     raw = json.dumps(holder_record(), indent=1).encode() + b"\n"
     for _ in range(5):  # a takeover raced by another run: each try ends with a holder or a broken lock
         if _link(lock, raw):
-            _held.append(Lock(out, raw, created))
+            _held.append(Lock(out, raw, made))
             return None
         found = _read(lock)
         if found is None:
