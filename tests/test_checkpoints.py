@@ -119,8 +119,8 @@ def test_a_step_written_again_starts_from_an_empty_folder(tmp_path, tiny_model_d
     leftover.write_bytes(b"old")
     trainer_for(out, tiny_model_dir, max_steps=4).train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert (
-        f"Removed {out / 'checkpoint-4'} of an earlier attempt (cut short (no {MARKER} mark))"
-        in capsys.readouterr().out
+        f"Removed {out / 'checkpoint-4'} of an earlier attempt (incomplete (no {MARKER} mark: a save or a deletion cut "
+        "short))" in capsys.readouterr().out
     )
     assert not leftover.exists() and is_complete(out / "checkpoint-4")
     assert (out / "checkpoint-4" / "model.safetensors").stat().st_size > 100  # the new weights, not the stale bytes

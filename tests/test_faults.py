@@ -434,7 +434,11 @@ def test_a_hand_edited_record_over_checkpoints_cut_short_is_read_as_the_run_wrot
     (out / "resolved_config.json").write_text(json.dumps(record | {"learning_rate": record["learning_rate"] * 2}))
     result = train(out, tiny_model_dir, pairs, "--dry-run")
     said = result.stdout
-    assert result.returncode == 0 and "cut short (no COMPLETE mark), nothing to resume from: starting afresh" in said
+    assert (
+        result.returncode == 0
+        and "incomplete (no COMPLETE mark: a save or a deletion cut short), nothing to resume from: starting afresh"
+        in said
+    )
     assert "would refuse" not in said, said[-3000:]
     for copy in out.glob("checkpoint-*/resolved_config.json"):
         copy.unlink()
@@ -467,7 +471,10 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
 
     result = train(out, tiny_model_dir, pairs)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "cut short (no COMPLETE mark), nothing to resume from: starting afresh" in result.stdout
+    assert (
+        "incomplete (no COMPLETE mark: a save or a deletion cut short), nothing to resume from: starting afresh"
+        in result.stdout
+    )
     assert logged_steps(out) == [1, 2, 3, 4]
     assert_same_weights(out, baseline)
 
@@ -989,8 +996,8 @@ def test_an_explicit_resume_from_a_save_cut_short_is_refused_naming_what_is_miss
     with pytest.raises(ConfigError) as refused:
         check_output_dir(recipe, 8)
     assert str(refused.value) == (
-        f"resume_from_checkpoint {str(out / 'checkpoint-4')!r} cannot be verified (a save cut short, or not this "
-        "project's: no COMPLETE mark; MANIFEST.json, optimizer.pt and scheduler.pt are missing): pass "
+        f"resume_from_checkpoint {str(out / 'checkpoint-4')!r} cannot be verified (no COMPLETE mark (a save or a "
+        "deletion cut short, or not this project's); MANIFEST.json, optimizer.pt and scheduler.pt are missing): pass "
         "--resume_from_checkpoint "
         f"{out / 'checkpoint-2'}, the newest verified checkpoint beside it"
     )

@@ -2080,9 +2080,9 @@ def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path)
     with pytest.raises(ConfigError) as refused:
         resolve.check_output_dir(recipe, 8)
     assert str(refused.value) == (
-        f"resume_from_checkpoint {str(checkpoint)!r} cannot be verified (a save cut short, or not this project's: no "
-        "COMPLETE mark; MANIFEST.json is missing): restore each named file from a copy, or start a new run from its "
-        f"weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        f"resume_from_checkpoint {str(checkpoint)!r} cannot be verified (no COMPLETE mark (a save or a deletion "
+        "cut short, or not this project's); MANIFEST.json is missing): restore each named file from a copy, or start a "
+        f"new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
     )
     # Sealed as this project seals a checkpoint, but moved out of its run without the record of its settings.
     sealed_checkpoint(checkpoint)

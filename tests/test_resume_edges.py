@@ -140,4 +140,30 @@ def test_a_checkpoint_half_removed_by_rotation_is_never_complete_and_a_later_sav
     assert rotate(out, 1, keep=(str(out / "checkpoint-4"),)) == [out / "checkpoint-2"]
     assert not (out / "checkpoint-2").exists()
     said = capsys.readouterr().out
-    assert f"Removed {out / 'checkpoint-2'}: a checkpoint cut short (no {MARKER} mark)" in said
+    assert f"Removed {out / 'checkpoint-2'}: incomplete (no {MARKER} mark: a save or a deletion cut short)" in said
+
+
+def test_a_checkpoint_whose_deletion_was_cut_short_is_not_called_a_save_cut_short(tmp_path, capsys):
+    """Rotation's deletion killed midway (its COMPLETE mark goes first, then its files; or a person's rm -r stopped)
+    leaves a folder without its mark, as a save killed before its mark does: the lines said "a save cut short" or "cut
+    short", a cause the code cannot know. Now they say incomplete, naming both causes. (Old code: "a save cut short, or
+    not this project's: no COMPLETE mark", and rotation's "a checkpoint cut short".)"""
+    from dpotrain.train import checkpoints, resume
+
+    out = tmp_path / "run"
+    for step in (2, 4, 6):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, f"checkpoint-{step}")
+    half = out / "checkpoint-2"
+    (half / checkpoints.MARKER).unlink()  # as `checkpoints.remove` does first, then the files: killed after one
+    (half / "optimizer.pt").unlink()
+    why = resume.unverified(half)
+    assert why == (
+        "no COMPLETE mark (a save or a deletion cut short, or not this project's); optimizer.pt is missing"
+    ), why
+    assert "a save cut short" not in why
+    checkpoints.rotate(out, 2)
+    said = capsys.readouterr().out
+    assert f"Removed {half}: incomplete (no COMPLETE mark: a save or a deletion cut short), never resumed from" in said
+    assert not half.exists() and (out / "checkpoint-4").is_dir()

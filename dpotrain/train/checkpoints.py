@@ -25,6 +25,10 @@ from dpotrain.recipe.errors import ConfigError, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
+# A folder without the mark, as its lines name it: a save killed before its mark leaves one, and so does a deletion
+# killed midway (`remove` takes the mark first; rotation's, a person's rm -r), so its lines name neither as the cause.
+CUT = "a save or a deletion cut short"
+UNMARKED = f"incomplete (no {MARKER} mark: {CUT})"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _told: set[str] = set()  # checkpoints not the run's that rotation has said it keeps (said once per process)
 # Complete checkpoints this process's resume found damaged and passed over: rotation counts them as cut short (kept
@@ -157,7 +161,7 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
             )
     for folder in doomed:
         if not marks[folder]:
-            print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
+            print(f"Removed {folder}: {UNMARKED}, never resumed from", flush=True)
         elif folder.absolute() in passed_over:
             print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
         # One the run cannot delete (made read-only, chmod -w, by a person keeping it): the errors were ignored, its
@@ -257,7 +261,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     folder = Path(output_dir) / f"checkpoint-{global_step}"
     passed_over.discard(folder.absolute())  # written anew: sound once marked
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and writes.is_dir(folder):
-        state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
+        state = "complete" if is_complete(folder) else UNMARKED
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
         run_files.incomplete(output_dir, folder.name)  # first: killed after the removal, it is no checkpoint gone
         remove(folder)

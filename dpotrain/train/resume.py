@@ -19,7 +19,17 @@ from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train import agreement, checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, gone, is_complete, own_checkpoints, passed_over, step_of
+from dpotrain.train.checkpoints import (
+    CUT,
+    MARKER,
+    UNMARKED,
+    checkpoints,
+    gone,
+    is_complete,
+    own_checkpoints,
+    passed_over,
+    step_of,
+)
 from dpotrain.train.run_files import MANIFEST
 
 GONE = "its folder is gone since the run saved it (run_files.json names it: moved or deleted)"
@@ -38,7 +48,7 @@ def unverified(folder: Path) -> str | None:
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
         return problem or renamed(folder)
-    return f"a save cut short, or not this project's: no {MARKER} mark" + (f"; {problem}" if problem else "")
+    return f"no {MARKER} mark ({CUT}, or not this project's)" + (f"; {problem}" if problem else "")
 
 
 def renamed(folder: Path) -> str | None:
@@ -451,10 +461,7 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     ran_here = (out / run_record.RESOLVED).is_file()  # written as training starts: a run of this project was here
     if not folders or any(map(is_complete, folders)) or changed or not ran_here:
         return False
-    _say(
-        f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
-        "from: starting afresh"
-    )
+    _say(f"output_dir {out}: {', '.join(p.name for p in folders)} {UNMARKED}, nothing to resume from: starting afresh")
     return True
 
 
