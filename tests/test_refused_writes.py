@@ -270,6 +270,49 @@ def test_a_final_model_the_file_system_refuses_for_another_reason_is_one_line_an
     assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()
 
 
+def test_a_final_model_torch_save_could_not_write_is_one_line_and_other_runtime_errors_stay(tmp_path):
+    """torch.save's failed write (training_args.bin, in the final save) is a RuntimeError whose text alone says so
+    ('[enforce fail at inline_container.cc:671] . unexpected pos 704 vs 598', raised as it closes the file, after
+    'basic_ios::clear: iostream error'; or '... PytorchStreamWriter failed writing file data/0: file write failed'):
+    with room on the disk (the probe's), it ended a finished training in a traceback. Now the refused write's one line
+    naming the rerun; a RuntimeError of another text (the reader's, a bug's, torch's words alone inside another
+    message) stays as it is. The errors here are torch's own, from a save into /dev/full. (Old code: final_write
+    returned the RuntimeError.)"""
+    import torch
+
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import disk_full
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(RuntimeError) as written:
+        torch.save({"w": torch.zeros(1 << 10)}, "/dev/full")  # 4 KiB: past the stream's buffer, so its close fails
+    failed = [written.value, written.value.__context__]
+    failed.append(
+        RuntimeError(
+            "[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file "
+            "data/37: file write failed"
+        )
+    )
+    for error in failed:
+        said = disk_full.final_write(error, out)
+        assert isinstance(said, RunError), (error, said)
+        assert str(said) == (
+            f"the final model could not be written in {out} (torch.save's write failed: RuntimeError: {error}): fix "
+            "what refused the write (the file system's health, the folder's permissions: ask your admins if it "
+            "stays), then rerun; the same command trains again"
+        ), str(said)
+    torn = tmp_path / "torn.pt"
+    torch.save({"w": torch.zeros(4)}, torn)
+    torn.write_bytes(torn.read_bytes()[:-100])  # 'PytorchStreamReader failed reading zip archive: ...'
+    with pytest.raises(RuntimeError) as read:
+        torch.load(torn)
+    others = [read.value, RuntimeError("file write failed"), RuntimeError("a bug: unexpected pos 704 vs 598 here")]
+    others.append(RuntimeError("[enforce fail at inline_container.cc:323] . PytorchStreamReader failed reading file"))
+    for error in others:
+        assert disk_full.final_write(error, out) is error, error
+
+
 SAFETENSORS_LIMIT = textwrap.dedent("""
     import resource, sys
     from pathlib import Path

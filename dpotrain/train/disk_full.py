@@ -98,9 +98,8 @@ SAFETENSORS_IO = re.compile(
 
 def written_error(error: BaseException) -> OSError | None:
     """`error` as the OSError of the write that failed: itself, or the one a SafetensorError's text names (its type and
-    the OS's error number tell an I/O failure from a bug); else None. torch.save's failed write is left as it is: its
-    RuntimeError ('[enforce fail at inline_container.cc] ... unexpected pos 576 vs 534', or '... file write failed')
-    names no error number, and the same writer raises the same RuntimeError for what is no I/O failure."""
+    the OS's error number tell an I/O failure from a bug); else None. torch.save's failed write names no error number
+    (a RuntimeError: `TORCH_WRITE`): no OSError is made up for it here; `final_write` says it in its own words."""
     if isinstance(error, OSError):
         return error
     from safetensors import SafetensorError
@@ -262,14 +261,42 @@ WRITE_REFUSED = (errno.EIO, errno.ESTALE, errno.EACCES, errno.EPERM, errno.EROFS
 WRITE_REFUSED += (errno.ETIMEDOUT, errno.EREMOTEIO, errno.EHOSTDOWN, errno.ENOLINK, errno.ECOMM)  # a mount gone
 
 
+# torch.save's zip writer (caffe2/serialize/inline_container.cc) on a write to its file that failed: miniz's
+# MZ_ZIP_FILE_WRITE_FAILED ('[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file
+# data/37: file write failed'), the end of file past what was written ('... . unexpected pos 704 vs 598', raised as the
+# writer closes after a failed write), or the file stream's own failure ('basic_ios::clear: iostream error'). Matched
+# whole, so that no other RuntimeError (the same writer's bugs, its reader's, a library's) is said as a failed write.
+TORCH_WRITE = re.compile(
+    r"(\[enforce fail at inline_container\.cc:[0-9]+\] \. )?(PytorchStreamWriter failed writing .+: file write failed"
+    r"|unexpected pos [0-9]+ vs [0-9]+)|basic_ios::clear: iostream error"
+)
+
+
+def torch_write_failed(error: BaseException) -> bool:
+    """Whether `error` is torch.save's RuntimeError for a write to its file that failed (`TORCH_WRITE`)."""
+    return type(error) is RuntimeError and TORCH_WRITE.fullmatch(str(error).strip()) is not None
+
+
+REFUSED_FIX = (
+    "fix what refused the write (the file system's health, the folder's permissions: ask your admins if it stays)"
+)
+
+
 def final_write(error: Exception, out: Path) -> Exception:
     """What the final save's `error` ends the run on: an OSError that is no full disk's (EIO, ESTALE, a PermissionError
     the folder's mode does not explain: root squashed on NFS, an immutable file) as one line naming the file, the fix
     and what the rerun does; it was raised as it was, a traceback after the whole training. A full disk's is left to
     `write_failed` (train_dpo.main), anything else as it is (a FileExistsError, a missing folder, an OSError of a
     library's own: a bug's traceback, not "fix the file system"). safetensors' failed write is said as its OSError
-    (`written_error`)."""
+    (`written_error`); torch.save's (training_args.bin: a RuntimeError whose text alone says the write failed,
+    `TORCH_WRITE`) in its own words, where it was a traceback after the whole training (the disk probe had found room
+    in `trainer.save_model`)."""
     failed = written_error(error)
+    if failed is None and torch_write_failed(error):  # training_args.bin: the disk had room (trainer.save_model)
+        return RunError(
+            f"the final model could not be written in {out} (torch.save's write failed: {cause(error)}): "
+            f"{REFUSED_FIX}, then rerun; {_after_final(out)}"
+        )
     if failed is None:
         return error
     if full := full_write(failed):  # said by write_failed: here for safetensors', which train_dpo.main would not know
@@ -277,8 +304,8 @@ def final_write(error: Exception, out: Path) -> Exception:
     if failed.errno not in WRITE_REFUSED:  # a missing folder, a file in the way, a library's own: a bug's traceback
         return error
     return RunError(
-        f"the final model could not be written in {out} ({cause(failed)}): fix what refused the write (the file "
-        f"system's health, the folder's permissions: ask your admins if it stays), then rerun; {_after_final(out)}"
+        f"the final model could not be written in {out} ({cause(failed)}): {REFUSED_FIX}, then rerun; "
+        f"{_after_final(out)}"
     )
 
 
