@@ -1201,6 +1201,24 @@ def test_a_line_of_the_env_file_that_cannot_be_read_is_refused_by_its_number(lin
     assert "hf_secret" not in message and "HF_TOKEN" not in os.environ
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [("WANDB_MODE=offline\nHF_TOKEN=hf_secret\n".encode("utf-16"), 1), (b"WANDB_MODE=o\nHF_TOKEN=hf_caf\xe9\n", 2)],
+    ids=["utf-16", "latin-1"],
+)
+def test_an_env_file_that_is_not_utf8_is_refused_in_one_line(text, line, tmp_path, monkeypatch):
+    """A `.env` saved as UTF-16 (PowerShell 5's `echo ... > .env`, Notepad's "Unicode") or in Latin-1: every entry
+    point (train_dpo.py, push_to_hub.py, ...) ended in a UnicodeDecodeError traceback. Refused in one line naming the
+    file, the line and the fix, never the bytes (the line may hold a token)."""
+    (tmp_path / ".env").write_bytes(text)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        venv.load_env(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"error: {tmp_path / '.env'} line {line} is not UTF-8 text"), message
+    assert "save it as UTF-8" in message and "hf_" not in message and "HF_TOKEN" not in os.environ
+
+
 def test_a_count_of_one_reads_in_the_singular_in_what_a_run_prints(tmp_path, capsys, monkeypatch):
     """`save_total_limit: 1`, a step of one pair, a checkpoint of one process's ZeRO state: "the last 1 checkpoints",
     "Plan: 1 steps of 1 pairs", "micro-batches of 1 pairs", "partitioned over 1 processes ... on 1 processes"."""

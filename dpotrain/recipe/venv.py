@@ -8,6 +8,7 @@ importing them. Then `load_env` reads the project's `.env`, before the libraries
 import contextlib
 import hashlib
 import importlib.util
+import io
 import os
 import re
 import shlex
@@ -140,13 +141,20 @@ def hidden(name: str, root: Path | None = None) -> str:
 
 def check_env_file(path: Path) -> None:
     """Every line of `.env` readable: python-dotenv skips one it cannot read (an unclosed quote, `NAME: value`), with a
-    warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env")."""
+    warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env"); one not
+    UTF-8 (UTF-16 as PowerShell 5 writes it) was a UnicodeDecodeError traceback from every entry point."""
     if not path.is_file():
         return
     from dotenv.parser import parse_stream
 
-    with open(path, encoding="utf-8") as stream:
-        bad = next((b.original.line for b in parse_stream(stream) if b.error), None)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # UTF-16 (PowerShell 5's `>`, Notepad's "Unicode") or Latin-1: was a traceback
+        line = data[: e.start].count(b"\n") + 1  # its number, never its bytes: the line may hold a token
+        utf16 = " (it is UTF-16)" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
+        sys.exit(f"error: {path} line {line} is not UTF-8 text{utf16}, which python-dotenv reads: save it as UTF-8")
+    bad = next((b.original.line for b in parse_stream(io.StringIO(text, newline=None)) if b.error), None)
     if bad is not None:  # its number, never its text: the line may hold a token
         sys.exit(
             f"error: {path} line {bad} is not NAME=value (python-dotenv cannot read it, so it sets nothing): write it "
