@@ -945,6 +945,25 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     )
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("beta: 5.0\n".encode("utf-16"), "UTF-16 text, not UTF-8: save the recipe as UTF-8"),
+        (b"beta: 5\nrun_name: a\x07b\n", "line 2 holds a control character (#x7), which YAML does not read: remove it"),
+    ],
+    ids=["utf-16", "control-character"],
+)
+def test_a_recipe_saved_as_utf16_or_holding_a_control_character_is_one_line(text, expected, tmp_path, monkeypatch):
+    """A recipe saved as UTF-16 (PowerShell 5's `>`, Notepad's "Unicode"), or holding a control character (a NUL, a
+    bell pasted from a terminal): PyYAML's ReaderError escaped as a traceback ("unacceptable character #x0000")."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "odd.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(path)])
+    assert str(refused.value) == f"{path}: {expected}"
+
+
 @pytest.mark.parametrize("line", ["dataset_config: no", "output_dir: yes", "run_name: off", "dataset_config: On"])
 def test_a_name_yaml_reads_as_a_boolean_is_refused_naming_the_quotes(line, tmp_path, monkeypatch):
     """YAML 1.1 reads an unquoted yes, no, on or off as a boolean, which became the word 'true' or 'false': a data

@@ -81,6 +81,8 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, y
 def load(path: str | Path) -> dict:
     """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
     raw = Path(path).read_bytes()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # PowerShell 5's `>`, Notepad's "Unicode": was a traceback
+        raise ConfigError(f"{path}: UTF-16 text, not UTF-8: save the recipe as UTF-8")
     text = raw.decode("utf-8", errors="replace")  # a comment saved in Latin-1 (`# réglé`) sets nothing
     recipe = _parsed(str(path), text)
     if "\ufffd" in text and text.encode() != raw:
@@ -132,7 +134,13 @@ def boolean_word(path, key: str, within: tuple[str, ...] = ()) -> str | None:
 def _parsed(path: str, text: str) -> dict:
     """`load`'s mapping, parsed once per content: a run reads its recipe twice (its fields, then whether it names a
     resume_from_checkpoint) and the tests parse the same recipes hundreds of times. A file changed is read anew."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # reads every character first: a NUL or a bell was a ReaderError traceback
+    except yaml.reader.ReaderError as e:
+        line = text[: e.position].count("\n") + 1
+        raise ConfigError(
+            f"{path}: line {line} holds a control character (#x{e.character:x}), which YAML does not read: remove it"
+        ) from None
     loader.name = path
     try:
         recipe = loader.get_single_data()
