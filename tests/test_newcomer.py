@@ -1161,6 +1161,18 @@ def test_a_bare_name_in_the_env_file_sets_nothing_beside_an_expanded_folder(tmp_
     assert os.environ["HF_DATASETS_CACHE"] == str(tmp_path / "home" / "ds")
 
 
+def test_a_dollar_in_an_env_file_value_not_a_folders_is_kept_as_written(tmp_path, monkeypatch):
+    """Pinned, not a fix: a review asked whether `PASS=a$$b` in `.env` became `a$b`. It does not: python-dotenv reads
+    `${NAME}` alone, and `venv.expand_folder` reads `$` in a folder's value only (`HF_HOME=a$$b` is `a$b`, as a shell
+    reads it), so a token or password with `$` is taken as written, quoted or not."""
+    (tmp_path / ".env").write_text("DPO_PASS=a$$b\nDPO_NOTE=x$HOME\nDPO_QUOTED='q$$r'\nDPO_CACHE_DIR=c$$d\n")
+    for name in ("DPO_PASS", "DPO_NOTE", "DPO_QUOTED", "DPO_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    venv.load_env(tmp_path)
+    got = {name: os.environ[name] for name in ("DPO_PASS", "DPO_NOTE", "DPO_QUOTED", "DPO_CACHE_DIR")}
+    assert got == {"DPO_PASS": "a$$b", "DPO_NOTE": "x$HOME", "DPO_QUOTED": "q$$r", "DPO_CACHE_DIR": "c$d"}
+
+
 def test_an_empty_variable_in_the_shell_that_hides_the_env_files_value_is_named_where_the_value_is_asked_for(
     tmp_path, monkeypatch
 ):
