@@ -55,7 +55,12 @@ def report(
     if as_json:
         text = json.dumps(resolved, indent=2, default=str)
     else:
-        text = summary(run_record.of(resolved), write_json(resolved, output_dir), warnings=warnings, caches=caches)
+        record = run_record.of(resolved)
+        # Not beside a folder the run refuses (`--output_dir /`, `~`, `.`, `data`): `/.dry-run.json` was written in the
+        # root, `data.dry-run.json` in the project, for a run that would never be there
+        refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER) and os.path.isdir(output_dir)
+        written = None if refused else write_json(resolved, output_dir)
+        text = summary(record, written, warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
 
@@ -191,6 +196,8 @@ def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) ->
         row("caches", caches)
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
+    elif (r.output.folder or "").endswith(run_record.REFUSED_FOLDER):  # a dry run's: `report` wrote none
+        row("everything", "not written beside a folder the run refuses (--json prints it)")
 
 
 def push_text(s) -> str:

@@ -189,7 +189,7 @@ class OutputDecision:
         elif self.resume_from:
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
-            folder = f"{output_dir}: refused by the run (below)"
+            folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}

@@ -224,6 +224,7 @@ def _misshapen(r: dict) -> str | None:
 
 # The run's record's file name, in its folder and each checkpoint's (resolve.trained_under)
 RESOLVED = "resolved_config.json"
+REFUSED_FOLDER = ": refused by the run (below)"  # a dry run's output_folder, ending so for a folder the run refuses
 
 # The record's digest of itself, written with it: a file edited by hand (a value "fixed" before a resume) is told from
 # one the run wrote, whose settings a rerun neither reads nor keeps (resume.say_hand_edit)
