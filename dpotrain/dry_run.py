@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from dpotrain import output_folder
 from dpotrain.data import chat_template, cuts, mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
@@ -56,10 +57,11 @@ def report(
         text = json.dumps(resolved, indent=2, default=str)
     else:
         record = run_record.of(resolved)
-        # Not beside a folder the run refuses (`--output_dir /`, `~`, `.`, `data`): `/.dry-run.json` was written in the
-        # root, `data.dry-run.json` in the project, for a run that would never be there
-        refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER) and os.path.isdir(output_dir)
-        written = None if refused else write_json(resolved, output_dir)
+        # Not beside a folder the run refuses as no run's (`--output_dir /`, `~`, `.`, `data`): `/.dry-run.json` was
+        # written in the root, `data.dry-run.json` in the project, for a run that would never be there. A run's folder
+        # refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given: written.
+        refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
+        written = None if refused and output_folder.no_runs_folder(output_dir) else write_json(resolved, output_dir)
         text = summary(record, written, warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
@@ -196,7 +198,7 @@ def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) ->
         row("caches", caches)
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
-    elif (r.output.folder or "").endswith(run_record.REFUSED_FOLDER):  # a dry run's: `report` wrote none
+    elif (r.output.folder or "").endswith(run_record.REFUSED_FOLDER):  # a dry run's: `report` wrote none (no run's)
         row("everything", "not written beside a folder the run refuses (--json prints it)")
 
 

@@ -129,6 +129,15 @@ def _not_a_file(output_dir: str) -> None:
         )
 
 
+def no_runs_folder(output_dir: str) -> bool:
+    """Whether `output_dir` is a folder the run refuses as no run's (a person's files, a checkpoint): `/`, `~`, `.`."""
+    try:
+        _a_run_folder(output_dir)
+    except ConfigError:
+        return True
+    return False
+
+
 def _a_run_folder(output_dir: str) -> None:
     """A folder that holds files but no run (`check`), or a checkpoint's folder: refused. None yet: nothing to say."""
     out = Path(output_dir)

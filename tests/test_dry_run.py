@@ -33,7 +33,8 @@ def field(text: str, name: str) -> str:
 def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, capsys):
     """`--output_dir /`, `~`, `.` or `data` (folders holding what is no run's) are refused by the run, and the dry run
     said so, then wrote its record beside them all the same: `/.dry-run.json` in the root, `data.dry-run.json` in the
-    project, files in a person's folders for a run that would never be there. --json still prints it."""
+    project, files in a person's folders for a run that would never be there. --json still prints it. (A run's own
+    folder refused for a flag, such as --overwrite_output_dir, is where the run goes once given it: written there.)"""
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("a person's file")
@@ -41,6 +42,8 @@ def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, ca
     assert field(text, "output") == f"{mine}: refused by the run (below)"
     assert field(text, "everything") == "not written beside a folder the run refuses (--json prints it)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    printed = dry_run(capsys, *SMOKE, "--output_dir", str(mine), "--json")
+    assert json.loads(printed[printed.index("{\n") :])["output_dir"] == str(mine)
 
 
 def test_a_lora_summary_says_an_adapter_trains_and_what_the_reference_is(tmp_path, capsys):

@@ -949,9 +949,10 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     "text, expected",
     [
         ("beta: 5.0\n".encode("utf-16"), "UTF-16 text, not UTF-8: save the recipe as UTF-8"),
+        ("beta: 5.0\n".encode("utf-16-le"), "UTF-16 text (no byte-order mark), not UTF-8: save the recipe as UTF-8"),
         (b"beta: 5\nrun_name: a\x07b\n", "line 2 holds a control character (#x7), which YAML does not read: remove it"),
     ],
-    ids=["utf-16", "control-character"],
+    ids=["utf-16", "utf-16-no-mark", "control-character"],
 )
 def test_a_recipe_saved_as_utf16_or_holding_a_control_character_is_one_line(text, expected, tmp_path, monkeypatch):
     """A recipe saved as UTF-16 (PowerShell 5's `>`, Notepad's "Unicode"), or holding a control character (a NUL, a

@@ -138,6 +138,10 @@ def _parsed(path: str, text: str) -> dict:
         loader = _StrictLoader(text)  # reads every character first: a NUL or a bell was a ReaderError traceback
     except yaml.reader.ReaderError as e:
         line = text[: e.position].count("\n") + 1
+        if text.count("\0") * 3 > len(text):  # UTF-16 without its byte-order mark: a NUL beside every ASCII letter
+            raise ConfigError(
+                f"{path}: UTF-16 text (no byte-order mark), not UTF-8: save the recipe as UTF-8"
+            ) from None
         raise ConfigError(
             f"{path}: line {line} holds a control character (#x{e.character:x}), which YAML does not read: remove it"
         ) from None

@@ -274,7 +274,8 @@ TORCH_WRITE = re.compile(
 
 def torch_write_failed(error: BaseException) -> bool:
     """Whether `error` is torch.save's RuntimeError for a write to its file that failed (`TORCH_WRITE`)."""
-    return type(error) is RuntimeError and TORCH_WRITE.fullmatch(str(error).strip()) is not None
+    first = (str(error).strip().splitlines() or [""])[0]  # TORCH_SHOW_CPP_STACKTRACES=1 adds C++'s stack below
+    return type(error) is RuntimeError and TORCH_WRITE.fullmatch(first) is not None
 
 
 REFUSED_FIX = (
@@ -295,7 +296,8 @@ def final_write(error: Exception, out: Path) -> Exception:
     if failed is None and torch_write_failed(error):  # training_args.bin: the disk had room (trainer.save_model)
         return RunError(
             f"the final model could not be written in {out} (torch.save's write failed: {cause(error)}): "
-            f"{REFUSED_FIX}, then rerun; {_after_final(out)}"
+            "the file was open, so no permission refused it: fix the file system's health (an I/O error; ask your "
+            f"admins if it stays), then rerun; {_after_final(out)}"
         )
     if failed is None:
         return error
