@@ -169,7 +169,7 @@ class ProjectArguments:
         False,
         "Show what the run will do and exit, without loading a model or data: a summary (steps, batching, "
         "memory per GPU and the GPU it is checked against), and the full resolved configuration as JSON in "
-        "<output_dir>.dry-run.json.",
+        "<output_dir>.dry-run.json (none beside a folder the run refuses as no run's).",
     )
     json: bool = option(False, "With --dry-run: print the full resolved configuration as JSON instead of the summary.")
     share_prompt: bool | None = option(
