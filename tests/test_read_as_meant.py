@@ -680,6 +680,21 @@ def test_invalid_utf8_names_the_file_and_line(kind, analyzer, tmp_path, tiny_mod
     assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
 
 
+def test_a_utf16_data_file_is_told_to_convert_from_utf16_not_latin1(tmp_path):
+    """A pairs file saved as UTF-16 (PowerShell 5's `>`, Notepad's "Unicode") was told to convert "from Latin-1:
+    `iconv -f latin1 -t utf-8`", which turns it into UTF-8 holding a NUL beside every letter."""
+    row = json.dumps({"prompt": "Q?", "chosen": " Oui.", "rejected": " Non."}) + "\n"
+    path = tmp_path / "wide.jsonl"
+    path.write_bytes((row * 3).encode("utf-16"))  # with its byte-order mark, as those tools write it
+    said = data._invalid_utf8(path)
+    assert said.startswith(f"{path}:1: not valid UTF-8") and "(from UTF-16: `iconv -f utf-16 -t utf-8`)" in said
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(
+        row.replace("Oui", "Oui \u00e9t\u00e9").encode("utf-8") + row.replace("Q?", "\u00e9?").encode("latin-1")
+    )
+    assert "(from Latin-1: `iconv -f latin1 -t utf-8`)" in data._invalid_utf8(path)
+
+
 def test_a_data_file_named_for_another_format(analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch):
     jsonl = tmp_path / "pairs.parquet"
     shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", jsonl)

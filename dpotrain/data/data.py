@@ -588,9 +588,12 @@ def _invalid_utf8(path: Path) -> str | None:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as e:
+                # UTF-16 (PowerShell 5's `>`, Notepad's "Unicode"): its byte-order mark, or a NUL beside each letter
+                wide = line.startswith((b"\xff\xfe", b"\xfe\xff")) or line.count(b"\0") * 3 > len(line)
+                source = "UTF-16: `iconv -f utf-16 -t utf-8`" if wide else "Latin-1: `iconv -f latin1 -t utf-8`"
                 return (
                     f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
-                    "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line"
+                    f"the file as UTF-8 (from {source}), or fix that line"
                 )
     return None
 
