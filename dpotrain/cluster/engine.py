@@ -140,6 +140,10 @@ def read_accelerate_config(path: str):
     """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
     try:
         return load_config_from_file(path)
+    except UnicodeDecodeError:  # UTF-16 (PowerShell 5's `>`) or Latin-1: the codec's words named no fix
+        raise ConfigError(
+            f"accelerate config {path!r} is not UTF-8 text, which `accelerate launch` reads: save it as UTF-8"
+        ) from None
     except Exception as e:  # noqa: BLE001 - YAML, unknown key, no distributed_type: `accelerate launch` refuses it too
         raise ConfigError(f"accelerate config {path!r} would be refused by `accelerate launch`: {cause(e)}") from None
 
