@@ -186,8 +186,11 @@ class OutputDecision:
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
             folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
-        elif self.resume_from:
+        elif self.resume_from and Path(self.resume_from).parent.resolve() == Path(output_dir).resolve():
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
+        elif self.resume_from:  # another folder's checkpoint: this one was called "an unfinished run", new or empty
+            new = "" if Path(output_dir).is_dir() else " (new)"
+            folder = f"{output_dir}: the run starts there{new}, from the checkpoint {self.resume_from}"
         elif any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
             folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         else:

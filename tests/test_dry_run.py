@@ -30,6 +30,18 @@ def field(text: str, name: str) -> str:
     return match.group(1)
 
 
+def test_a_new_folder_given_another_folders_checkpoint_is_not_called_an_unfinished_run(tmp_path):
+    """`--resume_from_checkpoint other/checkpoint-40 --output_dir new`: the dry run said `new: an unfinished run, which
+    the run resumes from ...`, of a folder not made yet. Its own checkpoint's folder is still an unfinished run."""
+    from dpotrain import resolve
+
+    other = str(tmp_path / "other" / "checkpoint-40")
+    said = resolve.OutputDecision(resume_from=other, start_afresh=False).record(str(tmp_path / "new"))
+    assert said["output_folder"] == f"{tmp_path / 'new'}: the run starts there (new), from the checkpoint {other}"
+    said = resolve.OutputDecision(resume_from=other, start_afresh=False).record(str(tmp_path / "other"))
+    assert said["output_folder"] == f"{tmp_path / 'other'}: an unfinished run, which the run resumes from {other}"
+
+
 def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, capsys):
     """`--output_dir /`, `~`, `.` or `data` (folders holding what is no run's) are refused by the run, and the dry run
     said so, then wrote its record beside them all the same: `/.dry-run.json` in the root, `data.dry-run.json` in the
