@@ -408,10 +408,13 @@ def read_recipe(path: str, planning: bool = False) -> dict:
             continue
         # A dry run outside a Slurm job: what names the job's variables (SLURM_*, or one the block leaves to the job)
         # is the job's to set, checked with a stand-in for them (another variable not set is refused all the same)
-        job = JOB_STAND_IN if planning and not os.environ.get("SLURM_JOB_ID") else None
-        named = set(re.findall(r"\$\{?(\w+)", recipe_file.written(value)))
+        job, written = (
+            JOB_STAND_IN if planning and not os.environ.get("SLURM_JOB_ID") else None,
+            recipe_file.written(value),
+        )
+        named = set(re.findall(r"\$\{?(\w+)", written))
         stand_ins = {n: job for n in named if n.startswith("SLURM_") or n in left_to_job} if job else {}
-        read = _env_value(path, str(name), recipe_file.written(value), {**os.environ, **taken, **stand_ins})
+        read = _env_value(path, str(name), written, {**os.environ, **taken, **stand_ins})
         _check_env_cache_folder(path, str(name), read)
         if stand_ins:
             left_to_job.add(str(name))
@@ -431,8 +434,11 @@ def _env_value(path: str, name: str, written: str, environ: dict) -> str:
     try:
         return venv.shell_expanded(written, environ)
     except venv.Unexpanded as e:
-        folder = name.endswith(("HOME", "CACHE", "DIR"))
-        fix = "or give the folder's absolute path" if folder else "or write $$ for a $ meant as written"
+        fix = (
+            "or give the folder's absolute path"
+            if venv.is_folder_name(name)
+            else "or write $$ for a $ meant as written"
+        )
         raise ConfigError(f"{path}: env: {name} {written!r} {_unexpanded(e, path, fix)}") from None
 
 

@@ -171,9 +171,12 @@ def expand_folder(name: str, value: str) -> str:
     reads them: python-dotenv expands only `${VAR}`, and datasets and triton take the rest literally, so
     `HF_DATASETS_CACHE=~/ds` filled a folder named `~` in whatever folder the command ran in. `Unexpanded` (a KeyError)
     names a variable that is not set or set empty (a shell's empty one would have put the cache at the root)."""
-    if not name.endswith(("HOME", "CACHE", "DIR")):
-        return value
-    return shell_expanded(value)
+    return shell_expanded(value) if is_folder_name(name) else value
+
+
+def is_folder_name(name: str) -> bool:
+    """Whether variable `name` names a folder (HF_HOME, HF_DATASETS_CACHE, TRITON_CACHE_DIR, ...) by its ending."""
+    return name.endswith(("HOME", "CACHE", "DIR"))
 
 
 class Unexpanded(KeyError):
