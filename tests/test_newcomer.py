@@ -1213,21 +1213,29 @@ def test_a_line_of_the_env_file_that_cannot_be_read_is_refused_by_its_number(lin
     assert "hf_secret" not in message and "HF_TOKEN" not in os.environ
 
 
+UTF16 = "is UTF-16 text, not the UTF-8 python-dotenv reads"
+
+
 @pytest.mark.parametrize(
-    "text, line",
-    [("WANDB_MODE=offline\nHF_TOKEN=hf_secret\n".encode("utf-16"), 1), (b"WANDB_MODE=o\nHF_TOKEN=hf_caf\xe9\n", 2)],
-    ids=["utf-16", "latin-1"],
+    "text, said",
+    [
+        ("WANDB_MODE=offline\nHF_TOKEN=hf_secret\n".encode("utf-16"), UTF16),
+        ("WANDB_MODE=offline\nHF_TOKEN=hf_secret\n".encode("utf-16-le"), UTF16),
+        (b"WANDB_MODE=o\nHF_TOKEN=hf_caf\xe9\n", "line 2 is not UTF-8 text"),
+    ],
+    ids=["utf-16", "utf-16-no-mark", "latin-1"],
 )
-def test_an_env_file_that_is_not_utf8_is_refused_in_one_line(text, line, tmp_path, monkeypatch):
+def test_an_env_file_that_is_not_utf8_is_refused_in_one_line(text, said, tmp_path, monkeypatch):
     """A `.env` saved as UTF-16 (PowerShell 5's `echo ... > .env`, Notepad's "Unicode") or in Latin-1: every entry
-    point (train_dpo.py, push_to_hub.py, ...) ended in a UnicodeDecodeError traceback. Refused in one line naming the
-    file, the line and the fix, never the bytes (the line may hold a token)."""
+    point (train_dpo.py, push_to_hub.py, ...) ended in a UnicodeDecodeError traceback, and UTF-16 without its
+    byte-order mark (it decodes as UTF-8) in os.environ's "embedded null byte". Refused in one line naming the file
+    and the fix, never the bytes (the line may hold a token)."""
     (tmp_path / ".env").write_bytes(text)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     with pytest.raises(SystemExit) as refused:
         venv.load_env(tmp_path)
     message = str(refused.value)
-    assert message.startswith(f"error: {tmp_path / '.env'} line {line} is not UTF-8 text"), message
+    assert message.startswith(f"error: {tmp_path / '.env'} {said}"), message
     assert "save it as UTF-8" in message and "hf_" not in message and "HF_TOKEN" not in os.environ
 
 

@@ -680,14 +680,16 @@ def test_invalid_utf8_names_the_file_and_line(kind, analyzer, tmp_path, tiny_mod
     assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
 
 
-def test_a_utf16_data_file_is_told_to_convert_from_utf16_not_latin1(tmp_path):
+def test_a_utf16_data_file_is_told_to_convert_from_utf16_not_latin1(tmp_path, monkeypatch, capsys):
     """A pairs file saved as UTF-16 (PowerShell 5's `>`, Notepad's "Unicode") was told to convert "from Latin-1:
-    `iconv -f latin1 -t utf-8`", which turns it into UTF-8 holding a NUL beside every letter."""
+    `iconv -f latin1 -t utf-8`", which turns it into UTF-8 holding a NUL beside every letter; without its byte-order
+    mark it decodes as UTF-8 (a NUL is UTF-8) and was "not valid JSON (Expecting property name ...) at column 2"."""
     row = json.dumps({"prompt": "Q?", "chosen": " Oui.", "rejected": " Non."}) + "\n"
-    path = tmp_path / "wide.jsonl"
-    path.write_bytes((row * 3).encode("utf-16"))  # with its byte-order mark, as those tools write it
-    said = data._invalid_utf8(path)
-    assert said.startswith(f"{path}:1: not valid UTF-8") and "(from UTF-16: `iconv -f utf-16 -t utf-8`)" in said
+    for codec in ("utf-16", "utf-16-le"):  # with its byte-order mark, as those tools write it, and without
+        path = tmp_path / f"{codec}.jsonl"
+        path.write_bytes((row * 3).encode(codec))
+        said = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+        assert f"{path}:1: not valid UTF-8 (it is UTF-16 text)" in said and "(from UTF-16: `iconv -f utf-16" in said
     path = tmp_path / "latin.jsonl"
     path.write_bytes(
         row.replace("Oui", "Oui \u00e9t\u00e9").encode("utf-8") + row.replace("Q?", "\u00e9?").encode("latin-1")
@@ -964,7 +966,7 @@ def test_a_recipe_value_saved_in_latin1_is_refused_and_a_comment_so_saved_is_not
     "text, expected",
     [
         ("beta: 5.0\n".encode("utf-16"), "UTF-16 text, not UTF-8: save the recipe as UTF-8"),
-        ("beta: 5.0\n".encode("utf-16-le"), "UTF-16 text (no byte-order mark), not UTF-8: save the recipe as UTF-8"),
+        ("beta: 5.0\n".encode("utf-16-le"), "UTF-16 text, not UTF-8: save the recipe as UTF-8"),
         (b"beta: 5\nrun_name: a\x07b\n", "line 2 holds a control character (#x7), which YAML does not read: remove it"),
     ],
     ids=["utf-16", "utf-16-no-mark", "control-character"],

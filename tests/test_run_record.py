@@ -508,9 +508,10 @@ def test_a_dry_run_ends_on_an_accelerate_config_accelerate_itself_refuses(tmp_pa
     with pytest.raises(ConfigError, match="would be refused by `accelerate launch`: ValueError: .*unknown keys"):
         train_dpo.main(argv)
     # Saved as UTF-16 (PowerShell 5's `>`): the codec's UnicodeDecodeError was quoted, naming no fix
-    path.write_bytes("distributed_type: MULTI_GPU\n".encode("utf-16"))
-    with pytest.raises(ConfigError) as refused:
-        train_dpo.main(argv)
-    assert str(refused.value) == (
-        f"accelerate config {str(path)!r} is not UTF-8 text, which `accelerate launch` reads: save it as UTF-8"
-    )
+    for codec in ("utf-16", "utf-16-le"):  # without its byte-order mark: YAML's "unacceptable character #x0000"
+        path.write_bytes("distributed_type: MULTI_GPU\n".encode(codec))
+        with pytest.raises(ConfigError) as refused:
+            train_dpo.main(argv)
+        assert str(refused.value) == (
+            f"accelerate config {str(path)!r} is not UTF-8 text, which `accelerate launch` reads: save it as UTF-8"
+        )

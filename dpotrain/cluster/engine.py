@@ -19,7 +19,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType
 
-from dpotrain.recipe import launcher, upstream
+from dpotrain.recipe import launcher, upstream, venv
 from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
 from dpotrain.recipe.errors import ConfigError, cause, plural
 
@@ -138,14 +138,18 @@ def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
 
 def read_accelerate_config(path: str):
     """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
+    # UTF-16 (PowerShell 5's `>`) or Latin-1: the codec's words, or YAML's "unacceptable character #x0000" where
+    # UTF-16 has no byte-order mark, named no fix
     try:
-        return load_config_from_file(path)
-    except UnicodeDecodeError:  # UTF-16 (PowerShell 5's `>`) or Latin-1: the codec's words named no fix
-        raise ConfigError(
-            f"accelerate config {path!r} is not UTF-8 text, which `accelerate launch` reads: save it as UTF-8"
-        ) from None
+        if not venv.is_utf16(Path(path).read_bytes()):
+            return load_config_from_file(path)
+    except UnicodeDecodeError:
+        pass
     except Exception as e:  # noqa: BLE001 - YAML, unknown key, no distributed_type: `accelerate launch` refuses it too
         raise ConfigError(f"accelerate config {path!r} would be refused by `accelerate launch`: {cause(e)}") from None
+    raise ConfigError(
+        f"accelerate config {path!r} is not UTF-8 text, which `accelerate launch` reads: save it as UTF-8"
+    )
 
 
 def processes(config) -> int:

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
-from dpotrain.recipe import upstream
+from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import unwritable
 
@@ -582,18 +582,21 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
 
 
 def _invalid_utf8(path: Path) -> str | None:
-    """`file:line: not valid UTF-8 ...` for the first line of `path` that is not UTF-8, or None."""
+    """`file:line: not valid UTF-8 ...` for the first line of `path` that is not UTF-8, or None. UTF-16 without its
+    byte-order mark decodes (its NULs are UTF-8), and was "not valid JSON" at column 2."""
     with open_data(path) as f:
         for number, line in enumerate(f, 1):
+            if venv.is_utf16(line):
+                return (
+                    f"{path}:{number}: not valid UTF-8 (it is UTF-16 text): save the file as UTF-8 (from UTF-16: "
+                    "`iconv -f utf-16 -t utf-8`)"
+                )
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as e:
-                # UTF-16 (PowerShell 5's `>`, Notepad's "Unicode"): its byte-order mark, or a NUL beside each letter
-                wide = line.startswith((b"\xff\xfe", b"\xfe\xff")) or line.count(b"\0") * 3 > len(line)
-                source = "UTF-16: `iconv -f utf-16 -t utf-8`" if wide else "Latin-1: `iconv -f latin1 -t utf-8`"
                 return (
                     f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
-                    f"the file as UTF-8 (from {source}), or fix that line"
+                    "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line"
                 )
     return None
 

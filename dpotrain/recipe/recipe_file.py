@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from dpotrain.recipe import venv
 from dpotrain.recipe.errors import ConfigError, cause
 
 
@@ -81,7 +82,7 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, y
 def load(path: str | Path) -> dict:
     """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
     raw = Path(path).read_bytes()
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # PowerShell 5's `>`, Notepad's "Unicode": was a traceback
+    if venv.is_utf16(raw):  # was a traceback, or "control character #x0" where it has no byte-order mark
         raise ConfigError(f"{path}: UTF-16 text, not UTF-8: save the recipe as UTF-8")
     text = raw.decode("utf-8", errors="replace")  # a comment saved in Latin-1 (`# réglé`) sets nothing
     recipe = _parsed(str(path), text)
@@ -138,10 +139,6 @@ def _parsed(path: str, text: str) -> dict:
         loader = _StrictLoader(text)  # reads every character first: a NUL or a bell was a ReaderError traceback
     except yaml.reader.ReaderError as e:
         line = text[: e.position].count("\n") + 1
-        if text.count("\0") * 3 > len(text):  # UTF-16 without its byte-order mark: a NUL beside every ASCII letter
-            raise ConfigError(
-                f"{path}: UTF-16 text (no byte-order mark), not UTF-8: save the recipe as UTF-8"
-            ) from None
         raise ConfigError(
             f"{path}: line {line} holds a control character (#x{e.character:x}), which YAML does not read: remove it"
         ) from None

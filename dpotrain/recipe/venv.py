@@ -139,6 +139,12 @@ def hidden(name: str, root: Path | None = None) -> str:
     return f" (.env sets {name}, but an empty {name} in the environment wins over it: unset {name})"
 
 
+def is_utf16(data: bytes) -> bool:
+    """Whether `data` is UTF-16 text, as PowerShell 5's `>` and Notepad's "Unicode" save it: its byte-order mark, or
+    (without one) a NUL beside every ASCII letter. One rule for the recipe, `.env` and the data files."""
+    return data.startswith((b"\xff\xfe", b"\xfe\xff")) or data.count(b"\0") * 3 > len(data)
+
+
 def check_env_file(path: Path) -> None:
     """Every line of `.env` readable: python-dotenv skips one it cannot read (an unclosed quote, `NAME: value`), with a
     warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env"); one not
@@ -148,12 +154,13 @@ def check_env_file(path: Path) -> None:
     from dotenv.parser import parse_stream
 
     data = path.read_bytes()
+    if is_utf16(data):  # without its byte-order mark it decodes, and its NULs were os.environ's "embedded null byte"
+        sys.exit(f"error: {path} is UTF-16 text, not the UTF-8 python-dotenv reads: save it as UTF-8")
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError as e:  # UTF-16 (PowerShell 5's `>`, Notepad's "Unicode") or Latin-1: was a traceback
+    except UnicodeDecodeError as e:  # Latin-1 (`HF_TOKEN=hf_café`): was a traceback
         line = data[: e.start].count(b"\n") + 1  # its number, never its bytes: the line may hold a token
-        utf16 = " (it is UTF-16)" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
-        sys.exit(f"error: {path} line {line} is not UTF-8 text{utf16}, which python-dotenv reads: save it as UTF-8")
+        sys.exit(f"error: {path} line {line} is not UTF-8 text, which python-dotenv reads: save it as UTF-8")
     bad = next((b.original.line for b in parse_stream(io.StringIO(text, newline=None)) if b.error), None)
     if bad is not None:  # its number, never its text: the line may hold a token
         sys.exit(
