@@ -292,12 +292,26 @@ def final_write(error: Exception, out: Path) -> Exception:
     (`written_error`); torch.save's (training_args.bin: a RuntimeError whose text alone says the write failed,
     `TORCH_WRITE`) in its own words, where it was a traceback after the whole training (the disk probe had found room
     in `trainer.save_model`)."""
+    return _write_refused(error, f"the final model could not be written in {out}", lambda: _after_final(out))
+
+
+def checkpoint_write(error: Exception, folder: Path) -> Exception:
+    """`final_write`'s line for checkpoint `folder` whose write the file system refused with room on its disk (an EIO,
+    a stale NFS handle, torch.save's failed write of the optimizer's state): it was every rank's traceback."""
+    out = folder.parent
+    return _write_refused(
+        error, f"{folder.name} could not be written in {out}", lambda: _after(_complete(out, but=folder), out)
+    )
+
+
+def _write_refused(error: Exception, what: str, after) -> Exception:
+    """`error` as one line saying `what` could not be written, why, the fix and `after()` (what the rerun does), where
+    the file system refused the write; else `error` itself (`final_write`)."""
     failed = written_error(error)
     if failed is None and torch_write_failed(error):  # training_args.bin: the disk had room (trainer.save_model)
         return RunError(
-            f"the final model could not be written in {out} (torch.save's write failed: {cause(error)}): "
-            "the file was open, so no permission refused it: fix the file system's health (an I/O error; ask your "
-            f"admins if it stays), then rerun; {_after_final(out)}"
+            f"{what} (torch.save's write failed: {cause(error)}): the file was open, so no permission refused it: fix "
+            f"the file system's health (an I/O error; ask your admins if it stays), then rerun; {after()}"
         )
     if failed is None:
         return error
@@ -305,10 +319,7 @@ def final_write(error: Exception, out: Path) -> Exception:
         return error if failed is error else write_failed(*full)
     if failed.errno not in WRITE_REFUSED:  # a missing folder, a file in the way, a library's own: a bug's traceback
         return error
-    return RunError(
-        f"the final model could not be written in {out} ({cause(failed)}): {REFUSED_FIX}, then rerun; "
-        f"{_after_final(out)}"
-    )
+    return RunError(f"{what} ({cause(failed)}): {REFUSED_FIX}, then rerun; {after()}")
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:

@@ -333,7 +333,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self._write_checkpoint(model, trial, folder)
         except collectives.REFUSED as e:  # a full disk: one line naming the folder and space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
-            failed = e if why is None else disk_full.save_failed(folder, why)
+            failed = disk_full.checkpoint_write(e, folder) if why is None else disk_full.save_failed(folder, why)
             cut_short = why is not None and self.is_world_process_zero()
         # A rank that failed alone (under DDP the main writes the weights) ended while the others waited in
         # `on_save`'s barrier: one all-gather per checkpoint, the first failure every rank's line.
