@@ -58,10 +58,12 @@ def report(
     else:
         record = run_record.of(resolved)
         # Not beside a folder the run refuses as no run's (`--output_dir /`, `~`, `.`, `data`): `/.dry-run.json` was
-        # written in the root, `data.dry-run.json` in the project, for a run that would never be there. A run's folder
-        # refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given: written.
+        # written in the root, `data.dry-run.json` in the project, for a run that would never be there; nor where the
+        # run's refusal is that nothing can be written (`notes.txt/run`: the record's own error followed it). A run's
+        # folder refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given.
         refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
-        written = None if refused and output_folder.no_runs_folder(output_dir) else write_json(resolved, output_dir)
+        nowhere = output_folder.no_runs_folder(output_dir) or unwritable(Path(os.path.abspath(output_dir)).parent)
+        written = None if refused and nowhere else write_json(resolved, output_dir)
         text = summary(record, written, warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 

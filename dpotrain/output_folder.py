@@ -97,8 +97,9 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
             )
 
 
-def _writable_and_free(out: Path) -> None:
-    """The main process's checks (the others of a launch would find the lock it just took): writable, and free."""
+def _writable_and_free(out: Path, lock: bool) -> None:
+    """The main process's checks (the others of a launch would find the lock it just took): writable, and (`lock`)
+    free."""
     # One still to be made is probed in the nearest folder that exists
     if problem := unwritable(out.resolve()):  # a link: where it points
         raise ConfigError(
@@ -106,17 +107,18 @@ def _writable_and_free(out: Path) -> None:
             "folder this job can write in"
         )
     # A live run's folder is a run's whatever it holds at this instant (a record half-written, no manifest yet)
-    if writes.is_dir(out):  # unanswered: raised, never its lock taken for free
+    if lock and writes.is_dir(out):  # unanswered: raised, never its lock taken for free
         run_lock.check_free(out)
 
 
 def check(output_dir: str, lock: bool = True) -> None:
-    """Refuses an output_dir that is a file, a folder of files but no run, or (`lock`) one another live run holds.
+    """Refuses an output_dir that is a file, a folder of files but no run, one the run cannot write in (under a file:
+    `notes.txt/run`), or (`lock`: not a dry run's, which may plan beside a live run) one another live run holds.
     Read-only; every rank, once the ranks have met: its checks in two `every_rank`s around the main process's
-    (`main_outcome`), which `every_rank`'s work must not hold."""
+    (`main_outcome`: its refusal every rank's, the others would wait for it in the next collective), which
+    `every_rank`'s work must not hold."""
     collectives.every_rank(_not_a_file, output_dir)
-    if lock:  # the main process's (its refusal every rank's: the others would wait for it in the next collective)
-        collectives.main_outcome(_writable_and_free, Path(output_dir))
+    collectives.main_outcome(_writable_and_free, Path(output_dir), lock)
     collectives.every_rank(_a_run_folder, output_dir)
 
 

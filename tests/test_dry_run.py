@@ -542,18 +542,23 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     assert field(text, "learning rate").startswith("8e-08 (OLMo 3 7B Think used 8e-8); linear schedule")
 
 
-def test_an_output_dir_under_a_file_is_one_line_in_the_dry_run_too(tmp_path, capsys):
-    """The run refuses it ("cannot write in ... (Not a directory)"); the dry run ended in FileExistsError's traceback
-    writing its record beside the folder."""
-    (tmp_path / "notes.txt").write_text("mine\n")
-    with pytest.raises(ConfigError) as refused:
-        dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "notes.txt" / "run"))
-    assert str(refused.value) == (
-        f"output_dir {str(tmp_path / 'notes.txt' / 'run')!r}: cannot write the dry run's record beside it in "
-        f"{tmp_path / 'notes.txt'} (Not a directory): pass --output_dir a folder this job can write in, or --json to "
-        "print the record instead"
-    )
-    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+def test_a_dry_run_into_a_folder_under_a_file_says_the_runs_refusal_and_writes_nothing(tmp_path, capsys):
+    """`--output_dir notes.txt/run`, a folder under a file: the run refuses it ("cannot write in ... (Not a
+    directory)"). The dry run ended in FileExistsError's traceback writing its record beside the folder; then it said
+    the run would refuse "notes.txt/run/run_files.json is unreadable (NotADirectoryError ...): it is the record of the
+    run already in that folder", of a folder that cannot exist, and stopped on its own record's write. Now the run's
+    refusal alone, and no record written (`--json` prints it)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a user's file\n")
+    out = notes / "run"
+    said = dry_run(capsys, *SMOKE, "--output_dir", str(out))
+    refusals = [line for line in said.splitlines() if line.startswith("warning: the run would refuse: ")]
+    assert refusals == [
+        f"warning: the run would refuse: output_dir '{out}': cannot write in {notes} (Not a directory): pass "
+        "--output_dir a folder this job can write in"
+    ], said
+    assert "everything:    not written beside a folder the run refuses (--json prints it)" in said, said
+    assert notes.read_text() == "a user's file\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_keep_end_plans_the_pairs_whose_prompt_fills_max_length_as_trl_keeps_them(tmp_path, capsys):

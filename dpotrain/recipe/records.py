@@ -136,7 +136,7 @@ def read_record(path: str | Path, fix: str) -> dict | None:
     path = Path(path)
     try:
         record = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a folder that is a file (`--output_dir notes.txt/run`) holds none
         return None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({cause(e)}): {fix}") from None
