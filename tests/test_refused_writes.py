@@ -219,16 +219,17 @@ def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_ca
     assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (its free space unknown ("), said
 
 
-# The final model's first file (its config.json, written by Python's open) refused as by NFS's root squash: EACCES in
-# a folder whose mode lets this process write (os.access says yes), which no full disk explains.
-REFUSED_FINAL = textwrap.dedent("""
+# A write under `folder` (a file opened by Python: the final model's config.json, a checkpoint's torch.save'd states)
+# refused by something no full disk explains: EACCES in a folder whose mode lets this process write (os.access says
+# yes), as NFS's root squash gives; an EIO, as a failing or stale mount gives with room on its disk.
+REFUSING = textwrap.dedent("""
     import errno, os, runpy, sys
     sys.path.insert(0, {root!r})
     sys.argv[0] = {train!r}
 
     def at_open(event, args):
-        if event == "open" and "/.final_model/" in str(args[0]):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(args[0]))
+        if event == "open" and {folder!r} in str(args[0]) and any(m in str(args[1]) for m in "wax+"):
+            raise {error}(errno.{code}, os.strerror(errno.{code}), str(args[0]))
 
     sys.addaudithook(at_open)
     runpy.run_path({train!r}, run_name="__main__")
@@ -236,89 +237,53 @@ REFUSED_FINAL = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_a_final_model_the_file_system_refuses_for_another_reason_is_one_line_and_the_rerun_goes_on(
-    tmp_path, tiny_model_dir
+@pytest.mark.parametrize(
+    "folder, error, code, steps, said",
+    [
+        ("/.final_model/", "PermissionError", "EACCES", 1, "the final model could not be written in {out} ("),
+        ("/checkpoint-2/", "OSError", "EIO", 2, "checkpoint-2 could not be written in {out} ("),
+    ],
+    ids=["final model", "checkpoint"],
+)
+def test_a_write_the_file_system_refuses_for_another_reason_is_one_line_and_the_rerun_goes_on(
+    folder, error, code, steps, said, tmp_path, tiny_model_dir
 ):
-    """The final save refused by something no full disk explains (a PermissionError in a folder whose mode allows the
-    write: root squashed on NFS; an EIO): raised as it was, it ended a finished training in a traceback (an EIO naming
-    its file got `errors.unanswered`'s "could not be read" line, which named no rerun). Now one line naming the file,
-    the fix and what the rerun does, and the rerun does it: it goes on from checkpoint-1 and saves the final model.
-    (Old code: a traceback of the PermissionError.)"""
+    """The final save, or a checkpoint's, refused by something no full disk explains (a PermissionError in a folder
+    whose mode allows the write: root squashed on NFS; an EIO with room on the disk): raised as it was, it ended a
+    finished training in a traceback, and a checkpoint's was said as a file that "could not be read" naming no rerun
+    (`errors.unanswered`). Now one line naming what could not be written, the error, the fix and what the rerun does,
+    and the rerun does it: it goes on from checkpoint-1 and saves the final model. (Old code: a traceback of the
+    PermissionError; "...checkpoint-2/.model_save/config.json could not be read (Input/output error): ...".)"""
     from conftest import python, smoke_command
 
     wrapper = tmp_path / "wrapper.py"
     train = str(ROOT / "train_dpo.py")
-    wrapper.write_text(REFUSED_FINAL.format(root=str(ROOT), train=train))
+    wrapper.write_text(REFUSING.format(root=str(ROOT), train=train, folder=folder, error=error, code=code))
     out = tmp_path / "run"
-    args = ["--output_dir", str(out), "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1"]
-    args += ["--warmup_steps", "0", "--report_to", "none"]
-    refused = smoke_command([python(), str(wrapper)], tiny_model_dir, *args)
-    refused.remove(train)  # the wrapper runs it
-    result = subprocess.run(refused, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    staged = out / ".final_model" / "config.json"
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.splitlines()[-1] == (
-        f"error: the final model could not be written in {out} (PermissionError: [Errno {errno.EACCES}] "
-        f"{os.strerror(errno.EACCES)}: '{staged}'): fix what refused the write (the file system's health, the "
-        "folder's permissions: ask your admins if it stays), then rerun; the same command goes on from checkpoint-1"
-    ), result.stderr[-3000:]
-    rerun = subprocess.run(
-        smoke_command([python()], tiny_model_dir, *args), cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"Resuming from {out / 'checkpoint-1'}" in rerun.stdout, rerun.stdout[-3000:]
-    assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()
-
-
-# A checkpoint's files opened for writing by Python (torch.save's optimizer and RNG states, the trainer's state)
-# refused with an EIO, as a failing or stale NFS mount refuses them with room on its disk.
-REFUSED_CHECKPOINT = textwrap.dedent("""
-    import errno, os, runpy, sys
-    sys.path.insert(0, {root!r})
-    sys.argv[0] = {train!r}
-
-    def at_open(event, args):
-        if event == "open" and "/checkpoint-2/" in str(args[0]) and any(m in str(args[1]) for m in "wax+"):
-            raise OSError(errno.EIO, os.strerror(errno.EIO), str(args[0]))
-
-    sys.addaudithook(at_open)
-    runpy.run_path({train!r}, run_name="__main__")
-""")
-
-
-@pytest.mark.slow
-def test_a_checkpoint_the_file_system_refuses_with_room_on_the_disk_is_one_line_and_the_rerun_goes_on(
-    tmp_path, tiny_model_dir
-):
-    """A checkpoint's write refused by something no full disk explains (an EIO, a stale NFS handle: the disk probe
-    finds room) was raised as it was, and said as a file that "could not be read", naming no rerun (an OSError
-    naming a file reads so, `errors.unanswered`). Now the final save's line for it: the checkpoint, the error, the
-    fix, and what the rerun does, which it then does (goes on from checkpoint-1). (Old code: "...config.json could
-    not be read (Input/output error): ...".)"""
-    from conftest import python, smoke_command
-
-    wrapper = tmp_path / "wrapper.py"
-    train = str(ROOT / "train_dpo.py")
-    wrapper.write_text(REFUSED_CHECKPOINT.format(root=str(ROOT), train=train))
-    out = tmp_path / "run"
-    args = ["--output_dir", str(out), "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"]
+    args = ["--output_dir", str(out), "--max_steps", str(steps), "--save_strategy", "steps", "--save_steps", "1"]
     args += ["--warmup_steps", "0", "--report_to", "none"]
     refused = smoke_command([python(), str(wrapper)], tiny_model_dir, *args)
     refused.remove(train)  # the wrapper runs it
     result = subprocess.run(refused, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    number = getattr(errno, code)
     last = result.stderr.splitlines()[-1]
-    assert last.startswith(f"error: checkpoint-2 could not be written in {out} (OSError: [Errno {errno.EIO}] "), last
+    assert last.startswith(f"error: {said.format(out=out)}{error}: [Errno {number}] {os.strerror(number)}: "), last
     assert last.endswith(
         "): fix what refused the write (the file system's health, the folder's permissions: ask your admins if it "
-        "stays), then rerun; checkpoint-1 is kept, and the same command goes on from it"
+        "stays), then rerun; "
+        + (
+            "the same command goes on from checkpoint-1"
+            if steps == 1
+            else "checkpoint-1 is kept, and the same command goes on from it"
+        )
     ), last
     rerun = subprocess.run(
         smoke_command([python()], tiny_model_dir, *args), cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resuming from {out / 'checkpoint-1'}" in rerun.stdout, rerun.stdout[-3000:]
-    assert (out / "run_complete.json").is_file() and (out / "checkpoint-2").is_dir()
+    assert (out / "run_complete.json").is_file() and (out / "config.json").is_file()
 
 
 def test_a_final_model_torch_save_could_not_write_is_one_line_and_other_runtime_errors_stay(tmp_path):
