@@ -63,7 +63,9 @@ def report(
         # folder refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given.
         refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
         nowhere = output_folder.no_runs_folder(output_dir) or unwritable(Path(os.path.abspath(output_dir)).parent)
-        written = None if refused and nowhere else write_json(resolved, output_dir)
+        # Nor beside the Slurm job's own folder, unknown before the job: it was beside the folder as written, named
+        # after no job (`runs/$SLURM_JOB_ID.dry-run.json`)
+        written = None if refused and nowhere or is_job_folder(record) else write_json(resolved, output_dir)
         text = summary(record, written, warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
@@ -202,6 +204,13 @@ def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) ->
         row("everything", f"{json_file} (or --json prints it)")
     elif (r.output.folder or "").endswith(run_record.REFUSED_FOLDER):  # a dry run's: `report` wrote none (no run's)
         row("everything", "not written beside a folder the run refuses (--json prints it)")
+    elif is_job_folder(r):
+        row("everything", "not written, the job's folder being unknown before the job (--json prints it)")
+
+
+def is_job_folder(r: Record) -> bool:
+    """Whether a dry run's output folder is the Slurm job's own, named as the job starts (run_record.JOB_FOLDER)."""
+    return run_record.JOB_FOLDER in (r.output.folder or "")
 
 
 def push_text(s) -> str:

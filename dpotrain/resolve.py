@@ -168,6 +168,8 @@ class OutputDecision:
     push_left: str | None = None
     # A requeue of the Slurm job that finished the run (`finished_by_this_job`): that job's id. The run trains nothing.
     finished_by: str | None = None
+    # A dry run outside a Slurm job: output_dir is the job's own folder, named as the job starts (Recipe.job_folder)
+    job_folder: bool = False
 
     @property
     def trains(self) -> bool:
@@ -176,7 +178,10 @@ class OutputDecision:
 
     def record(self, output_dir: str) -> dict:
         """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
-        if self.finished_by:
+        if self.job_folder:  # as written, naming the job's variable: the summary says where it is made
+            folder = f"{output_dir}{run_record.JOB_FOLDER}"
+            folder += f", from the checkpoint {self.resume_from}" if self.resume_from else ""
+        elif self.finished_by:
             folder = f"{output_dir}: {finished_run(self.finished_by)}: the run trains nothing"
         elif self.push_left:
             folder = (
@@ -345,7 +350,8 @@ def continued_record(decision: OutputDecision, output_dir: str) -> str | None:
     data stage and prefetch.py both read it, so the job fetched for is the job that runs. A checkpoint resumed into a
     folder replaced (--overwrite_output_dir, --resume_from_checkpoint from elsewhere) goes on too: its steps left are
     those of the pairs it was cut from."""
-    if not decision.trains or (decision.start_afresh and not decision.resume_from):
+    # The job's own folder (a dry run outside the job): not made yet, its name as written no folder of the job's
+    if not decision.trains or (decision.start_afresh or decision.job_folder) and not decision.resume_from:
         return None
     return str(trained_under(Path(decision.resume_from))) if decision.resume_from else output_dir
 
@@ -481,6 +487,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     # A requeue going on from its own checkpoint past the named one loads nothing of it: checked only where loaded
     if explicit and not resume.requeued_past(explicit, out, p.auto_resume):
         check_named(recipe, pairs_per_step)
+    if recipe.job_folder:  # the job's own, not made before the job: a new folder, holding no stopped run
+        return OutputDecision(explicit, False, job_folder=True)
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if writes.exists(out / RUN_COMPLETE):  # `writes.looked`: unanswered, raised; never a finished run trained again
         if p.overwrite_output_dir:

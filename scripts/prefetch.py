@@ -36,7 +36,7 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
     from dpotrain.cluster import offline
     from dpotrain.data import hub_revision, mixture
     from dpotrain.recipe import cli
-    from dpotrain.recipe.config import fields_set, parse_args, replaced
+    from dpotrain.recipe.config import JobVariable, fields_set, parse_args, replaced
     from dpotrain.recipe.errors import ConfigError, cause, run_command
 
 
@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     recipe_args = (["--config", args.config] if args.config else []) + overrides
     recipe_args += ["--dataset_train_split", args.split] if args.split else []
     # --dry-run: a login node plans a GPU job, so transformers' "bf16 needs a GPU" check must not refuse the recipe.
-    recipe = parse_args(recipe_args + ["--dry-run"])
+    try:
+        recipe = parse_args(recipe_args + ["--dry-run"])
+    except JobVariable as refused:  # a path it reads named by the job's variable: its fix here, not a dry run's
+        raise ConfigError(refused.before_job) from None
     # Training's checks of the recipe alone (a model and data named, local files there): without them a forgotten
     # --config or a mistyped local file was "Nothing to fetch", and the job refused it later.
     resolve.check_values(recipe)
@@ -88,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: not the job's folder without --output_dir ({refused}): fetching as for a new run", flush=True)
         decision = resolve.OutputDecision(None, True)
     recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
+    if decision.job_folder:  # named by the job's SLURM_ variables: made as the job starts, holding no stopped run
+        said = f"The job's own folder, {out}, is new (Slurm names it as the job starts): fetching as for a new run"
+        print(said, flush=True)
     if recorded and hub_revision.record(recorded) is not None:  # a run recorded there (a new folder holds none)
         # With --overwrite_output_dir the job resumes only where its settings are the record's, which this command is
         # not given (the one a job prints names its data flags alone)

@@ -1086,6 +1086,109 @@ def test_the_prefetch_command_of_a_job_whose_output_dir_names_its_job_id_runs_on
     assert capsys.readouterr().out.startswith("Nothing to fetch: builtin:tiny-olmo3 and ")
 
 
+def prefetch_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    return prefetch
+
+
+@pytest.mark.parametrize("written", ["runs/${SLURM_JOB_ID}", "{tmp_path}/scratch/$SLURM_JOB_ID"])
+def test_a_dry_run_on_a_login_node_plans_an_output_dir_naming_the_job_id_as_the_jobs_new_folder(
+    written, tmp_path, monkeypatch, capsys
+):
+    """`output_dir: /scratch/runs/$SLURM_JOB_ID`, a folder per job: outside a job every planning command (the dry
+    run, the analyzer, prefetch.py) refused it, prefetch.py saying to prefetch with an sbatch dry run, in the job that
+    cannot fetch. It is the job's own folder, new: planned so, its record written beside no folder named after no job.
+    In a job, the folder is the job's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    written = written.replace("{tmp_path}", str(tmp_path))
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {written}\nmax_length: 1024\n")
+    train_dpo.main(["--config", path, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"\n  output:        {written}{run_record.JOB_FOLDER}\n" in out, out
+    assert "\n  everything:    not written, the job's folder being unknown before the job (--json prints it)" in out
+    assert sorted(tmp_path.rglob("*.dry-run.json")) == [] and not (tmp_path / "runs").exists()
+    train_dpo.main(["--config", path, "--dry-run", "--json"])
+    printed = capsys.readouterr().out
+    record = json.loads(printed[printed.index("{\n") :])
+    assert record["output_dir"] == written
+    assert record["derived"]["output_folder"] == f"{written}{run_record.JOB_FOLDER}"
+    assert sorted(tmp_path.rglob("*.dry-run.json")) == []
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # in the job: the folder it names
+    in_job = written.replace("${SLURM_JOB_ID}", "4242").replace("$SLURM_JOB_ID", "4242")
+    assert parse_args(["--config", path, "--dry-run"]).training.output_dir == in_job
+    train_dpo.main(["--config", path, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"\n  output:        {in_job}: the run starts there (new)\n" in out, out
+    assert (tmp_path / f"{in_job}.dry-run.json").is_file()
+
+
+def test_prefetch_on_a_login_node_fetches_for_the_new_folder_an_output_dir_naming_the_job_id_is(
+    tmp_path, monkeypatch, capsys
+):
+    """prefetch.py runs on the login node, before the job: an output_dir naming $SLURM_JOB_ID was refused there,
+    saying to run an sbatch dry run, in a job whose nodes cannot fetch. It fetches as for a new folder, the job's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {tmp_path}/runs/$SLURM_JOB_ID\n")
+    prefetch_script().main(["--config", path])
+    assert capsys.readouterr().out.splitlines() == [
+        f"The job's own folder, {tmp_path}/runs/$SLURM_JOB_ID, is new (Slurm names it as the job starts): fetching "
+        "as for a new run",
+        f"Nothing to fetch: builtin:tiny-olmo3 and {SMOKE_DATA} are local.",
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_analyzer_on_a_login_node_reads_a_recipe_whose_output_dir_names_the_job_id(
+    analyzer, tmp_path, monkeypatch, capsys
+):
+    """The analyzer reads no output folder: a recipe with `output_dir: /scratch/runs/$SLURM_JOB_ID` was refused on the
+    login node, where the data is analyzed before the job."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    path = recipe(tmp_path, f"dataset_name: {SMOKE_DATA}\noutput_dir: {tmp_path}/runs/$SLURM_JOB_ID\n")
+    out = tmp_path / "report.json"
+    assert analyzer.main(["--config", path, "--num-proc", "1", "--json", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "field, written, says",
+    [
+        ("output_dir", "/scratch/$SLURM_JOB_ID/$NOPE", "names $NOPE, which is not set: export NOPE, or write the path"),
+        ("output_dir", "/scratch/${SLURM_JOB_ID:-x}", "holds ${SLURM_JOB_ID:-x}, which a recipe does not read"),
+        (
+            "dataset_name",
+            "/data/$SLURM_JOB_ID/pairs.jsonl",
+            "names $SLURM_JOB_ID, which is set only inside a Slurm job, and prefetch.py fetches before the job: pass "
+            "the path the job reads as --dataset_name here, or write the path out",
+        ),
+    ],
+)
+def test_prefetch_on_a_login_node_still_refuses_what_it_cannot_read_of_a_recipe_naming_the_job_id(
+    field, written, says, tmp_path, monkeypatch
+):
+    """The job's folder is left to the job; the rest of output_dir is checked (a variable not set here is refused by
+    name), and a path the job reads naming $SLURM_JOB_ID is refused: what prefetch.py fetches must be known. Its fix is
+    no sbatch dry run, which runs in the job, after the fetch it was to prepare."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("NOPE", raising=False)
+    fields = {"dataset_name": SMOKE_DATA} | {field: written}  # dataset_name's line replaced where it is the field
+    path = recipe(tmp_path, "".join(f"{name}: {value}\n" for name, value in fields.items()))
+    with pytest.raises(ConfigError) as refused:
+        prefetch_script().main(["--config", path])
+    assert str(refused.value).startswith(f"{path}: {field} {written!r} {says}"), refused.value
+    assert "sbatch" not in str(refused.value)
+
+
 # --- data -----------------------------------------------------------------------------------------------------------
 
 

@@ -269,6 +269,9 @@ class Recipe:
     given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
     replaced_batching: dict | None = None  # the recipe's batching that command-line batch flags replaced
     command_line: tuple[str, ...] = ()  # as typed, without a --hub_token: what a printed command repeats
+    # A dry run outside a Slurm job, of a recipe's output_dir naming a SLURM_ variable (`/scratch/runs/$SLURM_JOB_ID`):
+    # the job's own folder, unknown before the job, left as written and planned as new (`_recipe_variables`)
+    job_folder: bool = False
 
 
 def make_parser():
@@ -676,7 +679,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # Every value this project decides from the parsed ones is decided before the dataclasses are built (as
     # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses
     values, given = dict(vars(known)), fields_set(tokens)
-    replaced = _decided(values, given, on_command_line, config_path)
+    replaced, job_folder = _decided(values, given, on_command_line, config_path)
     try:
         with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             built = [
@@ -692,7 +695,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             "79.6), or unset it to plan for the GPU of the machine"
         )
     list_single_target(model)
-    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder)
 
 
 SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
@@ -749,9 +752,10 @@ def _weights_refused(types, weights) -> str:
     )
 
 
-def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> dict | None:
+def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> tuple:
     """The parsed `values` with what this project decides from them: its defaults, batch and data flags of the command
-    line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced."""
+    line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced, and whether
+    output_dir is the Slurm job's own folder, left as written (`_recipe_variables`)."""
     values |= {name: value for name, value in OWN_DEFAULTS.items() if name not in given}
     # TRL's default for checkpointing under transformers 5's name (the old one, renamed where given, is deprecated)
     if "activation_checkpointing" not in given:
@@ -760,7 +764,7 @@ def _decided(values: dict, given: set[str], on_command_line: set[str], config_pa
         # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
         values["lora_dropout"] = 0.0
     replaced = _command_line_batch_wins(values, on_command_line)
-    _placed_paths(values, given, on_command_line, config_path)
+    job_folder = _placed_paths(values, given, on_command_line, config_path)
     _check_blank_names(values, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         values["run_name"] = Path(values["output_dir"]).expanduser().resolve().name
@@ -770,7 +774,7 @@ def _decided(values: dict, given: set[str], on_command_line: set[str], config_pa
         values["output_dir"] = str(Path("outputs") / values["run_name"])
     if there := in_submit_dir(values["output_dir"]):  # a Slurm job's output folder, absolute
         values["output_dir"] = os.path.abspath(there if "output_dir" in on_command_line else values["output_dir"])
-    return replaced
+    return replaced, job_folder
 
 
 def _check_blank_names(values: dict, given: set[str]) -> None:
@@ -826,13 +830,14 @@ MIXTURE_ENTRIES = ("datasets", "eval_datasets")
 ENTRY_TEXT = ("path", "name", "split", "data_dir", "data_files", "revision")
 
 
-def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> None:
+def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> bool:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
     the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
-    found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`)."""
-    _recipe_variables(values, given - on_command_line, config_path)
+    found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`). Returns
+    whether output_dir is the Slurm job's own folder (`_recipe_variables`)."""
+    job_folder = _recipe_variables(values, given - on_command_line, config_path)
     for name in PATH_FIELDS:
         value = values[name]
         if not isinstance(value, str) or not value:
@@ -847,29 +852,70 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
         values[name] = value
     _mixture_files(values, given - on_command_line, on_command_line, config_path)
     _command_line_data_wins(values, on_command_line)
+    return job_folder
 
 
-def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None) -> None:
+def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None) -> bool:
     """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
     as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
     $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
     the shell's to expand (a `$` it passed on was quoted). accelerate_config is not: a Slurm job launches the recipe's
-    as written (dpotrain/cluster/job.py), and the dry run must plan that engine."""
+    as written (dpotrain/cluster/job.py), and the dry run must plan that engine. Returns whether output_dir is the
+    Slurm job's own folder: in a dry run outside a job (prefetch.py's and the analyzer's on a login node too), one
+    naming a SLURM_ variable is unknown before the job and left as written, the rest of it checked all the same; it
+    was refused, and prefetch.py, which runs before the job, could not fetch for it. A path the dry run reads stays
+    refused: it must be read."""
+    job_folder = False
     for name in sorted(({*PATH_FIELDS, "output_dir"} - {"accelerate_config"}) & from_recipe):
         value = values[name]
         if not isinstance(value, str) or "$" not in value:
             continue
+        if name == "output_dir" and values["dry_run"] and not os.environ.get("SLURM_JOB_ID"):
+            # each SLURM_ name not set here read as a stand-in: another variable not set is refused by name
+            job = {n: JOB_STAND_IN for n in re.findall(r"\$\{?(SLURM_\w+)", value) if n not in os.environ}
+            recipe_expanded(name, value, config_path, environ=os.environ | job)
+            if job_folder := _unreadable(value):  # a stand-in was read: the folder is the job's
+                continue
         values[name] = recipe_expanded(name, value, config_path)
         if name == "output_dir":
             _refuse_run_left_as_written(value, values[name], config_path)
+    return job_folder
 
 
-def recipe_expanded(name: str, value: str, config_path: str | None, fix: str = "or write the path out") -> str:
-    """A recipe's `value` of field `name` by `venv.shell_expanded`'s rule, or refused in one line with why and `fix`."""
+def _unreadable(value: str) -> bool:
+    """Whether `value` names a variable not set here (its other faults refused already, with the job's stand-ins)."""
     try:
-        return venv.shell_expanded(value)
+        venv.shell_expanded(value)
+    except venv.Unexpanded:
+        return True
+    return False
+
+
+class JobVariable(ConfigError):
+    """A recipe's path naming a SLURM_ variable, refused outside a Slurm job, where `before_job` is the refusal as
+    prefetch.py says it: it fetches before the job, so an `sbatch` dry run, which plans in the job, is no fix there."""
+
+    def __init__(self, message: str, before_job: str):
+        super().__init__(message)
+        self.before_job = before_job
+
+
+def recipe_expanded(
+    name: str, value: str, config_path: str | None, fix: str = "or write the path out", environ=None
+) -> str:
+    """A recipe's `value` of field `name` by `venv.shell_expanded`'s rule (`environ`: os.environ), or refused in one
+    line with why and `fix`."""
+    try:
+        return venv.shell_expanded(value, environ)
     except venv.Unexpanded as e:
-        raise ConfigError(f"{config_path}: {name} {value!r} {_unexpanded(e, config_path, fix)}") from None
+        said, variable = f"{config_path}: {name} {value!r}", e.args[0]
+        if e.why == "unset" and variable.startswith("SLURM_") and not os.environ.get("SLURM_JOB_ID"):
+            before_job = (
+                f"{said} names ${variable}, which is set only inside a Slurm job, and prefetch.py fetches before the "
+                f"job: pass the path the job reads as --{name} here, or write the path out"
+            )
+            raise JobVariable(f"{said} {_unexpanded(e, config_path, fix)}", before_job) from None
+        raise ConfigError(f"{said} {_unexpanded(e, config_path, fix)}") from None
 
 
 def _unexpanded(e: venv.Unexpanded, config_path: str | None, fix: str) -> str:

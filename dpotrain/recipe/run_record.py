@@ -224,6 +224,8 @@ def _misshapen(r: dict) -> str | None:
 
 # The run's record's file name, in its folder and each checkpoint's (resolve.trained_under)
 RESOLVED = "resolved_config.json"
+# A dry run's output_folder outside a Slurm job, for an output_dir naming a SLURM_ variable (config.Recipe.job_folder)
+JOB_FOLDER = ": the Slurm job's own folder, named as the job starts: the run starts there (new)"
 REFUSED_FOLDER = ": refused by the run (below)"  # a dry run's output_folder, ending so for a folder the run refuses
 
 # The record's digest of itself, written with it: a file edited by hand (a value "fixed" before a resume) is told from
