@@ -154,9 +154,12 @@ def main(argv: list[str] | None = None) -> None:
 def job_folder(recipe, overrides: list[str]):
     """`recipe` with the output folder the job uses: a relative one the job's command line does not name (the
     recipe's, or outputs/<run_name>) is the project's, where a Slurm job runs (scripts/launch.sh), wherever prefetch.py
-    is typed; one typed is read where it is typed, as the job reads it in the folder submitted from."""
+    is typed; one typed is read where it is typed, as the job reads it in the folder submitted from. The job's own
+    folder starting at a variable the job sets (`$SCR/run`) is wherever that variable leads: left as written."""
     out = recipe.training.output_dir
     if "output_dir" in fields_set(overrides) or os.path.isabs(os.path.expanduser(out)):
+        return recipe
+    if recipe.job_folder and out.startswith("$"):
         return recipe
     return replaced(recipe, training={"output_dir": str(ROOT / out)})
 

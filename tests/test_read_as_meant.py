@@ -1128,6 +1128,34 @@ def test_a_dry_run_on_a_login_node_plans_an_output_dir_naming_the_job_id_as_the_
     assert (tmp_path / f"{in_job}.dry-run.json").is_file()
 
 
+def test_an_output_dir_under_an_env_variable_the_job_sets_is_the_jobs_new_folder_outside_the_job(
+    tmp_path, monkeypatch, capsys
+):
+    """`env: {SCR: /scratch/$SLURM_JOB_ID}` and `output_dir: $SCR/run`: the block leaves SCR to the job, and every
+    planning command on a login node (the dry run, prefetch.py) refused the output_dir as naming $SCR, "not set", the
+    recipe that the job runs as written. It is the job's own new folder, as `output_dir: /scratch/$SLURM_JOB_ID/run`
+    is; another variable not set is refused all the same. In the job, the folder it names."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SCR", raising=False)
+    monkeypatch.delenv("NOPE", raising=False)
+    block = f"env:\n  SCR: {tmp_path}/scratch/$SLURM_JOB_ID\ndataset_name: {SMOKE_DATA}\nmax_length: 1024\n"
+    path = recipe(tmp_path, f"{block}output_dir: $SCR/run\n")
+    train_dpo.main(["--config", path, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"\n  output:        $SCR/run{run_record.JOB_FOLDER}\n" in out, out
+    assert sorted(tmp_path.rglob("*.dry-run.json")) == [] and not (tmp_path / "scratch").exists()
+    prefetch_script().main(["--config", path])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "The job's own folder, $SCR/run, is new (Slurm names it as the job starts): fetching as for a new run"
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # in the job: the folder it names
+    assert parse_args(["--config", path, "--dry-run"]).training.output_dir == f"{tmp_path}/scratch/4242/run"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with pytest.raises(ConfigError, match=r"output_dir '\$SCR/\$NOPE' names \$NOPE, which is not set"):
+        parse_args(["--config", recipe(tmp_path, f"{block}output_dir: $SCR/$NOPE\n"), "--dry-run"])
+
+
 def test_prefetch_on_a_login_node_fetches_for_the_new_folder_an_output_dir_naming_the_job_id_is(
     tmp_path, monkeypatch, capsys
 ):

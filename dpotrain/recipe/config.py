@@ -272,6 +272,8 @@ class Recipe:
     # A dry run outside a Slurm job, of a recipe's output_dir naming a SLURM_ variable (`/scratch/runs/$SLURM_JOB_ID`):
     # the job's own folder, unknown before the job, left as written and planned as new (`_recipe_variables`)
     job_folder: bool = False
+    # The recipe file names a resume_from_checkpoint: the command a stop prints clears it (preemption.rerun_command)
+    recipe_resumes: bool = False
 
 
 def make_parser():
@@ -423,7 +425,12 @@ def read_recipe(path: str, planning: bool = False) -> dict:
             left_to_job.add(str(name))
         else:
             taken[str(name)] = read
-    return config | ({"env": taken} if "env" in config else {})
+    return config | ({"env": taken, LEFT_TO_JOB: frozenset(left_to_job)} if "env" in config else {})
+
+
+# read_recipe's key (no field's: it holds spaces) for the env: block's names a dry run outside a Slurm job leaves to
+# the job, their values naming its SLURM_ variables: read as the job's own, as those are (`_recipe_variables`)
+LEFT_TO_JOB = "env left to the job"
 
 
 # What a dry run outside a Slurm job reads a job's variable as, to check the rest of a value naming it
@@ -647,6 +654,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
     config = read_recipe(config_path, planning=dry_run_asked(argv)) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
+    left_to_job = config.pop(LEFT_TO_JOB, frozenset())
     launcher.check_process_counts()
     # A recipe's `field: null` is a None default, given as no words (argparse reads "None" as text); a value's default:
     # refused, unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
@@ -679,7 +687,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # Every value this project decides from the parsed ones is decided before the dataclasses are built (as
     # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses
     values, given = dict(vars(known)), fields_set(tokens)
-    replaced, job_folder = _decided(values, given, on_command_line, config_path)
+    replaced, job_folder = _decided(values, given, on_command_line, config_path, left_to_job)
     try:
         with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             built = [
@@ -695,7 +703,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             "79.6), or unset it to plan for the GPU of the machine"
         )
     list_single_target(model)
-    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder)
+    resumes = bool(config.get("resume_from_checkpoint"))
+    return Recipe(
+        script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder, resumes
+    )
 
 
 SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
@@ -752,10 +763,11 @@ def _weights_refused(types, weights) -> str:
     )
 
 
-def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> tuple:
+def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job) -> tuple:
     """The parsed `values` with what this project decides from them: its defaults, batch and data flags of the command
     line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced, and whether
-    output_dir is the Slurm job's own folder, left as written (`_recipe_variables`)."""
+    output_dir is the Slurm job's own folder, left as written (`_recipe_variables`, with the env: block's names
+    `left_to_job`)."""
     values |= {name: value for name, value in OWN_DEFAULTS.items() if name not in given}
     # TRL's default for checkpointing under transformers 5's name (the old one, renamed where given, is deprecated)
     if "activation_checkpointing" not in given:
@@ -764,7 +776,7 @@ def _decided(values: dict, given: set[str], on_command_line: set[str], config_pa
         # TRL's disable_dropout zeroes the adapter's dropout too: the record and adapter_config.json say so
         values["lora_dropout"] = 0.0
     replaced = _command_line_batch_wins(values, on_command_line)
-    job_folder = _placed_paths(values, given, on_command_line, config_path)
+    job_folder = _placed_paths(values, given, on_command_line, config_path, left_to_job)
     _check_blank_names(values, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         values["run_name"] = Path(values["output_dir"]).expanduser().resolve().name
@@ -830,14 +842,16 @@ MIXTURE_ENTRIES = ("datasets", "eval_datasets")
 ENTRY_TEXT = ("path", "name", "split", "data_dir", "data_files", "revision")
 
 
-def _placed_paths(values: dict, given: set[str], on_command_line: set[str], config_path: str | None) -> bool:
+def _placed_paths(
+    values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job
+) -> bool:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
     found where the command runs is read there; else a recipe's is the project's file, a Slurm job's command line's
     the one in the folder submitted from (accelerate_config: the launch's own, which launch.sh reads). A recipe's path
     found in neither place but beside the recipe file (`config_path`) is refused naming it (`_beside_recipe`). Returns
     whether output_dir is the Slurm job's own folder (`_recipe_variables`)."""
-    job_folder = _recipe_variables(values, given - on_command_line, config_path)
+    job_folder = _recipe_variables(values, given - on_command_line, config_path, left_to_job)
     for name in PATH_FIELDS:
         value = values[name]
         if not isinstance(value, str) or not value:
@@ -855,7 +869,7 @@ def _placed_paths(values: dict, given: set[str], on_command_line: set[str], conf
     return job_folder
 
 
-def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None) -> bool:
+def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None, left_to_job) -> bool:
     """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
     as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
     $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
@@ -863,16 +877,19 @@ def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | No
     as written (dpotrain/cluster/job.py), and the dry run must plan that engine. Returns whether output_dir is the
     Slurm job's own folder: in a dry run outside a job (prefetch.py's and the analyzer's on a login node too), one
     naming a SLURM_ variable is unknown before the job and left as written, the rest of it checked all the same; it
-    was refused, and prefetch.py, which runs before the job, could not fetch for it. A path the dry run reads stays
-    refused: it must be read."""
+    was refused, and prefetch.py, which runs before the job, could not fetch for it; so is one naming a variable of
+    the env: block that names one (`left_to_job`: `SCR: /scratch/$SLURM_JOB_ID`, `output_dir: $SCR/run`). A path the
+    dry run reads stays refused: it must be read."""
     job_folder = False
     for name in sorted(({*PATH_FIELDS, "output_dir"} - {"accelerate_config"}) & from_recipe):
         value = values[name]
         if not isinstance(value, str) or "$" not in value:
             continue
         if name == "output_dir" and values["dry_run"] and not os.environ.get("SLURM_JOB_ID"):
-            # each SLURM_ name not set here read as a stand-in: another variable not set is refused by name
-            job = {n: JOB_STAND_IN for n in re.findall(r"\$\{?(SLURM_\w+)", value) if n not in os.environ}
+            # each name the job sets (SLURM_, or left to it) not set here read as a stand-in: another variable not set
+            # is refused by name
+            named = [n for n in re.findall(r"\$\{?(\w+)", value) if n not in os.environ]
+            job = {n: JOB_STAND_IN for n in named if n.startswith("SLURM_") or n in left_to_job}
             recipe_expanded(name, value, config_path, environ=os.environ | job)
             if job_folder := _unreadable(value):  # a stand-in was read: the folder is the job's
                 continue

@@ -32,7 +32,7 @@ from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ranks
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
-from dpotrain.recipe.config import read_recipe, without_secrets
+from dpotrain.recipe.config import without_secrets
 from dpotrain.recipe.errors import ConfigError, RunError, cause, first_to_say, warn
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
@@ -186,8 +186,9 @@ class GracefulStop(TrainerCallback):
 
     def take_recipe(self, recipe) -> None:
         """The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears. The
-        stop is made before the recipe is parsed (a signal while it loads is kept), so the recipe comes here after."""
-        self.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
+        stop is made before the recipe is parsed (a signal while it loads is kept), so the recipe comes here after. Read
+        as parsed: the file read again refused, on a login node, the env: values its dry run leaves to the job."""
+        self.recipe_resumes = recipe.recipe_resumes
 
     def _on_signal(self, signum, frame):
         if os.getpid() != self.pid:  # a forked worker: the run's process answers the request (its workers end with it)
