@@ -608,6 +608,29 @@ def check_generates(config, model: str) -> None:
         )
 
 
+def check_backbone(config, model: str) -> None:
+    """TRL's fused LM head (every log-prob the run takes) runs the model's `base_model` as its backbone: a causal LM
+    whose base_model_prefix names none of its modules is its own base_model, and the reference stage failed on its
+    output once the model had loaded (`AttributeError: ... no attribute 'last_hidden_state'`). Refused from the
+    config: a class whose `__init__` does not show the module is built on the meta device to be sure."""
+    import trl
+
+    from dpotrain.plan import memory
+
+    model_class = upstream.causal_lm_class(config)
+    if model_class is None or upstream.sets_its_backbone(model_class):
+        return
+    built = memory.meta_model(config)
+    if built.base_model is not built:
+        return
+    raise ConfigError(
+        f"{model}: TRL {trl.__version__}'s DPOTrainer cannot train {model_class.__name__} (model_type "
+        f"{config.model_type!r}): its fused LM head, which computes every log-prob, runs the model's base_model as "
+        f"the backbone, and this class has none (no module named {model_class.base_model_prefix!r}, its "
+        "base_model_prefix): train a model of another type, or install a TRL release that finds its backbone"
+    )
+
+
 def check_logging(recipe: Recipe) -> None:
     """The health guards judge logged steps: with logging_strategy no they would see step 1 alone."""
     t = recipe.training

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import train_dpo
-from conftest import ROOT, adding_specials, run_train, sealed_checkpoint
+from conftest import ROOT, adding_specials, run_train, sealed_checkpoint, tiny_model
 from dpotrain import resolve
 from dpotrain.data import builtin, data
 from dpotrain.recipe.config import make_parser, parse_args
@@ -498,6 +498,26 @@ def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgr
         f"error: {model}: its config.json's model_type 'frobnicator' is not one transformers "
         f"{transformers.__version__} knows: install a transformers release that has it (pip install -U transformers), "
         "or check model_type in its config.json"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_causal_lm_whose_backbone_trls_fused_head_cannot_find_is_refused_before_it_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Llama 4's causal LM (and Mllama's) names its backbone `language_model` (base_model_prefix) and holds it as
+    `model`: its base_model is the whole model, which TRL's fused LM head ran as the backbone. The run loaded the
+    model and ended in the reference stage's traceback (`'MoeCausalLMOutputWithPast' object has no attribute
+    'last_hidden_state'`), and the dry run planned it as trainable."""
+    import trl
+
+    model = tiny_model("llama4_text", tmp_path / "llama4", tiny_model_dir)
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: TRL {trl.__version__}'s DPOTrainer cannot train Llama4ForCausalLM (model_type "
+        "'llama4_text'): its fused LM head, which computes every log-prob, runs the model's base_model as the "
+        "backbone, and this class has none (no module named 'language_model', its base_model_prefix): train a model "
+        "of another type, or install a TRL release that finds its backbone"
     )
 
 

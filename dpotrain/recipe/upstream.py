@@ -303,6 +303,13 @@ SAVED_AS_LOADED = _source(
     "checkpoint (dpotrain/train/trainer.py)",
     text=f'getattr(self, "{LOADED_HASH}", None) != hash(self)',
 )
+FUSED_HEAD_BACKBONE = _source(
+    "trl.trainer.utils:add_fused_lm_head",
+    "TRL's fused LM head, which computes every log-prob DPOTrainer takes, runs `model.base_model` as the backbone: a "
+    "causal LM with no module named by its base_model_prefix (Llama 4's, Mllama's) ran itself there and failed on its "
+    "own output in the reference stage; refused before it loads (options.check_backbone)",
+    text='backbone_attr = "base_model"',
+)
 LOAD_FROM_DISK = _source(
     "datasets.arrow_dataset:Dataset.load_from_disk",
     "a `save_to_disk` split's data files, as `load_from_disk` reads them from its state.json: a split without "
@@ -628,6 +635,16 @@ def causal_lm_class(config):
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:  # not `.get`: the lazy mapping's entries live behind its __getitem__, not in the dict
         return None
+
+
+def sets_its_backbone(model_class) -> bool:
+    """Whether a causal-LM class's `__init__` sets the module its base_model_prefix names, which `base_model` returns
+    and TRL's fused LM head runs (`FUSED_HEAD_BACKBONE`); False where its source does not show it (or is not there)."""
+    try:
+        source = inspect.getsource(model_class.__init__)
+    except (OSError, TypeError):
+        return False
+    return f"self.{model_class.base_model_prefix} =" in source
 
 
 def supports_sdpa(model_or_class) -> bool:
