@@ -501,6 +501,21 @@ def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgr
     )
 
 
+def test_lora_target_modules_refused_on_a_model_of_conv1d_layers_name_those_layers(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """GPT-2's attention and MLP are transformers' Conv1D, which PEFT adapts as it does linear layers (all-linear takes
+    them): the refusal of a name GPT-2 lacks listed its linear layers as `lm_head` alone, and a user passing what it
+    named adapted the output head only."""
+    model = tiny_model("gpt2", tmp_path / "gpt2", tiny_model_dir)
+    lora = ["--model_name_or_path", model, "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--dry-run")
+    assert line.endswith(
+        "its linear layers are named c_attn, c_proj, c_fc, lm_head; pass some of those, or --lora_target_modules "
+        "all-linear"
+    ), line
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_causal_lm_whose_backbone_trls_fused_head_cannot_find_is_refused_before_it_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir

@@ -148,7 +148,11 @@ def _check_target_modules(targets, built, model: str) -> None:
             f"{' '.join(unmatched)}: {model} has no module of {'that name' if len(unmatched) == 1 else 'those names'}"
         )
         fate = "adapt the others alone" if len(unmatched) < len(targets) else "stop"
-    linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, torch.nn.Linear))
+    # transformers' Conv1D (GPT-2's attention and MLP) is one PEFT adapts as a linear layer, all-linear included
+    from transformers.pytorch_utils import Conv1D
+
+    layers = (torch.nn.Linear, Conv1D)
+    linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, layers))
     raise ConfigError(
         f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
         f"{', '.join(linear)}; pass some of those, or --lora_target_modules all-linear"
