@@ -157,9 +157,8 @@ def job_folder(recipe, overrides: list[str]):
     is typed; one typed is read where it is typed, as the job reads it in the folder submitted from. The job's own
     folder starting at a variable the job sets (`$SCR/run`) is wherever that variable leads: left as written."""
     out = recipe.training.output_dir
-    if "output_dir" in fields_set(overrides) or os.path.isabs(os.path.expanduser(out)):
-        return recipe
-    if recipe.job_folder and out.startswith("$"):
+    typed, absolute = "output_dir" in fields_set(overrides), os.path.isabs(os.path.expanduser(out))
+    if typed or absolute or (recipe.job_folder and out.startswith("$")):
         return recipe
     return replaced(recipe, training={"output_dir": str(ROOT / out)})
 

@@ -763,7 +763,9 @@ def _weights_refused(types, weights) -> str:
     )
 
 
-def _decided(values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job) -> tuple:
+def _decided(
+    values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job: frozenset[str]
+) -> tuple:
     """The parsed `values` with what this project decides from them: its defaults, batch and data flags of the command
     line over the recipe's, paths placed, the run's name and folder. Returns what the batch flags replaced, and whether
     output_dir is the Slurm job's own folder, left as written (`_recipe_variables`, with the env: block's names
@@ -843,7 +845,7 @@ ENTRY_TEXT = ("path", "name", "split", "data_dir", "data_files", "revision")
 
 
 def _placed_paths(
-    values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job
+    values: dict, given: set[str], on_command_line: set[str], config_path: str | None, left_to_job: frozenset[str]
 ) -> bool:
     """Each relative path the run reads placed where it is found, and the command line's data in place of the recipe
     file's. `~` is expanded where the shell did not (transformers takes `~/my-sft` for a malformed Hub name). A path
@@ -869,7 +871,9 @@ def _placed_paths(
     return job_folder
 
 
-def _recipe_variables(values: dict, from_recipe: set[str], config_path: str | None, left_to_job) -> bool:
+def _recipe_variables(
+    values: dict, from_recipe: set[str], config_path: str | None, left_to_job: frozenset[str]
+) -> bool:
     """A recipe's path or folder with `$HOME` or `${SCRATCH}` read as a shell reads it, as its `env:` block is: taken
     as written, `output_dir: $HOME/runs/a` made a folder named `$HOME` in the folder run in, and `dataset_name:
     $HOME/pairs.jsonl` was said not to exist. A variable that is not set is refused by name. The command line's are
