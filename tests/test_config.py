@@ -465,6 +465,24 @@ def test_a_blank_run_name_is_refused_not_taken_for_unset(args, text, tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["a/b", "../x", ".", "..", "runs/"])
+def test_a_run_name_naming_the_runs_folder_is_one_folders_name(name, tmp_path):
+    """`--run_name a/b` trained into outputs/a/b, `--run_name ../x` into the project's x/, `.` into outputs/ itself,
+    where the other runs are. With output_dir given, the run name is W&B's name alone, and any text holds."""
+    recipe = write(tmp_path, "bf16: false\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", recipe, "--run_name", name])
+    assert str(refused.value) == (
+        f"run_name {name!r} names the run's folder, outputs/<run_name>, and is not one folder's name: name the run "
+        "without '/' (--run_name my-run), or give its folder (--output_dir runs/my-run)"
+    )
+    given = parse_args(["--config", recipe, "--run_name", name, "--output_dir", str(tmp_path / "run")]).training
+    assert (given.run_name, given.output_dir) == (name, str(tmp_path / "run"))
+    assert parse_args(["--config", recipe, "--run_name", "my.run..v2"]).training.output_dir == str(
+        Path("outputs/my.run..v2")
+    )
+
+
 @pytest.mark.parametrize(
     "args, text, part",
     [

@@ -470,6 +470,23 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
         hub.take_push_settings(recipe)
 
 
+def test_a_run_name_with_a_slash_is_no_repo_to_push_to_without_hub_model_id(tmp_path):
+    """`--run_name org/think` with push_to_hub and no hub_model_id pushed into the namespace org, a repo no one
+    named: the run name names a repo in the token user's namespace, and a place is said by hub_model_id."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    argv = ["--config", SMOKE, "--push_to_hub", "true", "--run_name", "org/think", "--output_dir", str(tmp_path)]
+    with pytest.raises(ConfigError) as refused:
+        hub.take_push_settings(parse_args(argv))
+    assert str(refused.value) == (
+        "push_to_hub without hub_model_id pushes to a repo named after the run: 'org/think', which would push into "
+        "the namespace 'org': say where to push (--hub_model_id org/think), or name the run without '/'"
+    )
+    assert hub.take_push_settings(parse_args([*argv, "--hub_model_id", "org/think"])).repo_id == "org/think"
+
+
 @pytest.mark.parametrize(
     "args, given",
     [

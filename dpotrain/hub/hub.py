@@ -150,6 +150,11 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         # the run name said as the repo's: "pushes to the run name 'my run' is not a ..." read as one garbled clause
         run_named = "push_to_hub without hub_model_id pushes to a repo named after the run:"
         given = "hub_model_id" if t.hub_model_id is not None else run_named
+        if t.hub_model_id is None and "/" in repo_id:  # a name, not a place: `a/b` pushed to the namespace a
+            raise ConfigError(
+                f"{run_named} {repo_id!r}, which would push into the namespace {repo_id.split('/')[0]!r}: say where "
+                f"to push (--hub_model_id {repo_id}), or name the run without '/'"
+            )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)

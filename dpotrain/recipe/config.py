@@ -785,6 +785,7 @@ def _decided(
     if not values["run_name"]:  # from the recipe's file name; output_dir from it, outputs/<run_name>
         values["run_name"] = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
+        _check_folder_name(values["run_name"])
         values["output_dir"] = str(Path("outputs") / values["run_name"])
     if there := in_submit_dir(values["output_dir"]):  # a Slurm job's output folder, absolute
         values["output_dir"] = os.path.abspath(there if "output_dir" in on_command_line else values["output_dir"])
@@ -803,6 +804,16 @@ def _check_blank_names(values: dict, given: set[str]) -> None:
         raise ConfigError(
             f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
             "outputs/my-run), or remove output_dir for outputs/<run_name>"
+        )
+
+
+def _check_folder_name(run_name: str) -> None:
+    """A run name that names the run's folder, outputs/<run_name>, is one folder's name: `a/b` trained into a folder
+    under outputs/a, `../x` into the project's x/, `.` into outputs/ itself, beside the other runs."""
+    if "/" in run_name or os.sep in run_name or run_name.strip() in (".", ".."):
+        raise ConfigError(
+            f"run_name {run_name!r} names the run's folder, outputs/<run_name>, and is not one folder's name: name the "
+            "run without '/' (--run_name my-run), or give its folder (--output_dir runs/my-run)"
         )
 
 
