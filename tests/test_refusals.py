@@ -516,6 +516,26 @@ def test_lora_target_modules_refused_on_a_model_of_conv1d_layers_name_those_laye
     ), line
 
 
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "router"]])
+def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_loads(
+    targets, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Phi-3.5-MoE's router subclasses nn.Linear and returns its logits, weights and experts: all-linear adapted it,
+    and the run loaded the model and ended at its first forward in PEFT's `'tuple' object has no attribute 'dtype'`
+    traceback. Refused from the meta-device wrap, naming the layers to pass instead; those train (a layer of its own
+    forward that returns the linear map, Falcon's, is adapted as before: test_architectures)."""
+    model = tiny_model("phimoe", tmp_path / "phimoe", tiny_model_dir)
+    lora = ["--model_name_or_path", model, "--use_peft", "true", "--lora_target_modules", *targets]
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--max_steps", "2")
+    instead = "q_proj k_proj v_proj o_proj" if targets == ["all-linear"] else "q_proj"
+    assert line == (
+        f"error: lora_target_modules {' '.join(targets)} adapts router (PhimoeTopKRouter, whose forward returns a "
+        "tuple): PEFT takes it for a linear layer, and LoRA's update cannot be added to that output (the run would "
+        "fail at its first forward, once the model loaded): pass the linear layers by name, without it "
+        f"(--lora_target_modules {instead})"
+    )
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_causal_lm_whose_backbone_trls_fused_head_cannot_find_is_refused_before_it_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir

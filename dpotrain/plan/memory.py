@@ -160,6 +160,9 @@ def model_shape(recipe, config) -> ModelShape:
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
                 "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
             ) from None
+        from dpotrain.train import lora
+
+        lora.check_adapted_layers(model, recipe.model)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
