@@ -319,8 +319,12 @@ def analyze(args: argparse.Namespace) -> int:
     # the run's (None for `max_length: auto`); without a recipe TRL's default is no one's choice, --max_length is
     current = training.max_length if recipe_path or args.max_length else None
     target = project.auto_coverage
-    if not 0 < target <= 1:
-        raise ConfigError(f"--coverage must be in (0, 1] (got {target})")
+    if not 0 < target <= 1:  # named as given: the command line's flag (either spelling), else the recipe's key
+        given = "--coverage (--auto_coverage)" if args.coverage is not None else f"auto_coverage in {recipe_path}"
+        raise ConfigError(
+            f"{given} must be in (0, 1] (got {target:g}): the share of pairs to leave whole, "
+            f"{lengths.DEFAULT_COVERAGE:g} by default"
+        )
     if hh_format not in shapes.HH_FORMATS:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
     # The padding figures' batch: a recipe with a token budget pads no fixed batch, so they show OLMo 3's 4 pairs.

@@ -1173,6 +1173,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
         # `-` read as stdout, as other tools do: a file named '-' was written in the folder instead, found by no one
         (["--json", "-"], "--json takes a file name, and '-' would write a file named '-'"),
+        # Named as typed (either spelling) with what it is: it said `--coverage` of `--auto_coverage 1.5`, no fix
+        (["--auto_coverage", "1.5"], "--coverage (--auto_coverage) must be in (0, 1] (got 1.5): the share of pairs"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
         # the plot was written over the JSON report, after the analysis
         (["--json", "r.png", "--plot", "./r.png"], "--json and --plot name the same file './r.png': give each its own"),
@@ -1186,6 +1188,17 @@ def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
     assert "Traceback" not in out
+
+
+def test_a_recipes_coverage_out_of_range_is_named_as_the_recipes_key(cli, tmp_path, capsys):
+    """A recipe's `auto_coverage: 1.5` was refused as `--coverage`, a flag the user never typed."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("auto_coverage: 1.5\n" + (ROOT / "configs" / "smoke.yaml").read_text())
+    assert cli.main([str(ROOT / "data" / "smoke_prefs.jsonl"), "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: auto_coverage in {recipe} must be in (0, 1] (got 1.5): the share of pairs to leave whole, 0.95 by "
+        "default"
+    )
 
 
 def test_a_tokenizer_folder_that_is_not_there_is_named_as_training_names_it(cli, tmp_path, capsys):
