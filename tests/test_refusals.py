@@ -68,7 +68,7 @@ def many_rows(n=40):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules"),
+        (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules all-linear (every"),
         (["--lora_r", "8"], "lora_r is set but use_peft is false, so it would be ignored: add --use_peft true"),
         (["--merge_lora", "true"], "merge_lora is set but use_peft is false"),
         (["--lora_task_type", "CAUSAL_LM"], "lora_task_type is set but use_peft is false"),

@@ -46,8 +46,9 @@ def check_lora(recipe) -> None:
             raise ConfigError("use_peft needs the peft package: `pip install -r requirements.txt`") from None
         if not m.lora_target_modules and not m.lora_target_parameters:
             raise ConfigError(
-                "use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
-                "names) or --lora_target_modules all-linear"
+                "use_peft needs the layers to adapt: pass --lora_target_modules all-linear (every linear layer but "
+                "the output head), or names of the model's layers (q_proj v_proj on Llama-style models; a name the "
+                "model lacks is refused naming its layers)"
             )
         if m.lora_task_type != "CAUSAL_LM":  # PEFT would wrap the model for another task's head (or refuse the name)
             raise ConfigError(
