@@ -160,9 +160,7 @@ def model_shape(recipe, config) -> ModelShape:
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
                 "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
             ) from None
-        from dpotrain.train import lora
-
-        lora.check_adapted_layers(model, recipe.model)
+        check_adapted_layers(model, recipe.model)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
@@ -171,6 +169,46 @@ def model_shape(recipe, config) -> ModelShape:
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
     return _SHAPES[key]
+
+
+def check_adapted_layers(wrapped, m) -> None:
+    """Refuse a layer PEFT adapts as a linear one that is not one: a subclass of nn.Linear whose forward returns more
+    than its linear map (Phi-3.5-MoE's router: its logits, weights and experts), to whose output LoRA adds its update
+    only once the model loaded and the reference was scored ("'tuple' object has no attribute 'dtype'"). `wrapped` is
+    the model PEFT wrapped on the meta device (config `m`); each such class's forward runs once there."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from transformers.pytorch_utils import Conv1D
+
+    plain = (torch.nn.Linear.forward, Conv1D.forward)
+    adapted = [
+        (name.rsplit(".", 1)[-1], x.base_layer) for name, x in wrapped.named_modules() if isinstance(x, LoraLinear)
+    ]
+    odd, tried = {}, set()
+    for name, base in adapted:
+        if type(base).forward in plain or type(base) in tried:
+            continue
+        tried.add(type(base))
+        try:
+            with torch.no_grad():
+                out = base.eval()(torch.empty(1, 2, base.in_features, device="meta"))
+        except Exception:  # noqa: BLE001 - a forward that needs more than its input: PEFT decides
+            continue
+        if not isinstance(out, torch.Tensor):
+            odd[name] = f"{type(base).__name__}, whose forward returns a {type(out).__name__}"
+        elif out.shape[-1] != base.out_features:
+            odd[name] = (
+                f"{type(base).__name__}, whose forward returns {out.shape[-1]} features, not {base.out_features}"
+            )
+    if odd:
+        others = dict.fromkeys(name for name, base in adapted if name not in odd)
+        targets = m.lora_target_modules
+        given = targets if isinstance(targets, str) else " ".join(targets)
+        instead = f"--lora_target_modules {' '.join(others)}" if others else "--lora_target_modules naming others"
+        raise ConfigError(
+            f"lora_target_modules {given} adapts {'; '.join(f'{n} ({why})' for n, why in odd.items())}: PEFT takes it "
+            f"for a linear layer, and LoRA's update cannot be added to that output (the run would fail at its first "
+            f"forward, once the model loaded): pass the linear layers by name, without it ({instead})"
+        )
 
 
 _SHAPES: dict[tuple, ModelShape] = {}
