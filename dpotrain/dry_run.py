@@ -19,7 +19,7 @@ from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import hub_switches, run_record
 from dpotrain.recipe.errors import ConfigError, decimal, plural
 from dpotrain.recipe.run_record import Record, per_step_text
-from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
+from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, missing_top, unwritable, write_text
 from dpotrain.train import losses
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024).
@@ -62,7 +62,8 @@ def report(
         # run's refusal is that nothing can be written (`notes.txt/run`: the record's own error followed it). A run's
         # folder refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given.
         refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
-        nowhere = output_folder.no_runs_folder(output_dir) or unwritable(Path(os.path.abspath(output_dir)).parent)
+        nowhere = output_folder.no_runs_folder(output_dir) or missing_top(output_dir)
+        nowhere = nowhere or unwritable(Path(os.path.abspath(output_dir)).parent)
         # Nor beside the Slurm job's own folder, unknown before the job: it was beside the folder as written, named
         # after no job (`runs/$SLURM_JOB_ID.dry-run.json`)
         written = None if refused and nowhere or is_job_folder(record) else write_json(resolved, output_dir)

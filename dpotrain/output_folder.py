@@ -98,8 +98,17 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
 
 
 def _writable_and_free(out: Path, lock: bool) -> None:
-    """The main process's checks (the others of a launch would find the lock it just took): writable, and (`lock`)
-    free."""
+    """The main process's checks (the others of a launch would find the lock it just took): on a file system this
+    machine has, writable, and (`lock`, the run's: not a dry run's) free."""
+    if top := writes.missing_top(out):
+        # A dry run on a login node plans a job whose nodes may mount what the login node lacks
+        elsewhere = "; if the job's nodes mount it, the job's own dry run checks it there" * (
+            not lock and "SLURM_JOB_ID" not in os.environ
+        )
+        raise ConfigError(
+            f"output_dir {str(out)!r}: {top} does not exist on this machine (a file system not mounted here, or a "
+            f"typo): pass --output_dir a folder on a file system this node has{elsewhere}"
+        )
     # One still to be made is probed in the nearest folder that exists
     if problem := unwritable(out.resolve()):  # a link: where it points
         raise ConfigError(

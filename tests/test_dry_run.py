@@ -2,6 +2,7 @@
 memory plan was checked against and how to plan for another; the full JSON beside the output folder, or with --json."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -540,6 +541,39 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"), "--learning_rate", "8e-8")
     assert json.loads((tmp_path / "t.dry-run.json").read_text())["learning_rate"] == 8e-8
     assert field(text, "learning rate").startswith("8e-08 (OLMo 3 7B Think used 8e-8); linear schedule")
+
+
+def test_an_output_dir_on_a_file_system_this_machine_lacks_is_refused_by_name_and_never_made(capsys, monkeypatch):
+    """`--output_dir /lustre/me/run` where this machine has no /lustre (a compute node's file system seen from a login
+    node, a container without its bind mount, a typo): the run probed `/`, the nearest folder there, and said it
+    "cannot write in /"; to root it made /lustre in the root file system (a container's, lost with it) and trained
+    there. Now it names the folder missing; a dry run outside a job lists it, saying the job's own dry run checks it on
+    its node, and writes no record."""
+    from dpotrain.recipe.errors import run_cli
+
+    top = Path(f"/dpotrain-test-missing-{os.getpid()}")
+    out = top / "me" / "run"
+    assert not top.exists()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    refusal = (
+        f"output_dir '{out}': {top} does not exist on this machine (a file system not mounted here, or a typo): pass "
+        "--output_dir a folder on a file system this node has"
+    )
+    try:
+        said = dry_run(capsys, *SMOKE, "--output_dir", str(out))
+        refusals = [line for line in said.splitlines() if line.startswith("warning: the run would refuse: ")]
+        assert refusals == [
+            f"warning: the run would refuse: {refusal}; if the job's nodes mount it, the job's own dry run checks it "
+            "there"
+        ], said
+        assert "everything:    not written beside a folder the run refuses (--json prints it)" in said, said
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main([*SMOKE, "--output_dir", str(out), "--max_steps", "1"]))
+        assert ended.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {refusal}"
+        assert not top.exists()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_a_dry_run_into_a_folder_under_a_file_says_the_runs_refusal_and_writes_nothing(tmp_path, capsys):

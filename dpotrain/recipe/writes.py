@@ -249,6 +249,15 @@ def exists(path: str | Path) -> bool:
     return looked(path) is not None
 
 
+def missing_top(path: str | Path) -> Path | None:
+    """The top-level folder of `path` (made absolute) where this machine has none: a file system not mounted here (a
+    compute node's scratch seen from a login node, a container started without its bind mount) or a typo. Probed as
+    the nearest folder that exists, `/` said the run could not write there, or, to root, let it make the folder in
+    the root file system (a container's: lost with it)."""
+    parts = Path(os.path.abspath(path)).parts
+    return Path(*parts[:2]) if len(parts) > 1 and not os.path.lexists(Path(*parts[:2])) else None
+
+
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Whether this process can create files at `path` (or the nearest folder that exists): None, or (the folder
     probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount.
