@@ -51,6 +51,8 @@ with venv.loading_libraries():
     from dpotrain.recipe.errors import ConfigError, cause, run_command, warn
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
+# The paths a recipe names that the analyzer reads, each taken on its command line under the run's name too
+ANALYZER_FIELDS = ("dataset_name", "model_name_or_path", "chat_template_path")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -193,7 +195,10 @@ def read_run(args: argparse.Namespace):
         if value is not None
         for word in (f"--{name}", *(map(str, value) if isinstance(value, list) else [str(value)]))
     ]
-    return config.parse_args([*(["--config", path] if path else []), *words, "--dry-run"])
+    try:
+        return config.parse_args([*(["--config", path] if path else []), *words, "--dry-run"])
+    except config.JobVariable as refused:  # the job's path, on its command line: an sbatch dry run is after the job
+        raise ConfigError(refused.before_job("the analyzer reads the recipe", ANALYZER_FIELDS)) from None
 
 
 def recipe_for(dataset: str) -> str | None:

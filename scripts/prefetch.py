@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         recipe = parse_args(recipe_args + ["--dry-run"])
     except JobVariable as refused:  # a path it reads named by the job's variable: its fix here, not a dry run's
-        raise ConfigError(refused.before_job) from None
+        raise ConfigError(refused.before_job("prefetch.py fetches")) from None
     # Training's checks of the recipe alone (a model and data named, local files there): without them a forgotten
     # --config or a mistyped local file was "Nothing to fetch", and the job refused it later.
     resolve.check_values(recipe)

@@ -1188,6 +1188,31 @@ def test_the_analyzer_on_a_login_node_reads_a_recipe_whose_output_dir_names_the_
 
 
 @pytest.mark.parametrize(
+    "field, fix",
+    [
+        ("dataset_name", "pass the path the job reads as --dataset_name here, or write the path out"),
+        ("chat_template_path", "pass the path the job reads as --chat_template_path here, or write the path out"),
+        ("sample_prompts_file", "write the path out"),  # read by the run alone: no flag of the analyzer's
+    ],
+)
+def test_the_analyzer_on_a_login_node_refuses_a_path_naming_the_job_id_with_its_own_fix(
+    field, fix, analyzer, tmp_path, monkeypatch, capsys
+):
+    """A data path naming $SLURM_JOB_ID: the analyzer, run before the job, said to plan it with an `sbatch` dry run,
+    which runs in the job and analyzes nothing. It names its own flag, as prefetch.py does."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    written = f"/scratch/$SLURM_JOB_ID/{field}.txt"
+    fields = {"dataset_name": SMOKE_DATA} | {field: written}
+    path = recipe(tmp_path, "".join(f"{name}: {value}\n" for name, value in fields.items()))
+    assert analyzer.main(["--config", path, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {path}: {field} {written!r} names $SLURM_JOB_ID, which is set only inside a Slurm job, and the "
+        f"analyzer reads the recipe before the job: {fix}"
+    )
+
+
+@pytest.mark.parametrize(
     "field, written, says",
     [
         ("output_dir", "/scratch/$SLURM_JOB_ID/$NOPE", "names $NOPE, which is not set: export NOPE, or write the path"),

@@ -924,12 +924,24 @@ def _unreadable(value: str) -> bool:
 
 
 class JobVariable(ConfigError):
-    """A recipe's path naming a SLURM_ variable, refused outside a Slurm job, where `before_job` is the refusal as
-    prefetch.py says it: it fetches before the job, so an `sbatch` dry run, which plans in the job, is no fix there."""
+    """A recipe's path (`said`: the file, the field and the value) naming the SLURM_ `variable`, refused outside a
+    Slurm job. Its fix for a dry run is an `sbatch` one, which plans in the job; `before_job` is the refusal of a
+    command that reads the path before any job (prefetch.py, the analyzer), for which that is no fix."""
 
-    def __init__(self, message: str, before_job: str):
+    def __init__(self, message: str, said: str, variable: str, field: str):
         super().__init__(message)
-        self.before_job = before_job
+        self.said, self.variable, self.field = said, variable, field
+
+    def before_job(self, does: str, flags: tuple[str, ...] | None = None) -> str:
+        """The refusal as the command that `does` (`prefetch.py fetches`) says it, passing the job's path as its flag
+        for the field, where its `flags` (None: every field's) have one."""
+        given = (
+            f"pass the path the job reads as --{self.field} here, or " if flags is None or self.field in flags else ""
+        )
+        return (
+            f"{self.said} names ${self.variable}, which is set only inside a Slurm job, and {does} before the job: "
+            f"{given}write the path out"
+        )
 
 
 def recipe_expanded(
@@ -942,11 +954,7 @@ def recipe_expanded(
     except venv.Unexpanded as e:
         said, variable = f"{config_path}: {name} {value!r}", e.args[0]
         if e.why == "unset" and variable.startswith("SLURM_") and not os.environ.get("SLURM_JOB_ID"):
-            before_job = (
-                f"{said} names ${variable}, which is set only inside a Slurm job, and prefetch.py fetches before the "
-                f"job: pass the path the job reads as --{name} here, or write the path out"
-            )
-            raise JobVariable(f"{said} {_unexpanded(e, config_path, fix)}", before_job) from None
+            raise JobVariable(f"{said} {_unexpanded(e, config_path, fix)}", said, variable, name) from None
         raise ConfigError(f"{said} {_unexpanded(e, config_path, fix)}") from None
 
 
