@@ -82,6 +82,9 @@ FAMILIES = {
         n_group=1,
         topk_group=1,
     ),
+    # hash-routed then top-k MoE layers, compressed attention: TRL's num_experts is its n_routed_experts, named
+    # num_local_experts by its config's map
+    "deepseek_v4": dict(mlp_layer_types=["hash_moe", "moe"], num_local_experts=4, num_experts_per_tok=2),
     # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
     "deepseek_v3": dict(
         n_routed_experts=4,
@@ -548,7 +551,9 @@ def test_disable_dropout_under_lora_leaves_the_config_the_adapter_answers_with()
     assert (model.config.attention_dropout, model.base_model.config.hidden_dropout) == (0.3, 0.3)
 
 
-@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared", "granitemoe_swa", "phimoe", "llama4_text"])
+@pytest.mark.parametrize(
+    "model_type", ["granitemoe", "granitemoeshared", "granitemoe_swa", "phimoe", "llama4_text", "deepseek_v4"]
+)
 def test_moe_configs_answer_to_the_num_experts_trl_reads(tmp_path, model_type):
     """TRL's fused LM head reads `config.num_experts` for the router loss; these configs name it `num_local_experts`:
     granitemoe's first training step was an AttributeError. The config answers to both, pickles, and saves as it was."""

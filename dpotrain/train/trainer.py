@@ -93,7 +93,10 @@ def _answering_num_experts(config_class: type) -> type:
     """`config_class` that also answers to `num_experts` (see `trl_compatible_config`), a module-level name here so
     that the config still pickles."""
     name = f"_{config_class.__name__}"
-    attribute_map = {**config_class.attribute_map, "num_experts": "num_local_experts"}
+    # The field itself: a map is read once, so `num_experts` mapped to a name the map holds too (DeepSeek V4's
+    # num_local_experts, its n_routed_experts) was an AttributeError all the same
+    field = config_class.attribute_map.get("num_local_experts", "num_local_experts")
+    attribute_map = {**config_class.attribute_map, "num_experts": field}
     alias = type(name, (config_class,), {"attribute_map": attribute_map, "__module__": __name__, "__qualname__": name})
     globals()[name] = alias
     return alias
