@@ -516,23 +516,43 @@ def test_lora_target_modules_refused_on_a_model_of_conv1d_layers_name_those_laye
     ), line
 
 
-@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "router"]])
+@pytest.mark.parametrize(
+    "model_type, targets, layer, instead",
+    [
+        (
+            "phimoe",
+            ["all-linear"],
+            "router (PhimoeTopKRouter, whose forward returns a tuple)",
+            "q_proj k_proj v_proj o_proj",
+        ),
+        ("phimoe", ["q_proj", "router"], "router (PhimoeTopKRouter, whose forward returns a tuple)", "q_proj"),
+        (
+            "deepseek_v4",
+            ["all-linear"],
+            "o_a_proj (DeepseekV4GroupedLinear, whose forward returns 1024 features, not 8192)",
+            "q_a_proj q_b_proj kv_proj o_b_proj gate_proj up_proj down_proj",
+        ),
+    ],
+)
 def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_loads(
-    targets, tmp_path, monkeypatch, capsys, tiny_model_dir
+    model_type, targets, layer, instead, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
-    """Phi-3.5-MoE's router subclasses nn.Linear and returns its logits, weights and experts: all-linear adapted it,
-    and the run loaded the model and ended at its first forward in PEFT's `'tuple' object has no attribute 'dtype'`
-    traceback. Refused from the meta-device wrap, naming the layers to pass instead; those train (a layer of its own
-    forward that returns the linear map, Falcon's, is adapted as before: test_architectures)."""
-    model = tiny_model("phimoe", tmp_path / "phimoe", tiny_model_dir)
+    """Phi-3.5-MoE's router subclasses nn.Linear and returns its logits, weights and experts; DeepSeek V4's grouped
+    output projection takes its heads in groups and returns a group's width: all-linear adapted each, and the run
+    loaded the model and ended at its first forward in PEFT's traceback (`'tuple' object has no attribute 'dtype'`; the
+    sizes 1024 and 8192 not matching). Refused from the meta-device wrap, each such layer run on the input the model
+    gives it, naming the layers to pass instead; those train (a layer of its own forward that returns the linear map,
+    Falcon's, is adapted as before: test_architectures)."""
+    from test_architectures import FAMILIES
+
+    shape = FAMILIES.get(model_type, {})
+    model = tiny_model(model_type, tmp_path / model_type, tiny_model_dir, **shape)
     lora = ["--model_name_or_path", model, "--use_peft", "true", "--lora_target_modules", *targets]
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--max_steps", "2")
-    instead = "q_proj k_proj v_proj o_proj" if targets == ["all-linear"] else "q_proj"
     assert line == (
-        f"error: lora_target_modules {' '.join(targets)} adapts router (PhimoeTopKRouter, whose forward returns a "
-        "tuple): PEFT takes it for a linear layer, and LoRA's update cannot be added to that output (the run would "
-        "fail at its first forward, once the model loaded): pass the linear layers by name, without it "
-        f"(--lora_target_modules {instead})"
+        f"error: lora_target_modules {' '.join(targets)} adapts {layer}: PEFT takes it for a linear layer, and LoRA's "
+        "update cannot be added to that output (the run would fail at its first forward, once the model loaded): pass "
+        f"the linear layers by name, without it (--lora_target_modules {instead})"
     )
 
 

@@ -175,7 +175,9 @@ def check_adapted_layers(wrapped, m) -> None:
     """Refuse a layer PEFT adapts as a linear one that is not one: a subclass of nn.Linear whose forward returns more
     than its linear map (Phi-3.5-MoE's router: its logits, weights and experts), to whose output LoRA adds its update
     only once the model loaded and the reference was scored ("'tuple' object has no attribute 'dtype'"). `wrapped` is
-    the model PEFT wrapped on the meta device (config `m`); each such class's forward runs once there."""
+    the model PEFT wrapped on the meta device (config `m`); each such class's forward runs once there, on the input
+    the model gives it (DeepSeek V4's grouped output projection takes its heads in groups, and returns a group's
+    width: LoRA's update, the full width, failed to add at the first forward)."""
     from peft.tuners.lora import Linear as LoraLinear
     from transformers.pytorch_utils import Conv1D
 
@@ -183,14 +185,13 @@ def check_adapted_layers(wrapped, m) -> None:
     adapted = [
         (name.rsplit(".", 1)[-1], x.base_layer) for name, x in wrapped.named_modules() if isinstance(x, LoraLinear)
     ]
-    odd, tried = {}, set()
-    for name, base in adapted:
-        if type(base).forward in plain or type(base) in tried:
-            continue
-        tried.add(type(base))
+    first = {type(base): (name, base) for name, base in reversed(adapted) if type(base).forward not in plain}
+    seen = _inputs_seen(wrapped, [base for _, base in first.values()])
+    odd = {}
+    for name, base in first.values():
         try:
             with torch.no_grad():
-                out = base.eval()(torch.empty(1, 2, base.in_features, device="meta"))
+                out = base.eval()(torch.empty(seen.get(base, (1, 2, base.in_features)), device="meta"))
         except Exception:  # noqa: BLE001 - a forward that needs more than its input: PEFT decides
             continue
         if not isinstance(out, torch.Tensor):
@@ -209,6 +210,33 @@ def check_adapted_layers(wrapped, m) -> None:
             f"for a linear layer, and LoRA's update cannot be added to that output (the run would fail at its first "
             f"forward, once the model loaded): pass the linear layers by name, without it ({instead})"
         )
+
+
+def _inputs_seen(wrapped, layers: list) -> dict:
+    """The shape of the input each of `layers` is given in a forward of the meta-device `wrapped` model on 8 tokens,
+    where the forward reaches it (one that stops before, on meta, leaves it out)."""
+    seen = {}
+    if not layers:
+        return seen
+
+    class Enough(Exception):
+        pass
+
+    def note(layer, args):
+        seen.setdefault(layer, tuple(args[0].shape))
+        if len(seen) == len(layers):
+            raise Enough
+
+    hooks = [layer.register_forward_pre_hook(note) for layer in layers]
+    try:
+        with torch.no_grad():
+            wrapped.eval()(input_ids=torch.zeros(1, 8, dtype=torch.long, device="meta"))
+    except Exception:  # noqa: BLE001 - Enough, or an operation meta tensors cannot run (a MoE's routing)
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 _SHAPES: dict[tuple, ModelShape] = {}
