@@ -631,6 +631,28 @@ def check_backbone(config, model: str) -> None:
     )
 
 
+def check_router_loss(config, model: str, coefficient: float | None) -> None:
+    """TRL adds the MoE router's load-balancing loss where the config has `output_router_logits` and the coefficient
+    (the recipe's router_aux_loss_coef, else the config's) is not 0, from the router logits the model records: a model
+    with no router in any layer (Doge's dense layers, `is_moe: false`; DeepSeek V4's hash-routed ones alone) records
+    none, and the run loaded it and failed at its first step ('tuple index out of range'). Refused before it loads."""
+    from dpotrain.plan import memory
+
+    text = config.get_text_config()
+    coefficient = getattr(text, "router_aux_loss_coef", 0.0) if coefficient is None else coefficient
+    if not hasattr(text, "output_router_logits") or not coefficient:
+        return
+    built = memory.meta_model(config)
+    router = upstream.router_class(built.base_model)
+    if router is None or any(isinstance(module, router) for module in built.modules()):
+        return
+    raise ConfigError(
+        f"{model}: TRL adds the router's load-balancing loss (router_aux_loss_coef {coefficient:g}; its config has "
+        f"output_router_logits), and this {config.model_type} model has no router ({router.__name__}) in any layer, "
+        "so the run would fail at its first step: pass --router_aux_loss_coef 0"
+    )
+
+
 def check_logging(recipe: Recipe) -> None:
     """The health guards judge logged steps: with logging_strategy no they would see step 1 alone."""
     t = recipe.training

@@ -557,6 +557,27 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_router_loss_on_a_model_without_routers_is_refused_before_it_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """Doge's config has output_router_logits and router_aux_loss_coef 0.001 with dense layers (is_moe false): TRL
+    added the router's loss, the model recorded no router logits, and the run loaded it and ended at its first step in
+    `IndexError: tuple index out of range` (plain TRL alike). Refused from the meta-device model, naming the fix,
+    which trains."""
+    model = tiny_model("doge", tmp_path / "doge", tiny_model_dir)
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: TRL adds the router's load-balancing loss (router_aux_loss_coef 0.001; its config has "
+        "output_router_logits), and this doge model has no router (DogeCDMoE) in any layer, so the run would fail at "
+        "its first step: pass --router_aux_loss_coef 0"
+    )
+    out = tmp_path / "fixed"
+    args = ["--model_name_or_path", model, "--router_aux_loss_coef", "0", "--output_dir", str(out), "--max_steps", "2"]
+    assert train_dpo.main(["--config", SMOKE, *args, "--report_to", "none", "--samples_every", "0"]) in (0, None)
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_causal_lm_whose_backbone_trls_fused_head_cannot_find_is_refused_before_it_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

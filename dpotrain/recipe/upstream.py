@@ -210,6 +210,11 @@ CHECKPOINTING_ENABLE = _call(
     "the instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
     ("activation_checkpointing_kwargs", "every_n_layers", "offload"),
 )
+RECORDED_OUTPUTS = _read(
+    "transformers.modeling_utils:PreTrainedModel._can_record_outputs",
+    "the module class whose outputs a model records as its router logits: one holding none of them (Doge's dense "
+    "layers) records none, and TRL's router loss failed on the empty tuple (options.check_router_loss)",
+)
 SUPPORTS_SDPA = _read(
     "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
     "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
@@ -645,6 +650,12 @@ def sets_its_backbone(model_class) -> bool:
     except (OSError, TypeError):
         return False
     return f"self.{model_class.base_model_prefix} =" in source
+
+
+def router_class(model) -> type | None:
+    """The module class whose outputs `model` records as its router logits (`RECORDED_OUTPUTS`), or None."""
+    recorded = (getattr(model, RECORDED_OUTPUTS.name, None) or {}).get("router_logits")
+    return getattr(recorded, "target_class", recorded)
 
 
 def supports_sdpa(model_or_class) -> bool:
