@@ -543,6 +543,13 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     assert field(text, "learning rate").startswith("8e-08 (OLMo 3 7B Think used 8e-8); linear schedule")
 
 
+def unrecorded_refusals(capsys, *args) -> list[str]:
+    """The refusals a dry run of the demo with ARGS lists, where it writes no record beside a folder it refuses."""
+    said = dry_run(capsys, *SMOKE, *args)
+    assert "everything:    not written beside a folder the run refuses (--json prints it)" in said, said
+    return [line for line in said.splitlines() if line.startswith("warning: the run would refuse: ")]
+
+
 def test_an_output_dir_on_a_file_system_this_machine_lacks_is_refused_by_name_and_never_made(capsys, monkeypatch):
     """`--output_dir /lustre/me/run` where this machine has no /lustre (a compute node's file system seen from a login
     node, a container without its bind mount, a typo): the run probed `/`, the nearest folder there, and said it
@@ -560,13 +567,10 @@ def test_an_output_dir_on_a_file_system_this_machine_lacks_is_refused_by_name_an
         "--output_dir a folder on a file system this node has"
     )
     try:
-        said = dry_run(capsys, *SMOKE, "--output_dir", str(out))
-        refusals = [line for line in said.splitlines() if line.startswith("warning: the run would refuse: ")]
-        assert refusals == [
+        assert unrecorded_refusals(capsys, "--output_dir", str(out)) == [
             f"warning: the run would refuse: {refusal}; if the job's nodes mount it, the job's own dry run checks it "
             "there"
-        ], said
-        assert "everything:    not written beside a folder the run refuses (--json prints it)" in said, said
+        ]
         with pytest.raises(SystemExit) as ended:
             run_cli(lambda: train_dpo.main([*SMOKE, "--output_dir", str(out), "--max_steps", "1"]))
         assert ended.value.code == 2
@@ -585,13 +589,10 @@ def test_a_dry_run_into_a_folder_under_a_file_says_the_runs_refusal_and_writes_n
     notes = tmp_path / "notes.txt"
     notes.write_text("a user's file\n")
     out = notes / "run"
-    said = dry_run(capsys, *SMOKE, "--output_dir", str(out))
-    refusals = [line for line in said.splitlines() if line.startswith("warning: the run would refuse: ")]
-    assert refusals == [
+    assert unrecorded_refusals(capsys, "--output_dir", str(out)) == [
         f"warning: the run would refuse: output_dir '{out}': cannot write in {notes} (Not a directory): pass "
         "--output_dir a folder this job can write in"
-    ], said
-    assert "everything:    not written beside a folder the run refuses (--json prints it)" in said, said
+    ]
     assert notes.read_text() == "a user's file\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 

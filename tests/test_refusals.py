@@ -557,44 +557,56 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
-def test_a_router_loss_on_a_model_without_routers_is_refused_before_it_loads(
-    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+@pytest.mark.parametrize(
+    "model_type, says, fix",
+    [
+        # Llama 4's causal LM (and Mllama's) names its backbone `language_model` (base_model_prefix) and holds it as
+        # `model`: its base_model is the whole model, which TRL's fused LM head ran as the backbone. The run loaded
+        # the model and ended in the reference stage's traceback (`'MoeCausalLMOutputWithPast' object has no
+        # attribute 'last_hidden_state'`), and the dry run planned it as trainable.
+        (
+            "llama4_text",
+            "TRL {trl}'s DPOTrainer cannot train Llama4ForCausalLM (model_type 'llama4_text'): its fused LM head, "
+            "which computes every log-prob, runs the model's base_model as the backbone, and this class has none (no "
+            "module named 'language_model', its base_model_prefix): train a model of another type, or install a TRL "
+            "release that finds its backbone",
+            None,
+        ),
+        # Doge's config has output_router_logits and router_aux_loss_coef 0.001 with dense layers (is_moe false): TRL
+        # added the router's loss, the model recorded no router logits, and the run loaded it and ended at its first
+        # step in `IndexError: tuple index out of range` (plain TRL alike). The fix named trains.
+        (
+            "doge",
+            "TRL adds the router's load-balancing loss (router_aux_loss_coef 0.001; its config has "
+            "output_router_logits), and this doge model has no router (DogeCDMoE) in any layer, so the run would fail "
+            "at its first step: pass --router_aux_loss_coef 0",
+            ["--router_aux_loss_coef", "0"],
+        ),
+    ],
+)
+def test_a_model_trls_fused_head_cannot_train_is_refused_before_it_loads(
+    model_type, says, fix, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
-    """Doge's config has output_router_logits and router_aux_loss_coef 0.001 with dense layers (is_moe false): TRL
-    added the router's loss, the model recorded no router logits, and the run loaded it and ended at its first step in
-    `IndexError: tuple index out of range` (plain TRL alike). Refused from the meta-device model, naming the fix,
-    which trains."""
-    model = tiny_model("doge", tmp_path / "doge", tiny_model_dir)
-    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
-    assert line == (
-        f"error: {model}: TRL adds the router's load-balancing loss (router_aux_loss_coef 0.001; its config has "
-        "output_router_logits), and this doge model has no router (DogeCDMoE) in any layer, so the run would fail at "
-        "its first step: pass --router_aux_loss_coef 0"
-    )
-    out = tmp_path / "fixed"
-    args = ["--model_name_or_path", model, "--router_aux_loss_coef", "0", "--output_dir", str(out), "--max_steps", "2"]
-    assert train_dpo.main(["--config", SMOKE, *args, "--report_to", "none", "--samples_every", "0"]) in (0, None)
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
-
-
-@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
-def test_a_causal_lm_whose_backbone_trls_fused_head_cannot_find_is_refused_before_it_loads(
-    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
-):
-    """Llama 4's causal LM (and Mllama's) names its backbone `language_model` (base_model_prefix) and holds it as
-    `model`: its base_model is the whole model, which TRL's fused LM head ran as the backbone. The run loaded the
-    model and ended in the reference stage's traceback (`'MoeCausalLMOutputWithPast' object has no attribute
-    'last_hidden_state'`), and the dry run planned it as trainable."""
     import trl
 
-    model = tiny_model("llama4_text", tmp_path / "llama4", tiny_model_dir)
+    model = tiny_model(model_type, tmp_path / model_type, tiny_model_dir)
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
-    assert line == (
-        f"error: {model}: TRL {trl.__version__}'s DPOTrainer cannot train Llama4ForCausalLM (model_type "
-        "'llama4_text'): its fused LM head, which computes every log-prob, runs the model's base_model as the "
-        "backbone, and this class has none (no module named 'language_model', its base_model_prefix): train a model "
-        "of another type, or install a TRL release that finds its backbone"
-    )
+    assert line == f"error: {model}: {says.format(trl=trl.__version__)}"
+    if fix and not dry_run:
+        out = tmp_path / "fixed"
+        args = [
+            "--model_name_or_path",
+            model,
+            *fix,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--report_to",
+            "none",
+        ]
+        assert train_dpo.main(["--config", SMOKE, *args, "--samples_every", "0"]) in (0, None)
+        assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
