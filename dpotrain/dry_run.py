@@ -62,8 +62,8 @@ def report(
         # run's refusal is that nothing can be written (`notes.txt/run`: the record's own error followed it). A run's
         # folder refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given.
         refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
-        nowhere = output_folder.no_runs_folder(output_dir) or missing_top(output_dir)
-        nowhere = nowhere or unwritable(Path(os.path.abspath(output_dir)).parent)
+        parent = Path(os.path.abspath(output_dir)).parent
+        nowhere = output_folder.no_runs_folder(output_dir) or missing_top(output_dir) or unwritable(parent)
         # Nor beside the Slurm job's own folder, unknown before the job: it was beside the folder as written, named
         # after no job (`runs/$SLURM_JOB_ID.dry-run.json`)
         written = None if refused and nowhere or is_job_folder(record) else write_json(resolved, output_dir)

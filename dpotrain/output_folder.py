@@ -103,7 +103,7 @@ def _writable_and_free(out: Path, lock: bool) -> None:
     if top := writes.missing_top(out):
         # A dry run on a login node plans a job whose nodes may mount what the login node lacks
         elsewhere = "; if the job's nodes mount it, the job's own dry run checks it there" * (
-            not lock and "SLURM_JOB_ID" not in os.environ
+            not lock and run_lock.slurm_job() is None
         )
         raise ConfigError(
             f"output_dir {str(out)!r}: {top} does not exist on this machine (a file system not mounted here, or a "

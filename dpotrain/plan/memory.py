@@ -160,7 +160,7 @@ def model_shape(recipe, config) -> ModelShape:
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
                 "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
             ) from None
-        check_adapted_layers(model, recipe.model)
+        check_adapted_layers(model, recipe.model.lora_target_modules)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
@@ -171,13 +171,13 @@ def model_shape(recipe, config) -> ModelShape:
     return _SHAPES[key]
 
 
-def check_adapted_layers(wrapped, m) -> None:
+def check_adapted_layers(wrapped, targets) -> None:
     """Refuse a layer PEFT adapts as a linear one that is not one: a subclass of nn.Linear whose forward returns more
     than its linear map (Phi-3.5-MoE's router: its logits, weights and experts), to whose output LoRA adds its update
     only once the model loaded and the reference was scored ("'tuple' object has no attribute 'dtype'"). `wrapped` is
-    the model PEFT wrapped on the meta device (config `m`); each such class's forward runs once there, on the input
-    the model gives it (DeepSeek V4's grouped output projection takes its heads in groups, and returns a group's
-    width: LoRA's update, the full width, failed to add at the first forward)."""
+    the model PEFT wrapped on the meta device for lora_target_modules `targets`; each such class's forward runs once
+    there, on the input the model gives it (DeepSeek V4's grouped output projection takes its heads in groups, and
+    returns a group's width: LoRA's update, the full width, failed to add at the first forward)."""
     from peft.tuners.lora import Linear as LoraLinear
     from transformers.pytorch_utils import Conv1D
 
@@ -185,7 +185,10 @@ def check_adapted_layers(wrapped, m) -> None:
     adapted = [
         (name.rsplit(".", 1)[-1], x.base_layer) for name, x in wrapped.named_modules() if isinstance(x, LoraLinear)
     ]
-    first = {type(base): (name, base) for name, base in reversed(adapted) if type(base).forward not in plain}
+    first = {}  # one layer of each class with a forward of its own
+    for name, base in adapted:
+        if type(base).forward not in plain:
+            first.setdefault(type(base), (name, base))
     seen = _inputs_seen(wrapped, [base for _, base in first.values()])
     odd = {}
     for name, base in first.values():
@@ -201,8 +204,7 @@ def check_adapted_layers(wrapped, m) -> None:
                 f"{type(base).__name__}, whose forward returns {out.shape[-1]} features, not {base.out_features}"
             )
     if odd:
-        others = dict.fromkeys(name for name, base in adapted if name not in odd)
-        targets = m.lora_target_modules
+        others = dict.fromkeys(name for name, _ in adapted if name not in odd)
         given = targets if isinstance(targets, str) else " ".join(targets)
         instead = f"--lora_target_modules {' '.join(others)}" if others else "--lora_target_modules naming others"
         raise ConfigError(

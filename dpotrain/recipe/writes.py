@@ -254,8 +254,8 @@ def missing_top(path: str | Path) -> Path | None:
     compute node's scratch seen from a login node, a container started without its bind mount) or a typo. Probed as
     the nearest folder that exists, `/` said the run could not write there, or, to root, let it make the folder in
     the root file system (a container's: lost with it)."""
-    parts = Path(os.path.abspath(path)).parts
-    return Path(*parts[:2]) if len(parts) > 1 and not os.path.lexists(Path(*parts[:2])) else None
+    top = Path(*Path(os.path.abspath(path)).parts[:2])  # `/` alone for the root itself, which is always there
+    return None if os.path.lexists(top) else top
 
 
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
