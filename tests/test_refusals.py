@@ -362,6 +362,27 @@ def many_rows(n=40):
             "accelerator_config gradient_accumulation_kwargs {'num_steps': 4} cannot be honoured: the trainer runs "
             "each step's micro-batches itself",
         ),
+        # transformers' own refusals as TrainingArguments are built: one line, which said what was wrong but no fix
+        (
+            ["--logging_steps", "0"],
+            "logging strategy IntervalStrategy.STEPS requires non-zero --logging_steps (give a number of steps, the "
+            "recipes log every step: --logging_steps 1, or a fraction of the run: 0.1)",
+        ),
+        (
+            ["--warmup_steps", "-0.1"],
+            "Got warmup_steps = -0.1, Expected value warmup_steps >= 0 (give a number of steps, or a fraction of the "
+            "run below 1: the recipes warm up over 0.1 of it; 0 for none)",
+        ),
+        (
+            ["--save_steps", "2.5"],
+            "--save_steps must be an integer if bigger than 1: 2.5 (give a whole number of steps, or a fraction of the "
+            "run below 1: 0.1)",
+        ),
+        (
+            ["--torch_empty_cache_steps", "0"],
+            "`torch_empty_cache_steps` must be an integer bigger than 0, got 0. (give a number of steps, or leave it "
+            "unset to never empty the cache)",
+        ),
     ],
 )
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):

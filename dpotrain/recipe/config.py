@@ -745,12 +745,29 @@ def _refused_upstream(e: ValueError, known) -> ConfigError:
         return ConfigError(LOAD_BEST_REFUSED)
     if "`loss_weights` must have the same length" in str(e):  # TRL's line named the mismatch, not its fix
         return ConfigError(_weights_refused(known.loss_type, known.loss_weights))
-    hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
-    if "--tf32 requires" in str(e):  # a GPU job's setting, run here on a CPU or an older GPU
-        hint = " (here: --tf32 false, or run it on an Ampere or newer GPU; a --dry-run plans it from anywhere)"
     if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
-        hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
-    return ConfigError(f"{e}{hint}")
+        return ConfigError(f"{e} (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})")
+    hint = next((fix for said, fix in UPSTREAM_FIXES if said in str(e)), "")
+    return ConfigError(f"{e}{f' ({hint})' if hint else ''}")
+
+
+# The fix for each of transformers' refusals of TrainingArguments that says what is wrong but not what to pass
+STEPS_OR_FRACTION = "a whole number of steps, or a fraction of the run below 1: 0.1"
+UPSTREAM_FIXES = (
+    ("--tf32 requires", "here: --tf32 false, or run it on an Ampere or newer GPU; a --dry-run plans it from anywhere"),
+    ("bf16", "on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml"),
+    (
+        "requires non-zero --logging_steps",
+        "give a number of steps, the recipes log every step: --logging_steps 1, or a fraction of the run: 0.1",
+    ),
+    ("requires either non-zero --eval_steps", f"give --eval_steps as {STEPS_OR_FRACTION}"),
+    (
+        "Expected value warmup_steps >= 0",
+        "give a number of steps, or a fraction of the run below 1: the recipes warm up over 0.1 of it; 0 for none",
+    ),
+    ("must be an integer if bigger than 1", f"give {STEPS_OR_FRACTION}"),
+    ("torch_empty_cache_steps` must be", "give a number of steps, or leave it unset to never empty the cache"),
+)
 
 
 def _weights_refused(types, weights) -> str:
