@@ -631,6 +631,20 @@ def check_backbone(config, model: str) -> None:
     )
 
 
+def check_checkpointing(config, model: str, checkpointing: bool) -> None:
+    """A causal-LM class that says it cannot checkpoint its activations (`supports_gradient_checkpointing`, JetMoE's)
+    under activation_checkpointing, the recipes' setting: transformers refused it as the trainer was built, once the
+    model had loaded. Refused before it loads: the switch off is the user's word, and the memory plan then plans it."""
+    model_class = upstream.causal_lm_class(config)
+    if not checkpointing or model_class is None or model_class.supports_gradient_checkpointing:
+        return
+    raise ConfigError(
+        f"{model}: activation_checkpointing is on, and transformers cannot checkpoint {model_class.__name__} "
+        f"(model_type {config.model_type!r}; the class says so): pass --activation_checkpointing false (a --dry-run's "
+        "memory plan then says whether the activations fit)"
+    )
+
+
 def check_router_loss(config, model: str, coefficient: float | None) -> None:
     """TRL adds the MoE router's load-balancing loss where the config has `output_router_logits` and the coefficient
     (the recipe's router_aux_loss_coef, else the config's) is not 0, from the router logits the model records: a model

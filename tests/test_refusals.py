@@ -579,7 +579,7 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 @pytest.mark.parametrize(
-    "model_type, says, fix",
+    "model_type, says, fix, given",
     [
         # Llama 4's causal LM (and Mllama's) names its backbone `language_model` (base_model_prefix) and holds it as
         # `model`: its base_model is the whole model, which TRL's fused LM head ran as the backbone. The run loaded
@@ -592,6 +592,7 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
             "module named 'language_model', its base_model_prefix): train a model of another type, or install a TRL "
             "release that finds its backbone",
             None,
+            [],
         ),
         # Doge's config has output_router_logits and router_aux_loss_coef 0.001 with dense layers (is_moe false): TRL
         # added the router's loss, the model recorded no router logits, and the run loaded it and ended at its first
@@ -602,16 +603,29 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
             "output_router_logits), and this doge model has no router (DogeCDMoE) in any layer, so the run would fail "
             "at its first step: pass --router_aux_loss_coef 0",
             ["--router_aux_loss_coef", "0"],
+            [],
+        ),
+        # JetMoE's class says it cannot checkpoint its activations (supports_gradient_checkpointing False), and the
+        # recipes checkpoint: the run loaded it and ended as the trainer was built, in transformers' traceback
+        # ("JetMoeForCausalLM does not support activation checkpointing.")
+        (
+            "jetmoe",
+            "activation_checkpointing is on, and transformers cannot checkpoint JetMoeForCausalLM (model_type "
+            "'jetmoe'; the class says so): pass --activation_checkpointing false (a --dry-run's memory plan then says "
+            "whether the activations fit)",
+            ["--activation_checkpointing", "false"],
+            ["--activation_checkpointing", "true"],
         ),
     ],
 )
-def test_a_model_trls_fused_head_cannot_train_is_refused_before_it_loads(
-    model_type, says, fix, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+def test_a_model_the_run_cannot_train_as_set_is_refused_before_it_loads(
+    model_type, says, fix, given, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
     import trl
 
     model = tiny_model(model_type, tmp_path / model_type, tiny_model_dir)
-    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    args = ["--model_name_or_path", model, "--max_steps", "2", *given]
+    line = refused(tmp_path, monkeypatch, capsys, *args, *dry_run)
     assert line == f"error: {model}: {says.format(trl=trl.__version__)}"
     if fix and not dry_run:
         out = tmp_path / "fixed"
