@@ -577,6 +577,24 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
     )
 
 
+def test_lora_on_layers_peft_refuses_for_a_mamba_model_names_the_layers_it_takes(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """all-linear on a Mamba hybrid (Falcon-H1): PEFT refuses its mixers' `out_proj` and `conv1d` by name, and the
+    refusal said "pass --lora_target_modules naming some of its linear layers" without naming any; all-linear cannot
+    leave them out. It names the linear layers PEFT takes, which train."""
+    model = tiny_model("falcon_h1", tmp_path / "falcon_h1", tiny_model_dir)
+    lora = ["--model_name_or_path", model, "--use_peft", "true", "--max_steps", "2"]
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "all-linear")
+    fix = "--lora_target_modules gate_proj up_proj down_proj in_proj q_proj k_proj v_proj o_proj"
+    assert line.startswith(f"error: use_peft: PEFT cannot adapt {model} with these LoRA settings ([PEFT:"), line
+    assert line.endswith(f"): pass the linear layers PEFT takes by name ({fix})"), line
+    out = tmp_path / "fixed"
+    args = [*lora, *fix.split(), "--output_dir", str(out), "--report_to", "none", "--samples_every", "0"]
+    assert train_dpo.main(["--config", SMOKE, *args]) in (0, None)
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 @pytest.mark.parametrize(
     "model_type, says, fix, given",

@@ -158,7 +158,7 @@ def model_shape(recipe, config) -> ModelShape:
             why = " ".join(re.sub(r"\(\n.*?\n\)", "", str(e), flags=re.S).split())
             raise ConfigError(
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
-                "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
+                f"{_peft_fix(config, str(e))}"
             ) from None
         check_adapted_layers(model, recipe.model.lora_target_modules)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
@@ -169,6 +169,28 @@ def model_shape(recipe, config) -> ModelShape:
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
     return _SHAPES[key]
+
+
+# PEFT's refusal of layers by name, whatever selected them (a Mamba model's mixers: all-linear cannot leave them out)
+INCOMPATIBLE = re.compile(r"Incompatible modules: \{([^}]*)\}")
+
+
+def _peft_fix(config, said: str) -> str:
+    """What to pass where PEFT refused to wrap the model `config` describes: where it named the layers it cannot adapt,
+    the model's other linear layers (its output head left out, as all-linear does), by name. Listed from a model built
+    afresh on the meta device: PEFT had wrapped some layers of the one it refused before it stopped."""
+    from transformers.pytorch_utils import Conv1D
+
+    generic = "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
+    if not (refused := INCOMPATIBLE.search(said)):
+        return generic
+    model = meta_model(config)
+    head = model.get_output_embeddings()
+    layers = [n for n, x in model.named_modules() if isinstance(x, (torch.nn.Linear, Conv1D)) and x is not head]
+    kept = [
+        n for n in dict.fromkeys(n.rsplit(".", 1)[-1] for n in layers) if n not in re.findall(r"'([^']+)'", refused[1])
+    ]
+    return f"pass the linear layers PEFT takes by name (--lora_target_modules {' '.join(kept)})" if kept else generic
 
 
 def check_adapted_layers(wrapped, targets) -> None:
