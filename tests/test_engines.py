@@ -25,6 +25,7 @@ from conftest import (
     python,
     rank_python,
     smoke_command,
+    tiny_model,
 )
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
@@ -244,6 +245,47 @@ def test_a_tr_dpo_run_under_each_engine_resumes_against_its_moved_reference(name
     assert f"Resuming from {stopped}/checkpoint-1" in log
     # Against the base model as reference (the moved one not loaded), steps 2-4 would train to other weights.
     assert_same_weights(out / "model.safetensors", stopped / "model.safetensors", 1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "gemma4_text"])
+def test_fsdp2_shards_each_decoder_layer_of_a_text_model_whose_family_lists_vision_blocks(model_type, monkeypatch):
+    """Qwen3.5's and Gemma 4's text models list their family's vision (and audio) blocks in `_no_split_modules`, and
+    accelerate's FSDP2 refused the classes it cannot find in the model, after the model loaded. The accelerator is made
+    wrapping the listed classes the model has: one unit per decoder layer, by accelerate's own plugin and policy."""
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for name, value in {"FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(engine.FSDP_UNITS, raising=False)
+    shape = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = AutoConfig.for_model(model_type, num_hidden_layers=4, vocab_size=128, **shape)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layers = {type(layer).__name__ for layer in model.model.layers}
+    with pytest.raises(ValueError, match="Could not find the transformer layer class"):  # accelerate, left alone
+        fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model)
+    with engine.fsdp_units(engine.Engine("fsdp2", engine.LAUNCHED, 2), model):
+        plugin = FullyShardedDataParallelPlugin()
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    assert [module for module in model.modules() if policy(module)] == list(model.model.layers)
+    assert sorted(plugin.transformer_cls_names_to_wrap) == sorted(layers)
+    # Classes named in the accelerate config (fsdp_transformer_layer_cls_to_wrap) are the user's, kept as given.
+    monkeypatch.setenv(engine.FSDP_UNITS, "Given")
+    with engine.fsdp_units(engine.Engine("fsdp2", engine.LAUNCHED, 2), model):
+        assert FullyShardedDataParallelPlugin().transformer_cls_names_to_wrap == ["Given"]
+
+
+@pytest.mark.slow
+def test_a_qwen3_5_text_model_trains_under_fsdp2(tmp_path, tiny_model_dir, splits):
+    """The launch the test above stands for: accelerate's "Could not find the transformer layer class
+    Qwen3_5VisionBlock" ended it once the model had loaded."""
+    model = tiny_model("qwen3_5_text", tmp_path / "model", tiny_model_dir)
+    out = tmp_path / "run"
+    train(out, model, splits, "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none", config=ENGINES["fsdp2"])
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 1
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -515,6 +516,28 @@ def enable_on_cpu(engine: Engine) -> None:
         # FSDP: AcceleratorState sets it up for accelerator types only, then makes it FSDP; MULTI_CPU wraps DDP.
         kind = DistributedType.MULTI_GPU if engine.name == "fsdp2" else DistributedType.MULTI_CPU
         upstream.set_distributed_type(kind)
+
+
+@contextlib.contextmanager
+def fsdp_units(engine: Engine, model):
+    """FSDP2 shards one unit per decoder layer, by class name: accelerate takes the names in the model's
+    `_no_split_modules` and refuses one that no module of the model has, which the text-only model of a multimodal
+    family lists (Qwen3.5's vision blocks, Gemma 4's vision and audio layers: "Could not find the transformer layer
+    class ..."). Under accelerate's transformer-based policy, with no classes named in the accelerate config
+    (`fsdp_transformer_layer_cls_to_wrap`, the user's word, kept), the accelerator is made wrapping those of the list
+    the model has."""
+    policy = os.environ.get("FSDP_AUTO_WRAP_POLICY", "").upper()
+    listed = upstream.no_split_modules(model)
+    present = {type(module).__name__ for module in model.modules()} if listed else set()
+    units = [name for name in sorted(listed) if name in present]
+    if engine.name != "fsdp2" or policy != "TRANSFORMER_BASED_WRAP" or os.environ.get(FSDP_UNITS) or not units:
+        yield
+        return
+    with mock.patch.dict(os.environ, {FSDP_UNITS: ",".join(units)}):
+        yield
+
+
+FSDP_UNITS = "FSDP_TRANSFORMER_CLS_TO_WRAP"  # accelerate's plugin reads the classes to wrap from it as it is made
 
 
 PEFT_PREFIX = "base_model.model."  # a PEFT model's state-dict names start so; the base layer's weight is under:

@@ -219,6 +219,11 @@ SUPPORTS_SDPA = _read(
     "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
     "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
 )
+NO_SPLIT_MODULES = _read(
+    "transformers.modeling_utils:PreTrainedModel._no_split_modules",
+    "the decoder layer classes FSDP2 makes its units of, as accelerate reads them, less the ones the model does not "
+    "have (dpotrain/cluster/engine.py:fsdp_units)",
+)
 _source(
     "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
     "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
@@ -656,6 +661,11 @@ def router_class(model) -> type | None:
     """The module class whose outputs `model` records as its router logits (`RECORDED_OUTPUTS`), or None."""
     recorded = (getattr(model, RECORDED_OUTPUTS.name, None) or {}).get("router_logits")
     return getattr(recorded, "target_class", recorded)
+
+
+def no_split_modules(model) -> set[str]:
+    """The class names `model` says are not to be split across devices (`NO_SPLIT_MODULES`): its layers."""
+    return set(getattr(model, NO_SPLIT_MODULES.name, None) or ())
 
 
 def supports_sdpa(model_or_class) -> bool:

@@ -271,7 +271,8 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
-        super().create_accelerator_and_postprocess()
+        with engine.fsdp_units(self.engine, self.model):  # the decoder layers the model has (TRL loaded it)
+            super().create_accelerator_and_postprocess()
 
     @contextlib.contextmanager
     def _no_second_model_under_fsdp(self, kwargs):
