@@ -278,6 +278,47 @@ def test_fsdp2_shards_each_decoder_layer_of_a_text_model_whose_family_lists_visi
         assert FullyShardedDataParallelPlugin().transformer_cls_names_to_wrap == ["Given"]
 
 
+def test_fsdp2_loading_on_the_main_process_a_model_with_buffers_in_its_weights_is_refused_before_it_loads(
+    tmp_path, monkeypatch, tiny_model_dir
+):
+    """A DeepSeek-V3-style router keeps its bias as a buffer saved with the weights, and accelerate 1.15's RAM-efficient
+    FSDP2 loading (the shipped fsdp2.yaml's) sends parameters only: the launch stopped in "'Tensor' object has no
+    attribute 'device_mesh'" once the model had loaded (huggingface/accelerate#3898). Refused by the dry run and the
+    launch before the load, naming the setting; off, or a model without such buffers, plans."""
+    import train_dpo
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    router = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1)
+    model = tiny_model("glm4_moe", tmp_path / "glm4_moe", tiny_model_dir, n_group=1, topk_group=1, **router)
+    shipped = ROOT / ENGINES["fsdp2"]
+    off = tmp_path / "fsdp2.yaml"
+    off.write_text(shipped.read_text().replace("cpu_ram_efficient_loading: true", "cpu_ram_efficient_loading: false"))
+
+    def dry_run(model_dir, config):
+        smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run")]
+        return train_dpo.main(
+            [*smoke, "--model_name_or_path", model_dir, "--dry-run", "--accelerate_config", str(config)]
+        )
+
+    with pytest.raises(ConfigError) as refused:
+        dry_run(model, shipped)
+    assert str(refused.value) == (
+        f"{model} saves buffers with its weights (model.layers.1.mlp.gate.e_score_correction_bias), which FSDP2's "
+        f"RAM-efficient loading in accelerate 1.15.0 cannot send to the other processes (huggingface/accelerate#3898): "
+        f"set fsdp_cpu_ram_efficient_loading: false in the accelerate config ({shipped}; each process then loads the "
+        "whole model in host memory), or train under DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml)"
+    )
+    assert dry_run(model, off) in (0, None)
+    assert dry_run(tiny_model_dir, shipped) in (0, None)
+    # A launch reads the setting as `accelerate launch` passes it on
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    for value, expected in (("true", True), ("false", False)):
+        monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", value)
+        assert engine.launched().ram_efficient_loading is expected
+
+
 @pytest.mark.slow
 def test_a_qwen3_5_text_model_trains_under_fsdp2(tmp_path, tiny_model_dir, splits):
     """The launch the test above stands for: accelerate's "Could not find the transformer layer class

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
+import accelerate
 import torch
 import torch.distributed as dist
 from accelerate.commands.config.config_args import load_config_from_file
@@ -57,6 +58,7 @@ class Engine:
     deepspeed_settings: tuple[tuple[str, object], ...] = ()
     # A config file's num_processes, so a dry run reads the file once; None where no file was read or it was refused
     processes: int | None = None
+    ram_efficient_loading: bool = False  # FSDP2's fsdp_cpu_ram_efficient_loading: the main process loads the weights
 
     @property
     def shards_weights(self) -> bool:
@@ -95,8 +97,10 @@ def launched() -> Engine:
         found = _supported_stage(found, LAUNCHED)
     elif env("ACCELERATE_USE_FSDP", "false").lower() == "true":
         refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
-        offload = env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
-        found = Engine("fsdp2", LAUNCHED, per_node, offload_params=offload, refused=refused)
+        offload, loading = (env(f"FSDP_{key}", "false").lower() == "true" for key in ("OFFLOAD_PARAMS", RAM_EFFICIENT))
+        found = Engine(
+            "fsdp2", LAUNCHED, per_node, offload_params=offload, ram_efficient_loading=loading, refused=refused
+        )
     else:
         for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
             if env(flag, "false").lower() == "true":
@@ -213,8 +217,9 @@ def _engine_of(config, accelerate_config: str) -> Engine:
         if int(fsdp.get("fsdp_version", 1)) != 2:
             why = f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)"
             return Engine("unplanned", why, refused=refused)
+        offload, loading = (_true(fsdp.get(f"fsdp_{key.lower()}")) for key in ("OFFLOAD_PARAMS", RAM_EFFICIENT))
         return Engine(
-            "fsdp2", accelerate_config, per_node, offload_params=_true(fsdp.get("fsdp_offload_params")), refused=refused
+            "fsdp2", accelerate_config, per_node, offload_params=offload, ram_efficient_loading=loading, refused=refused
         )
     if kind == "MULTI_GPU":
         return Engine("ddp", accelerate_config, per_node)
@@ -492,6 +497,31 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
         f"any weight above about {above * t.learning_rate:.1g}: remove --dtype (the weights train in float32, "
         f"computed in bf16 with bf16: true), train under DeepSpeed or FSDP2 with {half}: true, or train a LoRA "
         "adapter (use_peft)"
+    )
+
+
+RAM_EFFICIENT = "CPU_RAM_EFFICIENT_LOADING"  # accelerate's FSDP_<key> variable, the config's fsdp_<key> (lowercase)
+
+
+def check_loading(engine: Engine, config, model: str) -> None:
+    """FSDP2's RAM-efficient loading (the main process loads the weights and sends each rank its shard) in accelerate
+    1.15 sends parameters only, and stops on a buffer saved with the weights ("'Tensor' object has no attribute
+    'device_mesh'", huggingface/accelerate#3898) once the model has loaded: the router bias of DeepSeek-V3-style
+    mixtures of experts (GLM-4.5, DeepSeek V3 and V4). Refused before the load, naming the setting."""
+    if engine.name != "fsdp2" or not engine.ram_efficient_loading:
+        return
+    from dpotrain.plan.memory import meta_model  # the plan's: a model built on the meta device, no weights read
+
+    built = meta_model(config)
+    saved = set(built.state_dict()) - {name for name, _ in built.named_parameters(remove_duplicate=False)}
+    if not saved:
+        return
+    named = ", ".join(sorted(saved)[:2]) + (f" and {len(saved) - 2} more" if len(saved) > 2 else "")
+    raise ConfigError(
+        f"{model} saves buffers with its weights ({named}), which FSDP2's RAM-efficient loading in accelerate "
+        f"{accelerate.__version__} cannot send to the other processes (huggingface/accelerate#3898): set "
+        f"fsdp_cpu_ram_efficient_loading: false in the accelerate config ({engine.source}; each process then loads "
+        "the whole model in host memory), or train under DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml)"
     )
 
 
