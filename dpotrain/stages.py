@@ -799,7 +799,7 @@ def _model_checks(recipe, launch: Launch, model_path: str, pair_lengths: Lengths
             turns.check_template(pair_lengths.tokenizer)
     lora.check_targets(recipe, config, model_name)
     engine.check_half_weights(recipe, launch.engine, config)  # `--dtype auto`: the weights' own dtype
-    engine.check_loading(launch.engine, config, model_name)
+    memory.check_loading(launch.engine, config, model_name)
     samples.check_positions(recipe.project, config, pair_lengths.tokenizer, model_name)
 
 

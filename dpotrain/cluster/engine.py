@@ -14,7 +14,6 @@ from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
-import accelerate
 import torch
 import torch.distributed as dist
 from accelerate.commands.config.config_args import load_config_from_file
@@ -501,28 +500,6 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
 
 
 RAM_EFFICIENT = "CPU_RAM_EFFICIENT_LOADING"  # accelerate's FSDP_<key> variable, the config's fsdp_<key> (lowercase)
-
-
-def check_loading(engine: Engine, config, model: str) -> None:
-    """FSDP2's RAM-efficient loading (the main process loads the weights and sends each rank its shard) in accelerate
-    1.15 sends parameters only, and stops on a buffer saved with the weights ("'Tensor' object has no attribute
-    'device_mesh'", huggingface/accelerate#3898) once the model has loaded: the router bias of DeepSeek-V3-style
-    mixtures of experts (GLM-4.5, DeepSeek V3 and V4). Refused before the load, naming the setting."""
-    if engine.name != "fsdp2" or not engine.ram_efficient_loading:
-        return
-    from dpotrain.plan.memory import meta_model  # the plan's: a model built on the meta device, no weights read
-
-    built = meta_model(config)
-    saved = set(built.state_dict()) - {name for name, _ in built.named_parameters(remove_duplicate=False)}
-    if not saved:
-        return
-    named = ", ".join(sorted(saved)[:2]) + (f" and {len(saved) - 2} more" if len(saved) > 2 else "")
-    raise ConfigError(
-        f"{model} saves buffers with its weights ({named}), which FSDP2's RAM-efficient loading in accelerate "
-        f"{accelerate.__version__} cannot send to the other processes (huggingface/accelerate#3898): set "
-        f"fsdp_cpu_ram_efficient_loading: false in the accelerate config ({engine.source}; each process then loads "
-        "the whole model in host memory), or train under DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml)"
-    )
 
 
 def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:

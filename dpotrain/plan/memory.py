@@ -13,6 +13,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
+import accelerate
 import torch
 import transformers
 from transformers import AutoConfig
@@ -278,6 +279,26 @@ def meta_model(config):
     with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return AutoModelForCausalLM.from_config(config, trust_remote_code=own_code(config))
+
+
+def check_loading(engine: Engine, config, model: str) -> None:
+    """FSDP2's RAM-efficient loading (the main process loads the weights and sends each rank its shard) in accelerate
+    1.15 sends parameters only, and stops on a buffer saved with the weights ("'Tensor' object has no attribute
+    'device_mesh'", huggingface/accelerate#3898) once the model has loaded: the router bias of DeepSeek-V3-style
+    mixtures of experts (GLM-4.5, DeepSeek V3 and V4). Refused before the load, naming the setting."""
+    if engine.name != "fsdp2" or not engine.ram_efficient_loading:
+        return
+    built = meta_model(config)
+    saved = set(built.state_dict()) - {name for name, _ in built.named_parameters(remove_duplicate=False)}
+    if not saved:
+        return
+    named = ", ".join(sorted(saved)[:2]) + (f" and {len(saved) - 2} more" if len(saved) > 2 else "")
+    raise ConfigError(
+        f"{model} saves buffers with its weights ({named}), which FSDP2's RAM-efficient loading in accelerate "
+        f"{accelerate.__version__} cannot send to the other processes (huggingface/accelerate#3898): set "
+        f"fsdp_cpu_ram_efficient_loading: false in the accelerate config ({engine.source}; each process then loads "
+        "the whole model in host memory), or train under DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml)"
+    )
 
 
 # --- activations: the backbone traced on fake tensors ---
