@@ -17,7 +17,7 @@ import re
 import datasets
 import pytest
 import torch
-from transformers import GraniteMoeHybridConfig
+from transformers import AutoModelForCausalLM, GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 import train_dpo
@@ -654,3 +654,34 @@ def test_the_dry_run_refuses_a_familys_weights_as_their_load_does(tmp_path, tiny
         refused[variant] = lines[1] is not None
     expected = {"as saved": False, "without the base model's prefix": False}
     assert refused == expected | {"without the output head": bool(head), "from DDP": True}
+
+
+def test_deepseek_v4s_compressor_which_a_short_micro_batch_leaves_out_is_in_every_bucketed_graph(
+    tmp_path, tiny_model_dir
+):
+    """DeepSeek V4's compressed attention compresses blocks of 128 positions: its compressor has no gradient after a
+    shorter micro-batch, and under DDP or ZeRO-2 the ranks then reduced gradients of other sizes (a 2-process launch
+    stopped at step 1: test_engines). Those parameters are found from a 2-token forward's graph and added to each
+    loss times 0: the same loss, a gradient for every parameter. Nothing else is added, for it or any other model, nor
+    where the engine does not reduce by bucket over several processes."""
+    from dpotrain.cluster.engine import Engine
+    from dpotrain.train import unused_parameters
+
+    model = AutoModelForCausalLM.from_pretrained(build_model("deepseek_v4", tmp_path / "v4", tiny_model_dir)).train()
+    left_out = unused_parameters.left_out_by_a_short_forward(model, Engine("zero2"), world=2)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)].split("compressor.")[-1] for p in left_out) == sorted(
+        ["position_bias", "kv_proj.weight", "gate_proj.weight", "kv_norm.weight"] * 2  # in each of the 2 layers
+    )
+    assert all("compressor" in names[id(p)] for p in left_out) and model.training  # its mode as it was
+    assert unused_parameters.left_out_by_a_short_forward(model, Engine("ddp"), world=2) == left_out
+    for engine, world in ((Engine("zero2"), 1), (Engine("zero3"), 2), (Engine("fsdp2"), 2), (Engine("single"), 1)):
+        assert unused_parameters.left_out_by_a_short_forward(model, engine, world) == []
+    olmo3 = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert unused_parameters.left_out_by_a_short_forward(olmo3, Engine("zero2"), world=2) == []
+
+    loss = model(input_ids=torch.ones((1, 16), dtype=torch.long)).logits.float().logsumexp(-1).mean()
+    kept = unused_parameters.in_every_graph(loss, left_out)
+    assert kept.item() == loss.item()
+    kept.backward()
+    assert all(p.grad is not None and not p.grad.any() for p in left_out)

@@ -30,6 +30,7 @@ from conftest import (
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
 
+ZERO2 = "accelerate_config.yaml"  # the shipped default: DeepSpeed ZeRO-2
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 RUN = [
     "--max_steps",
@@ -317,6 +318,21 @@ def test_fsdp2_loading_on_the_main_process_a_model_with_buffers_in_its_weights_i
     for value, expected in (("true", True), ("false", False)):
         monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", value)
         assert engine.launched().ram_efficient_loading is expected
+
+
+@pytest.mark.slow
+def test_a_deepseek_v4_model_trains_under_zero2_on_micro_batches_shorter_and_longer_than_its_compressed_blocks(
+    tmp_path, tiny_model_dir
+):
+    """The bundled pairs put micro-batches below and above the 128 positions DeepSeek V4's compressor takes on the two
+    ranks of step 1: their ZeRO-2 gradient buckets differed, and gloo stopped the launch ("Received data size doesn't
+    match expected size"). test_architectures checks the parameters found and the loss kept."""
+    from test_architectures import FAMILIES
+
+    model = tiny_model("deepseek_v4", tmp_path / "model", tiny_model_dir, **FAMILIES["deepseek_v4"])
+    out = tmp_path / "run"
+    train(out, model, ROOT / "data" / "smoke_prefs.jsonl", "--max_steps", "2", "--report_to", "none", config=ZERO2)
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
 
 
 @pytest.mark.slow

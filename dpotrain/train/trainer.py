@@ -39,7 +39,17 @@ from dpotrain.recipe import run_record, upstream, writes
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
-from dpotrain.train import disk_full, dropout, lora, losses, moved_reference, resume, run_files, samples
+from dpotrain.train import (
+    disk_full,
+    dropout,
+    lora,
+    losses,
+    moved_reference,
+    resume,
+    run_files,
+    samples,
+    unused_parameters,
+)
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
@@ -212,6 +222,10 @@ class RecipeDPOTrainer(DPOTrainer):
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
         self.weights_hash = self._weights_hash()
+        # DeepSeek V4's compressor, which a micro-batch shorter than its blocks leaves out (unused_parameters.py)
+        self.unused = unused_parameters.left_out_by_a_short_forward(
+            self.model, self.engine, self.accelerator.num_processes
+        )
         self._reference_engine = None  # the DeepSpeed engine that scores the reference (`reference_model`)
         self.loss_is_scaled_for_ga = True  # compute_loss weighs each micro-batch by its share of the step's pairs
         self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
@@ -597,7 +611,8 @@ class RecipeDPOTrainer(DPOTrainer):
         # sum_k (mean_k x n_k x W / N) / W (a filler: n_k = 0). A sequence-parallel group's S processes count each
         # pair (N x S) and their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
-        return (result[0] * weight, result[1]) if return_outputs else result * weight
+        loss = unused_parameters.in_every_graph(result[0] if return_outputs else result, self.unused)
+        return (loss * weight, result[1]) if return_outputs else loss * weight
 
     def _stand_in(self, model, batch: dict):
         """What answers TRL's model call, and TRL's padded view of the inputs (as `ReferenceScorer.log_probs`)."""
