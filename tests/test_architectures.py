@@ -665,10 +665,15 @@ def test_deepseek_v4s_compressor_which_a_short_micro_batch_leaves_out_is_in_ever
     loss times 0: the same loss, a gradient for every parameter. Nothing else is added, for it or any other model, nor
     where the engine does not reduce by bucket over several processes."""
     from dpotrain.cluster.engine import Engine
+    from dpotrain.recipe import upstream
     from dpotrain.train import unused_parameters
 
     model = AutoModelForCausalLM.from_pretrained(build_model("deepseek_v4", tmp_path / "v4", tiny_model_dir)).train()
+    loaded = upstream.attn_implementation(model.config)
+    upstream.set_attn_implementation(model.config, "flex_attention")  # chosen for training: not run by the probe
     left_out = unused_parameters.left_out_by_a_short_forward(model, Engine("zero2"), world=2)
+    assert upstream.attn_implementation(model.config) == "flex_attention"  # as it was
+    upstream.set_attn_implementation(model.config, loaded)
     names = {id(p): n for n, p in model.named_parameters()}
     assert sorted(names[id(p)].split("compressor.")[-1] for p in left_out) == sorted(
         ["position_bias", "kv_proj.weight", "gate_proj.weight", "kv_norm.weight"] * 2  # in each of the 2 layers
