@@ -285,7 +285,8 @@ def check_loading(engine: Engine, config, model: str) -> None:
     """FSDP2's RAM-efficient loading (the main process loads the weights and sends each rank its shard) in accelerate
     1.15 sends parameters only, and stops on a buffer saved with the weights ("'Tensor' object has no attribute
     'device_mesh'", huggingface/accelerate#3898) once the model has loaded: the router bias of DeepSeek-V3-style
-    mixtures of experts (GLM-4.5, DeepSeek V3 and V4). Refused before the load, naming the setting."""
+    mixtures of experts (GLM-4.5, DeepSeek V3 and V4), Gemma 4's layer scalars. Refused before the load,
+    naming the setting."""
     if engine.name != "fsdp2" or not engine.ram_efficient_loading:
         return
     built = meta_model(config)
