@@ -525,6 +525,9 @@ def enable_on_cpu(engine: Engine) -> None:
         upstream.set_distributed_type(kind)
 
 
+FSDP_UNITS = "FSDP_TRANSFORMER_CLS_TO_WRAP"  # accelerate's plugin reads the classes to wrap from it as it is made
+
+
 @contextlib.contextmanager
 def fsdp_units(engine: Engine, model):
     """FSDP2 shards one unit per decoder layer, by class name: accelerate takes the names in the model's
@@ -534,17 +537,12 @@ def fsdp_units(engine: Engine, model):
     (`fsdp_transformer_layer_cls_to_wrap`, the user's word, kept), the accelerator is made wrapping those of the list
     the model has."""
     policy = os.environ.get("FSDP_AUTO_WRAP_POLICY", "").upper()
-    listed = upstream.no_split_modules(model)
-    present = {type(module).__name__ for module in model.modules()} if listed else set()
-    units = [name for name in sorted(listed) if name in present]
-    if engine.name != "fsdp2" or policy != "TRANSFORMER_BASED_WRAP" or os.environ.get(FSDP_UNITS) or not units:
+    units = []
+    if engine.name == "fsdp2" and policy == "TRANSFORMER_BASED_WRAP" and not os.environ.get(FSDP_UNITS):
+        present = {type(module).__name__ for module in model.modules()}
+        units = sorted(upstream.no_split_modules(model) & present)
+    with mock.patch.dict(os.environ, {FSDP_UNITS: ",".join(units)}) if units else contextlib.nullcontext():
         yield
-        return
-    with mock.patch.dict(os.environ, {FSDP_UNITS: ",".join(units)}):
-        yield
-
-
-FSDP_UNITS = "FSDP_TRANSFORMER_CLS_TO_WRAP"  # accelerate's plugin reads the classes to wrap from it as it is made
 
 
 PEFT_PREFIX = "base_model.model."  # a PEFT model's state-dict names start so; the base layer's weight is under:
