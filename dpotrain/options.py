@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
-from dpotrain.forwards import choice
+from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
@@ -652,9 +652,8 @@ def check_router_loss(config, model: str, coefficient: float | None) -> None:
     none, and the run loaded it and failed at its first step ('tuple index out of range'). Refused before it loads."""
     from dpotrain.plan import memory
 
-    text = config.get_text_config()
-    coefficient = getattr(text, "router_aux_loss_coef", 0.0) if coefficient is None else coefficient
-    if not hasattr(text, "output_router_logits") or not coefficient:
+    coefficient = packing.router_loss_coefficient(config, coefficient)
+    if not coefficient:
         return
     built = memory.meta_model(config)
     router = upstream.router_class(built.base_model)

@@ -326,7 +326,7 @@ def varlen_reference(
             allowed &= i[:, None] - i[None, :] < sliding_window
         scores = query[:, :, start:end] @ key[:, :, start:end].transpose(-1, -2) * (scaling or dim**-0.5)
         parts.append(scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ value[:, :, start:end])
-    parts.append(torch.full_like(query[:, :, bounds[-1] :], float("nan")))  # never written
+    parts.append(torch.full_like(value[:, :, bounds[-1] :], float("nan")))  # never written
     return torch.cat(parts, dim=2).transpose(1, 2), None
 
 
@@ -387,14 +387,25 @@ def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["olmo3", "mla"])
 def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, model
 ):
     """A varlen FlashAttention kernel under N=2 (a PyTorch stand-in: CPU runs no FlashAttention): each process holds
     half of the row, the whole row's cu_seq_lens (the padding a segment of its own) reach the kernel through Ulysses'
     all-to-all, and the gathered per-token log-probs and the gradients (summed over the group and divided by its 2
     processes, as DeepSpeed averages them) are one process's with the same kernel, to fp32 noise; that kernel gives
-    sdpa's on the whole row."""
+    sdpa's on the whole row. `mla`: DeepSeek V3's multi-head latent attention, whose queries and keys (16 wide) are
+    neither its config's head_dim (8, the rotary part) nor as wide as its values (8, as DeepSeek V3's 192 and 128):
+    Ulysses was built for the config's head_dim and stopped at the first layer ("query input tensor does not match the
+    required shape"); its one width for q, k and v is now the query's, the values padded to it and cut back."""
+    if model == "mla":
+        from test_architectures import FAMILIES
+
+        from conftest import tiny_model
+
+        mla = FAMILIES["deepseek_v3"] | {"v_head_dim": 8}
+        tiny_model_dir = tiny_model("deepseek_v3", tmp_path / "mla", tiny_model_dir, **mla)
     spawn_ranks(score_split_on_varlen, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
     got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] == 730  # 729 positions and a padding segment

@@ -278,8 +278,45 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
         choice.candidates(hybrid, recipe, True, "flash_attention_2", check_kernels=False)
     asked = smoke("--padding_free", "true")  # a hybrid packs only when asked for (choice.hybrid_problem)
     assert choice.candidates(hybrid, asked, True, "flash_attention_2", check_kernels=False)[0][0].packed
-    assert memory.splittable_heads(hybrid) is None
-    assert memory.splittable_heads(memory.model_config(smoke())[0]) == (4, 2)
+    assert memory.splittable_heads(hybrid, recipe) is None
+    assert memory.splittable_heads(memory.model_config(smoke())[0], recipe) == (4, 2)
+
+
+def test_an_moe_model_whose_router_loss_trl_adds_is_refused_under_a_group_unless_it_is_turned_off():
+    """TRL adds the router's load-balancing loss wherever the config HAS `output_router_logits` (False, its default,
+    included) and a coefficient other than 0: OLMoE, Qwen3-MoE and Mixtral as shipped. The rule read the flag's value,
+    so they were let through and stopped at step 1 in transformers' `load_balancing_loss_func` ("The size of tensor a
+    (988) must match the size of tensor b (1976)": each process routes its own columns). Refused before anything
+    loads, naming `--router_aux_loss_coef 0`, with which a group splits them (checked: Mixtral, 2 processes); the
+    analyzer offers no group where the run would refuse it."""
+    from transformers import AutoConfig
+
+    from dpotrain.plan import long_traces
+
+    shape = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=65536)
+    olmoe = AutoConfig.for_model("olmoe", **shape)
+    assert olmoe.output_router_logits is False and olmoe.router_aux_loss_coef == 0.01
+    recipe = smoke("--sequence_parallel_size", "2")
+    with pytest.raises(
+        ConfigError,
+        match=r"^sequence_parallel_size 2: TRL adds the MoE router's load-balancing loss \(router_aux_loss_coef "
+        r"0.01\), which is not split over a group here; pass --router_aux_loss_coef 0 to train without it, or use "
+        "--sequence_parallel_size 1$",
+    ):
+        choice.candidates(copy.deepcopy(olmoe), recipe, True, "flash_attention_2", check_kernels=False)
+    assert memory.splittable_heads(olmoe, recipe) is None
+    off = smoke("--sequence_parallel_size", "2", "--router_aux_loss_coef", "0")
+    assert choice.candidates(copy.deepcopy(olmoe), off, True, "flash_attention_2", check_kernels=False)[0][0].packed
+    assert memory.splittable_heads(olmoe, off) == (4, 4)
+
+    # 64K traces on 4 GPUs of 60 GiB: ~107 GiB per GPU unsplit; a group of 4 carries them once the router loss is off
+    zero2 = engines.from_config(str(ROOT / "accelerate_config.yaml"))
+    gpu = ["--bf16", "true", "--gpu_memory_gib", "60"]
+    lengths = {}
+    for given in (smoke(*gpu), smoke(*gpu, "--router_aux_loss_coef", "0")):
+        found = long_traces.carrying_groups(given, 4, zero2, [65536], model=(olmoe, None))
+        lengths[given.training.router_aux_loss_coef] = found["lengths"][65536]["sequence_parallel_size"]
+    assert lengths == {None: None, 0.0: 4}, lengths
 
 
 @pytest.mark.parametrize(
@@ -309,15 +346,26 @@ def test_a_rope_that_scales_by_the_longest_position_is_refused_under_a_group_wit
         "from the largest position id .* use --sequence_parallel_size 1$",
     ):
         choice.candidates(scaled, recipe, True, "flash_attention_2", check_kernels=False)
-    assert memory.splittable_heads(scaled) is None
+    assert memory.splittable_heads(scaled, recipe) is None
     llama3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
     fixed = AutoConfig.for_model(
         "llama", **shape, original_max_position_embeddings=64, rope_parameters=dict(rope_theta=1e4, **llama3)
     )
-    assert split.model_problem(fixed) is None
+    assert split.model_problem(fixed, None) is None
 
 
 # --- the memory plan per GPU ---
+
+
+def test_the_all_to_all_of_multi_head_latent_attention_is_as_wide_as_its_queries():
+    """DeepSeek V3's q and k are qk_head_dim (192) wide and its values (128) are padded to them for Ulysses, whose
+    exchange was planned at its config's head_dim (64, the rotary part alone): a third of it."""
+    from transformers import AutoConfig
+
+    deepseek = AutoConfig.for_model("deepseek_v3")  # 128 heads, 128 key/value heads
+    assert (deepseek.qk_head_dim, deepseek.v_head_dim, deepseek.head_dim) == (192, 128, 64)
+    per_token = 2 * 192 * (2 * (128 + 2 * 128) + 2 * 128)  # bf16: q, k, v and the output, in both layouts
+    assert memory.all_to_all_bytes(deepseek, 4096, 4) == 1024 * per_token
 
 
 @no_gpu

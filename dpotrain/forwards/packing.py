@@ -343,6 +343,17 @@ def token_weights(batch: dict) -> torch.Tensor:
     return weights.view_as(batch["input_ids"])
 
 
+def router_loss_coefficient(config, coefficient: float | None) -> float:
+    """The weight of the MoE router's load-balancing loss TRL adds to this model's loss, 0.0 where it adds none (TRL's
+    `aux_loss_enabled`): a text config that has `output_router_logits` at all (False, its default, included: TRL asks
+    the model for its router logits itself) and a coefficient, the recipe's `router_aux_loss_coef` (`coefficient`) or
+    else the config's, other than 0."""
+    text = config.get_text_config()
+    if not hasattr(text, "output_router_logits"):
+        return 0.0
+    return getattr(text, "router_aux_loss_coef", 0.0) if coefficient is None else coefficient
+
+
 def router_aux_loss(model, run, batch: dict):
     """`run`'s forward of packed rows, its aux_loss the MoE load-balancing loss over the tokens TRL's padded path
     counts: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), weighed by `token_weights`,

@@ -37,13 +37,9 @@ def leads_group() -> bool:
     return _group.get("rank", 0) == 0
 
 
-def model_problem(config) -> str | None:
-    """Why no group splits this model's rows, or None (for the forward choice and the memory plan alike)."""
-    if getattr(config.get_text_config(), "output_router_logits", False):
-        return (
-            "the MoE router's auxiliary loss is not split over a group here; use --sequence_parallel_size 1 for "
-            "MoE models"
-        )
+def model_problem(config, router_aux_loss_coef: float | None) -> str | None:
+    """Why no group splits this model's rows (`router_aux_loss_coef`: the recipe's), or None (for the forward choice
+    and the memory plan alike)."""
     if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
         return (
             f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
@@ -55,6 +51,13 @@ def model_problem(config) -> str | None:
             f"{config.model_type}'s rope_type {scaled[0]!r} picks its frequencies from the largest position id a "
             "forward sees, and each process of a group sees only its own columns' (its scores would differ from the "
             "unsplit row's); use --sequence_parallel_size 1"
+        )
+    # Last, the one a flag lifts: its balance is a product of sums over every token, and a process routes 1/N of them
+    if coefficient := packing.router_loss_coefficient(config, router_aux_loss_coef):
+        return (
+            f"TRL adds the MoE router's load-balancing loss (router_aux_loss_coef {coefficient:g}), which is not "
+            "split over a group here; pass --router_aux_loss_coef 0 to train without it, or use "
+            "--sequence_parallel_size 1"
         )
     return None
 
@@ -122,14 +125,21 @@ class _Attention:
             return self.original(module, query, key, value, attention_mask, *args, **kwargs)
         u = self.ulysses
         # Rows per micro-batch vary: Ulysses holds a fixed batch size, its sequence length is variable (dim 0, set by
-        # its forward from the query).
-        rows = query.shape[0]
-        u.batch_size = rows
-        u.required_query_shape = torch.Size([1, rows, u.attn_head_count, u.attn_head_size])
-        u.required_key_value_shape = torch.Size([1, rows, u.global_kv_head_count, u.attn_head_size])
-        u.required_context_shape = torch.Size([1, rows, u.attn_head_size * u.attn_head_count // u.world_size])
+        # its forward from the query). So may the head width, per layer (Gemma 4's full-attention layers) or between
+        # keys and values (DeepSeek's MLA: values narrower), where Ulysses holds one width for all three: the
+        # query's, values padded with zeros to it (they add nothing to an output column) and the output cut back.
+        rows, width, value_width = query.shape[0], query.shape[-1], value.shape[-1]
+        if value_width != width:
+            value = torch.nn.functional.pad(value, [0, width - value_width])
+        u.batch_size, u.attn_head_size = rows, width
+        u.required_query_shape = torch.Size([1, rows, u.attn_head_count, width])
+        u.required_key_value_shape = torch.Size([1, rows, u.global_kv_head_count, width])
+        u.required_context_shape = torch.Size([1, rows, width * u.attn_head_count // u.world_size])
         kwargs["position_ids"] = local_positions  # Ulysses gathers them over the group
-        return u(module, query, key, value, attention_mask, *args, **kwargs)
+        output, weights = u(module, query, key, value, attention_mask, *args, **kwargs)
+        if value_width != width:  # [rows, columns, heads x width] -> each head's first value_width
+            output = output.unflatten(-1, (-1, width))[..., :value_width].flatten(-2)
+        return output, weights
 
 
 class _GatherColumns(torch.autograd.Function):

@@ -25,6 +25,7 @@ from dpotrain.forwards.packing import (
     PackedPreferenceCollator,
     attention_name,
     packing_problem,
+    router_loss_coefficient,
     sequences,
     with_reference,
 )
@@ -49,8 +50,7 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     # MoE: TRL adds the router's load-balancing loss when the config has `output_router_logits` and a coefficient
     # other than 0 (its `aux_loss_enabled`); the model computes it from a per-token attention mask, which a shared
     # prompt's rows replace with a 4D one.
-    coef = getattr(text, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
-    if hasattr(text, "output_router_logits") and coef != 0.0:
+    if router_loss_coefficient(config, router_aux_loss_coef):
         return f"{text.model_type}'s router auxiliary loss needs a per-token attention mask, not a shared prompt's"
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
     if window or "sliding_attention" in kinds:

@@ -30,9 +30,9 @@ def carrying_groups(
     attention = choice.lightest_attention(config, one)
     found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
     limit, _ = positions.model_limit(config)
-    groups = [1]  # then the groups a refusal would offer, under DeepSpeed's engine only
-    if engine.name in sequence_parallel.ENGINES:
-        groups = sequence_parallel.groups_within(node_size(engine), world, sequence_parallel.head_counts(config))
+    groups = [1]  # then the groups a refusal would offer, under DeepSpeed's engine, for a model a group splits
+    if engine.name in sequence_parallel.ENGINES and (heads := memory.splittable_heads(config, recipe)):
+        groups = sequence_parallel.groups_within(node_size(engine), world, heads)
     for length in sorted(set(max_lengths)):
         if limit and min(length, longest or length) > limit:
             found["lengths"][length] = {"past_positions": limit}

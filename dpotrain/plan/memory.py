@@ -646,7 +646,11 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
         return 0
     heads, kv = head_counts(config)
     local = -(-tokens // n)
-    return BF16 * local * head_dim(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
+    text = config.get_text_config()
+    # Multi-head latent attention: q, k and the values padded to them are qk_head_dim wide (its head_dim is the rotary
+    # part alone, DeepSeek V3's 64 of 192)
+    width = text.qk_head_dim if getattr(text, "kv_lora_rank", None) else head_dim(text)
+    return BF16 * local * width * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None, model=None) -> dict:
@@ -721,9 +725,9 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     return record
 
 
-def splittable_heads(config) -> tuple[int, int] | None:
+def splittable_heads(config, recipe) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
-    return None if model_problem(config) else head_counts(config)
+    return None if model_problem(config, recipe.training.router_aux_loss_coef) else head_counts(config)
 
 
 # --- activation checkpointing, chosen per run ---
@@ -798,7 +802,7 @@ def _refusal(recipe, e: Engine, world: int, chosen: PerGpuBytes, gpu: float, gpu
     n = recipe.project.sequence_parallel_size
     on = plural(world, "GPU") + (f" (sequence_parallel_size {n})" if n > 1 else "")
     planned = functools.partial(plan, model=(config, None))
-    options = advice(recipe, world, e, attention, gpu, planned, splittable_heads(config))
+    options = advice(recipe, world, e, attention, gpu, planned, splittable_heads(config, recipe))
     return (
         f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU ({parts}), more than the "
         f"{gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: --memory_check false runs anyway)"
