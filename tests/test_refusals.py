@@ -984,6 +984,34 @@ LORA = ["--use_peft", "true", "--lora_target_modules", "all-linear"]  # the base
 LACKING.append(("from DDP, in safetensors", ["--dry-run", *LORA]))
 
 
+def test_a_tensor_transformers_zero3_load_renames_away_is_refused_naming_zero2_not_a_resave(tmp_path, tiny_model_dir):
+    """transformers' ZeRO-3 load renames every name DeepSeek V4's checkpoint conversion matches, its own final norm
+    too (`model.norm.weight` by the `.norm.` -> `.kv_norm.` rule), so a model it saved itself lacked that tensor under
+    ZeRO-3 alone (checked: a 2-process ZeRO-3 launch of a tiny DeepSeek V4), and the refusal said to save it with
+    save_pretrained, which it was. Where the files hold every tensor the ZeRO-3 load missed, the refusal says so and
+    names ZeRO-2; a tensor the files lack is refused as before."""
+    from transformers import AutoModelForCausalLM
+
+    from dpotrain.train.weight_names import refusal
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    total = len(model.state_dict())
+    renamed = {"missing_keys": {"model.norm.weight"}, "unexpected_keys": set()}
+    assert str(refusal(tiny_model_dir, model, renamed, zero3=True)) == (
+        f"under DeepSpeed ZeRO-3, transformers' load of {tiny_model_dir} leaves out 1 of the model's {total} tensors "
+        "(model.norm.weight), which its files hold under these names (its ZeRO-3 load renames them) and which it "
+        "would start at random: train under ZeRO-2 (accelerate_config.yaml), whose load reads them"
+    )
+    for lacking, zero3 in (
+        (renamed, False),
+        ({"missing_keys": {"model.kv_norm.weight"}, "unexpected_keys": set()}, True),
+    ):
+        assert str(refusal(tiny_model_dir, model, lacking, zero3=zero3)).startswith(
+            f"the weights of {tiny_model_dir} lack 1 of the model's {total} tensors"
+        )
+    assert refusal(tiny_model_dir, model, {"missing_keys": set(), "unexpected_keys": set()}, zero3=True) is None
+
+
 @pytest.mark.parametrize("saved, args", LACKING, ids=[f"{saved}: {' '.join(args) or 'run'}" for saved, args in LACKING])
 def test_weights_lacking_some_of_the_models_tensors_are_refused_by_the_dry_run_and_as_the_model_loads(
     saved, args, tmp_path, monkeypatch, capsys, tiny_model_dir

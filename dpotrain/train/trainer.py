@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import seed_worker
@@ -91,7 +92,8 @@ def whole_weights_only():
 
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
-        collectives.every_rank_outcome(refusal(model_id, model, info))
+        zero3 = is_deepspeed_zero3_enabled()
+        collectives.every_rank_outcome(refusal(model_id, model, info, zero3, kwargs.get("revision")))
         return model
 
     with upstream.patched(upstream.CREATE_MODEL, checked) as load:

@@ -34,17 +34,26 @@ def shards_of(index) -> list[str] | None:
         return None
 
 
-def refusal(model_id: str, model, info: dict) -> ConfigError | None:
+def refusal(model_id: str, model, info: dict, zero3: bool = False, revision: str | None = None) -> ConfigError | None:
     """The refusal of weights that lack some of `model`'s tensors, as transformers' loading `info` names them (its
-    unexpected keys: theirs the model has no place for); None where they lack none."""
+    unexpected keys: theirs the model has no place for); None where they lack none. `zero3`: the load was
+    transformers' ZeRO-3 one, whose own conversion of a checkpoint's names may lose tensors the files hold."""
     missing, unused = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
     if not missing:
         return None
     total = len(model.state_dict())  # only for the refusal: every load passes here
+    lacking = f"{len(missing):,} of the model's {total:,} tensors ({missing[0]}{', ...' if len(missing) > 1 else ''})"
+    # transformers' ZeRO-3 path (integrations/deepspeed.py) renames every name a model's checkpoint conversion matches,
+    # even one already the model's own: DeepSeek V4's `model.norm.weight` became `model.kv_norm.weight`
+    if zero3 and set(missing) <= set(_shapes(model_id, revision) or ()):
+        return ConfigError(
+            f"under DeepSpeed ZeRO-3, transformers' load of {model_id} leaves out {lacking}, which its files hold "
+            "under these names (its ZeRO-3 load renames them) and which it would start at random: train under "
+            "ZeRO-2 (accelerate_config.yaml), whose load reads them"
+        )
     held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
     return ConfigError(
-        f"the weights of {model_id} lack {len(missing):,} of the model's {total:,} tensors "
-        f"({missing[0]}{', ...' if len(missing) > 1 else ''}), which transformers would start at random{held}: "
+        f"the weights of {model_id} lack {lacking}, which transformers would start at random{held}: "
         "save the model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names "
         "its tensors with a prefix such as 'module.'), or copy in the missing weights"
     )
