@@ -85,6 +85,26 @@ FAMILIES = {
     # hash-routed then top-k MoE layers, compressed attention: TRL's num_experts is its n_routed_experts, named
     # num_local_experts by its config's map
     "deepseek_v4": dict(mlp_layer_types=["hash_moe", "moe"], num_local_experts=4, num_experts_per_tok=2),
+    # Gemma 4's text model with each of its variants' features at once: full-attention layers twice as wide as the
+    # sliding ones, per-layer input embeddings (E2B/E4B), the last layers reading earlier layers' keys and values with
+    # MLPs twice as wide (E2B/E4B), full layers' keys as values with key/value heads of their own (attention_k_eq_v),
+    # an MoE block beside the MLP (26B A4B; no router loss)
+    "gemma4_text": dict(
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        head_dim=16,
+        global_head_dim=32,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=1024,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+    ),
     # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
     "deepseek_v3": dict(
         n_routed_experts=4,

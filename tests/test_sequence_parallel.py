@@ -387,7 +387,7 @@ def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["olmo3", "mla"])
+@pytest.mark.parametrize("model", ["olmo3", "mla", "gemma4_text"])
 def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(
     tmp_path, tiny_model_dir, model
 ):
@@ -398,14 +398,19 @@ def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_o
     sdpa's on the whole row. `mla`: DeepSeek V3's multi-head latent attention, whose queries and keys (16 wide) are
     neither its config's head_dim (8, the rotary part) nor as wide as its values (8, as DeepSeek V3's 192 and 128):
     Ulysses was built for the config's head_dim and stopped at the first layer ("query input tensor does not match the
-    required shape"); its one width for q, k and v is now the query's, the values padded to it and cut back."""
-    if model == "mla":
+    required shape"); its one width for q, k and v is now the query's, the values padded to it and cut back.
+    `gemma4_text`: Gemma 4's full-attention layers are twice as wide as its sliding ones and have 1 key/value head of
+    their own (2 in sliding layers; with 2 processes each gets a copy of it), which Ulysses' one shape refused."""
+    if model != "olmo3":
         from test_architectures import FAMILIES
 
         from conftest import tiny_model
 
-        mla = FAMILIES["deepseek_v3"] | {"v_head_dim": 8}
-        tiny_model_dir = tiny_model("deepseek_v3", tmp_path / "mla", tiny_model_dir, **mla)
+        model_type, shape = {
+            "mla": ("deepseek_v3", FAMILIES["deepseek_v3"] | {"v_head_dim": 8}),
+            "gemma4_text": ("gemma4_text", FAMILIES["gemma4_text"]),
+        }[model]
+        tiny_model_dir = tiny_model(model_type, tmp_path / model, tiny_model_dir, **shape)
     spawn_ranks(score_split_on_varlen, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
     got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] == 730  # 729 positions and a padding segment

@@ -24,7 +24,7 @@ from dpotrain.recipe import upstream
 DENSE_PACKING = (
     "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4 "
     "gemma phi starcoder2 ministral smollm3 exaone4 seed_oss olmo helium arcee apertus ernie4_5 hunyuan_v1_dense "
-    "internlm3 stablelm nemotron gpt_neox vaultgemma granite_swa"
+    "internlm3 stablelm nemotron gpt_neox vaultgemma granite_swa gemma4_text"
 )
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
 MOE_PACKING = "qwen3_moe olmoe mixtral qwen2_moe granitemoe deepseek_v3 glm4_moe"

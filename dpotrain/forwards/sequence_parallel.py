@@ -124,19 +124,30 @@ class _Attention:
         if local_positions is None:
             return self.original(module, query, key, value, attention_mask, *args, **kwargs)
         u = self.ulysses
-        # Rows per micro-batch vary: Ulysses holds a fixed batch size, its sequence length is variable (dim 0, set by
-        # its forward from the query). So may the head width, per layer (Gemma 4's full-attention layers) or between
-        # keys and values (DeepSeek's MLA: values narrower), where Ulysses holds one width for all three: the
-        # query's, values padded with zeros to it (they add nothing to an output column) and the output cut back.
-        rows, width, value_width = query.shape[0], query.shape[-1], value.shape[-1]
+        # Ulysses holds one shape for every call, and this layer's is set on it: rows per micro-batch vary (its
+        # sequence length, dim 0, is variable and set by its forward from the query); so may the key/value heads and
+        # the head width by layer (Gemma 4's full-attention layers), and the width between keys and values (DeepSeek's
+        # MLA: values narrower), where Ulysses takes one width for all three: the query's, values padded with zeros to
+        # it (they add nothing to an output column) and the output cut back. ([rows, heads, columns, width])
+        (rows, heads, _, width), kv_heads, value_width = query.shape, key.shape[1], value.shape[-1]
         if value_width != width:
             value = torch.nn.functional.pad(value, [0, width - value_width])
-        u.batch_size, u.attn_head_size = rows, width
-        u.required_query_shape = torch.Size([1, rows, u.attn_head_count, width])
-        u.required_key_value_shape = torch.Size([1, rows, u.global_kv_head_count, width])
-        u.required_context_shape = torch.Size([1, rows, width * u.attn_head_count // u.world_size])
+        u.batch_size, u.attn_head_size, u.attn_head_count, u.global_kv_head_count = rows, width, heads, kv_heads
+        u.local_q_head_count = heads // u.world_size
+        u.kv_replication_factor = u.world_size // kv_heads  # key/value heads fewer than N: each rank gets one
+        u.local_kv_head_count = 1 if u.kv_replication_factor > 1 else kv_heads // u.world_size
+        u.required_query_shape = torch.Size([1, rows, heads, width])
+        u.required_key_value_shape = torch.Size([1, rows, kv_heads, width])
+        u.required_context_shape = torch.Size([1, rows, width * heads // u.world_size])
         kwargs["position_ids"] = local_positions  # Ulysses gathers them over the group
-        output, weights = u(module, query, key, value, attention_mask, *args, **kwargs)
+        # Ulysses sets the layer's num_key_value_groups for its split heads; a forward outside a split (samples) needs
+        # the layer's own
+        groups = getattr(module, "num_key_value_groups", None)
+        try:
+            output, weights = u(module, query, key, value, attention_mask, *args, **kwargs)
+        finally:
+            if groups is not None:
+                module.num_key_value_groups = groups
         if value_width != width:  # [rows, columns, heads x width] -> each head's first value_width
             output = output.unflatten(-1, (-1, width))[..., :value_width].flatten(-2)
         return output, weights
