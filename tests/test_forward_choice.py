@@ -296,6 +296,31 @@ def test_sdpa_asked_for_a_model_without_it_is_refused_in_one_line(model_type):
     assert {c.attention for c in forwards} == {"eager"}
 
 
+def test_heads_wider_than_flashattentions_kernels_take_run_on_sdpa():
+    """Gemma 4's full-attention layers are 512 wide (global_head_dim) and FlashAttention's kernels take up to 256
+    ("FlashAttention only supports head dimensions up to 256"); FlexAttention's training kernels at that width were
+    never run on a GPU here. Now that Gemma 4 packs, a GPU run would have chosen one of them and stopped at its first
+    forward: its packed rows run on sdpa, and a FlashAttention kernel asked for is refused in one line. Gemma 3's
+    256-wide heads and DeepSeek V3's (192 for queries and keys) keep every kernel."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    gemma4 = AutoConfig.for_model("gemma4_text")
+    assert choice.widest_head(gemma4) == 512
+    forwards, _ = choice.candidates(copy.deepcopy(gemma4), parse_args(smoke), True, FA4, check_kernels=False)
+    assert {(c.attention, c.packed) for c in forwards} == {("sdpa", True)}
+    for kernel in ("flash_attention_2", "kernels-community/flash-attn3@v1"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^attn_implementation {kernel} cannot run gemma4_text: its widest attention heads are 512 wide, "
+            r"and FlashAttention's kernels take up to 256; leave --attn_implementation out \(sdpa is then chosen\)$",
+        ):
+            choice.candidates(copy.deepcopy(gemma4), parse_args([*smoke, "--attn_implementation", kernel]), True, FA4)
+    for model_type, width in (("gemma3_text", 256), ("deepseek_v3", 192)):
+        config = AutoConfig.for_model(model_type)
+        assert choice.widest_head(config) == width
+        forwards, _ = choice.candidates(copy.deepcopy(config), parse_args(smoke), True, FA4, check_kernels=False)
+        assert {c.attention for c in forwards} >= {FA4, "flex_attention"}, forwards
+
+
 def test_the_notes_of_the_choice_are_said_by_the_main_process_alone(capsys, monkeypatch):
     """`choice.decide` runs on every rank (each chooses from its node's machine): its "Note:" lines were printed by
     each, 32 times in a 4-GPU x 8-node job's log, where its `Forward:` line was printed once. Now both by the main

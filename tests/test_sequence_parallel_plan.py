@@ -293,7 +293,7 @@ def test_an_moe_model_whose_router_loss_trl_adds_is_refused_under_a_group_unless
 
     from dpotrain.plan import long_traces
 
-    shape = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=65536)
+    shape = dict(num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=65536)
     olmoe = AutoConfig.for_model("olmoe", **shape)
     assert olmoe.output_router_logits is False and olmoe.router_aux_loss_coef == 0.01
     recipe = smoke("--sequence_parallel_size", "2")
@@ -307,7 +307,7 @@ def test_an_moe_model_whose_router_loss_trl_adds_is_refused_under_a_group_unless
     assert memory.splittable_heads(olmoe, recipe) is None
     off = smoke("--sequence_parallel_size", "2", "--router_aux_loss_coef", "0")
     assert choice.candidates(copy.deepcopy(olmoe), off, True, "flash_attention_2", check_kernels=False)[0][0].packed
-    assert memory.splittable_heads(olmoe, off) == (4, 4)
+    assert memory.splittable_heads(olmoe, off) == (16, 16)
 
     # 64K traces on 4 GPUs of 60 GiB: ~107 GiB per GPU unsplit; a group of 4 carries them once the router loss is off
     zero2 = engines.from_config(str(ROOT / "accelerate_config.yaml"))

@@ -13,7 +13,7 @@ import importlib
 import math
 from dataclasses import asdict, dataclass
 
-from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
+from dpotrain.forwards import flops, masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe import launcher, upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
@@ -115,6 +115,19 @@ def installed_varlen(cuda: bool) -> str | None:
     return next((name for name in order if kernel_problem(name, cuda) is None), None)
 
 
+# FlashAttention's kernels (2, 3, 4 and the kernels-community builds) take heads up to 256 wide ("FlashAttention only
+# supports head dimensions up to 256": Gemma 4's 512-wide full-attention layers, Dao-AILab/flash-attention#2427).
+# FlexAttention's training kernels at such widths were never run on a GPU here, so neither is chosen for them: sdpa
+# runs their packed rows, as it ran their padded ones.
+WIDEST_KERNEL_HEAD = 256
+
+
+def widest_head(config) -> int:
+    """The widest query/key head of any layer (Gemma 4's full-attention layers; MLA's qk_head_dim, not its head_dim)."""
+    text = config.get_text_config()
+    return text.qk_head_dim if getattr(text, "kv_lora_rank", None) else flops.head_dim(text)
+
+
 def dense_attention(config) -> str:
     """sdpa, or eager for a model class that does not take sdpa (Gemma 2 in transformers 5.23), as transformers itself
     falls back when no attention is named."""
@@ -159,6 +172,27 @@ def _check_packed_options(t) -> None:
         )
 
 
+def check_asked(config, asked: str, cuda: bool, check_kernels: bool) -> None:
+    """The recipe's attn_implementation refused where it cannot run this model (here, with `check_kernels`)."""
+    name = packing.attention_name(asked)
+    if name in packing.VARLEN_ATTENTION and widest_head(config) > WIDEST_KERNEL_HEAD:
+        raise ConfigError(
+            f"attn_implementation {asked} cannot run {config.model_type}: its widest attention heads are "
+            f"{widest_head(config)} wide, and FlashAttention's kernels take up to {WIDEST_KERNEL_HEAD}; leave "
+            "--attn_implementation out (sdpa is then chosen)"
+        )
+    # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
+    kernel = kernel_problem(asked, cuda) if check_kernels or name == "flex_attention" else None
+    if kernel is not None:
+        raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
+    if name == "sdpa" and dense_attention(config) == "eager":
+        # else transformers' ValueError traceback as the model loads, after the data was read and measured
+        raise ConfigError(
+            f"attn_implementation sdpa cannot run here: {config.model_type}'s model in transformers does not "
+            "take sdpa; use --attn_implementation eager, or leave it out (eager is then chosen)"
+        )
+
+
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
     """The forwards this machine can run for this model and recipe, in the order that decides without lengths, and the
     notes to print; a ConfigError when an option the recipe gives cannot be honoured. `check_kernels`: refuse an asked
@@ -168,18 +202,10 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     t, want_share = recipe.training, recipe.project.share_prompt
     asked = recipe.model.attn_implementation
     if asked is not None:
-        # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
-        flex = packing.attention_name(asked) == "flex_attention"
-        kernel = kernel_problem(asked, cuda) if check_kernels or flex else None
-        if kernel is not None:
-            raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
-        if packing.attention_name(asked) == "sdpa" and dense_attention(config) == "eager":
-            # else transformers' ValueError traceback as the model loads, after the data was read and measured
-            raise ConfigError(
-                f"attn_implementation sdpa cannot run here: {config.model_type}'s model in transformers does not "
-                "take sdpa; use --attn_implementation eager, or leave it out (eager is then chosen)"
-            )
+        check_asked(config, asked, cuda, check_kernels)
         attentions = [asked]
+    elif cuda and widest_head(config) > WIDEST_KERNEL_HEAD:
+        attentions = [dense_attention(config)]
     elif cuda:
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
     else:
