@@ -104,6 +104,7 @@ FAMILIES = {
         num_experts=4,
         top_k_experts=2,
         moe_intermediate_size=32,
+        **WINDOW,
     ),
     # multi-head latent attention (its rotary part is head_dim), a dense first layer, no router loss in transformers
     "deepseek_v3": dict(
