@@ -124,8 +124,7 @@ WIDEST_KERNEL_HEAD = 256
 
 def widest_head(config) -> int:
     """The widest query/key head of any layer (Gemma 4's full-attention layers; MLA's qk_head_dim, not its head_dim)."""
-    text = config.get_text_config()
-    return text.qk_head_dim if getattr(text, "kv_lora_rank", None) else flops.head_dim(text)
+    return flops.query_width(config.get_text_config())
 
 
 def dense_attention(config) -> str:

@@ -135,6 +135,12 @@ def head_dim(text) -> int:
     return getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
 
 
+def query_width(text) -> int:
+    """The widest query/key head of any layer: `head_dim`'s, or multi-head latent attention's `qk_head_dim` (its
+    head_dim is the rotary part alone, DeepSeek V3's 64 of 192)."""
+    return text.qk_head_dim if getattr(text, "kv_lora_rank", None) else head_dim(text)
+
+
 @dataclass(frozen=True)
 class ModelFlops:
     matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)

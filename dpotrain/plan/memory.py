@@ -21,7 +21,7 @@ from transformers import AutoConfig
 from dpotrain.cluster.engine import NAMES, Engine, from_config, model_dtype
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data import builtin
-from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width
+from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width, query_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
 from dpotrain.forwards.sequence_parallel import model_problem
@@ -646,11 +646,8 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
         return 0
     heads, kv = head_counts(config)
     local = -(-tokens // n)
-    text = config.get_text_config()
-    # Multi-head latent attention: q, k and the values padded to them are qk_head_dim wide (its head_dim is the rotary
-    # part alone, DeepSeek V3's 64 of 192)
-    width = text.qk_head_dim if getattr(text, "kv_lora_rank", None) else head_dim(text)
-    return BF16 * local * width * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
+    # q, k and v (values padded to the queries' width: multi-head latent attention's are narrower) and the output
+    return BF16 * local * query_width(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None, model=None) -> dict:
