@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import re
+from pathlib import Path
 
 import datasets
 import pytest
@@ -337,20 +338,25 @@ class TinyRemoteForCausalLM(LlamaForCausalLM):
 """
 
 
+def remote_code_model(folder, tiny_model_dir) -> Path:
+    """A tiny Llama saved in `folder` as a model with its own code (`REMOTE_CODE`, named in config.json's auto_map)."""
+    build_model("llama", folder, tiny_model_dir)
+    (folder / "modeling_tiny_remote.py").write_text(REMOTE_CODE)
+    config = json.loads((folder / "config.json").read_text())
+    classes = {"AutoConfig": "TinyRemoteConfig", "AutoModelForCausalLM": "TinyRemoteForCausalLM"}
+    auto_map = {k: f"modeling_tiny_remote.{v}" for k, v in classes.items()}
+    config |= {"model_type": "tiny_remote", "architectures": ["TinyRemoteForCausalLM"], "auto_map": auto_map}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.mark.slow
 def test_a_model_with_its_own_code_trains_with_trust_remote_code_and_is_refused_in_one_line_without(
     tmp_path, monkeypatch, capsys, tiny_model_dir, rows
 ):
     """--trust_remote_code true was recorded and never passed on: transformers' ValueError asked for the flag given."""
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
-    model_dir = tmp_path / "model"
-    build_model("llama", model_dir, tiny_model_dir)
-    (model_dir / "modeling_tiny_remote.py").write_text(REMOTE_CODE)
-    config = json.loads((model_dir / "config.json").read_text())
-    classes = {"AutoConfig": "TinyRemoteConfig", "AutoModelForCausalLM": "TinyRemoteForCausalLM"}
-    auto_map = {k: f"modeling_tiny_remote.{v}" for k, v in classes.items()}
-    config |= {"model_type": "tiny_remote", "architectures": ["TinyRemoteForCausalLM"], "auto_map": auto_map}
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = remote_code_model(tmp_path / "model", tiny_model_dir)
 
     with pytest.raises(ConfigError, match="--trust_remote_code true"):
         smoke_trainer(str(model_dir), tmp_path / "refused", rows, max_steps=2)

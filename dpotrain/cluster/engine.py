@@ -545,6 +545,26 @@ def fsdp_units(engine: Engine, model):
         yield
 
 
+@contextlib.contextmanager
+def own_class(model):
+    """`model` under its own class for the block. FSDP2's fully_shard makes it an `FSDP<class>` subclass, made in
+    torch's module, which transformers' save_pretrained of a model with its own code (auto_map) took for that code:
+    the final folder held torch's FSDP source files, its config's auto_map named `_fsdp_init.FSDP<class>`, and it did
+    not load. (transformers strips the prefix from `architectures` alone.)"""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = type(model)
+    own = [base for base in sharded.__bases__ if base is not FSDPModule]
+    if not isinstance(model, FSDPModule) or len(own) != 1:
+        yield
+        return
+    model.__class__ = own[0]
+    try:
+        yield
+    finally:
+        model.__class__ = sharded
+
+
 PEFT_PREFIX = "base_model.model."  # a PEFT model's state-dict names start so; the base layer's weight is under:
 PEFT_BASE_PARTS = ("base_layer", "original_module")  # an adapted layer's, and a trained copy's (modules_to_save)
 

@@ -321,7 +321,9 @@ class RecipeDPOTrainer(DPOTrainer):
         try:
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
-                    upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
+                    state_dict = self.accelerator.get_state_dict(self.model)  # every rank gathers
+                    with engine.own_class(self.model):
+                        upstream.save_weights(self, output_dir, state_dict)
                 else:
                     super().save_model(str(written), _internal_call)
             if self.args.should_save:
