@@ -231,6 +231,12 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if want_share is not True:
             unshared.append(Candidate(attn, True, False))
     notes = []
+    if cuda and asked is None and widest_head(config) > WIDEST_KERNEL_HEAD:
+        notes.append(
+            f"Note: {config.model_type}'s widest attention heads are {widest_head(config)} wide: FlashAttention's "
+            f"kernels take up to {WIDEST_KERNEL_HEAD} and FlexAttention's were never run that wide here, so it runs "
+            f"on {dense_attention(config)}."
+        )
     packed = shared + unshared  # on a CPU, of one attention
     if cuda:
         packed.sort(key=lambda c: documented_order(c, config))
