@@ -174,10 +174,10 @@ def _check_packed_options(t) -> None:
 def check_asked(config, asked: str, cuda: bool, check_kernels: bool) -> None:
     """The recipe's attn_implementation refused where it cannot run this model (here, with `check_kernels`)."""
     name = packing.attention_name(asked)
-    if name in packing.VARLEN_ATTENTION and widest_head(config) > WIDEST_KERNEL_HEAD:
+    if name in packing.VARLEN_ATTENTION and (width := widest_head(config)) > WIDEST_KERNEL_HEAD:
         raise ConfigError(
             f"attn_implementation {asked} cannot run {config.model_type}: its widest attention heads are "
-            f"{widest_head(config)} wide, and FlashAttention's kernels take up to {WIDEST_KERNEL_HEAD}; leave "
+            f"{width} wide, and FlashAttention's kernels take up to {WIDEST_KERNEL_HEAD}; leave "
             "--attn_implementation out (sdpa is then chosen)"
         )
     # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
@@ -200,11 +200,16 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
 
     t, want_share = recipe.training, recipe.project.share_prompt
     asked = recipe.model.attn_implementation
+    notes = []
     if asked is not None:
         check_asked(config, asked, cuda, check_kernels)
         attentions = [asked]
-    elif cuda and widest_head(config) > WIDEST_KERNEL_HEAD:
+    elif cuda and (width := widest_head(config)) > WIDEST_KERNEL_HEAD:
         attentions = [dense_attention(config)]
+        notes.append(
+            f"Note: {config.model_type}'s widest attention heads are {width} wide: FlashAttention's kernels take up "
+            f"to {WIDEST_KERNEL_HEAD} and FlexAttention's were never run that wide here, so it runs on {attentions[0]}."
+        )
     elif cuda:
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
     else:
@@ -230,13 +235,6 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             share_problems.append(share)
         if want_share is not True:
             unshared.append(Candidate(attn, True, False))
-    notes = []
-    if cuda and asked is None and widest_head(config) > WIDEST_KERNEL_HEAD:
-        notes.append(
-            f"Note: {config.model_type}'s widest attention heads are {widest_head(config)} wide: FlashAttention's "
-            f"kernels take up to {WIDEST_KERNEL_HEAD} and FlexAttention's were never run that wide here, so it runs "
-            f"on {dense_attention(config)}."
-        )
     packed = shared + unshared  # on a CPU, of one attention
     if cuda:
         packed.sort(key=lambda c: documented_order(c, config))
