@@ -316,7 +316,10 @@ def e2e_figures(result: dict) -> dict:
         "vs_trl_less_compile": ratio(trl.get("end_to_end_less_compile_s"), own.get("end_to_end_less_compile_s")),
         "attention": f"{own.get('attention', '-')}/trl:{trl.get('attention', '-')}",
         "mfu": own.get("mfu"),
-        "ref_vs_train": ratio(own.get("reference_tokens_per_s_less_compile"), own.get("tokens_per_s_per_gpu")),
+        "ref_vs_train": ratio(
+            own.get("reference_steady_tokens_per_s") or own.get("reference_tokens_per_s_less_compile"),
+            own.get("tokens_per_s_per_gpu"),
+        ),
         "first_vs_steady": ratio(own.get("first_step_s"), own.get("steady_step_s")),
         "peak_plan_gib": f"{own['peak_gib']}/{own.get('plan_gib')}" if own.get("peak_gib") else None,
         "reserved_gib": own.get("peak_reserved_gib"),

@@ -559,7 +559,7 @@ def test_the_plan_at_the_widest_micro_batch_run_is_the_plan_made_for_that_budget
     (lease 1b: the widest think micro-batch held 56,832 of 65,536 positions, and the plan's tensors read 12% above the
     peak). At 7B width on 141 GB, with no layer checkpointed (what the H200 chose), the plan at the widest micro-batch
     has the same model states and activations for 56,832 positions, ~9.6 GiB fewer than for 65,536 (the dry run's
-    figures: 72.6 and 63.0 GiB)."""
+    figures: 72.6 and 63.0 GiB), and autocast's copies of 4 layers 24 KiB a position fewer (one process: lease 1c)."""
     import end_to_end
     from transformers import Olmo3Config
 
@@ -582,7 +582,8 @@ def test_the_plan_at_the_widest_micro_batch_run_is_the_plan_made_for_that_budget
     parts = planned["per_gpu_gib"]
     tensors = parts["total"] - parts["cuda_context_and_fragmentation"]
     assert found["widest_micro_batch_positions"] == 56832
-    assert found["plan_tensors_at_widest_gib"] == pytest.approx(tensors - (72.6 - 63.0) - (4.0 - 3.8), abs=0.3)
+    copies = 4 * 24 * 1024 * (65536 - 56832) / 2**30
+    assert found["plan_tensors_at_widest_gib"] == pytest.approx(tensors - (72.6 - 63.0) - (4.0 - 3.8) - copies, abs=0.3)
     own = {"peak_gib": 90.13, "plan_gib": 114.1, "plan_allowance_gib": 13.1, "reference_peak_gib": 27.4, **found}
     verdicts = end_to_end.memory_verdicts("think", own)
     assert verdicts[0].startswith("FAIL") and "101.0 GiB" in verdicts[0], verdicts  # lease 1b's, against the budget

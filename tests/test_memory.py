@@ -213,6 +213,84 @@ def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
     assert traced == sum(saved.values())
 
 
+def saved_by_a_layer(config, tokens: int, dtype, autocast: bool) -> int:
+    """The bytes a real OLMo 3 layer's forward saves for its backward on this CPU, in `dtype`, under bf16 autocast or
+    not: distinct storages, not the weights nor the rotary cos/sin (computed once for all layers)."""
+    from transformers import AutoModelForCausalLM
+
+    memory.register_trace_attention()
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=memory.TRACE_ATTENTION)
+    # The previous layer's output, as in a model: autocast caches the casts of leaf tensors only (q, k and v would
+    # share one of a leaf's)
+    hidden = torch.randn(1, tokens, config.hidden_size, dtype=dtype, requires_grad=True) * 1
+    positions = torch.arange(tokens)[None]
+    rotary = model.model.rotary_emb(hidden, positions, "full_attention")
+    shared = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *rotary]}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in shared:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", enabled=autocast):
+        model.model.layers[0](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    return sum(saved.values())
+
+
+def test_autocast_copies_are_what_a_real_float32_layer_keeps_beyond_a_bf16_one():
+    """One process and DDP keep float32 weights and compute under bf16 autocast, which saves a bf16 copy of each
+    projection's weight and of each projection's input (q, k and v each cast their own) for backward; the trace
+    (a bf16 model) has neither. On an H200 the plan's tensors read 2.5% under the peak of a single-process think run
+    at OLMo 3 7B's width without them (lease 1c, BENCHMARKS.md). Counted on fake tensors, equal to a real layer here."""
+    from transformers import Olmo3Config
+
+    tokens, hidden, mlp = 256, 256, 704
+    config = Olmo3Config(
+        **{**OLMO3, "vocab_size": 1000},
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        layer_types=["full_attention"],
+    )
+    real = saved_by_a_layer(config, tokens, torch.float32, True) - saved_by_a_layer(
+        config, tokens, torch.bfloat16, False
+    )
+    assert memory.autocast_copies(config, tokens) == real
+    weights = 2 * (2 * hidden * hidden + 2 * hidden * hidden // 4 + 3 * hidden * mlp)  # q, o; k, v (2 of 8 heads); mlp
+    assert real == weights + 2 * tokens * hidden * 3  # and q, k, v's and the MLP's second input cast
+
+
+def test_a_single_process_or_ddp_plan_counts_autocasts_copies_where_its_weights_are_float32(olmo3):
+    """Listed only where the run has them (float32 weights under autocast: one process, DDP), of every layer not
+    checkpointed and of the one recomputed; DeepSpeed trains bf16 weights, and LoRA on bf16 weights makes none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(olmo3["7b"])
+    each = memory.autocast_copies(config, 16384)
+    assert (
+        each == 386 * 2**20 + 24 * 1024 * 16384
+    )  # OLMo 3 7B's layer: its weights in bf16, 3 hidden-wide casts a token
+    args = ["--model_name_or_path", olmo3["7b"], "--max_tokens_per_microbatch", "16384", "--memory_check", "false"]
+    args += ["--dtype", "float32"]
+    none, every_2nd = (
+        ["--activation_checkpointing", "false"],
+        ["--activation_checkpointing_kwargs", '{"every_n_layers": 2}'],
+    )
+    for name, flags, held in (("single", none, 32), ("ddp", every_2nd, 16 + 1)):
+        shape = shape_of(olmo3["7b"], *args, *flags)
+        parts = memory.plan(recipe(*args, *flags), 8, engines.Engine(name, "test"), "flex_attention")["per_gpu_gib"]
+        assert parts["autocast_copies"] == round(held * each / 2**30, 1) and shape.load_bytes == 4
+    assert "autocast_copies" not in memory.plan(recipe(*args), 8, engine("accelerate_config.yaml"))["per_gpu_gib"]
+    lora = recipe(*args[:6], "--dtype", "bfloat16", "--use_peft", "true", "--lora_target_modules", "all-linear")
+    assert "autocast_copies" not in memory.plan(lora, 1, engines.Engine("single", "test"))["per_gpu_gib"]
+
+
 @pytest.mark.slow
 def test_activations_scale_with_tokens_and_layers(olmo3):
     from transformers import AutoConfig

@@ -440,6 +440,57 @@ def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool |
     return peak["Total"] - peak[upstream.mem_ref_types().PARAM]
 
 
+def autocast_copies(config, tokens: int) -> int:
+    """Bytes a layer keeps for backward beyond the bf16 trace where float32 weights compute under bf16 autocast (one
+    process, DDP): the bf16 copy autocast makes of each projection's weight, and of each projection's input (q, k and v
+    each cast their own). Counted, not extrapolated: what a second full-attention layer saves (2 layers less 1: the
+    embedding and final norm aside), in float32 under autocast less in bf16, on fake tensors at `tokens` (OLMo 3 7B's
+    layer: 386 MiB of weights + 24 KiB a token). Cached."""
+    key = (_kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False), tokens)
+    if key not in _AUTOCAST:
+        layer = {
+            cast: _saved_bytes(config, 2, tokens, cast) - _saved_bytes(config, 1, tokens, cast)
+            for cast in (False, True)
+        }
+        _AUTOCAST[key] = max(0, layer[True] - layer[False])
+    return _AUTOCAST[key]
+
+
+_AUTOCAST: dict[tuple, int] = {}
+
+
+def _saved_bytes(config, layers: int, tokens: int, autocast: bool) -> int:
+    """The bytes the backbone's forward with `layers` full-attention layers saves for backward (parameters aside), in
+    float32 under bf16 autocast or in bf16; each storage once (a view saved twice is one tensor)."""
+    from transformers import AutoModelForCausalLM
+
+    register_trace_attention()
+    config = _kinds_copy(config, ("full_attention",) * layers)
+    saved: dict[int, int] = {}
+    with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(
+            config,
+            trust_remote_code=own_code(config),
+            dtype=torch.float32 if autocast else torch.bfloat16,
+            attn_implementation=TRACE_ATTENTION,
+        )
+        model.train()
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+
+        def pack(t):
+            ref = t.untyped_storage()._cdata
+            if ref not in params:
+                saved[ref] = t.untyped_storage().nbytes()
+            return t
+
+        ids, positions = torch.zeros(1, tokens, dtype=torch.long), torch.arange(tokens)[None]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                model.base_model(input_ids=ids, position_ids=positions, use_cache=False)
+    return sum(saved.values())
+
+
 def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
     """Llama-shaped layer in bf16, where no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes per layer; a
     checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
@@ -595,17 +646,21 @@ def micro_batch(recipe) -> tuple[int | None, int | None, str]:
 
 
 # A plan's parts as its record (`derived.memory`) and a refusal list them: (field, record key, refusal's name). A live
-# reference model and the all-to-all buffers are listed only where the run has them.
+# reference model, autocast's copies and the all-to-all buffers are listed only where the run has them.
 PARTS = (
     ("states", "model_states", "model states"),
     ("reference", "reference_model", "live reference model"),
     ("buffers", "engine_buffers", "buffers"),
     ("activations", "activations", "activations"),
+    ("casts", "autocast_copies", "autocast copies"),
     ("lm_head", "lm_head", "LM head"),
     ("masks", "attention_masks", "masks"),
     ("all_to_all", "all_to_all", "all-to-all"),
     ("allowance", "cuda_context_and_fragmentation", "allowance"),
 )
+
+
+LISTED_WHERE_HELD = ("reference", "casts", "all_to_all")
 
 
 @dataclass
@@ -620,6 +675,7 @@ class PerGpuBytes:
     masks: int
     all_to_all: int = 0  # sequence parallelism's exchange buffers (`all_to_all_bytes`)
     reference: int = 0  # a live reference model's weights (`reference_model_bytes`)
+    casts: int = 0  # float32 weights under autocast: the bf16 copies the layers keep (`autocast_copies`)
 
     @property
     def subtotal(self) -> int:
@@ -627,7 +683,7 @@ class PerGpuBytes:
 
     def parts(self) -> list[tuple[str, str, float]]:
         """(record key, refusal's name, GiB) of each part listed (`PARTS`)."""
-        listed = [(f, key, name) for f, key, name in PARTS if getattr(self, f) or f not in ("reference", "all_to_all")]
+        listed = [(f, key, name) for f, key, name in PARTS if getattr(self, f) or f not in LISTED_WHERE_HELD]
         return [(key, name, _gib(getattr(self, f))) for f, key, name in listed]
 
     @property
@@ -637,6 +693,16 @@ class PerGpuBytes:
     @property
     def total(self) -> float:
         return self.subtotal + self.allowance
+
+
+def held_copies(engine: Engine, shape: ModelShape, config, tokens: int, every: int | None) -> int:
+    """autocast's bf16 copies (`autocast_copies`) where float32 weights compute under it: one process and DDP (DeepSpeed
+    trains bf16 weights; FSDP2 computes from its unsharded bf16 working set, in the engine buffers). Every layer not
+    checkpointed keeps its own to its backward; a checkpointed one only while it is recomputed, one at a time."""
+    if engine.name not in ("single", "ddp") or shape.load_bytes != 4:
+        return 0
+    kept = checkpointed_layers(every, shape.layers)
+    return (shape.layers - kept + (kept > 0)) * autocast_copies(config, tokens)
 
 
 def all_to_all_bytes(config, tokens: int, n: int) -> int:
@@ -683,7 +749,8 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return PerGpuBytes(states, buffers, activations, method, head, masks, exchange, reference)
+        casts = held_copies(engine, shape, config, local, every)
+        return PerGpuBytes(states, buffers, activations, method, head, masks, exchange, reference, casts)
 
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: per_gpu(k).total)
     chosen = per_gpu(every)
