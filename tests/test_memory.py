@@ -261,7 +261,7 @@ def test_autocast_copies_are_what_a_real_float32_layer_keeps_beyond_a_bf16_one()
     real = saved_by_a_layer(config, tokens, torch.float32, True) - saved_by_a_layer(
         config, tokens, torch.bfloat16, False
     )
-    assert memory.autocast_copies(config, tokens) == real
+    assert memory.autocast_copies(config, tokens, 0) == real
     weights = 2 * (2 * hidden * hidden + 2 * hidden * hidden // 4 + 3 * hidden * mlp)  # q, o; k, v (2 of 8 heads); mlp
     assert real == weights + 2 * tokens * hidden * 3  # and q, k, v's and the MLP's second input cast
 
@@ -272,7 +272,7 @@ def test_a_single_process_or_ddp_plan_counts_autocasts_copies_where_its_weights_
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(olmo3["7b"])
-    each = memory.autocast_copies(config, 16384)
+    each = memory.autocast_copies(config, 16384, 0)
     assert (
         each == 386 * 2**20 + 24 * 1024 * 16384
     )  # OLMo 3 7B's layer: its weights in bf16, 3 hidden-wide casts a token
@@ -288,6 +288,11 @@ def test_a_single_process_or_ddp_plan_counts_autocasts_copies_where_its_weights_
         assert parts["autocast_copies"] == round(held * each / 2**30, 1) and shape.load_bytes == 4
     assert "autocast_copies" not in memory.plan(recipe(*args), 8, engine("accelerate_config.yaml"))["per_gpu_gib"]
     lora = recipe(*args[:6], "--dtype", "bfloat16", "--use_peft", "true", "--lora_target_modules", "all-linear")
+    # A model the trace cannot build (Falcon-H1's layer kinds cannot be set) takes the formula, as the activations do
+    from transformers import FalconH1Config
+
+    hybrid = FalconH1Config(hidden_size=64, num_hidden_layers=2, vocab_size=1000)
+    assert memory.autocast_copies(hybrid, 128, 5000) == 2 * (5000 + 3 * 64 * 128)
     assert "autocast_copies" not in memory.plan(lora, 1, engines.Engine("single", "test"))["per_gpu_gib"]
 
 
