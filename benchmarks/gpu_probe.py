@@ -87,11 +87,14 @@ def kernels() -> dict:
 
 
 def where(module: str) -> str:
-    """The folder an imported module came from."""
+    """The folder an imported module came from; a namespace package (FlashAttention 4's `flash_attn`) by its first
+    folder, as it has no file."""
     import sys
 
     top = sys.modules[module.split(".")[0]]
-    return str(Path(top.__file__).parent.parent) if getattr(top, "__file__", None) else ""
+    if getattr(top, "__file__", None):
+        return str(Path(top.__file__).parent.parent)
+    return next((str(Path(folder).parent) for folder in getattr(top, "__path__", [])), "")
 
 
 def upstream() -> str:
