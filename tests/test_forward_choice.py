@@ -325,6 +325,37 @@ def test_heads_wider_than_flashattentions_kernels_take_run_on_sdpa():
         assert {c.attention for c in forwards} >= {FA4, "flex_attention"} and not notes, forwards
 
 
+def test_a_kernel_that_drops_attention_sinks_is_never_chosen_for_a_model_with_them():
+    """gpt-oss's learnable attention sinks reach FlashAttention 4 (`learnable_sink`) and vLLM's FlashAttention 3
+    (`s_aux`); transformers drops them without a word for FA2 and Dao's FA3, whose rows would then train another
+    attention, padded or packed. Installed, such a kernel is not weighed for it (said); asked, it is refused in one
+    line. FA4 and flex stay; a model without sinks keeps every kernel."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    gpt_oss = AutoConfig.for_model("gpt_oss")
+    forwards, notes = choice.candidates(copy.deepcopy(gpt_oss), parse_args(smoke), True, "flash_attention_2")
+    assert {c.attention for c in forwards} == {"flex_attention"}, forwards
+    assert notes[0] == (
+        "Note: flash_attention_2 takes no attention sinks, which gpt_oss has: it is not weighed (flash_attention_4 "
+        "takes them)."
+    )
+    forwards, _ = choice.candidates(copy.deepcopy(gpt_oss), parse_args(smoke), True, FA4, check_kernels=False)
+    assert {c.attention for c in forwards} == {FA4, "flex_attention"}, forwards
+    for kernel in ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn3@v1"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^attn_implementation {kernel} cannot run gpt_oss: its kernel takes no attention sinks, which "
+            r"transformers then drops without a word; use flash_attention_4 or flex_attention, or leave "
+            r"--attn_implementation out$",
+        ):
+            choice.candidates(copy.deepcopy(gpt_oss), parse_args([*smoke, "--attn_implementation", kernel]), True, FA4)
+    asked = parse_args([*smoke, "--attn_implementation", "kernels-community/vllm-flash-attn3"])
+    forwards, _ = choice.candidates(copy.deepcopy(gpt_oss), asked, True, FA4, check_kernels=False)
+    assert {c.attention for c in forwards} == {"kernels-community/vllm-flash-attn3"}
+    olmo3 = AutoConfig.for_model("olmo3")
+    forwards, _ = choice.candidates(olmo3, parse_args(smoke), True, "flash_attention_2", check_kernels=False)
+    assert "flash_attention_2" in {c.attention for c in forwards}
+
+
 def test_the_notes_of_the_choice_are_said_by_the_main_process_alone(capsys, monkeypatch):
     """`choice.decide` runs on every rank (each chooses from its node's machine): its "Note:" lines were printed by
     each, 32 times in a 4-GPU x 8-node job's log, where its `Forward:` line was printed once. Now both by the main

@@ -475,3 +475,20 @@ def test_a_groups_reference_micro_batch_grows_less_than_one_processs():
     config = AutoConfig.from_pretrained(OLMO3_7B)
     assert memory.forward_only_multiple(config, 131072, 65536, "flex_attention", True) == 3
     assert memory.forward_only_multiple(config, 131072, 65536, "flex_attention", True, 4) == 2
+
+
+def test_a_model_with_attention_sinks_is_refused_under_a_group_even_without_its_router_loss():
+    """gpt-oss's sinks are one value per head of a layer, which its attention joins to the scores of every head it
+    computes: under a group each process computes a slice of the heads, and the first layer would stop on the shapes.
+    Refused before anything loads; its router loss turned off does not lift it."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import sequence_parallel as split
+
+    gpt_oss = AutoConfig.for_model("gpt_oss", num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4)
+    assert split.model_problem(gpt_oss, 0.0) == (
+        "gpt_oss's attention sinks hold one value for each head of a layer, and a group gives each process a slice of "
+        "the heads; use --sequence_parallel_size 1"
+    )
+    with pytest.raises(ConfigError, match="^sequence_parallel_size 2: gpt_oss's attention sinks"):
+        choice.candidates(gpt_oss, smoke("--sequence_parallel_size", "2", "--router_aux_loss_coef", "0"), True, None)

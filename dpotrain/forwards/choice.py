@@ -121,6 +121,18 @@ def installed_varlen(cuda: bool) -> str | None:
 # runs their packed rows, as it ran their padded ones.
 WIDEST_KERNEL_HEAD = 256
 
+# Learnable attention sinks (`packing.ATTENTION_SINKS`): transformers hands them to FlashAttention 4 (`learnable_sink`)
+# and vLLM's FlashAttention 3 build (`s_aux`) and silently drops them for the others (FA2, Dao's FA3), which would then
+# train another model's attention, padded or packed. FlexAttention and eager take them.
+SINK_KERNELS = {"flash_attention_4", "kernels-community/flash-attn4", "kernels-community/vllm-flash-attn3"}
+
+
+def drops_sinks(config, attention: str | None) -> bool:
+    """Whether `attention` is a varlen FlashAttention that would drop this model's attention sinks."""
+    name = packing.attention_name(attention)
+    sinks = config.get_text_config().model_type in packing.ATTENTION_SINKS
+    return sinks and name in packing.VARLEN_ATTENTION and name not in SINK_KERNELS
+
 
 def widest_head(config) -> int:
     """The widest query/key head of any layer (Gemma 4's full-attention layers; MLA's qk_head_dim, not its head_dim)."""
@@ -180,6 +192,12 @@ def check_asked(config, asked: str, cuda: bool, check_kernels: bool) -> None:
             f"{width} wide, and FlashAttention's kernels take up to {WIDEST_KERNEL_HEAD}; leave "
             "--attn_implementation out (sdpa is then chosen)"
         )
+    if drops_sinks(config, asked):
+        raise ConfigError(
+            f"attn_implementation {asked} cannot run {config.model_type}: its kernel takes no attention sinks, which "
+            "transformers then drops without a word; use flash_attention_4 or flex_attention, or leave "
+            "--attn_implementation out"
+        )
     # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
     kernel = kernel_problem(asked, cuda) if check_kernels or name == "flex_attention" else None
     if kernel is not None:
@@ -211,6 +229,12 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             f"to {WIDEST_KERNEL_HEAD} and FlexAttention's were never run that wide here, so it runs on {attentions[0]}."
         )
     elif cuda:
+        if drops_sinks(config, varlen):
+            notes.append(
+                f"Note: {varlen} takes no attention sinks, which {config.model_type} has: it is not weighed (flash_"
+                "attention_4 takes them)."
+            )
+            varlen = None
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
     else:
         attentions = [dense_attention(config)]

@@ -156,12 +156,19 @@ def block_masks(model, batch: dict):
     return _per_kind(config, batch[CACHE])
 
 
+# Models whose own masks read the row alone, not its position ids (gpt-oss's forward gives its mask functions none):
+# their packed rows on sdpa and eager get the project's masks per layer kind, as a shared prompt's rows do.
+MASKS_GIVEN = {"gpt_oss"}
+
+
 def attention_mask(model, batch: dict):
     """What a packed forward passes as `attention_mask`: block masks for FlexAttention, a dense mask for a shared
-    prompt's rows on sdpa/eager, else nothing (transformers reads the position ids, a varlen kernel the boundaries)."""
-    attn = upstream.attn_implementation(text_config(model))
+    prompt's rows on sdpa/eager and for a model whose own masks ignore position ids (`MASKS_GIVEN`), else
+    nothing (transformers reads the position ids, a varlen kernel the boundaries)."""
+    config = text_config(model)
+    attn = upstream.attn_implementation(config)
     if attn == "flex_attention":
         return block_masks(model, batch)
-    if "attention_branch" in batch:
+    if "attention_branch" in batch or (config.model_type in MASKS_GIVEN and attn in ("sdpa", "eager")):
         return dense_masks(model, batch)
     return None

@@ -52,6 +52,11 @@ def model_problem(config, router_aux_loss_coef: float | None) -> str | None:
             "forward sees, and each process of a group sees only its own columns' (its scores would differ from the "
             "unsplit row's); use --sequence_parallel_size 1"
         )
+    if config.get_text_config().model_type in packing.ATTENTION_SINKS:
+        return (
+            f"{config.model_type}'s attention sinks hold one value for each head of a layer, and a group gives each "
+            "process a slice of the heads; use --sequence_parallel_size 1"
+        )
     # Last, the one a flag lifts: its balance is a product of sums over every token, and a process routes 1/N of them
     if coefficient := packing.router_loss_coefficient(config, router_aux_loss_coef):
         return (
