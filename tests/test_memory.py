@@ -168,16 +168,11 @@ def test_a_single_target_module_stays_a_module_name_in_the_runs_recipe(olmo3):
 # --- activations: the fake-tensor trace against real autograd ---
 
 
-@pytest.mark.slow
-def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
-    """Without activation checkpointing a layer costs the bytes autograd saves for its backward: counted on a real
-    bf16 OLMo 3 layer on this CPU (distinct storages of the saved tensors; not the weights, nor the rotary cos/sin,
-    computed once for all layers), and traced on fake tensors. With checkpointing a layer keeps only its input,
-    hidden x 2 bytes per token."""
-    from transformers import AutoModelForCausalLM, Olmo3Config
+def one_layer_olmo3():
+    """A one-layer OLMo 3, hidden size 256 (8 heads, 2 key/value heads), full attention."""
+    from transformers import Olmo3Config
 
-    tokens = 512
-    config = Olmo3Config(
+    return Olmo3Config(
         **{**OLMO3, "vocab_size": 1000},
         hidden_size=256,
         intermediate_size=704,
@@ -189,28 +184,20 @@ def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
         bos_token_id=1,
         layer_types=["full_attention"],
     )
+
+
+@pytest.mark.slow
+def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
+    """Without activation checkpointing a layer costs the bytes autograd saves for its backward: counted on a real
+    bf16 OLMo 3 layer on this CPU (distinct storages of the saved tensors; not the weights, nor the rotary cos/sin,
+    computed once for all layers), and traced on fake tensors. With checkpointing a layer keeps only its input,
+    hidden x 2 bytes per token."""
+    tokens, config = 512, one_layer_olmo3()
     traced = memory._traced_peak(config, 2, tokens, False) - memory._traced_peak(config, 1, tokens, False)
     assert (
         memory._traced_peak(config, 2, tokens, True) - memory._traced_peak(config, 1, tokens, True) == 2 * 256 * tokens
     )
-
-    memory.register_trace_attention()  # no mask, as FlashAttention
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=memory.TRACE_ATTENTION)
-    hidden = torch.randn(1, tokens, 256, dtype=torch.bfloat16, requires_grad=True)
-    positions = torch.arange(tokens)[None]
-    rotary = model.model.rotary_emb(hidden, positions, "full_attention")
-    shared = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *rotary]}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in shared:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model.layers[0](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
-    assert traced == sum(saved.values())
+    assert traced == saved_by_a_layer(config, tokens, torch.bfloat16, autocast=False)
 
 
 def saved_by_a_layer(config, tokens: int, dtype, autocast: bool) -> int:
@@ -243,21 +230,7 @@ def test_autocast_copies_are_what_a_real_float32_layer_keeps_beyond_a_bf16_one()
     projection's weight and of each projection's input (q, k and v each cast their own) for backward; the trace
     (a bf16 model) has neither. On an H200 the plan's tensors read 2.5% under the peak of a single-process think run
     at OLMo 3 7B's width without them (lease 1c, BENCHMARKS.md). Counted on fake tensors, equal to a real layer here."""
-    from transformers import Olmo3Config
-
-    tokens, hidden, mlp = 256, 256, 704
-    config = Olmo3Config(
-        **{**OLMO3, "vocab_size": 1000},
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        layer_types=["full_attention"],
-    )
+    tokens, hidden, mlp, config = 256, 256, 704, one_layer_olmo3()
     real = saved_by_a_layer(config, tokens, torch.float32, True) - saved_by_a_layer(
         config, tokens, torch.bfloat16, False
     )
