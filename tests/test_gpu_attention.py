@@ -24,20 +24,40 @@ LOG_PROB_TOLERANCE = 5e-2  # bf16: per-token log-probs of the same sequence in d
 GRAD_TOLERANCE = 5e-2  # relative, over all parameters
 
 
+SHAPE = dict(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=128,
+    max_position_embeddings=4096,
+)
+
+
 def olmo3(attn: str):
-    from transformers import AutoModelForCausalLM, Olmo3Config
+    from transformers import Olmo3Config
+
+    return on_gpu_in_bf16(Olmo3Config(**SHAPE), attn)
+
+
+def gpt_oss(attn: str):
+    """gpt-oss's shape at this size: a learnable sink per head (drawn away from 0), sliding and full layers, experts."""
+    from transformers import GptOssConfig
+
+    kinds = ["sliding_attention", "full_attention"] * 2
+    config = GptOssConfig(**SHAPE, head_dim=64, num_local_experts=4, num_experts_per_tok=2, layer_types=kinds)
+    model = on_gpu_in_bf16(config, attn)
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, mean=1.0, std=2.0)
+    return model
+
+
+def on_gpu_in_bf16(config, attn: str):
+    from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    config = Olmo3Config(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=128,
-        max_position_embeddings=4096,
-    )
     torch.manual_seed(0)
     flex.install()  # flex_attention through the project's compiled function, as a run does
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn).cuda()
@@ -76,14 +96,14 @@ def packed_sums(model, batch) -> tuple[torch.Tensor, list]:
     return sums.detach(), [p.grad.float().clone() for p in model.parameters()]
 
 
-def check_against_alone(attn: str, collate) -> None:
+def check_against_alone(attn: str, collate, build=olmo3, alone_on: str = "sdpa") -> None:
     pairs = random_pairs(prompts=(150, 30, 1, 400), completions=((40, 90), (200, 20), (7, 9), (5, 3)))
-    model = olmo3(attn)
+    model = build(attn)
     got, got_grads = packed_sums(model, on_gpu(collate(pairs)))
     model.zero_grad(set_to_none=True)
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = alone_on
     for layer in model.model.layers:
-        layer.self_attn.config._attn_implementation = "sdpa"
+        layer.self_attn.config._attn_implementation = alone_on
     want, want_grads = alone(model, pairs)
     assert ((got - want).abs() / want.abs().clamp(min=1)).max() < LOG_PROB_TOLERANCE
     num = sum(float((a - b).norm() ** 2) for a, b in zip(got_grads, want_grads, strict=True)) ** 0.5
@@ -95,6 +115,15 @@ def test_shared_prompts_on_flex_equal_each_sequence_alone():
     torch._dynamo.reset()  # this test's compilations only
     check_against_alone("flex_attention", SharedPromptCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK))
     assert flex.compilations() == 1  # one forward and backward with gradients, through the project's compiled flex
+
+
+def test_gpt_oss_packed_rows_on_flex_equal_each_sequence_alone_with_their_sinks():
+    """gpt-oss's sinks through the project's compiled flex (`flex.with_sinks`: the output renormalized by its
+    log-sum-exp), the sinks' gradients included, against each sequence alone on eager; one compilation."""
+    torch._dynamo.reset()
+    collate = packing.PackedPreferenceCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)
+    check_against_alone("flex_attention", collate, build=gpt_oss, alone_on="eager")
+    assert flex.compilations() == 1
 
 
 @pytest.mark.parametrize("layout", ["packed", "shared"])

@@ -21,8 +21,9 @@ BACKEND = "inductor"
 _assume = upstream.compiler_check()  # torch._check
 
 
-def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
-    from torch.nn.attention.flex_attention import flex_attention
+def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod, lse: bool = False):
+    """FlexAttention's output, and with `lse` its log-sum-exp per query (float32) for `with_sinks`."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     if not torch.compiler.is_compiling():  # dynamo ran this frame without compiling it
         raise RunError(uncompiled_reason())
@@ -30,9 +31,19 @@ def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
     # dynamic sizes the compiler cannot prove it and bounds-checks every tile's loads: told, it leaves them out.
     _assume(query.shape[-2] % BLOCK == 0)
     _assume(key.shape[-2] % BLOCK == 0)
-    return flex_attention(
-        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
-    )
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    if not lse:
+        return flex_attention(query, key, value, **kwargs)
+    out, aux = flex_attention(query, key, value, return_aux=AuxRequest(lse=True), **kwargs)
+    return out, aux.lse
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention with a learnable sink per head (gpt-oss): the softmax over the scores and the sink, from flex's over
+    the scores alone, out x exp(lse) / (exp(lse) + exp(sink)) = out x sigmoid(lse - sink), as transformers'
+    `flex_attention_forward` renormalizes (here in float32). `out` `[batch, heads, width, head_dim]`."""
+    scale = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1)).unsqueeze(-1)
+    return (out.float() * scale).to(out.dtype)
 
 
 @functools.cache
@@ -83,15 +94,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
     if dropout > 0:
         raise ValueError("flex_attention does not support attention dropout: set the model's attention_dropout to 0")
+    sinks = kwargs.get("s_aux")  # gpt-oss's, one per head: `with_sinks`
     if (
-        kwargs.get("s_aux") is not None
-        or kwargs.get("position_bias") is not None
+        kwargs.get("position_bias") is not None
         or not isinstance(attention_mask, BlockMask)
         or query.shape[-2] % BLOCK
         or key.shape[-2] % BLOCK
     ):
-        # attention sinks, position biases, a dense mask or rows not padded to whole tiles (not the collators'): none
-        # of the models and batches this project packs; transformers' own
+        # position biases, a dense mask or rows not padded to whole tiles (not the collators'): none of the models and
+        # batches this project packs; transformers' own
         return flex_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, **kwargs
         )
@@ -109,7 +120,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         def score_mod(score, b, h, q, k):
             return cap * torch.tanh(score / cap)
 
-    args = (query, key, value, attention_mask, scaling, enable_gqa, score_mod)
+    args = (query, key, value, attention_mask, scaling, enable_gqa, score_mod, sinks is not None)
     if torch.compiler.is_compiling():  # inside a compiled region (a compiled decoder layer): traced into its graph
         out = _flex(*args)
     else:
@@ -118,6 +129,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             out = compiled_flex(BACKEND)(*args)
         except upstream.recompile_limit_hit() as e:  # fullgraph: dynamo refuses to run it uncompiled
             raise RunError(uncompiled_reason()) from e
+    if sinks is not None:
+        out = with_sinks(*out, sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
