@@ -326,7 +326,7 @@ def test_heads_wider_than_flashattentions_kernels_take_run_on_sdpa():
 
 
 def test_a_kernel_that_drops_attention_sinks_is_never_chosen_for_a_model_with_them():
-    """gpt-oss's learnable attention sinks reach FlashAttention 4 (`learnable_sink`) and vLLM's FlashAttention 3
+    """gpt-oss's (and Granite SWA's) learnable attention sinks reach FlashAttention 4 (`learnable_sink`) and vLLM's FA3
     (`s_aux`); transformers drops them without a word for FA2 and Dao's FA3, whose rows would then train another
     attention, padded or packed. Installed, such a kernel is not weighed for it (said); asked, it is refused in one
     line. FA4 and flex stay; a model without sinks keeps every kernel."""
@@ -351,6 +351,10 @@ def test_a_kernel_that_drops_attention_sinks_is_never_chosen_for_a_model_with_th
     asked = parse_args([*smoke, "--attn_implementation", "kernels-community/vllm-flash-attn3"])
     forwards, _ = choice.candidates(copy.deepcopy(gpt_oss), asked, True, FA4, check_kernels=False)
     assert {c.attention for c in forwards} == {"kernels-community/vllm-flash-attn3"}
+    # Read from the model's code, not a list of types: Granite SWA packs, and has them too
+    granite_swa = AutoConfig.for_model("granite_swa")
+    forwards, notes = choice.candidates(granite_swa, parse_args(smoke), True, "flash_attention_2", check_kernels=False)
+    assert "flash_attention_2" not in {c.attention for c in forwards} and "granite_swa has" in notes[0], notes
     olmo3 = AutoConfig.for_model("olmo3")
     forwards, _ = choice.candidates(olmo3, parse_args(smoke), True, "flash_attention_2", check_kernels=False)
     assert "flash_attention_2" in {c.attention for c in forwards}

@@ -150,33 +150,30 @@ def test_flex_scores_an_moe_routers_loss_as_the_padded_forward(tiny_model_dir, t
     assert abs(float(got.aux_loss - want.aux_loss)) < 1e-6
 
 
+SINKS = {  # models with learnable attention sinks: gpt-oss (experts, a router loss), Granite SWA (dense)
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"]),
+    "granite_swa": dict(layer_types=["sliding_attention", "full_attention"]),
+}
+
+
 @pytest.mark.slow
-def test_flex_scores_gpt_oss_attention_sinks_in_the_projects_compiled_call(tiny_model_dir, tmp_path, cheap_flex):
-    """gpt-oss (a sink per head, sliding and full layers, a router loss) packs; on a GPU its rows run on flex. The
-    project's compiled call handed a call with sinks to transformers' own flex function, which compiles per row width
-    (the recompilations that stopped #52's first GPU run). It now runs them itself, flex's output renormalized by its
-    log-sum-exp with the sink (`flex.with_sinks`): the padded eager scores, through one compilation."""
-    model_dir = tiny_model(
-        "gpt_oss",
-        tmp_path,
-        tiny_model_dir,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        layer_types=["sliding_attention", "full_attention"],
-        sliding_window=64,
-    )
-    eager = fused(model_dir, "eager")
-    on_flex = fused(model_dir, "flex_attention")
+@pytest.mark.parametrize("model_type", list(SINKS))
+def test_flex_scores_attention_sinks_in_the_projects_compiled_call(model_type, tiny_model_dir, tmp_path, cheap_flex):
+    """gpt-oss and Granite SWA pack; on a GPU their rows run on flex. The project's compiled call handed a call with
+    sinks to transformers' own flex function, which compiles per row width (the recompilations that stopped #52's first
+    GPU run). It now runs them itself, flex's output renormalized by its log-sum-exp with the sink (`flex.with_sinks`):
+    the scores of eager's packed rows (equal to the padded path: tests/test_architectures.py), in one compilation."""
+    model_dir = tiny_model(model_type, tmp_path, tiny_model_dir, sliding_window=64, **SINKS[model_type])
+    eager, on_flex = fused(model_dir, "eager"), fused(model_dir, "flex_attention")
     for model in (eager, on_flex):  # sinks far from 0, as a trained model's: their scale is what is checked
         for layer in model.model.layers:
             torch.nn.init.normal_(layer.self_attn.sinks, mean=1.0, std=2.0, generator=torch.Generator().manual_seed(0))
-    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))
+    kind = packing.PackedPreferenceCollator if model_type == "gpt_oss" else SharedPromptCollator  # its router loss
+    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 64 window
     with torch.no_grad():
-        want, scored = padded_log_probs(eager, pairs, moe=True)
-        batch = packing.PackedPreferenceCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
-        got = packing.PackedModel(on_flex, batch)(fused_lm_head=True, output_router_logits=True)
-    assert (got.log_probs - want.log_probs)[scored].abs().max() < 1e-5
-    assert abs(float(got.aux_loss - want.aux_loss)) < 1e-6
+        want = per_token(eager, kind(1024, hidden_size=64)(pairs))
+        got = per_token(on_flex, kind(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs))
+    assert (got - want).abs().max() < 1e-5
     assert flex.compilations() == 1
 
 

@@ -492,3 +492,5 @@ def test_a_model_with_attention_sinks_is_refused_under_a_group_even_without_its_
     )
     with pytest.raises(ConfigError, match="^sequence_parallel_size 2: gpt_oss's attention sinks"):
         choice.candidates(gpt_oss, smoke("--sequence_parallel_size", "2", "--router_aux_loss_coef", "0"), True, None)
+    granite_swa = AutoConfig.for_model("granite_swa", num_attention_heads=16, num_key_value_heads=4)
+    assert split.model_problem(granite_swa, None).startswith("granite_swa's attention sinks")

@@ -121,17 +121,16 @@ def installed_varlen(cuda: bool) -> str | None:
 # runs their packed rows, as it ran their padded ones.
 WIDEST_KERNEL_HEAD = 256
 
-# Learnable attention sinks (`packing.ATTENTION_SINKS`): transformers hands them to FlashAttention 4 (`learnable_sink`)
-# and vLLM's FlashAttention 3 build (`s_aux`) and silently drops them for the others (FA2, Dao's FA3), which would then
-# train another model's attention, padded or packed. FlexAttention and eager take them.
+# Learnable attention sinks (gpt-oss, Granite SWA: `upstream.has_attention_sinks`): transformers hands them to
+# FlashAttention 4 (`learnable_sink`) and vLLM's FlashAttention 3 build (`s_aux`) and silently drops them for the others
+# (FA2, Dao's FA3), which would then train another model's attention, padded or packed. Flex and eager take them.
 SINK_KERNELS = {"flash_attention_4", "kernels-community/flash-attn4", "kernels-community/vllm-flash-attn3"}
 
 
 def drops_sinks(config, attention: str | None) -> bool:
     """Whether `attention` is a varlen FlashAttention that would drop this model's attention sinks."""
     name = packing.attention_name(attention)
-    sinks = config.get_text_config().model_type in packing.ATTENTION_SINKS
-    return sinks and name in packing.VARLEN_ATTENTION and name not in SINK_KERNELS
+    return name in packing.VARLEN_ATTENTION and name not in SINK_KERNELS and upstream.has_attention_sinks(config)
 
 
 def widest_head(config) -> int:

@@ -94,7 +94,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
     if dropout > 0:
         raise ValueError("flex_attention does not support attention dropout: set the model's attention_dropout to 0")
-    sinks = kwargs.get("s_aux")  # gpt-oss's, one per head: `with_sinks`
+    sinks = kwargs.get("s_aux")  # learnable attention sinks, one per head (gpt-oss, Granite SWA): `with_sinks`
     if (
         kwargs.get("position_bias") is not None
         or not isinstance(attention_mask, BlockMask)

@@ -29,9 +29,6 @@ DENSE_PACKING = (
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
 MOE_PACKING = "qwen3_moe olmoe mixtral qwen2_moe granitemoe deepseek_v3 glm4_moe gpt_oss"
 PACKING_TESTED = {*DENSE_PACKING.split(), *MOE_PACKING.split()}
-# Models with learnable attention sinks, one per head of the layer (gpt-oss): the varlen kernels that take them
-# (`choice.SINK_KERNELS`), and no sequence-parallel group (each process holds a slice of the heads).
-ATTENTION_SINKS = {"gpt_oss"}
 # Hybrids whose stateful layers' CUDA kernels read sequence boundaries from a one-row varlen batch (transformers 5.23:
 # the gated delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv `seq_idx`): packed only on a varlen attention when
 # asked (`choice.hybrid_problem`), and only while `parity` holds at start.

@@ -52,7 +52,7 @@ def model_problem(config, router_aux_loss_coef: float | None) -> str | None:
             "forward sees, and each process of a group sees only its own columns' (its scores would differ from the "
             "unsplit row's); use --sequence_parallel_size 1"
         )
-    if config.get_text_config().model_type in packing.ATTENTION_SINKS:
+    if upstream.has_attention_sinks(config):
         return (
             f"{config.model_type}'s attention sinks hold one value for each head of a layer, and a group gives each "
             "process a slice of the heads; use --sequence_parallel_size 1"

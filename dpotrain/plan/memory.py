@@ -448,7 +448,10 @@ def autocast_copies(config, tokens: int, layer_params: int) -> int:
     embedding and final norm aside), in float32 under autocast less in bf16, on fake tensors at `tokens` (OLMo 3 7B's
     layer: 386 MiB of weights + 24 KiB a token). A model the trace cannot build takes the formula, as the activations
     do: the largest layer's `layer_params` in bf16, and 3 bf16 casts of the hidden state a token (OLMo 3's). Cached."""
-    key = (config.to_json_string(use_diff=False), tokens)
+    try:  # one layer's config: the same for every layer count (a layer search plans many)
+        key = (_kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False), tokens)
+    except Exception:  # noqa: BLE001 - a config whose layer kinds cannot be set (Falcon-H1): traced below, or not
+        key = (config.to_json_string(use_diff=False), tokens)
     if key not in _AUTOCAST:
         try:
             layer = {c: _saved_bytes(config, 2, tokens, c) - _saved_bytes(config, 1, tokens, c) for c in (False, True)}
@@ -661,7 +664,7 @@ PARTS = (
 )
 
 
-LISTED_WHERE_HELD = ("reference", "casts", "all_to_all")
+LISTED_WHERE_HELD = ("reference", "casts", "all_to_all")  # the parts named only where the run has them
 
 
 @dataclass

@@ -59,6 +59,8 @@ _override, _call, _read, _set, _patch, _source = map(_of_kind, ("override", "cal
 DPO = "trl.trainer.dpo_trainer"
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
+# a model whose attention hands learnable attention sinks to the attention function (gpt-oss, Granite SWA, ...)
+ATTENTION_SINKS = "s_aux=self.sinks"
 TRAINER = "transformers.trainer"
 LOSS = f"{DPO}:DPOTrainer._compute_loss"  # where TRL reads the attributes set around it
 C10D = "torch.distributed.distributed_c10d"
@@ -229,6 +231,12 @@ _source(
     "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
     "forward hands it one mask per kind (dpotrain/forwards/shared_prompt.py)",
     text=MASK_PER_LAYER_KIND,
+)
+_source(
+    "transformers.models.gpt_oss.modeling_gpt_oss:GptOssAttention.forward",
+    "a model with learnable attention sinks (the config does not say): no FlashAttention build that drops them, no "
+    "sequence-parallel group (dpotrain/forwards/choice.py, dpotrain/forwards/sequence_parallel.py)",
+    text=ATTENTION_SINKS,
 )
 BF16_GPU_AVAILABLE = _patch(
     "transformers.training_args:is_torch_bf16_gpu_available",
@@ -675,7 +683,19 @@ def supports_sdpa(model_or_class) -> bool:
 
 def takes_mask_per_layer_kind(model_class) -> bool:
     """Whether a model class's forward accepts a dict of masks per layer kind, read from its modeling module."""
-    return MASK_PER_LAYER_KIND in inspect.getsource(importlib.import_module(model_class.__module__))
+    return MASK_PER_LAYER_KIND in _module_source(model_class.__module__)
+
+
+def has_attention_sinks(config) -> bool:
+    """Whether the model of `config` hands learnable attention sinks to its attention function, read from its
+    modeling module; False where transformers maps no class to it (remote code)."""
+    model_class = causal_lm_class(config)
+    return model_class is not None and ATTENTION_SINKS in _module_source(model_class.__module__)
+
+
+@functools.cache
+def _module_source(module: str) -> str:
+    return inspect.getsource(importlib.import_module(module))
 
 
 @contextlib.contextmanager
