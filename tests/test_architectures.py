@@ -18,7 +18,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GraniteMoeHybridConfig
+from transformers import AutoConfig, AutoModelForCausalLM, GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 import train_dpo
@@ -466,25 +466,32 @@ def parity_attention() -> str | None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
-@pytest.mark.parametrize("model_type", ["llama", "olmo_hybrid", "granitemoehybrid"])
+@pytest.mark.parametrize("model_type", ["llama", "gpt_oss", "olmo_hybrid", "granitemoehybrid"])
 def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     """On a GPU, in bf16 with a varlen FlashAttention: a dense model passes the start-up check (this is where the bf16
-    tolerance meets real kernels), and a hybrid asked to pack packs exactly when its boundary-aware kernels are
+    tolerance meets real kernels), gpt-oss too where the kernel takes its attention sinks (FA4's `learnable_sink`; one
+    that drops them is refused), and a hybrid asked to pack packs exactly when its boundary-aware kernels are
     installed; without them the check stops the run, naming the fix."""
     import importlib.util
+
+    from dpotrain.forwards import choice
 
     attn = parity_attention()
     if attn is None:
         pytest.skip("no varlen FlashAttention installed (pip install -r requirements-gpu.txt)")
     model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
     args = ["--attn_implementation", attn, "--bf16", "true"]
-    if model_type == "llama":
+    if model_type == "gpt_oss" and choice.drops_sinks(AutoConfig.from_pretrained(model_dir), attn):
+        with pytest.raises(ConfigError, match=f"^attn_implementation {attn} cannot run gpt_oss: its kernel takes no"):
+            smoke_trainer(model_dir, tmp_path / "run", rows, *args)
+        return
+    if model_type in ("llama", "gpt_oss"):
         trainer = smoke_trainer(model_dir, tmp_path / "run", rows, *args).trainer
         examples = [trainer.train_dataset[i] for i in range(4)]
         collator = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
             diff = packing.parity(trainer.model, collator, examples)
-        print(f"llama bf16 {attn}: packed rows vs sequences alone, largest per-token difference {diff:.3g}")
+        print(f"{model_type} bf16 {attn}: packed rows vs sequences alone, largest per-token difference {diff:.3g}")
         assert trainer.packed and diff <= packing.PARITY_TOLERANCE["half"]
         return
     args += ["--padding_free", "true"]  # a hybrid packs only when asked for (choice.hybrid_problem)
