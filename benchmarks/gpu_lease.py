@@ -130,6 +130,14 @@ PIECES = {
         "each shipped recipe on its engine (needs DeepSpeed)",
         (*TESTS, "shipped_recipe"),
     ),
+    "tests-kernels": Piece(
+        150,  # lease 1c (H200): the GPU tests 196 s, 136 of them the plan's widest micro-batch
+        60,
+        "tests-kernels.json",
+        "the GPU tests of the kernels alone (flex, sdpa, carried FA4, attention sinks): not the plan's widest "
+        "micro-batch (passed in lease 1c), nor the shipped recipes",
+        (*TESTS, "not shipped_recipe and not plan_holds_its_largest_micro_batch"),
+    ),
     "probe": Piece(
         90,
         45,
