@@ -5,6 +5,7 @@ traced on fake tensors, TRL's chunked LM head, a live reference model's weights,
 the CUDA context, NCCL and fragmentation. Parameter counts come from the config alone, built on the meta device.
 """
 
+import contextlib
 import copy
 import functools
 import math
@@ -412,8 +413,11 @@ def register_trace_attention() -> None:
     AttentionMaskInterface.register(TRACE_ATTENTION, flash_attention_mask)  # no mask without padding
 
 
-def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool | int) -> int:
-    """The backbone's peak on fake tensors, less parameters: `layers` full-attention layers, or one of each kind."""
+@contextlib.contextmanager
+def _fake_model(config, layers: int | tuple, dtype=torch.bfloat16):
+    """The model with `layers` full-attention layers (or one of each kind) on fake tensors, its attention fused and
+    unmasked (`TRACE_ATTENTION`): what the traces run (`_inputs` are their forward's). In eval mode, as built: a trace
+    enables checkpointing before `train()`, in that order."""
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
@@ -421,8 +425,19 @@ def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool |
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(
-            config, trust_remote_code=own_code(config), dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION
+            config, trust_remote_code=own_code(config), dtype=dtype, attn_implementation=TRACE_ATTENTION
         )
+        yield model
+
+
+def _inputs(tokens: int) -> dict:
+    """A backbone forward's inputs: one row of `tokens` positions."""
+    return {"input_ids": torch.zeros(1, tokens, dtype=torch.long), "position_ids": torch.arange(tokens)[None]}
+
+
+def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool | int) -> int:
+    """The backbone's peak on fake tensors, less parameters: `layers` full-attention layers, or one of each kind."""
+    with _fake_model(config, layers) as model:
         if every := checkpoint_every(checkpointing):
             model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
@@ -430,12 +445,10 @@ def _traced_peak(config, layers: int | tuple, tokens: int, checkpointing: bool |
         model.train()
         for p in model.parameters():  # the engine takes each weight gradient away as soon as it exists
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-        ids = torch.zeros(1, tokens, dtype=torch.long)
-        positions = torch.arange(tokens)[None]
-        tracker = upstream.mem_tracker()
+        inputs, tracker = _inputs(tokens), upstream.mem_tracker()  # the inputs made before the tracker: not counted
         tracker.track_external(model)
         with tracker:
-            hidden = model.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+            hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
             hidden.backward(torch.ones_like(hidden))
         peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     return peak["Total"] - peak[upstream.mem_ref_types().PARAM]
@@ -448,17 +461,14 @@ def autocast_copies(config, tokens: int, layer_params: int) -> int:
     embedding and final norm aside), in float32 under autocast less in bf16, on fake tensors at `tokens` (OLMo 3 7B's
     layer: 386 MiB of weights + 24 KiB a token). A model the trace cannot build takes the formula, as the activations
     do: the largest layer's `layer_params` in bf16, and 3 bf16 casts of the hidden state a token (OLMo 3's). Cached."""
-    try:  # one layer's config: the same for every layer count (a layer search plans many)
-        key = (_kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False), tokens)
-    except Exception:  # noqa: BLE001 - a config whose layer kinds cannot be set (Falcon-H1): traced below, or not
-        key = (config.to_json_string(use_diff=False), tokens)
-    if key not in _AUTOCAST:
-        try:
+    try:
+        key = (_kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False), tokens)  # any layer count's
+        if key not in _AUTOCAST:
             layer = {c: _saved_bytes(config, 2, tokens, c) - _saved_bytes(config, 1, tokens, c) for c in (False, True)}
             _AUTOCAST[key] = max(0, layer[True] - layer[False])
-        except Exception:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
-            _AUTOCAST[key] = BF16 * (layer_params + 3 * config.get_text_config().hidden_size * tokens)
-    return _AUTOCAST[key]
+        return _AUTOCAST[key]
+    except Exception:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
+        return BF16 * (layer_params + 3 * config.get_text_config().hidden_size * tokens)
 
 
 _AUTOCAST: dict[tuple, int] = {}
@@ -467,19 +477,8 @@ _AUTOCAST: dict[tuple, int] = {}
 def _saved_bytes(config, layers: int, tokens: int, autocast: bool) -> int:
     """The bytes the backbone's forward with `layers` full-attention layers saves for backward (parameters aside), in
     float32 under bf16 autocast or in bf16; each storage once (a view saved twice is one tensor)."""
-    from transformers import AutoModelForCausalLM
-
-    register_trace_attention()
-    config = _kinds_copy(config, ("full_attention",) * layers)
     saved: dict[StorageWeakRef, int] = {}  # each storage once, by its identity (on fake tensors too)
-    with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(
-            config,
-            trust_remote_code=own_code(config),
-            dtype=torch.float32 if autocast else torch.bfloat16,
-            attn_implementation=TRACE_ATTENTION,
-        )
+    with _fake_model(config, layers, torch.float32 if autocast else torch.bfloat16) as model:
         model.train()
         params = {StorageWeakRef(p.untyped_storage()) for p in model.parameters()}
 
@@ -488,10 +487,9 @@ def _saved_bytes(config, layers: int, tokens: int, autocast: bool) -> int:
                 saved[ref] = t.untyped_storage().nbytes()
             return t
 
-        ids, positions = torch.zeros(1, tokens, dtype=torch.long), torch.arange(tokens)[None]
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-                model.base_model(input_ids=ids, position_ids=positions, use_cache=False)
+                model.base_model(**_inputs(tokens), use_cache=False)
     return sum(saved.values())
 
 
