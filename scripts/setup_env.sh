@@ -21,7 +21,25 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 stamp() { echo ".venv/.installed-$(cat "$1" requirements.txt | sha256sum | cut -c1-16)"; }
 # The test tools' install (requirements-dev.txt: -r requirements.txt) holds the training requirements too.
+# Room for the install, checked before it starts: a CI run once ended 11 s into it on pip's "[Errno 28] No space left on
+# device", its disk filled by earlier runs' files. PyPI's Linux torch is a CUDA build: the venv takes 6.1 GB (torch,
+# nvidia and triton 5.2 of it), and pip keeps the downloaded wheels in TMPDIR until they are installed. Without torch
+# to install (a cluster's own build of the pinned version already in the venv) the rest takes under 1 GB.
+room() {
+  local pinned torch need_gb=10 free_kb
+  pinned=$(sed -n 's/^torch==//p' requirements.txt)
+  torch=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+  [[ -n $pinned && $torch == "$pinned"* ]] && need_gb=2
+  # The venv's file system and pip's temporary one, each counted once
+  free_kb=$(df -Pk .venv "${TMPDIR:-/tmp}" | awk 'NR > 1 && !seen[$6]++ { kb += $4 } END { print kb }')
+  if (( free_kb < need_gb * 1048576 )); then
+    echo "error: the install needs about $need_gb GB free and $(( free_kb / 1024 )) MB are free in $PWD/.venv and" \
+      "${TMPDIR:-/tmp}: free disk space (old venvs, checkpoints, /tmp), or point TMPDIR at a larger disk" >&2
+    exit 1
+  fi
+}
 if [[ ! -f $(stamp "$reqs") && ! ( $reqs == requirements.txt && -f $(stamp requirements-dev.txt) ) ]]; then
+  room
   .venv/bin/python -m pip install --quiet --upgrade pip
   # --no-cache-dir: pip would keep a second copy of every downloaded wheel (~4 GB with torch's CUDA libraries) in
   # ~/.cache/pip, and a full disk once ended a CI run in the middle of this install.

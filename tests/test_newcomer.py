@@ -7,6 +7,7 @@ as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 import dataclasses
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -1535,6 +1536,42 @@ def test_setup_env_refuses_a_word_it_does_not_take_before_it_installs_anything(w
     assert "--dev" in done.stderr and not (tmp_path / "installs").exists()
     fine = subprocess.run(["bash", "scripts/setup_env.sh", "--dev"], cwd=project, capture_output=True, text=True)
     assert fine.returncode == 0 and "requirements-dev.txt" in fine.stdout, fine.stdout + fine.stderr
+
+
+@pytest.mark.parametrize("torch, need", [("", 10), ("2.15.0+cu130", 2)], ids=["torch-to-install", "torch-in-place"])
+def test_setup_env_refuses_to_start_an_install_the_disk_cannot_hold(torch, need, tmp_path):
+    """A CI run ended 11 s into the install on pip's "[Errno 28] No space left on device". setup_env.sh now counts the
+    free space where the venv and pip's downloads go before it installs anything: on a 64 MB file system it stops with
+    the room it needs (less when the pinned torch, a cluster's own build, is already in the venv)."""
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to mount a small tmpfs")
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+    assert torch == "" or torch.startswith(pinned)  # the in-place case stands for the pinned version
+    small = tmp_path / "small"
+    small.mkdir()
+    stand_in = tmp_path / "python"  # the venv's python: it records what it is asked and knows its torch version
+    stand_in.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "asked"}\n[ "$1" = -c ] && echo "{torch}"\nexit 0\n')
+    stand_in.chmod(0o755)
+    script = f"""
+set -e
+mkdir -p "$0/project/scripts" "$0/project/.venv/bin" "$0/tmp"
+cp {ROOT / "scripts" / "setup_env.sh"} "$0/project/scripts/"
+cp {ROOT / "requirements.txt"} {ROOT / "requirements-dev.txt"} "$0/project/"
+cp {stand_in} "$0/project/.venv/bin/python"
+cd "$0/project" && TMPDIR="$0/tmp" bash scripts/setup_env.sh
+"""
+    mount = 'mount -t tmpfs -o size=64m tmpfs "$0" && { sh -c "$1" "$0"; rc=$?; umount "$0"; exit $rc; }'
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", mount, str(small), script], capture_output=True, text=True)
+    if "mount:" in done.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith(f"error: the install needs about {need} GB free and "), done.stderr
+    assert "free disk space" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    free_mb = int(re.search(r"and (\d+) MB are free", done.stderr).group(1))
+    assert 0 < free_mb <= 64  # the tmpfs alone, counted once though the venv and TMPDIR are both on it
+    assert "-m pip" not in (tmp_path / "asked").read_text()  # asked its torch version, never to install
 
 
 @pytest.mark.parametrize("words", [[], ["--dry-run"]], ids=["bare", "dry-run"])
