@@ -74,7 +74,7 @@ def _script(name: str):
             ["--config"],
             "--config takes a value (the recipe the job runs, e.g. configs/think.yaml): none given",
         ),
-        ("preflight", ["--sample", "abc"], "--sample takes a whole number (e.g. --sample 512, its default), not 'abc'"),
+        ("preflight", ["--sample", "abc"], "--sample takes a whole number (e.g. --sample 512), not 'abc'"),
         (
             "push_to_hub",
             ["out", "--repo_id"],

@@ -130,14 +130,15 @@ def takes(action) -> str:
 
 
 def _example(flag: str, action) -> str:
-    """'e.g. --beta 0.1, its default', else the flag's help (a default of None shows nothing to type)."""
+    """'e.g. --beta 0.1' (the parser's default: TRL's or transformers' own, which a recipe may change, so it is given
+    as an example, not as the run's default), else the flag's help (a default of None shows nothing to type)."""
     default = action.default
     if isinstance(default, list) and default:
         default = " ".join(map(str, default))
     if isinstance(default, float):
         default = f"{default:g}"
     if isinstance(default, (int, str)) and not isinstance(default, bool) and str(default):
-        return f"e.g. {flag} {default}, its default"
+        return f"e.g. {flag} {default}"
     return _first_sentence(action.help)
 
 
