@@ -1129,7 +1129,9 @@ def test_a_take_that_fails_or_ends_removes_exactly_the_folders_it_made(tmp_path)
     script = tmp_path / "limited.py"
     script.write_text(LIMITED_TAKE.format(root=str(ROOT)))
     for out in (tmp_path / "made" / "deeper" / "run", kept / "deeper" / "run"):
-        result = subprocess.run([python(), str(script), str(out)], capture_output=True, text=True, timeout=120)
+        # A cold interpreter: the script imports the lock alone (0.1 s), where python()'s warm server, started for it
+        # in the fast tier, imports torch and transformers first (~8 s)
+        result = subprocess.run([PYTHON, str(script), str(out)], capture_output=True, text=True, timeout=120)
         assert result.stdout.strip() == f"OSError {errno.EFBIG}", result.stdout + result.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "limited.py"] and not any(kept.iterdir())
     out = tmp_path / "new" / "deeper" / "run"
