@@ -260,6 +260,7 @@ class _Warm:
 
     server: subprocess.Popen | None = None
     folder: Path | None = None
+    started_for = ""
 
     @classmethod
     def clients(cls) -> Path | None:
@@ -269,6 +270,7 @@ class _Warm:
             import tempfile
 
             cls.folder = Path(tempfile.mkdtemp(prefix="dpotrain-warm-"))
+            cls.started_for = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]  # its ~8 s start, said
             env = {
                 **BASE_ENV,
                 "DPOTRAIN_WARM_LOG": str(cls.folder / "requests.log"),
@@ -310,7 +312,10 @@ class _Warm:
         lines = log.read_text().splitlines() if log.exists() else []
         shutil.rmtree(cls.folder, ignore_errors=True)
         fresh = Counter(line.removeprefix("fresh ") for line in lines if line.startswith("fresh "))
-        summary = f"warm python: {len(lines) - sum(fresh.values())} of {len(lines)} processes started warm"
+        summary = (
+            f"warm python: {len(lines) - sum(fresh.values())} of {len(lines)} processes started warm (the server "
+            f"started for {cls.started_for})"
+        )
         return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
 
 
