@@ -663,14 +663,14 @@ def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, li
     within the model's positions (`limit`); more pairs cut than the analyzer's rule would: warned of once."""
     if max_length is None:
         return
-    mode = recipe.training.truncation_mode
+    mode, budget = recipe.training.truncation_mode, recipe.project.max_tokens_per_microbatch
     if f is not None:
-        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, mode, f.source, limit)
+        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, mode, f.source, limit, budget)
         if not recipe.max_length_auto and launcher.launched_main():  # auto is chosen to leave COVERAGE whole
-            if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, mode, f.source, limit):
+            if many := cuts.warning(f.prompt, f.chosen, f.rejected, max_length, mode, f.source, limit, budget):
                 warn(many)
     if pairs.mix is not None and measured is not None:  # every pair: each source's
-        pairs.mix.check_cuts(measured[0], max_length, mode, limit)
+        pairs.mix.check_cuts(measured[0], max_length, mode, limit, budget)
     if pairs.eval is not None and tokenizer is not None:
         check_held_out(pairs.eval, tokenizer, max_length, recipe, launch.data_parallel, pairs.eval_mix, limit)
 
@@ -861,7 +861,10 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
     limit = pair_lengths.positions
-    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split", limit)
+    budget = p.max_tokens_per_microbatch
+    cuts.check(
+        m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split", limit, budget
+    )
     # TRL drops the pairs whose prompt alone fills max_length under keep_start; keep_end cuts their start instead
     kept = (m.prompt < max_length) | (t.truncation_mode != "keep_start")
     every = PairLengths.from_parts(

@@ -448,7 +448,11 @@ def test_the_length_a_refusal_advises_is_within_the_models_positions(long, tmp_p
     advice = line.split("must keep a difference: ")[1]
     assert "auto" not in advice and "the smallest multiple" not in advice, line
     if long == 3:
-        assert re.fullmatch(r"pass --max_length 4096 \(the model's positions: [0-9,]+ would reach past them\)", advice)
+        assert re.fullmatch(  # with the budget the smoke recipe's 2,048 tokens cannot give it
+            r"pass --max_length 4096 --max_tokens_per_microbatch 8192 \(the model's positions: [0-9,]+ would reach "
+            r"past them; a micro-batch holds 2 x max_length, and max_tokens_per_microbatch is 2048\)",
+            advice,
+        )
     else:
         assert "no max_length within the model's 4,096 positions does (7 of the pairs have a prompt" in line, line
     # Within the positions, the advice is as before.
@@ -465,6 +469,30 @@ def test_the_max_length_a_warning_advises_is_taken_as_written(max_positions, tmp
     assert flag == f"--max_length {max_positions or 5120}", line
     recipe = parse_args(["--config", str(SMOKE), "--output_dir", str(tmp_path / "run"), *flag.split()])
     assert recipe.training.max_length == (max_positions or 5120)
+
+
+@pytest.mark.parametrize("max_positions", [None, 4096], ids=["the analyzer's length", "the model's positions"])
+def test_the_length_a_warning_advises_comes_with_the_token_budget_it_needs(max_positions, tmp_path):
+    """A hunt: on pairs of up to ~2,500 tokens the CPU demo's recipe (max_tokens_per_microbatch 2048) warned "pass
+    --max_length 2560 ... or --max_length auto", and both, followed, were refused: "max_tokens_per_microbatch=2048
+    must hold the longest possible pair, 2 x max_length (5120)". The advice now names the budget it needs, and the
+    flags as printed pass the run's check; a budget that holds the length is not named."""
+    from dpotrain import resolve
+
+    smoke = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "run")]
+    budget = parse_args(smoke).project.max_tokens_per_microbatch
+    line = cuts.warning([3000] * 10, [2000] * 10, [2000] * 10, 1024, "keep_start", "ten pairs", max_positions, budget)
+    length = max_positions or 5120
+    assert budget < 2 * length  # the recipe's budget cannot hold the advised length alone
+    for flags in re.findall(r"pass (--max_length \S+(?: --max_tokens_per_microbatch \S+)?)", line) + re.findall(
+        r" or (--max_length auto --max_tokens_per_microbatch \S+)", line
+    ):
+        recipe = parse_args([*smoke, *flags.split()])
+        assert recipe.project.max_tokens_per_microbatch == 2 * length, (flags, line)
+        resolve.check_token_budget(recipe.project.max_tokens_per_microbatch, recipe.training.max_length or length)
+    assert line.count("--max_tokens_per_microbatch") == (1 if max_positions else 2), line
+    roomy = cuts.warning([3000] * 10, [2000] * 10, [2000] * 10, 1024, "keep_start", "ten", max_positions, 2 * length)
+    assert "--max_tokens_per_microbatch" not in roomy and "micro-batch" not in roomy, roomy
 
 
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):

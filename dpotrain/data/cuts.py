@@ -87,18 +87,20 @@ def check(
     truncation_mode: str,
     source: str,
     max_positions: int | None = None,
+    budget: int | None = None,
 ) -> None:
     """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
     when the trainer drops it, or (keep_start) when the cut falls inside the start its completions share (`shared`;
     None: not measured), so that both sides are the same tokens. Say what length would do instead: within the model's
-    `max_positions` where known (a longer one is refused in turn), or that none does."""
+    `max_positions` where known (a longer one is refused in turn), with the token `budget` it needs, or that none
+    does."""
     prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
     pairs = len(prompt)
     teach, dropped, same = teaching(prompt, shared, max_length, truncation_mode)
     if not pairs or teach >= TEACHING * pairs:
         return
     fits = recommend(prompt + np.maximum(chosen, rejected), COVERAGE)
-    fix = advice(fits, max_positions)
+    fix = advice(fits, max_positions, budget)
     if max_positions and fits > max_positions:
         if teaching(prompt, shared, max_positions, truncation_mode)[0] < TEACHING * pairs:
             long = int(np.count_nonzero(prompt >= max_positions))
@@ -115,18 +117,25 @@ def check(
     )
 
 
-def advice(fits: int, max_positions: int | None) -> str:
-    """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past. The
-    flag's value without thousands separators: copied as printed, `--max_length 4,096` is refused."""
-    if max_positions and fits > max_positions:
-        return f"pass --max_length {max_positions} (the model's positions: {fits:,} would reach past them)"
+def advice(fits: int, max_positions: int | None, budget: int | None = None) -> str:
+    """What to pass instead: `fits` (the analyzer's rule, `recommend`), or the model's positions it reaches past; with
+    the micro-batch token `budget` it needs where the run's is smaller than 2 x that length (`resolve.
+    check_token_budget` refuses it otherwise: the advice followed alone was refused). The flags' values without
+    thousands separators: copied as printed, `--max_length 4,096` is refused."""
+    length = max_positions if max_positions and fits > max_positions else fits
+    more = f" --max_tokens_per_microbatch {2 * length}" if budget and budget < 2 * length else ""
+    held = f"; a micro-batch holds 2 x max_length, and max_tokens_per_microbatch is {budget}" if more else ""
+    if length != fits:
+        return f"pass --max_length {length}{more} (the model's positions: {fits:,} would reach past them{held})"
     return (
-        f"pass --max_length {fits} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
-        "whole) or --max_length auto (docs/max_length.md)"
+        f"pass --max_length {fits}{more} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
+        f"whole{held}) or --max_length auto{more} (docs/max_length.md)"
     )
 
 
-def warning(prompt, chosen, rejected, max_length: int, truncation_mode: str, source: str, max_positions=None):
+def warning(
+    prompt, chosen, rejected, max_length: int, truncation_mode: str, source: str, max_positions=None, budget=None
+):
     """The line a run with a max_length of its own (not `auto`, chosen to `COVERAGE`) says when more than 1 - COVERAGE
     of its pairs are cut or dropped there, naming the analyzer's length within the model's `max_positions`; None
     where fewer are, or no length the model takes cuts fewer (max_length is its positions already)."""
@@ -139,5 +148,5 @@ def warning(prompt, chosen, rejected, max_length: int, truncation_mode: str, sou
         return None
     return (
         f"more than {1 - COVERAGE:.0%} of the pairs are cut or dropped at max_length {max_length:,} ({source}): "
-        f"{counts(counted)}; {advice(fits, max_positions)}"
+        f"{counts(counted)}; {advice(fits, max_positions, budget)}"
     )

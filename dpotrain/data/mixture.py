@@ -488,7 +488,9 @@ class Mix:
                 record["dropped_at_max_length"] = int(n)
         return records
 
-    def check_cuts(self, measured, max_length: int, truncation_mode: str, max_positions: int | None) -> None:
+    def check_cuts(
+        self, measured, max_length: int, truncation_mode: str, max_positions: int | None, budget: int | None = None
+    ) -> None:
         """Refuse a source none of whose pairs keeps anything to learn at `max_length` (each dropped, its prompt alone
         filling it, or cut until both answers are the same tokens): the mixture as a whole may still teach
         (`cuts.check`), and the run trained on without that source while its record, summary and model card said
@@ -509,7 +511,7 @@ class Mix:
             raise ConfigError(
                 f"mixture source {record['source']}: max_length {max_length:,} leaves none of its {len(prompt):,} "
                 f"pairs anything to learn, so it would train nothing ({'; '.join(why)}): "
-                f"{cuts.advice(fits, max_positions)}, or remove the source"
+                f"{cuts.advice(fits, max_positions, budget)}, or remove the source"
             )
 
     def check_held_out_drops(self, measured, max_length: int, max_positions: int | None, chosen: str = "") -> None:
