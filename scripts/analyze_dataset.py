@@ -390,7 +390,8 @@ def analyze(args: argparse.Namespace) -> int:
             else mixture.load(
                 mixture.parse(fields),
                 training.seed,
-                rows.RowRules(args.skip_invalid, hh_format, turns, tokenizer),
+                # the recipe's chat_template_path named in each source's line, as the run names it
+                rows.RowRules(args.skip_invalid, hh_format, turns, tokenizer, project.chat_template_path),
                 {},
                 "invalid_rows",
                 pins=pins,
@@ -416,7 +417,9 @@ def analyze(args: argparse.Namespace) -> int:
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
         if e.index == 0 and indices is None and not args.streaming:  # a stream is not read twice: its row's line
-            checked = rows.check_dataset(dataset, rows.RowRules(True, hh_format, turns, tokenizer))
+            checked = rows.check_dataset(
+                dataset, rows.RowRules(True, hh_format, turns, tokenizer, project.chat_template_path)
+            )
             every_row_invalid(checked, split, name)
         raise e.located(name) from None
     if m.rows == 0:

@@ -1353,6 +1353,25 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
 
 
+def test_a_mixtures_sources_are_said_read_with_the_recipes_chat_template(cli, tmp_path, tiny_model_dir, capsys):
+    """A hunt: with `--chat_template_path`, each mixture source's `Data (...)` line said "the model's chat template"
+    where its rows were checked with the file given, and the run's dry run named the file: the analyzer's rules for
+    the sources left the recipe's template out. Both now name it."""
+    template = tmp_path / "mine.jinja"
+    template.write_text((ROOT / "configs" / "templates" / "olmo_thinker.jinja").read_text())
+    rows = _messages_rows()[:6]
+    for row in rows:  # answers that open with a thinking block, as the thinker template's generation prompt asks
+        for side in ("chosen", "rejected"):
+            row[side] = [*row[side][:-1], {**row[side][-1], "content": "<think>ok</think>" + row[side][-1]["content"]}]
+    a = write_jsonl(tmp_path / "a.jsonl", rows)
+    mixer = ["--dataset_mixer_list", a, "1.0", "--chat_template_path", str(template)]
+    assert cli.main(["--tokenizer", tiny_model_dir, *mixer, "--num-proc", "1"]) == 0
+    said = capsys.readouterr()
+    data = [line for line in (said.out + said.err).splitlines() if line.startswith(f"Data ({a}")]
+    assert data and all(line.endswith(f"the chat template {template}") for line in data), data
+    assert "the model's chat template" not in said.out + said.err
+
+
 def test_seed_is_the_runs_seed_so_a_mixture_is_measured_on_the_rows_the_run_takes(cli, tmp_path, tiny_model_dir):
     """`--seed 3` is train_dpo.py's seed, which draws a mixture's rows: the analyzer took it for its own --sample seed
     and measured the rows the recipe's seed (7) draws (a probe: 23 of 35 pairs cut at 160 where the run with --seed 3
