@@ -329,7 +329,11 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
     """The summary's micro-batch rows: from the step plan where it is made, else what decides them at start."""
     budget = b.max_tokens_per_microbatch
     if b.positions_per_micro_batch is not None:
-        per, cap = b.micro_batches_per_step, f" (at most {budget:,})" if budget else ""
+        per, widest = b.micro_batches_per_step, b.positions_per_micro_batch.max
+        # The budget counts the pairs' tokens; positions count the rows as laid out, their padding included, so the
+        # widest micro-batch may pass it (it read "at most 2,048" beside a plan of up to 2,290 positions)
+        padded = f"; up to {widest:,} positions with the rows' padding" if budget and widest > budget else ""
+        cap = f" (at most {budget:,} tokens of pairs, max_tokens_per_microbatch{padded})" if budget else ""
         row(
             "micro-batches",
             f"{per} per step on each process{f' (mean {per.mean})' * (per.min != per.max)}, "

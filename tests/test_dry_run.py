@@ -680,6 +680,20 @@ def test_the_runs_first_half_says_it_on_the_main_process_only(tmp_path, tiny_mod
         assert len(cut_warnings(capsys.readouterr().err)) == said, rank
 
 
+def test_the_micro_batch_line_tells_the_token_budget_from_the_positions_it_lays_out(tmp_path, capsys):
+    """A hunt: the CPU demo's summary read "~1,590 positions each (at most 2,048)" where its own record's widest
+    micro-batch lays out 2,290 positions: the budget counts the pairs' tokens, the positions the rows' padding too.
+    The line now says which is which, and the widest micro-batch where it passes the budget."""
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
+    record = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]["batching"]
+    widest, budget = record["positions_per_micro_batch"]["max"], record["max_tokens_per_microbatch"]
+    assert widest > budget  # the demo's plan: balanced rows padded past the budget
+    assert field(text, "micro-batches").endswith(
+        f"positions each (at most {budget:,} tokens of pairs, max_tokens_per_microbatch; up to {widest:,} positions "
+        "with the rows' padding)"
+    ), text
+
+
 def test_a_count_of_one_reads_in_the_singular(tmp_path, capsys):
     """One pair per step, one sample prompt, every step, an epoch's worth of max_steps: the summary said "1 pairs",
     "1 prompts every 1 steps", "1 epochs" and "1-1 per step ... (mean 1.0)", the model card "1 epochs trained"."""
@@ -692,7 +706,8 @@ def test_a_count_of_one_reads_in_the_singular(tmp_path, capsys):
     assert field(text, "watching").endswith("; samples from up to 1 prompt every step"), text
     assert field(text, "per step") == "1 pair, over all processes"
     assert re.fullmatch(
-        r"1 per step on each process, ~\d+ positions each \(at most 2,048\)", field(text, "micro-batches")
+        r"1 per step on each process, ~\d+ positions each \(at most 2,048 tokens of pairs, max_tokens_per_microbatch\)",
+        field(text, "micro-batches"),
     )
     card = hub.model_card(run_record.of(json.loads((tmp_path / "run.dry-run.json").read_text())), [])
     assert "| `num_train_epochs` | 1.0 (max_steps 384 decides the steps: 1 epoch trained) |" in card
