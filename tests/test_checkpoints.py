@@ -569,3 +569,30 @@ def test_a_checkpoint_rotation_cannot_remove_for_a_file_held_open_names_nothing_
         "held open by another process; a later save removes it, or remove it yourself"
     ), line
     assert (out / "checkpoint-2").is_dir() and "checkpoint-2" in run_files.read(out)
+
+
+def test_checkpoints_whose_complete_marks_were_removed_are_damaged_never_cut_short(tmp_path):
+    """A hunt: every checkpoint's COMPLETE mark removed (by hand, or left out of a restore), their files whole and the
+    run's record listing them as marked complete: the rerun took them for saves cut short, said "nothing to resume
+    from: starting afresh" and deleted them. A mark the run wrote and that is gone since is damage: the rerun refuses,
+    naming each checkpoint and why, as it refuses when every checkpoint fails its checks. Saves cut short, which the
+    record never listed as complete, still start afresh."""
+    from dpotrain.train import resume
+
+    out = tmp_path / "run"
+    names = ["checkpoint-2", "checkpoint-3", "resolved_config.json"]
+    for name in names[:2]:
+        (out / name).mkdir(parents=True)
+        (out / name / "trainer_state.json").write_text("{}")
+    (out / "resolved_config.json").write_text("{}")
+    run_files.write(out, names, complete=names[:2])
+    assert not resume.only_cut_short(out, [])
+    with pytest.raises(ConfigError) as refused:
+        resume.latest_sound_checkpoint(out)
+    gone = f"its {MARKER} mark is gone since the run wrote it ({run_files.MANIFEST} lists it as complete)"
+    said = str(refused.value)  # each with what else is missing (these made-up folders hold no manifest)
+    assert said.startswith(f"output_dir {str(out)!r} has no checkpoint left to resume from (checkpoint-3: {gone}; ")
+    assert f"; checkpoint-2: {gone}; " in said, said
+    assert said.endswith("restore each named file from a copy, or pass --overwrite_output_dir to start afresh")
+    run_files.write(out, names, complete=[])  # as saves killed before their marks leave the record
+    assert resume.only_cut_short(out, []) and resume.latest_sound_checkpoint(out) is None

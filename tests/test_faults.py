@@ -430,6 +430,9 @@ def test_a_hand_edited_record_over_checkpoints_cut_short_is_read_as_the_run_wrot
     out = unfinished(baseline, tmp_path)
     for mark in out.glob("checkpoint-*/COMPLETE"):
         mark.unlink()
+        run_files.incomplete(
+            out, mark.parent.name
+        )  # as a save cut short leaves the run's record: never listed complete
     record = json.loads((out / "resolved_config.json").read_text())
     (out / "resolved_config.json").write_text(json.dumps(record | {"learning_rate": record["learning_rate"] * 2}))
     result = train(out, tiny_model_dir, pairs, "--dry-run")
@@ -990,6 +993,7 @@ def test_an_explicit_resume_from_a_save_cut_short_is_refused_naming_what_is_miss
     out = unfinished(baseline, tmp_path)
     for name in ("COMPLETE", checkpoint_manifest.MANIFEST, "optimizer.pt", "scheduler.pt"):
         (out / "checkpoint-4" / name).unlink()
+    run_files.incomplete(out, "checkpoint-4")  # as a save cut short leaves the run's record: never listed complete
     recipe = parse_args(
         [*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(out / "checkpoint-4")]
     )
