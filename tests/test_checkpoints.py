@@ -148,6 +148,29 @@ def test_a_hand_edited_manifest_is_named_unreadable_and_skipped_not_a_traceback(
     assert newest_verified(tmp_path) == (tmp_path / "checkpoint-2", [(edited.parent, f"{MANIFEST} is unreadable")])
 
 
+def test_a_folder_transformers_reads_as_fsdps_put_in_a_checkpoint_after_its_seal_skips_it(tmp_path):
+    """A hunt: an empty `pytorch_model_fsdp_0/` made in the newest checkpoint after its seal (the manifest checks
+    files alone) made transformers load it as FSDP's: every rerun failed in "ValueError: Checkpoint found at ... is only
+    supported when using PyTorch FSDP", never falling back. It is skipped for the one before it, as a stray weights
+    file is; the folders an FSDP save writes, their files listed, pass."""
+    from accelerate.utils.constants import FSDP_MODEL_NAME
+
+    from dpotrain.train.checkpoint_manifest import FSDP_FOLDER, MANIFEST, problem
+
+    assert FSDP_FOLDER == FSDP_MODEL_NAME
+    sealed_checkpoint(tmp_path / "checkpoint-2")
+    newest = sealed_checkpoint(tmp_path / "checkpoint-4")
+    (newest / "pytorch_model_fsdp_0").mkdir()
+    why = f"pytorch_model_fsdp_0/ is not in {MANIFEST} (made after the checkpoint was sealed, or copied in)"
+    assert problem(newest) == why
+    assert newest_verified(tmp_path) == (tmp_path / "checkpoint-2", [(newest, why)])
+    fsdp = tmp_path / "checkpoint-6"  # an FSDP save's own folder, sealed with its shard
+    (fsdp / "pytorch_model_fsdp_0").mkdir(parents=True)
+    (fsdp / "pytorch_model_fsdp_0" / "__0_0.distcp").write_text("shard\n")
+    sealed_checkpoint(fsdp)
+    assert problem(fsdp) is None
+
+
 def test_the_seal_line_counts_files_and_processes_in_the_singular_when_one(tmp_path, capsys):
     """A run on one process printed "checksummed by 1 process(es)"."""
     from dpotrain.train import checkpoint_manifest

@@ -30,6 +30,9 @@ STATE = {
 # does not list was put there after the checkpoint was sealed (another run's, a copy cut short), and would be loaded
 # unverified.
 LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "trainer_state.json", "latest")
+# transformers loads a checkpoint as FSDP's when a folder's name holds this (Trainer._load_from_checkpoint), whatever
+# the folder holds: an empty one put there failed every resume with "only supported when using PyTorch FSDP"
+FSDP_FOLDER = "pytorch_model_fsdp"  # accelerate.utils.constants.FSDP_MODEL_NAME, which transformers copies
 
 
 def sha256(path: Path) -> str:
@@ -148,6 +151,9 @@ def problem(folder: Path) -> str | None:
     for rel, _ in listing(folder, leave_out=(MANIFEST,)):
         if rel not in files and any(fnmatch.fnmatch(Path(rel).name, kind) for kind in LOADED):
             return f"{rel} is not in {MANIFEST} (written after the checkpoint was sealed, or copied in)"
+    for entry in sorted(folder.iterdir()):
+        if FSDP_FOLDER in entry.name and is_dir(entry) and not any(rel.startswith(f"{entry.name}/") for rel in files):
+            return f"{entry.name}/ is not in {MANIFEST} (made after the checkpoint was sealed, or copied in)"
     return None
 
 
