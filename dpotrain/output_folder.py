@@ -32,6 +32,12 @@ from dpotrain.train.samples import SAMPLES_FILE
 FINAL_STAGING = ".final_model"
 # What a file browser or an editor leaves in any folder it shows: a folder holding only them is empty to its owner.
 BROWSER_FILES = (".DS_Store", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini")
+# What a refusal of an input in the output folder says of that folder, and what to do
+_NEVER_READ = (
+    "a run writes and removes its own files there (checkpoints, the final model, the old run's under "
+    "--overwrite_output_dir), so it never reads from there"
+)
+_COPY_OUT = "copy it out of that folder first, or pass another --output_dir"
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
@@ -204,15 +210,54 @@ def _reads_outside(recipe) -> None:
         if not path or not (writes.exists(where) or where.is_symlink()):
             continue
         real = where.resolve()
-        alias = same_folder_above(real, root)  # the folder by another name
-        if real == root or root in real.parents or alias:
+        inside, alias = _inside(real, root)
+        if inside:
             link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
-            link += f" ({alias} is the same folder as {root})" if alias and alias != root else ""
-            raise ConfigError(
-                f"{named}{link} is in output_dir {out!r}: a run writes and removes its own files there (checkpoints, "
-                "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "
-                "out of that folder first, or pass another --output_dir"
-            )
+            raise ConfigError(f"{named}{link}{alias} is in output_dir {out!r}: {_NEVER_READ}: {_COPY_OUT}")
+        if writes.is_dir(real):  # what it reads is each file in it, which a link there may take from the output folder
+            _no_links_into(named, real, root, out)
+
+
+def _inside(real: Path, root: Path) -> tuple[bool, str]:
+    """Whether the real path `real` lies in the output folder `root`, by name or by another name (a bind mount), and
+    the words that name the second (`same_folder_above`)."""
+    alias = same_folder_above(real, root)
+    said = f" ({alias} is the same folder as {root})" if alias and alias != root else ""
+    return real == root or root in real.parents or alias is not None, said
+
+
+def _no_links_into(named: str, folder: Path, root: Path, out: str) -> None:
+    """A folder input (a model, a chat template's, data) whose files are links into the output folder is refused as if
+    it lay there: --overwrite_output_dir removed the finished model a folder of links to its files named, and the run
+    failed on the links left dangling. Its entries by their names alone (`scandir`: no stat per file, for a data
+    folder of thousands), no folder link followed; a hard link needs nothing (the file outlives one name removed)."""
+    found = []
+    for link in _links_under(folder):
+        real = Path(os.path.realpath(link))
+        inside, alias = _inside(real, root)
+        if inside:
+            found.append((link, real, alias))
+    if found:
+        link, real, alias = found[0]
+        more = f" (and {plural(len(found) - 1, 'other link')} into it)" if len(found) > 1 else ""
+        raise ConfigError(
+            f"{named} holds {link}, a link to {real}{alias}{more}, which is in output_dir {out!r}: {_NEVER_READ}: "
+            "put a copy of what each link points to in its place, or pass another --output_dir"
+        )
+
+
+def _links_under(folder: Path):
+    """The symbolic links under `folder`, folder links not followed. A folder gone or not ours to look in has none to
+    show (the run's own read says why); an unanswered look (ESTALE) is raised, never taken for no link."""
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return
+    for entry in sorted(entries, key=lambda e: e.name):
+        if entry.is_symlink():
+            yield Path(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            yield from _links_under(Path(entry.path))
 
 
 def check_replaceable(output_dir: str, start_afresh: bool) -> None:

@@ -809,6 +809,89 @@ def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch)
         output_folder.check_reads_outside(parse_args(["--config", SMOKE, "--output_dir", str(output_dir), *args]))
 
 
+def test_a_folder_input_whose_files_are_links_into_the_output_folder_is_refused(tmp_path):
+    """A model folder of links to a finished run's files (or a chat template's folder, a data folder) passed the check,
+    which resolved the folder's own path alone: --overwrite_output_dir removed the files the links named, then the run
+    failed on the links left dangling. Now a link anywhere under a folder input that leads into the output folder is
+    refused, naming it and where it points; a folder link is not followed, and a hard link (the file outlives the name
+    removed) or a link elsewhere is no refusal."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "chat_template.jinja", "pairs.jsonl"):
+        (out / name).write_text("{}\n")
+    model, template, data = tmp_path / "model", tmp_path / "template", tmp_path / "data" / "train" / "part"
+    for folder in (model, template, data):
+        folder.mkdir(parents=True)
+    (model / "tokenizer.json").write_text("{}\n")  # a file of its own beside the links
+    for name in ("config.json", "model.safetensors"):
+        (model / name).symlink_to(out / name)
+    (template / "chat_template.jinja").symlink_to(out / "chat_template.jinja")
+    (data / "pairs.jsonl").symlink_to(out / "pairs.jsonl")  # two folders down
+
+    def refused(*args) -> str:
+        recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), *args])
+        with pytest.raises(ConfigError) as error:
+            output_folder.check_reads_outside(recipe)
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    said = refused("--model_name_or_path", str(model))
+    assert said.startswith(
+        f"model_name_or_path {str(model)!r} holds {model / 'config.json'}, a link to {out / 'config.json'} (and 1 "
+        f"other link into it), which is in output_dir {str(out)!r}: "
+    ), said
+    assert "put a copy of what each link points to in its place, or pass another --output_dir" in said, said
+    assert f"holds {template / 'chat_template.jinja'}, a link to {out / 'chat_template.jinja'}" in refused(
+        "--chat_template_path", str(template)
+    )
+    assert f"holds {data / 'pairs.jsonl'}, a link to {out / 'pairs.jsonl'}" in refused(
+        "--dataset_name", str(tmp_path / "data")
+    )
+    # A folder link under the input is a link into the output folder too (refused), but never walked through
+    (model / "config.json").unlink()
+    (model / "model.safetensors").unlink()
+    (model / "checkpoint").symlink_to(out / "checkpoint-2")
+    assert f"holds {model / 'checkpoint'}, a link to {out / 'checkpoint-2'}, which" in refused(
+        "--model_name_or_path", str(model)
+    )
+    (model / "checkpoint").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").symlink_to(out / "config.json")
+    (model / "more").symlink_to(elsewhere)  # not followed: what the model folder reads is its own names
+    os.link(out / "model.safetensors", model / "model.safetensors")  # a hard link: removing one name leaves the data
+    (tmp_path / "config.json").write_text("{}\n")
+    (model / "config.json").symlink_to(tmp_path / "config.json")  # a link to a file outside the output folder
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--model_name_or_path", str(model)])
+    output_folder.check_reads_outside(recipe)
+
+
+def test_a_model_folder_of_links_to_the_finished_run_it_replaces_is_refused_before_anything_is_removed(
+    tmp_path, tiny_model_dir
+):
+    """A model folder whose files are links to the finished model --overwrite_output_dir replaces: the run removed that
+    model (the old run's own files), the links dangled, and the run ended in a traceback. Now refused in one line
+    naming a link, nothing removed."""
+    out, model = tmp_path / "run", tmp_path / "model"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 1}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", *os.listdir(tiny_model_dir)])
+    model.mkdir()
+    for name in os.listdir(tiny_model_dir):
+        (model / name).symlink_to(out / name)
+    before = snapshot(out)
+    result = run_train(
+        train_args(out, "--model_name_or_path", str(model), "--max_steps", "2", "--overwrite_output_dir"),
+        env=env_for(tiny_model_dir),
+    )
+    line = refusal(result)
+    assert line.startswith(f"error: model_name_or_path {str(model)!r} holds {model}/"), line
+    assert f"which is in output_dir {str(out)!r}: " in line, line
+    assert snapshot(out) == before and "Replaced the run" not in result.stdout
+
+
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------
 
 
