@@ -39,6 +39,10 @@ with venv.loading_libraries():
     from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 
 
+# The stop line of a run stopped before --overwrite_output_dir's removal began
+REPLACE_STOPPED = "stopped with nothing removed by --overwrite_output_dir, before the model loaded"
+
+
 def main(argv=None) -> None:
     command = None if argv is None else [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
     stop = GracefulStop.from_env(command)  # first: a stop while the model loads is kept; it prints `command`
@@ -118,6 +122,10 @@ def run(argv, stop: GracefulStop) -> int | None:
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
+    # A stop asked by now (as the data was read) ends the run before the old run's files go, the command printed to go
+    # on as typed: it removed the finished run, then stopped. One asked during the removal lets it finish (below).
+    if spec.output.start_afresh and stop.stop_before_training(state.device, REPLACE_STOPPED, as_typed=True):
+        return STOPPED_EXIT
     train_stage.prepare_output(spec)  # the old run's files removed where it is replaced
     # After the removal: the command printed to go on drops --overwrite_output_dir, which would resume the old run.
     if stop.stop_before_training(state.device, "stopped before the model loaded"):

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -31,6 +32,7 @@ from conftest import (
     signal_paused,
     start_child,
 )
+from dpotrain.train import run_files
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -195,6 +197,51 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, sto
     rerun = start(out, tiny_model_dir, pairs)
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0 and "scoring" not in log, log[-3000:]  # the reference kept, not scored again
+    assert logged_steps(out) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("when", "pause", "removed"),
+    [
+        # asked as the data is read (its first open), before the removal: nothing removed, the command as typed
+        ("before the removal", {"at": "{pairs}"}, False),
+        # asked as the removal deletes its first file: the removal finishes, then the run stops as before
+        ("during the removal", {"at": "*/run_complete.json", "event": "os.remove"}, True),
+    ],
+)
+def test_a_stop_asked_before_overwrite_removes_the_old_run_keeps_it(
+    when, pause, removed, tmp_path, tiny_model_dir, pairs
+):
+    """Ctrl-C as an --overwrite_output_dir run read its data: the run went on to remove the finished run it replaced
+    ("Replaced the run ... removed 12 files and 2 folders"), then stopped before the model loaded, with nothing of
+    either run left. Now a stop asked before the removal starts ends the run there, every rank alike (the stage
+    boundaries' all-reduce), the old run whole and the command printed to go on as typed (--overwrite_output_dir kept,
+    so it still replaces it); one asked once the removal began lets it finish, and the run stops as before."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    shutil.copytree(tiny_model_dir, out)  # a finished run, as a run leaves it, made without training
+    (out / "run_complete.json").write_text('{"global_step": 1}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", *os.listdir(tiny_model_dir)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    env = pause_env("", pause["at"].format(pairs=pairs), paused)
+    env |= {"DPOTRAIN_TEST_PAUSE_AT_EVENT": pause["event"]} if "event" in pause else {}
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--overwrite_output_dir",))
+    log = signal_paused(paused, proc, signal.SIGINT)
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Ctrl-C: stopping before training" in log, log[-3000:]
+    said = re.search(r"Stop requested: (.*) \d+ s after the request; to go on from it, .* in \S+: (.*)", log)
+    assert said, log[-3000:]
+    assert ("Replaced the run" in log) == removed, log[-3000:]
+    if removed:
+        assert said[1] == "stopped before the model loaded", log[-3000:]
+        assert "--overwrite_output_dir" not in said[2] and not (out / "run_complete.json").exists(), log[-3000:]
+        return
+    assert said[1] == "stopped with nothing removed by --overwrite_output_dir, before the model loaded", log[-3000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the finished run whole
+    command = shlex.split(said[2])
+    assert command[-1] == "--overwrite_output_dir", said[2]  # the command as typed, which replaces the run
+    rerun = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert rerun.returncode == 0 and "Replaced the run" in rerun.stdout, rerun.stdout[-3000:]
     assert logged_steps(out) == list(range(1, STEPS + 1))
 
 

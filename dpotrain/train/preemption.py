@@ -320,23 +320,24 @@ class GracefulStop(TrainerCallback):
         seen = any(heard == NEW_STOP_FILE for heard, _ in self.heard)
         return self.heard_to_end() or seen or self._stop_file_asks(new_only=True)
 
-    def stop_before_training(self, device, what: str) -> bool:
+    def stop_before_training(self, device, what: str, as_typed: bool = False) -> bool:
         """A stage boundary before training (the model about to load, step 1 about to start), where every rank calls
         it alike: one all-reduce, so that a request heard on any rank ends every rank here (none leaves a collective
         the others enter). Without it a request made while the data was read or the old run's files removed was
         honoured only at the end of step 1, after the model loaded and step 1 trained and saved. A stop file there
         before this process started, untouched since (scripts/launch.sh removes its own at the start, so one made by
         hand, or a test's), keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a
-        checkpoint-1 however fast the machine is."""
+        checkpoint-1 however fast the machine is. `as_typed`: nothing done yet that the command would redo (the old
+        run not yet replaced), so the command printed to go on is the one typed (`rerun_command`)."""
         if not max_over_ranks(int(self.asked_here(new_only=True)), device):
             return False
         self.stopped = True
-        main_outcome(self.mark_saved, what)  # every rank: the main's refusal (a full disk) is every rank's
+        main_outcome(self.mark_saved, what, as_typed)  # every rank: the main's refusal (a full disk) is every rank's
         return True
 
-    def mark_saved(self, what: str) -> None:
+    def mark_saved(self, what: str, as_typed: bool = False) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
-        without a stop file, the line names the command to type again."""
+        without a stop file, the line names the command to type again (`as_typed`: as it was typed)."""
         after = self._how_long()
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
@@ -349,7 +350,7 @@ class GracefulStop(TrainerCallback):
             if self.stop_file
             else (
                 f"to go on from it, run the same command again, in {os.getcwd()}: "
-                f"{told}{rerun_command(self.recipe_resumes, self.command)}"
+                f"{told}{rerun_command(self.recipe_resumes, self.command, as_typed)}"
             )
         )
         step_log.write_line(f"Stop requested: {what}{after}; {how}")  # above the step's progress bar, not glued to it
@@ -465,12 +466,13 @@ def launcher_command() -> list[str] | None:
         return None
 
 
-def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
+def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None, as_typed: bool = False) -> str:
     """The command that started this run, to type again: this process's (`command` where another program called the
     run), or under a launcher (LOCAL_RANK) its parent's. Without --overwrite_output_dir (it would start afresh),
     --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint) and secrets. A recipe file's
     resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: without it, the rerun
-    went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
+    went back to that checkpoint, and was refused as the run's own checkpoints are past it. `as_typed` (a run stopped
+    before it replaced the old run, which is still there to replace): without secrets only."""
     words = command or [sys.executable, *sys.argv]
     if launcher.under_launcher():
         words = launcher_command()
@@ -486,11 +488,11 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
             continue
         flag, equals, _ = word.partition("=")
         flag = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag  # `--overwrite-output-dir` too
-        if flag in ("--overwrite_output_dir", "--resume_from_checkpoint"):
+        if flag in ("--overwrite_output_dir", "--resume_from_checkpoint") and not as_typed:
             after = None if equals else flag
             continue
         kept.append(word)
-    return shlex.join(kept + (["--resume_from_checkpoint", ""] if recipe_resumes else []))
+    return shlex.join(kept + (["--resume_from_checkpoint", ""] if recipe_resumes and not as_typed else []))
 
 
 def check_stop_file(path: Path) -> None:
