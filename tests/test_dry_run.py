@@ -144,7 +144,7 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "per step") == "8 pairs, over all processes"
     # The run's first half on the local data set: its step plan and forward, from the run's own seeded sample.
     assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
-    assert field(text, "micro-batches").endswith("(at most 2,048)")
+    assert "(at most 2,048 tokens of pairs, max_tokens_per_microbatch" in field(text, "micro-batches")
     assert field(text, "engine") == "one process (python train_dpo.py, no launcher)"
     assert field(text, "forward").startswith(
         "on this machine: shared prompts packing, balanced rows on sdpa (by the "
