@@ -868,6 +868,7 @@ def test_a_folder_input_whose_files_are_links_into_the_output_folder_is_refused(
     output_folder.check_reads_outside(recipe)
 
 
+@pytest.mark.slow  # a launched run: the check itself is the fast test above's
 def test_a_model_folder_of_links_to_the_finished_run_it_replaces_is_refused_before_anything_is_removed(
     tmp_path, tiny_model_dir
 ):
