@@ -739,6 +739,64 @@ def test_a_data_file_named_for_another_format(analyzer, tmp_path, tiny_model_dir
     )
 
 
+def test_a_parquet_file_cut_short_or_not_parquet_is_refused_naming_the_file(
+    analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """A `.parquet` file cut short (a copy stopped midway: no footer) or holding neither Parquet nor JSON ended in
+    `KeyError: None` (the suffix check looked up the name of a format it had not recognised), as a traceback in
+    training and the dry run and as the analyzer's cause. Now one line names the file, what is wrong and the fix."""
+    whole = tmp_path / "whole.parquet"
+    datasets.Dataset.from_list(conversations(64)).to_parquet(whole)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    expected = f"dataset file '{cut}' is cut short: it begins as Parquet but lacks Parquet's end"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut))
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut), "--dry-run")
+    assert expected in analyzer_error(analyzer, capsys, str(cut), "--tokenizer", tiny_model_dir)
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut)).endswith(
+        ": copy it again, or write it again (Dataset.to_parquet)"
+    )
+    text = tmp_path / "text.parquet"
+    text.write_text("prompt,chosen,rejected\nQ?,Yes.,No.\n")
+    said = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(text))
+    assert said == (
+        f"error: dataset file '{text}' is named .parquet but is not Parquet (nor JSON): write the pairs to it as "
+        "Parquet (Dataset.to_parquet), or give it the suffix of the format it holds (.jsonl, .csv, ...)"
+    )
+
+
+@pytest.mark.parametrize("codec", ["gz", "bz2", "xz"])
+def test_a_compressed_data_file_cut_short_or_not_compressed_is_refused_naming_the_file(
+    codec, analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """A `.jsonl.gz` (`.bz2`, `.xz`) cut short ended in `EOFError: Compressed file ended before the end-of-stream marker
+    was reached`, and a plain `.jsonl` named `.jsonl.gz` in `gzip.BadGzipFile`: tracebacks naming no file, in training
+    and the dry run. Now one line names the file, that it is cut short (copy it again) or not compressed so."""
+    import bz2
+    import gzip
+    import lzma
+
+    plain = (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()
+    packed = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}[codec](plain)
+    codec_name = {"gz": "gzip", "bz2": "bzip2", "xz": "xz"}[codec]
+    for keep in (len(packed) // 2, 100):  # cut after rows were read, and within the first row
+        cut = tmp_path / f"cut{keep}.jsonl.{codec}"
+        cut.write_bytes(packed[:keep])
+        expected = (
+            f"error: dataset file '{cut}' is cut short: its {codec_name} stream stops before its end (a copy or a "
+            "download stopped midway): copy it again"
+        )
+        assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut)) == expected
+        assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut), "--dry-run") == expected
+    assert expected in analyzer_error(analyzer, capsys, str(cut), "--tokenizer", tiny_model_dir)
+    renamed = tmp_path / f"plain.jsonl.{codec}"
+    renamed.write_bytes(plain)
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(renamed)) == (
+        f"error: dataset file '{renamed}' is named .{codec} but is not {codec_name}-compressed (the suffix decides how "
+        f"it is read): rename it to 'plain.jsonl' if it holds the pairs uncompressed, or compress it with {codec_name}"
+    )
+
+
 def test_a_data_path_holding_pattern_characters_is_read_as_named_or_refused(tmp_path, monkeypatch, capsys):
     """datasets reads a data file's path as a pattern: `pairs-[1].jsonl` (3 pairs) beside `pairs-1.jsonl` (5) trained
     the other file's 5, silently (its record named the first); `q?m/p.jsonl` read `qam/p.jsonl` beside it (8). A file

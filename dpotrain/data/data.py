@@ -4,9 +4,11 @@ import codecs
 import functools
 import glob
 import json
+import lzma
 import os
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
@@ -94,6 +96,8 @@ def check_dataset_name(name: str | None) -> None:
         check_one_format(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
+    if path.is_file() and path.suffix in COMPRESSIONS:
+        check_compressed(path)
 
 
 def _pattern_files(path: Path) -> int:
@@ -143,11 +147,71 @@ def check_file_kind(path: Path) -> None:
     fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None, ".arrow": kind is None}.get(
         path.suffix, kind != "parquet"
     )
+    if not fits and kind is None:  # a .parquet holding neither JSON nor a whole Parquet file: nothing to rename it to
+        raise ConfigError(_not_parquet(path))
     if not fits:
         raise ConfigError(
             f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
             f"{path.with_suffix(SUFFIX_OF[kind]).name!r} (the suffix decides how it is read)"
         )
+
+
+def _not_parquet(path: Path) -> str:
+    """Why a `.parquet` file is not read as one: begun as Parquet but without its end (the footer datasets reads first:
+    a copy or a download stopped midway), or not Parquet at all."""
+    with open(path, "rb") as f:
+        begun = f.read(4) == b"PAR1"
+    if begun:
+        return (
+            f"dataset file {str(path)!r} is cut short: it begins as Parquet but lacks Parquet's end (its footer, "
+            f"which says where its rows are; {size(path.stat().st_size)} were written or copied): copy it again, or "
+            "write it again (Dataset.to_parquet)"
+        )
+    return (
+        f"dataset file {str(path)!r} is named .parquet but is not Parquet (nor JSON): write the pairs to it as "
+        "Parquet (Dataset.to_parquet), or give it the suffix of the format it holds (.jsonl, .csv, ...)"
+    )
+
+
+# How each compressed stream begins (gzip, bzip2, xz): a file named for one that begins otherwise is not compressed so
+MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ\x00"}
+CODECS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
+
+
+def check_compressed(path: Path) -> None:
+    """Refuses a file named `.gz`, `.bz2` or `.xz` that is not compressed so (plain JSON Lines renamed `x.jsonl.gz`):
+    it is read through that codec, which fails in a traceback naming no file (`BadGzipFile`). An empty one is left to
+    the check of empty files."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC[path.suffix]))
+    if head and not head.startswith(MAGIC[path.suffix]):
+        codec = CODECS[path.suffix]
+        raise ConfigError(
+            f"dataset file {str(path)!r} is named {path.suffix} but is not {codec}-compressed (the suffix decides how "
+            f"it is read): rename it to {path.with_suffix('').name!r} if it holds the pairs uncompressed, or compress "
+            f"it with {codec}"
+        )
+
+
+def broken_compression(path: Path) -> str | None:
+    """Why a compressed data file cannot be read to its end, or None: cut short (its stream stops before the codec's
+    end mark: a copy or a download stopped midway) or damaged. Decompresses the whole file: called only where reading
+    it failed, whose error (`EOFError: Compressed file ended ...`) names neither the file nor the fix."""
+    if path.suffix not in COMPRESSIONS:
+        return None
+    codec = CODECS[path.suffix]
+    try:
+        with open_data(path) as f:
+            while f.read(1 << 20):
+                pass
+    except EOFError:
+        return (
+            f"dataset file {str(path)!r} is cut short: its {codec} stream stops before its end (a copy or a download "
+            "stopped midway): copy it again"
+        )
+    except Exception as e:  # noqa: BLE001 - each codec names damage its own way (OSError, LZMAError, zlib.error)
+        return f"dataset file {str(path)!r} is damaged: {codec} cannot read it ({cause(e)}): copy it again"
+    return None
 
 
 def check_one_format(name: str, path: Path) -> None:
@@ -383,11 +447,20 @@ def _has_rows(path: Path) -> bool:
         return _arrow_has_rows(path)
     if builder_of(path) != "json":
         return True
-    with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a byte-order mark is no row
-        for line in f:  # up to the first non-blank line
-            if line.strip():
-                head = line.strip() + f.read(4096)
-                return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
+    try:
+        with open_data(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a byte-order mark is no row
+            for line in f:  # up to the first non-blank line
+                if line.strip():
+                    head = line.strip() + f.read(4096)
+                    return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
+    except (
+        EOFError,
+        OSError,
+        ValueError,
+        lzma.LZMAError,
+        zlib.error,
+    ):  # a compressed file cut short within its head: the load names it
+        return True
     return False
 
 
@@ -756,6 +829,8 @@ def _type_kind(t):
 def _bad_line(path: Path) -> str | None:
     """A data file's first line that is not UTF-8 or, JSON, where it stops being JSON (a JSON Lines line: not a JSON
     object), or None."""
+    if broken := broken_compression(path):  # read first: every reading below would fail in it
+        return broken
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
     if builder_of(path) == "csv":
