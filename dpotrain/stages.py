@@ -979,6 +979,7 @@ def first_half(
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     model_path = model_files(recipe, launch, pairs.tokenizer)
+    weight_names.check_whole(model_path)  # before the lengths are measured and the model loads, the dry run too
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)

@@ -522,6 +522,46 @@ def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgr
     )
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_model_config_without_model_type_is_refused_naming_the_file_and_the_type(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A config.json without `model_type` (an export that wrote its own): the run stopped in transformers' traceback,
+    `ValueError: Unrecognized model in ...`, once the data had been read, and the dry run planned on, saying the
+    config was "not readable on this machine". Now one line names the file and the model_type its architecture has."""
+    model = tmp_path / "no-type"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    del config["model_type"]
+    (model / "config.json").write_text(json.dumps(config))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model / 'config.json'} has no model_type, which transformers reads to know the model's "
+        'architecture: add "model_type": "olmo3" (its architecture Olmo3ForCausalLM\'s), or copy config.json again '
+        "from where the model came from"
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_model_weights_cut_short_are_refused_naming_the_file_before_they_load(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A model folder whose model.safetensors was cut short (a copy stopped midway): the run stopped in safetensors'
+    traceback, `SafetensorError: ... incomplete metadata`, as the model loaded after the data stages, and the dry run
+    said nothing. Now its header (read, no weight) says how long it should be, and one line names the file."""
+    model = tmp_path / "cut"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    whole = weights.stat().st_size
+    for keep in (5000, whole - 1):  # within the header, and one byte short of the last tensor
+        with open(weights, "r+b") as f:
+            f.truncate(keep)
+        line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+        assert line.startswith(f"error: the model's weights file {weights} is cut short: it has {keep:,} bytes, ")
+        assert line.endswith(": copy it again from where the model came from")
+    assert f"its header says {whole:,}" in line
+
+
 def test_lora_target_modules_refused_on_a_model_of_conv1d_layers_name_those_layers(
     tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

@@ -8,6 +8,7 @@ the CUDA context, NCCL and fragmentation. Parameter counts come from the config 
 import contextlib
 import copy
 import functools
+import json
 import math
 import os
 import re
@@ -100,9 +101,30 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
                 f"{transformers.__version__} knows: install a transformers release that has it (pip install -U "
                 "transformers), or check model_type in its config.json"
             ) from None
+        if "Should have a `model_type` key" in str(e):  # not a config missing here: the run's load fails on it
+            raise ConfigError(no_model_type(name, path or name)) from None
         if not local_only:
             raise
         return None, unreadable(recipe, e)  # the reason from this read's error: the config is read once
+
+
+def no_model_type(name: str, where: str) -> str:
+    """The refusal of a config.json without `model_type` (an export that wrote its own, a hand-made one), which
+    transformers reads to know the architecture; with the model_type its `architectures` names, where it names one."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    file = os.path.join(where, "config.json") if os.path.isdir(where) else f"the config.json of {name}"
+    try:
+        with open(os.path.join(where, "config.json"), encoding="utf-8") as f:
+            architecture = (json.load(f).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError, TypeError):
+        architecture = None
+    types = [t for t, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if cls == architecture]
+    add = f'add "model_type": "{types[0]}" (its architecture {architecture}\'s)' if types else "add its model_type"
+    return (
+        f"{file} has no model_type, which transformers reads to know the model's architecture: {add}, or copy "
+        "config.json again from where the model came from"
+    )
 
 
 def model_config_or_reason(recipe, local_only: bool = True) -> tuple:

@@ -3,6 +3,7 @@ loads (`trainer.whole_weights_only`) and, from the names in the weights' files a
 
 import json
 import os
+from pathlib import Path
 
 import torch
 import transformers
@@ -123,3 +124,47 @@ def _shapes(model: str, revision: str | None) -> dict | None:
     except (OSError, SafetensorError):
         return None
     return shapes
+
+
+def check_whole(model_path: str) -> None:
+    """Refuses a local model's safetensors file shorter than its header says (a copy or a download stopped midway):
+    transformers' load failed on it in a traceback, `SafetensorError: ... incomplete metadata`, after the data stages,
+    and the dry run said nothing. Only the headers are read (8 bytes of length, then JSON of each tensor's bytes)."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return  # a Hub model: its download checks what it fetched
+    files = [folder / name for name in (SAFETENSORS[0], "adapter_model.safetensors") if (folder / name).is_file()]
+    if not files and (folder / SAFETENSORS[1]).is_file():  # sharded: every shard its index names
+        files = [folder / shard for shard in shards_of(folder / SAFETENSORS[1]) or () if (folder / shard).is_file()]
+    for path in files:
+        if why := _not_whole(path):
+            raise ConfigError(f"the model's weights file {path} {why}")
+
+
+# The largest header safetensors reads (its MAX_HEADER_SIZE): a longer one is no safetensors file
+MAX_HEADER = 100_000_000
+
+
+def _not_whole(path: Path) -> str | None:
+    """What is wrong with a safetensors file from its header and what to do, or None: cut short, or not safetensors."""
+    again = "copy it again from where the model came from"
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        start = f.read(8)
+        length = int.from_bytes(start, "little")
+        if start.startswith(b"version "):  # a Git LFS pointer ("version https://git-lfs...") cloned without LFS
+            return "is a Git LFS pointer, not the weights (cloned without git-lfs): run `git lfs pull` in its folder"
+        if len(start) < 8 or length > MAX_HEADER:
+            return f"is cut short or not safetensors ({size:,} bytes, without a safetensors header): {again}"
+        if 8 + length > size:
+            return f"is cut short: it has {size:,} bytes, fewer than its header alone ({8 + length:,}): {again}"
+        try:
+            header = json.loads(f.read(length))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return f"is not a safetensors file (its header is not the JSON safetensors writes): {again}"
+    if size < 8 + length + end:
+        return (
+            f"is cut short: it has {size:,} bytes, and its header says {8 + length + end:,} (a copy stopped): {again}"
+        )
+    return None
