@@ -101,7 +101,9 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
                 f"{transformers.__version__} knows: install a transformers release that has it (pip install -U "
                 "transformers), or check model_type in its config.json"
             ) from None
-        if "Should have a `model_type` key" in str(e):  # not a config missing here: the run's load fails on it
+        # transformers says this of a folder without config.json too (a tokenizer's alone): only one it has is refused
+        has_config = os.path.isfile(os.path.join(path or name, "config.json"))
+        if "Should have a `model_type` key" in str(e) and has_config:  # the run's load would fail on it
             raise ConfigError(no_model_type(name, path or name)) from None
         if not local_only:
             raise
