@@ -28,7 +28,9 @@ LOCAL_SUFFIXES = {
 }
 JSON_LINES = (".jsonl", ".ndjson")
 DELIMITERS = {".csv": ",", ".tsv": "\t"}  # datasets reads `.tsv` as CSV separated by tabs
-COMPRESSIONS = (".gz", ".bz2", ".xz")  # codecs datasets reads a text data file through, by its suffix (`x.jsonl.gz`)
+# Codecs datasets reads a text data file through, by its suffix (`x.jsonl.gz`): each one's name, and how its stream
+# begins (a file named for one that begins otherwise is not compressed so)
+COMPRESSIONS = {".gz": ("gzip", b"\x1f\x8b"), ".bz2": ("bzip2", b"BZh"), ".xz": ("xz", b"\xfd7zXZ\x00")}
 REQUIRED_COLUMNS = ("chosen", "rejected")
 # Names public preference sets give a string prompt (Alpaca's `instruction`, Orca's `question`): `prompt_column`
 PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request")
@@ -173,19 +175,14 @@ def _not_parquet(path: Path) -> str:
     )
 
 
-# How each compressed stream begins (gzip, bzip2, xz): a file named for one that begins otherwise is not compressed so
-MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ\x00"}
-CODECS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
-
-
 def check_compressed(path: Path) -> None:
     """Refuses a file named `.gz`, `.bz2` or `.xz` that is not compressed so (plain JSON Lines renamed `x.jsonl.gz`):
     it is read through that codec, which fails in a traceback naming no file (`BadGzipFile`). An empty one is left to
     the check of empty files."""
+    codec, magic = COMPRESSIONS[path.suffix]
     with open(path, "rb") as f:
-        head = f.read(len(MAGIC[path.suffix]))
-    if head and not head.startswith(MAGIC[path.suffix]):
-        codec = CODECS[path.suffix]
+        head = f.read(len(magic))
+    if head and not head.startswith(magic):
         raise ConfigError(
             f"dataset file {str(path)!r} is named {path.suffix} but is not {codec}-compressed (the suffix decides how "
             f"it is read): rename it to {path.with_suffix('').name!r} if it holds the pairs uncompressed, or compress "
@@ -199,7 +196,7 @@ def broken_compression(path: Path) -> str | None:
     it failed, whose error (`EOFError: Compressed file ended ...`) names neither the file nor the fix."""
     if path.suffix not in COMPRESSIONS:
         return None
-    codec = CODECS[path.suffix]
+    codec = COMPRESSIONS[path.suffix][0]
     try:
         with open_data(path) as f:
             while f.read(1 << 20):
@@ -453,13 +450,8 @@ def _has_rows(path: Path) -> bool:
                 if line.strip():
                     head = line.strip() + f.read(4096)
                     return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
-    except (
-        EOFError,
-        OSError,
-        ValueError,
-        lzma.LZMAError,
-        zlib.error,
-    ):  # a compressed file cut short within its head: the load names it
+    # A compressed file cut short or damaged within its head: undecided, and the load names it (`broken_compression`)
+    except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error):
         return True
     return False
 

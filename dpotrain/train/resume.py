@@ -48,17 +48,17 @@ def unverified(folder: Path) -> str | None:
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
         return problem or renamed(folder)
-    if was_marked(folder):
+    if was_complete(folder):  # the mark gone since
         gone = f"its {MARKER} mark is gone since the run wrote it ({MANIFEST} lists it as complete)"
         return gone + (f"; {problem}" if problem else "")
     return f"no {MARKER} mark ({CUT}, or not this project's)" + (f"; {problem}" if problem else "")
 
 
-def was_marked(folder: Path) -> bool:
-    """Marked complete by the run and the mark gone since (deleted, or left out of a restore): `run_files.completed`
-    lists it. Damaged, never cut short: with every checkpoint's mark removed, the rerun took them all for cut short,
-    started afresh and deleted them."""
-    return not is_complete(folder) and folder.name in run_files.completed(folder.parent)
+def was_complete(folder: Path) -> bool:
+    """Marked complete by the run: the mark is there, or `run_files.completed` lists it (the mark deleted since, or
+    left out of a restore). One without its mark is then damaged, never cut short: with every checkpoint's mark
+    removed, the rerun took them all for cut short, started afresh and deleted them."""
+    return is_complete(folder) or folder.name in run_files.completed(folder.parent)
 
 
 def renamed(folder: Path) -> str | None:
@@ -100,12 +100,12 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
     own, low, high = own_checkpoints(out), step_of(found) if found else -1, step_of(before) if before else float("inf")
     for folder in [p for p in checkpoints(out) if p not in own and low < step_of(p) < high]:
         _say(f"Not resuming from {folder}: not this run's ({MANIFEST} does not name it)")
-    passed_over.update(folder.absolute() for folder, _ in skipped if is_complete(folder) or was_marked(folder))
+    passed_over.update(folder.absolute() for folder, _ in skipped if was_complete(folder))
     # One the run saved and someone moved or deleted since is passed over as a damaged one is, not in silence: with
     # every checkpoint gone, the rerun said "no checkpoint: training again from step 1", as if none had been saved.
     missing = [(p, GONE) for p in gone(out) if low < step_of(p) < high]
     skipped = sorted(skipped + missing, key=lambda found: -step_of(found[0]))
-    damaged = any(is_complete(folder) or was_marked(folder) for folder, _ in skipped) or bool(missing)
+    damaged = any(was_complete(folder) for folder, _ in skipped) or bool(missing)
     if found is not None or damaged:
         for i, (folder, why) in enumerate(skipped):
             _say(f"Not resuming from {folder}: {why}; {next_step(found is None and i == len(skipped) - 1)}")
@@ -469,7 +469,7 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     """Whether the run's own checkpoints were all cut short under the rerun's settings: a requeue then starts afresh."""
     folders = own_checkpoints(out)
     ran_here = (out / run_record.RESOLVED).is_file()  # written as training starts: a run of this project was here
-    if not folders or any(is_complete(p) or was_marked(p) for p in folders) or changed or not ran_here:
+    if not folders or any(map(was_complete, folders)) or changed or not ran_here:
         return False
     _say(f"output_dir {out}: {', '.join(p.name for p in folders)} {UNMARKED}, nothing to resume from: starting afresh")
     return True
