@@ -422,6 +422,10 @@ def analyze(args: argparse.Namespace) -> int:
             )
             every_row_invalid(checked, split, name)
         raise e.located(name) from None
+    except Exception as e:  # noqa: BLE001 - a stream is first read here: a damaged file fails inside datasets
+        if not args.streaming:
+            raise
+        raise ConfigError(data.unreadable_stream(name, e)) from None
     if m.rows == 0:
         every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name, tokenizer)
     if mix:  # measured as the pairs its sources are read into (a prompt column): that is no source's own shape

@@ -756,6 +756,19 @@ def test_a_parquet_file_cut_short_or_not_parquet_is_refused_naming_the_file(
     assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(cut)).endswith(
         ": copy it again, or write it again (Dataset.to_parquet)"
     )
+    # In a folder of shards, or a mixture source's data_files, the load failed naming pyarrow's "magic bytes not found
+    # in footer" and no file
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(whole, shards / "a.parquet")
+    shutil.copy(cut, shards / "b.parquet")
+    in_folder = expected.replace(str(cut), str(shards / "b.parquet"))
+    assert in_folder in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(shards), "--dry-run")
+    source = json.dumps({"path": "parquet", "data_files": str(shards / "*.parquet")})
+    said = refused(tmp_path, monkeypatch, capsys, "--datasets", source, "--dry-run")
+    assert said.startswith("error: mixture source parquet") and in_folder in said, said
+    # The analyzer streams a folder lazily, past the load's checks: a traceback from inside datasets' iterator
+    assert in_folder in analyzer_error(analyzer, capsys, str(shards), "--tokenizer", tiny_model_dir, "--streaming")
     text = tmp_path / "text.parquet"
     text.write_text("prompt,chosen,rejected\nQ?,Yes.,No.\n")
     said = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(text))

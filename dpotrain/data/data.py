@@ -145,17 +145,24 @@ def file_kind(path: Path) -> str | None:
 
 def check_file_kind(path: Path) -> None:
     """Refuses a file whose suffix says another format than it holds, saying how to name it."""
+    if found := misnamed(path):
+        raise ConfigError(found)
+
+
+def misnamed(path: Path) -> str | None:
+    """Why a data file is not what its suffix says (a `.parquet` cut short, or holding JSON Lines), or None."""
     kind = file_kind(path)
     fits = {".parquet": kind == "parquet", ".csv": kind is None, ".tsv": kind is None, ".arrow": kind is None}.get(
         path.suffix, kind != "parquet"
     )
-    if not fits and kind is None:  # a .parquet holding neither JSON nor a whole Parquet file: nothing to rename it to
-        raise ConfigError(_not_parquet(path))
-    if not fits:
-        raise ConfigError(
-            f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
-            f"{path.with_suffix(SUFFIX_OF[kind]).name!r} (the suffix decides how it is read)"
-        )
+    if fits:
+        return None
+    if kind is None:  # a .parquet holding neither JSON nor a whole Parquet file: nothing to rename it to
+        return _not_parquet(path)
+    return (
+        f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
+        f"{path.with_suffix(SUFFIX_OF[kind]).name!r} (the suffix decides how it is read)"
+    )
 
 
 def _not_parquet(path: Path) -> str:
@@ -731,7 +738,7 @@ def check_folder_config(name: str, path: Path, config: str | None) -> None:
 def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     """Why a folder of data files did not load: a file's bad line, else datasets' cause and what the folder holds."""
     found = data_identity.files(str(path)) or {}
-    if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
+    if line := first_bad_file(found.values()):
         return line
     if differ := column_types_differ(f"dataset folder {name!r}", found):
         return differ
@@ -741,6 +748,21 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
         f"could not read the local folder {name!r} as a data set ({cause(error)}): datasets reads the files under it "
         f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
         "format, or name one file as the data set"
+    )
+
+
+def first_bad_file(paths) -> str | None:
+    """Why the first of a failed load's data files cannot be read as its suffix says (`_bad_line`), or None."""
+    return next(filter(None, map(_bad_line, paths)), None)
+
+
+def unreadable_stream(name: str, error: Exception) -> str:
+    """Why a streamed data set failed as its rows were read (a stream is read lazily, past the load's checks): a local
+    file's damage (`_bad_line`), else datasets' cause."""
+    path = Path(name).expanduser()
+    found = (data_identity.files(str(path)) or {}).values() if path.is_dir() else [path] if path.is_file() else []
+    return (
+        first_bad_file(found) or f"could not read data set {name!r} as it streamed: {cause(error.__cause__ or error)}"
     )
 
 
@@ -823,6 +845,8 @@ def _bad_line(path: Path) -> str | None:
     object), or None."""
     if broken := broken_compression(path):  # read first: every reading below would fail in it
         return broken
+    if path.suffix in LOCAL_SUFFIXES and (found := misnamed(path)):  # a folder's file: one file is checked up front
+        return found
     if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
     if builder_of(path) == "csv":

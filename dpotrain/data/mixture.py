@@ -552,6 +552,8 @@ def read_source(source: Source, say: bool = True, revision: str | None = None):
             loaded = data.load_as_text(text, data.load_dataset, source.path, **files, **hub)
         except Exception as e:  # noqa: BLE001 - DatasetGenerationError says only that one occurred: its cause says what
             found = (data_identity.files(*_read_from(source)) or {}) if not source.hub else {}
+            if bad := data.first_bad_file(found.values()):  # a file cut short or misnamed, named with its fix
+                raise ConfigError(f"mixture source {source.spec()}: {bad}") from None
             if differ := data.column_types_differ(f"mixture source {source.spec()}", found):
                 raise ConfigError(differ) from None
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
