@@ -40,7 +40,7 @@ with venv.loading_libraries():
 
 
 # The stop line of a run stopped before --overwrite_output_dir's removal began
-REPLACE_STOPPED = "stopped with nothing removed by --overwrite_output_dir, before the model loaded"
+REPLACE_STOPPED = "stopped with none of the old run's files removed, before the model loaded"
 
 
 def main(argv=None) -> None:

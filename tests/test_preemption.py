@@ -236,7 +236,7 @@ def test_a_stop_asked_before_overwrite_removes_the_old_run_keeps_it(
         assert said[1] == "stopped before the model loaded", log[-3000:]
         assert "--overwrite_output_dir" not in said[2] and not (out / "run_complete.json").exists(), log[-3000:]
         return
-    assert said[1] == "stopped with nothing removed by --overwrite_output_dir, before the model loaded", log[-3000:]
+    assert said[1] == "stopped with none of the old run's files removed, before the model loaded", log[-3000:]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the finished run whole
     command = shlex.split(said[2])
     assert command[-1] == "--overwrite_output_dir", said[2]  # the command as typed, which replaces the run
