@@ -170,3 +170,38 @@ def test_a_checkpoint_whose_deletion_was_cut_short_is_not_called_a_save_cut_shor
     said = capsys.readouterr().out
     assert f"Removed {half}: incomplete (no COMPLETE mark: a save or a deletion cut short), never resumed from" in said
     assert not half.exists() and (out / "checkpoint-4").is_dir()
+
+
+@pytest.mark.slow
+def test_a_checkpoints_record_edited_at_its_size_is_damage_found_before_the_settings_are_compared(
+    tmp_path, tiny_model_dir, capsys
+):
+    """The settings a rerun is compared with, before anything loads, are the resume point's copy of
+    resolved_config.json; its checksums were read only once processes had started (`resume.confirm`), and a failure
+    fell back to the checkpoint before it, whose record was never compared. The newest checkpoint's copy edited to the
+    rerun's learning rate (same size): the rerun with that rate passed the comparison, failed checkpoint-4's checksum,
+    and went on from checkpoint-2 at its 1e-4 schedule under a record and model card of 5e-4, exit code 0 (seen on the
+    old code). Now the copy is hashed before the comparison: checkpoint-4 is passed over, checkpoint-2 compared."""
+    import train_dpo
+
+    out = tmp_path / "run"
+    base = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--save_steps", "2"]
+    base += ["--report_to", "none", "--output_dir", str(out)]
+    train_dpo.main(base)
+    for name in ("model.safetensors", "run_complete.json", "README.md", "training_curves.png"):
+        (out / name).unlink()  # as a kill after checkpoint-4 leaves the folder
+    copy = out / "checkpoint-4" / run_record.RESOLVED
+    text = copy.read_text()
+    assert '"learning_rate": 0.0001,' in text
+    copy.write_text(text.replace('"learning_rate": 0.0001,', '"learning_rate": 0.0005,'))  # the same size
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match=r"other settings \(learning_rate: 0\.0001 -> 0\.0005\)"):
+        train_dpo.main([*base, "--learning_rate", "5e-4"])
+    said = capsys.readouterr().out
+    assert f"Not resuming from {out / 'checkpoint-4'}: resolved_config.json does not match its checksum" in said
+    assert not (out / "run_complete.json").exists()
+    # The run's own settings resume from checkpoint-2, to the end
+    train_dpo.main(base)
+    said = capsys.readouterr().out
+    assert f"Resuming from {out / 'checkpoint-2'}" in said
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 4

@@ -47,7 +47,7 @@ def unverified(folder: Path) -> str | None:
     but for its checksums (`confirm`)."""
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
-        return problem or renamed(folder)
+        return problem or renamed(folder) or record_changed(folder)
     if was_complete(folder):  # the mark gone since
         gone = f"its {MARKER} mark is gone since the run wrote it ({MANIFEST} lists it as complete)"
         return gone + (f"; {problem}" if problem else "")
@@ -59,6 +59,17 @@ def was_complete(folder: Path) -> bool:
     left out of a restore). One without its mark is then damaged, never cut short: with every checkpoint's mark
     removed, the rerun took them all for cut short, started afresh and deleted them."""
     return is_complete(folder) or folder.name in run_files.completed(folder.parent)
+
+
+def record_changed(folder: Path) -> str | None:
+    """The checkpoint's copy of resolved_config.json against its checksum, hashed before anything loads (a small
+    file): the rerun's settings are compared with it then. Edited at the same size (a learning rate "fixed" to the
+    rerun's), it passed that comparison, failed its checksum only once processes had started, and the checkpoint
+    before it was gone on from unchecked: trained at the old rate under a record of the new one."""
+    listed = (checkpoint_manifest.read(folder) or {}).get(run_record.RESOLVED)
+    if listed and checkpoint_manifest.sha256(folder / run_record.RESOLVED) != listed["sha256"]:
+        return f"{run_record.RESOLVED} does not match its checksum (damaged after it was written)"
+    return None
 
 
 def renamed(folder: Path) -> str | None:
