@@ -254,10 +254,7 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
         del changed["lora_dropout"]
     if "model_init_kwargs" in old.values:  # the keys the run decides are recorded as loaded, compared as their fields
-        skip = options.DECIDED_INIT_KWARGS.keys() | LOAD_ONLY_INIT_KWARGS
-        was, now = (
-            {k: v for k, v in (r.settings.model_init_kwargs or {}).items() if k not in skip} for r in (old, new)
-        )
+        was, now = (options.config_overrides(r.settings.model_init_kwargs) for r in (old, new))
         if was != now:
             changed["model_init_kwargs"] = (was, now)
     if old.batching.pairs_per_step != pairs_per_step:
@@ -287,11 +284,6 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
     found |= {"dataset content": content, "held-out content": held_out, "model": model, "chat template": template}
     return [f"{name}: {what}" for name, what in found.items() if what]
-
-
-# model_init_kwargs keys that say how from_pretrained reads the files, not what model it builds: every other key is a
-# config override (`rope_theta`, `attention_dropout`) or a quantization, another model than the checkpoint's steps'
-LOAD_ONLY_INIT_KWARGS = {"low_cpu_mem_usage", "device_map", "max_memory", "offload_folder", "cache_dir", "token"}
 
 
 def _started_in(record: Path, recorded: str | None) -> Path | None:

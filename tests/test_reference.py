@@ -191,6 +191,23 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
 
 
 @pytest.mark.slow
+def test_recomputed_when_model_init_kwargs_override_the_models_config(tmp_path, tiny_model_dir, cache, capsys):
+    """`model_init_kwargs` other than the keys that only say how the files are read overrides the model's config:
+    another model (docs/resuming.md), with the same weights. The cache's key held the weights' hash and not the
+    overrides, so `{"rms_norm_eps": 0.5}` reused the scores of the model's own config ("all 48 pairs reused"), and the
+    step-1 guard stopped the run as doomed, exit code 3, at every try (seen on the old code); with the guard off it
+    trained against another model's reference. A loading key alone keeps the key."""
+    rows = builtin.make_preference_rows(16, seed=3)
+    base = build(tmp_path / "base", tiny_model_dir, rows)
+    seen = entries(cache)
+    eps = build(tmp_path / "eps", tiny_model_dir, rows, "--model_init_kwargs", '{"rms_norm_eps": 0.5}')
+    assert entries(cache) - seen and ref_columns(eps) != ref_columns(base)
+    assert "16 scored, cached in" in capsys.readouterr().out
+    build(tmp_path / "load", tiny_model_dir, rows, "--model_init_kwargs", '{"low_cpu_mem_usage": true}')
+    assert len(entries(cache)) == 2 and "all 16 pairs reused" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would(tmp_path, tiny_model_dir, cache):
     """The stage scores in micro-batches of its own, not training's, so a pair's sums differ from the policy's at step
     1 in their last bits only: measured here, <= 2e-7 relative (1e-5 allowed: what "the same log-probs" means in fp32,

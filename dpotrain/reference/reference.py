@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpotrain import options
 from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, max_of_ranks
 from dpotrain.data import model_identity
@@ -85,7 +86,12 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     import trl
 
     model, args = scorer.policy, scorer.args
-    return {
+    # The model_init_kwargs that override its config build another model from the same weights (`rms_norm_eps`):
+    # keyed by the weights alone, its reference was the model's own config's, reused. Added only where given, so
+    # every other run keeps its key. Their values as the record writes them (json), whatever their type.
+    overrides = options.config_overrides(args.model_init_kwargs)
+    overrides = {"config_overrides": json.loads(json.dumps(overrides, default=str))} if overrides else {}
+    return overrides | {
         "version": CACHE_VERSION,
         "model": model_identity.cache_name(model.config.name_or_path),
         "weights_sha256": scorer.weights_hash,
