@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_wheels.sh .whl ds          # .whl/ds: DeepSpeed's source distribution and what it imports
 #                                                  #   that the image lacks (~5 MiB)
 #   bash benchmarks/gpu_wheels.sh .whl fa4         # .whl/fa4-1 and .whl/fa4-2: FlashAttention 4 and its CUTLASS DSL
-#                                                  #   (~97 MiB), its one large wheel split between the two
+#                                                  #   (~97 MiB; ~71 with its one large wheel packed with xz by
+#                                                  #   benchmarks/wheel_xz.py, minutes), that one split between the two
 #   bash benchmarks/gpu_wheels.sh .whl core ds fa4 # several sets at once
 # DEST must be ignored by git under the repository's root (.whl/ is): the device tool carries only paths named in
 # `carry`, and a folder git tracks would travel with the tree in every call. Each folder gets a SHA256SUMS that
@@ -31,7 +32,9 @@ git check-ignore -q "$DEST" || {
 PYTHON=${PYTHON:-python3}
 MIB=$((1024 * 1024))
 CARRY_MIB=64  # the device tool's limit per call: the tree and every carried folder together
-PART=32M      # FlashAttention 4's CUDA-13 libraries wheel (~88 MiB) in parts of this size: aa in fa4-1, ab + ac in fa4-2
+# FlashAttention 4's CUDA-13 libraries wheel (88 MiB; 59 MiB packed with xz) in parts of this size: aa in fa4-1 (with
+# the other wheels, ~10 MiB, and core's 15 beside it in that call), the rest in fa4-2: the two calls carry about as much
+PART=17M
 
 # A package's version as requirements*.txt pins it, else the one given.
 pin() {
@@ -83,11 +86,16 @@ fa4() {
   download "$all" "$(pin flash-attn-4 4.0.0b36)" "$(pin nvidia-cutlass-dsl 4.8.1)" nvidia-cutlass-dsl-libs-base==4.8.1 \
     nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 "$(pin quack-kernels 0.6.5)" \
     "$(pin apache-tvm-ffi 0.1.15.post2)" "$(pin torch-c-dlpack-ext 0.1.5)"
-  # One manifest for both folders: every wheel whole (the split one too), checked after the join on the machine.
-  (cd "$all" && sha256sum -- *.whl) > "$DEST/fa4-1/SHA256SUMS"
-  cp "$DEST/fa4-1/SHA256SUMS" "$DEST/fa4-2/SHA256SUMS"
+  # The large wheel as an xz-compressed tar of its files (benchmarks/wheel_xz.py; made a wheel again, each file
+  # checked against the wheel's RECORD, on the machine), split into parts.
   local big
   big=$(basename "$(ls "$all"/nvidia_cutlass_dsl_libs_cu13-*.whl)")
+  "$PYTHON" benchmarks/wheel_xz.py pack "$all/$big" "$all/$big.tar.xz"
+  rm "$all/$big"
+  big=$big.tar.xz
+  # One manifest for both folders: every file whole (the packed one too), checked after the join on the machine.
+  (cd "$all" && sha256sum -- *.whl "$big") > "$DEST/fa4-1/SHA256SUMS"
+  cp "$DEST/fa4-1/SHA256SUMS" "$DEST/fa4-2/SHA256SUMS"
   (cd "$all" && split -b "$PART" "$big" "$big.part-")
   mv "$all/$big.part-aa" "$DEST/fa4-1/"
   mv "$all/$big".part-* "$DEST/fa4-2/"

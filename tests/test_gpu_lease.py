@@ -18,6 +18,7 @@ from conftest import PYTHON, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_lease  # noqa: E402
+import wheel_xz  # noqa: E402
 
 LEASE = ROOT / "benchmarks" / "gpu_lease.sh"
 MIB = 1 << 20
@@ -181,13 +182,23 @@ def wheel(folder, name: str, version: str = "0.1", size: int = 0) -> str:
     """A pure-Python wheel built by hand (no network, no build tool); `size` bytes of data to split."""
     path = folder / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{name}/blob.bin": os.urandom(size),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{n},{wheel_xz.record_hash(data)},{len(data)}\n" for n, data in files.items())
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
-        z.writestr(f"{name}/blob.bin", os.urandom(size))
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr(f"{info}/RECORD", "")
+        for n, data in {**files, f"{info}/RECORD": (record + f"{info}/RECORD,,\n").encode()}.items():
+            z.writestr(n, data)
     return path.name
+
+
+def packed(folder, big: str) -> str:
+    """`big` as lease 2 carries FlashAttention 4's libraries wheel: an xz tar of its files (benchmarks/wheel_xz.py)."""
+    wheel_xz.pack(folder / big, folder / f"{big}.tar.xz")
+    return f"{big}.tar.xz"
 
 
 def sums(folder, names) -> str:
@@ -202,7 +213,7 @@ def test_carried_wheels_install_once_and_fa4_joins_across_two_calls(tmp_path):
     # one the venv lacks, one it has at a later version (kept as it is: the image's peft when new enough)
     names = [wheel(core, "kitprobe"), wheel(core, "pyyaml", "0.1")]
     (core / "SHA256SUMS").write_text(sums(core, names))
-    big = wheel(tmp_path, "kitkernel", size=300_000)
+    big = packed(tmp_path, wheel(tmp_path, "kitkernel", size=300_000))
     halves = (tmp_path / big).read_bytes()
     for part, data in (("fa4-1", halves[:150_000]), ("fa4-2", halves[150_000:])):
         (wheels / part).mkdir()
@@ -228,6 +239,24 @@ def test_carried_wheels_install_once_and_fa4_joins_across_two_calls(tmp_path):
     assert "core: installed earlier on this machine" in result.stdout and "fa4: installed earlier" in result.stdout
     env = json.loads((tmp_path / "o3" / "environment.json").read_text())  # its check skipped at a budget of 0
     assert env["install"] == ["core: installed earlier on this machine", "fa4: installed earlier on this machine"]
+
+
+def test_a_packed_wheel_unpacks_to_its_files_and_one_that_differs_from_its_record_is_refused(tmp_path):
+    """FlashAttention 4's libraries wheel travels as an xz tar of its files (27 MiB less to carry): unpacked on the
+    machine, it is the same files again, each checked against the wheel's RECORD, or nothing at all."""
+    big = wheel(tmp_path, "kitkernel", size=5000)
+    again = wheel_xz.unpack(tmp_path / packed(tmp_path, big), tmp_path / "again")
+    assert again.name == big
+    with zipfile.ZipFile(tmp_path / big) as one, zipfile.ZipFile(again) as other:
+        assert {n: one.read(n) for n in one.namelist()} == {n: other.read(n) for n in other.namelist()}
+    changed = tmp_path / "changed" / big
+    changed.parent.mkdir()
+    with zipfile.ZipFile(tmp_path / big) as one, zipfile.ZipFile(changed, "w") as other:
+        for n in one.namelist():  # one file changed after the RECORD was written, as a damaged build would be
+            other.writestr(n, one.read(n) + (b"!" if n.endswith("blob.bin") else b""))
+    with pytest.raises(SystemExit, match=r"its files do not match its RECORD \(differ from the RECORD: kitkernel/blob"):
+        wheel_xz.unpack(changed.parent / packed(changed.parent, big), tmp_path / "refused")
+    assert list((tmp_path / "refused").iterdir()) == []  # no wheel, no partial one
 
 
 @pytest.mark.slow
