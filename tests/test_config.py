@@ -675,6 +675,46 @@ def test_a_process_count_that_is_not_a_number_is_refused_in_one_line(name, value
     )
 
 
+LAUNCH_ENVIRONMENT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GPUS_PER_NODE",
+    "TORCHELASTIC_ERROR_FILE",
+)
+BY_HAND = "accelerate launch and torchrun set it for each process they start; unset {0} to run as one process"
+
+
+@pytest.mark.parametrize(
+    "env, line",
+    [
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 is set but RANK and WORLD_SIZE are not"),
+        ({"LOCAL_RANK": "0", "RANK": "0"}, "LOCAL_RANK=0 is set but WORLD_SIZE is not"),
+        ({"LOCAL_RANK": "one"}, "LOCAL_RANK='one' is not a process's rank: " + BY_HAND.format("LOCAL_RANK")),
+        ({"RANK": ""}, "RANK='' is not a process's rank: " + BY_HAND.format("RANK")),
+        ({"WORLD_SIZE": ""}, "WORLD_SIZE='' is not a number of processes"),
+        ({"LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE='x' is not a number of processes"),
+    ],
+)
+def test_a_launchers_variable_set_by_hand_is_one_line_the_process_writes(env, line, tmp_path, monkeypatch, capsys):
+    """A shell's leftover `export LOCAL_RANK=1` ended `python train_dpo.py` in exit 2 and no line at all (a node's
+    first process writes a refusal, and this one was told it was not: torch's "RANK expected, but not set" unsaid),
+    LOCAL_RANK=0 in that torch line, and a RANK, LOCAL_RANK, LOCAL_WORLD_SIZE or an empty WORLD_SIZE that is not a
+    number in a ValueError traceback. Ended as train_dpo.py's own process ends (its `__main__`)."""
+    from dpotrain.recipe import launcher
+
+    for name in LAUNCH_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    recipe = write(tmp_path, "bf16: false\n")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: parse_args(["--config", recipe, "--dry-run"]), launcher.rank(), launcher.first_on_node())
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1, err
+
+
 def test_processes_that_fill_no_whole_number_of_nodes_are_refused(tmp_path, monkeypatch):
     """`WORLD_SIZE=8 GPUS_PER_NODE=3 python train_dpo.py --dry-run` planned "3 nodes of 3 GPUs" for 8 processes, a
     job scripts/launch.sh cannot start (one process per GPU on every node: 3 nodes make 9)."""
