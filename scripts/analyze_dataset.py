@@ -360,6 +360,8 @@ def analyze(args: argparse.Namespace) -> int:
     offline.check_hub_reachable(downloads, remedy, reads_hub)
     try:
         tokenizer = lengths.recipe_tokenizer(run)
+    except ConfigError:  # its own line, naming the fix (a config.json value transformers refuses)
+        raise
     except Exception as e:  # noqa: BLE001 - unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None

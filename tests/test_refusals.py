@@ -523,6 +523,45 @@ def test_a_model_type_this_transformers_does_not_know_is_refused_naming_the_upgr
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        (
+            "tie_word_embeddings",
+            "false",
+            "TypeError: Field 'tie_word_embeddings' expected bool, got str (value: 'false')",
+        ),
+        (
+            "layer_types",
+            ["full_attention"],
+            "ValueError: `num_hidden_layers` (2) must be equal to the number of `layer",
+        ),
+    ],
+    ids=["quoted", "inconsistent"],
+)
+def test_a_config_value_transformers_refuses_is_one_line_naming_it(
+    field, value, problem, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A config.json value transformers refuses (`"tie_word_embeddings": "false"`, quoted by a hand edit or a script
+    that wrote every value as text; `layer_types` that do not match `num_hidden_layers`): huggingface_hub's
+    StrictDataclassFieldValidationError traceback from the tokenizer's load, in the run and its dry run alike."""
+    import transformers
+
+    model = tmp_path / "edited"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {field: value}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--max_steps", "2", *dry_run)
+    assert line.startswith(
+        f"error: {model}: transformers {transformers.__version__} refuses a value of its config.json ({problem}"
+    ), line
+    assert line.endswith(
+        "): write it as the field takes it (true/false and numbers unquoted), or copy config.json again from where "
+        "the model came from"
+    ), line
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_model_config_without_model_type_is_refused_naming_the_file_and_the_type(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

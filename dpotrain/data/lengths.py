@@ -622,7 +622,29 @@ def load_tokenizer(
     except ValueError:
         check_bpe_files(name_or_path)
         raise
+    except Exception as e:  # transformers reads config.json too (AutoConfig): a value it refuses is no ValueError
+        if (refused := refused_config(name_or_path, e)) is None:
+            raise
+        raise refused from None
     return chat_template.apply(tokenizer, chat_template_path)
+
+
+def refused_config(name: str, error: BaseException) -> ConfigError | None:
+    """The one line for a config.json value transformers refuses (a quoted `"false"` or `"4096"` where it takes
+    true/false or a number, `layer_types` of another length than `num_hidden_layers`): huggingface_hub's
+    StrictDataclassError, which no except naming the model caught (a traceback from the tokenizer's load, the run's,
+    the dry run's and the analyzer's alike); None for any other error."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    if not isinstance(error, StrictDataclassError):
+        return None
+    import transformers
+
+    return ConfigError(
+        f"{name}: transformers {transformers.__version__} refuses a value of its config.json "
+        f"({cause(error.__cause__ or error)}): write it as the field takes it (true/false and numbers unquoted), or "
+        "copy config.json again from where the model came from"
+    )
 
 
 def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bool = False):

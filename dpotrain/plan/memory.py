@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import accelerate
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import AutoConfig
 
 from dpotrain.cluster.engine import NAMES, Engine, from_config, model_dtype
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data import builtin
+from dpotrain.data.lengths import refused_config
 from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width, query_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
@@ -89,6 +91,8 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
             path or name, revision=revision, local_files_only=local_only, trust_remote_code=trust
         )
         return config, None
+    except StrictDataclassError as e:  # a value transformers refuses: no ValueError, and no config to plan from
+        raise refused_config(name, e) from None
     except (OSError, ValueError) as e:
         if "trust_remote_code" in str(e):  # transformers names its argument, not this project's flag
             raise ConfigError(
