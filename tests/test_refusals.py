@@ -1729,6 +1729,10 @@ BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out
         # "could not read ...: ValueError: Instruction \"train\" corresponds to no data!" and DatasetGenerationError
         ("mark.jsonl", BOM + "\n", " has no rows: it needs one JSON object per line with chosen/rejected"),
         ("empty.json", BOM + "[]", " has no rows: it needs a JSON array of objects with chosen/rejected, or one such"),
+        # an export of no pairs, its header alone: "could not read ...: ValueError: Instruction \"train\" corresponds
+        # to no data!", naming no fix
+        ("header.csv", "prompt,chosen,rejected\n\n", " has no rows: it needs a header line naming chosen and rejected"),
+        ("header.tsv", "prompt\tchosen\trejected\n", " has no rows: it needs a header line naming chosen and rejected"),
         # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
         ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
         # a lone surrogate escape (half an emoji, as a UTF-16 string cut mid-character is dumped): JSON Lines said

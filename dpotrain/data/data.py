@@ -449,6 +449,8 @@ def _has_rows(path: Path) -> bool:
         return pq.ParquetFile(path).metadata.num_rows > 0
     if builder_of(path) == "arrow":
         return _arrow_has_rows(path)
+    if builder_of(path) == "csv":
+        return _csv_has_rows(path)
     if builder_of(path) != "json":
         return True
     try:
@@ -461,6 +463,21 @@ def _has_rows(path: Path) -> bool:
     except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error):
         return True
     return False
+
+
+def _csv_has_rows(path: Path) -> bool:
+    """Whether a CSV file holds a record after its header line, blank lines skipped as pandas skips them: a header
+    alone (an export of no rows) was datasets' 'Instruction "train" corresponds to no data!', naming neither file nor
+    fix. Undecided (a damaged compressed file, a field past csv's limit) counts as yes: the load says why."""
+    import csv
+
+    try:
+        with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
+            records = csv.reader(f, delimiter=DELIMITERS.get(format_suffix(path), ","))
+            next(records, None)  # the header
+            return any(records)  # a blank line is an empty record
+    except (EOFError, OSError, ValueError, csv.Error, lzma.LZMAError, zlib.error):
+        return True
 
 
 def _arrow_has_rows(path: Path) -> bool:
