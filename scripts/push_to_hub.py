@@ -14,9 +14,9 @@ appended to the run's hub_pushes.jsonl and the card lists the pushed revisions. 
 no run_complete.json, no final model) gets its complete checkpoints pushed with --checkpoints, and main nothing; any
 other folder that is not a finished run (a missing piece) is refused with what is missing, and a finished run whose
 weights are not one save's (model.safetensors beside a sharded index, a shard its index does not name) with those
-files, before anything uploads. The repo defaults to
-`hub_model_id` in the run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is
-never printed; write access to the repo is checked before anything uploads.
+files, or whose weights are cut short since (a copy of the folder stopped midway), before anything uploads. The repo
+defaults to `hub_model_id` in the run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth
+login`, and is never printed; write access to the repo is checked before anything uploads.
 """
 
 import re

@@ -730,6 +730,25 @@ def test_a_push_the_hub_fails_ends_push_to_hub_py_in_one_line(local_hub, monkeyp
     assert [r["status"] for r in read_pushes(finished_run)] == ["started", "failed"]
 
 
+def test_a_final_model_cut_short_since_the_run_is_refused_before_anything_uploads(local_hub, monkeypatch, finished_run):
+    """A run folder whose model.safetensors was cut short after the run (an rsync or a copy to a login node stopped
+    midway): push_to_hub.py pushed it to main, exit 0, 'Pushed to ...', replacing a good model with one no
+    from_pretrained loads. Now refused in one line naming the file, before any upload."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    weights = finished_run / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine"])
+    assert str(info.value).startswith(
+        f"{weights} is cut short: it has {size // 2:,} bytes, and its header says {size:,}"
+    )
+    assert str(info.value).endswith("nothing was pushed")
+    assert not local_hub.commits
+
+
 def test_write_access_against_the_hubs_answers(local_hub):
     assert hub.check_write_access("lab/mine", SECRET) == "lab/mine"  # exists, writable
     assert hub.check_write_access("lab/new", SECRET) == "lab/new"  # does not exist yet: created by the push

@@ -48,7 +48,7 @@ from dpotrain.train import run_files
 from dpotrain.train.lora import MERGED_DIR, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
-from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
+from dpotrain.train.weight_names import CUT_SHORT, WEIGHT_FILES, not_whole, shards_of
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
@@ -538,6 +538,7 @@ def check_one_model(output_dir: str | Path) -> None:
         path = PurePosixPath(name)
         if path.name != "adapter_config.json" and any(path.match(p) for p in REPLACED):
             folders.setdefault(path.parent, set()).add(path.name)
+    check_whole(out, folders)
     found = []
     for folder, names in folders.items():
         at = "" if folder == PurePosixPath(".") else f"{folder}/"
@@ -559,6 +560,19 @@ def check_one_model(output_dir: str | Path) -> None:
             "the earlier save's files (from a job resumed before this version, or a copy), or rerun training into a "
             "new output_dir; then push again"
         )
+
+
+def check_whole(out: Path, folders: dict[PurePosixPath, set[str]]) -> None:
+    """Refuse weights cut short since the run wrote them (a copy of the folder to a login node stopped midway), from
+    their headers: pushed, they replaced the model on main with one no from_pretrained loads, and the push said done."""
+    for folder, names in folders.items():
+        for name in sorted(n for n in names if n.endswith(".safetensors")):
+            again = (
+                "copy it again from the folder the run wrote (or train again into a new output_dir); nothing was pushed"
+            )
+            # only a header that says more (a file that is no safetensors at all is the loader's to refuse)
+            if (why := not_whole(out / folder / name, again)) and why.startswith(CUT_SHORT):
+                raise ConfigError(f"{out / folder / name} {why}")
 
 
 def written(folder: Path, names) -> str:

@@ -137,7 +137,7 @@ def check_whole(model_path: str) -> None:
     if not files and (folder / SAFETENSORS[1]).is_file():  # sharded: every shard its index names
         files = [folder / shard for shard in shards_of(folder / SAFETENSORS[1]) or () if (folder / shard).is_file()]
     for path in files:
-        if why := _not_whole(path):
+        if why := not_whole(path):
             raise ConfigError(f"the model's weights file {path} {why}")
 
 
@@ -145,9 +145,13 @@ def check_whole(model_path: str) -> None:
 MAX_HEADER = 100_000_000
 
 
-def _not_whole(path: Path) -> str | None:
-    """What is wrong with a safetensors file from its header and what to do, or None: cut short, or not safetensors."""
-    again = "copy it again from where the model came from"
+# How `not_whole` begins its words for a file whose header says it is longer than it is (a copy stopped midway)
+CUT_SHORT = "is cut short:"
+
+
+def not_whole(path: Path, again: str = "copy it again from where the model came from") -> str | None:
+    """What is wrong with a safetensors file from its header and what to do (`again`: how to get it whole), or None:
+    cut short (CUT_SHORT), or not safetensors."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         start = f.read(8)
@@ -157,14 +161,12 @@ def _not_whole(path: Path) -> str | None:
         if len(start) < 8 or length > MAX_HEADER:
             return f"is cut short or not safetensors ({size:,} bytes, without a safetensors header): {again}"
         if 8 + length > size:
-            return f"is cut short: it has {size:,} bytes, fewer than its header alone ({8 + length:,}): {again}"
+            return f"{CUT_SHORT} it has {size:,} bytes, fewer than its header alone ({8 + length:,}): {again}"
         try:
             header = json.loads(f.read(length))
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return f"is not a safetensors file (its header is not the JSON safetensors writes): {again}"
     if size < 8 + length + end:
-        return (
-            f"is cut short: it has {size:,} bytes, and its header says {8 + length + end:,} (a copy stopped): {again}"
-        )
+        return f"{CUT_SHORT} it has {size:,} bytes, and its header says {8 + length + end:,} (a copy stopped): {again}"
     return None
