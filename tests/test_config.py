@@ -1013,6 +1013,23 @@ def test_a_field_given_twice_with_two_values_is_said_and_the_last_counts(tmp_pat
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("spellings", [("--hub_token", "--hub_token"), ("--hub-token=", "--hub_token")])
+def test_a_token_given_twice_is_said_without_its_values(spellings, tmp_path, monkeypatch, capsys):
+    """`--hub_token hf_a ... --hub_token hf_b` (a wrapper's token, then the user's): the warning that the last counts
+    printed both tokens, into the terminal, a `| tee` log and a Slurm job's log, where every other path blanks them."""
+    path = write(tmp_path, "bf16: false\nreport_to: [none]\n")
+    first, second = spellings
+    words = [f"{first}hf_FIRSTsecret"] if first.endswith("=") else [first, "hf_FIRSTsecret"]
+    monkeypatch.setattr("sys.argv", ["train_dpo.py", "--config", path, *words, second, "hf_LASTsecret"])
+    assert parse_args().training.hub_token == "hf_LASTsecret"
+    err = capsys.readouterr().err
+    assert "hf_" not in err, err
+    assert err.strip() == (
+        f"warning: {first.rstrip('=')} is given twice on the command line (two values, not shown: a secret): the "
+        "last counts"
+    )
+
+
 @pytest.mark.slow  # a process of its own: the Hub libraries' switches are this process's too
 def test_a_recipes_offline_switch_does_not_outlive_its_run_in_the_process(tmp_path):
     """A recipe's `env: {HF_HUB_OFFLINE: "1"}` (or a silent Hub) turns the Hub libraries offline for its run. Called
