@@ -19,6 +19,7 @@ defaults to `hub_model_id` in the run's resolved_config.json. HF_TOKEN comes fro
 login`, and is never printed; write access to the repo is checked before anything uploads.
 """
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ with venv.loading_libraries():
     from dpotrain.recipe import cli, run_record
     from dpotrain.recipe.errors import ConfigError, RunError, cause, plural, run_command, unanswered, warn
     from dpotrain.train import checkpoints, run_files
+    from dpotrain.train.resume import HEALTH_STOP
 
 
 def check_is_a_run(run: Path) -> None:
@@ -96,8 +98,9 @@ def main(argv: list[str] | None = None) -> None:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first
     if stopped and not args.checkpoints:
         steps = [checkpoints.step_of(p) for p in stopped]
+        finish = health_stopped(run) or "resume it with the same command, then push it"
         raise ConfigError(
-            f"{run} has not finished training (no {hub.RUN_COMPLETE}): resume it with the same command, then push it; "
+            f"{run} has not finished training (no {hub.RUN_COMPLETE}): {finish}; "
             f"add --checkpoints to push {', '.join(p.name for p in stopped)} now, to "
             f"{'branch' if len(stopped) == 1 else 'branches'} {', '.join(hub_push.branch_name(s) for s in steps)} "
             "(main gets only a finished model)"
@@ -227,6 +230,26 @@ def check_no_live_run(run: Path) -> None:
     )
 
 
+def health_stopped(run: Path) -> str | None:
+    """What stopped a run a health guard stopped (exit 3, its HEALTH_STOP record), and the rerun that finishes it; None
+    for any other run. Such a run refuses the same command (resume.after_health_stop), which was the advice given."""
+    path = run / HEALTH_STOP
+    if not path.is_file():
+        return None
+    try:
+        stop = json.loads(path.read_text())
+    except (OSError, ValueError):  # a damaged record: the rerun's refusal names it
+        stop = {}
+    stop = stop if isinstance(stop, dict) else {}
+    guard = stop.get("guard")
+    what = f"the {guard} guard stopped it at step {stop.get('step')}" if guard else "a health guard stopped it"
+    go_on = "" if stop.get("fatal") else " (or with --health_action warn to go on from its checkpoint)"
+    return (
+        f"{what} ({path}), and the same command is refused: fix the cause the stop named, then rerun it with "
+        f"--overwrite_output_dir to start afresh{go_on}"
+    )
+
+
 def stopped_checkpoints(run: Path) -> list[Path]:
     """The run's own complete checkpoints where it has not finished (a stopped run: exit 75, or killed); [] for a
     finished run."""
@@ -260,10 +283,15 @@ def push(
             flush=True,
         )
     if not finished:
+        stop = health_stopped(run)
+        finish = (
+            f"{stop}; once it has finished,"
+            if stop
+            else "resume the run with the same command, and once it has finished"
+        )
         print(
             f"{run} has not finished training (no {hub.RUN_COMPLETE}): only its checkpoints are pushed (to branches "
-            f"of {repo_id}), main is left as it was; resume the run with the same command, and once it has finished "
-            "run this command again to push its final model to main",
+            f"of {repo_id}), main is left as it was; {finish} run this command again to push its final model to main",
             flush=True,
         )
         return failed_of(records)

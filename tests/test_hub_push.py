@@ -2271,6 +2271,48 @@ def test_a_stopped_runs_checkpoints_go_to_their_branches_and_main_waits_for_the_
     assert [(r["branch"], r["status"]) for r in read_pushes(run)] == [("step-4", "pushed")]
 
 
+def test_a_run_a_health_guard_stopped_is_not_told_to_resume_with_the_same_command(hub, tmp_path, monkeypatch, capsys):
+    """A run a health guard stopped (exit 3: its checkpoint, health_stop.json, no final model): push_to_hub.py said
+    "resume it with the same command, then push it", a command the run itself refuses after such a stop (resuming would
+    train on the values it stopped on). Both lines now say what stopped it and the rerun its stop named."""
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    sealed_checkpoint(run / "checkpoint-4")
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
+    (run / "health_stop.json").write_text(json.dumps({"guard": "margin", "step": 4, "message": "...", "fatal": False}))
+    run_files.write(run, [run_files.MANIFEST, "resolved_config.json", "health_stop.json", "checkpoint-4"])
+    script = push_script(hub, monkeypatch)
+    stopped = (
+        f"the margin guard stopped it at step 4 ({run}/health_stop.json), and the same command is refused: fix the "
+        "cause the stop named, then rerun it with --overwrite_output_dir to start afresh (or with --health_action "
+        "warn to go on from its checkpoint)"
+    )
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+        script.main([str(run)])
+    assert str(refused.value) == (
+        f"{run} has not finished training (no run_complete.json): {stopped}; add --checkpoints to push checkpoint-4 "
+        "now, to branch step-4 (main gets only a finished model)"
+    )
+    with mock.patch.dict(os.environ):
+        script.main([str(run), "--checkpoints"])
+    said = capsys.readouterr().out
+    assert "with the same command" not in said, said
+    assert (
+        f"{run} has not finished training (no run_complete.json): only its checkpoints are pushed (to branches of "
+        f"{REPO}), main is left as it was; {stopped}; once it has finished, run this command again" in said
+    ), said
+    (run / "health_stop.json").write_text(json.dumps({"guard": "nonfinite", "step": 4, "fatal": True}))
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+        script.main([str(run)])
+    assert "the nonfinite guard stopped it at step 4" in str(refused.value)
+    assert "start afresh; add --checkpoints" in str(refused.value) and "health_action" not in str(refused.value)
+
+
 def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path, monkeypatch, capsys):
     """A push took each checkpoint file's SHA-256 from its manifest to compare with the Hub's, but never checked the
     file against it: weights damaged after the save (a bad disk block: the same size) went up as that step's model. The
