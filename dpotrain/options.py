@@ -20,6 +20,7 @@ from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
 from dpotrain.train import losses, pair_metrics, resume
 from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 
@@ -951,32 +952,6 @@ def check_cuda_settings(recipe: Recipe) -> None:
             "activation_offloading needs a CUDA GPU (TRL moves the activations to CPU memory on CUDA streams) and "
             "this run has none: pass --activation_offloading false, or run on a GPU"
         )
-
-
-# model_init_kwargs keys the run decides from its own fields, plans by and records: they would win at load time
-DECIDED_INIT_KWARGS = {
-    "dtype": "dtype",
-    "torch_dtype": "dtype",
-    "attn_implementation": "attn_implementation",
-    "revision": "model_revision",
-}
-
-
-# model_init_kwargs keys that say how from_pretrained reads the files, not what model it builds: every other key is a
-# config override (`rope_theta`, `attention_dropout`) or a quantization, another model than the checkpoint's steps'
-LOAD_ONLY_INIT_KWARGS = {"low_cpu_mem_usage", "device_map", "max_memory", "offload_folder", "cache_dir", "token"}
-
-
-def config_overrides(kwargs: dict | None) -> dict:
-    """The model_init_kwargs that build another model from the same files (a config override such as `rms_norm_eps`):
-    all but the keys the run decides and records as its own fields, and those that only say how the files are read."""
-    skip = DECIDED_INIT_KWARGS.keys() | LOAD_ONLY_INIT_KWARGS
-    return {k: v for k, v in (kwargs or {}).items() if k not in skip}
-
-
-# model_init_kwargs keys that hold a secret: the run records model_init_kwargs as given (resolved_config.json, the
-# checkpoints' training_args.bin), where transformers hides only the `*_token` fields of its own arguments
-SECRET_INIT_KWARGS = ("token", "use_auth_token")
 
 
 def check_init_kwargs(recipe: Recipe) -> None:

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dpotrain import options
 from dpotrain.cluster import engine, run_lock
 from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.plan.plan import steps_of
-from dpotrain.recipe import config, launcher, run_record, writes
+from dpotrain.recipe import config, init_kwargs, launcher, run_record, writes
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
@@ -254,7 +253,7 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
         del changed["lora_dropout"]
     if "model_init_kwargs" in old.values:  # the keys the run decides are recorded as loaded, compared as their fields
-        was, now = (options.config_overrides(r.settings.model_init_kwargs) for r in (old, new))
+        was, now = (init_kwargs.config_overrides(r.settings.model_init_kwargs) for r in (old, new))
         if was != now:
             changed["model_init_kwargs"] = (was, now)
     if old.batching.pairs_per_step != pairs_per_step:

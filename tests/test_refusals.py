@@ -2150,7 +2150,7 @@ MAY_CHANGE_FIELDS = (
     """ label_smoothing_factor do_train do_predict dataset_streaming ignore_bias_buffers streaming"""
     # compared otherwise (`changed_settings`): pairs per step, the chat template and a Hub data set's commit by what
     # they give, auto_coverage under `max_length: auto`, model_init_kwargs without the keys the run decides (recorded as
-    # the model loaded, refused when given: options.DECIDED_INIT_KWARGS) or that only say how the files are read
+    # the model loaded, refused when given: init_kwargs.DECIDED_INIT_KWARGS) or that only say how the files are read
     """ pairs_per_step chat_template_path dataset_revision auto_coverage model_init_kwargs"""
 ).split()
 

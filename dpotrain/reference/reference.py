@@ -22,15 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpotrain import options
 from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, main_outcome, max_of_ranks
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
+from dpotrain.recipe import init_kwargs, upstream
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, plural, warn
 from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
 from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
@@ -89,7 +88,7 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # The model_init_kwargs that override its config build another model from the same weights (`rms_norm_eps`):
     # keyed by the weights alone, its reference was the model's own config's, reused. Added only where given, so
     # every other run keeps its key. Their values as the record writes them (json), whatever their type.
-    overrides = options.config_overrides(args.model_init_kwargs)
+    overrides = init_kwargs.config_overrides(args.model_init_kwargs)
     overrides = {"config_overrides": json.loads(json.dumps(overrides, default=str))} if overrides else {}
     return overrides | {
         "version": CACHE_VERSION,
