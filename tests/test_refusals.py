@@ -1761,6 +1761,19 @@ def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp
     assert expected in message
 
 
+def test_a_folder_whose_files_hold_no_row_says_so(tmp_path, monkeypatch, capsys):
+    """Exports of no pairs, their headers alone: "could not read the local folder ... (ValueError: Instruction "train"
+    corresponds to no data!)", as if the folder's format were wrong."""
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "a.csv").write_text("prompt,chosen,rejected\n")
+    (folder / "b.csv").write_text("prompt,chosen,rejected\n\n")
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder)) == (
+        f"error: dataset folder {str(folder)!r} has no rows: none of its files (a.csv, b.csv) holds a pair; put the "
+        "pairs in them"
+    )
+
+
 @pytest.mark.parametrize("score, kind", [("high", "string"), (1.5, "double")])
 def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, kind, tmp_path, monkeypatch, capsys):
     """A `score` written as a whole number in one shard and as text (or 1.5: datasets casts to the first file's int64)
