@@ -219,7 +219,7 @@ def push_text(s) -> str:
     # A bare name is the token's account's repo (hub.check_write_access asks whoami as the run starts)
     repo = s.hub_model_id if "/" in s.hub_model_id else f"<the token's account>/{s.hub_model_id}"
     repo += {True: " (private)", False: " (public)"}.get(s.hub_private_repo, "")
-    if hub_switches.is_offline():  # the run checks no access and pushes nothing (hub.check_push_access)
+    if hub_switches.pushes_offline():  # the run checks no access and pushes nothing (hub.check_push_access)
         return (
             f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {s.output_dir}`, where the Hub "
             f"is reached, pushes the final model to {repo}"

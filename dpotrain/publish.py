@@ -6,10 +6,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
-from dpotrain.cluster import collectives, offline, run_lock
+from dpotrain.cluster import collectives, run_lock
 from dpotrain.hub import hub, hub_push
+from dpotrain.recipe import hub_switches, run_record, writes
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import cause
 from dpotrain.train import disk_full, health, lora
 from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
@@ -95,7 +95,7 @@ def finish_outputs(run, resolved: dict) -> int | None:
     # The final push recorded as started before the run is marked complete: a job killed between the two (Slurm's
     # SIGKILL after a time limit's SIGTERM, a node lost) left a finished run the rerun refused, and a requeue of the
     # same job ended on "nothing to do", the push asked for never made nor named. The rerun completes it (push_left).
-    started = push.requested and not offline.is_offline()
+    started = push.requested and not hub_switches.pushes_offline()
     if started:
         hub_push.record_push(out, step=summary["global_step"], branch="main", status="started", repo=push.repo_id)
     writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")
@@ -120,18 +120,19 @@ def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
     push, to `repo` (the one it started on, `OutputDecision.push_left`, as the dry run and the refusal name it), from
     the main process, and nothing else. Not the command's hub_model_id: a rerun with --push_to_hub alone, as the
     refusal advises, would push to a repo named after the run instead."""
+    offline = hub_switches.pushes_offline()  # the user's HF_HUB_OFFLINE: push_final names push_to_hub.py
     if stop is not None:
-        stop.nothing_to_train(pushing=not offline.is_offline())
+        stop.nothing_to_train(pushing=not offline)
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
         push = replace(push, repo_id=repo)
-        now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
+        now = "not now (below)" if offline else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
         print(
             f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed "
             f"({cut_short(hub_push.unconfirmed_push(out))}): {now}; nothing is trained",
             flush=True,
         )
-        if push.checkpoints and not offline.is_offline():  # offline, push_final names push_to_hub.py --checkpoints
+        if push.checkpoints and not offline:  # offline, push_final names push_to_hub.py --checkpoints
             push_checkpoints_left(out, push, stop)
         return push_final(out, push, recipe.training, stop)
     return None
@@ -169,7 +170,7 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
     (resolve.check_output_dir's `push_left`). Waited for, it hung until Slurm's kill, and a time limit's job is not
     requeued. `started`: its start already recorded (finish_outputs)."""
     command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
-    if push.requested and offline.is_offline():
+    if push.requested and hub_switches.pushes_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
         kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
         kept = " (the last checkpoint, the one still on disk)" if limit == 1 else kept
@@ -181,9 +182,10 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
     elif push.requested:
         asked = stop.asked_to_end if stop is not None else None
         try:
-            url = hub.push_run(
-                out, push.repo_id, token=push.token, private=push.private, stop_asked=asked, started=started
-            )
+            with hub_switches.online_for_push():  # a Hub slow to answer at start: the run's own offline switch lifted
+                url = hub.push_run(
+                    out, push.repo_id, token=push.token, private=push.private, stop_asked=asked, started=started
+                )
         except hub_push.PushStopped:
             what = (
                 f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"

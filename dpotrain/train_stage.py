@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpotrain import dry_run, output_folder, publish, resolve
-from dpotrain.cluster import collectives, offline
+from dpotrain.cluster import collectives
 from dpotrain.data import lengths, model_identity
 from dpotrain.forwards import flex
 from dpotrain.hub.hub_push import CheckpointPusher
-from dpotrain.recipe import launcher, run_record, writes
+from dpotrain.recipe import hub_switches, launcher, run_record, writes
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.reference import reference
 from dpotrain.train import agreement, dropout, resume
@@ -125,7 +125,8 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     model_path = resolve_model_path(recipe)
     tokenizer = trainer_tokenizer(spec, model_path)
     pusher = None  # checkpoint branches, pushed from the main process in the background where the Hub is reachable
-    if push and push.checkpoints and not offline.is_offline() and launcher.launched_main() and not p.reference_only:
+    pushes = push and push.checkpoints and not hub_switches.pushes_offline()  # the user's HF_HUB_OFFLINE: none
+    if pushes and launcher.launched_main() and not p.reference_only:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     optional = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     if forward.attention == "flex_attention":

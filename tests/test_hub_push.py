@@ -33,6 +33,8 @@ from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
 from hub_server import StandInHub
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
+# a script run as a user runs it, in the project, its output in .stdout
+TEXT = {"cwd": ROOT, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "timeout": 300}
 SECRET = "hf_SECRETsecret123"
 REPO = "me/dpo-test"
 MODEL_FILES = {
@@ -3017,3 +3019,44 @@ def test_a_run_killed_between_its_completion_mark_and_its_push_pushes_when_run_a
     [commit] = hub.state.commits
     assert commit["revision"] == "main" and {"model.safetensors", "run_complete.json"} <= set(commit["files"])
     assert read_pushes(out)[-1]["status"] == "pushed"
+
+
+@pytest.mark.slow  # prefetch.py, then a training run whose start waits on the slow Hub's probe
+def test_a_slow_hubs_run_that_read_its_cache_offline_still_pushes_its_checkpoints_and_final_model(
+    hub, tmp_path, tiny_model_dir
+):
+    """A Hub slow to answer the start-up probe (over its 3 s) that still answers the write check: the run read its
+    cached Hub data set offline, as it says, by setting HF_HUB_OFFLINE itself, and at the end took that for the user's
+    own: "HF_HUB_OFFLINE is set, so nothing was pushed", no push recorded, exit 0 though --push_to_hub was asked. Its
+    own switch is lifted for its pushes: the checkpoints and main go up as on a Hub that answers at once."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": pairs})
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env |= {k: v for k, v in env_for(hub, tmp_path).items() if k != "HF_HUB_OFFLINE"}  # neither switch set: online
+    cached = ["--config", SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", tiny_model_dir]
+    fetched = subprocess.run([python(), str(ROOT / "scripts" / "prefetch.py"), *cached], env=env, **TEXT)
+    assert fetched.returncode == 0, fetched.stdout
+    slow = []
+
+    def slow_probe():  # `HEAD /`, the probe's request (and nothing the push asks): over its deadline, once
+        if not slow:
+            slow.append(time.time())
+            time.sleep(5)
+
+    hub.state.hold[("unknown", None)] = slow_probe
+    hub.state.requests.clear()
+    out = tmp_path / "run"
+    args = [*cached, "--output_dir", str(out), "--max_steps", "4", "--push_checkpoints", "true", "--save_steps", "2"]
+    args += ["--push_to_hub", "true", "--hub_model_id", REPO, "--hub_token", SECRET]
+    result = subprocess.run([python(), str(ROOT / "train_dpo.py"), *args], env=env, **TEXT | {"timeout": 600})
+    assert slow, "the probe did not reach the stand-in"
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "The Hugging Face Hub does not answer here (" in result.stdout  # the cache read offline, as it says
+    assert "HF_HUB_OFFLINE is set" not in result.stdout, result.stdout[-3000:]
+    assert [(c["revision"], c["message"]) for c in hub.state.commits] == [
+        ("step-2", "Checkpoint at step 2"),
+        ("step-4", "Checkpoint at step 4"),
+        ("main", "Upload DPO run"),
+    ]
+    assert [r["status"] for r in read_pushes(out) if r["branch"] == "main"] == ["started", "pushed"]
+    assert f"Pushed to {hub.endpoint}/{REPO}" in result.stdout, result.stdout[-3000:]

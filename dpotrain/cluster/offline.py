@@ -20,7 +20,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import config, launcher, recipe_file, venv
+from dpotrain.recipe import config, hub_switches, launcher, recipe_file, venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
@@ -265,6 +265,7 @@ def start_run() -> None:
     """A run, dry run, analysis or prefetch starts in this process: no answer from the Hub yet."""
     global ANSWER
     ANSWER = None
+    hub_switches.SET_BY_RUN = False  # an earlier run's switch, turned off for its silent Hub, is not this one's
 
 
 def hub_answer() -> str | None:
@@ -283,6 +284,7 @@ def read_cache_if_silent() -> None:
         ANSWER = HubAnswer(why)  # offline for it: a later piece not cached is refused as on a silent Hub, unasked
         os.environ["HF_HUB_OFFLINE"] = "1"  # the processes it starts (data loader workers) read it at their import
         take_late_switches()  # this one's libraries read it at theirs
+        hub_switches.turned_off_by_run()  # for reads alone: the run's pushes lift it (it passed the write check)
         if launcher.launched_main():  # every rank decides the same (`agree_on_hub`); one line says it for the launch
             print(
                 f"The Hugging Face Hub does not answer here ({why}): models and data sets are read from the local "

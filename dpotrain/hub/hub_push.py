@@ -26,8 +26,8 @@ from huggingface_hub.utils.sha import git_hash
 from transformers import TrainerCallback
 
 from dpotrain.hub.public import upload_content
+from dpotrain.recipe import hub_switches, upstream, venv, writes
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import upstream, venv, writes
 from dpotrain.recipe.errors import ConfigError, RunError, abandon_threads, cause, warn
 from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of, unstaged
@@ -720,12 +720,13 @@ class CheckpointPusher(TrainerCallback):
             step = self.queue.get()
             staged = self.pending[step]
             try:
-                if not repo_ready:
-                    with_retries(
-                        lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo"
-                    )
-                    repo_ready = True
-                push_checkpoint(api, self.repo_id, staged, step, self.out)
+                with hub_switches.online_for_push():  # the run's own offline switch (a slow Hub at start) lifted
+                    if not repo_ready:
+                        with_retries(
+                            lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo"
+                        )
+                        repo_ready = True
+                    push_checkpoint(api, self.repo_id, staged, step, self.out)
             except UnrecordedPush as e:
                 warn(f"{e}; training goes on")
             except Exception as e:  # noqa: BLE001 - a bug must not kill the worker thread: _failed records it

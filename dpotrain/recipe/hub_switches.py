@@ -6,6 +6,7 @@ once, when imported: a `.env` or a recipe's `env:` read after that is handed to 
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 
 from huggingface_hub import constants
@@ -19,6 +20,48 @@ def is_offline() -> bool:
     """Whether the Hub is off for models (huggingface_hub reads HF_HUB_OFFLINE at import; a .env may set it later)."""
     env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
     return constants.HF_HUB_OFFLINE or _true(env)
+
+
+# Whether this run turned the libraries off itself (cluster/offline.read_cache_if_silent: the Hub did not answer its
+# probe in time), not the user's HF_HUB_OFFLINE. Taken for the user's, a Hub slow to answer the probe that passed the
+# write check dropped the run's pushes ("HF_HUB_OFFLINE is set, so nothing was pushed", exit 0): its pushes lift it.
+SET_BY_RUN = False
+_LIFTING = threading.Lock()
+_lifted = 0  # pushes running with the run's own switch lifted (the final push, a checkpoint pusher's thread)
+
+
+def pushes_offline() -> bool:
+    """Whether the run's pushes are left to push_to_hub.py: the Hub off by the user's HF_HUB_OFFLINE (or
+    TRANSFORMERS_OFFLINE, `.env`, a recipe's `env:`), not by this run for a Hub slow to answer (`SET_BY_RUN`)."""
+    return is_offline() and not SET_BY_RUN
+
+
+def turned_off_by_run() -> None:
+    """The run turned the Hub off itself, for its reads: its pushes go on (`online_for_push`)."""
+    global SET_BY_RUN
+    SET_BY_RUN = True
+
+
+@contextmanager
+def online_for_push():
+    """huggingface_hub online while the run pushes, where the run itself turned it off (`SET_BY_RUN`): it refuses
+    every request while offline. The switch is the process's, so a read during a checkpoint's upload asks the Hub too
+    (one the write check saw answer); once the last push ends the cache is read offline again, unless the run ended
+    meanwhile (`restored` gave the switch back). The user's own switch is never lifted."""
+    global _lifted
+    if not SET_BY_RUN:
+        yield
+        return
+    with _LIFTING:
+        _lifted += 1
+        constants.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        with _LIFTING:
+            _lifted -= 1
+            if not _lifted and SET_BY_RUN:
+                constants.HF_HUB_OFFLINE = True
 
 
 def datasets_offline() -> bool:
@@ -46,12 +89,15 @@ def restored():
     """The libraries' offline switches put back as they were once the block ends: a run that turned them off (its
     `.env`, its recipe's `env:` block, a Hub that did not answer) gives its caller (a notebook calling
     `train_dpo.main`) its environment back, and the caller's next run read the cache alone, in silence, without them."""
+    global SET_BY_RUN
     datasets_config = sys.modules.get("datasets.config")
     switches = (datasets_config.HF_HUB_OFFLINE, datasets_config.HF_DATASETS_OFFLINE) if datasets_config else None
     hub = constants.HF_HUB_OFFLINE
     try:
         yield
     finally:
-        constants.HF_HUB_OFFLINE = hub
+        with _LIFTING:  # a checkpoint upload abandoned at the run's end must not turn the caller's Hub off later
+            SET_BY_RUN = False
+            constants.HF_HUB_OFFLINE = hub
         if switches:
             datasets_config.HF_HUB_OFFLINE, datasets_config.HF_DATASETS_OFFLINE = switches
