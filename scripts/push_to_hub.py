@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             "reachable"
         )
     repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
-    hub.check_private(repo_id, token, private)
+    hub.check_private(repo_id, token, private, where="push_to_hub.py")
 
     from huggingface_hub import HfApi
 
@@ -159,7 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     for line in said[:-1]:  # said before the closing line, which names the steps a rerun can push
         warn(line)
     if said:
-        raise ConfigError(said[-1])
+        # A push the Hub failed past the retries (or a read the file server did not answer) is a failure, exit 1, as
+        # docs/hub.md says: the same command pushes it. Exit 2 (ConfigError) told a script retrying on 1 to fix its
+        # input. A step to mend first, or that no command can push, is the folder's to fix: a refusal's 2.
+        raise (RunError if rerun_pushes(records) else ConfigError)(said[-1])
+
+
+def rerun_pushes(records: list[dict]) -> list[str]:
+    """The branches among `records` whose push failed and that the same command, run again as it is, pushes: not
+    those no command can push (`pushable: false`), nor those to mend first (a permission, a folder in its place)."""
+    return [r["branch"] for r in failed_of(records) if r.get("pushable") is not False and not hub_push.needs_fix(r)]
 
 
 def closing_lines(run: Path, records: list[dict]) -> list[str]:
@@ -168,7 +177,7 @@ def closing_lines(run: Path, records: list[dict]) -> list[str]:
     failed = failed_of(records)
     lost = [r for r in failed if r.get("pushable") is False]
     mend = [r for r in failed if r not in lost and hub_push.needs_fix(r)]  # a rerun as it is fails them again
-    again = [r["branch"] for r in failed if r not in lost and r not in mend]
+    again = rerun_pushes(records)
     said = [never_pushed(run, lost)] if lost else []
     if mend:
         said.append(to_mend(run, mend))

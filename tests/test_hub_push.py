@@ -1029,7 +1029,7 @@ def test_push_to_hub_tells_the_steps_no_command_can_push_from_those_it_can(hub, 
 
     from conftest import sealed_checkpoint
     from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
-    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.recipe.errors import ConfigError, RunError
     from dpotrain.train import run_files
 
     out = tmp_path / "run"
@@ -1044,7 +1044,7 @@ def test_push_to_hub_tells_the_steps_no_command_can_push_from_those_it_can(hub, 
     script = push_script(hub, monkeypatch)
     hub.state.fail_status = 400  # a failure nothing retries: a rerun can push it
     hub.state.fail[("commit", "step-8")] = -1
-    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as ended:
+    with mock.patch.dict(os.environ), pytest.raises(RunError) as ended:  # the Hub's failure: exit 1, not a refusal
         script.main([str(out), "--repo-id", REPO, "--checkpoints"])
     assert str(ended.value) == f"step-8 failed to push (see {out}/{PUSH_RECORD}): run the same command again"
     lost = [line for line in capsys.readouterr().err.splitlines() if "no command can push step-" in line]
@@ -3060,3 +3060,34 @@ def test_a_slow_hubs_run_that_read_its_cache_offline_still_pushes_its_checkpoint
     ]
     assert [r["status"] for r in read_pushes(out) if r["branch"] == "main"] == ["started", "pushed"]
     assert f"Pushed to {hub.endpoint}/{REPO}" in result.stdout, result.stdout[-3000:]
+
+
+def test_push_to_hub_ends_a_branch_push_the_hub_failed_with_exit_1_not_a_refusals_2(hub, tmp_path, monkeypatch, capsys):
+    """A branch whose commits the Hub fails (500) past the retries ended `push_to_hub.py RUN --checkpoints` with
+    "error: step-2 failed to push ...: run the same command again" and exit 2, a refused input's code, where
+    docs/hub.md gives exit 1 for a push the Hub failed: a script or a job chain retrying on 1 took it for an input to
+    fix. Now exit 1; the other steps are pushed."""
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe.errors import run_cli
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    for step in (2, 4):  # a stopped run's (no run_complete.json): its checkpoints alone go up
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(out, [run_files.MANIFEST, PUSH_RECORD, "checkpoint-2", "checkpoint-4"])
+    script = push_script(hub, monkeypatch)
+    hub.state.fail[("commit", "step-2")] = -1  # 500, every time
+    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main([str(out), "--repo-id", REPO, "--checkpoints"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == f"error: step-2 failed to push (see {out}/{PUSH_RECORD}): run the same command again"
+    assert [c["revision"] for c in hub.state.commits] == ["step-4"]
+    # The Hub failing the write check before any upload is the Hub's failure too, not a refused input
+    hub.state.whoami_status = 500
+    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main([str(out), "--repo-id", REPO, "--checkpoints"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and err.startswith(f"error: could not check write access to {REPO}: "), err

@@ -31,7 +31,7 @@ from conftest import PYTHON, ROOT, in_child, python
 from dpotrain.cluster import offline
 from dpotrain.hub import hub
 from dpotrain.recipe import venv
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, RunError
 from hub_server import StandInHub
 
 THINK = str(ROOT / "configs" / "think.yaml")
@@ -855,8 +855,9 @@ def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     assert "set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py" in message
     assert SECRET not in message
 
-    # push_to_hub.py itself, on a login node without network: run it elsewhere, not "push afterwards with it"
-    with pytest.raises(ConfigError) as info:
+    # push_to_hub.py itself, on a login node without network: run it elsewhere, not "push afterwards with it"; a Hub
+    # it cannot reach is a failure (exit 1), as a push the Hub failed is, not a refused input (exit 2)
+    with pytest.raises(RunError) as info:
         hub.check_write_access("me/run", SECRET, where="push_to_hub.py")
     message = str(info.value)
     assert "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can" in message

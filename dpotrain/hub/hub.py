@@ -39,7 +39,7 @@ from dpotrain.hub.public import upload_content
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
-from dpotrain.recipe.errors import ConfigError, cause, decimal, plural
+from dpotrain.recipe.errors import ConfigError, RunError, cause, decimal, plural
 from dpotrain.recipe.run_record import RESOLVED, Record, per_step_text
 from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
@@ -580,6 +580,13 @@ def written(folder: Path, names) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(max((folder / n).stat().st_mtime for n in names)))
 
 
+def hub_failed(where: str) -> type[Exception]:
+    """What a Hub that fails to answer a check (a 5xx, no route) ends `where` with: the job is refused at its start
+    (ConfigError, exit 2), before training, as its other checks are; push_to_hub.py fails (RunError, exit 1, as
+    docs/hub.md gives for the Hub failing it): its exit 2 said "fix your input" of an outage."""
+    return ConfigError if where == "job" else RunError
+
+
 def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
     """Refuse a push the Hub would refuse, at start (`where`: "job"), not after training, or in push_to_hub.py. Returns
     the repo id with its namespace, which the Hub's branch and commit endpoints need; offline, `repo_id` as given."""
@@ -607,7 +614,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
                 "the Hugging Face token is invalid or expired: create one at https://huggingface.co/settings/tokens "
                 "and set HF_TOKEN in .env"
             ) from None
-        raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
+        raise hub_failed(where)(f"could not check write access to {repo_id}: {cause(e)}") from None
     except Exception as e:  # noqa: BLE001 - no route, DNS, proxy, timeout, a bad HF_ENDPOINT: named by cause()
         unreachable = (
             "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
@@ -615,7 +622,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
             else "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can (a login node with "
             "network), or fix HF_ENDPOINT / the proxy settings (HTTPS_PROXY)"
         )
-        raise ConfigError(
+        raise hub_failed(where)(
             f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
         ) from None
     if not writable:
@@ -666,7 +673,7 @@ def create_repo(api, repo_id: str, private: bool | None):
         ) from None
 
 
-def check_private(repo_id: str, token: str | None, private: bool | None) -> None:
+def check_private(repo_id: str, token: str | None, private: bool | None, where: str = "job") -> None:
     """Refuse a private push to an existing public repo: the flag only sets the visibility of a repo it creates."""
     if not private:
         return
@@ -675,7 +682,7 @@ def check_private(repo_id: str, token: str | None, private: bool | None) -> None
     except RepositoryNotFoundError:
         return  # created private by the push
     except HfHubHTTPError as e:
-        raise ConfigError(f"could not read whether {repo_id} is private: {cause(e)}") from None
+        raise hub_failed(where)(f"could not read whether {repo_id} is private: {cause(e)}") from None
     if public:
         raise ConfigError(
             f"{repo_id} is a public repo, which hub_private_repo / --private does not change (they make a new repo "
