@@ -208,6 +208,31 @@ def test_recomputed_when_model_init_kwargs_override_the_models_config(tmp_path, 
 
 
 @pytest.mark.slow
+def test_recomputed_when_the_models_config_json_changes(tmp_path, tiny_model_dir, cache, capsys):
+    """The config builds the model: `rms_norm_eps` 1e-05 -> 0.5 in a model folder's config.json (a Hub commit that
+    changes the config alone, a folder fixed in place) is another model with the same weights. The cache's key held
+    the weights' hash and not the config, so the new run reused the scores of the old config ("all 16 pairs reused")
+    and the step-1 guard stopped it as doomed, exit code 3; with the guard off it trained against another model's
+    reference. The key holds the sha256 of the config.json the model loads from (the run's own changes to the loaded
+    config, use_cache or dtype, are not in it: every attempt of a run keys alike)."""
+    import hashlib
+
+    rows = builtin.make_preference_rows(16, seed=3)
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    base = build(tmp_path / "base", str(model), rows)
+    seen, config = entries(cache), model / "config.json"
+    capsys.readouterr()
+    assert '"rms_norm_eps": 1e-05' in config.read_text()
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 0.5'))
+    eps = build(tmp_path / "eps", str(model), rows)
+    assert "16 scored, cached in" in capsys.readouterr().out
+    assert entries(cache) - seen and ref_columns(eps) != ref_columns(base)
+    meta = json.loads((cache / (entries(cache) - seen).pop() / "identity.json").read_text())
+    assert meta["config_sha256"] == hashlib.sha256(config.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
 def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would(tmp_path, tiny_model_dir, cache):
     """The stage scores in micro-batches of its own, not training's, so a pair's sums differ from the policy's at step
     1 in their last bits only: measured here, <= 2e-7 relative (1e-5 allowed: what "the same log-probs" means in fp32,

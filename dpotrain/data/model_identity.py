@@ -6,6 +6,7 @@ reference scored by other weights, or on pairs tokenized another way. So a run r
 """
 
 import fnmatch
+import hashlib
 import os
 from pathlib import Path
 
@@ -38,6 +39,24 @@ def cache_name(name: str) -> str:
     and one reference cache; a Hub name as written."""
     path = Path(name).expanduser()
     return os.path.realpath(path) if name and path.is_dir() else name
+
+
+def config_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """sha256 of the config.json the model is built from, as the file is (the run's own changes to the loaded config,
+    use_cache, dtype, attention, are not in it: every attempt of a run reads the same): a local folder's, else the one
+    in the Hub cache's snapshot of `revision` (where from_pretrained read it, `cache_dir` as given to it). None where
+    neither holds one."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = Path(name).expanduser()
+    try:
+        found = (
+            path / "config.json" if path.is_dir() else try_to_load_from_cache(name, "config.json", cache_dir, revision)
+        )
+        # try_to_load_from_cache: None, or a marker that the repo has no such file
+        return hashlib.sha256(Path(found).read_bytes()).hexdigest() if isinstance(found, str | Path) else None
+    except (OSError, ValueError):  # ValueError: not a Hub name either (the load read it otherwise)
+        return None
 
 
 def input_files(recipe) -> dict[str, Path] | None:

@@ -90,10 +90,16 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # every other run keeps its key. Their values as the record writes them (json), whatever their type.
     overrides = init_kwargs.config_overrides(args.model_init_kwargs)
     overrides = {"config_overrides": json.loads(json.dumps(overrides, default=str))} if overrides else {}
+    # The config builds the model too (config.json's `rms_norm_eps` edited, a Hub commit of the config alone): keyed
+    # by the file, not the loaded config, which the run itself changes (use_cache, dtype), so every attempt keys alike.
+    # A LoRA run's reference is its base, loaded from this same file.
+    init = args.model_init_kwargs or {}
+    config = model_identity.config_sha256(model.config.name_or_path, init.get("revision"), init.get("cache_dir"))
     return overrides | {
         "version": CACHE_VERSION,
         "model": model_identity.cache_name(model.config.name_or_path),
         "weights_sha256": scorer.weights_hash,
+        "config_sha256": config,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),
         "max_length": args.max_length,
