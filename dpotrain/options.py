@@ -17,7 +17,7 @@ from pathlib import Path
 from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
 from dpotrain.forwards import choice, packing
-from dpotrain.recipe import config, errors, launcher, upstream, venv, writes
+from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
@@ -47,6 +47,7 @@ def check_options(recipe: Recipe) -> None:
         )
     check_cuda_settings(recipe)
     check_init_kwargs(recipe)
+    check_init_kwargs_apply(recipe)  # after the keys the run decides or refuses: their own refusals first
     check_optimizer(t)
     check_ranges(recipe)
     check_switched_off(recipe)
@@ -969,6 +970,41 @@ def check_init_kwargs(recipe: Recipe) -> None:
                 f"model_init_kwargs {key!r} would override {field}, which the run plans and records by: give "
                 f"--{field} {kwargs[key]} instead, and remove {key!r} from model_init_kwargs"
             )
+
+
+def check_init_kwargs_apply(recipe: Recipe, config=None) -> None:
+    """A model_init_kwargs key that from_pretrained neither takes nor finds on the model's config is passed on to the
+    model's __init__: transformers 5 moved `rope_theta` into `rope_parameters`, and `{"rope_theta": 100.0}` ended in a
+    TypeError at the model's load, after the data was prepared. Refused from the config alone (`config`, else read
+    from this machine's files: a Hub model not cached is checked once the run reads its config, `stages.first_half`)."""
+    kwargs = recipe.training.model_init_kwargs or {}
+    unknown = [key for key in kwargs if key not in init_kwargs.from_pretrained_arguments()]
+    if unknown and config is None:
+        from dpotrain.plan import memory
+
+        config = memory.model_config_or_reason(recipe)[0]  # None where not readable here: the load decides
+    takes = _model_takes(config) if unknown and config is not None else None
+    for key in [k for k in unknown if takes is not None and not hasattr(config, k) and not takes(k)]:
+        raise ConfigError(init_kwargs.not_taken(key, kwargs[key], config))
+
+
+def _model_takes(config):
+    """Whether the model's class (the one TRL loads: its config's architecture; a built-in model's config, not yet
+    saved, names none: its causal LM's) takes a keyword in its __init__; None where that class is not transformers'
+    own (remote code) or takes any (**kwargs): nothing is refused then."""
+    import inspect
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    named = getattr(config, "architectures", None) or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "")]
+    model_class = getattr(transformers, named[0], None)
+    if model_class is None:
+        return None
+    parameters = inspect.signature(model_class.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return lambda key: key in parameters
 
 
 def _wandb_online(recipe: Recipe) -> bool:

@@ -981,6 +981,8 @@ def first_half(
     model_path = model_files(recipe, launch, pairs.tokenizer)
     weight_names.check_whole(model_path)  # before the lengths are measured and the model loads, the dry run too
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
+    if model[0] is not None:  # a Hub model's config not cached at the checks: read now, before the pairs are tokenized
+        options.check_init_kwargs_apply(recipe, model[0])
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     splits = {"train": pairs.train, "held-out": pairs.eval}

@@ -456,16 +456,16 @@ def test_a_resume_under_max_length_auto_trains_at_its_checkpoints_length(tmp_pat
 
 @pytest.mark.slow
 def test_a_model_init_kwargs_key_changed_between_attempts_is_refused_and_one_for_loading_alone_resumes(stopped):
-    """model_init_kwargs reach from_pretrained as config overrides (`rope_theta`, `attention_dropout`): another model
+    """model_init_kwargs reach from_pretrained as config overrides (`rms_norm_eps`, `attention_dropout`): another model
     than the checkpoint's steps were trained on. It was a may-change field, and the rerun resumed on it in silence."""
     out, model, shards = stopped
     parse = lambda *extra: parse_args([*command(out, model, shards)[2:], *extra])  # noqa: E731
     with pytest.raises(ConfigError) as refused:
-        check_output_dir(parse("--model_init_kwargs", '{"rope_theta": 100.0}'), 8)
+        check_output_dir(parse("--model_init_kwargs", '{"rms_norm_eps": 1e-06}'), 8)
     assert f"error: output_dir {str(out)!r} holds an unfinished run with other settings (model_init_kwargs: " in (
         f"error: {refused.value}"
     ), refused.value
-    assert "rope_theta" in str(refused.value) and "--overwrite_output_dir" in str(refused.value)
+    assert "rms_norm_eps" in str(refused.value) and "--overwrite_output_dir" in str(refused.value)
     # The keys the run decides itself (recorded as the model loaded) and how it loads the files are not a change.
     for kwargs in (None, '{"low_cpu_mem_usage": true}'):
         extra = ["--model_init_kwargs", kwargs] if kwargs else []

@@ -1692,6 +1692,78 @@ def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_a_model_init_kwargs_key_the_model_cannot_take_is_refused_before_the_data_naming_the_fix(
+    dry_run, tmp_path, monkeypatch, capsys
+):
+    """transformers 5 moved `rope_theta` into `rope_parameters`: `--model_init_kwargs '{"rope_theta": 100.0}'`, a key
+    that is neither a field of the model's config nor an argument of from_pretrained, ended in a traceback at the
+    model's load, after the data was prepared (`TypeError: Olmo3ForCausalLM.__init__() got an unexpected keyword
+    argument 'rope_theta'`), and the dry run said nothing. Refused before anything loads, naming where it goes."""
+    theta = refused(tmp_path, monkeypatch, capsys, "--model_init_kwargs", '{"rope_theta": 100.0}', *dry_run)
+    assert theta.startswith(
+        "error: model_init_kwargs 'rope_theta' is neither a field of the model's config (Olmo3Config) nor an argument "
+        "of from_pretrained, so the model's load would stop on it: set it inside rope_parameters: --model_init_kwargs "
+        """'{"rope_parameters": {"full_attention": {"rope_theta": 100.0, "rope_type": "default"}, """
+        """"sliding_attention": {"rope_theta": 100.0, "rope_type": "default"}}}'"""
+    ), theta
+    typo = refused(tmp_path, monkeypatch, capsys, "--model_init_kwargs", '{"rms_norm_epsilon": 0.5}', *dry_run)
+    assert typo.endswith("did you mean 'rms_norm_eps'? Else remove 'rms_norm_epsilon' from model_init_kwargs"), typo
+
+
+def test_model_init_kwargs_keys_the_config_or_from_pretrained_takes_are_not_refused(tiny_model_dir):
+    """Fields of the model's config, set in its config.json or not (return_dict, a base field), and the arguments of
+    from_pretrained itself (how the files are read, quantization, remote code) reach the load as before."""
+    from dpotrain import options
+
+    kwargs = {
+        "rms_norm_eps": 0.5,
+        "attention_dropout": 0.1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+        "return_dict": True,
+        "output_attentions": False,
+        "num_labels": 2,
+        "low_cpu_mem_usage": True,
+        "device_map": None,
+        "max_memory": None,
+        "offload_folder": "x",
+        "quantization_config": None,
+        "trust_remote_code": False,
+        "use_safetensors": True,
+        "subfolder": "",
+        "variant": None,
+        "cache_dir": None,
+        "local_files_only": False,
+        "force_download": False,
+        "key_mapping": None,
+        "use_kernels": False,
+        "experts_implementation": None,
+        "weights_only": True,
+    }
+    for model in (tiny_model_dir, "builtin:tiny-olmo3"):
+        recipe = parse_args(
+            ["--config", SMOKE, "--model_name_or_path", model, "--model_init_kwargs", json.dumps(kwargs)]
+        )
+        options.check_init_kwargs_apply(recipe)
+
+
+def test_every_argument_of_the_installed_from_pretrained_is_admitted():
+    """The keys from_pretrained takes from its **kwargs, read from the installed transformers' source: a newer release
+    that takes another is admitted here first, not refused as unknown to the model's config."""
+    import inspect
+
+    from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+    from dpotrain.recipe.init_kwargs import from_pretrained_arguments
+
+    taken = set()
+    for f in (PreTrainedModel.from_pretrained, AutoModelForCausalLM.from_pretrained, PretrainedConfig.from_pretrained):
+        source = inspect.getsource(f)
+        taken |= set(re.findall(r'kwargs\.pop\(\s*"(\w+)"', source)) | set(re.findall(r'"(\w+)" in kwargs', source))
+        taken |= set(re.findall(r'"(\w+)",?\s', "".join(re.findall(r"(?:for name in|_names =) \[[^\]]*\]", source))))
+    assert taken - from_pretrained_arguments() == set()
+
+
 def test_loss_type_typo_refused_by_the_dry_run_too(tmp_path, monkeypatch, capsys):
     assert "unknown loss_type" in refused(tmp_path, monkeypatch, capsys, "--loss_type", "sigmoid_nrom", "--dry-run")
 
