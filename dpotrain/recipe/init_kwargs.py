@@ -41,7 +41,7 @@ FROM_PRETRAINED_KWARGS = frozenset(
     adapter_name generation_config gguf_file distributed_config device_mesh tp_plan tp_size trust_remote_code
     allow_all_kernels use_kernels kernel_config key_mapping mirror low_cpu_mem_usage from_tf from_flax
     offload_state_dict code_revision attn_implementation experts_implementation num_labels output_attentions
-    name_or_path _commit_hash _from_auto _from_pipeline _fast_init _configuration_file""".split()
+    name_or_path""".split()
 )
 
 
