@@ -10,6 +10,8 @@
 #                                        do not collide; one in use there: the next free one. Given: checked, kept)
 #   (GPUs per node: the job's --gpus-per-node, 4 or 8: accelerate's --num_processes and the memory plan follow it)
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
+#   DPOTRAIN_STOP_FILE=<project>/logs/.stop-%j   the job's stop file (%j: the job id), in a folder every node sees
+#                                        and the job can write (a read-only project: give one elsewhere)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
@@ -225,9 +227,16 @@ fi
 
 # --- checks, each with its fix, before any GPU time is spent ---
 [[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
-mkdir -p logs
 # The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/train/preemption.py).
-export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
+# One per job, in the project's logs/, or where a DPOTRAIN_STOP_FILE given says (the refusal of a project the job cannot
+# write in names it; set over here, the job was refused again whatever it was set to): its %j the job id, as in sbatch's
+# --output, else the job id after it, so that two jobs submitted with one exported do not stop each other.
+stop_file=${DPOTRAIN_STOP_FILE:-$PWD/logs/.stop-%j}
+[[ $stop_file == *%j* ]] || stop_file+=-%j
+[[ $stop_file == /* ]] || stop_file=$submitted/$stop_file
+export DPOTRAIN_STOP_FILE=${stop_file//%j/${SLURM_JOB_ID:-$$}}
+mkdir -p "$(dirname "$DPOTRAIN_STOP_FILE")" 2>/dev/null || die "cannot make the folder of the job's stop file" \
+  "$DPOTRAIN_STOP_FILE: set DPOTRAIN_STOP_FILE=<a folder every node sees and the job can write>/stop-%j (%j: the job id)"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 # srun forwards each process's stdout and stderr to this log in chunks of bytes, interleaved: a chunk that ended inside
 # a progress bar's block character (3 bytes of UTF-8) left bytes that are no UTF-8 between the step lines, and grep

@@ -31,6 +31,7 @@ from conftest import (
     rank_python,
     signal_paused,
     start_child,
+    warm_venv,
 )
 from dpotrain.train import run_files
 from dpotrain.train.metrics import metrics_figure, read_metrics
@@ -775,9 +776,29 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
     assert stderr.strip().splitlines()[-1] == (
         f"error: DPOTRAIN_STOP_FILE={stop_file}: cannot write in {folder} (Read-only file system), so a stop could "
         "not be confirmed and the job would not requeue: point DPOTRAIN_STOP_FILE to a writable folder every node "
-        "sees (scripts/launch.sh uses the project's logs/)"
+        "sees (scripts/launch.sh: the project's logs/, or a DPOTRAIN_STOP_FILE given, its %j the job id)"
     )
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_job_whose_project_logs_cannot_be_written_keeps_its_stop_file_where_the_refusal_says(tmp_path):
+    """A project the job cannot write in (a site's read-only install): the refusal says to point DPOTRAIN_STOP_FILE to
+    a writable folder, but scripts/launch.sh set its own over it, and the job was refused again whatever the user
+    set. A given one is kept, per job (its %j the job id). launch.sh's dry run, in a child where logs/ is read-only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_STOP"))}
+    env |= {"RECIPE": "configs/smoke.yaml", "SLURM_JOB_ID": "4242", "VENV": warm_venv()}
+
+    def job(**more):
+        command = ["bash", str(ROOT / "scripts" / "launch.sh"), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+        return lambda: sys.exit(subprocess.run(command, cwd=tmp_path, env=env | more, timeout=300).returncode)
+
+    code, stdout, stderr = in_child(job(), read_only=[ROOT / "logs"])
+    assert code == 2 and "point DPOTRAIN_STOP_FILE to a writable folder" in stderr, stderr[-2000:]
+    given = tmp_path / "stops" / "dpo-%j"
+    code, stdout, stderr = in_child(job(DPOTRAIN_STOP_FILE=str(given)), read_only=[ROOT / "logs"])
+    assert code == 0 and stdout.count("dry run of ") == 1, stdout[-2000:] + stderr[-2000:]
+    assert (tmp_path / "stops").is_dir() and not (tmp_path / "run").exists()
 
 
 def ranks_launch(processes: int) -> list[str]:

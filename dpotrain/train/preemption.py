@@ -502,5 +502,5 @@ def check_stop_file(path: Path) -> None:
         raise ConfigError(
             f"{STOP_FILE_ENV}={path}: cannot write in {problem[0]} ({problem[1]}), so a stop could not be confirmed "
             f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
-            "(scripts/launch.sh uses the project's logs/)"
+            "(scripts/launch.sh: the project's logs/, or a DPOTRAIN_STOP_FILE given, its %j the job id)"
         )
