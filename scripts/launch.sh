@@ -317,6 +317,12 @@ if [[ "${PREFLIGHT:-0}" == 1 ]]; then
   "$VENV/bin/python" scripts/preflight.py --config "$RECIPE" "$@" || die "preflight exited $?: see its report above"
 fi
 
+# Outside a Slurm job (`bash scripts/dpo_train.sh`, sbatch forgotten) srun, outside an allocation, asked Slurm for a job
+# of its own without the script's #SBATCH lines (no GPUs: one CPU process; no time-limit warning, no requeue), or where
+# no Slurm answers failed, and the log blamed a node: "srun stopped every node; the first 'srun: error: <node>' ...".
+[[ -n ${SLURM_JOB_ID:-} ]] || die "not in a Slurm job, so there are no nodes to launch on: submit the script with" \
+  "sbatch (sbatch scripts/dpo_train.sh <arguments>), or run it inside an allocation (salloc)"
+
 # --- preemption and time limit: checkpoint, then requeue ---
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/train/preemption.py). A trap runs only between foreground commands, so srun runs in the

@@ -1033,6 +1033,35 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
 
 
 @pytest.mark.slow
+def test_the_job_script_typed_outside_slurm_is_refused_in_one_line_before_the_launch(tmp_path):
+    """`bash scripts/dpo_train.sh` with sbatch forgotten: after its dry run, launch.sh started srun, which outside an
+    allocation asks Slurm for a job of its own without the script's #SBATCH lines (no GPUs: one CPU process, nothing
+    to requeue it), or, where no Slurm answers, failed, and the log said "srun stopped every node; the first 'srun:
+    error: <node>' line above names the node that failed". Refused in one line naming sbatch and salloc."""
+    import os
+    import subprocess
+
+    from conftest import warm_venv
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": SMOKE}
+    result = subprocess.run(
+        ["bash", "scripts/dpo_train.sh", "--output_dir", str(tmp_path / "run"), "--max_steps", "2"],
+        cwd=ROOT,
+        env=env | {"HOME": str(tmp_path), "VENV": warm_venv()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 1, said
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: not in a Slurm job, so there are no nodes to launch on: submit the script with sbatch (sbatch "
+        "scripts/dpo_train.sh <arguments>), or run it inside an allocation (salloc)"
+    ), said
+    assert "launch: srun" not in result.stdout and not (tmp_path / "run").exists(), said
+
+
+@pytest.mark.slow
 def test_the_job_scripts_dry_run_typed_outside_slurm_says_it_plans_this_machine_not_the_job(tmp_path):
     """`bash scripts/dpo_train.sh --dry-run` on a login node, to preview the job: outside a Slurm job launch.sh counts
     no GPUs, so the plan was one process's (`DeepSpeed ZeRO-2 on 1 GPU needs ~199.0 GiB` for OLMo 3 7B) with nothing
