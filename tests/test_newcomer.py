@@ -1143,6 +1143,33 @@ def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(t
     assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
 
 
+def test_an_empty_cache_folder_is_the_libraries_default_not_the_folder_a_command_runs_in(tmp_path):
+    """`HF_HOME=` in `.env` (a placeholder left blank) or `export HF_DATASETS_CACHE=` in the shell: the Hub libraries
+    join their folders to the empty path, so each command cached in the folder it ran in (`./hub`, `./datasets`: a
+    job in the project, prefetch.py and the analyzer wherever they were typed), the offline job missing what prefetch.py
+    fetched. Empty is unset, as DPOTRAIN_CACHE's already was: the libraries' defaults, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    project, elsewhere, home = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "home"
+    for folder in (project, elsewhere):
+        folder.mkdir()
+    (project / ".env").write_text("HF_HOME=\nHF_HUB_CACHE=''\n")
+    code = (
+        "import sys; from pathlib import Path; from dpotrain.recipe import venv; venv.load_env(Path(sys.argv[1]))\n"
+        "import datasets.config, huggingface_hub.constants as c\n"
+        "print(c.HF_HOME, c.HF_HUB_CACHE, datasets.config.HF_DATASETS_CACHE, sep='\\n')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_CACHE"))}
+    env |= {"HF_DATASETS_CACHE": "", "HOME": str(home), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(project)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    hf = home / ".cache" / "huggingface"
+    assert result.stdout.split() == [str(hf), str(hf / "hub"), str(hf / "datasets")], result.stdout
+
+
 def test_home_and_variables_in_a_cache_folder_of_the_env_file_are_read_as_a_shell_reads_them(tmp_path, monkeypatch):
     """`HF_DATASETS_CACHE=~/ds` or `=$SCRATCH/ds` in `.env`: python-dotenv expands only `${VAR}`, and datasets took
     `~/ds` literally, filling a folder named `~` in the folder the command ran in; `$SCRATCH/ds`, relative, became a

@@ -227,6 +227,11 @@ def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
     in the folder it was set in (a Slurm job's: DPOTRAIN_SUBMIT_DIR). Read from each command's own folder, it was one
     folder for prefetch.py and the analyzer, another for the job (lengths measured again, prefetched files missed)."""
     value = os.environ.get(name)
+    if value is not None and not value.strip():
+        # Set empty (`HF_HOME=` left blank in .env, `export HF_DATASETS_CACHE=`): the Hub libraries join their folders
+        # to it, so each command cached in the folder it ran in (./hub, ./datasets). Unset: their default, as ours.
+        del os.environ[name]
+        return
     if not value or os.path.isabs(os.path.expanduser(value)):
         if value:  # a `~` the shell left (quoted, or passed on by a program): datasets made a folder named `~` here
             os.environ[name] = os.path.expanduser(value)
