@@ -80,6 +80,13 @@ ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" 
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port. Jobs whose
 # ids differ by a multiple of 10000, or any other process, may hold it there: `free_port` moves it to a free one.
 PORT_GIVEN=${MAIN_PROCESS_PORT:+1}
+# One given is a port every node can meet at: a word or one past 65535 ended the job in a traceback from free_port's
+# check, 0 (each node's agent a free port of its own) was launched as the meeting point, `08` was bound as port 8.
+if [[ -n $PORT_GIVEN ]] && ! [[ $MAIN_PROCESS_PORT =~ ^[1-9][0-9]{3,4}$ && $MAIN_PROCESS_PORT -ge 1024 &&
+  $MAIN_PROCESS_PORT -le 65535 ]]; then
+  die "MAIN_PROCESS_PORT='$MAIN_PROCESS_PORT' is not a port: give a whole number from 1024 to 65535, free on the" \
+    "first node, or unset it for a free port from the job id"
+fi
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 # Slurm sets it to 1 or more; one exported by hand is read too: 0 was launched as `srun --nodes=0` of 0 processes, an
 # empty one as one node whatever the allocation, and a word ended the job in bash's "two: unbound variable".

@@ -676,6 +676,23 @@ def test_a_node_count_that_is_no_number_of_nodes_is_refused_in_one_line(nodes):
     ), result.stderr
 
 
+@pytest.mark.parametrize("port", ["abc", "70000", "-1", "0", "08", "29500 "])
+def test_a_rendezvous_port_that_is_no_port_is_refused_in_one_line(port):
+    """MAIN_PROCESS_PORT given is checked on the first node by binding it: a word or a number past 65535 ended the job
+    in a Python traceback (ValueError, OverflowError) from launch.sh's check, 0 (any free port, each node its own)
+    was launched as the port every node meets at, `08` was bound as port 8 and said to be `in use: using 8`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    env |= {"RECIPE": "configs/think.yaml", "LAUNCH_PRINT_ONLY": "1", "SLURM_GPUS_PER_NODE": "4"}
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh"], cwd=ROOT, env=env | {"MAIN_PROCESS_PORT": port}, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and not result.stdout, result.stdout
+    assert result.stderr == (
+        f"error: MAIN_PROCESS_PORT='{port}' is not a port: give a whole number from 1024 to 65535, free on the first"
+        " node, or unset it for a free port from the job id\n"
+    ), result.stderr
+
+
 def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_path):
     """`RECIPE="~/recipes/think.yaml" sbatch scripts/dpo_train.sh`: quoted, the ~ reaches the job as it is (bash
     expands it only unquoted, at the start of a word), and the job looked for a folder named `~`: "recipe
