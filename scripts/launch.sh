@@ -3,7 +3,7 @@
 #
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
-#   DPOTRAIN_ROOT=<the submit folder>    the project folder (the sbatch scripts set it)
+#   DPOTRAIN_ROOT=<the submit folder>    the project folder, for a copy of this file outside one (the sbatch scripts set it)
 #   ACCELERATE_CONFIG=<an --accelerate_config argument, else the recipe's, else accelerate_config.yaml>   the engine
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
@@ -27,8 +27,10 @@ set -euo pipefail
 typed_in=$PWD
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [[ -f $here/train_dpo.py ]] || here=""  # a copy of this file outside a project: as before
-# The sbatch scripts find the project (Slurm runs a spool copy of them) and set DPOTRAIN_ROOT.
-cd "${DPOTRAIN_ROOT:-${here:-${SLURM_SUBMIT_DIR:-$PWD}}}"
+# The sbatch scripts find the project (Slurm runs a spool copy of them), run its launch.sh and set DPOTRAIN_ROOT to it.
+# The project this file is in comes first, as in the sbatch scripts: a DPOTRAIN_ROOT exported for another checkout (as
+# an edited copy of them asks) ran that checkout's train_dpo.py and venv under `bash ~/dpotrain-exp/scripts/launch.sh`.
+cd "${here:-${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}}"
 [[ -n ${DPOTRAIN_SUBMIT_DIR:-} || $typed_in == "$PWD" ]] || export DPOTRAIN_SUBMIT_DIR=$typed_in
 # Unset: one error: line (bash's own `${RECIPE:?}` printed "scripts/launch.sh: line 27: RECIPE: set RECIPE ...").
 [[ -n ${RECIPE:-} ]] || { echo "error: set RECIPE, e.g. RECIPE=configs/think.yaml bash scripts/launch.sh" >&2; exit 1; }

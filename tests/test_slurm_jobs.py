@@ -1122,6 +1122,24 @@ def test_launch_sh_run_directly_runs_its_own_project_and_reads_paths_where_it_wa
         assert f"train_dpo.py --config {shown} " in result.stdout.decode(), result.stdout.decode()
 
 
+def test_launch_sh_run_directly_runs_its_own_project_over_a_root_exported_for_another(tmp_path):
+    """`export DPOTRAIN_ROOT=~/dpotrain` (as an edited copy of the sbatch scripts asks: the test below) left in the
+    shell, then `bash ~/dpotrain-exp/scripts/launch.sh` in an allocation: launch.sh took the exported project over its
+    own and ran ~/dpotrain's train_dpo.py and venv, where the sbatch scripts run the project of the script submitted."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("train_dpo.py", "dpotrain", ".venv", "configs", "accelerate_config.yaml", "ds_config.json"):
+        (other / name).symlink_to(ROOT / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_", "VENV"))}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_GPUS_PER_NODE": "4", "RECIPE": "configs/smoke.yaml"}
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "launch.sh")], cwd=tmp_path, env=env | {"DPOTRAIN_ROOT": str(other)},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"export PATH={ROOT}/.venv/bin:" in result.stdout, result.stdout
+
+
 def torch_extensions_dir() -> str:
     """Where the session's jobs, run by this venv, built DeepSpeed's JIT ops: in the venv (dpotrain/recipe/venv.py),
     else in cpp_extension's default for this interpreter."""
