@@ -614,6 +614,27 @@ def test_a_word_past_a_flags_value_on_the_command_line_is_refused_naming_the_fla
     assert str(refused.value).startswith(says) and "hf_secret" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "flag, says",
+    [
+        ("--gpus-per-node=8", "an sbatch option: give it before the script (sbatch --gpus-per-node=... scripts/"),
+        ("--nodes", "an sbatch option: give it before the script (sbatch --nodes=... scripts/"),
+        ("--time=48:00:00", "an sbatch option: give it before the script"),
+        ("--num_processes", "an option of accelerate launch: give it before train_dpo.py"),
+        ("--config_file", "an option of accelerate launch: give it before train_dpo.py"),
+    ],
+)
+def test_a_launchers_option_after_the_script_is_refused_saying_where_it_goes(flag, says):
+    """`sbatch scripts/dpo_train.sh --gpus-per-node=8` (sbatch's options after the script reach the script, which
+    hands them to train_dpo.py): the job, queued and started on its GPUs, ended at its dry run on "unknown argument
+    '--gpus-per-node'; see train_dpo.py --help", which names no option to use. So with accelerate launch's after the
+    script. The refusal says whose option it is and where it goes."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--bf16", "false", flag, "8"])
+    name = flag.split("=")[0]
+    assert str(refused.value).startswith(f"unknown argument {name!r} ({says}"), str(refused.value)
+
+
 def test_epochs_typed_under_a_recipes_max_steps_are_refused_not_ignored(tmp_path, dry_run):
     """`--num_train_epochs 2` on the command line of a recipe with `max_steps: 10` trained 10 steps (0.208 epochs of
     the demo's data): max_steps wins, as in transformers, and the typed epochs were accepted and read by nothing."""

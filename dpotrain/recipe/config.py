@@ -364,11 +364,38 @@ REMOVED = {
 }
 
 
+# Options of the launchers typed after the script (`sbatch scripts/dpo_train.sh --gpus-per-node=8`: sbatch hands what
+# follows the script to it, and it to train_dpo.py), which ended the job at its dry run naming no option to use. Not
+# sbatch's --output: more likely --output_dir mistyped, which the suggestion names.
+SBATCH_OPTIONS = frozenset(
+    "nodes gpus_per_node gpus gres gpus_per_task ntasks ntasks_per_node cpus_per_task cpus_per_gpu mem mem_per_cpu "
+    "mem_per_gpu time partition account qos job_name error signal requeue no_requeue exclusive constraint "
+    "nodelist exclude dependency array chdir export mail_type mail_user reservation begin".split()
+)
+ACCELERATE_OPTIONS = frozenset(
+    "num_processes num_machines machine_rank main_process_ip main_process_port config_file mixed_precision multi_gpu "
+    "use_deepspeed use_fsdp deepspeed_config_file zero_stage gpu_ids same_network rdzv_backend dynamo_backend "
+    "num_cpu_threads_per_process deepspeed_multinode_launcher".split()
+)
+
+
 def _suggest(name: str) -> str:
-    """' (did you mean ...?)' for a misspelled field, written as given; an older version's field: what replaced it."""
+    """' (did you mean ...?)' for a misspelled field, written as given; an older version's field: what replaced it; a
+    launcher's option typed after the script: where it goes."""
     bare = name.lstrip("-").replace("-", "_")
     if bare in REMOVED:
         return f" ({REMOVED[bare]})"
+    if name.startswith("--") and bare in SBATCH_OPTIONS:
+        return (
+            f" (an sbatch option: give it before the script (sbatch {name}=... scripts/dpo_train.sh ...): after it, "
+            "sbatch hands it to the script, which hands it to train_dpo.py)"
+        )
+    if name.startswith("--") and bare in ACCELERATE_OPTIONS:
+        return (
+            f" (an option of accelerate launch: give it before train_dpo.py (accelerate launch {name} ... train_dpo.py "
+            "--config ...); a Slurm job takes its processes from its nodes and GPUs, its config from ACCELERATE_CONFIG "
+            "or --accelerate_config)"
+        )
     known = [o if name.startswith("--") else o[2:] for o in _options() if "-" not in o[2:]]  # snake_case spellings
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
