@@ -761,9 +761,8 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
         return differ
     error = error.__cause__ or error
     held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
-    if found and not any(
-        _has_rows(p) for p in found.values()
-    ):  # datasets: 'Instruction "train" corresponds to no data!'
+    # datasets: 'Instruction "train" corresponds to no data!', as if the folder's format were wrong
+    if found and not any(_has_rows(p) for p in found.values()):
         return f"dataset folder {name!r} has no rows: none of its files ({held}) holds a pair; put the pairs in them"
     return (
         f"could not read the local folder {name!r} as a data set ({cause(error)}): datasets reads the files under it "

@@ -565,11 +565,9 @@ def check_one_model(output_dir: str | Path) -> None:
 def check_whole(out: Path, folders: dict[PurePosixPath, set[str]]) -> None:
     """Refuse weights cut short since the run wrote them (a copy of the folder to a login node stopped midway), from
     their headers: pushed, they replaced the model on main with one no from_pretrained loads, and the push said done."""
+    again = "copy it again from the folder the run wrote (or train again into a new output_dir); nothing was pushed"
     for folder, names in folders.items():
         for name in sorted(n for n in names if n.endswith(".safetensors")):
-            again = (
-                "copy it again from the folder the run wrote (or train again into a new output_dir); nothing was pushed"
-            )
             # only a header that says more (a file that is no safetensors at all is the loader's to refuse)
             if (why := not_whole(out / folder / name, again)) and why.startswith(CUT_SHORT):
                 raise ConfigError(f"{out / folder / name} {why}")

@@ -13,8 +13,8 @@ import sys
 from dpotrain.recipe import upstream, usage
 from dpotrain.recipe.errors import ConfigError, warn
 
-# Fields whose values no line prints (config.without_secrets drops them from a printed command)
-SECRET_FIELDS = frozenset({"hub_token"})
+# The flags whose values no line prints (config.without_secrets drops them from a printed command)
+TOKEN_FLAGS = ("--hub_token", "--hub-token")
 # The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool, which the scripts' flags take too).
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
 
@@ -37,7 +37,7 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
         if first[2] != meaning:
             # a token's values stay unsaid: the line goes to the terminal, a `| tee` log, a Slurm job's log
             both = f"{' '.join(first[1]) or 'alone'}, then {' '.join(values) or 'alone'}"
-            both = "two values, not shown: a secret" if action.dest in SECRET_FIELDS else both
+            both = "two values, not shown: a secret" if name in TOKEN_FLAGS else both
             warn(f"{first[0]} is given twice on the command line ({both}): the last counts")
             seen[action.dest] = (name, values, meaning)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
-from dpotrain.recipe.cli import FALSE, TRUE, value_words, warn_given_twice
+from dpotrain.recipe.cli import FALSE, TOKEN_FLAGS, TRUE, value_words, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
 # The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
@@ -1241,9 +1241,6 @@ def in_submit_dir(name: str | None) -> Path | None:
     if not name or not submitted or Path(name).expanduser().is_absolute():
         return None
     return Path(submitted) / name
-
-
-TOKEN_FLAGS = ("--hub_token", "--hub-token")
 
 
 def without_secrets(argv: list[str], flags: tuple[str, ...] = TOKEN_FLAGS) -> tuple[str, ...]:

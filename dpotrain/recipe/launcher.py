@@ -70,9 +70,9 @@ def check_process_counts() -> None:
     for name in ("WORLD_SIZE", "GPUS_PER_NODE", "LOCAL_WORLD_SIZE"):
         value = os.environ.get(name)
         # An empty WORLD_SIZE (`export WORLD_SIZE=`) is set all the same: int('') was a traceback (GPUS_PER_NODE: unset)
-        if (value or (value is not None and name != "GPUS_PER_NODE")) and not (
-            value.strip().isdigit() and int(value) > 0
-        ):
+        if value is None or (name == "GPUS_PER_NODE" and not value):
+            continue
+        if not (value.strip().isdigit() and int(value) > 0):
             raise ConfigError(
                 f"{name}={value!r} is not a number of processes: give a whole number (WORLD_SIZE=16 GPUS_PER_NODE=8 "
                 "plans 2 nodes of 8 GPUs), or unset it"
