@@ -32,6 +32,7 @@ from dpotrain.data import (
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
+from dpotrain.forwards.packing import positions_cap
 from dpotrain.hub import hub
 from dpotrain.plan import layers, memory, plan, plan_stage
 from dpotrain.recipe import config, launcher, records, venv
@@ -876,7 +877,9 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         pairs.steps["pairs_per_step"],
         launch.data_parallel,
         p.max_tokens_per_microbatch,
-        forward=plan.RowLayout.of(f.packed, f.one_row, f.hidden_size, f.pad_multiple),
+        forward=plan.RowLayout.of(
+            f.packed, f.one_row, f.hidden_size, f.pad_multiple, max_length, positions_cap(budget, t.bf16 or t.fp16)
+        ),
         reduce_per_backward=launch.engine.deepspeed,
         max_length_cuts=counted,
     ).summary

@@ -683,15 +683,22 @@ def test_the_runs_first_half_says_it_on_the_main_process_only(tmp_path, tiny_mod
 def test_the_micro_batch_line_tells_the_token_budget_from_the_positions_it_lays_out(tmp_path, capsys):
     """A hunt: the CPU demo's summary read "~1,590 positions each (at most 2,048)" where its own record's widest
     micro-batch lays out 2,290 positions: the budget counts the pairs' tokens, the positions the rows' padding too.
-    The line now says which is which, and the widest micro-batch where it passes the budget."""
+    The line now says which is which, and the widest micro-batch where it passes the budget.
+    In bf16 the memory plan plans the budget's positions, so a run on sdpa keeps its rows within it: one laid them past
+    what its plan held (the demo's 2,290 positions; 7B-wide, 19,295 positions for 16,384)."""
     text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
     record = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]["batching"]
     widest, budget = record["positions_per_micro_batch"]["max"], record["max_tokens_per_microbatch"]
-    assert widest > budget  # the demo's plan: balanced rows padded past the budget
+    assert widest > budget  # the demo's plan (fp32, memory not planned): balanced rows padded past the budget
     assert field(text, "micro-batches").endswith(
         f"positions each (at most {budget:,} tokens of pairs, max_tokens_per_microbatch; up to {widest:,} positions "
         "with the rows' padding)"
     ), text
+    bf16 = ["--bf16", "true", "--attn_implementation", "sdpa", "--output_dir", str(tmp_path / "bf16")]
+    text = dry_run(capsys, *SMOKE, *bf16)
+    capped = json.loads((tmp_path / "bf16.dry-run.json").read_text())["derived"]["batching"]
+    assert capped["positions_per_micro_batch"]["max"] <= budget < widest
+    assert field(text, "micro-batches").endswith(f"(at most {budget:,} tokens of pairs, max_tokens_per_microbatch)")
 
 
 def test_a_count_of_one_reads_in_the_singular(tmp_path, capsys):

@@ -257,6 +257,31 @@ def test_rows_weigh_attention_against_the_linear_layers():
         packing.fill_rows(lengths, 4096, max_width=4)
 
 
+def test_rows_keep_within_the_positions_the_memory_plan_holds():
+    """Rows are padded to one width: by cost alone, 3 rows of 5 take 15 positions for 13 tokens. Capped at 14 (the
+    budget a bf16 run's memory plan plans for), 2 rows of 7; capped at 13, where no count fits, the fewest positions
+    (one row, within max_width); an fp32 run (the CPU demo, memory not planned) is not capped."""
+    lengths = [5, 2, 3, 3]
+    assert packing.fill_rows(lengths, 1, max_positions=14) == [[0, 1], [2, 3]]
+    assert packing.fill_rows(lengths, 1, max_positions=13) == [[0, 2, 3, 1]]
+    assert packing.fill_rows(lengths, 1, max_width=7, max_positions=13) == [[0, 1], [2, 3]]
+    assert packing.positions_cap(2048, half_precision=True) == 2048
+    assert packing.positions_cap(2048, half_precision=False) is None
+
+
+def test_a_step_whose_rows_cannot_keep_within_the_budget_takes_one_more_micro_batch():
+    """Two pairs of 3 + 3 tokens and one of 4 + 1 (17 tokens), budget 17: one micro-batch by tokens. Its rows, at most
+    2 x max_length (6) wide, take 3 x 6 = 18 positions: the plan cuts the step in two where the rows are capped, and in
+    one where they are not (fp32: nothing is planned to hold them)."""
+    lengths = PairLengths.from_parts(np.zeros(3, int), np.array([3, 3, 4]), np.array([3, 3, 1]), 3)
+    capped = plan.RowLayout.of(True, False, 1, None, 3, 17)
+    assert capped.positions(lengths, [0, 1, 2]) == 18
+    for layout, want in ((capped, 2), (plan.RowLayout.of(True, False, 1, None, 3, None), 1)):
+        step = plan.cut_step(np.arange(3), lengths, StepPlan(3, 1, 0, 17, None, False, layout))
+        assert len(step[0]) == want
+        assert all(layout.positions(lengths, mb) <= 17 for mb in step[0]) or layout.max_positions is None
+
+
 def test_padded_row_groups_pad_least():
     """Sorted longest first (5, 3, 3, 2): one group pads to 4 x 5 = 20 positions, [5] [3 3] [2] to 13, as few as four
     groups, so three groups are run; told to run two, [5] [3 3 2] (14) is the best."""

@@ -123,3 +123,25 @@ def test_the_runs_weights_are_as_readable_as_its_other_files(demo_run):
     assert len(weights) == 3, weights  # the final model and the two checkpoints save_total_limit keeps
     for path in weights:
         assert path.stat().st_mode & 0o777 == (path.parent / "config.json").stat().st_mode & 0o777, path
+
+
+@pytest.mark.slow
+def test_a_bf16_run_on_sdpa_lays_its_rows_within_the_budget_its_memory_plan_holds(tmp_path, tiny_model_dir):
+    """The memory plan of a bf16 run plans max_tokens_per_microbatch positions a micro-batch; its balanced rows on sdpa
+    were padded past it (the demo's pairs: up to 2,290 positions for 2,048). Now the collator keeps them within it, the
+    step plan counts what it lays out, and the reference stage's rows keep within that stage's own larger budget."""
+    from dpotrain.reference.scorer import ReferenceScorer
+
+    overrides = ["--bf16", "true", "--use_cpu", "true", "--attn_implementation", "sdpa", "--max_steps", "2"]
+    trainer = smoke_trainer(tmp_path, tiny_model_dir, *overrides, rows=384)
+    budget = trainer.max_tokens_per_microbatch
+    assert trainer.data_collator.max_positions == budget == 2048
+    run_plan = trainer.run_plan
+    layout, lengths = run_plan.step_plan.layout, run_plan.lengths
+    every = [mb for epoch in run_plan.epochs for step in epoch for rank in step for mb in rank if mb]
+    widest = max(every, key=lambda mb: layout.positions(lengths, mb))
+    collated = trainer.data_collator([trainer.train_dataset[i] for i in widest])["input_ids"]
+    assert collated.numel() == layout.positions(lengths, widest) <= budget  # the plan counts what the collator lays
+    assert run_plan.summary["positions_per_micro_batch"]["max"] <= budget
+    scorer = ReferenceScorer(trainer)
+    assert scorer.collator.max_positions == scorer.budget()[0] >= budget

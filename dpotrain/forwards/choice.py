@@ -348,9 +348,9 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
         why = "the only forward here" if len(options) == 1 else why
     else:
         budget, live = recipe.project.max_tokens_per_microbatch, uses_live_reference(recipe)
-        pairs = t.per_device_train_batch_size
+        pairs, cap = t.per_device_train_batch_size, packing.positions_cap(budget, t.bf16 or t.fp16)
         max_length = t.max_length if max_length is None else max_length
-        decision = cost.decide(options, lengths, config, cuda, max_length, t.truncation_mode, budget, pairs, live)
+        decision = cost.decide(options, lengths, config, cuda, max_length, t.truncation_mode, budget, pairs, live, cap)
         best = decision.winner.candidate
         rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
         why, record = f"{rule}: {decision.summary()}, from {decision.lengths_from}", {**decision.record(), "by": rule}
@@ -382,7 +382,7 @@ def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_len
     return chosen
 
 
-def collator(choice: ForwardChoice, args):
+def collator(choice: ForwardChoice, args, max_tokens_per_microbatch: int | None = None):
     """The packed collator of a packed forward (None: TRL's own, for the padded one)."""
     if not choice.packed:
         return None
@@ -393,6 +393,7 @@ def collator(choice: ForwardChoice, args):
         one_row=choice.one_row,
         hidden_size=choice.hidden_size,
         pad_to_multiple_of=choice.pad_multiple,
+        max_positions=packing.positions_cap(max_tokens_per_microbatch, args.bf16 or args.fp16),
     )
 
 

@@ -127,8 +127,9 @@ def training_flops(
     budget: int | None,
     pairs: int,
     hidden_size: int,
+    max_positions: int | None = None,
 ) -> float:
-    """Forward + backward FLOPs the candidate computes on these pairs."""
+    """Forward + backward FLOPs the candidate computes on these pairs, its rows laid out as its collator lays them."""
     pl = PairLengths.from_parts(
         lengths.prompt, lengths.chosen, lengths.rejected, max_length, candidate.share_prompt, truncation_mode
     )
@@ -138,7 +139,8 @@ def training_flops(
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):
         if candidate.packed:  # balanced rows of one width, a dense mask over each
-            rows, width = packing.lay_rows(pl.units(mb), False, hidden_size, packing.row_width_bound(max_length))
+            bound = packing.row_width_bound(max_length)
+            rows, width = packing.lay_rows(pl.units(mb), False, hidden_size, bound, max_positions=max_positions)
             total += _dense(work, [width] * len(rows))
         else:  # TRL's padded rows in groups, each padded to its longest
             seqs = pl.sequences(mb)
@@ -223,10 +225,11 @@ def decide(
     budget: int | None = None,
     pairs: int = 4,
     live_reference: bool = False,
+    max_positions: int | None = None,
 ) -> Decision:
     """The comparable candidates ranked by their estimated cost on these pairs (ties: the order given), in
     H100-seconds at the measured speeds, or in TFLOP of work on one kernel. `live_reference`: a reference forward runs
-    beside each micro-batch's training."""
+    beside each micro-batch's training. `max_positions`: balanced rows' bound (`packing.positions_cap`)."""
     if not candidates:
         raise ValueError("no candidate forward to decide between")
     if max_length is not None and truncation_mode == "keep_start":  # TRL drops the pairs whose prompt fills it
@@ -244,7 +247,7 @@ def decide(
     estimates = []
     for c in weighed:
         speed = SPEED[packing.attention_name(c.attention)] if by_speed else one_kernel
-        total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden)
+        total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden, max_positions)
         total *= 4 / 3 if live_reference else 1  # forward + backward is 3 forwards; the reference's is a 4th
         estimates.append(Estimate(c, 1000 * (total / len(sample.prompt)) / (speed.share_of_peak * scale), speed))
     ranked = sorted(estimates, key=lambda e: round(e.seconds, 9))  # stable: ties keep the order given

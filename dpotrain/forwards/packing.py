@@ -148,31 +148,46 @@ def row_width_bound(max_length: int | None) -> int | None:
     return None if max_length is None else 2 * max_length
 
 
-def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None) -> list[list[int]]:
+def positions_cap(budget: int | None, half_precision: bool) -> int | None:
+    """The most positions balanced rows may take, their padding included: the micro-batch budget where the memory plan
+    plans for it (runs in bf16 or fp16: `memory.plan`), so that the plan holds what the rows take; else none (an fp32
+    run, as the CPU demo, whose memory is not planned, lays its rows by their cost alone)."""
+    return budget if half_precision else None
+
+
+def fill_rows(
+    lengths: list[int], hidden_size: int, max_width: int | None = None, max_positions: int | None = None
+) -> list[list[int]]:
     """Rows for dense-mask attention: the row count of lowest estimated cost, rows no wider than `max_width`. A row of
     width W costs ~W x (linear layers) x (1 + W / (8 x hidden_size)) (per position, attention ~4 x W x hidden FLOPs, a
-    block's linear layers ~30-40 x hidden^2): fewer, wider rows pad less and attend more."""
+    block's linear layers ~30-40 x hidden^2): fewer, wider rows pad less and attend more. Rows are padded to one width,
+    so they may take more positions than their tokens: a count whose rows take more than `max_positions` (the
+    micro-batch budget the memory plan plans for) is chosen only when none fits, the one of fewest positions."""
     longest, total = max(lengths), sum(lengths)
     if max_width is not None and longest > max_width:
         raise ValueError(f"a sequence of {longest} positions is wider than the rows' bound {max_width}")
-    best, best_cost = None, math.inf
-    for count in range(max(1, math.ceil(total / (2 * longest))), len(lengths) + 1):
+    best, best_key = None, None
+    # Rows wider than twice the longest sequence cost more than they save, unless only they keep within the cap
+    first = 1 if max_positions is not None else max(1, math.ceil(total / (2 * longest)))
+    for count in range(first, len(lengths) + 1):
         rows = balanced_rows(lengths, count)
         width = max(sum(lengths[i] for i in row) for row in rows)
-        cost = len(rows) * width * (1 + width / (8 * hidden_size))
         if max_width is not None and width > max_width:  # one sequence per row always fits: the loop ends there
             continue
-        if cost < best_cost:
-            best, best_cost = rows, cost
+        positions = len(rows) * width
+        over = max_positions is not None and positions > max_positions
+        key = (over, positions if over else positions * (1 + width / (8 * hidden_size)))
+        if best_key is None or key < best_key:
+            best, best_key = rows, key
         if width <= longest:  # narrower rows than the longest sequence cannot exist: more rows only pad more
             break
     return best
 
 
-def lay_rows(lengths: list[int], one_row: bool, hidden_size: int, max_width=None, multiple=None):
+def lay_rows(lengths: list[int], one_row: bool, hidden_size: int, max_width=None, multiple=None, max_positions=None):
     """Units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to (rounded up
     to a multiple of `multiple`, if any)."""
-    rows = [list(range(len(lengths)))] if one_row else fill_rows(lengths, hidden_size, max_width)
+    rows = [list(range(len(lengths)))] if one_row else fill_rows(lengths, hidden_size, max_width, max_positions)
     width = max(sum(lengths[i] for i in row) for row in rows)
     return rows, -(-width // multiple) * multiple if multiple else width
 
@@ -190,6 +205,7 @@ class PackedPreferenceCollator:
     hidden_size: int = 4096  # the model's: weighs attention against the linear layers when rows are formed
     pad_token_id: int = 0
     pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
+    max_positions: int | None = None  # max_tokens_per_microbatch: balanced rows, padding included, stay within it
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
@@ -209,7 +225,9 @@ class PackedPreferenceCollator:
         of its own (positions from 0): nothing attends to it."""
         bound = row_width_bound(self.max_length)
         lengths = [len(u[0]) for u in units]
-        rows, width = lay_rows(lengths, self.one_row, self.hidden_size, bound, self.pad_to_multiple_of)
+        rows, width = lay_rows(
+            lengths, self.one_row, self.hidden_size, bound, self.pad_to_multiple_of, self.max_positions
+        )
         shape = (len(rows), width)
         batch = {
             "input_ids": torch.full(shape, self.pad_token_id, dtype=torch.long),

@@ -31,6 +31,7 @@ class StepPlan:
     max_tokens: int | None  # the token budget of a micro-batch, or None for micro-batches of a fixed number of pairs
     pairs_per_micro_batch: int | None  # with max_tokens None
     padded: bool = False  # micro-batches padded to their longest sequence (TRL's collator), not packed
+    layout: "RowLayout | None" = None  # how the forward lays a micro-batch out: rows' padding counts against the budget
 
     def alone(self, lengths: PairLengths, pairs) -> np.ndarray:
         """What each pair costs in a micro-batch of its own (`cost` of a one-pair micro-batch), for many pairs."""
@@ -238,7 +239,7 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
             bins = _padded_runs(order, lengths, budget, w * per_rank)
         else:
             bins = _packed_bins(order, lengths, budget, w * per_rank, tries=16 if per_rank == start else 0)
-        if bins is not None:
+        if bins is not None and (p.layout is None or p.layout.fits(lengths, bins, budget)):
             return _deal(bins, [p.cost(lengths, b) for b in bins], w)
     if n % w == 0:
         return None
@@ -285,11 +286,17 @@ class RowLayout:
     kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
     multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
+    max_width: int | None = None  # balanced rows' widest (`packing.row_width_bound` of max_length)
+    max_positions: int | None = None  # balanced rows' positions, padding included (`packing.positions_cap`)
 
     @classmethod
-    def of(cls, packed: bool, one_row: bool, hidden_size: int, multiple: int | None) -> "RowLayout":
+    def of(cls, packed: bool, one_row: bool, hidden_size: int, multiple: int | None, max_length, max_positions):
         """The layout of a forward, from the choice (a dry run) or the collator built from it (the run): one rule."""
-        return cls("one_row" if one_row else "rows", hidden_size, multiple) if packed else cls("padded")
+        from dpotrain.forwards.packing import row_width_bound
+
+        if not packed:
+            return cls("padded")
+        return cls("one_row" if one_row else "rows", hidden_size, multiple, row_width_bound(max_length), max_positions)
 
     @property
     def padded(self) -> bool:
@@ -303,9 +310,24 @@ class RowLayout:
         from dpotrain.forwards.packing import lay_rows
 
         rows, width = lay_rows(
-            lengths.units(micro_batch), self.kind == "one_row", self.hidden_size, None, self.multiple
+            lengths.units(micro_batch),
+            self.kind == "one_row",
+            self.hidden_size,
+            self.max_width,
+            self.multiple,
+            self.max_positions,
         )
         return len(rows) * width
+
+    def fits(self, lengths: PairLengths, micro_batches: list[list[int]], budget: int) -> bool:
+        """Balanced rows are padded to the widest (a dense mask needs one width): the positions they take, padding
+        included, must stay within the budget the memory plan plans for (the demo's rows took up to 2,290 positions for
+        a budget of 2,048; 7B-wide ones 19,295 for 16,384). The rows keep within it where they can (`fill_rows`); where
+        they cannot, the step takes more micro-batches. Only where the memory is planned (`packing.positions_cap`); one
+        row pads only to its tile; padded groups have their own cost."""
+        if self.kind != "rows" or self.max_positions is None:
+            return True
+        return all(self.positions(lengths, mb) <= budget for mb in micro_batches)
 
 
 def pairs_trained(epochs: list, steps: int) -> np.ndarray:

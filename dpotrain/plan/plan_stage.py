@@ -83,7 +83,7 @@ def make(
     # else `seed`, as the Trainer's sampler would take it.
     seed = args.seed if args.data_seed is None else args.data_seed
     per_micro_batch = None if budget else args.per_device_train_batch_size
-    step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, padded=forward.padded)
+    step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, forward.padded, forward)
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
     # Every epoch is planned now: a step that cannot be cut is refused before the model does any work. Up to the
     # epochs that hold PLANNED_AHEAD steps: a max_steps of many epochs more (--max_steps 1000000000000) planned every

@@ -27,7 +27,7 @@ from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, ma
 from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards.packing import REFERENCE_KEYS
-from dpotrain.plan.plan import StepPlan, cut_step, steps_of
+from dpotrain.plan.plan import RowLayout, StepPlan, cut_step, steps_of
 from dpotrain.recipe import init_kwargs, upstream
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, plural, warn
@@ -466,6 +466,7 @@ def micro_batches(
     pairs_per_micro_batch: int | None,
     padded: bool,
     seed: int,
+    layout: RowLayout | None = None,
 ) -> Layout:
     """The stage's own micro-batches of `pairs`, cut by `plan.cut_step` at its budget, in chunks of about
     `CHUNK_MICRO_BATCHES` per rank (packing all at once takes minutes). Packed: a seeded random order (mixed lengths
@@ -482,7 +483,7 @@ def micro_batches(
     else:
         cost = 2 * lengths.longest[pairs] if padded else lengths.tokens[pairs]
         per_chunk = max(world, round(world * CHUNK_MICRO_BATCHES * budget / max(float(cost.mean()), 1.0)))
-    step = StepPlan(per_chunk, world, seed, budget, pairs_per_micro_batch, padded=padded)
+    step = StepPlan(per_chunk, world, seed, budget, pairs_per_micro_batch, padded, layout)
     out: Layout = [[] for _ in range(world)]
     for chunk in steps_of(order, per_chunk, world):
         for rank, mine in enumerate(cut_step(chunk, lengths, step)):
@@ -494,7 +495,8 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     """Every rank's micro-batches of the reference stage over every pair of `dataset`, at the scorer's budget."""
     budget, pairs = scorer.budget()
     lengths, every = scorer.lengths(dataset), np.arange(len(dataset))
-    return micro_batches(lengths, every, scorer.world, budget, pairs, padded=not scorer.packed, seed=scorer.args.seed)
+    padded, layout = not scorer.packed, scorer.layout()
+    return micro_batches(lengths, every, scorer.world, budget, pairs, padded, scorer.args.seed, layout)
 
 
 def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float):

@@ -3,6 +3,8 @@
 """
 
 import contextlib
+import dataclasses
+import functools
 
 import torch
 
@@ -57,9 +59,22 @@ class ReferenceScorer:
         """The model that scores the reference (`RecipeDPOTrainer.reference_model`)."""
         return self._trainer.reference_model()
 
+    @functools.cached_property
+    def collator(self):
+        """Training's collator; where its balanced rows keep within training's budget (`packing.positions_cap`), these
+        keep within the stage's larger one."""
+        collator, (budget, _) = self._trainer.data_collator, self.budget()
+        if getattr(collator, "max_positions", None) is None or budget is None:
+            return collator
+        return dataclasses.replace(collator, max_positions=budget)
+
+    def layout(self):
+        """How the stage's collator lays out a micro-batch (`plan.RowLayout`), for the stage's cut."""
+        return self._trainer.plan_forward(self.collator)
+
     def collate(self, rows: list[dict]) -> dict:
         """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
-        return self._trainer.data_collator(rows)
+        return self.collator(rows)
 
     def log_probs(self, model, batch: dict):
         """Summed reference log-probs of the chosen and rejected completions of one collated micro-batch, with TRL's

@@ -204,7 +204,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.rows_given = len(kwargs["train_dataset"])  # before TRL dropped pairs whose prompt fills max_length
         training_args = kwargs["args"]  # `training_arguments`: one item per optimizer step, TRL's padding off
         if self.packed:
-            kwargs["data_collator"] = choice.collator(forward, training_args)
+            kwargs["data_collator"] = choice.collator(forward, training_args, max_tokens_per_microbatch)
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker(resume_from)  # the agreed resume point (spec.output.resume_from)
         kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
@@ -447,12 +447,13 @@ class RecipeDPOTrainer(DPOTrainer):
         """This process's share of the data: its group's."""
         return groups.data_parallel_rank(self.args.process_index, self.forward.sequence_parallel)
 
-    def plan_forward(self) -> plan.RowLayout:
-        """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
+    def plan_forward(self, collator=None) -> plan.RowLayout:
+        """How this trainer's collator (or the reference stage's, `collator`) lays out a micro-batch, for the plan's
+        cut and the positions its summary counts."""
         if not self.packed:  # TRL's own collator
             return plan.RowLayout("padded")
-        c = self.data_collator
-        return plan.RowLayout.of(True, c.one_row, c.hidden_size, c.pad_to_multiple_of)
+        c = collator or self.data_collator
+        return plan.RowLayout.of(True, c.one_row, c.hidden_size, c.pad_to_multiple_of, c.max_length, c.max_positions)
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), collated per micro-batch with the forward's collator."""
