@@ -24,6 +24,13 @@
 ##SBATCH --partition=gpu             # EDIT: remove one '#' and name your partition
 ##SBATCH --account=my-account        # EDIT: remove one '#' and name your account
 
+# A stop signal in the job's first moments (the time-limit warning's USR1, `scancel --signal`), before launch.sh set
+# its traps, ended this shell by bash's default action: the job FAILED without a line in its log, never requeued.
+# Noted for launch.sh (its own traps note one from its first line), which answers it instead of launching.
+unset DPOTRAIN_EARLY_STOP
+trap 'export DPOTRAIN_EARLY_STOP=USR1' USR1
+trap 'export DPOTRAIN_EARLY_STOP=${DPOTRAIN_EARLY_STOP:-TERM}' TERM
+
 # EDIT: modules your cluster needs, e.g.
 # module load cuda/12.8
 

@@ -16,6 +16,13 @@
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
+# A stop signal before the traps below are set (the time-limit warning's USR1 in a job's start-up, `scancel --signal`)
+# ended the batch shell by bash's default action: the job FAILED without a line in its log, never requeued. Noted from
+# here (the sbatch scripts note one from their start: DPOTRAIN_EARLY_STOP), and answered instead of the launch.
+early_stop=${DPOTRAIN_EARLY_STOP:-}
+unset DPOTRAIN_EARLY_STOP
+trap 'early_stop=USR1' USR1
+trap 'early_stop=${early_stop:-TERM}' TERM
 # All of it read before it runs (one { } block, to its last line): the job's batch shell runs this file for the whole
 # training, and bash reads a script as it goes, so one written over in place meanwhile (an editor saving over it, `cp`
 # of a newer checkout) was read on at the old offset once training ended: a finished job failed on half a line.
@@ -332,6 +339,35 @@ fi
 [[ -n ${SLURM_JOB_ID:-} ]] || die "not in a Slurm job, so there are no nodes to launch on: submit the script with" \
   "sbatch (sbatch scripts/dpo_train.sh <arguments>), or run it inside an allocation (salloc)"
 
+# Requeue after a stop request (`$1`: what was saved), so the job goes on from it. Slurm requeues a preempted job on its
+# own only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
+# job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
+# warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
+# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
+# requeued it).
+requeue_after_stop() {
+  local saved=$1 job refused
+  rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
+  # Not a Slurm job: the stopped run's code (dpotrain/train/preemption.py STOPPED_EXIT), which `accelerate launch` turns
+  # into 1 for any worker's non-zero exit.
+  [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 75; }
+  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
+  if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
+    echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
+    if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+      # E.g. a job submitted with --no-requeue. Not COMPLETED: an `afterok` dependency must not start on it.
+      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
+    fi
+  elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
+    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (scontrol requeue, or a preemption" \
+      "past its GraceTime) ==="
+  else
+    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
+      "command again to go on ==="
+  fi
+  exit 0
+}
+
 # --- preemption and time limit: checkpoint, then requeue ---
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/train/preemption.py). A trap runs only between foreground commands, so srun runs in the
@@ -344,14 +380,25 @@ stop_request() {
   echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="
   touch "$DPOTRAIN_STOP_FILE"
 }
-trap 'stop_request USR1' USR1
-trap 'stop_request TERM' TERM
 
 # Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
 [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
 free_port  # last, right before the launch: the dry run and a preflight take minutes
+# From here a stop makes the stop file, which the run reads as asked before it started (a stop after step 1, saved).
+trap 'stop_request USR1' USR1
+trap 'stop_request TERM' TERM
+# One that came before (noted by the traps at the top) launches nothing: nothing was trained in this start. The
+# time-limit warning would come as early in every requeue, which would never train: refused, naming --time
+# (dpotrain/cluster/job.py: early_warning). Any other (`scancel --signal`, the warning of a job given less time) requeues.
+if [[ -n $early_stop ]]; then
+  if [[ $early_stop == USR1 ]]; then
+    left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)
+    "$VENV/bin/python" -m dpotrain.cluster.job early-warning "${lead:-}" "${lead_from:-}" "$left" "$SECONDS"
+  fi
+  requeue_after_stop "SIG$early_stop came before training was launched: nothing trained in this start"
+fi
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
 eval "$line" &
@@ -372,34 +419,8 @@ if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointe
   done
 fi
 
-# Requeue after a stop request, so the job goes on from what was saved. Slurm requeues a preempted job on its own
-# only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
-# job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
-# warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
-# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
-# requeued it).
-if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
-  saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
-  rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-  # Not a Slurm job: the stopped run's code (dpotrain/train/preemption.py STOPPED_EXIT), which `accelerate launch` turns
-  # into 1 for any worker's non-zero exit.
-  [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 75; }
-  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
-  if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
-    echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
-    if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
-      # E.g. a job submitted with --no-requeue. Not COMPLETED: an `afterok` dependency must not start on it.
-      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
-    fi
-  elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
-    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (scontrol requeue, or a preemption" \
-      "past its GraceTime) ==="
-  else
-    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
-      "command again to go on ==="
-  fi
-  exit 0
-fi
+# Requeue after a stop request, so the job goes on from what was saved (requeue_after_stop).
+[[ ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]] || requeue_after_stop "$(cat "$DPOTRAIN_STOP_FILE.checkpointed")"
 rm -f "$DPOTRAIN_STOP_FILE"
 if [[ $rc == 0 ]]; then
   echo "=== $(date -Is) training exited with code 0 ==="

@@ -181,6 +181,69 @@ def test_a_time_limit_within_the_checkpoint_warning_is_refused_before_the_plan(s
     ), lines[-5:]
 
 
+def early_stopped_job(slurm, folder: Path, *options: str, env=None) -> tuple[int, Path]:
+    """The README's CPU job (4 steps), sent `scancel --signal=USR1 --batch` as its banner is printed: to the batch
+    shell while launch.sh reads the recipe and plans the run, long before it launches training."""
+    log = folder / "early.out"
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    args = ["--max_steps", "4", "--report_to", "none", "--output_dir", str(folder / "run")]
+    env = {**README_ENV, **(env or {})}
+    job = slurm.sbatch([*sbatch, *options, f"--output={log}", SCRIPT, *args], cwd=folder, env=env)
+    wait_while_running(slurm, job, lambda: log.exists() and "=== DPO job" in log.read_text(), poll=0.05, log=log)
+    slurm.signal(job, "USR1")
+    return job, log
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_stop_signal_before_the_launch_requeues_the_job_which_trains_in_its_next_start(slurm, tmp_path):
+    """A USR1 (`scancel --signal=USR1 --batch`) that reached the batch shell before launch.sh had set its traps ended
+    the shell by bash's default action: the job FAILED (ExitCode 0:10) with no line in its log, never requeued, its run
+    never finished. Now that start launches nothing, says so, and requeues; the next start trains to the end."""
+    job, log = early_stopped_job(slurm, tmp_path)
+    state = slurm.wait(job, timeout=600)
+    text = log.read_text(errors="replace")
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", (slurm.job_info(job), text[-3000:])
+    first, second = text.split(f"=== DPO job {job} (dpo-think) restart 1", 1)
+    assert f"SIGUSR1 came before training was launched: nothing trained in this start; requeueing job {job}" in first
+    assert "launch: " not in first and "training exited with code 0" in second
+    assert json.loads((tmp_path / "run" / "run_complete.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_time_limit_warning_before_the_launch_ends_the_job_in_one_line_not_in_requeues(slurm, tmp_path):
+    """The time-limit warning (--signal=B:USR1@120) reaching the batch shell during the start-up of a job whose limit
+    (3 minutes) is just above it: it ended the job by bash's default action, without a line. A requeue would be warned
+    as early at every start and never train: the job ends FAILED in one line naming --time, not requeued."""
+    job, log = early_stopped_job(slurm, tmp_path, "--time=3", env={"SBATCH_SIGNAL": "B:USR1@120"})
+    assert slurm.wait(job, timeout=300) == "FAILED", log.read_text(errors="replace")[-3000:]
+    assert slurm.job_info(job)["Restarts"] == "0"
+    lines = log.read_text(errors="replace").splitlines()
+    assert re.fullmatch(
+        r"error: the time-limit warning \(--signal=B:USR1@120\) came before training was launched, in the job's "
+        r"start-up of \d+ s \([0-9:]+ left\): every requeue would be warned as early and never train, so the job is "
+        r"not requeued; submit with a --time longer than the warning, the start-up and some training, or lower the "
+        r"@120 in SBATCH_SIGNAL: the same command goes on from the newest checkpoint",
+        lines[-1],
+    ), lines[-5:]
+    assert not any(line.startswith("launch: ") for line in lines)
+
+
+@pytest.mark.parametrize(("left", "refused"), [("10:59", True), ("11:00", True), ("11:01", False), ("23:50:00", False)])
+def test_only_the_time_limit_warning_before_the_launch_is_refused_a_requeue(left, refused):
+    """A USR1 before the launch with the time left within the warning (@600, which Slurm may send up to 60 s early)
+    is the time-limit warning, which every requeue would get as early: refused. More time left: `scancel --signal`."""
+    from dpotrain.cluster import job
+    from dpotrain.recipe.errors import ConfigError
+
+    if refused:
+        with pytest.raises(ConfigError, match=r"came before training was launched, in the job's start-up of 40 s"):
+            job.check_early_warning("600", "scripts/dpo_train.sh", left, "40")
+    else:
+        job.check_early_warning("600", "scripts/dpo_train.sh", left, "40")
+
+
 @pytest.mark.slurm
 def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_dry_run_launches_nothing(
     slurm, tmp_path

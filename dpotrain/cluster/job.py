@@ -4,7 +4,8 @@ stdin) prints the job's batch, memory plan and output folder, and ends the job (
 refuse, `asks dry_run|preflight <recipe> [<train args>]` whether the job is a dry run or a preflight, `warning-lead
 <script> [<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not,
 with the fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a
-checkpoint may take and refuses a time limit within the warning."""
+checkpoint may take and refuses a time limit within the warning; `early-warning <lead> <where> <time left> <seconds>`
+refuses to requeue a job its time-limit warning reached before training was launched."""
 
 import contextlib
 import functools
@@ -185,6 +186,21 @@ def check_time_left(lead: str, where: str, left: str) -> None:
         )
 
 
+def check_early_warning(lead: str, where: str, left: str, started: str) -> None:
+    """Refuses to requeue a job whose time-limit warning came before training was launched (launch.sh: a USR1 in its
+    start-up of `started` seconds), when it was that warning: `left` (squeue's %L) within it, which Slurm may send up to
+    60 s early. Every requeue gets the same time limit and would be warned as early, never to train. A USR1 with more
+    time left (`scancel --signal=USR1`) is requeued by launch.sh."""
+    seconds = seconds_left(left)
+    if lead and seconds is not None and seconds <= int(lead) + 60:
+        raise ConfigError(
+            f"the time-limit warning (--signal=B:USR1@{lead}) came before training was launched, in the job's start-up "
+            f"of {started} s ({left} left): every requeue would be warned as early and never train, so the job is not "
+            "requeued; submit with a --time longer than the warning, the start-up and some training, or lower the "
+            f"@{lead} in {where}: the same command goes on from the newest checkpoint"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or [""]
     if verb == "engine" and args:
@@ -202,10 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         print(checkpoint_window(lead, grace, partition), flush=True)  # in the log also above a refusal
         check_time_left(lead, where, left)  # a refusal: one error: line, exit 2
         return 0
+    if verb == "early-warning" and len(args) == 4:  # <lead> <where> <time left> <seconds since the start>
+        check_early_warning(*args)
+        return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
         "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> "
-        "<where> <grace> <partition> <time left>"
+        "<where> <grace> <partition> <time left> | early-warning <lead> <where> <time left> <seconds since the start>"
     )
 
 
