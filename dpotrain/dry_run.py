@@ -6,6 +6,7 @@ with `--json`, for scripts (scripts/launch.sh reads it).
 """
 
 import json
+import math
 import os
 import re
 import sys
@@ -156,6 +157,7 @@ def summary(
     row("time", duration_text(r))
     row("reference", reference_text(s, r.batching.pairs_trained))
     row("watching", watching_text(s))
+    row("checkpoints", checkpoints_text(r))
     world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
     nodes = -(-world // per_node) if per_node else None
     shape = f", {plural(nodes, 'node')} of {plural(per_node, 'GPU')}" if per_node and world > 1 else ""
@@ -243,6 +245,39 @@ def watching_text(s) -> str:
         n = min(s.sample_count, len(s.sample_prompts))
         return f"{health}; samples from {plural(n, 'prompt')} {every}"
     return f"{health}; samples from up to {plural(s.sample_count, 'prompt')} {every}"
+
+
+STOP_SAVES = "a stop request (preemption, time limit, Ctrl-C) still saves one"
+
+
+def checkpoints_text(r: Record) -> str:
+    """When checkpoints are written, as transformers' DefaultFlowCallback writes them (every save_steps steps, a
+    fraction below 1 of the run's steps rounded up, and at the last step). A save_steps not below the run's steps was
+    accepted and said nowhere: the job ran with no checkpoint on the way, and a crash lost every step."""
+    s, total = r.settings, r.data.total_steps
+    kept = (
+        f"; the newest {s.save_total_limit} kept (save_total_limit {s.save_total_limit})" if s.save_total_limit else ""
+    )
+    if s.save_strategy == "no":
+        return f"none (save_strategy no); {STOP_SAVES}"
+    if s.save_strategy == "epoch":
+        return f"at the end of each epoch{kept}"
+    if s.save_strategy == "best":
+        return f"at each evaluation that improves {s.metric_for_best_model}{kept}"
+    every = s.save_steps
+    if total is None:  # the steps are counted when the run loads the data set
+        share = f"{every:.0%} of the run's steps" if every < 1 else plural(int(every), "step", ",")
+        return f"every {share} and at the end{kept}"
+    steps = math.ceil(total * every) if every < 1 else int(every)  # transformers' TrainerState.compute_steps
+    if steps >= total:
+        return (
+            f"NONE before the end: save_steps {every:g} is not below the run's {total:,} steps, so step {total:,} "
+            f"alone is saved and a crash before it loses every step; {STOP_SAVES}: --save_steps N saves every N "
+            "steps (0.1: every tenth of the run)"
+        )
+    share = f" (save_steps {every:g} of the run's {total:,})" if every < 1 else ""
+    every_steps = "every step" if steps == 1 else f"every {plural(steps, 'step', ',')}"
+    return f"{every_steps}{share} and at the end (step {total:,}){kept}"
 
 
 def learning_rate_text(s) -> str:

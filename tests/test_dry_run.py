@@ -1125,3 +1125,25 @@ def test_tf32_is_planned_by_a_dry_run_without_a_gpu_and_refused_by_a_run_there(t
     assert torch.backends.fp32_precision == before
     with pytest.raises(ConfigError, match=r"--tf32 requires Ampere .*\(here: --tf32 false, or run it on an Ampere"):
         config_mod.parse_args(args)
+
+
+def test_the_summary_says_when_checkpoints_are_written_and_where_none_comes_before_the_end(tmp_path, capsys):
+    """A `--save_steps` past the run's steps was accepted and said nowhere (as in transformers, which saves at the end
+    alone): the job ran for hours with no checkpoint on the way, and a crash lost every step. The summary (the dry run's
+    and the run's first lines) says when checkpoints are written, and plainly where none comes before the end."""
+    out = ["--output_dir", str(tmp_path / "run")]
+    assert field(dry_run(capsys, *SMOKE, *out), "checkpoints") == (
+        "every 20 steps and at the end (step 48); the newest 2 kept (save_total_limit 2)"
+    )
+    assert field(dry_run(capsys, *SMOKE, *out, "--save_steps", "0.25"), "checkpoints").startswith(
+        "every 12 steps (save_steps 0.25 of the run's 48) and at the end (step 48)"
+    )
+    late = field(dry_run(capsys, *SMOKE, *out, "--save_steps", "1000"), "checkpoints")
+    assert late.startswith(
+        "NONE before the end: save_steps 1000 is not below the run's 48 steps, so step 48 alone is saved and a crash "
+        "before it loses every step"
+    ), late
+    assert late.endswith("--save_steps N saves every N steps (0.1: every tenth of the run)")  # the fix named
+    assert field(dry_run(capsys, *SMOKE, *out, "--save_strategy", "no"), "checkpoints").startswith(
+        "none (save_strategy no)"
+    )
