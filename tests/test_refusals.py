@@ -1588,6 +1588,17 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             ],
             "eval_steps=-1 is below 0: give a number of steps",
         ),
+        # transformers reads 0 as unset: the run evaluated every logging_steps (every 2 steps here, every step under
+        # the OLMo 3 recipes) while the command line said 0, and the record held logging_steps' value
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "0", "--dry-run"),
+            ],
+            "eval_steps 0 is no schedule: transformers would evaluate every logging_steps (2) steps instead: give a "
+            "number of steps (--eval_steps 50) or a fraction of the run (0.1), or remove eval_steps to evaluate "
+            "every logging_steps",
+        ),
         # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
         (
             [

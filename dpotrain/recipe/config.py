@@ -715,6 +715,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses
     values, given = dict(vars(known)), fields_set(tokens)
     replaced, job_folder = _decided(values, given, on_command_line, config_path, left_to_job)
+    _check_eval_steps(values, given)  # before transformers reads 0 as unset
     try:
         with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             built = [
@@ -795,6 +796,19 @@ UPSTREAM_FIXES = (
     ("must be an integer if bigger than 1", f"give {STEPS_OR_FRACTION}"),
     ("torch_empty_cache_steps` must be", "give a number of steps, or leave it unset to never empty the cache"),
 )
+
+
+def _check_eval_steps(values: dict, given: set[str]) -> None:
+    """`eval_steps 0` under eval_strategy steps: TrainingArguments reads 0 as unset and evaluates every logging_steps
+    instead (every step under the OLMo 3 recipes), recording that value in its place: refused before it is built."""
+    strategy = values["eval_strategy"]  # argparse's word, or transformers' enum
+    if "eval_steps" in given and values["eval_steps"] == 0 and getattr(strategy, "value", strategy) == "steps":
+        logging = values["logging_steps"]
+        raise ConfigError(
+            f"eval_steps 0 is no schedule: transformers would evaluate every logging_steps ({logging:g}) steps "
+            "instead: give a number of steps (--eval_steps 50) or a fraction of the run (0.1), or remove "
+            "eval_steps to evaluate every logging_steps"
+        )
 
 
 def _weights_refused(types, weights) -> str:
