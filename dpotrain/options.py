@@ -682,6 +682,16 @@ def check_logging(recipe: Recipe) -> None:
             "logging_first_step false: the health guards log step 1 on its own (its loss, before any update, shows "
             "whether the reference is the policy's): remove logging_first_step, or pass --health_checks false"
         )
+    # logging_steps is read under `steps` only (transformers' DefaultFlowCallback): under `epoch` it was recorded and
+    # metrics.jsonl, W&B and the curves had one point per epoch; a recipe file's is allowed where the command line
+    # changes the strategy for one run (as save_steps in check_saving)
+    on_command_line = config.fields_set(recipe.command_line)
+    given = on_command_line if "logging_strategy" in on_command_line else recipe.given
+    if _named(t.logging_strategy) == "epoch" and "logging_steps" in given:
+        raise ConfigError(
+            f"logging_steps {t.logging_steps:g} would be ignored: logging_strategy epoch does not log by steps: remove "
+            "logging_steps, or pass --logging_strategy steps"
+        )
     # transformers reads a value below 1 as a fraction of the run: a negative one misfired or divided by zero
     for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):
         value = getattr(t, name)

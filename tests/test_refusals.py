@@ -1409,7 +1409,10 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
         include_num_input_tokens_seen="no",
         report_to=[name],
     )
-    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True), given=set()))
+    recipe = SimpleNamespace(
+        training=training, project=SimpleNamespace(health_checks=True), given=set(), command_line=()
+    )
+    options.check_logging(recipe)
 
 
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------
@@ -2021,6 +2024,24 @@ def test_save_steps_under_another_save_strategy_is_refused_but_not_a_recipe_file
     )
     with pytest.raises(ConfigError, match="save_steps 20 would be ignored: save_strategy epoch"):
         check_saving(parse_args(["--config", str(recipe)]))
+
+
+def test_logging_steps_under_logging_strategy_epoch_is_refused_but_not_a_recipe_files(tmp_path, monkeypatch, capsys):
+    """`--logging_strategy epoch --logging_steps 5` was recorded as logging every 5 steps and logged at the epoch's end
+    alone (transformers reads logging_steps under `steps` only): metrics.jsonl, W&B and the curves had one point per
+    epoch. smoke.yaml's own logging_steps 2 is unused, not refused, where the command line changes the strategy."""
+    from dpotrain.options import check_logging
+
+    args = ["--logging_strategy", "epoch", "--logging_steps", "5"]
+    assert refused(tmp_path, monkeypatch, capsys, *args) == (
+        "error: logging_steps 5 would be ignored: logging_strategy epoch does not log by steps: remove logging_steps, "
+        "or pass --logging_strategy steps"
+    )
+    check_logging(parse_args(["--config", SMOKE, "--logging_strategy", "epoch"]))  # the recipe file's logging_steps 2
+    recipe = tmp_path / "epochs.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "logging_strategy: epoch\n")
+    with pytest.raises(ConfigError, match="logging_steps 2 would be ignored: logging_strategy epoch"):
+        check_logging(parse_args(["--config", str(recipe)]))
 
 
 def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, capsys):
