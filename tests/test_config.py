@@ -999,6 +999,31 @@ def test_a_recipe_file_is_parsed_once_per_content_and_each_reader_gets_its_own(t
     assert recipe_file.load(path) == {"beta": 0.3} and len(parsed) == 2
 
 
+def test_one_field_under_both_its_names_is_refused_in_a_recipe_and_said_on_the_command_line(
+    tmp_path, monkeypatch, capsys
+):
+    """`activation_checkpointing: false` and, lower in the same recipe, `gradient_checkpointing: true` (transformers 5's
+    old name of the same field) trained with checkpointing on, the last line winning without a word: a key given twice
+    under one name is refused, so under two names too. On the command line the last counts, said as for one name."""
+    path = write(tmp_path, "activation_checkpointing: false\nbf16: false\ngradient_checkpointing: true\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", path])
+    assert str(refused.value) == (
+        f"{path}: gradient_checkpointing and activation_checkpointing are one field (transformers 5 renamed "
+        "gradient_checkpointing to activation_checkpointing), and the recipe gives both: keep activation_checkpointing"
+    )
+    monkeypatch.setattr(
+        "sys.argv",
+        ["train_dpo.py", "--config", write(tmp_path, "bf16: false\n")]
+        + ["--activation_checkpointing", "false", "--gradient_checkpointing", "true"],
+    )
+    assert parse_args().training.activation_checkpointing
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: --activation_checkpointing is given twice on the command line (false, then --gradient_checkpointing "
+        "true): the last counts"
+    ]
+
+
 def test_a_field_given_twice_with_two_values_is_said_and_the_last_counts(tmp_path, monkeypatch, capsys):
     """`--learning_rate 1e-6 ... --learning_rate 2e-6` (a long command line edited, a flag added that was already
     there) trained at 2e-6 with no word said: argparse keeps the last value. The last still counts (a wrapper's

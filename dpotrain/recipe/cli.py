@@ -19,13 +19,13 @@ TOKEN_FLAGS = ("--hub_token", "--hub-token")
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
 
 
-def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None:
+def warn_given_twice(argv: list[str], options: dict, exempt=frozenset(), aliases=None) -> None:
     """A field given twice on a command line with two values: the last counts, as argparse and every layered command
     line (defaults, then a user's "$@") expect, and a warning line on stderr says which, where argparse said nothing
     (`--learning_rate 1e-6 ... --learning_rate 2e-6` trained at 2e-6 in silence). The same value twice, however it is
     spelled (`1e-6`, `1.0e-6`), means one thing and is not named. `options`: each `--flag` -> its action; `exempt`: the
-    fields a launcher appends to win."""
-    seen = {}
+    fields a launcher appends to win; `aliases`: an old name -> the field it names (`--gradient_checkpointing`)."""
+    seen, aliases = {}, aliases or {}
     for i, word in enumerate(argv):
         name, equals, value = word.partition("=")
         action = options.get(name)
@@ -33,13 +33,15 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset()) -> None
             continue
         values = [value] if equals else value_words(action.nargs, argv[i + 1 :])
         meaning = _meaning(action, values)
-        first = seen.setdefault(action.dest, (name, values, meaning))
+        first = seen.setdefault(aliases.get(action.dest, action.dest), (name, values, meaning, action.dest))
         if first[2] != meaning:
             # a token's values stay unsaid: the line goes to the terminal, a `| tee` log, a Slurm job's log
-            both = f"{' '.join(first[1]) or 'alone'}, then {' '.join(values) or 'alone'}"
+            then = " ".join(values) or "alone"
+            then = f"{name} {then}" if action.dest != first[3] else then  # the field's other name
+            both = f"{' '.join(first[1]) or 'alone'}, then {then}"
             both = "two values, not shown: a secret" if name in TOKEN_FLAGS else both
             warn(f"{first[0]} is given twice on the command line ({both}): the last counts")
-            seen[action.dest] = (name, values, meaning)
+            seen[aliases.get(action.dest, action.dest)] = (name, values, meaning, action.dest)
 
 
 def value_words(nargs, after: list[str]) -> list[str]:

@@ -423,6 +423,12 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
             raise _unknown_key(path, key)
+    for old, new in ALIASES.items():  # one field under two names: the last line won without a word
+        if old in config and new in config:
+            raise ConfigError(
+                f"{path}: {old} and {new} are one field (transformers 5 renamed {old} to {new}), and the recipe gives "
+                f"both: keep {new}"
+            )
     _refuse_boolean_text(path, config)
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
@@ -678,7 +684,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
     config_path, argv = take_config(argv)
     if typed_here:
-        warn_given_twice(argv, _options(), LAUNCHER_FIELDS)
+        warn_given_twice(argv, _options(), LAUNCHER_FIELDS, ALIASES)
     config = read_recipe(config_path, planning=dry_run_asked(argv)) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     left_to_job = config.pop(LEFT_TO_JOB, frozenset())
