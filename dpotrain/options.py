@@ -49,6 +49,7 @@ def check_options(recipe: Recipe) -> None:
     check_init_kwargs(recipe)
     check_init_kwargs_apply(recipe)  # after the keys the run decides or refuses: their own refusals first
     check_optimizer(t)
+    check_adam_settings(recipe)
     check_ranges(recipe)
     check_switched_off(recipe)
     if recipe.model.attn_implementation is not None:
@@ -804,6 +805,35 @@ def check_optimizer(t) -> None:
     multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]  # LambdaLR's; reduce_lr_on_plateau has none
     _check_schedule(t, multiplier)
     _check_warmup(t, multiplier)
+
+
+# The Adam settings, each with a probe value and another for a recipe already at it
+ADAM_SETTINGS = {"adam_beta1": (0.5, 0.6), "adam_beta2": (0.5, 0.6), "adam_epsilon": (1e-3, 1e-4)}
+
+
+def check_adam_settings(recipe: Recipe) -> None:
+    """transformers passes adam_beta1/adam_beta2/adam_epsilon to the Adam family alone (Lion: the betas): `--optim sgd
+    --adam_beta1 0.5` was recorded and read by nothing. A setting whose change leaves the optimizer transformers builds
+    as it was is refused; not a recipe file's where the command line changes the optim for one run."""
+    from transformers import Trainer
+
+    t, on_command_line = recipe.training, config.fields_set(recipe.command_line)
+    given = on_command_line if "optim" in on_command_line else recipe.given
+    try:
+        with upstream.gpu_precision_checks_skipped():  # checked as the recipe was parsed
+            built = Trainer.get_optimizer_cls_and_kwargs(t)
+    except Exception:  # noqa: BLE001 - one built only with the model (GaLore's target modules): the trainer decides
+        return
+    for name, probes in ADAM_SETTINGS.items():
+        if name not in given:
+            continue
+        probe = probes[0] if getattr(t, name) != probes[0] else probes[1]
+        if _built_with(dataclasses.replace(t, **{name: probe}), t.optim_args) == built:
+            raise ConfigError(
+                f"{name} {getattr(t, name):g} would be ignored: optim {_named(t.optim)} does not read it (transformers "
+                "passes the Adam settings to Adam-family optimizers alone; Lion reads the betas): remove "
+                f"{name}, or choose an optim that reads it (adamw_torch)"
+            )
 
 
 def _check_warmup(t, multiplier) -> None:

@@ -1308,6 +1308,29 @@ def test_optim_args_at_their_defaults_are_read(monkeypatch):
         options.check_optimizer(args)
 
 
+def test_adam_settings_an_optimizer_does_not_read_are_refused_but_not_a_recipe_files(tmp_path, monkeypatch, capsys):
+    """`--optim sgd --adam_beta1 0.5` was accepted and recorded, and SGD read no beta (transformers passes the Adam
+    settings to the Adam family alone): the run trained otherwise than its command line said. Refused where the
+    optimizer built does not change with the setting; not a recipe file's where the command line changes the optim."""
+    assert refused(tmp_path, monkeypatch, capsys, "--optim", "sgd", "--adam_beta1", "0.5", "--dry-run") == (
+        "error: adam_beta1 0.5 would be ignored: optim sgd does not read it (transformers passes the Adam settings "
+        "to Adam-family optimizers alone; Lion reads the betas): remove adam_beta1, or choose an optim that reads it "
+        "(adamw_torch)"
+    )
+    assert "adam_epsilon 0.001 would be ignored: optim adafactor" in refused(
+        tmp_path, monkeypatch, capsys, "--optim", "adafactor", "--adam_epsilon", "1e-3", "--dry-run"
+    )
+    from dpotrain.options import check_adam_settings
+
+    for optim in ("adamw_torch", "adamw_torch_fused"):  # read: passes
+        check_adam_settings(parse_args(["--config", SMOKE, "--optim", optim, "--adam_beta1", "0.8"]))
+    recipe = tmp_path / "betas.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "adam_beta2: 0.95\n")
+    check_adam_settings(parse_args(["--config", str(recipe), "--optim", "sgd"]))  # the recipe file's, for one run
+    with pytest.raises(ConfigError, match="adam_beta2 0.95 would be ignored: optim sgd"):
+        check_adam_settings(parse_args(["--config", str(recipe), "--optim", "sgd", "--adam_beta2", "0.95"]))
+
+
 def test_the_checks_build_the_scheduler_once_for_its_kwargs_and_its_walk(monkeypatch):
     """check_optimizer built one scheduler on a 10-step run to try lr_scheduler_kwargs and `_check_schedule` another on
     the walked run (issue #54): one build now serves both, and the walk still refuses what only later steps show."""
