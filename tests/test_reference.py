@@ -233,6 +233,39 @@ def test_recomputed_when_the_models_config_json_changes(tmp_path, tiny_model_dir
 
 
 @pytest.mark.slow
+def test_recomputed_when_a_remote_code_models_own_code_changes(tmp_path, tiny_model_dir, cache, capsys):
+    """A model with its own code (`auto_map`, `--trust_remote_code true`) is built by its .py files: an edit to them
+    (here an `rms_norm_eps` its class sets, in the module auto_map names, then in one that module imports) is another
+    model with the same weights and config.json. The key held neither, so the edited model reused the old code's
+    scores ("all 16 pairs reused"). The key holds the sha256 of each file of that code: a rerun with the code unchanged
+    still reuses them."""
+    from test_architectures import remote_code_model
+
+    rows = builtin.make_preference_rows(16, seed=3)
+    model = remote_code_model(tmp_path / "model", tiny_model_dir)
+    code, helper = model / "modeling_tiny_remote.py", model / "tiny_remote_eps.py"
+    helper.write_text("EPS = 1e-05\n")
+    code.write_text(
+        code.read_text().replace("from transformers", "from .tiny_remote_eps import EPS\nfrom transformers", 1)
+        + "\n    def __init__(self, config):\n        config.rms_norm_eps = EPS\n        super().__init__(config)\n"
+    )
+    remote = ("--trust_remote_code", "true")
+    base = build(tmp_path / "base", str(model), rows, *remote)
+    seen = entries(cache)
+    build(tmp_path / "again", str(model), rows, *remote)
+    assert "all 16 pairs reused" in capsys.readouterr().out and entries(cache) == seen
+    code.write_text(code.read_text().replace("config.rms_norm_eps = EPS", "config.rms_norm_eps = 0.5 + 0 * EPS"))
+    edited = build(tmp_path / "edited", str(model), rows, *remote)
+    assert "16 scored, cached in" in capsys.readouterr().out
+    assert entries(cache) - seen and ref_columns(edited) != ref_columns(base)
+    code.write_text(code.read_text().replace("config.rms_norm_eps = 0.5 + 0 * EPS", "config.rms_norm_eps = EPS"))
+    helper.write_text("EPS = 0.25\n")
+    seen = entries(cache)
+    build(tmp_path / "helper", str(model), rows, *remote)
+    assert "16 scored, cached in" in capsys.readouterr().out and entries(cache) - seen
+
+
+@pytest.mark.slow
 def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would(tmp_path, tiny_model_dir, cache):
     """The stage scores in micro-batches of its own, not training's, so a pair's sums differ from the policy's at step
     1 in their last bits only: measured here, <= 2e-7 relative (1e-5 allowed: what "the same log-probs" means in fp32,

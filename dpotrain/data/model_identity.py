@@ -5,8 +5,10 @@ reference scored by other weights, or on pairs tokenized another way. So a run r
 (`derived.model_identity`, as data_identity.py records the data), or a Hub model's commit, and a rerun compares them.
 """
 
+import contextlib
 import fnmatch
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -41,11 +43,9 @@ def cache_name(name: str) -> str:
     return os.path.realpath(path) if name and path.is_dir() else name
 
 
-def config_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
-    """sha256 of the config.json the model is built from, as the file is (the run's own changes to the loaded config,
-    use_cache, dtype, attention, are not in it: every attempt of a run reads the same): a local folder's, else the one
-    in the Hub cache's snapshot of `revision` (where from_pretrained read it, `cache_dir` as given to it). None where
-    neither holds one."""
+def config_file(name: str, revision: str | None = None, cache_dir: str | None = None) -> Path | None:
+    """The config.json the model is built from: a local folder's, else the one in the Hub cache's snapshot of
+    `revision` (where from_pretrained read it, `cache_dir` as given to it). None where neither holds one."""
     from huggingface_hub import try_to_load_from_cache
 
     path = Path(name).expanduser()
@@ -53,10 +53,50 @@ def config_sha256(name: str, revision: str | None = None, cache_dir: str | None 
         found = (
             path / "config.json" if path.is_dir() else try_to_load_from_cache(name, "config.json", cache_dir, revision)
         )
-        # try_to_load_from_cache: None, or a marker that the repo has no such file
-        return hashlib.sha256(Path(found).read_bytes()).hexdigest() if isinstance(found, str | Path) else None
-    except (OSError, ValueError):  # ValueError: not a Hub name either (the load read it otherwise)
+    except ValueError:  # not a Hub name either (the load read it otherwise)
         return None
+    # try_to_load_from_cache: None, or a marker that the repo has no such file
+    return Path(found) if isinstance(found, str | Path) and Path(found).is_file() else None
+
+
+def config_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """sha256 of the config.json the model is built from (`config_file`), as the file is (the run's own changes to the
+    loaded config, use_cache, dtype, attention, are not in it: every attempt of a run reads the same). None where
+    there is none."""
+    try:
+        found = config_file(name, revision, cache_dir)
+        return hashlib.sha256(found.read_bytes()).hexdigest() if found else None
+    except OSError:
+        return None
+
+
+def code_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> dict[str, str | None] | None:
+    """sha256 of each file of a model's own code, beside its config.json (`config_file`): the modules its `auto_map`
+    names and those they import relatively, as transformers loads them (`trust_remote_code`); None for a model without
+    `auto_map`. An edited modeling file builds another model from the same weights and config. A module of another
+    repo (`repo--module.Class`) is not beside the config: its name, in config.json, is keyed with that file."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    try:
+        found = config_file(name, revision, cache_dir)
+        auto_map = json.loads(found.read_text()).get("auto_map") if found else None
+    except (OSError, ValueError, AttributeError):  # AttributeError: a config.json that is not an object
+        return None
+    if not isinstance(auto_map, dict):
+        return None
+    named = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
+    modules = {found.parent / f"{r.rpartition('.')[0]}.py" for r in named if "--" not in r and "." in r}
+    files = set(modules)
+    for module in modules:
+        with contextlib.suppress(OSError):  # missing: keyed as missing (None) below
+            files.update(Path(f) for f in get_relative_import_files(module))
+    out = {}
+    for path in sorted(files):
+        try:
+            out[path.relative_to(found.parent).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            out[path.relative_to(found.parent).as_posix()] = None
+    return out
 
 
 def input_files(recipe) -> dict[str, Path] | None:

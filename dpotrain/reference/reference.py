@@ -94,7 +94,12 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # by the file, not the loaded config, which the run itself changes (use_cache, dtype), so every attempt keys alike.
     # A LoRA run's reference is its base, loaded from this same file.
     init = args.model_init_kwargs or {}
-    config = model_identity.config_sha256(model.config.name_or_path, init.get("revision"), init.get("cache_dir"))
+    name, where = model.config.name_or_path, (init.get("revision"), init.get("cache_dir"))
+    config = model_identity.config_sha256(name, *where)
+    # A model's own code builds it too (`trust_remote_code`): its edited modeling file reused the old code's scores.
+    # Added only where the run runs that code, so every other run keeps its key.
+    if code := model_identity.code_sha256(name, *where) if args.trust_remote_code else None:
+        overrides |= {"code_sha256": code}
     return overrides | {
         "version": CACHE_VERSION,
         "model": model_identity.cache_name(model.config.name_or_path),
