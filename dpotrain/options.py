@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from dpotrain.cluster import offline
-from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, shapes
+from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, model_identity, shapes
 from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, venv, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
@@ -540,6 +540,25 @@ def _weights_config(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return None if not isinstance(config, dict) or config.get("transformers_weights") else config
+
+
+def check_modules_cache(recipe: Recipe) -> None:
+    """transformers imports a model's own code (`trust_remote_code`) from a copy it writes under HF_MODULES_CACHE
+    (HF_HOME/modules): one it cannot write in ended the run in a traceback from transformers as the config loaded."""
+    model = recipe.model
+    if not recipe.training.trust_remote_code or not model_identity.own_code(
+        model.model_name_or_path or "", model.model_revision
+    ):
+        return
+    from transformers import dynamic_module_utils
+
+    folder = Path(dynamic_module_utils.HF_MODULES_CACHE)
+    if problem := writes.unwritable(folder):
+        raise ConfigError(
+            f"transformers' modules cache {folder} is not writable ({problem[1]} in {problem[0]}), and a model with "
+            "its own code (trust_remote_code) is imported from a copy of that code written there: set "
+            "HF_MODULES_CACHE (or HF_HOME) to a writable folder"
+        )
 
 
 def check_weights(model: str) -> None:

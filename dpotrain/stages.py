@@ -186,6 +186,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         folder_refused = len(refusals) > listed
     if not uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
+    check(options.check_modules_cache, recipe)  # before the first half loads the model's config (its own code)
     said = len(refusals)
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
     if launch.dry_run and len(refusals) == said:  # a folder with its tokenizer, its weights not yet copied beside

@@ -411,6 +411,25 @@ def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, t
     )
 
 
+def test_an_unwritable_modules_cache_is_one_line_before_a_model_with_its_own_code_loads(tmp_path, tiny_model_dir):
+    """transformers imports a model's own code (`--trust_remote_code true`) from a copy it writes under
+    HF_MODULES_CACHE (HF_HOME/modules): one it cannot create (here under a file; a read-only HF_HOME, a folder of
+    another user) ended the run's first half in a `NotADirectoryError` traceback from transformers' dynamic modules."""
+    from test_architectures import remote_code_model
+
+    model = remote_code_model(tmp_path / "model", tiny_model_dir)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    args = ["--output_dir", str(tmp_path / "run"), "--model_name_or_path", str(model), "--trust_remote_code", "true"]
+    code, _, stderr = run_in([*args, "--report_to", "none"], env={"HF_MODULES_CACHE": str(blocked / "modules")})
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: transformers' modules cache {blocked}/modules is not writable (Not a directory in {blocked}), and "
+        "a model with its own code (trust_remote_code) is imported from a copy of that code written there: set "
+        "HF_MODULES_CACHE (or HF_HOME) to a writable folder"
+    )
+
+
 def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_path):
     """HOME pointing at a file (a cluster's compute node, a service account): huggingface_hub's read of its saved login
     under HOME, which it allows to be missing but nothing else, ended a dry run in a NotADirectoryError traceback."""

@@ -70,6 +70,23 @@ def config_sha256(name: str, revision: str | None = None, cache_dir: str | None 
         return None
 
 
+def own_code(name: str, revision: str | None = None) -> bool:
+    """Whether loading the model may import code of its own (`auto_map` in its config.json or tokenizer_config.json):
+    True too where its files are not on this machine (a Hub model not yet fetched), False for a built-in one."""
+    if builtin.is_builtin(name):
+        return False
+    found = config_file(name, revision)
+    if found is None:
+        return True
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            if "auto_map" in json.loads((found.parent / file).read_text()):
+                return True
+        except (OSError, ValueError, TypeError):  # none, not JSON, not an object: that load says so
+            continue
+    return False
+
+
 def code_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> dict[str, str | None] | None:
     """sha256 of each file of a model's own code, beside its config.json (`config_file`): the modules its `auto_map`
     names and those they import relatively, as transformers loads them (`trust_remote_code`); None for a model without
