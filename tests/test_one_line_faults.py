@@ -445,6 +445,22 @@ def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_p
     )
 
 
+def test_a_torch_compile_cache_that_cannot_be_made_is_one_line_as_the_libraries_load(tmp_path):
+    """torch makes TORCHINDUCTOR_CACHE_DIR as the libraries are imported (dynamo's disk cache, with transformers): one
+    it cannot make (under a file here; a folder of another user, or a /scratch path not mounted on this node) ended
+    every command, a dry run too, in a `NotADirectoryError` traceback of torch's import."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(blocked / "inductor")}
+    cmd = [PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: torch's compile cache TORCHINDUCTOR_CACHE_DIR={blocked}/inductor cannot be made (Not a directory: "
+        f"{blocked}/inductor): set TORCHINDUCTOR_CACHE_DIR to a folder this job can write in, or unset it"
+    )
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_the_libraries_load_is_one_line():
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)

@@ -31,6 +31,24 @@ def loading_libraries():
     except KeyboardInterrupt:
         print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
         sys.exit(130)
+    except OSError as e:
+        # torch makes its compile cache as transformers imports it (dynamo's disk cache): one it cannot make ended
+        # every command, a dry run too, in the traceback of that import
+        folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if not (folder and e.filename and _on_the_way(os.fsdecode(e.filename), folder)):
+            raise
+        print(
+            f"error: torch's compile cache TORCHINDUCTOR_CACHE_DIR={folder} cannot be made ({e.strerror}: "
+            f"{os.fsdecode(e.filename)}): set TORCHINDUCTOR_CACHE_DIR to a folder this job can write in, or unset it",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+def _on_the_way(path: str, folder: str) -> bool:
+    """Whether `path` is `folder`, a folder above it or a file inside it."""
+    path, folder = (Path(os.path.abspath(os.path.expanduser(p))) for p in (path, folder))
+    return path == folder or path in folder.parents or folder in path.parents
 
 
 def import_torch() -> None:
