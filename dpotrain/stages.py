@@ -226,6 +226,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     # lists a model cached in part, which nothing completes offline (one not cached at all it plans without).
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
+    once(offline.check_hub_cache, recipe)  # online: what is not cached is downloaded there
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
 
 

@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -180,6 +181,31 @@ def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -
         *extra,
     ]
     return hub_script(hub, tmp_path, "train_dpo.py", *args, env=env, exit_code=exit_code)
+
+
+@pytest.mark.slow
+def test_a_hub_model_to_download_into_a_hub_cache_it_cannot_write_in_is_one_line_naming_the_cache(
+    hub, tmp_path, tiny_model_dir
+):
+    """A Hub model not yet cached is downloaded into HF_HUB_CACHE (HF_HOME/hub) as it loads: one the run cannot write in
+    (under a file here; a team's read-only cache, another user's HF_HOME) ended the run in `could not load the
+    tokenizer of 'org/tiny' (NotADirectoryError: ...): a model folder needs its tokenizer files ... beside
+    config.json`, naming a fix that was none (a Hub data set's in `NotADirectoryError`), and its dry run passed
+    without a word. Both name the cache now."""
+    hub.state.add_model_commit("org/tiny", {p.name: p.read_bytes() for p in Path(tiny_model_dir).iterdir()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()})
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env = {"HF_HUB_CACHE": str(blocked / "hub")}
+    line = (
+        f"the Hub cache {blocked}/hub is not writable (Not a directory in {blocked}), and the job downloads there "
+        "what it lacks (model 'org/tiny' is not cached; dataset 'org/prefs': not cached): set HF_HUB_CACHE (or "
+        "HF_HOME) to a writable folder"
+    )
+    out = train_online(hub, tmp_path, tmp_path / "run", "org/tiny", env=env, exit_code=2)
+    assert out.strip().splitlines()[-1] == f"error: {line}" and "Traceback" not in out, out[-3000:]
+    out = train_online(hub, tmp_path, tmp_path / "dry", "org/tiny", "--dry-run", env=env)
+    assert f"warning: the run would refuse: {line}" in out, out[-3000:]
 
 
 def recorded_commit(out) -> str:

@@ -20,7 +20,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import config, hub_switches, launcher, recipe_file, venv
+from dpotrain.recipe import config, hub_switches, launcher, recipe_file, venv, writes
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
@@ -196,6 +196,22 @@ def check_offline_artifacts(
         raise ConfigError(
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
             f"On a login node with network, run: {prefetch_command(recipe, output_dir)}"
+        )
+
+
+def check_hub_cache(recipe) -> None:
+    """What the job downloads from the Hub (its model and data set, where not cached) goes into HF_HUB_CACHE first: one
+    it cannot write in ended the run at the first download, a data set's in `NotADirectoryError`, the tokenizer's in a
+    line naming its files as the fix, and the dry run said nothing. A cache holding them all is only read (a team's
+    read-only cache)."""
+    model, dataset = not is_offline(), not datasets_offline()  # offline, nothing is downloaded
+    if not (model or dataset) or not (missing := missing_artifacts(recipe, model=model, dataset=dataset)):
+        return
+    folder = Path(constants.HF_HUB_CACHE)
+    if problem := writes.unwritable(folder):
+        raise ConfigError(
+            f"the Hub cache {folder} is not writable ({problem[1]} in {problem[0]}), and the job downloads there what "
+            f"it lacks ({'; '.join(missing)}): set HF_HUB_CACHE (or HF_HOME) to a writable folder"
         )
 
 
