@@ -118,7 +118,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
         return publish.complete_push(recipe, push, output.push_left, state, stop)
     explicit = output.resume_from == recipe.training.resume_from_checkpoint  # damaged: refused, not fallen back
-    output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
+    compare = resolve.trained_otherwise(recipe, launch.batch.pairs_per_step)  # a checkpoint fallen back to
+    output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit, compare=compare))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go

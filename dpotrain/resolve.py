@@ -324,6 +324,12 @@ def trained_under(checkpoint: Path) -> Path:
     )
 
 
+def trained_otherwise(recipe: Recipe, pairs_per_step: int | None):
+    """What `resume.confirm` compares a checkpoint it falls back to with (its newest found damaged by its checksums):
+    `changed_settings` against the record it was trained under, as `check_output_dir` compared the one it chose."""
+    return lambda folder: changed_settings(recipe, trained_under(Path(folder)), pairs_per_step)
+
+
 def trained_record(checkpoint: str | Path) -> run_record.Record | None:
     """The record of the settings `checkpoint` was trained under, read from the folder `trained_under` finds."""
     return run_record.read(trained_under(Path(checkpoint)) / run_record.RESOLVED)

@@ -210,6 +210,32 @@ def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_fi
 
 
 @pytest.mark.slow
+def test_a_fall_back_past_a_checkpoint_damaged_in_place_compares_the_one_before_with_the_runs_settings(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """A byte of the newest checkpoint changed at its size is found once processes have started (`resume.confirm`),
+    after the settings were compared with that checkpoint's record; the fall-back to the one before it was not
+    compared. Another run's checkpoint-2 copied over the run's own (here: trained at another learning rate) was
+    resumed from, trained steps 3-4 and exited 0 under a record and card of this run's settings. Now refused in one
+    line, nothing trained."""
+    from test_changed_inputs import resealed
+
+    out = unfinished(baseline, tmp_path)
+    resealed(out / "checkpoint-2", lambda record: record.update(learning_rate=5e-4))
+    damage(out / "checkpoint-4" / "optimizer.pt", "flipped")
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "Resuming from" not in result.stdout
+    assert (
+        f"error: output_dir '{out}': checkpoint-4: optimizer.pt does not match its checksum (damaged after it was "
+        "written), and checkpoint-2, the checkpoint before it, was written by a run with other settings "
+        "(learning_rate: 0.0005 -> 0.0001): not resumed from; restore checkpoint-4's file from a copy, or pass a new "
+        "--output_dir"
+    ) in result.stdout.splitlines(), result.stdout[-3000:]
+    assert logged_steps(out) == [1, 2, 3, 4] and not (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
 def test_the_built_in_model_by_its_name_resumes_a_run_started_on_its_folder(baseline, tmp_path, tiny_model_dir, pairs):
     """The baseline trained `builtin:tiny-olmo3` by the folder it is built in; its name on the rerun is that folder
     (its files are compared): it was refused as `model_name_or_path: '<folder>' -> 'builtin:tiny-olmo3'`."""

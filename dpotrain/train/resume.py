@@ -139,9 +139,10 @@ def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
     )
 
 
-def confirm(resume_from: str | None, explicit: bool) -> str | None:
+def confirm(resume_from: str | None, explicit: bool, compare=None) -> str | None:
     """On every rank once processes have started: the resume point's checksums, each rank its share; a damaged
-    checkpoint is skipped for the previous sound one (refused where named with --resume_from_checkpoint)."""
+    checkpoint is skipped for the previous sound one (refused where named with --resume_from_checkpoint), whose
+    settings `compare` gives as they differ from the run's (`check_fallen_back`)."""
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
     rank, world = collectives.rank_and_world()
@@ -150,6 +151,8 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
         every_rank = collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
         found = [p for part in every_rank for p in part]
         if not found:
+            if compare is not None and str(folder) != resume_from:
+                check_fallen_back(folder, damaged, compare)
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
         passed_over.add(folder.absolute())
@@ -165,6 +168,20 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
         if folder is None:
             raise RunError(no_sound_checkpoint(Path(resume_from).parent, damaged))
     return None
+
+
+def check_fallen_back(folder: Path, damaged: list[str], compare) -> None:
+    """A checkpoint `confirm` falls back to, compared with the run's settings as the one chosen before it was
+    (resolve.check_output_dir, before its checksums were read): fallen back to unchecked, another run's checkpoint
+    copied over the run's own (another learning rate, seed or data) was resumed from, under a record of this run's
+    settings, exit code 0. The main process compares (`compare`: resolve.trained_otherwise), every rank refuses."""
+    if changed := collectives.main_outcome(compare, folder):
+        newest = damaged[0].split(":", 1)[0]
+        raise ConfigError(
+            f"output_dir {str(folder.parent)!r}: {damaged[0]}, and {folder.name}, the checkpoint before it, was "
+            f"written by a run with other settings ({'; '.join(changed)}): not resumed from; restore {newest}'s file "
+            "from a copy, or pass a new --output_dir"
+        )
 
 
 def check_state_left(checkpoint: str) -> None:
