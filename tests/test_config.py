@@ -683,6 +683,20 @@ def test_an_empty_variable_in_the_environment_wins_over_the_recipes_env_block_an
     assert "warning" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY"])
+def test_a_secret_in_the_env_block_hidden_by_an_empty_variable_is_named_without_its_value(name, tmp_path, capsys):
+    """`.env` copied from .env.example with its `HF_TOKEN=` line left blank, and the token in the recipe's `env:`
+    block: the warning that the empty variable hides the recipe's quoted the token into the log (a Slurm log)."""
+    secret = "hf_NOTPRINTEDNOTPRINTED"
+    path = write(tmp_path, f"bf16: false\nenv:\n  {name}: {secret}\n")
+    with environment():
+        os.environ[name] = ""
+        parse_args(["--config", path])
+    err = capsys.readouterr().err
+    assert secret not in err
+    assert f"env: {name} (its value not shown: a secret) is not used: {name} is set empty" in err
+
+
 @pytest.mark.parametrize("name, value", [("WORLD_SIZE", "eight"), ("GPUS_PER_NODE", "4x"), ("WORLD_SIZE", "0")])
 def test_a_process_count_that_is_not_a_number_is_refused_in_one_line(name, value, tmp_path, monkeypatch):
     """`WORLD_SIZE=eight python train_dpo.py --dry-run` (the docs plan a launch with `WORLD_SIZE=16 GPUS_PER_NODE=8`):

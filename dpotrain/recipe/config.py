@@ -482,7 +482,7 @@ def _env_value(path: str, name: str, written: str, environ: dict) -> str:
             if venv.is_folder_name(name)
             else "or write $$ for a $ meant as written"
         )
-        raise ConfigError(f"{path}: env: {name} {written!r} {_unexpanded(e, path, fix)}") from None
+        raise ConfigError(f"{path}: env: {name} {_env_shown(name, written)} {_unexpanded(e, path, fix)}") from None
 
 
 def _refuse_boolean_text(path: str, config: dict) -> None:
@@ -538,9 +538,15 @@ def _say_hidden(path: str, name: str, value) -> None:
         return
     if launcher.launched_main():  # every rank reads the recipe
         warn(
-            f"{path}: env: {name} {recipe_file.written(value)!r} is not used: {name} is set empty in the "
-            f"environment, which wins over the recipe (as over .env): unset {name} to take the recipe's"
+            f"{path}: env: {name} {_env_shown(name, recipe_file.written(value))} is not used: {name} is set empty "
+            f"in the environment, which wins over the recipe (as over .env): unset {name} to take the recipe's"
         )
+
+
+def _env_shown(name: str, written: str) -> str:
+    """An `env:` value as a message quotes it: a secret's (HF_TOKEN, WANDB_API_KEY) never, as the log is kept (an
+    empty `HF_TOKEN=` left in `.env` from .env.example hid the recipe's token, and its warning printed the token)."""
+    return "(its value not shown: a secret)" if venv.is_secret_name(name) else repr(written)
 
 
 # What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read as they are imported, too late for a

@@ -204,6 +204,16 @@ def is_folder_name(name: str) -> bool:
     return name.endswith(("HOME", "CACHE", "DIR"))
 
 
+# A variable named like a secret (HF_TOKEN, WANDB_API_KEY, ..._PASSWORD): a name part token, secret, password or
+# api_key, as scripts/launch.sh masks such flags in the Slurm log. No message quotes its value.
+_SECRET_NAME = re.compile(r"(^|[_.-])(token|secret|password|api[_-]?key)([_.-]|$)", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether variable `name` holds a secret (HF_TOKEN, WANDB_API_KEY), whose value no line may print."""
+    return bool(_SECRET_NAME.search(name))
+
+
 class Unexpanded(KeyError):
     """A `$` in a value `shell_expanded` does not read: args[0] the variable's name (`why` "unset" or "empty"), or the
     text it does not read (`why` "syntax": `${NAME:-x}`, which the shell reads and a recipe does not)."""
