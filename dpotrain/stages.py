@@ -44,22 +44,26 @@ from dpotrain.train import agreement, health, lora, metrics, resume, samples, we
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
-# The analyzer's flags that change what it measures (the revision too: its lengths are cached per commit)
+# The analyzer's flags that change what it measures (the revision too: its lengths are cached per commit; a mixture's
+# rows are drawn by the seed; assistant_turns splits each pair) or the cuts its report ends with (max_length, mode)
 ANALYZER_FIELDS = """
     model_name_or_path dataset_name dataset_train_split dataset_config dataset_revision hh_format auto_coverage
-    chat_template_path
+    chat_template_path dataset_mixer_list dataset_mixer_list_splits seed assistant_turns max_length truncation_mode
 """.split()
 
 
 def analyze_command(recipe) -> str:
-    """The analyzer's command that measures what this run will train: the recipe, and the command line's overrides."""
+    """The analyzer's command that measures what this run will train: the recipe, and the command line's overrides
+    (a mixture, its seed and assistant_turns among them: without them it measured the recipe's data set)."""
     words = ["python", venv.project_file("scripts/analyze_dataset.py")]
     words += ["--config", recipe.config_path] if recipe.config_path else []
-    values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
+    values = {**vars(recipe.training), **vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
+    values["max_length"] = "auto" if recipe.max_length_auto else values["max_length"]
     changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:
         if name in changed and values[name] is not None:
-            words += [f"--{name}", str(values[name])]
+            value = values[name]
+            words += [f"--{name}", *(map(str, value) if isinstance(value, list) else [str(value)])]
     return shlex.join(words)
 
 

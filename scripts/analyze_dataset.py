@@ -115,6 +115,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     # The run's two flags, read over the recipe as training reads them: another length judged without editing it
     p.add_argument("--max_length", help="the max_length whose cuts the report ends with, as training's [the recipe's]")
     p.add_argument("--truncation_mode", help="keep_start or keep_end, as training's [the recipe's, else keep_start]")
+    p.add_argument(  # how each pair splits into prompt and answers, as training's: other lengths, cached apart
+        "--assistant_turns", help="final or all: the assistant turns trained, as training's [the recipe's, else final]"
+    )
     p.add_argument(
         "--coverage",
         "--auto_coverage",
@@ -183,6 +186,7 @@ def read_run(args: argparse.Namespace):
         "max_length": args.max_length,
         "seed": args.seed,
         "truncation_mode": args.truncation_mode,
+        "assistant_turns": args.assistant_turns,
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
         "skip_invalid": args.skip_invalid,

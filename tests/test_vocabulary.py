@@ -123,6 +123,26 @@ def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F
     assert (args.tokenizer, args.dataset, args.config) == ("org/my-sft", "org/pairs", SMOKE)
 
 
+def test_the_dry_runs_analyzer_hint_measures_the_runs_mixture_seed_and_turns(cli, tmp_path):  # noqa: F811
+    """`--dataset_mixer_list a.jsonl 50 b.jsonl 0.5 --seed 7 --assistant_turns final --max_length auto` on a model not
+    cached here: the dry run's "to see it now" command named the model alone, so the analyzer measured the recipe's
+    data set (data/smoke_prefs.jsonl), at the recipe's seed and assistant_turns, not the pairs this run trains."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    lines = open(DATA).readlines()
+    a.write_text("".join(lines[:100]))
+    b.write_text("".join(lines[100:]))
+    given = ["--dataset_mixer_list", str(a), "50", str(b), "0.5", "--dataset_mixer_list_splits", "train"]
+    given += ["--seed", "7", "--assistant_turns", "final", "--max_length", "auto", "--truncation_mode", "keep_end"]
+    run = parse_args(["--config", SMOKE, "--model_name_or_path", "org/my-sft", *given, "--dry-run"])
+    words = shlex.split(stages.analyze_command(run))
+    measured = cli.read_run(cli.parse_args(words[2:]))  # the recipe as the analyzer reads the hint
+    for name in ("dataset_mixer_list", "dataset_mixer_list_splits"):
+        assert getattr(measured.project, name) == getattr(run.project, name), name
+    assert measured.script.dataset_name == run.script.dataset_name
+    assert measured.project.assistant_turns == "final" and measured.training.seed == 7
+    assert measured.max_length_auto and measured.training.truncation_mode == "keep_end"
+
+
 def test_a_boolean_is_spelled_the_same_for_the_scripts_as_for_train_dpo(cli):  # noqa: F811
     """The scripts' `--skip-invalid true|false` takes exactly the spellings train_dpo.py's parser takes (transformers'
     string_to_bool, their type too), and TRUE / FALSE, which the command-line readers match words against, name the
