@@ -593,6 +593,37 @@ def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
     assert SECRET not in repr(push)
 
 
+@pytest.mark.parametrize("given", ["--hub_token", "HF_TOKEN"])
+def test_a_token_read_with_its_line_break_is_used_without_it_and_a_token_that_cannot_be_sent_is_never_printed(
+    given, hub, monkeypatch, capfd
+):
+    """A wrapper that hands the token file read whole (`Path("~/.hf_token").read_text()`, its newline kept): the
+    write-access check failed on the HTTP client's `Illegal header value b'Bearer hf_...\\n'`, printed in one line
+    ("could not reach the Hugging Face Hub ... (LocalProtocolError: ...)"), the token in the job's log. The token is
+    now read as huggingface_hub reads HF_TOKEN (line breaks and the white space around it dropped); one that still
+    cannot be sent (two tokens pasted with a space, a control character) is refused naming where it came from, never
+    its value."""
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    hub_in_process(hub, monkeypatch)
+    monkeypatch.setattr("sys.argv", ["train_dpo.py"])
+    args = ["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO]
+
+    def settings(token: str):
+        monkeypatch.setenv("HF_TOKEN", token if given == "HF_TOKEN" else "")
+        return hub_module.take_push_settings(parse_args(args + ([given, token] if given != "HF_TOKEN" else [])))
+
+    push = settings(f"{SECRET}\r\n")
+    assert push.token == SECRET and hub_module.check_write_access(REPO, push.token) == REPO
+    for unsendable in (f"{SECRET} hf_another", f"{SECRET}\x7fhf_another"):
+        with pytest.raises(ConfigError) as refused:
+            hub_module.check_write_access(REPO, settings(unsendable).token)
+        assert given in str(refused.value) and SECRET not in str(refused.value)
+    assert SECRET not in "".join(capfd.readouterr())
+
+
 # --- the pusher on its own: which checkpoints it takes ---------------------------------------------------------------
 
 

@@ -346,9 +346,24 @@ def hf_token() -> str | None:
     """HF_TOKEN, else the one `hf auth login` saved. A blank HF_TOKEN is none, as huggingface_hub reads it: taken as a
     login, it passed the dry run and failed the push."""
     try:
-        return os.environ.get("HF_TOKEN", "").strip() or get_token()
+        return usable_token(os.environ.get("HF_TOKEN", ""), "HF_TOKEN") or get_token()
     except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)
         raise ConfigError(
             f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "
             "folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), or HF_TOKEN"
         ) from None
+
+
+def usable_token(token: str | None, named: str) -> str | None:
+    """A token as the Hub's HTTP header carries it, read as huggingface_hub reads HF_TOKEN: its line breaks removed
+    and the white space around it (a token file read whole keeps its newline), None where nothing is left. One still
+    holding a space, a control character or a letter that is not ASCII is refused naming where it came from, never its
+    value: the HTTP client's refusal quotes the header, and that line ("Illegal header value b'Bearer hf_...\\n'")
+    went to the job's log."""
+    token = (token or "").replace("\r", "").replace("\n", "").strip()
+    if any(not ("!" <= c <= "~") for c in token):
+        raise ConfigError(
+            f"{named} holds a space, a control character or a letter that is not ASCII inside the token (not shown): "
+            "give the token alone (https://huggingface.co/settings/tokens)"
+        )
+    return token or None

@@ -20,7 +20,7 @@ from huggingface_hub import (
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
+from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, usable_token, within
 from dpotrain.data import builtin, mixture
 from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
@@ -158,7 +158,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)
-    return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, t.hub_token or hf_token())
+    token = usable_token(t.hub_token, "--hub_token") or hf_token()
+    return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, token)
 
 
 def check_repo_id(repo_id: str, given: str, fix: str) -> None:
