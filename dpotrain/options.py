@@ -689,13 +689,22 @@ def check_router_loss(config, model: str, coefficient: float | None) -> None:
 
 
 def check_logging(recipe: Recipe) -> None:
-    """The health guards judge logged steps: with logging_strategy no they would see step 1 alone."""
+    """The health guards judge logged steps: with logging_strategy no they would see step 1 alone, with epoch step 1
+    and each epoch's end."""
     t = recipe.training
     if t.logging_strategy == "no" and recipe.project.health_checks:
         raise ConfigError(
             "logging_strategy no leaves the health guards (a NaN loss included), metrics.jsonl and W&B nothing past "
             "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
             "--health_checks false"
+        )
+    # transformers logs under `epoch` at each epoch's end alone (and step 1, the guards' own): a 1-epoch run, as the
+    # recipes train, was judged only once every step had trained, a doomed run's hours spent
+    if _named(t.logging_strategy) == "epoch" and recipe.project.health_checks:
+        raise ConfigError(
+            "logging_strategy epoch leaves the health guards (a NaN loss included) nothing to judge between step 1 and "
+            "each epoch's end, after every step of it has trained: remove it (log less often with --logging_steps N), "
+            "or turn the guards off with --health_checks false"
         )
     if "logging_first_step" in recipe.given and not t.logging_first_step and recipe.project.health_checks:
         raise ConfigError(

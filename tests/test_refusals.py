@@ -1604,6 +1604,9 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         ),
         # the health guards judge logged steps: past step 1 nothing was logged, so a NaN loss trained on to the end
         (["--logging_strategy", "no", "--dry-run"], "logging_strategy no leaves the health guards"),
+        # under epoch they judged step 1 and each epoch's end alone: a doomed 1-epoch run (loss_floor tripped at step 2
+        # under steps) trained every step and was stopped at its last
+        (["--logging_strategy", "epoch", "--dry-run"], "logging_strategy epoch leaves the health guards"),
         # transformers' fraction of the run, rounded up: ceil(48 x -0.01) = 0 ended step 1 in a ZeroDivisionError once
         # the model had loaded and the reference was scored; -1 logged (evaluated) at multiples of -max_steps alone
         (["--logging_steps", "-0.01", "--dry-run"], "logging_steps=-0.01 is below 0: give a number of steps"),
@@ -2055,14 +2058,17 @@ def test_logging_steps_under_logging_strategy_epoch_is_refused_but_not_a_recipe_
     epoch. smoke.yaml's own logging_steps 2 is unused, not refused, where the command line changes the strategy."""
     from dpotrain.options import check_logging
 
-    args = ["--logging_strategy", "epoch", "--logging_steps", "5"]
+    args = ["--logging_strategy", "epoch", "--logging_steps", "5", "--health_checks", "false"]
     assert refused(tmp_path, monkeypatch, capsys, *args) == (
         "error: logging_steps 5 would be ignored: logging_strategy epoch does not log by steps: remove logging_steps, "
         "or pass --logging_strategy steps"
     )
-    check_logging(parse_args(["--config", SMOKE, "--logging_strategy", "epoch"]))  # the recipe file's logging_steps 2
+    unguarded = ["--health_checks", "false"]  # under epoch the guards would judge each epoch's end alone: refused
+    check_logging(
+        parse_args(["--config", SMOKE, "--logging_strategy", "epoch", *unguarded])
+    )  # the file's logging_steps
     recipe = tmp_path / "epochs.yaml"
-    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "logging_strategy: epoch\n")
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "logging_strategy: epoch\nhealth_checks: false\n")
     with pytest.raises(ConfigError, match="logging_steps 2 would be ignored: logging_strategy epoch"):
         check_logging(parse_args(["--config", str(recipe)]))
 
