@@ -128,12 +128,39 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
         # beside dataset_name (no mixture) it was read by nothing: no held-out split, not a word said
         (["--test_split_size", "0.1"], "test_split_size is not supported"),
+        # a split every source names otherwise: the run trained on `train` (384 pairs, not validation's 200), not a word
+        (
+            ["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train"]
+            + ["--dataset_train_split", "validation"],
+            "dataset_train_split 'validation' would be ignored: --dataset_mixer_list_splits names every source's",
+        ),
+        (
+            ["--datasets", '{"path": "a.jsonl", "split": "train"}', "--dataset_train_split", "validation"],
+            "dataset_train_split 'validation' would be ignored: every `datasets:` entry names its own `split`",
+        ),
+        (
+            ["--dataset_mixer_eval_list", "a.jsonl", "1.0", "--dataset_mixer_eval_list_splits", "test"]
+            + ["--dataset_test_split", "validation"],
+            "dataset_test_split 'validation' would be ignored: --dataset_mixer_eval_list_splits names every",
+        ),
     ],
 )
 def test_a_mixture_written_wrong_is_one_line(args, says):
     with pytest.raises(ConfigError, match=None) as e:
         resolve.check_values(parse_args(["--config", SMOKE, *args]))
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_split_option_some_source_reads_is_not_refused():
+    """--dataset_train_split is the default of each source that names no split, and agrees with one that names it."""
+    for args in (
+        ["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_train_split", "validation"],
+        ["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "validation"]
+        + ["--dataset_train_split", "validation"],
+        ["--datasets", '{"path": "a.jsonl", "split": "train"}', '{"path": "b.jsonl"}', "--dataset_train_split", "v"],
+    ):
+        sources = mixture.parse(mixture.fields_of(parse_args(["--config", SMOKE, *args])))
+        assert {s.split for s in sources} >= {args[-1]}
 
 
 def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(files, tmp_path, monkeypatch):

@@ -161,6 +161,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         if entries
         else _mixer(mixer, splits, default_split, f"--{names[2]}", default_from)
     )
+    _check_split_read(sources, values.get(f"dataset_{kind}_split"), kind, f"--{names[2]}" if mixer else flag)
     shares = [s.share is not None for s in sources]
     if any(shares) and not all(shares):
         raise ConfigError(
@@ -177,6 +178,20 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         )
     _check_read_once(sources, evaluation=evaluation)
     return sources
+
+
+def _check_split_read(sources: list[Source], split: str | None, kind: str, named_by: str) -> None:
+    """Refuses a --dataset_{kind}_split that no source reads: it is the default of each source naming no split, and
+    where every one names its own (another), the run read those with not a word said (`train`, not `validation`)."""
+    if split in (None, kind) or any(s.split == split for s in sources):  # TRL's default, or read
+        return
+    mixer = named_by.startswith("--")  # --dataset_mixer_list_splits; else the `datasets:` entries' own
+    where = f"{named_by} names every source's split" if mixer else f"every `{named_by}:` entry names its own `split`"
+    read = ", ".join(sorted({s.split for s in sources}))
+    raise ConfigError(
+        f"dataset_{kind}_split {split!r} would be ignored: {where} ({read}): remove dataset_{kind}_split, or "
+        f"name {split!r} there"
+    )
 
 
 def _check_read_once(sources: list[Source], what: str = "mixture source", evaluation: bool = False) -> None:
