@@ -73,6 +73,7 @@ def check_options(recipe: Recipe) -> None:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_epochs_read(recipe)
     check_logging(recipe)
+    check_trackio_fields(recipe)
     check_saving(recipe)
     check_streaming(recipe)
     check_engine_switches(t)
@@ -755,6 +756,32 @@ def check_logging(recipe: Recipe) -> None:
                 f"report_to {name} needs its Python package, which is not installed here: install it, or remove {name} "
                 "from report_to"
             )
+
+
+TRACKIO_FIELDS = ("project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id")
+
+
+def check_trackio_fields(recipe: Recipe) -> None:
+    """transformers reads `project` and `trackio_*` for Trackio alone: beside another report_to, `--project my-dpo` was
+    recorded while W&B logged to WANDB_PROJECT (else 'huggingface')."""
+    from trl import DPOConfig
+
+    t = recipe.training
+    if "trackio" in (t.report_to or []):
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(DPOConfig) if f.name in TRACKIO_FIELDS}
+    for name in TRACKIO_FIELDS:
+        if (value := getattr(t, name)) == defaults[name]:
+            continue
+        reports = ", ".join(r for r in t.report_to or [] if r != "none") or "none"
+        fix = f"remove {name}"
+        if name == "project" and "wandb" in (t.report_to or []):
+            reports += ", whose project is WANDB_PROJECT"
+            fix = f"set WANDB_PROJECT={value} in .env (or the recipe's env:) and remove project"
+        raise ConfigError(
+            f"{name} {value!r} would be ignored: transformers reads it for Trackio alone (report_to trackio), and "
+            f"this run reports to {reports}: {fix}"
+        )
 
 
 def reporting_available(name: str) -> bool:

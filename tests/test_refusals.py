@@ -1607,6 +1607,18 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         # under epoch they judged step 1 and each epoch's end alone: a doomed 1-epoch run (loss_floor tripped at step 2
         # under steps) trained every step and was stopped at its last
         (["--logging_strategy", "epoch", "--dry-run"], "logging_strategy epoch leaves the health guards"),
+        # transformers reads project for Trackio alone: --report_to wandb --project my-dpo logged to W&B's
+        # 'huggingface' (WANDB_PROJECT unset), and the run's note named WANDB_PROJECT without a word of --project
+        (
+            ["--report_to", "wandb", "--project", "my-dpo", "--dry-run"],
+            "project 'my-dpo' would be ignored: transformers reads it for Trackio alone (report_to trackio), and this "
+            "run reports to wandb, whose project is WANDB_PROJECT: set WANDB_PROJECT=my-dpo in .env (or the recipe's "
+            "env:) and remove project",
+        ),
+        (
+            ["--trackio_space_id", "org/space", "--dry-run"],
+            "trackio_space_id 'org/space' would be ignored: transformers",
+        ),
         # transformers' fraction of the run, rounded up: ceil(48 x -0.01) = 0 ended step 1 in a ZeroDivisionError once
         # the model had loaded and the reference was scored; -1 logged (evaluated) at multiples of -max_steps alone
         (["--logging_steps", "-0.01", "--dry-run"], "logging_steps=-0.01 is below 0: give a number of steps"),
