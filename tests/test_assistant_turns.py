@@ -484,3 +484,28 @@ def test_an_empty_earlier_answer_is_refused_where_all_trains_it_and_kept_as_cont
     assert "(line 8 of " in said and "--assistant_turns final" in said and "--skip_invalid true" in said
     final = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--assistant_turns", "final"])
     assert len(stages.load_data(final, stages.checks(final), say=False).train) == 10
+
+
+def test_the_data_line_says_every_assistant_turn_is_trained_under_all(tmp_path, capsys, tiny_model_dir):
+    """The run's and the analyzer's data line said "prompt = the messages before the last assistant turn" under
+    `assistant_turns: all` too, as if the earlier answers were context only: it now says they are trained, and
+    `final` keeps TRL's wording."""
+    from dpotrain import stages
+    from dpotrain.data import lengths
+    from dpotrain.data.builtin import make_preference_rows
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in make_preference_rows(10, seed=3)))
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(path)]
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    said = {}
+    for turns_ in ("all", "final"):
+        recipe = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--assistant_turns", turns_])
+        stages.load_data(recipe, stages.checks(recipe))
+        data_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Data (train)"))
+        rows = datasets.load_dataset("json", data_files=str(path))["train"]
+        measured = lengths.measure(rows, tokenizer, num_proc=1, assistant_turns=turns_)
+        said[turns_] = (data_line, measured.shape)
+    every = "; assistant_turns all: the prompt's assistant turns are trained too (every turn, as open-instruct's); "
+    assert all(every in line for line in said["all"]), said["all"]
+    assert all("prompt = the messages before the last assistant turn; the " in line for line in said["final"]), said

@@ -231,7 +231,9 @@ def measure(
             for i, column, problem in zip(index[bad], c["problem_column"][bad], c["problem"][bad], strict=True)
         ],
         conversational=fmt.conversational,
-        shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
+        shape=fmt.shape.describe(
+            tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None), assistant_turns=assistant_turns
+        ),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
     )

@@ -494,7 +494,7 @@ def usable_pairs(
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
         unchecked = template.unread if fmt.conversational and fmt.template is None and template is not None else None
         shown = chat_template.named(rules.template_file)
-        described = fmt.shape.describe(template_file=shown, unchecked=unchecked)
+        described = fmt.shape.describe(template_file=shown, unchecked=unchecked, assistant_turns=fmt.assistant_turns)
         print(f"Data ({split}): {plural(checked.rows, 'row')}, {described}", flush=True)
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(

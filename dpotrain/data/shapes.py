@@ -19,6 +19,8 @@ ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to
 # `\r\n` line ends too (a file saved on Windows): not read as HH, such strings trained as plain text, no template
 HH_TURN = re.compile(r"(?:^|\r?\n\r?\n)(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+# The prompt's earlier answers are labeled under `assistant_turns: all` (dpotrain/data/turns.py), though in its counts
+EVERY_TURN = "assistant_turns all: the prompt's assistant turns are trained too (every turn, as open-instruct's)"
 NOT_HH = "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the data set's first row"
 
 
@@ -65,13 +67,19 @@ class Shape:
         return self.name in ("messages", "prompt+messages", "ultrafeedback")
 
     def describe(
-        self, tokenizer_name: str | None = None, template_file: str | None = None, unchecked: str | None = None
+        self,
+        tokenizer_name: str | None = None,
+        template_file: str | None = None,
+        unchecked: str | None = None,
+        assistant_turns: str = "final",
     ) -> str:
         """One line for the console and the analyzer's report: what the rows are and how they are tokenized (with the
         model's chat template, or the recipe's `template_file`). `unchecked`: why the answers were not checked against
-        the template (a dry run without the model's tokenizer)."""
+        the template (a dry run without the model's tokenizer); `assistant_turns`: the recipe's."""
         template = f"the chat template of {tokenizer_name}" if tokenizer_name else "the model's chat template"
         template = f"the chat template {template_file}" if template_file else template
+        if assistant_turns == "all" and self.conversational:  # the prompt is TRL's split, but not context alone
+            template = f"{EVERY_TURN}; {template}"
         if unchecked:
             template += f" (answers not checked against it: {unchecked})"
         if self.json_columns:
