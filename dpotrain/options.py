@@ -485,6 +485,11 @@ def check_path_limits(recipe: Recipe) -> None:
 def check_model_path(model: str) -> None:
     """A model (or the analyzer's tokenizer) written as a local path is a folder there; a Hub name is `org/name`."""
     if data.looks_like_path(model) and not Path(model).expanduser().is_dir():
+        if Path(model).expanduser().exists():  # a recipe or a tokenizer.json given for the folder: there, not one
+            raise ConfigError(
+                f"model path {model!r} is a file, not a folder: give the folder that holds the model's files "
+                "(config.json, tokenizer.json), or a Hub name like org/model"
+            )
         raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
 
 

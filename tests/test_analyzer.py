@@ -1211,6 +1211,17 @@ def test_a_tokenizer_folder_that_is_not_there_is_named_as_training_names_it(cli,
     )
 
 
+def test_a_tokenizer_path_that_is_a_file_is_named_as_a_file(cli, tmp_path, capsys):
+    """`--tokenizer configs/smoke.yaml` (a recipe given where the model goes, a model's tokenizer.json): the line said
+    the "model folder ... does not exist", where the file is there and is no folder; it now says so."""
+    data, recipe = str(ROOT / "data" / "smoke_prefs.jsonl"), str(ROOT / "configs" / "smoke.yaml")
+    assert cli.main([data, "--tokenizer", recipe]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: model path {recipe!r} is a file, not a folder: give the folder that holds the model's files "
+        "(config.json, tokenizer.json), or a Hub name like org/model"
+    )
+
+
 def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_data_sets(cli, tmp_path, monkeypatch):
     """The analyzer looks in configs/ for the recipe of its data set. A draft there that does not parse (a misspelt key,
     a YAML typo) stopped every analysis, of any data set; it now stops only the analysis of the data set it names."""
