@@ -355,6 +355,9 @@ def analyze(args: argparse.Namespace) -> int:
     )
 
     options.check_model_path(tokenizer_name)  # a mistyped folder: not transformers' "Repo id must be in the form"
+    # A tokenizer's own code (trust_remote_code) is imported from a copy written there: as the run's checks refuse it,
+    # not transformers' NotADirectoryError or PermissionError as the tokenizer loads
+    options.check_modules_cache(run)
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
     # A mixture's Hub sources too (its `name` is the recipe): datasets waited on a silent Hub for a cached one, 300 s+.
     sources = mixed and not offline.datasets_offline() and bool(offline.hub_datasets(run))

@@ -1222,6 +1222,46 @@ def test_a_tokenizer_path_that_is_a_file_is_named_as_a_file(cli, tmp_path, capsy
     )
 
 
+def own_code_tokenizer(folder, tiny_model_dir) -> Path:
+    """The built-in tokenizer saved in `folder` as one with its own code (auto_map in tokenizer_config.json)."""
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(Path(tiny_model_dir) / name, folder / name)
+    code = (
+        "from transformers import PreTrainedTokenizerFast\n\n\nclass MyTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+    )
+    (folder / "tokenization_mine.py").write_text(code)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config |= {"tokenizer_class": "MyTokenizer", "auto_map": {"AutoTokenizer": [None, "tokenization_mine.MyTokenizer"]}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_an_unwritable_modules_cache_is_the_runs_line_before_a_tokenizer_with_its_own_code_loads(
+    cli, tmp_path, capsys, monkeypatch, tiny_model_dir
+):
+    """transformers imports a tokenizer's own code (`trust_remote_code: true`) from a copy it writes under
+    HF_MODULES_CACHE: one it cannot write in ended the analysis in "could not load the tokenizer ...
+    (NotADirectoryError: [Errno 20] Not a directory: ...)", naming no fix, where the run refuses it in one line naming
+    HF_MODULES_CACHE."""
+    tokenizer = own_code_tokenizer(tmp_path / "tok", tiny_model_dir)
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(f"model_name_or_path: {tokenizer}\ndataset_name: {ROOT / 'data' / 'smoke_prefs.jsonl'}\n")
+    recipe.write_text(recipe.read_text() + "trust_remote_code: true\nmax_length: 1024\n")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(blocked / "modules"))
+    from transformers import dynamic_module_utils
+
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(blocked / "modules"))  # read at import
+    assert cli.main(["--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: transformers' modules cache {blocked}/modules is not writable (Not a directory in {blocked}), and "
+        "a model with its own code (trust_remote_code) is imported from a copy of that code written there: set "
+        "HF_MODULES_CACHE (or HF_HOME) to a writable folder"
+    )
+
+
 def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_data_sets(cli, tmp_path, monkeypatch):
     """The analyzer looks in configs/ for the recipe of its data set. A draft there that does not parse (a misspelt key,
     a YAML typo) stopped every analysis, of any data set; it now stops only the analysis of the data set it names."""
