@@ -140,6 +140,35 @@ def test_lengths_equal_the_trainers_for_every_row(shaped, method, tokenizer, tmp
     assert m.conversational == (name in ("messages", "prompt"))
 
 
+def test_rows_without_chat_template_kwargs_are_measured_as_the_run_reads_them(tmp_path, tiny_model_dir):
+    """A null `chat_template_kwargs` beside rows that have some reaches the run's template as the column's keys with
+    no value (rows.no_null_kwargs, as a row written `{}` reads), and the analyzer rendered it with none: a template
+    that writes what is defined (`effort is defined`) gave the run 22 prompt tokens more on those rows than the
+    analyzer measured, the max_length recommended and `max_length: auto`'s choice made from lengths the run never
+    trains. Measured now as the run reads them, streamed too."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    template = tmp_path / "effort.jinja"
+    own = (Path(tiny_model_dir) / "chat_template.jinja").read_text()
+    effort = "{% if effort is defined %}<|im_start|>system\nEffort: {{ effort }} {{ effort }}<|im_end|>\n{% endif %}"
+    template.write_text(effort + own)
+    rows = _messages_rows()
+    for i, row in enumerate(rows):
+        row["chat_template_kwargs"] = {"effort": "high"} if i % 2 else None
+    path = write_jsonl(tmp_path / "kwargs.jsonl", rows)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    args += ["--dataset_name", path, "--chat_template_path", str(template), "--assistant_turns", "final"]
+    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run")])
+    pairs = stages.load_data(recipe, stages.checks(recipe), say=False).train
+    tokenizer = lengths.recipe_tokenizer(recipe)
+    trained = trainer_lengths(pairs, tokenizer, tmp_path)
+    for streaming in (False, True):
+        m = lengths.measure(data.load_preference_dataset(path, streaming=streaming), tokenizer, chunk_size=8)
+        for key, run in zip(("prompt", "chosen", "rejected"), trained, strict=True):
+            np.testing.assert_array_equal(getattr(m, key), run, err_msg=f"{key}, streaming={streaming}")
+
+
 def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     one = lengths.measure(data.load_preference_dataset(path), tokenizer, chunk_size=8)

@@ -26,7 +26,15 @@ import numpy as np
 
 from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity
 from dpotrain.data.cuts import STEP, recommend
-from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
+from dpotrain.data.rows import (
+    ROW_COLUMNS,
+    InvalidRowError,
+    RowFormat,
+    check_text_only,
+    null_kwargs,
+    read_row,
+    split_row,
+)
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
@@ -37,7 +45,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 9  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 10  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -132,15 +140,22 @@ class _Refused(Exception):
     """An invalid row met inside `Dataset.map`: (position, column, problem), which pickle back from a worker."""
 
 
-def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
+def _measure_batch(
+    batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version, no_kwargs=None
+) -> dict:
     """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
-    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache."""
+    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache; `no_kwargs`: what a row with a
+    null `chat_template_kwargs` is rendered with (`rows.null_kwargs`)."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     unopened = {}  # chat_template.answer_problem's judgement of each message pair (`unopened_turn`)
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
         rendered = {}  # the template's texts, as its check rendered them: not rendered twice
-        example, problem = read_row(dict(zip(batch, values, strict=True)), fmt, rendered, position == 0)  # as training
+        row = dict(zip(batch, values, strict=True))
+        if "chat_template_kwargs" in row and row["chat_template_kwargs"] is None and no_kwargs is not None:
+            # as the run's pairs are read (rows.no_null_kwargs): a template that writes what is defined writes more
+            row["chat_template_kwargs"] = no_kwargs
+        example, problem = read_row(row, fmt, rendered, position == 0)  # as training
         unopened[position] = int(rendered.get("unopened", False))
         if problem is None:
             example = split_row(example, fmt)
@@ -259,7 +274,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
                 batched=True,
                 batch_size=chunk_size,
                 with_indices=True,
-                fn_kwargs=kwargs,
+                fn_kwargs=kwargs | {"no_kwargs": null_kwargs(dataset.features)},
                 remove_columns=dataset.column_names,
                 features=features,
                 num_proc=processes if processes > 1 else None,
