@@ -1251,19 +1251,49 @@ def test_a_tokenizer_path_that_is_a_file_is_named_as_a_file(cli, tmp_path, capsy
     )
 
 
-def own_code_tokenizer(folder, tiny_model_dir) -> Path:
-    """The built-in tokenizer saved in `folder` as one with its own code (auto_map in tokenizer_config.json)."""
-    folder.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(Path(tiny_model_dir) / name, folder / name)
-    code = (
-        "from transformers import PreTrainedTokenizerFast\n\n\nclass MyTokenizer(PreTrainedTokenizerFast):\n    pass\n"
-    )
+SYSTEM_FIRST = """from transformers import PreTrainedTokenizerFast
+
+
+class MyTokenizer(PreTrainedTokenizerFast):
+    def apply_chat_template(self, conversation, *args, **kwargs):  # a system turn of its own, where none is given
+        if conversation and isinstance(conversation[0], dict) and conversation[0].get("role") != "system":
+            conversation = [{"role": "system", "content": "You are a careful assistant."}, *conversation]
+        return super().apply_chat_template(conversation, *args, **kwargs)
+"""
+
+
+def own_code_tokenizer(folder, tiny_model_dir, code: str = SYSTEM_FIRST) -> Path:
+    """The built-in model saved in `folder` with a tokenizer of its own code (auto_map in tokenizer_config.json), which
+    transformers loads only with trust_remote_code (else the tokenizer of the model's config)."""
+    shutil.copytree(tiny_model_dir, folder)
     (folder / "tokenization_mine.py").write_text(code)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config |= {"tokenizer_class": "MyTokenizer", "auto_map": {"AutoTokenizer": [None, "tokenization_mine.MyTokenizer"]}}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+def test_lengths_measured_without_a_tokenizers_own_code_are_not_the_runs_that_runs_it(tmp_path, tiny_model_dir):
+    """A tokenizer's own code (here a system turn it adds) tokenizes otherwise than the tokenizer transformers loads
+    without trust_remote_code, from the same files. The cache was keyed by the files alone: lengths the analyzer
+    measured without the code (it has no recipe saying trust_remote_code) were the cached lengths of a run with
+    `--trust_remote_code true --max_length auto`, which chose its max_length from prompts 10 tokens shorter than it
+    trains. Each is its own analysis now."""
+    folder = str(own_code_tokenizer(tmp_path / "model", tiny_model_dir))
+    generic, own = lengths.load_tokenizer(folder), lengths.load_tokenizer(folder, trust_remote_code=True)
+    assert type(generic).__name__ != "MyTokenizer" and type(own).__name__ == "MyTokenizer"
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    measured = {}
+    for name, tokenizer in (("generic", generic), ("own", own)):
+        measured[name] = lengths.measure(data.load_preference_dataset(path), tokenizer)
+    more = measured["own"].prompt - measured["generic"].prompt  # the system turn, where a row has none
+    assert more.min() >= 0 and more.max() > 0
+    key = lengths.dataset_identity(path)
+    lengths.save_cache(measured["generic"], {}, key, generic)
+    assert lengths.cached_measure(key, own) is None
+    lengths.save_cache(measured["own"], {}, key, own)
+    found, _ = lengths.cached_measure(key, own)
+    np.testing.assert_array_equal(found.prompt, measured["own"].prompt)
 
 
 def test_an_unwritable_modules_cache_is_the_runs_line_before_a_tokenizer_with_its_own_code_loads(

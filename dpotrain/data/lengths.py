@@ -776,7 +776,24 @@ def tokenizer_identity(tokenizer) -> dict:
     # (more tokens), by the trainer too. Keyed only where set, so that the analyses cached before stay found.
     if getattr(tokenizer, "split_special_tokens", False):
         identity["split_special_tokens"] = True
+    if code := _own_code(tokenizer):  # the same files tokenize otherwise through it (trust_remote_code) than without
+        identity["own_code"] = code
     return identity
+
+
+def _own_code(tokenizer) -> dict[str, str] | None:
+    """sha256 of each file of the tokenizer's own code (its class, loaded with trust_remote_code from the copy
+    transformers wrote in its modules cache, and the files that imports relatively); None for transformers' own."""
+    import inspect
+
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    cls = type(tokenizer)
+    if not cls.__module__.startswith("transformers_modules."):
+        return None
+    source = inspect.getsourcefile(cls)
+    files = [source, *get_relative_import_files(source)] if source else []
+    return {Path(f).name: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sorted(files)} or None
 
 
 CACHE_FOLDERS = ("lengths", "reference")  # what this project writes in DPOTRAIN_CACHE: nothing else there is its
