@@ -45,9 +45,11 @@ from dpotrain.train import agreement, health, lora, metrics, resume, samples, we
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
 # The analyzer's flags that change what it measures (the revision too: its lengths are cached per commit; a mixture's
-# rows are drawn by the seed; assistant_turns splits each pair) or the cuts its report ends with (max_length, mode)
+# rows are drawn by the seed; assistant_turns splits each pair; the model's revision and own code give the tokenizer)
+# or the cuts its report ends with (max_length, mode)
 ANALYZER_FIELDS = """
-    model_name_or_path dataset_name dataset_train_split dataset_config dataset_revision hh_format auto_coverage
+    model_name_or_path model_revision trust_remote_code dataset_name dataset_train_split dataset_config dataset_revision
+    hh_format auto_coverage
     chat_template_path dataset_mixer_list dataset_mixer_list_splits seed assistant_turns max_length truncation_mode
 """.split()
 

@@ -77,6 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model_name_or_path",
         help="tokenizer name or path (the model's) [the recipe's model_name_or_path]",
     )
+    # The run's tokenizer, as train_dpo.py loads it: at its revision, with its own code (an auto_map) where allowed
+    p.add_argument("--model_revision", help="the model's revision (branch, tag or commit) [the recipe's, else main]")
+    p.add_argument(
+        "--trust_remote_code",
+        type=string_to_bool,
+        help="true: load a tokenizer with its own code, as training with it does [the recipe's, else false]",
+    )
     p.add_argument(
         "--chat_template_path",
         help="the chat template to tokenize with, as training's "
@@ -177,6 +184,8 @@ def read_run(args: argparse.Namespace):
     path = args.config or (None if args.dataset_mixer_list else recipe_for(args.dataset or DEFAULT_DATASET))
     flags = {
         "model_name_or_path": args.tokenizer,
+        "model_revision": args.model_revision,
+        "trust_remote_code": args.trust_remote_code,
         "dataset_name": args.dataset,
         "dataset_train_split": args.split,
         "dataset_config": args.dataset_config,
@@ -370,6 +379,11 @@ def analyze(args: argparse.Namespace) -> int:
     except ConfigError:  # its own line, naming the fix (a config.json value transformers refuses)
         raise
     except Exception as e:  # noqa: BLE001 - unknown name, offline, gated: one line
+        if "trust_remote_code" in str(e) or "contains custom code" in str(e):  # transformers names no flag of ours
+            raise ConfigError(
+                f"the tokenizer of {tokenizer_name!r} runs its own code (auto_map in its tokenizer_config.json or "
+                "config.json): read it, then give --trust_remote_code true"
+            ) from None
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
     # A mixture's Hub sources at one commit each, decided once as the run decides them (mixture.pin): the keys before

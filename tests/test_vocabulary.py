@@ -143,6 +143,30 @@ def test_the_dry_runs_analyzer_hint_measures_the_runs_mixture_seed_and_turns(cli
     assert measured.max_length_auto and measured.training.truncation_mode == "keep_end"
 
 
+def test_the_analyzer_takes_the_runs_tokenizer_revision_and_own_code(cli, tmp_path, tiny_model_dir, capsys):  # noqa: F811
+    """`--model_revision v2 --trust_remote_code true` on a model not cached here: the dry run's "to see it now" command
+    left both out, and the analyzer had neither flag, so it measured main's tokenizer, or the one transformers loads
+    without the model's own code (the run's adds a system turn: other lengths), or stopped on transformers' "contains
+    custom code which must be executed", naming no flag. It takes both now, as train_dpo.py spells them."""
+    from test_analyzer import own_code_tokenizer
+
+    given = ["--model_revision", "v2", "--trust_remote_code", "true"]
+    run = parse_args(["--config", SMOKE, "--model_name_or_path", "org/my-sft", *given, "--dry-run"])
+    words = shlex.split(stages.analyze_command(run))
+    measured = cli.read_run(cli.parse_args(words[2:]))  # the recipe as the analyzer reads the hint
+    assert measured.model.model_revision == "v2" and measured.training.trust_remote_code is True
+    folder = own_code_tokenizer(tmp_path / "model", tiny_model_dir)
+    (folder / "config.json").unlink()  # a tokenizer alone: transformers loads none without its code
+    json_path = tmp_path / "r.json"
+    assert cli.main([DATA, "--tokenizer", str(folder), "--json", str(json_path)]) == 2
+    assert error_line(capsys) == (
+        f"error: the tokenizer of {str(folder)!r} runs its own code (auto_map in its tokenizer_config.json or "
+        "config.json): read it, then give --trust_remote_code true"
+    )
+    assert cli.main([DATA, "--tokenizer", str(folder), "--trust_remote_code", "true", "--json", str(json_path)]) == 0
+    assert json.loads(json_path.read_text())["prompt"]["max"] > 50  # the smoke data's longest prompt, and its system
+
+
 def test_a_boolean_is_spelled_the_same_for_the_scripts_as_for_train_dpo(cli):  # noqa: F811
     """The scripts' `--skip-invalid true|false` takes exactly the spellings train_dpo.py's parser takes (transformers'
     string_to_bool, their type too), and TRUE / FALSE, which the command-line readers match words against, name the
