@@ -419,6 +419,8 @@ def test_under_keep_end_long_prompts_are_not_refused_as_dropped(cli, tmp_path, t
     assert (r["max_length"], r["truncated"], r["dropped"], r["raised"]) == (4096, 12, 0, None)
     assert (at["truncated"], at["dropped"]) == (12, 0)  # the table's counts are training's too
     assert "12 pairs (60.0%) are cut at max_length (the collator keeps the end); 0 are" in capsys.readouterr().out
+    # the reasoning `max_length: auto` records (derived.max_length): keep_end cuts their start, not their end
+    assert "12 pairs (60.0%) are cut at their start (keep_end) and 0 dropped" in r["reason"], r["reason"]
     found = lengths.cached_measure(lengths.dataset_identity(path), lengths.load_tokenizer(tiny_model_dir))
     assert lengths.resolution_of(found, 0.95, 4096, "keep_end")["max_length"] == 4096  # the run's, from the cache
     with pytest.raises(ConfigError, match="12 dropped"):  # keep_start: those pairs are dropped, as training refuses

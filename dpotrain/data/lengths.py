@@ -594,10 +594,11 @@ def _reason(r: dict, rows: int) -> str:
         else f"no smaller multiple of {STEP} exists"
     )
     cut, dropped = r["truncated"], r["dropped"]
+    where = "their start (keep_end)" if r.get("truncation_mode") == "keep_end" else "the end"  # the collator's cut
     reason = (
         f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
         f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
-        f"{plural(cut, 'pair', ',')} ({cut / rows:.1%}) {'is' if cut == 1 else 'are'} cut at the end and {dropped:,} "
+        f"{plural(cut, 'pair', ',')} ({cut / rows:.1%}) {'is' if cut == 1 else 'are'} cut at {where} and {dropped:,} "
         f"dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt alone fills max_length"
     )
     if doubled is None:  # at the model's positions: no longer length to offer
