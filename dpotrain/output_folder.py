@@ -335,15 +335,12 @@ def stage_final(out: str | Path) -> None:
 def replace(out: Path, names: list[str]) -> None:
     """Removes what the run in `out` recorded as its own, but its record (a kill before the next run rewrites it
     leaves a folder that is still a run's) and its lock."""
-    from dpotrain.train.tracking import keep_offline_runs  # as in run_names
+    from dpotrain.train.tracking import keep_offline_runs, offline_run_folders  # as in run_names
 
     if kept := keep_offline_runs(out):
-        print(
-            # the folder quoted, the pattern not: typed back, a folder with a space in its name is one word
-            f"Kept the W&B offline runs of the replaced run in {kept} "
-            f"(`wandb sync {shlex.quote(str(kept))}/offline-run-*`)",
-            flush=True,
-        )
+        # the folder quoted, the pattern not: typed back, a folder with a space in its name is one word
+        sync = " ".join(f"{shlex.quote(str(folder))}/offline-run-*" for folder in offline_run_folders(kept))
+        print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {sync}`)", flush=True)
     own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
     # Its checkpoints unlisted as complete first (the record stays, naming them): a kill midway left the ones deleted
     # listed, and the rerun said each "gone since the run saved it (moved or deleted)", deleted by the run itself.

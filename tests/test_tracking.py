@@ -67,6 +67,25 @@ def test_the_offline_runs_of_a_run_replaced_in_the_folder_run_in_are_kept_beside
     assert (kept / "offline-run-1").is_dir() and not (run / "wandb").exists()
 
 
+def test_offline_runs_under_a_wandb_dir_inside_the_runs_wandb_folder_are_kept_when_it_is_replaced(tmp_path, capsys):
+    """WANDB_DIR=<output_dir>/wandb: W&B writes its offline runs to <output_dir>/wandb/wandb/offline-run-*, and
+    `--overwrite_output_dir` deleted them with the run's `wandb` folder (only <output_dir>/wandb/offline-run-* was
+    looked for), runs never synced and kept nowhere else. The sync command printed names where they are."""
+    import glob
+    import shlex
+
+    from dpotrain import output_folder
+
+    run = tmp_path / "run"
+    (run / "wandb" / "wandb" / "offline-run-1").mkdir(parents=True)
+    (run / "wandb" / "wandb" / "offline-run-1" / "run-1.wandb").write_text("history")
+    output_folder.replace(run, ["wandb"])
+    kept = list(tmp_path.glob("run.wandb-offline-*"))
+    assert len(kept) == 1 and (kept[0] / "wandb" / "offline-run-1" / "run-1.wandb").read_text() == "history"
+    words = shlex.split(capsys.readouterr().out.split("`")[1])
+    assert words[:2] == ["wandb", "sync"] and glob.glob(words[2]) == [str(kept[0] / "wandb" / "offline-run-1")]
+
+
 def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_path, capsys):
     """`wandb sync /x/my run.wandb-offline-.../offline-run-*`, typed as printed, named two paths, neither of them."""
     import glob

@@ -50,11 +50,17 @@ def keep_offline_runs(output_dir: str | Path) -> Path | None:
     """Move `<output_dir>/wandb` aside to `<output_dir>.wandb-offline-<time>/` before the folder is replaced, when it
     holds offline runs: they exist nowhere else until `wandb sync`."""
     source = Path(os.path.abspath(output_dir)) / "wandb"  # `--output_dir .`: a folder beside the one run in
-    if not any(source.glob("offline-run-*")):
+    if not offline_run_folders(source):
         return None
     target = source.parent.with_name(f"{source.parent.name}.wandb-offline-{time.strftime('%Y%m%d-%H%M%S')}")
     source.rename(target)
     return target
+
+
+def offline_run_folders(folder: Path) -> list[Path]:
+    """The folders under `folder` that hold W&B offline runs, at any depth: WANDB_DIR=<output_dir>/wandb puts them in
+    <output_dir>/wandb/wandb/, which the run's `wandb` folder holds (and `--overwrite_output_dir` deleted)."""
+    return sorted({p.parent for p in folder.rglob("offline-run-*")})
 
 
 class WandbStepIsGlobalStep(TrainerCallback):
