@@ -1149,6 +1149,24 @@ def check_wandb_variables(recipe: Recipe) -> None:
             f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME "
             "(the run logs on to its output folder's W&B run by itself)"
         )
+    check_wandb_run_id(os.environ.get("WANDB_RUN_ID", "").strip())  # stripped, as setup_wandb takes it
+
+
+def check_wandb_run_id(run_id: str) -> None:
+    """A WANDB_RUN_ID wandb refuses (`exp/1`: characters it reserves) ended the run in wandb's UsageError traceback
+    once W&B started, after the model loaded and the reference was scored; and the folder kept it, so the rerun without
+    the variable failed the same way. Asked of wandb's own check (wandb.Settings), not a copy of its rule."""
+    if not run_id:
+        return
+    import wandb
+
+    try:
+        wandb.Settings(run_id=run_id)
+    except (wandb.errors.UsageError, ValueError) as e:
+        raise ConfigError(
+            f"WANDB_RUN_ID {run_id!r} is not an id W&B takes ({e}): set another, or unset WANDB_RUN_ID (the run logs "
+            "on to its output folder's W&B run by itself)"
+        ) from None
 
 
 def check_wandb(recipe: Recipe) -> None:

@@ -171,6 +171,25 @@ def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tm
     )
 
 
+def test_a_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads_and_not_kept(tmp_path, monkeypatch, capsys):
+    """WANDB_RUN_ID=exp/1 (a character W&B reserves): wandb.init refused it in a UsageError traceback once W&B started,
+    after the model loaded and the reference was scored, and the id was already the folder's (.wandb_run_id), so the
+    rerun without the variable failed the same way, each time after the reference stage."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_RUN_ID", "exp/1")
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run")]))
+    assert ended.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err.endswith(
+        "error: WANDB_RUN_ID 'exp/1' is not an id W&B takes (Run ID cannot contain the characters: :;,#?/'): set "
+        "another, or unset WANDB_RUN_ID (the run logs on to its output folder's W&B run by itself)\n"
+    )
+
+
 def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch, capsys):
     """Without WANDB_PROJECT (none in .env, none in the recipe's env:) transformers logs to its default project,
     "huggingface", and the run said nothing of it: its curves were then looked for in vain in the project the user
