@@ -1150,6 +1150,7 @@ def check_wandb_variables(recipe: Recipe) -> None:
             "(the run logs on to its output folder's W&B run by itself)"
         )
     check_wandb_run_id(os.environ.get("WANDB_RUN_ID", "").strip())  # stripped, as setup_wandb takes it
+    check_wandb_dir(os.environ.get("WANDB_DIR", ""))
 
 
 def check_wandb_run_id(run_id: str) -> None:
@@ -1167,6 +1168,22 @@ def check_wandb_run_id(run_id: str) -> None:
             f"WANDB_RUN_ID {run_id!r} is not an id W&B takes ({e}): set another, or unset WANDB_RUN_ID (the run logs "
             "on to its output folder's W&B run by itself)"
         ) from None
+
+
+def check_wandb_dir(folder: str) -> None:
+    """A WANDB_DIR W&B cannot write in: wandb warned once W&B started (after the model loaded and the reference was
+    scored) and wrote the run's files to the system's temporary folder instead, a node's local /tmp on a cluster,
+    gone with the job: offline runs never synced were lost. None set: the output folder (tracking.setup_wandb)."""
+    if not folder.strip() or os.environ.get("WANDB_MODE", "").lower() == "disabled":  # disabled: W&B writes nothing
+        return
+    if problem := writes.unwritable(folder):
+        import tempfile
+
+        raise ConfigError(
+            f"WANDB_DIR {folder} is not writable ({problem[1]} in {problem[0]}), and W&B would write this run's files "
+            f"to {tempfile.gettempdir()} instead: set WANDB_DIR to a writable folder, or unset it (W&B's files then "
+            "go in the output folder)"
+        )
 
 
 def check_wandb(recipe: Recipe) -> None:

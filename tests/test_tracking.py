@@ -190,6 +190,30 @@ def test_a_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads_and_not_
     )
 
 
+def test_a_wandb_dir_wandb_cannot_write_in_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """WANDB_DIR where W&B cannot write (here under a file; a read-only or another user's folder): wandb warned, once
+    W&B started after the model loaded and the reference was scored, and wrote the run's W&B files to the system's
+    temporary folder instead (a node's local /tmp, gone with the job: offline runs never synced lost)."""
+    import tempfile
+
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(blocked / "wandb"))
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run")]))
+    assert ended.value.code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err.endswith(
+        f"error: WANDB_DIR {blocked}/wandb is not writable (Not a directory in {blocked}), and W&B would write this "
+        f"run's files to {tempfile.gettempdir()} instead: set WANDB_DIR to a writable folder, or unset it (W&B's "
+        "files then go in the output folder)\n"
+    )
+
+
 def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch, capsys):
     """Without WANDB_PROJECT (none in .env, none in the recipe's env:) transformers logs to its default project,
     "huggingface", and the run said nothing of it: its curves were then looked for in vain in the project the user
