@@ -214,6 +214,23 @@ def test_a_wandb_dir_wandb_cannot_write_in_is_refused_before_the_model_loads(tmp
     )
 
 
+def test_a_wandb_dir_set_empty_is_unset_and_the_runs_wandb_files_go_in_its_folder(tmp_path, monkeypatch):
+    """`WANDB_DIR= python train_dpo.py ...` (or `WANDB_DIR=` in .env: a variable set empty clears it, docs/running.md):
+    the run kept the empty value, and wandb, unable to create a folder named "", wrote the run's files to the
+    system's temporary folder (a node's local /tmp, gone with the job) instead of the output folder."""
+    for var in ("WANDB_RUN_ID", "WANDB_RESUME"):  # set by setup_wandb: their absence restored afterwards
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
+    for empty in ("", " "):
+        monkeypatch.setenv("WANDB_DIR", empty)
+        setup_wandb(parse_args(args).training)
+        assert os.environ["WANDB_DIR"] == str(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))  # one given is the user's
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_DIR"] == str(tmp_path / "mine")
+
+
 def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch, capsys):
     """Without WANDB_PROJECT (none in .env, none in the recipe's env:) transformers logs to its default project,
     "huggingface", and the run said nothing of it: its curves were then looked for in vain in the project the user

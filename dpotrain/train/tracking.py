@@ -35,7 +35,10 @@ def setup_wandb(training) -> None:
         write_text(id_file, run_id)
     os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
-    os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
+    # Offline runs live next to the model they describe. A WANDB_DIR set empty is cleared (as any variable: `WANDB_DIR=`
+    # over .env's), not kept: wandb wrote into the system's temporary folder (a node's /tmp, gone with the job).
+    if not os.environ.get("WANDB_DIR", "").strip():
+        os.environ["WANDB_DIR"] = str(out)
     # transformers' WandbCallback logs to "huggingface" where WANDB_PROJECT is not set, which nothing said: the curves
     # were looked for in the project the user had in mind. Said, not changed: a resumed run must stay in its project.
     if os.environ.get("WANDB_PROJECT") is None and os.environ.get("WANDB_MODE", "").lower() != "disabled":
