@@ -57,6 +57,8 @@ class ReadyRun:
         A stop request during the reference stage (STOPPED_EXIT) and a reference-only run (0) train nothing."""
         recipe, trainer = self.spec.recipe, self.trainer
         main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
+        # Pairs this start scored and saved: a requeue reuses them, so a stop from here has saved something
+        trainer.graceful_stop.saved |= any(o.scored and not o.unsaved for o in outcomes)
         if outcomes and outcomes[-1].stopped:  # every rank (the stop was agreed on): the main's refusal is every rank's
             collectives.main_outcome(trainer.graceful_stop.mark_saved, outcomes[-1].line())
             return STOPPED_EXIT

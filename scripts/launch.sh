@@ -345,12 +345,22 @@ fi
 # warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
 # same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
 # requeued it).
+# `$2`: where the start was when stopped, where it saved nothing (before-launch, nothing-saved; empty: it saved some).
 requeue_after_stop() {
   local saved=$1 job refused
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
   # Not a Slurm job: the stopped run's code (dpotrain/train/preemption.py STOPPED_EXIT), which `accelerate launch` turns
   # into 1 for any worker's non-zero exit.
   [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 75; }
+  # One rule for the time-limit warning: a start it stopped before anything was saved (before the launch, or the run's
+  # processes said so) is not requeued, since every requeue would be warned as early and save nothing again: one
+  # before the launch ended the job in one line, one after it (a model still loading, 0 reference pairs saved)
+  # requeued, start after start, until someone cancelled the job. Refused naming --time (dpotrain/cluster/job.py:
+  # check_warned_start); a USR1 with more time left (`scancel --signal=USR1`) requeues.
+  if [[ -n ${2:-} && ($early_stop == USR1 || -n $warned) ]]; then
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null || true)
+    "$VENV/bin/python" -m dpotrain.cluster.job warned-start "${lead:-}" "${lead_from:-}" "$left" "$SECONDS" "$2" || exit
+  fi
   job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
   if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
     echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
@@ -372,11 +382,12 @@ requeue_after_stop() {
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/train/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
-signalled=""
+signalled="" warned=""  # the last stop signal; warned: a USR1 (the time-limit warning's) came in this start
 # Called by the traps below, which shellcheck does not follow into a quoted command: it took the body for unreachable.
 # shellcheck disable=SC2317
 stop_request() {
   signalled=$1
+  [[ $1 != USR1 ]] || warned=1
   echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="
   touch "$DPOTRAIN_STOP_FILE"
 }
@@ -391,13 +402,9 @@ trap 'stop_request USR1' USR1
 trap 'stop_request TERM' TERM
 # One that came before (noted by the traps at the top) launches nothing: nothing was trained in this start. The
 # time-limit warning would come as early in every requeue, which would never train: refused, naming --time
-# (dpotrain/cluster/job.py: early_warning). Any other (`scancel --signal`, the warning of a job given less time) requeues.
+# (requeue_after_stop). Any other (`scancel --signal`, the warning of a job given more time) requeues.
 if [[ -n $early_stop ]]; then
-  if [[ $early_stop == USR1 ]]; then
-    left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)
-    "$VENV/bin/python" -m dpotrain.cluster.job early-warning "${lead:-}" "${lead_from:-}" "$left" "$SECONDS"
-  fi
-  requeue_after_stop "SIG$early_stop came before training was launched: nothing trained in this start"
+  requeue_after_stop "SIG$early_stop came before training was launched: nothing trained in this start" before-launch
 fi
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
@@ -419,8 +426,13 @@ if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointe
   done
 fi
 
-# Requeue after a stop request, so the job goes on from what was saved (requeue_after_stop).
-[[ ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]] || requeue_after_stop "$(cat "$DPOTRAIN_STOP_FILE.checkpointed")"
+# Requeue after a stop request, so the job goes on from what was saved (requeue_after_stop): the file's first line says
+# what; a second (dpotrain/train/preemption.py: NOTHING_SAVED), that this start saved nothing.
+if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
+  nothing=""
+  [[ $(sed -n 2p "$DPOTRAIN_STOP_FILE.checkpointed") != "nothing saved" ]] || nothing="nothing-saved"
+  requeue_after_stop "$(head -n 1 "$DPOTRAIN_STOP_FILE.checkpointed")" "$nothing"
+fi
 rm -f "$DPOTRAIN_STOP_FILE"
 if [[ $rc == 0 ]]; then
   echo "=== $(date -Is) training exited with code 0 ==="

@@ -720,6 +720,37 @@ def test_every_stop_on_a_stop_file_says_how_long_after_the_file_was_seen(made, t
     assert line and said.count("Stop requested") == 1 and int(line[1]) >= 0, said
 
 
+@pytest.mark.parametrize("saved", ["nothing", "a checkpoint", "reference pairs"])
+def test_the_stop_marker_says_when_the_start_saved_nothing(saved, tmp_path):
+    """`<stop file>.checkpointed` tells launch.sh to requeue; a start stopped before it saved anything (before the model
+    loaded, or with 0 reference pairs saved) said so no differently, and a time-limit warning that stopped it was
+    requeued into the same limit, start after start, never training. Its second line now says `nothing saved`, which
+    launch.sh reads (dpotrain/cluster/job.py: check_warned_start); a checkpoint or reference pairs scored in this start
+    are progress the requeue goes on from."""
+    from dpotrain.train.preemption import NOTHING_SAVED, GracefulStop
+
+    stop_file = tmp_path / "stop"
+    stop = GracefulStop(str(stop_file))
+    args = SimpleNamespace(device="cpu", output_dir=str(tmp_path / "run"))
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    step = SimpleNamespace(global_step=3, max_steps=8)
+    try:
+        if saved == "a checkpoint":
+            stop.on_step_begin(args, SimpleNamespace(global_step=2, max_steps=8), control)
+            stop_file.touch()  # launch.sh's trap, on the warning
+            stop.on_step_end(args, step, control)
+            stop.on_save(args, step, control)  # the stop's checkpoint-3, marked COMPLETE
+            what = f"checkpoint {tmp_path / 'run' / 'checkpoint-3'} written"
+        else:
+            stop_file.touch()
+            stop.saved |= saved == "reference pairs"  # ReadyRun.train: pairs this start scored and saved
+            assert stop.stop_before_training("cpu", what := "stopped before step 1")
+    finally:
+        stop.release(exiting=False)
+    marker = Path(f"{stop_file}.checkpointed").read_text().splitlines()
+    assert marker == [what] + ([NOTHING_SAVED] if saved == "nothing" else []), marker
+
+
 def test_a_stop_file_once_seen_still_ends_the_job_when_it_is_gone(tmp_path):
     """The end of training's wait for checkpoint uploads gave way to a stop file (recorded unfinished, "the requeued
     job pushes them"); the file removed before the final push asked again (by hand, a node's clean-up), the final push

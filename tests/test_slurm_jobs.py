@@ -230,18 +230,55 @@ def test_a_time_limit_warning_before_the_launch_ends_the_job_in_one_line_not_in_
     assert not any(line.startswith("launch: ") for line in lines)
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_time_limit_warning_that_stops_a_start_before_it_saved_anything_ends_the_job_in_one_line(slurm, tmp_path):
+    """The time-limit warning (--signal=B:USR1@60 under a limit of 3 minutes) reaching a start launched but still
+    loading (a model that takes longer to load than the job has before its warning: held before the model loads until
+    the stop, tests/helpers/slow_checkpoint.py): the start stopped with nothing saved, and launch.sh requeued it; every
+    requeue, given the same limit, was warned as early and saved nothing again, taking allocations until someone
+    cancelled the job (the smoke recipe under --time=2 and @100: 7 starts, each stopped before the model loaded or
+    with 0 of 32 reference pairs saved). Now it ends FAILED in one line naming --time and the warning, as a warning
+    before the launch does: one rule."""
+    project = slow_checkpoint_project(tmp_path / "project")
+    held, log = tmp_path / "held", tmp_path / "warned.out"
+    held.mkdir()
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    hold = {"SLOW_CHECKPOINT_S": "0", "DPOTRAIN_TEST_HOLD": "start@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
+    env = {**README_ENV, "SBATCH_SIGNAL": "B:USR1@60", **hold}
+    args = ["--max_steps", "4", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
+    script = str(project / "scripts" / "dpo_train.sh")
+    job = slurm.sbatch([*sbatch, "--time=3", f"--output={log}", script, *args], cwd=tmp_path, env=env)
+    wait_while_running(slurm, job, (held / "held-start").exists, log=log)  # launched; Slurm's warning in 1-2 minutes
+    assert slurm.wait(job, timeout=300) == "FAILED", log.read_text(errors="replace")[-3000:]
+    assert slurm.job_info(job)["Restarts"] == "0"
+    text = log.read_text(errors="replace")
+    assert "Stop requested: stopped before the model loaded" in text
+    assert re.fullmatch(
+        r"error: the time-limit warning \(--signal=B:USR1@60\) came before this start saved anything \(no reference "
+        r"pairs, no checkpoint\), in the job's start-up of \d+ s \([0-9:]+ left\): every requeue would be warned as "
+        r"early and never train, so the job is not requeued; submit with a --time longer than the warning, the "
+        r"start-up and some training, or lower the @60 in SBATCH_SIGNAL: the same command goes on from the newest "
+        r"checkpoint",
+        text.splitlines()[-1],
+    ), text[-3000:]
+
+
 @pytest.mark.parametrize(("left", "refused"), [("10:59", True), ("11:00", True), ("11:01", False), ("23:50:00", False)])
-def test_only_the_time_limit_warning_before_the_launch_is_refused_a_requeue(left, refused):
-    """A USR1 before the launch with the time left within the warning (@600, which Slurm may send up to 60 s early)
-    is the time-limit warning, which every requeue would get as early: refused. More time left: `scancel --signal`."""
+@pytest.mark.parametrize("when", ["before-launch", "nothing-saved"])
+def test_only_the_time_limit_warning_of_a_start_that_saved_nothing_is_refused_a_requeue(left, refused, when):
+    """A USR1 that stopped a start before anything was saved (before the launch, or the run's processes say so), with
+    the time left within the warning (@600, which Slurm may send up to 60 s early), is the time-limit warning, which
+    every requeue would get as early: refused. More time left: `scancel --signal`."""
     from dpotrain.cluster import job
     from dpotrain.recipe.errors import ConfigError
 
+    said = {"before-launch": "before training was launched", "nothing-saved": "before this start saved anything"}
     if refused:
-        with pytest.raises(ConfigError, match=r"came before training was launched, in the job's start-up of 40 s"):
-            job.check_early_warning("600", "scripts/dpo_train.sh", left, "40")
+        with pytest.raises(ConfigError, match=rf"came {said[when]}.*, in the job's start-up of 40 s"):
+            job.check_warned_start("600", "scripts/dpo_train.sh", left, "40", when)
     else:
-        job.check_early_warning("600", "scripts/dpo_train.sh", left, "40")
+        job.check_warned_start("600", "scripts/dpo_train.sh", left, "40", when)
 
 
 @pytest.mark.slurm

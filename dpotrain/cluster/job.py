@@ -4,8 +4,8 @@ stdin) prints the job's batch, memory plan and output folder, and ends the job (
 refuse, `asks dry_run|preflight <recipe> [<train args>]` whether the job is a dry run or a preflight, `warning-lead
 <script> [<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not,
 with the fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a
-checkpoint may take and refuses a time limit within the warning; `early-warning <lead> <where> <time left> <seconds>`
-refuses to requeue a job its time-limit warning reached before training was launched."""
+checkpoint may take and refuses a time limit within the warning; `warned-start <lead> <where> <time left> <seconds>
+<when>` refuses to requeue a job start its time-limit warning stopped before it saved anything."""
 
 import contextlib
 import functools
@@ -186,16 +186,27 @@ def check_time_left(lead: str, where: str, left: str) -> None:
         )
 
 
-def check_early_warning(lead: str, where: str, left: str, started: str) -> None:
-    """Refuses to requeue a job whose time-limit warning came before training was launched (launch.sh: a USR1 in its
-    start-up of `started` seconds), when it was that warning: `left` (squeue's %L) within it, which Slurm may send up to
-    60 s early. Every requeue gets the same time limit and would be warned as early, never to train. A USR1 with more
-    time left (`scancel --signal=USR1`) is requeued by launch.sh."""
+# launch.sh's `warned-start` <when>: where the start was when the warning stopped it
+WARNED_WHEN = {
+    "before-launch": "before training was launched",
+    "nothing-saved": "before this start saved anything (no reference pairs, no checkpoint)",
+}
+
+
+def check_warned_start(lead: str, where: str, left: str, started: str, when: str) -> None:
+    """One rule for a job start that the time-limit warning stopped before it saved anything (`when`: before training
+    was launched, or after, the run's processes saying they saved nothing: `.checkpointed`'s NOTHING_SAVED line;
+    `started`: the seconds since the start): not requeued, where it was that warning (`left`, squeue's %L, within it;
+    Slurm may send it up to 60 s early). Every requeue gets the same limit and would be warned as early, saving nothing
+    again, start after start, until someone cancelled the job. A USR1 with more time left (`scancel --signal=USR1`) is
+    requeued by launch.sh, as is a start that saved something (a checkpoint, reference pairs: the next one goes on
+    from it). A time left within the warning at the job's start is this case foreseen, refused before the plan
+    (`check_time_left`)."""
     seconds = seconds_left(left)
     if lead and seconds is not None and seconds <= int(lead) + 60:
         raise ConfigError(
-            f"the time-limit warning (--signal=B:USR1@{lead}) came before training was launched, in the job's start-up "
-            f"of {started} s ({left} left): every requeue would be warned as early and never train, so the job is not "
+            f"the time-limit warning (--signal=B:USR1@{lead}) came {WARNED_WHEN[when]}, in the job's start-up of "
+            f"{started} s ({left} left): every requeue would be warned as early and never train, so the job is not "
             "requeued; submit with a --time longer than the warning, the start-up and some training, or lower the "
             f"@{lead} in {where}: the same command goes on from the newest checkpoint"
         )
@@ -218,13 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         print(checkpoint_window(lead, grace, partition), flush=True)  # in the log also above a refusal
         check_time_left(lead, where, left)  # a refusal: one error: line, exit 2
         return 0
-    if verb == "early-warning" and len(args) == 4:  # <lead> <where> <time left> <seconds since the start>
-        check_early_warning(*args)
+    if verb == "warned-start" and len(args) == 5 and args[4] in WARNED_WHEN:
+        check_warned_start(*args)  # <lead> <where> <time left> <seconds since the start> <when>
         return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
         "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> "
-        "<where> <grace> <partition> <time left> | early-warning <lead> <where> <time left> <seconds since the start>"
+        "<where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> <seconds since the start> "
+        "before-launch|nothing-saved"
     )
 
 

@@ -12,7 +12,9 @@ there are two ways to ask:
   cgroup kills them anyway);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once progress is on disk the main process writes `<stop file>.checkpointed`, which tells the batch script to requeue
-the job, and the process exits with STOPPED_EXIT.
+the job, and the process exits with STOPPED_EXIT. Its second line, NOTHING_SAVED, says that this start saved nothing
+a requeue would not do again (no checkpoint, no reference pairs): a time-limit warning that stopped it would stop every
+requeue as early (scripts/launch.sh, dpotrain/cluster/job.py: check_warned_start).
 """
 
 import ctypes
@@ -52,6 +54,7 @@ PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 # closed terminal's SIGHUP for the run to go on as under nohup: neither ends the job, but one of these after them does.
 ENDS_JOB = (signal.SIGTERM, signal.SIGUSR1, LAUNCHER_GONE)
 NEW_STOP_FILE, OLD_STOP_FILE = "stop file", "stop file found at start"
+NOTHING_SAVED = "nothing saved"  # `.checkpointed`'s second line: this start saved nothing a requeue would not redo
 # A look at the stop file that got no answer (NFS: ESTALE, EIO): not "none there", which a file left from an earlier
 # attempt would then be taken for at the start, and read as a new request at the next look
 UNREAD = ("unread",)
@@ -87,6 +90,9 @@ class GracefulStop(TrainerCallback):
             self._say_unread_at_start()
         self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
+        # Saved in this start what a requeue goes on from (a checkpoint, reference pairs scored), not to do it again;
+        # a stop without it writes NOTHING_SAVED (mark_saved). Set by on_save, the reference stage, the final push.
+        self.saved = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.pushing_only = False  # a rerun that trains nothing, completing a push (`nothing_to_train`)
@@ -354,8 +360,8 @@ class GracefulStop(TrainerCallback):
             )
         )
         step_log.write_line(f"Stop requested: {what}{after}; {how}")  # above the step's progress bar, not glued to it
-        if self.stop_file:
-            write_text(f"{self.stop_file}.checkpointed", f"{what}\n")  # a refusal names the file
+        if self.stop_file:  # a refusal names the file
+            write_text(f"{self.stop_file}.checkpointed", f"{what}\n" + ("" if self.saved else f"{NOTHING_SAVED}\n"))
 
     def _how_long(self) -> str:
         """How long after the request it answers this stop comes, by this process's clock ("": it heard none, another
@@ -433,6 +439,7 @@ class GracefulStop(TrainerCallback):
         # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker). A request made
         # while the checkpoint was written (minutes for a 7B model) has that checkpoint: the run stops on it, where it
         # trained a step more and wrote another checkpoint, doubling the time the stop took.
+        self.saved = True  # any checkpoint of this start (save_steps' too): the next start goes on from it
         self.stop_between_steps(args, control, save=False)
         if self.stopped and state.global_step < state.max_steps:
             # Every rank (the stop was agreed on), the main process writing: its refusal is every rank's line, not the

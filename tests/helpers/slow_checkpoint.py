@@ -5,11 +5,13 @@ being written; a link named train_dpo.py to this file stands in for the project'
 
 DPOTRAIN_TEST_HOLD (optional): points where the run waits for a stop request, so that a test's stop lands there
 however slowly it arrives (a Slurm preemption: sbatch, the scheduler, the signal; seconds on a loaded machine, in
-which a run polled for went on past the point, or to its end). Comma-separated, each `reference@R` (after the
-process's first part of reference scores is saved) or `step-N@R` (at the end of optimizer step N, before the ranks
-agree on a stop), held at Slurm restart R only (SLURM_RESTART_COUNT; 0 outside Slurm), so that the requeued run goes
-on. Every process of the run holds there until its own stop (a signal, or the stop file) is asked; the first one to
-get there writes `held-<point>` in DPOTRAIN_TEST_HOLD_DIR, which the test waits for before it stops the run."""
+which a run polled for went on past the point, or to its end). Comma-separated, each `start@R` (at the run's first
+stage boundary, before the model loads: nothing saved yet, as in a start-up longer than the time before a time-limit
+warning), `reference@R` (after the process's first part of reference scores is saved) or `step-N@R` (at the end of
+optimizer step N, before the ranks agree on a stop), held at Slurm restart R only (SLURM_RESTART_COUNT; 0 outside
+Slurm), so that the requeued run goes on. Every process of the run holds there until its own stop (a signal, or the
+stop file) is asked; the first one to get there writes `held-<point>` in DPOTRAIN_TEST_HOLD_DIR, which the test waits
+for before it stops the run."""
 
 import os
 import runpy
@@ -66,7 +68,12 @@ def holding_write_part(self, *args, **kwargs):
         hold("reference", stops[-1])
 
 
-on_step_end = GracefulStop.on_step_end
+on_step_end, stop_before_training = GracefulStop.on_step_end, GracefulStop.stop_before_training
+
+
+def holding_stop_before_training(self, *args, **kwargs):
+    hold("start", self)
+    return stop_before_training(self, *args, **kwargs)
 
 
 def holding_on_step_end(self, args, state, control, **kwargs):
@@ -78,5 +85,6 @@ RecipeDPOTrainer._save_checkpoint = slow_save_checkpoint
 reference._StopChecks.__init__ = recording_stop_checks_init
 reference.Store.write_part = holding_write_part
 GracefulStop.on_step_end = holding_on_step_end
+GracefulStop.stop_before_training = holding_stop_before_training
 sys.argv[0] = str(ROOT / "train_dpo.py")
 runpy.run_path(str(ROOT / "train_dpo.py"), run_name="__main__")
