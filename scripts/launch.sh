@@ -414,6 +414,16 @@ while :; do
   wait "$pid" && rc=0 || rc=$?
   kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts `wait`: keep waiting for srun itself
 done
+# srun itself was sent the SIGTERM while the job runs on (`scancel --signal=TERM --full`: every process of the job, srun
+# among them): srun answers it with a SIGKILL of its tasks ("srun: forcing job termination"), which no trap or ignored
+# signal around it prevents (it takes SIGTERM back and waits for it), so the training processes were killed before
+# they saved. Waited for KillWait, then FAILED with "Slurm ended the job", neither true: said as it is,
+# with what was lost and how to stop with a checkpoint, and requeued as the stop request it was.
+if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" &&
+  $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null || true) == *"JobState=RUNNING "* ]]; then
+  "$VENV/bin/python" -m dpotrain.cluster.job killed-by-srun "$SLURM_JOB_ID" <<<"$resolved" || true
+  requeue_after_stop "srun killed the training processes before they saved (its SIGTERM)"
+fi
 # When Slurm ends the job (scancel, the time limit, a preemption past its GraceTime) srun is signalled too and exits
 # at once, while the training processes may still be saving: wait for them as long as Slurm lets them run.
 if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then

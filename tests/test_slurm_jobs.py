@@ -658,6 +658,75 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tmp_path):
+    """`scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
+    answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training processes
+    die before they save, whatever they or launch.sh handle (srun takes SIGTERM back and waits for it). The job waited
+    KillWait for a save that could not come, then ended FAILED, unrequeued, its log saying "Slurm ended the job before
+    its save was complete", neither true, and nothing of the steps lost. Now the log says what was lost and how to stop
+    with a checkpoint, and the job, which the stop request did not end, is requeued and trains to its end. (The README's
+    CPU job, its checkpoint on a slow file system, `slow_checkpoint_project`: signalled once step 3 has trained.)"""
+    project = slow_checkpoint_project(tmp_path / "project")
+    held, log, out = tmp_path / "held", tmp_path / "full.out", tmp_path / "run"
+    held.mkdir()
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    hold = {"SLOW_CHECKPOINT_S": "45", "DPOTRAIN_TEST_HOLD": "step-3@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
+    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    script = str(project / "scripts" / "dpo_train.sh")
+    job = slurm.sbatch(
+        [*sbatch, f"--output={log}", script, *args, "--output_dir", str(out)], cwd=tmp_path, env={**README_ENV, **hold}
+    )
+    wait_while_running(slurm, job, (held / "held-step-3").exists, log=log)  # step 3 trained, its stop not yet asked
+    slurm.signal(job, "TERM", batch_only=False)  # scancel --signal=TERM --full
+    state = slurm.wait(job, timeout=600)
+    text = log.read_text(errors="replace")
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", text[-3000:]
+    first = text.split(f"=== DPO job {job} (dpo-think) restart 1", 1)[0]
+    assert "srun: forcing job termination" in first and "Slurm ended the job" not in first, first[-3000:]
+    lost = re.search(
+        r"^warning: srun was sent the SIGTERM too \(scancel --signal=TERM --full signals every process of the job, .*: "
+        r"the steps trained "
+        r"since the run's start \(no complete checkpoint\) are lost: 1 to (\d) \(the last logged\), and any after it; "
+        rf"its requeue starts the run again\. To stop a job with a checkpoint, .*`scancel --signal=TERM {job}` .*"
+        rf"`scancel --signal=USR1 --batch {job}`$",
+        first,
+        re.M,
+    )
+    assert lost and lost[1] in "23", first[-3000:]
+    assert f"srun killed the training processes before they saved (its SIGTERM); requeueing job {job}" in first
+    assert "waiting up to" not in first  # no KillWait for processes already killed
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 6
+
+
+@pytest.mark.parametrize(
+    ("complete", "logged", "says"),
+    [
+        ((), [1, 2], "the steps trained since the run's start (no complete checkpoint) are lost: 1 to 2 (the last "),
+        ((2, 4), [1, 2, 3, 4, 5], "the steps trained since checkpoint-4 are lost: 5 (the last logged), and any after"),
+        (
+            (2,),
+            [1, 2],
+            "any step trained since checkpoint-2 is lost (none was logged past it); its requeue goes on from",
+        ),
+    ],
+)
+def test_a_stop_srun_killed_says_the_steps_lost_since_the_newest_complete_checkpoint(complete, logged, says, tmp_path):
+    """What the log says a `scancel --signal=TERM --full` lost (srun kills its tasks on the SIGTERM it gets itself):
+    the steps metrics.jsonl logged past the newest checkpoint marked COMPLETE (one cut short, checkpoint-6 here, is
+    none), and where the requeue goes on from."""
+    from dpotrain.cluster import job
+
+    for step in (*complete, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if step in complete:
+            (tmp_path / f"checkpoint-{step}" / "COMPLETE").touch()
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in logged))
+    line = job.killed_by_srun(tmp_path, "123")
+    assert says in line and line.endswith("`scancel --signal=USR1 --batch 123`"), line
+
+
 def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None = None) -> str:
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}

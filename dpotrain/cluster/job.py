@@ -5,7 +5,8 @@ refuse, `asks dry_run|preflight <recipe> [<train args>]` whether the job is a dr
 <script> [<submit line>]` how long before its time limit the job is warned to checkpoint (or, on stderr, that it is not,
 with the fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a
 checkpoint may take and refuses a time limit within the warning; `warned-start <lead> <where> <time left> <seconds>
-<when>` refuses to requeue a job start its time-limit warning stopped before it saved anything."""
+<when>` refuses to requeue a job start its time-limit warning stopped before it saved anything; `killed-by-srun <job
+id>` says what a SIGTERM sent to srun itself lost."""
 
 import contextlib
 import functools
@@ -15,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dpotrain.recipe import config, recipe_file, run_record
+from dpotrain.recipe import config, recipe_file, records, run_record
 from dpotrain.recipe.cli import TRUE
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError, plural, run_command, warn
@@ -212,6 +213,38 @@ def check_warned_start(lead: str, where: str, left: str, started: str, when: str
         )
 
 
+def newest_complete(out: Path) -> int:
+    """The step of the newest `checkpoint-N` in `out` marked COMPLETE (dpotrain/train/checkpoints.py: the one a
+    requeue goes on from; read here without that module's imports); 0: none."""
+    found = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)]
+    return max((step for step in found if (out / f"checkpoint-{step}" / "COMPLETE").is_file()), default=0)
+
+
+def killed_by_srun(out: Path, job: str) -> str:
+    """The job's log line where srun itself was sent the SIGTERM (`scancel --signal=TERM --full`: every process of the
+    job, srun among them) while the job runs on: srun answers a SIGTERM it receives with a SIGKILL of its tasks
+    ("srun: forcing job termination"), whatever they handle, and no signal handling around it can spare them (srun
+    takes SIGTERM back from an ignored one and waits for it), so the training processes never saved. What was lost,
+    read from the output folder `out`: the steps metrics.jsonl logged past the newest complete checkpoint; and how to
+    stop with a checkpoint."""
+    saved = newest_complete(out)
+    steps = [r["step"] for r in records.read(out / "metrics.jsonl", step=True) if "loss" in r]
+    since = f"since checkpoint-{saved}" if saved else "since the run's start (no complete checkpoint)"
+    back = f"goes on from {out / f'checkpoint-{saved}'}" if saved else "starts the run again"
+    if steps and steps[-1] > saved:  # a step is logged after its end: one trained, not yet logged, is lost too
+        logged = f"{saved + 1} to {steps[-1]}" if steps[-1] > saved + 1 else f"{steps[-1]}"
+        lost = f"the steps trained {since} are lost: {logged} (the last logged), and any after it"
+    else:
+        lost = f"any step trained {since} is lost (none was logged past it)"
+    return (
+        "srun was sent the SIGTERM too (scancel --signal=TERM --full signals every process of the job, srun among "
+        'them), and srun kills its training processes at once on a SIGTERM ("srun: forcing job termination"), before '
+        f"they could save: {lost}; its requeue {back}. To stop a job with a checkpoint, "
+        f"signal its training processes alone, `scancel --signal=TERM {job}` (what a preemption sends), or its batch "
+        f"shell with the time-limit warning's signal, `scancel --signal=USR1 --batch {job}`"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or [""]
     if verb == "engine" and args:
@@ -229,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         print(checkpoint_window(lead, grace, partition), flush=True)  # in the log also above a refusal
         check_time_left(lead, where, left)  # a refusal: one error: line, exit 2
         return 0
+    if verb == "killed-by-srun" and len(args) == 1:  # <job id>, the dry run's JSON on stdin
+        text = sys.stdin.read()
+        record = run_record.parse(text[max(text.find("{\n"), 0) :], "the dry run's output")
+        print(f"warning: {killed_by_srun(Path(os.path.abspath(record.output.output_dir)), args[0])}", file=sys.stderr)
+        return 0
     if verb == "warned-start" and len(args) == 5 and args[4] in WARNED_WHEN:
         check_warned_start(*args)  # <lead> <where> <time left> <seconds since the start> <when>
         return 0
@@ -236,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
         "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> "
         "<where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> <seconds since the start> "
-        "before-launch|nothing-saved"
+        "before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON>"
     )
 
 
