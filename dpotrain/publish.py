@@ -191,7 +191,7 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
                 f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"
                 " the run is saved and complete, and the same command pushes it, training nothing"
             )
-            stop.saved = True  # the run is complete: its requeue pushes, training nothing
+            stop.saved_something()  # the run is complete: its requeue pushes, training nothing
             stop.mark_saved(what)
             return STOPPED_EXIT
         except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command

@@ -58,7 +58,8 @@ class ReadyRun:
         recipe, trainer = self.spec.recipe, self.trainer
         main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
         # Pairs this start scored and saved: a requeue reuses them, so a stop from here has saved something
-        trainer.graceful_stop.saved |= any(o.scored and not o.unsaved for o in outcomes)
+        if any(o.scored and not o.unsaved for o in outcomes):
+            trainer.graceful_stop.saved_something()
         if outcomes and outcomes[-1].stopped:  # every rank (the stop was agreed on): the main's refusal is every rank's
             collectives.main_outcome(trainer.graceful_stop.mark_saved, outcomes[-1].line())
             return STOPPED_EXIT

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "killed-by-srun" and len(args) == 1:  # <job id>, the dry run's JSON on stdin
         text = sys.stdin.read()
         record = run_record.parse(text[max(text.find("{\n"), 0) :], "the dry run's output")
-        print(f"warning: {killed_by_srun(Path(os.path.abspath(record.output.output_dir)), args[0])}", file=sys.stderr)
+        warn(killed_by_srun(Path(os.path.abspath(record.output.output_dir)), args[0]))
         return 0
     if verb == "warned-start" and len(args) == 5 and args[4] in WARNED_WHEN:
         check_warned_start(*args)  # <lead> <where> <time left> <seconds since the start> <when>

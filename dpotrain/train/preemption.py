@@ -341,6 +341,11 @@ class GracefulStop(TrainerCallback):
         main_outcome(self.mark_saved, what, as_typed)  # every rank: the main's refusal (a full disk) is every rank's
         return True
 
+    def saved_something(self) -> None:
+        """This start saved what a requeue goes on from (reference pairs scored, a complete run to push): its stop
+        writes no NOTHING_SAVED line (`mark_saved`)."""
+        self.saved = True
+
     def mark_saved(self, what: str, as_typed: bool = False) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
         without a stop file, the line names the command to type again (`as_typed`: as it was typed)."""
