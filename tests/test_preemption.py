@@ -743,7 +743,8 @@ def test_the_stop_marker_says_when_the_start_saved_nothing(saved, tmp_path):
             what = f"checkpoint {tmp_path / 'run' / 'checkpoint-3'} written"
         else:
             stop_file.touch()
-            stop.saved |= saved == "reference pairs"  # ReadyRun.train: pairs this start scored and saved
+            if saved == "reference pairs":
+                stop.saved_something()  # ReadyRun.train: pairs this start scored and saved
             assert stop.stop_before_training("cpu", what := "stopped before step 1")
     finally:
         stop.release(exiting=False)
