@@ -428,9 +428,7 @@ def check_saving(recipe: Recipe) -> None:
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
     # save_steps is read under `steps` only; a recipe file's is allowed where the command line changes the strategy
-    on_command_line = config.fields_set(recipe.command_line)
-    given = on_command_line if "save_strategy" in on_command_line else recipe.given
-    if strategy in ("epoch", "best") and "save_steps" in given:
+    if strategy in ("epoch", "best") and "save_steps" in given_beside(recipe, "save_strategy"):
         raise ConfigError(
             f"save_steps {t.save_steps:g} would be ignored: save_strategy {strategy} does not save by steps: remove "
             "save_steps, or pass --save_strategy steps"
@@ -720,9 +718,7 @@ def check_logging(recipe: Recipe) -> None:
     # logging_steps is read under `steps` only (transformers' DefaultFlowCallback): under `epoch` it was recorded and
     # metrics.jsonl, W&B and the curves had one point per epoch; a recipe file's is allowed where the command line
     # changes the strategy for one run (as save_steps in check_saving)
-    on_command_line = config.fields_set(recipe.command_line)
-    given = on_command_line if "logging_strategy" in on_command_line else recipe.given
-    if _named(t.logging_strategy) == "epoch" and "logging_steps" in given:
+    if _named(t.logging_strategy) == "epoch" and "logging_steps" in given_beside(recipe, "logging_strategy"):
         raise ConfigError(
             f"logging_steps {t.logging_steps:g} would be ignored: logging_strategy epoch does not log by steps: remove "
             "logging_steps, or pass --logging_strategy steps"
@@ -875,14 +871,9 @@ def check_adam_settings(recipe: Recipe) -> None:
     """transformers passes adam_beta1/adam_beta2/adam_epsilon to the Adam family alone (Lion: the betas): `--optim sgd
     --adam_beta1 0.5` was recorded and read by nothing. A setting whose change leaves the optimizer transformers builds
     as it was is refused; not a recipe file's where the command line changes the optim for one run."""
-    from transformers import Trainer
-
-    t, on_command_line = recipe.training, config.fields_set(recipe.command_line)
-    given = on_command_line if "optim" in on_command_line else recipe.given
-    try:
-        with upstream.gpu_precision_checks_skipped():  # checked as the recipe was parsed
-            built = Trainer.get_optimizer_cls_and_kwargs(t)
-    except Exception:  # noqa: BLE001 - one built only with the model (GaLore's target modules): the trainer decides
+    t, given = recipe.training, given_beside(recipe, "optim")
+    built = _built_with(t, t.optim_args)
+    if built is None:  # one built only with the model (GaLore's target modules): the trainer decides
         return
     for name, probes in ADAM_SETTINGS.items():
         if name not in given:
@@ -1021,6 +1012,13 @@ def _built_with(t, optim_args: str | None) -> tuple | None:
             return Trainer.get_optimizer_cls_and_kwargs(dataclasses.replace(t, optim_args=optim_args))
     except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
         return None
+
+
+def given_beside(recipe: Recipe, switch: str) -> set[str]:
+    """The fields given, as a check of a field that `switch` makes ignored reads them: the command line's alone where
+    it changes `switch` for one run (a recipe file's value, written for the recipe's own switch, is then allowed)."""
+    on_command_line = config.fields_set(recipe.command_line)
+    return on_command_line if switch in on_command_line else recipe.given
 
 
 def _named(choice) -> str:

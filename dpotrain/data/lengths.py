@@ -787,14 +787,11 @@ def _own_code(tokenizer) -> dict[str, str] | None:
     transformers wrote in its modules cache, and the files that imports relatively); None for transformers' own."""
     import inspect
 
-    from transformers.dynamic_module_utils import get_relative_import_files
-
     cls = type(tokenizer)
     if not cls.__module__.startswith("transformers_modules."):
         return None
     source = inspect.getsourcefile(cls)
-    files = [source, *get_relative_import_files(source)] if source else []
-    return {Path(f).name: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in sorted(files)} or None
+    return model_identity.module_digests([source], Path(source).parent) if source else None
 
 
 CACHE_FOLDERS = ("lengths", "reference")  # what this project writes in DPOTRAIN_CACHE: nothing else there is its

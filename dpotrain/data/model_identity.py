@@ -92,8 +92,6 @@ def code_sha256(name: str, revision: str | None = None, cache_dir: str | None = 
     names and those they import relatively, as transformers loads them (`trust_remote_code`); None for a model without
     `auto_map`. An edited modeling file builds another model from the same weights and config. A module of another
     repo (`repo--module.Class`) is not beside the config: its name, in config.json, is keyed with that file."""
-    from transformers.dynamic_module_utils import get_relative_import_files
-
     try:
         found = config_file(name, revision, cache_dir)
         auto_map = json.loads(found.read_text()).get("auto_map") if found else None
@@ -103,16 +101,24 @@ def code_sha256(name: str, revision: str | None = None, cache_dir: str | None = 
         return None
     named = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
     modules = {found.parent / f"{r.rpartition('.')[0]}.py" for r in named if "--" not in r and "." in r}
-    files = set(modules)
-    for module in modules:
+    return module_digests(modules, found.parent)
+
+
+def module_digests(modules, root: Path) -> dict[str, str | None]:
+    """sha256 of each of `modules` and of the files they import relatively (as transformers loads code of a model's or
+    a tokenizer's own), keyed by their path under `root`; a file missing: None."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    files = {Path(m) for m in modules}
+    for module in list(files):
         with contextlib.suppress(OSError):  # missing: keyed as missing (None) below
             files.update(Path(f) for f in get_relative_import_files(module))
     out = {}
     for path in sorted(files):
         try:
-            out[path.relative_to(found.parent).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError:
-            out[path.relative_to(found.parent).as_posix()] = None
+            out[path.relative_to(root).as_posix()] = None
     return out
 
 
