@@ -223,6 +223,32 @@ def test_another_data_file_copied_over_with_its_size_and_time_is_refused_and_a_c
     assert why and why.startswith("pairs.jsonl has other content (SHA-256"), why
 
 
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_a_data_file_replaced_with_its_time_kept_is_read_anew_not_from_datasets_older_copy(given, tmp_path):
+    """datasets keeps its Arrow copy of a local file by the file's path and modification time alone: other pairs put in
+    its place with that time kept (`cp -p`, `rsync -a`, `tar x` of another export) were read from the copy of the old
+    ones, and a new run trained on the 16 pairs the file held before, recording the SHA-256 of the 40 it holds now.
+    The copy is made again where a data file changed after it (by its change time, which no copy keeps)."""
+    from dpotrain.data import data
+
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    path = folder / "part-0.jsonl"
+    path.write_text("".join(lines[:16]))
+    name = str(path if given == "file" else folder)
+    assert len(data.load_preference_dataset(name, say=False)) == 16
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(lines[100:140]))
+    then = path.stat()
+    os.utime(other, ns=(then.st_atime_ns, then.st_mtime_ns))
+    subprocess.run(["cp", "-p", str(other), str(path)], check=True)
+    assert path.stat().st_mtime_ns == then.st_mtime_ns
+    loaded = data.load_preference_dataset(name, say=False)
+    assert len(loaded) == 40 and loaded[0]["chosen"] == json.loads(lines[100])["chosen"]
+    assert len(data.load_preference_dataset(name, say=False)) == 40  # unchanged since: the copy made now is read
+
+
 def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     """A file over 2 MiB is hashed at its ends only: a re-export with other weights in its middle (the same size, the
     same first and last MiB) is still refused, by its new time; the `touch` the message gives puts a copy right, in a

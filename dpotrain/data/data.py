@@ -514,11 +514,13 @@ NOT_THE_BUILDERS = ("split", "streaming", "keep_in_memory", "verification_mode",
 
 def load_dataset(*args, **kwargs):
     """`datasets.load_dataset`, its Arrow copy remade where a cleaner removed files of it (datasets takes it as made and
-    fails naming a cache file) or a file of it was cut short (`_cut_short`)."""
+    fails naming a cache file), a file of it was cut short (`_cut_short`) or its data changed since it was made
+    (`_remove_older_copy`)."""
     import datasets
 
-    again = {}
-    if cut := _cut_short(args, kwargs):
+    again, builder = {}, _local_builder(args, kwargs)
+    _remove_older_copy(builder)  # made again from the files as they are now
+    if cut := _cut_short(builder):
         named = _named(args[0], kwargs.get("data_files"))
         warn(
             f"datasets' copy of {named} in {cut[0].parent} has files cut short since it was made "
@@ -549,22 +551,69 @@ def load_dataset(*args, **kwargs):
     return datasets.load_dataset(*args, download_mode=datasets.DownloadMode.REUSE_CACHE_IF_EXISTS, **kwargs)
 
 
-def _cut_short(args, kwargs) -> list[Path]:
+def _local_builder(args, kwargs):
+    """The builder of a local load (a folder, or a builder's `data_files`), whose copy datasets keeps in its cache;
+    None for a Hub data set (its builder would ask the Hub once more), a streamed one, or one the load refuses."""
+    import datasets
+
+    if kwargs.get("streaming") or not (kwargs.get("data_files") or Path(args[0]).expanduser().is_dir()):
+        return None
+    try:
+        return datasets.load_dataset_builder(*args, **{k: v for k, v in kwargs.items() if k not in NOT_THE_BUILDERS})
+    except Exception:  # noqa: BLE001 - the load itself says what is wrong
+        return None
+
+
+def _older_than_its_data(builder) -> bool:
+    """Whether datasets' copy of a local load was made before one of its data files last changed. datasets knows a
+    local file by its path and modification time alone: a file replaced by other pairs with that time kept (`cp -p`,
+    `rsync -a`, `tar x` of another export; or written twice within a coarse file system's clock tick) was read from
+    the old copy, and the run trained on the pairs the file held before, under a record of the new file's SHA-256.
+    The change time, which no copy keeps (a link's own too: a link pointed elsewhere), is compared with the copy's
+    `dataset_info.json`, written once the copy is made; a chmod or a move makes it again too, which costs one read."""
+    made = Path(builder.cache_dir) / "dataset_info.json"
+    try:
+        if not made.is_file():
+            return False
+        copied = made.stat().st_mtime_ns
+        files = [Path(f) for found in (builder.config.data_files or {}).values() for f in found if "://" not in f]
+        return any(max(f.stat().st_ctime_ns, f.lstat().st_ctime_ns) >= copied for f in files)
+    except OSError:  # a file gone or unreadable: the load says so
+        return False
+
+
+def _remove_older_copy(builder) -> None:
+    """datasets' copy of a local load removed where its data changed since it was made (`_older_than_its_data`), so
+    that the load makes it again from the files as they are (made again over it, datasets would check the new pairs
+    against the old copy's counts and fail). Decided again under the lock datasets prepares a copy under: another
+    rank of the run may have made it again meanwhile, or be reading it."""
+    from filelock import FileLock
+
+    if builder is None or not _older_than_its_data(builder):
+        return
+    folder = Path(builder.cache_dir)
+    try:
+        with FileLock(f"{folder}_builder.lock"):
+            if _older_than_its_data(builder):
+                aside = folder.with_name(f"{folder.name}.older-{os.getpid()}")
+                folder.rename(aside)  # at once: a load started meanwhile finds none and makes it
+                shutil.rmtree(aside, ignore_errors=True)
+    except OSError as e:
+        raise ConfigError(
+            f"datasets' copy of the data in {folder} was made before a data file last changed, and could not be "
+            f"removed ({cause(e)}): remove that folder, then rerun"
+        ) from None
+
+
+def _cut_short(builder) -> list[Path]:
     """The Arrow files of datasets' copy of a local load (its own, and its caches of maps over it: `cache-*.arrow`)
     that lack the end mark every one is closed with: cut short (a node lost while the cache was copied, a cleaner, a
     full disk). datasets reads them as whole and fails in pyarrow, `Expected to be able to read N bytes for message
     body`, naming no file, at every attempt. Written under a temporary name and renamed, a whole file always ends so.
     One read of 8 bytes a file; a Hub data set's copy is not looked at (its builder would ask the Hub once more)."""
-    import datasets
-
-    if kwargs.get("streaming") or not (kwargs.get("data_files") or Path(args[0]).expanduser().is_dir()):
+    if builder is None:
         return []
-    try:
-        builder = datasets.load_dataset_builder(*args, **{k: v for k, v in kwargs.items() if k not in NOT_THE_BUILDERS})
-        folder = Path(builder.cache_dir)
-    except Exception:  # noqa: BLE001 - the load itself says what is wrong
-        return []
-    return [path for path in sorted(folder.glob("*.arrow")) if not _whole(path)]
+    return [path for path in sorted(Path(builder.cache_dir).glob("*.arrow")) if not _whole(path)]
 
 
 def _whole(path: Path) -> bool:
