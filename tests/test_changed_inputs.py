@@ -249,6 +249,34 @@ def test_a_data_file_replaced_with_its_time_kept_is_read_anew_not_from_datasets_
     assert len(data.load_preference_dataset(name, say=False)) == 40  # unchanged since: the copy made now is read
 
 
+def first_answer(row: dict) -> dict:
+    return {"answer": row["chosen"][-1]["content"]}
+
+
+@pytest.mark.parametrize("given", ["Dataset", "DatasetDict"])
+def test_a_saved_data_sets_arrow_file_replaced_is_not_read_through_the_old_pairs_map_caches(given, tmp_path):
+    """datasets names the caches of maps over a saved split (`cache-*.arrow` beside its data: TRL's tokenization, the
+    rows' checks) by the fingerprint its state.json holds: another export's `data-*.arrow` copied over the split's
+    (state.json kept) was read through the old pairs' caches, and a new run trained on the old pairs' tokens (its
+    num_tokens the old run's) under a record of the new file's SHA-256. A saved split is known by its files now."""
+    import datasets
+
+    from dpotrain.data import data
+
+    lines = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]
+    saved, other = tmp_path / "saved", tmp_path / "other"
+    for folder, rows in ((saved, lines[:16]), (other, lines[100:116])):
+        made = datasets.Dataset.from_list(rows)
+        (made if given == "Dataset" else datasets.DatasetDict({"train": made})).save_to_disk(folder)
+    split = "" if given == "Dataset" else "train"
+    mapped = data.load_preference_dataset(str(saved), say=False).map(first_answer)
+    assert mapped[0]["answer"] == lines[0]["chosen"][-1]["content"]
+    assert any(p.name.startswith("cache-") for p in (saved / split).iterdir())  # the map's cache, beside the data
+    shutil.copy(other / split / "data-00000-of-00001.arrow", saved / split / "data-00000-of-00001.arrow")
+    mapped = data.load_preference_dataset(str(saved), say=False).map(first_answer)
+    assert mapped[0]["answer"] == lines[100]["chosen"][-1]["content"]
+
+
 def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     """A file over 2 MiB is hashed at its ends only: a re-export with other weights in its middle (the same size, the
     same first and last MiB) is still refused, by its new time; the `touch` the message gives puts a copy right, in a

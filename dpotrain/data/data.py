@@ -3,6 +3,7 @@
 import codecs
 import functools
 import glob
+import hashlib
 import json
 import lzma
 import os
@@ -324,7 +325,7 @@ def load_preference_dataset(
         if empty := _empty_saved_splits(path):
             splits, them = plural(len(empty), "split", count=False), "it" if len(empty) == 1 else "them"
             raise ConfigError(f"dataset {name!r}: {splits} {empty} saved with no rows; remove {them} or save rows")
-        loaded = datasets.load_from_disk(str(path))
+        loaded = _known_by_its_files(datasets.load_from_disk(str(path)), path)
     elif path.is_file():
         builder = builder_of(path)
         if builder is None and builder_of(lower := lower_suffix(path)) is not None:
@@ -508,6 +509,25 @@ def csv_text_features(paths):
 
 # The end-of-stream mark that closes every Arrow file datasets writes (its copy of the data, its caches of maps)
 ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _known_by_its_files(loaded, path: Path):
+    """A saved data set (each split of one) whose fingerprint is its files' as they are now. datasets names the caches
+    of maps over a split (TRL's tokenization, the rows' checks: `cache-*.arrow`, written beside its data) by the
+    fingerprint its state.json holds, which no change of its Arrow files moves: other pairs' `data-*.arrow` copied in
+    were read through the old pairs' caches, and a new run trained on the old pairs' tokens under a record of the new
+    files' SHA-256. Keyed by the state.json and each data file's stamp (`data_identity.stamp`: size, times, inode)."""
+    import datasets
+
+    if isinstance(loaded, datasets.DatasetDict):
+        return datasets.DatasetDict({k: _known_by_its_files(v, path / k) for k, v in loaded.items()})
+    digest = hashlib.sha256((path / "state.json").read_bytes())
+    for found in loaded.cache_files:
+        file = Path(found["filename"])
+        digest.update(f"{file.resolve()}:{data_identity.stamp(file)};".encode())
+    return loaded.select_columns(loaded.column_names, new_fingerprint=digest.hexdigest()[:16])
+
+
 # What of load_dataset's arguments load_dataset_builder does not take
 NOT_THE_BUILDERS = ("split", "streaming", "keep_in_memory", "verification_mode", "num_proc", "save_infos")
 
