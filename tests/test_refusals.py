@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -1742,6 +1743,60 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
 )
 def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # text that is no JSON object: kept as text by transformers, and the run ended in a traceback ("string indices
+        # must be integers" at the checks; "'str' object has no attribute 'get'" once the model had loaded)
+        (
+            ["--model_init_kwargs", "dtype=bfloat16"],
+            "model_init_kwargs takes a JSON object, and the text given is not one: write it as --model_init_kwargs "
+            """'{"key": value}' (in a recipe: `key: value` lines indented below model_init_kwargs:), """
+            "or '{}' for none",
+        ),
+        (["--model_init_kwargs", "None"], "model_init_kwargs takes a JSON object, and the text given is not one"),
+        (["--model_init_kwargs", "[1, 2]"], "model_init_kwargs takes a JSON object, and the text given is not one"),
+        (
+            ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs", "use_reentrant"],
+            "activation_checkpointing_kwargs takes a JSON object, and the text given is not one",
+        ),
+        (
+            ["--lr_scheduler_kwargs", "min_lr=1e-7"],
+            "lr_scheduler_kwargs takes a JSON object, and the text given is not",
+        ),
+        # JSON's own words alone: "error: Expecting value: line 1 column 6 (char 5)", naming no field (nor the text:
+        # model_init_kwargs may hold a token)
+        (
+            ["--model_init_kwargs", '{"token": "hf_x'],
+            "model_init_kwargs is not valid JSON (Unterminated string starting at character 10): write it as "
+            """--model_init_kwargs '{"key": value}'""",
+        ),
+        # taken for a path to a JSON file: FileNotFoundError's traceback
+        (
+            ["--accelerator_config", "split_batches=false"],
+            "accelerator_config takes a JSON object or the path of a JSON file holding one, and the text given is "
+            "neither",
+        ),
+    ],
+)
+def test_a_field_that_takes_a_json_object_given_other_text_is_one_line_before_loading(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert expected in line and "hf_x" not in line, line
+
+
+def test_a_recipe_fields_mapping_written_as_text_is_refused_and_as_a_mapping_read(tmp_path):
+    """A recipe's `lr_scheduler_kwargs: min_lr=1e-7` is text, refused in the same line; a mapping is read as one."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "lr_scheduler_kwargs: min_lr_rate=0.1\n")
+    with pytest.raises(ConfigError, match="^lr_scheduler_kwargs takes a JSON object, and the text given is not one"):
+        parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+    recipe.write_text(Path(SMOKE).read_text() + "lr_scheduler_kwargs:\n  min_lr_rate: 0.1\n")
+    parsed = parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--model_init_kwargs", " {}"])
+    assert parsed.training.lr_scheduler_kwargs == {"min_lr_rate": 0.1} and parsed.training.model_init_kwargs == {}
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])

@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import sys
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -728,6 +729,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     values, given = dict(vars(known)), fields_set(tokens)
     replaced, job_folder = _decided(values, given, on_command_line, config_path, left_to_job)
     _check_eval_steps(values, given)  # before transformers reads 0 as unset
+    _check_json_objects(values, given, parser)
     try:
         with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             built = [
@@ -808,6 +810,52 @@ UPSTREAM_FIXES = (
     ("must be an integer if bigger than 1", f"give {STEPS_OR_FRACTION}"),
     ("torch_empty_cache_steps` must be", "give a number of steps, or leave it unset to never empty the cache"),
 )
+
+
+# Fields of a JSON object that transformers also reads as the path of a JSON file ("Path to JSON config file"); the
+# engine's own two, `deepspeed` and `fsdp_config`, are refused at any value (options.check_engine_switches)
+OBJECT_OR_FILE = ("accelerator_config",)
+ENGINE_OBJECTS = ("deepspeed", "fsdp_config")
+
+
+def _object_fields(parser) -> set[str]:
+    """The fields typed `dict | str`, by their annotations (HfArgumentParser rewrites the fields' types to `str`)."""
+    hints = [typing.get_type_hints(kind) for kind in parser.dataclass_types]
+    kinds = {name: typing.get_args(hint) for each in hints for name, hint in each.items()}
+    return {
+        name for name, args in kinds.items() if str in args and any(dict in (a, typing.get_origin(a)) for a in args)
+    }
+
+
+def _check_json_objects(values: dict, given: set[str], parser) -> None:
+    """A field typed `dict | str` given text that is no JSON object: transformers parses only a value starting with `{`
+    and keeps any other as text, so `--model_init_kwargs dtype=bfloat16` ended in a traceback at the checks, and
+    `activation_checkpointing_kwargs: use_reentrant` in one after the model loaded; `{"a":` in JSON's words alone
+    ("Expecting value: line 1 column 6"), naming no field. Parsed here, or refused naming the field (not its text: a
+    model_init_kwargs may hold a token). A recipe's mapping arrives as JSON (`_as_flags`)."""
+    for name in sorted(given & _object_fields(parser) - set(ENGINE_OBJECTS)):
+        value = values[name]
+        if not isinstance(value, str):
+            continue
+        shape = f"""--{name} '{{"key": value}}' (in a recipe: `key: value` lines indented below {name}:)"""
+        if value.lstrip().startswith("{"):
+            try:
+                json.loads(value)  # transformers parses it (and reads "true", "0.1" inside as a bool, a number)
+            except json.JSONDecodeError as e:
+                said = e.msg.removesuffix(" at")  # "Unterminated string starting at"
+                raise ConfigError(
+                    f"{name} is not valid JSON ({said} at character {e.pos}): write it as {shape}"
+                ) from None
+            values[name] = value.lstrip()  # transformers' test is `startswith("{")`: ` {...}` stayed text
+        elif name not in OBJECT_OR_FILE:
+            raise ConfigError(
+                f"{name} takes a JSON object, and the text given is not one: write it as {shape}, or '{{}}' for none"
+            )
+        elif not Path(value).expanduser().is_file():
+            raise ConfigError(
+                f"{name} takes a JSON object or the path of a JSON file holding one, and the text given is neither: "
+                f"write it as {shape}"
+            )
 
 
 def _check_eval_steps(values: dict, given: set[str]) -> None:
