@@ -237,7 +237,7 @@ def check_streaming(recipe, where: str = "") -> None:
 
 def check_engine_switches(t) -> None:
     """TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: the run
-    would run another engine than planned and recorded, without its checks."""
+    would run another engine than planned and recorded, without its checks; and FSDP's settings, read only with them."""
     switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
     if switched:
         raise ConfigError(
@@ -245,6 +245,12 @@ def check_engine_switches(t) -> None:
             "remove it and launch with an accelerate config (DeepSpeed ZeRO-2: accelerate_config.yaml, which names "
             "its DeepSpeed file as deepspeed_config_file; ZeRO-3, FSDP2: configs/accelerate/): `accelerate launch "
             "--config_file <it> train_dpo.py ...`, and --accelerate_config <it> for a dry run"
+        )
+    if t.fsdp_config:  # transformers reads it only under `fsdp` (above): the run trained, its settings unread
+        raise ConfigError(
+            "fsdp_config would be ignored: transformers reads it only with --fsdp, which is not how this project "
+            "selects its engine: remove it, and give FSDP2's settings in its accelerate config "
+            "(configs/accelerate/fsdp2.yaml's fsdp_config:)"
         )
 
 

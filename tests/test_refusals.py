@@ -291,6 +291,13 @@ def many_rows(n=40):
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
+        # read by transformers only under `fsdp` (refused above): the run trained, exit 0, its FSDP settings unread
+        (
+            ["--fsdp_config", '{"min_num_params": 1000}'],
+            "fsdp_config would be ignored: transformers reads it only with --fsdp, which is not how this project "
+            "selects its engine: remove it, and give FSDP2's settings in its accelerate config "
+            "(configs/accelerate/fsdp2.yaml's fsdp_config:)",
+        ),
         # no optimizer.pt / scheduler.pt in its checkpoints: a stopped run said "run the same command again", refused
         (["--save_only_model", "true"], "save_only_model writes checkpoints without the optimizer, scheduler and RNG"),
         (["--save_only_model", "true", "--save_strategy", "no"], "save_only_model writes checkpoints without"),
