@@ -77,6 +77,7 @@ def check_options(recipe: Recipe) -> None:
     check_saving(recipe)
     check_streaming(recipe)
     check_engine_switches(t)
+    check_compile(t)
     check_unread(recipe)
     if t.save_on_each_node:
         raise ConfigError(
@@ -251,6 +252,27 @@ def check_engine_switches(t) -> None:
             "fsdp_config would be ignored: transformers reads it only with --fsdp, which is not how this project "
             "selects its engine: remove it, and give FSDP2's settings in its accelerate config "
             "(configs/accelerate/fsdp2.yaml's fsdp_config:)"
+        )
+
+
+def check_compile(t) -> None:
+    """A torch_compile_backend accelerate does not know ended the run in a traceback as the trainer was built, after the
+    model loaded; a torch_compile_mode torch.compile does not take, at the first compiled forward, after the reference
+    stage. (transformers turns torch_compile on where either is given.)"""
+    from accelerate.utils import DynamoBackend
+
+    backends = [b.value.lower() for b in DynamoBackend]
+    backend = t.torch_compile_backend
+    if backend is not None and backend.lower() not in backends:
+        raise ConfigError(
+            f"torch_compile_backend {backend!r} is not one accelerate compiles with: choose from {', '.join(backends)} "
+            "(or remove it for inductor)"
+        )
+    modes = upstream.compile_modes() if t.torch_compile_mode is not None else []  # imports torch's compiler
+    if t.torch_compile_mode is not None and t.torch_compile_mode not in modes:
+        raise ConfigError(
+            f"torch_compile_mode {t.torch_compile_mode!r} is not one torch.compile takes: choose from "
+            f"{', '.join(modes)} (or remove it for default)"
         )
 
 

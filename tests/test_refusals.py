@@ -291,6 +291,18 @@ def many_rows(n=40):
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
+        # accelerate's ValueError traceback as the trainer was built, after the model loaded ("'BOGUS' is not a valid
+        # DynamoBackend"); torch's at the first compiled forward, after the reference stage ("Unrecognized mode=...")
+        (
+            ["--torch_compile", "true", "--torch_compile_backend", "inductr"],
+            "torch_compile_backend 'inductr' is not one accelerate compiles with: choose from no, eager, aot_eager, "
+            "inductor,",
+        ),
+        (
+            ["--torch_compile_mode", "max_autotune"],
+            "torch_compile_mode 'max_autotune' is not one torch.compile takes: choose from default, lite, "
+            "reduce-overhead, max-autotune-no-cudagraphs, max-autotune (or remove it for default)",
+        ),
         # read by transformers only under `fsdp` (refused above): the run trained, exit 0, its FSDP settings unread
         (
             ["--fsdp_config", '{"min_num_params": 1000}'],

@@ -271,6 +271,12 @@ MARK_DYNAMIC = _call(
     "the block mask's tile tables as dynamic sizes: a new row width is no new compilation (forwards/flex.py)",
     ("t", "index"),
 )
+COMPILE_MODES = _call(
+    "torch._inductor:list_mode_options",
+    "the modes torch.compile takes (its docstring names this function): another torch_compile_mode is refused before "
+    "the model loads (options.py)",
+    ("mode", "dynamic"),
+)
 DYNAMO_CONFIG = _read(
     "torch._dynamo:config", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"
 )
@@ -719,6 +725,11 @@ def compiler_check():
 
 def mark_dynamic(tensor, dim: int) -> None:
     _value(MARK_DYNAMIC)(tensor, dim)
+
+
+def compile_modes() -> list[str]:
+    """The `mode`s torch.compile takes."""
+    return list(_value(COMPILE_MODES)())
 
 
 def dynamo_config():
