@@ -834,6 +834,7 @@ def check_optimizer(t) -> None:
             f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "
             "instead of decaying them; 0 turns it off (the recipes use 0.0)"
         )
+    _check_optim_args_form(t.optim_args)
     import torch
     from transformers import Trainer, get_scheduler
 
@@ -1010,6 +1011,26 @@ def check_ranges(recipe: Recipe) -> None:
             f"ref_model_mixup_alpha must be in [0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
             "into the reference at each sync (TR-DPO's is 0.6)"
         )
+
+
+def _check_optim_args_form(optim_args: str | None) -> None:
+    """transformers reads optim_args as `key=value,key=value` (spaces removed, split at each comma, then at `=`) when it
+    builds the optimizer: another shape (`scale_parameter`, `betas=(0.9,0.99)`) ended the run in "ValueError: not enough
+    values to unpack" there, after the reference stage."""
+    parts = optim_args.replace(" ", "").split(",") if optim_args else []
+    bad = next((part for part in parts if part.count("=") != 1 or part.startswith("=")), None)
+    if bad is None:
+        return
+    if not bad:
+        said = "an empty part (a comma too many)"
+    elif "=" not in bad:
+        said = f"{bad!r} has no '='"
+    else:
+        said = f"{bad!r} has {'more than one' if bad.count('=') > 1 else 'no name before its'} '='"
+    raise ConfigError(
+        f"optim_args {optim_args!r} is not transformers' key=value,key=value: {said} (a value cannot hold a comma or "
+        'an =): write it as --optim_args "name=value,name2=value2"'
+    )
 
 
 def _ignored_optim_args(t) -> list[str]:

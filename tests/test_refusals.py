@@ -303,6 +303,14 @@ def many_rows(n=40):
             "torch_compile_mode 'max_autotune' is not one torch.compile takes: choose from default, lite, "
             "reduce-overhead, max-autotune-no-cudagraphs, max-autotune (or remove it for default)",
         ),
+        # not transformers' key=value,key=value: "ValueError: not enough values to unpack" as the optimizer was built,
+        # after the reference stage (a value holding a comma is cut there too)
+        (
+            ["--optim", "adafactor", "--optim_args", "scale_parameter"],
+            "optim_args 'scale_parameter' is not transformers' key=value,key=value: 'scale_parameter' has no '=' "
+            '(a value cannot hold a comma or an =): write it as --optim_args "name=value,name2=value2"',
+        ),
+        (["--optim_args", "betas=(0.9,0.99)"], "optim_args 'betas=(0.9,0.99)' is not transformers' key=value,key=val"),
         # read by transformers only under `fsdp` (refused above): the run trained, exit 0, its FSDP settings unread
         (
             ["--fsdp_config", '{"min_num_params": 1000}'],
