@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1645,3 +1647,33 @@ def test_a_command_without_a_recipe_or_a_model_asks_for_a_recipe(words, tmp_path
     assert "smoke.yaml" in str(refused.value) and "--model_name_or_path" in str(refused.value)
     with pytest.raises(ConfigError, match=r"^unknown argument '--confg'"):
         parse_args([*words, "--confg", "configs/smoke.yaml"])  # a mistyped flag is named first
+
+
+@pytest.mark.parametrize("kind", ["dangling-link", "folder", "unreadable"])
+def test_an_env_file_there_but_not_readable_is_refused_not_skipped(kind, tmp_path):
+    """A `.env` that is a link to a file not there (moved, or on storage this node does not mount) or a folder was
+    skipped as absent: its HF_HOME, HF_HUB_OFFLINE and WANDB_MODE=offline were ignored without a word (the job's caches
+    in the home quota, an offline node retrying the Hub); one unreadable to this user (a colleague's, mode 600, in a
+    shared checkout) was a PermissionError traceback. Each is one line naming the file and the fix."""
+    env = tmp_path / ".env"
+    if kind == "dangling-link":
+        env.symlink_to(tmp_path / "secrets" / "dpotrain.env")
+        said = f"error: {env} is a link to {tmp_path / 'secrets' / 'dpotrain.env'}, which is not there"
+    elif kind == "folder":
+        env.mkdir()
+        said = f"error: {env} is not a file"
+    else:
+        env.write_text("HF_HOME=/somewhere\n")
+        env.chmod(0)
+        said = f"error: cannot read {env} (Permission denied)"
+    # A fresh process (root reads a mode-000 file: it runs without that capability), with the project's own code
+    code = "import sys, pathlib; from dpotrain.recipe import venv; venv.load_env(pathlib.Path(sys.argv[1]))"
+    command = [sys.executable, "-c", code, str(tmp_path)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to drop root's file-read capability")
+        drop = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *command]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.startswith(said), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

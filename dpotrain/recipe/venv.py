@@ -167,11 +167,21 @@ def check_env_file(path: Path) -> None:
     """Every line of `.env` readable: python-dotenv skips one it cannot read (an unclosed quote, `NAME: value`), with a
     warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env"); one not
     UTF-8 (UTF-16 as PowerShell 5 writes it) was a UnicodeDecodeError traceback from every entry point."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return
+    # Skipped as absent, python-dotenv's way, a `.env` there but not readable left every value in it unset without a
+    # word (HF_HOME, HF_HUB_OFFLINE, WANDB_MODE=offline ignored, a job's cache in the home quota); unreadable, it
+    # was a PermissionError traceback from every entry point.
+    if path.is_symlink() and not path.exists():
+        sys.exit(f"error: {path} is a link to {os.readlink(path)}, which is not there: point it at your .env file")
+    if not path.is_file():
+        sys.exit(f"error: {path} is not a file (a folder?): the project's .env is a file of NAME=value lines")
     from dotenv.parser import parse_stream
 
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # another user's .env in a shared checkout (mode 600)
+        sys.exit(f"error: cannot read {path} ({e.strerror}): give the user running this read permission on it")
     if is_utf16(data):  # without its byte-order mark it decodes, and its NULs were os.environ's "embedded null byte"
         sys.exit(f"error: {path} is UTF-16 text, not the UTF-8 python-dotenv reads: save it as UTF-8")
     try:
