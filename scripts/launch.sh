@@ -73,6 +73,15 @@ VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
+# Its python must run here: a venv made with a Python this node does not have (a module the job did not load, a pyenv
+# in a home the node does not mount) ended the job in bash's "launch.sh: line 88: .venv/bin/python: No such file or
+# directory", or the loader's "error while loading shared libraries: libpython3.11.so.1.0".
+if ! ran=$("$VENV/bin/python" -c '' 2>&1); then
+  [[ -e $VENV/bin/python ]] || ran="it links to $(readlink -m -- "$VENV/bin/python"), which is not there"
+  die "the virtual environment's python, $VENV/bin/python, does not run on $(hostname -s) (${ran##*$'\n'}): load" \
+    "the module of the Python it was made with (the sbatch script's \`module load\` lines), or make it again with a" \
+    "Python every node has"
+fi
 # --help (-h, --help-all): train_dpo.py's help, which names this script's command too, and nothing else. It came after
 # the job's banner and its time-limit lines (`bash scripts/dpo_train.sh --help` outside Slurm: "no time-limit
 # warning is set for this job"), from the dry run the job plans with.

@@ -817,6 +817,32 @@ def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     ), result.stderr
 
 
+@pytest.mark.parametrize("python", ["gone", "no-library"])
+def test_a_venv_whose_python_does_not_run_on_the_node_is_refused_in_one_line(python, tmp_path):
+    """A venv made with a Python the compute node does not have (a pyenv in a home it does not mount: a dangling link;
+    a module's Python whose libpython the job did not `module load`) ended the job in bash's "launch.sh: line 88:
+    .venv/bin/python: No such file or directory", naming no fix. One line naming the python and the fix."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    shutil.copy(ROOT / ".venv" / "bin" / "accelerate", venv / "accelerate")
+    if python == "gone":
+        (venv / "python").symlink_to(tmp_path / "pyenv" / "bin" / "python3")
+        why = f"it links to {tmp_path / 'pyenv' / 'bin' / 'python3'}, which is not there"
+    else:
+        why = "python3: error while loading shared libraries: libpython3.11.so.1.0: cannot open shared object file"
+        (venv / "python").write_text(f"#!/bin/sh\necho '{why}' >&2\nexit 127\n")
+        (venv / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"RECIPE": "configs/smoke.yaml"}
+    env |= {"VENV": str(tmp_path / "venv"), "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_PER_NODE": "0"}
+    result = subprocess.run(["bash", "scripts/dpo_train.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and not result.stdout, result.stdout
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    assert result.stderr.startswith(
+        f"error: the virtual environment's python, {venv / 'python'}, does not run on {host} ({why}"
+    ), result.stderr
+    assert "module load" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+
+
 @pytest.mark.slow  # starts bash and the package's engine reader
 @pytest.mark.parametrize("asked", [{"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_TRES_PER_TASK": "cpu=8,gres/gpu:1"}])
 def test_a_job_asking_gpus_per_task_is_refused_in_one_line(asked):
