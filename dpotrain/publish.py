@@ -24,9 +24,14 @@ def save_and_push(run, resolved: dict) -> int | None:
     # A doomed run (dpotrain/train/health.py): no final model, no run_complete.json, and no requeue.
     if trainer.health and trainer.health.stop:
         if state.is_main_process:
+            line = health.stop_line(trainer.health.stop, str(out))
             if stop_file := trainer.graceful_stop.stop_file:  # a preemption at the same step must not requeue it either
                 Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
-            print(health.stop_line(trainer.health.stop, str(out)), flush=True)
+                # For launch.sh's last line and exit code: the launcher's exit code is 1 for any worker's, and the
+                # job's log ended "training failed with exit code 1 ... the same sbatch command goes on from the
+                # newest complete checkpoint", which the stop refuses.
+                writes.write_text(f"{stop_file}.health", line + "\n")
+            print(line, flush=True)
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)
         return health.HEALTH_STOP_EXIT

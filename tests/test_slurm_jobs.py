@@ -181,6 +181,29 @@ def test_a_time_limit_within_the_checkpoint_warning_is_refused_before_the_plan(s
     ), lines[-5:]
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_a_health_guard_stopped_ends_with_the_runs_code_and_says_the_same_command_is_refused(slurm, tmp_path):
+    """A health stop (exit 3, not requeued, the same command refused) reached the job's log as accelerate's code for
+    any worker's failure: the job ended ExitCode 1 with the log's last line "training failed with exit code 1 ...
+    once it is fixed, the same sbatch command goes on from the newest complete checkpoint", which the stop refuses.
+    The job now ends with the run's 3 and a last line that says what stopped it."""
+    log = tmp_path / "doomed.out"
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    # A learning rate of 1e30 turns the weights non-finite at the first update: the nonfinite guard stops at step 2.
+    args = ["--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0", "--learning_rate", "1e30"]
+    args += ["--save_steps", "1000", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
+    job = slurm.sbatch([*sbatch, f"--output={log}", SCRIPT, *args], cwd=tmp_path, env=README_ENV)
+    assert slurm.wait(job, timeout=300) == "FAILED", slurm.job_info(job)
+    info = slurm.job_info(job)
+    assert (info["Restarts"], info["ExitCode"]) == ("0", "3:0"), info
+    text = log.read_text()
+    assert "health: training STOPPED at step 2 by the nonfinite guard" in text, text[-3000:]
+    last = text.strip().splitlines()[-1]
+    assert "training stopped by a health guard" in last and "the same command is refused" in last, last
+    assert "goes on from the newest complete checkpoint" not in text, text[-3000:]
+
+
 def early_stopped_job(slurm, folder: Path, *options: str, env=None) -> tuple[int, Path]:
     """The README's CPU job (4 steps), sent `scancel --signal=USR1 --batch` as its banner is printed: to the batch
     shell while launch.sh reads the recipe and plans the run, long before it launches training."""
