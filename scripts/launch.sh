@@ -69,7 +69,7 @@ submitted=${DPOTRAIN_SUBMIT_DIR:-$PWD}
 # job ran this project's code on that checkout's configs/think.yaml.
 given=${DPOTRAIN_RECIPE_GIVEN-1}
 if [[ -n $given && $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIPE ]]; then RECIPE=$submitted/$RECIPE; fi
-VENV=${VENV:-.venv}
+VENV=$(home_path VENV "${VENV:-.venv}")  # quoted, its ~ was "no virtual environment at ~/venvs/dpo" (home_path)
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"

@@ -914,7 +914,8 @@ def test_a_rendezvous_port_that_is_no_port_is_refused_in_one_line(port):
 def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_path):
     """`RECIPE="~/recipes/think.yaml" sbatch scripts/dpo_train.sh`: quoted, the ~ reaches the job as it is (bash
     expands it only unquoted, at the start of a word), and the job looked for a folder named `~`: "recipe
-    ~/recipes/think.yaml not found". It is the home folder, as the shell would have made it; `~user/` too."""
+    ~/recipes/think.yaml not found". It is the home folder, as the shell would have made it; `~user/` too; and so
+    for ACCELERATE_CONFIG and VENV."""
     home = tmp_path / "home"
     (home / "recipes").mkdir(parents=True)
     shutil.copy(ROOT / "configs" / "think.yaml", home / "recipes" / "think.yaml")
@@ -926,10 +927,15 @@ def test_a_quoted_tilde_in_recipe_and_accelerate_config_is_the_home_folder(tmp_p
         script = str(ROOT / "scripts" / "dpo_train.sh")
         return subprocess.run(["bash", script], cwd=tmp_path, env=env | given, capture_output=True, text=True)
 
-    result = launch(RECIPE="~/recipes/think.yaml", ACCELERATE_CONFIG="~/my_accel.yaml")
+    (home / "venvs").mkdir()
+    (home / "venvs" / "dpo").symlink_to(ROOT / ".venv")
+    result = launch(RECIPE="~/recipes/think.yaml", ACCELERATE_CONFIG="~/my_accel.yaml", VENV="~/venvs/dpo")
     assert result.returncode == 0, result.stderr
     assert f"train_dpo.py --config {home / 'recipes' / 'think.yaml'} " in result.stdout, result.stdout
     assert f"--config_file {home / 'my_accel.yaml'} " in result.stdout, result.stdout
+    # VENV too: "no virtual environment at ~/venvs/dpo: run `bash scripts/setup_env.sh`", of a venv that was there
+    assert f"exec {home / 'venvs' / 'dpo' / 'bin' / 'accelerate'} launch " in result.stdout, result.stdout
+    assert f"export PATH={home / 'venvs' / 'dpo' / 'bin'}:" in result.stdout, result.stdout
     # ~user/: that user's home from the passwd database, not HOME (no such recipe there: refused naming the path)
     user = pwd.getpwuid(os.getuid())
     result = launch(RECIPE=f"~{user.pw_name}/no-recipe-{tmp_path.name}.yaml")
