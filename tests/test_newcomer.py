@@ -1677,3 +1677,24 @@ def test_an_env_file_there_but_not_readable_is_refused_not_skipped(kind, tmp_pat
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr.startswith(said), done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("name", ["PREFLIGHT", "CPU_PROCESSES_PER_NODE", "RECIPE"])
+def test_an_env_file_setting_a_variable_only_the_job_script_reads_is_refused(name, tmp_path, monkeypatch):
+    """`.env.example` says the scripts load `.env`, but scripts/launch.sh reads its own variables (PREFLIGHT, RECIPE,
+    CPU_PROCESSES_PER_NODE, ...) from the environment alone: a `.env` with PREFLIGHT=1 and CPU_PROCESSES_PER_NODE=2
+    ran a Slurm job with no preflight on one process, COMPLETED, without a word. Refused in one line naming the variable
+    and where to give it; the same value already in the environment is harmless."""
+    (tmp_path / ".env").write_text(f"WANDB_MODE=offline\n{name}=configs/smoke.yaml\n")
+    monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as refused:
+        venv.load_env(tmp_path)
+    assert str(refused.value) == (
+        f"error: {tmp_path / '.env'} sets {name}, which only scripts/launch.sh reads, from the environment a job "
+        f"starts with (never from .env): remove it from .env and give it on the command line ({name}=... sbatch "
+        "scripts/dpo_train.sh ...)"
+    )
+    monkeypatch.setenv(name, "configs/smoke.yaml")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    venv.load_env(tmp_path)
+    assert os.environ["WANDB_MODE"] == "offline"

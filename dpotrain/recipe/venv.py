@@ -119,7 +119,9 @@ def load_env(root: Path) -> None:
     # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
     # `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
     # token", and the tests mean it so): where it hides `.env`'s value, the message asking for it says so (`hidden`).
-    taken = {k: v for k, v in dotenv_values(root / ".env").items() if v is not None and k not in os.environ}
+    values = dotenv_values(root / ".env")
+    refuse_launcher_variables(root / ".env", values)
+    taken = {k: v for k, v in values.items() if v is not None and k not in os.environ}
     os.environ.update(taken)
     for name, value in taken.items():
         try:
@@ -194,6 +196,24 @@ def check_env_file(path: Path) -> None:
         sys.exit(
             f"error: {path} line {bad} is not NAME=value (python-dotenv cannot read it, so it sets nothing): write it "
             "as NAME=value, with any quote closed"
+        )
+
+
+# Read by scripts/launch.sh alone, from the environment the job starts with (the shell never reads `.env`); nothing in
+# Python reads them.
+LAUNCHER_ONLY = ("RECIPE", "ACCELERATE_CONFIG", "VENV", "PREFLIGHT", "CPU_PROCESSES_PER_NODE", "MAIN_PROCESS_PORT")
+
+
+def refuse_launcher_variables(path: Path, values: dict) -> None:
+    """A `.env` setting a variable of launch.sh's: the job ran without it, without a word (PREFLIGHT=1: no preflight;
+    CPU_PROCESSES_PER_NODE=2: one process; RECIPE: the script's default recipe). One the environment has the same
+    value of is harmless."""
+    name = next((k for k in LAUNCHER_ONLY if values.get(k) is not None and values[k] != os.environ.get(k)), None)
+    if name is not None:
+        sys.exit(
+            f"error: {path} sets {name}, which only scripts/launch.sh reads, from the environment a job starts with "
+            f"(never from .env): remove it from .env and give it on the command line ({name}=... sbatch "
+            "scripts/dpo_train.sh ...)"
         )
 
 
