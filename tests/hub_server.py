@@ -18,8 +18,9 @@ holding exactly those files, the branch moving to it and earlier commits staying
 `state.project_requests()` is `state.requests` less the libraries' own (LIBRARY_OWN, TRL's telemetry HEAD).
 
 Faults are injected per (kind, revision): `fail` answers 500 (with `Retry-After: 0`, which huggingface_hub honours
-after one second; `fail_status` another status) a number of times (-1: always); `hold` runs a function before
-answering (to delay an upload until something happened on disk).
+after one second; `fail_status` another status) a number of times (-1: always); `drop` closes the connection without
+an answer (a proxy or the network cutting it) as often; `hold` runs a function before answering (to delay an upload
+until something happened on disk).
 """
 
 import base64
@@ -27,6 +28,7 @@ import hashlib
 import http.server
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -163,6 +165,7 @@ class HubState:
         # What a fault answers. 500 is transient: huggingface_hub sleeps a second before each of its 5 retries, and the
         # project tries once more, ~10 s a failed push. 400 neither retries: for a test of what a failed upload leaves.
         self.fail_status = 500
+        self.drop: dict[tuple[str, str], int] = {}  # (kind, revision) -> connections closed unanswered (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
         self.dataset_heads: dict[tuple[str, str], str] = {}  # (data set repo, branch) -> sha
@@ -256,6 +259,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             left = self.state.fail.get((kind, params.get("rev")), 0)
             if left:
                 self.state.fail[(kind, params.get("rev"))] = left - 1 if left > 0 else left
+            dropped = self.state.drop.get((kind, params.get("rev")), 0)
+            if dropped:
+                self.state.drop[(kind, params.get("rev"))] = dropped - 1 if dropped > 0 else dropped
+        if dropped:  # the client reads "Server disconnected without sending a response"
+            self.close_connection = True
+            return self.connection.shutdown(socket.SHUT_RDWR)
         hold = self.state.hold.get((kind, params.get("rev")))
         if hold:
             hold()

@@ -784,6 +784,23 @@ def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     assert [r["kind"] for r in local_hub.project_requests()][-1] == "create_repo"
 
 
+def test_a_connection_dropped_as_the_repo_is_created_at_start_is_one_line_not_a_traceback(local_hub):
+    """The write check passed, then the connection dropped (a proxy, the network) as the run created its repo, or read
+    whether it is private: the job ended in httpx's RemoteProtocolError traceback (a 5xx there was one line)."""
+    local_hub.drop[("create_repo", None)] = 1
+    with pytest.raises(ConfigError) as info:
+        hub.create_at_start("lab/new", SECRET, private=None)
+    message = str(info.value)
+    assert message.startswith("could not create lab/new on the Hub (RemoteProtocolError: Server disconnected")
+    assert message.endswith("run the same command again") and SECRET not in message
+    local_hub.drop[("model_info", None)] = 1
+    with pytest.raises(ConfigError, match="^could not read whether lab/mine is private .RemoteProtocolError: "):
+        hub.create_at_start("lab/mine", SECRET, private=True)
+    with pytest.raises(RunError, match="^could not read whether lab/mine is private .RemoteProtocolError: "):
+        local_hub.drop[("model_info", None)] = 1
+        hub.check_private("lab/mine", SECRET, private=True, where="push_to_hub.py")
+
+
 def test_the_output_stage_returns_the_push_it_claimed_and_leaves_the_one_given_as_it_was(
     local_hub, tmp_path, monkeypatch
 ):

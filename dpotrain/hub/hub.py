@@ -652,8 +652,13 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
     api = HfApi(token=token or get_token())
     try:
         within(30, lambda: create_repo(api, repo_id, private))
-    except HfHubHTTPError as e:
-        raise ConfigError(f"could not create {repo_id} on the Hub: {cause(e)}") from None
+    except ConfigError:  # the Hub's refusal, named by create_repo
+        raise
+    except Exception as e:  # noqa: BLE001 - a 5xx, a connection dropped (a traceback before), no answer in 30 s
+        raise ConfigError(
+            f"could not create {repo_id} on the Hub ({cause(e)}), though it answered the write check: nothing was "
+            "trained; run the same command again"
+        ) from None
     check_private(repo_id, token, private)
 
 
@@ -680,8 +685,10 @@ def check_private(repo_id: str, token: str | None, private: bool | None, where: 
         public = not within(30, lambda: HfApi(token=token or get_token()).repo_info(repo_id).private)
     except RepositoryNotFoundError:
         return  # created private by the push
-    except HfHubHTTPError as e:
-        raise hub_failed(where)(f"could not read whether {repo_id} is private: {cause(e)}") from None
+    except Exception as e:  # noqa: BLE001 - a 5xx, a connection dropped (a traceback before), no answer in 30 s
+        raise hub_failed(where)(
+            f"could not read whether {repo_id} is private ({cause(e)}): nothing was pushed; run the same command again"
+        ) from None
     if public:
         raise ConfigError(
             f"{repo_id} is a public repo, which hub_private_repo / --private does not change (they make a new repo "
