@@ -27,6 +27,8 @@ from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
 ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
 WANDB_RESUME_VALUES = ("allow", "must", "never", "auto")  # wandb.Settings.resume's
+# Checked by lines of their own: the run id (check_wandb_run_id), the login's key (a blank one is no login) and server
+WANDB_CHECKED_APART = ("WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_BASE_URL")
 
 
 def valid_loss_types() -> list[str]:
@@ -1198,6 +1200,30 @@ def check_wandb_variables(recipe: Recipe) -> None:
         )
     check_wandb_run_id(os.environ.get("WANDB_RUN_ID", "").strip())  # stripped, as setup_wandb takes it
     check_wandb_dir(os.environ.get("WANDB_DIR", ""))
+    check_wandb_settings()
+
+
+def check_wandb_settings() -> None:
+    """Every WANDB_* variable wandb reads into its settings, asked of wandb's own check as wandb.init reads them: a
+    value it refuses (WANDB_MODE=Offline, WANDB_CONSOLE=bogus, WANDB_HTTP_TIMEOUT=30s) ended the run in a pydantic
+    traceback once W&B started, after the model loaded and the reference was scored (or, beside WANDB_MODE=offline,
+    in "No API key configured": the mode was never read). A secret's value is never quoted."""
+    import wandb
+
+    for name, value in sorted(os.environ.items()):
+        if not name.startswith("WANDB_") or name in WANDB_CHECKED_APART:
+            continue
+        try:
+            wandb.Settings().update_from_env_vars({name: value})
+        except (wandb.errors.UsageError, ValueError) as e:
+            field = str(e).splitlines()
+            why = f"{field[1].strip()}: {field[2].split(' [type=')[0].strip()}" if len(field) > 2 else field[0]
+            shown = "(its value not shown: a secret)" if venv.is_secret_name(name) else repr(value)
+            why = "" if venv.is_secret_name(name) else f" ({why})"
+            raise ConfigError(
+                f"{name} {shown} is not a value W&B takes{why}: set it as wandb's documentation gives it, or unset "
+                f"{name}"
+            ) from None
 
 
 def check_wandb_run_id(run_id: str) -> None:

@@ -190,6 +190,30 @@ def test_a_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads_and_not_
     )
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [("WANDB_MODE", "Offline", "mode"), ("WANDB_CONSOLE", "bogus", "console"), ("WANDB_HTTP_TIMEOUT", "30s", "x_")],
+)
+def test_a_wandb_variable_wandb_refuses_is_refused_before_the_model_loads(
+    variable, value, field, tmp_path, monkeypatch, capsys
+):
+    """WANDB_MODE=Offline (capitalized), WANDB_CONSOLE=bogus, WANDB_HTTP_TIMEOUT=30s: wandb.init refused each with a
+    pydantic ValidationError traceback once W&B started, after the model loaded and the reference was scored."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(variable, value)
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "run")]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and not (tmp_path / "run").exists(), err
+    [line] = [x for x in err.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: {variable} {value!r} is not a value W&B takes ({field}") and "Traceback" not in err
+    assert line.endswith(f"set it as wandb's documentation gives it, or unset {variable}")
+
+
 def test_a_wandb_dir_wandb_cannot_write_in_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """WANDB_DIR where W&B cannot write (here under a file; a read-only or another user's folder): wandb warned, once
     W&B started after the model loaded and the reference was scored, and wrote the run's W&B files to the system's
