@@ -59,7 +59,10 @@ def check_options(recipe: Recipe) -> None:
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
-            raise ConfigError(f"unknown loss_type {loss!r}: choose from {', '.join(valid)} (OLMo 3: sigmoid_norm)")
+            spaced = " (several separated by spaces, not commas)" if "," in loss else ""
+            raise ConfigError(
+                f"unknown loss_type {loss!r}: choose from {', '.join(valid)}{spaced} (OLMo 3: sigmoid_norm)"
+            )
     losses.check_options(recipe)  # losses this project cannot train as TRL defines them (aot on a token budget...)
     check_max_length(t)
     if t.max_steps == 0 or t.max_steps < -1:

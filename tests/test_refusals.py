@@ -484,6 +484,9 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
     )
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*\\.wq")
     assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
+    # a comma list, as other tools take it, is one regular expression to PEFT: the line says how to give several
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj,v_proj")
+    assert line.endswith("pass some of those (separated by spaces, not commas), or --lora_target_modules all-linear")
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
@@ -1560,6 +1563,7 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
     [
         (["--max_length", "-5"], "max_length must be >= 1 (got -5)"),
         (["--loss_type", "sigmoid_nrom"], "unknown loss_type 'sigmoid_nrom': choose from sigmoid, hinge"),
+        (["--loss_type", "sigmoid_norm,sft"], "(several separated by spaces, not commas) (OLMo 3: sigmoid_norm)"),
         (["--model_name_or_path", "./no-such-model"], "model folder './no-such-model' does not exist"),
         (["--model_name_or_path", "outputs/sft/final"], "model folder 'outputs/sft/final' does not exist"),
         (["--model_name_or_path", "data/no-such-model"], "model folder 'data/no-such-model' does not exist"),

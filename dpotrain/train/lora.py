@@ -154,9 +154,11 @@ def _check_target_modules(targets, built, model: str) -> None:
 
     layers = (torch.nn.Linear, Conv1D)
     linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, layers))
+    given = [targets] if isinstance(targets, str) else targets
+    spaced = " (separated by spaces, not commas)" if any("," in t for t in given) else ""
     raise ConfigError(
         f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
-        f"{', '.join(linear)}; pass some of those, or --lora_target_modules all-linear"
+        f"{', '.join(linear)}; pass some of those{spaced}, or --lora_target_modules all-linear"
     )
 
 
