@@ -53,7 +53,9 @@ def main(argv=None) -> None:
             result = run(argv, stop)
             engine.end_processes()  # not after an error: a rank may still be in a collective the others left
             return result
-        except Exception as e:  # any write of the run that did not fit: one line
+        except Exception as e:  # any write of the run that did not fit, or its folder gone: one line
+            if (gone := disk_full.folder_gone(e)) is not None:
+                raise gone from None
             if (full := disk_full.full_write(e)) is None:
                 raise
             raise disk_full.write_failed(*full) from None

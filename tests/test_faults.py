@@ -958,6 +958,39 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
 
 
 @pytest.mark.slow
+def test_an_output_folder_moved_away_mid_training_ends_in_one_line_and_moved_back_resumes(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """`mv run run.old` while the run trained (a folder taken for a dead run's): the next metrics record ended the run
+    in a FileNotFoundError traceback. One line now, naming the folder; nothing is made again at its path; moved back,
+    the same command goes on from checkpoint-2 (the lock the run left there taken over) to the uninterrupted weights."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused)  # before step 3's record
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
+    pid = paused_pid(paused, proc)
+    try:
+        out.rename(tmp_path / "run.old")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=600)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: the output folder {out} was deleted or moved away while this run trained: this run ended as "
+        f"{out}/metrics.jsonl could not be written, writing nothing more there (a folder made again of that name "
+        f"would hold none of its record, checkpoints or lock); move the folder back to {out} and run the same command "
+        "again to go on from its newest checkpoint, or run it as it is to start afresh"
+    )
+    assert not out.exists()
+
+    (tmp_path / "run.old").rename(out)
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
 def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

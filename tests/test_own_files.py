@@ -1359,3 +1359,38 @@ def test_a_lock_removed_while_its_run_lives_is_taken_again_and_a_lock_lost_to_an
             GracefulStop().on_step_end(args, TrainerState(global_step=3), TrainerControl())
     finally:
         run_lock.release()
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted and made again"])
+def test_an_output_folder_moved_or_deleted_while_its_run_trains_stops_it_at_the_step_end(tmp_path, how):
+    """`mv outputs/x outputs/x.old` (or `rm -rf` it, the run taken for dead) while the run trained: its next checkpoint
+    save made a new folder of that name (transformers' makedirs), and a run logging less often than it saved ended
+    with 0 and run_complete.json in a folder without its record, earlier checkpoints or lock. The run stops at the end
+    of its step, every rank, on one line naming the folder; the lock removed by hand alone (the folder the same) is not
+    taken for it."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train.preemption import GracefulStop
+
+    out = tmp_path / "run"
+    try:
+        assert run_lock.acquire(out) is None
+        args = TrainingArguments(output_dir=str(out), report_to="none")
+        (out / run_lock.LOCK_FILE).unlink()  # the lock alone removed by hand: the heartbeat links it again
+        GracefulStop().on_step_end(args, TrainerState(global_step=2, max_steps=8), TrainerControl())
+        if how == "moved":
+            out.rename(tmp_path / "run.old")
+        else:
+            shutil.rmtree(out)
+            out.mkdir()  # what the next save made
+        with pytest.raises(RunError) as stopped:
+            GracefulStop().on_step_end(args, TrainerState(global_step=3, max_steps=8), TrainerControl())
+        assert str(stopped.value) == (
+            f"stopped: the output folder {out} was deleted or moved away while this run trained: this run ended "
+            "after step 3, writing nothing more there (a folder made again of that name would hold none of its "
+            f"record, checkpoints or lock); move the folder back to {out} and run the same command again to go on from "
+            "its newest checkpoint, or run it as it is to start afresh"
+        )
+    finally:
+        run_lock.release()

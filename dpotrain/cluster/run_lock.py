@@ -200,6 +200,7 @@ class Lock:
         self.out, self.path, self.raw, self.made = out, out / LOCK_FILE, raw, made  # made: `_make`'s folders
         self.lost: str | None = None  # how the lock stopped being this run's: the run stops (`lost`)
         self.file = _file_of(self.path)  # the file this run made: a lock it may not read is its own, or another's
+        self.folder = _open_folder(out)  # the folder itself, held open: its inode is not reused while the run runs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
@@ -230,6 +231,22 @@ class Lock:
             f"stay so for {STALE_S} s, another run may take {self.out} over while this one trains"
         )
 
+    def gone(self) -> bool:
+        """Whether the output folder is no longer at its path (deleted, moved away, or a new folder of that name in its
+        place): the run's next save would make a new one there (transformers' makedirs) and go on writing into it,
+        without the run's record, earlier checkpoints or lock. A look that is not answered (EIO) is not taken for it."""
+        try:
+            found = os.stat(self.out)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False
+        try:
+            held = os.fstat(self.folder) if self.folder is not None else None
+        except OSError:
+            return False
+        return held is not None and (found.st_dev, found.st_ino) != (held.st_dev, held.st_ino)
+
     def beat(self) -> bool:
         """Refreshes the lock's time; False once it is another run's (`lost` says whose). A lock removed by hand (`rm
         run.lock`, a folder that looked stuck) is linked again at once: a run started next took it, resumed from this
@@ -238,6 +255,8 @@ class Lock:
             found = _read(self.path)
         except LockUnreadable as unread:
             return self._unreadable_beat(unread)
+        if found is None and self.gone():  # the run stops at its step's end (`folder_gone`); moved back, it beats on
+            return True
         if found is None:
             with contextlib.suppress(OSError):  # not linked (a read-only folder): lost, below
                 if _link(self.path, self.raw):
@@ -273,6 +292,10 @@ class Lock:
 
     def release(self) -> None:
         self._stop.set()
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.folder)
+            self.folder = None
         # A folder turned read-only keeps the lock: the run's error says why, and the rerun takes it over (its process
         # is gone). One made unreadable (chmod) too: the refusal `_read` raises would hide the run's own end here.
         with contextlib.suppress(OSError, ConfigError):
@@ -293,6 +316,15 @@ def _file_of(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return found.st_dev, found.st_ino, found.st_uid
+
+
+def _open_folder(out: Path) -> int | None:
+    """The output folder, opened (a descriptor: `Lock.gone` compares what is at its path now with it); None where it
+    cannot be opened, and then no move of it is looked for."""
+    try:
+        return os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
 
 
 def _link(lock: Path, raw: bytes) -> bool:
@@ -426,6 +458,22 @@ def take(output_dir: str) -> None:
 def lost() -> str | None:
     """How a lock this process held stopped being its own ('taken by host ...'), or None: still held, or none."""
     return next((lock.lost for lock in _held if lock.lost), None)
+
+
+def folder_gone() -> bool:
+    """Whether the output folder of a lock this process holds was deleted or moved away since the lock was taken
+    (`Lock.gone`); False where it holds none (the other ranks: the main process's answer is every rank's)."""
+    return any(lock.gone() for lock in _held)
+
+
+def gone_line(out: str | Path, ended: str) -> str:
+    """The line of a run whose output folder was deleted or moved away while it trained; `ended`: where it ended."""
+    return (
+        f"the output folder {out} was deleted or moved away while this run trained: this run ended {ended}, writing "
+        "nothing more there (a folder made again of that name would hold none of its record, checkpoints or lock); "
+        f"move the folder back to {out} and run the same command again to go on from its newest checkpoint, or run "
+        "it as it is to start afresh"
+    )
 
 
 def release() -> None:

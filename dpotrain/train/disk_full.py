@@ -13,7 +13,7 @@ import resource
 import shutil
 from pathlib import Path
 
-from dpotrain.cluster import collectives
+from dpotrain.cluster import collectives, run_lock
 from dpotrain.recipe import records, run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, size
 from dpotrain.train import checkpoint_manifest
@@ -329,6 +329,22 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
         if why := refused(error):
             return error, why
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return None
+
+
+def folder_gone(error: BaseException) -> RunError | None:
+    """The line for a write into the output folder that failed because the folder was deleted or moved away while the
+    run trained (`mv outputs/x outputs/x.old`): a FileNotFoundError traceback at the next metrics record. The lock's
+    holder knows its folder (`run_lock.folder_gone`: a new one of that name too); another rank, that it is not there."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, FileNotFoundError) and isinstance(error.filename, str) and OUTPUT_DIR:
+            out = OUTPUT_DIR[0]
+            inside = Path(os.path.abspath(error.filename)).is_relative_to(os.path.abspath(out))
+            if inside and (run_lock.folder_gone() or not os.path.isdir(out)):
+                return RunError(run_lock.gone_line(out, f"as {error.filename} could not be written"))
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 

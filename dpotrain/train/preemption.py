@@ -394,9 +394,13 @@ class GracefulStop(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         # One all-reduce a step for both: the main's lock lost to another run, a stop asked on any rank
-        lost, asked = max_of_ranks([run_lock.lost() is not None, self.asked_here()], args.device)
+        gone, lost, asked = max_of_ranks(
+            [run_lock.folder_gone(), run_lock.lost() is not None, self.asked_here()], args.device
+        )
+        out = Path(args.output_dir)
+        if gone:  # deleted or moved away: its next save made a new folder there, and the run ended with 0 in it
+            raise RunError(f"stopped: {run_lock.gone_line(out, f'after step {state.global_step}')}")
         if lost:  # every rank stops here
-            out = Path(args.output_dir)
             raise RunError(
                 f"stopped: the lock {out / run_lock.LOCK_FILE} was {run_lock.lost() or 'lost'} while this run trained "
                 f"(its file removed by hand, and another run started there): this run ended after step "
