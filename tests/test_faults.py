@@ -991,6 +991,36 @@ def test_an_output_folder_moved_away_mid_training_ends_in_one_line_and_moved_bac
 
 
 @pytest.mark.slow
+def test_a_checkpoint_deleted_while_it_is_written_ends_in_one_line_and_the_rerun_goes_on_from_the_one_before(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """`rm -rf run/checkpoint-*` to free space while the run trained, as it wrote checkpoint-4 (minutes for a large
+    model): its MANIFEST.json's write ended the run in a FileNotFoundError traceback. One line now, naming the
+    checkpoint and what the same command does, which goes on from the complete checkpoint before it."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    env = pause_env("", "*/checkpoint-4/.MANIFEST.json*", paused)  # its files written, its manifest not yet
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
+    pid = paused_pid(paused, proc)
+    try:
+        shutil.rmtree(out / "checkpoint-4")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=600)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: checkpoint-4 was deleted or moved away while this run wrote it in {out} ({out}/checkpoint-4/"
+        "MANIFEST.json could not be written): this run ended there; run the same command again: checkpoint-2 is "
+        "kept, and the same command goes on from it"
+    )
+
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
 def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

@@ -104,6 +104,11 @@ def gone(output_dir: str | Path) -> list[Path]:
     return sorted((root / n for n in names if _CHECKPOINT.match(n) and not os.path.lexists(root / n)), key=step_of)
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is a checkpoint folder's (`checkpoint-<N>`)."""
+    return _CHECKPOINT.match(name) is not None
+
+
 def step_of(folder: Path) -> int:
     """The step of a `checkpoint-N` folder."""
     return int(folder.name.rsplit("-", 1)[1])

@@ -17,7 +17,7 @@ from dpotrain.cluster import collectives, run_lock
 from dpotrain.recipe import records, run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, size
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
+from dpotrain.train.checkpoints import checkpoints, complete_checkpoints, is_checkpoint_name
 
 SIZE_LIMIT = "a file size limit (ulimit -f)"
 FULL = {
@@ -335,18 +335,34 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
 
 def folder_gone(error: BaseException) -> RunError | None:
     """The line for a write into the output folder that failed because the folder was deleted or moved away while the
-    run trained (`mv outputs/x outputs/x.old`): a FileNotFoundError traceback at the next metrics record. The lock's
-    holder knows its folder (`run_lock.folder_gone`: a new one of that name too); another rank, that it is not there."""
+    run trained (`mv outputs/x outputs/x.old`), or the checkpoint it was writing was (`rm -rf outputs/x/checkpoint-*`
+    to free space): a FileNotFoundError traceback, at the next metrics record or the checkpoint's MANIFEST.json. The
+    lock's holder knows its folder (`run_lock.folder_gone`: a new one of that name too); another rank, that it is not
+    there."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, FileNotFoundError) and isinstance(error.filename, str) and OUTPUT_DIR:
-            out = OUTPUT_DIR[0]
-            inside = Path(os.path.abspath(error.filename)).is_relative_to(os.path.abspath(out))
-            if inside and (run_lock.folder_gone() or not os.path.isdir(out)):
-                return RunError(run_lock.gone_line(out, f"as {error.filename} could not be written"))
+            if gone := _gone_under(OUTPUT_DIR[0], error.filename):
+                return RunError(gone)
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
+
+
+def _gone_under(out: Path, filename: str) -> str | None:
+    """`folder_gone`'s line for `filename`, not found in `out`: the folder gone, or the checkpoint folder it lies in."""
+    path, out = Path(os.path.abspath(filename)), Path(os.path.abspath(out))
+    if not path.is_relative_to(out):
+        return None
+    if run_lock.folder_gone() or not os.path.isdir(out):
+        return run_lock.gone_line(out, f"as {filename} could not be written")
+    parts = path.relative_to(out).parts
+    if len(parts) < 2 or not is_checkpoint_name(parts[0]) or os.path.isdir(out / parts[0]):
+        return None
+    return (
+        f"{parts[0]} was deleted or moved away while this run wrote it in {out} ({filename} could not be written): "
+        f"this run ended there; run the same command again: {_after(_complete(out), out)}"
+    )
 
 
 def write_failed(error: OSError, why: str) -> RunError:
