@@ -397,7 +397,7 @@ class GracefulStop(TrainerCallback):
         gone, lost, asked = max_of_ranks(
             [run_lock.folder_gone(), run_lock.lost() is not None, self.asked_here()], args.device
         )
-        out = Path(args.output_dir)
+        out = Path(args.output_dir) if gone or lost else None  # read only where a line names it
         if gone:  # deleted or moved away: its next save made a new folder there, and the run ended with 0 in it
             raise RunError(f"stopped: {run_lock.gone_line(out, f'after step {state.global_step}')}")
         if lost:  # every rank stops here
