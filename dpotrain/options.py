@@ -273,10 +273,10 @@ def check_compile(t) -> None:
             f"torch_compile_backend {backend!r} is not one accelerate compiles with: choose from {', '.join(backends)} "
             "(or remove it for inductor)"
         )
-    modes = upstream.compile_modes() if t.torch_compile_mode is not None else []  # imports torch's compiler
-    if t.torch_compile_mode is not None and t.torch_compile_mode not in modes:
+    mode = t.torch_compile_mode
+    if mode is not None and mode not in (modes := upstream.compile_modes()):  # imports torch's compiler: asked only
         raise ConfigError(
-            f"torch_compile_mode {t.torch_compile_mode!r} is not one torch.compile takes: choose from "
+            f"torch_compile_mode {mode!r} is not one torch.compile takes: choose from "
             f"{', '.join(modes)} (or remove it for default)"
         )
 
@@ -1219,14 +1219,13 @@ def check_wandb_settings() -> None:
         try:
             wandb.Settings().update_from_env_vars({name: value})
         except (wandb.errors.UsageError, ValueError) as e:
-            field = str(e).splitlines()
-            why = f"{field[1].strip()}: {field[2].split(' [type=')[0].strip()}" if len(field) > 2 else field[0]
-            shown = "(its value not shown: a secret)" if venv.is_secret_name(name) else repr(value)
-            why = "" if venv.is_secret_name(name) else f" ({why})"
-            raise ConfigError(
-                f"{name} {shown} is not a value W&B takes{why}: set it as wandb's documentation gives it, or unset "
-                f"{name}"
-            ) from None
+            if venv.is_secret_name(name):
+                said = "(its value not shown: a secret) is not a value W&B takes"
+            else:
+                field = str(e).splitlines()
+                why = f"{field[1].strip()}: {field[2].split(' [type=')[0].strip()}" if len(field) > 2 else field[0]
+                said = f"{value!r} is not a value W&B takes ({why})"
+            raise ConfigError(f"{name} {said}: set it as wandb's documentation gives it, or unset {name}") from None
 
 
 def check_wandb_run_id(run_id: str) -> None:

@@ -322,15 +322,19 @@ def _write_refused(error: Exception, what: str, after) -> Exception:
     return RunError(f"{what} ({cause(failed)}): {REFUSED_FIX}, then rerun; {after()}")
 
 
+def _chain(error: BaseException | None, until: tuple[type, ...] = ()):
+    """`error`, then the errors it was raised from or while handling, each once, up to one of the types `until`."""
+    seen = set()
+    while error is not None and id(error) not in seen and not isinstance(error, until):
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
     """The failed write behind `error` (itself, or the error it was raised from) and why, when the disk refused it."""
-    seen = set()
-    while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
-        seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
-        if why := refused(error):
-            return error, why
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-    return None
+    # a RunError (a checkpoint that did not fit, above) is already the one line
+    return next(((e, why) for e in _chain(error, (RunError, ConfigError)) if (why := refused(e))), None)
 
 
 def folder_gone(error: BaseException) -> RunError | None:
@@ -339,13 +343,13 @@ def folder_gone(error: BaseException) -> RunError | None:
     to free space): a FileNotFoundError traceback, at the next metrics record or the checkpoint's MANIFEST.json. The
     lock's holder knows its folder (`run_lock.folder_gone`: a new one of that name too); another rank, that it is not
     there."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, FileNotFoundError) and isinstance(error.filename, str) and OUTPUT_DIR:
-            if gone := _gone_under(OUTPUT_DIR[0], error.filename):
-                return RunError(gone)
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    for e in _chain(error) if OUTPUT_DIR else ():
+        if (
+            isinstance(e, FileNotFoundError)
+            and isinstance(e.filename, str)
+            and (gone := _gone_under(OUTPUT_DIR[0], e.filename))
+        ):
+            return RunError(gone)
     return None
 
 
