@@ -893,6 +893,47 @@ def test_a_model_folder_of_links_to_the_finished_run_it_replaces_is_refused_befo
     assert snapshot(out) == before and "Replaced the run" not in result.stdout
 
 
+# --- a run writes nothing beside its data ----------------------------------------------------------------------------
+
+
+def saved_pairs(tmp_path, kind: str) -> Path:
+    """32 smoke pairs as a user keeps them: a folder saved with `save_to_disk`, or a JSON Lines file in a folder."""
+    import datasets
+
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:32]
+    folder = tmp_path / "mine" / "pairs"
+    folder.mkdir(parents=True)
+    if kind == "jsonl":
+        (folder / "pairs.jsonl").write_text("".join(lines))
+        return folder / "pairs.jsonl"
+    datasets.Dataset.from_list([json.loads(line) for line in lines]).save_to_disk(str(folder))
+    return folder
+
+
+def files_in(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".lock")}
+
+
+@pytest.mark.slow  # trains twice (two train_dpo.py runs: 4-11 s)
+@pytest.mark.parametrize("kind", ["jsonl"])
+def test_runs_write_no_cache_beside_the_data_and_a_second_run_reuses_the_first_ones(tmp_path, tiny_model_dir, kind):
+    """Each run wrote 3 new `cache-*.arrow` files of datasets' maps (the assistant turns' labels, about the tokenized
+    data's size, the reference's pairs), never reused: TRL's filter of fully truncated pairs hashes the run's whole
+    arguments (its output_dir among them) into its fingerprint, and every map after it had a new one. A second run
+    (another output folder) now writes no new file in HF_DATASETS_CACHE."""
+    data = saved_pairs(tmp_path, kind)
+    mine, cache = snapshot(data.parent), tmp_path / "hf-datasets"
+    env = env_for(tiny_model_dir, HF_DATASETS_CACHE=str(cache))
+    cached = []
+    for out in ("a", "b"):
+        args = ["--config", SMOKE, "--dataset_name", str(data), "--output_dir", str(tmp_path / out)]
+        result = run_train([*args, "--max_steps", "2", "--save_strategy", "no", "--report_to", "none"], env=env)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert snapshot(data.parent) == mine  # nothing written beside the user's data
+        cached.append(files_in(cache))
+    assert cached[1] == cached[0], sorted(cached[1] - cached[0])
+
+
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------
 
 

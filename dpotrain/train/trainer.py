@@ -16,6 +16,7 @@ import functools
 import os
 import shutil
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,8 @@ from dpotrain.train.weight_names import refusal
 
 # What TRL's hash in its __init__ returns for a LoRA run (its trainer's __init__): a key is taken after, never this one
 LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weights"
+# What TRL's `_prepare_dataset` reads of the run's arguments (trl 1.16): all it is given of them (`_prepare_dataset`)
+TRL_PREPARE_READS = ("dataset_num_proc", "max_length", "truncation_mode")
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
 
 
@@ -279,7 +282,11 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         """TRL's tokenization; with `assistant_turns: all`, each prompt's labeled tokens too (data/turns.py)."""
-        dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        # TRL's filter of fully truncated pairs is a lambda holding `args`, which datasets hashes whole into the name of
+        # its cache: output_dir and run_name made each run's filter, and every map after it (the turns' labels, the
+        # reference's), new, their caches never reused and piling up. Given the fields it reads, a run reuses them.
+        read = types.SimpleNamespace(**{name: getattr(args, name) for name in TRL_PREPARE_READS})
+        dataset = super()._prepare_dataset(dataset, processing_class, read, dataset_name)
         if self.assistant_turns != "all":
             return dataset
         with global_then_local_main_first():  # as TRL's own map, the main process first
