@@ -915,12 +915,13 @@ def files_in(folder: Path) -> set[str]:
 
 
 @pytest.mark.slow  # trains twice (two train_dpo.py runs: 4-11 s)
-@pytest.mark.parametrize("kind", ["jsonl"])
+@pytest.mark.parametrize("kind", ["save_to_disk", "jsonl"])
 def test_runs_write_no_cache_beside_the_data_and_a_second_run_reuses_the_first_ones(tmp_path, tiny_model_dir, kind):
-    """Each run wrote 3 new `cache-*.arrow` files of datasets' maps (the assistant turns' labels, about the tokenized
-    data's size, the reference's pairs), never reused: TRL's filter of fully truncated pairs hashes the run's whole
-    arguments (its output_dir among them) into its fingerprint, and every map after it had a new one. A second run
-    (another output folder) now writes no new file in HF_DATASETS_CACHE."""
+    """Each run on a data set saved with `save_to_disk` wrote 3-4 new `cache-*.arrow` files of datasets' maps into the
+    user's folder (TRL's tokenization, the assistant turns' labels: about the data's size again), never reused: TRL's
+    filter of fully truncated pairs hashes the run's whole arguments (its output_dir among them) into its fingerprint,
+    and every map after it had a new one. A local file's runs grew HF_DATASETS_CACHE the same way. Now the maps over a
+    saved data set cache in HF_DATASETS_CACHE, and a second run (another output folder) writes no new file there."""
     data = saved_pairs(tmp_path, kind)
     mine, cache = snapshot(data.parent), tmp_path / "hf-datasets"
     env = env_for(tiny_model_dir, HF_DATASETS_CACHE=str(cache))
@@ -932,6 +933,23 @@ def test_runs_write_no_cache_beside_the_data_and_a_second_run_reuses_the_first_o
         assert snapshot(data.parent) == mine  # nothing written beside the user's data
         cached.append(files_in(cache))
     assert cached[1] == cached[0], sorted(cached[1] - cached[0])
+
+
+def test_a_run_on_a_data_set_saved_in_a_read_only_folder_trains_and_writes_nothing_there(tmp_path, tiny_model_dir):
+    """The run as its process ends it (`run_cli`), in a forked child where the saved data set's folder is a read-only
+    mount (`in_child`): datasets wrote the first map's cache beside the data, and the run failed on the read-only file
+    system. Its maps cache in HF_DATASETS_CACHE now, none beside the data."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    data = saved_pairs(tmp_path, "save_to_disk")
+    mine, out = snapshot(data.parent), tmp_path / "run"
+    args = ["--config", SMOKE, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "2"]
+    env = env_for(tiny_model_dir, HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"))
+    command = [*args, "--save_strategy", "no", "--report_to", "none"]
+    code, stdout, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(command)), read_only=[data.parent], env=env)
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert (out / "model.safetensors").is_file() and snapshot(data.parent) == mine
 
 
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------

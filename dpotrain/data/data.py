@@ -528,6 +528,29 @@ def _known_by_its_files(loaded, path: Path):
     return loaded.select_columns(loaded.column_names, new_fingerprint=digest.hexdigest()[:16])
 
 
+def cached_by_datasets(dataset, *key) -> dict:
+    """`map` arguments that put the cache of a map over `dataset` in datasets' cache where datasets would write it
+    beside the user's own files: a data set saved with `save_to_disk` is read in place, and datasets writes the caches
+    of maps over it (`cache-*.arrow`) into its folder, which the run does not own (shared, or read-only: the run
+    failed there). Once one map caches in datasets' cache, every map after it (TRL's tokenization, the assistant
+    turns' labels) caches beside that one. Named by `dataset`'s fingerprint (its files as they are now,
+    `_known_by_its_files`, and the rows kept) and `key` (the map's function and what it is given), so that the next
+    run reuses it. {} for a data set datasets copied into its cache (a file's, a Hub data set's), or held in memory."""
+    import datasets
+    from datasets.fingerprint import Hasher
+
+    files = [Path(found["filename"]).resolve() for found in dataset.cache_files]
+    cache = Path(datasets.config.HF_DATASETS_CACHE).expanduser().resolve()
+    if not files or files[0].is_relative_to(cache):
+        return {}
+    check_datasets_cache()
+    saved = files[0].parent
+    folder = cache / "saved_to_disk" / f"{saved.name}-{hashlib.sha256(str(saved).encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    fingerprint = Hasher.hash([upstream.dataset_fingerprint(dataset), *key])
+    return {"cache_file_name": str(folder / f"cache-{fingerprint}.arrow"), "new_fingerprint": fingerprint}
+
+
 # What of load_dataset's arguments load_dataset_builder does not take
 NOT_THE_BUILDERS = ("split", "streaming", "keep_in_memory", "verification_mode", "num_proc", "save_infos")
 

@@ -15,7 +15,7 @@ import unicodedata
 from collections import Counter
 
 from dpotrain.data import chat_template, data_identity, shapes
-from dpotrain.data.data import mixed_type_columns, row_location
+from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
@@ -518,12 +518,15 @@ def usable_pairs(
         trained.update(checked.digests)
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
-    pairs = dataset.select_columns(columns).map(
+    selected, features = dataset.select_columns(columns), _parsed_features(dataset, checked.fmt.shape)
+    pairs = selected.map(
         shapes.normalize,
         fn_kwargs={"shape": checked.fmt.shape},
         remove_columns=read,
-        features=_parsed_features(dataset, checked.fmt.shape),
+        features=features,
         desc=f"Reading {split} pairs",
+        # a saved data set's maps cache in datasets' cache, from this one on: never in the user's folder
+        **cached_by_datasets(selected, shapes.normalize, checked.fmt.shape, read, features),
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))

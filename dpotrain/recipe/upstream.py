@@ -221,6 +221,11 @@ SUPPORTS_SDPA = _read(
     "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
     "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
 )
+DATASET_FINGERPRINT = _read(
+    "datasets.arrow_dataset:Dataset._fingerprint",
+    "what a map's cache is named by: the first map over a data set saved with `save_to_disk` is given a cache named "
+    "by it in datasets' cache, not beside the user's files (dpotrain/data/data.py:cached_by_datasets)",
+)
 NO_SPLIT_MODULES = _read(
     "transformers.modeling_utils:PreTrainedModel._no_split_modules",
     "the decoder layer classes FSDP2 makes its units of, as accelerate reads them, less the ones the model does not "
@@ -608,6 +613,11 @@ def attributes_set(obj, **values):
                 setattr(obj, name, value)
             else:
                 delattr(obj, name)
+
+
+def dataset_fingerprint(dataset) -> str:
+    """What datasets names the caches of maps over `dataset` by (its files' own, and every transform since)."""
+    return _member(dataset, DATASET_FINGERPRINT)
 
 
 def saved_data_files(state: dict) -> list:
