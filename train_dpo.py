@@ -121,7 +121,10 @@ def run(argv, stop: GracefulStop) -> int | None:
         return publish.complete_push(recipe, push, output.push_left, state, stop)
     explicit = output.resume_from == recipe.training.resume_from_checkpoint  # damaged: refused, not fallen back
     compare = resolve.trained_otherwise(recipe, launch.batch.pairs_per_step)  # a checkpoint fallen back to
-    output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit, compare=compare))
+    afresh = recipe.project.overwrite_output_dir and not explicit
+    point = resume.confirm(output.resume_from, explicit=explicit, compare=compare, afresh=afresh)
+    # None where every checkpoint failed its checksums under --overwrite_output_dir: the run there is replaced
+    output = replace(output, resume_from=point) if point or not output.resume_from else resolve.afresh(output)
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go

@@ -1,6 +1,7 @@
 """From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
 
 import contextlib
+import dataclasses
 import math
 import os
 import shlex
@@ -339,6 +340,12 @@ def resumed(out: Path, point: str) -> OutputDecision:
     """Resume from `point`: a hand edit of the run's record is said not to be used (resume.say_hand_edit)."""
     resume.say_hand_edit(out, point, trained_under(Path(point)))
     return OutputDecision(point, False)
+
+
+def afresh(decision: OutputDecision) -> OutputDecision:
+    """`decision` to resume turned into the start afresh --overwrite_output_dir asks for, no checkpoint left to resume
+    once their checksums were read (resume.confirm): as `check_output_dir` decides where it sees that first."""
+    return dataclasses.replace(decision, resume_from=None, start_afresh=True, data_commit=None, source_commits={})
 
 
 def continued_record(decision: OutputDecision, output_dir: str) -> str | None:

@@ -236,6 +236,31 @@ def test_a_fall_back_past_a_checkpoint_damaged_in_place_compares_the_one_before_
 
 
 @pytest.mark.slow
+def test_overwrite_output_dir_starts_afresh_where_every_checkpoint_fails_its_checksums(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """Every checkpoint damaged in place (a byte changed at its size) is found once processes have started, after
+    --overwrite_output_dir had chosen to resume the unfinished run of the same settings: the refusal said "pass
+    --overwrite_output_dir to start afresh", and the same command with it was refused again in the same words, with
+    no way left to start afresh in that folder. Now it starts afresh, as the flag asks, and trains the baseline."""
+    out = unfinished(baseline, tmp_path)
+    for step in (2, 4):
+        damage(out / f"checkpoint-{step}" / "optimizer.pt", "flipped")
+    refused = train(out, tiny_model_dir, pairs)
+    assert refused.returncode != 0 and "pass --overwrite_output_dir to start afresh" in refused.stdout, refused.stdout
+    result = train(out, tiny_model_dir, pairs, "--overwrite_output_dir")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Resuming from" not in result.stdout
+    assert (
+        f"output_dir {out} has no checkpoint left to resume from (checkpoint-4: optimizer.pt does not match its "
+        "checksum (damaged after it was written); checkpoint-2: optimizer.pt does not match its checksum (damaged "
+        "after it was written)): starting afresh, as --overwrite_output_dir asks"
+    ) in result.stdout.splitlines(), result.stdout[-3000:]
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
 def test_the_built_in_model_by_its_name_resumes_a_run_started_on_its_folder(baseline, tmp_path, tiny_model_dir, pairs):
     """The baseline trained `builtin:tiny-olmo3` by the folder it is built in; its name on the rerun is that folder
     (its files are compared): it was refused as `model_name_or_path: '<folder>' -> 'builtin:tiny-olmo3'`."""

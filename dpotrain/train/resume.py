@@ -131,7 +131,12 @@ def next_step(last: bool) -> str:
     return "no verified checkpoint before it" if last else "trying the checkpoint before it"
 
 
-def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
+def no_sound_checkpoint(out: Path, damaged: list[str], afresh: bool = False) -> str:
+    if afresh:
+        return (
+            f"output_dir {out} has no checkpoint left to resume from ({'; '.join(damaged)}): starting afresh, as "
+            "--overwrite_output_dir asks"
+        )
     named = "folder or file" if any(GONE in why for why in damaged) else "file"
     return (
         f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore "
@@ -139,10 +144,11 @@ def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
     )
 
 
-def confirm(resume_from: str | None, explicit: bool, compare=None) -> str | None:
+def confirm(resume_from: str | None, explicit: bool, compare=None, afresh: bool = False) -> str | None:
     """On every rank once processes have started: the resume point's checksums, each rank its share; a damaged
     checkpoint is skipped for the previous sound one (refused where named with --resume_from_checkpoint), whose
-    settings `compare` gives as they differ from the run's (`check_fallen_back`)."""
+    settings `compare` gives as they differ from the run's (`check_fallen_back`). With none left: refused, or None
+    where --overwrite_output_dir asks to start afresh (`afresh`)."""
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
     rank, world = collectives.rank_and_world()
@@ -165,6 +171,12 @@ def confirm(resume_from: str | None, explicit: bool, compare=None) -> str | None
             last = newest_verified(folder.parent, before=folder)[0] is None
             print(f"Not resuming from {folder}: {found[0]}; {next_step(last)}", flush=True)
         folder = latest_sound_checkpoint(folder.parent, before=folder, refuse=False)
+        if folder is None and afresh:
+            # --overwrite_output_dir resumed an unfinished run of the same settings: with none of its checkpoints
+            # sound it starts afresh, as the flag asks; refused, the line named that very flag as the way out
+            if rank == 0:
+                print(no_sound_checkpoint(Path(resume_from).parent, damaged, afresh=True), flush=True)
+            return None
         if folder is None:
             raise RunError(no_sound_checkpoint(Path(resume_from).parent, damaged))
     return None
