@@ -234,6 +234,18 @@ def test_a_fall_back_past_a_checkpoint_damaged_in_place_compares_the_one_before_
     ) in result.stdout.splitlines(), result.stdout[-3000:]
     assert logged_steps(out) == [1, 2, 3, 4] and not (out / "model.safetensors").exists()
 
+    # --overwrite_output_dir replaces a run of other settings: it was refused here in the same line, the flag unread
+    result = train(out, tiny_model_dir, pairs, "--overwrite_output_dir")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Resuming from" not in result.stdout
+    assert (
+        f"output_dir {out}: checkpoint-4: optimizer.pt does not match its checksum (damaged after it was written), and "
+        "checkpoint-2, the checkpoint before it, was written by a run with other settings (learning_rate: 0.0005 -> "
+        "0.0001): starting afresh, as --overwrite_output_dir asks"
+    ) in result.stdout.splitlines(), result.stdout[-3000:]
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
 
 @pytest.mark.slow
 def test_overwrite_output_dir_starts_afresh_where_every_checkpoint_fails_its_checksums(

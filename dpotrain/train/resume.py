@@ -157,8 +157,12 @@ def confirm(resume_from: str | None, explicit: bool, compare=None, afresh: bool 
         every_rank = collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
         found = [p for part in every_rank for p in part]
         if not found:
-            if compare is not None and str(folder) != resume_from:
-                check_fallen_back(folder, damaged, compare)
+            if (
+                compare is not None
+                and str(folder) != resume_from
+                and check_fallen_back(folder, damaged, compare, afresh)
+            ):
+                return None
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
         passed_over.add(folder.absolute())
@@ -182,18 +186,28 @@ def confirm(resume_from: str | None, explicit: bool, compare=None, afresh: bool 
     return None
 
 
-def check_fallen_back(folder: Path, damaged: list[str], compare) -> None:
+def check_fallen_back(folder: Path, damaged: list[str], compare, afresh: bool = False) -> bool:
     """A checkpoint `confirm` falls back to, compared with the run's settings as the one chosen before it was
     (resolve.check_output_dir, before its checksums were read): fallen back to unchecked, another run's checkpoint
     copied over the run's own (another learning rate, seed or data) was resumed from, under a record of this run's
-    settings, exit code 0. The main process compares (`compare`: resolve.trained_otherwise), every rank refuses."""
-    if changed := collectives.main_outcome(compare, folder):
-        newest = damaged[0].split(":", 1)[0]
-        raise ConfigError(
-            f"output_dir {str(folder.parent)!r}: {damaged[0]}, and {folder.name}, the checkpoint before it, was "
-            f"written by a run with other settings ({'; '.join(changed)}): not resumed from; restore {newest}'s file "
-            "from a copy, or pass a new --output_dir"
-        )
+    settings, exit code 0. The main process compares (`compare`: resolve.trained_otherwise), every rank refuses; or,
+    under --overwrite_output_dir (`afresh`), which replaces a run of other settings, every rank returns True: the run
+    starts afresh (refused, the flag went unread)."""
+    if not (changed := collectives.main_outcome(compare, folder)):
+        return False
+    what = (
+        f"{damaged[0]}, and {folder.name}, the checkpoint before it, was written by a run with other settings "
+        f"({'; '.join(changed)})"
+    )
+    if afresh:
+        if collectives.rank_and_world()[0] == 0:
+            print(f"output_dir {folder.parent}: {what}: starting afresh, as --overwrite_output_dir asks", flush=True)
+        return True
+    newest = damaged[0].split(":", 1)[0]
+    raise ConfigError(
+        f"output_dir {str(folder.parent)!r}: {what}: not resumed from; restore {newest}'s file from a copy, or pass a "
+        "new --output_dir"
+    )
 
 
 def check_state_left(checkpoint: str) -> None:
