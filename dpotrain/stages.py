@@ -216,6 +216,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     kept = hub_revision.kept(recipe, recorded) if recorded else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
     sources = mixture.kept(recipe, recorded) if recorded else {}
+    spellings = mixture.drawn_as(recipe, recorded) if recorded else {}  # which draw the rows it started on
     said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
@@ -233,7 +234,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     once(offline.check_hub_cache, recipe)  # online: what is not cached is downloaded there
-    return replace(decision, would_refuse=tuple(refusals), data_commit=kept, source_commits=sources), push
+    found = {"data_commit": kept, "source_commits": sources, "source_spellings": spellings}
+    return replace(decision, would_refuse=tuple(refusals), **found), push
 
 
 def _only_if(condition: bool, work, *args, **kwargs):
@@ -311,14 +313,16 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
-    before = _read_identity(recipe, launch, revision, pins=pins)
+    drawn = output.source_spellings if output is not None else None  # a continued run's rows: drawn as it started
+    before = _read_identity(recipe, launch, revision, pins=pins, drawn=drawn)
     read = (revision, checked, identify, pins, fetch, recorded)
     trained: set = set()  # the training pairs' digests: held-out pairs among them are said (rows.say_repeats)
-    dataset, mix = _load_pairs(recipe, rules, *read, trained=trained)
-    dataset_id = _read_identity(recipe, launch, revision, before, pins)
+    dataset, mix = _load_pairs(recipe, rules, *read, trained=trained, drawn=drawn)
+    dataset_id = _read_identity(recipe, launch, revision, before, pins, drawn)
     eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
-        eval_dataset, eval_mix = _load_pairs(recipe, replace(rules, evaluation=True), *read, trained=trained)
+        held = replace(rules, evaluation=True)
+        eval_dataset, eval_mix = _load_pairs(recipe, held, *read, trained=trained, drawn=drawn)
         checked["eval_rows"] = len(eval_dataset)
         collectives.every_rank(check_held_out_pairs, dataset, eval_dataset, launch.data_parallel)  # said once
         _note_also_trained(values, say)
@@ -360,11 +364,14 @@ def check_held_out_pairs(train, held, data_parallel: int) -> None:
         )
 
 
-def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None, pins=None) -> str | None:
+def _read_identity(
+    recipe, launch: Launch, revision: str | None, before: str | None = None, pins=None, drawn=None
+) -> str | None:
     """The training data's identity (None: unknown), read before and after the rows: a file being written is refused.
-    A Hub data set is known by the commit it is read at (`revision`, a mixture's `pins`), the same both times."""
+    A Hub data set is known by the commit it is read at (`revision`, a mixture's `pins`), the same both times; a
+    continued mixture by the spellings that drew its rows (`drawn`, mixture.drawn_as)."""
     try:
-        now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision, pins=pins)
+        now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision, pins=pins, drawn=drawn)
     except (OSError, ValueError):
         return None
     if before is not None and now != before:
@@ -377,17 +384,27 @@ def _read_identity(recipe, launch: Launch, revision: str | None, before: str | N
 
 
 def _load_pairs(
-    recipe, rules: rows.RowRules, revision, checked: dict, identify, pins, fetch: str, recorded=False, trained=None
+    recipe,
+    rules: rows.RowRules,
+    revision,
+    checked: dict,
+    identify,
+    pins,
+    fetch: str,
+    recorded=False,
+    trained=None,
+    drawn=None,
 ):
     """The training (or, where `rules.evaluation`, held-out) pairs, invalid rows counted in `checked`: a mixture's, else
     dataset_name's split. `fetch`: the prefetch command, named where the copy read offline is not the commit the run
     reads; `recorded`: `revision` is the commit the run's record holds (`fetch` names the run's folder); `trained`:
-    the training pairs' digests (`rows.usable_pairs`; a mixture's sources say their own repeats alone)."""
+    the training pairs' digests (`rows.usable_pairs`; a mixture's sources say their own repeats alone); `drawn`: a
+    continued mixture's sources' spellings as it started (`mixture.drawn_as`)."""
     s, evaluation = recipe.script, rules.evaluation
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
-        given = {"identify": identify, "pins": pins, "prefetch": fetch}
+        given = {"identify": identify, "pins": pins, "prefetch": fetch, "drawn": drawn}
         dataset, mix = mixture.load(sources, recipe.training.seed, rules, checked, key, **given)
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix

@@ -816,6 +816,25 @@ def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_proce
             f.write(original)
 
 
+@pytest.mark.slow
+def test_a_run_resumed_with_its_sources_spelled_otherwise_takes_the_same_pairs(one_process, files, tmp_path):
+    """A source's rows are drawn by its spelling (`mixture.take`), and a resume takes the same source spelled otherwise
+    (relative once, by its full path in a Slurm job submitted from there: config.same_sources) for the same setting.
+    Resumed as `trl.jsonl 0.5 ...` in the files' folder, a run started as `/full/path/trl.jsonl 0.5 ...` trained its
+    steps left on other pairs, exit 0, in silence (another taken_sha256 per source); it now draws as it started."""
+    out = tmp_path / "out"
+    shutil.copytree(one_process[0], out)
+    (out / "run_complete.json").unlink()  # stopped after checkpoint-2: a rerun goes on from it
+    folder = Path(files["trl"]).parent
+    relative = ["--dataset_mixer_list", "trl.jsonl", "0.5", "uf.parquet", "12", "hh.csv", "1.5"]
+    args = ["--config", SMOKE, *relative, "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2"]
+    dry = run_train([*args, "--dry-run"], cwd=folder)
+    assert dry.returncode == 0 and "checkpoint-2" in dry.stdout, dry.stdout[-3000:]
+    planned = json.loads((tmp_path / "out.dry-run.json").read_text())["derived"]["data_sources"]
+    recorded = one_process[3]["derived"]["data_sources"]
+    assert [(r["taken"], r["taken_sha256"]) for r in planned] == [(r["taken"], r["taken_sha256"]) for r in recorded]
+
+
 # --- refusals by source -----------------------------------------------------------------------------------------------
 
 

@@ -406,14 +406,17 @@ def _check_found(source: Source) -> None:
 # --- taking the rows --------------------------------------------------------------------------------------------------
 
 
-def take(source: Source, usable: int, seed: int, share_rows: int | None = None) -> np.ndarray:
-    """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat."""
+def take(
+    source: Source, usable: int, seed: int, share_rows: int | None = None, spelled: str | None = None
+) -> np.ndarray:
+    """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat.
+    `spelled`: the source's spec as a continued run started with it (`drawn_as`), where it is spelled otherwise now."""
     if share_rows is not None:  # TRL's fraction: the first rows
         return np.arange(share_rows)
     if source.amount is None:
         return np.arange(usable)
     # One generator per source: the recipe's seed and the source's spelling, not its position or the process
-    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
+    key = int.from_bytes(hashlib.sha256((spelled or source.spec()).encode()).digest()[:8], "little")
     rng = np.random.default_rng([seed, key])
     if "." not in source.amount:
         count = int(source.amount)
@@ -601,11 +604,13 @@ def load(
     identify: bool = False,
     pins: dict | None = None,
     prefetch: str | None = None,
+    drawn: dict | None = None,
 ):
     """The mixture's pairs joined in the written order, and its `Mix`. Each source's rows read by `rules` (held out
     where `rules.evaluation`): bad rows refused by source and line, or with skip_invalid dropped and counted under
     `checked[key]`. `pins`: the commit each Hub source is read at (`pin`); `prefetch`: the command that fetches the
-    sources (`offline.prefetch_command`), named where a copy read is not."""
+    sources (`offline.prefetch_command`), named where a copy read is not; `drawn`: a continued run's sources' specs
+    as it started (`drawn_as`), by their specs now."""
     import datasets
 
     usable, records, dropped, dated = [], [], {}, {}
@@ -628,10 +633,13 @@ def load(
             record["identity"] = identity_of(source, revision)
         records.append(record)
     shares = share_rows(sources, [len(p) for p in usable])
-    taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, shares, strict=True)]
+    drawn = drawn or {}
+    taken = [take(s, len(p), seed, n, drawn.get(s.spec())) for s, p, n in zip(sources, usable, shares, strict=True)]
     for record, picked, pairs in zip(records, taken, usable, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
+        if record["source"] in drawn:  # the spelling that drew them, for the next attempt (`drawn_as`)
+            record["drawn_as"] = drawn[record["source"]]
     rows.say_dated(dated, [s.spec() for s in sources])  # one template: its warning once, not once a source
     if dropped:
         checked[key] = dropped
@@ -740,27 +748,51 @@ def kept(recipe, output_dir: str) -> dict[str, str]:
     record holds it (`data_sources`' and `eval_sources`' identities): the resume reads it again, as a Hub data set's
     resume loads its commit (`hub_revision.kept`). One read unpinned (`pin`: recorded as `...@main`), or that the
     record holds no commit for, is pinned as a new run's."""
-    values = fields_of(recipe)
-    recorded = hub_revision.record(output_dir) if given(values) or given(values, evaluation=True) else None
     found = {}
-    for evaluation, field in ((False, "data_sources"), (True, "eval_sources")):
-        sources = parse(values, evaluation) or []
-        identities = _recorded(sources, getattr(recorded.data, field) if recorded else None)
-        for source, was in zip(sources, identities, strict=True):
-            commit = hub_revision.commit_of(was.get("revision") or "")
-            # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
-            if source.hub and commit and was["revision"].startswith(f"hub:{source.path}:"):
-                found[source.path] = commit
+    for source, was in _continued(recipe, output_dir):
+        revision = (was.get("identity") or {}).get("revision") or ""
+        commit = hub_revision.commit_of(revision)
+        # Of this repo (a dry run goes on past a changed mixture's refusal: another repo's commit is none of its)
+        if source.hub and commit and revision.startswith(f"hub:{source.path}:"):
+            found[source.path] = commit
     return found
 
 
+def drawn_as(recipe, output_dir: str) -> dict[str, str]:
+    """A continued run's sources (training and held-out) spelled otherwise than it started with them, by their specs
+    now: the specs its record holds. A source's rows are drawn by its spelling (`take`), and a resume takes the same
+    file spelled otherwise (relative once, by its full path in a Slurm job submitted from there) for the same setting
+    (config.same_sources): drawn by the new spelling, the steps left trained other pairs, in silence."""
+    found = {}
+    for source, was in _continued(recipe, output_dir):
+        then = was.get("drawn_as") or was.get("source")  # a resumed attempt's record keeps the first spelling
+        if isinstance(then, str) and then != source.spec():
+            found[source.spec()] = then
+    return found
+
+
+def _continued(recipe, output_dir: str):
+    """(source, its entry in the record's `data_sources` or `eval_sources`, {} for none) of a continued run's
+    mixtures, training and held-out."""
+    values = fields_of(recipe)
+    recorded = hub_revision.record(output_dir) if given(values) or given(values, evaluation=True) else None
+    for evaluation, field in ((False, "data_sources"), (True, "eval_sources")):
+        sources = parse(values, evaluation) or []
+        yield from zip(sources, _entries(sources, getattr(recorded.data, field) if recorded else None), strict=True)
+
+
 def _recorded(sources: list[Source], records: list | None) -> list[dict]:
-    """Each source's identity as `records` (a record's `data_sources` or `eval_sources`) hold it, {} for none: by its
-    spec, else at its place (a source recorded under another spelling, config.same_sources)."""
+    """Each source's identity as `records` (a record's `data_sources` or `eval_sources`) hold it, {} for none."""
+    return [entry.get("identity") or {} for entry in _entries(sources, records)]
+
+
+def _entries(sources: list[Source], records: list | None) -> list[dict]:
+    """Each source's entry in `records`, {} for none: by its spec, else at its place (a source recorded under another
+    spelling, config.same_sources)."""
     records = records or []
     by_spec = {r.get("source"): r for r in records}
     placed = records if len(records) == len(sources) else [{}] * len(sources)
-    return [by_spec.get(s.spec(), p).get("identity") or {} for s, p in zip(sources, placed, strict=True)]
+    return [by_spec.get(s.spec(), p) for s, p in zip(sources, placed, strict=True)]
 
 
 def pinned(source: Source, pins: dict | None) -> str | None:
@@ -852,12 +884,15 @@ def _compared(source: Source) -> set | None:
     return {*found, Path(os.path.expanduser(os.path.join(where, data_dir or "")), "README.md").resolve()}
 
 
-def dataset_id(recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None) -> str:
+def dataset_id(
+    recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None, drawn: dict | None = None
+) -> str:
     """The analyzer's cache key for the training data: one source's identity, or its sources' identities, amounts and
-    the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`)."""
+    the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`); `drawn`: a
+    continued run's sources' spellings as it started (`drawn_as`), which draw its rows."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
     p = recipe.project
-    return dataset_id_of(values, recipe.training.seed, p.hh_format, local_only, pins, p.assistant_turns)
+    return dataset_id_of(values, recipe.training.seed, p.hh_format, local_only, pins, p.assistant_turns, drawn)
 
 
 def dataset_id_of(
@@ -867,16 +902,21 @@ def dataset_id_of(
     local_only: bool = False,
     pins: dict | None = None,
     assistant_turns: str = "final",
+    drawn: dict | None = None,
 ) -> str:
     """`dataset_id`'s key from the recipe's data fields; `assistant_turns` keys it only where it is `all`
-    (`lengths.turns_key`: `final` recipes keep the keys their caches were written under)."""
+    (`lengths.turns_key`: `final` recipes keep the keys their caches were written under); `drawn`: `dataset_id`'s."""
     identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
     sources = parse(values)
     if sources is None:
         name, split = values["dataset_name"], values["dataset_train_split"]
         config, revision = values.get("dataset_config"), values.get("dataset_revision")
         return identity(name, split, config, revision, assistant_turns=assistant_turns)
-    parts = [[_content_id(s, identity, hh_format, pinned(s, pins)), s.spec(), s.written(), s.columns] for s in sources]
+    # Keyed by the spelling that drew the rows (`take`): a resume's under its start's, the rows it takes
+    spec = {s.spec(): (drawn or {}).get(s.spec(), s.spec()) for s in sources}
+    parts = [
+        [_content_id(s, identity, hh_format, pinned(s, pins)), spec[s.spec()], s.written(), s.columns] for s in sources
+    ]
     # `all` drops pairs `final` keeps (an empty earlier answer): another key; `final`'s, as before it was read
     keyed = [parts, seed, *(["assistant_turns:all"] if lengths.turns_key(assistant_turns) else [])]
     digest = hashlib.sha256(json.dumps(keyed, default=str).encode()).hexdigest()[:16]
