@@ -666,7 +666,7 @@ def ref_columns_of(dataset):
     return dataset["ref_chosen_logps"], dataset["ref_rejected_logps"]
 
 
-def test_an_empty_complete_file_is_named_and_scored_again(tmp_path, monkeypatch, capsys):
+def test_an_empty_or_zeroed_complete_file_is_named_and_scored_again(tmp_path, monkeypatch, capsys):
     """The other file of the stage: an empty or short `complete.npz` is not a hit (and not a crash at start)."""
     import numpy as np
 
@@ -675,9 +675,18 @@ def test_an_empty_complete_file_is_named_and_scored_again(tmp_path, monkeypatch,
     digests = np.zeros((3, 16), dtype=np.uint8)
     store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
     assert store.complete() is not None
+    written = (store.folder / reference.COMPLETE).read_bytes()
     (store.folder / reference.COMPLETE).write_bytes(b"")
     assert store.complete() is None
-    assert f"{store.folder / reference.COMPLETE} is damaged (EOFError" in capsys.readouterr().err
+    said = "is damaged (BadZipFile: it holds no .npz archive: emptied, zeroed or written over); it is removed"
+    assert f"{store.folder / reference.COMPLETE} {said}" in capsys.readouterr().err
+    # Zeroed in place (a file system's crash): numpy read it as a pickle and its error, quoted, said to load it with
+    # allow_pickle=True, which runs what the file holds
+    store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
+    (store.folder / reference.COMPLETE).write_bytes(bytes(len(written)))
+    assert store.complete() is None
+    err = capsys.readouterr().err
+    assert f"{store.folder / reference.COMPLETE} {said}" in err and "pickle" not in err, err
     store.write_complete({"pairs": 3}, np.zeros(2, dtype=np.float32), np.zeros(2, dtype=np.float32), digests)
     assert store.complete() is None and "arrays of shapes (2,), (2,) for 3 pairs" in capsys.readouterr().err
     store.write_part("a", 0, [0, 7], [-1.0, -2.0], [-3.0, -4.0])  # an index outside the data set

@@ -872,7 +872,7 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
         return None
 
     def lengths(path):
-        with run_records.zip_damage(), np.load(path) as z:  # a flipped bit in its zip directory: damage, no crash
+        with run_records.npz(path) as z:  # a flipped bit in its zip directory, a zeroed file: damage, no crash
             kept = {k: z[k] for k in KEPT if k in z.files}
             key = str(z[KEY_ARRAY]) if KEY_ARRAY in z.files else None  # None: written before files named their key
             return key, Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, **kept)

@@ -165,6 +165,20 @@ def zip_damage():
         raise zipfile.BadZipFile(f"{type(e).__name__}: {e}") from e
 
 
+@contextlib.contextmanager
+def npz(path: str | Path):
+    """`np.load` of an .npz, its damage raised as BadZipFile (`zip_damage`). A file that holds no zip at all (zeroed,
+    overwritten, empty) is said so: np.load reads such a file as a pickle, and its error told the user to load it with
+    `allow_pickle=True`, which would run what the file holds."""
+    import numpy as np
+
+    with open(path, "rb") as f:  # a missing file stays FileNotFoundError: no cache, not a damaged one
+        if not zipfile.is_zipfile(f):
+            raise zipfile.BadZipFile("it holds no .npz archive: emptied, zeroed or written over")
+    with zip_damage(), np.load(path) as loaded:
+        yield loaded
+
+
 def read_cache(path: str | Path, load, kind: str, again: str):
     """What `load(path)` reads of a file of the `kind` cache; None when there is none, or when it is damaged (then it
     is removed, with one warning saying `again`: how it is computed again)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dpotrain.data.pair_lengths import pair_columns
-from dpotrain.recipe.records import UNREADABLE, zip_damage
+from dpotrain.recipe.records import UNREADABLE, npz
 
 DIGEST_BYTES = 16
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
@@ -29,7 +29,7 @@ def key_of(npz) -> str | None:
 def load_arrays(path: Path, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> tuple[str | None, list]:
     """(`key_of`, the `names` arrays, then the `optional` ones: None where the file has none) of a cache file. A
     flipped bit in the zip's directory is BadZipFile too (`zip_damage`): named and scored again, never a traceback."""
-    with zip_damage(), np.load(path) as f:
+    with npz(path) as f:
         found = [np.asarray(f[name]) for name in names]
         return key_of(f), found + [np.asarray(f[name]) if name in f.files else None for name in optional]
 
