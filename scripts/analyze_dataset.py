@@ -661,10 +661,11 @@ def sample(dataset, n: int, seed: int):
         return dataset.select(indices), indices
     # Streaming: a shuffle buffer, and each row's position in the stream kept so that messages name the right row.
     with_index = dataset.map(lambda row, i: {"__index__": i}, with_indices=True)
-    picked = with_index.shuffle(seed=seed, buffer_size=10_000).take(n)
-    rows = sorted(picked, key=lambda row: row["__index__"])
+    # One row more than asked: a stream that ends within n was read whole, the complete analysis (as in memory above)
+    picked = list(with_index.shuffle(seed=seed, buffer_size=10_000).take(n + 1))
+    rows = sorted(picked[:n], key=lambda row: row["__index__"])
     indices = [row.pop("__index__") for row in rows]
-    return datasets.Dataset.from_list(rows), indices
+    return datasets.Dataset.from_list(rows), indices if len(picked) > n else None
 
 
 if __name__ == "__main__":

@@ -676,15 +676,18 @@ def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_sample_of_at_least_every_row_is_the_complete_analysis(cli, tokenizer, tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize("size", [2000, len(_messages_rows())], ids=["more rows", "as many rows"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["in memory", "streaming"])
+def test_a_sample_of_at_least_every_row_is_the_complete_analysis(
+    streaming, size, cli, tokenizer, tmp_path, tiny_model_dir, capsys
+):
     """--sample 2000 (the documented quick look) of a data set of 41 rows analyses every row: the report said "a seeded
     sample of 41 rows" and its JSON {"rows": 2000}, a sample the analysis was not, and it was not cached for
-    `max_length: auto`, which then analysed the same rows again."""
+    `max_length: auto`, which then analysed the same rows again. Streamed too (its rows are not counted before)."""
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     out = tmp_path / "r.json"
-    assert (
-        cli.main([path, "--tokenizer", tiny_model_dir, "--sample", "2000", "--json", str(out), "--num-proc", "1"]) == 0
-    )
+    argv = [path, "--tokenizer", tiny_model_dir, "--sample", str(size), "--json", str(out), "--num-proc", "1"]
+    assert cli.main([*argv, *(["--streaming"] if streaming else [])]) == 0
     report = json.loads(out.read_text())
     assert report["rows"] == len(_messages_rows()) and report["sample"] is None
     assert "seeded sample" not in capsys.readouterr().out
