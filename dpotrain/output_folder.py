@@ -328,6 +328,10 @@ def clear_final_staging(out: Path) -> None:
 def stage_final(out: str | Path) -> None:
     """Main process, right before every rank saves the final model into `FINAL_STAGING`: cleared, then the name
     recorded as the run's before its first byte."""
+    # The folder deleted or moved away after the last step's end was checked (`GracefulStop.on_step_end`): the save
+    # made it again and the run ended with 0, its model in a folder the user removed, without its record or checkpoints
+    if run_lock.folder_gone():
+        raise RunError(run_lock.gone_line(out, "after its last step, before its final model was saved"))
     clear_final_staging(Path(out))
     claim(out, [FINAL_STAGING])
 

@@ -1028,6 +1028,33 @@ def test_an_output_folder_moved_away_mid_training_ends_in_one_line_and_moved_bac
 
 
 @pytest.mark.slow
+def test_an_output_folder_deleted_after_the_last_step_is_not_made_again_by_the_final_save(
+    tmp_path, tiny_model_dir, pairs
+):
+    """`rm -rf run` once the last step's end was checked (its checkpoint written), before the final save: that save
+    made the folder again and the run ended with 0, a model and run_complete.json in a folder the user removed (none
+    of its record, checkpoints or lock). One line now, a non-zero exit, and nothing made again at its path."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    env = pause_env(f"*/checkpoint-{STEPS}/COMPLETE", "*", paused)  # the last step's checkpoint written
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
+    pid = paused_pid(paused, proc)
+    try:
+        shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=600)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: the output folder {out} was deleted or moved away while this run trained: this run ended after its "
+        "last step, before its final model was saved, writing nothing more there (a folder made again of that name "
+        f"would hold none of its record, checkpoints or lock); move the folder back to {out} and run the same command "
+        "again to go on from its newest checkpoint, or run it as it is to start afresh"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_a_checkpoint_deleted_while_it_is_written_ends_in_one_line_and_the_rerun_goes_on_from_the_one_before(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
