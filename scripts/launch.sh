@@ -262,7 +262,7 @@ stop_file=${DPOTRAIN_STOP_FILE:-$PWD/logs/.stop-%j}
 export DPOTRAIN_STOP_FILE=${stop_file//%j/${SLURM_JOB_ID:-$$}}
 mkdir -p "$(dirname "$DPOTRAIN_STOP_FILE")" 2>/dev/null || die "cannot make the folder of the job's stop file" \
   "$DPOTRAIN_STOP_FILE: set DPOTRAIN_STOP_FILE=<a folder every node sees and the job can write>/stop-%j (%j: the job id)"
-rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed" "$DPOTRAIN_STOP_FILE.health"
+rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed" "$DPOTRAIN_STOP_FILE.health" "$DPOTRAIN_STOP_FILE.refused"
 # srun forwards each process's stdout and stderr to this log in chunks of bytes, interleaved: a chunk that ended inside
 # a progress bar's block character (3 bytes of UTF-8) left bytes that are no UTF-8 between the step lines, and grep
 # called the log a binary file. tqdm (every library's bars) reads its defaults from TQDM_* variables: its ASCII bar,
@@ -462,6 +462,12 @@ elif [[ -f "$DPOTRAIN_STOP_FILE.health" ]]; then
   echo "=== $(date -Is) training stopped by a health guard (its 'health:' line above says which, and what to do);" \
     "the job is not requeued, and the same command is refused (docs/health.md) ===" >&2
   exit 3
+elif [[ -f "$DPOTRAIN_STOP_FILE.refused" ]]; then
+  # A training process ended on its one `error:` line (dpotrain/recipe/errors.py wrote the file): accelerate makes its
+  # 2 (or 1) a 1, and this line sent the reader to a traceback there was none of.
+  rm -f "$DPOTRAIN_STOP_FILE.refused"
+  echo "=== $(date -Is) training refused to go on (exit code $rc): its 'error:' line above says why and what to do" \
+    "===" >&2
 elif [[ $signalled == TERM && $rc -gt 128 ]]; then
   echo "=== $(date -Is) Slurm ended the job before its save was complete: a rerun goes on from what was saved" \
     "before (the newest complete checkpoint) ===" >&2

@@ -204,6 +204,34 @@ def test_a_job_a_health_guard_stopped_ends_with_the_runs_code_and_says_the_same_
     assert "goes on from the newest complete checkpoint" not in text, text[-3000:]
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_whose_training_processes_refuse_to_go_on_points_at_the_error_line_not_a_traceback(slurm, tmp_path):
+    """A refusal once the training processes have started (here the output folder's lock, held by a live process on
+    the node: the job's dry run plans beside a live run, the run itself is refused): each rank ends on one `error:`
+    line and exit 2, which accelerate makes 1, and the log's last line said "training failed with exit code 1 ... its
+    traceback is above that": there is none, and the line to read is the `error:` one. It now says so."""
+    from dpotrain.cluster import run_lock
+
+    log, out = tmp_path / "refused.out", tmp_path / "run"
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    args = ["--max_steps", "2", "--report_to", "none", "--output_dir", str(out)]
+    assert run_lock.acquire(out) is None  # another run, live on this node
+    try:
+        job = slurm.sbatch([*sbatch, f"--output={log}", SCRIPT, *args], cwd=tmp_path, env=README_ENV)
+        assert slurm.wait(job, timeout=300) == "FAILED", slurm.job_info(job)
+    finally:
+        run_lock.release()
+    text = log.read_text()
+    assert re.search(rf"^error: output_dir .*{re.escape(str(out))}.* is in use by another run", text, re.M), text[
+        -3000:
+    ]
+    last = text.strip().splitlines()[-1]
+    assert "refused to go on" in last and "its 'error:' line above says why and what to do" in last, last
+    assert "traceback" not in last, last
+    assert not list((ROOT / "logs").glob(f".stop-{job}*"))  # launch.sh's own marker read and removed
+
+
 def early_stopped_job(slurm, folder: Path, *options: str, env=None) -> tuple[int, Path]:
     """The README's CPU job (4 steps), sent `scancel --signal=USR1 --batch` as its banner is printed: to the batch
     shell while launch.sh reads the recipe and plans the run, long before it launches training."""

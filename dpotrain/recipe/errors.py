@@ -89,15 +89,48 @@ def writes_line(error: BaseException, rank: int = 0, first_on_node: bool = True)
     ConfigError raised before the ranks' first collective mostly comes from what every rank reads alike: the first
     process on each node to meet it writes it (`first_to_say`: one line in the job's log, yet a node whose files
     differ, or a rank alone in its own environment, still says so). A failure of one rank's own: that rank's line."""
+    if not _own_line(error, rank):
+        return False
+    if _ranks_met[0] or not isinstance(error, ConfigError):
+        return True
+    first = first_to_say(str(error))
+    return first_on_node if first is None else first
+
+
+def _own_line(error: BaseException, rank: int) -> bool:
+    """Whether `error` is this rank's own line, not one another rank writes (`SAID_BY`, on it or one it was raised
+    from)."""
     seen = error
     while seen is not None:
         if getattr(seen, SAID_BY, rank) != rank:
             return False
         seen = seen.__cause__ or seen.__context__
-    if _ranks_met[0] or not isinstance(error, ConfigError):
-        return True
-    first = first_to_say(str(error))
-    return first_on_node if first is None else first
+    return True
+
+
+# Where a launched process that ends on its one `error:` line leaves that line (`mark_one_line_ends`:
+# scripts/launch.sh's `<stop file>.refused`); empty: nowhere.
+_ONE_LINE_MARK: list[str] = []
+
+
+def mark_one_line_ends(path: str | None) -> None:
+    """From now on, a ConfigError or RunError this process ends on (its own, not another rank's copy) is also written
+    to `path` (None: nowhere). accelerate makes any worker's exit code 1, and the job's last line took it for a
+    failure and sent the reader to a traceback there was none of: the file tells launch.sh it was a refusal."""
+    _ONE_LINE_MARK[:] = [path] if path else []
+
+
+def _leave_mark(line: str) -> None:
+    """`line` in the file `mark_one_line_ends` named, whole (each rank that ends on it may write it at once); never
+    raises: the line itself is on stderr already."""
+    path = _ONE_LINE_MARK[0]
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(temporary, "w") as f:
+            f.write(line)
+        os.replace(temporary, path)
+    with contextlib.suppress(OSError):
+        os.unlink(temporary)
 
 
 # The name of the mark `first_to_say` leaves: the line's own hash, so that a different refusal is written too.
@@ -173,6 +206,8 @@ def _end_on(e: BaseException, rank: int, first_on_node: bool) -> None:
     if stopped or writes_line(e, rank, first_on_node):  # every rank still exits with its code: the launcher's
         sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
         sys.stderr.flush()
+    if not stopped and _ONE_LINE_MARK and _own_line(e, rank):
+        _leave_mark(f"error: {e}\n")
     sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
 
 

@@ -35,7 +35,7 @@ from dpotrain.cluster.collectives import main_outcome, max_of_ranks, max_over_ra
 from dpotrain.recipe import launcher, terminal
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.config import without_secrets
-from dpotrain.recipe.errors import ConfigError, RunError, cause, first_to_say, warn
+from dpotrain.recipe.errors import ConfigError, RunError, cause, first_to_say, mark_one_line_ends, warn
 from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
@@ -188,6 +188,8 @@ class GracefulStop(TrainerCallback):
         stop_file = os.environ.get(STOP_FILE_ENV) or None
         if stop_file:
             check_stop_file(Path(stop_file))
+        # A launched process's refusal (one `error:` line) is told to scripts/launch.sh, whose last line points at it
+        mark_one_line_ends(f"{stop_file}.refused" if stop_file and launcher.under_launcher() else None)
         return cls(stop_file, command)
 
     def take_recipe(self, recipe) -> None:
