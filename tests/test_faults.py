@@ -1085,6 +1085,31 @@ def test_a_checkpoint_deleted_while_it_is_written_ends_in_one_line_and_the_rerun
 
 
 @pytest.mark.slow
+def test_a_checkpoint_deleted_while_it_is_checksummed_says_it_could_not_be_read(tmp_path, tiny_model_dir, pairs):
+    """`rm -rf run/checkpoint-*` as the run checksummed checkpoint-4's files (minutes for a large model): a traceback
+    blaming a node that does not see the output folder ("unreadable on rank 0 ... every node must see the output
+    folder"), or, the file gone while listed, a line saying it "could not be written", though the run only read it.
+    One line now, saying it was deleted while checksummed and could not be read."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # safetensors writes the weights from Rust: Python's first open of them is the checksum's read
+    env = pause_env("*/checkpoint-2/COMPLETE", "*/checkpoint-4/model.safetensors", paused)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
+    pid = paused_pid(paused, proc)
+    try:
+        shutil.rmtree(out / "checkpoint-4")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=600)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: checkpoint-4 was deleted or moved away while this run checksummed it in {out} ({out}/checkpoint-4/"
+        "model.safetensors could not be read): this run ended there; run the same command again: checkpoint-2 is "
+        "kept, and the same command goes on from it"
+    )
+
+
+@pytest.mark.slow
 def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

@@ -6,9 +6,11 @@ anything loads, checksums (each rank its share) once processes have started. A c
 without optimizer or scheduler state, is never resumed from (transformers would go on with a fresh optimizer, silently).
 """
 
+import errno
 import fnmatch
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,6 +37,11 @@ LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "trainer_state.
 FSDP_FOLDER = "pytorch_model_fsdp"  # accelerate.utils.constants.FSDP_MODEL_NAME, which transformers copies
 
 
+class GoneWhileRead(FileNotFoundError):
+    """A checkpoint's file gone while `seal` listed or checksummed it (`rm -rf <out>/checkpoint-*` to free space): a
+    read, which `disk_full.folder_gone` says as one, where it said the file "could not be written"."""
+
+
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -54,7 +61,7 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
     start = time.monotonic()
     # main_outcome, not a broadcast of the listing: an unanswered look (ESTALE) raised on the main process alone, the
     # other ranks waiting in the broadcast; now every rank raises it
-    files = main_outcome(lambda: listing(folder, leave_out=(MANIFEST, mark)) if is_main and is_dir(folder) else None)
+    files = main_outcome(lambda: _listed(folder, mark) if is_main and is_dir(folder) else None)
     if files is None:
         return
     rank, world = rank_and_world()
@@ -69,6 +76,8 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
     def write() -> None:  # the main process's; its refusal (a file a node does not see, a full disk) ends every rank,
         # which would otherwise go on into the next step's collective and wait there (NCCL: for ddp_timeout)
         for rel, why in hashes.items():
+            if why.startswith("unreadable") and not is_file(folder / rel):  # the main process wrote it: deleted since
+                raise GoneWhileRead(errno.ENOENT, os.strerror(errno.ENOENT), str(folder / rel))
             if why.startswith("unreadable"):
                 raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
         entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
@@ -83,6 +92,14 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool, model: list[str
         )
 
     main_outcome(write)  # every rank of a launch calls it, the main process writes
+
+
+def _listed(folder: Path, mark: str) -> list[tuple[str, int]]:
+    """`listing` of the folder `seal` seals; a file gone as it is listed: `GoneWhileRead`."""
+    try:
+        return listing(folder, leave_out=(MANIFEST, mark))
+    except FileNotFoundError as e:
+        raise GoneWhileRead(e.errno, e.strerror, e.filename) from None
 
 
 def read(folder: Path) -> dict | None:

@@ -347,24 +347,27 @@ def folder_gone(error: BaseException) -> RunError | None:
         if (
             isinstance(e, FileNotFoundError)
             and isinstance(e.filename, str)
-            and (gone := _gone_under(OUTPUT_DIR[0], e.filename))
+            and (gone := _gone_under(OUTPUT_DIR[0], e.filename, isinstance(e, checkpoint_manifest.GoneWhileRead)))
         ):
             return RunError(gone)
     return None
 
 
-def _gone_under(out: Path, filename: str) -> str | None:
-    """`folder_gone`'s line for `filename`, not found in `out`: the folder gone, or the checkpoint folder it lies in."""
+def _gone_under(out: Path, filename: str, read: bool) -> str | None:
+    """`folder_gone`'s line for `filename`, not found in `out`: the folder gone, or the checkpoint folder it lies in;
+    `read`: found gone as the checkpoint was checksummed, not written."""
     path, out = Path(os.path.abspath(filename)), Path(os.path.abspath(out))
     if not path.is_relative_to(out):
         return None
+    failed = f"{filename} could not be {'read' if read else 'written'}"
     if run_lock.folder_gone() or not os.path.isdir(out):
-        return run_lock.gone_line(out, f"as {filename} could not be written")
+        return run_lock.gone_line(out, f"as {failed}")
     parts = path.relative_to(out).parts
     if len(parts) < 2 or not is_checkpoint_name(parts[0]) or os.path.isdir(out / parts[0]):
         return None
     return (
-        f"{parts[0]} was deleted or moved away while this run wrote it in {out} ({filename} could not be written): "
+        f"{parts[0]} was deleted or moved away while this run {'checksummed' if read else 'wrote'} it in {out} "
+        f"({failed}): "
         f"this run ended there; run the same command again: {_after(_complete(out), out)}"
     )
 
