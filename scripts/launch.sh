@@ -304,6 +304,14 @@ if "$VENV/bin/python" -m dpotrain.cluster.job asks dry_run "$RECIPE" "$@"; then
   exit 0  # (set -e: a dry run that fails ends the job with its code)
 fi
 
+# Outside a Slurm job (`bash scripts/dpo_train.sh`, sbatch forgotten) srun, outside an allocation, asked Slurm for a job
+# of its own without the script's #SBATCH lines (no GPUs: one CPU process; no time-limit warning, no requeue), or where
+# no Slurm answers failed, and the log blamed a node: "srun stopped every node; the first 'srun: error: <node>' ...".
+# Refused first, alone: after the time-limit lines ("no time-limit warning is set for this job") and a plan of this
+# machine, not of the job, it came last, the warning's fix beside it the wrong one.
+[[ -n ${SLURM_JOB_ID:-} ]] || die "not in a Slurm job, so there are no nodes to launch on: submit the script with" \
+  "sbatch (sbatch scripts/dpo_train.sh <arguments>), or run it inside an allocation (salloc)"
+
 # How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, as sbatch resolves it:
 # its command line, SBATCH_SIGNAL, the submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
 # Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
@@ -341,12 +349,6 @@ resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/py
 if [[ "${PREFLIGHT:-0}" == 1 ]]; then
   "$VENV/bin/python" scripts/preflight.py --config "$RECIPE" "$@" || die "preflight exited $?: see its report above"
 fi
-
-# Outside a Slurm job (`bash scripts/dpo_train.sh`, sbatch forgotten) srun, outside an allocation, asked Slurm for a job
-# of its own without the script's #SBATCH lines (no GPUs: one CPU process; no time-limit warning, no requeue), or where
-# no Slurm answers failed, and the log blamed a node: "srun stopped every node; the first 'srun: error: <node>' ...".
-[[ -n ${SLURM_JOB_ID:-} ]] || die "not in a Slurm job, so there are no nodes to launch on: submit the script with" \
-  "sbatch (sbatch scripts/dpo_train.sh <arguments>), or run it inside an allocation (salloc)"
 
 # Requeue after a stop request (`$1`: what was saved), so the job goes on from it. Slurm requeues a preempted job on its
 # own only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The

@@ -219,8 +219,15 @@ def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_
             str(tmp_path / "run"),
         ],
         cwd=ROOT,
-        # the dry run and the preflight on the warm interpreter: launch.sh's lines around them are under test
-        env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1", "VENV": warm_venv()},
+        # the dry run and the preflight on the warm interpreter: launch.sh's lines around them are under test; a job's
+        # id (no Slurm answers about it): outside one, launch.sh refuses the job before planning it
+        env={
+            **os.environ,
+            "RECIPE": "configs/smoke.yaml",
+            "PREFLIGHT": "1",
+            "VENV": warm_venv(),
+            "SLURM_JOB_ID": "4242",
+        },
         capture_output=True,
         text=True,
         timeout=600,
