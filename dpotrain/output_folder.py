@@ -376,10 +376,10 @@ def claim_for_writing(out: str | Path, names: list[str]) -> None:
     claim(out, names)
 
 
-def move_in(out: str | Path) -> None:
-    """Main process, once every rank has saved into `FINAL_STAGING`: its names recorded, then moved into the folder.
-    An earlier attempt's weights this save did not write are removed first: from_pretrained would load its
-    model.safetensors before a new sharded index, and the push would upload them."""
+def move_in(out: str | Path) -> list[str]:
+    """Main process, once every rank has saved into `FINAL_STAGING`: its names recorded, then moved into the folder;
+    returns them. An earlier attempt's weights this save did not write are removed first: from_pretrained would load
+    its model.safetensors before a new sharded index, and the push would upload them."""
     out = Path(out)
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())
@@ -398,3 +398,4 @@ def move_in(out: str | Path) -> None:
         os.replace(staging / name, target)
     staging.rmdir()
     run_files.disown(out, [FINAL_STAGING])  # gone: a folder of that name made later is a person's
+    return names

@@ -52,8 +52,8 @@ def save_and_push(run, resolved: dict) -> int | None:
     # would fail the job after training succeeded.
     collectives.every_rank_outcome(failed)
     if state.is_main_process:
-        output_folder.move_in(out)
-        return finish_outputs(run, resolved)
+        saved = output_folder.move_in(out)
+        return finish_outputs(run, resolved, saved)
     return None
 
 
@@ -69,9 +69,10 @@ def end_stopped(run) -> int:
     return STOPPED_EXIT
 
 
-def finish_outputs(run, resolved: dict) -> int | None:
+def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
     """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push;
-    STOPPED_EXIT where a stop request gave up the push (`push_final`)."""
+    STOPPED_EXIT where a stop request gave up the push (`push_final`). `saved`: the names the final model's save
+    wrote, whose files run_complete.json records by size and SHA-256 for the pushes to check."""
     recipe, trainer, pusher, push = run.spec.recipe, run.trainer, run.pusher, run.spec.push
     training = recipe.training
     out = Path(training.output_dir)
@@ -97,6 +98,10 @@ def finish_outputs(run, resolved: dict) -> int | None:
     summary = completion(trainer.state.global_step, records) | ({"best": best} if best else {})
     if job := run_lock.slurm_job():  # a requeue of this job after its end is told from another start (resolve.py)
         summary["slurm_job_id"] = job
+    # The model as saved, checked by every push (hub.check_saved_model): files damaged or garbled since (a bad disk
+    # block, a copy to a login node) were pushed to main as the run's model, and the push said done.
+    merged = [lora.MERGED_DIR] if recipe.project.merge_lora else []
+    summary[hub.MODEL_FILES] = hub.saved_model(out, [*saved, *merged])
     # The final push recorded as started before the run is marked complete: a job killed between the two (Slurm's
     # SIGKILL after a time limit's SIGTERM, a node lost) left a finished run the rerun refused, and a requeue of the
     # same job ended on "nothing to do", the push asked for never made nor named. The rerun completes it (push_left).

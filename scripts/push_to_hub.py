@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
     if not stopped:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first
+        hub.check_saved_model(run)  # by size here; by SHA-256 as main's push hashes each file (hub.push_run)
     if stopped and not args.checkpoints:
         steps = [checkpoints.step_of(p) for p in stopped]
         finish = health_stopped(run) or "resume it with the same command, then push it"

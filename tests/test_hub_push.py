@@ -3122,3 +3122,37 @@ def test_push_to_hub_ends_a_branch_push_the_hub_failed_with_exit_1_not_a_refusal
         run_cli(lambda: script.main([str(out), "--repo-id", REPO, "--checkpoints"]))
     err = capsys.readouterr().err
     assert ended.value.code == 1 and err.startswith(f"error: could not check write access to {REPO}: "), err
+
+
+@pytest.mark.slow  # a training run, then push_to_hub.py twice
+def test_a_final_model_damaged_since_the_run_saved_it_is_refused_before_anything_uploads(hub, tmp_path, tiny_model_dir):
+    """A finished run's model files changed after the run saved them (a bad disk block, a copy to a login node that
+    garbled a file, a config.json cut short or edited): push_to_hub.py pushed them to main, exit 0, 'Pushed to ...', a
+    model no from_pretrained loads (or other weights) in place of the one trained. The run records each file's size
+    and SHA-256 in run_complete.json; a push checks them and refuses in one line naming the file, before any upload."""
+    out, result = train(hub, tmp_path, tiny_model_dir, "--save_strategy", "no", "--report_to", "none", offline=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+    config = out / "config.json"
+    whole = config.read_text()
+    config.write_text(whole[:100])  # cut short
+    pushed = push_checkpoints(out, hub, tmp_path)
+    assert pushed.returncode == 2, pushed.stdout + pushed.stderr
+    assert pushed.stderr.strip().splitlines()[-1] == (
+        f"error: {config} is not the file the run saved (100 bytes, where the run saved "
+        f"{json.loads((out / 'run_complete.json').read_text())['model_files']['config.json']['bytes']:,}): copy it "
+        "again from the folder the run wrote, or train again into a new output_dir; nothing was pushed"
+    )
+    assert hub.state.commits == []
+
+    config.write_text(whole)  # put back; the weights' body changed in place, their size and header as saved
+    weights = out / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\xff" * 8)
+    pushed = push_checkpoints(out, hub, tmp_path)
+    assert pushed.returncode == 2, pushed.stdout + pushed.stderr
+    assert pushed.stderr.strip().splitlines()[-1] == (
+        f"error: {weights} is not the file the run saved (its SHA-256 is not the one run_complete.json records): "
+        "copy it again from the folder the run wrote, or train again into a new output_dir; nothing was pushed"
+    )
+    assert hub.state.commits == []

@@ -44,7 +44,7 @@ from dpotrain.recipe.run_record import RESOLVED, Record, per_step_text
 from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
-from dpotrain.train import run_files
+from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.lora import MERGED_DIR, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
@@ -52,6 +52,7 @@ from dpotrain.train.weight_names import CUT_SHORT, WEIGHT_FILES, not_whole, shar
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
+MODEL_FILES = "model_files"  # run_complete.json's record of the final model's files, each {"bytes", "sha256"}
 
 # Recipe values a reader of the card needs to reproduce or judge the run; the optimizer's settings too: a recipe rarely
 # names them, and transformers' defaults change between its versions.
@@ -452,6 +453,7 @@ def push_run(
     record = functools.partial(record_push, output_dir, step=step, branch="main")
     try:
         check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
+        digests = check_saved_model(output_dir, hashed=True)  # each file hashed once: the upload takes the digest
     except Exception as e:
         if started:  # its start recorded by the run: its outcome too, else each rerun said "killed while pushing"
             with contextlib.suppress(OSError):  # a record the disk refuses: the check's refusal is what to say
@@ -463,7 +465,7 @@ def push_run(
         create_repo(api, repo_id, private)
         # create_commit, not upload_folder: with hf_xet installed upload_folder commits in batches and splits a commit
         # the Hub refuses into smaller ones, so main could serve part of the new model beside part of the old
-        operations = main_operations(api, repo_id, Path(output_dir))
+        operations = main_operations(api, repo_id, Path(output_dir), digests)
         return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
 
     if not started:
@@ -481,8 +483,9 @@ def push_run(
     return f"{constants.ENDPOINT}/{repo_id}"
 
 
-def main_operations(api, repo_id: str, out: Path) -> list:
-    """The one commit of a final push: the run's own files, and main's earlier weights it does not replace deleted."""
+def main_operations(api, repo_id: str, out: Path, digests: dict[str, str] | None = None) -> list:
+    """The one commit of a final push: the run's own files, and main's earlier weights it does not replace deleted.
+    `digests`: the SHA-256 of files already hashed (check_saved_model), which huggingface_hub then does not hash."""
     names = local_files(out, IGNORE, allow=own_files(out))
     held = api.list_repo_files(repo_id, revision="main")
     stale = [
@@ -494,6 +497,9 @@ def main_operations(api, repo_id: str, out: Path) -> list:
     ]
     # the run's record and a LoRA adapter's config as their copies without the training machine's paths (public.py)
     adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=uploaded(out, name)) for name in names]
+    for add in adds:
+        if isinstance(add.path_or_fileobj, str) and add.path_in_repo in (digests or {}):  # hashed lazily otherwise
+            add.upload_info.sha256 = bytes.fromhex(digests[add.path_in_repo])
     return [*(CommitOperationDelete(p) for p in stale), *adds]
 
 
@@ -561,6 +567,42 @@ def check_one_model(output_dir: str | Path) -> None:
             "the earlier save's files (from a job resumed before this version, or a copy), or rerun training into a "
             "new output_dir; then push again"
         )
+
+
+def saved_model(out: Path, names: list[str]) -> dict[str, dict]:
+    """The final model's files among `names` (the top-level names its save wrote, merged/ too) that a push uploads, each
+    with its size and SHA-256: run_complete.json's `model_files`, which a push checks (check_saved_model). Not the
+    card, which a LoRA save writes (PEFT's) and the run, then push_to_hub.py (its revisions), write again."""
+    pushed = local_files(out, IGNORE, allow=own_files(out))
+    taken = [n for n in pushed if n.split("/")[0] in names and n != CARD]
+    return {n: {"bytes": (out / n).stat().st_size, "sha256": checkpoint_manifest.sha256(out / n)} for n in taken}
+
+
+def check_saved_model(output_dir: str | Path, hashed: bool = False) -> dict[str, str]:
+    """Refuse, before anything uploads, a final model's file missing or changed since the run saved it (a bad disk
+    block, a garbled or cut-short copy, an edited config.json), by the sizes run_complete.json records and, `hashed`,
+    their SHA-256: pushed, main served a model no from_pretrained loads, or other weights, and the push said done.
+    Returns {name: SHA-256} of the files hashed; a run recorded before runs kept the record is not checked."""
+    out = Path(output_dir)
+    again = "copy it again from the folder the run wrote, or train again into a new output_dir; nothing was pushed"
+    digests = {}
+    for name, saved in (finished(out).get(MODEL_FILES) or {}).items():
+        path = out / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise ConfigError(f"{path} is not the file the run saved (it is missing): {again}") from None
+        if size != saved["bytes"]:
+            was = f"{size:,} bytes, where the run saved {saved['bytes']:,}"
+            raise ConfigError(f"{path} is not the file the run saved ({was}): {again}")
+        if not hashed:
+            continue
+        digests[name] = checkpoint_manifest.sha256(path)
+        if digests[name] != saved["sha256"]:
+            raise ConfigError(
+                f"{path} is not the file the run saved (its SHA-256 is not the one {RUN_COMPLETE} records): {again}"
+            )
+    return digests
 
 
 def check_whole(out: Path, folders: dict[PurePosixPath, set[str]]) -> None:
