@@ -279,8 +279,6 @@ def push(
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
         # the run lock asked again at each staged copy: a job started since the check at the start is not raced
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
-        if finished:  # a stopped run has no card yet: the finished run's lists the branches (write_model_card)
-            hub.update_card_revisions(run, repo_id)
     elif isinstance(on_disk := unpushed_on_disk(run), str):
         print(
             f"The run's checkpoints could not be counted ({on_disk}): add --checkpoints to push any not pushed yet",
@@ -305,6 +303,9 @@ def push(
             flush=True,
         )
         return failed_of(records)
+    # The card's branches are those of the repo pushed to (a stopped run has no card yet): pushed with --repo-id to
+    # another repo than the run's, the card said its checkpoints "are branches of this repo", naming the run's repo
+    hub.update_card_revisions(run, repo_id)
     main_files = hub_push.local_files(run, ignore=hub.IGNORE, allow=hub.own_files(run))  # as push_run uploads them
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)

@@ -749,6 +749,25 @@ def test_a_final_model_cut_short_since_the_run_is_refused_before_anything_upload
     assert not local_hub.commits
 
 
+def test_a_card_pushed_to_another_repo_lists_that_repos_revisions_not_the_runs(local_hub, monkeypatch, finished_run):
+    """A run that pushed its checkpoints to branches of org/from-config, pushed later with `--repo-id lab/mine`: the
+    card uploaded to lab/mine said its checkpoints "are branches of this repo", naming org/from-config's, which lab/mine
+    does not hold. Its revisions section is made for the repo pushed to (those hub_pushes.jsonl records there)."""
+    from dpotrain.hub.hub_push import record_push
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    record_push(finished_run, step=1, branch="step-1", status="pushed", repo="org/from-config")
+    card = finished_run / "README.md"
+    card.write_text(card.read_text() + hub.revisions_section([(1, "step-1")], "org/from-config"))
+    load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine"])
+    [commit] = local_hub.commits
+    assert commit["files"]["README.md"].decode() == "# think-dpo\n"
+    load_script("push_to_hub").main([str(finished_run)])  # to the run's repo: its branches listed again
+    assert local_hub.commits[-1]["repo"] == "org/from-config"
+    assert "[`step-1`]" in local_hub.commits[-1]["files"]["README.md"].decode()
+
+
 def test_write_access_against_the_hubs_answers(local_hub):
     assert hub.check_write_access("lab/mine", SECRET) == "lab/mine"  # exists, writable
     assert hub.check_write_access("lab/new", SECRET) == "lab/new"  # does not exist yet: created by the push

@@ -417,7 +417,9 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
     recorded = read_record(Path(output_dir) / RESOLVED) or of_record({})  # the metric's name
     best = best_branch_step(finished(output_dir).get("best"), recorded.settings.metric_for_best_model)
-    write_text(path, kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best))
+    card_now = kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best)
+    if card_now != card:  # the run's own card left as it was where nothing changes (a push to the run's repo)
+        write_text(path, card_now)
 
 
 def finished(output_dir) -> dict:
