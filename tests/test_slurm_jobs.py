@@ -1122,6 +1122,7 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env |= {
         "RECIPE": "configs/think.yaml",
+        "SLURM_JOB_ID": "4242",  # in a job: outside one, launch.sh refuses first (`bash scripts/dpo_train.sh`)
         "SLURM_JOB_NUM_NODES": "3",
         "SLURM_GPUS_PER_NODE": "4",
         "SLURM_JOB_NODELIST": "gpu[01-03]",
