@@ -214,6 +214,10 @@ class RecipeDPOTrainer(DPOTrainer):
         # A LoRA start keys its reference by the base weights (`_weights_hash`): TRL's hash in its __init__, of base and
         # adapter, a second pass over every weight (minutes for a 32B model), is not taken (`earlier_lora_hash`)
         deferred = upstream.patched(upstream.TRL_HASH, lambda module: LORA_HASH_DEFERRED)
+        # Distributed before TRL maps the data: on a CPU-only node accelerate's state says "not distributed" until the
+        # accelerator is made, and the main-first order of TRL's maps held no rank back; now that the maps' caches are
+        # shared (`_prepare_dataset`), the ranks raced to write the same cache files.
+        engine.enable_on_cpu(self.engine)
         with whole_weights_only(), self._no_second_model_under_fsdp(kwargs), lora.without_peft_deprecation():
             with deferred if kwargs.get("peft_config") is not None else contextlib.nullcontext():
                 super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
