@@ -163,7 +163,7 @@ class OutputDecision:
     would_refuse: tuple[str, ...] = ()
     data_commit: str | None = None  # a continued run's Hub data set commit, the one it started on (hub_revision.kept)
     source_commits: dict | None = None  # a continued run's mixture's Hub sources' commits, by repo (mixture.kept)
-    source_spellings: dict | None = None  # its sources' specs as it started, which draw their rows (mixture.drawn_as)
+    source_draws: dict | None = None  # what its sources' rows were drawn by, by their specs now (mixture.drawn_by)
     # A finished run whose final push was started and not confirmed (hub_push.unconfirmed_push): the repo it pushed to.
     # The run completes that push and trains nothing.
     push_left: str | None = None

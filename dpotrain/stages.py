@@ -216,7 +216,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     kept = hub_revision.kept(recipe, recorded) if recorded else None
     # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
     sources = mixture.kept(recipe, recorded) if recorded else {}
-    spellings = mixture.drawn_as(recipe, recorded) if recorded else {}  # which draw the rows it started on
+    draws = mixture.drawn_by(recipe, recorded) if recorded else {}  # the rows it started on
     said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
@@ -234,7 +234,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     resumed_in = training.output_dir if kept or sources else None
     once(offline.check_offline_artifacts, recipe, output_dir=resumed_in, in_part=launch.dry_run)
     once(offline.check_hub_cache, recipe)  # online: what is not cached is downloaded there
-    found = {"data_commit": kept, "source_commits": sources, "source_spellings": spellings}
+    found = {"data_commit": kept, "source_commits": sources, "source_draws": draws}
     return replace(decision, would_refuse=tuple(refusals), **found), push
 
 
@@ -313,7 +313,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision)
-    drawn = output.source_spellings if output is not None else None  # a continued run's rows: drawn as it started
+    drawn = output.source_draws if output is not None else None  # a continued run's rows: drawn as it started
     before = _read_identity(recipe, launch, revision, pins=pins, drawn=drawn)
     read = (revision, checked, identify, pins, fetch, recorded)
     trained: set = set()  # the training pairs' digests: held-out pairs among them are said (rows.say_repeats)
@@ -369,7 +369,7 @@ def _read_identity(
 ) -> str | None:
     """The training data's identity (None: unknown), read before and after the rows: a file being written is refused.
     A Hub data set is known by the commit it is read at (`revision`, a mixture's `pins`), the same both times; a
-    continued mixture by the spellings that drew its rows (`drawn`, mixture.drawn_as)."""
+    continued mixture by what drew its rows (`drawn`, mixture.drawn_by)."""
     try:
         now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision, pins=pins, drawn=drawn)
     except (OSError, ValueError):
@@ -399,7 +399,7 @@ def _load_pairs(
     dataset_name's split. `fetch`: the prefetch command, named where the copy read offline is not the commit the run
     reads; `recorded`: `revision` is the commit the run's record holds (`fetch` names the run's folder); `trained`:
     the training pairs' digests (`rows.usable_pairs`; a mixture's sources say their own repeats alone); `drawn`: a
-    continued mixture's sources' spellings as it started (`mixture.drawn_as`)."""
+    continued mixture's sources' draws (`mixture.drawn_by`)."""
     s, evaluation = recipe.script, rules.evaluation
     key = "invalid_eval_rows" if evaluation else "invalid_rows"
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)

@@ -668,6 +668,19 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     ).all()
 
 
+def test_a_source_draws_the_same_rows_however_its_path_is_spelled(files, tmp_path, monkeypatch):
+    """Rows are drawn by what the source is (`Source.identity`), so a relative name, a full path and a link to the file
+    draw the same rows; another file, or a Hub data set's other split, another sample."""
+    monkeypatch.chdir(Path(files["hh"]).parent)
+    (tmp_path / "link.csv").symlink_to(files["hh"])
+    spellings = ["hh.csv", "./hh.csv", files["hh"], str(tmp_path / "link.csv")]
+    draws = [mixture.take(mixture.Source(name, "train", amount="0.5"), 20, seed=42) for name in spellings]
+    assert all(np.array_equal(draws[0], draw) for draw in draws[1:])
+    other = mixture.take(mixture.Source(files["trl"], "train", amount="0.5"), 20, seed=42)
+    hub = [mixture.take(mixture.Source("org/set", split, amount="0.5"), 20, seed=42) for split in ("train", "test")]
+    assert not np.array_equal(draws[0], other) and not np.array_equal(*hub)
+
+
 def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
     """`--dataset_mixer_list big.jsonl 1.0 small.jsonl 0.01`: floor(0.01 x 20) = 0, and the run trained without the
     source it named (`took 0 (0.01)`), while an amount of 0 is refused as written."""
@@ -817,22 +830,48 @@ def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_proce
 
 
 @pytest.mark.slow
-def test_a_run_resumed_with_its_sources_spelled_otherwise_takes_the_same_pairs(one_process, files, tmp_path):
-    """A source's rows are drawn by its spelling (`mixture.take`), and a resume takes the same source spelled otherwise
-    (relative once, by its full path in a Slurm job submitted from there: config.same_sources) for the same setting.
-    Resumed as `trl.jsonl 0.5 ...` in the files' folder, a run started as `/full/path/trl.jsonl 0.5 ...` trained its
-    steps left on other pairs, exit 0, in silence (another taken_sha256 per source); it now draws as it started."""
-    out = tmp_path / "out"
-    shutil.copytree(one_process[0], out)
-    (out / "run_complete.json").unlink()  # stopped after checkpoint-2: a rerun goes on from it
+def test_a_dry_run_with_relative_names_draws_the_pairs_the_job_with_full_paths_trains(one_process, files, tmp_path):
+    """launch.sh passes a Slurm job's relative paths in full, and a source's rows were drawn by its spelling: the dry
+    run (and the analyzer) typed in the files' folder as `trl.jsonl 0.5 ...` measured other pairs than the job trained
+    (another taken_sha256 per sampled source). Drawn by what the source is (its real path), they are the same pairs."""
     folder = Path(files["trl"]).parent
     relative = ["--dataset_mixer_list", "trl.jsonl", "0.5", "uf.parquet", "12", "hh.csv", "1.5"]
-    args = ["--config", SMOKE, *relative, "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2"]
-    dry = run_train([*args, "--dry-run"], cwd=folder)
-    assert dry.returncode == 0 and "checkpoint-2" in dry.stdout, dry.stdout[-3000:]
-    planned = json.loads((tmp_path / "out.dry-run.json").read_text())["derived"]["data_sources"]
+    args = ["--config", SMOKE, *relative, "--output_dir", str(tmp_path / "new"), "--max_steps", "2", "--dry-run"]
+    dry = run_train(args, cwd=folder)
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    planned = json.loads((tmp_path / "new.dry-run.json").read_text())["derived"]["data_sources"]
     recorded = one_process[3]["derived"]["data_sources"]
     assert [(r["taken"], r["taken_sha256"]) for r in planned] == [(r["taken"], r["taken_sha256"]) for r in recorded]
+    assert [r["drawn_by"] for r in recorded] == [str(Path(files[name]).resolve()) for name in ("trl", "uf", "hh")]
+
+
+@pytest.mark.slow
+def test_a_continued_run_draws_each_source_as_its_record_says(one_process, files, tmp_path, monkeypatch):
+    """A continued run draws each source's pairs by what its record says drew them (`drawn_by`), however the source is
+    named now. A record written before `drawn_by` drew by the source's spelling then, which is read from its `source`:
+    the steps left train the pairs the run started on, not the ones a new run would draw."""
+    from dpotrain.recipe import run_record
+
+    monkeypatch.chdir(Path(files["trl"]).parent)
+    recipe = parse_args(
+        ["--config", SMOKE, "--dataset_mixer_list", "trl.jsonl", "0.5", "uf.parquet", "12", "hh.csv", "1.5"]
+    )
+    names = ("trl", "uf", "hh")
+    now = [f"{n}.{suffix} [train]" for n, suffix in zip(names, ("jsonl", "parquet", "csv"), strict=True)]
+    assert mixture.drawn_by(recipe, str(one_process[0])) == {
+        n: str(Path(files[k]).resolve()) for n, k in zip(now, names, strict=True)
+    }
+    record = json.loads((one_process[0] / "resolved_config.json").read_text())
+    del record[run_record.SEAL]
+    for entry in record["derived"]["data_sources"]:
+        del entry["drawn_by"]
+    (tmp_path / "resolved_config.json").write_text(json.dumps(run_record.sealed(record)))
+    spellings = {n: f"{files[k]} [train]" for n, k in zip(now, names, strict=True)}
+    assert mixture.drawn_by(recipe, str(tmp_path)) == spellings
+    # and the draw itself: trl.jsonl's 0.5 is a seeded sample, its spelling then another one than its real path
+    trl = mixture.Source(files["trl"], "train", amount="0.5")
+    by_spelling, by_path = (mixture.take(trl, 40, 42, drawn_by=key) for key in (spellings[now[0]], trl.identity()))
+    assert not np.array_equal(by_spelling, by_path)
 
 
 # --- refusals by source -----------------------------------------------------------------------------------------------

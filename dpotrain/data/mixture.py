@@ -407,16 +407,18 @@ def _check_found(source: Source) -> None:
 
 
 def take(
-    source: Source, usable: int, seed: int, share_rows: int | None = None, spelled: str | None = None
+    source: Source, usable: int, seed: int, share_rows: int | None = None, drawn_by: str | None = None
 ) -> np.ndarray:
     """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat.
-    `spelled`: the source's spec as a continued run started with it (`drawn_as`), where it is spelled otherwise now."""
+    `drawn_by`: what a continued run's rows were drawn by (its record's, `drawn_by`), else what the source is."""
     if share_rows is not None:  # TRL's fraction: the first rows
         return np.arange(share_rows)
     if source.amount is None:
         return np.arange(usable)
-    # One generator per source: the recipe's seed and the source's spelling, not its position or the process
-    key = int.from_bytes(hashlib.sha256((spelled or source.spec()).encode()).digest()[:8], "little")
+    # One generator per source: the recipe's seed and what the source is (`Source.identity`: a file by its real path),
+    # not its position, the process or its spelling, which a Slurm job changes (launch.sh passes a relative path
+    # in full): by its spelling, the job trained other pairs than its dry run and the analyzer had measured
+    key = int.from_bytes(hashlib.sha256((drawn_by or source.identity()).encode()).digest()[:8], "little")
     rng = np.random.default_rng([seed, key])
     if "." not in source.amount:
         count = int(source.amount)
@@ -609,8 +611,8 @@ def load(
     """The mixture's pairs joined in the written order, and its `Mix`. Each source's rows read by `rules` (held out
     where `rules.evaluation`): bad rows refused by source and line, or with skip_invalid dropped and counted under
     `checked[key]`. `pins`: the commit each Hub source is read at (`pin`); `prefetch`: the command that fetches the
-    sources (`offline.prefetch_command`), named where a copy read is not; `drawn`: a continued run's sources' specs
-    as it started (`drawn_as`), by their specs now."""
+    sources (`offline.prefetch_command`), named where a copy read is not; `drawn`: what a continued run's sources'
+    rows were drawn by (`drawn_by`), by their specs now."""
     import datasets
 
     usable, records, dropped, dated = [], [], {}, {}
@@ -633,13 +635,12 @@ def load(
             record["identity"] = identity_of(source, revision)
         records.append(record)
     shares = share_rows(sources, [len(p) for p in usable])
-    drawn = drawn or {}
-    taken = [take(s, len(p), seed, n, drawn.get(s.spec())) for s, p, n in zip(sources, usable, shares, strict=True)]
-    for record, picked, pairs in zip(records, taken, usable, strict=True):
+    draws = [(drawn or {}).get(s.spec()) or s.identity() for s in sources]
+    taken = [take(s, len(p), seed, n, by) for s, p, n, by in zip(sources, usable, shares, draws, strict=True)]
+    for record, picked, pairs, by in zip(records, taken, usable, draws, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
-        if record["source"] in drawn:  # the spelling that drew them, for the next attempt (`drawn_as`)
-            record["drawn_as"] = drawn[record["source"]]
+        record["drawn_by"] = by  # what drew them, which the run's next attempt draws by (`drawn_by`)
     rows.say_dated(dated, [s.spec() for s in sources])  # one template: its warning once, not once a source
     if dropped:
         checked[key] = dropped
@@ -758,15 +759,14 @@ def kept(recipe, output_dir: str) -> dict[str, str]:
     return found
 
 
-def drawn_as(recipe, output_dir: str) -> dict[str, str]:
-    """A continued run's sources (training and held-out) spelled otherwise than it started with them, by their specs
-    now: the specs its record holds. A source's rows are drawn by its spelling (`take`), and a resume takes the same
-    file spelled otherwise (relative once, by its full path in a Slurm job submitted from there) for the same setting
-    (config.same_sources): drawn by the new spelling, the steps left trained other pairs, in silence."""
+def drawn_by(recipe, output_dir: str) -> dict[str, str]:
+    """What a continued run's sources' rows (training and held-out) were drawn by, by their specs now: its record's
+    `drawn_by`, else (a record written before it) the source's spelling then, which drew them. The run goes on with
+    the pairs it started on however its sources are named now (config.same_sources)."""
     found = {}
     for source, was in _continued(recipe, output_dir):
-        then = was.get("drawn_as") or was.get("source")  # a resumed attempt's record keeps the first spelling
-        if isinstance(then, str) and then != source.spec():
+        then = was.get("drawn_by") or was.get("source")
+        if isinstance(then, str):
             found[source.spec()] = then
     return found
 
@@ -888,8 +888,8 @@ def dataset_id(
     recipe, local_only: bool = False, revision: str | None = None, pins: dict | None = None, drawn: dict | None = None
 ) -> str:
     """The analyzer's cache key for the training data: one source's identity, or its sources' identities, amounts and
-    the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`); `drawn`: a
-    continued run's sources' spellings as it started (`drawn_as`), which draw its rows."""
+    the seed. `revision`: the commit the run loads, if known; `pins`: a mixture's Hub sources' (`pin`); `drawn`: what
+    a continued run's sources' rows were drawn by (`drawn_by`)."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
     p = recipe.project
     return dataset_id_of(values, recipe.training.seed, p.hh_format, local_only, pins, p.assistant_turns, drawn)
@@ -912,10 +912,10 @@ def dataset_id_of(
         name, split = values["dataset_name"], values["dataset_train_split"]
         config, revision = values.get("dataset_config"), values.get("dataset_revision")
         return identity(name, split, config, revision, assistant_turns=assistant_turns)
-    # Keyed by the spelling that drew the rows (`take`): a resume's under its start's, the rows it takes
-    spec = {s.spec(): (drawn or {}).get(s.spec(), s.spec()) for s in sources}
+    # Keyed by what drew the rows (`take`): a resume's by its record's, the rows it takes
+    key = {s.spec(): (drawn or {}).get(s.spec()) or s.identity() for s in sources}
     parts = [
-        [_content_id(s, identity, hh_format, pinned(s, pins)), spec[s.spec()], s.written(), s.columns] for s in sources
+        [_content_id(s, identity, hh_format, pinned(s, pins)), key[s.spec()], s.written(), s.columns] for s in sources
     ]
     # `all` drops pairs `final` keeps (an empty earlier answer): another key; `final`'s, as before it was read
     keyed = [parts, seed, *(["assistant_turns:all"] if lengths.turns_key(assistant_turns) else [])]
