@@ -376,6 +376,22 @@ def claim_for_writing(out: str | Path, names: list[str]) -> None:
     claim(out, names)
 
 
+def remove_earlier_merge(out: str | Path) -> None:
+    """Main process, at the end of a run that does not merge (merge_lora false): an earlier attempt's `merged/`
+    (merge_lora true, killed before run_complete.json, or while it wrote it) removed where the run recorded it as its
+    own. Left, it sat beside an adapter it was not made from, and the push uploaded it, whole or cut short, as the
+    run's merged model."""
+    out = Path(out)
+    target = out / MERGED_DIR
+    if MERGED_DIR not in (read_manifest(out) or []) or not target.is_dir() or target.is_symlink():
+        return
+    shutil.rmtree(target)
+    run_files.disown(out, [MERGED_DIR])
+    print(
+        f"Removed {target}, an earlier attempt's merged model: this run does not merge (merge_lora false)", flush=True
+    )
+
+
 def move_in(out: str | Path) -> list[str]:
     """Main process, once every rank has saved into `FINAL_STAGING`: its names recorded, then moved into the folder;
     returns them. An earlier attempt's weights this save did not write are removed first: from_pretrained would load

@@ -82,6 +82,8 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
         init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
         merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
+    else:
+        output_folder.remove_earlier_merge(out)
     if pusher:  # the card lists the pushed revisions
         # A stop request (the time limit's warning, a preemption) gives the wait up, the uploads left recorded
         # unfinished; the run's outputs are written all the same (the local files of seconds), and push_final gives

@@ -97,6 +97,21 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(lora_run
     assert hub.run_folder_problems(out) == []  # pushable like any run
 
 
+@pytest.mark.slow
+def test_a_rerun_that_does_not_merge_removes_an_earlier_attempts_merged_model(lora_run, tiny_model_dir, tmp_path):
+    """An attempt with merge_lora true killed after it wrote merged/ (before run_complete.json), rerun with merge_lora
+    false: the earlier merge stayed beside the new adapter, and a push uploaded it as the run's merged model. It is
+    removed, as the run's own (a folder holding a person's merged/ is refused at start, as any file not a run's)."""
+    out = tmp_path / "run"
+    shutil.copytree(lora_run[0], out)
+    (out / "run_complete.json").unlink()  # killed after the merge
+    cache = {"DPOTRAIN_CACHE": str(lora_run[0].parent / "cache")}
+    _, said = train(tmp_path, tiny_model_dir, "--dataset_name", lora_run[1], *LORA, "--merge_lora", "false", env=cache)
+    assert not (out / "merged").exists() and f"Removed {out}/merged, an earlier attempt's merged model" in said
+    assert "merged" not in json.loads((out / "run_files.json").read_text())["names"]
+    assert (out / "adapter_model.safetensors").exists() and hub.run_folder_problems(out) == []
+
+
 @pytest.mark.parametrize("args, dropout", [([], 0.0), (["--disable_dropout", "false"], 0.05)], ids=["default", "kept"])
 def test_lora_dropout_recorded_is_the_dropout_trained(args, dropout, tmp_path, tiny_model_dir):
     """TRL's disable_dropout (on by default) zeroes every dropout once PEFT has wrapped the model, the adapter's too:
