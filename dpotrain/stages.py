@@ -111,6 +111,8 @@ def decide_launch(recipe) -> Launch:
     dry_run = recipe.project.dry_run
     planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
     world, source = resolve.world_size(recipe, planning=dry_run, planned=planned)
+    if dry_run:  # a config that launches one process per node, planned for more (engine.one_per_node)
+        planned = engine.one_per_node(planned, world, recipe.project.accelerate_config)
     cuda, t = torch.cuda.is_available(), recipe.training
     if cuda and not t.use_cpu:  # before the process group: two ranks on one GPU fail only at NCCL's first collective
         engine.check_processes_per_node(run_engine.gpus_per_node, torch.cuda.device_count())

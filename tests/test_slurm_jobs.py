@@ -1134,6 +1134,34 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
     assert "launch: srun" not in result.stdout  # refused before anything was launched
 
 
+@pytest.mark.slow  # starts bash and the job's dry run
+def test_job_refuses_an_accelerate_config_that_launches_one_process_per_node(tmp_path):
+    """`ACCELERATE_CONFIG=my.yaml sbatch ...` of a config `accelerate config` wrote for one GPU (distributed_type NO):
+    `accelerate launch --num_processes 2` runs its simple launcher for it, one process, so the job trained alone on
+    one of its GPUs (resolved_config.json: world_size 1) and exited 0, its plan and log saying 2 processes. Refused by
+    the job's dry run, before anything launches."""
+    config = tmp_path / "one_gpu.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_machines: 1\nnum_processes: 1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+    env |= {
+        "RECIPE": "configs/smoke.yaml",
+        "ACCELERATE_CONFIG": str(config),
+        "CPU_PROCESSES_PER_NODE": "2",  # 2 processes per node, as --gpus-per-node=2 asks on GPUs
+        "DPOTRAIN_STOP_FILE": str(tmp_path / "stop-%j"),
+        "SLURM_JOB_ID": "4243",  # in a job: outside one, launch.sh refuses first (`bash scripts/dpo_train.sh`)
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_GPUS_PER_NODE": "0",
+    }
+    args = ["--output_dir", str(tmp_path / "run")]
+    result = subprocess.run(["bash", "scripts/launch.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stdout + result.stderr  # the dry run's refusal ends the job with its code
+    assert (
+        f"error: accelerate config {config} has distributed_type NO, for which `accelerate launch` starts one process "
+        "per node, not the 2 planned: name one that starts them all, accelerate_config.yaml (ZeRO-2)"
+    ) in result.stderr, result.stderr
+    assert "launch: srun" not in result.stdout and not (tmp_path / "run").exists()  # refused before any launch
+
+
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck not installed (scripts/test.sh installs it)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_shellcheck(script):

@@ -502,6 +502,21 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
 RAM_EFFICIENT = "CPU_RAM_EFFICIENT_LOADING"  # accelerate's FSDP_<key> variable, the config's fsdp_<key> (lowercase)
 
 
+def one_per_node(found: Engine, world: int, accelerate_config: str) -> Engine:
+    """A dry run planning `world` > 1 processes on an accelerate config of `distributed_type: NO` (what `accelerate
+    config` writes for one GPU): `accelerate launch` runs its simple launcher for it, one process per node whatever
+    its `--num_processes`, so a 4-GPU job (scripts/launch.sh) trained alone on one GPU, its plan and log saying 4
+    processes, and exited 0. Refused, as the job refuses it before it launches."""
+    if found.name != "single" or world <= 1 or accelerate_config.lower() in ("", "none") or found.refused:
+        return found
+    return replace(
+        found,
+        refused=f"accelerate config {accelerate_config} has distributed_type NO, for which `accelerate launch` starts "
+        f"one process per node, not the {world} planned: name one that starts them all, accelerate_config.yaml "
+        "(ZeRO-2), configs/accelerate/zero3.yaml or fsdp2.yaml, or one of distributed_type MULTI_GPU",
+    )
+
+
 def as_it_runs(found: Engine, world: int, on_gpus: bool) -> Engine:
     """The engine that runs: FSDP2 as one CPU process is "single"; fewer processes than a node's GPUs run on one node
     of that many (scripts/launch.sh asks Slurm for just those GPUs)."""
