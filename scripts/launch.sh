@@ -14,6 +14,7 @@
 #                                        and the job can write (a read-only project: give one elsewhere)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
+#                                        (true/yes too; 0, false, no or unset: none; another word is refused)
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
 # A stop signal before the traps below are set (the time-limit warning's USR1 in a job's start-up, `scancel --signal`)
@@ -95,6 +96,13 @@ done
 # (configs/think-32b.yaml names ZeRO-3); the package reads the recipe (dpotrain/cluster/job.py), as training does. The
 # dry run and every node's train_dpo.py get it last: they plan and record the engine launched.
 ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" "$@")
+# PREFLIGHT read as the recipe's yes/no fields are (dpotrain/recipe/cli.py: TRUE, FALSE): `PREFLIGHT=true` (or yes)
+# was compared with 1 alone, so the job trained for hours without the preflight it was asked for, and said nothing.
+case ${PREFLIGHT:-0} in
+  [Tt]rue | TRUE | [Yy]es | YES | 1 | [TtYy]) PREFLIGHT=1 ;;
+  [Ff]alse | FALSE | [Nn]o | NO | 0 | [FfNn]) PREFLIGHT=0 ;;
+  *) die "PREFLIGHT='$PREFLIGHT' is not a yes or no: give PREFLIGHT=1 for the preflight before training, or unset it" ;;
+esac
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port. Jobs whose
 # ids differ by a multiple of 10000, or any other process, may hold it there: `free_port` moves it to a free one.
 PORT_GIVEN=${MAIN_PROCESS_PORT:+1}

@@ -1162,6 +1162,43 @@ def test_job_refuses_an_accelerate_config_that_launches_one_process_per_node(tmp
     assert "launch: srun" not in result.stdout and not (tmp_path / "run").exists()  # refused before any launch
 
 
+@pytest.mark.slow  # the preflight loads the tiny model and scores its sample
+def test_preflight_asked_as_true_runs_before_the_launch_and_a_word_that_is_no_yes_or_no_is_refused(tmp_path):
+    """`PREFLIGHT=true sbatch scripts/dpo_train.sh` (yes/no as the recipe's fields take it): launch.sh compared the
+    variable with 1 alone, so the job launched training without the preflight asked for, and said nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+    env |= {
+        "RECIPE": "configs/smoke.yaml",
+        "DPOTRAIN_STOP_FILE": str(tmp_path / "stop-%j"),
+        "SLURM_JOB_ID": "4244",  # in a job: outside one, launch.sh refuses first (`bash scripts/dpo_train.sh`)
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_GPUS_PER_NODE": "0",
+    }
+    command = ["bash", "scripts/launch.sh", "--output_dir", str(tmp_path / "run")]
+    refused = subprocess.run(command, cwd=ROOT, env=env | {"PREFLIGHT": "maybe"}, capture_output=True, text=True)
+    assert refused.returncode == 1 and not refused.stdout, refused.stdout
+    assert refused.stderr == (
+        "error: PREFLIGHT='maybe' is not a yes or no: give PREFLIGHT=1 for the preflight before training, or unset it\n"
+    ), refused.stderr
+    job = subprocess.Popen(
+        command, cwd=ROOT, env=env | {"PREFLIGHT": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    watchdog = threading.Timer(300, os.killpg, (job.pid, signal.SIGKILL))  # a launch.sh that hangs fails, not stalls
+    watchdog.start()
+    lines = []
+    try:  # up to the preflight's verdict, or the launch that came in its place
+        while (line := job.stdout.readline()) and not line.startswith(("## Verdict:", "launch: srun")):
+            lines.append(line)
+        lines.append(line)
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+    assert lines[-1].startswith("## Verdict:"), "".join(lines)
+
+
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck not installed (scripts/test.sh installs it)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_shellcheck(script):
