@@ -1082,6 +1082,27 @@ def test_launch_line_masks_secrets_given_on_the_command_line():
     assert "--max_tokens_per_microbatch 4096 --learning_rate 8e-8" in line  # not secrets: shown as given
 
 
+def read_until(command: list[str], cwd, env: dict, prefixes: tuple[str, ...]) -> list[str]:
+    """launch.sh's output lines up to the first that starts with one of `prefixes` (included), then its process group
+    killed: what follows is a launch the test does not need. A launch.sh that hangs fails the test, not stalls it."""
+    job = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    watchdog = threading.Timer(300, os.killpg, (job.pid, signal.SIGKILL))
+    watchdog.start()
+    lines = []
+    try:
+        while (line := job.stdout.readline()) and not line.startswith(prefixes):
+            lines.append(line)
+        lines.append(line)
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+    return lines
+
+
 def test_the_banner_of_a_project_outside_git_names_no_commit_and_no_change(tmp_path):
     """A project that is no git checkout (a release's tarball, or one git will not read: another user's folder):
     `git diff` fails there with 129, not the 1 of a change, and every job's banner said `git: unknown (dirty)`."""
@@ -1095,23 +1116,8 @@ def test_the_banner_of_a_project_outside_git_names_no_commit_and_no_change(tmp_p
     # the stack (~7 CPU-s, 12-15 s on 2 busy cores) that the banner does not depend on. `set -e` ends launch.sh at a
     # failing line, so a banner printed whole is one the git lines let through. `--betta`: were the banner never seen,
     # the dry run refuses it and nothing trains (a dry run's refusal ending a job with 2: test_job_refuses_a_batch_...).
-    job = subprocess.Popen(
-        ["bash", str(project / "scripts" / "launch.sh"), "--betta", "5"],
-        cwd=project, env={**env, "RECIPE": "configs/smoke.yaml"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    watchdog = threading.Timer(300, os.killpg, (job.pid, signal.SIGKILL))  # a launch.sh that hangs fails, not stalls
-    watchdog.start()
-    lines = []
-    try:
-        while (line := job.stdout.readline()) and not line.startswith("gpus per node:"):
-            lines.append(line)
-        lines.append(line)
-    finally:
-        watchdog.cancel()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
+    command = ["bash", str(project / "scripts" / "launch.sh"), "--betta", "5"]
+    lines = read_until(command, project, {**env, "RECIPE": "configs/smoke.yaml"}, ("gpus per node:",))
     assert lines[-1] == "gpus per node: 0  git: unknown\n", "".join(lines)
 
 
@@ -1180,22 +1186,8 @@ def test_preflight_asked_as_true_runs_before_the_launch_and_a_word_that_is_no_ye
     assert refused.stderr == (
         "error: PREFLIGHT='maybe' is not a yes or no: give PREFLIGHT=1 for the preflight before training, or unset it\n"
     ), refused.stderr
-    job = subprocess.Popen(
-        command, cwd=ROOT, env=env | {"PREFLIGHT": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    watchdog = threading.Timer(300, os.killpg, (job.pid, signal.SIGKILL))  # a launch.sh that hangs fails, not stalls
-    watchdog.start()
-    lines = []
-    try:  # up to the preflight's verdict, or the launch that came in its place
-        while (line := job.stdout.readline()) and not line.startswith(("## Verdict:", "launch: srun")):
-            lines.append(line)
-        lines.append(line)
-    finally:
-        watchdog.cancel()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
+    # up to the preflight's verdict, or the launch that came in its place
+    lines = read_until(command, ROOT, env | {"PREFLIGHT": "true"}, ("## Verdict:", "launch: srun"))
     assert lines[-1].startswith("## Verdict:"), "".join(lines)
 
 

@@ -635,7 +635,7 @@ def load(
             record["identity"] = identity_of(source, revision)
         records.append(record)
     shares = share_rows(sources, [len(p) for p in usable])
-    draws = [(drawn or {}).get(s.spec()) or s.identity() for s in sources]
+    draws = [draw_key(s, drawn) for s in sources]
     taken = [take(s, len(p), seed, n, by) for s, p, n, by in zip(sources, usable, shares, draws, strict=True)]
     for record, picked, pairs, by in zip(records, taken, usable, draws, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
@@ -757,6 +757,12 @@ def kept(recipe, output_dir: str) -> dict[str, str]:
         if source.hub and commit and revision.startswith(f"hub:{source.path}:"):
             found[source.path] = commit
     return found
+
+
+def draw_key(source: Source, drawn: dict | None) -> str:
+    """What `source`'s rows are drawn by (`take`): a continued run's record's (`drawn`, by spec: `drawn_by`), else
+    what the source is (`Source.identity`)."""
+    return (drawn or {}).get(source.spec()) or source.identity()
 
 
 def drawn_by(recipe, output_dir: str) -> dict[str, str]:
@@ -913,9 +919,9 @@ def dataset_id_of(
         config, revision = values.get("dataset_config"), values.get("dataset_revision")
         return identity(name, split, config, revision, assistant_turns=assistant_turns)
     # Keyed by what drew the rows (`take`): a resume's by its record's, the rows it takes
-    key = {s.spec(): (drawn or {}).get(s.spec()) or s.identity() for s in sources}
     parts = [
-        [_content_id(s, identity, hh_format, pinned(s, pins)), key[s.spec()], s.written(), s.columns] for s in sources
+        [_content_id(s, identity, hh_format, pinned(s, pins)), draw_key(s, drawn), s.written(), s.columns]
+        for s in sources
     ]
     # `all` drops pairs `final` keeps (an empty earlier answer): another key; `final`'s, as before it was read
     keyed = [parts, seed, *(["assistant_turns:all"] if lengths.turns_key(assistant_turns) else [])]
