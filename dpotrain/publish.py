@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dpotrain import output_folder
 from dpotrain.cluster import collectives, run_lock
+from dpotrain.data import model_identity
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import hub_switches, run_record, writes
 from dpotrain.recipe import records as run_records
@@ -80,6 +81,11 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
         output_folder.claim_for_writing(out, [lora.MERGED_DIR])
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
         init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
+        # A Hub base at the commit the run recorded loading: its branch may have moved since (the SFT model pushed
+        # again during training), and a merge into main's newest weights is one the adapter never trained on
+        identity = resolved.get("derived", {}).get("model_identity") or {}
+        if commit := identity.get(model_identity.KEY):
+            init["revision"] = commit
         merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     else:

@@ -728,3 +728,54 @@ def test_prefetch_given_a_checkpoint_to_resume_fetches_the_commit_its_record_hol
         "true", exit_code=2,
     )  # fmt: skip
     assert refused.startswith("error: resume_from_checkpoint 'true' is not a folder: it names a checkpoint-N"), refused
+
+
+@pytest.mark.slow
+def test_a_merge_loads_the_hub_base_at_the_commit_the_run_trained_on(hub, tmp_path, tiny_model_dir):
+    """merge_lora true on a Hub base merged into the base at main's newest commit: an upload to main during training
+    (the SFT model pushed again) gave a merged model of weights the adapter never trained on, and exit 0. The merge
+    loads the base at the commit the run recorded (resolved_config.json's model_identity)."""
+    import signal
+
+    import torch
+    from safetensors.torch import save_file
+
+    from conftest import PAUSE_AT, pause_env, paused_pid
+
+    files = {p.name: p.read_bytes() for p in Path(tiny_model_dir).iterdir() if p.is_file()}
+    first = hub.state.add_model_commit("org/tiny", files)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()})
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    online.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="")
+    online.update(HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))
+    online.update(pause_env("*/resolved_config.json", "*metrics.jsonl", paused))  # loaded, recorded, not trained
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", "org/tiny", "--output_dir", str(out)]
+    args += ["--max_steps", "2", "--save_strategy", "no", "--report_to", "none", "--use_peft", "true"]
+    args += ["--lora_target_modules", "q_proj", "--merge_lora", "true"]
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *args],
+        cwd=ROOT,
+        env=online,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        weights = {k: v + 1 for k, v in load_file(Path(tiny_model_dir) / "model.safetensors").items()}
+        save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        hub.state.add_model_commit(
+            "org/tiny", files | {"model.safetensors": (tmp_path / "model.safetensors").read_bytes()}
+        )
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=600)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-3000:]
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["model_identity"]["hub_commit"] == first
+    base, merged = (
+        load_file(Path(tiny_model_dir) / "model.safetensors"),
+        load_file(out / "merged" / "model.safetensors"),
+    )
+    assert all(torch.equal(base[n], merged[n]) for n in base if "q_proj" not in n)
