@@ -129,8 +129,12 @@ def summary(
         precision = f"{half} (the weights' dtype, without mixed precision: no fp32 copy of the weights)"
     row("model", f"{model}; weights load in {s.dtype}, training computes in {precision}")
     if s.use_peft:  # what trains: an adapter, not the weights the model line describes
-        targets = s.lora_target_modules or s.lora_target_parameters
+        # Both where both are given (PEFT adapts the modules and the parameters, an MoE's experts): one hid the other
+        targets = s.lora_target_modules or []
         targets = " ".join(targets) if isinstance(targets, list) else targets
+        if s.lora_target_parameters:
+            parameters = f"parameters {' '.join(s.lora_target_parameters)}"
+            targets = f"{targets} and {parameters}" if targets else parameters
         row(
             "LoRA",
             f"an adapter trains on {targets} (r {s.lora_r}, alpha {s.lora_alpha}, dropout {s.lora_dropout:g}); the "

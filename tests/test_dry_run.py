@@ -1147,3 +1147,11 @@ def test_the_summary_says_when_checkpoints_are_written_and_where_none_comes_befo
     assert field(dry_run(capsys, *SMOKE, *out, "--save_strategy", "no"), "checkpoints").startswith(
         "none (save_strategy no)"
     )
+
+
+def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_path, capsys):
+    """`lora_target_parameters` given beside `lora_target_modules` (PEFT adapts both: an MoE's attention and experts)
+    were left out of the summary, which named the modules alone."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_target_parameters", "mlp.down_proj.weight"]
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), *lora)
+    assert field(text, "LoRA").startswith("an adapter trains on q_proj and parameters mlp.down_proj.weight (r 16,")

@@ -379,3 +379,22 @@ def test_the_card_names_the_commits_trained_from_and_no_path_of_the_training_mac
     mixture = [{"source": "/home/alice/data/a.jsonl [train]", **source}, {"source": "org/b [train]", **source}]
     card = model_card({**hub_run, "dataset_name": None, "derived": {"data_sources": mixture}}, [])
     assert "| `a.jsonl [train]` | 4 |" in card and "| `org/b [train]` | 4 |" in card and "/home/alice" not in card
+
+
+def test_a_lora_cards_targets_name_target_parameters_beside_target_modules():
+    """A card of an adapter given both `lora_target_modules` and `lora_target_parameters` (an MoE's experts) named the
+    modules alone: the adapter could not be trained again from it."""
+    resolved = {
+        "model_name_or_path": "org/sft-moe",
+        "use_peft": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "lora_target_modules": ["q_proj"],
+        "lora_target_parameters": ["mlp.experts.gate_up_proj"],
+        "merge_lora": False,
+    }
+    card = model_card(resolved, [])
+    assert "target modules ['q_proj'] and target parameters ['mlp.experts.gate_up_proj']." in card
+    card = model_card(resolved | {"lora_target_modules": None}, [])
+    assert "dropout=0.0, target parameters ['mlp.experts.gate_up_proj']." in card

@@ -254,10 +254,18 @@ def card_lines(s) -> str:
         )
     return (
         f"\nThis is a **LoRA adapter** (PEFT) for `{base}`, not a full model: r={s.lora_r}, "
-        f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, target modules "
-        f"{s.lora_target_modules or s.lora_target_parameters}{_set_options(s)}. The DPO reference was the base with "
+        f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, {_targets(s)}{_set_options(s)}. The DPO reference was "
+        "the base with "
         f"the adapter disabled. {load}{merged}\n"
     )
+
+
+def _targets(s) -> str:
+    """What the adapter adapts: modules, parameters (PEFT's target_parameters, an MoE's experts), or both where both
+    were given (the card named the modules alone, and the adapter could not be trained again from it)."""
+    said = [f"target modules {s.lora_target_modules}" if s.lora_target_modules else ""]
+    said.append(f"target parameters {s.lora_target_parameters}" if s.lora_target_parameters else "")
+    return " and ".join(part for part in said if part)
 
 
 def _set_options(s) -> str:
