@@ -11,7 +11,7 @@ from dpotrain.data import model_identity
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import hub_switches, run_record, writes
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import cause
+from dpotrain.recipe.errors import RunError, cause
 from dpotrain.train import disk_full, health, lora
 from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -86,6 +86,15 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
         identity = resolved.get("derived", {}).get("model_identity") or {}
         if commit := identity.get(model_identity.KEY):
             init["revision"] = commit
+        # A local base written over during training (the SFT model exported again to its path) would be merged as it
+        # now is, into weights the adapter never trained on: refused, naming the file. The adapter is saved already.
+        # (A Hub base is not asked again: it loads at its recorded commit, above.)
+        if identity.get("files") and (changed := model_identity.changed(recipe, identity)):
+            raise RunError(
+                f"the base changed since the run loaded it ({changed}), so the adapter in {out} was not merged: put "
+                "the base back as it was and run the same command again to merge (or --merge_lora false to keep the "
+                "adapter alone)"
+            )
         merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     else:

@@ -415,3 +415,46 @@ def test_a_lora_resume_recorded_with_trls_hash_passes_the_weights_check_and_othe
             continue
         with pytest.raises(ConfigError, match="the weights loaded are not those .* was trained against"):
             check_reference_weights(resumed, run.trainer)
+
+
+@pytest.mark.slow
+def test_a_merge_into_a_local_base_written_over_during_training_is_refused(tmp_path, tiny_model_dir):
+    """A local base folder written over during training (the SFT model exported again to the same path) was merged
+    as it then was, exit 0: weights the adapter never trained on. The merge checks the base's files against the run's
+    record of them first and refuses in one line naming the file; the adapter is saved, and the same command merges
+    once the base is back."""
+    import os
+    import signal
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    from conftest import PAUSE_AT, pause_env, paused_pid, python
+
+    base = tmp_path / "sft"
+    shutil.copytree(tiny_model_dir, base)
+    out, paused, pairs = tmp_path / "run", tmp_path / "paused", first_pairs(tmp_path, 2)
+    args = ["--config", SMOKE, "--output_dir", str(out), "--report_to", "none", "--model_name_or_path", str(base)]
+    args += ["--dataset_name", pairs, *LORA[:1], "2", *LORA[2:], "--merge_lora", "true"]
+    env = {**os.environ, **pause_env("*/resolved_config.json", "*metrics.jsonl", paused)}  # loaded, not trained
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    weights = base / "model.safetensors"
+    kept = weights.read_bytes()
+    try:
+        pid = paused_pid(paused, proc)
+        save_file({k: v + 1 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=600)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "Traceback" not in log, log[-3000:]
+    line = log.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "model.safetensors" in line and "run the same command again" in line, line
+    assert not (out / "merged").exists() and (out / "adapter_model.safetensors").exists()
+    weights.write_bytes(kept)  # the base back: the same command merges
+    result = run_train(args)
+    assert result.returncode == 0, result.stdout[-3000:]
+    merged = load_file(out / "merged" / "model.safetensors")
+    assert all(torch.equal(t, merged[n]) for n, t in load_file(weights).items() if "_proj" not in n)
