@@ -15,7 +15,7 @@ from dpotrain.hub.hub_push import CheckpointPusher
 from dpotrain.recipe import hub_switches, launcher, run_record, writes
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.reference import reference
-from dpotrain.train import agreement, dropout, resume
+from dpotrain.train import agreement, dropout, lora, resume
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop, StoppedBeforeTraining
 from dpotrain.train.samples import SampleGenerator
@@ -119,7 +119,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     """The ready run of `spec`: TRL loads the model with the attention the forward stage chose and tokenizes the pairs,
     the trainer makes its plan from them, and every rank checks it decided as the others. `callbacks`: a caller's
     own, after the run's. `trainer_class`: a subclass of `RecipeDPOTrainer` to build instead (the benchmarks')."""
-    from trl import get_peft_config, get_quantization_config
+    from trl import get_quantization_config
 
     from dpotrain.train.trainer import RecipeDPOTrainer, resolve_model_path, training_arguments
 
@@ -147,7 +147,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         train_dataset=spec.data.train,
         eval_dataset=spec.data.eval,
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
-        peft_config=get_peft_config(spec.as_run.model),
+        peft_config=lora.peft_config(spec.as_run.model),  # with the base's model_revision (lora.py)
         # --load_in_4bit/8bit, as TRL's own dpo.py (its compute dtype: the one the weights load in)
         quantization_config=get_quantization_config(spec.as_run.model),
         forward=forward,

@@ -779,3 +779,18 @@ def test_a_merge_loads_the_hub_base_at_the_commit_the_run_trained_on(hub, tmp_pa
         load_file(out / "merged" / "model.safetensors"),
     )
     assert all(torch.equal(base[n], merged[n]) for n in base if "q_proj" not in n)
+
+
+@pytest.mark.slow
+def test_a_lora_run_on_a_model_revision_records_it_in_every_adapter_config(hub, tmp_path, tiny_model_dir):
+    """With --model_revision R, PEFT wrote no revision into adapter_config.json: loading the adapter as the model card
+    says (AutoPeftModelForCausalLM) put it on the base's main, not on the weights it trained on. Every adapter saved
+    (each checkpoint's, the final one) names R."""
+    files = {p.name: p.read_bytes() for p in Path(tiny_model_dir).iterdir() if p.is_file()}
+    first = hub.state.add_model_commit("org/tiny", files)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()})
+    out = tmp_path / "run"
+    lora = ["--max_steps", "2", "--use_peft", "true", "--lora_target_modules", "q_proj", "--model_revision", first]
+    train_online(hub, tmp_path, out, "org/tiny", *lora)
+    for folder in (out, out / "checkpoint-1", out / "checkpoint-2"):
+        assert json.loads((folder / "adapter_config.json").read_text())["revision"] == first, folder

@@ -162,6 +162,19 @@ def _check_target_modules(targets, built, model: str) -> None:
     )
 
 
+def peft_config(model_args):
+    """TRL's `peft_config` of the run's model settings (None without use_peft), with the base's `model_revision` as
+    its `revision`: PEFT writes no revision into adapter_config.json of its own, so an adapter trained on a revision
+    and loaded as the card says (AutoPeftModelForCausalLM) was put on the base's main. Every adapter saved (each
+    checkpoint's, the final one) holds it."""
+    from trl import get_peft_config
+
+    config = get_peft_config(model_args)
+    if config is not None and model_args.model_revision:
+        config.revision = model_args.model_revision
+    return config
+
+
 @contextlib.contextmanager
 def without_peft_deprecation():
     """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model: a FutureWarning at every
