@@ -794,3 +794,25 @@ def test_a_lora_run_on_a_model_revision_records_it_in_every_adapter_config(hub, 
     train_online(hub, tmp_path, out, "org/tiny", *lora)
     for folder in (out, out / "checkpoint-1", out / "checkpoint-2"):
         assert json.loads((folder / "adapter_config.json").read_text())["revision"] == first, folder
+
+
+@pytest.mark.slow
+def test_a_hub_repo_holding_only_an_adapter_is_refused_naming_its_base(hub, tmp_path, lora_adapter):
+    """`--model_name_or_path org/adapter`, a Hub repo holding a LoRA adapter alone (no config.json), ended in a
+    traceback; a local adapter folder was refused in one line naming its base. The Hub repo is refused so too."""
+    hub.state.add_model_commit("org/adapter", lora_adapter)
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": (ROOT / "data" / "smoke_prefs.jsonl").read_bytes()})
+    log = train_online(hub, tmp_path, tmp_path / "run", "org/adapter", exit_code=2)
+    line = log.strip().splitlines()[-1]
+    assert "Traceback" not in log and line.startswith("error: model 'org/adapter' holds a LoRA adapter"), log[-3000:]
+    assert "start from its base model (org/tiny) with --use_peft true for a new adapter" in line, line
+
+
+@pytest.fixture
+def lora_adapter(tiny_model_dir) -> dict:
+    """A LoRA run's pushed files: its adapter (adapter_config.json naming the base org/tiny, its weights) and the
+    tokenizer, no config.json."""
+    config = {"peft_type": "LORA", "base_model_name_or_path": "org/tiny", "r": 8, "target_modules": ["q_proj"]}
+    files = {p.name: p.read_bytes() for p in Path(tiny_model_dir).iterdir() if p.is_file() and "config" not in p.name}
+    files = {n: b for n, b in files.items() if not n.endswith(".safetensors")}  # the tokenizer and its template
+    return files | {"adapter_config.json": json.dumps(config).encode(), "adapter_model.safetensors": b"weights"}

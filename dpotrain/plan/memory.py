@@ -107,11 +107,30 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
             ) from None
         # transformers says this of a folder without config.json too (a tokenizer's alone): only one it has is refused
         has_config = os.path.isfile(os.path.join(path or name, "config.json"))
+        if not has_config and (adapter := hub_adapter(path or name, revision, local_only)):
+            # a Hub repo holding a LoRA adapter alone (a LoRA run pushed): refused as a local adapter folder is
+            from dpotrain.options import adapter_refusal
+
+            raise adapter_refusal(f"model {name!r}", adapter) from None
         if "Should have a `model_type` key" in str(e) and has_config:  # the run's load would fail on it
             raise ConfigError(no_model_type(name, path or name)) from None
         if not local_only:
             raise
         return None, unreadable(recipe, e)  # the reason from this read's error: the config is read once
+
+
+def hub_adapter(name: str, revision: str | None, local_only: bool):
+    """The adapter_config.json of Hub repo `name` at `revision` (a Path), where it has one; None otherwise."""
+    if os.path.isdir(name):
+        return None
+    from pathlib import Path
+
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(name, "adapter_config.json", revision=revision, local_files_only=local_only))
+    except Exception:  # noqa: BLE001 - no such file, no network, no such repo: transformers' error stands
+        return None
 
 
 def no_model_type(name: str, where: str) -> str:
