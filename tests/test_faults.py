@@ -811,6 +811,25 @@ def test_metrics_records_removed_between_attempts_are_written_again_from_the_che
     assert_same_weights(out, baseline)
 
 
+def test_a_resume_that_evaluates_on_start_keeps_the_checkpoint_steps_training_record(tmp_path):
+    """With eval_on_start, a resume's first record is an evaluation at the checkpoint's step: the trim made at it
+    dropped that step's training record (written by the first attempt, never trained again). It trims at the
+    checkpoint's step instead, dropping only what comes after, and adds the evaluation."""
+    from types import SimpleNamespace
+
+    path = tmp_path / "metrics.jsonl"
+    first = [{"step": s, "epoch": s / 10, "loss": 0.6} for s in (2, 4, 6)]  # checkpoint at 4, killed after 6
+    path.write_text("".join(json.dumps(r) + "\n" for r in first))
+    recorder, args = metrics.MetricsRecorder(), SimpleNamespace(output_dir=str(tmp_path))
+    state = SimpleNamespace(global_step=4, max_steps=10, epoch=0.4, log_history=first[:2])
+    recorder.on_train_begin(args, state, None)
+    recorder.on_log(args, state, None, logs={"eval_loss": 0.5})  # eval_on_start, at the checkpoint's step
+    state.global_step, state.epoch = 6, 0.6
+    recorder.on_log(args, state, None, logs={"loss": 0.55})
+    got = [(r["step"], r.get("loss"), r.get("eval_loss")) for r in metrics.read_metrics(path)]
+    assert got == [(2, 0.6, None), (4, 0.6, None), (4, None, 0.5), (6, 0.55, None)]
+
+
 def test_metrics_records_written_again_are_said_in_one_short_line(tmp_path, capsys):
     """A long run's lost records (logged every step) are named by their first and last step, not listed one by one;
     the records the file still holds stay as they are, and an evaluation's record follows its step's training one."""

@@ -41,9 +41,12 @@ class MetricsRecorder(TrainerCallback):
     def __init__(self):
         self._trimmed = False
         self._resumed_from = None
+        self._checkpoint_step = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._resumed_from = state.global_step or None  # a resume: the Trainer has loaded the checkpoint's state
+        self._resumed_from = self._checkpoint_step = (
+            state.global_step or None
+        )  # a resume: the Trainer has loaded the checkpoint's state
         if self._resumed_from:  # before the health guard and W&B read the records back
             collectives.main_outcome(restore, Path(args.output_dir) / METRICS_FILE, state.log_history)
 
@@ -61,7 +64,13 @@ class MetricsRecorder(TrainerCallback):
 
     def _write(self, path: Path, state, logs: dict) -> None:
         if not self._trimmed:
-            keep_before(path, state.global_step)
+            # A resume trims at the checkpoint's step, not at its first record's: with eval_on_start that record is an
+            # evaluation AT the checkpoint's step, and trimming there dropped the step's training record (kept in the
+            # checkpoint, never trained again); the resume's evaluation is added after it.
+            if self._checkpoint_step is not None:
+                keep_before(path, self._checkpoint_step + 1)
+            else:
+                keep_before(path, state.global_step)
             self._trimmed = True
         record = {"step": state.global_step, "epoch": state.epoch, **logs}
         if self._resumed_from is not None:
