@@ -683,6 +683,7 @@ def check_steps(steps: dict, training) -> None:
     rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs ends every rank."""
     plan.check_steps(steps, training.max_steps)
     plan.check_schedule_fits(steps, training)
+    plan.check_eval_delay(steps, training)  # an evaluation that would never come, before the model loads
 
 
 def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, limit, launch: Launch) -> None:

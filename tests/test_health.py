@@ -423,3 +423,30 @@ def test_the_dry_run_says_step1_is_not_judged_where_dropout_is_kept():
     values = {"health_checks": True, "health_action": "stop", "health_step1_tolerance": 0.02, "samples_every": 0}
     assert said in dry_run.watching_text(run_record.of({**values, "disable_dropout": False}).settings)
     assert said not in dry_run.watching_text(run_record.of({**values, "disable_dropout": True}).settings)
+
+
+@pytest.mark.parametrize(
+    "strategy, delay, line",
+    [
+        (
+            "steps",
+            "5",
+            "eval_delay 5 is past the run's last step (4): it would never evaluate; pass an eval_delay of 4",
+        ),
+        ("epoch", "2", "eval_delay 2 is past the run's last epoch (1, eval_strategy epoch): it would never evaluate"),
+    ],
+)
+def test_an_eval_delay_past_the_runs_end_is_refused_before_the_model_loads(tmp_path, strategy, delay, line):
+    """transformers evaluates only once eval_delay <= the step (or epoch): one past the run's end never evaluated, and
+    the run exited 0 without the held-out evaluation asked for. Refused where the data set's steps are counted."""
+    from dpotrain import stages
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
+    args = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--eval_strategy", strategy]
+    args += ["--dataset_mixer_eval_list", str(held), "1.0", "--eval_delay", delay]
+    steps = {"total_steps": 4, "warmup_steps": 0, "pairs_per_step": 8}
+    with pytest.raises(ConfigError, match=line.replace("(", r"\(").replace(")", r"\)")):
+        stages.check_steps(steps, parse_args(args).training)
+    ok = [*args[:-1], "1" if strategy == "epoch" else "4"]
+    stages.check_steps(steps, parse_args(ok).training)  # at the run's end: it evaluates there

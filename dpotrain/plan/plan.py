@@ -482,6 +482,23 @@ class StepCollator:
         }
 
 
+def check_eval_delay(steps: dict, training) -> None:
+    """An eval_delay past the run's last step (eval_strategy steps) or last epoch (epoch) meant transformers never
+    evaluated, and the run exited 0 without the held-out evaluation asked for: refused here, before the model loads."""
+    total, delay, strategy = steps.get("total_steps"), training.eval_delay or 0, training.eval_strategy
+    strategy = str(getattr(strategy, "value", strategy)).lower()
+    if strategy == "steps" and total is not None and delay > total:
+        raise ConfigError(
+            f"eval_delay {delay:g} is past the run's last step ({total}): it would never evaluate; pass an eval_delay "
+            f"of {total} or less (the run's steps: --dry-run), or eval_strategy no"
+        )
+    if strategy == "epoch" and training.max_steps <= 0 and delay > training.num_train_epochs:
+        raise ConfigError(
+            f"eval_delay {delay:g} is past the run's last epoch ({training.num_train_epochs:g}, eval_strategy epoch): "
+            f"it would never evaluate; pass an eval_delay of {training.num_train_epochs:g} or less, or eval_strategy no"
+        )
+
+
 def check_schedule_fits(steps: dict, training) -> None:
     """warmup_stable_decay counts its phases in steps of its own (`num_decay_steps`, `num_stable_steps`), which the
     schedule's walk before the data loads cannot weigh against the run. Without `num_stable_steps` the stable phase is

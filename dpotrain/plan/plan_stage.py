@@ -51,6 +51,7 @@ def _check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
         plan.check_steps(kept, args.max_steps, f"the {pairs} pairs training keeps")
         plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
+        plan.check_eval_delay(kept, args)  # eval_delay, against the steps the run now has
 
 
 def _planned_steps(lengths: PairLengths, step_plan: plan.StepPlan, epochs: int, args, max_length_cuts: dict):
