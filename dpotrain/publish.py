@@ -12,7 +12,7 @@ from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import hub_switches, run_record, writes
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import RunError, cause
-from dpotrain.train import disk_full, health, lora
+from dpotrain.train import disk_full, health, lora, tracking
 from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -32,6 +32,9 @@ def save_and_push(run, resolved: dict) -> int | None:
                 # job's log ended "training failed with exit code 1 ... the same sbatch command goes on from the
                 # newest complete checkpoint", which the stop refuses.
                 writes.write_text(f"{stop_file}.health", line + "\n")
+            # W&B ended the run at exit as finished (exit code 0) and printed its closing lines after the stop line:
+            # ended here with the run's exit code, so the W&B run says failed and the stop line is the last one.
+            tracking.finish_wandb(health.HEALTH_STOP_EXIT)
             print(line, flush=True)
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)
