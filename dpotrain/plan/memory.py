@@ -14,10 +14,12 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import accelerate
 import torch
 import transformers
+from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import StrictDataclassError
 from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import AutoConfig
@@ -123,10 +125,6 @@ def hub_adapter(name: str, revision: str | None, local_only: bool):
     """The adapter_config.json of Hub repo `name` at `revision` (a Path), where it has one; None otherwise."""
     if os.path.isdir(name):
         return None
-    from pathlib import Path
-
-    from huggingface_hub import hf_hub_download
-
     try:
         return Path(hf_hub_download(name, "adapter_config.json", revision=revision, local_files_only=local_only))
     except Exception:  # noqa: BLE001 - no such file, no network, no such repo: transformers' error stands

@@ -44,9 +44,8 @@ class MetricsRecorder(TrainerCallback):
         self._checkpoint_step = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._resumed_from = self._checkpoint_step = (
-            state.global_step or None
-        )  # a resume: the Trainer has loaded the checkpoint's state
+        # A resume: the Trainer has loaded the checkpoint's state. `_resumed_from` marks the first record written.
+        self._resumed_from = self._checkpoint_step = state.global_step or None
         if self._resumed_from:  # before the health guard and W&B read the records back
             collectives.main_outcome(restore, Path(args.output_dir) / METRICS_FILE, state.log_history)
 
@@ -67,10 +66,7 @@ class MetricsRecorder(TrainerCallback):
             # A resume trims at the checkpoint's step, not at its first record's: with eval_on_start that record is an
             # evaluation AT the checkpoint's step, and trimming there dropped the step's training record (kept in the
             # checkpoint, never trained again); the resume's evaluation is added after it.
-            if self._checkpoint_step is not None:
-                keep_before(path, self._checkpoint_step + 1)
-            else:
-                keep_before(path, state.global_step)
+            keep_before(path, state.global_step if self._checkpoint_step is None else self._checkpoint_step + 1)
             self._trimmed = True
         record = {"step": state.global_step, "epoch": state.epoch, **logs}
         if self._resumed_from is not None:
