@@ -14,14 +14,14 @@ from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
-from dpotrain.train import dropout
+from dpotrain.train import dropout, health
 from dpotrain.train.health import LN2, HealthGuard
 from dpotrain.train.losses import check_options, step1_loss
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
-def trainer_for(out, model_dir, *overrides, rows=None):
+def trainer_for(out, model_dir, *overrides, rows=None, eval_dataset=None):
     recipe = parse_args(
         [
             "--config",
@@ -38,7 +38,7 @@ def trainer_for(out, model_dir, *overrides, rows=None):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(built(recipe, dataset.select(range(rows)) if rows else dataset))
+    return ready(built(recipe, dataset.select(range(rows)) if rows else dataset, eval_dataset))
 
 
 @pytest.mark.slow
@@ -107,6 +107,32 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
     assert stop.guard != "loss_floor" or losses[-1] < 0.01
     assert (out / f"checkpoint-{stop.step}" / "COMPLETE").is_file()
     assert not stop_file.with_name("stop.checkpointed").exists()  # the checkpoint is not a requeue request
+
+
+@pytest.mark.slow
+def test_a_stop_under_save_strategy_best_at_no_new_best_writes_the_checkpoint_its_line_names(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Under save_strategy best transformers saves at an evaluation only at a new best, over the save the guard asked
+    for: a stop at an evaluation that was no new best wrote no checkpoint, and its stop line named one as resumable."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("DPOTRAIN_STOP_FILE", str(tmp_path / "stop"))
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[80:88]))
+    # The collapsing learning rate below; the held-out loss falls as the loss does, so with a higher loss counted as
+    # better every evaluation after the first is no new best.
+    best = ["--save_strategy", "best", "--metric_for_best_model", "eval_loss", "--greater_is_better", "true"]
+    evaluated = ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_mixer_eval_list", str(held), "1.0"]
+    lr = ["--max_steps", "10", "--logging_steps", "1", "--warmup_steps", "0", "--learning_rate", "3e-3"]
+    trainer = trainer_for(
+        out, tiny_model_dir, *lr, *evaluated, *best, rows=80, eval_dataset=data.load_preference_dataset(str(held))
+    )
+    trainer.train()
+    stop = trainer.health.stop
+    assert stop is not None and stop.step > 1 and not stop.fatal, trainer.health.alarms
+    assert trainer.state.best_global_step == 1  # the stop's evaluation was no new best
+    assert f"checkpoint {out}/checkpoint-{stop.step} is complete and resumable" in health.stop_line(stop, str(out))
+    assert (out / f"checkpoint-{stop.step}" / "COMPLETE").is_file()
 
 
 @pytest.mark.slow
@@ -442,7 +468,7 @@ def test_an_eval_delay_past_the_runs_end_is_refused_before_the_model_loads(tmp_p
     from dpotrain import stages
 
     held = tmp_path / "held.jsonl"
-    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[80:88]))
     args = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--eval_strategy", strategy]
     args += ["--dataset_mixer_eval_list", str(held), "1.0", "--eval_delay", delay]
     steps = {"total_steps": 4, "warmup_steps": 0, "pairs_per_step": 8}

@@ -93,7 +93,7 @@ _override(
 )
 _override(
     f"{TRAINER}:Trainer._determine_best_metric",
-    "under save_strategy best, its answer is the save made at an evaluation: a stop request's save is kept",
+    "under save_strategy best, its answer is the save made at an evaluation: a stop's save is kept",
     ("metrics", "trial"),
 )
 _override(

@@ -408,9 +408,13 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _determine_best_metric(self, metrics, trial):
         """Under save_strategy best transformers saves at an evaluation only at a new best, over the save a stop asked
-        for (`GracefulStop`): the run stopped with no checkpoint of its last steps. A stop's save is kept."""
+        for (a stop request's, `GracefulStop`; a health guard's): the run stopped with no checkpoint of its last steps,
+        though its last line named one. Under `best` only a stop asks for a save, so one asked is kept; none is made of
+        the non-finite state a health guard stopped on, even at a new best."""
         new_best = super()._determine_best_metric(metrics, trial)
-        return new_best or (self.graceful_stop.stopped and self.control.should_save)
+        if self.health is not None and self.health.stop is not None and self.health.stop.fatal:
+            return False
+        return new_best or self.control.should_save
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """The optimizer's state, and TR-DPO's moved reference. Here, not in `_load_from_checkpoint` (one process and
