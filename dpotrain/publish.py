@@ -32,6 +32,9 @@ def save_and_push(run, resolved: dict) -> int | None:
                 # job's log ended "training failed with exit code 1 ... the same sbatch command goes on from the
                 # newest complete checkpoint", which the stop refuses.
                 writes.write_text(f"{stop_file}.health", line + "\n")
+            # The curves are what a stopped run is read by (the loss that fell to 0, the margin that ran away)
+            output_folder.claim_for_writing(out, [PLOT_FILE])
+            plot_metrics(read_metrics(out), out / PLOT_FILE, title=recipe.training.run_name)
             # W&B ended the run at exit as finished (exit code 0) and printed its closing lines after the stop line:
             # ended here with the run's exit code, so the W&B run says failed and the stop line is the last one.
             tracking.finish_wandb(health.HEALTH_STOP_EXIT)

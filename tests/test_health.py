@@ -481,7 +481,8 @@ def test_an_eval_delay_past_the_runs_end_is_refused_before_the_model_loads(tmp_p
 @pytest.mark.slow
 def test_a_health_stop_ends_its_wandb_run_failed_before_the_stop_line(tmp_path, tiny_model_dir):
     """W&B ended a health-stopped run (exit 3) as finished with exit code 0 at exit, printing its closing lines after
-    the stop line: it is ended with exit code 3 first, and the stop line is the run's last."""
+    the stop line: it is ended with exit code 3 first, and the stop line is the run's last. Its training curves are
+    drawn (none were)."""
     out = tmp_path / "run"
     args = [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir]
     args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0"]
@@ -489,8 +490,7 @@ def test_a_health_stop_ends_its_wandb_run_failed_before_the_stop_line(tmp_path, 
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "false"}
     result = subprocess.run(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert result.returncode == 3, result.stdout[-3000:]
-    assert result.stdout.strip().splitlines()[-1].startswith("health: training STOPPED at step 2"), result.stdout[
-        -2000:
-    ]
     lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("health: training STOPPED at step 2"), result.stdout[-2000:]
+    assert (out / "training_curves.png").stat().st_size > 0  # the curves a stopped run is read by
     assert any(line.startswith("wandb:") for line in lines[:-1]), result.stdout[-2000:]  # W&B's closing lines, before
