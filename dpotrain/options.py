@@ -546,7 +546,7 @@ def check_model(model: str) -> None:
     if adapter.is_file():
         # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         merged = path / "merged"  # a LoRA run's folder, saved with merge_lora: true (dpotrain/train/lora.py)
-        raise adapter_refusal(
+        raise model_identity.adapter_refusal(
             f"model folder {model!r}", adapter, merged if (merged / "config.json").is_file() else None
         )
     if not (path / "config.json").is_file():
@@ -556,25 +556,6 @@ def check_model(model: str) -> None:
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
     check_shards(model)
-
-
-def adapter_refusal(what: str, adapter: Path, merged: Path | None = None) -> ConfigError:
-    """The refusal of a LoRA adapter (`adapter`: its adapter_config.json) given as the model to start from, naming
-    its base; `what`: the folder or Hub repo, `merged`: a folder holding the adapter merged into its base."""
-    try:
-        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        base = None
-    start = f"its base model ({base}) with --use_peft true for a new adapter" if base else "its base model"
-    merged = (
-        f"--model_name_or_path {shlex.quote(str(merged))}, the adapter merged into its base"
-        if merged is not None
-        else "the adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
-    )
-    return ConfigError(
-        f"{what} holds a LoRA adapter (adapter_config.json), not a model a run can start from: start from {start}, "
-        f"or from {merged}"
-    )
 
 
 def _weights_config(path: Path) -> dict | None:

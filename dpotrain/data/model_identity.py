@@ -10,9 +10,11 @@ import fnmatch
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 from dpotrain.data import builtin, data_identity, hub_revision
+from dpotrain.recipe.errors import ConfigError
 
 # What transformers reads from a model folder: weights (safetensors, PyTorch, a LoRA adapter), their index, config,
 # generation config, tokenizer and chat template files, and the modeling code of a remote-code model.
@@ -159,3 +161,22 @@ def changed(recipe, old: dict | None) -> str | None:
                 f"commit {old[KEY][:12]}"
             )
     return None
+
+
+def adapter_refusal(what: str, adapter: Path, merged: Path | None = None) -> ConfigError:
+    """The refusal of a LoRA adapter (`adapter`: its adapter_config.json) given as the model to start from, naming
+    its base; `what`: the folder or Hub repo, `merged`: a folder holding the adapter merged into its base."""
+    try:
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    start = f"its base model ({base}) with --use_peft true for a new adapter" if base else "its base model"
+    merged = (
+        f"--model_name_or_path {shlex.quote(str(merged))}, the adapter merged into its base"
+        if merged is not None
+        else "the adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
+    )
+    return ConfigError(
+        f"{what} holds a LoRA adapter (adapter_config.json), not a model a run can start from: start from {start}, "
+        f"or from {merged}"
+    )

@@ -26,7 +26,7 @@ from transformers import AutoConfig
 
 from dpotrain.cluster.engine import NAMES, Engine, from_config, model_dtype
 from dpotrain.cluster.sequence_parallel import head_counts
-from dpotrain.data import builtin
+from dpotrain.data import builtin, model_identity
 from dpotrain.data.lengths import refused_config
 from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width, query_width
 from dpotrain.forwards.masks import BLOCK
@@ -111,9 +111,7 @@ def model_config(recipe, path: str | None = None, local_only: bool = True) -> tu
         has_config = os.path.isfile(os.path.join(path or name, "config.json"))
         if not has_config and (adapter := hub_adapter(path or name, revision, local_only)):
             # a Hub repo holding a LoRA adapter alone (a LoRA run pushed): refused as a local adapter folder is
-            from dpotrain.options import adapter_refusal
-
-            raise adapter_refusal(f"model {name!r}", adapter) from None
+            raise model_identity.adapter_refusal(f"model {name!r}", adapter) from None
         if "Should have a `model_type` key" in str(e) and has_config:  # the run's load would fail on it
             raise ConfigError(no_model_type(name, path or name)) from None
         if not local_only:
