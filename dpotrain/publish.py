@@ -84,23 +84,23 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
     training = recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:
-        output_folder.claim_for_writing(out, [lora.MERGED_DIR])
-        base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
-        init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
-        # A Hub base at the commit the run recorded loading: its branch may have moved since (the SFT model pushed
-        # again during training), and a merge into main's newest weights is one the adapter never trained on
         identity = resolved.get("derived", {}).get("model_identity") or {}
-        if commit := identity.get(model_identity.KEY):
-            init["revision"] = commit
         # A local base written over during training (the SFT model exported again to its path) would be merged as it
         # now is, into weights the adapter never trained on: refused, naming the file. The adapter is saved already.
-        # (A Hub base is not asked again: it loads at its recorded commit, above.)
+        # Checked before merged/ is claimed as the run's. (A Hub base loads at its recorded commit, below.)
         if identity.get("files") and (changed := model_identity.changed(recipe, identity)):
             raise RunError(
                 f"the base changed since the run loaded it ({changed}), so the adapter in {out} was not merged: put "
                 "the base back as it was and run the same command again to merge (or --merge_lora false to keep the "
                 "adapter alone)"
             )
+        output_folder.claim_for_writing(out, [lora.MERGED_DIR])
+        base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
+        init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
+        # A Hub base at the commit the run recorded loading: its branch may have moved since (the SFT model pushed
+        # again during training), and a merge into main's newest weights is one the adapter never trained on
+        if commit := identity.get(model_identity.KEY):
+            init["revision"] = commit
         merged = lora.save_merged(out, base, init, trainer.model, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     else:

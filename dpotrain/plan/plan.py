@@ -485,8 +485,8 @@ class StepCollator:
 def check_eval_delay(steps: dict, training) -> None:
     """An eval_delay past the run's last step (eval_strategy steps) or last epoch (epoch) meant transformers never
     evaluated, and the run exited 0 without the held-out evaluation asked for: refused here, before the model loads."""
+    # transformers' IntervalStrategy is a str: it equals its spelling
     total, delay, strategy = steps.get("total_steps"), training.eval_delay or 0, training.eval_strategy
-    strategy = str(getattr(strategy, "value", strategy)).lower()
     if strategy == "steps" and total is not None and delay > total:
         raise ConfigError(
             f"eval_delay {delay:g} is past the run's last step ({total}): it would never evaluate; pass an eval_delay "
