@@ -248,7 +248,7 @@ def _only_if(condition: bool, work, *args, **kwargs):
 
 def claim_repo(push) -> str:
     """The push's repo with its namespace, once the Hub says this token may write there (a new repo: may create it)."""
-    repo_id = hub.check_write_access(push.repo_id, push.token)
+    repo_id = hub.check_write_access(push.repo_id, push.token, base=push.base)
     hub.create_at_start(repo_id, push.token, push.private)
     return repo_id
 

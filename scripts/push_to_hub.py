@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
             f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it, where the Hub is "
             "reachable"
         )
-    repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
+    # a bare name gets the user's namespace; never the run's own base model's repo
+    repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py", base=recorded.model_name_or_path)
     hub.check_private(repo_id, token, private, where="push_to_hub.py")
 
     from huggingface_hub import HfApi

@@ -784,6 +784,28 @@ def test_write_access_against_the_hubs_answers(local_hub):
         hub.check_write_access("lab/mine", SECRET)
 
 
+def test_a_push_to_the_repo_the_run_trains_from_is_refused_before_anything_runs(local_hub, finished_run, monkeypatch):
+    """`--hub_model_id` naming the Hub repo the run trains from (as `model_name_or_path` spells it, in any case, or as a
+    bare name the token's namespace completes to it) pushed the DPO model over the base on main, exit 0: runs started
+    from the base later started from this one's model. Refused at the run's start, and by push_to_hub.py."""
+    from dpotrain.recipe.config import parse_args
+
+    argv = ["--config", "configs/smoke.yaml", "--push_to_hub", "true", "--model_name_or_path", "me/base-sft"]
+    with pytest.raises(ConfigError, match="^hub_model_id 'Me/Base-SFT' is the model this run trains from"):
+        hub.take_push_settings(parse_args([*argv, "--hub_model_id", "Me/Base-SFT"]))
+    push = hub.take_push_settings(parse_args([*argv, "--hub_model_id", "base-sft"]))  # its namespace: the Hub's
+    with pytest.raises(ConfigError, match="^hub_model_id 'me/base-sft' is the model this run trains from"):
+        hub.check_write_access(push.repo_id, SECRET, base=push.base)
+    assert hub.check_write_access("lab/mine", SECRET, base=push.base) == "lab/mine"  # another repo: pushed to
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    (finished_run / "resolved_config.json").write_text(
+        json.dumps({"hub_model_id": "lab/mine", "model_name_or_path": "lab/mine"})
+    )
+    with pytest.raises(ConfigError, match="^hub_model_id 'lab/mine' is the model this run trains from.*--repo-id"):
+        load_script("push_to_hub").main([str(finished_run)])
+    assert not local_hub.commits
+
+
 def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     """The write check cannot tell whether a token may create a repo that does not exist yet: the run creates it at
     start, with the recipe's privacy, and the Hub's refusal (a read token, another's namespace) stops the run there,

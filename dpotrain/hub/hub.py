@@ -98,6 +98,7 @@ class PushSettings:
     private: bool | None
     checkpoints: bool  # push_checkpoints
     token: str | None = field(default=None, repr=False)  # in memory only
+    base: str | None = None  # model_name_or_path: the repo pushed to must not be it (`check_not_the_base`)
 
     def check_token(self) -> None:
         if self.requested and not self.token:
@@ -157,10 +158,25 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
                 f"to push (--hub_model_id {repo_id}), or name the run without '/'"
             )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
+        check_not_the_base(repo_id, recipe.model.model_name_or_path)  # a bare name: once the Hub names its namespace
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)
     token = usable_token(t.hub_token, "--hub_token") or hf_token()
-    return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, token)
+    base = recipe.model.model_name_or_path
+    return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, token, base)
+
+
+def check_not_the_base(repo_id: str, base: str | None) -> None:
+    """Refuse a push to the Hub repo the run trains from (`base`, its model_name_or_path): the final push replaces the
+    model on main (`main_operations`), so the base was gone from main, and a later run from it started from this one's
+    DPO model, silently. The Hub matches repo names without case. A bare `repo_id` (no namespace) is checked once
+    `check_write_access` has named its namespace."""
+    if "/" in repo_id and is_hub_model(base) and repo_id.casefold() == base.casefold():
+        raise ConfigError(
+            f"hub_model_id {repo_id!r} is the model this run trains from (model_name_or_path): its push would replace "
+            "that model on main, and runs started from it later would start from this run's model: pass another "
+            "--hub_model_id (or --repo-id to push_to_hub.py)"
+        )
 
 
 def check_repo_id(repo_id: str, given: str, fix: str) -> None:
@@ -630,9 +646,10 @@ def hub_failed(where: str) -> type[Exception]:
     return ConfigError if where == "job" else RunError
 
 
-def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
-    """Refuse a push the Hub would refuse, at start (`where`: "job"), not after training, or in push_to_hub.py. Returns
-    the repo id with its namespace, which the Hub's branch and commit endpoints need; offline, `repo_id` as given."""
+def check_write_access(repo_id: str, token: str | None, where: str = "job", base: str | None = None) -> str:
+    """Refuse a push the Hub would refuse, at start (`where`: "job"), not after training, or in push_to_hub.py, and one
+    to the run's own base model (`base`: `check_not_the_base`). Returns the repo id with its namespace, which the Hub's
+    branch and commit endpoints need; offline, `repo_id` as given."""
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
@@ -668,6 +685,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
         raise hub_failed(where)(
             f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
         ) from None
+    check_not_the_base(repo_id, base)
     if not writable:
         raise ConfigError(write_refused(whoami, repo_id))
     return repo_id
