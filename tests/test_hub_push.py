@@ -2586,6 +2586,55 @@ def test_a_push_leaves_the_users_models_in_other_folders_of_the_repo(hub, tmp_pa
     assert all(main[name] == theirs[name] for name in kept)
 
 
+def test_a_push_to_a_repo_holding_an_earlier_model_leaves_none_of_its_tokenizer(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """A repo whose main held an earlier model saved by transformers 4 (the SFT model a DPO run starts from, pushed to
+    one repo): its special_tokens_map.json, added_tokens.json and named chat templates stayed beside the run's
+    tokenizer, as only weights were replaced, and `AutoTokenizer.from_pretrained(repo)` read them: another eos and pad
+    token (generation never stops at the run's), a token added, another model's template. The push deletes them too, in
+    the top folder and merged/, and leaves the owner's other files (a handler.py, a copy in awq/)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    earlier = {
+        "special_tokens_map.json": json.dumps({"eos_token": "<|im_start|>", "pad_token": "<|im_start|>"}).encode(),
+        "added_tokens.json": json.dumps({"<earlier_token>": 100000}).encode(),
+        "additional_chat_templates/tool_use.jinja": b"the earlier model's {{ messages }}",
+        "merged/special_tokens_map.json": b"{}",
+        "model.safetensors": b"an earlier run's model",
+    }
+    theirs = {"handler.py": b"# the owner's endpoint handler", "awq/special_tokens_map.json": b"{}"}
+    hub.state.add_model_commit(REPO, {**earlier, **theirs})
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "README.md").write_text("card")
+    pushed = sorted(p.name for p in run.iterdir())
+    run_files.write(run, [run_files.MANIFEST, *pushed])
+    hub_module.push_run(run, REPO, token=SECRET)
+
+    main = hub.state.repos[REPO]["main"]
+    assert sorted(set(main) - {".gitattributes"}) == sorted([*pushed, *theirs]), sorted(main)
+    assert all(main[name] == content for name, content in theirs.items())
+    loaded = tmp_path / "loaded"  # main's top folder, as from_pretrained(REPO) reads it
+    for name, content in main.items():
+        if "/" not in name or name.startswith("additional_chat_templates/"):
+            (loaded / name).parent.mkdir(parents=True, exist_ok=True)
+            (loaded / name).write_bytes(content)
+    tokenizer, pushed = AutoTokenizer.from_pretrained(loaded), AutoTokenizer.from_pretrained(run)
+    assert (tokenizer.eos_token, tokenizer.pad_token, len(tokenizer)) == (
+        pushed.eos_token,
+        pushed.pad_token,
+        len(pushed),
+    )
+    assert tokenizer.chat_template == pushed.chat_template
+
+
 def test_a_push_the_hub_refuses_part_way_never_leaves_main_with_half_a_model(hub, tmp_path, monkeypatch):
     """huggingface_hub's upload_folder (with hf_xet installed) commits in batches and, where a commit fails, splits it
     into smaller commits: a push of more than 20 files (a 32B model's shards, its tokenizer and the run's files) the

@@ -21,7 +21,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, Repository
 from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, usable_token, within
-from dpotrain.data import builtin, mixture
+from dpotrain.data import builtin, mixture, model_identity
 from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
@@ -78,6 +78,11 @@ IGNORE = (
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
 # The top folder and merged/: weights elsewhere (awq/, an ONNX export) are the repo owner's, never a run's.
 REPLACED_IN = (PurePosixPath("."), PurePosixPath(MERGED_DIR))
+# Deleted there too: the rest of an earlier model that from_pretrained reads (model_identity.MODEL_FILES, but code: a
+# handler.py may be the owner's, and a model's code loads only where its config.json names it), and its named chat
+# templates. A transformers 4 save's special_tokens_map.json, left beside the run's tokenizer, gave the tokenizer loaded
+# from the repo the earlier model's eos and pad tokens.
+LOADED = [*REPLACED, *(p for p in model_identity.MODEL_FILES if p != "*.py"), f"{model_identity.TEMPLATES_DIR}/*"]
 # The optimizers that read the Adam settings, by a part of transformers' optim name ("adam" is bitsandbytes' AdamW too;
 # Lion reads the betas alone): a card showing them for another would name values the run never read.
 ADAM_FIELDS = {
@@ -510,8 +515,8 @@ def main_operations(api, repo_id: str, out: Path, digests: dict[str, str] | None
         p
         for p in held
         if p not in names
-        and PurePosixPath(p).parent in REPLACED_IN
-        and any(PurePosixPath(p).match(pattern) for pattern in REPLACED)
+        and in_model_folder(PurePosixPath(p))
+        and any(PurePosixPath(p).match(pattern) for pattern in LOADED)
     ]
     # the run's record and a LoRA adapter's config as their copies without the training machine's paths (public.py)
     adds = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=uploaded(out, name)) for name in names]
@@ -519,6 +524,12 @@ def main_operations(api, repo_id: str, out: Path, digests: dict[str, str] | None
         if isinstance(add.path_or_fileobj, str) and add.path_in_repo in (digests or {}):  # hashed lazily otherwise
             add.upload_info.sha256 = bytes.fromhex(digests[add.path_in_repo])
     return [*(CommitOperationDelete(p) for p in stale), *adds]
+
+
+def in_model_folder(path: PurePosixPath) -> bool:
+    """Whether `path` lies where a run writes a model (REPLACED_IN), its named chat templates' folder included."""
+    folder = path.parent.parent if path.parent.name == model_identity.TEMPLATES_DIR else path.parent
+    return folder in REPLACED_IN
 
 
 def uploaded(out: Path, name: str) -> bytes | str:
