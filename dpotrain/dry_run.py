@@ -226,9 +226,12 @@ def push_text(s) -> str:
     repo = s.hub_model_id if "/" in s.hub_model_id else f"<the token's account>/{s.hub_model_id}"
     repo += {True: " (private)", False: " (public)"}.get(s.hub_private_repo, "")
     if hub_switches.pushes_offline():  # the run checks no access and pushes nothing (hub.check_push_access)
+        # push_checkpoints' checkpoints in the command too: the one named without --checkpoints pushed main alone
+        flag, theirs = (" --checkpoints", ", and each checkpoint still on disk to a branch step-<N>")
+        flag, theirs = (flag, theirs) if s.push_checkpoints else ("", "")
         return (
-            f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {s.output_dir}`, where the Hub "
-            f"is reached, pushes the final model to {repo}"
+            f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {s.output_dir}{flag}`, where the "
+            f"Hub is reached, pushes the final model to {repo}{theirs}"
         )
     every = "; each checkpoint's model to a branch step-<N> as it is saved" if s.push_checkpoints else ""
     return f"the final model to {repo} on the Hub once training ends{every}"

@@ -1110,6 +1110,11 @@ def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, 
         f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out}`, where the Hub is reached, "
         "pushes the final model to me/olmo-dpo"
     )
+    # The checkpoints asked for are in the command: without --checkpoints it pushed main alone, exit 0
+    assert field(dry_run(capsys, *base, "--push_checkpoints", "true"), "push") == (
+        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out} --checkpoints`, where the Hub "
+        "is reached, pushes the final model to me/olmo-dpo, and each checkpoint still on disk to a branch step-<N>"
+    )
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without a GPU, as a login node")
