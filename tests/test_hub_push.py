@@ -3170,7 +3170,29 @@ def test_push_to_hub_ends_a_branch_push_the_hub_failed_with_exit_1_not_a_refusal
     with mock.patch.dict(os.environ), pytest.raises(SystemExit) as ended:
         run_cli(lambda: script.main([str(out), "--repo-id", REPO, "--checkpoints"]))
     err = capsys.readouterr().err
-    assert ended.value.code == 1 and err.startswith(f"error: could not check write access to {REPO}: "), err
+    last = err.splitlines()[-1]  # after the warning of its retry
+    assert ended.value.code == 1 and last.startswith(f"error: could not check write access to {REPO}: "), err
+
+
+def test_a_hub_failing_one_request_of_the_write_check_does_not_end_the_job(hub, monkeypatch):
+    """One 500 (or 429: the Hub rate-limits whoami strictly) to the write check at a job's start ended the job, exit 2,
+    a requeued job's too, whose run was then resumed by no one; uploads are asked again on such an answer, and the
+    check now is too. A Hub that goes on failing ends the job before training, naming the rerun."""
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.errors import ConfigError
+
+    hub_in_process(hub, monkeypatch)
+    hub.state.add_repo(REPO)
+    hub.state.fail[("whoami", None)] = 1
+    assert hub_module.check_write_access(REPO, SECRET) == REPO
+    hub.state.fail[("auth_check", None)] = 1
+    assert hub_module.check_write_access("dpo-test", SECRET) == REPO  # the namespace taken from whoami's answer
+    assert [r["kind"] for r in requests(hub)].count("whoami") == 4  # each attempt asks again whole
+    hub.state.whoami_status = 500
+    with pytest.raises(ConfigError) as refused:
+        hub_module.check_write_access(REPO, SECRET)
+    assert str(refused.value).startswith(f"could not check write access to {REPO}: HfHubHTTPError: ")
+    assert str(refused.value).endswith("; nothing was trained: run the same command again")
 
 
 @pytest.mark.slow  # a training run, then push_to_hub.py twice

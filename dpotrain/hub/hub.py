@@ -26,6 +26,7 @@ from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
 from dpotrain.hub.hub_push import (
     PushStopped,
+    is_transient,
     local_files,
     pushed_revisions,
     record_push,
@@ -675,17 +676,27 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job", base
             f"{venv.hidden('HF_TOKEN')}"
         )
     api = HfApi(token=token)
-    try:
+
+    def ask() -> tuple[dict, str, bool]:
         whoami = within(30, api.whoami)
-        repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
-        writable = _may_write(api, repo_id)
+        named = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
+        return whoami, named, _may_write(api, named)
+
+    try:
+        # A Hub that answered with a 5xx or 429 asked again, as an upload is (with_retries): one such answer ended the
+        # job, a requeued one's too, exit 2. No answer at all (no route, a timeout) is not: a node without network
+        # is told so at once.
+        (whoami, repo_id, writable), _ = with_retries(ask, f"the write check of {repo_id}", answered_failure)
     except HfHubHTTPError as e:
         if status_of(e) == 401:
             raise ConfigError(
                 "the Hugging Face token is invalid or expired: create one at https://huggingface.co/settings/tokens "
                 "and set HF_TOKEN in .env"
             ) from None
-        raise hub_failed(where)(f"could not check write access to {repo_id}: {cause(e)}") from None
+        nothing = "nothing was trained" if where == "job" else "nothing was pushed"
+        raise hub_failed(where)(
+            f"could not check write access to {repo_id}: {cause(e)}; {nothing}: run the same command again"
+        ) from None
     except Exception as e:  # noqa: BLE001 - no route, DNS, proxy, timeout, a bad HF_ENDPOINT: named by cause()
         unreachable = (
             "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
@@ -700,6 +711,11 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job", base
     if not writable:
         raise ConfigError(write_refused(whoami, repo_id))
     return repo_id
+
+
+def answered_failure(error: BaseException) -> bool:
+    """The Hub's own answer of a failure worth asking again (a 5xx, 429 or 408), not a request that got no answer."""
+    return isinstance(error, HfHubHTTPError) and status_of(error) is not None and is_transient(error)
 
 
 def _may_write(api, repo_id: str) -> bool:

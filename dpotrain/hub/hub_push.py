@@ -271,14 +271,14 @@ def retry_waits() -> tuple[float, ...]:
     return waits
 
 
-def with_retries(fn, what: str):
-    """fn() retried on transient errors after each wait: (result, attempts); a final error gets `.attempts`."""
+def with_retries(fn, what: str, transient=is_transient):
+    """fn() retried on `transient` errors after each wait: (result, attempts); a final error gets `.attempts`."""
     waits = retry_waits()
     for attempt in range(1, len(waits) + 2):
         try:
             return fn(), attempt
         except Exception as e:
-            if attempt > len(waits) or not is_transient(e):
+            if attempt > len(waits) or not transient(e):
                 e.attempts = attempt
                 raise
             wait = waits[attempt - 1]
