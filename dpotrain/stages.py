@@ -33,7 +33,7 @@ from dpotrain.data import (
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.forwards.packing import positions_cap
-from dpotrain.hub import hub
+from dpotrain.hub import hub, hub_push
 from dpotrain.plan import layers, memory, plan, plan_stage
 from dpotrain.recipe import config, launcher, records, venv
 from dpotrain.recipe.config import uses_live_reference
@@ -162,6 +162,15 @@ def check_histories(output_dir: str) -> None:
             records.read(Path(output_dir) / name, step=True)
         except RunError as e:
             raise ConfigError(str(e)) from None
+    # hub_pushes.jsonl too, which the checkpoint pusher reads as it is built: a line changed by hand was refused there,
+    # on the main process alone while the other ranks loaded the model. One unread now (ESTALE) the pusher warns of.
+    if own is None or hub_push.PUSH_RECORD in own:
+        try:
+            hub_push.read_pushes(output_dir)
+        except RunError as e:
+            raise ConfigError(str(e)) from None
+        except OSError:
+            pass
 
 
 def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision, object]:

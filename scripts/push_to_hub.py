@@ -19,6 +19,7 @@ defaults to `hub_model_id` in the run's resolved_config.json. HF_TOKEN comes fro
 login`, and is never printed; write access to the repo is checked before anything uploads.
 """
 
+import contextlib
 import json
 import re
 import sys
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
     check_is_a_run(run)
     check_no_live_run(run)
+    # The record of pushes, read before anything uploads: a line changed by hand was refused only once the checkpoints
+    # had gone up, as the card's list of them was made. One unreadable (a folder in its place) is said as a push's
+    # record that could not be written is.
+    with contextlib.suppress(OSError):
+        hub_push.read_pushes(run)
     problems = hub.run_folder_problems(run)
     stopped = stopped_checkpoints(run)
     if problems and not stopped:

@@ -3174,6 +3174,39 @@ def test_push_to_hub_ends_a_branch_push_the_hub_failed_with_exit_1_not_a_refusal
     assert ended.value.code == 1 and last.startswith(f"error: could not check write access to {REPO}: "), err
 
 
+@pytest.mark.slow  # a training run, push_to_hub.py, then the run's resume
+def test_a_record_of_pushes_changed_by_hand_is_refused_before_anything_uploads_or_loads(hub, tmp_path, tiny_model_dir):
+    """hub_pushes.jsonl with a line changed by hand (or by another program) was read only as push_to_hub.py made the
+    card's list of branches, after each checkpoint had gone up (a 7B's: 15 GB each), and by a resumed run as its
+    checkpoint pusher was built, on rank 0 alone while the other ranks went on to load the model. Both now read it
+    first, and refuse it in the record's one line before anything uploads or loads."""
+    import shutil
+
+    out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--push_checkpoints", "true")
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = (out / PUSH_RECORD).read_text().splitlines(keepends=True)
+    (out / PUSH_RECORD).write_text("".join([lines[0][:20] + "\n", *lines[1:]]))
+    commits = len(hub.state.commits)
+    said = f"error: {out / PUSH_RECORD}: line 1 is not a JSON record ("
+
+    pushed = subprocess.run(  # to another repo, which holds none of them yet
+        [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints", "--repo-id", "me/other"],
+        env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert pushed.returncode == 1 and pushed.stderr.splitlines()[-1].startswith(said), pushed.stderr
+    assert "Pushed" not in pushed.stdout and len(hub.state.commits) == commits
+    # The job killed after checkpoint-2, before its end: its resume refuses the record before anything loads
+    asked = len(requests(hub))
+    shutil.rmtree(out / "checkpoint-4")
+    (out / "run_complete.json").unlink()
+    _, resumed = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--push_checkpoints", "true")
+    assert resumed.returncode == 2 and resumed.stdout.strip().splitlines()[-1].startswith(said), resumed.stdout[-3000:]
+    assert len(requests(hub)) == asked  # not a request more: refused before the write check
+
+
 def test_a_hub_failing_one_request_of_the_write_check_does_not_end_the_job(hub, monkeypatch):
     """One 500 (or 429: the Hub rate-limits whoami strictly) to the write check at a job's start ended the job, exit 2,
     a requeued job's too, whose run was then resumed by no one; uploads are asked again on such an answer, and the
