@@ -3207,6 +3207,33 @@ def test_a_record_of_pushes_changed_by_hand_is_refused_before_anything_uploads_o
     assert len(requests(hub)) == asked  # not a request more: refused before the write check
 
 
+def test_a_damaged_run_complete_json_names_a_fix_that_works(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """A finished run's run_complete.json damaged (a copy to a login node cut short): push_to_hub.py said "rerun the
+    same command to write it again", and that rerun refused the folder as a finished run's, naming
+    --overwrite_output_dir (which deletes the trained model) or a new --output_dir; no rerun writes it. The line names
+    the copy to restore."""
+    import shutil
+    from unittest import mock
+
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", '{"global')]:
+        (run / name).write_text(text)
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    script = push_script(hub, monkeypatch)
+    with pytest.raises(ConfigError) as refused, mock.patch.dict(os.environ):
+        script.main([str(run), "--repo-id", REPO])
+    assert str(refused.value).startswith(f"{run / 'run_complete.json'} is unreadable (JSONDecodeError: ")
+    assert str(refused.value).endswith(
+        "a finished run writes it last, and no rerun writes it again: restore it from the folder the run wrote (this "
+        "one may be a copy cut short) or from another copy of it"
+    )
+    assert hub.state.commits == []
+
+
 def test_a_hub_failing_one_request_of_the_write_check_does_not_end_the_job(hub, monkeypatch):
     """One 500 (or 429: the Hub rate-limits whoami strictly) to the write check at a job's start ended the job, exit 2,
     a requeued job's too, whose run was then resumed by no one; uploads are asked again on such an answer, and the

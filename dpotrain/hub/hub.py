@@ -446,7 +446,12 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
 
 def finished(output_dir) -> dict:
     """What a finished run recorded of its end (run_complete.json, `publish.completion`); {} where it has none."""
-    fix = "a finished run writes it last: rerun the same command to write it again"
+    # Not "rerun the same command": a rerun refuses a finished run's folder (pass a new --output_dir, or
+    # --overwrite_output_dir, which deletes the trained model), and writes no run_complete.json into it
+    fix = (
+        "a finished run writes it last, and no rerun writes it again: restore it from the folder the run wrote (this "
+        "one may be a copy cut short) or from another copy of it"
+    )
     return run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}
 
 
