@@ -1893,6 +1893,20 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
 
 
+@pytest.mark.slow  # a training run with sample generations
+def test_the_training_datas_prompts_the_run_sampled_stay_off_the_hub(hub, tmp_path, tiny_model_dir):
+    """samples.jsonl holds the training data's first prompts verbatim (the recipes sample them every 50 steps where no
+    sample_prompts are given) and the model's answers; the final push uploaded it to main, a repo often public, where
+    the docs name the model, tokenizer, card and curves: a private data set's rows were published in silence. It
+    stays in the run's folder (and W&B's table), as the run's other local records do."""
+    out, result = train(hub, tmp_path, tiny_model_dir, "--samples_every", "2", "--sample_max_new_tokens", "4")
+    assert result.returncode == 0, result.stdout[-3000:]
+    prompt = json.loads((out / "samples.jsonl").read_text().splitlines()[0])["prompt"]
+    [commit] = hub.state.commits
+    assert "samples.jsonl" not in commit["files"] and {"README.md", "metrics.jsonl"} <= set(commit["files"])
+    assert not [name for name, content in commit["files"].items() if prompt.encode() in content]
+
+
 def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, monkeypatch):
     """A person copies a checkpoint of another run into this run's folder to compare (rotation keeps it: not the
     run's). A resumed run's pusher and push_to_hub.py --checkpoints pushed it as this run's step-1 branch, to a repo

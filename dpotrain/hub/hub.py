@@ -69,10 +69,12 @@ FINAL_METRICS = [
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints go to branches), local records, training_args.bin (a pickle,
-# unsafe to load), run_files.json; nor a .env (a person's secrets, in the folder of a run from before run_files.json).
+# unsafe to load), run_files.json; nor a .env (a person's secrets, in the folder of a run from before run_files.json);
+# nor samples.jsonl, whose prompts are the training data's first ones verbatim unless the recipe names its own (the
+# recipes' default): a private data set's rows went up to a repo that is often public, said nowhere.
 IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
-    "run_files.json .env .env.* */.env */.env.*"
+    "run_files.json .env .env.* */.env */.env.* samples.jsonl"
 ).split()
 # Deleted on main by a final push in REPLACED_IN unless uploaded again: an earlier model's weights or adapter config
 # would load in place of the new ones (model.safetensors before a sharded index). main's history keeps them.
