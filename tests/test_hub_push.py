@@ -3248,6 +3248,33 @@ def test_a_damaged_run_complete_json_names_a_fix_that_works(hub, tmp_path, monke
     assert hub.state.commits == []
 
 
+def test_a_section_added_after_the_cards_revisions_is_kept_by_push_to_hub(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """A person adds their evaluation to a finished run's card, after its last section, the list of checkpoint
+    branches; push_to_hub.py, run again for a branch that failed, made that list anew and dropped everything after its
+    heading: the section was gone from the card in the folder and on main. Only the list is replaced."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "training_curves.png").write_text("png")
+    (run / "run_complete.json").write_text("{}")
+    sealed_checkpoint(run / "checkpoint-2")
+    theirs = "\n## Evaluation\n\nMMLU 61.2 (ours, 5-shot)\n"
+    (run / "README.md").write_text("# run\n" + hub_module.revisions_section([(2, "step-2")], REPO) + theirs)
+    run_files.write(run, [run_files.MANIFEST, PUSH_RECORD, *sorted(p.name for p in run.iterdir())])
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ):
+        script.main([str(run), "--repo-id", REPO, "--checkpoints"])
+    card = (run / "README.md").read_text()
+    assert card.endswith(theirs) and "[`step-2`]" in card, card
+    assert hub.state.repos[REPO]["main"]["README.md"].decode().endswith(theirs)
+
+
 def test_a_hub_failing_one_request_of_the_write_check_does_not_end_the_job(hub, monkeypatch):
     """One 500 (or 429: the Hub rate-limits whoami strictly) to the write check at a job's start ended the job, exit 2,
     a requeued job's too, whose run was then resumed by no one; uploads are asked again on such an answer, and the

@@ -438,10 +438,14 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
     path = Path(output_dir) / "README.md"
     card = path.read_text()
-    kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
+    head, _, section = card.partition("\n" + REVISIONS_HEADING)
+    # A section a person added after the list (their evaluation) kept: the list has no heading of its own after its
+    # first, and everything after it was dropped from the card in the folder and on main
+    after = section[section.find("\n## ") :] if "\n## " in section else ""
+    kept = head.rstrip("\n") + "\n"
     recorded = read_record(Path(output_dir) / RESOLVED) or of_record({})  # the metric's name
     best = best_branch_step(finished(output_dir).get("best"), recorded.settings.metric_for_best_model)
-    card_now = kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best)
+    card_now = kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id, best) + after
     if card_now != card:  # the run's own card left as it was where nothing changes (a push to the run's repo)
         write_text(path, card_now)
 
