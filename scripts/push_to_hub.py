@@ -21,7 +21,9 @@ login`, and is never printed; write access to the repo is checked before anythin
 
 import contextlib
 import json
+import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -130,9 +132,15 @@ def main(argv: list[str] | None = None) -> None:
             f"no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`{venv.hidden('HF_TOKEN')}"
         )
     if offline.is_offline():
+        # Set by the project's .env (docs/hub.md's way for compute nodes, the login node sharing the project), `unset`
+        # in a shell does nothing: .env sets it again at each command. A variable given with the command wins over it.
+        again = shlex.join(["python", "scripts/push_to_hub.py", *(sys.argv[1:] if argv is None else argv)])
+        env_file = ROOT / ".env"
+        by_env = offline_in_env_file(env_file)
         raise ConfigError(
-            f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it, where the Hub is "
-            "reachable"
+            f"HF_HUB_OFFLINE is set ({f'by {env_file}' if by_env else 'in the environment'}), so {run} cannot be "
+            f"pushed to {repo_id} from here: where the Hub is reachable, run `HF_HUB_OFFLINE=0 {again}`"
+            + (" (a variable set for the command wins over .env's)" if by_env else "")
         )
     # a bare name gets the user's namespace; never the run's own base model's repo
     repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py", base=recorded.model_name_or_path)
@@ -171,6 +179,14 @@ def main(argv: list[str] | None = None) -> None:
         # docs/hub.md says: the same command pushes it. Exit 2 (ConfigError) told a script retrying on 1 to fix its
         # input. A step to mend first, or that no command can push, is the folder's to fix: a refusal's 2.
         raise (RunError if rerun_pushes(records) else ConfigError)(said[-1])
+
+
+def offline_in_env_file(env_file: Path) -> bool:
+    """Whether `env_file` (the project's .env) is what set HF_HUB_OFFLINE: its value, where the environment had none."""
+    from dotenv import dotenv_values
+
+    value = dotenv_values(env_file).get("HF_HUB_OFFLINE") if env_file.is_file() else None
+    return value is not None and os.environ.get("HF_HUB_OFFLINE") == value
 
 
 def rerun_pushes(records: list[dict]) -> list[str]:

@@ -3275,6 +3275,43 @@ def test_a_section_added_after_the_cards_revisions_is_kept_by_push_to_hub(hub, t
     assert hub.state.repos[REPO]["main"]["README.md"].decode().endswith(theirs)
 
 
+def test_push_to_hub_under_the_compute_nodes_offline_switch_in_env_names_a_command_that_pushes(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """HF_HUB_OFFLINE=1 in the project's .env, as docs/hub.md sets it for compute nodes without network: push_to_hub.py,
+    run on the login node from the same project, read it too and said "unset it", which a shell's `unset` does not do
+    (the .env sets it again at each command). It names the command that pushes: HF_HUB_OFFLINE=0 before it, which
+    wins over .env's, and that command pushes."""
+    import shutil
+    from unittest import mock
+
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    script = push_script(hub, monkeypatch)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".env").write_text("HF_HUB_OFFLINE=1\n")
+    monkeypatch.setattr(script, "ROOT", project)
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # the login node's shell: set nowhere but in .env
+    with pytest.raises(ConfigError) as refused, mock.patch.dict(os.environ):
+        script.main([str(run), "--repo-id", REPO])
+    assert str(refused.value) == (
+        f"HF_HUB_OFFLINE is set (by {project / '.env'}), so {run} cannot be pushed to {REPO} from here: where the Hub "
+        f"is reachable, run `HF_HUB_OFFLINE=0 python scripts/push_to_hub.py {run} --repo-id {REPO}` (a variable set "
+        "for the command wins over .env's)"
+    )
+    hub_in_process(hub, monkeypatch)  # huggingface_hub as a new process given HF_HUB_OFFLINE=0 imports it
+    with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "0"}):
+        script.main([str(run), "--repo-id", REPO])
+    assert "model.safetensors" in hub.state.repos[REPO]["main"]
+
+
 def test_a_hub_failing_one_request_of_the_write_check_does_not_end_the_job(hub, monkeypatch):
     """One 500 (or 429: the Hub rate-limits whoami strictly) to the write check at a job's start ended the job, exit 2,
     a requeued job's too, whose run was then resumed by no one; uploads are asked again on such an answer, and the

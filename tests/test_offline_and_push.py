@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -656,9 +657,10 @@ def test_push_goes_to_the_runs_hub_model_id_unless_told(monkeypatch, capsys, fin
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError) as info:
         load_script("push_to_hub").main([str(finished_run), *args])
+    again = shlex.join(["python", "scripts/push_to_hub.py", str(finished_run), *args])
     assert str(info.value) == (
-        f"HF_HUB_OFFLINE is set, so {finished_run} cannot be pushed to {repo} from here: unset it, where the Hub is "
-        "reachable"
+        f"HF_HUB_OFFLINE is set (in the environment), so {finished_run} cannot be pushed to {repo} from here: where "
+        f"the Hub is reachable, run `HF_HUB_OFFLINE=0 {again}`"
     )
     assert SECRET not in str(info.value) + capsys.readouterr().out
 
