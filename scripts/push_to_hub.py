@@ -302,7 +302,7 @@ def push(
         hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
         # the run lock asked again at each staged copy: a job started since the check at the start is not raced
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
-    elif isinstance(on_disk := unpushed_on_disk(run), str):
+    elif isinstance(on_disk := unpushed_on_disk(run, repo_id), str):
         print(
             f"The run's checkpoints could not be counted ({on_disk}): add --checkpoints to push any not pushed yet",
             flush=True,
@@ -341,11 +341,17 @@ def push(
     return failed_of(records)
 
 
-def unpushed_on_disk(run: Path) -> list[Path] | str:
-    """The run's own complete checkpoints on disk (never a person's copy), counted only for a note; why they could not
-    be counted where a look went unanswered (ESTALE) or the record was unread: its error ended the push before main."""
+def unpushed_on_disk(run: Path, repo_id: str) -> list[Path] | str:
+    """The run's own complete checkpoints on disk (never a person's copy) that hub_pushes.jsonl does not record on
+    `repo_id` (those the run pushed itself were said "not pushed"), counted only for a note; why they could not be
+    counted where a look went unanswered (ESTALE) or the record was unread: its error ended the push before main."""
     try:
-        return [p for p in checkpoints.own_checkpoints(run) if hub_push.marked(p, True)]
+        done = {step for step, _ in hub_push.pushed_revisions(run, repo_id)}
+        return [
+            p
+            for p in checkpoints.own_checkpoints(run)
+            if checkpoints.step_of(p) not in done and hub_push.marked(p, True)
+        ]
     except (OSError, ConfigError) as e:  # a count for a note: the note says so, never ends the push
         return cause(e)
 

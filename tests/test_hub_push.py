@@ -2001,6 +2001,35 @@ def test_the_checkpoints_left_unpushed_are_counted_in_their_number(
     assert f"{said} step-<N>\n" in capsys.readouterr().out
 
 
+def test_checkpoints_the_run_pushed_are_not_said_unpushed(hub, tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """A run that pushed its checkpoints itself (push_checkpoints: true), its main push failed: push_to_hub.py without
+    --checkpoints said "2 checkpoints on disk are not pushed: add --checkpoints", counting every checkpoint on disk
+    whatever hub_pushes.jsonl records. Only those not recorded on the repo pushed to are counted."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import record_checkpoint
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    for step in (2, 4):
+        sealed_checkpoint(run / f"checkpoint-{step}")
+    run_files.write(run, [run_files.MANIFEST, PUSH_RECORD, *sorted(p.name for p in run.iterdir())])
+    record_checkpoint(run, REPO, 2, "pushed", attempts=1, commit="c2")
+    record_checkpoint(run, REPO, 4, "pushed", attempts=1, commit="c4")
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ):  # main reads .env into the environment
+        script.main([str(run), "--repo-id", REPO])
+    assert "not pushed" not in capsys.readouterr().out
+    with mock.patch.dict(os.environ):  # to another repo, which the records say holds none of them
+        script.main([str(run), "--repo-id", "me/other"])
+    assert "2 checkpoints on disk are not pushed: add --checkpoints" in capsys.readouterr().out
+
+
 def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     hub, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
