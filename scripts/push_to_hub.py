@@ -101,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     problems = hub.run_folder_problems(run)
     stopped = stopped_checkpoints(run)
     if problems and not stopped:
+        # It finished: a copy of its folder stopped midway, or a file deleted since (it was "not a finished run")
+        if (run / hub.RUN_COMPLETE).is_file():
+            raise ConfigError(
+                f"{run} holds a finished run with files missing: {', '.join(problems)}: copy them again from the "
+                "folder the run wrote (a copy of it stopped midway, or files deleted since); nothing was pushed"
+            )
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
     if not stopped:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first

@@ -600,6 +600,19 @@ def test_push_refuses_a_folder_that_is_not_a_finished_run(tmp_path):
     )
 
 
+def test_push_names_a_finished_run_with_files_missing_as_what_it_is(finished_run):
+    """A finished run (run_complete.json) whose card or weights are missing, a copy to a login node stopped midway: it
+    was "not a finished run: missing README.md", naming no fix, of a run that had finished."""
+    (finished_run / "README.md").unlink()
+    (finished_run / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(finished_run)])
+    assert str(info.value) == (
+        f"{finished_run} holds a finished run with files missing: tokenizer.json, README.md: copy them again from the "
+        "folder the run wrote (a copy of it stopped midway, or files deleted since); nothing was pushed"
+    )
+
+
 def test_push_names_a_checkpoint_folder_or_a_folder_no_run_wrote_as_what_it_is(finished_run, tmp_path):
     """`push_to_hub.py outputs/think-dpo/checkpoint-1`, or a folder of one's own: each was "not a finished run: missing
     run_complete.json (training has not finished: resume it with the same command)", of a run that had finished."""
