@@ -165,6 +165,21 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
+@pytest.mark.slow  # trains twice (two train_dpo.py runs)
+def test_an_output_dir_through_one_of_its_checkpoints_and_back_replaces_the_run_whole(tmp_path, tiny_model_dir):
+    # `run/checkpoint-2/..` is `run` only while checkpoint-2 exists: the replacement deleted it first, then every path
+    # through it failed; the run ended "deleted or moved away", its old run half removed and its lock left.
+    out = tmp_path / "run"
+    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "2"), env=env_for(tiny_model_dir))
+    assert first.returncode == 0, first.stdout[-3000:]
+    back = f"{out}/checkpoint-2/.."
+    second = run_train(train_args(back, "--max_steps", "3", "--overwrite_output_dir"), env=env_for(tiny_model_dir))
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint-3").is_dir()
+    assert not (out / "checkpoint-2").exists() and not (out / run_lock.LOCK_FILE).exists()
+
+
 @pytest.mark.slow
 def test_a_best_checkpoint_kept_deletes_no_persons_folder_at_the_end(tmp_path, tiny_model_dir):
     """--metric_for_best_model with save_total_limit 1: at the end of training transformers deleted every

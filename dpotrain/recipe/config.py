@@ -905,6 +905,7 @@ def _decided(
     if "output_dir" not in given:
         _check_folder_name(values["run_name"])
         values["output_dir"] = str(Path("outputs") / values["run_name"])
+    values["output_dir"] = _walked_back(values["output_dir"])
     if there := in_submit_dir(values["output_dir"]):  # a Slurm job's output folder, absolute
         values["output_dir"] = os.path.abspath(there if "output_dir" in on_command_line else values["output_dir"])
     return replaced, job_folder
@@ -923,6 +924,20 @@ def _check_blank_names(values: dict, given: set[str]) -> None:
             f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
             "outputs/my-run), or remove output_dir for outputs/<run_name>"
         )
+
+
+def _walked_back(out: str) -> str:
+    """output_dir with a '..' after a folder's name (`runs/a/checkpoint-48/..`) as the folder it names at the start,
+    resolved by the file system (`runs/a`). Every path of the run's files went through that folder, which may be one
+    the run deletes (a checkpoint, by rotation or --overwrite_output_dir): from then on none could be written, and
+    the run ended "deleted or moved away", its old run half removed and its lock left. A leading '..' goes through
+    no folder of the run's and is kept as written."""
+    path = Path(out).expanduser()
+    parts = path.parts
+    last = max((i for i, part in enumerate(parts) if part == ".."), default=0)
+    if not [part for part in parts[:last] if part not in ("..", path.anchor)]:
+        return out
+    return os.path.join(os.path.realpath(os.path.join(*parts[: last + 1])), *parts[last + 1 :])
 
 
 def _check_folder_name(run_name: str) -> None:
