@@ -6,10 +6,13 @@ resumed, never replaced; and a run reads nothing from its own folder, whose file
 """
 
 import os
+import re
 import shlex
 import shutil
 from fnmatch import fnmatch
 from pathlib import Path
+
+from fsspec.utils import glob_translate
 
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
@@ -38,6 +41,16 @@ _NEVER_READ = (
     "--overwrite_output_dir), so it never reads from there"
 )
 _COPY_OUT = "copy it out of that folder first, or pass another --output_dir"
+# Files a run writes in its folder that a data set's glob may match (`check_outside_data`)
+_RUN_PATHS = (
+    METRICS_FILE,
+    SAMPLES_FILE,
+    run_record.RESOLVED,
+    RUN_COMPLETE,
+    CARD,
+    "model.safetensors",
+    "checkpoint-1/trainer_state.json",
+)
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
@@ -87,10 +100,20 @@ def same_folder_above(path: Path, folder: Path) -> Path | None:
     return None
 
 
-def check_outside_data(output_dir: str, data_names: list[str]) -> None:
+def check_outside_data(output_dir: str, data_names: list[str], patterns: tuple[str, ...] = ()) -> None:
     """datasets reads every file under a folder of data files: a run's folder inside one would be read as data at its
-    next start, and a requeue refused for changed data."""
+    next start, and a requeue refused for changed data. So does a `data_files` glob (`pairs/**/*.jsonl`) that matches
+    the run's own files: it matched none at the first start, then its metrics.jsonl at every rerun, refused as an
+    input in output_dir."""
     out = Path(output_dir).expanduser().resolve()
+    for pattern in patterns:
+        ours = [f"{folder}/{name}" for folder in {os.path.abspath(out), str(out)} for name in _RUN_PATHS]
+        if found := next((path for path in ours if re.match(glob_translate(pattern), path)), None):
+            raise ConfigError(
+                f"output_dir {output_dir!r} is where the data_files glob {pattern!r} matches the run's own files "
+                f"({found}): read as pairs at its next start, they would get every rerun and requeue refused; pass an "
+                "--output_dir the glob does not reach, or a narrower glob"
+            )
     for name in data_names:
         folder = Path(name).expanduser()
         if not folder.is_dir() or data_identity.saved(folder):

@@ -196,7 +196,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     folder_refused = False
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
-        output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
+        patterns = mixture.patterns(mixture.fields_of(recipe))  # a data_files glob, which its own files may match
+        output_folder.check_outside_data(training.output_dir, data_folders(recipe), patterns)  # the dry run's JSON too
         listed = len(refusals)
         check(output_folder.check, training.output_dir, not launch.dry_run)
         # A dry run goes on past a refusal, but reads nothing inside a folder refused (a file: NotADirectoryError)

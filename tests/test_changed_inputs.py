@@ -351,6 +351,35 @@ def test_an_output_folder_inside_a_folder_of_data_files_is_refused_at_start(dry_
     assert not out.exists() and not (shards / "run.dry-run.json").exists()
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_an_output_folder_where_a_data_files_glob_matches_its_own_files_is_refused_at_start(dry_run, tmp_path, capsys):
+    """A mixture source `data_files: pairs/**/*.jsonl` with the run's folder under pairs/: the glob matched no file of
+    the run at its first start, which trained; every rerun and requeue then read its metrics.jsonl as a source and was
+    refused ("a mixture source '.../metrics.jsonl' is in output_dir: copy it out"). Refused at the first start."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", pairs / "a.jsonl")
+    recipe = tmp_path / "glob.yaml"
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text()
+    source = f"datasets: [{{path: json, data_files: '{pairs}/**/*.jsonl'}}]"
+    recipe.write_text(smoke.replace("dataset_name: data/smoke_prefs.jsonl", source))
+    out, args = pairs / "run", [str(recipe) if arg == ARGS[1] else arg for arg in ARGS]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*args, "--output_dir", str(out), *dry_run]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: output_dir {str(out)!r} is where the data_files glob '{pairs}/**/*.jsonl'"), line
+    assert f"({out}/metrics.jsonl)" in line and not out.exists()
+    # Beside the data, where the glob reaches none of its files, the same recipe plans
+    with pytest.raises(SystemExit) as planned:
+        run_cli(lambda: train_dpo.main([*args, "--output_dir", str(tmp_path / "run"), "--dry-run"]))
+    assert not planned.value.code, capsys.readouterr().err[-2000:]
+
+
 def test_an_output_folder_inside_the_data_folder_bound_under_another_name_is_refused(tmp_path):
     """The data folder mounted a second time elsewhere (a bind mount, which no link resolves): `--dataset_name
     /gpfs/me/shards --output_dir /scratch/me/shards/run` of one folder trained, then read its own files as data. The

@@ -285,6 +285,20 @@ def local_files(values: dict) -> list[str]:
     return [f for f in found if f]
 
 
+def patterns(values: dict) -> list[str]:
+    """Each local source's `data_files` globs, absolute as the load resolves them (`data_identity.load_matches`): a
+    glob matches files made after the run started too, its own among them (`output_folder.check_outside_data`)."""
+    found = []
+    for source in [s for evaluation in (False, True) for s in parse(values, evaluation) or []]:
+        if (read_from := _read_from(source)) is None or source.file:
+            continue
+        where, split, data_dir, data_files = read_from
+        base = os.path.abspath(os.path.expanduser(os.path.join(where, data_dir or "")))
+        entries = [e for e in data_identity.entries(data_files, split) if isinstance(e, str) and "://" not in e]
+        found += [os.path.join(base, e) for e in entries if glob.has_magic(e)]
+    return found
+
+
 def _entry(entry, split: str, flag: str, split_from: str) -> Source:
     if isinstance(entry, str):
         try:
