@@ -696,6 +696,19 @@ def check_steps(steps: dict, training) -> None:
     plan.check_eval_delay(steps, training)  # an evaluation that would never come, before the model loads
 
 
+def check_kept_steps(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths) -> None:
+    """The steps of the pairs training keeps, where max_length drops some and every pair was measured: a run they
+    leave nothing to train was refused by the plan stage only after the model loaded and --overwrite_output_dir had
+    removed the finished run it replaced. Every rank, on its own copy (`collectives.every_rank`)."""
+    every, max_length = pair_lengths.every, pair_lengths.max_length
+    if every is None or max_length is None or pairs.train is None:
+        return  # a sample alone: the plan stage checks the pairs TRL keeps
+    dropped = int(cuts.drops(every.prompt, max_length, recipe.training.truncation_mode).sum())
+    kept = len(pairs.train) - dropped
+    total = resolve.count_steps(recipe, launch.batch, launch.data_parallel, kept)["total_steps"]
+    plan_stage.check_kept_steps({"dropped": dropped}, total, recipe.training, kept, launch.batch.pairs_per_step)
+
+
 def check_max_length(recipe, pairs: Data, f, measured, tokenizer, max_length, limit, launch: Launch) -> None:
     """The training and held-out pairs at `max_length`, each rank's own copy in one gather (`collectives.every_rank`).
     One that leaves the pairs (`f`), or a mixture source's (`measured`: every pair), nothing to learn: refused, advising
@@ -1025,6 +1038,8 @@ def first_half(
     if model[0] is not None:  # a Hub model's config not cached at the checks: read now, before the pairs are tokenized
         options.check_init_kwargs_apply(recipe, model[0])
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
+    if not launch.dry_run:  # the dry run plans the steps of the pairs kept (plan_batching)
+        collectives.every_rank(check_kept_steps, recipe, launch, pairs, pair_lengths)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
     splits = {"train": pairs.train, "held-out": pairs.eval}
     # each rank's own copy of the pairs: one gather, the first refusal said once and every rank ending on it

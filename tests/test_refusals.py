@@ -1555,6 +1555,25 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
     assert "1 optimizer step, 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
 
 
+@pytest.mark.slow  # trains a finished run first (~10 s), then the refused run
+def test_a_run_its_kept_pairs_leave_nothing_to_train_is_refused_before_it_replaces_a_finished_run(tmp_path):
+    """The run itself refused the pairs above only once TRL had tokenized them: after the model loaded, and after
+    --overwrite_output_dir had removed the finished run in its folder, replaced by nothing. Where every pair's lengths
+    are measured at start (here all 16), it is refused then, the old run whole."""
+    out = tmp_path / "run"
+    first = run_train(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--report_to", "none"])
+    assert first.returncode == 0, first.stdout[-3000:]
+    before = sorted(p.name for p in out.iterdir())
+    long = [{"role": "user", "content": "word " * 1500}]
+    rows = [pair(chosen=f"Blue {i}.", prompt=long if i % 2 else MESSAGES) for i in range(16)]
+    data = write_rows(tmp_path / "d.jsonl", rows)
+    args = ["--config", SMOKE, "--output_dir", str(out), "--dataset_name", data, "--max_length", "1024"]
+    second = run_train([*args, "--overwrite_output_dir", "--report_to", "none"])
+    assert second.returncode == 2, second.stdout[-3000:]
+    assert second.stdout.rstrip().splitlines()[-1].startswith("error: this run would train nothing: 1 optimizer step")
+    assert "Replaced the run" not in second.stdout and sorted(p.name for p in out.iterdir()) == before
+
+
 # --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
 
 

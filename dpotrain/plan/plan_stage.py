@@ -45,7 +45,7 @@ class RunPlan:
         )
 
 
-def _check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs_per_step: int) -> None:
+def check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs_per_step: int) -> None:
     """The steps of the pairs training keeps, checked again where max_length dropped some (`make`)."""
     if max_length_cuts.get("dropped"):
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
@@ -61,7 +61,7 @@ def _planned_steps(lengths: PairLengths, step_plan: plan.StepPlan, epochs: int, 
     them warm-up, checked again."""
     planned = plan.plan_run(lengths, step_plan, epochs)
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
-    _check_kept_steps(max_length_cuts, steps, args, len(lengths), step_plan.pairs_per_step)
+    check_kept_steps(max_length_cuts, steps, args, len(lengths), step_plan.pairs_per_step)
     return planned, steps
 
 
