@@ -12,8 +12,6 @@ import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 
-from fsspec.utils import glob_translate
-
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.data import data_identity, mixture
 from dpotrain.hub.hub import CARD, REPLACED, RUN_COMPLETE
@@ -105,6 +103,8 @@ def check_outside_data(output_dir: str, data_names: list[str], patterns: tuple[s
     next start, and a requeue refused for changed data. So does a `data_files` glob (`pairs/**/*.jsonl`) that matches
     the run's own files: it matched none at the first start, then its metrics.jsonl at every rerun, refused as an
     input in output_dir."""
+    from fsspec.utils import glob_translate  # here: datasets' dependency, which a lent GPU's image is not known to have
+
     out = Path(output_dir).expanduser().resolve()
     for pattern in patterns:
         ours = [f"{folder}/{name}" for folder in {os.path.abspath(out), str(out)} for name in _RUN_PATHS]
