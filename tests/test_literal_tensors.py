@@ -372,9 +372,25 @@ def test_cut_and_dropped_pairs_are_counted_as_trl_cuts_and_drops_them():
     with pytest.raises(ConfigError, match=nothing):
         cuts.check(prompt, chosen, rejected, None, 1, "keep_start", "the data")
     # A's completions share their first token (3 vs 1: none; here 1): cut at 3, A's sides are the same tokens
+    shared = [[1, 0], [0, 0], [0, 0]]  # per pair: tokens both completions start with, both sequences end with
     with pytest.raises(ConfigError, match=r"leaves 1 of 3 pairs .*1 dropped .*, 1 cut until chosen and rejected"):
-        cuts.check(prompt, chosen, rejected, [1, 0, 0], 3, "keep_start", "the data")
-    cuts.check(prompt, chosen, rejected, [1, 0, 0], 3, "keep_end", "the data")  # keep_end keeps each side's end
+        cuts.check(prompt, chosen, rejected, shared, 3, "keep_start", "the data")
+    cuts.check(prompt, chosen, rejected, shared, 3, "keep_end", "the data")  # keep_end keeps each side's end
+
+
+def test_keep_end_counts_the_pairs_it_cuts_until_both_sides_end_the_same():
+    """keep_end keeps each sequence's last max_length tokens: where both sequences end with that many tokens alike
+    (answers that differ only early, or a max_length within the template's closing tokens), chosen and rejected are
+    the same tokens, a pair at ln 2 with no gradient. Counted and refused as keep_start's shared starts are: the run
+    trained every pair at ln 2 with a gradient norm of 0 and exited 0."""
+    prompt, chosen, rejected = np.array([2, 2, 2]), np.array([6, 6, 6]), np.array([5, 6, 7])
+    shared = [[0, 4], [0, 2], [0, 4]]  # all three sequences end with 2 tokens alike, two of them with 4
+    assert cuts.teaching(prompt, shared, 2, "keep_end") == (0, 0, 3)
+    assert cuts.teaching(prompt, shared, 3, "keep_end") == (1, 0, 2)
+    assert cuts.teaching(prompt, shared, 5, "keep_end") == (3, 0, 0)
+    assert cuts.teaching(prompt, shared, 2, "keep_start")[2] == 0  # their starts differ
+    with pytest.raises(ConfigError, match=r"leaves 1 of 3 pairs .*0 dropped .*, 2 cut until chosen and rejected"):
+        cuts.check(prompt, chosen, rejected, shared, 3, "keep_end", "the data")
 
 
 # --- the step plan --------------------------------------------------------------------------------------------------

@@ -426,6 +426,34 @@ def test_a_max_length_that_leaves_no_pair_anything_to_teach_is_refused(mode, ana
     assert not out.exists()  # nothing written: no model loaded
 
 
+@pytest.mark.parametrize("mode", ["run", "analyzed"])
+def test_a_keep_end_max_length_that_cuts_every_pair_to_the_same_end_is_refused(mode, analyzer, tmp_path, capsys):
+    """keep_end keeps each sequence's end: pairs whose answers differ only in their first words, cut inside the end
+    both share, are the same tokens on both sides. The run trained every pair at ln 2 with a gradient norm of 0 and
+    exited 0, where keep_start's shared starts were refused; refused alike before the model loads, from the run's
+    sample or the analyzer's cached lengths."""
+    shared = " is the answer, worked out step by step with care and attention to detail."
+    rows = [
+        {"prompt": f"Q{i}: add.", "chosen": f" {i + 1}{shared}", "rejected": f" {i + 7}{shared}"} for i in range(64)
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(out), "--max_length", "12"]
+    argv += ["--truncation_mode", "keep_end"]
+    if mode == "analyzed":
+        assert analyzer.main(["--config", str(SMOKE), "--dataset_name", str(path), "--num-proc", "1"]) == 0
+        capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    line = printed.err.strip().splitlines()[-1]
+    assert line.startswith("error: max_length 12 leaves 0 of 64 pairs (0.0%) anything to learn"), line
+    assert "0 dropped" in line and "64 cut until chosen and rejected are the same tokens" in line
+    assert ("the analyzer's cached lengths" in line) == (mode == "analyzed")
+    assert not out.exists()  # nothing written: no model loaded
+
+
 @pytest.mark.parametrize("long", [3, 7])
 def test_the_length_a_refusal_advises_is_within_the_models_positions(long, tmp_path, tiny_model_dir, capsys):
     """Pairs with prompts past the model's 4,096 positions: refused at a max_length too short, the line advised the

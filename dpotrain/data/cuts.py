@@ -70,11 +70,17 @@ def drops(prompt, max_length: int, truncation_mode: str):
 
 
 def teaching(prompt, shared, max_length: int, truncation_mode: str) -> tuple[int, int, int]:
-    """(pairs that keep a difference at `max_length`, pairs dropped, pairs cut until both sides are the same)."""
+    """(pairs that keep a difference at `max_length`, pairs dropped, pairs cut until both sides are the same): under
+    keep_start cut inside the start both completions share, under keep_end inside the end both sequences share (pairs
+    whose answers differ only early, or a max_length shorter than the template's closing tokens)."""
     dropped = int(np.count_nonzero(drops(prompt, max_length, truncation_mode)))
     same = 0
-    if shared is not None and truncation_mode == "keep_start":
-        same = int(np.count_nonzero((prompt < max_length) & (max_length - prompt <= np.asarray(shared))))
+    if shared is not None and len(prompt):  # `lengths.Measured.shared`: [shared start, shared end] per pair
+        start, end = np.asarray(shared).T
+        if truncation_mode == "keep_start":
+            same = int(np.count_nonzero((prompt < max_length) & (max_length - prompt <= start)))
+        else:  # keep_end keeps each sequence's last max_length tokens: the same where both end with that many alike
+            same = int(np.count_nonzero(end >= max_length))
     return len(prompt) - dropped - same, dropped, same
 
 
@@ -90,10 +96,10 @@ def check(
     budget: int | None = None,
 ) -> None:
     """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
-    when the trainer drops it, or (keep_start) when the cut falls inside the start its completions share (`shared`;
-    None: not measured), so that both sides are the same tokens. Say what length would do instead: within the model's
-    `max_positions` where known (a longer one is refused in turn), with the token `budget` it needs, or that none
-    does."""
+    when the trainer drops it, or when the cut falls inside the start its completions share (keep_start) or the end its
+    sequences share (keep_end) (`shared`, `teaching`; None: not measured), so that both sides are the same tokens. Say
+    what length would do instead: within the model's `max_positions` where known (a longer one is refused in turn),
+    with the token `budget` it needs, or that none does."""
     prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
     pairs = len(prompt)
     teach, dropped, same = teaching(prompt, shared, max_length, truncation_mode)

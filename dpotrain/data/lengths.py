@@ -45,7 +45,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 10  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 11  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -60,19 +60,21 @@ def _inputs(example: dict) -> list[tuple[object, dict]]:
     return [(prompt, first), (prompt + example["chosen"], kwargs), (prompt + example["rejected"], kwargs)]
 
 
-def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int, int]:
+def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int, int, int]:
     """`_split_lengths` of one split row, tokenized by the same calls as DPOTrainer's tokenize_fn."""
     return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for x, kw in _inputs(example)))
 
 
-def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int, int]:
-    """(prompt, chosen, rejected, shared, first) as TRL splits: the completion starts where the prompt and
-    prompt+completion part; `shared`: tokens both completions start with; `first`: the first token's id (-1: none)."""
+def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int, int, int]:
+    """(prompt, chosen, rejected, shared, first, shared_end) as TRL splits: the completion starts where the prompt and
+    prompt+completion part; `shared`: tokens both completions start with; `first`: the first token's id (-1: none);
+    `shared_end`: tokens both whole sequences end with (what keep_end keeps: `cuts.teaching`)."""
     from trl.data_utils import common_prefix_length
 
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
     shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
-    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared, chosen_ids[0] if chosen_ids else -1
+    shared_end = common_prefix_length(chosen_ids[::-1], rejected_ids[::-1])  # from the sequences' end
+    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared, chosen_ids[0] if chosen_ids else -1, shared_end
 
 
 def _render(example: dict, tokenizer) -> tuple[str, str, str]:
@@ -117,7 +119,9 @@ class Measured:
     shape: str = ""  # how the rows were read (shapes.Shape.describe)
     fast_path_mismatches: int = 0  # batches whose fast tokenization disagreed with row_lengths (then measured by it)
     seconds: float = 0.0
-    shared: np.ndarray | None = None  # tokens both completions start with (cuts.check); None: not measured
+    # per pair [tokens both completions start with, tokens both sequences end with] (cuts.teaching: what keep_start and
+    # keep_end cut until both sides are the same tokens); None: not measured
+    shared: np.ndarray | None = None
     first: np.ndarray | None = None  # each pair's first token id as trained (`missing_bos`); None: not measured
     unopened: np.ndarray | None = None  # 1 where the answer starts with the turn's header (`unopened_turn`)
 
@@ -130,7 +134,7 @@ class Measured:
         return len(self.index)
 
 
-COUNTS = ("prompt", "chosen", "rejected", "shared", "first")
+COUNTS = ("prompt", "chosen", "rejected", "shared", "first", "shared_end")  # `_split_lengths`' order
 KEPT = ("shared", "first", "unopened")  # per-pair values a cached analysis keeps beside the lengths
 KEY_ARRAY = "key"  # the array of each cached analysis that names its key (its file's name), as the reference cache's
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
@@ -237,9 +241,11 @@ def measure(
             f"the batched tokenization differed from TRL's in {plural(mismatches, 'chunk')}; "
             f"{'it was' if mismatches == 1 else 'those were'} measured one row at a time (exact, slower)"
         )
+    counts = {k: c[f"{k}_tokens"][valid] for k in COUNTS}
+    counts["shared"] = np.stack([counts["shared"], counts.pop("shared_end")], axis=1)  # Measured.shared's two columns
     return Measured(
         index=index[valid],
-        **{k: c[f"{k}_tokens"][valid] for k in COUNTS},
+        **counts,
         unopened=c["unopened"][valid],
         invalid=[
             {"index": int(i), "column": column, "problem": problem}
