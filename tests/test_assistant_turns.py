@@ -389,6 +389,52 @@ def test_a_template_that_drops_earlier_thinking_is_refused_under_all_before_the_
     train_dpo.main(["--config", *args, "--assistant_turns", "final"])
 
 
+# A template that reads an answer's thinking from `reasoning_content` alone (no `</think>` in content, which the start's
+# probe holds) and writes it only after the last user turn: gpt-oss's way with `thinking`
+DROPS_EARLIER_REASONING = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' -}}"
+    "{%- if m['role'] == 'assistant' and m.get('reasoning_content') and loop.index0 > ns.last_user -%}"
+    "{{- '<think>' + m['reasoning_content'] + '</think>' -}}{%- endif -%}"
+    "{{- m['content'] + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_rows_a_template_writes_otherwise_once_a_later_turn_follows_are_refused_before_the_model_loads(tmp_path):
+    """The start's probe judges a template on an answer with `</think>` in its content: one that drops an earlier
+    answer's `reasoning_content` (its field, which the probe has none of) passed it, and the rows that hold one raised
+    `Rewritten` inside the trainer's map, a traceback once the model had loaded. Each row is judged as it is read."""
+    import train_dpo
+
+    template = tmp_path / "drops.jinja"
+    template.write_text(DROPS_EARLIER_REASONING)
+    history = [
+        {"role": "user", "content": "river"},
+        {"role": "assistant", "content": "stone", "reasoning_content": "quiet"},
+        {"role": "user", "content": "north"},
+    ]
+    rows = [
+        {
+            "chosen": [*history, {"role": "assistant", "content": f"light {i}", "reasoning_content": "a"}],
+            "rejected": [*history, {"role": "assistant", "content": f"no {i}", "reasoning_content": "b"}],
+        }
+        for i in range(16)
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    args = ["--config", SMOKE, "--dataset_name", str(path), "--chat_template_path", str(template)]
+    says = "assistant_turns all: the chat template writes an earlier assistant turn otherwise once a later turn follows"
+    with pytest.raises(ConfigError, match=says) as refused:
+        train_dpo.main([*args, "--output_dir", str(out)])
+    assert "\n" not in str(refused.value) and "--assistant_turns final" in str(refused.value)
+    assert not out.exists()  # before the model loads: no trainer made the folder
+    train_dpo.main([*args, "--output_dir", str(out), "--assistant_turns", "final", "--dry-run"])  # final takes them
+
+
 @pytest.mark.parametrize("option", [["--use_weighting", "true"], ["--ld_alpha", "0.5"]], ids=["wpo", "ld_dpo"])
 def test_losses_that_read_one_completion_refuse_all(option):
     from dpotrain import options

@@ -14,7 +14,7 @@ import time
 import unicodedata
 from collections import Counter
 
-from dpotrain.data import chat_template, data_identity, shapes
+from dpotrain.data import chat_template, data_identity, shapes, turns
 from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
@@ -137,7 +137,24 @@ def read_row(
     if fmt.template is not None:  # the answers against the template's generation prompt
         if problem := chat_template.answer_problem(example, fmt.template, rendered):
             return None, problem
+    # open-instruct's labels of the earlier turns (turns.masked_spans): the start's probe judges the template on an
+    # earlier answer with its thinking in `content`, and one that drops the thinking of earlier answers from its own
+    # field (`reasoning_content`, gpt-oss's `thinking`) passed it, the rows holding one raising inside the trainer's
+    # map once the model had loaded. Those rows are judged here, one by one (the others cost nothing more).
+    if every_turn and fmt.template is not None and any(map(_thinks, example["prompt"])):
+        try:
+            turns.masked_spans(example["prompt"], fmt.template, **chat_template.template_kwargs(example))
+        except turns.Rewritten as e:
+            return None, ("prompt", str(e))
     return example, None
+
+
+THINKING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # where chat templates read an answer's thinking
+
+
+def _thinks(message: dict) -> bool:
+    """Whether an assistant message holds its thinking in a field of its own (`THINKING_FIELDS`)."""
+    return message.get("role") == "assistant" and any(message.get(key) for key in THINKING_FIELDS)
 
 
 def _same_but_white_space(chosen, rejected) -> bool:
