@@ -59,7 +59,7 @@ class TokenCounts:
     chosen: np.ndarray  # the chosen completion
     rejected: np.ndarray
     source: str
-    shared: np.ndarray | None = None  # tokens both completions start with (`cuts.check`); None: not measured
+    shared: np.ndarray | None = None  # [shared start, shared end] per pair (`lengths.Measured`); None: unmeasured
 
     @classmethod
     def of(cls, measured, source: str) -> "TokenCounts":
