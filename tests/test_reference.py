@@ -925,3 +925,41 @@ def test_a_finishing_run_removes_only_its_own_parts_and_those_of_writers_known_g
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+@pytest.mark.slow
+def test_a_model_that_scores_nan_is_refused_in_one_line_within_the_first_micro_batches(
+    tmp_path, tiny_model_dir, cache, monkeypatch
+):
+    """A model whose weights hold a NaN (a diverged checkpoint; or activations that overflow in fp16) scores NaN, which
+    the stage read as "not scored": it scored every pair, then raised a traceback blaming the ranks ("the ranks
+    disagree on the data set (same data, seed and code on every node?)"). Now one line naming the model and its
+    precision, at the first stop check after the first micro-batch, not after hours of scoring."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpotrain.recipe.errors import RunError
+
+    broken = tmp_path / "diverged-model"
+    shutil.copytree(tiny_model_dir, broken)
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(broken)
+    recipe = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", str(broken), "--output_dir", str(tmp_path / "out")]
+        + ["--report_to", "none", "--save_strategy", "no", "--max_length", "256", "--max_tokens_per_microbatch", "512"]
+    )
+    trainer = built(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9))).trainer
+    dataset = trainer.train_dataset
+    layout = reference.stage_layout(ReferenceScorer(trainer), dataset)
+    assert len(layout[0]) >= 10
+    forwards, log_probs = [], ReferenceScorer.log_probs
+    monkeypatch.setattr(ReferenceScorer, "log_probs", lambda *a: forwards.append(1) or log_probs(*a))
+    with pytest.raises(RunError) as refused:
+        reference.run(ReferenceScorer(trainer), dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
+    assert str(refused.value).startswith(
+        f"the reference log-probs of model {broken} are NaN or infinite (torch.float32)"
+    )
+    assert "--dtype float32 or bfloat16" in str(refused.value)
+    assert len(forwards) == 1  # the first micro-batch's NaN, agreed on at the next stop check

@@ -30,7 +30,7 @@ from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import RowLayout, StepPlan, cut_step, steps_of
 from dpotrain.recipe import init_kwargs, upstream
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import ConfigError, plural, warn
+from dpotrain.recipe.errors import ConfigError, RunError, plural, warn
 from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
 from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
@@ -396,19 +396,33 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def non_finite(ident: dict) -> RunError:
+    """A model that scores NaN or inf: its reference would make every loss NaN, and NaN reads as "not scored"."""
+    precision = ", ".join(str(v) for v in (ident["dtype"], ident["autocast"] and f"{ident['autocast']} autocast") if v)
+    return RunError(
+        f"the reference log-probs of model {ident['model']} are NaN or infinite ({precision}): its weights hold NaN or "
+        "inf (a diverged checkpoint?) or its activations overflow in this precision: check the model's weights, or "
+        "load it in another precision (--dtype float32 or bfloat16, --bf16 rather than --fp16)"
+    )
+
+
 class _StopChecks:
     """The ranks agree on a stop request in one collective about every `STOP_CHECK_SECONDS`, the first before any
-    scoring; every rank sets the next check from the same reduced numbers."""
+    scoring; every rank sets the next check from the same reduced numbers. The same collective says whether any rank
+    scored NaN or inf: refused within seconds, not after hours of scoring."""
 
-    def __init__(self, stop, device):
-        self.stop, self.device = stop, device
+    def __init__(self, stop, device, ident: dict):
+        self.stop, self.device, self.ident = stop, device, ident
         self.every, self.next = 1, 0
         self.since = time.monotonic()
 
-    def stop_now(self, j: int) -> bool:
+    def stop_now(self, j: int, results: "_Results") -> bool:
         if j != self.next:
             return False
-        asked, slowest = max_of_ranks([float(self.stop.asked_here()), time.monotonic() - self.since], self.device)
+        here = [float(self.stop.asked_here()), time.monotonic() - self.since, results.non_finite()]
+        asked, slowest, bad = max_of_ranks(here, self.device)
+        if bad:
+            raise non_finite(self.ident)
         self.since = time.monotonic()
         if j > 0:  # the first interval is start-up, not scoring
             self.every = max(1, min(2 * self.every, round(self.every * STOP_CHECK_SECONDS / max(slowest, 1e-3))))
@@ -449,10 +463,18 @@ class _Results:
     def __init__(self):
         self.index, self.chosen, self.rejected = [], [], []
         self.pending: list[torch.Tensor] = []  # [2, pairs] per micro-batch, on the device
+        self.finite: torch.Tensor | None = None  # whether every score so far is finite, on the device (no wait)
 
     def add(self, pairs: list[int], chosen: torch.Tensor, rejected: torch.Tensor) -> None:
         self.index += pairs
-        self.pending.append(torch.stack([chosen.float(), rejected.float()]))
+        both = torch.stack([chosen.float(), rejected.float()])
+        self.pending.append(both)
+        finite = torch.isfinite(both).all()
+        self.finite = finite if self.finite is None else self.finite & finite
+
+    def non_finite(self) -> float:
+        """1.0 where a score so far is NaN or inf (read at the stop checks, which wait for the device anyway)."""
+        return float(self.finite is not None and not bool(self.finite))
 
     def on_host(self) -> tuple[list[int], list[float], list[float]]:
         if self.pending:
@@ -544,7 +566,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     # A rank out of pairs still joins the forward's collectives (ZeRO-3, FSDP) with a pair whose result is dropped
     mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
     feed = [ids if ids is not None else [int(np.argmin(tokens))] if scorer.every_rank else None for ids in mine]
-    results, checks, last_save = _Results(), _StopChecks(stop, device), time.monotonic()
+    results, checks, last_save = _Results(), _StopChecks(stop, device, ident), time.monotonic()
     model = scorer.model()
     was_training = model.training
     model.eval()
@@ -553,7 +575,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     try:
         with scorer.context():
             for j in range(rounds):
-                if checks.stop_now(j):
+                if checks.stop_now(j, results):
                     store.write_part(attempt, accelerator.process_index, *results.on_host())
                     accelerator.wait_for_everyone()
                     return None, ended(progress.done - reused, True, unsaved=store.unsaved)
@@ -616,7 +638,10 @@ def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple
 
 def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tuple, chosen, rejected) -> None:
     """Every rank's scores into `chosen` / `rejected` (all ranks), saved whole on every node, the parts removed."""
-    for index, c, r in gather_objects(mine):
+    gathered = gather_objects(mine)
+    if not all(np.isfinite(c).all() and np.isfinite(r).all() for _, c, r in gathered):  # every rank sees the same
+        raise non_finite(ident)  # NaN read as "unscored" below blamed the ranks' data sets
+    for index, c, r in gathered:
         chosen[index], rejected[index] = c, r
     missing = np.flatnonzero(np.isnan(chosen) | np.isnan(rejected))
     if len(missing):
