@@ -66,6 +66,7 @@ class ReadyRun:
         if recipe.project.reference_only:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):
                 out.resolve().rmdir()  # made at its start (where a link points): a reference-only run writes none
+            collectives.main_outcome(reference.check_cached, outcomes)  # its one product: exit 0 only if it is kept
             return 0
         # A stop asked while the model loaded or a cached reference was read ends the run before its first step
         resumed = self.spec.output.resume_from

@@ -770,6 +770,30 @@ def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
+def test_a_reference_only_run_that_could_not_cache_its_scores_fails_in_one_line(tmp_path, tiny_model_dir, pairs):
+    """`--reference-only` has one product, the cache: on a full disk it warned, scored every pair, threw the scores
+    away as it exited, and exited 0, so the training job after it (`sbatch --dependency=afterok`) started and scored
+    them all again. Now exit 1, in one line naming the folder and the fix."""
+    cache = tmp_path / "cache"
+
+    def fill():  # no room left
+        with contextlib.suppress(OSError), open(cache / "filler", "wb") as filler:
+            filler.write(bytes(4_000_000))
+
+    argv = [*command(tmp_path / "run", tiny_model_dir, pairs)[2:], "--reference-only"]
+    code, log = on_small_disk(cache, 1, argv, before=fill, env={"DPOTRAIN_CACHE": str(cache)})
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0].startswith(
+        "error: --reference_only: the reference log-probs (train) were scored but could not be cached (No space left "
+        f"on device in {cache}/reference/"
+    ), errors
+    assert errors[0].endswith("set DPOTRAIN_CACHE to a folder with room, and run it again"), errors
+    assert [p.name for p in (tmp_path / "cache.kept").rglob("*") if p.is_file()] == ["filler"]
+
+
+@pytest.mark.slow
 def test_a_torn_last_metrics_record_is_dropped_with_one_warning_and_the_rerun_resumes_exactly(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

@@ -601,6 +601,19 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     return _with_columns(dataset, chosen, rejected), ended(n - reused, False, unsaved=store.unsaved, **timing)
 
 
+def check_cached(outcomes: list[Outcome]) -> None:
+    """A reference-only run's one product is the cache (main process: its node's copy is the one read). Scores a full
+    disk kept it from saving are lost as it exits: it exited 0, and the training job after it (`sbatch
+    --dependency=afterok`) started and scored every pair again, on its smaller allocation."""
+    for o in outcomes:
+        if o.unsaved and not (o.folder / COMPLETE).is_file():
+            raise RunError(
+                f"--reference_only: the reference log-probs ({o.name}) were scored but could not be cached "
+                f"({o.unsaved} in {o.folder}), so the training run would score them again: free space there, or set "
+                "DPOTRAIN_CACHE to a folder with room, and run it again"
+            )
+
+
 def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
     """The rounds every rank runs, and each round's tokens and pairs over all ranks (the progress line's)."""
     rounds = max(len(mine) for mine in todo)
