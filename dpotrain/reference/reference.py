@@ -30,7 +30,7 @@ from dpotrain.forwards.packing import REFERENCE_KEYS
 from dpotrain.plan.plan import RowLayout, StepPlan, cut_step, steps_of
 from dpotrain.recipe import init_kwargs, upstream
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import ConfigError, RunError, plural, warn
+from dpotrain.recipe.errors import ConfigError, RunError, plural, said_by, warn
 from dpotrain.recipe.writes import quiet_progress_bars, remove_dead_temporaries, replacing, unwritable, write_text
 from dpotrain.reference.reuse import IDENTITY, KEY_ARRAY, fill_from_other_caches, load_arrays, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
@@ -397,12 +397,15 @@ def _duration(seconds: float) -> str:
 
 
 def non_finite(ident: dict) -> RunError:
-    """A model that scores NaN or inf: its reference would make every loss NaN, and NaN reads as "not scored"."""
+    """A model that scores NaN or inf: its reference would make every loss NaN, and NaN reads as "not scored". Every
+    rank raises it from the same reduced numbers; the main process writes its line."""
     precision = ", ".join(str(v) for v in (ident["dtype"], ident["autocast"] and f"{ident['autocast']} autocast") if v)
-    return RunError(
-        f"the reference log-probs of model {ident['model']} are NaN or infinite ({precision}): its weights hold NaN or "
-        "inf (a diverged checkpoint?) or its activations overflow in this precision: check the model's weights, or "
-        "load it in another precision (--dtype float32 or bfloat16, --bf16 rather than --fp16)"
+    return said_by(
+        RunError(
+            f"the reference log-probs of model {ident['model']} are NaN or infinite ({precision}): its weights hold "
+            "NaN or inf (a diverged checkpoint?) or its activations overflow in this precision: check the model's "
+            "weights, or load it in another precision (--dtype float32 or bfloat16, --bf16 rather than --fp16)"
+        )
     )
 
 
