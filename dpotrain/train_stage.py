@@ -50,7 +50,8 @@ class ReadyRun:
     def score_reference(self) -> list[reference.Outcome]:
         """The reference stage (dpotrain/reference/reference.py); one Outcome per data set."""
         check_reference_weights(self.spec, self.trainer)
-        return reference.run_stage(self.trainer, self.spec.recipe.project.reference_save_seconds)
+        project = self.spec.recipe.project
+        return reference.run_stage(self.trainer, project.reference_save_seconds, project.reference_only)
 
     def train(self, outcomes: list) -> int | None:
         """The run's record (resolved_config.json), training, then the final model saved and pushed; the exit code.

@@ -771,24 +771,32 @@ def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
-def test_a_reference_only_run_that_could_not_cache_its_scores_fails_in_one_line(tmp_path, tiny_model_dir, pairs):
+@pytest.mark.parametrize("save_seconds", [0, 120])
+def test_a_reference_only_run_that_could_not_cache_its_scores_fails_in_one_line(
+    tmp_path, tiny_model_dir, pairs, save_seconds
+):
     """`--reference-only` has one product, the cache: on a full disk it warned, scored every pair, threw the scores
     away as it exited, and exited 0, so the training job after it (`sbatch --dependency=afterok`) started and scored
-    them all again. Now exit 1, in one line naming the folder and the fix."""
+    them all again. Now exit 1, in one line naming the folder and the fix, at the stop check after the first save
+    that failed (`--reference_save_seconds 0`: the first micro-batch's), not after scoring every pair; or, where no
+    save came before the end (120 s), once complete.npz could not be written."""
     cache = tmp_path / "cache"
 
     def fill():  # no room left
         with contextlib.suppress(OSError), open(cache / "filler", "wb") as filler:
             filler.write(bytes(4_000_000))
 
-    argv = [*command(tmp_path / "run", tiny_model_dir, pairs)[2:], "--reference-only"]
+    argv = [*command(tmp_path / "run", tiny_model_dir, pairs)[2:], "--reference-only", "--reference_save_seconds"]
+    argv.append(str(save_seconds))
     code, log = on_small_disk(cache, 1, argv, before=fill, env={"DPOTRAIN_CACHE": str(cache)})
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert code == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    what = "stopped: they" if save_seconds == 0 else "were scored but"
     assert errors[0].startswith(
-        "error: --reference_only: the reference log-probs (train) were scored but could not be cached (No space left "
-        f"on device in {cache}/reference/"
+        f"error: --reference_only: the reference log-probs (train) {what} could not be cached (No space left on "
+        f"device in {cache}/reference/"
     ), errors
+    assert "micro-batches each" in log and ("32/32 pairs" in log) == (save_seconds > 0), log[-3000:]  # 4 steps of 8
     assert errors[0].endswith("set DPOTRAIN_CACHE to a folder with room, and run it again"), errors
     assert [p.name for p in (tmp_path / "cache.kept").rglob("*") if p.is_file()] == ["filler"]
 

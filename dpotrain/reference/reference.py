@@ -414,18 +414,28 @@ class _StopChecks:
     scoring; every rank sets the next check from the same reduced numbers. The same collective says whether any rank
     scored NaN or inf: refused within seconds, not after hours of scoring."""
 
-    def __init__(self, stop, device, ident: dict):
+    def __init__(self, stop, device, ident: dict, only: tuple[str, Store] | None = None):
         self.stop, self.device, self.ident = stop, device, ident
+        self.only = only  # a reference-only run's (name, store): a failed save loses its one product
         self.every, self.next = 1, 0
         self.since = time.monotonic()
 
     def stop_now(self, j: int, results: "_Results") -> bool:
         if j != self.next:
             return False
-        here = [float(self.stop.asked_here()), time.monotonic() - self.since, results.non_finite()]
-        asked, slowest, bad = max_of_ranks(here, self.device)
+        unsaved = self.only[1].unsaved if self.only else None
+        here = [
+            float(self.stop.asked_here()),
+            time.monotonic() - self.since,
+            results.non_finite(),
+            float(bool(unsaved)),
+        ]
+        asked, slowest, bad, lost = max_of_ranks(here, self.device)
         if bad:
             raise non_finite(self.ident)
+        if lost:  # every rank from the same numbers: not hours more of scoring that the exit would throw away
+            name, store = self.only
+            raise said_by(uncached(name, unsaved or "another process's write failed", store.folder, "stopped: they"))
         self.since = time.monotonic()
         if j > 0:  # the first interval is start-up, not scoring
             self.every = max(1, min(2 * self.every, round(self.every * STOP_CHECK_SECONDS / max(slowest, 1e-3))))
@@ -529,9 +539,10 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     return micro_batches(lengths, every, scorer.world, budget, pairs, padded, scorer.args.seed, layout)
 
 
-def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float):
+def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float, only=False):
     """`dataset` with the reference columns (None when stopped), and the Outcome. `layout[rank]`: that rank's
-    micro-batches (None: `stage_layout`). `stop`: the run's `GracefulStop`."""
+    micro-batches (None: `stage_layout`). `stop`: the run's `GracefulStop`. `only`: a reference-only run, whose one
+    product is the cache: a save that fails ends it (`_StopChecks`)."""
     accelerator = scorer.accelerator
     rank, world, device = scorer.rank, scorer.world, accelerator.device
     n = len(dataset)
@@ -569,7 +580,8 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     # A rank out of pairs still joins the forward's collectives (ZeRO-3, FSDP) with a pair whose result is dropped
     mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
     feed = [ids if ids is not None else [int(np.argmin(tokens))] if scorer.every_rank else None for ids in mine]
-    results, checks, last_save = _Results(), _StopChecks(stop, device, ident), time.monotonic()
+    results, last_save = _Results(), time.monotonic()
+    checks = _StopChecks(stop, device, ident, (name, store) if only else None)
     model = scorer.model()
     was_training = model.training
     model.eval()
@@ -610,11 +622,15 @@ def check_cached(outcomes: list[Outcome]) -> None:
     --dependency=afterok`) started and scored every pair again, on its smaller allocation."""
     for o in outcomes:
         if o.unsaved and not (o.folder / COMPLETE).is_file():
-            raise RunError(
-                f"--reference_only: the reference log-probs ({o.name}) were scored but could not be cached "
-                f"({o.unsaved} in {o.folder}), so the training run would score them again: free space there, or set "
-                "DPOTRAIN_CACHE to a folder with room, and run it again"
-            )
+            raise uncached(o.name, o.unsaved, o.folder, "were scored but")
+
+
+def uncached(name: str, why: str, folder: Path, what: str) -> RunError:
+    return RunError(
+        f"--reference_only: the reference log-probs ({name}) {what} could not be cached ({why} in {folder}), so the "
+        "training run would score them again: free space there, or set DPOTRAIN_CACHE to a folder with room, and run "
+        "it again"
+    )
 
 
 def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
@@ -675,18 +691,18 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
         store.remove_gone_writers_parts(attempt)  # the interrupted attempts' parts, now in complete.npz
 
 
-def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds: float):
+def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds, only):
     """`run` on the `pairs` of `dataset` the run trains, keyed by those alone; the others get NaN (never read)."""
     n = len(dataset)
     if len(pairs) == n:
-        return run(scorer, dataset, name, None, stop, save_seconds)
+        return run(scorer, dataset, name, None, stop, save_seconds, only)
     if scorer.accelerator.is_main_process:
         print(
             f"reference log-probs ({name}): only the {len(pairs):,} of {n:,} pairs the "
             f"{plural(steps, 'planned step', ',')} train are scored",
             flush=True,
         )
-    part, outcome = run(scorer, dataset.select(pairs), name, None, stop, save_seconds)
+    part, outcome = run(scorer, dataset.select(pairs), name, None, stop, save_seconds, only)
     outcome = dataclasses.replace(outcome, of=n)
     if part is None:  # stopped
         return None, outcome
@@ -703,8 +719,9 @@ def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
     return dataset
 
 
-def run_stage(trainer, save_seconds: float) -> list[Outcome]:
-    """The stage: the training (and evaluation) set's reference, given to the trainer; one Outcome per data set."""
+def run_stage(trainer, save_seconds: float, only: bool = False) -> list[Outcome]:
+    """The stage: the training (and evaluation) set's reference, given to the trainer; one Outcome per data set.
+    `only`: a reference-only run (`run`)."""
     outcomes = []
     if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
         return outcomes
@@ -715,7 +732,7 @@ def run_stage(trainer, save_seconds: float) -> list[Outcome]:
             continue
         trained = trainer.run_plan.trained if name == "train" else np.arange(len(dataset))  # every eval pair
         steps = trainer.run_plan.summary["pairs_trained"]["steps"]
-        scored, outcome = _run_on(scorer, dataset, trained, steps, name, trainer.graceful_stop, save_seconds)
+        scored, outcome = _run_on(scorer, dataset, trained, steps, name, trainer.graceful_stop, save_seconds, only)
         outcomes.append(outcome)
         if trainer.accelerator.is_main_process:
             print(outcome.line(), flush=True)
