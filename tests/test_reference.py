@@ -963,3 +963,36 @@ def test_a_model_that_scores_nan_is_refused_in_one_line_within_the_first_micro_b
     )
     assert "--dtype float32 or bfloat16" in str(refused.value)
     assert len(forwards) == 1  # the first micro-batch's NaN, agreed on at the next stop check
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
+def test_a_save_that_failed_on_a_disk_full_for_a_while_is_not_reported_once_the_reference_is_cached(tmp_path):
+    """A part's save failed (the disk full for a while), then complete.npz was written: the run's line said "3 scored,
+    not cached (No space left on device ...): the next run scores them again" and resolved_config.json
+    `not_cached`, of a reference the next run reuses whole."""
+    import numpy as np
+
+    from conftest import in_child
+
+    folder = tmp_path / "cache"
+    folder.mkdir()
+
+    def scored_on_a_disk_full_for_a_while():
+        os.environ["DPOTRAIN_CACHE"] = str(folder)
+        store = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
+        with open(folder / "filler", "wb") as filler:
+            with pytest.raises(OSError):
+                filler.write(bytes(4_000_000))
+        store.write_part("a", 0, [0], [-1.0], [-2.0])
+        assert store.unsaved == "No space left on device"  # the part could not be saved
+        (folder / "filler").unlink()  # room again
+        zeros = np.zeros(3, dtype=np.float32)
+        store.write_complete({"pairs": 3}, zeros, zeros, np.zeros((3, 16), dtype=np.uint8))
+        assert (store.folder / reference.COMPLETE).is_file() and store.unsaved is None
+        outcome = reference.Outcome("train", 3, 0, 3, False, store.folder, unsaved=store.unsaved)
+        assert outcome.line() == f"reference log-probs (train): 3 scored, cached in {store.folder}"
+        assert "not_cached" not in outcome.record()
+
+    code, out, err = in_child(scored_on_a_disk_full_for_a_while, tmpfs=[(folder, "1m")])
+    assert code == 0, out + err
+    assert err.count("warning: the reference cache could not be written") == 1, err

@@ -204,6 +204,9 @@ class Store:
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
         if self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests):
+            # Every pair is saved now: a part's save that failed before (a disk full for a while) lost nothing, and
+            # the run's line and record said "not cached: the next run scores them again" of a cached reference
+            self.unsaved = None
             try:  # only other runs read it, to share pairs: without it they score their own
                 write_text(self.folder / IDENTITY, json.dumps(ident, indent=1) + "\n")
             except OSError as e:
