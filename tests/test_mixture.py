@@ -681,6 +681,26 @@ def test_a_source_draws_the_same_rows_however_its_path_is_spelled(files, tmp_pat
     assert not np.array_equal(draws[0], other) and not np.array_equal(*hub)
 
 
+def test_a_builders_pattern_or_data_dir_draws_the_same_rows_however_it_is_spelled(files, tmp_path, monkeypatch):
+    """`{path: json, data_files: 'pairs/*.jsonl', amount: 0.5}` drew its rows by the pattern as written: `./pairs/...`,
+    its full path (a Slurm job's) or a link to the folder each drew another half of the same files than the dry run and
+    the analyzer had measured. Drawn by the files' real paths, they draw the same rows; another folder, others."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs").mkdir()
+    shutil.copy(files["trl"], tmp_path / "pairs" / "a.jsonl")
+    (tmp_path / "link").symlink_to(tmp_path / "pairs")
+    (tmp_path / "other").mkdir()
+    shutil.copy(files["trl"], tmp_path / "other" / "a.jsonl")
+    patterns = ["pairs/*.jsonl", "./pairs/*.jsonl", str(tmp_path / "pairs" / "*.jsonl"), "link/*.jsonl", ["pairs/*"]]
+    sources = [mixture.Source("json", "train", data_files=p, amount="0.5") for p in patterns]
+    sources += [mixture.Source("json", "train", data_dir=d, amount="0.5") for d in ("pairs", str(tmp_path / "link"))]
+    draws = [mixture.take(s, 40, seed=42) for s in sources]
+    assert all(np.array_equal(draws[0], draw) for draw in draws[:4]), [s.identity() for s in sources]
+    assert np.array_equal(draws[5], draws[6])
+    other = mixture.Source("json", "train", data_files="other/*.jsonl", amount="0.5")
+    assert not np.array_equal(draws[0], mixture.take(other, 40, seed=42))
+
+
 def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
     """`--dataset_mixer_list big.jsonl 1.0 small.jsonl 0.01`: floor(0.01 x 20) = 0, and the run trained without the
     source it named (`took 0 (0.01)`), while an amount of 0 is refused as written."""

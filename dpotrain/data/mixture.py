@@ -74,7 +74,23 @@ class Source:
 
     def identity(self) -> str:
         """What the source is, whatever its spelling: a local file by its real path (one split, whatever its name), a
-        local folder by its real path and what is read of it, a Hub data set by its spec."""
+        local folder by its real path and what is read of it, a builder's files (`path: json` with a `data_files`
+        glob or a `data_dir`) by their real paths, a Hub data set by its spec."""
+        if self.path in BUILDERS and not self.file:
+            # As written (`gl/*.jsonl`, `./gl/*.jsonl`, its full path in a Slurm job), each spelling drew other pairs
+            base = os.path.realpath(os.path.expanduser(self.data_dir or "."))  # data_files are read from there
+
+            def real(entry):  # a path or glob, a list of them, or {split: either}
+                if isinstance(entry, dict | list):
+                    return {k: real(v) for k, v in entry.items()} if isinstance(entry, dict) else list(map(real, entry))
+                return (
+                    os.path.realpath(os.path.join(base, entry))
+                    if isinstance(entry, str) and "://" not in entry
+                    else entry
+                )
+
+            files = real(self.data_files)
+            return dataclasses.replace(self, data_dir=self.data_dir and base, data_files=files).spec()
         if not self.local:
             return self.spec()
         where = os.path.realpath(os.path.expanduser(self.local))
