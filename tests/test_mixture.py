@@ -512,6 +512,28 @@ def test_a_data_files_source_whose_files_give_a_column_two_types_names_it(tmp_pa
     assert str(e.value).startswith(f"mixture source {source.spec()}: column 'score'")
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_shards_one_of_which_has_a_column_more_are_refused_naming_it(tmp_path, suffix):
+    """A folder of shards (or a `data_files` glob) whose later export added an unread `id` column: datasets fails with
+    `CastError: Couldn't cast`, said as `could not load mixture source ...: CastError: Couldn't cast` (a glob) or as
+    `... put the pairs there as .jsonl, .json, .parquet or .csv files of one format` (a folder), which they were. The
+    line names the column, the two files and the fixes: one source per file reads them."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    line = {"chosen": "Q: 2+2? A: 4", "rejected": "Q: 2+2? A: 5"}
+    for name, row in (("a", line), ("b", {**line, "id": "x-1"})):
+        shard = datasets.Dataset.from_list([row, row])
+        shard.to_json(shards / f"{name}.jsonl") if suffix == "jsonl" else shard.to_parquet(shards / f"{name}.parquet")
+    said = f"column 'id' is in b.{suffix} and not in a.{suffix}, and datasets reads its files as one table"
+    glob_source = mixture.Source("json" if suffix == "jsonl" else "parquet", "train", data_files=str(shards / "*"))
+    for source in (glob_source, mixture.Source(str(shards), "train")):
+        with pytest.raises(ConfigError) as e:
+            mixture.read_source(source, say=False)
+        assert said in str(e.value) and "name each file as a source of a mixture" in str(e.value), str(e.value)
+    each = [mixture.read_source(mixture.Source(str(p), "train"), say=False) for p in sorted(shards.iterdir())]
+    assert [len(d) for d in each] == [2, 2]
+
+
 def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(files, tmp_path, monkeypatch):
     """A folder of data files was loaded by the name as written and, failing, said `could not load data set ... from
     the Hub: DatasetGenerationError: An error occurred while generating the dataset`: naming neither the folder's file

@@ -880,14 +880,15 @@ def unreadable_stream(name: str, error: Exception) -> str:
 
 def column_types_differ(what: str, found: dict) -> str | None:
     """The first column two data files of a folder or of a source's `data_files` (`found`, by name) give two types (a
-    `score` a number in one file, text in another), which datasets cannot join into one table, or None. Read on the
+    `score` a number in one file, text in another), or that one file has and another lacks, which datasets cannot join
+    into one table, or None. Read on the
     failure's path alone: pyarrow parses each file whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     read_columns = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)  # rows.ROW_COLUMNS (rows imports this)
     not_read = f"it is not read: a pair is read from {', '.join(read_columns)}"
-    seen = {}
+    seen, columns_of = {}, {}
     for file, p in found.items():
         try:
             if format_suffix(p) == ".parquet":
@@ -898,6 +899,7 @@ def column_types_differ(what: str, found: dict) -> str | None:
                 continue
         except Exception:  # noqa: BLE001 - a file pyarrow cannot read alone is the cause itself: datasets' is said
             return None
+        columns_of[file] = set(schema.names)
         for field in schema:
             first = seen.setdefault(field.name, (field.type, file))
             if pa.types.is_null(first[0]):
@@ -912,6 +914,17 @@ def column_types_differ(what: str, found: dict) -> str | None:
                     f"one type in every file, or remove it ({why}), or name each file as a source of a mixture, read "
                     "on its own (docs/data.md)"
                 )
+    # A column some files lack (a later export's `id`), read or not: datasets' CastError said only "Couldn't cast",
+    # and the line after it asked for files of one format, which they were
+    for name in dict.fromkeys(n for names in columns_of.values() for n in sorted(names)):
+        if lacking := [file for file, names in columns_of.items() if name not in names]:
+            having = next(file for file, names in columns_of.items() if name in names)
+            why = "a pair is read from it" if name in read_columns else not_read
+            return (
+                f"{what}: column {name!r} is in {having} and not in {lacking[0]}, and datasets reads its files as one "
+                f"table, the same columns in each: write it in every file, or remove it ({why}), or name each file as "
+                "a source of a mixture, read on its own (docs/data.md)"
+            )
     return None
 
 
