@@ -6,6 +6,7 @@ explicit prompt as JSON Lines, UltraFeedback-binarized as Parquet, HH-RLHF strin
 count and an upsampled fraction. Counts are read from the run's own records (resolved_config.json, the dry run's).
 """
 
+import gzip
 import json
 import shlex
 import shutil
@@ -371,6 +372,24 @@ def test_a_sources_identity_holds_the_files_its_pattern_reads(files, tmp_path, m
     source = mixture.Source("json", "train", data_files="pairs/**/*.jsonl")
     assert sorted(mixture.identity_of(source)["files"]) == ["a.jsonl", "sub/b.jsonl"]
     assert sorted(p.name for p in mixture._files_read(source)) == ["a.jsonl", "b.jsonl"]  # what the load reads
+
+
+def test_a_note_beside_a_folders_shards_is_not_data_a_resume_compares(files, tmp_path):
+    """datasets reads a folder's files of one format (`notes.txt` beside .jsonl shards is left out, and a new run
+    trains the shards alone), but the files compared on resume held every file: a note written into the data folder
+    between two attempts refused the requeued job as `dataset content: ...: notes.txt is new since the run started`.
+    A shard added or edited is still refused."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(files["trl"], shards / "a.jsonl")
+    (shards / "b.jsonl.gz").write_bytes(gzip.compress(Path(files["trl"]).read_bytes()))
+    source = mixture.Source(str(shards), "train", amount="1.0")
+    recorded = [{"source": source.spec(), "identity": mixture.identity_of(source)}]
+    (shards / "notes.txt").write_text("exported from run 12\n")
+    assert sorted(p.name for p in mixture._files_read(source)) == ["a.jsonl", "b.jsonl.gz"]
+    assert mixture._sources_changed([source], recorded) is None
+    shutil.copy(files["trl"], shards / "c.jsonl")
+    assert mixture._sources_changed([source], recorded).endswith("c.jsonl is new since the run started")
 
 
 def test_two_configurations_of_a_cloned_hub_data_set_are_two_sources(files, tmp_path, monkeypatch):

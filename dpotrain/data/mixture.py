@@ -245,7 +245,7 @@ def _files_read(source: Source) -> list:
     where, split, data_dir, data_files = read_from
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
-        return _split_files(folder, split, None if data_dir else source.name)
+        return _split_files(folder, split, None if data_dir else source.name, source.path not in BUILDERS)
     if source.file or not data_files:  # one file, or a saved folder's own
         return [p.resolve() for p in (data_identity.files(where, split, data_dir) or {}).values()]
     # each entry matched as the load matches it, by real path: a glob matching a file and a link to it reads it twice
@@ -253,14 +253,24 @@ def _files_read(source: Source) -> list:
     return [Path(f).resolve() for e in entries for f in data_identity.load_matches(folder, e)]
 
 
-def _split_files(folder: str, split: str, name: str | None = None) -> list:
+def _split_files(folder: str, split: str, name: str | None = None, inferred: bool = True) -> list:
     """The files of a data folder datasets reads as `split`: by its README.md's `configs:` for configuration `name`,
-    else by their names (`train.jsonl`; every file where none is named so)."""
+    else by their names (`train.jsonl`; every file where none is named so); `inferred`: of the format datasets infers
+    for the folder (not a builder's `data_dir`, `path: json`, which reads every file)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
+    from datasets.load import infer_module_for_data_files
+    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
 
     try:
         base, patterns = _card_patterns(folder, name) or (folder, get_data_patterns(folder))
-        found = DataFilesDict.from_patterns(patterns, base_path=base).get(split, [])
+        # As datasets' load: the files of the format it infers (`notes.txt` beside .jsonl shards is not read, and was
+        # recorded as read, so a note added or removed between attempts refused the resume as changed data)
+        allowed = {"allowed_extensions": _ALL_ALLOWED_EXTENSIONS} if inferred else {}
+        found = DataFilesDict.from_patterns(patterns, base_path=base, **allowed)
+        if inferred:
+            module, _ = infer_module_for_data_files(found)
+            found = found.filter(extensions=_MODULE_TO_EXTENSIONS[module])
+        found = found.get(split, [])
     except Exception:  # noqa: BLE001 - no data file or configuration: the load says so
         return []
     return [Path(f).resolve() for f in found]
