@@ -392,6 +392,27 @@ def test_a_note_beside_a_folders_shards_is_not_data_a_resume_compares(files, tmp
     assert mixture._sources_changed([source], recorded).endswith("c.jsonl is new since the run started")
 
 
+def test_a_readme_of_prose_beside_a_folders_shards_is_not_data_a_resume_compares(files, tmp_path):
+    """A README.md is compared for the `configs:` (or `dataset_info:`) its YAML header gives, which choose the files
+    and how they read; one of prose alone, written into the data folder between two attempts, refused the requeued
+    job as `dataset content: ...: README.md is new since the run started`. A header that chooses other files is
+    refused by them, and an edited header by its content."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(files["trl"], shards / "a.jsonl")
+    shutil.copy(files["trl"], shards / "b.jsonl")
+    source = mixture.Source(str(shards), "train", amount="1.0")
+    recorded = [{"source": source.spec(), "identity": mixture.identity_of(source)}]
+    (shards / "README.md").write_text("# Our preference pairs\n\nExported from run 12.\n")
+    assert mixture._sources_changed([source], recorded) is None
+    (shards / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files: a.jsonl\n---\n")
+    assert "README.md is new since the run started" in mixture._sources_changed([source], recorded)
+    recorded = [{"source": source.spec(), "identity": mixture.identity_of(source)}]
+    assert mixture._sources_changed([source], recorded) is None
+    (shards / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files: b.jsonl\n---\n")
+    assert "b.jsonl is new since the run started" in mixture._sources_changed([source], recorded)
+
+
 def test_two_configurations_of_a_cloned_hub_data_set_are_two_sources(files, tmp_path, monkeypatch):
     """A folder whose README.md names its files by configuration (a Hub data set cloned): `name: en` and `name: de`
     read en/ and de/, and were refused as both reading a file (every file of the folder taken as each one's split);

@@ -927,7 +927,11 @@ def _compared(source: Source) -> set | None:
     if not found:
         return None
     where, _, data_dir, _ = _read_from(source)
-    return {*found, Path(os.path.expanduser(os.path.join(where, data_dir or "")), "README.md").resolve()}
+    card = Path(os.path.expanduser(os.path.join(where, data_dir or "")), "README.md")
+    # The card where it has a YAML header, which datasets reads (`configs:`, `dataset_info:`): a README.md of prose
+    # alone, written into the data folder between two attempts, refused the requeued job as changed data
+    header = card.is_file() and re.match(r"\ufeff?\s*---", card.read_text(encoding="utf-8", errors="replace"))
+    return {*found, *([card.resolve()] if header else [])}
 
 
 def dataset_id(
