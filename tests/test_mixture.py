@@ -1370,6 +1370,24 @@ def test_held_out_pairs_the_run_also_trains_on_are_noted_once(held_out, tmp_path
     ]
 
 
+def test_a_held_out_file_a_training_glob_or_folder_reads_is_noted(tmp_path, files, monkeypatch):
+    """`datasets: [{path: json, data_files: 'pairs/*.jsonl'}]` (or the folder `pairs/`) with `pairs/b.jsonl` held out:
+    the held-out file is trained on through the pattern, and no note was said (the same file named as a training source
+    was): the eval loss measured trained pairs in silence. A copy of the file elsewhere is another source."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs").mkdir()
+    for name in ("a", "b"):
+        shutil.copy(files["trl"], tmp_path / "pairs" / f"{name}.jsonl")
+    shutil.copy(files["trl"], tmp_path / "copy.jsonl")
+    glob_source = json.dumps({"path": "json", "data_files": "pairs/*.jsonl"})
+    for training in (["--datasets", glob_source], ["--dataset_mixer_list", "pairs", "1.0"]):
+        for held, noted in (("pairs/b.jsonl", True), ("copy.jsonl", False)):
+            values = mixture.fields_of(
+                parse_args(["--config", SMOKE, *training, "--dataset_mixer_eval_list", held, "1"])
+            )
+            assert mixture.also_trained(values) == ([f"{held} [test]"] if noted else []), (training, held)
+
+
 def test_a_dry_run_that_leaves_a_hub_data_set_unread_still_notes_held_out_pairs_it_trains_on(tmp_path, capsys):
     """A Hub `dataset_name` and no training mixture: the dry run returns before reading the data, and said nothing of
     held-out pairs the run trains on, which docs/data.md says it does, as the run does."""

@@ -124,8 +124,9 @@ def fields_of(recipe) -> dict:
 
 def also_trained(values: dict) -> list[str]:
     """The held-out sources the run also trains on (the same local file, or the same Hub data set, configuration and
-    split, however spelled: `Source.identity`), by their specs. Not refused: a smoke run evaluating on its training
-    file is a test's or a check's choice; but the eval loss then measures pairs the model trained on."""
+    split, however spelled: `Source.identity`; or a file a training source reads, through a pattern or a folder), by
+    their specs. Not refused: a smoke run evaluating on its training file is a test's or a check's choice; but the
+    eval loss then measures pairs the model trained on."""
     name = values.get("dataset_name")
 
     def split_of_name(kind: str) -> list[Source]:  # dataset_name's split, where no mixture names the pairs
@@ -134,7 +135,9 @@ def also_trained(values: dict) -> list[str]:
     trained = parse(values) or split_of_name("train")
     held = parse(values, evaluation=True) or split_of_name("test")
     seen = {s.identity() for s in trained}
-    return [s.spec() for s in held if s.identity() in seen]
+    # A held-out file that a training glob or folder reads was not said: its identity is not the pattern's
+    read = {p for s in trained for p in _files_read(s)}
+    return [s.spec() for s in held if s.identity() in seen or read & set(_files_read(s))]
 
 
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
