@@ -152,6 +152,28 @@ def test_a_mixture_written_wrong_is_one_line(args, says):
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_configuration_name_on_a_local_file_source_is_refused_as_dataset_config_is(files, tmp_path):
+    """`{path: pairs.jsonl, name: foo}` (or `path: json` with that file as data_files) trained the file as it is, the
+    name read by nothing and recorded as the source `pairs.jsonl:foo [train]`; dataset_config on such a dataset_name
+    is refused. A saved data set has none either; a Hub data set's name is its configuration."""
+    datasets.Dataset.from_list(explicit_prompt(4)).save_to_disk(tmp_path / "saved")
+    entries = [
+        {"path": files["trl"], "name": "foo"},
+        {"path": "json", "data_files": files["trl"], "name": "foo"},
+        {"path": str(tmp_path / "saved"), "name": "foo"},
+    ]
+    for entry, flag in [(e, f) for e in entries for f in ("--datasets", "--eval_datasets")]:
+        recipe = parse_args(["--config", SMOKE, flag, json.dumps(entry), "--eval_strategy", "steps"])
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(recipe)
+        assert "`name` 'foo' names a configuration of a Hub data set" in str(e.value), str(e.value)
+        assert str(e.value).endswith("which has none: remove `name` from its entry")
+    hub = {"path": "org/prefs", "name": "foo"}
+    resolve.check_values(
+        parse_args(["--config", SMOKE, "--datasets", json.dumps(hub), json.dumps(entries[0] | {"name": None})])
+    )
+
+
 def test_a_split_option_some_source_reads_is_not_refused():
     """--dataset_train_split is the default of each source that names no split, and agrees with one that names it."""
     for args in (

@@ -428,6 +428,20 @@ def check(recipe) -> None:
         _check_read_once([Source(s.dataset_name, s.dataset_train_split, s.dataset_config)], "dataset")
     for source in [*(train or []), *(held_out or [])]:
         _check_found(source)
+        _check_no_config(source)
+
+
+def _check_no_config(source: Source) -> None:
+    """Refuses an entry's `name` (a Hub data set's configuration) on a local file or a saved data set, which have
+    none: it was read by nothing and recorded in the source's name (`a.jsonl:foo [train]`), as dataset_config for such
+    a dataset_name is refused (options.check_dataset_config)."""
+    where = Path(os.path.expanduser(source.local)) if source.name is not None and source.local else None
+    if where is not None and (where.is_file() or data_identity.saved(where)):
+        what = "a file" if where.is_file() else "a data set saved by save_to_disk"
+        raise ConfigError(
+            f"mixture source {source.spec()}: `name` {source.name!r} names a configuration of a Hub data set, and "
+            f"{source.local!r} is {what}, which has none: remove `name` from its entry"
+        )
 
 
 def _check_found(source: Source) -> None:
