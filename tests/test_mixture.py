@@ -174,6 +174,25 @@ def test_a_configuration_name_on_a_local_file_source_is_refused_as_dataset_confi
     )
 
 
+def test_a_configuration_name_on_a_folder_without_configs_names_the_fix(files, tmp_path):
+    """A folder of shards with no README.md `configs:` has one configuration: `name: foo` (or dataset_config foo) failed
+    in datasets (`BuilderConfig 'foo' not found`), said as `... put the pairs there as .jsonl, .json, .parquet or .csv
+    files of one format`, which they were. `default` is its own name, and reads it."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(files["trl"], shards / "a.jsonl")
+    for readme in (None, "# Pairs\n"):
+        if readme:
+            (shards / "README.md").write_text(readme)
+        with pytest.raises(ConfigError) as e:
+            mixture.read_source(mixture.Source(str(shards), "train", name="foo"), say=False)
+        assert str(e.value) == (
+            f"dataset folder {str(shards)!r} has no configuration 'foo': its files are one data set (no README.md "
+            "`configs:` names others): remove dataset_config (a mixture source: its `name`)"
+        )
+    assert len(mixture.read_source(mixture.Source(str(shards), "train", name="default"), say=False)) == ROWS["trl"]
+
+
 def test_a_split_option_some_source_reads_is_not_refused():
     """--dataset_train_split is the default of each source that names no split, and agrees with one that names it."""
     for args in (

@@ -824,13 +824,18 @@ def check_folder_config(name: str, path: Path, config: str | None) -> None:
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard
 
-    if not (path / "README.md").is_file():
-        return
     try:
-        configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(path / "README.md").data)
-        default = configs.get_default_config_name()
+        card = DatasetCard.load(path / "README.md").data if (path / "README.md").is_file() else None
+        configs = MetadataConfigs.from_dataset_card_data(card) if card else {}
+        default = configs.get_default_config_name() if configs else None
     except Exception:  # noqa: BLE001 - a card datasets cannot read: the load refuses it, in one line
         return
+    if not configs and config not in (None, "default"):
+        # datasets' `BuilderConfig 'foo' not found` was said as a folder to put in files of one format
+        raise ConfigError(
+            f"dataset folder {name!r} has no configuration {config!r}: its files are one data set (no README.md "
+            "`configs:` names others): remove dataset_config (a mixture source: its `name`)"
+        )
     names = ", ".join(configs)
     if config is None and default is None and configs:
         raise ConfigError(
