@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dpotrain.data import cuts, data, data_identity, hub_revision, lengths, rows
-from dpotrain.recipe import config
+from dpotrain.recipe import config, upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
@@ -262,17 +262,16 @@ def _split_files(folder: str, split: str, name: str | None = None, inferred: boo
     for the folder (not a builder's `data_dir`, `path: json`, which reads every file)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
     from datasets.load import infer_module_for_data_files
-    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
 
     try:
         base, patterns = _card_patterns(folder, name) or (folder, get_data_patterns(folder))
         # As datasets' load: the files of the format it infers (`notes.txt` beside .jsonl shards is not read, and was
         # recorded as read, so a note added or removed between attempts refused the resume as changed data)
-        allowed = {"allowed_extensions": _ALL_ALLOWED_EXTENSIONS} if inferred else {}
+        allowed = {"allowed_extensions": upstream.data_extensions()} if inferred else {}
         found = DataFilesDict.from_patterns(patterns, base_path=base, **allowed)
         if inferred:
             module, _ = infer_module_for_data_files(found)
-            found = found.filter(extensions=_MODULE_TO_EXTENSIONS[module])
+            found = found.filter(extensions=upstream.data_extensions(module))
         found = found.get(split, [])
     except Exception:  # noqa: BLE001 - no data file or configuration: the load says so
         return []

@@ -226,6 +226,15 @@ DATASET_FINGERPRINT = _read(
     "what a map's cache is named by: the first map over a data set saved with `save_to_disk` is given a cache named "
     "by it in datasets' cache, not beside the user's files (dpotrain/data/data.py:cached_by_datasets)",
 )
+FOLDER_EXTENSIONS = _read(
+    "datasets.packaged_modules:_ALL_ALLOWED_EXTENSIONS",
+    "the files datasets reads of a local folder: a resume compares only those (dpotrain/data/mixture.py:_split_files)",
+)
+FORMAT_EXTENSIONS = _read(
+    "datasets.packaged_modules:_MODULE_TO_EXTENSIONS",
+    "the files of the one format datasets infers for a folder: a note beside its shards is not read, nor compared on "
+    "a resume (dpotrain/data/mixture.py:_split_files)",
+)
 NO_SPLIT_MODULES = _read(
     "transformers.modeling_utils:PreTrainedModel._no_split_modules",
     "the decoder layer classes FSDP2 makes its units of, as accelerate reads them, less the ones the model does not "
@@ -618,6 +627,11 @@ def attributes_set(obj, **values):
 def dataset_fingerprint(dataset) -> str:
     """What datasets names the caches of maps over `dataset` by (its files' own, and every transform since)."""
     return _member(dataset, DATASET_FINGERPRINT)
+
+
+def data_extensions(module: str | None = None) -> list:
+    """The file extensions datasets reads in a local folder: of every format (`module` None), or of one (`json`)."""
+    return _value(FOLDER_EXTENSIONS) if module is None else _value(FORMAT_EXTENSIONS)[module]
 
 
 def saved_data_files(state: dict) -> list:
