@@ -57,9 +57,9 @@ stops = []  # the run's GracefulStop, as the reference stage's stop checks are h
 stop_checks_init, write_part = reference._StopChecks.__init__, reference.Store.write_part
 
 
-def recording_stop_checks_init(self, stop, device):
+def recording_stop_checks_init(self, stop, *args, **kwargs):
     stops.append(stop)
-    stop_checks_init(self, stop, device)
+    stop_checks_init(self, stop, *args, **kwargs)
 
 
 def holding_write_part(self, *args, **kwargs):
