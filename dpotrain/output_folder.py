@@ -106,8 +106,8 @@ def check_outside_data(output_dir: str, data_names: list[str], patterns: tuple[s
     from fsspec.utils import glob_translate  # here: datasets' dependency, which a lent GPU's image is not known to have
 
     out = Path(output_dir).expanduser().resolve()
+    ours = [f"{folder}/{name}" for folder in {os.path.abspath(out), str(out)} for name in _RUN_PATHS]
     for pattern in patterns:
-        ours = [f"{folder}/{name}" for folder in {os.path.abspath(out), str(out)} for name in _RUN_PATHS]
         if found := next((path for path in ours if re.match(glob_translate(pattern), path)), None):
             raise ConfigError(
                 f"output_dir {output_dir!r} is where the data_files glob {pattern!r} matches the run's own files "

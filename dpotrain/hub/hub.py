@@ -128,7 +128,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     """The push this run will make under `run_engine`, checked. transformers' Trainer with push_to_hub creates the repo
     at init (failing offline), pushes at every save and pickles hub_token into training_args.bin: so it runs with
     push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
-    t, p = recipe.training, recipe.project
+    t, p, base = recipe.training, recipe.project, recipe.model.model_name_or_path
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
         raise ConfigError(
@@ -166,11 +166,10 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
                 f"to push (--hub_model_id {repo_id}), or name the run without '/'"
             )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
-        check_not_the_base(repo_id, recipe.model.model_name_or_path)  # a bare name: once the Hub names its namespace
+        check_not_the_base(repo_id, base)  # a bare name: once the Hub names its namespace
         retry_waits()  # read at the first upload, after training
     scrub_argv(sys.argv)
     token = usable_token(t.hub_token, "--hub_token") or hf_token()
-    base = recipe.model.model_name_or_path
     return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, token, base)
 
 
