@@ -1,10 +1,10 @@
 """Sequence parallelism as it runs (`--sequence_parallel_size N`, dpotrain/forwards/sequence_parallel.py): 2 processes
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
-ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
-on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3 (all on sdpa, CPU's
-training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train. On
-flex_attention, forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. On a varlen
+ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation
+and activation checkpointing, on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3
+(all on sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train.
+On flex_attention, forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. On a varlen
 FlashAttention kernel (a PyTorch stand-in registered under its name: CPU runs no FlashAttention), a group of 2 scores
 and differentiates what 1 process does. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
 memory, refusals): tests/test_sequence_parallel_plan.py."""
@@ -130,7 +130,10 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
 @pytest.mark.slow
 def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared(tmp_path, tiny_model_dir, splits):
     """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation, and an SFT term
-    beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel)."""
+    beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel), with
+    activation checkpointing as the GPU recipes train: each layer's attention is recomputed in the backward, after
+    the split forward returned, and must be split again (it ran unsplit on the local half of the row, and the first
+    backward stopped: "The size of tensor a (298) must match the size of tensor b (596)")."""
     args = [
         "--dataset_name",
         str(splits),
@@ -140,6 +143,8 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshar
         "steps",
         "--eval_steps",
         "2",
+        "--activation_checkpointing",
+        "true",
         *SFT_TERM,
     ]
     train(tmp_path / "one", tiny_model_dir, *args)

@@ -10,8 +10,6 @@ row, and the per-token outputs are gathered over the group, so TRL's loss sees w
 sums the group's gradients, so the engine's average is the gradient without the split.
 """
 
-import threading
-
 import torch
 
 from dpotrain.cluster import collectives
@@ -24,7 +22,11 @@ from dpotrain.recipe.errors import plural
 # choice takes no other (`choice.sequence_parallel_forwards`). Not eager: Ulysses takes boolean masks, eager's additive.
 ATTENTION = ("flex_attention", "sdpa", *sorted(packing.VARLEN_ATTENTION))
 
-_state = threading.local()  # the forward in progress: its local position ids (the attention wrapper reads them)
+# The model kwarg that carries a split forward's local position ids to the attention wrapper. A kwarg, not state set
+# around the forward: transformers' activation checkpointing keeps each layer's kwargs and recomputes the layer in the
+# backward, after the forward has returned (and on a GPU in autograd's own thread), where the recomputed attention
+# must be split as the forward's was.
+SPLIT = "dpotrain_split_positions"
 _group: dict = {}  # this process's group, set once by `set_up`: size, rank, process group, Ulysses module
 
 
@@ -125,7 +127,7 @@ class _Attention:
         self.original, self.ulysses = original, ulysses
 
     def __call__(self, module, query, key, value, attention_mask, *args, **kwargs):
-        local_positions = getattr(_state, "position_ids", None)
+        local_positions = kwargs.pop(SPLIT, None)
         if local_positions is None:
             return self.original(module, query, key, value, attention_mask, *args, **kwargs)
         u = self.ulysses
@@ -207,19 +209,16 @@ def forward(model, batch: dict, **kwargs):
     # The label of every position is the next token of the whole row (the fused head would shift within the slice)
     shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
     local_positions = batch["position_ids"][:, cols]
-    _state.position_ids = local_positions  # the forward in progress, for the attention wrapper
-    try:
-        outputs = model(
-            input_ids=batch["input_ids"][:, cols],
-            position_ids=local_positions,
-            **whole_row_inputs(model, batch),
-            shift_labels=shift_labels[:, cols],
-            fused_lm_head=True,
-            use_cache=False,
-            **kwargs,
-        )
-    finally:
-        _state.position_ids = None
+    outputs = model(
+        input_ids=batch["input_ids"][:, cols],
+        position_ids=local_positions,
+        **whole_row_inputs(model, batch),
+        shift_labels=shift_labels[:, cols],
+        fused_lm_head=True,
+        use_cache=False,
+        **{SPLIT: local_positions},  # for the attention wrapper, in the forward and a checkpointed layer's recompute
+        **kwargs,
+    )
     # Each process's `[rows, width / N]` gathered as `[rows, width]`, in rank order (autograd flows back); the last
     # column predicts nothing.
     fields = {name: getattr(outputs, name, None) for name in packing.PER_TOKEN_FIELDS}
