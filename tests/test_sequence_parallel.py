@@ -250,9 +250,10 @@ def shared_prompt_batch(multiple):
     return SharedPromptCollator(1024, hidden_size=64, pad_to_multiple_of=multiple)(pairs)
 
 
-def score_split_on_flex(rank: int, model_dir: str, port: int, out: str) -> None:
+def score_split_on_flex(rank: int, model_dir: str, port: int, out: str, attention: str = "flex_attention") -> None:
     """One process of a group of 2 (gloo): the per-token log-probs of the same packed micro-batch, each process running
-    its half of the columns on flex_attention through DeepSpeed's all-to-all, as the reference stage scores it."""
+    its half of the columns on flex_attention (or `attention`) through DeepSpeed's all-to-all, as the reference stage
+    scores it."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -269,7 +270,7 @@ def score_split_on_flex(rank: int, model_dir: str, port: int, out: str) -> None:
     flex.BACKEND = "eager"  # dynamo traces flex as on a GPU; inductor's CPU code for flex fails to compile (torch 2.13)
     flex.install()
     torch.manual_seed(0)
-    model = fused_model(model_dir, "flex_attention")
+    model = fused_model(model_dir, attention)
     sequence_parallel.set_up(2, model)
     batch = shared_prompt_batch(128)
     stand_in = packing.PackedModel(model, batch, sequence_parallel.forward)
@@ -297,6 +298,23 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
         assert (result["split"] - result["whole"])[mask].abs().max() < 1e-5
         assert (result["split"] - sdpa)[mask].abs().max() < 1e-4
     assert torch.equal(got[0]["split"], got[1]["split"])
+
+
+@pytest.mark.slow
+def test_a_model_whose_layers_keep_the_models_inputs_from_attention_splits_its_rows_too(tmp_path, tiny_model_dir):
+    """StableLM's layers call their attention without the model's kwargs, so the split reaches its attention as state
+    set around the forward, not as the kwarg a checkpointed layer's recompute reads (`sequence_parallel.SPLIT`; under a
+    group with activation checkpointing it is refused): a group of 2 scores on sdpa what 1 process scores. With the
+    kwarg alone its attention ran unsplit on half of the row ("The size of tensor a (180) must match ... (360)")."""
+    from conftest import tiny_model
+
+    stablelm = tiny_model("stablelm", tmp_path / "stablelm", tiny_model_dir)
+    spawn_ranks(score_split_on_flex, (stablelm, free_port(), str(tmp_path), "sdpa"), 2, tmp_path)
+    batch = shared_prompt_batch(128)
+    mask = packing.padded_view(batch)["completion_mask"][:, 1:].bool()
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert (result["split"] - result["whole"])[mask].abs().max() < 1e-5
 
 
 def varlen_reference(

@@ -282,6 +282,28 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
     assert memory.splittable_heads(memory.model_config(smoke())[0], recipe) == (4, 2)
 
 
+def test_activation_checkpointing_is_refused_under_a_group_for_models_whose_attention_misses_the_models_inputs():
+    """A checkpointed layer is recomputed in the backward, after the split forward returned: its attention knows the
+    split from the model's kwargs, which StableLM's and Nemotron's layers do not hand on to their attention. Refused
+    before anything loads, naming the fix (and no memory advice offers them a group); without checkpointing they split,
+    and so does a model that hands them on."""
+    from transformers import AutoConfig
+
+    shape = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    checkpointed = smoke("--sequence_parallel_size", "2", "--activation_checkpointing", "true")
+    for model_type in ("stablelm", "nemotron"):
+        with pytest.raises(
+            ConfigError,
+            match=f"^sequence_parallel_size 2: {model_type}'s layers do not hand the model's inputs on to their "
+            "attention, .* pass --activation_checkpointing false, or use --sequence_parallel_size 1$",
+        ):
+            choice.candidates(AutoConfig.for_model(model_type, **shape), checkpointed, True, None, check_kernels=False)
+        assert memory.splittable_heads(AutoConfig.for_model(model_type, **shape), checkpointed) is None  # no advice
+        plain = smoke("--sequence_parallel_size", "2")
+        assert choice.candidates(AutoConfig.for_model(model_type, **shape), plain, True, None, check_kernels=False)[0]
+    assert choice.candidates(AutoConfig.for_model("olmo3", **shape), checkpointed, True, None, check_kernels=False)[0]
+
+
 def test_an_moe_model_whose_router_loss_trl_adds_is_refused_under_a_group_unless_it_is_turned_off():
     """TRL adds the router's load-balancing loss wherever the config HAS `output_router_logits` (False, its default,
     included) and a coefficient other than 0: OLMoE, Qwen3-MoE and Mixtral as shipped. The rule read the flag's value,

@@ -303,7 +303,8 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
-    if problem := sequence_parallel.model_problem(config, recipe.training.router_aux_loss_coef):
+    t = recipe.training
+    if problem := sequence_parallel.model_problem(config, t.router_aux_loss_coef, t.activation_checkpointing):
         raise ConfigError(f"sequence_parallel_size {n}: {problem}")
     splittable = [c for c in packed if packing.attention_name(c.attention) in sequence_parallel.ATTENTION]
     if splittable:

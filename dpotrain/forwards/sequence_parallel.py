@@ -10,6 +10,8 @@ row, and the per-token outputs are gathered over the group, so TRL's loss sees w
 sums the group's gradients, so the engine's average is the gradient without the split.
 """
 
+import threading
+
 import torch
 
 from dpotrain.cluster import collectives
@@ -22,11 +24,14 @@ from dpotrain.recipe.errors import plural
 # choice takes no other (`choice.sequence_parallel_forwards`). Not eager: Ulysses takes boolean masks, eager's additive.
 ATTENTION = ("flex_attention", "sdpa", *sorted(packing.VARLEN_ATTENTION))
 
-# The model kwarg that carries a split forward's local position ids to the attention wrapper. A kwarg, not state set
-# around the forward: transformers' activation checkpointing keeps each layer's kwargs and recomputes the layer in the
-# backward, after the forward has returned (and on a GPU in autograd's own thread), where the recomputed attention
-# must be split as the forward's was.
+# A split forward's local position ids reach the attention wrapper two ways. As a model kwarg: transformers' activation
+# checkpointing keeps each layer's kwargs and recomputes the layer in the backward, after the forward has returned (and
+# on a GPU in autograd's own thread), where the recomputed attention must be split as the forward's was. And as state
+# set around the forward, for the models whose layers keep the model's kwargs from their attention
+# (`KWARGS_KEPT_FROM_ATTENTION`: their recompute cannot be split, so `model_problem` refuses checkpointing).
 SPLIT = "dpotrain_split_positions"
+_state = threading.local()
+KWARGS_KEPT_FROM_ATTENTION = {"stablelm", "nemotron"}  # transformers 5.23: their layers call attention without them
 _group: dict = {}  # this process's group, set once by `set_up`: size, rank, process group, Ulysses module
 
 
@@ -39,9 +44,9 @@ def leads_group() -> bool:
     return _group.get("rank", 0) == 0
 
 
-def model_problem(config, router_aux_loss_coef: float | None) -> str | None:
-    """Why no group splits this model's rows (`router_aux_loss_coef`: the recipe's), or None (for the forward choice
-    and the memory plan alike)."""
+def model_problem(config, router_aux_loss_coef: float | None, checkpointing: bool = False) -> str | None:
+    """Why no group splits this model's rows (`router_aux_loss_coef`, `checkpointing`: the recipe's), or None (for the
+    forward choice and the memory plan alike)."""
     if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
         return (
             f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
@@ -58,6 +63,12 @@ def model_problem(config, router_aux_loss_coef: float | None) -> str | None:
         return (
             f"{config.model_type}'s attention sinks hold one value for each head of a layer, and a group gives each "
             "process a slice of the heads; use --sequence_parallel_size 1"
+        )
+    if checkpointing and config.model_type in KWARGS_KEPT_FROM_ATTENTION:
+        return (
+            f"{config.model_type}'s layers do not hand the model's inputs on to their attention, so a layer that "
+            "activation checkpointing recomputes in the backward could not be split again; pass "
+            "--activation_checkpointing false, or use --sequence_parallel_size 1"
         )
     # Last, the one a flag lifts: its balance is a product of sums over every token, and a process routes 1/N of them
     if coefficient := packing.router_loss_coefficient(config, router_aux_loss_coef):
@@ -128,6 +139,8 @@ class _Attention:
 
     def __call__(self, module, query, key, value, attention_mask, *args, **kwargs):
         local_positions = kwargs.pop(SPLIT, None)
+        if local_positions is None:
+            local_positions = getattr(_state, "position_ids", None)
         if local_positions is None:
             return self.original(module, query, key, value, attention_mask, *args, **kwargs)
         u = self.ulysses
@@ -209,16 +222,20 @@ def forward(model, batch: dict, **kwargs):
     # The label of every position is the next token of the whole row (the fused head would shift within the slice)
     shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
     local_positions = batch["position_ids"][:, cols]
-    outputs = model(
-        input_ids=batch["input_ids"][:, cols],
-        position_ids=local_positions,
-        **whole_row_inputs(model, batch),
-        shift_labels=shift_labels[:, cols],
-        fused_lm_head=True,
-        use_cache=False,
-        **{SPLIT: local_positions},  # for the attention wrapper, in the forward and a checkpointed layer's recompute
-        **kwargs,
-    )
+    _state.position_ids = local_positions  # the forward in progress, for the attention wrapper
+    try:
+        outputs = model(
+            input_ids=batch["input_ids"][:, cols],
+            position_ids=local_positions,
+            **whole_row_inputs(model, batch),
+            shift_labels=shift_labels[:, cols],
+            fused_lm_head=True,
+            use_cache=False,
+            **{SPLIT: local_positions},  # for the attention wrapper in a checkpointed layer's recompute too
+            **kwargs,
+        )
+    finally:
+        _state.position_ids = None
     # Each process's `[rows, width / N]` gathered as `[rows, width]`, in rank order (autograd flows back); the last
     # column predicts nothing.
     fields = {name: getattr(outputs, name, None) for name in packing.PER_TOKEN_FIELDS}

@@ -836,7 +836,8 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 
 def splittable_heads(config, recipe) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
-    return None if model_problem(config, recipe.training.router_aux_loss_coef) else head_counts(config)
+    t = recipe.training
+    return None if model_problem(config, t.router_aux_loss_coef, t.activation_checkpointing) else head_counts(config)
 
 
 # --- activation checkpointing, chosen per run ---
