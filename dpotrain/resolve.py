@@ -111,6 +111,7 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
     per_device_train_batch_size x gradient_accumulation_steps x processes. `world`: the data-parallel ranks."""
     t, pairs = recipe.training, recipe.project.pairs_per_step
     per_step = t.per_device_train_batch_size * world
+    ranks = _ranks(world, recipe.project.sequence_parallel_size)
     if recipe.project.max_tokens_per_microbatch is not None:
         # Micro-batches are cut by tokens: accumulation follows from the data; each process needs a pair per step.
         ignored = sorted({"per_device_train_batch_size", "gradient_accumulation_steps"} & recipe.given)
@@ -122,34 +123,45 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
             )
         pairs = pairs or per_step * t.gradient_accumulation_steps
         if pairs < world:
-            raise ConfigError(
-                f"pairs_per_step={pairs} gives some of the {world} processes no pair: use at least {world}"
-            )
+            raise ConfigError(f"pairs_per_step={pairs} gives some of the {ranks} no pair: use at least {world}")
         return Batch(pairs, None)
     if pairs is None:
         return Batch(per_step * t.gradient_accumulation_steps, t.gradient_accumulation_steps)
     if pairs % per_step:
-        raise ConfigError(_unreachable(pairs, world, t.per_device_train_batch_size))
+        raise ConfigError(
+            _unreachable(pairs, world, t.per_device_train_batch_size, recipe.project.sequence_parallel_size)
+        )
     if "gradient_accumulation_steps" in recipe.given and t.gradient_accumulation_steps != pairs // per_step:
         raise ConfigError(
             f"gradient_accumulation_steps={t.gradient_accumulation_steps} contradicts pairs_per_step={pairs} "
-            f"(which needs {pairs // per_step} on {plural(world, 'process')}): set one of them, not both"
+            f"(which needs {pairs // per_step} on {ranks}): set one of them, not both"
         )
     return Batch(pairs, pairs // per_step)
 
 
-def _unreachable(pairs: int, world: int, batch: int) -> str:
-    """Why `pairs` per step is no whole number of micro-steps of `batch` pairs on `world` processes, and the fixes."""
+def _ranks(world: int, n: int) -> str:
+    """`world` data-parallel ranks as a refusal names them: processes, or under sequence_parallel_size `n` > 1 ranks
+    of `n` processes each (a refusal that counted them as processes named a launch that could not fix it)."""
+    if n == 1:
+        return plural(world, "process")
+    return f"{plural(world, 'data-parallel rank')} ({world * n} processes / sequence_parallel_size {n})"
+
+
+def _unreachable(pairs: int, world: int, batch: int, n: int = 1) -> str:
+    """Why `pairs` per step is no whole number of micro-steps of `batch` pairs on `world` data-parallel ranks (of `n`
+    processes each), and the fixes."""
     per_step = world * batch
     fixes = [f"--pairs_per_step {-(-pairs // per_step) * per_step} (a multiple of {per_step})"]
     if pairs % world == 0:
         share = pairs // world
         fit = max(d for d in range(1, min(batch, share) + 1) if share % d == 0)
         fixes.insert(0, f"--per_device_train_batch_size {fit} (pairs per process in a micro-step)")
-    else:
+    elif n == 1:
         fixes.append(f"run on a number of processes that divides {pairs}")
+    else:
+        fixes.append(f"run on {n} x a number that divides {pairs} processes")
     return (
-        f"pairs_per_step={pairs} is not reachable with {plural(world, 'process')} x per_device_train_batch_size="
+        f"pairs_per_step={pairs} is not reachable with {_ranks(world, n)} x per_device_train_batch_size="
         f"{batch} ({plural(per_step, 'pair')} per micro-step): pass {', '.join(fixes)}, or "
         "--max_tokens_per_microbatch N (micro-batches cut by tokens, for any pairs_per_step)"
     )

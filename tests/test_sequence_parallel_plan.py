@@ -45,6 +45,29 @@ def think_dry_run(*args, env=None):
 # --- the issue's "Done when": 64K traces on one node of 8 x H100 ---
 
 
+def test_a_step_the_groups_cannot_reach_is_refused_naming_data_parallel_ranks_not_processes(monkeypatch):
+    """4 processes in groups of 2 are 2 data-parallel ranks. The refusals counted them as processes ("not reachable
+    with 2 processes", while 4 ran) and named a launch that could not fix it: "run on a number of processes that
+    divides 9", where 3 or 9 processes are no multiple of the group and 2 x 9 would be needed."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    zero2 = ["--accelerate_config", str(ROOT / "accelerate_config.yaml"), "--sequence_parallel_size", "2"]
+    padded = ["--max_tokens_per_microbatch", "none", "--per_device_train_batch_size", "2"]
+    ranks = "2 data-parallel ranks (4 processes / sequence_parallel_size 2)"
+    with pytest.raises(ConfigError) as refused:
+        stages.checks(smoke(*zero2, *padded, "--pairs_per_step", "9"))
+    assert str(refused.value).startswith(f"pairs_per_step=9 is not reachable with {ranks} x per_device_train_batch")
+    assert "run on 2 x a number that divides 9 processes," in str(refused.value)
+    with pytest.raises(
+        ConfigError, match=re.escape(f"pairs_per_step=1 gives some of the {ranks} no pair: use at least 2")
+    ):
+        stages.checks(smoke(*zero2, "--pairs_per_step", "1"))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # without a group: as before
+    with pytest.raises(ConfigError, match="run on a number of processes that divides 9,"):
+        stages.checks(
+            smoke("--accelerate_config", str(ROOT / "accelerate_config.yaml"), *padded, "--pairs_per_step", "9")
+        )
+
+
 @pytest.mark.slow
 @no_gpu
 def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
