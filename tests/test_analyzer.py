@@ -169,6 +169,26 @@ def test_rows_without_chat_template_kwargs_are_measured_as_the_run_reads_them(tm
             np.testing.assert_array_equal(getattr(m, key), run, err_msg=f"{key}, streaming={streaming}")
 
 
+def test_answers_after_a_files_first_10_mib_are_measured_as_written(tokenizer, tmp_path):
+    """datasets types a JSON Lines field by the file's first 10 MiB: one later answer written as text parts (or as a
+    number) made it read that chunk's answers as JSON cast to text, every one of them quoted and its newlines `\\n`,
+    with no mark of it on the loaded data. The analyzer measured those texts, and the run trained them, in silence."""
+    rows = []
+    for i, row in enumerate(_messages_rows() * 15):  # 615 pairs of ~20 KiB: the last ones after the first 10 MiB
+        row = json.loads(json.dumps(row))
+        row["chosen"][-1]["content"] += f"\n\nSee also note {i}.\n" + "Tides rise and fall.\n" * 1000
+        rows.append(row)
+    parts = rows[-1]["chosen"][-1]
+    parts["content"] = [{"type": "text", "text": parts["content"]}]
+    path = write_jsonl(tmp_path / "late.jsonl", rows)
+    assert os.path.getsize(path) > 11 << 20
+    loaded = data.load_preference_dataset(path)
+    assert [row["chosen"] for row in loaded] == [row["chosen"] for row in rows]  # '"...' before
+    late, early = len(rows) - 2, len(rows) - 2 - 41 * 14  # the same pair, but its note's number
+    m = lengths.measure(loaded.select([early, late]), tokenizer)
+    assert abs(int(m.chosen[1]) - int(m.chosen[0])) <= 2  # quoted, its 1,000 newlines `\\n`: more tokens
+
+
 def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     one = lengths.measure(data.load_preference_dataset(path), tokenizer, chunk_size=8)

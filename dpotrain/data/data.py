@@ -732,12 +732,44 @@ def mixed_type_columns(dataset) -> list[str]:
     ]
 
 
+def json_quoted_columns(dataset) -> list[str]:
+    """The pair columns holding a text written as a JSON string (`"Hello"`, quotes included, on one line). datasets
+    types a JSON Lines field by the file's first 10 MiB; where a later chunk holds another type there (a number, or
+    text parts, where the first chunk had text), it reads that chunk's field as JSON and casts it to text: every answer
+    of the chunk came back quoted, its newlines as `\\n`, with no Json feature to find it by (`mixed_type_columns`),
+    and trained so. A pair quoted as written costs one more read of the file (`exact_mixed_fields`), nothing else."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def strings(array):  # every text inside a column's nested lists and structs
+        kind = array.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            yield from strings(array.flatten())
+        elif pa.types.is_struct(kind):
+            for field in array.flatten():
+                yield from strings(field)
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            yield array
+
+    table = dataset.data.table
+    columns = [c for c in ("prompt", "chosen", "rejected") if c in table.column_names]
+    return [
+        c
+        for c in columns
+        if any(
+            pc.any(pc.match_substring_regex(text, '^".*"$')).as_py()
+            for chunk in table[c].chunks
+            for text in strings(chunk)
+        )
+    ]
+
+
 def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     """datasets stores a field of mixed types as JSON but keeps text that reads as JSON (`"42"` came back 42): such
     pair columns are read again from the JSON files the load (`load_args`/`load_kwargs`) read, each value as written."""
     import datasets
 
-    mixed = mixed_type_columns(dataset)
+    mixed = mixed_type_columns(dataset) or json_quoted_columns(dataset)
     if not mixed:
         return dataset
     try:
