@@ -591,6 +591,15 @@ def load(args, name: str, split: str, subset: str | None, revision: str | None, 
         raise
     except Exception as e:  # noqa: BLE001 - unknown Hub name, no access, offline, unreadable file: one line
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
+    # A local JSON field whose type differs between rows is read again from the file, each value as written, only in
+    # memory (data.exact_mixed_fields): streamed, "42" came back 42 and a valid row was refused as a number
+    if args.streaming and data.is_local(name) and loaded.features is not None:
+        if mixed := data.mixed_type_columns(loaded):
+            raise ConfigError(
+                f"--streaming: {name!r} holds values of more than one type in {' and '.join(mixed)} (text in one "
+                "row, a number or a list in another), which a stream reads back otherwise than written (text such as "
+                '"42" as the number 42): analyse it without --streaming, as training reads it'
+            )
     # Offline, datasets reads the copy it prepared last, whatever the commit: refused as the run refuses it, before
     # another commit's lengths are measured and cached for `max_length: auto` under this one's key
     hub_revision.check_loaded(loaded, name, revision, prefetch)

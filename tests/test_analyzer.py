@@ -903,6 +903,25 @@ def test_every_answer_off_the_generation_prompt_skipped_names_what_fits_the_temp
     assert fits in line, line
 
 
+def test_a_streamed_json_file_whose_answers_mix_types_is_refused_not_read_otherwise(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """One answer written as text parts makes datasets store the answers as JSON, which a stream reads back as JSON:
+    the answer "42" came back the number 42, and `--streaming` refused that valid row as a number ("fix or remove the
+    row"), or with --skip-invalid left it out of every number, where training and the analysis in memory read it as
+    written (data.exact_mixed_fields). Refused in one line naming the flag."""
+    rows = _messages_rows()
+    rows[1]["chosen"][-1]["content"] = [{"type": "text", "text": rows[1]["chosen"][-1]["content"]}]
+    rows[2]["chosen"][-1]["content"] = "42"
+    argv = [write_jsonl(tmp_path / "mixed.jsonl", rows), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([*argv, "--json", str(tmp_path / "r.json")]) == 0  # in memory: every row, as written
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == len(rows)
+    for skip in ([], ["--skip-invalid"]):
+        assert cli.main([*argv, "--streaming", *skip]) == 2
+        line = error_line(capsys)
+        assert line.startswith("error: --streaming: ") and "analyse it without --streaming" in line, line
+
+
 def test_a_streamed_data_set_whose_first_row_is_bad_names_the_row(cli, tmp_path, tiny_model_dir, capsys):
     """--streaming with a bad first row: the check of whether every row is bad took len() of the stream, and the
     analyzer ended in `TypeError: object of type 'IterableDataset' has no len()` (exit 1, a traceback) instead of the
