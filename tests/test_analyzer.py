@@ -189,6 +189,32 @@ def test_answers_after_a_files_first_10_mib_are_measured_as_written(tokenizer, t
     assert abs(int(m.chosen[1]) - int(m.chosen[0])) <= 2  # quoted, its 1,000 newlines `\\n`: more tokens
 
 
+def test_template_inputs_after_a_files_first_10_mib_are_measured_as_written(tmp_path, tiny_model_dir):
+    """As the answers above: one late row's `effort` written as a number made that chunk's `chat_template_kwargs`
+    (and a tool's `"default": "auto"`) come back quoted, `"high"` with its quotes, which the template wrote into every
+    prompt of the chunk: other tokens measured, and trained, than the rows hold."""
+    template = tmp_path / "effort.jinja"
+    own = (Path(tiny_model_dir) / "chat_template.jinja").read_text()
+    template.write_text(
+        "{% if effort is defined %}<|im_start|>system\nEffort: {{ effort }}<|im_end|>\n{% endif %}" + own
+    )
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(template))
+    rows = []
+    for i, row in enumerate(_messages_rows() * 15):  # 615 pairs of ~20 KiB: the last ones after the first 10 MiB
+        row = json.loads(json.dumps(row))
+        row["chosen"][-1]["content"] += f" See also note {i}. " + "Tides rise and fall. " * 1000
+        row["chat_template_kwargs"] = {"effort": "high"}
+        rows.append(row)
+    rows[-1]["chat_template_kwargs"] = {"effort": 3}
+    path = write_jsonl(tmp_path / "late.jsonl", rows)
+    assert os.path.getsize(path) > 11 << 20
+    loaded = data.load_preference_dataset(path)
+    assert [row["chat_template_kwargs"] for row in loaded] == [row["chat_template_kwargs"] for row in rows]
+    late, early = len(rows) - 2, len(rows) - 2 - 41 * 14  # the same pair, but its note's number
+    m = lengths.measure(loaded.select([early, late]), tokenizer)
+    assert m.prompt[1] == m.prompt[0]  # '"high"': more tokens
+
+
 def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     one = lengths.measure(data.load_preference_dataset(path), tokenizer, chunk_size=8)

@@ -733,11 +733,12 @@ def mixed_type_columns(dataset) -> list[str]:
 
 
 def json_quoted_columns(dataset) -> list[str]:
-    """The pair columns holding a text written as a JSON string (`"Hello"`, quotes included, on one line). datasets
-    types a JSON Lines field by the file's first 10 MiB; where a later chunk holds another type there (a number, or
-    text parts, where the first chunk had text), it reads that chunk's field as JSON and casts it to text: every answer
-    of the chunk came back quoted, its newlines as `\\n`, with no Json feature to find it by (`mixed_type_columns`),
-    and trained so. A pair quoted as written costs one more read of the file (`exact_mixed_fields`), nothing else."""
+    """The columns a pair is read from (its answers, tools, chat_template_kwargs) holding a text written as a JSON
+    string (`"Hello"`, quotes included, on one line). datasets types a JSON Lines field by the file's first 10 MiB;
+    where a later chunk holds another type there (a number, or text parts, where the first chunk had text), it reads
+    that chunk's field as JSON and casts it to text: every value of the chunk came back quoted, its newlines as `\\n`,
+    with no Json feature to find it by (`mixed_type_columns`), and trained so. A text quoted as written costs one more
+    read of the file (`exact_mixed_fields`), nothing else."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -752,7 +753,8 @@ def json_quoted_columns(dataset) -> list[str]:
             yield array
 
     table = dataset.data.table
-    columns = [c for c in ("prompt", "chosen", "rejected") if c in table.column_names]
+    # the template's own inputs too: a tool's `"default": "auto"` or a row's `effort` came back quoted alike
+    columns = [c for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS) if c in table.column_names]
     return [
         c
         for c in columns
