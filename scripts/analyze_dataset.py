@@ -668,13 +668,18 @@ def sample(dataset, n: int, seed: int):
             return dataset, None
         indices = np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False))
         return dataset.select(indices), indices
-    # Streaming: a shuffle buffer, and each row's position in the stream kept so that messages name the right row.
-    with_index = dataset.map(lambda row, i: {"__index__": i}, with_indices=True)
-    # One row more than asked: a stream that ends within n was read whole, the complete analysis (as in memory above)
-    picked = list(with_index.shuffle(seed=seed, buffer_size=10_000).take(n + 1))
-    rows = sorted(picked[:n], key=lambda row: row["__index__"])
-    indices = [row.pop("__index__") for row in rows]
-    return datasets.Dataset.from_list(rows), indices if len(picked) > n else None
+    # Streaming: a seeded reservoir over the whole stream (read, not tokenized), every row as likely as in memory; a
+    # shuffle buffer of 10,000 rows drew from the stream's first rows only (a data set sorted by source or length:
+    # lengths of its first part, reported as a sample of the whole). Each row's position kept, so messages name it.
+    rng, picked, seen = np.random.default_rng(seed), [], 0
+    for seen, row in enumerate(dataset, 1):
+        if seen <= n:
+            picked.append((seen - 1, row))
+        elif (slot := rng.integers(seen)) < n:
+            picked[slot] = (seen - 1, row)
+    picked.sort(key=lambda kept: kept[0])
+    # a stream that ends within n was read whole, the complete analysis (as in memory above)
+    return datasets.Dataset.from_list([row for _, row in picked]), [i for i, _ in picked] if seen > n else None
 
 
 if __name__ == "__main__":

@@ -722,6 +722,20 @@ def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_streamed_sample_is_drawn_from_the_whole_stream(cli, tmp_path):
+    """--sample with --streaming drew from a shuffle buffer of 10,000 rows: from the stream's first ~10,000 rows only.
+    A data set sorted by source or length (short pairs first) was reported, and its max_length recommended, from its
+    first part alone, as "a seeded sample". Drawn now from every row, as in memory."""
+    pair = {"chosen": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Yes."}]}
+    pair["rejected"] = [pair["chosen"][0], {"role": "assistant", "content": "No."}]
+    path = write_jsonl(tmp_path / "d.jsonl", [pair] * 30_000)
+    stream = data.load_preference_dataset(path, streaming=True)
+    picked, indices = cli.sample(stream, 200, 42)
+    assert len(picked) == 200 and list(indices) == sorted(set(indices))
+    assert 0.3 < np.mean(np.asarray(indices) >= 15_000) < 0.7  # all below 10,200 before
+    assert cli.sample(stream, 200, 42)[1] == indices  # seeded
+
+
 @pytest.mark.parametrize("size", [2000, len(_messages_rows())], ids=["more rows", "as many rows"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["in memory", "streaming"])
 def test_a_sample_of_at_least_every_row_is_the_complete_analysis(
