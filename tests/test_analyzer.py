@@ -1284,6 +1284,8 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
+        # A device: the report was renamed over it, and as root /dev/null (or /dev/stdout) became a regular file
+        (["--json", "/dev/null"], "--json '/dev/null' is a device, pipe or terminal, not a file"),
         # `-` read as stdout, as other tools do: a file named '-' was written in the folder instead, found by no one
         (["--json", "-"], "--json takes a file name, and '-' would write a file named '-'"),
         # Named as typed (either spelling) with what it is: it said `--coverage` of `--auto_coverage 1.5`, no fix

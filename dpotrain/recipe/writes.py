@@ -117,8 +117,8 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def check_report_paths(paths: dict[str, str | None]) -> None:
     """Refuses each report's path (flag -> path) that the report could not be written to, before the work that makes
-    it: a folder at the path itself, a folder for it that does not exist or this process cannot write in, or the path
-    of another report of the command (the second written over the first)."""
+    it: a folder or a device (/dev/stdout) at the path itself, a folder for it that does not exist or this process
+    cannot write in, or the path of another report of the command (the second written over the first)."""
     seen: dict[Path, str] = {}
     for flag, path in paths.items():
         if not path:
@@ -131,6 +131,13 @@ def check_report_paths(paths: dict[str, str | None]) -> None:
         folder = Path(path).resolve().parent
         for bad, why in (  # in this order: the first found is said
             (Path(path).is_dir(), " is a folder: give the path of the file to write, inside it or elsewhere"),
+            # /dev/stdout, /dev/null: the report is renamed over the path, and as root that replaced the device's own
+            # entry with a file (/dev/null a file every later command wrote into), the report reaching nobody
+            (
+                Path(path).exists() and not Path(path).is_file(),
+                " is a device, pipe or terminal, not a file: the report is written as a file in its place; give a "
+                "file name (the markdown report goes to stdout)",
+            ),
             (not folder.is_dir(), f": folder {str(folder)!r} does not exist; create it or write elsewhere"),
             (not os.access(folder, os.W_OK), f": cannot write in {str(folder)!r}"),
         ):
