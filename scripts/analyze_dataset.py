@@ -511,7 +511,8 @@ def analyze(args: argparse.Namespace) -> int:
     if r["capped"]:
         line = lengths.capped_line(r)
         print(line[0].upper() + line[1:])
-    over_budget(run, current, "--max_length" if args.max_length else "the recipe's max_length", r["max_length"])
+    named = "--max_length" if args.max_length else "the recipe's max_length"
+    over_budget(run, current, named, r["max_length"], unbounded)
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)
 
@@ -543,14 +544,15 @@ def held_out(run, tokenizer, max_length: int | None, revision: str | None, prefe
     print(f"Held-out pairs at {cuts.line(counted)}", file=sys.stderr)
 
 
-def over_budget(run, current: int | None, named: str, recommended: int) -> None:
+def over_budget(run, current: int | None, named: str, recommended: int, unbounded: bool = False) -> None:
     """A length reported on that the recipe's token budget cannot hold (`max_tokens_per_microbatch` < 2 x max_length):
     training refuses it before it starts, and `max_length: auto`'s choice too. Said in the run's words, after the
-    report, which stands: the budget is the recipe's to raise."""
+    report, which stands: the budget is the recipe's to raise. `unbounded`: max_length null, which no budget holds
+    (reported as cutting nothing, and the run refused it, unsaid)."""
     from dpotrain import resolve
 
     budget = run.project.max_tokens_per_microbatch
-    said = [(current, f"{named} {current:,}")] if current else []
+    said = [(current, f"{named} {current:,}")] if current else [(None, f"{named} null")] if unbounded else []
     if recommended != current:
         said.append((recommended, f"the recommended max_length {recommended:,} (and max_length: auto's choice)"))
     for max_length, what in said if budget is not None else []:

@@ -517,6 +517,20 @@ def test_max_length_null_on_the_command_line_is_counted_as_the_run_trains_it_unb
     assert cli.main(["--config", str(recipe), "--num-proc", "1", "--max_length", "null"]) == 0
     err = capsys.readouterr().err
     assert f"Cut at max_length unset: none of {len(_messages_rows())} pairs cut or dropped" in err, err
+    assert "warning: training refuses" not in err  # no token budget: the run trains it
+
+
+def test_max_length_null_over_a_token_budget_is_said_as_training_refuses_it(cli, tmp_path, tiny_model_dir, capsys):
+    """configs/smoke.yaml has a token budget, which no unbounded pair fits: `train_dpo.py --max_length null` is refused
+    at start. The analyzer ended with `Cut at max_length unset: none ... cut` and exit 0, nothing said of the
+    refusal, as it says of a length the budget cannot hold."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([write_jsonl(tmp_path / "d.jsonl", _messages_rows()), *smoke, "--max_length", "null"]) == 0
+    assert (
+        "warning: training refuses --max_length null with the recipe's max_tokens_per_microbatch: "
+        "max_tokens_per_microbatch=2048 must hold the longest possible pair, 2 x max_length (unbounded: set "
+        "max_length); a pair is never split"
+    ) in capsys.readouterr().err
 
 
 def test_report_prints_tables_and_reasoning(cli, tmp_path, tiny_model_dir, capsys):
