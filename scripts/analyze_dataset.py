@@ -474,6 +474,7 @@ def analyze(args: argparse.Namespace) -> int:
     # The model's config, read once for the position cap and the memory line: from the Hub where this machine reaches
     # it and has no copy (a login node), else the local cache; not readable, neither uses it (the memory line says why)
     model = memory.model_config_or_reason(run, local_only=False)
+    positions = model_limit(model[0])[0] if model[0] is not None else None
     report = lengths.summarize(
         m,
         target=target,
@@ -481,7 +482,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
-        max_positions=model_limit(model[0])[0] if model[0] is not None else None,
+        max_positions=positions,
         truncation_mode=training.truncation_mode,
         dataset=shown,
         split=split,
@@ -513,6 +514,14 @@ def analyze(args: argparse.Namespace) -> int:
         print(line[0].upper() + line[1:])
     named = "--max_length" if args.max_length else "the recipe's max_length"
     over_budget(run, current, named, r["max_length"], unbounded)
+    if current is not None:  # the run's refusal of a length that leaves too few pairs anything to learn (its checks)
+        try:
+            mode, budget = training.truncation_mode, project.max_tokens_per_microbatch
+            cuts.check(m.prompt, m.chosen, m.rejected, m.shared, current, mode, "the pairs measured", positions, budget)
+            if mix:  # each source of a mixture on its own too
+                mix.check_cuts(m, current, mode, positions, budget)
+        except ConfigError as e:  # said after the report, which stands, as over_budget says the budget's refusal
+            warn(f"training refuses {named} {current:,}: {e}")
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)
 

@@ -668,6 +668,32 @@ def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refus
     assert "warning: training refuses" not in capsys.readouterr().err  # lengths the budget holds: nothing said
 
 
+def test_a_length_that_leaves_nothing_to_learn_is_said_as_training_refuses_it(cli, tmp_path, tiny_model_dir, capsys):
+    """Answers that share a long start, cut inside it at max_length 64: chosen and rejected are the same tokens, and
+    train_dpo.py refuses the length before the model loads. The analyzer reported `24 of 24 pairs cut`, exit 0, no
+    word of the refusal. Said after the report, in the run's words (cuts.check), with the length to pass."""
+    steps = "First, we read the question carefully. Then we check each part of it in turn. " * 4
+    pairs = [
+        {
+            "prompt": [{"role": "user", "content": f"Question {i}?"}],
+            "chosen": [{"role": "assistant", "content": steps + "So the answer is yes."}],
+            "rejected": [{"role": "assistant", "content": steps + "So the answer is no."}],
+        }
+        for i in range(24)
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", pairs)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([path, *smoke, "--max_length", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "Cut at max_length 64: 24 of 24 pairs cut" in err, err
+    assert (
+        "warning: training refuses --max_length 64: max_length 64 leaves 0 of 24 pairs (0.0%) anything to learn (the "
+        "pairs measured): 0 dropped (the prompt alone fills max_length; the shortest prompt is"
+    ) in err, err
+    assert cli.main([path, *smoke]) == 0  # the recipe's 1024 keeps every difference: nothing said
+    assert "training refuses" not in capsys.readouterr().err
+
+
 def test_the_held_out_pairs_a_recipe_evaluates_on_are_counted_as_the_run_counts_them(
     cli, tmp_path, tiny_model_dir, capsys
 ):
