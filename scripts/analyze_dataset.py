@@ -44,6 +44,7 @@ with venv.loading_libraries():
     from dpotrain import options
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
+    from dpotrain.data.positions import check as check_positions
     from dpotrain.data.positions import model_limit
     from dpotrain.data.rows import InvalidRowError
     from dpotrain.plan import memory
@@ -521,6 +522,11 @@ def analyze(args: argparse.Namespace) -> int:
             if mix:  # each source of a mixture on its own too
                 mix.check_cuts(m, current, mode, positions, budget)
         except ConfigError as e:  # said after the report, which stands, as over_budget says the budget's refusal
+            warn(f"training refuses {named} {current:,}: {e}")
+    if current is not None and model[0] is not None:  # a length past the model's positions, which the run refuses
+        try:  # where the pairs reach past them: every pair measured here is what the run reads from the cache
+            check_positions(model[0], tokenizer_name, current, m, whole_split=not args.sample)
+        except ConfigError as e:
             warn(f"training refuses {named} {current:,}: {e}")
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest, model)

@@ -694,6 +694,22 @@ def test_a_length_that_leaves_nothing_to_learn_is_said_as_training_refuses_it(cl
     assert "training refuses" not in capsys.readouterr().err
 
 
+def test_a_length_past_the_models_positions_is_said_as_training_refuses_it(cli, tmp_path, tiny_model_dir, capsys):
+    """One pair of ~19,000 tokens, and --max_length 8192 past the built-in model's 4,096 positions: train_dpo.py
+    refuses it before the model loads (a rotary model would train on positions it never learned). The analyzer said
+    only that the token budget cannot hold 8,192, naming --max_tokens_per_microbatch 16384 to pass: followed, the run
+    was refused again, on the positions. Said now too, in the run's words; nothing where no pair reaches that far."""
+    rows = _messages_rows()
+    rows[3]["chosen"][-1]["content"] = "The quick brown fox jumps. " * 1000
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--num-proc", "1"]
+    assert cli.main([write_jsonl(tmp_path / "long.jsonl", rows), *smoke, "--max_length", "8192"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: training refuses --max_length 8,192: max_length 8,192 (the data's longest sequence is " in err
+    assert "reaches past the 4,096 positions" in err, err
+    assert cli.main([write_jsonl(tmp_path / "short.jsonl", _messages_rows()), *smoke, "--max_length", "8192"]) == 0
+    assert "positions" not in capsys.readouterr().err  # every pair measured, none that long: the run takes it
+
+
 def test_the_held_out_pairs_a_recipe_evaluates_on_are_counted_as_the_run_counts_them(
     cli, tmp_path, tiny_model_dir, capsys
 ):
