@@ -89,8 +89,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
-            options.check_weights(recipe.model.model_name_or_path)
-            return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
+            # Its checks first (a model folder without weights); the default sample, the recipe's seed, markdown only
+            return preflight.run(recipe, launch)
         push = hub.take_push_settings(recipe, launch.engine)
         # Before the ranks meet: a refusal written once, not by every rank (a dry run lists it); a reference-only job
         # starts no W&B run (output_checks skips its W&B checks too)

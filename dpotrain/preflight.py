@@ -19,7 +19,7 @@ from unittest import mock
 
 import numpy as np
 
-from dpotrain import output_folder, stages, train_stage
+from dpotrain import options, output_folder, stages, train_stage
 from dpotrain.cluster import engine, offline
 from dpotrain.data import mixture
 from dpotrain.data.pair_lengths import LABELS, pair_columns
@@ -360,6 +360,9 @@ def run(
     """The whole preflight on a recipe checked by `stages.checks` (`launch`: its value); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
+    # A model folder without weights: refused here, for scripts/preflight.py as for `train_dpo.py --preflight`; the
+    # script ended in transformers' OSError traceback at the model's load, after the whole data set was read
+    options.check_weights(recipe.model.model_name_or_path)
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     check_outputs(json_path, plot_path)
     inputs = writes.input_files(*(path for _, path in output_folder.reads(recipe)), recipe.config_path)

@@ -198,6 +198,30 @@ def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):
     assert "Loading weights" not in out + err and not (tmp_path / "never").exists()
 
 
+def test_a_model_folder_without_weights_is_refused_by_the_script_before_the_data_is_read(
+    tmp_path, tiny_model_dir, capfd
+):
+    """scripts/preflight.py on a model folder whose weights are not there yet (copied without model.safetensors):
+    `train_dpo.py --preflight` refused it in one line, the script read and checked the whole data set, then ended in
+    transformers' `OSError: Error no file named model.safetensors ...` traceback at the model's load."""
+    import importlib.util
+    import shutil
+
+    from dpotrain.recipe.errors import run_cli
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "model.safetensors").unlink()
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main(["--config", SMOKE, "--model_name_or_path", str(model), "--sample", "8"]))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 2 and f"model folder '{model}' holds a config.json but no weights" in err, err
+    assert "Traceback" not in err and "Reading train pairs" not in err  # before the data set is read
+
+
 @pytest.mark.slow
 def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
     """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
