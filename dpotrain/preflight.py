@@ -8,6 +8,7 @@ trainer), and says whether the gap, the lengths and the data predict such a run,
 `score` is the one place where the model runs; the rest is arithmetic on its output.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -375,20 +376,23 @@ def run(
             f"--seed {seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's)"
         )
     seed = recipe.training.seed if seed is None else seed
-    pairs = stages.load_data(recipe, launch, say=False)
-    if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
-        recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
-    if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
-        engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
-        path = stages.model_files(recipe, launch)
-        model_config = memory.model_config(recipe, path, local_only=launch.dry_run)[0]
-        lengths = stages.measure_lengths(recipe, launch, pairs, path, model_config)
-        recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
-    quality = data_quality(pairs)
-    sample = sample_rows(pairs.train, sample_size, seed)
-    loss_types = list(recipe.training.loss_type)
-    sources = mixture.parse(mixture.fields_of(recipe))  # the data set the report names: a mixture's sources
-    s = score(recipe, launch, sample)
+    # stdout is the report's alone (`> report.md`, "Markdown goes to stdout"): the stages' own lines (Forward:, Plan:,
+    # Cut at max_length, reference log-probs) go to stderr, as a dry run's do; they came first in the report's file
+    with contextlib.redirect_stdout(sys.stderr):
+        pairs = stages.load_data(recipe, launch, say=False)
+        if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
+            recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
+        if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
+            engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
+            path = stages.model_files(recipe, launch)
+            model_config = memory.model_config(recipe, path, local_only=launch.dry_run)[0]
+            lengths = stages.measure_lengths(recipe, launch, pairs, path, model_config)
+            recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
+        quality = data_quality(pairs)
+        sample = sample_rows(pairs.train, sample_size, seed)
+        loss_types = list(recipe.training.loss_type)
+        sources = mixture.parse(mixture.fields_of(recipe))  # the data set the report names: a mixture's sources
+        s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
     report["max_length"] = recipe.training.max_length
     report["setup"] = {

@@ -222,6 +222,25 @@ def test_a_model_folder_without_weights_is_refused_by_the_script_before_the_data
     assert "Traceback" not in err and "Reading train pairs" not in err  # before the data set is read
 
 
+def test_stdout_holds_the_report_alone(tmp_path, tiny_model_dir, capfd):
+    """`python scripts/preflight.py ... > report.md` ("Markdown goes to stdout"): the stages' own lines (`Forward:`,
+    `Plan:`, `Cut at max_length`, `reference log-probs`) came first in the file, before `# DPO preflight`. They go to
+    stderr, as a dry run's do."""
+    import importlib.util
+
+    from dpotrain.recipe.errors import run_cli
+
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--sample", "8"]))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 0, err[-3000:]
+    assert out.startswith("# DPO preflight\n"), out[:2000]
+    assert "Plan: " in err and "reference log-probs (train)" in err
+
+
 @pytest.mark.slow
 def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
     """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
