@@ -365,6 +365,9 @@ def run(
     # script ended in transformers' OSError traceback at the model's load, after the whole data set was read
     options.check_weights(recipe.model.model_name_or_path)
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
+    # Offline (HF_HUB_OFFLINE), a model or data set not cached: the run's line, naming the prefetch command (the
+    # preflight said the model folder needed its tokenizer files, or datasets' OfflineModeIsEnabled, naming no fix)
+    offline.check_offline_artifacts(recipe)
     check_outputs(json_path, plot_path)
     inputs = writes.input_files(*(path for _, path in output_folder.reads(recipe)), recipe.config_path)
     for flag, path in (("--json", json_path), ("--plot", plot_path)):

@@ -179,6 +179,10 @@ def write_rows(path, rows) -> str:
         (["--json", "gaps.png", "--plot", "gaps.png"], "--json and --plot name the same file 'gaps.png'"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
         (["--chat_template_path", "/nonexistent/t.jinja"], "chat_template_path '/nonexistent/t.jinja' does not exist"),
+        # Offline (HF_HUB_OFFLINE=1 here), not cached: the run's line with the prefetch command; it said the model
+        # folder needed its tokenizer files, and of a data set datasets' OfflineModeIsEnabled, naming no fix
+        (["--model_name_or_path", "org/uncached"], "model 'org/uncached' is not cached. On a login node with network"),
+        (["--dataset_name", "org/uncached-pairs"], "dataset 'org/uncached-pairs': not cached. On a login node with"),
     ],
 )
 def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):
