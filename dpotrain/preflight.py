@@ -132,7 +132,10 @@ def score(recipe, launch, sample) -> dict:
                 "do_eval": False,
                 "output_dir": tmp,
             },
-            project={"health_checks": False, "samples_every": 0},
+            # memory_check off: the memory plan is training's (one process's gradients and optimizer states: OLMo 3 7B
+            # on one H100, ~170 GiB), and it refused every model that trains only on several GPUs, naming sbatch
+            # commands; scoring loads the weights and runs forward passes alone, within the plan's activations
+            project={"health_checks": False, "samples_every": 0, "memory_check": False},
         )
         spec = stages.first_half(scoring, launch, pairs=stages.given_pairs(scoring, launch, sample))
         ready = train_stage.build_run(spec)  # the run's trainer, planned: the reference is scored as training would

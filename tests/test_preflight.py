@@ -245,6 +245,31 @@ def test_stdout_holds_the_report_alone(tmp_path, tiny_model_dir, capfd):
     assert "Plan: " in err and "reference log-probs (train)" in err
 
 
+@pytest.mark.slow  # ~15 s: a 134M-parameter model built, then scored on the CPU
+def test_a_model_that_trains_only_on_several_gpus_is_still_scored_on_one(tmp_path, tiny_model_dir, capfd):
+    """The preflight loads the weights and runs forward passes; the memory plan it made is training's (one process's
+    gradients and AdamW states), and its refusal ended the preflight of every model that trains only on several GPUs
+    (`python scripts/preflight.py --config configs/think.yaml` with OLMo 3 7B on an H100: ~170 GiB planned), advising
+    sbatch commands. Here bf16 on the CPU (`--use_cpu true`) stands for a GPU node, `--gpu_memory_gib 6` for its GPU:
+    training plans ~7.2 GiB (2.0 of model states), the weights are 0.5."""
+    import importlib.util
+
+    from conftest import tiny_model
+    from dpotrain.recipe.errors import run_cli
+
+    shape = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=8, head_dim=128)
+    model = tiny_model("olmo3", tmp_path / "model", tiny_model_dir, num_key_value_heads=8, **shape)
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    gpu = ["--bf16", "true", "--use_cpu", "true", "--gpu_memory_gib", "6"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main(["--config", SMOKE, "--model_name_or_path", model, "--sample", "8", *gpu]))
+    out, err = capfd.readouterr()
+    assert "memory plan" not in err and ended.value.code == 0, err[-3000:]
+    assert "8 pairs scored of 8 sampled" in out
+
+
 @pytest.mark.slow
 def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
     """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
