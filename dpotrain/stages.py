@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from dpotrain import options, output_folder, resolve
-from dpotrain.cluster import collectives, engine, offline, sequence_parallel
+from dpotrain.cluster import collectives, engine, offline, run_lock, sequence_parallel
 from dpotrain.data import (
     builtin,
     chat_template,
@@ -202,6 +202,11 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         check(output_folder.check, training.output_dir, not launch.dry_run)
         # A dry run goes on past a refusal, but reads nothing inside a folder refused (a file: NotADirectoryError)
         folder_refused = len(refusals) > listed
+        if launch.dry_run and not folder_refused:
+            # A live run's folder: planned as the run will find it once that run ends, and its refusal listed. Unlisted,
+            # the dry run said "the run resumes from checkpoint-N", and a job's dry run let every node start its
+            # processes, to be refused by the lock there
+            check(run_lock.check_free, Path(training.output_dir))
     if not uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
     check(options.check_modules_cache, recipe)  # before the first half loads the model's config (its own code)

@@ -1154,6 +1154,39 @@ def test_the_summary_says_when_checkpoints_are_written_and_where_none_comes_befo
     )
 
 
+def test_a_dry_run_of_a_folder_a_live_run_holds_lists_the_runs_refusal(tmp_path, capsys):
+    """A dry run of a live run's folder said "the run starts there" (or resumes from its checkpoint) and nothing more,
+    and a job's dry run passed: every node started its processes, each refused by the lock. It still plans the run as
+    it will find the folder, and lists the refusal; with --json, the record launch.sh ends such a job on."""
+    from dpotrain.cluster import run_lock
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            "import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; "
+            "assert run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        text = dry_run(capsys, *SMOKE, "--output_dir", str(out))
+        printed = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--json")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"warning: the run would refuse: output_dir '{out}' is in use by another run (host " in text, text
+    assert field(text, "steps") == "48 optimizer steps (1 epoch), 5 of warmup"  # planned all the same
+    refusals = json.loads(printed[printed.index("{\n") :])["derived"]["would_refuse"]
+    assert len(refusals) == 1 and "is in use by another run" in refusals[0]
+    assert sorted(p.name for p in out.iterdir()) == [run_lock.LOCK_FILE]  # the dry run wrote nothing there
+
+
 def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_path, capsys):
     """`lora_target_parameters` given beside `lora_target_modules` (PEFT adapts both: an MoE's attention and experts)
     were left out of the summary, which named the modules alone."""

@@ -207,13 +207,35 @@ def test_a_job_a_health_guard_stopped_ends_with_the_runs_code_and_says_the_same_
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_whose_training_processes_refuse_to_go_on_points_at_the_error_line_not_a_traceback(slurm, tmp_path):
-    """A refusal once the training processes have started (here the output folder's lock, held by a live process on
-    the node: the job's dry run plans beside a live run, the run itself is refused): each rank ends on one `error:`
-    line and exit 2, which accelerate makes 1, and the log's last line said "training failed with exit code 1 ... its
-    traceback is above that": there is none, and the line to read is the `error:` one. It now says so."""
+    """A refusal once the training processes have started (here W&B's server not answering, which the run asks and a
+    dry run does not; the output folder's lock, used before, the job's dry run now refuses): each rank ends on one
+    `error:` line and exit 2, which accelerate makes 1, and the log's last line said "training failed with exit code 1
+    ... its traceback is above that": there is none, and the line to read is the `error:` one. It now says so."""
+    log, out = tmp_path / "refused.out", tmp_path / "run"
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    args = ["--max_steps", "2", "--report_to", "wandb", "--output_dir", str(out)]
+    # A key (the dry run's check) and a W&B server that refuses the connection (the run's, once its processes start)
+    wandb = {"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": "online"}
+    job = slurm.sbatch([*sbatch, f"--output={log}", SCRIPT, *args], cwd=tmp_path, env={**README_ENV, **wandb})
+    assert slurm.wait(job, timeout=300) == "FAILED", slurm.job_info(job)
+    text = log.read_text()
+    assert re.search(r"^error: report_to wandb, and W&B does not answer here", text, re.M), text[-3000:]
+    assert "launch: " in text  # refused by the training processes, not by the job's dry run
+    last = text.strip().splitlines()[-1]
+    assert "refused to go on" in last and "its 'error:' line above says why and what to do" in last, last
+    assert "traceback" not in last, last
+    assert not list((ROOT / "logs").glob(f".stop-{job}*"))  # launch.sh's own marker read and removed
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_on_a_folder_a_live_run_holds_ends_at_its_dry_run_before_the_launch(slurm, tmp_path):
+    """A second job on the output folder of a live run: its dry run listed nothing (it said the run starts or resumes
+    there), so every node started its training processes, each to be refused by the lock. The dry run lists the live
+    run's lock now, and the job ends on that line, exit 2, before anything is launched."""
     from dpotrain.cluster import run_lock
 
-    log, out = tmp_path / "refused.out", tmp_path / "run"
+    log, out = tmp_path / "held.out", tmp_path / "run"
     sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
     args = ["--max_steps", "2", "--report_to", "none", "--output_dir", str(out)]
     assert run_lock.acquire(out) is None  # another run, live on this node
@@ -226,10 +248,7 @@ def test_a_job_whose_training_processes_refuse_to_go_on_points_at_the_error_line
     assert re.search(rf"^error: output_dir .*{re.escape(str(out))}.* is in use by another run", text, re.M), text[
         -3000:
     ]
-    last = text.strip().splitlines()[-1]
-    assert "refused to go on" in last and "its 'error:' line above says why and what to do" in last, last
-    assert "traceback" not in last, last
-    assert not list((ROOT / "logs").glob(f".stop-{job}*"))  # launch.sh's own marker read and removed
+    assert "launch: " not in text and slurm.job_info(job)["ExitCode"] == "2:0", text[-3000:]
 
 
 def early_stopped_job(slurm, folder: Path, *options: str, env=None) -> tuple[int, Path]:
