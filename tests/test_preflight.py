@@ -183,6 +183,8 @@ def write_rows(path, rows) -> str:
         # folder needed its tokenizer files, and of a data set datasets' OfflineModeIsEnabled, naming no fix
         (["--model_name_or_path", "org/uncached"], "model 'org/uncached' is not cached. On a login node with network"),
         (["--dataset_name", "org/uncached-pairs"], "dataset 'org/uncached-pairs': not cached. On a login node with"),
+        # The model loaded and the sample scored for a command that also asked to load nothing (exit 0)
+        (["--dry-run"], "--dry-run with the preflight: a dry run loads nothing"),
     ],
 )
 def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):
@@ -268,6 +270,20 @@ def test_a_model_that_trains_only_on_several_gpus_is_still_scored_on_one(tmp_pat
     out, err = capfd.readouterr()
     assert "memory plan" not in err and ended.value.code == 0, err[-3000:]
     assert "8 pairs scored of 8 sampled" in out
+
+
+def test_train_dpo_given_dry_run_and_preflight_refuses_before_anything_loads(tmp_path, capfd):
+    """`train_dpo.py --dry-run --preflight`: the preflight ran in the dry run's place, on its planned launch, loaded
+    the model and scored the sample (bf16 on a CPU where the recipe asked for it), its report on stderr, exit 0."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    argv = ["--config", SMOKE, "--output_dir", str(tmp_path / "never"), "--dry-run", "--preflight"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 2 and "error: --dry-run with the preflight" in err, err[-3000:]
+    assert "Checking duplicate pairs" not in err and "# DPO preflight" not in out + err
 
 
 @pytest.mark.slow
