@@ -201,7 +201,10 @@ def steps_text(r: Record) -> str:
 
 def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) -> None:
     """Where the run writes: its folder, the Hub, the caches outside its folder, the dry run's own record."""
-    if r.output.folder:  # a dry run: what the run would do with its folder
+    if r.settings.reference_only:  # no run's folder: it said "the run starts there", of a finished run's too
+        folder = r.settings.output_dir
+        row("output", f"nothing in {folder}: --reference_only scores and caches the reference log-probs, then exits")
+    elif r.output.folder:  # a dry run: what the run would do with its folder
         row("output", r.output.folder)
     if r.settings.push_to_hub:
         row("push", push_text(r.settings))

@@ -1187,6 +1187,21 @@ def test_a_dry_run_of_a_folder_a_live_run_holds_lists_the_runs_refusal(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == [run_lock.LOCK_FILE]  # the dry run wrote nothing there
 
 
+def test_a_reference_only_dry_run_says_nothing_is_written_in_the_output_folder(tmp_path, capsys):
+    """`--reference_only true` scores the reference into the cache and exits; it writes nothing in output_dir (a
+    finished run's folder stays as it is). Its dry run said "<out>: the run starts there", of a finished run too."""
+    from dpotrain.hub.hub import RUN_COMPLETE
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"  # a finished run's folder
+    run_files.write(out, [run_files.MANIFEST, RUN_COMPLETE])
+    (out / RUN_COMPLETE).write_text(json.dumps({"global_step": 48}))
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--reference_only", "true")
+    said = f"nothing in {out}: --reference_only scores and caches the reference log-probs, then exits"
+    assert field(text, "output") == said, text
+    assert "would refuse" not in text
+
+
 def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_path, capsys):
     """`lora_target_parameters` given beside `lora_target_modules` (PEFT adapts both: an MoE's attention and experts)
     were left out of the summary, which named the modules alone."""
