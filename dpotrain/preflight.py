@@ -372,8 +372,8 @@ def run(
         # to load nothing
         raise ConfigError(
             "--dry-run with the preflight: a dry run loads nothing, and the preflight loads the model to score a "
-            "sample: drop --dry-run (or --dry_run false) to run the preflight, or run train_dpo.py --dry-run without "
-            "--preflight for the dry run alone"
+            "sample: drop --dry-run (or pass --dry_run false) to run the preflight, or run train_dpo.py --dry-run "
+            "--preflight false for the dry run alone"
         )
     options.check_weights(recipe.model.model_name_or_path)
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
