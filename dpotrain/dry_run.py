@@ -64,10 +64,13 @@ def report(
         # folder refused for a flag (other settings, --overwrite_output_dir) is where the run goes once it is given.
         refused = (record.output.folder or "").endswith(run_record.REFUSED_FOLDER)
         parent = Path(os.path.abspath(output_dir)).parent
-        nowhere = output_folder.no_runs_folder(output_dir) or missing_top(output_dir) or unwritable(parent)
+        blocked = unwritable(parent)
+        nowhere = output_folder.no_runs_folder(output_dir) or missing_top(output_dir) or blocked
         # Nor beside the Slurm job's own folder, unknown before the job: it was beside the folder as written, named
-        # after no job (`runs/$SLURM_JOB_ID.dry-run.json`)
-        written = None if refused and nowhere or is_job_folder(record) else write_json(resolved, output_dir)
+        # after no job (`runs/$SLURM_JOB_ID.dry-run.json`). Nor where only the run's own folder can be written in (a
+        # read-only parent, a folder made for the user in it): the dry run was refused there, the run is not
+        skip = refused and nowhere or is_job_folder(record) or blocked
+        written = None if skip else write_json(resolved, output_dir)
         text = summary(record, written, warnings=warnings, caches=caches)
     print(text, file=stdout or sys.stdout, flush=True)
 
@@ -216,6 +219,9 @@ def _written_rows(r: Record, caches: str | None, json_file: Path | None, row) ->
         row("everything", "not written beside a folder the run refuses (--json prints it)")
     elif is_job_folder(r):
         row("everything", "not written, the job's folder being unknown before the job (--json prints it)")
+    elif r.output.folder:  # a dry run's, beside a folder the run may write in, where nothing else can be (`report`)
+        parent = Path(os.path.abspath(r.settings.output_dir)).parent
+        row("everything", f"not written: {parent} cannot be written in, only the run's folder (--json prints it)")
 
 
 def is_job_folder(r: Record) -> bool:

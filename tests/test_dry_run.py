@@ -1202,6 +1202,33 @@ def test_a_reference_only_dry_run_says_nothing_is_written_in_the_output_folder(t
     assert "would refuse" not in text
 
 
+def test_a_run_folder_writable_in_a_read_only_parent_is_planned_not_refused(tmp_path):
+    """A folder made for the user on a mount they may not write in (`/projects` read-only, `/projects/run` a writable
+    mount or a folder of theirs): the run trains there, and its dry run ended in `error: ... cannot write the dry run's
+    record beside it in /projects (Read-only file system): pass --output_dir a folder this job can write in` (exit 2).
+    It plans the run and says where the record could not go; --json prints it."""
+    import ctypes
+
+    parent = tmp_path / "projects"
+    out = parent / "run"
+    out.mkdir(parents=True)
+    argv = [*SMOKE, "--output_dir", str(out), "--dry-run"]
+
+    def dry_run_there():
+        from dpotrain.recipe.errors import run_cli
+
+        libc = ctypes.CDLL(None, use_errno=True)  # the run's folder a writable mount inside the read-only parent
+        assert libc.mount(b"tmpfs", os.fsencode(out), b"tmpfs", 0, b"size=1m") == 0
+        run_cli(lambda: train_dpo.main(argv))
+
+    code, printed, err = in_child(dry_run_there, read_only=[parent])
+    assert code == 0, err[-2000:]
+    assert field(printed, "output") == f"{out}: the run starts there"
+    said = f"not written: {parent} cannot be written in, only the run's folder (--json prints it)"
+    assert field(printed, "everything") == said
+    assert not list(parent.iterdir())[1:]  # the run's folder alone
+
+
 def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_path, capsys):
     """`lora_target_parameters` given beside `lora_target_modules` (PEFT adapts both: an MoE's attention and experts)
     were left out of the summary, which named the modules alone."""
