@@ -34,7 +34,7 @@ with venv.loading_libraries():
     from dpotrain.plan import memory
     from dpotrain.recipe import hub_switches, launcher, writes
     from dpotrain.recipe.config import dry_run_asked, parse_args
-    from dpotrain.recipe.errors import run_command
+    from dpotrain.recipe.errors import ConfigError, RunError, run_command
     from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 
@@ -102,7 +102,14 @@ def run(argv, stop: GracefulStop) -> int | None:
             offline.agree_on_hub(recipe)
         output, push = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
         if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
-            resolved = stages.first_half(recipe, launch, output=output, push=push)
+            try:
+                resolved = stages.first_half(recipe, launch, output=output, push=push)
+            except (ConfigError, RunError):
+                # What it listed already (a finished run's folder, a login missing), which the run refuses before it
+                # reads the data: it was lost behind this refusal, and the run's first line went unsaid
+                for refusal in output.would_refuse:
+                    print(f"warning: the run would refuse: {refusal}", flush=True)
+                raise
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))
             warnings = resolved.lengths.warnings  # for the summary, not decisions the record keeps

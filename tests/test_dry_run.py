@@ -1229,6 +1229,30 @@ def test_a_run_folder_writable_in_a_read_only_parent_is_planned_not_refused(tmp_
     assert not list(parent.iterdir())[1:]  # the run's folder alone
 
 
+def test_a_dry_run_ended_by_a_bad_row_still_says_what_it_had_listed(tmp_path, capsys):
+    """A finished run's folder (listed: the run refuses it before it reads the data) and a bad row (a refusal that ends
+    the dry run): the dry run ended on the row alone, and the run's own first line, the folder's, went unsaid."""
+    from dpotrain.hub.hub import RUN_COMPLETE
+    from dpotrain.recipe.errors import run_cli
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"  # a finished run's folder
+    run_files.write(out, [run_files.MANIFEST, RUN_COMPLETE])
+    (out / RUN_COMPLETE).write_text(json.dumps({"global_step": 48}))
+    rows = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:16]
+    same = json.loads(rows[0])
+    rows.append(json.dumps({**same, "rejected": same["chosen"]}))  # chosen identical to rejected: refused
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    argv = [*SMOKE, "--output_dir", str(out), "--dataset_name", str(data), "--dry-run"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "error: row 16" in err, err[-2000:]
+    said = f"warning: the run would refuse: output_dir '{out}' already holds a finished run"
+    assert said in err and err.index(said) < err.index("error: row 16"), err[-2000:]
+
+
 def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_path, capsys):
     """`lora_target_parameters` given beside `lora_target_modules` (PEFT adapts both: an MoE's attention and experts)
     were left out of the summary, which named the modules alone."""
