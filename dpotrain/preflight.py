@@ -364,8 +364,6 @@ def run(
     """The whole preflight on a recipe checked by `stages.checks` (`launch`: its value); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
-    # A model folder without weights: refused here, for scripts/preflight.py as for `train_dpo.py --preflight`; the
-    # script ended in transformers' OSError traceback at the model's load, after the whole data set was read
     if recipe.project.dry_run:
         # `--dry-run --preflight` (or a recipe's dry_run: true): the preflight loaded the model and scored the sample,
         # on the dry run's planned launch and bf16 on a CPU, its report on stderr, exit 0, for a command that promised
@@ -375,6 +373,8 @@ def run(
             "sample: drop --dry-run (or pass --dry_run false) to run the preflight, or run train_dpo.py --dry-run "
             "--preflight false for the dry run alone"
         )
+    # A model folder without weights: refused here, for scripts/preflight.py as for `train_dpo.py --preflight`; the
+    # script ended in transformers' OSError traceback at the model's load, after the whole data set was read
     options.check_weights(recipe.model.model_name_or_path)
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     # Offline (HF_HUB_OFFLINE), a model or data set not cached: the run's line, naming the prefetch command (the
