@@ -34,7 +34,7 @@ with venv.loading_libraries():
     from dpotrain.plan import memory
     from dpotrain.recipe import hub_switches, launcher, writes
     from dpotrain.recipe.config import dry_run_asked, parse_args
-    from dpotrain.recipe.errors import ConfigError, RunError, run_command
+    from dpotrain.recipe.errors import ConfigError, RunError, run_command, warn
     from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
 
@@ -108,7 +108,7 @@ def run(argv, stop: GracefulStop) -> int | None:
                 # What it listed already (a finished run's folder, a login missing), which the run refuses before it
                 # reads the data: it was lost behind this refusal, and the run's first line went unsaid
                 for refusal in output.would_refuse:
-                    print(f"warning: the run would refuse: {refusal}", flush=True)
+                    warn(f"the run would refuse: {refusal}")
                 raise
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))
