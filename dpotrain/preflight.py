@@ -358,6 +358,17 @@ def gaps(s: dict, max_length: int | None):
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 
 
+def in_one_process(recipe):
+    """The recipe the preflight scores: in its one process, each pair whole. A recipe's sequence_parallel_size N > 1
+    (each pair split over a group of N processes) did not divide that one process, so `PREFLIGHT=1` ended the job
+    before training; scoring is forward passes alone, without gradients or optimizer states."""
+    n = recipe.project.sequence_parallel_size
+    if n <= 1:
+        return recipe  # 1, or a value the run's own checks refuse
+    print(f"Preflight: scoring in one process, each pair whole (the run splits it over {n})", file=sys.stderr)
+    return config.replaced(recipe, project={"sequence_parallel_size": 1})
+
+
 def run(
     recipe, launch, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
 ) -> int:

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available() and not any(a.split("=")[0] in ("--bf16",) for a in rest):
         rest += ["--bf16", "false"]  # scoring on CPU: fp32 (the recipes' bf16 needs a GPU)
-    recipe = parse_args(rest)
+    recipe = preflight.in_one_process(parse_args(rest))
     launch = stages.checks(recipe)  # what the run refuses from the recipe alone, the run's own checks
     return preflight.run(recipe, launch, own.sample, own.seed, own.json, own.plot)
 

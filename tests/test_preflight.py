@@ -247,6 +247,26 @@ def test_stdout_holds_the_report_alone(tmp_path, tiny_model_dir, capfd):
     assert "Plan: " in err and "reference log-probs (train)" in err
 
 
+def test_a_recipe_that_splits_pairs_over_a_group_is_scored_whole_in_one_process(tmp_path, tiny_model_dir, capfd):
+    """`PREFLIGHT=1 sbatch scripts/dpo_train.sh --sequence_parallel_size 2` (a long-trace recipe): the preflight, one
+    process, was refused with "sequence_parallel_size 2 does not divide the 1 process", which ended the job before
+    training. It scores each pair whole in its one process."""
+    import importlib.util
+
+    from dpotrain.recipe.errors import run_cli
+
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--sample", "8", "--sequence_parallel_size", "2"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: script.main(argv))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 0, err[-3000:]
+    assert "Preflight: scoring in one process, each pair whole (the run splits it over 2)" in err
+    assert "8 pairs scored of 8 sampled" in out
+
+
 @pytest.mark.slow  # ~15 s: a 134M-parameter model built, then scored on the CPU
 def test_a_model_that_trains_only_on_several_gpus_is_still_scored_on_one(tmp_path, tiny_model_dir, capfd):
     """The preflight loads the weights and runs forward passes; the memory plan it made is training's (one process's
