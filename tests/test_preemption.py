@@ -167,6 +167,36 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 
 
 @pytest.mark.slow
+def test_a_stop_at_a_step_not_logged_records_it_and_counts_the_tokens_of_an_uninterrupted_run(
+    tmp_path, tiny_model_dir, pairs
+):
+    """The demo logs every 2 steps; a stop's checkpoint is at any step. Stopped at step 3, the resume counted num_tokens
+    on from step 2's record and logged step 3 nowhere: every record after it 1,657 tokens short, step 3's loss lost."""
+    at = ARGS.index("--logging_steps")
+    args = [*ARGS[:at], "--logging_steps", "2", *ARGS[at + 2 :]]
+    whole = start(tmp_path / "whole", tiny_model_dir, pairs, args=args)
+    assert whole.wait(timeout=300) == 0, whole.stdout.read()[-3000:]
+    stop_file, out, paused = tmp_path / "stop", tmp_path / "run", tmp_path / "paused"
+    # Paused before step 2's record (metrics.jsonl read at the start, then steps 1 and 2): a stop asked there is taken
+    # at the end of step 3, a step logging_steps 2 does not log
+    env = pause_env("", "*/metrics.jsonl", paused, count=3) | {"DPOTRAIN_STOP_FILE": str(stop_file)}
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, args=args)
+    pid = paused_pid(paused, proc)
+    stop_file.touch()
+    os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT and (out / "checkpoint-3" / "COMPLETE").is_file(), log[-3000:]
+    stop_file.unlink()
+    rerun = start(out, tiny_model_dir, pairs, args=args)
+    assert rerun.wait(timeout=300) == 0, rerun.stdout.read()[-3000:]
+    history = read_metrics(out)
+    # step 3, the checkpoint's, logged before the stop
+    assert [r["step"] for r in history] == [1, 2, 3, 4, 6, 8, 10, 12]
+    uninterrupted = read_metrics(tmp_path / "whole")
+    assert history[-1]["num_tokens"] == uninterrupted[-1]["num_tokens"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "pause", "stopped"),
     [

@@ -52,6 +52,10 @@ class MetricsRecorder(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the last step is always recorded, whatever logging_steps says
             control.should_log = True
+        log_saved_step(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        log_saved_step(control)  # save_strategy epoch: the epoch's last step, saved after this
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not ({"loss", "eval_loss"} & set(logs)):  # every rank logs these, the main process writes
@@ -72,6 +76,14 @@ class MetricsRecorder(TrainerCallback):
         if self._resumed_from is not None:
             record["resumed_from"], self._resumed_from = self._resumed_from, None
         run_records.append(path, [record])  # whole, or not at all
+
+
+def log_saved_step(control) -> None:
+    """A step saved as a checkpoint is logged too: a resume counts `num_tokens` on from the checkpoint's last record,
+    and the steps since it (a save_steps not a multiple of logging_steps; a stop's checkpoint, at any step) were in no
+    record: the demo (logging_steps 2) stopped at step 3 logged step 3's loss nowhere and ended 1,657 tokens short."""
+    if control.should_save:
+        control.should_log = True
 
 
 def keep_before(path: Path, step: int) -> None:

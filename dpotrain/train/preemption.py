@@ -412,6 +412,7 @@ class GracefulStop(TrainerCallback):
         if asked:  # every rank stops at this step
             self.stopped = True
             control.should_save = True
+            control.should_log = True  # as every saved step is (metrics.log_saved_step): a resume counts on from it
             control.should_training_stop = True
         # The last step has ended: no step is left to stop at, from its own checkpoint's save on (on_train_end comes
         # after that save, which a Ctrl-C was told would be followed by a stop, while the run went on to its end).
