@@ -292,6 +292,28 @@ def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_mod
         assert json.loads(again["train/epoch"]) == json.loads(was["train/epoch"])
 
 
+@pytest.mark.slow
+def test_a_resume_from_a_best_checkpoint_at_a_step_not_logged_counts_every_token(tmp_path, tiny_model_dir):
+    """save_strategy best saves at an evaluation, after transformers' log: at step 3 of a run logging every 2 steps, a
+    step in no record. Resumed from it, num_tokens counted on from step 2's record, step 3's tokens lost for good."""
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[200:216]))
+    args = [
+        *("--dataset_name", first_pairs(tmp_path, 6), "--max_steps", "6", "--logging_steps", "2"),
+        *("--eval_strategy", "steps", "--eval_steps", "3", "--dataset_mixer_eval_list", str(held), "16"),
+        *("--save_strategy", "best", "--metric_for_best_model", "eval_loss"),
+    ]
+    out, _ = train(tmp_path, tiny_model_dir, *args)
+    tokens = [(r["step"], r["num_tokens"]) for r in read_metrics(out) if "loss" in r]
+    assert (out / "checkpoint-3" / "COMPLETE").is_file() and tokens[-1][0] == 6
+    # An unfinished run whose newest checkpoint is step 3's
+    (out / "run_complete.json").unlink()
+    shutil.rmtree(out / "checkpoint-6", ignore_errors=True)  # saved where step 6 evaluated better
+    _, stdout = train(tmp_path, tiny_model_dir, *args)
+    assert "checkpoint-3" in stdout and "Resuming from" in stdout
+    assert [(r["step"], r["num_tokens"]) for r in read_metrics(out) if "loss" in r] == tokens
+
+
 @pytest.mark.parametrize("targets", [["q_proj", "embed_tokens"], ["q_proj", "lm_head"], ["q_proj"]])
 def test_a_merged_adapter_on_tied_embeddings_computes_what_the_adapter_does(targets, tmp_path):
     """A model whose output layer shares the input embedding's weight (tie_word_embeddings: Qwen2.5 0.5B, Llama 3.2 1B,

@@ -55,7 +55,7 @@ class MetricsRecorder(TrainerCallback):
         log_saved_step(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        log_saved_step(control)  # save_strategy epoch: the epoch's last step, saved after this
+        log_saved_step(control)  # save_strategy or eval_strategy epoch: the epoch's last step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not ({"loss", "eval_loss"} & set(logs)):  # every rank logs these, the main process writes
@@ -81,8 +81,10 @@ class MetricsRecorder(TrainerCallback):
 def log_saved_step(control) -> None:
     """A step saved as a checkpoint is logged too: a resume counts `num_tokens` on from the checkpoint's last record,
     and the steps since it (a save_steps not a multiple of logging_steps; a stop's checkpoint, at any step) were in no
-    record: the demo (logging_steps 2) stopped at step 3 logged step 3's loss nowhere and ended 1,657 tokens short."""
-    if control.should_save:
+    record: the demo (logging_steps 2) stopped at step 3 logged step 3's loss nowhere and ended 1,657 tokens short.
+    So is a step that evaluates: its save is decided after the evaluation (save_strategy best; a stop asked during
+    it), past the point where transformers logs."""
+    if control.should_save or control.should_evaluate:
         control.should_log = True
 
 
