@@ -843,6 +843,9 @@ def test_a_dry_run_outside_a_job_leaves_the_jobs_slurm_variables_to_the_job(tmp_
         *("HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"),
         *("HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY"),
         *("HF_DATASETS_IN_MEMORY_MAX_SIZE", "HF_XET_HIGH_PERFORMANCE", "TRANSFORMERS_VERBOSITY"),
+        # huggingface_hub's login file and its caches' base folders: `HF_TOKEN_PATH` set here left the run saying "no
+        # Hugging Face token was found" beside the file; `XDG_CACHE_HOME` moved datasets' cache but not the models'
+        *("HF_TOKEN_PATH", "XDG_CACHE_HOME", "HF_ASSETS_CACHE"),
     ],
 )
 def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, monkeypatch):

@@ -554,6 +554,10 @@ def _env_shown(name: str, written: str) -> str:
 # recipe's `env:`. Their *_OFFLINE switches are handed over (hub_switches.py); HF_TOKEN and others are read when used.
 READ_AT_IMPORT = ("HF_HOME", "HF_ENDPOINT", "HF_XET_CACHE", "HF_XET_HIGH_PERFORMANCE", "HF_MODULES_CACHE", "HF_DEBUG")
 READ_AT_IMPORT += ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_CO_STAGING")
+# huggingface_hub's too: the saved login's file (set late, the run found "no token" beside it, or another account's) and
+# the folders its caches default to (XDG_CACHE_HOME set late moved datasets' cache, which is imported after the block,
+# but not the models': a 7B download filled the home quota it was set to avoid)
+READ_AT_IMPORT += ("HF_TOKEN_PATH", "XDG_CACHE_HOME", "HF_ASSETS_CACHE", "HUGGINGFACE_ASSETS_CACHE")
 
 
 def _check_env_cache_folder(path: str, name: str, value: str) -> None:
