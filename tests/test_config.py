@@ -961,6 +961,25 @@ def test_a_number_with_an_exponent_and_no_decimal_point_is_a_number_inside_a_map
         mixture.parse(mixture.fields_of(parse_args(["--config", path])))
 
 
+def test_a_number_with_a_decimal_point_and_an_unsigned_exponent_is_a_number_inside_a_mapping_too(tmp_path):
+    """PyYAML (YAML 1.1) reads `1.0e6` as text too: its exponent has no sign (YAML 1.2, JSON and Python write it so).
+    Inside a mapping it stayed text: `model_init_kwargs: {rope_parameters: {full_attention: {rope_theta: 1.0e6}}}` was
+    recorded as "1.0e6" and ended the run in a traceback once the model loaded ("unsupported operand type(s) for ** or
+    pow(): 'str' and 'Tensor'"). A field's own value keeps its text; a mixture's `amount: 1.5e3` is still refused."""
+    rope = "{rope_type: default, rope_theta: 1.0e6}"
+    path = write(
+        tmp_path,
+        f"bf16: false\nmodel_init_kwargs:\n  rope_parameters: {{full_attention: {rope}}}\nrun_name: 1.0e6\n",
+    )
+    recipe = parse_args(["--config", path])
+    theta = recipe.training.model_init_kwargs["rope_parameters"]["full_attention"]["rope_theta"]
+    assert theta == 1e6 and isinstance(theta, float)
+    assert recipe.training.run_name == "1.0e6"  # text, as written
+    path = write(tmp_path, "bf16: false\ndatasets:\n  - path: data/smoke_prefs.jsonl\n    amount: 1.5e3\n")
+    with pytest.raises(ConfigError, match=r"amount '1.5e3': write a fraction of the source with a decimal point"):
+        mixture.parse(mixture.fields_of(parse_args(["--config", path])))
+
+
 @pytest.mark.parametrize("value", ["-5", "0"])
 def test_a_gpu_memory_that_is_no_memory_is_refused_at_parse(value, tmp_path):
     """`--gpu_memory_gib -5` was taken by the dry run and the analyzer ("GPUs of -5.0 GiB") until the memory plan

@@ -591,9 +591,10 @@ def _as_flags(config: dict) -> list[str]:
 
 
 def _amount_text(value):
-    """A recipe's amount: its text where the number was written without a decimal point in an exponent (`1e3`)."""
+    """A recipe's amount: its text where the number was written with an exponent that YAML 1.1 read as text, without a
+    decimal point (`1e3`) or a sign (`1.5e3`): mixture.py refuses it, where a number would be a count or a fraction."""
     text = recipe_file.written(value)
-    return text if isinstance(value, float) and "." not in text else value
+    return text if isinstance(value, float) and ("." not in text or re.search(r"[eE]\d", text)) else value
 
 
 # transformers 5's deprecated names, renamed first so the last value wins (an old one is read only if the new is unset)

@@ -69,11 +69,14 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-# YAML 1.2's floats without a decimal point (`1e-7`, `5E+3`), which YAML 1.1 reads as text: a field's own value became
-# its float anyway (argparse types the word), but one inside a mapping stayed text (`lr_scheduler_kwargs: {min_lr:
-# 1e-7}` failed in the scheduler's arithmetic). Quoted, a value stays text.
+# YAML 1.2's floats that YAML 1.1 reads as text: without a decimal point (`1e-7`, `5E+3`), or with one and an exponent
+# without a sign (`1.0e6`, as JSON and Python write it). A field's own value became its float anyway (argparse types
+# the word), but one inside a mapping stayed text: `lr_scheduler_kwargs: {min_lr: 1e-7}` failed in the scheduler's
+# arithmetic, `model_init_kwargs`' `rope_theta: 1.0e6` in a traceback once the model loaded. Quoted, a value stays text.
 _StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
 )
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _number(WrittenInt, yaml.SafeLoader.construct_yaml_int))
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, yaml.SafeLoader.construct_yaml_float))
