@@ -980,6 +980,17 @@ def test_a_number_with_a_decimal_point_and_an_unsigned_exponent_is_a_number_insi
         mixture.parse(mixture.fields_of(parse_args(["--config", path])))
 
 
+def test_a_date_in_a_recipe_is_the_text_written(tmp_path):
+    """YAML 1.1 reads an unquoted date as a `datetime.date`: inside a mapping (a mixture entry's configuration `name:
+    2024-01-01`) the recipe's JSON words could not hold it, a TypeError traceback at parse; a field's own time was
+    Python's spelling of it (`run_name: 2024-01-01T10:00:00Z` trained into `outputs/2024-01-01 10:00:00+00:00`)."""
+    text = "bf16: false\ndatasets:\n  - path: org/prefs\n    name: 2024-01-01\n    amount: 0.5\n"
+    recipe = parse_args(["--config", write(tmp_path, text + "run_name: 2024-01-01T10:00:00Z\n")])
+    assert json.loads(recipe.project.datasets[0])["name"] == "2024-01-01"
+    assert recipe.training.run_name == "2024-01-01T10:00:00Z"
+    assert recipe.training.output_dir == "outputs/2024-01-01T10:00:00Z"
+
+
 @pytest.mark.parametrize("value", ["-5", "0"])
 def test_a_gpu_memory_that_is_no_memory_is_refused_at_parse(value, tmp_path):
     """`--gpu_memory_gib -5` was taken by the dry run and the analyzer ("GPUs of -5.0 GiB") until the memory plan

@@ -78,6 +78,10 @@ _StrictLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"),
 )
+# A date or time is read as the text written, as no field takes a date: inside a mapping (a mixture entry's `revision:
+# 2024-01-01`, a tag named by its day) it was a `datetime.date` that the recipe's JSON words could not hold, a TypeError
+# traceback; a field's own (`run_name: 2024-01-01T10:00:00Z`) was Python's spelling of it, "2024-01-01 10:00:00+00:00".
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_scalar)
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _number(WrittenInt, yaml.SafeLoader.construct_yaml_int))
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, yaml.SafeLoader.construct_yaml_float))
 
