@@ -865,6 +865,19 @@ def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, 
     parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}:\n")])  # sets nothing: nothing to refuse
 
 
+def test_a_yes_no_on_or_off_in_the_recipes_env_block_is_set_as_written(tmp_path, monkeypatch):
+    """YAML 1.1 reads an unquoted on/off/yes/no as a boolean, which the block set as Python's word: W&B's documented
+    `WANDB_CONSOLE: off` was set to 'False', which wandb refuses ("WANDB_CONSOLE 'False' is not a value W&B takes"),
+    naming a value the recipe never held. A variable is text: the word written is set."""
+    for name in ("WANDB_CONSOLE", "DPOTRAIN_TEST_FLAG", "DPOTRAIN_TEST_OTHER"):
+        monkeypatch.delenv(name, raising=False)
+    text = "bf16: false\nenv:\n  WANDB_CONSOLE: off\n  DPOTRAIN_TEST_FLAG: Yes\n  DPOTRAIN_TEST_OTHER: true\n"
+    with environment():
+        parse_args(["--config", write(tmp_path, text)])
+        assert os.environ["WANDB_CONSOLE"] == "off"
+        assert os.environ["DPOTRAIN_TEST_FLAG"] == "Yes" and os.environ["DPOTRAIN_TEST_OTHER"] == "true"
+
+
 def test_what_the_libraries_read_when_used_is_taken_from_the_recipes_env_block(tmp_path, monkeypatch):
     """Not every Hugging Face variable is refused in `env:`: the token and transformers' call-time switches work."""
     names = ("HF_TOKEN", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "HF_MLFLOW_LOG_ARTIFACTS")

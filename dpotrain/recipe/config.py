@@ -451,6 +451,8 @@ def read_recipe(path: str, planning: bool = False) -> dict:
             JOB_STAND_IN if planning and not os.environ.get("SLURM_JOB_ID") else None,
             recipe_file.written(value),
         )
+        if isinstance(value, bool):  # YAML's yes/no/on/off, set as written: `WANDB_CONSOLE: off` was set to 'False'
+            written = recipe_file.boolean_word(path, "env", (str(name),)) or written
         named = set(re.findall(r"\$\{?(\w+)", written))
         stand_ins = {n: job for n in named if n.startswith("SLURM_") or n in left_to_job} if job else {}
         read = _env_value(path, str(name), written, {**os.environ, **taken, **stand_ins})
