@@ -993,6 +993,16 @@ def test_a_number_with_a_decimal_point_and_an_unsigned_exponent_is_a_number_insi
         mixture.parse(mixture.fields_of(parse_args(["--config", path])))
 
 
+def test_a_strategy_of_no_in_a_recipe_is_transformers_no(tmp_path):
+    """YAML 1.1 reads an unquoted `no` as false: `save_strategy: no` (transformers' value, as docs/checks.md writes it)
+    was refused as "--save_strategy takes one of no, steps, epoch, best, not 'false'", a word the recipe never held. A
+    field of named choices takes the word written; one that is none of them is refused quoting it."""
+    recipe = parse_args(["--config", write(tmp_path, "bf16: false\nsave_strategy: no\neval_strategy: no\n")])
+    assert recipe.training.save_strategy == "no" and recipe.training.eval_strategy == "no"
+    with pytest.raises(ConfigError, match=r"^--save_strategy takes one of no, steps, epoch, best, not 'off'$"):
+        parse_args(["--config", write(tmp_path, "bf16: false\nsave_strategy: off\n")])
+
+
 def test_a_date_in_a_recipe_is_the_text_written(tmp_path):
     """YAML 1.1 reads an unquoted date as a `datetime.date`: inside a mapping (a mixture entry's configuration `name:
     2024-01-01`) the recipe's JSON words could not hold it, a TypeError traceback at parse; a field's own time was

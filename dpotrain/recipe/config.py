@@ -431,6 +431,9 @@ def read_recipe(path: str, planning: bool = False) -> dict:
                 f"both: keep {new}"
             )
     _refuse_boolean_text(path, config)
+    for key, value in config.items():  # a field of named choices: `save_strategy: no` is transformers' "no", which
+        if isinstance(value, bool) and key != "env" and _options()[f"--{key}"].choices:  # was refused as 'false'
+            config[key] = recipe_file.boolean_word(path, key) or str(value).lower()
     for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
         if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
             raise ConfigError(
