@@ -615,6 +615,29 @@ def test_a_word_past_a_flags_value_on_the_command_line_is_refused_naming_the_fla
 
 
 @pytest.mark.parametrize(
+    "args, says",
+    [
+        (["learning_rate=1e-5"], "unknown argument 'learning_rate=...': a field is given as a flag, two hyphens: "),
+        (
+            ["max_steps", "10"],
+            "unknown argument 'max_steps': a field is given as a flag, two hyphens: --max_steps VALUE",
+        ),
+        (["\u2013max_steps", "10"], "unknown argument '\u2013max_steps': a field is given as a flag, two hyphens: "),
+        (["hub_token=hf_secret"], "unknown argument 'hub_token=...': a field is given as a flag, two hyphens: "),
+        (["notes.txt"], "unknown argument 'notes.txt'; see train_dpo.py --help"),
+    ],
+)
+def test_a_word_after_a_recipe_is_refused_as_the_users_not_the_recipes_last_fields(args, says, tmp_path):
+    """The recipe's fields are words before the command line's: a stray word there (Hydra's `learning_rate=1e-5`, a
+    field without its `--`, a `--` a web page turned into a long dash) was refused as "it follows the value of
+    --samples_every, which takes one: give one", the recipe's last field, which the user never typed."""
+    recipe = write(tmp_path, "bf16: false\nsamples_every: 0\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", recipe, *args])
+    assert str(refused.value).startswith(says) and "hf_secret" not in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
     "flag, says",
     [
         ("--gpus-per-node=8", "an sbatch option: give it before the script (sbatch --gpus-per-node=... scripts/"),

@@ -724,7 +724,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
-        raise _unknown_words(tokens, remaining)
+        raise _unknown_words(tokens, remaining, on_command_line | {ALIASES.get(f, f) for f in on_command_line})
     if config_path is None and not fields_set(argv) - {"dry_run", "json"}:
         # No recipe and no field (a program's parse of fields alone is its own): TRL's defaults were checked, and
         # `python train_dpo.py` bare stopped on "bf16/gpu". A mistyped flag is named first (above).
@@ -764,14 +764,25 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
 
 
-def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
-    """What argparse left over: an unknown flag by its name alone (`--hub_tokn=hf_...` must not print the token), else
-    a word past a one-value flag's value, named with that flag, not the value (it may be a token). The help named is
-    train_dpo.py's, whose fields these are, also where another script passes them on (prefetch.py, preflight.py)."""
+# Hyphens a page or chat turns `--` into (en and em dashes, ...), pasted with a flag: `–max_steps` is no flag
+DASHES = "-\u2010\u2011\u2012\u2013\u2014\u2015\u2212"
+
+
+def _unknown_words(tokens: list[str], remaining: list[str], typed: set[str]) -> ConfigError:
+    """What argparse left over: an unknown flag by its name alone (`--hub_tokn=hf_...` must not print the token), a
+    field's name without its `--`, else a word past the value of a one-value flag of the command line (`typed`: its
+    fields), named with that flag, not the value (it may be a token). The help named is train_dpo.py's, whose fields
+    these are, also where another script passes them on (prefetch.py, preflight.py)."""
     flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
     if flag is not None:
         return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see train_dpo.py --help")
     options = _options()
+    # A field without its two hyphens (`max_steps 10`, Hydra's `learning_rate=1e-5`, a pasted `–max_steps`) was said to
+    # follow the value of the recipe's last field, which the user never typed. Its value is not printed: a token's.
+    name, eq, _ = remaining[0].lstrip(DASHES).partition("=")
+    if f"--{name}" in options:
+        shown = remaining[0].partition("=")[0] + "=..." * bool(eq)
+        return ConfigError(f"unknown argument {shown!r}: a field is given as a flag, two hyphens: --{name} VALUE")
     for i, word in enumerate(tokens):
         name, eq, _ = word.partition("=")
         action = options.get(name)
@@ -780,7 +791,7 @@ def _unknown_words(tokens: list[str], remaining: list[str]) -> ConfigError:
                 f"unknown argument {remaining[0]!r}: {name}= takes the one word after `=`: give several after a space "
                 f"({name} a b)"
             )
-        if action is None or action.nargs not in (None, "?"):
+        if action is None or action.nargs not in (None, "?") or action.dest not in typed:  # not a recipe's field
             continue
         after = [w for w in tokens[i + 1 : i + 3 - bool(eq)] if not w.startswith("--") and w not in options]
         if len(after) == 2 - bool(eq) and after[-1] == remaining[0]:  # the word past its one value
