@@ -901,6 +901,22 @@ def test_a_yes_no_on_or_off_in_the_recipes_env_block_is_set_as_written(tmp_path,
         assert os.environ["DPOTRAIN_TEST_FLAG"] == "Yes" and os.environ["DPOTRAIN_TEST_OTHER"] == "true"
 
 
+def test_a_list_or_mapping_in_the_recipes_env_block_is_refused(tmp_path, monkeypatch):
+    """A variable holds one text value: `WANDB_TAGS: [dpo, olmo3]` was set to Python's "['dpo', 'olmo3']", which W&B
+    split at its comma into the tags "['dpo'" and " 'olmo3']", without a word; a mapping alike."""
+    monkeypatch.delenv("WANDB_TAGS", raising=False)
+    with pytest.raises(ConfigError) as refused, environment():
+        parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  WANDB_TAGS: [dpo, olmo3]\n")])
+    assert str(refused.value) == (
+        f"{tmp_path / 'recipe.yaml'}: env: WANDB_TAGS is a list, and a variable holds one text value: write it as the "
+        "program that reads it takes it (e.g. WANDB_TAGS: 'dpo,olmo3')"
+    )
+    assert "WANDB_TAGS" not in os.environ
+    with pytest.raises(ConfigError, match=r"env: HF_TOKEN is a mapping, and a variable holds one text value"):
+        with environment():
+            parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  HF_TOKEN: {a: hf_secret}\n")])
+
+
 def test_what_the_libraries_read_when_used_is_taken_from_the_recipes_env_block(tmp_path, monkeypatch):
     """Not every Hugging Face variable is refused in `env:`: the token and transformers' call-time switches work."""
     names = ("HF_TOKEN", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "HF_MLFLOW_LOG_ARTIFACTS")

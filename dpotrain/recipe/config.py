@@ -445,6 +445,13 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     left_to_job = set()
     for name, value in (config.get("env") or {}).items():
+        if isinstance(value, (list, dict)):  # `WANDB_TAGS: [dpo, olmo3]` was set to Python's "['dpo', 'olmo3']"
+            shown = "a,b" if venv.is_secret_name(str(name)) else ",".join(map(str, value))  # a token's never shown
+            example = f" (e.g. {name}: '{shown}')" if isinstance(value, list) else ""
+            raise ConfigError(
+                f"{path}: env: {name} is a {'list' if isinstance(value, list) else 'mapping'}, and a variable holds "
+                f"one text value: write it as the program that reads it takes it{example}"
+            )
         if value is None or str(name) in os.environ:
             _say_hidden(path, str(name), value)
             continue
