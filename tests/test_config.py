@@ -1042,6 +1042,21 @@ def test_a_strategy_of_no_in_a_recipe_is_transformers_no(tmp_path):
         parse_args(["--config", write(tmp_path, "bf16: false\nsave_strategy: off\n")])
 
 
+def test_a_recipe_from_a_pipe_is_refused_as_one_not_as_missing(tmp_path):
+    """`--config <(sed 's/1e-6/5e-7/' configs/think.yaml)` names /dev/fd/63, a pipe: refused as "recipe '/dev/fd/63'
+    not found: pass one of configs/*.yaml", though it was there. A run reads its recipe again (each process of a
+    launch), which a pipe cannot give: said so, with the fix."""
+    pipe = tmp_path / "recipe.yaml"
+    os.mkfifo(pipe)  # nothing writes to it: a read would block, so the refusal must come first
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", str(pipe)])
+    assert str(refused.value) == (
+        f"recipe {str(pipe)!r} is not a file but a pipe or device (as `<(...)` and /dev/stdin give), which reads once, "
+        "and a run reads its recipe again (each process of a launch, the prefetch command it prints): write the recipe "
+        "to a file and pass that"
+    )
+
+
 def test_a_date_in_a_recipe_is_the_text_written(tmp_path):
     """YAML 1.1 reads an unquoted date as a `datetime.date`: inside a mapping (a mixture entry's configuration `name:
     2024-01-01`) the recipe's JSON words could not hold it, a TypeError traceback at parse; a field's own time was

@@ -410,6 +410,12 @@ def read_recipe(path: str, planning: bool = False) -> dict:
         inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
         fix = f"one of its files (--config {shlex.quote(str(inside[0]))})" if inside else "a .yaml recipe file"
         raise ConfigError(f"recipe {path!r} is a folder, not a recipe file: pass {fix}")
+    if Path(path).exists() and not Path(path).is_file():  # `--config <(sed ... think.yaml)`: was "not found"
+        raise ConfigError(
+            f"recipe {path!r} is not a file but a pipe or device (as `<(...)` and /dev/stdin give), which reads once, "
+            "and a run reads its recipe again (each process of a launch, the prefetch command it prints): write the "
+            "recipe to a file and pass that"
+        )
     if not Path(path).is_file():
         # Run from outside the project: the fix names the project's file by its path from here
         relative = not Path(path).is_absolute()
