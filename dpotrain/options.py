@@ -382,12 +382,18 @@ def check_evaluation(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
         raise ConfigError(LOAD_BEST_REFUSED)
+    # Not a recipe file's settings where the command line turns evaluation off for one run (as check_switched_off): a
+    # recipe that evaluates, run with --eval_strategy no, was refused naming its own eval_datasets, which no flag unsets
+    # (the held-out pairs are then not read: stages.load_data)
+    typed = config.fields_set(recipe.command_line)
+    given = typed if t.eval_strategy == "no" and "eval_strategy" in typed else recipe.given
     if t.eval_strategy == "no":
         values = mixture.fields_of(recipe)
-        named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
-            f for f in ("eval_steps", "eval_on_start", "do_eval") if f in recipe.given and getattr(t, f)
-        ]
-        named += [f for f in EVAL_ONLY if f in recipe.given]
+        # eval_on_start is read all the same (the Trainer evaluates at start, a traceback without held-out pairs)
+        named = [f for f in mixture.EVAL_FIELDS if values.get(f) and f in given]
+        named += [f for f in ("eval_on_start",) if f in recipe.given and t.eval_on_start]
+        named += [f for f in ("eval_steps", "do_eval") if f in given and getattr(t, f)]
+        named += [f for f in EVAL_ONLY if f in given]
         if named:
             raise ConfigError(
                 f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
@@ -415,7 +421,7 @@ def check_evaluation(recipe: Recipe) -> None:
                 "--dataset_mixer_eval_list FILE 1.0 (`eval_datasets:` in a recipe), "
                 f"save a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk), or remove eval_strategy"
             )
-    elif "dataset_test_split" in recipe.given:
+    elif "dataset_test_split" in given:
         raise ConfigError(
             f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
             "--eval_strategy steps --eval_steps N, or remove dataset_test_split"

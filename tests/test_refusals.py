@@ -2190,6 +2190,31 @@ def test_logging_steps_under_logging_strategy_epoch_is_refused_but_not_a_recipe_
         check_logging(parse_args(["--config", str(recipe)]))
 
 
+def test_a_recipe_that_evaluates_runs_once_without_evaluation_from_the_command_line(tmp_path):
+    """A recipe with `eval_strategy: steps`, its held-out pairs and settings, run once with `--eval_strategy no`: it was
+    refused as "eval_datasets is only used for evaluation, and eval_strategy is no: ... or remove eval_datasets", a
+    line of the recipe no flag unsets. Unused then (the held-out pairs are not read), as the other features' settings;
+    but eval_on_start, which the Trainer reads all the same (a traceback without held-out pairs), and a setting typed
+    beside the `--eval_strategy no` stay refused."""
+    from dpotrain.options import check_options
+
+    recipe = tmp_path / "evaluates.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text()
+        + "eval_strategy: steps\neval_steps: 10\nmetric_for_best_model: eval_loss\n"
+        + "eval_datasets:\n  - path: data/smoke_prefs.jsonl\n    amount: 20\n"
+    )
+    check_options(parse_args(["--config", str(recipe)]))
+    off = parse_args(["--config", str(recipe), "--eval_strategy", "no"])
+    check_options(off)
+    assert off.training.eval_strategy == "no"
+    with pytest.raises(ConfigError, match=r"^eval_steps is only used for evaluation, and eval_strategy is no: add"):
+        check_options(parse_args(["--config", str(recipe), "--eval_strategy", "no", "--eval_steps", "5"]))
+    with pytest.raises(ConfigError, match=r"^eval_on_start is only used for evaluation, and eval_strategy is no: add"):
+        recipe.write_text(recipe.read_text() + "eval_on_start: true\n")
+        check_options(parse_args(["--config", str(recipe), "--eval_strategy", "no"]))
+
+
 def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, capsys):
     """`sample_prompts_file` with samples_every 0, `--health_action warn` with `--health_checks false`: accepted and
     recorded as the run's, while no sample was generated and no guard watched. Refused, but where the command line
