@@ -2190,6 +2190,26 @@ def test_logging_steps_under_logging_strategy_epoch_is_refused_but_not_a_recipe_
         check_logging(parse_args(["--config", str(recipe)]))
 
 
+def test_a_lora_recipe_runs_once_as_a_full_fine_tune_from_the_command_line(tmp_path):
+    """A LoRA recipe (`use_peft: true`, its lora_r, lora_alpha, target modules, merge_lora), run once with `--use_peft
+    false`: refused as "lora_r is set but use_peft is false, ... or remove lora_r", a line of the recipe no flag unsets.
+    Unused then (no adapter is made), as the other features' settings; a LoRA setting typed beside it stays refused."""
+    from dpotrain.train import lora
+
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text()
+        + "use_peft: true\nlora_r: 32\nlora_alpha: 64\nlora_target_modules: all-linear\nmerge_lora: true\n"
+    )
+    lora.check_lora(parse_args(["--config", str(recipe)]))
+    off = parse_args(["--config", str(recipe), "--use_peft", "false"])
+    lora.check_lora(off)
+    assert not off.model.use_peft and lora.peft_config(off.model) is None
+    for typed in (["--lora_r", "8"], ["--merge_lora", "true"]):
+        with pytest.raises(ConfigError, match=rf"^{typed[0][2:]} is set but use_peft is false, so it would be ignored"):
+            lora.check_lora(parse_args(["--config", str(recipe), "--use_peft", "false", *typed]))
+
+
 def test_a_recipe_that_evaluates_runs_once_without_evaluation_from_the_command_line(tmp_path):
     """A recipe with `eval_strategy: steps`, its held-out pairs and settings, run once with `--eval_strategy no`: it was
     refused as "eval_datasets is only used for evaluation, and eval_strategy is no: ... or remove eval_datasets", a

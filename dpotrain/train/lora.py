@@ -17,6 +17,7 @@ import torch
 from dpotrain.cluster.offline import is_hub_model
 from dpotrain.data import builtin
 from dpotrain.recipe import upstream
+from dpotrain.recipe.config import fields_set
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
@@ -34,7 +35,13 @@ def check_lora(recipe) -> None:
     """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
     m, p, given = recipe.model, recipe.project, recipe.given
     if not m.use_peft:
-        if stray := [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else []):
+        # Not a recipe file's where the command line turns LoRA off for one run (`--use_peft false` on a LoRA recipe:
+        # its lora_r was refused, which no flag unsets): unused then, as options.check_switched_off's settings
+        typed = fields_set(recipe.command_line)
+        here = "use_peft" in typed
+        stray = [f for f in LORA_FIELDS if f in (typed if here else given)]
+        stray += ["merge_lora"] if p.merge_lora and (not here or "merge_lora" in typed) else []
+        if stray:
             raise ConfigError(
                 f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
                 f"to train a LoRA adapter, or remove {stray[0]}"
