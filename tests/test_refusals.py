@@ -2210,6 +2210,28 @@ def test_a_lora_recipe_runs_once_as_a_full_fine_tune_from_the_command_line(tmp_p
             lora.check_lora(parse_args(["--config", str(recipe), "--use_peft", "false", *typed]))
 
 
+def test_a_qlora_recipe_runs_once_unquantized_from_the_command_line(tmp_path):
+    """A QLoRA recipe (`load_in_4bit: true` with bnb_4bit_quant_type, use_bnb_nested_quant), run once with
+    `--load_in_4bit false` (a GPU with room for the weights): refused as "bnb_4bit_quant_type only applies with
+    --load_in_4bit true: add it, or remove bnb_4bit_quant_type", a line of the recipe no flag unsets. Unused then; one
+    typed beside it stays refused."""
+    from dpotrain.train import lora
+
+    recipe = tmp_path / "qlora.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text()
+        + "use_peft: true\nlora_target_modules: all-linear\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\n"
+        + "use_bnb_nested_quant: true\n"
+    )
+    off = parse_args(["--config", str(recipe), "--load_in_4bit", "false"])
+    lora.check_lora(off)
+    assert not off.model.load_in_4bit
+    with pytest.raises(ConfigError, match=r"^bnb_4bit_quant_type only applies with --load_in_4bit true"):
+        lora.check_lora(
+            parse_args(["--config", str(recipe), "--load_in_4bit", "false", "--bnb_4bit_quant_type", "fp4"])
+        )
+
+
 def test_a_recipe_that_evaluates_runs_once_without_evaluation_from_the_command_line(tmp_path):
     """A recipe with `eval_strategy: steps`, its held-out pairs and settings, run once with `--eval_strategy no`: it was
     refused as "eval_datasets is only used for evaluation, and eval_strategy is no: ... or remove eval_datasets", a

@@ -79,7 +79,11 @@ def check_lora(recipe) -> None:
             )
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
-        if stray := [f for f in QUANTIZATION_FIELDS if f in given]:
+        # Not a recipe file's where the command line turns quantization off for one run (`--load_in_4bit false` on a
+        # QLoRA recipe, on a GPU with room for the weights: its bnb_4bit_quant_type was refused, which no flag unsets)
+        typed = fields_set(recipe.command_line)
+        named = typed if {"load_in_4bit", "load_in_8bit"} & typed else given
+        if stray := [f for f in QUANTIZATION_FIELDS if f in named]:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
     if not torch.cuda.is_available():
