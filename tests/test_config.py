@@ -1057,6 +1057,24 @@ def test_a_recipe_from_a_pipe_is_refused_as_one_not_as_missing(tmp_path):
     )
 
 
+def test_a_data_set_on_the_command_line_does_not_take_the_recipes_configuration_and_commit(tmp_path):
+    """A recipe's dataset_config and dataset_revision are its Hub data set's. `--dataset_name my.jsonl` kept them:
+    refused as "dataset_config 'subset_a' names a configuration of a Hub data set, and 'my.jsonl' is a file: remove
+    dataset_config", a line of the recipe no flag unsets (`--dataset_config ''` was refused alike); another Hub data set
+    was asked for the recipe's configuration at the recipe's commit. Dropped, as a mixture on the command line drops
+    them; the recipe's own data set named again keeps them, and so does one typed."""
+    recipe = write(tmp_path, "bf16: false\ndataset_name: org/prefs\ndataset_config: subset_a\ndataset_revision: v1.0\n")
+
+    def data(*args):
+        s = parse_args(["--config", recipe, *args])
+        return s.script.dataset_name, s.script.dataset_config, s.project.dataset_revision
+
+    assert data("--dataset_name", "data/smoke_prefs.jsonl") == ("data/smoke_prefs.jsonl", None, None)
+    assert data("--dataset_name", "org/other") == ("org/other", None, None)
+    assert data("--dataset_name", "org/other", "--dataset_config", "b") == ("org/other", "b", None)
+    assert data("--dataset_name", "org/prefs") == data() == ("org/prefs", "subset_a", "v1.0")
+
+
 def test_a_date_in_a_recipe_is_the_text_written(tmp_path):
     """YAML 1.1 reads an unquoted date as a `datetime.date`: inside a mapping (a mixture entry's configuration `name:
     2024-01-01`) the recipe's JSON words could not hold it, a TypeError traceback at parse; a field's own time was

@@ -750,6 +750,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # Every value this project decides from the parsed ones is decided before the dataclasses are built (as
     # HfArgumentParser builds them), so TRL's and transformers' checks run on the values the run uses
     values, given = dict(vars(known)), fields_set(tokens)
+    if "dataset_name" in on_command_line and values["dataset_name"] != recipe_file.written(config.get("dataset_name")):
+        # The recipe file's configuration and commit are its data set's (as a mixture on the command line drops them,
+        # `_command_line_data_wins`): a local file typed was refused for them, which no flag unsets; another Hub data
+        # set was asked for the recipe's configuration, at the recipe's commit
+        values |= dict.fromkeys({"dataset_config", "dataset_revision"} - on_command_line)
     replaced, job_folder = _decided(values, given, on_command_line, config_path, left_to_job)
     _check_eval_steps(values, given)  # before transformers reads 0 as unset
     _check_json_objects(values, given, parser)
