@@ -1075,6 +1075,20 @@ def test_a_data_set_on_the_command_line_does_not_take_the_recipes_configuration_
     assert data("--dataset_name", "org/prefs") == data() == ("org/prefs", "subset_a", "v1.0")
 
 
+def test_a_recipes_chat_template_is_turned_off_on_the_command_line_as_its_refusal_says(tmp_path):
+    """`--chat_template_path none` on a recipe naming a template (think.yaml), meaning the model's own, was refused as
+    "'none' does not exist: give a .jinja file ...", with no word of how to ask for the model's own: `''`, which the
+    refusal now names, and which is the model's own template."""
+    from dpotrain.data import chat_template
+
+    recipe = write(tmp_path, "bf16: false\nchat_template_path: configs/templates/olmo_thinker.jinja\n")
+    with pytest.raises(ConfigError, match=r"\(for the model's own template: --chat_template_path ''\)$"):
+        chat_template.check(parse_args(["--config", recipe, "--chat_template_path", "none"]).project.chat_template_path)
+    own = parse_args(["--config", recipe, "--chat_template_path", ""]).project.chat_template_path
+    chat_template.check(own)
+    assert not own
+
+
 def test_a_date_in_a_recipe_is_the_text_written(tmp_path):
     """YAML 1.1 reads an unquoted date as a `datetime.date`: inside a mapping (a mixture entry's configuration `name:
     2024-01-01`) the recipe's JSON words could not hold it, a TypeError traceback at parse; a field's own time was

@@ -35,10 +35,12 @@ def template_file(path: str) -> Path:
             )
         return given / FILE
     if not given.is_file():
+        # `--chat_template_path none` on a recipe naming one (think.yaml) meant the model's own: no word said how
+        own = " (for the model's own template: --chat_template_path '')" if path.lower() in ("none", "null") else ""
         raise ConfigError(
             f"chat_template_path {path!r} does not exist: give a .jinja file (e.g. "
             "configs/templates/olmo_thinker.jinja) or a folder holding chat_template.jinja, relative to "
-            "the folder you run from"
+            f"the folder you run from{own}"
         )
     return given
 
