@@ -546,13 +546,21 @@ def test_retry_waits_that_are_not_seconds_are_refused_before_training(monkeypatc
     assert hub.take_push_settings(recipe).requested and with_retries(lambda: "done", "x") == ("done", 1)
 
 
-def test_push_checkpoints_needs_push_to_hub():
+def test_push_checkpoints_needs_push_to_hub(tmp_path):
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="push_checkpoints needs push_to_hub: true"):
         hub.take_push_settings(parse_args(["--config", SMOKE, "--push_checkpoints", "true"]))
+    # a recipe that pushes, run once with --push_to_hub false: the recipe's push_checkpoints is turned off by a flag,
+    # which the refusal names ("or drop it" said not how, for a line of the recipe)
+    recipe = tmp_path / "pushes.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "push_to_hub: true\nhub_model_id: org/x\npush_checkpoints: true\n")
+    with pytest.raises(ConfigError, match=r"or drop it \(--push_checkpoints false\)$"):
+        hub.take_push_settings(parse_args(["--config", str(recipe), "--push_to_hub", "false"]))
+    off = parse_args(["--config", str(recipe), "--push_to_hub", "false", "--push_checkpoints", "false"])
+    assert not hub.take_push_settings(off).requested
 
 
 def test_checkpoint_pushes_under_fsdp2_are_refused_by_the_run_and_by_its_dry_run(monkeypatch):

@@ -141,8 +141,11 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
             f"hub_revision {t.hub_revision!r} is not supported: the final model goes to main and checkpoints "
             "(push_checkpoints: true) to branches step-<N>; drop hub_revision"
         )
-    if p.push_checkpoints and not t.push_to_hub:
-        raise ConfigError("push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it")
+    if p.push_checkpoints and not t.push_to_hub:  # `--push_to_hub false` on a recipe that pushes: the flag named
+        raise ConfigError(
+            "push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it "
+            "(--push_checkpoints false)"
+        )
     if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
         raise ConfigError(
             "push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
