@@ -370,6 +370,10 @@ def test_a_model_with_its_own_code_trained_under_fsdp2_saves_its_own_code(tmp_pa
         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "FSDP version 1 is not supported: set fsdp_version: 2"),
         ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}, "ZeRO stage 1 is not supported"),
         ({"ACCELERATE_USE_MEGATRON_LM": "true"}, "megatron_lm is not supported"),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_ACTIVATION_CHECKPOINTING": "true"},
+            "fsdp_activation_checkpointing: true is not supported: set fsdp_activation_checkpointing: false",
+        ),
     ],
 )
 def test_engines_the_project_does_not_support_are_refused(env, message, monkeypatch):
@@ -379,6 +383,18 @@ def test_engines_the_project_does_not_support_are_refused(env, message, monkeypa
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message):
         engine.launched()
+
+
+def test_fsdp_activation_checkpointing_is_refused_before_anything_loads(tmp_path):
+    """fsdp_activation_checkpointing: true in an FSDP2 config: with the recipe's activation_checkpointing on,
+    transformers stopped the launch in a ValueError traceback once the model had loaded; with it off, accelerate
+    checkpointed every layer under a memory plan and record of none. The dry run (and so the job) refuses it."""
+    config = tmp_path / "fsdp2.yaml"
+    shipped = (ROOT / ENGINES["fsdp2"]).read_text()
+    config.write_text(shipped.replace("fsdp_activation_checkpointing: false", "fsdp_activation_checkpointing: true"))
+    found = engine.from_config(str(config))
+    assert found.refused and found.refused.startswith("fsdp_activation_checkpointing: true is not supported")
+    assert engine.from_config(str(ROOT / ENGINES["fsdp2"])).refused is None
 
 
 def test_more_processes_on_a_node_than_it_has_gpus_are_refused(monkeypatch):

@@ -95,7 +95,9 @@ def launched() -> Engine:
             found = _with_accumulation(found, env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
         found = _supported_stage(found, LAUNCHED)
     elif env("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
+        refused = _unsupported_fsdp(
+            env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"), env("FSDP_ACTIVATION_CHECKPOINTING")
+        )
         offload, loading = (env(f"FSDP_{key}", "false").lower() == "true" for key in ("OFFLOAD_PARAMS", RAM_EFFICIENT))
         found = Engine(
             "fsdp2", LAUNCHED, per_node, offload_params=offload, ram_efficient_loading=loading, refused=refused
@@ -123,8 +125,15 @@ def _supported_stage(found: Engine, source: str) -> Engine:
     )
 
 
-def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
+def _unsupported_fsdp(version, state_dict_type: str | None, checkpointing=None) -> str | None:
     """Why an FSDP launch is refused (as `launched` reads it, or a config file says it), or None."""
+    if _true(checkpointing):
+        # accelerate's own checkpointing of every layer: with the recipe's on, transformers stopped in a traceback
+        # once the model had loaded; with it off, every layer was checkpointed under a plan and record of none.
+        return (
+            "fsdp_activation_checkpointing: true is not supported: set fsdp_activation_checkpointing: false in the "
+            "accelerate config and pass --activation_checkpointing true (the recipe's, which the memory plan counts)"
+        )
     if str(version) != "2":
         return (
             f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
@@ -212,7 +221,9 @@ def _engine_of(config, accelerate_config: str) -> Engine:
         return _supported_stage(found, accelerate_config)
     if kind == "FSDP":
         fsdp = config.fsdp_config
-        refused = _unsupported_fsdp(fsdp.get("fsdp_version", 1), fsdp.get("fsdp_state_dict_type"))
+        refused = _unsupported_fsdp(
+            fsdp.get("fsdp_version", 1), fsdp.get("fsdp_state_dict_type"), fsdp.get("fsdp_activation_checkpointing")
+        )
         if int(fsdp.get("fsdp_version", 1)) != 2:
             why = f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)"
             return Engine("unplanned", why, refused=refused)
