@@ -572,6 +572,13 @@ def test_deepspeed_settings_that_would_replace_or_contradict_the_recipes_are_ref
         match=r"its own \"optimizer\" \(AdamW\), which DeepSpeed would run in place of the recipe's optim adamw_",
     ):
         dry_run(optimizer={"type": "AdamW", "params": {"lr": "auto"}})
+    # An empty or null part counts too, as transformers reads it by its key: DeepSpeed then built none, and every
+    # rank stopped once the model had loaded ("zero stage 2 requires an optimizer"; "'DummyScheduler' object has no
+    # attribute 'get_last_lr'").
+    with pytest.raises(ConfigError, match=r"its own \"optimizer\" \(\{\}\), which DeepSpeed would run in place"):
+        dry_run(optimizer={})
+    with pytest.raises(ConfigError, match=r"its own \"scheduler\" \(null\), which DeepSpeed would run in place"):
+        dry_run(scheduler=None)
     inline = tmp_path / "inline.yaml"  # as `accelerate config` writes its answer: accelerate makes it DeepSpeed's
     inline.write_text(
         "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n"

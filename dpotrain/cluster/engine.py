@@ -272,10 +272,12 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
     saves = any(_true(save_16bit if value == "auto" else value) for value in gathers)
     fix = f'"{GATHER_ON_SAVE[0]}": true in its zero_optimization'
     refused = None if stage != 3 or saves else _unsaved_zero3(source, fix)
+    # An own part counts by its key alone, as transformers reads it: an empty or null "optimizer" or "scheduler" still
+    # stood in for the recipe's and stopped in a traceback once the model had loaded (DeepSpeed built none)
     settings = {key: _setting(config, key) for key in (*MATCHED, "zero_force_ds_cpu_optimizer")} | {
-        key: config[key].get("type", "?") if isinstance(config[key], dict) else config[key]
+        key: (config[key].get("type") if isinstance(config[key], dict) else None) or json.dumps(config[key])
         for key in OWN_PARTS
-        if config.get(key)
+        if key in config
     }
     settings = tuple((key, value) for key, value in settings.items() if value not in (None, "auto"))
     found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
