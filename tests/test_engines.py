@@ -397,6 +397,23 @@ def test_fsdp_activation_checkpointing_is_refused_before_anything_loads(tmp_path
     assert engine.from_config(str(ROOT / ENGINES["fsdp2"])).refused is None
 
 
+def test_an_inline_deepspeed_config_without_zero_stage_is_zero2_as_accelerate_runs_it(tmp_path, monkeypatch):
+    """accelerate's DeepSpeedPlugin runs ZeRO-2 where the accelerate config's deepspeed_config names no zero_stage
+    (`accelerate launch` then sets no ACCELERATE_DEEPSPEED_ZERO_STAGE): read as stage 0, such a launch was refused
+    with "DeepSpeed ZeRO stage 0 is not supported", a stage nobody asked for. A stage given is kept."""
+    config = tmp_path / "inline.yaml"
+    config.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: auto\nnum_processes: 2\n")
+    found = engine.from_config(str(config))
+    assert (found.name, found.refused) == ("zero2", None)
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_DEEPSPEED_CONFIG_FILE", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert engine.launched().name == "zero2"
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")
+    with pytest.raises(ConfigError, match="DeepSpeed ZeRO stage 0 is not supported"):
+        engine.launched()
+
+
 def test_more_processes_on_a_node_than_it_has_gpus_are_refused(monkeypatch):
     """`accelerate launch --num_processes 8` on a node of 4 GPUs: accelerate gives rank i GPU i % 4, two ranks share
     each GPU, and NCCL stops the launch at its first collective ("Duplicate GPU detected"), after the model loaded.

@@ -241,7 +241,9 @@ def _engine_of(config, accelerate_config: str) -> Engine:
 
 def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
     """DeepSpeed's settings inline in an accelerate config, `setting(key, default)`; DeepSpeed's defaults otherwise."""
-    stage = int(setting("zero_stage", 0) or 0)
+    # Absent or null: accelerate's DeepSpeedPlugin runs ZeRO-2 (read as 0, such a config was refused as "stage 0")
+    stage = setting("zero_stage", None)
+    stage = 2 if stage in (None, "") else int(stage)
     # As `accelerate launch` passes them on: lowercased, and a null one not at all (DeepSpeed's default: none)
     devices = (str(setting(f"offload_{part}_device", "none") or "none").lower() for part in ("optimizer", "param"))
     off_opt, off_par = (device != "none" for device in devices)
