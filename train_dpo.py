@@ -87,12 +87,10 @@ def run(argv, stop: GracefulStop) -> int | None:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
-        if recipe.project.preflight:  # scored in this one process, each pair whole
-            recipe = preflight.in_one_process(recipe)
-        launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
-            # Its checks first (a model folder without weights); the default sample, the recipe's seed, markdown only
-            return preflight.run(recipe, launch)
+            # The run's checks and its own first; the default sample, the recipe's seed, markdown only
+            return preflight.run(recipe)
+        launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         push = hub.take_push_settings(recipe, launch.engine)
         # Before the ranks meet: a refusal written once, not by every rank (a dry run lists it); a reference-only job
         # starts no W&B run (output_checks skips its W&B checks too)

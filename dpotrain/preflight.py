@@ -358,7 +358,7 @@ def gaps(s: dict, max_length: int | None):
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 
 
-def in_one_process(recipe):
+def _in_one_process(recipe):
     """The recipe the preflight scores: in its one process, each pair whole. A recipe's sequence_parallel_size N > 1
     (each pair split over a group of N processes) did not divide that one process, so `PREFLIGHT=1` ended the job
     before training; scoring is forward passes alone, without gradients or optimizer states."""
@@ -369,12 +369,13 @@ def in_one_process(recipe):
     return config.replaced(recipe, project={"sequence_parallel_size": 1})
 
 
-def run(
-    recipe, launch, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
-) -> int:
-    """The whole preflight on a recipe checked by `stages.checks` (`launch`: its value); returns the exit status. The
-    pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
-    `max_length: auto` resolved by its lengths stage."""
+def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
+    """The whole preflight on a parsed recipe, for train_dpo.py --preflight and scripts/preflight.py alike; returns
+    the exit status. First what the run refuses from the recipe alone (`stages.checks`), on the recipe it scores in
+    its one process; the pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit,
+    every row checked), and `max_length: auto` resolved by its lengths stage."""
+    recipe = _in_one_process(recipe)
+    launch = stages.checks(recipe)
     if recipe.project.dry_run:
         # `--dry-run --preflight` (or a recipe's dry_run: true): the preflight loaded the model and scored the sample,
         # on the dry run's planned launch and bf16 on a CPU, its report on stderr, exit 0, for a command that promised

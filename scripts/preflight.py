@@ -24,7 +24,7 @@ with venv.loading_libraries():
     if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
         venv.load_env(ROOT)
     venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
-    from dpotrain import preflight, stages
+    from dpotrain import preflight
     from dpotrain.recipe import cli
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import run_command
@@ -57,9 +57,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available() and not any(a.split("=")[0] in ("--bf16",) for a in rest):
         rest += ["--bf16", "false"]  # scoring on CPU: fp32 (the recipes' bf16 needs a GPU)
-    recipe = preflight.in_one_process(parse_args(rest))
-    launch = stages.checks(recipe)  # what the run refuses from the recipe alone, the run's own checks
-    return preflight.run(recipe, launch, own.sample, own.seed, own.json, own.plot)
+    return preflight.run(parse_args(rest), own.sample, own.seed, own.json, own.plot)
 
 
 if __name__ == "__main__":
