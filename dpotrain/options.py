@@ -156,13 +156,13 @@ def check_switched_off(recipe: Recipe) -> None:
     p, on_command_line = recipe.project, config.fields_set(recipe.command_line)
     stopped = (Path(recipe.training.output_dir) / resume.HEALTH_STOP).is_file()
     for switch, off, fix, settings in SWITCHED_SETTINGS:
-        given = on_command_line if switch in on_command_line else recipe.given
+        given = config.settings_given(recipe, switch)
         named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
         if not getattr(p, switch) and named:
             raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
     # transformers' switch, either spelling (config.ALIASES): off, its kwargs are read by nothing
-    switch = {"activation_checkpointing", "gradient_checkpointing"} & on_command_line
-    given = {config.ALIASES.get(f, f) for f in (on_command_line if switch else recipe.given)}
+    switched = config.settings_given(recipe, "activation_checkpointing", "gradient_checkpointing")
+    given = {config.ALIASES.get(f, f) for f in switched}
     if not recipe.training.activation_checkpointing and "activation_checkpointing_kwargs" in given:
         raise ConfigError(
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
@@ -385,8 +385,7 @@ def check_evaluation(recipe: Recipe) -> None:
     # Not a recipe file's settings where the command line turns evaluation off for one run (as check_switched_off): a
     # recipe that evaluates, run with --eval_strategy no, was refused naming its own eval_datasets, which no flag unsets
     # (the held-out pairs are then not read: stages.load_data)
-    typed = config.fields_set(recipe.command_line)
-    given = typed if t.eval_strategy == "no" and "eval_strategy" in typed else recipe.given
+    given = config.settings_given(recipe, "eval_strategy") if t.eval_strategy == "no" else recipe.given
     if t.eval_strategy == "no":
         values = mixture.fields_of(recipe)
         # eval_on_start is read all the same (the Trainer evaluates at start, a traceback without held-out pairs)

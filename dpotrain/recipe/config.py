@@ -327,6 +327,14 @@ def fields_set(words) -> set[str]:
     return {options[w.split("=")[0]].dest for w in words if w.split("=")[0] in options}
 
 
+def settings_given(recipe, *switches: str) -> set[str]:
+    """The fields given, as a check of a feature's settings reads them: the command line's alone where it typed one of
+    the feature's `switches` (a feature turned off for one run leaves the recipe file's settings for it unused, which
+    no flag could unset), else every field the recipe or the command line set."""
+    typed = fields_set(recipe.command_line)
+    return typed if typed & set(switches) else recipe.given
+
+
 def without(words, fields: set[str]) -> list[str]:
     """Command-line words less the fields named, each with the words the parser takes as its value (`--name value`,
     `--name=value`, either spelling): a printed command whose own flags set those fields."""

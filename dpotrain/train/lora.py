@@ -17,7 +17,7 @@ import torch
 from dpotrain.cluster.offline import is_hub_model
 from dpotrain.data import builtin
 from dpotrain.recipe import upstream
-from dpotrain.recipe.config import fields_set
+from dpotrain.recipe.config import settings_given
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
@@ -33,14 +33,12 @@ QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_
 
 def check_lora(recipe) -> None:
     """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
-    m, p, given = recipe.model, recipe.project, recipe.given
+    m, p = recipe.model, recipe.project
     if not m.use_peft:
         # Not a recipe file's where the command line turns LoRA off for one run (`--use_peft false` on a LoRA recipe:
         # its lora_r was refused, which no flag unsets): unused then, as options.check_switched_off's settings
-        typed = fields_set(recipe.command_line)
-        here = "use_peft" in typed
-        stray = [f for f in LORA_FIELDS if f in (typed if here else given)]
-        stray += ["merge_lora"] if p.merge_lora and (not here or "merge_lora" in typed) else []
+        named = settings_given(recipe, "use_peft")
+        stray = [f for f in LORA_FIELDS if f in named] + ["merge_lora"] * (p.merge_lora and "merge_lora" in named)
         if stray:
             raise ConfigError(
                 f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
@@ -81,8 +79,7 @@ def check_lora(recipe) -> None:
     if quantized is None:
         # Not a recipe file's where the command line turns quantization off for one run (`--load_in_4bit false` on a
         # QLoRA recipe, on a GPU with room for the weights: its bnb_4bit_quant_type was refused, which no flag unsets)
-        typed = fields_set(recipe.command_line)
-        named = typed if {"load_in_4bit", "load_in_8bit"} & typed else given
+        named = settings_given(recipe, "load_in_4bit", "load_in_8bit")
         if stray := [f for f in QUANTIZATION_FIELDS if f in named]:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
