@@ -784,11 +784,11 @@ def test_a_streamed_sample_is_drawn_from_the_whole_stream(cli, tmp_path):
     first part alone, as "a seeded sample". Drawn now from every row, as in memory."""
     pair = {"chosen": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Yes."}]}
     pair["rejected"] = [pair["chosen"][0], {"role": "assistant", "content": "No."}]
-    path = write_jsonl(tmp_path / "d.jsonl", [pair] * 30_000)
+    path = write_jsonl(tmp_path / "d.jsonl", [pair] * 14_000)
     stream = data.load_preference_dataset(path, streaming=True)
     picked, indices = cli.sample(stream, 200, 42)
     assert len(picked) == 200 and list(indices) == sorted(set(indices))
-    assert 0.3 < np.mean(np.asarray(indices) >= 15_000) < 0.7  # all below 10,200 before
+    assert 0.1 < np.mean(np.asarray(indices) >= 10_500) < 0.4  # ~1/4 of the rows; all below 10,200 before
     assert cli.sample(stream, 200, 42)[1] == indices  # seeded
 
 

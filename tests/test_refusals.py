@@ -718,7 +718,7 @@ def test_lora_on_layers_peft_refuses_for_a_mamba_model_names_the_layers_it_takes
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 @pytest.mark.parametrize(
-    "model_type, says, fix, given",
+    "model_type, says, given",
     [
         # Llama 4's causal LM (and Mllama's) names its backbone `language_model` (base_model_prefix) and holds it as
         # `model`: its base_model is the whole model, which TRL's fused LM head ran as the backbone. The run loaded
@@ -730,18 +730,16 @@ def test_lora_on_layers_peft_refuses_for_a_mamba_model_names_the_layers_it_takes
             "which computes every log-prob, runs the model's base_model as the backbone, and this class has none (no "
             "module named 'language_model', its base_model_prefix): train a model of another type, or install a TRL "
             "release that finds its backbone",
-            None,
             [],
         ),
         # Doge's config has output_router_logits and router_aux_loss_coef 0.001 with dense layers (is_moe false): TRL
         # added the router's loss, the model recorded no router logits, and the run loaded it and ended at its first
-        # step in `IndexError: tuple index out of range` (plain TRL alike). The fix named trains.
+        # step in `IndexError: tuple index out of range` (plain TRL alike). The fix named trains (the test below).
         (
             "doge",
             "TRL adds the router's load-balancing loss (router_aux_loss_coef 0.001; its config has "
             "output_router_logits), and this doge model has no router (DogeCDMoE) in any layer, so the run would fail "
             "at its first step: pass --router_aux_loss_coef 0",
-            ["--router_aux_loss_coef", "0"],
             [],
         ),
         # JetMoE's class says it cannot checkpoint its activations (supports_gradient_checkpointing False), and the
@@ -752,13 +750,12 @@ def test_lora_on_layers_peft_refuses_for_a_mamba_model_names_the_layers_it_takes
             "activation_checkpointing is on, and transformers cannot checkpoint JetMoeForCausalLM (model_type "
             "'jetmoe'; the class says so): pass --activation_checkpointing false (a --dry-run's memory plan then says "
             "whether the activations fit)",
-            ["--activation_checkpointing", "false"],
             ["--activation_checkpointing", "true"],
         ),
     ],
 )
 def test_a_model_the_run_cannot_train_as_set_is_refused_before_it_loads(
-    model_type, says, fix, given, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+    model_type, says, given, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
     import trl
 
@@ -766,21 +763,19 @@ def test_a_model_the_run_cannot_train_as_set_is_refused_before_it_loads(
     args = ["--model_name_or_path", model, "--max_steps", "2", *given]
     line = refused(tmp_path, monkeypatch, capsys, *args, *dry_run)
     assert line == f"error: {model}: {says.format(trl=trl.__version__)}"
-    if fix and not dry_run:
-        out = tmp_path / "fixed"
-        args = [
-            "--model_name_or_path",
-            model,
-            *fix,
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "2",
-            "--report_to",
-            "none",
-        ]
-        assert train_dpo.main(["--config", SMOKE, *args, "--samples_every", "0"]) in (0, None)
-        assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.slow  # trains 2 steps in this process (10-20 s on 2 cores): the refusals above stay in the fast tier
+@pytest.mark.parametrize(
+    "model_type, fix", [("doge", ["--router_aux_loss_coef", "0"]), ("jetmoe", ["--activation_checkpointing", "false"])]
+)
+def test_the_fix_a_model_refusal_names_trains(model_type, fix, tmp_path, tiny_model_dir):
+    """The fix the refusal above names for a model the run cannot train as set is one that trains."""
+    out = tmp_path / "fixed"
+    model = tiny_model(model_type, tmp_path / model_type, tiny_model_dir)
+    args = ["--model_name_or_path", model, *fix, "--output_dir", str(out), "--max_steps", "2", "--report_to", "none"]
+    assert train_dpo.main(["--config", SMOKE, *args, "--samples_every", "0"]) in (0, None)
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 2
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
