@@ -996,3 +996,18 @@ def test_a_save_that_failed_on_a_disk_full_for_a_while_is_not_reported_once_the_
     code, out, err = in_child(scored_on_a_disk_full_for_a_while, tmpfs=[(folder, "1m")])
     assert code == 0, out + err
     assert err.count("warning: the reference cache could not be written") == 1, err
+
+
+@pytest.mark.slow
+def test_a_run_whose_pairs_all_come_from_other_runs_caches_says_so_not_that_its_own_folder_held_them(
+    tmp_path, tiny_model_dir, cache, capsys
+):
+    """A shorter run after a longer one (`--max_steps 2` after 4) finds every pair by digest in the longer run's cache:
+    it said `all 16 pairs reused from <its own folder>`, a folder that held none of them until then."""
+    rows = builtin.make_preference_rows(48, seed=3)
+    build(tmp_path / "a", tiny_model_dir, rows, "--max_steps", "4")
+    capsys.readouterr()
+    build(tmp_path / "b", tiny_model_dir, rows, "--max_steps", "2")
+    out = capsys.readouterr().out
+    assert "16 reused from other runs' caches (the same pairs, model and settings), 0 scored, cached in" in out, out
+    assert "all 16 pairs reused from" not in out

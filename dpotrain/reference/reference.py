@@ -304,7 +304,7 @@ class Outcome:
             )
         if self.stopped:
             return f"{head} stopped with {done} saved in {self.folder}; the same command scores only the rest"
-        if not self.scored:
+        if not self.scored and not self.shared:  # pairs found in other runs' caches were not in this folder: below
             return f"{head} all {self.pairs:,} pairs reused from {self.folder}"
         kept = "".join(f"{part}, " for part in kept_parts(self.reused - self.shared, self.beside, "reused"))
         if self.shared:
