@@ -233,6 +233,29 @@ def test_recomputed_when_the_models_config_json_changes(tmp_path, tiny_model_dir
 
 
 @pytest.mark.slow
+def test_recomputed_when_the_config_json_of_the_model_init_kwargs_subfolder_changes(
+    tmp_path, tiny_model_dir, cache, capsys
+):
+    """`model_init_kwargs: {subfolder: sub}` builds the model from sub/config.json, but the key held the sha256 of the
+    top folder's config.json: `rms_norm_eps` edited in sub/config.json reused the old config's scores (`all 16 pairs
+    reused`), another model's reference."""
+    rows = builtin.make_preference_rows(16, seed=3)
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "sub").mkdir()
+    for name in ("config.json", "model.safetensors"):  # the top folder's stay: the run's checks read them there
+        shutil.copy(model / name, model / "sub" / name)
+    subfolder = ["--model_init_kwargs", '{"subfolder": "sub"}']
+    base = build(tmp_path / "base", str(model), rows, *subfolder)
+    seen, config = entries(cache), model / "sub" / "config.json"
+    capsys.readouterr()
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 0.5'))
+    eps = build(tmp_path / "eps", str(model), rows, *subfolder)
+    assert "16 scored, cached in" in capsys.readouterr().out
+    assert entries(cache) - seen and ref_columns(eps) != ref_columns(base)
+
+
+@pytest.mark.slow
 def test_recomputed_when_a_remote_code_models_own_code_changes(tmp_path, tiny_model_dir, cache, capsys):
     """A model with its own code (`auto_map`, `--trust_remote_code true`) is built by its .py files: an edit to them
     (here an `rms_norm_eps` its class sets, in the module auto_map names, then in one that module imports) is another

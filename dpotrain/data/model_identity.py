@@ -45,28 +45,32 @@ def cache_name(name: str) -> str:
     return os.path.realpath(path) if name and path.is_dir() else name
 
 
-def config_file(name: str, revision: str | None = None, cache_dir: str | None = None) -> Path | None:
+def config_file(
+    name: str, revision: str | None = None, cache_dir: str | None = None, subfolder: str | None = None
+) -> Path | None:
     """The config.json the model is built from: a local folder's, else the one in the Hub cache's snapshot of
-    `revision` (where from_pretrained read it, `cache_dir` as given to it). None where neither holds one."""
+    `revision` (where from_pretrained read it, `cache_dir` as given to it); in `subfolder` where model_init_kwargs
+    name one (from_pretrained reads the config there: the top folder's is another model's, or none). None where
+    neither holds one."""
     from huggingface_hub import try_to_load_from_cache
 
-    path = Path(name).expanduser()
+    path, file = Path(name).expanduser(), f"{subfolder}/config.json" if subfolder else "config.json"
     try:
-        found = (
-            path / "config.json" if path.is_dir() else try_to_load_from_cache(name, "config.json", cache_dir, revision)
-        )
+        found = path / file if path.is_dir() else try_to_load_from_cache(name, file, cache_dir, revision)
     except ValueError:  # not a Hub name either (the load read it otherwise)
         return None
     # try_to_load_from_cache: None, or a marker that the repo has no such file
     return Path(found) if isinstance(found, str | Path) and Path(found).is_file() else None
 
 
-def config_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+def config_sha256(
+    name: str, revision: str | None = None, cache_dir: str | None = None, subfolder: str | None = None
+) -> str | None:
     """sha256 of the config.json the model is built from (`config_file`), as the file is (the run's own changes to the
     loaded config, use_cache, dtype, attention, are not in it: every attempt of a run reads the same). None where
     there is none."""
     try:
-        found = config_file(name, revision, cache_dir)
+        found = config_file(name, revision, cache_dir, subfolder)
         return hashlib.sha256(found.read_bytes()).hexdigest() if found else None
     except OSError:
         return None
@@ -89,13 +93,15 @@ def own_code(name: str, revision: str | None = None) -> bool:
     return False
 
 
-def code_sha256(name: str, revision: str | None = None, cache_dir: str | None = None) -> dict[str, str | None] | None:
+def code_sha256(
+    name: str, revision: str | None = None, cache_dir: str | None = None, subfolder: str | None = None
+) -> dict[str, str | None] | None:
     """sha256 of each file of a model's own code, beside its config.json (`config_file`): the modules its `auto_map`
     names and those they import relatively, as transformers loads them (`trust_remote_code`); None for a model without
     `auto_map`. An edited modeling file builds another model from the same weights and config. A module of another
     repo (`repo--module.Class`) is not beside the config: its name, in config.json, is keyed with that file."""
     try:
-        found = config_file(name, revision, cache_dir)
+        found = config_file(name, revision, cache_dir, subfolder)
         auto_map = json.loads(found.read_text()).get("auto_map") if found else None
     except (OSError, ValueError, AttributeError):  # AttributeError: a config.json that is not an object
         return None

@@ -94,7 +94,9 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # by the file, not the loaded config, which the run itself changes (use_cache, dtype), so every attempt keys alike.
     # A LoRA run's reference is its base, loaded from this same file.
     init = args.model_init_kwargs or {}
-    name, where = model.config.name_or_path, (init.get("revision"), init.get("cache_dir"))
+    # (the config of `subfolder` where given: keyed by the top folder's, an edit of the one the model is built from
+    # reused the old config's scores)
+    name, where = model.config.name_or_path, (init.get("revision"), init.get("cache_dir"), init.get("subfolder"))
     config = model_identity.config_sha256(name, *where)
     # A model's own code builds it too (`trust_remote_code`): its edited modeling file reused the old code's scores.
     # Added only where the run runs that code, so every other run keeps its key.
