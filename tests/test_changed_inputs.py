@@ -759,3 +759,28 @@ def test_the_project_commit_is_asked_of_git_by_the_main_process_alone(tmp_path, 
     assert asked.read_text().splitlines() == ["rank 0"]
     now = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["packages"]["dpotrain"] == now
+
+
+@pytest.mark.slow
+def test_an_edited_config_json_of_the_model_init_kwargs_subfolder_is_refused(tmp_path, tiny_model_dir):
+    """`model_init_kwargs: {subfolder: sub}` loads the weights and config from sub/: the run recorded the top folder's
+    files alone, so sub/config.json edited between attempts (`rms_norm_eps`) resumed in silence, the checkpoint trained
+    on under another model. The same edit of the top folder's config.json is refused (above)."""
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "sub").mkdir()
+    for name in ("config.json", "model.safetensors"):  # the top folder's stay: the run's checks read them there
+        shutil.copy2(model / name, model / "sub" / name)
+    sub = ["--model_init_kwargs", '{"subfolder": "sub"}']
+    cmd = [*command(out, model, ROOT / "data" / "smoke_prefs.jsonl"), *sub]
+    result = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for name in FINAL:  # as a kill after checkpoint-4 leaves it
+        (out / name).unlink()
+    recipe = parse_args(cmd[2:])
+    assert check_output_dir(recipe, 8).resume_from == str(out / "checkpoint-4")
+    config = model / "sub" / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 0.5'))
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(recipe, 8)
+    assert f"(model: {model}: sub/config.json has " in str(refused.value), str(refused.value)

@@ -135,9 +135,21 @@ def input_files(recipe) -> dict[str, Path] | None:
     root = folder(recipe.model.model_name_or_path)
     if root is None:
         return None
-    found = [p for p in root.iterdir() if p.is_file() and any(fnmatch.fnmatchcase(p.name, m) for m in MODEL_FILES)]
+    # With model_init_kwargs' `subfolder`, the weights and config load from there: its sub/config.json edited between
+    # attempts resumed in silence, the checkpoint trained on under another model (the top folder's files alone kept)
+    sub = subfolder(recipe)
+    found = []
+    for where in (root, *([root / sub] if sub and (root / sub).is_dir() else [])):
+        found += [
+            p for p in where.iterdir() if p.is_file() and any(fnmatch.fnmatchcase(p.name, m) for m in MODEL_FILES)
+        ]
     found += (root / TEMPLATES_DIR).glob("*.jinja")
     return {p.relative_to(root).as_posix(): p for p in sorted(found)}
+
+
+def subfolder(recipe) -> str | None:
+    """The folder of the model's repo its weights and config load from (`model_init_kwargs`), else None."""
+    return str((recipe.training.model_init_kwargs or {}).get("subfolder") or "") or None
 
 
 def of(recipe) -> dict | None:
@@ -157,6 +169,8 @@ def changed(recipe, old: dict | None) -> str | None:
     name = recipe.model.model_name_or_path
     found = input_files(recipe)
     if found is not None and old.get("files"):
+        if (sub := subfolder(recipe)) and not any(n.startswith(f"{sub}/") for n in old["files"]):
+            found = {n: p for n, p in found.items() if not n.startswith(f"{sub}/")}  # recorded before they were
         why = data_identity.changed_files(old["files"], found)
         return f"{folder(name)}: {why}" if why else None
     if found is None and old.get(KEY):
