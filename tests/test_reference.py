@@ -1032,5 +1032,41 @@ def test_a_run_whose_pairs_all_come_from_other_runs_caches_says_so_not_that_its_
     capsys.readouterr()
     build(tmp_path / "b", tiny_model_dir, rows, "--max_steps", "2")
     out = capsys.readouterr().out
-    assert "16 reused from other runs' caches (the same pairs, model and settings), 0 scored, cached in" in out, out
+    assert "16 reused from other runs' caches (the same pairs, model and settings), none scored" in out, out
     assert "all 16 pairs reused from" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only cache: needs root")
+def test_a_read_only_cache_whose_other_runs_hold_every_pair_is_read_without_a_failed_write(tmp_path, tiny_model_dir):
+    """A team's read-only cache holding a longer run's reference (4 steps) lends a shorter run (2 steps) every pair by
+    digest: nothing to score and nothing lost, but the run tried to keep them under its own key, warned that `a later
+    run (a requeue too) scores the unsaved pairs again` (it finds them again, as this one did) and said
+    `... 0 scored, cached in <its folder>`, where nothing was written."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    cache = tmp_path / "cache"
+
+    def args(steps, *more):
+        run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
+        return [*run, "--output_dir", str(tmp_path / f"out-{steps}"), *more]
+
+    first = subprocess.run(
+        [python(), str(ROOT / "train_dpo.py"), *args("4", "--reference-only")],
+        cwd=ROOT,
+        env={**os.environ, "DPOTRAIN_CACHE": str(cache)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert first.returncode == 0, first.stdout[-3000:]
+    before = files_of(cache)
+    command = args("2", "--reference-only")
+    code, stdout, stderr = in_child(
+        lambda: run_cli(lambda: train_dpo.main(command)), read_only=[cache], env={"DPOTRAIN_CACHE": str(cache)}
+    )
+    log = stdout + stderr
+    assert code == 0, log[-3000:]
+    assert "16 reused from other runs' caches (the same pairs, model and settings), none scored" in log, log[-3000:]
+    assert "could not be" not in log and files_of(cache) == before

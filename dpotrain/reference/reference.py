@@ -311,6 +311,8 @@ class Outcome:
         kept = "".join(f"{part}, " for part in kept_parts(self.reused - self.shared, self.beside, "reused"))
         if self.shared:
             kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
+        if not self.scored:  # every pair found, some in other runs' caches: not "cached in" a folder it may not be
+            return f"{head} {kept}none scored"
         if self.unsaved:
             return (
                 f"{head} {kept}{self.scored:,} scored, not cached ({self.unsaved} in {self.folder}): the next run "
@@ -564,7 +566,11 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     # ended(scored, stopped, ...)
     ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared, beside=beside)
     if reused == n:  # a complete cache, or every pair found in other runs' caches: nothing to score
-        if not is_complete:  # kept under this run's key
+        # Kept under this run's key where it can be: a read-only cache (a team's) lends them the same way next time,
+        # and writing there warned that "a later run scores the unsaved pairs again" of pairs nothing had lost
+        if not is_complete and not broadcast_from_main(
+            bool(unwritable(store.folder)) if accelerator.is_main_process else None
+        ):
             _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
         return _with_columns(dataset, chosen, rejected), ended(0, False)
 
