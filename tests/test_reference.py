@@ -1070,3 +1070,25 @@ def test_a_read_only_cache_whose_other_runs_hold_every_pair_is_read_without_a_fa
     assert code == 0, log[-3000:]
     assert "16 reused from other runs' caches (the same pairs, model and settings), none scored" in log, log[-3000:]
     assert "could not be" not in log and files_of(cache) == before
+
+
+@pytest.mark.slow
+def test_a_part_holding_a_non_finite_score_is_scored_again_not_reused(tmp_path, tiny_model_dir, cache):
+    """A model that overflows (fp16) scores -inf, or NaN on one side of a pair; the stage refuses it at its next stop
+    check, but a part saved before that check (every reference_save_seconds) keeps those scores. Rerun, the stage read
+    -inf as scored and put it in complete.npz (training's loss then inf or NaN, every later run of the key reusing
+    it), and a pair with NaN on its rejected side alone as scored too, then raised a traceback blaming the ranks (`the
+    ranks disagree on the data set`). Such a pair is not scored: it is scored again (here by a finite model)."""
+    import numpy as np
+
+    trainer = build(tmp_path, tiny_model_dir, builtin.make_preference_rows(8, seed=3))
+    dataset, scorer = trainer.train_dataset, ReferenceScorer(trainer)
+    for c in cache.glob("*/complete.npz"):
+        c.unlink()
+    store = reference.Store.for_identity(reference.identity(scorer, dataset))
+    store.write_part("earlier", 0, [0, 1, 2], [-np.inf, -5.0, -7.0], [-3.0, np.nan, -9.0])
+    scored, outcome = reference.run(scorer, dataset, "train", None, stop=_never_stopped(), save_seconds=60)
+    assert (outcome.reused, outcome.scored) == (1, len(dataset) - 1)  # pair 2 alone was scored
+    chosen, rejected = (np.asarray(column) for column in ref_columns_of(scored))
+    assert np.isfinite(chosen).all() and np.isfinite(rejected).all()
+    assert chosen[2] == np.float32(-7.0) and rejected[2] == np.float32(-9.0)

@@ -168,8 +168,8 @@ class Store:
         chosen, rejected = arrays
         if not chosen.shape == rejected.shape == (self.pairs,):
             return self._damaged(path, f"arrays of shapes {chosen.shape}, {rejected.shape} for {self.pairs} pairs")
-        if np.isnan(chosen).any() or np.isnan(rejected).any():
-            return self._damaged(path, "pairs without a value")
+        if not (np.isfinite(chosen).all() and np.isfinite(rejected).all()):  # inf: an overflow's, never a reference
+            return self._damaged(path, "pairs without a finite value")
         return chosen, rejected
 
     def parts(self) -> tuple[np.ndarray, np.ndarray]:
@@ -190,6 +190,10 @@ class Store:
                     fresh = int(np.count_nonzero(np.isnan(chosen[index])))
                     self.beside[who] = self.beside.get(who, 0) + fresh
                 chosen[index], rejected[index] = c, r
+        # A model that overflows scores inf, or NaN on one side, saved in a part before the stop check that refuses it:
+        # read as scored, -inf went into complete.npz, and a NaN side raised "the ranks disagree". Scored again.
+        unscored = ~(np.isfinite(chosen) & np.isfinite(rejected))
+        chosen[unscored] = rejected[unscored] = np.nan
         return chosen, rejected
 
     def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:

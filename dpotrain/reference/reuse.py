@@ -104,6 +104,6 @@ def _complete_with_digests(folder: Path):
         return None  # it was scored
     if not (digests.shape == (len(chosen), DIGEST_BYTES) and chosen.shape == rejected.shape == (len(chosen),)):
         return None
-    if np.isnan(chosen).any() or np.isnan(rejected).any():
+    if not (np.isfinite(chosen).all() and np.isfinite(rejected).all()):  # inf: an overflow's (`Store.parts`)
         return None
     return digests, list(zip(chosen.tolist(), rejected.tolist(), strict=True))
