@@ -1124,15 +1124,13 @@ class JobVariable(ConfigError):
         )
 
 
-def recipe_expanded(
-    name: str, value: str, config_path: str | None, fix: str = "or write the path out", environ=None
-) -> str:
+def recipe_expanded(name: str, value: str, config_path: str | None, environ=None) -> str:
     """A recipe's `value` of field `name` by `venv.shell_expanded`'s rule (`environ`: os.environ), or refused in one
-    line with why and `fix`."""
+    line with why and what to do."""
     try:
         return venv.shell_expanded(value, environ)
     except venv.Unexpanded as e:
-        said, variable = f"{config_path}: {name} {value!r}", e.args[0]
+        said, variable, fix = f"{config_path}: {name} {value!r}", e.args[0], "or write the path out"
         if e.why == "unset" and variable.startswith("SLURM_") and not os.environ.get("SLURM_JOB_ID"):
             raise JobVariable(f"{said} {_unexpanded(e, config_path, fix)}", said, variable, name) from None
         raise ConfigError(f"{said} {_unexpanded(e, config_path, fix)}") from None
