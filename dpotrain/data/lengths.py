@@ -885,17 +885,9 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
             return key, Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, **kept)
 
     again = "its lengths are measured again by the next analysis (`max_length: auto`, scripts/analyze_dataset.py)"
-    found = run_records.read_cache(lengths_path, lengths, "length", again)
-    if found is None:
-        return None
-    key, measured = found
-    if key is not None and key != at.name:
-        why = (
-            f"it holds the lengths of cache key {key}, another data set, tokenizer or chat template than its name's: "
-            "a file copied in from another"
-        )
-        return run_records.damaged_cache(lengths_path, why, "length", again)
-    return measured, report_path
+    other = "the lengths of cache key {}, another data set, tokenizer or chat template than its name's: a file copied"
+    measured = run_records.read_cache(lengths_path, lengths, "length", again, at.name, other + " in from another")
+    return None if measured is None else (measured, report_path)
 
 
 def analyse(

@@ -179,15 +179,22 @@ def npz(path: str | Path):
         yield loaded
 
 
-def read_cache(path: str | Path, load, kind: str, again: str):
+def read_cache(path: str | Path, load, kind: str, again: str, key: str | None = None, other: str = ""):
     """What `load(path)` reads of a file of the `kind` cache; None when there is none, or when it is damaged (then it
-    is removed, with one warning saying `again`: how it is computed again)."""
+    is removed, with one warning saying `again`: how it is computed again). With `key`, `load` returns (the key the
+    file names, None for one written before files named theirs; what it read), and a file naming another key is
+    damaged: `other` (a format string of that key) says what it holds."""
     try:
-        return load(path)
+        found = load(path)
     except FileNotFoundError:
         return None
     except UNREADABLE as e:
         return damaged_cache(path, cause(e), kind, again)
+    if key is None:
+        return found
+    if found[0] is not None and found[0] != key:
+        return damaged_cache(path, f"it holds {other.format(found[0])}", kind, again)
+    return found[1]
 
 
 def damaged_cache(path: str | Path, why: str, kind: str, again: str) -> None:

@@ -271,14 +271,8 @@ class Store:
         broadcasts what it found, so every rank rescores the same pairs."""
 
         load = functools.partial(load_arrays, names=names, optional=optional)
-        found = run_records.read_cache(path, load, "reference", AGAIN)
-        if found is None:
-            return None
-        key, arrays = found
-        if key is not None and key != self.folder.name:
-            why = f"it holds the scores of cache key {key}, another model, data or settings than this folder's"
-            return self._damaged(path, f"{why}: a file copied in from another cache folder")
-        return arrays
+        other = "the scores of cache key {}, another model, data or settings than this folder's: a file copied in from"
+        return run_records.read_cache(path, load, "reference", AGAIN, self.folder.name, other + " another cache folder")
 
     def _damaged(self, path: Path, why: str) -> None:
         return run_records.damaged_cache(path, why, "reference", AGAIN)
