@@ -1008,7 +1008,8 @@ def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_h
     """Tool-using rows carry `tools` (and `chat_template_kwargs`), the others none. The pairs were written by a map
     that takes its columns from the first row: one with them, and a later row without failed (KeyError, a traceback
     before the model loads); one without them, and every later row's were silently dropped. Each row keeps its own
-    now; a row without `chat_template_kwargs` has the column's keys unset, since TRL applies `**` to them."""
+    now; a row without `chat_template_kwargs` has none (`{}`), since TRL applies `**` to them, and not the column's
+    keys as None, which a template's `is defined` takes as given."""
     tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
     pairs = builtin.make_preference_rows(8, seed=5)
     having = range(0 if first == "has them" else 1, 8, 2)
@@ -1020,7 +1021,7 @@ def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_h
     assert read.column_names[:3] == ["prompt", "chosen", "rejected"]
     for i, row in enumerate(read):
         assert (row["tools"] is not None) == (i in having), i
-        assert row["chat_template_kwargs"] == {"enable_thinking": False if i in having else None}, i
+        assert row["chat_template_kwargs"] == ({"enable_thinking": False} if i in having else {}), i
 
 
 # A template that writes an assistant's tool calls, as tool-calling models' templates do (Qwen's, Llama's)

@@ -22,7 +22,7 @@ from test_refusals import refused
 import train_dpo
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve, stages
-from dpotrain.data import builtin, chat_template, mixture, rows
+from dpotrain.data import builtin, chat_template, lengths, mixture, rows
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -1292,7 +1292,33 @@ def test_a_source_with_chat_template_kwargs_joins_one_without_them(order, tmp_pa
     sources = mixture.parse(mixture.fields_of(parse_args(argv)))
     joined, _ = mixture.load(sources, 42, rows.RowRules(say=False), {}, "invalid_rows")
     kwargs = [row["chat_template_kwargs"] for row in joined]
-    assert sorted(kwargs, key=str) == [{"enable_thinking": False}] * 4 + [{"enable_thinking": None}] * 6
+    assert sorted(kwargs, key=str) == [{"enable_thinking": False}] * 4 + [{}] * 6
+
+
+def test_a_source_without_chat_template_kwargs_trains_none_of_the_others(tmp_path, tiny_model_dir):
+    """One source's rows give `effort`, the other's give nothing. The other's rows reached TRL as `{"effort": None}`
+    (the joined column's keys with no value), which a template's `is defined` takes as given: every one of them
+    trained a system turn `Effort: None` that neither file holds, with no word said. They get none now."""
+    template = tmp_path / "effort.jinja"
+    own = (Path(tiny_model_dir) / "chat_template.jinja").read_text()
+    template.write_text(
+        "{% if effort is defined %}<|im_start|>system\nEffort: {{ effort }}<|im_end|>\n{% endif %}" + own
+    )
+    with_them = [p | {"chat_template_kwargs": {"effort": "high"}} for p in builtin.make_preference_rows(4)]
+    files = {"with": with_them, "without": builtin.make_preference_rows(6, seed=9)}
+    for name, pairs in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    argv = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--chat_template_path", str(template)]
+    argv += ["--output_dir", str(tmp_path / "run"), "--dataset_mixer_list"]
+    argv += [str(tmp_path / "with.jsonl"), "1.0", str(tmp_path / "without.jsonl"), "1.0"]
+    recipe = parse_args(argv)
+    pairs = stages.load_data(recipe, stages.checks(recipe), say=False).train
+    tokenizer = lengths.recipe_tokenizer(recipe)
+    efforts = []
+    for row in pairs:  # as TRL's tokenize_fn renders each prompt: `**example.get("chat_template_kwargs", {})`
+        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, **row.get("chat_template_kwargs", {}))
+        efforts.append(text.split("Effort: ")[1].split("<")[0] if "Effort: " in text else None)
+    assert efforts == ["high"] * 4 + [None] * 6  # 'None' six times before
 
 
 @pytest.mark.parametrize("order", ["plain first", "plain last"])

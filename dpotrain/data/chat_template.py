@@ -204,14 +204,19 @@ def eos_ids(value) -> set:
 # --- answers against the generation prompt ---------------------------------------------------------------------------
 
 
+def given_kwargs(kwargs) -> dict:
+    """A row's chat_template_kwargs as it gives them: a key it has no value for (a null row, or a key only other rows
+    have, which Arrow gives every row of the column as null) left out, not passed as None, which a template's `is
+    defined` takes as given (`Effort: None`, Llama 3's `Today Date: None`, written into every such row's prompt)."""
+    return {k: v for k, v in (kwargs or {}).items() if v is not None}
+
+
 def template_kwargs(example: dict) -> dict:
     """A message row's `apply_chat_template` arguments, as DPOTrainer's tokenize_fn passes them (`tools` a list or a
-    JSON string)."""
+    JSON string), and the row's chat_template_kwargs it gives (`given_kwargs`), as the run's pairs hold them."""
     tools = example.get("tools")
-    return {
-        "tools": json.loads(tools) if isinstance(tools, str) else tools,
-        **(example.get("chat_template_kwargs") or {}),
-    }
+    kwargs = given_kwargs(example.get("chat_template_kwargs"))
+    return {"tools": json.loads(tools) if isinstance(tools, str) else tools, **kwargs}
 
 
 def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tuple[str, str] | None:

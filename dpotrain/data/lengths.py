@@ -45,7 +45,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 12  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 13  # bump when the numbers an analysis produces change, so cached reports are not reused
 # 12: a JSON Lines file whose field changes type after its first 10 MiB is read as written (data.json_quoted_columns)
 
 
@@ -158,7 +158,7 @@ def _measure_batch(
         rendered = {}  # the template's texts, as its check rendered them: not rendered twice
         row = dict(zip(batch, values, strict=True))
         if "chat_template_kwargs" in row and row["chat_template_kwargs"] is None and no_kwargs is not None:
-            # as the run's pairs are read (rows.no_null_kwargs): a template that writes what is defined writes more
+            # as the run's pairs are read (rows.no_null_kwargs): none
             row["chat_template_kwargs"] = no_kwargs
         example, problem = read_row(row, fmt, rendered, position == 0)  # as training
         unopened[position] = int(rendered.get("unopened", False))

@@ -612,28 +612,29 @@ def _parsed_features(dataset, shape: shapes.Shape):
 
 
 def null_kwargs(features) -> dict | None:
-    """What a row with a null `chat_template_kwargs` is given (`no_null_kwargs`): the column's keys with no value, `{}`
-    where the column is datasets' Json; None where no row has any (or no column)."""
+    """What a row with a null `chat_template_kwargs` is given (`no_null_kwargs`): `{}`, none; None where no row has
+    any (or no column)."""
     import datasets
 
     feature = (features or {}).get("chat_template_kwargs")
-    if not isinstance(feature, dict | datasets.Json):
-        return None
-    return {} if isinstance(feature, datasets.Json) else dict.fromkeys(feature)
+    return {} if isinstance(feature, dict | datasets.Json) else None
 
 
 def no_null_kwargs(pairs):
-    """TRL applies a row's `**chat_template_kwargs`: a row without them (null where other rows have some) gets the
-    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped. Rows whose keyword
-    arguments differ in their names or types are datasets' Json: each row's as written, `{}` where it has none."""
-    feature = pairs.features.get("chat_template_kwargs")
-    if feature is None:
+    """TRL applies a row's `**chat_template_kwargs`: each row gets those it gives (`chat_template.given_kwargs`),
+    `{}` where it has none, as datasets' Json (a struct column gives every row every key, null where it has none);
+    a column no row fills is dropped."""
+    import datasets
+
+    if pairs.features.get("chat_template_kwargs") is None:
         return pairs
-    if (empty := null_kwargs(pairs.features)) is None:  # no row has keyword arguments (an all-null column)
+    if null_kwargs(pairs.features) is None:  # no row has keyword arguments (an all-null column)
         return pairs.remove_columns("chat_template_kwargs")
+    features = pairs.features.copy()
+    features["chat_template_kwargs"] = datasets.Json()
     return pairs.map(
-        lambda kwargs: {"chat_template_kwargs": empty if kwargs is None else kwargs},
+        lambda kwargs: {"chat_template_kwargs": chat_template.given_kwargs(kwargs)},
         input_columns="chat_template_kwargs",
-        features=pairs.features,
+        features=features,
         desc="Reading chat_template_kwargs",
     )
