@@ -481,3 +481,24 @@ def test_a_length_cache_file_copied_in_from_another_key_is_named_and_measured_ag
     ), said
     assert not mine.with_suffix(".npz").exists() and theirs.with_suffix(".npz").exists()
     assert lengths.cached_measure("twenty-four-pairs", tokenizer, cache)[0].rows == 24  # its own name: read
+
+
+@pytest.mark.parametrize("where", ["a pair's column", "a message's field"])
+def test_a_json_lines_key_written_twice_is_refused_with_its_line(where, tmp_path, monkeypatch, capsys):
+    """A JSON Lines object with a key written twice (`{"chosen": ..., "rejected": ..., "chosen": ...}`, a line
+    joined by hand or an export's string template) is JSON to Python, but pyarrow refuses it: the run stopped with
+    `could not read dataset file ...: DatasetGenerationError: An error occurred while generating the dataset`,
+    naming neither the line nor the key. Now the line and the key, as a line that is not JSON is named."""
+    from test_refusals import pair, refused
+
+    lines = [json.dumps(pair(f"Blue {i}.", f"Green {i}.")) for i in range(6)]
+    if where == "a pair's column":
+        lines[3] = lines[3][:-1] + ', "chosen": ' + json.dumps(pair("Red.")["chosen"]) + "}"
+        key = "chosen"
+    else:
+        lines[3] = lines[3].replace('"content": "Blue 3."', '"content": "Blue 3.", "content": "Red."')
+        key = "content"
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    error = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert error == f"error: {path}:4: key {key!r} written twice in one object: keep one, on that line", error

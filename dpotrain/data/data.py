@@ -1022,15 +1022,27 @@ def _bad_line(path: Path) -> str | None:
         if format_suffix(path) not in JSON_LINES and (array := _json_document_error(path, f)) is not False:
             return array or lone_surrogate(path)
         f.seek(0)
+        # A key written twice in one object, at any depth, is valid JSON to json.loads (the last value kept), but
+        # pyarrow refuses it, which reached the user as "An error occurred while generating the dataset" alone
+        twice = []
+
+        def once(items):
+            keys = [k for k, _ in items]
+            twice.extend(k for k in keys if keys.count(k) > 1)
+            return dict(items)
+
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            twice.clear()
             try:
-                row = json.loads(line.rstrip("\n"))
+                row = json.loads(line.rstrip("\n"), object_pairs_hook=once)
             except json.JSONDecodeError as e:
                 return f"{_not_json(path, number, e)}: fix or remove that line"
             if not isinstance(row, dict):
                 return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+            if twice:
+                return f"{path}:{number}: key {twice[0]!r} written twice in one object: keep one, on that line"
     return lone_surrogate(path)
 
 
