@@ -1470,3 +1470,24 @@ def test_a_dry_run_that_leaves_a_hub_data_set_unread_still_notes_held_out_pairs_
         "pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
         "--dataset_mixer_eval_list FILE 1.0)"
     ]
+
+
+@pytest.mark.parametrize("columns", ["instruction alone", "instruction beside input"])
+def test_a_sources_columns_are_kept_before_its_prompt_column_is_found(columns, tmp_path):
+    """An Alpaca-shaped source (string answers, the prompt in `instruction`) with `columns: [instruction, chosen,
+    rejected]`, TRL's way to keep what is read: the columns were kept only after `instruction` had been renamed
+    `prompt`, so the entry was refused as naming a column the file has (`no column ['instruction'] (it has [...,
+    'prompt', ...])`), and beside an `input` column the entry that leaves `input` out was refused as holding two
+    prompts. TRL keeps the columns right after the load; so does the run now, and reads `instruction` as the prompt."""
+    pairs = [
+        {"id": i, "instruction": f"Add {i} and 2.", "chosen": f" {i + 2}.", "rejected": f" {i + 3}."} for i in range(8)
+    ]
+    if columns == "instruction beside input":
+        pairs = [p | {"input": ""} for p in pairs]
+    path = tmp_path / "alpaca.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    entry = {"path": str(path), "columns": ["instruction", "chosen", "rejected"]}
+    sources = mixture.parse(mixture.fields_of(parse_args(["--config", SMOKE, "--datasets", json.dumps(entry)])))
+    joined, mix = mixture.load(sources, 42, rows.RowRules(say=False), {}, "invalid_rows")
+    assert mix.records[0]["taken"] == 8
+    assert joined[0] == {"prompt": "Add 0 and 2.", "chosen": " 2.", "rejected": " 3."}

@@ -312,8 +312,10 @@ def load_preference_dataset(
     streaming: bool = False,
     say: bool = True,
     split_flag: str | None = None,
+    select=None,
 ):
-    """The `split` of data set `name`, checked for `chosen`/`rejected`. `split_flag`: the option that chose `split`."""
+    """The `split` of data set `name`, checked for `chosen`/`rejected`. `split_flag`: the option that chose `split`;
+    `select`: what is kept of the split before it is read (a mixture entry's `columns`, `kept_columns`)."""
     import datasets
 
     check_dataset_name(name)
@@ -378,8 +380,21 @@ def load_preference_dataset(
             how = f"set {split_flag} to" if split_flag else "choose"
             raise ConfigError(f"dataset {name!r} has no split {split!r}: {how} one of {sorted(loaded)}")
         loaded = loaded[split]
+    loaded = select(loaded) if select else loaded
     check_columns(loaded, name)
     return prompt_column(loaded, name, split, say)
+
+
+def kept_columns(dataset, columns, what: str):
+    """`columns` of `dataset` alone (a mixture entry's `columns`, TRL's `select_columns` right after the load), kept
+    before the split is read: after, an Alpaca `instruction` named there had been renamed `prompt` (refused as no
+    such column), and one chosen beside `input` refused as two prompts."""
+    if missing := [c for c in columns if c not in dataset.column_names]:
+        raise ConfigError(
+            f"{what}: no {plural(len(missing), 'column', count=False)} {missing} (it has "
+            f"{sorted(dataset.column_names)}): fix `columns`"
+        )
+    return dataset.select_columns(list(columns))
 
 
 def prompt_column(dataset, name: str, split: str = "train", say: bool = True):

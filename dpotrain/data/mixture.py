@@ -612,8 +612,11 @@ class Mix:
 
 def read_source(source: Source, say: bool = True, revision: str | None = None):
     """One source's rows, as the one-source loader reads them; a Hub source's at `revision` (`pin`), else its main."""
+    # `columns` kept first, as TRL does: before the source's prompt column is found (`data.prompt_column`)
+    what = f"mixture source {source.spec()}"
+    select = functools.partial(data.kept_columns, columns=source.columns, what=what) if source.columns else None
     if source.file:
-        loaded = data.load_preference_dataset(source.file, source.split, say=say)
+        loaded = data.load_preference_dataset(source.file, source.split, say=say, select=select)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
         data.check_datasets_cache()
         # CSV files read as text, as one file is (data.csv_text_features)
@@ -636,18 +639,11 @@ def read_source(source: Source, say: bool = True, revision: str | None = None):
         if not source.hub:  # a Hub repo's files are not read twice
             del files["split"]
             loaded = data.exact_mixed_fields(loaded, source.split, source.path, **files)
-        loaded = data.prompt_column(loaded, source.spec(), source.split, say)
+        loaded = data.prompt_column(select(loaded) if select else loaded, source.spec(), source.split, say)
     else:
         loaded = data.load_preference_dataset(
-            source.path, source.split, source.name, revision, say=say, split_flag=source.split_from
+            source.path, source.split, source.name, revision, say=say, split_flag=source.split_from, select=select
         )
-    if source.columns:
-        if missing := [c for c in source.columns if c not in loaded.column_names]:
-            raise ConfigError(
-                f"mixture source {source.spec()}: no {plural(len(missing), 'column', count=False)} {missing} (it has "
-                f"{sorted(loaded.column_names)}): fix `columns`"
-            )
-        loaded = loaded.select_columns(list(source.columns))
     data.check_columns(loaded, source.spec())
     return loaded
 
