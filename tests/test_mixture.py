@@ -1491,3 +1491,31 @@ def test_a_sources_columns_are_kept_before_its_prompt_column_is_found(columns, t
     joined, mix = mixture.load(sources, 42, rows.RowRules(say=False), {}, "invalid_rows")
     assert mix.records[0]["taken"] == 8
     assert joined[0] == {"prompt": "Add 0 and 2.", "chosen": " 2.", "rejected": " 3."}
+
+
+def test_a_sources_tools_reach_the_template_without_fields_only_another_source_writes(tmp_path, tiny_model_dir):
+    """One source's tools list `required` parameters, the other's none (an optional field of a tool's JSON schema).
+    The join typed `tools` as a struct of both sources' fields, so the other source's tools reached the template with
+    `"required": null`, which a template writes (`tools | tojson`, as tool-calling templates do): every one of its
+    prompts trained a tool definition its file does not hold. Each source's tools are joined as written now."""
+
+    def tools(**extra):
+        parameters = {"type": "object", "properties": {"city": {"type": "string"}}, **extra}
+        return [{"type": "function", "function": {"name": "weather", "description": "d", "parameters": parameters}}]
+
+    files = {
+        "required": [p | {"tools": tools(required=["city"])} for p in builtin.make_preference_rows(3, seed=1)],
+        "optional": [p | {"tools": tools()} for p in builtin.make_preference_rows(4, seed=2)],
+    }
+    for name, pairs in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    argv = ["--config", SMOKE, "--dataset_mixer_list"]
+    argv += [x for name in files for x in (str(tmp_path / f"{name}.jsonl"), "1.0")]
+    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, rows.RowRules(say=False), {}, "x")
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}" + tokenizer.chat_template
+    written = [
+        json.loads(tokenizer.apply_chat_template(row["prompt"], tools=row["tools"], tokenize=False).split("\n")[0])
+        for row in joined
+    ]
+    assert written == [t for pairs in files.values() for t in (p["tools"][0] for p in pairs)]  # `"required": null`

@@ -745,16 +745,19 @@ def _aligned(parts: list) -> list:
 
 
 def _union(a, b):
-    """A type holding the values of both: null takes the other's; structs take both's fields; anything else mixed
-    (`tools` as JSON text in one source, a list in another) is datasets' Json, which reads either back as written."""
+    """A type holding the values of both: null takes the other's; structs of the same fields take both's types;
+    anything else mixed (`tools` as JSON text in one source, a list in another; structs of other fields) is datasets'
+    Json, which reads each back as written."""
     import datasets
 
     if a == b or getattr(b, "dtype", None) == "null" or isinstance(a, datasets.Json):
         return a
     if getattr(a, "dtype", None) == "null" or isinstance(b, datasets.Json):
         return b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {k: _union(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        # Not a struct of both's fields: each row would get the fields only the other source writes, as null, and
+        # the template renders them (a tool's `"required": null` in its JSON, a message's `name` of None)
+        return {k: _union(a[k], b[k]) for k in a}
     if type(a) is type(b) and isinstance(a, datasets.List | datasets.LargeList):
         return dataclasses.replace(a, feature=_union(a.feature, b.feature))
     return datasets.Json()
