@@ -335,6 +335,10 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     read = (revision, checked, identify, pins, fetch, recorded)
     trained: set = set()  # the training pairs' digests: held-out pairs among them are said (rows.say_repeats)
     dataset, mix = _load_pairs(recipe, rules, *read, trained=trained, drawn=drawn)
+    # The files' content recorded before the look after the read, which refuses a file changed since the look before:
+    # hashed after the held-out pairs' read, a file changed meanwhile was recorded as the pairs trained on, and a
+    # resume went on with it (a mixture's sources are hashed as each is read, in `mixture.load`)
+    found = mixture.data_identity_of(recipe) if identify and not mixed else None
     dataset_id = _read_identity(recipe, launch, revision, before, pins, drawn)
     eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
@@ -345,8 +349,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         _note_also_trained(values, say)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
-        found = mixture.data_identity_of(recipe)  # the files the run reads, not every file of their folder
-        checked["data_identity"] = found or hub_revision.identity(revision)
+        checked["data_identity"] = found or hub_revision.identity(revision)  # the files read, not all their folder's
         # The test split's files where the training split's leave them out (a saved DatasetDict's own folder; a folder
         # of split files is recorded whole): a resume compares them (mixture.held_out_changed)
         test = eval_dataset is not None and not mixture.given(values, evaluation=True)

@@ -784,3 +784,40 @@ def test_an_edited_config_json_of_the_model_init_kwargs_subfolder_is_refused(tmp
     with pytest.raises(ConfigError) as refused:
         check_output_dir(recipe, 8)
     assert f"(model: {model}: sub/config.json has " in str(refused.value), str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_training_file_changed_while_the_held_out_pairs_are_read_is_recorded_as_trained(tmp_path, tiny_model_dir):
+    """The run hashes its training file for its record (the content a resume is compared with, the model card's
+    SHA-256). It hashed it only after the held-out pairs were read, past the look that refuses a file changed during
+    the read: pairs.jsonl rewritten then (a new export landing as the job starts) was recorded as the data trained on,
+    while the run trained the rows it had read, and a requeued attempt resumed on the new pairs, no word said. The
+    record is now the content read."""
+    import hashlib
+    import signal
+
+    from conftest import PAUSE_AT, pause_env, paused_pid, python
+
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    data, held = tmp_path / "pairs.jsonl", tmp_path / "held.jsonl"
+    data.write_text("".join(lines[:32]))
+    held.write_text("".join(lines[300:308]))
+    read = hashlib.sha256(data.read_bytes()).hexdigest()
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
+    args += ["--dataset_name", str(data), "--dataset_mixer_eval_list", str(held), "1.0", "--eval_strategy", "steps"]
+    args += ["--eval_steps", "1", "--max_steps", "1", "--warmup_steps", "0", "--output_dir", str(out)]
+    env = {**os.environ, **pause_env("", f"*/{held.name}", paused)}  # stopped as the held-out file is first opened
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        data.write_text("".join(lines[32:64]))  # other pairs, once the training pairs were read
+        os.kill(pid, signal.SIGCONT)
+        output = proc.communicate(timeout=600)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    recorded = json.loads((out / "resolved_config.json").read_text())["derived"]["data_identity"]["pairs.jsonl"]
+    assert recorded["sha256"] == read  # the new file's before
