@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{run} holds a finished run with files missing: {', '.join(problems)}: copy them again from the "
                 "folder the run wrote (a copy of it stopped midway, or files deleted since); nothing was pushed"
             )
+        if stop := health_stopped(run):  # a nonfinite stop writes no checkpoint: "resume it with the same command"
+            # was the advice, a command such a run refuses
+            raise ConfigError(
+                f"{run} has not finished training (no {hub.RUN_COMPLETE}) and has no checkpoint to push: {stop}"
+            )
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
     if not stopped:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first

@@ -2397,6 +2397,32 @@ def test_a_run_a_health_guard_stopped_is_not_told_to_resume_with_the_same_comman
     assert "start afresh; add --checkpoints" in str(refused.value) and "health_action" not in str(refused.value)
 
 
+def test_a_run_a_health_guard_stopped_before_any_checkpoint_is_not_told_to_resume(hub, tmp_path, monkeypatch):
+    """A run the nonfinite guard stopped before its first checkpoint (that guard writes none from a non-finite state)
+    has nothing push_to_hub.py can push: it said "missing run_complete.json (training has not finished: resume it with
+    the same command)", a command the run refuses after such a stop. It now names the guard and the rerun."""
+    from unittest import mock
+
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO, "run_name": "run"}))
+    (run / "health_stop.json").write_text(json.dumps({"guard": "nonfinite", "step": 2, "fatal": True}))
+    run_files.write(run, [run_files.MANIFEST, "resolved_config.json", "health_stop.json"])
+    script = push_script(hub, monkeypatch)
+    for args in ([str(run)], [str(run), "--checkpoints"]):
+        with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+            script.main(args)
+        assert str(refused.value) == (
+            f"{run} has not finished training (no run_complete.json) and has no checkpoint to push: the nonfinite "
+            f"guard stopped it at step 2 ({run}/health_stop.json), and the same command is refused: fix the cause the "
+            "stop named, then rerun it with --overwrite_output_dir to start afresh"
+        )
+    assert not hub.state.project_requests()  # refused before the Hub is asked
+
+
 def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path, monkeypatch, capsys):
     """A push took each checkpoint file's SHA-256 from its manifest to compare with the Hub's, but never checked the
     file against it: weights damaged after the save (a bad disk block: the same size) went up as that step's model. The
