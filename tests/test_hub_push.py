@@ -3338,6 +3338,34 @@ def test_a_section_added_after_the_cards_revisions_is_kept_by_push_to_hub(hub, t
     assert hub.state.repos[REPO]["main"]["README.md"].decode().endswith(theirs)
 
 
+def test_a_card_edited_in_another_encoding_is_refused_naming_the_fix_not_a_rerun(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """A person adds their evaluation to a finished run's card in an editor that saves Latin-1 ("Évaluation"):
+    push_to_hub.py failed reading it with "UnicodeDecodeError ...: run the same command again", exit 1, which fails the
+    same way each time. It is refused before main is pushed, naming the line and the fix (save it as UTF-8)."""
+    import shutil
+    from unittest import mock
+
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "training_curves.png").write_text("png")
+    (run / "run_complete.json").write_text("{}")
+    (run / "README.md").write_bytes("# run\n\n## Évaluation\n".encode("latin-1"))
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+        script.main([str(run), "--repo-id", REPO])
+    assert str(refused.value) == (
+        f"{run}/README.md line 3 is not UTF-8 text, which a model card must be: save it as UTF-8 (written as Latin-1: "
+        "`iconv -f latin1 -t utf-8`), then run the same command again; main was not pushed"
+    )
+    assert not hub.state.of("commit")
+
+
 def test_push_to_hub_under_the_compute_nodes_offline_switch_in_env_names_a_command_that_pushes(
     hub, tmp_path, monkeypatch, tiny_model_dir
 ):

@@ -439,7 +439,15 @@ def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "", best:
 def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
     path = Path(output_dir) / "README.md"
-    card = path.read_text()
+    try:
+        card = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:  # a section added in an editor's other encoding: "run the same command again" was
+        # push_to_hub.py's advice, which failed the same way each time
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} line {line} is not UTF-8 text, which a model card must be: save it as UTF-8 (written as Latin-1: "
+            f"`iconv -f latin1 -t utf-8`), then run the same command again; main was not pushed"
+        ) from None
     head, _, section = card.partition("\n" + REVISIONS_HEADING)
     # A section a person added after the list (their evaluation) kept: the list has no heading of its own after its
     # first, and everything after it was dropped from the card in the folder and on main
