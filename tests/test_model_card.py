@@ -44,6 +44,19 @@ def test_model_card_names_base_dataset_recipe_and_final_metrics():
     assert "![training curves](training_curves.png)" in card
 
 
+def test_the_card_names_the_split_and_configuration_of_the_data_set_trained_on():
+    """`--dataset_name HuggingFaceH4/ultrafeedback_binarized --dataset_train_split train_prefs` (docs/data.md's own
+    example), or a `dataset_config`: the card said "on `HuggingFaceH4/ultrafeedback_binarized` (commit ...)", the whole
+    data set, whose default configuration and split a reader loads, not what the run trained on. The default ones
+    (`train`, no configuration) are not named."""
+    base = {"model_name_or_path": "org/sft-7b", "dataset_name": "HuggingFaceH4/ultrafeedback_binarized", "derived": {}}
+    card = model_card({**base, "dataset_train_split": "train_prefs", "dataset_config": "sub"}, [])
+    assert "of `org/sft-7b` on the `train_prefs` split of configuration `sub` of `HuggingFaceH4/ultrafeedback_b" in card
+    assert "- HuggingFaceH4/ultrafeedback_binarized" in card  # the Hub metadata names the repo as before
+    card = model_card({**base, "dataset_train_split": "train"}, [])
+    assert "of `org/sft-7b` on `HuggingFaceH4/ultrafeedback_binarized` with" in card and "split" not in card
+
+
 def test_the_card_says_the_loss_trained_with_its_weights_and_options():
     """Every card said "OLMo 3's length-normalized DPO recipe", whatever loss_type trained, and named no weight or
     loss option: an MPO run's card could not be reproduced from it, an ipo run's claimed OLMo 3's loss."""

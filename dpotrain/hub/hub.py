@@ -220,7 +220,7 @@ def model_card(
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     # a path is no Hub data set, here or not (the card of a run whose data lay in /home/...: the Hub refuses it)
     hub_names = [n for n in names if "/" in n and is_hub_model(n)]
-    data_named = mixture.of_sources(sources) if sources else named(dataset, r.data.data_identity)
+    data_named = mixture.of_sources(sources) if sources else part_named(s) + named(dataset, r.data.data_identity)
     trained_from = f"{named(base, r.model_identity)} on {data_named}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
@@ -298,6 +298,14 @@ def named(name: str | None, identity: dict | None) -> str:
     suffixes = [s for s in Path(name).suffixes if s not in COMPRESSIONS]
     file = "files" not in identity and len(hashed) <= 1 and suffixes[-1:] in [[s] for s in LOCAL_SUFFIXES]
     return f"`{shown(name)}` (a local {'file' if file else 'folder'})"
+
+
+def part_named(s) -> str:
+    """The part of `dataset_name` trained on, where it is not the whole default one, said before its name: its split
+    (`ultrafeedback_binarized`'s `train_prefs`) and configuration. The card named the data set alone, whose default a
+    reader loads."""
+    split = f"the `{s.dataset_train_split}` split of " if s.dataset_train_split not in (None, "train") else ""
+    return split + (f"configuration `{s.dataset_config}` of " if s.dataset_config else "")
 
 
 def card_fields(optim: str | None) -> list[str]:
