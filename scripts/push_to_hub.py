@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
     check_is_a_run(run)
     check_no_live_run(run)
+    check_record_as_written(run)
     # The record of pushes, read before anything uploads: a line changed by hand was refused only once the checkpoints
     # had gone up, as the card's list of them was made. One unreadable (a folder in its place) is said as a push's
     # record that could not be written is.
@@ -256,6 +257,22 @@ def never_pushed(run: Path, lost: list[dict]) -> str:
     return (
         f"no command can push {', '.join(r['branch'] for r in lost)} (see {run}/{hub_push.PUSH_RECORD}), so "
         f"{'it is' if one else 'they are'} not on the Hub: {'; '.join(why)}"
+    )
+
+
+def check_record_as_written(run: Path) -> None:
+    """Refuse a resolved_config.json edited after the run wrote it (its own SHA-256 disagrees): it went up to the Hub as
+    the run's record (a `learning_rate` "fixed" there) beside a card and a model trained otherwise, exit 0, and its
+    edited hub_model_id or base chose the repo."""
+    if not run_record.edited_file(run / run_record.RESOLVED):
+        return
+    copy = next((f for f in reversed(checkpoints.own_checkpoints(run)) if (f / run_record.RESOLVED).is_file()), None)
+    restore = (
+        f"put back the run's own ({copy / run_record.RESOLVED} holds a copy)" if copy else "put back the run's own"
+    )
+    raise ConfigError(
+        f"{run / run_record.RESOLVED} was edited after the run wrote it, and would reach the Hub as the record of a "
+        f"run that was not trained so: {restore}; to push to another repo, pass --repo-id org/name; nothing was pushed"
     )
 
 

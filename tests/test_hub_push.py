@@ -2771,6 +2771,8 @@ def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_mod
     the training machine's paths (its user's home, a site's project folder) mean nothing there. The run's folder keeps
     its record as written (a resume reads it), and push_to_hub.py compares the copies with the Hub's: the same run is
     not pushed again, a changed record is."""
+    from dpotrain.recipe import run_record
+
     data = tmp_path / "my-data" / "prefs.jsonl"
     data.parent.mkdir()
     data.write_bytes((ROOT / "data" / "smoke_prefs.jsonl").read_bytes())
@@ -2801,6 +2803,8 @@ def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_mod
     assert f"Skipped checkpoint-4: {REPO}@step-4 already holds it" in again.stdout
     assert len(hub.state.commits) == commits
     kept["derived"]["dataset_rows"] += 1  # a record that differs (not in a path) is another run's: pushed
+    # sealed as a run writes its record: one edited by hand is refused (push_to_hub.check_record_as_written)
+    kept = run_record.sealed({k: v for k, v in kept.items() if k != run_record.SEAL})
     (out / "resolved_config.json").write_text(json.dumps(kept, indent=2))
     changed = push_checkpoints(out, hub, tmp_path)
     assert changed.returncode == 0, changed.stdout + changed.stderr
@@ -3364,6 +3368,44 @@ def test_a_card_edited_in_another_encoding_is_refused_naming_the_fix_not_a_rerun
         "`iconv -f latin1 -t utf-8`), then run the same command again; main was not pushed"
     )
     assert not hub.state.of("commit")
+
+
+def test_a_record_edited_after_the_run_is_refused_before_it_reaches_the_hub(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """A finished run's resolved_config.json with a value "fixed" by hand (its own SHA-256, `written_sha256`, then
+    disagrees): push_to_hub.py pushed it to main as the run's record, learning_rate 0.5 beside a card and a model
+    trained at 1e-4, and said `Pushed`. It is refused before anything uploads, naming the checkpoint's copy to put back
+    and --repo-id (an edited hub_model_id chose the repo); the record as the run wrote it is pushed."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.recipe import run_record
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    written = json.dumps(run_record.sealed({"hub_model_id": REPO, "run_name": "run", "learning_rate": 1e-4}))
+    (run / "resolved_config.json").write_text(written)
+    sealed_checkpoint(run / "checkpoint-2")
+    (run / "checkpoint-2" / "resolved_config.json").write_text(written)
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    (run / "resolved_config.json").write_text(written.replace("0.0001", "0.5"))
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as refused:
+        script.main([str(run)])
+    assert str(refused.value) == (
+        f"{run}/resolved_config.json was edited after the run wrote it, and would reach the Hub as the record of a run "
+        f"that was not trained so: put back the run's own ({run}/checkpoint-2/resolved_config.json holds a copy); to "
+        "push to another repo, pass --repo-id org/name; nothing was pushed"
+    )
+    assert not hub.state.project_requests()
+    shutil.copy(run / "checkpoint-2" / "resolved_config.json", run / "resolved_config.json")
+    with mock.patch.dict(os.environ):
+        script.main([str(run)])
+    assert json.loads(hub.state.repos[REPO]["main"]["resolved_config.json"])["learning_rate"] == 1e-4
 
 
 def test_push_to_hub_under_the_compute_nodes_offline_switch_in_env_names_a_command_that_pushes(
