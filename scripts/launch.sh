@@ -380,7 +380,13 @@ requeue_after_stop() {
     left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null || true)
     "$VENV/bin/python" -m dpotrain.cluster.job warned-start "${lead:-}" "${lead_from:-}" "$left" "$SECONDS" "$2" || exit
   fi
-  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
+  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*\|BatchFlag=[0-9]*' | tr '\n' ' ' || true)
+  # Run directly in an allocation (salloc: no batch script), Slurm cannot requeue it ("Only batch jobs are accepted"):
+  # the user's command goes on from what was saved, as outside Slurm.
+  if [[ $job == *BatchFlag=0* ]]; then
+    echo "=== $(date -Is) $saved; an allocation (salloc) is not requeued: run the same command to go on ==="
+    exit 75
+  fi
   if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
     echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
     if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
@@ -419,6 +425,10 @@ free_port  # last, right before the launch: the dry run and a preflight take min
 # From here a stop makes the stop file, which the run reads as asked before it started (a stop after step 1, saved).
 trap 'stop_request USR1' USR1
 trap 'stop_request TERM' TERM
+# Run directly in an allocation (salloc), a terminal's Ctrl-C reaches this shell and srun, which only reports its tasks:
+# untrapped, it ended this shell at once, salloc gave the allocation back, and Slurm killed the run KillWait (30 s)
+# into its checkpoint. A stop request, as the run takes Ctrl-C outside Slurm.
+trap 'stop_request INT' INT
 # One that came before (noted by the traps at the top) launches nothing: nothing was trained in this start. The
 # time-limit warning would come as early in every requeue, which would never train: refused, naming --time
 # (requeue_after_stop). Any other (`scancel --signal`, the warning of a job given more time) requeues.

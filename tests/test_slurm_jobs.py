@@ -770,6 +770,58 @@ def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tm
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 6
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_ctrl_c_to_launch_sh_run_in_an_allocation_saves_before_the_allocation_is_given_back(slurm, tmp_path):
+    """`bash scripts/launch.sh` typed inside `salloc` (docs/slurm.md), then Ctrl-C: the terminal's SIGINT reaches the
+    launch.sh shell (salloc's foreground group) and srun, which only reports its tasks. Untrapped, it ended the shell at
+    once, salloc gave the allocation back, and Slurm killed the run KillWait (30 s) into a checkpoint that takes longer
+    (`slow_checkpoint_project`: 40 s more): nothing saved. Now a stop request, as Ctrl-C is outside Slurm: the run
+    saves, and launch.sh says to run the same command again (an allocation cannot be requeued) and exits 75."""
+    project = slow_checkpoint_project(tmp_path / "project")
+    held, out = tmp_path / "held", tmp_path / "run"
+    held.mkdir()
+    hold = {"SLOW_CHECKPOINT_S": "40", "DPOTRAIN_TEST_HOLD": "step-3@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
+    env = {**slurm.env, **README_ENV, **hold, "DPOTRAIN_CACHE": f"{out}-cache"}
+    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    salloc = subprocess.Popen(
+        [
+            "salloc",
+            "--gpus-per-node=0",
+            f"--cpus-per-task={real_cpus()}",
+            "bash",
+            str(project / "scripts" / "launch.sh"),
+        ]
+        + [*args, "--output_dir", str(out)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    text = []
+    reader = threading.Thread(target=lambda: text.extend(salloc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 300
+        while not (held / "held-step-3").exists():  # step 3 trained, its stop not yet asked
+            assert salloc.poll() is None and time.time() < deadline, "".join(text)[-3000:]
+            time.sleep(0.2)
+        # What a terminal's Ctrl-C does: SIGINT to its foreground process group, the one salloc runs launch.sh in.
+        shell = int(subprocess.run(["pgrep", "-P", str(salloc.pid)], capture_output=True, text=True).stdout.split()[0])
+        os.killpg(os.getpgid(shell), signal.SIGINT)
+        rc = salloc.wait(timeout=300)
+    finally:
+        if salloc.poll() is None:
+            os.killpg(salloc.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    log = "".join(text)
+    assert rc == 75, log[-3000:]
+    assert (out / "checkpoint-3" / "COMPLETE").is_file(), log[-3000:]
+    assert "an allocation (salloc) is not requeued: run the same command to go on" in log, log[-3000:]
+
+
 @pytest.mark.parametrize(
     ("complete", "logged", "says"),
     [
