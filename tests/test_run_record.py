@@ -358,6 +358,25 @@ def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch
     )
 
 
+def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp_path, capsys, monkeypatch):
+    """sbatch reads #SBATCH lines only above a script's first command: `#SBATCH --signal=B:USR1@600` appended below
+    it (as "add ... to <script>" invites) sets no warning. launch.sh read it anyway: "checkpoints must be written
+    within 600 s (time-limit warning)" for a warning that never comes, and a job with `--time=5` was refused as
+    "within its checkpoint warning"."""
+    # Comments and blank lines between #SBATCH lines (the shipped scripts') are read on.
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+    script = tmp_path / "my_job.sh"
+    top = "#!/bin/bash\n#SBATCH --time=24:00:00\n\n  # a note\n#SBATCH --signal=B:USR1@300\n"
+    script.write_text(top + "bash scripts/launch.sh\n#SBATCH --signal=B:USR1@600\n")
+    assert job.warning_lead(str(script)) == f"300 {script}"
+    script.write_text("#!/bin/bash\n#SBATCH --time=24:00:00\nbash scripts/launch.sh\n#SBATCH --signal=B:USR1@600\n")
+    assert job.warning_lead(str(script)) == ""
+    assert capsys.readouterr().err.endswith(
+        f"add `#SBATCH --signal=B:USR1@600` to {script} (or submit with sbatch --signal=B:USR1@600) (sbatch reads an "
+        "#SBATCH line only above the script's first command)\n"
+    )
+
+
 def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, monkeypatch):
     """A script without `#SBATCH --signal`: launch.sh said "checkpoints must be written within 600 s (time-limit
     warning)", a warning that never comes."""

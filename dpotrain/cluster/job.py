@@ -92,6 +92,7 @@ def summary(text: str) -> int:
 
 # `--signal=[{R|B}:]<sig>[@<seconds>]` (sbatch(1); no @: 60 s); B:USR1 is the warning launch.sh checkpoints on
 SIGNAL = re.compile(r"(?P<flags>[RB]*:)?(?:SIG)?(?P<sig>\w+)(?:@(?P<lead>\d+))?")
+_SIGNAL_LINE = re.compile(r"^#SBATCH\s+--signal[= ]", re.MULTILINE)
 
 
 def warning_lead(script: str, submit_line: str = "") -> str:
@@ -99,10 +100,17 @@ def warning_lead(script: str, submit_line: str = "") -> str:
     command line over SBATCH_SIGNAL over the script's last `#SBATCH --signal`. Read from the script alone, `sbatch
     --signal=B:USR1@60 scripts/dpo_train.sh` was checked and timed against the script's 600 s. `submit_line`: the
     job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting)."""
-    found = None
+    found, late = None, ""
     with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
-        given = re.findall(r"^#SBATCH\s+--signal[= ]\s*(\S+)", Path(script).read_text(), re.MULTILINE)
+        text = Path(script).read_text()
+        # sbatch(1) reads #SBATCH lines only above the script's first command: one below it (appended as the warning
+        # below says, `add ... to <script>`) is not the job's, and was taken for a warning Slurm never sends.
+        command = re.search(r"^[ \t]*[^\s#]", text, re.MULTILINE)
+        end = command.start() if command else len(text)
+        given = re.findall(r"^#SBATCH\s+--signal[= ]\s*(\S+)", text[:end], re.MULTILINE)
         found = (given[-1], script) if given else None  # the last one wins, as in sbatch
+        if _SIGNAL_LINE.search(text[end:]):
+            late = " (sbatch reads an #SBATCH line only above the script's first command)"
     if os.environ.get("SBATCH_SIGNAL"):
         found = (os.environ["SBATCH_SIGNAL"], "SBATCH_SIGNAL")
     try:
@@ -120,7 +128,7 @@ def warning_lead(script: str, submit_line: str = "") -> str:
         warn(
             "no time-limit warning is set for this job (no --signal=B:USR1@<seconds>): at its time limit "
             "Slurm sends SIGTERM and kills it KillWait later (30 s by default): a checkpoint that takes longer is cut "
-            f"off, and the steps since the last one are lost; {_signal_fix(600, None, script)}"
+            f"off, and the steps since the last one are lost; {_signal_fix(600, None, script)}{late}"
         )
         return ""
     spec = SIGNAL.fullmatch(found[0])
