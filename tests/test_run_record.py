@@ -377,6 +377,19 @@ def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp
     )
 
 
+def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsys, monkeypatch):
+    """sbatch drops the double quotes of a directive: `#SBATCH --signal="B:USR1@150"` sends USR1 to the batch shell
+    150 s before the limit. Read with its quotes, the log said it did not reach the batch shell (fix: @600), and a time
+    limit within it was not refused: a `--time=3` job was warned at every start and requeued itself over and over."""
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+    script = tmp_path / "my_job.sh"
+    script.write_text('#!/bin/bash\n#SBATCH --time=3\n#SBATCH --signal="B:USR1@150"\nbash scripts/launch.sh\n')
+    assert job.warning_lead(str(script), f"sbatch {script}") == f"150 {script}"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"^the time-limit warning \(--signal=B:USR1@150\) came before training was"):
+        job.check_warned_start("150", str(script), "2:40", "17", "before-launch")  # the warned start: not requeued
+
+
 def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, monkeypatch):
     """A script without `#SBATCH --signal`: launch.sh said "checkpoints must be written within 600 s (time-limit
     warning)", a warning that never comes."""

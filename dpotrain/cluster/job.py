@@ -108,7 +108,9 @@ def warning_lead(script: str, submit_line: str = "") -> str:
         command = re.search(r"^[ \t]*[^\s#]", text, re.MULTILINE)
         end = command.start() if command else len(text)
         given = re.findall(r"^#SBATCH\s+--signal[= ]\s*(\S+)", text[:end], re.MULTILINE)
-        found = (given[-1], script) if given else None  # the last one wins, as in sbatch
+        # sbatch drops a directive's double quotes (`--signal="B:USR1@600"` is B:USR1@600): kept, the warning was said
+        # not to reach the batch shell, and a time limit within it was not refused (the job requeued at every start).
+        found = (given[-1].replace('"', ""), script) if given else None  # the last one wins, as in sbatch
         if _SIGNAL_LINE.search(text[end:]):
             late = " (sbatch reads an #SBATCH line only above the script's first command)"
     if os.environ.get("SBATCH_SIGNAL"):
