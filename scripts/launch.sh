@@ -328,7 +328,11 @@ script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Comma
 while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
 # An sbatch --signal (or SBATCH_SIGNAL) overrides the script's: the command line is read where accounting keeps it.
 submit_line=$(timeout 20 sacct -j "${SLURM_JOB_ID:-0}" -X -n -P -o SubmitLine 2>/dev/null | head -n 1 || true)
-read -r lead lead_from < <("$VENV/bin/python" -m dpotrain.cluster.job warning-lead "${script:-}" "$submit_line") || true
+# The script's #SBATCH lines as Slurm stored them at submission: the file may have been edited since (the job pending
+# or requeued for days), and a --signal read from it was checked against the job's time limit instead of Slurm's.
+stored=$(timeout 20 scontrol write batch_script "${SLURM_JOB_ID:-0}" - 2>/dev/null || true)
+read -r lead lead_from < <("$VENV/bin/python" -m dpotrain.cluster.job warning-lead "${script:-}" "$submit_line" \
+  "$stored") || true
 grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
 # No warning: no save-time warning against one either (0), and warning-lead has said what that means and the fix.
 export DPOTRAIN_SAVE_WARN_S=${lead:-0} DPOTRAIN_GRACE_S=${grace:-0}

@@ -346,6 +346,8 @@ def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch
     given = "sbatch --signal B:SIGUSR1 scripts/dpo_train.sh"  # no @: sbatch's 60 s
     assert job.warning_lead(script, given) == "60 sbatch's command line"
     assert job.warning_lead(script, "sbatch scripts/dpo_train.sh --signal=B:USR1@60") == (f"600 {script}")
+    stored = "#!/bin/bash\n#SBATCH --signal=B:USR1@100\n"  # Slurm's copy, as submitted: the file edited since
+    assert job.warning_lead(script, "sbatch scripts/dpo_train.sh", stored) == f"100 {script}"
     monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@300")
     assert job.warning_lead(script, "sbatch scripts/dpo_train.sh") == "300 SBATCH_SIGNAL"
     assert job.warning_lead(script, given) == "60 sbatch's command line"

@@ -182,6 +182,29 @@ def test_a_time_limit_within_the_checkpoint_warning_is_refused_before_the_plan(s
 
 
 @pytest.mark.slurm
+def test_the_checkpoint_warning_is_the_one_the_job_was_submitted_with_not_the_scripts_edited_since(slurm, tmp_path):
+    """Slurm keeps the script's #SBATCH lines as submitted; the file may be edited while the job pends (or before a
+    requeue days later). launch.sh read the file: a job submitted with --signal=B:USR1@600 and --time=5:00, whose
+    script then said @100, was not refused and trained, to be warned at once by Slurm's real @600 (and a job
+    submitted with @100, the file then saying @600, was refused). Read from Slurm's stored copy (`scontrol write
+    batch_script`)."""
+    log, script = tmp_path / "edited.out", tmp_path / "my_job.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --signal=B:USR1@600\n"
+        f"exec bash {shlex.quote(str(ROOT / 'scripts' / 'launch.sh'))} --max_steps 2 --report_to none "
+        f"--output_dir {shlex.quote(str(tmp_path / 'run'))}\n"
+    )
+    options = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    job = slurm.sbatch(
+        [*options, "--hold", "--time=5:00", f"--output={log}", str(script)], cwd=tmp_path, env=README_ENV
+    )
+    script.write_text(script.read_text().replace("@600", "@100"))  # edited while the job pends
+    slurm.run(["scontrol", "release", str(job)])
+    assert slurm.wait(job, timeout=300) == "FAILED", log.read_text()[-3000:]
+    assert "error: the job's time limit" in log.read_text() and "(--signal=B:USR1@600)" in log.read_text()
+
+
+@pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_a_health_guard_stopped_ends_with_the_runs_code_and_says_the_same_command_is_refused(slurm, tmp_path):
     """A health stop (exit 3, not requeued, the same command refused) reached the job's log as accelerate's code for

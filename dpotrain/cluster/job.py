@@ -95,14 +95,17 @@ SIGNAL = re.compile(r"(?P<flags>[RB]*:)?(?:SIG)?(?P<sig>\w+)(?:@(?P<lead>\d+))?"
 _SIGNAL_LINE = re.compile(r"^#SBATCH\s+--signal[= ]", re.MULTILINE)
 
 
-def warning_lead(script: str, submit_line: str = "") -> str:
+def warning_lead(script: str, submit_line: str = "", stored: str = "") -> str:
     """`<seconds> <where it was set>` of the job's time-limit warning (empty for none), as sbatch resolves --signal: its
     command line over SBATCH_SIGNAL over the script's last `#SBATCH --signal`. Read from the script alone, `sbatch
     --signal=B:USR1@60 scripts/dpo_train.sh` was checked and timed against the script's 600 s. `submit_line`: the
-    job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting)."""
+    job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting). `stored`: the script as
+    Slurm stored it at submission (`scontrol write batch_script`), whose #SBATCH lines the job was given: the file may
+    have been edited since (a job pending or requeued for days), and read from it, a warning Slurm does not send was
+    checked against the job's time limit."""
     found, late = None, ""
     with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
-        text = Path(script).read_text()
+        text = stored or Path(script).read_text()
         # sbatch(1) reads #SBATCH lines only above the script's first command: one below it (appended as the warning
         # below says, `add ... to <script>`) is not the job's, and was taken for a warning Slurm never sends.
         command = re.search(r"^[ \t]*[^\s#]", text, re.MULTILINE)
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         return summary(sys.stdin.read())
     if verb == "asks" and len(args) > 1 and args[0] in ("dry_run", "preflight"):  # exit 0 when the job asks for it
         return 0 if asks(*args[:2], args[2:]) else 1
-    if verb == "warning-lead" and len(args) in (1, 2):
+    if verb == "warning-lead" and len(args) in (1, 2, 3):
         print(warning_lead(*args))
         return 0
     if verb == "time-limit" and len(args) == 5:  # <lead> <where> <grace> <partition> <time left>
@@ -282,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line>] | time-limit <lead> "
-        "<where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> <seconds since the start> "
-        "before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON>"
+        "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line> [<stored script>]] | "
+        "time-limit <lead> <where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> "
+        "<seconds since the start> before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON>"
     )
 
 
