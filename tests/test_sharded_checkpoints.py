@@ -133,6 +133,28 @@ def test_a_zero_checkpoint_resumes_under_the_zero_stage_that_wrote_it_alone(tmp_
         )
 
 
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_a_bf16_zero_checkpoint_is_known_for_deepspeeds_and_resumes_on_its_processes(stage, tmp_path):
+    """Under bf16 (every GPU recipe) DeepSpeed names its optimizer shards `bf16_zero_pp_rank_*` (engine.py's
+    `_get_zero_ckpt_prefix`), which the look for `zero_pp_rank_*` missed: every requeue of a bf16 ZeRO run was refused
+    as "written without DeepSpeed", and a resume on another number of processes went on to DeepSpeed's error after
+    the model loaded. The layouts are those 2-process bf16 launches of each stage write (ZeRO-2's measured on a CPU)."""
+    models = (
+        ["mp_rank_00_model_states.pt"]
+        if stage == "zero2"
+        else [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)]
+    )
+    checkpoint = tmp_path / "checkpoint-2"
+    (checkpoint / "global_step2").mkdir(parents=True)
+    for name in [*models, *(f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1))]:
+        (checkpoint / "global_step2" / name).write_bytes(b"")
+    resume.check_partitions(str(checkpoint), 2, engine.Engine(stage))
+    with pytest.raises(ConfigError, match="partitioned over 2 processes, and this run has 1"):
+        resume.check_partitions(str(checkpoint), 1, engine.Engine(stage))
+    with pytest.raises(ConfigError, match="holds DeepSpeed ZeRO optimizer state, and this run does not use DeepSpeed"):
+        resume.check_partitions(str(checkpoint), 2, engine.Engine("ddp"))
+
+
 @pytest.mark.slow
 def test_an_fsdp2_run_resumes_on_more_processes_with_the_same_weights_and_is_refused_on_one(tmp_path):
     """docs said to resume an FSDP2 run on the same number of GPUs, and nothing checked it. A run of 2 processes,

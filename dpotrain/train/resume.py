@@ -362,7 +362,9 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     looks for its shards' metadata in a whole checkpoint, and raises after the model loads)."""
     if folder is None:
         return
-    written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
+    # `*zero_pp_rank_`: under bf16 (every GPU recipe) DeepSpeed names them `bf16_zero_pp_rank_*`; missed, every requeue
+    # of a bf16 ZeRO run was refused as a checkpoint "written without DeepSpeed"
+    written = len(list(Path(folder).glob("global_step*/*zero_pp_rank_*_optim_states.pt")))
     fix = "start afresh (a new --output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
     processes = lambda n: plural(n, "process")
     if written and written != world:
