@@ -326,6 +326,24 @@ def test_a_stop_asked_between_two_steps_saves_at_the_step_it_follows(
 
 
 @pytest.mark.slow
+def test_a_stop_mid_epoch_under_save_strategy_epoch_writes_its_checkpoint_once(tmp_path, tiny_model_dir, pairs):
+    """Under save_strategy epoch a stop saved at its step, then the Trainer ended the epoch, whose save wrote that step
+    again: the complete checkpoint removed "of an earlier attempt" and rewritten within the grace time (a kill there
+    lost it; with save_total_limit 1 the one before it was already rotated away), and the stop's line said twice."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    args = [a for i, a in enumerate(ARGS) if "--save_steps" not in ARGS[max(i - 1, 0) : i + 1]]
+    env = pause_env("", "*/metrics.jsonl", paused, 4)  # before step 3's record, as the test above stops
+    extra = ("--save_strategy", "epoch", "--save_total_limit", "1")
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=extra, args=args)
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT, log[-3000:]
+    assert log.count("Stop requested") == 1 and "of an earlier attempt" not in log, log[-3000:]
+    assert len(re.findall(r"checkpoint-\d+ written in", log)) == 1, log[-3000:]
+    saved = re.search(r"Stop requested: checkpoint \S+/(checkpoint-\d+) written", log)[1]
+    assert [p.name for p in out.glob("checkpoint-*")] == [saved] and (out / saved / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
 def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model_dir, pairs):
     """The run started in a terminal (a pseudo-terminal it has as its controlling terminal), which is then closed: the
     kernel sends the run SIGHUP, and every later write to the terminal fails (EIO). It saves at the end of the step,

@@ -278,6 +278,7 @@ class CompleteMarker(TrainerCallback):
 
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
     model: tuple[str, ...] = ()  # the names its model's save wrote (main process: `RecipeDPOTrainer.save_model`)
+    sealed: int | None = None  # the step of the checkpoint this attempt marked last
 
     def __init__(self, resume_from: str | None = None):
         # The run's resume point, which every rank agreed on (agreement.check): on_train_begin's broadcast is keyed on
@@ -299,7 +300,15 @@ class CompleteMarker(TrainerCallback):
             rotate_recorded(args, state, folder)
 
         collectives.main_outcome(rotated)
-        self.save_started, self.model = None, ()
+        self.save_started, self.model, self.sealed = None, (), state.global_step
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # A stop mid-epoch (a preemption's, a health guard's) saves at its step, then the Trainer ends the epoch, whose
+        # save under save_strategy epoch wrote that step again: the complete checkpoint removed ("of an earlier
+        # attempt") and rewritten in the grace time, lost if the kill came meanwhile. One checkpoint a step is enough.
+        if self.sealed == state.global_step:
+            control.should_save = False
         return control
 
     def on_train_begin(self, args, state, control, **kwargs):
