@@ -326,15 +326,27 @@ def test_a_stop_asked_between_two_steps_saves_at_the_step_it_follows(
 
 
 @pytest.mark.slow
-def test_a_stop_mid_epoch_under_save_strategy_epoch_writes_its_checkpoint_once(tmp_path, tiny_model_dir, pairs):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--save_strategy", "epoch"),
+        ("--save_strategy", "best", "--eval_strategy", "epoch", "--metric_for_best_model", "eval_loss"),
+    ],
+)
+def test_a_stop_mid_epoch_under_save_strategy_epoch_writes_its_checkpoint_once(extra, tmp_path, tiny_model_dir, pairs):
     """Under save_strategy epoch a stop saved at its step, then the Trainer ended the epoch, whose save wrote that step
     again: the complete checkpoint removed "of an earlier attempt" and rewritten within the grace time (a kill there
-    lost it; with save_total_limit 1 the one before it was already rotated away), and the stop's line said twice."""
-    out, paused = tmp_path / "run", tmp_path / "paused"
+    lost it; with save_total_limit 1 the one before it was already rotated away), and the stop's line said twice.
+    Under save_strategy best with eval_strategy epoch, that epoch end's evaluation (of an epoch not over) found a new
+    best and wrote it again the same way."""
+    out, paused, held = tmp_path / "run", tmp_path / "paused", tmp_path / "held.jsonl"
+    held.write_text("".join(pairs.read_text().splitlines(keepends=True)[:8]))
+    extra = (*extra, "--dataset_mixer_eval_list", str(held), "1.0") if "--eval_strategy" in extra else extra
     args = [a for i, a in enumerate(ARGS) if "--save_steps" not in ARGS[max(i - 1, 0) : i + 1]]
     env = pause_env("", "*/metrics.jsonl", paused, 4)  # before step 3's record, as the test above stops
-    extra = ("--save_strategy", "epoch", "--save_total_limit", "1")
-    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=extra, args=args)
+    proc = start(
+        out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=(*extra, "--save_total_limit", "1"), args=args
+    )
     log = signal_paused(paused, proc, signal.SIGTERM)
     assert proc.returncode == STOPPED_EXIT, log[-3000:]
     assert log.count("Stop requested") == 1 and "of an earlier attempt" not in log, log[-3000:]

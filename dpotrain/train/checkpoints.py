@@ -306,9 +306,13 @@ class CompleteMarker(TrainerCallback):
     def on_epoch_end(self, args, state, control, **kwargs):
         # A stop mid-epoch (a preemption's, a health guard's) saves at its step, then the Trainer ends the epoch, whose
         # save under save_strategy epoch wrote that step again: the complete checkpoint removed ("of an earlier
-        # attempt") and rewritten in the grace time, lost if the kill came meanwhile. One checkpoint a step is enough.
+        # attempt") and rewritten in the grace time, lost if the kill came meanwhile. One checkpoint a step is enough;
+        # after a stop, no evaluation either: under eval_strategy epoch its new best wrote it again (save_strategy
+        # best), and the epoch did not end (the last step's evaluation, at max_steps, is kept)
         if self.sealed == state.global_step:
             control.should_save = False
+            if control.should_training_stop and state.global_step < state.max_steps:
+                control.should_evaluate = False
         return control
 
     def on_train_begin(self, args, state, control, **kwargs):
