@@ -619,3 +619,20 @@ def test_checkpoints_whose_complete_marks_were_removed_are_damaged_never_cut_sho
     assert said.endswith("restore each named file from a copy, or pass --overwrite_output_dir to start afresh")
     run_files.write(out, names, complete=[])  # as saves killed before their marks leave the record
     assert resume.only_cut_short(out, []) and resume.latest_sound_checkpoint(out) is None
+
+
+@pytest.mark.slow
+def test_a_health_stop_on_a_nan_state_under_save_strategy_epoch_saves_no_checkpoint(tmp_path, tiny_model_dir):
+    """The nonfinite guard stops without a checkpoint, then the Trainer ended the epoch, whose save (save_strategy
+    epoch) wrote the NaN state as a complete checkpoint (rotation deleting a sound one for it), while the run's last
+    line said "no checkpoint written from the non-finite state". A learning rate of 1e30 makes step 2 NaN."""
+    out, data = tmp_path / "run", tmp_path / "pairs40.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:40]))
+    args = ["--dataset_name", str(data), "--output_dir", str(out), "--num_train_epochs", "1", "--save_strategy"]
+    args += ["epoch", "--learning_rate", "1e30", "--warmup_steps", "0", "--logging_steps", "1", "--report_to", "none"]
+    result = subprocess.run(
+        smoke_command([python()], tiny_model_dir, *args), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no checkpoint written from the non-finite state" in result.stdout + result.stderr
+    assert not list(out.glob("checkpoint-*"))

@@ -278,7 +278,6 @@ class CompleteMarker(TrainerCallback):
 
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
     model: tuple[str, ...] = ()  # the names its model's save wrote (main process: `RecipeDPOTrainer.save_model`)
-    sealed: int | None = None  # the step of the checkpoint this attempt marked last
 
     def __init__(self, resume_from: str | None = None):
         # The run's resume point, which every rank agreed on (agreement.check): on_train_begin's broadcast is keyed on
@@ -300,19 +299,18 @@ class CompleteMarker(TrainerCallback):
             rotate_recorded(args, state, folder)
 
         collectives.main_outcome(rotated)
-        self.save_started, self.model, self.sealed = None, (), state.global_step
+        self.save_started, self.model = None, ()
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        # A stop mid-epoch (a preemption's, a health guard's) saves at its step, then the Trainer ends the epoch, whose
-        # save under save_strategy epoch wrote that step again: the complete checkpoint removed ("of an earlier
-        # attempt") and rewritten in the grace time, lost if the kill came meanwhile. One checkpoint a step is enough;
-        # after a stop, no evaluation either: under eval_strategy epoch its new best wrote it again (save_strategy
-        # best), and the epoch did not end (the last step's evaluation, at max_steps, is kept)
-        if self.sealed == state.global_step:
-            control.should_save = False
-            if control.should_training_stop and state.global_step < state.max_steps:
-                control.should_evaluate = False
+        # A stop mid-epoch (a preemption's, a health guard's) saves at its step, or on a non-finite state saves
+        # nothing; then the Trainer ends the epoch, whose save (save_strategy epoch) or evaluation finding a new best
+        # (save_strategy best, eval_strategy epoch) wrote that step again: the complete checkpoint removed ("of an
+        # earlier attempt") and rewritten in the grace time, lost if the kill came meanwhile, or the NaN state the
+        # guard refused saved and marked complete, rotation deleting a sound one for it. The epoch did not end: no
+        # save nor evaluation (the last step's, at max_steps, are kept).
+        if control.should_training_stop and state.global_step < state.max_steps:
+            control.should_save = control.should_evaluate = False
         return control
 
     def on_train_begin(self, args, state, control, **kwargs):
