@@ -83,7 +83,10 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
     recipe, trainer, pusher, push = run.spec.recipe, run.trainer, run.pusher, run.spec.push
     training = recipe.training
     out = Path(training.output_dir)
-    if recipe.project.merge_lora:
+    # A LoRA recipe's merge_lora is unused where --use_peft false runs it once as a full fine-tune (lora.check_lora):
+    # no adapter to merge (PEFT's "Can't find 'adapter_config.json'" traceback once training had ended)
+    merging = recipe.project.merge_lora and recipe.model.use_peft
+    if merging:
         identity = resolved.get("derived", {}).get("model_identity") or {}
         # A local base written over during training (the SFT model exported again to its path) would be merged as it
         # now is, into weights the adapter never trained on: refused, naming the file. The adapter is saved already.
@@ -123,7 +126,7 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
         summary["slurm_job_id"] = job
     # The model as saved, checked by every push (hub.check_saved_model): files damaged or garbled since (a bad disk
     # block, a copy to a login node) were pushed to main as the run's model, and the push said done.
-    merged = [lora.MERGED_DIR] if recipe.project.merge_lora else []
+    merged = [lora.MERGED_DIR] if merging else []
     summary[hub.MODEL_FILES] = hub.saved_model(out, [*saved, *merged])
     # The final push recorded as started before the run is marked complete: a job killed between the two (Slurm's
     # SIGKILL after a time limit's SIGTERM, a node lost) left a finished run the rerun refused, and a requeue of the

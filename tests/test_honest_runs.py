@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +111,26 @@ def test_a_rerun_that_does_not_merge_removes_an_earlier_attempts_merged_model(lo
     assert not (out / "merged").exists() and f"Removed {out}/merged, an earlier attempt's merged model" in said
     assert "merged" not in json.loads((out / "run_files.json").read_text())["names"]
     assert (out / "adapter_model.safetensors").exists() and hub.run_folder_problems(out) == []
+
+
+@pytest.mark.slow
+def test_a_lora_recipe_that_merges_run_once_as_a_full_fine_tune_ends_with_its_model_saved(tmp_path, tiny_model_dir):
+    """A LoRA recipe with merge_lora: true, run once with --use_peft false (its LoRA settings unused then): the run
+    trained the full model, then went on to merge an adapter it never made and ended in PEFT's traceback, with no
+    card nor run_complete.json. It ends as a full fine-tune does."""
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "use_peft: true\nlora_target_modules: all-linear\nmerge_lora: true\n")
+    pairs = first_pairs(tmp_path, 2)
+    out = tmp_path / "run"
+    args = ["--config", str(recipe), "--use_peft", "false", "--output_dir", str(out), "--report_to", "none"]
+    result = run_train(
+        [*args, "--dataset_name", pairs, "--max_steps", "2", "--save_strategy", "no"],
+        env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (out / "model.safetensors").is_file() and (out / "run_complete.json").is_file()
+    assert not (out / "merged").exists() and not (out / "adapter_config.json").exists()
+    assert "merged/model.safetensors" not in json.loads((out / "run_complete.json").read_text())["model_files"]
 
 
 @pytest.mark.parametrize("args, dropout", [([], 0.0), (["--disable_dropout", "false"], 0.05)], ids=["default", "kept"])
