@@ -402,6 +402,36 @@ def test_a_lora_runs_live_reference_gets_no_neftune_noise(tmp_path, tiny_model_d
     assert abs(trainer.state.log_history[0]["loss"] - LN2) > 1e-3  # the policy's embeddings are still noised
 
 
+@pytest.mark.slow
+def test_a_lora_runs_live_reference_gets_no_dropout(tmp_path, tiny_model_dir):
+    """LoRA with a live reference (precompute_ref_log_probs false) on a model whose dropout is kept (--disable_dropout
+    false, attention_dropout 0.3): the reference is the policy with its adapter disabled, scored in training mode, so
+    dropout noised it, where the reference stage (the default) and a reference model score in eval mode: one recipe
+    trained against two references. Each step's reference equals its score in eval mode."""
+    model = tmp_path / "dropout-model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.3}))
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--precompute_ref_log_probs", "false"]
+    kept = ["--disable_dropout", "false", "--health_checks", "false"]
+    trainer = trainer_for(tmp_path / "run", str(model), "--max_steps", "2", *lora, *kept, rows=16)
+    scored, gaps = trainer.compute_ref_log_probs, []
+
+    def compared(model, inputs):
+        got = scored(model, inputs)
+        was, _ = trainer.model.training, trainer.model.eval()
+        try:
+            clean = scored(model, inputs)
+        finally:
+            trainer.model.train(was)
+        gaps.append(max((a - b).abs().max().item() for a, b in zip(got, clean, strict=True)))
+        return got
+
+    trainer.compute_ref_log_probs = compared
+    trainer.train()
+    assert len(gaps) >= 2 and max(gaps) < 1e-5, gaps  # every micro-batch of both steps
+
+
 @pytest.mark.parametrize("beta", ["1e-200", "1e300"])
 def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_traceback(beta):
     """ipo's starting loss is 1 / (4 beta^2), built for every loss type: a beta of 1e-200 (1e300) was a
