@@ -486,7 +486,28 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
     assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
     # a comma list, as other tools take it, is one regular expression to PEFT: the line says how to give several
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj,v_proj")
-    assert line.endswith("pass some of those (separated by spaces, not commas), or --lora_target_modules all-linear")
+    assert line.endswith(
+        "pass some of those (on the command line separated by spaces, not commas; in a recipe file as a list: "
+        "[q_proj, v_proj]), or --lora_target_modules all-linear"
+    )
+
+
+@pytest.mark.parametrize("written", ["q_proj v_proj", "q_proj, v_proj"])
+def test_several_lora_target_modules_in_one_text_of_a_recipe_file_are_refused_naming_the_list(
+    written, tmp_path, tiny_model_dir
+):
+    """A recipe file's `lora_target_modules: q_proj v_proj` is one text, which PEFT reads as one regular expression:
+    the refusal said "pass some of those" (or, for commas, "separated by spaces"), which is what it had been given,
+    so the same refusal came again. It names the recipe file's list."""
+    from transformers import AutoConfig
+
+    from dpotrain.train import lora
+
+    recipe = tmp_path / "lora.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + f"use_peft: true\nlora_target_modules: {written}\n")
+    parsed = parse_args(["--config", str(recipe), "--model_name_or_path", tiny_model_dir])
+    with pytest.raises(ConfigError, match=r"in a recipe file as a list: \[q_proj, v_proj\]\), or --lora_target"):
+        lora.check_targets(parsed, AutoConfig.from_pretrained(tiny_model_dir), tiny_model_dir)
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])

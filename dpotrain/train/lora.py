@@ -163,7 +163,14 @@ def _check_target_modules(targets, built, model: str) -> None:
     layers = (torch.nn.Linear, Conv1D)
     linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, layers))
     given = [targets] if isinstance(targets, str) else targets
-    spaced = " (separated by spaces, not commas)" if any("," in t for t in given) else ""
+    # Several names in one text (`q_proj,v_proj`; a recipe file's `q_proj v_proj`, a YAML string): one regex to PEFT.
+    # "Separated by spaces" alone sent a recipe file's writer back to the same string, and the same refusal
+    words = [w for t in given for w in re.split(r"[\s,]+", t) if w]
+    spaced = (
+        f" (on the command line separated by spaces, not commas; in a recipe file as a list: [{', '.join(words)}])"
+        if len(words) > len(given)
+        else ""
+    )
     raise ConfigError(
         f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
         f"{', '.join(linear)}; pass some of those{spaced}, or --lora_target_modules all-linear"
