@@ -1195,7 +1195,14 @@ def check_wandb_variables(recipe: Recipe) -> None:
             f"WANDB_RESUME {value!r} is not one wandb takes ({', '.join(WANDB_RESUME_VALUES)}): unset WANDB_RESUME "
             "(the run logs on to its output folder's W&B run by itself)"
         )
-    check_wandb_run_id(os.environ.get("WANDB_RUN_ID", "").strip())  # stripped, as setup_wandb takes it
+    check_wandb_run_id(run_id := os.environ.get("WANDB_RUN_ID", "").strip())  # stripped, as setup_wandb takes it
+    from dpotrain.train.tracking import RUN_ID_FILE  # (no W&B import: the dry run's modules stay few)
+
+    # Else the folder's id, which setup_wandb takes (not where --overwrite_output_dir removes it): one edited or damaged
+    # between attempts (a W&B path `team/project/id` pasted in) ended the resume in wandb's traceback once W&B started
+    id_file = Path(recipe.training.output_dir) / RUN_ID_FILE
+    if not run_id and not recipe.project.overwrite_output_dir and writes.is_file(id_file):
+        check_wandb_run_id(id_file.read_text(errors="replace").strip(), id_file)
     check_wandb_dir(os.environ.get("WANDB_DIR", ""))
     check_wandb_settings()
 
@@ -1222,7 +1229,7 @@ def check_wandb_settings() -> None:
             raise ConfigError(f"{name} {said}: set it as wandb's documentation gives it, or unset {name}") from None
 
 
-def check_wandb_run_id(run_id: str) -> None:
+def check_wandb_run_id(run_id: str, recorded_in: Path | None = None) -> None:
     """A WANDB_RUN_ID wandb refuses (`exp/1`: characters it reserves) ended the run in wandb's UsageError traceback
     once W&B started, after the model loaded and the reference was scored; and the folder kept it, so the rerun without
     the variable failed the same way. Asked of wandb's own check (wandb.Settings), not a copy of its rule."""
@@ -1233,6 +1240,11 @@ def check_wandb_run_id(run_id: str) -> None:
     try:
         wandb.Settings(run_id=run_id)
     except (wandb.errors.UsageError, ValueError) as e:
+        if recorded_in:  # the output folder's record of its W&B run
+            raise ConfigError(
+                f"{recorded_in} holds {run_id!r}, not an id W&B takes ({e}): write the W&B run's id alone there (the "
+                "last part of its URL), or delete the file to log to a new W&B run"
+            ) from None
         raise ConfigError(
             f"WANDB_RUN_ID {run_id!r} is not an id W&B takes ({e}): set another, or unset WANDB_RUN_ID (the run logs "
             "on to its output folder's W&B run by itself)"

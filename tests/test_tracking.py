@@ -1,6 +1,7 @@
 """One W&B run per output folder: a requeued or resumed job logs to the run it started."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -187,6 +188,35 @@ def test_a_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads_and_not_
     assert capsys.readouterr().err.endswith(
         "error: WANDB_RUN_ID 'exp/1' is not an id W&B takes (Run ID cannot contain the characters: :;,#?/'): set "
         "another, or unset WANDB_RUN_ID (the run logs on to its output folder's W&B run by itself)\n"
+    )
+
+
+@pytest.mark.slow
+def test_a_folders_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """.wandb_run_id edited between attempts to a W&B path (`myteam/dpo/abc123`, pasted from its URL) or damaged: the
+    resume took it, and wandb.init refused it in a UsageError traceback once W&B started, after the model loaded and
+    the reference was scored. Only WANDB_RUN_ID was checked before anything loads. Here the run a health guard stopped,
+    gone on with --health_action warn."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    out = tmp_path / "run"
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(out)]
+    argv += ["--max_steps", "10", "--logging_steps", "1", "--learning_rate", "3e-3"]  # loss_floor stops it
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    assert ended.value.code == 3 and (out / "health_stop.json").is_file()
+    (out / RUN_ID_FILE).write_text("myteam/dpo/abc123\n")
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_RUN_ID"}  # the first run's setup_wandb set it here
+    rerun = [sys.executable, str(ROOT / "train_dpo.py"), *argv, "--health_action", "warn"]  # a new process, as a user's
+    ended = subprocess.run(rerun, env=env, capture_output=True, text=True, timeout=300)
+    assert ended.returncode == 2 and "Resuming" not in ended.stdout, ended.stderr[-2000:]
+    assert ended.stderr.endswith(
+        f"error: {out / RUN_ID_FILE} holds 'myteam/dpo/abc123', not an id W&B takes (Run ID cannot contain the "
+        "characters: :;,#?/'): write the W&B run's id alone there (the last part of its URL), or delete the file to "
+        "log to a new W&B run\n"
     )
 
 
