@@ -223,6 +223,30 @@ def test_a_sample_prompts_file_is_read_as_its_editor_wrote_it(tmp_path):
     assert file_prompts(str(lines)) == ["Bonjour", "Line one\u2028line two\x85end"]
 
 
+@pytest.mark.parametrize("where", ["file", "recipe"])
+def test_a_blank_sample_prompt_is_refused_before_the_model_loads(where, tmp_path, capsys):
+    """{"prompt": ""} in a .jsonl file (a .txt file's blank lines are skipped) or "" in sample_prompts: under a
+    tokenizer without a chat template it is no token, and the run ended in generate's RuntimeError traceback at step
+    0's samples, after the model loaded and the reference was scored (the built-in model's template hid it)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n{"prompt": ""}\n')
+    given = ["--sample_prompts_file", str(prompts)] if where == "file" else ["--sample_prompts", "Hi", " "]
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--samples_every", "2", *given]))
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert ended.value.code == 2 and not out.exists()
+    assert line == (
+        f"error: sample_prompts_file {str(prompts)!r}, line 2: not a JSON object with a `prompt` string, not blank "
+        '(one per line: {"prompt": "..."}): fix the line, or give a .txt file of one prompt per line'
+        if where == "file"
+        else "error: sample_prompts holds a blank prompt, which has nothing to answer: remove it, or write one"
+    )
+
+
 @pytest.mark.parametrize("value, fate", [("1.5", "never warn"), ("1", "never warn"), ("-0.5", "act as 0")])
 def test_a_repetition_threshold_that_cannot_warn_as_asked_is_refused(value, fate):
     """The repetition score stays below 1 (a loop's first 3-gram is new), so `sample_repetition_warn 1.5` was

@@ -48,6 +48,8 @@ def check_values(project) -> None:
             f"{p.sample_repetition_warn:g} would {'never warn' if p.sample_repetition_warn >= 1 else 'act as 0'}; "
             "0.5 is the default"
         )
+    if p.samples_every and any(not prompt.strip() for prompt in p.sample_prompts or []):  # as a file's, above
+        raise ConfigError("sample_prompts holds a blank prompt, which has nothing to answer: remove it, or write one")
     path = p.sample_prompts_file
     if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
         raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
@@ -105,10 +107,12 @@ def file_prompts(path: str) -> list[str]:
             prompt = json.loads(line).get("prompt")
         except (ValueError, AttributeError):
             prompt = None
-        if not isinstance(prompt, str):
+        # A blank prompt, as a .txt file's blank line is skipped: under a tokenizer without a chat template it is no
+        # token, and the run ended in generate's traceback at step 0's samples, after the reference stage
+        if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError(
-                f"sample_prompts_file {path!r}, line {number}: not a JSON object with a `prompt` string (one "
-                'per line: {"prompt": "..."}): fix the line, or give a .txt file of one prompt per line'
+                f"sample_prompts_file {path!r}, line {number}: not a JSON object with a `prompt` string, not blank "
+                '(one per line: {"prompt": "..."}): fix the line, or give a .txt file of one prompt per line'
             )
         prompts.append(prompt)
     return prompts
