@@ -201,3 +201,31 @@ def test_an_fsdp2_run_resumes_on_more_processes_with_the_same_weights_and_is_ref
         .startswith(f"error: checkpoint '{tmp_path}/one/checkpoint-2' holds FSDP2 shards (written by 2 processes)")
     )
     assert "Data (train)" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_an_fsdp2_launch_with_use_cpu_shards_and_its_rerun_resumes(tmp_path):
+    """`--use_cpu true` (how a bf16 run goes on a CPU) made accelerate's state MULTI_CPU, which never becomes FSDP: the
+    FSDP2 launch trained as DDP under a record of FSDP2, wrote whole checkpoints, and the same command rerun after a
+    kill was refused ("written without FSDP2"). Now it shards, and its rerun resumes from its checkpoint."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    data = tmp_path / "pairs16.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    config = str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")
+    out = tmp_path / "run"
+    cmd = [*accelerate_launch(), "--config_file", config, "--num_processes", "2", *rank_python()]
+    cmd += [str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", str(data)]
+    cmd += ["--output_dir", str(out), "--save_steps", "1", "--warmup_steps", "0", "--report_to", "none"]
+    cmd += ["--bf16", "true", "--use_cpu", "true"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DDP constructor" not in result.stderr  # DDP's own warning, printed when it wrapped the model
+    assert (out / "checkpoint-1" / "pytorch_model_fsdp_0").is_dir() and not (
+        out / "checkpoint-1" / "optimizer.pt"
+    ).exists()
+    shutil.rmtree(out / "checkpoint-2")  # as if killed after step 1's checkpoint
+    (out / "run_complete.json").unlink()
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {out}/checkpoint-1" in result.stdout + result.stderr

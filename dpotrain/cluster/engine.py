@@ -549,7 +549,10 @@ def enable_on_cpu(engine: Engine) -> None:
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
     state = PartialState()
-    if state.distributed_type == DistributedType.NO and state.num_processes > 1:
+    # `--use_cpu true` (how a bf16 run goes on a CPU) makes accelerate's state MULTI_CPU, which never becomes FSDP:
+    # the FSDP2 launch trained as DDP under a record of FSDP2, writing whole checkpoints its rerun refused to resume.
+    unsharded = (DistributedType.NO, DistributedType.MULTI_CPU) if engine.name == "fsdp2" else (DistributedType.NO,)
+    if state.distributed_type in unsharded and state.num_processes > 1:
         # FSDP: AcceleratorState sets it up for accelerator types only, then makes it FSDP; MULTI_CPU wraps DDP.
         kind = DistributedType.MULTI_GPU if engine.name == "fsdp2" else DistributedType.MULTI_CPU
         upstream.set_distributed_type(kind)
