@@ -1092,3 +1092,26 @@ def test_a_part_holding_a_non_finite_score_is_scored_again_not_reused(tmp_path, 
     chosen, rejected = (np.asarray(column) for column in ref_columns_of(scored))
     assert np.isfinite(chosen).all() and np.isfinite(rejected).all()
     assert chosen[2] == np.float32(-7.0) and rejected[2] == np.float32(-9.0)
+
+
+@pytest.mark.slow
+def test_an_fsdp2_bf16_run_does_not_reuse_the_reference_of_a_bf16_autocast_run(tmp_path):
+    """One process (and DDP) compute bf16 under autocast from float32 weights; FSDP2 from parameters cast to bf16,
+    norms included. Keyed alike, the FSDP2 run reused the one-process run's reference ("all 16 pairs reused") and the
+    step-1 guard stopped it after training's first step (rewards 0.02-0.04 off). It scores its own now."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
+    data = tmp_path / "pairs16.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    args = [str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", str(data)]
+    args += ["--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none"]
+    args += ["--bf16", "true", "--use_cpu", "true"]
+    one = subprocess.run([python(), *args, "--output_dir", str(tmp_path / "one")], cwd=ROOT, env=env, timeout=600)
+    assert one.returncode == 0
+    config = str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")
+    launch = [*accelerate_launch(), "--config_file", config, "--num_processes", "2", *rank_python()]
+    cmd = [*launch, *args, "--output_dir", str(tmp_path / "fsdp2")]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("reference log-probs")]
+    assert said and not any("reused" in line for line in said), said

@@ -102,6 +102,11 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # Added only where the run runs that code, so every other run keeps its key.
     if code := model_identity.code_sha256(name, *where) if args.trust_remote_code else None:
         overrides |= {"code_sha256": code}
+    # FSDP2's bf16/fp16 computes from parameters cast to it, norms and softmax included, not under autocast as one
+    # process, DDP (fp32 weights) do: keyed alike, an FSDP2 run reused their reference and the step-1 guard stopped it
+    # (rewards 0.02-0.04 off on the demo's model). Added only there, so every other run keeps its key.
+    if scorer.engine.name == "fsdp2" and (args.bf16 or args.fp16):
+        overrides |= {"fsdp2_mixed_precision": "bf16" if args.bf16 else "fp16"}
     return overrides | {
         "version": CACHE_VERSION,
         "model": model_identity.cache_name(model.config.name_or_path),
