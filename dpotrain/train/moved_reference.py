@@ -40,7 +40,10 @@ def load(trainer, path: Path) -> None:
     elif trainer.engine.name == "fsdp2":
         load_fsdp2(reference, path, trainer.is_world_process_zero())
     else:  # every rank's whole copy
-        safetensors.torch.load_model(reference, str(path), device=str(trainer.accelerator.device))
+        # "cpu", not the "cpu:0" a DeepSpeed run with --use_cpu true (a bf16 run on a CPU) has: safetensors refuses it
+        # ("device cpu:0 is invalid"), and every resume of such a TR-DPO run ended in that traceback
+        device = trainer.accelerator.device
+        safetensors.torch.load_model(reference, str(path), device=device.type if device.type == "cpu" else str(device))
 
 
 def tied_names(model) -> list[list[str]]:
