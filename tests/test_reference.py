@@ -382,6 +382,14 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
     assert "Loading weights" not in out + err
 
 
+def filled(cache, args: list[str]) -> subprocess.CompletedProcess:
+    """`train_dpo.py args` in a process of its own, its reference kept in `cache` (DPOTRAIN_CACHE): a cache filled
+    before a test reads it (read-only, say)."""
+    env = {**os.environ, "DPOTRAIN_CACHE": str(cache)}
+    command = [python(), str(ROOT / "train_dpo.py"), *args]
+    return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def files_of(folder) -> dict:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
 
@@ -411,14 +419,7 @@ def test_a_read_only_cache_that_holds_the_reference_is_read_and_one_that_lacks_i
         return code, stdout + stderr
 
     # The first run only fills the cache: warm.
-    first = subprocess.run(
-        [python(), str(ROOT / "train_dpo.py"), *args("first")],
-        cwd=ROOT,
-        env={**os.environ, "DPOTRAIN_CACHE": str(cache)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = filled(cache, args("first"))
     assert first.returncode == 0, first.stdout[-3000:]
     before = files_of(cache)
     code, again = on_read_only_cache("again")
@@ -1052,14 +1053,7 @@ def test_a_read_only_cache_whose_other_runs_hold_every_pair_is_read_without_a_fa
         run = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", steps, "--report_to", "none"]
         return [*run, "--output_dir", str(tmp_path / f"out-{steps}"), *more]
 
-    first = subprocess.run(
-        [python(), str(ROOT / "train_dpo.py"), *args("4", "--reference-only")],
-        cwd=ROOT,
-        env={**os.environ, "DPOTRAIN_CACHE": str(cache)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = filled(cache, args("4", "--reference-only"))
     assert first.returncode == 0, first.stdout[-3000:]
     before = files_of(cache)
     command = args("2", "--reference-only")
