@@ -445,6 +445,7 @@ def test_a_home_that_is_a_file_is_one_line_naming_home_hf_home_or_hf_token(tmp_p
     )
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and the libraries (4.6 s in CI's run)
 def test_a_torch_compile_cache_that_cannot_be_made_is_one_line_as_the_libraries_load(tmp_path):
     """torch makes TORCHINDUCTOR_CACHE_DIR as the libraries are imported (dynamo's disk cache, with transformers): one
     it cannot make (under a file here; a folder of another user, or a /scratch path not mounted on this node) ended

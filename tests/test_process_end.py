@@ -92,6 +92,7 @@ def test_the_dry_run_and_a_refusal_end_with_their_code_and_last_line_under_a_pip
     )
 
 
+@pytest.mark.slow  # a pytest session of its own (3.1 s in CI's run)
 def test_a_test_that_fails_before_waiting_on_its_forked_child_leaves_no_child_behind(tmp_path):
     """`start_child`'s forked child (a training run a test stops or remounts under) was killed by nothing but the
     test's own `wait()`: a test that failed before it left the child running into the tests after it, a training
@@ -115,6 +116,7 @@ def test_a_test_that_fails_before_waiting_on_its_forked_child_leaves_no_child_be
             os.kill(pid, signal.SIGKILL)  # the old conftest's leftover, not the test run's next ones'
 
 
+@pytest.mark.slow  # a pytest session of its own (2.9 s in CI's run)
 def test_the_processes_a_forked_child_started_end_with_its_test(tmp_path):
     """`no_child_left` killed the forked child alone: what it started (a DataLoader worker, a launched subprocess)
     ran on into the tests after it, also where the test failed before its `wait()`, or waited on a child that ended

@@ -349,6 +349,7 @@ SAFETENSORS_LIMIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch under a file size limit (3.1 s in CI's run)
 def test_a_final_model_safetensors_could_not_write_is_said_as_its_os_error(tmp_path):
     """safetensors' failed write is a SafetensorError, no OSError ('Error while serializing: I/O error: File too large
     (os error 27)'): a final save under a file size limit the disk probe's 1 MiB passes, or into a folder gone, ended
