@@ -319,6 +319,40 @@ class _Warm:
         return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (trylast), which starts the workers
+def pytest_sessionstart(session):
+    """Under workers, each collects every test module, and pytest rewrites the modules' asserts as it imports them:
+    ~8.5 CPU-s a worker for the suite's ~5,600 asserts, done again on every run where PYTHONDONTWRITEBYTECODE is set
+    (this VM, CI's) or the clone is fresh (CI). A child of the controller rewrites them once, beside the workers'
+    start, into pytest's own cache (tests/__pycache__, git-ignored), which each worker reads as it imports a module
+    (pytest checks each cached file against its source and rewrites one not yet written itself). Uses pytest's
+    rewrite functions as pytest itself calls them (requirements-dev.txt pins pytest); without them this only skips the
+    head start."""
+    if not session.config.getoption("numprocesses", None) or hasattr(session.config, "workerinput"):
+        return
+    from _pytest.assertion import rewrite
+
+    if not all(hasattr(rewrite, name) for name in ("_read_pyc", "_rewrite_test", "_write_pyc", "get_cache_dir")):
+        return
+    pid = os.fork()
+    if pid:
+        _REWRITER.append(pid)
+        return
+    try:  # the child: never returns into pytest
+        state = session.config.stash[rewrite.assertstate_key]
+        for source in [ROOT / "tests" / "conftest.py", *sorted((ROOT / "tests").glob("test_*.py"))]:
+            pyc = rewrite.get_cache_dir(source) / (source.stem + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(source, pyc) is None:
+                pyc.parent.mkdir(parents=True, exist_ok=True)
+                stat, code = rewrite._rewrite_test(source, session.config)
+                rewrite._write_pyc(state, code, stat, pyc)  # written whole, then renamed into place
+    finally:
+        os._exit(0)
+
+
+_REWRITER: list[int] = []  # the controller's child of pytest_sessionstart, reaped in pytest_unconfigure
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection, which reads the markers added here
 def pytest_collection_modifyitems(items):
     """`extended`, `slurm` and `gpu` tests are `slow` too: a -m on the command line replaces pyproject's
@@ -409,8 +443,28 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(summary)
 
 
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker
+        config.add_cleanup(_end_worker)  # pytest's cleanups run last-added first: this one after the others added since
+
+
+def _end_worker():
+    """A worker's results and summary are with the controller (xdist's "workerfinished", at its session's end) and its
+    session is closed; what is left is the interpreter's finalization, which tears down the torch, transformers and
+    DeepSpeed the tests imported, object by object: seconds the controller waited for at the suite's end, with nothing
+    to show for them. The exit handlers still run (this session's HF_HOME, multiprocessing's children); then it ends."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def pytest_unconfigure(config):
     _Warm.stop()
+    for pid in _REWRITER:
+        os.waitpid(pid, 0)
     import gc
 
     # What pytest_collection_finish froze, back in the collector's sight for the interpreter's finalization: frozen,
