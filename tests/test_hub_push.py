@@ -632,6 +632,45 @@ def test_a_token_read_with_its_line_break_is_used_without_it_and_a_token_that_ca
     assert SECRET not in "".join(capfd.readouterr())
 
 
+@pytest.mark.parametrize("inside", ["\x0b", "\u200b"])
+def test_a_saved_login_token_that_cannot_be_sent_is_refused_naming_its_file_never_printed(
+    inside, hub, monkeypatch, tmp_path, capfd
+):
+    """A token file written by hand (`echo ... > ~/.cache/huggingface/token`, a zero-width space pasted with the token)
+    was not checked as HF_TOKEN is: a vertical tab went into the log in the HTTP client's `Illegal header value
+    b'Bearer hf_...'`, and a letter that is not ASCII read as "could not reach the Hugging Face Hub ... set
+    HF_HUB_OFFLINE=1", the job then training for hours to fail the push the same way. Both are refused, by the job and
+    push_to_hub.py, naming the file, never the token."""
+    from huggingface_hub import constants
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    saved = tmp_path / "token"
+    saved.write_text(f"{SECRET}{inside}x\n", encoding="utf-8")
+    script = push_script(hub, monkeypatch)
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
+    monkeypatch.setattr("sys.argv", ["train_dpo.py"])
+    with pytest.raises(ConfigError) as job:
+        hub_module.take_push_settings(parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO]))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": REPO}))
+    (run / "run_complete.json").write_text('{"global_step": 1}\n')
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors", "README.md"):
+        (run / name).write_text("{}")
+    (run / "training_curves.png").write_bytes(b"png")
+    with pytest.raises(ConfigError) as later:
+        script.main([str(run)])
+    for refused in (job, later):
+        assert str(refused.value).startswith(f"the token saved in {saved} (by `hf auth login`, or written there) holds")
+    assert SECRET not in str(job.value) + str(later.value) + "".join(capfd.readouterr())
+    assert not hub.state.commits and not hub.state.project_requests()
+
+
 # --- the pusher on its own: which checkpoints it takes ---------------------------------------------------------------
 
 

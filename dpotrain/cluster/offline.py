@@ -346,12 +346,24 @@ def hf_token() -> str | None:
     """HF_TOKEN, else the one `hf auth login` saved. A blank HF_TOKEN is none, as huggingface_hub reads it: taken as a
     login, it passed the dry run and failed the push."""
     try:
-        return usable_token(os.environ.get("HF_TOKEN", ""), "HF_TOKEN") or get_token()
+        # The saved login (or HUGGING_FACE_HUB_TOKEN) checked as HF_TOKEN is: a token file written by hand holding a
+        # vertical tab went into the job's log in the HTTP client's "Illegal header value b'Bearer hf_...'", and a
+        # non-ASCII letter (a zero-width space pasted with it) read as "could not reach the Hub", whose advice,
+        # HF_HUB_OFFLINE=1, trained for hours and then failed the push the same way
+        return usable_token(os.environ.get("HF_TOKEN", ""), "HF_TOKEN") or usable_token(get_token(), saved_login())
     except OSError as e:  # huggingface_hub allows for a missing file only (a HOME that is a file: a traceback)
         raise ConfigError(
             f"cannot read the saved Hugging Face token {constants.HF_TOKEN_PATH} ({e.strerror}): set HOME to your home "
             "folder, or HF_HOME to a folder of yours (the Hub libraries keep their login and caches there), or HF_TOKEN"
         ) from None
+
+
+def saved_login() -> str:
+    """Where huggingface_hub's get_token finds the token when HF_TOKEN gives none: its older variable, else the file
+    `hf auth login` writes."""
+    if not os.environ.get("HF_TOKEN") and (os.environ.get("HUGGING_FACE_HUB_TOKEN") or "").strip():
+        return "HUGGING_FACE_HUB_TOKEN"
+    return f"the token saved in {constants.HF_TOKEN_PATH} (by `hf auth login`, or written there)"
 
 
 def usable_token(token: str | None, named: str) -> str | None:
