@@ -230,12 +230,14 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
             stop.saved_something()  # the run is complete: its requeue pushes, training nothing
             stop.mark_saved(what)
             return STOPPED_EXIT
-        except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command
-            raise SystemExit(f"error: {e}") from None
+        # RunError, not SystemExit: run_command writes its line where launch.sh looks for a run's own `error:` line
+        # (`<stop file>.refused`); a SystemExit left none, and the job's last line said "training failed ... srun
+        # stopped every node ... its traceback is above", of a run that trained to its end and has no traceback.
+        except hub_push.UnrecordedPush:  # on the Hub: no "failed", no other command
+            raise
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
-            raise SystemExit(
-                f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "
-                f"push it with `{command}`"
+            raise RunError(
+                f"pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, push it with `{command}`"
             ) from None
         print(f"Pushed to {url}", flush=True)
     return None

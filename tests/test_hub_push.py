@@ -2091,6 +2091,7 @@ def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     from conftest import sealed_checkpoint
     from dpotrain import publish
     from dpotrain.hub import hub as hub_module
+    from dpotrain.hub import hub_push
     from dpotrain.hub.hub_push import CheckpointPusher, push_command
     from dpotrain.recipe.config import parse_args
 
@@ -2119,12 +2120,42 @@ def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     (out / PUSH_RECORD).rmdir()
     hub.state.hold[("commit", "main")] = unwritable
     recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO])
-    with pytest.raises(SystemExit) as ended:
+    with pytest.raises(hub_push.UnrecordedPush) as ended:  # run_command's one `error:` line
         publish.push_final(out, hub_module.take_push_settings(recipe), recipe.training)
     assert "model.safetensors" in hub.state.repos[REPO]["main"]
-    assert str(ended.value).startswith(f"error: {out} went up to {REPO}, but its record could not be written ("), ended
+    assert str(ended.value).startswith(f"{out} went up to {REPO}, but its record could not be written ("), ended
     assert f"then run `{push_command(out, '--repo-id', REPO)}`, which finds" in str(ended.value)
     assert "Pushed" not in capsys.readouterr().out
+
+
+def test_a_final_push_the_hub_fails_ends_a_launched_run_on_its_own_error_line(hub, tmp_path, monkeypatch, capsys):
+    """The final push failing past the retries ended the run by SystemExit, which left no `<stop file>.refused` for
+    scripts/launch.sh: the job's last line was "training failed with exit code 1: srun stopped every node ... its
+    traceback is above that", of a run that trained to its end, with no traceback and no node failed. Now the run's
+    own one `error:` line, marked for launch.sh as a refusal is, naming the push_to_hub.py command."""
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe import errors
+    from dpotrain.recipe.config import parse_args
+
+    hub_in_process(hub, monkeypatch)
+    monkeypatch.setattr("sys.argv", ["train_dpo.py"])
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}\n')
+    (out / "config.json").write_text("{}")
+    hub.state.fail[("commit", "main")] = -1
+    hub.state.fail_status = 400  # not retried
+    mark = tmp_path / "stop.refused"  # what launch.sh reads (preemption.GracefulStop.from_env, under a launcher)
+    monkeypatch.setattr(errors, "_ONE_LINE_MARK", [str(mark)])
+    args = ["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO]
+    recipe = parse_args([*args, "--hub_token", SECRET])
+    with pytest.raises(SystemExit) as ended:
+        errors.run_cli(lambda: publish.push_final(out, hub_module.take_push_settings(recipe), recipe.training))
+    line = f"error: pushing {out} to {REPO} failed (BadRequestError: "
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.startswith(line) and mark.read_text().startswith(line)
+    assert "the run is saved, push it with `python " in mark.read_text() and SECRET not in mark.read_text()
 
 
 def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):
@@ -2633,6 +2664,7 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub.hub_push import record_push
     from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import RunError
 
     hub_in_process(hub, monkeypatch)
     out = mixed_run(tmp_path, tiny_model_dir, "", "model.safetensors")
@@ -2640,7 +2672,7 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
     recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
     push = hub_module.take_push_settings(recipe)
     decision = resolve.check_output_dir(recipe, 8)
-    with pytest.raises(SystemExit, match=r"holds weights of more than one save.*model\.safetensors \(written "):
+    with pytest.raises(RunError, match=r"holds weights of more than one save.*model\.safetensors \(written "):
         publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
     assert hub.state.commits == [] and hub.state.repos == {}
     assert [r["status"] for r in read_pushes(out)] == ["started"]  # still left to push, once the folder is fixed
