@@ -356,7 +356,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         held = data_identity.files(script.dataset_name, script.dataset_test_split) if test else None
         if held and not set(held) <= set(found or {}):
             checked["eval_identity"] = data_identity.of_files(held)
-    collectives.every_rank(check_steps, steps, recipe.training)  # every rank counts its own copy of the data
+    collectives.every_rank(check_steps, steps, recipe.training, launch.data_parallel)  # each its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
         # One gather, said once: the rows are each rank's own copy's where the record lacks the pairs its run kept
         pairs = launch.batch.pairs_per_step
@@ -696,12 +696,15 @@ def check_auto_budget(budget: int, auto: dict | None) -> None:
     resolve.check_token_budget(budget, auto["max_length"], whole)
 
 
-def check_steps(steps: dict, training) -> None:
-    """The steps the data set's rows make: a run that trains nothing, or whose schedule does not fit, refused. Every
-    rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the data differs ends every rank."""
+def check_steps(steps: dict, training, world: int = 1) -> None:
+    """The steps the data set's rows make on `world` data-parallel ranks: a run that trains nothing, or whose schedule
+    does not fit, refused. Every rank runs it inside one gather (`collectives.every_rank`): a rank whose copy of the
+    data differs ends every rank."""
     plan.check_steps(steps, training.max_steps)
     plan.check_schedule_fits(steps, training)
-    plan.check_eval_delay(steps, training)  # an evaluation that would never come, before the model loads
+    rows = steps.get("dataset_rows")
+    per_epoch = None if rows is None else len(plan.steps_of(range(rows), steps["pairs_per_step"], world))
+    plan.check_eval_delay(steps, training, per_epoch)  # an evaluation that would never come, before the model loads
 
 
 def check_kept_steps(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths) -> None:

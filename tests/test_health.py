@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from types import SimpleNamespace
@@ -506,6 +507,29 @@ def test_an_eval_delay_past_the_runs_end_is_refused_before_the_model_loads(tmp_p
         stages.check_steps(steps, parse_args(args).training)
     ok = [*args[:-1], "1" if strategy == "epoch" else "4"]
     stages.check_steps(steps, parse_args(ok).training)  # at the run's end: it evaluates there
+
+
+@pytest.mark.parametrize(
+    "world, delay, refused", [(1, "1", True), (1, "0.5", True), (3, "0.5", False), (1, "0.461", False)]
+)
+def test_an_epoch_eval_delay_past_the_last_epoch_of_max_steps_is_refused(tmp_path, world, delay, refused):
+    """Under max_steps the run ends at epoch max_steps / an epoch's steps, where transformers judges eval_delay last:
+    checked against num_train_epochs alone, --max_steps 6 of a 13-step epoch with eval_delay 1 evaluated nothing and
+    exited 0. 98 pairs of 8 a step make 13 steps on one rank, 12 on 3 (the last 2 pairs join the step before)."""
+    from dpotrain import stages
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[80:88]))
+    args = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--eval_strategy", "epoch", "--max_steps", "6"]
+    args += ["--dataset_mixer_eval_list", str(held), "1.0", "--eval_delay", delay]
+    steps = {"total_steps": 6, "warmup_steps": 1, "pairs_per_step": 8, "dataset_rows": 98}
+    if not refused:
+        stages.check_steps(steps, parse_args(args).training, world)
+        return
+    line = f"eval_delay {delay} is past the run's last epoch (0.462: max_steps 6 of 13 steps an epoch, eval_strategy "
+    line += "epoch): it would never evaluate; pass an eval_delay of 0.461 or less, --max_steps "
+    with pytest.raises(ConfigError, match=re.escape(line)):
+        stages.check_steps(steps, parse_args(args).training, world)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.recipe.errors import ConfigError, plural
+from dpotrain.recipe.errors import ConfigError, decimal, plural
 
 
 @dataclass(frozen=True)
@@ -482,11 +482,25 @@ class StepCollator:
         }
 
 
-def check_eval_delay(steps: dict, training) -> None:
+def check_eval_delay(steps: dict, training, per_epoch: int | None = None) -> None:
     """An eval_delay past the run's last step (eval_strategy steps) or last epoch (epoch) meant transformers never
-    evaluated, and the run exited 0 without the held-out evaluation asked for: refused here, before the model loads."""
+    evaluated, and the run exited 0 without the held-out evaluation asked for: refused here, before the model loads.
+    `per_epoch`: the optimizer steps of an epoch, which place the last epoch of a run of max_steps."""
     # transformers' IntervalStrategy is a str: it equals its spelling
     total, delay, strategy = steps.get("total_steps"), training.eval_delay or 0, training.eval_strategy
+    if strategy == "epoch" and training.max_steps > 0 and total is not None and per_epoch:
+        # Under max_steps the run ends at epoch max_steps / per_epoch (transformers' state.epoch there, where it judges
+        # eval_delay): checked against num_train_epochs alone, --max_steps 4 of a 13-step epoch with eval_delay 1
+        # evaluated nothing and exited 0
+        last = total / per_epoch
+        if delay > last:
+            within = math.floor(last * 1000) / 1000  # rounded down: an eval_delay it names must evaluate
+            raise ConfigError(
+                f"eval_delay {delay:g} is past the run's last epoch ({decimal(last)}: max_steps {total} of "
+                f"{plural(per_epoch, 'step')} an epoch, eval_strategy epoch): it would never evaluate; pass an "
+                f"eval_delay of {decimal(within)} or less, --max_steps {math.ceil(delay * per_epoch)} or more, or "
+                "eval_strategy no"
+            )
     if strategy == "steps" and total is not None and delay > total:
         raise ConfigError(
             f"eval_delay {delay:g} is past the run's last step ({total}): it would never evaluate; pass an eval_delay "

@@ -45,13 +45,16 @@ class RunPlan:
         )
 
 
-def check_kept_steps(max_length_cuts: dict, steps: int, args, pairs: int, pairs_per_step: int) -> None:
-    """The steps of the pairs training keeps, checked again where max_length dropped some (`make`)."""
+def check_kept_steps(
+    max_length_cuts: dict, steps: int, args, pairs: int, pairs_per_step: int, per_epoch: int | None = None
+) -> None:
+    """The steps of the pairs training keeps, checked again where max_length dropped some (`make`); `per_epoch`: the
+    steps of an epoch of them, where known."""
     if max_length_cuts.get("dropped"):
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
         plan.check_steps(kept, args.max_steps, f"the {pairs} pairs training keeps")
         plan.check_schedule_fits(kept, args)  # warmup_stable_decay's phases, against the steps the run now has
-        plan.check_eval_delay(kept, args)  # eval_delay, against the steps the run now has
+        plan.check_eval_delay(kept, args, per_epoch)  # eval_delay, against the steps the run now has
 
 
 def _planned_steps(lengths: PairLengths, step_plan: plan.StepPlan, epochs: int, args, max_length_cuts: dict):
@@ -61,7 +64,7 @@ def _planned_steps(lengths: PairLengths, step_plan: plan.StepPlan, epochs: int, 
     them warm-up, checked again."""
     planned = plan.plan_run(lengths, step_plan, epochs)
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
-    check_kept_steps(max_length_cuts, steps, args, len(lengths), step_plan.pairs_per_step)
+    check_kept_steps(max_length_cuts, steps, args, len(lengths), step_plan.pairs_per_step, len(planned[0]))
     return planned, steps
 
 
