@@ -110,6 +110,17 @@ def test_fixed_pairs_per_micro_batch_without_a_budget():
     assert sorted(i for step in steps for rank in step for mb in rank for i in mb) == list(range(1000))
 
 
+@pytest.mark.parametrize("pairs, world, per_micro_batch", [(11, 4, 1), (3, 2, 1), (23, 4, 2), (130, 64, 1)])
+def test_an_uneven_last_step_keeps_per_device_train_batch_size_and_fills_the_short_ranks(pairs, world, per_micro_batch):
+    """Without a budget, a step whose pairs the ranks cannot share equally (an epoch's last): its micro-batches were
+    capped at the smallest share's count, so at per_device_train_batch_size 1 the other ranks ran 2 pairs at once."""
+    step = plan.cut_step(np.arange(pairs), heavy_tailed(pairs), StepPlan(pairs, world, 0, None, per_micro_batch))
+    assert len({len(rank) for rank in step}) == 1  # the same number of micro-batches on every rank
+    assert max(len(mb) for rank in step for mb in rank) == per_micro_batch
+    assert sorted(i for rank in step for mb in rank for i in mb) == list(range(pairs))
+    assert all([len(mb) for mb in rank] == sorted(map(len, rank), reverse=True) for rank in step)  # fillers last
+
+
 def test_a_plan_that_leaves_a_rank_without_a_pair_is_refused_with_the_fix():
     fix = r"leaves 128 of the 256 processes without a pair: use pairs_per_step >= 256"
     with pytest.raises(plan.PlanError, match=fix):

@@ -206,7 +206,11 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
         )
     if p.max_tokens is None:
         shares = [[int(i) for i in pairs[r::w]] for r in range(w)]
-        count = min(math.ceil(len(shares[0]) / p.pairs_per_micro_batch), len(shares[-1]))
+        # The micro-batches the largest share needs, on every rank: a rank with one pair fewer (an epoch's last step)
+        # ends with a filler (array_split's empty part). Capped at the smallest share, per_device_train_batch_size 1
+        # put 2 pairs in a micro-batch on the other ranks (a step of 11 pairs on 4: [0, 4], [8]), the memory it was
+        # set to keep within exceeded at an epoch's end.
+        count = math.ceil(len(shares[0]) / p.pairs_per_micro_batch)
         return [[[int(i) for i in part] for part in np.array_split(share, count)] for share in shares]
     found = _cut(pairs, lengths, p, p.max_tokens)
     if found is not None:
