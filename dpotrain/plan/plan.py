@@ -411,8 +411,9 @@ def check_eval_split(pairs: int, world_size: int) -> None:
 
 
 def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
-    """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
-    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch)."""
+    """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of batches of at most
+    `batch_size` pairs on every rank (the evaluation loop gathers after every batch), each rank's first holding pairs;
+    a rank with fewer pairs than another ends with empty ones, fillers (13 pairs on 2 ranks, 1 a batch: 7 and 6)."""
     check_eval_split(pairs, world_size)
     per_rank = math.ceil(pairs / (world_size * batch_size))
     chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
@@ -460,16 +461,17 @@ class FixedBatches(BatchRebalanceSampler):
 
 class StepRows:
     """A data set read a whole step at a time: this rank's micro-batches of one step, each as its rows and whether it is
-    a filler (which reads the rows of this rank's last pair of the step)."""
+    a filler (which reads the rows of this rank's last pair of the step, or `stand_in` in a step without one: an
+    evaluation's filler batch)."""
 
-    def __init__(self, dataset):
-        self.dataset = dataset
+    def __init__(self, dataset, stand_in: int | None = None):
+        self.dataset, self.stand_in = dataset, stand_in
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, micro_batches):
-        stand_in = [next(mb for mb in reversed(micro_batches) if mb)[-1]]
+        stand_in = [next((mb[-1] for mb in reversed(micro_batches) if mb), self.stand_in)]
         return [(self.dataset.__getitems__(list(mb or stand_in)), not mb) for mb in micro_batches]
 
 
@@ -484,6 +486,14 @@ class StepCollator:
         return {
             "micro_batches": [{**self.collate(rows), FILLER: True} if f else self.collate(rows) for rows, f in step]
         }
+
+
+@dataclass
+class BatchCollator(StepCollator):
+    """An evaluation batch, read as a step of one micro-batch (`StepRows`): a filler's carries `FILLER`."""
+
+    def __call__(self, items: list) -> dict:
+        return super().__call__(items)["micro_batches"][0]
 
 
 def check_eval_delay(steps: dict, training, per_epoch: int | None = None) -> None:

@@ -487,11 +487,16 @@ class RecipeDPOTrainer(DPOTrainer):
             self.pair_metrics.exclude(time.perf_counter() - start)
 
     def get_eval_dataloader(self, eval_dataset=None):
-        """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
+        """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair counted twice.
+        Each batch is read as a step of one micro-batch: a rank's empty batch (a pair fewer than another rank's) is a
+        filler of its first pair, whose metrics are not counted (`_compute_loss`); read as it was, an empty batch was
+        a traceback at the first evaluation (per_device_eval_batch_size 1, 13 held-out pairs on 2 processes)."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
-        batches = plan.FixedBatches(batches[self.data_parallel_rank])
-        return self._rank_aware_loader(_batch_columns(dataset), batches, self.data_collator)
+        batches = batches[self.data_parallel_rank]
+        rows = plan.StepRows(_batch_columns(dataset), stand_in=batches[0][0])
+        sampler = plan.FixedBatches([[(tuple(batch),)] for batch in batches])
+        return self._rank_aware_loader(rows, sampler, plan.BatchCollator(self.data_collator))
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
         """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
