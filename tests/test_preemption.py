@@ -197,6 +197,33 @@ def test_a_stop_at_a_step_not_logged_records_it_and_counts_the_tokens_of_an_unin
 
 
 @pytest.mark.slow
+def test_a_stop_at_an_epochs_last_step_has_the_epochs_evaluation_made_by_the_resume(tmp_path, tiny_model_dir):
+    """eval_strategy epoch, 2 epochs of 2 steps, a stop asked during step 2: its checkpoint is saved and the epoch's
+    evaluation left out to end in time; the resume started at epoch 2, and metrics.jsonl held no evaluation of epoch 1
+    (steps 1-4 trained, evaluated at 4 alone). The resume evaluates the checkpoint's step first."""
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    data, held = tmp_path / "pairs.jsonl", tmp_path / "held.jsonl"
+    data.write_text("".join(lines[:16]))
+    held.write_text("".join(lines[16:21]))
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--num_train_epochs", "2", "--logging_steps", "1"]
+    args += ["--save_strategy", "no", "--eval_strategy", "epoch", "--dataset_mixer_eval_list", str(held), "1.0"]
+    stop_file, out, paused = tmp_path / "stop", tmp_path / "run", tmp_path / "paused"
+    # Paused before step 1's record (metrics.jsonl read at the start, then step 1): the stop is taken at step 2's end
+    env = pause_env("", "*/metrics.jsonl", paused, count=2) | {"DPOTRAIN_STOP_FILE": str(stop_file)}
+    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT, args=args)
+    pid = paused_pid(paused, proc)
+    stop_file.touch()
+    os.kill(pid, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT and (out / "checkpoint-2" / "COMPLETE").is_file(), log[-3000:]
+    stop_file.unlink()
+    rerun = start(out, tiny_model_dir, data, args=args)
+    assert rerun.wait(timeout=300) == 0, rerun.stdout.read()[-3000:]
+    history = [(r["step"], "eval_loss" in r) for r in read_metrics(out)]
+    assert history == [(1, False), (2, False), (2, True), (3, False), (4, False), (4, True)], history
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "pause", "stopped"),
     [

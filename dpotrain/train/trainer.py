@@ -13,6 +13,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import time
@@ -55,7 +56,7 @@ from dpotrain.train import (
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
-from dpotrain.train.metrics import MetricsRecorder
+from dpotrain.train.metrics import METRICS_FILE, MetricsRecorder, read_metrics
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
@@ -157,6 +158,23 @@ def _batch_columns(dataset):
     """The columns the collators read: the pair's tokens and, once the reference stage scored them, its reference's."""
     columns = (*pair_columns(dataset), *packing.REFERENCE_KEYS)
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
+
+
+def epoch_evaluation_owed(checkpoint: str, args) -> bool:
+    """Whether the resumed `checkpoint` ended an epoch whose evaluation (eval_strategy epoch) it lacks: a stop at an
+    epoch's last step saves and leaves the epoch's evaluation out to end in time (`CompleteMarker.on_epoch_end`), and
+    the resume starts at the next epoch, so that epoch was never evaluated (metrics.jsonl went from epoch 1's training
+    to epoch 2's evaluation). Then the resumed run evaluates at its start (as `eval_on_start`), at the checkpoint's
+    step."""
+    if args.eval_strategy != "epoch":
+        return False
+    state = json.loads((Path(checkpoint) / resume.STATE_FILE).read_text())
+    epoch, step = state.get("epoch") or 0, state.get("global_step")
+    # A save_steps checkpoint at an epoch's end is written before the epoch's evaluation, which metrics.jsonl then holds
+    logged = read_metrics(args.output_dir) if (Path(args.output_dir) / METRICS_FILE).is_file() else []
+    evaluated = any("eval_loss" in r and r.get("step") == step for r in [*state.get("log_history", []), *logged])
+    # transformers' state.epoch is whole exactly at an epoch's last step (epoch + steps / steps_in_epoch)
+    return float(epoch).is_integer() and epoch >= max(args.eval_delay or 0, 1) and not evaluated
 
 
 ADAPTER_CARD = "README.md"  # PEFT's save_pretrained writes an adapter's model card under this name
@@ -595,8 +613,10 @@ class RecipeDPOTrainer(DPOTrainer):
             collectives.every_rank(resume.check_state_left, checkpoint)
         # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
         # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
+        owed = epoch_evaluation_owed(checkpoint, self.args) if isinstance(checkpoint, str) else False
         with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
-            return super().train(*args, **kwargs)
+            with upstream.attributes_set(self.args, eval_on_start=True) if owed else contextlib.nullcontext():
+                return super().train(*args, **kwargs)
 
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), scored, in place of the tokenized one."""
