@@ -196,6 +196,30 @@ def test_a_stop_at_a_step_not_logged_records_it_and_counts_the_tokens_of_an_unin
     assert history[-1]["num_tokens"] == uninterrupted[-1]["num_tokens"]
 
 
+@pytest.mark.parametrize(
+    "epoch, history, logged, owed",
+    [
+        (1.0, [], [], True),  # a stop's checkpoint at the epoch's last step: its evaluation left out
+        (1.5, [], [], False),  # mid-epoch: the epoch's evaluation comes as it ends
+        (1.0, [{"step": 2, "eval_loss": 0.6}], [], False),  # evaluated before the save
+        (1.0, [], [{"step": 2, "eval_loss": 0.6}], False),  # a save_steps checkpoint, evaluated after it was written
+    ],
+)
+def test_only_an_epoch_end_checkpoint_without_its_evaluation_is_evaluated_at_the_resume(
+    tmp_path, epoch, history, logged, owed
+):
+    from dpotrain.train.trainer import epoch_evaluation_owed
+
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    state = {"epoch": epoch, "global_step": 2, "log_history": [{"step": 1, "loss": 0.7}, *history]}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"step": 2, "loss": 0.6}, *logged]))
+    args = SimpleNamespace(eval_strategy="epoch", eval_delay=0, output_dir=str(tmp_path))
+    assert epoch_evaluation_owed(str(checkpoint), args) is owed
+    assert epoch_evaluation_owed(str(checkpoint), SimpleNamespace(**{**vars(args), "eval_strategy": "steps"})) is False
+
+
 @pytest.mark.slow
 def test_a_stop_at_an_epochs_last_step_has_the_epochs_evaluation_made_by_the_resume(tmp_path, tiny_model_dir):
     """eval_strategy epoch, 2 epochs of 2 steps, a stop asked during step 2: its checkpoint is saved and the epoch's

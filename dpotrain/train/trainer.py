@@ -56,7 +56,7 @@ from dpotrain.train import (
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
-from dpotrain.train.metrics import METRICS_FILE, MetricsRecorder, read_metrics
+from dpotrain.train.metrics import MetricsRecorder, read_metrics
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop, loader_worker
 from dpotrain.train.step_log import StepLog
@@ -170,11 +170,12 @@ def epoch_evaluation_owed(checkpoint: str, args) -> bool:
         return False
     state = json.loads((Path(checkpoint) / resume.STATE_FILE).read_text())
     epoch, step = state.get("epoch") or 0, state.get("global_step")
-    # A save_steps checkpoint at an epoch's end is written before the epoch's evaluation, which metrics.jsonl then holds
-    logged = read_metrics(args.output_dir) if (Path(args.output_dir) / METRICS_FILE).is_file() else []
-    evaluated = any("eval_loss" in r and r.get("step") == step for r in [*state.get("log_history", []), *logged])
     # transformers' state.epoch is whole exactly at an epoch's last step (epoch + steps / steps_in_epoch)
-    return float(epoch).is_integer() and epoch >= max(args.eval_delay or 0, 1) and not evaluated
+    if not float(epoch).is_integer() or epoch < max(args.eval_delay or 0, 1):
+        return False
+    evaluated = [r for r in state.get("log_history", []) if "eval_loss" in r and r.get("step") == step]
+    # A save_steps checkpoint at an epoch's end is written before the epoch's evaluation, which metrics.jsonl then holds
+    return not evaluated and not any("eval_loss" in r and r["step"] == step for r in read_metrics(args.output_dir))
 
 
 ADAPTER_CARD = "README.md"  # PEFT's save_pretrained writes an adapter's model card under this name
