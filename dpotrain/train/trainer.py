@@ -612,9 +612,11 @@ class RecipeDPOTrainer(DPOTrainer):
         # back to the weights alone with a warning, and a folder deleted whole ended in their tracebacks
         if isinstance(checkpoint := kwargs.get("resume_from_checkpoint"), str):
             collectives.every_rank(resume.check_state_left, checkpoint)
+        # Decided by the main process, which writes metrics.jsonl, for every rank: an evaluation is collectives, and a
+        # rank whose node reads the output folder otherwise (a copy, a lagging file system) would skip them alone.
+        owed = isinstance(checkpoint, str) and collectives.main_outcome(epoch_evaluation_owed, checkpoint, self.args)
         # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
         # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
-        owed = epoch_evaluation_owed(checkpoint, self.args) if isinstance(checkpoint, str) else False
         with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
             with upstream.attributes_set(self.args, eval_on_start=True) if owed else contextlib.nullcontext():
                 return super().train(*args, **kwargs)
