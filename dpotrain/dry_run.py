@@ -353,15 +353,19 @@ def duration_text(r: Record) -> str:
     tokens = tokens_per_step(batching, r.launch.data_parallel_size or gpus) * steps
     params = memory.model["parameters"]
     seconds = tokens * params / (gpus * mfu * peak * 1e12)  # per FLOP per token and parameter
+    # The stage scores each pair the steps train once: a run of 3 epochs scores one epoch's tokens, not 3 epochs' (it
+    # said 3x the stage's time)
+    epochs, once = max(1.0, batching.epochs_trained or 1.0), ""
     if not s.precompute_ref_log_probs:  # a live reference model (as `reference_text` reads it): a forward every step
         timed, per_token = "no reference stage (a live reference model, in each step)", 8
     else:
-        timed, per_token = f"~{_took(2 * seconds)} reference stage", 6
+        timed, per_token = f"~{_took(2 * seconds / epochs)} reference stage", 6
+        once = f", of 1 of the {epochs:g} epochs: each pair is scored once" if epochs > 1 else ""
     on = f"{plural(gpus, 'GPU')} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
     return (
         f"est. {timed} + ~{_took(per_token * seconds)} for {plural(steps, 'step', ',')}: ~{tokens:,.0f} tokens "
-        f"x {per_token} x {params / 1e9:.2f}B parameters (the reference's forward: 2 x) / ({on} x {mfu:.0%} MFU, the "
-        "lowest this project measured): an estimate, not a measurement"
+        f"x {per_token} x {params / 1e9:.2f}B parameters (the reference's forward: 2 x{once}) / ({on} x {mfu:.0%} "
+        "MFU, the lowest this project measured): an estimate, not a measurement"
     )
 
 

@@ -543,6 +543,30 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     assert field(text, "learning rate").startswith("8e-08 (OLMo 3 7B Think used 8e-8); linear schedule")
 
 
+@pytest.mark.slow
+def test_the_reference_stage_of_a_run_of_several_epochs_is_estimated_over_one_epoch(tmp_path, capsys, tiny_model_dir):
+    """The stage scores each pair the steps train once, whatever the epochs: `--num_train_epochs 3` said ~3x its time
+    (the 3 epochs' tokens x 2 x parameters). The steps' estimate is the 3 epochs'; the stage's, one epoch's."""
+    model = tmp_path / "olmo3-7b-with-tokenizer"
+    model.mkdir()
+    shutil.copy(Path(OLMO3_7B) / "config.json", model)
+    for f in [*Path(tiny_model_dir).glob("tokenizer*"), Path(tiny_model_dir) / "chat_template.jinja"]:
+        shutil.copy(f, model)
+    args = ["--config", str(ROOT / "configs" / "instruct.yaml"), "--model_name_or_path", str(model), "--report_to"]
+    args += ["none", "--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--num_train_epochs", "3"]
+    time = field(dry_run(capsys, *args, "--output_dir", str(tmp_path / "i"), "--gpu_memory_gib", "80"), "time")
+    said = re.fullmatch(
+        r"est\. ~(\d+) s reference stage \+ ~(\d+) s for \d+ steps: ~([\d,]+) tokens x 6 x 7\.30B parameters \(the "
+        r"reference's forward: 2 x, of 1 of the 3 epochs: each pair is scored once\) / .*",
+        time,
+    )
+    assert said, time
+    params = json.loads((tmp_path / "i.dry-run.json").read_text())["derived"]["memory"]["model"]["parameters"]
+    tokens = int(said[3].replace(",", ""))
+    assert int(said[2]) == round(tokens * 6 * params / (4 * 989e12 * 0.25))  # the steps: every epoch's tokens
+    assert int(said[1]) == round(tokens / 3 * 2 * params / (4 * 989e12 * 0.25))  # the stage: one epoch's
+
+
 def unrecorded_refusals(capsys, *args) -> list[str]:
     """The refusals a dry run of the demo with ARGS lists, where it writes no record beside a folder it refuses."""
     said = dry_run(capsys, *SMOKE, *args)
