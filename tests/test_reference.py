@@ -1,6 +1,7 @@
 """The reference stage: reused when only training arguments or the layout change, recomputed when anything that
 determines the numbers changes, exact at step 1, kept across a stop or a kill, and runnable alone."""
 
+import contextlib
 import json
 import math
 import os
@@ -1020,6 +1021,45 @@ def test_a_save_that_failed_on_a_disk_full_for_a_while_is_not_reported_once_the_
     code, out, err = in_child(scored_on_a_disk_full_for_a_while, tmpfs=[(folder, "1m")])
     assert code == 0, out + err
     assert err.count("warning: the reference cache could not be written") == 1, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a tmpfs mounted in a mount namespace of its own (root)")
+def test_a_disk_full_once_complete_npz_is_written_is_not_reported_as_a_reference_not_cached(tmp_path):
+    """complete.npz written, then the disk full before identity.json (what other runs read to lend pairs): the run
+    warned that "a later run (a requeue too) scores the unsaved pairs again", its line said "16 scored, not cached
+    (No space left on device ...): the next run scores them again" and resolved_config.json `not_cached`, of a
+    reference the next run reused whole ("all 16 pairs reused")."""
+    import numpy as np
+
+    folder = tmp_path / "cache"
+    folder.mkdir()
+
+    def full_after_complete():
+        os.environ["DPOTRAIN_CACHE"] = str(folder)
+        store = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
+        written = reference.Store._write
+
+        def then_full(self, name, **arrays):  # the disk fills up once complete.npz is in place (tmpfs: by pages)
+            done = written(self, name, **arrays)
+            with open(folder / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+                while filler.write(bytes(4096)):
+                    pass
+            return done
+
+        reference.Store._write = then_full
+        zeros = np.zeros(3, dtype=np.float32)
+        store.write_complete({"pairs": 3}, zeros, zeros, np.zeros((3, 16), dtype=np.uint8))
+        assert (store.folder / reference.COMPLETE).is_file() and not (store.folder / "identity.json").exists()
+        assert store.unsaved is None
+        outcome = reference.Outcome("train", 3, 0, 3, False, store.folder, unsaved=store.unsaved)
+        assert outcome.line() == f"reference log-probs (train): 3 scored, cached in {store.folder}"
+        assert "not_cached" not in outcome.record()
+        assert reference.Store(store.folder, 3).complete() is not None  # what the next run reuses
+
+    code, out, err = in_child(full_after_complete, tmpfs=[(folder, "1m")])
+    assert code == 0, out + err
+    assert "identity.json could not be written" in err and "the reference is cached" in err, err
+    assert "scores the unsaved pairs again" not in err
 
 
 @pytest.mark.slow

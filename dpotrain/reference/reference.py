@@ -220,8 +220,12 @@ class Store:
             self.unsaved = None
             try:  # only other runs read it, to share pairs: without it they score their own
                 write_text(self.folder / IDENTITY, json.dumps(ident, indent=1) + "\n")
-            except OSError as e:
-                self._not_saved(e)
+            except OSError as e:  # not `_not_saved`: the run's line and record said "not cached: the next run scores
+                # them again" of a reference the next run reuses whole (a disk full after complete.npz)
+                warn(
+                    f"{IDENTITY} could not be written in {self.folder} ({e.strerror or e}): the reference is cached, "
+                    "but runs of other data (a mixture's source edited) score its pairs again"
+                )
 
     def remove_dead_temporaries(self) -> None:
         """Removes the temporaries that writes killed midway left here (nothing else would), of dead writers only."""
