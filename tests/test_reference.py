@@ -905,6 +905,35 @@ def test_a_part_of_another_host_is_the_same_slurm_jobs_earlier_attempt_or_maybe_
     assert store.beside == {"another run, interrupted or scoring now (pid 123 on node9)": 2}
 
 
+def test_a_live_run_of_the_same_slurm_job_on_this_host_is_scoring_now_and_keeps_its_parts(tmp_path, monkeypatch):
+    """One Slurm job runs several runs of one key at once (a learning-rate sweep's job steps, `srun ... &`): a part of
+    this job was taken for this job's earlier attempt whatever its host, so a run beside a live one of its job said `6
+    kept from an interrupted run` and, finishing, removed the live run's parts (train_dpo.py, SLURM_JOB_ID=4242 in
+    both). On this host its process tells; this job's part on another host stays an earlier attempt's (above)."""
+    import numpy as np
+    from accelerate import PartialState
+
+    from dpotrain.cluster import run_lock
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    store = reference.Store.for_identity({"pairs": 2, "tokens_sha256": "x"})
+    neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        writer = dict(writer=f"{reference.socket.gethostname()}:{neighbour.pid}", job="4242", boot=run_lock.boot_id())
+        writer["started"] = run_lock.process_start(neighbour.pid)
+        scores = np.array([-1.0], dtype=np.float32)
+        store._write("part-live-r0.npz", index=np.array([0]), chosen=scores, rejected=scores, **writer)
+        store.parts()
+        assert store.beside == {f"another run scoring now (pid {neighbour.pid} on {reference.socket.gethostname()})": 1}
+        chosen, digests = np.zeros(2, dtype=np.float32), np.zeros((2, 16), dtype=np.uint8)
+        reference._gather_and_keep(PartialState(), store, {}, digests, "mine", ([], [], []), chosen, chosen.copy())
+        assert [p.name for p in store.folder.glob("part-*")] == ["part-live-r0.npz"]
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
 def test_a_finishing_run_removes_only_its_own_parts_and_those_of_writers_known_gone(tmp_path, monkeypatch):
     """A finishing run removed every part of its key: a live neighbour's too (another run of the same key, scoring
     now), which then lost what it had saved if it was stopped before finishing. And a writer was known by its pid

@@ -136,14 +136,17 @@ def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
 def _writer_beside(writer, job, started=None, boot=None) -> str | None:
     """'another run scoring now (pid 12 on node3)' where a part's writer may still be scoring (alive on this host, or
     on another host: no telling from here); None where it is known gone (its pid gone or taken by a process of another
-    start or boot; this process; this Slurm job, requeued) or the part names no writer (written before parts did)."""
-    if writer is None or (job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID")):
-        return None
+    start or boot; this process; this Slurm job's on another host, requeued or its other nodes) or the part names no
+    writer (written before parts did)."""
     host, _, pid = str(writer).rpartition(":")
-    if not pid.isdigit():
+    if writer is None or not pid.isdigit():
         return None
     if host != socket.gethostname():
+        if job is not None and str(job) and str(job) == os.environ.get("SLURM_JOB_ID"):
+            return None
         return f"another run, interrupted or scoring now (pid {pid} on {host})"
+    # On this host its process tells, of this Slurm job's part too: one job runs several runs at once (a sweep's job
+    # steps, `srun ... &`), and one of them was said `interrupted`, and its parts removed, while it scored on
     started, boot = (None if a is None else str(a) or None for a in (started, boot))  # '' where /proc is not
     if int(pid) == os.getpid() or not run_lock.alive_here({"pid": pid, "process_start": started, "boot_id": boot}):
         return None
