@@ -261,6 +261,26 @@ def test_csv_cells_that_look_like_numbers_are_read_as_the_text_written(tokenizer
     assert [(r["prompt"], r["chosen"], r["rejected"]) for r in read(str(path))] == written
 
 
+def test_csv_cells_pandas_takes_for_missing_values_are_read_as_the_text_written(tmp_path):
+    """An answer `None`, `NA`, `N/A`, `null` or `nan` in a CSV file is that text (docs/data.md), but pandas read each as
+    a missing value: the row was refused as "missing (null)" beside a cell that says otherwise, and with skip_invalid
+    the pair was dropped and counted so. An empty cell is still missing. One file, a folder and a `path: csv` source."""
+    from dpotrain.data import mixture
+
+    written = [("Is 4 prime?", "None", "Two"), ("N/A means?", "not applicable", "NA"), ("Hi", "null", "nan")]
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "pairs.csv").write_text("prompt,chosen,rejected\n" + "".join(f"{p},{c},{r}\n" for p, c, r in written))
+    path = str(folder / "pairs.csv")
+    assert [(r["prompt"], r["chosen"], r["rejected"]) for r in read(path)] == written
+    assert data.load_preference_dataset(str(folder), say=False).to_list() == read(path).to_list()
+    source = mixture.Source("csv", "train", data_files=[path])
+    assert mixture.read_source(source, say=False).to_list() == read(path).to_list()
+    (folder / "pairs.csv").write_text("prompt,chosen,rejected\nQ1?,A,B\nQ2?,,B\n")
+    with pytest.raises(ConfigError, match=r"row 1, column 'chosen': missing \(null\)"):
+        read(path)
+
+
 # --- a Hub-style folder's configurations -----------------------------------------------------------------------------
 
 

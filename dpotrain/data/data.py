@@ -693,11 +693,17 @@ def _named(name: str, data_files) -> str:
     return ", ".join(map(str, [data_files] if isinstance(data_files, str) else data_files)) if data_files else name
 
 
+# A CSV cell is read as written: pandas' default reads `None`, `NA`, `N/A`, `null`, `nan` (and more) as null, so such an
+# answer was refused as "missing (null)", or dropped and counted so with skip_invalid; an empty cell alone is null
+CSV_AS_WRITTEN = {"keep_default_na": False, "na_values": [""]}
+
+
 def load_as_text(features, load, *args, **kwargs):
-    """`load(*args, features=features, **kwargs)`, else with `features=None` where reading all columns as text fails."""
+    """`load(*args, features=features, **kwargs)`, else with `features=None` where reading all columns as text fails.
+    `features` (`csv_text_features`) names CSV files: their cells are read as written (`CSV_AS_WRITTEN`)."""
     try:
-        return load(*args, features=features, **kwargs)
-    except Exception:
+        return load(*args, features=features, **(kwargs if features is None else {**CSV_AS_WRITTEN, **kwargs}))
+    except Exception:  # not CSV after all (a card's `configs:` choosing a folder's JSON file beside CSV files)
         if features is None:
             raise
         return load(*args, features=None, **kwargs)
@@ -849,9 +855,15 @@ def check_cache_room(*args, **kwargs) -> None:
     their first read and fails partway on a full disk. `args`, `kwargs`: `load_dataset`'s."""
     import datasets
 
-    try:
-        builder = datasets.load_dataset_builder(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - unreadable: the load's own one-line refusal follows
+    # As `load_as_text` reads: CSV files with their cells as written, else (not CSV after all) as given
+    tried = [{**CSV_AS_WRITTEN, **kwargs}, kwargs] if kwargs.get("features") is not None else [kwargs]
+    for given in tried:
+        try:
+            builder = datasets.load_dataset_builder(*args, **given)
+            break
+        except Exception:  # noqa: BLE001 - unreadable: the load's own one-line refusal follows
+            continue
+    else:
         return
     if Path(builder.cache_dir).exists():
         return  # copied at an earlier read: read from there
