@@ -319,6 +319,27 @@ def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
     assert read[0] == {"prompt": "0 + 0?", "chosen": "0", "rejected": "1"}
 
 
+def test_text_that_looks_like_a_date_stays_text(tmp_path):
+    """Arrow's JSON reader types a field whose every value looks like a date (`"2024-07-26"`, `"1999-12-10 10:30:00"`)
+    as a timestamp: a row's chat_template_kwargs `{"date_string": "2024-07-26"}` (docs/data.md: how to train with one
+    date) reached the template as the integer 1721952000000, and answers that are dates were refused as not text."""
+    pairs = [{**p, "chat_template_kwargs": {"date_string": "2024-07-26"}} for p in dolci()]
+    path = tmp_path / "dated.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    _, read = read_pairs(str(path), "train", "messages")
+    assert [p["chat_template_kwargs"] for p in read] == [{"date_string": "2024-07-26"}] * N
+    answers = [
+        {"prompt": f"When was {i}?", "chosen": f"20{i + 10}-01-02", "rejected": "1999-12-10 10:30:00"} for i in range(N)
+    ]
+    for name, text in (
+        ("dates.jsonl", "".join(json.dumps(a) + "\n" for a in answers)),
+        ("dates.json", json.dumps(answers)),
+    ):
+        (tmp_path / name).write_text(text)
+        _, read = read_pairs(str(tmp_path / name), "train", "messages")
+        assert [(p["chosen"], p["rejected"]) for p in read] == [(a["chosen"], a["rejected"]) for a in answers], name
+
+
 def test_a_line_separator_inside_text_is_kept_where_a_field_mixes_types(tmp_path):
     """JSON keeps U+2028 and \\x85 unescaped inside a string (`json.dumps(ensure_ascii=False)` writes them so); the
     second reading of a field that mixes types split the file's lines there too, and ended in a JSONDecodeError

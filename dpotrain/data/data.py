@@ -787,12 +787,36 @@ def json_quoted_columns(dataset) -> list[str]:
     ]
 
 
+def dated_columns(dataset) -> list[str]:
+    """The columns a pair is read from (its answers, tools, chat_template_kwargs) that Arrow's JSON reader typed as a
+    date or time anywhere inside: it reads text such as `"2024-07-26"` or `"2024-07-26 10:30:00"` as a timestamp, so an
+    answer that is a date was refused as not text, and a row's `chat_template_kwargs` `{"date_string": "2024-07-26"}`
+    reached the template as the integer 1721952000000. JSON has no dates: such a value was always text."""
+    import pyarrow as pa
+
+    def temporal(kind) -> bool:
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            return temporal(kind.value_type)
+        if pa.types.is_struct(kind):
+            return any(temporal(kind.field(i).type) for i in range(kind.num_fields))
+        return pa.types.is_temporal(kind)
+
+    schema = dataset.data.table.schema
+    return [
+        c
+        for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
+        if c in schema.names and temporal(schema.field(c).type)
+    ]
+
+
 def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
-    """datasets stores a field of mixed types as JSON but keeps text that reads as JSON (`"42"` came back 42): such
-    pair columns are read again from the JSON files the load (`load_args`/`load_kwargs`) read, each value as written."""
+    """datasets stores a field of mixed types as JSON but keeps text that reads as JSON (`"42"` came back 42), and
+    Arrow reads text that looks like a date as one (`dated_columns`): such pair columns are read again from the JSON
+    files the load (`load_args`/`load_kwargs`) read, each value as written."""
     import datasets
 
     mixed = mixed_type_columns(dataset) or json_quoted_columns(dataset)
+    mixed += [c for c in dated_columns(dataset) if c not in mixed]
     if not mixed:
         return dataset
     try:
