@@ -502,3 +502,28 @@ def test_a_json_lines_key_written_twice_is_refused_with_its_line(where, tmp_path
     path.write_text("\n".join(lines) + "\n")
     error = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
     assert error == f"error: {path}:4: key {key!r} written twice in one object: keep one, on that line", error
+
+
+def test_a_field_json_lines_first_give_after_10_mib_is_refused_with_its_line(tmp_path, monkeypatch, capsys):
+    """datasets types a JSON Lines file by its first 10 MiB: a field first given after them (a late row's message
+    `name`, a tool call, chat_template_kwargs) failed the read, and the run stopped with `could not read dataset file
+    ...: DatasetGenerationError: An error occurred while generating the dataset`, naming neither line, field nor fix.
+    Now the line and the field, and the fix said there (that line moved to the top) reads."""
+    from test_refusals import pair, refused
+
+    from dpotrain.data import data
+
+    long = "Blue, " * 400  # ~2.4 KB a line: 4,500 lines pass 10 MiB
+    rows = [pair(f"{long}{i}.", f"Green {i}.") for i in range(4500)]
+    late = pair("Red.", "Green.")
+    late["chosen"][0] = {**late["chosen"][0], "name": "bob"}  # a copy: the prompt's messages are shared
+    path = tmp_path / "pairs.jsonl"
+    lines = [json.dumps(r) + "\n" for r in [*rows, late]]
+    path.write_text("".join(lines))
+    error = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert error.startswith(f"error: {path}:4501: field 'chosen[].name' is first given here, after the file's first"), (
+        error
+    )
+    assert "move this line to the top of the file" in error
+    path.write_text("".join([lines[-1], *lines[:-1]]))
+    assert data.load_preference_dataset(str(path), say=False)[0]["chosen"][0]["name"] == "bob"

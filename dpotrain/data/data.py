@@ -1082,7 +1082,9 @@ def _bad_line(path: Path) -> str | None:
             twice.extend(k for k in keys if keys.count(k) > 1)
             return dict(items)
 
+        offset, typed = 0, set()  # the fields the rows of the file's first chunk give (`_given_fields`)
         for number, line in enumerate(f, 1):
+            start, offset = offset, offset + len(line.encode("utf-8", errors="replace"))
             if not line.strip():
                 continue
             twice.clear()
@@ -1094,7 +1096,37 @@ def _bad_line(path: Path) -> str | None:
                 return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
             if twice:
                 return f"{path}:{number}: key {twice[0]!r} written twice in one object: keep one, on that line"
+            # datasets types JSON Lines by their first chunk: a field first given after it (a late row's tool call,
+            # a message's `name`, chat_template_kwargs) failed the read, said as "An error occurred while generating
+            # the dataset" alone
+            given = _given_fields(row)
+            if start < JSON_CHUNK:
+                typed |= given
+            elif new := sorted(given - typed):
+                return (
+                    f"{path}:{number}: field {new[0]!r} is first given here, after the file's first "
+                    f"{size(JSON_CHUNK)}, by which datasets types the whole file (a field first given later fails the "
+                    "read): move this line to the top of the file, or remove the field"
+                )
     return lone_surrogate(path)
+
+
+# The bytes of a JSON Lines file datasets' json builder reads and types at once (JsonConfig.chunksize)
+JSON_CHUNK = 10 << 20
+
+
+def _given_fields(value, at: str = "") -> set[str]:
+    """The fields a JSON value gives a value (not null), at any depth: `chosen[].name`, `chat_template_kwargs.x`."""
+    if isinstance(value, list):
+        return {f"{at}[]", *(f for item in value for f in _given_fields(item, f"{at}[]"))} if value else set()
+    if not isinstance(value, dict):
+        return set()
+    return {
+        f
+        for key, v in value.items()
+        if v is not None
+        for f in {f"{at}.{key}".lstrip("."), *_given_fields(v, f"{at}.{key}".lstrip("."))}
+    }
 
 
 # A \uXXXX escape of a UTF-16 surrogate (with the low half after a high one), after an even run of backslashes: an
