@@ -22,7 +22,7 @@ from test_refusals import refused
 import train_dpo
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve, stages
-from dpotrain.data import builtin, chat_template, lengths, mixture, rows
+from dpotrain.data import builtin, chat_template, data, lengths, mixture, rows
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -591,6 +591,27 @@ def test_a_data_files_source_whose_files_give_a_column_two_types_names_it(tmp_pa
         mixture.read_source(source, say=False)
     assert "column 'score' is int64 in a.jsonl and string in b.jsonl, and datasets reads its files as" in str(e.value)
     assert str(e.value).startswith(f"mixture source {source.spec()}: column 'score'")
+
+
+def test_shards_whose_texts_json_takes_for_dates_in_one_are_refused_naming_the_fix_that_reads(tmp_path):
+    """Answers that all look like dates in one shard (`"2024-01-10"`) are typed as timestamps there, and as text in
+    the other: refused saying "write it with one type in every file", which it was. The line says why, and the fix
+    it names, each file a source of its own, reads the texts as written."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    dated = [{"prompt": f"When {i}?", "chosen": f"2024-01-{10 + i}", "rejected": "Unknown."} for i in range(3)]
+    (shards / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dated))
+    (shards / "b.jsonl").write_text(json.dumps({"prompt": "Who?", "chosen": "Ada.", "rejected": "Bob."}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        data.load_preference_dataset(str(shards), say=False)
+    line = str(e.value)
+    assert "datasets' JSON reader takes the texts of a.jsonl for dates" in line and "one type in every" not in line, (
+        line
+    )
+    assert "name each file as a source of a mixture" in line
+    source = mixture.Source(str(shards / "a.jsonl"), "train")
+    pairs = rows.usable_pairs(mixture.read_source(source, say=False), rows.RowRules(say=False), {}, "k")
+    assert [p["chosen"] for p in pairs] == [r["chosen"] for r in dated]
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "parquet"])

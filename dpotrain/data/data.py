@@ -998,11 +998,19 @@ def column_types_differ(what: str, found: dict) -> str | None:
             differ = _type_kind(first[0]) != _type_kind(field.type)
             if differ and not pa.types.is_null(field.type) and not widened:
                 why = "a pair is read from it" if field.name in read_columns else not_read
+                fix = f"write it with one type in every file, or remove it ({why}), or name"
+                # JSON has no dates: pyarrow types a file's texts that all look like one (`"2024-07-26"`) as
+                # timestamps, so texts written alike differ in type, and writing them alike was no fix
+                json_dates = [f for t, f in (first, (field.type, file)) if pa.types.is_temporal(t)]
+                if json_dates and builder_of(found[json_dates[0]]) == "json":
+                    fix = (
+                        f"datasets' JSON reader takes the texts of {json_dates[0]} for dates, as each looks like one "
+                        "(2024-07-26), though they are text as written: name"
+                    )
                 return (
                     f"{what}: column {field.name!r} is {first[0]} in {first[1]} and {field.type} in "
-                    f"{file}, and datasets reads its files as one table, one type to a column: write it with "
-                    f"one type in every file, or remove it ({why}), or name each file as a source of a mixture, read "
-                    "on its own (docs/data.md)"
+                    f"{file}, and datasets reads its files as one table, one type to a column: {fix} each file as a "
+                    "source of a mixture, read on its own (docs/data.md)"
                 )
     # A column some files lack (a later export's `id`), read or not: datasets' CastError said only "Couldn't cast",
     # and the line after it asked for files of one format, which they were
