@@ -90,6 +90,34 @@ def test_a_lora_summary_says_an_adapter_trains_and_what_the_reference_is(tmp_pat
     assert "LoRA:" not in dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
 
 
+def bitsandbytes_stand_in(monkeypatch) -> None:
+    """A stand-in for bitsandbytes, which this machine lacks and a GPU cluster has: the classes PEFT looks up."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import torch
+
+    bnb = types.ModuleType("bitsandbytes")
+    bnb.__spec__ = importlib.machinery.ModuleSpec("bitsandbytes", None)  # PEFT asks importlib whether it is installed
+    bnb.nn = types.SimpleNamespace(
+        **{name: type(name, (torch.nn.Linear,), {}) for name in ("Linear4bit", "Linear8bitLt")}
+    )
+    monkeypatch.setitem(sys.modules, "bitsandbytes", bnb)
+
+
+def test_a_qlora_dry_run_on_a_login_node_plans_the_gpu_job(tmp_path, capsys, monkeypatch):
+    """`--load_in_4bit true` (QLoRA) needs a CUDA GPU, and its dry run on a login node without one was refused as a
+    run there is ("load_in_4bit needs a CUDA GPU ...: remove --load_in_4bit"), though the dry run plans the GPU job;
+    a run (or a dry run with --use_cpu true) without a GPU is still refused."""
+    bitsandbytes_stand_in(monkeypatch)
+    qlora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--load_in_4bit", "true"]
+    args = [*SMOKE, "--output_dir", str(tmp_path / "run"), *qlora]
+    assert field(dry_run(capsys, *args), "LoRA").startswith("an adapter trains on q_proj")
+    with pytest.raises(ConfigError, match=r"^load_in_4bit needs a CUDA GPU"):
+        train_dpo.main([*args, "--use_cpu", "true", "--dry-run"])
+
+
 def test_half_weights_without_mixed_precision_are_said_to_compute_in_their_dtype(tmp_path, capsys):
     """`--dtype bfloat16` with `bf16: false` (no autocast) computes in bf16, the weights' own dtype, with no fp32 copy
     (a LoRA adapter trains: PEFT keeps it in fp32; full weights would be refused, `engine.check_half_weights`): the

@@ -83,7 +83,8 @@ def check_lora(recipe) -> None:
         if stray := [f for f in QUANTIZATION_FIELDS if f in named]:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
-    if not torch.cuda.is_available():
+    # Not a dry run's (but --use_cpu's): it plans the GPU job from a login node, as options.check_cuda_settings
+    if not torch.cuda.is_available() and (recipe.training.use_cpu or not p.dry_run):
         raise ConfigError(f"{quantized} needs a CUDA GPU (bitsandbytes); on this machine remove --{quantized}")
     try:
         import bitsandbytes  # noqa: F401
