@@ -152,6 +152,42 @@ def test_lora_trains_only_the_adapter(olmo3):
     assert shape.params == full.params + shape.trainable  # the base and the adapter
 
 
+@no_gpu
+def test_a_qlora_base_is_planned_at_the_bytes_bitsandbytes_stores_it_in(olmo3, monkeypatch):
+    """`--load_in_4bit` (QLoRA) stores the base's linear layers in 4 bits, and the plan counted every weight at its
+    dtype's bytes: a 7B's model states 13.9 GiB where bitsandbytes holds ~5.2, so a QLoRA run that fits a 16 GiB GPU
+    was refused. The layers counted are those transformers' quantizer replaces (bitsandbytes' classes stood in for:
+    this machine lacks it), each weight at half a byte and a float32 scale per 64."""
+    import types
+
+    import transformers.integrations.bitsandbytes as hf_bnb
+    from transformers import BitsAndBytesConfig, Olmo3Config
+    from transformers.quantizers import AutoHfQuantizer
+
+    lora = ["--use_peft", "true", "--lora_target_modules", "all-linear", "--dtype", "bfloat16"]
+    lora += ["--gpu_memory_gib", "16", "--max_length", "2048", "--max_tokens_per_microbatch", "4096"]
+    single = engines.Engine("single", "test")
+    with pytest.raises(ConfigError, match=r"needs ~21.3 GiB per GPU \(model states 13.9,"):
+        memory.plan(recipe("--model_name_or_path", olmo3["7b"], *lora), 1, single)
+    planned = memory.plan(recipe("--model_name_or_path", olmo3["7b"], *lora, "--load_in_4bit", "true"), 1, single)
+    assert planned["fits"] and planned["per_gpu_gib"]["model_states"] == 5.2
+
+    class Quantized(torch.nn.Linear):
+        def __init__(self, into, out, bias=True, *_, **__):
+            super().__init__(into, out, bias)
+
+    model = memory.meta_model(Olmo3Config(**OLMO3, **SHAPES["7b"]))
+    counted = memory.quantized_weights(model)
+    layers = types.SimpleNamespace(nn=types.SimpleNamespace(Linear4bit=Quantized))
+    monkeypatch.setattr(hf_bnb, "bnb", layers, raising=False)
+    quantizer = AutoHfQuantizer.from_config(BitsAndBytesConfig(load_in_4bit=True), pre_quantized=False)
+    quantizer._process_model_before_weight_loading(model, device_map=None)  # what from_pretrained replaces
+    assert counted == sum(x.weight.numel() for x in model.modules() if isinstance(x, Quantized))
+    assert f"- {counted:,} x (2 - 0.5625)" in planned["model_states_bytes"]
+    nested = shape_of(olmo3["7b"], *lora, "--load_in_4bit", "true", "--use_bnb_nested_quant", "true")
+    assert nested.quantized == counted and nested.quantized_bytes == 0.5 + 1 / 64  # the scales in 8 bits
+
+
 def test_a_single_target_module_stays_a_module_name_in_the_runs_recipe(olmo3):
     """`--lora_target_modules q_proj`: TRL makes a single value a string, which PEFT reads as a regular expression over
     the full module path (matching nothing). The parsed recipe listed it, but the run's recipe (`config.replaced`,

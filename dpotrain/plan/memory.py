@@ -75,6 +75,8 @@ class ModelShape:
     hidden: int
     layers: int
     load_bytes: int  # bytes per parameter as loaded (the recipe's dtype): LoRA's frozen base, one process
+    quantized: int = 0  # frozen weights bitsandbytes stores in 4 or 8 bits (QLoRA: --load_in_4bit/8bit)
+    quantized_bytes: float = 0.0  # bytes per such weight, its scales included
 
 
 def model_config(recipe, path: str | None = None, local_only: bool = True) -> tuple:
@@ -179,7 +181,9 @@ def model_shape(recipe, config) -> ModelShape:
     from trl import get_peft_config
 
     peft = get_peft_config(recipe.model) if recipe.model.use_peft else None
-    key = (config.to_json_string(use_diff=False), repr(peft), str(recipe.model.dtype))
+    m = recipe.model
+    bits = 4 if m.load_in_4bit else 8 if m.load_in_8bit else None
+    key = (config.to_json_string(use_diff=False), repr(peft), str(m.dtype), bits, m.use_bnb_nested_quant)
     if key in _SHAPES:
         return _SHAPES[key]
     text = config.get_text_config()
@@ -190,6 +194,7 @@ def model_shape(recipe, config) -> ModelShape:
     decoder_layer = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
     head = model.get_output_embeddings()
     lm_head = head.weight.numel() if head is not None else 0
+    quantized = quantized_weights(model) if bits else 0  # before PEFT wraps the layers: bitsandbytes' own choice
     trainable, head_trains = params, True
     if peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
         from peft import get_peft_model
@@ -211,10 +216,26 @@ def model_shape(recipe, config) -> ModelShape:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
     load = 4 if str(model_dtype(recipe, config) or "float32").replace("torch.", "") == "float32" else BF16
-    _SHAPES[key] = ModelShape(
-        params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
-    )
+    # bitsandbytes' 4-bit: two weights a byte and an fp32 scale per 64 (an 8-bit one with use_bnb_nested_quant)
+    stored = (1.0 if bits == 8 else 0.5 + (1 if m.use_bnb_nested_quant else 4) / 64) if bits else 0.0
+    counts = (params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers)
+    _SHAPES[key] = ModelShape(*counts, load, quantized, stored)
     return _SHAPES[key]
+
+
+def quantized_weights(model) -> int:
+    """The weights bitsandbytes stores quantized (--load_in_4bit/8bit), as transformers' quantizer replaces layers:
+    every linear layer's but the output head's, a tied one's, the last module's and those the model keeps in float32."""
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    kept = HfQuantizer.get_modules_to_not_convert(model, keep_in_fp32_modules=upstream.kept_in_fp32(model))
+    return sum(
+        x.weight.numel()
+        for name, x in model.named_modules()
+        if (type(x) is torch.nn.Linear or isinstance(x, Conv1D)) and should_convert_module(name, kept)
+    )
 
 
 # PEFT's refusal of layers by name, whatever selected them (a Mamba model's mixers: all-linear cannot leave them out)
@@ -620,21 +641,25 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
     """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md); ZeRO's
     are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`. FSDP2 too reduce-scatters every micro-batch."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
-    frozen = p - t
+    frozen, q = p - t, shape.quantized
+    # QLoRA: the base's quantized weights take quantized_bytes each, not the bytes the formula gives every weight
+    less = lambda w: int(q * (w - shape.quantized_bytes))  # noqa: E731
+    said = lambda w: f" - {q:,} x ({w} - {shape.quantized_bytes:g})" if q else ""  # noqa: E731
     if engine.name == "zero2":
         sharded = 0 if engine.offload_optimizer else int(18 * t / n)
-        return BF16 * p + sharded, f"2 x {p:,} + 18 x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
+        return BF16 * p - less(BF16) + sharded, f"2 x {p:,}{said(2)} + 18 x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
     if engine.name == "zero3":
-        sharded = (0 if engine.offload_params else BF16 * p) + (0 if engine.offload_optimizer else 16 * t)
-        return 4 * L + int(sharded / n), f"4 x {L:,} + (2 x {p:,} + 16 x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
+        sharded = (0 if engine.offload_params else BF16 * p - less(BF16)) + (0 if engine.offload_optimizer else 16 * t)
+        formula = f"4 x {L:,} + (2 x {p:,}{said(2)} + 16 x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
+        return 4 * L + int(sharded / n), formula
+    w = shape.load_bytes  # the weights as loaded; the gradients and Adam's moments alike
     if engine.name == "fsdp2":
         if engine.offload_params:
             return 0, "0 (fsdp_offload_params: parameters, gradients and optimizer state on the CPU)"
-        formula = f"(16 x {t:,} + {shape.load_bytes} x {frozen:,}) / {n}"
-        return int((16 * t + shape.load_bytes * frozen) / n), formula
-    w = shape.load_bytes  # the weights as loaded; the gradients and Adam's moments alike
+        formula = f"(16 x {t:,} + {w} x {frozen:,}{said(w)}) / {n}"
+        return int((16 * t + w * frozen - less(w)) / n), formula
     copies = 5 if engine.name == "ddp" else 4  # DDP also keeps a copy of the gradients in its buckets
-    return copies * w * t + w * frozen, f"{copies} x {w} x {t:,} + {w} x {frozen:,}"
+    return copies * w * t + w * frozen - less(w), f"{copies} x {w} x {t:,} + {w} x {frozen:,}{said(w)}"
 
 
 def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int) -> int:

@@ -240,6 +240,11 @@ NO_SPLIT_MODULES = _read(
     "the decoder layer classes FSDP2 makes its units of, as accelerate reads them, less the ones the model does not "
     "have (dpotrain/cluster/engine.py:fsdp_units)",
 )
+KEEP_IN_FP32 = _read(
+    "transformers.modeling_utils:PreTrainedModel._keep_in_fp32_modules",
+    "the modules bitsandbytes' quantizer leaves unquantized beside the output head, as it reads them: the memory "
+    "plan's count of a QLoRA base's quantized weights (dpotrain/plan/memory.py:quantized_weights)",
+)
 _source(
     "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
     "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
@@ -704,6 +709,11 @@ def router_class(model) -> type | None:
 def no_split_modules(model) -> set[str]:
     """The class names `model` says are not to be split across devices (`NO_SPLIT_MODULES`): its layers."""
     return set(getattr(model, NO_SPLIT_MODULES.name, None) or ())
+
+
+def kept_in_fp32(model) -> list[str]:
+    """The modules `model` keeps in float32 (`KEEP_IN_FP32`), which bitsandbytes' quantizer leaves unquantized."""
+    return list(getattr(model, KEEP_IN_FP32.name, None) or ())
 
 
 def supports_sdpa(model_or_class) -> bool:
