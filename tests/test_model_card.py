@@ -165,6 +165,29 @@ def test_a_lora_cards_adapter_names_rslora_dora_and_modules_to_save_where_set():
     ) in card
 
 
+def test_a_qlora_cards_adapter_names_the_quantized_base_it_trained_on():
+    """A QLoRA run's card (`--load_in_4bit`) said a LoRA adapter with its r, alpha and targets, not a word of the
+    base's 4-bit quantization the adapter trained against: a reader would train it again, or judge it, on the base in
+    bf16. Named with its quantization type; not for a LoRA run on the full base."""
+    resolved = {
+        "model_name_or_path": "org/sft-7b",
+        "use_peft": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "lora_target_modules": "all-linear",
+        "merge_lora": False,
+        "bnb_4bit_quant_type": "nf4",
+    }
+    assert "bitsandbytes" not in model_card(resolved | {"load_in_4bit": False}, [])
+    card = model_card(resolved | {"load_in_4bit": True, "use_bnb_nested_quant": True}, [])
+    assert (
+        "target modules all-linear, `load_in_4bit: true` (QLoRA: trained on the base quantized to 4 bits by "
+        "bitsandbytes, `bnb_4bit_quant_type: nf4`, `use_bnb_nested_quant: true`)."
+    ) in card
+    assert "quantized to 8 bits" in model_card(resolved | {"load_in_8bit": True}, [])
+
+
 def test_lora_run_card_and_folder(tmp_path):
     from dpotrain.hub.hub import run_folder_problems
 

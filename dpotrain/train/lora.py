@@ -306,5 +306,18 @@ def _set_options(s) -> str:
         f"`lora_modules_to_save: {s.lora_modules_to_save}` (trained whole, saved with the adapter)"
         if s.lora_modules_to_save
         else "",
+        _quantized(s),
     ]
     return "".join(f", {part}" for part in said if part)
+
+
+def _quantized(s) -> str:
+    """QLoRA's quantized base, where the run loaded one: the adapter learned to correct the quantized weights, and a
+    card without it told a reader to train it again, or load it, on the base in full precision."""
+    if s.load_in_8bit:
+        return "`load_in_8bit: true` (QLoRA: trained on the base quantized to 8 bits by bitsandbytes)"
+    if not s.load_in_4bit:
+        return ""
+    nested = ", `use_bnb_nested_quant: true`" if s.use_bnb_nested_quant else ""
+    kind = f"`bnb_4bit_quant_type: {s.bnb_4bit_quant_type or 'nf4'}`{nested}"
+    return f"`load_in_4bit: true` (QLoRA: trained on the base quantized to 4 bits by bitsandbytes, {kind})"
