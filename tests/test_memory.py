@@ -152,6 +152,18 @@ def test_lora_trains_only_the_adapter(olmo3):
     assert shape.params == full.params + shape.trainable  # the base and the adapter
 
 
+def test_an_output_head_trained_whole_beside_the_adapter_is_planned_with_its_weight_gradient(olmo3):
+    """`--lora_modules_to_save lm_head` trains a copy of the output head whole (PEFT's wrapper holds it beside the
+    frozen original), and the plan read the original's flag: the LM head part left out the head's weight gradient
+    (OLMo 3 7B: 2.3 GiB a GPU under the plan, a run that passed it could run out of memory once loaded). LoRA on the
+    head itself trains no weight of its size."""
+    lora = ("--use_peft", "true", "--lora_target_modules", "q_proj")
+    whole = shape_of(olmo3["7b"], *lora, "--lora_modules_to_save", "lm_head")
+    assert whole.lm_head_trains
+    assert memory.lm_head_bytes(whole, 65536) == memory.lm_head_bytes(shape_of(olmo3["7b"]), 65536)
+    assert not shape_of(olmo3["7b"], "--use_peft", "true", "--lora_target_modules", "lm_head").lm_head_trains
+
+
 @no_gpu
 def test_a_qlora_base_is_planned_at_the_bytes_bitsandbytes_stores_it_in(olmo3, monkeypatch):
     """`--load_in_4bit` (QLoRA) stores the base's linear layers in 4 bits, and the plan counted every weight at its

@@ -214,7 +214,10 @@ def model_shape(recipe, config) -> ModelShape:
         check_adapted_layers(model, recipe.model.lora_target_modules)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        head_trains = head is not None and head.weight.requires_grad
+        # lora_modules_to_save lm_head trains a copy of the head, whole (the model's head is PEFT's wrapper of it, the
+        # original frozen): its weight gradient is the LM head's as in a full fine-tune; LoRA on the head has none
+        head = model.get_output_embeddings()
+        head_trains = head is not None and any(p.requires_grad and p.numel() == lm_head for p in head.parameters())
     load = 4 if str(model_dtype(recipe, config) or "float32").replace("torch.", "") == "float32" else BF16
     # bitsandbytes' 4-bit: two weights a byte and an fp32 scale per 64 (an 8-bit one with use_bnb_nested_quant)
     stored = (1.0 if bits == 8 else 0.5 + (1 if m.use_bnb_nested_quant else 4) / 64) if bits else 0.0
