@@ -142,6 +142,8 @@ def summary(
             "LoRA",
             f"an adapter trains on {targets} (r {s.lora_r}, alpha {s.lora_alpha}, dropout {s.lora_dropout:g}); the "
             "model's weights stay frozen"
+            # QLoRA: the model line's dtype is what the weights bitsandbytes does not quantize load in
+            + (f", the linear layers' in {bits} bits (QLoRA: load_in_{bits}bit)" if (bits := _bits(s)) else "")
             + (f" but {' '.join(s.lora_modules_to_save)}, trained whole" if s.lora_modules_to_save else "")
             + ("; merged into them in merged/ at the end" if s.merge_lora else ""),
         )
@@ -483,3 +485,8 @@ def other_nodes(world: int, per_node: int) -> str:
         for size in NODE_SIZES
         if size != per_node
     )
+
+
+def _bits(s) -> int | None:
+    """The bits bitsandbytes stores a QLoRA base's linear layers in (--load_in_4bit/8bit), None without."""
+    return 4 if s.load_in_4bit else 8 if s.load_in_8bit else None

@@ -109,11 +109,15 @@ def bitsandbytes_stand_in(monkeypatch) -> None:
 def test_a_qlora_dry_run_on_a_login_node_plans_the_gpu_job(tmp_path, capsys, monkeypatch):
     """`--load_in_4bit true` (QLoRA) needs a CUDA GPU, and its dry run on a login node without one was refused as a
     run there is ("load_in_4bit needs a CUDA GPU ...: remove --load_in_4bit"), though the dry run plans the GPU job;
-    a run (or a dry run with --use_cpu true) without a GPU is still refused."""
+    a run (or a dry run with --use_cpu true) without a GPU is still refused. Its summary said the weights load in the
+    recipe's dtype, not a word of the 4 bits bitsandbytes holds the linear layers in."""
     bitsandbytes_stand_in(monkeypatch)
     qlora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--load_in_4bit", "true"]
     args = [*SMOKE, "--output_dir", str(tmp_path / "run"), *qlora]
-    assert field(dry_run(capsys, *args), "LoRA").startswith("an adapter trains on q_proj")
+    assert field(dry_run(capsys, *args), "LoRA") == (
+        "an adapter trains on q_proj (r 16, alpha 32, dropout 0); the model's weights stay frozen, the linear layers' "
+        "in 4 bits (QLoRA: load_in_4bit)"
+    )
     with pytest.raises(ConfigError, match=r"^load_in_4bit needs a CUDA GPU"):
         train_dpo.main([*args, "--use_cpu", "true", "--dry-run"])
 
