@@ -141,6 +141,30 @@ def test_counts_equal_deepspeeds_live_estimators_on_a_real_model():
         assert f"{ours:.2f}" == ds, kind
 
 
+def test_model_states_count_the_optimizers_own_states(olmo3):
+    """The plan counted Adam's two moments whatever `--optim` said: an 8-bit Adam (chosen to fit) or SGD was refused
+    as needing Adam's memory, and AdEMAMix (three states) planned 6.8 GiB a GPU under what it keeps (OLMo 3 7B,
+    ZeRO-2 on 4 GPUs). Adam's is DeepSpeed's own estimate, as before."""
+    shape, zero2, single = shape_of(olmo3["7b"]), engine("accelerate_config.yaml"), engines.Engine("single", "test")
+    t, gib = shape.trainable, 2**30
+
+    def states(e, optim, optim_args=None, world=4):
+        return memory.model_state_bytes(e, shape, world, optim, optim_args)[0]
+
+    adam = states(zero2, "adamw_torch_fused")
+    assert adam == states(zero2, None) == 2 * shape.params + int(18 * t / 4)
+    assert (adam - states(zero2, "adamw_bnb_8bit")) / gib == pytest.approx(6 * t / 4 / gib)  # 2 bytes, not 8
+    assert (states(zero2, "ademamix") - adam) / gib == pytest.approx(6.8, abs=0.05)
+    assert states(zero2, "sgd") == 2 * shape.params + int(10 * t / 4)  # fp32 weights and gradients alone
+    assert states(zero2, "sgd", "momentum=0.9") == states(zero2, "lion_32bit")  # one state each
+    # one process, float32 weights: weights, gradients and Adam's moments each 4 bytes; 8-bit Adam's a byte each
+    assert states(single, "adamw_torch", world=1) == 16 * t and states(single, "adamw_8bit", world=1) == 10 * t
+    assert states(zero2, "adafactor") == states(zero2, "lion_32bit")  # ZeRO's flat partitions: unfactored
+    # the think recipe at 7B on 16 GPUs of 79.6 GiB: refused with Adam (~81.6 GiB), fits with SGD
+    think = ("--model_name_or_path", olmo3["7b"], "--gpu_memory_gib", "79.6", "--memory_check", "false")
+    assert not memory.plan(recipe(*think), 16)["fits"] and memory.plan(recipe(*think, "--optim", "sgd"), 16)["fits"]
+
+
 def test_lora_trains_only_the_adapter(olmo3):
     shape = shape_of(olmo3["7b"], "--use_peft", "true", "--lora_r", "16", "--lora_target_modules", "q_proj", "v_proj")
     assert shape.trainable == 32 * 2 * 16 * (4096 + 4096)  # layers x modules x r x (in + out)

@@ -640,29 +640,51 @@ def _logits_tile(tokens: int) -> int:
 # --- the engines ---
 
 
-def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
+# Optimizer states a trained weight keeps, by a part of transformers' optim name, longest first; any other (Adam's
+# family, GaLore, APOLLO, LOMO, ...) is planned as Adam's two moments. Adafactor's second moment whole: ZeRO hands it
+# flat partitions, which it cannot factor
+OPTIMIZER_STATES = {"schedule_free_sgd": 1, "grokadamw": 3, "ademamix": 3, "adafactor": 1, "rmsprop": 1, "adagrad": 1}
+OPTIMIZER_STATES |= {"lion": 1, "sgd": 0}
+
+
+def optimizer_state_bytes(optim, optim_args: str | None, master: int) -> float:
+    """Bytes of optimizer state per trained weight: its states (SGD's momentum where optim_args sets one) at 1 byte
+    each in an 8-bit optimizer, half in a 4-bit one, else at `master`, the precision the optimizer updates in."""
+    name = str(getattr(optim, "value", optim) or "adamw_torch")
+    states = next((n for part, n in OPTIMIZER_STATES.items() if part in name), 2)
+    states += name == "sgd" and "momentum" in (optim_args or "")
+    return states * (1 if "8bit" in name else 0.5 if "4bit" in name else master)
+
+
+def model_state_bytes(engine: Engine, shape: ModelShape, world: int, optim=None, optim_args=None) -> tuple[int, str]:
     """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md); ZeRO's
-    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`. FSDP2 too reduce-scatters every micro-batch."""
+    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` with Adam (`optim`: the recipe's, its states counted).
+    FSDP2 too reduce-scatters every micro-batch."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
+    # DeepSpeed and FSDP2 keep fp32 master weights and gradients (8 bytes) beside the optimizer's states, Adam's 8
+    s = optimizer_state_bytes(optim, optim_args, 4)
     frozen, q = p - t, shape.quantized
     # QLoRA: the base's quantized weights take quantized_bytes each, not the bytes the formula gives every weight
     less = lambda w: int(q * (w - shape.quantized_bytes))  # noqa: E731
     said = lambda w: f" - {q:,} x ({w} - {shape.quantized_bytes:g})" if q else ""  # noqa: E731
     if engine.name == "zero2":
-        sharded = 0 if engine.offload_optimizer else int(18 * t / n)
-        return BF16 * p - less(BF16) + sharded, f"2 x {p:,}{said(2)} + 18 x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
+        sharded = 0 if engine.offload_optimizer else int((10 + s) * t / n)
+        formula = f"2 x {p:,}{said(2)} + {10 + s:g} x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
+        return BF16 * p - less(BF16) + sharded, formula
     if engine.name == "zero3":
-        sharded = (0 if engine.offload_params else BF16 * p - less(BF16)) + (0 if engine.offload_optimizer else 16 * t)
-        formula = f"4 x {L:,} + (2 x {p:,}{said(2)} + 16 x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
+        optimizer = 0 if engine.offload_optimizer else (8 + s) * t
+        sharded = (0 if engine.offload_params else BF16 * p - less(BF16)) + optimizer
+        formula = f"4 x {L:,} + (2 x {p:,}{said(2)} + {8 + s:g} x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
         return 4 * L + int(sharded / n), formula
     w = shape.load_bytes  # the weights as loaded; the gradients and Adam's moments alike
     if engine.name == "fsdp2":
         if engine.offload_params:
             return 0, "0 (fsdp_offload_params: parameters, gradients and optimizer state on the CPU)"
-        formula = f"(16 x {t:,} + {w} x {frozen:,}{said(w)}) / {n}"
-        return int((16 * t + w * frozen - less(w)) / n), formula
-    copies = 5 if engine.name == "ddp" else 4  # DDP also keeps a copy of the gradients in its buckets
-    return copies * w * t + w * frozen - less(w), f"{copies} x {w} x {t:,} + {w} x {frozen:,}{said(w)}"
+        formula = f"({8 + s:g} x {t:,} + {w} x {frozen:,}{said(w)}) / {n}"
+        return int(((8 + s) * t + w * frozen - less(w)) / n), formula
+    copies = 3 if engine.name == "ddp" else 2  # weights and gradients; DDP also keeps the gradients in its buckets
+    each = copies * w + optimizer_state_bytes(optim, optim_args, w)  # the optimizer's states in the weights' dtype
+    return int(each * t + w * frozen - less(w)), f"{each:g} x {t:,} + {w} x {frozen:,}{said(w)}"
 
 
 def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int) -> int:
@@ -814,7 +836,8 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     n = recipe.project.sequence_parallel_size
     local = -(-tokens // n)  # the positions one GPU holds: the micro-batch padded to a multiple of N, split N ways
 
-    states, formula = model_state_bytes(engine, shape, world)  # these parts do not change with the checkpointing
+    optim = (recipe.training.optim, recipe.training.optim_args)  # these parts do not change with the checkpointing
+    states, formula = model_state_bytes(engine, shape, world, *optim)
     buffers, head = engine_buffer_bytes(engine, shape), lm_head_bytes(shape, local)
     exchange, reference = all_to_all_bytes(config, tokens, n), reference_model_bytes(recipe, engine, shape, world)
 
