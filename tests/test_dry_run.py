@@ -122,6 +122,21 @@ def test_a_qlora_dry_run_on_a_login_node_plans_the_gpu_job(tmp_path, capsys, mon
         train_dpo.main([*args, "--use_cpu", "true", "--dry-run"])
 
 
+def test_a_qlora_setting_bitsandbytes_refuses_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """`--bnb_4bit_quant_storage bf16` (transformers takes bfloat16) passed the dry run, and the job met
+    BitsAndBytesConfig's ValueError as it built the trainer, once the data set had been read and tokenized."""
+    bitsandbytes_stand_in(monkeypatch)
+    qlora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--load_in_4bit", "true"]
+    args = [*SMOKE, "--output_dir", str(tmp_path / "run"), *qlora, "--bnb_4bit_quant_storage"]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main([*args, "bf16", "--dry-run"])
+    assert str(refused.value) == (
+        "load_in_4bit: `bnb_4bit_quant_storage` must be a valid string (one of 'float16', 'float32', 'int8', 'uint8', "
+        "'float64', 'bfloat16'): pass one of those, or remove the setting it names"
+    )
+    assert "LoRA:" in dry_run(capsys, *args, "bfloat16")
+
+
 def test_half_weights_without_mixed_precision_are_said_to_compute_in_their_dtype(tmp_path, capsys):
     """`--dtype bfloat16` with `bf16: false` (no autocast) computes in bf16, the weights' own dtype, with no fp32 copy
     (a LoRA adapter trains: PEFT keeps it in fp32; full weights would be refused, `engine.check_half_weights`): the

@@ -94,6 +94,14 @@ def check_lora(recipe) -> None:
         ) from None
     if not m.use_peft:
         raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
+    from trl import get_quantization_config
+
+    try:  # transformers' BitsAndBytesConfig checks its values as the run builds it, once the data set is tokenized
+        get_quantization_config(m)
+    except ValueError as e:
+        raise ConfigError(
+            f"{quantized}: {str(e).rstrip('. ')}: pass one of those, or remove the setting it names"
+        ) from None
 
 
 def check_targets(recipe, config, model: str) -> None:
