@@ -41,6 +41,7 @@ from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
 from dpotrain.train import agreement, health, lora, metrics, resume, samples, weight_names
+from dpotrain.train.resume import check_partitions
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -238,8 +239,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
     for name, why, commit in said if launcher.launched_main() else []:
         print(f"Resuming on {name}: commit {commit[:12]}, the one this run started on{why}", flush=True)
-    # The engine and processes that wrote it: the main process's answer, its line written once; a dry run lists it
-    check(collectives.main_outcome, resume.check_partitions, decision.resume_from, launch.world, launch.engine)
+    # The engine, processes and precision that wrote it: the main process's answer, said once; a dry run lists it
+    check(collectives.main_outcome, check_partitions, decision.resume_from, launch.world, launch.engine, training.bf16)
     once(resume.check_live_reference, decision.resume_from, recipe)
     if not folder_refused:
         once(output_folder.check_replaceable, training.output_dir, decision.start_afresh)

@@ -3,13 +3,14 @@ check, a half-removed checkpoint, a held checkpoint whose upload (not its stagin
 silent."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_changed_inputs import ARGS
 from test_own_files import train_args
 
-from conftest import sealed_checkpoint
+from conftest import ROOT, accelerate_launch, launch_env, rank_python, sealed_checkpoint, smoke_command
 from dpotrain import resolve
 from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
@@ -205,3 +206,57 @@ def test_a_checkpoints_record_edited_at_its_size_is_damage_found_before_the_sett
     said = capsys.readouterr().out
     assert f"Resuming from {out / 'checkpoint-2'}" in said
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_zero2_checkpoint_resumed_with_bf16_turned_on_is_refused_before_the_model_loads(tmp_path, tiny_model_dir):
+    """Precision may change between attempts, but not under DeepSpeed: a bf16 run's optimizer shards are
+    `bf16_zero_pp_rank_*` and DeepSpeed loads only its own precision's (FileNotFoundError for the others), and its
+    weights load in bf16. A requeue with --bf16 turned on (or off) loaded the model, then was refused as a model whose
+    "files were replaced since the run started". Now one line before the model loads, naming the --bf16 to pass."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:32]))
+    launcher = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
+    env = launch_env(tmp_path / "cache")
+
+    def launch(out, *more) -> subprocess.CompletedProcess:
+        args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1"]
+        cmd = smoke_command([*launcher, *rank_python()], tiny_model_dir, *args, "--use_cpu", "true", *more)
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = launch(tmp_path / "fp32")
+    assert first.returncode == 0, first.stdout[-3000:]
+    checkpoint = tmp_path / "fp32" / "checkpoint-1"
+    assert list(checkpoint.glob("global_step1/zero_pp_rank_*_optim_states.pt")), first.stdout[-3000:]
+    resumed = launch(tmp_path / "bf16", "--bf16", "true", "--resume_from_checkpoint", str(checkpoint))
+    assert resumed.returncode != 0
+    assert (
+        f"error: checkpoint {str(checkpoint)!r} was trained under DeepSpeed with bf16 false (its optimizer state: "
+        "zero_pp_rank_" in resumed.stdout
+    ), resumed.stdout[-3000:]
+    assert "this run has bf16 true" in resumed.stdout and "resume it with --bf16 false" in resumed.stdout
+    assert "Loading weights" not in resumed.stdout and "files were replaced" not in resumed.stdout
+    assert not (tmp_path / "bf16" / "checkpoint-2").exists()
+
+
+def test_a_bf16_zero_checkpoint_is_refused_by_a_run_without_bf16_and_resumes_with_it(tmp_path):
+    """The reverse of the launch above, on the layout a 2-process bf16 ZeRO-2 launch on a CPU writes: a run with bf16
+    false looked for `zero_pp_rank_*` shards that are not there, after the model loaded. A run of neither engine nor
+    bf16 setting given (a dry run's plan without a launch) is not asked."""
+    from dpotrain.cluster import engine
+    from dpotrain.train import resume
+
+    checkpoint = tmp_path / "checkpoint-2"
+    (checkpoint / "global_step2").mkdir(parents=True)
+    for name in ["mp_rank_00_model_states.pt", *(f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1))]:
+        (checkpoint / "global_step2" / name).write_bytes(b"")
+    resume.check_partitions(str(checkpoint), 2, engine.Engine("zero2"), True)
+    resume.check_partitions(str(checkpoint), 2, engine.Engine("zero2"))
+    with pytest.raises(ConfigError) as refused:
+        resume.check_partitions(str(checkpoint), 2, engine.Engine("zero2"), False)
+    assert str(refused.value) == (
+        f"checkpoint {str(checkpoint)!r} was trained under DeepSpeed with bf16 true (its optimizer state: "
+        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt), and this run has bf16 false: DeepSpeed loads only the "
+        "optimizer state and weights of its own precision: resume it with --bf16 true, or start afresh (a new "
+        "--output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+    )

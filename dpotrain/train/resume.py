@@ -354,12 +354,13 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
     )
 
 
-def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
+def check_partitions(folder: str | None, world: int, run_engine=None, bf16: bool | None = None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: DeepSpeed cannot repartition
     its optimizer state (it raises after the weights load). Nor does one cross between DeepSpeed and the other engines
     (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently.
     An FSDP2 checkpoint resumes under FSDP2 alone, and FSDP2 resumes its own alone (torch.distributed.checkpoint
-    looks for its shards' metadata in a whole checkpoint, and raises after the model loads)."""
+    looks for its shards' metadata in a whole checkpoint, and raises after the model loads). `bf16`: the run's, which
+    a DeepSpeed checkpoint must match (`check_zero_precision`)."""
     if folder is None:
         return
     # `*zero_pp_rank_`: under bf16 (every GPU recipe) DeepSpeed names them `bf16_zero_pp_rank_*`; missed, every requeue
@@ -392,6 +393,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
         )
     if run_engine is None or bool(written) == run_engine.deepspeed:
         check_zero_stage(folder, run_engine)
+        check_zero_precision(folder, run_engine, bf16)
         return
     if written:
         raise ConfigError(
@@ -431,6 +433,26 @@ def check_zero_stage(folder: str, run_engine) -> None:
         f"{engine.NAMES.get(run_engine.name, run_engine.name)} cannot load: resume it under {engine.NAMES[stage]} "
         f"({ZERO_CONFIGS[stage]}), or start afresh (a new --output_dir) from its weights (--model_name_or_path on "
         "the checkpoint folder)"
+    )
+
+
+def check_zero_precision(folder: str, run_engine, bf16: bool | None) -> None:
+    """A DeepSpeed checkpoint resumes only with the bf16 setting that wrote it: DeepSpeed names a bf16 run's optimizer
+    shards `bf16_zero_pp_rank_*` and loads only the names of its own precision, and loads the weights in bf16 under
+    bf16 alone (`engine.load_dtype`). A requeue with --bf16 turned off (or on), a change "precision" was said to allow,
+    loaded the model, then was refused as a model whose "files were replaced since the run started" (the loaded
+    weights' hash is taken in their dtype); past it, DeepSpeed's FileNotFoundError (the other precision's shards)."""
+    if run_engine is None or not run_engine.deepspeed or bf16 is None:
+        return
+    shards = sorted(p.name for p in Path(folder).glob("global_step*/*zero_pp_rank_*_optim_states.pt"))
+    if not shards or all(name.startswith("bf16_") for name in shards) == bool(bf16):
+        return
+    was, now = ("true", "false") if bf16 is False else ("false", "true")
+    raise ConfigError(
+        f"checkpoint {folder!r} was trained under DeepSpeed with bf16 {was} (its optimizer state: {shards[0]}), and "
+        f"this run has bf16 {now}: DeepSpeed loads only the optimizer state and weights of its own precision: resume "
+        f"it with --bf16 {was}, or start afresh (a new --output_dir) from its weights (--model_name_or_path on the "
+        "checkpoint folder)"
     )
 
 
