@@ -103,6 +103,11 @@ def _other_weights_recorded(spec, trainer) -> str | None:
         return None
     trained = resolve.trained_record(resume_from)
     was = trained.derived.get(WEIGHTS_KEY) if trained else None
+    # The hash is of the weights in the dtype they loaded in, its name hashed too: loaded in another (--dtype, which may
+    # change between attempts) the same files hash otherwise, and the resume was refused as a model whose files were
+    # replaced. Those files' sizes and times are still compared at start (model_identity).
+    if trained and (loaded := trained.values.get("dtype")) and spec.load_dtype and loaded != spec.load_dtype:
+        return None
     return was if was and was != trainer.weights_hash else None
 
 

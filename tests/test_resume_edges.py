@@ -10,7 +10,7 @@ import pytest
 from test_changed_inputs import ARGS
 from test_own_files import train_args
 
-from conftest import ROOT, accelerate_launch, launch_env, rank_python, sealed_checkpoint, smoke_command
+from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, sealed_checkpoint, smoke_command
 from dpotrain import resolve
 from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
@@ -260,3 +260,28 @@ def test_a_bf16_zero_checkpoint_is_refused_by_a_run_without_bf16_and_resumes_wit
         "optimizer state and weights of its own precision: resume it with --bf16 true, or start afresh (a new "
         "--output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
     )
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_resumed_with_another_dtype_resumes_not_refused_as_replaced_weights(tmp_path, tiny_model_dir):
+    """`dtype` may change between attempts ("precision"), and a LoRA run may load its base in bf16. The loaded
+    weights' hash, which a resume compares with the record's to catch files replaced with their size and times kept,
+    is taken in the dtype they loaded in: a resume with --dtype bfloat16 of a run that loaded float32 was refused once
+    the model had loaded, as a model whose "files were replaced since the run started". It resumes."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:32]))
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--report_to", "none"]
+    env = launch_env(tmp_path / "cache")
+
+    def run(out, *more) -> subprocess.CompletedProcess:
+        args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1"]
+        cmd = smoke_command([python()], tiny_model_dir, *args, *lora, *more)
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = run(tmp_path / "fp32")
+    assert first.returncode == 0, first.stdout[-3000:]
+    checkpoint = tmp_path / "fp32" / "checkpoint-1"
+    resumed = run(tmp_path / "bf16", "--dtype", "bfloat16", "--resume_from_checkpoint", str(checkpoint))
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"Resuming from {checkpoint}" in resumed.stdout and "files were replaced" not in resumed.stdout
+    assert json.loads((tmp_path / "bf16" / "run_complete.json").read_text())["global_step"] == 2
