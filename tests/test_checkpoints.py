@@ -13,7 +13,7 @@ import types
 import datasets
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 
 from conftest import (
     ROOT,
@@ -506,7 +506,10 @@ def settled_run(tmp_path):
         run_files.claim(out, [f"checkpoint-{step}"])
         sealed_checkpoint(out / f"checkpoint-{step}")
     run_files.completed(out, "checkpoint-2")
-    args = types.SimpleNamespace(output_dir=str(out), save_total_limit=1)
+    # on_train_begin puts the run's own save_steps, logging_steps and eval_steps back into the state
+    args = types.SimpleNamespace(
+        output_dir=str(out), save_total_limit=1, save_steps=2, logging_steps=2, eval_steps=None
+    )
     return out, args
 
 
@@ -516,7 +519,7 @@ def test_a_resume_from_another_folders_checkpoint_of_the_same_step_settles_nothi
     resumed from them (seen failing on the old code, keyed on state.global_step: checkpoint-2 removed)."""
     out, args = settled_run(tmp_path)
     elsewhere = sealed_checkpoint(tmp_path / "elsewhere" / "checkpoint-4")
-    state = types.SimpleNamespace(global_step=4, best_model_checkpoint=None)
+    state = TrainerState(global_step=4, max_steps=4)
     CompleteMarker(str(elsewhere)).on_train_begin(args, state, None)
     assert [p.name for p in checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
     assert run_files.completed(out) == ["checkpoint-2"]
@@ -532,10 +535,10 @@ def test_a_resume_is_settled_by_the_agreed_resume_point_not_by_the_ranks_own_ste
     main process entered. It is keyed on the resume point every rank agreed on: a rank at step 0 still settles, and
     one with a step but no resume point never does (seen failing on the old code: checkpoint-2 kept at step 0)."""
     out, args = settled_run(tmp_path)
-    CompleteMarker(None).on_train_begin(args, types.SimpleNamespace(global_step=4, best_model_checkpoint=None), None)
+    CompleteMarker(None).on_train_begin(args, TrainerState(global_step=4, max_steps=4), None)
     assert [p.name for p in checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
 
-    unread = types.SimpleNamespace(global_step=0, best_model_checkpoint=None)  # its trainer_state.json not read
+    unread = TrainerState(global_step=0, max_steps=4)  # its trainer_state.json not read
     CompleteMarker(str(out / "checkpoint-4")).on_train_begin(args, unread, None)
     assert [p.name for p in checkpoints(out)] == ["checkpoint-4"]
 
@@ -636,3 +639,30 @@ def test_a_health_stop_on_a_nan_state_under_save_strategy_epoch_saves_no_checkpo
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     assert "no checkpoint written from the non-finite state" in result.stdout + result.stderr
     assert not list(out.glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_a_resume_saves_and_logs_at_the_steps_it_is_given_not_its_checkpoints(tmp_path, tiny_model_dir):
+    """save_steps, logging_steps and eval_steps may change between attempts, and the record holds the new values, but
+    transformers takes them from the resumed checkpoint's trainer_state.json (with a warning alone): a resume with
+    --save_steps 1 of a run that saved every 4 saved only at its end, and logged every 2 steps, not every one."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:64]))
+    env = launch_env(tmp_path / "cache")
+
+    def run(out, *more) -> str:
+        args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "8", "--report_to", "none"]
+        cmd = smoke_command([python()], tiny_model_dir, *args, *more)
+        result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert result.returncode == 0, result.stdout[-3000:]
+        return result.stdout
+
+    run(tmp_path / "first", "--save_steps", "4", "--logging_steps", "2")
+    named = tmp_path / "first" / "checkpoint-4"
+    out = tmp_path / "second"
+    said = run(out, "--save_steps", "1", "--logging_steps", "1", "--resume_from_checkpoint", str(named))
+    assert f"Resuming from {named}" in said
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-7", "checkpoint-8"], said[-3000:]  # 2 kept, 5-8 saved
+    assert "checkpoint-5 written" in said and "checkpoint-6 written" in said
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-4:] == [5, 6, 7, 8], logged

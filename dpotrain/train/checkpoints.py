@@ -319,6 +319,10 @@ class CompleteMarker(TrainerCallback):
         return control
 
     def on_train_begin(self, args, state, control, **kwargs):
+        # transformers takes save_steps, logging_steps and eval_steps from the resumed checkpoint's trainer_state.json
+        # (a warning alone): a resume with --save_steps 2 of a run that saved every 4 saved every 4, under a record of
+        # 2. They may change between attempts: this run's own are put back, as its record says (every rank).
+        state.compute_steps(args, state.max_steps)
         # Every rank, on the agreed resume point alone: all join the same broadcast, or none does.
         if self.resume_from:
             collectives.main_outcome(settle_resumed, args, state, self.resume_from)
