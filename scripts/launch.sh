@@ -168,12 +168,18 @@ node_word() {
 # --ntasks: one launcher per node whatever tasks the job asked for. srun takes the job's count (SLURM_NTASKS) over its
 # own --ntasks-per-node=1 ("can't honor --ntasks-per-node"): `sbatch --ntasks-per-node=4` started 4 `accelerate launch`
 # on each node, machine ranks past the machines, and the job failed, then requeued itself, over and over.
+# Inside a job step (`srun --pty bash`, the usual way to a shell on a node, then `bash scripts/dpo_train.sh`), that
+# step holds the job's CPUs: srun waited for them to start the training step, silently, until the job's time limit.
+# --overlap lets the training step share them with the shell's step, which only waits for it. The batch shell and
+# salloc's shell are in no step (no SLURM_STEP_ID): their launch line is unchanged.
+overlap=""
+[[ -z ${SLURM_STEP_ID:-} ]] || overlap=" --overlap"
 launch_line() {
   local main_addr=$1; shift
   local train_args="" arg
   for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL$overlap bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
 --config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \

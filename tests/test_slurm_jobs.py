@@ -845,6 +845,33 @@ def test_ctrl_c_to_launch_sh_run_in_an_allocation_saves_before_the_allocation_is
     assert "an allocation (salloc) is not requeued: run the same command to go on" in log, log[-3000:]
 
 
+@pytest.mark.slurm
+def test_launch_sh_run_in_a_job_step_shares_its_cpus_instead_of_waiting_for_them(slurm, tmp_path):
+    """`srun --pty bash` (a shell on a node, inside a job step), then `bash scripts/launch.sh`: that step holds the
+    job's CPUs, and launch.sh's own srun waited for them, silently, until the job's time limit. Its training step now
+    overlaps the shell's (`srun --overlap`): the run trains and ends, exit 0."""
+    out = tmp_path / "run"
+    args = ["--max_steps", "2", "--logging_steps", "1", "--report_to", "none", "--output_dir", str(out)]
+    launch = shlex.join(["bash", str(ROOT / "scripts" / "launch.sh"), *args])
+    env = {**slurm.env, **README_ENV, "DPOTRAIN_CACHE": f"{out}-cache"}
+    cpus = f"--cpus-per-task={real_cpus()}"
+    try:  # the time limit is the bound of a launch that waits: the job ends then, the test with it
+        ran = subprocess.run(
+            ["srun", "--job-name=launch-in-a-step", "--gpus-per-node=0", cpus, "--time=4", "bash", "-c", launch],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+    finally:
+        for job in slurm.run(["squeue", "-h", "-n", "launch-in-a-step", "-o", "%i"]).stdout.split():
+            slurm.run(["scancel", job], check=False)  # a launch that waited past the timeout
+    log = ran.stdout + ran.stderr
+    assert ran.returncode == 0, log[-3000:]
+    assert "training exited with code 0" in log and (out / "run_complete.json").is_file(), log[-3000:]
+
+
 @pytest.mark.parametrize(
     ("complete", "logged", "says"),
     [
