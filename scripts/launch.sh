@@ -283,6 +283,14 @@ rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed" "$DPOTRAIN_STOP_F
 # unless the user chose one (the dry run's bars too: one kind of bar in the log).
 export TQDM_ASCII="${TQDM_ASCII:- 123456789#}"
 
+# The job's restarts as Slurm counts them (scontrol's Restarts=), over a SLURM_RESTART_COUNT found in the environment:
+# a job submitted from inside another job (a pipeline's batch job that was itself requeued) inherits that job's through
+# sbatch's --export=ALL, which Slurm leaves as it is at a first start. Its first start was then taken for a requeue: a
+# `scancel` of it logged "Slurm has requeued job <id> itself" and it stayed cancelled, and a --resume_from_checkpoint
+# went on from a newer checkpoint instead of the one named (dpotrain/train/resume.py).
+if [[ -n ${SLURM_JOB_ID:-} ]] && restarts=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'Restarts=[0-9]*'); then
+  export SLURM_RESTART_COUNT=${restarts#Restarts=}
+fi
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
 # The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
 # (Each field read to the end of its line: a folder's name may hold spaces.)

@@ -753,6 +753,28 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_submitted_from_a_requeued_job_is_at_its_first_start_and_its_scancel_says_cancelled(slurm, tmp_path):
+    """A job submitted from inside another job (a pipeline's batch job, itself requeued once) inherits its
+    SLURM_RESTART_COUNT through sbatch's --export=ALL, which Slurm leaves as it is at a first start: the job's banner
+    said `restart 1`, and a `scancel` of it logged "Slurm has requeued job <id> itself", while it stayed cancelled.
+    The count is Slurm's record of the job (scontrol's Restarts=)."""
+    out = tmp_path / "run"
+    args = ["--max_steps", "2000", "--health_checks", "false", "--logging_steps", "1", "--save_steps", "100000"]
+    args += ["--report_to", "none", "--output_dir", str(out)]
+    env = {**README_ENV, "SLURM_RESTART_COUNT": "1", "DPOTRAIN_CACHE": f"{out}-cache"}
+    job = slurm.sbatch(
+        ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, *args], cwd=submit_dir(), env=env
+    )
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 2)
+    slurm.cancel(job)
+    assert slurm.wait(job, timeout=120) == "CANCELLED", job_log(job)[-3000:]
+    log = job_log(job)
+    assert f"=== DPO job {job} (dpo-think) restart 0 at " in log, log[-3000:]
+    assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log, log[-3000:]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tmp_path):
     """`scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
     answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training processes
