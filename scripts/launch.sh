@@ -438,6 +438,11 @@ stop_request() {
 # Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
 # tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
 [[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+# The CPU binding Slurm applied to a step's tasks (SLURM_CPU_BIND=quiet,mask_cpu:0x1 with its _LIST, _TYPE, _VERBOSE),
+# which srun reads back as its --cpu-bind: a job submitted from inside a step (`srun --pty bash`) inherits them through
+# sbatch's --export=ALL, and its training step was bound to that step's CPUs ("1 CPUs" in its node line for a job of 32).
+# Slurm sets no _LIST in a batch or salloc shell; a SLURM_CPU_BIND exported by hand (none, cores) has none and is kept.
+[[ -z ${SLURM_CPU_BIND_LIST:-} ]] || unset SLURM_CPU_BIND SLURM_CPU_BIND_LIST SLURM_CPU_BIND_TYPE SLURM_CPU_BIND_VERBOSE
 
 free_port  # last, right before the launch: the dry run and a preflight take minutes
 # From here a stop makes the stop file, which the run reads as asked before it started (a stop after step 1, saved).

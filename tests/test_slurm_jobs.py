@@ -775,6 +775,26 @@ def test_a_job_submitted_from_a_requeued_job_is_at_its_first_start_and_its_scanc
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_submitted_from_a_job_step_trains_on_its_own_cpus_not_on_the_steps_binding(slurm, tmp_path):
+    """`sbatch` typed in a job step (`srun --pty bash`): the step's tasks carry the CPU binding Slurm gave them
+    (SLURM_CPU_BIND=quiet,mask_cpu:0x1), which sbatch's --export=ALL hands to the job and srun reads as its --cpu-bind:
+    the job's training step was bound to the submitting step's one CPU ("1 CPUs" in its node line), not the job's."""
+    cpus = real_cpus()
+    if cpus < 2:
+        pytest.skip("one CPU: a binding to one CPU cannot be told from the job's own")
+    out = tmp_path / "run"
+    sbatch = ["sbatch", "--parsable", "--gpus-per-node=0", f"--cpus-per-task={cpus}", SCRIPT]
+    sbatch += ["--max_steps", "2", "--report_to", "none", "--output_dir", str(out)]
+    env = {**README_ENV, "DPOTRAIN_CACHE": f"{out}-cache"}
+    submitted = slurm.run(["srun", "--cpus-per-task=1", "bash", "-c", shlex.join(sbatch)], cwd=submit_dir(), env=env)
+    job = int(submitted.stdout.split()[-1].split(";")[0])
+    assert slurm.wait(job, timeout=400) == "COMPLETED", job_log(job)[-3000:]
+    node = re.search(r"^node \S+: machine rank 0 of 1, .*, (\d+) CPUs$", job_log(job), re.MULTILINE)
+    assert node and int(node[1]) == cpus, job_log(job)[-3000:]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tmp_path):
     """`scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
     answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training processes
