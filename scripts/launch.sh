@@ -128,6 +128,15 @@ GPUS_PER_NODE=${GPUS_PER_NODE##*:}
   "(SLURM_GPUS_PER_NODE, SLURM_GPUS_ON_NODE): submit with --gpus-per-node=N (4 or 8; 0 for a CPU-only job)"
 # GPUs asked per task (--gpus-per-task, --tres-per-task=gres/gpu:N) are bound to tasks: the one task per node that
 # launches (launch_line) sees one task's GPUs, while it starts a process for every GPU of the node.
+# Those variables may be another job's: one submitted from inside a job (an `salloc --gpus-per-task=1` shell) inherits
+# them through sbatch's --export=ALL, and was refused for GPUs it never asked for. Where Slurm answers, its record of
+# this job (TresPerTask=) decides; inherited, they are dropped, as srun would ask them for the training step too.
+if [[ -n ${SLURM_GPUS_PER_TASK:-} || ${SLURM_TRES_PER_TASK:-} == *gpu* ]] &&
+  record=$(scontrol show job -o "${SLURM_JOB_ID:-0}" 2>/dev/null) && [[ -n $record ]] &&
+  [[ $(grep -o 'TresPerTask=[^ ]*' <<<"$record" || true) != *gpu* ]]; then
+  unset SLURM_GPUS_PER_TASK
+  [[ ${SLURM_TRES_PER_TASK:-} != *gpu* ]] || unset SLURM_TRES_PER_TASK
+fi
 if [[ -n ${SLURM_GPUS_PER_TASK:-} || ${SLURM_TRES_PER_TASK:-} == *gpu* ]]; then
   die "the job asks for GPUs per task (--gpus-per-task): launch.sh starts one task per node, which starts a process" \
     "per GPU: submit with --gpus-per-node=N and --ntasks-per-node=1, as scripts/dpo_train.sh does"

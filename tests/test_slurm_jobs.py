@@ -795,6 +795,22 @@ def test_a_job_submitted_from_a_job_step_trains_on_its_own_cpus_not_on_the_steps
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_job_submitted_from_a_shell_with_gpus_per_task_is_not_refused_for_them(slurm, tmp_path):
+    """`sbatch` typed in a shell of another job that asked for GPUs per task (`salloc --gpus-per-task=1`): the job
+    inherits its SLURM_GPUS_PER_TASK through sbatch's --export=ALL, and was refused for GPUs per task it never asked for
+    (Slurm's record of it has no TresPerTask). It trains; srun is not handed the inherited request either."""
+    out = tmp_path / "run"
+    args = ["--max_steps", "2", "--report_to", "none", "--output_dir", str(out)]
+    env = {**README_ENV, "SLURM_GPUS_PER_TASK": "1", "DPOTRAIN_CACHE": f"{out}-cache"}
+    job = slurm.sbatch(
+        ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, *args], cwd=submit_dir(), env=env
+    )
+    assert slurm.wait(job, timeout=400) == "COMPLETED", job_log(job)[-3000:]
+    assert "training exited with code 0" in job_log(job), job_log(job)[-3000:]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tmp_path):
     """`scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
     answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training processes
