@@ -144,18 +144,21 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     assert updated.startswith(card.split("## Checkpoint revisions")[0])  # the rest of the card is kept
 
 
+LORA_RUN = {  # a LoRA run's record, as the card reads it
+    "model_name_or_path": "org/sft-7b",
+    "use_peft": True,
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,
+    "lora_target_modules": "all-linear",
+    "merge_lora": False,
+}
+
+
 def test_a_lora_cards_adapter_names_rslora_dora_and_modules_to_save_where_set():
     """The card named r, alpha, dropout and targets alone: an adapter trained with rank-stabilized scaling, DoRA or
     layers trained whole (modules_to_save) could not be trained again from its card. Named where set, not otherwise."""
-    resolved = {
-        "model_name_or_path": "org/sft-7b",
-        "use_peft": True,
-        "lora_r": 16,
-        "lora_alpha": 32,
-        "lora_dropout": 0.0,
-        "lora_target_modules": ["q_proj", "v_proj"],
-        "merge_lora": False,
-    }
+    resolved = LORA_RUN | {"lora_target_modules": ["q_proj", "v_proj"]}
     plain = model_card(resolved | {"use_rslora": False, "use_dora": False, "lora_modules_to_save": None}, [])
     assert not any(word in plain for word in ("rslora", "dora", "modules_to_save"))
     card = model_card(resolved | {"use_rslora": True, "use_dora": True, "lora_modules_to_save": ["lm_head"]}, [])
@@ -169,14 +172,7 @@ def test_a_qlora_cards_adapter_names_the_quantized_base_it_trained_on():
     """A QLoRA run's card (`--load_in_4bit`) said a LoRA adapter with its r, alpha and targets, not a word of the
     base's 4-bit quantization the adapter trained against: a reader would train it again, or judge it, on the base in
     bf16. Named with its quantization type; not for a LoRA run on the full base."""
-    resolved = {
-        "model_name_or_path": "org/sft-7b",
-        "use_peft": True,
-        "lora_r": 16,
-        "lora_alpha": 32,
-        "lora_dropout": 0.0,
-        "lora_target_modules": "all-linear",
-        "merge_lora": False,
+    resolved = LORA_RUN | {
         "bnb_4bit_quant_type": "nf4",
     }
     assert "bitsandbytes" not in model_card(resolved | {"load_in_4bit": False}, [])
