@@ -15,6 +15,7 @@ import train_dpo
 from conftest import ROOT
 from dpotrain import resolve
 from dpotrain.data import mixture
+from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
 from dpotrain.train import losses
@@ -526,6 +527,24 @@ def test_a_recipes_null_for_a_field_that_needs_a_value_is_refused_in_one_line(tm
         f"{name}: null in the recipe, but {name} needs a value: delete the line for its default ({default!r}) or "
         "write one"
     )
+
+
+def test_a_recipes_max_length_null_is_unbounded_as_the_command_lines_is(tmp_path):
+    """`max_length: null` (TRL's None: no pair cut, docs/max_length.md) was refused as "max_length needs a value:
+    delete the line for its default (1024)", while `--max_length null` trained unbounded: the recipe could not say what
+    the command line can. Its record names whose null it was."""
+    recipe = parse_args(["--config", write(tmp_path, "bf16: false\nmax_length: null\n")])
+    assert recipe.training.max_length is None and not recipe.max_length_auto and "max_length" in recipe.given
+    typed = parse_args(["--config", write(tmp_path, "bf16: false\n"), "--max_length", "null"]).training.max_length
+    assert typed is None
+    assert (
+        parse_args(
+            ["--config", write(tmp_path, "bf16: false\nmax_length: null\n"), "--max_length", "512"]
+        ).training.max_length
+        == 512
+    )
+    lengths = run_record.RecordedLengths(None, None, None, "the recipe's")
+    assert lengths.chosen_by == "none: the recipe's max_length: null"
 
 
 def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):

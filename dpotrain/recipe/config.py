@@ -731,6 +731,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # refused, unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
     options, on_command_line = _options(), fields_set(argv)
     unset = {k for k, v in config.items() if v is None and f"--{k}" in options}
+    # A field whose type reads `null` as None though its default is a value (`max_length: null`, TRL's unbounded): the
+    # word null, as `--max_length null` gives it; refused as "needs a value", the recipe could not say what the
+    # command line can
+    nulls = {k for k in unset if options[f"--{k}"].default is not None and _reads_null(options[f"--{k}"])}
+    config |= dict.fromkeys(nulls, "null")
+    unset -= nulls
     for key in unset:
         default = options[f"--{key}"].default
         if default is not None and options[f"--{key}"].dest not in on_command_line:
@@ -785,6 +791,14 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     return Recipe(
         script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder, resumes
     )
+
+
+def _reads_null(action) -> bool:
+    """Whether a field's argparse type reads the word `null` as None (TRL's for an `int | None` field), not as text."""
+    try:
+        return action.type not in (None, str) and action.type("null") is None
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return False
 
 
 SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"

@@ -78,9 +78,11 @@ class RecordedLengths:
     @property
     def chosen_by(self) -> str:
         if self.auto is None:
-            if self.max_length is None:  # only `--max_length null` clears it: a recipe's null is refused (config.py)
+            if self.max_length is None:  # `--max_length null`, or the recipe's `max_length: null`: unbounded
                 if self.given_by == "the command line's":
                     return "none: the command line's --max_length null"
+                if self.given_by == "the recipe's":
+                    return "none: the recipe's max_length: null"
                 return "none: the recipe sets no max_length"  # an older record: whose null it was is not there
             return self.given_by or "the recipe's"
         if self.max_length is None:
