@@ -996,6 +996,23 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, tmp_path, capsys, no_c
     assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
 
 
+def test_a_recipes_dry_run_is_planned_as_the_flags_is(tmp_path, capsys, no_credentials):
+    """A recipe's `dry_run: true` (docs/slurm.md: a job of it plans and ends) was a dry run planned as a run: on a
+    login node without a GPU a bf16 recipe stopped on transformers' bf16/GPU check, which `--dry-run` skips, and its
+    `--json` shared stdout with the libraries' lines. `--dry_run false` still turns it off."""
+    from dpotrain.recipe.config import dry_run_asked as asked
+
+    recipe = tmp_path / "instruct-dry.yaml"
+    recipe.write_text((ROOT / "configs" / "instruct.yaml").read_text() + "\ndry_run: true\n")
+    argv = ["--config", str(recipe), "--model_name_or_path", "configs/models/olmo3-7b"]
+    assert asked(argv) and not asked([*argv, "--dry_run", "false"])
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--output_dir", str(tmp_path / "instruct-dpo"), "--json"]))
+    out, err = capsys.readouterr()
+    assert ended.value.code in (None, 0), err
+    assert json.loads(out)["derived"]["memory"]["per_gpu_gib"] and "bf16/gpu" not in err
+
+
 @pytest.mark.slow
 def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(
     tmp_path,

@@ -712,6 +712,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     typed_here = argv is None  # a person's command line; a program's words (a test, a notebook) may layer overrides
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
+    dry = dry_run_asked(argv)  # with the recipe's `dry_run: true`, before --config is taken out of argv
     parser = _parser()
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
         print(usage.short_help(parser, ProjectArguments))
@@ -723,7 +724,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config_path, argv = take_config(argv)
     if typed_here:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS, ALIASES)
-    config = read_recipe(config_path, planning=dry_run_asked(argv)) if config_path is not None else {}
+    config = read_recipe(config_path, planning=dry) if config_path is not None else {}
     _take_env_block(config.pop("env", None) or {})
     left_to_job = config.pop(LEFT_TO_JOB, frozenset())
     launcher.check_process_counts()
@@ -773,7 +774,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _check_eval_steps(values, given)  # before transformers reads 0 as unset
     _check_json_objects(values, given, parser)
     try:
-        with upstream.gpu_precision_checks_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
+        with upstream.gpu_precision_checks_skipped() if dry else contextlib.nullcontext():
             built = [
                 kind(**{f.name: values[f.name] for f in fields(kind) if f.init}) for kind in parser.dataclass_types
             ]
@@ -1365,7 +1366,19 @@ def _check_finite(*parts) -> None:
 
 
 def dry_run_asked(argv: list[str]) -> bool:
-    return bool(dry_run_flag(argv))
+    """Whether `argv` (with its `--config`) asks for a dry run: its flag, else the recipe's `dry_run: true`, as a Slurm
+    job reads it (cluster/job.py's `asks`). The command line's flag alone was read: a recipe's dry run was planned as a
+    run (a bf16 recipe refused on a login node's CPU, a job's `$SLURM_JOB_ID` folder refused outside the job)."""
+    given = dry_run_flag(argv)
+    if given is not None:
+        return given
+    try:
+        path = take_config(argv)[0]
+        # a file alone: a pipe (`--config <(...)`) read here blocked, or was empty for read_recipe, which refuses it
+        readable = path is not None and Path(path).is_file()
+        return readable and str(recipe_file.load(path).get("dry_run", False)).lower() in TRUE
+    except (ConfigError, OSError):  # a recipe that does not read: read_recipe refuses it in its own words
+        return False
 
 
 def dry_run_flag(argv: list[str], field: str = "dry_run") -> bool | None:
