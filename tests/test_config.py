@@ -547,6 +547,17 @@ def test_a_recipes_max_length_null_is_unbounded_as_the_command_lines_is(tmp_path
     assert lengths.chosen_by == "none: the recipe's max_length: null"
 
 
+def test_a_recipes_text_starting_with_a_dash_is_its_value_as_the_command_lines_joined_one_is(tmp_path):
+    """`run_name: "-ablation"` reached argparse as `--run_name -ablation`, whose word starting with `-` it takes for a
+    flag: refused as "--run_name takes a value: none given", while `--run_name=-ablation` named the run. A negative
+    number is still the number."""
+    recipe = parse_args(["--config", write(tmp_path, 'bf16: false\nrun_name: "-ablation"\nlearning_rate: -1e-6\n')])
+    assert recipe.training.run_name == "-ablation" and recipe.training.output_dir == str(Path("outputs/-ablation"))
+    assert recipe.training.learning_rate == -1e-6
+    typed = parse_args(["--config", write(tmp_path, "bf16: false\n"), "--run_name=-ablation"]).training.run_name
+    assert typed == "-ablation"
+
+
 def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):
     """`datasets: null` beside dataset_name (a recipe saying it trains no mixture) was the mixture ['None'], refused as
     'dataset_name and a mixture'; any list field's null was a list of the word None, or refused as a number

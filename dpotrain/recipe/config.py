@@ -613,7 +613,14 @@ def _as_flags(config: dict) -> list[str]:
             return json.dumps({k: _amount_text(v) if k == "amount" else v for k, v in value.items()})
         return recipe_file.written(value)  # as the recipe wrote it
 
-    return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
+    def flag(key: str, value) -> list[str]:
+        if isinstance(value, list):
+            return [f"--{key}", *map(word, value)]
+        # joined to its flag where it starts with `-` (`run_name: "-ablation"`): argparse takes a word of its own that
+        # starts so for a flag, and refused the recipe's value as "none given"
+        return [f"--{key}={word(value)}"] if word(value).startswith("-") else [f"--{key}", word(value)]
+
+    return [w for key, v in config.items() for w in flag(key, v)]
 
 
 def _amount_text(value):
