@@ -42,6 +42,12 @@ def valid_loss_types() -> list[str]:
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     check_model(recipe.model.model_name_or_path or "")
+    if recipe.project.json and recipe.project.preflight and not recipe.project.dry_run:
+        # "add --dry-run" (below) led on to the preflight's refusal of --dry-run: the preflight's JSON is its script's
+        raise ConfigError(
+            "--json prints the dry run's resolved configuration, and the preflight is no dry run: drop --json (the "
+            "report is markdown on stdout), or write it as JSON with scripts/preflight.py --json FILE"
+        )
     if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
         raise ConfigError(
             "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "

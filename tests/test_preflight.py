@@ -306,6 +306,21 @@ def test_train_dpo_given_dry_run_and_preflight_refuses_before_anything_loads(tmp
     assert "Checking duplicate pairs" not in err and "# DPO preflight" not in out + err
 
 
+def test_train_dpo_given_json_and_preflight_names_the_scripts_json_not_dry_run(tmp_path, capfd):
+    """`train_dpo.py --preflight --json` was told "add --dry-run", which the preflight then refused ("--dry-run with
+    the preflight: drop --dry-run"): a circle. The preflight's JSON is scripts/preflight.py's --json FILE."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    argv = ["--config", SMOKE, "--output_dir", str(tmp_path / "never"), "--preflight", "--json"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 2 and "add --dry-run" not in err, err[-3000:]
+    assert "error: --json prints the dry run's resolved configuration, and the preflight is no dry run" in err
+    assert "scripts/preflight.py --json FILE" in err and "# DPO preflight" not in out + err
+
+
 @pytest.mark.slow
 def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
     """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
