@@ -558,6 +558,22 @@ def test_a_recipes_text_starting_with_a_dash_is_its_value_as_the_command_lines_j
     assert typed == "-ablation"
 
 
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ('"WANDB=PROJECT": x', "env: 'WANDB=PROJECT' is no variable name: write it in letters, digits and _"),
+        ('"": x', "env: '' is no variable name"),
+        ('MY_NOTE: "a\\0b"', "env: MY_NOTE's value holds a NUL character, which no variable holds: remove it"),
+    ],
+)
+def test_an_env_entry_the_environment_cannot_hold_is_one_line(line, said, tmp_path):
+    """os.environ refuses a name holding `=` or empty, and a value holding a NUL: a ValueError (an OSError) traceback
+    from every entry point, after the recipe had been read and checked."""
+    with environment(), pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {line}\n")])
+    assert said in str(refused.value)
+
+
 def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):
     """`datasets: null` beside dataset_name (a recipe saying it trains no mixture) was the mixture ['None'], refused as
     'dataset_name and a mixture'; any list field's null was a list of the word None, or refused as a number

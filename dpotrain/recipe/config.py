@@ -459,6 +459,14 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     left_to_job = set()
     for name, value in (config.get("env") or {}).items():
+        # What os.environ refuses in a ValueError traceback (`WANDB=PROJECT`, an empty name, a NUL in the value), and a
+        # name no shell exports: one line
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
+            raise ConfigError(
+                f"{path}: env: {str(name)!r} is no variable name: write it in letters, digits and _, not a digit first"
+            )
+        if "\0" in recipe_file.written(value or ""):
+            raise ConfigError(f"{path}: env: {name}'s value holds a NUL character, which no variable holds: remove it")
         if isinstance(value, (list, dict)):  # `WANDB_TAGS: [dpo, olmo3]` was set to Python's "['dpo', 'olmo3']"
             shown = "a,b" if venv.is_secret_name(str(name)) else ",".join(map(str, value))  # a token's never shown
             example = f" (e.g. {name}: '{shown}')" if isinstance(value, list) else ""
