@@ -306,6 +306,8 @@ UNREAD = {
     "checks that they fit",
     "dataloader_drop_last": "the step plan trains every pair of an epoch (a short last step joins the one before it)",
     "dataloader_in_order": "the step plan's loader yields its steps in the plan's order",
+    "remove_unused_columns": "the step plan's loader hands the collator the tokenized pairs' own columns, whatever it "
+    "says (transformers' column filter runs in its loader, which this one replaces)",
     "dataloader_multiprocessing_context": "the step plan's loader starts its workers in torch's default context",
     "bf16_full_eval": _EVAL_CAST,
     "fp16_full_eval": _EVAL_CAST,

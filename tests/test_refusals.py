@@ -263,6 +263,7 @@ def many_rows(n=40):
         (["--average_tokens_across_devices", "false"], "average_tokens_across_devices false would be ignored: each"),
         (["--auto_find_batch_size", "true"], "auto_find_batch_size true would be ignored: the step plan's micro"),
         (["--dataloader_drop_last", "true"], "dataloader_drop_last true would be ignored: the step plan trains every"),
+        (["--remove_unused_columns", "false"], "remove_unused_columns false would be ignored: the step plan's loader"),
         # a dry run: transformers refuses bf16 on a machine without a GPU first
         (["--dry-run", "--bf16_full_eval", "true"], "bf16_full_eval true would be ignored: transformers casts"),
         (["--include_for_metrics", "loss"], "include_for_metrics ['loss'] would be ignored: it feeds"),
