@@ -39,18 +39,20 @@ def valid_loss_types() -> list[str]:
     return re.findall(r"`'(\w+)'`", field.metadata["help"])
 
 
+# --json's fix under --preflight (check_options)
+PREFLIGHT_JSON = (
+    "the preflight is no dry run: drop --json, or write its report as JSON: scripts/preflight.py --json FILE"
+)
+
+
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     check_model(recipe.model.model_name_or_path or "")
-    if recipe.project.json and recipe.project.preflight and not recipe.project.dry_run:
-        # "add --dry-run" (below) led on to the preflight's refusal of --dry-run: the preflight's JSON is its script's
-        raise ConfigError(
-            "--json prints the dry run's resolved configuration, and the preflight is no dry run: drop --json (the "
-            "report is markdown on stdout), or write it as JSON with scripts/preflight.py --json FILE"
-        )
     if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
+        # with the preflight, "add --dry-run" led on to its refusal of --dry-run: its JSON is its script's
+        fix = PREFLIGHT_JSON if recipe.project.preflight else "add --dry-run"
         raise ConfigError(
-            "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
+            f"--json prints the dry run's resolved configuration: {fix} (a run records it in "
             "<output_dir>/resolved_config.json)"
         )
     check_cuda_settings(recipe)

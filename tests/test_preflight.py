@@ -317,7 +317,7 @@ def test_train_dpo_given_json_and_preflight_names_the_scripts_json_not_dry_run(t
         run_cli(lambda: train_dpo.main(argv))
     out, err = capfd.readouterr()
     assert ended.value.code == 2 and "add --dry-run" not in err, err[-3000:]
-    assert "error: --json prints the dry run's resolved configuration, and the preflight is no dry run" in err
+    assert "error: --json prints the dry run's resolved configuration: the preflight is no dry run" in err
     assert "scripts/preflight.py --json FILE" in err and "# DPO preflight" not in out + err
 
 

@@ -459,14 +459,7 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     left_to_job = set()
     for name, value in (config.get("env") or {}).items():
-        # What os.environ refuses in a ValueError traceback (`WANDB=PROJECT`, an empty name, a NUL in the value), and a
-        # name no shell exports: one line
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
-            raise ConfigError(
-                f"{path}: env: {str(name)!r} is no variable name: write it in letters, digits and _, not a digit first"
-            )
-        if "\0" in recipe_file.written(value or ""):
-            raise ConfigError(f"{path}: env: {name}'s value holds a NUL character, which no variable holds: remove it")
+        _check_env_entry(path, name, value)
         if isinstance(value, (list, dict)):  # `WANDB_TAGS: [dpo, olmo3]` was set to Python's "['dpo', 'olmo3']"
             shown = "a,b" if venv.is_secret_name(str(name)) else ",".join(map(str, value))  # a token's never shown
             example = f" (e.g. {name}: '{shown}')" if isinstance(value, list) else ""
@@ -494,6 +487,17 @@ def read_recipe(path: str, planning: bool = False) -> dict:
         else:
             taken[str(name)] = read
     return config | ({"env": taken, LEFT_TO_JOB: frozenset(left_to_job)} if "env" in config else {})
+
+
+def _check_env_entry(path: str, name, value) -> None:
+    """What os.environ refuses in a ValueError traceback (`WANDB=PROJECT`, an empty name, a NUL in the value), and a
+    name no shell exports: one line (the value never shown: it may be a token)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
+        raise ConfigError(
+            f"{path}: env: {str(name)!r} is no variable name: write it in letters, digits and _, not a digit first"
+        )
+    if "\0" in recipe_file.written(value or ""):
+        raise ConfigError(f"{path}: env: {name}'s value holds a NUL character, which no variable holds: remove it")
 
 
 # read_recipe's key (no field's: it holds spaces) for the env: block's names a dry run outside a Slurm job leaves to
@@ -746,13 +750,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # A recipe's `field: null` is a None default, given as no words (argparse reads "None" as text); a value's default:
     # refused, unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
     options, on_command_line = _options(), fields_set(argv)
-    unset = {k for k, v in config.items() if v is None and f"--{k}" in options}
-    # A field whose type reads `null` as None though its default is a value (`max_length: null`, TRL's unbounded): the
-    # word null, as `--max_length null` gives it; refused as "needs a value", the recipe could not say what the
-    # command line can
-    nulls = {k for k in unset if options[f"--{k}"].default is not None and _reads_null(options[f"--{k}"])}
-    config |= dict.fromkeys(nulls, "null")
-    unset -= nulls
+    unset = _unset(config, options)
     for key in unset:
         default = options[f"--{key}"].default
         if default is not None and options[f"--{key}"].dest not in on_command_line:
@@ -807,6 +805,16 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     return Recipe(
         script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder, resumes
     )
+
+
+def _unset(config: dict, options: dict) -> set[str]:
+    """The recipe's fields given `null`, less those whose type reads the word null as None though their default is a
+    value (`max_length: null`, TRL's unbounded), which take that word in `config`, as `--max_length null` gives it:
+    refused as "needs a value", the recipe could not say what the command line can."""
+    unset = {k for k, v in config.items() if v is None and f"--{k}" in options}
+    nulls = {k for k in unset if options[f"--{k}"].default is not None and _reads_null(options[f"--{k}"])}
+    config |= dict.fromkeys(nulls, "null")
+    return unset - nulls
 
 
 def _reads_null(action) -> bool:
