@@ -4,6 +4,7 @@ README "Refused before anything loads" lists them.
 """
 
 import dataclasses
+import difflib
 import importlib.util
 import json
 import math
@@ -176,6 +177,7 @@ def check_switched_off(recipe: Recipe) -> None:
             "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
             "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
         )
+    check_checkpointing_kwargs(recipe.training.activation_checkpointing_kwargs)
     # What max_length: auto aims at: typed for a run with a max_length of its own, read by nothing (a recipe file's is
     # left alone: the analyzer's recommendation for that recipe reads it)
     if "auto_coverage" in on_command_line and not recipe.max_length_auto:
@@ -183,6 +185,26 @@ def check_switched_off(recipe: Recipe) -> None:
             f"auto_coverage {p.auto_coverage:g} is set but max_length is {recipe.training.max_length}, not auto, so "
             "nothing reads it: add --max_length auto (the smallest length leaving that share of pairs whole), or "
             "remove auto_coverage"
+        )
+
+
+def check_checkpointing_kwargs(kwargs: dict | None) -> None:
+    """activation_checkpointing_kwargs go to torch's checkpoint() as keywords at the first training forward, after the
+    model loaded and the reference stage scored every pair: a key it does not take (`use_reentrnt`) ended the run
+    there in torch's "Unexpected keyword arguments" traceback. every_n_layers and offload are transformers' own."""
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+
+    taken = {p.name for p in inspect.signature(checkpoint).parameters.values() if p.kind == p.KEYWORD_ONLY}
+    taken |= {"every_n_layers", "offload"}
+    for key in sorted(set(kwargs or {}) - taken):
+        close = difflib.get_close_matches(key, sorted(taken), n=1)
+        takes = ", ".join(sorted(taken))
+        fix = f"did you mean {close[0]!r}? Else remove {key!r}" if close else f"remove {key!r} (it takes {takes})"
+        raise ConfigError(
+            f"activation_checkpointing_kwargs {key!r} is no argument of torch's checkpoint(), which would stop on it "
+            f"at the first training step: {fix}"
         )
 
 

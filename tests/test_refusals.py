@@ -264,6 +264,12 @@ def many_rows(n=40):
         (["--auto_find_batch_size", "true"], "auto_find_batch_size true would be ignored: the step plan's micro"),
         (["--dataloader_drop_last", "true"], "dataloader_drop_last true would be ignored: the step plan trains every"),
         (["--remove_unused_columns", "false"], "remove_unused_columns false would be ignored: the step plan's loader"),
+        # torch's ValueError at the first training forward, after the model loaded and the reference stage scored
+        (
+            ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs", '{"use_reentrnt": false}'],
+            "activation_checkpointing_kwargs 'use_reentrnt' is no argument of torch's checkpoint(), which would stop "
+            "on it at the first training step: did you mean 'use_reentrant'?",
+        ),
         # a dry run: transformers refuses bf16 on a machine without a GPU first
         (["--dry-run", "--bf16_full_eval", "true"], "bf16_full_eval true would be ignored: transformers casts"),
         (["--include_for_metrics", "loss"], "include_for_metrics ['loss'] would be ignored: it feeds"),
