@@ -264,6 +264,12 @@ def many_rows(n=40):
         (["--auto_find_batch_size", "true"], "auto_find_batch_size true would be ignored: the step plan's micro"),
         (["--dataloader_drop_last", "true"], "dataloader_drop_last true would be ignored: the step plan trains every"),
         (["--remove_unused_columns", "false"], "remove_unused_columns false would be ignored: the step plan's loader"),
+        # AcceleratorConfig's TypeError traceback as the arguments were built
+        (
+            ["--accelerator_config", '{"split_batchs": true}'],
+            "accelerator_config 'split_batchs' is no key of transformers' AcceleratorConfig: did you mean "
+            "'split_batches'? Else remove it",
+        ),
         # torch's ValueError at the first training forward, after the model loaded and the reference stage scored
         (
             ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs", '{"use_reentrnt": false}'],

@@ -941,6 +941,25 @@ def _check_json_objects(values: dict, given: set[str], parser) -> None:
                 f"{name} takes a JSON object or the path of a JSON file holding one, and the text given is neither: "
                 f"write it as {shape}"
             )
+    if "accelerator_config" in given and isinstance(values["accelerator_config"], str):
+        _check_accelerator_keys(values["accelerator_config"])
+
+
+def _check_accelerator_keys(value: str) -> None:
+    """An accelerator_config key AcceleratorConfig does not take (`split_batchs`): transformers builds it with the
+    keys as given, and its TypeError was a traceback. Named with the key it may mean (a JSON object, or its file)."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    try:
+        text = value if value.lstrip().startswith("{") else Path(value).expanduser().read_text()
+        keys = set(json.loads(text))
+    except (OSError, ValueError, TypeError):  # transformers' own error names a file it cannot read
+        return
+    known = sorted(f.name for f in fields(AcceleratorConfig))
+    for key in sorted(keys - set(known)):
+        close = difflib.get_close_matches(key, known, n=1)
+        fix = f"did you mean {close[0]!r}? Else remove it" if close else f"remove it (it takes {', '.join(known)})"
+        raise ConfigError(f"accelerator_config {key!r} is no key of transformers' AcceleratorConfig: {fix}")
 
 
 def _check_eval_steps(values: dict, given: set[str]) -> None:
