@@ -326,7 +326,7 @@ def test_a_time_limit_warning_before_the_launch_ends_the_job_in_one_line_not_in_
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_time_limit_warning_that_stops_a_start_before_it_saved_anything_ends_the_job_in_one_line(slurm, tmp_path):
-    """The time-limit warning (--signal=B:USR1@60 under a limit of 3 minutes) reaching a start launched but still
+    """The time-limit warning (--signal=B:USR1@60 under a limit of 2 minutes) reaching a start launched but still
     loading (a model that takes longer to load than the job has before its warning: held before the model loads until
     the stop, tests/helpers/slow_checkpoint.py): the start stopped with nothing saved, and launch.sh requeued it; every
     requeue, given the same limit, was warned as early and saved nothing again, taking allocations until someone
@@ -341,8 +341,10 @@ def test_a_time_limit_warning_that_stops_a_start_before_it_saved_anything_ends_t
     env = {**README_ENV, "SBATCH_SIGNAL": "B:USR1@60", **hold}
     args = ["--max_steps", "4", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
     script = str(project / "scripts" / "dpo_train.sh")
-    job = slurm.sbatch([*sbatch, "--time=3", f"--output={log}", script, *args], cwd=tmp_path, env=env)
-    wait_while_running(slurm, job, (held / "held-start").exists, log=log)  # launched; Slurm's warning in 1-2 minutes
+    # --time=2: Slurm's warning comes ~60 s into the job (1:12 left in a --time=3 run, 1:00 in one of --time=2), and
+    # the start is held ~15 s in, under CI's load too: a minute less than --time=3 (108 s in CI's run)
+    job = slurm.sbatch([*sbatch, "--time=2", f"--output={log}", script, *args], cwd=tmp_path, env=env)
+    wait_while_running(slurm, job, (held / "held-start").exists, log=log)  # launched; Slurm's warning within a minute
     assert slurm.wait(job, timeout=300) == "FAILED", log.read_text(errors="replace")[-3000:]
     assert slurm.job_info(job)["Restarts"] == "0"
     text = log.read_text(errors="replace")
