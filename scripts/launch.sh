@@ -486,8 +486,10 @@ if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointe
   requeue_after_stop "srun killed the training processes before they saved (its SIGTERM)"
 fi
 # When Slurm ends the job (scancel, the time limit, a preemption past its GraceTime) srun is signalled too and exits
-# at once, while the training processes may still be saving: wait for them as long as Slurm lets them run.
-if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
+# at once, while the training processes may still be saving: wait for them as long as Slurm lets them run. Slurm
+# signals the step a moment before this shell (2 ms in a CI run), so srun can be gone before the trap has run: no
+# signal noted yet is Slurm's SIGTERM on its way, and this shell ended the job before the save (a slow one was lost).
+if [[ ($signalled == TERM || -z $signalled) && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}' || true)
   echo "=== $(date -Is) srun ended on Slurm's SIGTERM: waiting up to ${kill_wait:-30} s (KillWait) for the training" \
     "processes to save ==="
