@@ -4,7 +4,6 @@ README "Refused before anything loads" lists them.
 """
 
 import dataclasses
-import difflib
 import importlib.util
 import json
 import math
@@ -199,12 +198,9 @@ def check_checkpointing_kwargs(kwargs: dict | None) -> None:
     taken = {p.name for p in inspect.signature(checkpoint).parameters.values() if p.kind == p.KEYWORD_ONLY}
     taken |= {"every_n_layers", "offload"}
     for key in sorted(set(kwargs or {}) - taken):
-        close = difflib.get_close_matches(key, sorted(taken), n=1)
-        takes = ", ".join(sorted(taken))
-        fix = f"did you mean {close[0]!r}? Else remove {key!r}" if close else f"remove {key!r} (it takes {takes})"
         raise ConfigError(
             f"activation_checkpointing_kwargs {key!r} is no argument of torch's checkpoint(), which would stop on it "
-            f"at the first training step: {fix}"
+            f"at the first training step: {errors.unknown_key_fix(key, taken)}"
         )
 
 

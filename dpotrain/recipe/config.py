@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TOKEN_FLAGS, TRUE, value_words, warn_given_twice
-from dpotrain.recipe.errors import ConfigError, plural, warn
+from dpotrain.recipe.errors import ConfigError, plural, unknown_key_fix, warn
 
 # The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
 # (run_record imports this module, run_files is a later stage); the tests hold the names equal
@@ -955,10 +955,9 @@ def _check_accelerator_keys(value: str) -> None:
         keys = set(json.loads(text))
     except (OSError, ValueError, TypeError):  # transformers' own error names a file it cannot read
         return
-    known = sorted(f.name for f in fields(AcceleratorConfig))
-    for key in sorted(keys - set(known)):
-        close = difflib.get_close_matches(key, known, n=1)
-        fix = f"did you mean {close[0]!r}? Else remove it" if close else f"remove it (it takes {', '.join(known)})"
+    known = {f.name for f in fields(AcceleratorConfig)}
+    for key in sorted(keys - known):
+        fix = unknown_key_fix(key, known)
         raise ConfigError(f"accelerator_config {key!r} is no key of transformers' AcceleratorConfig: {fix}")
 
 

@@ -1,5 +1,6 @@
 import contextlib
 import ctypes
+import difflib
 import errno
 import hashlib
 import os
@@ -22,6 +23,14 @@ def cause(error: BaseException, limit: int = 300) -> str:
     request's headers, where the token travels)."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
+
+
+def unknown_key_fix(key: str, known) -> str:
+    """The fix for a key its reader does not take (`split_batchs`): the known key it may be a misspelling of, else the
+    keys it takes."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"did you mean {close[0]!r}? Else remove it" if close else f"remove it (it takes {', '.join(known)})"
 
 
 def size(n: int | None) -> str:
