@@ -64,6 +64,30 @@ def test_first_loss_is_ln2_and_rewards_zero_then_training_changes_every_paramete
 
 
 @pytest.mark.slow
+def test_a_logged_loss_is_the_mean_over_the_windows_pairs_when_its_steps_differ_in_size(tmp_path, tiny_model_dir):
+    """19 pairs, 8 per step, 2 epochs: steps of 8, 8, 3, 8, 8, 3 pairs. A record of steps 3-4 is the mean over their 11
+    pairs (as docs/metrics.md says of every metric), not transformers' mean of the two step means, which weighed the
+    3-pair step as much as the 8-pair one (0.5364 against 0.5177 here)."""
+    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--num_train_epochs", "2", "--logging_steps", "2", rows=19)
+    step_losses, training_step = [], trainer.training_step
+
+    def recorded(model, inputs, *args):  # one process: a step's returned loss is its mean over its pairs
+        loss = training_step(model, inputs, *args)
+        step_losses.append(float(loss))
+        return loss
+
+    trainer.training_step = recorded
+    trainer.train()
+    pairs = [8, 8, 3, 8, 8, 3]
+    logged = {r["step"]: r["loss"] for r in trainer.state.log_history if "loss" in r}
+    assert sorted(logged) == [1, 2, 4, 6] and len(step_losses) == 6
+    for last in (4, 6):
+        window = range(last - 2, last)
+        want = sum(step_losses[i] * pairs[i] for i in window) / sum(pairs[i] for i in window)
+        assert abs(logged[last] - want) < 1e-5, (last, logged[last], want, step_losses)
+
+
+@pytest.mark.slow
 def test_cpu_demo_writes_a_complete_run(demo_run):
     """The README's demo command (`bash scripts/demo.sh`: smoke recipe, whole epoch), with W&B offline, checked as a
     user would; the run is the session's (conftest.demo_run), which tests/test_readme.py continues the quickstart on."""

@@ -142,10 +142,9 @@ class PairMetrics(TrainerCallback):
         for name in ("aux_loss", "dpo_loss"):  # dpo_loss: without the router term, what the health guards judge
             if s[f"{name}_pairs"]:
                 out[name] = ratio(name, f"{name}_pairs")
-        if mode == "eval":
-            # The Trainer's eval_loss averages per-batch means; this is the mean over the held-out pairs. (In training
-            # the Trainer's loss is already each step's mean over its pairs: compute_loss weighs the micro-batches.)
-            out["loss"] = s["loss"] / s["pairs"]
+        # The mean over the pairs: the Trainer's eval_loss averages per-batch means, and its training loss averages the
+        # window's step means, which weighs an epoch's short last step (3 pairs) as much as a full one (8).
+        out["loss"] = s["loss"] / s["pairs"]
         if mode == "train":
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()

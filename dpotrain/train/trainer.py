@@ -14,6 +14,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import time
@@ -721,7 +722,10 @@ class RecipeDPOTrainer(DPOTrainer):
         mode = "train" if self.model.training else "eval"
         trl_metrics = upstream.trl_metrics(self)[mode]
         trl_metrics.clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
-        for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
+        exact = self.pair_metrics.reduce(mode, self.accelerator.device)
+        if mode == "train" and self.args.logging_nan_inf_filter and not math.isfinite(exact.get("loss", 0.0)):
+            del exact["loss"]  # --logging_nan_inf_filter true asked for transformers' loss, its NaN steps left out
+        for name, value in exact.items():
             trl_metrics[name].append(value)
         if mode == "train" and "loss" in logs:  # every rank logs: the peaks are one collective
             found = self.memory_use.measure()
