@@ -192,6 +192,13 @@ def test_an_evaluation_a_rank_is_a_pair_short_of_ends_with_a_filler_of_its_first
         assert all(b["ids"] == [batches[0][0]] for b in read if b.get(plan.FILLER))
 
 
+def test_an_evaluation_batch_past_the_token_budget_is_cut_and_every_rank_keeps_as_many_batches():
+    """13 pairs of 1,000 positions on 2 ranks, 8 a batch, a budget of 2,500: batches of 2 pairs (7 on one rank: 4
+    batches; 6 on the other: 3 and a filler)."""
+    every = plan.eval_batches(13, 2, 8, lambda pairs: 1000 * len(pairs), 2500)
+    assert every == [[[0, 1], [2, 3], [4, 5], [6]], [[7, 8], [9, 10], [11, 12], []]]
+
+
 class _Rows:
     def __getitems__(self, index):
         return [{"i": i} for i in index]

@@ -8,7 +8,9 @@ import torch
 
 from conftest import DEMO_SECRETS, ROOT, built, ready
 from dpotrain.data import data
+from dpotrain.plan import plan
 from dpotrain.recipe.config import parse_args
+from dpotrain.reference.scorer import ReferenceScorer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -85,6 +87,37 @@ def test_a_logged_loss_is_the_mean_over_the_windows_pairs_when_its_steps_differ_
         window = range(last - 2, last)
         want = sum(step_losses[i] * pairs[i] for i in window) / sum(pairs[i] for i in window)
         assert abs(logged[last] - want) < 1e-5, (last, logged[last], want, step_losses)
+
+
+def test_evaluation_batches_keep_within_the_positions_a_forward_is_planned_for(tmp_path, tiny_model_dir):
+    """per_device_eval_batch_size counts pairs alone: 8 held-out pairs a batch laid out up to 2,580 positions where
+    the smoke recipe's budget is 2,048 (the think recipe's up to 262,144 where its plan gives a forward 3 x 65,536: an
+    out-of-memory at the first evaluation). A batch is cut to the reference stage's budget."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "train.jsonl").write_text("".join(pairs[:16]))
+    (split / "test.jsonl").write_text("".join(pairs[16:80]))
+    flags = ["--dataset_name", str(split), "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report_to",
+            "none",
+            *flags,
+        ]
+    )
+    held_out = data.load_preference_dataset(str(split / "test.jsonl"))
+    trainer = built(recipe, data.load_preference_dataset(str(split / "train.jsonl")), held_out).trainer
+    budget, _ = ReferenceScorer(trainer).budget()
+    batches = [b for b in trainer.get_eval_dataloader() if not b.get(plan.FILLER)]
+    assert max(b["input_ids"].numel() for b in batches) <= budget == 2048, [b["input_ids"].numel() for b in batches]
+    assert len(batches) > 8  # cut further than 64 pairs at 8 a batch
 
 
 @pytest.mark.slow

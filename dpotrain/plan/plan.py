@@ -410,14 +410,32 @@ def check_eval_split(pairs: int, world_size: int) -> None:
         )
 
 
-def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
+def eval_batches(pairs: int, world_size: int, batch_size: int, positions=None, budget=None) -> list[list[list[int]]]:
     """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of batches of at most
     `batch_size` pairs on every rank (the evaluation loop gathers after every batch), each rank's first holding pairs;
-    a rank with fewer pairs than another ends with empty ones, fillers (13 pairs on 2 ranks, 1 a batch: 7 and 6)."""
+    a rank with fewer pairs than another ends with empty ones, fillers (13 pairs on 2 ranks, 1 a batch: 7 and 6).
+    With a token `budget`, a batch whose `positions(pairs)` exceed it is cut further: by count alone, the think recipe's
+    8 pairs a batch held up to 262,144 positions, past what its memory plan gives a forward (3 x 65,536)."""
     check_eval_split(pairs, world_size)
     per_rank = math.ceil(pairs / (world_size * batch_size))
     chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
-    return [chunks[rank::world_size] for rank in range(world_size)]
+    ranks = [
+        [part for c in chunks[rank::world_size] for part in _within(c, positions, budget)] for rank in range(world_size)
+    ]
+    most = max(len(batches) for batches in ranks)
+    return [batches + [[] for _ in range(most - len(batches))] for batches in ranks]
+
+
+def _within(batch: list[int], positions, budget: int | None) -> list[list[int]]:
+    """`batch` in order, cut where the next pair would take it past `budget` positions (a pair alone past it alone)."""
+    if budget is None or not batch:
+        return [batch]
+    parts = [[batch[0]]]
+    for i in batch[1:]:
+        if positions([*parts[-1], i]) > budget:
+            parts.append([])
+        parts[-1].append(i)
+    return parts
 
 
 def _spread(values: list[int]) -> dict:

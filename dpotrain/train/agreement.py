@@ -203,7 +203,7 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
     evaluation = "none" if evaluation is None else lengths_digest(PairLengths.of(evaluation, trainer.args.max_length))
     return {
         "the data set's lengths": lengths_digest(trainer.run_plan.lengths),
-        # Its batches are cut by count alone (plan.eval_batches): other pairs of the same count would pass unseen.
+        # Its lengths, not its count alone: its batches are cut by both (plan.eval_batches).
         "the evaluation set": evaluation,
         "the plan": plan_digest(trainer.run_plan.epochs),
         "the resume point": str(resume_from),

@@ -43,6 +43,7 @@ from dpotrain.recipe import run_record, upstream, writes
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
+from dpotrain.reference.scorer import ReferenceScorer
 from dpotrain.train import (
     disk_full,
     dropout,
@@ -512,7 +513,15 @@ class RecipeDPOTrainer(DPOTrainer):
         filler of its first pair, whose metrics are not counted (`_compute_loss`); read as it was, an empty batch was
         a traceback at the first evaluation (per_device_eval_batch_size 1, 13 held-out pairs on 2 processes)."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
+        # Within the positions the reference stage's forward holds (training's budget x the plan's forward-only
+        # multiple): evaluation is the same forward without gradients, as docs/memory.md plans it.
+        scorer = ReferenceScorer(self)
+        budget, _ = scorer.budget() if self.max_tokens_per_microbatch else (None, None)
+        lengths, layout = (scorer.lengths(dataset), self.plan_forward()) if budget else (None, None)
+        size = self.args.per_device_eval_batch_size
+        batches = plan.eval_batches(
+            len(dataset), self.data_parallel_size, size, lambda pairs: layout.positions(lengths, pairs), budget
+        )
         batches = batches[self.data_parallel_rank]
         rows = plan.StepRows(_batch_columns(dataset), stand_in=batches[0][0])
         sampler = plan.FixedBatches([[(tuple(batch),)] for batch in batches])
