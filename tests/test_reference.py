@@ -691,6 +691,31 @@ def ref_columns_of(dataset):
     return dataset["ref_chosen_logps"], dataset["ref_rejected_logps"]
 
 
+def test_a_cache_file_this_user_cannot_read_is_said_so_and_left_for_its_owner(tmp_path):
+    """Another user's complete.npz in a shared cache (mode 600): whole, but unreadable here. It was said "damaged
+    (PermissionError ...); it is removed" and removed where the folder let this user, their good file gone. Read in a
+    process without root's bypass of file modes (CI runs as root); the run itself: python train_dpo.py under setpriv.
+    """
+    import numpy as np
+
+    store = reference.Store(tmp_path / "key", 3)
+    store.folder.mkdir()
+    digests = np.zeros((3, 16), dtype=np.uint8)
+    store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
+    path = store.folder / reference.COMPLETE
+    path.chmod(0)
+    # records.read_cache, which Store.complete reads with, alone: importing the stage's module (torch) takes ~8 s
+    read = f"records.read_cache(pathlib.Path({str(path)!r}), pathlib.Path.read_bytes, 'reference', {reference.AGAIN!r})"
+    code = f"import pathlib; from dpotrain.recipe import records; print({read})"
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    command = [*(drop if os.geteuid() == 0 else []), sys.executable, "-c", code]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "None", result.stderr[-2000:]
+    assert f"the reference cache file {path} cannot be read (PermissionError" in result.stderr, result.stderr[-2000:]
+    assert "it is left as it is and its pairs are scored again" in result.stderr and "damaged" not in result.stderr
+    assert path.exists()
+
+
 def test_an_empty_or_zeroed_complete_file_is_named_and_scored_again(tmp_path, monkeypatch, capsys):
     """The other file of the stage: an empty or short `complete.npz` is not a hit (and not a crash at start)."""
     import numpy as np

@@ -188,6 +188,11 @@ def read_cache(path: str | Path, load, kind: str, again: str, key: str | None = 
         found = load(path)
     except FileNotFoundError:
         return None
+    except PermissionError as e:
+        # Another user's file in a shared cache: whole, only not ours to read. Said damaged and removed, it was unlinked
+        # where the folder let us (their good file gone), and where not, the warning said so of a file still there.
+        warn(f"the {kind} cache file {path} cannot be read ({cause(e)}); it is left as it is and {again}")
+        return None
     except UNREADABLE as e:
         return damaged_cache(path, cause(e), kind, again)
     if key is None:
