@@ -1096,6 +1096,33 @@ def test_push_to_hub_checkpoints_pushes_a_step_that_survives_only_as_its_staged_
     assert not (out / STAGING / "checkpoint-2").exists() and not (out / STAGING / "checkpoint-4").exists()
 
 
+def test_a_staged_copy_whose_push_was_recorded_before_a_kill_is_removed_by_the_next_push(hub, tmp_path, monkeypatch):
+    """push_to_hub.py killed after recording step 2 pushed from its staged copy, before removing the copy: every later
+    run of the command skipped the step (on the Hub) and left the copy, the deleted checkpoint's weights on the disk
+    for good. The next run removes it, and pushes nothing again."""
+    import shutil
+    from unittest import mock
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub.hub_push import STAGING, record_checkpoint, stage
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    folder = sealed_checkpoint(out / "checkpoint-2")
+    stage(folder, out / STAGING)
+    shutil.rmtree(folder)  # rotated away while its upload ran
+    record_checkpoint(out, REPO, 2, "pushed", files=["model.safetensors"])  # what the killed command wrote last
+    sealed_checkpoint(out / "checkpoint-4")
+    run_files.write(out, [run_files.MANIFEST, STAGING, PUSH_RECORD, "checkpoint-4"])
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), contextlib.suppress(SystemExit):  # main reads .env into the environment
+        script.main([str(out), "--repo-id", REPO, "--checkpoints"])
+    latest = {r["step"]: r["status"] for r in read_pushes(out)}
+    assert latest == {2: "pushed", 4: "pushed"}, latest
+    assert "step-2" not in hub.state.repos[REPO]  # not pushed again
+    assert not (out / STAGING / "checkpoint-2").exists()
+
+
 def test_push_to_hub_tells_the_steps_no_command_can_push_from_those_it_can(hub, tmp_path, monkeypatch, capsys):
     """Every `failed` step ended in "step-N failed to push (see ...): run the same command again", a staged copy the
     command had just removed as cut short too: run again, it exited 0 and said nothing of that step, lost on the Hub

@@ -442,16 +442,17 @@ def stage(folder: Path, staging_root: Path) -> Path:
     return target
 
 
-def staged_only(out: Path, repo_id: str) -> list[Path]:
+def staged_only(out: Path, repo_id: str, recorded: bool = False) -> list[Path]:
     """The staged copies of steps neither recorded on `repo_id` (`pushed_revisions`) nor on disk: checkpoints deleted
-    while their upload ran, left unpushed by a killed or stopped job, or failed for good. Only the run's own staging
-    folder, never a link: a person's folder of that name is none of the run's."""
+    while their upload ran, left unpushed by a killed or stopped job, or failed for good; `recorded`: those of steps
+    recorded on `repo_id` instead. Only the run's own staging folder, never a link: a person's folder of that name is
+    none of the run's."""
     root, own = out / STAGING, run_files.read(out)
     if root.is_symlink() or not root.is_dir() or (own is not None and STAGING not in own):
         return []
-    skip = {s for s, _ in pushed_revisions(out, repo_id)} | {step_of(f) for f in own_checkpoints(out)}
+    pushed, on_disk = {s for s, _ in pushed_revisions(out, repo_id)}, {step_of(f) for f in own_checkpoints(out)}
     staged = [p for p in root.glob("checkpoint-*") if p.is_dir() and not p.is_symlink() and p.name[11:].isdigit()]
-    return sorted((p for p in staged if step_of(p) not in skip), key=step_of)
+    return sorted((p for p in staged if step_of(p) not in on_disk and (step_of(p) in pushed) == recorded), key=step_of)
 
 
 def deleted_step(staged: Path, not_whole: Exception | None = None) -> str:
@@ -475,6 +476,11 @@ def push_checkpoints(api, run_dir: Path, repo_id: str, check_free=lambda: None, 
     # it saves, whose copy is no deleted step's while the checkpoint is there
     for staged in staged_only(run_dir, repo_id):
         records.extend(push_one_checkpoint(api, run_dir, repo_id, staged, branches, staged=True, check_free=check_free))
+    # A copy of a step recorded on the Hub: a command killed between recording its push and removing the copy left it,
+    # and each later run skipped the step, the deleted checkpoint's weights kept on the disk for good
+    for staged in staged_only(run_dir, repo_id, recorded=True):
+        check_free()
+        shutil.rmtree(staged, ignore_errors=True)
     return records
 
 
