@@ -1994,6 +1994,18 @@ BOM = "\ufeff"  # a byte-order mark, as Windows tools (Notepad, PowerShell's Out
         ("header.tsv", "prompt\tchosen\trejected\n", " has no rows: it needs a header line naming chosen and rejected"),
         # "could not read dataset file ...: DatasetGenerationError" too (pandas: "Expected 3 fields in line 3, saw 4")
         ("more.csv", "prompt,chosen,rejected\nQ1,a,b\nQ2,a,b,c\n", ":3: 4 cells where the header names 3: quote the"),
+        # a cell starting with `"` that is not one quoted cell: pandas trained `"Hi" she said` as `Hi she said`, and
+        # a quote left open ran the cell on over the next rows (4 pairs read as 2), both without a word
+        (
+            "quote.tsv",
+            'prompt\tchosen\trejected\nQ1\ta\tb\nQ2\t"Hi" she said\tb\n',
+            ":3: a cell starts with '\"' but is",
+        ),
+        (
+            "open.tsv",
+            'prompt\tchosen\trejected\nQ1\t"Hi\tb\nQ2\ta\tb\nQ3\tan "x"\tb\nQ4\ta\tb\n',
+            ":2: a cell starts with",
+        ),
         # a lone surrogate escape (half an emoji, as a UTF-16 string cut mid-character is dumped): JSON Lines said
         # "DatasetGenerationError: An error occurred while generating the dataset"; a JSON array loaded with the
         # character dropped in silence ('It is \\ud800.' trained as 'It is .')

@@ -722,7 +722,37 @@ def _csv_columns_as_text(path: Path):
     header = [name or f"Unnamed: {i}" for i, name in enumerate(header or [])]
     if not header or len(set(header)) != len(header):
         return None
+    if bad := _stray_quote(path):
+        raise ConfigError(bad)
     return datasets.Features({name: datasets.Value("string") for name in header})
+
+
+def _stray_quote(path: Path) -> str | None:
+    """The first record with a cell that starts with `"` but is not one quoted cell, or None. pandas reads a cell
+    starting with `"` as quoted (a `.tsv` too) and reads a bad one without a word: `"Hi" she said` trained as
+    `Hi she said`, and a quote left open ran the cell on over the next lines' tabs and rows up to the next `"`, pairs
+    lost. Python's csv in strict mode stops at exactly those cells; a damaged file is left to the load to name."""
+    import csv
+    import sys
+
+    separator, limit = DELIMITERS.get(format_suffix(path), ","), csv.field_size_limit(sys.maxsize)  # a long answer
+    try:
+        with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
+            reader, start = csv.reader(f, delimiter=separator, strict=True), 1
+            try:
+                for _ in reader:
+                    start = reader.line_num + 1
+            except csv.Error:
+                return (
+                    f'{path}:{start}: a cell starts with \'"\' but is not one quoted cell ("...", each " inside '
+                    "written twice), and would be read without its quotes or run on into the lines after it: quote "
+                    'that cell whole ("""Hi"" she said") or fix that line'
+                )
+    except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error):
+        return None
+    finally:
+        csv.field_size_limit(limit)
+    return None
 
 
 def _empty_saved_splits(path: Path) -> list[str]:
