@@ -568,6 +568,17 @@ def test_a_prompt_in_a_column_of_another_common_name_is_read_as_the_prompt(colum
     assert "Data (train): column not read: source (a pair is read from prompt, chosen, rejected" in out
 
 
+def test_a_prompt_column_of_another_name_is_read_though_the_first_rows_answers_start_with_it(tmp_path):
+    """The column was left unread for the whole data set where the first row's answers started with its text (a
+    chit-chat `Hello` answered `Hello! ...`, or one exported row of whole texts): every other row trained with the
+    characters its answers share as its prompt, here none, its question lost. Read as a `prompt` column is now."""
+    pairs = text_instruction(column="question")
+    pairs[0] |= {k: pairs[0]["question"] + pairs[0][k] for k in ("chosen", "rejected")}  # the whole text, this row
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    _, read = read_pairs(name, "train", "messages")
+    assert read.to_list() == text_prompt()
+
+
 def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch, capsys):
     """Alpaca's `instruction` and `input` together: which is the prompt, or how they join, is the user's to say."""
     pairs = [{"input": "Some text.", **r} for r in text_instruction()]

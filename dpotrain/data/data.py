@@ -423,9 +423,11 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
             f"({', '.join(sorted(found))}): rename the one that holds the prompt to `prompt` (or join them into it)"
         )
     (column,) = found
-    value = first.get(column)
-    if not isinstance(value, str) or (chosen.startswith(value) and rejected.startswith(value)):
-        return dataset  # not text, or the answers start with it already (their common start is the prompt)
+    if not isinstance(first.get(column), str):
+        return dataset  # not text
+    # Read as the prompt also where the first row's answers start with it: the `prompt` column's reading takes each
+    # pair's repetition out (shapes.Shape.repeats_prompt). Left unread for that, every other row lost its question:
+    # a chit-chat first row (`Hello` answered `Hello! ...`) trained the rest with the answers' common start, often none.
     if say:
         print(
             f"Data ({split}): column {column!r} read as the prompt (there is no `prompt` column; chosen and rejected "
