@@ -189,10 +189,12 @@ def test_answers_after_a_files_first_10_mib_are_measured_as_written(tokenizer, t
     assert abs(int(m.chosen[1]) - int(m.chosen[0])) <= 2  # quoted, its 1,000 newlines `\\n`: more tokens
 
 
-def test_template_inputs_after_a_files_first_10_mib_are_measured_as_written(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("mixed_answers", [False, True])
+def test_template_inputs_after_a_files_first_10_mib_are_measured_as_written(mixed_answers, tmp_path, tiny_model_dir):
     """As the answers above: one late row's `effort` written as a number made that chunk's `chat_template_kwargs`
     (and a tool's `"default": "auto"`) come back quoted, `"high"` with its quotes, which the template wrote into every
-    prompt of the chunk: other tokens measured, and trained, than the rows hold."""
+    prompt of the chunk: other tokens measured, and trained, than the rows hold. `mixed_answers`: the first row's
+    answer also written as text parts, which made only the answers be read again, the quoted kwargs left so."""
     template = tmp_path / "effort.jinja"
     own = (Path(tiny_model_dir) / "chat_template.jinja").read_text()
     template.write_text(
@@ -206,6 +208,8 @@ def test_template_inputs_after_a_files_first_10_mib_are_measured_as_written(tmp_
         row["chat_template_kwargs"] = {"effort": "high"}
         rows.append(row)
     rows[-1]["chat_template_kwargs"] = {"effort": 3}
+    if mixed_answers:
+        rows[0]["chosen"][-1]["content"] = [{"type": "text", "text": rows[0]["chosen"][-1]["content"]}]
     path = write_jsonl(tmp_path / "late.jsonl", rows)
     assert os.path.getsize(path) > 11 << 20
     loaded = data.load_preference_dataset(path)

@@ -847,7 +847,8 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     files the load (`load_args`/`load_kwargs`) read, each value as written."""
     import datasets
 
-    mixed = mixed_type_columns(dataset) or json_quoted_columns(dataset)
+    # both: a pair column of mixed types left a quoted tools or chat_template_kwargs column as datasets cast it
+    mixed = list(dict.fromkeys(mixed_type_columns(dataset) + json_quoted_columns(dataset)))
     mixed += [c for c in dated_columns(dataset) if c not in mixed]
     if not mixed:
         return dataset
