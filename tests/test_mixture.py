@@ -593,15 +593,21 @@ def test_a_data_files_source_whose_files_give_a_column_two_types_names_it(tmp_pa
     assert str(e.value).startswith(f"mixture source {source.spec()}: column 'score'")
 
 
-def test_shards_whose_texts_json_takes_for_dates_in_one_are_refused_naming_the_fix_that_reads(tmp_path):
+@pytest.mark.parametrize("inside", [False, True])
+def test_shards_whose_texts_json_takes_for_dates_in_one_are_refused_naming_the_fix_that_reads(inside, tmp_path):
     """Answers that all look like dates in one shard (`"2024-01-10"`) are typed as timestamps there, and as text in
     the other: refused saying "write it with one type in every file", which it was. The line says why, and the fix
-    it names, each file a source of its own, reads the texts as written."""
+    it names, each file a source of its own, reads the texts as written. `inside`: the dates inside a column, a row's
+    chat_template_kwargs `date_string`, where the line still said "write it with one type"."""
     shards = tmp_path / "shards"
     shards.mkdir()
     dated = [{"prompt": f"When {i}?", "chosen": f"2024-01-{10 + i}", "rejected": "Unknown."} for i in range(3)]
+    other = {"prompt": "Who?", "chosen": "Ada.", "rejected": "Bob."}
+    if inside:
+        dated = [{**r, "chosen": "Soon.", "chat_template_kwargs": {"date_string": r["chosen"]}} for r in dated]
+        other["chat_template_kwargs"] = {"date_string": "10 January 2024"}
     (shards / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dated))
-    (shards / "b.jsonl").write_text(json.dumps({"prompt": "Who?", "chosen": "Ada.", "rejected": "Bob."}) + "\n")
+    (shards / "b.jsonl").write_text(json.dumps(other) + "\n")
     with pytest.raises(ConfigError) as e:
         data.load_preference_dataset(str(shards), say=False)
     line = str(e.value)

@@ -824,21 +824,23 @@ def dated_columns(dataset) -> list[str]:
     date or time anywhere inside: it reads text such as `"2024-07-26"` or `"2024-07-26 10:30:00"` as a timestamp, so an
     answer that is a date was refused as not text, and a row's `chat_template_kwargs` `{"date_string": "2024-07-26"}`
     reached the template as the integer 1721952000000. JSON has no dates: such a value was always text."""
-    import pyarrow as pa
-
-    def temporal(kind) -> bool:
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            return temporal(kind.value_type)
-        if pa.types.is_struct(kind):
-            return any(temporal(kind.field(i).type) for i in range(kind.num_fields))
-        return pa.types.is_temporal(kind)
-
     schema = dataset.data.table.schema
     return [
         c
         for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
-        if c in schema.names and temporal(schema.field(c).type)
+        if c in schema.names and _temporal(schema.field(c).type)
     ]
+
+
+def _temporal(kind) -> bool:
+    """Whether an Arrow type holds a date or time anywhere inside (a list's values, a struct's fields)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _temporal(kind.value_type)
+    if pa.types.is_struct(kind):
+        return any(_temporal(kind.field(i).type) for i in range(kind.num_fields))
+    return pa.types.is_temporal(kind)
 
 
 def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
@@ -1034,7 +1036,8 @@ def column_types_differ(what: str, found: dict) -> str | None:
                 fix = f"write it with one type in every file, or remove it ({why}), or name"
                 # JSON has no dates: pyarrow types a file's texts that all look like one (`"2024-07-26"`) as
                 # timestamps, so texts written alike differ in type, and writing them alike was no fix
-                json_dates = [f for t, f in (first, (field.type, file)) if pa.types.is_temporal(t)]
+                # (inside a column too: chat_template_kwargs' `date_string`, whose fix was "write it with one type")
+                json_dates = [f for t, f in (first, (field.type, file)) if _temporal(t)]
                 if json_dates and builder_of(found[json_dates[0]]) == "json":
                     fix = (
                         f"datasets' JSON reader takes the texts of {json_dates[0]} for dates, as each looks like one "
