@@ -460,6 +460,8 @@ def test_a_run_pushed_only_by_the_script_owns_its_record_of_pushes(hub, tmp_path
         (["--hub_strategy", "all_checkpoints"], "push_checkpoints: true pushes each checkpoint's model to a branch"),
         (["--hub_revision", "dev"], "hub_revision 'dev' is not supported: the final model goes to main"),
         (["--save_strategy", "no", "--push_checkpoints", "true"], "save_strategy is 'no', so no checkpoint is saved"),
+        # transformers' "skip a push while the last is going", recorded as asked and never done: every one is pushed
+        (["--push_checkpoints", "true", "--hub_always_push", "false"], "hub_always_push false would skip a check"),
     ],
 )
 def test_pushes_the_project_cannot_make_are_refused(args, refusal):
@@ -470,6 +472,14 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
     recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, *args])
     with pytest.raises(ConfigError, match=refusal):
         hub.take_push_settings(recipe)
+
+
+def test_checkpoint_pushes_are_recorded_as_never_skipped():
+    """resolved_config.json said transformers' default `hub_always_push: false` (skip a checkpoint's push while the
+    one before is uploading) for a run that pushes every checkpoint in turn: it says what the run does now."""
+    from dpotrain.hub import hub
+
+    assert hub.PushSettings(True, REPO, None, True).record({"hub_always_push": False})["hub_always_push"] is True
 
 
 def test_a_run_name_with_a_slash_is_no_repo_to_push_to_without_hub_model_id(tmp_path):

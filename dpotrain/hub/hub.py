@@ -121,6 +121,8 @@ class PushSettings:
         if self.requested:
             resolved["hub_model_id"] = self.repo_id  # the repo pushed to; push_to_hub.py reads it
             resolved["hub_strategy"] = "end"  # the final model once training ends; checkpoints: push_checkpoints
+        if self.checkpoints:  # each checkpoint queued and pushed in turn, never skipped for a push still going
+            resolved["hub_always_push"] = True
         return resolved
 
 
@@ -151,6 +153,12 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
             "push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
             "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints (the final model "
             "is still pushed as one safetensors folder), or train under ZeRO-2 or ZeRO-3"
+        )
+    if p.push_checkpoints and not t.hub_always_push and "hub_always_push" in recipe.given:
+        # transformers' false skips a checkpoint's push while the one before is uploading: recorded, never done
+        raise ConfigError(
+            "hub_always_push false would skip a checkpoint's push while the one before is still uploading, and "
+            "push_checkpoints pushes every checkpoint in turn: drop hub_always_push (fewer pushes: a larger save_steps)"
         )
     if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
         raise ConfigError(
