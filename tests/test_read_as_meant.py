@@ -679,8 +679,10 @@ def test_a_mixture_source_with_no_pair_in_the_sample_says_so(analyzer, tmp_path,
         ("beta: 5.0\nloss_type: [sigmoid_norm\nlearning_rate: 1.0e-6\n", ":3: not valid YAML"),
         ("beta: 5.0\n  learning_rate: 1.0e-6\n", ":2: not valid YAML (mapping values are not allowed here)"),
         ("betta: 5.0\n", ": unknown key 'betta' (did you mean 'beta'?)"),
+        # a list as a key: the duplicate-key check's `key in seen` was a TypeError traceback
+        ("beta: 5.0\n[loss_type]: sigmoid\n", ":2: not valid YAML (found unhashable key"),
     ],
-    ids=["duplicate key", "unclosed list", "bad indentation", "misspelled key"],
+    ids=["duplicate key", "unclosed list", "bad indentation", "misspelled key", "list as key"],
 )
 def test_a_bad_recipe_is_refused_alike_by_training_and_the_analyzer(
     text, expected, analyzer, tmp_path, tiny_model_dir, capsys

@@ -13,6 +13,7 @@ import copy
 import functools
 import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
@@ -59,6 +60,8 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # `[loss_type]: x`: `key in seen` was a TypeError traceback; super()
+                continue  # refuses it as YAML's "found unhashable key", with its line
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise ConfigError(
