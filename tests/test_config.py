@@ -623,6 +623,23 @@ def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
     )
 
 
+def test_a_mapping_for_a_one_value_field_is_refused_by_name(tmp_path):
+    """`dataset_name: {path: json, data_files: ...}` (datasets' load arguments) went on as its JSON text, a Hub name the
+    dry run passed and the run asked the Hub for ("fill the cache with prefetch.py --dataset_name '{...}'"). The
+    fields that take a mapping still do."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, "bf16: false\ndataset_name: {path: json, data_files: a.jsonl}\n")])
+    assert str(refused.value).startswith(
+        f"{tmp_path / 'recipe.yaml'}: dataset_name takes one value and the recipe gives a mapping: give one (a source "
+        "written as a mapping"
+    )
+    with pytest.raises(ConfigError, match=r": run_name takes one value and the recipe gives a mapping: give one$"):
+        parse_args(["--config", write(tmp_path, "bf16: false\nrun_name: {a: 1}\n")])
+    kwargs = "bf16: false\nlr_scheduler_kwargs: {min_lr: 1.0e-7}\nmodel_init_kwargs: {dtype: float32}\n"
+    recipe = parse_args(["--config", write(tmp_path, kwargs)])
+    assert recipe.training.lr_scheduler_kwargs == {"min_lr": 1e-7}
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

@@ -454,6 +454,13 @@ def read_recipe(path: str, planning: bool = False) -> dict:
                 f"{path}: {key} takes one value and the recipe gives {len(value)}: give one"
                 f"{SEVERAL_FILES if key == 'dataset_name' else ''}"
             )
+    mappings = _object_fields(_built_parser()[0]) | UNSETTABLE.keys()  # the fields a mapping is a value of
+    for key, value in config.items():  # went on as its JSON text: `dataset_name: {path: json, ...}` was a Hub name
+        if isinstance(value, dict) and key not in mappings | {"env"} and _options()[f"--{key}"].nargs in (None, "?"):
+            raise ConfigError(
+                f"{path}: {key} takes one value and the recipe gives a mapping: give one"
+                f"{MAPPED_SOURCE if key == 'dataset_name' else ''}"
+            )
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
@@ -826,6 +833,9 @@ def _reads_null(action) -> bool:
 
 
 SEVERAL_FILES = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
+MAPPED_SOURCE = (
+    " (a source written as a mapping, path: and data_files:, is a mixture's entry: `datasets: [{...}]`, docs/data.md)"
+)
 
 
 # Hyphens a page or chat turns `--` into (en and em dashes, ...), pasted with a flag: `–max_steps` is no flag
