@@ -1546,3 +1546,18 @@ def test_a_sources_tools_reach_the_template_without_fields_only_another_source_w
         for row in joined
     ]
     assert written == [t for pairs in files.values() for t in (p["tools"][0] for p in pairs)]  # `"required": null`
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--dataset_name", "org/prefs", "--dataset_train_split", "train[:10%]"],
+        ["--dataset_mixer_list", "data/smoke_prefs.jsonl", "1.0", "--dataset_mixer_list_splits", "train[50%:]"],
+    ],
+)
+def test_a_split_written_as_a_slice_is_refused_naming_the_amount(args, tmp_path, monkeypatch, capsys):
+    """datasets' `train[:10%]`: a Hub data set's passed the dry run (it reads no Hub data) and failed in the job, a
+    local file's was datasets' "Split name should match '^\\w+(\\.\\w+)*$'", neither naming how to train part of it."""
+    line = refused(tmp_path, monkeypatch, capsys, *args, "--dry-run")
+    assert line.startswith("error: split 'train[") and "is datasets' slice syntax" in line, line
+    assert line.endswith("with a mixture's amount (--dataset_mixer_list <data> 1000, or 0.25 of it), or --max_steps")
