@@ -9,6 +9,7 @@ with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrain
 import json
 import re
 import shutil
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -577,6 +578,24 @@ def test_a_prompt_column_of_another_name_is_read_though_the_first_rows_answers_s
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
     _, read = read_pairs(name, "train", "messages")
     assert read.to_list() == text_prompt()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "saved"])
+def test_pairs_are_read_again_where_the_reading_code_changed(kind, tmp_path, monkeypatch):
+    """datasets keys a map's cache by its function's name, not its code: after an upgrade that reads rows otherwise,
+    the pairs the old code read came back from the cache (and were trained) while every check ran the new code. Here
+    the new code gives each text pair another prompt; the reading code's digest (the edited shapes.py) keys the map."""
+    name, split = write(tmp_path, "d", text, kind)
+    assert read_pairs(name, split, "messages")[1][0]["prompt"] != "new"
+    edited = tmp_path / "shapes.py"
+    edited.write_text(Path(shapes.__file__).read_text() + "\n# upgraded\n")
+    monkeypatch.setattr(shapes, "__file__", str(edited))
+    monkeypatch.setattr(shapes, "_common_start", lambda c, r: {"prompt": "new", "chosen": c, "rejected": r})
+    rows.reading_code.cache_clear()
+    try:
+        assert read_pairs(name, split, "messages")[1][0]["prompt"] == "new"
+    finally:
+        rows.reading_code.cache_clear()
 
 
 def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch, capsys):

@@ -7,12 +7,15 @@ runs it on every row before training and hands the trainer the rows as read.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
+import sys
 import time
 import unicodedata
 from collections import Counter
+from pathlib import Path
 
 from dpotrain.data import chat_template, data_identity, shapes, turns
 from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location
@@ -538,12 +541,12 @@ def usable_pairs(
     selected, features = dataset.select_columns(columns), _parsed_features(dataset, checked.fmt.shape)
     pairs = selected.map(
         shapes.normalize,
-        fn_kwargs={"shape": checked.fmt.shape},
+        fn_kwargs={"shape": checked.fmt.shape, "code": reading_code()},
         remove_columns=read,
         features=features,
         desc=f"Reading {split} pairs",
         # a saved data set's maps cache in datasets' cache, from this one on: never in the user's folder
-        **cached_by_datasets(selected, shapes.normalize, checked.fmt.shape, read, features),
+        **cached_by_datasets(selected, shapes.normalize, checked.fmt.shape, read, features, reading_code()),
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))
@@ -553,6 +556,18 @@ def usable_pairs(
         elif said := dated_warning(checked.fmt, pairs[0]):
             dated[key] = said
     return pairs
+
+
+@functools.cache
+def reading_code() -> str:
+    """A digest of the code the maps over the pairs run (shapes, this module, chat_template, turns). datasets keys a
+    map's cache by its function's name, not its code: after an upgrade that reads rows otherwise (a repeated prompt
+    taken out, another HH split), the pairs read by the old code came back from the cache, and trained, while every
+    check ran the new code. Keyed by it, the pairs (and TRL's tokenization after them) are made again once."""
+    digest = hashlib.sha256()
+    for module in (shapes, sys.modules[__name__], chat_template, turns):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def dated_warning(fmt: RowFormat, pair: dict) -> str | None:

@@ -462,8 +462,9 @@ def _hh_text(chosen: str, rejected: str):
     return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[parsed["rejected"][-1][2] :]}, None
 
 
-def normalize(row: dict, shape: Shape) -> dict:
-    """`read` of a row known to be valid, for `Dataset.map` (the data set the trainer tokenizes)."""
+def normalize(row: dict, shape: Shape, code: str = "") -> dict:
+    """`read` of a row known to be valid, for `Dataset.map` (the data set the trainer tokenizes). `code`
+    (`rows.reading_code`) only keys the map's cache."""
     row, problem = decode(row, shape)
     example, problem = (None, problem) if problem else read(row, shape)
     if problem:  # rows.usable_pairs checked every row first
