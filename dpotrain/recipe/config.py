@@ -448,19 +448,7 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     for key, value in config.items():  # a field of named choices: `save_strategy: no` is transformers' "no", which
         if isinstance(value, bool) and key != "env" and _options()[f"--{key}"].choices:  # was refused as 'false'
             config[key] = recipe_file.boolean_word(path, key) or str(value).lower()
-    for key, value in config.items():  # several for a one-value field: argparse said "unknown argument 'b.jsonl'"
-        if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
-            raise ConfigError(
-                f"{path}: {key} takes one value and the recipe gives {len(value)}: give one"
-                f"{SEVERAL_FILES if key == 'dataset_name' else ''}"
-            )
-    mappings = _object_fields(_built_parser()[0]) | UNSETTABLE.keys()  # the fields a mapping is a value of
-    for key, value in config.items():  # went on as its JSON text: `dataset_name: {path: json, ...}` was a Hub name
-        if isinstance(value, dict) and key not in mappings | {"env"} and _options()[f"--{key}"].nargs in (None, "?"):
-            raise ConfigError(
-                f"{path}: {key} takes one value and the recipe gives a mapping: give one"
-                f"{MAPPED_SOURCE if key == 'dataset_name' else ''}"
-            )
+    _refuse_several_values(path, config)
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
@@ -494,6 +482,24 @@ def read_recipe(path: str, planning: bool = False) -> dict:
         else:
             taken[str(name)] = read
     return config | ({"env": taken, LEFT_TO_JOB: frozenset(left_to_job)} if "env" in config else {})
+
+
+def _refuse_several_values(path: str, config: dict) -> None:
+    """A list of several values, or a mapping, for a field of one value: the list's words were argparse's "unknown
+    argument 'b.jsonl'", the mapping went on as its JSON text (`dataset_name: {path: json, ...}` was a Hub name)."""
+    mappings = _object_fields(_built_parser()[0]) | UNSETTABLE.keys()  # the fields a mapping is a value of
+    for key, value in config.items():
+        if key == "env" or _options()[f"--{key}"].nargs not in (None, "?"):
+            continue
+        if isinstance(value, list) and len(value) > 1:
+            given, fix = str(len(value)), SEVERAL_FILES
+        elif isinstance(value, dict) and key not in mappings:
+            given, fix = "a mapping", MAPPED_SOURCE
+        else:
+            continue
+        raise ConfigError(
+            f"{path}: {key} takes one value and the recipe gives {given}: give one{fix * (key == 'dataset_name')}"
+        )
 
 
 def _check_env_entry(path: str, name, value) -> None:
