@@ -578,6 +578,11 @@ def test_a_prompt_column_of_another_name_is_read_though_the_first_rows_answers_s
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
     _, read = read_pairs(name, "train", "messages")
     assert read.to_list() == text_prompt()
+    # a first row without its question (null) left the column unread too: now that row alone is refused (dropped)
+    pairs[0]["question"] = None
+    name, _ = write(tmp_path, "null", lambda: pairs, "jsonl")
+    _, read = read_pairs(name, "train", "messages", skip_invalid=True)
+    assert read.to_list() == text_prompt()[1:]
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "saved"])

@@ -423,8 +423,16 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
             f"({', '.join(sorted(found))}): rename the one that holds the prompt to `prompt` (or join them into it)"
         )
     (column,) = found
-    if not isinstance(first.get(column), str):
-        return dataset  # not text
+    # Text by its type and values where they are known (a stream's: its first row): a first row's null (a row without
+    # its question) left the column unread, and every row trained with an empty prompt
+    feature, table = (dataset.features or {}).get(column), getattr(getattr(dataset, "data", None), "table", None)
+    if feature is not None and table is not None:
+        text = getattr(feature, "dtype", None) in ("string", "large_string")
+        text = text and table[column].null_count < table.num_rows  # an empty column holds no prompt
+    else:
+        text = isinstance(first.get(column), str)
+    if not text:
+        return dataset
     # Read as the prompt also where the first row's answers start with it: the `prompt` column's reading takes each
     # pair's repetition out (shapes.Shape.repeats_prompt). Left unread for that, every other row lost its question:
     # a chit-chat first row (`Hello` answered `Hello! ...`) trained the rest with the answers' common start, often none.
