@@ -45,10 +45,10 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 15  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 16  # bump when the numbers an analysis produces change, so cached reports are not reused
 # 12: a JSON Lines file whose field changes type after its first 10 MiB is read as written (data.json_quoted_columns)
 # 15: a prompt column of another name read though the first row repeats it; quoted kwargs read again beside mixed
-# answers (data.prompt_column, data.exact_mixed_fields)
+# answers (data.prompt_column, data.exact_mixed_fields); 16: that column read though its first row is null
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
