@@ -183,12 +183,16 @@ node_word() {
 # salloc's shell are in no step (no SLURM_STEP_ID): their launch line is unchanged.
 overlap=""
 [[ -z ${SLURM_STEP_ID:-} ]] || overlap=" --overlap"
+# --mem=0: the step has all of the job's memory on each node. srun reads SLURM_MEM_PER_NODE/_CPU/_GPU as its --mem
+# options, and a job submitted from inside another (an `salloc --mem=8G` shell) inherits that one's through sbatch's
+# --export=ALL, where the script's --mem=0 sets none: the training step was held to the other job's 8 GB, or, with its
+# SLURM_MEM_PER_GPU, refused ("srun: error: Invalid generic resource (gres) specification") after the dry run.
 launch_line() {
   local main_addr=$1; shift
   local train_args="" arg
   for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL$overlap bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL --mem=0$overlap bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
 --config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \

@@ -764,14 +764,18 @@ def test_a_job_submitted_from_another_jobs_step_is_its_own_first_start_on_its_ow
     - the step's CPU binding (SLURM_CPU_BIND=quiet,mask_cpu:0x1), which srun reads as its --cpu-bind: the training step
       was bound to the submitting step's one CPU ("1 CPUs" in its node line), not the job's;
     - SLURM_GPUS_PER_TASK of a shell that asked for GPUs per task: the job was refused for GPUs it never asked for
-      (Slurm's record of it has no TresPerTask), and srun would have asked for them.
-    One job carries all three (each a job start of its own cost ~30-60 s in CI)."""
+      (Slurm's record of it has no TresPerTask), and srun would have asked for them;
+    - SLURM_MEM_PER_GPU (or _CPU, _NODE) of a shell that asked for memory so, which srun reads as its own: the training
+      step asked the other job's memory, and on this node without GPUs srun refused it after the dry run ("Invalid
+      generic resource (gres) specification"). The step now asks for all of the job's memory (srun --mem=0).
+    One job carries all four (each a job start of its own cost ~30-60 s in CI)."""
     cpus = real_cpus()
     out = tmp_path / "run"
     args = ["--max_steps", "2000", "--health_checks", "false", "--logging_steps", "1", "--save_steps", "100000"]
     sbatch = ["sbatch", "--parsable", "--gpus-per-node=0", f"--cpus-per-task={cpus}", SCRIPT, *args]
     sbatch += ["--report_to", "none", "--output_dir", str(out)]
-    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1"]  # set inside the step: srun reads the second
+    # Set inside the step: srun reads the second and third.
+    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_MEM_PER_GPU=1024"]
     env = {**README_ENV, "DPOTRAIN_CACHE": f"{out}-cache"}
     submitted = slurm.run(
         ["srun", "--cpus-per-task=1", "bash", "-c", shlex.join([*inherited, *sbatch])], cwd=submit_dir(), env=env
