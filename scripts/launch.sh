@@ -350,7 +350,12 @@ fi
 # How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, as sbatch resolves it:
 # its command line, SBATCH_SIGNAL, the submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
 # Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
-script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+record=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null || true)
+script=$(sed -n 's/^ *Command=//p' <<<"$record")
+# An allocation (salloc, or a job srun made: BatchFlag=0) has no batch script: its Command= is `(null)` or srun's
+# command, and the warning's fix said to add an #SBATCH line to <folder>/(null) or <folder>/bash.
+kind="batch"
+[[ $record != *BatchFlag=0* ]] || { kind=allocation; script=""; }
 [[ -z $script || $script == /* ]] || script=${SLURM_SUBMIT_DIR:-$PWD}/$script  # relative to where it was submitted
 while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
 # An sbatch --signal (or SBATCH_SIGNAL) overrides the script's: the command line is read where accounting keeps it.
@@ -359,7 +364,7 @@ submit_line=$(timeout 20 sacct -j "${SLURM_JOB_ID:-0}" -X -n -P -o SubmitLine 2>
 # or requeued for days), and a --signal read from it was checked against the job's time limit instead of Slurm's.
 stored=$(timeout 20 scontrol write batch_script "${SLURM_JOB_ID:-0}" - 2>/dev/null || true)
 read -r lead lead_from < <("$VENV/bin/python" -m dpotrain.cluster.job warning-lead "${script:-}" "$submit_line" \
-  "$stored") || true
+  "$stored" "$kind") || true
 grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
 # No warning: no save-time warning against one either (0), and warning-lead has said what that means and the fix.
 export DPOTRAIN_SAVE_WARN_S=${lead:-0} DPOTRAIN_GRACE_S=${grace:-0}

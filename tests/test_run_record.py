@@ -417,6 +417,27 @@ def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_s
     )
 
 
+def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_not_a_script_to_edit(capsys, monkeypatch):
+    """launch.sh run in an allocation (salloc, or a job srun made: no batch script) was told to add an #SBATCH line
+    to `<folder>/(null)` (salloc's Command=) or `<folder>/bash` (srun's). Slurm sends an allocation's --signal to its
+    steps, whose training processes stop on USR1 (a real salloc --signal=USR1@50 saved and ended with exit 75): the
+    fix names that, and a `--signal=USR1@...` on its command line (no B:, which salloc does not take) is its
+    warning. An SBATCH_SIGNAL in the shell is sbatch's, not the allocation's."""
+    monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@300")
+    assert job.main(["warning-lead", "", "", "", "allocation"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and "(null)" not in err and "#SBATCH --signal=B:USR1@600` to" not in err, err
+    assert err.startswith("warning: no time-limit warning is set for this allocation (salloc, or a job srun made: ")
+    assert err.endswith(
+        "give salloc --signal=USR1@600 (srun --signal=USR1@600 for a job srun made), or submit the script with sbatch, "
+        "whose `#SBATCH --signal=B:USR1@600` requeues the job too\n"
+    )
+    given = "salloc --signal=USR1@120 --time=1:00:00 bash scripts/launch.sh"
+    assert job.warning_lead("", given, "", allocation=True) == "120 the allocation's --signal"
+    assert job.warning_lead("", "srun --signal R:10 --pty bash", "", allocation=True) == "60 the allocation's --signal"
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "lead, left, minutes",
     [

@@ -883,6 +883,8 @@ def test_ctrl_c_to_launch_sh_run_in_an_allocation_saves_before_the_allocation_is
     assert rc == 75, log[-3000:]
     assert (out / "checkpoint-3" / "COMPLETE").is_file(), log[-3000:]
     assert "an allocation (salloc) is not requeued: run the same command to go on" in log, log[-3000:]
+    # Its time-limit warning's fix is salloc's option: it named an #SBATCH line to add to `<folder>/(null)`.
+    assert "no time-limit warning is set for this allocation" in log and "(null)" not in log, log[-3000:]
 
 
 @pytest.mark.slurm
@@ -910,6 +912,9 @@ def test_launch_sh_run_in_a_job_step_shares_its_cpus_instead_of_waiting_for_them
     log = ran.stdout + ran.stderr
     assert ran.returncode == 0, log[-3000:]
     assert "training exited with code 0" in log and (out / "run_complete.json").is_file(), log[-3000:]
+    # A job srun made has no batch script (Command=bash): the warning's fix named `<folder>/bash` to edit.
+    assert "give salloc --signal=USR1@600 (srun --signal=USR1@600 for a job srun made)" in log, log[-3000:]
+    assert f"{tmp_path}/bash" not in log, log[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -95,15 +95,32 @@ SIGNAL = re.compile(r"(?P<flags>[RB]*:)?(?:SIG)?(?P<sig>\w+)(?:@(?P<lead>\d+))?"
 _SIGNAL_LINE = re.compile(r"^#SBATCH\s+--signal[= ]", re.MULTILINE)
 
 
-def warning_lead(script: str, submit_line: str = "", stored: str = "") -> str:
+def warning_lead(script: str, submit_line: str = "", stored: str = "", allocation: bool = False) -> str:
     """`<seconds> <where it was set>` of the job's time-limit warning (empty for none), as sbatch resolves --signal: its
     command line over SBATCH_SIGNAL over the script's last `#SBATCH --signal`. Read from the script alone, `sbatch
     --signal=B:USR1@60 scripts/dpo_train.sh` was checked and timed against the script's 600 s. `submit_line`: the
     job's sbatch command (sacct's SubmitLine; empty where the cluster keeps no accounting). `stored`: the script as
     Slurm stored it at submission (`scontrol write batch_script`), whose #SBATCH lines the job was given: the file may
     have been edited since (a job pending or requeued for days), and read from it, a warning Slurm does not send was
-    checked against the job's time limit."""
+    checked against the job's time limit. `allocation`: a job salloc or srun made, which has no batch script or
+    shell: Slurm sends its --signal (salloc's or srun's) to the job's steps, the training processes among them, which
+    stop on USR1 as on the stop file."""
     found, late = None, ""
+    if allocation:
+        words = submit_line.split()
+        given = [w.removeprefix("--signal=") for w in words if w.startswith("--signal=")]
+        given += [after for before, after in zip(words, words[1:], strict=False) if before == "--signal"]
+        spec = SIGNAL.fullmatch(given[-1]) if given else None
+        if spec and spec["sig"].upper() in ("USR1", "10"):
+            return f"{spec['lead'] or 60} the allocation's --signal"
+        warn(
+            "no time-limit warning is set for this allocation (salloc, or a job srun made: no batch script; no "
+            "--signal=USR1@<seconds>): at its time limit Slurm sends SIGTERM and kills it KillWait later (30 s by "
+            "default): a checkpoint that takes longer is cut off, and the steps since the last one are lost; give "
+            "salloc --signal=USR1@600 (srun --signal=USR1@600 for a job srun made), or submit the script with sbatch, "
+            "whose `#SBATCH --signal=B:USR1@600` requeues the job too"
+        )
+        return ""
     with contextlib.suppress(OSError):  # no script (sbatch --wrap), or one gone
         text = stored or Path(script).read_text()
         # sbatch(1) reads #SBATCH lines only above the script's first command: one below it (appended as the warning
@@ -267,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return summary(sys.stdin.read())
     if verb == "asks" and len(args) > 1 and args[0] in ("dry_run", "preflight"):  # exit 0 when the job asks for it
         return 0 if asks(*args[:2], args[2:]) else 1
-    if verb == "warning-lead" and len(args) in (1, 2, 3):
-        print(warning_lead(*args))
+    if verb == "warning-lead" and len(args) in (1, 2, 3, 4):  # the 4th: batch, or allocation (launch.sh)
+        print(warning_lead(*args[:3], allocation=args[3:] == ["allocation"]))
         return 0
     if verb == "time-limit" and len(args) == 5:  # <lead> <where> <grace> <partition> <time left>
         lead, where, grace, partition, left = args
@@ -285,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raise ConfigError(
         "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON> | "
-        "asks dry_run|preflight <recipe> [<train args>] | warning-lead <script> [<submit line> [<stored script>]] | "
+        "asks dry_run|preflight <recipe> [<train args>] | "
+        "warning-lead <script> [<submit line> [<stored script> [batch|allocation]]] | "
         "time-limit <lead> <where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> "
         "<seconds since the start> before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON>"
     )
