@@ -504,7 +504,9 @@ if [[ ($signalled == TERM || -z $signalled) && $rc -gt 128 && ! -f "$DPOTRAIN_ST
     "processes to save ==="
   for ((i = 0; i < ${kill_wait:-30}; i++)); do
     [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]] && break
-    sleep 1
+    # Slurm's SIGTERM, landing in this wait (the step's came first), ends the sleep too, a child in the batch step:
+    # under set -e its 143 ended this shell mid-wait, and the job with it, neither requeued nor saying what was saved.
+    sleep 1 || true
   done
 fi
 

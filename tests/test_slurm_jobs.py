@@ -569,6 +569,18 @@ def preempt(slurm) -> int:
     )
 
 
+def cancel_with_the_steps_sigterm_first(slurm, job: int) -> None:
+    """`scancel <job>` with the order its SIGTERMs took in a CI run forced (2 ms apart there): the batch shell's child
+    that runs srun (launch.sh's `eval "$line" &`), a process of the batch step, ends on its SIGTERM a second before
+    the batch shell gets its own, which lands in the shell's wait for the save (its `sleep 1` signalled too)."""
+    listed = slurm.run(["scontrol", "listpids", str(job)]).stdout.splitlines()[1:]
+    shell = next(int(f[0]) for f in map(str.split, listed) if f[2:4] == ["batch", "0"])  # PID JOBID STEPID LOCALID
+    (child,) = subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()
+    os.kill(int(child), signal.SIGTERM)
+    time.sleep(1)
+    slurm.cancel(job)
+
+
 def job_log(job: int) -> str:
     path = log_path(job)
     return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
@@ -685,7 +697,10 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
 ):
     """Two 2-process jobs on one node at once (one CPU each): each meets its processes at a port of its own (from the
     job id), so both train side by side. Then scancel sends one the SIGTERM of a preemption, but the user wants the
-    job to end: it saves and is not requeued. The other is one Slurm will not requeue (--no-requeue): it ends FAILED,
+    job to end: it saves and is not requeued, though the SIGTERM reaches the batch shell after srun's parent has
+    ended on its own (`cancel_with_the_steps_sigterm_first`): the shell waits KillWait for the save, and its `sleep 1`
+    there, ended by the same SIGTERM, ended the shell under set -e, the job's log saying nothing of the checkpoint
+    (a job at its time limit was not requeued). The other is one Slurm will not requeue (--no-requeue): it ends FAILED,
     not COMPLETED, so that an `afterok` dependency does not start on an unfinished run.
     The cancelled one is submitted as `sbatch --export=RECIPE=...,... scripts/dpo_train.sh`, its variables named on the
     sbatch line, not ALL: sbatch hands that choice to the job's steps too (SLURM_EXPORT_ENV), and the training step
@@ -737,7 +752,7 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     ports = {re.search(r"rendezvous \S+:(\d+)", job_log(job)).group(1) for job in jobs.values()}
     assert len(ports) == 2
     slurm.signal(jobs["no-requeue"], "USR1")
-    slurm.cancel(jobs["cancelled"])
+    cancel_with_the_steps_sigterm_first(slurm, jobs["cancelled"])
 
     for name, state in (("cancelled", "CANCELLED"), ("no-requeue", "FAILED")):
         assert slurm.wait(jobs[name], timeout=120) == state, job_log(jobs[name])[-3000:]
@@ -749,6 +764,7 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
         assert not (tmp_path / name / "run_complete.json").exists()
         if name == "cancelled":
             assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log
+            assert "srun ended on Slurm's SIGTERM: waiting up to 30 s (KillWait)" in log, log[-3000:]
         else:
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
 
