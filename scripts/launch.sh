@@ -137,6 +137,17 @@ if [[ -n ${SLURM_GPUS_PER_TASK:-} || ${SLURM_TRES_PER_TASK:-} == *gpu* ]] &&
   unset SLURM_GPUS_PER_TASK
   [[ ${SLURM_TRES_PER_TASK:-} != *gpu* ]] || unset SLURM_TRES_PER_TASK
 fi
+# The same for the GPU requests of an `salloc --gpus=1` shell (or --gpus-per-socket, --cpus-per-gpu, --ntasks-per-gpu),
+# which srun read as its own options: the training step asked for that shell's one GPU, or srun refused it after the
+# dry run ("Invalid generic resource (gres) specification", "--ntasks-per-node is mutually exclusive with
+# --ntasks-per-gpu"). Dropped where Slurm's record of this job has no such request of its own.
+if [[ -n ${SLURM_GPUS:-}${SLURM_GPUS_PER_SOCKET:-}${SLURM_CPUS_PER_GPU:-}${SLURM_NTASKS_PER_GPU:-} ]] &&
+  record=$(scontrol show job -o "${SLURM_JOB_ID:-0}" 2>/dev/null) && [[ -n $record ]]; then
+  [[ $record == *" TresPerJob="* ]] || unset SLURM_GPUS
+  [[ $record == *" TresPerSocket="* ]] || unset SLURM_GPUS_PER_SOCKET
+  [[ $record == *" CpusPerTres="* ]] || unset SLURM_CPUS_PER_GPU
+  [[ $record =~ NtasksPerTRES:[1-9] ]] || unset SLURM_NTASKS_PER_GPU
+fi
 if [[ -n ${SLURM_GPUS_PER_TASK:-} || ${SLURM_TRES_PER_TASK:-} == *gpu* ]]; then
   die "the job asks for GPUs per task (--gpus-per-task): launch.sh starts one task per node, which starts a process" \
     "per GPU: submit with --gpus-per-node=N and --ntasks-per-node=1, as scripts/dpo_train.sh does"

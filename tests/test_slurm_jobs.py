@@ -783,15 +783,19 @@ def test_a_job_submitted_from_another_jobs_step_is_its_own_first_start_on_its_ow
       (Slurm's record of it has no TresPerTask), and srun would have asked for them;
     - SLURM_MEM_PER_GPU (or _CPU, _NODE) of a shell that asked for memory so, which srun reads as its own: the training
       step asked the other job's memory, and on this node without GPUs srun refused it after the dry run ("Invalid
-      generic resource (gres) specification"). The step now asks for all of the job's memory (srun --mem=0).
-    One job carries all four (each a job start of its own cost ~30-60 s in CI)."""
+      generic resource (gres) specification"). The step now asks for all of the job's memory (srun --mem=0);
+    - SLURM_GPUS, _GPUS_PER_SOCKET, _CPUS_PER_GPU, _NTASKS_PER_GPU of an `salloc --gpus=1` (...) shell, which srun
+      read as its own the same way (each refused here: the gres error, or "--ntasks-per-node is mutually exclusive
+      with --ntasks-per-gpu"): dropped, as Slurm's record of the job has no such request.
+    One job carries them all (each a job start of its own cost ~30-60 s in CI)."""
     cpus = real_cpus()
     out = tmp_path / "run"
     args = ["--max_steps", "2000", "--health_checks", "false", "--logging_steps", "1", "--save_steps", "100000"]
     sbatch = ["sbatch", "--parsable", "--gpus-per-node=0", f"--cpus-per-task={cpus}", SCRIPT, *args]
     sbatch += ["--report_to", "none", "--output_dir", str(out)]
-    # Set inside the step: srun reads the second and third.
-    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_MEM_PER_GPU=1024"]
+    # Set inside the step: srun reads all but the first.
+    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_MEM_PER_GPU=1024", "SLURM_GPUS=1"]
+    inherited += ["SLURM_GPUS_PER_SOCKET=1", "SLURM_CPUS_PER_GPU=1", "SLURM_NTASKS_PER_GPU=1"]
     env = {**README_ENV, "DPOTRAIN_CACHE": f"{out}-cache"}
     submitted = slurm.run(
         ["srun", "--cpus-per-task=1", "bash", "-c", shlex.join([*inherited, *sbatch])], cwd=submit_dir(), env=env
