@@ -421,8 +421,8 @@ def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_no
     """launch.sh run in an allocation (salloc, or a job srun made: no batch script) was told to add an #SBATCH line
     to `<folder>/(null)` (salloc's Command=) or `<folder>/bash` (srun's). Slurm sends an allocation's --signal to its
     steps, whose training processes stop on USR1 (a real salloc --signal=USR1@50 saved and ended with exit 75): the
-    fix names that, and a `--signal=USR1@...` on its command line (no B:, which salloc does not take) is its
-    warning. An SBATCH_SIGNAL in the shell is sbatch's, not the allocation's."""
+    fix names that, and a `--signal=USR1@...` on its command line (no B:, which salloc does not take) or in
+    SALLOC_SIGNAL is its warning. An SBATCH_SIGNAL in the shell is sbatch's, not the allocation's."""
     monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@300")
     assert job.main(["warning-lead", "", "", "", "allocation"]) == 0
     out, err = capsys.readouterr()
@@ -435,6 +435,9 @@ def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_no
     given = "salloc --signal=USR1@120 --time=1:00:00 bash scripts/launch.sh"
     assert job.warning_lead("", given, "", allocation=True) == "120 the allocation's --signal"
     assert job.warning_lead("", "srun --signal R:10 --pty bash", "", allocation=True) == "60 the allocation's --signal"
+    monkeypatch.setenv("SALLOC_SIGNAL", "USR1@300")  # salloc's own variable for it; its command line wins
+    assert job.warning_lead("", "", "", allocation=True) == "300 the allocation's --signal"
+    assert job.warning_lead("", given, "", allocation=True) == "120 the allocation's --signal"
     assert capsys.readouterr().err == ""
 
 

@@ -108,7 +108,9 @@ def warning_lead(script: str, submit_line: str = "", stored: str = "", allocatio
     found, late = None, ""
     if allocation:
         words = submit_line.split()
-        given = [w.removeprefix("--signal=") for w in words if w.startswith("--signal=")]
+        # salloc's and srun's own variables for --signal (SBATCH_SIGNAL is sbatch's), under their command line
+        given = [os.environ[name] for name in ("SLURM_SIGNAL", "SALLOC_SIGNAL") if os.environ.get(name)]
+        given += [w.removeprefix("--signal=") for w in words if w.startswith("--signal=")]
         given += [after for before, after in zip(words, words[1:], strict=False) if before == "--signal"]
         spec = SIGNAL.fullmatch(given[-1]) if given else None
         if spec and spec["sig"].upper() in ("USR1", "10"):
