@@ -20,7 +20,7 @@ from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import ConfigError, RunError, cause, plural
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_checkpoint_name, recorded_names, step_of
 from dpotrain.train.checkpoints import remove as remove_checkpoint
 from dpotrain.train.lora import MERGED_DIR
 from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
@@ -237,6 +237,16 @@ def _reads_outside(recipe) -> None:
         if inside:
             link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
             raise ConfigError(f"{named}{link}{alias} is in output_dir {out!r}: {_NEVER_READ}: {_COPY_OUT}")
+        if checkpoint := _unfinished_runs_checkpoint(real):
+            # Its run deletes it when save_total_limit lets it go (at its next attempt too), and this run reads it again
+            # at every resume (the reference model is the base): a stopped run was left unable to resume ("model
+            # folder ... does not exist"). A copy elsewhere resumes: a local input is compared by its content.
+            where = "is" if checkpoint == real else f"is in {checkpoint.name},"
+            raise ConfigError(
+                f"{named} {where} a checkpoint of the unfinished run in {str(checkpoint.parent)!r}, which deletes it "
+                "when its save_total_limit lets it go, while this run reads it again at every resume: "
+                f"copy it out of that folder (cp -r {shlex.quote(str(checkpoint))} <new folder>) and pass the copy"
+            )
         if writes.is_dir(real):  # what it reads is each file in it, which a link there may take from the output folder
             _no_links_into(named, real, root, out)
 
@@ -247,6 +257,20 @@ def _inside(real: Path, root: Path) -> tuple[bool, str]:
     alias = same_folder_above(real, root)
     said = f" ({alias} is the same folder as {root})" if alias and alias != root else ""
     return real == root or root in real.parents or alias is not None, said
+
+
+def _unfinished_runs_checkpoint(real: Path) -> Path | None:
+    """The `checkpoint-N` folder holding the real path `real` that an unfinished run (no run_complete.json) records as
+    its own, whose rotation may delete it; None: none (a finished run's, a person's copy, a record not readable)."""
+    for above in (real, *real.parents):
+        if not is_checkpoint_name(above.name) or writes.exists(above.parent / RUN_COMPLETE):
+            continue
+        try:
+            if above.name in (read_manifest(above.parent) or []):
+                return above
+        except ConfigError:  # that run's record damaged: not this run's to judge (its own start refuses it)
+            continue
+    return None
 
 
 def _no_links_into(named: str, folder: Path, root: Path, out: str) -> None:

@@ -824,6 +824,40 @@ def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch)
         output_folder.check_reads_outside(parse_args(["--config", SMOKE, "--output_dir", str(output_dir), *args]))
 
 
+def test_an_input_in_another_unfinished_runs_checkpoint_is_refused(tmp_path):
+    """A run started from a checkpoint of another run that had not finished (`--model_name_or_path other/checkpoint-4`)
+    lost its base once that run went on: its rotation (save_total_limit) deleted checkpoint-4, and the stopped run's
+    rerun was refused ("model folder ... does not exist"), its progress stranded. Refused at the start, naming the copy
+    to make; a finished run's checkpoint (rotated no more) and a person's copy in that folder are not."""
+    from dpotrain.recipe.config import parse_args
+
+    other = tmp_path / "other"
+    for name in ("checkpoint-4", "checkpoint-4.bak", "checkpoint-6"):
+        (other / name).mkdir(parents=True)
+        (other / name / "config.json").write_text("{}")
+        (other / name / "chat_template.jinja").write_text("{{ messages }}")
+    run_files.write(other, [run_files.MANIFEST, "metrics.jsonl", "checkpoint-4"])
+
+    def check(*args):
+        recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args])
+        output_folder.check_reads_outside(recipe)
+
+    checkpoint = other / "checkpoint-4"
+    with pytest.raises(ConfigError) as refused:
+        check("--model_name_or_path", str(checkpoint))
+    assert str(refused.value).startswith(
+        f"model_name_or_path {str(checkpoint)!r} is a checkpoint of the unfinished run in {str(other)!r}, which "
+        "deletes it when its save_total_limit lets it go"
+    ), refused.value
+    assert f"cp -r {checkpoint} <new folder>" in str(refused.value)
+    with pytest.raises(ConfigError, match="is in checkpoint-4, a checkpoint of the unfinished run"):
+        check("--chat_template_path", str(checkpoint / "chat_template.jinja"))
+    check("--model_name_or_path", str(other / "checkpoint-4.bak"))  # a person's copy: never rotated
+    check("--model_name_or_path", str(other / "checkpoint-6"))  # not the run's (its record does not name it)
+    (other / "run_complete.json").write_text('{"global_step": 8}\n')
+    check("--model_name_or_path", str(checkpoint))  # finished: no rotation deletes it any more
+
+
 def test_a_folder_input_whose_files_are_links_into_the_output_folder_is_refused(tmp_path):
     """A model folder of links to a finished run's files (or a chat template's folder, a data folder) passed the check,
     which resolved the folder's own path alone: --overwrite_output_dir removed the files the links named, then the run
