@@ -473,6 +473,30 @@ def test_a_step_written_again_is_not_listed_complete_while_its_folder_is_replace
     assert run_files.completed(out) == []
 
 
+def test_a_persons_file_kept_in_a_step_written_again_is_moved_aside_not_sealed_as_the_runs(tmp_path, capsys):
+    """A resume from checkpoint-2 (a named older one, or past a damaged checkpoint-4) writes step 4 again: the old
+    checkpoint-4's files were removed but a person's (an evaluation's results), said "Kept ...: not the run's", then
+    the new save wrote into that folder and sealed them in its manifest, and rotation deleted them with it, unsaid."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import clear_for_save
+
+    out = tmp_path / "run"
+    run_files.claim(out, ["checkpoint-4"])
+    sealed_checkpoint(out / "checkpoint-4")
+    run_files.completed(out, "checkpoint-4")
+    (out / "checkpoint-4" / "my_evals.json").write_text('{"gsm8k": 0.5}\n')
+    clear_for_save(out, 4)
+    run_files.claim(out, ["checkpoint-4"])  # as the save does next
+    printed = capsys.readouterr().out
+    assert "Kept my_evals.json in" in printed and "Moved " in printed, printed
+    assert not (out / "checkpoint-4").exists()
+    [aside] = out.glob("checkpoint-4.not-this-run-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["my_evals.json"]
+    sealed_checkpoint(out / "checkpoint-4")
+    assert "my_evals.json" not in checkpoint_manifest.read(out / "checkpoint-4")
+    assert run_files.read(out) == ["checkpoint-4"]
+
+
 def test_a_manifest_entry_that_leads_out_of_the_checkpoint_is_damage_and_nothing_outside_is_deleted(tmp_path, capsys):
     """A checkpoint's MANIFEST.json edited by hand (or copied in from another layout) listing a path out of its folder,
     `../../base/model.safetensors`, with that file's size and hash: rotation or --overwrite_output_dir, deleting the

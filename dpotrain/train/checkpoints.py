@@ -270,6 +270,11 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
         run_files.incomplete(output_dir, folder.name)  # first: killed after the removal, it is no checkpoint gone
         remove(folder)
+        if os.path.lexists(folder):
+            # A person's files `remove` kept ("Kept ...: not the run's"): written into, the new seal listed them as the
+            # checkpoint's, and its rotation deleted them. Moved aside with them, as a person's checkpoint-N is.
+            run_files.disown(output_dir, [folder.name])
+            run_files.set_aside_if_not_own(output_dir, folder.name)
 
 
 class CompleteMarker(TrainerCallback):
