@@ -181,6 +181,16 @@ def no_runs_folder(output_dir: str) -> bool:
 def _a_run_folder(output_dir: str) -> None:
     """A folder that holds files but no run (`check`), or a checkpoint's folder: refused. None yet: nothing to say."""
     out = Path(output_dir)
+    # A folder in a checkpoint: its run found this run's files there (a resume loads `*.safetensors`, `optimizer.pt`)
+    # unlisted in its manifest, passed over the checkpoint as damaged and deleted it, its progress since the one before
+    # lost. Any run's, by its marks: the run of a copy may be anywhere.
+    for above in out.expanduser().resolve().parents:
+        if is_checkpoint_name(above.name) and any(writes.is_file(above / n) for n in ("trainer_state.json", MARKER)):
+            raise ConfigError(
+                f"output_dir {output_dir!r} is inside the checkpoint {str(above)!r}: a run's files there make that "
+                "checkpoint fail its run's checks at a resume, which then passes over it and deletes it; pass "
+                "--output_dir a folder outside it"
+            )
     if not writes.is_dir(out):
         return
     # A run killed as it wrote its first record, or probed the folder, leaves a temporary on whichever node: no

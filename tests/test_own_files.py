@@ -338,6 +338,23 @@ def test_a_checkpoint_folder_as_output_dir_is_refused_not_trained_into(tmp_path)
     output_folder.check(str(tmp_path / "run"), lock=False)  # the folder holding it: a run written before records
 
 
+def test_an_output_dir_inside_a_checkpoint_is_refused(tmp_path):
+    """`--output_dir outputs/x/checkpoint-5/further` (a run going on from that checkpoint, its files kept beside it):
+    the run in outputs/x then found further/checkpoint-2/optimizer.pt unlisted in checkpoint-5's manifest, resumed
+    from checkpoint-4 instead and deleted checkpoint-5 as damaged, a step of its progress lost. Refused, new or not."""
+    checkpoint = sealed_checkpoint(tmp_path / "run" / "checkpoint-5")
+    for inside in (checkpoint / "further", checkpoint / "a" / "b"):
+        with pytest.raises(ConfigError) as no:
+            output_folder.check(str(inside), lock=False)
+        assert str(no.value) == (
+            f"output_dir {str(inside)!r} is inside the checkpoint {str(checkpoint)!r}: a run's files there make that "
+            "checkpoint fail its run's checks at a resume, which then passes over it and deletes it; pass "
+            "--output_dir a folder outside it"
+        )
+    (tmp_path / "checkpoint-7").mkdir()  # a folder only named like one: no checkpoint
+    output_folder.check(str(tmp_path / "checkpoint-7" / "run"), lock=False)
+
+
 def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_folders(tmp_path):
     """Records of earlier versions hold the pattern `checkpoint-[0-9]*`: read as the folders named exactly as
     checkpoints are, never as the user's files the pattern also matched."""
