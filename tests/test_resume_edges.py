@@ -285,3 +285,30 @@ def test_a_lora_checkpoint_resumed_with_another_dtype_resumes_not_refused_as_rep
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resuming from {checkpoint}" in resumed.stdout and "files were replaced" not in resumed.stdout
     assert json.loads((tmp_path / "bf16" / "run_complete.json").read_text())["global_step"] == 2
+
+
+def test_a_named_checkpoint_rotated_away_is_refused_naming_the_newest_beside_it(tmp_path):
+    """`--auto_resume false --resume_from_checkpoint out/checkpoint-4`, stopped after save_total_limit's rotation
+    deleted checkpoint-4: the same command again was refused saying "a rerun of the same command resumes from the
+    newest one by itself", which it does not (it was that command), nor without the flag under --auto_resume false.
+    The refusal names the checkpoint to pass."""
+    from dpotrain.train import resume
+
+    out = tmp_path / "run"
+    run_files.write(out, [run_files.MANIFEST, "checkpoint-6", "checkpoint-8"])
+    for step in (6, 8):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    gone = out / "checkpoint-4"
+    with pytest.raises(ConfigError) as refused:
+        resume.check_explicit(str(gone), out)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint {str(gone)!r} is not a folder: pass --resume_from_checkpoint {out / 'checkpoint-8'}, "
+        "the newest verified checkpoint in output_dir"
+    )
+    # Another run's checkpoint, gone: the run's own progress since is what goes on (never the other run's newer one)
+    other = tmp_path / "other"
+    sealed_checkpoint(other / "checkpoint-10")
+    with pytest.raises(ConfigError, match=f"pass --resume_from_checkpoint {out / 'checkpoint-8'}, "):
+        resume.check_explicit(str(other / "checkpoint-4"), out)
+    with pytest.raises(ConfigError, match="is not a folder: name a checkpoint-N folder"):  # nothing saved: as before
+        resume.check_explicit(str(other / "checkpoint-4"), tmp_path / "new")

@@ -228,11 +228,18 @@ def check_explicit(folder: str, out: Path) -> None:
     run's); else refused, naming the one to pass instead."""
     check_not_live(folder, out)
     if not Path(folder).is_dir():
+        # One gone (its run's rotation deleted it: the command of a resume run again as it was typed) where output_dir
+        # holds the run's progress since: "a rerun of the same command" was refused again, and under --auto_resume
+        # false so was the command without it
+        newest = newest_verified(out)[0]
         # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
         fix = (
             "it names a checkpoint-N folder; drop it, and a rerun resumes from output_dir's newest verified "
             "checkpoint by itself (--auto_resume false: never; --overwrite_output_dir: starts afresh)"
             if folder.lower() in TRUE + FALSE
+            else f"pass --resume_from_checkpoint {shlex.quote(str(newest))}, the newest verified checkpoint in "
+            "output_dir"
+            if newest
             else "name a checkpoint-N folder (a rerun of the same command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder: {fix}")
