@@ -237,6 +237,25 @@ def test_a_file_a_resume_loads_that_the_manifest_does_not_list_is_unverified(tmp
     assert problem(out / "checkpoint-4") == why.replace(REFERENCE_FILE, "rng_state_1.pth")
 
 
+def test_weights_converted_into_a_folder_of_a_checkpoint_leave_it_verified(tmp_path):
+    """`python zero_to_fp32.py . output_dir/` in a checkpoint (DeepSpeed saves the script there for that) writes
+    output_dir/model.safetensors, which no resume loads: the checkpoint failed its check as holding weights its manifest
+    does not list, and the run went back to the one before it and deleted it as damaged. Unlisted state where an
+    engine loads it (the top level, `global_step*/`, FSDP2's folders) still fails it."""
+    from dpotrain.train.checkpoint_manifest import MANIFEST, problem
+
+    folder = sealed_checkpoint(tmp_path / "run" / "checkpoint-4")
+    (folder / "output_dir").mkdir()
+    (folder / "output_dir" / "model.safetensors").write_text("converted\n")
+    (folder / "output_dir" / "pytorch_model.bin").write_text("converted\n")
+    assert problem(folder) is None
+    for rel in ("global_step4/mp_rank_00_model_states.pt", "optimizer_0/__0_0.distcp", "pytorch_model.bin"):
+        (folder / rel).parent.mkdir(exist_ok=True)
+        (folder / rel).write_text("copied in\n")
+        assert problem(folder) == f"{rel} is not in {MANIFEST} (written after the checkpoint was sealed, or copied in)"
+        (folder / rel).unlink()
+
+
 def test_a_checkpoint_that_became_a_link_while_the_run_trained_is_moved_aside_not_cleared_or_rotated(tmp_path, capsys):
     """The run's own checkpoint-3 and checkpoint-4 moved to other storage and linked back while it trained (a quota):
     rotation left the link and dropped it from the record (shutil.rmtree does not follow one), and a save at step 4

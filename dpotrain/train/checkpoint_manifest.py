@@ -35,6 +35,11 @@ LOADED = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.distcp", "trainer_state.
 # transformers loads a checkpoint as FSDP's when a folder's name holds this (Trainer._load_from_checkpoint), whatever
 # the folder holds: an empty one put there failed every resume with "only supported when using PyTorch FSDP"
 FSDP_FOLDER = "pytorch_model_fsdp"  # accelerate.utils.constants.FSDP_MODEL_NAME, which transformers copies
+# Where a resume loads `LOADED` files from: the checkpoint's top level and the engines' state folders (DeepSpeed's
+# `global_step*/`, FSDP2's weights' and optimizer's shards). A folder of another name is read by nothing: a conversion
+# written into the checkpoint (`python zero_to_fp32.py . output_dir/`, as DeepSpeed's script saved there says) failed
+# the check, and the run went back to the checkpoint before it and deleted this one as damaged.
+LOADED_FOLDERS = ("global_step*", f"{FSDP_FOLDER}*", "optimizer_*")
 
 
 class GoneWhileRead(FileNotFoundError):
@@ -166,12 +171,19 @@ def problem(folder: Path) -> str | None:
         if size != entry["bytes"]:
             return f"{rel} has {size} bytes, {entry['bytes']} were written (cut short or replaced)"
     for rel, _ in listing(folder, leave_out=(MANIFEST,)):
-        if rel not in files and any(fnmatch.fnmatch(Path(rel).name, kind) for kind in LOADED):
+        if rel not in files and loaded(rel):
             return f"{rel} is not in {MANIFEST} (written after the checkpoint was sealed, or copied in)"
     for entry in sorted(folder.iterdir()):
         if FSDP_FOLDER in entry.name and is_dir(entry) and not any(rel.startswith(f"{entry.name}/") for rel in files):
             return f"{entry.name}/ is not in {MANIFEST} (made after the checkpoint was sealed, or copied in)"
     return None
+
+
+def loaded(relative: str) -> bool:
+    """Whether a resume loads the checkpoint's file at `relative` (`LOADED`, where `LOADED_FOLDERS` says)."""
+    parts = relative.split("/")
+    where = len(parts) == 1 or any(fnmatch.fnmatch(parts[0], folder) for folder in LOADED_FOLDERS)
+    return where and any(fnmatch.fnmatch(parts[-1], kind) for kind in LOADED)
 
 
 def checksum_problems(folder: Path, rank: int, world: int) -> list[str]:
