@@ -1191,7 +1191,7 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
         f"error: checkpoint '{out}/checkpoint-4' was written without DeepSpeed (one process, DDP or FSDP), and this "
         "run uses DeepSpeed (zero2, 2 processes), which cannot load it: resume it with the launch that wrote it (one "
         "process: `python train_dpo.py` with the same arguments, without accelerate launch), or start afresh (a new "
-        "--output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+        "--output_dir) from its weights (--model_name_or_path on a copy of the checkpoint folder)"
     ], result.stdout[-3000:]
     assert "Data (train)" not in result.stdout  # nothing loaded
 
@@ -1297,7 +1297,8 @@ def test_a_finished_runs_last_checkpoint_resumed_into_a_new_folder_is_refused_as
     assert str(refused.value) == (
         f"resume_from_checkpoint {str(named)!r} was saved at step 4, and the run ends at step 4 (max_steps or "
         "num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train on, "
-        f"start a new run from its weights (--model_name_or_path {named}, a new --output_dir)"
+        f"start a new run from a copy of its weights (cp -r {named} <new folder>, then --model_name_or_path "
+        "<new folder> and a new --output_dir)"
     )
     earlier = str(baseline / "checkpoint-2")
     recipe = parse_args([*command(tmp_path / "new", tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", earlier])

@@ -130,7 +130,8 @@ def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_re
         f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs make 2 "
         "steps an epoch, and on 1 they make 3 (a last step of fewer pairs than processes joins the one before it): "
         "the steps past it would train other pairs, on another learning-rate schedule; resume it on 3 processes, or "
-        f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        f"start a new run from a copy of its weights (cp -r {checkpoint} <new folder>, then --model_name_or_path "
+        "<new folder> and a new --output_dir)"
     ], resumed.stdout[-3000:]
     assert "reference log-probs" not in resumed.stdout
 
@@ -198,8 +199,8 @@ def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, lon
             f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs it "
             "trains (of 9 rows: 2 dropped at max_length) make 2 steps an epoch, and on 1 they make 3 (a last step of "
             "fewer pairs than processes joins the one before it): the steps past it would train other pairs, on "
-            "another learning-rate schedule; resume it on 3 processes, or start a new run from its weights "
-            f"(--model_name_or_path {checkpoint}, a new --output_dir)"
+            "another learning-rate schedule; resume it on 3 processes, or start a new run from a copy of its weights "
+            f"(cp -r {checkpoint} <new folder>, then --model_name_or_path <new folder> and a new --output_dir)"
         ], resumed.stdout[-3000:]
     else:
         assert resumed.returncode == 0 and not errors, resumed.stdout[-3000:]
@@ -281,7 +282,8 @@ def test_another_runs_last_checkpoint_is_counted_on_the_pairs_training_keeps(tmp
     assert errors == [
         f"error: resume_from_checkpoint {str(checkpoint)!r} was saved at step 3, and the run ends at step 3 (max_steps "
         "or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train "
-        f"on, start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        f"on, start a new run from a copy of its weights (cp -r {checkpoint} <new folder>, then --model_name_or_path "
+        "<new folder> and a new --output_dir)"
     ], resumed.stdout[-3000:]
     codes = re.findall(r"^\s*exitcode\s*: (-?\d+)", resumed.stdout, re.MULTILINE)  # the launcher's summary
     assert resumed.returncode != 0 and codes == ["2", "2"], resumed.stdout[-3000:]  # each rank ended on the refusal

@@ -333,7 +333,7 @@ def test_a_checkpoint_folder_as_output_dir_is_refused_not_trained_into(tmp_path)
         ConfigError, match=r"is a checkpoint \(trainer_state.json, COMPLETE\), not a run's folder"
     ) as no:
         output_folder.check(str(checkpoint), lock=False)
-    assert f"--resume_from_checkpoint {checkpoint}; or start a new run from its weights" in str(no.value)
+    assert f"--resume_from_checkpoint {checkpoint}; or start a new run from a copy of its weights" in str(no.value)
     assert snapshot(checkpoint) == before
     output_folder.check(str(tmp_path / "run"), lock=False)  # the folder holding it: a run written before records
 

@@ -2599,7 +2599,8 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
         assert message.startswith(
             f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other "
             f"settings ({expected}): rerun with its settings to resume it, or start a new run "
-            f"from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+            f"from a copy of its weights (cp -r {checkpoint} <new folder>, then --model_name_or_path <new folder> "
+            "and a new --output_dir)"
         ), message
     same = parse_args(["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *elsewhere])
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
@@ -2737,7 +2738,8 @@ def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path)
     assert str(refused.value) == (
         f"resume_from_checkpoint {str(checkpoint)!r} cannot be verified (no COMPLETE mark (a save or a deletion "
         "cut short, or not this project's); MANIFEST.json is missing): restore each named file from a copy, or start a "
-        f"new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        f"new run from a copy of its weights (cp -r {checkpoint} <new folder>, then --model_name_or_path <new folder> "
+        "and a new --output_dir)"
     )
     # Sealed as this project seals a checkpoint, but moved out of its run without the record of its settings.
     sealed_checkpoint(checkpoint)
@@ -2818,7 +2820,7 @@ def test_resume_from_a_folder_with_no_checkpoint_nor_weights_names_a_checkpoint_
         "resumes from the newest one by itself)"
     ), refused_here.value
     (folder / "config.json").write_text("{}")  # a model (a finished run's folder): starting from it is the way out
-    with pytest.raises(ConfigError, match=f"start a new run from its weights \\(--model_name_or_path {folder}"):
+    with pytest.raises(ConfigError, match=f"start a new run from a copy of its weights \\(cp -r {folder} "):
         resolve.check_output_dir(recipe, 8)
 
 

@@ -258,7 +258,7 @@ def test_a_bf16_zero_checkpoint_is_refused_by_a_run_without_bf16_and_resumes_wit
         f"checkpoint {str(checkpoint)!r} was trained under DeepSpeed with bf16 true (its optimizer state: "
         "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt), and this run has bf16 false: DeepSpeed loads only the "
         "optimizer state and weights of its own precision: resume it with --bf16 true, or start afresh (a new "
-        "--output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+        "--output_dir) from its weights (--model_name_or_path on a copy of the checkpoint folder)"
     )
 
 

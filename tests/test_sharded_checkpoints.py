@@ -104,8 +104,8 @@ def test_a_whole_checkpoint_is_refused_by_an_fsdp2_launch(tmp_path):
     assert str(refused.value) == (
         f"checkpoint {str(checkpoint)!r} was written without FSDP2 (one process or DDP: whole weights and "
         "optimizer.pt), and this run is FSDP2 (2 processes), which loads only its own shards: resume it with the "
-        "launch that wrote it, or start afresh (a new --output_dir) from its weights (--model_name_or_path on the "
-        "checkpoint folder)"
+        "launch that wrote it, or start afresh (a new --output_dir) from its weights (--model_name_or_path on a "
+        "copy of the checkpoint folder)"
     )
 
 
@@ -129,7 +129,7 @@ def test_a_zero_checkpoint_resumes_under_the_zero_stage_that_wrote_it_alone(tmp_
             f"checkpoint {str(checkpoint)!r} was written by {engine.NAMES[stage]}, whose optimizer and model state "
             f"{engine.NAMES[other]} cannot load: resume it under {engine.NAMES[stage]} "
             f"({resume.ZERO_CONFIGS[stage]}), or start afresh (a new --output_dir) from its weights "
-            "(--model_name_or_path on the checkpoint folder)"
+            "(--model_name_or_path on a copy of the checkpoint folder)"
         )
 
 

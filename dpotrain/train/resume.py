@@ -373,7 +373,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None, bf16: bool
     # `*zero_pp_rank_`: under bf16 (every GPU recipe) DeepSpeed names them `bf16_zero_pp_rank_*`; missed, every requeue
     # of a bf16 ZeRO run was refused as a checkpoint "written without DeepSpeed"
     written = len(list(Path(folder).glob("global_step*/*zero_pp_rank_*_optim_states.pt")))
-    fix = "start afresh (a new --output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+    fix = AFRESH
     processes = lambda n: plural(n, "process")
     if written and written != world:
         raise ConfigError(
@@ -438,8 +438,7 @@ def check_zero_stage(folder: str, run_engine) -> None:
     raise ConfigError(
         f"checkpoint {folder!r} was written by {engine.NAMES[stage]}, whose optimizer and model state "
         f"{engine.NAMES.get(run_engine.name, run_engine.name)} cannot load: resume it under {engine.NAMES[stage]} "
-        f"({ZERO_CONFIGS[stage]}), or start afresh (a new --output_dir) from its weights (--model_name_or_path on "
-        "the checkpoint folder)"
+        f"({ZERO_CONFIGS[stage]}), or {AFRESH}"
     )
 
 
@@ -458,8 +457,7 @@ def check_zero_precision(folder: str, run_engine, bf16: bool | None) -> None:
     raise ConfigError(
         f"checkpoint {folder!r} was trained under DeepSpeed with bf16 {was} (its optimizer state: {shards[0]}), and "
         f"this run has bf16 {now}: DeepSpeed loads only the optimizer state and weights of its own precision: resume "
-        f"it with --bf16 {was}, or start afresh (a new --output_dir) from its weights (--model_name_or_path on the "
-        "checkpoint folder)"
+        f"it with --bf16 {was}, or {AFRESH}"
     )
 
 
@@ -598,6 +596,11 @@ def _differences(was: dict, now: dict) -> list[str]:
     return [f"{k}: {a!r} -> {b!r}" for k, a, b in pairs if a != b]
 
 
+# A copy, not the folder itself: the run that saved it deletes it when its rotation lets it go, and the new run reads
+# its base again at every resume (output_folder refuses a model inside an unfinished run's checkpoint).
+AFRESH = "start afresh (a new --output_dir) from its weights (--model_name_or_path on a copy of the checkpoint folder)"
+
+
 def new_run_from(checkpoint) -> str:
     """The advice to start a new run from `checkpoint`'s weights; for a LoRA adapter (no run starts from one:
     options.check_model), from its base model."""
@@ -606,4 +609,7 @@ def new_run_from(checkpoint) -> str:
             "start a new run from its base model with --use_peft true (it holds a LoRA adapter, which a run cannot "
             "start from), a new --output_dir"
         )
-    return f"start a new run from its weights (--model_name_or_path {shlex.quote(str(checkpoint))}, a new --output_dir)"
+    return (
+        f"start a new run from a copy of its weights (cp -r {shlex.quote(str(checkpoint))} <new folder>, then "
+        "--model_name_or_path <new folder> and a new --output_dir)"
+    )
