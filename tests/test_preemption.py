@@ -37,7 +37,9 @@ from dpotrain.train import run_files
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
-STEPS = 12  # of the smoke recipe's 8 pairs
+STEPS = (
+    6  # of the smoke recipe's 8 pairs: the stops below are at steps 2 to 4, each at a point the run pauses itself at
+)
 ARGS = [
     "--config",
     str(ROOT / "configs" / "smoke.yaml"),
@@ -54,7 +56,7 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    """The smoke data's first 96 pairs: the 12 steps train on no others, and the reference stage scores only those."""
+    """The smoke data's first 48 pairs: the 6 steps train on no others, and the reference stage scores only those."""
     path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
     path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 8 * STEPS]))
     return path
@@ -118,7 +120,7 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     stop_file, out, paused = tmp_path / "stop", tmp_path / "run", tmp_path / "paused"
     # Stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then steps 1 to 3),
     # and asked to stop there: asked on seeing step 3 logged, a loaded machine's late request could find the run past
-    # its last step (9 more, ~3 s here), ended 0.
+    # its last step (3 more here), ended 0.
     env = pause_env("", "*/metrics.jsonl", paused, count=4)
     env |= {} if how == "Ctrl-C" else {"DPOTRAIN_STOP_FILE": str(stop_file)}
     proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
@@ -426,7 +428,7 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
 
     # The terminal is closed while the run is stopped by itself before step 3's record (metrics.jsonl's fourth open:
     # read at the start, then steps 1 to 3), then let go on: closed on seeing step 3 logged, a loaded machine's late
-    # close could find the run past its last step (9 more, ~3 s here).
+    # close could find the run past its last step (3 more here).
     paused = tmp_path / "paused"
     run = start_child(in_terminal, env=pause_env("", "*/metrics.jsonl", paused, count=4))
     os.close(terminal)
@@ -467,7 +469,7 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     out, log, codes = tmp_path / "run", tmp_path / "log", tmp_path / "codes"
     # train_dpo.py stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then
     # steps 1 to 3), and the Ctrl-C sent there: sent on seeing step 3 logged, a loaded machine's late one could find
-    # the run past its last step (9 more, ~3 s here).
+    # the run past its last step (3 more here).
     paused = tmp_path / "paused"
     command = [PYTHON, str(PAUSE_AT), *ARGS, "--output_dir", str(out)]
     command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
@@ -1196,7 +1198,7 @@ def test_a_stop_signal_to_every_process_of_the_run_spares_the_data_loaders_worke
     # fresh interpreter, which imported the stack again (~6 CPU-s).
     # Stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then steps 1 to 3),
     # and signalled there: signalled on seeing step 3 logged, a loaded machine's late SIGTERM could find the run past
-    # its last step (9 more, ~3 s here).
+    # its last step (3 more here).
     paused = tmp_path / "paused"
 
     def paused_run():
