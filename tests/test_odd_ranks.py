@@ -217,12 +217,13 @@ def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rer
     from dpotrain.train.preemption import STOPPED_EXIT
 
     data = tmp_path / "pairs.jsonl"
-    datasets.Dataset.from_list(builtin.make_preference_rows(400, seed=11)).to_json(data)
+    datasets.Dataset.from_list(builtin.make_preference_rows(72, seed=11)).to_json(data)
     config = tmp_path / "ddp3.yaml"
     config.write_text(DDP.format(n=3))
     cache, paused = tmp_path / "cache", tmp_path / "paused"
     args = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
-    args += ["--max_steps", "2", "--pairs_per_step", "96", "--save_strategy", "no", "--max_length", "512"]
+    # 2 steps of 36 pairs: the reference stage scores the 72 pairs they train (24 a rank), parts of a few pairs each
+    args += ["--max_steps", "2", "--pairs_per_step", "36", "--save_strategy", "no", "--max_length", "512"]
     args += ["--max_tokens_per_microbatch", "1024", "--reference_save_seconds", "0"]
     venv_accelerate = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch"]  # signals: not warm
     launcher = [*venv_accelerate, "--config_file", str(config), "--num_processes", "3", *rank_python()]
