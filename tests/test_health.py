@@ -548,3 +548,27 @@ def test_a_health_stop_ends_its_wandb_run_failed_before_the_stop_line(tmp_path, 
     assert lines[-1].startswith("health: training STOPPED at step 2"), result.stdout[-2000:]
     assert (out / "training_curves.png").stat().st_size > 0  # the curves a stopped run is read by
     assert any(line.startswith("wandb:") for line in lines[:-1]), result.stdout[-2000:]  # W&B's closing lines, before
+
+
+def test_a_nonfinite_stops_advice_is_what_a_rerun_takes(guard, tmp_path):
+    """The NaN stop said 'resume from an earlier one with a lower --learning_rate' and 'earlier complete checkpoints
+    still resume'; followed, the rerun was refused twice: a resume refuses another learning rate (RESUME_FIELDS), and
+    the remembered stop refused the folder, saying 'resuming would train on the values it stopped on', of checkpoints
+    earlier than the NaN. The advice is the way that works: a lower learning rate, afresh."""
+    from dpotrain.train.resume import HEALTH_STOP, after_health_stop
+
+    g, args = guard()
+    nan = g.check(3, {"loss": math.nan}, args, 100)[0]
+    assert "resume from an earlier one" not in nan.message
+    assert nan.message.endswith("Rerun with a lower --learning_rate and --overwrite_output_dir to start afresh")
+    nan.fatal = True
+    assert "still resume" not in health.stop_line(nan, "out")
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "COMPLETE").write_text("")  # an earlier checkpoint, complete
+    (out / HEALTH_STOP).write_text(json.dumps({"guard": "nonfinite", "step": 3, "message": "", "fatal": True}))
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--learning_rate", "1e-5"])
+    with pytest.raises(ConfigError) as refused:
+        after_health_stop(recipe, out)
+    assert "the same command would fail the same way" in str(refused.value), refused.value
+    assert "would train on the values it stopped on" not in str(refused.value)

@@ -121,8 +121,10 @@ class HealthGuard(TrainerCallback):
             message = (
                 f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
                 "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
-                "from this state; resume from an earlier one with a lower --learning_rate"
+                "from this state. Rerun with a lower --learning_rate and --overwrite_output_dir to start afresh"
             )
+            # Not "resume an earlier checkpoint with a lower learning rate": a resume refuses another learning rate
+            # (resolve.RESUME_FIELDS), and with the same one trains the same steps into the same NaN.
             return [Alarm("nonfinite", step, message, fatal=True)]
         r = self.rewards(logs)
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
@@ -222,7 +224,8 @@ def stop_line(alarm: Alarm, output_dir: str) -> str:
     """The run's last log line after a health stop."""
     go_on = "" if alarm.fatal else ", or with --health_action warn to go on from the checkpoint"
     where = (
-        f"no checkpoint written from the non-finite state; earlier complete checkpoints in {output_dir} still resume"
+        f"no checkpoint written from the non-finite state (an earlier one in {output_dir} would go the same way: a "
+        "resume keeps its learning rate)"
         if alarm.fatal
         else f"checkpoint {output_dir}/checkpoint-{alarm.step} is complete and resumable"
     )

@@ -539,7 +539,8 @@ def after_health_stop(recipe, out: Path) -> bool:
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     again = (
         "resuming would train on the values it stopped on"
-        if any(map(is_complete, own_checkpoints(out)))
+        # A non-finite stop wrote no checkpoint: the complete ones are earlier, whose resume trains into the NaN again
+        if not stop.get("fatal") and any(map(is_complete, own_checkpoints(out)))
         else "the same command would fail the same way"
     )
     raise ConfigError(
