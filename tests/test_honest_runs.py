@@ -311,6 +311,14 @@ def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_mod
     for (step, was), (_, again) in zip(first[:3], second[:3], strict=True):
         assert again["train/loss"] == was["train/loss"] and again["train/global_step"] == str(step), (was, again)
         assert json.loads(again["train/epoch"]) == json.loads(was["train/epoch"])
+    # Killed again after its last checkpoint (step 6): the rerun resumes there and trains nothing. transformers' summary
+    # then holds train_loss 0.0 and 0 pairs/s, which W&B wrote over its run's summary of the attempts that trained.
+    (out / "run_complete.json").unlink()
+    _, stdout = train(tmp_path, tiny_model_dir, *args)
+    assert "no step left to train" in stdout
+    [last] = set(out.glob("wandb/offline-run-*/run-*.wandb")) - set(files)
+    summary = {i.key for r in wandb_records(last) if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+    assert "train_runtime" in summary and not {"train_loss", "train_steps_per_second"} & summary, summary
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ from dpotrain.train import (
     samples,
     unused_parameters,
 )
-from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
+from dpotrain.train.checkpoints import CompleteMarker, clear_for_save, step_of
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
 from dpotrain.train.metrics import MetricsRecorder, read_metrics
@@ -69,6 +69,8 @@ LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weigh
 # What TRL's `_prepare_dataset` reads of the run's arguments (trl 1.16): all it is given of them (`_prepare_dataset`)
 TRL_PREPARE_READS = ("dataset_num_proc", "max_length", "truncation_mode")
 MODEL_SAVE = ".model_save"  # inside a checkpoint: its model is written here, then moved into it (`save_model`)
+# transformers' end-of-training figures that are 0 where the attempt trained no step (RecipeDPOTrainer.log)
+UNTRAINED_SUMMARY = ("train_loss", "train_samples_per_second", "train_steps_per_second")
 
 
 def training_arguments(run: Recipe):
@@ -740,4 +742,9 @@ class RecipeDPOTrainer(DPOTrainer):
             found = self.memory_use.measure()
             logs = {**logs, **found}
             self.memory_use.warn(found, self.accelerator.is_main_process)
+        resumed = self.complete_marker.resume_from
+        if "train_runtime" in logs and resumed and step_of(Path(resumed)) == self.state.global_step:
+            # Resumed at its last step, the attempt trained nothing: transformers' summary holds train_loss 0.0 and 0
+            # pairs/s, which W&B wrote over its run's summary of the attempts that trained (step_log says so instead)
+            logs = {k: v for k, v in logs.items() if k not in UNTRAINED_SUMMARY}
         super().log(logs, start_time)
