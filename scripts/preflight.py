@@ -42,7 +42,9 @@ def parse_own(argv):
     p.add_argument(
         "--sample", type=int, default=preflight.DEFAULT_SAMPLE, help="pairs to score, drawn with --seed [512]"
     )
-    p.add_argument("--seed", type=int, help="seed of the sample [the recipe's seed]")
+    p.add_argument(
+        "--seed", type=int, help="seed of the sample and the recipe's (a mixture's draw) [the recipe's seed]"
+    )
     # `~` expanded: after `--json=` a shell leaves it, and the check advised creating a folder named `~` here
     p.add_argument("--json", type=os.path.expanduser, help="write the report as JSON here")
     p.add_argument("--plot", type=os.path.expanduser, help="write a PNG histogram of the gaps here (.png)")
@@ -55,6 +57,10 @@ def main(argv=None) -> int:
     preflight.check_outputs(own.json, own.plot)  # before anything loads
     import torch
 
+    if own.seed is not None:  # the recipe's seed too, as `train_dpo.py --preflight --seed N` takes it: launch.sh
+        # passes the run's own flags here, and a run's `--seed 7` left a mixture drawn with the recipe's seed (other
+        # rows than the run trains on, under a report that said seed 7)
+        rest += ["--seed", str(own.seed)]
     if not torch.cuda.is_available() and not any(a.split("=")[0] in ("--bf16",) for a in rest):
         rest += ["--bf16", "false"]  # scoring on CPU: fp32 (the recipes' bf16 needs a GPU)
     return preflight.run(parse_args(rest), own.sample, own.seed, own.json, own.plot)

@@ -174,7 +174,8 @@ def write_rows(path, rows) -> str:
         (["--plot", "gaps.jpg"], "ending in .png"),
         (["--json", "/nonexistent/dir/r.json"], "does not exist"),
         (["--json", "/tmp"], "--json '/tmp' is a folder"),  # was an IsADirectoryError once the model had scored
-        (["--seed", "-1", "--sample", "8"], "--seed -1 is out of range"),  # was numpy's traceback drawing the sample
+        # was numpy's traceback drawing the sample; the recipe's seed too, refused as the run refuses it
+        (["--seed", "-1", "--sample", "8"], "seed -1 is out of range: give one from 0 to 2**32 - 1"),
         (["--sample", "0"], "--sample must be >= 1"),
         (["--json", "gaps.png", "--plot", "gaps.png"], "--json and --plot name the same file 'gaps.png'"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
@@ -380,3 +381,21 @@ def test_a_job_given_preflight_runs_the_preflight_alone_and_ends_with_its_code(t
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "## Verdict: " in result.stdout and "not a run's record" not in result.stderr, result.stderr[-2000:]
     assert "launch: srun" not in result.stdout
+
+
+def test_the_scripts_seed_is_the_recipes_seed_too(monkeypatch):
+    """launch.sh's PREFLIGHT=1 passes the run's own flags to scripts/preflight.py, whose `--seed` took a run's
+    `--seed 7` for the sample alone: a mixture was drawn with the recipe's seed (other rows than the run trains on)
+    under a report that said seed 7. It is the recipe's seed too, as `train_dpo.py --preflight --seed 7` takes it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen = {}
+    # what the preflight is handed, not the scoring (tests above score for real)
+    monkeypatch.setattr(script.preflight, "run", lambda recipe, sample, seed, *_: seen.update(recipe=recipe, seed=seed))
+    script.main(["--config", SMOKE, "--seed", "7"])
+    assert seen["seed"] == 7 and seen["recipe"].training.seed == 7
+    script.main(["--config", SMOKE])  # no --seed: the recipe's, for both
+    assert seen["seed"] is None and seen["recipe"].training.seed == 42
