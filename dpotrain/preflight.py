@@ -131,6 +131,12 @@ def score(recipe, launch, sample) -> dict:
                 "eval_strategy": IntervalStrategy.NO,
                 "do_eval": False,
                 "output_dir": tmp,
+                # No schedule: the sample's steps train nothing, and the run's schedule checked on them (its warm-up,
+                # warmup_stable_decay's phases) refused a sample whose max_length drops made few steps (`--sample 8`:
+                # "this run would train nothing") though the run's own data, checked above, trains
+                "warmup_steps": 0,
+                "lr_scheduler_type": "constant",
+                "lr_scheduler_kwargs": {},
             },
             # memory_check off: the memory plan is training's (one process's gradients and optimizer states: OLMo 3 7B
             # on one H100, ~170 GiB), and it refused every model that trains only on several GPUs, naming sbatch

@@ -232,7 +232,11 @@ def test_a_model_folder_without_weights_is_refused_by_the_script_before_the_data
 def test_stdout_holds_the_report_alone(tmp_path, tiny_model_dir, capfd):
     """`python scripts/preflight.py ... > report.md` ("Markdown goes to stdout"): the stages' own lines (`Forward:`,
     `Plan:`, `Cut at max_length`, `reference log-probs`) came first in the file, before `# DPO preflight`. They go to
-    stderr, as a dry run's do."""
+    stderr, as a dry run's do.
+
+    max_length 40 drops some of the 8 pairs (their prompt fills it), and the rest make one step of the sample, with
+    the recipe's 5 warm-up steps: the run's schedule checked on the sample refused it ("warmup_steps makes 5 warm-up
+    steps of the run's 1", "this run would train nothing"), though the run trains 44 steps on the whole data set."""
     import importlib.util
 
     from dpotrain.recipe.errors import run_cli
@@ -240,12 +244,14 @@ def test_stdout_holds_the_report_alone(tmp_path, tiny_model_dir, capfd):
     spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    argv = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--sample", "8"]
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: script.main(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--sample", "8"]))
+        run_cli(lambda: script.main([*argv, "--max_length", "40", "--warmup_steps", "5"]))
     out, err = capfd.readouterr()
     assert ended.value.code == 0, err[-3000:]
     assert out.startswith("# DPO preflight\n"), out[:2000]
-    assert "Plan: " in err and "reference log-probs (train)" in err
+    assert "Plan: " in err and "reference log-probs (train)" in err and "Cut at max_length" in err
+    assert "dropped (prompt alone fills max_length): 0 of 8" not in out  # some were: the case above
 
 
 def test_a_recipe_that_splits_pairs_over_a_group_is_scored_whole_in_one_process(tmp_path, tiny_model_dir, capfd):
