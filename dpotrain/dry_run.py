@@ -40,6 +40,11 @@ def write_json(resolved: dict, output_dir: str) -> Path:
     try:
         return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
     except OSError:
+        if path.is_dir():  # a folder of the record's name: the rename over it failed in an IsADirectoryError traceback
+            raise ConfigError(
+                f"output_dir {output_dir!r}: {path} is a folder, where the dry run writes its record: move that folder "
+                "away, or pass --json to print the record instead"
+            ) from None
         problem = unwritable(path.parent)  # a parent that is a file, a read-only mount: named as the run names it
         if problem is None:
             raise  # a full disk: train_dpo's one line for it

@@ -59,6 +59,18 @@ def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, ca
     assert json.loads(printed[printed.index("{\n") :])["output_dir"] == str(mine)
 
 
+def test_a_folder_where_the_record_goes_is_refused_in_one_line_naming_json(tmp_path):
+    """A folder named as the dry run's record (`runs/x.dry-run.json/`, a run once given that name): the record's
+    rename over it ended the dry run in an IsADirectoryError traceback, after the whole first half."""
+    from dpotrain import dry_run as dry_run_mod
+
+    (tmp_path / "x.dry-run.json").mkdir()
+    resolved = {"config": None, "dataset_name": "data/smoke_prefs.jsonl", "accelerate_config": "none"}
+    with pytest.raises(ConfigError, match=r"x\.dry-run\.json is a folder, where the dry run writes its record: move"):
+        dry_run_mod.write_json(resolved, str(tmp_path / "x"))
+    assert [p.name for p in (tmp_path / "x.dry-run.json").iterdir()] == []
+
+
 def test_a_lora_summary_says_an_adapter_trains_and_what_the_reference_is(tmp_path, capsys):
     """The summary of a LoRA run read as a full fine-tune's (the model line, no word of the adapter), and its live
     reference as "a live reference model", where TRL runs the model with its adapter disabled (no second model)."""
