@@ -1786,3 +1786,28 @@ def test_cached_lengths_of_rows_the_mixture_no_longer_holds_are_measured_again(t
     assert [r["rows_usable"] for r in planned["derived"]["data_sources"]] == [len(pairs) - 1]
     with pytest.raises(ConfigError, match=r"^the lengths measured reach pair 40, .* holds 40 pairs: an out-of-date"):
         mixture.Mix(kept.mix.records, kept.mix.source_of_row[:40]).with_token_shares(older)
+
+
+def test_available_cpus_keeps_within_the_cgroup_cpu_quota(tmp_path):
+    """A login node limiting each user to 2 CPUs (systemd's CPUQuota: cgroup v2's cpu.max on the user's slice, the
+    session scope below it unlimited) showed all its cores in the affinity, and the analyzer forked a tokenizer per
+    core. Here a tree laid out as /sys/fs/cgroup is, with /proc/self/cgroup's lines."""
+    own = tmp_path / "cgroup"
+    scope = tmp_path / "user.slice" / "user-1000.slice" / "session-3.scope"
+    scope.mkdir(parents=True)
+    (scope / "cpu.max").write_text("max 100000\n")
+    (scope.parent / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: two processes use it
+    own.write_text("0::/user.slice/user-1000.slice/session-3.scope\n")
+    assert lengths.cgroup_cpu_quota(str(tmp_path), str(own)) == 2
+    (scope.parent / "cpu.max").write_text("max 100000\n")
+    assert lengths.cgroup_cpu_quota(str(tmp_path), str(own)) is None
+    # cgroup v1 (a container's --cpus=1 on an older host): quota and period in two files of the cpu mount
+    v1 = tmp_path / "cpu,cpuacct" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    own.write_text("4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n")
+    assert lengths.cgroup_cpu_quota(str(tmp_path), str(own)) == 1
+    assert lengths.cgroup_cpu_quota(str(tmp_path), str(tmp_path / "none")) is None  # no cgroups (macOS): no limit
+    (v1 / "cpu.cfs_quota_us").write_text("")  # unreadable as a quota: no limit, not a traceback at --help
+    assert lengths.cgroup_cpu_quota(str(tmp_path), str(own)) is None

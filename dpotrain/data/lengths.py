@@ -937,7 +937,41 @@ def _resolution(
 
 
 def available_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may use: its affinity (a Slurm step's cpuset) within its cgroup's CPU quota, which the
+    affinity does not show (a login node's per-user limit, systemd's CPUQuota, a container's --cpus): a 64-core login
+    node limiting each user to 2 CPUs got 64 tokenizing processes, each a tokenizer and its share of rows in memory."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, quota)) if quota else cpus
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int | None:
+    """The fewest whole CPUs a CPU quota of this process's cgroup or an ancestor's allows (cgroup v2's cpu.max, v1's
+    cpu.cfs_quota_us over cpu.cfs_period_us, rounded up); None where none is set or none can be read."""
+    try:
+        lines = Path(own).read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: the unified hierarchy, at the root or (hybrid) in unified/
+            folders, files = [Path(root), Path(root, "unified")], ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # v1: its own mount, cpu/ or cpu,cpuacct/
+            folders, files = [Path(root, controllers), Path(root, "cpu")], ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        for folder in folders:
+            parts = Path(path.lstrip("/")).parts
+            for depth in range(len(parts), -1, -1):  # its own cgroup, then each ancestor: a parent's limit holds too
+                at = folder.joinpath(*parts[:depth])
+                try:  # a file unread or unreadable is no limit: the CPUs shown are then all there is to go by
+                    quota, period = " ".join(at.joinpath(f).read_text() for f in files).split()[:2]
+                    if quota not in ("max", "-1") and int(period) > 0:
+                        quotas.append(-(-int(quota) // int(period)))
+                except (OSError, ValueError):
+                    continue
+    return min(quotas) if quotas else None
 
 
 PARALLEL_ROWS = 4096  # below this, a pool of processes (fork, the tokenizer pickled) costs more than it saves
