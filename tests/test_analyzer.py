@@ -641,6 +641,17 @@ def test_a_recipe_the_run_refuses_for_streaming_is_refused_by_the_analyzer_too(
     assert cli.main(["--config", str(recipe), "--streaming", "--json", str(tmp_path / "r.json")]) == 0
 
 
+def test_a_recipe_with_test_split_size_is_refused_by_the_analyzer_as_by_the_run(cli, tmp_path, tiny_model_dir, capsys):
+    """TRL's `test_split_size: 0.1` beside one data set was analysed and its max_length recommended (exit 0), where
+    the run refuses that recipe before it starts: only a mixture's parse, which one data set never reached, read it."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "split.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\ntest_split_size: 0.1\n")
+    assert cli.main(["--config", str(recipe), "--json", str(tmp_path / "r.json")]) == 2
+    assert error_line(capsys).startswith("error: test_split_size is not supported (TRL splits without a seed")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refuses_it(
     cli, tmp_path, tiny_model_dir, capsys
 ):
