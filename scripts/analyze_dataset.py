@@ -315,8 +315,8 @@ def analyze(args: argparse.Namespace) -> int:
     fields = mixture.fields_of(run)
     fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
-    if not mixed:  # the run's refusal of test_split_size beside one data set too (a mixture's parse below refuses it)
-        mixture.parse({**fields, **dict.fromkeys(mixture.TRAIN_FIELDS)})
+    if not mixed:  # the run's checks of one data set (test_split_size, a file read twice): a mixture's load makes them
+        mixture.check(run)
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
     # What the report calls the data: a mixture typed on the command line is that, not the recipe (or None)
     shown = "the --dataset_mixer_list mixture" if mixed and args.dataset_mixer_list else name

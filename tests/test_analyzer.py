@@ -652,6 +652,22 @@ def test_a_recipe_with_test_split_size_is_refused_by_the_analyzer_as_by_the_run(
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_folder_that_reads_a_file_twice_is_refused_by_the_analyzer_as_by_the_run(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """A data folder holding a file and a link to it: datasets reads both, so the analyzer measured every pair twice
+    (768 of the demo's 384, exit 0: its percentiles, recommendation and cache of rows the run never trains), where the
+    run refuses the folder before it starts (mixture.check, which the analyzer called for a mixture only)."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", _messages_rows())
+    (folder / "b.jsonl").symlink_to("a.jsonl")
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--tokenizer", tiny_model_dir, "--dataset_name"]
+    assert cli.main([*args, str(folder), "--json", str(tmp_path / "r.json")]) == 2
+    assert error_line(capsys).startswith(f"error: dataset {folder} [train] reads {folder / 'a.jsonl'} twice")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_length_the_recipes_token_budget_cannot_hold_is_said_as_training_refuses_it(
     cli, tmp_path, tiny_model_dir, capsys
 ):
