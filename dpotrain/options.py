@@ -1102,10 +1102,22 @@ def _named(choice) -> str:
     return getattr(choice, "value", choice)
 
 
+# Far past any model's positions: a longer max_length is a typo's extra digits, and past 2**63 the analyzer's numpy
+# counts failed in a traceback (OverflowError) once every pair had been tokenized.
+LONGEST_MAX_LENGTH = 2**40
+
+
 def check_max_length(t) -> None:
-    """Training's and the analyzer's (its --max_length, or the recipe's) refusal of a length that holds no token."""
+    """Training's and the analyzer's (its --max_length, or the recipe's) refusal of a length that holds no token, or
+    one no model takes."""
     if t.max_length is not None and t.max_length < 1:
         raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
+    if t.max_length is not None and t.max_length > LONGEST_MAX_LENGTH:
+        raise ConfigError(too_long("max_length", t.max_length))
+
+
+def too_long(what: str, value: int) -> str:
+    return f"{what} {value} is longer than any model takes: give a length in tokens (e.g. 16384), or `auto`"
 
 
 def check_cuda_settings(recipe: Recipe) -> None:

@@ -289,6 +289,8 @@ def check_args(args: argparse.Namespace) -> None:
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
+    if long := [n for n in args.candidates if n > options.LONGEST_MAX_LENGTH]:  # the run's bound on max_length
+        raise ConfigError(options.too_long("--candidates", long[0]))
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
     writes.check_report_paths({"--json": args.json, "--plot": args.plot})

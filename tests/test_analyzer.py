@@ -1369,6 +1369,9 @@ def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, t
         (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
         (["--max_length", "0"], "max_length must be >= 1 (got 0), or `auto`"),  # the run's refusal, word for word
         (["--max_length", "-5"], "max_length must be >= 1 (got -5), or `auto`"),
+        # a typo's extra digits: numpy's counts failed past 2**63 in a traceback, once every pair had been tokenized
+        (["--max_length", "163840000000000000000"], "max_length 163840000000000000000 is longer than any model takes"),
+        (["--candidates", "8192", "99999999999999999999"], "--candidates 99999999999999999999 is longer than any"),
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
         # A device: the report was renamed over it, and as root /dev/null (or /dev/stdout) became a regular file
