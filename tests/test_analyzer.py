@@ -425,6 +425,17 @@ def test_recommendation_shows_what_a_shorter_and_a_doubled_max_length_trade():
     assert "512 would leave 90.0% whole for 5.0% less compute" in r["reason"]
 
 
+def test_padding_of_a_batch_larger_than_the_data_is_one_batch():
+    """--batch-size 99999999999999999999 (a typo's extra digits) was read, every pair tokenized, and the report failed
+    in a traceback (TypeError: Cannot cast array data from dtype('O') to dtype('int64')): numpy's arange takes no
+    step past 2**63. A batch of more pairs than there are pads them all to the longest, as any batch of at least that
+    many does."""
+    m = lengths.Measured(np.arange(3), np.full(3, 10), np.array([5, 20, 10]), np.full(3, 5), [], True)
+    one_batch = lengths.padding(m, 1024, 3)  # 6 sequences padded to 30: 180 positions for 15 + 30 + 20 + 3 x 15
+    assert one_batch == (180, 1 - 110 / 180, (180 - 110) / 3)
+    assert lengths.padding(m, 1024, 10**20) == lengths.padding(m, 1024, 4) == one_batch
+
+
 def test_a_low_target_is_raised_to_a_length_training_takes():
     """auto_coverage 0.3 on pairs two in three of whose prompts are long: the target is reached at 512, where those
     prompts alone fill max_length. The analyzer recommended 512 and `max_length: auto` chose it, which the run then

@@ -420,7 +420,8 @@ def padding(
         a, b = a[order], b[order]
     if len(a) == 0:
         return 0, 0.0, 0.0
-    starts = np.arange(0, len(a), batch_size)
+    # a batch of more pairs than there are is one batch of them all (past 2**63, --batch-size was a traceback)
+    starts = np.arange(0, len(a), min(batch_size, len(a)))
     longest = np.maximum.reduceat(np.maximum(a, b), starts)
     padded = int((2 * np.diff(np.append(starts, len(a))) * longest).sum())
     real = int((a + b).sum())  # the packed positions (`packed_positions`), in any order
