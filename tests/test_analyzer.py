@@ -1852,3 +1852,17 @@ def test_available_cpus_keeps_within_the_cgroup_cpu_quota(tmp_path):
     assert lengths.cgroup_cpu_quota(str(tmp_path), str(tmp_path / "none")) is None  # no cgroups (macOS): no limit
     (v1 / "cpu.cfs_quota_us").write_text("")  # unreadable as a quota: no limit, not a traceback at --help
     assert lengths.cgroup_cpu_quota(str(tmp_path), str(own)) is None
+
+
+def test_a_launchs_processes_share_their_nodes_cpus_when_they_measure(monkeypatch):
+    """A mixture's pairs are measured at a run's start by every process of the launch at once (each its own copy, in
+    its own pool of tokenizers): each took every CPU it could use, 8 ranks on a 64-core node forking 512. Each now takes
+    its share of the node's (LOCAL_WORLD_SIZE, which accelerate launch and torchrun set), at least one; the analyzer, a
+    process alone, takes them all."""
+    large = range(lengths.PARALLEL_ROWS)
+    cpus = lengths.available_cpus()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert lengths.workers(large) == cpus and lengths.workers(range(10)) == 1
+    for processes in (2, cpus + 1):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+        assert lengths.workers(large) == max(1, cpus // processes), processes

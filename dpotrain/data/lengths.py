@@ -35,8 +35,8 @@ from dpotrain.data.rows import (
     read_row,
     split_row,
 )
+from dpotrain.recipe import launcher, upstream
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural, size, warn
 from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, remove_dead_temporaries, replacing, write_text
 
@@ -979,5 +979,9 @@ PARALLEL_ROWS = 4096  # below this, a pool of processes (fork, the tokenizer pic
 
 
 def workers(dataset) -> int:
-    """The processes `measure` is worth spreading `dataset` over: every CPU for a large one, else this one."""
-    return available_cpus() if len(dataset) >= PARALLEL_ROWS else 1
+    """The processes `measure` is worth spreading `dataset` over: for a large one, this process's share of the CPUs
+    (the node's processes of a launch measure at once, each its own copy: a mixture's pairs at a run's start; each
+    taking every CPU, 8 ranks on a 64-core node forked 512 tokenizers), else this one."""
+    if len(dataset) < PARALLEL_ROWS:
+        return 1
+    return max(1, available_cpus() // launcher.processes_per_node())
