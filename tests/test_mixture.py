@@ -125,6 +125,11 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         # TRL's shares are normalized: a NaN or infinite one left none to size the mixture (a traceback at load)
         (["--datasets", '{"path": "a.jsonl", "fraction": NaN}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
+        # quoted in the recipe: text, which "must be a finite number" did not say
+        (
+            ["--datasets", '{"path": "a.jsonl", "fraction": "0.5"}'],
+            "fraction '0.5' must be a finite number >= 0: write it",
+        ),
         (["--datasets", '{"path": "a.jsonl"}', "--streaming", "true"], "streaming: true"),
         (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
         # beside dataset_name (no mixture) it was read by nothing: no held-out split, not a word said

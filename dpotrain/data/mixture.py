@@ -359,7 +359,9 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
     share = entry.get("fraction")
     # YAML's .nan and .inf are floats too: normalized, no share would be left to size a mixture
     if share is not None and not (type(share) in (int, float) and math.isfinite(share) and share >= 0):  # not bool
-        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0")
+        # "0.5" quoted in the recipe is text: "must be a finite number" read as a refusal of 0.5 itself
+        fix = f": write it unquoted (fraction: {share})" if isinstance(share, str) and _number_text(share) else ""
+        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0{fix}")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
@@ -402,6 +404,14 @@ def _mixer(tokens: list, splits: list | None, split: str, flag: str, split_from:
     return [
         Source(name, s, amount=_amount(a), split_from=chosen_by) for (name, a), s in zip(pairs, splits, strict=True)
     ]
+
+
+def _number_text(text: str) -> bool:
+    """Whether `text` reads as a finite number >= 0 (a fraction quoted in the recipe)."""
+    try:
+        return math.isfinite(value := float(text)) and value >= 0
+    except ValueError:
+        return False
 
 
 def _amount(text: str) -> str:
