@@ -497,9 +497,8 @@ def _refuse_several_values(path: str, config: dict) -> None:
             given, fix = "a mapping", MAPPED_SOURCE
         else:
             continue
-        raise ConfigError(
-            f"{path}: {key} takes one value and the recipe gives {given}: give one{fix * (key == 'dataset_name')}"
-        )
+        fix = fix if key == "dataset_name" else ""  # the data set's own ways to give several, or a mapping
+        raise ConfigError(f"{path}: {key} takes one value and the recipe gives {given}: give one{fix}")
 
 
 def _check_env_entry(path: str, name, value) -> None:
