@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import time
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -356,12 +357,41 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
         replace(out, old)
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
+        # Under --auto_resume false a run goes on from the checkpoint it names, always (resume.explicit_point)
+        if (named := recipe.training.resume_from_checkpoint) and not recipe.project.auto_resume:
+            names = set_aside_past(out, named, names)
     # A name this run writes that the record does not hold, there already, is a person's: moved aside, never appended
     # to or removed as the run's. Without a record (a run from before records), its files are the run's.
     for name in [n for n in names if old is not None and n not in old and n != MANIFEST]:
         run_files.set_aside_if_not_own(out, name)
     run_files.write(out, names)
     clear_final_staging(out)
+
+
+def set_aside_past(out: Path, named: str, names: list[str]) -> list[str]:
+    """Main process, a run of --auto_resume false going on from the checkpoint it names: the run's own checkpoints
+    saved past that one (a course of the run given up for it) moved aside to `<output_dir>.past-<checkpoint>-<time>/`;
+    returns `names` without them. Left in the folder, a later attempt that resumes by itself (the same command without
+    --auto_resume false, killed before this course saved past them) went on from them, silently, and rotation kept
+    them over this course's own. Moved, not deleted: they may be worth keeping, and only the user can tell."""
+    start = saved_step(Path(named))
+    past = [p for p in checkpoints(out) if p.name in names and step_of(p) > start] if start is not None else []
+    if not past:
+        return names
+    folder = Path(os.path.abspath(out))  # `--output_dir .`: a folder beside the one run in
+    aside = folder.with_name(f"{folder.name}.past-{Path(named).name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside.mkdir()
+    for checkpoint in past:
+        run_files.incomplete(out, checkpoint.name)  # first: killed midway, it is no checkpoint gone
+        checkpoint.rename(aside / checkpoint.name)
+    moved = [p.name for p in past]
+    print(
+        f"Moved {', '.join(moved)} to {aside}: saved past {named}, which this run goes on from (--auto_resume false); "
+        f"left in {out}, a later run resuming by itself would have gone on from them; delete {aside} if you do not "
+        "need them",
+        flush=True,
+    )
+    return [n for n in names if n not in moved]
 
 
 def clear_final_staging(out: Path) -> None:

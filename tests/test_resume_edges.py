@@ -287,6 +287,32 @@ def test_a_lora_checkpoint_resumed_with_another_dtype_resumes_not_refused_as_rep
     assert json.loads((tmp_path / "bf16" / "run_complete.json").read_text())["global_step"] == 2
 
 
+def test_going_back_under_auto_resume_false_moves_the_course_past_the_named_checkpoint_aside(tmp_path, capsys):
+    """`--auto_resume false --resume_from_checkpoint out/checkpoint-4` in a folder holding the run's checkpoint-8: the
+    course given up for checkpoint-4 stayed there, and a later attempt that resumed by itself (the command without
+    --auto_resume false, this course killed before it saved past step 8) went on from checkpoint-8, silently. Moved
+    aside as the run starts, said in a line, never deleted."""
+    from dpotrain import output_folder
+    from dpotrain.train import resume
+
+    out = tmp_path / "run"
+    for step in (4, 8):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    run_files.write(
+        out, [run_files.MANIFEST, "checkpoint-4", "checkpoint-8"], complete=["checkpoint-4", "checkpoint-8"]
+    )
+    named = str(out / "checkpoint-4")
+    recipe = parse_args(train_args(out, "--auto_resume", "false", "--resume_from_checkpoint", named))
+    output_folder.start(recipe, start_afresh=False, pushes=False)  # as the run starts, resuming checkpoint-4
+    (aside,) = tmp_path.glob("run.past-checkpoint-4-*")
+    assert f"Moved checkpoint-8 to {aside}: saved past {named}, which this run goes on from" in capsys.readouterr().out
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-8"]
+    assert (aside / "checkpoint-8" / "COMPLETE").is_file()  # whole, as saved
+    assert "checkpoint-8" not in run_files.read(out) and run_files.completed(out) == ["checkpoint-4"]
+    # What a later run that resumes by itself goes on from: the course chosen, not the one given up
+    assert resume.latest_sound_checkpoint(out) == out / "checkpoint-4"
+
+
 def test_a_named_checkpoint_rotated_away_is_refused_naming_the_newest_beside_it(tmp_path):
     """`--auto_resume false --resume_from_checkpoint out/checkpoint-4`, stopped after save_total_limit's rotation
     deleted checkpoint-4: the same command again was refused saying "a rerun of the same command resumes from the
