@@ -1247,6 +1247,26 @@ def check_wandb_variables(recipe: Recipe) -> None:
     check_wandb_settings()
 
 
+def check_wandb_run_replaced(recipe: Recipe) -> None:
+    """A run that replaces the one in its folder (--overwrite_output_dir) under a WANDB_RUN_ID naming that run's W&B run
+    (the folder's record of it): it logged into that run again (WANDB_RESUME allow) from step 1, and W&B keeps a run's
+    steps in order, dropping every row at or below its last one, so the new run's curves were lost without a word
+    (online at once; offline once synced). Without the variable the new run gets a W&B run of its own."""
+    from dpotrain.train.tracking import RUN_ID_FILE  # (no W&B import: the dry run's modules stay few)
+
+    run_id = os.environ.get("WANDB_RUN_ID", "").strip()
+    logged = "wandb" in (recipe.training.report_to or []) and os.environ.get("WANDB_MODE", "").lower() != "disabled"
+    if not logged or not run_id:
+        return
+    id_file = Path(recipe.training.output_dir) / RUN_ID_FILE
+    if writes.is_file(id_file) and id_file.read_text(errors="replace").strip() == run_id:
+        raise ConfigError(
+            f"WANDB_RUN_ID {run_id!r} is the W&B run of the run --overwrite_output_dir replaces ({id_file}), whose "
+            "steps W&B keeps over this run's from step 1 on, dropping them: unset WANDB_RUN_ID (a new W&B run) or "
+            "set a new one"
+        )
+
+
 def check_wandb_settings() -> None:
     """Every WANDB_* variable wandb reads into its settings, asked of wandb's own check as wandb.init reads them: a
     value it refuses (WANDB_MODE=Offline, WANDB_CONSOLE=bogus, WANDB_HTTP_TIMEOUT=30s) ended the run in a pydantic

@@ -224,6 +224,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:
             decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+            # read before the replaced run's files go with its W&B run id (output_folder.replace)
+            once(options.check_wandb_run_replaced, recipe, when=decision.start_afresh)
         resuming = bool(decision.resume_from and not decision.start_afresh)
         once(check_histories, training.output_dir, when=resuming)  # the histories it trims, read before the model loads
         # Once per run that trains (completing a cut push must not create a repo); the main's answer is every rank's

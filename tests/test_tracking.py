@@ -154,6 +154,34 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
     assert (tmp_path / RUN_ID_FILE).read_text() == "exp1" and "logs on to 'exp1'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("run_id", ["exp1", "exp2"])
+def test_a_wandb_run_id_naming_the_run_overwrite_replaces_is_refused(run_id, tmp_path, monkeypatch, capsys):
+    """`WANDB_RUN_ID=exp1` fixed in the environment, and `--overwrite_output_dir` over the finished run that logged to
+    exp1: the new run logged into exp1 again from step 1, where W&B drops every step at or below exp1's last, and
+    nothing said so. Refused, naming the fix; another id (or none) is a W&B run of its own."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+    from dpotrain.train import run_files
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text("{}\n")  # a finished run, which logged to the W&B run exp1
+    (out / RUN_ID_FILE).write_text("exp1")
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", RUN_ID_FILE])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_RUN_ID", run_id)
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(out)]
+    with pytest.raises(SystemExit):
+        run_cli(lambda: train_dpo.main([*argv, "--overwrite_output_dir", "--dry-run"]))
+    refusal = (
+        f"WANDB_RUN_ID 'exp1' is the W&B run of the run --overwrite_output_dir replaces ({out / RUN_ID_FILE}), whose "
+        "steps W&B keeps over this run's from step 1 on, dropping them: unset WANDB_RUN_ID (a new W&B run) or set a "
+        "new one"
+    )
+    printed = capsys.readouterr().out
+    assert (f"warning: the run would refuse: {refusal}" in printed) == (run_id == "exp1"), printed
+
+
 def test_a_wandb_resume_value_wandb_refuses_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """WANDB_RESUME=true (older guides' value): wandb.init refused it with a pydantic traceback once W&B started, after
     the model loaded and the reference was scored (hours on the think recipe)."""
