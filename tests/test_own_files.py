@@ -1451,6 +1451,27 @@ print("after release:", out.exists())
     assert released == "after release: False"  # the lock gone, and the folder made for it
 
 
+def test_a_lock_copied_with_its_folder_is_taken_over_by_a_run_on_the_copy(tmp_path, capsys):
+    """`cp -r outputs/x outputs/y` while x's run trains (or after it was killed there), then a run on y: the copied lock
+    named x's live run as y's holder, and y was refused (`scancel` of that run offered as a way out), from another host
+    until 300 s old. A lock names the folder it holds: a copy's is taken over at once, and the original stays held."""
+    out, copy = tmp_path / "x", tmp_path / "y"
+    assert run_lock.acquire(out) is None
+    try:
+        shutil.copytree(out, copy)
+        run_lock.check_free(copy)  # a dry run of the copy: not refused
+        assert run_lock.acquire(copy) is None
+        took = capsys.readouterr().out
+        assert took.startswith(f"Took over {copy / run_lock.LOCK_FILE} from host ") and took.endswith(
+            ": a copy of another folder's lock (cp -r): its run holds that folder, not this one\n"
+        ), took
+        with pytest.raises(ConfigError, match=f"output_dir '{out}' is in use by another run"):
+            run_lock.check_free(out)
+    finally:
+        run_lock.release()
+    assert not (out / run_lock.LOCK_FILE).exists() and not (copy / run_lock.LOCK_FILE).exists()
+
+
 def test_the_lock_made_without_a_hard_link_is_exclusive_and_names_its_holder(tmp_path):
     lock = tmp_path / run_lock.LOCK_FILE
     raw = json.dumps(run_lock.holder_record()).encode()

@@ -61,8 +61,9 @@ def slurm_job() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or None
 
 
-def holder_record() -> dict:
-    """Who this process is, as the lock names it. No command line: it may hold a token."""
+def holder_record(out: Path | None = None) -> dict:
+    """Who this process is, as the lock names it, and the folder `out` it holds (`folder_inode`). No command line: it
+    may hold a token."""
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -71,7 +72,24 @@ def holder_record() -> dict:
         "slurm_job_id": slurm_job(),
         "slurm_restart_count": slurm_restart(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **({"folder_inode": folder_inode(out)} if out is not None else {}),
     }
+
+
+def folder_inode(out: Path) -> int | None:
+    """The folder's inode number: the same on every host of a shared file system (NFS's file id; not st_dev, which each
+    client numbers), kept by `mv`, new in a copy. None where it cannot be looked at."""
+    try:
+        return os.stat(out).st_ino
+    except OSError:
+        return None
+
+
+def copied(holder: dict, out: Path) -> bool:
+    """Whether the lock came with a copy of its folder (`cp -r` of a run's folder): its holder took another folder. A
+    lock written before locks named their folder is never taken for one."""
+    recorded, found = holder.get("folder_inode"), folder_inode(out)
+    return isinstance(recorded, int) and found is not None and found != recorded
 
 
 def alive_here(holder: dict) -> bool:
@@ -102,10 +120,15 @@ def foreign(out: Path, raw: bytes, holder: dict | None) -> str | None:
     )
 
 
-def free_reason(holder: dict | None, age_s: float) -> str | None:
-    """Why a lock held by `holder` (refreshed `age_s` ago) may be taken over; None when its holder may be alive."""
+def free_reason(holder: dict | None, age_s: float, out: Path | None = None) -> str | None:
+    """Why a lock held by `holder` (refreshed `age_s` ago) in the folder `out` may be taken over; None when its holder
+    may be alive and hold that folder."""
     if holder is None:
         return "unreadable" if age_s > STALE_S else None
+    # A copy's lock was refused while the run it was copied from lived, naming that run as this folder's holder (and
+    # `scancel` of it as a way out), and from another host until not refreshed for STALE_S
+    if out is not None and copied(holder, out):
+        return "a copy of another folder's lock (cp -r): its run holds that folder, not this one"
     job = slurm_job()
     restart = slurm_restart()
     if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
@@ -179,7 +202,7 @@ def live_holder(out: Path) -> tuple[dict | None, float] | None:
     """The holder of a live run's lock on `out` and seconds since it was refreshed; None where none is held (no lock, a
     dead run's, or a file no run wrote)."""
     found = _read(out / LOCK_FILE)
-    if found is None or foreign(out, found[0], found[1]) or free_reason(found[1], found[2]) is not None:
+    if found is None or foreign(out, found[0], found[1]) or free_reason(found[1], found[2], out) is not None:
         return None
     return found[1], found[2]
 
@@ -189,7 +212,7 @@ def check_free(out: Path) -> None:
     found = _read(out / LOCK_FILE)
     if found and (not_a_lock := foreign(out, found[0], found[1])):
         raise ConfigError(not_a_lock)
-    if found and free_reason(found[1], found[2]) is None:
+    if found and free_reason(found[1], found[2], out) is None:
         raise ConfigError(refusal(out, found[1], found[2]))
 
 
@@ -425,7 +448,7 @@ def acquire(out: Path) -> str | None:
 
 def _acquire(out: Path, made: list[Path]) -> str | None:
     lock = out / LOCK_FILE
-    raw = json.dumps(holder_record(), indent=1).encode() + b"\n"
+    raw = json.dumps(holder_record(out), indent=1).encode() + b"\n"
     for _ in range(5):  # a takeover raced by another run: each try ends with a holder or a broken lock
         if _link(lock, raw):
             _held.append(Lock(out, raw, made))
@@ -435,7 +458,7 @@ def _acquire(out: Path, made: list[Path]) -> str | None:
             continue  # released meanwhile
         if not_a_lock := foreign(out, found[0], found[1]):
             return not_a_lock
-        why = free_reason(found[1], found[2])
+        why = free_reason(found[1], found[2], out)
         if why is None:
             return refusal(out, found[1], found[2])
         _break(lock, found[0], why)
