@@ -328,6 +328,30 @@ def test_train_dpo_given_json_and_preflight_names_the_scripts_json_not_dry_run(t
     assert "scripts/preflight.py --json FILE" in err and "# DPO preflight" not in out + err
 
 
+def test_train_dpo_given_the_preflight_scripts_own_options_names_the_script():
+    """`train_dpo.py --preflight --sample 128`: answered "unknown argument '--sample'" alone, where the option is
+    scripts/preflight.py's (its --plot too). Named with the command that takes it, which does take them."""
+    import importlib.util
+
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    for flag in ("--sample", "--plot"):
+        with pytest.raises(ConfigError) as refused:
+            parse_args(["--config", SMOKE, "--preflight", flag, "128"])
+        assert str(refused.value) == (
+            f"unknown argument {flag!r} (an option of scripts/preflight.py: run `python scripts/preflight.py` with the "
+            f"same arguments and {flag} instead of train_dpo.py --preflight, which scores the preflight's default "
+            "sample); see train_dpo.py --help"
+        )
+    spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name in ("sample", "plot"):
+        own, rest = script.parse_own([f"--{name}", "128"])
+        assert str(getattr(own, name)) == "128" and rest == []
+
+
 @pytest.mark.slow
 def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
     """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen

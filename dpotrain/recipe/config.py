@@ -387,6 +387,10 @@ ACCELERATE_OPTIONS = frozenset(
     "num_cpu_threads_per_process deepspeed_multinode_launcher".split()
 )
 
+# scripts/preflight.py's own options that train_dpo.py has not (its --seed and --json are train_dpo.py's too): typed
+# after `train_dpo.py --preflight`, which runs the same preflight on its default sample, they were "unknown" alone
+PREFLIGHT_OPTIONS = frozenset({"sample", "plot"})
+
 
 def _suggest(name: str) -> str:
     """' (did you mean ...?)' for a misspelled field, written as given; an older version's field: what replaced it; a
@@ -398,6 +402,11 @@ def _suggest(name: str) -> str:
         return (
             f" (an sbatch option: give it before the script (sbatch {name}=... scripts/dpo_train.sh ...): after it, "
             "sbatch hands it to the script, which hands it to train_dpo.py)"
+        )
+    if name.startswith("--") and bare in PREFLIGHT_OPTIONS:
+        return (
+            f" (an option of scripts/preflight.py: run `python scripts/preflight.py` with the same arguments and "
+            f"{name} instead of train_dpo.py --preflight, which scores the preflight's default sample)"
         )
     if name.startswith("--") and bare in ACCELERATE_OPTIONS:
         return (
