@@ -1203,3 +1203,22 @@ def test_an_fsdp2_bf16_run_does_not_reuse_the_reference_of_a_bf16_autocast_run(t
     assert result.returncode == 0, result.stderr[-3000:]
     said = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("reference log-probs")]
     assert said and not any("reused" in line for line in said), said
+
+
+def test_the_reference_cache_key_names_tf32_where_it_computes_so(monkeypatch):
+    """`tf32: true` (or torch's setting, or cuBLAS's override variable) rounds a GPU's float32 matmuls to a 10-bit
+    mantissa: the reference scored under it differs from one scored without, and the key did not name it, so a run
+    reused the other setting's scores. On a CPU TF32 changes nothing: no part, every CPU run keeps its key."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.fp32_precision  # "none" unset: set and put back as it was, here in CPU's torch
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # what transformers' tf32=True sets (enable_tf32)
+        assert reference.float32_matmul("cuda") == {"float32_matmul": "tf32"}
+        assert reference.float32_matmul("cpu") == {}
+        torch.backends.cuda.matmul.fp32_precision = "ieee"  # tf32=False
+        assert reference.float32_matmul("cuda") == {}
+        monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+        assert reference.float32_matmul("cuda") == {"float32_matmul": "tf32"}
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved

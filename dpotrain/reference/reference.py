@@ -107,6 +107,7 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     # (rewards 0.02-0.04 off on the demo's model). Added only there, so every other run keeps its key.
     if scorer.engine.name == "fsdp2" and (args.bf16 or args.fp16):
         overrides |= {"fsdp2_mixed_precision": "bf16" if args.bf16 else "fp16"}
+    overrides |= float32_matmul(scorer.accelerator.device.type)
     return overrides | {
         "version": CACHE_VERSION,
         "model": model_identity.cache_name(model.config.name_or_path),
@@ -123,6 +124,19 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
         "forward": "packed" if scorer.packed else "padded",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
     }
+
+
+def float32_matmul(device_type: str) -> dict:
+    """The key's part for TF32 (`tf32: true`, torch's own setting, or cuBLAS's override variable): on an Ampere or newer
+    GPU it rounds float32 matmuls' inputs to a 10-bit mantissa, which moves the log-probs: every matmul of a float32
+    run (bf16 false), and under bf16 autocast any a model computes in float32 outside it (a router kept in float32).
+    Keyed alike, a run reused the scores of one with the other setting, and its rewards at step 1 measured the two
+    settings' difference, not training. Added only on a GPU with TF32 on, so every other run keeps its key (on a CPU,
+    where TF32 changes nothing, every run)."""
+    overridden = os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1"
+    if device_type == "cuda" and (torch.backends.cuda.matmul.fp32_precision == "tf32" or overridden):
+        return {"float32_matmul": "tf32"}
+    return {}
 
 
 def kept_parts(kept: int, beside: dict[str, int], verb: str) -> list[str]:
