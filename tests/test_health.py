@@ -550,6 +550,26 @@ def test_a_health_stop_ends_its_wandb_run_failed_before_the_stop_line(tmp_path, 
     assert any(line.startswith("wandb:") for line in lines[:-1]), result.stdout[-2000:]  # W&B's closing lines, before
 
 
+def test_an_fp16_step_whose_gradients_overflowed_is_no_nan_state(guard):
+    """fp16's loss scaler skips a step whose gradients overflowed (grad_norm inf or NaN) and lowers its scale, as an
+    fp16 run's first steps do by design: the nonfinite guard stopped the run there, "the weights or the loss went NaN
+    or inf ... Rerun with a lower --learning_rate and --overwrite_output_dir", with nothing wrong. Not fatal under
+    fp16, where the grad norm alone is non-finite; a loss or reward that is, still is."""
+    from dpotrain.train import health
+
+    logs = {"loss": 0.65, "rewards_norm/chosen": 0.1, "rewards_norm/rejected": -0.1, "rewards_norm/margins": 0.2}
+    g, args = guard("--fp16", "true")
+    assert g.check(4, {**logs, "grad_norm": math.inf}, args, 100) == [] and g.overflowed == 4
+    assert g.check(6, {**logs, "grad_norm": math.nan}, args, 100) == [] and g.overflowed == 6
+    nan_loss = g.check(8, {**logs, "loss": math.nan, "grad_norm": math.nan}, args, 100)
+    assert [(a.guard, a.fatal) for a in nan_loss] == [("nonfinite", True)]
+    g, args = guard()  # fp32 (or bf16): no scaler skips a step, so an inf norm is the state's
+    assert [(a.guard, a.fatal) for a in g.check(4, {**logs, "grad_norm": math.inf}, args, 100)] == [("nonfinite", True)]
+    assert health.fp16_overflow(4, math.inf).startswith(
+        "step 4: grad_norm inf under fp16: its gradients overflowed, so the loss scaler skipped that update"
+    )
+
+
 def test_a_nonfinite_stops_advice_is_what_a_rerun_takes(guard, tmp_path):
     """The NaN stop said 'resume from an earlier one with a lower --learning_rate' and 'earlier complete checkpoints
     still resume'; followed, the rerun was refused twice: a resume refuses another learning rate (RESUME_FIELDS), and

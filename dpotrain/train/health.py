@@ -39,6 +39,15 @@ class Alarm:
     fatal: bool = False  # stops whatever health_action says (NaN: nothing to continue from)
 
 
+def fp16_overflow(step: int, norm: float) -> str:
+    """The line of an fp16 step whose gradients overflowed, said once a run."""
+    return (
+        f"step {step}: grad_norm {norm} under fp16: its gradients overflowed, so the loss scaler skipped that update "
+        "and lowered its scale (the first steps of fp16 do this); the loss and weights are finite, so training goes "
+        "on. Every step skipping is no training: use bf16 on a GPU that has it (Ampere or newer), which needs no scaler"
+    )
+
+
 def check_values(project) -> None:
     """Refuse health settings that cannot work, before anything loads."""
     p = project  # health_action: its parser's choices refuse another word
@@ -60,6 +69,7 @@ class HealthGuard(TrainerCallback):
         self._warned: set[str] = set()
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
         self._dropout: list[str] = []  # the dropout training keeps on (dropout.active), read at the start
+        self.overflowed: int | None = None  # the last logged step whose fp16 gradients overflowed (`check`)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
@@ -92,6 +102,9 @@ class HealthGuard(TrainerCallback):
         if not logs or "loss" not in logs:  # eval records and the end-of-training summary
             return control
         alarms = self.check(state.global_step, logs, args, state.max_steps)
+        if self.overflowed is not None and "fp16_overflow" not in self._warned and state.is_world_process_zero:
+            print(f"health: {fp16_overflow(self.overflowed, logs['grad_norm'])}", file=sys.stderr, flush=True)
+            self._warned.add("fp16_overflow")
         self._count(state.global_step, logs)
         # 0 go on, 1 stop with a checkpoint, 2 stop without one: one rank's verdict stops all, at the same step
         action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
@@ -117,7 +130,15 @@ class HealthGuard(TrainerCallback):
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
-        if bad := {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}:
+        bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
+        # fp16's loss scaler skips the update of a step whose gradients overflowed (their norm inf or NaN) and lowers
+        # its scale: the weights stay as they were, and an fp16 run's first steps overflow by design (the scale starts
+        # at 2^16). Judged a NaN state, an fp16 run was stopped at the first overflow logged, told to lower the learning
+        # rate and start afresh, with nothing wrong.
+        if args.fp16 and list(bad) == ["grad_norm"]:
+            self.overflowed = step
+            bad = {}
+        if bad:
             message = (
                 f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
                 "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
