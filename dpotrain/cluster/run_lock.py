@@ -77,8 +77,7 @@ def holder_record(out: Path | None = None) -> dict:
 
 
 def folder_inode(out: Path) -> int | None:
-    """The folder's inode number: the same on every host of a shared file system (NFS's file id; not st_dev, which each
-    client numbers), kept by `mv`, new in a copy. None where it cannot be looked at."""
+    """The folder's inode number: kept by `mv`, new in a copy. None where it cannot be looked at."""
     try:
         return os.stat(out).st_ino
     except OSError:
@@ -86,10 +85,13 @@ def folder_inode(out: Path) -> int | None:
 
 
 def copied(holder: dict, out: Path) -> bool:
-    """Whether the lock came with a copy of its folder (`cp -r` of a run's folder): its holder took another folder. A
-    lock written before locks named their folder is never taken for one."""
+    """Whether the lock came with a copy of its folder (`cp -r` of a run's folder): its holder, a process of this host,
+    took another folder. Of another host's holder it is not told: a FUSE mount (gcsfuse, s3fs) numbers inodes per host,
+    and a live run's lock read as a copy's would let a second run into its folder; a copy's lock, never refreshed, is
+    taken once stale. A lock written before locks named their folder is never taken for one."""
     recorded, found = holder.get("folder_inode"), folder_inode(out)
-    return isinstance(recorded, int) and found is not None and found != recorded
+    here = holder.get("host") == socket.gethostname()
+    return here and isinstance(recorded, int) and found is not None and found != recorded
 
 
 def alive_here(holder: dict) -> bool:
