@@ -3606,3 +3606,39 @@ def test_a_final_model_damaged_since_the_run_saved_it_is_refused_before_anything
         "copy it again from the folder the run wrote, or train again into a new output_dir; nothing was pushed"
     )
     assert hub.state.commits == []
+
+
+def test_a_lora_runs_merged_folder_deleted_whole_is_pushed_without_it_and_the_card_says_so(tmp_path):
+    """`rm -r outputs/x/merged` once a LoRA run with merge_lora had finished (the base with the adapter merged in, as
+    large as the base, made again from the adapter): every push was refused, "merged/model.safetensors is not the file
+    the run saved (it is missing): copy it again ... or train again", and the run could not be pushed at all. Pushed
+    without it, the card no longer naming a merged/ that is not there; a merged/ there in part is still refused."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import checkpoint_manifest
+
+    out = tmp_path / "run"
+    (out / "merged").mkdir(parents=True)
+    for name in ("adapter_model.safetensors", "merged/model.safetensors", "merged/config.json"):
+        (out / name).write_text(f"{name}\n")
+    saved = {
+        n: {"bytes": (out / n).stat().st_size, "sha256": checkpoint_manifest.sha256(out / n)}
+        for n in ("adapter_model.safetensors", "merged/model.safetensors", "merged/config.json")
+    }
+    (out / hub.RUN_COMPLETE).write_text(json.dumps({"global_step": 2, hub.MODEL_FILES: saved}))
+    (out / hub.CARD).write_text("This is a **LoRA adapter**. The merged model (base + adapter) is in `merged/`.\n")
+    (out / "merged" / "model.safetensors").unlink()  # in part: a copy cut short
+    with pytest.raises(ConfigError, match="merged/model.safetensors is not the file the run saved"):
+        hub.check_saved_model(out)
+    for entry in (out / "merged").iterdir():
+        entry.unlink()
+    (out / "merged").rmdir()  # deleted whole
+    assert hub.check_saved_model(out, hashed=True) == {
+        "adapter_model.safetensors": saved["adapter_model.safetensors"]["sha256"]
+    }
+    assert hub.merged_deleted(out)
+    hub.card_without_merged(out)
+    assert (out / hub.CARD).read_text() == (
+        "This is a **LoRA adapter**. Its merged model (`merge_lora: true`) was deleted after training, so `merged/` "
+        "is not here: merge the adapter into the base with PEFT's `merge_and_unload()`.\n"
+    )

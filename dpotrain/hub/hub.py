@@ -3,6 +3,7 @@ write-access check at start. Checkpoint branches: hub_push.py."""
 
 import contextlib
 import functools
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest, run_files
-from dpotrain.train.lora import MERGED_DIR, card_lines
+from dpotrain.train.lora import MERGED_DELETED, MERGED_DIR, MERGED_LINE, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 from dpotrain.train.weight_names import CUT_SHORT, WEIGHT_FILES, not_whole, shards_of
@@ -653,7 +654,10 @@ def check_saved_model(output_dir: str | Path, hashed: bool = False) -> dict[str,
     out = Path(output_dir)
     again = "copy it again from the folder the run wrote, or train again into a new output_dir; nothing was pushed"
     digests = {}
+    skipped = merged_deleted(out)
     for name, saved in (finished(out).get(MODEL_FILES) or {}).items():
+        if skipped and PurePosixPath(name).parts[0] == MERGED_DIR:
+            continue
         path = out / name
         try:
             size = path.stat().st_size
@@ -670,6 +674,24 @@ def check_saved_model(output_dir: str | Path, hashed: bool = False) -> dict[str,
                 f"{path} is not the file the run saved (its SHA-256 is not the one {RUN_COMPLETE} records): {again}"
             )
     return digests
+
+
+def merged_deleted(out: Path) -> bool:
+    """Whether a LoRA run's merged/ was deleted whole since the run wrote it (`rm -r`: the base with the adapter merged
+    in, as large as the base, and made from what the push uploads). The run is pushed without it, the card saying so
+    (`card_without_merged`): refused as a file missing ("copy it again ... or train again"), it could not be pushed at
+    all. A merged/ there in part is a copy cut short, refused as any (`check_saved_model`)."""
+    names = finished(out).get(MODEL_FILES) or {}
+    recorded = any(PurePosixPath(name).parts[0] == MERGED_DIR for name in names)
+    return recorded and not os.path.lexists(out / MERGED_DIR)
+
+
+def card_without_merged(out: Path) -> None:
+    """The card's line of the merged model replaced by one saying it was deleted (`merged_deleted`)."""
+    card = out / CARD
+    text = card.read_text(encoding="utf-8")
+    if MERGED_LINE in text:
+        write_text(card, text.replace(MERGED_LINE, MERGED_DELETED))
 
 
 def check_whole(out: Path, folders: dict[PurePosixPath, set[str]]) -> None:

@@ -265,15 +265,19 @@ def _set_tied(model, tied: bool) -> None:
             config.tie_word_embeddings = tied
 
 
+# The card's line of a run's merged model, and what a push says in its place where merged/ was deleted since
+MERGED_LINE = f" The merged model (base + adapter) is in `{MERGED_DIR}/`."
+MERGED_DELETED = (
+    f" Its merged model (`merge_lora: true`) was deleted after training, so `{MERGED_DIR}/` is not here: merge the "
+    "adapter into the base with PEFT's `merge_and_unload()`."
+)
+
+
 def card_lines(s) -> str:
     """Model card paragraph for an adapter run (`s`: the record's settings); "" for a full fine-tune."""
     if not s.use_peft:
         return ""
-    merged = (
-        f" The merged model (base + adapter) is in `{MERGED_DIR}/`."
-        if s.merge_lora
-        else " Pass `merge_lora: true` to also save the merged model."
-    )
+    merged = MERGED_LINE if s.merge_lora else " Pass `merge_lora: true` to also save the merged model."
     load = "Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`."
     base = s.model_name_or_path  # a local folder by its name alone: its path is the training machine's
     base = base if is_hub_model(base) or builtin.is_builtin(base) else Path(base.rstrip("/")).name or base
