@@ -1678,3 +1678,19 @@ def test_an_edited_copy_outside_the_project_runs_the_exported_project_or_says_ho
         env["DPOTRAIN_ROOT"] = str(ROOT)
         ran = subprocess.run(["bash", str(jobs / script)], cwd=jobs, env=env, capture_output=True, text=True)
         assert ran.returncode == 0 and "--num_processes 4" in ran.stdout, ran.stderr
+
+
+@pytest.mark.parametrize("code", [3, 143])
+def test_the_launch_in_the_background_ends_with_srun_s_own_exit_code(code):
+    """launch.sh runs srun's line in the background (to keep its traps live) and reads its code with `wait`: under
+    set -e a background `eval` of a failing command ended with 1, whatever srun's code, so an srun ended by Slurm's
+    SIGTERM (143) read as a node's failure and the wait for the save was skipped. The script's own line, run here."""
+    (launch,) = [ln for ln in (ROOT / "scripts" / "launch.sh").read_text().splitlines() if 'eval "$line"' in ln]
+    script = f"""set -euo pipefail
+line='bash -c "exit {code}"'
+{launch}
+wait "$!" && rc=0 || rc=$?
+echo "rc=$rc"
+"""
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert ran.stdout.strip() == f"rc={code}", (ran.stdout, ran.stderr)
