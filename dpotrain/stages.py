@@ -222,9 +222,8 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         check(collectives.every_rank, options.check_wandb, recipe)
         if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
             collectives.main_outcome(options.check_wandb_reachable, recipe)
-        if not folder_refused:
+        if not folder_refused:  # the W&B run's check reads before the replaced run's files go (output_folder.replace)
             decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
-            # read before the replaced run's files go with its W&B run id (output_folder.replace)
             once(options.check_wandb_run_replaced, recipe, when=decision.start_afresh)
         resuming = bool(decision.resume_from and not decision.start_afresh)
         once(check_histories, training.output_dir, when=resuming)  # the histories it trims, read before the model loads
@@ -234,8 +233,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
             push = replace(push, repo_id=claimed or push.repo_id)  # None: a run that trains nothing claims none
     recorded = resolve.continued_record(decision, training.output_dir)  # prefetch.py fetches by it too
     kept = hub_revision.kept(recipe, recorded) if recorded else None
-    # A mixture's Hub sources at the commits its record holds, as one Hub data set's (pin_sources)
-    sources = mixture.kept(recipe, recorded) if recorded else {}
+    sources = mixture.kept(recipe, recorded) if recorded else {}  # a mixture's Hub sources at its record's commits
     draws = mixture.drawn_by(recipe, recorded) if recorded else {}  # the rows it started on
     said = [(recipe.script.dataset_name, " (dataset_revision)", kept)] if kept else []
     said += [(f"mixture source {repo}", "", commit) for repo, commit in sorted(sources.items())]
