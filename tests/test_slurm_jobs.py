@@ -274,33 +274,19 @@ def test_a_job_on_a_folder_a_live_run_holds_ends_at_its_dry_run_before_the_launc
     assert "launch: " not in text and slurm.job_info(job)["ExitCode"] == "2:0", text[-3000:]
 
 
-def early_stopped_job(slurm, folder: Path, *options: str, env=None) -> tuple[int, Path]:
-    """The README's CPU job (4 steps), sent `scancel --signal=USR1 --batch` as its banner is printed: to the batch
-    shell while launch.sh reads the recipe and plans the run, long before it launches training."""
+def early_stopped_job(
+    slurm, folder: Path, *options: str, env=None, script=SCRIPT, args=("--max_steps", "4")
+) -> tuple[int, Path]:
+    """The README's CPU job (4 steps, or `args`), sent `scancel --signal=USR1 --batch` as its banner is printed: to the
+    batch shell while launch.sh reads the recipe and plans the run, long before it launches training."""
     log = folder / "early.out"
     sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
-    args = ["--max_steps", "4", "--report_to", "none", "--output_dir", str(folder / "run")]
+    args = [*args, "--report_to", "none", "--output_dir", str(folder / "run")]
     env = {**README_ENV, **(env or {})}
-    job = slurm.sbatch([*sbatch, *options, f"--output={log}", SCRIPT, *args], cwd=folder, env=env)
+    job = slurm.sbatch([*sbatch, *options, f"--output={log}", str(script), *args], cwd=folder, env=env)
     wait_while_running(slurm, job, lambda: log.exists() and "=== DPO job" in log.read_text(), poll=0.05, log=log)
     slurm.signal(job, "USR1")
     return job, log
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_stop_signal_before_the_launch_requeues_the_job_which_trains_in_its_next_start(slurm, tmp_path):
-    """A USR1 (`scancel --signal=USR1 --batch`) that reached the batch shell before launch.sh had set its traps ended
-    the shell by bash's default action: the job FAILED (ExitCode 0:10) with no line in its log, never requeued, its run
-    never finished. Now that start launches nothing, says so, and requeues; the next start trains to the end."""
-    job, log = early_stopped_job(slurm, tmp_path)
-    state = slurm.wait(job, timeout=600)
-    text = log.read_text(errors="replace")
-    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", (slurm.job_info(job), text[-3000:])
-    first, second = text.split(f"=== DPO job {job} (dpo-think) restart 1", 1)
-    assert f"SIGUSR1 came before training was launched: nothing trained in this start; requeueing job {job}" in first
-    assert "launch: " not in first and "training exited with code 0" in second
-    assert json.loads((tmp_path / "run" / "run_complete.json").read_text())["global_step"] == 4
 
 
 @pytest.mark.slurm
@@ -813,30 +799,42 @@ def test_a_job_submitted_from_another_jobs_step_is_its_own_first_start_on_its_ow
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tmp_path):
-    """`scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
-    answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training processes
-    die before they save, whatever they or launch.sh handle (srun takes SIGTERM back and waits for it). The job waited
-    KillWait for a save that could not come, then ended FAILED, unrequeued, its log saying "Slurm ended the job before
-    its save was complete", neither true, and nothing of the steps lost. Now the log says what was lost and how to stop
-    with a checkpoint, and the job, which the stop request did not end, is requeued and trains to its end. (The README's
-    CPU job, its checkpoint on a slow file system, `slow_checkpoint_project`: signalled once step 3 has trained.)"""
+def test_a_stop_before_the_launch_requeues_and_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(
+    slurm, tmp_path
+):
+    """Two stops of one job (a job start is ~30 s), each followed by a requeue; the job then trains to its end.
+    - A USR1 (`scancel --signal=USR1 --batch`) that reached the batch shell before launch.sh had set its traps ended
+      the shell by bash's default action: the job FAILED (ExitCode 0:10) with no line in its log, never requeued, its
+      run never finished. Now that start launches nothing, says so, and requeues; the next start trains.
+    - `scancel --signal=TERM --full` signals every process of the job, the batch step's srun among them, and srun
+      answers a SIGTERM it receives with a SIGKILL of its tasks ("srun: forcing job termination"): the training
+      processes die before they save, whatever they or launch.sh handle (srun takes SIGTERM back and waits for it). The
+      job waited KillWait for a save that could not come, then ended FAILED, unrequeued, its log saying "Slurm ended
+      the job before its save was complete", neither true, and nothing of the steps lost. Now the log says what was
+      lost and how to stop with a checkpoint, and the job, which the stop request did not end, is requeued and trains
+      to its end. (Its checkpoint on a slow file system, `slow_checkpoint_project`: signalled once step 3 of its
+      second start has trained.)
+    Each had a job of its own until session 69."""
     project = slow_checkpoint_project(tmp_path / "project")
-    held, log, out = tmp_path / "held", tmp_path / "full.out", tmp_path / "run"
+    held, out = tmp_path / "held", tmp_path / "run"
     held.mkdir()
-    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
-    hold = {"SLOW_CHECKPOINT_S": "45", "DPOTRAIN_TEST_HOLD": "step-3@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
-    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
-    script = str(project / "scripts" / "dpo_train.sh")
-    job = slurm.sbatch(
-        [*sbatch, f"--output={log}", script, *args, "--output_dir", str(out)], cwd=tmp_path, env={**README_ENV, **hold}
-    )
+    hold = {"SLOW_CHECKPOINT_S": "45", "DPOTRAIN_TEST_HOLD": "step-3@1", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
+    args = ("--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000")
+    script = project / "scripts" / "dpo_train.sh"
+    job, log = early_stopped_job(slurm, tmp_path, env=hold, script=script, args=args)  # USR1 at its banner
     wait_while_running(slurm, job, (held / "held-step-3").exists, log=log)  # step 3 trained, its stop not yet asked
     slurm.signal(job, "TERM", batch_only=False)  # scancel --signal=TERM --full
     state = slurm.wait(job, timeout=600)
     text = log.read_text(errors="replace")
-    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "1", text[-3000:]
-    first = text.split(f"=== DPO job {job} (dpo-think) restart 1", 1)[0]
+    assert state == "COMPLETED" and slurm.job_info(job)["Restarts"] == "2", (slurm.job_info(job), text[-3000:])
+    early, rest = text.split(f"=== DPO job {job} (dpo-think) restart 1", 1)
+    first, second = rest.split(f"=== DPO job {job} (dpo-think) restart 2", 1)
+
+    # The USR1 before the launch: nothing launched in that start, which said so and requeued.
+    assert f"SIGUSR1 came before training was launched: nothing trained in this start; requeueing job {job}" in early
+    assert "launch: " not in early
+
+    # The SIGTERM to the whole job, in the start after it: what srun killed, and a requeue.
     assert "srun: forcing job termination" in first and "Slurm ended the job" not in first, first[-3000:]
     lost = re.search(
         r"^warning: srun was sent the SIGTERM too \(scancel --signal=TERM --full signals every process of the job, .*: "
@@ -850,6 +848,7 @@ def test_a_sigterm_to_the_whole_job_says_what_srun_killed_and_requeues(slurm, tm
     assert lost and lost[1] in "23", first[-3000:]
     assert f"srun killed the training processes before they saved (its SIGTERM); requeueing job {job}" in first
     assert "waiting up to" not in first  # no KillWait for processes already killed
+    assert "training exited with code 0" in second
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 6
 
 
