@@ -107,33 +107,47 @@ def test_held_out_pairs_the_ranks_cannot_share_equally_are_evaluated_one_a_batch
     assert [r["step"] for r in records if "eval_loss" in r] == [2]
 
 
-@pytest.mark.slow
-def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_refused(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize(
+    "rows, kept, ranks, max_steps, refused",
+    [
+        (7, None, 1, -1, "where the 7 pairs make 2 steps an epoch"),  # no pair dropped
+        (9, 7, 1, -1, "where the 7 pairs it trains (of 9 rows: 2 dropped at max_length) make 2 steps an epoch"),
+        (7, 6, 1, -1, None),  # 6 pairs kept: 2 steps on any number of ranks (the 7 rows: 2 on 3, 3 on one)
+        (7, None, 3, -1, None),  # the ranks it was trained on
+        (7, None, 1, 1, None),  # the run ends at step 1, before the steps differ
+        (7, None, 1, 2, "where the 7 pairs make 2 steps an epoch"),  # its step 2 is 4 pairs on 3 ranks, 3 on one
+    ],
+)
+def test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_into_other_steps_is_refused(
+    rows, kept, ranks, max_steps, refused, tmp_path
+):
     """7 pairs of 3 a step: on 3 ranks the last pair joins step 2 (steps of 3 and 4 pairs), on one process it is a
-    step of its own (3 steps). Step 1's checkpoint of the 3-rank run resumed on one process was honoured in silence:
-    its step 2 trained 3 pairs, not 4, and a step 3 followed, on a 3-step learning-rate schedule."""
-    from dpotrain.data import builtin
+    step of its own (3 steps). Step 1's checkpoint of a 3-rank run resumed on one process was honoured in silence: its
+    step 2 trained 3 pairs, not 4, and a step 3 followed, on a 3-step learning-rate schedule. The epoch is cut from the
+    pairs the checkpoint's run kept (its record's `pairs_trained`), not the rows. The record is the one a 3-rank launch
+    writes; test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps launches the run and its resume."""
+    from types import SimpleNamespace
 
-    data = tmp_path / "pairs.jsonl"
-    datasets.Dataset.from_list(builtin.make_preference_rows(7, seed=13)).to_json(data)
-    args = ["--pairs_per_step", "3", "--save_steps", "1", "--max_length", "512"]
-    trained = launch(tmp_path, 3, tiny_model_dir, data, *args)
-    assert trained.returncode == 0, trained.stdout[-3000:]
-    # The libraries' bars are the main process's alone (every rank loads the model and maps the data: 3 of each)
-    for bar in ("Loading weights", "Labeling every assistant turn"):
-        assert trained.stdout.count(f"{bar}: 100%") == 1, trained.stdout[-3000:]
+    from dpotrain import resolve
+    from dpotrain.recipe.errors import ConfigError
+
     checkpoint = tmp_path / "run" / "checkpoint-1"
-    resumed = launch(tmp_path, 1, tiny_model_dir, data, *args, "--resume_from_checkpoint", str(checkpoint), out="one")
-    assert resumed.returncode == 2, resumed.stdout[-3000:]
-    errors = [line for line in resumed.stdout.splitlines() if line.startswith("error:")]
-    assert errors == [
-        f"error: checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, where the 7 pairs make 2 "
-        "steps an epoch, and on 1 they make 3 (a last step of fewer pairs than processes joins the one before it): "
-        "the steps past it would train other pairs, on another learning-rate schedule; resume it on 3 processes, or "
-        f"start a new run from a copy of its weights (cp -r {checkpoint} <new folder>, then --model_name_or_path "
-        "<new folder> and a new --output_dir)"
-    ], resumed.stdout[-3000:]
-    assert "reference log-probs" not in resumed.stdout
+    checkpoint.mkdir(parents=True)
+    batching = {"pairs_trained": {"of": kept}} if kept is not None else {}
+    derived = {"data_parallel_size": 3, "batching": batching}
+    (checkpoint / "resolved_config.json").write_text(json.dumps({"derived": derived}))
+    training = SimpleNamespace(max_steps=max_steps, num_train_epochs=1.0)
+    if refused is None:
+        resolve.check_resumed_ranks(str(checkpoint), training, 3, ranks, rows)
+        return
+    with pytest.raises(ConfigError) as error:
+        resolve.check_resumed_ranks(str(checkpoint), training, 3, ranks, rows)
+    assert str(error.value) == (
+        f"checkpoint {str(checkpoint)!r} was trained on 3 data-parallel processes, {refused}, and on 1 they make 3 (a "
+        "last step of fewer pairs than processes joins the one before it): the steps past it would train other "
+        f"pairs, on another learning-rate schedule; resume it on 3 processes, or start a new run from a copy of its "
+        f"weights (cp -r {checkpoint} <new folder>, then --model_name_or_path <new folder> and a new --output_dir)"
+    )
 
 
 @pytest.mark.slow
@@ -175,7 +189,8 @@ def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, lon
     """keep_start drops a pair whose prompt alone fills max_length, so the epoch is cut from the pairs kept, not the
     rows. 9 rows, 2 dropped: 7 pairs of 3 a step are 2 steps on 3 ranks and 3 on one, and the resume on one process
     was honoured in silence (9 rows make 3 steps either way). 7 rows, 1 dropped: 6 pairs are 2 steps on any number of
-    ranks, and the resume was refused (7 rows make 2 steps on 3 ranks, 3 on one)."""
+    ranks, and the resume was refused (7 rows make 2 steps on 3 ranks, 3 on one). The launched path of
+    `resolve.check_resumed_ranks`, whose cases test_a_checkpoint_resumed_on_ranks_that_cut_its_epoch_... holds."""
     from dpotrain.data import builtin
 
     pairs = builtin.make_preference_rows(rows, seed=13)
@@ -202,6 +217,7 @@ def test_a_resume_on_other_ranks_is_judged_on_the_pairs_training_keeps(rows, lon
             "another learning-rate schedule; resume it on 3 processes, or start a new run from a copy of its weights "
             f"(cp -r {checkpoint} <new folder>, then --model_name_or_path <new folder> and a new --output_dir)"
         ], resumed.stdout[-3000:]
+        assert "reference log-probs" not in resumed.stdout  # refused with the data, before the reference stage
     else:
         assert resumed.returncode == 0 and not errors, resumed.stdout[-3000:]
         assert json.loads((tmp_path / "one" / "run_complete.json").read_text())["global_step"] == 2
