@@ -80,13 +80,23 @@ def cut_short(folder):
 
 
 @pytest.mark.slow
-def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp_path, tiny_model_dir):
+def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones_and_a_step_written_again_starts_empty(
+    tmp_path, tiny_model_dir, capsys
+):
+    """Rotation never counts a folder cut short as a kept one; and a save cut short at a step the resumed run saves
+    again must not leave its old files (a DeepSpeed shard of another world size, say) in the new checkpoint. One
+    resumed run shows both: cut short at step 5 (never saved again) and at step 4 (saved again)."""
     out = tmp_path / "run"
     trainer_for(out, tiny_model_dir, max_steps=2).train()
     assert [p.name for p in checkpoints(out)] == ["checkpoint-2"] and is_complete(out / "checkpoint-2")
 
     # A later job got to step 5 and was killed while saving there (a stop request's checkpoint): resuming ignores it.
     cut_short(out / "checkpoint-5")
+    # One before it was killed while saving at step 4, leaving a shard of another world size: written again below.
+    cut_short(out / "checkpoint-4")
+    leftover = out / "checkpoint-4" / "global_step4" / "zero_pp_rank_7_mp_rank_00_optim_states.pt"
+    leftover.parent.mkdir()
+    leftover.write_bytes(b"old")
     # A person copied a checkpoint of their own into the folder: not the run's, so rotation leaves it.
     shutil.copytree(out / "checkpoint-2", out / "checkpoint-1")
     assert newest_verified(out)[0] == out / "checkpoint-2"
@@ -105,25 +115,13 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
     assert all(is_complete(p) for p in checkpoints(out))
     # The run's record lists its own marked complete (one of them gone later was moved or deleted: checkpoints.gone)
     assert run_files.completed(out) == ["checkpoint-4", "checkpoint-6"]
-
-
-@pytest.mark.slow
-def test_a_step_written_again_starts_from_an_empty_folder(tmp_path, tiny_model_dir, capsys):
-    """A save cut short at a step the resumed run saves again: its old files (a DeepSpeed shard of another world size,
-    say) must not end up in the new checkpoint."""
-    out = tmp_path / "run"
-    trainer_for(out, tiny_model_dir, max_steps=2).train()
-    cut_short(out / "checkpoint-4")
-    leftover = out / "checkpoint-4" / "global_step4" / "zero_pp_rank_7_mp_rank_00_optim_states.pt"
-    leftover.parent.mkdir()
-    leftover.write_bytes(b"old")
-    trainer_for(out, tiny_model_dir, max_steps=4).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    # Step 4 was written into an empty folder: the old shard gone, the new weights, not the stale bytes
     assert (
         f"Removed {out / 'checkpoint-4'} of an earlier attempt (incomplete (no {MARKER} mark: a save or a deletion cut "
         "short))" in capsys.readouterr().out
     )
-    assert not leftover.exists() and is_complete(out / "checkpoint-4")
-    assert (out / "checkpoint-4" / "model.safetensors").stat().st_size > 100  # the new weights, not the stale bytes
+    assert not leftover.exists()
+    assert (out / "checkpoint-4" / "model.safetensors").stat().st_size > 100
 
 
 @pytest.mark.parametrize(
