@@ -232,6 +232,17 @@ def test_only_an_epoch_end_checkpoint_without_its_evaluation_is_evaluated_at_the
     assert epoch_evaluation_owed(str(checkpoint), SimpleNamespace(**{**vars(args), "eval_strategy": "steps"})) is False
 
 
+@pytest.fixture(scope="module")
+def reference_scored(tmp_path_factory, tiny_model_dir, pairs):
+    """The pairs' reference scored and cached by `--reference_only`, once for the stops below (each copies the cache):
+    it is keyed by the pairs, model and settings, not the output folder, in which the run writes nothing."""
+    cache, out = tmp_path_factory.mktemp("scored"), tmp_path_factory.mktemp("scored-run") / "run"
+    scored = start(out, tiny_model_dir, pairs, env={"DPOTRAIN_CACHE": str(cache)}, extra=("--reference_only",))
+    assert scored.wait(timeout=300) == 0, scored.stdout.read()[-3000:]
+    assert not out.exists()  # each stop below starts on a new folder, as after the run that scored it
+    return cache
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "pause", "stopped"),
@@ -244,13 +255,14 @@ def test_only_an_epoch_end_checkpoint_without_its_evaluation_is_evaluated_at_the
         ("SIGTERM", ("*/resolved_config.json", "*"), "stopped before step 1"),
     ],
 )
-def test_a_stop_asked_before_training_ends_the_run_before_step_1(how, pause, stopped, tmp_path, tiny_model_dir, pairs):
+def test_a_stop_asked_before_training_ends_the_run_before_step_1(
+    how, pause, stopped, tmp_path, tiny_model_dir, pairs, reference_scored
+):
     """A stop asked before training was honoured only at the end of step 1: the model loaded, the reference was read
     (a complete cache, as after --overwrite_output_dir of a run on the same pairs), step 1 trained and checkpoint-1
     written. Now the run stops at the next stage boundary, every rank alike, and the same command trains from step 1."""
     out, paused = tmp_path / "run", tmp_path / "paused"
-    scored = start(out, tiny_model_dir, pairs, extra=("--reference_only",))  # the reference cached, as a run leaves it
-    assert scored.wait(timeout=300) == 0, scored.stdout.read()[-3000:]
+    shutil.copytree(reference_scored, os.environ["DPOTRAIN_CACHE"], dirs_exist_ok=True)  # cached, as a run leaves it
     # Paused once the run renamed run_files.json into place (the old run's files gone), or as it opens the cached
     # reference (the model loaded)
     proc = start(out, tiny_model_dir, pairs, env=pause_env(*pause, paused), script=PAUSE_AT)
