@@ -3,6 +3,7 @@ check, a half-removed checkpoint, a held checkpoint whose upload (not its stagin
 silent."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -66,10 +67,29 @@ def test_a_requeue_holds_the_checkpoint_whose_staging_failed_not_one_whose_uploa
     assert held_for_staging(out, repo) is None
 
 
+def trained_4_steps(model_dir) -> list[str]:
+    """The smoke recipe's arguments for 4 steps saved every 2 (output_dir apart)."""
+    args = [*ARGS[:2], "--model_name_or_path", model_dir, "--max_steps", "4", "--save_steps", "2"]
+    return [*args, "--report_to", "none"]
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory, tiny_model_dir):
+    """A run of 4 steps saved every 2, and the reference cache it scored: trained once for both cases below, each
+    resuming a copy of its checkpoint-2 (one deletes its files) and reading a copy of its cache."""
+    import train_dpo
+
+    folder = tmp_path_factory.mktemp("other")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DPOTRAIN_CACHE", str(folder / "cache"))
+        train_dpo.main([*trained_4_steps(tiny_model_dir), "--output_dir", str(folder / "other")])
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gone", ["optimizer.pt", "the whole folder"])
 def test_a_checkpoint_whose_optimizer_state_goes_after_the_resume_checked_it_trains_nothing(
-    gone, tmp_path, tiny_model_dir, monkeypatch
+    gone, tmp_path, tiny_model_dir, monkeypatch, other_run
 ):
     """The resume verifies its checkpoint at the start (`resume.confirm`); its state loads minutes later, after the
     reference stage. optimizer.pt gone between (another run's rotation, a run started in that folder since the
@@ -84,9 +104,9 @@ def test_a_checkpoint_whose_optimizer_state_goes_after_the_resume_checked_it_tra
     from dpotrain.train import resume
 
     other, out = tmp_path / "other", tmp_path / "run"
-    base = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--save_steps", "2"]
-    base += ["--report_to", "none"]
-    train_dpo.main([*base, "--output_dir", str(other)])
+    base = trained_4_steps(tiny_model_dir)
+    shutil.copytree(other_run / "other", other)
+    shutil.copytree(other_run / "cache", os.environ["DPOTRAIN_CACHE"], dirs_exist_ok=True)
     named = other / "checkpoint-2"
     confirm = resume.confirm
 
