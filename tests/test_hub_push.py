@@ -132,7 +132,13 @@ def tensor_names(path: Path | bytes) -> list[str]:
 
 @pytest.mark.slow
 def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token(hub, tmp_path, tiny_model_dir):
-    out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--report_to", "wandb")
+    """The run samples too (one run for both claims: sampling asks nothing of the Hub). samples.jsonl holds the
+    training data's first prompts verbatim (the recipes sample them every 50 steps where no sample_prompts are given)
+    and the model's answers; the final push uploaded it to main, a repo often public, where the docs name the model,
+    tokenizer, card and curves: a private data set's rows were published in silence. It stays in the run's folder (and
+    W&B's table), as the run's other local records do."""
+    samples = ["--samples_every", "2", "--sample_max_new_tokens", "4"]
+    out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--report_to", "wandb", *samples)
     assert result.returncode == 0, result.stdout[-3000:]
 
     kinds = [r["kind"] for r in requests(hub)]
@@ -162,6 +168,10 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     assert not [f for f in commit["files"] if f.startswith(unwanted)]
     assert "Checkpoint revisions" not in commit["files"]["README.md"].decode()
     assert [r["status"] for r in read_pushes(out)] == ["started", "pushed"]
+    # the sampled prompts stay off the Hub, in samples.jsonl and in any other file pushed
+    prompt = json.loads((out / "samples.jsonl").read_text().splitlines()[0])["prompt"]
+    assert "samples.jsonl" not in commit["files"]
+    assert not [name for name, content in commit["files"].items() if prompt.encode() in content]
 
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["push_to_hub"] is True and resolved["hub_strategy"] == "end" and resolved["hub_model_id"] == REPO
@@ -1975,20 +1985,6 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     # What push_to_hub.py compares with main before it pushes again: the same files
     assert hub_push.local_files(run, hub_module.IGNORE, allow=hub_module.own_files(run)) == sorted(own)
     assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
-
-
-@pytest.mark.slow  # a training run with sample generations
-def test_the_training_datas_prompts_the_run_sampled_stay_off_the_hub(hub, tmp_path, tiny_model_dir):
-    """samples.jsonl holds the training data's first prompts verbatim (the recipes sample them every 50 steps where no
-    sample_prompts are given) and the model's answers; the final push uploaded it to main, a repo often public, where
-    the docs name the model, tokenizer, card and curves: a private data set's rows were published in silence. It
-    stays in the run's folder (and W&B's table), as the run's other local records do."""
-    out, result = train(hub, tmp_path, tiny_model_dir, "--samples_every", "2", "--sample_max_new_tokens", "4")
-    assert result.returncode == 0, result.stdout[-3000:]
-    prompt = json.loads((out / "samples.jsonl").read_text().splitlines()[0])["prompt"]
-    [commit] = hub.state.commits
-    assert "samples.jsonl" not in commit["files"] and {"README.md", "metrics.jsonl"} <= set(commit["files"])
-    assert not [name for name, content in commit["files"].items() if prompt.encode() in content]
 
 
 def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, monkeypatch):
