@@ -2618,20 +2618,6 @@ def test_a_checkpoint_whose_manifest_names_no_model_files_is_not_pushed(hub, tmp
     assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_a_lora_checkpoint_branch_holds_the_adapter_and_tokenizer_and_no_card(hub, tmp_path, tiny_model_dir):
-    """A LoRA checkpoint's save writes PEFT's own model card (README.md) beside the adapter, its `base_model` the base's
-    local path, which the Hub refuses in a card's metadata (transformers#33922): the branch holds the adapter and the
-    tokenizer, the card stays (the run's own card goes to main)."""
-    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]
-    out, result = train(hub, tmp_path, tiny_model_dir, *lora, "--push_checkpoints", "true", "--save_steps", "4")
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert (out / "checkpoint-4" / "README.md").is_file()  # PEFT's, in the checkpoint
-    adapter = MODEL_FILES - {"config.json", "generation_config.json", "model.safetensors"}
-    adapter |= {"adapter_config.json", "adapter_model.safetensors", ".gitattributes"}
-    assert set(hub.state.repos[REPO]["step-4"]) == adapter
-
-
 def mixed_run(tmp_path, tiny_model_dir, folder: str, stale: str) -> Path:
     """A finished run whose `folder` ("" or "merged/") holds the final model as 2 shards and an index, beside an
     earlier save's weights (`stale`: its model.safetensors, or a third shard), all recorded as the run's own files, as
@@ -2874,7 +2860,11 @@ def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_mod
     adapter's config as copies naming each local path by its last part, as the card does: the repo is often public, and
     the training machine's paths (its user's home, a site's project folder) mean nothing there. The run's folder keeps
     its record as written (a resume reads it), and push_to_hub.py compares the copies with the Hub's: the same run is
-    not pushed again, a changed record is."""
+    not pushed again, a changed record is.
+
+    The LoRA checkpoint's branch holds the adapter and the tokenizer, not PEFT's own model card that its save writes
+    beside the adapter (README.md), whose `base_model` is the base's local path, which the Hub refuses in a card's
+    metadata (transformers#33922); the run's own card goes to main."""
     from dpotrain.recipe import run_record
 
     data = tmp_path / "my-data" / "prefs.jsonl"
@@ -2884,6 +2874,10 @@ def test_no_path_of_the_training_machine_reaches_the_hub(hub, tmp_path, tiny_mod
     args = ["--dataset_name", str(data), "--push_checkpoints", "true", "--save_steps", "4", *lora]
     out, result = train(hub, tmp_path, tiny_model_dir, *args)
     assert result.returncode == 0, result.stdout[-3000:]
+    assert (out / "checkpoint-4" / "README.md").is_file()  # PEFT's, in the checkpoint
+    adapter = MODEL_FILES - {"config.json", "generation_config.json", "model.safetensors"}
+    adapter |= {"adapter_config.json", "adapter_model.safetensors", ".gitattributes"}
+    assert set(hub.state.repos[REPO]["step-4"]) == adapter
 
     local = {str(tmp_path), str(Path(tiny_model_dir).parent), str(ROOT), str(Path.home())}
     uploaded = {(c["revision"], name): content for c in hub.state.commits for name, content in c["files"].items()}
