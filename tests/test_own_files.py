@@ -165,21 +165,6 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
-@pytest.mark.slow  # trains twice (two train_dpo.py runs)
-def test_an_output_dir_through_one_of_its_checkpoints_and_back_replaces_the_run_whole(tmp_path, tiny_model_dir):
-    # `run/checkpoint-2/..` is `run` only while checkpoint-2 exists: the replacement deleted it first, then every path
-    # through it failed; the run ended "deleted or moved away", its old run half removed and its lock left.
-    out = tmp_path / "run"
-    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "2"), env=env_for(tiny_model_dir))
-    assert first.returncode == 0, first.stdout[-3000:]
-    back = f"{out}/checkpoint-2/.."
-    second = run_train(train_args(back, "--max_steps", "3", "--overwrite_output_dir"), env=env_for(tiny_model_dir))
-    assert second.returncode == 0, second.stdout[-3000:]
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
-    assert (out / "model.safetensors").is_file() and (out / "checkpoint-3").is_dir()
-    assert not (out / "checkpoint-2").exists() and not (out / run_lock.LOCK_FILE).exists()
-
-
 @pytest.mark.slow
 def test_a_best_checkpoint_kept_deletes_no_persons_folder_at_the_end(tmp_path, tiny_model_dir):
     """--metric_for_best_model with save_total_limit 1: at the end of training transformers deleted every
@@ -209,7 +194,8 @@ def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp
     """Issue #53: the final save claimed every name whose modification time moved while `save_model` ran, a person's
     file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
     rewrites its results) writes in the folder from the run's start to its end, and a note is put there before the
-    final save: run_files.json names neither, and the replacing run keeps both."""
+    final save: run_files.json names neither, and the replacing run keeps both. That run also names the folder through
+    the run's checkpoint and back, and replaces the run whole (one replacement for both claims)."""
     out, paused = tmp_path / "run", tmp_path / "paused"
     args = train_args(out, "--max_steps", "2", "--save_steps", "2", "--logging_steps", "1")
     log = tmp_path / "run.log"
@@ -251,12 +237,17 @@ def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp
     assert "model.safetensors" in names and "config.json" in names, names
     assert not {"live-eval.json", "note.md"} & set(names), names
     users = {k: v for k, v in snapshot(out).items() if k in ("live-eval.json", "note.md")}
-    again = run_train(
-        train_args(out, "--max_steps", "2", "--save_strategy", "no", "--overwrite_output_dir"),
-        env=env_for(tiny_model_dir),
-    )
+    # The replacing run names the folder through one of the run's checkpoints and back: `run/checkpoint-2/..` is `run`
+    # only while checkpoint-2 exists. The replacement deleted it first, then every path through it failed; the run
+    # ended "deleted or moved away", its old run half removed and its lock left.
+    assert (out / "checkpoint-2").is_dir()
+    back = f"{out}/checkpoint-2/.."
+    again = run_train(train_args(back, "--max_steps", "3", "--overwrite_output_dir"), env=env_for(tiny_model_dir))
     assert again.returncode == 0, again.stdout[-3000:]
     assert {k: snapshot(out).get(k) for k in users} == users and len(users) == 2
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint-3").is_dir()
+    assert not (out / "checkpoint-2").exists() and not (out / run_lock.LOCK_FILE).exists()
 
 
 def test_a_folder_a_file_browser_has_shown_is_an_empty_one(tmp_path):
