@@ -424,33 +424,80 @@ def test_a_saved_data_set_or_a_data_file_is_known_without_the_run_folder_beside_
 
 
 @pytest.mark.slow
-def test_a_resume_under_other_package_versions_says_which_and_records_them(tmp_path, tiny_model_dir, capsys):
-    """A requeue after `pip install -U transformers` resumed in silence, and the record it rewrote kept no versions:
-    what the checkpoint's steps were trained under was known nowhere. Each checkpoint's record now holds them, and a
-    resume under others says which (it goes on: a refusal would strand every queued job at an upgrade)."""
-    import train_dpo
-    from dpotrain.train import agreement
+def test_a_resume_says_which_package_versions_dropout_and_max_length_auto_its_checkpoint_trained_with(
+    tmp_path, tiny_model_dir, capsys
+):
+    """Three things a checkpoint may have been trained with that a resume now does otherwise, each said on one line,
+    and the run goes on (a refusal would strand every queued job at an upgrade). One run and one resume for the three:
+    the checkpoint is resealed as an older version would have written it in all three ways.
 
-    out = tmp_path / "run"
-    argv = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_steps", "2"]
-    argv += ["--report_to", "none", "--output_dir", str(out)]
+    Package versions: a requeue after `pip install -U transformers` resumed in silence, and the record it rewrote kept
+    no versions: what the checkpoint's steps were trained under was known nowhere. Each checkpoint's record now holds
+    them, and a resume under others says which.
+
+    Dropout: a model with attention_dropout 0.1 in its config trained with it on until disable_dropout reached the
+    rates a model applies itself (dropout.py); a checkpoint of that version resumed without it, and nothing said so.
+    The run now records the dropout it trains with (`derived.dropout`), and a resume whose checkpoint trained with
+    other (or, recorded before the field, maybe other) dropout says which.
+
+    `max_length: auto` is decided again at each start; where it now chooses another length than the checkpoint's
+    (another version's choice, or the model's positions read otherwise after an upgrade: the model's files themselves
+    are compared), the resume trained the steps left at the new length, its record rewritten, and said nothing. It
+    goes on at the checkpoint's length now."""
+    import train_dpo
+    from dpotrain.recipe import run_record
+    from dpotrain.train import agreement, resume
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    argv = [*ARGS[:2], "--model_name_or_path", str(model), "--max_steps", "2", "--save_steps", "2"]
+    argv += ["--max_length", "auto", "--report_to", "none", "--output_dir", str(out)]
     train_dpo.main(argv)
     checkpoint = out / "checkpoint-2"
     for folder in (out, checkpoint):
         assert json.loads((folder / "resolved_config.json").read_text())["derived"]["packages"] == (
             agreement.recorded_versions()
         )
+    record = json.loads((checkpoint / "resolved_config.json").read_text())
+    assert record["derived"]["dropout"] == []  # disable_dropout (the default): none on in training
+    assert record["max_length"] == 512
     for name in FINAL:  # as a kill after the last checkpoint leaves the folder
         (out / name).unlink()
-    # The checkpoint as a run under an older transformers sealed it (its record is covered by its manifest)
-    resealed(checkpoint, lambda record: record["derived"]["packages"].update(transformers="4.57.0"))
+
+    def as_an_older_version_wrote_it(record):
+        record["derived"]["packages"].update(transformers="4.57.0")  # under an older transformers
+        record["derived"].pop("dropout")  # before the field was kept
+        record["max_length"] = record["derived"]["max_length"]["max_length"] = 1024  # its auto rounded 95% up
+
+    resealed(checkpoint, as_an_older_version_wrote_it)
     capsys.readouterr()
     train_dpo.main(argv)
+    said = capsys.readouterr().out
     now = agreement.package_versions()["transformers"]
     assert (
         f"note: {checkpoint} was trained under other package versions (transformers 4.57.0 -> {now}); the steps after "
-        "it are trained under this run's" in capsys.readouterr().out
+        "it are trained under this run's" in said
     )
+    assert (
+        f"note: {checkpoint}'s record does not say what dropout it trained with: written before the record kept it, "
+        "it may have trained with the dropout its model applies itself on (attention_dropout 0.1 in its config), which "
+        "disable_dropout now turns off; the steps after it train with none" in said
+    )
+    assert (
+        f"note: max_length: auto chooses 512 now, and {checkpoint} trained at 1,024 (chosen at the run's start): the "
+        "steps after it train at 1,024, as it did" in said
+    )
+    resumed = json.loads((out / "resolved_config.json").read_text())
+    assert resumed["max_length"] == 1024 and resumed["derived"]["max_length"]["max_length"] == 1024
+    # A record that says the checkpoint trained with dropout on; one that says what the run does now says nothing.
+    on = run_record.of(record | {"derived": record["derived"] | {"dropout": ["attention_dropout 0.1"]}})
+    assert resume.dropout_changed("ckpt", on, [], {"attention_dropout": 0.1}) == (
+        "note: ckpt trained with dropout attention_dropout 0.1, and the steps after it train with none (another "
+        "version of dropout.disable), as resolved_config.json now records (derived.dropout)"
+    )
+    assert resume.dropout_changed("ckpt", run_record.of(record), [], {"attention_dropout": 0.1}) is None
 
 
 def resealed(checkpoint: Path, edit) -> None:
@@ -466,75 +513,6 @@ def resealed(checkpoint: Path, edit) -> None:
     for name in (MARKER, "MANIFEST.json"):
         (checkpoint / name).unlink()
     checkpoint_manifest.seal(checkpoint, MARKER, mark, is_main=True)
-
-
-@pytest.mark.slow
-def test_a_resume_from_a_checkpoint_trained_with_other_dropout_says_so(tmp_path, tiny_model_dir, capsys):
-    """A model with attention_dropout 0.1 in its config trained with it on until disable_dropout reached the rates a
-    model applies itself (dropout.py); a checkpoint of that version resumed without it, and nothing said so. The run
-    now records the dropout it trains with (`derived.dropout`), and a resume whose checkpoint trained with other (or,
-    recorded before the field, maybe other) dropout says which, on one line, and goes on."""
-    import train_dpo
-    from dpotrain.recipe import run_record
-    from dpotrain.train import resume
-
-    model, out = tmp_path / "model", tmp_path / "run"
-    shutil.copytree(tiny_model_dir, model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
-    argv = [*ARGS[:2], "--model_name_or_path", str(model), "--max_steps", "2", "--save_steps", "2"]
-    train_dpo.main([*argv, "--report_to", "none", "--output_dir", str(out)])
-    checkpoint = out / "checkpoint-2"
-    record = json.loads((checkpoint / "resolved_config.json").read_text())
-    assert record["derived"]["dropout"] == []  # disable_dropout (the default): none on in training
-    for name in FINAL:  # as a kill after the last checkpoint leaves the folder
-        (out / name).unlink()
-    resealed(checkpoint, lambda record: record["derived"].pop("dropout"))  # as a version before the field wrote it
-    capsys.readouterr()
-    train_dpo.main([*argv, "--report_to", "none", "--output_dir", str(out)])
-    assert (
-        f"note: {checkpoint}'s record does not say what dropout it trained with: written before the record kept it, "
-        "it may have trained with the dropout its model applies itself on (attention_dropout 0.1 in its config), which "
-        "disable_dropout now turns off; the steps after it train with none" in capsys.readouterr().out
-    )
-    # A record that says the checkpoint trained with it on; one that says what the run does now says nothing.
-    on = run_record.of(record | {"derived": record["derived"] | {"dropout": ["attention_dropout 0.1"]}})
-    assert resume.dropout_changed("ckpt", on, [], {"attention_dropout": 0.1}) == (
-        "note: ckpt trained with dropout attention_dropout 0.1, and the steps after it train with none (another "
-        "version of dropout.disable), as resolved_config.json now records (derived.dropout)"
-    )
-    assert resume.dropout_changed("ckpt", run_record.of(record), [], {"attention_dropout": 0.1}) is None
-
-
-@pytest.mark.slow
-def test_a_resume_under_max_length_auto_trains_at_its_checkpoints_length(tmp_path, tiny_model_dir, capsys):
-    """`max_length: auto` is decided again at each start; where it now chooses another length than the checkpoint's
-    (another version's choice, or the model's positions read otherwise after an upgrade: the model's files themselves
-    are compared), the resume trained the steps left at the new length, its record rewritten, and said nothing. It
-    goes on at the checkpoint's length now, and says so on one line."""
-    import train_dpo
-
-    out = tmp_path / "run"
-    argv = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_steps", "2"]
-    argv += ["--max_length", "auto", "--report_to", "none", "--output_dir", str(out)]
-    train_dpo.main(argv)
-    checkpoint = out / "checkpoint-2"
-    assert json.loads((checkpoint / "resolved_config.json").read_text())["max_length"] == 512
-    for name in FINAL:  # as a kill after the last checkpoint leaves the folder
-        (out / name).unlink()
-
-    def chose_1024(record):  # as a version whose auto rounded the 95% coverage up to 1,024 recorded it
-        record["max_length"] = record["derived"]["max_length"]["max_length"] = 1024
-
-    resealed(checkpoint, chose_1024)
-    capsys.readouterr()
-    train_dpo.main(argv)
-    assert (
-        f"note: max_length: auto chooses 512 now, and {checkpoint} trained at 1,024 (chosen at the run's start): the "
-        "steps after it train at 1,024, as it did" in capsys.readouterr().out
-    )
-    record = json.loads((out / "resolved_config.json").read_text())
-    assert record["max_length"] == 1024 and record["derived"]["max_length"]["max_length"] == 1024
 
 
 @pytest.mark.slow
