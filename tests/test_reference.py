@@ -144,7 +144,7 @@ def test_a_stage_of_one_micro_batch_says_it_had_no_steady_speed_not_0_tokens_per
 
 
 @pytest.mark.slow
-def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tiny_model_dir, cache):
+def test_recomputed_when_model_init_kwargs_data_tokenizer_or_max_length_change(tmp_path, tiny_model_dir, cache, capsys):
     rows = builtin.make_preference_rows(16, seed=3)
     base = build(tmp_path / "base", tiny_model_dir, rows)
     seen = entries(cache)
@@ -155,6 +155,18 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
         added = entries(cache) - seen
         seen = entries(cache)
         return added
+
+    # `model_init_kwargs` other than the keys that only say how the files are read overrides the model's config:
+    # another model (docs/resuming.md), with the same weights. The cache's key held the weights' hash and not the
+    # overrides, so `{"rms_norm_eps": 0.5}` reused the scores of the model's own config ("all 16 pairs reused"), and
+    # the step-1 guard stopped the run as doomed, exit code 3, at every try; with the guard off it trained against
+    # another model's reference. A loading key alone keeps the key.
+    capsys.readouterr()
+    eps = build(tmp_path / "eps", tiny_model_dir, rows, "--model_init_kwargs", '{"rms_norm_eps": 0.5}')
+    assert new_entry() and ref_columns(eps) != ref_columns(base)
+    assert "16 scored, cached in" in capsys.readouterr().out
+    build(tmp_path / "load", tiny_model_dir, rows, "--model_init_kwargs", '{"low_cpu_mem_usage": true}')
+    assert not new_entry() and "all 16 pairs reused" in capsys.readouterr().out
 
     # max_length: the longest pair is cut at 256 tokens, so some sums change
     shorter = build(tmp_path / "len", tiny_model_dir, rows, "--max_length", "256")
@@ -189,23 +201,6 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
     model.save_pretrained(other)
     reweighted = build(tmp_path / "model", str(other), rows)
     assert new_entry() and ref_columns(reweighted) != ref_columns(base)
-
-
-@pytest.mark.slow
-def test_recomputed_when_model_init_kwargs_override_the_models_config(tmp_path, tiny_model_dir, cache, capsys):
-    """`model_init_kwargs` other than the keys that only say how the files are read overrides the model's config:
-    another model (docs/resuming.md), with the same weights. The cache's key held the weights' hash and not the
-    overrides, so `{"rms_norm_eps": 0.5}` reused the scores of the model's own config ("all 48 pairs reused"), and the
-    step-1 guard stopped the run as doomed, exit code 3, at every try (seen on the old code); with the guard off it
-    trained against another model's reference. A loading key alone keeps the key."""
-    rows = builtin.make_preference_rows(16, seed=3)
-    base = build(tmp_path / "base", tiny_model_dir, rows)
-    seen = entries(cache)
-    eps = build(tmp_path / "eps", tiny_model_dir, rows, "--model_init_kwargs", '{"rms_norm_eps": 0.5}')
-    assert entries(cache) - seen and ref_columns(eps) != ref_columns(base)
-    assert "16 scored, cached in" in capsys.readouterr().out
-    build(tmp_path / "load", tiny_model_dir, rows, "--model_init_kwargs", '{"low_cpu_mem_usage": true}')
-    assert len(entries(cache)) == 2 and "all 16 pairs reused" in capsys.readouterr().out
 
 
 @pytest.mark.slow
