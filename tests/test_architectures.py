@@ -332,24 +332,28 @@ def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(
         smoke_trainer(model_dir, tmp_path / "run2", rows, "--padding_free", "true")
 
 
-# A model folder with its own code, as `trust_remote_code` models ship it: a Llama under another model_type.
-REMOTE_CODE = """from transformers import LlamaConfig, LlamaForCausalLM
+# A model folder with its own code, as `trust_remote_code` models ship it: a family's model (a Llama unless said) under
+# another model_type.
+REMOTE_CODE = """from transformers import {config}, {model}
 
 
-class TinyRemoteConfig(LlamaConfig):
+class TinyRemoteConfig({config}):
     model_type = "tiny_remote"
 
 
-class TinyRemoteForCausalLM(LlamaForCausalLM):
+class TinyRemoteForCausalLM({model}):
     config_class = TinyRemoteConfig
 """
 
 
-def remote_code_model(folder, tiny_model_dir) -> Path:
-    """A tiny Llama saved in `folder` as a model with its own code (`REMOTE_CODE`, named in config.json's auto_map)."""
-    build_model("llama", folder, tiny_model_dir)
-    (folder / "modeling_tiny_remote.py").write_text(REMOTE_CODE)
+def remote_code_model(folder, tiny_model_dir, model_type: str = "llama") -> Path:
+    """A tiny `model_type` saved in `folder` as a model with its own code (`REMOTE_CODE`, named in config.json's
+    auto_map)."""
+    tiny_model(model_type, folder, tiny_model_dir, **FAMILIES.get(model_type, {}))
     config = json.loads((folder / "config.json").read_text())
+    (model,) = config["architectures"]
+    code = REMOTE_CODE.format(config=type(AutoConfig.for_model(model_type)).__name__, model=model)
+    (folder / "modeling_tiny_remote.py").write_text(code)
     classes = {"AutoConfig": "TinyRemoteConfig", "AutoModelForCausalLM": "TinyRemoteForCausalLM"}
     auto_map = {k: f"modeling_tiny_remote.{v}" for k, v in classes.items()}
     config |= {"model_type": "tiny_remote", "architectures": ["TinyRemoteForCausalLM"], "auto_map": auto_map}

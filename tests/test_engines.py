@@ -340,28 +340,24 @@ def test_a_deepseek_v4_model_trains_under_zero2_on_micro_batches_shorter_and_lon
 
 
 @pytest.mark.slow
-def test_a_qwen3_5_text_model_trains_under_fsdp2(tmp_path, tiny_model_dir, splits):
+def test_a_qwen3_5_text_model_with_its_own_code_trains_under_fsdp2_and_saves_its_own_code(
+    tmp_path, tiny_model_dir, splits
+):
     """The launch the test above stands for: accelerate's "Could not find the transformer layer class
-    Qwen3_5VisionBlock" ended it once the model had loaded."""
-    model = tiny_model("qwen3_5_text", tmp_path / "model", tiny_model_dir)
-    out = tmp_path / "run"
-    train(out, model, splits, "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none", config=ENGINES["fsdp2"])
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 1
-
-
-@pytest.mark.slow
-def test_a_model_with_its_own_code_trained_under_fsdp2_saves_its_own_code(tmp_path, tiny_model_dir, splits):
-    """FSDP2 makes the model an `FSDP<class>` subclass made in torch's module, and transformers' save_pretrained of a
-    model with its own code copied that module as the code: the final folder held torch's `_fsdp_*.py` files, its
-    auto_map named `_fsdp_init.FSDPTinyRemoteForCausalLM`, and loading it stopped in torch's "Tried to register an
-    operator ... multiple times". It is saved under its own class: its own code, and it loads."""
+    Qwen3_5VisionBlock" ended it once the model had loaded. The model has its own code too (a Qwen3.5 text model under
+    another model_type; one launch for both): FSDP2 makes the model an `FSDP<class>` subclass made in torch's module,
+    and transformers' save_pretrained of a model with its own code copied that module as the code: the final folder held
+    torch's `_fsdp_*.py` files, its auto_map named `_fsdp_init.FSDPTinyRemoteForCausalLM`, and loading it stopped in
+    torch's "Tried to register an operator ... multiple times". It is saved under its own class: its own code, and it
+    loads."""
     from test_architectures import remote_code_model
     from transformers import AutoModelForCausalLM
 
-    model = remote_code_model(tmp_path / "model", tiny_model_dir)
+    model = remote_code_model(tmp_path / "model", tiny_model_dir, "qwen3_5_text")
     out = tmp_path / "run"
     args = ("--trust_remote_code", "true", "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none")
     train(out, str(model), splits, *args, config=ENGINES["fsdp2"])
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 1
     assert sorted(p.name for p in out.glob("*.py")) == ["modeling_tiny_remote.py"]
     auto_map = json.loads((out / "config.json").read_text())["auto_map"]
     assert auto_map["AutoModelForCausalLM"] == "modeling_tiny_remote.TinyRemoteForCausalLM"
