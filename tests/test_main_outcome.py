@@ -197,6 +197,10 @@ SEAL = textwrap.dedent("""
         said = "left waiting in the next collective"
     with open(os.path.join({out!r}, f"rank{{rank}}.txt"), "w") as f:  # one file each: the pipe interleaves lines
         f.write(said)
+    # Ended as train_dpo.py ends (its exit handlers, no teardown): a warm rank's teardown collects the test server's
+    # heap, ~2 CPU-s (tests/helpers/warm.py)
+    from dpotrain.recipe.errors import end_process
+    end_process(0)
 """)
 
 
