@@ -35,6 +35,7 @@ def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_in
         "HF_HOME": str(tmp_path / "hf_home"),
         "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache"),
         "HF_TOKEN": "hf_not_a_token",
+        "HF_TOKEN_PATH": str(tmp_path / "no-token"),  # test_main_outcome's run without a token
     }
     env = {k: v for k, v in {**env, **offline}.items() if v is not None}
     runs = {}

@@ -60,10 +60,11 @@ RUNTIME_KEYS = {
     "RECIPE",  # scripts/launch.sh's own switches (`warm_venv` runs its Python warm), read by no library
     "PREFLIGHT",
     "VENV",
+    "NETRC",  # read when a login is looked up (requests', W&B's), never while a library is imported
 }
 # What the Hub libraries read from these while being imported, a child reads again (`_reread`): a request differing in
 # them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
-REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN"}
+REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN", "HF_TOKEN_PATH"}
 REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
 ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
 # Imported by the server after train_dpo: what a run imports later (`serve`). Not the trainer module: it brings TRL's
