@@ -160,44 +160,29 @@ def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path, tiny_model_dir):
-    # A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN.
+def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion_and_ends_wandb_failed_first(
+    tmp_path, tiny_model_dir
+):
+    """A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN. The same run (W&B
+    offline) carries the W&B proof: W&B ended a health-stopped run (exit 3) as finished with exit code 0 at exit,
+    printing its closing lines after the stop line; it is ended with exit code 3 first, and the stop line is the run's
+    last. Its training curves are drawn (none were)."""
     out, stop_file = tmp_path / "run", tmp_path / "stop"
+    args = [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir]
+    args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0"]
+    args += ["--learning_rate", "1e30", "--save_steps", "1000", "--report_to", "wandb"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "false"}
+    env["DPOTRAIN_STOP_FILE"] = str(stop_file)  # as under launch.sh
     result = subprocess.run(
-        [
-            python(),
-            str(ROOT / "train_dpo.py"),
-            "--config",
-            SMOKE,
-            "--model_name_or_path",
-            tiny_model_dir,
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "6",
-            "--logging_steps",
-            "1",
-            "--warmup_steps",
-            "0",
-            "--learning_rate",
-            "1e30",
-            "--save_steps",
-            "1000",
-            "--report_to",
-            "none",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
     )
     assert result.returncode == 3, result.stdout[-3000:]
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("health: training STOPPED at step 2 by the nonfinite guard"), last
-    assert "not requeued" in last
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("health: training STOPPED at step 2 by the nonfinite guard"), result.stdout[-2000:]
+    assert "not requeued" in lines[-1]
     assert "health STOP [nonfinite] step 2" in result.stdout
+    assert any(line.startswith("wandb:") for line in lines[:-1]), result.stdout[-2000:]  # W&B's closing lines, before
+    assert (out / "training_curves.png").stat().st_size > 0  # the curves a stopped run is read by
     assert not (out / "run_complete.json").exists() and not (out / "model.safetensors").exists()
     assert not list(out.glob("checkpoint-*"))  # nothing saved from a NaN state
     # The NaN step is in metrics.jsonl as strict JSON (null), not Python's NaN token that other JSON readers refuse.
@@ -209,7 +194,7 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
 
     # The same command again: refused in seconds, before anything loads, rather than going on from checkpoint 0.
     again = subprocess.run(
-        result.args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
     )
     assert again.returncode == 2, again.stdout[-3000:]
     assert again.stdout.strip().splitlines()[-1] == (
@@ -530,24 +515,6 @@ def test_an_epoch_eval_delay_past_the_last_epoch_of_max_steps_is_refused(tmp_pat
     line += "epoch): it would never evaluate; pass an eval_delay of 0.461 or less, --max_steps "
     with pytest.raises(ConfigError, match=re.escape(line)):
         stages.check_steps(steps, parse_args(args).training, world)
-
-
-@pytest.mark.slow
-def test_a_health_stop_ends_its_wandb_run_failed_before_the_stop_line(tmp_path, tiny_model_dir):
-    """W&B ended a health-stopped run (exit 3) as finished with exit code 0 at exit, printing its closing lines after
-    the stop line: it is ended with exit code 3 first, and the stop line is the run's last. Its training curves are
-    drawn (none were)."""
-    out = tmp_path / "run"
-    args = [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir]
-    args += ["--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0"]
-    args += ["--learning_rate", "1e30", "--save_steps", "1000", "--report_to", "wandb"]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "false"}
-    result = subprocess.run(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert result.returncode == 3, result.stdout[-3000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[-1].startswith("health: training STOPPED at step 2"), result.stdout[-2000:]
-    assert (out / "training_curves.png").stat().st_size > 0  # the curves a stopped run is read by
-    assert any(line.startswith("wandb:") for line in lines[:-1]), result.stdout[-2000:]  # W&B's closing lines, before
 
 
 def test_an_fp16_step_whose_gradients_overflowed_is_no_nan_state(guard):
