@@ -33,7 +33,7 @@ def prepare_output(spec) -> None:
     def start() -> None:  # the main process's; a refusal of its writes (a full disk) ends every rank, not its alone
         if not recipe.project.reference_only:  # the run's own files only (output_folder.py)
             output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
-            setup_wandb(recipe.training)
+            setup_wandb(recipe.training, resumes=spec.output.resume_from is not None)
 
     collectives.main_outcome(start)  # and no rank writes into the folder before it is cleared
 

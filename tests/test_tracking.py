@@ -1,5 +1,6 @@
 """One W&B run per output folder: a requeued or resumed job logs to the run it started."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,24 +19,52 @@ def test_resumed_job_reuses_the_wandb_run_id(tmp_path, monkeypatch):
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     first = os.environ["WANDB_RUN_ID"]
     assert (tmp_path / RUN_ID_FILE).read_text() == first
     assert os.environ["WANDB_RESUME"] == "allow" and os.environ["WANDB_DIR"] == str(tmp_path)
 
     monkeypatch.delenv("WANDB_RUN_ID")  # the requeued job is a new process
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert os.environ["WANDB_RUN_ID"] == first
 
     monkeypatch.delenv("WANDB_RUN_ID")
     other = tmp_path / "other"
-    setup_wandb(parse_args([*args, "--output_dir", str(other)]).training)
+    setup_wandb(parse_args([*args, "--output_dir", str(other)]).training, resumes=False)
     assert os.environ["WANDB_RUN_ID"] != first
 
     monkeypatch.delenv("WANDB_RUN_ID")
     (tmp_path / RUN_ID_FILE).write_text("")  # left empty by a kill between its creation and its write
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert os.environ["WANDB_RUN_ID"] and (tmp_path / RUN_ID_FILE).read_text() == os.environ["WANDB_RUN_ID"]
+
+
+@pytest.mark.parametrize("resumes", [False, True])
+def test_a_rerun_from_step_1_after_an_attempt_that_logged_steps_logs_to_a_new_wandb_run(
+    resumes, tmp_path, monkeypatch, capsys
+):
+    """An attempt killed at step 3 before its first checkpoint, then the same command with another learning rate (the
+    folder holds no checkpoint, so nothing refuses it): the rerun trained from step 1 into the attempt's W&B run, and
+    W&B kept the attempt's rows for steps 1-3 (it takes each step once), showing the old learning rate's curves. It
+    now logs to a new W&B run, said in a line; a run that resumes from a checkpoint stays in the folder's."""
+    for var in ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_DIR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    (tmp_path / RUN_ID_FILE).write_text("attempt1")
+    rows = [{"step": step, "loss": 0.69, "learning_rate": 1e-4} for step in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
+    setup_wandb(parse_args(args).training, resumes=resumes)
+    run_id = os.environ["WANDB_RUN_ID"]
+    assert (tmp_path / RUN_ID_FILE).read_text() == run_id and (run_id == "attempt1") == resumes
+    said = f"an earlier attempt in {tmp_path} logged steps 1-3 to the W&B run 'attempt1' and saved no checkpoint"
+    assert (said in capsys.readouterr().out) != resumes
+
+    (tmp_path / "metrics.jsonl").write_text("")  # an attempt stopped before training logged nothing: its run is kept
+    (tmp_path / RUN_ID_FILE).write_text("attempt1")
+    monkeypatch.delenv("WANDB_RUN_ID")
+    setup_wandb(parse_args(args).training, resumes=resumes)
+    assert os.environ["WANDB_RUN_ID"] == "attempt1"
 
 
 def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
@@ -134,12 +163,12 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
         monkeypatch.delenv(var)
     monkeypatch.setenv("WANDB_RUN_ID", "exp1")
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     monkeypatch.delenv("WANDB_RUN_ID")  # the rerun, from a shell without it
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert os.environ["WANDB_RUN_ID"] == "exp1" and capsys.readouterr().err == ""
     monkeypatch.setenv("WANDB_RUN_ID", "exp2")
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert (tmp_path / RUN_ID_FILE).read_text() == "exp2"
     assert capsys.readouterr().err == (
         f"warning: WANDB_RUN_ID 'exp2' is used: {tmp_path} logged to the W&B run 'exp1' until now, and logs on to "
@@ -147,10 +176,10 @@ def test_a_wandb_run_id_the_user_gave_is_the_folders_for_the_rerun_without_it(tm
         "WANDB_RUN_ID=exp1 to go back to 'exp1')\n"
     )
     monkeypatch.delenv("WANDB_RUN_ID")  # what the warning says: without the variable, the folder's new run
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert os.environ["WANDB_RUN_ID"] == "exp2" and capsys.readouterr().err == ""
     monkeypatch.setenv("WANDB_RUN_ID", "exp1")  # its advice: back to the first run, which the folder keeps again
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert (tmp_path / RUN_ID_FILE).read_text() == "exp1" and "logs on to 'exp1'" in capsys.readouterr().err
 
 
@@ -306,10 +335,10 @@ def test_a_wandb_dir_set_empty_is_unset_and_the_runs_wandb_files_go_in_its_folde
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
     for empty in ("", " "):
         monkeypatch.setenv("WANDB_DIR", empty)
-        setup_wandb(parse_args(args).training)
+        setup_wandb(parse_args(args).training, resumes=False)
         assert os.environ["WANDB_DIR"] == str(tmp_path)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))  # one given is the user's
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert os.environ["WANDB_DIR"] == str(tmp_path / "mine")
 
 
@@ -321,14 +350,14 @@ def test_a_run_without_a_wandb_project_says_where_it_logs(tmp_path, monkeypatch,
         monkeypatch.setenv(var, "")  # restored to its absence afterwards: setup_wandb sets some in os.environ
         monkeypatch.delenv(var)
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
-    setup_wandb(parse_args(args).training)
+    setup_wandb(parse_args(args).training, resumes=False)
     assert capsys.readouterr().out == (
         "note: W&B logs this run to the project 'huggingface' (transformers' default: WANDB_PROJECT is not set): set "
         "WANDB_PROJECT=... in .env, or in the recipe's env:, to log to another\n"
     )
     for var, value in (("WANDB_PROJECT", "olmo3-dpo"), ("WANDB_MODE", "disabled")):
         monkeypatch.setenv(var, value)
-        setup_wandb(parse_args(args).training)
+        setup_wandb(parse_args(args).training, resumes=False)
         assert capsys.readouterr().out == ""
         monkeypatch.delenv(var)
 

@@ -16,13 +16,16 @@ from dpotrain.train.metrics import METRICS_FILE, read_metrics
 RUN_ID_FILE = ".wandb_run_id"
 
 
-def setup_wandb(training) -> None:
+def setup_wandb(training, *, resumes: bool) -> None:
+    """The folder's W&B run, or a new one; `resumes`: whether this run goes on from a checkpoint."""
     if "wandb" not in (training.report_to or []):
         return
     out = Path(training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     id_file = out / RUN_ID_FILE
     recorded = id_file.read_text(errors="replace").strip() if is_file(id_file) else ""
+    if recorded and not resumes and not os.environ.get("WANDB_RUN_ID", "").strip():
+        recorded = _retired(out, recorded)
     # The user's WANDB_RUN_ID wins; else the folder's (none yet, or left empty by an older version killed while
     # writing it: a new W&B run)
     run_id = os.environ.get("WANDB_RUN_ID", "").strip() or recorded or uuid.uuid4().hex[:12]
@@ -48,6 +51,23 @@ def setup_wandb(training) -> None:
             "set WANDB_PROJECT=... in .env, or in the recipe's env:, to log to another",
             flush=True,
         )
+
+
+def _retired(out: Path, recorded: str) -> str:
+    """`recorded`, or "" (a new W&B run) where an earlier attempt in `out` trained and logged to it but saved no
+    checkpoint (killed before its first save), and this run trains from step 1 again: logged on in the same W&B run,
+    W&B kept the earlier attempt's rows for the steps both logged and dropped this run's (it takes each step once), a
+    changed learning rate included. An attempt stopped before training logged nothing there: its run is kept."""
+    logged = [r["step"] for r in read_metrics(out / METRICS_FILE) if "loss" in r] if is_file(out / METRICS_FILE) else []
+    if not logged:
+        return recorded
+    print(
+        f"note: an earlier attempt in {out} logged steps {min(logged)}-{max(logged)} to the W&B run {recorded!r} and "
+        "saved no checkpoint; this run trains from step 1 again, in a new W&B run (in that one, W&B would keep the "
+        "earlier rows for those steps and drop this run's)",
+        flush=True,
+    )
+    return ""
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
