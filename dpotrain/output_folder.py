@@ -374,12 +374,9 @@ def set_aside_past(out: Path, named: str, names: list[str]) -> list[str]:
     returns `names` without them. Left in the folder, a later attempt that resumes by itself (the same command without
     --auto_resume false, killed before this course saved past them) went on from them, silently, and rotation kept
     them over this course's own. Moved, not deleted: they may be worth keeping, and only the user can tell."""
-    start = saved_step(Path(named))
-    past = [p for p in checkpoints(out) if p.name in names and step_of(p) > start] if start is not None else []
-    if not past:
+    if not (past := saved_past(out, named, names)):
         return names
-    folder = Path(os.path.abspath(out))  # `--output_dir .`: a folder beside the one run in
-    aside = folder.with_name(f"{folder.name}.past-{Path(named).name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside = past_folder(out, named, time.strftime("%Y%m%d-%H%M%S"))
     aside.mkdir()
     for checkpoint in past:
         run_files.incomplete(out, checkpoint.name)  # first: killed midway, it is no checkpoint gone
@@ -392,6 +389,20 @@ def set_aside_past(out: Path, named: str, names: list[str]) -> list[str]:
         flush=True,
     )
     return [n for n in names if n not in moved]
+
+
+def saved_past(out: Path, named: str, names: list[str] | None = None) -> list[Path]:
+    """The run's own checkpoints in `out` (those `names` holds: its record's, else every checkpoint) saved past the
+    checkpoint `named`, by step: what a run of --auto_resume false going on from `named` moves aside."""
+    start = saved_step(Path(named))
+    names = [p.name for p in checkpoints(out)] if names is None else names
+    return [p for p in checkpoints(out) if p.name in names and step_of(p) > start] if start is not None else []
+
+
+def past_folder(out: Path, named: str, when: str) -> Path:
+    """Where `set_aside_past` moves them: `<output_dir>.past-<checkpoint>-<when>` beside the folder."""
+    folder = Path(os.path.abspath(out))  # `--output_dir .`: a folder beside the one run in
+    return folder.with_name(f"{folder.name}.past-{Path(named).name}-{when}")
 
 
 def clear_final_staging(out: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpotrain import output_folder
 from dpotrain.cluster import engine, run_lock
 from dpotrain.data import builtin, chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
@@ -183,6 +184,9 @@ class OutputDecision:
     finished_by: str | None = None
     # A dry run outside a Slurm job: output_dir is the job's own folder, named as the job starts (Recipe.job_folder)
     job_folder: bool = False
+    # --auto_resume false going on from a checkpoint named in output_dir: the run's checkpoints saved past it, which
+    # the run moves aside as it starts (output_folder.set_aside_past)
+    set_aside: tuple[str, ...] = ()
 
     @property
     def trains(self) -> bool:
@@ -206,6 +210,9 @@ class OutputDecision:
             folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
         elif self.resume_from and Path(self.resume_from).parent.resolve() == Path(output_dir).resolve():
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
+            if self.set_aside:  # (--auto_resume false)
+                aside = output_folder.past_folder(Path(output_dir), self.resume_from, "<time>")
+                folder += f"; the checkpoints saved past it ({', '.join(self.set_aside)}) are moved to {aside}"
         elif self.resume_from:  # another folder's checkpoint: this one was called "an unfinished run", new or empty
             new = "" if Path(output_dir).is_dir() else " (new)"
             folder = f"{output_dir}: the run starts there{new}, from the checkpoint {self.resume_from}"
@@ -488,7 +495,11 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
             f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which resuming "
             f"{explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to replace that run"
         )
-    return resumed(out, resume.explicit_point(explicit, out, recipe.project.auto_resume))
+    decision = resumed(out, resume.explicit_point(explicit, out, recipe.project.auto_resume))
+    if recipe.project.auto_resume:
+        return decision
+    past = output_folder.saved_past(out, explicit, output_folder.read_manifest(out))
+    return dataclasses.replace(decision, set_aside=tuple(p.name for p in past))
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:

@@ -311,18 +311,23 @@ def test_going_back_under_auto_resume_false_moves_the_course_past_the_named_chec
     """`--auto_resume false --resume_from_checkpoint out/checkpoint-4` in a folder holding the run's checkpoint-8: the
     course given up for checkpoint-4 stayed there, and a later attempt that resumed by itself (the command without
     --auto_resume false, this course killed before it saved past step 8) went on from checkpoint-8, silently. Moved
-    aside as the run starts, said in a line, never deleted."""
-    from dpotrain import output_folder
+    aside as the run starts, said in a line, never deleted; a dry run says it will."""
+    from dpotrain import output_folder, resolve
     from dpotrain.train import resume
 
     out = tmp_path / "run"
     for step in (4, 8):
         sealed_checkpoint(out / f"checkpoint-{step}")
-    run_files.write(
-        out, [run_files.MANIFEST, "checkpoint-4", "checkpoint-8"], complete=["checkpoint-4", "checkpoint-8"]
-    )
+    (out / run_record.RESOLVED).write_text(json.dumps(run_record.sealed({"derived": {}})))  # the run's record
+    names = [run_files.MANIFEST, run_record.RESOLVED, "checkpoint-4", "checkpoint-8"]
+    run_files.write(out, names, complete=["checkpoint-4", "checkpoint-8"])
     named = str(out / "checkpoint-4")
     recipe = parse_args(train_args(out, "--auto_resume", "false", "--resume_from_checkpoint", named))
+    decision = resolve.check_output_dir(recipe)  # what a dry run's summary says of the folder
+    assert decision.record(str(out))["output_folder"] == (
+        f"{out}: an unfinished run, which the run resumes from {named}; the checkpoints saved past it (checkpoint-8) "
+        f"are moved to {tmp_path / 'run.past-checkpoint-4-<time>'}"
+    )
     output_folder.start(recipe, start_afresh=False, pushes=False)  # as the run starts, resuming checkpoint-4
     (aside,) = tmp_path.glob("run.past-checkpoint-4-*")
     assert f"Moved checkpoint-8 to {aside}: saved past {named}, which this run goes on from" in capsys.readouterr().out
