@@ -117,13 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     if not stopped:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first
         hub.check_saved_model(run)  # by size here; by SHA-256 as main's push hashes each file (hub.push_run)
-        if hub.merged_deleted(run):
-            hub.card_without_merged(run)
-            print(
-                f"note: {run / 'merged'} was deleted since the run wrote it: the run is pushed without its merged "
-                "model, its card saying so",
-                flush=True,
-            )
     if stopped and not args.checkpoints:
         steps = [checkpoints.step_of(p) for p in stopped]
         finish = health_stopped(run) or "resume it with the same command, then push it"

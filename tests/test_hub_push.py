@@ -3598,12 +3598,16 @@ def test_a_final_model_damaged_since_the_run_saved_it_is_refused_before_anything
     assert hub.state.commits == []
 
 
-def test_a_lora_runs_merged_folder_deleted_whole_is_pushed_without_it_and_the_card_says_so(tmp_path):
+def test_a_lora_runs_merged_folder_deleted_whole_is_pushed_without_it_and_the_card_says_so(
+    hub, tmp_path, monkeypatch, capsys
+):
     """`rm -r outputs/x/merged` once a LoRA run with merge_lora had finished (the base with the adapter merged in, as
     large as the base, made again from the adapter): every push was refused, "merged/model.safetensors is not the file
     the run saved (it is missing): copy it again ... or train again", and the run could not be pushed at all. Pushed
-    without it, the card no longer naming a merged/ that is not there; a merged/ there in part is still refused."""
-    from dpotrain.hub import hub
+    without it, the card no longer naming a merged/ that is not there; a merged/ there in part is still refused. Every
+    final push: push_to_hub.py's and a rerun's completing the run's own push a kill cut short (both hub.push_run); the
+    rerun's pushed the card naming merged/, not there."""
+    from dpotrain.hub import hub as hub_module
     from dpotrain.recipe.errors import ConfigError
     from dpotrain.train import checkpoint_manifest
 
@@ -3615,20 +3619,30 @@ def test_a_lora_runs_merged_folder_deleted_whole_is_pushed_without_it_and_the_ca
         n: {"bytes": (out / n).stat().st_size, "sha256": checkpoint_manifest.sha256(out / n)}
         for n in ("adapter_model.safetensors", "merged/model.safetensors", "merged/config.json")
     }
-    (out / hub.RUN_COMPLETE).write_text(json.dumps({"global_step": 2, hub.MODEL_FILES: saved}))
-    (out / hub.CARD).write_text("This is a **LoRA adapter**. The merged model (base + adapter) is in `merged/`.\n")
+    (out / hub_module.RUN_COMPLETE).write_text(json.dumps({"global_step": 2, hub_module.MODEL_FILES: saved}))
+    (out / hub_module.CARD).write_text(
+        "This is a **LoRA adapter**. The merged model (base + adapter) is in `merged/`.\n"
+    )
     (out / "merged" / "model.safetensors").unlink()  # in part: a copy cut short
     with pytest.raises(ConfigError, match="merged/model.safetensors is not the file the run saved"):
-        hub.check_saved_model(out)
+        hub_module.check_saved_model(out)
     for entry in (out / "merged").iterdir():
         entry.unlink()
     (out / "merged").rmdir()  # deleted whole
-    assert hub.check_saved_model(out, hashed=True) == {
+    assert hub_module.check_saved_model(out, hashed=True) == {
         "adapter_model.safetensors": saved["adapter_model.safetensors"]["sha256"]
     }
-    assert hub.merged_deleted(out)
-    hub.card_without_merged(out)
-    assert (out / hub.CARD).read_text() == (
-        "This is a **LoRA adapter**. Its merged model (`merge_lora: true`) was deleted after training, so `merged/` "
-        "is not here: merge the adapter into the base with PEFT's `merge_and_unload()`.\n"
+    assert hub_module.merged_deleted(out)
+    hub_in_process(hub, monkeypatch)
+    hub_module.push_run(out, REPO, token=SECRET)
+    assert capsys.readouterr().out == (
+        f"note: {out / 'merged'} was deleted since the run wrote it: the run is pushed without its merged model, its "
+        "card saying so\n"
+    )
+    main = hub.state.repos[REPO]["main"]
+    assert "adapter_model.safetensors" in main and not [name for name in main if name.startswith("merged/")]
+    card = (out / hub_module.CARD).read_text()
+    assert main["README.md"] == card.encode() and card == (
+        "This is a **LoRA adapter**. Its merged model (`merge_lora: true`) was deleted after training, so `merged/` is "
+        "not here: merge the adapter into the base with PEFT's `merge_and_unload()`.\n"
     )

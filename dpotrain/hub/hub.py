@@ -516,6 +516,7 @@ def push_run(
     try:
         check_one_model(output_dir)  # push_to_hub.py's and the run's own final push alike
         digests = check_saved_model(output_dir, hashed=True)  # each file hashed once: the upload takes the digest
+        say_merged_deleted(Path(output_dir))
     except Exception as e:
         if started:  # its start recorded by the run: its outcome too, else each rerun said "killed while pushing"
             with contextlib.suppress(OSError):  # a record the disk refuses: the check's refusal is what to say
@@ -679,19 +680,28 @@ def check_saved_model(output_dir: str | Path, hashed: bool = False) -> dict[str,
 def merged_deleted(out: Path) -> bool:
     """Whether a LoRA run's merged/ was deleted whole since the run wrote it (`rm -r`: the base with the adapter merged
     in, as large as the base, and made from what the push uploads). The run is pushed without it, the card saying so
-    (`card_without_merged`): refused as a file missing ("copy it again ... or train again"), it could not be pushed at
+    (`say_merged_deleted`): refused as a file missing ("copy it again ... or train again"), it could not be pushed at
     all. A merged/ there in part is a copy cut short, refused as any (`check_saved_model`)."""
     names = finished(out).get(MODEL_FILES) or {}
     recorded = any(PurePosixPath(name).parts[0] == MERGED_DIR for name in names)
     return recorded and not os.path.lexists(out / MERGED_DIR)
 
 
-def card_without_merged(out: Path) -> None:
-    """The card's line of the merged model replaced by one saying it was deleted (`merged_deleted`)."""
+def say_merged_deleted(out: Path) -> None:
+    """Before a final push (`push_run`: push_to_hub.py's, and a rerun's completing the run's own push a kill cut
+    short): a merged/ deleted whole (`merged_deleted`) is pushed without, the card's line of it replaced by one saying
+    it was deleted, and said in a line."""
+    if not merged_deleted(out):
+        return
     card = out / CARD
-    text = card.read_text(encoding="utf-8")
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
     if MERGED_LINE in text:
         write_text(card, text.replace(MERGED_LINE, MERGED_DELETED))
+    print(
+        f"note: {out / MERGED_DIR} was deleted since the run wrote it: the run is pushed without its merged model, "
+        "its card saying so",
+        flush=True,
+    )
 
 
 def check_whole(out: Path, folders: dict[PurePosixPath, set[str]]) -> None:
