@@ -302,6 +302,42 @@ def test_accuracy_pinned_counts_consecutive_pairs_early_only(guard):
     assert "1.0 on the last 32 pairs" in g.stop.message
 
 
+def test_a_run_whose_every_fp16_step_the_loss_scaler_skipped_stops_having_trained_nothing(guard, capsys):
+    """fp16 (a CUDA GPU's: none here, so the accelerator's answer is given): a run whose every optimizer step fp16's
+    loss scaler skipped (gradients overflowing each time) saved the weights it started from as its model and exited 0.
+    Stopped without a checkpoint, the run's last step if shorter, else at 40 skips in a row (the scaler, from 2^16
+    halved at each, is then at 2^-24: no longer its warm-up); one step taken and it goes on, as in bf16."""
+    for max_steps, skipped, stopped_at in ((10, "all", 10), (100, "all", 40), (100, "but step 3", None)):
+        g, args = guard("--fp16", "true")
+        accelerator = SimpleNamespace(optimizer_step_was_skipped=True)
+        g.watch(accelerator)
+        state = SimpleNamespace(global_step=0, max_steps=max_steps, is_world_process_zero=True)
+        control = SimpleNamespace(should_training_stop=False, should_save=True, should_log=False)
+        g.on_train_begin(args, state, control)
+        for state.global_step in range(1, max_steps + 1):
+            accelerator.optimizer_step_was_skipped = skipped == "all" or state.global_step != 3
+            g.on_optimizer_step(args, state, control)
+            g.on_step_end(args, state, control)
+            if control.should_training_stop:
+                break
+        if stopped_at is None:
+            assert g.stop is None and not control.should_training_stop
+            continue
+        assert state.global_step == stopped_at and g.stop.guard == "fp16_skipped" and g.stop.fatal
+        assert control.should_training_stop and not control.should_save
+        assert f"skipped every one of this start's {stopped_at} optimizer steps" in capsys.readouterr().err
+        assert health.stop_line(g.stop, "out").startswith(
+            f"health: training STOPPED at step {stopped_at} by the fp16_skipped guard; no checkpoint written: nothing "
+            "was trained."
+        )
+    g, args = guard()  # fp32 (or bf16): no scaler, nothing counted
+    g.watch(SimpleNamespace(optimizer_step_was_skipped=True))
+    state = SimpleNamespace(global_step=1, max_steps=1, is_world_process_zero=True)
+    g.on_optimizer_step(args, state, control)
+    g.on_step_end(args, state, control)
+    assert g.stop is None
+
+
 def test_accuracy_pinned_on_one_pair_reads_in_the_singular(tmp_path):
     """--health_pinned_pairs 1 at one pair per step: the alarm read "1.0 on the last 1 pairs"."""
     recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path), "--health_pinned_pairs", "1"])

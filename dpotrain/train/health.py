@@ -29,6 +29,10 @@ from dpotrain.train.resume import remember_health_stop
 
 LN2 = math.log(2)
 HEALTH_STOP_EXIT = 3  # as preflight's "fail": the run is doomed, a retry would fail the same way
+# fp16's loss scaler starts at 2^16 and halves at each step it skips (gradients overflowed): 40 skips in a row reach
+# 2^-24, where fp16 gradients underflow rather than overflow, so a run whose first 40 steps were all skipped is not in
+# the scaler's warm-up: it trains nothing, and would go on doing so
+FP16_ALL_SKIPPED = 40
 
 
 @dataclass
@@ -70,6 +74,13 @@ class HealthGuard(TrainerCallback):
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
         self._dropout: list[str] = []  # the dropout training keeps on (dropout.active), read at the start
         self.overflowed: int | None = None  # the last logged step whose fp16 gradients overflowed (`check`)
+        self._updates = [0, 0]  # this start's optimizer steps under fp16: taken, and skipped by the loss scaler
+        self._accelerator = None  # the trainer's (`watch`)
+
+    def watch(self, accelerator) -> None:
+        """The trainer's accelerator, whose `optimizer_step_was_skipped` says whether fp16's loss scaler skipped the
+        optimizer step just taken (DeepSpeed's too). Callbacks are given no optimizer: the Trainer makes it later."""
+        self._accelerator = accelerator
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
@@ -93,9 +104,25 @@ class HealthGuard(TrainerCallback):
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
         self._last_step = step
 
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if args.fp16 and self._accelerator is not None:
+            self._updates[0] += 1
+            self._updates[1] += bool(self._accelerator.optimizer_step_was_skipped)
+
     def on_step_end(self, args, state, control, **kwargs):
         if self._fresh and state.global_step == 1:
             control.should_log = True  # step 1 alone, before the update shows in any metric (as logging_first_step)
+        # Every step skipped: the same count on every rank (the scaler's overflow check is reduced over them), so each
+        # stops at the same step with no collective
+        taken, skipped = self._updates
+        if taken and skipped == taken and (taken >= FP16_ALL_SKIPPED or state.global_step >= state.max_steps):
+            message = (
+                f"fp16's loss scaler skipped every one of this start's {taken} optimizer steps (its gradients "
+                "overflowed each time): the weights are the ones it started from, and nothing was trained. Use bf16 "
+                "on a GPU that has it (Ampere or newer), which needs no scaler; else lower --learning_rate and "
+                "check the data for rows far longer than the rest"
+            )
+            self._stop([Alarm("fp16_skipped", state.global_step, message, fatal=True)], 2, args, state, control)
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -108,7 +135,11 @@ class HealthGuard(TrainerCallback):
         self._count(state.global_step, logs)
         # 0 go on, 1 stop with a checkpoint, 2 stop without one: one rank's verdict stops all, at the same step
         action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
-        action = max_over_ranks(action, args.device)
+        self._stop(alarms, max_over_ranks(action, args.device), args, state, control)
+        return control
+
+    def _stop(self, alarms: list[Alarm], action: int, args, state, control) -> None:
+        """Say the alarms; `action` (every rank's): 0 go on, 1 stop with a checkpoint, 2 stop without one."""
         for alarm in alarms:
             self.alarms.append(alarm)
             if state.is_world_process_zero and (action or alarm.guard not in self._warned):
@@ -126,7 +157,6 @@ class HealthGuard(TrainerCallback):
             # in the stop's checkpoint.
             main_outcome(remember_health_stop, args.output_dir, self.stop)
             _record_in_wandb(self.stop, state)
-        return control
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
@@ -250,6 +280,8 @@ def stop_line(alarm: Alarm, output_dir: str) -> str:
         if alarm.fatal
         else f"checkpoint {output_dir}/checkpoint-{alarm.step} is complete and resumable"
     )
+    if alarm.guard == "fp16_skipped":
+        where = "no checkpoint written: nothing was trained"
     return (
         f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
         f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "

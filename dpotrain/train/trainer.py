@@ -266,6 +266,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self.model_flops = flops.ModelFlops.of(self.model)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
         self.complete_marker.spent = self.pair_metrics.exclude  # a checkpoint's save is no training time
+        if health is not None:
+            health.watch(self.accelerator)  # which tells a step fp16's loss scaler skipped
         self.memory_use = MemoryUse(planned_gib, self.accelerator.device)
         # Every step cut into micro-batches from the lengths TRL just tokenized; refused here, before the reference
         self.run_plan = plan_stage.for_trainer(self)
