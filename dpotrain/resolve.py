@@ -210,9 +210,6 @@ class OutputDecision:
             folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
         elif self.resume_from and Path(self.resume_from).parent.resolve() == Path(output_dir).resolve():
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
-            if self.set_aside:  # (--auto_resume false)
-                aside = output_folder.past_folder(Path(output_dir), self.resume_from, "<time>")
-                folder += f"; the checkpoints saved past it ({', '.join(self.set_aside)}) are moved to {aside}"
         elif self.resume_from:  # another folder's checkpoint: this one was called "an unfinished run", new or empty
             new = "" if Path(output_dir).is_dir() else " (new)"
             folder = f"{output_dir}: the run starts there{new}, from the checkpoint {self.resume_from}"
@@ -220,6 +217,9 @@ class OutputDecision:
             folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
+        if self.set_aside:  # (--auto_resume false)
+            aside = output_folder.past_folder(Path(output_dir), self.resume_from, "<time>")
+            folder += f"; the checkpoints saved past it ({', '.join(self.set_aside)}) are moved to {aside}"
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
 
 

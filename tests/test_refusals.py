@@ -2849,10 +2849,16 @@ def test_a_named_checkpoint_behind_the_folders_newest_is_gone_on_from_when_reque
         "checkpoints past step 2 out of that folder to go back to the one named, or pass a new --output_dir"
     )
     # --auto_resume false: nothing goes on from a checkpoint not named, so the one named is where it goes on from
+    # (the folder's checkpoint-4, saved past it, moved aside as the run starts: output_folder.set_aside_past)
     chosen = parse_args([*recipe_args(out, named), "--auto_resume", "false"])
-    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
+    going_back = resolve.OutputDecision(str(named), False, set_aside=("checkpoint-4",))
+    assert resolve.check_output_dir(chosen, 8) == going_back
+    assert going_back.record(str(out))["output_folder"] == (
+        f"{out}: the run starts there, from the checkpoint {named}; the checkpoints saved past it (checkpoint-4) are "
+        f"moved to {out}.past-checkpoint-2-<time>"
+    )
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
+    assert resolve.check_output_dir(chosen, 8) == going_back
     assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
     assert capsys.readouterr().out == (
         f"resume_from_checkpoint {named}: this job was requeued (Slurm restart 1) after saving {out / 'checkpoint-4'}: "
