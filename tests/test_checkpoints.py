@@ -319,23 +319,22 @@ def model_with_unread_sampling(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", ["one process", "ZeRO-2, 2 processes"])
 def test_a_generation_config_with_settings_its_mode_does_not_read_checkpoints_resumes_and_is_saved_as_given(
-    launch, tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir
 ):
     """Sampling settings with do_sample false ("temperature": 0.6, "top_p": 0.9, as SFT exports write them) change
     nothing a run does, but transformers saves a generation config changed since it loaded only where it passes its
     strict check, and TRL set the pad_token_id this file lacks: the first checkpoint ended in a ValueError after its
     steps, and the run then refused such a model before it loaded. It trains, checkpoints, resumes and saves its final
-    model, the file's settings kept and the pad id aligned with the tokenizer's (as transformers and TRL align it)."""
+    model, the file's settings kept and the pad id aligned with the tokenizer's (as transformers and TRL align it).
+    Launched as the recipe's engine runs (ZeRO-2, 2 processes): its checkpoints and final model go through the same
+    `save_model` as one process's, and this launch failed without its fix as a one-process run did."""
     model, given, pairs = model_with_unread_sampling(tmp_path, tiny_model_dir)
     out = tmp_path / "run"
     args = ["--dataset_name", str(pairs), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1"]
     args += ["--report_to", "none"]
-    launcher = [python()]
-    if launch != "one process":
-        launcher = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml")]
-        launcher += ["--num_processes", "2", *rank_python()]
+    launcher = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml")]
+    launcher += ["--num_processes", "2", *rank_python()]
     env = launch_env(f"{out}-cache")
 
     def train() -> str:
