@@ -27,8 +27,9 @@ UNRELATED_ATTRIBUTES = ("._pid", "._latest")
 )
 def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_interpreter_reads(tmp_path, offline):
     """The Hub tests' runs differ from the server in what huggingface_hub and datasets read while being imported (their
-    own Hub address, HF_HOME, caches, offline switches): run warm, each module's constants are those a fresh
-    interpreter computes from that environment, not the server's."""
+    own Hub address, HF_HOME, caches, offline switches), and in tqdm's defaults (launch.sh's TQDM_ASCII): run warm,
+    each module's constants and a bar's defaults are those a fresh interpreter computes from that environment, not the
+    server's."""
     env = {
         **os.environ,
         "HF_ENDPOINT": "http://127.0.0.1:9/",
@@ -36,6 +37,7 @@ def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_in
         "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache"),
         "HF_TOKEN": "hf_not_a_token",
         "HF_TOKEN_PATH": str(tmp_path / "no-token"),  # test_main_outcome's run without a token
+        "TQDM_ASCII": " 123456789#",  # scripts/launch.sh's, for its dry run and preflight (test_memory's, ...)
     }
     env = {k: v for k, v in {**env, **offline}.items() if v is not None}
     runs = {}
@@ -48,6 +50,7 @@ def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_in
     differ = {k: v for k, v in differ.items() if k not in UNRELATED and not k.endswith(UNRELATED_ATTRIBUTES)}
     assert not differ, "\n".join(f"{k}: warm {w}, fresh {f}" for k, (w, f) in differ.items())
     assert fresh["constants"]["huggingface_hub.constants.ENDPOINT"] == repr("http://127.0.0.1:9")
+    assert fresh["constants"]["tqdm.std.tqdm().ascii"] == repr(" 123456789#")
 
 
 # Slow by the marker rule: the warm server it needs imports the training stack (~10 CPU-s, 15-25 s of wall time on 2

@@ -4,6 +4,7 @@ script ran (a warm child of tests/helpers/warm.py had)."""
 
 import importlib
 import inspect
+import io
 import json
 import sys
 from pathlib import Path, PurePath
@@ -12,6 +13,8 @@ started_warm = "torch" in sys.modules
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import transformers.models.olmo3.modeling_olmo3  # noqa: E402, F401
 from huggingface_hub import hf_api  # noqa: E402
+from tqdm import std as tqdm_std  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import train_dpo  # noqa: E402, F401  (the modules the warm server imports)
 
@@ -32,6 +35,10 @@ def simple(value) -> bool:
 
 
 constants = {"hf_api.api.endpoint": hf_api.api.endpoint}
+# tqdm's defaults, read from TQDM_* while tqdm is imported (scripts/launch.sh exports TQDM_ASCII): a bar's, as drawn by
+# tqdm and by transformers' subclass
+bars = (tqdm_std.tqdm, transformers_logging.tqdm)
+constants |= {f"{bar.__module__}.tqdm().ascii": repr(bar(total=1, file=io.StringIO()).ascii) for bar in bars}
 for name, module in sorted(sys.modules.items()):
     if module is not None and name.split(".")[0] in PACKAGES:
         for key, value in list(vars(module).items()):

@@ -66,6 +66,10 @@ RUNTIME_KEYS = {
 # them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
 REREAD_KEYS = {"HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN", "HF_TOKEN_PATH"}
 REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
+# tqdm's defaults (TQDM_ASCII: scripts/launch.sh exports it before its dry run and preflight), read while tqdm is
+# imported: a child given others wraps tqdm's `__init__` again (`_reread_tqdm`), as tqdm's std.py does.
+REREAD_PREFIX = "TQDM_"
+TQDM_TYPES = {"total": float, "ncols": int, "miniters": float, "position": int, "nrows": int}  # tqdm 4.x std.py's
 ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
 # Imported by the server after train_dpo: what a run imports later (`serve`). Not the trainer module: it brings TRL's
 # DPOTrainer and with it wandb, whose import makes temporary folders (wandb-media, wandb-artifacts) that the first
@@ -79,6 +83,7 @@ def _runtime(key: str) -> bool:
     return (
         key in RUNTIME_KEYS
         or key in REREAD_KEYS
+        or key.startswith(REREAD_PREFIX)
         or key.startswith(RUNTIME_PREFIXES)
         or (key.startswith("WANDB_") and "wandb" not in sys.modules)
     )
@@ -211,6 +216,10 @@ def _start(conn, listener, project: str, base: dict, set_by_imports: dict, log: 
     differences = ["(no request)"]
     if request:
         differences = import_time_differences(request["env"], base, set_by_imports)
+        # A client in a mount namespace of its own (conftest's `in_child` with read_only folders) sees other files: a
+        # child forked here would write where the client cannot
+        if request.get("mounts") != os.readlink("/proc/self/ns/mnt"):
+            differences.append("(another mount namespace)")
         for copy in _projects_of(request):
             if copy != os.path.realpath(project):
                 differences.append(f"(another copy of the project: {copy})")
@@ -259,6 +268,8 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     os.environ.update({**set_by_imports, **request["env"]})  # what the imports of a fresh interpreter would have set
     if any(base.get(k) != request["env"].get(k) for k in REREAD_KEYS):
         _reread()
+    if any(base.get(k) != request["env"].get(k) for k in {*base, *request["env"]} if k.startswith(REREAD_PREFIX)):
+        _reread_tqdm()
     threads = request["env"].get("OMP_NUM_THREADS")
     if threads and threads != base.get("OMP_NUM_THREADS"):
         import torch
@@ -293,6 +304,16 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     sys.path[0:1] = [os.path.dirname(script), *extra]  # as a fresh interpreter lays out its sys.path
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
+
+
+def _reread_tqdm() -> None:
+    """tqdm's `envwrap` read the TQDM_* defaults into `tqdm.__init__` (a partialmethod of the function) as the server
+    imported it: wrapped again from the function with this environment's, the bars of tqdm and of every subclass
+    (transformers', huggingface_hub's) take them as in a fresh interpreter (tests/test_warm.py compares them)."""
+    from tqdm import std, utils
+
+    init = vars(std.tqdm)["__init__"]
+    std.tqdm.__init__ = utils.envwrap("tqdm", is_method=True, types=TQDM_TYPES)(getattr(init, "func", init))
 
 
 def _reread() -> None:
@@ -385,6 +406,7 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     try:
         sock.connect(path)
         request = {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}
+        request["mounts"] = os.readlink("/proc/self/ns/mnt")
         _send(sock, request | {"ignored": ignored}, (0, 1, 2))
         answer, _ = _recv(sock)
     except OSError:
