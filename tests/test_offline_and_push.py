@@ -1268,7 +1268,34 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     assert f"{said}{PROBE_TIMEOUT})" in output and result["asked"] == 1, result
 
 
-@pytest.mark.slow  # a process each (its imports)
+# Dry runs on the smoke recipe, one after another in one process, each as in a process of its own (the environment
+# restored): a dry run reads the cache alone, so what one asked or refused is its own.
+DRY_RUNS = r"""
+import contextlib, io, json, os, sys
+import train_dpo
+from dpotrain.recipe.errors import run_cli
+
+data, out = sys.argv[1:3]
+results = {}
+for model in sys.argv[3:]:
+    stdout, stderr, code, asked, environment = io.StringIO(), io.StringIO(), None, len(ASKED), dict(os.environ)
+    args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
+    args += ["--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            run_cli(lambda: train_dpo.main([*args, "--output_dir", f"{out}-{len(results)}", "--dry-run"]))
+        except SystemExit as e:
+            code = e.code
+    said = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+    results[model] = {"asked": len(ASKED) - asked, "code": code, **said}
+    for variable in set(os.environ) - set(environment):
+        del os.environ[variable]
+    os.environ.update(environment)
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.mark.slow  # a process (its imports), two dry runs
 def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors(tmp_path, hf_home, silent_endpoint):
     """A Hub model's weights that lack some of its tensors (DDP's `module.` names) are refused by the dry run from the
     names in the cached files, with the line the run's load gives, and nothing asked of the Hub (its endpoint silent);
@@ -1276,7 +1303,8 @@ def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tenso
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
     model = "org/tiny-from-ddp"
-    result = results_of(CACHED, ["dry_run", model, "data/smoke_prefs.jsonl", str(tmp_path / "run")], env)
+    results = results_of(DRY_RUNS, ["data/smoke_prefs.jsonl", str(tmp_path / "run"), model, "org/tiny-no-weights"], env)
+    result = results[model]
     assert result["code"] == 2 and result["asked"] == 0, result
     assert [line for line in result["stderr"].splitlines() if line.startswith("error: ")] == [
         f"error: the weights of {model} lack 25 of the model's 25 tensors (lm_head.weight, ...), which transformers "
@@ -1284,7 +1312,7 @@ def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tenso
         "with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with a "
         "prefix such as 'module.'), or copy in the missing weights"
     ]
-    result = results_of(CACHED, ["dry_run", "org/tiny-no-weights", "data/smoke_prefs.jsonl", str(tmp_path / "r")], env)
+    result = results["org/tiny-no-weights"]
     assert result["code"] is None and result["asked"] == 0, result
 
 
