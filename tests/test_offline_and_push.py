@@ -1225,7 +1225,7 @@ else:
     import train_dpo
     args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
     args += ["--output_dir", out, "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
-    main = lambda: train_dpo.main([*args, *(["--dry-run"] if command == "dry_run" else [])])
+    main = lambda: train_dpo.main(args)
 stdout, stderr, code = io.StringIO(), io.StringIO(), None
 with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
     try:
@@ -1240,7 +1240,8 @@ print("RESULTS " + json.dumps({"asked": len(ASKED), "code": code, **said}))
 @pytest.mark.slow  # a process each (its imports), a probe of PROBE_SECONDS, one training step of the tiny model
 @pytest.mark.parametrize(
     "command, data",
-    [("analyzer", "local"), ("analyzer", "hub"), ("dry_run", "hub"), ("training", "local"), ("training", "hub")],
+    # a dry run of the same: test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors
+    [("analyzer", "local"), ("analyzer", "hub"), ("training", "local"), ("training", "hub")],
 )
 def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_not_answer(
     tmp_path, hf_home, silent_endpoint, command, data
@@ -1248,7 +1249,7 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     """A login node behind a firewall, HF_HUB_OFFLINE unset, the model (and the Hub data set) in the local cache: the
     analyzer and the run waited on the silent Hub for the files they read from the cache (10 s a request, retried:
     over 300 s before the tokenizer had loaded). Now the Hub is asked once, within PROBE_SECONDS, and the libraries read
-    the cache offline, said in a line. A dry run reads the cache alone (local_files_only): it asks nothing."""
+    the cache offline, said in a line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
     source = {"local": "data/smoke_prefs.jsonl", "hub": DATASET}[data]
@@ -1259,9 +1260,6 @@ def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_
     # Connection timed out). Using cached commit hash", then "Retrying in 1s [Retry 1/5]" for the chat templates)
     assert "Could not reach the Hub" not in output and "Retrying in" not in output, output
     said = f"The Hugging Face Hub does not answer here ({silent_endpoint}: "
-    if command == "dry_run":
-        assert said not in output and result["asked"] == 0, result
-        return
     assert output.count(said) == 1 and "): models and data sets are read from the local cache, offline" in output
     # the probe, given up at its deadline, then the cache: one request, not the libraries' minutes of retries of one
     # for every cached file they read
@@ -1275,9 +1273,9 @@ import contextlib, io, json, os, sys
 import train_dpo
 from dpotrain.recipe.errors import run_cli
 
-data, out = sys.argv[1:3]
-results = {}
-for model in sys.argv[3:]:
+out = sys.argv[1]
+results = []
+for model, data in zip(sys.argv[2::2], sys.argv[3::2]):  # (model, data set) after (model, data set)
     stdout, stderr, code, asked, environment = io.StringIO(), io.StringIO(), None, len(ASKED), dict(os.environ)
     args = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--dataset_name", data]
     args += ["--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
@@ -1287,7 +1285,7 @@ for model in sys.argv[3:]:
         except SystemExit as e:
             code = e.code
     said = {"stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
-    results[model] = {"asked": len(ASKED) - asked, "code": code, **said}
+    results.append({"asked": len(ASKED) - asked, "code": code, **said})
     for variable in set(os.environ) - set(environment):
         del os.environ[variable]
     os.environ.update(environment)
@@ -1295,25 +1293,31 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-@pytest.mark.slow  # a process (its imports), two dry runs
+@pytest.mark.slow  # a process (its imports), three dry runs
 def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors(tmp_path, hf_home, silent_endpoint):
     """A Hub model's weights that lack some of its tensors (DDP's `module.` names) are refused by the dry run from the
     names in the cached files, with the line the run's load gives, and nothing asked of the Hub (its endpoint silent);
-    a model whose weights are not cached is planned without them, as before."""
+    a model whose weights are not cached is planned without them, as before. A dry run of a cached Hub model and data
+    set reads the cache alone (local_files_only): it asks nothing, so it has no silent Hub to say."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
     model = "org/tiny-from-ddp"
-    results = results_of(DRY_RUNS, ["data/smoke_prefs.jsonl", str(tmp_path / "run"), model, "org/tiny-no-weights"], env)
-    result = results[model]
-    assert result["code"] == 2 and result["asked"] == 0, result
-    assert [line for line in result["stderr"].splitlines() if line.startswith("error: ")] == [
+    local = "data/smoke_prefs.jsonl"
+    runs = [model, local, "org/tiny-no-weights", local, MODEL, DATASET]
+    refused, unweighted, cached = results_of(DRY_RUNS, [str(tmp_path / "run"), *runs], env)
+    assert refused["code"] == 2 and refused["asked"] == 0, refused
+    assert [line for line in refused["stderr"].splitlines() if line.startswith("error: ")] == [
         f"error: the weights of {model} lack 25 of the model's 25 tensors (lm_head.weight, ...), which transformers "
         "would start at random; they hold 25 the model has no place for (module.lm_head.weight, ...): save the model "
         "with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names its tensors with a "
         "prefix such as 'module.'), or copy in the missing weights"
     ]
-    result = results["org/tiny-no-weights"]
-    assert result["code"] is None and result["asked"] == 0, result
+    assert unweighted["code"] is None and unweighted["asked"] == 0, unweighted
+    output = cached["stdout"] + cached["stderr"]
+    assert cached["code"] is None and cached["asked"] == 0, cached
+    # the libraries' own words where they wait on the Hub, and the run's where it found the Hub silent: none
+    assert "Could not reach the Hub" not in output and "Retrying in" not in output, output
+    assert f"The Hugging Face Hub does not answer here ({silent_endpoint}: " not in output, output
 
 
 @pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
