@@ -394,9 +394,9 @@ def set_aside_past(out: Path, named: str, names: list[str]) -> list[str]:
 def saved_past(out: Path, named: str, names: list[str] | None = None) -> list[Path]:
     """The run's own checkpoints in `out` (those `names` holds: its record's, else every checkpoint) saved past the
     checkpoint `named`, by step: what a run of --auto_resume false going on from `named` moves aside."""
-    start = saved_step(Path(named))
-    names = [p.name for p in checkpoints(out)] if names is None else names
-    return [p for p in checkpoints(out) if p.name in names and step_of(p) > start] if start is not None else []
+    if (start := saved_step(Path(named))) is None:
+        return []
+    return [p for p in checkpoints(out) if (names is None or p.name in names) and step_of(p) > start]
 
 
 def past_folder(out: Path, named: str, when: str) -> Path:

@@ -74,7 +74,7 @@ class HealthGuard(TrainerCallback):
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
         self._dropout: list[str] = []  # the dropout training keeps on (dropout.active), read at the start
         self.overflowed: int | None = None  # the last logged step whose fp16 gradients overflowed (`check`)
-        self._updates = [0, 0]  # this start's optimizer steps under fp16: taken, and skipped by the loss scaler
+        self._taken = self._skipped = 0  # this start's optimizer steps under fp16, and those its loss scaler skipped
         self._accelerator = None  # the trainer's (`watch`)
 
     def watch(self, accelerator) -> None:
@@ -106,16 +106,16 @@ class HealthGuard(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if args.fp16 and self._accelerator is not None:
-            self._updates[0] += 1
-            self._updates[1] += bool(self._accelerator.optimizer_step_was_skipped)
+            self._taken += 1
+            self._skipped += bool(self._accelerator.optimizer_step_was_skipped)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._fresh and state.global_step == 1:
             control.should_log = True  # step 1 alone, before the update shows in any metric (as logging_first_step)
         # Every step skipped: the same count on every rank (the scaler's overflow check is reduced over them), so each
         # stops at the same step with no collective
-        taken, skipped = self._updates
-        if taken and skipped == taken and (taken >= FP16_ALL_SKIPPED or state.global_step >= state.max_steps):
+        taken = self._taken
+        if taken and self._skipped == taken and (taken >= FP16_ALL_SKIPPED or state.global_step >= state.max_steps):
             message = (
                 f"fp16's loss scaler skipped every one of this start's {taken} optimizer steps (its gradients "
                 "overflowed each time): the weights are the ones it started from, and nothing was trained. Use bf16 "
@@ -274,14 +274,15 @@ def _record_in_wandb(alarm: Alarm, state) -> None:
 def stop_line(alarm: Alarm, output_dir: str) -> str:
     """The run's last log line after a health stop."""
     go_on = "" if alarm.fatal else ", or with --health_action warn to go on from the checkpoint"
-    where = (
-        f"no checkpoint written from the non-finite state (an earlier one in {output_dir} would go the same way: a "
-        "resume keeps its learning rate)"
-        if alarm.fatal
-        else f"checkpoint {output_dir}/checkpoint-{alarm.step} is complete and resumable"
-    )
     if alarm.guard == "fp16_skipped":
         where = "no checkpoint written: nothing was trained"
+    elif alarm.fatal:
+        where = (
+            f"no checkpoint written from the non-finite state (an earlier one in {output_dir} would go the same way: "
+            "a resume keeps its learning rate)"
+        )
+    else:
+        where = f"checkpoint {output_dir}/checkpoint-{alarm.step} is complete and resumable"
     return (
         f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
         f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "
