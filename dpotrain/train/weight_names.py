@@ -109,11 +109,9 @@ def _shapes(model: str, revision: str | None) -> dict | None:
 
     files = [found(SAFETENSORS[0])]
     if files[0] is None and (index := found(SAFETENSORS[1])) is not None:
-        try:
-            with open(index) as f:
-                files = [found(shard) for shard in sorted(set(json.load(f)["weight_map"].values()))]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if (shards := shards_of(Path(index))) is None:
             return None  # an index transformers cannot read either: its load says what is wrong
+        files = [found(shard) for shard in shards]
     if not files or None in files:
         return None
     shapes = {}
