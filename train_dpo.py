@@ -19,14 +19,10 @@ from dpotrain.recipe import terminal, venv  # the standard library only
 
 if __name__ == "__main__":  # first: the libraries' logging handlers and progress bars keep the streams they find
     terminal.guard_streams()  # a `| tee` killed by the same Ctrl-C must not end the run before its checkpoint
-venv.require()  # the stack comes from the project's venv; outside it, one line naming the fix
 
 ROOT = Path(__file__).resolve().parent
 
-with venv.loading_libraries():
-    if __name__ == "__main__":
-        venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
+with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's venv, then .env, then torch
     from dpotrain import dry_run, options, preflight, publish, resolve, stages, train_stage
     from dpotrain.cluster import engine, offline, run_lock
     from dpotrain.data import lengths

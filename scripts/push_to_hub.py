@@ -31,11 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from anywhere
 from dpotrain.recipe import venv  # noqa: E402
 
-venv.require()  # outside the venv: one line naming the fix, not a traceback
-with venv.loading_libraries():
-    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-        venv.load_env(ROOT)
-    venv.import_torch()  # first, Ctrl-C held back: raised inside torch's C++ set-up, it aborted the process
+with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's venv, then .env, then torch
     from transformers.hf_argparser import string_to_bool
 
     from dpotrain import output_folder

@@ -1,8 +1,8 @@
 """The project's libraries come from its virtual environment: outside it, one line naming the fix, not a traceback.
 
-`train_dpo.py` and every script in scripts/ call `require()` before they import anything but the standard library
-(this module imports nothing else at its top, so it runs under any python3). It looks the packages up without
-importing them. Then `load_env` reads the project's `.env`, before the libraries are imported.
+`train_dpo.py` and every script in scripts/ call `require()` (most through `entry_point`) before they import anything
+but the standard library (this module imports nothing else at its top, so it runs under any python3). It looks the
+packages up without importing them. Then `load_env` reads the project's `.env`, before the libraries are imported.
 """
 
 import contextlib
@@ -71,6 +71,19 @@ def import_torch() -> None:
         signal.signal(signal.SIGINT, previous)
     if pressed:
         previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt: `loading_libraries` says it
+
+
+@contextlib.contextmanager
+def entry_point(root: Path, command: bool):
+    """Around an entry point's imports of the stack, in their order: the venv checked (`require`); run as a command
+    (not imported), the project's `.env` (`load_env`: the libraries read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT as
+    they are imported); torch first (`import_torch`). A Ctrl-C while they load is one line (`loading_libraries`)."""
+    require()
+    with loading_libraries():
+        if command:
+            load_env(root)
+        import_torch()
+        yield
 
 
 def _shown(path: Path) -> str:
