@@ -54,12 +54,12 @@ def plural(n, word: str, spec: str = "", count: bool = True, many: str | None = 
     return f"{text} {word}" if count else word
 
 
-def decimal(n: float, places: int = 3) -> str:
-    """A number of parts (epochs) as a message writes it: thousands separated, at most `places` decimals, no trailing
-    zero ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06". One
-    that rounds to 0 keeps its first digits ("0.0004"), not "0"."""
-    text = f"{n:,.{places}f}".rstrip("0").rstrip(".")
-    return format(Decimal(f"{n:.{places}g}"), "f") if n and text in ("0", "-0") else text
+def decimal(n: float) -> str:
+    """A number of parts (epochs) as a message writes it: thousands separated, at most 3 decimals, no trailing zero
+    ("0.5", "3", "20,833.333"), as the counts beside it; never format `g`'s "20833.3" or "1.23457e+06". One that
+    rounds to 0 keeps its first digits ("0.0004"), not "0"."""
+    text = f"{n:,.3f}".rstrip("0").rstrip(".")
+    return format(Decimal(f"{n:.3g}"), "f") if n and text in ("0", "-0") else text
 
 
 def warn(text: str) -> None:
