@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, launch_smoke_meanwhile
+from conftest import ROOT, launch_smoke_meanwhile, warm_venv
 from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES, states_once_a_second
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
@@ -1317,6 +1317,7 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
         "SLURM_JOB_NUM_NODES": "3",
         "SLURM_GPUS_PER_NODE": "4",
         "SLURM_JOB_NODELIST": "gpu[01-03]",
+        "VENV": warm_venv(),  # its dry run on the warm interpreter: what launch.sh does with its refusal is under test
     }
     fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
     result = subprocess.run(["bash", "scripts/launch.sh", *fixed], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -1364,6 +1365,7 @@ def test_preflight_asked_as_true_runs_before_the_launch_and_a_word_that_is_no_ye
         "SLURM_JOB_ID": "4244",  # in a job: outside one, launch.sh refuses first (`bash scripts/dpo_train.sh`)
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_GPUS_PER_NODE": "0",
+        "VENV": warm_venv(),  # its dry run and preflight on the warm interpreter: launch.sh's order is under test
     }
     command = ["bash", "scripts/launch.sh", "--output_dir", str(tmp_path / "run")]
     refused = subprocess.run(command, cwd=ROOT, env=env | {"PREFLIGHT": "maybe"}, capture_output=True, text=True)
