@@ -206,21 +206,55 @@ def test_the_checkpoint_warning_is_the_one_the_job_was_submitted_with_not_the_sc
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_job_a_health_guard_stopped_ends_with_the_runs_code_and_says_the_same_command_is_refused(slurm, tmp_path):
-    """A health stop (exit 3, not requeued, the same command refused) reached the job's log as accelerate's code for
-    any worker's failure: the job ended ExitCode 1 with the log's last line "training failed with exit code 1 ...
-    once it is fixed, the same sbatch command goes on from the newest complete checkpoint", which the stop refuses.
-    The job now ends with the run's 3 and a last line that says what stopped it."""
+def test_a_job_submitted_from_another_jobs_step_is_its_own_and_a_health_guard_stop_ends_it_with_the_runs_code(
+    slurm, tmp_path
+):
+    """One job for two tests (a job start is ~30-60 s in CI; each had a job of its own until session 71): submitted
+    with `sbatch` typed inside another job's step, its training then stopped by a health guard.
+
+    A health stop (exit 3, not requeued, the same command refused) reached the job's log as accelerate's code for any
+    worker's failure: the job ended ExitCode 1 with the log's last line "training failed with exit code 1 ... once it
+    is fixed, the same sbatch command goes on from the newest complete checkpoint", which the stop refuses. The job now
+    ends with the run's 3 and a last line that says what stopped it.
+
+    `sbatch` typed inside another job (a pipeline's batch job, a shell of `srun --pty bash`) hands the job that job's
+    SLURM_* variables (sbatch's --export=ALL), and the job read them as its own:
+    - SLURM_RESTART_COUNT of a job requeued once, which Slurm leaves as it is at a first start: the banner said
+      `restart 1`, and a `scancel` logged "Slurm has requeued job <id> itself" while the job stayed cancelled (both
+      read the count launch.sh takes from Slurm's record of the job, scontrol's Restarts=; the scancel of a job that
+      stays cancelled: test_two_jobs_sharing_a_node_...);
+    - the step's CPU binding (SLURM_CPU_BIND=quiet,mask_cpu:0x1), which srun reads as its --cpu-bind: the training step
+      was bound to the submitting step's one CPU ("1 CPUs" in its node line), not the job's;
+    - SLURM_GPUS_PER_TASK of a shell that asked for GPUs per task: the job was refused for GPUs it never asked for
+      (Slurm's record of it has no TresPerTask), and srun would have asked for them;
+    - SLURM_MEM_PER_GPU (or _CPU, _NODE) of a shell that asked for memory so, which srun reads as its own: the training
+      step asked the other job's memory, and on this node without GPUs srun refused it after the dry run ("Invalid
+      generic resource (gres) specification"). The step now asks for all of the job's memory (srun --mem=0);
+    - SLURM_GPUS, _GPUS_PER_SOCKET, _CPUS_PER_GPU, _NTASKS_PER_GPU of an `salloc --gpus=1` (...) shell, which srun
+      read as its own the same way (each refused here: the gres error, or "--ntasks-per-node is mutually exclusive
+      with --ntasks-per-gpu"): dropped, as Slurm's record of the job has no such request.
+    Each of those ended the job before its training, which the health guard's stop at step 2 shows ran."""
     log = tmp_path / "doomed.out"
-    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    options = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
     # A learning rate of 1e30 turns the weights non-finite at the first update: the nonfinite guard stops at step 2.
     args = ["--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0", "--learning_rate", "1e30"]
     args += ["--save_steps", "1000", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
-    job = slurm.sbatch([*sbatch, f"--output={log}", SCRIPT, *args], cwd=tmp_path, env=README_ENV)
+    sbatch = ["sbatch", "--parsable", *options, f"--output={log}", SCRIPT, *args]
+    # Set inside the step: srun reads all but the first.
+    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_MEM_PER_GPU=1024", "SLURM_GPUS=1"]
+    inherited += ["SLURM_GPUS_PER_SOCKET=1", "SLURM_CPUS_PER_GPU=1", "SLURM_NTASKS_PER_GPU=1"]
+    submitted = slurm.run(
+        ["srun", "--cpus-per-task=1", "bash", "-c", shlex.join([*inherited, *sbatch])], cwd=tmp_path, env=README_ENV
+    )
+    job = int(submitted.stdout.split()[-1].split(";")[0])
     assert slurm.wait(job, timeout=300) == "FAILED", slurm.job_info(job)
     info = slurm.job_info(job)
     assert (info["Restarts"], info["ExitCode"]) == ("0", "3:0"), info
     text = log.read_text()
+    assert f"=== DPO job {job} (dpo-think) restart 0 at " in text, text[-3000:]
+    cpus = int(next(o for o in options if o.startswith("--cpus-per-task=")).split("=")[1])  # the job's, not the step's
+    node = re.search(r"^node \S+: machine rank 0 of 1, .*, (\d+) CPUs$", text, re.MULTILINE)
+    assert node and int(node[1]) == cpus, text[-3000:]  # on a 1-CPU machine the binding cannot be told apart
     assert "health: training STOPPED at step 2 by the nonfinite guard" in text, text[-3000:]
     last = text.strip().splitlines()[-1]
     assert "training stopped by a health guard" in last and "the same command is refused" in last, last
@@ -753,48 +787,6 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             assert "srun ended on Slurm's SIGTERM: waiting up to 30 s (KillWait)" in log, log[-3000:]
         else:
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_job_submitted_from_another_jobs_step_is_its_own_first_start_on_its_own_cpus_and_gpus(slurm, tmp_path):
-    """`sbatch` typed inside another job (a pipeline's batch job, a shell of `srun --pty bash`) hands the job that
-    job's SLURM_* variables (sbatch's --export=ALL), and the job read them as its own:
-    - SLURM_RESTART_COUNT of a job requeued once, which Slurm leaves as it is at a first start: the banner said
-      `restart 1`, and a `scancel` logged "Slurm has requeued job <id> itself" while the job stayed cancelled. The count
-      is now Slurm's record of the job (scontrol's Restarts=);
-    - the step's CPU binding (SLURM_CPU_BIND=quiet,mask_cpu:0x1), which srun reads as its --cpu-bind: the training step
-      was bound to the submitting step's one CPU ("1 CPUs" in its node line), not the job's;
-    - SLURM_GPUS_PER_TASK of a shell that asked for GPUs per task: the job was refused for GPUs it never asked for
-      (Slurm's record of it has no TresPerTask), and srun would have asked for them;
-    - SLURM_MEM_PER_GPU (or _CPU, _NODE) of a shell that asked for memory so, which srun reads as its own: the training
-      step asked the other job's memory, and on this node without GPUs srun refused it after the dry run ("Invalid
-      generic resource (gres) specification"). The step now asks for all of the job's memory (srun --mem=0);
-    - SLURM_GPUS, _GPUS_PER_SOCKET, _CPUS_PER_GPU, _NTASKS_PER_GPU of an `salloc --gpus=1` (...) shell, which srun
-      read as its own the same way (each refused here: the gres error, or "--ntasks-per-node is mutually exclusive
-      with --ntasks-per-gpu"): dropped, as Slurm's record of the job has no such request.
-    One job carries them all (each a job start of its own cost ~30-60 s in CI)."""
-    cpus = real_cpus()
-    out = tmp_path / "run"
-    args = ["--max_steps", "2000", "--health_checks", "false", "--logging_steps", "1", "--save_steps", "100000"]
-    sbatch = ["sbatch", "--parsable", "--gpus-per-node=0", f"--cpus-per-task={cpus}", SCRIPT, *args]
-    sbatch += ["--report_to", "none", "--output_dir", str(out)]
-    # Set inside the step: srun reads all but the first.
-    inherited = ["env", "SLURM_RESTART_COUNT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_MEM_PER_GPU=1024", "SLURM_GPUS=1"]
-    inherited += ["SLURM_GPUS_PER_SOCKET=1", "SLURM_CPUS_PER_GPU=1", "SLURM_NTASKS_PER_GPU=1"]
-    env = {**README_ENV, "DPOTRAIN_CACHE": f"{out}-cache"}
-    submitted = slurm.run(
-        ["srun", "--cpus-per-task=1", "bash", "-c", shlex.join([*inherited, *sbatch])], cwd=submit_dir(), env=env
-    )
-    job = int(submitted.stdout.split()[-1].split(";")[0])
-    wait_while_running(slurm, job, lambda: len(steps(out)) >= 2)  # trained: not refused for GPUs per task
-    slurm.cancel(job)
-    assert slurm.wait(job, timeout=120) == "CANCELLED", job_log(job)[-3000:]
-    log = job_log(job)
-    assert f"=== DPO job {job} (dpo-think) restart 0 at " in log, log[-3000:]
-    assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log, log[-3000:]
-    node = re.search(r"^node \S+: machine rank 0 of 1, .*, (\d+) CPUs$", log, re.MULTILINE)
-    assert node and int(node[1]) == cpus, log[-3000:]  # on a 1-CPU machine the binding cannot be told apart
 
 
 @pytest.mark.slurm
