@@ -33,12 +33,11 @@ def readme_cpu_example() -> tuple[dict[str, str], list[str]]:
 
 
 SECRET = "hf_dpotrainTestSecret123"  # a --hub_token value the job's log must never show
-# The README's CPU-only example as written, with more steps (room to stop it twice mid-training), no W&B, and a token
-# given on the command line.
+# The README's CPU-only example as written, with more steps (room to stop it mid-training), no W&B, and a token given
+# on the command line.
 README_ENV, README_SBATCH = readme_cpu_example()
-# Room for each stop to land mid-training on a loaded machine: the USR1 is sent at step 3 and the scontrol requeue once
-# the requeued start trained a step past its checkpoint; a stop arriving after the last step ends the job COMPLETED
-# unstopped (12 steps left ~9 of margin, seconds at CI's load).
+# Room for the stop to land mid-training on a loaded machine: the scontrol requeue is sent at step 3; a stop arriving
+# after the last step ends the job COMPLETED unstopped (12 steps left ~9 of margin, seconds at CI's load).
 README_JOB_STEPS = 20
 SMOKE_JOB = [
     *README_SBATCH,
@@ -98,13 +97,14 @@ def readme_run_uninterrupted(out: Path):
 def readme_job(slurm, tmp_path_factory):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
     full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
-    to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued by
-    launch.sh; then, while the requeued start trains past that checkpoint, requeued by `scontrol requeue` (its user's,
-    or an admin's moving it off a node: Slurm sends the SIGTERM of scancel and requeues the job itself); run to its end.
-    The tests below check this one job (a job start is ~30 s; the scontrol requeue had a job of its own until session
-    38). The uninterrupted run it is compared with runs from the USR1 on, while the job saves, waits for its requeue's
-    begin time and starts again (its dry run is one process of the job's two CPUs); run from the job's submission, it
-    shared the CPUs with its first start. Returns (job, its end state, its output folder, the folder submitted from, the
+    to that folder (as a user types them there); requeued mid-training by `scontrol requeue` (its user's, or an admin's
+    moving it off a node: Slurm sends the SIGTERM of scancel and requeues the job itself); run to its end. The tests
+    below check this one job (a job start is ~30 s; the scontrol requeue had a job of its own until session 38).
+    Until session 71 the job was first preempted by the time-limit warning's USR1 and requeued by launch.sh, a start
+    more: the two-node job of tests/test_slurm_multinode.py is stopped so, and resumes like its uninterrupted run. The
+    uninterrupted run it is compared with runs from the requeue on, while the job saves, waits for its requeue's begin
+    time and starts again (its dry run is one process of the job's two CPUs); run from the job's submission, it shared
+    the CPUs with its first start. Returns (job, its end state, its output folder, the folder submitted from, the
     uninterrupted run's folder)."""
     folder = tmp_path_factory.mktemp("slurm")
     elsewhere = folder / "submitted-here"
@@ -116,16 +116,9 @@ def readme_job(slurm, tmp_path_factory):
     job = slurm.sbatch([*args, *relative], cwd=elsewhere, env=README_ENV)
     log = log_path(job, elsewhere)
     wait_while_running(slurm, job, lambda: len(steps(out)) >= 3, log=log)  # mid-training: most steps still to come
-    slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
+    slurm.run(["scontrol", "requeue", str(job)])
     plain = tmp_path_factory.mktemp("plain") / "run"
     with readme_run_uninterrupted(plain) as uninterrupted:
-        # The requeued start trains past the checkpoint it resumed from: then `scontrol requeue`.
-        def resumed() -> int | None:
-            found = re.search(r"Resuming from \S+/checkpoint-(\d+)", log.read_text(errors="replace"))
-            return int(found[1]) if found else None
-
-        wait_while_running(slurm, job, lambda: resumed() is not None and len(steps(out)) > resumed(), log=log)
-        slurm.run(["scontrol", "requeue", str(job)])
         state = slurm.wait(job, timeout=600)
         uninterrupted.result()
     return job, state, out, elsewhere, plain
@@ -436,10 +429,10 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     assert sorted(p.name for p in submitted_from.iterdir()) == sorted([log.name, "my_pairs.jsonl", "run"])
     assert f"; output: {out}\n" in text and f"  data:          {submitted_from / 'my_pairs.jsonl'} (split" in text
     assert not (ROOT / "run").exists()
-    # A token given on the command line is used but never shown (the banner and the launch line of each of its three
+    # A token given on the command line is used but never shown (the banner and the launch line of each of its two
     # starts mask it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
-    assert len(shown) == 6 and all("--hub_token REDACTED" in line for line in shown), shown
+    assert len(shown) == 4 and all("--hub_token REDACTED" in line for line in shown), shown
     assert not any(SECRET in line for line in text.splitlines())
     assert "batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
@@ -449,35 +442,25 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, readme_job):
+def test_a_job_requeued_by_scontrol_saves_and_resumes_from_that_checkpoint(slurm, readme_job):
+    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
+    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
+    checkpoint, every step once, and ends like an uninterrupted run. The log said the job had been "preempted, past its
+    GraceTime", which it never was. (The README's job: one job for both.)"""
     job, state, out, submitted_from, uninterrupted = readme_job
     log = log_path(job, submitted_from).read_text()
     assert state == "COMPLETED", log[-3000:]
-    assert slurm.job_info(job)["Restarts"] == "2", log[-3000:]  # the USR1's requeue, then scontrol's
-    first = log.split("restart 1", 1)[0]
-    assert "signal received: checkpointing at the next optimizer step" in first and "requeueing job" in first
-    assert "Resuming from" in log and "restart 1" in log
+    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    first, second = log.split(f"=== DPO job {job} (dpo-think) restart 1", 1)
+    assert "signal received: checkpointing at the next optimizer step (SIGTERM)" in first, first[-3000:]
+    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", first)
+    assert saved and saved[2] == str(job), first[-3000:]
+    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
+    assert f"Resuming from {saved[1]}" in second, second[-3000:]
     assert steps(out) == list(range(1, README_JOB_STEPS + 1))  # every optimizer step once: none repeated, none skipped
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == README_JOB_STEPS
     a, b = weights(uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_job_requeued_by_scontrol_saves_and_resumes_from_that_checkpoint(slurm, readme_job):
-    """`scontrol requeue <job>` (its user's, or an admin's moving it off a node) while it trains: Slurm sends the
-    SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
-    checkpoint, every step once (the test above). The log said the job had been "preempted, past its GraceTime", which
-    it never was. (The README's job, after its USR1 requeue: one job for both.)"""
-    job, state, _, submitted_from, _ = readme_job
-    log = log_path(job, submitted_from).read_text()
-    assert state == "COMPLETED", log[-3000:]
-    second = log.split("restart 1", 1)[1]
-    saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", second)
-    assert saved and saved[2] == str(job), second[-3000:]
-    assert saved[3] == "scontrol requeue, or a preemption past its GraceTime", saved[0]
-    assert f"Resuming from {saved[1]}" in second.split("restart 2", 1)[1], second[-3000:]
 
 
 @pytest.mark.slurm
