@@ -499,8 +499,12 @@ def test_the_readmes_cpu_line_runs_as_printed_right_after_the_demo(slurm, demo_r
 # The test cluster binds tasks to cores (tests/slurm/cluster.sh): without launch.sh passing the job's --cpus-per-task
 # on to srun, the training step would get one CPU (tests/test_slurm_cluster.py).
 TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2"}
-STEPS = 40  # of 30 pairs: ~15 s of training, most of it still to come when a stop lands at step 3
-PAIRS = 1200  # the 40 steps' pairs, scored in ~7 s over 2 processes, saved every 0.2 s: parts before the end
+# Where each stop lands is held for (the test's DPOTRAIN_TEST_HOLD), not raced: the steps and pairs need only leave a
+# step to train past the second stop's checkpoint and the reference stage more than its first saved part. They were 40
+# and 1,200 (~15 s of training, ~7 s of scoring over 2 processes, in the job and again in its uninterrupted twin) while
+# the stops were polled for (session 38 cut them to 720 pairs, lost in the load).
+STEPS = 10  # of 30 pairs: the last start trains steps 4-10, the launch.sh written over in place while it does
+PAIRS = 300  # the 10 steps' pairs, ~2 s of scoring over 2 processes, saved every 0.2 s: parts before the end
 
 
 @pytest.fixture(scope="module")
@@ -513,7 +517,7 @@ def pairs_file(tmp_path_factory):
 
 
 def two_process_args(out, data) -> list[str]:
-    """40 steps of 30 pairs (the whole data set: the reference stage scores the pairs the steps train), no checkpoint
+    """STEPS steps of 30 pairs (the whole data set: the reference stage scores the pairs the steps train), no checkpoint
     of its own before the end; the reference stage saves what it scored every 0.2 s. Read by 2 data loader workers
     per process, as the real recipes read with 4 (the smoke recipe with none): a preemption signals every process of
     the job step, the workers too, and one killed by the SIGTERM ended the run at once, exit 1, no checkpoint. The
@@ -639,7 +643,7 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     # Each preemption lands where it is meant to, however long sbatch, the scheduler and the signal take on a loaded
     # machine: the first start waits in its reference stage once it saved some pairs, the second at the end of step 3,
     # each until its stop (tests/helpers/slow_checkpoint.py). Polled for, a start scored or trained on meanwhile, and a
-    # late preemption found the reference stage over (its ~7 s of scoring) or the training further on.
+    # late preemption found the reference stage over (its seconds of scoring) or the training further on.
     held = tmp_path / "held"
     held.mkdir()
     env = {"SLOW_CHECKPOINT_S": "35", "DPOTRAIN_TEST_HOLD": "reference@0,step-3@1", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
