@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -107,16 +108,40 @@ def results_of(program: str, args: list[str], env: dict, fresh: bool = False) ->
     On the session's warm interpreter (`python()`: its imports paid once, ~7 CPU-s a process; the Hub libraries read
     this HF_HOME, HF_ENDPOINT and offline switches again, as a fresh one reads them at import: tests/helpers/warm.py),
     unless `fresh`: a fresh interpreter, for a claim about what the libraries read while being imported."""
+    return results_together({"it": (program, args, env)}, fresh)["it"]
+
+
+def results_together(programs: dict, fresh: bool = False) -> dict:
+    """`results_of` for each `name: (program, args, env)` of `programs`, their processes started at once and run side
+    by side: each is a process of its own as before, and where several wait out a silent Hub's probe (PROBE_SECONDS
+    each, idle), the waits overlap instead of following one another. Their output goes to files, not pipes, so that
+    none waits on a full pipe while another is read."""
     with tempfile.TemporaryDirectory(prefix="dpotrain-program-") as folder:
-        script = Path(folder) / "program.py"  # a script, not `-c`: the warm client runs scripts
-        script.write_text(COUNTED + program)
-        interpreter = PYTHON if fresh else python()
-        result = subprocess.run(
-            [interpreter, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
-    assert line, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(line.removeprefix("RESULTS "))
+        started = {}
+        try:
+            for name, (source, args, env) in programs.items():
+                own = Path(folder) / f"program-{len(started)}"
+                own.mkdir()
+                script = own / "program.py"  # a script, not `-c`: the warm client runs scripts
+                script.write_text(COUNTED + source)
+                interpreter = PYTHON if fresh else python()
+                with open(own / "stdout", "w") as stdout, open(own / "stderr", "w") as stderr:
+                    process = subprocess.Popen(
+                        [interpreter, str(script), *args], cwd=ROOT, env=env, stdout=stdout, stderr=stderr
+                    )
+                started[name] = (process, own)
+            results = {}
+            for name, (process, own) in started.items():
+                process.wait(timeout=300)
+                stdout, stderr = (own / "stdout").read_text(), (own / "stderr").read_text()
+                line = next((x for x in stdout.splitlines() if x.startswith("RESULTS ")), None)
+                assert line, f"{name}: {stdout[-2000:]}{stderr[-3000:]}"
+                results[name] = json.loads(line.removeprefix("RESULTS "))
+            return results
+        finally:
+            for process, _ in started.values():  # one that outlived its timeout, or another's failure
+                process.kill()
+                process.wait()
 
 
 # Every program's prelude (`results_of`): each connection the process opens is counted (an audit hook sees every
@@ -1150,19 +1175,55 @@ print("RESULTS " + json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def unreachable(tmp_path_factory, silent_endpoint) -> dict:
+def silent_hub(tmp_path_factory, hf_home, tiny_model_dir):
+    """This module's processes on a machine whose Hub does not answer (HF_ENDPOINT never replies, HF_HUB_OFFLINE
+    unset), started together (`results_together`): most wait out a probe of PROBE_SECONDS, idle, and one after another
+    those waits were ~30 s of a worker's time. Each is the process it was, with its own output folder and reference
+    cache: `.endpoint`, `.results[name]` and `.outs[name]` (its output folder). The endpoint is the module's own, a
+    port that listens and never accepts, as the session's `silent_endpoint`, whose queue holds one connection where
+    these open several at once."""
+    import socket
+
+    folder = tmp_path_factory.mktemp("silent_hub")
+    empty = tmp_path_factory.mktemp("empty_hf_home")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+        programs, outs = {}, {}
+
+        def add(name, program, args, home=hf_home):
+            outs[name] = folder / name / "run"
+            cache = str(folder / name / "cache")
+            env = base | dict(HF_HOME=str(home), HF_ENDPOINT=endpoint, PYTHONPATH=str(ROOT), DPOTRAIN_CACHE=cache)
+            programs[name] = (program, [*args(outs[name])], env)
+
+        # The analyzer, a dry run, prefetch and a training start on a Hub model name, as on a newcomer's laptop: no
+        # network, an empty cache
+        add("unreachable", UNREACHABLE, lambda out: ["org/not-cached-model", str(out)], home=empty)
+        for command in ("analyzer", "training"):
+            for data, source in (("local", "data/smoke_prefs.jsonl"), ("hub", DATASET)):
+                add(f"{command}-{data}", CACHED, lambda out, c=command, d=source: [c, MODEL, d, str(out)])
+        add("analyzer-mixture", CACHED, lambda out: ["analyzer_mixture", tiny_model_dir, DATASET, str(out)])
+        add("model-not-cached", CACHED, lambda out: ["training", "org/not-cached-model", DATASET, str(out)])
+        local = "data/smoke_prefs.jsonl"
+        runs = ["org/tiny-from-ddp", local, "org/tiny-no-weights", local, MODEL, DATASET]
+        add("dry-runs", DRY_RUNS, lambda out: [str(out), *runs])
+        yield SimpleNamespace(endpoint=endpoint, results=results_together(programs), outs=outs)
+
+
+@pytest.fixture(scope="module")
+def unreachable(silent_hub) -> dict:
     """The analyzer, a dry run, prefetch and a training start on a Hub model name, on a machine whose Hub does not
     answer: no network (HF_ENDPOINT never replies), an empty cache, HF_HUB_OFFLINE unset, as a newcomer's laptop."""
-    home = tmp_path_factory.mktemp("empty_hf_home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    return results_of(UNREACHABLE, ["org/not-cached-model", str(home / "run")], env)
+    return silent_hub.results["unreachable"]
 
 
-@pytest.mark.slow  # ~35 s on a busy 2-core machine: one process's imports, and three probes of 3 s
+@pytest.mark.slow  # one process's imports, and three probes of 3 s (`silent_hub`)
 @pytest.mark.parametrize("command", ["analyzer", "prefetch", "training"])
-def test_an_unreachable_hub_is_refused_in_seconds_with_the_remedy(unreachable, silent_endpoint, command):
-    result = unreachable[command]
+def test_an_unreachable_hub_is_refused_in_seconds_with_the_remedy(unreachable, silent_hub, command):
+    silent_endpoint, result = silent_hub.endpoint, unreachable[command]
     # in seconds: refused on the probe's answer, its deadline ("no answer within 3 s"), after one request; never a
     # download's retries (each a request more)
     assert result["asked"] == 1 and result["code"] == 2, result
@@ -1237,23 +1298,18 @@ print("RESULTS " + json.dumps({"asked": len(ASKED), "code": code, **said}))
 """
 
 
-@pytest.mark.slow  # a process each (its imports), a probe of PROBE_SECONDS, one training step of the tiny model
+@pytest.mark.slow  # a process each, a probe of PROBE_SECONDS, one training step of the tiny model (`silent_hub`)
 @pytest.mark.parametrize(
     "command, data",
     # a dry run of the same: test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors
     [("analyzer", "local"), ("analyzer", "hub"), ("training", "local"), ("training", "hub")],
 )
-def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_not_answer(
-    tmp_path, hf_home, silent_endpoint, command, data
-):
+def test_a_cached_hub_model_is_read_from_the_cache_in_seconds_when_the_hub_does_not_answer(silent_hub, command, data):
     """A login node behind a firewall, HF_HUB_OFFLINE unset, the model (and the Hub data set) in the local cache: the
     analyzer and the run waited on the silent Hub for the files they read from the cache (10 s a request, retried:
     over 300 s before the tokenizer had loaded). Now the Hub is asked once, within PROBE_SECONDS, and the libraries read
     the cache offline, said in a line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    source = {"local": "data/smoke_prefs.jsonl", "hub": DATASET}[data]
-    result = results_of(CACHED, [command, MODEL, source, str(tmp_path / "run")], env)
+    silent_endpoint, result = silent_hub.endpoint, silent_hub.results[f"{command}-{data}"]
     assert result["code"] in (None, 0), result  # the analyzer returns 0, train_dpo.main None
     output = result["stdout"] + result["stderr"]
     # the libraries' own words where they wait on the Hub (the old run's: "Could not reach the Hub ([Errno 110]
@@ -1293,18 +1349,14 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-@pytest.mark.slow  # a process (its imports), three dry runs
-def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors(tmp_path, hf_home, silent_endpoint):
+@pytest.mark.slow  # a process, three dry runs (`silent_hub`)
+def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tensors(silent_hub):
     """A Hub model's weights that lack some of its tensors (DDP's `module.` names) are refused by the dry run from the
     names in the cached files, with the line the run's load gives, and nothing asked of the Hub (its endpoint silent);
     a model whose weights are not cached is planned without them, as before. A dry run of a cached Hub model and data
     set reads the cache alone (local_files_only): it asks nothing, so it has no silent Hub to say."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    model = "org/tiny-from-ddp"
-    local = "data/smoke_prefs.jsonl"
-    runs = [model, local, "org/tiny-no-weights", local, MODEL, DATASET]
-    refused, unweighted, cached = results_of(DRY_RUNS, [str(tmp_path / "run"), *runs], env)
+    silent_endpoint, model = silent_hub.endpoint, "org/tiny-from-ddp"
+    refused, unweighted, cached = silent_hub.results["dry-runs"]
     assert refused["code"] == 2 and refused["asked"] == 0, refused
     assert [line for line in refused["stderr"].splitlines() if line.startswith("error: ")] == [
         f"error: the weights of {model} lack 25 of the model's 25 tensors (lm_head.weight, ...), which transformers "
@@ -1320,17 +1372,12 @@ def test_a_dry_run_refuses_the_cached_weights_of_a_hub_model_that_lack_its_tenso
     assert f"The Hugging Face Hub does not answer here ({silent_endpoint}: " not in output, output
 
 
-@pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
-def test_the_analyzer_reads_a_cached_mixture_hub_source_offline_when_the_hub_does_not_answer(
-    tmp_path, hf_home, tiny_model_dir, silent_endpoint
-):
+@pytest.mark.slow  # a process, a probe of PROBE_SECONDS (`silent_hub`)
+def test_the_analyzer_reads_a_cached_mixture_hub_source_offline_when_the_hub_does_not_answer(silent_hub):
     """A mixture whose Hub source is cached, measured with a local tokenizer, HF_HUB_OFFLINE unset: the analyzer asked
     nothing first (its data set was the recipe, not a Hub name), and datasets waited on the silent Hub for the cached
     source. Now the Hub is asked once, within PROBE_SECONDS, and the source read from the cache, said in a line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
-    result = results_of(CACHED, ["analyzer_mixture", tiny_model_dir, DATASET, str(tmp_path / "run")], env)
+    silent_endpoint, result = silent_hub.endpoint, silent_hub.results["analyzer-mixture"]
     output = result["stdout"] + result["stderr"]
     assert result["code"] in (None, 0), result
     assert output.count(f"The Hugging Face Hub does not answer here ({silent_endpoint}: ") == 1, output
@@ -1361,20 +1408,19 @@ def test_a_launch_asks_a_silent_hub_once_for_every_rank(tmp_path, hf_home, count
     assert "Could not reach the Hub" not in result.stdout and "Retrying in" not in result.stdout
 
 
-@pytest.mark.slow  # a process: its imports, a probe of PROBE_SECONDS
-def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(tmp_path, hf_home, silent_endpoint):
+@pytest.mark.slow  # a process, a probe of PROBE_SECONDS (`silent_hub`)
+def test_a_model_not_cached_is_refused_once_a_silent_hub_turned_the_job_offline(silent_hub):
     """The data set cached, the model not: the data stage finds the Hub silent and reads the cache offline; the model
     is then refused in one line with the prefetch command, as on a silent Hub, not by transformers' offline error."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    result = results_of(CACHED, ["training", "org/not-cached-model", DATASET, str(tmp_path / "run")], env)
+    silent_endpoint, result = silent_hub.endpoint, silent_hub.results["model-not-cached"]
     assert result["code"] == 2 and result["asked"] == 1, result  # the data stage's probe, and no second one
     error = result["stderr"].strip().splitlines()[-1]
     assert error.startswith(
         "error: model 'org/not-cached-model' is not cached, and the Hugging Face Hub does not answer here "
         f"({silent_endpoint}: "
     ), error
-    fix = f"--model_name_or_path org/not-cached-model --dataset_name org/Tiny-Prefs --output_dir {tmp_path / 'run'}"
+    out = silent_hub.outs["model-not-cached"]
+    fix = f"--model_name_or_path org/not-cached-model --dataset_name org/Tiny-Prefs --output_dir {out}"
     fix += "` and run this with HF_HUB_OFFLINE=1"
     assert error.endswith(f"{fix} (or fix HF_ENDPOINT / HTTPS_PROXY)"), error
 
