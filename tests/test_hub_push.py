@@ -367,7 +367,8 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
     import signal
     import threading
 
-    from conftest import PYTHON
+    from dpotrain.cluster import run_lock
+    from dpotrain.recipe.writes import pid_alive
 
     stalled, release = threading.Event(), threading.Event()
 
@@ -385,7 +386,7 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
     try:
         with open(log, "w") as sink:
             killed = subprocess.Popen(
-                [PYTHON, str(ROOT / "train_dpo.py"), *args],
+                [python(), str(ROOT / "train_dpo.py"), *args],
                 env={**os.environ, **env_for(hub, tmp_path)},
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -396,6 +397,12 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
         finally:
             killed.kill()
             killed.wait()
+        # The run is the warm interpreter's child, which kills itself once its client (`killed`) is gone: the rerun
+        # takes the lock it left once that process is gone, as it would a fresh interpreter's
+        holder = json.loads((out / run_lock.LOCK_FILE).read_text())["pid"]
+        deadline = time.monotonic() + 60
+        while pid_alive(holder) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert (out / "run_complete.json").is_file() and hub.state.commits == []
 
         rerun = run_train(args, env=env_for(hub, tmp_path), timeout=300)
