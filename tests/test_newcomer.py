@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import train_dpo
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, warm_venv
 from dpotrain.recipe import venv
 from dpotrain.recipe.errors import ConfigError, run_cli
 from dpotrain.train import run_files
@@ -1032,12 +1032,15 @@ def test_a_recipes_own_dry_run_is_all_the_job_does_and_a_job_ends_at_its_dry_run
     env = {k: v for k, v in os.environ.items() if k not in gone and not k.startswith("SLURM_")}
     env |= {"RECIPE": str(recipe)}
     for args, planned in (([], True), (["--dry_run", "false", "--report_to", "wandb"], False)):
-        # The job's run (a job's id: outside one, launch.sh refuses it before planning it; no Slurm answers about it)
-        job = {} if planned else {"SLURM_JOB_ID": "4242"}
+        # The recipe's own dry run reports to no W&B: its Python starts warm (`warm_venv`), where the job's run needs a
+        # home without a W&B login, which no warm interpreter has (a fresh one reads HOME as it imports). The job's run
+        # has a job's id: outside one, launch.sh refuses it before planning it (no Slurm answers about it).
+        job = {"VENV": warm_venv()} if planned else {"SLURM_JOB_ID": "4242"}
+        login = {} if planned else {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc")}
         result = subprocess.run(
             ["bash", "scripts/launch.sh", "--output_dir", str(tmp_path / "run"), *args],
             cwd=ROOT,
-            env=env | job | {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc")},
+            env=env | job | login,
             capture_output=True,
             text=True,
             timeout=300,
