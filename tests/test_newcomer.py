@@ -1112,15 +1112,16 @@ def test_the_job_scripts_dry_run_typed_outside_slurm_says_it_plans_this_machine_
     assert result.stdout.count(f"dry run of {SMOKE}") == 1 and not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow  # the job script starts the stack fresh for train_dpo.py's --help: ~5 CPU-s, 7-8 s at load 5-6
+@pytest.mark.slow  # the job script starts the stack for train_dpo.py's --help (warm: `warm_venv`)
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_the_job_scripts_help_is_the_help_alone(flag):
     """`bash scripts/dpo_train.sh --help` outside Slurm printed the job's banner (`=== DPO job local ...`, the project,
-    the nodes, the commit) and its time-limit lines ("no time-limit warning is set for this job") before the help."""
+    the nodes, the commit) and its time-limit lines ("no time-limit warning is set for this job") before the help.
+    Its train_dpo.py --help on the warm interpreter (a fresh one: ~5 CPU-s of imports for the same help)."""
     import os
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"VENV": warm_venv()}
     result = subprocess.run(
         ["bash", "scripts/dpo_train.sh", "--max_steps", "4", flag],
         cwd=ROOT,
