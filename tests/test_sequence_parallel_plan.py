@@ -6,12 +6,14 @@ import copy
 import json
 import os
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train, spawn_ranks
+import train_dpo
+from conftest import ROOT, spawn_ranks
 from dpotrain import dry_run, stages
 from dpotrain.cluster import engine as engines
 from dpotrain.cluster import sequence_parallel
@@ -21,7 +23,7 @@ from dpotrain.hub import hub
 from dpotrain.plan import memory, plan
 from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")
 LONG = ["--max_length", "65536", "--max_tokens_per_microbatch", "131072"]  # 64K traces, two whole pairs
@@ -31,15 +33,22 @@ no_gpu = pytest.mark.skipif(
 )
 
 
-def think_dry_run(*args, env=None):
-    """`train_dpo.py --dry-run --json` of configs/think.yaml for OLMo 3 7B on a login node (no GPU, no network)."""
-    result = run_train(
-        ["--config", "configs/think.yaml", "--model_name_or_path", OLMO3_7B, "--dry-run", "--json", *args],
-        env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline", **(env or {})},
-    )
-    if result.returncode:
-        return result
-    return json.loads(result.stdout[result.stdout.index("{\n") :])
+def think_dry_run(monkeypatch, capsys, tmp_path, *args, env=None):
+    """`train_dpo.py --dry-run --json` of configs/think.yaml for OLMo 3 7B on a login node (no GPU, no network), run
+    in this process as the command runs it (`run_cli`: a refusal is its one line and exit code 2): the dry runs of a
+    process share the memory plan's traces of the 7B's layers (`layer_costs`), which a process of their own each traced
+    again. Its record goes under the test's folder, not the checkout's outputs/. Returns the record, or what the
+    command ended with: `.returncode`, and `.stdout` (stdout, then stderr)."""
+    monkeypatch.chdir(ROOT)
+    for name, value in {"WANDB_MODE": "offline", **(env or {})}.items():
+        monkeypatch.setenv(name, value)
+    command = ["--config", "configs/think.yaml", "--model_name_or_path", OLMO3_7B, "--dry-run", "--json", *args]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*command, "--output_dir", str(tmp_path / "think")]))
+    printed = capsys.readouterr()
+    if ended.value.code:
+        return SimpleNamespace(returncode=ended.value.code, stdout=printed.out + printed.err)
+    return json.loads(printed.out[printed.out.index("{\n") :])
 
 
 # --- the issue's "Done when": 64K traces on one node of 8 x H100 ---
@@ -70,8 +79,10 @@ def test_a_step_the_groups_cannot_reach_is_refused_naming_data_parallel_ranks_no
 
 @pytest.mark.slow
 @no_gpu
-def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
-    resolved = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--sequence_parallel_size", "4", env=H100_NODE)
+def test_64k_traces_fit_one_h100_node_with_a_group_of_four(monkeypatch, capsys, tmp_path):
+    resolved = think_dry_run(
+        monkeypatch, capsys, tmp_path, *LONG, "--gpu_memory_gib", "79.6", "--sequence_parallel_size", "4", env=H100_NODE
+    )
     assert isinstance(resolved, dict), resolved.stdout[-3000:]
     planned, derived = resolved["derived"]["memory"], resolved["derived"]
     assert planned["fits"] is True and planned["world_size"] == 8, planned
@@ -85,8 +96,8 @@ def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
 
 @pytest.mark.slow
 @no_gpu
-def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
-    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", env=H100_NODE)
+def test_64k_traces_without_it_are_refused_naming_the_group_that_fits(monkeypatch, capsys, tmp_path):
+    result = think_dry_run(monkeypatch, capsys, tmp_path, *LONG, "--gpu_memory_gib", "79.6", env=H100_NODE)
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -98,11 +109,19 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
 
 @pytest.mark.slow
 @no_gpu
-def test_a_varlen_kernel_is_offered_the_group_that_fits():
+def test_a_varlen_kernel_is_offered_the_group_that_fits(monkeypatch, capsys, tmp_path):
     """A recipe that names a varlen FlashAttention kernel is offered a group as flex and sdpa are (the split carries
     the whole row's cu_seq_lens); its plan holds no masks."""
     result = think_dry_run(
-        *LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3", env=H100_NODE
+        monkeypatch,
+        capsys,
+        tmp_path,
+        *LONG,
+        "--gpu_memory_gib",
+        "79.6",
+        "--attn_implementation",
+        "flash_attention_3",
+        env=H100_NODE,
     )
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
@@ -112,9 +131,19 @@ def test_a_varlen_kernel_is_offered_the_group_that_fits():
 
 @pytest.mark.slow
 @no_gpu
-def test_no_group_is_offered_to_an_attention_a_group_does_not_run():
+def test_no_group_is_offered_to_an_attention_a_group_does_not_run(monkeypatch, capsys, tmp_path):
     """eager attention has no split (Ulysses takes boolean masks): a refusal names what fits without a group."""
-    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "eager", env=H100_NODE)
+    result = think_dry_run(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        *LONG,
+        "--gpu_memory_gib",
+        "79.6",
+        "--attn_implementation",
+        "eager",
+        env=H100_NODE,
+    )
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -227,8 +256,8 @@ def test_a_group_the_launch_cannot_form_is_refused(monkeypatch, world, n, config
 
 @pytest.mark.slow
 @no_gpu
-def test_heads_a_group_cannot_split_are_refused_by_the_dry_run():
-    result = think_dry_run("--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
+def test_heads_a_group_cannot_split_are_refused_by_the_dry_run(monkeypatch, capsys, tmp_path):
+    result = think_dry_run(monkeypatch, capsys, tmp_path, "--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
     assert result.returncode == 2, result
     error = result.stdout.strip().splitlines()[-1]
     assert error == (
