@@ -909,22 +909,42 @@ def test_a_held_out_source_max_length_drops_whole_is_refused(tmp_path, monkeypat
 # --- the held-out mixture, trained --------------------------------------------------------------------------------
 
 
+def held_out(folder: Path) -> dict[str, Path]:
+    """Two held-out sources of 10 and 8 pairs, for `held_out_mixture`."""
+    held = {}
+    for name, n, seed in (("held_a", 10, 13), ("held_b", 8, 17)):
+        held[name] = folder / f"{name}.jsonl"
+        datasets.Dataset.from_list(builtin.make_preference_rows(n, seed=seed)).to_json(held[name])
+    return held
+
+
+def held_out_mixture(held: dict[str, Path]) -> list[str]:
+    """`--dataset_mixer_eval_list` of `held_out`'s sources (6 pairs and half of 8), evaluated at step 2."""
+    return [
+        *("--dataset_mixer_eval_list", str(held["held_a"]), "6", str(held["held_b"]), "0.5"),
+        *("--eval_strategy", "steps", "--eval_steps", "2"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def one_process(files, tmp_path_factory):
-    """The mixture trained for 2 steps on one process, and its dry run."""
+    """The mixture trained for 2 steps on one process, evaluated on a held-out mixture at step 2, and its dry run (one
+    run for both: what a training mixture records does not depend on a held-out one, which the record keeps apart)."""
     out = tmp_path_factory.mktemp("run") / "out"
-    args = ["--config", SMOKE, *mixer(files), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2"]
+    held = held_out(out.parent)
+    args = ["--config", SMOKE, *mixer(files), *held_out_mixture(held), "--output_dir", str(out)]
+    args += ["--max_steps", "2", "--save_steps", "2"]
     dry = run_train([*args, "--dry-run"])
     assert dry.returncode == 0, dry.stdout[-3000:]
     run = run_train(args)
     assert run.returncode == 0, run.stdout[-3000:]
     planned = json.loads((out.parent / "out.dry-run.json").read_text())
-    return out, dry.stdout, planned, json.loads((out / "resolved_config.json").read_text())
+    return out, dry.stdout, planned, json.loads((out / "resolved_config.json").read_text()), held
 
 
 @pytest.mark.slow
 def test_the_run_trains_exactly_the_pairs_the_mixture_names(one_process, files):
-    out, _, _, resolved = one_process
+    out, _, _, resolved, _ = one_process
     sources = by_source(resolved["derived"]["data_sources"], files)
     assert {name: r["taken"] for name, r in sources.items()} == TAKEN
     assert {name: r["rows_read"] for name, r in sources.items()} == ROWS
@@ -936,7 +956,7 @@ def test_the_run_trains_exactly_the_pairs_the_mixture_names(one_process, files):
 
 @pytest.mark.slow
 def test_the_dry_run_and_the_model_card_describe_it_as_the_run_records_it(one_process, files):
-    out, printed, planned, resolved = one_process
+    out, printed, planned, resolved, _ = one_process
     recorded = resolved["derived"]["data_sources"]
     keys = ("source", "rows_read", "rows_usable", "taken", "upsampled", "taken_sha256", "tokens", "token_share")
     assert [{k: r[k] for k in keys} for r in planned["derived"]["data_sources"]] == [
@@ -963,11 +983,15 @@ def test_two_processes_take_the_same_pairs(one_process, files, tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_process, files, tmp_path):
-    out = one_process[0]
-    same = parse_args(["--config", SMOKE, *mixer(files), "--output_dir", str(out), "--max_steps", "2"])
+    out, held = one_process[0], one_process[4]
+    same = parse_args(
+        ["--config", SMOKE, *mixer(files), *held_out_mixture(held), "--output_dir", str(out), "--max_steps", "2"]
+    )
     assert resolve.changed_settings(same, out, 8) == []
     other = [*mixer(files)[:-1], "1.0"]  # the HH source once instead of 1.5 times
-    changed = resolve.changed_settings(parse_args(["--config", SMOKE, *other, "--max_steps", "2"]), out, 8)
+    changed = resolve.changed_settings(
+        parse_args(["--config", SMOKE, *other, *held_out_mixture(held), "--max_steps", "2"]), out, 8
+    )
     assert changed and changed[0].startswith("dataset_mixer_list:")
     copy = tmp_path / "out"
     copy.mkdir()
@@ -1203,40 +1227,11 @@ def test_a_preempted_run_resumes_on_the_same_pairs_in_the_same_steps(files, tmp_
 
 
 @pytest.mark.slow
-def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
+def test_evaluation_runs_on_the_held_out_mixture(one_process):
     """`--dataset_mixer_eval_list`: the held-out pairs are taken as a training mixture's are, recorded per source
     (`derived.eval_sources`, the dry run's the same), scored by the reference stage and evaluated on."""
-    held = {}
-    for name, n, seed in (("held_a", 10, 13), ("held_b", 8, 17)):
-        held[name] = tmp_path / f"{name}.jsonl"
-        datasets.Dataset.from_list(builtin.make_preference_rows(n, seed=seed)).to_json(held[name])
-    out = tmp_path / "out"
-    args = [
-        "--config",
-        SMOKE,
-        *mixer(files),
-        "--dataset_mixer_eval_list",
-        str(held["held_a"]),
-        "6",
-        str(held["held_b"]),
-        "0.5",
-        "--eval_strategy",
-        "steps",
-        "--eval_steps",
-        "2",
-        "--max_steps",
-        "2",
-        "--save_strategy",
-        "no",
-        "--output_dir",
-        str(out),
-    ]
-    dry = run_train([*args, "--dry-run"])
-    assert dry.returncode == 0, dry.stdout[-3000:]
-    run = run_train(args)
-    assert run.returncode == 0, run.stdout[-3000:]
-    derived = json.loads((out / "resolved_config.json").read_text())["derived"]
-    planned = json.loads((out.parent / "out.dry-run.json").read_text())["derived"]
+    out, _, planned, resolved, held = one_process
+    derived, planned = resolved["derived"], planned["derived"]
     recorded = [(r["source"], r["rows_read"], r["taken"], r["taken_sha256"]) for r in derived["eval_sources"]]
     # the split defaults to dataset_test_split; a local file is read whole under that name
     assert [r[:3] for r in recorded] == [(f"{held['held_a']} [test]", 10, 6), (f"{held['held_b']} [test]", 8, 4)]
