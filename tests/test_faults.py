@@ -415,11 +415,11 @@ def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_t
     assert checkpoint_manifest.problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=(), interpreter=PYTHON):
-    """The run in its own interpreter: a kill of `proc` reaches the process that holds the output folder's lock, as a
-    node's SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer). A test that
-    kills the process paused at a point (`paused_pid`: the warm interpreter's child) kills the lock's holder itself,
-    and may start it warm (`python()`: its imports paid once)."""
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=(), interpreter=None):
+    """The run, started warm (`python()`: its imports paid once) where the test signals or kills the process paused at
+    a point (`paused_pid`: the warm interpreter's child), or only lets it go on. A test that kills `proc` itself passes
+    `interpreter=PYTHON`: its own interpreter, so that the kill reaches the process that holds the output folder's
+    lock, as a node's SIGKILL does (the warm interpreter's forked child would run a moment longer)."""
     return subprocess.Popen(
         [*prefix, *command(out, model_dir, data, interpreter=interpreter, script=script), *extra],
         cwd=ROOT,
@@ -454,7 +454,7 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
     # Killed past checkpoint-2 with step 3 logged, before step 4's record (the second open of metrics.jsonl after the
     # mark): polling for 3 logged steps could see the run past step 4, or ended, on a fast machine.
     env = pause_env("*/checkpoint-2/COMPLETE", "*/metrics.jsonl", paused, count=2)
-    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT, interpreter=python())
+    proc = start(out, tiny_model_dir, data, env=env, script=PAUSE_AT)
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert logged_steps(out) == [1, 2, 3] and not (out / "checkpoint-4").exists()
@@ -526,7 +526,7 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     # could come after the run's last step (4 of them, ~1 s here) on a loaded machine, and no checkpoint was written.
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "SLOW_CHECKPOINT_S": "120"}
     env |= {"DPOTRAIN_TEST_HOLD": "step-1@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
-    proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT, interpreter=PYTHON)  # killed below
     wait_until(proc, (held / "held-step-1").exists)
     stop_file.touch()
     wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))
@@ -559,9 +559,7 @@ def test_a_kill_during_rotation_leaves_the_old_checkpoint_cut_short_not_complete
         **pause_env("*/checkpoint-4/COMPLETE", "[!/]*", paused, count=2),
         "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove",
     }
-    proc = start(
-        out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, interpreter=python(), extra=("--save_total_limit", "1")
-    )
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--save_total_limit", "1"))
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert (out / "checkpoint-2").is_dir() and resume.unverified(out / "checkpoint-4") is None
@@ -588,9 +586,7 @@ def test_a_kill_while_overwrite_removes_a_finished_run_leaves_a_run_the_next_com
     (killed / "notes.md").write_text("compare with run b\n")
     # Armed from the start (no rename comes before the removal): before rmtree's second file, named bare
     env = {**pause_env("", "[!/]*", paused, count=2), "DPOTRAIN_TEST_PAUSE_AT_EVENT": "os.remove"}
-    proc = start(
-        killed, tiny_model_dir, pairs, env=env, script=PAUSE_AT, interpreter=python(), extra=("--overwrite_output_dir",)
-    )
+    proc = start(killed, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=("--overwrite_output_dir",))
     os.kill(paused_pid(paused, proc), signal.SIGKILL)
     proc.wait()
     assert not (killed / "run_complete.json").exists()

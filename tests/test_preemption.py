@@ -482,8 +482,10 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     # train_dpo.py stopped by itself before step 3's record (metrics.jsonl's fourth open: read at the start, then
     # steps 1 to 3), and the Ctrl-C sent there: sent on seeing step 3 logged, a loaded machine's late one could find
     # the run past its last step (3 more here).
+    # Warm (its imports paid once): the pipeline's SIGINT reaches the client, which forwards it to the run, the process
+    # that writes into the pipe (its file descriptors handed over) and paused itself.
     paused = tmp_path / "paused"
-    command = [PYTHON, str(PAUSE_AT), *ARGS, "--output_dir", str(out)]
+    command = [python(), str(PAUSE_AT), *ARGS, "--output_dir", str(out)]
     command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
     # `trap : INT`: the shell itself waits for the pipeline and records how each part ended (tee's SIGINT: 130).
     pipeline = f'trap : INT; {shlex.join(command)} 2>&1 | tee {log} >/dev/null; echo "${{PIPESTATUS[@]}}" > {codes}'
