@@ -1,9 +1,9 @@
 """Sequence parallelism as it runs (`--sequence_parallel_size N`, dpotrain/forwards/sequence_parallel.py): 2 processes
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
-ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation
-and activation checkpointing, on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3
-(all on sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train.
+ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); plain pairs unshared, with evaluation,
+activation checkpointing and a live reference model synced from the policy (TR-DPO), in one launch on ZeRO-3 (all on
+sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train.
 On flex_attention, forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. On a varlen
 FlashAttention kernel (a PyTorch stand-in registered under its name: CPU runs no FlashAttention), a group of 2 scores
 and differentiates what 1 process does. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
@@ -128,12 +128,19 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
 
 
 @pytest.mark.slow
-def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared(tmp_path, tiny_model_dir, splits):
+def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared_with_a_live_reference(
+    tmp_path, tiny_model_dir, splits
+):
     """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation, and an SFT term
     beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel), with
     activation checkpointing as the GPU recipes train: each layer's attention is recomputed in the backward, after
     the split forward returned, and must be split again (it ran unsplit on the local half of the row, and the first
-    backward stopped: "The size of tensor a (298) must match the size of tensor b (596)")."""
+    backward stopped: "The size of tensor a (298) must match the size of tensor b (596)").
+    And a live reference model, synced from the policy (TR-DPO: `sync_ref_model`, every 2 of the 4 steps, so steps 3-4
+    train against a reference that is no longer the start): no reference stage, the reference scored at every
+    micro-batch in the same split as the policy, no grad, by its own DeepSpeed ZeRO-3 engine (TRL's
+    `prepare_deepspeed`), whose weights are sharded too, so both processes of the group run its gathers together.
+    One launch for all of these (each 2-process launch costs ~60 s)."""
     args = [
         "--dataset_name",
         str(splits),
@@ -146,51 +153,6 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshar
         "--activation_checkpointing",
         "true",
         *SFT_TERM,
-    ]
-    train(tmp_path / "one", tiny_model_dir, *args)
-    log = train(
-        tmp_path / "split",
-        tiny_model_dir,
-        *args,
-        "--sequence_parallel_size",
-        "2",
-        processes=2,
-        config="configs/accelerate/zero3.yaml",
-    )
-    assert (2, "eval") in records(tmp_path / "split")
-    assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", ["zero2-shared", pytest.param("zero3-unshared", marks=pytest.mark.extended)])
-def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, tiny_model_dir, splits, layout):
-    """4 processes in 2 groups of 2 (2 data-parallel ranks, each group splitting its micro-batches in halves) train
-    what 2 processes without a group train (2 data-parallel ranks): the sampler deals micro-batches to groups, not to
-    processes, and the engine averages gradients over all 4 processes, the groups' sums giving the 2 ranks' mean.
-    Multi-turn pairs with shared prompts on ZeRO-2 (in CI), plain pairs unshared on ZeRO-3 (`-m extended`); the cached
-    reference is scored by the groups too. The second group's gradient gather failed on gloo before (torch's
-    all-gather backward scatters from global ranks: `sequence_parallel._GatherColumns`)."""
-    args, config = [], "accelerate_config.yaml"
-    if layout == "zero3-unshared":
-        args, config = ["--dataset_name", str(splits), "--share_prompt", "false"], "configs/accelerate/zero3.yaml"
-    train(tmp_path / "two", tiny_model_dir, *args, processes=2, config=config)
-    log = train(tmp_path / "four", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=4, config=config)
-    assert ("prompts shared" in log) == (layout == "zero2-shared")
-    assert_same_trajectory(tmp_path / "two", tmp_path / "four", log, tiny_model_dir, groups=2)
-
-
-@pytest.mark.slow
-def test_two_processes_splitting_rows_train_what_one_process_trains_with_a_live_reference_zero3(
-    tmp_path, tiny_model_dir
-):
-    """A live reference model, synced from the policy (TR-DPO: `sync_ref_model`, every 2 of the 4 steps, so steps 3-4
-    train against a reference that is no longer the start): no reference stage, the reference scored at every
-    micro-batch in the same split as the policy, no grad, by its own DeepSpeed ZeRO-3 engine (TRL's
-    `prepare_deepspeed`), whose weights are sharded too, so both processes of the group run its gathers together. One
-    launch covers the live reference and its sync (each 2-process launch costs ~60 s); prompts unshared."""
-    args = [
-        "--share_prompt",
-        "false",
         "--precompute_ref_log_probs",
         "false",
         "--sync_ref_model",
@@ -213,7 +175,26 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_with_a_live_
         assert "reference log-probs (train)" not in output  # no reference stage: the live model scores each step
     forward = json.loads((tmp_path / "split" / "resolved_config.json").read_text())["derived"]["forward"]
     assert forward["packed"] and forward["sequence_parallel"] == 2
+    assert (2, "eval") in records(tmp_path / "split")
     assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["zero2-shared", pytest.param("zero3-unshared", marks=pytest.mark.extended)])
+def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, tiny_model_dir, splits, layout):
+    """4 processes in 2 groups of 2 (2 data-parallel ranks, each group splitting its micro-batches in halves) train
+    what 2 processes without a group train (2 data-parallel ranks): the sampler deals micro-batches to groups, not to
+    processes, and the engine averages gradients over all 4 processes, the groups' sums giving the 2 ranks' mean.
+    Multi-turn pairs with shared prompts on ZeRO-2 (in CI), plain pairs unshared on ZeRO-3 (`-m extended`); the cached
+    reference is scored by the groups too. The second group's gradient gather failed on gloo before (torch's
+    all-gather backward scatters from global ranks: `sequence_parallel._GatherColumns`)."""
+    args, config = [], "accelerate_config.yaml"
+    if layout == "zero3-unshared":
+        args, config = ["--dataset_name", str(splits), "--share_prompt", "false"], "configs/accelerate/zero3.yaml"
+    train(tmp_path / "two", tiny_model_dir, *args, processes=2, config=config)
+    log = train(tmp_path / "four", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=4, config=config)
+    assert ("prompts shared" in log) == (layout == "zero2-shared")
+    assert_same_trajectory(tmp_path / "two", tmp_path / "four", log, tiny_model_dir, groups=2)
 
 
 def free_port() -> int:
