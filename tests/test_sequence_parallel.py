@@ -82,39 +82,59 @@ def assert_same_trajectory(one, split, log: str, model_dir, group=True, groups=1
     assert all(float((wb[k] - start[k]).abs().max()) > 0 for k in wb)  # every tensor trained, not left as it was
 
 
-@pytest.mark.slow
-def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared_prompts(tmp_path, tiny_model_dir):
-    """2 processes splitting rows train what 1 process trains (ZeRO-2, shared prompts); and a group preempted at step 1
-    resumes from its checkpoint to the uninterrupted group's trajectory: the stop file is there before the run starts
-    (tests/test_mixture.py's pattern), the reference comes from the uninterrupted group's cache (so the reference
-    stage has nothing to stop), and the rerun of the same command goes on."""
-    one, split, stopped, stop_file = tmp_path / "one", tmp_path / "split", tmp_path / "stopped", tmp_path / "stop"
-    regrouped = tmp_path / "regrouped"
+@pytest.fixture(scope="module")
+def zero2_group(tmp_path_factory, tiny_model_dir) -> dict:
+    """The ZeRO-2 runs on multi-turn pairs with shared prompts, each launched once for the tests below: `one` process;
+    a group of 2 (`split`); a group `stopped` at step 1 and rerun with the same command; and that checkpoint resumed
+    by 2 processes without a group (`regrouped`: 2 data-parallel ranks, which the 4 processes in 2 groups are compared
+    with too). The stop file is there before the run starts (tests/test_mixture.py's pattern) and the reference comes
+    from the uninterrupted group's cache (so the reference stage has nothing to stop). Their folders and logs, and the
+    stop file's marker as the stopped run left it."""
+    folder = tmp_path_factory.mktemp("zero2-group")
+    one, split, stopped, stop_file = folder / "one", folder / "split", folder / "stopped", folder / "stop"
+    runs = {"folder": folder, "one": one, "split": split, "stopped": stopped, "regrouped": folder / "regrouped"}
     train(one, tiny_model_dir)
-    log = train(split, tiny_model_dir, "--sequence_parallel_size", "2", processes=2)
-    assert "prompts shared" in log
-    assert_same_trajectory(one, split, log, tiny_model_dir)
-
+    runs["split_log"] = train(split, tiny_model_dir, "--sequence_parallel_size", "2", processes=2)
     stop_file.touch()
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "DPOTRAIN_CACHE": f"{split}-cache"}
     # torchrun exits 1 when its workers exit STOPPED_EXIT (saved, not finished); the marker is what requeues the job
-    log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env, exit_code=1)
+    runs["stop_log"] = train(
+        stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env, exit_code=1
+    )
+    runs["checkpointed"] = stop_file.with_name("stop.checkpointed").read_text()
+    stop_file.unlink()
+    shutil.copytree(stopped, runs["regrouped"])  # the same checkpoint, resumed below without a group
+    runs["rerun_log"] = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env)
+    # Resumed on another N: the group's checkpoint goes on as 2 processes of their own (2 data-parallel ranks; the
+    # same world size, so ZeRO's partitions agree). N changes how the work is split, not what is computed.
+    runs["regrouped_log"] = train(
+        runs["regrouped"], tiny_model_dir, "--sequence_parallel_size", "1", processes=2, env=env
+    )
+    return runs
+
+
+@pytest.mark.slow
+def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared_prompts(zero2_group, tiny_model_dir):
+    """2 processes splitting rows train what 1 process trains (ZeRO-2, shared prompts); and a group preempted at step 1
+    resumes from its checkpoint to the uninterrupted group's trajectory, and so does its checkpoint resumed by 2
+    processes without a group (the runs: `zero2_group`)."""
+    runs = zero2_group
+    one, split, stopped, regrouped = runs["one"], runs["split"], runs["stopped"], runs["regrouped"]
+    assert "prompts shared" in runs["split_log"]
+    assert_same_trajectory(one, split, runs["split_log"], tiny_model_dir)
+
     # Both ranks leave together after the checkpoint; torchrun still SIGTERMs one that is shutting down when the other
     # has exited first, so each rank reads 75 or -15 (never a failure of its own), and the first to exit read 75.
-    codes = re.findall(r"exitcode  : (-?\d+) ", log)
-    assert str(STOPPED_EXIT) in codes and set(codes) <= {str(STOPPED_EXIT), "-15"}, log[-4000:]
-    assert stop_file.with_name("stop.checkpointed").read_text().startswith(f"checkpoint {stopped}/checkpoint-1 ")
-    stop_file.unlink()
-    shutil.copytree(stopped, regrouped)  # the same checkpoint, resumed below without a group
-    log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env)
+    codes = re.findall(r"exitcode  : (-?\d+) ", runs["stop_log"])
+    assert str(STOPPED_EXIT) in codes and set(codes) <= {str(STOPPED_EXIT), "-15"}, runs["stop_log"][-4000:]
+    assert runs["checkpointed"].startswith(f"checkpoint {stopped}/checkpoint-1 ")
+    log = runs["rerun_log"]
     assert f"Resuming from {stopped}/checkpoint-1" in log
     lines = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]  # step 1 once: the rerun went on, not over
     assert_same_trajectory(split, stopped, log, tiny_model_dir)
 
-    # Resumed on another N: the group's checkpoint goes on as 2 processes of their own (2 data-parallel ranks; the
-    # same world size, so ZeRO's partitions agree). N changes how the work is split, not what is computed.
-    log = train(regrouped, tiny_model_dir, "--sequence_parallel_size", "1", processes=2, env=env)
+    log = runs["regrouped_log"]
     assert f"Resuming from {regrouped}/checkpoint-1" in log
     lines = [json.loads(line) for line in (regrouped / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]
@@ -122,7 +142,11 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     # Another world size cannot: ZeRO's optimizer state is partitioned over the 2 processes that wrote it. Refused
     # before anything loads, not DeepSpeed's traceback after the weights load.
     log = train(
-        tmp_path / "fewer", tiny_model_dir, "--resume_from_checkpoint", str(regrouped / "checkpoint-1"), exit_code=2
+        runs["folder"] / "fewer",
+        tiny_model_dir,
+        "--resume_from_checkpoint",
+        str(regrouped / "checkpoint-1"),
+        exit_code=2,
     )
     assert "partitioned over 2 processes, and this run has 1: resume it on 2 processes" in log.splitlines()[-1]
 
@@ -181,20 +205,24 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshar
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["zero2-shared", pytest.param("zero3-unshared", marks=pytest.mark.extended)])
-def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, tiny_model_dir, splits, layout):
+def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, tiny_model_dir, splits, layout, request):
     """4 processes in 2 groups of 2 (2 data-parallel ranks, each group splitting its micro-batches in halves) train
     what 2 processes without a group train (2 data-parallel ranks): the sampler deals micro-batches to groups, not to
     processes, and the engine averages gradients over all 4 processes, the groups' sums giving the 2 ranks' mean.
     Multi-turn pairs with shared prompts on ZeRO-2 (in CI), plain pairs unshared on ZeRO-3 (`-m extended`); the cached
     reference is scored by the groups too. The second group's gradient gather failed on gloo before (torch's
-    all-gather backward scatters from global ranks: `sequence_parallel._GatherColumns`)."""
+    all-gather backward scatters from global ranks: `sequence_parallel._GatherColumns`). On ZeRO-2 the 2 processes are
+    `zero2_group`'s regrouped run (its step 1 trained by a group, which the test above proves the same step)."""
     args, config = [], "accelerate_config.yaml"
     if layout == "zero3-unshared":
         args, config = ["--dataset_name", str(splits), "--share_prompt", "false"], "configs/accelerate/zero3.yaml"
-    train(tmp_path / "two", tiny_model_dir, *args, processes=2, config=config)
+        two = tmp_path / "two"
+        train(two, tiny_model_dir, *args, processes=2, config=config)
+    else:  # a launch of 2 processes less: the ZeRO-2 runs' own, asked for here only (the extended case does not)
+        two = request.getfixturevalue("zero2_group")["regrouped"]
     log = train(tmp_path / "four", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=4, config=config)
     assert ("prompts shared" in log) == (layout == "zero2-shared")
-    assert_same_trajectory(tmp_path / "two", tmp_path / "four", log, tiny_model_dir, groups=2)
+    assert_same_trajectory(two, tmp_path / "four", log, tiny_model_dir, groups=2)
 
 
 def free_port() -> int:
