@@ -33,22 +33,27 @@ no_gpu = pytest.mark.skipif(
 )
 
 
-def think_dry_run(monkeypatch, capsys, tmp_path, *args, env=None):
+@pytest.fixture
+def think_dry_run(monkeypatch, capsys, tmp_path):
     """`train_dpo.py --dry-run --json` of configs/think.yaml for OLMo 3 7B on a login node (no GPU, no network), run
     in this process as the command runs it (`run_cli`: a refusal is its one line and exit code 2): the dry runs of a
     process share the memory plan's traces of the 7B's layers (`layer_costs`), which a process of their own each traced
     again. Its record goes under the test's folder, not the checkout's outputs/. Returns the record, or what the
     command ended with: `.returncode`, and `.stdout` (stdout, then stderr)."""
-    monkeypatch.chdir(ROOT)
-    for name, value in {"WANDB_MODE": "offline", **(env or {})}.items():
-        monkeypatch.setenv(name, value)
-    command = ["--config", "configs/think.yaml", "--model_name_or_path", OLMO3_7B, "--dry-run", "--json", *args]
-    with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main([*command, "--output_dir", str(tmp_path / "think")]))
-    printed = capsys.readouterr()
-    if ended.value.code:
-        return SimpleNamespace(returncode=ended.value.code, stdout=printed.out + printed.err)
-    return json.loads(printed.out[printed.out.index("{\n") :])
+
+    def dry_run(*args, env=None):
+        monkeypatch.chdir(ROOT)
+        for name, value in {"WANDB_MODE": "offline", **(env or {})}.items():
+            monkeypatch.setenv(name, value)
+        command = ["--config", "configs/think.yaml", "--model_name_or_path", OLMO3_7B, "--dry-run", "--json", *args]
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main([*command, "--output_dir", str(tmp_path / "think")]))
+        printed = capsys.readouterr()
+        if ended.value.code:
+            return SimpleNamespace(returncode=ended.value.code, stdout=printed.out + printed.err)
+        return json.loads(printed.out[printed.out.index("{\n") :])
+
+    return dry_run
 
 
 # --- the issue's "Done when": 64K traces on one node of 8 x H100 ---
@@ -79,10 +84,8 @@ def test_a_step_the_groups_cannot_reach_is_refused_naming_data_parallel_ranks_no
 
 @pytest.mark.slow
 @no_gpu
-def test_64k_traces_fit_one_h100_node_with_a_group_of_four(monkeypatch, capsys, tmp_path):
-    resolved = think_dry_run(
-        monkeypatch, capsys, tmp_path, *LONG, "--gpu_memory_gib", "79.6", "--sequence_parallel_size", "4", env=H100_NODE
-    )
+def test_64k_traces_fit_one_h100_node_with_a_group_of_four(think_dry_run):
+    resolved = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--sequence_parallel_size", "4", env=H100_NODE)
     assert isinstance(resolved, dict), resolved.stdout[-3000:]
     planned, derived = resolved["derived"]["memory"], resolved["derived"]
     assert planned["fits"] is True and planned["world_size"] == 8, planned
@@ -96,8 +99,8 @@ def test_64k_traces_fit_one_h100_node_with_a_group_of_four(monkeypatch, capsys, 
 
 @pytest.mark.slow
 @no_gpu
-def test_64k_traces_without_it_are_refused_naming_the_group_that_fits(monkeypatch, capsys, tmp_path):
-    result = think_dry_run(monkeypatch, capsys, tmp_path, *LONG, "--gpu_memory_gib", "79.6", env=H100_NODE)
+def test_64k_traces_without_it_are_refused_naming_the_group_that_fits(think_dry_run):
+    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", env=H100_NODE)
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -109,19 +112,11 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits(monkeypatc
 
 @pytest.mark.slow
 @no_gpu
-def test_a_varlen_kernel_is_offered_the_group_that_fits(monkeypatch, capsys, tmp_path):
+def test_a_varlen_kernel_is_offered_the_group_that_fits(think_dry_run):
     """A recipe that names a varlen FlashAttention kernel is offered a group as flex and sdpa are (the split carries
     the whole row's cu_seq_lens); its plan holds no masks."""
     result = think_dry_run(
-        monkeypatch,
-        capsys,
-        tmp_path,
-        *LONG,
-        "--gpu_memory_gib",
-        "79.6",
-        "--attn_implementation",
-        "flash_attention_3",
-        env=H100_NODE,
+        *LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3", env=H100_NODE
     )
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
@@ -131,19 +126,9 @@ def test_a_varlen_kernel_is_offered_the_group_that_fits(monkeypatch, capsys, tmp
 
 @pytest.mark.slow
 @no_gpu
-def test_no_group_is_offered_to_an_attention_a_group_does_not_run(monkeypatch, capsys, tmp_path):
+def test_no_group_is_offered_to_an_attention_a_group_does_not_run(think_dry_run):
     """eager attention has no split (Ulysses takes boolean masks): a refusal names what fits without a group."""
-    result = think_dry_run(
-        monkeypatch,
-        capsys,
-        tmp_path,
-        *LONG,
-        "--gpu_memory_gib",
-        "79.6",
-        "--attn_implementation",
-        "eager",
-        env=H100_NODE,
-    )
+    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "eager", env=H100_NODE)
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -256,8 +241,8 @@ def test_a_group_the_launch_cannot_form_is_refused(monkeypatch, world, n, config
 
 @pytest.mark.slow
 @no_gpu
-def test_heads_a_group_cannot_split_are_refused_by_the_dry_run(monkeypatch, capsys, tmp_path):
-    result = think_dry_run(monkeypatch, capsys, tmp_path, "--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
+def test_heads_a_group_cannot_split_are_refused_by_the_dry_run(think_dry_run):
+    result = think_dry_run("--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
     assert result.returncode == 2, result
     error = result.stdout.strip().splitlines()[-1]
     assert error == (
