@@ -572,6 +572,17 @@ def rank_python() -> list[str]:
     return ["--no_python", str(folder / "python-u")] if folder else []
 
 
+def ddp_config(folder: Path, processes: int = 2) -> Path:
+    """An accelerate config of plain DDP on `processes` CPU processes, written in `folder`. Port 0: a free one, not
+    29500, which a launch of the other test worker may hold (scripts/test.sh)."""
+    config = folder / f"ddp{processes}.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+        f"num_processes: {processes}\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+    )
+    return config
+
+
 def accelerate_launch() -> list[str]:
     """`accelerate launch`: the venv's accelerate CLI on the warm interpreter, as `python()` runs a script. Only for
     launches that run to their end; a test that signals or kills the launcher runs the venv's own `accelerate`."""

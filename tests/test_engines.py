@@ -21,6 +21,7 @@ from conftest import (
     ROOT,
     accelerate_launch,
     assert_every_group_has_the_recipes_timeout,
+    ddp_config,
     launch_env,
     python,
     rank_python,
@@ -173,11 +174,7 @@ def test_engine_with_two_processes_computes_what_one_process_computes(
 
 @pytest.mark.slow
 def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_model_dir, splits, one_process):
-    config = tmp_path / "ddp.yaml"
-    config.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
-    )
+    config = ddp_config(tmp_path)
     out = tmp_path / "run"
     log = train(out, tiny_model_dir, splits, *RUN, config=config)
     assert_every_group_has_the_recipes_timeout(log)
@@ -191,11 +188,7 @@ def test_a_tr_dpo_run_under_ddp_resumes_against_its_moved_reference(tmp_path, ti
     """DDP holds TR-DPO's whole reference on each rank: the main process writes it into each checkpoint and every rank
     loads it on a resume, which ends with the uninterrupted run's weights (resumed against the base model, it did
     not: tests/test_faults.py, one process)."""
-    config = tmp_path / "ddp.yaml"
-    config.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
-    )
+    config = ddp_config(tmp_path)
     tr_dpo = ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--precompute_ref_log_probs", "false"]
     run = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none", *tr_dpo]
     out = tmp_path / "run"

@@ -16,17 +16,13 @@ from conftest import (
     PAUSE_AT,
     ROOT,
     accelerate_launch,
+    ddp_config,
     launch_env,
     pause_env,
     python,
     rank_python,
     signal_paused,
     smoke_command,
-)
-
-DDP = (
-    "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-    "num_processes: {n}\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
 )
 
 
@@ -36,8 +32,7 @@ def launch(
     """`accelerate launch --num_processes N train_dpo.py` of the smoke recipe under plain DDP (or `config`'s engine);
     1: `python train_dpo.py`."""
     if config is None:
-        config = tmp_path / f"ddp{processes}.yaml"
-        config.write_text(DDP.format(n=processes))
+        config = ddp_config(tmp_path, processes)
     env = launch_env(tmp_path / "cache")
     launcher = [*accelerate_launch(), "--config_file", str(config), "--num_processes", str(processes), *rank_python()]
     launcher = launcher if processes > 1 else [python()]
@@ -234,8 +229,7 @@ def test_sigterm_to_one_rank_in_the_reference_stage_stops_every_rank_and_the_rer
 
     data = tmp_path / "pairs.jsonl"
     datasets.Dataset.from_list(builtin.make_preference_rows(72, seed=11)).to_json(data)
-    config = tmp_path / "ddp3.yaml"
-    config.write_text(DDP.format(n=3))
+    config = ddp_config(tmp_path, 3)
     cache, paused = tmp_path / "cache", tmp_path / "paused"
     args = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
     # 2 steps of 36 pairs: the reference stage scores the 72 pairs they train (24 a rank), parts of a few pairs each

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import PYTHON, ROOT, in_child, python
+from conftest import PYTHON, ROOT, ddp_config, in_child, python
 from dpotrain.cluster import offline
 from dpotrain.hub import hub
 from dpotrain.recipe import venv
@@ -1409,12 +1409,7 @@ def test_a_launch_asks_a_silent_hub_once_for_every_rank(tmp_path, hf_home, count
     env["DPOTRAIN_CACHE"] = str(tmp_path / "cache")
     # Plain DDP: which engine the ranks run does not matter to their agreeing on the Hub, and DeepSpeed's is the dearer
     # start (its ops and engine on every rank)
-    config = tmp_path / "ddp2.yaml"
-    config.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n"
-        "main_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
-    )
-    launch = [*accelerate_launch(), "--config_file", str(config), "--num_processes", "2"]
+    launch = [*accelerate_launch(), "--config_file", str(ddp_config(tmp_path)), "--num_processes", "2"]
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--max_steps", "1"]
     args += ["--warmup_steps", "0", "--save_strategy", "no", "--output_dir", str(tmp_path / "run")]
     cmd = [*launch, *rank_python(), str(ROOT / "train_dpo.py"), *args]

@@ -23,6 +23,7 @@ from conftest import (
     PYTHON,
     ROOT,
     accelerate_launch,
+    ddp_config,
     in_child,
     pause_env,
     pause_here,
@@ -1282,11 +1283,7 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_running_on_as_o
     holding the run's lock and writing checkpoints, with nothing left to stop them. Now the kernel tells each rank
     (PR_SET_PDEATHSIG): one line says why, and they save a checkpoint at the end of the step and exit, the lock freed.
     The venv's own accelerate and interpreter: a warm rank's parent is the warm server, not the launcher."""
-    config, out, paused = tmp_path / "ddp.yaml", tmp_path / "run", tmp_path / "paused"
-    config.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
-    )
+    config, out, paused = ddp_config(tmp_path), tmp_path / "run", tmp_path / "paused"
     launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file", str(config)]
     args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
     proc = subprocess.Popen(
