@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from dpotrain.cluster import offline
+from dpotrain.cluster.offline import shards_of
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, model_identity, shapes
 from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, venv, writes
@@ -22,7 +23,7 @@ from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_referenc
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
 from dpotrain.train import losses, pair_metrics, resume
-from dpotrain.train.weight_names import WEIGHT_FILES, shards_of
+from dpotrain.train.weight_names import WEIGHT_FILES
 
 ROOM_INSIDE = 256  # bytes the run's own names take below its output folder and the project's cache
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server

@@ -424,6 +424,39 @@ def test_a_bug_in_a_cache_reader_raises_and_is_not_taken_for_a_damaged_file(tmp_
     assert path.is_file() and "damaged" not in capsys.readouterr().err
 
 
+def test_a_damaged_index_or_dataset_info_in_the_hub_cache_is_named_with_its_fix_not_a_traceback(tmp_path, monkeypatch):
+    """A sharded model's index or a prepared data set's dataset_info.json damaged in the Hub cache (a disk fault, a copy
+    cut short) stopped the offline check with a JSONDecodeError traceback. It is named, with the file to delete: the
+    cache keeps a file under its commit's name and does not fetch it again while its blob is there."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    from dpotrain.cluster import offline
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("c0ffee")
+    snapshot, blob = repo / "snapshots" / "c0ffee", repo / "blobs" / "9a1b"
+    snapshot.mkdir(parents=True)
+    blob.parent.mkdir()
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        (snapshot / name).write_text("{}")
+    blob.write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"')  # cut short
+    (snapshot / "model.safetensors.index.json").symlink_to(blob)  # huggingface_hub's layout: a link to its blob
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    named = f"a readable model.safetensors.index.json (the cached copy {blob} is damaged: delete it)"
+    assert offline.missing_model_files("org/tiny") == [named]
+    blob.write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')  # whole again: its shard is missing
+    assert offline.missing_model_files("org/tiny") == ["1 of 1 weight shards (model-00001-of-00002.safetensors)"]
+
+    prepared = tmp_path / "datasets" / "org___pairs" / "default" / "0.0.0" / "d00d"
+    prepared.mkdir(parents=True)
+    (prepared / "dataset_info.json").write_bytes(b'{"config_name": "def\xffault"')
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    damaged = f"the cached copy's {prepared / 'dataset_info.json'} is damaged: delete {prepared}"
+    assert offline.cached_dataset("org/pairs") == (None, damaged)
+
+
 def test_datasets_copy_cut_short_between_attempts_is_named_and_made_again(tmp_path, monkeypatch, capsys):
     """datasets' Arrow copy of the pairs (`json-train.arrow`) or of a map over them (`cache-*.arrow`) cut short between
     attempts (a node lost while it was copied, a cleaner, a full disk) was read as whole: the run stopped at `error:

@@ -72,6 +72,14 @@ def select_model_files(repo_files: list[str]) -> list[str]:
     return sorted(set(chosen))
 
 
+def shards_of(index) -> list[str] | None:
+    """The shard files a sharded model's index (a Path) names, sorted; None where it cannot be read as one."""
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:
     """What from_pretrained (`weights=False`: AutoTokenizer) would miss in the Hub cache for `repo_id` at `revision`."""
 
@@ -81,8 +89,12 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
 
     missing = [] if cached("config.json") else [NEEDED[0]]
     index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
-    if weights and index:
-        shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+    if weights and index and (shards := shards_of(Path(index))) is None:
+        # A damaged file is not fetched again while its blob is there: the Hub cache keeps it under its commit's name
+        missing.append(
+            f"a readable {Path(index).name} (the cached copy {os.path.realpath(index)} is damaged: delete it)"
+        )
+    elif weights and index:
         if absent := [s for s in shards if not cached(s)]:
             missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}{', ...' * (len(absent) > 1)})")
     elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
@@ -109,7 +121,12 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     # datasets would stop on an interrupted download with a FileNotFoundError
     if broken := [p for p in found if not (p / "dataset_info.json").is_file()]:
         return None, f"an interrupted download left {broken[0]}: delete it"
-    infos = {p: json.loads((p / "dataset_info.json").read_text()) for p in found}
+    infos = {}
+    for p in found:
+        try:
+            infos[p] = json.loads((p / "dataset_info.json").read_text())
+        except (OSError, ValueError):  # datasets would stop on it with a traceback
+            return None, f"the cached copy's {p / 'dataset_info.json'} is damaged: delete {p}"
     usable = [p for p in found if infos[p].get("config_name") == p.parts[-3]]
     if not usable:
         return None, "not cached" + (f" for config {config!r}" if config else "")

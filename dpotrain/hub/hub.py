@@ -21,7 +21,15 @@ from huggingface_hub import (
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, usable_token, within
+from dpotrain.cluster.offline import (
+    TOKENIZER_VOCAB,
+    hf_token,
+    is_hub_model,
+    is_offline,
+    shards_of,
+    usable_token,
+    within,
+)
 from dpotrain.data import builtin, mixture, model_identity
 from dpotrain.data.data import COMPRESSIONS, LOCAL_SUFFIXES
 from dpotrain.data.hub_revision import KEY
@@ -50,7 +58,7 @@ from dpotrain.train import checkpoint_manifest, run_files
 from dpotrain.train.lora import MERGED_DELETED, MERGED_DIR, MERGED_LINE, card_lines
 from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
-from dpotrain.train.weight_names import CUT_SHORT, WEIGHT_FILES, not_whole, shards_of
+from dpotrain.train.weight_names import CUT_SHORT, WEIGHT_FILES, not_whole
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run

@@ -11,7 +11,7 @@ from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as hf_logging
 
-from dpotrain.cluster.offline import is_hub_model
+from dpotrain.cluster.offline import is_hub_model, shards_of
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
@@ -25,14 +25,6 @@ WEIGHT_FILES = (
 )
 # The safetensors ones: `.bin` weights are not read here (their names are in the pickle: reading them is loading them)
 SAFETENSORS = WEIGHT_FILES[:2]
-
-
-def shards_of(index) -> list[str] | None:
-    """The shard files a sharded model's index (a Path) names, sorted; None where it cannot be read as one."""
-    try:
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def refusal(model_id: str, model, info: dict, zero3: bool = False, revision: str | None = None) -> ConfigError | None:
