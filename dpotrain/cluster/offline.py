@@ -241,25 +241,35 @@ PROBE_SECONDS = 3.0
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
+class Background:
+    """fn() in a daemon thread, its outcome read back by `result()` once `done` is set. Daemon: an HTTP call cannot be
+    interrupted, and one that hangs must not keep the process alive."""
+
+    def __init__(self, fn, name: str):
+        self.done, self._outcome = threading.Event(), {}
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn):
+        try:
+            self._outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - result() raises it again in the waiting thread, whatever it is
+            self._outcome["error"] = e
+        finally:
+            self.done.set()
+
+    def result(self):
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
+
+
 def within(seconds: float, fn):
     """fn() with a deadline: huggingface_hub's HTTP client has no timeout, and a name lookup none at all, so on a node
     whose firewall drops packets a call would hang the job, GPUs allocated."""
-    result = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - the caller's thread re-raises it, whatever it is
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call must not keep the process alive
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
+    call = Background(fn, "dpotrain-hub-call")
+    if not call.done.wait(seconds):
         raise TimeoutError(f"no answer within {seconds:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    return call.result()
 
 
 def hub_unreachable() -> str | None:

@@ -25,6 +25,7 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from huggingface_hub.utils.sha import git_hash
 from transformers import TrainerCallback
 
+from dpotrain.cluster.offline import Background
 from dpotrain.hub.public import upload_content
 from dpotrain.recipe import hub_switches, upstream, venv, writes
 from dpotrain.recipe import records as run_records
@@ -296,28 +297,16 @@ def until_stopped(fn, stop_asked=None):
     (an HTTP request cannot be interrupted)."""
     if stop_asked is None:
         return fn()
-    done, outcome = threading.Event(), {}
-
-    def work():
-        try:
-            outcome["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - raised again in the waiting thread
-            outcome["error"] = e
-        finally:
-            done.set()
-
     if stop_asked():  # asked before it starts (while checkpoint uploads were waited for): not started at all
         raise PushStopped
-    threading.Thread(target=work, name="dpotrain-final-push", daemon=True).start()
+    push = Background(fn, "dpotrain-final-push")
     # A poll, not an Event the stop sets: the stop file (launch.sh's way on Slurm) is seen only when looked at, and
     # a signal's Event would need a wait on two events, which threading has not
-    while not done.wait(1.0):
+    while not push.done.wait(1.0):
         if stop_asked():
             abandon_threads()
             raise PushStopped
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    return push.result()
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
