@@ -15,6 +15,7 @@ from pathlib import Path
 from dpotrain import output_folder
 from dpotrain.data import chat_template, cuts, mixture
 from dpotrain.forwards import cost, flops
+from dpotrain.hub import hub_push
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import hub_switches, run_record
@@ -243,11 +244,11 @@ def push_text(s) -> str:
     repo += {True: " (private)", False: " (public)"}.get(s.hub_private_repo, "")
     if hub_switches.pushes_offline():  # the run checks no access and pushes nothing (hub.check_push_access)
         # push_checkpoints' checkpoints in the command too: the one named without --checkpoints pushed main alone
-        flag, theirs = (" --checkpoints", ", and each checkpoint still on disk to a branch step-<N>")
-        flag, theirs = (flag, theirs) if s.push_checkpoints else ("", "")
+        flags, theirs = (["--checkpoints"], ", and each checkpoint still on disk to a branch step-<N>")
+        flags, theirs = (flags, theirs) if s.push_checkpoints else ([], "")
         return (
-            f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {s.output_dir}{flag}`, where the "
-            f"Hub is reached, pushes the final model to {repo}{theirs}"
+            f"nothing during the run (HF_HUB_OFFLINE): `{hub_push.push_command(s.output_dir, *flags)}`, where the Hub "
+            f"is reached, pushes the final model to {repo}{theirs}"
         )
     every = "; each checkpoint's model to a branch step-<N> as it is saved" if s.push_checkpoints else ""
     return f"the final model to {repo} on the Hub once training ends{every}"

@@ -4,6 +4,7 @@ memory plan was checked against and how to plan for another; the full JSON besid
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -1166,14 +1167,15 @@ def test_a_datasets_cache_without_room_for_the_copy_is_refused_before_it_is_writ
 def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, capsys, monkeypatch):
     """A dry run with --push_to_hub named no repo anywhere in its summary: a mistyped hub_model_id (or a public repo
     meant private) was seen only once the job had trained for hours. The summary says where and when; offline, that
-    nothing is pushed during the run and the command that pushes it."""
+    nothing is pushed during the run and the command that pushes it, quoted
+    for a shell."""
     monkeypatch.setenv("HF_TOKEN", "hf_placeholder")  # a dry run checks no access
     from huggingface_hub import constants
 
     # online, as a login node is: the switch huggingface_hub read at import (the suite runs with HF_HUB_OFFLINE=1)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    out = str(tmp_path / "run")
+    out = str(tmp_path / "my runs" / "run")  # pasted into a shell: the command quotes it
     base = ["--config", "configs/smoke.yaml", "--output_dir", out, "--push_to_hub", "--hub_model_id", "me/olmo-dpo"]
     assert "push" not in re.findall(
         r"^  (\w+):", dry_run(capsys, "--config", "configs/smoke.yaml", "--output_dir", out), re.M
@@ -1189,14 +1191,15 @@ def test_a_run_that_pushes_says_where_and_when_before_it_is_submitted(tmp_path, 
         "the final model to <the token's account>/run on the Hub once training ends"
     )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    quoted = shlex.quote(out)
     assert field(dry_run(capsys, *base), "push") == (
-        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out}`, where the Hub is reached, "
+        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {quoted}`, where the Hub is reached, "
         "pushes the final model to me/olmo-dpo"
     )
     # The checkpoints asked for are in the command: without --checkpoints it pushed main alone, exit 0
     assert field(dry_run(capsys, *base, "--push_checkpoints", "true"), "push") == (
-        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {out} --checkpoints`, where the Hub "
-        "is reached, pushes the final model to me/olmo-dpo, and each checkpoint still on disk to a branch step-<N>"
+        f"nothing during the run (HF_HUB_OFFLINE): `python scripts/push_to_hub.py {quoted} --checkpoints`, where the "
+        "Hub is reached, pushes the final model to me/olmo-dpo, and each checkpoint still on disk to a branch step-<N>"
     )
 
 
