@@ -22,6 +22,7 @@ from conftest import (
     PAUSE_AT,
     PYTHON,
     ROOT,
+    Child,
     accelerate_launch,
     ddp_config,
     in_child,
@@ -34,6 +35,7 @@ from conftest import (
     start_child,
     warm_venv,
 )
+from dpotrain.recipe import terminal
 from dpotrain.train import run_files
 from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -509,6 +511,81 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     assert len(saved) == 1 and 3 <= saved[0] < STEPS, (saved, log.read_text()[-3000:])
     assert logged_steps(out) == list(range(1, saved[0] + 1))
     assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
+
+
+def in_own_terminal(fn) -> tuple[Child, int, int]:
+    """`fn()` in a forked child (`start_child`) whose controlling terminal is a new pseudo-terminal and whose stdout
+    and stderr are one pipe whose reader is gone (the `| tee` a Ctrl-C killed), guarded as train_dpo.py guards them.
+    Returns the child, the terminal's master side (what a person sees) and a pipe's write side: a byte there lets the
+    child go on past `os.read(go_on, 1)` (`go_on` is the read side, passed to `fn`)."""
+    import io
+    import pty
+
+    master, follower = pty.openpty()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader gone before the child starts: nothing there reads a line the child writes
+    go_on, let_go = os.pipe()
+
+    def child():
+        os.close(master)  # the terminal closes when the test's master does, as a window closed
+        fcntl.ioctl(follower, termios.TIOCSCTTY, 0)  # start_child's session takes it as its terminal
+        for fd in (1, 2):
+            os.dup2(write_end, fd)
+        for fd, name in ((1, "stdout"), (2, "stderr")):  # the streams a fresh interpreter makes on a pipe
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False))))
+        terminal.guard_streams()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a foreground command's (pytest's may be ignored)
+        fn(go_on)
+
+    started = start_child(child)
+    for fd in (follower, write_end, go_on):  # the child's alone
+        os.close(fd)
+    return started, master, let_go
+
+
+def on_terminal(master: int, until: str) -> str:
+    """What the terminal shows until `until` (a person reads it), within 60 s."""
+    import select
+
+    shown, deadline = "", time.monotonic() + 60
+    while until not in shown and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            shown += os.read(master, 1 << 16).decode(errors="replace").replace("\r\n", "\n")
+    return shown
+
+
+@pytest.mark.parametrize("pipe_found_closed", ["before the Ctrl-C", "after it"])
+def test_after_ctrl_c_a_run_whose_tee_died_says_its_stop_in_the_terminal(pipe_found_closed, tmp_path):
+    """`python train_dpo.py ... 2>&1 | tee log`, then Ctrl-C: tee dies of it, and the run's lines went on to /dev/null
+    with tee's pipe, its checkpoint saved but the stop's lines (the Ctrl-C's, the command that goes on) never shown:
+    the prompt came back without a word. They go to the terminal the Ctrl-C came from, whether the run met the closed
+    pipe before its signal handler ran or after; that terminal closed later is no error either (EIO: /dev/null). A
+    pipe's reader gone without a Ctrl-C (`| head`) still sends the rest to /dev/null, not to the terminal."""
+    from dpotrain.train.preemption import GracefulStop
+
+    def run(go_on):
+        stop = GracefulStop()
+        if pipe_found_closed == "before the Ctrl-C":
+            print("a line before the Ctrl-C", flush=True)  # EPIPE: /dev/null, as no Ctrl-C asked for a terminal
+        os.kill(os.getpid(), signal.SIGINT)  # the handler's own line: the first write after it, in the other case
+        stop.mark_saved("saved checkpoint-3")
+        os.read(go_on, 1)  # the terminal is closed here
+        print("a line after the terminal closed", flush=True)
+        terminal.say(2, b"a signal handler's line after the terminal closed\n")
+
+    child, master, let_go = in_own_terminal(run)
+    shown = on_terminal(master, "Stop requested: saved checkpoint-3")
+    assert "Ctrl-C: stopping before training" in shown and "a line before" not in shown, shown
+    assert re.search(
+        r"^Stop requested: saved checkpoint-3 \d+ s after the request; to go on from it, run the same command",
+        shown,
+        re.M,
+    )
+    os.close(master)  # the terminal closes: the child hears SIGHUP, and its writes there fail with EIO
+    os.write(let_go, b"x")
+    os.close(let_go)
+    code, stdout, stderr = child.wait()
+    assert code == 0, shown + stderr[-3000:]
 
 
 @pytest.mark.parametrize("spelling", ["_", "-"])

@@ -1,24 +1,42 @@
 """The run's output may lose its reader before the run ends: the terminal closes (SIGHUP, then EIO), or the `| tee log`
 is killed by the same Ctrl-C that asked the run to stop (EPIPE). A write there would end the run in an OSError before
 the checkpoint its stop promised, so a stream whose reader is gone is pointed at /dev/null, at the file descriptor
-(prints, logging, tqdm, C libraries all go on). Standard library only: `train_dpo.py` guards its streams before it
-imports the libraries that keep a reference to them.
+(prints, logging, tqdm, C libraries all go on). After the run's Ctrl-C, such a stream goes to the terminal the Ctrl-C
+came from instead, where it has one: the stop's lines (the checkpoint saved, the command that goes on from it) are read
+there, as without the pipe. Standard library only: `train_dpo.py` guards its streams before it imports the libraries
+that keep a reference to them.
 """
 
+import errno
 import io
 import os
 import stat
 import sys
 
 STREAMS = (1, 2)  # stdout, stderr
+_reader_gone: list[int] = []  # the streams pointed elsewhere because their pipe's reader is gone
+_ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`)
 
 
-def detach(fds: list[int]) -> None:
-    """Points `fds` at /dev/null: what read them is gone, and a write there would end the run in an OSError."""
-    null = os.open(os.devnull, os.O_WRONLY)
+def detach(fds: list[int], to_terminal: bool = False) -> None:
+    """Points `fds` at /dev/null (`to_terminal`: at this process's terminal, where it has one): what read them is gone,
+    and a write there would end the run in an OSError."""
+    try:  # O_NOCTTY: a process without a terminal must not take one by opening it
+        target = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY) if to_terminal else None
+    except OSError:  # none (a Slurm job, nohup, a service): nowhere a person reads
+        target = None
+    target = os.open(os.devnull, os.O_WRONLY) if target is None else target
     for fd in fds:
-        os.dup2(null, fd)
-    os.close(null)
+        os.dup2(target, fd)
+    os.close(target)
+
+
+def heard_ctrl_c() -> None:
+    """The run's Ctrl-C (the stop's signal handler): the `| tee` it killed came from the terminal it was pressed in,
+    where the streams whose reader is gone write on, whether that was found before or after this."""
+    _ctrl_c[0] = True
+    if _reader_gone:
+        detach(_reader_gone, to_terminal=True)
 
 
 def _fstat(fd: int) -> os.stat_result | None:
@@ -29,28 +47,45 @@ def _fstat(fd: int) -> os.stat_result | None:
 
 
 def _readers_gone(fd: int) -> None:
-    """`fd` lost its reader (EPIPE): it and the other stream on the same pipe (`2>&1 | tee`) go to /dev/null."""
+    """`fd` lost its reader (EPIPE): it and the other stream on the same pipe (`2>&1 | tee`) go to /dev/null, or to
+    the terminal after the run's Ctrl-C."""
     pipe = _fstat(fd)
     if pipe is not None:
-        detach([other for other in STREAMS if (found := _fstat(other)) and os.path.samestat(found, pipe)] or [fd])
+        fds = [other for other in STREAMS if (found := _fstat(other)) and os.path.samestat(found, pipe)] or [fd]
+        _reader_gone.extend(fds)
+        detach(fds, to_terminal=_ctrl_c[0])
+
+
+def _lost(fd: int, error: OSError) -> None:
+    """A write to `fd` failed: where its pipe's reader is gone (EPIPE) or its terminal closed (EIO: the terminal a
+    Ctrl-C pointed it at, or the run's own before the SIGHUP's handler ran), it is pointed elsewhere; any other error
+    is raised. A hung-up terminal is still a character device to fstat, where isatty's ioctl fails."""
+    if isinstance(error, BrokenPipeError):
+        _readers_gone(fd)
+    elif error.errno == errno.EIO and (found := _fstat(fd)) and stat.S_ISCHR(found.st_mode):
+        detach([fd])
+    else:
+        raise error
 
 
 def say(fd: int, data: bytes) -> None:
     """os.write for a signal handler (print is not safe there), where a reader gone is no error."""
     try:
         os.write(fd, data)
-    except BrokenPipeError:
-        _readers_gone(fd)
+    except OSError as e:
+        _lost(fd, e)
+        os.write(fd, data)  # where it points now: the terminal after a Ctrl-C, else /dev/null
 
 
 class _PipeWriter(io.FileIO):
-    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE, detached and written again to /dev/null."""
+    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE (or EIO from the terminal a Ctrl-C pointed it
+    at, since closed), detached and written again."""
 
     def write(self, data):
         try:
             return super().write(data)
-        except BrokenPipeError:
-            _readers_gone(self.fileno())
+        except OSError as e:
+            _lost(self.fileno(), e)
             return super().write(data)
 
 

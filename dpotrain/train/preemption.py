@@ -217,6 +217,7 @@ class GracefulStop(TrainerCallback):
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
+            terminal.heard_ctrl_c()  # a `| tee` the same Ctrl-C killed: the lines below go on to the terminal
             # terminal.say: the `| tee` the same Ctrl-C killed may be gone already
             # The run saves its final model and outputs, and ends (0), once training is over
             terminal.say(
