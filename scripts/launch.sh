@@ -392,17 +392,22 @@ left=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %L 2>/dev/null || true)  # [days-]ho
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
 # (--dry-run after the job's arguments: a `--dry_run false` among them, turning off a recipe's, must not turn off this one)
-resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" \
-  "$@" --accelerate_config "$ACCELERATE_CONFIG" --dry-run --json)
-# Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
-# would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
-# lines and exit code 2, in seconds, instead of after starting every process.
-"$VENV/bin/python" -m dpotrain.cluster.job summary <<<"$resolved"
+# A stop that came before it (the time-limit warning in a long start-up, `scancel --signal` at the banner) launches
+# nothing in this start (below): the plan and a preflight are the next start's, not done here for nothing (the dry run
+# alone imported the whole stack and read the data: ~6 CPU-s for the smoke recipe, minutes for a large recipe's data).
+if [[ -z $early_stop ]]; then
+  resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" \
+    "$@" --accelerate_config "$ACCELERATE_CONFIG" --dry-run --json)
+  # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
+  # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
+  # lines and exit code 2, in seconds, instead of after starting every process.
+  "$VENV/bin/python" -m dpotrain.cluster.job summary <<<"$resolved"
 
-# PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
-# (exit 3) or bad input ends the job in minutes, before the launch.
-if [[ "${PREFLIGHT:-0}" == 1 ]]; then
-  "$VENV/bin/python" scripts/preflight.py --config "$RECIPE" "$@" || die "preflight exited $?: see its report above"
+  # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
+  # (exit 3) or bad input ends the job in minutes, before the launch.
+  if [[ "${PREFLIGHT:-0}" == 1 ]]; then
+    "$VENV/bin/python" scripts/preflight.py --config "$RECIPE" "$@" || die "preflight exited $?: see its report above"
+  fi
 fi
 
 # Requeue after a stop request (`$1`: what was saved), so the job goes on from it. Slurm requeues a preempted job on its
