@@ -415,13 +415,12 @@ def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_t
     assert checkpoint_manifest.problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=(), interpreter=None):
-    """The run, started warm (`python()`: its imports paid once) where the test signals or kills the process paused at
-    a point (`paused_pid`: the warm interpreter's child), or only lets it go on. A test that kills `proc` itself passes
-    `interpreter=PYTHON`: its own interpreter, so that the kill reaches the process that holds the output folder's
-    lock, as a node's SIGKILL does (the warm interpreter's forked child would run a moment longer)."""
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(), extra=()):
+    """The run, started warm (`python()`: its imports paid once). A test that kills it kills the process that holds
+    the output folder's lock, as a node's SIGKILL does: the process paused at a point (`paused_pid`) or the lock's
+    holder, the warm interpreter's child (a kill of `proc`, its client, leaves the child running a moment longer)."""
     return subprocess.Popen(
-        [*prefix, *command(out, model_dir, data, interpreter=interpreter, script=script), *extra],
+        [*prefix, *command(out, model_dir, data, script=script), *extra],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -526,11 +525,12 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     # could come after the run's last step (4 of them, ~1 s here) on a loaded machine, and no checkpoint was written.
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "SLOW_CHECKPOINT_S": "120"}
     env |= {"DPOTRAIN_TEST_HOLD": "step-1@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
-    proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT, interpreter=PYTHON)  # killed below
+    proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT)
     wait_until(proc, (held / "held-step-1").exists)
     stop_file.touch()
     wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))
-    proc.kill()
+    # The lock's holder killed, as a node's SIGKILL ends it: the warm interpreter's child that runs the script
+    os.kill(json.loads((out / run_lock.LOCK_FILE).read_text())["pid"], signal.SIGKILL)
     proc.wait()
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]  # the stop's, at the step it was asked in
     assert [p.name for p in out.glob("checkpoint-*/COMPLETE")] == []

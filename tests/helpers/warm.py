@@ -61,6 +61,7 @@ RUNTIME_KEYS = {
     "PREFLIGHT",
     "VENV",
     "NETRC",  # read when a login is looked up (requests', W&B's), never while a library is imported
+    "SLOW_CHECKPOINT_S",  # tests/helpers/slow_checkpoint.py's delay, read by that script as it starts
 }
 # What the Hub libraries read from these while being imported, a child reads again (`_reread`): a request differing in
 # them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
