@@ -111,8 +111,14 @@ def test_the_replacement_line_counts_files_folders_and_others_each_in_its_number
     assert replaced + "nothing of its own; kept 1 other (notes.md)\n" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # trains twice (two train_dpo.py runs, ~22 CPU-s): the full suite (CI) runs it
+@pytest.mark.slow  # trains three times (three train_dpo.py runs): the full suite (CI) runs it
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
+    """Two replacements of a finished run by --overwrite_output_dir, each keeping a person's files: one that saves no
+    checkpoint (the old run's go, the person's stay), then one that keeps its best checkpoint. With
+    --metric_for_best_model and save_total_limit 1, at the end of training transformers deleted every `checkpoint-*`
+    folder of output_dir but the best one (Trainer._finalize_training), a person's checkpoint-4.bak/ and
+    checkpoint-2-samples/ and a checkpoint-N copied in too, after the run had said it kept that one ("Kept
+    checkpoint-9 ...: not this run's, never rotated"). The run's rotation alone deletes, among its own."""
     out = tmp_path / "run"
     first = run_train(
         train_args(out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "1"), env=env_for(tiny_model_dir)
@@ -164,26 +170,15 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     assert "model.safetensors" in names and not {"notes.md", "evals", "checkpoint-4.bak"} & set(names)
     assert not (out / run_lock.LOCK_FILE).exists()
 
-
-@pytest.mark.slow
-def test_a_best_checkpoint_kept_deletes_no_persons_folder_at_the_end(tmp_path, tiny_model_dir):
-    """--metric_for_best_model with save_total_limit 1: at the end of training transformers deleted every
-    `checkpoint-*` folder of output_dir but the best one (Trainer._finalize_training), a person's checkpoint-4.bak/ and
-    checkpoint-2-samples/ and a checkpoint-N copied in too, after the run had said it kept that one ("Kept
-    checkpoint-9 ...: not this run's, never rotated"). The run's rotation alone deletes, among its own."""
-    out, held = tmp_path / "run", tmp_path / "held.jsonl"
+    # The second replacement, of that run, keeps its best checkpoint: no folder of the person's is deleted at the end.
+    held = tmp_path / "held.jsonl"
     held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
-    first = run_train(train_args(out, "--max_steps", "2", "--save_strategy", "no"), env=env_for(tiny_model_dir))
-    assert first.returncode == 0, first.stdout[-3000:]
-    checkpoint_named_files(out)
     sealed_checkpoint(out / "checkpoint-9")  # a person's copy, past max_steps
     users = {k: v for k, v in snapshot(out).items() if k.startswith(("checkpoint-", "checkpoint-9/"))}
     best = ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_mixer_eval_list", str(held), "1.0"]
     best += ["--metric_for_best_model", "eval_loss", "--save_steps", "1", "--save_total_limit", "1"]
-    second = run_train(
-        train_args(out, "--max_steps", "3", *best, "--overwrite_output_dir"), env=env_for(tiny_model_dir)
-    )
-    assert second.returncode == 0, second.stdout[-3000:]
+    third = run_train(train_args(out, "--max_steps", "3", *best, "--overwrite_output_dir"), env=env_for(tiny_model_dir))
+    assert third.returncode == 0, third.stdout[-3000:]
     after = snapshot(out)
     assert {k: after.get(k) for k in users} == users, sorted(p.name for p in out.iterdir())
     assert (out / "checkpoint-3" / "COMPLETE").is_file()  # the run's newest complete one (its eval_loss the best)
