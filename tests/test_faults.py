@@ -1556,14 +1556,17 @@ def test_a_checkpoint_that_did_not_fit_is_said_while_other_ranks_still_write_in_
 
 @pytest.mark.slow
 def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_removes_nothing(
-    tmp_path, tiny_model_dir, pairs, monkeypatch
+    tmp_path, tiny_model_dir, pairs, monkeypatch, capsys
 ):
     """Slurm requeued a job (--requeue: its node lost, a preemption past its grace time) after its run had written
     run_complete.json, while the process was still ending (the lock's release, W&B's last upload). The requeued start
     was refused with exit code 2 ("already holds a finished run: ... or --overwrite_output_dir to replace it"), the job
     FAILED and its `afterok` dependents never started; with --overwrite_output_dir in the job's command it deleted the
     finished model and trained it again. Now it says the run is finished and ends with 0, removing nothing; another
-    job's start on the folder is refused as before."""
+    job's start on the folder is refused as before.
+    The job's recipe edited after its run finished (the next experiment's, or more steps before `scontrol requeue`):
+    the requeue said "nothing to do" and ended with 0, and nothing said that the steps and beta it now asks for were
+    never trained. It still trains nothing (the run is this job's), and says which settings differ."""
     out, short = tmp_path / "run", ("--save_strategy", "no")
     first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
     assert first.returncode == 0, first.stdout[-3000:]
@@ -1580,10 +1583,30 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
         assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
     other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
     assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
-    # Killed while pushing the finished run (run_complete.json is written before the push): the requeue pushes.
-    hub_push.record_push(out, branch="main", status="started", repo="me/run")
+
+    # The job's recipe edited since: nothing trained, the settings that differ said
     for name, value in requeued.items():
         monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    same = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short])
+    assert check_output_dir(same, 8) == OutputDecision(None, False, finished_by="4242")
+    assert "note:" not in capsys.readouterr().out  # the same command: nothing else to say
+    edited = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--max_steps", "6", "--beta", "0.1"])
+    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
+    said = capsys.readouterr().out
+    assert (
+        "note: the settings differ from those of the run this job finished (max_steps: 4 -> 6; beta: 5.0 -> 0.1), and "
+        "nothing is trained with them: to train them, submit a job with a new --output_dir"
+    ) in said, said
+    # Its record damaged since (a copy cut short): nothing to compare; the requeue ends as it did, not on that record
+    record = out / "resolved_config.json"
+    whole = record.read_text()
+    record.write_text(whole[:100])
+    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
+    record.write_text(whole)
+
+    # Killed while pushing the finished run (run_complete.json is written before the push): the requeue pushes.
+    hub_push.record_push(out, branch="main", status="started", repo="me/run")
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
 
@@ -1604,31 +1627,3 @@ def test_a_launched_requeue_of_the_job_that_finished_the_run_says_so_once(tmp_pa
     assert again.returncode == 0, again.stdout[-3000:]
     said = f"output_dir {out} holds the run this Slurm job (4343) finished before it was requeued: nothing to do"
     assert again.stdout.count(said) == 1, again.stdout[-3000:]
-
-
-@pytest.mark.slow
-def test_a_requeue_of_the_slurm_job_that_finished_the_run_says_which_of_its_settings_it_did_not_train(
-    tmp_path, tiny_model_dir, pairs, monkeypatch, capsys
-):
-    """The job's recipe edited after its run finished (the next experiment's, or more steps before `scontrol requeue`):
-    the requeue said "nothing to do" and ended with 0, and nothing said that the steps and beta it now asks for were
-    never trained. It still trains nothing (the run is this job's), and says which settings differ."""
-    out, short = tmp_path / "run", ("--save_strategy", "no")
-    first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
-    assert first.returncode == 0, first.stdout[-3000:]
-    for name, value in {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}.items():
-        monkeypatch.setenv(name, value)
-    same = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short])
-    assert check_output_dir(same, 8) == OutputDecision(None, False, finished_by="4242")
-    assert "note:" not in capsys.readouterr().out  # the same command: nothing else to say
-    edited = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--max_steps", "6", "--beta", "0.1"])
-    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
-    said = capsys.readouterr().out
-    assert (
-        "note: the settings differ from those of the run this job finished (max_steps: 4 -> 6; beta: 5.0 -> 0.1), and "
-        "nothing is trained with them: to train them, submit a job with a new --output_dir"
-    ) in said, said
-    # Its record damaged since (a copy cut short): nothing to compare; the requeue ends as it did, not on that record
-    record = out / "resolved_config.json"
-    record.write_text(record.read_text()[:100])
-    assert check_output_dir(edited, 8) == OutputDecision(None, False, finished_by="4242")
