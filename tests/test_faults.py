@@ -1566,7 +1566,9 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
     job's start on the folder is refused as before.
     The job's recipe edited after its run finished (the next experiment's, or more steps before `scontrol requeue`):
     the requeue said "nothing to do" and ended with 0, and nothing said that the steps and beta it now asks for were
-    never trained. It still trains nothing (the run is this job's), and says which settings differ."""
+    never trained. It still trains nothing (the run is this job's), and says which settings differ.
+    As a job launches it (`accelerate launch`, 2 processes), every rank printed "holds the run this Slurm job (...)
+    finished ...: nothing to do", one line per GPU in the job's log. The main process says it; the job ends with 0."""
     out, short = tmp_path / "run", ("--save_strategy", "no")
     first = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"})
     assert first.returncode == 0, first.stdout[-3000:]
@@ -1581,6 +1583,14 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
         said = f"output_dir {out} holds the run this Slurm job (4242) finished before it was requeued: nothing to do"
         assert said in again.stdout, again.stdout[-3000:]
         assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
+    # The same requeue as a job launches it: 2 processes
+    launch = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
+    cmd = [*launch, *rank_python(), *command(out, tiny_model_dir, pairs)[1:], *short]
+    path = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
+    env = {**os.environ, **requeued, "PATH": path}
+    launched = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert launched.returncode == 0, launched.stdout[-3000:]
+    assert launched.stdout.count(said) == 1, launched.stdout[-3000:]  # the main process's line alone
     other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
     assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
 
@@ -1609,21 +1619,3 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
     hub_push.record_push(out, branch="main", status="started", repo="me/run")
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
-
-
-@pytest.mark.slow
-def test_a_launched_requeue_of_the_job_that_finished_the_run_says_so_once(tmp_path, tiny_model_dir, pairs):
-    """The requeue of a job that finished its run, as a job launches it (`accelerate launch`, 2 processes): every rank
-    printed "holds the run this Slurm job (...) finished ...: nothing to do", one line per GPU in the job's log. The
-    main process says it; the job still ends with 0."""
-    out = tmp_path / "run"
-    env = {"SLURM_JOB_ID": "4343", "SLURM_RESTART_COUNT": "0"}
-    assert train(out, tiny_model_dir, pairs, "--save_strategy", "no", env=env).returncode == 0
-    launch = [*accelerate_launch(), "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]
-    cmd = [*launch, *rank_python(), *command(out, tiny_model_dir, pairs)[1:], "--save_strategy", "no"]
-    requeued = {**os.environ, "SLURM_JOB_ID": "4343", "SLURM_RESTART_COUNT": "1"}
-    requeued["PATH"] = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
-    again = subprocess.run(cmd, cwd=ROOT, env=requeued, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert again.returncode == 0, again.stdout[-3000:]
-    said = f"output_dir {out} holds the run this Slurm job (4343) finished before it was requeued: nothing to do"
-    assert again.stdout.count(said) == 1, again.stdout[-3000:]
