@@ -1099,40 +1099,29 @@ def test_a_resumed_run_stopped_as_it_loads_its_checkpoint_keeps_it_and_goes_on_f
     """2 ranks (ZeRO-2) stopped at step N, then the same command, resuming from checkpoint-N, stopped on rank 0 alone
     as DeepSpeed loads that checkpoint (inside `trainer.train`): it trained step N+1 and wrote its checkpoint first.
     Now both ranks exit 75 before step N+1, checkpoint-N untouched, and the next attempt resumes from it. Stopped at
-    the boundary before `trainer.train` instead, the line said "stopped before step 1"; it names step N+1."""
-    out = tmp_path / "run"
-    # SIGTERM as the main process writes a step's record to metrics.jsonl: every rank stops at the end of the next
-    first = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause_env("", "*/metrics.jsonl", tmp_path / "p1", 3))
-    log = signal_paused(tmp_path / "p1", first, signal.SIGTERM)
-    steps = logged_steps(out)
-    assert rank_codes(log) == [STOPPED_EXIT] * 2 and steps == list(range(1, len(steps) + 1)), log[-3000:]
-    kept = out / f"checkpoint-{steps[-1]}"
+    the boundary before `trainer.train` instead, the line said "stopped before step 1"; it names step N+1.
+    The first stop is SIGTERM to rank 0 alone as it writes checkpoint-2's weights (rank 1 writing its shards), where
+    both ranks trained step 3 and wrote checkpoint-3 first: the agreement after the save (one all-reduce every rank
+    makes) stops both on checkpoint-2 now."""
+    out, save = tmp_path / "run", ("--save_steps", "2")
+    pause = pause_env("", "*/checkpoint-2/model.safetensors", tmp_path / "p1")  # the main process's file alone
+    log = signal_paused(tmp_path / "p1", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause, save), signal.SIGTERM)
+    assert rank_codes(log) == [STOPPED_EXIT] * 2, log[-3000:]
+    assert log.count(f"Stop requested: checkpoint {out}/checkpoint-2 written") == 1, log[-3000:]
+    assert logged_steps(out) == [1, 2] and [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"], log[-3000:]
+    steps, kept = [1, 2], out / "checkpoint-2"
     saved = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")}
     # once the run's record is written (resolved_config.json): at the next file opened, or at checkpoint-N's
     pause = pause_env("*/resolved_config.json", f"{kept}/{at}" if at else "*", tmp_path / "p2")
-    log = signal_paused(tmp_path / "p2", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause), signal.SIGTERM)
+    log = signal_paused(tmp_path / "p2", launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause, save), signal.SIGTERM)
     assert rank_codes(log) == [STOPPED_EXIT] * 2 and f"Resuming from {kept}" in log, log[-3000:]
     assert log.count(f"Stop requested: stopped before step {steps[-1] + 1} ") == 1, log[-3000:]
     assert logged_steps(out) == steps and [p.name for p in out.glob("checkpoint-*")] == [kept.name]
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in kept.rglob("*")} == saved
-    rerun = launched(2, ROOT / "train_dpo.py", out, tiny_model_dir, pairs)
+    rerun = launched(2, ROOT / "train_dpo.py", out, tiny_model_dir, pairs, extra=save)
     log = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0 and f"Resuming from {kept}" in log, log[-3000:]
     assert logged_steps(out) == list(range(1, STEPS + 1))
-
-
-@pytest.mark.slow
-def test_a_stop_rank_0_alone_hears_as_a_checkpoint_is_written_stops_every_rank_on_it(tmp_path, tiny_model_dir, pairs):
-    """2 ranks (ZeRO-2), SIGTERM to rank 0 alone as it writes checkpoint-2's weights (rank 1 writing its shards): the
-    agreement after the save (one all-reduce every rank makes) stops both on checkpoint-2. Both trained step 3 and
-    wrote checkpoint-3 before."""
-    out, paused = tmp_path / "run", tmp_path / "paused"
-    pause = pause_env("", "*/checkpoint-2/model.safetensors", paused)  # the main process's file alone
-    proc = launched(2, PAUSE_AT, out, tiny_model_dir, pairs, pause, extra=("--save_steps", "2"))
-    log = signal_paused(paused, proc, signal.SIGTERM)
-    assert rank_codes(log) == [STOPPED_EXIT] * 2, log[-3000:]
-    assert log.count(f"Stop requested: checkpoint {out}/checkpoint-2 written") == 1, log[-3000:]
-    assert logged_steps(out) == [1, 2] and [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"], log[-3000:]
 
 
 @pytest.mark.parametrize(("made", "server_clock_s"), [("before the start", 3600), ("as it runs", -3600)])
