@@ -10,17 +10,19 @@ import os
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
 from test_architectures import FAMILIES, MOE
 
+import train_dpo
 from conftest import ROOT, python, run_train, warm_venv
 from dpotrain.cluster import engine as engines
 from dpotrain.data import builtin
 from dpotrain.plan import layers, memory
 from dpotrain.recipe.config import parse_args, replaced
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 OLMO3 = dict(
     vocab_size=100278,
@@ -377,19 +379,31 @@ def test_a_padded_run_with_a_token_budget_is_planned_on_its_rows_and_decides_the
 # --- the plan in a dry run, and its refusals ---
 
 
-def dry_run(*args, env=None):
-    """A dry run as on a login node: no GPU, so the recipe's gpu_memory_gib is what the plan is checked against."""
-    result = run_train(
-        ["--dry-run", "--json", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    )
-    if result.returncode:
-        return result
-    return json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["memory"]
+@pytest.fixture
+def dry_run(monkeypatch, capsys):
+    """`train_dpo.py --dry-run --json ARGS` as on a login node (no GPU: the recipe's gpu_memory_gib is what the plan is
+    checked against; the tests that use it are `no_gpu`), run in this process as the command runs it (`run_cli`: a
+    refusal is its one line and exit code 2): its plan reuses the traces of the 7B's and 32B's layers this process's
+    plans made (`layer_costs`), which a process of its own traced again. Returns the plan, or what the command ended
+    with: `.returncode`, and `.stdout` (stdout, then stderr)."""
+
+    def run(*args):
+        monkeypatch.chdir(ROOT)
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda: train_dpo.main(["--dry-run", "--json", *args]))
+        printed = capsys.readouterr()
+        if ended.value.code:
+            return SimpleNamespace(returncode=ended.value.code, stdout=printed.out + printed.err)
+        return json.loads(printed.out[printed.out.index("{\n") :])["derived"]["memory"]
+
+    return run
 
 
 @pytest.mark.slow
-def test_dry_run_shows_the_plan_that_fits(olmo3):
-    plan = dry_run("--config", "configs/think.yaml", "--model_name_or_path", olmo3["7b"], "--gpu_memory_gib", "179")
+@no_gpu
+def test_dry_run_shows_the_plan_that_fits(olmo3, dry_run, tmp_path):
+    think = ["--config", "configs/think.yaml", "--model_name_or_path", olmo3["7b"], "--gpu_memory_gib", "179"]
+    plan = dry_run(*think, "--output_dir", str(tmp_path / "run"))  # its record under the test's folder
     assert plan["fits"] is True and plan["gpu_memory_source"] == "gpu_memory_gib"
     assert plan["engine"].startswith("DeepSpeed ZeRO-2 (accelerate_config.yaml") and plan["world_size"] == 4
     parts = plan["per_gpu_gib"]
@@ -399,7 +413,8 @@ def test_dry_run_shows_the_plan_that_fits(olmo3):
 
 
 @pytest.mark.slow
-def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
+@no_gpu
+def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3, dry_run):
     # 32B under ZeRO-2 on one node of 4 B200s: the whole bf16 weights on every GPU, beyond 179 GiB.
     result = dry_run(
         "--config",
