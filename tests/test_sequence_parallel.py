@@ -6,8 +6,9 @@ activation checkpointing and a live reference model synced from the policy (TR-D
 sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train.
 On flex_attention, forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. On a varlen
 FlashAttention kernel (a PyTorch stand-in registered under its name: CPU runs no FlashAttention), a group of 2 scores
-and differentiates what 1 process does. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
-memory, refusals): tests/test_sequence_parallel_plan.py."""
+and differentiates what 1 process does. Each 2-process launch costs ~60 s on 2 cores; the five scoring cases (flex,
+StableLM, three varlen models) share one pair of ranks (`split_scores`). The plan's side (groups, steps, memory,
+refusals): tests/test_sequence_parallel_plan.py."""
 
 import itertools
 import json
@@ -259,23 +260,12 @@ def shared_prompt_batch(multiple):
     return SharedPromptCollator(1024, hidden_size=64, pad_to_multiple_of=multiple)(pairs)
 
 
-def score_split_on_flex(rank: int, model_dir: str, port: int, out: str, attention: str = "flex_attention") -> None:
-    """One process of a group of 2 (gloo): the per-token log-probs of the same packed micro-batch, each process running
-    its half of the columns on flex_attention (or `attention`) through DeepSpeed's all-to-all, as the reference stage
-    scores it."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_WORLD_SIZE="2",
-    )
-    import deepspeed
-
+def score_split_on_flex(rank: int, model_dir: str, out: str, attention: str = "flex_attention") -> None:
+    """One process of a group of 2 (`score_every_case`): the per-token log-probs of the same packed micro-batch, each
+    process running its half of the columns on flex_attention (or `attention`) through DeepSpeed's all-to-all, as the
+    reference stage scores it."""
     from dpotrain.forwards import flex
 
-    deepspeed.init_distributed(dist_backend="gloo")
     flex.BACKEND = "eager"  # dynamo traces flex as on a GPU; inductor's CPU code for flex fails to compile (torch 2.13)
     flex.install()
     torch.manual_seed(0)
@@ -289,13 +279,79 @@ def score_split_on_flex(rank: int, model_dir: str, port: int, out: str, attentio
     torch.save({"split": split, "whole": whole, "width": batch["input_ids"].shape[1]}, f"{out}/rank{rank}.pt")
 
 
+def leave_split() -> None:
+    """Undo `sequence_parallel.set_up` in this process (its group and the attention wrapper it put in transformers'
+    table), which a run does once for its one model: the next case's model gets a group and a wrapper of its own."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for name, function in list(ALL_ATTENTION_FUNCTIONS.items()):
+        if isinstance(function, sequence_parallel._Attention):
+            ALL_ATTENTION_FUNCTIONS[name] = function.original
+    sequence_parallel._group.clear()
+
+
+def score_every_case(rank: int, port: int, cases: tuple) -> None:
+    """One process of a group of 2 (gloo) running each case in turn, `(scorer, model folder, results folder, *more)`:
+    one pair of ranks for all, not a launch of 2 fresh ranks each."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+    )
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    scorers = {"flex": score_split_on_flex, "varlen": score_split_on_varlen}
+    for scorer, model_dir, out, *more in cases:
+        try:
+            scorers[scorer](rank, model_dir, out, *more)
+        except Exception as error:
+            error.add_note(f"in the case whose results go to {out}")
+            raise
+        leave_split()
+
+
+@pytest.fixture(scope="module")
+def split_scores(tmp_path_factory, tiny_model_dir) -> dict:
+    """The scoring cases of a group of 2 below, run by one launch of 2 ranks (`score_every_case`): flex_attention on
+    the tiny OLMo 3, StableLM on sdpa, and a varlen kernel on the tiny OLMo 3, DeepSeek V3's MLA and Gemma 4.
+    {case: the folder its ranks wrote their results to}."""
+    from test_architectures import FAMILIES
+
+    from conftest import tiny_model
+
+    folder = tmp_path_factory.mktemp("split")
+    models = {
+        "stablelm": ("stablelm", {}),
+        "mla": ("deepseek_v3", FAMILIES["deepseek_v3"] | {"v_head_dim": 8}),
+        "gemma4_text": ("gemma4_text", FAMILIES["gemma4_text"]),
+    }
+    dirs = {"olmo3": tiny_model_dir}
+    dirs |= {
+        case: tiny_model(kind, folder / f"{case}-model", tiny_model_dir, **shape)
+        for case, (kind, shape) in models.items()
+    }
+    outs = {case: folder / case for case in ("flex", "stablelm", "olmo3", "mla", "gemma4_text")}
+    for out in outs.values():
+        out.mkdir()
+    cases = (
+        ("flex", tiny_model_dir, str(outs["flex"])),
+        ("flex", dirs["stablelm"], str(outs["stablelm"]), "sdpa"),
+        *(("varlen", dirs[case], str(outs[case])) for case in ("olmo3", "mla", "gemma4_text")),
+    )
+    spawn_ranks(score_every_case, (free_port(), cases), 2, folder)
+    return outs
+
+
 @pytest.mark.slow
-def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_scores(tmp_path, tiny_model_dir):
+def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_scores(split_scores, tiny_model_dir):
     """flex_attention under N=2, forward only (CPU has no flex backward): each process holds half of every packed row,
     the project's block masks of the WHOLE rows (shared prompts, sliding windows) pass through the all-to-all unchanged,
     and the gathered per-token log-probs equal one process's on flex and on sdpa to fp32 noise."""
-    spawn_ranks(score_split_on_flex, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
-    got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    got = [torch.load(split_scores["flex"] / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] % 128 == 0 and got[0]["width"] >= 256  # every process held a part of a real row
     batch = shared_prompt_batch(128)
     with torch.no_grad():
@@ -310,19 +366,15 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
 
 
 @pytest.mark.slow
-def test_a_model_whose_layers_keep_the_models_inputs_from_attention_splits_its_rows_too(tmp_path, tiny_model_dir):
+def test_a_model_whose_layers_keep_the_models_inputs_from_attention_splits_its_rows_too(split_scores):
     """StableLM's layers call their attention without the model's kwargs, so the split reaches its attention as state
     set around the forward, not as the kwarg a checkpointed layer's recompute reads (`sequence_parallel.SPLIT`; under a
     group with activation checkpointing it is refused): a group of 2 scores on sdpa what 1 process scores. With the
     kwarg alone its attention ran unsplit on half of the row ("The size of tensor a (180) must match ... (360)")."""
-    from conftest import tiny_model
-
-    stablelm = tiny_model("stablelm", tmp_path / "stablelm", tiny_model_dir)
-    spawn_ranks(score_split_on_flex, (stablelm, free_port(), str(tmp_path), "sdpa"), 2, tmp_path)
     batch = shared_prompt_batch(128)
     mask = packing.padded_view(batch)["completion_mask"][:, 1:].bool()
     for rank in (0, 1):
-        result = torch.load(tmp_path / f"rank{rank}.pt")
+        result = torch.load(split_scores["stablelm"] / f"rank{rank}.pt")
         assert (result["split"] - result["whole"])[mask].abs().max() < 1e-5
 
 
@@ -387,21 +439,12 @@ def scores_and_grads(model, stand_in, batch):
     return log_probs.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> None:
-    """One process of a group of 2 (gloo) running `varlen_reference` as transformers' flash_attention_2: the split
-    forward's log-probs and gradients; on rank 0 also the same kernel's and sdpa's on the whole row, unsplit."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_WORLD_SIZE="2",
-    )
-    import deepspeed
+def score_split_on_varlen(rank: int, model_dir: str, out: str) -> None:
+    """One process of a group of 2 (`score_every_case`) running `varlen_reference` as transformers' flash_attention_2:
+    the split forward's log-probs and gradients; on rank 0 also the same kernel's and sdpa's on the whole row,
+    unsplit."""
     from transformers import AttentionInterface
 
-    deepspeed.init_distributed(dist_backend="gloo")
     # The name, so that transformers takes its FlashAttention mask path (no mask for packed rows) and the project its
     # varlen one (`packing.one_row`); the kernel, this process's stand-in.
     AttentionInterface.register("flash_attention_2", varlen_reference)
@@ -420,9 +463,7 @@ def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["olmo3", "mla", "gemma4_text"])
-def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(
-    tmp_path, tiny_model_dir, model
-):
+def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(split_scores, model):
     """A varlen FlashAttention kernel under N=2 (a PyTorch stand-in: CPU runs no FlashAttention): each process holds
     half of the row, the whole row's cu_seq_lens (the padding a segment of its own) reach the kernel through Ulysses'
     all-to-all, and the gathered per-token log-probs and the gradients (summed over the group and divided by its 2
@@ -433,18 +474,7 @@ def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_o
     required shape"); its one width for q, k and v is now the query's, the values padded to it and cut back.
     `gemma4_text`: Gemma 4's full-attention layers are twice as wide as its sliding ones and have 1 key/value head of
     their own (2 in sliding layers; with 2 processes each gets a copy of it), which Ulysses' one shape refused."""
-    if model != "olmo3":
-        from test_architectures import FAMILIES
-
-        from conftest import tiny_model
-
-        model_type, shape = {
-            "mla": ("deepseek_v3", FAMILIES["deepseek_v3"] | {"v_head_dim": 8}),
-            "gemma4_text": ("gemma4_text", FAMILIES["gemma4_text"]),
-        }[model]
-        tiny_model_dir = tiny_model(model_type, tmp_path / model, tiny_model_dir, **shape)
-    spawn_ranks(score_split_on_varlen, (tiny_model_dir, free_port(), str(tmp_path)), 2, tmp_path)
-    got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    got = [torch.load(split_scores[model] / f"rank{rank}.pt") for rank in (0, 1)]
     assert got[0]["width"] == 730  # 729 positions and a padding segment
     mask = packing.padded_view(varlen_batch())["completion_mask"][:, 1:].bool()
     assert int(mask.sum()) == 367  # every completion token of the three pairs
