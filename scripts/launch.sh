@@ -466,7 +466,9 @@ stop_request() {
   signalled=$1
   [[ $1 != USR1 ]] || warned=1
   echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="
-  touch "$DPOTRAIN_STOP_FILE"
+  # The signal's name in it: a rank still importing its libraries takes the file for this start's request, not for one
+  # left from before it (dpotrain/train/preemption.py, SIGNALLED)
+  printf 'SIG%s\n' "$1" >"$DPOTRAIN_STOP_FILE"
 }
 
 # Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds

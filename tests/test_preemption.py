@@ -1150,6 +1150,30 @@ def test_a_stop_file_is_told_new_from_the_one_found_at_start_without_clocks(made
     assert stop.asked_here()  # at the end of a step, any stop file is a request (the one found at start too)
 
 
+@pytest.mark.parametrize("by", ["hand", "launch.sh's trap"])
+def test_a_stop_file_launch_sh_wrote_before_the_ranks_first_looked_is_this_starts_request(by, tmp_path, capsys):
+    """A stop signal reaching the batch shell while the ranks still imported their libraries (the time-limit warning
+    in a start's first seconds, `scancel --signal=USR1 --batch`): launch.sh's trap made the stop file before a rank
+    first looked, and the rank took it for one left from before the start, meaning a stop after step 1 with its
+    checkpoint: the model loaded, the reference was scored and step 1 trained first, which a warning of 60 s did not
+    leave. launch.sh removes its stop file at each start, so one it wrote (the signal's name in it) is this start's
+    request, answered at the first boundary; one made by hand keeps its meaning."""
+    from dpotrain.train.preemption import GracefulStop
+
+    stop_file = tmp_path / "stop"
+    if by == "hand":
+        stop_file.touch()
+    else:  # as launch.sh's trap writes it, run by bash from the script's own function
+        trap = re.search(r"^stop_request\(\) \{\n.*?^\}\n", (ROOT / "scripts" / "launch.sh").read_text(), re.M | re.S)
+        shell = f"{trap[0]}\nDPOTRAIN_STOP_FILE={shlex.quote(str(stop_file))}\nstop_request USR1"
+        subprocess.run(["bash", "-c", shell], check=True, capture_output=True)
+    stop = GracefulStop(str(stop_file))
+    stopped = stop.stop_before_training("cpu", "stopped before the model loads")
+    stop.release(exiting=False)
+    assert stopped == (by != "hand"), capsys.readouterr().out
+    assert stop.asked_here()  # at the end of a step, any stop file is a request
+
+
 @pytest.mark.parametrize("made", ["before the start", "as it runs"])
 def test_a_stop_file_the_start_could_not_look_at_is_not_a_new_request(made, tmp_path, monkeypatch, capsys):
     """The start's look at the stop file failed (NFS: ESTALE, a file server that did not answer), where a stop file of

@@ -54,6 +54,10 @@ PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 # closed terminal's SIGHUP for the run to go on as under nohup: neither ends the job, but one of these after them does.
 ENDS_JOB = (signal.SIGTERM, signal.SIGUSR1, LAUNCHER_GONE)
 NEW_STOP_FILE, OLD_STOP_FILE = "stop file", "stop file found at start"
+# What scripts/launch.sh's trap writes in the stop file (`SIGUSR1`, `SIGTERM`). It removes its stop file as each start
+# begins, so one that holds this was asked in this start, though made before a rank first looked (its imports take
+# seconds): a request, not a file left from before the start.
+SIGNALLED = b"SIG"
 NOTHING_SAVED = "nothing saved"  # `.checkpointed`'s second line: this start saved nothing a requeue would not redo
 # A look at the stop file that got no answer (NFS: ESTALE, EIO): not "none there", which a file left from an earlier
 # attempt would then be taken for at the start, and read as a new request at the next look
@@ -88,6 +92,8 @@ class GracefulStop(TrainerCallback):
         self.found_at_start = self._stop_file_identity()
         if self.found_at_start is UNREAD:
             self._say_unread_at_start()
+        elif self.found_at_start is not None and self._signalled():
+            self.found_at_start = None  # launch.sh's request of this start: a time-limit warning, answered at once
         self.started_at = time.time()  # when a stop file found at the start was seen
         self.stopped = False
         # Saved in this start what a requeue goes on from (a checkpoint, reference pairs scored), not to do it again;
@@ -296,6 +302,15 @@ class GracefulStop(TrainerCallback):
             return UNREAD
         return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
 
+    def _signalled(self) -> bool:
+        """Whether the stop file is launch.sh's, written on a signal (`SIGNALLED`); unread, it is taken as one made by
+        hand."""
+        try:
+            with open(self.stop_file, "rb") as f:
+                return f.read(len(SIGNALLED)) == SIGNALLED
+        except OSError:
+            return False
+
     def asked_here(self, new_only: bool = False) -> bool:
         """A signal, or the stop file; `new_only`: not the one there at the start (`stop_before_training`)."""
         if self.signal_received is not None:
@@ -335,9 +350,10 @@ class GracefulStop(TrainerCallback):
         the others enter). Without it a request made while the data was read or the old run's files removed was
         honoured only at the end of step 1, after the model loaded and step 1 trained and saved. A stop file there
         before this process started, untouched since (scripts/launch.sh removes its own at the start, so one made by
-        hand, or a test's), keeps its meaning: stop after step 1, with its checkpoint, which the tests use for a
-        checkpoint-1 however fast the machine is. `as_typed`: nothing done yet that the command would redo (the old
-        run not yet replaced), so the command printed to go on is the one typed (`rerun_command`)."""
+        hand, or a test's; one launch.sh wrote on a signal, `SIGNALLED`, is this start's request), keeps its meaning:
+        stop after step 1, with its checkpoint, which the tests use for a checkpoint-1 however fast the machine is.
+        `as_typed`: nothing done yet that the command would redo (the old run not yet replaced), so the command printed
+        to go on is the one typed (`rerun_command`)."""
         if not max_over_ranks(int(self.asked_here(new_only=True)), device):
             return False
         self.stopped = True
