@@ -238,6 +238,13 @@ def parse_once(source: str) -> ast.Module:
     return ast.parse(source)
 
 
+@functools.cache
+def walk_once(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """`ast.walk(tree)` of a `parse_once` tree (or a node of one), listed once per process: the same checks walked
+    each tree again in every test, several times in some (~0.2 CPU-s a pass over the package)."""
+    return tuple(ast.walk(tree))
+
+
 # --- start-up paid once per session (tests/helpers/warm.py) -----------------------------------------------------------
 
 BASE_ENV = dict(os.environ)  # after the defaults above: the environment the warm server imports under

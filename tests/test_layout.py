@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import ROOT, parse_once
+from conftest import ROOT, parse_once, walk_once
 
 PACKAGE = ROOT / "dpotrain"
 # The stages in run order: a module may import its own stage and earlier ones. The flat modules orchestrate the run
@@ -28,7 +28,7 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
     """The package's modules `name` imports, anywhere in its file (a function's import counts)."""
     here = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(parse_once(path.read_text())):
+    for node in walk_once(parse_once(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -96,7 +96,7 @@ def test_no_import_circles():
 def test_no_function_longer_than_a_screen():
     long = []
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
-        for node in ast.walk(parse_once(path.read_text())):
+        for node in walk_once(parse_once(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > LONGEST:
@@ -120,13 +120,13 @@ def test_nothing_is_assigned_to_a_trainer_from_outside_its_class():
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "benchmarks").glob("*.py")]:
         tree = parse_once(path.read_text())
         inside = {
-            id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in ast.walk(c) if "Trainer" in c.name
+            id(n) for c in walk_once(tree) if isinstance(c, ast.ClassDef) for n in walk_once(c) if "Trainer" in c.name
         }
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or id(node) in inside:
                 continue
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                for part in ast.walk(target):
+                for part in walk_once(target):
                     if isinstance(part, ast.Attribute) and _a_trainer(part.value):
                         outside.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not outside, outside
@@ -137,7 +137,7 @@ def test_no_class_name_is_defined_twice():
     run's own are the specification's)."""
     where: dict[str, list[str]] = {}
     for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
-        for node in ast.walk(parse_once(path.read_text())):
+        for node in walk_once(parse_once(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not {name: places for name, places in where.items() if len(places) > 1}
@@ -153,7 +153,7 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
     missing = []
     for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
         modules, tree = {}, parse_once(path.read_text())
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpotrain"):
                 parent = importlib.import_module(node.module)
                 for alias in node.names:
@@ -165,7 +165,7 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
                             missing.append(f"{path.name}:{node.lineno} {node.module}.{alias.name}")
                     if isinstance(found, types.ModuleType):
                         modules[alias.asname or alias.name] = found
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
                 if not hasattr(modules[node.value.id], node.attr):
                     missing.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
@@ -214,14 +214,14 @@ def test_no_message_hedges_a_noun_with_s_in_parentheses():
         tree = parse_once(path.read_text())
         documented = {
             id(node.body[0].value)
-            for node in ast.walk(tree)
+            for node in walk_once(tree)
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
             and node.body
             and isinstance(node.body[0], ast.Expr)
         }
         found += [
             f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.strip()[:100]}"
-            for node in ast.walk(tree)
+            for node in walk_once(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in documented
             if hedged.search(node.value)
         ]
@@ -237,7 +237,7 @@ def test_the_launchers_environment_is_read_in_one_module():
         f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}"
         for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
         if path != PACKAGE / "recipe" / "launcher.py"
-        for node in ast.walk(parse_once(path.read_text()))
+        for node in walk_once(parse_once(path.read_text()))
         if isinstance(node, ast.Constant) and node.value in names
     ]
     assert not found, "read the launcher's environment through dpotrain.recipe.launcher:\n" + "\n".join(found)
@@ -250,7 +250,7 @@ def test_a_recipe_file_is_read_by_recipe_file_alone():
         f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
         for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py", *(ROOT / "scripts").glob("*.py")]
         if path != PACKAGE / "recipe" / "recipe_file.py"
-        for node in ast.walk(parse_once(path.read_text()))
+        for node in walk_once(parse_once(path.read_text()))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         if getattr(node.func.value, "id", None) == "yaml" and node.func.attr in ("load", "safe_load", "full_load")
     ]

@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from conftest import ROOT, parse_once
+from conftest import ROOT, parse_once, walk_once
 from dpotrain import stages
 from dpotrain.data import builtin
 from dpotrain.recipe import config
@@ -45,7 +45,7 @@ def _root(node) -> str | None:
 def _aliases(function) -> set[str]:
     """Local names bound to a part of a recipe (`t, p = recipe.training, recipe.project`)."""
     names = set()
-    for node in ast.walk(function):
+    for node in walk_once(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             both = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
@@ -67,12 +67,12 @@ def _written(target, aliases: set[str]) -> bool:
 def writes_to_a_recipe(source: str) -> list[tuple[int, str]]:
     """(line, code) of every assignment to, or in-place change of, something reached through a recipe."""
     found = []
-    for function in ast.walk(parse_once(source)):
+    for function in walk_once(parse_once(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         aliases = _aliases(function)
         written = functools.partial(_written, aliases=aliases)
-        for node in ast.walk(function):
+        for node in walk_once(function):
             targets = []
             if isinstance(node, ast.Assign):
                 targets = [
@@ -105,7 +105,7 @@ def test_no_module_writes_to_a_parsed_recipe():
         tree = parse_once(path.read_text())
         skip = set()
         if relative == REPLACED[0]:
-            new = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == REPLACED[1])
+            new = next(f for f in walk_once(tree) if isinstance(f, ast.FunctionDef) and f.name == REPLACED[1])
             skip = set(range(new.lineno, new.end_lineno + 1))
         writes += [
             f"{relative}:{line}: {code}" for line, code in writes_to_a_recipe(path.read_text()) if line not in skip

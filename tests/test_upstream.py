@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_once
+from conftest import parse_once, walk_once
 from dpotrain.recipe import upstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def upstream_private_names() -> set[str]:
 def upstream_imports(tree) -> set[str]:
     return {
         a.asname or a.name
-        for n in ast.walk(tree)
+        for n in walk_once(tree)
         if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in UPSTREAM
         for a in n.names
     }
@@ -73,7 +73,7 @@ def upstream_subclasses(tree) -> set[str]:
     imported = upstream_imports(tree)
     return {
         c.name
-        for c in ast.walk(tree)
+        for c in walk_once(tree)
         if isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id in imported for b in c.bases)
     }
 
@@ -82,10 +82,11 @@ def own_private_names(sources) -> set[str]:
     """Private names the project's own classes define (not subclasses of an upstream class): reading them is no seam."""
     names = set()
     for _, tree in sources:
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            if cls.name in upstream_subclasses(tree):
+        subclasses = upstream_subclasses(tree)  # once a module: it walks the whole tree
+        for cls in (n for n in walk_once(tree) if isinstance(n, ast.ClassDef)):
+            if cls.name in subclasses:
                 continue
-            for node in ast.walk(cls):
+            for node in walk_once(cls):
                 if isinstance(node, ast.FunctionDef):
                     names.add(node.name)
                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
@@ -148,14 +149,15 @@ def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
     overrides = {s.symbol.rpartition(".")[2] for s in upstream.SEAMS if s.kind == "override"}
     found = []
     for path, tree in sources:
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name in upstream_subclasses(tree)):
+        subclasses = upstream_subclasses(tree)
+        for cls in (n for n in walk_once(tree) if isinstance(n, ast.ClassDef) and n.name in subclasses):
             for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
                 if method.name in private and method.name not in overrides:
                     found.append(
                         f"{path.relative_to(ROOT)}:{method.lineno}: {cls.name}.{method.name} overrides a "
                         "private upstream method: list it as an override seam"
                     )
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Attribute) and node.attr in private:
                 is_super = isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super"
@@ -169,10 +171,10 @@ def test_no_upstream_module_name_is_replaced_outside_the_seam():
     found = []
     for path, tree in project_sources():
         modules = set()
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             if isinstance(node, ast.Import):
                 modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in UPSTREAM}
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             for target in node.targets if isinstance(node, ast.Assign) else []:
                 owner = target.value if isinstance(target, ast.Attribute) else None
                 if isinstance(owner, ast.Name) and owner.id in modules:
@@ -214,7 +216,7 @@ def defined_names(sources) -> set[str]:
     """Every name the project defines: functions, classes, variables, attributes set on `self`/`cls`."""
     names = set()
     for _, tree in sources:
-        for node in ast.walk(tree):
+        for node in walk_once(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 names.add(node.name)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -230,8 +232,8 @@ def foreign_private_names(tree, own: set[str]) -> list[tuple[int, str]]:
     getattr/hasattr/setattr/delattr, a private module imported, a patch target, or upstream source read as text. A
     patch of a dict's items (`mock.patch.dict(os.environ, ...)`, the project's environment patches) names none."""
     found = []
-    dict_patches = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "dict"}
-    for node in ast.walk(tree):
+    dict_patches = {id(n.value) for n in walk_once(tree) if isinstance(n, ast.Attribute) and n.attr == "dict"}
+    for node in walk_once(tree):
         if isinstance(node, ast.Attribute) and private(node.attr) and node.attr not in own | DOCUMENTED:
             found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Attribute) and node.attr in ("getsource", "patch", "patch_object"):
@@ -316,7 +318,7 @@ def test_the_seam_writes_each_private_name_once_and_its_accessors_read_it_from_t
     written += [
         f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
         for path, tree in sources
-        for node in ast.walk(tree)
+        for node in walk_once(tree)
         if isinstance(node, ast.Call)
         and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in REACHES
         and node.args
