@@ -1,4 +1,4 @@
-"""40 optimizer steps of this project's path equal plain TRL's `DPOTrainer` fed the same pairs in each step (fp32).
+"""32 optimizer steps of this project's path equal plain TRL's `DPOTrainer` fed the same pairs in each step (fp32).
 
 The comparison's machinery (the two trainers, the same pairs in the same steps) is tests/trl_parity.py; here the
 smoke recipe's own loss and token budget, for long enough that the loss moves visibly.
@@ -16,11 +16,11 @@ from trl_parity import (
     weight_differences,
 )
 
-STEPS = 40
+STEPS = 32
 
 
 @pytest.mark.slow
-def test_forty_steps_equal_plain_trl_fed_the_same_pairs(tmp_path, tiny_model_dir):
+def test_thirty_two_steps_equal_plain_trl_fed_the_same_pairs(tmp_path, tiny_model_dir):
     trainer = ours(tmp_path / "ours", tiny_model_dir, STEPS, "--max_tokens_per_microbatch", "2048", rows=ROWS)
     assert trainer.forward.packed and trainer.forward.share_prompt  # the project's default path on this model
     assert max(micro_batches_per_step(trainer, STEPS)) > 1  # some steps are cut into several micro-batches
