@@ -978,6 +978,7 @@ def _run_in_child(fn, env) -> int:
     without them: `data.check_datasets_cache`, which an earlier test's dry run in this worker answered for another
     HF_DATASETS_CACHE, let a read-only one through; so is accelerate's state, for a run that trains here."""
     import functools
+    import importlib
 
     # OpenMP's worker threads are not forked: a parallel region waits for them forever once this process used them
     # (torch's two threads outside the workers). On one thread torch computes inline, as in a worker's processes.
@@ -987,6 +988,9 @@ def _run_in_child(fn, env) -> int:
         for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
+    # The streams' state as a fresh interpreter has it: an in-process test's Ctrl-C left the worker's as heard
+    if "dpotrain.recipe.terminal" in sys.modules:
+        importlib.reload(sys.modules["dpotrain.recipe.terminal"])
     # accelerate's singletons, as an earlier in-process run or dry run of this worker left them (its world, device,
     # mixed precision, accumulation): a fresh interpreter has none, and a run trained here builds its own.
     if "accelerate.state" in sys.modules:
