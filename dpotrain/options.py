@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 from dpotrain.cluster import offline
-from dpotrain.cluster.offline import shards_of
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, model_identity, shapes
 from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, venv, writes
@@ -657,7 +656,7 @@ def check_shards(model: str) -> None:
     if _weights_config(path) is None:
         return
     found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
-    if found is None or not found.endswith(".index.json") or (shards := shards_of(path / found)) is None:
+    if found is None or not found.endswith(".index.json") or (shards := offline.shards_of(path / found)) is None:
         return  # transformers says what is wrong with an index it cannot read
     if absent := [shard for shard in shards if not (path / shard).is_file()]:
         raise ConfigError(

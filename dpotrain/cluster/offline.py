@@ -89,13 +89,13 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
 
     missing = [] if cached("config.json") else [NEEDED[0]]
     index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
-    if weights and index and (shards := shards_of(Path(index))) is None:
-        # A damaged file is not fetched again while its blob is there: the Hub cache keeps it under its commit's name
-        missing.append(
-            f"a readable {Path(index).name} (the cached copy {os.path.realpath(index)} is damaged: delete it)"
-        )
-    elif weights and index:
-        if absent := [s for s in shards if not cached(s)]:
+    if weights and index:
+        if (shards := shards_of(Path(index))) is None:
+            # A damaged file is not fetched again while its blob is there: the cache keeps it under its commit's name
+            missing.append(
+                f"a readable {Path(index).name} (the cached copy {os.path.realpath(index)} is damaged: delete it)"
+            )
+        elif absent := [s for s in shards if not cached(s)]:
             missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}{', ...' * (len(absent) > 1)})")
     elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
         missing.append(NEEDED[1])
