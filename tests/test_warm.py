@@ -12,9 +12,15 @@ from conftest import PYTHON, ROOT, in_child, python
 PROBE = ROOT / "tests" / "helpers" / "hub_constants.py"
 
 
-# Not read from the environment: a uuid drawn per process, a loop's last name over a set (in hash order), and fsspec's
-# cache of file systems (`_pid`, `_latest`), which empties itself in a process of another pid, as a forked child is.
-UNRELATED = {"transformers.utils.hub.SESSION_ID", "transformers.models.auto.tokenization_auto.model_type"}
+# Not read from the environment: a uuid drawn per process, a loop's last name over a set (in hash order), transformers'
+# table of checkpoint key renames (built from its code alone, on a process's first model load; the warm server builds it
+# for every child), and fsspec's cache of file systems (`_pid`, `_latest`), which empties itself in a process of another
+# pid, as a forked child is.
+UNRELATED = {
+    "transformers.utils.hub.SESSION_ID",
+    "transformers.models.auto.tokenization_auto.model_type",
+    "transformers.conversion_mapping._checkpoint_conversion_mapping_cache",
+}
 UNRELATED_ATTRIBUTES = ("._pid", "._latest")
 
 
