@@ -33,9 +33,9 @@ UNRELATED_ATTRIBUTES = ("._pid", "._latest")
 )
 def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_interpreter_reads(tmp_path, offline):
     """The Hub tests' runs differ from the server in what huggingface_hub and datasets read while being imported (their
-    own Hub address, HF_HOME, caches, offline switches), and in tqdm's defaults (launch.sh's TQDM_ASCII): run warm,
-    each module's constants and a bar's defaults are those a fresh interpreter computes from that environment, not the
-    server's."""
+    own Hub address, HF_HOME, caches, offline switches), in tqdm's defaults (launch.sh's TQDM_ASCII) and in W&B's
+    variables: run warm, each module's constants and a bar's defaults are those a fresh interpreter computes from that
+    environment, not the server's."""
     env = {
         **os.environ,
         "HF_ENDPOINT": "http://127.0.0.1:9/",
@@ -44,6 +44,11 @@ def test_a_warm_child_given_its_own_hub_variables_holds_the_constants_a_fresh_in
         "HF_TOKEN": "hf_not_a_token",
         "HF_TOKEN_PATH": str(tmp_path / "no-token"),  # test_main_outcome's run without a token
         "TQDM_ASCII": " 123456789#",  # scripts/launch.sh's, for its dry run and preflight (test_memory's, ...)
+        # W&B's, which the server reads at no import (tests/helpers/warm.py: RUNTIME_PREFIXES)
+        "WANDB_MODE": "disabled",
+        "WANDB_DIR": str(tmp_path / "wandb"),
+        "WANDB_PROJECT": "other",
+        "WANDB_SILENT": "true",
     }
     env = {k: v for k, v in {**env, **offline}.items() if v is not None}
     runs = {}

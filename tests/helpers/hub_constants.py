@@ -25,7 +25,17 @@ for name in warm.MORE_MODULES:  # and what it imports after train_dpo (datasets,
     importlib.import_module(name)
 
 SIMPLE = (str, bytes, int, float, bool, type(None), PurePath)
-PACKAGES = {"huggingface_hub", "datasets", "transformers", "accelerate", "trl", "peft", "deepspeed", "dpotrain"}
+PACKAGES = {
+    "huggingface_hub",
+    "datasets",
+    "transformers",
+    "accelerate",
+    "trl",
+    "peft",
+    "deepspeed",
+    "dpotrain",
+    "wandb",
+}
 
 
 def simple(value) -> bool:

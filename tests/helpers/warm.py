@@ -31,8 +31,10 @@ import sys
 # Variables read at run time only (torchrun's and accelerate's per-rank settings, the project's own): they may differ
 # between the server and a request.
 # SLURM_*: the project reads them when a run starts (run_lock, options); no library of the stack reads them while it is
-# imported (W&B, which does at init, is not imported here).
+# imported (W&B does at init). WANDB_*: wandb reads them when a run starts (`wandb.init`, `wandb.Settings()`), never
+# while imported (tests/test_warm.py compares its modules' constants with a fresh interpreter's under other WANDB_*).
 RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_")
+RUNTIME_PREFIXES += ("WANDB_",)
 RUNTIME_KEYS = {
     "PATH",
     "PWD",
@@ -72,21 +74,18 @@ REREAD_KEYS |= {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
 REREAD_PREFIX = "TQDM_"
 TQDM_TYPES = {"total": float, "ncols": int, "miniters": float, "position": int, "nrows": int}  # tqdm 4.x std.py's
 ACCELERATE_CONFIG = "accelerate.commands.config.config_args"
-# Imported by the server after train_dpo: what a run imports later (`serve`). Not the trainer module: it brings TRL's
-# DPOTrainer and with it wandb, whose import makes temporary folders (wandb-media, wandb-artifacts) that the first
-# child to exit removes, its copy of their finalizers running at its exit; a later child's wandb.Table then failed.
-MORE_MODULES = ("datasets", "deepspeed.runtime.zero.muon.muon_optimizer")
+# Imported by the server after train_dpo: what a run imports later (`serve`). The trainer module brings TRL's
+# DPOTrainer and with it wandb (~0.35 CPU-s a training process), whose import makes two temporary folders
+# (wandb-media, wandb-artifacts) removed at exit by whichever process exits: each child gets folders of its own
+# (`_own_wandb_folders`), or the first child to exit removed the server's and a later child's wandb.Table failed.
+MORE_MODULES = ("datasets", "deepspeed.runtime.zero.muon.muon_optimizer", "dpotrain.train.trainer")
+
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
 def _runtime(key: str) -> bool:
-    # W&B reads its variables when imported, and the server does not import it: a run that reports to W&B does.
     return (
-        key in RUNTIME_KEYS
-        or key in REREAD_KEYS
-        or key.startswith(REREAD_PREFIX)
-        or key.startswith(RUNTIME_PREFIXES)
-        or (key.startswith("WANDB_") and "wandb" not in sys.modules)
+        key in RUNTIME_KEYS or key in REREAD_KEYS or key.startswith(REREAD_PREFIX) or key.startswith(RUNTIME_PREFIXES)
     )
 
 
@@ -272,6 +271,7 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # what the imports of a fresh interpreter would have set
+    _own_wandb_folders()
     if any(base.get(k) != request["env"].get(k) for k in REREAD_KEYS):
         _reread()
     if any(base.get(k) != request["env"].get(k) for k in {*base, *request["env"]} if k.startswith(REREAD_PREFIX)):
@@ -310,6 +310,22 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     sys.path[0:1] = [os.path.dirname(script), *extra]  # as a fresh interpreter lays out its sys.path
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
+
+
+def _own_wandb_folders() -> None:
+    """wandb's import made its staging folders (a `tempfile.TemporaryDirectory` each), removed at the exit of the
+    process holding them: a child takes new ones in their place, and leaves the server's to the server's own exit."""
+    import tempfile
+
+    private = sys.modules["wandb.sdk.data_types._private"]  # wandb-media, shared by name by its media types
+    artifact = sys.modules["wandb.sdk.artifacts.artifact"].Artifact  # wandb-artifacts
+    for holder, name, suffix in ((private, "MEDIA_TMP", "wandb-media"), (artifact, "_TMP_DIR", "wandb-artifacts")):
+        folder = getattr(holder, name)
+        folder._finalizer.detach()  # the server's folder: never removed by a child
+        own = tempfile.TemporaryDirectory(suffix)
+        # The object its importers hold, now the child's: its name and removal at exit are `own`'s, which lives as long
+        # as the child (`own`'s collection would remove the folder at once)
+        folder.name, folder._finalizer, folder._own = own.name, own._finalizer, own
 
 
 def _reread_tqdm() -> None:
