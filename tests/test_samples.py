@@ -24,6 +24,18 @@ def test_repetition_flags_a_loop_and_not_prose():
     assert prose["repetition"] == 0 and prose["longest_run"][1] == 1
 
 
+def test_repetition_reads_each_character_of_a_script_without_spaces_as_a_word():
+    """Split on spaces alone, a Chinese loop was one word and scored 0: no warning before a collapse in Chinese."""
+    looped = repetition("好的，" + "好的" * 20)
+    assert looped["repetition"] > 0.8 and looped["longest_run"][1] == 1
+    prose = repetition("我们今天去公园散步，天气很好。")  # no character three in a row twice
+    assert prose["repetition"] == 0
+    assert repetition("ありがとう" * 10)["repetition"] > 0.8  # kana
+    assert repetition("ขอบคุณครับ" * 10)["repetition"] > 0.8  # Thai
+    # Words written with spaces stay whole beside them: 10 words, 8 3-grams, the last 3 seen before
+    assert repetition("the model 模型 said the model 模型 said")["repetition"] == 3 / 8
+
+
 @pytest.mark.slow
 def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model_dir):
     out = tmp_path / "run"

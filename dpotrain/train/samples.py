@@ -1,9 +1,9 @@
 """Sample generations during training: a few fixed prompts, greedy, every N optimizer steps.
 
 What a collapsing run looks like before its metrics say so: 001's model answered "hormonal hormonal hormonal ...".
-Each sample gets a repetition score (the share of word 3-grams seen earlier in the text: 0 for prose, ~1 for a loop)
-and its longest run of one word; a score over `sample_repetition_warn` is a warning. Samples go to samples.jsonl and,
-when W&B runs, to a `samples` table.
+Each sample gets a repetition score (the share of word 3-grams seen earlier in the text: 0 for prose, ~1 for a loop;
+in Chinese, Japanese or Thai each character is a word) and its longest run of one word; a score over
+`sample_repetition_warn` is a warning. Samples go to samples.jsonl and, when W&B runs, to a `samples` table.
 
 Where the weights are sharded (ZeRO-3, FSDP2) every rank generates together (`synced_gpus`), else the main process
 alone; then the engine is left as training expects (`leave_for_training`). A model that trains on FlexAttention
@@ -14,6 +14,7 @@ spending the run's limits (with `compile_layers`, the recompile limit before tra
 import contextlib
 import itertools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,13 @@ SAMPLES_FILE = "samples.jsonl"
 # stands; not this class's name, which --restore_callback_states_from_checkpoint would rebuild without its prompts)
 SAMPLED = "samples_steps"
 NGRAM = 3
+# Scripts written without spaces between words (Chinese and Japanese characters, kana, Thai, Lao, Khmer, Myanmar): each
+# character counts as a word. Split on spaces alone, a Chinese loop ("好的好的好的...") was one word, scored 0.
+UNSPACED = (
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
+)
+WORD = re.compile(f"{UNSPACED}|(?:(?!{UNSPACED})\\S)+")
 
 
 def check_values(project) -> None:
@@ -119,8 +127,9 @@ def file_prompts(path: str) -> list[str]:
 
 
 def repetition(text: str) -> dict:
-    """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}."""
-    words = text.split()
+    """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}. Words are
+    split by spaces, and each character of a script written without them is one (`UNSPACED`)."""
+    words = WORD.findall(text)
     grams = [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
     repeated = len(grams) - len(set(grams))  # each 3-gram after its first occurrence
     runs = ((word, len(list(same))) for word, same in itertools.groupby(words))
