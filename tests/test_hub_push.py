@@ -2569,12 +2569,20 @@ def test_a_checkpoint_is_hashed_once_per_push_against_its_manifest(hub, tmp_path
     assert f"checkpoint-2 was not pushed to {REPO}@step-2: {said}" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_a_checkpoint_branch_holds_the_tokenizer_whole_with_its_named_templates(hub, tmp_path, tiny_model_dir):
+@pytest.mark.slow  # a training run, push_to_hub.py, then the run's resume
+def test_a_checkpoint_branch_holds_the_tokenizer_whole_and_a_record_of_pushes_changed_by_hand_is_refused_at_once(
+    hub, tmp_path, tiny_model_dir
+):
     """A tokenizer with several chat templates saves the named ones in additional_chat_templates/; a checkpoint's branch
     took the top-level files of a hand list alone, so `AutoTokenizer.from_pretrained(repo, revision="step-N")` loaded
     it without them. A branch holds what the checkpoint's model save wrote, that folder too, and still no optimizer,
-    RNG or trainer state; the final push to main holds it as well."""
+    RNG or trainer state; the final push to main holds it as well.
+
+    hub_pushes.jsonl with a line changed by hand (or by another program) was read only as push_to_hub.py made the
+    card's list of branches, after each checkpoint had gone up (a 7B's: 15 GB each), and by a resumed run as its
+    checkpoint pusher was built, on rank 0 alone while the other ranks went on to load the model. Both now read it
+    first, and refuse it in the record's one line before anything uploads or loads. One run for both (each a
+    training run with its checkpoints pushed)."""
     import shutil
 
     from transformers import AutoTokenizer
@@ -2586,7 +2594,7 @@ def test_a_checkpoint_branch_holds_the_tokenizer_whole_with_its_named_templates(
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.chat_template = {"default": builtin.CHAT_TEMPLATE, "tool_use": "{{ bos_token }}" + builtin.CHAT_TEMPLATE}
     tokenizer.save_pretrained(model)
-    out, result = train(hub, tmp_path, str(model), "--push_checkpoints", "true", "--save_steps", "4")
+    out, result = train(hub, tmp_path, str(model), "--push_checkpoints", "true", "--save_steps", "2")
     assert result.returncode == 0, result.stdout[-3000:]
     templates = {"additional_chat_templates/tool_use.jinja"}
     for branch in ("step-4", "main"):
@@ -2598,6 +2606,30 @@ def test_a_checkpoint_branch_holds_the_tokenizer_whole_with_its_named_templates(
             (loaded / path).write_bytes(content)
         assert AutoTokenizer.from_pretrained(loaded).chat_template == tokenizer.chat_template, branch
     assert set(hub.state.repos[REPO]["step-4"]) == MODEL_FILES | templates | {".gitattributes"}
+
+    # The record of pushes with a line changed by hand: refused by push_to_hub.py, then by the resume, before anything
+    # uploads or loads
+    lines = (out / PUSH_RECORD).read_text().splitlines(keepends=True)
+    (out / PUSH_RECORD).write_text("".join([lines[0][:20] + "\n", *lines[1:]]))
+    commits = len(hub.state.commits)
+    said = f"error: {out / PUSH_RECORD}: line 1 is not a JSON record ("
+
+    pushed = subprocess.run(  # to another repo, which holds none of them yet
+        [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints", "--repo-id", "me/other"],
+        env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert pushed.returncode == 1 and pushed.stderr.splitlines()[-1].startswith(said), pushed.stderr
+    assert "Pushed" not in pushed.stdout and len(hub.state.commits) == commits
+    # The job killed after checkpoint-2, before its end: its resume refuses the record before anything loads
+    asked = len(requests(hub))
+    shutil.rmtree(out / "checkpoint-4")
+    (out / "run_complete.json").unlink()
+    _, resumed = train(hub, tmp_path, str(model), "--save_steps", "2", "--push_checkpoints", "true")
+    assert resumed.returncode == 2 and resumed.stdout.strip().splitlines()[-1].startswith(said), resumed.stdout[-3000:]
+    assert len(requests(hub)) == asked  # not a request more: refused before the write check
 
 
 def test_a_checkpoint_whose_manifest_names_no_model_files_is_not_pushed(hub, tmp_path, monkeypatch, capsys):
@@ -3358,39 +3390,6 @@ def test_push_to_hub_ends_a_branch_push_the_hub_failed_with_exit_1_not_a_refusal
     err = capsys.readouterr().err
     last = err.splitlines()[-1]  # after the warning of its retry
     assert ended.value.code == 1 and last.startswith(f"error: could not check write access to {REPO}: "), err
-
-
-@pytest.mark.slow  # a training run, push_to_hub.py, then the run's resume
-def test_a_record_of_pushes_changed_by_hand_is_refused_before_anything_uploads_or_loads(hub, tmp_path, tiny_model_dir):
-    """hub_pushes.jsonl with a line changed by hand (or by another program) was read only as push_to_hub.py made the
-    card's list of branches, after each checkpoint had gone up (a 7B's: 15 GB each), and by a resumed run as its
-    checkpoint pusher was built, on rank 0 alone while the other ranks went on to load the model. Both now read it
-    first, and refuse it in the record's one line before anything uploads or loads."""
-    import shutil
-
-    out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--push_checkpoints", "true")
-    assert result.returncode == 0, result.stdout[-3000:]
-    lines = (out / PUSH_RECORD).read_text().splitlines(keepends=True)
-    (out / PUSH_RECORD).write_text("".join([lines[0][:20] + "\n", *lines[1:]]))
-    commits = len(hub.state.commits)
-    said = f"error: {out / PUSH_RECORD}: line 1 is not a JSON record ("
-
-    pushed = subprocess.run(  # to another repo, which holds none of them yet
-        [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints", "--repo-id", "me/other"],
-        env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert pushed.returncode == 1 and pushed.stderr.splitlines()[-1].startswith(said), pushed.stderr
-    assert "Pushed" not in pushed.stdout and len(hub.state.commits) == commits
-    # The job killed after checkpoint-2, before its end: its resume refuses the record before anything loads
-    asked = len(requests(hub))
-    shutil.rmtree(out / "checkpoint-4")
-    (out / "run_complete.json").unlink()
-    _, resumed = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--push_checkpoints", "true")
-    assert resumed.returncode == 2 and resumed.stdout.strip().splitlines()[-1].startswith(said), resumed.stdout[-3000:]
-    assert len(requests(hub)) == asked  # not a request more: refused before the write check
 
 
 def test_a_damaged_run_complete_json_names_a_fix_that_works(hub, tmp_path, monkeypatch, tiny_model_dir):
