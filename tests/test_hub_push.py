@@ -360,11 +360,16 @@ def test_a_stopped_offline_run_pushes_its_checkpoint_then_goes_on_and_pushes_the
 
 
 @pytest.mark.slow
-def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp_path, tiny_model_dir):
+def test_a_run_killed_before_or_during_its_final_push_completes_it_when_run_again(hub, tmp_path, tiny_model_dir):
     """Issue #53: killed while the final push ran, the rerun said the run was finished and never pushed. The push's
     start and its confirmation are recorded in hub_pushes.jsonl: the same command again completes the push, and trains
-    nothing. The stand-in Hub holds the first commit to main, as a stalled upload; the job is SIGKILLed there."""
-    import signal
+    nothing. run_complete.json is written before the final push starts: a job killed between the two (Slurm's SIGKILL
+    after a time limit's SIGTERM, a node lost) left a finished run whose push was never recorded as started, and the
+    same command again refused it as "already holds a finished run" without a word of the push it asked for (a requeue
+    of the same Slurm job: "nothing to do", exit 0, and never pushed). The push is recorded as due before the run is
+    marked complete. One run for both: SIGKILLed right after run_complete.json is in place; its rerun pushes, and the
+    stand-in Hub holds that rerun's commit to main, as a stalled upload, where it is SIGKILLed too; the next completes
+    the push."""
     import threading
 
     from dpotrain.cluster import run_lock
@@ -372,16 +377,24 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
 
     stalled, release = threading.Event(), threading.Event()
 
-    def stall():  # the first commit to main hangs until the job is dead; the rerun's goes through
+    def stall():  # the first commit to main hangs until the job is dead; the next rerun's goes through
         if not stalled.is_set():
             stalled.set()
             release.wait(600)
 
-    hub.state.hold[("commit", "main")] = stall
     out = tmp_path / "run"
     args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2"]
     args += ["--save_strategy", "no", "--report_to", "none", "--push_to_hub", "true", "--hub_model_id", REPO]
     args += ["--hub_token", SECRET]
+    paused = tmp_path / "paused"
+    env = {**os.environ, **env_for(hub, tmp_path), **pause_env("*/run_complete.json", "*", paused)}
+    proc = subprocess.Popen(
+        [python(), str(PAUSE_AT), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    signal_paused(paused, proc, signal.SIGKILL)  # right after run_complete.json is in place
+    assert (out / "run_complete.json").is_file() and hub.state.commits == []
+
+    hub.state.hold[("commit", "main")] = stall
     log = tmp_path / "killed.log"
     try:
         with open(log, "w") as sink:
@@ -392,11 +405,13 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
                 stderr=subprocess.STDOUT,
             )
         try:
-            assert stalled.wait(600), log.read_text()[-3000:]
+            while not stalled.wait(0.1):  # its push reached the commit to main: it did not refuse the folder
+                assert killed.poll() is None, log.read_text()[-3000:]
             killed.send_signal(signal.SIGKILL)
         finally:
             killed.kill()
             killed.wait()
+        assert "Data (train)" not in log.read_text(), log.read_text()[-3000:]  # it pushed, training nothing
         # The run is the warm interpreter's child, which kills itself once its client (`killed`) is gone: the rerun
         # takes the lock it left once that process is gone, as it would a fresh interpreter's
         holder = json.loads((out / run_lock.LOCK_FILE).read_text())["pid"]
@@ -414,8 +429,10 @@ def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp
         assert f"Pushed to {hub.endpoint}/{REPO}" in rerun.stdout and "Data (train)" not in rerun.stdout
         [commit] = hub.state.commits
         assert commit["revision"] == "main" and MODEL_FILES | {"README.md", "run_complete.json"} <= set(commit["files"])
-        # Each attempt's start, then its confirmation: the killed job's push was started and never confirmed.
+        # Each attempt's start, then its confirmation: the first job's, recorded before run_complete.json, and the
+        # killed rerun's were started and never confirmed.
         assert [(r["branch"], r["status"]) for r in read_pushes(out)] == [
+            ("main", "started"),
             ("main", "started"),
             ("main", "started"),
             ("main", "pushed"),
@@ -3290,33 +3307,6 @@ def test_a_staging_folder_unanswered_as_the_pusher_claims_it_is_a_warning_and_a_
     save(4)  # the file server answers again: checkpoint-2, kept meanwhile, staged and pushed
     assert pusher.finish(FINAL_WAIT_S) == []
     assert {s for s, _ in pushed_revisions(out, REPO)} == {2, 4}
-
-
-@pytest.mark.slow
-def test_a_run_killed_between_its_completion_mark_and_its_push_pushes_when_run_again(hub, tmp_path, tiny_model_dir):
-    """run_complete.json is written before the final push starts: a job killed between the two (Slurm's SIGKILL after
-    a time limit's SIGTERM, a node lost) left a finished run whose push was never recorded as started, and the same
-    command again refused it as "already holds a finished run" without a word of the push it asked for (a requeue of
-    the same Slurm job: "nothing to do", exit 0, and never pushed). The push is recorded as due before the run is
-    marked complete: the rerun completes it and trains nothing."""
-    out = tmp_path / "run"
-    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2"]
-    args += ["--save_strategy", "no", "--report_to", "none", "--push_to_hub", "true", "--hub_model_id", REPO]
-    args += ["--hub_token", SECRET]
-    paused = tmp_path / "paused"
-    env = {**os.environ, **env_for(hub, tmp_path), **pause_env("*/run_complete.json", "*", paused)}
-    proc = subprocess.Popen(
-        [python(), str(PAUSE_AT), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    signal_paused(paused, proc, signal.SIGKILL)  # right after run_complete.json is in place
-    assert (out / "run_complete.json").is_file() and hub.state.commits == []
-
-    rerun = run_train(args, env=env_for(hub, tmp_path), timeout=300)
-    assert rerun.returncode == 0, rerun.stdout[-3000:]
-    assert f"Pushed to {hub.endpoint}/{REPO}" in rerun.stdout and "Data (train)" not in rerun.stdout, rerun.stdout
-    [commit] = hub.state.commits
-    assert commit["revision"] == "main" and {"model.safetensors", "run_complete.json"} <= set(commit["files"])
-    assert read_pushes(out)[-1]["status"] == "pushed"
 
 
 @pytest.mark.slow  # prefetch.py, then a training run whose start waits on the slow Hub's probe
