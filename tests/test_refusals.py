@@ -8,6 +8,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -1584,15 +1585,20 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
     assert "1 optimizer step, 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
 
 
-@pytest.mark.slow  # trains a finished run first (~10 s), then the refused run
-def test_a_run_its_kept_pairs_leave_nothing_to_train_is_refused_before_it_replaces_a_finished_run(tmp_path):
+@pytest.mark.slow  # a process of its own
+def test_a_run_its_kept_pairs_leave_nothing_to_train_is_refused_before_it_replaces_a_finished_run(
+    tmp_path, tiny_model_dir
+):
     """The run itself refused the pairs above only once TRL had tokenized them: after the model loaded, and after
     --overwrite_output_dir had removed the finished run in its folder, replaced by nothing. Where every pair's lengths
     are measured at start (here all 16), it is refused then, the old run whole."""
+    from dpotrain.train import run_files
+
     out = tmp_path / "run"
-    first = run_train(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--report_to", "none"])
-    assert first.returncode == 0, first.stdout[-3000:]
-    before = sorted(p.name for p in out.iterdir())
+    shutil.copytree(tiny_model_dir, out)  # a finished run, as a run leaves it, made without training
+    (out / "run_complete.json").write_text('{"global_step": 2}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", *os.listdir(tiny_model_dir)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     long = [{"role": "user", "content": "word " * 1500}]
     rows = [pair(chosen=f"Blue {i}.", prompt=long if i % 2 else MESSAGES) for i in range(16)]
     data = write_rows(tmp_path / "d.jsonl", rows)
@@ -1600,7 +1606,7 @@ def test_a_run_its_kept_pairs_leave_nothing_to_train_is_refused_before_it_replac
     second = run_train([*args, "--overwrite_output_dir", "--report_to", "none"])
     assert second.returncode == 2, second.stdout[-3000:]
     assert second.stdout.rstrip().splitlines()[-1].startswith("error: this run would train nothing: 1 optimizer step")
-    assert "Replaced the run" not in second.stdout and sorted(p.name for p in out.iterdir()) == before
+    assert "Replaced the run" not in second.stdout and {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 # --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
