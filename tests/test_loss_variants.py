@@ -138,15 +138,28 @@ def on_two_processes(out, model_dir, flags) -> tuple[list[float], dict]:
             *CUT,
             *flags,
         ],
+        env={"DPOTRAIN_CACHE": str(out.parent / "two-cache")},  # its ranks score the reference: not read it
     )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records], load_file(str(out / "model.safetensors"))
 
 
+@pytest.fixture(scope="module")
+def reference_caches(tmp_path_factory):
+    """One reference cache per way the reference stage cuts its micro-batches (the CUT budget, or one micro-batch of
+    the step's pairs): the variants train on the same pairs, so the first variant of each scores the reference and the
+    rest read it (the cache's key: the model, the tokens, max_length, ld_alpha, ...; not the loss), as a user's next
+    run of other losses does. LD-DPO's ld_alpha keys a reference of its own; TR-DPO's live reference caches none."""
+    return {one_batch: tmp_path_factory.mktemp("reference") for one_batch in (False, True)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_trl_variant_trains_as_plain_trl_on_the_same_pairs(variant, tmp_path, tiny_model_dir):
+def test_every_trl_variant_trains_as_plain_trl_on_the_same_pairs(
+    variant, tmp_path, tiny_model_dir, reference_caches, monkeypatch
+):
     flags, config = VARIANTS[variant]
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(reference_caches["--per_device_train_batch_size" in flags]))
     trainer = ours_on_longest(tmp_path / "ours", tiny_model_dir, *flags)
     cuts = micro_batches_per_step(trainer, STEPS)
     assert cuts == [1] * STEPS if "--per_device_train_batch_size" in flags else max(cuts) > 1, cuts
