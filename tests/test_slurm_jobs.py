@@ -229,8 +229,9 @@ def test_a_job_submitted_from_another_jobs_step_is_its_own_and_a_health_guard_st
     Each of those ended the job before its training, which the health guard's stop at step 2 shows ran."""
     log = tmp_path / "doomed.out"
     options = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
-    # A learning rate of 1e30 turns the weights non-finite at the first update: the nonfinite guard stops at step 2.
-    args = ["--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0", "--learning_rate", "1e30"]
+    # A learning rate of 1e30 turns the weights non-finite at the first update: the nonfinite guard stops at step 2, a
+    # step before the run's last (the reference stage scores the 3 planned steps' pairs: 6 scored twice as many).
+    args = ["--max_steps", "3", "--logging_steps", "1", "--warmup_steps", "0", "--learning_rate", "1e30"]
     args += ["--save_steps", "1000", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
     sbatch = ["sbatch", "--parsable", *options, f"--output={log}", SCRIPT, *args]
     # Set inside the step: srun reads all but the first.
@@ -798,7 +799,9 @@ def test_a_stop_before_the_launch_requeues_and_a_sigterm_to_the_whole_job_says_w
     held, out = tmp_path / "held", tmp_path / "run"
     held.mkdir()
     hold = {"SLOW_CHECKPOINT_S": "45", "DPOTRAIN_TEST_HOLD": "step-3@1", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
-    args = ("--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000")
+    # 4 steps: one past the hold at step 3, which the killed start never reaches (6 until session 73: the last start
+    # trained 2 more, and every start's reference stage scored 16 pairs more)
+    args = ("--max_steps", "4", "--logging_steps", "1", "--save_steps", "1000")
     script = project / "scripts" / "dpo_train.sh"
     job, log = early_stopped_job(slurm, tmp_path, env=hold, script=script, args=args)  # USR1 at its banner
     wait_while_running(slurm, job, (held / "held-step-3").exists, log=log)  # step 3 trained, its stop not yet asked
@@ -828,7 +831,7 @@ def test_a_stop_before_the_launch_requeues_and_a_sigterm_to_the_whole_job_says_w
     assert f"srun killed the training processes before they saved (its SIGTERM); requeueing job {job}" in first
     assert "waiting up to" not in first  # no KillWait for processes already killed
     assert "training exited with code 0" in second
-    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 6
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 4
 
 
 @pytest.mark.slurm
@@ -844,7 +847,9 @@ def test_ctrl_c_to_launch_sh_run_in_an_allocation_saves_before_the_allocation_is
     held.mkdir()
     hold = {"SLOW_CHECKPOINT_S": "40", "DPOTRAIN_TEST_HOLD": "step-3@0", "DPOTRAIN_TEST_HOLD_DIR": str(held)}
     env = {**slurm.env, **README_ENV, **hold, "DPOTRAIN_CACHE": f"{out}-cache"}
-    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
+    # 4 steps: the checkpoint at the hold (step 3) is a stop's, not the run's last (6 until session 73: 16 pairs more
+    # scored by the reference stage, for steps never trained)
+    args = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none"]
     salloc = subprocess.Popen(
         [
             "salloc",
