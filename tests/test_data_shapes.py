@@ -625,6 +625,7 @@ def test_string_answers_beside_an_unread_conversation_awaiting_them_are_refused(
     user = "user" if role == "role" else "human"
     turn = dict(role={"role": user, "content": "Name a colour."}, **{"from": {"from": user, "value": "Name a colour."}})
     pairs = [{column: [turn[role]], "chosen": "Blue.", "rejected": "Seven."} for _ in range(N)]
+    pairs[0][column] = []  # a first pair without one: the column was judged on it alone, and left unread
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
     assert f"no `prompt` column and, in column '{column}' (not read), a conversation waiting for its answer" in line

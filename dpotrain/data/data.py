@@ -4,6 +4,7 @@ import codecs
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import lzma
 import os
@@ -407,7 +408,7 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
     chosen, rejected = first.get("chosen"), first.get("rejected")
     if not isinstance(chosen, str) or not isinstance(rejected, str) or shapes.is_hh(chosen):
         return dataset  # message lists (the conversations hold the prompt), or HH-RLHF strings
-    if waiting := _conversation_column(first):
+    if waiting := _conversation_column(itertools.islice(dataset, CONVERSATION_ROWS)):
         raise ConfigError(
             f"dataset {name!r} has string answers, no `prompt` column and, in column {waiting!r} (not read), a "
             "conversation waiting for its answer: the answers would be read without it as their prompt; rename "
@@ -445,14 +446,20 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
     return dataset.rename_column(column, "prompt")
 
 
-def _conversation_column(first: dict) -> str | None:
-    """A column not read whose value is a message list (`role` or ShareGPT's `from`) ending with the user's turn."""
-    for column, value in first.items():
-        if column in ("chosen", "rejected", *shapes.KEPT_COLUMNS) or not isinstance(value, list) or not value:
-            continue
-        last = value[-1]
-        if all(isinstance(m, dict) for m in value) and (last.get("role") or last.get("from")) in ("user", "human"):
-            return column
+# Rows read for a conversation column: a first row's empty list (a pair without one) hid the conversations of the rest
+CONVERSATION_ROWS = 64
+
+
+def _conversation_column(rows) -> str | None:
+    """A column not read whose value, in one of `rows`, is a message list (`role` or ShareGPT's `from`) ending with the
+    user's turn."""
+    for row in rows:
+        for column, value in row.items():
+            if column in ("chosen", "rejected", *shapes.KEPT_COLUMNS) or not isinstance(value, list) or not value:
+                continue
+            last = value[-1]
+            if all(isinstance(m, dict) for m in value) and (last.get("role") or last.get("from")) in ("user", "human"):
+                return column
     return None
 
 
