@@ -33,8 +33,9 @@ import sys
 # SLURM_*: the project reads them when a run starts (run_lock, options); no library of the stack reads them while it is
 # imported (W&B does at init). WANDB_*: wandb reads them when a run starts (`wandb.init`, `wandb.Settings()`), never
 # while imported (tests/test_warm.py compares its modules' constants with a fresh interpreter's under other WANDB_*).
-RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_")
-RUNTIME_PREFIXES += ("WANDB_",)
+RUNTIME_PREFIXES = (
+    "DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_", "WANDB_",
+)  # fmt: skip
 RUNTIME_KEYS = {
     "PATH",
     "PWD",
