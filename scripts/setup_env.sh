@@ -45,13 +45,13 @@ room() {
 # install to pip, as does a uv that cannot be installed or that fails.
 UV_PIN=uv==0.13.9
 uv_settings() {
-  local line key value v
+  local line key value v index=""
   UV_ARGS=(--index-strategy unsafe-best-match) UV_ENV=()
   while IFS= read -r line; do  # `global.find-links='/opt/wheels'`, `:env:.cert='...'`
     key=${line%%=*} value=${line#*=}
     key=${key#*.} value=${value#\'} value=${value%\'}
     case $key in
-      index-url) UV_ARGS+=(--index-url "$value") ;;
+      index-url) index=$value ;;  # the last named: PIP_INDEX_URL (listed after the files) over pip.conf, as in pip
       extra-index-url) for v in $value; do UV_ARGS+=(--extra-index-url "$v"); done ;;
       find-links) for v in $value; do UV_ARGS+=(--find-links "$v"); done ;;
       cert) UV_ENV+=("SSL_CERT_FILE=$value") ;;
@@ -60,6 +60,7 @@ uv_settings() {
       *) return 1 ;;
     esac
   done < <(.venv/bin/python -m pip config list 2>/dev/null)
+  [[ -z $index ]] || UV_ARGS+=(--index-url "$index")
 }
 install_with_uv() {
   uv_settings || return 1

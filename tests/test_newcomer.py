@@ -1657,6 +1657,7 @@ cd "$0/project" && TMPDIR="$0/tmp" bash scripts/setup_env.sh
 
 
 PIP_SOURCES = """global.find-links='/wheels /more-wheels'
+global.index-url='https://pypi.org/simple'
 global.extra-index-url='file:///opt/pypi/simple'
 :env:.index-url='https://mirror.example/simple'
 :env:.cert='/etc/ssl/site.pem'
@@ -1674,9 +1675,10 @@ def test_setup_env_installs_with_uv_from_pips_sources_and_leaves_to_pip_what_uv_
     settings, uv_exit, installer, tmp_path
 ):
     """setup_env.sh installs with uv (34 s against pip's 84 s with byte-compiling, on 2 cores). uv reads no pip
-    configuration: the indexes, wheel folders, certificate and timeout that pip.conf or PIP_* set are handed to it, and
-    pip's best match across indexes asked for. A pip setting uv is not given (a proxy) leaves the install to pip, as
-    does a uv that fails, with one warning; uv's cache beside the venv is removed either way."""
+    configuration: the indexes, wheel folders, certificate and timeout that pip.conf or PIP_* set are handed to it (one
+    index URL: PIP_INDEX_URL's over pip.conf's, as pip takes it), and pip's best match across indexes asked for. A
+    pip setting uv is not given (a proxy) leaves the install to pip, as does a uv that fails, with one warning; uv's
+    cache beside the venv is removed either way."""
     project = tmp_path / "project"
     (project / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "setup_env.sh", project / "scripts")
