@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from test_honest_runs import wandb_history
 
 from conftest import ROOT, accelerate_launch, built, python, rank_python, ready
@@ -442,3 +443,67 @@ def test_samples_stop_at_every_token_the_end_of_answer_check_accepts(named_by, t
     state = SimpleNamespace(is_world_process_zero=True, global_step=0)
     (record,) = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
     assert record["completion"] == " ".join(map(str, answer[: answer.index(end) + 1]))  # not all 24 tokens
+
+
+def _attentions(model) -> list:
+    """The attention each of a model's configs (a multimodal model's text and vision configs too) names."""
+    from dpotrain.recipe import upstream
+
+    configs = [model.config, *(getattr(model.config, key) for key in model.config.sub_configs)]
+    return [upstream.attn_implementation(config) for config in configs]
+
+
+@pytest.mark.parametrize("trained_on", ["sdpa", "eager", "flash_attention_2", "flex_attention"])
+def test_samples_and_the_unused_parameter_probe_run_their_forward_on_a_dense_attention(trained_on, tiny_model_dir):
+    """Samples and the probe's 2-token forward run the trained model outside a training micro-batch: a packed-only
+    kernel (a varlen FlashAttention; on a CPU it does not even load) or FlexAttention (a compilation per new shape)
+    cannot run there. One context manager switches each config to sdpa inside, a PEFT model's base and a multimodal
+    model's text config included, and puts each back after, an error inside included; sdpa and eager (what trains on a
+    CPU) are left as they are. Before, samples switched only a model trained on flex (a FlashAttention model generated
+    on its kernel) and the probe put a multimodal model's vision config back on its top config's attention."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from dpotrain.recipe import upstream
+    from dpotrain.train.dense_attention import dense_attention
+
+    two_tokens = torch.ones((1, 2), dtype=torch.long)
+    text = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        on_sdpa = text(input_ids=two_tokens).logits
+    upstream.set_attn_implementation(text.config, trained_on)
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    upstream.set_attn_implementation(lora.base_model.model.config, trained_on)
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    torch.manual_seed(0)
+    multimodal = AutoModelForImageTextToText.from_config(
+        AutoConfig.for_model(
+            "gemma3",
+            text_config=small | dict(vocab_size=300, num_key_value_heads=1, head_dim=16),
+            vision_config=small | dict(image_size=28, patch_size=14),
+            mm_tokens_per_image=4,
+        )
+    )
+    # The text model trains on `trained_on`; the vision tower and the wrapper's config stay on their own
+    upstream.set_attn_implementation(multimodal.config, "sdpa")
+    upstream.set_attn_implementation(multimodal.config.vision_config, "eager")
+    upstream.set_attn_implementation(multimodal.config.text_config, trained_on)
+    dense = trained_on if trained_on in ("sdpa", "eager") else "sdpa"
+    for model, inside in (
+        (text, [dense]),
+        (lora.base_model.model, [dense]),
+        (multimodal, ["sdpa", dense, "eager"]),
+    ):
+        before = _attentions(model)
+        wrapped = lora if model is lora.base_model.model else model
+        with torch.no_grad(), dense_attention(wrapped):
+            assert _attentions(model) == inside
+            logits = wrapped(input_ids=two_tokens).logits  # flash_attention_2 would not load on a CPU
+        assert _attentions(model) == before
+        if model is text:
+            torch.testing.assert_close(logits, on_sdpa)  # eager computes what sdpa does
+        with pytest.raises(RuntimeError, match="inside"), dense_attention(wrapped):
+            raise RuntimeError("inside")
+        assert _attentions(model) == before

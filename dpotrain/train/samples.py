@@ -11,7 +11,6 @@ generates on sdpa, with compilation off: generation's KV cache and one-token que
 spending the run's limits (with `compile_layers`, the recompile limit before training's first step, leaving it eager).
 """
 
-import contextlib
 import itertools
 import json
 import re
@@ -20,13 +19,14 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, TrainerCallback
+from transformers import GenerationConfig, TrainerCallback
 
 from dpotrain.cluster import collectives
 from dpotrain.data import chat_template, positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, warn
+from dpotrain.train.dense_attention import dense_attention
 from dpotrain.train.metrics import keep_before, steps_text
 
 SAMPLES_FILE = "samples.jsonl"
@@ -248,7 +248,7 @@ class SampleGenerator(TrainerCallback):
         was_training = model.training
         model.eval()  # no dropout; activation checkpointing is off outside training mode
         try:
-            with torch.no_grad(), dense_attention_while(model), torch.compiler.set_stance("force_eager"):
+            with torch.no_grad(), dense_attention(model), torch.compiler.set_stance("force_eager"):
                 for i, ids in enumerate(self.prompt_ids):
                     inputs = torch.tensor([ids], device=model.device)
                     # A data prompt near the model's positions (the recipe's are checked before loading): its answer
@@ -318,22 +318,6 @@ class SampleGenerator(TrainerCallback):
                 step = state.global_step
                 logs = {"samples": table, "samples/max_repetition": worst, "train/global_step": step}
                 wandb.log(logs, step=step, commit=False)
-
-
-@contextlib.contextmanager
-def dense_attention_while(model):
-    """The model on sdpa (eager where it has no sdpa) inside, back on FlexAttention after, when it trains on it."""
-    # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
-    base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
-    trained_on = upstream.attn_implementation(base.config) if base is not None else None
-    if trained_on != "flex_attention":
-        yield
-        return
-    base.set_attn_implementation("sdpa" if upstream.supports_sdpa(base) else "eager")
-    try:
-        yield
-    finally:
-        base.set_attn_implementation(trained_on)
 
 
 def leave_for_training(model, optimizer) -> None:

@@ -9,13 +9,11 @@ of one 2-token forward (the shortest micro-batch there is), and each training mi
 times 0: the same loss and the same gradients, given to every parameter on every rank.
 """
 
-import contextlib
-
 import torch
 
 from dpotrain.cluster.engine import Engine
-from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import cause
+from dpotrain.train.dense_attention import dense_attention
 
 # The engines whose gradient reduction is filled by each parameter's gradient as it arrives, on every rank alike
 BUCKETED = ("ddp", "zero2")
@@ -31,7 +29,7 @@ def left_out_by_a_short_forward(model, run_engine: Engine, world: int) -> list[t
     was_training = model.training
     model.eval()  # no activation checkpointing (its layers' graphs are made in the backward) and no dropout
     try:
-        with torch.enable_grad(), _dense_attention(model):
+        with torch.enable_grad(), dense_attention(model):
             ids = torch.zeros((1, 2), dtype=torch.long, device=next(model.parameters()).device)
             logits = model(input_ids=ids).logits
         reached = _leaves(logits.grad_fn)
@@ -41,21 +39,6 @@ def left_out_by_a_short_forward(model, run_engine: Engine, world: int) -> list[t
     finally:
         model.train(was_training)
     return [p for key, p in trained.items() if key not in reached]
-
-
-@contextlib.contextmanager
-def _dense_attention(model):
-    """sdpa (eager where the class has none) for the probe: the forward chosen for training may be a kernel that
-    wants packed inputs, or FlexAttention, which would compile for a 2-token shape."""
-    configs = list({id(c): c for c in (model.config, model.config.get_text_config())}.values())
-    before = [upstream.attn_implementation(config) for config in configs]
-    for config in configs:
-        upstream.set_attn_implementation(config, "sdpa" if upstream.supports_sdpa(model) else "eager")
-    try:
-        yield
-    finally:
-        for config, name in zip(configs, before, strict=True):
-            upstream.set_attn_implementation(config, name)
 
 
 def _leaves(root) -> set[int]:
