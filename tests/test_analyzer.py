@@ -1177,6 +1177,34 @@ def test_a_tokenizer_that_splits_special_tokens_is_not_read_from_another_setting
     assert lengths.cached_measure("local:d", after) is None
 
 
+@pytest.mark.parametrize("edited", ["lengths", "data", "shapes"])
+def test_a_length_analysis_is_measured_again_where_the_code_that_counts_changed(
+    edited, tokenizer, tmp_path, monkeypatch
+):
+    """The cached analyses (and their map's cache in datasets) were keyed by a version bumped by hand: an edit of the
+    code that counts without a bump read the old code's lengths back as current. They are keyed by a digest of that
+    code's source (this module, the files' loading, the rows' reading). Here the new code counts one more prompt
+    token."""
+    from dpotrain.data import rows, shapes
+
+    dataset = data.load_preference_dataset(write_jsonl(tmp_path / "d.jsonl", _messages_rows()))
+    before = lengths.measure(dataset, tokenizer)
+    lengths.save_cache(before, {}, "local:d", tokenizer, tmp_path / "c")
+    assert lengths.cached_measure("local:d", tokenizer, tmp_path / "c") is not None
+    module = {"lengths": lengths, "data": data, "shapes": shapes}[edited]
+    upgraded = tmp_path / f"{edited}.py"
+    upgraded.write_text(Path(module.__file__).read_text() + "\n# upgraded\n")
+    monkeypatch.setattr(module, "__file__", str(upgraded))
+    split = lengths._split_lengths
+    monkeypatch.setattr(lengths, "_split_lengths", lambda *ids: (split(*ids)[0] + 1, *split(*ids)[1:]))
+    rows.reading_code.cache_clear(), lengths.analysis_code.cache_clear()
+    try:
+        assert lengths.cached_measure("local:d", tokenizer, tmp_path / "c") is None
+        assert (lengths.measure(dataset, tokenizer).prompt == before.prompt + 1).all()
+    finally:
+        rows.reading_code.cache_clear(), lengths.analysis_code.cache_clear()
+
+
 def test_a_length_cache_cut_anywhere_is_refused_with_what_happens_next_never_read(tokenizer, tmp_path, capsys):
     """A cache file cut short (a node lost mid-write where renames are not kept whole): at every length it is refused
     with one warning saying it is measured again, and removed; never read as fewer or other lengths."""

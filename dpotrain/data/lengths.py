@@ -10,6 +10,7 @@ finds it), or analyses the split and caches it (`analyse`). Tables and plot: `le
 """
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -24,7 +25,7 @@ from unittest import mock
 
 import numpy as np
 
-from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, rows
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import (
     ROW_COLUMNS,
@@ -45,10 +46,17 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 16  # bump when the numbers an analysis produces change, so cached reports are not reused
-# 12: a JSON Lines file whose field changes type after its first 10 MiB is read as written (data.json_quoted_columns)
-# 15: a prompt column of another name read though the first row repeats it; quoted kwargs read again beside mixed
-# answers (data.prompt_column, data.exact_mixed_fields); 16: that column read though its first row is null
+
+
+@functools.cache
+def analysis_code() -> str:
+    """A digest of the code whose numbers an analysis caches: the rows' reading (`rows.reading_code`), the files'
+    loading (data) and this module's measuring and recommending (cuts). It keys the cached analyses and their map's
+    cache: a hand-bumped version, forgotten after an edit, reused the reports of the code before."""
+    digest = hashlib.sha256(rows.reading_code().encode())
+    for module in (sys.modules[__name__], data, cuts):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:
@@ -148,10 +156,10 @@ class _Refused(Exception):
 
 
 def _measure_batch(
-    batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version, no_kwargs=None
+    batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, code, no_kwargs=None
 ) -> dict:
     """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
-    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache; `no_kwargs`: what a row with a
+    back to `row_lengths`. `code` (`analysis_code`) only keys the map's cache; `no_kwargs`: what a row with a
     null `chat_template_kwargs` is rendered with (`rows.null_kwargs`)."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     unopened = {}  # chat_template.answer_problem's judgement of each message pair (`unopened_turn`)
@@ -223,7 +231,7 @@ def measure(
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, tokenizer, assistant_turns)
     check_tokenizer(tokenizer, fmt, first)
     kwargs = dict(
-        tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
+        tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, code=analysis_code()
     )
     try:
         if isinstance(dataset, datasets.Dataset):
@@ -843,7 +851,7 @@ def written_outside(*read) -> str | None:
 
 def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:
     """Where the analysis of this data set with this tokenizer is cached (`.npz`, `.json` beside it), and its key."""
-    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
+    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "code": analysis_code()}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / CACHE_FOLDERS[0]
     return folder / key, identity
