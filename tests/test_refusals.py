@@ -2038,6 +2038,28 @@ def test_a_data_file_that_does_not_read_names_its_line(name, text, expected, tmp
     assert expected in message
 
 
+@pytest.mark.parametrize("compression", [".gz", ".bz2", ".xz"])
+def test_a_cell_not_quoted_whole_in_a_compressed_csv_shard_is_refused_as_in_a_plain_file(compression, tmp_path):
+    """A folder of `.csv.gz` shards (as exports and the Hub hold them) skipped the stray-quote check and the cells'
+    reading as text: a folder was checked by each file's last suffix (`.gz`), so pandas trained `"Hi" she said` as
+    `Hi she said` without a word. Each compression `open_data` reads is checked as a plain file is (and a lone file)."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[compression]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for name, answer in (("train-0", "a"), ("train-1", '"Hi" she said')):
+        with opener(folder / f"{name}.csv{compression}", "wt", encoding="utf-8") as f:
+            f.write(f"prompt,chosen,rejected\nQ1,a,b\nQ2,{answer},b\n")
+    alone = tmp_path / f"pairs.csv{compression}"
+    shutil.copy(folder / f"train-1.csv{compression}", alone)
+    for path, bad in ((folder, folder / f"train-1.csv{compression}"), (alone, alone)):
+        with pytest.raises(ConfigError, match=re.escape(f"{bad}:3: a cell starts with '\"' but is not one quoted")):
+            data.load_preference_dataset(str(path))
+
+
 def test_a_folder_whose_files_hold_no_row_says_so(tmp_path, monkeypatch, capsys):
     """Exports of no pairs, their headers alone: "could not read the local folder ... (ValueError: Instruction "train"
     corresponds to no data!)", as if the folder's format were wrong."""

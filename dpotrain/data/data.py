@@ -362,7 +362,7 @@ def load_preference_dataset(
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         check_folder_config(name, path, config)
         check_split_files(name, path)
-        csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix in DELIMITERS]
+        csv = [p for p in (data_identity.files(str(path)) or {}).values() if format_suffix(p) in DELIMITERS]
         if not streaming:
             check_cache_room(str(path), name=config, features=csv_text_features(csv))
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
@@ -531,9 +531,10 @@ def _arrow_has_rows(path: Path) -> bool:
 
 def csv_text_features(paths):
     """`_csv_columns_as_text` for CSV files read as one data set (pandas' per-file types could not be joined); None
-    where a file is not `.csv` or the headers differ."""
+    where a file is not `.csv` or `.tsv` (compressed or not, all alike) or the headers differ."""
     paths = [Path(p) for p in paths]
-    if not paths or len({p.suffix for p in paths}) > 1 or paths[0].suffix not in DELIMITERS:
+    # By the format under a compression: a folder of `.csv.gz` shards is CSV too (its quotes were never checked)
+    if not paths or len({format_suffix(p) for p in paths}) > 1 or format_suffix(paths[0]) not in DELIMITERS:
         return None
     first = _csv_columns_as_text(paths[0])
     return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
