@@ -197,6 +197,15 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
     return tiny_model("llama", tmp_path_factory.mktemp("llama"), tiny_model_dir)
 
 
+def smoke_recipe(output_dir, model, *flags):
+    """The smoke recipe (configs/smoke.yaml) parsed for a run inside the test process: `model`, the run folder
+    `output_dir`, no tracker (W&B is a test of its own), then `flags`."""
+    from dpotrain.recipe.config import parse_args
+
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", str(model)]
+    return parse_args([*smoke, "--output_dir", str(output_dir), "--report_to", "none", *flags])
+
+
 def built(recipe, train, eval_dataset=None, callbacks=()):
     """The run's ready run (dpotrain/train_stage.py) on pairs the test holds: the run's checks, its first half on
     these pairs (`stages.given_pairs`), then the one builder, `train_stage.build_run` (the trainer with its plan)."""

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, built, rank_python, torchrun_launch
+from conftest import ROOT, accelerate_launch, built, rank_python, smoke_recipe, torchrun_launch
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -223,11 +223,9 @@ def test_the_first_half_compares_the_data_and_nothing_agreeing_ranks_decide_othe
 
     from dpotrain import stages
     from dpotrain.data import builtin
-    from dpotrain.recipe.config import parse_args
     from dpotrain.train import agreement
 
-    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
-    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    recipe = smoke_recipe(tmp_path / "run", tiny_model_dir)
     launch = stages.checks(recipe)
 
     def first_half(seed):
@@ -253,11 +251,9 @@ def test_the_first_half_compares_the_resume_point_before_the_old_run_is_replaced
 
     from dpotrain import resolve, stages
     from dpotrain.data import builtin
-    from dpotrain.recipe.config import parse_args
     from dpotrain.train import agreement
 
-    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir]
-    recipe = parse_args([*args, "--output_dir", str(tmp_path / "run"), "--report_to", "none"])
+    recipe = smoke_recipe(tmp_path / "run", tiny_model_dir)
     launch = stages.checks(recipe)
     train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=3))
     spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, None))

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from test_faults import FINAL, STEPS
 
-from conftest import ROOT, in_child, python
+from conftest import ROOT, in_child, python, smoke_recipe
 from dpotrain.data import data_identity, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -590,8 +590,9 @@ def test_a_split_files_folders_test_file_edited_between_attempts_is_said_to_be_e
     lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     (data / "train.jsonl").write_text("".join(lines[:48]))
     (data / "test.jsonl").write_text("".join(lines[48:56]))
-    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(run)]
-    recipe = parse_args([*args, "--eval_strategy", "steps", "--eval_steps", "2", "--report_to", "none"])
+    recipe = smoke_recipe(
+        run, tiny_model_dir, "--dataset_name", str(data), "--eval_strategy", "steps", "--eval_steps", "2"
+    )
     record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
     record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
     run.mkdir()
@@ -620,14 +621,13 @@ def test_a_split_files_folders_test_file_the_run_does_not_evaluate_on_does_not_b
     lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     (data / "train.jsonl").write_text("".join(lines[:48]))
     (data / "test.jsonl").write_text("".join(lines[48:56]))
-    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(run)]
     evals = ["--eval_strategy", "steps", "--eval_steps", "2"] if recorded == "steps" else ["--eval_strategy", "no"]
-    first = parse_args([*args, *evals, "--report_to", "none"])
+    first = smoke_recipe(run, tiny_model_dir, "--dataset_name", str(data), *evals)
     record = resolve.resolved_config(first, {"pairs_per_step": 8})
     record["derived"].update(stages.load_data(first, stages.checks(first)).checked)  # as the run records them
     run.mkdir()
     (run / "resolved_config.json").write_text(json.dumps(record))
-    recipe = parse_args([*args, "--eval_strategy", "no", "--report_to", "none"])
+    recipe = smoke_recipe(run, tiny_model_dir, "--dataset_name", str(data), "--eval_strategy", "no")
     (data / "test.jsonl").write_text("".join(lines[56:60]))  # 4 other pairs in place of the 8 held out
     assert resolve.changed_settings(recipe, run, 8) == []
     (data / "train.jsonl").write_text("".join(lines[:40]))
@@ -646,8 +646,7 @@ def test_a_mixture_sources_split_files_folder_is_compared_on_the_split_it_reads(
     lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     (data / "train.jsonl").write_text("".join(lines[:48]))
     (data / "test.jsonl").write_text("".join(lines[48:56]))
-    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--dataset_mixer_list", str(data), "1.0"]
-    recipe = parse_args([*args, "--output_dir", str(run), "--eval_strategy", "no", "--report_to", "none"])
+    recipe = smoke_recipe(run, tiny_model_dir, "--dataset_mixer_list", str(data), "1.0", "--eval_strategy", "no")
     record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
     record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
     run.mkdir()
@@ -683,8 +682,7 @@ def test_a_data_folders_record_holds_only_the_files_the_run_reads(given, tmp_pat
         card = "- config_name: default\n  data_files:\n  - split: train\n    path: data/pairs.jsonl\n"
         (data / "README.md").write_text(f"---\nconfigs:\n{card}---\n")
     named = ["--dataset_mixer_list", str(data), "1.0"] if "mixture" in given else ["--dataset_name", str(data)]
-    args = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, *named, "--output_dir", str(run)]
-    recipe = parse_args([*args, "--eval_strategy", "no", "--report_to", "none"])
+    recipe = smoke_recipe(run, tiny_model_dir, *named, "--eval_strategy", "no")
     record = resolve.resolved_config(recipe, {"pairs_per_step": 8})
     record["derived"].update(stages.load_data(recipe, stages.checks(recipe)).checked)  # as the run records them
     run.mkdir()
@@ -695,7 +693,7 @@ def test_a_data_folders_record_holds_only_the_files_the_run_reads(given, tmp_pat
     shutil.rmtree(data / "unused")
     assert resolve.changed_settings(recipe, run, 8) == []
     if given == "plain":  # its test split, not recorded as the first attempt did not evaluate: eval_* may change
-        evaluating = parse_args([*args, "--eval_strategy", "steps", "--eval_steps", "2", "--report_to", "none"])
+        evaluating = smoke_recipe(run, tiny_model_dir, *named, "--eval_strategy", "steps", "--eval_steps", "2")
         assert resolve.changed_settings(evaluating, run, 8) == []
     read.write_text("".join(lines[:40]))
     (changed,) = resolve.changed_settings(recipe, run, 8)

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, built, in_child, ready
+from conftest import ROOT, built, in_child, ready, smoke_recipe
 from dpotrain.data import builtin
-from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -22,8 +21,7 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 def scored(tmp_path, model_dir, rows):
     """The run's reference columns after its stage (what training reads), on the run's own checks and builder."""
-    args = ["--config", SMOKE, "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "out")]
-    recipe = parse_args([*args, "--report_to", "none", "--save_strategy", "no"])
+    recipe = smoke_recipe(tmp_path / "out", model_dir, "--save_strategy", "no")
     trainer = ready(built(recipe, datasets.Dataset.from_list(rows)))
     return trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]
 
