@@ -67,14 +67,11 @@ install_with_uv() {
   .venv/bin/python -m pip install --quiet --no-cache-dir "$UV_PIN" >/dev/null 2>&1 && [[ -x .venv/bin/uv ]] || return 1
   # Its cache beside the venv, on the same file system: the files are hard-linked into the venv, not copied, and the
   # cache is removed after (a second copy of ~6 GB, as pip's own cache would keep).
-  local cache=.venv/.uv-cache
-  if ! env ${UV_ENV[@]+"${UV_ENV[@]}"} .venv/bin/uv pip install --quiet --python .venv/bin/python --cache-dir "$cache" \
-    --compile-bytecode "${UV_ARGS[@]}" -r "$reqs"; then
-    rm -rf "$cache"
-    echo "warning: uv could not install $reqs (its error above): installing with pip" >&2
-    return 1
-  fi
+  local cache=.venv/.uv-cache rc=0
+  env ${UV_ENV[@]+"${UV_ENV[@]}"} .venv/bin/uv pip install --quiet --python .venv/bin/python --cache-dir "$cache" \
+    --compile-bytecode "${UV_ARGS[@]}" -r "$reqs" || rc=$?
   rm -rf "$cache"
+  ((rc == 0)) || { echo "warning: uv could not install $reqs (its error above): installing with pip" >&2; return 1; }
 }
 install_with_pip() {
   # --no-cache-dir: pip would keep a second copy of every downloaded wheel (~4 GB with torch's CUDA libraries) in

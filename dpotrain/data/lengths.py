@@ -50,13 +50,10 @@ DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 
 
 @functools.cache
 def analysis_code() -> str:
-    """A digest of the code whose numbers an analysis caches: the rows' reading (`rows.reading_code`), the files'
+    """A digest of the code whose numbers an analysis caches: the rows' reading (`rows.READING_MODULES`), the files'
     loading (data) and this module's measuring and recommending (cuts). It keys the cached analyses and their map's
     cache: a hand-bumped version, forgotten after an edit, reused the reports of the code before."""
-    digest = hashlib.sha256(rows.reading_code().encode())
-    for module in (sys.modules[__name__], data, cuts):
-        digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()[:16]
+    return rows.source_digest((*rows.READING_MODULES, sys.modules[__name__], data, cuts))
 
 
 def _inputs(example: dict) -> list[tuple[object, dict]]:

@@ -558,16 +558,25 @@ def usable_pairs(
     return pairs
 
 
-@functools.cache
-def reading_code() -> str:
-    """A digest of the code the maps over the pairs run (shapes, this module, chat_template, turns). datasets keys a
-    map's cache by its function's name, not its code: after an upgrade that reads rows otherwise (a repeated prompt
-    taken out, another HH split), the pairs read by the old code came back from the cache, and trained, while every
-    check ran the new code. Keyed by it, the pairs (and TRL's tokenization after them) are made again once."""
+# The modules whose code the maps over the pairs run (`reading_code`)
+READING_MODULES = (shapes, sys.modules[__name__], chat_template, turns)
+
+
+def source_digest(modules) -> str:
+    """A digest of `modules`' source files: a cache key that changes with their code."""
     digest = hashlib.sha256()
-    for module in (shapes, sys.modules[__name__], chat_template, turns):
+    for module in modules:
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
+
+
+@functools.cache
+def reading_code() -> str:
+    """A digest of the code the maps over the pairs run (`READING_MODULES`). datasets keys a map's cache by its
+    function's name, not its code: after an upgrade that reads rows otherwise (a repeated prompt taken out, another HH
+    split), the pairs read by the old code came back from the cache, and trained, while every check ran the new code.
+    Keyed by it, the pairs (and TRL's tokenization after them) are made again once."""
+    return source_digest(READING_MODULES)
 
 
 def dated_warning(fmt: RowFormat, pair: dict) -> str | None:
