@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import (
@@ -177,14 +178,16 @@ def test_a_stop_at_an_epochs_last_step_not_logged_records_it_and_the_resume_eval
     on from step 2's record and logged step 3 nowhere: every record after it 1,657 tokens short, step 3's loss lost.
     eval_strategy epoch, a stop at an epoch's last step: its checkpoint is saved and the epoch's evaluation left out to
     end in time; the resume started at the next epoch, and metrics.jsonl held no evaluation of that epoch (2 epochs of
-    2 steps stopped at step 2: evaluated at 4 alone). The resume evaluates the checkpoint's step first.
-    Both on one run: 2 epochs of 3 steps at logging_steps 2, stopped at step 3, epoch 1's last and a step not logged."""
+    2 steps stopped at step 2: evaluated at 4 alone). The resume evaluates the checkpoint's step first, without setting
+    eval_on_start: set, every checkpoint the resume saved carried eval_on_start True in its training_args.bin.
+    All on one run: 2 epochs of 3 steps at logging_steps 2, stopped at step 3, epoch 1's last and a step not logged,
+    resumed to save checkpoint-4 (a step logged all the same)."""
     lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
     data, held = tmp_path / "pairs.jsonl", tmp_path / "held.jsonl"
     data.write_text("".join(lines[:24]))
     held.write_text("".join(lines[24:29]))
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--num_train_epochs", "2", "--logging_steps", "2"]
-    args += ["--save_strategy", "no", "--eval_strategy", "epoch", "--dataset_mixer_eval_list", str(held), "1.0"]
+    args += ["--save_steps", "4", "--eval_strategy", "epoch", "--dataset_mixer_eval_list", str(held), "1.0"]
     args += ["--report_to", "none"]
     whole = start(tmp_path / "whole", tiny_model_dir, data, args=args)
     assert whole.wait(timeout=300) == 0, whole.stdout.read()[-3000:]
@@ -207,6 +210,7 @@ def test_a_stop_at_an_epochs_last_step_not_logged_records_it_and_the_resume_eval
     # the epoch's evaluation, made by the resume before its first step
     evaluated = [(r["step"], "eval_loss" in r) for r in history]
     assert evaluated == [(1, False), (2, False), (3, False), (3, True), (4, False), (6, False), (6, True)], evaluated
+    assert torch.load(out / "checkpoint-4" / "training_args.bin", weights_only=False).eval_on_start is False
     uninterrupted = [r for r in read_metrics(tmp_path / "whole") if "loss" in r]
     assert [r for r in history if "loss" in r][-1]["num_tokens"] == uninterrupted[-1]["num_tokens"]
 

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
 from trl.trainer.utils import global_then_local_main_first
@@ -168,8 +168,8 @@ def epoch_evaluation_owed(checkpoint: str, args) -> bool:
     """Whether the resumed `checkpoint` ended an epoch whose evaluation (eval_strategy epoch) it lacks: a stop at an
     epoch's last step saves and leaves the epoch's evaluation out to end in time (`CompleteMarker.on_epoch_end`), and
     the resume starts at the next epoch, so that epoch was never evaluated (metrics.jsonl went from epoch 1's training
-    to epoch 2's evaluation). Then the resumed run evaluates at its start (as `eval_on_start`), at the checkpoint's
-    step."""
+    to epoch 2's evaluation). Then the resumed run evaluates at its start, at the checkpoint's step, where
+    eval_on_start would (`OwedEvaluation`)."""
     if args.eval_strategy != "epoch":
         return False
     state = json.loads((Path(checkpoint) / resume.STATE_FILE).read_text())
@@ -197,6 +197,18 @@ def moved_up(folder: Path) -> tuple[str, ...]:
     if writes.is_dir(folder):
         folder.rmdir()
     return tuple(n for n in names if n not in (TRAINING_ARGS_NAME, ADAPTER_CARD))
+
+
+class OwedEvaluation(TrainerCallback):
+    """The evaluation a resumed checkpoint owes (`epoch_evaluation_owed`), made where transformers makes eval_on_start's
+    (`_inner_training_loop`): after every callback's on_train_begin, before the first epoch begins, at the checkpoint's
+    step, by the trainer's `evaluate` (its record logged, to metrics.jsonl and W&B, as any evaluation's)."""
+
+    def __init__(self, evaluate):
+        self.evaluate = evaluate
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.evaluate()
 
 
 class RecipeDPOTrainer(DPOTrainer):
@@ -629,11 +641,21 @@ class RecipeDPOTrainer(DPOTrainer):
         # Decided by the main process, which writes metrics.jsonl, for every rank: an evaluation is collectives, and a
         # rank whose node reads the output folder otherwise (a copy, a lagging file system) would skip them alone.
         owed = isinstance(checkpoint, str) and collectives.main_outcome(epoch_evaluation_owed, checkpoint, self.args)
-        # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
-        # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
-        with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
-            with upstream.attributes_set(self.args, eval_on_start=True) if owed else contextlib.nullcontext():
+        # Made by a callback of this call, not by setting eval_on_start: the arguments stay the recipe's, and so does
+        # every checkpoint's training_args.bin (eval_on_start already asked evaluates there once)
+        ignore_keys = kwargs.get("ignore_keys_for_eval")
+        owed_evaluation = OwedEvaluation(functools.partial(self.evaluate, ignore_keys=ignore_keys))
+        if owed and not self.args.eval_on_start:
+            self.add_callback(owed_evaluation)  # the last: every other callback has begun (metrics trimmed, W&B on)
+        try:
+            # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder
+            # but the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker)
+            # replaces it.
+            with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
                 return super().train(*args, **kwargs)
+        finally:
+            if owed_evaluation in self.callback_handler.callbacks:
+                self.remove_callback(owed_evaluation)
 
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), scored, in place of the tokenized one."""
