@@ -289,7 +289,7 @@ def test_a_run_whose_every_fp16_step_the_loss_scaler_skipped_stops_having_traine
         g, args = guard("--fp16", "true")
         accelerator = SimpleNamespace(optimizer_step_was_skipped=True)
         g.watch(accelerator)
-        state = SimpleNamespace(global_step=0, max_steps=max_steps, is_world_process_zero=True)
+        state = SimpleNamespace(global_step=0, max_steps=max_steps, is_world_process_zero=True, stateful_callbacks={})
         control = SimpleNamespace(should_training_stop=False, should_save=True, should_log=False)
         g.on_train_begin(args, state, control)
         for state.global_step in range(1, max_steps + 1):
@@ -303,17 +303,57 @@ def test_a_run_whose_every_fp16_step_the_loss_scaler_skipped_stops_having_traine
             continue
         assert state.global_step == stopped_at and g.stop.guard == "fp16_skipped" and g.stop.fatal
         assert control.should_training_stop and not control.should_save
-        assert f"skipped every one of this start's {stopped_at} optimizer steps" in capsys.readouterr().err
+        assert f"skipped every one of the run's {stopped_at} optimizer steps" in capsys.readouterr().err
         assert health.stop_line(g.stop, "out").startswith(
             f"health: training STOPPED at step {stopped_at} by the fp16_skipped guard; no checkpoint written: nothing "
             "was trained."
         )
     g, args = guard()  # fp32 (or bf16): no scaler, nothing counted
     g.watch(SimpleNamespace(optimizer_step_was_skipped=True))
-    state = SimpleNamespace(global_step=1, max_steps=1, is_world_process_zero=True)
+    state = SimpleNamespace(global_step=1, max_steps=1, is_world_process_zero=True, stateful_callbacks={})
     g.on_optimizer_step(args, state, control)
     g.on_step_end(args, state, control)
-    assert g.stop is None
+    assert g.stop is None and state.stateful_callbacks == {}
+
+
+@pytest.mark.parametrize(
+    "kept, start, max_steps, stopped_at",
+    [
+        ({"taken": 8, "skipped": 5}, 8, 10, None),  # the run trained before the checkpoint: its last 2 steps skipping
+        (None, 8, 10, None),  # a checkpoint written before the count was kept: its 8 steps count as trained
+        (
+            {"taken": 8, "skipped": 8},
+            8,
+            10,
+            10,
+        ),  # every step skipped, before the checkpoint and after: at the run's end
+        ({"taken": 30, "skipped": 30}, 30, 100, 40),  # 40 skips in a row over two starts (this start's alone: step 70)
+    ],
+)
+def test_fp16_skipped_counts_the_runs_steps_across_a_resume(guard, kept, start, max_steps, stopped_at):
+    """The fp16_skipped guard counted this start's steps alone: a resume whose 2 remaining steps both skipped stopped
+    as a run that trained nothing ("every one of this start's 2 optimizer steps"), its checkpoint's 3 trained steps
+    aside, and the same command was refused. The run's count is kept in the checkpoint's trainer state and read back."""
+    g, args = guard("--fp16", "true")
+    g.watch(SimpleNamespace(optimizer_step_was_skipped=True))
+    state = SimpleNamespace(global_step=start, max_steps=max_steps, is_world_process_zero=True, log_history=[])
+    state.stateful_callbacks = {} if kept is None else {health.FP16_STEPS: kept}
+    control = SimpleNamespace(should_training_stop=False, should_save=True, should_log=False)
+    g.on_train_begin(args, state, control)
+    for state.global_step in range(start + 1, max_steps + 1):
+        g.on_optimizer_step(args, state, control)
+        g.on_step_end(args, state, control)
+        if control.should_training_stop:
+            break
+    stopped = (g.stop.guard, state.global_step) if g.stop else None
+    assert stopped == (("fp16_skipped", stopped_at) if stopped_at else None)
+    kept = kept or {"taken": start, "skipped": 0}
+    this_start = state.global_step - start
+    # what the next checkpoint's trainer_state.json keeps
+    assert state.stateful_callbacks[health.FP16_STEPS] == {
+        "taken": kept["taken"] + this_start,
+        "skipped": kept["skipped"] + this_start,
+    }
 
 
 def test_accuracy_pinned_on_one_pair_reads_in_the_singular(tmp_path):

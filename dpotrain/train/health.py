@@ -33,6 +33,10 @@ HEALTH_STOP_EXIT = 3  # as preflight's "fail": the run is doomed, a retry would 
 # 2^-24, where fp16 gradients underflow rather than overflow, so a run whose first 40 steps were all skipped is not in
 # the scaler's warm-up: it trains nothing, and would go on doing so
 FP16_ALL_SKIPPED = 40
+# The run's optimizer steps under fp16 and those its loss scaler skipped, {"taken": n, "skipped": m}, kept in the
+# checkpoint's trainer_state.json (a key of its `stateful_callbacks`, as samples.SAMPLED): a resume counts on from the
+# checkpoint's, so a run that trained before it is not stopped as one that trained nothing
+FP16_STEPS = "fp16_steps"
 
 
 @dataclass
@@ -74,7 +78,7 @@ class HealthGuard(TrainerCallback):
         self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
         self._dropout: list[str] = []  # the dropout training keeps on (dropout.active), read at the start
         self.overflowed: int | None = None  # the last logged step whose fp16 gradients overflowed (`check`)
-        self._taken = self._skipped = 0  # this start's optimizer steps under fp16, and those its loss scaler skipped
+        self._taken = self._skipped = 0  # the run's optimizer steps under fp16, and those its loss scaler skipped
         self._accelerator = None  # the trainer's (`watch`)
 
     def watch(self, accelerator) -> None:
@@ -88,6 +92,9 @@ class HealthGuard(TrainerCallback):
         if self._fresh and self._dropout and self.p.health_step1_tolerance > 0 and state.is_world_process_zero:
             print(f"health: {step1_unjudged(self._dropout)}", file=sys.stderr, flush=True)
         self._last_step = state.global_step
+        if args.fp16:  # A checkpoint written before FP16_STEPS was kept holds none: its steps count as trained
+            counted = state.stateful_callbacks.get(FP16_STEPS, {"taken": state.global_step, "skipped": 0})
+            self._taken, self._skipped = counted["taken"], counted["skipped"]
         if not self._fresh:  # the pinned pairs counted up to the checkpoint: counted from 0, a resume missed the stop
             # From the checkpoint's trainer state, which every rank holds alike (every record metrics.jsonl got), not
             # from metrics.jsonl: that file may be deleted or edited between attempts, or seen late on another node.
@@ -108,6 +115,7 @@ class HealthGuard(TrainerCallback):
         if args.fp16 and self._accelerator is not None:
             self._taken += 1
             self._skipped += bool(self._accelerator.optimizer_step_was_skipped)
+            state.stateful_callbacks[FP16_STEPS] = {"taken": self._taken, "skipped": self._skipped}
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._fresh and state.global_step == 1:
@@ -117,7 +125,7 @@ class HealthGuard(TrainerCallback):
         taken = self._taken
         if taken and self._skipped == taken and (taken >= FP16_ALL_SKIPPED or state.global_step >= state.max_steps):
             message = (
-                f"fp16's loss scaler skipped every one of this start's {taken} optimizer steps (its gradients "
+                f"fp16's loss scaler skipped every one of the run's {taken} optimizer steps (its gradients "
                 "overflowed each time): the weights are the ones it started from, and nothing was trained. Use bf16 "
                 "on a GPU that has it (Ampere or newer), which needs no scaler; else lower --learning_rate and "
                 "check the data for rows far longer than the rest"
