@@ -29,7 +29,7 @@ with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's ve
     from dpotrain.hub import hub
     from dpotrain.plan import memory
     from dpotrain.recipe import hub_switches, launcher, writes
-    from dpotrain.recipe.config import dry_run_asked, parse_args
+    from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError, RunError, run_command, warn
     from dpotrain.train import agreement, disk_full, resume
     from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
@@ -75,8 +75,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     venv.load_env(ROOT)  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...: for an importer (a command has read it above)
     writes.progress_bars_on_main_only()  # one copy of each bar in a launch's log, not one per rank
     stdout = sys.stdout
-    with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
-        recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    recipe = parse_args(argv)  # a dry run's parse prints to stderr: its stdout is the summary alone
     stop.take_recipe(recipe)
     disk_full.take_output_dir(recipe.training.output_dir)  # a failed write that names no file: looked for there too
     if recipe.project.dry_run or recipe.project.preflight:

@@ -972,11 +972,12 @@ def test_a_home_path_the_shell_did_not_expand_is_the_home_folders(tmp_path, monk
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
 def test_one_dry_run_flag_however_it_is_spelled(spelling, tmp_path, capsys, no_credentials):
     """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""
-    from dpotrain.recipe.config import dry_run_asked as asked
+    from dpotrain.recipe.config import dry_run_flag as flag
 
-    assert asked(spelling) and not asked(["--dry_run=false"]) and not asked(["--dry_run", "no"])
+    assert flag(spelling) is True and flag(["--dry_run=false"]) is False and flag(["--dry_run", "no"]) is False
     # The last one decides, as the run's parser takes it
-    assert not asked([*spelling, "--max_steps", "4", "--dry-run", "false"]) and asked(["--dry_run=false", *spelling])
+    assert flag([*spelling, "--max_steps", "4", "--dry-run", "false"]) is False
+    assert flag(["--dry_run=false", *spelling]) is True
     with pytest.raises(SystemExit) as ended:
         run_cli(
             lambda: train_dpo.main(
@@ -996,21 +997,41 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, tmp_path, capsys, no_c
     assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
 
 
-def test_a_recipes_dry_run_is_planned_as_the_flags_is(tmp_path, capsys, no_credentials):
+def test_a_recipes_dry_run_is_planned_as_the_flags_is(tmp_path, capsys, monkeypatch, no_credentials):
     """A recipe's `dry_run: true` (docs/slurm.md: a job of it plans and ends) was a dry run planned as a run: on a
     login node without a GPU a bf16 recipe stopped on transformers' bf16/GPU check, which `--dry-run` skips, and its
-    `--json` shared stdout with the libraries' lines. `--dry_run false` still turns it off."""
+    `--json` shared stdout with the libraries' lines. `--dry_run false` still turns it off. Decided from the one
+    reading of the recipe that the run parses: the file was read three times before the run had its recipe (for the
+    decision in train_dpo, again in parse_args, then by read_recipe), and an edit between them was two recipes."""
+    import builtins
+    import io
+
     from dpotrain.recipe.config import dry_run_asked as asked
 
     recipe = tmp_path / "instruct-dry.yaml"
     recipe.write_text((ROOT / "configs" / "instruct.yaml").read_text() + "\ndry_run: true\n")
     argv = ["--config", str(recipe), "--model_name_or_path", "configs/models/olmo3-7b"]
-    assert asked(argv) and not asked([*argv, "--dry_run", "false"])
+    assert asked(None, {"dry_run": True}) and not asked(False, {"dry_run": True}) and not asked(None, {})
+    opened, parsed, real_open, real_parse = [], [], io.open, train_dpo.parse_args
+
+    def counted(file, *args, **kwargs):  # every open of the recipe: pathlib's reads go through io.open
+        opened.extend([file] if isinstance(file, (str, os.PathLike)) and Path(file) == recipe else [])
+        return real_open(file, *args, **kwargs)
+
+    def parse(*args):
+        read = real_parse(*args)
+        parsed.append((read.project.dry_run, len(opened)))  # the recipe's reads by the time the run has its recipe
+        return read
+
+    monkeypatch.setattr(io, "open", counted)
+    monkeypatch.setattr(builtins, "open", counted)
+    monkeypatch.setattr(train_dpo, "parse_args", parse)
     with pytest.raises(SystemExit) as ended:
         run_cli(lambda: train_dpo.main([*argv, "--output_dir", str(tmp_path / "instruct-dpo"), "--json"]))
     out, err = capsys.readouterr()
     assert ended.value.code in (None, 0), err
     assert json.loads(out)["derived"]["memory"]["per_gpu_gib"] and "bf16/gpu" not in err
+    assert parsed == [(True, 1)]
 
 
 @pytest.mark.slow

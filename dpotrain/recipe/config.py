@@ -422,6 +422,11 @@ def _suggest(name: str) -> str:
 def read_recipe(path: str, planning: bool = False) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field. `planning`: a dry
     run's (the analyzer's, prefetch.py's): outside a Slurm job it leaves unset what names the job's SLURM_ variables."""
+    return _env_read(path, _recipe_checked(path), planning)
+
+
+def _recipe_checked(path: str) -> dict:
+    """The recipe file at `path`, read once, every key a field; its `env:` block as written (`_env_read`)."""
     writes.check_path_limit("config", path)
     if Path(path).is_dir():  # there, but not a file: "not found" sent the user looking for it
         inside = sorted(Path(path).glob("*.yaml")) + sorted(Path(path).glob("*.yml"))
@@ -460,6 +465,11 @@ def read_recipe(path: str, planning: bool = False) -> dict:
     _refuse_several_values(path, config)
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
+    return config
+
+
+def _env_read(path: str, config: dict, planning: bool) -> dict:
+    """The checked recipe `config` with its `env:` block's values as the run sets them (`planning`: `read_recipe`)."""
     taken = {}  # what the block sets: the environment wins, and `WANDB_PROJECT:` with no value sets nothing
     left_to_job = set()
     for name, value in (config.get("env") or {}).items():
@@ -752,7 +762,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     typed_here = argv is None  # a person's command line; a program's words (a test, a notebook) may layer overrides
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
-    dry = dry_run_asked(argv)  # with the recipe's `dry_run: true`, before --config is taken out of argv
+    flag = dry_run_flag(argv)  # the recipe's `dry_run: true` is read with the recipe, once (`dry_run_asked`)
     parser = _parser()
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
         print(usage.short_help(parser, ProjectArguments))
@@ -764,7 +774,16 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config_path, argv = take_config(argv)
     if typed_here:
         warn_given_twice(argv, _options(), LAUNCHER_FIELDS, ALIASES)
-    config = read_recipe(config_path, planning=dry) if config_path is not None else {}
+    checked = _recipe_checked(config_path) if config_path is not None else {}
+    dry = dry_run_asked(flag, checked)  # before its env: block is read, which a dry run reads as planning
+    config = _env_read(config_path, checked, planning=dry) if config_path is not None else {}
+    # stdout: a dry run's summary alone; transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    with contextlib.redirect_stdout(sys.stderr) if dry else contextlib.nullcontext():
+        return _built(argv, config, config_path, dry, parser, typed)
+
+
+def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, parser, typed) -> Recipe:
+    """The recipe from the command line's words (without --config) over the recipe file's `config`, checked."""
     _take_env_block(config.pop("env", None) or {})
     left_to_job = config.pop(LEFT_TO_JOB, frozenset())
     launcher.check_process_counts()
@@ -1430,20 +1449,12 @@ def _check_finite(*parts) -> None:
                 )
 
 
-def dry_run_asked(argv: list[str]) -> bool:
-    """Whether `argv` (with its `--config`) asks for a dry run: its flag, else the recipe's `dry_run: true`, as a Slurm
-    job reads it (cluster/job.py's `asks`). The command line's flag alone was read: a recipe's dry run was planned as a
-    run (a bf16 recipe refused on a login node's CPU, a job's `$SLURM_JOB_ID` folder refused outside the job)."""
-    given = dry_run_flag(argv)
-    if given is not None:
-        return given
-    try:
-        path = take_config(argv)[0]
-        # a file alone: a pipe (`--config <(...)`) read here blocked, or was empty for read_recipe, which refuses it
-        readable = path is not None and Path(path).is_file()
-        return readable and str(recipe_file.load(path).get("dry_run", False)).lower() in TRUE
-    except (ConfigError, OSError):  # a recipe that does not read: read_recipe refuses it in its own words
-        return False
+def dry_run_asked(flag: bool | None, recipe: dict) -> bool:
+    """Whether a run is a dry run: the command line's `flag` (`dry_run_flag`), else the `recipe` read from its
+    --config (`dry_run: true`), as a Slurm job reads it (cluster/job.py's `asks`). The command line's flag alone was
+    read: a recipe's dry run was planned as a run (a bf16 recipe refused on a login node's CPU, a job's `$SLURM_JOB_ID`
+    folder refused outside the job)."""
+    return flag if flag is not None else str(recipe.get("dry_run", False)).lower() in TRUE
 
 
 def dry_run_flag(argv: list[str], field: str = "dry_run") -> bool | None:
