@@ -592,6 +592,33 @@ def test_after_ctrl_c_a_run_whose_tee_died_says_its_stop_in_the_terminal(pipe_fo
     assert code == 0, shown + stderr[-3000:]
 
 
+def test_a_ctrl_c_one_run_heard_is_not_the_next_runs_in_the_same_process(monkeypatch):
+    """Two runs in one process (train_dpo.main called twice, in a notebook): the first run's Ctrl-C stayed heard for
+    the process, and the second run's lines, their pipe's reader gone (`| head`, no Ctrl-C), went to the terminal as
+    after one, not to /dev/null. Each run's stop is made first (`main`): the Ctrl-C heard is that run's."""
+    from dpotrain.train.preemption import GracefulStop
+
+    sent = []  # where each stream whose reader is gone was pointed: True, the terminal; False, /dev/null
+    monkeypatch.setattr(terminal, "detach", lambda fds, to_terminal=False: sent.append(to_terminal))
+    monkeypatch.setattr(terminal, "_reader_gone", [])
+    monkeypatch.setattr(terminal, "_ctrl_c", [False])
+    reader, writer = os.pipe()
+    os.close(reader)  # the pipe's reader gone
+    try:
+        first = GracefulStop()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the first run's Ctrl-C, heard by its handler
+            assert first.interrupted
+        finally:
+            first.release(exiting=False)
+        terminal._readers_gone(writer)  # the first run's pipe after its Ctrl-C: the terminal
+        GracefulStop().release(exiting=False)  # the second run's stop, made as it starts
+        terminal._readers_gone(writer)  # its pipe's reader gone, with no Ctrl-C: /dev/null
+    finally:
+        os.close(writer)
+    assert sent == [True, False]
+
+
 @pytest.mark.parametrize("spelling", ["_", "-"])
 def test_the_command_printed_to_go_on_drops_overwrite_and_resume_in_either_spelling(spelling, monkeypatch):
     """The parser takes `--resume-from-checkpoint` for `--resume_from_checkpoint`: printed back after a Ctrl-C in the

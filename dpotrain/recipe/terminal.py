@@ -15,7 +15,7 @@ import sys
 
 STREAMS = (1, 2)  # stdout, stderr
 _reader_gone: list[int] = []  # the streams pointed elsewhere because their pipe's reader is gone
-_ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`)
+_ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`), until the next run begins (`run_begins`)
 
 
 def detach(fds: list[int], to_terminal: bool = False) -> None:
@@ -29,6 +29,14 @@ def detach(fds: list[int], to_terminal: bool = False) -> None:
     for fd in fds:
         os.dup2(target, fd)
     os.close(target)
+
+
+def run_begins() -> None:
+    """A run's stop is made (`GracefulStop`): no Ctrl-C heard yet. One that a run before in this process heard
+    (train_dpo.main called again, in a notebook) was that run's, kept past its end for its last lines (run_cli's, after
+    main returns): kept on, a later run's lines, their pipe's reader gone (`| head`), went to the terminal as after a
+    Ctrl-C."""
+    _ctrl_c[0] = False
 
 
 def heard_ctrl_c() -> None:

@@ -100,6 +100,7 @@ class GracefulStop(TrainerCallback):
         # a stop without it writes NOTHING_SAVED (mark_saved). Set by on_save, the reference stage, the final push.
         self.saved = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
+        terminal.run_begins()  # a Ctrl-C heard is this run's: one before it was a run's before it in this process
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.pushing_only = False  # a rerun that trains nothing, completing a push (`nothing_to_train`)
         self.ending_only = False  # one that pushes nothing either: offline, its push left for push_to_hub.py
