@@ -1117,14 +1117,17 @@ def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, si
     """docs/hub.md: `HF_HUB_OFFLINE=1` in `.env` does what it does in the environment. huggingface_hub and datasets
     read it once, as they are imported, and train_dpo.py read .env after its imports: this job, its model and data set
     cached, asked the silent Hub for every file it loaded (more than 60 s for the model's config alone), though the
-    run's own checks took it for offline. The project is a copy of train_dpo.py beside the package, with its .env."""
+    run's own checks took it for offline. The project is a copy of train_dpo.py beside the package, with its .env.
+    HF_HOME, where the model and data set are cached, is given in .env alone: huggingface_hub and datasets take their
+    cache folders from it as they are imported, and main()'s own reading of .env (an importer's) hands them only the
+    offline switches, so this run finds its model only where .env is read before the imports."""
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(ROOT / "train_dpo.py", project)
     (project / "dpotrain").symlink_to(ROOT / "dpotrain")
-    (project / ".env").write_text("HF_HUB_OFFLINE=1\n")
+    (project / ".env").write_text(f"HF_HUB_OFFLINE=1\nHF_HOME={hf_home}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
-    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint)
+    env.update(HF_ENDPOINT=silent_endpoint)
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--dataset_name", DATASET]
     args += ["--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
     try:
