@@ -72,7 +72,8 @@ def importers_own() -> ExitStack:
 def run(argv, stop: GracefulStop) -> int | None:
     """The run, stage by stage (dpotrain/stages.py for the first half, docs/architecture.md for all of them)."""
     offline.start_run()  # no answer from the Hub yet: one a run before in this process got is not this run's
-    venv.load_env(ROOT)  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...: for an importer (a command has read it above)
+    if __name__ != "__main__":  # an importer (a notebook, the tests); a command read it before its imports, once
+        venv.load_env(ROOT)  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...
     writes.progress_bars_on_main_only()  # one copy of each bar in a launch's log, not one per rank
     stdout = sys.stdout
     recipe = parse_args(argv)  # a dry run's parse prints to stderr: its stdout is the summary alone

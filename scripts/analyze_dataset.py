@@ -246,7 +246,8 @@ def _same_data(named, dataset: str) -> bool:
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
     offline.start_run()  # no answer from the Hub yet: one an earlier command in this process got is not this one's
-    venv.load_env(ROOT)  # HF_TOKEN for gated or private data sets: for an importer (a command has read it above)
+    if __name__ != "__main__":  # an importer (the tests); a command read it before its imports, once
+        venv.load_env(ROOT)  # HF_TOKEN for gated or private data sets
     try:
         args = parse_args(argv)
     except ConfigError as e:

@@ -42,7 +42,8 @@ with venv.loading_libraries():  # Ctrl-C while they load: one line, not the trac
 
 def main(argv: list[str] | None = None) -> None:
     offline.start_run()  # no answer from the Hub yet: one an earlier command in this process got is not this one's
-    venv.load_env(ROOT)  # HF_TOKEN for gated or private repos: for an importer (a command has read it above)
+    if __name__ != "__main__":  # an importer (the tests); a command read it before its imports, once
+        venv.load_env(ROOT)  # HF_TOKEN for gated or private repos
     # The overrides it passes on are train_dpo.py's (the README's step 4 gives it --model_name_or_path): its --help
     # listed --config, --split and --revision alone, so a user reading it took the model for the recipe's only.
     overrides = (

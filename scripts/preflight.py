@@ -48,7 +48,8 @@ def parse_own(argv):
 
 
 def main(argv=None) -> int:
-    venv.load_env(ROOT)  # HF_TOKEN for gated models and data sets: for an importer (a command has read it above)
+    if __name__ != "__main__":  # an importer (the tests); a command read it before its imports, once
+        venv.load_env(ROOT)  # HF_TOKEN for gated models and data sets
     own, rest = parse_own(sys.argv[1:] if argv is None else argv)
     preflight.check_outputs(own.json, own.plot)  # before anything loads
     import torch

@@ -60,7 +60,8 @@ def check_is_a_run(run: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    venv.load_env(ROOT)  # HF_TOKEN: for an importer (a command has read it above)
+    if __name__ != "__main__":  # an importer (the tests); a command read it before its imports, once
+        venv.load_env(ROOT)  # HF_TOKEN
     parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")

@@ -1182,7 +1182,7 @@ def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(t
         "HF_DATASETS_CACHE": str(submitted / "ds"),
     }, found
     assert lengths.cache_root() == project / "cache"
-    venv.load_env(project)  # read again (main() reads it after the command did): the same folders
+    venv.load_env(project)  # read again (an importer's main(), after its first run): the same folders
     assert {name: os.environ.get(name) for name in names} == found
     monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR")  # not a job: the shell's is the folder the command runs in
     monkeypatch.setenv("HF_DATASETS_CACHE", "ds")

@@ -1120,7 +1120,8 @@ def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, si
     run's own checks took it for offline. The project is a copy of train_dpo.py beside the package, with its .env.
     HF_HOME, where the model and data set are cached, is given in .env alone: huggingface_hub and datasets take their
     cache folders from it as they are imported, and main()'s own reading of .env (an importer's) hands them only the
-    offline switches, so this run finds its model only where .env is read before the imports."""
+    offline switches, so this run finds its model only where .env is read before the imports. Read once: a command
+    read it before its imports and again in main() (an importer's reading), each time twice (checked, then parsed)."""
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(ROOT / "train_dpo.py", project)
@@ -1132,7 +1133,7 @@ def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, si
     args += ["--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
     try:
         result = subprocess.run(
-            [PYTHON, str(project / "train_dpo.py"), *args],
+            [PYTHON, "-c", COUNTING_ENV_OPENS, str(project / "train_dpo.py"), *args],
             cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,
@@ -1144,6 +1145,24 @@ def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, si
         pytest.fail(f"the job waited on the silent Hub: {(e.stdout or b'')[-2000:]!r}")
     assert result.returncode == 0, result.stdout[-3000:]
     assert (tmp_path / "run" / "run_complete.json").exists()
+    assert ".env opened 1 time(s)" in result.stdout, result.stdout[-3000:]
+
+
+# `python SCRIPT ARGS` as Python runs it (`__main__`, the script's folder first on sys.path), counting the opens of the
+# script's `.env` (an audit hook: every open, whoever makes it), said as the process exits.
+COUNTING_ENV_OPENS = r"""
+import atexit, os, runpy, sys
+script = sys.argv[1]
+env_file = os.path.join(os.path.dirname(os.path.realpath(script)), ".env")
+opened = []
+def count(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        opened.extend([1] if os.path.realpath(os.fsdecode(args[0])) == env_file else [])
+sys.addaudithook(count)
+atexit.register(lambda: print(f".env opened {len(opened)} time(s)", file=sys.stderr, flush=True))
+sys.argv, sys.path[0] = sys.argv[1:], os.path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
 
 
 # Each command the way it runs, in one process that paid its imports first: what is counted is the command's own

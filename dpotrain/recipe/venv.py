@@ -123,16 +123,16 @@ def load_env(root: Path) -> None:
     """The project's `.env` in `root` (HF_TOKEN, WANDB_API_KEY, HF_HUB_OFFLINE, ...) into the environment, which wins
     over it. Read before the stack is imported, since huggingface_hub and datasets read HF_HUB_OFFLINE, HF_HOME and
     HF_ENDPOINT once, as they are imported (read after them, `.env`'s HF_HUB_OFFLINE=1 left an offline job retrying
-    every file for minutes); read again in main() for a caller that imported them (a notebook, the tests), whose
+    every file for minutes); read in main() instead for a caller that imported them (a notebook, the tests), whose
     libraries are then handed its offline switches."""
     from dotenv import dotenv_values  # `require` checked it is installed
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
-    check_env_file(root / ".env")
-    # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; read once, then its folders expanded (a
-    # `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
+    text = check_env_file(root / ".env")
+    # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; the text checked, then its folders expanded
+    # (a `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
     # token", and the tests mean it so): where it hides `.env`'s value, the message asking for it says so (`hidden`).
-    values = dotenv_values(root / ".env")
+    values = {} if text is None else dotenv_values(stream=io.StringIO(text, newline=None))
     refuse_launcher_variables(root / ".env", values)
     taken = {k: v for k, v in values.items() if v is not None and k not in os.environ}
     os.environ.update(taken)
@@ -178,12 +178,13 @@ def is_utf16(data: bytes) -> bool:
     return data.startswith((b"\xff\xfe", b"\xfe\xff")) or data.count(b"\0") * 3 > len(data)
 
 
-def check_env_file(path: Path) -> None:
-    """Every line of `.env` readable: python-dotenv skips one it cannot read (an unclosed quote, `NAME: value`), with a
-    warning naming no file, and what it set was then missing (push_to_hub.py: "add HF_TOKEN=... to .env"); one not
-    UTF-8 (UTF-16 as PowerShell 5 writes it) was a UnicodeDecodeError traceback from every entry point."""
+def check_env_file(path: Path) -> str | None:
+    """`.env`'s text, every line of it readable; None where there is none. Unchecked, python-dotenv skips a line it
+    cannot read (an unclosed quote, `NAME: value`), with a warning naming no file, and what it set was then missing
+    (push_to_hub.py: "add HF_TOKEN=... to .env"); one not UTF-8 (UTF-16 as PowerShell 5 writes it) was a
+    UnicodeDecodeError traceback from every entry point."""
     if not os.path.lexists(path):
-        return
+        return None
     # Skipped as absent, python-dotenv's way, a `.env` there but not readable left every value in it unset without a
     # word (HF_HOME, HF_HUB_OFFLINE, WANDB_MODE=offline ignored, a job's cache in the home quota); unreadable, it
     # was a PermissionError traceback from every entry point.
@@ -210,6 +211,7 @@ def check_env_file(path: Path) -> None:
             f"error: {path} line {bad} is not NAME=value (python-dotenv cannot read it, so it sets nothing): write it "
             "as NAME=value, with any quote closed"
         )
+    return text
 
 
 # Read by scripts/launch.sh alone, from the environment the job starts with (the shell never reads `.env`); nothing in
