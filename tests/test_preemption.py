@@ -187,9 +187,9 @@ def test_a_stop_at_an_epochs_last_step_not_logged_records_it_and_the_resume_eval
     data.write_text("".join(lines[:24]))
     held.write_text("".join(lines[24:29]))
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--num_train_epochs", "2", "--logging_steps", "2"]
-    args += ["--save_steps", "4", "--eval_strategy", "epoch", "--dataset_mixer_eval_list", str(held), "1.0"]
-    args += ["--report_to", "none"]
-    whole = start(tmp_path / "whole", tiny_model_dir, data, args=args)
+    args += ["--eval_strategy", "epoch", "--dataset_mixer_eval_list", str(held), "1.0", "--report_to", "none"]
+    whole = start(tmp_path / "whole", tiny_model_dir, data, args=[*args, "--save_strategy", "no"])
+    args += ["--save_steps", "4"]  # the stopped run's and its resume's: checkpoint-4 is the resume's
     assert whole.wait(timeout=300) == 0, whole.stdout.read()[-3000:]
     stop_file, out, paused = tmp_path / "stop", tmp_path / "run", tmp_path / "paused"
     # Paused before step 2's record (metrics.jsonl read at the start, then steps 1 and 2): a stop asked there is taken
