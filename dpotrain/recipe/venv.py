@@ -77,9 +77,11 @@ def import_torch() -> None:
 def entry_point(root: Path, command: bool):
     """Around an entry point's imports of the stack, in their order: the venv checked (`require`); run as a command
     (not imported), the project's `.env` (`load_env`: the libraries read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT as
-    they are imported); torch first (`import_torch`). A Ctrl-C while they load is one line (`loading_libraries`)."""
+    they are imported); torch first (`import_torch`). A Ctrl-C while they load is one line (`loading_libraries`).
+    What the libraries print while imported goes to stderr: transformers prints "[INFO] Running in WANDB offline mode"
+    to stdout with WANDB_MODE=offline, which came before a dry run's `--json` and broke `| jq`."""
     require()
-    with loading_libraries():
+    with loading_libraries(), contextlib.redirect_stdout(sys.stderr):
         if command:
             load_env(root)
         import_torch()
