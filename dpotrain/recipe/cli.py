@@ -6,12 +6,11 @@ naming the closest known one instead of argparse's usage dump.
 """
 
 import argparse
-import difflib
 import itertools
 import sys
 
 from dpotrain.recipe import upstream, usage
-from dpotrain.recipe.errors import ConfigError, warn
+from dpotrain.recipe.errors import ConfigError, closest, warn
 
 # The flags whose values no line prints (config.without_secrets drops them from a printed command)
 TOKEN_FLAGS = ("--hub_token", "--hub-token")
@@ -90,7 +89,7 @@ class Parser(argparse.ArgumentParser):
         words = message.split(": ", 1)[-1].split()
         unknown = next((w.split("=")[0] for w in words if w.startswith("-")), None)
         if message.startswith("unrecognized arguments") and unknown:
-            close = difflib.get_close_matches(unknown, list(upstream.long_flags(self)), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            close = closest(unknown, upstream.long_flags(self))
+            hint = f" (did you mean {close}?)" if close else ""
             raise ConfigError(f"unknown argument {unknown!r}{hint}; see {self.prog} --help")
         raise ConfigError(f"{message}; see {self.prog} --help")

@@ -25,12 +25,20 @@ def cause(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
 
 
+def closest(name: str, known, cutoff: float = 0.6) -> str | None:
+    """The one of `known` that `name` is likeliest a misspelling of (difflib's similarity ratio at least `cutoff`), for
+    every "did you mean"; None when none is that close. 0.6, difflib's own, where the list is a few dozen names; a
+    caller with hundreds raises it (config._suggest)."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def unknown_key_fix(key: str, known) -> str:
     """The fix for a key its reader does not take (`split_batchs`): the known key it may be a misspelling of, else the
     keys it takes."""
     known = sorted(known)
-    close = difflib.get_close_matches(key, known, n=1)
-    return f"did you mean {close[0]!r}? Else remove it" if close else f"remove it (it takes {', '.join(known)})"
+    close = closest(key, known)
+    return f"did you mean {close!r}? Else remove it" if close else f"remove it (it takes {', '.join(known)})"
 
 
 def size(n: int | None) -> str:

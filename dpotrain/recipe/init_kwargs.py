@@ -2,8 +2,9 @@
 secret, only how the files are read, an override of the model's config, or none of these (refused). Read by the checks
 (options.py), the resume comparison (resolve.py) and the reference cache's key (reference.py)."""
 
-import difflib
 import json
+
+from dpotrain.recipe.errors import closest
 
 # model_init_kwargs keys the run decides from its own fields, plans by and records: they would win at load time
 DECIDED_INIT_KWARGS = {
@@ -70,8 +71,8 @@ def not_taken(key: str, value, config) -> str:
         inside = {key: value} if sub and key in fields[holder] else _with(fields[holder], key, value)
         given = json.dumps({holder: inside}, sort_keys=True, default=str)
         fix = f"set it inside {holder}: --model_init_kwargs '{given}'"
-    elif close := difflib.get_close_matches(key, list(fields), n=1):
-        fix = f"did you mean {close[0]!r}? Else remove {key!r} from model_init_kwargs"
+    elif close := closest(key, fields):
+        fix = f"did you mean {close!r}? Else remove {key!r} from model_init_kwargs"
     else:
         fix = f"remove {key!r} from model_init_kwargs"
     return (
