@@ -20,7 +20,7 @@ from dpotrain.cluster import sequence_parallel
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice
 from dpotrain.hub import hub
-from dpotrain.plan import memory, plan
+from dpotrain.plan import memory, memory_advice, plan
 from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
@@ -133,6 +133,28 @@ def test_no_group_is_offered_to_an_attention_a_group_does_not_run(think_dry_run)
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
     assert "--sequence_parallel_size" not in error, error
+
+
+def test_a_refusal_weighs_groups_only_for_rows_and_attentions_a_group_splits():
+    """The groups a refusal weighs (`Advisor.group_sizes`, the `sequence` lever): packed rows on an attention Ulysses
+    splits (forwards/sequence_parallel.ATTENTION). None for eager, whether asked for or chosen by the forward where no
+    attention is named (Gemma 2's), for padded rows, or for an attention asked for that no group runs (a Hub kernel
+    that is not varlen FlashAttention). The dry run above goes through the whole refusal for eager asked for."""
+    node = engines.Engine("zero2", "a node of 8 GPUs", gpus_per_node=8)
+
+    def weighed(planned: str | None, *args) -> list[int]:
+        advisor = memory_advice.Advisor(smoke(*args), 8, node, planned, plan=None, heads=(32, 8))
+        assert ("sequence" in advisor.levers()) == bool(advisor.group_sizes(8)), (planned, args)
+        return advisor.group_sizes(8)
+
+    assert weighed(None) == weighed("sdpa") == weighed("flex_attention") == [2, 4, 8]
+    varlen = "kernels-community/flash-attn3@v1"
+    assert weighed(varlen, "--attn_implementation", varlen) == [2, 4, 8]
+    assert weighed("eager") == []
+    assert weighed(None, "--attn_implementation", "eager") == weighed("eager", "--attn_implementation", "eager") == []
+    assert weighed("sdpa", "--padding_free", "false") == []
+    sage = "kernels-community/sage-attention"
+    assert weighed(sage, "--attn_implementation", sage) == weighed(None, "--attn_implementation", sage) == []
 
 
 # --- the groups and the data-parallel degree ---
