@@ -413,19 +413,32 @@ def test_a_job_given_preflight_runs_the_preflight_alone_and_ends_with_its_code(t
     assert "launch: srun" not in result.stdout
 
 
-def test_the_scripts_seed_is_the_recipes_seed_too(monkeypatch):
+def test_the_scripts_seed_is_the_recipes_seed_too(tmp_path, tiny_model_dir, capfd):
     """launch.sh's PREFLIGHT=1 passes the run's own flags to scripts/preflight.py, whose `--seed` took a run's
     `--seed 7` for the sample alone: a mixture was drawn with the recipe's seed (other rows than the run trains on)
-    under a report that said seed 7. It is the recipe's seed too, as `train_dpo.py --preflight --seed 7` takes it."""
+    under a report that said seed 7. It is the recipe's seed too, as `train_dpo.py --preflight --seed 7` takes it.
+
+    The real preflight, twice, on 12 of the bundled pairs drawn by a mixture with the recipe's seed (each whole
+    sample scored): `--seed 7` on a recipe of seed 42 scores and reports what a recipe of seed 7 does without --seed
+    (whose report says the recipe's seed). With the recipe's seed left at 42 the first drew other pairs."""
+    import functools
     import importlib.util
+
+    from dpotrain.recipe.errors import run_cli
 
     spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    seen = {}
-    # what the preflight is handed, not the scoring (tests above score for real)
-    monkeypatch.setattr(script.preflight, "run", lambda recipe, sample, seed, *_: seen.update(recipe=recipe, seed=seed))
-    script.main(["--config", SMOKE, "--seed", "7"])
-    assert seen["seed"] == 7 and seen["recipe"].training.seed == 7
-    script.main(["--config", SMOKE])  # no --seed: the recipe's, for both
-    assert seen["seed"] is None and seen["recipe"].training.seed == 42
+    mixer = f"dataset_mixer_list: [{ROOT / 'data' / 'smoke_prefs.jsonl'}, '12']\n"
+    reports = {}
+    for seed, flags in ((42, ["--seed", "7"]), (7, [])):
+        recipe = tmp_path / f"seed{seed}.yaml"
+        recipe.write_text(f"model_name_or_path: {tiny_model_dir}\nbf16: false\nseed: {seed}\n{mixer}")
+        report = tmp_path / f"seed{seed}.json"
+        argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "never"), "--json", str(report), *flags]
+        with pytest.raises(SystemExit) as ended:
+            run_cli(functools.partial(script.main, argv))
+        assert ended.value.code in (0, 3), capfd.readouterr().err[-3000:]
+        reports[seed] = json.loads(report.read_text())
+    assert reports[42]["setup"]["seed"] == 7 and reports[42]["sampled"] == 12, reports[42]
+    assert reports[42] == reports[7]
