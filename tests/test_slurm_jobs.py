@@ -346,7 +346,13 @@ def test_a_time_limit_warning_that_stops_a_start_before_it_saved_anything_ends_t
     requeue, given the same limit, was warned as early and saved nothing again, taking allocations until someone
     cancelled the job (the smoke recipe under --time=2 and @100: 7 starts, each stopped before the model loaded or
     with 0 of 32 reference pairs saved). Now it ends FAILED in one line naming --time and the warning, as a warning
-    before the launch does: one rule."""
+    before the launch does: one rule.
+
+    The job is submitted with a limit the start cannot reach (10 minutes) and cut once it is held: Slurm's warning then
+    comes to a start that is there, however long the start took (a fixed --time=2 raced it: at load 10-25 the warning
+    came ~35-60 s in, before the launch or before the hold)."""
+    from dpotrain.cluster.job import seconds_left
+
     project = slow_checkpoint_project(tmp_path / "project")
     held, log = tmp_path / "held", tmp_path / "warned.out"
     held.mkdir()
@@ -355,10 +361,12 @@ def test_a_time_limit_warning_that_stops_a_start_before_it_saved_anything_ends_t
     env = {**README_ENV, "SBATCH_SIGNAL": "B:USR1@60", **hold}
     args = ["--max_steps", "4", "--report_to", "none", "--output_dir", str(tmp_path / "run")]
     script = str(project / "scripts" / "dpo_train.sh")
-    # --time=2: Slurm's warning comes ~60 s into the job (1:12 left in a --time=3 run, 1:00 in one of --time=2), and
-    # the start is held ~15 s in, under CI's load too: a minute less than --time=3 (108 s in CI's run)
-    job = slurm.sbatch([*sbatch, "--time=2", f"--output={log}", script, *args], cwd=tmp_path, env=env)
-    wait_while_running(slurm, job, (held / "held-start").exists, log=log)  # launched; Slurm's warning within a minute
+    job = slurm.sbatch([*sbatch, "--time=10", f"--output={log}", script, *args], cwd=tmp_path, env=env)
+    wait_while_running(slurm, job, (held / "held-start").exists, log=log)  # launched, held before the model loads
+    # The limit in whole minutes (Slurm's unit), 90-150 s from now: Slurm checks time limits every 30 s and warns up to
+    # 60 s before the @60, so the warning comes within ~90 s, leaving at least a minute to stop and refuse.
+    ran = seconds_left(slurm.job_info(job)["RunTime"])
+    slurm.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(ran + 90) // 60)}"])
     assert slurm.wait(job, timeout=300) == "FAILED", log.read_text(errors="replace")[-3000:]
     assert slurm.job_info(job)["Restarts"] == "0"
     text = log.read_text(errors="replace")
