@@ -441,6 +441,32 @@ def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_no
     assert capsys.readouterr().err == ""
 
 
+def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_variables_says_so(capsys, monkeypatch):
+    """`SBATCH_SIGNAL=B:USR1@60 sbatch --export=NONE scripts/dpo_train.sh`: Slurm sends the warning at 60 s (on the
+    test cluster, @40 over a script's @110: warned with 0:49 left), but the job gets no SBATCH_SIGNAL and Slurm shows a
+    job's --signal nowhere (scontrol show job, SLURM_* variables), so the job took its script's 600 s in silence.
+    Its lead line says so, for --export=NONE and for a list without ALL (Slurm's SLURM_EXPORT_ENV in the job)."""
+    script, line = "/p/scripts/dpo_train.sh", "checkpoints must be written within 600 s (time-limit warning)"
+
+    def said(where: str = script) -> str:
+        assert job.main(["time-limit", "600", where, "0", "debug", "1-00:00:00"]) == 0
+        return capsys.readouterr().out
+
+    for exported, given in (("NONE", "--export=NONE"), ("RECIPE=my.yaml", "an --export list without ALL")):
+        monkeypatch.setenv("SLURM_EXPORT_ENV", exported)
+        assert said() == (
+            f"{line}; 600 s is what {script} sets: this job was submitted with {given}, so an SBATCH_SIGNAL in the "
+            "shell that submitted it is not seen here, though Slurm sends its warning (a job's --signal is shown "
+            "nowhere): set the lead in the script, or pass the variable on (--export=SBATCH_SIGNAL,...)\n"
+        )
+        assert said("SBATCH_SIGNAL") == said("sbatch's command line") == f"{line}\n"  # the job's own, read
+    for exported in ("ALL", "ALL,RECIPE=my.yaml"):
+        monkeypatch.setenv("SLURM_EXPORT_ENV", exported)
+        assert said() == f"{line}\n"
+    monkeypatch.delenv("SLURM_EXPORT_ENV")  # sbatch's default, --export=ALL: none set
+    assert said() == f"{line}\n"
+
+
 @pytest.mark.parametrize(
     "lead, left, minutes",
     [

@@ -207,6 +207,24 @@ def checkpoint_window(lead: str, grace: str, partition: str) -> str:
     )
 
 
+def unseen_variable(lead: str, where: str) -> str:
+    """What the job's lead line adds where the lead is its script's and an SBATCH_SIGNAL may have been set instead: a
+    job submitted with --export=NONE, or a list of variables without ALL (Slurm puts it in SLURM_EXPORT_ENV), gets
+    the warning of the submitting shell's SBATCH_SIGNAL but not the variable, and Slurm shows a job's --signal nowhere
+    (neither `scontrol show job` nor a SLURM_* variable, Slurm 22.05): a job given @60 so was timed and checked
+    against its script's @600."""
+    exported = os.environ.get("SLURM_EXPORT_ENV", "")
+    read_elsewhere = ("SBATCH_SIGNAL", "sbatch's command line", "the allocation's --signal")
+    if not lead or where in read_elsewhere or exported.split(",")[0].upper() in ("", "ALL"):
+        return ""
+    given = "--export=NONE" if exported.upper() == "NONE" else "an --export list without ALL"
+    return (
+        f"; {lead} s is what {where} sets: this job was submitted with {given}, so an SBATCH_SIGNAL in "
+        "the shell that submitted it is not seen here, though Slurm sends its warning (a job's --signal is shown "
+        "nowhere): set the lead in the script, or pass the variable on (--export=SBATCH_SIGNAL,...)"
+    )
+
+
 def check_time_left(lead: str, where: str, left: str) -> None:
     """Refuses a time limit (`left`, squeue's %L) within the warning: Slurm would send it at once, and the job would
     stop at its first step to save, at every requeue."""
@@ -291,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if verb == "time-limit" and len(args) == 5:  # <lead> <where> <grace> <partition> <time left>
         lead, where, grace, partition, left = args
-        print(checkpoint_window(lead, grace, partition), flush=True)  # in the log also above a refusal
+        # in the log also above a refusal
+        print(checkpoint_window(lead, grace, partition) + unseen_variable(lead, where), flush=True)
         check_time_left(lead, where, left)  # a refusal: one error: line, exit 2
         return 0
     if verb == "killed-by-srun" and len(args) == 1:  # <job id>, the dry run's JSON on stdin
