@@ -25,6 +25,7 @@ import train_dpo
 from conftest import ROOT, built, ready, tiny_model
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
+from dpotrain.recipe import upstream
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -235,7 +236,8 @@ def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny
 
 def assert_packed_equals_padded(trainer, moe: bool):
     """Per-token log-probs, TRL's loss (with the router term) and the MoE auxiliary loss of the trained model: packed
-    rows (the trainer's balanced rows and FlashAttention's single row) against TRL's padded batch of the same pairs."""
+    rows (the trainer's balanced rows and FlashAttention's single row) against TRL's padded batch of the same pairs,
+    each read from the forward its loss ran (`scored`)."""
     model = trainer.model.eval()
     # With their cached reference log-probs; the prompt's labeled earlier turns (assistant_turns: all) left out, as
     # TRL's padded collator knows none: the layouts are compared on the same labels.
@@ -246,22 +248,14 @@ def assert_packed_equals_padded(trainer, moe: bool):
     one_row = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)(examples)
     packed = trainer.data_collator(examples)
     assert packed["input_ids"].shape[0] > 1 and one_row["input_ids"].shape[0] == 1
-    labels = padded["input_ids"].masked_fill(padded["completion_mask"] == 0, -100)
     with torch.no_grad():
-        want = model(
-            input_ids=padded["input_ids"],
-            attention_mask=padded["attention_mask"],
-            labels=labels,
-            fused_lm_head=True,
-            use_cache=False,
-            output_router_logits=moe,
-        )
-        want_loss = trainer.compute_loss(model, padded)
+        want_loss, want = scored(trainer, model, padded)  # TRL's single forward of the padded rows
+        assert want.log_probs.shape[0] == padded["input_ids"].shape[0]  # [chosen..., rejected...] rows
         for batch in (packed, one_row):
-            got = packing.PackedModel(model, batch)(fused_lm_head=True, output_router_logits=moe)
+            loss, got = scored(trainer, model, batch)
             assert (got.log_probs - want.log_probs).abs().max() < 1e-5
             # fp32 sums: relative past 1 (trained with every turn labeled, the loss on these labels is ~4.8)
-            assert abs(trainer.compute_loss(model, batch) - want_loss) < 1e-6 * max(1.0, abs(float(want_loss)))
+            assert abs(loss - want_loss) < 1e-6 * max(1.0, abs(float(want_loss)))
             if moe:
                 assert abs(got.aux_loss - want.aux_loss) < 1e-6
                 # ... where TRL's own fused head, left alone, also counts the padding that ends each packed row
@@ -280,6 +274,23 @@ def assert_packed_equals_padded(trainer, moe: bool):
         assert grads[0].keys() == grads[1].keys()
         for name, g in grads[1].items():
             assert (grads[0][name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
+
+
+def scored(trainer, model, batch: dict):
+    """`trainer.compute_loss` of `batch`, and the outputs of the forward it ran in the padded `[2B, L]` layout (what
+    answered TRL's model call: the packed forward for packed rows, TRL's own for padded ones), one forward for both."""
+    stand_ins = []
+
+    def kept(*args, **kwargs):
+        found = stand_in(*args, **kwargs)
+        stand_ins.append(found[0])
+        return found
+
+    stand_in = trainer._stand_in
+    with upstream.attributes_set(trainer, _stand_in=kept):
+        loss = trainer.compute_loss(model, batch)
+    assert len(stand_ins) == 1, stand_ins  # the cached reference: the policy's forward alone
+    return loss, stand_ins[0].outputs
 
 
 @pytest.mark.slow
