@@ -460,7 +460,8 @@ def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_v
             "nowhere): set the lead in the script, or pass the variable on (--export=SBATCH_SIGNAL,...)\n"
         )
         assert said("SBATCH_SIGNAL") == said("sbatch's command line") == f"{line}\n"  # the job's own, read
-    for exported in ("ALL", "ALL,RECIPE=my.yaml"):
+    # passed on by name: the submitting shell had none, so the script's lead is the job's
+    for exported in ("ALL", "ALL,RECIPE=my.yaml", "SBATCH_SIGNAL,RECIPE=my.yaml", "RECIPE=my.yaml,SBATCH_SIGNAL"):
         monkeypatch.setenv("SLURM_EXPORT_ENV", exported)
         assert said() == f"{line}\n"
     monkeypatch.delenv("SLURM_EXPORT_ENV")  # sbatch's default, --export=ALL: none set

@@ -214,8 +214,10 @@ def unseen_variable(lead: str, where: str) -> str:
     (neither `scontrol show job` nor a SLURM_* variable, Slurm 22.05): a job given @60 so was timed and checked
     against its script's @600."""
     exported = os.environ.get("SLURM_EXPORT_ENV", "")
+    names = [item.split("=", 1)[0] for item in exported.split(",")]
     read_elsewhere = ("SBATCH_SIGNAL", "sbatch's command line", "the allocation's --signal")
-    if not lead or where in read_elsewhere or exported.split(",")[0].upper() in ("", "ALL"):
+    # A list naming SBATCH_SIGNAL passed it on: none was set where the job was submitted
+    if not lead or where in read_elsewhere or names[0].upper() in ("", "ALL") or "SBATCH_SIGNAL" in names:
         return ""
     given = "--export=NONE" if exported.upper() == "NONE" else "an --export list without ALL"
     return (
