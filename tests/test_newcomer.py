@@ -1011,6 +1011,7 @@ def test_a_recipes_dry_run_is_planned_as_the_flags_is(tmp_path, capsys, monkeypa
     recipe = tmp_path / "instruct-dry.yaml"
     recipe.write_text((ROOT / "configs" / "instruct.yaml").read_text() + "\ndry_run: true\n")
     argv = ["--config", str(recipe), "--model_name_or_path", "configs/models/olmo3-7b"]
+    argv += ["--dataset_name", "data/smoke_prefs.jsonl"]  # local pairs: the dry run reads them, and names prefetch
     assert asked(None, {"dry_run": True}) and not asked(False, {"dry_run": True}) and not asked(None, {})
     opened, parsed, real_open, real_parse = [], [], io.open, train_dpo.parse_args
 
@@ -1032,6 +1033,7 @@ def test_a_recipes_dry_run_is_planned_as_the_flags_is(tmp_path, capsys, monkeypa
     assert ended.value.code in (None, 0), err
     assert json.loads(out)["derived"]["memory"]["per_gpu_gib"] and "bf16/gpu" not in err
     assert parsed == [(True, 1)]
+    assert len(opened) == 1  # and none after: the prefetch command the dry run names repeats that reading
 
 
 @pytest.mark.slow

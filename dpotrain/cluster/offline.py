@@ -20,7 +20,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, hub_revision, mixture
-from dpotrain.recipe import config, hub_switches, launcher, recipe_file, venv, writes
+from dpotrain.recipe import config, hub_switches, launcher, venv, writes
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline, take_late_switches
 
@@ -171,10 +171,9 @@ def prefetch_command(recipe, output_dir: str | None = None) -> str:
     """`python scripts/prefetch.py ...` for this recipe, with the job's cache variables and overrides; `output_dir`: a
     resumed run's folder, whose record holds the commits its Hub data is fetched at."""
     args = ["python", venv.project_file("scripts/prefetch.py")]
-    in_file = {}
+    in_file = recipe.in_file  # as the run read it, once: numbers as written
     if recipe.config_path:
         args += ["--config", recipe.config_path]
-        in_file = recipe_file.load(recipe.config_path)  # as the run read it: numbers as written
     for part, field in ARTIFACT_FIELDS:
         value = getattr(getattr(recipe, part), field)
         default = next(f.default for f in fields(getattr(recipe, part)) if f.name == field)

@@ -274,6 +274,9 @@ class Recipe:
     job_folder: bool = False
     # The recipe file names a resume_from_checkpoint: the command a stop prints clears it (preemption.rerun_command)
     recipe_resumes: bool = False
+    # The recipe file's mapping from parse_args' one reading (numbers as written, `env:` unexpanded): what a printed
+    # command leaves to the file (offline.prefetch_command) is read here, not in the file again, edited since maybe
+    in_file: dict = field(default_factory=dict)
 
 
 def make_parser():
@@ -779,9 +782,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     checked = _recipe_checked(config_path) if config_path is not None else {}
     dry = dry_run_asked(flag, checked)  # before its env: block is read, which a dry run reads as planning
     config = _env_read(config_path, checked, planning=dry) if config_path is not None else {}
+    as_read = copy.deepcopy(checked)  # the recipe's own, whatever the parse does with `config`
     # stdout: a dry run's summary alone; transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     with contextlib.redirect_stdout(sys.stderr) if dry else contextlib.nullcontext():
-        return _built(argv, config, config_path, dry, parser, typed)
+        return replace(_built(argv, config, config_path, dry, parser, typed), in_file=as_read)
 
 
 def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, parser, typed) -> Recipe:
