@@ -1293,6 +1293,8 @@ def test_an_empty_variable_in_the_shell_that_hides_the_env_files_value_is_named_
     monkeypatch.setenv("WANDB_API_KEY", "from_shell")
     venv.load_env(tmp_path)
     assert (os.environ["HF_TOKEN"], os.environ["WANDB_API_KEY"]) == ("", "from_shell")
+    # Said from what load_env read, not from .env read again: a file edited since is not the one the command read
+    (tmp_path / ".env").write_text("WANDB_API_KEY=from_env_file\n")
     hint = " (.env sets HF_TOKEN, but an empty HF_TOKEN in the environment wins over it: unset HF_TOKEN)"
     assert venv.hidden("HF_TOKEN", tmp_path) == hint
     assert venv.hidden("WANDB_API_KEY", tmp_path) == ""  # set: it is the value
@@ -1302,7 +1304,7 @@ def test_an_empty_variable_in_the_shell_that_hides_the_env_files_value_is_named_
     monkeypatch.setattr(venv, "ROOT", tmp_path)  # the project's .env, as the run reads it
     with pytest.raises(ConfigError) as refused:
         PushSettings(requested=True, repo_id="me/x", private=None, checkpoints=False).check_token()
-    assert str(refused.value).endswith(f"or drop --push_to_hub{hint}")
+    assert str(refused.value).endswith(f"or drop --push_to_hub{hint}") and "hf_from_env_file" not in str(refused.value)
 
 
 @pytest.mark.parametrize("line", ['HF_TOKEN="hf_secret', "HF_TOKEN: hf_secret"], ids=["unclosed-quote", "yaml-style"])

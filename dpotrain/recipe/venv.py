@@ -121,6 +121,11 @@ def require() -> None:
     sys.exit(f"error: {missing} is not installed for {sys.executable}: {fix}")
 
 
+# What `load_env` read from each project's `.env` (None: a bare `NAME` line), for `hidden`'s messages to speak of that
+# reading, not of the file read again. A message names a variable, never its value (HF_TOKEN, WANDB_API_KEY).
+_ENV_FILE_VALUES: dict[Path, dict[str, str | None]] = {}
+
+
 def load_env(root: Path) -> None:
     """The project's `.env` in `root` (HF_TOKEN, WANDB_API_KEY, HF_HUB_OFFLINE, ...) into the environment, which wins
     over it. Read before the stack is imported, since huggingface_hub and datasets read HF_HUB_OFFLINE, HF_HOME and
@@ -135,6 +140,7 @@ def load_env(root: Path) -> None:
     # (a `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
     # token", and the tests mean it so): where it hides `.env`'s value, the message asking for it says so (`hidden`).
     values = {} if text is None else dotenv_values(stream=io.StringIO(text, newline=None))
+    _ENV_FILE_VALUES[Path(root)] = dict(values)
     refuse_launcher_variables(root / ".env", values)
     taken = {k: v for k, v in values.items() if v is not None and k not in os.environ}
     os.environ.update(taken)
@@ -159,12 +165,10 @@ def load_env(root: Path) -> None:
 
 def hidden(name: str, root: Path | None = None) -> str:
     """A message's last clause where an empty `name` in the environment hides `.env`'s value (`export HF_TOKEN=` in a
-    shell profile: the message asking to add it to `.env`, which the user had done, named no cause); else nothing."""
-    from dotenv import dotenv_values
-
+    shell profile: the message asking to add it to `.env`, which the user had done, named no cause); else nothing.
+    `.env` as `load_env` read it for the project in `root`: a command that did not read it hides nothing of it."""
     value = os.environ.get(name)
-    env_file = (root or ROOT) / ".env"  # the project's, as `load_env` reads it
-    in_file = dotenv_values(env_file).get(name) if env_file.is_file() else None
+    in_file = _ENV_FILE_VALUES.get(Path(root or ROOT), {}).get(name)
     if value and not value.strip():  # `HF_TOKEN="  "`: set, so the user looks no further than that it is
         if value == in_file:  # `.env`'s line, which an `unset` in the shell would not touch
             return f" (.env sets {name} to white space only: give its value there)"
