@@ -10,7 +10,8 @@ the child is killed. So `accelerate launch --no_python <client> train_dpo.py ...
 watches and signals as usual.
 
 A child can only run what a fresh interpreter would have run the same way: the environment variables that libraries
-read while being imported (HF_ENDPOINT, HF_HOME, WANDB_*, ...) were read once, in `serve`. So a request is run warm only
+read while being imported (HF_ENDPOINT, HF_HOME, ...) were read once, in `serve`, and what the imports print was printed
+there, once (transformers' line under WANDB_MODE=offline: RUNTIME_PREFIXES). So a request is run warm only
 when its environment differs from the server's in variables read at run time (the project's DPOTRAIN_*, the launcher's
 rank variables, PATH); otherwise, and for a script of another copy of the project (whose `dpotrain` the server has
 not imported), the client `exec`s the real interpreter.
@@ -31,8 +32,12 @@ import sys
 # Variables read at run time only (torchrun's and accelerate's per-rank settings, the project's own): they may differ
 # between the server and a request.
 # SLURM_*: the project reads them when a run starts (run_lock, options); no library of the stack reads them while it is
-# imported (W&B does at init). WANDB_*: wandb reads them when a run starts (`wandb.init`, `wandb.Settings()`), never
+# imported (W&B does at init). WANDB_*: wandb reads them when a run starts (`wandb.init`, `wandb.Settings()`), not
 # while imported (tests/test_warm.py compares its modules' constants with a fresh interpreter's under other WANDB_*).
+# One import reads WANDB_MODE: transformers' integration_utils prints "[INFO] Running in WANDB offline mode" where it
+# is "offline", and sets nothing. The server made that import: no child prints the line, whatever its WANDB_MODE and
+# the server's (a server keyed on WANDB_MODE would not change that), where a fresh interpreter under "offline" does.
+# A test that reads that line runs a fresh interpreter (test_newcomer's of `--json` with W&B offline).
 RUNTIME_PREFIXES = (
     "DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_", "WANDB_",
 )  # fmt: skip
