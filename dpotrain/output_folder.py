@@ -56,7 +56,9 @@ def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write at its start; the final model, checkpoints, staging
     folders, card, plot and merged model are recorded as they are written (a person's README.md in a stopped run's
     folder is not the run's by name)."""
-    # imported here: its import prints W&B's "[INFO]" line on the stdout of scripts/push_to_hub.py, which is its answer
+    # Imported here: its import (transformers' W&B integration) prints "[INFO] Running in WANDB offline mode" on stdout
+    # under WANDB_MODE=offline, and scripts/prefetch.py imports this module outside venv.entry_point, which sends it to
+    # stderr (push_to_hub.py's, train_dpo's): at the top, that line began prefetch.py's --help and answers
     from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
