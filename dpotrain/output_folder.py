@@ -28,6 +28,7 @@ from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
 from dpotrain.train.resume import HEALTH_STOP, new_run_from, saved_step
 from dpotrain.train.run_files import MANIFEST, claim
 from dpotrain.train.samples import SAMPLES_FILE
+from dpotrain.train.tracking import RUN_ID_FILE
 
 # The final model is written here, then its names recorded and moved in: what `save_model` writes depends on the
 # model, the engine and LoRA. Claimed only as it saves, so one there that the record does not name is a person's.
@@ -56,11 +57,6 @@ def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write at its start; the final model, checkpoints, staging
     folders, card, plot and merged model are recorded as they are written (a person's README.md in a stopped run's
     folder is not the run's by name)."""
-    # Imported here: its import (transformers' W&B integration) prints "[INFO] Running in WANDB offline mode" on stdout
-    # under WANDB_MODE=offline, and scripts/prefetch.py imports this module outside venv.entry_point, which sends it to
-    # stderr (push_to_hub.py's, train_dpo's): at the top, that line began prefetch.py's --help and answers
-    from dpotrain.train.tracking import RUN_ID_FILE
-
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
     names = [MANIFEST, run_record.RESOLVED, METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]

@@ -28,10 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhere
 from dpotrain.recipe import venv  # noqa: E402
 
-venv.require()  # outside the venv: one line naming the fix, not a traceback
-with venv.loading_libraries():  # Ctrl-C while they load: one line, not the traceback of the import it hit
-    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-        venv.load_env(ROOT)
+with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's venv, then .env, then torch
     from dpotrain import options, resolve
     from dpotrain.cluster import offline
     from dpotrain.data import hub_revision, mixture

@@ -1542,7 +1542,7 @@ def test_a_dry_run_into_a_file_says_the_runs_one_refusal_of_it(tmp_path, capsys)
 def test_a_flag_typed_twice_with_two_values_is_said_and_the_last_counts(tmp_path):
     """`python train_dpo.py ... --learning_rate 1e-6 ... --learning_rate 2e-6` as a person types it (sys.argv, which
     the check reads): the last counts, as argparse's, and one warning line names both values, which was silent.
-    Its stdout is the JSON alone, W&B offline too."""
+    Its stdout is the JSON alone, W&B offline too, as prefetch.py's is its own text."""
     out = tmp_path / "run"
     args = ["--config", SMOKE, "--output_dir", str(out), "--learning_rate", "1e-6", "--learning_rate=2e-6"]
     # W&B offline, as a job without a key runs: transformers printed "[INFO] Running in WANDB offline mode" to stdout
@@ -1560,6 +1560,16 @@ def test_a_flag_typed_twice_with_two_values_is_said_and_the_last_counts(tmp_path
     warning = "warning: --learning_rate is given twice on the command line (1e-6, then 2e-6): the last counts"
     assert result.stderr.splitlines().count(warning) == 1, result.stderr[-2000:]
     assert json.loads(result.stdout)["learning_rate"] == 2e-06, result.stdout[:2000]
+    # prefetch.py loaded its libraries outside venv.entry_point, so the line began its stdout (`--help` and answers)
+    helped = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "prefetch.py"), "--help"],
+        cwd=ROOT,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: prefetch.py"), helped.stdout[:500]
 
 
 def test_the_options_help_names_readme_sections_that_exist():
