@@ -7,6 +7,7 @@ its folder in the state a fault leaves, and rerun the same command."""
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -112,6 +113,15 @@ def weights(out):
 def assert_same_weights(out, baseline):
     expected, got = weights(baseline), weights(out)
     assert all((got[k] - w).abs().max().item() < 1e-6 for k, w in expected.items())
+
+
+def listing(folder: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `folder` by its path, size and content digest: a file added, changed or removed shows."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def logged_steps(out) -> list[int]:
@@ -1588,8 +1598,11 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
     launched = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert launched.returncode == 0, launched.stdout[-3000:]
     assert launched.stdout.count(said) == 1, launched.stdout[-3000:]  # the main process's line alone
+    # Another job's start on the finished run is refused, and leaves the folder as it found it
+    before = listing(out)
     other = train(out, tiny_model_dir, pairs, *short, env={"SLURM_JOB_ID": "777", "SLURM_RESTART_COUNT": "0"})
     assert other.returncode == 2 and "already holds a finished run" in other.stdout, other.stdout[-3000:]
+    assert listing(out) == before
 
     # The job's recipe edited since: nothing trained, the settings that differ said
     for name, value in requeued.items():
