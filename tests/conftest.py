@@ -67,6 +67,15 @@ def session_cache(tmp_path_factory):
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path_factory.mktemp("session-cache"))
 
 
+@pytest.fixture
+def outside_slurm(monkeypatch):
+    """The test process as a shell outside any Slurm job: pytest run in an allocation or a batch job has SLURM_JOB_ID,
+    SLURM_EXPORT_ENV, SBATCH_SIGNAL, ..., which the code under test reads (a job's start, its time-limit warning) and
+    which would change the exact lines a test expects. Not for every test: the `slurm` tests need the cluster's."""
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "SBATCH_", "SALLOC_"))]:
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path_factory, monkeypatch):
     """Every test gets an empty DPOTRAIN_CACHE: a reference scored by another test, in other micro-batches, would be

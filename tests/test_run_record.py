@@ -332,14 +332,13 @@ def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipe
 
 
 def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch_signal_over_the_scripts(
-    capsys, monkeypatch
+    capsys, monkeypatch, outside_slurm
 ):
     """`sbatch --signal=B:USR1@60 scripts/dpo_train.sh`: sbatch takes its command line over SBATCH_SIGNAL over the
     script's `#SBATCH --signal=B:USR1@600`, and launch.sh read the script alone: its time-limit check and the save-time
     warnings counted 600 s where Slurm warns 60 s before the limit. Read from sacct's SubmitLine (where the cluster
     keeps accounting): an option after the script is the script's own argument."""
     script = str(ROOT / "scripts" / "dpo_train.sh")
-    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
     assert job.warning_lead(script) == f"600 {script}"
     given = "sbatch --signal=B:USR1@60 --time 5:00 scripts/dpo_train.sh --max_steps 4"
     assert job.warning_lead(script, given) == "60 sbatch's command line"
@@ -360,13 +359,12 @@ def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch
     )
 
 
-def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp_path, capsys, monkeypatch):
+def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp_path, capsys, outside_slurm):
     """sbatch reads #SBATCH lines only above a script's first command: `#SBATCH --signal=B:USR1@600` appended below
     it (as "add ... to <script>" invites) sets no warning. launch.sh read it anyway: "checkpoints must be written
     within 600 s (time-limit warning)" for a warning that never comes, and a job with `--time=5` was refused as
     "within its checkpoint warning"."""
     # Comments and blank lines between #SBATCH lines (the shipped scripts') are read on.
-    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
     script = tmp_path / "my_job.sh"
     top = "#!/bin/bash\n#SBATCH --time=24:00:00\n\n  # a note\n#SBATCH --signal=B:USR1@300\n"
     script.write_text(top + "bash scripts/launch.sh\n#SBATCH --signal=B:USR1@600\n")
@@ -379,11 +377,10 @@ def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp
     )
 
 
-def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsys, monkeypatch):
+def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsys, outside_slurm):
     """sbatch drops the double quotes of a directive: `#SBATCH --signal="B:USR1@150"` sends USR1 to the batch shell
     150 s before the limit. Read with its quotes, the log said it did not reach the batch shell (fix: @600), and a time
     limit within it was not refused: a `--time=3` job was warned at every start and requeued itself over and over."""
-    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
     script = tmp_path / "my_job.sh"
     script.write_text('#!/bin/bash\n#SBATCH --time=3\n#SBATCH --signal="B:USR1@150"\nbash scripts/launch.sh\n')
     assert job.warning_lead(str(script), f"sbatch {script}") == f"150 {script}"
@@ -392,10 +389,9 @@ def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsy
         job.check_warned_start("150", str(script), "2:40", "17", "before-launch")  # the warned start: not requeued
 
 
-def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, monkeypatch):
+def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, outside_slurm):
     """A script without `#SBATCH --signal`: launch.sh said "checkpoints must be written within 600 s (time-limit
     warning)", a warning that never comes."""
-    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
     script = tmp_path / "my_job.sh"
     script.write_text("#!/bin/bash\n#SBATCH --time=24:00:00\nbash scripts/launch.sh\n")
     assert job.main(["warning-lead", str(script), f"sbatch {script}"]) == 0
@@ -417,7 +413,9 @@ def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_s
     )
 
 
-def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_not_a_script_to_edit(capsys, monkeypatch):
+def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_not_a_script_to_edit(
+    capsys, monkeypatch, outside_slurm
+):
     """launch.sh run in an allocation (salloc, or a job srun made: no batch script) was told to add an #SBATCH line
     to `<folder>/(null)` (salloc's Command=) or `<folder>/bash` (srun's). Slurm sends an allocation's --signal to its
     steps, whose training processes stop on USR1 (a real salloc --signal=USR1@50 saved and ended with exit 75): the
@@ -441,7 +439,9 @@ def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_no
     assert capsys.readouterr().err == ""
 
 
-def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_variables_says_so(capsys, monkeypatch):
+def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_variables_says_so(
+    capsys, monkeypatch, outside_slurm
+):
     """`SBATCH_SIGNAL=B:USR1@60 sbatch --export=NONE scripts/dpo_train.sh`: Slurm sends the warning at 60 s (on the
     test cluster, @40 over a script's @110: warned with 0:49 left), but the job gets no SBATCH_SIGNAL and Slurm shows a
     job's --signal nowhere (scontrol show job, SLURM_* variables), so the job took its script's 600 s in silence.
@@ -477,7 +477,9 @@ def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_v
         ("30", "28", "30 seconds"),
     ],
 )
-def test_a_time_limit_within_the_warning_is_refused_naming_the_time_to_submit_with(lead, left, minutes, capsys):
+def test_a_time_limit_within_the_warning_is_refused_naming_the_time_to_submit_with(
+    lead, left, minutes, capsys, outside_slurm
+):
     """`submit with --time above $((lead / 60)) minutes` said "1 minutes" for a warning of 60 s, "1 minutes" for 90 s
     (a --time of 1:20 is above that, and still within the warning) and "0 minutes" for 30 s."""
     assert job.main(["time-limit", lead, "my_job.sh", "0", "debug", "1-00:00:00"]) == 0
