@@ -1545,30 +1545,22 @@ def test_a_flag_typed_twice_with_two_values_is_said_and_the_last_counts(tmp_path
     Its stdout is the JSON alone, W&B offline too, as prefetch.py's is its own text."""
     out = tmp_path / "run"
     args = ["--config", SMOKE, "--output_dir", str(out), "--learning_rate", "1e-6", "--learning_rate=2e-6"]
+
     # W&B offline, as a job without a key runs: transformers printed "[INFO] Running in WANDB offline mode" to stdout
     # as train_dpo imported it, before the JSON, and `--json | jq` broke. stdout is the JSON alone. A fresh interpreter,
     # not python()'s warm one, whose imports (and that line) were made once in its server.
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train_dpo.py"), *args, "--dry-run", "--json"],
-        cwd=ROOT,
-        env={**os.environ, "WANDB_MODE": "offline"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    def fresh(script: str, *words: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "WANDB_MODE": "offline"}
+        command = [sys.executable, str(ROOT / script), *words]
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    result = fresh("train_dpo.py", *args, "--dry-run", "--json")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     warning = "warning: --learning_rate is given twice on the command line (1e-6, then 2e-6): the last counts"
     assert result.stderr.splitlines().count(warning) == 1, result.stderr[-2000:]
     assert json.loads(result.stdout)["learning_rate"] == 2e-06, result.stdout[:2000]
     # prefetch.py loaded its libraries outside venv.entry_point, so the line began its stdout (`--help` and answers)
-    helped = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "prefetch.py"), "--help"],
-        cwd=ROOT,
-        env={**os.environ, "WANDB_MODE": "offline"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    helped = fresh("scripts/prefetch.py", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: prefetch.py"), helped.stdout[:500]
 
 

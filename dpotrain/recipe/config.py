@@ -782,14 +782,16 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     checked = _recipe_checked(config_path) if config_path is not None else {}
     dry = dry_run_asked(flag, checked)  # before its env: block is read, which a dry run reads as planning
     config = _env_read(config_path, checked, planning=dry) if config_path is not None else {}
-    as_read = copy.deepcopy(checked)  # the recipe's own, whatever the parse does with `config`
-    # stdout: a dry run's summary alone; transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    in_file = copy.deepcopy(checked)  # the recipe's own, whatever the parse does with `config`
+    # stdout: a dry run's summary alone. The parse imports TRL where its caller had not (an importer of this module
+    # alone), and transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     with contextlib.redirect_stdout(sys.stderr) if dry else contextlib.nullcontext():
-        return replace(_built(argv, config, config_path, dry, parser, typed), in_file=as_read)
+        return _built(argv, config, config_path, dry, parser, typed, in_file)
 
 
-def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, parser, typed) -> Recipe:
-    """The recipe from the command line's words (without --config) over the recipe file's `config`, checked."""
+def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, parser, typed, in_file: dict) -> Recipe:
+    """The recipe from the command line's words (without --config) over the recipe file's `config`, checked;
+    `in_file`: that file's mapping as read."""
     _take_env_block(config.pop("env", None) or {})
     left_to_job = config.pop(LEFT_TO_JOB, frozenset())
     launcher.check_process_counts()
@@ -849,7 +851,18 @@ def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, pa
     list_single_target(model)
     resumes = bool(config.get("resume_from_checkpoint"))
     return Recipe(
-        script, training, model, project, config_path, max_length_auto, given, replaced, typed, job_folder, resumes
+        script,
+        training,
+        model,
+        project,
+        config_path,
+        max_length_auto,
+        given,
+        replaced,
+        typed,
+        job_folder,
+        resumes,
+        in_file,
     )
 
 

@@ -643,9 +643,10 @@ class RecipeDPOTrainer(DPOTrainer):
         owed = isinstance(checkpoint, str) and collectives.main_outcome(epoch_evaluation_owed, checkpoint, self.args)
         # Made by a callback of this call, not by setting eval_on_start: the arguments stay the recipe's, and so does
         # every checkpoint's training_args.bin (eval_on_start already asked evaluates there once)
-        ignore_keys = kwargs.get("ignore_keys_for_eval")
-        owed_evaluation = OwedEvaluation(functools.partial(self.evaluate, ignore_keys=ignore_keys))
+        owed_evaluation = None
         if owed and not self.args.eval_on_start:
+            ignore_keys = kwargs.get("ignore_keys_for_eval")
+            owed_evaluation = OwedEvaluation(functools.partial(self.evaluate, ignore_keys=ignore_keys))
             self.add_callback(owed_evaluation)  # the last: every other callback has begun (metrics trimmed, W&B on)
         try:
             # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder
@@ -654,7 +655,7 @@ class RecipeDPOTrainer(DPOTrainer):
             with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
                 return super().train(*args, **kwargs)
         finally:
-            if owed_evaluation in self.callback_handler.callbacks:
+            if owed_evaluation is not None:
                 self.remove_callback(owed_evaluation)
 
     def use_reference(self, name: str, scored) -> None:
