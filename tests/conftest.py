@@ -67,12 +67,16 @@ def session_cache(tmp_path_factory):
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path_factory.mktemp("session-cache"))
 
 
-@pytest.fixture
-def outside_slurm(monkeypatch):
-    """The test process as a shell outside any Slurm job: pytest run in an allocation or a batch job has SLURM_JOB_ID,
-    SLURM_EXPORT_ENV, SBATCH_SIGNAL, ..., which the code under test reads (a job's start, its time-limit warning) and
-    which would change the exact lines a test expects. Not for every test: the `slurm` tests need the cluster's."""
-    for name in [name for name in os.environ if name.startswith(("SLURM_", "SBATCH_", "SALLOC_"))]:
+@pytest.fixture(autouse=True)
+def outside_slurm(request, monkeypatch):
+    """Every test but the `slurm` ones runs as in a shell outside any Slurm job: pytest run in an allocation or a batch
+    job has SLURM_JOB_ID, SLURM_EXPORT_ENV, SBATCH_SIGNAL, ..., which the code under test reads (a job's start, its
+    time-limit warning, the run lock's job: two racing runs of one job id are one job's requeue) and which the runs a
+    test starts in a subprocess (`{**os.environ}`) would inherit. The `slurm` tests are left as they are: their clients
+    strip the outer job's variables from what they hand the test cluster (tests/slurm_cluster.py, `_FOREIGN_ENV`)."""
+    if request.node.get_closest_marker("slurm"):
+        return
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
         monkeypatch.delenv(name)
 
 

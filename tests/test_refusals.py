@@ -2425,7 +2425,7 @@ def test_an_empty_or_comment_only_recipe_is_refused(text, tmp_path, monkeypatch,
     assert not (tmp_path / "olmo3-mine-dpo").exists() and not (tmp_path / "builtin").exists()
 
 
-def test_save_strategy_no_in_a_slurm_job_says_what_it_risks_at_start(tmp_path, monkeypatch, capsys, outside_slurm):
+def test_save_strategy_no_in_a_slurm_job_says_what_it_risks_at_start(tmp_path, monkeypatch, capsys):
     from dpotrain import options
 
     recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--save_strategy", "no"])
@@ -2857,7 +2857,7 @@ def recipe_args(out, checkpoint) -> list[str]:
 
 
 def test_a_named_checkpoint_behind_the_folders_newest_is_gone_on_from_when_requeued_and_refused_before(
-    tmp_path, capsys, monkeypatch, outside_slurm
+    tmp_path, capsys, monkeypatch
 ):
     """`sbatch ... --resume_from_checkpoint <other run>/checkpoint-2 --output_dir <new>`, preempted after saving its own
     checkpoint-4: the requeue runs the same command, and went back to checkpoint-2 (every requeue: the steps since

@@ -332,7 +332,7 @@ def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipe
 
 
 def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch_signal_over_the_scripts(
-    capsys, monkeypatch, outside_slurm
+    capsys, monkeypatch
 ):
     """`sbatch --signal=B:USR1@60 scripts/dpo_train.sh`: sbatch takes its command line over SBATCH_SIGNAL over the
     script's `#SBATCH --signal=B:USR1@600`, and launch.sh read the script alone: its time-limit check and the save-time
@@ -359,7 +359,7 @@ def test_the_checkpoint_warning_is_the_one_sbatch_sends_a_command_line_or_sbatch
     )
 
 
-def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp_path, capsys, outside_slurm):
+def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp_path, capsys):
     """sbatch reads #SBATCH lines only above a script's first command: `#SBATCH --signal=B:USR1@600` appended below
     it (as "add ... to <script>" invites) sets no warning. launch.sh read it anyway: "checkpoints must be written
     within 600 s (time-limit warning)" for a warning that never comes, and a job with `--time=5` was refused as
@@ -377,7 +377,7 @@ def test_an_sbatch_signal_line_below_the_scripts_first_command_is_no_warning(tmp
     )
 
 
-def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsys, outside_slurm):
+def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsys):
     """sbatch drops the double quotes of a directive: `#SBATCH --signal="B:USR1@150"` sends USR1 to the batch shell
     150 s before the limit. Read with its quotes, the log said it did not reach the batch shell (fix: @600), and a time
     limit within it was not refused: a `--time=3` job was warned at every start and requeued itself over and over."""
@@ -389,7 +389,7 @@ def test_a_quoted_sbatch_signal_line_is_the_warning_sbatch_sends(tmp_path, capsy
         job.check_warned_start("150", str(script), "2:40", "17", "before-launch")  # the warned start: not requeued
 
 
-def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys, outside_slurm):
+def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_set_one(tmp_path, capsys):
     """A script without `#SBATCH --signal`: launch.sh said "checkpoints must be written within 600 s (time-limit
     warning)", a warning that never comes."""
     script = tmp_path / "my_job.sh"
@@ -413,9 +413,7 @@ def test_a_job_without_a_time_limit_warning_is_told_what_that_loses_and_how_to_s
     )
 
 
-def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_not_a_script_to_edit(
-    capsys, monkeypatch, outside_slurm
-):
+def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_not_a_script_to_edit(capsys, monkeypatch):
     """launch.sh run in an allocation (salloc, or a job srun made: no batch script) was told to add an #SBATCH line
     to `<folder>/(null)` (salloc's Command=) or `<folder>/bash` (srun's). Slurm sends an allocation's --signal to its
     steps, whose training processes stop on USR1 (a real salloc --signal=USR1@50 saved and ended with exit 75): the
@@ -439,9 +437,7 @@ def test_an_allocation_without_a_time_limit_warning_is_told_the_salloc_option_no
     assert capsys.readouterr().err == ""
 
 
-def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_variables_says_so(
-    capsys, monkeypatch, outside_slurm
-):
+def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_variables_says_so(capsys, monkeypatch):
     """`SBATCH_SIGNAL=B:USR1@60 sbatch --export=NONE scripts/dpo_train.sh`: Slurm sends the warning at 60 s (on the
     test cluster, @40 over a script's @110: warned with 0:49 left), but the job gets no SBATCH_SIGNAL and Slurm shows a
     job's --signal nowhere (scontrol show job, SLURM_* variables), so the job took its script's 600 s in silence.
@@ -477,9 +473,7 @@ def test_a_lead_taken_from_the_script_of_a_job_not_given_the_submitting_shells_v
         ("30", "28", "30 seconds"),
     ],
 )
-def test_a_time_limit_within_the_warning_is_refused_naming_the_time_to_submit_with(
-    lead, left, minutes, capsys, outside_slurm
-):
+def test_a_time_limit_within_the_warning_is_refused_naming_the_time_to_submit_with(lead, left, minutes, capsys):
     """`submit with --time above $((lead / 60)) minutes` said "1 minutes" for a warning of 60 s, "1 minutes" for 90 s
     (a --time of 1:20 is above that, and still within the warning) and "0 minutes" for 30 s."""
     assert job.main(["time-limit", lead, "my_job.sh", "0", "debug", "1-00:00:00"]) == 0
