@@ -235,6 +235,10 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
         # stopped every node ... its traceback is above", of a run that trained to its end and has no traceback.
         except hub_push.UnrecordedPush:  # on the Hub: no "failed", no other command
             raise
+        except hub.CardRefused as e:  # push_to_hub.py fails the same way until the card is fixed: the fix first
+            raise RunError(
+                f"{e.refusal}, then push it with `{command}`; the run is saved and main was not pushed"
+            ) from None
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
             raise RunError(
                 f"pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, push it with `{command}`"

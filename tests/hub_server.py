@@ -4,8 +4,8 @@ It answers, in the shapes the Hub documents and huggingface_hub 2.4 parses, what
 whoami, the write auth-check, a model repo's info, repo creation, branches (create, delete, list), a branch's history
 (list, super-squash), the tree of a revision, preupload (every file
 "regular", so contents travel inside the commit and the stand-in keeps them) and commits (NDJSON), plus validate-yaml
-for model cards. Repos live in memory: {repo: {branch: {path: bytes}}}. Anything else is answered 404 and recorded,
-so a test sees a request it did not expect.
+for model cards (refusing one whose metadata sets a key of `card_refusals`). Repos live in memory: {repo: {branch:
+{path: bytes}}}. Anything else is answered 404 and recorded, so a test sees a request it did not expect.
 
 Model repos are served for reading as `snapshot_download` (scripts/prefetch.py) reads them: their info and tree at a
 branch or commit, and their files (HEAD and GET); a test commits a model with `state.add_model_commit(repo, {path:
@@ -167,6 +167,9 @@ class HubState:
         self.fail_status = 500
         self.drop: dict[tuple[str, str], int] = {}  # (kind, revision) -> connections closed unanswered (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
+        # metadata key -> the Hub's reason for refusing a model card whose YAML block sets it (validate-yaml's 400, as
+        # the Hub refuses `license: Apache 2.0`); every other card is valid
+        self.card_refusals: dict[str, str] = {}
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
         self.dataset_heads: dict[tuple[str, str], str] = {}  # (data set repo, branch) -> sha
 
@@ -435,7 +438,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {"commitUrl": f"{self.url(repo)}/commit/{oid}", "commitOid": oid})
 
     def validate_yaml(self, params, body, query):
-        self.reply(200, {"errors": [], "warnings": []})
+        content = json.loads(body)["content"]
+        head = content.split("\n---", 1)[0].removeprefix("---\n") if content.startswith("---\n") else ""
+        metadata = yaml.safe_load(head) or {}
+        errors = [{"message": why} for key, why in self.state.card_refusals.items() if key in metadata]
+        self.reply(400 if errors else 200, {"errors": errors, "warnings": []})
 
     def telemetry(self, params, body, query):
         self.reply(200, {})

@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from conftest import PAUSE_AT, ROOT, failing_stat, in_child, pause_env, python, run_train, signal_paused
 from dpotrain import output_folder
-from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
+from dpotrain.hub.hub_push import PUSH_RECORD, push_command, read_pushes, unconfirmed_push
 from hub_server import StandInHub
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -3462,6 +3462,53 @@ def test_a_card_edited_in_another_encoding_is_refused_naming_the_fix_not_a_rerun
         "`iconv -f latin1 -t utf-8`), then run the same command again; main was not pushed"
     )
     assert not hub.state.of("commit")
+
+
+def test_a_card_whose_metadata_the_hub_refuses_is_refused_with_the_hubs_reasons_not_a_rerun(
+    hub, tmp_path, monkeypatch, tiny_model_dir
+):
+    """A person adds `license: Apache 2.0` to a finished run's card (the Hub takes `apache-2.0`), and the Hub refuses
+    the card's metadata (validate-yaml's 400): push_to_hub.py said "ValueError: Invalid metadata in README.md.: run the
+    same command again", exit 1, which fails the same way each time, and the Hub's reason was dropped with the lines
+    after the first. It is refused naming the card, the Hub's reason and the fix, main not pushed; the run's own final
+    push says the same, then the command that pushes the run once the card is fixed."""
+    import shutil
+    from unittest import mock
+
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.errors import ConfigError, RunError
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "training_curves.png").write_text("png")
+    (run / "run_complete.json").write_text("{}")
+    (run / "README.md").write_text("---\nlicense: Apache 2.0\ntags:\n- dpo\n---\n\n# run\n")
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    hub.state.card_refusals["license"] = '"license" must be one of [apache-2.0, mit, other]'
+    refused = (
+        f"the Hub refuses the model card {run}/README.md: its metadata (the YAML block between the `---` lines at its "
+        'top) is not what the Hub takes: "license" must be one of [apache-2.0, mit, other]; fix it there'
+    )
+    script = push_script(hub, monkeypatch)
+    with mock.patch.dict(os.environ), pytest.raises(ConfigError) as said:
+        script.main([str(run), "--repo-id", REPO])
+    assert str(said.value) == f"{refused}, then run the same command again; main was not pushed"
+    assert not hub.state.of("commit")
+
+    push = hub_module.PushSettings(True, REPO, None, False, SECRET, None)
+    with pytest.raises(RunError) as said:  # the run's own final push, after training
+        publish.push_final(run, push, SimpleNamespace(save_total_limit=None))
+    command = push_command(run, "--repo-id", REPO)
+    assert str(said.value) == f"{refused}, then push it with `{command}`; the run is saved and main was not pushed"
+    assert not hub.state.of("commit")
+    assert read_pushes(run)[-1]["status"] == "failed"
+
+    hub.state.card_refusals.clear()  # the card fixed: the same command pushes it
+    with mock.patch.dict(os.environ):
+        script.main([str(run), "--repo-id", REPO])
+    assert hub.state.repos[REPO]["main"]["README.md"].startswith(b"---\nlicense: Apache 2.0\n")
 
 
 def test_a_record_edited_after_the_run_is_refused_before_it_reaches_the_hub(hub, tmp_path, monkeypatch, tiny_model_dir):

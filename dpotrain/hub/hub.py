@@ -537,7 +537,12 @@ def push_run(
         # create_commit, not upload_folder: with hf_xet installed upload_folder commits in batches and splits a commit
         # the Hub refuses into smaller ones, so main could serve part of the new model beside part of the old
         operations = main_operations(api, repo_id, Path(output_dir), digests)
-        return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
+        try:
+            return api.create_commit(repo_id, operations, commit_message="Upload DPO run", revision="main")
+        except ValueError as e:  # huggingface_hub asks the Hub to validate the card's metadata before the commit
+            if (refused := card_refused(Path(output_dir), e)) is None:
+                raise
+            raise refused from None
 
     if not started:
         record(status="started", repo=repo_id)
@@ -552,6 +557,29 @@ def push_run(
         raise
     record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", attempts=attempts, commit=commit.oid)
     return f"{constants.ENDPOINT}/{repo_id}"
+
+
+class CardRefused(ConfigError):
+    """The Hub refuses the model card's metadata: every push fails the same way until the card is fixed. `refusal`: the
+    line up to its fix, which push_to_hub.py and the run's own push follow with their next step."""
+
+    def __init__(self, refusal: str):
+        super().__init__(f"{refusal}, then run the same command again; main was not pushed")
+        self.refusal = refusal
+
+
+def card_refused(out: Path, error: ValueError) -> CardRefused | None:
+    """huggingface_hub's ValueError for a card whose metadata the Hub's validate-yaml refused (a `license: Apache 2.0`
+    added by hand: the Hub takes `apache-2.0`) as one line naming the card and the Hub's reasons, which huggingface_hub
+    puts on the lines after the first (`cause` keeps the first alone); None for any other ValueError. It was "failed
+    (ValueError: Invalid metadata in README.md.): run the same command again", which failed the same way each time."""
+    if not str(getattr(getattr(error.__cause__, "response", None), "url", "")).endswith("/api/validate-yaml"):
+        return None
+    reasons = [line[2:].strip()[:500] for line in str(error).splitlines()[1:] if line.startswith("- ")]
+    return CardRefused(
+        f"the Hub refuses the model card {out / CARD}: its metadata (the YAML block between the `---` lines at its "
+        f"top) is not what the Hub takes: {'; '.join(reasons) or 'the Hub gave no reason'}; fix it there"
+    )
 
 
 def main_operations(api, repo_id: str, out: Path, digests: dict[str, str] | None = None) -> list:
