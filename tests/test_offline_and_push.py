@@ -830,8 +830,48 @@ def test_write_access_against_the_hubs_answers(local_hub):
     with pytest.raises(ConfigError, match="^the Hugging Face token 'cluster' has no write access to me/read-only: "):
         hub.check_write_access("read-only", SECRET)  # the user's own repo: the token lacks write access
     local_hub.whoami_status = 401
-    with pytest.raises(ConfigError, match="the Hugging Face token is invalid or expired"):
+    with pytest.raises(ConfigError, match="^the Hugging Face token given as hub_token .* is invalid or expired"):
         hub.check_write_access("lab/mine", SECRET)
+
+
+def test_a_token_the_hub_calls_invalid_is_named_by_its_source_with_the_fix_that_replaces_it(
+    local_hub, tmp_path, monkeypatch
+):
+    """The Hub's 401 (a token revoked or expired) said "set HF_TOKEN in .env" wherever the token came from: an HF_TOKEN
+    exported in a shell profile, or a --hub_token, wins over .env's, so a new token there changed nothing and the
+    next job was refused the same way. The line names where the token in use came from and how to replace it there."""
+    from huggingface_hub import constants
+
+    local_hub.whoami_status = 401
+    saved = tmp_path / "token"
+    saved.write_text("hf_savedLOGIN\n")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    new = "create a new one at https://huggingface.co/settings/tokens"
+    said = {}
+    for source, token in [("hub_token", "hf_GIVEN"), ("environment", SECRET), ("dotenv", SECRET), ("login", None)]:
+        monkeypatch.setenv("HF_TOKEN", SECRET)
+        if source != "environment":  # .env's is taken where the environment sets none
+            monkeypatch.delenv("HF_TOKEN")
+        project = tmp_path / source
+        project.mkdir()
+        (project / ".env").write_text(f"HF_TOKEN={SECRET}\n" if source == "dotenv" else "")
+        monkeypatch.setattr(venv, "ROOT", project)
+        venv.load_env(project)
+        with pytest.raises(ConfigError) as refused:
+            hub.check_write_access("lab/mine", token or offline.hf_token())
+        said[source] = str(refused.value)
+    assert said == {
+        "hub_token": "the Hugging Face token given as hub_token (--hub_token, or the recipe's hub_token) is invalid or "
+        f"expired: {new} and give it there, or drop hub_token and set HF_TOKEN=... in .env",
+        "environment": "the Hugging Face token in HF_TOKEN, set in the environment, is invalid or expired: "
+        f"{new} and export HF_TOKEN=... with it, or unset HF_TOKEN to use .env's or `hf auth login`'s (the "
+        "environment's wins over both)",
+        "dotenv": f"the Hugging Face token in HF_TOKEN, set by {tmp_path}/dotenv/.env, is invalid or expired: {new} "
+        "and set HF_TOKEN=... with it there",
+        "login": f"the Hugging Face token saved in {saved} (by `hf auth login`, or written there) is invalid or "
+        f"expired: {new} and run `hf auth login` with it, or set HF_TOKEN=... in .env",
+    }
 
 
 def test_a_push_to_the_repo_the_run_trains_from_is_refused_before_anything_runs(local_hub, finished_run, monkeypatch):

@@ -384,6 +384,47 @@ def hf_token() -> str | None:
         ) from None
 
 
+def invalid_token(token: str | None) -> str:
+    """The line for a token the Hub answers 401 (revoked, expired), naming where it came from and how to replace it
+    there, never its value: "set HF_TOKEN in .env" was the advice whatever the source, and an HF_TOKEN the environment
+    sets (an `export` in a shell profile) or a hub_token wins over .env's, so a new token there changed nothing."""
+    new = "create a new one at https://huggingface.co/settings/tokens"
+    if token == _cleaned(os.environ.get("HF_TOKEN")):
+        if env_file := venv.env_file_gave("HF_TOKEN"):
+            return (
+                f"the Hugging Face token in HF_TOKEN, set by {env_file}, is invalid or expired: {new} and set "
+                "HF_TOKEN=... with it there"
+            )
+        return (
+            f"the Hugging Face token in HF_TOKEN, set in the environment, is invalid or expired: {new} and export "
+            "HF_TOKEN=... with it, or unset HF_TOKEN to use .env's or `hf auth login`'s (the environment's wins over "
+            "both)"
+        )
+    try:
+        saved = _cleaned(get_token())
+    except OSError:  # an unreadable login file (hf_token names it): the token in use was not from there
+        saved = None
+    if token == saved and saved_login() == "HUGGING_FACE_HUB_TOKEN":
+        return (
+            f"the Hugging Face token in HUGGING_FACE_HUB_TOKEN is invalid or expired: {new} and set HF_TOKEN=... with "
+            "it in .env (HF_TOKEN wins over it), or unset HUGGING_FACE_HUB_TOKEN"
+        )
+    if token == saved:
+        return (
+            f"the Hugging Face {saved_login().removeprefix('the ')} is invalid or expired: {new} and run `hf auth "
+            "login` with it, or set HF_TOKEN=... in .env"
+        )
+    return (
+        "the Hugging Face token given as hub_token (--hub_token, or the recipe's hub_token) is invalid or expired: "
+        f"{new} and give it there, or drop hub_token and set HF_TOKEN=... in .env"
+    )
+
+
+def _cleaned(token: str | None) -> str | None:
+    """A token as `usable_token` sends it (line breaks and surrounding white space dropped), without its checks."""
+    return (token or "").replace("\r", "").replace("\n", "").strip() or None
+
+
 def saved_login() -> str:
     """Where huggingface_hub's get_token finds the token when HF_TOKEN gives none: its older variable, else the file
     `hf auth login` writes."""

@@ -24,6 +24,7 @@ from huggingface_hub.utils import validate_repo_id
 from dpotrain.cluster.offline import (
     TOKENIZER_VOCAB,
     hf_token,
+    invalid_token,
     is_hub_model,
     is_offline,
     shards_of,
@@ -794,10 +795,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job", base
         (whoami, repo_id, writable), _ = with_retries(ask, f"the write check of {repo_id}", answered_failure)
     except HfHubHTTPError as e:
         if status_of(e) == 401:
-            raise ConfigError(
-                "the Hugging Face token is invalid or expired: create one at https://huggingface.co/settings/tokens "
-                "and set HF_TOKEN in .env"
-            ) from None
+            raise ConfigError(invalid_token(token)) from None
         nothing = "nothing was trained" if where == "job" else "nothing was pushed"
         raise hub_failed(where)(
             f"could not check write access to {repo_id}: {cause(e)}; {nothing}: run the same command again"
