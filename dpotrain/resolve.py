@@ -421,6 +421,21 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     return OutputDecision(explicit, True)
 
 
+def pushing_it(out: Path, repo: str) -> str:
+    """What a command asking for a push says of the finished run in `out` it refuses to train again: the command that
+    pushes it, training nothing, or that it is on `repo` already (a bare name: in the namespace the push added). Both
+    ways the refusal named train it again, --overwrite_output_dir deleting the model the command meant to push."""
+    on_hub = [
+        r["repo"]
+        for r in hub_push.read_pushes(out)
+        if r.get("branch") == "main" and r["status"] in hub_push.ON_THE_HUB and r.get("repo")
+        if repo in (r["repo"], r["repo"].rpartition("/")[2])
+    ]
+    if on_hub:
+        return f"; it is on {on_hub[-1]} already ({out / hub_push.PUSH_RECORD})"
+    return f"; to push it to {repo}, training nothing, run `{hub_push.push_command(out, '--repo-id', repo)}`"
+
+
 def check_push_left_repo(out: Path, repo: str, given: str | None) -> None:
     """A rerun completes a cut-short final push to the repo it started on (`repo`): to another hub_model_id, a commit
     the Hub may have taken would be pushed twice, and the one given recorded nowhere, so another is refused, not
@@ -532,6 +547,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
             f"`{hub_push.push_command(out, *flags)}`"
             if left
+            else pushing_it(out, repo)
+            if t.push_to_hub
             else ""
         )
         raise ConfigError(

@@ -843,6 +843,41 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         resolve.check_output_dir(asked, 8)
 
 
+def test_a_push_asked_of_a_finished_run_never_pushed_names_the_command_that_pushes_it(tmp_path):
+    """A run trained without --push_to_hub, and the same command run again with it to push the model: refused as
+    "already holds a finished run: pass --output_dir for a new run, or --overwrite_output_dir to replace it", both of
+    which train it again (the second deleting the model it meant to push) and neither a word of push_to_hub.py. The
+    refusal names the command that pushes it, training nothing; and says so where the run is on that repo already."""
+    from dpotrain import resolve
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    common = ["--config", SMOKE, "--output_dir", str(out)]
+    refusal = (
+        f"output_dir '{out}' already holds a finished run: pass --output_dir for a new run, or --overwrite_output_dir "
+        "to replace it"
+    )
+    for given in (REPO, "dpo-test"):  # the name as given: push_to_hub.py adds the token's namespace as the run does
+        with pytest.raises(ConfigError) as refused:
+            resolve.check_output_dir(parse_args([*common, "--push_to_hub", "true", "--hub_model_id", given]), 8)
+        assert str(refused.value) == (
+            f"{refusal}; to push it to {given}, training nothing, run `python scripts/push_to_hub.py {out} --repo-id "
+            f"{given}`"
+        )
+    with pytest.raises(ConfigError) as refused:  # no push asked: the refusal as it was
+        resolve.check_output_dir(parse_args(common), 8)
+    assert str(refused.value) == refusal
+    record_push(out, step=2, branch="main", status="pushed", repo=REPO)
+    for given in (REPO, "dpo-test"):
+        with pytest.raises(ConfigError) as refused:
+            resolve.check_output_dir(parse_args([*common, "--push_to_hub", "true", "--hub_model_id", given]), 8)
+        assert str(refused.value) == f"{refusal}; it is on {REPO} already ({out}/hub_pushes.jsonl)"
+
+
 def test_a_push_left_is_not_completed_under_another_hub_model_id(tmp_path):
     """A rerun completing a cut-short push with another --hub_model_id pushed to the repo the push started on (as the
     docs say) and said nothing of the repo it was given, as if it were used. Refused, the run and the dry run alike,
