@@ -165,6 +165,7 @@ class HubState:
         # What a fault answers. 500 is transient: huggingface_hub sleeps a second before each of its 5 retries, and the
         # project tries once more, ~10 s a failed push. 400 neither retries: for a test of what a failed upload leaves.
         self.fail_status = 500
+        self.fail_error: str | None = None  # the fault's error text, the Hub's reason (its JSON `error`); None: generic
         self.drop: dict[tuple[str, str], int] = {}  # (kind, revision) -> connections closed unanswered (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         # metadata key -> the Hub's reason for refusing a model card whose YAML block sets it (validate-yaml's 400, as
@@ -274,6 +275,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if left:
             status = self.state.fail_status
             error = "Internal Error - We're working hard to fix this" if status >= 500 else "Bad request"
+            error = self.state.fail_error or error
             return self.reply(status, {"error": error}, {"Retry-After": "0"})
         if kind == "unknown":
             return self.reply(404, {"error": f"the stand-in does not know {method} {url.path}"})

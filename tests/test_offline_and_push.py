@@ -780,6 +780,30 @@ def test_a_push_the_hub_fails_ends_push_to_hub_py_in_one_line(local_hub, monkeyp
     assert [r["status"] for r in read_pushes(finished_run)] == ["started", "failed"]
 
 
+def test_a_push_the_hub_refuses_names_the_hubs_reason(local_hub, monkeypatch, capsys, finished_run):
+    """The Hub refusing the final commit (a 400: "Your push was rejected because it contains binary files", a quota):
+    huggingface_hub puts the Hub's words on the line after "Bad request for commit endpoint:", and every line the
+    project writes of an error keeps its first line alone (`cause`), so the push failed "(BadRequestError: Bad request
+    for commit endpoint): run the same command again", which failed the same way with no word of why. The Hub's reason
+    is on the line, and in the record of the push."""
+    from dpotrain.hub.hub_push import read_pushes
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    local_hub.fail[("commit", "main")] = 1
+    local_hub.fail_status, local_hub.fail_error = 400, "Your push was rejected because it contains binary files."
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine"]))
+    why = "BadRequestError: Bad request for commit endpoint: Your push was rejected because it contains binary files."
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: pushing {finished_run} to lab/mine failed ({why}): run the same command again (what the Hub holds "
+        "already is skipped)"
+    )
+    assert read_pushes(finished_run)[-1]["error"] == why
+
+
 def test_a_final_model_cut_short_since_the_run_is_refused_before_anything_uploads(local_hub, monkeypatch, finished_run):
     """A run folder whose model.safetensors was cut short after the run (an rsync or a copy to a login node stopped
     midway): push_to_hub.py pushed it to main, exit 0, 'Pushed to ...', replacing a good model with one no

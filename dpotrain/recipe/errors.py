@@ -20,9 +20,15 @@ class RunError(Exception):
 
 def cause(error: BaseException, limit: int = 300) -> str:
     """One line naming an error: its type and the first line of its text, at most `limit` characters of it (never a
-    request's headers, where the token travels)."""
+    request's headers, where the token travels). A Hub error's reason, the Hub's own words (huggingface_hub's
+    `server_message`, which it writes on a later line: "Bad request for commit endpoint:", then why), is added where
+    that first line lacks it: a push the Hub refused said only "Bad request for commit endpoint"."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
+    first = text.splitlines()[0][:limit] if text else ""
+    said = " ".join(str(getattr(error, "server_message", None) or "").split())[:limit]
+    if said and said.lower() not in first.lower():
+        first = f"{first.rstrip(': .')}: {said}"
+    return f"{type(error).__name__}: {first}".rstrip(": ")
 
 
 def closest(name: str, known, cutoff: float = 0.6) -> str | None:
