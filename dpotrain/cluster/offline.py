@@ -404,7 +404,7 @@ def invalid_token(token: str | None) -> str:
         saved = _cleaned(get_token())
     except OSError:  # an unreadable login file (hf_token names it): the token in use was not from there
         saved = None
-    if token == saved and saved_login() == "HUGGING_FACE_HUB_TOKEN":
+    if token == saved and saved_login() == "HUGGING_FACE_HUB_TOKEN":  # the older variable: no file to log in to
         return (
             f"the Hugging Face token in HUGGING_FACE_HUB_TOKEN is invalid or expired: {new} and set HF_TOKEN=... with "
             "it in .env (HF_TOKEN wins over it), or unset HUGGING_FACE_HUB_TOKEN"
@@ -421,7 +421,7 @@ def invalid_token(token: str | None) -> str:
 
 
 def _cleaned(token: str | None) -> str | None:
-    """A token as `usable_token` sends it (line breaks and surrounding white space dropped), without its checks."""
+    """A token as huggingface_hub reads HF_TOKEN: line breaks and the white space around it dropped; None if empty."""
     return (token or "").replace("\r", "").replace("\n", "").strip() or None
 
 
@@ -439,7 +439,7 @@ def usable_token(token: str | None, named: str) -> str | None:
     holding a space, a control character or a letter that is not ASCII is refused naming where it came from, never its
     value: the HTTP client's refusal quotes the header, and that line ("Illegal header value b'Bearer hf_...\\n'")
     went to the job's log."""
-    token = (token or "").replace("\r", "").replace("\n", "").strip()
+    token = _cleaned(token) or ""
     if any(not ("!" <= c <= "~") for c in token):
         raise ConfigError(
             f"{named} holds a space, a control character or a letter that is not ASCII inside the token (not shown): "
