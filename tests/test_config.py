@@ -659,10 +659,17 @@ def test_a_mapping_for_a_one_value_field_is_refused_by_name(tmp_path):
             ["--output_dir=runs/a", "b"],
             "unknown argument 'b': it follows the value of --output_dir, which takes one: give one",
         ),
-        # the value itself is not printed: it may be a token
+        # neither the value nor the word past it is printed: a token, or a part of one (`--hub_token $(cat file)`
+        # of a file holding two lines, a token pasted with a space in it), went to the log
         (
-            ["--hub_token", "hf_secret", "x"],
-            "unknown argument 'x': it follows the value of --hub_token, which takes one",
+            ["--hub_token", "hf_secret", "hf_secretTail"],
+            "unknown argument (not shown: it may be a part of a token) after the value of --hub_token, which takes "
+            "one: give the token alone",
+        ),
+        (
+            ["--hub-token=hf_secret", "hf_secretTail"],
+            "unknown argument (not shown: it may be a part of a token) after the value of --hub-token, which takes "
+            "one: give the token alone",
         ),
         (
             ["--loss_type=sigmoid", "sft"],

@@ -897,8 +897,8 @@ DASHES = "-\u2010\u2011\u2012\u2013\u2014\u2015\u2212"
 def _unknown_words(tokens: list[str], remaining: list[str], typed: set[str]) -> ConfigError:
     """What argparse left over: an unknown flag by its name alone (`--hub_tokn=hf_...` must not print the token), a
     field's name without its `--`, else a word past the value of a one-value flag of the command line (`typed`: its
-    fields), named with that flag, not the value (it may be a token). The help named is train_dpo.py's, whose fields
-    these are, also where another script passes them on (prefetch.py, preflight.py)."""
+    fields), named with that flag, not the value (it may be a token), nor that word past a token. The help named is
+    train_dpo.py's, whose fields these are, also where another script passes them on (prefetch.py, preflight.py)."""
     flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), None)
     if flag is not None:
         return ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see train_dpo.py --help")
@@ -921,6 +921,11 @@ def _unknown_words(tokens: list[str], remaining: list[str], typed: set[str]) -> 
             continue
         after = [w for w in tokens[i + 1 : i + 3 - bool(eq)] if not w.startswith("--") and w not in options]
         if len(after) == 2 - bool(eq) and after[-1] == remaining[0]:  # the word past its one value
+            if name in TOKEN_FLAGS:  # a part of the token too, maybe: a file of two lines, a token pasted with a space
+                return ConfigError(
+                    f"unknown argument (not shown: it may be a part of a token) after the value of {name}, which "
+                    "takes one: give the token alone"
+                )
             several = SEVERAL_FILES if action.dest == "dataset_name" else ""
             return ConfigError(
                 f"unknown argument {remaining[0]!r}: it follows the value of {name}, which takes one: give one{several}"
