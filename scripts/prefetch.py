@@ -205,7 +205,7 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
         access = "the HF_TOKEN in use has no access to it" if token else "no HF_TOKEN is set"
         return f"{kind} {name!r} is not on the Hub, or is private and {access}: check the name, or add HF_TOKEN to .env"
     if getattr(getattr(error, "response", None), "status_code", None) == 401 and token:
-        return "the HF_TOKEN in use is invalid or expired: create one at https://huggingface.co/settings/tokens"
+        return offline.invalid_token(token)  # where the token came from (HF_TOKEN, .env, a saved login) and its fix
     return f"could not fetch {kind} {name!r} ({text}): is the Hub reachable from here?"
 
 

@@ -898,6 +898,27 @@ def test_a_token_the_hub_calls_invalid_is_named_by_its_source_with_the_fix_that_
     }
 
 
+def test_prefetch_names_where_a_token_the_hub_calls_invalid_came_from(local_hub, tmp_path, monkeypatch):
+    """prefetch.py's 401 said "the HF_TOKEN in use is invalid or expired" of a token `hf auth login` saved, with no
+    HF_TOKEN set: a new HF_TOKEN would have fixed it, yet it sent the user looking for a variable they never set. Its
+    line is the run's own (`offline.invalid_token`), naming the token's source and its fix there."""
+    from huggingface_hub import constants
+
+    saved = tmp_path / "token"
+    saved.write_text("hf_savedLOGIN\n")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    local_hub.add_model_commit("org/base", {"config.json": b"{}"})
+    # The Hub's answer to a revoked token, which huggingface_hub raises as a 401, not as a repo not found
+    local_hub.fail[("tree", "main")] = -1
+    local_hub.fail_status, local_hub.fail_error = 401, "Invalid credentials in Authorization header"
+    with pytest.raises(ConfigError) as refused:
+        load_script("prefetch").fetch_model("org/base", None, offline.hf_token())
+    assert str(refused.value) == offline.invalid_token("hf_savedLOGIN")
+    assert str(refused.value).startswith(f"the Hugging Face token saved in {saved} (by `hf auth login`"), refused.value
+
+
 def test_a_push_to_the_repo_the_run_trains_from_is_refused_before_anything_runs(local_hub, finished_run, monkeypatch):
     """`--hub_model_id` naming the Hub repo the run trains from (as `model_name_or_path` spells it, in any case, or as a
     bare name the token's namespace completes to it) pushed the DPO model over the base on main, exit 0: runs started
@@ -1008,6 +1029,19 @@ def test_push_to_hub_refuses_a_repo_the_token_may_not_create_in_one_line_that_na
     monkeypatch.setenv("HF_TOKEN", SECRET)
     with pytest.raises(ConfigError, match="^the Hub refuses to create other/new with this Hugging Face token .*"):
         load_script("push_to_hub").main([str(finished_run), "--repo-id", "other/new"])
+    assert not local_hub.commits
+
+
+def test_a_token_revoked_during_training_is_named_by_its_source_at_the_final_push(local_hub, monkeypatch, finished_run):
+    """The write check passed at the start; the token revoked during training, the final push's repo creation got the
+    Hub's 401, said as "the Hub refuses to create lab/new with this Hugging Face token: use a write token that may
+    create repos in 'lab'", of a token that may: the invalid token's own line, naming where it came from."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    local_hub.create_status["lab"] = 401
+    with pytest.raises(ConfigError) as refused:
+        hub.push_run(finished_run, "lab/new", token=SECRET)
+    assert str(refused.value) == offline.invalid_token(SECRET)
+    assert str(refused.value).startswith("the Hugging Face token in HF_TOKEN, set in the environment, is invalid")
     assert not local_hub.commits
 
 

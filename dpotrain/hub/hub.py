@@ -861,7 +861,10 @@ def create_repo(api, repo_id: str, private: bool | None):
         # that makes its repos private by default gets a private one, not a public one
         return api.create_repo(repo_id, private=private, exist_ok=True)
     except HfHubHTTPError as e:
-        if status_of(e) not in (401, 403):
+        # 401: the token revoked or expired (at the final push: during training), which no token's rights explain
+        if status_of(e) == 401:
+            raise ConfigError(invalid_token(api.token or get_token())) from None
+        if status_of(e) != 403:
             raise
         raise ConfigError(
             f"the Hub refuses to create {repo_id} with this Hugging Face token ({cause(e)}): use a write token that "
