@@ -230,18 +230,22 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
             stop.saved_something()  # the run is complete: its requeue pushes, training nothing
             stop.mark_saved(what)
             return STOPPED_EXIT
-        # RunError, not SystemExit: run_command writes its line where launch.sh looks for a run's own `error:` line
-        # (`<stop file>.refused`); a SystemExit left none, and the job's last line said "training failed ... srun
-        # stopped every node ... its traceback is above", of a run that trained to its end and has no traceback.
-        except hub_push.UnrecordedPush:  # on the Hub: no "failed", no other command
-            raise
-        except hub.CardRefused as e:  # push_to_hub.py fails the same way until the card is fixed: the fix first
-            raise RunError(
-                f"{e.refusal}, then push it with `{command}`; the run is saved and main was not pushed"
-            ) from None
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
-            raise RunError(
-                f"pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, push it with `{command}`"
-            ) from None
+            # The W&B run ended first, failed (the process's exit code, 1): ended at the process's exit, its closing
+            # lines came after the run's error line, which is to be the last
+            tracking.finish_wandb(1)
+            if isinstance(e, hub_push.UnrecordedPush):  # on the Hub: no "failed", no other command
+                raise
+            raise push_failed(e, out, push.repo_id, command) from None
         print(f"Pushed to {url}", flush=True)
     return None
+
+
+def push_failed(error: Exception, out: Path, repo: str, command: str) -> RunError:
+    """The run's line for a final push that failed, naming the command that pushes it. RunError, not SystemExit:
+    run_command writes its line where launch.sh looks for a run's own `error:` line (`<stop file>.refused`); a
+    SystemExit left none, and the job's last line said "training failed ... srun stopped every node ... its traceback
+    is above", of a run that trained to its end and has no traceback."""
+    if isinstance(error, hub.CardRefused):  # push_to_hub.py fails the same way until the card is fixed: the fix first
+        return RunError(f"{error.refusal}, then push it with `{command}`; the run is saved and main was not pushed")
+    return RunError(f"pushing {out} to {repo} failed ({cause(error)}); the run is saved, push it with `{command}`")
