@@ -110,6 +110,24 @@ def test_the_cards_speed_is_the_runs_mean_over_its_steady_steps_not_the_last_ste
     ), card
 
 
+def test_the_card_shows_the_last_evaluation_apart_from_the_final_training_metrics():
+    """A run that evaluated (an eval split) had its last evaluation in run_complete.json (`final_eval`) and not on the
+    card, whose final metrics are the last training record's: it has a section of its own, the last evaluation's
+    figures as logged, and a run that evaluated none has none."""
+    train = [{"step": s, "loss": 0.7 - s / 100, "rewards/accuracies": 0.5} for s in (2, 4)]
+    evals = [
+        {"step": s, "eval_loss": 0.68 - s / 100, "eval_rewards/accuracies": s / 8, "eval_runtime": 1.5} for s in (2, 4)
+    ]
+    card = model_card({"run_name": "r"}, [train[0], evals[0], train[1], evals[1]])
+    section = card.split("## Last evaluation (step 4, held-out data)\n")[1].split("![training curves]")[0]
+    assert (
+        section
+        == "\n| metric | value |\n|---|---|\n| `eval_loss` | 0.6400 |\n| `eval_rewards/accuracies` | 0.5000 |\n\n"
+    )
+    assert "## Final metrics (step 4)" in card and "| `loss` | 0.6600 |" in card  # training's, as before
+    assert "Last evaluation" not in model_card({"run_name": "r"}, train)
+
+
 def test_a_final_metric_that_was_nan_is_said_so_on_the_card():
     """metrics.jsonl writes a NaN or infinite value null (records.dumps): the card's `{:.4f}` of it was a TypeError
     traceback after training, with the final model saved and no card or run_complete.json."""
@@ -316,7 +334,8 @@ def test_the_best_evaluation_is_named_from_the_trainers_state():
 @pytest.mark.slow
 def test_a_runs_card_names_its_best_evaluation_and_leaves_out_what_sgd_never_read(tmp_path, tiny_model_dir):
     """A real run with --metric_for_best_model eval_loss, an evaluation and a checkpoint at each step, and --optim
-    sgd: its README.md names the best step as trainer_state.json keeps it, and no adam_* row."""
+    sgd: its README.md names the best step as trainer_state.json keeps it, the last evaluation as run_complete.json
+    does, and no adam_* row."""
     out, held = tmp_path / "run", tmp_path / "held.jsonl"
     held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--max_steps", "3"]
@@ -331,6 +350,10 @@ def test_a_runs_card_names_its_best_evaluation_and_leaves_out_what_sgd_never_rea
     # kept for push_to_hub.py, which marks the best branch when it lists the checkpoint branches again
     best_kept = json.loads((out / "run_complete.json").read_text())["best"]
     assert best_kept == {"step": step, "metric": best, "checkpoint": f"checkpoint-{step}"}, best_kept
+    # The last evaluation on the card is run_complete.json's, as logged
+    final_eval = json.loads((out / "run_complete.json").read_text())["final_eval"]
+    assert f"## Last evaluation (step {final_eval['step']}, held-out data)" in card, card
+    assert f"| `eval_loss` | {final_eval['eval_loss']:.4f} |" in card, card
     assert "| `optim` | sgd |" in card and "adam_" not in card
 
 

@@ -283,11 +283,30 @@ DPO post-training of {trained_from} with {what}, trained with TRL's
 | metric | value |
 |---|---|
 {metric_rows}
-
+{evaluation_section(records)}
 ![training curves]({PLOT_FILE})
 """
     marked = best_branch_step(best, s.metric_for_best_model)
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "", marked)))
+
+
+def evaluation_section(records: list[dict]) -> str:
+    """The card's last evaluation on the held-out data, as run_complete.json's `final_eval` holds it
+    (`publish.completion`), as TRL's and transformers' cards show evaluation results; "" where the run evaluated none.
+    A run that evaluated had its figures there and none on the card, whose final metrics are training's."""
+    evaluated = last_logged(records, "eval_loss")
+    if not evaluated:
+        return ""
+    rows = "\n".join(
+        f"| `{k}` | {number(evaluated[k])} |" for k in (f"eval_{m}" for m in FINAL_METRICS) if k in evaluated
+    )
+    return f"""
+## Last evaluation (step {evaluated["step"]}, held-out data)
+
+| metric | value |
+|---|---|
+{rows}
+"""
 
 
 def shown(name: str) -> str:
