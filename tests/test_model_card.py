@@ -128,6 +128,21 @@ def test_the_card_shows_the_last_evaluation_apart_from_the_final_training_metric
     assert "Last evaluation" not in model_card({"run_name": "r"}, train)
 
 
+def test_the_cards_speed_leaves_each_attempts_warm_up_out_so_a_resumed_run_reads_as_an_uninterrupted_one():
+    """A resume's first logged step holds the new process's warm-up as the run's first does, and the card's mean
+    counted it as steady: a run resumed once read slower than the same run uninterrupted. Each attempt's first step
+    is left out (after a resume with eval_on_start, the record saying `resumed_from` is the evaluation's)."""
+    steady = {2: 9000.0, 3: 8000.0, 4: 8500.0, 6: 9500.0, 7: 8800.0}
+    resumed = [{"step": s, "loss": 0.6, "tokens_per_second": steady.get(s, 700.0)} for s in range(1, 8)]
+    resumed[4] |= {"tokens_per_second": 650.0, "resumed_from": 4}  # step 5: the resumed process's warm-up
+    step_5 = {k: v for k, v in resumed[4].items() if k != "resumed_from"}
+    with_eval = [*resumed[:4], {"step": 4, "eval_loss": 0.6, "resumed_from": 4}, step_5, *resumed[5:]]
+    mean = sum(steady.values()) / len(steady)
+    said = f"| `tokens_per_second` | {mean:,.1f} (mean of 5 logging steps, 2-7; each attempt's first (steps 1, 5), "
+    for records in (resumed, with_eval):
+        assert f"{said}with its warm-up, left out) |" in model_card({"run_name": "r"}, records), records
+
+
 def test_a_final_metric_that_was_nan_is_said_so_on_the_card():
     """metrics.jsonl writes a NaN or infinite value null (records.dumps): the card's `{:.4f}` of it was a TypeError
     traceback after training, with the final model saved and no card or run_complete.json."""

@@ -461,19 +461,27 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 
 
 def speed_row(records: list[dict]) -> str:
-    """The mean tokens/s of the logging steps but the first (warm-up and compilation fall in it), not the last step's
-    alone (one step's figure ranges widely)."""
-    speeds = [
-        (r["step"], r["tokens_per_second"]) for r in records if "loss" in r and r.get("tokens_per_second") is not None
-    ]
-    if not speeds:
+    """The mean tokens/s of the logging steps but each attempt's first, not the last step's alone (one step's figure
+    ranges widely). An attempt's first holds its warm-up (the first steps' allocations, compilation): a resumed run's
+    first step after the resume (its record says `resumed_from`) was counted as steady, an uninterrupted run's not."""
+    speeds, warm_ups, first = [], [], True  # first: the next training record starts an attempt
+    for r in records:
+        first = first or "resumed_from" in r  # an evaluation at the checkpoint's step may hold it (eval_on_start)
+        if "loss" in r and r.get("tokens_per_second") is not None:
+            (warm_ups if first else speeds).append((r["step"], r["tokens_per_second"]))
+            first = False
+    steady = speeds or warm_ups  # each attempt logged one step: all of them
+    if not steady:
         return ""
-    steady = speeds[1:] or speeds
     (first_step, _), (last_step, _) = steady[0], steady[-1]
     steps = f"{len(steady)} logging steps, {first_step}-{last_step}" if len(steady) > 1 else f"step {first_step}"
-    first = "; the first, with the warm-up, left out" if len(speeds) > 1 else ""
+    left = ""
+    if speeds and len(warm_ups) == 1:
+        left = "; the first, with the warm-up, left out"
+    elif speeds and warm_ups:
+        left = f"; each attempt's first (steps {', '.join(str(s) for s, _ in warm_ups)}), with its warm-up, left out"
     mean = sum(v for _, v in steady) / len(steady)
-    return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{first}) |"
+    return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{left}) |"
 
 
 def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "", best: dict | None = None) -> Path:
