@@ -52,6 +52,28 @@ def test_missing_local_dataset(tmp_path):
     assert "does not exist: check the path" in msg and "nope.jsonl" in msg
 
 
+def test_a_data_set_or_template_given_as_a_pipe_is_refused_as_no_file(tmp_path):
+    """`--dataset_name <(zcat pairs.jsonl.gz)`: the shell passes /dev/fd/N, a pipe, which exists but is no file. It was
+    sent to the Hub ("could not load data set '/dev/fd/63' from the Hub"), a template said not to exist; and a run
+    reads its inputs more than once, where a pipe is empty once read."""
+    read, write = os.pipe()
+    try:
+        os.write(write, b'{"chosen": "Blue.", "rejected": "Red.", "prompt": "Sky?"}\n')
+        os.close(write)
+        pipe = f"/dev/fd/{read}"
+        assert refused(tmp_path, "--dataset_name", pipe) == (
+            f"dataset '{pipe}' is not a file or a folder (a pipe or a device): write the pairs to a file first "
+            "(.jsonl, or .jsonl.gz as it is) and give that file"
+        )
+        assert refused(tmp_path, "--chat_template_path", pipe) == (
+            f"chat_template_path '{pipe}' is not a file or a folder (a pipe or a device): write the template to a "
+            ".jinja file first and give that file"
+        )
+    finally:
+        os.close(read)
+    assert not (tmp_path / "run").exists()
+
+
 def test_dataset_without_chosen_rejected(tmp_path):
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")

@@ -34,6 +34,12 @@ def template_file(path: str) -> Path:
                 f"itself, or a tokenizer folder saved with its template"
             )
         return given / FILE
+    if given.exists() and not given.is_file():
+        # `<(curl ...)`: a pipe was said not to exist, and a pipe is empty once read (each resume compares the template)
+        raise ConfigError(
+            f"chat_template_path {path!r} is not a file or a folder (a pipe or a device): write the template to a "
+            ".jinja file first and give that file"
+        )
     if not given.is_file():
         # `--chat_template_path none` on a recipe naming one (think.yaml) meant the model's own: no word said how
         own = " (for the model's own template: --chat_template_path '')" if path.lower() in ("none", "null") else ""

@@ -94,6 +94,14 @@ def check_dataset_name(name: str | None) -> None:
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        # A pipe (`--dataset_name <(zcat pairs.jsonl.gz)`), a device, a socket: it was sent to the Hub ("could not load
+        # data set '/dev/fd/63' from the Hub"), and a pipe is empty once read, where a run reads its data more than
+        # once (its checksum, the load, each resume's comparison)
+        raise ConfigError(
+            f"dataset {name!r} is not a file or a folder (a pipe or a device): write the pairs to a file first "
+            "(.jsonl, or .jsonl.gz as it is) and give that file"
+        )
     if path.exists():
         check_read_as_named(name, path)
     if path.is_dir() and not data_identity.saved(path):
