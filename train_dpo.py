@@ -60,6 +60,37 @@ def main(argv=None) -> None:
             run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
 
+def finished_by_this_job(recipe) -> str | None:
+    """The Slurm job this start is a requeue of, where that job finished the run (resolve.finished_by_this_job): it
+    trains nothing, so it reads nothing the recipe names, nor does its dry run (launch.sh's). Decided after the checks,
+    a data file or model moved away since the run finished (or a recipe edited for the next experiment, naming files
+    not made yet) refused the start (`error: dataset ... does not exist`, exit 2): the job FAILED, its `afterok`
+    dependents never started. Not for a preflight or a reference-only job, which name no finished run."""
+    p = recipe.project
+    return None if p.preflight or p.reference_only else resolve.finished_by_this_job(Path(recipe.training.output_dir))
+
+
+def end_finished(recipe, job: str) -> None:
+    """Every rank ends with 0, in no collective: each reads the same run_complete.json (a node that could not, where
+    the output folder is not shared, waits for the others until the collective timeout). The main process says which
+    settings now differ, takes over the killed start's lock (released as `main` ends) and says there is nothing to do,
+    once in the job's log. A dry run says so on stderr, and prints no plan (launch.sh then launches the processes,
+    which say it again as they take the lock over)."""
+    out = recipe.training.output_dir
+    if recipe.project.dry_run:
+        print(resolve.finished_line(out, job), file=sys.stderr, flush=True)
+        return None
+    if launcher.launched_main():
+        # pairs per step not compared: the launch that decides it is not planned, and nothing trains
+        resolve.say_untrained_settings(recipe, Path(out), None)
+        # `acquire`, not `run_lock.take`, which shares its outcome in a collective the other ranks never join (the
+        # launch may have made its process group as the recipe was parsed: DeepSpeed's)
+        if refused := run_lock.acquire(Path(out)):
+            raise ConfigError(refused)
+        print(resolve.finished_line(out, job), flush=True)
+    return None
+
+
 def importers_own() -> ExitStack:
     """What a run changes in the process handed back as it was when it ends: the environment, and the Hub libraries'
     offline switches (read from it at import, so not restored with it)."""
@@ -82,6 +113,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
+    if job := finished_by_this_job(recipe):  # before the checks: nothing the recipe names is read
+        return end_finished(recipe, job)
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             # The run's checks and its own first; the default sample, the recipe's seed, markdown only

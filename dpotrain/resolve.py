@@ -478,10 +478,12 @@ def finished_run(job: str) -> str:
 def say_untrained_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> None:
     """The job's recipe edited since it finished its run (the next experiment's, or more steps before an `scontrol
     requeue`): the run is still this job's, but what the command now asks is not trained, which "nothing to do" alone
-    left unsaid."""
+    left unsaid. `pairs_per_step` None: not compared (a requeue ended before its launch was planned: train_dpo.py)."""
     changed = []
     with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
         changed = changed_settings(recipe, out, pairs_per_step)
+    if pairs_per_step is None:
+        changed = [c for c in changed if not c.startswith("pairs_per_step:")]
     if changed:
         resume._say(
             f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "

@@ -1629,3 +1629,35 @@ def test_a_requeue_of_the_slurm_job_that_finished_the_run_trains_nothing_and_rem
     hub_push.record_push(out, branch="main", status="started", repo="me/run")
     recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], *short, "--push_to_hub", "true"])
     assert check_output_dir(recipe, 8) == OutputDecision(None, False, push_left="me/run")
+
+
+def test_a_requeue_of_the_job_that_finished_the_run_reads_none_of_its_inputs(tmp_path, monkeypatch, capsys):
+    """The job's data file and model moved away once its run finished (archived, a scratch purge), or its recipe edited
+    for the next experiment to name files not made yet: the requeue of the job that finished the run was refused by the
+    checks, which read them first (`error: dataset ... does not exist`, exit 2), and by launch.sh's dry run before
+    them: the job FAILED, its `afterok` dependents never started. It trains nothing, so it reads nothing: exit 0, and
+    the dry run prints no plan (launch.sh launches the processes, which say it and release the lock)."""
+    import train_dpo
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text(json.dumps({"global_step": 4, "slurm_job_id": "4242"}))
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    gone = ["--model_name_or_path", str(tmp_path / "archived-model"), "--dataset_name", str(tmp_path / "pairs.jsonl")]
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), *gone, "--output_dir", str(out)]
+    said = f"output_dir {out} holds the run this Slurm job (4242) finished before it was requeued: nothing to do\n"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    capsys.readouterr()
+    assert train_dpo.main([*args, "--dry-run", "--json"]) is None  # launch.sh's: exit 0, no JSON
+    assert capsys.readouterr() == (("", said))
+    assert train_dpo.main(args) is None  # exit 0
+    assert capsys.readouterr().out == said
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept  # its lock taken over and released
+    # Another job's start, or this job's first: its inputs are read, and refused
+    for job, restart in (("777", "1"), ("4242", "0")):
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
+        for dry in ((), ("--dry-run",)):
+            with pytest.raises(ConfigError, match="does not exist"):
+                train_dpo.main([*args, *dry])
