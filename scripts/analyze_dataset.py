@@ -36,7 +36,7 @@ from dpotrain.recipe import venv  # noqa: E402
 with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's venv, then .env, then torch
     from transformers.hf_argparser import string_to_bool
 
-    from dpotrain import options
+    from dpotrain import options, output_folder
     from dpotrain.cluster import offline
     from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.positions import check as check_positions
@@ -290,6 +290,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
     writes.check_report_paths({"--json": args.json, "--plot": args.plot})
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        output_folder.check_report_not_a_runs(flag, path)  # a report never replaces a run's file
 
 
 def every_row_invalid(checked, split: str, name: str, tokenizer=None) -> None:

@@ -8,6 +8,7 @@ padding), on small local data sets with the built-in tiny tokenizer.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -1432,6 +1433,38 @@ def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
     assert "Traceback" not in out
+
+
+def test_a_report_is_never_written_over_a_runs_own_file(cli, tmp_path, capsys):
+    """`--json outputs/run/run_complete.json` (the analyzer's or the preflight's) replaced a finished run's record with
+    the report, `--plot outputs/run/training_curves.png` its curves, in silence. A run's own files (those its
+    run_files.json names, and what its checkpoints hold) are refused before the analysis; a new file beside them, as
+    any file of a person's there, is not."""
+    from dpotrain import output_folder
+    from dpotrain import preflight as checks
+    from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    for name in ("run_complete.json", "training_curves.png", "checkpoint-4/trainer_state.json", "notes.json"):
+        (run / name).write_text(name)
+    run_files.write(run, [run_files.MANIFEST, "run_complete.json", "training_curves.png", "checkpoint-4"])
+    before = {p: p.read_text() for p in run.rglob("*") if p.is_file()}
+    data, tokenizer = str(ROOT / "data" / "smoke_prefs.jsonl"), str(tmp_path / "no-tokenizer")  # refused before it
+    for flag, name, what in (
+        ("--json", "run_complete.json", "the run's run_complete.json"),
+        ("--plot", "training_curves.png", "the run's training_curves.png"),
+        ("--json", "checkpoint-4/trainer_state.json", "a file of the run's checkpoint-4"),
+    ):
+        path = str(run / name)
+        said = f"{flag} {path!r} is {what} in {run} (run_files.json names it), which the report would replace: give a"
+        assert cli.main([data, "--tokenizer", tokenizer, flag, path]) == 2
+        assert error_line(capsys).startswith(f"error: {said}")
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            checks.check_outputs(*((path, None) if flag == "--json" else (None, path)))
+    for path in (run / "lengths.json", run / "notes.json"):  # not the run's
+        output_folder.check_report_not_a_runs("--json", str(path))
+    assert {p: p.read_text() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_a_recipes_coverage_out_of_range_is_named_as_the_recipes_key(cli, tmp_path, capsys):
