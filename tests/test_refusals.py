@@ -2073,6 +2073,20 @@ def test_a_folder_whose_files_hold_no_row_says_so(tmp_path, monkeypatch, capsys)
     )
 
 
+def test_a_folder_whose_held_out_file_alone_is_empty_names_that_file(tmp_path, monkeypatch, capsys):
+    """A test.jsonl made for held-out pairs not written yet, beside train.jsonl: "could not read the local folder ...
+    (ValueError: Instruction "test" corresponds to no data!) ...: put the pairs there as .jsonl, .json, .parquet or
+    .csv files of one format", advice about the folder's format, naming neither the file nor its fix."""
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / "train.jsonl")
+    (folder / "test.jsonl").write_text("")
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder)) == (
+        f"error: dataset folder {str(folder)!r}: test.jsonl holds no pair, and datasets reads a file named for a split "
+        "as that split, which cannot be empty: put pairs in it, or remove it"
+    )
+
+
 @pytest.mark.parametrize("score, kind", [("high", "string"), (1.5, "double")])
 def test_a_folder_whose_files_give_an_unread_column_two_types_names_it(score, kind, tmp_path, monkeypatch, capsys):
     """A `score` written as a whole number in one shard and as text (or 1.5: datasets casts to the first file's int64)

@@ -1005,6 +1005,14 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
     # datasets: 'Instruction "train" corresponds to no data!', as if the folder's format were wrong
     if found and not any(_has_rows(p) for p in found.values()):
         return f"dataset folder {name!r} has no rows: none of its files ({held}) holds a pair; put the pairs in them"
+    # One split's files alone empty (a test.jsonl made for held-out pairs not written yet): the same words of datasets'
+    # were said of the whole folder's format ("put the pairs there as .jsonl ... files of one format")
+    empty = [n for n, p in found.items() if not _has_rows(p)]
+    if empty and "corresponds to no data" in str(error):
+        return (
+            f"dataset folder {name!r}: {', '.join(empty)} holds no pair, and datasets reads a file named for a split "
+            "as that split, which cannot be empty: put pairs in it, or remove it"
+        )
     return (
         f"could not read the local folder {name!r} as a data set ({cause(error)}): datasets reads the files under it "
         f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
