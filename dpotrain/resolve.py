@@ -572,6 +572,12 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"output_dir {named} holds an unfinished run with other settings ({'; '.join(changed)}): rerun "
                 "with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start afresh"
             )
+        if p.overwrite_output_dir:  # the flag's start afresh not done: said, where it resumed without a word
+            resume._say(
+                f"note: --overwrite_output_dir resumes {latest}, not afresh: the run in {named} has these settings, "
+                "and a job requeued with the flag in its command must not lose its progress; to train again from "
+                "step 1, pass a new --output_dir"
+            )
         return resumed(out, str(latest))
     if own_checkpoints(out):  # a person's checkpoint-N is none of the run's (check_checkpoints_of_others)
         if p.overwrite_output_dir or resume.only_cut_short(out, changed_in_folder(recipe, out, pairs_per_step)):

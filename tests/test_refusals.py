@@ -2494,6 +2494,24 @@ def test_a_rerun_with_auto_resume_false_is_refused_in_the_words_it_was_given_nam
     )
 
 
+def test_overwrite_output_dir_over_a_run_of_the_same_settings_says_it_resumes(tmp_path, capsys):
+    """--overwrite_output_dir on an unfinished run of the same settings resumes it (a job requeued with the flag in its
+    command must not lose its progress, docs/resuming.md), and said nothing: a person who typed it to train again from
+    step 1 saw "Resuming from ..." alone. Said now, with the way to train afresh; other settings are replaced."""
+    out = unfinished_run(tmp_path, capsys)
+    capsys.readouterr()  # its checkpoint's seal line
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--overwrite_output_dir"])
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
+    assert capsys.readouterr().out == (
+        f"note: --overwrite_output_dir resumes {out / 'checkpoint-4'}, not afresh: the run in {str(out)!r} has these "
+        "settings, and a job requeued with the flag in its command must not lose its progress; to train again from "
+        "step 1, pass a new --output_dir\n"
+    )
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--overwrite_output_dir", "--beta", "1"])
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(None, True)
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
