@@ -257,3 +257,27 @@ def test_a_window_without_layer_types_slides_in_every_layer(model_type):
     keys = 1 + 2 + 3 + 4 + 12 * 4  # per layer: positions 1..4 attend to 1..4 keys, the 12 after to 4
     assert work.forward([16]) == 2 * work.matmul_params * 16 + 2 * (2 * 2 * (4 * 16) * keys)
     assert ModelFlops.of(AutoModelForCausalLM.from_config(config)).windows == (4, 4)  # the MFU's count alike
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "rwkv"])
+def test_a_model_without_attention_is_costed_and_planned(model_type):
+    """Mamba, Mamba 2 and RWKV configs name no `num_attention_heads`: such a model trains padded (docs/speed.md), but
+    the forward's cost (every run, before the weights load), the reference stage's micro-batch under eager attention
+    and the memory plan's formula (a bf16 run and its dry run) each read the heads and stopped the run with an
+    AttributeError. No attention is counted: its layers are costed by their other weights, which tokens pass alone."""
+    from transformers import AutoConfig
+
+    from dpotrain.cluster import sequence_parallel
+    from dpotrain.forwards import cost
+    from dpotrain.plan import memory
+
+    shape = dict(num_heads=2, head_dim=64) if model_type == "mamba2" else {}  # its heads are the SSM's, not attention
+    config = AutoConfig.for_model(model_type, vocab_size=300, hidden_size=64, num_hidden_layers=2, **shape)
+    assert not hasattr(config, "num_attention_heads")
+    work = cost.model_flops(config)
+    assert work.attention_widths == (0, 0) and work.matmul_params > 300 * 64
+    assert work.forward([10]) == 2 * work.matmul_params * 10  # tokens pass the weights; no attention term
+    assert sequence_parallel.head_counts(config) == (0, 0)
+    assert memory.mask_bytes("eager", 16, 16, config, False) == 16 * 16 * memory.BF16  # the one mask, no per-head probs
+    assert memory.formula_activation_bytes(config, 16, False) > 0
+    assert 1 <= memory.forward_only_multiple(config, 1024, 1024, "eager", False) <= memory.REFERENCE_MULTIPLE_MOST

@@ -57,9 +57,10 @@ def check_launch(n: int, world: int, engine) -> None:
 def head_counts(config) -> tuple[int, int]:
     """(attention heads, key/value heads) of a model's text config. Gemma 4 may give its full-attention layers their
     own key/value heads (`num_global_key_value_heads`) and then refuses a global count: the most a layer has, the
-    memory plan's upper bound (the split rule judged on it holds for every layer where the counts are powers of 2)."""
+    memory plan's upper bound (the split rule judged on it holds for every layer where the counts are powers of 2).
+    A model without attention (Mamba, RWKV) has none: (0, 0)."""
     text = config.get_text_config()
-    heads = text.num_attention_heads
+    heads = getattr(text, "num_attention_heads", None) or 0
     if "num_key_value_heads" in (getattr(text, "per_layer_attributes", None) or ()):
         return heads, max(layer.num_key_value_heads or heads for layer in text.per_layer_config)
     return heads, getattr(text, "num_key_value_heads", None) or heads

@@ -78,7 +78,9 @@ def model_flops(config) -> flops.ModelFlops:
     weights load): per layer its own head width, key/value heads and sliding window, the MLP weights a token runs."""
     text = config.get_text_config()
     h, kinds = text.hidden_size, flops.layer_kinds(text)
-    heads = text.num_attention_heads  # not head_counts: Gemma 4 may refuse a global num_key_value_heads
+    # not head_counts: Gemma 4 may refuse a global num_key_value_heads; none at all in a model without attention
+    # (Mamba, RWKV: trained padded), whose layers are counted by their MLP weights alone
+    heads = getattr(text, "num_attention_heads", None) or 0
     dims, kv = flops.per_layer(text, "head_dim"), flops.per_layer(text, "num_key_value_heads")
     params = sum(
         _attention_params(text, i, dims[i], kv[i] or heads) + flops.mlp_params(text, i) for i in range(len(kinds))
@@ -91,7 +93,7 @@ def model_flops(config) -> flops.ModelFlops:
 def _attention_params(text, layer: int, d: int, kv: int) -> int:
     """A layer's attention weights: q and o of every head, k and v of the key/value heads (`flops.kv_matrices`), or
     multi-head latent attention's (DeepSeek V2/V3: q and kv through low-rank projections)."""
-    h, heads = text.hidden_size, text.num_attention_heads
+    h, heads = text.hidden_size, getattr(text, "num_attention_heads", None) or 0
     if rank := getattr(text, "kv_lora_rank", None):
         qk, v, rope, q_rank = text.qk_head_dim, text.v_head_dim, text.qk_rope_head_dim, text.q_lora_rank
         q = h * q_rank + q_rank * heads * qk if q_rank else h * heads * qk

@@ -620,7 +620,8 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     if attn_implementation != "eager":
         return tokens * width * (kinds + BF16)
     layers = 1 if checkpointing else text.num_hidden_layers
-    return tokens * width * (kinds * BF16 + text.num_attention_heads * (4 + BF16) * layers)
+    heads = getattr(text, "num_attention_heads", None) or 0  # none in a model without attention (Mamba, RWKV)
+    return tokens * width * (kinds * BF16 + heads * (4 + BF16) * layers)
 
 
 def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
