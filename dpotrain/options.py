@@ -680,12 +680,25 @@ def check_generates(config, model: str) -> None:
         auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
         auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
     )
+    lm = causal.get(getattr(config, "model_type", None))
+    causal_lm = f"a causal language model{f' ({lm})' if isinstance(lm, str) else ''}"
     if named in other - classes(causal):
-        lm = causal.get(getattr(config, "model_type", None))
         raise ConfigError(
             f"{model} is a {named} (architectures in its config.json), a model that does not generate text: DPO "
-            f"trains a causal language model{f' ({lm})' if isinstance(lm, str) else ''}: give the model to train, "
-            "e.g. your SFT model, not a reward or base model"
+            f"trains {causal_lm}: give the model to train, e.g. your SFT model, not a reward or base model"
+        )
+    # An encoder-decoder (T5, BART) or a masked LM (BERT) loaded, then failed in the reference stage with a traceback
+    # (`You must specify exactly one of input_ids or inputs_embeds`, no `generation_config`): TRL's DPOTrainer scores
+    # each token from the tokens before it alone, in one decoder-only sequence.
+    kind = None if named in classes(causal) else "an encoder-decoder" if config.is_encoder_decoder else None
+    if named in classes(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES) - classes(causal):
+        kind = "a masked language model"
+    if kind:
+        what = f"a {named} (architectures in its config.json)" if named else f"a {config.model_type} model"
+        raise ConfigError(
+            f"{model} is {what}, {kind}: DPO here trains {causal_lm}, "
+            "which reads each token after the ones before it, as TRL's DPOTrainer scores them: give a decoder-only "
+            "model (...ForCausalLM)"
         )
 
 

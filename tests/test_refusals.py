@@ -833,6 +833,38 @@ def test_a_model_that_does_not_generate_text_is_refused_before_it_loads(
     )
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+@pytest.mark.parametrize("kind", ["an encoder-decoder", "a masked language model"])
+def test_a_model_that_is_not_decoder_only_is_refused_before_it_loads(
+    kind, dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A T5 (encoder-decoder) or a BERT masked LM, which generate or fill in text but not one token after the other in
+    one sequence, as TRL's DPOTrainer scores them: the run loaded it and stopped in a traceback in the reference stage
+    (`You must specify exactly one of input_ids or inputs_embeds`; `... has no attribute 'generation_config'`), and
+    the dry run in its memory plan (`Unrecognized configuration class ... for AutoModelForCausalLM`) or planned it."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, T5Config, T5ForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shape = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    if kind == "an encoder-decoder":
+        model = T5ForConditionalGeneration(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, **shape))
+        named, causal = "T5ForConditionalGeneration", "a causal language model"
+    else:
+        model = BertForMaskedLM(
+            BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, **shape)
+        )
+        named, causal = "BertForMaskedLM", "a causal language model (BertLMHeadModel)"
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {folder} is a {named} (architectures in its config.json), {kind}: DPO here trains {causal}, which "
+        "reads each token after the ones before it, as TRL's DPOTrainer scores them: give a decoder-only model "
+        "(...ForCausalLM)"
+    )
+
+
 def sentencepiece_file(path) -> None:
     """A SentencePiece model file (byte fallback and a few pieces), written with transformers' copy of its protobuf."""
     from transformers.convert_slow_tokenizer import import_protobuf
