@@ -1028,3 +1028,25 @@ def test_the_analyzers_memory_line_gives_the_runs_refusal_of_a_config_not_a_miss
         f"{transformers.__version__} knows: install a transformers release that has it (pip install -U transformers), "
         "or check model_type in its config.json)"
     )
+
+
+def test_a_vision_language_model_is_planned_as_the_class_its_config_names(tmp_path):
+    """transformers maps no causal LM to Qwen2-VL's config, whose model TRL loads by its `architectures` and trains on
+    text (a tiny one trains with the smoke recipe): a bf16 run and its dry run stopped in a traceback as the plan
+    built the model (`Unrecognized configuration class ... for this kind of AutoModel: AutoModelForCausalLM`)."""
+    from transformers import Qwen2VLConfig
+
+    text = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    mrope = {"type": "mrope", "mrope_section": [2, 3, 3]}
+    vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
+    config = Qwen2VLConfig(
+        text_config=dict(text, num_key_value_heads=2, rope_scaling=mrope),
+        vision_config=vision,
+        architectures=["Qwen2VLForConditionalGeneration"],
+    )
+    config.save_pretrained(tmp_path)
+    built = memory.meta_model(config)
+    assert type(built).__name__ == "Qwen2VLForConditionalGeneration"
+    planned = memory.plan(recipe("--model_name_or_path", str(tmp_path), "--max_length", "1024"), 4)
+    assert planned["activations_from"].startswith("traced"), planned["activations_from"]
+    assert planned["model"]["parameters"] == sum(p.numel() for p in built.parameters())  # its vision tower too

@@ -341,13 +341,24 @@ def own_code(config) -> bool:
     return not type(config).__module__.startswith("transformers.")
 
 
-def meta_model(config):
-    """The model `config` describes on the meta device, outside DeepSpeed's zero.Init (a ZeRO-3 launch's wrap)."""
+def built_model(config, **kwargs):
+    """The model the run loads for `config`, built from the config alone (`kwargs`: `from_config`'s): its causal-LM
+    class, else the class its config.json names (`architectures`), which TRL loads: transformers maps no causal LM
+    to a vision-language config such as Qwen2-VL's, whose model trains on text, and the plans stopped in a traceback
+    (`Unrecognized configuration class ... for AutoModelForCausalLM`)."""
     from transformers import AutoModelForCausalLM
 
+    named = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "", None)
+    if own_code(config) or upstream.causal_lm_class(config) is not None or named is None:
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=own_code(config), **kwargs)
+    return named._from_config(config, **kwargs)
+
+
+def meta_model(config):
+    """The model `config` describes on the meta device, outside DeepSpeed's zero.Init (a ZeRO-3 launch's wrap)."""
     with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=own_code(config))
+        return built_model(config)
 
 
 def check_loading(engine: Engine, config, model: str) -> None:
@@ -485,16 +496,11 @@ def _fake_model(config, layers: int | tuple, dtype=torch.bfloat16):
     """The model with `layers` full-attention layers (or one of each kind) on fake tensors, its attention fused and
     unmasked (`TRACE_ATTENTION`): what the traces run (`_inputs` are their forward's). In eval mode, as built: a trace
     enables checkpointing before `train()`, in that order."""
-    from transformers import AutoModelForCausalLM
-
     register_trace_attention()
     config = _kinds_copy(config, ("full_attention",) * layers if isinstance(layers, int) else layers)
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(
-            config, trust_remote_code=own_code(config), dtype=dtype, attn_implementation=TRACE_ATTENTION
-        )
-        yield model
+        yield built_model(config, dtype=dtype, attn_implementation=TRACE_ATTENTION)
 
 
 def _inputs(tokens: int) -> dict:
