@@ -1316,3 +1316,33 @@ def test_a_pairs_digest_is_what_the_template_renders_not_how_arrow_stored_it():
     assert pair_digest({**pair, "tools": [{"name": "f"}]}) != pair_digest(pair)
     nulled = {k: [{**m, "tool_calls": None} for m in v] for k, v in pair.items()}
     assert pair_digest(nulled) == pair_digest(pair)
+
+
+@pytest.mark.parametrize("rows_given", ["every row", "one row"])
+def test_chat_template_kwargs_that_are_not_an_object_are_refused_with_their_row(
+    rows_given, tmp_path, monkeypatch, capsys
+):
+    """TRL spreads a row's chat_template_kwargs into apply_chat_template (`**`): a column of JSON texts (an export
+    that wrote each object as a string) or a row's list stopped the row check in a traceback ('str' object has no
+    attribute 'items'), before the model loads; now the row and the column are named, as any other bad value."""
+    pairs = builtin.make_preference_rows(8, seed=5)
+    if rows_given == "every row":
+        pairs = [p | {"chat_template_kwargs": json.dumps({"enable_thinking": False})} for p in pairs]
+    else:
+        pairs = [p | {"chat_template_kwargs": {"enable_thinking": False}} for p in pairs]
+        pairs[3]["chat_template_kwargs"] = ["enable_thinking"]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path), "--dry-run")
+    kind = "a str" if rows_given == "every row" else "a list"
+    problem = (
+        f"{kind}, where the chat template's keyword arguments are an object, which TRL passes to apply_chat_template "
+        'as keywords: write it as one, e.g. {"enable_thinking": false}'
+    )
+    if rows_given == "every row":
+        assert line == (
+            f"error: every row of the train split (8 of 8) fails one check: chat_template_kwargs: {problem}; first: "
+            "line 1 of pairs.jsonl"
+        )
+    else:
+        assert line.startswith(f"error: row 3, column 'chat_template_kwargs': {problem} (line 4 of pairs.jsonl; ")

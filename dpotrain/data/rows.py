@@ -90,6 +90,14 @@ def read_row(
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem
+    # TRL spreads a row's chat_template_kwargs into apply_chat_template (`**kwargs`): anything but an object stopped
+    # the row check, and TRL's tokenization after it, in a traceback ('str' object has no attribute 'items')
+    if (kwargs := row.get("chat_template_kwargs")) is not None and not isinstance(kwargs, dict):
+        return None, (
+            "chat_template_kwargs",
+            f"a {type(kwargs).__name__}, where the chat template's keyword arguments are an object, which TRL passes "
+            'to apply_chat_template as keywords: write it as one, e.g. {"enable_thinking": false}',
+        )
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
         if problem := _check_value(row.get(column), shape.raw_lists, first, column):
             if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
@@ -463,7 +471,8 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None, templat
     off_template = all(p["problem"].startswith(chat_template.MISMATCH) for p in checked.invalid)
     if len(reasons) == 1 or off_template:  # said as the first row has it (`message 0`, counted as `message N`)
         problem = first["problem"].split(shapes.DETAIL, 1)[0]
-        column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
+        failed = {p["column"] for p in checked.invalid}
+        column = " or ".join(c for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS) if c in failed)
         if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
             problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
         if first["problem"].startswith(shapes.ANOTHER_PROMPT) and " (assistant): " in first["problem"]:
