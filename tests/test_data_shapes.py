@@ -1346,3 +1346,19 @@ def test_chat_template_kwargs_that_are_not_an_object_are_refused_with_their_row(
         )
     else:
         assert line.startswith(f"error: row 3, column 'chat_template_kwargs': {problem} (line 4 of pairs.jsonl; ")
+
+
+def test_tools_written_as_text_that_is_not_json_are_refused_with_their_row(tmp_path, monkeypatch, capsys):
+    """TRL reads a `tools` text as JSON (a tool list saved as its JSON text, which a valid row here still is): a row
+    whose text is not JSON (a tool's name alone) stopped the row check in a JSONDecodeError traceback."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    pairs = [p | {"tools": json.dumps(tools)} for p in builtin.make_preference_rows(8, seed=5)]
+    pairs[5]["tools"] = "get_weather"
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path), "--dry-run")
+    assert line.startswith(
+        "error: row 5, column 'tools': a text that is not JSON (Expecting value at column 1): write the tools as a "
+        'list of JSON schemas ([{"type": "function", "function": {"name": ..., "parameters": ...}}]), or as the JSON '
+        "text of one (line 6 of pairs.jsonl; "
+    )

@@ -98,6 +98,13 @@ def read_row(
             f"a {type(kwargs).__name__}, where the chat template's keyword arguments are an object, which TRL passes "
             'to apply_chat_template as keywords: write it as one, e.g. {"enable_thinking": false}',
         )
+    # TRL reads a text `tools` as JSON (json.loads): text that is not JSON raised JSONDecodeError in a traceback
+    if isinstance(tools := row.get("tools"), str) and (problem := _not_json(tools)):
+        return None, (
+            "tools",
+            f"a text that is not JSON ({problem}): write the tools as a list of JSON schemas "
+            '([{"type": "function", "function": {"name": ..., "parameters": ...}}]), or as the JSON text of one',
+        )
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
         if problem := _check_value(row.get(column), shape.raw_lists, first, column):
             if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
@@ -158,6 +165,15 @@ def read_row(
         except turns.Rewritten as e:
             return None, ("prompt", str(e))
     return example, None
+
+
+def _not_json(text: str) -> str | None:
+    """Why `text` is not JSON (json's words, where), or None."""
+    try:
+        json.loads(text)
+    except ValueError as e:
+        return f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+    return None
 
 
 THINKING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # where chat templates read an answer's thinking
