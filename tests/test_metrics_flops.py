@@ -281,3 +281,24 @@ def test_a_model_without_attention_is_costed_and_planned(model_type):
     assert memory.mask_bytes("eager", 16, 16, config, False) == 16 * 16 * memory.BF16  # the one mask, no per-head probs
     assert memory.formula_activation_bytes(config, 16, False) > 0
     assert 1 <= memory.forward_only_multiple(config, 1024, 1024, "eager", False) <= memory.REFERENCE_MULTIPLE_MOST
+
+
+def test_an_mlp_width_given_per_layer_is_each_layers_own():
+    """Gemma 3n's config gives `intermediate_size` per layer (a list): the forward's cost multiplied the list, and the
+    memory plan's formula (where its trace fails, as Gemma 3n's does) stopped a bf16 run's dry run in a TypeError
+    traceback. Each layer's MLP is counted at its own width; the formula takes the widest."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import cost, flops
+    from dpotrain.plan import memory
+
+    shape = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape |= dict(num_kv_shared_layers=0)  # none of its 2 layers reuses another's keys and values (15 by default)
+    config = AutoConfig.for_model(
+        "gemma3n_text", **shape, intermediate_size=[96, 128], activation_sparsity_pattern=[0.0, 0.0]
+    )
+    assert [flops.mlp_params(config, i) for i in (0, 1)] == [3 * 64 * 96, 3 * 64 * 128]  # gated: 3 matrices each
+    assert flops.mlp_width(config) == 128
+    assert cost.model_flops(config).matmul_params > 3 * 64 * (96 + 128)
+    narrow = AutoConfig.for_model("gemma3n_text", **shape, intermediate_size=96, activation_sparsity_pattern=[0.0, 0.0])
+    assert memory.formula_activation_bytes(config, 16, False) > memory.formula_activation_bytes(narrow, 16, False)

@@ -47,10 +47,17 @@ def mlp_width(text) -> int:
     """The MLP width a token runs in the widest layer, for the memory plan's formula: of an MoE layer its routed
     experts per token x their width (`moe_intermediate_size`, else `intermediate_size`: Mixtral), any shared expert,
     and one more per expert for the router's logits (fp32); else the dense intermediate size (`mlp_params`' layers)."""
-    dense = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
-    beside = dense if getattr(text, "enable_moe_block", None) else 0  # Gemma 4: its dense MLP runs too
-    widths = [dense if (moe := _moe(text, i)) is None else sum(moe) + beside for i in range(len(layer_kinds(text)))]
-    return max(widths, default=dense)
+    layers = range(len(layer_kinds(text)))
+    beside = [dense_width(text, i) if getattr(text, "enable_moe_block", None) else 0 for i in layers]  # Gemma 4
+    widths = [dense_width(text, i) if (moe := _moe(text, i)) is None else sum(moe) + beside[i] for i in layers]
+    return max(widths, default=dense_width(text, 0))
+
+
+def dense_width(text, layer: int) -> int:
+    """A layer's dense MLP width: `intermediate_size`, one per layer where it is a list (Gemma 3n's), else 4 x hidden.
+    A list was multiplied as a list: the plans stopped in a TypeError traceback."""
+    width = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    return width[layer] if isinstance(width, list | tuple) else width
 
 
 def per_layer(text, name: str) -> list:
@@ -95,7 +102,7 @@ def mlp_params(text, layer: int) -> int:
     layer the router, `num_experts_per_tok` routed experts (`moe_intermediate_size` wide, else `intermediate_size`:
     Mixtral, OLMoE, gpt-oss) and any shared expert; DeepSeek's first `first_k_dense_replace` layers, Qwen's
     `mlp_only_layers` dense; Gemma 4's MoE block beside its dense MLP."""
-    h, dense = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+    h, dense = text.hidden_size, dense_width(text, layer)
     dense *= 2 if getattr(text, "use_double_wide_mlp", False) and _reuses_kv(text, layer) else 1  # Gemma 4
     moe = _moe(text, layer)
     if moe is None:
@@ -114,7 +121,7 @@ def _moe(text, layer: int) -> tuple[int, int, int] | None:
     )
     if not experts or dense_layer or getattr(text, "enable_moe_block", None) is False:
         return None
-    width = getattr(text, "moe_intermediate_size", None) or getattr(text, "intermediate_size", None)
+    width = getattr(text, "moe_intermediate_size", None) or dense_width(text, layer)
     active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
     shared = (
         getattr(text, "shared_expert_intermediate_size", None)
