@@ -351,7 +351,7 @@ def built_model(config, **kwargs):
     named = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "", None)
     if own_code(config) or upstream.causal_lm_class(config) is not None or named is None:
         return AutoModelForCausalLM.from_config(config, trust_remote_code=own_code(config), **kwargs)
-    return named._from_config(config, **kwargs)
+    return upstream.model_from_config(named, config, **kwargs)
 
 
 def meta_model(config):

@@ -206,6 +206,12 @@ C10D_WORLD = _read(
     "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
 )
 DEFAULT_GROUP = _call(f"{C10D}:_get_default_group", "the default group's name")
+FROM_CONFIG = _call(
+    "transformers.modeling_utils:PreTrainedModel._from_config",
+    "the memory plan builds, from its config alone, a model whose class no auto class maps (a vision-language model "
+    "such as Qwen2-VL, which TRL loads by the class config.json names; dpotrain/plan/memory.py)",
+    ("config",),
+)
 CHECKPOINTING_ENABLE = _call(
     "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
     "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on "
@@ -534,6 +540,12 @@ def mem_ref_types():
 def set_attn_implementation(config, name: str) -> None:
     """Which attention a config's masks are built for, without loading a model (`from_pretrained` sets it so)."""
     setattr(config, ATTN_IMPLEMENTATION.name, name)
+
+
+def model_from_config(model_class, config, **kwargs):
+    """`model_class` built from `config` as `AutoModelForCausalLM.from_config` builds its own (dtype and attention
+    from `kwargs`), for a class no auto class maps."""
+    return _member(model_class, FROM_CONFIG)(config, **kwargs)
 
 
 def attn_implementation(config) -> str | None:
