@@ -226,25 +226,28 @@ def reads(recipe) -> list[tuple[str, str]]:
     return found + ([(f"sample_prompts_file {prompts!r}", prompts)] if prompts else [])
 
 
-def check_report_not_a_runs(flag: str, path: str | None) -> None:
-    """A report's path (the analyzer's and the preflight's `--json`, `--plot`) that is a file of a run: a name its
-    folder's run_files.json records, or a file in one of its checkpoints. Written there, the report replaced it in
-    silence: `--json outputs/run/run_complete.json` the finished run's record, `--plot outputs/run/training_curves.png`
-    its curves. A new file in a run's folder is a person's, as any other."""
-    if not path:
-        return
-    where = Path(path).expanduser().resolve()
-    for folder, name in ((where.parent, where.name), (where.parent.parent, where.parent.name)):
-        try:
-            own = run_files.read(folder) or []
-        except (ConfigError, OSError):  # a record that cannot be read: the run's own refusal says so, not a report's
+def check_report_paths(paths: dict[str, str | None]) -> None:
+    """A command's reports (flag -> path: the analyzer's and the preflight's `--json`, `--plot`) refused where they
+    could not be written (`writes.check_report_paths`) or where the path is a file of a run: a name its folder's
+    run_files.json records, or a file in one of its checkpoints. Written there, the report replaced it in silence:
+    `--json outputs/run/run_complete.json` the finished run's record, `--plot outputs/run/training_curves.png` its
+    curves. A new file in a run's folder is a person's, as any other."""
+    writes.check_report_paths(paths)
+    for flag, path in paths.items():
+        if not path:
             continue
-        if name in own and (folder / name).exists():
-            what = f"the run's {name}" if folder == where.parent else f"a file of the run's {name}"
-            raise ConfigError(
-                f"{flag} {str(path)!r} is {what} in {folder} ({MANIFEST} names it), which the report would replace: "
-                "give a path of its own"
-            )
+        where = Path(path).expanduser().resolve()
+        for folder, name in ((where.parent, where.name), (where.parent.parent, where.parent.name)):
+            try:
+                own = run_files.read(folder) or []
+            except (ConfigError, OSError):  # a record that cannot be read: the run's own refusal says so
+                continue
+            if name in own and (folder / name).exists():
+                what = f"the run's {name}" if folder == where.parent else f"a file of the run's {name}"
+                raise ConfigError(
+                    f"{flag} {str(path)!r} is {what} in {folder} ({MANIFEST} names it), which the report would "
+                    "replace: give a path of its own"
+                )
 
 
 def check_reads_outside(recipe) -> None:

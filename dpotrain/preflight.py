@@ -71,9 +71,7 @@ Exit status: 0 ok or warn, {PREFLIGHT_FAIL_EXIT} fail, 2 bad input."""
 
 def check_outputs(json_path: str | None, plot_path: str | None) -> None:
     """Refuse unwritable outputs before a model loads."""
-    writes.check_report_paths({"--json": json_path, "--plot": plot_path})
-    for flag, path in (("--json", json_path), ("--plot", plot_path)):
-        output_folder.check_report_not_a_runs(flag, path)  # a report never replaces a run's file
+    output_folder.check_report_paths({"--json": json_path, "--plot": plot_path})
     if plot_path and not plot_path.endswith(".png"):
         raise ConfigError(f"--plot {plot_path!r}: the plot is a PNG, give a path ending in .png")
 

@@ -289,9 +289,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(options.too_long("--candidates", long[0]))
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
-    writes.check_report_paths({"--json": args.json, "--plot": args.plot})
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        output_folder.check_report_not_a_runs(flag, path)  # a report never replaces a run's file
+    output_folder.check_report_paths({"--json": args.json, "--plot": args.plot})
 
 
 def every_row_invalid(checked, split: str, name: str, tokenizer=None) -> None:

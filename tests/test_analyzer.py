@@ -1463,7 +1463,7 @@ def test_a_report_is_never_written_over_a_runs_own_file(cli, tmp_path, capsys):
         with pytest.raises(ConfigError, match=re.escape(said)):
             checks.check_outputs(*((path, None) if flag == "--json" else (None, path)))
     for path in (run / "lengths.json", run / "notes.json"):  # not the run's
-        output_folder.check_report_not_a_runs("--json", str(path))
+        output_folder.check_report_paths({"--json": str(path)})
     assert {p: p.read_text() for p in run.rglob("*") if p.is_file()} == before
 
 
