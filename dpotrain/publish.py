@@ -11,8 +11,8 @@ from dpotrain.data import model_identity
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import hub_switches, run_record, writes
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import RunError, cause
-from dpotrain.train import disk_full, health, lora, tracking
+from dpotrain.recipe.errors import RunError, cause, finish_wandb
+from dpotrain.train import disk_full, health, lora
 from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -36,8 +36,9 @@ def save_and_push(run, resolved: dict) -> int | None:
             output_folder.claim_for_writing(out, [PLOT_FILE])
             plot_metrics(read_metrics(out), out / PLOT_FILE, title=recipe.training.run_name)
             # W&B ended the run at exit as finished (exit code 0) and printed its closing lines after the stop line:
-            # ended here with the run's exit code, so the W&B run says failed and the stop line is the last one.
-            tracking.finish_wandb(health.HEALTH_STOP_EXIT)
+            # ended here with the run's exit code, so the W&B run says failed and the stop line is the last one. Here,
+            # not in run_cli (which ends it before every error line): this line is the run's own, printed as it returns.
+            finish_wandb(health.HEALTH_STOP_EXIT)
             print(line, flush=True)
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)
@@ -231,9 +232,6 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
             stop.mark_saved(what)
             return STOPPED_EXIT
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
-            # The W&B run ended first, failed (the process's exit code, 1): ended at the process's exit, its closing
-            # lines came after the run's error line, which is to be the last
-            tracking.finish_wandb(1)
             if isinstance(e, hub_push.UnrecordedPush):  # on the Hub: no "failed", no other command
                 raise
             raise push_failed(e, out, push.repo_id, command) from None

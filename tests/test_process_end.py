@@ -6,6 +6,7 @@ the exit code, the last line under `| tee`, what threads and exit handlers still
 """
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -167,3 +168,50 @@ def running(pid: int) -> bool:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [("the final save refused (EIO)", 1), ("a stop request's checkpoint", 75), ("Ctrl-C", 130)],
+)
+def test_a_failed_run_ends_its_w_and_b_run_with_its_exit_code_before_its_last_line(tmp_path, ending, code):
+    """A run's one-line error was not its last line: W&B's closing lines ("wandb: You can sync this run ...") came
+    after it, printed by W&B's exit handler. `run_cli`, which turns every RunError into the run's line (here the final
+    save's, refused by the file system after training), ends the open W&B run first, with the exit code: the line is
+    last. The W&B run's end state is the one W&B's exit handler gave before (the process's exit code in its exit
+    record), for a stop and a Ctrl-C too."""
+    from test_honest_runs import wandb_records
+
+    from dpotrain.cluster import collectives
+    from dpotrain.recipe import errors
+    from dpotrain.train import disk_full
+
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def main():
+        if code == 1:  # as publish.save_and_push meets it: every rank's outcome of the final save
+            refused = OSError(errno.EIO, "Input/output error", str(out / "model.safetensors"))
+            collectives.every_rank_outcome(disk_full.final_write(refused, out))
+        if code == 130:
+            raise KeyboardInterrupt
+        return code  # a stop request's: checkpointed, its line printed, the requeue goes on from it
+
+    def run():  # a run's end, as train_dpo.py's: its W&B run open, then run_command's end
+        import wandb
+
+        os.dup2(2, 1)  # one stream, in the order written
+        sys.stdout = sys.stderr
+        wandb.init(project="p", dir=str(tmp_path), mode="offline")
+        errors.run_command(main)
+
+    exited, _, log = in_child(run, env={"WANDB_SILENT": "false", "WANDB_CONSOLE": "off"})
+    lines = log.strip().splitlines()
+    assert exited == code, log[-3000:]
+    if code != 75:  # a stop's own line is printed before it returns (train_dpo.py), not by run_cli
+        last = f"error: the final model could not be written in {out}" if code == 1 else "Ctrl-C: stopped"
+        assert lines[-1].startswith(last), log[-3000:]
+        assert any("You can sync this run" in line for line in lines[:-1]), log[-3000:]  # W&B's closing lines
+    [run_file] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    [exit_record] = [r.exit for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"]
+    assert exit_record.exit_code == code, (ending, exit_record)

@@ -192,6 +192,7 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
     except Exception as e:
         own = _behind_peer_gone(e)
         if own is None:  # gloo's word that another process ended: nothing of this one's
+            finish_wandb(1)  # the main process's, left waiting by a rank that died: its line last too
             _peer_gone_line("\n" if rank else "")
             sys.exit(1)
         if own is not e and isinstance(own, (ConfigError, RunError, KeyboardInterrupt)):  # this process's, met first
@@ -225,13 +226,24 @@ def _end_on(e: BaseException, rank: int, first_on_node: bool) -> None:
         bar.close()
     # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
     stopped = isinstance(e, KeyboardInterrupt)
+    code = 130 if stopped else 2 if isinstance(e, ConfigError) else 1
+    finish_wandb(code)  # its closing lines before the run's line, as the process's exit printed them after it
     lead = "\n" if rank else ""
     if stopped or writes_line(e, rank, first_on_node):  # every rank still exits with its code: the launcher's
         sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"{lead}error: {e}\n")  # summary lists each
         sys.stderr.flush()
     if not stopped and _ONE_LINE_MARK and _own_line(e, rank):
         _leave_mark(f"error: {e}\n")
-    sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)
+    sys.exit(code)
+
+
+def finish_wandb(exit_code: int) -> None:
+    """End the W&B run this process holds (a run's main process, where it reports to wandb) with the process's exit
+    code, before the run's last line: W&B's exit handler ended it with that code too, but printed its closing lines
+    ("wandb: You can sync this run ...") after that line. Nothing where wandb was never imported (not imported here)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)
 
 
 def _behind_peer_gone(error: BaseException) -> BaseException | None:

@@ -1,7 +1,6 @@
 """W&B wiring: one W&B run per output_dir, so a requeued or resumed job keeps logging to the same run."""
 
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -123,13 +122,3 @@ def replay(path: Path, first: int, last: int) -> None:
         if first <= record["step"] <= last:
             logs = {k: v for k, v in record.items() if k not in ("step", "resumed_from")}
             wandb.log({**rewrite_logs(logs), "train/global_step": record["step"]})
-
-
-def finish_wandb(exit_code: int) -> None:
-    """End the W&B run (if one is running) with the process's exit code, rather than as finished at exit."""
-    if "wandb" not in sys.modules:  # never imported unless reported to
-        return
-    import wandb
-
-    if wandb.run is not None:
-        wandb.finish(exit_code=exit_code)
