@@ -5,8 +5,10 @@ import contextlib
 from dataclasses import replace
 from pathlib import Path
 
+from huggingface_hub import get_token
+
 from dpotrain import output_folder
-from dpotrain.cluster import collectives, run_lock
+from dpotrain.cluster import collectives, offline, run_lock
 from dpotrain.data import model_identity
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import hub_switches, run_record, writes
@@ -234,16 +236,22 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
         except Exception as e:  # noqa: BLE001 - the run is saved and complete: say how to push it
             if isinstance(e, hub_push.UnrecordedPush):  # on the Hub: no "failed", no other command
                 raise
-            raise push_failed(e, out, push.repo_id, command) from None
+            raise push_failed(e, out, push.repo_id, command, push.token) from None
         print(f"Pushed to {url}", flush=True)
     return None
 
 
-def push_failed(error: Exception, out: Path, repo: str, command: str) -> RunError:
+def push_failed(error: Exception, out: Path, repo: str, command: str, token: str | None = None) -> RunError:
     """The run's line for a final push that failed, naming the command that pushes it. RunError, not SystemExit:
     run_command writes its line where launch.sh looks for a run's own `error:` line (`<stop file>.refused`); a
     SystemExit left none, and the job's last line said "training failed ... srun stopped every node ... its traceback
-    is above", of a run that trained to its end and has no traceback."""
-    if isinstance(error, hub.CardRefused):  # push_to_hub.py fails the same way until the card is fixed: the fix first
+    is above", of a run that trained to its end and has no traceback. `token`: the push's (None: the one
+    huggingface_hub finds), named by its source where the Hub refused it."""
+    if (
+        hub_push.status_of(error) == 401
+    ):  # at the commit: the token revoked during training (the repo's creation: below)
+        error = offline.InvalidToken(offline.invalid_token(token or get_token()))
+    # push_to_hub.py fails the same way until the card is fixed or the token replaced: the fix first, then the command
+    if isinstance(error, (hub.CardRefused, offline.InvalidToken)):
         return RunError(f"{error.refusal}, then push it with `{command}`; the run is saved and main was not pushed")
     return RunError(f"pushing {out} to {repo} failed ({cause(error)}); the run is saved, push it with `{command}`")

@@ -2287,6 +2287,44 @@ def test_a_final_push_the_hub_fails_ends_the_w_and_b_run_before_the_error_line(h
     assert "got exitcode: 1" in debug.read_text(), debug.read_text()[-2000:]  # the W&B run says failed
 
 
+@pytest.mark.parametrize("refused_at", ["create", "commit"])
+def test_a_token_revoked_during_training_is_said_at_the_final_push_with_its_fix_first(
+    hub, tmp_path, monkeypatch, tiny_model_dir, refused_at
+):
+    """The token revoked during training: the final push's 401 (at the repo's creation, or at the commit) ended the
+    run on "pushing ... failed (...); the run is saved, push it with `push_to_hub.py ...`", a command that fails the
+    same way until the token is replaced. As for a refused card: the fix first (the invalid token's own line, naming
+    where the token came from), then the command."""
+    import shutil
+
+    from dpotrain import publish
+    from dpotrain.cluster import offline
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", SECRET)  # the environment's: its line says to export a new one
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "run_complete.json").write_text("{}")
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    if refused_at == "create":
+        hub.state.create_status[REPO.split("/")[0]] = 401
+    else:
+        hub.state.fail[("commit", "main")] = -1
+        hub.state.fail_status, hub.state.fail_error = 401, "Invalid credentials in Authorization header"
+    push = hub_module.PushSettings(True, REPO, None, False, SECRET, None)
+    with pytest.raises(RunError) as said:
+        publish.push_final(run, push, SimpleNamespace(save_total_limit=None))
+    command = push_command(run, "--repo-id", REPO)
+    fix = offline.invalid_token(SECRET)
+    assert fix.startswith("the Hugging Face token in HF_TOKEN, set in the environment, is invalid or expired: ")
+    assert str(said.value) == f"{fix}, then push it with `{command}`; the run is saved and main was not pushed"
+    assert SECRET not in str(said.value)
+    assert "model.safetensors" not in hub.state.repos.get(REPO, {}).get("main", {})  # main was not pushed
+
+
 def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):
     """A repo's main held an earlier run's model (one model.safetensors, or a LoRA adapter); the push of a sharded model
     left those files beside the new shards, and `from_pretrained(repo)` loaded them, not the model pushed: transformers

@@ -384,6 +384,15 @@ def hf_token() -> str | None:
         ) from None
 
 
+class InvalidToken(ConfigError):
+    """The Hub's 401 for the token in use, said by `invalid_token`: every push fails the same way until the token is
+    replaced. `refusal`: that line, which the run's own final push follows with the command that pushes it."""
+
+    def __init__(self, refusal: str):
+        super().__init__(refusal)
+        self.refusal = refusal
+
+
 def invalid_token(token: str | None) -> str:
     """The line for a token the Hub answers 401 (revoked, expired), naming where it came from and how to replace it
     there, never its value: "set HF_TOKEN in .env" was the advice whatever the source, and an HF_TOKEN the environment

@@ -23,6 +23,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import (
     TOKENIZER_VOCAB,
+    InvalidToken,
     hf_token,
     invalid_token,
     is_hub_model,
@@ -822,7 +823,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job", base
         (whoami, repo_id, writable), _ = with_retries(ask, f"the write check of {repo_id}", answered_failure)
     except HfHubHTTPError as e:
         if status_of(e) == 401:
-            raise ConfigError(invalid_token(token)) from None
+            raise InvalidToken(invalid_token(token)) from None
         nothing = "nothing was trained" if where == "job" else "nothing was pushed"
         raise hub_failed(where)(
             f"could not check write access to {repo_id}: {cause(e)}; {nothing}: run the same command again"
@@ -890,7 +891,7 @@ def create_repo(api, repo_id: str, private: bool | None):
     except HfHubHTTPError as e:
         # 401: the token revoked or expired (at the final push: during training), which no token's rights explain
         if status_of(e) == 401:
-            raise ConfigError(invalid_token(api.token or get_token())) from None
+            raise InvalidToken(invalid_token(api.token or get_token())) from None
         if status_of(e) != 403:
             raise
         raise ConfigError(
