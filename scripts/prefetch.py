@@ -202,8 +202,16 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
     if isinstance(error, RevisionNotFoundError) or "Revision" in text:
         return f"{kind} {name!r} has no revision {revision!r}: check --revision / --model_revision"
     if isinstance(error, RepositoryNotFoundError) or "doesn't exist on the Hub" in text:
-        access = "the HF_TOKEN in use has no access to it" if token else "no HF_TOKEN is set"
-        return f"{kind} {name!r} is not on the Hub, or is private and {access}: check the name, or add HF_TOKEN to .env"
+        if not token:
+            return (
+                f"{kind} {name!r} is not on the Hub, or is private and no HF_TOKEN is set: check the name, or add "
+                "HF_TOKEN to .env"
+            )
+        named, replace = offline.token_source(token)  # where the token came from: an HF_TOKEN in .env may not be it
+        return (
+            f"{kind} {name!r} is not on the Hub, or is private and {named} has no access to it: check the name, or "
+            f"create a token at https://huggingface.co/settings/tokens with an account that may read it and {replace}"
+        )
     if getattr(getattr(error, "response", None), "status_code", None) == 401 and token:
         return offline.invalid_token(token)  # where the token came from (HF_TOKEN, .env, a saved login) and its fix
     return f"could not fetch {kind} {name!r} ({text}): is the Hub reachable from here?"

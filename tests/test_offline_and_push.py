@@ -919,6 +919,27 @@ def test_prefetch_names_where_a_token_the_hub_calls_invalid_came_from(local_hub,
     assert str(refused.value).startswith(f"the Hugging Face token saved in {saved} (by `hf auth login`"), refused.value
 
 
+def test_prefetch_names_where_a_token_without_access_to_a_repo_came_from(local_hub, tmp_path, monkeypatch):
+    """prefetch.py's answer to a repo it cannot see (absent, or private to another account) said "the HF_TOKEN in use
+    has no access to it ... add HF_TOKEN to .env" of a token `hf auth login` saved, with no HF_TOKEN set. It names the
+    token's source and how to put another token there, in `offline.invalid_token`'s words (`offline.token_source`)."""
+    from huggingface_hub import constants
+
+    saved = tmp_path / "token"
+    saved.write_text("hf_savedLOGIN\n")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        load_script("prefetch").fetch_model("org/secret", None, offline.hf_token())
+    named = f"the Hugging Face token saved in {saved} (by `hf auth login`"
+    assert str(refused.value).startswith(f"model 'org/secret' is not on the Hub, or is private and {named}"), refused
+    assert str(refused.value).endswith(
+        "has no access to it: check the name, or create a token at https://huggingface.co/settings/tokens with an "
+        "account that may read it and run `hf auth login` with it, or set HF_TOKEN=... in .env"
+    ), refused.value
+
+
 def test_a_push_to_the_repo_the_run_trains_from_is_refused_before_anything_runs(local_hub, finished_run, monkeypatch):
     """`--hub_model_id` naming the Hub repo the run trains from (as `model_name_or_path` spells it, in any case, or as a
     bare name the token's namespace completes to it) pushed the DPO model over the base on main, exit 0: runs started

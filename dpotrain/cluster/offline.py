@@ -397,17 +397,22 @@ def invalid_token(token: str | None) -> str:
     """The line for a token the Hub answers 401 (revoked, expired), naming where it came from and how to replace it
     there, never its value: "set HF_TOKEN in .env" was the advice whatever the source, and an HF_TOKEN the environment
     sets (an `export` in a shell profile) or a hub_token wins over .env's, so a new token there changed nothing."""
-    new = "create a new one at https://huggingface.co/settings/tokens"
+    named, replace = token_source(token)
+    return f"{named} is invalid or expired: create a new one at https://huggingface.co/settings/tokens and {replace}"
+
+
+def token_source(token: str | None) -> tuple[str, str]:
+    """Where the token in use came from, for every line about it: the token named by its source, as the subject of a
+    sentence ("the Hugging Face token in HF_TOKEN, set by /x/.env,"), and how to put another one in its place there
+    ("set HF_TOKEN=... with it there"), never its value. HF_TOKEN, else the saved login (or HUGGING_FACE_HUB_TOKEN),
+    else hub_token."""
     if token == _cleaned(os.environ.get("HF_TOKEN")):
         if env_file := venv.env_file_gave("HF_TOKEN"):
-            return (
-                f"the Hugging Face token in HF_TOKEN, set by {env_file}, is invalid or expired: {new} and set "
-                "HF_TOKEN=... with it there"
-            )
+            return f"the Hugging Face token in HF_TOKEN, set by {env_file},", "set HF_TOKEN=... with it there"
         return (
-            f"the Hugging Face token in HF_TOKEN, set in the environment, is invalid or expired: {new} and export "
-            "HF_TOKEN=... with it, or unset HF_TOKEN to use .env's or `hf auth login`'s (the environment's wins over "
-            "both)"
+            "the Hugging Face token in HF_TOKEN, set in the environment,",
+            "export HF_TOKEN=... with it, or unset HF_TOKEN to use .env's or `hf auth login`'s (the environment's wins "
+            "over both)",
         )
     try:
         saved = _cleaned(get_token())
@@ -415,17 +420,17 @@ def invalid_token(token: str | None) -> str:
         saved = None
     if token == saved and saved_login() == "HUGGING_FACE_HUB_TOKEN":  # the older variable: no file to log in to
         return (
-            f"the Hugging Face token in HUGGING_FACE_HUB_TOKEN is invalid or expired: {new} and set HF_TOKEN=... with "
-            "it in .env (HF_TOKEN wins over it), or unset HUGGING_FACE_HUB_TOKEN"
+            "the Hugging Face token in HUGGING_FACE_HUB_TOKEN",
+            "set HF_TOKEN=... with it in .env (HF_TOKEN wins over it), or unset HUGGING_FACE_HUB_TOKEN",
         )
     if token == saved:
         return (
-            f"the Hugging Face {saved_login().removeprefix('the ')} is invalid or expired: {new} and run `hf auth "
-            "login` with it, or set HF_TOKEN=... in .env"
+            f"the Hugging Face {saved_login().removeprefix('the ')}",
+            "run `hf auth login` with it, or set HF_TOKEN=... in .env",
         )
     return (
-        "the Hugging Face token given as hub_token (--hub_token, or the recipe's hub_token) is invalid or expired: "
-        f"{new} and give it there, or drop hub_token and set HF_TOKEN=... in .env"
+        "the Hugging Face token given as hub_token (--hub_token, or the recipe's hub_token)",
+        "give it there, or drop hub_token and set HF_TOKEN=... in .env",
     )
 
 
