@@ -170,6 +170,7 @@ def running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # each case starts W&B's service in a forked child: 1.4-2.6 s on 2 cores
 @pytest.mark.parametrize(
     ("ending", "code"),
     [("the final save refused (EIO)", 1), ("a stop request's checkpoint", 75), ("Ctrl-C", 130)],
