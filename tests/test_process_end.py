@@ -216,3 +216,24 @@ def test_a_failed_run_ends_its_w_and_b_run_with_its_exit_code_before_its_last_li
     [run_file] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     [exit_record] = [r.exit for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"]
     assert exit_record.exit_code == code, (ending, exit_record)
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, ConnectionResetError])
+def test_a_w_and_b_run_that_cannot_end_leaves_the_runs_line_last(fault, monkeypatch, capsys):
+    """`run_cli` ends an open W&B run before the run's line; W&B's ending failing (its service gone, its upload cut by
+    a second Ctrl-C) raised from there, and a traceback took the place of the run's line and exit code. Fault injected
+    at W&B's `finish`, the one call made."""
+    import types
+
+    from dpotrain.recipe import errors
+
+    def finish(exit_code):
+        raise fault("W&B's upload cut")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), finish=finish))
+    with pytest.raises(SystemExit) as ended:
+        errors.run_cli(lambda: (_ for _ in ()).throw(errors.RunError("the final model could not be written")))
+    assert ended.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == "error: the final model could not be written"
+    assert lines[-2].startswith(f"note: W&B could not end its run ({fault.__name__}: W&B's upload cut)")

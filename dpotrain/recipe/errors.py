@@ -242,8 +242,14 @@ def finish_wandb(exit_code: int) -> None:
     code, before the run's last line: W&B's exit handler ended it with that code too, but printed its closing lines
     ("wandb: You can sync this run ...") after that line. Nothing where wandb was never imported (not imported here)."""
     wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    try:
         wandb.finish(exit_code=exit_code)
+    # Its service gone, its upload cut by a second Ctrl-C: said in a note, and the run's own line is still written
+    # after it, where a traceback from here took its place
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - any failure of W&B's ending
+        sys.stderr.write(f"note: W&B could not end its run ({cause(e)}); its files are as the run left them\n")
 
 
 def _behind_peer_gone(error: BaseException) -> BaseException | None:
