@@ -587,8 +587,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         state = (
             "has no complete checkpoint: pass"
             if latest is None
-            else f"has checkpoints and auto_resume is false: pass --resume_from_checkpoint {latest} to go on from the "
-            "newest,"
+            else "has checkpoints and auto_resume is false: pass --resume_from_checkpoint "
+            f"{shlex.quote(str(latest))} to go on from the newest,"
         )
         raise ConfigError(f"output_dir {named} {state} --overwrite_output_dir to start afresh, or a new --output_dir")
     if (out / run_record.RESOLVED).is_file() and not p.overwrite_output_dir:  # written as its training started

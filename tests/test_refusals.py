@@ -6,10 +6,12 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 """
 
 import dataclasses
+import errno
 import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -2524,6 +2526,46 @@ def test_a_rerun_with_auto_resume_false_is_refused_in_the_words_it_was_given_nam
         f"{out / 'checkpoint-4'} to go on from the newest, --overwrite_output_dir to start afresh, or a new "
         "--output_dir"
     )
+
+
+def test_every_command_printed_to_paste_keeps_a_path_with_a_space_or_a_quote_as_one_word(tmp_path, capsys):
+    """A command a line prints for the user to paste names paths as a shell reads them: `--resume_from_checkpoint
+    /data/my runs/x/checkpoint-4` (auto_resume false, a failed save, ...) or `jq -c '.data[]' my pairs.json` pasted as
+    printed gave the checkpoint or file as two words; each is quoted now (shlex), like push_to_hub.py's and
+    prefetch.py's commands."""
+    from datasets import Dataset
+
+    from dpotrain.cluster import offline
+    from dpotrain.hub import hub_push
+    from dpotrain.recipe import run_record
+    from dpotrain.train import disk_full
+
+    def pasted(command: str, between: tuple[str, str]) -> list[str]:  # the command's words as a shell splits them
+        return shlex.split(command.split(between[0], 1)[1].split(between[1], 1)[0])
+
+    out = unfinished_run(tmp_path / "my runs 'a'", capsys)  # out / "checkpoint-4"; a space and a quote above it
+    newest = str(out / "checkpoint-4")
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--auto_resume", "false"])
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(recipe, 8)
+    assert pasted(str(refused.value), ("pass ", " to go on")) == ["--resume_from_checkpoint", newest]
+
+    (out / run_record.RESOLVED).write_text(json.dumps({"auto_resume": False}))
+    after = str(disk_full.final_save_failed(out, disk_full.FULL[errno.ENOSPC]))
+    assert pasted(after, ("add ", " to go on")) == ["--resume_from_checkpoint", newest]
+
+    wrapped = out.parent / "pairs 'v2'.json"
+    wrapped.write_text(json.dumps({"my pairs": [{"prompt": "Hi", "chosen": "A.", "rejected": "B."}]}))
+    with pytest.raises(ConfigError) as refused:
+        data.check_columns(Dataset.from_json(str(wrapped)), str(wrapped))
+    jq = str(refused.value).split("(`", 1)[1].split("`)", 1)[0]
+    assert shlex.split(jq) == ["jq", "-c", '.["my pairs"][]', str(wrapped), ">", "pairs.jsonl"]
+    if shutil.which("jq"):  # pasted as printed, it writes the pairs as JSON Lines
+        subprocess.run(["bash", "-c", jq], cwd=out.parent, check=True)
+        assert json.loads((out.parent / "pairs.jsonl").read_text())["chosen"] == "A."
+
+    assert shlex.split(hub_push.push_command(out, "--checkpoints"))[2:] == [str(out), "--checkpoints"]
+    assert str(out) in shlex.split(offline.prefetch_command(recipe, str(out)))
 
 
 def test_overwrite_output_dir_over_a_run_of_the_same_settings_says_it_resumes(tmp_path, capsys):

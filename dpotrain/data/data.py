@@ -9,6 +9,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import shutil
 import zlib
 from pathlib import Path
@@ -1295,7 +1296,10 @@ def check_columns(dataset, name: str) -> None:
     first = next(iter(dataset), None) or {}
     for key, value in first.items():  # `{"data": [{"chosen": ...}, ...]}`: datasets reads the whole file as one row
         if isinstance(value, list) and value and isinstance(value[0], dict) and set(REQUIRED_COLUMNS) <= set(value[0]):
-            jq = f" (`jq -c '.{key}[]' {name} > pairs.jsonl`)" if Path(name).expanduser().is_file() else ""
+            # a command to paste: the file's path and the filter quoted, `.["key"]` for a key that is no jq name
+            field = f".{key}" if re.fullmatch(r"[A-Za-z_]\w*", key, re.ASCII) else f".[{json.dumps(key)}]"
+            path = Path(name).expanduser()  # quoted, a shell would not expand its ~
+            jq = f" (`{shlex.join(['jq', '-c', f'{field}[]', str(path)])} > pairs.jsonl`)" if path.is_file() else ""
             raise ConfigError(
                 f"dataset {name!r} wraps its pairs in a JSON object (under {key!r}), which datasets reads as one row "
                 f"that has no chosen/rejected: write the pairs as JSON Lines, one per line{jq}, or as a JSON array"

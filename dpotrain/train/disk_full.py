@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import resource
+import shlex
 import shutil
 from pathlib import Path
 
@@ -182,7 +183,8 @@ def _after(kept: list[Path] | str, out: Path | None = None) -> str:
         return f"its checkpoints could not be listed ({kept}): the same command goes on from the newest complete one"
     if kept and out is not None and not _auto_resume(out):
         return (
-            f"{kept[-1].name} is kept: add --resume_from_checkpoint {kept[-1]} to go on from it (auto_resume is false)"
+            f"{kept[-1].name} is kept: add --resume_from_checkpoint {shlex.quote(str(kept[-1]))} to go on from it "
+            "(auto_resume is false)"
         )
     if kept:
         return f"{kept[-1].name} is kept, and the same command goes on from it"
