@@ -203,7 +203,7 @@ def _a_run_folder(output_dir: str) -> None:
         raise ConfigError(
             f"output_dir {output_dir!r} is a checkpoint ({', '.join(marks)}), not a run's folder: a run would write "
             f"over its files; pass --output_dir a new folder: to go on from it, with --resume_from_checkpoint "
-            f"{output_dir}; or {new_run_from(out)}"
+            f"{shlex.quote(output_dir)}; or {new_run_from(out)}"
         )
     if found and recorded is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")

@@ -2530,9 +2530,9 @@ def test_a_rerun_with_auto_resume_false_is_refused_in_the_words_it_was_given_nam
 
 def test_every_command_printed_to_paste_keeps_a_path_with_a_space_or_a_quote_as_one_word(tmp_path, capsys):
     """A command a line prints for the user to paste names paths as a shell reads them: `--resume_from_checkpoint
-    /data/my runs/x/checkpoint-4` (auto_resume false, a failed save, ...) or `jq -c '.data[]' my pairs.json` pasted as
-    printed gave the checkpoint or file as two words; each is quoted now (shlex), like push_to_hub.py's and
-    prefetch.py's commands."""
+    /data/my runs/x/checkpoint-4` (auto_resume false, a failed save, a checkpoint given as output_dir) or `jq -c
+    '.data[]' my pairs.json` pasted as printed gave the checkpoint or file as two words; each is quoted now (shlex),
+    like push_to_hub.py's and prefetch.py's commands."""
     from datasets import Dataset
 
     from dpotrain.cluster import offline
@@ -2563,6 +2563,13 @@ def test_every_command_printed_to_paste_keeps_a_path_with_a_space_or_a_quote_as_
     if shutil.which("jq"):  # pasted as printed, it writes the pairs as JSON Lines
         subprocess.run(["bash", "-c", jq], cwd=out.parent, check=True)
         assert json.loads((out.parent / "pairs.jsonl").read_text())["chosen"] == "A."
+
+    from dpotrain import output_folder  # a checkpoint given as output_dir: its resume, and the copy of its weights
+
+    with pytest.raises(ConfigError) as refused:
+        output_folder.check(newest, lock=False)
+    assert pasted(str(refused.value), ("with ", "; or")) == ["--resume_from_checkpoint", newest]
+    assert pasted(str(refused.value), ("(cp -r ", " <new folder>")) == [newest]
 
     assert shlex.split(hub_push.push_command(out, "--checkpoints"))[2:] == [str(out), "--checkpoints"]
     assert str(out) in shlex.split(offline.prefetch_command(recipe, str(out)))
