@@ -98,14 +98,15 @@ def readme_job(slurm, tmp_path_factory):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
     full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
     to that folder (as a user types them there); requeued mid-training by `scontrol requeue` (its user's, or an admin's
-    moving it off a node: Slurm sends the SIGTERM of scancel and requeues the job itself); run to its end. The tests
+    moving it off a node: Slurm sends the SIGTERM of scancel and requeues the job itself); run to its end, then
+    requeued once more, its data file moved away meanwhile (test_a_requeue_of_the_finished_job_...). The tests
     below check this one job (a job start is ~30 s; the scontrol requeue had a job of its own until session 38).
     Until session 71 the job was first preempted by the time-limit warning's USR1 and requeued by launch.sh, a start
     more: the two-node job of tests/test_slurm_multinode.py is stopped so, and resumes like its uninterrupted run. The
     uninterrupted run it is compared with runs from the requeue on, while the job saves, waits for its requeue's begin
     time and starts again (its dry run is one process of the job's two CPUs); run from the job's submission, it shared
     the CPUs with its first start. Returns (job, its end state, its output folder, the folder submitted from, the
-    uninterrupted run's folder)."""
+    uninterrupted run's folder, its end state once requeued finished)."""
     folder = tmp_path_factory.mktemp("slurm")
     elsewhere = folder / "submitted-here"
     out = elsewhere / "run"
@@ -121,7 +122,14 @@ def readme_job(slurm, tmp_path_factory):
     with readme_run_uninterrupted(plain) as uninterrupted:
         state = slurm.wait(job, timeout=600)
         uninterrupted.result()
-    return job, state, out, elsewhere, plain
+    finished = None
+    if state == "COMPLETED":  # requeued once more, finished, its data archived meanwhile (one start more, no training)
+        archived = folder / "archived.jsonl"
+        (elsewhere / "my_pairs.jsonl").rename(archived)
+        slurm.run(["scontrol", "requeue", str(job)])
+        finished = slurm.wait(job, timeout=300)
+        archived.rename(elsewhere / "my_pairs.jsonl")
+    return job, state, out, elsewhere, plain, finished
 
 
 def real_cpus() -> int:
@@ -427,7 +435,7 @@ def test_a_relative_chdir_is_the_folder_a_jobs_relative_paths_are_read_in_and_a_
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
-    job, state, out, submitted_from, _ = readme_job
+    job, state, out, submitted_from, *_ = readme_job
     log = log_path(job, submitted_from)
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
     text = log.read_text()  # UTF-8 throughout: srun splits the processes' output at any byte (launch.sh's TQDM_ASCII)
@@ -438,10 +446,10 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     assert sorted(p.name for p in submitted_from.iterdir()) == sorted([log.name, "my_pairs.jsonl", "run"])
     assert f"; output: {out}\n" in text and f"  data:          {submitted_from / 'my_pairs.jsonl'} (split" in text
     assert not (ROOT / "run").exists()
-    # A token given on the command line is used but never shown (the banner and the launch line of each of its two
+    # A token given on the command line is used but never shown (the banner and the launch line of each of its three
     # starts mask it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
-    assert len(shown) == 4 and all("--hub_token REDACTED" in line for line in shown), shown
+    assert len(shown) == 6 and all("--hub_token REDACTED" in line for line in shown), shown  # 3 starts
     assert not any(SECRET in line for line in text.splitlines())
     assert "batch: 8 pairs per step over 1 process, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
@@ -456,11 +464,13 @@ def test_a_job_requeued_by_scontrol_saves_and_resumes_from_that_checkpoint(slurm
     SIGTERM of scancel, and requeues the job itself. Its process saves, and the requeued job resumes from that
     checkpoint, every step once, and ends like an uninterrupted run. The log said the job had been "preempted, past its
     GraceTime", which it never was. (The README's job: one job for both.)"""
-    job, state, out, submitted_from, uninterrupted = readme_job
+    job, state, out, submitted_from, uninterrupted, _ = readme_job
     log = log_path(job, submitted_from).read_text()
     assert state == "COMPLETED", log[-3000:]
-    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    first, second = log.split(f"=== DPO job {job} (dpo-think) restart 1", 1)
+    assert slurm.job_info(job)["Restarts"] == "2", log[-3000:]  # the second requeue: the test below
+    first, second = log.split(f"=== DPO job {job} (dpo-think) restart 2", 1)[0].split(
+        f"=== DPO job {job} (dpo-think) restart 1", 1
+    )
     assert "signal received: checkpointing at the next optimizer step (SIGTERM)" in first, first[-3000:]
     saved = re.search(r"checkpoint (\S+) written; Slurm has requeued job (\d+) itself \(([^)]*)\)", first)
     assert saved and saved[2] == str(job), first[-3000:]
@@ -470,6 +480,24 @@ def test_a_job_requeued_by_scontrol_saves_and_resumes_from_that_checkpoint(slurm
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == README_JOB_STEPS
     a, b = weights(uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_requeue_of_the_finished_job_with_its_data_moved_away_trains_nothing_and_completes(slurm, readme_job):
+    """Slurm requeues a job whose run has finished (a node lost as the job ended; here `scontrol requeue` once it
+    ended), its data file archived meanwhile. launch.sh's dry run read the data first: `error: dataset ... does not
+    exist`, the job FAILED and its `afterok` dependents never started. The requeue reads none of the run's inputs, says
+    there is nothing to do and ends COMPLETED, the run's files as they were. (The README's job, requeued by its
+    fixture: no job of its own.)"""
+    job, _, out, submitted_from, _, finished = readme_job
+    log = log_path(job, submitted_from).read_text()
+    assert finished == "COMPLETED", log[-3000:]
+    last = log.split(f"=== DPO job {job} (dpo-think) restart 2", 1)[1]
+    said = f"output_dir {out} holds the run this Slurm job ({job}) finished before it was requeued: nothing to do"
+    assert said in last and "error:" not in last, last[-3000:]
+    assert "Resuming from" not in last and steps(out) == list(range(1, README_JOB_STEPS + 1))  # nothing trained
+    assert json.loads((out / "run_complete.json").read_text())["slurm_job_id"] == str(job)
 
 
 @pytest.mark.slurm
