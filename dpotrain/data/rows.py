@@ -90,21 +90,8 @@ def read_row(
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem
-    # TRL spreads a row's chat_template_kwargs into apply_chat_template (`**kwargs`): anything but an object stopped
-    # the row check, and TRL's tokenization after it, in a traceback ('str' object has no attribute 'items')
-    if (kwargs := row.get("chat_template_kwargs")) is not None and not isinstance(kwargs, dict):
-        return None, (
-            "chat_template_kwargs",
-            f"a {type(kwargs).__name__}, where the chat template's keyword arguments are an object, which TRL passes "
-            'to apply_chat_template as keywords: write it as one, e.g. {"enable_thinking": false}',
-        )
-    # TRL reads a text `tools` as JSON (json.loads): text that is not JSON raised JSONDecodeError in a traceback
-    if isinstance(tools := row.get("tools"), str) and (problem := _not_json(tools)):
-        return None, (
-            "tools",
-            f"a text that is not JSON ({problem}): write the tools as a list of JSON schemas "
-            '([{"type": "function", "function": {"name": ..., "parameters": ...}}]), or as the JSON text of one',
-        )
+    if problem := _template_input_problem(row):
+        return None, problem
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
         if problem := _check_value(row.get(column), shape.raw_lists, first, column):
             if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
@@ -165,6 +152,26 @@ def read_row(
         except turns.Rewritten as e:
             return None, ("prompt", str(e))
     return example, None
+
+
+def _template_input_problem(row: dict) -> tuple[str, str] | None:
+    """(column, problem) of what TRL hands the chat template beside the messages, where it would stop in a traceback."""
+    # TRL spreads a row's chat_template_kwargs into apply_chat_template (`**kwargs`): anything but an object stopped
+    # the row check, and TRL's tokenization after it, in a traceback ('str' object has no attribute 'items')
+    if (kwargs := row.get("chat_template_kwargs")) is not None and not isinstance(kwargs, dict):
+        return (
+            "chat_template_kwargs",
+            f"a {type(kwargs).__name__}, where the chat template's keyword arguments are an object, which TRL passes "
+            'to apply_chat_template as keywords: write it as one, e.g. {"enable_thinking": false}',
+        )
+    # TRL reads a text `tools` as JSON (json.loads): text that is not JSON raised JSONDecodeError in a traceback
+    if isinstance(tools := row.get("tools"), str) and (problem := _not_json(tools)):
+        return (
+            "tools",
+            f"a text that is not JSON ({problem}): write the tools as a list of JSON schemas "
+            '([{"type": "function", "function": {"name": ..., "parameters": ...}}]), or as the JSON text of one',
+        )
+    return None
 
 
 def _not_json(text: str) -> str | None:
