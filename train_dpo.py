@@ -91,6 +91,33 @@ def end_finished(recipe, job: str) -> None:
     return None
 
 
+def push_left(recipe) -> str | None:
+    """The repo of a finished run's final push that was started and not confirmed, which this rerun completes
+    (resolve.push_left): it trains nothing, so it reads nothing the recipe names, nor does its dry run. Decided after
+    the checks, a data file or model moved away since the run finished refused the rerun (`error: dataset ... does not
+    exist`, exit 2), its requeued job FAILED, the push never made. Not for a preflight or a reference-only job."""
+    p = recipe.project
+    return None if p.preflight or p.reference_only else resolve.push_left(recipe)
+
+
+def complete_left_push(recipe, repo: str, stop: GracefulStop) -> int | None:
+    """The push by the main process, in no collective (none is started): it takes the folder's lock with `acquire`
+    (released as `main` ends) and pushes; the other ranks end with 0. The push's settings and token are checked as the
+    run checks them, by the dry run too, which says on stderr what the run will do and prints no plan (launch.sh then
+    launches the processes)."""
+    if not (recipe.project.dry_run or launcher.launched_main()):
+        return None
+    push = hub.take_push_settings(recipe)
+    push.check_token()
+    out = recipe.training.output_dir
+    if recipe.project.dry_run:
+        print(f"output_dir {resolve.pushing_left(out, repo)}", file=sys.stderr, flush=True)
+        return None
+    if refused := run_lock.acquire(Path(out)):
+        raise ConfigError(refused)
+    return publish.complete_push(recipe, push, repo, stop)
+
+
 def importers_own() -> ExitStack:
     """What a run changes in the process handed back as it was when it ends: the environment, and the Hub libraries'
     offline switches (read from it at import, so not restored with it)."""
@@ -115,6 +142,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
     if job := finished_by_this_job(recipe):  # before the checks: nothing the recipe names is read
         return end_finished(recipe, job)
+    if repo := push_left(recipe):  # a finished run's final push cut short: that push, and nothing else
+        return complete_left_push(recipe, repo, stop)
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             # The run's checks and its own first; the default sample, the recipe's seed, markdown only
@@ -153,8 +182,6 @@ def run(argv, stop: GracefulStop) -> int | None:
         if state.is_main_process:  # every rank ends here: one line in the job's log, not one per GPU
             print(resolve.finished_line(recipe.training.output_dir, output.finished_by), flush=True)
         return None
-    if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
-        return publish.complete_push(recipe, push, output.push_left, state, stop)
     explicit = output.resume_from == recipe.training.resume_from_checkpoint  # damaged: refused, not fallen back
     compare = resolve.trained_otherwise(recipe, launch.batch.pairs_per_step)  # a checkpoint fallen back to
     afresh = recipe.project.overwrite_output_dir and not explicit

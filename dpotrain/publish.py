@@ -133,7 +133,8 @@ def finish_outputs(run, resolved: dict, saved: list[str] = ()) -> int | None:
     summary[hub.MODEL_FILES] = hub.saved_model(out, [*saved, *merged])
     # The final push recorded as started before the run is marked complete: a job killed between the two (Slurm's
     # SIGKILL after a time limit's SIGTERM, a node lost) left a finished run the rerun refused, and a requeue of the
-    # same job ended on "nothing to do", the push asked for never made nor named. The rerun completes it (push_left).
+    # same job ended on "nothing to do", the push asked for never made nor named. The rerun completes it
+    # (resolve.push_left).
     started = push.requested and not hub_switches.pushes_offline()
     if started:
         hub_push.record_push(out, step=summary["global_step"], branch="main", status="started", repo=push.repo_id)
@@ -153,28 +154,26 @@ def completion(step: int, records: list[dict]) -> dict:
     return {"global_step": step, "final": last_logged(records)} | ({"final_eval": evaluated} if evaluated else {})
 
 
-def complete_push(recipe, push, repo: str, state, stop=None) -> int | None:
-    """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
-    killed while pushing, the push failed, or a stop request gave it up; the line says which, `cut_short`): that
-    push, to `repo` (the one it started on, `OutputDecision.push_left`, as the dry run and the refusal name it), from
-    the main process, and nothing else. Not the command's hub_model_id: a rerun with --push_to_hub alone, as the
-    refusal advises, would push to a repo named after the run instead."""
+def complete_push(recipe, push, repo: str, stop=None) -> int | None:
+    """A rerun of a finished run whose final push was started and not confirmed (resolve.push_left: the job was killed
+    while pushing, the push failed, or a stop request gave it up; the line says which, `cut_short`): that push, to
+    `repo` (the one it started on, as the dry run and the refusal name it), and nothing else; by the main process alone
+    (train_dpo.complete_left_push). Not the command's hub_model_id: a rerun with --push_to_hub alone, as the refusal
+    advises, would push to a repo named after the run instead."""
     offline = hub_switches.pushes_offline()  # the user's HF_HUB_OFFLINE: push_final names push_to_hub.py
     if stop is not None:
         stop.nothing_to_train(pushing=not offline)
-    if state.is_main_process:
-        out = Path(recipe.training.output_dir)
-        push = replace(push, repo_id=repo)
-        now = "not now (below)" if offline else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
-        print(
-            f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed "
-            f"({cut_short(hub_push.unconfirmed_push(out))}): {now}; nothing is trained",
-            flush=True,
-        )
-        if push.checkpoints and not offline:  # offline, push_final names push_to_hub.py --checkpoints
-            push_checkpoints_left(out, push, stop)
-        return push_final(out, push, recipe.training, stop)
-    return None
+    out = Path(recipe.training.output_dir)
+    push = replace(push, repo_id=repo)
+    now = "not now (below)" if offline else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
+    print(
+        f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed "
+        f"({cut_short(hub_push.unconfirmed_push(out))}): {now}; nothing is trained",
+        flush=True,
+    )
+    if push.checkpoints and not offline:  # offline, push_final names push_to_hub.py --checkpoints
+        push_checkpoints_left(out, push, stop)
+    return push_final(out, push, recipe.training, stop)
 
 
 def cut_short(record: dict | None) -> str:
@@ -206,7 +205,7 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
     with HF_HUB_OFFLINE the command that pushes it later. A push still running when the job is asked to end (`stop`,
     preemption.GracefulStop: the time limit's warning, a preemption) is given up, recorded `unfinished`, and the run
     ends with STOPPED_EXIT, `.checkpointed` telling launch.sh to requeue: the requeue completes the push
-    (resolve.check_output_dir's `push_left`). Waited for, it hung until Slurm's kill, and a time limit's job is not
+    (resolve.push_left). Waited for, it hung until Slurm's kill, and a time limit's job is not
     requeued. `started`: its start already recorded (finish_outputs)."""
     command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
     if push.requested and hub_switches.pushes_offline():

@@ -201,10 +201,7 @@ class OutputDecision:
         elif self.finished_by:
             folder = f"{output_dir}: {finished_run(self.finished_by)}: the run trains nothing"
         elif self.push_left:
-            folder = (
-                f"{output_dir}: a finished run whose push to {self.push_left} was started and not confirmed: the run "
-                "pushes it, and trains nothing"
-            )
+            folder = pushing_left(output_dir, self.push_left)
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
             folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
@@ -449,6 +446,36 @@ def check_push_left_repo(out: Path, repo: str, given: str | None) -> None:
     )
 
 
+def push_left(recipe: Recipe) -> str | None:
+    """The repo of the final push to complete, where output_dir holds a finished run whose push was started and not
+    confirmed (hub_push.unconfirmed_push: a kill cut it short, it failed, or a stop request gave it up) and the command
+    asks for a push without --overwrite_output_dir: the rerun completes it and trains nothing. Read from the folder's
+    records alone, so train_dpo.py decides it before the checks read what the recipe names (moved away since the run
+    finished); check_output_dir decides by it too. Another --hub_model_id is refused (check_push_left_repo)."""
+    t, out = recipe.training, Path(recipe.training.output_dir)
+    if not t.push_to_hub or recipe.project.overwrite_output_dir or not writes.exists(out / RUN_COMPLETE):
+        return None
+    if (left := hub_push.unconfirmed_push(out)) is None:
+        return None
+    repo = left_repo(left, t)
+    check_push_left_repo(out, repo, t.hub_model_id)
+    return repo
+
+
+def left_repo(left: dict | None, training) -> str:
+    """The repo of a push left unconfirmed (`left`, its record): the one it started on; a record written before pushes
+    named their repo, or no push left, the command's."""
+    return (left or {}).get("repo") or training.hub_model_id or training.run_name
+
+
+def pushing_left(output_dir: str, repo: str) -> str:
+    """What a rerun completing a finished run's push does with its folder: the dry run's line, and its summary's."""
+    return (
+        f"{output_dir}: a finished run whose push to {repo} was started and not confirmed: the run pushes it, and "
+        "trains nothing"
+    )
+
+
 def finished_by_this_job(out: Path) -> str | None:
     """The Slurm job this start is a requeue of, where that job finished the run in `out` (run_complete.json names it)
     before Slurm requeued it: its node lost, or a preemption past its grace time, while the process was ending. Not
@@ -538,11 +565,10 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     if writes.exists(out / RUN_COMPLETE):  # `writes.looked`: unanswered, raised; never a finished run trained again
         if p.overwrite_output_dir:
             return replaced(recipe, pairs_per_step)
-        left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
-        repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
-        if left and t.push_to_hub:
-            check_push_left_repo(out, repo, t.hub_model_id)
+        if repo := push_left(recipe):  # train_dpo.py decides it first, before its checks; prefetch.py here
             return OutputDecision(None, False, push_left=repo)
+        left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed), not asked again: said how
+        repo = left_repo(left, t)
         # the checkpoints given up with it (a stop request at the end of training): that command's --checkpoints
         flags = ["--repo-id", repo, *(["--checkpoints"] if hub_push.checkpoints_left(out, repo) else [])]
         how = (

@@ -401,9 +401,10 @@ if [[ -z $early_stop ]]; then
   # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
   # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
   # lines and exit code 2, in seconds, instead of after starting every process.
-  # None: this start is a requeue of the job that finished its run, which the dry run said on stderr, reading none of
-  # the recipe's inputs (moved away once the run finished, they failed the job: its `afterok` dependents never
-  # started). The launched processes say there is nothing to do, and end with 0.
+  # None: this start is a requeue of the job that finished its run, or a rerun completing a finished run's final push,
+  # which the dry run said on stderr, reading none of the recipe's inputs (moved away once the run finished, they
+  # failed the job: its `afterok` dependents never started). The launched processes say there is nothing to do (or
+  # push, the main process alone), and end with 0.
   [[ -z $resolved ]] || "$VENV/bin/python" -m dpotrain.cluster.job summary <<<"$resolved"
 
   # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run

@@ -1636,7 +1636,9 @@ def test_a_requeue_of_the_job_that_finished_the_run_reads_none_of_its_inputs(tmp
     for the next experiment to name files not made yet: the requeue of the job that finished the run was refused by the
     checks, which read them first (`error: dataset ... does not exist`, exit 2), and by launch.sh's dry run before
     them: the job FAILED, its `afterok` dependents never started. It trains nothing, so it reads nothing: exit 0, and
-    the dry run prints no plan (launch.sh launches the processes, which say it and release the lock)."""
+    the dry run prints no plan (launch.sh launches the processes, which say it and release the lock). So does a rerun
+    completing the run's final push cut short, the job's requeue or not: it was refused the same way, the push never
+    made."""
     import train_dpo
 
     out = tmp_path / "run"
@@ -1661,3 +1663,29 @@ def test_a_requeue_of_the_job_that_finished_the_run_reads_none_of_its_inputs(tmp
         for dry in ((), ("--dry-run",)):
             with pytest.raises(ConfigError, match="does not exist"):
                 train_dpo.main([*args, *dry])
+    # Its final push cut short (the record of its start, written before run_complete.json): the rerun asked to push
+    # completes that push, training nothing, so it read none of them either; it was refused the same way, its dry run
+    # too. Offline here: the push is left to the command it names.
+    hub_push.record_push(out, step=4, branch="main", status="started", repo="me/run")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_requeue")
+    pushing = [*args, "--push_to_hub", "true"]
+    for job, restart in (("4242", "1"), ("777", "0")):  # the job's requeue, or any rerun: the record alone decides
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
+        capsys.readouterr()
+        assert train_dpo.main([*pushing, "--dry-run", "--json"]) is None  # no plan: launch.sh launches the processes
+        assert capsys.readouterr() == (
+            "",
+            f"output_dir {out}: a finished run whose push to me/run was started and not confirmed: the run pushes it, "
+            "and trains nothing\n",
+        )
+        assert train_dpo.main(pushing) is None  # exit 0
+        said = capsys.readouterr().out
+        command = f"`python scripts/push_to_hub.py {out} --repo-id me/run`"
+        assert f"nothing was pushed: push from a machine that reaches the Hub with {command}" in said, said
+        assert "does not exist" not in said
+    monkeypatch.setenv("RANK", "1")  # another rank of the launch: it ends with 0, saying and pushing nothing
+    assert train_dpo.main(pushing) is None
+    assert capsys.readouterr() == ("", "")
+    assert [r["status"] for r in hub_push.read_pushes(out)] == ["started"]

@@ -910,7 +910,6 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     repo named after the run (me/run) instead. The rerun trains nothing: a Ctrl-C while it pushes speaks of
     the push ('finishing the push to the Hub'), where it said 'stopping before training' and the push went on."""
     import shutil
-    from types import SimpleNamespace
 
     from dpotrain import publish, resolve
     from dpotrain.hub import hub as hub_module
@@ -931,7 +930,7 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     stop = GracefulStop()
     stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
     try:
-        publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True), stop)
+        publish.complete_push(recipe, push, decision.push_left, stop)
         os.kill(os.getpid(), signal.SIGINT)  # as during the push: the rerun's stop is the push's throughout
         time.sleep(0.1)
     finally:
@@ -945,7 +944,6 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
 def test_a_ctrl_c_in_an_offline_rerun_left_a_push_speaks_of_no_push(tmp_path, monkeypatch, capfd):
     """An offline rerun of a finished run whose push was cut short trains nothing and pushes nothing (HF_HUB_OFFLINE:
     it names push_to_hub.py); a Ctrl-C there said 'finishing the push to the Hub', a push that never began."""
-    from types import SimpleNamespace
 
     from huggingface_hub import constants
 
@@ -967,7 +965,7 @@ def test_a_ctrl_c_in_an_offline_rerun_left_a_push_speaks_of_no_push(tmp_path, mo
     stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
     try:
         push = hub_module.take_push_settings(recipe)
-        assert publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True), stop) is None
+        assert publish.complete_push(recipe, push, REPO, stop) is None
         os.kill(os.getpid(), signal.SIGINT)  # as the rerun ends: its stop is still installed
     finally:
         stop.release(exiting=False)
@@ -1018,7 +1016,7 @@ def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
     assert "final push to me/dpo-test" in Path(f"{stop_file}.checkpointed").read_text()
     assert unconfirmed_push(out)["status"] == "unfinished"  # the requeued job's decision (push_left): to this repo
     hub.state.hold.clear()
-    publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    publish.complete_push(recipe, push, REPO)
     assert read_pushes(out)[-1]["status"] == "pushed" and unconfirmed_push(out) is None
 
 
@@ -1898,7 +1896,7 @@ def test_a_stop_request_while_training_waits_for_checkpoint_uploads_ends_the_run
     # The requeued job completes the push: the checkpoint first, to its branch, then main, whose card lists it
     stop_file.unlink()
     capsys.readouterr()
-    publish.complete_push(recipe, push, REPO, SimpleNamespace(is_main_process=True))
+    publish.complete_push(recipe, push, REPO)
     # the reason recorded, not "killed while pushing, or the push failed", which sent a reader to look for a crash
     assert (
         f"{REPO} was started and not confirmed (the push was left unfinished: given up on a stop request while "
@@ -2843,7 +2841,6 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
 ):
     """The run's own final push (here a rerun completing the push a killed job started) makes the same check, before
     its upload: it pushed the earlier save's model.safetensors beside the final shards."""
-    from types import SimpleNamespace
 
     from dpotrain import publish, resolve
     from dpotrain.hub import hub as hub_module
@@ -2858,7 +2855,7 @@ def test_a_rerun_completing_its_push_refuses_a_folder_holding_an_earlier_saves_w
     push = hub_module.take_push_settings(recipe)
     decision = resolve.check_output_dir(recipe, 8)
     with pytest.raises(RunError, match=r"holds weights of more than one save.*model\.safetensors \(written "):
-        publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
+        publish.complete_push(recipe, push, decision.push_left)
     assert hub.state.commits == [] and hub.state.repos == {}
     assert [r["status"] for r in read_pushes(out)] == ["started"]  # still left to push, once the folder is fixed
 
