@@ -918,6 +918,23 @@ def test_a_hybrids_linear_attention_and_mamba_layers_are_planned_at_their_measur
         assert measured <= planned <= 1.03 * measured, (every, planned, measured)
 
 
+def test_a_model_the_trace_cannot_build_takes_the_formula_before_any_trace_runs(monkeypatch):
+    """Zamba's model with one shared-transformer (hybrid) layer fails its tied-weights check when built: the plan
+    found it only after the full-attention kind's traces, whose Mamba layers loop per token in Python on fake tensors
+    (a dry run's plan took ~4 minutes, then the formula). The build is tried first: no trace runs."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("zamba", **(TINY | dict(num_hidden_layers=12)))
+    assert set(memory.layer_kinds(config)) == {"linear_attention", "hybrid"}
+    traced, trace = [], memory._traced_peak
+    monkeypatch.setattr(memory, "_traced_peak", lambda *a: traced.append(a[1:]) or trace(*a))
+    monkeypatch.setattr(memory, "_COSTS", {})
+    planned, method = memory.activation_bytes(config, 8, False)
+    assert method.startswith("formula (the trace failed: ValueError: There is an issue with your definition of `tie")
+    assert planned == memory.formula_activation_bytes(config, 8, None)
+    assert traced == []
+
+
 @pytest.mark.parametrize(
     "model_type, moe, width",
     [

@@ -394,12 +394,23 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     kept = checkpointed_layers(every, text.num_hidden_layers)
     kinds = [traced_kind(k) for k in layer_kinds(text)]
     try:
+        _check_builds(config, set(kinds))
         modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
         traced = {(m, k): layer_costs(config, tokens, m, k) for m in modes for k in set(kinds)}
     except Exception as e:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
         return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {cause(e, 120)})"
     costs = {m: ([traced[m, k][0] for k in kinds], [traced[m, k][1] for k in kinds]) for m in modes}
     return _combine(costs, every, text.num_hidden_layers), "traced on fake tensors (1 and 2 layers, extrapolated)"
+
+
+def _check_builds(config, kinds: set) -> None:
+    """Builds, before any trace, the model each of a hybrid's other `kinds` is traced in (`layer_costs`): one that
+    cannot be built raises here in seconds, where it stopped the plan only after the full-attention traces had run
+    (Zamba: one shared-transformer layer fails its tied-weights check, after ~4 minutes of Mamba traces that loop per
+    token in Python)."""
+    for kind in sorted(kinds - {"full_attention"}):
+        with _fake_model(config, ("full_attention", kind)):
+            pass
 
 
 def traced_kind(kind: str) -> str:
