@@ -313,6 +313,11 @@ FAKE_TENSOR_MODE = _read(
     "torch._subclasses.fake_tensor:FakeTensorMode",
     "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
 )
+FAKE_TENSOR_LOG = _read(
+    "torch._subclasses.fake_tensor:log",
+    "quiet while the memory plan traces: its failed trace is said once, as the formula's reason, not as torch's "
+    "error lines (dpotrain/plan/memory.py)",
+)
 MEM_TRACKER = _read(f"{MEM}:MemTracker", "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)")
 PEAK_STATS = _override(
     f"{MEM}:MemTracker._update_peak_stats",
@@ -789,6 +794,11 @@ def recompile_limit_hit() -> type[Exception]:
 
 def fake_tensor_mode():
     return _value(FAKE_TENSOR_MODE)()
+
+
+def quiet_fake_tensor_log():
+    """torch's fake-tensor logger off for the block (only its own lines: the run's other logs as they were)."""
+    return attributes_set(_value(FAKE_TENSOR_LOG), disabled=True)
 
 
 def mem_tracker():
