@@ -1318,23 +1318,27 @@ def test_a_pairs_digest_is_what_the_template_renders_not_how_arrow_stored_it():
     assert pair_digest(nulled) == pair_digest(pair)
 
 
-@pytest.mark.parametrize("rows_given", ["every row", "one row"])
+@pytest.mark.parametrize("rows_given", ["every row", "one row", "text beside objects"])
 def test_chat_template_kwargs_that_are_not_an_object_are_refused_with_their_row(
     rows_given, tmp_path, monkeypatch, capsys
 ):
     """TRL spreads a row's chat_template_kwargs into apply_chat_template (`**`): a column of JSON texts (an export
     that wrote each object as a string) or a row's list stopped the row check in a traceback ('str' object has no
-    attribute 'items'), before the model loads; now the row and the column are named, as any other bad value."""
+    attribute 'items'), before the model loads; now the row and the column are named, as any other bad value. A text
+    among objects is refused alike: datasets stores such a column as Json, which decoded the text into its object
+    (one rule: the file read again, each value as written)."""
     pairs = builtin.make_preference_rows(8, seed=5)
     if rows_given == "every row":
         pairs = [p | {"chat_template_kwargs": json.dumps({"enable_thinking": False})} for p in pairs]
     else:
         pairs = [p | {"chat_template_kwargs": {"enable_thinking": False}} for p in pairs]
         pairs[3]["chat_template_kwargs"] = ["enable_thinking"]
+        if rows_given == "text beside objects":
+            pairs[3]["chat_template_kwargs"] = json.dumps({"enable_thinking": False})
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path), "--dry-run")
-    kind = "a str" if rows_given == "every row" else "a list"
+    kind = "a list" if rows_given == "one row" else "a str"
     problem = (
         f"{kind}, where the chat template's keyword arguments are an object, which TRL passes to apply_chat_template "
         'as keywords: write it as one, e.g. {"enable_thinking": false}'

@@ -810,6 +810,16 @@ def mixed_type_columns(dataset) -> list[str]:
     ]
 
 
+def _json_kwargs(dataset) -> list[str]:
+    """chat_template_kwargs where datasets stores it as Json (rows of objects and rows of text): Json decodes a row's
+    text that reads as a JSON object into that object, where a column of text alone is refused with its fix (TRL
+    spreads `**chat_template_kwargs`): read as written, a text is refused alike, whatever the other rows hold."""
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    feature = dataset.features.get("chat_template_kwargs")
+    return ["chat_template_kwargs"] if feature is not None and get_json_field_paths_from_feature(feature) else []
+
+
 def json_quoted_columns(dataset) -> list[str]:
     """The columns a pair is read from (its answers, tools, chat_template_kwargs) holding a text written as a JSON
     string (`"Hello"`, quotes included, on one line). datasets types a JSON Lines field by the file's first 10 MiB;
@@ -875,7 +885,7 @@ def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     import datasets
 
     # both: a pair column of mixed types left a quoted tools or chat_template_kwargs column as datasets cast it
-    mixed = list(dict.fromkeys(mixed_type_columns(dataset) + json_quoted_columns(dataset)))
+    mixed = list(dict.fromkeys(mixed_type_columns(dataset) + json_quoted_columns(dataset) + _json_kwargs(dataset)))
     mixed += [c for c in dated_columns(dataset) if c not in mixed]
     if not mixed:
         return dataset
