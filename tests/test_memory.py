@@ -933,6 +933,12 @@ def test_a_model_the_trace_cannot_build_takes_the_formula_before_any_trace_runs(
     assert method.startswith("formula (the trace failed: ValueError: There is an issue with your definition of `tie")
     assert planned == memory.formula_activation_bytes(config, 8, None)
     assert traced == []
+    # and the autocast copies, whose full-attention traces ran Zamba's Mamba layers (~1 minute of a dry run)
+    saved, save = [], memory._saved_bytes
+    monkeypatch.setattr(memory, "_saved_bytes", lambda *a: saved.append(a[1:]) or save(*a))
+    monkeypatch.setattr(memory, "_AUTOCAST", {})
+    assert memory.autocast_copies(config, 8, 1000) == memory.BF16 * (1000 + 3 * 64 * 8)
+    assert saved == []
 
 
 def test_a_failed_trace_is_said_as_the_formulas_reason_without_torchs_error_lines(capfd):

@@ -407,7 +407,7 @@ def _check_builds(config, kinds: set) -> None:
     """Builds, before any trace, the model each of a hybrid's other `kinds` is traced in (`layer_costs`): one that
     cannot be built raises here in seconds, where it stopped the plan only after the full-attention traces had run
     (Zamba: one shared-transformer layer fails its tied-weights check, after ~4 minutes of Mamba traces that loop per
-    token in Python)."""
+    token in Python). The autocast copies' traces check it too: such a model takes the formula for both."""
     for kind in sorted(kinds - {"full_attention"}):
         with _fake_model(config, ("full_attention", kind)):
             pass
@@ -549,7 +549,8 @@ def autocast_copies(config, tokens: int, layer_params: int) -> int:
     do: the largest layer's `layer_params` in bf16, and 3 bf16 casts of the hidden state a token (OLMo 3's). Cached."""
     try:
         key = (_kinds_copy(config, ("full_attention",)).to_json_string(use_diff=False), tokens)  # any layer count's
-        if key not in _AUTOCAST:
+        if key not in _AUTOCAST:  # a model whose activations take the formula for its build (Zamba's) too
+            _check_builds(config, {traced_kind(k) for k in layer_kinds(config.get_text_config())})
             layer = {c: _saved_bytes(config, 2, tokens, c) - _saved_bytes(config, 1, tokens, c) for c in (False, True)}
             _AUTOCAST[key] = max(0, layer[True] - layer[False])
         return _AUTOCAST[key]
