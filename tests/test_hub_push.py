@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -2247,42 +2246,6 @@ def test_a_final_push_the_hub_fails_ends_a_launched_run_on_its_own_error_line(hu
     assert ended.value.code == 1
     assert capsys.readouterr().err.startswith(line) and mark.read_text().startswith(line)
     assert "the run is saved, push it with `python " in mark.read_text() and SECRET not in mark.read_text()
-
-
-def test_a_final_push_the_hub_fails_ends_the_w_and_b_run_before_the_error_line(hub, tmp_path, monkeypatch):
-    """The run's error line was not its last: W&B's closing lines ("wandb: You can sync this run ...") came after it,
-    printed at the process's exit. The W&B run is ended first, failed (the process's exit code), the line last."""
-    from dpotrain import publish
-    from dpotrain.hub import hub as hub_module
-    from dpotrain.recipe import errors
-    from dpotrain.recipe.config import parse_args
-
-    hub_in_process(hub, monkeypatch)
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "run_complete.json").write_text('{"global_step": 2}\n')
-    (out / "config.json").write_text("{}")
-    hub.state.fail[("commit", "main")] = -1
-    hub.state.fail_status = 400  # not retried
-    args = ["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO]
-    recipe = parse_args([*args, "--hub_token", SECRET])
-
-    def run():  # a run's end, as train_dpo.py's: its W&B run open, then run_command's exit after the error line
-        import wandb
-
-        os.dup2(2, 1)  # one stream, in the order written
-        sys.stdout = sys.stderr
-        wandb.init(project="p", dir=str(tmp_path), mode="offline")
-        push = hub_module.take_push_settings(recipe)
-        errors.run_command(lambda: publish.push_final(out, push, recipe.training))
-
-    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "WANDB_SILENT": "false", "WANDB_CONSOLE": "off"}
-    code, _, log = in_child(run, env=env)
-    lines = log.strip().splitlines()
-    assert code == 1 and lines[-1].startswith(f"error: pushing {out} to {REPO} failed"), log[-3000:]
-    assert any(line.startswith("wandb:") for line in lines[:-1]), log[-3000:]  # W&B's closing lines, before it
-    [debug] = (tmp_path / "wandb").glob("offline-run-*/logs/debug.log")
-    assert "got exitcode: 1" in debug.read_text(), debug.read_text()[-2000:]  # the W&B run says failed
 
 
 @pytest.mark.parametrize("refused_at", ["create", "commit"])
