@@ -60,16 +60,6 @@ def main(argv=None) -> None:
             run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
 
-def finished_by_this_job(recipe) -> str | None:
-    """The Slurm job this start is a requeue of, where that job finished the run (resolve.finished_by_this_job): it
-    trains nothing, so it reads nothing the recipe names, nor does its dry run (launch.sh's). Decided after the checks,
-    a data file or model moved away since the run finished (or a recipe edited for the next experiment, naming files
-    not made yet) refused the start (`error: dataset ... does not exist`, exit 2): the job FAILED, its `afterok`
-    dependents never started. Not for a preflight or a reference-only job, which name no finished run."""
-    p = recipe.project
-    return None if p.preflight or p.reference_only else resolve.finished_by_this_job(Path(recipe.training.output_dir))
-
-
 def end_finished(recipe, job: str) -> None:
     """Every rank ends with 0, in no collective: each reads the same run_complete.json (a node that could not, where
     the output folder is not shared, waits for the others until the collective timeout). The main process says which
@@ -89,15 +79,6 @@ def end_finished(recipe, job: str) -> None:
             raise ConfigError(refused)
         print(resolve.finished_line(out, job), flush=True)
     return None
-
-
-def push_left(recipe) -> str | None:
-    """The repo of a finished run's final push that was started and not confirmed, which this rerun completes
-    (resolve.push_left): it trains nothing, so it reads nothing the recipe names, nor does its dry run. Decided after
-    the checks, a data file or model moved away since the run finished refused the rerun (`error: dataset ... does not
-    exist`, exit 2), its requeued job FAILED, the push never made. Not for a preflight or a reference-only job."""
-    p = recipe.project
-    return None if p.preflight or p.reference_only else resolve.push_left(recipe)
 
 
 def complete_left_push(recipe, repo: str, stop: GracefulStop) -> int | None:
@@ -140,10 +121,14 @@ def run(argv, stop: GracefulStop) -> int | None:
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
-    if job := finished_by_this_job(recipe):  # before the checks: nothing the recipe names is read
-        return end_finished(recipe, job)
-    if repo := push_left(recipe):  # a finished run's final push cut short: that push, and nothing else
-        return complete_left_push(recipe, repo, stop)
+    # Decided before the checks, from the output folder's records alone: a data file or model moved away since the run
+    # finished (or a recipe edited for the next experiment) refused the start (`error: dataset ... does not exist`, exit
+    # 2), and the job FAILED, its `afterok` dependents never started. Not a preflight's or a reference-only job's
+    if not (recipe.project.preflight or recipe.project.reference_only):
+        if job := resolve.finished_by_this_job(Path(recipe.training.output_dir)):  # a requeue of the job that finished
+            return end_finished(recipe, job)
+        if repo := resolve.push_left(recipe):  # a finished run's final push cut short: that push, and nothing else
+            return complete_left_push(recipe, repo, stop)
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             # The run's checks and its own first; the default sample, the recipe's seed, markdown only

@@ -248,7 +248,7 @@ def push_failed(error: Exception, out: Path, repo: str, command: str, token: str
     huggingface_hub finds), named by its source where the Hub refused it."""
     if (
         hub_push.status_of(error) == 401
-    ):  # at the commit: the token revoked during training (the repo's creation: below)
+    ):  # at the commit: the token revoked during training (at the repo's creation: hub.py)
         error = offline.InvalidToken(offline.invalid_token(token or get_token()))
     # push_to_hub.py fails the same way until the card is fixed or the token replaced: the fix first, then the command
     if isinstance(error, (hub.CardRefused, offline.InvalidToken)):

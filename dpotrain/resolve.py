@@ -258,7 +258,9 @@ AS_RECORDED = "the settings as recorded"
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
-    differs from the resolved_config.json in `out`; [] when there is none to compare with, or with `AS_RECORDED`."""
+    differs from the resolved_config.json in `out`; [] when there is none to compare with, or with `AS_RECORDED`.
+    `pairs_per_step` None: not compared (a start that ends before its launch is planned: train_dpo.py's requeue of
+    a finished job)."""
     old, new = run_record.read(out / run_record.RESOLVED), run_record.of(resolved_config(recipe, {}))
     if old is None or pairs_per_step is AS_RECORDED:
         return []
@@ -274,7 +276,7 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         was, now = (init_kwargs.config_overrides(r.settings.model_init_kwargs) for r in (old, new))
         if was != now:
             changed["model_init_kwargs"] = (was, now)
-    if old.batching.pairs_per_step != pairs_per_step:
+    if pairs_per_step is not None and old.batching.pairs_per_step != pairs_per_step:  # None: not planned here
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
     started = _started_in(out, old.values.get("output_dir"))
     for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
@@ -418,7 +420,7 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     return OutputDecision(explicit, True)
 
 
-def pushing_it(out: Path, repo: str) -> str:
+def how_to_push(out: Path, repo: str) -> str:
     """What a command asking for a push says of the finished run in `out` it refuses to train again: the command that
     pushes it, training nothing, or that it is on `repo` already (a bare name: in the namespace the push added). Both
     ways the refusal named train it again, --overwrite_output_dir deleting the model the command meant to push."""
@@ -505,12 +507,10 @@ def finished_run(job: str) -> str:
 def say_untrained_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> None:
     """The job's recipe edited since it finished its run (the next experiment's, or more steps before an `scontrol
     requeue`): the run is still this job's, but what the command now asks is not trained, which "nothing to do" alone
-    left unsaid. `pairs_per_step` None: not compared (a requeue ended before its launch was planned: train_dpo.py)."""
+    left unsaid."""
     changed = []
     with contextlib.suppress(ConfigError):  # its record damaged since: nothing to compare, the job ends as before
         changed = changed_settings(recipe, out, pairs_per_step)
-    if pairs_per_step is None:
-        changed = [c for c in changed if not c.startswith("pairs_per_step:")]
     if changed:
         resume._say(
             f"note: the settings differ from those of the run this job finished ({'; '.join(changed)}), and "
@@ -575,7 +575,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
             f"`{hub_push.push_command(out, *flags)}`"
             if left
-            else pushing_it(out, repo)
+            else how_to_push(out, repo)
             if t.push_to_hub
             else ""
         )
