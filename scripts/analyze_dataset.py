@@ -445,7 +445,7 @@ def analyze(args: argparse.Namespace) -> int:
                 dataset, rows.RowRules(True, hh_format, turns, tokenizer, project.chat_template_path)
             )
             every_row_invalid(checked, split, name)
-        raise e.located(name) from None
+        raise e.located(name, split) from None
     except Exception as e:  # noqa: BLE001 - a stream is first read here: a damaged file fails inside datasets
         if not args.streaming:
             raise

@@ -52,6 +52,22 @@ def test_the_analyzer_names_the_same_line(cli, tmp_path, capsys):  # noqa: F811
     assert line.startswith("error: row 7, column 'chosen': empty completion") and "(line 9 of my.jsonl; fix" in line
 
 
+def test_a_row_of_a_folder_of_shards_is_named_by_its_file_and_line(cli, tmp_path, capsys):  # noqa: F811
+    """A folder of data files is read as one data set, its files one after another: a bad row of its second file was
+    located `row 8 (from 0) of shards`, which names no file to open (among a hundred shards: no way to find it)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(6)))
+    jsonl_with_an_empty_chosen(folder / "b.jsonl")  # row 7 of it, on its line 9: row 13 of the folder
+    where = "(line 9 of shards/b.jsonl; fix"
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(folder), "--output_dir", str(tmp_path / "o")])
+    assert str(refused.value).startswith("row 13, column 'chosen': empty completion") and where in str(refused.value)
+    assert cli.main([str(folder), "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1"]) == 2
+    assert where in error_line(capsys)
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_csv_row_is_found_by_the_line_its_record_starts_on(tmp_path):
     """A quoted field spanning two lines moves every later record down a line."""
     path = tmp_path / "pairs.csv"

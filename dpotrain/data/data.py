@@ -1338,10 +1338,14 @@ def _check_by_column(dataset, name: str) -> None:
         )
 
 
-def row_location(name: str, index: int) -> str:
-    """Where row `index` (from 0) is, as a person finds it: 'line 8 of my.jsonl', 'line 9 of my.csv' (where its record
-    starts), else 'row 7 (from 0) of my.parquet'."""
+def row_location(name: str, index: int, split: str = "train", shown: str | None = None) -> str:
+    """Where row `index` (from 0) of `split` is, as a person finds it: 'line 8 of my.jsonl', 'line 9 of my.csv' (where
+    its record starts), 'line 3 of shards/b.jsonl' (a folder of data files), else 'row 7 (from 0) of my.parquet'.
+    `shown`: the name the file is called by (a folder's file, by its path from the folder's parent)."""
     path = Path(name).expanduser()
+    if path.is_dir() and not data_identity.saved(path) and (found := _file_of_row(path, index, split)):
+        return row_location(*found)
+    shown = shown or path.name
     if path.is_file() and (
         format_suffix(path) in JSON_LINES or path.suffix == ".json" and file_kind(path) == "json lines"
     ):
@@ -1350,7 +1354,7 @@ def row_location(name: str, index: int) -> str:
             for number, line in enumerate(f, 1):
                 rows += bool(line.strip())
                 if rows == index:
-                    return f"line {number} of {path.name}"
+                    return f"line {number} of {shown}"
     if path.is_file() and format_suffix(path) in DELIMITERS:
         import csv
 
@@ -1358,6 +1362,53 @@ def row_location(name: str, index: int) -> str:
             reader, start = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1
             for record, _ in enumerate(reader, -1):  # -1: the header
                 if record == index:
-                    return f"line {start} of {path.name}"
+                    return f"line {start} of {shown}"
                 start = reader.line_num + 1
-    return f"row {index} (from 0) of {path.name if path.exists() else name}"
+    return f"row {index} (from 0) of {shown if path.exists() else name}"
+
+
+def _file_of_row(folder: Path, index: int, split: str) -> tuple[str, int, str, str] | None:
+    """`row_location`'s arguments for row `index` of `split` of a folder of data files: the file datasets read it from
+    (its files in the order it reads them, one after another) and the row's index in it; None where a file's rows are
+    not counted here (`_rows_in`) or the folder does not resolve."""
+    import datasets
+
+    if (folder / "README.md").is_file():  # a cloned Hub data set: its README's configurations read other files
+        return None
+    try:
+        files = [Path(f) for f in datasets.load_dataset_builder(str(folder)).config.data_files[split]]
+    except Exception:  # noqa: BLE001 - not resolvable again (a mixture's source, by its spec): the folder's row
+        return None
+    for file in files:
+        if (rows := _rows_in(file)) is None:
+            return None
+        if index < rows:
+            return str(file), index, split, f"{folder.name}/{file.relative_to(folder).as_posix()}"
+        index -= rows
+    return None
+
+
+def _rows_in(path: Path) -> int | None:
+    """The rows datasets reads from one data file (a JSON Lines file's non-blank lines, a JSON array's items, a CSV's
+    records but its header, a Parquet file's rows), or None (an Arrow file, or one that does not read)."""
+    import pyarrow.parquet as pq
+
+    try:
+        if format_suffix(path) in DELIMITERS:
+            import csv
+
+            with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
+                return max(
+                    sum(1 for record in csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]) if record) - 1, 0
+                )
+        if format_suffix(path) == ".parquet":
+            return pq.ParquetFile(path).metadata.num_rows
+        if format_suffix(path) in JSON_LINES or format_suffix(path) == ".json" and file_kind(path) == "json lines":
+            with open_data(path) as f:
+                return sum(1 for line in f if line.strip())
+        if format_suffix(path) == ".json":
+            with open_data(path, "rt", encoding="utf-8-sig") as f:
+                return len(json.load(f))
+    except (OSError, ValueError, EOFError):
+        return None
+    return None

@@ -36,10 +36,10 @@ class InvalidRowError(ConfigError):
             "count such rows instead)"
         )
 
-    def located(self, dataset_name: str) -> "InvalidRowError":
+    def located(self, dataset_name: str, split: str = "train") -> "InvalidRowError":
         """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
         return InvalidRowError(
-            self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index)
+            self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index, split)
         )
 
 
@@ -486,7 +486,7 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None, templat
     one check every row fails and what fits instead (`chat_template.misfit`, told by the tokenizer the rows were
     checked against: `checked.fmt`'s, else `template`), or the three most common."""
     reasons, first = checked.by_reason(), checked.invalid[0]
-    where = row_location(source, first["index"]) if source else f"row {first['index']}"
+    where = row_location(source, first["index"], split) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
     shown = f"; {'first: ' * (checked.rows > 1)}{where}" + (f", {detail[0]}" if detail else "")
     # Answers off the generation prompt are one check however their reasons differ: the text expected where the
@@ -540,7 +540,7 @@ def usable_pairs(
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
-        raise e.located(source) if source else e from None
+        raise e.located(source, split) if source else e from None
     say, template = rules.say, rules.template
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
