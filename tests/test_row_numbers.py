@@ -81,6 +81,17 @@ def test_a_csv_row_is_found_by_the_line_its_record_starts_on(tmp_path):
     assert data.row_location("org/hub-set", 3) == "row 3 (from 0) of org/hub-set"
 
 
+def test_a_csv_row_after_a_blank_line_is_found_on_its_own_line(tmp_path):
+    """pandas skips a blank line of a CSV file (datasets reads it so): counted as a record, it named the line above the
+    bad row, a good pair the user would remove while the bad one stayed."""
+    path = tmp_path / "pairs.csv"
+    path.write_text("prompt,chosen,rejected\nQ0:, yes 0, no 0\n\nQ1:, yes 1, no 1\nQ2:, yes 2, no 2\nQ3:,, no 3\n")
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(tmp_path / "o")])
+    message = str(refused.value)
+    assert message.startswith("row 3, column 'chosen': missing (null)") and "(line 6 of pairs.csv; fix" in message
+
+
 def test_an_empty_hh_side_is_said_to_be_empty(tmp_path):
     hh = [
         {"chosen": f"\n\nHuman: q{i}\n\nAssistant: yes", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}

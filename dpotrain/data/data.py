@@ -1359,9 +1359,10 @@ def row_location(name: str, index: int, split: str = "train", shown: str | None 
         import csv
 
         with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
-            reader, start = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1
-            for record, _ in enumerate(reader, -1):  # -1: the header
-                if record == index:
+            reader, start, record = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1, -2  # -1: the header
+            for cells in reader:
+                record += bool(cells)  # a blank line holds no record: pandas skips it, as datasets reads the file
+                if cells and record == index:
                     return f"line {start} of {shown}"
                 start = reader.line_num + 1
     return f"row {index} (from 0) of {shown if path.exists() else name}"
