@@ -763,6 +763,20 @@ def test_a_source_refused_whole_or_a_bad_row_of_a_glob_names_its_source(
     assert f"(row 3 (from 0) of json [train] data_files={tmp_path / 'glob' / '*.jsonl'}; fix" in line, line
 
 
+def test_a_bad_row_of_a_folder_source_is_named_by_its_file_and_line(files, tmp_path, monkeypatch, capsys):
+    """A folder source is read as one data set, its files one after another: its bad row was located `row 8 (from 0) of
+    shards`, no file to open among the folder's."""
+    pairs = [json.loads(line) for line in Path(files["trl"]).read_text().splitlines()]
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs[:6]))
+    pairs[2]["chosen"] = None
+    (tmp_path / "shards" / "b.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs[:4]))
+    line = refused(
+        tmp_path, monkeypatch, capsys, "--dataset_mixer_list", files["trl"], "1.0", str(tmp_path / "shards"), "1.0"
+    )
+    assert "row 8, column 'chosen'" in line and "(line 3 of shards/b.jsonl; fix" in line, line
+
+
 def test_trls_shares_near_the_float_limit_are_shares():
     """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
     the load ended in a traceback (min() arg is an empty sequence)."""

@@ -692,6 +692,8 @@ def load(
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, rules.evaluation)
         try:
             where = {"split": spec, "source": source.where, "dated": dated, "mixed": True}
+            if not (source.data_dir or source.name or source.data_files):  # a folder read whole: found in its files
+                where["source_split"] = source.split
             pairs = rows.usable_pairs(raw, rules, dropped, spec, **where)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):

@@ -481,12 +481,14 @@ def say_repeats(checked: RowCheck, split: str, evaluation: bool, trained: set | 
         )
 
 
-def every_row_invalid(checked: RowCheck, split: str, source: str | None, template=None) -> str:
+def every_row_invalid(
+    checked: RowCheck, split: str, source: str | None, template=None, source_split: str | None = None
+) -> str:
     """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
     one check every row fails and what fits instead (`chat_template.misfit`, told by the tokenizer the rows were
     checked against: `checked.fmt`'s, else `template`), or the three most common."""
     reasons, first = checked.by_reason(), checked.invalid[0]
-    where = row_location(source, first["index"], split) if source else f"row {first['index']}"
+    where = row_location(source, first["index"], source_split or split) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
     shown = f"; {'first: ' * (checked.rows > 1)}{where}" + (f", {detail[0]}" if detail else "")
     # Answers off the generation prompt are one check however their reasons differ: the text expected where the
@@ -530,17 +532,18 @@ def usable_pairs(
     dated=None,
     trained: set | None = None,
     mixed: bool = False,
+    source_split: str | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
-    row (located in `source`, `data.row_location`), or with `rules.skip_invalid` without the bad rows, recorded as
-    `derived[key]`. No usable row left is refused too: the trainer would fail only after loading the model. `dated`:
-    where the template writes the day it renders on, its warning kept there under `key`, not said (a mixture says it
-    once, `say_dated`). `trained`: the training pairs' digests, filled by the training split's read and counted
-    against by the held-out split's (`say_repeats`); `mixed`: a mixture's source."""
+    row (located in `source`'s `source_split`, else `split`: `data.row_location`), or with `rules.skip_invalid`
+    without the bad rows, recorded as `derived[key]`. No usable row left is refused too: the trainer would fail only
+    after loading the model. `dated`: where the template writes the day it renders on, its warning kept there under
+    `key`, not said (a mixture says it once, `say_dated`). `trained`: the training pairs' digests, filled by the
+    training split's read and counted against by the held-out split's (`say_repeats`); `mixed`: a mixture's source."""
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
-        raise e.located(source, split) if source else e from None
+        raise e.located(source, source_split or split) if source else e from None
     say, template = rules.say, rules.template
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
@@ -558,7 +561,7 @@ def usable_pairs(
     if checked.invalid:
         derived[key] = checked.summary()
         if len(checked.invalid) == checked.rows:
-            raise ConfigError(every_row_invalid(checked, split, source))
+            raise ConfigError(every_row_invalid(checked, split, source, source_split=source_split))
         if say:
             dropped = plural(len(checked.invalid), "invalid row")
             print(f"Dropped {dropped} of {checked.rows}: {checked.by_reason()}", flush=True)
