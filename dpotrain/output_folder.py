@@ -113,15 +113,33 @@ def check_outside_data(output_dir: str, data_names: list[str], patterns: tuple[s
                 f"({found}): read as pairs at its next start, they would get every rerun and requeue refused; pass an "
                 "--output_dir the glob does not reach, or a narrower glob"
             )
-    for name in data_names:
+    if name := data_folder_above(out, data_names):
+        raise ConfigError(
+            f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
+            "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "
+            "--output_dir outside it"
+        )
+
+
+def data_folder_above(path: Path, data_names: list[str]) -> str | None:
+    """The name of the folder of data files (not a saved data set) among `data_names` that `path` is in, or None."""
+    for name in filter(None, data_names):  # None: no local data set (a Hub name is no folder here)
         folder = Path(name).expanduser()
-        if not folder.is_dir() or data_identity.saved(folder):
-            continue
-        if same_folder_above(out, folder):  # by name, or by another name (a bind mount)
+        if folder.is_dir() and not data_identity.saved(folder) and same_folder_above(path, folder):
+            return name  # by name, or by another name (a bind mount)
+    return None
+
+
+def check_reports_outside_data(paths: dict[str, str | None], data_names: list[str]) -> None:
+    """A command's reports (flag -> path) refused inside a folder of data files it reads: datasets reads every file
+    there at the next read, by the run and the analyzer alike. The analyzer's `--json` report in it was read as a row
+    whose `chosen` is a struct (the folder refused for a column of two types), and two `--plot` images made datasets
+    read the folder as images, refused as a data set with no chosen/rejected columns."""
+    for flag, path in paths.items():
+        if path and (name := data_folder_above(Path(path).expanduser().resolve().parent, data_names)):
             raise ConfigError(
-                f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
-                "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "
-                "--output_dir outside it"
+                f"{flag} {path!r} is inside the data folder {name!r}, every file of which datasets reads as data: "
+                "the report would be read with the pairs by the next run or analysis of it; write it outside the folder"
             )
 
 

@@ -402,6 +402,8 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     inputs = writes.input_files(*(path for _, path in output_folder.reads(recipe)), recipe.config_path)
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
+    data_names = [recipe.script.dataset_name, *mixture.local_files(mixture.fields_of(recipe))]
+    output_folder.check_reports_outside_data({"--json": json_path, "--plot": plot_path}, data_names)
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     if seed is not None and not 0 <= seed < 2**32:  # numpy's seed range

@@ -355,6 +355,7 @@ def analyze(args: argparse.Namespace) -> int:
     )  # a report never replaces what it describes
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         writes.check_not_input(flag, path, inputs)
+    output_folder.check_reports_outside_data({"--json": args.json, "--plot": args.plot}, [name, *sources])
     print(
         f"Analysing {shown} ({split}) with the tokenizer of {tokenizer_name}"
         + (f" at revision {revision}" if revision not in (None, "main") else "")

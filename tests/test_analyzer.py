@@ -1467,6 +1467,26 @@ def test_a_report_is_never_written_over_a_runs_own_file(cli, tmp_path, capsys):
     assert {p: p.read_text() for p in run.rglob("*") if p.is_file()} == before
 
 
+def test_a_report_is_never_written_into_the_data_folder_it_describes(cli, tmp_path, capsys):
+    """datasets reads every file of a folder of data files: `--json shards/lengths.json` was read at the next run as a
+    row whose `chosen` is the report's struct (the folder refused for a column of two types), and two `--plot` images
+    there made the folder an image data set with no chosen/rejected. Refused before the analysis, as a mixture's
+    folder source is; a report beside the folder is written."""
+    folder = tmp_path / "shards"
+    (folder / "plots").mkdir(parents=True)
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / "a.jsonl")
+    data, tokenizer = str(folder), str(tmp_path / "no-tokenizer")  # refused before it
+    mixed = ["--dataset_mixer_list", str(ROOT / "data" / "smoke_prefs.jsonl"), "1.0", data, "1.0"]
+    for source, flag, path in (
+        ([data], "--json", folder / "lengths.json"),
+        (mixed, "--plot", folder / "plots" / "lengths.png"),
+    ):
+        assert cli.main([*source, "--tokenizer", tokenizer, flag, str(path)]) == 2
+        said = f"error: {flag} {str(path)!r} is inside the data folder {data!r}, every file of which datasets reads"
+        assert error_line(capsys).startswith(said)
+    assert sorted(p.name for p in folder.rglob("*")) == ["a.jsonl", "plots"]
+
+
 def test_a_recipes_coverage_out_of_range_is_named_as_the_recipes_key(cli, tmp_path, capsys):
     """A recipe's `auto_coverage: 1.5` was refused as `--coverage`, a flag the user never typed."""
     recipe = tmp_path / "mine.yaml"

@@ -7,6 +7,7 @@ is long gibberish against rejected answers in that style then look like 001's da
 
 import json
 import random
+import shutil
 import subprocess
 
 import pytest
@@ -203,6 +204,21 @@ def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):
     out, err = capfd.readouterr()
     assert ended.value.code == 2 and message in err, err
     assert "Loading weights" not in out + err and not (tmp_path / "never").exists()
+
+
+def test_a_report_inside_the_data_folder_is_refused_before_loading(tmp_path, capfd):
+    """The preflight's `--json` inside the folder of data files it reads would be read as pairs by the next run."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", folder / "a.jsonl")
+    path = str(folder / "gaps.json")
+    test_bad_input_is_refused_before_loading(
+        ["--dataset_name", str(folder), "--json", path],
+        f"error: --json {path!r} is inside the data folder",
+        tmp_path,
+        capfd,
+    )
+    assert [p.name for p in folder.iterdir()] == ["a.jsonl"]
 
 
 def test_a_model_folder_without_weights_is_refused_by_the_script_before_the_data_is_read(
