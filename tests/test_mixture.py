@@ -697,6 +697,29 @@ def test_a_folder_of_data_files_in_two_formats_is_refused_before_anything_loads(
     resolve.check_values(parse_args(["--config", SMOKE, "--dataset_name", str(folder)]))
 
 
+def test_a_folder_whose_notes_outnumber_its_pairs_files_is_refused_naming_them(files, tmp_path):
+    """datasets reads a folder as its commonest suffix: two notes (`.txt`) beside one pairs.jsonl made it read
+    the notes as a text data set and leave the pairs out, refused as `has no chosen/rejected columns (it has
+    ['text'])`: rename the columns or pick a preference data set`, naming neither the notes nor the fix. One note beside
+    the pairs is left out by datasets itself (a draw goes to the pairs' format), and read as ever."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    shutil.copy(files["trl"], folder / "a.jsonl")
+    (folder / "notes.txt").write_text("exported 2026-11-02\n")
+    (folder / "todo.txt").write_text("dedupe\n")
+    for args in (["--dataset_mixer_list", str(folder), "1.0"], ["--dataset_name", str(folder)]):
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert str(e.value) == (
+            f"dataset folder {str(folder)!r} holds 2 files of another format than its pairs (notes.txt, todo.txt), and "
+            "datasets reads a folder's files of its commonest format only: it would read them (text) and leave the "
+            "pairs out: move them out of the folder"
+        )
+    (folder / "todo.txt").unlink()
+    resolve.check_values(parse_args(["--config", SMOKE, "--dataset_name", str(folder)]))
+    assert len(data.load_preference_dataset(str(folder), say=False)) == len(Path(files["trl"]).read_text().splitlines())
+
+
 def test_csv_files_read_as_one_source_are_read_as_text_as_one_file_is(tmp_path):
     """Several CSV files as one source (a `data_files` list or glob, a folder of them): pandas guessed each file's
     types on its own, so answers of numbers in one file and words in another could not be joined (`could not load

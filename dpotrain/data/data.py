@@ -237,11 +237,15 @@ def check_one_format(name: str, path: Path) -> None:
     readme = path / "README.md"
     if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
         return
-    kinds = {}
+    kinds, others = {}, []
     for file, p in (data_identity.files(str(path)) or {}).items():
         if p.name not in FILES_TO_IGNORE and p.suffix.lower() in LOCAL_SUFFIXES:
             kind = "tsv" if p.suffix.lower() == ".tsv" else LOCAL_SUFFIXES[p.suffix.lower()]  # read with other sep
             kinds.setdefault(kind, []).append(file)
+        elif p.name not in FILES_TO_IGNORE and p.suffix.lower() in upstream.data_extensions():
+            others.append(file)  # notes (.txt, .md), images, ...: another format datasets reads a folder as
+    if kinds and others:
+        _check_read_as_pairs(name, path, others)
     if len(kinds) > 1:
         held = "; ".join(
             f"{kind}: {', '.join(files[:2])}{', ...' if len(files) > 2 else ''}" for kind, files in kinds.items()
@@ -251,6 +255,26 @@ def check_one_format(name: str, path: Path) -> None:
             "files of one format only, leaving the others out: convert them to one format, or name each file as a "
             "source of a mixture (docs/data.md)"
         )
+
+
+def _check_read_as_pairs(name: str, path: Path, others: list[str]) -> None:
+    """Refuses a folder of data files that datasets reads as another format's files, which outnumber the pairs' (two
+    notes.txt beside one pairs.jsonl, two plots beside it): the pairs were left out, and the folder refused as a data
+    set with no chosen/rejected columns (it has ['text']), naming neither the files nor the fix."""
+    import datasets
+
+    try:
+        module = datasets.load_dataset_builder(str(path)).name
+    except Exception:  # noqa: BLE001 - not resolvable here: the load says why, in one line
+        return
+    if module in LOCAL_SUFFIXES.values():
+        return
+    shown = f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}"
+    raise ConfigError(
+        f"dataset folder {name!r} holds {plural(len(others), 'file')} of another format than its pairs ({shown}), "
+        f"and datasets reads a folder's files of its commonest format only: it would read them ({module}) and leave "
+        "the pairs out: move them out of the folder"
+    )
 
 
 def check_split_files(name: str, path: Path) -> None:
