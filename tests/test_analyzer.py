@@ -489,6 +489,32 @@ def test_under_keep_end_long_prompts_are_not_refused_as_dropped(cli, tmp_path, t
         lengths.recommendation(found[0], max_positions=4096)
 
 
+def test_a_recommendation_short_of_its_target_is_not_said_to_reach_it():
+    """Capped at the model's positions, the recommendation leaves fewer pairs whole than the target asks, and its
+    reason (the analyzer's --json, resolved_config.json's derived.max_length) and the report's rationale began
+    `max_length=4,096 is the smallest multiple of 512 that leaves at least 95.0% of pairs whole: 92.3% ...`. Raised
+    for the pairs' sake, it is not the smallest multiple reaching the target either."""
+    from dpotrain.data import lengths_report
+
+    m = lengths.Measured(np.arange(20), np.full(20, 100), np.array([100] * 18 + [900] * 2), np.full(20, 50), [], True)
+    r = lengths.recommendation(m, 0.95, max_positions=512)
+    assert (r["max_length"], r["coverage"]) == (512, 0.9)
+    assert r["reason"].startswith(
+        "max_length=512 is within the model's positions, below the target of 95.0% of pairs whole: 90.0% of 20 pairs"
+    )
+    assert "capped at the model's 512 positions" in r["reason"]
+    text = lengths_report.to_markdown(lengths.summarize(m, max_positions=512, dataset="pairs.jsonl"), 512)
+    assert "- Within the model's positions, below the target of 95.0% of pairs whole: it leaves 90.0%" in text
+    assert "leaving at least" not in text
+    raised = lengths.Measured(
+        np.arange(30), np.array([20] * 10 + [700] * 20), np.full(30, 10), np.full(30, 5), [], True
+    )
+    assert lengths.recommendation(raised, 0.3)["reason"].startswith(
+        "max_length=1,024 is the smallest multiple of 512 that leaves at least 30.0% of pairs whole and half the pairs "
+        "anything to learn:"
+    )
+
+
 def test_synthetic_think_lengths_reproduce_the_published_statistics():
     """benchmarks/think_lengths.py stands in for Dolci-Think-DPO-7B (not downloadable here): its table in
     BENCHMARKS.md is only as good as this fit to the seed report's numbers."""

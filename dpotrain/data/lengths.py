@@ -524,17 +524,19 @@ def recommendation(
         "raised": None,
         "truncation_mode": mode,
     }
-    r["reason"] = _reason(r, m.rows)
+    if cap != uncapped:  # both before the reason, which says what the length is
+        r["capped"] = {"max_position_embeddings": cap, "uncapped": uncapped}
     if uncapped != covering:
-        teach = cuts.teaching(m.prompt, m.shared, covering, mode)[0]
-        r["raised"] = {"from": covering, "teaching": teach}
+        r["raised"] = {"from": covering, "teaching": cuts.teaching(m.prompt, m.shared, covering, mode)[0]}
+    r["reason"] = _reason(r, m.rows)
+    if r["raised"]:
+        teach = r["raised"]["teaching"]
         r["reason"] += (
             f"; raised from {covering:,}, the smallest multiple reaching the target, where only {teach:,} of "
             f"{m.rows:,} pairs keep anything to learn (their prompts alone fill it): training refuses fewer than "
             f"{cuts.TEACHING:.0%}"
         )
-    if cap != uncapped:
-        r["capped"] = {"max_position_embeddings": cap, "uncapped": uncapped}
+    if r["capped"]:
         r["reason"] += f"; {capped_line(r)}"
     return r
 
@@ -608,11 +610,16 @@ def _reason(r: dict, rows: int) -> str:
         if lower["max_length"] > 0
         else f"no smaller multiple of {STEP} exists"
     )
+    target = f"{r['target_coverage']:.1%} of pairs whole"
+    lead = f"the smallest multiple of {STEP} that leaves at least {target}"
+    if short_of_target(r):
+        lead = f"within the model's positions, below the target of {target}"
+    elif r.get("raised"):  # the smallest multiple reaching the target is a shorter one (said after)
+        lead = f"the smallest multiple of {STEP} that leaves at least {target} and half the pairs anything to learn"
     cut, dropped = r["truncated"], r["dropped"]
     where = "their start (keep_end)" if r.get("truncation_mode") == "keep_end" else "the end"  # the collator's cut
     reason = (
-        f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
-        f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
+        f"max_length={r['max_length']:,} is {lead}: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
         f"{plural(cut, 'pair', ',')} ({cut / rows:.1%}) {'is' if cut == 1 else 'are'} cut at {where} and {dropped:,} "
         f"dropped by the trainer because {'its' if dropped == 1 else 'their'} prompt alone fills max_length"
     )
@@ -624,6 +631,12 @@ def _reason(r: dict, rows: int) -> str:
         f"{longer(r)} would leave {more:.1%} more of the pairs whole for {doubled['compute']:+.1%} "
         f"packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt computed once per pair)"
     )
+
+
+def short_of_target(r: dict) -> bool:
+    """Whether a recommendation leaves fewer pairs whole than its target asks: capped at the model's positions
+    (`capped_line` says why)."""
+    return bool(r.get("capped")) and r["coverage"] < r["target_coverage"]
 
 
 def longer(r: dict) -> str:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dpotrain.data.lengths import STEP, Measured, capped_line, longer
+from dpotrain.data.lengths import STEP, Measured, capped_line, longer, short_of_target
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
@@ -89,8 +89,13 @@ def _rationale(report: dict, current_max_length: int | None, batch: int, given_b
         "",
         f"**Rationale for max_length={r['max_length']}:**",
         "",
-        f"- Smallest multiple of {STEP} leaving at least {r['target_coverage']:.1%} of pairs whole: it leaves "
-        f"{r['coverage']:.1%}" + (f"; {cheaper}" if lower["max_length"] > 0 else ""),
+        (
+            f"- Within the model's positions, below the target of {r['target_coverage']:.1%} of pairs whole"
+            if short_of_target(r)
+            else f"- Smallest multiple of {STEP} leaving at least {r['target_coverage']:.1%} of pairs whole"
+        )
+        + f": it leaves {r['coverage']:.1%}"
+        + (f"; {cheaper}" if lower["max_length"] > 0 else ""),
     ]
     if raised := r.get("raised"):
         lines.append(
