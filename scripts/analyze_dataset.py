@@ -494,6 +494,11 @@ def analyze(args: argparse.Namespace) -> int:
         chat_template=chat_template.named(template),
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
+    if not mix and m.invalid:  # where each listed row is in the user's files ('line 9 of pairs.jsonl'), read once
+        listed = report["invalid"]["rows"][: lengths_report.LISTED]
+        where = data.row_locations(name, [p["index"] for p in listed], split)
+        for p in listed:
+            p["where"] = where[p["index"]]
     print(lengths_report.to_markdown(report, current, "--max_length" if args.max_length else "recipe"))
     # The counts training will record at its max_length: `auto`'s is the recommendation; a recipe's or command line's
     # `null` trains unbounded (train_dpo.py --max_length null, without a token budget), cutting nothing.

@@ -52,6 +52,17 @@ def test_the_analyzer_names_the_same_line(cli, tmp_path, capsys):  # noqa: F811
     assert line.startswith("error: row 7, column 'chosen': empty completion") and "(line 9 of my.jsonl; fix" in line
 
 
+def test_the_rows_skip_invalid_lists_are_named_by_their_line(cli, tmp_path, capsys):  # noqa: F811
+    """`--skip-invalid` lists the rows it left out by index alone (`| 7 | chosen | ...`), which a reader of a .jsonl
+    takes for its line 7, or 8: the row is on line 9 (a blank line before it). Each listed row is named where it is."""
+    path = jsonl_with_an_empty_chosen(tmp_path / "my.jsonl")
+    report = tmp_path / "r.json"
+    argv = [path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1", "--skip-invalid", "--json", str(report)]
+    assert cli.main(argv) == 0
+    assert "| 7 | line 9 of my.jsonl | chosen | empty completion" in capsys.readouterr().out
+    assert json.loads(report.read_text())["invalid"]["rows"][0]["where"] == "line 9 of my.jsonl"
+
+
 def test_a_row_of_a_folder_of_shards_is_named_by_its_file_and_line(cli, tmp_path, capsys):  # noqa: F811
     """A folder of data files is read as one data set, its files one after another: a bad row of its second file was
     located `row 8 (from 0) of shards`, which names no file to open (among a hundred shards: no way to find it)."""

@@ -1362,14 +1362,27 @@ def _check_by_column(dataset, name: str) -> None:
         )
 
 
-def row_location(name: str, index: int, split: str = "train", shown: str | None = None) -> str:
+def row_location(name: str, index: int, split: str = "train") -> str:
     """Where row `index` (from 0) of `split` is, as a person finds it: 'line 8 of my.jsonl', 'line 9 of my.csv' (where
-    its record starts), 'line 3 of shards/b.jsonl' (a folder of data files), else 'row 7 (from 0) of my.parquet'.
-    `shown`: the name the file is called by (a folder's file, by its path from the folder's parent)."""
-    path = Path(name).expanduser()
-    if path.is_dir() and not data_identity.saved(path) and (found := _file_of_row(path, index, split)):
-        return row_location(*found)
-    shown = shown or path.name
+    its record starts), 'line 3 of shards/b.jsonl' (a folder of data files), else 'row 7 (from 0) of my.parquet'."""
+    return row_locations(name, [index], split)[index]
+
+
+def row_locations(name: str, indices, split: str = "train", shown: str | None = None) -> dict[int, str]:
+    """`row_location` of each of `indices`, the file read once (the rows `--skip_invalid` lists). `shown`: the name the
+    file is called by (a folder's file, by its path from the folder's parent)."""
+    path, wanted = Path(name).expanduser(), sorted(set(indices))
+    if path.is_dir() and not data_identity.saved(path) and (files := _folder_files(path, split)) is not None:
+        found, first = {}, 0
+        for file in files:  # counted up to the file of the last row wanted (a folder of many large shards)
+            if not wanted or first > wanted[-1] or (rows := _rows_in(file)) is None:
+                break
+            inside = [i - first for i in wanted if first <= i < first + rows]
+            named = f"{path.name}/{file.relative_to(path).as_posix()}"
+            found |= {i + first: where for i, where in row_locations(str(file), inside, split, named).items()}
+            first += rows
+        return {i: found.get(i) or f"row {i} (from 0) of {path.name}" for i in wanted}
+    shown, lines = shown or path.name, {}
     if path.is_file() and (
         format_suffix(path) in JSON_LINES or path.suffix == ".json" and file_kind(path) == "json lines"
     ):
@@ -1377,8 +1390,10 @@ def row_location(name: str, index: int, split: str = "train", shown: str | None 
             rows = -1
             for number, line in enumerate(f, 1):
                 rows += bool(line.strip())
-                if rows == index:
-                    return f"line {number} of {shown}"
+                if line.strip() and rows in wanted[len(lines) : len(lines) + 1]:
+                    lines[rows] = number
+                if len(lines) == len(wanted):
+                    break
     if path.is_file() and format_suffix(path) in DELIMITERS:
         import csv
 
@@ -1386,16 +1401,20 @@ def row_location(name: str, index: int, split: str = "train", shown: str | None 
             reader, start, record = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1, -2  # -1: the header
             for cells in reader:
                 record += bool(cells)  # a blank line holds no record: pandas skips it, as datasets reads the file
-                if cells and record == index:
-                    return f"line {start} of {shown}"
+                if cells and record in wanted[len(lines) : len(lines) + 1]:
+                    lines[record] = start  # where the record starts
+                if len(lines) == len(wanted):
+                    break
                 start = reader.line_num + 1
-    return f"row {index} (from 0) of {shown if path.exists() else name}"
+    return {
+        i: f"line {lines[i]} of {shown}" if i in lines else f"row {i} (from 0) of {shown if path.exists() else name}"
+        for i in wanted
+    }
 
 
-def _file_of_row(folder: Path, index: int, split: str) -> tuple[str, int, str, str] | None:
-    """`row_location`'s arguments for row `index` of `split` of a folder of data files: the file datasets read it from
-    (its files in the order it reads them, one after another) and the row's index in it; None where a file's rows are
-    not counted here (`_rows_in`) or the folder does not resolve."""
+def _folder_files(folder: Path, split: str) -> list[Path] | None:
+    """The files of `split` of a folder of data files, in the order datasets reads them one after another; None where
+    the folder does not resolve so."""
     import datasets
 
     if (folder / "README.md").is_file():  # a cloned Hub data set: its README's configurations read other files
@@ -1404,13 +1423,7 @@ def _file_of_row(folder: Path, index: int, split: str) -> tuple[str, int, str, s
         files = [Path(f) for f in datasets.load_dataset_builder(str(folder)).config.data_files[split]]
     except Exception:  # noqa: BLE001 - not resolvable again (a mixture's source, by its spec): the folder's row
         return None
-    for file in files:
-        if (rows := _rows_in(file)) is None:
-            return None
-        if index < rows:
-            return str(file), index, split, f"{folder.name}/{file.relative_to(folder).as_posix()}"
-        index -= rows
-    return None
+    return files
 
 
 def _rows_in(path: Path) -> int | None:

@@ -6,6 +6,8 @@ from dpotrain.data.lengths import STEP, Measured, capped_line, longer, short_of_
 from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import replacing
 
+LISTED = 50  # the invalid rows the report lists (the JSON report holds them all)
+
 
 def to_markdown(report: dict, current_max_length: int | None = None, given_by: str = "recipe") -> str:
     """The "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale.
@@ -140,10 +142,15 @@ def _rationale(report: dict, current_max_length: int | None, batch: int, given_b
     invalid = report["invalid"]
     if invalid["count"]:
         lines += ["", f"**Invalid rows, left out of every number above: {invalid['count']:,}**", ""]
-        lines += ["| Row | Column | Problem |", "|---|---|---|"]
-        lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
-        if invalid["count"] > 50:
-            lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
+        listed = invalid["rows"][:LISTED]
+        if any("where" in p for p in listed):  # where each is in the user's files (`data.row_locations`)
+            lines += ["| Row | Where | Column | Problem |", "|---|---|---|---|"]
+            lines += [f"| {p['index']} | {p.get('where', '')} | {p['column']} | {p['problem']} |" for p in listed]
+        else:
+            lines += ["| Row | Column | Problem |", "|---|---|---|"]
+            lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in listed]
+        if invalid["count"] > LISTED:
+            lines.append(f"| ... | | {invalid['count'] - LISTED:,} more in the JSON report |")
     return lines
 
 
