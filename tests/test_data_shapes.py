@@ -957,6 +957,18 @@ def test_sides_that_differ_only_in_white_space_around_the_answer_are_refused(mak
     ), line
 
 
+def test_plain_text_sides_that_differ_only_in_a_written_eos_are_refused(tmp_path, monkeypatch, capsys):
+    """`" Paris.<|im_end|>"` against `" Paris."`: the trainer appends EOS to the side without it (add_eos), and the
+    pair trained as two identical sequences (ln 2, no gradient), counted and measured as any other, without a word."""
+    pairs = text_prompt()
+    pairs[3]["rejected"] = pairs[3]["chosen"] + "<|im_end|>"
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        "error: row 3, column 'chosen': identical to `rejected` but for the EOS token '<|im_end|>' one side ends with"
+    ), line
+
+
 def test_conversations_that_part_at_an_earlier_answer_in_every_row_are_refused_naming_the_cut(
     tmp_path, monkeypatch, capsys
 ):

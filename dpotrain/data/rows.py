@@ -65,11 +65,14 @@ class RowFormat:
         template=None,
         assistant_turns: str = "final",
     ) -> "RowFormat":
-        """`template`: a tokenizer, or a function that loads it (called only for message rows, which it reads);
+        """`template`: a tokenizer, or a function that loads it (called for message rows, which it reads, and for
+        plain text where `eos_token` is not given: the trainer appends its EOS, which the checks read too);
         `assistant_turns`: the recipe's (which turns are trained)."""
         shape = shapes.Shape.of(first_row, columns, hh_format)
         if callable(template) and not hasattr(template, "apply_chat_template"):
-            template = template() if shape.conversational else None
+            template = template() if shape.conversational or eos_token is None else None
+        if eos_token is None and not shape.conversational and template is not None:
+            eos_token = template.eos_token  # a side that differs only in it, or holds it alone, trains nothing
         return cls(shape, eos_token, template if shape.conversational else None, assistant_turns)
 
     @property
@@ -112,15 +115,8 @@ def read_row(
     example, problem = shapes.read(row, shape)
     if problem:
         return None, problem
-    if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
-        return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
-    if _same_but_white_space(example["chosen"], example["rejected"]):
-        return None, (
-            "chosen",
-            "identical to `rejected` but for white space at the start or end of a message: the pair expresses no "
-            "preference (it would train a taste for that white space; under a chat template that trims content, "
-            "which many do, both sides are the same tokens)",
-        )
+    if problem := _alike(example, fmt):
+        return None, ("chosen", problem)
     if fmt.conversational and (problem := _empty_turn(example["prompt"], "user")):
         return None, ("prompt", problem)
     # An earlier assistant turn of the prompt is trained under `assistant_turns: all` (open-instruct labels every one):
@@ -189,6 +185,30 @@ THINKING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # where chat t
 def _thinks(message: dict) -> bool:
     """Whether an assistant message holds its thinking in a field of its own (`THINKING_FIELDS`)."""
     return message.get("role") == "assistant" and any(message.get(key) for key in THINKING_FIELDS)
+
+
+def _alike(example: dict, fmt: RowFormat) -> str | None:
+    """Why the sides of a read pair express no preference (`chosen`'s problem), or None."""
+    if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
+        return "identical to `rejected` once read: the pair expresses no preference"
+    if not fmt.conversational and (eos := fmt.eos_token) and _same_but_eos(example, eos):
+        return (
+            f"identical to `rejected` but for the EOS token {eos!r} one side ends with, which the trainer appends to "
+            "a side without it: both are the same tokens, and the pair expresses no preference"
+        )
+    if _same_but_white_space(example["chosen"], example["rejected"]):
+        return (
+            "identical to `rejected` but for white space at the start or end of a message: the pair expresses no "
+            "preference (it would train a taste for that white space; under a chat template that trims content, "
+            "which many do, both sides are the same tokens)"
+        )
+    return None
+
+
+def _same_but_eos(example: dict, eos: str) -> bool:
+    """Whether plain-text sides differ only in the EOS text one ends with: `split_row` (TRL's add_eos) appends it to
+    the other, and both train as the same tokens (a pair at ln 2 with no gradient)."""
+    return example["chosen"].removesuffix(eos) == example["rejected"].removesuffix(eos)
 
 
 def _same_but_white_space(chosen, rejected) -> bool:
