@@ -19,6 +19,7 @@ from dpotrain.recipe import terminal, venv  # the standard library only
 
 if __name__ == "__main__":  # first: the libraries' logging handlers and progress bars keep the streams they find
     terminal.guard_streams()  # a `| tee` killed by the same Ctrl-C must not end the run before its checkpoint
+    terminal.hold_stops()  # a SIGTERM while the libraries load stops the run as one after it does, not in silence
 
 ROOT = Path(__file__).resolve().parent
 

@@ -287,6 +287,49 @@ def test_a_stop_asked_before_training_ends_the_run_before_step_1(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_while_the_libraries_load_stops_the_run_in_one_line(how, tmp_path, tiny_model_dir, pairs):
+    """A SIGTERM (a `kill`, `timeout`, a preemption) or a closed terminal's SIGHUP while the libraries load (seconds, a
+    minute from a busy shared file system) ended the process by Python's default action: exit 143 (129), nothing
+    said, while one a moment later stopped with its line and 75. Now it is kept, and the run stops before the model
+    loads as then; the same command trains."""
+    out = tmp_path / "run"
+    # A cold interpreter (the warm one has its libraries loaded), signalled once torch's library is mapped: Python is
+    # up and the libraries are loading (seconds more: transformers, TRL)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            str(ROOT / "train_dpo.py"),
+            *ARGS,
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            str(pairs),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(getattr(signal, how), signal.SIG_DFL),  # not a nohup's ignored SIGHUP
+    )
+    deadline = time.time() + 120
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.01)
+    assert "transformers" not in Path(f"/proc/{proc.pid}/maps").read_text()  # still loading
+    proc.send_signal(getattr(signal, how))
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT, (proc.returncode, log[-3000:])
+    assert "Stop requested: stopped before the model loaded" in log and "Traceback" not in log, log[-3000:]
+    assert logged_steps(out) == [] and not (out / "run.lock").exists()
+    rerun = start(out, tiny_model_dir, pairs)
+    log = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0 and logged_steps(out) == list(range(1, STEPS + 1)), log[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("when", "pause", "removed"),
     [

@@ -10,10 +10,16 @@ that keep a reference to them.
 import errno
 import io
 import os
+import signal
 import stat
 import sys
+import time
 
 STREAMS = (1, 2)  # stdout, stderr
+# The signals that ask a run to stop (train/preemption.py takes them over as the run begins)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_held: list[tuple[int, float]] = []  # stop signals heard while the libraries load (`hold_stops`), with when
+_before_held: dict[int, object] = {}  # the handlers `hold_stops` replaced
 _reader_gone: list[int] = []  # the streams pointed elsewhere because their pipe's reader is gone
 _ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`), until the next run begins (`run_begins`)
 
@@ -29,6 +35,33 @@ def detach(fds: list[int], to_terminal: bool = False) -> None:
     for fd in fds:
         os.dup2(target, fd)
     os.close(target)
+
+
+def hold_stops() -> None:
+    """A stop signal heard while the libraries load (seconds; a minute from a busy shared file system) is kept for the
+    run's stop (train/preemption.py, `take_held`), which stops before the model loads, saying so (exit 75). Python's
+    default action ended the process there without a word (exit 143), while one a moment later stopped in one line.
+    Not Ctrl-C, which ends the loading at once in one line (venv.loading_libraries); an ignored SIGHUP (nohup) stays
+    ignored, as the run's stop leaves it."""
+    for sig in STOP_SIGNALS:
+        if sig == signal.SIGINT or (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
+            continue
+        _before_held[sig] = signal.signal(sig, _hold)
+
+
+def _hold(signum, frame) -> None:
+    if signum == signal.SIGHUP:  # the terminal is gone: a write to it would end the run (EIO) before its stop
+        detach([fd for fd in STREAMS if os.isatty(fd)])
+    _held.append((signum, time.time()))
+
+
+def take_held(sig: int, handler) -> tuple[object, list[tuple[int, float]]]:
+    """For the run's stop, which has just set its own handler for `sig` in place of `handler`: the handler to give back
+    once the run is over (the one `hold_stops` replaced, not its own), and the `sig`s heard while held (taken)."""
+    before = _before_held.pop(sig, handler) if handler is _hold else handler
+    heard = [(signum, at) for signum, at in _held if signum == sig]
+    _held[:] = [(signum, at) for signum, at in _held if signum != sig]
+    return before, heard
 
 
 def run_begins() -> None:

@@ -40,7 +40,7 @@ from dpotrain.recipe.writes import unwritable, write_text
 from dpotrain.train import step_log
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = terminal.STOP_SIGNALS
 # A run that saved and stopped before its end exits with this code (EX_TEMPFAIL of sysexits.h: try again later): the
 # same command goes on from what was saved. A second Ctrl-C ends the process at once with 130 (128 + SIGINT).
 STOPPED_EXIT = 75
@@ -119,7 +119,10 @@ class GracefulStop(TrainerCallback):
                 # scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
                 if sig in (signal.SIGHUP, signal.SIGINT) and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
-                self.previous[sig] = signal.signal(sig, self._on_signal)
+                # One heard while the libraries loaded (terminal.hold_stops) is heard now, when it was sent
+                self.previous[sig], held = terminal.take_held(sig, signal.signal(sig, self._on_signal))
+                for signum, at in held:
+                    self._hear(signum, at)
             self.launcher_pid = self._watch_launcher()
 
     def _say_unread_at_start(self) -> None:
@@ -286,6 +289,8 @@ class GracefulStop(TrainerCallback):
         """The command saves nothing a stop could wait for (a dry run, a preflight): the handlers found are given back,
         so that Ctrl-C and SIGTERM end it at once. A stop asked already (while the options were read) ends it now."""
         self.release(exiting=False)
+        if self.signal_received not in (None, signal.SIGINT):  # SIGTERM while the libraries loaded: as it ends any
+            signal.raise_signal(self.signal_received)  # command (a handler given back, such as a caller's, answers it)
         if self.heard:
             raise KeyboardInterrupt
 
