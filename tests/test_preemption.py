@@ -1488,6 +1488,49 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_running_on_as_o
     assert not (out / "run.lock").exists()
 
 
+@pytest.mark.slow
+def test_ranks_whose_launcher_is_killed_while_they_load_their_libraries_end_at_once(tmp_path, tiny_model_dir, pairs):
+    """`kill -9` of `accelerate launch` (2 DDP ranks on CPU) while its ranks still import their libraries (seconds):
+    they asked the kernel for the launcher's death only once the imports were done, from the parent they had then
+    (init), so they never heard of it, and waited in silence for the rendezvous the launcher's store held, for good
+    (5 minutes and on, an empty log). Now the parent each had as it began is the launcher: they end at once, in one
+    line."""
+    config, out = ddp_config(tmp_path), tmp_path / "run"
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file", str(config)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    proc = subprocess.Popen(
+        [*launch, str(ROOT / "train_dpo.py"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    ranks, deadline = [], time.time() + 120
+    try:
+        # both ranks started, and importing torch (the cold venv's interpreter: seconds more of transformers, TRL)
+        while len(ranks) < 2 or not all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks):
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.01)
+            ranks = children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.time() + 120
+        while any(alive(rank) for rank in ranks) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(rank) for rank in ranks), "the ranks wait on as orphans"
+        log = proc.stdout.read()
+    finally:
+        for rank in ranks:
+            if alive(rank):
+                os.kill(rank, signal.SIGKILL)
+    gone = [line for line in log.splitlines() if "that started this run's processes is gone" in line]
+    assert gone == [
+        f"The launcher (pid {proc.pid}) that started this run's processes is gone (killed?) before they started the "
+        "run: nothing was started; the same command starts it"
+    ], log[-3000:]
+    assert "Traceback" not in log and not out.exists(), log[-3000:]
+
+
 def test_ctrl_c_reaching_the_workers_of_a_datasets_map_is_the_runs_alone_to_answer():
     """datasets' `map(num_proc=N)` (the lengths of a large data set, TRL's tokenization under dataset_num_proc) forks
     its workers from the run's process, and they kept its stop's signal handler: a terminal's Ctrl-C, which reaches

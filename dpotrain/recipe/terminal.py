@@ -20,6 +20,7 @@ STREAMS = (1, 2)  # stdout, stderr
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _held: list[tuple[int, float]] = []  # stop signals heard while the libraries load (`hold_stops`), with when
 _before_held: dict[int, object] = {}  # the handlers `hold_stops` replaced
+_parent_at_start: list[int] = []  # this process's parent as `hold_stops` found it: its launcher, where one started it
 _reader_gone: list[int] = []  # the streams pointed elsewhere because their pipe's reader is gone
 _ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`), until the next run begins (`run_begins`)
 
@@ -42,7 +43,8 @@ def hold_stops() -> None:
     run's stop (train/preemption.py, `take_held`), which stops before the model loads, saying so (exit 75). Python's
     default action ended the process there without a word (exit 143), while one a moment later stopped in one line.
     Not Ctrl-C, which ends the loading at once in one line (venv.loading_libraries); an ignored SIGHUP (nohup) stays
-    ignored, as the run's stop leaves it."""
+    ignored, as the run's stop leaves it. The parent is noted too (`parent_at_start`)."""
+    _parent_at_start[:] = [os.getppid()]
     for sig in STOP_SIGNALS:
         if sig == signal.SIGINT or (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
             continue
@@ -62,6 +64,11 @@ def take_held(sig: int, handler) -> tuple[object, list[tuple[int, float]]]:
     heard = [(signum, at) for signum, at in _held if signum == sig]
     _held[:] = [(signum, at) for signum, at in _held if signum != sig]
     return before, heard
+
+
+def parent_at_start() -> int | None:
+    """The parent this process had as its command began (`hold_stops`); None where it did not note one (imported)."""
+    return _parent_at_start[0] if _parent_at_start else None
 
 
 def run_begins() -> None:

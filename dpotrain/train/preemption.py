@@ -147,12 +147,21 @@ class GracefulStop(TrainerCallback):
         libc, held = ctypes.CDLL(None, use_errno=True), ctypes.c_int(0)
         if libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(held)) != 0 or held.value:
             return None
-        parent = os.getppid()
+        # The launcher as this process began (terminal.hold_stops): one killed while the libraries loaded left the
+        # ranks orphans, which found their parent in init, asked nothing, and waited in silence, for good, for the
+        # rendezvous its store held
+        parent = terminal.parent_at_start() or os.getppid()
         launcher_command()  # while it is there: the command a stop prints to go on
         self.previous[LAUNCHER_GONE] = signal.signal(LAUNCHER_GONE, self._on_launcher_gone)
         libc.prctl(PR_SET_PDEATHSIG, int(LAUNCHER_GONE))
-        if os.getppid() != parent:  # it died before the kernel was asked: told now, as it would have been
-            os.kill(os.getpid(), LAUNCHER_GONE)
+        if os.getppid() != parent:  # it died before the kernel was asked: nothing is started yet, nor can be
+            if launcher.first_on_node():
+                terminal.say(
+                    2,
+                    f"The launcher (pid {parent}) that started this run's processes is gone (killed?) before they "
+                    "started the run: nothing was started; the same command starts it\n".encode(),
+                )
+            raise SystemExit(STOPPED_EXIT)
         return parent
 
     def _on_launcher_gone(self, signum, frame):
