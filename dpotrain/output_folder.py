@@ -445,6 +445,14 @@ def past_folder(out: Path, named: str, when: str) -> Path:
     return folder.with_name(f"{folder.name}.past-{Path(named).name}-{when}")
 
 
+def past_folder_is_beside(out: Path) -> bool:
+    """Whether `past_folder` is on the file system of `out`, so that a rename moves the checkpoints there: not where
+    `out` is a mount point (a container's bind, a job's scratch mount), where the rename failed in the traceback of
+    an EXDEV, the checkpoint already unlisted as complete and the folder beside made."""
+    folder = Path(os.path.abspath(out))
+    return folder.stat().st_dev == folder.parent.stat().st_dev
+
+
 def clear_final_staging(out: Path) -> None:
     """Main process: an earlier attempt's final save, cut short, removed; a link or a person's folder there is moved
     aside, never emptied (the save would write through a link)."""

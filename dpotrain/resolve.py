@@ -543,6 +543,16 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     if recipe.project.auto_resume:
         return decision
     past = output_folder.saved_past(out, explicit, output_folder.read_manifest(out))
+    if past and not output_folder.past_folder_is_beside(out):
+        moved = [str(p) for p in past]
+        them = "it" if len(past) == 1 else "them"
+        raise ConfigError(
+            f"output_dir {named} is a file system of its own (a mount point), so {', '.join(p.name for p in past)}, "
+            f"saved past {explicit}, cannot be moved aside beside it "
+            f"({output_folder.past_folder(out, explicit, '<time>')}) as --auto_resume false does, without copying "
+            f"{them} across file systems: move {them} out of the folder yourself (mv {' '.join(moved)} <elsewhere>), "
+            f"or delete {them}, then run the same command again"
+        )
     return dataclasses.replace(decision, set_aside=tuple(p.name for p in past))
 
 

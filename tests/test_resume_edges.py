@@ -11,7 +11,16 @@ import pytest
 from test_changed_inputs import ARGS
 from test_own_files import train_args
 
-from conftest import ROOT, accelerate_launch, launch_env, python, rank_python, sealed_checkpoint, smoke_command
+from conftest import (
+    ROOT,
+    accelerate_launch,
+    in_child,
+    launch_env,
+    python,
+    rank_python,
+    sealed_checkpoint,
+    smoke_command,
+)
 from dpotrain import resolve
 from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
@@ -336,6 +345,43 @@ def test_going_back_under_auto_resume_false_moves_the_course_past_the_named_chec
     assert "checkpoint-8" not in run_files.read(out) and run_files.completed(out) == ["checkpoint-4"]
     # What a later run that resumes by itself goes on from: the course chosen, not the one given up
     assert resume.latest_sound_checkpoint(out) == out / "checkpoint-4"
+
+
+def test_going_back_in_an_output_folder_that_is_a_mount_point_is_refused_before_anything_moves(tmp_path):
+    """The same going back, where the output folder is a file system of its own (a container's `-B /scratch/run:...`,
+    a job's scratch mount): the checkpoints past the named one cannot be renamed into the folder beside it, and the run
+    ended in the traceback of an `OSError: [Errno 18] Invalid cross-device link`, after the data was read, checkpoint-8
+    already unlisted as complete and an empty folder made beside. Refused before anything loads or moves, naming the
+    fix; a dry run lists it (tmpfs here, as the real mount)."""
+    from dpotrain import resolve
+
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def going_back():
+        for step in (4, 8):
+            sealed_checkpoint(out / f"checkpoint-{step}")
+        (out / run_record.RESOLVED).write_text(json.dumps(run_record.sealed({"derived": {}})))
+        names = [run_files.MANIFEST, run_record.RESOLVED, "checkpoint-4", "checkpoint-8"]
+        run_files.write(out, names, complete=["checkpoint-4", "checkpoint-8"])
+        named = str(out / "checkpoint-4")
+        recipe = parse_args(train_args(out, "--auto_resume", "false", "--resume_from_checkpoint", named))
+        try:
+            resolve.check_output_dir(recipe)
+        except ConfigError as e:
+            print(e)
+        print(sorted(p.name for p in tmp_path.iterdir()), run_files.completed(out))
+
+    code, stdout, stderr = in_child(going_back, tmpfs=[(out, "20m")])
+    assert code == 0, stderr
+    *_, refusal, left = stdout.splitlines()
+    assert refusal == (
+        f"output_dir {str(out)!r} is a file system of its own (a mount point), so checkpoint-8, saved past "
+        f"{out / 'checkpoint-4'}, cannot be moved aside beside it ({tmp_path / 'run.past-checkpoint-4-<time>'}) as "
+        f"--auto_resume false does, without copying it across file systems: move it out of the folder yourself (mv "
+        f"{out / 'checkpoint-8'} <elsewhere>), or delete it, then run the same command again"
+    )
+    assert left == "['run'] ['checkpoint-4', 'checkpoint-8']"  # nothing moved, made or unlisted
 
 
 def test_a_named_checkpoint_rotated_away_is_refused_naming_the_newest_beside_it(tmp_path):
