@@ -445,10 +445,11 @@ def past_folder(out: Path, named: str, when: str) -> Path:
     return folder.with_name(f"{folder.name}.past-{Path(named).name}-{when}")
 
 
-def past_folder_is_beside(out: Path) -> bool:
-    """Whether `past_folder` is on the file system of `out`, so that a rename moves the checkpoints there: not where
-    `out` is a mount point (a container's bind, a job's scratch mount), where the rename failed in the traceback of
-    an EXDEV, the checkpoint already unlisted as complete and the folder beside made."""
+def beside_on_its_file_system(out: Path) -> bool:
+    """Whether a folder beside `out` (`past_folder`, W&B's offline runs kept: tracking.keep_offline_runs) is on the
+    file system of `out`, so that a rename moves what the run sets aside there: not where `out` is a mount point (a
+    container's bind, a job's scratch mount), where the rename failed in the traceback of an EXDEV, once the data was
+    read (going back: the checkpoint already unlisted as complete, the folder beside made)."""
     folder = Path(os.path.abspath(out))
     return folder.stat().st_dev == folder.parent.stat().st_dev
 

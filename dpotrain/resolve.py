@@ -417,6 +417,17 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
             "replaces, that checkpoint with it: copy the checkpoint out of that folder first, or pass a new "
             "--output_dir"
         )
+    from dpotrain.train.tracking import offline_run_folders, offline_runs_kept_in  # as output_folder.replace
+
+    wandb = Path(os.path.abspath(out)) / "wandb"
+    if offline_run_folders(wandb) and not output_folder.beside_on_its_file_system(out):
+        raise ConfigError(
+            f"output_dir {str(out)!r} is a file system of its own (a mount point), and the run there, which "
+            f"--overwrite_output_dir replaces, holds W&B offline runs ({wandb}, nowhere else until `wandb sync`), "
+            f"which cannot be moved aside beside it ({offline_runs_kept_in(out, '<time>')}) without copying them "
+            f"across file systems: sync them (wandb sync {wandb}/offline-run-*) and delete {wandb}, or move it out "
+            "of the folder yourself, then run the same command again"
+        )
     return OutputDecision(explicit, True)
 
 
@@ -543,7 +554,7 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     if recipe.project.auto_resume:
         return decision
     past = output_folder.saved_past(out, explicit, output_folder.read_manifest(out))
-    if past and not output_folder.past_folder_is_beside(out):
+    if past and not output_folder.beside_on_its_file_system(out):
         moved = [str(p) for p in past]
         them = "it" if len(past) == 1 else "them"
         raise ConfigError(

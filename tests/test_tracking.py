@@ -116,6 +116,42 @@ def test_offline_runs_under_a_wandb_dir_inside_the_runs_wandb_folder_are_kept_wh
     assert words[:2] == ["wandb", "sync"] and glob.glob(words[2]) == [str(kept[0] / "wandb" / "offline-run-1")]
 
 
+def test_replacing_a_run_with_offline_runs_in_a_folder_that_is_a_mount_point_is_refused_before_anything_moves(
+    tmp_path,
+):
+    """`--overwrite_output_dir` of a run holding W&B offline runs, where the output folder is a file system of its own
+    (a container's bind, a job's scratch mount): they cannot be renamed into the folder beside it, and the run ended in
+    the traceback of an `OSError: [Errno 18] Invalid cross-device link` once the data was read. Refused before anything
+    loads (the decision a dry run lists too), naming the fix; nothing moved (tmpfs here, as the real mount)."""
+    from conftest import in_child
+    from dpotrain import resolve
+    from dpotrain.recipe.errors import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def replacing():
+        (run / "wandb" / "offline-run-1").mkdir(parents=True)
+        try:
+            resolve.replacing(run, None)
+        except ConfigError as e:
+            print(e)
+        print(sorted(p.name for p in tmp_path.iterdir()), sorted(p.name for p in (run / "wandb").iterdir()))
+
+    code, stdout, stderr = in_child(replacing, tmpfs=[(run, "1m")])
+    assert code == 0, stderr
+    *_, refusal, left = stdout.splitlines()
+    wandb = run / "wandb"
+    assert refusal == (
+        f"output_dir {str(run)!r} is a file system of its own (a mount point), and the run there, which "
+        f"--overwrite_output_dir replaces, holds W&B offline runs ({wandb}, nowhere else until `wandb sync`), which "
+        f"cannot be moved aside beside it ({tmp_path / 'run.wandb-offline-<time>'}) without copying them across file "
+        f"systems: sync them (wandb sync {wandb}/offline-run-*) and delete {wandb}, or move it out of the folder "
+        "yourself, then run the same command again"
+    )
+    assert left == "['run'] ['offline-run-1']"
+
+
 def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_path, capsys):
     """`wandb sync /x/my run.wandb-offline-.../offline-run-*`, typed as printed, named two paths, neither of them."""
     import glob

@@ -75,9 +75,15 @@ def keep_offline_runs(output_dir: str | Path) -> Path | None:
     source = Path(os.path.abspath(output_dir)) / "wandb"  # `--output_dir .`: a folder beside the one run in
     if not offline_run_folders(source):
         return None
-    target = source.parent.with_name(f"{source.parent.name}.wandb-offline-{time.strftime('%Y%m%d-%H%M%S')}")
+    target = offline_runs_kept_in(output_dir, time.strftime("%Y%m%d-%H%M%S"))
     source.rename(target)
     return target
+
+
+def offline_runs_kept_in(output_dir: str | Path, when: str) -> Path:
+    """Where `keep_offline_runs` moves them: `<output_dir>.wandb-offline-<when>` beside the folder."""
+    folder = Path(os.path.abspath(output_dir))
+    return folder.with_name(f"{folder.name}.wandb-offline-{when}")
 
 
 def offline_run_folders(folder: Path) -> list[Path]:
