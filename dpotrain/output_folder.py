@@ -445,13 +445,18 @@ def past_folder(out: Path, named: str, when: str) -> Path:
     return folder.with_name(f"{folder.name}.past-{Path(named).name}-{when}")
 
 
-def beside_on_its_file_system(out: Path) -> bool:
-    """Whether a folder beside `out` (`past_folder`, W&B's offline runs kept: tracking.keep_offline_runs) is on the
-    file system of `out`, so that a rename moves what the run sets aside there: not where `out` is a mount point (a
-    container's bind, a job's scratch mount), where the rename failed in the traceback of an EXDEV, once the data was
-    read (going back: the checkpoint already unlisted as complete, the folder beside made)."""
+def not_movable_beside(out: Path) -> str | None:
+    """Why what the run sets aside beside `out` (`past_folder`, W&B's offline runs: tracking.offline_runs_kept_in)
+    cannot be renamed there, or None: `out` is a mount point (a container's bind, a job's scratch mount: EXDEV), or its
+    parent is a folder this job cannot write in (a site's /scratch/<group> above a user's own folder: EACCES, EROFS).
+    The rename failed in a traceback once the data was read (going back: the checkpoint already unlisted as complete,
+    the folder beside made)."""
     folder = Path(os.path.abspath(out))
-    return folder.stat().st_dev == folder.parent.stat().st_dev
+    if folder.stat().st_dev != folder.parent.stat().st_dev:
+        return "it is a file system of its own (a mount point), and a rename does not cross file systems"
+    if not os.access(folder.parent, os.W_OK | os.X_OK):
+        return f"{folder.parent} is a folder this job cannot write in"
+    return None
 
 
 def clear_final_staging(out: Path) -> None:

@@ -420,13 +420,12 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     from dpotrain.train.tracking import offline_run_folders, offline_runs_kept_in  # as output_folder.replace
 
     wandb = Path(os.path.abspath(out)) / "wandb"
-    if offline_run_folders(wandb) and not output_folder.beside_on_its_file_system(out):
+    if offline_run_folders(wandb) and (why := output_folder.not_movable_beside(out)):
         raise ConfigError(
-            f"output_dir {str(out)!r} is a file system of its own (a mount point), and the run there, which "
-            f"--overwrite_output_dir replaces, holds W&B offline runs ({wandb}, nowhere else until `wandb sync`), "
-            f"which cannot be moved aside beside it ({offline_runs_kept_in(out, '<time>')}) without copying them "
-            f"across file systems: sync them (wandb sync {wandb}/offline-run-*) and delete {wandb}, or move it out "
-            "of the folder yourself, then run the same command again"
+            f"output_dir {str(out)!r}: the run there, which --overwrite_output_dir replaces, holds W&B offline runs "
+            f"({wandb}, nowhere else until `wandb sync`), which cannot be moved aside beside it "
+            f"({offline_runs_kept_in(out, '<time>')}): {why}; sync them (wandb sync {wandb}/offline-run-*) and "
+            f"delete {wandb}, or move it out of the folder yourself, then run the same command again"
         )
     return OutputDecision(explicit, True)
 
@@ -554,15 +553,13 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     if recipe.project.auto_resume:
         return decision
     past = output_folder.saved_past(out, explicit, output_folder.read_manifest(out))
-    if past and not output_folder.beside_on_its_file_system(out):
-        moved = [str(p) for p in past]
+    if past and (why := output_folder.not_movable_beside(out)):
         them = "it" if len(past) == 1 else "them"
         raise ConfigError(
-            f"output_dir {named} is a file system of its own (a mount point), so {', '.join(p.name for p in past)}, "
-            f"saved past {explicit}, cannot be moved aside beside it "
-            f"({output_folder.past_folder(out, explicit, '<time>')}) as --auto_resume false does, without copying "
-            f"{them} across file systems: move {them} out of the folder yourself (mv {' '.join(moved)} <elsewhere>), "
-            f"or delete {them}, then run the same command again"
+            f"output_dir {named}: {', '.join(p.name for p in past)}, saved past {explicit}, cannot be moved aside "
+            f"beside it ({output_folder.past_folder(out, explicit, '<time>')}) as --auto_resume false does: {why}; "
+            f"move {them} out of the folder yourself (mv {' '.join(str(p) for p in past)} <elsewhere>), or delete "
+            f"{them}, then run the same command again"
         )
     return dataclasses.replace(decision, set_aside=tuple(p.name for p in past))
 

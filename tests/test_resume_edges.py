@@ -376,12 +376,57 @@ def test_going_back_in_an_output_folder_that_is_a_mount_point_is_refused_before_
     assert code == 0, stderr
     *_, refusal, left = stdout.splitlines()
     assert refusal == (
-        f"output_dir {str(out)!r} is a file system of its own (a mount point), so checkpoint-8, saved past "
-        f"{out / 'checkpoint-4'}, cannot be moved aside beside it ({tmp_path / 'run.past-checkpoint-4-<time>'}) as "
-        f"--auto_resume false does, without copying it across file systems: move it out of the folder yourself (mv "
+        f"output_dir {str(out)!r}: checkpoint-8, saved past {out / 'checkpoint-4'}, cannot be moved aside beside it "
+        f"({tmp_path / 'run.past-checkpoint-4-<time>'}) as --auto_resume false does: it is a file system of its own (a "
+        "mount point), and a rename does not cross file systems; move it out of the folder yourself (mv "
         f"{out / 'checkpoint-8'} <elsewhere>), or delete it, then run the same command again"
     )
     assert left == "['run'] ['checkpoint-4', 'checkpoint-8']"  # nothing moved, made or unlisted
+
+
+def test_going_back_in_a_users_own_folder_of_a_scratch_it_cannot_write_in_is_refused_before_anything_moves():
+    """The same going back, the output folder a user's own in a site's scratch folder that only its admins write in
+    (`--output_dir /scratch/<group>/<user>`): the rename into the folder beside failed with a PermissionError
+    traceback once the data was read. Refused before anything moves, naming that folder. A real user of no rights
+    (nobody) in a folder under /tmp: pytest's own are root's alone (0700)."""
+    import shutil
+    import tempfile
+
+    from dpotrain import resolve
+
+    scratch = Path(tempfile.mkdtemp(dir="/tmp", prefix="dpotrain-scratch-"))
+    try:
+        scratch.chmod(0o755)
+        out = scratch / "alice"
+        for step in (4, 8):
+            sealed_checkpoint(out / f"checkpoint-{step}")
+        (out / run_record.RESOLVED).write_text(json.dumps(run_record.sealed({"derived": {}})))
+        names = [run_files.MANIFEST, run_record.RESOLVED, "checkpoint-4", "checkpoint-8"]
+        run_files.write(out, names, complete=["checkpoint-4", "checkpoint-8"])
+        for path in [out, *out.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        named = str(out / "checkpoint-4")
+
+        def going_back():
+            os.setgid(65534)
+            os.setuid(65534)  # nobody
+            recipe = parse_args(train_args(out, "--auto_resume", "false", "--resume_from_checkpoint", named))
+            try:
+                resolve.check_output_dir(recipe)
+            except ConfigError as e:
+                print(e)
+
+        code, stdout, stderr = in_child(going_back)
+        assert code == 0, stderr
+        assert stdout.splitlines()[-1] == (
+            f"output_dir {str(out)!r}: checkpoint-8, saved past {named}, cannot be moved aside beside it "
+            f"({scratch / 'alice.past-checkpoint-4-<time>'}) as --auto_resume false does: {scratch} is a folder this "
+            f"job cannot write in; move it out of the folder yourself (mv {out / 'checkpoint-8'} <elsewhere>), or "
+            "delete it, then run the same command again"
+        ), stdout
+        assert sorted(p.name for p in scratch.iterdir()) == ["alice"]
+    finally:
+        shutil.rmtree(scratch)
 
 
 def test_a_named_checkpoint_rotated_away_is_refused_naming_the_newest_beside_it(tmp_path):

@@ -143,11 +143,11 @@ def test_replacing_a_run_with_offline_runs_in_a_folder_that_is_a_mount_point_is_
     *_, refusal, left = stdout.splitlines()
     wandb = run / "wandb"
     assert refusal == (
-        f"output_dir {str(run)!r} is a file system of its own (a mount point), and the run there, which "
-        f"--overwrite_output_dir replaces, holds W&B offline runs ({wandb}, nowhere else until `wandb sync`), which "
-        f"cannot be moved aside beside it ({tmp_path / 'run.wandb-offline-<time>'}) without copying them across file "
-        f"systems: sync them (wandb sync {wandb}/offline-run-*) and delete {wandb}, or move it out of the folder "
-        "yourself, then run the same command again"
+        f"output_dir {str(run)!r}: the run there, which --overwrite_output_dir replaces, holds W&B offline runs "
+        f"({wandb}, nowhere else until `wandb sync`), which cannot be moved aside beside it "
+        f"({tmp_path / 'run.wandb-offline-<time>'}): it is a file system of its own (a mount point), and a rename does "
+        f"not cross file systems; sync them (wandb sync {wandb}/offline-run-*) and delete {wandb}, or move it out of "
+        "the folder yourself, then run the same command again"
     )
     assert left == "['run'] ['offline-run-1']"
 
