@@ -374,3 +374,38 @@ def test_the_notes_of_the_choice_are_said_by_the_main_process_alone(capsys, monk
     monkeypatch.setenv("RANK", "1")
     chosen = choice.decide(recipe, copy.deepcopy(config), False, None, think_mix())
     assert not chosen.share_prompt and capsys.readouterr().out == ""  # the same choice, said by rank 0 alone
+
+
+def test_flex_attention_is_never_chosen_for_attention_dropout_kept_in_training():
+    """FlexAttention takes no dropout (`flex.attention` raises "flex_attention does not support attention dropout"),
+    and transformers' attention layers hand it their `attention_dropout` in training. With `--disable_dropout false` on
+    a model whose config drops out in attention (`attention_dropout`, GPT-2's `attn_pdrop`, or `model_init_kwargs:
+    {attention_dropout: 0.1}`), a GPU run chose shared prompts on flex, scored the reference stage (eval mode: no
+    dropout), then ended at its first training forward in that ValueError's traceback. Now flex is not weighed for it
+    (said), and asked for, it is refused in one line before anything loads; with dropout off (TRL's default) flex
+    stays."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    kept = [*smoke, "--disable_dropout", "false"]
+    dropping = AutoConfig.for_model("olmo3", attention_dropout=0.1)
+    forwards, notes = choice.candidates(copy.deepcopy(dropping), parse_args(kept), True, None, check_kernels=False)
+    assert "flex_attention" not in {c.attention for c in forwards} and forwards, forwards
+    assert {c.attention for c in forwards} == {"sdpa"} and any(c.share_prompt for c in forwards)
+    assert notes == [
+        "Note: flex_attention takes no attention dropout, which olmo3 trains with here (attention_dropout 0.1, "
+        "disable_dropout false): it is not weighed."
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"^attn_implementation flex_attention cannot run olmo3 here: FlexAttention takes no attention dropout, "
+        r"and olmo3 trains with attention_dropout 0.1 \(disable_dropout false\): pass --disable_dropout true, or "
+        r"leave --attn_implementation out$",
+    ):
+        asked = parse_args([*kept, "--attn_implementation", "flex_attention"])
+        choice.candidates(copy.deepcopy(dropping), asked, True, None, check_kernels=False)
+    olmo3 = AutoConfig.for_model("olmo3")  # none in its config: one given as a config override counts
+    overridden = parse_args([*kept, "--model_init_kwargs", '{"attention_dropout": 0.1}'])
+    forwards, notes = choice.candidates(copy.deepcopy(olmo3), overridden, True, None, check_kernels=False)
+    assert "flex_attention" not in {c.attention for c in forwards} and "attention_dropout 0.1" in notes[0]
+    for config, args in ((dropping, smoke), (olmo3, kept)):  # dropout off, or none to keep
+        forwards, notes = choice.candidates(copy.deepcopy(config), parse_args(args), True, None, check_kernels=False)
+        assert "flex_attention" in {c.attention for c in forwards} and not notes

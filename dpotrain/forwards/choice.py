@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from dpotrain.forwards import flops, masks, packing, padded, sequence_parallel, shared_prompt
-from dpotrain.recipe import launcher, upstream
+from dpotrain.recipe import init_kwargs, launcher, upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
 
@@ -133,6 +133,34 @@ def drops_sinks(config, attention: str | None) -> bool:
     return name in packing.VARLEN_ATTENTION and name not in SINK_KERNELS and upstream.has_attention_sinks(config)
 
 
+# The config fields transformers' attention layers hand the attention kernel as its dropout in training (`dropout=` of
+# the attention interface: `attention_dropout`, GPT-2's `nn.Dropout(attn_pdrop)`'s p). FlexAttention takes none
+# (`flex.attention` raises): kept on with `--disable_dropout false` (TRL's default zeroes them), a GPU run on flex
+# scored the reference stage in eval mode, then stopped at its first training forward in that ValueError's traceback.
+ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop")
+
+
+def trained_attention_dropout(config, recipe) -> tuple[str, float] | None:
+    """(the field, its rate) of the attention dropout the model trains with, a `model_init_kwargs` override's first;
+    None with `disable_dropout` (TRL's default) or a rate of 0."""
+    if recipe.training.disable_dropout:
+        return None
+    overrides = init_kwargs.config_overrides(recipe.training.model_init_kwargs)
+    text = config.get_text_config()
+    for name in ATTENTION_DROPOUT:
+        rate = overrides.get(name, getattr(text, name, None))
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
+            return name, float(rate)
+    return None
+
+
+def _flex_dropout_note(config, dropout: tuple[str, float]) -> str:
+    return (
+        f"Note: flex_attention takes no attention dropout, which {config.model_type} trains with here "
+        f"({dropout[0]} {dropout[1]:g}, disable_dropout false): it is not weighed."
+    )
+
+
 def widest_head(config) -> int:
     """The widest query/key head of any layer (Gemma 4's full-attention layers; MLA's qk_head_dim, not its head_dim)."""
     return flops.query_width(config.get_text_config())
@@ -182,9 +210,16 @@ def _check_packed_options(t) -> None:
         )
 
 
-def check_asked(config, asked: str, cuda: bool, check_kernels: bool) -> None:
-    """The recipe's attn_implementation refused where it cannot run this model (here, with `check_kernels`)."""
+def check_asked(config, asked: str, cuda: bool, check_kernels: bool, dropout: tuple[str, float] | None = None) -> None:
+    """The recipe's attn_implementation refused where it cannot run this model (here, with `check_kernels`). `dropout`:
+    the attention dropout it trains with (`trained_attention_dropout`)."""
     name = packing.attention_name(asked)
+    if name == "flex_attention" and dropout is not None:
+        raise ConfigError(
+            f"attn_implementation {asked} cannot run {config.model_type} here: FlexAttention takes no attention "
+            f"dropout, and {config.model_type} trains with {dropout[0]} {dropout[1]:g} (disable_dropout false): pass "
+            "--disable_dropout true, or leave --attn_implementation out"
+        )
     if name in packing.VARLEN_ATTENTION and (width := widest_head(config)) > WIDEST_KERNEL_HEAD:
         raise ConfigError(
             f"attn_implementation {asked} cannot run {config.model_type}: its widest attention heads are "
@@ -216,10 +251,10 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     from dpotrain.forwards.cost import Candidate
 
     t, want_share = recipe.training, recipe.project.share_prompt
-    asked = recipe.model.attn_implementation
+    asked, dropout = recipe.model.attn_implementation, trained_attention_dropout(config, recipe)
     notes = []
     if asked is not None:
-        check_asked(config, asked, cuda, check_kernels)
+        check_asked(config, asked, cuda, check_kernels, dropout)
         attentions = [asked]
     elif cuda and (width := widest_head(config)) > WIDEST_KERNEL_HEAD:
         attentions = [dense_attention(config)]
@@ -249,6 +284,9 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         problem = recipe_problem or packing.packing_problem(config) or hybrid_problem(config, recipe)
         if problem is not None:
             problems.append(problem)
+            continue
+        if attn == "flex_attention" and dropout is not None:  # asked for, refused above (check_asked)
+            notes.append(_flex_dropout_note(config, dropout))
             continue
         share = None if want_share is not False else "share_prompt is false"
         share = share or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
