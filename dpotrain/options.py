@@ -1046,9 +1046,10 @@ def check_ranges(recipe: Recipe) -> None:
         )
     if "discopop" in losses.loss_types(t) and t.discopop_tau <= 0:  # TRL divides the logits by it: NaN at step 1
         raise ConfigError(f"discopop_tau must be > 0 (got {t.discopop_tau:g}): the DiscoPOP paper's is 0.05")
-    if t.sync_ref_model and not 0 <= t.ref_model_mixup_alpha <= 1:  # the reference moves alpha of the way to the policy
+    # the reference moves alpha of the way to the policy at each sync: at 0 it never moved (plain DPO, as TR-DPO)
+    if t.sync_ref_model and not 0 < t.ref_model_mixup_alpha <= 1:
         raise ConfigError(
-            f"ref_model_mixup_alpha must be in [0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
+            f"ref_model_mixup_alpha must be in (0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
             "into the reference at each sync (TR-DPO's is 0.6)"
         )
 

@@ -466,7 +466,9 @@ SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
         # recorded as a limit, and every checkpoint kept (transformers and checkpoints.rotate: no limit)
         (["--save_total_limit", "0"], "save_total_limit must be >= 1 (got 0): transformers takes 0 or below for no"),
         ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
-        ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in [0, 1] (got 2)"),
+        ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in (0, 1] (got 2)"),
+        # TRL's sync keeps (1 - alpha) of the reference: at 0 it never moved, plain DPO recorded as TR-DPO
+        ([*SYNCED, "--ref_model_mixup_alpha", "0"], "ref_model_mixup_alpha must be in (0, 1] (got 0)"),
         # 0: recorded, and the GPU's own peak used; below 0, a negative MFU logged (on a CPU too)
         (["--gpu_peak_tflops", "0"], "gpu_peak_tflops must be > 0 (got 0)"),
         (["--gpu_peak_tflops", "-1"], "gpu_peak_tflops must be > 0 (got -1)"),
