@@ -396,7 +396,7 @@ def test_flex_attention_is_never_chosen_for_attention_dropout_kept_in_training()
     ]
     with pytest.raises(
         ConfigError,
-        match=r"^attn_implementation flex_attention cannot run olmo3 here: FlexAttention takes no attention dropout, "
+        match=r"^attn_implementation flex_attention cannot run olmo3 here: its kernel takes no attention dropout, "
         r"and olmo3 trains with attention_dropout 0.1 \(disable_dropout false\): pass --disable_dropout true, or "
         r"leave --attn_implementation out$",
     ):
@@ -409,3 +409,30 @@ def test_flex_attention_is_never_chosen_for_attention_dropout_kept_in_training()
     for config, args in ((dropping, smoke), (olmo3, kept)):  # dropout off, or none to keep
         forwards, notes = choice.candidates(copy.deepcopy(config), parse_args(args), True, None, check_kernels=False)
         assert "flex_attention" in {c.attention for c in forwards} and not notes
+
+
+def test_flashattention_3_and_4_are_never_chosen_for_attention_dropout_kept_in_training():
+    """FlashAttention 3 and 4 have no dropout argument, and transformers hands a kernel only the arguments its signature
+    names (`_process_flash_attention_kwargs`): with `--disable_dropout false` on a model that drops out in attention, a
+    GPU with FA4 installed trained on it without attention dropout, while resolved_config.json and `derived.dropout`
+    said it was on. Now neither is weighed for such a run (said), and named, each is refused in one line; FA2, whose
+    kernel takes `dropout_p`, stays, as every kernel does with dropout off."""
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    kept = [*smoke, "--disable_dropout", "false"]
+    dropping = AutoConfig.for_model("olmo3", attention_dropout=0.1)
+    forwards, notes = choice.candidates(copy.deepcopy(dropping), parse_args(kept), True, FA4, check_kernels=False)
+    assert {c.attention for c in forwards} == {"sdpa"}, forwards
+    assert notes[0] == (
+        "Note: flash_attention_4 takes no attention dropout, which olmo3 trains with here (attention_dropout 0.1, "
+        "disable_dropout false): it is not weighed."
+    )
+    forwards, _ = choice.candidates(copy.deepcopy(dropping), parse_args(kept), True, "flash_attention_3", False)
+    assert {c.attention for c in forwards} == {"sdpa"}, forwards
+    forwards, notes = choice.candidates(copy.deepcopy(dropping), parse_args(kept), True, "flash_attention_2", False)
+    assert {c.attention for c in forwards} == {"flash_attention_2"}, forwards  # takes dropout_p; flex's note alone
+    for kernel in ("flash_attention_3", FA4, "kernels-community/flash-attn3@v1", "kernels-community/vllm-flash-attn3"):
+        with pytest.raises(ConfigError, match=rf"^attn_implementation {kernel} cannot run olmo3 here: its kernel"):
+            asked = parse_args([*kept, "--attn_implementation", kernel])
+            choice.candidates(copy.deepcopy(dropping), asked, True, FA4, check_kernels=False)
+    forwards, notes = choice.candidates(copy.deepcopy(dropping), parse_args(smoke), True, FA4, check_kernels=False)
+    assert FA4 in {c.attention for c in forwards} and not notes  # dropout off (TRL's default): every kernel

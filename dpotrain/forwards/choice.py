@@ -134,10 +134,15 @@ def drops_sinks(config, attention: str | None) -> bool:
 
 
 # The config fields transformers' attention layers hand the attention kernel as its dropout in training (`dropout=` of
-# the attention interface: `attention_dropout`, GPT-2's `nn.Dropout(attn_pdrop)`'s p). FlexAttention takes none
-# (`flex.attention` raises): kept on with `--disable_dropout false` (TRL's default zeroes them), a GPU run on flex
-# scored the reference stage in eval mode, then stopped at its first training forward in that ValueError's traceback.
+# the attention interface: `attention_dropout`, GPT-2's `nn.Dropout(attn_pdrop)`'s p), kept on with `--disable_dropout
+# false` (TRL's default zeroes them). The kernels that take none: FlexAttention raises on it (`flex.attention`: a GPU
+# run on flex scored the reference stage in eval mode, then stopped at its first training forward in that ValueError's
+# traceback); FlashAttention 3 and 4 have no dropout argument, and transformers passes a kernel only the arguments its
+# signature names (`_process_flash_attention_kwargs`), so they trained without it while the record kept it on.
 ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop")
+NO_DROPOUT_KERNELS = {"flex_attention", "flash_attention_3", "flash_attention_4"} | {
+    f"kernels-community/{name}" for name in ("flash-attn3", "vllm-flash-attn3", "flash-attn4")
+}
 
 
 def trained_attention_dropout(config, recipe) -> tuple[str, float] | None:
@@ -154,9 +159,9 @@ def trained_attention_dropout(config, recipe) -> tuple[str, float] | None:
     return None
 
 
-def _flex_dropout_note(config, dropout: tuple[str, float]) -> str:
+def _dropout_note(config, attn: str, dropout: tuple[str, float]) -> str:
     return (
-        f"Note: flex_attention takes no attention dropout, which {config.model_type} trains with here "
+        f"Note: {attn} takes no attention dropout, which {config.model_type} trains with here "
         f"({dropout[0]} {dropout[1]:g}, disable_dropout false): it is not weighed."
     )
 
@@ -214,10 +219,10 @@ def check_asked(config, asked: str, cuda: bool, check_kernels: bool, dropout: tu
     """The recipe's attn_implementation refused where it cannot run this model (here, with `check_kernels`). `dropout`:
     the attention dropout it trains with (`trained_attention_dropout`)."""
     name = packing.attention_name(asked)
-    if name == "flex_attention" and dropout is not None:
+    if name in NO_DROPOUT_KERNELS and dropout is not None:
         raise ConfigError(
-            f"attn_implementation {asked} cannot run {config.model_type} here: FlexAttention takes no attention "
-            f"dropout, and {config.model_type} trains with {dropout[0]} {dropout[1]:g} (disable_dropout false): pass "
+            f"attn_implementation {asked} cannot run {config.model_type} here: its kernel takes no attention dropout, "
+            f"and {config.model_type} trains with {dropout[0]} {dropout[1]:g} (disable_dropout false): pass "
             "--disable_dropout true, or leave --attn_implementation out"
         )
     if name in packing.VARLEN_ATTENTION and (width := widest_head(config)) > WIDEST_KERNEL_HEAD:
@@ -285,8 +290,8 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if problem is not None:
             problems.append(problem)
             continue
-        if attn == "flex_attention" and dropout is not None:  # asked for, refused above (check_asked)
-            notes.append(_flex_dropout_note(config, dropout))
+        if packing.attention_name(attn) in NO_DROPOUT_KERNELS and dropout is not None:  # asked: refused (check_asked)
+            notes.append(_dropout_note(config, attn, dropout))
             continue
         share = None if want_share is not False else "share_prompt is false"
         share = share or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
