@@ -284,6 +284,15 @@ def checkpoints_text(r: Record) -> str:
     )
     if s.save_strategy == "no":
         return f"none (save_strategy no); {STOP_SAVES}"
+    # One epoch or less (the recipes train 1): no epoch's end before the last step, as a save_steps past the run below
+    epochs = r.batching.epochs_trained if s.max_steps > 0 else s.num_train_epochs
+    if s.save_strategy == "epoch" and epochs is not None and epochs <= 1:
+        return (
+            "NONE before the end: save_strategy epoch saves at each epoch's end, and the run ends within its first "
+            f"epoch, so {f'step {total:,}' if total else 'its last step'} alone is saved and a crash before it loses "
+            f"every step; {STOP_SAVES}: --save_strategy steps --save_steps N saves every N steps (0.1: every tenth of "
+            "the run)"
+        )
     if s.save_strategy == "epoch":
         return f"at the end of each epoch{kept}"
     if s.save_strategy == "best":

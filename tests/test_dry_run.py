@@ -1240,6 +1240,24 @@ def test_the_summary_says_when_checkpoints_are_written_and_where_none_comes_befo
     )
 
 
+def test_save_strategy_epoch_on_a_run_of_one_epoch_or_less_says_no_checkpoint_comes_before_the_end(tmp_path, capsys):
+    """`--save_strategy epoch` saves at each epoch's end, and the recipes train 1 epoch: the summary said "at the end of
+    each epoch" and nothing more, where `--save_steps` past the run's steps is said plainly (above) for the same
+    outcome: a job of hours with no checkpoint on the way, a crash losing every step. Said the same way now; a run of
+    several epochs saves at each epoch's end as before."""
+    out = ["--output_dir", str(tmp_path / "run"), "--save_strategy", "epoch"]
+    for extra in ([], ["--max_steps", "10"], ["--num_train_epochs", "0.5"]):
+        line = field(dry_run(capsys, *SMOKE, *out, *extra), "checkpoints")
+        total = {"--max_steps": "10", "--num_train_epochs": "24"}.get(extra[0] if extra else "", "48")
+        assert line.startswith(
+            "NONE before the end: save_strategy epoch saves at each epoch's end, and the run ends within its first "
+            f"epoch, so step {total} alone is saved and a crash before it loses every step"
+        ), line
+        assert line.endswith("--save_strategy steps --save_steps N saves every N steps (0.1: every tenth of the run)")
+    line = field(dry_run(capsys, *SMOKE, *out, "--num_train_epochs", "2"), "checkpoints")
+    assert line == "at the end of each epoch; the newest 2 kept (save_total_limit 2)"
+
+
 def test_a_dry_run_of_a_folder_a_live_run_holds_lists_the_runs_refusal(tmp_path, capsys):
     """A dry run of a live run's folder said "the run starts there" (or resumes from its checkpoint) and nothing more,
     and a job's dry run passed: every node started its processes, each refused by the lock. It still plans the run as
