@@ -904,12 +904,19 @@ def check_optimizer(t) -> None:
         )
     # How it runs (fused, foreach kernels) is the device's: this one parameter is on the CPU
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
+    if kwargs.get("eps") == 0 == t.adam_epsilon:  # torch takes 0: NaN weights after step 1, after the reference stage
+        raise ConfigError(
+            f"adam_epsilon must be > 0 (got 0): optim {_named(t.optim)} divides each update by sqrt(its running "
+            "squared gradient) + adam_epsilon, so a parameter whose gradient is 0 at a step (an embedding row of a "
+            "token no pair of the step holds; a LoRA adapter's A matrix at step 1) would be updated by 0 / 0 = NaN: "
+            "give a positive one (the recipes keep 1e-8)"
+        )
     try:
         optimizer = optimizer_cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
     except ValueError as e:
         raise ConfigError(
             f"optim {_named(t.optim)} refuses the recipe's settings ({e}): give adam_beta1 and adam_beta2 in [0, 1), "
-            "adam_epsilon >= 0 (the recipes keep the defaults 0.9, 0.999, 1e-8), and optim_args it takes"
+            "adam_epsilon > 0 (the recipes keep the defaults 0.9, 0.999, 1e-8), and optim_args it takes"
         ) from None
     except Exception:  # noqa: BLE001 - one that needs a GPU or the model to be built: the trainer decides
         return

@@ -119,6 +119,15 @@ def many_rows(n=40):
             "optim adamw_torch_fused refuses the recipe's settings (Invalid beta parameter at index 1",
         ),
         (["--adam_epsilon=-1e-8"], "optim adamw_torch_fused refuses the recipe's settings (Invalid epsilon value"),
+        # torch takes 0, and divides each update by sqrt(v) + eps: a parameter whose gradient was 0 (an embedding row
+        # no pair of the step holds, a LoRA A matrix at step 1) got 0 / 0, and the weights were NaN after step 1
+        (
+            ["--adam_epsilon", "0"],
+            "adam_epsilon must be > 0 (got 0): optim adamw_torch_fused divides each update by sqrt(its running "
+            "squared gradient) + adam_epsilon, so a parameter whose gradient is 0 at a step (an embedding row of a "
+            "token no pair of the step holds; a LoRA adapter's A matrix at step 1) would be updated by 0 / 0 = NaN: "
+            "give a positive one (the recipes keep 1e-8)",
+        ),
         # a parameter group's weight decay is not checked by torch: the weights grew at every step, recorded as decay
         (["--weight_decay", "-0.1"], "weight_decay must be >= 0 (got -0.1): a negative one grows the weights"),
         # transformers passes optim_args to some optimizers only: AdamW trained without them, under their record
