@@ -384,6 +384,9 @@ def many_rows(n=40):
         ),
         (["--discopop_tau", "0.1"], "discopop_tau 0.1 would be ignored: only loss_type discopop reads it"),
         (["--loss_type", "sft", "--ld_alpha", "0.5"], "ld_alpha 0.5 would be ignored"),
+        # TRL's field says "Must be in [0.0, 1.0]" and checks nothing: a negative weight on the tails trained on
+        (["--ld_alpha", "-1", "--assistant_turns", "final"], "ld_alpha must be in [0, 1] (got -1): LD-DPO weighs"),
+        (["--ld_alpha", "2", "--assistant_turns", "final"], "ld_alpha must be in [0, 1] (got 2)"),
         (
             ["--loss_type", "aot", "--use_weighting", "true", "--max_tokens_per_microbatch", "none"],
             "use_weighting with loss_type aot: TRL does not implement WPO's weights",

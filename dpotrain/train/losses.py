@@ -122,6 +122,13 @@ def check_values(recipe) -> None:
             f"unknown f_divergence_type {t.f_divergence_type!r}: choose from {', '.join(F_DIVERGENCES)} (the default, "
             "reverse_kl, is DPO's)"
         )
+    # TRL's field says "Must be in [0.0, 1.0]" and checks nothing: its loss weighs each side's tokens past the shorter
+    # side's end by it (shared + ld_alpha x tail), so a negative one rewarded the chosen answer for a less likely tail
+    if t.ld_alpha is not None and not 0 <= t.ld_alpha <= 1:
+        raise ConfigError(
+            f"ld_alpha must be in [0, 1] (got {t.ld_alpha:g}): LD-DPO weighs each answer's tokens past the shorter "
+            "answer's end by it (1: no weighting, 0: those tokens left out); the LD-DPO paper's values lie between"
+        )
     start = step1_loss(t)  # the loss floor judges a loss falling from there: one at or above it trips at once
     if floor > 0 and loss_floor_applies(t) and start is not None and floor >= start:
         raise ConfigError(
