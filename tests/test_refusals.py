@@ -367,6 +367,15 @@ def many_rows(n=40):
         (["--loss_type", "sigmoid", "ipo", "--label_smoothing", "0.1"], "TRL's sigmoid/ipo loss does not read it"),
         (["--loss_type", "exo_pair"], "loss_type exo_pair needs 0 < label_smoothing < 1 (got 0)"),
         (["--loss_type", "robust", "--label_smoothing", "0.5"], "loss_type robust needs 0 <= label_smoothing < 0.5"),
+        # cDPO's smoothing in aot and aot_unpaired, unchecked by TRL: 0.7 trained toward the rejected answers
+        (
+            ["--loss_type", "aot", "--label_smoothing", "0.7", "--max_tokens_per_microbatch", "none"],
+            "loss_type aot needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels (got 0.7)",
+        ),
+        (
+            ["--loss_type", "aot_unpaired", "--label_smoothing", "-0.5", "--max_tokens_per_microbatch", "none"],
+            "loss_type aot_unpaired needs 0 <= label_smoothing < 0.5",
+        ),
         (
             ["--loss_type", "bco_pair", "--f_divergence_type", "js_divergence"],
             "f_divergence_type js_divergence does not apply to loss_type bco_pair",

@@ -154,9 +154,11 @@ def check_ignored(recipe) -> None:
             f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO paper recommends "
             "--label_smoothing 1e-3"
         )
-    if "robust" in types and not 0 <= t.label_smoothing < 0.5:
+    # aot's and aot_unpaired's smoothing is cDPO's, (1 - e) x -logsigmoid(x) + e x -logsigmoid(-x), which TRL never
+    # checks: at 0.5 or more it trains toward the rejected answers, outside [0, 1] a term's weight is negative
+    if flipped := [x for x in ("robust", "aot", "aot_unpaired") if x in types and not 0 <= t.label_smoothing < 0.5]:
         raise ConfigError(
-            f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
+            f"loss_type {flipped[0]} needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
             f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
         )
     if t.f_divergence_type != "reverse_kl":
