@@ -1027,6 +1027,11 @@ AT_LEAST = {
     "dataset_num_proc": (0, "datasets refuses it as the trainer tokenizes, once the model has loaded; 0: one process"),
     "pad_to_multiple_of": (1, "TRL's padding divides by it once the model has loaded (0: ZeroDivisionError)"),
     "save_total_limit": (1, "transformers takes 0 or below for no limit: remove it to keep every checkpoint"),
+    "per_device_eval_batch_size": (
+        1,
+        "the pairs of each process's evaluation batches (0: ZeroDivisionError at the first evaluation, after the model "
+        "loaded and training began); the default is 8",
+    ),
     "ref_model_sync_steps": (
         1,
         "TRL syncs the reference at the steps divisible by it (0: ZeroDivisionError at step 1)",

@@ -472,6 +472,7 @@ def test_a_bf16_model_loaded_as_auto_is_refused_where_its_weights_would_train_in
 
 
 SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
+HELD_OUT = ["--dataset_mixer_eval_list", str(ROOT / "data" / "smoke_prefs.jsonl"), "0.05"]
 
 
 @pytest.mark.parametrize(
@@ -486,6 +487,11 @@ SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
         (["--padding_free", "false", "--pad_to_multiple_of", "-8"], "pad_to_multiple_of must be >= 1 (got -8)"),
         # recorded as a limit, and every checkpoint kept (transformers and checkpoints.rotate: no limit)
         (["--save_total_limit", "0"], "save_total_limit must be >= 1 (got 0): transformers takes 0 or below for no"),
+        # the evaluation's batches: ZeroDivisionError in plan.eval_batches at the first evaluation, mid-training
+        (
+            ["--per_device_eval_batch_size", "0", "--eval_strategy", "steps", "--eval_steps", "1", *HELD_OUT],
+            "per_device_eval_batch_size must be >= 1 (got 0): the pairs of each process's evaluation batches",
+        ),
         ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
         ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in (0, 1] (got 2)"),
         # TRL's sync keeps (1 - alpha) of the reference: at 0 it never moved, plain DPO recorded as TR-DPO
