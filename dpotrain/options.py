@@ -1027,6 +1027,11 @@ AT_LEAST = {
     "dataset_num_proc": (0, "datasets refuses it as the trainer tokenizes, once the model has loaded; 0: one process"),
     "pad_to_multiple_of": (1, "TRL's padding divides by it once the model has loaded (0: ZeroDivisionError)"),
     "save_total_limit": (1, "transformers takes 0 or below for no limit: remove it to keep every checkpoint"),
+    "eval_accumulation_steps": (
+        1,
+        "transformers' evaluation moves its outputs to the CPU at the batches divisible by it (0: ZeroDivisionError "
+        "at the first evaluation, after the model loaded and training began); unset, at the end",
+    ),
     "per_device_eval_batch_size": (
         1,
         "the pairs of each process's evaluation batches (0: ZeroDivisionError at the first evaluation, after the model "

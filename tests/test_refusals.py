@@ -492,6 +492,11 @@ HELD_OUT = ["--dataset_mixer_eval_list", str(ROOT / "data" / "smoke_prefs.jsonl"
             ["--per_device_eval_batch_size", "0", "--eval_strategy", "steps", "--eval_steps", "1", *HELD_OUT],
             "per_device_eval_batch_size must be >= 1 (got 0): the pairs of each process's evaluation batches",
         ),
+        # transformers' evaluation loop: "integer modulo by zero" at the first evaluation, mid-training
+        (
+            ["--eval_accumulation_steps", "0", "--eval_strategy", "steps", "--eval_steps", "1", *HELD_OUT],
+            "eval_accumulation_steps must be >= 1 (got 0): transformers' evaluation moves its outputs",
+        ),
         ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
         ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in (0, 1] (got 2)"),
         # TRL's sync keeps (1 - alpha) of the reference: at 0 it never moved, plain DPO recorded as TR-DPO
