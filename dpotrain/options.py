@@ -1024,6 +1024,11 @@ AT_LEAST = {
         0,
         "torch's DataLoader refuses it once the model has loaded; 0 reads in the main process",
     ),
+    "dataloader_prefetch_factor": (
+        1,
+        "the batches each loader worker reads ahead (0: torch's AssertionError as training's loader starts, once the "
+        "model had loaded; below 0, its ValueError there); unset, 2",
+    ),
     "dataset_num_proc": (0, "datasets refuses it as the trainer tokenizes, once the model has loaded; 0: one process"),
     "pad_to_multiple_of": (1, "TRL's padding divides by it once the model has loaded (0: ZeroDivisionError)"),
     "save_total_limit": (1, "transformers takes 0 or below for no limit: remove it to keep every checkpoint"),

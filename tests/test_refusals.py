@@ -497,6 +497,11 @@ HELD_OUT = ["--dataset_mixer_eval_list", str(ROOT / "data" / "smoke_prefs.jsonl"
             ["--eval_accumulation_steps", "0", "--eval_strategy", "steps", "--eval_steps", "1", *HELD_OUT],
             "eval_accumulation_steps must be >= 1 (got 0): transformers' evaluation moves its outputs",
         ),
+        # torch's DataLoader takes it and asserts as training's loader starts, after the reference stage
+        (
+            ["--dataloader_num_workers", "1", "--dataloader_prefetch_factor", "0"],
+            "dataloader_prefetch_factor must be >= 1 (got 0): the batches each loader worker reads ahead",
+        ),
         ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
         ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in (0, 1] (got 2)"),
         # TRL's sync keeps (1 - alpha) of the reference: at 0 it never moved, plain DPO recorded as TR-DPO
