@@ -67,6 +67,11 @@ def test_the_card_says_the_loss_trained_with_its_weights_and_options():
     assert "length-normalized" not in card
     robust = {**base, "loss_type": ["robust"], "label_smoothing": 0.2, "ld_alpha": 0.5}
     assert "(robust, beta 0.1, label_smoothing 0.2, ld_alpha 0.5 (LD-DPO))" in model_card(robust, [])
+    # An alpha-divergence run's coefficient is part of its loss: the card said `alpha_divergence` alone
+    alpha = {**base, "loss_type": ["sigmoid"], "f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.3}
+    assert "(sigmoid, beta 0.1, f_divergence_type alpha_divergence, f_alpha_divergence_coef 0.3)" in model_card(
+        alpha, []
+    )
     olmo = {**base, "loss_type": ["sigmoid_norm"], "beta": 5.0}
     assert "with OLMo 3's length-normalized DPO recipe (sigmoid_norm, beta 5)" in model_card(olmo, [])
 

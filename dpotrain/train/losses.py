@@ -96,6 +96,8 @@ def loss_text(s) -> str:
         parts.append(f"discopop_tau {s.discopop_tau:g}")
     if s.f_divergence_type not in (None, "reverse_kl"):
         parts.append(f"f_divergence_type {s.f_divergence_type}")
+    if s.f_divergence_type == "alpha_divergence" and s.f_alpha_divergence_coef is not None:  # it shapes the loss
+        parts.append(f"f_alpha_divergence_coef {s.f_alpha_divergence_coef:g}")
     if s.ld_alpha is not None:
         parts.append(f"ld_alpha {s.ld_alpha:g} (LD-DPO)")
     if s.use_weighting:
