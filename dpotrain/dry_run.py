@@ -171,7 +171,7 @@ def summary(
         row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
     row("time", duration_text(r))
     row("reference", reference_text(s, r.batching.pairs_trained))
-    row("watching", watching_text(s))
+    row("watching", watching_text(s, r.data.total_steps))
     row("checkpoints", checkpoints_text(r))
     world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
     nodes = -(-world // per_node) if per_node else None
@@ -254,17 +254,29 @@ def push_text(s) -> str:
     return f"the final model to {repo} on the Hub once training ends{every}"
 
 
-def watching_text(s) -> str:
+def watching_text(s, total: int | None = None) -> str:
     """'health guards stop a doomed run (docs/health.md); no samples (samples_every 0)': whether anything watches the
-    run, which the record alone said."""
+    run, which the record alone said. `total`: the run's steps, where counted: an interval not below them watches the
+    ends alone (the summary said "every 100 steps" of a 48-step run, which sampled the base model alone)."""
     health = "no health guard (health_checks false)"
     if s.health_checks:
         health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
         if s.disable_dropout is False and s.health_step1_tolerance:  # the model, not loaded here, has any or none
             health += "; step1 not judged if the model has dropout, kept on in training (disable_dropout false)"
+        logged = s.logging_steps and (math.ceil(total * s.logging_steps) if s.logging_steps < 1 else s.logging_steps)
+        if s.logging_strategy == "steps" and total and total > 2 and logged and logged >= total:
+            health += (
+                f", judging step 1 and step {total:,} alone (logging_steps {s.logging_steps:g} is not below the run's "
+                f"{total:,} steps; --logging_steps 1 logs every step)"
+            )
     if not s.samples_every:
         return f"{health}; no samples (samples_every 0)"
     every = f"every {s.samples_every} steps" if s.samples_every != 1 else "every step"
+    if total and s.samples_every >= total:  # sampled at step 0 and every samples_every steps, not at the end
+        every = (
+            f"at step 0 alone, the base model's (samples_every {s.samples_every} is not below the run's {total:,} "
+            "steps)"
+        )
     if s.sample_prompts:  # the first sample_count of those given; of a file's or the data's, up to that many
         n = min(s.sample_count, len(s.sample_prompts))
         return f"{health}; samples from {plural(n, 'prompt')} {every}"

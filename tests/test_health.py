@@ -521,6 +521,22 @@ def test_the_dry_run_says_step1_is_not_judged_where_dropout_is_kept():
     assert said not in dry_run.watching_text(run_record.of({**values, "disable_dropout": True}).settings)
 
 
+def test_the_dry_run_says_intervals_the_run_never_reaches_watch_its_ends_alone():
+    """logging_steps or samples_every not below the run's steps: the summary said "every 100 steps" of a 48-step run,
+    whose guards judged step 1 and step 48 alone and whose samples were the base model's alone (step 0)."""
+    from dpotrain import dry_run
+    from dpotrain.recipe import run_record
+
+    values = {"health_checks": True, "health_action": "stop", "logging_strategy": "steps", "samples_every": 100}
+    rare = run_record.of({**values, "logging_steps": 100, "sample_count": 4}).settings
+    said = dry_run.watching_text(rare, 48)
+    assert "judging step 1 and step 48 alone (logging_steps 100 is not below the run's 48 steps" in said
+    assert "samples from up to 4 prompts at step 0 alone, the base model's (samples_every 100" in said
+    often = run_record.of({**values, "logging_steps": 1, "samples_every": 8, "sample_count": 4}).settings
+    assert dry_run.watching_text(often, 48).endswith("(docs/health.md); samples from up to 4 prompts every 8 steps")
+    assert "alone" not in dry_run.watching_text(rare, None)  # steps not counted: nothing claimed
+
+
 @pytest.mark.parametrize(
     "strategy, delay, line",
     [
