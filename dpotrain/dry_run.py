@@ -170,7 +170,7 @@ def summary(
         norm, by = clipping["max_grad_norm"], clipping["clipped_by"]
         row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
     row("time", duration_text(r))
-    row("reference", reference_text(s, r.batching.pairs_trained))
+    row("reference", reference_text(s, r.batching.pairs_trained, r.data.total_steps))
     row("watching", watching_text(s, r.data.total_steps))
     row("checkpoints", checkpoints_text(r))
     world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
@@ -432,11 +432,21 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {b.planned or 'at start'}")
 
 
-def reference_text(s, trained: dict | None) -> str:
-    """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
+def reference_text(s, trained: dict | None, total: int | None = None) -> str:
+    """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them).
+    `total`: the run's steps, where counted, against TR-DPO's sync interval."""
     if not s.precompute_ref_log_probs:  # TRL's reference under PEFT: the model itself, no second one
         live = "the model with its LoRA adapter disabled" if s.use_peft else "a live reference model"
-        return f"{live}, run beside every step (no reference stage)"
+        live = f"{live}, run beside every step (no reference stage)"
+        # TRL moves it at the end of each step divisible by ref_model_sync_steps (512 by default): one not below the
+        # run's steps leaves every step training against the unmoved reference, which the summary said nowhere
+        if s.sync_ref_model and total and s.ref_model_sync_steps >= total:
+            live += (
+                f"; TR-DPO moves it every {s.ref_model_sync_steps} steps (ref_model_sync_steps), not below the run's "
+                f"{plural(total, 'step', ',')}: no step trains against a moved reference (plain DPO)"
+                + (f": --ref_model_sync_steps {total - 1} or fewer moves it" if total > 1 else "")
+            )
+        return live
     if trained is None:
         return "the pairs the planned steps train, scored once before training (counted when the run plans its steps)"
     pairs, of, steps = trained["pairs"], trained["of"], trained["steps"]

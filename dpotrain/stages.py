@@ -703,7 +703,6 @@ def check_steps(steps: dict, training, world: int = 1) -> None:
     data differs ends every rank."""
     plan.check_steps(steps, training.max_steps)
     plan.check_schedule_fits(steps, training)
-    plan.check_ref_sync(steps, training)
     rows = steps.get("dataset_rows")
     per_epoch = None if rows is None else len(plan.steps_of(range(rows), steps["pairs_per_step"], world))
     plan.check_eval_delay(steps, training, per_epoch)  # an evaluation that would never come, before the model loads

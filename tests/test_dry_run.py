@@ -1363,3 +1363,20 @@ def test_lora_target_parameters_beside_target_modules_are_in_the_summary(tmp_pat
     lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_target_parameters", "mlp.down_proj.weight"]
     text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), *lora)
     assert field(text, "LoRA").startswith("an adapter trains on q_proj and parameters mlp.down_proj.weight (r 16,")
+
+
+def test_a_tr_dpo_sync_the_run_never_reaches_is_said_in_the_reference_line():
+    """TR-DPO with TRL's ref_model_sync_steps 512 on a shorter run (the demo's 48 steps): TRL moves the reference at
+    the steps divisible by it, so no step trained against a moved one, and the summary said only "a live reference
+    model". It says so now, with the interval that moves it; a run long enough to sync says nothing of it."""
+    from dpotrain import dry_run
+    from dpotrain.recipe import run_record
+
+    values = {"precompute_ref_log_probs": False, "sync_ref_model": True, "ref_model_sync_steps": 512}
+    s = run_record.of(values).settings
+    said = dry_run.reference_text(s, None, 48)
+    assert said.startswith("a live reference model, run beside every step (no reference stage); TR-DPO moves it")
+    assert "not below the run's 48 steps: no step trains against a moved reference (plain DPO)" in said
+    assert said.endswith("--ref_model_sync_steps 47 or fewer moves it")
+    assert "TR-DPO" not in dry_run.reference_text(s, None, 1024)
+    assert "TR-DPO" not in dry_run.reference_text(s, None, None)  # steps not counted: nothing claimed

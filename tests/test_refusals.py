@@ -519,31 +519,6 @@ def test_numbers_outside_what_their_option_means_are_refused(args, expected, tmp
     assert refused(tmp_path, monkeypatch, capsys, *args, "--dry-run").startswith(f"error: {expected}")
 
 
-def test_a_tr_dpo_sync_the_run_never_reaches_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """TRL syncs TR-DPO's reference (`sync_ref_model`) at the end of each step divisible by ref_model_sync_steps, 512
-    by default: on a run of 512 steps or fewer no step trained against a synced reference, and the run trained plain
-    DPO beside a live reference model while its record, card and dry run said TR-DPO. The demo's 48 steps: refused
-    where the steps are counted (the dry run too), naming the run's steps; a sync within the run trains."""
-    from dpotrain import stages
-
-    line = refused(tmp_path, monkeypatch, capsys, *SYNCED, "--dry-run")
-    assert line == (
-        "error: ref_model_sync_steps 512 is not below the run's 48 steps: TR-DPO (sync_ref_model) moves the reference "
-        "toward the policy every ref_model_sync_steps steps, so no step would train against a moved one (plain DPO "
-        "beside a live reference model): pass --ref_model_sync_steps 47 or fewer (TR-DPO syncs every 128-512 steps of "
-        "a long run), or remove sync_ref_model"
-    )
-    steps = {"total_steps": 4, "warmup_steps": 0, "pairs_per_step": 8}
-    for sync, ok in (("4", False), ("3", True), ("1", True)):
-        training = parse_args(["--config", SMOKE, *SYNCED, "--ref_model_sync_steps", sync]).training
-        if ok:
-            stages.check_steps(steps, training)
-        else:
-            with pytest.raises(ConfigError, match="^ref_model_sync_steps 4 is not below the run's 4 steps"):
-                stages.check_steps(steps, training)
-    stages.check_steps(steps, parse_args(["--config", SMOKE]).training)  # no TR-DPO: nothing to sync
-
-
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir

@@ -569,22 +569,6 @@ def check_schedule_fits(steps: dict, training) -> None:
         )
 
 
-def check_ref_sync(steps: dict, training) -> None:
-    """TRL moves TR-DPO's reference (`sync_ref_model`) toward the policy at the end of each step divisible by
-    ref_model_sync_steps (its SyncRefModelCallback; 512 by default): one not below the run's steps left every step
-    training against the unmoved reference, plain DPO beside a live reference model, recorded as TR-DPO."""
-    total, every = steps.get("total_steps"), training.ref_model_sync_steps
-    if not training.sync_ref_model or total is None or every < total:
-        return
-    fix = f"pass --ref_model_sync_steps {total - 1} or fewer (TR-DPO syncs every 128-512 steps of a long run), or "
-    fix = fix if total > 1 else ""
-    raise ConfigError(
-        f"ref_model_sync_steps {every} is not below the run's {plural(total, 'step')}: TR-DPO (sync_ref_model) moves "
-        "the reference toward the policy every ref_model_sync_steps steps, so no step would train against a moved one "
-        f"(plain DPO beside a live reference model): {fix}remove sync_ref_model"
-    )
-
-
 def _a_count(value) -> bool:
     """A number of steps as transformers reads one (a JSON number; not true/false, which Python counts as 1 and 0)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
