@@ -263,8 +263,8 @@ def watching_text(s, total: int | None = None) -> str:
         health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
         if s.disable_dropout is False and s.health_step1_tolerance:  # the model, not loaded here, has any or none
             health += "; step1 not judged if the model has dropout, kept on in training (disable_dropout false)"
-        logged = s.logging_steps and (math.ceil(total * s.logging_steps) if s.logging_steps < 1 else s.logging_steps)
-        if s.logging_strategy == "steps" and total and total > 2 and logged and logged >= total:
+        logged = total and s.logging_steps and interval_steps(s.logging_steps, total)
+        if s.logging_strategy == "steps" and logged and total > 2 and logged >= total:  # logged: total counted
             health += (
                 f", judging step 1 and step {total:,} alone (logging_steps {s.logging_steps:g} is not below the run's "
                 f"{total:,} steps; --logging_steps 1 logs every step)"
@@ -313,7 +313,7 @@ def checkpoints_text(r: Record) -> str:
     if total is None:  # the steps are counted when the run loads the data set
         share = f"{every:.0%} of the run's steps" if every < 1 else plural(int(every), "step", ",")
         return f"every {share} and at the end{kept}"
-    steps = math.ceil(total * every) if every < 1 else int(every)  # transformers' TrainerState.compute_steps
+    steps = interval_steps(every, total)
     if steps >= total:
         return (
             f"NONE before the end: save_steps {every:g} is not below the run's {total:,} steps, so step {total:,} "
@@ -323,6 +323,12 @@ def checkpoints_text(r: Record) -> str:
     share = f" (save_steps {every:g} of the run's {total:,})" if every < 1 else ""
     every_steps = "every step" if steps == 1 else f"every {plural(steps, 'step', ',')}"
     return f"{every_steps}{share} and at the end (step {total:,}){kept}"
+
+
+def interval_steps(every: float, total: int) -> int:
+    """The steps between a logging or a save, as transformers' TrainerState.compute_steps reads `every`: a fraction
+    below 1 of the run's `total` steps, rounded up, else a number of steps."""
+    return math.ceil(total * every) if every < 1 else int(every)
 
 
 def learning_rate_text(s) -> str:

@@ -1383,29 +1383,9 @@ def row_locations(name: str, indices, split: str = "train", shown: str | None = 
             first += rows
         return {i: found.get(i) or f"row {i} (from 0) of {path.name}" for i in wanted}
     shown, lines = shown or path.name, {}
-    if path.is_file() and (
-        format_suffix(path) in JSON_LINES or path.suffix == ".json" and file_kind(path) == "json lines"
-    ):
-        with open_data(path) as f:
-            rows = -1
-            for number, line in enumerate(f, 1):
-                rows += bool(line.strip())
-                if line.strip() and rows in wanted[len(lines) : len(lines) + 1]:
-                    lines[rows] = number
-                if len(lines) == len(wanted):
-                    break
-    if path.is_file() and format_suffix(path) in DELIMITERS:
-        import csv
-
-        with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
-            reader, start, record = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1, -2  # -1: the header
-            for cells in reader:
-                record += bool(cells)  # a blank line holds no record: pandas skips it, as datasets reads the file
-                if cells and record in wanted[len(lines) : len(lines) + 1]:
-                    lines[record] = start  # where the record starts
-                if len(lines) == len(wanted):
-                    break
-                start = reader.line_num + 1
+    if path.is_file() and wanted and (starts := _record_lines(path)) is not None:
+        asked = set(wanted)
+        lines = {row: line for row, line in enumerate(itertools.islice(starts, wanted[-1] + 1)) if row in asked}
     return {
         i: f"line {lines[i]} of {shown}" if i in lines else f"row {i} (from 0) of {shown if path.exists() else name}"
         for i in wanted
@@ -1426,24 +1406,43 @@ def _folder_files(folder: Path, split: str) -> list[Path] | None:
     return files
 
 
+def _record_lines(path: Path):
+    """The line each row of a JSON Lines or CSV file starts on, as datasets reads its rows (a blank line holds none:
+    pandas skips it in a CSV; a CSV's header is no row), one by one; None for a file of another format."""
+    if format_suffix(path) in JSON_LINES or format_suffix(path) == ".json" and file_kind(path) == "json lines":
+        return _json_lines(path)
+    if format_suffix(path) in DELIMITERS:
+        return _csv_records(path)
+    return None
+
+
+def _json_lines(path: Path):
+    with open_data(path) as f:
+        yield from (number for number, line in enumerate(f, 1) if line.strip())
+
+
+def _csv_records(path: Path):
+    import csv
+
+    with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
+        reader, start, header = csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]), 1, True
+        for cells in reader:
+            if cells and not header:
+                yield start  # the line the record starts on (a quoted field may span lines)
+            header = header and not cells
+            start = reader.line_num + 1
+
+
 def _rows_in(path: Path) -> int | None:
-    """The rows datasets reads from one data file (a JSON Lines file's non-blank lines, a JSON array's items, a CSV's
-    records but its header, a Parquet file's rows), or None (an Arrow file, or one that does not read)."""
+    """The rows datasets reads from one data file (a JSON Lines file's non-blank lines, a CSV's records but its header,
+    a Parquet file's rows, a JSON array's items), or None (an Arrow file, or one that does not read)."""
     import pyarrow.parquet as pq
 
     try:
-        if format_suffix(path) in DELIMITERS:
-            import csv
-
-            with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
-                return max(
-                    sum(1 for record in csv.reader(f, delimiter=DELIMITERS[format_suffix(path)]) if record) - 1, 0
-                )
+        if (starts := _record_lines(path)) is not None:
+            return sum(1 for _ in starts)
         if format_suffix(path) == ".parquet":
             return pq.ParquetFile(path).metadata.num_rows
-        if format_suffix(path) in JSON_LINES or format_suffix(path) == ".json" and file_kind(path) == "json lines":
-            with open_data(path) as f:
-                return sum(1 for line in f if line.strip())
         if format_suffix(path) == ".json":
             with open_data(path, "rt", encoding="utf-8-sig") as f:
                 return len(json.load(f))
