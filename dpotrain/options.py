@@ -955,7 +955,9 @@ def check_adam_settings(recipe: Recipe) -> None:
         if name not in given:
             continue
         probe = probes[0] if getattr(t, name) != probes[0] else probes[1]
-        if _built_with(dataclasses.replace(t, **{name: probe}), t.optim_args) == built:
+        with config.keep_end_unwarned():
+            probed = dataclasses.replace(t, **{name: probe})
+        if _built_with(probed, t.optim_args) == built:
             raise ConfigError(
                 f"{name} {getattr(t, name):g} would be ignored: optim {_named(t.optim)} does not read it (transformers "
                 "passes the Adam settings to Adam-family optimizers alone; Lion reads the betas): remove "
@@ -1120,7 +1122,7 @@ def _built_with(t, optim_args: str | None) -> tuple | None:
     from transformers import Trainer
 
     try:
-        with upstream.gpu_precision_checks_skipped():  # checked as the recipe was parsed
+        with upstream.gpu_precision_checks_skipped(), config.keep_end_unwarned():  # checked as the recipe was parsed
             return Trainer.get_optimizer_cls_and_kwargs(dataclasses.replace(t, optim_args=optim_args))
     except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
         return None

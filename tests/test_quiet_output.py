@@ -133,3 +133,16 @@ def test_an_evaluation_off_a_terminal_writes_no_cursor_moves_into_the_log(capfd)
     out, err = capfd.readouterr()
     assert "eval at step 0/4  loss 0.6000" in out
     assert "\x1b[A" not in out + err and "0/2" not in err
+
+
+def test_keep_end_is_said_deprecated_once_in_a_line_not_as_trls_warning_per_config_build(capfd):
+    """TRL's FutureWarning for keep_end came raw, with file paths, from every build of its config: the recipe's and
+    each `dataclasses.replace` (twice per dry run, run and analyzer start). One line of the project's now."""
+    from dpotrain.recipe.config import replaced
+
+    with warnings.catch_warnings(record=True) as caught:  # the filters as the run has them (no simplefilter)
+        recipe = parse_args(["--config", "configs/smoke.yaml", "--truncation_mode", "keep_end"])
+        replaced(recipe, training={"max_length": 512})
+    assert not [w for w in caught if "keep_end" in str(w.message)], [str(w.message) for w in caught]
+    err = capfd.readouterr().err
+    assert err.count("truncation_mode keep_end is deprecated by TRL") == 1, err

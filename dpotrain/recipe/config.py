@@ -18,6 +18,7 @@ import re
 import shlex
 import sys
 import typing
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -28,6 +29,15 @@ from dpotrain.recipe.errors import ConfigError, closest, plural, unknown_key_fix
 # The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
 # (run_record imports this module, run_files is a later stage); the tests hold the names equal
 RUN_MARKS = ("resolved_config.json", "run_files.json")
+
+
+@contextlib.contextmanager
+def keep_end_unwarned():
+    """TRL's FutureWarning for `truncation_mode: keep_end` silenced: it came with a file path from every build of its
+    config (the recipe's, each `dataclasses.replace`, on every rank); `build` says it once in a line instead."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The `'keep_end'` truncation mode is deprecated", FutureWarning)
+        yield
 
 
 def option(default, help: str, **metadata):
@@ -835,7 +845,7 @@ def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, pa
     _check_eval_steps(values, given)  # before transformers reads 0 as unset
     _check_json_objects(values, given, parser)
     try:
-        with upstream.gpu_precision_checks_skipped() if dry else contextlib.nullcontext():
+        with upstream.gpu_precision_checks_skipped() if dry else contextlib.nullcontext(), keep_end_unwarned():
             built = [
                 kind(**{f.name: values[f.name] for f in fields(kind) if f.init}) for kind in parser.dataclass_types
             ]
@@ -843,6 +853,8 @@ def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, pa
         raise _refused_upstream(e, known) from None
     script, training, model, project = built
     _check_finite(*built)
+    if training.truncation_mode == "keep_end" and launcher.launched_main():
+        warn("truncation_mode keep_end is deprecated by TRL (to be removed in TRL 2.0); it trains as TRL defines it")
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
         raise ConfigError(
             f"gpu_memory_gib must be > 0 (got {project.gpu_memory_gib:g}): one GPU's memory in GiB (an H100 80 GB: "
@@ -1580,7 +1592,7 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
     replaced, each part built anew so TRL's checks run (the GPU precision ones skipped); `recipe` is never written."""
     new = {}
-    with upstream.gpu_precision_checks_skipped():
+    with upstream.gpu_precision_checks_skipped(), keep_end_unwarned():
         for part, values in parts.items():
             if unknown := set(values) - {f.name for f in fields(getattr(recipe, part))}:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
