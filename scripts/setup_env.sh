@@ -15,9 +15,21 @@ for word in "$@"; do
 done
 [[ "${1:-}" == "--dev" ]] && reqs=requirements-dev.txt
 python=${PYTHON:-python3}
+# The pinned torch (requirements.txt) has wheels for Python 3.11 and later only: on 3.10 the install ended in the
+# resolver's "No solution found" after the venv was made. Said first, for the Python that makes the venv or made it.
+old_python() {
+  "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' && return 1
+  echo "error: $2 is Python $("$1" -c 'import platform; print(platform.python_version())'), and the pinned torch" \
+    "$(sed -n 's/^torch==//p' requirements.txt) needs Python 3.11 or later: $3" >&2
+}
 
 if [[ ! -x .venv/bin/python ]]; then
+  if old_python "$python" "$python" "install Python 3.11+ and run PYTHON=python3.11 bash scripts/setup_env.sh"; then
+    exit 1
+  fi
   "$python" -m venv .venv || { echo "error: could not create .venv: install python3-venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+elif old_python .venv/bin/python .venv "remove it (rm -rf .venv) and run PYTHON=python3.11 bash scripts/setup_env.sh"; then
+  exit 1
 fi
 stamp() { echo ".venv/.installed-$(cat "$1" requirements.txt | sha256sum | cut -c1-16)"; }
 # The test tools' install (requirements-dev.txt: -r requirements.txt) holds the training requirements too.

@@ -1658,6 +1658,34 @@ def test_setup_env_refuses_a_word_it_does_not_take_before_it_installs_anything(w
     assert fine.returncode == 0 and "requirements-dev.txt" in fine.stdout, fine.stdout + fine.stderr
 
 
+@pytest.mark.parametrize("venv", [False, True], ids=["python-named", "venv-in-place"])
+def test_setup_env_refuses_a_python_older_than_the_pinned_torch_takes_before_it_installs(venv, tmp_path):
+    """The README promised Python 3.10+, but the pinned torch has wheels for 3.11 and later only: on 3.10 setup_env.sh
+    made the venv and ended in the resolver's "No solution found". It now says the Python is too old and what to run,
+    before it makes or installs anything (a venv already made with 3.10: remove it)."""
+    import subprocess
+
+    found = [shutil.which("python3.10"), *map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10"))]
+    runs = [p for p in found if p and subprocess.run([p, "-c", ""], capture_output=True).returncode == 0]
+    if not runs:
+        pytest.skip("needs a Python 3.10 (on PATH or pyenv's) to stand for a cluster's older Python")
+    old = runs[0]
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "setup_env.sh", project / "scripts")
+    for name in ("requirements.txt", "requirements-dev.txt"):
+        shutil.copy(ROOT / name, project)
+    if venv:
+        subprocess.run([old, "-m", "venv", "--without-pip", ".venv"], cwd=project, check=True)
+    env = {**os.environ, "PYTHON": old}
+    done = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=project, capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+    assert "is Python 3.10." in done.stderr and f"torch {pinned} needs Python 3.11 or later" in done.stderr
+    assert ("rm -rf .venv" in done.stderr) == venv and "PYTHON=python3.11" in done.stderr, done.stderr
+    assert (project / ".venv").exists() == venv and not list(project.glob(".venv/.installed-*"))
+
+
 @pytest.mark.parametrize("torch, need", [("", 10), ("2.15.0+cu130", 2)], ids=["torch-to-install", "torch-in-place"])
 def test_setup_env_refuses_to_start_an_install_the_disk_cannot_hold(torch, need, tmp_path):
     """A CI run ended 11 s into the install on pip's "[Errno 28] No space left on device". setup_env.sh now counts the
