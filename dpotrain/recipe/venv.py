@@ -178,12 +178,11 @@ def hidden(name: str, root: Path | None = None) -> str:
     return f" (.env sets {name}, but an empty {name} in the environment wins over it: unset {name})"
 
 
-def env_file_gave(name: str, root: Path | None = None) -> Path | None:
+def env_file_gave(name: str) -> Path | None:
     """The project's `.env` where the environment's value of `name` is the one it gave, as `load_env` read it; None
     where the environment sets another or none (`export HF_TOKEN=...` in a shell profile wins over `.env`'s)."""
-    root = Path(root or ROOT)
     value = os.environ.get(name)
-    return root / ".env" if value is not None and _ENV_FILE_VALUES.get(root, {}).get(name) == value else None
+    return ROOT / ".env" if value is not None and _ENV_FILE_VALUES.get(ROOT, {}).get(name) == value else None
 
 
 def is_utf16(data: bytes) -> bool:
