@@ -1078,8 +1078,7 @@ def column_types_differ(what: str, found: dict) -> str | None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    read_columns = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)  # rows.ROW_COLUMNS (rows imports this)
-    not_read = f"it is not read: a pair is read from {', '.join(read_columns)}"
+    not_read = f"it is not read: a pair is read from {', '.join(shapes.ROW_COLUMNS)}"
     seen, columns_of = {}, {}
     for file, p in found.items():
         try:
@@ -1099,7 +1098,7 @@ def column_types_differ(what: str, found: dict) -> str | None:
             widened = pa.types.is_floating(first[0]) and pa.types.is_integer(field.type)  # datasets casts it (1 -> 1.0)
             differ = _type_kind(first[0]) != _type_kind(field.type)
             if differ and not pa.types.is_null(field.type) and not widened:
-                why = "a pair is read from it" if field.name in read_columns else not_read
+                why = "a pair is read from it" if field.name in shapes.ROW_COLUMNS else not_read
                 fix = f"write it with one type in every file, or remove it ({why}), or name"
                 # JSON has no dates: pyarrow types a file's texts that all look like one (`"2024-07-26"`) as
                 # timestamps, so texts written alike differ in type, and writing them alike was no fix
@@ -1120,7 +1119,7 @@ def column_types_differ(what: str, found: dict) -> str | None:
     for name in dict.fromkeys(n for names in columns_of.values() for n in sorted(names)):
         if lacking := [file for file, names in columns_of.items() if name not in names]:
             having = next(file for file, names in columns_of.items() if name in names)
-            why = "a pair is read from it" if name in read_columns else not_read
+            why = "a pair is read from it" if name in shapes.ROW_COLUMNS else not_read
             return (
                 f"{what}: column {name!r} is in {having} and not in {lacking[0]}, and datasets reads its files as one "
                 f"table, the same columns in each: write it in every file, or remove it ({why}), or name each file as "

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from dpotrain.data import chat_template, data_identity, shapes, turns
 from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location
+from dpotrain.data.shapes import ROW_COLUMNS
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
-ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
 IMAGE_COLUMNS = ("image", "images")  # TRL's DPOTrainer reads a data set with either as a vision one
 
 

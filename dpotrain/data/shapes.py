@@ -13,6 +13,7 @@ import re
 from dpotrain.recipe.errors import plural
 
 KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat template, as DPOTrainer does
+ROW_COLUMNS = ("prompt", "chosen", "rejected", *KEPT_COLUMNS)  # every column a pair is read from
 HH_FORMATS = ("messages", "text")
 DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
 ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to one prompt)" + DETAIL
