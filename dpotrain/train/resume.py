@@ -35,6 +35,10 @@ from dpotrain.train.run_files import MANIFEST
 GONE = "its folder is gone since the run saved it (run_files.json names it: moved or deleted)"
 STATE_FILE = "trainer_state.json"  # transformers' record of the step a checkpoint was saved at
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
+# A DeepSpeed ZeRO checkpoint's optimizer shards, one per process. `*zero_pp_rank_`: under bf16 (every GPU recipe)
+# DeepSpeed names them `bf16_zero_pp_rank_*`; missed, every requeue of a bf16 ZeRO run was refused as a checkpoint
+# "written without DeepSpeed"
+ZERO_OPTIMIZER_SHARDS = "global_step*/*zero_pp_rank_*_optim_states.pt"
 
 
 def _say(line: str) -> None:
@@ -370,9 +374,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None, bf16: bool
     a DeepSpeed checkpoint must match (`check_zero_precision`)."""
     if folder is None:
         return
-    # `*zero_pp_rank_`: under bf16 (every GPU recipe) DeepSpeed names them `bf16_zero_pp_rank_*`; missed, every requeue
-    # of a bf16 ZeRO run was refused as a checkpoint "written without DeepSpeed"
-    written = len(list(Path(folder).glob("global_step*/*zero_pp_rank_*_optim_states.pt")))
+    written = len(list(Path(folder).glob(ZERO_OPTIMIZER_SHARDS)))
     fix = AFRESH
     processes = lambda n: plural(n, "process")
     if written and written != world:
@@ -450,7 +452,7 @@ def check_zero_precision(folder: str, run_engine, bf16: bool | None) -> None:
     weights' hash is taken in their dtype); past it, DeepSpeed's FileNotFoundError (the other precision's shards)."""
     if run_engine is None or not run_engine.deepspeed or bf16 is None:
         return
-    shards = sorted(p.name for p in Path(folder).glob("global_step*/*zero_pp_rank_*_optim_states.pt"))
+    shards = sorted(p.name for p in Path(folder).glob(ZERO_OPTIMIZER_SHARDS))
     if not shards or all(name.startswith("bf16_") for name in shards) == bool(bf16):
         return
     was, now = ("true", "false") if bf16 is False else ("false", "true")
