@@ -13,6 +13,8 @@ import torch
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendor's data sheets, by a substring of the device name.
 PEAK_BF16_TFLOPS = {"B200": 2250.0, "B100": 1750.0, "H200": 989.0, "H100": 989.0, "A100": 312.0}
+# The names MoE configs give their routed experts, one per model family (absent or 0 in a dense model)
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def peak_tflops(given: float | None = None) -> float | None:
@@ -114,7 +116,7 @@ def mlp_params(text, layer: int) -> int:
 def _moe(text, layer: int) -> tuple[int, int, int] | None:
     """(experts, their width a token runs, shared experts' width) of an MoE layer; None for a dense one (`mlp_params`).
     Granite's shared MLP is `shared_intermediate_size` wide."""
-    counts = (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    counts = (getattr(text, k, None) for k in EXPERT_COUNTS)
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
         getattr(text, "mlp_only_layers", None) or ()
@@ -163,7 +165,7 @@ class ModelFlops:
             return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
-        counts = (getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        counts = (getattr(config, k, None) for k in EXPERT_COUNTS)
         experts = next((n for n in counts if n), None)
         active = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)  # Gemma 4
         share = active / experts if experts and active else 1.0
