@@ -11,7 +11,6 @@ checkpoint's branch (hub_push.verified_additions), and push_to_hub.py's comparis
 (hub_push.remote_matches): one that compared the local file would push the same run again, each time.
 """
 
-import json
 import os
 import re
 from pathlib import Path, PurePosixPath
@@ -44,11 +43,7 @@ def upload_content(folder: Path, name: str) -> bytes | None:
     base = PurePosixPath(name).name
     if base not in (run_record.RESOLVED, ADAPTER):
         return None
-    try:
-        values = json.loads((folder / name).read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(values, dict):
+    if (values := records.json_object(folder / name)) is None:
         return None
     public = public_record(values) if base == run_record.RESOLVED else public_adapter_config(values)
     if public is None:

@@ -130,6 +130,16 @@ def _finite(value):
     return value
 
 
+def json_object(path: str | Path) -> dict | None:
+    """The JSON object in `path`; None where there is none, or it cannot be read, or holds no object (for a reader
+    that passes over such a file: `read_record` refuses it)."""
+    try:
+        value = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def read_record(path: str | Path, fix: str) -> dict | None:
     """The JSON object in `path`, a record the run wrote whole; None when there is none; one that cannot be read is
     refused: `<path> is unreadable (<why>): <fix>`."""

@@ -253,11 +253,8 @@ def edited(values: dict) -> bool:
 
 def edited_file(path: str | Path) -> bool:
     """Whether the record in `path` was edited after the run sealed it (none, unreadable, or unsealed: False)."""
-    try:
-        values = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError):  # none, or damaged: its readers refuse it themselves
-        return False
-    return isinstance(values, dict) and edited(values)
+    values = records.json_object(path)  # none, or damaged: its readers refuse it themselves
+    return values is not None and edited(values)
 
 
 def of(values: dict) -> Record:

@@ -575,11 +575,8 @@ def say_hand_edit(out: Path, checkpoint, trained: Path) -> None:
     silence, the user believing it trained: said in one line, naming the values edited where the checkpoint's
     record differs."""
     path = Path(out) / run_record.RESOLVED
-    try:
-        now = json.loads(path.read_bytes())
-    except (OSError, ValueError):  # none, or damaged: read (and refused) by the comparison itself
-        return
-    if not isinstance(now, dict) or not run_record.edited(now):
+    now = run_records.json_object(path)  # none, or damaged: read (and refused) by the comparison itself
+    if now is None or not run_record.edited(now):
         return
     was = run_records.read_record(Path(trained) / path.name, run_records.RESOLVED_FIX) if trained != out else None
     found = _differences(was, now) if was is not None else []
