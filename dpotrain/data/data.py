@@ -1073,8 +1073,7 @@ def unreadable_stream(name: str, error: Exception) -> str:
 def column_types_differ(what: str, found: dict) -> str | None:
     """The first column two data files of a folder or of a source's `data_files` (`found`, by name) give two types (a
     `score` a number in one file, text in another), or that one file has and another lacks, which datasets cannot join
-    into one table, or None. Read on the
-    failure's path alone: pyarrow parses each file whole."""
+    into one table, or None. Read on the failure's path alone: pyarrow parses each file whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1339,9 +1338,8 @@ def check_columns(dataset, name: str) -> None:
             )
     raise ConfigError(
         f"dataset {name!r} has no {'/'.join(missing)} {plural(len(missing), 'column', count=False)} (it has "
-        f"{sorted(columns)}): DPO needs "
-        "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
-        "pick a preference data set"
+        f"{sorted(columns)}): DPO needs `chosen` and `rejected` (message lists or strings), optionally `prompt`; "
+        "rename the columns or pick a preference data set"
     )
 
 

@@ -574,8 +574,7 @@ def usable_pairs(
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
                 f"Data ({split}): {plural(len(unread), 'column', count=False)} not read: {', '.join(unread)} (a pair "
-                "is read from "
-                f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
+                f"is read from {', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
                 flush=True,
             )
     if checked.invalid:

@@ -123,9 +123,8 @@ def set_up(sp_size: int, model) -> None:
     if rank == 0:
         print(
             f"Sequence parallel: {plural(world // sp_size, 'group')} of {sp_size} processes, each process "
-            f"1/{sp_size} of "
-            f"every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads per process "
-            "(DeepSpeed Ulysses all-to-all)",
+            f"1/{sp_size} of every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads "
+            "per process (DeepSpeed Ulysses all-to-all)",
             flush=True,
         )
 

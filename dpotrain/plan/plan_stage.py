@@ -38,8 +38,7 @@ class RunPlan:
         taken = Spread.of(s.get("pairs_per_step_trained") or self.step_plan.pairs_per_step)
         pairs = plural(taken.min, "pair") if taken.min == taken.max else f"{taken} pairs"
         return (
-            f"Plan: {plural(steps, 'step')} of {pairs} per epoch "
-            f"({plural(epochs, 'epoch')} planned), "
+            f"Plan: {plural(steps, 'step')} of {pairs} per epoch ({plural(epochs, 'epoch')} planned), "
             f"{batches(Spread.of(s['micro_batches_per_step']))} per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )

@@ -369,8 +369,7 @@ def _gone_under(out: Path, filename: str, read: bool) -> str | None:
         return None
     return (
         f"{parts[0]} was deleted or moved away while this run {'checksummed' if read else 'wrote'} it in {out} "
-        f"({failed}): "
-        f"this run ended there; run the same command again: {_after(_complete(out), out)}"
+        f"({failed}): this run ended there; run the same command again: {_after(_complete(out), out)}"
     )
 
 

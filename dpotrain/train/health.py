@@ -221,9 +221,8 @@ class HealthGuard(TrainerCallback):
         if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
             found["accuracy_pinned"] = (
                 f"reward accuracy has been 1.0 on {'the last pair' if pinned == 1 else f'the last {pinned} pairs'}, "
-                f"within the first "
-                f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
-                "trivially separable or the policy is collapsing onto them. Check the pairs with "
+                f"within the first {p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the "
+                "pairs are trivially separable or the policy is collapsing onto them. Check the pairs with "
                 "scripts/preflight.py; lower --learning_rate"
             )
         return [Alarm(guard, step, message) for guard, message in found.items()]

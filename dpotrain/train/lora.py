@@ -296,8 +296,7 @@ def card_lines(s) -> str:
     return (
         f"\nThis is a **LoRA adapter** (PEFT) for `{base}`, not a full model: r={s.lora_r}, "
         f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, {_targets(s)}{_set_options(s)}. The DPO reference was "
-        "the base with "
-        f"the adapter disabled. {load}{merged}\n"
+        f"the base with the adapter disabled. {load}{merged}\n"
     )
 
 
