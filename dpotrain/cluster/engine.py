@@ -142,9 +142,8 @@ def _unsupported_fsdp(version, state_dict_type: str | None, checkpointing=None) 
     if not (state_dict_type or "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
         # FULL_STATE_DICT: the main process gathers and writes every checkpoint while the other ranks wait.
         return (
-            f"fsdp_state_dict_type {state_dict_type} is not supported: set "
-            "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
-            "model is written as safetensors either way"
+            f"fsdp_state_dict_type {state_dict_type} is not supported: set fsdp_state_dict_type: SHARDED_STATE_DICT "
+            "(configs/accelerate/fsdp2.yaml); the final model is written as safetensors either way"
         )
     return None
 
@@ -506,11 +505,10 @@ def check_half_weights(recipe, engine: Engine, config=None) -> None:
         return
     raise ConfigError(
         f"--dtype {recipe.model.dtype}{f' (this model: {dtype})' * (dtype != recipe.model.dtype)} would train the "
-        f"weights themselves in {half}, with no fp32 copy under "
-        f"{NAMES.get(engine.name, engine.name)}: an update near the learning rate ({t.learning_rate:g}) rounds away on "
-        f"any weight above about {above * t.learning_rate:.1g}: remove --dtype (the weights train in float32, "
-        f"computed in bf16 with bf16: true), train under DeepSpeed or FSDP2 with {half}: true, or train a LoRA "
-        "adapter (use_peft)"
+        f"weights themselves in {half}, with no fp32 copy under {NAMES.get(engine.name, engine.name)}: an update near "
+        f"the learning rate ({t.learning_rate:g}) rounds away on any weight above about {above * t.learning_rate:.1g}: "
+        "remove --dtype (the weights train in float32, computed in bf16 with bf16: true), train under DeepSpeed or "
+        f"FSDP2 with {half}: true, or train a LoRA adapter (use_peft)"
     )
 
 

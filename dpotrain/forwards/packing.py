@@ -79,9 +79,8 @@ def packing_problem(config) -> str | None:
         return f"{model_type} has {'/'.join(stateful)} layers, which carry state across packed sequences"
     if model_type not in PACKING_TESTED:
         return (
-            f"model type {model_type!r} is not among those proven to pack exactly "
-            "(dpotrain/forwards/packing.py PACKING_TESTED, each with its test in "
-            "tests/test_architectures.py)"
+            f"model type {model_type!r} is not among those proven to pack exactly (dpotrain/forwards/packing.py "
+            "PACKING_TESTED, each with its test in tests/test_architectures.py)"
         )
     return None
 

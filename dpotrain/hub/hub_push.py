@@ -842,8 +842,7 @@ class CheckpointPusher(TrainerCallback):
             )
             raise PushStopped
         warn(
-            f"checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
-            f"{steps}): `{push_command(self.out, '--checkpoints')}` pushes the "
-            "ones still on disk"
+            f"checkpoint uploads still running after {timeout:.0f} s were abandoned (steps {steps}): "
+            f"`{push_command(self.out, '--checkpoints')}` pushes the ones still on disk"
         )
         return left

@@ -76,8 +76,7 @@ def refuse_links(output_dir: str | Path) -> None:
         raise ConfigError(
             f"output_dir {str(output_dir)!r} holds {link.name}, a link to {target}: a run resumes from, rotates and "
             "writes only checkpoint folders it wrote there, never through a link (which it can neither verify as its "
-            f"own nor delete): put the folder itself there ({put}), or move the link out of "
-            "the output folder"
+            f"own nor delete): put the folder itself there ({put}), or move the link out of the output folder"
         )
 
 
