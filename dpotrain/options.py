@@ -696,9 +696,8 @@ def check_generates(config, model: str) -> None:
     if kind:
         what = f"a {named} (architectures in its config.json)" if named else f"a {config.model_type} model"
         raise ConfigError(
-            f"{model} is {what}, {kind}: DPO here trains {causal_lm}, "
-            "which reads each token after the ones before it, as TRL's DPOTrainer scores them: give a decoder-only "
-            "model (...ForCausalLM)"
+            f"{model} is {what}, {kind}: DPO here trains {causal_lm}, which reads each token after the ones before it, "
+            "as TRL's DPOTrainer scores them: give a decoder-only model (...ForCausalLM)"
         )
 
 

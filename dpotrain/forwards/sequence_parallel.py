@@ -50,8 +50,7 @@ def model_problem(config, router_aux_loss_coef: float | None, checkpointing: boo
     if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
         return (
             f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
-            "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid "
-            "models"
+            "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid models"
         )
     if scaled := sorted(rope_types(config.get_text_config()) & POSITION_SCALED_ROPE):
         return (

@@ -77,9 +77,8 @@ def parse(path: Path, raw: bytes, step: bool = False) -> list[dict]:
     if torn.strip() and seen not in _warned:  # the last line, with no newline after it (whole JSON or not): cut short
         _warned.add(seen)
         warn(
-            f"{path}: dropped its last line ({len(whole) + 1}: {len(torn)} bytes, cut short as a crash while "
-            "writing it leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded "
-            "again"
+            f"{path}: dropped its last line ({len(whole) + 1}: {len(torn)} bytes, cut short as a crash while writing "
+            "it leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded again"
         )
     return records
 

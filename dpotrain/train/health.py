@@ -209,11 +209,10 @@ class HealthGuard(TrainerCallback):
         drop = p.health_logp_drop
         if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
             found["logps_falling"] = (
-                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
-                f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
-                "pushes everything down instead of preferring the chosen side, the road to degenerate "
-                "outputs. Lower --learning_rate; if the chosen style is alien to the model "
-                "(scripts/preflight.py), SFT on it first"
+                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the reference "
+                f"({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy pushes everything "
+                "down instead of preferring the chosen side, the road to degenerate outputs. Lower --learning_rate; if "
+                "the chosen style is alien to the model (scripts/preflight.py), SFT on it first"
             )
         pinned = self._pinned_pairs + (step - self._last_step) * self.pairs_per_step  # and the pairs since the last log
         early = step <= p.health_early_fraction * max_steps
@@ -241,10 +240,9 @@ class HealthGuard(TrainerCallback):
             return []
         message = (
             f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
-            "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
-            "computed with another model, max_length, batch or forward, a ref model that is not the "
-            "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
-            "restart with --overwrite_output_dir"
+            "is the reference, so the reference log-probs disagree with the policy's. A reference cache computed with "
+            "another model, max_length, batch or forward, a ref model that is not the base model, or a changed chat "
+            "template. Recompute the reference (delete the stale cache) and restart with --overwrite_output_dir"
         )
         return [Alarm("step1", step, message)]
 

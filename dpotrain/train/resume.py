@@ -357,11 +357,10 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
         return str(newest)
     start = saved_step(Path(named))
     raise ConfigError(
-        f"output_dir {str(out)!r} holds {newest.name}, past resume_from_checkpoint {named!r} (step {start}), which "
-        "the run's next rerun or requeue would go on from, not from this run's progress: drop "
-        "--resume_from_checkpoint (one the recipe file names: add --resume_from_checkpoint '') to go on from "
-        f"{newest.name}, move the checkpoints past step {start} out of that "
-        "folder to go back to the one named, or pass a new --output_dir"
+        f"output_dir {str(out)!r} holds {newest.name}, past resume_from_checkpoint {named!r} (step {start}), which the "
+        "run's next rerun or requeue would go on from, not from this run's progress: drop --resume_from_checkpoint "
+        f"(one the recipe file names: add --resume_from_checkpoint '') to go on from {newest.name}, move the "
+        f"checkpoints past step {start} out of that folder to go back to the one named, or pass a new --output_dir"
     )
 
 
