@@ -1261,9 +1261,8 @@ def check_wandb_variables(recipe: Recipe) -> None:
     run_name, name = recipe.training.run_name, os.environ.get("WANDB_NAME", "")
     if name.strip() and name != run_name:
         raise ConfigError(
-            f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({run_name!r}): pass "
-            f"--run_name {shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset "
-            "WANDB_NAME"
+            f"WANDB_NAME {name!r} is not used: the W&B run is named after run_name ({run_name!r}): pass --run_name "
+            f"{shlex.quote(name)} (which also names the default output_dir and hub_model_id) and unset WANDB_NAME"
         )
     # A WANDB_RESUME wandb does not take (`true`, which older guides give) ended the run with wandb's two-line pydantic
     # error once W&B started, after the model loaded and the reference was scored

@@ -72,9 +72,8 @@ def model_problem(config, router_aux_loss_coef: float | None, checkpointing: boo
     # Last, the one a flag lifts: its balance is a product of sums over every token, and a process routes 1/N of them
     if coefficient := packing.router_loss_coefficient(config, router_aux_loss_coef):
         return (
-            f"TRL adds the MoE router's load-balancing loss (router_aux_loss_coef {coefficient:g}), which is not "
-            "split over a group here; pass --router_aux_loss_coef 0 to train without it, or use "
-            "--sequence_parallel_size 1"
+            f"TRL adds the MoE router's load-balancing loss (router_aux_loss_coef {coefficient:g}), which is not split "
+            "over a group here; pass --router_aux_loss_coef 0 to train without it, or use --sequence_parallel_size 1"
         )
     return None
 
