@@ -360,14 +360,10 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     collectives.every_rank(check_steps, steps, recipe.training, launch.data_parallel)  # each its own copy of the data
     if output is not None:  # a checkpoint of another number of ranks, whose epochs they would cut otherwise
         # One gather, said once: the rows are each rank's own copy's where the record lacks the pairs its run kept
-        pairs = launch.batch.pairs_per_step
-        resumed = output.resume_from
-        collectives.every_rank(
-            resolve.check_resumed_ranks, resumed, recipe.training, pairs, launch.data_parallel, len(dataset)
-        )
-    if output is not None and recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
-        resumed, ranks = output.resume_from, launch.data_parallel
-        collectives.every_rank(resolve.check_epochs_left, resumed, recipe, launch.batch, ranks, len(dataset))
+        resumed, pairs, ranks = output.resume_from, launch.batch.pairs_per_step, launch.data_parallel
+        collectives.every_rank(resolve.check_resumed_ranks, resumed, recipe.training, pairs, ranks, len(dataset))
+        if recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
+            collectives.every_rank(resolve.check_epochs_left, resumed, recipe, launch.batch, ranks, len(dataset))
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
 
 
