@@ -4,13 +4,15 @@ naming the value and the rank."""
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import ROOT, accelerate_launch, built, rank_python, smoke_recipe, torchrun_launch
+from conftest import ROOT, accelerate_launch, built, ddp_config, rank_python, smoke_recipe, torchrun_launch
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -299,3 +301,72 @@ def test_the_settings_leave_out_what_ranks_of_one_run_differ_in_and_nothing_else
         ROOT / "configs" / "smoke.yaml", "--beta", "0.1", "--seed", "7", "--warmup_steps", "0", "--max_grad_norm", "2"
     )
     assert agreement._shown(several, rank0)[1] == "beta=5.0 max_grad_norm=1.0 seed=42 (and 1 other)"
+
+
+HUB_CACHE_WRAPPER = textwrap.dedent("""\
+    #!/bin/bash
+    # this node's own Hub cache, which holds another commit of the model (set before the libraries are imported)
+    if [ "$RANK" = 1 ]; then export HF_HUB_CACHE={other}; fi
+    exec {python} "$@"
+""")
+
+
+def hub_cache_of(folder, model_dir, commit: str, nudge: float = 0.0) -> None:
+    """A Hub cache in `folder` holding `model_dir` as commit `commit` of tiny/olmo (refs/main names it), its weights
+    moved by `nudge`: what a node's own cache holds of a Hub model fetched there at another time."""
+    from safetensors.torch import load_file, save_file
+
+    repo = folder / "models--tiny--olmo"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    if nudge:
+        weights = load_file(snapshot / "model.safetensors")
+        save_file({k: v + nudge for k, v in weights.items()}, snapshot / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_scored(lora, tmp_path, tiny_model_dir):
+    """A Hub model read offline from node-local caches, one of which holds another commit (or a model folder staged
+    on each node's own disk from two checkpoints): every rank loads its own copy, and each scored its share of the
+    reference stage with its own weights. The reference cache, keyed by rank 0's weights, then held rank 1's pairs
+    scored by other weights; that run stopped at step 1 (its step-1 guard, blaming a stale cache), and so did every
+    later run of those weights and data, on every node, until the cache was found and deleted (a run with dropout or
+    health_action warn trained against it). The weights each rank loaded are compared before the stage."""
+    from dpotrain.data import builtin
+    from dpotrain.train import agreement
+
+    same, other = tmp_path / "hub", tmp_path / "node2-hub"
+    hub_cache_of(same, tiny_model_dir, "a" * 40)
+    hub_cache_of(other, tiny_model_dir, "b" * 40, nudge=0.01)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(16, seed=3)))
+    wrapper = tmp_path / "wrapper.sh"
+    rank = rank_python()[1:] or [sys.executable, "-u"]  # the warm interpreter starts cold for rank 1's cache
+    wrapper.write_text(HUB_CACHE_WRAPPER.format(other=shlex.quote(str(other)), python=shlex.join(rank)))
+    wrapper.chmod(0o755)
+    args = [str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml")]
+    args += ["--model_name_or_path", "tiny/olmo"]
+    args += ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
+    args += ["--max_steps", "2", "--max_length", "512", "--save_strategy", "no"]
+    args += ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"] if lora else []
+    launcher = [*accelerate_launch(), "--config_file", str(ddp_config(tmp_path)), "--num_processes", "2"]
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    env |= {"HF_HUB_CACHE": str(same), "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [*launcher, "--no_python", str(wrapper), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode != 0, result.stdout[-4000:]
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: ranks disagree on the model's weights: rank 1 has ")
+    assert errors[0].endswith(agreement.FIXES["the model's weights"]), errors
+    assert "reference log-probs" not in result.stdout, result.stdout[-4000:]  # nothing scored, nothing cached
+    assert not list((tmp_path / "cache").glob("reference/*/*"))

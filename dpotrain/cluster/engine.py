@@ -69,6 +69,12 @@ class Engine:
         return self.name.startswith("zero")
 
     @property
+    def loads_on_every_rank(self) -> bool:
+        """Every rank loads the whole weights from its own node's files (a folder staged there, its Hub cache), where
+        ZeRO-3 and FSDP2's RAM-efficient loading take the main process's: the ranks' copies may differ."""
+        return self.name in ("single", "ddp", "zero2") or (self.name == "fsdp2" and not self.ram_efficient_loading)
+
+    @property
     def defers_gradient_sync(self) -> bool:
         """Whether a step's micro-batches but the last skip the gradient reduction (`accelerator.no_sync`). DDP only:
         DeepSpeed reduces into partitioned buffers anyway, and FSDP2 deferring would hold every unsharded gradient."""

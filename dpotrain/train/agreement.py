@@ -38,6 +38,9 @@ FIXES = {
     "analyzer cache (or none): the memory plan is made from each node's GPU and the pairs' lengths",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
+    "the model's weights": "every node must load the same weights: a model folder staged on each node's own disk "
+    "must be the same copy, and a Hub model the same commit in each node's cache (--model_revision <commit>, or one "
+    "shared HF_HOME)",
     "the reference's micro-batch": "give every node GPUs of one kind, or pass --gpu_memory_gib: the memory plan "
     "decides it from the GPU's memory",
     "the settings": "launch every node with the same recipe file and command line",
@@ -214,6 +217,11 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(trainer.model.config.name_or_path),
+        # The weights as each rank loaded them from its own node's files (another copy, another commit in a node's
+        # Hub cache): each rank scores its share of the reference stage with its own, before the engine hands every
+        # rank the main process's, and rank 1's pairs were cached under rank 0's weights. Their hash (TRL's, taken on
+        # every rank; the cache's key); None with a live reference, which has no hash.
+        "the model's weights": str(trainer.weights_hash)[:16] if trainer.engine.loads_on_every_rank else "rank 0's",
         # The memory plan's, from each rank's own GPU: another count of forwards would hang ZeRO-3's gathers.
         "the reference's micro-batch": str(trainer.reference_multiple),
     }

@@ -301,8 +301,9 @@ class RecipeDPOTrainer(DPOTrainer):
         trl_hash = upstream.weights_hash(self)  # None with a live reference: no cache, nothing to compare
         zero3, main = self.engine.name == "zero3", self.accelerator.is_main_process
         if trl_hash and getattr(self.model, "peft_config", None):
-            # LoRA: the reference is the base with the adapter off; TRL's hash takes the adapter's random weights too
-            return engine.weights_sha256(self.model, main, zero3, base=True)
+            # LoRA: the reference is the base with the adapter off; TRL's hash takes the adapter's random weights too.
+            # On every rank that loaded its own copy, as TRL's is: the ranks compare them (agreement.values).
+            return engine.weights_sha256(self.model, main or self.engine.loads_on_every_rank, zero3, base=True)
         return engine.weights_sha256(self.model, main, zero3=True) if zero3 and trl_hash else trl_hash
 
     def earlier_lora_hash(self) -> str | None:
