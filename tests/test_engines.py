@@ -183,6 +183,26 @@ def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_mod
     assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)
 
 
+@pytest.mark.slow
+def test_plain_ddp_with_two_processes_runs_the_padded_forward_in_lockstep(tmp_path, tiny_model_dir):
+    """The padded forward (`--padding_free false`, and every model type not proven to pack) runs each micro-batch as
+    groups of rows of similar length, one forward each. Under DDP every forward of the wrapped model broadcasts the
+    main process's buffers (the rotary frequencies): a rank with one group more than the other ran a broadcast the
+    other never joined, which had gone on to its backward's all-reduce, and the launch hung at step 1 until the
+    collective timeout (ddp_timeout: 30 minutes, here 60 s). The ranks now run as many forwards each, as under sharded
+    weights, and train what one process trains."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:12]))
+    args = ["--padding_free", "false", "--max_length", "550", "--max_tokens_per_microbatch", "1100"]
+    args += ["--pairs_per_step", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(one, tiny_model_dir, data, *args)
+    train(two, tiny_model_dir, data, *args, "--ddp_timeout", "60", config=ddp_config(tmp_path), timeout=300)
+    want, got = metrics(one), metrics(two)
+    assert list(got) == list(want) == [(step, "train") for step in (1, 2, 3, 4)]
+    assert [r["loss"] for r in got.values()] == pytest.approx([r["loss"] for r in want.values()], abs=1e-5)
+
+
 # TR-DPO with the reference synced after each step, from step 1 at the full rate (no warm-up: at the smoke recipe's
 # learning rate 0 the policy stays the base model, the reference too, and a resume without it ends the same)
 TR_DPO = ["--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--report_to", "none"]

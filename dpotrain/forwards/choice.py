@@ -13,6 +13,8 @@ import importlib
 import math
 from dataclasses import asdict, dataclass
 
+from torch.nn.parallel import DistributedDataParallel
+
 from dpotrain.forwards import flops, masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe import init_kwargs, launcher, upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -443,7 +445,8 @@ def collator(choice: ForwardChoice, args, max_tokens_per_microbatch: int | None 
 
 def stand_in(model, batch: dict, every_rank: bool = False):
     """What answers TRL's model call for this micro-batch (the packed or the grouped padded forward), and the padded
-    `[2B, L]` inputs TRL reads. `every_rank`: the weights are sharded, so the ranks agree on the group count."""
+    `[2B, L]` inputs TRL reads. `every_rank`: each forward holds a collective (`needs_every_rank`), so the ranks agree
+    on the group count."""
     if packing.is_packed(batch):
         split = sequence_parallel.forward if sequence_parallel.size() > 1 else None
         return packing.PackedModel(model, batch, split), packing.padded_view(batch)
@@ -451,6 +454,8 @@ def stand_in(model, batch: dict, every_rank: bool = False):
     return padded.GroupedModel(model, batch.pop("row_groups", None), every_rank), batch
 
 
-def needs_every_rank(run_engine, forward: ForwardChoice) -> bool:
-    """Whether a forward holds collectives (sharded weights, a split sequence), so every rank must run one together."""
-    return run_engine.shards_weights or forward.sequence_parallel > 1
+def needs_every_rank(run_engine, forward: ForwardChoice, model=None) -> bool:
+    """Whether a forward holds collectives (sharded weights, a split sequence, or `model` wrapped in DDP, whose every
+    forward broadcasts the main process's buffers), so every rank must run one together. Under DDP a rank whose padded
+    micro-batch ran one row group more joined a broadcast the others never did, and the launch hung at step 1."""
+    return run_engine.shards_weights or forward.sequence_parallel > 1 or isinstance(model, DistributedDataParallel)

@@ -703,7 +703,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _stand_in(self, model, batch: dict):
         """What answers TRL's model call, and TRL's padded view of the inputs (as `ReferenceScorer.log_probs`)."""
-        return choice.stand_in(model, batch, every_rank=choice.needs_every_rank(self.engine, self.forward))
+        return choice.stand_in(model, batch, every_rank=choice.needs_every_rank(self.engine, self.forward, model))
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
