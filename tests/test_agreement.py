@@ -370,3 +370,30 @@ def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_sco
     assert errors[0].endswith(agreement.FIXES["the model's weights"]), errors
     assert "reference log-probs" not in result.stdout, result.stdout[-4000:]  # nothing scored, nothing cached
     assert not list((tmp_path / "cache").glob("reference/*/*"))
+
+
+def test_ranks_that_measured_the_lengths_into_node_local_caches_at_other_paths_agree(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """`max_length: auto` measures every pair into the analyzer's cache (DPOTRAIN_CACHE), node-local on some clusters
+    and at another path on each node (`/scratch/$SLURMD_NODENAME/...`). The forward each rank decided was compared with
+    the path its lengths were read from, so ranks that decided the same forward from the same lengths were refused
+    ("ranks disagree on the forward", told to see the same analyzer cache). What was decided is compared, not where."""
+    import datasets
+
+    from dpotrain import stages
+    from dpotrain.data import builtin
+    from dpotrain.train import agreement
+
+    train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=3))
+
+    def first_half(cache: str) -> dict:
+        monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / cache))
+        recipe = smoke_recipe(tmp_path / "run", tiny_model_dir, "--max_length", "auto")
+        launch = stages.checks(recipe)
+        spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, None))
+        assert spec.lengths.auto is not None and spec.forward.planned is not None  # measured: the forward weighed them
+        return agreement.first_half_values(spec)
+
+    node1, node2 = first_half("node1"), first_half("node2")
+    assert [name for name in node1 if node1[name] != node2[name]] == []

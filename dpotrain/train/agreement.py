@@ -72,6 +72,19 @@ def lengths_digest(lengths) -> str:
     return digest([digest(np.asarray(a)) for a in parts if a is not None])
 
 
+def forward_digest(record: dict | None) -> str:
+    """A forward's record (`ForwardChoice.record`) as the ranks compare it: what was chosen and the estimates weighed,
+    not the analyzer cache its lengths were read from (`lengths_from`, also in the `reason` said): each rank's own
+    DPOTRAIN_CACHE, node-local at another path on each node, where the same lengths decide the same forward."""
+    if not record:
+        return digest(record)
+    decision = record.get("decision")
+    kept = {key: value for key, value in record.items() if key != "reason"}
+    if isinstance(decision, dict):
+        kept["decision"] = {key: value for key, value in decision.items() if key != "lengths_from"}
+    return digest(kept)
+
+
 def plan_digest(planned) -> str:
     """Every epoch's steps, ranks and micro-batches (`plan.plan_run`), as pair indices."""
     h = hashlib.sha256()
@@ -213,7 +226,7 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the engine": trainer.engine.name,
         # Decided on each rank from the data's lengths and what is installed (forwards/choice.py): a node without a
         # kernel, or with another analyzer cache, would run another forward.
-        "the forward": digest(trainer.forward.record()),
+        "the forward": forward_digest(trainer.forward.record()),
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(trainer.model.config.name_or_path),
@@ -245,7 +258,7 @@ def first_half_values(spec) -> dict[str, str | dict]:
         "max_length": str(spec.lengths.max_length),
         "the pairs per step": str(spec.pairs_per_step),
         "the engine": spec.launch.engine.name,
-        "the forward": digest(None if spec.forward.planned is None else spec.forward.planned.record()),
+        "the forward": forward_digest(None if spec.forward.planned is None else spec.forward.planned.record()),
         "the packages": digest(package_versions()),
         "the reference's micro-batch": str(spec.memory.reference_multiple),
         # Found by each rank in its own view of output_dir: a node-local folder resumes one rank and starts another
