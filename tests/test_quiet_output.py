@@ -146,3 +146,22 @@ def test_keep_end_is_said_deprecated_once_in_a_line_not_as_trls_warning_per_conf
     assert not [w for w in caught if "keep_end" in str(w.message)], [str(w.message) for w in caught]
     err = capfd.readouterr().err
     assert err.count("truncation_mode keep_end is deprecated by TRL") == 1, err
+
+
+def test_a_live_reference_scores_without_a_futurewarning_a_user_cannot_act_on(tmp_path, tiny_model_dir):
+    """TRL's `disable_gradient_checkpointing`, around each score of a live reference (`--precompute_ref_log_probs
+    false`, sync_ref_model), reads transformers' deprecated `is_gradient_checkpointing`: every rank printed
+    "FutureWarning: `is_gradient_checkpointing` is deprecated" with its file path at the first step."""
+    from conftest import built
+    from dpotrain.data import data
+
+    recipe = parse_args(
+        ["--config", "configs/smoke.yaml", "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path)]
+        + ["--precompute_ref_log_probs", "false", "--max_steps", "2", "--warmup_steps", "0"]
+    )
+    trainer = built(recipe, data.load_preference_dataset(recipe.script.dataset_name).select(range(8))).trainer
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        loss = trainer.training_step(trainer.model, batch)
+    assert loss.isfinite()

@@ -201,8 +201,9 @@ def peft_config(model_args):
 
 @contextlib.contextmanager
 def without_peft_deprecation():
-    """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model: a FutureWarning at every
-    LoRA start and merge that nothing a user sets can change."""
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model, and TRL's
+    `disable_gradient_checkpointing` around each score of a live reference: a FutureWarning at every LoRA start and
+    merge, and at a live reference's first step on every rank, that nothing a user sets can change."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield

@@ -714,7 +714,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # NEFTune's noise (transformers' hook reads the embeddings' `training`) and dropout kept on
             # (--disable_dropout false: 1.8-2.5 nats off at attention_dropout 0.3) off the reference, as the
             # reference stage and a reference model (both in eval mode) never get them; each put back as it was
-            with contextlib.ExitStack() as scoring:
+            with contextlib.ExitStack() as scoring, lora.without_peft_deprecation():
                 for module in self.accelerator.unwrap_model(ref).modules() if ref is self.model else ():
                     scoring.enter_context(upstream.attributes_set(module, training=False))
                 chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
