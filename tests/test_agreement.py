@@ -327,14 +327,18 @@ def hub_cache_of(folder, model_dir, commit: str, nudge: float = 0.0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_scored(lora, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("lora, live", [(False, False), (True, False), (False, True)], ids=["full", "lora", "live"])
+def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_scored(
+    lora, live, tmp_path, tiny_model_dir
+):
     """A Hub model read offline from node-local caches, one of which holds another commit (or a model folder staged
     on each node's own disk from two checkpoints): every rank loads its own copy, and each scored its share of the
     reference stage with its own weights. The reference cache, keyed by rank 0's weights, then held rank 1's pairs
     scored by other weights; that run stopped at step 1 (its step-1 guard, blaming a stale cache), and so did every
     later run of those weights and data, on every node, until the cache was found and deleted (a run with dropout or
-    health_action warn trained against it). The weights each rank loaded are compared before the stage."""
+    health_action warn trained against it). The weights each rank loaded are compared before the stage. A live
+    reference (`live`: --precompute_ref_log_probs false) has no cache key: each rank trained against its own reference
+    model at every step (exit 0 with --health_checks false); a fingerprint of what each rank loaded is compared."""
     from dpotrain.data import builtin
     from dpotrain.train import agreement
 
@@ -352,6 +356,7 @@ def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_sco
     args += ["--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), "--report_to", "none"]
     args += ["--max_steps", "2", "--max_length", "512", "--save_strategy", "no"]
     args += ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"] if lora else []
+    args += ["--precompute_ref_log_probs", "false", "--health_checks", "false"] if live else []
     launcher = [*accelerate_launch(), "--config_file", str(ddp_config(tmp_path)), "--num_processes", "2"]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
     env |= {"HF_HUB_CACHE": str(same), "DPOTRAIN_CACHE": str(tmp_path / "cache")}
@@ -366,7 +371,8 @@ def test_ranks_that_loaded_other_weights_are_refused_before_the_reference_is_sco
     )
     assert result.returncode != 0, result.stdout[-4000:]
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith("error: ranks disagree on the model's weights: rank 1 has ")
+    said = errors[0] if len(errors) == 1 else result.stdout[-4000:]
+    assert said.startswith("error: ranks disagree on the model's weights: rank 1 has "), said
     assert errors[0].endswith(agreement.FIXES["the model's weights"]), errors
     assert "reference log-probs" not in result.stdout, result.stdout[-4000:]  # nothing scored, nothing cached
     assert not list((tmp_path / "cache").glob("reference/*/*"))

@@ -635,6 +635,19 @@ def weights_sha256(model, is_main: bool, zero3: bool, base: bool = False) -> str
     return h.hexdigest() if is_main else None
 
 
+def weights_sample(model) -> str:
+    """A fingerprint of the weights this rank holds: each parameter's name, dtype, shape and 64 of its values spread
+    over it (a fine-tune or another commit changes nearly all of them), exact bytes, a small copy per parameter where
+    the full hash (`weights_sha256`) reads every weight: for ranks to compare what each loaded for a live reference."""
+    h = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        flat = param.detach().reshape(-1)
+        picked = flat[:: max(1, flat.numel() // 64)][:64].cpu().contiguous()
+        h.update(f"{name} {picked.dtype} {tuple(param.shape)}".encode())
+        h.update(picked.view(torch.uint8).numpy().tobytes() if picked.numel() else b"")
+    return h.hexdigest()
+
+
 def start_processes(training, run_engine: Engine):
     """This launch's process group, made first with the recipe's `ddp_timeout` (a bare `PartialState()` gets 10 minutes
     and TrainingArguments keeps it), which is also torch's default for later groups (DeepSpeed's)."""

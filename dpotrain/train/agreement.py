@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpotrain.cluster import engine
 from dpotrain.cluster.collectives import gather_objects
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.recipe.errors import ConfigError, plural, said_by
@@ -213,6 +214,17 @@ def _shown(theirs, mine) -> tuple[str, str]:
     return tuple(" ".join(f"{k}={d.get(k, '(none)')}" for k in keys[:3]) + more for d in (theirs, mine))
 
 
+def _loaded_weights(trainer) -> str:
+    """What "the model's weights" compares: the reference cache's key (TRL's hash, on every rank); with a live reference
+    (no key) a fingerprint of the reference model each rank loaded, which no engine hands rank 0's (DDP and ZeRO-2
+    broadcast the policy's alone), and which the run trains against at every step."""
+    if not trainer.engine.loads_on_every_rank:
+        return "rank 0's"
+    if trainer.weights_hash is None and trainer.ref_model is not None:
+        return engine.weights_sample(trainer.ref_model)[:16]
+    return str(trainer.weights_hash)[:16]
+
+
 def values(trainer, resume_from: str | None) -> dict[str, str]:
     """The values of a run that must be equal on every rank once its plan is made, for `check`."""
     evaluation = trainer.eval_dataset
@@ -234,7 +246,7 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         # Hub cache): each rank scores its share of the reference stage with its own, before the engine hands every
         # rank the main process's, and rank 1's pairs were cached under rank 0's weights. Their hash (TRL's, taken on
         # every rank; the cache's key); None with a live reference, which has no hash.
-        "the model's weights": str(trainer.weights_hash)[:16] if trainer.engine.loads_on_every_rank else "rank 0's",
+        "the model's weights": _loaded_weights(trainer),
         # The memory plan's, from each rank's own GPU: another count of forwards would hang ZeRO-3's gathers.
         "the reference's micro-batch": str(trainer.reference_multiple),
     }
