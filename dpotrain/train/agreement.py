@@ -216,8 +216,8 @@ def _shown(theirs, mine) -> tuple[str, str]:
 
 def _loaded_weights(trainer) -> str:
     """What "the model's weights" compares: the reference cache's key (TRL's hash, on every rank); with a live reference
-    (no key) a fingerprint of the reference model each rank loaded, which no engine hands rank 0's (DDP and ZeRO-2
-    broadcast the policy's alone), and which the run trains against at every step."""
+    (no key) a fingerprint of the reference model each rank holds once built, which DDP leaves as each rank loaded it
+    (it broadcasts the policy's weights alone), and which the run trains against at every step."""
     if not trainer.engine.loads_on_every_rank:
         return "rank 0's"
     if trainer.weights_hash is None and trainer.ref_model is not None:
