@@ -33,7 +33,7 @@ with venv.entry_point(ROOT, command=__name__ == "__main__"):  # the project's ve
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError, RunError, run_command, warn
     from dpotrain.train import agreement, disk_full, resume
-    from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
+    from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop, StoppedBeforeTraining
 
 
 # The stop line of a run stopped before --overwrite_output_dir's removal began
@@ -98,6 +98,26 @@ def complete_left_push(recipe, repo: str, stop: GracefulStop) -> int | None:
     if refused := run_lock.acquire(Path(out)):
         raise ConfigError(refused)
     return publish.complete_push(recipe, push, repo, stop)
+
+
+def first_half(recipe, launch, state, output, push, stop: GracefulStop):
+    """The run's first half (`stages.first_half`); None where a stop asked as the data was read ended it between its
+    pieces (agreed on and said)."""
+    try:
+        return stages.first_half(
+            recipe, launch, state, output, push, stop_point=lambda: stopped_early(stop, state, output)
+        )
+    except StoppedBeforeTraining:
+        return None
+
+
+def stopped_early(stop: GracefulStop, state, output) -> bool:
+    """A stop asked by now (as the data was read) ends the run before the model loads (every rank alike). Before the
+    old run's files go (--overwrite_output_dir), the command printed to go on is the one typed: it removed the finished
+    run, then stopped. One asked during the removal lets it finish (`run`)."""
+    if output.start_afresh:
+        return stop.stop_before_training(state.device, REPLACE_STOPPED, as_typed=True)
+    return stop.stop_before_training(state.device, "stopped before the model loaded")
 
 
 def importers_own() -> ExitStack:
@@ -174,12 +194,11 @@ def run(argv, stop: GracefulStop) -> int | None:
     point = resume.confirm(output.resume_from, explicit=explicit, compare=compare, afresh=afresh)
     # None where every checkpoint failed its checksums under --overwrite_output_dir: the run there is replaced
     output = replace(output, resume_from=point) if point or not output.resume_from else resolve.afresh(output)
-    spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
+    if (spec := first_half(recipe, launch, state, output, push, stop)) is None:  # data -> lengths -> forward -> memory
+        return STOPPED_EXIT
     agreement.check(agreement.first_half_values(spec))
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
-    # A stop asked by now (as the data was read) ends the run before the old run's files go, the command printed to go
-    # on as typed: it removed the finished run, then stopped. One asked during the removal lets it finish (below).
-    if spec.output.start_afresh and stop.stop_before_training(state.device, REPLACE_STOPPED, as_typed=True):
+    if spec.output.start_afresh and stopped_early(stop, state, spec.output):
         return STOPPED_EXIT
     train_stage.prepare_output(spec)  # the old run's files removed where it is replaced
     # After the removal: the command printed to go on drops --overwrite_output_dir, which would resume the old run.

@@ -41,6 +41,7 @@ from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
 from dpotrain.train import agreement, health, lora, metrics, resume, samples, weight_names
+from dpotrain.train.preemption import StoppedBeforeTraining
 from dpotrain.train.resume import check_partitions
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
@@ -1036,16 +1037,22 @@ def first_half(
     output: resolve.OutputDecision | None = None,
     push=None,
     pairs: Data | None = None,
+    stop_point=None,
 ) -> RunSpec:
-    """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it."""
+    """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it.
+    `stop_point`: called by every rank alike between the data stage's pieces, True where a stop asked by then ends
+    the run there (said and agreed on): `StoppedBeforeTraining` is raised. A stop asked as a large data set was read
+    waited for its pairs to be tokenized and the forward chosen (minutes), past a Slurm GraceTime."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
+    _stop_at(stop_point)  # the data read and checked, before the model's files are fetched and the pairs tokenized
     model_path = model_files(recipe, launch, pairs.tokenizer)
     weight_names.check_whole(model_path)  # before the lengths are measured and the model loads, the dry run too
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     if model[0] is not None:  # a Hub model's config not cached at the checks: read now, before the pairs are tokenized
         options.check_init_kwargs_apply(recipe, model[0])
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
+    _stop_at(stop_point)  # the pairs' lengths measured, before the forward's sample is tokenized as the trainer does
     if not launch.dry_run:  # the dry run plans the steps of the pairs kept (plan_batching)
         collectives.every_rank(check_kept_steps, recipe, launch, pairs, pair_lengths)
     forward = decide_forward(recipe, launch, model_path, pair_lengths, model)
@@ -1064,6 +1071,12 @@ def first_half(
     if launch.dry_run and model[0] is not None:
         weight_names.check(recipe, model_path, model[0])
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
+
+
+def _stop_at(stop_point) -> None:
+    """One of the data stage's stop points (`first_half`)."""
+    if stop_point is not None and stop_point():
+        raise StoppedBeforeTraining
 
 
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:

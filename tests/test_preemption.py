@@ -374,6 +374,21 @@ def test_a_stop_asked_before_overwrite_removes_the_old_run_keeps_it(
     assert logged_steps(out) == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
+def test_a_stop_asked_as_the_data_is_read_ends_the_run_before_its_pairs_are_tokenized(tmp_path, tiny_model_dir, pairs):
+    """A SIGTERM (a preemption, Slurm's time limit) as the data was read was acted on only as the model was about to
+    load: the pairs were tokenized, their lengths measured and the forward chosen first (minutes on a real data set;
+    77 s in a Slurm job, close to a 90 s GraceTime, after which the job is killed without its stop line). Now the data
+    stage's boundaries are stop points too, every rank alike: the run stops once the data is read, before tokenizing."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    proc = start(out, tiny_model_dir, pairs, env=pause_env("", str(pairs), paused), script=PAUSE_AT)
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before the model loaded" in log, log[-3000:]
+    assert "Forward:" not in log, log[-3000:]  # the lengths and forward stages not begun
+    assert logged_steps(out) == [] and not (out / "run.lock").exists(), log[-3000:]
+
+
 EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
 
 
