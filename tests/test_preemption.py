@@ -1504,6 +1504,46 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_running_on_as_o
 
 
 @pytest.mark.slow
+def test_the_one_process_of_a_killed_accelerate_launch_saves_and_stops(tmp_path, tiny_model_dir, pairs):
+    """`accelerate launch --num_processes 1` without a process group starts its one process itself (accelerate's simple
+    launcher), which sets no LOCAL_RANK: `kill -9` of the launcher left it training on to the end as an orphan, holding
+    the run's lock, nothing watching the launcher. Now it is watched as a launched rank is: one line says why, and the
+    process saves a checkpoint at the end of the step and exits, the lock freed."""
+    config, out, paused = tmp_path / "one.yaml", tmp_path / "run", tmp_path / "paused"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_machines: 1\nnum_processes: 1\n")
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file", str(config)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    proc = subprocess.Popen(
+        [*launch, "--num_processes", "1", str(PAUSE_AT), *args],
+        cwd=ROOT,
+        env={**os.environ, **pause_env("", "*/metrics.jsonl", paused)},  # as it logs step 1
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pid = paused_pid(paused, proc)
+        assert children(proc.pid) == [pid] and "LOCAL_RANK" not in Path(f"/proc/{pid}/environ").read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        os.kill(pid, signal.SIGCONT)
+        log = proc.communicate(timeout=300)[0]  # to its end: the process holds the launcher's stdout
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    deadline = time.time() + 60
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid), log[-3000:]
+    assert "The launcher (pid " in log and "saving a checkpoint at the end of this step" in log, log[-3000:]
+    (saved,) = out.glob("checkpoint-*")
+    assert (saved / "COMPLETE").is_file() and saved.name in ("checkpoint-1", "checkpoint-2"), log[-3000:]
+    assert f"Stop requested: checkpoint {saved} written" in log and not (out / "run.lock").exists(), log[-3000:]
+    assert "accelerate launch --config_file" in log.split("Stop requested")[1].splitlines()[0], log[-3000:]
+
+
+@pytest.mark.slow
 def test_ranks_whose_launcher_is_killed_while_they_load_their_libraries_end_at_once(tmp_path, tiny_model_dir, pairs):
     """`kill -9` of `accelerate launch` (2 DDP ranks on CPU) while its ranks still import their libraries (seconds):
     they asked the kernel for the launcher's death only once the imports were done, from the parent they had then

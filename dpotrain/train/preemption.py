@@ -142,7 +142,7 @@ class GracefulStop(TrainerCallback):
     def _watch_launcher(self) -> int | None:
         """A rank a launcher started asks the kernel for `LAUNCHER_GONE` when the launcher dies; its pid, or None: no
         launcher, not Linux, or a death signal its starter chose already (a test harness's), which is kept."""
-        if not (launcher.under_launcher() and sys.platform == "linux"):
+        if sys.platform != "linux" or not (launcher.under_launcher() or started_by_accelerate()):
             return None
         libc, held = ctypes.CDLL(None, use_errno=True), ctypes.c_int(0)
         if libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(held)) != 0 or held.value:
@@ -517,6 +517,15 @@ def launcher_command() -> list[str] | None:
         return None
 
 
+def started_by_accelerate() -> bool:
+    """Whether `accelerate launch` started this one process itself (its simple launcher: one process without a process
+    group, `--num_processes 1`, `--cpu`), which sets no LOCAL_RANK: its launcher `kill -9`'d, the process trained on to
+    the end as an orphan holding the run's lock, as launched ranks did (`_watch_launcher`). Its parent's command line
+    says so (`python .venv/bin/accelerate launch ...`, `accelerate launch ...`)."""
+    words = launcher_command() or []
+    return any(Path(word).name == "accelerate" and words[n + 1 : n + 2] == ["launch"] for n, word in enumerate(words))
+
+
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None, as_typed: bool = False) -> str:
     """The command that started this run, to type again: this process's (`command` where another program called the
     run), or under a launcher (LOCAL_RANK) its parent's. Without --overwrite_output_dir (it would start afresh),
@@ -525,7 +534,7 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
     went back to that checkpoint, and was refused as the run's own checkpoints are past it. `as_typed` (a run stopped
     before it replaced the old run, which is still there to replace): without secrets only."""
     words = command or [sys.executable, *sys.argv]
-    if launcher.under_launcher():
+    if launcher.under_launcher() or started_by_accelerate():
         words = launcher_command()
         if words is None:  # not Linux: the launcher's command line is not readable
             return "the same `accelerate launch ...` command"
