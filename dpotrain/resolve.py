@@ -187,6 +187,9 @@ class OutputDecision:
     # --auto_resume false going on from a checkpoint named in output_dir: the run's checkpoints saved past it, which
     # the run moves aside as it starts (output_folder.set_aside_past)
     set_aside: tuple[str, ...] = ()
+    # A dry run: `check_output_dir` refused (a named checkpoint missing, a finished run there, ...), so nothing is
+    # decided for the folder; the run refuses (`would_refuse` says why)
+    refused: bool = False
 
     @property
     def trains(self) -> bool:
@@ -210,7 +213,7 @@ class OutputDecision:
         elif self.resume_from:  # another folder's checkpoint: this one was called "an unfinished run", new or empty
             new = "" if Path(output_dir).is_dir() else " (new)"
             folder = f"{output_dir}: the run starts there{new}, from the checkpoint {self.resume_from}"
-        elif any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
+        elif self.refused or any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
             folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
@@ -218,6 +221,10 @@ class OutputDecision:
             aside = output_folder.past_folder(Path(output_dir), self.resume_from, "<time>")
             folder += f"; the checkpoints saved past it ({', '.join(self.set_aside)}) are moved to {aside}"
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
+
+
+# A dry run's decision where `check_output_dir` refused (listed in `would_refuse`): none made for the folder
+UNDECIDED = OutputDecision(None, False, refused=True)
 
 
 def names_folder(refusal: str, output_dir: str) -> bool:

@@ -224,7 +224,7 @@ def output_checks(recipe, launch: Launch, push) -> tuple[resolve.OutputDecision,
         if not launch.dry_run:  # asked by the process that logs to W&B; its refusal is every rank's
             collectives.main_outcome(options.check_wandb_reachable, recipe)
         if not folder_refused:  # the W&B run's check reads before the replaced run's files go (output_folder.replace)
-            decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+            decision = once(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or resolve.UNDECIDED
             once(options.check_wandb_run_replaced, recipe, when=decision.start_afresh)
         resuming = bool(decision.resume_from and not decision.start_afresh)
         once(check_histories, training.output_dir, when=resuming)  # the histories it trims, read before the model loads

@@ -60,6 +60,16 @@ def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, ca
     assert json.loads(printed[printed.index("{\n") :])["output_dir"] == str(mine)
 
 
+def test_a_resume_checkpoint_the_run_refuses_is_not_called_a_new_run_there(tmp_path, capsys):
+    """`--resume_from_checkpoint /nonexistent`: the dry run's output line said "the run starts there (new)" above its
+    own `would refuse` warning for that checkpoint, two answers to what the run does with its folder. A refusal of the
+    folder's decision (resume, start afresh, or refuse) is the run's answer: the line says the run refuses."""
+    out, gone = tmp_path / "run", tmp_path / "nonexistent"
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(gone))
+    assert field(text, "output") == f"{out}: refused by the run (below)", text
+    assert f"warning: the run would refuse: resume_from_checkpoint '{gone}' is not a folder" in text, text
+
+
 def test_a_folder_where_the_record_goes_is_refused_in_one_line_naming_json(tmp_path):
     """A folder named as the dry run's record (`runs/x.dry-run.json/`, a run once given that name): the record's
     rename over it ended the dry run in an IsADirectoryError traceback, after the whole first half."""
