@@ -204,9 +204,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # After the removal: the command printed to go on drops --overwrite_output_dir, which would resume the old run.
     if stop.stop_before_training(state.device, "stopped before the model loaded"):
         return STOPPED_EXIT
-    ready = train_stage.build_run(spec, stop)
-    outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request
-    return ready.train(outcomes)  # its record, training, the final model saved and pushed (dpotrain/publish.py)
+    return train_stage.run(spec, stop)  # the model, the reference scored once, training, the final model and push
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ class ReadyRun:
             return 0
         # A stop asked while the model loaded or a cached reference was read ends the run before its first step
         resumed = self.spec.output.resume_from
-        before = f"stopped before step {(resume.saved_step(Path(resumed)) or 0) + 1 if resumed else 1}"
+        before = resume.before_step(resumed)
         if trainer.graceful_stop.stop_before_training(trainer.accelerator.device, before):
             return STOPPED_EXIT
         record = record_run(self.spec, trainer, outcomes)
@@ -120,6 +120,17 @@ def _refuse_other_weights(spec, trainer, was: str, earlier: str | None) -> None:
             "run started, keeping their size and times, and the reference log-probs would be scored from other "
             "weights: put back the model the run started from, or pass --overwrite_output_dir to start afresh"
         )
+
+
+def run(spec, stop: GracefulStop) -> int | None:
+    """The run's second half: the trainer built (TRL loads the model and tokenizes the pairs), the reference scored
+    once (saved as it goes, stopped cleanly on a stop request), then its record, training, the final model saved and
+    pushed (dpotrain/publish.py)."""
+    try:
+        ready = build_run(spec, stop)
+    except StoppedBeforeTraining:  # asked as the model loaded or the pairs were tokenized: agreed on and said
+        return STOPPED_EXIT
+    return ready.train(ready.score_reference())
 
 
 def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_class=None) -> ReadyRun:

@@ -389,6 +389,23 @@ def test_a_stop_asked_as_the_data_is_read_ends_the_run_before_its_pairs_are_toke
     assert logged_steps(out) == [] and not (out / "run.lock").exists(), log[-3000:]
 
 
+@pytest.mark.slow
+def test_a_stop_asked_as_the_model_loads_ends_the_run_once_trl_has_tokenized_the_pairs(tmp_path, tiny_model_dir, pairs):
+    """A SIGTERM as the model loaded waited through TRL's tokenization of every pair and the labels of every assistant
+    turn (minutes on a real data set, past a Slurm GraceTime), to be acted on at the reference stage's first
+    micro-batch. Now the end of each of the trainer's data maps is a stop point, every rank alike: the run stops there,
+    before step 1, and the same command goes on."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    # Paused as the model's generation_config.json is read, once the run's folder is set up: the model loading
+    env = pause_env("*/run_files.json", "*/generation_config.json", paused)
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT)
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before step 1" in log, log[-3000:]
+    assert "Labeling every assistant turn" not in log and "reference log-probs" not in log, log[-3000:]
+    assert logged_steps(out) == [] and not (out / "run.lock").exists(), log[-3000:]
+
+
 EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
 
 

@@ -311,6 +311,11 @@ def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
         )
 
 
+def before_step(resumed: str | None) -> str:
+    """The stop line of a start stopped before its first step: step 1, or the one after the resumed checkpoint's."""
+    return f"stopped before step {(saved_step(Path(resumed)) or 0) + 1 if resumed else 1}"
+
+
 def saved_step(folder: Path) -> int | None:
     """The step a checkpoint was saved at (trainer_state.json, else its name); None: unknown."""
     try:

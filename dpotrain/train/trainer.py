@@ -60,7 +60,7 @@ from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import MemoryUse
 from dpotrain.train.metrics import MetricsRecorder, read_metrics
 from dpotrain.train.pair_metrics import PairMetrics
-from dpotrain.train.preemption import GracefulStop, loader_worker
+from dpotrain.train.preemption import GracefulStop, StoppedBeforeTraining, loader_worker
 from dpotrain.train.step_log import StepLog
 from dpotrain.train.weight_names import refusal
 
@@ -330,10 +330,22 @@ class RecipeDPOTrainer(DPOTrainer):
         # reference's), new, their caches never reused and piling up. Given the fields it reads, a run reuses them.
         read = types.SimpleNamespace(**{name: getattr(args, name) for name in TRL_PREPARE_READS})
         dataset = super()._prepare_dataset(dataset, processing_class, read, dataset_name)
+        self._stop_point(args)
         if self.assistant_turns != "all":
             return dataset
         with global_then_local_main_first():  # as TRL's own map, the main process first
-            return turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
+            dataset = turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
+        self._stop_point(args)
+        return dataset
+
+    def _stop_point(self, args) -> None:
+        """A stop asked as TRL loaded the model or tokenized the pairs waited for every map (minutes on a large data
+        set, past a Slurm GraceTime), to be acted on at the reference stage's first micro-batch. Now each map's end,
+        its main-first order over, is a stop point every rank reaches alike: the run stops before its first step. Not
+        once training began (TRL maps a data set given to `evaluate` then)."""
+        stop, before = self.graceful_stop, resume.before_step(self.complete_marker.resume_from)
+        if not stop.training_begun and stop.stop_before_training(args.device, before):
+            raise StoppedBeforeTraining
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
