@@ -1603,6 +1603,46 @@ def test_ranks_whose_launcher_is_killed_while_they_load_their_libraries_end_at_o
     assert "Traceback" not in log and not out.exists(), log[-3000:]
 
 
+@pytest.mark.slow
+def test_the_one_process_of_an_accelerate_launch_killed_while_it_loads_its_libraries_ends_at_once(
+    tmp_path, tiny_model_dir, pairs
+):
+    """`kill -9` of `accelerate launch --num_processes 1` (its simple launcher: no LOCAL_RANK) while its process still
+    imports its libraries: the process read its parent's command line once the imports were done, found init's, so
+    nothing watched for the launcher, and it trained to the end as an orphan holding the run's lock. The command line is
+    now read as the process begins, from the launcher: it ends at once, in one line."""
+    config, out = tmp_path / "one.yaml", tmp_path / "run"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_machines: 1\nnum_processes: 1\n")
+    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file", str(config)]
+    args = [*ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    proc = subprocess.Popen(
+        [*launch, "--num_processes", "1", str(ROOT / "train_dpo.py"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    process, deadline = None, time.time() + 120
+    try:
+        # started, and importing torch (the cold venv's interpreter: seconds more of transformers, TRL)
+        while process is None or "libtorch" not in Path(f"/proc/{process}/maps").read_text():
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.01)
+            process = next(iter(children(proc.pid)), None)
+        assert "transformers" not in Path(f"/proc/{process}/maps").read_text()  # still loading
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.time() + 120
+        while alive(process) and time.time() < deadline:
+            time.sleep(0.1)
+        log = proc.stdout.read()
+    finally:
+        if process is not None and alive(process):
+            os.kill(process, signal.SIGKILL)
+    assert "before they started the run: nothing was started" in log and "Traceback" not in log, log[-3000:]
+    assert not out.exists(), log[-3000:]
+
+
 def test_ctrl_c_reaching_the_workers_of_a_datasets_map_is_the_runs_alone_to_answer():
     """datasets' `map(num_proc=N)` (the lengths of a large data set, TRL's tokenization under dataset_num_proc) forks
     its workers from the run's process, and they kept its stop's signal handler: a terminal's Ctrl-C, which reaches

@@ -21,6 +21,7 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _held: list[tuple[int, float]] = []  # stop signals heard while the libraries load (`hold_stops`), with when
 _before_held: dict[int, object] = {}  # the handlers `hold_stops` replaced
 _parent_at_start: list[int] = []  # this process's parent as `hold_stops` found it: its launcher, where one started it
+_parent_command: list[list[str] | None] = []  # that parent's command line, read then (`parent_command_at_start`)
 _reader_gone: list[int] = []  # the streams pointed elsewhere because their pipe's reader is gone
 _ctrl_c = [False]  # the run's Ctrl-C heard (`heard_ctrl_c`), until the next run begins (`run_begins`)
 
@@ -43,8 +44,9 @@ def hold_stops() -> None:
     run's stop (train/preemption.py, `take_held`), which stops before the model loads, saying so (exit 75). Python's
     default action ended the process there without a word (exit 143), while one a moment later stopped in one line.
     Not Ctrl-C, which ends the loading at once in one line (venv.loading_libraries); an ignored SIGHUP (nohup) stays
-    ignored, as the run's stop leaves it. The parent is noted too (`parent_at_start`)."""
+    ignored, as the run's stop leaves it. The parent is noted too (`parent_at_start`), with its command line."""
     _parent_at_start[:] = [os.getppid()]
+    _parent_command[:] = [command_of(_parent_at_start[0])]
     for sig in STOP_SIGNALS:
         if sig == signal.SIGINT or (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
             continue
@@ -64,6 +66,21 @@ def take_held(sig: int, handler) -> tuple[object, list[tuple[int, float]]]:
     heard = [(signum, at) for signum, at in _held if signum == sig]
     _held[:] = [(signum, at) for signum, at in _held if signum != sig]
     return before, heard
+
+
+def command_of(pid: int) -> list[str] | None:
+    """Process `pid`'s command line; None: not readable (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.fsdecode(f.read()).split("\0")[:-1]
+    except OSError:
+        return None
+
+
+def parent_command_at_start() -> list[str] | None:
+    """The command line of the parent this process had as its command began (`hold_stops`), read then: a launcher
+    killed while the libraries loaded is not there to read later. None where it noted none (imported) or could not."""
+    return _parent_command[0] if _parent_command else None
 
 
 def parent_at_start() -> int | None:

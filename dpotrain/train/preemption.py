@@ -508,13 +508,12 @@ def loader_worker(worker_id: int, then=None) -> None:
 
 @functools.cache
 def launcher_command() -> list[str] | None:
-    """The command line of the launcher that started this process (its parent), read once: first as the stop is made
-    (`GracefulStop`), while the launcher is there. Read at the stop, a launcher killed meanwhile (`LAUNCHER_GONE`) was
-    the parent no longer, and the command printed to go on was init's. None: not readable (not Linux)."""
-    try:
-        return os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
-    except OSError:
-        return None
+    """The command line of the launcher that started this process (its parent), read once: as the command began
+    (terminal.hold_stops), else first as the stop is made (`GracefulStop`), while the launcher is there. Read at the
+    stop, a launcher killed meanwhile (`LAUNCHER_GONE`) was the parent no longer, and the command printed to go on was
+    init's; read once the libraries loaded, a launcher killed as they loaded was too (`started_by_accelerate`). None:
+    not readable (not Linux)."""
+    return terminal.parent_command_at_start() or terminal.command_of(os.getppid())
 
 
 def started_by_accelerate() -> bool:
