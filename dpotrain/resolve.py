@@ -205,6 +205,10 @@ class OutputDecision:
             folder = f"{output_dir}: {finished_run(self.finished_by)}: the run trains nothing"
         elif self.push_left:
             folder = pushing_left(output_dir, self.push_left)
+        elif self.refused or any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
+            # Before the resume's lines: a checkpoint the run would refuse (written by another number of processes,
+            # damaged) was called the one it resumes from, above the refusal
+            folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
             folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
@@ -213,8 +217,6 @@ class OutputDecision:
         elif self.resume_from:  # another folder's checkpoint: this one was called "an unfinished run", new or empty
             new = "" if Path(output_dir).is_dir() else " (new)"
             folder = f"{output_dir}: the run starts there{new}, from the checkpoint {self.resume_from}"
-        elif self.refused or any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
-            folder = f"{output_dir}{run_record.REFUSED_FOLDER}"
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
         if self.set_aside:  # (--auto_resume false)

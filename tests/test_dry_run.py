@@ -44,6 +44,26 @@ def test_a_new_folder_given_another_folders_checkpoint_is_not_called_an_unfinish
     assert said["output_folder"] == f"{tmp_path / 'other'}: an unfinished run, which the run resumes from {other}"
 
 
+def test_a_checkpoint_the_run_refuses_to_resume_is_not_called_the_one_it_resumes_from(tmp_path):
+    """A 2-process ZeRO run stopped at checkpoint-4, dry-run on 1 process: `output: <out>: an unfinished run, which the
+    run resumes from <out>/checkpoint-4` above `warning: the run would refuse: checkpoint '<out>/checkpoint-4' holds
+    DeepSpeed ZeRO optimizer state partitioned over 2 processes, ...`: two answers. The refusal is the run's answer."""
+    from dpotrain import resolve
+    from dpotrain.recipe import run_record
+
+    out = tmp_path / "run"
+    found = str(out / "checkpoint-4")
+    refusal = (
+        f"checkpoint {found!r} holds DeepSpeed ZeRO optimizer state partitioned over 2 processes, and this run has 1: "
+        "resume it on 2 processes, or start afresh"
+    )
+    for afresh in (False, True):
+        said = resolve.OutputDecision(found, afresh, would_refuse=(refusal,)).record(str(out))
+        assert said == {"output_folder": f"{out}{run_record.REFUSED_FOLDER}", "would_refuse": [refusal]}, said
+    said = resolve.OutputDecision(found, False, would_refuse=("report_to wandb but no W&B login",)).record(str(out))
+    assert said["output_folder"] == f"{out}: an unfinished run, which the run resumes from {found}"  # not the folder's
+
+
 def test_a_dry_run_writes_no_record_beside_a_folder_the_run_refuses(tmp_path, capsys):
     """`--output_dir /`, `~`, `.` or `data` (folders holding what is no run's) are refused by the run, and the dry run
     said so, then wrote its record beside them all the same: `/.dry-run.json` in the root, `data.dry-run.json` in the
