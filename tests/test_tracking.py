@@ -412,3 +412,35 @@ def test_wandb_variables_are_refused_before_the_ranks_meet(variable, tmp_path, m
     with pytest.raises(SystemExit) as ended:
         run_cli(lambda: train_dpo.main([*argv, str(tmp_path / "file")]))
     assert ended.value.code == 2 and f"error: {variable} 'true' is not" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_wandb_config_is_the_runs_resolved_config(tmp_path, tiny_model_dir):
+    """W&B's config held transformers' arguments as handed to TRL, not the run's: `padding_free: false` for a packed
+    run, `push_to_hub: false` for one that pushes, and no data set, base model path, LoRA or batching setting, so runs
+    compared or filtered in W&B by their settings were told apart wrongly. It holds resolved_config.json's settings."""
+    from test_honest_runs import first_pairs, train, wandb_records
+
+    args = [
+        "--dataset_name",
+        first_pairs(tmp_path, 1),
+        "--max_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--save_strategy",
+        "no",
+    ]
+    out, _ = train(tmp_path, tiny_model_dir, *args, "--report_to", "wandb")
+    [run_file] = out.glob("wandb/offline-run-*/run-*.wandb")
+    logged = {}
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        for item in record.run.config.update if kind == "run" else record.config.update if kind == "config" else ():
+            logged[item.key] = json.loads(item.value_json)
+    logged = {k: v.get("value") if isinstance(v, dict) and "value" in v else v for k, v in logged.items()}
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    settings = {k: v for k, v in resolved.items() if k not in ("derived", "written_sha256")}
+    assert resolved["padding_free"] is True and resolved["dataset_name"]  # what the claim is about
+    differ = {k: (v, logged.get(k, "<missing>")) for k, v in settings.items() if logged.get(k, "<missing>") != v}
+    assert not differ, differ

@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
+from dpotrain.recipe import records, run_record
 from dpotrain.recipe.errors import warn
 from dpotrain.recipe.writes import is_file, write_text
 from dpotrain.train.metrics import METRICS_FILE, read_metrics
@@ -106,7 +107,10 @@ class WandbStepIsGlobalStep(TrainerCallback):
             return
         import wandb
 
-        if wandb.run is None or getattr(wandb.log, "at_global_step", False):
+        if wandb.run is None:
+            return
+        log_settings(wandb.run, Path(args.output_dir) / run_record.RESOLVED)
+        if getattr(wandb.log, "at_global_step", False):
             return
         log = wandb.log
 
@@ -118,6 +122,16 @@ class WandbStepIsGlobalStep(TrainerCallback):
         wandb.log = log_at_global_step
         if state.global_step and state.is_world_process_zero:
             replay(Path(args.output_dir) / METRICS_FILE, wandb.run.starting_step, state.global_step)
+
+
+def log_settings(run, resolved: Path) -> None:
+    """The run's settings (resolved_config.json, written before training begins) as the W&B run's config, over what
+    WandbCallback logged: transformers' arguments as handed to TRL, `padding_free: false` for a packed run and
+    `push_to_hub: false` for one that pushes (this project's own push), without the data set, LoRA or batching."""
+    values = records.json_object(resolved) or {}
+    settings = {k: v for k, v in values.items() if k not in ("derived", run_record.SEAL)}
+    if settings:
+        run.config.update(settings, allow_val_change=True)
 
 
 def replay(path: Path, first: int, last: int) -> None:
