@@ -2044,6 +2044,40 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
 
 
+def test_a_persons_files_inside_the_runs_merged_folder_are_never_pushed(hub, tmp_path, monkeypatch):
+    """A LoRA run with merge_lora: a person evaluates the merged model and keeps the results beside it (merged/notes.md,
+    merged/lm_eval/results.json). `merged` is the run's name in run_files.json, and everything under it went to main
+    with `push_to_hub.py` later. In a folder of the run's, only the final model's files (run_complete.json's
+    model_files) go."""
+    import hashlib
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    (run / "merged").mkdir(parents=True)
+    model = ["adapter_config.json", "adapter_model.safetensors", "merged/config.json", "merged/model.safetensors"]
+    for name in [*model, "README.md", "tokenizer_config.json"]:
+        (run / name).write_text("{}" if name.endswith(".json") else name)
+    saved = {
+        n: {"bytes": (run / n).stat().st_size, "sha256": hashlib.sha256((run / n).read_bytes()).hexdigest()}
+        for n in model
+    }
+    (run / "run_complete.json").write_text(json.dumps({"global_step": 2, "model_files": saved}))
+    own = [*model, "README.md", "run_complete.json", "tokenizer_config.json"]
+    run_files.write(run, [run_files.MANIFEST, *{n.split("/")[0] for n in own}])
+    mine = {"merged/notes.md": "lr 1e-6 looked best", "merged/lm_eval/results.json": '{"acc": 0.5}'}
+    for name, text in mine.items():
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_text(text)
+    hub_module.push_run(run, REPO, token=SECRET)
+    assert sorted(set(hub.state.repos[REPO]["main"]) - {".gitattributes"}) == sorted(own)
+    assert hub_push.local_files(run, hub_module.IGNORE, allow=hub_module.own_files(run)) == sorted(own)
+    assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
+
+
 def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, monkeypatch):
     """A person copies a checkpoint of another run into this run's folder to compare (rotation keeps it: not the
     run's). A resumed run's pusher and push_to_hub.py --checkpoints pushed it as this run's step-1 branch, to a repo

@@ -532,9 +532,16 @@ def finished_step(output_dir) -> int | None:
 
 def own_files(output_dir: str | Path) -> list[str] | None:
     """The patterns an upload of the run may take: its own names (run_files.json), never a person's file (a .env);
-    None for a run from before run_files.json (all but IGNORE, as then)."""
+    None for a run from before run_files.json (all but IGNORE, as then). Inside a folder of the run's (merged/), a
+    finished run's final model files alone, as run_complete.json's model_files names them: a person's evaluation of
+    the merged model kept beside it (merged/lm_eval/results.json) went up with it."""
     names = run_files.read(Path(output_dir))
-    return None if names is None else [p for name in names for p in (name, f"{name}/*")]
+    if names is None:
+        return None
+    saved = finished(output_dir).get(MODEL_FILES)  # none yet where the run records them (saved_model), or older
+    if not isinstance(saved, dict):
+        return [p for name in names for p in (name, f"{name}/*")]
+    return [p for name in names for p in (name, *(f for f in saved if f.startswith(f"{name}/")))]
 
 
 def push_run(
