@@ -1376,6 +1376,8 @@ def check_wandb(recipe: Recipe) -> None:
     # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
     # A blank key (`WANDB_API_KEY=" "`) is no login: wandb.init asks for one after the model loaded
     key = os.environ.get("WANDB_API_KEY", "").strip()
+    if _wandb_online(recipe) and key:
+        check_wandb_key(os.environ["WANDB_API_KEY"])  # as wandb reads it, unstripped
     if not _wandb_online(recipe) or key or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     try:
@@ -1401,6 +1403,36 @@ def check_wandb(recipe: Recipe) -> None:
         "report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
         f"WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none{venv.hidden('WANDB_API_KEY')}"
     )
+
+
+def check_wandb_key(key: str) -> None:
+    """A WANDB_API_KEY that wandb refuses by its form (a key pasted short, a quote of the .env line left in it), or one
+    set beside WANDB_IDENTITY_TOKEN_FILE: any value passed as a login, and wandb.init raised AuthenticationError in a
+    traceback once W&B started, after the model loaded and the reference was scored. Asked of wandb's own check of a
+    key's form (no request); the key is never quoted."""
+    where = f"in {env_file}" if (env_file := venv.env_file_gave("WANDB_API_KEY")) else "in the environment"
+    if os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        raise ConfigError(
+            f"report_to wandb, but both WANDB_API_KEY ({where}) and WANDB_IDENTITY_TOKEN_FILE are set, which wandb "
+            "refuses: unset one of them, or pass --report_to none"
+        )
+    try:
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib.wbauth import AuthApiKey
+    except ImportError:  # wandb's internals moved: let wandb itself decide
+        return
+    try:
+        AuthApiKey(host=_wandb_host(), api_key=key)
+    except AuthenticationError as e:  # its text names the form, never the key
+        raise ConfigError(
+            f"report_to wandb, but wandb refuses the W&B key in WANDB_API_KEY ({where}: {e}): set it to the key "
+            "alone, as https://wandb.ai/authorize shows it, or pass --report_to none"
+        ) from None
+    except ValueError as e:  # wandb.init refuses the server address too (wbauth.HostUrl)
+        raise ConfigError(
+            f"report_to wandb, but wandb refuses its server address ({e}): fix WANDB_BASE_URL (or `wandb login "
+            "--host`'s), or pass --report_to none"
+        ) from None
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:

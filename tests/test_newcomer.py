@@ -166,6 +166,38 @@ def test_a_malformed_wandb_key_in_netrc_is_refused_before_the_model_loads(
     assert "'https://app.wandb.ai' is not a valid server address" in out and "fix WANDB_BASE_URL" in out, out
 
 
+@pytest.mark.parametrize(
+    "key, said",
+    [
+        ("abc123def456-pasted-short", "API key must have 40+ characters"),
+        ("k" * 40 + "'", "API key may only contain the letters A-Z, digits and underscores"),
+    ],
+    ids=["short", "stray-quote"],
+)
+def test_a_wandb_api_key_wandb_refuses_is_refused_before_the_model_loads(
+    key, said, tmp_path, capsys, no_credentials, monkeypatch
+):
+    """A WANDB_API_KEY wandb rejects by its form (a key pasted short, a quote of the .env line left in it) passed the
+    check (any value was a login): wandb.init raised AuthenticationError in a traceback once W&B started, after the
+    model loaded and the reference was scored. So too a key set beside WANDB_IDENTITY_TOKEN_FILE, which wandb
+    refuses. Refused in one line, by wandb's own check, the key never quoted."""
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "the run would refuse: report_to wandb, but wandb refuses the W&B key in WANDB_API_KEY" in out, out
+    assert said in out and key not in out, out
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)  # a key of wandb's form, beside a login by workload identity
+    monkeypatch.setenv("WANDB_IDENTITY_TOKEN_FILE", str(tmp_path / "identity-token"))
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert (
+        "both WANDB_API_KEY (in the environment) and WANDB_IDENTITY_TOKEN_FILE are set" in out and "k" * 40 not in out
+    ), out
+    monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE")
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "the run would refuse: report_to wandb" not in out, out
+
+
 def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
     with pytest.raises(SystemExit) as ended:
         run_cli(
