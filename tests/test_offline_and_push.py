@@ -1126,6 +1126,7 @@ def test_a_job_with_everything_cached_on_a_silent_hub_reads_the_cache_offline(
     cached file they read (a cached tokenizer: minutes), so the job reads the cache offline, said in a line; with one
     piece not cached, the job is refused with the prefetch command."""
     import datasets.config
+    import transformers.integrations.integration_utils  # noqa: F401 - its one "[INFO] Running in WANDB offline mode"
     from huggingface_hub import constants
 
     from dpotrain.recipe.config import parse_args
