@@ -473,3 +473,20 @@ def test_a_lora_cards_targets_name_target_parameters_beside_target_modules():
     assert "target modules ['q_proj'] and target parameters ['mlp.experts.gate_up_proj']." in card
     card = model_card(resolved | {"lora_target_modules": None}, [])
     assert "dropout=0.0, target parameters ['mlp.experts.gate_up_proj']." in card
+
+
+def test_an_endpoint_with_credentials_reaches_no_card_and_no_log_line(tmp_path, monkeypatch):
+    """HF_ENDPOINT may name a mirror with `user:password@` in it: the card's branch links put it on a public model page,
+    and `Pushed to <url>` and the Hub probe's line in the job's log. The address is shown without them."""
+    from huggingface_hub import constants
+
+    from dpotrain.hub.hub_push import pushed_revisions, record_push
+    from dpotrain.recipe.hub_switches import shown_endpoint
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://mirror-user:s3cret-pass@hub.example:8443/hf")
+    assert shown_endpoint() == "https://hub.example:8443/hf"
+    record_push(tmp_path, step=2, branch="step-2", status="pushed")
+    card = model_card({"run_name": "r"}, [], pushed_revisions(tmp_path, "org/r"), "org/r")
+    assert "(https://hub.example:8443/hf/org/r/tree/step-2)" in card and "s3cret" not in card
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:8080")
+    assert shown_endpoint() == "http://127.0.0.1:8080"  # no credentials: as given

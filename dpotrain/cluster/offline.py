@@ -277,7 +277,7 @@ def hub_unreachable() -> str | None:
     try:
         within(PROBE_SECONDS, lambda: get_session().head(constants.ENDPOINT + "/", timeout=SOCKET_SECONDS))
     except Exception as e:  # noqa: BLE001 - any failure of the probe is its answer, named by cause()
-        return f"{constants.ENDPOINT}: {cause(e)}"
+        return f"{hub_switches.shown_endpoint()}: {cause(e)}"
     return None
 
 

@@ -15,7 +15,6 @@ from huggingface_hub import (
     HfApi,
     ModelCard,
     ModelCardData,
-    constants,
     get_token,
 )
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
@@ -48,8 +47,8 @@ from dpotrain.hub.hub_push import (
     with_retries,
 )
 from dpotrain.hub.public import upload_content
+from dpotrain.recipe import hub_switches, venv
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import venv
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, RunError, cause, decimal, plural
 from dpotrain.recipe.run_record import RESOLVED, Record, per_step_text
@@ -447,7 +446,8 @@ def revisions_section(revisions: list[tuple[int, str]], repo_id: str, best: tupl
         return ""
     mark = {best[0]: f" (best evaluation, `{best[1]}`)"} if best else {}
     rows = "\n".join(
-        f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}){mark.get(step, '')} |" for step, b in revisions
+        f"| {step} | [`{b}`]({hub_switches.shown_endpoint()}/{repo_id}/tree/{b}){mark.get(step, '')} |"
+        for step, b in revisions
     )
     return f"""
 {REVISIONS_HEADING}
@@ -592,7 +592,7 @@ def push_run(
         record(status="failed", repo=repo_id, attempts=getattr(e, "attempts", None), error=cause(e))
         raise
     record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", attempts=attempts, commit=commit.oid)
-    return f"{constants.ENDPOINT}/{repo_id}"
+    return f"{hub_switches.shown_endpoint()}/{repo_id}"
 
 
 class CardRefused(ConfigError):

@@ -7,6 +7,7 @@ once, when imported: a `.env` or a recipe's `env:` read after that is handed to 
 import os
 import sys
 import threading
+import urllib.parse
 from contextlib import contextmanager
 
 from huggingface_hub import constants
@@ -14,6 +15,15 @@ from huggingface_hub import constants
 
 def _true(value: str | None) -> bool:
     return (value or "").upper() in constants.ENV_VARS_TRUE_VALUES  # huggingface_hub's spellings of "on"
+
+
+def shown_endpoint() -> str:
+    """The Hub's address (HF_ENDPOINT) as a card, a log line or a message shows it: without the `user:password@` a
+    mirror's address may carry, which the card's branch links put on a public model page and "Pushed to" in the log."""
+    parts = urllib.parse.urlsplit(constants.ENDPOINT)
+    if "@" not in parts.netloc:
+        return constants.ENDPOINT
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def is_offline() -> bool:
