@@ -1395,13 +1395,17 @@ def check_wandb(recipe: Recipe) -> None:
             "`wandb login --relogin`, add WANDB_API_KEY=... to .env, or pass --report_to none"
         ) from None
     except ValueError as e:  # wandb.init refuses the server address too (wbauth.HostUrl)
-        raise ConfigError(
-            f"report_to wandb, but wandb refuses its server address ({e}): fix WANDB_BASE_URL (or `wandb login "
-            "--host`'s), or pass --report_to none"
-        ) from None
+        raise _host_refused(e) from None
     raise ConfigError(
         "report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
         f"WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none{venv.hidden('WANDB_API_KEY')}"
+    )
+
+
+def _host_refused(e: ValueError) -> ConfigError:
+    return ConfigError(
+        f"report_to wandb, but wandb refuses its server address ({e}): fix WANDB_BASE_URL (or `wandb login --host`'s), "
+        "or pass --report_to none"
     )
 
 
@@ -1429,10 +1433,7 @@ def check_wandb_key(key: str) -> None:
             "alone, as https://wandb.ai/authorize shows it, or pass --report_to none"
         ) from None
     except ValueError as e:  # wandb.init refuses the server address too (wbauth.HostUrl)
-        raise ConfigError(
-            f"report_to wandb, but wandb refuses its server address ({e}): fix WANDB_BASE_URL (or `wandb login "
-            "--host`'s), or pass --report_to none"
-        ) from None
+        raise _host_refused(e) from None
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
