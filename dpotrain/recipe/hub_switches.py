@@ -23,7 +23,8 @@ def shown_endpoint() -> str:
     parts = urllib.parse.urlsplit(constants.ENDPOINT)
     if "@" not in parts.netloc:
         return constants.ENDPOINT
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 def is_offline() -> bool:
