@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         const=True,
         type=string_to_bool,
         metavar="BOOL",
-        help="create the repo private: `--private`, or `--hub_private_repo true` as training spells it; false leaves "
-        "it to the namespace's default (default: the run's hub_private_repo)",
+        help="create the repo private: `--private`, or `--hub_private_repo true` as training spells it; false: public, "
+        "as the run creates it (default: the run's hub_private_repo; unset there too: the namespace's default)",
     )
     parser.add_argument(
         "--checkpoints",
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     given = "--repo-id" if args.repo_id else f"hub_model_id of {saved}"
     hub.check_repo_id(repo_id, given, "pass --repo-id org/name")
     hub_push.retry_waits()  # before anything uploads
-    private = bool(recorded.hub_private_repo) if args.private is None else args.private
+    # One meaning with the run's: None (unset) the namespace's default, false public (hub.create_repo)
+    private = recorded.hub_private_repo if args.private is None else args.private
 
     from dpotrain.cluster.offline import hf_token
 
@@ -317,14 +318,14 @@ def stopped_checkpoints(run: Path) -> list[Path]:
 
 
 def push(
-    api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool, finished=True, records=None
+    api, run: Path, repo_id: str, token: str, private: bool | None, with_checkpoints: bool, finished=True, records=None
 ) -> list[dict]:
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the records
     of the checkpoint pushes that failed. A run that has not `finished` pushes its checkpoints alone: main holds only a
     finished model. `records`: the caller's list the checkpoints' records are added to as they are written."""
     records = [] if records is None else records
     if with_checkpoints:
-        hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
+        hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private), "create_repo")
         # the run lock asked again at each staged copy: a job started since the check at the start is not raced
         hub_push.push_checkpoints(api, run, repo_id, check_free=lambda: check_no_live_run(run), records=records)
     elif isinstance(on_disk := unpushed_on_disk(run, repo_id), str):
@@ -361,7 +362,7 @@ def push(
         hub_push.record_push(run, step=hub.finished_step(run), branch="main", status="present", repo=repo_id)
     else:
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
-        url = hub.push_run(run, repo_id, token=token, private=private or None)
+        url = hub.push_run(run, repo_id, token=token, private=private)
         print(f"Pushed to {url}", flush=True)
     return failed_of(records)
 

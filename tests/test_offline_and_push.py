@@ -1025,6 +1025,17 @@ def test_a_repo_created_at_start_without_hub_private_repo_takes_its_namespaces_d
     assert local_hub.visibility == {"lab/unset": None, "lab/open": "public", "lab/closed": "private"}
 
 
+def test_push_to_hub_py_gives_hub_private_repo_false_the_runs_meaning(local_hub, monkeypatch, finished_run):
+    """`--hub_private_repo false` is a public repo, as the run creates it (`hub.create_repo`); unset, the namespace's
+    default. push_to_hub.py turned false into unset (`private or None`): a run recorded public was pushed private in an
+    organization whose repos are private by default."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    push = load_script("push_to_hub").main
+    push([str(finished_run), "--repo-id", "lab/open", "--hub_private_repo", "false"])
+    push([str(finished_run), "--repo-id", "lab/unset"])  # the run's own setting: unset
+    assert local_hub.visibility == {"lab/open": "public", "lab/unset": None}
+
+
 def test_a_private_push_to_a_public_repo_is_refused_before_anything_uploads(local_hub, monkeypatch, finished_run):
     """hub_private_repo / --private only make a new repo private: to an existing public repo the job pushed the model
     in public, and push_to_hub.py said "Pushing ... (private)"."""
