@@ -492,6 +492,8 @@ def test_a_run_pushed_only_by_the_script_owns_its_record_of_pushes(hub, tmp_path
     [
         (["--hub_strategy", "checkpoint"], "hub_strategy 'checkpoint' is transformers' push at every save"),
         (["--hub_strategy", "all_checkpoints"], "push_checkpoints: true pushes each checkpoint's model to a branch"),
+        # typed, transformers' default asks for a push at every save: accepted and recorded as "end", none was made
+        (["--hub_strategy", "every_save"], "hub_strategy 'every_save' is transformers' push at every save"),
         (["--hub_revision", "dev"], "hub_revision 'dev' is not supported: the final model goes to main"),
         (["--save_strategy", "no", "--push_checkpoints", "true"], "save_strategy is 'no', so no checkpoint is saved"),
         # transformers' "skip a push while the last is going", recorded as asked and never done: every one is pushed

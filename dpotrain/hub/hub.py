@@ -103,7 +103,9 @@ ADAM_FIELDS = {
     "ademamix": ("adam_beta1", "adam_beta2", "adam_epsilon"),
     "lion": ("adam_beta1", "adam_beta2"),
 }
-HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
+# transformers' values that mean no more than "push the model": accepted. Its default every_save only as the default:
+# typed, it asks for a push at every save, which push_checkpoints makes here
+HUB_STRATEGIES = ("every_save", "end")
 
 
 # --- the push settings: this project's, taken out of the Trainer's hands --------------------------------------------
@@ -142,7 +144,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
     t, p, base = recipe.training, recipe.project, recipe.model.model_name_or_path
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
-    if t.push_to_hub and strategy not in HUB_STRATEGIES:
+    typed_every_save = strategy == "every_save" and "hub_strategy" in recipe.given
+    if t.push_to_hub and (strategy not in HUB_STRATEGIES or typed_every_save):
         raise ConfigError(
             f"hub_strategy {strategy!r} is transformers' push at every save (with 'checkpoint', of the optimizer "
             "state too), which this project replaces: drop hub_strategy. The final model is pushed once training "
