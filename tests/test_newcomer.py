@@ -805,6 +805,27 @@ def test_help_all_says_what_the_data_fields_do_with_a_mixture_and_that_the_learn
         options.check_streaming(parse_args(["--model_name_or_path", "m", "--dataset_streaming", "--dry-run"]))
 
 
+def test_help_all_gives_the_default_a_run_takes_for_the_fields_whose_default_this_project_sets(capsys):
+    """--help-all printed TRL's and transformers' defaults for the fields this project defaults otherwise:
+    --padding_free read "Temporarily unavailable: since the DPO refactor, setting it to True warns and falls back to
+    standard padding ... (default: False)", where every run packs by default, and --logging_nan_inf_filter "(default:
+    True)", where the runs log a NaN loss as it was (docs/metrics.md). The help now shows the default the parse gives
+    (config.OWN_DEFAULTS, checked on a parse below, so the words follow the code)."""
+    import re
+
+    from dpotrain.recipe.config import OWN_DEFAULTS, parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help-all"])
+    every = capsys.readouterr().out
+    assert "Temporarily unavailable" not in every and "falls back to standard padding" not in re.sub(r"\s+", " ", every)
+    rows = dict(re.findall(r"^  --(\w+) .*?\n((?:  {6,}.*\n)+)", every, re.M))  # --flag -> its description
+    recipe = parse_args(["--config", SMOKE, "--dry-run"])
+    for name, default in OWN_DEFAULTS.items():
+        assert getattr(recipe.training, name) == default  # smoke.yaml sets neither: the project's default
+        assert re.sub(r"\s+", " ", rows[name]).strip().endswith(f"(default: {default})"), (name, rows[name])
+
+
 def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
     compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""

@@ -302,6 +302,8 @@ def make_parser():
     )
     for action in upstream.parser_actions(parser):  # this project's words where upstream's mislead (usage.py)
         action.help = usage.OWN_WORDS.get(action.dest, action.help)
+        # and its defaults, which --help-all shows as `(default: ...)`: it showed TRL's and transformers' own
+        action.default = OWN_DEFAULTS.get(action.dest, action.default)
     flags = upstream.long_flags(parser)
 
     def error(message):  # a value missing or of the wrong type: the flag and what it takes, in one line

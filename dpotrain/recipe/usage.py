@@ -42,6 +42,11 @@ OWN_WORDS = {
     "push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)",
     # transformers': "The name of the repository to keep in sync with the local `output_dir`", which it no longer is
     "hub_model_id": "The Hub repo push_to_hub pushes to (default: the run name, in your namespace)",
+    # TRL's: "Temporarily unavailable: since the DPO refactor, setting it to True warns and falls back to standard
+    # padding", where this project packs by default (config.OWN_DEFAULTS) with its own forward (docs/speed.md)
+    "padding_free": "Packed sequences: each micro-batch's chosen and rejected sequences laid end to end in rows, no "
+    "padding between them (docs/speed.md); false: TRL's padded batches. A model that cannot pack falls back to padded "
+    "ones with a note (an error where true is given)",
     "help": "The short list: the recipe, the fields users set most and this project's options",
     # TRL's "Type of loss to use" named neither the choices, nor that several combine, nor which the recipes train
     "loss_type": "Loss types, several summed by loss_weights (recipes: sigmoid_norm; README: The loss)",
