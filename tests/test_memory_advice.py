@@ -138,6 +138,33 @@ def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_
     assert "these fit: " in synced and "--precompute_ref_log_probs" not in synced, synced
 
 
+@pytest.mark.slow  # the planner's search, dry run by dry run
+def test_without_a_token_budget_fewer_pairs_per_micro_batch_is_offered_first(tmp_path, capsys, monkeypatch):
+    """`--max_tokens_per_microbatch none` (the README's way to AOT): micro-batches of TRL's 8 pairs per GPU need ~227
+    GiB on a B200, and the refusal offered only 2-4 nodes with LoRA, though 4 pairs a micro-batch fit the one node with
+    the same 128 pairs per step. The advice's "fewer tokens per micro-batch" is then fewer pairs per micro-batch, typed
+    as the flags that keep the recipe's pairs per step (docs/running.md), and its dry run fits as printed."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    argv = command("7b", 179, tmp_path, "--max_tokens_per_microbatch", "none")
+    error = refusal(argv)
+    keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
+    assert f"[1] add `--per_device_train_batch_size 4 {keep}` (~" in error, error
+    _, _, run, gib = options(error, argv)[0]
+    train_dpo.main(run)  # raises if the plan does not fit
+    summary = capsys.readouterr().out
+    assert f"memory/GPU:    ~{gib:.1f} GiB" in summary and "per step:      128 pairs, over all processes\n" in summary
+    # The batch flag alone on the command line (it replaces the recipe's pairs per step and token budget): the option
+    # keeps the 32 pairs a step it gives, and runs as printed
+    argv = command("7b", 179, tmp_path, "--per_device_train_batch_size", "8")
+    error = refusal(argv)
+    assert "[1] add `--per_device_train_batch_size 4 --pairs_per_step 32 --max_tokens_per_microbatch none` (~" in error
+    _, _, run, gib = options(error, argv)[0]
+    train_dpo.main(run)
+    summary = capsys.readouterr().out
+    assert f"memory/GPU:    ~{gib:.1f} GiB" in summary and "per step:      32 pairs, over all processes\n" in summary
+
+
 def test_another_engine_on_fewer_gpus_than_a_node_names_a_launch_that_exists(monkeypatch):
     """One process refused, another engine fitting on that one GPU: the advice said "fits on 1 GPU (0 nodes: ...
     sbatch --nodes=0 --gpus-per-node=4)" and a dry run line of WORLD_SIZE=1 GPUS_PER_NODE=4, which no launch is."""

@@ -3,8 +3,9 @@
 A refusal that says "try LoRA" and then refuses the LoRA run sends a user round in circles, so every option offered is
 a plan made by the function that refused (`memory.plan`, handed in as `plan`) on a copy of the recipe with the option's
 changes, offered only when it fits: fewest changes first, and none that holds a smaller set that fits. The levers,
-cheapest to the run first (`Advisor.levers`; docs/memory.md): the cached reference, fewer tokens per micro-batch,
-activation checkpointing on every layer, another engine, sequence parallelism, more nodes, LoRA, a shorter max_length.
+cheapest to the run first (`Advisor.levers`; docs/memory.md): the cached reference, fewer tokens per micro-batch
+(without a token budget: fewer pairs per micro-batch), activation checkpointing on every layer, another engine,
+sequence parallelism, more nodes, LoRA, a shorter max_length.
 """
 
 import bisect
@@ -46,7 +47,7 @@ MOST_OPTIONS = 4  # a refusal is one line: the first few that fit say enough
 TOKEN_GRID = sorted({1024 * m * 2**k for k in range(9) for m in (1, 3) if m * 2**k >= 2} | {1024})
 MIN_MAX_LENGTH = 1024  # the shortest max_length a refusal suggests
 # Levers with a number to find, in the order they are searched: the smallest group, the fewest nodes, the most tokens.
-SEARCHED = ("sequence", "nodes", "tokens", "shorter")
+SEARCHED = ("sequence", "nodes", "tokens", "batch", "shorter")
 
 
 def node_size(engine: Engine) -> int:
@@ -180,6 +181,9 @@ class Advisor:
         applies = {
             "cached": uses_live_reference(r) and not t.sync_ref_model,
             "tokens": budget,
+            # micro-batches of per_device_train_batch_size pairs, the step's count kept by pairs_per_step (batch
+            # flags given alone set the step's pairs: fewer pairs a micro-batch would change them, not memory alone)
+            "batch": not budget and bool(r.project.pairs_per_step) and t.per_device_train_batch_size > 1,
             "checkpointing": checkpointing,
             "zero3": self.engine.name != "zero3",
             "fsdp2": self.engine.name != "fsdp2",
@@ -272,6 +276,25 @@ class Advisor:
             return False
         trial.flags += ["--max_length", str(best // 2)] if shorten else []
         trial.flags += ["--max_tokens_per_microbatch", str(best)]
+        return True
+
+    def batch(self, trial: Trial) -> bool:
+        """Without a token budget (micro-batches of per_device_train_batch_size pairs): the most pairs per micro-batch
+        below the recipe's that fits and divides each data-parallel rank's pairs per step, which stay the run's (the
+        command line's batch flag alone would replace them and leave a token budget: docs/running.md)."""
+        r, steps = trial.recipe, self.recipe.project.pairs_per_step
+        ranks = trial.world // r.project.sequence_parallel_size
+        sizes = [n for n in range(1, r.training.per_device_train_batch_size) if steps % (ranks * n) == 0]
+
+        def use(n: int):
+            trial.recipe = replaced(r, training={"per_device_train_batch_size": n})
+
+        best = self._bisect(trial, sizes, use, last=True)  # fewer pairs never need more memory
+        if best is None:
+            return False
+        # as docs/running.md gives the flags that keep a recipe's pairs per step in micro-batches of that many pairs
+        trial.flags += ["--per_device_train_batch_size", str(best), "--pairs_per_step", str(steps)]
+        trial.flags += ["--max_tokens_per_microbatch", "none"]
         return True
 
     def shorter(self, trial: Trial) -> bool:
