@@ -826,6 +826,30 @@ def test_help_all_gives_the_default_a_run_takes_for_the_fields_whose_default_thi
         assert re.sub(r"\s+", " ", rows[name]).strip().endswith(f"(default: {default})"), (name, rows[name])
 
 
+def test_help_all_says_that_a_run_scores_the_reference_once_and_logs_step_1_unless_told_otherwise(capsys):
+    """--help-all gave --precompute_ref_log_probs TRL's "Whether to precompute the reference model log probabilities
+    ... (default: False)", where a run scores the reference once before training unless it is given false (or
+    sync_ref_model asks for a live one: a reference model in memory beside every step), and --logging_first_step
+    "Whether to log the first `global_step` or not. (default: False)", where the health guards log step 1 (and refuse
+    false). Checked on a parse below, so the words follow the code."""
+    import re
+
+    from dpotrain.recipe.config import parse_args, uses_live_reference
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help-all"])
+    every = capsys.readouterr().out
+    rows = {k: re.sub(r"\s+", " ", v) for k, v in re.findall(r"^  --(\w+) .*?\n((?:  {6,}.*\n)+)", every, re.M)}
+    assert "Whether to precompute" not in rows["precompute_ref_log_probs"], rows["precompute_ref_log_probs"]
+    assert "scored once before training" in rows["precompute_ref_log_probs"]
+    assert "Whether to log the first" not in rows["logging_first_step"], rows["logging_first_step"]
+    assert "health" in rows["logging_first_step"]
+    assert not uses_live_reference(parse_args(["--config", SMOKE, "--dry-run"]))
+    assert uses_live_reference(parse_args(["--config", SMOKE, "--precompute_ref_log_probs", "false", "--dry-run"]))
+    with pytest.raises(ConfigError, match="logging_first_step false: the health guards log step 1"):
+        train_dpo.main(["--config", SMOKE, "--logging_first_step", "false", "--dry-run"])
+
+
 def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
     compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""

@@ -47,6 +47,14 @@ OWN_WORDS = {
     "padding_free": "Packed sequences: each micro-batch's chosen and rejected sequences laid end to end in rows, no "
     "padding between them (docs/speed.md); false: TRL's padded batches. A model that cannot pack falls back to padded "
     "ones with a note (an error where true is given)",
+    # TRL's "Whether to precompute ... (default: False)", where a run scores the reference once unless told otherwise
+    # (stages.py: the field set true where no live reference is asked for, config.uses_live_reference)
+    "precompute_ref_log_probs": "Unset (shown False): the reference stage, every pair's reference log-probs scored "
+    "once before training and cached, no reference model in memory (docs/reference.md); false given (or "
+    "sync_ref_model): a reference model run beside every step",
+    # transformers' "Whether to log the first `global_step` or not", where the health guards log it (stages.py)
+    "logging_first_step": "Log step 1 on its own. Unset (shown False), the health guards (health_checks, the "
+    "default) log it anyway, and refuse false (docs/health.md)",
     "help": "The short list: the recipe, the fields users set most and this project's options",
     # TRL's "Type of loss to use" named neither the choices, nor that several combine, nor which the recipes train
     "loss_type": "Loss types, several summed by loss_weights (recipes: sigmoid_norm; README: The loss)",
