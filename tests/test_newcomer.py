@@ -850,6 +850,23 @@ def test_help_all_says_that_a_run_scores_the_reference_once_and_logs_step_1_unle
         train_dpo.main(["--config", SMOKE, "--logging_first_step", "false", "--dry-run"])
 
 
+def test_help_all_says_that_a_private_push_to_an_existing_public_repo_is_refused_not_ignored(capsys):
+    """--help-all gave --hub_private_repo transformers' "This value is ignored if the repo already exists": a user
+    pushing a private run to a repo of that name expected the push to go on, where the run refuses an existing public
+    repo at start (hub.check_private; docs/hub.md), never pushing to it in public: the refusal itself is
+    tests/test_offline_and_push.py's test_a_private_push_to_a_public_repo_is_refused_before_anything_uploads."""
+    import re
+
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help-all"])
+    every = capsys.readouterr().out
+    rows = {k: re.sub(r"\s+", " ", v) for k, v in re.findall(r"^  --(\w+) .*?\n((?:  {6,}.*\n)+)", every, re.M)}
+    assert "ignored if the repo already exists" not in rows["hub_private_repo"], rows["hub_private_repo"]
+    assert "an existing public repo is refused" in rows["hub_private_repo"], rows["hub_private_repo"]
+
+
 def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
     compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""

@@ -55,6 +55,10 @@ OWN_WORDS = {
     # transformers' "Whether to log the first `global_step` or not", where the health guards log it (stages.py)
     "logging_first_step": "Log step 1 on its own. Unset (shown False), the health guards (health_checks, the "
     "default) log it anyway, and refuse false (docs/health.md)",
+    # transformers': "This value is ignored if the repo already exists", where the run refuses an existing public
+    # repo (hub.check_private)
+    "hub_private_repo": "true: the repo push_to_hub creates is private, and an existing public repo is refused at "
+    "start (make it private first); unset: a new repo takes the namespace's default visibility (docs/hub.md)",
     "help": "The short list: the recipe, the fields users set most and this project's options",
     # TRL's "Type of loss to use" named neither the choices, nor that several combine, nor which the recipes train
     "loss_type": "Loss types, several summed by loss_weights (recipes: sigmoid_norm; README: The loss)",
