@@ -11,11 +11,20 @@ from dpotrain.recipe.errors import ConfigError
 
 # What `accelerate launch` and torchrun set together for every process they start.
 LAUNCHER_SETS = ("LOCAL_RANK", "RANK", "WORLD_SIZE")
+# What `accelerate launch`'s simple launcher (one process, no process group: --num_processes 1, --cpu) sets together
+# for the one process it starts, which gets no LOCAL_RANK (accelerate's prepare_simple_launcher_cmd_env)
+SIMPLE_LAUNCHER_SETS = ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND")
 
 
 def under_launcher() -> bool:
     """Whether a launcher started this process (it sets LOCAL_RANK for each process it starts)."""
     return "LOCAL_RANK" in os.environ
+
+
+def simple_launch_environment() -> bool:
+    """Whether this process has the environment `accelerate launch`'s simple launcher gives the one process it starts
+    (or that process's children): its variables, and no LOCAL_RANK. What says so where the launcher itself is gone."""
+    return not under_launcher() and all(name in os.environ for name in SIMPLE_LAUNCHER_SETS)
 
 
 def _number(name: str, default: int) -> int:

@@ -142,7 +142,11 @@ class GracefulStop(TrainerCallback):
     def _watch_launcher(self) -> int | None:
         """A rank a launcher started asks the kernel for `LAUNCHER_GONE` when the launcher dies; its pid, or None: no
         launcher, not Linux, or a death signal its starter chose already (a test harness's), which is kept."""
-        if sys.platform != "linux" or not (launcher.under_launcher() or started_by_accelerate()):
+        if sys.platform != "linux":
+            return None
+        if not (launcher.under_launcher() or started_by_accelerate()):
+            if orphaned_at_start():
+                self._gone_before_start(None)
             return None
         libc, held = ctypes.CDLL(None, use_errno=True), ctypes.c_int(0)
         if libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(held)) != 0 or held.value:
@@ -155,14 +159,21 @@ class GracefulStop(TrainerCallback):
         self.previous[LAUNCHER_GONE] = signal.signal(LAUNCHER_GONE, self._on_launcher_gone)
         libc.prctl(PR_SET_PDEATHSIG, int(LAUNCHER_GONE))
         if os.getppid() != parent:  # it died before the kernel was asked: nothing is started yet, nor can be
-            if launcher.first_on_node():
-                terminal.say(
-                    2,
-                    f"The launcher (pid {parent}) that started this run's processes is gone (killed?) before they "
-                    "started the run: nothing was started; the same command starts it\n".encode(),
-                )
-            raise SystemExit(STOPPED_EXIT)
+            self._gone_before_start(parent)
         return parent
+
+    @staticmethod
+    def _gone_before_start(parent: int | None) -> None:
+        """The launcher died before this process asked the kernel to be told (its pid, where it was read): one line by
+        the node's first process, and the run ends as stopped (nothing was started)."""
+        if launcher.first_on_node():
+            which = f"pid {parent}" if parent else "accelerate launch"
+            terminal.say(
+                2,
+                f"The launcher ({which}) that started this run's processes is gone (killed?) before they started the "
+                "run: nothing was started; the same command starts it\n".encode(),
+            )
+        raise SystemExit(STOPPED_EXIT)
 
     def _on_launcher_gone(self, signum, frame):
         """The launcher died (the kernel's signal: this process's parent changed): a stop request, said in one line by
@@ -523,6 +534,20 @@ def started_by_accelerate() -> bool:
     says so (`python .venv/bin/accelerate launch ...`, `accelerate launch ...`)."""
     words = launcher_command() or []
     return any(Path(word).name == "accelerate" and words[n + 1 : n + 2] == ["launch"] for n, word in enumerate(words))
+
+
+def orphaned_at_start() -> bool:
+    """Whether the one process of `accelerate launch`'s simple launcher (its environment says so,
+    `launcher.simple_launch_environment`) lost its launcher before it could read its parent (terminal.hold_stops):
+    killed between its fork of the process and Python's start of train_dpo.py (seconds on a busy file system), the
+    launcher left the process to init, whose command line is no launcher's, so nothing watched and it trained to the end
+    as an orphan holding the run's lock. Its parent then was init (pid 1), or one whose command line was already gone
+    (a launcher killed as it was read), and is not its parent now (a parent's command line hidden by /proc's hidepid
+    is not a death)."""
+    parent = terminal.parent_at_start()
+    if parent is None or not launcher.simple_launch_environment():
+        return False  # imported (a program's own call), or not accelerate's one process
+    return parent == 1 or (not terminal.parent_command_at_start() and os.getppid() != parent)
 
 
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None, as_typed: bool = False) -> str:
