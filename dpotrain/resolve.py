@@ -20,7 +20,7 @@ from dpotrain.recipe import config, init_kwargs, launcher, run_record, writes
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError, plural
-from dpotrain.train import resume
+from dpotrain.train import preemption, resume
 from dpotrain.train.checkpoints import own_checkpoints, refuse_links
 
 # Settings a resumed run must share with the run that wrote its checkpoint: each changes what the steps left train.
@@ -39,10 +39,13 @@ RESUME_FIELDS = """
 
 
 def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = None) -> tuple[int, str]:
-    """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch, from
-    `planned` where the caller has read the recipe's accelerate config (`engine.from_config`) already."""
+    """Processes taking part. Under a launcher the environment says (accelerate's simple launcher: one); a --dry-run
+    outside one predicts the launch, from `planned` where the caller has read the recipe's accelerate config
+    (`engine.from_config`) already."""
     if (world := launcher.world()) is not None:
         return world, "environment (WORLD_SIZE)"
+    if preemption.simple_launch():  # `accelerate launch --num_processes 1` (--cpu): its one process, this one
+        return 1, "accelerate launch of one process"
     launch = recipe.project.accelerate_config
     if not planning or launch.lower() in ("", "none"):
         return 1, "single process (python train_dpo.py, no launcher)"

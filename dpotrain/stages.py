@@ -40,7 +40,7 @@ from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, RunError, cause, warn
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.reference import reference
-from dpotrain.train import agreement, health, lora, metrics, resume, samples, weight_names
+from dpotrain.train import agreement, health, lora, metrics, preemption, resume, samples, weight_names
 from dpotrain.train.preemption import StoppedBeforeTraining
 from dpotrain.train.resume import check_partitions
 
@@ -111,7 +111,10 @@ def decide_launch(recipe) -> Launch:
     """The world size, decided once per run, and the engine; an engine this project does not support is refused."""
     run_engine = engine.launched()
     dry_run = recipe.project.dry_run
-    planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
+    # A dry run plans the recipe's accelerate config, not the launch it is in, except the one process accelerate's
+    # simple launcher started, which runs one process without an engine whatever that config says
+    from_config = dry_run and not preemption.simple_launch()
+    planned = engine.from_config(recipe.project.accelerate_config) if from_config else run_engine
     world, source = resolve.world_size(recipe, planning=dry_run, planned=planned)
     if dry_run:  # a config that launches one process per node, planned for more (engine.one_per_node)
         planned = engine.one_per_node(planned, world, recipe.project.accelerate_config)

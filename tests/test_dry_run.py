@@ -509,6 +509,28 @@ def test_fewer_processes_than_a_nodes_gpus_are_planned_as_the_one_node_that_runs
     assert derived["memory"]["gpus_per_node"] == 8 and derived["data_parallel_size"] == 8
 
 
+def test_a_dry_run_under_accelerate_launchs_one_process_plans_that_launch(tmp_path):
+    """`accelerate launch --config_file one.yaml --num_processes 1 train_dpo.py ... --dry-run` (accelerate's simple
+    launcher: one process, no process group, no LOCAL_RANK or WORLD_SIZE) planned the recipe's accelerate config, 4
+    processes on DeepSpeed ZeRO-2, where the same launch's run trains 1 process without DeepSpeed ("engine: one process
+    (this launch)"); under `accelerate_config: none` it said "python train_dpo.py, no launcher". The parent's command
+    line says which launch this is (nothing in the environment says how many processes it runs): the dry run plans
+    it. In a forked child: the process watches that launcher as the run's would (PR_SET_PDEATHSIG)."""
+    from dpotrain.train import preemption
+
+    launch = [PYTHON, str(Path(PYTHON).parent / "accelerate"), "launch", "--num_processes", "1", "train_dpo.py"]
+    config = str(ROOT / "accelerate_config.yaml")
+
+    def run():
+        preemption.launcher_command = lambda: launch  # this process's parent: that launch
+        train_dpo.main([*SMOKE, "--accelerate_config", config, "--output_dir", str(tmp_path / "o"), "--dry-run"])
+
+    code, text, err = in_child(run, env={"WORLD_SIZE": None, "LOCAL_RANK": None, "RANK": None})
+    assert code == 0, err[-3000:]
+    assert field(text, "processes") == "1 (accelerate launch of one process)"
+    assert field(text, "engine") == "one process (this launch)"
+
+
 def test_the_dry_run_reads_the_accelerate_config_once(tmp_path, capsys, monkeypatch):
     """The launch's engine and its processes come from one read of the accelerate config (issue #54: `from_config`
     and `resolve.world_size` each read it), and the dry run still plans what the file says."""

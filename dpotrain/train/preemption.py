@@ -536,6 +536,13 @@ def started_by_accelerate() -> bool:
     return any(Path(word).name == "accelerate" and words[n + 1 : n + 2] == ["launch"] for n, word in enumerate(words))
 
 
+def simple_launch() -> bool:
+    """Whether accelerate launch's simple launcher started this process itself, its one process (`--num_processes 1`
+    without a process group, `--cpu`): its parent's command line is that launch, and no LOCAL_RANK is set. Nothing in
+    the environment says how many processes run (no WORLD_SIZE): one, without an engine."""
+    return not launcher.under_launcher() and started_by_accelerate()
+
+
 def orphaned_at_start() -> bool:
     """Whether the one process of `accelerate launch`'s simple launcher (its environment says so,
     `launcher.simple_launch_environment`) lost its launcher before it could read its parent (terminal.hold_stops):
