@@ -964,6 +964,39 @@ def test_the_launcher_gone_after_a_ctrl_c_still_ends_the_job(capfd):
     assert "nothing would stop them: finishing the final model and the run's outputs, then ending" in said, said
 
 
+def test_accelerate_launchs_one_process_finishes_what_a_ctrl_c_asked_once_its_launcher_ends_on_it(capfd, monkeypatch):
+    """`accelerate launch --num_processes 1` in a terminal (its simple launcher), training over: a Ctrl-C reaches the
+    launcher too, which waits 0.25 s for its process (Popen.wait) and ends on the KeyboardInterrupt, every time. Its
+    death was taken for a kill (`The launcher ... is gone (killed?)`) that ends the job: the final push the Ctrl-C's own
+    line promised to finish was given up. The launcher's end is the Ctrl-C's: the process goes on as it said, and says
+    how to stop it now that the terminal's Ctrl-C no longer reaches it."""
+    from dpotrain.train import preemption
+    from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.nothing_to_train()  # a rerun completing a finished run's final push: what a Ctrl-C finishes
+    # What GracefulStop sets under accelerate's simple launcher (pytest runs under none): its command line, and its pid,
+    # no longer the parent's
+    launch = [PYTHON, str(Path(PYTHON).parent / "accelerate"), "launch", "--num_processes", "1", "train_dpo.py"]
+    monkeypatch.setattr(preemption, "launcher_command", lambda: launch)
+    stop.launcher_pid = os.getppid() + 4_000_000
+    before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(os.getpid(), LAUNCHER_GONE)
+        time.sleep(0.1)
+        asked = stop.asked_to_end()
+    finally:
+        signal.signal(LAUNCHER_GONE, before)
+        stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert not asked and "Ctrl-C: finishing the push to the Hub, then ending" in said, said
+    assert "is gone (killed?)" not in said, said
+    assert "accelerate launch ended on that Ctrl-C" in said and f"kill -INT {os.getpid()}" in said, said
+
+
 @pytest.mark.parametrize(
     "made", ["before the start", "before training", "during a step", "during a save", "during the final push"]
 )
