@@ -712,6 +712,30 @@ def test_the_command_printed_to_go_on_drops_overwrite_and_resume_in_either_spell
     )
 
 
+@pytest.mark.parametrize(
+    "launch, typed",
+    [
+        (["/v/bin/python", "/v/bin/accelerate", "launch"], ["/v/bin/accelerate", "launch"]),
+        # accelerate's own console script for the launch, and its module (what the project's GPU kit runs)
+        (["/v/bin/python", "/v/bin/accelerate-launch"], ["/v/bin/accelerate-launch"]),
+        (["/v/bin/python", "-m", "accelerate.commands.launch"], ["/v/bin/python", "-m", "accelerate.commands.launch"]),
+    ],
+)
+def test_accelerate_launchs_one_process_knows_its_launcher_by_each_of_its_commands(launch, typed, monkeypatch):
+    """`accelerate-launch --num_processes 1 train_dpo.py ...` and `python -m accelerate.commands.launch ...` start the
+    one process as `accelerate launch` does (its simple launcher, no LOCAL_RANK), but only `accelerate launch` was known
+    by its command line: killed, the launcher left its process training to the end as an orphan holding the run's
+    lock, a dry run planned the recipe's accelerate config rather than the launch, and a stop printed the process's own
+    command to go on."""
+    from dpotrain.train import preemption
+
+    words = [*launch, "--config_file", "one.yaml", "--num_processes", "1", "train_dpo.py", "--config", "r.yaml"]
+    monkeypatch.setattr(preemption, "launcher_command", lambda: words)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert preemption.started_by_accelerate() and preemption.simple_launch()
+    assert preemption.rerun_command() == shlex.join([*typed, *words[len(launch) :]])
+
+
 def test_a_run_under_nohup_outlives_its_terminal():
     """`nohup python train_dpo.py ... &` (docs/reliability.md: a long run belongs under nohup): the terminal closing
     at logout sends SIGHUP, which nohup ignores. The run took it over, and stopped with exit code 75 at logout."""

@@ -48,6 +48,7 @@ INTERRUPTED_EXIT = 130
 SECOND_CTRL_C_S = 1.0
 # The signal the kernel sends a launched rank when its launcher (its parent) dies: PR_SET_PDEATHSIG, Linux's prctl
 LAUNCHER_GONE = signal.SIGUSR2
+ACCELERATE_LAUNCH = "accelerate-launch"  # accelerate's console script of `accelerate launch`
 PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 # The requests that end the job: Slurm's time limit or preemption, `scancel`, a `kill`, the launcher gone, and a stop
 # file made since the start (launch.sh's trap). A person's first Ctrl-C asks for the run's outputs to be finished, a
@@ -546,9 +547,15 @@ def started_by_accelerate() -> bool:
     """Whether `accelerate launch` started this one process itself (its simple launcher: one process without a process
     group, `--num_processes 1`, `--cpu`), which sets no LOCAL_RANK: its launcher `kill -9`'d, the process trained on to
     the end as an orphan holding the run's lock, as launched ranks did (`_watch_launcher`). Its parent's command line
-    says so (`python .venv/bin/accelerate launch ...`, `accelerate launch ...`)."""
+    says so (`python .venv/bin/accelerate launch ...`, `accelerate launch ...`), in each of accelerate's spellings of
+    the launch: its `accelerate-launch` console script and `python -m accelerate.commands.launch` (the GPU kit's)."""
     words = launcher_command() or []
-    return any(Path(word).name == "accelerate" and words[n + 1 : n + 2] == ["launch"] for n, word in enumerate(words))
+    return any(
+        Path(word).name == ACCELERATE_LAUNCH
+        or (Path(word).name == "accelerate" and words[n + 1 : n + 2] == ["launch"])
+        or (word == "-m" and words[n + 1 : n + 2] == ["accelerate.commands.launch"])
+        for n, word in enumerate(words)
+    )
 
 
 def simple_launch() -> bool:
@@ -584,7 +591,7 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
         words = launcher_command()
         if words is None:  # not Linux: the launcher's command line is not readable
             return "the same `accelerate launch ...` command"
-        if len(words) > 1 and Path(words[1]).name in ("accelerate", "torchrun"):
+        if len(words) > 1 and Path(words[1]).name in ("accelerate", ACCELERATE_LAUNCH, "torchrun"):
             words = words[1:]  # `python .venv/bin/accelerate launch ...` as the user typed it: `accelerate launch ...`
     kept, after = [], None  # after: the dropped flag whose value may come next
     for word in without_secrets(words):
