@@ -1021,6 +1021,35 @@ def test_accelerate_launchs_one_process_finishes_what_a_ctrl_c_asked_once_its_la
     assert "accelerate launch ended on that Ctrl-C" in said and f"kill -INT {os.getpid()}" in said, said
 
 
+def test_accelerate_launchs_one_process_goes_on_as_under_a_closed_terminal_when_its_launcher_ends_on_the_sighup(
+    capfd, monkeypatch
+):
+    """A closed terminal sends SIGHUP to `accelerate launch --num_processes 1` and its process alike: the launcher ends
+    on it at once (Python's default action), and its end was taken for a kill that ends the job, giving up the final
+    push a closed terminal leaves to go on (`asked_to_end`: not on a SIGHUP), as `python train_dpo.py` does. The
+    launcher's end is the SIGHUP's."""
+    from dpotrain.train import preemption
+    from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
+
+    stop = GracefulStop()
+    stop.nothing_to_train()  # a rerun completing a finished run's final push
+    launch = [PYTHON, str(Path(PYTHON).parent / "accelerate"), "launch", "--num_processes", "1", "train_dpo.py"]
+    monkeypatch.setattr(preemption, "launcher_command", lambda: launch)
+    stop.launcher_pid = os.getppid() + 4_000_000
+    before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.1)
+        os.kill(os.getpid(), LAUNCHER_GONE)
+        time.sleep(0.1)
+        asked = stop.asked_to_end()
+    finally:
+        signal.signal(LAUNCHER_GONE, before)
+        stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert not asked and "is gone (killed?)" not in said, said
+
+
 @pytest.mark.parametrize(
     "made", ["before the start", "before training", "during a step", "during a save", "during the final push"]
 )

@@ -179,22 +179,26 @@ class GracefulStop(TrainerCallback):
     def _on_launcher_gone(self, signum, frame):
         """The launcher died (the kernel's signal: this process's parent changed): a stop request, said in one line by
         each node's first rank. A stray SIGUSR2, with the launcher still there, changes nothing; nor does the end of
-        accelerate's simple launcher after a Ctrl-C, which it always ends on."""
+        accelerate's simple launcher after a Ctrl-C or a closed terminal's SIGHUP, which it always ends on."""
         if self.launcher_pid is None or os.getppid() == self.launcher_pid:
             return
-        if self.interrupted and simple_launch():
+        hung_up = any(heard == signal.SIGHUP for heard, _ in self.heard)
+        if (self.interrupted or hung_up) and simple_launch():
             # accelerate's simple launcher gets the terminal's Ctrl-C too and ends on it 0.25 s later (Popen.wait's
-            # grace), every time: its end asks nothing the Ctrl-C did not (a final push it said it finishes), but the
-            # terminal's next Ctrl-C reaches the shell, not this process
-            pid = str(os.getpid()).encode()
-            terminal.say(
-                2,
-                b"\naccelerate launch ended on that Ctrl-C, as it does, and gave the prompt back: this process (pid "
-                + pid
-                + b") goes on alone as the Ctrl-C said; `kill -INT "
-                + pid
-                + b"` stops it at once\n",
-            )
+            # grace), every time, and on its SIGHUP at once: its end asks nothing the signal did not (a final push the
+            # Ctrl-C said it finishes, one a closed terminal leaves to go on), but the terminal's next Ctrl-C reaches
+            # the shell, not this process. (A closed terminal: no line, nothing reads it.)
+            if not hung_up:
+                pid = str(os.getpid()).encode()
+                terminal.say(
+                    2,
+                    b"\naccelerate launch ended on that Ctrl-C, as it does, and gave the prompt back: "
+                    b"this process (pid "
+                    + pid
+                    + b") goes on alone as the Ctrl-C said; `kill -INT "
+                    + pid
+                    + b"` stops it at once\n",
+                )
             return
         if not self.heard_to_end() and launcher.first_on_node():
             now = (
