@@ -988,16 +988,22 @@ def test_the_launcher_gone_after_a_ctrl_c_still_ends_the_job(capfd):
     assert "nothing would stop them: finishing the final model and the run's outputs, then ending" in said, said
 
 
-def test_accelerate_launchs_one_process_finishes_what_a_ctrl_c_asked_once_its_launcher_ends_on_it(capfd, monkeypatch):
-    """`accelerate launch --num_processes 1` in a terminal (its simple launcher), training over: a Ctrl-C reaches the
-    launcher too, which waits 0.25 s for its process (Popen.wait) and ends on the KeyboardInterrupt, every time. Its
-    death was taken for a kill (`The launcher ... is gone (killed?)`) that ends the job: the final push the Ctrl-C's own
-    line promised to finish was given up. The launcher's end is the Ctrl-C's: the process goes on as it said, and says
-    how to stop it now that the terminal's Ctrl-C no longer reaches it."""
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGHUP], ids=["Ctrl-C", "closed terminal"])
+def test_accelerate_launchs_one_process_goes_on_as_asked_when_its_launcher_ends_on_the_same_signal(
+    sent, capfd, monkeypatch
+):
+    """`accelerate launch --num_processes 1` in a terminal (its simple launcher), training over. A Ctrl-C reaches the
+    launcher too, which waits 0.25 s for its process (Popen.wait) and ends on the KeyboardInterrupt, every time; a
+    closed terminal's SIGHUP ends it at once (Python's default action). Its death was taken for a kill (`The launcher
+    ... is gone (killed?)`) that ends the job: the final push the Ctrl-C's own line promised to finish, or a closed
+    terminal leaves to go on (`asked_to_end`: not on a SIGHUP, as `python train_dpo.py`), was given up. The launcher's
+    end is the signal's: the process goes on as it said, and after a Ctrl-C says how to stop it now that the
+    terminal's Ctrl-C no longer reaches it."""
     from dpotrain.train import preemption
     from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    if sent == signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
     stop = GracefulStop()
     stop.nothing_to_train()  # a rerun completing a finished run's final push: what a Ctrl-C finishes
     # What GracefulStop sets under accelerate's simple launcher (pytest runs under none): its command line, and its pid,
@@ -1007,38 +1013,7 @@ def test_accelerate_launchs_one_process_finishes_what_a_ctrl_c_asked_once_its_la
     stop.launcher_pid = os.getppid() + 4_000_000
     before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
     try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.1)
-        os.kill(os.getpid(), LAUNCHER_GONE)
-        time.sleep(0.1)
-        asked = stop.asked_to_end()
-    finally:
-        signal.signal(LAUNCHER_GONE, before)
-        stop.release(exiting=False)
-    said = capfd.readouterr().err
-    assert not asked and "Ctrl-C: finishing the push to the Hub, then ending" in said, said
-    assert "is gone (killed?)" not in said, said
-    assert "accelerate launch ended on that Ctrl-C" in said and f"kill -INT {os.getpid()}" in said, said
-
-
-def test_accelerate_launchs_one_process_goes_on_as_under_a_closed_terminal_when_its_launcher_ends_on_the_sighup(
-    capfd, monkeypatch
-):
-    """A closed terminal sends SIGHUP to `accelerate launch --num_processes 1` and its process alike: the launcher ends
-    on it at once (Python's default action), and its end was taken for a kill that ends the job, giving up the final
-    push a closed terminal leaves to go on (`asked_to_end`: not on a SIGHUP), as `python train_dpo.py` does. The
-    launcher's end is the SIGHUP's."""
-    from dpotrain.train import preemption
-    from dpotrain.train.preemption import LAUNCHER_GONE, GracefulStop
-
-    stop = GracefulStop()
-    stop.nothing_to_train()  # a rerun completing a finished run's final push
-    launch = [PYTHON, str(Path(PYTHON).parent / "accelerate"), "launch", "--num_processes", "1", "train_dpo.py"]
-    monkeypatch.setattr(preemption, "launcher_command", lambda: launch)
-    stop.launcher_pid = os.getppid() + 4_000_000
-    before = signal.signal(LAUNCHER_GONE, stop._on_launcher_gone)
-    try:
-        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), sent)
         time.sleep(0.1)
         os.kill(os.getpid(), LAUNCHER_GONE)
         time.sleep(0.1)
@@ -1048,6 +1023,9 @@ def test_accelerate_launchs_one_process_goes_on_as_under_a_closed_terminal_when_
         stop.release(exiting=False)
     said = capfd.readouterr().err
     assert not asked and "is gone (killed?)" not in said, said
+    if sent == signal.SIGINT:
+        assert "Ctrl-C: finishing the push to the Hub, then ending" in said, said
+        assert "accelerate launch ended on that Ctrl-C" in said and f"kill -INT {os.getpid()}" in said, said
 
 
 @pytest.mark.parametrize(
