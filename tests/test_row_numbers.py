@@ -144,3 +144,14 @@ def test_an_answer_of_zero_width_characters_alone_is_refused_as_empty(tmp_path, 
     message = str(refused.value)
     assert message.startswith("row 7, column 'chosen': ") and "(line 8 of my.jsonl; fix" in message, message
     assert "empty" in message and "U+200B" in message, message
+
+
+def test_the_rows_a_run_drops_are_recorded_where_they_are(tmp_path):
+    """`--skip_invalid true` recorded the dropped rows by index alone (`derived.invalid_rows.first`: index 7), which a
+    reader of a .jsonl takes for its line 7 or 8: the row is on line 9. Each is recorded where a refusal names it."""
+    path = jsonl_with_an_empty_chosen(tmp_path / "my.jsonl")
+    out = tmp_path / "o"
+    argv = ["--config", str(SMOKE), "--dataset_name", path, "--output_dir", str(out), "--skip_invalid", "true"]
+    train_dpo.main([*argv, "--dry-run"])
+    first = json.loads((tmp_path / "o.dry-run.json").read_text())["derived"]["invalid_rows"]["first"]
+    assert [(p["index"], p["where"]) for p in first] == [(7, "line 9 of my.jsonl")]

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from dpotrain.data import chat_template, data_identity, shapes, turns
-from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location
+from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location, row_locations
 from dpotrain.data.shapes import ROW_COLUMNS
 from dpotrain.recipe.errors import ConfigError, plural, warn
 
@@ -579,6 +579,10 @@ def usable_pairs(
             )
     if checked.invalid:
         derived[key] = checked.summary()
+        if source:  # each listed row where a refusal names it ('line 9 of my.jsonl'), not by its index alone
+            listed = derived[key]["first"]
+            where = row_locations(source, [p["index"] for p in listed], source_split or split)
+            derived[key]["first"] = [{**p, "where": where[p["index"]]} for p in listed]
         if len(checked.invalid) == checked.rows:
             raise ConfigError(every_row_invalid(checked, split, source, source_split=source_split))
         if say:
