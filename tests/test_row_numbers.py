@@ -155,3 +155,17 @@ def test_the_rows_a_run_drops_are_recorded_where_they_are(tmp_path):
     train_dpo.main([*argv, "--dry-run"])
     first = json.loads((tmp_path / "o.dry-run.json").read_text())["derived"]["invalid_rows"]["first"]
     assert [(p["index"], p["where"]) for p in first] == [(7, "line 9 of my.jsonl")]
+
+
+@pytest.mark.parametrize("given", ["shards", "./shards/", "link"])
+def test_a_bad_row_of_a_folder_given_relative_is_named_not_a_traceback(tmp_path, monkeypatch, given):
+    """datasets lists a folder's files by their absolute (resolved) paths: a folder given relative (`shards`) or
+    by a link had its bad row end the run, the dry run and the analyzer in a ValueError traceback (`is not in the
+    subpath of 'shards'`), not the refusal naming the file and line."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(6)))
+    jsonl_with_an_empty_chosen(folder / "b.jsonl")
+    (tmp_path / "link").symlink_to(folder)
+    monkeypatch.chdir(tmp_path)
+    assert data.row_location(given, 13) == f"line 9 of {'link' if given == 'link' else 'shards'}/b.jsonl"

@@ -1375,7 +1375,8 @@ def row_locations(name: str, indices, split: str = "train", shown: str | None = 
             if not wanted or first > wanted[-1] or (rows := _rows_in(file)) is None:
                 break
             inside = [i - first for i in wanted if first <= i < first + rows]
-            named = f"{path.name}/{file.relative_to(path).as_posix()}"
+            # datasets lists the files by their resolved paths, whether the folder was given relative or by a link
+            named = f"{path.name}/{Path(os.path.relpath(file.resolve(), path.resolve())).as_posix()}"
             found |= {i + first: where for i, where in row_locations(str(file), inside, split, named).items()}
             first += rows
         return {i: found.get(i) or f"row {i} (from 0) of {path.name}" for i in wanted}
