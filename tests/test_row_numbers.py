@@ -169,3 +169,18 @@ def test_a_bad_row_of_a_folder_given_relative_is_named_not_a_traceback(tmp_path,
     (tmp_path / "link").symlink_to(folder)
     monkeypatch.chdir(tmp_path)
     assert data.row_location(given, 13) == f"line 9 of {'link' if given == 'link' else 'shards'}/b.jsonl"
+
+
+def test_a_row_of_a_folder_of_arrow_shards_is_named_by_its_shard(tmp_path):
+    """A folder of `.arrow` shards (a save_to_disk split's files copied out, without its state.json) is read as one
+    data set: its bad row was named `row 11 (from 0) of arrows`, no shard to open; it is `row 4 (from 0)` of the
+    second shard (7 rows each)."""
+    import datasets
+
+    rows = pairs(14)
+    rows[11]["chosen"][-1]["content"] = ""
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    (tmp_path / "arrows").mkdir()
+    for shard in (tmp_path / "saved").glob("*.arrow"):
+        (tmp_path / "arrows" / shard.name).write_bytes(shard.read_bytes())
+    assert data.row_location(str(tmp_path / "arrows"), 11) == "row 4 (from 0) of arrows/data-00001-of-00002.arrow"

@@ -552,14 +552,22 @@ def _arrow_has_rows(path: Path) -> bool:
     import pyarrow as pa
 
     try:
-        with pa.memory_map(str(path)) as source:
-            try:
-                return any(batch.num_rows for batch in pa.ipc.open_stream(source))
-            except pa.ArrowInvalid:
-                reader = pa.ipc.open_file(source)
-                return any(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        return any(_arrow_batch_rows(path))
     except (pa.ArrowInvalid, OSError):
         return True
+
+
+def _arrow_batch_rows(path: Path):
+    """The rows of each record batch of an Arrow file (an IPC stream or file), one by one, the file mapped, not
+    copied; pyarrow's ArrowInvalid where it is not Arrow."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            yield from (batch.num_rows for batch in pa.ipc.open_stream(source))
+        except pa.ArrowInvalid:
+            reader = pa.ipc.open_file(source)
+            yield from (reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
 def csv_text_features(paths):
@@ -1433,7 +1441,7 @@ def _csv_records(path: Path):
 
 def _rows_in(path: Path) -> int | None:
     """The rows datasets reads from one data file (a JSON Lines file's non-blank lines, a CSV's records but its header,
-    a Parquet file's rows, a JSON array's items), or None (an Arrow file, or one that does not read)."""
+    a Parquet file's rows, a JSON array's items, an Arrow file's rows), or None (one that does not read)."""
     import pyarrow.parquet as pq
 
     try:
@@ -1441,9 +1449,11 @@ def _rows_in(path: Path) -> int | None:
             return sum(1 for _ in starts)
         if format_suffix(path) == ".parquet":
             return pq.ParquetFile(path).metadata.num_rows
+        if builder_of(path) == "arrow":
+            return sum(_arrow_batch_rows(path))
         if format_suffix(path) == ".json":
             with open_data(path, "rt", encoding="utf-8-sig") as f:
                 return len(json.load(f))
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError):  # pyarrow's ArrowInvalid is a ValueError
         return None
     return None
