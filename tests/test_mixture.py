@@ -769,7 +769,8 @@ def test_a_source_refused_whole_or_a_bad_row_of_a_glob_names_its_source(
     files, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
     """Among several sources, a source holding images was refused as `the data set holds images`, and a bad row of a
-    `path: json` source with a `data_files` glob was located `row 3 (from 0) of json`: neither said which source."""
+    `path: json` source with a `data_files` glob was located `row 3 (from 0) of json`: neither said which source. The
+    row is named by the file the glob read it from, and its line."""
     vision = with_images(tmp_path, lambda image: [image])
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_mixer_list", files["trl"], "1.0", vision, "1.0")
     assert line.startswith(f"error: mixture source {vision} [train]: the data set holds images"), line
@@ -783,7 +784,7 @@ def test_a_source_refused_whole_or_a_bad_row_of_a_glob_names_its_source(
     (tmp_path / "glob" / "a.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     glob = json.dumps({"path": "json", "data_files": str(tmp_path / "glob" / "*.jsonl")})
     line = refused(tmp_path, monkeypatch, capsys, "--datasets", json.dumps({"path": files["uf"]}), glob)
-    assert f"(row 3 (from 0) of json [train] data_files={tmp_path / 'glob' / '*.jsonl'}; fix" in line, line
+    assert f"(line 4 of {tmp_path / 'glob' / 'a.jsonl'}; fix" in line, line
 
 
 def test_a_bad_row_of_a_folder_source_is_named_by_its_file_and_line(files, tmp_path, monkeypatch, capsys):

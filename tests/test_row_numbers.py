@@ -184,3 +184,25 @@ def test_a_row_of_a_folder_of_arrow_shards_is_named_by_its_shard(tmp_path):
     for shard in (tmp_path / "saved").glob("*.arrow"):
         (tmp_path / "arrows" / shard.name).write_bytes(shard.read_bytes())
     assert data.row_location(str(tmp_path / "arrows"), 11) == "row 4 (from 0) of arrows/data-00001-of-00002.arrow"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"path": "json", "data_files": "shards/*.jsonl"},
+        {"path": "json", "data_dir": "shards"},
+        {"path": "shards", "data_files": "b.jsonl"},
+    ],
+)
+def test_a_bad_row_of_a_mixture_source_read_by_a_glob_or_data_dir_is_named_by_its_file(tmp_path, monkeypatch, source):
+    """A mixture source read through datasets' `data_files` (a glob) or `data_dir` named its bad row `row 13 (from 0)
+    of json [train] data_files=shards/*.jsonl`: no file to open. It is named by the file datasets read it from."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(6)))
+    jsonl_with_an_empty_chosen(folder / "b.jsonl")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", str(SMOKE), "--datasets", json.dumps(source), "--output_dir", str(tmp_path / "o"), "--dry-run"]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(argv)
+    assert "(line 9 of shards/b.jsonl; fix" in str(refused.value)

@@ -1367,27 +1367,32 @@ def _check_by_column(dataset, name: str) -> None:
         )
 
 
-def row_location(name: str, index: int, split: str = "train") -> str:
+def row_location(name: str, index: int, split: str = "train", files: list[Path] | None = None) -> str:
     """Where row `index` (from 0) of `split` is, as a person finds it: 'line 8 of my.jsonl', 'line 9 of my.csv' (where
-    its record starts), 'line 3 of shards/b.jsonl' (a folder of data files), else 'row 7 (from 0) of my.parquet'."""
-    return row_locations(name, [index], split)[index]
+    its record starts), 'line 3 of shards/b.jsonl' (a folder of data files), else 'row 7 (from 0) of my.parquet'.
+    `files`: the files `name` is read from, in datasets' order (a builder's data_files or data_dir: `files_read`)."""
+    return row_locations(name, [index], split, files=files)[index]
 
 
-def row_locations(name: str, indices, split: str = "train", shown: str | None = None) -> dict[int, str]:
+def row_locations(name: str, indices, split: str = "train", shown: str | None = None, files=None) -> dict[int, str]:
     """`row_location` of each of `indices`, the file read once (the rows `--skip_invalid` lists). `shown`: the name the
     file is called by (a folder's file, by its path from the folder's parent)."""
     path, wanted = Path(name).expanduser(), sorted(set(indices))
-    if path.is_dir() and not data_identity.saved(path) and (files := _folder_files(path, split)) is not None:
+    folder = None  # a folder of data files: each named by its path in it
+    if files is None and path.is_dir() and not data_identity.saved(path) and not (path / "README.md").is_file():
+        files, folder = files_read(str(path), split), path  # a cloned Hub data set (a README) reads other files
+    if files is not None:
         found, first = {}, 0
         for file in files:  # counted up to the file of the last row wanted (a folder of many large shards)
             if not wanted or first > wanted[-1] or (rows := _rows_in(file)) is None:
                 break
             inside = [i - first for i in wanted if first <= i < first + rows]
             # datasets lists the files by their resolved paths, whether the folder was given relative or by a link
-            named = f"{path.name}/{Path(os.path.relpath(file.resolve(), path.resolve())).as_posix()}"
+            in_folder = folder and f"{path.name}/{Path(os.path.relpath(file.resolve(), path.resolve())).as_posix()}"
+            named = in_folder or _shown_file(file)
             found |= {i + first: where for i, where in row_locations(str(file), inside, split, named).items()}
             first += rows
-        return {i: found.get(i) or f"row {i} (from 0) of {path.name}" for i in wanted}
+        return {i: found.get(i) or f"row {i} (from 0) of {path.name if path.exists() else name}" for i in wanted}
     shown, lines = shown or path.name, {}
     if path.is_file() and wanted and (starts := _record_lines(path)) is not None:
         asked = set(wanted)
@@ -1398,18 +1403,22 @@ def row_locations(name: str, indices, split: str = "train", shown: str | None = 
     }
 
 
-def _folder_files(folder: Path, split: str) -> list[Path] | None:
-    """The files of `split` of a folder of data files, in the order datasets reads them one after another; None where
-    the folder does not resolve so."""
+def files_read(path: str, split: str, **builder) -> list[Path] | None:
+    """The local files datasets reads `split` of `path` from (a folder, or a builder such as `json` with `builder`'s
+    `data_files` or `data_dir`), in its order; None where they do not resolve again (a mixture's Hub source)."""
     import datasets
 
-    if (folder / "README.md").is_file():  # a cloned Hub data set: its README's configurations read other files
-        return None
     try:
-        files = [Path(f) for f in datasets.load_dataset_builder(str(folder)).config.data_files[split]]
-    except Exception:  # noqa: BLE001 - not resolvable again (a mixture's source, by its spec): the folder's row
+        files = [Path(f) for f in datasets.load_dataset_builder(path, **builder).config.data_files[split]]
+    except Exception:  # noqa: BLE001 - not resolvable again: the rows are named by their index
         return None
-    return files
+    return files if all(f.is_file() for f in files) else None
+
+
+def _shown_file(file: Path) -> str:
+    """A data file named as a person finds it: by its path from the working folder, where it is under it."""
+    relative = os.path.relpath(file)
+    return relative if not relative.startswith("..") else str(file)
 
 
 def _record_lines(path: Path):

@@ -694,6 +694,9 @@ def load(
             where = {"split": spec, "source": source.where, "dated": dated, "mixed": True}
             if not (source.data_dir or source.name or source.data_files):  # a folder read whole: found in its files
                 where["source_split"] = source.split
+            elif not source.hub and not source.file:  # a data_files glob or a data_dir: found in the files it reads
+                given = {"data_dir": source.data_dir, "data_files": source.data_files, "name": source.name}
+                where["source_files"] = data.files_read(source.path, source.split, **given)
             pairs = rows.usable_pairs(raw, rules, dropped, spec, **where)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):

@@ -36,11 +36,10 @@ class InvalidRowError(ConfigError):
             "count such rows instead)"
         )
 
-    def located(self, dataset_name: str, split: str = "train") -> "InvalidRowError":
+    def located(self, dataset_name: str, split: str = "train", files=None) -> "InvalidRowError":
         """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
-        return InvalidRowError(
-            self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index, split)
-        )
+        where = row_location(dataset_name, self.index, split, files)
+        return InvalidRowError(self.index, self.column, self.problem, self.skip_flag, where)
 
 
 # --- one row, as the trainer tokenizes it -----------------------------------------------------------------------------
@@ -502,13 +501,13 @@ def say_repeats(checked: RowCheck, split: str, evaluation: bool, trained: set | 
 
 
 def every_row_invalid(
-    checked: RowCheck, split: str, source: str | None, template=None, source_split: str | None = None
+    checked: RowCheck, split: str, source: str | None, template=None, source_split: str | None = None, files=None
 ) -> str:
     """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
     one check every row fails and what fits instead (`chat_template.misfit`, told by the tokenizer the rows were
     checked against: `checked.fmt`'s, else `template`), or the three most common."""
     reasons, first = checked.by_reason(), checked.invalid[0]
-    where = row_location(source, first["index"], source_split or split) if source else f"row {first['index']}"
+    where = row_location(source, first["index"], source_split or split, files) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
     shown = f"; {'first: ' * (checked.rows > 1)}{where}" + (f", {detail[0]}" if detail else "")
     # Answers off the generation prompt are one check however their reasons differ: the text expected where the
@@ -553,17 +552,19 @@ def usable_pairs(
     trained: set | None = None,
     mixed: bool = False,
     source_split: str | None = None,
+    source_files: list | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
     row (located in `source`'s `source_split`, else `split`: `data.row_location`), or with `rules.skip_invalid`
     without the bad rows, recorded as `derived[key]`. No usable row left is refused too: the trainer would fail only
     after loading the model. `dated`: where the template writes the day it renders on, its warning kept there under
     `key`, not said (a mixture says it once, `say_dated`). `trained`: the training pairs' digests, filled by the
-    training split's read and counted against by the held-out split's (`say_repeats`); `mixed`: a mixture's source."""
+    training split's read and counted against by the held-out split's (`say_repeats`); `mixed`: a mixture's source;
+    `source_files`: the files `source` is read from, where datasets resolves them from more than its name."""
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
-        raise e.located(source, source_split or split) if source else e from None
+        raise e.located(source, source_split or split, source_files) if source else e from None
     say, template = rules.say, rules.template
     if say:
         fmt = checked.fmt  # message rows without the tokenizer (a dry run's loader gave none): answers not checked
@@ -581,10 +582,10 @@ def usable_pairs(
         derived[key] = checked.summary()
         if source:  # each listed row where a refusal names it ('line 9 of my.jsonl'), not by its index alone
             listed = derived[key]["first"]
-            where = row_locations(source, [p["index"] for p in listed], source_split or split)
+            where = row_locations(source, [p["index"] for p in listed], source_split or split, files=source_files)
             derived[key]["first"] = [{**p, "where": where[p["index"]]} for p in listed]
         if len(checked.invalid) == checked.rows:
-            raise ConfigError(every_row_invalid(checked, split, source, source_split=source_split))
+            raise ConfigError(every_row_invalid(checked, split, source, None, source_split, source_files))
         if say:
             dropped = plural(len(checked.invalid), "invalid row")
             print(f"Dropped {dropped} of {checked.rows}: {checked.by_reason()}", flush=True)
