@@ -11,8 +11,9 @@ step whose upload failed or was cut short after save_total_limit deleted it, fro
 save_total_limit has deleted the older ones, which no command can push any more. A branch or main that already holds
 the same files is skipped, so running it again after an interruption pushes only what is missing. Outcomes are
 appended to the run's hub_pushes.jsonl and the card lists the pushed revisions. A run that has not finished (stopped:
-no run_complete.json, no final model) gets its complete checkpoints pushed with --checkpoints, and main nothing; any
-other folder that is not a finished run (a missing piece) is refused with what is missing, and a finished run whose
+no run_complete.json, no final model) gets its complete checkpoints pushed with --checkpoints, and main nothing (one
+with no complete checkpoint is refused saying so); a finished run with a missing piece is refused with what is
+missing, and a finished run whose
 weights are not one save's (model.safetensors beside a sharded index, a shard its index does not name) with those
 files, or whose weights are cut short since (a copy of the folder stopped midway), before anything uploads. The repo
 defaults to `hub_model_id` in the run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth
@@ -110,7 +111,17 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(
                 f"{run} has not finished training (no {hub.RUN_COMPLETE}) and has no checkpoint to push: {stop}"
             )
-        raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
+        # Stopped before its first save ended (killed, a time limit): its model files were listed "missing", as if lost
+        saved = [p.name for p in checkpoints.own_checkpoints(run)]
+        none = (
+            f"has no complete checkpoint ({', '.join(saved)}: a save cut short)"
+            if saved
+            else "has saved no checkpoint yet"
+        )
+        raise ConfigError(
+            f"{run} has not finished training (no {hub.RUN_COMPLETE}) and {none}, so nothing of it can be pushed: "
+            "resume it with the same command, then push it"
+        )
     if not stopped:
         hub.check_one_model(run)  # before any upload: the checkpoints' come first
         hub.check_saved_model(run)  # by size here; by SHA-256 as main's push hashes each file (hub.push_run)

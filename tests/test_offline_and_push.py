@@ -630,8 +630,24 @@ def test_push_refuses_a_folder_that_is_not_a_finished_run(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_script("push_to_hub").main([str(run)])
     assert str(info.value) == (
-        f"{run} is not a finished run: missing run_complete.json (training has not finished: resume it with the same "
-        "command), tokenizer_config.json, model.safetensors, tokenizer.json, README.md, training_curves.png"
+        f"{run} has not finished training (no run_complete.json) and has no complete checkpoint (checkpoint-100: a "
+        "save cut short), so nothing of it can be pushed: resume it with the same command, then push it"
+    )
+
+
+@pytest.mark.parametrize("checkpoints", [[], ["--checkpoints"]])
+def test_push_says_a_run_stopped_before_its_first_checkpoint_has_saved_none(tmp_path, checkpoints):
+    """A run stopped before its first save (killed, a time limit) was "not a finished run: missing run_complete.json
+    (...), config.json, tokenizer_config.json, model.safetensors, ...": a list of the model's files as if lost, and
+    with --checkpoints the same, where the run has saved nothing yet to push."""
+    run = tmp_path / "outputs" / "early"
+    run.mkdir(parents=True)
+    (run / "resolved_config.json").write_text("{}")  # written at a run's start
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(run), *checkpoints])
+    assert str(info.value) == (
+        f"{run} has not finished training (no run_complete.json) and has saved no checkpoint yet, so nothing of it "
+        "can be pushed: resume it with the same command, then push it"
     )
 
 
