@@ -293,10 +293,18 @@ def check_no_live_run(run: Path) -> None:
         return
     holder, age = held
     job = (holder or {}).get("slurm_job_id")
+    try:  # what the job does, by its record: it said "pushes its own checkpoints" of a job that pushes nothing
+        settings = (run_record.read(run / run_record.RESOLVED) or run_record.of({})).settings
+    except (ConfigError, OSError):  # unread: said as a job that pushes nothing
+        settings = run_record.of({}).settings
+    does = "is still writing it (saving and deleting checkpoints as it trains)"
+    if settings.push_checkpoints:
+        does = "pushes its own checkpoints"
+    elif settings.push_to_hub:
+        does = f"{does}, and pushes its final model itself once it ends"
     raise ConfigError(
         f"{run} is in use by a running job ({run_lock.describe(holder, age)}; {run / run_lock.LOCK_FILE}), which "
-        f"pushes its own checkpoints: wait for it to end{f' (or stop it: scancel {job})' if job else ''}, then run "
-        "this command again"
+        f"{does}: wait for it to end{f' (or stop it: scancel {job})' if job else ''}, then run this command again"
     )
 
 

@@ -1710,6 +1710,36 @@ def test_push_to_hub_refuses_a_folder_a_running_job_holds(hub, tmp_path, monkeyp
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
 
 
+@pytest.mark.parametrize(
+    ("recorded", "does"),
+    [
+        ({"push_to_hub": False}, "is still writing it (saving and deleting checkpoints as it trains)"),
+        ({"push_to_hub": True}, "is still writing it (saving and deleting checkpoints as it trains), and pushes its "),
+        ({"push_to_hub": True, "push_checkpoints": True}, "pushes its own checkpoints"),
+    ],
+)
+def test_push_to_hub_says_what_the_running_job_holding_the_folder_does(hub, tmp_path, monkeypatch, recorded, does):
+    """A running job's folder was refused because the job "pushes its own checkpoints", said of a job run without
+    --push_to_hub too, which pushes nothing: the refusal says what the job does, by its record."""
+    from dpotrain.cluster import run_lock
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "resolved_config.json").write_text(json.dumps(recorded))
+    job = subprocess.Popen(["sleep", "600"])  # the job's process: alive until killed below
+    try:
+        holder = {**run_lock.holder_record(), "pid": job.pid, "process_start": run_lock.process_start(job.pid)}
+        (out / run_lock.LOCK_FILE).write_text(json.dumps(holder, indent=1))
+        with pytest.raises(ConfigError) as refused:
+            push_script(hub, monkeypatch).main([str(out), "--repo-id", REPO, "--checkpoints"])
+        assert f"), which {does}" in str(refused.value), str(refused.value)
+        assert str(refused.value).endswith(": wait for it to end, then run this command again")
+    finally:
+        job.kill()
+        job.wait()
+
+
 @pytest.mark.parametrize("job_starts_at", [6, 2])  # while checkpoint-6 on disk is pushed; while step 2's copy is
 def test_push_to_hub_asks_the_run_lock_again_before_each_staged_copy(hub, tmp_path, monkeypatch, job_starts_at):
     """`push_to_hub.py --checkpoints` read the run's lock once, at its start: a requeued job starting during its
