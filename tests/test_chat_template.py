@@ -905,3 +905,59 @@ def test_a_mixture_says_once_that_its_template_writes_todays_date(tmp_path, caps
     sources = f"{tmp_path / 'a.jsonl'} [train], {tmp_path / 'b.jsonl'} [train]"
     assert said("a", "b", "c") == [f"{DATED_WARNING} (mixture sources {sources})"]
     assert said("c") == []
+
+
+def test_a_template_that_writes_nothing_of_a_prompts_message_is_refused_naming_it(tmp_path, tiny_model_dir):
+    """A chat template that skips a message (one written for user and assistant turns, which leaves out a system
+    message without an error) trained the pairs without it: the system's instruction ('Answer in French.') reached
+    no token, and the run, its dry run and the analyzer said nothing. Refused, naming the message and the fix; a
+    template that writes it elsewhere (folded into the first user turn) passes."""
+    import datasets
+
+    def conversation(i, answer, system="Answer in French."):
+        return [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}, answer]
+
+    rows = [
+        {
+            "chosen": conversation(i, {"role": "assistant", "content": f"oui {i}"}),
+            "rejected": conversation(i, {"role": "assistant", "content": f"yes {i}"}),
+        }
+        for i in range(12)
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    turn = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    end = "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    skips = tmp_path / "skips.jinja"
+    skips.write_text("{% for message in messages %}{% if message['role'] != 'system' %}" + turn + "{% endif %}" + end)
+    recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)])
+    with pytest.raises(ConfigError) as refused:
+        stages.load_data(
+            parse_args(
+                [
+                    *SMOKE,
+                    "--model_name_or_path",
+                    tiny_model_dir,
+                    "--dataset_name",
+                    str(data),
+                    "--chat_template_path",
+                    str(skips),
+                ]
+            ),
+            stages.checks(recipe),
+            say=False,
+        )
+    said = str(refused.value)
+    assert "the chat template writes nothing of message 0 (system), so the pair would train without it" in said, said
+    assert "(chat_template_path)" in said and said.endswith(
+        "first: line 1 of pairs.jsonl, it reads 'Answer in French.'"
+    )
+    folds = tmp_path / "folds.jinja"  # the system message written inside the first user turn: kept
+    folds.write_text(
+        "{% for message in messages %}{% if message['role'] == 'user' and loop.index0 == 1 %}"
+        "{{ '<|im_start|>user\\n' + messages[0]['content'] + ' ' + message['content'] + '<|im_end|>\\n' }}"
+        "{% elif message['role'] != 'system' %}" + turn + "{% endif %}" + end
+    )
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = folds.read_text()
+    assert not lengths.measure(datasets.Dataset.from_list(rows), tokenizer, skip_invalid=True).invalid

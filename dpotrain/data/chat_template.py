@@ -261,6 +261,8 @@ def answer_problem(example: dict, tokenizer, rendered: dict | None = None) -> tu
                 "the text around it (an empty answer where it has none): give a chat template that writes "
                 "tool_calls (chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
             )
+    if problem := _message_unwritten(example["prompt"], texts["prompt"], tokenizer, kwargs):
+        return "prompt", problem
     if texts["chosen"] == texts["rejected"]:  # they differ where the template does not look (`reasoning_content`)
         return "chosen", _rendered_alike(example, tokenizer)
     if rendered is not None:
@@ -364,6 +366,30 @@ def _no_system_turn(messages: list, tokenizer, generation: bool, kwargs: dict) -
         " (the chat template takes no system turn: fold the system message into the first user message, or give a "
         "chat template that takes one, chat_template_path)"
     )
+
+
+def _message_unwritten(prompt: list, text: str, tokenizer, kwargs: dict) -> str | None:
+    """The problem where the template writes nothing of a message of the prompt: its text nowhere in the rendered
+    prompt `text`, which renders the same without it (a template written for user and assistant turns skips a system
+    message, without an error), so the pair would train without it; None otherwise. Rendered again only for a
+    message whose text is not found as written (a template that folds it into another turn writes it)."""
+    for n, message in enumerate(prompt):
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip() or content.strip() in text:
+            continue
+        try:
+            rest = tokenizer.apply_chat_template(
+                prompt[:n] + prompt[n + 1 :], tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        except Exception:  # noqa: BLE001 - a template that cannot render the prompt without it: it reads the message
+            continue
+        if rest == text:
+            return (
+                f"{TEMPLATE_ERROR}: the chat template writes nothing of message {n} ({message.get('role')}), so the "
+                "pair would train without it: give a chat template that writes it (chat_template_path), or remove "
+                f"the message from the data{DETAIL}it reads {content[:80]!r}"
+            )
+    return None
 
 
 def _calls_unwritten(messages: list, text: str, tokenizer, kwargs: dict) -> bool:
