@@ -206,3 +206,17 @@ def test_a_bad_row_of_a_mixture_source_read_by_a_glob_or_data_dir_is_named_by_it
     with pytest.raises(ConfigError) as refused:
         train_dpo.main(argv)
     assert "(line 9 of shards/b.jsonl; fix" in str(refused.value)
+
+
+def test_a_bad_row_of_one_of_two_mixture_files_of_the_same_name_says_which(tmp_path, monkeypatch):
+    """Two mixture sources `a/train.jsonl` and `b/train.jsonl`: a bad row was named `line 9 of train.jsonl`, either
+    file. A mixture's file source is named by its path."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "a" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(12)))
+    jsonl_with_an_empty_chosen(tmp_path / "b" / "train.jsonl")
+    monkeypatch.chdir(tmp_path)
+    mixer = ["--dataset_mixer_list", "a/train.jsonl", "1.0", "b/train.jsonl", "1.0"]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), *mixer, "--output_dir", str(tmp_path / "o"), "--dry-run"])
+    assert "(line 9 of b/train.jsonl; fix" in str(refused.value)

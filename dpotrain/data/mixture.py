@@ -692,9 +692,11 @@ def load(
         hub_revision.check_loaded(raw, f"mixture source {spec}", revision, prefetch, True, rules.evaluation)
         try:
             where = {"split": spec, "source": source.where, "dated": dated, "mixed": True}
-            if not (source.data_dir or source.name or source.data_files):  # a folder read whole: found in its files
+            if source.local and (file := Path(source.where).expanduser()).is_file():
+                where["source_files"] = [file]  # named by its path: two sources' train.jsonl told apart
+            elif not (source.data_dir or source.name or source.data_files):  # a folder read whole: found in its files
                 where["source_split"] = source.split
-            elif not source.hub and not source.file:  # a data_files glob or a data_dir: found in the files it reads
+            elif not source.hub:  # a data_files glob or a data_dir: found in the files it reads
                 given = {"data_dir": source.data_dir, "data_files": source.data_files, "name": source.name}
                 where["source_files"] = data.files_read(source.path, source.split, **given)
             pairs = rows.usable_pairs(raw, rules, dropped, spec, **where)
