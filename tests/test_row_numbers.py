@@ -220,3 +220,21 @@ def test_a_bad_row_of_one_of_two_mixture_files_of_the_same_name_says_which(tmp_p
     with pytest.raises(ConfigError) as refused:
         train_dpo.main(["--config", str(SMOKE), *mixer, "--output_dir", str(tmp_path / "o"), "--dry-run"])
     assert "(line 9 of b/train.jsonl; fix" in str(refused.value)
+
+
+def test_the_folder_the_command_runs_in_is_read_as_a_data_set_and_its_bad_row_named(tmp_path, monkeypatch):
+    """`--dataset_name .` in a folder of data files was refused as unreadable (datasets takes the folder's name from the
+    path, and `.` has none: "dataset_name should be specified but got None"), telling the user to put the pairs
+    there as .jsonl files, which they were. It is read as the folder, and its bad row named by the folder's name."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(6)))
+    jsonl_with_an_empty_chosen(folder / "b.jsonl")
+    monkeypatch.chdir(folder)
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(
+            ["--config", str(SMOKE), "--dataset_name", ".", "--output_dir", str(tmp_path / "o"), "--dry-run"]
+        )
+    assert str(refused.value).startswith("row 13, column 'chosen'") and "(line 9 of shards/b.jsonl; fix" in str(
+        refused.value
+    )

@@ -75,6 +75,13 @@ def is_local(name: str) -> bool:
     return builder_of(path) is not None or looks_like_path(name) or path.exists()
 
 
+def local_path(name: str) -> Path:
+    """A local data set's path as given, `~` expanded; the folder the command runs in (`.`, `./`) by its full path:
+    datasets names a folder's data set after the folder, and refused `.`, which has no name, as unreadable."""
+    path = Path(name).expanduser()
+    return path.resolve() if not path.name and path.is_dir() else path
+
+
 def check_dataset_name(name: str | None) -> None:
     if not name:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
@@ -353,7 +360,7 @@ def load_preference_dataset(
     import datasets
 
     check_dataset_name(name)
-    path = Path(name).expanduser()
+    path = local_path(name)
     if not data_identity.saved(path):
         check_datasets_cache()  # a saved data set is read in place; any other is written to the cache first
     if path.is_dir() and data_identity.saved(path):
@@ -1377,7 +1384,7 @@ def row_location(name: str, index: int, split: str = "train", files: list[Path] 
 def row_locations(name: str, indices, split: str = "train", shown: str | None = None, files=None) -> dict[int, str]:
     """`row_location` of each of `indices`, the file read once (the rows `--skip_invalid` lists). `shown`: the name the
     file is called by (a folder's file, by its path from the folder's parent)."""
-    path, wanted = Path(name).expanduser(), sorted(set(indices))
+    path, wanted = local_path(name), sorted(set(indices))
     folder = None  # a folder of data files: each named by its path in it
     if files is None and path.is_dir() and not data_identity.saved(path) and not (path / "README.md").is_file():
         files, folder = files_read(str(path), split), path  # a cloned Hub data set (a README) reads other files
