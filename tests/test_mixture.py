@@ -69,6 +69,20 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
     assert [s.amount for s in from_cli] == ["0.5", "12", "1.5"]
 
 
+def test_a_command_line_source_written_as_the_help_says_in_yaml_is_read_as_one(files):
+    """`--datasets` takes its sources "in YAML", as the help says: `{path: a.jsonl, amount: 0.5}` (YAML's flow style,
+    not JSON) was read as the name of a Hub data set, `'{path: a.jsonl, amount: 0.5}': not cached, and the Hub does
+    not answer`, with a prefetch command that fetched nothing. Read as the mapping it is; one neither JSON nor YAML is
+    refused naming how to write it."""
+    as_yaml = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: 0.5}}"])
+    as_json = parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": files["trl"], "amount": 0.5})])
+    read = [[(s.path, s.amount) for s in mixture.parse(mixture.fields_of(r))] for r in (as_yaml, as_json)]
+    assert read[0] == read[1] == [(files["trl"], "0.5")]
+    broken = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: [0.5}}"])
+    with pytest.raises(ConfigError, match=r"is not a mapping .* \{path: a.jsonl, amount: 0.5\}"):
+        mixture.parse(mixture.fields_of(broken))
+
+
 def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
     """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
     `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove

@@ -327,12 +327,31 @@ def patterns(values: dict) -> list[str]:
     return found
 
 
+def _flow_mapping(text: str, flag: str) -> dict | None:
+    """A command line's source written in YAML, as the help says (`{path: a.jsonl, amount: 0.5}`, its flow style, not
+    JSON), which was read as a Hub data set's name; None for a name or path."""
+    import yaml
+
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        value = cause(e)
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"`{flag}:` entry {text!r} is not a mapping ({value}): write each source as one, in YAML or JSON: "
+            "{path: a.jsonl, amount: 0.5}"
+        )
+    return value
+
+
 def _entry(entry, split: str, flag: str, split_from: str) -> Source:
     if isinstance(entry, str):
         try:
             entry = json.loads(entry)
         except ValueError:
-            entry = {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
+            entry = _flow_mapping(entry, flag) or {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
     if not isinstance(entry, dict):
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
     if unknown := sorted(set(entry) - set(ENTRY_KEYS)):
