@@ -238,3 +238,21 @@ def test_the_folder_the_command_runs_in_is_read_as_a_data_set_and_its_bad_row_na
     assert str(refused.value).startswith("row 13, column 'chosen'") and "(line 9 of shards/b.jsonl; fix" in str(
         refused.value
     )
+
+
+def test_a_row_of_a_json_array_is_named_by_the_line_it_starts_on_where_it_has_one_of_its_own(tmp_path):
+    """A JSON file holding one array, written with an indent (json.dump(rows, f, indent=2)): its bad row was named
+    `row 7 (from 0) of pairs.json`, to be counted out by hand among thousands of multi-line items. Named by the line
+    the item starts on; an array written on one line keeps the row's position, every item being on line 1."""
+    rows = pairs(12)
+    rows[7]["chosen"][-1]["content"] = ""
+    indented = tmp_path / "pairs.json"
+    indented.write_text(json.dumps(rows, indent=2))
+    lines = json.dumps(rows, indent=2).split("\n")
+    start = [n for n, line in enumerate(lines, 1) if line == "  {"][7]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(indented), "--output_dir", str(tmp_path / "o")])
+    assert f"(line {start} of pairs.json; fix" in str(refused.value)
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps(rows))
+    assert data.row_location(str(flat), 7) == "row 7 (from 0) of flat.json"

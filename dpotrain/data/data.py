@@ -1,6 +1,7 @@
 """Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
 import codecs
+import collections
 import functools
 import glob
 import hashlib
@@ -1403,7 +1404,8 @@ def row_locations(name: str, indices, split: str = "train", shown: str | None = 
     shown, lines = shown or path.name, {}
     if path.is_file() and wanted and (starts := _record_lines(path)) is not None:
         asked = set(wanted)
-        lines = {row: line for row, line in enumerate(itertools.islice(starts, wanted[-1] + 1)) if row in asked}
+        found = enumerate(itertools.islice(starts, wanted[-1] + 1))
+        lines = {row: line for row, line in found if row in asked and line is not None}
     return {
         i: f"line {lines[i]} of {shown}" if i in lines else f"row {i} (from 0) of {shown if path.exists() else name}"
         for i in wanted
@@ -1429,13 +1431,31 @@ def _shown_file(file: Path) -> str:
 
 
 def _record_lines(path: Path):
-    """The line each row of a JSON Lines or CSV file starts on, as datasets reads its rows (a blank line holds none:
-    pandas skips it in a CSV; a CSV's header is no row), one by one; None for a file of another format."""
+    """The line each row of a JSON Lines or CSV file (or a JSON file's array) starts on, as datasets reads its rows (a
+    blank line holds none: pandas skips it in a CSV; a CSV's header is no row), one by one; None for a file of another
+    format."""
     if format_suffix(path) in JSON_LINES or format_suffix(path) == ".json" and file_kind(path) == "json lines":
         return _json_lines(path)
+    if format_suffix(path) == ".json" and file_kind(path) == "a json array":
+        return _array_items(path)
     if format_suffix(path) in DELIMITERS:
         return _csv_records(path)
     return None
+
+
+def _array_items(path: Path):
+    """The line each item of a JSON file's one array starts on, None for an item that shares its line with another
+    (an array written on one line: its rows are named by their position)."""
+    with open_data(path, "rt", encoding="utf-8-sig") as f:
+        text = f.read()
+    decoder, between, at = json.JSONDecoder(), re.compile(r"[\s,]*"), text.index("[") + 1
+    starts, line, counted = [], 1, 0
+    while (at := between.match(text, at).end()) < len(text) and text[at] != "]":
+        line, counted = line + text.count("\n", counted, at), at
+        starts.append(line)
+        at = decoder.raw_decode(text, at)[1]
+    shared = {n for n, count in collections.Counter(starts).items() if count > 1}
+    yield from (None if n in shared else n for n in starts)
 
 
 def _json_lines(path: Path):
