@@ -1384,8 +1384,10 @@ def row_location(name: str, index: int, split: str = "train", files: list[Path] 
 
 def row_locations(name: str, indices, split: str = "train", shown: str | None = None, files=None) -> dict[int, str]:
     """`row_location` of each of `indices`, the file read once (the rows `--skip_invalid` lists). `shown`: the name the
-    file is called by (a folder's file, by its path from the folder's parent)."""
+    file is called by (a folder's file, by its path from the folder's parent). `files`: as `row_location`'s, or what
+    gives them, asked only here (a mixture source's, resolved again only where a row is named)."""
     path, wanted = local_path(name), sorted(set(indices))
+    files = files() if callable(files) else files
     folder = None  # a folder of data files: each named by its path in it
     if files is None and path.is_dir() and not data_identity.saved(path) and not (path / "README.md").is_file():
         files, folder = files_read(str(path), split), path  # a cloned Hub data set (a README) reads other files

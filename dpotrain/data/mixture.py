@@ -717,7 +717,7 @@ def load(
                 where["source_split"] = source.split
             elif not source.hub:  # a data_files glob or a data_dir: found in the files it reads
                 given = {"data_dir": source.data_dir, "data_files": source.data_files, "name": source.name}
-                where["source_files"] = data.files_read(source.path, source.split, **given)
+                where["source_files"] = functools.partial(data.files_read, source.path, source.split, **given)
             pairs = rows.usable_pairs(raw, rules, dropped, spec, **where)
         except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
             if spec in str(e) or isinstance(e, rows.InvalidRowError):

@@ -552,7 +552,7 @@ def usable_pairs(
     trained: set | None = None,
     mixed: bool = False,
     source_split: str | None = None,
-    source_files: list | None = None,
+    source_files=None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`, as `rules` say), refused at the first bad
     row (located in `source`'s `source_split`, else `split`: `data.row_location`), or with `rules.skip_invalid`
@@ -560,7 +560,8 @@ def usable_pairs(
     after loading the model. `dated`: where the template writes the day it renders on, its warning kept there under
     `key`, not said (a mixture says it once, `say_dated`). `trained`: the training pairs' digests, filled by the
     training split's read and counted against by the held-out split's (`say_repeats`); `mixed`: a mixture's source;
-    `source_files`: the files `source` is read from, where datasets resolves them from more than its name."""
+    `source_files`: the files `source` is read from, or what gives them, where datasets resolves them from more than
+    its name (`data.row_locations`)."""
     try:
         checked = check_dataset(dataset, rules)
     except InvalidRowError as e:
