@@ -330,14 +330,14 @@ def patterns(values: dict) -> list[str]:
 def _flow_mapping(text: str, flag: str) -> dict | None:
     """A command line's source written in YAML, as the help says (`{path: a.jsonl, amount: 0.5}`, its flow style, not
     JSON), which was read as a Hub data set's name; None for a name or path."""
-    import yaml
+    from dpotrain.recipe import recipe_file
 
     if not text.lstrip().startswith("{"):
         return None
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        value = cause(e)
+        value = recipe_file.value(text, flag)
+    except ValueError as e:  # what does not read, named
+        value = str(e)
     if not isinstance(value, dict):
         raise ConfigError(
             f"`{flag}:` entry {text!r} is not a mapping ({value}): write each source as one, in YAML or JSON: "

@@ -112,6 +112,20 @@ def _refuse_undecoded(path: str, recipe: dict) -> None:
             )
 
 
+def value(text: str, name: str) -> object:
+    """A command line's value written in YAML (a mixture source: `{path: a.jsonl, amount: 0.5}`), read as a recipe's
+    values are (a key given twice refused, numbers as written, a date as text); ValueError naming what does not read.
+    `name`: what the value is called in a refusal (its option)."""
+    loader = _StrictLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise ValueError(cause(e).replace("\n", " ")) from None
+    finally:
+        loader.dispose()
+
+
 def loosely(path) -> object:
     """What a recipe that does not read (a draft, a misspelt key, a key given twice) names, as far as PyYAML reads it,
     nothing checked: None where it does not read at all."""
