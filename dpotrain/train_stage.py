@@ -62,7 +62,10 @@ class ReadyRun:
         if any(o.scored and not o.unsaved for o in outcomes):
             trainer.graceful_stop.saved_something()
         if outcomes and outcomes[-1].stopped:  # every rank (the stop was agreed on): the main's refusal is every rank's
-            collectives.main_outcome(trainer.graceful_stop.mark_saved, outcomes[-1].line())
+            stopped = outcomes[
+                -1
+            ]  # its own line, just printed, says what it kept: the stop line says when, and what next
+            collectives.main_outcome(trainer.graceful_stop.mark_saved, stopped.stop_what(), False, stopped.line())
             return STOPPED_EXIT
         if recipe.project.reference_only:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):

@@ -550,6 +550,23 @@ def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir
 
 
 @pytest.mark.slow
+def test_a_stopped_stage_says_what_it_kept_and_what_comes_next_in_one_line(tmp_path, tiny_model_dir, many_pairs):
+    """The stage's own line says what it saved; the stop line after it said the same again ("... stopped with 9 of 64
+    pairs saved in ...; the same command scores only the rest 1 s after the request; to go on ..."): one line says
+    what was kept, the stop line when and what to type, and the requeue marker keeps its first line, what was saved."""
+    cache = tmp_path / "cache" / "reference"
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_STOP_FILE": str(tmp_path / "stop")}
+    smaller = ["--max_length", "512", "--max_tokens_per_microbatch", "1024"]
+    code, log = stop_half_way(command(tiny_model_dir, many_pairs, tmp_path / "run", *smaller), env, cache, 15)
+    assert code == STOPPED_EXIT, log[-3000:]
+    assert log.count("pairs saved in") == 1 and log.count("scores only the rest") == 1, log[-3000:]
+    stop = next(line for line in log.splitlines() if line.startswith("Stop requested:"))
+    assert "reference" in stop and "after the request" in stop, stop
+    marker = (tmp_path / "stop.checkpointed").read_text().splitlines()
+    assert "pairs saved in" in marker[0] and len(marker) == 1, marker  # no "nothing saved" line
+
+
+@pytest.mark.slow
 def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_model_dir, many_pairs):
     """Score once alone (1 process), then train on 2 ZeRO-2 processes: another layout, the same cache. Step 1 is then
     within rounding of ln 2 rather than exactly on it: measured here in fp32."""

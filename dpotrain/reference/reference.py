@@ -344,6 +344,10 @@ class Outcome:
             )
         return f"{head} {kept}{self.scored:,} scored, cached in {self.folder}"
 
+    def stop_what(self) -> str:
+        """What the stop line after a stopped stage says stopped (`line`, just above it, says what was kept)."""
+        return f"reference log-probs ({self.name}) stopped"
+
     def speed_line(self) -> str | None:
         """'reference log-probs (train): warm-up 3.1 s (first micro-batch), then 81,234 tokens/s over 2 processes
         (40,617 per process) in 120 micro-batches each'; None when nothing was scored."""

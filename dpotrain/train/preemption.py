@@ -411,9 +411,11 @@ class GracefulStop(TrainerCallback):
         writes no NOTHING_SAVED line (`mark_saved`)."""
         self.saved = True
 
-    def mark_saved(self, what: str, as_typed: bool = False) -> None:
+    def mark_saved(self, what: str, as_typed: bool = False, kept: str | None = None) -> None:
         """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
-        without a stop file, the line names the command to type again (`as_typed`: as it was typed)."""
+        without a stop file, the line names the command to type again (`as_typed`: as it was typed). `kept`: the
+        marker's first line (what was saved) where the stop line's `what` leaves it to a stage's own line just above
+        (the reference stage's: the stop line repeated it whole)."""
         after = self._how_long()
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
@@ -431,7 +433,9 @@ class GracefulStop(TrainerCallback):
         )
         step_log.write_line(f"Stop requested: {what}{after}; {how}")  # above the step's progress bar, not glued to it
         if self.stop_file:  # a refusal names the file
-            write_text(f"{self.stop_file}.checkpointed", f"{what}\n" + ("" if self.saved else f"{NOTHING_SAVED}\n"))
+            write_text(
+                f"{self.stop_file}.checkpointed", f"{kept or what}\n" + ("" if self.saved else f"{NOTHING_SAVED}\n")
+            )
 
     def _how_long(self) -> str:
         """How long after the request it answers this stop comes, by this process's clock ("": it heard none, another
