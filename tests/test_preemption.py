@@ -406,6 +406,25 @@ def test_a_stop_asked_as_the_model_loads_ends_the_run_once_trl_has_tokenized_the
     assert logged_steps(out) == [] and not (out / "run.lock").exists(), log[-3000:]
 
 
+@pytest.mark.slow
+def test_a_reference_only_run_stopped_as_the_model_loads_says_it_stopped_before_the_reference_stage(
+    tmp_path, tiny_model_dir, pairs
+):
+    """--reference_only trains no step: stopped at the end of TRL's tokenization, it said "stopped before step 1", a
+    step it never takes. It says what it stopped before, the reference stage, and the same command goes on."""
+    out, paused = tmp_path / "run", tmp_path / "paused"
+    cache = {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    # the third open of generation_config.json: the first half read it twice (its generation stops), TRL loads it
+    env = {**cache, **pause_env("", "*/generation_config.json", paused, count=3)}
+    proc = start(out, tiny_model_dir, pairs, env=env, script=PAUSE_AT, extra=["--reference_only"])
+    log = signal_paused(paused, proc, signal.SIGTERM)
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before the reference stage" in log and "step 1" not in log, log[-3000:]
+    assert "reference log-probs" not in log, log[-3000:]
+    again = start(out, tiny_model_dir, pairs, env=cache, extra=["--reference_only"])
+    assert again.wait(timeout=300) == 0 and "scored, cached in" in again.stdout.read()
+
+
 EVALUATED = ["--eval_strategy", "steps", "--eval_steps", "2"]
 
 

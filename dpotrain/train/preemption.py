@@ -107,6 +107,7 @@ class GracefulStop(TrainerCallback):
         self.ending_only = False  # one that pushes nothing either: offline, its push left for push_to_hub.py
         self.training_begun = False  # a step to stop at: before it, the run stops at the next stage boundary
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
+        self.reference_only = False  # --reference_only: no step to stop before, its reference stage (`take_recipe`)
         # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
         self.command = command
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
@@ -243,10 +244,12 @@ class GracefulStop(TrainerCallback):
         return cls(stop_file, command)
 
     def take_recipe(self, recipe) -> None:
-        """The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears. The
+        """The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears; a
+        --reference_only run's stop before its stage says so, not "before step 1" (it trains none). The
         stop is made before the recipe is parsed (a signal while it loads is kept), so the recipe comes here after. Read
         as parsed: the file read again refused, on a login node, the env: values its dry run leaves to the job."""
         self.recipe_resumes = recipe.recipe_resumes
+        self.reference_only = recipe.project.reference_only
 
     def _on_signal(self, signum, frame):
         if os.getpid() != self.pid:  # a forked worker: the run's process answers the request (its workers end with it)

@@ -311,8 +311,11 @@ def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
         )
 
 
-def before_step(resumed: str | None) -> str:
-    """The stop line of a start stopped before its first step: step 1, or the one after the resumed checkpoint's."""
+def before_step(resumed: str | None, reference_only: bool = False) -> str:
+    """The stop line of a start stopped before its first step: step 1, or the one after the resumed checkpoint's; a
+    --reference_only run, which trains no step, before its reference stage."""
+    if reference_only:
+        return "stopped before the reference stage"
     return f"stopped before step {(saved_step(Path(resumed)) or 0) + 1 if resumed else 1}"
 
 

@@ -343,7 +343,8 @@ class RecipeDPOTrainer(DPOTrainer):
         set, past a Slurm GraceTime), to be acted on at the reference stage's first micro-batch. Now each map's end,
         its main-first order over, is a stop point every rank reaches alike: the run stops before its first step. Not
         once training began (TRL maps a data set given to `evaluate` then)."""
-        stop, before = self.graceful_stop, resume.before_step(self.complete_marker.resume_from)
+        stop = self.graceful_stop
+        before = resume.before_step(self.complete_marker.resume_from, stop.reference_only)
         if not stop.training_begun and stop.stop_before_training(args.device, before):
             raise StoppedBeforeTraining
 
