@@ -20,7 +20,7 @@ from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import hub_switches, run_record
 from dpotrain.recipe.errors import ConfigError, decimal, plural
-from dpotrain.recipe.run_record import Record, per_step_text
+from dpotrain.recipe.run_record import Record, epochs_text, per_step_text
 from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, missing_top, unwritable, write_text
 from dpotrain.train import losses
 
@@ -204,9 +204,11 @@ def steps_text(r: Record) -> str:
     s, total = r.settings, r.data.total_steps
     if total is None:
         return "counted when the run loads the data set (a dry run reads only local files)"
-    epochs = "" if s.max_steps > 0 else f" ({plural(decimal(s.num_train_epochs), 'epoch')})"
-    if s.max_steps > 0 and (trained := r.batching.epochs_trained) is not None:  # the epochs its steps make
-        epochs = f" ({plural(decimal(trained), 'epoch')}: max_steps)"  # as the steps: 2,083.396
+    trained = r.batching.epochs_trained  # the epochs its steps make (None: a record from before the plan counted them)
+    if s.max_steps > 0:
+        epochs = "" if trained is None else f" ({plural(decimal(trained), 'epoch')}: max_steps)"  # 2,083.396
+    else:  # num_train_epochs rounded up to whole steps: said as the plan's line says it
+        epochs = f" ({epochs_text(s.num_train_epochs if trained is None else trained, s.num_train_epochs)})"
     return f"{plural(total, 'optimizer step', ',')}{epochs}, {r.data.warmup_steps:,} of warmup"
 
 

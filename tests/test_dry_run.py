@@ -440,6 +440,19 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
     assert field(text, "steps").startswith("5 optimizer steps (1 epoch)")  # 40 pairs at the smoke recipe's 8
 
 
+def test_num_train_epochs_rounded_up_to_whole_steps_says_the_epochs_the_steps_make(tmp_path, capsys):
+    """`--num_train_epochs 1.5` of 3 steps an epoch trains 5 steps: the summary said "5 optimizer steps (1.5 epochs)"
+    while the run's plan line said "1.667 epochs planned". Both say the epochs the steps make, and the 1.5 asked."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    out = ["--output_dir", str(tmp_path / "o"), "--dataset_name", str(pairs)]
+    text = dry_run(capsys, *SMOKE, *out, "--num_train_epochs", "1.5")  # 24 pairs at the smoke recipe's 8: 3 steps
+    said = "5 optimizer steps (1.667 epochs: num_train_epochs 1.5 rounded up to whole steps), "
+    assert field(text, "steps").startswith(said), text
+    text = dry_run(capsys, *SMOKE, *out, "--num_train_epochs", "2")
+    assert field(text, "steps").startswith("6 optimizer steps (2 epochs), "), text
+
+
 def test_a_mixture_of_one_source_is_said_in_the_singular(tmp_path, capsys):
     text = dry_run(
         capsys, *SMOKE, "--dataset_mixer_list", "data/smoke_prefs.jsonl", "0.5", "--output_dir", str(tmp_path)

@@ -469,6 +469,21 @@ def test_the_plan_line_says_the_pairs_its_steps_take():
     assert line(24, 12).startswith("Plan: 2 steps of 12 pairs per epoch")
 
 
+def test_num_train_epochs_rounded_up_to_whole_steps_is_said_as_the_epochs_the_steps_make():
+    """`--num_train_epochs 1.5` of 3 steps an epoch trains 5 steps (transformers rounds up): the plan line said "1.667
+    epochs planned" and the dry run "5 optimizer steps (1.5 epochs)", two numbers of one run. Both say the epochs the 5
+    steps make, and the 1.5 asked, in the same words (test_dry_run.py: the dry run's)."""
+    from types import SimpleNamespace
+
+    from dpotrain.plan import plan_stage
+
+    lengths = PairLengths(np.arange(100, 112), np.full(12, 90))
+    args = SimpleNamespace(seed=3, data_seed=None, per_device_train_batch_size=4, max_steps=-1, num_train_epochs=1.5)
+    run = plan_stage.make(lengths, args, 4, 1, None, plan.RowLayout("rows"), max_length_cuts={})  # 3 steps an epoch
+    assert run.summary["pairs_trained"]["steps"] == 5
+    assert "(1.667 epochs planned: num_train_epochs 1.5 rounded up to whole steps), " in run.line(), run.line()
+
+
 @pytest.mark.parametrize(
     "epochs, max_steps, said",
     [(0.5, -1, "(0.5 epochs planned)"), (1, 3, "(1.5 epochs planned)"), (1, 100, "(50 epochs planned)")],

@@ -12,8 +12,8 @@ from dpotrain.cluster import collectives
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
-from dpotrain.recipe.errors import decimal, plural
-from dpotrain.recipe.run_record import Spread
+from dpotrain.recipe.errors import plural
+from dpotrain.recipe.run_record import Spread, epochs_text
 
 # The steps planned at start at most, by whole epochs: far past any recipe's run (the OLMo 3 recipes train ~1,170-2,030)
 PLANNED_AHEAD = 20_000
@@ -26,6 +26,7 @@ class RunPlan:
     epochs: list  # every epoch the run touches: [epoch][step][rank][micro-batch] -> pair indices
     summary: dict  # `plan.summary`: what the run records as `derived.batching`
     trained: np.ndarray  # the pairs the run's steps train (`plan.pairs_trained`): what the reference stage scores
+    asked_epochs: float | None = None  # num_train_epochs, where it decides the steps (not max_steps): `epochs_text`
 
     def line(self) -> str:
         """'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step per rank, ...'."""
@@ -33,12 +34,12 @@ class RunPlan:
         fillers = f", {batches(s['filler_micro_batches'], 'filler ')}" if s["filler_micro_batches"] else ""
         steps = len(self.epochs[0])
         # The epochs the run's steps make (`--num_train_epochs 0.5`: 0.5), not the whole ones cut into steps so far
-        epochs = decimal(s.get("epochs_trained", len(self.epochs)))  # 0.5, 3, 20,833.333
+        epochs = epochs_text(s.get("epochs_trained", len(self.epochs)), self.asked_epochs, " planned")  # 0.5, 3...
         # what the steps take (an epoch's last step: what is left), where the summary has it; else the setting
         taken = Spread.of(s.get("pairs_per_step_trained") or self.step_plan.pairs_per_step)
         pairs = plural(taken.min, "pair") if taken.min == taken.max else f"{taken} pairs"
         return (
-            f"Plan: {plural(steps, 'step')} of {pairs} per epoch ({plural(epochs, 'epoch')} planned), "
+            f"Plan: {plural(steps, 'step')} of {pairs} per epoch ({epochs}), "
             f"{batches(Spread.of(s['micro_batches_per_step']))} per step per rank{fillers}, "
             f"{s['padding_share']:.1%} padding ({s['forward']})"
         )
@@ -102,7 +103,8 @@ def make(
     # The epochs those steps make: max_steps past an epoch's steps trains more than num_train_epochs says (the card)
     summary["epochs_trained"] = round(steps / len(planned[0]), 3)
     summary["max_length_cuts"] = max_length_cuts
-    return RunPlan(lengths, step_plan, planned, summary, trained)
+    asked = args.num_train_epochs if args.max_steps <= 0 else None
+    return RunPlan(lengths, step_plan, planned, summary, trained, asked)
 
 
 def for_trainer(trainer) -> RunPlan:

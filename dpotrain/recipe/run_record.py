@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from dpotrain.recipe import records
-from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.errors import ConfigError, cause, decimal, plural
 
 
 def _view(cls, values):
@@ -317,6 +317,16 @@ def _record(r: dict) -> Record:
         RecordedOutput(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
         d.get("model_identity"),
     )
+
+
+def epochs_text(trained: float, asked: float | None, verb: str = "") -> str:
+    """The plan line's and the dry run's one wording of the epochs a run's steps make: '1.5 epochs'; where they are not
+    the num_train_epochs asked (`asked`; None where max_steps decides), which transformers rounds up to whole steps:
+    '1.667 epochs{verb}: num_train_epochs 1.5 rounded up to whole steps' (1.5 of 3 steps an epoch: 5 steps)."""
+    said = f"{plural(decimal(trained), 'epoch')}{verb}"
+    if asked is not None and decimal(asked) != decimal(trained):
+        said += f": num_train_epochs {decimal(asked)} rounded up to whole steps"
+    return said
 
 
 def per_step_text(b: RecordedBatching, over: str) -> str:
