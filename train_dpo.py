@@ -105,7 +105,13 @@ def first_half(recipe, launch, state, output, push, stop: GracefulStop):
     pieces (agreed on and said)."""
     try:
         return stages.first_half(
-            recipe, launch, state, output, push, stop_point=lambda: stopped_early(stop, state, output)
+            recipe,
+            launch,
+            state,
+            output,
+            push,
+            stop_point=lambda: stopped_early(stop, state, output),
+            stop_asked=lambda: stop.asked_here(new_only=True),  # as stop_before_training asks it
         )
     except StoppedBeforeTraining:
         return None

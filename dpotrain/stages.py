@@ -576,8 +576,13 @@ def check_pads(pad_token: str | None, tokenizer) -> None:
         )
 
 
-def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
-    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice (else analysed now, if loaded)."""
+def _analyzer_cache(
+    recipe, launch: Launch, tokenizer, pairs: Data, positions, stop_asked=None
+) -> tuple[tuple | None, dict | None]:
+    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice (else analysed now, if loaded).
+    `stop_asked`: the run's stop, looked at by the main process as it measures every pair, the others waiting for it
+    (`lengths.MeasureStopped`, on every rank: `first_half`); another rank measuring (the main's cache not written)
+    never stops alone, which would leave the others in the next collective."""
     p, dataset, truncation = recipe.project, pairs.train, recipe.training.truncation_mode
     dataset_id = pairs.dataset_id or _read_identity(recipe, launch, pairs.revision)
     if dataset_id is None:
@@ -606,6 +611,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
         progress=not launch.dry_run,
         max_positions=positions,
         truncation_mode=truncation,
+        stop_asked=stop_asked if launcher.launched_main() else None,
     )
     report = auto["report"] and Path(auto["report"])  # None: the cache could not be written (a warning said why)
     return (m, report or "the training split, measured at start (not cached)"), auto
@@ -632,8 +638,11 @@ def kept_max_length(output: resolve.OutputDecision | None, auto: dict) -> dict:
     return auto | kept  # the checkpoint's choice; a field an older record lacks, as analysed now
 
 
-def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None) -> Lengths:
-    """The lengths stage; decides `max_length: auto`. `model_config`: None where a dry run does not have it."""
+def measure_lengths(
+    recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None, stop_asked=None
+) -> Lengths:
+    """The lengths stage; decides `max_length: auto`. `model_config`: None where a dry run does not have it.
+    `stop_asked`: the run's stop, as `_analyzer_cache` looks at it."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
     limit = None  # the model's positions: what max_length may be, or advise
@@ -646,7 +655,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, model_
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
         with collectives.main_first():  # its refusal: every rank's (outside a process group, nothing to share)
-            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
+            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit, stop_asked)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")
         resolved = f"at start, by analysing the training split ({hint})"
@@ -1041,11 +1050,13 @@ def first_half(
     push=None,
     pairs: Data | None = None,
     stop_point=None,
+    stop_asked=None,
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory. `pairs`: the data stage's, where a caller has it.
     `stop_point`: called by every rank alike between the data stage's pieces, True where a stop asked by then ends
     the run there (said and agreed on): `StoppedBeforeTraining` is raised. A stop asked as a large data set was read
-    waited for its pairs to be tokenized and the forward chosen (minutes), past a Slurm GraceTime."""
+    waited for its pairs to be tokenized and the forward chosen (minutes), past a Slurm GraceTime. `stop_asked`: this
+    process's stop, looked at without a collective as the main process measures every pair (`max_length: auto`)."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
     _stop_at(stop_point)  # the data read and checked, before the model's files are fetched and the pairs tokenized
@@ -1054,7 +1065,11 @@ def first_half(
     model = memory.model_config(recipe, model_path, local_only=launch.dry_run)
     if model[0] is not None:  # a Hub model's config not cached at the checks: read now, before the pairs are tokenized
         options.check_init_kwargs_apply(recipe, model[0])
-    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output)
+    try:
+        pair_lengths = measure_lengths(recipe, launch, pairs, model_path, model[0], output, stop_asked)
+    except lengths.MeasureStopped:  # on every rank (main_first): the stop agreed on and said, as at the points here
+        _stop_at(stop_point)
+        raise
     _stop_at(stop_point)  # the pairs' lengths measured, before the forward's sample is tokenized as the trainer does
     if not launch.dry_run:  # the dry run plans the steps of the pairs kept (plan_batching)
         collectives.every_rank(check_kept_steps, recipe, launch, pairs, pair_lengths)

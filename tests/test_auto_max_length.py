@@ -110,3 +110,51 @@ def test_a_folders_configurations_are_cached_apart(tmp_path, tiny_model_dir, mon
         capsys, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(folder), "--dataset_config", "short"
     )
     assert short["max_length"] == 512, short["derived"]["max_length"]
+
+
+@pytest.mark.slow
+def test_a_stop_asked_as_auto_measures_every_pair_ends_the_run_before_the_pass_is_over(tmp_path, tiny_model_dir):
+    """`max_length: auto` with no cached analysis: the main process measures every pair (the other ranks waiting), and
+    a SIGTERM then was acted on only once the pass was over (minutes on a large data set, past a Slurm GraceTime). The
+    pass looks at the run's stop between its batches: the run stops mid-pass with its stop line and 75, caches no
+    half analysis, and the same command then measures every pair and trains."""
+    import os
+    import select
+    import signal
+    import subprocess
+
+    from conftest import python
+    from dpotrain.data import builtin
+    from dpotrain.train.preemption import STOPPED_EXIT
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(20000, seed=5)))
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    cmd = [python(), str(ROOT / "train_dpo.py"), *SMOKE, "--model_name_or_path", tiny_model_dir]
+    cmd += [
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen, fd = b"", proc.stdout.fileno()
+    while b"Tokenizing" not in seen:  # the pass's progress bar: it has begun
+        assert proc.poll() is None, seen.decode()[-3000:]
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+    proc.send_signal(signal.SIGTERM)
+    log = (seen + proc.communicate(timeout=120)[0]).decode()  # the pass alone: ~15 s here, before the fix
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before the model loaded" in log, log[-3000:]
+    passes = [part for part in log.replace("\r", "\n").splitlines() if part.startswith("Tokenizing")]
+    assert passes and not any("100%" in part for part in passes), log[-3000:]  # stopped mid-pass
+    assert "Forward:" not in log and not list((tmp_path / "cache").glob("lengths/**/*.json")), log[-3000:]
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert (tmp_path / "run" / "model.safetensors").exists() and list((tmp_path / "cache").glob("lengths/**/*.json"))
