@@ -453,6 +453,21 @@ def test_num_train_epochs_rounded_up_to_whole_steps_says_the_epochs_the_steps_ma
     assert field(text, "steps").startswith("6 optimizer steps (2 epochs), "), text
 
 
+def test_the_model_card_says_the_epochs_num_train_epochs_rounded_up_to_whole_steps_trained(tmp_path, capsys):
+    """The card of a `--num_train_epochs 1.5` run of 3 steps an epoch said `num_train_epochs` 1.5 alone, while its 5
+    steps trained 1.667 epochs (the Plan line's and the dry run's words): it says both, as they do."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe import run_record
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    out = tmp_path / "o"
+    dry_run(capsys, *SMOKE, "--output_dir", str(out), "--dataset_name", str(pairs), "--num_train_epochs", "1.5")
+    card = hub.model_card(run_record.of(json.loads((tmp_path / "o.dry-run.json").read_text())), [])
+    trained = "1.667 epochs trained: num_train_epochs 1.5 rounded up to whole steps"
+    assert f"| `num_train_epochs` | 1.5 ({trained}) |" in card, card
+
+
 def test_a_mixture_of_one_source_is_said_in_the_singular(tmp_path, capsys):
     text = dry_run(
         capsys, *SMOKE, "--dataset_mixer_list", "data/smoke_prefs.jsonl", "0.5", "--output_dir", str(tmp_path)

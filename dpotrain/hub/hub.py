@@ -51,7 +51,7 @@ from dpotrain.recipe import hub_switches, venv
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, RunError, cause, decimal, plural
-from dpotrain.recipe.run_record import RESOLVED, Record, per_step_text
+from dpotrain.recipe.run_record import RESOLVED, Record, epochs_text, per_step_text, rounded_up
 from dpotrain.recipe.run_record import of as of_record
 from dpotrain.recipe.run_record import read as read_record
 from dpotrain.recipe.writes import write_text
@@ -423,6 +423,8 @@ def as_run(key: str, r: Record):
             return f"{value} (stopped at max_steps {r.settings.max_steps})"
         trained = f"{plural(decimal(epochs), 'epoch')} trained"
         return f"{value} (max_steps {r.settings.max_steps} decides the steps: {trained})"
+    if key == "num_train_epochs" and b.epochs_trained is not None and rounded_up(b.epochs_trained, value):
+        return f"{value} ({epochs_text(b.epochs_trained, value, ' trained')})"  # as the Plan line says it
     if key == "max_length" and value is not None:
         return f"{value} ({r.lengths.chosen_by})"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:

@@ -324,9 +324,14 @@ def epochs_text(trained: float, asked: float | None, verb: str = "") -> str:
     the num_train_epochs asked (`asked`; None where max_steps decides), which transformers rounds up to whole steps:
     '1.667 epochs{verb}: num_train_epochs 1.5 rounded up to whole steps' (1.5 of 3 steps an epoch: 5 steps)."""
     said = f"{plural(decimal(trained), 'epoch')}{verb}"
-    if asked is not None and decimal(asked) != decimal(trained):
+    if rounded_up(trained, asked):
         said += f": num_train_epochs {decimal(asked)} rounded up to whole steps"
     return said
+
+
+def rounded_up(trained: float, asked: float | None) -> bool:
+    """Whether the epochs a run's steps make are not the num_train_epochs asked (`epochs_text`), as written."""
+    return asked is not None and decimal(asked) != decimal(trained)
 
 
 def per_step_text(b: RecordedBatching, over: str) -> str:
