@@ -226,8 +226,10 @@ def push_final(out: Path, push, training, stop=None, started: bool = False) -> i
                 )
         except hub_push.PushStopped:
             what = (
-                f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD});"
-                " the run is saved and complete, and the same command pushes it, training nothing"
+                # One parenthesis: the stop line goes on with when ("... 3 s after the request"), glued to "training
+                # nothing" before; launch.sh's requeue line with its requeue
+                f"the final push to {push.repo_id} was given up unfinished (recorded in {out / hub_push.PUSH_RECORD};"
+                " the run is saved and complete, and the same command pushes it, training nothing)"
             )
             stop.saved_something()  # the run is complete: its requeue pushes, training nothing
             stop.mark_saved(what)

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -978,7 +979,7 @@ def test_a_ctrl_c_in_an_offline_rerun_left_a_push_speaks_of_no_push(tmp_path, mo
 
 
 def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
-    hub, tmp_path, monkeypatch, tiny_model_dir
+    hub, tmp_path, monkeypatch, tiny_model_dir, capsys
 ):
     """The time limit's warning (the batch shell's stop file) or a preemption's SIGTERM while the final push hung: the
     run went on waiting for the Hub, said nothing to the batch script, and Slurm killed it at the end of KillWait (the
@@ -1015,6 +1016,12 @@ def test_a_stop_request_during_a_hung_final_push_ends_the_run_for_its_requeue(
         release.set()
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO), ("unfinished", REPO)]
     assert "final push to me/dpo-test" in Path(f"{stop_file}.checkpointed").read_text()
+    # Its stop line: the time after the request is the stop's, not glued to "training nothing" ("... pushes it,
+    # training nothing 0 s after the request")
+    said = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Stop requested:"))
+    assert re.search(r"training nothing\) \d+ s after the request; exiting so that the job can be requeued$", said), (
+        said
+    )
     assert unconfirmed_push(out)["status"] == "unfinished"  # the requeued job's decision (push_left): to this repo
     hub.state.hold.clear()
     publish.complete_push(recipe, push, REPO)
