@@ -18,9 +18,10 @@ from dpotrain.cluster import offline
 from dpotrain.data import builtin, data, data_identity, hub_revision, mixture, model_identity, shapes
 from dpotrain.forwards import choice, packing
 from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, venv, writes
-from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
+from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
+from dpotrain.recipe.refused import ENGINE_SWITCHES, FSDP_CONFIG, INSTEAD, LOAD_BEST_REFUSED, UNREAD
 from dpotrain.train import losses, pair_metrics, resume
 from dpotrain.train.weight_names import WEIGHT_FILES
 
@@ -272,18 +273,9 @@ def check_engine_switches(t) -> None:
     would run another engine than planned and recorded, without its checks; and FSDP's settings, read only with them."""
     switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
     if switched:
-        raise ConfigError(
-            f"{switched[0]} is not how this project selects its engine (the plan and the record would name another): "
-            "remove it and launch with an accelerate config (DeepSpeed ZeRO-2: accelerate_config.yaml, which names "
-            "its DeepSpeed file as deepspeed_config_file; ZeRO-3, FSDP2: configs/accelerate/): `accelerate launch "
-            "--config_file <it> train_dpo.py ...`, and --accelerate_config <it> for a dry run"
-        )
+        raise ConfigError(f"{switched[0]} {ENGINE_SWITCHES}")
     if t.fsdp_config:  # transformers reads it only under `fsdp` (above): the run trained, its settings unread
-        raise ConfigError(
-            "fsdp_config would be ignored: transformers reads it only with --fsdp, which is not how this project "
-            "selects its engine: remove it, and give FSDP2's settings in its accelerate config "
-            "(configs/accelerate/fsdp2.yaml's fsdp_config:)"
-        )
+        raise ConfigError(f"fsdp_config {FSDP_CONFIG}")
 
 
 def check_compile(t) -> None:
@@ -307,39 +299,6 @@ def check_compile(t) -> None:
         )
 
 
-_EVAL_CAST = (
-    "transformers casts the model only for an evaluation outside training; this run evaluates during training, in "
-    "its precision (bf16, fp16)"
-)
-_NO_METRICS = (
-    "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss and the reward metrics"
-)
-# TrainingArguments fields read only by code this project replaces (Trainer.compute_loss, its data loaders, evaluation
-# outside training, its stop on SIGTERM), each with what the run does instead.
-UNREAD = {
-    "label_smoothing_factor": "transformers' label smoother runs in Trainer.compute_loss, which DPO's loss replaces",
-    "average_tokens_across_devices": (
-        "each step's gradient is the mean over all of its pairs, on every process (the trainer weighs each "
-        "micro-batch by its share of the step)"
-    ),
-    "auto_find_batch_size": "the step plan's micro-batches are fixed before the model loads, and the memory plan "
-    "checks that they fit",
-    "dataloader_drop_last": "the step plan trains every pair of an epoch (a short last step joins the one before it)",
-    "dataloader_in_order": "the step plan's loader yields its steps in the plan's order",
-    "remove_unused_columns": "the step plan's loader hands the collator the tokenized pairs' own columns, whatever it "
-    "says (transformers' column filter runs in its loader, which this one replaces)",
-    "dataloader_multiprocessing_context": "the step plan's loader starts its workers in torch's default context",
-    "bf16_full_eval": _EVAL_CAST,
-    "fp16_full_eval": _EVAL_CAST,
-    "include_for_metrics": _NO_METRICS,
-    "batch_eval_metrics": _NO_METRICS,
-    "length_column_name": "only train_sampling_strategy group_by_length reads it, which is refused here",
-    "enable_jit_checkpoint": "the run saves a checkpoint on SIGTERM itself, at a step's end, and exits to be "
-    "requeued (docs/reliability.md)",
-    "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
-    "label_names": "only transformers' own prediction step and column filter read it, and TRL's DPO trainer "
-    "replaces both (a pair's labels are its completions)",
-}
 _OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
 # accelerator_config keys at other values than their defaults: failed after the model loaded, or read by nothing
 ACCELERATOR_UNREAD = {
@@ -351,13 +310,6 @@ ACCELERATOR_UNREAD = {
         None,
         "the trainer runs each step's micro-batches itself (max_tokens_per_microbatch or gradient_accumulation_steps)",
     ),
-}
-# What to do instead of an UNREAD field, where there is something.
-INSTEAD = {
-    "label_smoothing_factor": "for DPO's own smoothing (cDPO, robust DPO) pass --label_smoothing {value} with a loss "
-    "type that reads it (robust, exo_pair: docs/losses.md)",
-    "auto_find_batch_size": "for less memory per step lower per_device_train_batch_size or max_tokens_per_microbatch "
-    "(docs/memory.md)",
 }
 
 

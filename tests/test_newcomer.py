@@ -1965,3 +1965,34 @@ def test_an_env_file_setting_a_variable_only_the_job_script_reads_is_refused(nam
     monkeypatch.delenv("WANDB_MODE", raising=False)
     venv.load_env(tmp_path)
     assert os.environ["WANDB_MODE"] == "offline"
+
+
+def _help_rows(capsys) -> dict[str, str]:
+    """--help-all's rows: each field's name -> its help, whitespace as single spaces."""
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help-all"])
+    every = capsys.readouterr().out
+    rows = re.findall(r"^  --(\w+)(.*\n(?:(?!  -).*\n)*)", every, re.M)
+    return {name: re.sub(r"\s+", " ", text) for name, text in rows}
+
+
+def test_help_all_says_that_each_field_the_run_refuses_is_refused_with_the_refusals_fix(capsys):
+    """--help-all gave TRL's and transformers' own words for the fields the run refuses: --hub_revision "The revision
+    to use when pushing to the Hub", --load_best_model_at_end "Load the best checkpoint at the end of training",
+    --deepspeed "Enable DeepSpeed integration", --label_smoothing_factor "Label smoothing factor to prevent
+    overconfidence". Each refused field's help says it is refused, with the fix the refusal gives (one table for
+    both)."""
+    from dpotrain.recipe import refused
+
+    rows = _help_rows(capsys)
+    fixes = {name: why for name, why in (refused.UNREAD | refused.UNSETTABLE).items()}
+    fixes |= {"deepspeed": refused.ENGINE_SWITCHES, "fsdp": refused.ENGINE_SWITCHES, "fsdp_config": refused.FSDP_CONFIG}
+    fixes |= {"load_best_model_at_end": "remove it (every checkpoint-N is a complete model"}
+    fixes |= {"hub_revision": refused.HUB_REVISION, "hub_strategy": refused.HUB_STRATEGY}
+    for name, fix in fixes.items():
+        assert "refused" in rows[name].lower(), (name, rows[name])
+        assert re.sub(r"\s+", " ", fix) in rows[name], (name, rows[name])
+    with pytest.raises(ConfigError, match="would save the best checkpoint's weights as the final model"):
+        train_dpo.main(["--config", SMOKE, "--load_best_model_at_end", "--eval_strategy", "steps", "--dry-run"])

@@ -47,7 +47,7 @@ from dpotrain.hub.hub_push import (
     with_retries,
 )
 from dpotrain.hub.public import upload_content
-from dpotrain.recipe import hub_switches, venv
+from dpotrain.recipe import hub_switches, refused, venv
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, RunError, cause, decimal, plural
@@ -146,16 +146,9 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     typed_every_save = strategy == "every_save" and "hub_strategy" in recipe.given
     if t.push_to_hub and (strategy not in HUB_STRATEGIES or typed_every_save):
-        raise ConfigError(
-            f"hub_strategy {strategy!r} is transformers' push at every save (with 'checkpoint', of the optimizer "
-            "state too), which this project replaces: drop hub_strategy. The final model is pushed once training "
-            "ends; push_checkpoints: true pushes each checkpoint's model to a branch step-<N>"
-        )
+        raise ConfigError(f"hub_strategy {strategy!r} {refused.HUB_STRATEGY}")
     if t.push_to_hub and t.hub_revision:
-        raise ConfigError(
-            f"hub_revision {t.hub_revision!r} is not supported: the final model goes to main and checkpoints "
-            "(push_checkpoints: true) to branches step-<N>; drop hub_revision"
-        )
+        raise ConfigError(f"hub_revision {t.hub_revision!r} {refused.HUB_REVISION}")
     if p.push_checkpoints and not t.push_to_hub:  # `--push_to_hub false` on a recipe that pushes: the flag named
         raise ConfigError(
             "push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it "

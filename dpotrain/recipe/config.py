@@ -22,9 +22,10 @@ import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dpotrain.recipe import launcher, recipe_file, upstream, usage, venv, writes
+from dpotrain.recipe import launcher, recipe_file, refused, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TOKEN_FLAGS, TRUE, value_words, warn_given_twice
 from dpotrain.recipe.errors import ConfigError, closest, plural, unknown_key_fix, warn
+from dpotrain.recipe.refused import LOAD_BEST_REFUSED, UNSETTABLE
 
 # The files that mark a folder as a run's: run_record.RESOLVED and dpotrain/train/run_files.py's MANIFEST, named here
 # (run_record imports this module, run_files is a later stage); the tests hold the names equal
@@ -300,8 +301,9 @@ def make_parser():
         allow_abbrev=False,
         usage=argparse.SUPPRESS,
     )
-    for action in upstream.parser_actions(parser):  # this project's words where upstream's mislead (usage.py)
-        action.help = usage.OWN_WORDS.get(action.dest, action.help)
+    # this project's words where upstream's mislead (usage.py), and a refused field's refusal (refused.py)
+    for action in upstream.parser_actions(parser):
+        action.help = (refused.help_words() | usage.OWN_WORDS).get(action.dest, action.help)
         # and its defaults, which --help-all shows as `(default: ...)`: it showed TRL's and transformers' own
         action.default = OWN_DEFAULTS.get(action.dest, action.default)
     flags = upstream.long_flags(parser)
@@ -748,23 +750,6 @@ def _negative_number(word: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-# Fields typed as objects that argparse cannot build from words: any value stopped in "invalid dict value".
-UNSETTABLE = {
-    "liger_kernel_config": "use_liger_kernel runs liger-kernel's kernels with their defaults: "
-    "remove liger_kernel_config",
-    "parallelism_config": "the accelerate config (accelerate_config: ZeRO-2/3, FSDP2 or DDP) and "
-    "sequence_parallel_size split the run over the GPUs: remove parallelism_config",
-}
-
-
-# Said whether transformers' own check of the option or the run's sees it first
-LOAD_BEST_REFUSED = (
-    "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
-    "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
-    "model: pick one by eval_loss in metrics.jsonl)"
-)
 
 
 # TRL and transformers fields whose default this project sets otherwise, unless the recipe or command line gives one.
