@@ -100,7 +100,9 @@ def test_gradient_checkpointing_is_activation_checkpointing_and_the_command_line
     `--gradient_checkpointing false` (open-instruct's flag) beside a recipe's `activation_checkpointing: true` was
     accepted and ignored, and `--gradient_checkpointing` did not turn on what the recipe had off."""
     path = write(tmp_path, "activation_checkpointing: true\nbf16: false\n")
-    for off in (["--gradient_checkpointing", "false"], ["--gradient-checkpointing=false"]):
+    # argparse's own off switch for it (in --help-all) too: it was renamed to `--activation_checkpointing`, alone: on
+    off_switches = (["--no_gradient_checkpointing"], ["--no-gradient-checkpointing"])
+    for off in (["--gradient_checkpointing", "false"], ["--gradient-checkpointing=false"], *off_switches):
         recipe = parse_args(["--config", path, *off])
         assert (recipe.training.activation_checkpointing, recipe.training.gradient_checkpointing) == (False, False)
     smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]  # activation_checkpointing: false

@@ -713,7 +713,10 @@ def _renamed(words: list[str]) -> tuple[list[str], bool]:
             auto = bool(eq) and value.lower() == "auto"  # `Auto`, `AUTO`: no other word is a length
             out += [flag, "None" if auto else value] if eq else [flag]
             continue
-        new = ALIASES.get(options[flag].dest) if flag.startswith("--") and flag in options else None
+        action = options[flag] if flag.startswith("--") and flag in options else None
+        new = ALIASES.get(action.dest) if action is not None else None
+        if new and action.nargs == 0:  # argparse's `--no_gradient_checkpointing` (store_false): its value, not on
+            eq, value = "=", str(action.const).lower()
         out.append(f"--{new}{eq}{value}" if new else words[i - 1])
     return out, auto
 
