@@ -1996,3 +1996,22 @@ def test_help_all_says_that_each_field_the_run_refuses_is_refused_with_the_refus
         assert re.sub(r"\s+", " ", fix) in rows[name], (name, rows[name])
     with pytest.raises(ConfigError, match="would save the best checkpoint's weights as the final model"):
         train_dpo.main(["--config", SMOKE, "--load_best_model_at_end", "--eval_strategy", "steps", "--dry-run"])
+
+
+def test_help_all_says_the_memory_plan_decides_checkpointing_and_that_keep_end_trains(capsys):
+    """--help-all gave --gradient_checkpointing "Enable gradient checkpointing ... (default: True)" and
+    --activation_checkpointing the same "(default: None)", where unset the memory plan decides how many layers are
+    checkpointed; and --truncation_mode "The only supported value is 'keep_start'", where keep_end trains (the analyzer
+    and docs/max_length.md take it). Checked on a parse, so the words follow the code."""
+    from dpotrain.plan.memory import checkpointing_request
+    from dpotrain.recipe.config import parse_args
+
+    rows = _help_rows(capsys)
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        assert "Enable" not in rows[name], rows[name]
+    assert "memory plan" in rows["activation_checkpointing"]
+    assert "old name of activation_checkpointing" in rows["gradient_checkpointing"]
+    assert "only supported value" not in rows["truncation_mode"] and "keep_end keeps its end" in rows["truncation_mode"]
+    unset = parse_args(["--config", SMOKE, "--activation_checkpointing", "true", "--dry-run"])
+    assert checkpointing_request(unset) == (1, False)  # every layer allowed, the plan may choose fewer
+    assert parse_args(["--config", SMOKE, "--truncation_mode", "keep_end"]).training.truncation_mode == "keep_end"

@@ -69,6 +69,16 @@ OWN_WORDS = {
     # run refuses use_peft without targets
     "use_peft": "Train a LoRA adapter, not the full weights, with lora_target_modules (docs/lora.md)",
     "lora_target_modules": "The modules LoRA adapts, which use_peft requires: q_proj v_proj, or all-linear",
+    # transformers' "Enable ... checkpointing to trade compute for memory ... (default: True)", where the memory plan
+    # decides how many layers (plan/memory.choose_checkpointing), and its old name is renamed to the new
+    # (config.ALIASES; argparse's --no_gradient_checkpointing shares these words)
+    "activation_checkpointing": "Unset (shown None) or true: the memory plan checkpoints the fewest decoder layers "
+    "that fit (docs/memory.md); false: none; activation_checkpointing_kwargs every_n_layers N: every N-th",
+    "gradient_checkpointing": "transformers' old name of activation_checkpointing (--no_gradient_checkpointing: "
+    "false), read as it where that is not given",
+    # TRL's "The only supported value is 'keep_start'", where keep_end trains (TRL's deprecation said as a warning)
+    "truncation_mode": "How a sequence over max_length is cut: keep_start keeps its start (a pair whose prompt alone "
+    "fills it is dropped); keep_end keeps its end and drops none, with TRL's deprecation warning (docs/max_length.md)",
     # transformers' "Path to a folder with a valid checkpoint for your model" left out that a rerun resumes by itself
     "resume_from_checkpoint": "A checkpoint-N folder to resume from: without it, a rerun resumes from the newest",
 }
