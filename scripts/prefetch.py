@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     # resumes on its recorded commits as one typed does, and main was fetched for it) or the checkpoint it resumes,
     # unless the job starts afresh, decided as the run decides it (--overwrite_output_dir resumes a sound checkpoint of
     # the same settings). Read before anything downloads: a folder or checkpoint the run would refuse is refused here.
-    job = job_folder(recipe, overrides)
+    job, note = job_folder(recipe, overrides), None
     checkpoint, out = recipe.training.resume_from_checkpoint, job.training.output_dir
     try:
         # The job is the stopped run's own. The run's lines about its folder ("training again from step 1") are the
@@ -85,8 +85,12 @@ def main(argv: list[str] | None = None) -> None:
         if "output_dir" in fields_set(overrides) or checkpoint:
             raise
         # The recipe's folder, untyped, refused (a finished run: `bash scripts/demo.sh`'s): the job that reads the
-        # data is one given another --output_dir, a new run's, as the command a job prints names it
-        print(f"note: not the job's folder without --output_dir ({refused}): fetching as for a new run", flush=True)
+        # data is one given another --output_dir (or --overwrite_output_dir), a new run's, as the command a job prints
+        # names it. Said where something is fetched: local files alone make the folder no matter here
+        note = (
+            f"note: a job without --output_dir would be refused ({refused}); fetching for a new run, as a job given "
+            "another --output_dir or --overwrite_output_dir starts one"
+        )
         decision = resolve.OutputDecision(None, True)
     recorded = resolve.continued_record(decision, out)  # a new folder's holds no record: main, as for a new run
     if decision.job_folder:  # named by the job's SLURM_ variables: made as the job starts, holding no stopped run
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     if not (hub_model or hub_data):
         print(f"Nothing to fetch: {model.model_name_or_path} and {script.dataset_name or 'the mixture'} are local.")
         return
+    if note:
+        print(note, flush=True)
     if args.revision and mixture.given(mixture.fields_of(recipe)):
         raise ConfigError(
             "--revision names dataset_name's revision, and this recipe has a mixture (each source is fetched at "
