@@ -21,7 +21,7 @@ from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, ven
 from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
-from dpotrain.recipe.refused import ENGINE_SWITCHES, FSDP_CONFIG, INSTEAD, LOAD_BEST_REFUSED, UNREAD
+from dpotrain.recipe.refused import ENGINE_SWITCHES, FSDP_CONFIG, INSTEAD, LOAD_BEST_REFUSED, NOT_DEFAULT, UNREAD
 from dpotrain.train import losses, pair_metrics, resume
 from dpotrain.train.weight_names import WEIGHT_FILES
 
@@ -94,15 +94,9 @@ def check_options(recipe: Recipe) -> None:
     check_compile(t)
     check_unread(recipe)
     if t.save_on_each_node:
-        raise ConfigError(
-            "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
-            "live once in output_dir, which every node must see (a shared file system): remove save_on_each_node"
-        )
+        raise ConfigError(f"save_on_each_node {NOT_DEFAULT['save_on_each_node']}")
     if s.ignore_bias_buffers:
-        raise ConfigError(
-            "ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
-            "apply (it launches with DeepSpeed): remove it"
-        )
+        raise ConfigError(f"ignore_bias_buffers {NOT_DEFAULT['ignore_bias_buffers']}")
     if recipe.project.hh_format not in shapes.HH_FORMATS:
         raise ConfigError(
             f"hh_format {recipe.project.hh_format!r}: choose `messages` (HH-RLHF strings through the "
@@ -752,11 +746,7 @@ def check_logging(recipe: Recipe) -> None:
             )
     if t.include_num_input_tokens_seen not in ("no", False, None):
         # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
-        raise ConfigError(
-            "include_num_input_tokens_seen would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at "
-            "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
-            "remove include_num_input_tokens_seen"
-        )
+        raise ConfigError(f"include_num_input_tokens_seen {NOT_DEFAULT['include_num_input_tokens_seen']}")
     # transformers builds the loggers after the model has loaded
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 

@@ -1987,7 +1987,7 @@ def test_help_all_says_that_each_field_the_run_refuses_is_refused_with_the_refus
     from dpotrain.recipe import refused
 
     rows = _help_rows(capsys)
-    fixes = {name: why for name, why in (refused.UNREAD | refused.UNSETTABLE).items()}
+    fixes = {name: why for name, why in (refused.UNREAD | refused.UNSETTABLE | refused.NOT_DEFAULT).items()}
     fixes |= {"deepspeed": refused.ENGINE_SWITCHES, "fsdp": refused.ENGINE_SWITCHES, "fsdp_config": refused.FSDP_CONFIG}
     fixes |= {"load_best_model_at_end": "remove it (every checkpoint-N is a complete model"}
     fixes |= {"hub_revision": refused.HUB_REVISION, "hub_strategy": refused.HUB_STRATEGY}

@@ -57,6 +57,17 @@ UNSETTABLE = {
     "parallelism_config": "the accelerate config (accelerate_config: ZeRO-2/3, FSDP2 or DDP) and "
     "sequence_parallel_size split the run over the GPUs: remove parallelism_config",
 }
+# Fields refused at any value but their default (options.check), each with why and the fix
+NOT_DEFAULT = {
+    "save_on_each_node": "is not supported: checkpoints, their COMPLETE marks and the resume point live once in "
+    "output_dir, which every node must see (a shared file system): remove save_on_each_node",
+    "ignore_bias_buffers": "is a DDP workaround of TRL's own script that this project does not apply (it launches "
+    "with DeepSpeed): remove it",
+    # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
+    "include_num_input_tokens_seen": "would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at every "
+    "step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): remove "
+    "include_num_input_tokens_seen",
+}
 # With push_to_hub (hub.take_push_settings): transformers' hub_strategy other than end (every_save only untyped, as its
 # default), and hub_revision
 HUB_STRATEGY = (
@@ -86,6 +97,7 @@ def help_words() -> dict[str, str]:
     words = {
         name: f"Refused unless left at its default, which the run does not read: {why}" for name, why in UNREAD.items()
     }
+    words |= {name: f"Refused unless left at its default: it {why}" for name, why in NOT_DEFAULT.items()}
     words |= {name: f"Refused: {why}" for name, why in UNSETTABLE.items()}
     words |= {name: f"Refused: it {ENGINE_SWITCHES}" for name in ("deepspeed", "fsdp")}
     return words | {
