@@ -453,16 +453,9 @@ def check_saving(recipe: Recipe) -> None:
             "pairs: --dataset_mixer_eval_list FILE 1.0), or --save_strategy steps (the recipes save every 100 steps)"
         )
     if t.save_only_model:  # also under save_strategy no: a stop request still saves a checkpoint, then promises it
-        raise ConfigError(
-            "save_only_model writes checkpoints without the optimizer, scheduler and RNG state, which a resume "
-            "needs: a stopped, preempted or requeued run could not go on from any of them (its rerun is refused): "
-            "remove save_only_model (to use less disk, lower --save_total_limit)"
-        )
+        raise ConfigError(f"save_only_model {NOT_DEFAULT['save_only_model']}")
     if t.ignore_data_skip:
-        raise ConfigError(
-            "ignore_data_skip makes a resumed run train its epoch's first batches again instead of those after its "
-            "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
-        )
+        raise ConfigError(f"ignore_data_skip {NOT_DEFAULT['ignore_data_skip']}")
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
     if strategy == "no" and preemptible and launcher.launched_main():
         print(

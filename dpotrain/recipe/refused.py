@@ -67,6 +67,12 @@ NOT_DEFAULT = {
     "include_num_input_tokens_seen": "would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at every "
     "step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): remove "
     "include_num_input_tokens_seen",
+    # also under save_strategy no: a stop request still saves a checkpoint, then promises it
+    "save_only_model": "writes checkpoints without the optimizer, scheduler and RNG state, which a resume needs: a "
+    "stopped, preempted or requeued run could not go on from any of them (its rerun is refused): remove "
+    "save_only_model (to use less disk, lower --save_total_limit)",
+    "ignore_data_skip": "makes a resumed run train its epoch's first batches again instead of those after its "
+    "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip",
 }
 # With push_to_hub (hub.take_push_settings): transformers' hub_strategy other than end (every_save only untyped, as its
 # default), and hub_revision
