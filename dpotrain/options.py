@@ -21,7 +21,15 @@ from dpotrain.recipe import config, errors, init_kwargs, launcher, upstream, ven
 from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
-from dpotrain.recipe.refused import ENGINE_SWITCHES, FSDP_CONFIG, INSTEAD, LOAD_BEST_REFUSED, NOT_DEFAULT, UNREAD
+from dpotrain.recipe.refused import (
+    ENGINE_SWITCHES,
+    FSDP_CONFIG,
+    INSTEAD,
+    LOAD_BEST_REFUSED,
+    NOT_DEFAULT,
+    SAMPLER,
+    UNREAD,
+)
 from dpotrain.train import losses, pair_metrics, resume
 from dpotrain.train.weight_names import WEIGHT_FILES
 
@@ -108,10 +116,7 @@ def check_options(recipe: Recipe) -> None:
             "input_ids column): remove it (the default, random, is what the recipes use)"
         )
     if t.train_sampling_strategy != "random":  # the step plan draws its own seeded order: another was recorded, unused
-        raise ConfigError(
-            f"train_sampling_strategy {t.train_sampling_strategy}: the step plan draws each epoch's pairs in its own "
-            "seeded random order (data_seed, else seed), whatever the sampler: remove it"
-        )
+        raise ConfigError(f"train_sampling_strategy {t.train_sampling_strategy}: {SAMPLER}")
     if t.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError(
             "use_liger_kernel needs the liger-kernel package, which this project does not install: "

@@ -1991,6 +1991,7 @@ def test_help_all_says_that_each_field_the_run_refuses_is_refused_with_the_refus
     fixes |= {"deepspeed": refused.ENGINE_SWITCHES, "fsdp": refused.ENGINE_SWITCHES, "fsdp_config": refused.FSDP_CONFIG}
     fixes |= {"load_best_model_at_end": "remove it (every checkpoint-N is a complete model"}
     fixes |= {"hub_revision": refused.HUB_REVISION, "hub_strategy": refused.HUB_STRATEGY}
+    fixes |= {"train_sampling_strategy": refused.SAMPLER}
     for name, fix in fixes.items():
         assert "refused" in rows[name].lower(), (name, rows[name])
         assert re.sub(r"\s+", " ", fix) in rows[name], (name, rows[name])

@@ -74,6 +74,11 @@ NOT_DEFAULT = {
     "ignore_data_skip": "makes a resumed run train its epoch's first batches again instead of those after its "
     "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip",
 }
+# train_sampling_strategy other than random (options.check; group_by_length is refused first, for its own reason)
+SAMPLER = (
+    "the step plan draws each epoch's pairs in its own seeded random order (data_seed, else seed), whatever the "
+    "sampler: remove it"
+)
 # With push_to_hub (hub.take_push_settings): transformers' hub_strategy other than end (every_save only untyped, as its
 # default), and hub_revision
 HUB_STRATEGY = (
@@ -108,6 +113,7 @@ def help_words() -> dict[str, str]:
     words |= {name: f"Refused: it {ENGINE_SWITCHES}" for name in ("deepspeed", "fsdp")}
     return words | {
         "fsdp_config": f"Refused: it {FSDP_CONFIG}",
+        "train_sampling_strategy": f"Refused unless random: {SAMPLER}",
         "load_best_model_at_end": f"Refused: it {LOAD_BEST_REFUSED.removeprefix('load_best_model_at_end ')}",
         "hub_strategy": f"Unset (shown every_save) or end: the final model pushed once; another (every_save typed too), "
         f"with push_to_hub, is refused: it {HUB_STRATEGY}",
