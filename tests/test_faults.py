@@ -1156,8 +1156,10 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
     baseline, tmp_path, tiny_model_dir, pairs
 ):
     """A requeue that changed the launch (scripts/launch.sh's accelerate launch of 2 processes, ZeRO-2) finds
-    checkpoints a single process wrote: refused before the model loads, as the launch that lost processes is."""
+    checkpoints a single process wrote: refused before the model loads, as the launch that lost processes is. Nor is
+    DeepSpeed's shared-memory op compiled first (60-140 s of a fresh venv's first CPU launch, for inference alone)."""
     out = unfinished(baseline, tmp_path)
+    extensions = tmp_path / "torch_extensions"  # where a JIT op would be built: a fresh venv's empty folder
     bin_dir = os.path.dirname(PYTHON)
     launch = [
         *accelerate_launch(),  # warm: refused at start, nothing signals it
@@ -1171,7 +1173,7 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
         [*launch, *command(out, tiny_model_dir, pairs)[1:]],
         cwd=ROOT,
         stdout=subprocess.PIPE,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(extensions)},
         stderr=subprocess.STDOUT,
         text=True,
         timeout=600,
@@ -1185,6 +1187,7 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
         "--output_dir) from its weights (--model_name_or_path on a copy of the checkpoint folder)"
     ], result.stdout[-3000:]
     assert "Data (train)" not in result.stdout  # nothing loaded
+    assert not extensions.exists() and "deepspeed_shm_comm_op built" not in result.stdout, result.stdout[-3000:]
 
 
 @pytest.mark.slow

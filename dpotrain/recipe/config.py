@@ -835,6 +835,7 @@ def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, pa
     _check_eval_steps(values, given)  # before transformers reads 0 as unset
     _check_json_objects(values, given, parser)
     try:
+        upstream.skip_deepspeed_shm_op()  # TrainingArguments makes the launch's process group here (PartialState)
         with upstream.gpu_precision_checks_skipped() if dry else contextlib.nullcontext(), keep_end_unwarned():
             built = [
                 kind(**{f.name: values[f.name] for f in fields(kind) if f.init}) for kind in parser.dataclass_types

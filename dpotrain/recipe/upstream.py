@@ -429,6 +429,12 @@ DISABLE_CHECKPOINTING = _patch(
     "left alone in the reference stage (eval mode): TRL re-enables checkpointing on every layer each micro-batch",
     read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
 )
+SHM_OP = _patch(
+    "deepspeed.comm.torch:build_shm_op",
+    "left unbuilt in a DeepSpeed launch's rank on a CPU-only node, for the whole process (skip_deepspeed_shm_op, "
+    "dpotrain/recipe/config.py): a JIT compile of 24-140 s on a fresh venv, for `inference_all_reduce` alone",
+    read_in="deepspeed.comm.torch:TorchBackend.__init__",
+)
 
 SEAMS = tuple(_LISTED)
 
@@ -762,6 +768,22 @@ def gpu_precision_checks_skipped():
     yes = lambda *_, **__: True  # noqa: E731
     with patched(BF16_GPU_AVAILABLE, yes), patched(TF32_AVAILABLE, yes), patched(TF32_ENABLED, lambda *_, **__: None):
         yield
+
+
+def skip_deepspeed_shm_op() -> None:
+    """DeepSpeed's shared-memory op left unbuilt for the rest of this process, a rank of a DeepSpeed launch on a
+    CPU-only node: the op serves `inference_all_reduce` alone (AutoTP inference), which training never calls, and its
+    JIT compile took 24-140 s of a fresh venv's first launch, before even a refusal at start. Every process group
+    DeepSpeed makes asks for it (TrainingArguments' PartialState, then TRL's `deepspeed.initialize` of a reference
+    model), hence for the process, not one call. A node with GPUs is left as DeepSpeed sets it."""
+    import os
+
+    import torch
+
+    launched = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"  # as accelerate's state reads it
+    if launched and not torch.cuda.is_available():
+        module, name, _ = _lookup(SHM_OP.symbol)
+        setattr(module, name, lambda: None)
 
 
 def forget_fetch_order(coordinator) -> None:
