@@ -158,7 +158,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--per_device_train_batch_size",
         type=int,
         help="pairs per device for the padding figures "
-        f"[the recipe's per_device_train_batch_size, else {lengths.DEFAULT_BATCH_SIZE}]",
+        "[the run's: the recipe's per_device_train_batch_size, else TRL's 8 without a token budget and "
+        f"{lengths.DEFAULT_BATCH_SIZE} with one]",
     )
     args = p.parse_args(argv)
     if args.dataset_flag and args.dataset and args.dataset_flag != args.dataset:
@@ -346,8 +347,10 @@ def analyze(args: argparse.Namespace) -> int:
         )
     if hh_format not in shapes.HH_FORMATS:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
-    # The padding figures' batch: a recipe with a token budget pads no fixed batch, so they show OLMo 3's 4 pairs.
-    given_batch = training.per_device_train_batch_size if "per_device_train_batch_size" in run.given else None
+    # The padding figures' batch: the run's pairs per micro-batch (TRL's 8 where nothing sets it) without a token
+    # budget; a recipe with one pads no fixed batch, so they show OLMo 3's 4 pairs unless it gives a batch size
+    fixed = "per_device_train_batch_size" in run.given or project.max_tokens_per_microbatch is None
+    given_batch = training.per_device_train_batch_size if fixed else None
     batch_size = args.batch_size or given_batch or lengths.DEFAULT_BATCH_SIZE
     sources = mixture.local_files(fields) if mixed else []
     inputs = writes.input_files(

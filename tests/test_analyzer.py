@@ -600,6 +600,22 @@ def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, t
     assert "The recipe's max_length=384 covers" in capsys.readouterr().out
 
 
+def test_the_padding_figures_pad_the_batch_the_run_takes(cli, tmp_path, tiny_model_dir):
+    """Without a token budget a run's micro-batches are per_device_train_batch_size pairs, TRL's 8 where nothing sets
+    it; the analyzer's padding figures padded 4 (its own default) beside a dry run that planned 8. With a budget the run
+    pads no fixed batch: OLMo 3's 4 pairs, unless the recipe gives a batch size."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    base = f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\nmax_length: 384\n"
+    batches = {}
+    for name, extra in [("none", ""), ("budget", "max_tokens_per_microbatch: 1024\n")]:
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(base + extra)
+        out = tmp_path / f"{name}.json"
+        assert cli.main(["--config", str(recipe), "--json", str(out), "--num-proc", "1"]) == 0
+        batches[name] = json.loads(out.read_text())["candidates"]["384"]["padding"]["batch_size"]
+    assert batches == {"none": 8, "budget": 4}
+
+
 def test_max_length_and_truncation_mode_on_the_command_line_are_measured_as_training_takes_them(
     cli, tokenizer, tmp_path, tiny_model_dir, capsys
 ):

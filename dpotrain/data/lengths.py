@@ -46,7 +46,7 @@ from dpotrain.recipe.writes import folder_bytes, quiet_progress_bars, remove_dea
 REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
-DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
+DEFAULT_BATCH_SIZE = 4  # the padding figures' pairs per device under a token budget, where no recipe says (OLMo 3: 4)
 
 
 @functools.cache
