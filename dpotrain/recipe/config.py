@@ -302,8 +302,9 @@ def make_parser():
         usage=argparse.SUPPRESS,
     )
     # this project's words where upstream's mislead (usage.py), and a refused field's refusal (refused.py)
+    words = refused.help_words() | usage.OWN_WORDS
     for action in upstream.parser_actions(parser):
-        action.help = (refused.help_words() | usage.OWN_WORDS).get(action.dest, action.help)
+        action.help = words.get(action.dest, action.help)
         # and its defaults, which --help-all shows as `(default: ...)`: it showed TRL's and transformers' own
         action.default = OWN_DEFAULTS.get(action.dest, action.default)
     flags = upstream.long_flags(parser)

@@ -190,15 +190,11 @@ class GracefulStop(TrainerCallback):
             # Ctrl-C said it finishes, one a closed terminal leaves to go on), but the terminal's next Ctrl-C reaches
             # the shell, not this process. (A closed terminal: no line, nothing reads it.)
             if not hung_up:
-                pid = str(os.getpid()).encode()
+                pid = os.getpid()
                 terminal.say(
                     2,
-                    b"\naccelerate launch ended on that Ctrl-C, as it does, and gave the prompt back: "
-                    b"this process (pid "
-                    + pid
-                    + b") goes on alone as the Ctrl-C said; `kill -INT "
-                    + pid
-                    + b"` stops it at once\n",
+                    f"\naccelerate launch ended on that Ctrl-C, as it does, and gave the prompt back: this process "
+                    f"(pid {pid}) goes on alone as the Ctrl-C said; `kill -INT {pid}` stops it at once\n".encode(),
                 )
             return
         if not self.heard_to_end() and launcher.first_on_node():
