@@ -480,6 +480,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=540)
     parser.add_argument("--pieces", default="tests,think-recipe,e2e-think,e2e-multiturn")
     parser.add_argument("--cpu", action="store_true", help="the CPU trial: tiny sizes")
+    parser.add_argument("--python", default=sys.executable, help="the pieces' interpreter (gpu_lease.sh's PYTHON)")
     parser.add_argument("--list", action="store_true", help="list the pieces and stop")
     args = parser.parse_args()
     if args.list:
@@ -498,7 +499,7 @@ def main() -> None:
     for name in OUT_FILES[:3] + OUT_FILES[4:]:  # this call's files only (lease.log is the shell's, appended)
         (lease.out / name).unlink(missing_ok=True)
     try:
-        run_all(lease, names, sys.executable)
+        run_all(lease, names, args.python)
     finally:
         logs(lease)
         env = read_json(lease.out / "environment.json") or {}

@@ -130,4 +130,4 @@ PY
 fi
 
 "$PYTHON" benchmarks/gpu_lease.py --out "$OUT" --work "$WORK" --start "$START" --budget "$BUDGET_S" \
-  --pieces "$PIECES" $([[ $CPU == 1 ]] && echo --cpu)
+  --pieces "$PIECES" --python "$PYTHON" $([[ $CPU == 1 ]] && echo --cpu)

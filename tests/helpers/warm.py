@@ -40,6 +40,7 @@ import sys
 # A test that reads that line runs a fresh interpreter (test_newcomer's of `--json` with W&B offline).
 RUNTIME_PREFIXES = (
     "DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_", "WANDB_",
+    "GPU_LEASE_",  # benchmarks/gpu_lease.sh's switches (its CPU trial, its work folder), read by no library
 )  # fmt: skip
 RUNTIME_KEYS = {
     "PATH",
@@ -70,6 +71,7 @@ RUNTIME_KEYS = {
     "VENV",
     "NETRC",  # read when a login is looked up (requests', W&B's), never while a library is imported
     "SLOW_CHECKPOINT_S",  # tests/helpers/slow_checkpoint.py's delay, read by that script as it starts
+    "PYTHON",  # benchmarks/gpu_lease.sh's interpreter for its pieces, read by no library
 }
 # What the Hub libraries read from these while being imported, a child reads again (`_reread`): a request differing in
 # them (the Hub tests' own HF_ENDPOINT, HF_HOME and offline switches) still runs warm. HF_TOKEN: read when used.
