@@ -34,7 +34,8 @@ OUT_FILES = ("environment.json", "results.json", "table.md", "lease.log", "logs.
 class Piece:
     """One measurement: its share of a call and the least it needs, in seconds on one H100 at 7B width with 4 layers
     (docs/gpu-benchmarks.md: from the estimates there), its JSON's name in its folder WORK/NAME/ (none: it writes
-    none), and its commands (GPU, CPU trial) with {json}, {dir} and {model} filled in."""
+    none), and its commands (GPU, CPU trial) with {json}, {dir}, {model} and {python} (the pieces' interpreter)
+    filled in."""
 
     share_s: int
     least_s: int
@@ -88,8 +89,19 @@ PIECES = {
         150,
         "think-recipe.json",
         "the think recipe's own settings: flex compilations, first step vs steady",
-        ("benchmarks/recipe_steps.py", "--out", "{json}", "--model", "{model}", "--steps", "3"),
-        ("benchmarks/recipe_steps.py", "--out", "{json}", "--model", "{model}", "--steps", "2", "--tiny"),
+        ("benchmarks/recipe_steps.py", "--out", "{json}", "--model", "{model}", "--steps", "3", "--python", "{python}"),
+        (
+            "benchmarks/recipe_steps.py",
+            "--out",
+            "{json}",
+            "--model",
+            "{model}",
+            "--steps",
+            "2",
+            "--tiny",
+            "--python",
+            "{python}",
+        ),
         needs_model=True,
     ),
     "e2e-think": Piece(
@@ -225,7 +237,7 @@ def run_piece(lease: Lease, name: str, piece: Piece, limit: float, python: str) 
     paths = lease.paths(name, piece)
     paths["dir"].mkdir(parents=True, exist_ok=True)
     paths["json"].unlink(missing_ok=True)  # an earlier call's, on this machine: not this call's result
-    cmd = [python, *(arg.format(**paths) for arg in piece.command(lease.cpu))]
+    cmd = [python, *(arg.format(**paths, python=python) for arg in piece.command(lease.cpu))]
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",

@@ -73,7 +73,7 @@ def command(args, folder: Path, model: Path) -> list[str]:
             "--dataloader_num_workers",
             "0",
         ]
-    return [sys.executable, str(ROOT / "train_dpo.py"), *flags]
+    return [args.python, str(ROOT / "train_dpo.py"), *flags]
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -167,6 +167,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of 7B width")
     parser.add_argument("--model", type=Path, default=None, help="a model written by end_to_end.py --write-model")
     parser.add_argument("--tiny", action="store_true", help="CPU: the 2-layer hidden-64 model")
+    parser.add_argument("--python", default=sys.executable, help="the run's interpreter (gpu_lease.py's pieces')")
     args = parser.parse_args()
     import torch
 
