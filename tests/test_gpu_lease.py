@@ -330,7 +330,8 @@ def test_gpu_tests_launch_the_interpreter_itself_not_the_warm_server(tmp_path):
     )
     out = tmp_path / "tests.json"
     config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
-    cmd = [PYTHON, str(ROOT / "benchmarks" / "gpu_tests.py"), "--out", str(out), "--", *config, str(probe)]
+    # gpu_tests.py itself on the warm interpreter: the launch checked is the one of the GPU test it runs
+    cmd = [python(), str(ROOT / "benchmarks" / "gpu_tests.py"), "--out", str(out), "--", *config, str(probe)]
     env = {k: v for k, v in os.environ.items() if k != "DPOTRAIN_TESTS_COLD"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     tests = json.loads(out.read_text())["tests"]

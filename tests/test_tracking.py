@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, python
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.tracking import RUN_ID_FILE, setup_wandb
 
@@ -303,7 +303,7 @@ def test_a_folders_wandb_run_id_wandb_refuses_is_refused_before_the_model_loads(
     assert ended.value.code == 3 and (out / "health_stop.json").is_file()
     (out / RUN_ID_FILE).write_text("myteam/dpo/abc123\n")
     env = {k: v for k, v in os.environ.items() if k != "WANDB_RUN_ID"}  # the first run's setup_wandb set it here
-    rerun = [sys.executable, str(ROOT / "train_dpo.py"), *argv, "--health_action", "warn"]  # a new process, as a user's
+    rerun = [python(), str(ROOT / "train_dpo.py"), *argv, "--health_action", "warn"]  # a new process, as a user's
     ended = subprocess.run(rerun, env=env, capture_output=True, text=True, timeout=300)
     assert ended.returncode == 2 and "Resuming" not in ended.stdout, ended.stderr[-2000:]
     assert ended.stderr.endswith(
