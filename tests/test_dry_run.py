@@ -234,6 +234,9 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "per step") == "8 pairs, over all processes"
     # The run's first half on the local data set: its step plan and forward, from the run's own seeded sample.
     assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
+    # the recipe's comment quotes the same range (it said 1-3, which no step of it has)
+    spread = field(text, "micro-batches").split(" per step", 1)[0]
+    assert f"steps of {spread} micro-batches" in (ROOT / "configs" / "smoke.yaml").read_text()
     assert "(at most 2,048 tokens of pairs, max_tokens_per_microbatch" in field(text, "micro-batches")
     assert field(text, "engine") == "one process (python train_dpo.py, no launcher)"
     assert field(text, "forward").startswith(
