@@ -274,3 +274,26 @@ def test_a_launched_runs_refusal_names_the_jobs_own_accelerate_config_for_its_en
     error = str(refused.value)
     assert f"DeepSpeed ZeRO-2 fits on 20 GPUs (5 nodes) (~79.9 GiB): `ACCELERATE_CONFIG={own} sbatch" in error, error
     assert f"ACCELERATE_CONFIG={SHIPPED_ZERO3} sbatch" in error, error
+
+
+def test_an_option_given_to_add_replaces_the_flags_the_command_typed_for_its_fields(monkeypatch):
+    """A refusal of `... --max_tokens_per_microbatch 65536 --activation_checkpointing false` said "add
+    `--max_tokens_per_microbatch 16384 --activation_checkpointing true`": pasted as printed, the command gave both
+    fields twice (a "given twice" warning each, the last counting). It now says which typed words to change, and adds
+    only the rest; an older spelling of a field (`--gradient_checkpointing`) is the same field, in its sbatch command
+    too."""
+    from dpotrain.plan.memory_advice import Option
+
+    monkeypatch.chdir(ROOT)
+    flags = ("--precompute_ref_log_probs", "true", "--max_tokens_per_microbatch", "16384")
+    flags += ("--activation_checkpointing", "true")
+    typed = ("--config", "configs/think.yaml", "--max-tokens-per-microbatch=65536", "--seed", "3")
+    typed += ("--gradient_checkpointing", "false")
+    text = Option(("cached", "tokens"), flags, "zero2", "accelerate_config.yaml", 4, 4, 70.0, False, 16384).text(typed)
+    assert text == (
+        "add `--precompute_ref_log_probs true`, and change `--max-tokens-per-microbatch=65536 --gradient_checkpointing "
+        "false` to `--max_tokens_per_microbatch 16384 --activation_checkpointing true` (~70.0 GiB)"
+    ), text
+    moved = Option(("zero3",), flags, "zero3", SHIPPED_ZERO3, 8, 4, 70.0, True, 16384).text(typed)
+    launched = submitted(moved.split("`")[-2], ROOT)
+    assert launched["train"][2:] == ["--seed", "3", *flags, "--accelerate_config", ANY], moved

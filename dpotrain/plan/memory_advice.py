@@ -23,7 +23,16 @@ from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
-from dpotrain.recipe.config import dry_run_flag, fields_set, replaced, take_config, uses_live_reference, without
+from dpotrain.recipe.config import (
+    ALIASES,
+    dry_run_flag,
+    fields_set,
+    replaced,
+    split_fields,
+    take_config,
+    uses_live_reference,
+    without,
+)
 from dpotrain.recipe.errors import ConfigError, plural
 from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.recipe.venv import ROOT
@@ -96,10 +105,25 @@ class Option:
         if self.moves_launch:
             nodes = plural(self.world // self.node_gpus, "node")
             parts.append(f"{NAMES[self.engine]} fits on {plural(self.world, 'GPU')} ({nodes})")
-        if self.flags:
-            parts.append(("with " if parts else "add ") + f"`{shlex.join(self.flags)}`")
+        if self.flags and parts:
+            parts.append(f"with `{shlex.join(self.flags)}`")  # the submission below replaces the command's own
+        elif self.flags:
+            parts.append(self._changes(command_line))
         submission = self.submission(command_line) if self.moves_launch else None
         return f"{' '.join(parts)} (~{self.gib:.1f} GiB)" + (f": `{submission}`" if submission else "")
+
+    def _changes(self, command_line: tuple[str, ...]) -> str:
+        """The flags as the refused command takes them, pasteable: those setting a field it typed replace its words
+        (added beside them, the last would count after a "given twice" warning)."""
+        pairs = [self.flags[i : i + 2] for i in range(0, len(self.flags), 2)]  # each lever's flags: `--name value`
+        typed = fields_set(command_line)
+        added = [w for pair in pairs if not _spellings(pair) & typed for w in pair]
+        changed = [w for pair in pairs if _spellings(pair) & typed for w in pair]
+        parts = [f"add `{shlex.join(added)}`"] if added else []
+        if changed:
+            yours = split_fields(list(command_line), _spellings(changed))[1]
+            parts.append(f"change `{shlex.join(yours)}` to `{shlex.join(changed)}`")
+        return ", and ".join(parts)
 
     def submission(self, command_line: tuple[str, ...]) -> str | None:
         """The sbatch command that runs the refused command with this option, pasted in the folder it ran in (a Slurm
@@ -109,7 +133,7 @@ class Option:
         None without a recipe, which every script needs. The job plans itself before it launches (launch.sh's dry run),
         so no dry run is printed beside it."""
         recipe, args = _job_arguments(command_line)
-        args = without(args, fields_set(self.flags))  # the option's value, not the refused one too ("given twice")
+        args = without(args, _spellings(self.flags))  # the option's value, not the refused one too ("given twice")
         if recipe is None:
             return None
         here = Path(os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd())  # where it is pasted
@@ -123,6 +147,13 @@ class Option:
         sbatch = ["sbatch", f"--nodes={self.world // self.node_gpus}", f"--gpus-per-node={self.node_gpus}"]
         words = [*sbatch, _from(here, ROOT / script), *args, *self.flags]
         return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items()) + " " + shlex.join(words)
+
+
+def _spellings(flags) -> set[str]:
+    """The fields `flags` set, with their older names (`--gradient_checkpointing` for activation_checkpointing): a
+    command's words for any of them set the same field."""
+    fields = fields_set(flags)
+    return fields | {old for old, new in ALIASES.items() if new in fields}
 
 
 def _from(here: Path, path) -> str:

@@ -355,16 +355,23 @@ def settings_given(recipe, *switches: str) -> set[str]:
 def without(words, fields: set[str]) -> list[str]:
     """Command-line words less the fields named, each with the words the parser takes as its value (`--name value`,
     `--name=value`, either spelling): a printed command whose own flags set those fields."""
-    options, kept, i = _options(), [], 0
+    return split_fields(words, fields)[0]
+
+
+def split_fields(words, fields: set[str]) -> tuple[list[str], list[str]]:
+    """(`without(words, fields)`, the words it leaves out: those that set the fields, as typed)."""
+    options, kept, taken, i = _options(), [], [], 0
     while i < len(words):
         name, equals, _ = words[i].partition("=")
         action = options.get(name)
         if action is None or action.dest not in fields:
             kept.append(words[i])
         else:
-            i += 0 if equals else len(value_words(action.nargs, words[i + 1 :]))
+            width = 1 + (0 if equals else len(value_words(action.nargs, words[i + 1 :])))
+            taken += words[i : i + width]
+            i += width - 1
         i += 1
-    return kept
+    return kept, taken
 
 
 # Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.
