@@ -2016,3 +2016,24 @@ def test_help_all_says_the_memory_plan_decides_checkpointing_and_that_keep_end_t
     unset = parse_args(["--config", SMOKE, "--activation_checkpointing", "true", "--dry-run"])
     assert checkpointing_request(unset) == (1, False)  # every layer allowed, the plan may choose fewer
     assert parse_args(["--config", SMOKE, "--truncation_mode", "keep_end"]).training.truncation_mode == "keep_end"
+
+
+def test_help_all_gives_only_the_runs_default_for_the_fields_whose_default_the_run_decides(capsys):
+    """--help-all printed argparse's `(default: ...)`, TRL's or transformers' value, beside this project's words for
+    the fields whose default the run decides: --hub_strategy "Unset (shown every_save) or end ... (default:
+    every_save)", --output_dir "(default: outputs/<run_name>) (default: None)", --gradient_checkpointing "(default:
+    True)" where unset the memory plan decides; and each `--no_<field>` switch "(default: False)" (for
+    --no_skip_memory_metrics, whose memory metrics are skipped unless asked), a value the parse never reads (the
+    field's own flag gives it). Those rows now say the run's default in their own words alone."""
+    from dpotrain.recipe import usage
+
+    rows = _help_rows(capsys)
+    for name in usage.RUN_DECIDES:
+        assert rows[name].count("(default") <= 1 and "shown" not in rows[name], (name, rows[name])
+        assert "default" in rows[name].lower(), (name, rows[name])
+    switches = [name for name in rows if name.startswith("no_") and name[3:] in rows]
+    assert "no_gradient_checkpointing" in switches and "no_skip_memory_metrics" in switches, switches
+    for name in switches:
+        assert "(default:" not in rows[name], (name, rows[name])
+    assert rows["skip_memory_metrics"].endswith("(default: True) "), rows["skip_memory_metrics"]  # the field's own
+    assert "(default: every_save)" not in rows["hub_strategy"] and "(default: None)" not in rows["output_dir"]

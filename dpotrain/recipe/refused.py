@@ -115,7 +115,7 @@ def help_words() -> dict[str, str]:
         "fsdp_config": f"Refused: it {FSDP_CONFIG}",
         "train_sampling_strategy": f"Refused unless random: {SAMPLER}",
         "load_best_model_at_end": f"Refused: it {LOAD_BEST_REFUSED.removeprefix('load_best_model_at_end ')}",
-        "hub_strategy": f"Unset (shown every_save) or end: the final model pushed once; another (a typed every_save "
+        "hub_strategy": f"Unset (the default) or end: the final model pushed once; another (a typed every_save "
         f"too), with push_to_hub, is refused: it {HUB_STRATEGY}",
         "hub_revision": f"Refused with push_to_hub: it {HUB_REVISION}",
     }

@@ -1,6 +1,7 @@
 """`train_dpo.py --help`: what users type first, short. `--help-all` prints every TRL and transformers field (over a
 thousand lines), which argparse's own help would otherwise put between a user and `--config`."""
 
+import argparse
 import dataclasses
 import re
 import textwrap
@@ -49,11 +50,11 @@ OWN_WORDS = {
     "ones with a note (an error where true is given)",
     # TRL's "Whether to precompute ... (default: False)", where a run scores the reference once unless told otherwise
     # (stages.py: the field set true where no live reference is asked for, config.uses_live_reference)
-    "precompute_ref_log_probs": "Unset (shown False): the reference stage, every pair's reference log-probs scored "
+    "precompute_ref_log_probs": "Unset (the default): the reference stage, every pair's reference log-probs scored "
     "once before training and cached, no reference model in memory (docs/reference.md); false given (or "
     "sync_ref_model): a reference model run beside every step",
     # transformers' "Whether to log the first `global_step` or not", where the health guards log it (stages.py)
-    "logging_first_step": "Log step 1 on its own. Unset (shown False), the health guards (health_checks, the "
+    "logging_first_step": "Log step 1 on its own. Unset (the default), the health guards (health_checks, the "
     "default) log it anyway, and refuse false (docs/health.md)",
     # transformers': "This value is ignored if the repo already exists", where the run refuses an existing public
     # repo (hub.check_private)
@@ -72,16 +73,27 @@ OWN_WORDS = {
     # transformers' "Enable ... checkpointing to trade compute for memory ... (default: True)", where the memory plan
     # decides how many layers (plan/memory.choose_checkpointing), and its old name is renamed to the new
     # (config.ALIASES; argparse's --no_gradient_checkpointing shares these words)
-    "activation_checkpointing": "Unset (shown None) or true: the memory plan checkpoints the fewest decoder layers "
+    "activation_checkpointing": "Unset (the default) or true: the memory plan checkpoints the fewest decoder layers "
     "that fit (docs/memory.md); false: none; activation_checkpointing_kwargs every_n_layers N: every N-th",
     "gradient_checkpointing": "transformers' old name of activation_checkpointing (--no_gradient_checkpointing: "
-    "false), read as it where that is not given",
+    "false), read as it where that is not given; unset (the default): as activation_checkpointing unset",
     # TRL's "The only supported value is 'keep_start'", where keep_end trains (TRL's deprecation said as a warning)
     "truncation_mode": "How a sequence over max_length is cut: keep_start keeps its start (a pair whose prompt alone "
     "fills it is dropped); keep_end keeps its end and drops none, with TRL's deprecation warning (docs/max_length.md)",
     # transformers' "Path to a folder with a valid checkpoint for your model" left out that a rerun resumes by itself
     "resume_from_checkpoint": "A checkpoint-N folder to resume from: without it, a rerun resumes from the newest",
 }
+# Fields whose default the run decides, not the parser's value (TRL's or transformers'): their words above and in
+# refused.help_words say the run's, and --help-all leaves argparse's `(default: ...)` out of their rows
+RUN_DECIDES = (
+    "output_dir",
+    "hub_model_id",
+    "hub_strategy",
+    "precompute_ref_log_probs",
+    "logging_first_step",
+    "activation_checkpointing",
+    "gradient_checkpointing",
+)
 WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
 
 
@@ -140,8 +152,22 @@ def short_help(parser, project_fields) -> str:
 
 def every_field(parser) -> str:
     """`--help-all`: --help's usage and recipe flags, then argparse's list of every field (its usage is suppressed:
-    180 lines naming each flag again, config.make_parser)."""
-    return "\n".join([*_recipe_rows(), "", parser.format_help().strip()])
+    180 lines naming each flag again, config.make_parser). argparse's `(default: ...)` is left out where it is not the
+    run's: the RUN_DECIDES fields', and each `--no_<field>` switch's (a value the parse never reads: the field's own
+    flag sets the default)."""
+    hidden = [
+        a
+        for a in upstream.parser_actions(parser)
+        if a.dest in RUN_DECIDES or (a.nargs == 0 and a.const is False and a.option_strings[0].startswith("--no"))
+    ]
+    shown = [a.default for a in hidden]
+    try:
+        for action in hidden:
+            action.default = argparse.SUPPRESS  # argparse's documented "no default": no `(default: ...)` printed
+        return "\n".join([*_recipe_rows(), "", parser.format_help().strip()])
+    finally:
+        for action, default in zip(hidden, shown, strict=True):
+            action.default = default
 
 
 def takes(action) -> str:
