@@ -22,13 +22,20 @@ from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
 from dpotrain.recipe.refused import (
+    ACCELERATOR_UNREAD,
     ENGINE_SWITCHES,
+    EVAL_ONLY,
+    EVAL_ONLY_WORDS,
     FSDP_CONFIG,
     INSTEAD,
     LOAD_BEST_REFUSED,
     NOT_DEFAULT,
     SAMPLER,
+    SWITCHED_OFF,
+    SWITCHED_SETTINGS,
+    TRACKIO_FIELDS,
     UNREAD,
+    said,
 )
 from dpotrain.train import losses, pair_metrics, resume
 from dpotrain.train.weight_names import WEIGHT_FILES
@@ -118,10 +125,7 @@ def check_options(recipe: Recipe) -> None:
     if t.train_sampling_strategy != "random":  # the step plan draws its own seeded order: another was recorded, unused
         raise ConfigError(f"train_sampling_strategy {t.train_sampling_strategy}: {SAMPLER}")
     if t.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
-        raise ConfigError(
-            "use_liger_kernel needs the liger-kernel package, which this project does not install: "
-            "remove --use_liger_kernel"
-        )
+        raise ConfigError(f"use_liger_kernel {said('liger')}")
     check_reference(recipe)
     check_evaluation(recipe)
     check_revisions(recipe)
@@ -132,29 +136,9 @@ def check_epochs_read(recipe: Recipe) -> None:
     trained 100 steps while the command line said 2 epochs. Both in the recipe, or both typed, is max_steps' rule."""
     t, typed = recipe.training, config.fields_set(recipe.command_line)
     if t.max_steps > 0 and "num_train_epochs" in typed and "max_steps" not in typed:
-        raise ConfigError(
-            f"--num_train_epochs {t.num_train_epochs:g} would be ignored: the recipe's max_steps {t.max_steps} wins "
-            f"over it (as in transformers): add --max_steps -1 to train {t.num_train_epochs:g} epochs, or remove "
-            "--num_train_epochs"
-        )
-
-
-# A feature's switch, what its being off means, how to turn it on, and the settings read only while it is on.
-SWITCHED_SETTINGS = (
-    (
-        "samples_every",
-        "0, so no sample is generated",
-        "samples_every (e.g. 50)",
-        ("sample_prompts", "sample_prompts_file", "sample_count", "sample_max_new_tokens", "sample_repetition_warn"),
-    ),
-    (
-        "health_checks",
-        "false, so no health guard runs",
-        "health_checks true",
-        ("health_action", "health_step1_tolerance", "health_loss_floor", "health_max_margin", "health_logp_drop")
-        + ("health_pinned_pairs", "health_early_fraction"),
-    ),
-)
+        epochs = f"{t.num_train_epochs:g}"
+        ignored = said("epochs_under_max_steps", steps=t.max_steps, epochs=epochs)
+        raise ConfigError(f"--num_train_epochs {epochs} {ignored}")
 
 
 def check_switched_off(recipe: Recipe) -> None:
@@ -167,24 +151,18 @@ def check_switched_off(recipe: Recipe) -> None:
         given = config.settings_given(recipe, switch)
         named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
         if not getattr(p, switch) and named:
-            raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
+            raise ConfigError(f"{named[0]} {SWITCHED_OFF.format(switch=switch, off=off, fix=fix, name=named[0])}")
     # transformers' switch, either spelling (config.ALIASES): off, its kwargs are read by nothing
     switched = config.settings_given(recipe, "activation_checkpointing", "gradient_checkpointing")
     given = {config.ALIASES.get(f, f) for f in switched}
     if not recipe.training.activation_checkpointing and "activation_checkpointing_kwargs" in given:
-        raise ConfigError(
-            "activation_checkpointing_kwargs is set but activation_checkpointing is false, so no layer is "
-            "checkpointed: set activation_checkpointing true or remove activation_checkpointing_kwargs"
-        )
+        raise ConfigError(f"activation_checkpointing_kwargs {said('checkpointing_kwargs')}")
     check_checkpointing_kwargs(recipe.training.activation_checkpointing_kwargs)
     # What max_length: auto aims at: typed for a run with a max_length of its own, read by nothing (a recipe file's is
     # left alone: the analyzer's recommendation for that recipe reads it)
     if "auto_coverage" in on_command_line and not recipe.max_length_auto:
-        raise ConfigError(
-            f"auto_coverage {p.auto_coverage:g} is set but max_length is {recipe.training.max_length}, not auto, so "
-            "nothing reads it: add --max_length auto (the smallest length leaving that share of pairs whole), or "
-            "remove auto_coverage"
-        )
+        unread = said("auto_coverage", length=recipe.training.max_length)
+        raise ConfigError(f"auto_coverage {p.auto_coverage:g} {unread}")
 
 
 def check_checkpointing_kwargs(kwargs: dict | None) -> None:
@@ -208,15 +186,9 @@ def check_reference(recipe: Recipe) -> None:
     """The reference's options that cannot work together (`reference_only` with a live reference scored nothing)."""
     t = recipe.training
     if t.sync_ref_model and recipe.model.use_peft:
-        raise ConfigError(
-            "sync_ref_model does not work with use_peft (the reference is the base with the adapter "
-            "disabled): remove one of them"
-        )
+        raise ConfigError(f"sync_ref_model {said('sync_with_peft')}")
     if t.sync_ref_model and t.precompute_ref_log_probs:
-        raise ConfigError(
-            "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
-            "--precompute_ref_log_probs false, or remove --sync_ref_model"
-        )
+        raise ConfigError(f"sync_ref_model {said('sync_with_precomputed')}")
     if recipe.project.reference_only and uses_live_reference(recipe):
         raise ConfigError(
             "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
@@ -298,20 +270,6 @@ def check_compile(t) -> None:
         )
 
 
-_OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
-# accelerator_config keys at other values than their defaults: failed after the model loaded, or read by nothing
-ACCELERATOR_UNREAD = {
-    "split_batches": (False, _OWN_LOADER + "loader does not split again"),
-    "dispatch_batches": (None, _OWN_LOADER + "loader does not dispatch from the first process"),
-    "even_batches": (True, _OWN_LOADER + "loader does not even out (every process has a share of every step)"),
-    "use_seedable_sampler": (True, _OWN_LOADER + "sampler does not replace (their order is the seed's)"),
-    "gradient_accumulation_kwargs": (
-        None,
-        "the trainer runs each step's micro-batches itself (max_tokens_per_microbatch or gradient_accumulation_steps)",
-    ),
-}
-
-
 def check_unread(recipe: Recipe) -> None:
     """UNREAD fields off their defaults, optim_target_modules for an optim that never reads it, do_train false."""
     from trl import DPOConfig
@@ -326,10 +284,7 @@ def check_unread(recipe: Recipe) -> None:
             instead = f"; {INSTEAD[name].format(value=value)}" if name in INSTEAD else ""
             raise ConfigError(f"{name} {spelt} would be ignored: {why}: remove {name}{instead}")
     if t.optim_target_modules is not None and not _named(t.optim).startswith(("galore", "apollo")):
-        raise ConfigError(
-            f"optim_target_modules would be ignored: optim {_named(t.optim)} trains every parameter as it is (only "
-            "the galore_* and apollo_* optims read it): remove optim_target_modules, or choose one of them"
-        )
+        raise ConfigError(f"optim_target_modules {said('optim_target_modules', optim=_named(t.optim))}")
     accelerator = t.accelerator_config  # transformers' AcceleratorConfig, its defaults where the recipe sets none
     for key, (default, why) in ACCELERATOR_UNREAD.items():
         if (value := getattr(accelerator, key, default)) != default:
@@ -338,21 +293,9 @@ def check_unread(recipe: Recipe) -> None:
                 f"accelerator_config {key} {spelt} cannot be honoured: {why}: remove {key} from accelerator_config"
             )
     if t.dataloader_persistent_workers and t.dataloader_num_workers == 0:  # transformers refuses prefetch_factor so
-        raise ConfigError(
-            "dataloader_persistent_workers would be ignored: it keeps the loader's worker processes between epochs, "
-            "and dataloader_num_workers is 0 (the main process reads the pairs): remove it, or pass "
-            "--dataloader_num_workers N"
-        )
+        raise ConfigError(f"dataloader_persistent_workers {said('persistent_workers')}")
     if "do_train" in recipe.given and not t.do_train:
-        raise ConfigError(
-            "do_train false would be ignored: the script always trains: remove it (--dry-run checks and plans the "
-            "run without training; --reference_only runs the reference stage alone)"
-        )
-
-
-# TrainingArguments fields only an evaluation reads, at any value (the first two judge the best checkpoint)
-EVAL_ONLY = """metric_for_best_model greater_is_better per_device_eval_batch_size eval_accumulation_steps eval_delay
-eval_do_concat_batches eval_use_gather_object prediction_loss_only""".split()
+        raise ConfigError(f"do_train false {said('do_train')}")
 
 
 def check_evaluation(recipe: Recipe) -> None:
@@ -373,16 +316,10 @@ def check_evaluation(recipe: Recipe) -> None:
         named += [f for f in ("eval_steps", "do_eval") if f in given and getattr(t, f)]
         named += [f for f in EVAL_ONLY if f in given]
         if named:
-            raise ConfigError(
-                f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
-                f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
-            )
+            raise ConfigError(f"{named[0]} {EVAL_ONLY_WORDS.format(name=named[0])}")
     check_best_metric(recipe)
     if t.eval_strategy == "epoch" and "eval_steps" in recipe.given and t.eval_steps:  # transformers reads it no more
-        raise ConfigError(
-            f"eval_steps {t.eval_steps:g} would be ignored: eval_strategy epoch evaluates at each epoch's end: remove "
-            "eval_steps, or pass --eval_strategy steps"
-        )
+        raise ConfigError(f"eval_steps {t.eval_steps:g} {said('eval_steps')}")
     if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
         if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
             raise ConfigError(
@@ -400,10 +337,7 @@ def check_evaluation(recipe: Recipe) -> None:
                 f"save a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk), or remove eval_strategy"
             )
     elif "dataset_test_split" in given:
-        raise ConfigError(
-            f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
-            "--eval_strategy steps --eval_steps N, or remove dataset_test_split"
-        )
+        raise ConfigError(f"dataset_test_split {s.dataset_test_split!r} {said('dataset_test_split')}")
 
 
 # metric_for_best_model's choices, with or without transformers' eval_ prefix (its evaluation loop adds the last three)
@@ -414,11 +348,7 @@ def check_best_metric(recipe: Recipe) -> None:
     """metric_for_best_model (and greater_is_better) without a checkpoint to pick or a metric logged: refused."""
     t = recipe.training
     if "greater_is_better" in recipe.given and not t.metric_for_best_model:
-        raise ConfigError(
-            f"greater_is_better {str(t.greater_is_better).lower()} would be ignored: it says which way "
-            "metric_for_best_model improves, and the run has none: add --metric_for_best_model eval_loss, or remove "
-            "greater_is_better"
-        )
+        raise ConfigError(f"greater_is_better {str(t.greater_is_better).lower()} {said('greater_is_better')}")
     metric = t.metric_for_best_model
     if metric and metric.removeprefix("eval_") not in EVAL_METRICS:
         # transformers looks it up in each evaluation's metrics: a KeyError at the first one
@@ -446,10 +376,7 @@ def check_saving(recipe: Recipe) -> None:
         )
     # save_steps is read under `steps` only; a recipe file's is allowed where the command line changes the strategy
     if strategy in ("epoch", "best") and "save_steps" in given_beside(recipe, "save_strategy"):
-        raise ConfigError(
-            f"save_steps {t.save_steps:g} would be ignored: save_strategy {strategy} does not save by steps: remove "
-            "save_steps, or pass --save_strategy steps"
-        )
+        raise ConfigError(f"save_steps {t.save_steps:g} {said('save_steps', strategy=strategy)}")
     if strategy == "best" and (not t.metric_for_best_model or t.eval_strategy == "no"):
         missing = "metric_for_best_model" if not t.metric_for_best_model else "evaluation (eval_strategy no)"
         raise ConfigError(
@@ -730,10 +657,7 @@ def check_logging(recipe: Recipe) -> None:
     # metrics.jsonl, W&B and the curves had one point per epoch; a recipe file's is allowed where the command line
     # changes the strategy for one run (as save_steps in check_saving)
     if _named(t.logging_strategy) == "epoch" and "logging_steps" in given_beside(recipe, "logging_strategy"):
-        raise ConfigError(
-            f"logging_steps {t.logging_steps:g} would be ignored: logging_strategy epoch does not log by steps: remove "
-            "logging_steps, or pass --logging_strategy steps"
-        )
+        raise ConfigError(f"logging_steps {t.logging_steps:g} {said('logging_steps')}")
     # transformers reads a value below 1 as a fraction of the run: a negative one misfired or divided by zero
     for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):
         value = getattr(t, name)
@@ -766,9 +690,6 @@ def check_logging(recipe: Recipe) -> None:
             )
 
 
-TRACKIO_FIELDS = ("project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id")
-
-
 def check_trackio_fields(recipe: Recipe) -> None:
     """transformers reads `project` and `trackio_*` for Trackio alone: beside another report_to, `--project my-dpo` was
     recorded while W&B logged to WANDB_PROJECT (else 'huggingface')."""
@@ -786,10 +707,7 @@ def check_trackio_fields(recipe: Recipe) -> None:
         if name == "project" and "wandb" in (t.report_to or []):
             reports += ", whose project is WANDB_PROJECT"
             fix = f"set WANDB_PROJECT={value} in .env (or the recipe's env:) and remove project"
-        raise ConfigError(
-            f"{name} {value!r} would be ignored: transformers reads it for Trackio alone (report_to trackio), and "
-            f"this run reports to {reports}: {fix}"
-        )
+        raise ConfigError(f"{name} {value!r} {said(name, reports=reports, fix=fix)}")
 
 
 def reporting_available(name: str) -> bool:
@@ -837,10 +755,7 @@ def check_optimizer(t) -> None:
                 f"optim_args {t.optim_args!r}: optim {_named(t.optim)} does not read {', '.join(ignored)}, which "
                 f"would be ignored: remove {'it' if len(ignored) == 1 else 'them'} (a misspelt name?)"
             )
-        raise ConfigError(
-            f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
-            f"optim_args{adam}, or choose an optim that reads it"
-        )
+        raise ConfigError(f"optim_args {t.optim_args!r} {said('optim_args', optim=_named(t.optim), adam=adam)}")
     # How it runs (fused, foreach kernels) is the device's: this one parameter is on the CPU
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
     if kwargs.get("eps") == 0 == t.adam_epsilon:  # torch takes 0: NaN weights after step 1, after the reference stage
@@ -897,11 +812,7 @@ def check_adam_settings(recipe: Recipe) -> None:
         with config.keep_end_unwarned():
             probed = dataclasses.replace(t, **{name: probe})
         if _built_with(probed, t.optim_args) == built:
-            raise ConfigError(
-                f"{name} {getattr(t, name):g} would be ignored: optim {_named(t.optim)} does not read it (transformers "
-                "passes the Adam settings to Adam-family optimizers alone; Lion reads the betas): remove "
-                f"{name}, or choose an optim that reads it (adamw_torch)"
-            )
+            raise ConfigError(f"{name} {getattr(t, name):g} {said(name, optim=_named(t.optim), name=name)}")
 
 
 def _check_warmup(t, multiplier) -> None:

@@ -2037,3 +2037,66 @@ def test_help_all_gives_only_the_runs_default_for_the_fields_whose_default_the_r
         assert "(default:" not in rows[name], (name, rows[name])
     assert rows["skip_memory_metrics"].endswith("(default: True) "), rows["skip_memory_metrics"]  # the field's own
     assert "(default: every_save)" not in rows["hub_strategy"] and "(default: None)" not in rows["output_dir"]
+
+
+# Words of a refusal that refuses a field for what else the run has (or for being set at all)
+FIELD_REFUSALS = ("would be ignored", "does not work with", "is set but", "cannot be honoured", "only used for eval")
+FIELD_REFUSALS += ("needs the liger-kernel",)
+# Functions whose refusals walk refused.py's own tables (UNREAD, ACCELERATOR_UNREAD), the field a table's key
+TABLE_WALKS = {"check_unread"}
+
+
+def _field_refusals():
+    """Each `raise ConfigError(...)` of the recipe's checks (options.py, train/losses.py) that refuses a field for what
+    else the run has: (where, the function, the key of refused.COMBINED it says, or the field its words start with)."""
+    import ast
+
+    found = []
+    for path in (ROOT / "dpotrain" / "options.py", ROOT / "dpotrain" / "train" / "losses.py"):
+        tree = ast.parse(path.read_text())
+        for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+            for node in ast.walk(function):
+                if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                    continue
+                message = node.exc.args[0]
+                parts = message.values if isinstance(message, ast.JoinedStr) else [message]
+                calls = [p.value for p in parts if isinstance(p, ast.FormattedValue) and isinstance(p.value, ast.Call)]
+                # said(name, ...) in a loop over names: each name is a key (said raises KeyError for another)
+                keys = [getattr(c.args[0], "value", "<loop>") for c in calls if getattr(c.func, "id", "") == "said"]
+                text = "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in parts)
+                if keys or any(words in text for words in FIELD_REFUSALS):
+                    where = f"{path.name}:{node.lineno}"
+                    found.append((where, function.name, keys[0] if keys else None, text.split()[0].lstrip("-")))
+    return found
+
+
+def test_every_refusal_of_a_field_is_in_refused_py_and_its_help_says_when(capsys):
+    """--help-all described fields the run refuses in a combination as working: --sync_ref_model (refused with
+    use_peft, and with precompute_ref_log_probs), --dataloader_persistent_workers (with 0 workers, the default),
+    --optim_target_modules (but for galore/apollo), --accelerator_config's loader keys, --use_liger_kernel (the
+    package is not installed), --precompute_ref_batch_size (at any value), the evaluation-only fields without
+    eval_strategy, ... each refused by words written inline in options.py or train/losses.py. Those words are now
+    refused.py's (one table: COMBINED), each field's help adds them with when, and every such refusal the checks raise
+    takes its words from the table (a `said(key)`), or walks one of refused.py's tables: one written inline fails here
+    unless its field's help says it is refused."""
+    from dpotrain.recipe import refused
+
+    rows = _help_rows(capsys)
+    bare = {name: re.sub(r"\s+", "", row) for name, row in rows.items()}  # argparse wraps at spaces and hyphens
+    for field, when, words, stand_ins in refused.COMBINED.values():
+        said = re.sub(r"\s+", "", f"Refused {when}: {field} {words.format(**stand_ins)}")
+        assert said in bare[field], (field, rows[field])
+    for key, (_, why) in refused.ACCELERATOR_UNREAD.items():
+        assert re.sub(r"\s+", "", f"{key} cannot be honoured: {why}") in bare["accelerator_config"], key
+    assert "Refused" in rows["precompute_ref_batch_size"], rows["precompute_ref_batch_size"]
+    found = _field_refusals()
+    assert len([f for f in found if f[2]]) >= 20, found  # the walk sees the table's refusals
+    for where, function, key, field in found:
+        if key is not None:
+            assert key in refused.COMBINED or key == "<loop>", (where, key)
+        elif field.startswith("{"):  # a field named by a loop: only over refused.py's tables
+            assert function in TABLE_WALKS, (where, function)
+        else:
+            assert "Refused" in rows.get(field, ""), (where, field, rows.get(field))
+    with pytest.raises(ConfigError, match=re.escape(f"sync_ref_model {refused.said('sync_with_peft')}")):
+        train_dpo.main(["--config", SMOKE, "--sync_ref_model", "--use_peft", "--lora_target_modules", "all-linear"])

@@ -302,9 +302,11 @@ def make_parser():
         usage=argparse.SUPPRESS,
     )
     # this project's words where upstream's mislead (usage.py), and a refused field's refusal (refused.py)
-    words = refused.help_words() | usage.OWN_WORDS
+    words, combined = refused.help_words() | usage.OWN_WORDS, refused.combined_words()
     for action in upstream.parser_actions(parser):
         action.help = words.get(action.dest, action.help)
+        if action.dest in combined:  # what it does, then where the run refuses it
+            action.help = f"{(action.help or '').strip().rstrip('.')}. {combined[action.dest]}".lstrip(". ")
         # and its defaults, which --help-all shows as `(default: ...)`: it showed TRL's and transformers' own
         action.default = OWN_DEFAULTS.get(action.dest, action.default)
     flags = upstream.long_flags(parser)

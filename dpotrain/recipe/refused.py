@@ -34,6 +34,8 @@ UNREAD = {
     "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
     "label_names": "only transformers' own prediction step and column filter read it, and TRL's DPO trainer "
     "replaces both (a pair's labels are its completions)",
+    "precompute_ref_batch_size": "the reference stage cuts its own micro-batches, by tokens, from training's budget "
+    "(docs/reference.md)",
 }
 # What to do instead of an UNREAD field, where there is something.
 INSTEAD = {
@@ -101,6 +103,284 @@ FSDP_CONFIG = (
     "would be ignored: transformers reads it only with --fsdp, which is not how this project selects its engine: "
     "remove it, and give FSDP2's settings in its accelerate config (configs/accelerate/fsdp2.yaml's fsdp_config:)"
 )
+
+
+_OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
+# accelerator_config keys at other values than their defaults (options.check_unread): each key's default and why
+ACCELERATOR_UNREAD = {
+    "split_batches": (False, _OWN_LOADER + "loader does not split again"),
+    "dispatch_batches": (None, _OWN_LOADER + "loader does not dispatch from the first process"),
+    "even_batches": (True, _OWN_LOADER + "loader does not even out (every process has a share of every step)"),
+    "use_seedable_sampler": (True, _OWN_LOADER + "sampler does not replace (their order is the seed's)"),
+    "gradient_accumulation_kwargs": (
+        None,
+        "the trainer runs each step's micro-batches itself (max_tokens_per_microbatch or gradient_accumulation_steps)",
+    ),
+}
+EVAL_ONLY_WORDS = (
+    "is only used for evaluation, and eval_strategy is no: add --eval_strategy steps --eval_steps N (held-out pairs: "
+    "`eval_datasets:`, or the data set's test split), or remove {name}"
+)
+# TrainingArguments fields only an evaluation reads, at any value (the first two judge the best checkpoint)
+EVAL_ONLY = """metric_for_best_model greater_is_better per_device_eval_batch_size eval_accumulation_steps eval_delay
+eval_do_concat_batches eval_use_gather_object prediction_loss_only""".split()
+TRACKIO_FIELDS = ("project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id")
+# A feature's switch, what its being off means, how to turn it on, and the settings read only while it is on (set
+# while it is off, they would be recorded and never read: options.check_switched_off)
+SWITCHED_SETTINGS = (
+    (
+        "samples_every",
+        "0, so no sample is generated",
+        "samples_every (e.g. 50)",
+        ("sample_prompts", "sample_prompts_file", "sample_count", "sample_max_new_tokens", "sample_repetition_warn"),
+    ),
+    (
+        "health_checks",
+        "false, so no health guard runs",
+        "health_checks true",
+        ("health_action", "health_step1_tolerance", "health_loss_floor", "health_max_margin", "health_logp_drop")
+        + ("health_pinned_pairs", "health_early_fraction"),
+    ),
+)
+SWITCHED_OFF = "is set but {switch} is {off}: set {fix} or remove {name}"
+# Fields refused in a combination: key -> (the field, when it is refused, what the refusal says after the field's name
+# and value, the help's stand-ins for the values that words names). options.py and train/losses.py raise
+# `<field> [<value>] {said(key, ...)}`; --help-all adds `Refused <when>: <field> <words>` to the field's own help.
+COMBINED = {
+    "sync_with_peft": (
+        "sync_ref_model",
+        "with use_peft",
+        "does not work with use_peft (the reference is the base with the adapter disabled): remove one of them",
+        {},
+    ),
+    "sync_with_precomputed": (
+        "sync_ref_model",
+        "with precompute_ref_log_probs true",
+        "updates the reference, so its log-probs cannot be precomputed: pass --precompute_ref_log_probs false, or "
+        "remove --sync_ref_model",
+        {},
+    ),
+    "persistent_workers": (
+        "dataloader_persistent_workers",
+        "with dataloader_num_workers 0 (the default)",
+        "would be ignored: it keeps the loader's worker processes between epochs, and dataloader_num_workers is 0 (the "
+        "main process reads the pairs): remove it, or pass --dataloader_num_workers N",
+        {},
+    ),
+    "optim_target_modules": (
+        "optim_target_modules",
+        "unless optim is a galore_* or apollo_* one",
+        "would be ignored: optim {optim} trains every parameter as it is (only the galore_* and apollo_* optims read "
+        "it): remove optim_target_modules, or choose one of them",
+        {"optim": "<optim>"},
+    ),
+    "do_train": (
+        "do_train",
+        "given as false",
+        "would be ignored: the script always trains: remove it (--dry-run checks and plans the run without training; "
+        "--reference_only runs the reference stage alone)",
+        {},
+    ),
+    "liger": (
+        "use_liger_kernel",
+        "without the liger-kernel package",
+        "needs the liger-kernel package, which this project does not install: remove --use_liger_kernel",
+        {},
+    ),
+    "checkpointing_kwargs": (
+        "activation_checkpointing_kwargs",
+        "with activation_checkpointing false",
+        "is set but activation_checkpointing is false, so no layer is checkpointed: set activation_checkpointing true "
+        "or remove activation_checkpointing_kwargs",
+        {},
+    ),
+    "epochs_under_max_steps": (
+        "num_train_epochs",
+        "typed alone under a recipe's max_steps",
+        "would be ignored: the recipe's max_steps {steps} wins over it (as in transformers): add --max_steps -1 to "
+        "train {epochs} epochs, or remove --num_train_epochs",
+        {"steps": "N", "epochs": "that many"},
+    ),
+    "auto_coverage": (
+        "auto_coverage",
+        "typed without max_length auto",
+        "is set but max_length is {length}, not auto, so nothing reads it: add --max_length auto (the smallest length "
+        "leaving that share of pairs whole), or remove auto_coverage",
+        {"length": "a number"},
+    ),
+    "dataset_test_split": (
+        "dataset_test_split",
+        "given without eval_strategy",
+        "is only used for evaluation: add --eval_strategy steps --eval_steps N, or remove dataset_test_split",
+        {},
+    ),
+    "greater_is_better": (
+        "greater_is_better",
+        "without metric_for_best_model",
+        "would be ignored: it says which way metric_for_best_model improves, and the run has none: add "
+        "--metric_for_best_model eval_loss, or remove greater_is_better",
+        {},
+    ),
+    "eval_steps": (
+        "eval_steps",
+        "with eval_strategy epoch",
+        "would be ignored: eval_strategy epoch evaluates at each epoch's end: remove eval_steps, or pass "
+        "--eval_strategy steps",
+        {},
+    ),
+    "save_steps": (
+        "save_steps",
+        "with save_strategy epoch or best",
+        "would be ignored: save_strategy {strategy} does not save by steps: remove save_steps, or pass "
+        "--save_strategy steps",
+        {"strategy": "epoch (or best)"},
+    ),
+    "logging_steps": (
+        "logging_steps",
+        "with logging_strategy epoch",
+        "would be ignored: logging_strategy epoch does not log by steps: remove logging_steps, or pass "
+        "--logging_strategy steps",
+        {},
+    ),
+    "optim_args": (
+        "optim_args",
+        "with an optim that reads none of it (AdamW's)",
+        "would be ignored: optim {optim} reads none of it: remove optim_args{adam}, or choose an optim that reads it",
+        {"optim": "<optim>", "adam": ""},
+    ),
+    "label_smoothing": (
+        "label_smoothing",
+        "with a loss type that does not read it",
+        "would be ignored: TRL's {loss} loss does not read it (only exo_pair, robust, aot and aot_unpaired do; "
+        "open-instruct's dpo_norm smooths, TRL's sigmoid_norm does not): remove label_smoothing, or choose one of "
+        "those loss types",
+        {"loss": "<loss_type>"},
+    ),
+    "f_divergence_applies": (
+        "f_divergence_type",
+        "other than reverse_kl, with a loss type it does not apply to",
+        "does not apply to loss_type {other} (TRL defines it for {allowed}): remove f_divergence_type, or choose one "
+        "of those loss types",
+        {"other": "<loss_type>", "allowed": "the loss types its help names"},
+    ),
+    "f_divergence_sft": (
+        "f_divergence_type",
+        "other than reverse_kl, with loss_type sft alone",
+        "would be ignored: loss_type sft does not compare log-ratios: remove f_divergence_type, or add a DPO loss type",
+        {},
+    ),
+    "f_alpha_divergence_coef": (
+        "f_alpha_divergence_coef",
+        "without f_divergence_type alpha_divergence",
+        "would be ignored: it is read only with --f_divergence_type alpha_divergence: add that, or remove "
+        "f_alpha_divergence_coef",
+        {},
+    ),
+    "discopop_tau": (
+        "discopop_tau",
+        "without loss_type discopop",
+        "would be ignored: only loss_type discopop reads it: remove discopop_tau, or add discopop to loss_type",
+        {},
+    ),
+    "ld_alpha": (
+        "ld_alpha",
+        "with loss_type sft alone",
+        "would be ignored: loss_type sft alone averages the chosen tokens' NLL, which LD-DPO does not weigh: remove "
+        "ld_alpha, or add a DPO loss type",
+        {},
+    ),
+    "weighting_sft": (
+        "use_weighting",
+        "with loss_type sft",
+        "with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which changes with how a "
+        "step is cut into micro-batches and processes: remove use_weighting, or sft",
+        {},
+    ),
+    "weighting_sorted": (
+        "use_weighting",
+        "with loss_type aot or aot_unpaired",
+        "with loss_type {losses}: TRL does not implement WPO's weights for losses that sort the micro-batch's pairs: "
+        "remove use_weighting, or choose another loss type",
+        {"losses": "aot/aot_unpaired"},
+    ),
+    "health_loss_floor": (
+        "health_loss_floor",
+        "with a loss type that is 0 at a finite margin (hinge, ipo, sppo_hard, exo_pair, robust)",
+        "would be ignored: loss_type {reaching} is 0 at a finite margin by design (its optimum, not a collapse), so "
+        "the loss_floor guard does not judge it: remove health_loss_floor (the margin and logps_falling guards still "
+        "watch)",
+        {"reaching": "<loss_type>"},
+    ),
+    **{
+        name: (
+            name,
+            "without sync_ref_model",
+            "would be ignored: it is read only with --sync_ref_model true (TR-DPO): add that, or remove {name}",
+            {"name": name},
+        )
+        for name in ("ref_model_mixup_alpha", "ref_model_sync_steps")
+    },
+    # transformers passes them to the Adam family alone (options.check_adam_settings)
+    **{
+        name: (
+            name,
+            "with an optim that does not read it",
+            "would be ignored: optim {optim} does not read it (transformers passes the Adam settings to Adam-family "
+            "optimizers alone; Lion reads the betas): remove {name}, or choose an optim that reads it (adamw_torch)",
+            {"optim": "<optim>", "name": name},
+        )
+        for name in ("adam_beta1", "adam_beta2", "adam_epsilon")
+    },
+    # transformers reads them for Trackio alone (options.check_trackio_fields)
+    **{
+        name: (
+            name,
+            "without report_to trackio",
+            "would be ignored: transformers reads it for Trackio alone (report_to trackio), and this run reports to "
+            "{reports}: {fix}",
+            {"reports": "another", "fix": f"remove {name}"},
+        )
+        for name in TRACKIO_FIELDS
+    },
+    # a setting of a feature that is off (options.check_switched_off)
+    **{
+        f"{name}_off": (
+            name,
+            f"with {switch} {off.split(',')[0]}",
+            SWITCHED_OFF,
+            {"name": name, "switch": switch, "off": off, "fix": fix},
+        )
+        for switch, off, fix, settings in SWITCHED_SETTINGS
+        for name in settings
+    },
+    # with eval_strategy no, what only an evaluation reads (options.check_evaluation)
+    **{
+        f"{name}_eval_no": (name, "given with eval_strategy no (the default)", EVAL_ONLY_WORDS, {"name": name})
+        for name in (*EVAL_ONLY, "eval_steps", "do_eval", "eval_on_start")
+    },
+}
+
+
+def said(key: str, **values) -> str:
+    """The words a COMBINED refusal says after its field's name (and value), `values` filling them in."""
+    return COMBINED[key][2].format(**values)
+
+
+def combined_words() -> dict[str, str]:
+    """Each field refused in a combination: `Refused <when>: <field> <words>`, for each one, which config.make_parser
+    adds to the field's own help (what it does where it is not refused)."""
+    words: dict[str, list[str]] = {}
+    for field, when, said_words, stand_ins in COMBINED.values():
+        words.setdefault(field, []).append(f"Refused {when}: {field} {said_words.format(**stand_ins)}")
+    keys = ", ".join(
+        f"{key} {'unset' if default is None else str(default).lower()}"
+        for key, (default, _) in ACCELERATOR_UNREAD.items()
+    )
+    words["accelerator_config"] = [
+        f"Refused with a key off its default (the run needs {keys}): "
+        + "; ".join(f"{key} cannot be honoured: {why}" for key, (_, why) in ACCELERATOR_UNREAD.items())
+    ]
+    return {field: ". ".join(lines) for field, lines in words.items()}
 
 
 def help_words() -> dict[str, str]:

@@ -13,6 +13,7 @@ import math
 import torch
 
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.refused import said
 
 # Which DPOConfig options each of TRL 1.16's loss types reads (`_compute_loss`): one set that no configured type reads
 # is refused (`check_ignored`). label_smoothing: not sigmoid_norm (open-instruct's dpo_norm reads it; TRL's does not).
@@ -66,10 +67,7 @@ def check_options(recipe) -> None:
             "--per_device_train_batch_size N (N dividing pairs_per_step / processes; --dry-run shows whether it fits)"
         )
     if SFT in types and t.use_weighting:
-        raise ConfigError(
-            "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
-            "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
-        )
+        raise ConfigError(f"use_weighting {said('weighting_sft')}")
     check_ignored(recipe)  # options the configured loss does not read at all, first
     check_values(recipe)
     if recipe.project.assistant_turns == "all":  # each side's labeled tokens are its earlier turns and its completion
@@ -146,11 +144,7 @@ def check_ignored(recipe) -> None:
     types = loss_types(t)
     named = "/".join(types)
     if _set(recipe, "label_smoothing") and not set(types) & READS_LABEL_SMOOTHING:
-        raise ConfigError(
-            f"label_smoothing {t.label_smoothing:g} would be ignored: TRL's {named} loss does not read it (only "
-            "exo_pair, robust, aot and aot_unpaired do; open-instruct's dpo_norm smooths, TRL's sigmoid_norm does "
-            "not): remove label_smoothing, or choose one of those loss types"
-        )
+        raise ConfigError(f"label_smoothing {t.label_smoothing:g} {said('label_smoothing', loss=named)}")
     if "exo_pair" in types and not 0 < t.label_smoothing < 1:
         raise ConfigError(
             f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO paper recommends "
@@ -165,56 +159,27 @@ def check_ignored(recipe) -> None:
         )
     if t.f_divergence_type != "reverse_kl":
         if other := [x for x in types if x not in F_DIVERGENCE_ALLOWED]:
-            raise ConfigError(
-                f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
-                f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "
-                "remove f_divergence_type, or choose one of those loss types"
-            )
+            allowed = ", ".join(sorted(READS_F_DIVERGENCE))
+            applies = said("f_divergence_applies", other="/".join(other), allowed=allowed)
+            raise ConfigError(f"f_divergence_type {t.f_divergence_type} {applies}")
         if not set(types) & READS_F_DIVERGENCE:
-            raise ConfigError(
-                f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not compare log-ratios: "
-                "remove f_divergence_type, or add a DPO loss type"
-            )
+            raise ConfigError(f"f_divergence_type {t.f_divergence_type} {said('f_divergence_sft')}")
     if _set(recipe, "f_alpha_divergence_coef") and t.f_divergence_type != "alpha_divergence":
-        raise ConfigError(
-            f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only with "
-            "--f_divergence_type alpha_divergence: add that, or remove f_alpha_divergence_coef"
-        )
+        raise ConfigError(f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} {said('f_alpha_divergence_coef')}")
     if _set(recipe, "discopop_tau") and "discopop" not in types:
-        raise ConfigError(
-            f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: remove discopop_tau, "
-            "or add discopop to loss_type"
-        )
+        raise ConfigError(f"discopop_tau {t.discopop_tau:g} {said('discopop_tau')}")
     if t.ld_alpha is not None and types == [SFT]:
-        raise ConfigError(
-            f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen tokens' NLL, which "
-            "LD-DPO does not weigh: remove ld_alpha, or add a DPO loss type"
-        )
+        raise ConfigError(f"ld_alpha {t.ld_alpha:g} {said('ld_alpha')}")
     if t.use_weighting and set(types) & BATCH_LEVEL_LOSSES:
-        raise ConfigError(
-            f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL does not "
-            "implement WPO's weights for losses that sort the micro-batch's pairs: remove use_weighting, or choose "
-            "another loss type"
-        )
+        losses = "/".join(sorted(set(types) & BATCH_LEVEL_LOSSES))
+        raise ConfigError(f"use_weighting {said('weighting_sorted', losses=losses)}")
     floor = recipe.project.health_loss_floor
     if "health_loss_floor" in recipe.given and floor > 0 and not loss_floor_applies(t):
         reaching = "/".join(sorted(set(types) & ZERO_AT_A_FINITE_MARGIN))
-        raise ConfigError(
-            f"health_loss_floor {floor:g} would be ignored: loss_type {reaching} is 0 at a finite margin by design "
-            "(its optimum, not a collapse), so the loss_floor guard does not judge it: remove health_loss_floor "
-            "(the margin and logps_falling guards still watch)"
-        )
-    if t.precompute_ref_batch_size is not None:
-        raise ConfigError(
-            f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
-            "own micro-batches, by tokens, from training's budget (docs/reference.md): remove precompute_ref_batch_size"
-        )
+        raise ConfigError(f"health_loss_floor {floor:g} {said('health_loss_floor', reaching=reaching)}")
     for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
         if _set(recipe, name) and not t.sync_ref_model:
-            raise ConfigError(
-                f"{name} {getattr(t, name):g} would be ignored: it is read only with --sync_ref_model true (TR-DPO): "
-                f"add that, or remove {name}"
-            )
+            raise ConfigError(f"{name} {getattr(t, name):g} {said(name, name=name)}")
 
 
 def loss_floor_applies(args) -> bool:
