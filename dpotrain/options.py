@@ -1033,17 +1033,10 @@ def check_init_kwargs(recipe: Recipe) -> None:
     """The run would load other than it planned and recorded, or record a token (whose value is never printed)."""
     kwargs = recipe.training.model_init_kwargs or {}
     for key in [k for k in SECRET_INIT_KWARGS if k in kwargs]:
-        raise ConfigError(
-            f"model_init_kwargs {key!r} would be recorded with the run (resolved_config.json, each checkpoint's "
-            f"training_args.bin): give the token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove "
-            f"{key!r} from model_init_kwargs"
-        )
+        raise ConfigError(f"model_init_kwargs {said('init_secret', key=key)}")
     for key, field in DECIDED_INIT_KWARGS.items():
         if key in kwargs:
-            raise ConfigError(
-                f"model_init_kwargs {key!r} would override {field}, which the run plans and records by: give "
-                f"--{field} {kwargs[key]} instead, and remove {key!r} from model_init_kwargs"
-            )
+            raise ConfigError(f"model_init_kwargs {said('init_decided', key=key, field=field, value=kwargs[key])}")
 
 
 def check_init_kwargs_apply(recipe: Recipe, config=None) -> None:

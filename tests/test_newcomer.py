@@ -2042,7 +2042,7 @@ def test_help_all_gives_only_the_runs_default_for_the_fields_whose_default_the_r
 
 # Words of a refusal that refuses a field for what else the run has (or for being set at all)
 FIELD_REFUSALS = ("would be ignored", "does not work with", "is set but", "cannot be honoured", "only used for eval")
-FIELD_REFUSALS += ("needs the liger-kernel",)
+FIELD_REFUSALS += ("needs the liger-kernel", "would override", "would be recorded with the run")
 # Functions whose refusals walk refused.py's own tables (UNREAD, ACCELERATOR_UNREAD), the field a table's key
 TABLE_WALKS = {"check_unread"}
 

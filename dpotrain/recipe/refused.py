@@ -2,6 +2,8 @@
 and --help-all give them as the field's help (`help_words`, set by config.make_parser), so that no help line describes
 a refused field as working."""
 
+from dpotrain.recipe.init_kwargs import DECIDED_INIT_KWARGS, SECRET_INIT_KWARGS
+
 _EVAL_CAST = (
     "transformers casts the model only for an evaluation outside training; this run evaluates during training, in "
     "its precision (bf16, fp16)"
@@ -214,6 +216,20 @@ COMBINED = {
         "is only used for evaluation: add --eval_strategy steps --eval_steps N, or remove dataset_test_split",
         {},
     ),
+    "init_secret": (
+        "model_init_kwargs",
+        f"with a token ({', '.join(SECRET_INIT_KWARGS)})",
+        "{key!r} would be recorded with the run (resolved_config.json, each checkpoint's training_args.bin): give the "
+        "token as HF_TOKEN (.env, the environment) or `hf auth login`, and remove {key!r} from model_init_kwargs",
+        {"key": "token"},
+    ),
+    "init_decided": (
+        "model_init_kwargs",
+        f"with a key the run decides from its own field ({', '.join(DECIDED_INIT_KWARGS)})",
+        "{key!r} would override {field}, which the run plans and records by: give --{field} {value} instead, and "
+        "remove {key!r} from model_init_kwargs",
+        {"key": "<key>", "field": "<its field>", "value": "<value>"},
+    ),
     "greater_is_better": (
         "greater_is_better",
         "without metric_for_best_model",
@@ -361,9 +377,9 @@ COMBINED = {
 }
 
 
-def said(key: str, **values) -> str:
-    """The words a COMBINED refusal says after its field's name (and value), `values` filling them in."""
-    return COMBINED[key][2].format(**values)
+def said(refusal: str, /, **values) -> str:
+    """The words COMBINED[refusal] says after its field's name (and value), `values` filling them in."""
+    return COMBINED[refusal][2].format(**values)
 
 
 def combined_words() -> dict[str, str]:
