@@ -1290,6 +1290,20 @@ def test_a_field_given_twice_with_two_values_is_said_and_the_last_counts(tmp_pat
     assert capsys.readouterr().err == ""
 
 
+def test_a_fields_on_and_off_switches_given_together_are_each_named(tmp_path, monkeypatch, capsys):
+    """`--no_health_checks ... --health_checks true` warned "--no_health_checks is given twice on the command line
+    (alone, then true)": read as `--no_health_checks true`, the opposite of what the last flag turned on. The other
+    switch of the field is named, as an old name of it is."""
+    path = write(tmp_path, "bf16: false\nreport_to: [none]\n")
+    for words, said, last in (
+        (["--no_health_checks", "--health_checks", "true"], "(alone, then --health_checks true)", True),
+        (["--health_checks", "true", "--no-health-checks"], "(true, then --no-health-checks alone)", False),
+    ):
+        monkeypatch.setattr("sys.argv", ["train_dpo.py", "--config", path, *words])
+        assert parse_args().project.health_checks is last
+        assert said in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spellings", [("--hub_token", "--hub_token"), ("--hub-token=", "--hub_token")])
 def test_a_token_given_twice_is_said_without_its_values(spellings, tmp_path, monkeypatch, capsys):
     """`--hub_token hf_a ... --hub_token hf_b` (a wrapper's token, then the user's): the warning that the last counts

@@ -32,15 +32,16 @@ def warn_given_twice(argv: list[str], options: dict, exempt=frozenset(), aliases
             continue
         values = [value] if equals else value_words(action.nargs, argv[i + 1 :])
         meaning = _meaning(action, values)
-        first = seen.setdefault(aliases.get(action.dest, action.dest), (name, values, meaning, action.dest))
+        first = seen.setdefault(aliases.get(action.dest, action.dest), (name, values, meaning, action))
         if first[2] != meaning:
             # a token's values stay unsaid: the line goes to the terminal, a `| tee` log, a Slurm job's log
             then = " ".join(values) or "alone"
-            then = f"{name} {then}" if action.dest != first[3] else then  # the field's other name
+            # the field's other name, or its other switch (`--no_x` then `--x true`: not "--no_x ... then true")
+            then = f"{name} {then}" if action is not first[3] else then
             both = f"{' '.join(first[1]) or 'alone'}, then {then}"
             both = "two values, not shown: a secret" if name in TOKEN_FLAGS else both
             warn(f"{first[0]} is given twice on the command line ({both}): the last counts")
-            seen[aliases.get(action.dest, action.dest)] = (name, values, meaning, action.dest)
+            seen[aliases.get(action.dest, action.dest)] = (name, values, meaning, action)
 
 
 def value_words(nargs, after: list[str]) -> list[str]:
