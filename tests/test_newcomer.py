@@ -2042,7 +2042,10 @@ def test_help_all_gives_only_the_runs_default_for_the_fields_whose_default_the_r
 
 # Words of a refusal that refuses a field for what else the run has (or for being set at all)
 FIELD_REFUSALS = ("would be ignored", "does not work with", "is set but", "cannot be honoured", "only used for eval")
-FIELD_REFUSALS += ("needs the liger-kernel", "would override", "would be recorded with the run")
+FIELD_REFUSALS += ("needs the liger-kernel", "would override", "would be recorded with the run", "only applies with")
+FIELD_REFUSALS += ("cannot be trained directly", "would not be NEFTune's")
+# The modules whose checks refuse a field for what else the run has
+CHECKS = ("options.py", "train/losses.py", "train/lora.py", "forwards/choice.py")
 # Functions whose refusals walk refused.py's own tables (UNREAD, ACCELERATOR_UNREAD), the field a table's key
 TABLE_WALKS = {"check_unread"}
 
@@ -2053,7 +2056,7 @@ def _field_refusals():
     import ast
 
     found = []
-    for path in (ROOT / "dpotrain" / "options.py", ROOT / "dpotrain" / "train" / "losses.py"):
+    for path in (ROOT / "dpotrain" / name for name in CHECKS):
         tree = ast.parse(path.read_text())
         for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
             for node in ast.walk(function):

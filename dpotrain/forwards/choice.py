@@ -19,6 +19,7 @@ from dpotrain.forwards import flops, masks, packing, padded, sequence_parallel, 
 from dpotrain.recipe import init_kwargs, launcher, upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.refused import said
 
 VARLEN_PACKAGES = {  # transformers' name: (its availability check in transformers.utils, what to install)
     "flash_attention_4": ("is_flash_attn_4_available", "pip install -r requirements-gpu.txt (flash-attn-4)"),
@@ -200,21 +201,11 @@ def hybrid_problem(config, recipe) -> str | None:
 def _check_packed_options(t) -> None:
     """Options that only TRL's padded batches honour, refused where the run packs."""
     if t.pad_to_multiple_of is not None:
-        raise ConfigError(
-            f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
-            "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
-            "pad_to_multiple_of, or pass --padding_free false"
-        )
+        raise ConfigError(f"pad_to_multiple_of {t.pad_to_multiple_of} {said('pad_to_multiple_of')}")
     if t.neftune_noise_alpha is not None:
         # transformers' hook scales the noise by alpha / sqrt(width x hidden size): padded, the width is the longest
         # sequence (TRL's, the paper's); a packed row's is the whole micro-batch
-        raise ConfigError(
-            f"neftune_noise_alpha {t.neftune_noise_alpha:g} would not be NEFTune's: its noise is scaled by the "
-            "length of the row it sees, and this run packs its pairs (padding_free, the default), a row holding a "
-            "micro-batch's sequences end to end: the noise would be smaller than on TRL's padded batches, by the "
-            "budget (max_tokens_per_microbatch): pass --padding_free false (TRL's padded collator), or remove "
-            "neftune_noise_alpha"
-        )
+        raise ConfigError(f"neftune_noise_alpha {t.neftune_noise_alpha:g} {said('neftune_noise_alpha')}")
 
 
 def check_asked(config, asked: str, cuda: bool, check_kernels: bool, dropout: tuple[str, float] | None = None) -> None:

@@ -145,6 +145,13 @@ SWITCHED_SETTINGS = (
     ),
 )
 SWITCHED_OFF = "is set but {switch} is {off}: set {fix} or remove {name}"
+# ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise: train/lora.py)
+LORA_FIELDS = (
+    "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type "
+    "use_rslora use_dora"
+).split()
+QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
+_PACKED = "padding_free true (the default)"
 # Fields refused in a combination: key -> (the field, when it is refused, what the refusal says after the field's name
 # and value, the help's stand-ins for the values that words names). options.py and train/losses.py raise
 # `<field> [<value>] {said(key, ...)}`; --help-all adds `Refused <when>: <field> <words>` to the field's own help.
@@ -336,6 +343,65 @@ COMBINED = {
         )
         for name in ("ref_model_mixup_alpha", "ref_model_sync_steps")
     },
+    # LoRA's settings without LoRA, and what the adapter does not train with (train/lora.check_lora)
+    **{
+        f"{name}_no_peft": (
+            name,
+            "with use_peft false",
+            "is set but use_peft is false, so it would be ignored: add --use_peft true to train a LoRA adapter, or "
+            "remove {name}",
+            {"name": name},
+        )
+        for name in (*LORA_FIELDS, "merge_lora")
+    },
+    "lora_task_type": (
+        "lora_task_type",
+        "unless CAUSAL_LM (the default)",
+        "{task}: DPO trains a causal language model's adapter (CAUSAL_LM, the default): remove lora_task_type",
+        {"task": "<task>"},
+    ),
+    "lora_dropout_disabled": (
+        "lora_dropout",
+        "above 0 with disable_dropout true (the default)",
+        "would be ignored: disable_dropout (true by default) sets every dropout to 0 once PEFT has wrapped the "
+        "model, the adapter's too; add --disable_dropout false to train with it, or remove lora_dropout",
+        {},
+    ),
+    **{
+        f"{name}_unquantized": (
+            name,
+            "without load_in_4bit",
+            "only applies with --load_in_4bit true: add it, or remove {name}",
+            {"name": name},
+        )
+        for name in QUANTIZATION_FIELDS
+    },
+    **{
+        f"{name}_no_peft": (
+            name,
+            "with use_peft false",
+            "weights cannot be trained directly: add --use_peft true (QLoRA) or remove it",
+            {},
+        )
+        for name in ("load_in_4bit", "load_in_8bit")
+    },
+    # what only TRL's padded batches honour (forwards/choice.py)
+    "pad_to_multiple_of": (
+        "pad_to_multiple_of",
+        f"with {_PACKED}",
+        "would be ignored: it pads TRL's padded batches, and this run packs its pairs (padding_free, the default), "
+        "each row cut to its forward's own width: remove pad_to_multiple_of, or pass --padding_free false",
+        {},
+    ),
+    "neftune_noise_alpha": (
+        "neftune_noise_alpha",
+        f"with {_PACKED}",
+        "would not be NEFTune's: its noise is scaled by the length of the row it sees, and this run packs its pairs "
+        "(padding_free, the default), a row holding a micro-batch's sequences end to end: the noise would be "
+        "smaller than on TRL's padded batches, by the budget (max_tokens_per_microbatch): pass --padding_free false "
+        "(TRL's padded collator), or remove neftune_noise_alpha",
+        {},
+    ),
     # transformers passes them to the Adam family alone (options.check_adam_settings)
     **{
         name: (

@@ -19,16 +19,11 @@ from dpotrain.data import builtin
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import settings_given
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.refused import LORA_FIELDS, QUANTIZATION_FIELDS, said
 from dpotrain.recipe.writes import quiet_progress_bars, readable_weights
 
 MERGED_DIR = "merged"
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")  # what transformers' Trainer aligns with the tokenizer
-# ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
-LORA_FIELDS = (
-    "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type "
-    "use_rslora use_dora"
-).split()
-QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
 
 
 def check_lora(recipe) -> None:
@@ -40,10 +35,7 @@ def check_lora(recipe) -> None:
         named = settings_given(recipe, "use_peft")
         stray = [f for f in LORA_FIELDS if f in named] + ["merge_lora"] * (p.merge_lora and "merge_lora" in named)
         if stray:
-            raise ConfigError(
-                f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
-                f"to train a LoRA adapter, or remove {stray[0]}"
-            )
+            raise ConfigError(f"{stray[0]} {said(f'{stray[0]}_no_peft', name=stray[0])}")
     else:
         try:
             import peft  # noqa: F401
@@ -56,10 +48,7 @@ def check_lora(recipe) -> None:
                 "model lacks is refused naming its layers)"
             )
         if m.lora_task_type != "CAUSAL_LM":  # PEFT would wrap the model for another task's head (or refuse the name)
-            raise ConfigError(
-                f"lora_task_type {m.lora_task_type}: DPO trains a causal language model's adapter (CAUSAL_LM, the "
-                "default): remove lora_task_type"
-            )
+            raise ConfigError(f"lora_task_type {said('lora_task_type', task=m.lora_task_type)}")
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
         if m.lora_alpha <= 0:  # PEFT scales the adapter's output by alpha / r: at 0 the adapter trains nothing
@@ -70,18 +59,14 @@ def check_lora(recipe) -> None:
         if not 0 <= m.lora_dropout <= 1:
             raise ConfigError(f"lora_dropout must be between 0 and 1 (got {m.lora_dropout:g}); 0.05-0.1 is usual")
         if m.lora_dropout > 0 and recipe.training.disable_dropout:  # given: its default is 0 then (config.parse_args)
-            raise ConfigError(
-                f"lora_dropout {m.lora_dropout:g} would be ignored: disable_dropout (true by default) sets every "
-                "dropout to 0 once PEFT has wrapped the model, the adapter's too; add --disable_dropout false to "
-                "train with it, or remove lora_dropout"
-            )
+            raise ConfigError(f"lora_dropout {m.lora_dropout:g} {said('lora_dropout_disabled')}")
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
         # Not a recipe file's where the command line turns quantization off for one run (`--load_in_4bit false` on a
         # QLoRA recipe, on a GPU with room for the weights: its bnb_4bit_quant_type was refused, which no flag unsets)
         named = settings_given(recipe, "load_in_4bit", "load_in_8bit")
         if stray := [f for f in QUANTIZATION_FIELDS if f in named]:
-            raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
+            raise ConfigError(f"{stray[0]} {said(f'{stray[0]}_unquantized', name=stray[0])}")
         return
     # Not a dry run's (but --use_cpu's): it plans the GPU job from a login node, as options.check_cuda_settings
     if not torch.cuda.is_available() and (recipe.training.use_cpu or not p.dry_run):
@@ -93,7 +78,7 @@ def check_lora(recipe) -> None:
             f"{quantized} needs the bitsandbytes package: `pip install bitsandbytes`, or remove --{quantized}"
         ) from None
     if not m.use_peft:
-        raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
+        raise ConfigError(f"{quantized} {said(f'{quantized}_no_peft')}")
     from trl import get_quantization_config
 
     try:  # transformers' BitsAndBytesConfig checks its values as the run builds it, once the data set is tokenized
