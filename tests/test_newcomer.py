@@ -2045,7 +2045,7 @@ FIELD_REFUSALS = ("would be ignored", "does not work with", "is set but", "canno
 FIELD_REFUSALS += ("needs the liger-kernel", "would override", "would be recorded with the run", "only applies with")
 FIELD_REFUSALS += ("cannot be trained directly", "would not be NEFTune's")
 # The modules whose checks refuse a field for what else the run has
-CHECKS = ("options.py", "train/losses.py", "train/lora.py", "forwards/choice.py")
+CHECKS = ("options.py", "train/losses.py", "train/lora.py", "forwards/choice.py", "data/mixture.py")
 # Functions whose refusals walk refused.py's own tables (UNREAD, ACCELERATOR_UNREAD), the field a table's key
 TABLE_WALKS = {"check_unread"}
 

@@ -20,6 +20,7 @@ import numpy as np
 from dpotrain.data import cuts, data, data_identity, hub_revision, lengths, rows
 from dpotrain.recipe import config, upstream
 from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.refused import said
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = config.MIXTURE_BUILDERS
@@ -207,10 +208,8 @@ def _check_split_read(sources: list[Source], split: str | None, kind: str, named
     mixer = named_by.startswith("--")  # --dataset_mixer_list_splits; else the `datasets:` entries' own
     where = f"{named_by} names every source's split" if mixer else f"every `{named_by}:` entry names its own `split`"
     read = ", ".join(sorted({s.split for s in sources}))
-    raise ConfigError(
-        f"dataset_{kind}_split {split!r} would be ignored: {where} ({read}): remove dataset_{kind}_split, or "
-        f"name {split!r} there"
-    )
+    unread = said(f"dataset_{kind}_split_unread", where=where, read=read, kind=kind, split=split)
+    raise ConfigError(f"dataset_{kind}_split {split!r} {unread}")
 
 
 def _check_read_once(sources: list[Source], what: str = "mixture source", evaluation: bool = False) -> None:

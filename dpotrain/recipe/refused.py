@@ -385,6 +385,16 @@ COMBINED = {
         )
         for name in ("load_in_4bit", "load_in_8bit")
     },
+    # a split no mixture source reads (data/mixture.py)
+    **{
+        f"dataset_{kind}_split_unread": (
+            f"dataset_{kind}_split",
+            "where every mixture source names another split",
+            "would be ignored: {where} ({read}): remove dataset_{kind}_split, or name {split!r} there",
+            {"where": "every source names its own split", "read": "their splits", "kind": kind, "split": "<split>"},
+        )
+        for kind in ("train", "test")
+    },
     # what only TRL's padded batches honour (forwards/choice.py)
     "pad_to_multiple_of": (
         "pad_to_multiple_of",
