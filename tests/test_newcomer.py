@@ -792,9 +792,10 @@ def test_help_all_says_what_the_data_fields_do_with_a_mixture_and_that_the_learn
         parse_args(["--help-all"])
     every = re.sub(r"\s+", " ", capsys.readouterr().out)
     assert "this will be ignored" not in every and "initial learning rate" not in every
-    assert "and that of each mixture source that names none (default: train)" in every
+    assert "and that of each mixture source that names none. Refused where every mixture source names" in every
+    assert "remove dataset_train_split, or name '<split>' there (default: train)" in every
     assert "and dataset_config with one is refused" in every
-    assert "The peak learning rate: linear warmup over warmup_steps, then linear decay to zero;" in every
+    assert "The peak learning rate, after warmup_steps (the recipes: linear decay to zero)" in every
     data = str(ROOT / "data" / "smoke_prefs.jsonl")
     mixed = ["--model_name_or_path", "m", "--dataset_mixer_list", data, "1.0", "--dry-run"]
     sources = mixture.parse(mixture.fields_of(parse_args([*mixed, "--dataset_train_split", "dev"])))

@@ -33,8 +33,7 @@ OWN_WORDS = {
     "dataset_streaming": "Accepted as false only: the step plan needs every pair's length up front (datasets "
     "memory-maps a loaded data set, so it need not fit in RAM)",
     # transformers': "The initial learning rate for AdamW", where warmup makes it the peak
-    "learning_rate": "The peak learning rate: linear warmup over warmup_steps, then linear decay to zero; with "
-    "lr_scheduler_type linear, the recipes'",
+    "learning_rate": "The peak learning rate, after warmup_steps (the recipes: linear decay to zero)",
     "output_dir": "The run's folder: checkpoints, the final model and the run's records (default: outputs/<run_name>)",
     # TRL's "Maximum length of the tokenized sequence" said nothing of `auto`
     "max_length": "Tokens per sequence (prompt + completion), longer ones cut as truncation_mode says, or auto: the "
