@@ -369,21 +369,38 @@ def check_replaceable(output_dir: str, start_afresh: bool) -> None:
         )
 
 
+def _saved_again(out: Path, resume_from: str | None, max_steps: int) -> list[Path]:
+    """The checkpoint folders at a step the run may still save (past its start, up to max_steps): it clears each to
+    save there (`checkpoints.clear_for_save`)."""
+    start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
+    last = max_steps if max_steps > 0 else float("inf")
+    return [p for p in checkpoints(out) if start < step_of(p) <= last]
+
+
 def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_steps: int) -> None:
-    """Refuses a `checkpoint-N` the run did not write at a step it may still save (past its start, up to max_steps): it
-    clears that folder to save there, and the person's files would be gone."""
+    """Refuses a `checkpoint-N` the run did not write at a step it may still save: it clears that folder to save there,
+    and the person's files would be gone. One of the run's own there that it cannot remove (made read-only to keep it,
+    another user's) is refused too: the run trained up to that step, then ended in a PermissionError traceback as it
+    cleared the folder, every rerun alike."""
     out = Path(output_dir)
     own = read_manifest(out) if writes.is_dir(out) else None
     if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
         return
-    start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
-    last = max_steps if max_steps > 0 else float("inf")
-    if ahead := [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]:
+    ahead = _saved_again(out, resume_from, max_steps)
+    if others := [p.name for p in ahead if p.name not in own]:
         raise ConfigError(
-            f"output_dir {output_dir!r} holds {', '.join(ahead)}, which this run did not write ({MANIFEST} does not "
-            f"name {'it' if len(ahead) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
-            f"move it out of the folder (or rename it, e.g. {ahead[0]}.bak), or pass another --output_dir"
+            f"output_dir {output_dir!r} holds {', '.join(others)}, which this run did not write ({MANIFEST} does not "
+            f"name {'it' if len(others) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
+            f"move it out of the folder (or rename it, e.g. {others[0]}.bak), or pass another --output_dir"
         )
+    for folder in ahead:
+        inside = [folder, *sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())]
+        if problem := next(filter(None, map(unwritable, inside)), None):
+            raise ConfigError(
+                f"output_dir {output_dir!r} holds {folder.name}, an earlier attempt's, which this run removes to save "
+                f"that step again, and cannot ({problem[0]}: {problem[1]}): make it writable (chmod -R u+w "
+                f"{shlex.quote(str(folder))}), or move it out of the folder, then rerun"
+            )
 
 
 def start(recipe, start_afresh: bool, pushes: bool) -> None:

@@ -416,6 +416,38 @@ def test_a_checkpoint_made_read_only_is_said_and_kept_the_runs_when_rotation_can
     assert is_complete(out / "checkpoint-2") and "checkpoint-2" in run_files.read(out)
 
 
+def test_a_checkpoint_the_run_saves_again_that_it_cannot_remove_is_refused_before_training(tmp_path):
+    """checkpoint-4 cut short (a kill mid-save), then made read-only by a person keeping the run's checkpoints (chmod
+    -R a-w): the rerun resumed from checkpoint-2, trained steps 3 and 4, then ended in a PermissionError traceback as
+    it cleared checkpoint-4 to save it again, and so did every rerun. Now refused at start, naming the folder and the
+    chmod; a writable one passes."""
+    from dpotrain import output_folder
+
+    out = tmp_path / "run"
+    run_files.write(out, [run_files.MANIFEST])
+    run_files.claim(out, ["checkpoint-2"])
+    sealed_checkpoint(out / "checkpoint-2")
+    cut_short(out / "checkpoint-4")
+
+    def check():  # in a child of this process, checkpoint-4 read-only for it (root included)
+        try:
+            output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)
+        except ConfigError as e:
+            print(e)
+
+    code, stdout, stderr = in_read_only(out / "checkpoint-4", check)
+    assert code == 0, stderr[-3000:]
+    assert stdout.startswith(
+        f"output_dir {str(out)!r} holds checkpoint-4, an earlier attempt's, which this run removes to save that step "
+        f"again, and cannot ({out / 'checkpoint-4'}: "
+    ), stdout
+    assert stdout.rstrip().endswith(
+        f"make it writable (chmod -R u+w {out / 'checkpoint-4'}), or move it out of the folder, then rerun"
+    )
+    output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)  # writable: removed as before
+    output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 3)  # past max_steps: never saved
+
+
 def test_a_checkpoint_the_run_saved_that_is_gone_is_said_and_with_none_left_the_rerun_is_refused(tmp_path, capsys):
     """checkpoint-4 moved or deleted between attempts (a scratch cleaner, an `rm` to free space after a push, a move
     to other storage), run_files.json still naming it: the rerun went on from checkpoint-2 without a word of it, and
