@@ -359,14 +359,34 @@ def _links_under(folder: Path):
 
 
 def check_replaceable(output_dir: str, start_afresh: bool) -> None:
-    """Refuses to replace a run whose own files are not recorded (written before run_files.json existed)."""
+    """Refuses to replace a run whose own files are not recorded (written before run_files.json existed), or one with a
+    folder of its own the run cannot remove (`unremovable`): the replacement removed run_complete.json and the card
+    first, then ended at that folder, the finished run left unfinished."""
     out = Path(output_dir)
-    if start_afresh and writes.is_dir(out) and read_manifest(out) is None and is_legacy_run(out):
+    if not (start_afresh and writes.is_dir(out)):
+        return
+    if (own := read_manifest(out)) is None and is_legacy_run(out):
         raise ConfigError(
             f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
             f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
             "run yourself, or pass a new --output_dir"
         )
+    for name in sorted(set(own or ()) - {MANIFEST}):
+        if problem := unremovable(out / name):
+            raise ConfigError(
+                f"output_dir {output_dir!r} holds {name}, the replaced run's own, which this run removes first, and "
+                f"cannot ({problem[0]}: {problem[1]}): make it writable (chmod -R u+w {shlex.quote(str(out / name))}), "
+                "or move it out of the folder, then rerun"
+            )
+
+
+def unremovable(folder: Path) -> tuple[Path, str] | None:
+    """Whether the run can remove the folder `folder` (a file or a link: None), probed as `writes.unwritable` probes:
+    (the folder in it that refuses a file, why), or None. Removing needs every folder in it writable."""
+    if not writes.is_dir(folder) or folder.is_symlink():
+        return None
+    inside = [folder, *sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())]
+    return next(filter(None, map(unwritable, inside)), None)
 
 
 def _saved_again(out: Path, resume_from: str | None, max_steps: int) -> list[Path]:
@@ -394,8 +414,7 @@ def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_st
             f"move it out of the folder (or rename it, e.g. {others[0]}.bak), or pass another --output_dir"
         )
     for folder in ahead:
-        inside = [folder, *sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink())]
-        if problem := next(filter(None, map(unwritable, inside)), None):
+        if problem := unremovable(folder):
             raise ConfigError(
                 f"output_dir {output_dir!r} holds {folder.name}, an earlier attempt's, which this run removes to save "
                 f"that step again, and cannot ({problem[0]}: {problem[1]}): make it writable (chmod -R u+w "

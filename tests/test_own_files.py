@@ -289,6 +289,35 @@ def test_an_output_dir_that_is_a_file_is_refused_before_anything_loads(tmp_path,
     assert target.read_bytes() == b"weights I need"
 
 
+def test_a_run_whose_folder_the_replacement_cannot_remove_is_refused_before_anything_is_removed(tmp_path):
+    """--overwrite_output_dir over a finished run one of whose checkpoints is read-only (kept with chmod -R a-w, or
+    another user's): the replacement removed run_complete.json and the card, then ended at that checkpoint
+    (`permission is denied: .../checkpoint-2/COMPLETE could not be written`), the finished run left unfinished. Now
+    refused in one line before anything is removed, the run as it was."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    out = tmp_path / "run"
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", "README.md", "checkpoint-2", "checkpoint-4"])
+    for step in (2, 4):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    (out / "run_complete.json").write_text('{"global_step": 4}\n')
+    (out / "README.md").write_text("the card\n")
+    before = snapshot(out)
+    args = train_args(out, "--overwrite_output_dir", "--max_steps", "4", "--save_steps", "2")
+    code, stdout, stderr = in_child(lambda: run_cli(lambda: train_dpo.main(args)), read_only=[out / "checkpoint-2"])
+    errors = [line for line in (stdout + stderr).splitlines() if line.startswith("error:")]
+    assert code == 2 and "Traceback" not in stdout + stderr and len(errors) == 1, (stdout + stderr)[-3000:]
+    assert errors[0].startswith(
+        f"error: output_dir {str(out)!r} holds checkpoint-2, the replaced run's own, which this run removes first, "
+        f"and cannot ({out / 'checkpoint-2'}: "
+    ), errors[0]
+    assert errors[0].endswith(
+        f"make it writable (chmod -R u+w {out / 'checkpoint-2'}), or move it out of the folder, then rerun"
+    )
+    assert snapshot(out) == before
+
+
 def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_replaced(tmp_path):
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
