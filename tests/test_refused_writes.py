@@ -219,6 +219,25 @@ def test_the_disk_full_line_is_said_when_the_free_space_and_the_last_manifest_ca
     assert said.startswith(f"{why}: {out / 'samples.jsonl'} could not be written (its free space unknown ("), said
 
 
+def test_the_disk_full_line_offers_a_lower_save_total_limit_only_where_it_frees_room(tmp_path):
+    """A checkpoint that did not fit beside the one complete checkpoint kept (save_total_limit 1, or the first save
+    past save_total_limit 2's first): the line said "free space there (or lower --save_total_limit)", and the rerun
+    with the limit lowered (to 1: 0 is refused) failed at the same save, since the newest complete one stays until the
+    next is marked. Offered only where two or more complete ones are kept."""
+    from conftest import sealed_checkpoint
+    from dpotrain.train import disk_full, run_files
+
+    out = tmp_path / "run"
+    why = disk_full.FULL[errno.ENOSPC]
+    for step, offered in ((2, False), (4, True)):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+        run_files.completed(out, f"checkpoint-{step}")
+        said = str(disk_full.save_failed(out / "checkpoint-6", why))
+        assert ("free space there (or lower --save_total_limit), then rerun;" in said) is offered, said
+        assert "free space there" in said and f"checkpoint-{step} is kept" in said, said
+
+
 # A write under `folder` (a file opened by Python: the final model's config.json, a checkpoint's torch.save'd states)
 # refused by something no full disk explains: EACCES in a folder whose mode lets this process write (os.access says
 # yes), as NFS's root squash gives; an EIO, as a failing or stale mount gives with room on its disk.

@@ -237,7 +237,11 @@ def save_failed(folder: Path, why: str) -> RunError:
     out = folder.parent
     kept = _complete(out, but=folder)
     room = "" if _fix(why) else f" ({_free(out)}; {_need(folder, kept)})"
-    todo = _fix(why) or "free space there (or lower --save_total_limit)"
+    # A lower save_total_limit frees room only where more than one complete checkpoint is kept: the newest stays until
+    # the next is marked complete (checkpoints.py), so with one (save_total_limit 1, or the first save past it) the
+    # rerun it advised failed at the same save
+    lower = " (or lower --save_total_limit)" if isinstance(kept, list) and len(kept) > 1 else ""
+    todo = _fix(why) or f"free space there{lower}"
     return RunError(
         f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept, out)}"
     )
