@@ -93,6 +93,34 @@ def test_a_resume_never_passes_over_a_checkpoint_whose_file_it_could_not_look_at
     assert latest_sound_checkpoint(out) == out / "checkpoint-4"  # the file server answers again
 
 
+@pytest.mark.slow
+def test_a_resume_never_passes_over_a_checkpoint_this_job_may_not_read(tmp_path):
+    """checkpoint-4's optimizer.pt not readable by this job (another user's file, mode 600): its checksum could not be
+    read, the resume said "optimizer.pt is unreadable (Permission denied)", went on from checkpoint-2 and deleted the
+    sound checkpoint-4 as it saved step 4 again ("Removed ... of an earlier attempt (complete)"). Now refused on every
+    rank with the fix. Read in a process without root's bypass of file modes (CI runs as root). (Old code: checkpoint-2
+    returned.)"""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    own_checkpoints(out, 2, 4)
+    (out / "checkpoint-4" / "optimizer.pt").chmod(0)
+    confirm = f"from dpotrain.train import resume; print(resume.confirm({str(out / 'checkpoint-4')!r}, False))"
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    command = [*(drop if os.geteuid() == 0 else []), sys.executable, "-c", confirm]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and not result.stdout.strip(), result.stdout[-2000:] + result.stderr[-2000:]
+    assert (
+        f"RunError: {out / 'checkpoint-4' / 'optimizer.pt'} cannot be read by this job (Permission denied): a "
+        "checkpoint this job cannot read is not passed over as damaged (the run would go on from an older one and "
+        f"delete it): make it readable (chmod -R a+rX {out / 'checkpoint-4'}, or ask its owner), then rerun"
+    ) in result.stderr, result.stderr[-2000:]
+    (out / "checkpoint-4" / "optimizer.pt").chmod(0o644)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == str(out / "checkpoint-4"), result.stderr[-2000:]
+
+
 def test_a_finished_run_whose_mark_could_not_be_looked_at_is_not_trained_again(tmp_path, monkeypatch):
     """run_complete.json unanswered: the finished run was taken for one that never trained there, and trained again
     over its final model. (Old code: `OutputDecision(None, False)`, a fresh run in the finished run's folder.)"""

@@ -19,6 +19,7 @@ from dpotrain.recipe.errors import plural
 from dpotrain.recipe.writes import is_dir, is_file, write_text
 
 MANIFEST = "MANIFEST.json"
+DENIED = "cannot be read by this job"  # `checksum_problems`: a permission, never damage (resume.confirm refuses)
 # The state a resume goes on with besides the weights, by the names each engine writes it under: one process, DDP and
 # LoRA `optimizer.pt` and `scheduler.pt`; FSDP2 its optimizer's shards in `optimizer_0/`; DeepSpeed both in its
 # `global_step*/` folder (the scheduler's in the model-states file).
@@ -195,6 +196,8 @@ def checksum_problems(folder: Path, rank: int, world: int) -> list[str]:
         try:
             if sha256(folder / rel) != entry["sha256"]:
                 problems.append(f"{rel} does not match its checksum (damaged after it was written)")
+        except PermissionError as e:  # not damage: a sound checkpoint passed over was deleted as its step was saved
+            problems.append(f"{rel} {DENIED} ({e.strerror})")
         except OSError as e:
             problems.append(f"{rel} is unreadable ({e.strerror})")
     return problems

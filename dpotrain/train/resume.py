@@ -160,6 +160,15 @@ def confirm(resume_from: str | None, explicit: bool, compare=None, afresh: bool 
     while folder is not None:
         every_rank = collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
         found = [p for part in every_rank for p in part]
+        if denied := next((p for p in found if checkpoint_manifest.DENIED in p), None):
+            # Every rank has `found`: all refuse together. Passed over as damaged, the run went on from an older one
+            # and deleted this sound one as it saved that step again (with none older, the refusal's
+            # --overwrite_output_dir deleted them all)
+            raise RunError(
+                f"{folder}/{denied}: a checkpoint this job cannot read is not passed over as damaged (the run would "
+                f"go on from an older one and delete it): make it readable (chmod -R a+rX {shlex.quote(str(folder))}, "
+                "or ask its owner), then rerun"
+            )
         if not found:
             if (
                 compare is not None
