@@ -613,9 +613,16 @@ def check_router_loss(config, model: str, coefficient: float | None) -> None:
     """TRL adds the MoE router's load-balancing loss where the config has `output_router_logits` and the coefficient
     (the recipe's router_aux_loss_coef, else the config's) is not 0, from the router logits the model records: a model
     with no router in any layer (Doge's dense layers, `is_moe: false`; DeepSeek V4's hash-routed ones alone) records
-    none, and the run loaded it and failed at its first step ('tuple index out of range'). Refused before it loads."""
+    none, and the run loaded it and failed at its first step ('tuple index out of range'). Refused before it loads;
+    so is a coefficient given for a model with no router loss at all (no `output_router_logits`: a dense model), which
+    TRL refused in a traceback once the model had loaded."""
     from dpotrain.plan import memory
 
+    if coefficient and not hasattr(config.get_text_config(), "output_router_logits"):
+        raise ConfigError(
+            f"{model}: router_aux_loss_coef {coefficient:g} weights a mixture of experts' router loss, and this "
+            f"{config.model_type} model has none (its config has no output_router_logits): remove router_aux_loss_coef"
+        )
     coefficient = packing.router_loss_coefficient(config, coefficient)
     if not coefficient:
         return

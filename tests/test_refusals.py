@@ -818,6 +818,14 @@ def test_lora_on_layers_peft_refuses_for_a_mamba_model_names_the_layers_it_takes
             "at its first step: pass --router_aux_loss_coef 0",
             [],
         ),
+        # A router loss's weight given for a dense model (a mixture-of-experts recipe's router_aux_loss_coef, run on
+        # a Llama): TRL raised its ValueError traceback once the model had loaded
+        (
+            "llama",
+            "router_aux_loss_coef 0.1 weights a mixture of experts' router loss, and this llama model has none (its "
+            "config has no output_router_logits): remove router_aux_loss_coef",
+            ["--router_aux_loss_coef", "0.1"],
+        ),
         # JetMoE's class says it cannot checkpoint its activations (supports_gradient_checkpointing False), and the
         # recipes checkpoint: the run loaded it and ended as the trainer was built, in transformers' traceback
         # ("JetMoeForCausalLM does not support activation checkpointing.")
