@@ -103,6 +103,7 @@ def check_targets(recipe, config, model: str) -> None:
     except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
         return
     _check_target_modules(m.lora_target_modules, built, model)
+    _check_output_layer(m.lora_target_modules, built)
     names = [name for name, _ in built.named_modules() if name]
     # modules_to_save: a module whose full name ends with the text (peft.utils.other._set_trainable)
     if missing := [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]:
@@ -168,6 +169,28 @@ def _check_target_modules(targets, built, model: str) -> None:
     raise ConfigError(
         f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
         f"{', '.join(linear)}; pass some of those{spaced}, or --lora_target_modules all-linear"
+    )
+
+
+def _check_output_layer(targets, built) -> None:
+    """Refuse LoRA on the output layer, named as PEFT matches names (`_check_target_modules`; all-linear leaves it
+    out): TRL's fused LM head computes every log-prob from its weight directly, so the adapter would never train, and
+    TRL's trainer refused it in a traceback once the model had loaded."""
+    head = built.get_output_embeddings()
+    name = next((n for n, x in built.named_modules() if x is head), None) if head is not None else None
+    if not name or not targets or targets == "all-linear":
+        return
+    if isinstance(targets, str):
+        adapted = re.fullmatch(targets, name) is not None
+    else:
+        adapted = any(name == t or name.endswith("." + t) for t in targets)
+    if not adapted:
+        return
+    given, short = targets if isinstance(targets, str) else " ".join(targets), name.rsplit(".", 1)[-1]
+    raise ConfigError(
+        f"lora_target_modules {given} adapts {short}, the model's output layer, whose weight TRL's fused LM head "
+        "reads directly for every log-prob: its adapter would never train (TRL refuses it once the model loaded): "
+        f"remove {short} from lora_target_modules (--lora_modules_to_save {short} trains a copy of it whole)"
     )
 
 
