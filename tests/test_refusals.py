@@ -764,17 +764,25 @@ def test_lora_on_a_layer_peft_takes_for_linear_that_is_not_is_refused_before_it_
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
-def test_lora_on_the_output_layer_is_refused_before_the_model_loads(dry_run, tmp_path, monkeypatch, capsys, llama_dir):
+@pytest.mark.parametrize(
+    "field, given",
+    [("lora_target_modules", ["q_proj", "lm_head"]), ("lora_target_parameters", ["lm_head.weight"])],
+    ids=["module", "parameter"],
+)
+def test_lora_on_the_output_layer_is_refused_before_the_model_loads(
+    field, given, dry_run, tmp_path, monkeypatch, capsys, llama_dir
+):
     """TRL's fused LM head computes every log-prob from the output layer's weight itself, so it refuses a LoRA adapter
-    there: `--lora_target_modules q_proj lm_head` loaded the model and ended in TRL's ValueError traceback as the
-    trainer was built. Refused from the meta-device wrap, naming what trains the output layer
-    (`lora_modules_to_save`, a whole copy, whose weight the fused head reads)."""
-    lora = ["--model_name_or_path", llama_dir, "--use_peft", "true", "--lora_target_modules", "q_proj", "lm_head"]
+    there: `--lora_target_modules q_proj lm_head` (or `--lora_target_parameters lm_head.weight` on a model whose head
+    is its own) loaded the model and ended in TRL's ValueError traceback as the trainer was built. Refused from the
+    meta-device model, naming what trains the output layer (`lora_modules_to_save`, a whole copy, whose weight the
+    fused head reads)."""
+    lora = ["--model_name_or_path", llama_dir, "--use_peft", "true", f"--{field}", *given]
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--max_steps", "2", *dry_run)
     assert line == (
-        "error: lora_target_modules q_proj lm_head adapts lm_head, the model's output layer, whose weight TRL's fused "
-        "LM head reads directly for every log-prob: its adapter would never train (TRL refuses it once the model "
-        "loaded): remove lm_head from lora_target_modules (--lora_modules_to_save lm_head trains a copy of it whole)"
+        f"error: {field} {' '.join(given)} adapts lm_head, the model's output layer, whose weight TRL's fused LM head "
+        "reads directly for every log-prob: its adapter would never train (TRL refuses it once the model loaded): "
+        f"remove it from {field} (--lora_modules_to_save lm_head trains a copy of it whole)"
     )
 
 

@@ -103,7 +103,6 @@ def check_targets(recipe, config, model: str) -> None:
     except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
         return
     _check_target_modules(m.lora_target_modules, built, model)
-    _check_output_layer(m.lora_target_modules, built)
     names = [name for name, _ in built.named_modules() if name]
     # modules_to_save: a module whose full name ends with the text (peft.utils.other._set_trainable)
     if missing := [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]:
@@ -118,6 +117,7 @@ def check_targets(recipe, config, model: str) -> None:
         fate = "adapt the others alone" if m.lora_target_modules or len(missing) < len(targets) else "stop"
         _refuse_names("lora_target_parameters", missing, model, "parameters", shown, fate)
     memory.model_shape(recipe, config)  # PEFT's wrap on the meta device: its refusal of these settings, in one line
+    _check_output_layer(m, built)  # one PEFT wraps, which TRL's trainer refuses
 
 
 def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: list[str], fate: str) -> None:
@@ -172,25 +172,30 @@ def _check_target_modules(targets, built, model: str) -> None:
     )
 
 
-def _check_output_layer(targets, built) -> None:
-    """Refuse LoRA on the output layer, named as PEFT matches names (`_check_target_modules`; all-linear leaves it
-    out): TRL's fused LM head computes every log-prob from its weight directly, so the adapter would never train, and
-    TRL's trainer refused it in a traceback once the model had loaded."""
+def _check_output_layer(m, built) -> None:
+    """Refuse LoRA on the output layer, by `lora_target_modules` or `lora_target_parameters` as PEFT matches their
+    names (`check_targets`; all-linear leaves it out): TRL's fused LM head computes every log-prob from its weight
+    directly, so the adapter would never train, and TRL's trainer refused it in a traceback once the model had
+    loaded. `m`: the recipe's model settings."""
     head = built.get_output_embeddings()
     name = next((n for n, x in built.named_modules() if x is head), None) if head is not None else None
-    if not name or not targets or targets == "all-linear":
+    if not name:
         return
-    if isinstance(targets, str):
-        adapted = re.fullmatch(targets, name) is not None
+    targets, weights = m.lora_target_modules, [f"{name}.{p}" for p, _ in head.named_parameters()]
+    if isinstance(targets, str) and targets != "all-linear":
+        by_module = re.fullmatch(targets, name) is not None
     else:
-        adapted = any(name == t or name.endswith("." + t) for t in targets)
-    if not adapted:
+        by_module = isinstance(targets, list) and any(name == t or name.endswith("." + t) for t in targets)
+    params = [t for t in m.lora_target_parameters or [] if any(w == t or w.endswith("." + t) for w in weights)]
+    if not (by_module or params):
         return
-    given, short = targets if isinstance(targets, str) else " ".join(targets), name.rsplit(".", 1)[-1]
+    short = name.rsplit(".", 1)[-1]
+    field, given = ("lora_target_modules", targets) if by_module else ("lora_target_parameters", params)
+    given = given if isinstance(given, str) else " ".join(given)
     raise ConfigError(
-        f"lora_target_modules {given} adapts {short}, the model's output layer, whose weight TRL's fused LM head "
-        "reads directly for every log-prob: its adapter would never train (TRL refuses it once the model loaded): "
-        f"remove {short} from lora_target_modules (--lora_modules_to_save {short} trains a copy of it whole)"
+        f"{field} {given} adapts {short}, the model's output layer, whose weight TRL's fused LM head reads directly "
+        f"for every log-prob: its adapter would never train (TRL refuses it once the model loaded): remove it from "
+        f"{field} (--lora_modules_to_save {short} trains a copy of it whole)"
     )
 
 
