@@ -302,3 +302,25 @@ def test_an_mlp_width_given_per_layer_is_each_layers_own():
     assert cost.model_flops(config).matmul_params > 3 * 64 * (96 + 128)
     narrow = AutoConfig.for_model("gemma3n_text", **shape, intermediate_size=96, activation_sparsity_pattern=[0.0, 0.0])
     assert memory.formula_activation_bytes(config, 16, False) > memory.formula_activation_bytes(narrow, 16, False)
+
+
+def test_experts_given_per_layer_are_each_layers_own():
+    """Hunyuan-MoE's shipped config gives `moe_topk` per layer (a list; `num_experts` may be one too): the forward's
+    cost multiplied the list, and the run stopped in a TypeError traceback as it chose its forward (the MFU's count of
+    the built model divided it). Each layer's MLP is counted with its own experts; the MFU takes their mean share."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpotrain.forwards import cost, flops
+
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    shape |= dict(num_key_value_heads=2, head_dim=16, num_experts=4)
+    listed = AutoConfig.for_model("hunyuan_v1_moe", **shape, moe_topk=[2, 1])
+    each = [AutoConfig.for_model("hunyuan_v1_moe", **shape, moe_topk=k) for k in (2, 1)]
+    assert [flops.mlp_params(listed, i) for i in (0, 1)] == [flops.mlp_params(each[i], i) for i in (0, 1)]
+    assert flops.mlp_params(listed, 0) > flops.mlp_params(listed, 1)
+    assert cost.model_flops(listed).matmul_params == pytest.approx(
+        sum(cost.model_flops(c).matmul_params for c in each) / 2
+    )
+    torch.manual_seed(0)
+    built = [ModelFlops.of(AutoModelForCausalLM.from_config(c)).matmul_params for c in (listed, *each)]
+    assert built[0] == pytest.approx((built[1] + built[2]) / 2)

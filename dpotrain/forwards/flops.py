@@ -116,7 +116,7 @@ def mlp_params(text, layer: int) -> int:
 def _moe(text, layer: int) -> tuple[int, int, int] | None:
     """(experts, their width a token runs, shared experts' width) of an MoE layer; None for a dense one (`mlp_params`).
     Granite's shared MLP is `shared_intermediate_size` wide."""
-    counts = (getattr(text, k, None) for k in EXPERT_COUNTS)
+    counts = (_at(getattr(text, k, None), layer) for k in EXPERT_COUNTS)
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
         getattr(text, "mlp_only_layers", None) or ()
@@ -124,13 +124,25 @@ def _moe(text, layer: int) -> tuple[int, int, int] | None:
     if not experts or dense_layer or getattr(text, "enable_moe_block", None) is False:
         return None
     width = getattr(text, "moe_intermediate_size", None) or dense_width(text, layer)
-    active = getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1
+    active = _at(getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1, layer)
     shared = (
         getattr(text, "shared_expert_intermediate_size", None)
         or getattr(text, "shared_intermediate_size", None)
         or (getattr(text, "n_shared_experts", None) or 0) * width
     )
     return experts, active * width, shared
+
+
+def _at(value, layer: int):
+    """A config value at one layer: Hunyuan-MoE's `moe_topk` and `num_experts` may be per-layer lists (its shipped
+    config's are), which the FLOP counts multiplied as lists: the run stopped in a TypeError traceback as it chose
+    its forward."""
+    return value[layer] if isinstance(value, list | tuple) else value
+
+
+def _mean(value):
+    """A config value over the layers (`_at`'s lists by their mean)."""
+    return sum(value) / len(value) if isinstance(value, list | tuple) and value else value
 
 
 def head_dim(text) -> int:
@@ -166,8 +178,10 @@ class ModelFlops:
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
         counts = (getattr(config, k, None) for k in EXPERT_COUNTS)
-        experts = next((n for n in counts if n), None)
-        active = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)  # Gemma 4
+        experts = _mean(next((n for n in counts if n), None))
+        active = _mean(
+            getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)
+        )  # Gemma 4
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
         # Embedding tables are looked up, not multiplied: the input one and Gemma 4's per-layer ones (billions of
