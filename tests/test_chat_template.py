@@ -7,6 +7,8 @@ checked on resume."""
 import json
 import runpy
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -124,6 +126,26 @@ def test_an_empty_template_file_is_refused_naming_it(tmp_path):
         stages.checks(recipe)
     assert str(refused.value).startswith(f"chat_template_path {str(tmp_path / 'empty.jinja')!r}: ")
     assert "is empty: give a Jinja chat template" in str(refused.value)
+
+
+def test_a_processors_json_template_file_is_refused_naming_the_jinja_to_write(tmp_path):
+    """A multimodal repo's `chat_template.json` (`{"chat_template": "..."}`, which transformers' processors read) was
+    read as Jinja text: the JSON's quotes and escapes became part of the template, and the run refused every pair as
+    not beginning with a generation prompt of `...<think>\\n\\n\\n"}`, naming the recipe and the data, not the file.
+    Refused naming the file's form and the command that writes its template as a .jinja file (which then reads as
+    the template itself)."""
+    given = tmp_path / "chat_template.json"
+    given.write_text(json.dumps({"chat_template": OLMO_THINKER.read_text()}))
+    recipe = parse_args([*SMOKE, "--chat_template_path", str(given)])
+    with pytest.raises(ConfigError) as refused:
+        stages.checks(recipe)
+    said = str(refused.value)
+    assert said.startswith(f"chat_template_path {str(given)!r} is JSON (a processor's chat_template.json), not a ")
+    assert "\n" not in said
+    command = said.split(": write its template to a .jinja file and give that: ", 1)[1]
+    command = command.replace("FILE.jinja", str(tmp_path / "t.jinja")).replace("python ", f"{sys.executable} ", 1)
+    subprocess.run(command, shell=True, check=True, cwd=tmp_path)
+    assert (tmp_path / "t.jinja").read_text() == OLMO_THINKER.read_text()
 
 
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):

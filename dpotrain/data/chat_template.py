@@ -73,12 +73,46 @@ def read(path: str) -> str:
         raise ConfigError(
             f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja file"
         ) from None
+    if (form := _json_form(text)) is not None:
+        raise ConfigError(
+            f"chat_template_path {path!r} is JSON ({form}), not a Jinja template: {_jinja_fix(file, form)}"
+        )
     if not text.strip():  # transformers reads an empty template as none: the run then said to give one
         raise ConfigError(
             f"chat_template_path {path!r}: {file} is empty: give a Jinja chat template (e.g. "
             "configs/templates/olmo_thinker.jinja), or leave chat_template_path out for the model's own"
         )
     return text
+
+
+def _json_form(text: str) -> str | None:
+    """What a template file holding JSON is (a processor's chat_template.json, `{"chat_template": "..."}`, or a
+    tokenizer_config.json), or None for Jinja text: read as Jinja, the JSON's quotes and escapes became template text,
+    and every pair was refused as not beginning with the generation prompt, naming the data."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:  # Jinja ({% ... %}, {{ ... }}) is no JSON
+        return None
+    if not isinstance(value, dict):
+        return None
+    if isinstance(value.get("chat_template"), str):
+        return "a processor's chat_template.json" if len(value) == 1 else "a tokenizer_config.json"
+    return "an object without a chat_template text"
+
+
+def _jinja_fix(file: Path, form: str) -> str:
+    """What to give in place of a JSON template file (`_json_form`): the command that writes its `chat_template` as a
+    .jinja file, where it holds one."""
+    import shlex
+
+    if "without" in form:
+        return "give a .jinja file holding the template itself (e.g. configs/templates/olmo_thinker.jinja)"
+    code = "import json, sys; sys.stdout.write(json.load(open(sys.argv[1]))['chat_template'])"
+    return (
+        f'write its template to a .jinja file and give that: python -c "{code}" {shlex.quote(str(file))} > FILE.jinja'
+    )
 
 
 def apply(tokenizer, path: str | None):
