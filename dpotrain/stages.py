@@ -28,6 +28,7 @@ from dpotrain.data import (
     mixture,
     positions,
     rows,
+    stops,
     turns,
 )
 from dpotrain.data.pair_lengths import PairLengths
@@ -304,9 +305,17 @@ class Data:
         return {**self.checked, **self.steps}
 
 
-def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDecision | None = None) -> Data:
+def load_data(
+    recipe,
+    launch: Launch,
+    say: bool = True,
+    output: resolve.OutputDecision | None = None,
+    stop_point=None,
+    stop_asked=None,
+) -> Data:
     """The data set (or a mixture's sources) loaded and every row checked before a model loads. A dry run leaves a
-    Hub data set for the run, but reads a mixture's. `output`: a continued run loads the commit it started on."""
+    Hub data set for the run, but reads a mixture's. `output`: a continued run loads the commit it started on.
+    `stop_point`, `stop_asked`: `first_half`'s, the reads stopped as they run (`_read_stoppably`)."""
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     values = mixture.fields_of(recipe)
@@ -339,7 +348,8 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     before = _read_identity(recipe, launch, revision, pins=pins, drawn=drawn)
     read = (revision, checked, identify, pins, fetch, recorded)
     trained: set = set()  # the training pairs' digests: held-out pairs among them are said (rows.say_repeats)
-    dataset, mix = _load_pairs(recipe, rules, *read, trained=trained, drawn=drawn)
+    stop = (stop_point, stop_asked)
+    dataset, mix = _read_stoppably(*stop, _load_pairs, recipe, rules, *read, trained=trained, drawn=drawn)
     # The files' content recorded before the look after the read, which refuses a file changed since the look before:
     # hashed after the held-out pairs' read, a file changed meanwhile was recorded as the pairs trained on, and a
     # resume went on with it (a mixture's sources are hashed as each is read, in `mixture.load`)
@@ -348,7 +358,7 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
     eval_dataset, eval_mix = None, None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         held = replace(rules, evaluation=True)
-        eval_dataset, eval_mix = _load_pairs(recipe, held, *read, trained=trained, drawn=drawn)
+        eval_dataset, eval_mix = _read_stoppably(*stop, _load_pairs, recipe, held, *read, trained=trained, drawn=drawn)
         checked["eval_rows"] = len(eval_dataset)
         collectives.every_rank(check_held_out_pairs, dataset, eval_dataset, launch.data_parallel)  # said once
         _note_also_trained(values, say)
@@ -369,6 +379,21 @@ def load_data(recipe, launch: Launch, say: bool = True, output: resolve.OutputDe
         if recipe.training.max_steps <= 0:  # epochs: steps of the pairs the checkpoint's run kept
             collectives.every_rank(resolve.check_epochs_left, resumed, recipe, launch.batch, ranks, len(dataset))
     return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id, template, eval_mix)
+
+
+def _read_stoppably(stop_point, stop_asked, read, *args, **kwargs):
+    """`read(*args, **kwargs)` (`_load_pairs`), stopped as it checks and reads the pairs once `stop_asked()`
+    (`stops.stoppable`): on a large split they take minutes, and a stop waited for them, past a Slurm GraceTime. Every
+    rank then takes a stop point, stopped or not (a rank stopped alone would leave the others in the data stage's next
+    collective): the run ends there on every rank where one asked."""
+    try:
+        with stops.stoppable(stop_asked):
+            pairs = read(*args, **kwargs)
+    except stops.PassStopped:
+        _stop_at(stop_point)  # this rank asked: every rank stops here
+        raise
+    _stop_at(stop_point)
+    return pairs
 
 
 def check_held_out_pairs(train, held, data_parallel: int) -> None:
@@ -1056,9 +1081,10 @@ def first_half(
     `stop_point`: called by every rank alike between the data stage's pieces, True where a stop asked by then ends
     the run there (said and agreed on): `StoppedBeforeTraining` is raised. A stop asked as a large data set was read
     waited for its pairs to be tokenized and the forward chosen (minutes), past a Slurm GraceTime. `stop_asked`: this
-    process's stop, looked at without a collective as the main process measures every pair (`max_length: auto`)."""
+    process's stop, looked at without a collective as the pairs are read and the main process measures every pair
+    (`max_length: auto`)."""
     say = state is None or state.is_main_process
-    pairs = pairs if pairs is not None else load_data(recipe, launch, say, output)
+    pairs = pairs if pairs is not None else load_data(recipe, launch, say, output, stop_point, stop_asked)
     _stop_at(stop_point)  # the data read and checked, before the model's files are fetched and the pairs tokenized
     model_path = model_files(recipe, launch, pairs.tokenizer)
     weight_names.check_whole(model_path)  # before the lengths are measured and the model loads, the dry run too

@@ -66,7 +66,7 @@ def pairs(tmp_path_factory):
     return path
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=(), args=ARGS):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=(), args=ARGS, text=True):
     return subprocess.Popen(
         [
             python(),
@@ -84,7 +84,7 @@ def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", extra=()
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
+        text=text,
         # SIGINT as a terminal's foreground job has it: a shell's background job, which the tests may run as, ignores
         # it, and a run leaves an ignored SIGINT ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -387,6 +387,37 @@ def test_a_stop_asked_as_the_data_is_read_ends_the_run_before_its_pairs_are_toke
     assert "Stop requested: stopped before the model loaded" in log, log[-3000:]
     assert "Forward:" not in log, log[-3000:]  # the lengths and forward stages not begun
     assert logged_steps(out) == [] and not (out / "run.lock").exists(), log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stop_asked_as_a_large_split_is_read_ends_the_run_before_its_read_is_over(tmp_path, tiny_model_dir):
+    """The data stage's map over every pair ('Reading train pairs', on every rank) noticed a SIGTERM only at its end:
+    minutes on a large split, past a Slurm GraceTime. It looks at the run's stop as it reads: the run stops mid-read
+    with its stop line and 75, and the same command then reads every pair (nothing cached from the cut read)."""
+    import select
+
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(20000, seed=5)))
+    out, cache = tmp_path / "run", {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    proc = start(out, tiny_model_dir, data, env=cache, extra=["--save_strategy", "no"], text=False)  # read as it comes
+    seen, fd = b"", proc.stdout.fileno()
+    while b"Reading train pairs" not in seen:  # the read's progress bar: it has begun
+        assert proc.poll() is None, seen.decode()[-3000:]
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+    proc.send_signal(signal.SIGTERM)
+    log = (seen + proc.communicate(timeout=120)[0]).decode()  # the read alone: ~2 s here, before the fix
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before the model loaded" in log, log[-3000:]
+    reads = [part for part in log.replace("\r", "\n").splitlines() if part.startswith("Reading train pairs")]
+    assert reads and not any("100%" in part for part in reads), log[-3000:]  # stopped mid-read
+    assert "Forward:" not in log and not (out / "run.lock").exists(), log[-3000:]
+
+    again = start(out, tiny_model_dir, data, env=cache, extra=["--save_strategy", "no", "--dry-run"])
+    log = again.communicate(timeout=300)[0]
+    assert again.returncode == 0 and "Reading train pairs: 100%" in log.replace("\r", "\n"), log[-3000:]
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ analysis cached by the data set's and tokenizer's identity (not a `Dataset` fing
 finds it), or analyses the split and caches it (`analyse`). Tables and plot: `lengths_report.py`.
 """
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -26,7 +25,7 @@ from unittest import mock
 
 import numpy as np
 
-from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, rows
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, rows, stops
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import (
     ROW_COLUMNS,
@@ -147,47 +146,10 @@ COUNTS = ("prompt", "chosen", "rejected", "shared", "first", "shared_end")  # `_
 KEPT = ("shared", "first", "unopened")  # per-pair values a cached analysis keeps beside the lengths
 KEY_ARRAY = "key"  # the array of each cached analysis that names its key (its file's name), as the reference cache's
 STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
-STOP_LOOK_S = 0.5  # how often a stoppable pass (`measure`'s stop_asked) looks at the run's stop
-# While a pass can be stopped: the flag its batches look at (forked map workers inherit it), 1 once a stop is asked
-_STOPPING: dict = {"flag": None}
 
 
-class MeasureStopped(Exception):
+class MeasureStopped(stops.PassStopped):
     """A stop was asked as a run measured every pair (`measure`'s stop_asked): nothing measured is kept."""
-
-
-@contextlib.contextmanager
-def _stoppable(stop_asked):
-    """`measure`'s pass, stopped at its next batch once `stop_asked()` (looked at every STOP_LOOK_S by a thread of
-    this process, where the signal handlers run) is true: a run's pass over every pair (`max_length: auto`, the
-    other ranks waiting for the main process's) acted on a stop only once it was over, minutes on a large data set,
-    past a Slurm GraceTime. Each batch (in this process or a forked map worker) looks at a shared flag: no work is
-    added to the pass, nor is it cut into maps of its own (each map's workers unpickle the tokenizer again)."""
-    if stop_asked is None:
-        yield
-        return
-    import multiprocessing
-    import threading
-
-    # A byte of shared memory, no lock: a worker killed as the pool ends (its SIGTERM) holding an Event's lock left
-    # the other waiting for it, and the pool's end waiting for that one
-    flag, over = multiprocessing.RawValue("b", 0), threading.Event()
-
-    def watch():
-        while not over.wait(STOP_LOOK_S):
-            if stop_asked():
-                flag.value = 1
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    _STOPPING["flag"] = flag
-    watcher.start()
-    try:
-        yield
-    finally:
-        over.set()
-        watcher.join()
-        _STOPPING["flag"] = None  # asked as the last batch ended: the pass is over, the run's next stop point stops
 
 
 class _Refused(Exception):
@@ -200,7 +162,7 @@ def _measure_batch(
     """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
     back to `row_lengths`. `code` (`analysis_code`) only keys the map's cache; `no_kwargs`: what a row with a
     null `chat_template_kwargs` is rendered with (`rows.null_kwargs`)."""
-    if (stopping := _STOPPING["flag"]) is not None and stopping.value:  # `_stoppable`; the error pickles from a worker
+    if stops.stopped():  # `stops.stoppable`; the error pickles from a worker
         raise MeasureStopped("stopped as the pairs were measured")
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     unopened = {}  # chat_template.answer_problem's judgement of each message pair (`unopened_turn`)
@@ -258,7 +220,7 @@ def measure(
     """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
     `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
     A bad row raises `InvalidRowError` unless `skip_invalid` lists it. `assistant_turns`: the recipe's (`read_row`).
-    `stop_asked`: looked at as the rows are measured (`_stoppable`), `MeasureStopped` raised once it is true."""
+    `stop_asked`: looked at as the rows are measured (`stops.stoppable`), `MeasureStopped` raised once it is true."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -277,7 +239,7 @@ def measure(
         tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, code=analysis_code()
     )
     try:
-        with _stoppable(stop_asked):
+        with stops.stoppable(stop_asked):
             if isinstance(dataset, datasets.Dataset):
                 with nullcontext() if progress else quiet_progress_bars():
                     counted = _map(dataset, kwargs, num_proc, chunk_size, "Tokenizing")

@@ -17,7 +17,7 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
-from dpotrain.data import chat_template, data_identity, shapes, turns
+from dpotrain.data import chat_template, data_identity, shapes, stops, turns
 from dpotrain.data.data import cached_by_datasets, mixed_type_columns, row_location, row_locations
 from dpotrain.data.shapes import ROW_COLUMNS
 from dpotrain.recipe.errors import ConfigError, plural, warn
@@ -442,6 +442,8 @@ def check_dataset(dataset, rules: RowRules = RowRules()) -> RowCheck:
         chat_template.require(fmt.template, fmt.shape.name)
     invalid, digests, index = [], [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
+        if stops.stopped():  # a run's read (`stops.stoppable`): a large split's check takes minutes
+            raise ReadStopped("stopped as the pairs were checked")
         for values in zip(*batch.values(), strict=True):
             example, problem = read_row(dict(zip(columns, values, strict=True)), fmt, first=index == 0)
             if problem:
@@ -600,13 +602,13 @@ def usable_pairs(
     read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
     selected, features = dataset.select_columns(columns), _parsed_features(dataset, checked.fmt.shape)
     pairs = selected.map(
-        shapes.normalize,
+        _read_pair,
         fn_kwargs={"shape": checked.fmt.shape, "code": reading_code()},
         remove_columns=read,
         features=features,
         desc=f"Reading {split} pairs",
         # a saved data set's maps cache in datasets' cache, from this one on: never in the user's folder
-        **cached_by_datasets(selected, shapes.normalize, checked.fmt.shape, read, features, reading_code()),
+        **cached_by_datasets(selected, _read_pair, checked.fmt.shape, read, features, reading_code()),
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     pairs = no_null_kwargs(pairs.select_columns(order))
@@ -616,6 +618,18 @@ def usable_pairs(
         elif said := dated_warning(checked.fmt, pairs[0]):
             dated[key] = said
     return pairs
+
+
+class ReadStopped(stops.PassStopped):
+    """A stop was asked as a run read every pair (`stops.stoppable`): nothing read is kept, nor cached."""
+
+
+def _read_pair(row: dict, shape: shapes.Shape, code: str = "") -> dict:
+    """`usable_pairs`' map: `shapes.normalize`, stopped at the row a run's stop is seen at (`stops.stoppable`): the
+    map over a large split takes minutes, and a stop waited for its end, past a Slurm GraceTime."""
+    if stops.stopped():
+        raise ReadStopped("stopped as the pairs were read")
+    return shapes.normalize(row, shape, code)
 
 
 # The modules whose code the maps over the pairs run (`reading_code`)

@@ -1,0 +1,51 @@
+"""A run's passes over every pair (the data stage's read, `max_length: auto`'s measure), stopped as they run once the
+run's stop is asked (SIGTERM, SIGUSR1, Ctrl-C): acted on only once such a pass was over, a stop waited minutes on a
+large data set, past a Slurm GraceTime. One mechanism for every pass (`stoppable`, `stopped`)."""
+
+import contextlib
+
+STOP_LOOK_S = 0.5  # how often a stoppable pass looks at the run's stop
+# While a pass can be stopped: the flag its batches look at (forked map workers inherit it), 1 once a stop is asked
+_STOPPING: dict = {"flag": None}
+
+
+class PassStopped(Exception):
+    """A stop was asked as a run read or measured every pair (`stoppable`): nothing of the pass is kept."""
+
+
+@contextlib.contextmanager
+def stoppable(stop_asked):
+    """The passes inside, stopped at their next batch once `stop_asked()` (looked at every STOP_LOOK_S by a thread of
+    this process, where the signal handlers run) is true: each batch (in this process or a forked map worker) looks at
+    a shared flag (`stopped`) and raises its pass's `PassStopped`. No work is added to a pass, nor is it cut into maps
+    of its own (each map's workers unpickle the tokenizer again). `stop_asked` None: nothing is stopped."""
+    if stop_asked is None:
+        yield
+        return
+    import multiprocessing
+    import threading
+
+    # A byte of shared memory, no lock: a worker killed as the pool ends (its SIGTERM) holding an Event's lock left
+    # the other waiting for it, and the pool's end waiting for that one
+    flag, over = multiprocessing.RawValue("b", 0), threading.Event()
+
+    def watch():
+        while not over.wait(STOP_LOOK_S):
+            if stop_asked():
+                flag.value = 1
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    _STOPPING["flag"] = flag
+    watcher.start()
+    try:
+        yield
+    finally:
+        over.set()
+        watcher.join()
+        _STOPPING["flag"] = None  # asked as the last batch ended: the pass is over, the run's next stop point stops
+
+
+def stopped() -> bool:
+    """Whether the pass a batch belongs to is to stop (`stoppable`): a byte read, cheap enough for every row."""
+    return (flag := _STOPPING["flag"]) is not None and bool(flag.value)
