@@ -667,7 +667,7 @@ def measure_lengths(
     recipe, launch: Launch, pairs: Data, model_path: str, model_config, output=None, stop_asked=None
 ) -> Lengths:
     """The lengths stage; decides `max_length: auto`. `model_config`: None where a dry run does not have it.
-    `stop_asked`: the run's stop, as `_analyzer_cache` looks at it."""
+    `stop_asked`: the run's stop, as `_analyzer_cache` and a mixture's pass over every pair look at it."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
     limit = None  # the model's positions: what max_length may be, or advise
@@ -692,7 +692,16 @@ def measure_lengths(
         # Each rank's choice, from its own copy of the data: one gather, whatever it chose (a refusal: every rank's)
         collectives.every_rank(check_auto_budget, p.max_tokens_per_microbatch, auto)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
-        every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.workers(pairs.train), skip_invalid=True)
+        # Each rank's own pass (minutes on a large mixture), stopped as it runs: a rank stopped alone gives its
+        # MeasureStopped to every rank in the gather, which all then stop (`first_half`), none left in a collective
+        every = collectives.every_rank(
+            lengths.measure,
+            pairs.train,
+            tokenizer,
+            num_proc=lengths.workers(pairs.train),
+            skip_invalid=True,
+            stop_asked=stop_asked,
+        )
         measured = (every, "the mixture's pairs, measured at start")
     found, every = None, measured[0] if measured is not None else None
     tokenized = every  # the pairs tokenized here (every one, else a sample), whose first tokens say if BOS is missing

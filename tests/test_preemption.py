@@ -394,19 +394,10 @@ def test_a_stop_asked_as_a_large_split_is_read_ends_the_run_before_its_read_is_o
     """The data stage's map over every pair ('Reading train pairs', on every rank) noticed a SIGTERM only at its end:
     minutes on a large split, past a Slurm GraceTime. It looks at the run's stop as it reads: the run stops mid-read
     with its stop line and 75, and the same command then reads every pair (nothing cached from the cut read)."""
-    import select
-
-    from dpotrain.data import builtin
-
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(20000, seed=5)))
+    data = many_pairs(tmp_path / "pairs.jsonl", 20000)
     out, cache = tmp_path / "run", {"DPOTRAIN_CACHE": str(tmp_path / "cache")}
     proc = start(out, tiny_model_dir, data, env=cache, extra=["--save_strategy", "no"], text=False)  # read as it comes
-    seen, fd = b"", proc.stdout.fileno()
-    while b"Reading train pairs" not in seen:  # the read's progress bar: it has begun
-        assert proc.poll() is None, seen.decode()[-3000:]
-        if select.select([fd], [], [], 0.1)[0]:
-            seen += os.read(fd, 65536)
+    seen = read_until(proc, b"Reading train pairs")  # the read's progress bar: it has begun
     proc.send_signal(signal.SIGTERM)
     log = (seen + proc.communicate(timeout=120)[0]).decode()  # the read alone: ~2 s here, before the fix
     assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
@@ -418,6 +409,57 @@ def test_a_stop_asked_as_a_large_split_is_read_ends_the_run_before_its_read_is_o
     again = start(out, tiny_model_dir, data, env=cache, extra=["--save_strategy", "no", "--dry-run"])
     log = again.communicate(timeout=300)[0]
     assert again.returncode == 0 and "Reading train pairs: 100%" in log.replace("\r", "\n"), log[-3000:]
+
+
+def many_pairs(path: Path, rows: int, mark: str = "") -> Path:
+    """`rows` of the built-in pairs in `path` (JSON Lines), each answer ending in `mark`."""
+    from dpotrain.data import builtin
+
+    pairs = builtin.make_preference_rows(rows, seed=5)
+    for pair in pairs:
+        for side in ("chosen", "rejected"):
+            pair[side][-1]["content"] += mark
+    path.write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    return path
+
+
+def read_until(proc: subprocess.Popen, wanted: bytes) -> bytes:
+    """The output of `proc` (started with text=False) as it comes, up to `wanted`."""
+    import select
+
+    seen, fd = b"", proc.stdout.fileno()
+    while wanted not in seen:
+        assert proc.poll() is None, seen.decode()[-3000:]
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_stop_asked_as_a_mixtures_lengths_are_measured_ends_the_run_before_the_pass_is_over(tmp_path, tiny_model_dir):
+    """A mixture with no cached lengths measures every pair on every rank (its sources' token shares), and a SIGTERM
+    then was acted on only once that pass was over: 35 s after the request for 30,000 tiny pairs here, minutes on a
+    large mixture, past a Slurm GraceTime. The pass looks at the run's stop as it runs: stopped within seconds."""
+    sources = [many_pairs(tmp_path / f"{name}.jsonl", 15000, f" ({name})") for name in ("a", "b")]
+    mixture = ["--datasets", *(json.dumps({"path": str(s)}) for s in sources)]
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    proc = subprocess.Popen(
+        [python(), str(ROOT / "train_dpo.py"), *ARGS, "--model_name_or_path", tiny_model_dir, *mixture]
+        + ["--output_dir", str(tmp_path / "run"), "--save_strategy", "no"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    seen = read_until(proc, b"Mixture: " + str(sources[1]).encode())  # the mixture read
+    time.sleep(2)  # past the data stage's stop point: its lengths being measured
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    log = (seen + proc.communicate(timeout=300)[0]).decode()
+    took = time.monotonic() - asked
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before the model loaded" in log and "Forward:" not in log, log[-3000:]
+    assert took < 10, f"stopped {took:.0f} s after the request: {log[-3000:]}"
 
 
 @pytest.mark.slow
