@@ -1698,6 +1698,38 @@ def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
     assert out.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", out
 
 
+@pytest.mark.slow
+def test_ctrl_c_to_the_analyzer_alone_as_its_workers_tokenize_ends_it_in_one_line(tmp_path):
+    """`kill -INT` to the analyzer's own process (not its process group) as 2 workers tokenized: datasets' map, ending,
+    waits 0.05 s for their results and raised multiprocess's TimeoutError over the KeyboardInterrupt, a traceback and
+    exit 1. The Ctrl-C is what ended it: one line, exit 130, as a terminal's Ctrl-C ends it."""
+    import select
+    import signal
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(20000, seed=5)))
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    command = [python(), str(SCRIPT), str(data), "--config", "configs/smoke.yaml", "--num-proc", "2"]
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    seen, fd = b"", proc.stdout.fileno()
+    while b"Tokenizing" not in seen:  # the workers' pass has begun
+        assert proc.poll() is None, seen.decode()[-3000:]
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+    time.sleep(1)
+    os.kill(proc.pid, signal.SIGINT)
+    out = (seen + proc.communicate(timeout=120)[0]).decode()
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == "Ctrl-C: stopped", out[-3000:]
+
+
 def test_the_report_says_one_pair_per_padded_batch_in_the_singular():
     """`--per_device_train_batch_size 1` (the think recipes' micro-batches are one pair): the report read "Padded
     batches of 1 pairs" and "1 pairs = 2 sequences"."""

@@ -197,9 +197,24 @@ def run_cli(main, rank: int = 0, first_on_node: bool = True) -> None:
             sys.exit(1)
         if own is not e and isinstance(own, (ConfigError, RunError, KeyboardInterrupt)):  # this process's, met first
             _end_on(own, rank, first_on_node)
+        if (ctrl_c := _during_ctrl_c(e)) is not None:
+            _end_on(ctrl_c, rank, first_on_node)
         if (line := unanswered(own)) is not None:
             _end_on(line, rank, first_on_node)
         raise  # this process's own failure: its traceback (and what it was handling), as Python prints it
+
+
+def _during_ctrl_c(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C `error` was raised while handling, if any: a library's clean-up that failed because the Ctrl-C cut
+    its work short (datasets' map over 2+ processes waits 0.05 s for its workers' results as it ends, and raised
+    multiprocess's TimeoutError over the KeyboardInterrupt: a traceback, exit 1). The Ctrl-C is what ended it."""
+    seen, met = error.__context__, set()
+    while seen is not None and id(seen) not in met:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        met.add(id(seen))
+        seen = seen.__context__
+    return None
 
 
 # A file server's failure to answer (NFS's ESTALE, an EIO), which the run's looks raise rather than take for a file gone
