@@ -45,6 +45,7 @@ def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = N
     if (world := launcher.world()) is not None:
         return world, "environment (WORLD_SIZE)"
     if preemption.simple_launch():  # `accelerate launch --num_processes 1` (--cpu): its one process, this one
+        check_one_process_asked(preemption.processes_asked())
         return 1, "accelerate launch of one process"
     launch = recipe.project.accelerate_config
     if not planning or launch.lower() in ("", "none"):
@@ -63,6 +64,21 @@ def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = N
     return planned.processes, (
         f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
         "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
+    )
+
+
+def check_one_process_asked(asked: int | None) -> None:
+    """accelerate's one-process launcher started this process while its command asked for `asked` processes: `--cpu`,
+    or `--num_processes N` without --multi_gpu where the machine has fewer than 2 GPUs (a CPU machine, one GPU),
+    starts one process, says nothing, and sets nothing the process could read the number from. The run trained on one
+    process, its plan saying 1, as if that were what was asked."""
+    if asked is None or asked <= 1:
+        return
+    raise ConfigError(
+        f"`accelerate launch --num_processes {asked}` started this one process alone: with --cpu, or without "
+        f"--multi_gpu on a machine of fewer than 2 GPUs, accelerate runs its one-process launcher; for {asked} "
+        f"processes add --multi_gpu and drop --cpu (on a machine without GPUs they train on CPU, over gloo), or pass "
+        "--num_processes 1 for one"
     )
 
 

@@ -828,6 +828,35 @@ def test_accelerate_launchs_one_process_knows_its_launcher_by_each_of_its_comman
     assert preemption.rerun_command() == shlex.join([*typed, *words[len(launch) :]])
 
 
+@pytest.mark.parametrize(
+    "asked",
+    [["--cpu", "--num_processes", "2"], ["--num-processes=2"], ["--num_processes", "2"]],
+)
+def test_a_launch_asking_for_processes_that_accelerate_runs_as_one_is_refused(asked, monkeypatch):
+    """`accelerate launch --cpu --num_processes 2 train_dpo.py ...` (and `--num_processes 2` without --multi_gpu on a
+    machine of fewer than 2 GPUs) starts one process, with nothing in its environment saying 2 were asked: the run
+    trained on one, its plan saying 1 process. Its launcher's command line says so: refused before anything loads,
+    naming --multi_gpu. One asked (`--num_processes 1`), or none given, runs as before; the script's own words after
+    its path are not the launch's."""
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train import preemption
+
+    recipe = parse_args(ARGS)
+    launch = ["/v/bin/python", "/v/bin/accelerate", "launch"]
+    monkeypatch.setattr(sys, "argv", ["train_dpo.py", "--config", "r.yaml"])
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(preemption, "launcher_command", lambda: [*launch, *asked, *sys.argv])
+    with pytest.raises(ConfigError, match="started this one process alone.*add --multi_gpu"):
+        resolve.world_size(recipe, planning=False)
+    for fine in (["--num_processes", "1"], [], ["train_dpo.py", "--num_processes", "2"]):
+        words = [*launch, *fine] if fine[:1] == ["train_dpo.py"] else [*launch, *fine, *sys.argv]
+        monkeypatch.setattr(preemption, "launcher_command", lambda words=words: words)
+        assert resolve.world_size(recipe, planning=False)[0] == 1, fine
+
+
 def test_a_run_under_nohup_outlives_its_terminal():
     """`nohup python train_dpo.py ... &` (docs/reliability.md: a long run belongs under nohup): the terminal closing
     at logout sends SIGHUP, which nohup ignores. The run took it over, and stopped with exit code 75 at logout."""

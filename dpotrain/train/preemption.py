@@ -572,6 +572,23 @@ def simple_launch() -> bool:
     return not launcher.under_launcher() and started_by_accelerate()
 
 
+def processes_asked() -> int | None:
+    """The processes the launcher's command line asked for (its `--num_processes N`, before this script's own words),
+    where it gives that number; None otherwise (not an accelerate launch, not readable, not given)."""
+    words = launcher_command() or []
+    script = sys.argv[0] if sys.argv else None
+    end = (
+        words.index(script) if script in words else len(words)
+    )  # the script's own options after it are not the launch's
+    for n, word in enumerate(words[:end]):
+        name, _, value = word.partition("=")
+        if name.replace("-", "_") != "__num_processes":
+            continue
+        value = value or (words[n + 1] if n + 1 < end else "")
+        return int(value) if value.isdigit() else None
+    return None
+
+
 def orphaned_at_start() -> bool:
     """Whether the one process of `accelerate launch`'s simple launcher (its environment says so,
     `launcher.simple_launch_environment`) lost its launcher before it could read its parent (terminal.hold_stops):
