@@ -78,9 +78,28 @@ def test_a_command_line_source_written_as_the_help_says_in_yaml_is_read_as_one(f
     as_json = parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": files["trl"], "amount": 0.5})])
     read = [[(s.path, s.amount) for s in mixture.parse(mixture.fields_of(r))] for r in (as_yaml, as_json)]
     assert read[0] == read[1] == [(files["trl"], "0.5")]
-    broken = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: [0.5}}"])
     with pytest.raises(ConfigError, match=r"is not a mapping .* \{path: a.jsonl, amount: 0.5\}"):
+        broken = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: [0.5}}"])
         mixture.parse(mixture.fields_of(broken))
+
+
+def test_a_command_line_mixture_written_as_a_yaml_block_is_read_as_its_sources(files):
+    """The help's YAML in its block style, as a recipe writes it: `- path: a.jsonl<newline>  amount: 0.5` was read as
+    the name of a Hub data set ("does not exist ... give a Hub name like org/dataset"), and so was one mapping's block
+    (`path: a.jsonl<newline>amount: 0.5`) and a flow list (`[{path: a.jsonl}, {path: b.jsonl}]`). Each reads as the
+    recipe's `datasets:` list does, and is recorded so (JSON entries, what a requeued run and a resume compare)."""
+    trl, uf = files["trl"], files["uf"]
+    expected = [(trl, "0.5"), (uf, "12")]
+    for words in (
+        [f"- path: {trl}\n  amount: 0.5\n- path: {uf}\n  amount: 12\n"],
+        [f"path: {trl}\namount: 0.5", f"{{path: {uf}, amount: 12}}"],
+        [f"[{{path: {trl}, amount: 0.5}}, {{path: {uf}, amount: 12}}]"],
+    ):
+        recipe = parse_args(["--config", SMOKE, "--datasets", *words])
+        assert [(s.path, s.amount) for s in mixture.parse(mixture.fields_of(recipe))] == expected, words
+        assert [json.loads(w)["path"] for w in recipe.project.datasets] == [trl, uf]
+    with pytest.raises(ConfigError, match=r"is not a mapping .* \{path: a.jsonl, amount: 0.5\}"):
+        parse_args(["--config", SMOKE, "--datasets", f"- path: {trl}\n  amount: 0.5\n bad: [\n"])
 
 
 def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):

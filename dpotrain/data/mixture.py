@@ -177,7 +177,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
             "a mixture's sources have their own (`name:` in a `datasets:` entry); put it there or remove dataset_config"
         )
     sources = (
-        [_entry(e, default_split, flag, default_from) for e in entries]
+        [_entry(e, default_split, flag, default_from) for e in config.entry_words(entries, flag)]
         if entries
         else _mixer(mixer, splits, default_split, f"--{names[2]}", default_from)
     )
@@ -326,31 +326,12 @@ def patterns(values: dict) -> list[str]:
     return found
 
 
-def _flow_mapping(text: str, flag: str) -> dict | None:
-    """A command line's source written in YAML, as the help says (`{path: a.jsonl, amount: 0.5}`, its flow style, not
-    JSON), which was read as a Hub data set's name; None for a name or path."""
-    from dpotrain.recipe import recipe_file
-
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        value = recipe_file.value(text, flag)
-    except ValueError as e:  # what does not read, named
-        value = str(e)
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"`{flag}:` entry {text!r} is not a mapping ({value}): write each source as one, in YAML or JSON: "
-            "{path: a.jsonl, amount: 0.5}"
-        )
-    return value
-
-
 def _entry(entry, split: str, flag: str, split_from: str) -> Source:
     if isinstance(entry, str):
         try:
             entry = json.loads(entry)
         except ValueError:
-            entry = _flow_mapping(entry, flag) or {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
+            entry = {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources (YAML: config.entry_words)
     if not isinstance(entry, dict):
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
     if unknown := sorted(set(entry) - set(ENTRY_KEYS)):

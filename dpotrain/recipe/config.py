@@ -680,9 +680,8 @@ def _as_flags(config: dict) -> list[str]:
     def word(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
-        if isinstance(value, dict):  # a mixture entry's `amount: 1e3` kept as written: the decimal point it lacks says
-            # count or fraction (mixture.py refuses it), where the number 1000.0 would upsample the source 1000 times
-            return json.dumps({k: _amount_text(v) if k == "amount" else v for k, v in value.items()})
+        if isinstance(value, dict):  # a mixture entry, its amount as written
+            return json.dumps(_written_entry(value))
         return recipe_file.written(value)  # as the recipe wrote it
 
     def flag(key: str, value) -> list[str]:
@@ -1380,7 +1379,50 @@ def _mixture_files(values: dict, from_recipe: set[str], on_command_line: set[str
             return placed or value
 
         move = from_project if name in from_recipe else _submitted_file
-        values[name] = _moved_sources(values[name], name.startswith("dataset_mixer"), move)
+        words = values[name] if name.startswith("dataset_mixer") else entry_words(values[name], name)
+        values[name] = _moved_sources(words, name.startswith("dataset_mixer"), move)
+
+
+# What opens a source written in YAML, not a path or a Hub name: a flow mapping or list, a block list, `key: value`
+YAML_ENTRY = re.compile(r"\s*[{\[]|\s*-\s|[^\s:]+:(\s|$)")
+
+
+def entry_words(words: list, flag: str) -> list:
+    """TRL's mixture words with each source written in YAML, as --help says (`{path: a.jsonl, amount: 0.5}`, its
+    block style `path: a.jsonl<newline>amount: 0.5`, or a list of them: `- path: a.jsonl<newline>- path: b.jsonl`),
+    as one JSON entry per source, as a recipe's `datasets:` entries are: a block list was taken for a Hub data set's
+    name. A path or a Hub name, a file that exists, and a JSON entry stay as written; what does not read is refused."""
+    out = []
+    for word in words:
+        text = str(word)
+        if not YAML_ENTRY.match(text) or os.path.exists(os.path.expanduser(text)) or _json_entry(text):
+            out.append(word)
+            continue
+        try:
+            value = recipe_file.value(text, flag)
+        except ValueError as e:  # what does not read, named
+            value = str(e)
+        for entry in value if isinstance(value, list) else [value]:
+            if not isinstance(entry, dict | str) or (isinstance(entry, str) and entry is value):
+                raise ConfigError(
+                    f"`{flag}:` entry {text!r} is not a mapping ({entry}): write each source as one, in YAML or JSON: "
+                    "{path: a.jsonl, amount: 0.5}"
+                )
+            out.append(entry if isinstance(entry, str) else json.dumps(_written_entry(entry)))
+    return out
+
+
+def _json_entry(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _written_entry(entry: dict) -> dict:
+    """A mixture entry read from YAML, its `amount` as written (`1e3` stays text: mixture.py refuses it, where the
+    number 1000.0 would upsample the source 1000 times) and its other numbers as numbers."""
+    return {k: _amount_text(v) if k == "amount" else v for k, v in entry.items()}
 
 
 def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
