@@ -68,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # The run's command-line mixture (README: Your data), measured as the run reads it: a source and an amount each.
     p.add_argument("--dataset_mixer_list", nargs="+", help="a mixture, as train_dpo.py takes it: SOURCE AMOUNT ...")
     p.add_argument("--dataset_mixer_list_splits", nargs="+", help="the mixture's split, or one per source")
+    p.add_argument("--datasets", nargs="+", help="a mixture, as train_dpo.py takes it: TRL's sources, in YAML or JSON")
     p.add_argument(
         "--tokenizer",
         "--model_name_or_path",
@@ -165,11 +166,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.dataset_flag and args.dataset and args.dataset_flag != args.dataset:
         raise ConfigError(f"two data sets named: {args.dataset!r} and --dataset_name {args.dataset_flag!r}: keep one")
     args.dataset = args.dataset or args.dataset_flag
-    if args.dataset and args.dataset_mixer_list:  # both typed: which one to measure is not for the analyzer to guess
+    typed = "--datasets" if args.datasets else "--dataset_mixer_list" if args.dataset_mixer_list else None
+    if args.dataset and typed:  # both typed: which one to measure is not for the analyzer to guess
         raise ConfigError(
-            f"a data set ({args.dataset!r}) and --dataset_mixer_list: a mixture names every source; put that data set "
+            f"a data set ({args.dataset!r}) and {typed}: a mixture names every source; put that data set "
             "in the mixture or remove it"
         )
+    args.mixture_flag = typed
     return args
 
 
@@ -178,7 +181,7 @@ def read_run(args: argparse.Namespace):
     matter), with this command's flags over it. Without --config, the recipe in configs/ that trains on the data set;
     without one, the run's defaults (no recipe: `config_path` None)."""
     # A mixture names its own sources: the recipe that trains on the default data set is not the one meant.
-    path = args.config or (None if args.dataset_mixer_list else recipe_for(args.dataset or DEFAULT_DATASET))
+    path = args.config or (None if args.mixture_flag else recipe_for(args.dataset or DEFAULT_DATASET))
     flags = {
         "model_name_or_path": args.tokenizer,
         "model_revision": args.model_revision,
@@ -198,6 +201,7 @@ def read_run(args: argparse.Namespace):
         "skip_invalid": args.skip_invalid,
         "dataset_mixer_list": args.dataset_mixer_list,
         "dataset_mixer_list_splits": args.dataset_mixer_list_splits,
+        "datasets": args.datasets,
     }
     words = [
         word
@@ -318,7 +322,7 @@ def analyze(args: argparse.Namespace) -> int:
         mixture.check(run)
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
     # What the report calls the data: a mixture typed on the command line is that, not the recipe (or None)
-    shown = "the --dataset_mixer_list mixture" if mixed and args.dataset_mixer_list else name
+    shown = f"the {args.mixture_flag} mixture" if mixed and args.mixture_flag else name
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
     options.check_dataset_config(None if mixed else name, subset)  # as the run: a file has no configuration
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it

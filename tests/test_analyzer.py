@@ -1805,6 +1805,25 @@ def test_a_mixture_on_the_command_line_is_measured_as_the_run_reads_it(cli, tmp_
     assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --dataset_mixer_list: a mixture names")
 
 
+def test_a_datasets_mixture_is_measured_on_the_rows_the_run_takes(cli, tmp_path, tiny_model_dir, capsys):
+    """train_dpo.py's `--datasets` (TRL's mixture, in YAML) was refused by the analyzer ("unknown argument"): a user
+    of that spelling could measure the mixture only by writing it into a recipe. It is read by the run's parser, and
+    the rows measured are the ones the dry run plans (a fraction drawn by the seed, a count, a source upsampled)."""
+    a = write_jsonl(tmp_path / "a.jsonl", _messages_rows())
+    b = write_jsonl(tmp_path / "b.jsonl", _messages_rows()[:5])
+    sources = [f"- path: {a}\n  amount: 0.5\n- path: {b}\n  amount: 2.0\n"]
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", *sources, "--seed", "3"]
+    out = tmp_path / "r.json"
+    assert cli.main([*args, "--model_name_or_path", tiny_model_dir, "--json", str(out), "--num-proc", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["dataset"] == "the --datasets mixture"
+    planned = _dry_run(capsys, [*args, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")])
+    taken = [r["taken"] for r in planned["derived"]["data_sources"]]
+    assert taken == [len(_messages_rows()) // 2, 10] and report["rows"] == sum(taken)
+    assert cli.main([a, "--tokenizer", tiny_model_dir, "--datasets", b]) == 2
+    assert error_line(capsys).startswith(f"error: a data set ({a!r}) and --datasets: a mixture names")
+
+
 def test_a_mixtures_sources_are_said_read_with_the_recipes_chat_template(cli, tmp_path, tiny_model_dir, capsys):
     """A hunt: with `--chat_template_path`, each mixture source's `Data (...)` line said "the model's chat template"
     where its rows were checked with the file given, and the run's dry run named the file: the analyzer's rules for
