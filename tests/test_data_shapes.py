@@ -1246,7 +1246,7 @@ def refused_then_dropped(pairs, tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("content", ["", "  \n"], ids=["empty", "whitespace"])
 def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_alike(content, tmp_path, tiny_model_dir):
     """A conversation whose user message says nothing trained without a word: the chat template renders the user's
-    header with nothing after it, a gap in the export rather than a prompt (an empty plain-text prompt stays a pair).
+    header with nothing after it, a gap in the export rather than a prompt (an empty text prompt is refused alike).
     The run refuses it in one line with --skip_invalid as the way past; the analyzer drops and counts the same row."""
     pairs = dolci(6)
     for side in ("chosen", "rejected"):  # the prompt the two sides share, as the messages shape repeats it
@@ -1256,6 +1256,25 @@ def test_an_empty_user_turn_is_refused_by_the_run_and_counted_by_the_analyzer_al
         r"row 3, column 'prompt': message \d is a user turn with empty content \(the chat template would render its "
         r"header with nothing after it\) \(line 4 of .*pairs\.jsonl; fix or remove the row, or pass --skip_invalid "
         r"true to drop and count such rows instead\)",
+        said,
+    ), said
+    assert [p["index"] for p in analyzer] == [p["index"] for p in dropped] == [3]
+
+
+@pytest.mark.parametrize("content", ["", " \t"], ids=["empty", "whitespace"])
+def test_an_empty_text_prompt_is_refused_by_the_run_and_counted_by_the_analyzer_alike(
+    content, tmp_path, tiny_model_dir
+):
+    """One empty `prompt` beside text answers (an export's missing prompt written as "") trained without a word: TRL
+    tokenizes it to no token, so the answers trained as text nobody asked for, their first token never scored (nothing
+    before it predicts it). Refused as the empty user turn is, with its file and line; --skip_invalid drops it, and the
+    analyzer counts the same row."""
+    pairs = text_prompt(6)
+    pairs[3]["prompt"] = content
+    said, dropped, analyzer = refused_then_dropped(pairs, tmp_path, tiny_model_dir)
+    assert re.fullmatch(
+        r"row 3, column 'prompt': empty text \(nothing before the answers: .*\): write the prompt \(line 4 of "
+        r".*pairs\.jsonl; fix or remove the row, or pass --skip_invalid true to drop and count such rows instead\)",
         said,
     ), said
     assert [p["index"] for p in analyzer] == [p["index"] for p in dropped] == [3]

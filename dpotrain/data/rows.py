@@ -118,6 +118,8 @@ def read_row(
         return None, ("chosen", problem)
     if fmt.conversational and (problem := _empty_turn(example["prompt"], "user")):
         return None, ("prompt", problem)
+    if shape.name == "prompt+text" and blank(example["prompt"]):
+        return None, ("prompt", EMPTY_PROMPT + unseen(example["prompt"]))
     # An earlier assistant turn of the prompt is trained under `assistant_turns: all` (open-instruct labels every one):
     # an empty one would teach the model to answer with nothing, as an empty final answer would. Under `final` (TRL's
     # split) it is context the model reads and is not trained on: a turn the conversation had (a model that said
@@ -315,9 +317,18 @@ def _says_something(message: dict) -> bool:
     return not blank(message.get("content") or "") or any(isinstance(v, str | list | dict) and v for v in extra)
 
 
-# The empty turns refused, by role and where: a user turn of the prompt (a plain-text empty prompt is a legitimate pair,
-# answers that share no start, but the chat template renders an empty user turn as its header with nothing after it:
-# the model would learn to answer a question nobody asked, an export's gap, not a user's intent), and an assistant turn
+# A `prompt` column's empty text beside text answers, the plain-text kin of an empty user turn: an export's gap (a
+# missing prompt written as ""), not a pair. TRL (1.16) tokenizes "" to no token (OLMo's tokenizer, like most, adds no
+# BOS), so the answers train as text nobody asked for, and nothing before an answer's first token predicts it: that
+# token is never scored, and a pair whose answers differ there alone (" Yes." / " No.") expresses no preference.
+# (Text answers without a prompt column that share no start, TRL's implicit prompt "", are the data set's own shape.)
+EMPTY_PROMPT = (
+    "empty text (nothing before the answers: the model would learn to answer a question nobody asked, and their "
+    "first token, which no prompt token predicts, is never scored): write the prompt"
+)
+# The empty turns refused, by role and where: a user turn of the prompt (the chat template renders an empty user turn
+# as its header with nothing after it: the model would learn to answer a question nobody asked, an export's gap, not a
+# user's intent), and an assistant turn
 # of a completion beside the one that answers (an export's trailing `{"role": "assistant", "content": ""}`: rendered
 # as a turn of its own, header and end token, it would teach the model to follow its answer with an empty turn).
 EMPTY_TURN = {
