@@ -156,6 +156,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             return end_finished(recipe, job)
         if repo := resolve.push_left(recipe):  # a finished run's final push cut short: that push, and nothing else
             return complete_left_push(recipe, repo, stop)
+        if not recipe.project.dry_run:  # a finished run not replaced: refused, with the push left's command (a dry
+            resolve.refuse_finished(recipe)  # run lists it as the run would refuse, after the data it reads)
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             # The run's checks and its own first; the default sample, the recipe's seed, markdown only

@@ -592,6 +592,39 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     return dataclasses.replace(decision, set_aside=tuple(p.name for p in past))
 
 
+def refuse_finished(recipe: Recipe) -> None:
+    """A finished run in output_dir that the command neither replaces nor pushes, refused from the folder's records
+    alone, as train_dpo.py decides `push_left` before its checks: a rerun whose final push a kill cut short, with a
+    data file or model moved away since, was refused for them (`dataset ... does not exist`) and never told the
+    command that pushes it, nor that the run is finished. check_output_dir refuses it alike (the dry run lists it)."""
+    out = Path(recipe.training.output_dir)
+    if recipe.job_folder or recipe.project.overwrite_output_dir or not writes.exists(out / RUN_COMPLETE):
+        return
+    if push_left(recipe) is None:
+        raise _finished(recipe, f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else ""))
+
+
+def _finished(recipe: Recipe, named: str) -> ConfigError:
+    """The refusal of a finished run's folder (`named`), with how to push it where a push is left or asked for."""
+    t, out = recipe.training, Path(recipe.training.output_dir)
+    left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed), not asked again: said how
+    repo = left_repo(left, t)
+    # the checkpoints given up with it (a stop request at the end of training): that command's --checkpoints
+    flags = ["--repo-id", repo, *(["--checkpoints"] if hub_push.checkpoints_left(out, repo) else [])]
+    how = (
+        f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
+        f"`{hub_push.push_command(out, *flags)}`"
+        if left
+        else how_to_push(out, repo)
+        if t.push_to_hub
+        else ""
+    )
+    return ConfigError(
+        f"output_dir {named} already holds a finished run: pass --output_dir for a new run, or "
+        f"--overwrite_output_dir to replace it{how}"
+    )
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
@@ -613,22 +646,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return replaced(recipe, pairs_per_step)
         if repo := push_left(recipe):  # train_dpo.py decides it first, before its checks; prefetch.py here
             return OutputDecision(None, False, push_left=repo)
-        left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed), not asked again: said how
-        repo = left_repo(left, t)
-        # the checkpoints given up with it (a stop request at the end of training): that command's --checkpoints
-        flags = ["--repo-id", repo, *(["--checkpoints"] if hub_push.checkpoints_left(out, repo) else [])]
-        how = (
-            f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
-            f"`{hub_push.push_command(out, *flags)}`"
-            if left
-            else how_to_push(out, repo)
-            if t.push_to_hub
-            else ""
-        )
-        raise ConfigError(
-            f"output_dir {named} already holds a finished run: pass --output_dir for a new run, or "
-            f"--overwrite_output_dir to replace it{how}"
-        )
+        raise _finished(recipe, named)
     refuse_links(out)  # a run that keeps the folder's checkpoints keeps none through a link
     if explicit:
         return resumed_into(recipe, out, named, pairs_per_step)

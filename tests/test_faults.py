@@ -1659,13 +1659,15 @@ def test_a_requeue_of_the_job_that_finished_the_run_reads_none_of_its_inputs(tmp
     assert train_dpo.main(args) is None  # exit 0
     assert capsys.readouterr().out == said
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept  # its lock taken over and released
-    # Another job's start, or this job's first: its inputs are read, and refused
+    # Another job's start, or this job's first: refused, the finished run said first (from the folder's records, as
+    # the run's own refusal needs none of its inputs); its dry run reads them, to list what the run would refuse
     for job, restart in (("777", "1"), ("4242", "0")):
         monkeypatch.setenv("SLURM_JOB_ID", job)
         monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
-        for dry in ((), ("--dry-run",)):
-            with pytest.raises(ConfigError, match="does not exist"):
-                train_dpo.main([*args, *dry])
+        with pytest.raises(ConfigError, match="already holds a finished run: pass --output_dir for a new run"):
+            train_dpo.main(args)
+        with pytest.raises(ConfigError, match="does not exist"):
+            train_dpo.main([*args, "--dry-run"])
     # Its final push cut short (the record of its start, written before run_complete.json): the rerun asked to push
     # completes that push, training nothing, so it read none of them either; it was refused the same way, its dry run
     # too. Offline here: the push is left to the command it names.

@@ -846,6 +846,28 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         resolve.check_output_dir(asked, 8)
 
 
+def test_a_finished_runs_push_left_is_said_before_the_data_and_model_it_no_longer_reads(tmp_path):
+    """A rerun without --push_to_hub of a finished run whose final push a kill cut short, its data file moved away
+    since: refused as "dataset ... does not exist" (the model's folder alike), the push left and the finished run
+    unsaid, where the advice needs neither. Said first, from the folder's records, as the push it completes is."""
+    import train_dpo
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    gone = ["--dataset_name", str(tmp_path / "moved.jsonl"), "--model_name_or_path", str(tmp_path / "sft")]
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", SMOKE, *gone, "--output_dir", str(out)])
+    assert str(refused.value) == (
+        f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+        f"--overwrite_output_dir to replace it; its push to {REPO} was started and not confirmed: rerun with "
+        f"--push_to_hub to complete it, or run `python scripts/push_to_hub.py {out} --repo-id {REPO}`"
+    )
+
+
 def test_a_push_asked_of_a_finished_run_never_pushed_names_the_command_that_pushes_it(tmp_path):
     """A run trained without --push_to_hub, and the same command run again with it to push the model: refused as
     "already holds a finished run: pass --output_dir for a new run, or --overwrite_output_dir to replace it", both of
