@@ -102,6 +102,21 @@ def test_a_command_line_mixture_written_as_a_yaml_block_is_read_as_its_sources(f
         parse_args(["--config", SMOKE, "--datasets", f"- path: {trl}\n  amount: 0.5\n bad: [\n"])
 
 
+def test_a_split_its_data_files_mapping_does_not_name_is_refused_naming_the_field_that_chose_it(files):
+    """`data_files: {train: a.jsonl}` as an `eval_datasets:` entry (the held-out split defaults to test): the run read
+    the training sources, then stopped on datasets' "ValueError: Unknown split "test". Should be one of ['train']",
+    naming neither the field that chose the split nor the fix. Refused as the recipe is read, as a folder's is."""
+    entry = json.dumps({"path": "json", "data_files": {"train": files["trl"]}})
+    recipe = parse_args(["--config", SMOKE, "--datasets", entry, "--eval_datasets", entry])
+    assert [s.split for s in mixture.parse(mixture.fields_of(recipe))] == ["train"]
+    with pytest.raises(ConfigError) as refused:
+        mixture.parse(mixture.fields_of(recipe), evaluation=True)
+    assert str(refused.value).endswith(
+        "has no split 'test': set `split` in its `eval_datasets:` entry (or --dataset_test_split, every entry's "
+        "default) to one of ['train']"
+    )
+
+
 def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
     """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
     `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove

@@ -370,7 +370,7 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
             f"`{flag}:` entry {entry['path']!r}: columns {columns!r} is not a list of column names: write them as a "
             "list (columns: [prompt, chosen, rejected])"
         )
-    return Source(
+    source = Source(
         str(entry["path"]),
         str(entry.get("split") or split),
         entry.get("name"),
@@ -382,6 +382,14 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
         f"`split` in its `{flag}:` entry"
         + ("" if entry.get("split") else f" (or {split_from}, every entry's default)"),
     )
+    # `data_files: {train: a.jsonl}` names its splits: another was refused by datasets once the other sources had
+    # loaded ("ValueError: Unknown split"), naming neither the field that chose it nor the fix
+    if isinstance(files := source.data_files, dict) and source.split not in files:
+        raise ConfigError(
+            f"mixture source {source.spec()} has no split {source.split!r}: set {source.split_from} to one of "
+            f"{sorted(map(str, files))}"
+        )
+    return source
 
 
 def _mixer(tokens: list, splits: list | None, split: str, flag: str, split_from: str) -> list[Source]:
