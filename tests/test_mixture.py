@@ -117,6 +117,16 @@ def test_a_split_its_data_files_mapping_does_not_name_is_refused_naming_the_fiel
     )
 
 
+@pytest.mark.parametrize("amount", ["100000000000000000000.0", "1000000000000000.0"])
+def test_an_upsampling_whose_row_numbers_outgrow_the_memory_is_refused_in_one_line(amount, files):
+    """`--dataset_mixer_list pairs.jsonl 100000000.0` (1.0 meant) stopped in a traceback as the mixture was taken:
+    numpy's "Unable to allocate 29.8 GiB", or at 1e20 "OverflowError: Python int too large to convert to C long".
+    Refused in one line naming the pairs it takes and a smaller amount; an upsampling that fits is taken."""
+    with pytest.raises(ConfigError, match=r"takes [\d,]+ pairs \([\d,]+ times each\), whose row numbers alone need "):
+        mixture.take(mixture.Source(files["hh"], "train", amount=amount), 20, seed=42)
+    assert len(mixture.take(mixture.Source(files["hh"], "train", amount="1000.0"), 20, seed=42)) == 20_000
+
+
 def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
     """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
     `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove

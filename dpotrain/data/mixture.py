@@ -19,7 +19,7 @@ import numpy as np
 
 from dpotrain.data import cuts, data, data_identity, hub_revision, lengths, rows
 from dpotrain.recipe import config, upstream
-from dpotrain.recipe.errors import ConfigError, cause, plural
+from dpotrain.recipe.errors import ConfigError, cause, plural, size
 from dpotrain.recipe.refused import said
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
@@ -515,8 +515,25 @@ def take(
             f"{'none of them' if usable > 1 else 'none'} "
             f"(floor({source.amount} x {usable}) = 0): give a larger amount (1 takes one pair) or remove the source"
         )
+    _check_room(source, usable, wanted)
     whole, rest = divmod(wanted, usable)
     return np.concatenate([np.tile(np.arange(usable), whole), np.sort(rng.choice(usable, rest, replace=False))])
+
+
+def _check_room(source: Source, usable: int, wanted: int) -> None:
+    """Refuses an upsampling whose row numbers (8 bytes each, held again by the data set's index of them and by the
+    sampler's order) outgrow this machine's memory: `--dataset_mixer_list pairs.jsonl 100000000.0` (meant 1.0) stopped
+    in a traceback, numpy's "Unable to allocate 29.8 GiB" (1e20: "Python int too large to convert to C long")."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not told: left to the allocation
+        return
+    if wanted * 8 > memory:
+        raise ConfigError(
+            f"source {source.spec()} has {plural(usable, 'usable row')} and amount {source.amount} takes "
+            f"{wanted:,} pairs ({wanted // usable:,} times each), whose row numbers alone need {size(wanted * 8)}, "
+            f"more than this machine's {size(memory)} of memory: give a smaller amount (2.0 takes every pair twice)"
+        )
 
 
 def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
