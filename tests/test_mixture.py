@@ -127,6 +127,17 @@ def test_an_upsampling_whose_row_numbers_outgrow_the_memory_is_refused_in_one_li
     assert len(mixture.take(mixture.Source(files["hh"], "train", amount="1000.0"), 20, seed=42)) == 20_000
 
 
+@pytest.mark.parametrize("key", ["path", "split", "data_dir"])
+def test_an_entrys_name_or_path_written_as_a_list_is_refused_naming_the_fix(key, files):
+    """`path: [a.jsonl]` (a list where one source is named) was asked of the Hub as the data set "['a.jsonl']" ("not
+    cached, and the Hub does not answer", with a prefetch command), and `split: [train]` was refused as datasets'
+    slice syntax. Refused naming the field and how several files are given."""
+    entry = {"path": files["trl"], key: [files["trl"] if key == "path" else "train"]}
+    recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps(entry)])
+    with pytest.raises(ConfigError, match=rf"{key} is a list, where it names one .*: write one \(several files"):
+        mixture.parse(mixture.fields_of(recipe))
+
+
 def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
     """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
     `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove

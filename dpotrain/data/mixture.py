@@ -345,6 +345,13 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
             f"`{flag}:` entry {entry.get('path')!r}: {texts[0]} is the boolean {json.dumps(entry[texts[0]])}, which "
             f"YAML reads from an unquoted yes, no, on or off: quote it ({texts[0]}: 'no')"
         )
+    # `path: [a.jsonl]` was asked of the Hub as the data set "['a.jsonl']", `split: [train]` refused as slice syntax
+    if listed := [k for k in ("path", "name", "split", "data_dir") if isinstance(entry.get(k), list | dict)]:
+        raise ConfigError(
+            f"`{flag}:` entry {entry}: {listed[0]} is a {type(entry[listed[0]]).__name__}, where it names one "
+            f"{'source' if listed[0] == 'path' else listed[0]}: write one (several files are one source's "
+            "`data_files: [...]` with `path: json`, or an entry each)"
+        )
     if not entry.get("path"):
         raise ConfigError(
             f"`{flag}:` entry {entry}: no `path` (a Hub name, a local file or folder, or "
