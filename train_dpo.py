@@ -135,6 +135,17 @@ def importers_own() -> ExitStack:
     return own
 
 
+def checks(recipe, finished):
+    """`stages.checks`; where they refuse in a dry run of a finished run's folder (a data file moved away since), what
+    the run refuses first, reading none of it (`finished`: resolve.finished_refusal), is said before their line."""
+    try:
+        return stages.checks(recipe)
+    except ConfigError:
+        if finished:
+            warn(f"the run would refuse: {finished}")
+        raise
+
+
 def run(argv, stop: GracefulStop) -> int | None:
     """The run, stage by stage (dpotrain/stages.py for the first half, docs/architecture.md for all of them)."""
     offline.start_run()  # no answer from the Hub yet: one a run before in this process got is not this run's
@@ -151,18 +162,19 @@ def run(argv, stop: GracefulStop) -> int | None:
     # Decided before the checks, from the output folder's records alone: a data file or model moved away since the run
     # finished (or a recipe edited for the next experiment) refused the start (`error: dataset ... does not exist`, exit
     # 2), and the job FAILED, its `afterok` dependents never started. Not a preflight's or a reference-only job's
+    finished = None
     if not (recipe.project.preflight or recipe.project.reference_only):
         if job := resolve.finished_by_this_job(Path(recipe.training.output_dir)):  # a requeue of the job that finished
             return end_finished(recipe, job)
         if repo := resolve.push_left(recipe):  # a finished run's final push cut short: that push, and nothing else
             return complete_left_push(recipe, repo, stop)
-        if not recipe.project.dry_run:  # a finished run not replaced: refused, with the push left's command (a dry
-            resolve.refuse_finished(recipe)  # run lists it as the run would refuse, after the data it reads)
+        if (finished := resolve.finished_refusal(recipe)) and not recipe.project.dry_run:  # with a push left's command
+            raise finished
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():  # stdout: its summary alone
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             # The run's checks and its own first; the default sample, the recipe's seed, markdown only
             return preflight.run(recipe)
-        launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
+        launch = checks(recipe, finished)  # everything that can be refused from the recipe, before anything loads
         push = hub.take_push_settings(recipe, launch.engine)
         # Before the ranks meet: a refusal written once, not by every rank (a dry run lists it); a reference-only job
         # starts no W&B run (output_checks skips its W&B checks too)

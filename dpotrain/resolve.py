@@ -592,16 +592,18 @@ def resumed_into(recipe: Recipe, out: Path, named: str, pairs_per_step: int | No
     return dataclasses.replace(decision, set_aside=tuple(p.name for p in past))
 
 
-def refuse_finished(recipe: Recipe) -> None:
+def finished_refusal(recipe: Recipe) -> ConfigError | None:
     """A finished run in output_dir that the command neither replaces nor pushes, refused from the folder's records
     alone, as train_dpo.py decides `push_left` before its checks: a rerun whose final push a kill cut short, with a
     data file or model moved away since, was refused for them (`dataset ... does not exist`) and never told the
-    command that pushes it, nor that the run is finished. check_output_dir refuses it alike (the dry run lists it)."""
+    command that pushes it, nor that the run is finished. check_output_dir refuses it alike (the dry run lists it).
+    The refusal, or None where the run is not refused for it."""
     out = Path(recipe.training.output_dir)
     if recipe.job_folder or recipe.project.overwrite_output_dir or not writes.exists(out / RUN_COMPLETE):
-        return
+        return None
     if push_left(recipe) is None:
-        raise _finished(recipe, f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else ""))
+        return _finished(recipe, f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else ""))
+    return None
 
 
 def _finished(recipe: Recipe, named: str) -> ConfigError:

@@ -1666,8 +1666,12 @@ def test_a_requeue_of_the_job_that_finished_the_run_reads_none_of_its_inputs(tmp
         monkeypatch.setenv("SLURM_RESTART_COUNT", restart)
         with pytest.raises(ConfigError, match="already holds a finished run: pass --output_dir for a new run"):
             train_dpo.main(args)
+        capsys.readouterr()
         with pytest.raises(ConfigError, match="does not exist"):
             train_dpo.main([*args, "--dry-run"])
+        assert f"warning: the run would refuse: output_dir {str(out)!r} already holds a finished run: pass" in (
+            capsys.readouterr().err
+        )
     # Its final push cut short (the record of its start, written before run_complete.json): the rerun asked to push
     # completes that push, training nothing, so it read none of them either; it was refused the same way, its dry run
     # too. Offline here: the push is left to the command it names.
