@@ -326,7 +326,9 @@ def check_evaluation(recipe: Recipe) -> None:
                 "eval_strategy with a training mixture needs its held-out pairs named the same way: "
                 "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove eval_strategy"
             )
-        if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
+        # a local file is read as one split, dataset_train_split's: a test split of the same name is that split
+        one_file = data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir()
+        if one_file and s.dataset_test_split != s.dataset_train_split:
             suffix = "".join(Path(s.dataset_name).suffixes)
             raise ConfigError(
                 f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: "

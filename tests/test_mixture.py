@@ -1571,6 +1571,24 @@ def test_held_out_pairs_the_run_also_trains_on_are_noted_once(held_out, tmp_path
     ]
 
 
+def test_one_file_evaluated_on_its_own_split_is_read_as_that_split_and_noted(tmp_path, files, capsys):
+    """One local file with `--eval_strategy steps --dataset_test_split train`: its one split is the training split, so
+    the held-out split asked exists. It was refused as a file of one split, the fix offered being to name the file
+    'train.jsonl' and 'train.jsonl'. Read as that split, with the note that the model trains on those pairs."""
+    recipe = parse_args(
+        ["--config", SMOKE, "--dataset_name", files["trl"], "--eval_strategy", "steps", "--output_dir", str(tmp_path)]
+        + ["--dataset_test_split", "train"]
+    )
+    pairs = stages.load_data(recipe, stages.checks(recipe))
+    assert len(pairs.eval) == len(pairs.train) > 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: the held-out pairs of {files['trl']} [train] are pairs this run also trains on: their eval loss "
+        "measures pairs the model has seen, not how it does on new ones (held-out pairs of their own: "
+        "--dataset_mixer_eval_list FILE 1.0)"
+    ]
+
+
 def test_a_held_out_file_a_training_glob_or_folder_reads_is_noted(tmp_path, files, monkeypatch):
     """`datasets: [{path: json, data_files: 'pairs/*.jsonl'}]` (or the folder `pairs/`) with `pairs/b.jsonl` held out:
     the held-out file is trained on through the pattern, and no note was said (the same file named as a training source
