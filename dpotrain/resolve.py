@@ -599,7 +599,12 @@ def finished_refusal(recipe: Recipe) -> ConfigError | None:
     command that pushes it, nor that the run is finished. check_output_dir refuses it alike (the dry run lists it).
     The refusal, or None where the run is not refused for it."""
     out = Path(recipe.training.output_dir)
-    if recipe.job_folder or recipe.project.overwrite_output_dir or not writes.exists(out / RUN_COMPLETE):
+    if recipe.job_folder or recipe.project.overwrite_output_dir:
+        return None
+    try:
+        if not writes.exists(out / RUN_COMPLETE):
+            return None
+    except OSError:  # a path past the file system's limits, a look unanswered: the checks say it in their own line
         return None
     if push_left(recipe) is None:
         return _finished(recipe, f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else ""))
