@@ -182,3 +182,30 @@ def test_pairs_holding_an_added_token_past_the_models_embedding_are_refused_befo
         "on a CPU, a device-side assert on a GPU): remove it from those pairs, or resize its embeddings to the "
         "tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
     )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_tokenizer_whose_ids_skip_numbers_past_the_models_embedding_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A vocabulary whose ids skip numbers (here 'assistant' moved from id 896 to 950): it holds 897 tokens, as many as
+    the model has embedding rows, so the check of its `vocab_size` (a count) passed, and the run stopped in its
+    reference stage on `IndexError: index out of range in self` (a device-side assert on a GPU) once the model had
+    loaded. Its highest id is what reaches the embedding."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    rows, top = len(vocab), max(vocab.values())
+    assert top == rows - 1 == json.loads((folder / "config.json").read_text())["vocab_size"] - 1
+    vocab["assistant"] = rows + 53
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: the tokenizer of {folder} has token ids up to {rows + 53:,} ({rows:,} tokens: its ids skip numbers), "
+        f"past the {rows:,} rows of the model's embedding (vocab_size in its config.json): give the model folder the "
+        "tokenizer the model was trained with, or resize its embeddings to the tokenizer "
+        "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    )
+    tokenizer = lengths.load_tokenizer(str(folder))
+    positions.check_vocabulary(LlamaConfig(vocab_size=rows + 54), tokenizer, "m")  # rows up to its highest id: fine

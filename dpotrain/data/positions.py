@@ -73,14 +73,19 @@ def check_vocabulary(config, tokenizer, model: str, pad_token: str | None = None
     rows = getattr(config.get_text_config(), "vocab_size", None)
     if tokenizer is None or not isinstance(rows, int):
         return
-    base = tokenizer.vocab_size  # its vocabulary without the added tokens
+    base, count = _vocabulary_ids(tokenizer)
     past = {i: token for token, i in tokenizer.get_added_vocab().items() if i >= rows}
     if base <= rows and not past:
         return
     fix = f"give the model folder the tokenizer the model was trained with, or {RESIZE}"
     if base > rows:
+        has = (
+            f"{base:,} token ids"
+            if base == count
+            else f"token ids up to {base - 1:,} ({count:,} tokens: its ids skip numbers)"
+        )
         raise ConfigError(
-            f"the tokenizer of {model} has {base:,} token ids, past the {rows:,} rows of the model's embedding "
+            f"the tokenizer of {model} has {has}, past the {rows:,} rows of the model's embedding "
             f"(vocab_size in its config.json): {fix}"
         )
     pad_id = tokenizer.convert_tokens_to_ids(pad_token) if pad_token else tokenizer.pad_token_id
@@ -97,6 +102,18 @@ def check_vocabulary(config, tokenizer, model: str, pad_token: str | None = None
             f"the tokenizer of {model} writes {past[fed[0]]!r} (id {fed[0]:,}: the chat template, or as its eos, pad "
             f"or bos token), past the {rows:,} rows of the model's embedding (vocab_size in its config.json): {fix}"
         )
+
+
+def _vocabulary_ids(tokenizer) -> tuple[int, int]:
+    """(the highest id of the tokenizer's vocabulary proper, without its added tokens, plus one; how many tokens it
+    holds). Its `vocab_size` is the count: where the ids skip numbers (a vocabulary edited by hand, tokens removed) the
+    count can fit the model's rows while its highest ids, which any text may produce, lie past them. A tokenizer with
+    no `tokenizers` backend (sentencepiece's) numbers its pieces 0 .. vocab_size - 1."""
+    count = tokenizer.vocab_size
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return count, count
+    return max(backend.get_vocab(with_added_tokens=False).values(), default=-1) + 1, count
 
 
 def _template_ids(tokenizer) -> set:
