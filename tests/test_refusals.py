@@ -1303,6 +1303,30 @@ def test_weights_lacking_some_of_the_models_tensors_are_refused_by_the_dry_run_a
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_untying_a_tied_models_output_layer_in_model_init_kwargs_is_refused_naming_the_override(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """`--model_init_kwargs '{"tie_word_embeddings": false}'` on a model saved tied: transformers starts the untied
+    lm_head at random, and the refusal blamed the weights ("save the model with save_pretrained"), which were saved so;
+    the dry run skipped its check for any model_init_kwargs and said nothing. Both name the override now; another
+    config field that adds tensors (more layers) is named beside the usual fixes."""
+    from conftest import tiny_model
+
+    folder = tiny_model("llama", tmp_path / "tied", tiny_model_dir, tie_word_embeddings=True)
+    args = ["--model_name_or_path", folder, "--max_steps", "2", *dry_run]
+    untie = ["--model_init_kwargs", '{"tie_word_embeddings": false}']
+    assert refused(tmp_path, monkeypatch, capsys, *args, *untie) == (
+        f"error: model_init_kwargs tie_word_embeddings false unties the output layer of {folder} from its input "
+        "embeddings, but its weights hold no lm_head.weight (a tied model's weights hold the input embeddings alone): "
+        "transformers would start it at random. Leave tie_word_embeddings out of model_init_kwargs (a model saved tied "
+        "trains tied), or save an untied copy first (lm_head.weight a copy of its input embeddings, "
+        "tie_word_embeddings false in its config.json)"
+    )
+    line = refused(tmp_path, monkeypatch, capsys, *args, "--model_init_kwargs", '{"num_hidden_layers": 3}')
+    assert "which transformers would start at random: model_init_kwargs sets num_hidden_layers of its config" in line
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_a_tokenizer_with_neither_pad_nor_eos_token_is_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):

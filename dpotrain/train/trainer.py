@@ -62,7 +62,7 @@ from dpotrain.train.metrics import MetricsRecorder, read_metrics
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop, StoppedBeforeTraining, loader_worker
 from dpotrain.train.step_log import StepLog
-from dpotrain.train.weight_names import refusal
+from dpotrain.train.weight_names import config_fields, refusal
 
 # What TRL's hash in its __init__ returns for a LoRA run (its trainer's __init__): a key is taken after, never this one
 LORA_HASH_DEFERRED = "not taken: a LoRA run keys its reference by its base weights"
@@ -101,7 +101,8 @@ def whole_weights_only():
     def checked(model_id, *args, **kwargs):
         model, info = load(model_id, *args, **kwargs, output_loading_info=True)
         zero3 = is_deepspeed_zero3_enabled()
-        collectives.every_rank_outcome(refusal(model_id, model, info, zero3, kwargs.get("revision")))
+        overrides = config_fields(kwargs)  # the model_init_kwargs TRL passes on
+        collectives.every_rank_outcome(refusal(model_id, model, info, zero3, kwargs.get("revision"), overrides))
         return model
 
     with upstream.patched(upstream.CREATE_MODEL, checked) as load:

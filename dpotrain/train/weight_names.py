@@ -1,6 +1,7 @@
 """Weights that lack some of the model's tensors, which transformers starts at random and goes on: refused as the model
 loads (`trainer.whole_weights_only`) and, from the names in the weights' files alone, by the dry run (`check`)."""
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ from safetensors import SafetensorError, safe_open
 from transformers.utils import logging as hf_logging
 
 from dpotrain.cluster.offline import is_hub_model, shards_of
-from dpotrain.recipe import upstream
+from dpotrain.recipe import init_kwargs, upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
@@ -27,13 +28,24 @@ WEIGHT_FILES = (
 SAFETENSORS = WEIGHT_FILES[:2]
 
 
-def refusal(model_id: str, model, info: dict, zero3: bool = False, revision: str | None = None) -> ConfigError | None:
+def refusal(
+    model_id: str, model, info: dict, zero3: bool = False, revision: str | None = None, overrides: dict | None = None
+) -> ConfigError | None:
     """The refusal of weights that lack some of `model`'s tensors, as transformers' loading `info` names them (its
     unexpected keys: theirs the model has no place for); None where they lack none. `zero3`: the load was
-    transformers' ZeRO-3 one, whose own conversion of a checkpoint's names may lose tensors the files hold."""
+    transformers' ZeRO-3 one, whose own conversion of a checkpoint's names may lose tensors the files hold.
+    `overrides`: the config fields model_init_kwargs set (`config_fields`), named where they made the tensors."""
     missing, unused = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
     if not missing:
         return None
+    if (overrides or {}).get("tie_word_embeddings") is False and set(missing) <= _output_head(model):
+        return ConfigError(
+            f"model_init_kwargs tie_word_embeddings false unties the output layer of {model_id} from its input "
+            f"embeddings, but its weights hold no {missing[0]} (a tied model's weights hold the input embeddings "
+            "alone): transformers would start it at random. Leave tie_word_embeddings out of model_init_kwargs (a "
+            f"model saved tied trains tied), or save an untied copy first ({missing[0]} a copy of its input "
+            "embeddings, tie_word_embeddings false in its config.json)"
+        )
     total = len(model.state_dict())  # only for the refusal: every load passes here
     lacking = f"{len(missing):,} of the model's {total:,} tensors ({missing[0]}{', ...' if len(missing) > 1 else ''})"
     # transformers' ZeRO-3 path (integrations/deepspeed.py) renames every name a model's checkpoint conversion matches,
@@ -45,11 +57,29 @@ def refusal(model_id: str, model, info: dict, zero3: bool = False, revision: str
             "ZeRO-2 (accelerate_config.yaml), whose load reads them"
         )
     held = f"; they hold {len(unused):,} the model has no place for ({unused[0]}, ...)" if unused else ""
+    keys = ", ".join(sorted(overrides or ()))
+    changed = f"model_init_kwargs sets {keys} of its config: leave out a key that adds tensors, " if keys else ""
     return ConfigError(
-        f"the weights of {model_id} lack {lacking}, which transformers would start at random{held}: "
+        f"the weights of {model_id} lack {lacking}, which transformers would start at random{held}: {changed}"
         "save the model with save_pretrained (a state dict saved from a wrapped model, DDP's or PEFT's, names "
         "its tensors with a prefix such as 'module.'), or copy in the missing weights"
     )
+
+
+def _output_head(model) -> set[str]:
+    """The names of the model's output layer's parameters (lm_head.weight), none where it has no such layer."""
+    head = model.get_output_embeddings()
+    if head is None:
+        return set()
+    own = {id(p) for p in head.parameters()}
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in own}
+
+
+def config_fields(kwargs: dict | None) -> dict:
+    """The model_init_kwargs that set fields of the model's config (`tie_word_embeddings`, `num_hidden_layers`): the
+    config overrides that are no argument of from_pretrained (`quantization_config`, `key_mapping`)."""
+    named = init_kwargs.from_pretrained_arguments() | {"architecture"}  # TRL's create_model_from_path's own
+    return {k: v for k, v in init_kwargs.config_overrides(kwargs).items() if k not in named}
 
 
 def check(recipe, model_path: str, config) -> None:
@@ -59,11 +89,19 @@ def check(recipe, model_path: str, config) -> None:
     as when the run loads the files. Skipped where the names are not read cheaply or the load is not the run's:
     `.bin` weights, a Hub model not in the cache (nothing is downloaded), no config here, a class outside
     transformers (remote code), a pre-quantized checkpoint, a config naming its own weight files, model_init_kwargs
-    (they may change the model), a load that fails (a tensor of another shape: the run's load says it)."""
+    that are no field of the config (a quantization, a key_mapping: another load), a load that fails (a tensor of
+    another shape: the run's load says it). Those that are (tie_word_embeddings) are set on the config, as the run's
+    from_pretrained sets them."""
     architecture = getattr(transformers, (getattr(config, "architectures", None) or [""])[0] or "", None)  # TRL's
     own_files = getattr(config, "transformers_weights", None) or getattr(type(config), "extra_files", ())
-    if architecture is None or own_files or recipe.training.model_init_kwargs or hasattr(config, "quantization_config"):
+    overrides = config_fields(recipe.training.model_init_kwargs)
+    other_load = init_kwargs.config_overrides(recipe.training.model_init_kwargs).keys() - overrides.keys()
+    if architecture is None or own_files or other_load or hasattr(config, "quantization_config"):
         return
+    if overrides:
+        config = copy.deepcopy(config)
+        for key, value in overrides.items():
+            setattr(config, key, value)
     shapes = _shapes(model_path, recipe.model.model_revision)
     if shapes is None:
         return
@@ -80,7 +118,7 @@ def check(recipe, model_path: str, config) -> None:
         return
     finally:
         hf_logging.set_verbosity(verbosity)
-    refused = refusal(model_path, model, info)
+    refused = refusal(model_path, model, info, overrides=overrides)
     if refused is not None:
         raise refused
 
