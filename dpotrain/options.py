@@ -611,6 +611,26 @@ def check_checkpointing(config, model: str, checkpointing: bool) -> None:
     )
 
 
+def check_unbounded_clip(config, model: str, init_kwargs: dict | None) -> None:
+    """DBRX with `attn_config.clip_qkv` null (DbrxConfig's default): transformers 5.23's DbrxAttention clamps its q/k/v
+    between -clip_qkv and clip_qkv even where it is None, and torch refuses a clamp with neither bound: the run loaded
+    the model and stopped at its first forward, in the reference stage. Refused from the config, before it loads,
+    unless model_init_kwargs gives another attn_config (the load then says)."""
+    import transformers
+
+    attention = getattr(config.get_text_config(), "attn_config", None)
+    if config.model_type != "dbrx" or attention is None or getattr(attention, "clip_qkv", 0) is not None:
+        return
+    if "attn_config" in (init_kwargs or {}):
+        return
+    raise ConfigError(
+        f"{model}: attn_config.clip_qkv is null in its config.json, and transformers {transformers.__version__}'s "
+        "DBRX attention clamps q, k and v by it even so, which stops the first forward (torch.clamp: At least one of "
+        "'min' or 'max' must not be None): set clip_qkv in attn_config of its config.json to the bound the model was "
+        "trained with (DBRX's own: 8), or to one no activation reaches (1e9) if it was trained unclipped"
+    )
+
+
 def check_router_loss(config, model: str, coefficient: float | None) -> None:
     """TRL adds the MoE router's load-balancing loss where the config has `output_router_logits` and the coefficient
     (the recipe's router_aux_loss_coef, else the config's) is not 0, from the router logits the model records: a model

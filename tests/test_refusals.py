@@ -872,6 +872,26 @@ def test_a_model_the_run_cannot_train_as_set_is_refused_before_it_loads(
     assert line == f"error: {model}: {says.format(trl=trl.__version__)}"
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_dbrx_with_no_qkv_clip_bound_is_refused_before_it_loads(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """DBRX's `attn_config.clip_qkv: null` (DbrxConfig's default): transformers 5.23 clamps q, k and v with neither
+    bound, and the run loaded the model and stopped in its reference stage on `RuntimeError: torch.clamp: At least
+    one of 'min' or 'max' must not be None`. A bound set (DBRX's own 8) trains (checked: 2 steps of this model)."""
+    import transformers
+
+    attention = {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": None}
+    experts = {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}
+    model = tiny_model("dbrx", tmp_path / "dbrx", tiny_model_dir, attn_config=attention, ffn_config=experts)
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: attn_config.clip_qkv is null in its config.json, and transformers "
+        f"{transformers.__version__}'s DBRX attention clamps q, k and v by it even so, which stops the first forward "
+        "(torch.clamp: At least one of 'min' or 'max' must not be None): set clip_qkv in attn_config of its "
+        "config.json to the bound the model was trained with (DBRX's own: 8), or to one no activation reaches (1e9) if "
+        "it was trained unclipped"
+    )
+
+
 @pytest.mark.slow  # trains 2 steps in this process (10-20 s on 2 cores): the refusals above stay in the fast tier
 @pytest.mark.parametrize(
     "model_type, fix", [("doge", ["--router_aux_loss_coef", "0"]), ("jetmoe", ["--activation_checkpointing", "false"])]
