@@ -142,6 +142,7 @@ TWO_OF_FOUR = dict(num_experts_per_tok=2, moe_intermediate_size=32)
         ("gpt_oss", dict(num_local_experts=4, num_experts_per_tok=2, layer_types=KINDS)),
         ("qwen2_moe", dict(num_experts=4, **TWO_OF_FOUR)),  # and a shared expert
         ("glm4_moe", dict(n_routed_experts=4, first_k_dense_replace=1, **TWO_OF_FOUR)),  # a dense first layer
+        ("hunyuan_v1_moe", dict(num_experts=4, moe_topk=2)),  # a shared MLP its config names no width for
     ],
 )
 def test_the_forward_choice_counts_the_experts_a_token_runs(model_type, moe):

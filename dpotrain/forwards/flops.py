@@ -113,9 +113,14 @@ def mlp_params(text, layer: int) -> int:
     return 3 * h * (routed + shared + (dense if getattr(text, "enable_moe_block", None) else 0)) + h * experts
 
 
+# Model types whose every MoE layer runs a shared MLP as wide as `intermediate_size` beside the routed experts, which
+# their config names no field for (Hunyuan-MoE's `shared_mlp`): checked against the built models.
+SHARED_DENSE_MLP = frozenset({"hunyuan_v1_moe"})
+
+
 def _moe(text, layer: int) -> tuple[int, int, int] | None:
     """(experts, their width a token runs, shared experts' width) of an MoE layer; None for a dense one (`mlp_params`).
-    Granite's shared MLP is `shared_intermediate_size` wide."""
+    Granite's shared MLP is `shared_intermediate_size` wide; `SHARED_DENSE_MLP`'s the dense width."""
     counts = (_at(getattr(text, k, None), layer) for k in EXPERT_COUNTS)
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
@@ -129,6 +134,7 @@ def _moe(text, layer: int) -> tuple[int, int, int] | None:
         getattr(text, "shared_expert_intermediate_size", None)
         or getattr(text, "shared_intermediate_size", None)
         or (getattr(text, "n_shared_experts", None) or 0) * width
+        or (dense_width(text, layer) if getattr(text, "model_type", None) in SHARED_DENSE_MLP else 0)
     )
     return experts, active * width, shared
 
