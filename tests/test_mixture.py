@@ -910,6 +910,14 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     ).all()
 
 
+def test_an_amount_yaml_read_as_a_boolean_is_refused_naming_that_reading(files):
+    """`{path: tr.jsonl, amount: yes}` was refused as "amount 'true'", a word the user never wrote."""
+    recipe = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: yes}}"])
+    with pytest.raises(ConfigError) as refused:
+        mixture.parse(mixture.fields_of(recipe))
+    assert "amount is the boolean true, which YAML reads from an unquoted yes, no, on or off" in str(refused.value)
+
+
 def test_a_source_draws_the_same_rows_however_its_path_is_spelled(files, tmp_path, monkeypatch):
     """Rows are drawn by what the source is (`Source.identity`), so a relative name, a full path and a link to the file
     draw the same rows; another file, or a Hub data set's other split, another sample."""

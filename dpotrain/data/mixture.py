@@ -369,6 +369,12 @@ def _entry(entry, split: str, flag: str, split_from: str) -> Source:
         fix = f": write it unquoted (fraction: {share})" if isinstance(share, str) and _number_text(share) else ""
         raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0{fix}")
     amount = entry.get("amount")
+    if isinstance(amount, bool):  # `amount: yes` was refused as "amount 'true'", a word the user never wrote
+        raise ConfigError(
+            f"`{flag}:` entry {entry['path']!r}: amount is the boolean {json.dumps(amount)}, which YAML reads from an "
+            "unquoted yes, no, on or off: write a fraction of the source with a decimal point (1.0 for every row, "
+            "2.5 upsamples) or a count of pairs without one (1000), or leave amount out for every row"
+        )
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
     # a list of names, as TRL's: one string would be read a character at a time, after the source loaded
