@@ -910,6 +910,22 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     ).all()
 
 
+@pytest.mark.parametrize(("usable", "count", "fraction"), [(40, 100, "2.5"), (3, 100, "33.4"), (7, 9, "1.3")])
+def test_the_fraction_offered_for_a_count_above_the_rows_takes_that_count(files, usable, count, fraction):
+    """The fraction offered beside a count above the rows takes that count (33.33 was offered for 100 of 3 rows: it
+    takes 99), and none is offered where it would be refused (`--dataset_mixer_list tr.jsonl 1e26`'s advice was
+    "2500000000000000226492416.00 takes every row", whose row numbers outgrow any memory)."""
+    with pytest.raises(ConfigError) as refused:
+        mixture.take(mixture.Source(files["hh"], "train", amount=str(count)), usable, seed=42)
+    assert f"ask for {usable} or fewer, or write a fraction to upsample ({fraction} takes every row" in str(
+        refused.value
+    )
+    assert len(mixture.take(mixture.Source(files["hh"], "train", amount=fraction), usable, seed=42)) == count
+    with pytest.raises(ConfigError) as refused:
+        mixture.take(mixture.Source(files["hh"], "train", amount="9" * 26), 40, seed=42)
+    assert str(refused.value).endswith(f"the mixture asks for {'9' * 26}: ask for 40 or fewer")
+
+
 def test_an_amount_yaml_read_as_a_boolean_is_refused_naming_that_reading(files):
     """`{path: tr.jsonl, amount: yes}` was refused as "amount 'true'", a word the user never wrote."""
     recipe = parse_args(["--config", SMOKE, "--datasets", f"{{path: {files['trl']}, amount: yes}}"])

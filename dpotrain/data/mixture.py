@@ -517,8 +517,7 @@ def take(
         if count > usable:
             raise ConfigError(
                 f"source {source.spec()} has {plural(usable, 'usable row')} and the mixture asks for {count}: ask for "
-                f"fewer, or write a fraction to upsample ({count / usable:.2f} takes every row and a seeded sample of "
-                "the rest)"
+                f"{usable} or fewer{_upsampling(usable, count)}"
             )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
@@ -533,19 +532,37 @@ def take(
     return np.concatenate([np.tile(np.arange(usable), whole), np.sort(rng.choice(usable, rest, replace=False))])
 
 
+def _upsampling(usable: int, count: int) -> str:
+    """The fraction that takes `count` pairs of `usable` rows, offered where it would be taken: the shortest decimal
+    whose floor(fraction x usable) is `count` (2.50 was offered for 100 of 40, 33.33 for 100 of 3, which takes 99); none
+    where those pairs' row numbers outgrow the memory (`_check_room`), which refused the 2.5e24 offered for 1e26."""
+    if _room_needed(count) is not None:
+        return ""
+    for digits in range(1, 20):
+        text = f"{math.ceil(count * 10**digits / usable) / 10**digits:.{digits}f}"
+        if int(float(text) * usable) == count:
+            return f", or write a fraction to upsample ({text} takes every row and a seeded sample of the rest)"
+    return ""
+
+
+def _room_needed(wanted: int) -> tuple[int, int] | None:
+    """(bytes, memory) where the row numbers of `wanted` pairs outgrow this machine's memory, else None."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not told: left to the allocation
+        return None
+    return (wanted * 8, memory) if wanted * 8 > memory else None
+
+
 def _check_room(source: Source, usable: int, wanted: int) -> None:
     """Refuses an upsampling whose row numbers (8 bytes each, held again by the data set's index of them and by the
     sampler's order) outgrow this machine's memory: `--dataset_mixer_list pairs.jsonl 100000000.0` (meant 1.0) stopped
     in a traceback, numpy's "Unable to allocate 29.8 GiB" (1e20: "Python int too large to convert to C long")."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not told: left to the allocation
-        return
-    if wanted * 8 > memory:
+    if (needed := _room_needed(wanted)) is not None:
         raise ConfigError(
             f"source {source.spec()} has {plural(usable, 'usable row')} and amount {source.amount} takes "
-            f"{wanted:,} pairs ({wanted // usable:,} times each), whose row numbers alone need {size(wanted * 8)}, "
-            f"more than this machine's {size(memory)} of memory: give a smaller amount (2.0 takes every pair twice)"
+            f"{wanted:,} pairs ({wanted // usable:,} times each), whose row numbers alone need {size(needed[0])}, "
+            f"more than this machine's {size(needed[1])} of memory: give a smaller amount (2.0 takes every pair twice)"
         )
 
 
