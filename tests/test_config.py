@@ -153,6 +153,29 @@ def test_a_value_missing_or_of_the_wrong_type_is_one_line_naming_the_flag_and_wh
 
 
 @pytest.mark.parametrize(
+    "line, words, says",
+    [
+        ("health_checks: 2", [], "health_checks in {} takes true or false (alone: true), not '2'"),
+        ("health_checks: 2", ["--health_checks", "true"], "health_checks in {} takes true or false (alone: true), "),
+        ("learning_rate: abc", [], "learning_rate in {} takes a number (e.g. learning_rate: 1e-06), not 'abc'"),
+        ("truncation_mode: middle", [], "truncation_mode in {} takes one of keep_end, keep_start, not 'middle'"),
+        ("loss_weights: []", [], "loss_weights in {} takes one or more numbers (List of loss weights"),
+        ("max_length: abc", [], "max_length in {} takes a whole number or auto (e.g. max_length: 1024), not 'abc'"),
+        ("beta: 5", ["--beta", "abc"], "--beta takes a number (e.g. --beta 0.1), not 'abc'"),
+        ("seed: 1", ["--health_checks", "2"], "--health_checks takes true or false (alone: true), not '2'"),
+    ],
+)
+def test_a_recipe_files_value_of_the_wrong_type_is_named_as_its_key_in_the_file(tmp_path, line, words, says):
+    """A recipe's `health_checks: 2` was refused as "--health_checks takes true or false, not '2'": a flag nobody typed
+    (or typed right, `--health_checks true`, over the file's value), the file unnamed. Named as the key in the file, as
+    the recipe's other refusals are; a command line's value is still named as its flag."""
+    recipe = write(tmp_path, f"bf16: false\n{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", recipe, *words])
+    assert str(refused.value).startswith(says.format(recipe)), str(refused.value)
+
+
+@pytest.mark.parametrize(
     "args, recipe, says",
     [
         (["--learning_rate", "-1e-6"], "", "learning_rate must be > 0 (got -1e-06)"),
@@ -1113,7 +1136,9 @@ def test_a_strategy_of_no_in_a_recipe_is_transformers_no(tmp_path):
     field of named choices takes the word written; one that is none of them is refused quoting it."""
     recipe = parse_args(["--config", write(tmp_path, "bf16: false\nsave_strategy: no\neval_strategy: no\n")])
     assert recipe.training.save_strategy == "no" and recipe.training.eval_strategy == "no"
-    with pytest.raises(ConfigError, match=r"^--save_strategy takes one of no, steps, epoch, best, not 'off'$"):
+    with pytest.raises(
+        ConfigError, match=r"^save_strategy in \S+recipe.yaml takes one of no, steps, epoch, best, not 'off'$"
+    ):
         parse_args(["--config", write(tmp_path, "bf16: false\nsave_strategy: off\n")])
 
 

@@ -312,10 +312,43 @@ def make_parser():
     flags = upstream.long_flags(parser)
 
     def error(message):  # a value missing or of the wrong type: the flag and what it takes, in one line
-        raise ConfigError(usage.value_refused(message, flags) or message)
+        raise ValueRefused(usage.value_refused(message, flags) or message, message)
 
     parser.error = error  # argparse's prints the whole usage (hundreds of fields): one line instead
     return parser
+
+
+class ValueRefused(ConfigError):
+    """argparse's refusal of a value, said in one line naming its flag; `message`: argparse's own, read again where the
+    value is the recipe file's (`_in_recipe_file`)."""
+
+    def __init__(self, said: str, message: str):
+        super().__init__(said)
+        self.message = message
+
+
+def _in_recipe_file(refused: ValueRefused, config: dict, config_path: str | None, on_command_line) -> ConfigError:
+    """`refused` named as the recipe file's key where the value argparse refused is that file's (its words come before
+    the command line's): a recipe's `health_checks: 2` was refused as "--health_checks takes true or false, not '2'",
+    a flag nobody typed, or typed right (`--health_checks true`) over the file's value."""
+    parts = usage.refused_value(refused.message, _options())
+    key = next((k for k in config if parts and ALIASES.get(k, k) == parts[0].dest), None)
+    if config_path is None or key is None:
+        return refused
+    written = [w.removeprefix(f"--{key}=") for w in _as_flags({key: config[key]}) if w != f"--{key}"]
+    value = parts[2]
+    if value[1:-1] not in written if value is not None else parts[0].dest in on_command_line:
+        return refused  # the command line's value
+    return ConfigError(usage.value_refused(refused.message, _options(), recipe=(config_path, key)))
+
+
+def _parse_known(parser, tokens: list[str], config: dict, config_path: str | None, on_command_line):
+    """argparse's reading of `tokens`, a value it refuses named where it was written (`_in_recipe_file`); before any
+    field is validated, so that an unknown flag is named first."""
+    try:
+        return parser.parse_known_args(tokens)
+    except ValueRefused as refused:
+        raise _in_recipe_file(refused, config, config_path, on_command_line) from None
 
 
 @functools.cache
@@ -820,7 +853,7 @@ def _built(argv: list[str], config: dict, config_path: str | None, dry: bool, pa
     tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
     if unsettable := sorted(fields_set(tokens) & UNSETTABLE.keys()):
         raise ConfigError(f"{unsettable[0]} cannot be set here: {UNSETTABLE[unsettable[0]]}")
-    known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
+    known, remaining = _parse_known(parser, tokens, config, config_path, on_command_line)
     if remaining:
         raise _unknown_words(tokens, remaining, on_command_line | {ALIASES.get(f, f) for f in on_command_line})
     if config_path is None and not fields_set(argv) - {"dry_run", "json"}:

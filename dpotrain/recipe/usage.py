@@ -194,24 +194,39 @@ def _example(flag: str, action) -> str:
     return _first_sentence(action.help)
 
 
-def value_refused(message: str, flags: dict, words=()) -> str | None:
+def value_refused(message: str, flags: dict, words=(), recipe: tuple[str, str] | None = None) -> str | None:
     """argparse's "argument --beta: expected one argument" or "argument --max_length/--max-length: invalid int value:
     'abc'" as one line naming the flag, what it takes and what it got; None for another message. `flags`: each
     `--flag` -> its action; `words`: the command line, whose spelling of the flag is named (argparse names its first:
-    `--repo-id` for a typed `--repo_id`, `--private` for `--hub_private_repo`)."""
+    `--repo-id` for a typed `--repo_id`, `--private` for `--hub_private_repo`). `recipe`: (the recipe file, its key)
+    where the value refused is that file's line, named as the key in the file (a recipe's `health_checks: 2` was
+    refused as "--health_checks takes ...", a flag the user never typed, or typed right over the file's value)."""
+    parts = refused_value(message, flags)
+    if parts is None:
+        return None
+    action, flag, value = parts
+    flag = next((w for w in (w.partition("=")[0] for w in words) if w in action.option_strings), flag)
+    kind = takes(action)
+    hint = "" if action.choices or kind.startswith("true") else f" ({_example(flag, action)})"
+    if recipe is not None:
+        path, key = recipe
+        flag = f"{key} in {path}"
+        hint = hint.replace(f"e.g. --{action.dest} ", f"e.g. {key}: ")
+    return f"{flag} takes {kind}{hint}: none given" if value is None else f"{flag} takes {kind}{hint}, not {value}"
+
+
+def refused_value(message: str, flags: dict) -> tuple | None:
+    """(the action, the flag argparse names, the value refused as quoted, or None where none was given) of argparse's
+    message of a value missing or of the wrong type; None for another message."""
     found = re.fullmatch(r"argument (--[\w-]+)\S*: (.*)", message, re.S)
     action = flags.get(found[1]) if found else None
     if action is None:
         return None
-    typed = (w.partition("=")[0] for w in words)
-    flag, said = next((w for w in typed if w in action.option_strings), found[1]), found[2]
-    kind = takes(action)
-    hint = "" if action.choices or kind.startswith("true") else f" ({_example(flag, action)})"
+    said = found[2]
     if re.fullmatch(r"expected (one|at least one|\d+) arguments?", said):
-        return f"{flag} takes {kind}{hint}: none given"
+        return action, found[1], None
     got = re.match(r"invalid (?:\w+ value|choice): ('.*?'|\".*?\")(?: \(choose from .*\))?$", said, re.S)
     got = got or re.match(r"Truthy value expected: got (.*) but expected", said, re.S)  # transformers' string_to_bool
     if got is None:
         return None
-    value = got[1] if got[1][:1] in "'\"" else repr(got[1])
-    return f"{flag} takes {kind}{hint}, not {value}"
+    return action, found[1], got[1] if got[1][:1] in "'\"" else repr(got[1])
