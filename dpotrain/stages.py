@@ -54,6 +54,7 @@ ANALYZER_FIELDS = """
     model_name_or_path model_revision trust_remote_code dataset_name dataset_train_split dataset_config dataset_revision
     hh_format auto_coverage
     chat_template_path dataset_mixer_list dataset_mixer_list_splits seed assistant_turns max_length truncation_mode
+    dataset_mixer_eval_list dataset_mixer_eval_list_splits eval_datasets eval_strategy eval_steps
 """.split()
 
 
@@ -67,7 +68,7 @@ def analyze_command(recipe) -> str:
     changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:
         if name in changed and values[name] is not None:
-            value = values[name]
+            value = getattr(values[name], "value", values[name])  # eval_strategy's enum: its word
             words += [f"--{name}", *(map(str, value) if isinstance(value, list) else [str(value)])]
     return shlex.join(words)
 

@@ -69,6 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset_mixer_list", nargs="+", help="a mixture, as train_dpo.py takes it: SOURCE AMOUNT ...")
     p.add_argument("--dataset_mixer_list_splits", nargs="+", help="the mixture's split, or one per source")
     p.add_argument("--datasets", nargs="+", help="a mixture, as train_dpo.py takes it: TRL's sources, in YAML or JSON")
+    # The run's held-out pairs, as train_dpo.py takes them: measured and counted at the length as the run drops them
+    p.add_argument("--dataset_mixer_eval_list", nargs="+", help="the held-out mixture, as train_dpo.py takes it")
+    p.add_argument("--dataset_mixer_eval_list_splits", nargs="+", help="the held-out mixture's split, or one a source")
+    p.add_argument("--eval_datasets", nargs="+", help="the held-out mixture, as train_dpo.py takes it: TRL's sources")
+    p.add_argument("--eval_strategy", help="steps or epoch: the held-out pairs are measured [the recipe's, else no]")
+    p.add_argument("--eval_steps", help="as train_dpo.py's, which a held-out mixture asks for [the recipe's]")
     p.add_argument(
         "--tokenizer",
         "--model_name_or_path",
@@ -202,6 +208,11 @@ def read_run(args: argparse.Namespace):
         "dataset_mixer_list": args.dataset_mixer_list,
         "dataset_mixer_list_splits": args.dataset_mixer_list_splits,
         "datasets": args.datasets,
+        "dataset_mixer_eval_list": args.dataset_mixer_eval_list,
+        "dataset_mixer_eval_list_splits": args.dataset_mixer_eval_list_splits,
+        "eval_datasets": args.eval_datasets,
+        "eval_strategy": args.eval_strategy,
+        "eval_steps": args.eval_steps,
     }
     words = [
         word
@@ -309,6 +320,9 @@ def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     run = read_run(args)
     options.check_max_length(run.training)  # 0 was no length at all, -5 a candidate row of negative sizes
+    # A held-out mixture named without eval_strategy, which the run refuses: the analysis measured none of it, unsaid
+    if mixture.given(mixture.fields_of(run), evaluation=True):
+        options.check_evaluation(run)
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
     # The recipe's streaming, refused as the run refuses it (the analyzer's own --streaming is how it reads, no setting)
     options.check_streaming(run, f" (in {recipe_path})" if recipe_path else "")

@@ -824,6 +824,31 @@ def test_the_held_out_pairs_a_recipe_evaluates_on_are_counted_as_the_run_counts_
     assert "Held-out" not in capsys.readouterr().err  # a recipe that does not evaluate reads no held-out pairs
 
 
+def test_held_out_pairs_named_on_the_command_line_are_counted_and_refused_without_eval_strategy(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """The run's held-out mixture (--dataset_mixer_eval_list, --eval_datasets) could not be given to the analyzer, so
+    pairs named on train_dpo.py's command line went unmeasured; and a recipe's held-out pairs without eval_strategy
+    (which the run refuses) were analysed silently, none of them measured. Taken in the run's words, counted as the run
+    counts them, and refused as the run refuses them, before the analysis."""
+    write_jsonl(tmp_path / "train.jsonl", _messages_rows()[:20])
+    write_jsonl(tmp_path / "held.jsonl", _messages_rows()[20:28])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: {tmp_path / 'train.jsonl'}\nmax_length: 128\n"
+        "bf16: false\nreport_to: [none]\n"
+    )
+    held = ["--dataset_mixer_eval_list", str(tmp_path / "held.jsonl"), "1.0"]
+    assert cli.main(["--config", str(recipe), "--num-proc", "1", *held]) == 2
+    assert "dataset_mixer_eval_list is only used for evaluation, and eval_strategy is no" in capsys.readouterr().err
+    evaluates = ["--eval_strategy", "steps", "--eval_steps", "2"]
+    assert cli.main(["--config", str(recipe), "--num-proc", "1", *held, *evaluates]) == 0
+    assert "Held-out pairs at max_length 128: " in capsys.readouterr().err
+    entry = json.dumps({"path": str(tmp_path / "held.jsonl"), "split": "train"})
+    assert cli.main(["--config", str(recipe), "--num-proc", "1", "--eval_datasets", entry, *evaluates]) == 0
+    assert "Held-out pairs at max_length 128: " in capsys.readouterr().err
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which

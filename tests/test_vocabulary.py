@@ -143,6 +143,20 @@ def test_the_dry_runs_analyzer_hint_measures_the_runs_mixture_seed_and_turns(cli
     assert measured.max_length_auto and measured.training.truncation_mode == "keep_end"
 
 
+def test_the_dry_runs_analyzer_hint_measures_the_runs_held_out_pairs(cli, tmp_path):  # noqa: F811
+    """`--dataset_mixer_eval_list held.jsonl 1.0 --eval_strategy steps --eval_steps 2`: the dry run's "to see it now"
+    command left the held-out pairs out (the analyzer took none of those flags), so it never counted the pairs the run
+    drops from them. The hint carries them, and the analyzer reads them as the run does."""
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(open(DATA).readlines()[:20]))
+    given = ["--dataset_mixer_eval_list", str(held), "1.0", "--eval_strategy", "steps", "--eval_steps", "2"]
+    run = parse_args(["--config", SMOKE, "--model_name_or_path", "org/my-sft", *given, "--dry-run"])
+    words = shlex.split(stages.analyze_command(run))
+    measured = cli.read_run(cli.parse_args(words[2:]))  # the recipe as the analyzer reads the hint
+    assert measured.project.dataset_mixer_eval_list == run.project.dataset_mixer_eval_list == [str(held), "1.0"]
+    assert measured.training.eval_strategy == "steps" and measured.training.eval_steps == 2
+
+
 def test_the_analyzer_takes_the_runs_tokenizer_revision_and_own_code(cli, tmp_path, tiny_model_dir, capsys):  # noqa: F811
     """`--model_revision v2 --trust_remote_code true` on a model not cached here: the dry run's "to see it now" command
     left both out, and the analyzer had neither flag, so it measured main's tokenizer, or the one transformers loads
