@@ -54,13 +54,14 @@ ANALYZER_FIELDS = """
     model_name_or_path model_revision trust_remote_code dataset_name dataset_train_split dataset_config dataset_revision
     hh_format auto_coverage
     chat_template_path dataset_mixer_list dataset_mixer_list_splits seed assistant_turns max_length truncation_mode
-    dataset_mixer_eval_list dataset_mixer_eval_list_splits eval_datasets eval_strategy eval_steps
+    dataset_mixer_eval_list dataset_mixer_eval_list_splits eval_datasets eval_strategy eval_steps datasets
 """.split()
 
 
 def analyze_command(recipe) -> str:
     """The analyzer's command that measures what this run will train: the recipe, and the command line's overrides
-    (a mixture, its seed and assistant_turns among them: without them it measured the recipe's data set)."""
+    (a mixture, `--datasets` too, its seed and assistant_turns among them: without them it measured the recipe's data
+    set)."""
     words = ["python", venv.project_file("scripts/analyze_dataset.py")]
     words += ["--config", recipe.config_path] if recipe.config_path else []
     values = {**vars(recipe.training), **vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}

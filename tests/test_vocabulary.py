@@ -157,6 +157,19 @@ def test_the_dry_runs_analyzer_hint_measures_the_runs_held_out_pairs(cli, tmp_pa
     assert measured.training.eval_strategy == "steps" and measured.training.eval_steps == 2
 
 
+def test_the_dry_runs_analyzer_hint_measures_the_runs_trl_mixture(cli, tmp_path):  # noqa: F811
+    """`--datasets '{path: a.jsonl, amount: 0.5}'` on a model not cached here: the dry run's "to see it now" command
+    left the mixture out, and the analyzer measured the recipe's data set (data/smoke_prefs.jsonl) instead."""
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(open(DATA).readlines()[:20]))
+    run = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", "org/my-sft", "--datasets", f"{{path: {a}, amount: 0.5}}"]
+    )
+    words = shlex.split(stages.analyze_command(run))
+    measured = cli.read_run(cli.parse_args(words[2:]))  # the recipe as the analyzer reads the hint
+    assert measured.project.datasets == run.project.datasets and measured.script.dataset_name is None
+
+
 def test_the_analyzer_takes_the_runs_tokenizer_revision_and_own_code(cli, tmp_path, tiny_model_dir, capsys):  # noqa: F811
     """`--model_revision v2 --trust_remote_code true` on a model not cached here: the dry run's "to see it now" command
     left both out, and the analyzer had neither flag, so it measured main's tokenizer, or the one transformers loads
