@@ -190,10 +190,7 @@ def check_reference(recipe: Recipe) -> None:
     if t.sync_ref_model and t.precompute_ref_log_probs:
         raise ConfigError(f"sync_ref_model {said('sync_with_precomputed')}")
     if recipe.project.reference_only and uses_live_reference(recipe):
-        raise ConfigError(
-            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
-            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
-        )
+        raise ConfigError(f"reference_only {said('reference_only_live')}")
 
 
 def check_revisions(recipe: Recipe) -> None:
@@ -780,10 +777,10 @@ def check_optimizer(t) -> None:
             " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
         )
         if len(ignored) < len(_optim_arg_keys(t.optim_args)):
-            raise ConfigError(
-                f"optim_args {t.optim_args!r}: optim {_named(t.optim)} does not read {', '.join(ignored)}, which "
-                f"would be ignored: remove {'it' if len(ignored) == 1 else 'them'} (a misspelt name?)"
-            )
+            them = "it" if len(ignored) == 1 else "them"
+            keys = ", ".join(ignored)
+            named = {"value": repr(t.optim_args), "keys": keys, "optim": _named(t.optim), "them": them}
+            raise ConfigError(f"optim_args {said('optim_args_keys', **named)}")
         raise ConfigError(f"optim_args {t.optim_args!r} {said('optim_args', optim=_named(t.optim), adam=adam)}")
     # How it runs (fused, foreach kernels) is the device's: this one parameter is on the CPU
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}

@@ -2075,6 +2075,19 @@ def _field_refusals():
     return found
 
 
+def test_the_reference_only_and_optim_args_key_refusals_are_in_refused_py_and_their_help(capsys):
+    """--help-all described --reference_only as working with a live reference, and --optim_args with any key its
+    optim reads none of, both refused by words written inline in options.py that no walk of refusals matched. Now
+    refused.py's, said by the checks, and in each field's help with when."""
+    from dpotrain.recipe import refused
+
+    rows = {name: re.sub(r"\s+", " ", row) for name, row in _help_rows(capsys).items()}
+    assert "Refused with a live reference (precompute_ref_log_probs false, or sync_ref_model)" in rows["reference_only"]
+    assert "Refused with a key its optim does not read: optim_args" in rows["optim_args"]
+    with pytest.raises(ConfigError, match=re.escape(f"reference_only {refused.said('reference_only_live')}")):
+        train_dpo.main(["--config", SMOKE, "--reference_only", "--precompute_ref_log_probs", "false"])
+
+
 def test_every_refusal_of_a_field_is_in_refused_py_and_its_help_says_when(capsys):
     """--help-all described fields the run refuses in a combination as working: --sync_ref_model (refused with
     use_peft, and with precompute_ref_log_probs), --dataloader_persistent_workers (with 0 workers, the default),

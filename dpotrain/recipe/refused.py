@@ -162,6 +162,13 @@ COMBINED = {
         "does not work with use_peft (the reference is the base with the adapter disabled): remove one of them",
         {},
     ),
+    "reference_only_live": (
+        "reference_only",
+        "with a live reference (precompute_ref_log_probs false, or sync_ref_model)",
+        "runs the reference stage alone, and this run has none (a live reference model runs beside every step: "
+        "precompute_ref_log_probs false or sync_ref_model): remove --reference_only",
+        {},
+    ),
     "sync_with_precomputed": (
         "sync_ref_model",
         "with precompute_ref_log_probs true",
@@ -270,6 +277,12 @@ COMBINED = {
         "with an optim that reads none of it (AdamW's)",
         "would be ignored: optim {optim} reads none of it: remove optim_args{adam}, or choose an optim that reads it",
         {"optim": "<optim>", "adam": ""},
+    ),
+    "optim_args_keys": (
+        "optim_args",
+        "with a key its optim does not read",
+        "{value}: optim {optim} does not read {keys}, which would be ignored: remove {them} (a misspelt name?)",
+        {"value": "'<key>=<value>'", "keys": "<key>", "optim": "<optim>", "them": "it"},
     ),
     "label_smoothing": (
         "label_smoothing",
