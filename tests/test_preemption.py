@@ -480,6 +480,39 @@ def test_a_stop_asked_as_the_model_loads_ends_the_run_once_trl_has_tokenized_the
 
 
 @pytest.mark.slow
+def test_a_stop_asked_as_trl_tokenizes_the_pairs_ends_the_run_before_the_map_is_over(tmp_path, tiny_model_dir):
+    """A SIGTERM as TRL tokenized the pairs (`Dataset.map`, in its workers with dataset_num_proc) was acted on only once
+    that map was over: 115 s after the request on 2 x 20,000 tiny pairs, past a Slurm GraceTime. Each map's rows look
+    at the run's stop: the run stops mid-map with its stop line and 75, nothing of the cut map is cached, and the same
+    command then tokenizes every pair and trains."""
+    from dpotrain.data import builtin
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(6000, seed=5)))
+    out, env = tmp_path / "run", {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "ds")}
+    extra = ["--save_strategy", "no", "--max_steps", "2", "--dataset_num_proc", "2"]
+    proc = start(out, tiny_model_dir, data, env=env, extra=extra, text=False)
+    seen = read_until(proc, b"Tokenizing train dataset")  # TRL's map has begun
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    log = (seen + proc.communicate(timeout=300)[0]).decode()
+    took = time.monotonic() - asked
+    assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
+    assert "Stop requested: stopped before step 1" in log, log[-3000:]
+    maps = [part for part in log.replace("\r", "\n").splitlines() if part.startswith("Tokenizing train dataset")]
+    assert not any("100%" in part for part in maps), log[-3000:]  # stopped mid-map
+    assert "Labeling every assistant turn" not in log and not (out / "run.lock").exists(), log[-3000:]
+    assert took < 20, f"stopped {took:.0f} s after the request: {log[-3000:]}"
+
+    again = start(out, tiny_model_dir, data, env=env, extra=extra)
+    log = again.communicate(timeout=600)[0]
+    assert again.returncode == 0 and "Tokenizing train dataset (num_proc=2): 100%" in log.replace("\r", "\n"), log[
+        -3000:
+    ]
+    assert logged_steps(out) == [1, 2], log[-3000:]
+
+
+@pytest.mark.slow
 def test_a_reference_only_run_stopped_as_the_model_loads_says_it_stopped_before_the_reference_stage(
     tmp_path, tiny_model_dir, pairs
 ):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from dpotrain.data import stops
 from dpotrain.recipe.errors import RunError, cause, ranks_met, said_by
 
 # The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
@@ -178,6 +179,31 @@ def main_first():
         broadcast_from_main((False, _shareable(failed)))
         raise
     broadcast_from_main((True, None))
+
+
+@contextmanager
+def in_turns(device):
+    """TRL's order for its maps over the pairs (`global_then_local_main_first`: the main process, then each node's
+    local main, then the others, each reading the cache the one before wrote), where a stop mid-map
+    (`stops.PassStopped`) leaves no rank behind: accelerate's barriers between the turns were skipped by a rank that
+    raised, the others left in them. Here every rank takes the same all-reduces between the turns, each saying whether a
+    rank's turn stopped or heard the stop (`stops.stopped`); once one has, the turns still to come are skipped, and
+    every rank raises PassStopped after the last all-reduce (its stop point then agrees on the stop and says it)."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    mine = 0 if state.is_main_process else 1 if state.is_local_main_process else 2
+    stopped = None
+    for turn in range(3):
+        if turn == mine and stopped is None:
+            try:
+                yield
+            except stops.PassStopped as e:
+                stopped = e
+        if turn < 2 and max_over_ranks(int(stopped is not None or stops.stopped()), device) and stopped is None:
+            stopped = stops.PassStopped("stopped as another rank tokenized the pairs")
+    if stopped is not None:
+        raise stopped
 
 
 def _taken(outcome):

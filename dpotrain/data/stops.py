@@ -1,8 +1,10 @@
-"""A run's passes over every pair (the data stage's read, `max_length: auto`'s measure), stopped as they run once the
-run's stop is asked (SIGTERM, SIGUSR1, Ctrl-C): acted on only once such a pass was over, a stop waited minutes on a
-large data set, past a Slurm GraceTime. One mechanism for every pass (`stoppable`, `stopped`)."""
+"""A run's passes over every pair (the data stage's read, `max_length: auto`'s measure, TRL's tokenization), stopped as
+they run once the run's stop is asked (SIGTERM, SIGUSR1, Ctrl-C): acted on only once such a pass was over, a stop
+waited minutes on a large data set, past a Slurm GraceTime. One mechanism for every pass (`stoppable`, `stopped`; a
+map function of another's: `looking`)."""
 
 import contextlib
+import functools
 
 STOP_LOOK_S = 0.5  # how often a stoppable pass looks at the run's stop
 # While a pass can be stopped: the flag its batches look at (forked map workers inherit it), 1 once a stop is asked
@@ -49,3 +51,16 @@ def stoppable(stop_asked):
 def stopped() -> bool:
     """Whether the pass a batch belongs to is to stop (`stoppable`): a byte read, cheap enough for every row."""
     return (flag := _STOPPING["flag"]) is not None and bool(flag.value)
+
+
+def looking(function):
+    """`function`, a `Dataset.map` function another's code gives (TRL's tokenization), made to look at the run's stop
+    first (`stopped`) at each row or batch, raising `PassStopped`. A partial of module-level names: the map's cache,
+    named by its function's hash, is the same in every run."""
+    return functools.partial(_looked_at, function)
+
+
+def _looked_at(function, *args, **kwargs):
+    if stopped():  # the error pickles from a map worker
+        raise PassStopped("stopped as the pairs were tokenized")
+    return function(*args, **kwargs)

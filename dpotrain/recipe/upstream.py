@@ -417,6 +417,18 @@ TRL_HASH = _patch(
     "a second pass over every weight, is taken only by a resume of a run recorded with it",
     read_in=f"{DPO}:DPOTrainer.__init__",
 )
+TRL_MAPS_IN_TURNS = _patch(
+    f"{DPO}:global_then_local_main_first",
+    "TRL's maps over the pairs taken in turns whose ends every rank agrees on (collectives.in_turns), so that a stop "
+    "mid-map ends every rank alike: a rank raising inside accelerate's order left the others at its barrier",
+    read_in=f"{DPO}:DPOTrainer._prepare_dataset",
+)
+DATASET_MAP = _set(
+    "datasets.arrow_dataset:Dataset.map",
+    "the function of each map TRL's tokenization makes (local to `_prepare_dataset`; its filter maps through it too) "
+    "looks at the run's stop at each row (data/stops.py), for the duration of the trainer's `_prepare_dataset`",
+    read_in=f"{DPO}:DPOTrainer._prepare_dataset",
+)
 ZERO3_ENABLED = _patch(
     "transformers.modeling_utils:is_deepspeed_zero3_enabled",
     "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
@@ -625,6 +637,20 @@ def patched(seam: Seam, replacement):
     module, name, original = _lookup(seam.symbol)
     with attributes_set(module, **{name: replacement}):
         yield original
+
+
+@contextlib.contextmanager
+def maps_in_turns(in_turns, each_function):
+    """For the block: TRL's main-first order of its maps replaced by `in_turns` (a context manager), and the function
+    of every `Dataset.map` made (TRL's, its filter's, the block's own) by `each_function(function)`."""
+    owner, name, original = _lookup(DATASET_MAP.symbol)
+
+    @functools.wraps(original)
+    def mapped(self, function=None, *args, **kwargs):
+        return original(self, None if function is None else each_function(function), *args, **kwargs)
+
+    with patched(TRL_MAPS_IN_TURNS, in_turns), attributes_set(owner, **{name: mapped}):
+        yield
 
 
 @contextlib.contextmanager

@@ -29,12 +29,11 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
-from trl.trainer.utils import global_then_local_main_first
 
 from dpotrain.cluster import collectives, engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
-from dpotrain.data import builtin, turns
+from dpotrain.data import builtin, stops, turns
 from dpotrain.data.pair_lengths import pair_columns
 from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
@@ -330,14 +329,37 @@ class RecipeDPOTrainer(DPOTrainer):
         # its cache: output_dir and run_name made each run's filter, and every map after it (the turns' labels, the
         # reference's), new, their caches never reused and piling up. Given the fields it reads, a run reuses them.
         read = types.SimpleNamespace(**{name: getattr(args, name) for name in TRL_PREPARE_READS})
-        dataset = super()._prepare_dataset(dataset, processing_class, read, dataset_name)
+        with self._stoppable_maps(args):
+            dataset = super()._prepare_dataset(dataset, processing_class, read, dataset_name)
         self._stop_point(args)
         if self.assistant_turns != "all":
             return dataset
-        with global_then_local_main_first():  # as TRL's own map, the main process first
+        with self._stoppable_maps(args), collectives.in_turns(args.device):  # as TRL's own map, the main process first
             dataset = turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
         self._stop_point(args)
         return dataset
+
+    @contextlib.contextmanager
+    def _stoppable_maps(self, args):
+        """The maps over every pair in the block (TRL's tokenization, the turns' labels), stopped mid-map by the run's
+        stop (`stops.stoppable`, each map's function `stops.looking`): a stop waited for each whole map, minutes on a
+        large data set, past a Slurm GraceTime. Every rank then takes the stop point (`collectives.in_turns` raises on
+        every rank alike); a cut map caches nothing (datasets removes its temporary file), and the same command goes
+        on. Not once training began (TRL maps a data set given to `evaluate` then)."""
+        stop = self.graceful_stop
+        if stop.training_begun:
+            yield
+            return
+        in_turns = functools.partial(collectives.in_turns, args.device)
+        try:
+            with (
+                stops.stoppable(lambda: stop.asked_here(new_only=True)),
+                upstream.maps_in_turns(in_turns, stops.looking),
+            ):
+                yield
+        except stops.PassStopped:
+            self._stop_point(args)  # the stop agreed on and said, on every rank
+            raise
 
     def _stop_point(self, args) -> None:
         """A stop asked as TRL loaded the model or tokenized the pairs waited for every map (minutes on a large data
