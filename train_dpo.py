@@ -53,6 +53,8 @@ def main(argv=None) -> None:
         except Exception as e:  # any write of the run that did not fit, or its folder gone: one line
             if (gone := disk_full.folder_gone(e)) is not None:
                 raise gone from None
+            if (denied := disk_full.read_denied(e)) is not None:
+                raise denied from None
             if (full := disk_full.full_write(e)) is None:
                 raise
             raise disk_full.write_failed(*full) from None

@@ -553,3 +553,22 @@ def test_ctrl_c_ends_a_dry_run_at_once_in_one_line(tmp_path, monkeypatch, capsys
     assert ended.value.code == 130, err[-3000:]
     assert err.strip().splitlines()[-1] == "Ctrl-C: stopped" and "saving a checkpoint" not in err, err[-3000:]
     assert not out.exists() and not out.with_name("run.dry-run.json").exists()
+
+
+def test_a_checkpoint_this_job_cannot_read_is_said_as_a_read_with_the_read_fix(tmp_path, monkeypatch):
+    """A checkpoint folder made another user's (chmod 700) stops the resume's look at its MANIFEST.json with EACCES,
+    which was said as a refused write ('MANIFEST.json could not be written: give this job write permission there'),
+    naming a run_files.json the run never wrote. It is said as the read it was, with the read's fix."""
+    from dpotrain.train import disk_full
+
+    folder = tmp_path / "run" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    real = os.access
+    # as this job sees it (root sees every folder): checkpoint-2 can be neither entered nor written
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != folder and real(path, mode, **kw))
+    error = PermissionError(errno.EACCES, "Permission denied", str(folder / "MANIFEST.json"))
+    assert disk_full.full_write(error) is None  # not a write the disk refused
+    assert disk_full.read_denied(RuntimeError("no OSError behind it")) is None
+    line = str(disk_full.read_denied(error))
+    assert f"{folder / 'MANIFEST.json'} could not be read" in line and f"chmod -R a+rX {folder}" in line, line
+    assert "written" not in line and "run_files.json" not in line, line

@@ -78,7 +78,28 @@ def refused(error: BaseException) -> str | None:
         # os.path.exists: False where the look is unanswered (ESTALE), which Path.exists raised while the line was made
         if target is None or os.access(target if os.path.exists(target) else target.parent, os.W_OK):
             return None
+        if _unreadable(target):  # a read, not a write: `read_denied` says it
+            return None
     return _why(error.errno, error)
+
+
+def _unreadable(target: Path) -> bool:
+    """Whether this job cannot read `target`: its folder cannot be entered, or it is there and cannot be read."""
+    return not os.access(target.parent, os.X_OK) or (os.path.exists(target) and not os.access(target, os.R_OK))
+
+
+def read_denied(error: BaseException) -> RunError | None:
+    """The line for a read the permissions refused (a checkpoint folder made another user's, chmod 700): it was said
+    as a refused write, with the write's fix, naming a file the run never wrote (`refused` asks `_unreadable`)."""
+    for e in _chain(error, (RunError, ConfigError)):
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM) and isinstance(e.filename, str):
+            target = Path(e.filename)
+            if _unreadable(target):
+                return RunError(
+                    f"permission is denied: {target} could not be read: give this job read permission there "
+                    f"(chmod -R a+rX {shlex.quote(str(target.parent))}, or ask its owner), then rerun"
+                )
+    return None
 
 
 def _todo(why: str) -> str:
