@@ -1233,9 +1233,27 @@ def check_wandb_dir(folder: str) -> None:
         )
 
 
+def check_wandb_folder(recipe: Recipe) -> None:
+    """report_to wandb: the folder wandb writes in (`tracking.files_folder`), where there is one, writable by this job.
+    One made another user's (a restore, `chown -R`) failed as wandb started, after the model loaded and the reference
+    stage scored every pair. Every rank alike (`check_wandb`): the folder is the one the main process logs in."""
+    from dpotrain.train import tracking
+
+    if "wandb" not in (recipe.training.report_to or []) or os.environ.get("WANDB_MODE", "").lower() == "disabled":
+        return
+    folder = tracking.files_folder(recipe.training.output_dir)
+    if writes.is_dir(folder) and (problem := writes.unwritable(folder)):
+        raise ConfigError(
+            f"report_to wandb: wandb writes its files in {folder}, and this job cannot write there ({problem[1]} in "
+            f"{problem[0]}): make it writable (chmod -R u+w {shlex.quote(str(folder))}, or ask its owner), or pass "
+            "--report_to none"
+        )
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
     check_wandb_variables(recipe)  # again for a dry run, which lists them with its other refusals
+    check_wandb_folder(recipe)
     # Older guides' switch, read by neither transformers 5 nor wandb
     disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes", "on")
     if disabled and _wandb_online(recipe):

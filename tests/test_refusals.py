@@ -2568,6 +2568,29 @@ def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
     assert "report_to wandb but no W&B login" in message and "WANDB_MODE=offline" in message
 
 
+def test_report_to_wandb_into_a_wandb_folder_this_job_cannot_write_is_refused_before_the_model_loads(
+    tmp_path, monkeypatch
+):
+    """W&B's folder (`<WANDB_DIR, else output_dir>/wandb`) made another user's or read-only: the run loaded the model
+    and scored the reference stage, then failed as wandb started. Refused at the start, naming folder and fix."""
+    from conftest import in_child
+
+    if os.geteuid() != 0:
+        pytest.skip("needs a read-only bind mount in a mount namespace of its own (root)")
+    (tmp_path / "w" / "wandb").mkdir(parents=True)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "w"))
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))
+    data = str(ROOT / "data" / "smoke_prefs.jsonl")
+    argv = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb", "--dataset_name", data]
+    code, out, err = in_child(lambda: run_cli(lambda: train_dpo.main(argv)), read_only=[tmp_path / "w" / "wandb"])
+    assert code == 2 and "Traceback" not in out + err, (out + err)[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: report_to wandb: wandb writes its files in {tmp_path / 'w' / 'wandb'}"), line
+    assert "chmod -R u+w" in line and "--report_to none" in line, line
+    assert not (tmp_path / "builtin").exists(), "the model was loaded before the refusal"
+
+
 @pytest.mark.parametrize("text", ["", "# my recipe: beta 5, OLMo 3's\n#beta: 5\n\n"])
 def test_an_empty_or_comment_only_recipe_is_refused(text, tmp_path, monkeypatch, capsys):
     """It trained TRL's defaults (beta 0.1, sigmoid, 3 epochs) under the recipe's name."""

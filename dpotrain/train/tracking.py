@@ -16,6 +16,12 @@ from dpotrain.train.metrics import METRICS_FILE, read_metrics
 RUN_ID_FILE = ".wandb_run_id"
 
 
+def files_folder(output_dir: str | os.PathLike) -> Path:
+    """Where wandb writes its files (offline runs, logs): `wandb/` in WANDB_DIR, which `setup_wandb` sets to the output
+    folder where the user set none."""
+    return Path(os.environ.get("WANDB_DIR", "").strip() or output_dir) / "wandb"
+
+
 def setup_wandb(training, *, resumes: bool) -> None:
     """The folder's W&B run, or a new one; `resumes`: whether this run goes on from a checkpoint."""
     if "wandb" not in (training.report_to or []):
