@@ -52,8 +52,8 @@ def options(error: str, argv: list[str]) -> list[tuple[list[str], dict, list[str
     assert "these fit: " in error, error
     found = []
     for text, gib, sbatch in OPTION.findall(error.split("these fit: ", 1)[1]):
-        flags = shlex.split(text.split("`")[1]) if "`" in text else []
-        env, run = {}, [*argv, *flags]
+        flags, run = edited(text, argv) if text.startswith(("add `", "change `")) else (words_in(text), None)
+        env, run = {}, run or [*argv, *flags]
         if sbatch:
             launched = submitted(sbatch, Path.cwd())
             per_node = launched["processes"] // launched["machines"]
@@ -66,6 +66,26 @@ def options(error: str, argv: list[str]) -> list[tuple[list[str], dict, list[str
         found.append((flags, env, run, float(gib)))
     assert found, error
     return found
+
+
+def words_in(text: str) -> list[str]:
+    """The words of an option's first `...` (an engine's "with `flags`"), none where it has none."""
+    return shlex.split(text.split("`")[1]) if "`" in text else []
+
+
+def edited(text: str, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the flags an option gives, the refused command as its words edit it): "add `A`" appended, "change `Y` to `Z`"
+    each of Y's flags (with its value) taken out of the command, Z added in their place."""
+    run, given = list(argv), []
+    if change := re.search(r"change `([^`]*)` to `([^`]*)`", text):
+        for typed in re.split(r" (?=--)", change[1]):  # each typed flag with its value, as the command has them
+            words = shlex.split(typed)
+            at = next(i for i in range(len(run)) if run[i : i + len(words)] == words)
+            del run[at : at + len(words)]
+        given += shlex.split(change[2])
+    if add := re.match(r"add `([^`]*)`", text):
+        given = shlex.split(add[1]) + given
+    return given, [*run, *given]
 
 
 @pytest.mark.slow
@@ -130,7 +150,8 @@ def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_
     monkeypatch.setenv("WANDB_MODE", "offline")
     argv = command("7b", 100, tmp_path, "--precompute_ref_log_probs", "false")
     error = refusal(argv)
-    assert "live reference model" in error and "[1] add `--precompute_ref_log_probs true` (~" in error, error
+    change = "[1] change `--precompute_ref_log_probs false` to `--precompute_ref_log_probs true` (~"
+    assert "live reference model" in error and change in error, error
     _, _, run, gib = options(error, argv)[0]
     train_dpo.main(run)  # raises if the plan does not fit
     assert f"memory/GPU:    ~{gib:.1f} GiB" in capsys.readouterr().out
@@ -148,8 +169,8 @@ def test_without_a_token_budget_fewer_pairs_per_micro_batch_is_offered_first(tmp
     monkeypatch.delenv("GPUS_PER_NODE", raising=False)
     argv = command("7b", 179, tmp_path, "--max_tokens_per_microbatch", "none")
     error = refusal(argv)
-    keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
-    assert f"[1] add `--per_device_train_batch_size 4 {keep}` (~" in error, error
+    # the token budget typed as the option keeps it: not given again
+    assert "[1] add `--per_device_train_batch_size 4 --pairs_per_step 128` (~" in error, error
     _, _, run, gib = options(error, argv)[0]
     train_dpo.main(run)  # raises if the plan does not fit
     summary = capsys.readouterr().out
@@ -158,7 +179,10 @@ def test_without_a_token_budget_fewer_pairs_per_micro_batch_is_offered_first(tmp
     # keeps the 32 pairs a step it gives, and runs as printed
     argv = command("7b", 179, tmp_path, "--per_device_train_batch_size", "8")
     error = refusal(argv)
-    assert "[1] add `--per_device_train_batch_size 4 --pairs_per_step 32 --max_tokens_per_microbatch none` (~" in error
+    assert (
+        "[1] add `--pairs_per_step 32 --max_tokens_per_microbatch none`, and change `--per_device_train_batch_size 8` "
+        "to `--per_device_train_batch_size 4` (~"
+    ) in error, error
     _, _, run, gib = options(error, argv)[0]
     train_dpo.main(run)
     summary = capsys.readouterr().out

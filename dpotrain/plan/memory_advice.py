@@ -118,7 +118,11 @@ class Option:
         pairs = [self.flags[i : i + 2] for i in range(0, len(self.flags), 2)]  # each lever's flags: `--name value`
         typed = fields_set(command_line)
         added = [w for pair in pairs if not _spellings(pair) & typed for w in pair]
-        changed = [w for pair in pairs if _spellings(pair) & typed for w in pair]
+        # a lever's flags the command typed as they are (`--max_tokens_per_microbatch none` kept): neither added nor
+        # changed ("change `--x none` to `--x none`")
+        changed = [
+            w for pair in pairs if _spellings(pair) & typed and _typed(command_line, pair) != list(pair) for w in pair
+        ]
         parts = [f"add `{shlex.join(added)}`"] if added else []
         if changed:
             yours = split_fields(list(command_line), _spellings(changed))[1]
@@ -147,6 +151,12 @@ class Option:
         sbatch = ["sbatch", f"--nodes={self.world // self.node_gpus}", f"--gpus-per-node={self.node_gpus}"]
         words = [*sbatch, _from(here, ROOT / script), *args, *self.flags]
         return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items()) + " " + shlex.join(words)
+
+
+def _typed(command_line: tuple[str, ...], pair) -> list[str]:
+    """The words `command_line` sets `pair`'s field with, as the option would write them (`--name value`)."""
+    words = split_fields(list(command_line), _spellings(pair))[1]
+    return [pair[0], words[-1].partition("=")[2] or words[-1]] if words else []
 
 
 def _spellings(flags) -> set[str]:
