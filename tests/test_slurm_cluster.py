@@ -136,8 +136,8 @@ def test_a_step_gets_one_core_unless_it_asks_for_the_jobs_cpus(slurm, tmp_path):
         tmp_path / "cpus.sh",
         """\
         echo "batch: $(nproc)"
-        echo "step: $(srun nproc)"
-        echo "step with SRUN_CPUS_PER_TASK: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun nproc)"
+        echo "step: $(srun --quiet nproc)"  # --quiet: no "step creation temporarily disabled, retrying" in the log
+        echo "step with SRUN_CPUS_PER_TASK: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun --quiet nproc)"
         """,
     )
     job = slurm.sbatch(["--gpus-per-node=0", f"--cpus-per-task={cpus}", script.name], cwd=tmp_path)
