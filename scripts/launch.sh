@@ -421,6 +421,12 @@ fi
 # same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime or `scontrol requeue` (Slurm has
 # requeued it).
 # `$2`: where the start was when stopped, where it saved nothing (before-launch, nothing-saved; empty: it saved some).
+# How to go on where Slurm does not requeue the job: the same command, naming the output folder where it is named after
+# the job's id (dpotrain/cluster/job.py: go_on); without the dry run's record (none in this start), the same command.
+go_on() {
+  [[ -n ${resolved:-} ]] && "$VENV/bin/python" -m dpotrain.cluster.job go-on "$SLURM_JOB_ID" \
+    "${SLURM_ARRAY_JOB_ID:-}" <<<"$resolved" 2>/dev/null || echo "submit the same command again to go on from what was saved"
+}
 requeue_after_stop() {
   local saved=$1 job refused
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
@@ -447,14 +453,13 @@ requeue_after_stop() {
     echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
     if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
       # E.g. a job submitted with --no-requeue. Not COMPLETED: an `afterok` dependency must not start on it.
-      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
+      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): $(go_on)"
     fi
   elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
     echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (scontrol requeue, or a preemption" \
       "past its GraceTime) ==="
   else
-    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
-      "command again to go on ==="
+    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: $(go_on) ==="
   fi
   exit 0
 }

@@ -19,6 +19,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, launch_smoke_meanwhile, warm_venv
+from dpotrain.cluster import job as job_module
 from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES, states_once_a_second
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
@@ -817,6 +818,41 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             assert "srun ended on Slurm's SIGTERM: waiting up to 30 s (KillWait)" in log, log[-3000:]
         else:
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_not_requeued_whose_output_folder_is_named_after_it_says_to_submit_naming_that_folder(slurm, tmp_path):
+    """A recipe's `output_dir: /scratch/runs/$SLURM_JOB_ID` (docs/running.md: a folder per job), in a job Slurm does not
+    requeue (here --no-requeue; a `scancel` alike): the log said "submit the same command again to go on from what was
+    saved", and the new job, its id another, started the run from step 0 in a new folder. It names the folder to pass,
+    which a new job resumes from."""
+    recipe = tmp_path / "per-job.yaml"
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text()
+    recipe.write_text(smoke + f"output_dir: {tmp_path}/run-$SLURM_JOB_ID\n")
+    args = ["--max_steps", "2000", "--health_checks", "false", "--logging_steps", "1", "--save_steps", "100000"]
+    sbatch = [o for o in README_SBATCH if not o.endswith("dpo_train.sh")]
+    job = slurm.sbatch([*sbatch, "--no-requeue", SCRIPT, *args], cwd=submit_dir(), env={"RECIPE": str(recipe)})
+    out = tmp_path / f"run-{job}"
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)
+    slurm.signal(job, "USR1")
+    assert slurm.wait(job, timeout=120) == "FAILED", job_log(job)[-3000:]
+    log = job_log(job)
+    assert re.search(r"checkpoint \S+ written; ", log), log[-3000:]
+    said = f"submit the same command again with --output_dir {out} to go on from what was saved"
+    assert said in log and f"named after this job's id {job}" in log, log[-3000:]
+
+
+def test_the_way_to_go_on_names_an_output_folder_named_after_the_job():
+    """Where Slurm does not requeue a job: the same command again, naming the output folder where it holds the job's
+    id (or its array's), as a whole number: a new job's id would name another folder."""
+    assert job_module.go_on("/runs/run-1234/x", "1234", "") == (
+        "submit the same command again with --output_dir /runs/run-1234/x to go on from what was saved (its folder is "
+        "named after this job's id 1234: a new job's id names a new folder, which would start the run from step 0)"
+    )
+    assert "--output_dir" in job_module.go_on("/runs/700_3", "703", "700")  # an array task's: the array's id
+    for out in ("/runs/run-12345", "/runs/91234", "/runs/smoke"):
+        assert job_module.go_on(out, "1234", "") == "submit the same command again to go on from what was saved"
 
 
 @pytest.mark.slurm

@@ -6,7 +6,8 @@ refuse, `asks dry_run|preflight <recipe> [<train args>]` whether the job is a dr
 with the fix), and `time-limit <lead> <where> <grace> <partition> <time left>` prints the log's line of how long a
 checkpoint may take and refuses a time limit within the warning; `warned-start <lead> <where> <time left> <seconds>
 <when>` refuses to requeue a job start its time-limit warning stopped before it saved anything; `killed-by-srun <job
-id>` says what a SIGTERM sent to srun itself lost."""
+id>` says what a SIGTERM sent to srun itself lost; `go-on <job id> [<array job id>]` how to go on from what a job Slurm
+does not requeue saved."""
 
 import contextlib
 import functools
@@ -297,6 +298,23 @@ def killed_by_srun(out: Path, job: str) -> str:
     )
 
 
+def go_on(out: str, *ids: str) -> str:
+    """How to go on from what a stopped job saved where Slurm does not requeue it (a `scancel`, a job submitted with
+    `--no-requeue`). The same command again, but where the output folder is named after the job (`output_dir:
+    /scratch/runs/$SLURM_JOB_ID`, docs/running.md; `ids`: the job's id and its array's), a new job names a new folder:
+    that advice started the run again from step 0, the saved checkpoints left in the old folder. Then the folder is
+    named on the command line, which the new job resumes from (a folder merely holding the id is named all the same:
+    naming the folder a run resumes from is never wrong)."""
+    named = [i for i in ids if i and re.search(rf"(?<![0-9]){re.escape(i)}(?![0-9])", out)]
+    if not named:
+        return "submit the same command again to go on from what was saved"
+    return (
+        f"submit the same command again with --output_dir {shlex.quote(out)} to go on from what was saved (its folder "
+        f"is named after this job's id {named[0]}: a new job's id names a new folder, which would start the run from "
+        "step 0)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or [""]
     if verb == "engine" and args:
@@ -320,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         record = run_record.parse(text[max(text.find("{\n"), 0) :], "the dry run's output")
         warn(killed_by_srun(Path(os.path.abspath(record.output.output_dir)), args[0]))
         return 0
+    if verb == "go-on" and len(args) in (1, 2):  # <job id> [<array job id>], the dry run's JSON on stdin
+        text = sys.stdin.read()
+        record = run_record.parse(text[max(text.find("{\n"), 0) :], "the dry run's output")
+        print(go_on(os.path.abspath(record.output.output_dir), *args))
+        return 0
     if verb == "warned-start" and len(args) == 5 and args[4] in WARNED_WHEN:
         check_warned_start(*args)  # <lead> <where> <time left> <seconds since the start> <when>
         return 0
@@ -328,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         "asks dry_run|preflight <recipe> [<train args>] | "
         "warning-lead <script> [<submit line> [<stored script> [batch|allocation]]] | "
         "time-limit <lead> <where> <grace> <partition> <time left> | warned-start <lead> <where> <time left> "
-        "<seconds since the start> before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON>"
+        "<seconds since the start> before-launch|nothing-saved | killed-by-srun <job id> < <the dry run's JSON> | "
+        "go-on <job id> [<array job id>] < <the dry run's JSON>"
     )
 
 
