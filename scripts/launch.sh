@@ -169,7 +169,9 @@ NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is th
 # a checkpoint that takes longer than that, asked for by Slurm's own SIGTERM on preemption, would be lost. So the
 # agent ignores SIGTERM (an ignored signal stays ignored across exec, and torchrun's --signals-to-handle, read from
 # PET_SIGNALS_TO_HANDLE, keeps it from installing its handler): the workers, which Slurm signals too, checkpoint and
-# exit, and the agent with them.
+# exit, and the agent with them. USR1 alike: Slurm sends a step's processes `scancel --signal=USR1 <job>` and an
+# allocation's `--signal=USR1@...`, which the workers save on, and which ended the agent by its default action: the
+# step ended at once, and Slurm killed the workers mid-save.
 # The venv's bin comes first on PATH, as activating it would: DeepSpeed compiles its JIT ops (on CPU its shared-memory
 # communication op, on GPUs any op not prebuilt) with the `ninja` found on PATH, which the venv has and a node may
 # not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, which does not
@@ -203,7 +205,7 @@ launch_line() {
   local train_args="" arg
   for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL --mem=0$overlap bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL --mem=0$overlap bash -c "trap '' TERM USR1; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
 --config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \

@@ -1044,6 +1044,26 @@ def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None
 
 
 @pytest.mark.slow  # starts bash and the package's engine reader
+def test_each_nodes_launcher_ignores_the_stop_signals_its_training_processes_answer():
+    """Slurm signals every process of the training step: `scancel --signal=USR1 <job>` (the steps, not the batch shell),
+    an allocation's or a step's `--signal=USR1@600` (docs/slurm.md), a preemption's SIGTERM. The training processes save
+    on either; `accelerate launch` (torchrun's agent) ended on the USR1 by its default action, so the step ended at
+    once and Slurm killed the processes it had started, mid-save (the test cluster's proctrack/linuxproc leaves them as
+    orphans; proctrack/cgroup, as clusters run, does not). Each node's launcher now starts with both ignored, as the
+    processes' own handlers take over (dpotrain/train/preemption.py)."""
+    line = print_launch(1, gpus="0", env={"RECIPE": "configs/smoke.yaml"})
+    assert " .venv/bin/accelerate launch " in line, line
+    # The node's shell as srun runs it, with a stand-in for accelerate that shows the signals it starts with ignored
+    shown = line.replace(" .venv/bin/accelerate launch ", " sh -c 'grep SigIgn /proc/self/status' launcher ")
+    out = subprocess.run(
+        ["bash", "-c", f'srun() {{ bash -c "${{@: -1}}"; }}; {shown}'], capture_output=True, text=True, check=True
+    ).stdout
+    ignored = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", out, re.M).group(1), 16)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        assert ignored & (1 << (sig - 1)), (sig.name, out)
+
+
+@pytest.mark.slow  # starts bash and the package's engine reader
 def test_a_rendezvous_port_in_use_on_the_first_node_is_passed_over_for_a_free_one():
     """The port is 20000 + job id mod 10000: a job whose id differs by a multiple of 10000 from one on the same node
     (or any process) holding it met "address already in use" at the rendezvous. The batch shell, on the first node,
