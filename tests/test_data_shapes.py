@@ -1273,7 +1273,9 @@ def test_an_empty_text_prompt_is_refused_by_the_run_and_counted_by_the_analyzer_
     pairs[3]["prompt"] = content
     said, dropped, analyzer = refused_then_dropped(pairs, tmp_path, tiny_model_dir)
     assert re.fullmatch(
-        r"row 3, column 'prompt': empty text \(nothing before the answers: .*\): write the prompt \(line 4 of "
+        r"row 3, column 'prompt': empty text \(nothing before the answers: .*\): write the prompt, or, for answers "
+        r"that have none, leave the prompt column out \(TRL then takes what the answers share at their start as the "
+        r"prompt\) \(line 4 of "
         r".*pairs\.jsonl; fix or remove the row, or pass --skip_invalid true to drop and count such rows instead\)",
         said,
     ), said

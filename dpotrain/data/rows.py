@@ -324,7 +324,8 @@ def _says_something(message: dict) -> bool:
 # (Text answers without a prompt column that share no start, TRL's implicit prompt "", are the data set's own shape.)
 EMPTY_PROMPT = (
     "empty text (nothing before the answers: the model would learn to answer a question nobody asked, and their "
-    "first token, which no prompt token predicts, is never scored): write the prompt"
+    "first token, which no prompt token predicts, is never scored): write the prompt, or, for answers that have none, "
+    "leave the prompt column out (TRL then takes what the answers share at their start as the prompt)"
 )
 # The empty turns refused, by role and where: a user turn of the prompt (the chat template renders an empty user turn
 # as its header with nothing after it: the model would learn to answer a question nobody asked, an export's gap, not a
