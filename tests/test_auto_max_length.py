@@ -117,7 +117,8 @@ def test_a_stop_asked_as_auto_measures_every_pair_ends_the_run_before_the_pass_i
     """`max_length: auto` with no cached analysis: the main process measures every pair (the other ranks waiting), and
     a SIGTERM then was acted on only once the pass was over (minutes on a large data set, past a Slurm GraceTime). The
     pass looks at the run's stop between its batches: the run stops mid-pass with its stop line and 75, caches no
-    half analysis, and the same command then measures every pair and trains."""
+    half analysis, and the same command then measures every pair and trains. The SIGTERM goes to every process of the
+    run, its map's workers too, as Slurm's does: a worker ended by it could leave the map's end waiting forever."""
     import os
     import select
     import signal
@@ -141,14 +142,20 @@ def test_a_stop_asked_as_auto_measures_every_pair_ends_the_run_before_the_pass_i
         "--save_strategy",
         "no",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    seen, fd = b"", proc.stdout.fileno()
-    while b"Tokenizing" not in seen:  # the pass's progress bar: it has begun
-        assert proc.poll() is None, seen.decode()[-3000:]
-        if select.select([fd], [], [], 0.1)[0]:
-            seen += os.read(fd, 65536)
-    proc.send_signal(signal.SIGTERM)
-    log = (seen + proc.communicate(timeout=120)[0]).decode()  # the pass alone: ~4 s here, before the fix
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        seen, fd = b"", proc.stdout.fileno()
+        while b"Tokenizing" not in seen:  # the pass's progress bar: it has begun
+            assert proc.poll() is None, seen.decode()[-3000:]
+            if select.select([fd], [], [], 0.1)[0]:
+                seen += os.read(fd, 65536)
+        os.killpg(proc.pid, signal.SIGTERM)
+        log = (seen + proc.communicate(timeout=120)[0]).decode()  # the pass alone: ~4 s here, before the fix
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == STOPPED_EXIT and "Traceback" not in log, log[-3000:]
     assert "Stop requested: stopped before the model loaded" in log, log[-3000:]
     passes = [part for part in log.replace("\r", "\n").splitlines() if part.startswith("Tokenizing")]

@@ -890,6 +890,41 @@ def test_a_launch_asking_for_processes_that_accelerate_runs_as_one_is_refused(as
         assert resolve.world_size(recipe, planning=False)[0] == 1, fine
 
 
+def _ready_then_sleep(ready) -> None:
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_process_forked_from_the_run_ends_at_its_parents_sigterm_and_goes_on_at_anothers():
+    """A `Dataset.map(num_proc=N)` pool's end (`Pool.terminate`) stops its idle workers by SIGTERM alone: forked from
+    the run, they kept its handler, which a forked process returns from (the run answers a stop), and the run waited in
+    `Pool.terminate` forever for a worker left waiting on the queue's lock (about one map's end in 20; CI timed out on
+    one). Dying at every SIGTERM was no better: at Slurm's SIGTERM to every process of the step, a worker could die
+    holding that lock. Its parent's SIGTERM now ends it, one from anyone else does not."""
+    import multiprocessing
+
+    from dpotrain.train.preemption import GracefulStop
+
+    stop = GracefulStop()
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    child = context.Process(target=_ready_then_sleep, args=(ready,))
+    try:
+        child.start()
+        assert ready.wait(30)
+        subprocess.run(["kill", "-TERM", str(child.pid)], check=True)  # another process's: Slurm's, a group's
+        child.join(1.0)
+        assert child.is_alive(), child.exitcode
+        os.kill(child.pid, signal.SIGTERM)  # its parent's: a pool's end
+        child.join(30)
+        assert child.exitcode == -signal.SIGTERM, child.exitcode
+    finally:
+        stop.release(exiting=False)
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
 def test_a_run_under_nohup_outlives_its_terminal():
     """`nohup python train_dpo.py ... &` (docs/reliability.md: a long run belongs under nohup): the terminal closing
     at logout sends SIGHUP, which nohup ignores. The run took it over, and stopped with exit code 75 at logout."""

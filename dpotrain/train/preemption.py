@@ -126,6 +126,7 @@ class GracefulStop(TrainerCallback):
                 for signum, at in held:
                     self._hear(signum, at)
             self.launcher_pid = self._watch_launcher()
+            _watch_forks()
 
     def _say_unread_at_start(self) -> None:
         """The start's look at the stop file got no answer: one line per node, by the first of its processes whose look
@@ -526,6 +527,39 @@ class GracefulStop(TrainerCallback):
                 self.mark_saved, f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written"
             )
         return control
+
+
+@functools.cache
+def _watch_forks() -> None:
+    """A process forked from the run's while the run holds its SIGTERM (datasets' map workers and their Manager,
+    DataLoader workers), or from one of those, ends at a SIGTERM its parent sent (`Pool.terminate`: each
+    `Dataset.map(num_proc=N)`'s end stops its pool's idle workers so) and goes on at one from anywhere else (Slurm's
+    SIGTERM to every process of the step, a process group's), which the run's process answers. The run's handler,
+    inherited, cannot tell the two apart (Python gives it no sender), and one fate for both failed either way: a worker
+    that went on waited for a task its pool, holding the queue's lock, never gives, and the run in `Pool.terminate`
+    waited for it forever (about one map's end in 20); one that died at Slurm's SIGTERM could die holding that lock,
+    and the run waited for it forever. So such a fork blocks SIGTERM, and a thread of its own takes it with its sender
+    (`sigwaitinfo`). One hook per process, looked at each fork."""
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _forked() -> None:
+    parent, handler = os.getppid(), signal.getsignal(signal.SIGTERM)
+    the_runs = isinstance(getattr(handler, "__self__", None), GracefulStop) and handler.__self__.pid == parent
+    # A fork of such a fork: SIGTERM blocked as its parent's thread was
+    if not the_runs and signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # every thread started here from now on: blocked too
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # this process's end once its parent's is taken
+    threading.Thread(target=_take_sigterm, args=(parent,), name="sigterm-from-parent", daemon=True).start()
+
+
+def _take_sigterm(parent: int) -> None:
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+        pass  # the run's to answer: this process ends with it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # ended by it, as by default
+    os._exit(128 + signal.SIGTERM)  # one that ignores it (a DataLoader worker, `loader_worker`) ends all the same
 
 
 def loader_worker(worker_id: int, then=None) -> None:
