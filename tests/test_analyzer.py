@@ -1755,6 +1755,61 @@ def test_ctrl_c_to_the_analyzer_alone_as_its_workers_tokenize_ends_it_in_one_lin
     assert out.strip().splitlines()[-1] == "Ctrl-C: stopped", out[-3000:]
 
 
+@pytest.mark.slow
+def test_a_sigterm_to_the_analyzer_alone_as_its_workers_tokenize_leaves_no_worker_running(tmp_path):
+    """`kill <pid>` (SIGTERM to the analyzer's own process, not its process group: a supervisor's, a wrapper's
+    `Popen.terminate`) as 2 workers tokenized: the analyzer died of it, and its map's workers, which only the pool's end
+    stops, were left running for good, idle, holding its output: `analyze_dataset.py ... | tee report.txt` or a
+    caller's `communicate()` waited forever. The workers now end with it; it still dies of the SIGTERM."""
+    import select
+    import signal
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(20000, seed=5)))
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    # A cold interpreter: the process signalled is the analyzer, its workers in the session started here
+    command = [PYTHON, str(SCRIPT), str(data), "--config", "configs/smoke.yaml", "--num-proc", "2"]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        seen, fd = b"", proc.stdout.fileno()
+        while b"Tokenizing" not in seen:  # the workers' pass has begun
+            assert proc.poll() is None, seen.decode()[-3000:]
+            if select.select([fd], [], [], 0.1)[0]:
+                seen += os.read(fd, 65536)
+        time.sleep(1)
+        os.kill(proc.pid, signal.SIGTERM)
+        try:  # ends once no process holds the output: the analyzer ends in a second or two
+            out = (seen + proc.communicate(timeout=60)[0]).decode()
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"its output still held a minute after its SIGTERM, by {_running_in(proc.pid)}")
+        assert proc.returncode == -signal.SIGTERM, out[-3000:]
+        deadline = time.monotonic() + 30  # its resource tracker ends once every process that wrote to it has
+        while (left := _running_in(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], out[-3000:]
+    finally:
+        for pid in _running_in(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+
+
+def _running_in(session: int) -> list[int]:
+    """The processes of `session` not yet ended (an ended one whose parent died may stay a zombie here)."""
+    running = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        state, _, _, sid = stat.rsplit(")", 1)[1].split()[:4]
+        if int(sid) == session and state != "Z":
+            running.append(int(entry))
+    return running
+
+
 def test_the_report_says_one_pair_per_padded_batch_in_the_singular():
     """`--per_device_train_batch_size 1` (the think recipes' micro-batches are one pair): the report read "Padded
     batches of 1 pairs" and "1 pairs = 2 sequences"."""
