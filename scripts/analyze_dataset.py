@@ -330,8 +330,12 @@ def analyze(args: argparse.Namespace) -> int:
     args.skip_invalid = project.skip_invalid
     args.seed = training.seed  # the run's (the flag over the recipe's): a mixture's rows, --sample's, the padding's
     fields = mixture.fields_of(run)
-    fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
+    if mixed and args.streaming:  # the flag's own name: the mixture's check names the recipe's `streaming: true`
+        raise ConfigError(
+            "--streaming with a mixture: its sources are counted and sampled, which needs their rows: remove "
+            "--streaming (each source is read whole, as training reads it)"
+        )
     if not mixed:  # the run's checks of one data set (test_split_size, a file read twice): a mixture's load makes them
         mixture.check(run)
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET

@@ -670,9 +670,12 @@ def test_a_data_set_revision_nothing_is_read_at_and_a_streamed_mixture_are_refus
         )
     assert not (tmp_path / "r.json").exists()
     # --streaming (for a data set larger than memory) beside a mixture was ignored: every source was read whole. It is
-    # refused as the recipe's streaming: true is, by the mixture's own check.
+    # refused, naming the flag typed (the mixture's own check named the recipe's `streaming: true`, which it has not).
     assert cli.main(["--config", str(recipe), "--streaming"]) == 2
-    assert error_line(capsys).startswith("error: streaming: true with a mixture: sources are counted and sampled")
+    assert error_line(capsys) == (
+        "error: --streaming with a mixture: its sources are counted and sampled, which needs their rows: remove "
+        "--streaming (each source is read whole, as training reads it)"
+    )
 
 
 @pytest.mark.parametrize("key", ["streaming", "dataset_streaming"])
