@@ -11,10 +11,10 @@
 
 CPU only (it hides GPUs itself) and it loads a tokenizer, never model weights. Every row is analysed unless --sample;
 rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid (or the recipe's
-skip_invalid) are counted and listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid
-rows) is also cached, so that training with `max_length: auto` on the same data set revision, tokenizer and chat
-template reuses it: in $DPOTRAIN_CACHE/lengths, else ~/.cache/dpotrain/lengths (a few numbers a pair; a line on
-stderr names the file; on a cluster, set DPOTRAIN_CACHE to a shared folder the jobs read).
+skip_invalid) are counted and listed. The markdown report goes to stdout. A complete analysis (no --sample; with
+--skip-invalid, of the rows the run keeps) is also cached, so that training with `max_length: auto` on the same data
+set revision, tokenizer and chat template reuses it: in $DPOTRAIN_CACHE/lengths, else ~/.cache/dpotrain/lengths (a
+few numbers a pair; a line on stderr names the file; on a cluster, set DPOTRAIN_CACHE to a shared folder the jobs read).
 """
 
 import contextlib
@@ -568,7 +568,7 @@ def analyze(args: argparse.Namespace) -> int:
     if args.plot:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
-    if not args.sample and not m.invalid:
+    if not args.sample:  # invalid rows listed (--skip-invalid): the rest are the pairs the run keeps, as it skips them
         cache(m, report, tokenizer, dataset_id, identify(), name)
     if training.eval_strategy != "no":  # after the cache: a held-out split the run refuses loses no analysis
         held_out(run, tokenizer, at, None if mixed else pinned, offline.prefetch_command(run))

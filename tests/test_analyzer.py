@@ -1064,7 +1064,13 @@ def test_skip_invalid_counts_and_lists_the_rows(cli, tmp_path, tiny_model_dir, c
     assert listed == {(i + 1, BAD_ROWS[case][1]) for i, case in enumerate(sorted(BAD_ROWS))}
     printed = capsys.readouterr()
     assert f"Invalid rows, left out of every number above: {len(BAD_ROWS)}" in printed.out
-    assert "cached" not in printed.err  # an analysis with invalid rows is not what training would see
+    # Cached for `max_length: auto` with skip_invalid, which trains the rows kept: not cached, its run measured every
+    # pair again (minutes). The lengths are the kept pairs', numbered as the run's data set holds them (0, 1), as the
+    # run's own measurement caches them, not by the file's rows (0 and the last).
+    assert "cached for `max_length: auto` in training" in printed.err
+    (npz,) = (Path(os.environ["DPOTRAIN_CACHE"]) / "lengths").glob("*.npz")
+    with np.load(npz) as cached:
+        assert cached["index"].tolist() == [0, 1] and len(cached["prompt"]) == 2
 
 
 @pytest.mark.parametrize("skip", [[], ["--skip-invalid"]], ids=["stops", "skip-invalid"])

@@ -896,7 +896,10 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
         # Its key inside: a file copied over another key's name (a cache restored from a backup) is not read as
         # that data set's lengths (a run's `max_length: auto` chose from 24 other pairs, in silence).
         key = {KEY_ARRAY: np.asarray(at.name)}
-        np.savez(f, **key, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
+        # Each pair by its place among the pairs the run keeps: the rows `skip_invalid` drops (which the analyzer lists
+        # by their index in the file) are not in the run's data set, whose pairs these lengths are, in order
+        index = np.arange(m.rows, dtype=np.int64)
+        np.savez(f, **key, index=index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **kept)
     return write_text(at.with_suffix(".json"), json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
