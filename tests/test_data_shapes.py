@@ -631,6 +631,14 @@ def test_string_answers_beside_an_unread_conversation_awaiting_them_are_refused(
     assert f"no `prompt` column and, in column '{column}' (not read), a conversation waiting for its answer" in line
     fix = "write each answer as a message list ([{'role': 'assistant', 'content': ...}]), or remove the column"
     assert line.endswith(f"rename '{column}' to `prompt` and {fix}"), line
+    # The fix half done (answers as message lists, the column not renamed): every row was refused as having no prompt
+    # ("no message before the assistant's answer"), naming no column and no fix
+    said = {side: [{"role": "assistant", "content": p[side]}] for p in pairs[:1] for side in ("chosen", "rejected")}
+    answers = [{**p, **said} for p in pairs]
+    name, _ = write(tmp_path, "half", lambda: answers, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert "has answers that are assistant messages alone, no `prompt` column and, in column " in line, line
+    assert line.endswith(f"every pair would have no prompt; rename '{column}' to `prompt`"), line
     answered = [{"messages": [turn["role"], {"role": "assistant", "content": "Blue."}], **p} for p in text()]
     name, _ = write(tmp_path, "answered", lambda: answered, "jsonl")
     plain, _ = write(tmp_path, "plain", text, "jsonl")

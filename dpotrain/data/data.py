@@ -447,6 +447,13 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
         return dataset
     first = next(iter(dataset), None) or {}
     chosen, rejected = first.get("chosen"), first.get("rejected")
+    if _answers_alone(chosen) and _answers_alone(rejected):  # message lists without the turns they answer
+        if waiting := _conversation_column(itertools.islice(dataset, CONVERSATION_ROWS)):
+            raise ConfigError(
+                f"dataset {name!r} has answers that are assistant messages alone, no `prompt` column and, in column "
+                f"{waiting!r} (not read), a conversation waiting for its answer: every pair would have no prompt; "
+                f"rename {waiting!r} to `prompt`"
+            )
     if not isinstance(chosen, str) or not isinstance(rejected, str) or shapes.is_hh(chosen):
         return dataset  # message lists (the conversations hold the prompt), or HH-RLHF strings
     if waiting := _conversation_column(itertools.islice(dataset, CONVERSATION_ROWS)):
@@ -489,6 +496,15 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
 
 # Rows read for a conversation column: a first row's empty list (a pair without one) hid the conversations of the rest
 CONVERSATION_ROWS = 64
+
+
+def _answers_alone(side) -> bool:
+    """A side written as assistant messages alone (no turn before the answer)."""
+    return (
+        isinstance(side, list)
+        and bool(side)
+        and all(isinstance(m, dict) and m.get("role") == "assistant" for m in side)
+    )
 
 
 def _conversation_column(rows) -> str | None:
