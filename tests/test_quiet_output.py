@@ -86,6 +86,37 @@ def test_a_resume_with_no_step_left_says_so_not_a_mean_loss_of_0():
     assert line(summary, 4, 4, first_step=0) == "trained to step 4/4 in 2.5 s, mean loss 0.6100"
 
 
+@pytest.mark.parametrize(
+    "first, expected",
+    [
+        (
+            0,
+            "training stopped at step 3/12, before its last step (3.8 s, mean loss 0.6732)",
+        ),
+        (
+            1,
+            "training stopped at step 3/12, before its last step (steps 2-3 this attempt, resumed from step 1: "
+            "3.8 s, mean loss 0.6732)",
+        ),
+    ],
+)
+def test_a_stopped_runs_last_line_says_it_stopped_not_a_finished_runs_summary(first, expected, capsys):
+    """A Ctrl-C, a SIGTERM or a health guard ends training before max_steps: its stop line is printed as the checkpoint
+    is saved, and transformers' summary came after it as the run's last line, `trained to step 3/12 in 3.8 s, mean loss
+    0.6732`, a finished run's words (`tail -1` of a nohup or Slurm log, the terminal under `| tee`). (A health stop's
+    own line comes after it, publish.py.)"""
+    from types import SimpleNamespace
+
+    from dpotrain.train.step_log import StepLog
+
+    log = StepLog()
+    args = SimpleNamespace(disable_tqdm=True)
+    log.on_train_begin(args, SimpleNamespace(global_step=first), None)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=3, max_steps=12)
+    log.on_log(args, state, None, logs={"train_runtime": 3.8, "train_loss": 0.6732})
+    assert capsys.readouterr().out.strip() == expected
+
+
 def test_a_lora_run_and_its_merge_raise_no_futurewarning_a_user_cannot_act_on(tmp_path, tiny_model_dir):
     """PEFT reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model: every LoRA run printed
     "FutureWarning: `is_gradient_checkpointing` is deprecated" at its start and again at the merge (merge_lora)."""

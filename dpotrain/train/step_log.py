@@ -22,20 +22,26 @@ FIELDS = [
 ]
 
 
-def line(logs: dict, step: int, max_steps: int, first_step: int | None = None) -> str | None:
+def line(logs: dict, step: int, max_steps: int, first_step: int | None = None, stopped: bool = False) -> str | None:
     """The line of one log record: a training step's, an evaluation's, or the end of training's; None for others.
-    `first_step`: the step this attempt started at (a resume's), where known."""
+    `first_step`: the step this attempt started at (a resume's), where known. `stopped`: training ended before
+    max_steps (a stop request, a health guard's stop)."""
     if "train_runtime" in logs and step == first_step:  # resumed at its last step: transformers says mean loss 0
         return f"trained to step {step}/{max_steps}: no step left to train after the checkpoint resumed from"
     if "train_runtime" in logs:  # transformers' summary once training ends
         took = f"in {logs['train_runtime']:.1f} s"
         if isinstance(logs.get("train_loss"), float):
             took += f", mean loss {logs['train_loss']:.4f}"
-        if not first_step:
-            return f"trained to step {step}/{max_steps} {took}"
         # transformers times and averages this attempt's steps alone: the line names them, where "trained to step 8/8
         # in 0.1 s" read as the whole run's time (the earlier attempts' times are in no record)
-        steps = f"steps {first_step + 1}-{step}" if step > first_step + 1 else f"step {step}"
+        steps = f"steps {first_step + 1}-{step}" if first_step and step > first_step + 1 else f"step {step}"
+        if stopped:
+            # The run's last line after its stop line: it read `trained to step 3/12 in 3.8 s`, a finished run's words
+            attempt = f"{steps} this attempt, resumed from step {first_step}: " if first_step else ""
+            took = took.removeprefix("in ")
+            return f"training stopped at step {step}/{max_steps}, before its last step ({attempt}{took})"
+        if not first_step:
+            return f"trained to step {step}/{max_steps} {took}"
         return f"trained {steps} of {max_steps} {took} (this attempt, resumed from step {first_step})"
     evaluation = "eval_loss" in logs
     if evaluation:
@@ -85,7 +91,8 @@ class StepLog(ProgressCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         main = state.is_world_process_zero
-        text = line(logs or {}, state.global_step, state.max_steps, self.first_step) if main else None
+        stopped = state.global_step < state.max_steps  # a stop request or a health guard ended it early
+        text = line(logs or {}, state.global_step, state.max_steps, self.first_step, stopped) if main else None
         if text is None:
             return
         if self.training_bar is not None:
