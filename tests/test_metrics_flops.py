@@ -143,12 +143,15 @@ TWO_OF_FOUR = dict(num_experts_per_tok=2, moe_intermediate_size=32)
         ("qwen2_moe", dict(num_experts=4, **TWO_OF_FOUR)),  # and a shared expert
         ("glm4_moe", dict(n_routed_experts=4, first_k_dense_replace=1, **TWO_OF_FOUR)),  # a dense first layer
         ("hunyuan_v1_moe", dict(num_experts=4, moe_topk=2)),  # a shared MLP its config names no width for
+        # its shipped config's moe_intermediate_size, per layer, which transformers does not read (intermediate_size)
+        ("hunyuan_v1_moe", dict(num_experts=4, moe_topk=[2, 2], moe_intermediate_size=[32, 32])),
     ],
 )
 def test_the_forward_choice_counts_the_experts_a_token_runs(model_type, moe):
     """The forward is chosen from the config before the weights load (`cost.model_flops`): it counts what the MFU
     counts of the built model. It took one expert of intermediate_size width (Mixtral, gpt-oss: 2 run), and left out
-    shared experts and DeepSeek-style dense first layers."""
+    shared experts and DeepSeek-style dense first layers. Hunyuan-MoE's per-layer moe_intermediate_size (its shipped
+    config's) stopped the run in a TypeError traceback as it chose its forward."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dpotrain.forwards import cost

@@ -116,6 +116,10 @@ def mlp_params(text, layer: int) -> int:
 # Model types whose every MoE layer runs a shared MLP as wide as `intermediate_size` beside the routed experts, which
 # their config names no field for (Hunyuan-MoE's `shared_mlp`): checked against the built models.
 SHARED_DENSE_MLP = frozenset({"hunyuan_v1_moe"})
+# Model types whose routed experts are `intermediate_size` wide whatever `moe_intermediate_size` says: Hunyuan-MoE's
+# shipped config gives one per layer (a list, which stopped the forward's choice in a TypeError traceback), and
+# transformers builds its experts from `intermediate_size` alone. Checked against the built models.
+DENSE_WIDE_EXPERTS = frozenset({"hunyuan_v1_moe"})
 
 
 def _moe(text, layer: int) -> tuple[int, int, int] | None:
@@ -128,7 +132,8 @@ def _moe(text, layer: int) -> tuple[int, int, int] | None:
     )
     if not experts or dense_layer or getattr(text, "enable_moe_block", None) is False:
         return None
-    width = getattr(text, "moe_intermediate_size", None) or dense_width(text, layer)
+    own = getattr(text, "model_type", None) not in DENSE_WIDE_EXPERTS and getattr(text, "moe_intermediate_size", None)
+    width = own or dense_width(text, layer)
     active = _at(getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1, layer)
     shared = (
         getattr(text, "shared_expert_intermediate_size", None)
