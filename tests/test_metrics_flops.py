@@ -166,6 +166,25 @@ def test_the_forward_choice_counts_the_experts_a_token_runs(model_type, moe):
     assert (estimated.attention_widths, estimated.windows) == (built.attention_widths, built.windows)
 
 
+def test_dbrx_counts_the_experts_its_ffn_config_names():
+    """DBRX names its experts, their width and the experts a token runs in `ffn_config` (moe_num_experts,
+    ffn_hidden_size, moe_top_k): the forward's cost took a dense MLP 4 x hidden wide, and the MFU every expert's
+    weights (at DBRX's shape, 16 experts of which 4 run: its MFU ~3x too high). Both now count the 2 of 4 that run."""
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    from dpotrain.forwards import cost, flops
+
+    attention = dict(kv_n_heads=2, clip_qkv=8, rope_theta=10000.0)
+    experts = dict(ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2)
+    config = DbrxConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=300, attn_config=attention, ffn_config=experts)
+    torch.manual_seed(0)
+    built = ModelFlops.of(DbrxForCausalLM(config))
+    attention_and_head = 2 * (64 * (64 + 2 * 2 * 16) + 64 * 64) + 300 * 64
+    assert built.matmul_params == attention_and_head + 2 * (3 * 64 * 2 * 96 + 64 * 4)  # 2 experts a token, router
+    assert cost.model_flops(config) == built
+    assert flops.mlp_width(config) == 2 * 96 + 4
+
+
 @pytest.mark.parametrize(
     "variant",
     [

@@ -15,6 +15,21 @@ import torch
 PEAK_BF16_TFLOPS = {"B200": 2250.0, "B100": 1750.0, "H200": 989.0, "H100": 989.0, "A100": 312.0}
 # The names MoE configs give their routed experts, one per model family (absent or 0 in a dense model)
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+# DBRX keeps its MoE's fields in `ffn_config` under names of its own: the config's name for each of the fields read here
+FFN_CONFIG_NAMES = {
+    "num_experts": "moe_num_experts",
+    "num_experts_per_tok": "moe_top_k",
+    "moe_intermediate_size": "ffn_hidden_size",
+}
+
+
+def moe_field(text, name: str):
+    """A text config's MoE field (`EXPERT_COUNTS`, `num_experts_per_tok`, `moe_intermediate_size`), or DBRX's in its
+    `ffn_config` (`FFN_CONFIG_NAMES`): none at the top, and the counts took its experts for a dense MLP 4 x hidden wide
+    (the forward's cost) and all 16 for run by every token (the MFU: ~3x too high at DBRX's shape)."""
+    value = getattr(text, name, None)
+    ffn = getattr(text, "ffn_config", None)
+    return getattr(ffn, FFN_CONFIG_NAMES.get(name, name), None) if value is None and ffn is not None else value
 
 
 def peak_tflops(given: float | None = None) -> float | None:
@@ -125,16 +140,16 @@ DENSE_WIDE_EXPERTS = frozenset({"hunyuan_v1_moe"})
 def _moe(text, layer: int) -> tuple[int, int, int] | None:
     """(experts, their width a token runs, shared experts' width) of an MoE layer; None for a dense one (`mlp_params`).
     Granite's shared MLP is `shared_intermediate_size` wide; `SHARED_DENSE_MLP`'s the dense width."""
-    counts = (_at(getattr(text, k, None), layer) for k in EXPERT_COUNTS)
+    counts = (_at(moe_field(text, k), layer) for k in EXPERT_COUNTS)
     experts = next((n for n in counts if n), None)
     dense_layer = layer < (getattr(text, "first_k_dense_replace", None) or 0) or layer in (
         getattr(text, "mlp_only_layers", None) or ()
     )
     if not experts or dense_layer or getattr(text, "enable_moe_block", None) is False:
         return None
-    own = getattr(text, "model_type", None) not in DENSE_WIDE_EXPERTS and getattr(text, "moe_intermediate_size", None)
+    own = getattr(text, "model_type", None) not in DENSE_WIDE_EXPERTS and moe_field(text, "moe_intermediate_size")
     width = own or dense_width(text, layer)
-    active = _at(getattr(text, "num_experts_per_tok", None) or getattr(text, "top_k_experts", None) or 1, layer)
+    active = _at(moe_field(text, "num_experts_per_tok") or getattr(text, "top_k_experts", None) or 1, layer)
     shared = (
         getattr(text, "shared_expert_intermediate_size", None)
         or getattr(text, "shared_intermediate_size", None)
@@ -188,11 +203,9 @@ class ModelFlops:
             return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
-        counts = (getattr(config, k, None) for k in EXPERT_COUNTS)
+        counts = (moe_field(config, k) for k in EXPERT_COUNTS)
         experts = _mean(next((n for n in counts if n), None))
-        active = _mean(
-            getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)
-        )  # Gemma 4
+        active = _mean(moe_field(config, "num_experts_per_tok") or getattr(config, "top_k_experts", None))  # Gemma 4
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
         # Embedding tables are looked up, not multiplied: the input one and Gemma 4's per-layer ones (billions of
