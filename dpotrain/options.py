@@ -608,6 +608,26 @@ def check_checkpointing(config, model: str, checkpointing: bool) -> None:
     )
 
 
+def check_dbrx_rope(config, model: str, init_kwargs: dict | None) -> None:
+    """DBRX whose `attn_config` has no `rope_theta` (a default DbrxConfig's has none): transformers 5.23 builds its
+    rotary embedding from it, and the run stopped as the model loaded, in an AttributeError traceback
+    ('DbrxAttentionConfig' object has no attribute 'rope_theta'). Refused from the config, before it loads, unless
+    model_init_kwargs' attn_config gives one (transformers updates the keys given, keeping the others)."""
+    import transformers
+
+    attention = getattr(config.get_text_config(), "attn_config", None)
+    if config.model_type != "dbrx" or attention is None or getattr(attention, "rope_theta", None) is not None:
+        return
+    if "rope_theta" in ((init_kwargs or {}).get("attn_config") or {}):
+        return
+    raise ConfigError(
+        f"{model}: attn_config has no rope_theta in its config.json, and transformers {transformers.__version__} "
+        "builds DBRX's rotary embedding from it (the load stops: 'DbrxAttentionConfig' object has no attribute "
+        "'rope_theta'): set rope_theta in attn_config of its config.json to the base the model was trained with "
+        "(DBRX's own: 500000)"
+    )
+
+
 def check_unbounded_clip(config, model: str, init_kwargs: dict | None) -> None:
     """DBRX with `attn_config.clip_qkv` null (DbrxConfig's default): transformers 5.23's DbrxAttention clamps its q/k/v
     between -clip_qkv and clip_qkv even where it is None, and torch refuses a clamp with neither bound: the run loaded

@@ -896,6 +896,7 @@ def _model_checks(recipe, launch: Launch, model_path: str, pair_lengths: Lengths
     options.check_generates(config, model_name)
     options.check_backbone(config, model_name)
     options.check_router_loss(config, model_name, recipe.training.router_aux_loss_coef)
+    options.check_dbrx_rope(config, model_name, recipe.training.model_init_kwargs)
     options.check_unbounded_clip(config, model_name, recipe.training.model_init_kwargs)
     options.check_checkpointing(config, model_name, recipe.training.activation_checkpointing)
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads

@@ -892,6 +892,27 @@ def test_dbrx_with_no_qkv_clip_bound_is_refused_before_it_loads(dry_run, tmp_pat
     )
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_dbrx_with_no_rope_theta_is_refused_before_it_loads(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """DBRX whose attn_config has no rope_theta (a default DbrxConfig's): transformers 5.23 cannot build the model,
+    and the run read its data and stopped at the load in an AttributeError traceback."""
+    import transformers
+
+    attention = {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8}
+    experts = {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}
+    model = tiny_model("dbrx", tmp_path / "dbrx", tiny_model_dir, attn_config=attention, ffn_config=experts)
+    config = json.loads((Path(model) / "config.json").read_text())
+    del config["attn_config"]["rope_theta"]
+    (Path(model) / "config.json").write_text(json.dumps(config))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: {model}: attn_config has no rope_theta in its config.json, and transformers "
+        f"{transformers.__version__} builds DBRX's rotary embedding from it (the load stops: 'DbrxAttentionConfig' "
+        "object has no attribute 'rope_theta'): set rope_theta in attn_config of its config.json to the base the "
+        "model was trained with (DBRX's own: 500000)"
+    )
+
+
 @pytest.mark.slow  # trains 2 steps in this process (10-20 s on 2 cores): the refusals above stay in the fast tier
 @pytest.mark.parametrize(
     "model_type, fix", [("doge", ["--router_aux_loss_coef", "0"]), ("jetmoe", ["--activation_checkpointing", "false"])]
