@@ -632,14 +632,14 @@ def check_unbounded_clip(config, model: str, init_kwargs: dict | None) -> None:
     """DBRX with `attn_config.clip_qkv` null (DbrxConfig's default): transformers 5.23's DbrxAttention clamps its q/k/v
     between -clip_qkv and clip_qkv even where it is None, and torch refuses a clamp with neither bound: the run loaded
     the model and stopped at its first forward, in the reference stage. Refused from the config, before it loads,
-    unless model_init_kwargs gives another attn_config (the load then says)."""
+    unless model_init_kwargs' attn_config gives a bound."""
     import transformers
 
     attention = getattr(config.get_text_config(), "attn_config", None)
     if config.model_type != "dbrx" or attention is None or getattr(attention, "clip_qkv", 0) is not None:
         return
-    if "attn_config" in (init_kwargs or {}):
-        return
+    if ((init_kwargs or {}).get("attn_config") or {}).get("clip_qkv") is not None:
+        return  # transformers updates the attn_config keys given, keeping the others (another key left it null)
     raise ConfigError(
         f"{model}: attn_config.clip_qkv is null in its config.json, and transformers {transformers.__version__}'s "
         "DBRX attention clamps q, k and v by it even so, which stops the first forward (torch.clamp: At least one of "

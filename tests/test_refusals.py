@@ -882,7 +882,10 @@ def test_dbrx_with_no_qkv_clip_bound_is_refused_before_it_loads(dry_run, tmp_pat
     attention = {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": None}
     experts = {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}
     model = tiny_model("dbrx", tmp_path / "dbrx", tiny_model_dir, attn_config=attention, ffn_config=experts)
-    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *dry_run)
+    # another attn_config key in model_init_kwargs leaves clip_qkv null (transformers updates the keys given): it was
+    # let through, and the run stopped on the clamp
+    other = ["--model_init_kwargs", json.dumps({"attn_config": {"rope_theta": 10000.0}})]
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", model, "--max_steps", "2", *other, *dry_run)
     assert line == (
         f"error: {model}: attn_config.clip_qkv is null in its config.json, and transformers "
         f"{transformers.__version__}'s DBRX attention clamps q, k and v by it even so, which stops the first forward "
