@@ -1287,6 +1287,48 @@ def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(t
     assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
 
 
+def test_a_dot_env_in_the_folder_typed_in_that_is_not_the_projects_is_named_not_passed_over(
+    tmp_path, monkeypatch, capsys
+):
+    """A `.env` in the folder a command is typed in (a job's folder submitted from), not the project's: every command
+    reads the project's alone, and this one's HF_HOME, WANDB_MODE=offline or HF_TOKEN went unread without a word (the
+    dry run then asked to "add WANDB_API_KEY=... to .env, ... set WANDB_MODE=offline", which the user had done there).
+    Named once, by the launch's main process; the project's own folder, or a link to its `.env`, says nothing."""
+    project, mine, submitted, linked = (tmp_path / name for name in ("project", "mine", "submitted", "linked"))
+    for folder in (project, mine, submitted, linked):
+        folder.mkdir()
+    for folder in (mine, submitted):
+        (folder / ".env").write_text("WANDB_MODE=offline\n")
+    (project / ".env").write_text("# the project's: no values\n")
+    (linked / ".env").symlink_to(project / ".env")
+    for name in ("WANDB_MODE", "DPOTRAIN_SUBMIT_DIR", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(mine)
+    venv.load_env(project)
+    err = capsys.readouterr().err
+    assert f"warning: {mine / '.env'} is not read" in err and str(project / ".env") in err, err
+    assert "WANDB_MODE" not in os.environ  # the project's alone is read
+    venv.load_env(project)  # read again (an importer's main()): said once
+    assert capsys.readouterr().err == ""
+    # A job runs in the project: the folder it was submitted from is the one typed in; its other ranks say nothing
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.setenv("RANK", "1")
+    venv.load_env(project)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # launched by launch.sh after its dry run, which named it
+    venv.load_env(project)
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("LOCAL_RANK")  # that dry run
+    venv.load_env(project)
+    assert f"warning: {submitted / '.env'} is not read" in capsys.readouterr().err
+    for folder in (project, linked):  # the project's own .env
+        monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(folder))
+        venv.load_env(project)
+        assert capsys.readouterr().err == ""
+
+
 def test_an_empty_cache_folder_is_the_libraries_default_not_the_folder_a_command_runs_in(tmp_path):
     """`HF_HOME=` in `.env` (a placeholder left blank) or `export HF_DATASETS_CACHE=` in the shell: the Hub libraries
     join their folders to the empty path, so each command cached in the folder it ran in (`./hub`, `./datasets`: a

@@ -136,6 +136,7 @@ def load_env(root: Path) -> None:
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
     text = check_env_file(root / ".env")
+    name_unread_env_file(Path(root))
     # As load_dotenv: the environment wins, a bare `NAME` line sets nothing; the text checked, then its folders expanded
     # (a `$VAR` may name a variable set further down the file). An empty variable wins too (`HF_TOKEN= cmd` says "no
     # token", and the tests mean it so): where it hides `.env`'s value, the message asking for it says so (`hidden`).
@@ -161,6 +162,38 @@ def load_env(root: Path) -> None:
         from dpotrain.recipe import hub_switches
 
         hub_switches.take_late_switches()
+
+
+# The `.env` files of other folders `name_unread_env_file` has named: once each, however often `.env` is read.
+_NAMED_UNREAD: set[Path] = set()
+
+
+def name_unread_env_file(root: Path) -> None:
+    """A `.env` in the folder the command was typed in (a Slurm job's: the folder submitted from), which is not the
+    project's: only the project's is read, and this one's HF_TOKEN, WANDB_MODE=offline or HF_HOME went unread without
+    a word (the job's caches in the home quota; the dry run asking to "add WANDB_API_KEY=... to .env" of a key added
+    there). Named once, on stderr, by the launch's main process (in a job, by launch.sh's dry run before the launch);
+    it is still not read."""
+    from dpotrain.recipe import errors, launcher
+
+    try:
+        folder = Path(os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd())
+    except OSError:  # typed in a folder removed since: none to look in
+        return
+    path, own = folder / ".env", root / ".env"
+    if path in _NAMED_UNREAD or not launcher.launched_main() or not os.path.lexists(path):
+        return
+    # A launch by scripts/launch.sh (it sets DPOTRAIN_SUBMIT_DIR): its dry run, before the launch, named it in the log
+    if launcher.under_launcher() and os.environ.get("DPOTRAIN_SUBMIT_DIR"):
+        return
+    with contextlib.suppress(OSError):
+        if folder.resolve() == root.resolve() or (os.path.exists(own) and os.path.samefile(path, own)):
+            return
+    _NAMED_UNREAD.add(path)
+    errors.warn(
+        f"{path} is not read: every command reads the project's .env alone ({own}), so what it sets is not set here: "
+        f"move its lines into {own}, or set them in the shell"
+    )
 
 
 def hidden(name: str, root: Path | None = None) -> str:
