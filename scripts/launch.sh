@@ -70,6 +70,18 @@ submitted=${DPOTRAIN_SUBMIT_DIR:-$PWD}
 # job ran this project's code on that checkout's configs/think.yaml.
 given=${DPOTRAIN_RECIPE_GIVEN-1}
 if [[ -n $given && $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIPE ]]; then RECIPE=$submitted/$RECIPE; fi
+# A job submitted with --export=NONE (or under a site's SBATCH_EXPORT=NONE), or with a list of variables without ALL,
+# starts without the variables of the shell sbatch ran in (Slurm: SLURM_EXPORT_ENV): `RECIPE=configs/instruct.yaml
+# sbatch --export=NONE scripts/dpo_train.sh` trained the script's default recipe without a word. Said where the recipe
+# is that default (a list naming RECIPE gave it).
+exported=${SLURM_EXPORT_ENV:-}
+if [[ -n $exported && -z $given && ,${exported^^}, != *,ALL,* ]]; then
+  how="an --export list without ALL or RECIPE ($exported)"
+  [[ ${exported^^} != NONE ]] || how="--export=NONE (sbatch's option, or SBATCH_EXPORT)"
+  echo "warning: this job was submitted with $how, so a RECIPE, ACCELERATE_CONFIG, VENV or PREFLIGHT set in the" \
+    "shell sbatch ran in is not seen here: it runs the script's default recipe, $RECIPE; pass them on (sbatch" \
+    "--export=ALL,RECIPE=configs/my.yaml ...)" >&2
+fi
 VENV=$(home_path VENV "${VENV:-.venv}")  # quoted, its ~ was "no virtual environment at ~/venvs/dpo" (home_path)
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 

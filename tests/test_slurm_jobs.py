@@ -1123,6 +1123,37 @@ def test_processes_per_node_that_are_no_number_are_refused_by_name(gpus, cpus, s
     assert result.returncode == 1 and result.stderr.startswith("error: set RECIPE, e.g. RECIPE=configs/think.yaml")
 
 
+@pytest.mark.parametrize(
+    ("exported", "recipe", "warned"),
+    [
+        ("NONE", None, "--export=NONE (sbatch's option, or SBATCH_EXPORT)"),
+        ("HF_HOME=/scratch/hf", None, "an --export list without ALL or RECIPE (HF_HOME=/scratch/hf)"),
+        ("RECIPE=configs/smoke.yaml", "configs/smoke.yaml", None),
+        ("ALL,HF_HOME=/scratch/hf", None, None),
+        (None, None, None),
+    ],
+)
+def test_a_job_submitted_without_the_shells_variables_says_it_runs_the_default_recipe(exported, recipe, warned):
+    """`RECIPE=configs/instruct.yaml sbatch --export=NONE scripts/dpo_train.sh` (or a site's SBATCH_EXPORT=NONE, or an
+    --export list without ALL): the job starts without the submitting shell's variables, and trained the script's
+    default recipe without a word. Said on one warning line, first in the log (here before the missing venv's refusal);
+    a list naming RECIPE, or one with ALL, says nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RECIPE"))} | {"VENV": "/nonexistent"}
+    env |= {"SLURM_EXPORT_ENV": exported} if exported else {}
+    env |= {"RECIPE": recipe} if recipe else {}
+    result = subprocess.run(["bash", "scripts/dpo_train.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and "error: no virtual environment at /nonexistent" in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    if warned:
+        assert lines[0] == (
+            f"warning: this job was submitted with {warned}, so a RECIPE, ACCELERATE_CONFIG, VENV or PREFLIGHT set in "
+            "the shell sbatch ran in is not seen here: it runs the script's default recipe, configs/think.yaml; pass "
+            "them on (sbatch --export=ALL,RECIPE=configs/my.yaml ...)"
+        ), result.stderr
+    else:
+        assert "warning:" not in result.stderr, result.stderr
+
+
 def test_a_recipe_that_is_a_folder_is_named_as_a_folder_by_the_job(tmp_path):
     """`RECIPE=configs sbatch scripts/dpo_train.sh` (a folder: the shell completed to it) was refused as "recipe configs
     not found", though it was there; train_dpo.py --config says the same of a folder (tests/test_newcomer.py)."""
