@@ -703,6 +703,7 @@ def measure_lengths(
             num_proc=lengths.workers(pairs.train),
             skip_invalid=True,
             stop_asked=stop_asked,
+            read=True,
         )
         measured = (every, "the mixture's pairs, measured at start")
     found, every = None, measured[0] if measured is not None else None

@@ -181,6 +181,22 @@ def test_text_answers_that_share_no_start_have_an_empty_prompt_whatever_they_end
         np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
 
 
+def test_the_runs_measure_of_text_answers_that_share_no_start_keeps_every_pair(tokenizer, tmp_path):
+    """The run measures the pairs as it read them (the forward's decision, a mixture's shares), where such a pair's
+    implicit prompt is a `prompt` column's "": each was refused as an empty prompt and left out, and a data set of them
+    ended in a ZeroDivisionError traceback before training. An explicit empty prompt column is still refused."""
+    from dpotrain.forwards import sample
+
+    pairs = [{"chosen": f"Blue is colour {i}.", "rejected": f"Green {i}."} for i in range(6)]
+    read_pairs = read(write_jsonl(tmp_path / "text.jsonl", pairs))
+    found, _, _ = sample.measured_sample(read_pairs, tokenizer, seed=0)
+    processed = trainer_dataset(read_pairs, tokenizer, tmp_path)
+    assert list(found.prompt) == [0] * 6
+    assert list(found.chosen) == [len(ids) for ids in processed["chosen_ids"]]
+    given = [{"prompt": "", **pair} for pair in pairs]
+    assert len(lengths.measure(datasets.Dataset.from_list(given), tokenizer, skip_invalid=True).invalid) == 6
+
+
 # --- message lists written as JSON text -------------------------------------------------------------------------------
 
 

@@ -216,11 +216,13 @@ def measure(
     hh_format: str = "messages",
     assistant_turns: str = "final",
     stop_asked=None,
+    read: bool = False,
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
     `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
     A bad row raises `InvalidRowError` unless `skip_invalid` lists it. `assistant_turns`: the recipe's (`read_row`).
-    `stop_asked`: looked at as the rows are measured (`stops.stoppable`), `MeasureStopped` raised once it is true."""
+    `stop_asked`: looked at as the rows are measured (`stops.stoppable`), `MeasureStopped` raised once it is true.
+    `read`: the rows are the pairs the run read already (`rows.RowFormat.read`), not the user's data set."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -233,7 +235,7 @@ def measure(
     first = next(iter(dataset), None)
     if first is None:
         raise ConfigError("the data set has no rows")
-    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, tokenizer, assistant_turns)
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, tokenizer, assistant_turns, read)
     check_tokenizer(tokenizer, fmt, first)
     kwargs = dict(
         tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, code=analysis_code()

@@ -53,6 +53,9 @@ class RowFormat:
     eos_token: str | None  # appended to plain-text completions (None: checks only)
     template: object | None = None  # the tokenizer the answers are checked against (chat_template.answer_problem)
     assistant_turns: str = "final"  # the recipe's: under `all` the prompt's earlier assistant turns are trained too
+    # Rows the project read already (`usable_pairs`): a "" prompt beside text answers that share no start is the
+    # implicit prompt `shapes.read` wrote for a data set without a prompt column, not an export's gap
+    read: bool = False
 
     @classmethod
     def of(
@@ -63,6 +66,7 @@ class RowFormat:
         hh_format: str = "messages",
         template=None,
         assistant_turns: str = "final",
+        read: bool = False,
     ) -> "RowFormat":
         """`template`: a tokenizer, or a function that loads it (called for message rows, which it reads, and for
         plain text where `eos_token` is not given: the trainer appends its EOS, which the checks read too);
@@ -72,7 +76,7 @@ class RowFormat:
             template = template() if shape.conversational or eos_token is None else None
         if eos_token is None and not shape.conversational and template is not None:
             eos_token = template.eos_token  # a side that differs only in it, or holds it alone, trains nothing
-        return cls(shape, eos_token, template if shape.conversational else None, assistant_turns)
+        return cls(shape, eos_token, template if shape.conversational else None, assistant_turns, read)
 
     @property
     def conversational(self) -> bool:
@@ -118,7 +122,7 @@ def read_row(
         return None, ("chosen", problem)
     if fmt.conversational and (problem := _empty_turn(example["prompt"], "user")):
         return None, ("prompt", problem)
-    if shape.name == "prompt+text" and blank(example["prompt"]):
+    if shape.name == "prompt+text" and blank(example["prompt"]) and not _implicit_prompt(example, fmt):
         return None, ("prompt", EMPTY_PROMPT + unseen(example["prompt"]))
     # An earlier assistant turn of the prompt is trained under `assistant_turns: all` (open-instruct labels every one):
     # an empty one would teach the model to answer with nothing, as an empty final answer would. Under `final` (TRL's
@@ -307,6 +311,12 @@ def unseen(text: str) -> str:
         return ""
     codes = ", ".join(f"U+{ord(c):04X}" for c in dict.fromkeys(text) if not c.isspace())
     return f" (only characters a reader does not see: {codes})"
+
+
+def _implicit_prompt(example: dict, fmt: RowFormat) -> bool:
+    """Whether an empty prompt is the one `shapes.read` gave text answers without a prompt column that share no start
+    (a data set's own shape, trained as TRL trains it), in rows read already (`RowFormat.read`)."""
+    return fmt.read and example["prompt"] == "" and example["chosen"][:1] != example["rejected"][:1]
 
 
 def _says_something(message: dict) -> bool:
