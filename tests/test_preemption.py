@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import termios
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +35,7 @@ from conftest import (
     rank_python,
     signal_paused,
     start_child,
+    torchrun_launch,
     warm_venv,
 )
 from dpotrain.recipe import terminal
@@ -1935,3 +1937,46 @@ def test_ctrl_c_reaching_the_workers_of_a_datasets_map_is_the_runs_alone_to_answ
     code, out, err = in_child(run)
     assert code == 0 and out.split() == ["8", "None"], out + err
     assert "Ctrl-C" not in err, err
+
+
+TURN_HEARD = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain.cluster import collectives
+    from dpotrain.data import stops
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, began, heard = dist.get_rank(), time.monotonic(), []
+    signal.signal(signal.SIGTERM, lambda *_: heard.append(1))  # as train_dpo.py takes it: noted, acted on later
+    if rank == 1:  # rank 1 alone is sent SIGTERM, as it waits for rank 0's turn of the map
+        threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        with stops.stoppable(lambda: collectives.stop_heard_on_any_rank(bool(heard))), collectives.in_turns("cpu"):
+            while time.monotonic() - began < {seconds}:  # rank 0's turn: a map looking at the stop at each batch
+                if stops.stopped():
+                    raise stops.PassStopped("stopped as the pairs were tokenized")
+                time.sleep(0.05)
+        print(f"rank {{rank}} not stopped")
+    except stops.PassStopped:
+        print(f"rank {{rank}} stopped after {{time.monotonic() - began:.0f}} s")
+""")
+
+
+@pytest.mark.slow
+def test_a_stop_one_rank_hears_as_it_waits_for_another_ranks_map_stops_that_map(tmp_path):
+    """TRL's maps run in turns (`collectives.in_turns`: the main process first, the others waiting in a collective).
+    A stop heard by a waiting rank alone (a SIGTERM to one task, a stop file on one node's disk) reached the mapping
+    rank only at its turn's end: 81 s after the signal on 20,000 pairs here, minutes on a large data set, past a
+    Slurm GraceTime: the waiting rank's SIGTERM handler ran only once the collective it waited in returned. Now it
+    waits in short looks (its handler runs), tells the others through the process group's store, and the map stops at
+    its next batch."""
+    seconds = 40
+    script = tmp_path / "turns.py"
+    script.write_text(TURN_HEARD.format(root=str(ROOT), seconds=seconds))
+    cmd = [*torchrun_launch(), "--standalone", "--nproc_per_node", "2", *rank_python(), str(script)]
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    took = {int(rank): int(s) for rank, s in re.findall(r"rank (\d) stopped after (\d+) s", result.stdout)}
+    assert result.returncode == 0 and set(took) == {0, 1}, result.stdout[-3000:]
+    assert max(took.values()) < seconds / 2, took

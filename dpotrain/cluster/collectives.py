@@ -12,6 +12,7 @@ their next collective, under NCCL until the collective timeout (ddp_timeout, 30 
 import errno
 import pickle
 import resource
+import time
 from contextlib import contextmanager
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dpotrain.data import stops
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import RunError, cause, ranks_met, said_by
 
 # The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
@@ -200,10 +202,42 @@ def in_turns(device):
                 yield
             except stops.PassStopped as e:
                 stopped = e
-        if turn < 2 and max_over_ranks(int(stopped is not None or stops.stopped()), device) and stopped is None:
+        if turn < 2 and _max_awake(int(stopped is not None or stops.stopped()), device) and stopped is None:
             stopped = stops.PassStopped("stopped as another rank tokenized the pairs")
     if stopped is not None:
         raise stopped
+
+
+STOP_KEY = "dpotrain/stop heard"  # set in the process group's store by the first rank to hear the run's stop
+
+
+def stop_heard_on_any_rank(heard_here: bool) -> bool:
+    """Whether a rank heard the run's stop: this one (`heard_here`, then told to the others in the process group's
+    store), or another that told it. For the passes one rank does while the others wait for it in a collective
+    (`in_turns`): a stop only a waiting rank heard (a SIGTERM to one task, a stop file on one node's disk) reached the
+    working rank at its turn's end, minutes on a large data set. Not a collective: asked from a watcher thread."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return heard_here
+    try:
+        store = upstream.default_store()
+        if heard_here:
+            store.set(STOP_KEY, "1")
+        return heard_here or store.check([STOP_KEY])
+    except Exception:  # noqa: BLE001 - a store gone (its launcher ended): each rank's own stop, as before
+        return heard_here
+
+
+def _max_awake(value: int, device) -> int:
+    """`max_over_ranks`, waited for in looks 0.05 s apart, in which this process's signal handlers run: waiting in the
+    collective itself, a rank heard its SIGTERM only once the rank it waited for had ended its turn (`in_turns`)."""
+    if not _distributed():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
+    while not work.is_completed():
+        time.sleep(0.05)
+    work.wait()  # its error, if it failed
+    return int(tensor.item())
 
 
 def _taken(outcome):

@@ -206,6 +206,11 @@ C10D_WORLD = _read(
     "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
 )
 DEFAULT_GROUP = _call(f"{C10D}:_get_default_group", "the default group's name")
+DEFAULT_STORE = _call(
+    f"{C10D}:_get_default_store",
+    "the default group's key-value store, where a rank that heard the run's stop tells the others while they work "
+    "alone (collectives.stop_heard_on_any_rank)",
+)
 FROM_CONFIG = _call(
     "transformers.modeling_utils:PreTrainedModel._from_config",
     "the memory plan builds, from its config alone, a model whose class no auto class maps (a vision-language model "
@@ -706,6 +711,11 @@ def set_default_collective_timeout(timeout) -> None:
 
 def default_group_name() -> str:
     return _member(_value(C10D_WORLD), PG_NAMES)[_value(DEFAULT_GROUP)()]
+
+
+def default_store():
+    """The default process group's key-value store (torchrun's rendezvous store under a launch)."""
+    return _value(DEFAULT_STORE)()
 
 
 def group_timeouts() -> dict[str, float]:

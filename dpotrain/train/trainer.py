@@ -353,7 +353,7 @@ class RecipeDPOTrainer(DPOTrainer):
         in_turns = functools.partial(collectives.in_turns, args.device)
         try:
             with (
-                stops.stoppable(lambda: stop.asked_here(new_only=True)),
+                stops.stoppable(lambda: collectives.stop_heard_on_any_rank(stop.asked_here(new_only=True))),
                 upstream.maps_in_turns(in_turns, stops.looking),
             ):
                 yield
