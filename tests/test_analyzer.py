@@ -1737,7 +1737,6 @@ def test_ctrl_c_to_the_analyzer_alone_as_its_workers_tokenize_ends_it_in_one_lin
     """`kill -INT` to the analyzer's own process (not its process group) as 2 workers tokenized: datasets' map, ending,
     waits 0.05 s for their results and raised multiprocess's TimeoutError over the KeyboardInterrupt, a traceback and
     exit 1. The Ctrl-C is what ended it: one line, exit 130, as a terminal's Ctrl-C ends it."""
-    import select
     import signal
 
     data = tmp_path / "pairs.jsonl"
@@ -1752,11 +1751,7 @@ def test_ctrl_c_to_the_analyzer_alone_as_its_workers_tokenize_ends_it_in_one_lin
         stderr=subprocess.STDOUT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    seen, fd = b"", proc.stdout.fileno()
-    while b"Tokenizing" not in seen:  # the workers' pass has begun
-        assert proc.poll() is None, seen.decode()[-3000:]
-        if select.select([fd], [], [], 0.1)[0]:
-            seen += os.read(fd, 65536)
+    seen = _output_until_tokenizing(proc)
     time.sleep(1)
     os.kill(proc.pid, signal.SIGINT)
     out = (seen + proc.communicate(timeout=120)[0]).decode()
@@ -1770,7 +1765,6 @@ def test_a_sigterm_to_the_analyzer_alone_as_its_workers_tokenize_leaves_no_worke
     `Popen.terminate`) as 2 workers tokenized: the analyzer died of it, and its map's workers, which only the pool's end
     stops, were left running for good, idle, holding its output: `analyze_dataset.py ... | tee report.txt` or a
     caller's `communicate()` waited forever. The workers now end with it; it still dies of the SIGTERM."""
-    import select
     import signal
 
     data = tmp_path / "pairs.jsonl"
@@ -1782,11 +1776,7 @@ def test_a_sigterm_to_the_analyzer_alone_as_its_workers_tokenize_leaves_no_worke
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        seen, fd = b"", proc.stdout.fileno()
-        while b"Tokenizing" not in seen:  # the workers' pass has begun
-            assert proc.poll() is None, seen.decode()[-3000:]
-            if select.select([fd], [], [], 0.1)[0]:
-                seen += os.read(fd, 65536)
+        seen = _output_until_tokenizing(proc)
         time.sleep(1)
         os.kill(proc.pid, signal.SIGTERM)
         try:  # ends once no process holds the output: the analyzer ends in a second or two
@@ -1803,6 +1793,18 @@ def test_a_sigterm_to_the_analyzer_alone_as_its_workers_tokenize_leaves_no_worke
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.communicate()
+
+
+def _output_until_tokenizing(proc: subprocess.Popen) -> bytes:
+    """What `proc` wrote until its workers' pass began (its `Tokenizing` bar)."""
+    import select
+
+    seen, fd = b"", proc.stdout.fileno()
+    while b"Tokenizing" not in seen:
+        assert proc.poll() is None, seen.decode()[-3000:]
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+    return seen
 
 
 def _running_in(session: int) -> list[int]:
