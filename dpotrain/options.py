@@ -608,17 +608,23 @@ def check_checkpointing(config, model: str, checkpointing: bool) -> None:
     )
 
 
+def _dbrx_attention_unset(config, init_kwargs: dict | None, key: str) -> bool:
+    """Whether `config` is DBRX's and its `attn_config` leaves `key` null (or out), with no value for it in
+    model_init_kwargs' attn_config (transformers updates the keys given there, keeping the others)."""
+    attention = getattr(config.get_text_config(), "attn_config", None)
+    if config.model_type != "dbrx" or attention is None or getattr(attention, key, None) is not None:
+        return False
+    return ((init_kwargs or {}).get("attn_config") or {}).get(key) is None
+
+
 def check_dbrx_rope(config, model: str, init_kwargs: dict | None) -> None:
     """DBRX whose `attn_config` has no `rope_theta` (a default DbrxConfig's has none): transformers 5.23 builds its
     rotary embedding from it, and the run stopped as the model loaded, in an AttributeError traceback
     ('DbrxAttentionConfig' object has no attribute 'rope_theta'). Refused from the config, before it loads, unless
-    model_init_kwargs' attn_config gives one (transformers updates the keys given, keeping the others)."""
+    model_init_kwargs' attn_config gives one."""
     import transformers
 
-    attention = getattr(config.get_text_config(), "attn_config", None)
-    if config.model_type != "dbrx" or attention is None or getattr(attention, "rope_theta", None) is not None:
-        return
-    if "rope_theta" in ((init_kwargs or {}).get("attn_config") or {}):
+    if not _dbrx_attention_unset(config, init_kwargs, "rope_theta"):
         return
     raise ConfigError(
         f"{model}: attn_config has no rope_theta in its config.json, and transformers {transformers.__version__} "
@@ -635,11 +641,8 @@ def check_unbounded_clip(config, model: str, init_kwargs: dict | None) -> None:
     unless model_init_kwargs' attn_config gives a bound."""
     import transformers
 
-    attention = getattr(config.get_text_config(), "attn_config", None)
-    if config.model_type != "dbrx" or attention is None or getattr(attention, "clip_qkv", 0) is not None:
+    if not _dbrx_attention_unset(config, init_kwargs, "clip_qkv"):
         return
-    if ((init_kwargs or {}).get("attn_config") or {}).get("clip_qkv") is not None:
-        return  # transformers updates the attn_config keys given, keeping the others (another key left it null)
     raise ConfigError(
         f"{model}: attn_config.clip_qkv is null in its config.json, and transformers {transformers.__version__}'s "
         "DBRX attention clamps q, k and v by it even so, which stops the first forward (torch.clamp: At least one of "

@@ -26,6 +26,7 @@ from dpotrain.recipe.errors import RunError, cause, ranks_met, said_by
 # The attribute an EFBIG given to another rank carries: the file size limit of the process that met it (a limit is
 # per process, and another rank's may differ), which its one line names (train/disk_full.py).
 SIZE_LIMIT = "size_limit"
+AWAKE_LOOK_S = 0.05  # how often a rank waiting in an `awake` collective looks whether it is over
 
 
 def file_size_limit() -> int:
@@ -56,17 +57,23 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def max_over_ranks(value: int, device) -> int:
+def max_over_ranks(value: int, device, awake: bool = False) -> int:
     """The largest of every rank's `value`: one rank's request (stop, checkpoint) becomes every rank's."""
-    return int(max_of_ranks([value], device)[0])
+    return int(max_of_ranks([value], device, awake)[0])
 
 
-def max_of_ranks(values: list[float], device) -> list[float]:
-    """Each of `values`, the largest over ranks, in one collective (float64: every rank gets the same numbers)."""
+def max_of_ranks(values: list[float], device, awake: bool = False) -> list[float]:
+    """Each of `values`, the largest over ranks, in one collective (float64: every rank gets the same numbers).
+    `awake`: waited for in looks AWAKE_LOOK_S apart, in which this process's signal handlers run: waiting in the
+    collective itself, a rank heard its SIGTERM only once the rank it waited for had ended its turn (`in_turns`)."""
     if not _distributed():
         return list(values)
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=awake)
+    if awake:
+        while not work.is_completed():
+            time.sleep(AWAKE_LOOK_S)
+        work.wait()  # its error, if it failed
     return tensor.tolist()
 
 
@@ -202,7 +209,11 @@ def in_turns(device):
                 yield
             except stops.PassStopped as e:
                 stopped = e
-        if turn < 2 and _max_awake(int(stopped is not None or stops.stopped()), device) and stopped is None:
+        if (
+            turn < 2
+            and max_over_ranks(int(stopped is not None or stops.stopped()), device, awake=True)
+            and stopped is None
+        ):
             stopped = stops.PassStopped("stopped as another rank tokenized the pairs")
     if stopped is not None:
         raise stopped
@@ -225,19 +236,6 @@ def stop_heard_on_any_rank(heard_here: bool) -> bool:
         return heard_here or store.check([STOP_KEY])
     except Exception:  # noqa: BLE001 - a store gone (its launcher ended): each rank's own stop, as before
         return heard_here
-
-
-def _max_awake(value: int, device) -> int:
-    """`max_over_ranks`, waited for in looks 0.05 s apart, in which this process's signal handlers run: waiting in the
-    collective itself, a rank heard its SIGTERM only once the rank it waited for had ended its turn (`in_turns`)."""
-    if not _distributed():
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
-    while not work.is_completed():
-        time.sleep(0.05)
-    work.wait()  # its error, if it failed
-    return int(tensor.item())
 
 
 def _taken(outcome):
